@@ -1,0 +1,303 @@
+//! Block pointers: where a block lives, how big it is, when it was born, and the
+//! checksum it must have.
+//!
+//! Layout (128 bytes, little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 16 | DVA 0: vdev u32, asize u32 (bytes), offset u64 (bytes from the data area start) |
+//! | 16 | 16 | DVA 1 (a second copy: metadata "ditto" blocks) |
+//! | 32 | 16 | DVA 2 (reserved for a third copy) |
+//! | 48 | 8 | birth txg (for a hole: the txg the hole was made, 0 if never written) |
+//! | 56 | 4 | logical size (bytes) |
+//! | 60 | 4 | physical size (bytes stored, after compression) |
+//! | 64 | 1 | level (0 = data, >0 = indirect) |
+//! | 65 | 1 | object type |
+//! | 66 | 1 | checksum algorithm |
+//! | 67 | 1 | compression |
+//! | 68 | 4 | reserved, zero |
+//! | 72 | 8 | fill: number of non-hole level-0 blocks beneath (1 for a data block) |
+//! | 80 | 16 | reserved, zero |
+//! | 96 | 32 | checksum of the physical bytes |
+//!
+//! A hole has an empty DVA 0 (asize 0). A DVA's asize is the space allocated on
+//! its top-level vdev, a multiple of that vdev's sector size.
+
+use super::checksum::{Checksum, ChecksumAlgo};
+use super::dnode::ObjectType;
+use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError};
+
+/// Encoded size of a block pointer.
+pub const BLOCK_POINTER_BYTES: usize = 128;
+/// Copies a block pointer can carry.
+pub const DVA_COUNT: usize = 3;
+/// Largest block (logical or physical) the format allows: 16 MiB.
+pub const BLOCK_SIZE_MAX_BYTES: u32 = 16 * 1024 * 1024;
+/// Deepest tree: 2^64 bytes in 512-byte blocks with 4 KiB indirect blocks needs 11.
+pub const LEVEL_MAX: u8 = 12;
+
+/// Compression of a block's physical bytes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Compression {
+    #[default]
+    Off,
+    Lz4,
+    Zstd,
+}
+
+impl Compression {
+    pub fn code(self) -> u8 {
+        match self {
+            Compression::Off => 0,
+            Compression::Lz4 => 1,
+            Compression::Zstd => 2,
+        }
+    }
+    pub fn from_code(code: u8) -> Option<Compression> {
+        match code {
+            0 => Some(Compression::Off),
+            1 => Some(Compression::Lz4),
+            2 => Some(Compression::Zstd),
+            _ => None,
+        }
+    }
+}
+
+/// A data virtual address: one copy of a block on one top-level vdev.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, PartialOrd, Ord)]
+pub struct Dva {
+    pub vdev: u32,
+    pub asize: u32,
+    pub offset: u64,
+}
+
+impl Dva {
+    pub fn is_empty(&self) -> bool {
+        self.asize == 0
+    }
+
+    /// One past the last byte of the allocation.
+    pub fn end(&self) -> u64 {
+        self.offset + self.asize as u64
+    }
+}
+
+/// A pointer to one block, with everything needed to find and verify it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
+pub struct BlockPointer {
+    pub dvas: [Dva; DVA_COUNT],
+    pub birth_txg: u64,
+    pub logical_size: u32,
+    pub physical_size: u32,
+    pub level: u8,
+    pub object_type: ObjectType,
+    pub checksum_algo: ChecksumAlgo,
+    pub compression: Compression,
+    pub fill: u64,
+    pub checksum: Checksum,
+}
+
+impl BlockPointer {
+    /// A hole born in `birth_txg` (0: never written).
+    pub fn hole(level: u8, object_type: ObjectType, birth_txg: u64) -> BlockPointer {
+        BlockPointer { level, object_type, birth_txg, ..BlockPointer::default() }
+    }
+
+    pub fn is_hole(&self) -> bool {
+        self.dvas[0].is_empty()
+    }
+
+    /// The copies that exist.
+    pub fn copies(&self) -> impl Iterator<Item = &Dva> {
+        self.dvas.iter().take_while(|dva| !dva.is_empty())
+    }
+
+    /// Total space allocated for all copies.
+    pub fn allocated_bytes(&self) -> u64 {
+        self.copies().map(|dva| dva.asize as u64).sum()
+    }
+
+    pub fn encode(&self, out: &mut [u8]) {
+        assert_eq!(out.len(), BLOCK_POINTER_BYTES);
+        out.fill(0);
+        for (index, dva) in self.dvas.iter().enumerate() {
+            put_u32(out, index * 16, dva.vdev);
+            put_u32(out, index * 16 + 4, dva.asize);
+            put_u64(out, index * 16 + 8, dva.offset);
+        }
+        put_u64(out, 48, self.birth_txg);
+        put_u32(out, 56, self.logical_size);
+        put_u32(out, 60, self.physical_size);
+        out[64] = self.level;
+        out[65] = self.object_type.code();
+        out[66] = if self.is_hole() { 0 } else { self.checksum_algo.code() };
+        out[67] = self.compression.code();
+        put_u64(out, 72, self.fill);
+        out[96..128].copy_from_slice(&self.checksum.0);
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<BlockPointer, FormatError> {
+        const WHAT: &str = "block pointer";
+        if bytes.len() != BLOCK_POINTER_BYTES {
+            return Err(invalid(WHAT, format!("{} bytes, expected {BLOCK_POINTER_BYTES}", bytes.len())));
+        }
+        let mut dvas = [Dva::default(); DVA_COUNT];
+        for (index, dva) in dvas.iter_mut().enumerate() {
+            *dva = Dva { vdev: get_u32(bytes, index * 16), asize: get_u32(bytes, index * 16 + 4), offset: get_u64(bytes, index * 16 + 8) };
+        }
+        let level = bytes[64];
+        let object_type = ObjectType::from_code(bytes[65]).ok_or_else(|| invalid(WHAT, format!("unknown object type {}", bytes[65])))?;
+        let compression = Compression::from_code(bytes[67]).ok_or_else(|| invalid(WHAT, format!("unknown compression {}", bytes[67])))?;
+        if level > LEVEL_MAX {
+            return Err(invalid(WHAT, format!("level {level} above {LEVEL_MAX}")));
+        }
+        let mut checksum = Checksum::default();
+        checksum.0.copy_from_slice(&bytes[96..128]);
+        let hole = dvas[0].is_empty();
+        let checksum_algo = if hole {
+            ChecksumAlgo::default()
+        } else {
+            ChecksumAlgo::from_code(bytes[66]).ok_or_else(|| invalid(WHAT, format!("unknown checksum algorithm {}", bytes[66])))?
+        };
+        let pointer = BlockPointer {
+            dvas,
+            birth_txg: get_u64(bytes, 48),
+            logical_size: get_u32(bytes, 56),
+            physical_size: get_u32(bytes, 60),
+            level,
+            object_type,
+            checksum_algo,
+            compression,
+            fill: get_u64(bytes, 72),
+            checksum,
+        };
+        if !hole {
+            pointer.validate()?;
+        }
+        Ok(pointer)
+    }
+
+    /// Checks the fields of a non-hole pointer for internal consistency.
+    pub fn validate(&self) -> Result<(), FormatError> {
+        const WHAT: &str = "block pointer";
+        if self.logical_size == 0 || self.logical_size > BLOCK_SIZE_MAX_BYTES || self.logical_size % 512 != 0 {
+            return Err(invalid(WHAT, format!("logical size {}", self.logical_size)));
+        }
+        if self.physical_size == 0 || self.physical_size > self.logical_size {
+            return Err(invalid(WHAT, format!("physical size {} for logical {}", self.physical_size, self.logical_size)));
+        }
+        if self.compression == Compression::Off && self.physical_size != self.logical_size {
+            return Err(invalid(WHAT, "uncompressed block with physical size != logical size"));
+        }
+        let mut ended = false;
+        for dva in &self.dvas {
+            if dva.is_empty() {
+                ended = true;
+                if dva.vdev != 0 || dva.offset != 0 {
+                    return Err(invalid(WHAT, "empty DVA with a location"));
+                }
+                continue;
+            }
+            if ended {
+                return Err(invalid(WHAT, "DVA after an empty one"));
+            }
+            if dva.offset % 512 != 0 || dva.asize % 512 != 0 || (dva.asize as u64) < self.physical_size as u64 {
+                return Err(invalid(WHAT, format!("DVA {dva:?} cannot hold {} bytes", self.physical_size)));
+            }
+            if dva.offset.checked_add(dva.asize as u64).is_none() {
+                return Err(invalid(WHAT, "DVA past the end of the address space"));
+            }
+        }
+        if self.level == 0 && self.fill != 1 {
+            return Err(invalid(WHAT, format!("data block with fill {}", self.fill)));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn sample() -> BlockPointer {
+        BlockPointer {
+            dvas: [Dva { vdev: 1, asize: 16384, offset: 1 << 30 }, Dva { vdev: 0, asize: 16384, offset: 4096 }, Dva::default()],
+            birth_txg: 42,
+            logical_size: 16384,
+            physical_size: 16384,
+            level: 0,
+            object_type: ObjectType::VolumeData,
+            checksum_algo: ChecksumAlgo::Xxh3,
+            compression: Compression::Off,
+            fill: 1,
+            checksum: ChecksumAlgo::Xxh3.compute(b"abc"),
+        }
+    }
+
+    #[test]
+    fn round_trips() {
+        let pointer = sample();
+        let mut bytes = [0u8; BLOCK_POINTER_BYTES];
+        pointer.encode(&mut bytes);
+        assert_eq!(BlockPointer::decode(&bytes).unwrap(), pointer);
+        let hole = BlockPointer::hole(2, ObjectType::VolumeData, 9);
+        hole.encode(&mut bytes);
+        let decoded = BlockPointer::decode(&bytes).unwrap();
+        assert!(decoded.is_hole());
+        assert_eq!(decoded.birth_txg, 9);
+        assert_eq!(decoded.level, 2);
+    }
+
+    #[test]
+    fn rejects_inconsistent_fields() {
+        let mut bytes = [0u8; BLOCK_POINTER_BYTES];
+        let mut pointer = sample();
+        pointer.physical_size = 32768;
+        pointer.encode(&mut bytes);
+        assert!(BlockPointer::decode(&bytes).is_err());
+        let mut pointer = sample();
+        pointer.dvas[0].offset = 1001;
+        pointer.encode(&mut bytes);
+        assert!(BlockPointer::decode(&bytes).is_err());
+        let mut pointer = sample();
+        pointer.dvas[1] = Dva::default();
+        pointer.dvas[2] = Dva { vdev: 0, asize: 16384, offset: 0 };
+        pointer.encode(&mut bytes);
+        assert!(BlockPointer::decode(&bytes).is_err());
+        sample().encode(&mut bytes);
+        bytes[66] = 99;
+        assert!(BlockPointer::decode(&bytes).is_err());
+        sample().encode(&mut bytes);
+        bytes[64] = LEVEL_MAX + 1;
+        assert!(BlockPointer::decode(&bytes).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), BLOCK_POINTER_BYTES)) {
+            let _ = BlockPointer::decode(&bytes);
+        }
+
+        #[test]
+        fn valid_pointers_round_trip(vdev in 0u32..8, sectors in 1u32..256, offset_sectors in 0u64..(1 << 40), birth in 1u64..u64::MAX, level in 0u8..=LEVEL_MAX, fill in 1u64..1000) {
+            let size = sectors * 512;
+            let pointer = BlockPointer {
+                dvas: [Dva { vdev, asize: size, offset: offset_sectors * 512 }, Dva::default(), Dva::default()],
+                birth_txg: birth,
+                logical_size: size,
+                physical_size: size,
+                level,
+                object_type: ObjectType::DnodeTable,
+                checksum_algo: ChecksumAlgo::Blake3,
+                compression: Compression::Off,
+                fill: if level == 0 { 1 } else { fill },
+                checksum: ChecksumAlgo::Blake3.compute(&offset_sectors.to_le_bytes()),
+            };
+            let mut bytes = [0u8; BLOCK_POINTER_BYTES];
+            pointer.encode(&mut bytes);
+            prop_assert_eq!(BlockPointer::decode(&bytes).unwrap(), pointer);
+        }
+    }
+}

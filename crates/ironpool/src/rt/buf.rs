@@ -1,0 +1,195 @@
+//! Buffers for direct I/O.
+//!
+//! Devices are opened O_DIRECT, so every buffer handed to the kernel must be aligned
+//! in memory and sized to the device's logical sector. [`AlignedBuf`] is a heap
+//! buffer aligned to [`BUFFER_ALIGNMENT_BYTES`]. Buffers shared by several I/Os at
+//! once (a block written to every side of a mirror) are `Rc<AlignedBuf>`; a piece of
+//! one is a [`BufSlice`], so an NBD payload is cut into blocks without copying.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::ops::{Deref, DerefMut, Range};
+use std::ptr::NonNull;
+use std::rc::Rc;
+
+/// Alignment of every I/O buffer: the page size, which covers any logical sector
+/// size up to 4 KiB and lets the kernel pin pages without splitting.
+pub const BUFFER_ALIGNMENT_BYTES: usize = 4096;
+
+/// A heap buffer aligned for O_DIRECT. The length is fixed at allocation.
+pub struct AlignedBuf {
+    pointer: NonNull<u8>,
+    length: usize,
+    capacity: usize,
+}
+
+// SAFETY: AlignedBuf uniquely owns its allocation, like Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    fn layout(capacity: usize) -> Layout {
+        // The capacity is always at least one alignment unit, so the layout is
+        // never zero-sized; from_size_align only fails on overflow, which would be
+        // a request far beyond any limit this engine allows.
+        Layout::from_size_align(capacity, BUFFER_ALIGNMENT_BYTES).expect("buffer size overflows a Layout")
+    }
+
+    fn capacity_for(length: usize) -> usize {
+        length.div_ceil(BUFFER_ALIGNMENT_BYTES).max(1) * BUFFER_ALIGNMENT_BYTES
+    }
+
+    /// A zero-filled buffer of `length` bytes.
+    pub fn zeroed(length: usize) -> AlignedBuf {
+        let capacity = Self::capacity_for(length);
+        // SAFETY: the layout has non-zero size.
+        let raw = unsafe { alloc_zeroed(Self::layout(capacity)) };
+        let pointer = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(capacity)));
+        AlignedBuf { pointer, length, capacity }
+    }
+
+    /// A buffer the caller is about to overwrite completely (a read target).
+    /// It is zeroed all the same: reading uninitialised memory is undefined in Rust,
+    /// and a short read must never expose stale heap contents to a client.
+    pub fn for_overwrite(length: usize) -> AlignedBuf {
+        AlignedBuf::zeroed(length)
+    }
+
+    /// A buffer holding a copy of `bytes`.
+    pub fn copy_from(bytes: &[u8]) -> AlignedBuf {
+        let mut buffer = AlignedBuf::for_overwrite(bytes.len());
+        buffer.copy_from_slice(bytes);
+        buffer
+    }
+
+    pub fn len(&self) -> usize {
+        self.length
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.length == 0
+    }
+
+    /// Shortens the buffer (the allocation is kept).
+    pub fn truncate(&mut self, length: usize) {
+        assert!(length <= self.length);
+        self.length = length;
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        self.pointer.as_ptr()
+    }
+
+    pub fn as_mut_ptr(&mut self) -> *mut u8 {
+        self.pointer.as_ptr()
+    }
+
+    /// Shares the buffer for several concurrent readers (writes to a mirror).
+    pub fn into_shared(self) -> Rc<AlignedBuf> {
+        Rc::new(self)
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in this module with this exact layout.
+        unsafe { dealloc(self.pointer.as_ptr(), Self::layout(self.capacity)) };
+    }
+}
+
+impl Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: pointer is valid for `length` initialised bytes (zeroed at allocation).
+        unsafe { std::slice::from_raw_parts(self.pointer.as_ptr(), self.length) }
+    }
+}
+
+impl DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as above, and we hold &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.pointer.as_ptr(), self.length) }
+    }
+}
+
+impl std::fmt::Debug for AlignedBuf {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "AlignedBuf({} bytes)", self.length)
+    }
+}
+
+/// A read-only range of a shared buffer: one block of a larger NBD payload, or the
+/// part of a block a client asked to read.
+#[derive(Clone)]
+pub struct BufSlice {
+    buffer: Rc<AlignedBuf>,
+    range: Range<usize>,
+}
+
+impl BufSlice {
+    pub fn new(buffer: Rc<AlignedBuf>, range: Range<usize>) -> BufSlice {
+        assert!(range.start <= range.end && range.end <= buffer.len(), "slice {range:?} outside a buffer of {}", buffer.len());
+        BufSlice { buffer, range }
+    }
+
+    pub fn whole(buffer: Rc<AlignedBuf>) -> BufSlice {
+        let length = buffer.len();
+        BufSlice { buffer, range: 0..length }
+    }
+
+    pub fn len(&self) -> usize {
+        self.range.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.range.is_empty()
+    }
+
+    /// A sub-range, relative to this slice.
+    pub fn slice(&self, range: Range<usize>) -> BufSlice {
+        assert!(range.end <= self.len());
+        BufSlice { buffer: self.buffer.clone(), range: self.range.start + range.start..self.range.start + range.end }
+    }
+
+    pub fn as_ptr(&self) -> *const u8 {
+        // SAFETY: range.start is within the allocation.
+        unsafe { self.buffer.as_ptr().add(self.range.start) }
+    }
+}
+
+impl Deref for BufSlice {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        &self.buffer[self.range.clone()]
+    }
+}
+
+impl std::fmt::Debug for BufSlice {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(formatter, "BufSlice({:?})", self.range)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buffers_are_aligned_and_zeroed() {
+        for length in [0, 1, 511, 4096, 4097, 65536] {
+            let buffer = AlignedBuf::zeroed(length);
+            assert_eq!(buffer.as_ptr() as usize % BUFFER_ALIGNMENT_BYTES, 0);
+            assert_eq!(buffer.len(), length);
+            assert!(buffer.iter().all(|byte| *byte == 0));
+        }
+    }
+
+    #[test]
+    fn slices_share_without_copying() {
+        let mut buffer = AlignedBuf::zeroed(8192);
+        buffer[4096] = 7;
+        let shared = buffer.into_shared();
+        let second = BufSlice::new(shared.clone(), 4096..8192);
+        assert_eq!(second[0], 7);
+        assert_eq!(second.as_ptr(), unsafe { shared.as_ptr().add(4096) });
+        assert_eq!(second.slice(0..1)[0], 7);
+    }
+}

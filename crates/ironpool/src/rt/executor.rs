@@ -1,0 +1,242 @@
+//! A single-threaded task executor.
+//!
+//! Every piece of engine state has one owner: the thread that runs this executor.
+//! Tasks are plain futures polled from the loop; they are never polled inline from a
+//! completion, so the stack stays bounded and there is no re-entrancy. The ready
+//! queue is FIFO, which together with a deterministic driver (the simulator) makes a
+//! whole run reproducible from one seed.
+
+use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll, Wake, Waker};
+
+type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+/// Wakes that arrive from another thread (rare: only helper threads) are queued
+/// here and the loop is told through `remote_pending`.
+pub(crate) struct Remote {
+    executor_id: usize,
+    queue: Mutex<Vec<usize>>,
+    pub(crate) pending: AtomicBool,
+    /// Written by a remote wake so a parked driver returns (an eventfd).
+    pub(crate) notify: Box<dyn Fn() + Send + Sync>,
+}
+
+struct TaskHeader {
+    task_id: usize,
+    scheduled: AtomicBool,
+    remote: Arc<Remote>,
+}
+
+static NEXT_EXECUTOR_ID: AtomicUsize = AtomicUsize::new(1);
+
+thread_local! {
+    /// The executor running on this thread (0: none) and its local ready queue.
+    static LOCAL_EXECUTOR_ID: Cell<usize> = const { Cell::new(0) };
+    static LOCAL_READY: RefCell<VecDeque<usize>> = const { RefCell::new(VecDeque::new()) };
+}
+
+impl Wake for TaskHeader {
+    fn wake(self: Arc<Self>) {
+        self.wake_by_ref()
+    }
+
+    fn wake_by_ref(self: &Arc<Self>) {
+        if self.scheduled.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let on_owner = LOCAL_EXECUTOR_ID.with(|id| id.get() == self.remote.executor_id);
+        if on_owner {
+            LOCAL_READY.with(|ready| ready.borrow_mut().push_back(self.task_id));
+        } else {
+            // A poisoned lock means another thread panicked while pushing; the
+            // queue itself is still a valid Vec, so keep going.
+            let mut queue = match self.remote.queue.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            queue.push(self.task_id);
+            drop(queue);
+            self.remote.pending.store(true, Ordering::Release);
+            (self.remote.notify)();
+        }
+    }
+}
+
+struct TaskSlot {
+    future: Option<LocalFuture>,
+    header: Arc<TaskHeader>,
+    waker: Waker,
+}
+
+/// The executor: a slab of tasks and the FIFO of those ready to run.
+pub struct Executor {
+    id: usize,
+    tasks: RefCell<Vec<Option<TaskSlot>>>,
+    free_slots: RefCell<Vec<usize>>,
+    live_tasks: Cell<usize>,
+    remote: Arc<Remote>,
+}
+
+impl Executor {
+    pub(crate) fn new(notify: Box<dyn Fn() + Send + Sync>) -> Executor {
+        let id = NEXT_EXECUTOR_ID.fetch_add(1, Ordering::Relaxed);
+        Executor {
+            id,
+            tasks: RefCell::new(Vec::new()),
+            free_slots: RefCell::new(Vec::new()),
+            live_tasks: Cell::new(0),
+            remote: Arc::new(Remote {
+                executor_id: id,
+                queue: Mutex::new(Vec::new()),
+                pending: AtomicBool::new(false),
+                notify,
+            }),
+        }
+    }
+
+    /// Makes this executor the one that wakes on this thread deliver to.
+    pub(crate) fn enter(&self) {
+        LOCAL_EXECUTOR_ID.with(|id| id.set(self.id));
+        LOCAL_READY.with(|ready| ready.borrow_mut().clear());
+    }
+
+    pub(crate) fn leave(&self) {
+        LOCAL_EXECUTOR_ID.with(|id| id.set(0));
+    }
+
+    /// Number of tasks spawned and not yet finished.
+    pub fn live_tasks(&self) -> usize {
+        self.live_tasks.get()
+    }
+
+    pub(crate) fn spawn_boxed(&self, future: LocalFuture) {
+        let slot_index = match self.free_slots.borrow_mut().pop() {
+            Some(index) => index,
+            None => {
+                let mut tasks = self.tasks.borrow_mut();
+                tasks.push(None);
+                tasks.len() - 1
+            }
+        };
+        let header = Arc::new(TaskHeader {
+            task_id: slot_index,
+            scheduled: AtomicBool::new(false),
+            remote: self.remote.clone(),
+        });
+        let waker = Waker::from(header.clone());
+        self.tasks.borrow_mut()[slot_index] = Some(TaskSlot { future: Some(future), header, waker: waker.clone() });
+        self.live_tasks.set(self.live_tasks.get() + 1);
+        waker.wake();
+    }
+
+    fn drain_remote(&self) {
+        if !self.remote.pending.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let ids: Vec<usize> = {
+            let mut queue = match self.remote.queue.lock() {
+                Ok(guard) => guard,
+                Err(poisoned) => poisoned.into_inner(),
+            };
+            std::mem::take(&mut *queue)
+        };
+        LOCAL_READY.with(|ready| ready.borrow_mut().extend(ids));
+    }
+
+    /// True when some task is ready to be polled.
+    pub(crate) fn has_ready(&self) -> bool {
+        self.drain_remote();
+        LOCAL_READY.with(|ready| !ready.borrow().is_empty())
+    }
+
+    /// Polls every task that is ready now (not those made ready while doing so,
+    /// so the driver gets a turn to submit and reap between rounds).
+    /// Returns the number of tasks polled.
+    pub(crate) fn run_ready(&self) -> usize {
+        self.drain_remote();
+        let count = LOCAL_READY.with(|ready| ready.borrow().len());
+        let mut polled = 0;
+        for _ in 0..count {
+            let Some(task_id) = LOCAL_READY.with(|ready| ready.borrow_mut().pop_front()) else {
+                break;
+            };
+            self.poll_task(task_id);
+            polled += 1;
+        }
+        polled
+    }
+
+    fn poll_task(&self, task_id: usize) {
+        // Take the future out of its slot so that the task may spawn others (which
+        // borrows the slab) while it is being polled.
+        let (mut future, waker, header) = {
+            let mut tasks = self.tasks.borrow_mut();
+            let Some(Some(slot)) = tasks.get_mut(task_id) else {
+                return; // A stale wake for a finished task.
+            };
+            let Some(future) = slot.future.take() else {
+                return;
+            };
+            (future, slot.waker.clone(), slot.header.clone())
+        };
+        header.scheduled.store(false, Ordering::Release);
+        let mut context = Context::from_waker(&waker);
+        match future.as_mut().poll(&mut context) {
+            Poll::Ready(()) => {
+                self.tasks.borrow_mut()[task_id] = None;
+                self.free_slots.borrow_mut().push(task_id);
+                self.live_tasks.set(self.live_tasks.get() - 1);
+            }
+            Poll::Pending => {
+                if let Some(Some(slot)) = self.tasks.borrow_mut().get_mut(task_id) {
+                    slot.future = Some(future);
+                }
+            }
+        }
+    }
+
+    /// Drops every task without running it further (a simulated crash, or the end
+    /// of a runtime). Futures' destructors run here.
+    pub(crate) fn drop_all(&self) {
+        let tasks: Vec<Option<TaskSlot>> = std::mem::take(&mut *self.tasks.borrow_mut());
+        self.free_slots.borrow_mut().clear();
+        self.live_tasks.set(0);
+        drop(tasks);
+        LOCAL_READY.with(|ready| ready.borrow_mut().clear());
+    }
+}
+
+/// The result side of a spawned task. Dropping it detaches the task.
+pub struct JoinHandle<T> {
+    pub(crate) state: Rc<JoinState<T>>,
+}
+
+pub(crate) struct JoinState<T> {
+    pub(crate) result: RefCell<Option<T>>,
+    pub(crate) waker: RefCell<Option<Waker>>,
+    pub(crate) finished: Cell<bool>,
+}
+
+impl<T> JoinHandle<T> {
+    /// True once the task has produced its output.
+    pub fn is_finished(&self) -> bool {
+        self.state.finished.get()
+    }
+}
+
+impl<T> Future for JoinHandle<T> {
+    type Output = T;
+    fn poll(self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<T> {
+        if let Some(result) = self.state.result.borrow_mut().take() {
+            return Poll::Ready(result);
+        }
+        *self.state.waker.borrow_mut() = Some(context.waker().clone());
+        Poll::Pending
+    }
+}

@@ -1,0 +1,238 @@
+//! The runtime: a single-threaded executor over one of two drivers.
+//!
+//! - [`uring`]: the real driver, a completion-based io_uring core. Every device and
+//!   socket operation is a pre-allocated in-flight record whose index is the
+//!   `user_data`; one submit per loop turn; completions wake tasks, which run from
+//!   the loop.
+//! - [`sim`]: a deterministic simulated clock. Timers (and the simulated devices,
+//!   which are timers plus memory) fire in virtual time, in an order fixed by the
+//!   seed, so a whole engine run replays exactly.
+//!
+//! No thread ever blocks on a device: the only blocking call is the driver's wait
+//! for the next completion when no task can run.
+
+pub mod buf;
+pub mod executor;
+pub mod sim;
+pub mod sync;
+pub mod uring;
+
+use std::cell::RefCell;
+use std::future::Future;
+use std::pin::Pin;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::task::{Context, Poll, Wake, Waker};
+use std::time::Duration;
+
+pub use executor::JoinHandle;
+use executor::{Executor, JoinState};
+
+/// A point in the runtime's clock, in nanoseconds since the runtime started.
+/// Virtual under the simulator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+pub struct Instant(pub u64);
+
+impl Instant {
+    /// Time elapsed from `earlier` to `self` (zero if `earlier` is later).
+    pub fn duration_since(self, earlier: Instant) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+
+    pub fn add(self, duration: Duration) -> Instant {
+        Instant(self.0.saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64))
+    }
+}
+
+pub(crate) enum Driver {
+    Uring(uring::UringDriver),
+    Sim(sim::SimDriver),
+}
+
+pub(crate) struct RuntimeInner {
+    pub(crate) executor: Executor,
+    pub(crate) driver: Driver,
+}
+
+thread_local! {
+    static CURRENT: RefCell<Option<Rc<RuntimeInner>>> = const { RefCell::new(None) };
+}
+
+/// Runs `f` with the runtime of this thread.
+///
+/// Panics when called outside [`Runtime::block_on`]: engine code only runs inside
+/// a runtime, so this is a programming error, not an operating condition.
+pub(crate) fn with_current<R>(f: impl FnOnce(&RuntimeInner) -> R) -> R {
+    CURRENT.with(|current| {
+        let current = current.borrow();
+        let inner = current.as_ref().expect("ironpool runtime function called outside Runtime::block_on");
+        f(inner)
+    })
+}
+
+/// True when the current runtime is the simulator (used by tests and assertions).
+pub fn is_simulated() -> bool {
+    with_current(|inner| matches!(inner.driver, Driver::Sim(_)))
+}
+
+/// A runtime owns an executor and a driver; `block_on` runs a future to completion
+/// on the current thread, together with every task it spawns.
+pub struct Runtime {
+    inner: Rc<RuntimeInner>,
+}
+
+impl Runtime {
+    /// A runtime on a real io_uring with `ring_entries` submission slots.
+    pub fn new_uring(ring_entries: u32) -> std::io::Result<Runtime> {
+        let (driver, notify) = uring::UringDriver::new(ring_entries)?;
+        let executor = Executor::new(notify);
+        Ok(Runtime { inner: Rc::new(RuntimeInner { executor, driver: Driver::Uring(driver) }) })
+    }
+
+    /// A deterministic simulated runtime; `seed` fixes every random choice.
+    pub fn new_sim(seed: u64) -> Runtime {
+        let executor = Executor::new(Box::new(|| {}));
+        Runtime { inner: Rc::new(RuntimeInner { executor, driver: Driver::Sim(sim::SimDriver::new(seed)) }) }
+    }
+
+    /// Runs `future` and every task it spawns until `future` completes.
+    ///
+    /// Under the simulator, a state where no task can run and no timer is pending
+    /// is a deadlock, which is a bug: it panics with a message saying so.
+    pub fn block_on<F: Future>(&self, future: F) -> F::Output {
+        let previous = CURRENT.with(|current| current.borrow_mut().replace(self.inner.clone()));
+        self.inner.executor.enter();
+        let main_wake = Arc::new(MainWake { woken: AtomicBool::new(true) });
+        let waker = Waker::from(main_wake.clone());
+        let mut context = Context::from_waker(&waker);
+        let mut future = std::pin::pin!(future);
+        let output = loop {
+            if main_wake.woken.swap(false, Ordering::AcqRel) {
+                if let Poll::Ready(output) = future.as_mut().poll(&mut context) {
+                    break output;
+                }
+            }
+            self.inner.executor.run_ready();
+            let runnable = main_wake.woken.load(Ordering::Acquire) || self.inner.executor.has_ready();
+            match &self.inner.driver {
+                Driver::Uring(driver) => driver.turn(!runnable),
+                Driver::Sim(driver) => {
+                    if !runnable && !driver.advance() {
+                        panic!("simulation deadlock: no task can run and no timer is pending");
+                    }
+                }
+            }
+        };
+        self.inner.executor.leave();
+        CURRENT.with(|current| *current.borrow_mut() = previous);
+        output
+    }
+
+    /// Drops every spawned task (their destructors run). Used by the simulator to
+    /// model a crash: everything in memory is gone, only the devices remain.
+    pub fn drop_all_tasks(&self) {
+        let previous = CURRENT.with(|current| current.borrow_mut().replace(self.inner.clone()));
+        self.inner.executor.drop_all();
+        CURRENT.with(|current| *current.borrow_mut() = previous);
+    }
+
+    /// Virtual time of a simulated runtime (real time of a uring one).
+    pub fn now(&self) -> Instant {
+        match &self.inner.driver {
+            Driver::Uring(driver) => driver.now(),
+            Driver::Sim(driver) => driver.now(),
+        }
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        self.drop_all_tasks();
+    }
+}
+
+struct MainWake {
+    woken: AtomicBool,
+}
+
+impl Wake for MainWake {
+    fn wake(self: Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+    }
+    fn wake_by_ref(self: &Arc<Self>) {
+        self.woken.store(true, Ordering::Release);
+    }
+}
+
+/// Starts a task on the current runtime. It runs until done even if the handle is
+/// dropped.
+pub fn spawn<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    let state = Rc::new(JoinState { result: RefCell::new(None), waker: RefCell::new(None), finished: std::cell::Cell::new(false) });
+    let task_state = state.clone();
+    let task = async move {
+        let output = future.await;
+        *task_state.result.borrow_mut() = Some(output);
+        task_state.finished.set(true);
+        if let Some(waker) = task_state.waker.borrow_mut().take() {
+            waker.wake();
+        }
+    };
+    with_current(|inner| inner.executor.spawn_boxed(Box::pin(task)));
+    JoinHandle { state }
+}
+
+/// The current time of the runtime's clock.
+pub fn now() -> Instant {
+    with_current(|inner| match &inner.driver {
+        Driver::Uring(driver) => driver.now(),
+        Driver::Sim(driver) => driver.now(),
+    })
+}
+
+/// Completes after `duration` (virtual time under the simulator).
+pub fn sleep(duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
+    with_current(|inner| match &inner.driver {
+        Driver::Uring(_) => Box::pin(uring::timeout(duration)) as Pin<Box<dyn Future<Output = ()>>>,
+        Driver::Sim(driver) => Box::pin(driver.sleep(duration)),
+    })
+}
+
+/// Yields to other ready tasks once.
+pub async fn yield_now() {
+    let mut yielded = false;
+    std::future::poll_fn(move |context| {
+        if yielded {
+            Poll::Ready(())
+        } else {
+            yielded = true;
+            context.waker().wake_by_ref();
+            Poll::Pending
+        }
+    })
+    .await
+}
+
+/// Draws a pseudo-random number: seeded under the simulator (deterministic), from a
+/// per-runtime generator otherwise. Used for tie-breaking (which mirror child to
+/// read) and never for anything on disk.
+pub fn random_u64() -> u64 {
+    with_current(|inner| match &inner.driver {
+        Driver::Uring(driver) => driver.random_u64(),
+        Driver::Sim(driver) => driver.random_u64(),
+    })
+}
+
+/// Races `future` against a timer; `None` when the timer wins.
+pub async fn timeout<F: Future>(duration: Duration, future: F) -> Option<F::Output> {
+    use futures_util::future::{select, Either};
+    let future = std::pin::pin!(future);
+    match select(future, sleep(duration)).await {
+        Either::Left((output, _)) => Some(output),
+        Either::Right(((), _)) => None,
+    }
+}

@@ -1,0 +1,471 @@
+//! The io_uring driver: the completion-based core under every device and socket.
+//!
+//! Each operation is an in-flight record (a slot in `slots`) whose index is the SQE's
+//! `user_data`. The memory an operation points at (buffers, iovec arrays, a
+//! timespec) is owned by its [`Op`] future; if that future is dropped before the
+//! kernel completes the operation, the memory moves into the slot and is freed
+//! when the completion arrives, never earlier. Submissions are batched: pushing an
+//! SQE does not enter the kernel; the loop submits once per turn and reaps every
+//! completion, waking the tasks, which then run from the loop.
+
+use std::any::Any;
+use std::cell::{Cell, RefCell};
+use std::future::Future;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use io_uring::{opcode, squeue, types, IoUring};
+
+use super::buf::{AlignedBuf, BufSlice};
+use super::sim::Rng;
+use super::{with_current, Driver, Instant};
+
+/// `user_data` of the eventfd read that lets other threads wake the loop.
+const EVENTFD_TOKEN: u64 = u64::MAX - 1;
+
+/// Largest iovec count in one vectored operation (the kernel's UIO_MAXIOV).
+pub const IOVEC_COUNT_MAX: usize = 1024;
+
+enum Slot {
+    Free,
+    Waiting(Option<Waker>),
+    Done(i32),
+    /// The future was dropped; keep its memory until the kernel is done with it.
+    Abandoned(#[allow(dead_code)] Box<dyn Any>),
+}
+
+pub(crate) struct UringDriver {
+    ring: RefCell<IoUring>,
+    slots: RefCell<Vec<Slot>>,
+    free_slots: RefCell<Vec<u32>>,
+    in_flight: Cell<usize>,
+    started: std::time::Instant,
+    rng: RefCell<Rng>,
+    eventfd: Arc<OwnedFd>,
+    eventfd_buffer: RefCell<Box<[u8; 8]>>,
+}
+
+impl UringDriver {
+    pub(crate) fn new(ring_entries: u32) -> io::Result<(UringDriver, Box<dyn Fn() + Send + Sync>)> {
+        let ring = build_ring(ring_entries)?;
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: raw is a fresh descriptor we own.
+        let eventfd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+        let notify_fd = eventfd.clone();
+        let notify: Box<dyn Fn() + Send + Sync> = Box::new(move || {
+            let one: u64 = 1;
+            // SAFETY: writing 8 bytes from a valid u64 to an eventfd we keep open.
+            // A failure (counter saturated) still leaves the eventfd readable.
+            unsafe { libc::write(notify_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+        });
+        let seed = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|elapsed| elapsed.as_nanos() as u64)
+            .unwrap_or(1);
+        let driver = UringDriver {
+            ring: RefCell::new(ring),
+            slots: RefCell::new(Vec::new()),
+            free_slots: RefCell::new(Vec::new()),
+            in_flight: Cell::new(0),
+            started: std::time::Instant::now(),
+            rng: RefCell::new(Rng::new(seed)),
+            eventfd,
+            eventfd_buffer: RefCell::new(Box::new([0; 8])),
+        };
+        driver.arm_eventfd();
+        Ok((driver, notify))
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        Instant(self.started.elapsed().as_nanos() as u64)
+    }
+
+    pub(crate) fn random_u64(&self) -> u64 {
+        self.rng.borrow_mut().next_u64()
+    }
+
+    /// Operations submitted and not yet completed.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.in_flight.get()
+    }
+
+    fn arm_eventfd(&self) {
+        let pointer = self.eventfd_buffer.borrow_mut().as_mut_ptr();
+        let entry = opcode::Read::new(types::Fd(self.eventfd.as_raw_fd()), pointer, 8).build().user_data(EVENTFD_TOKEN);
+        // SAFETY: the buffer is a Box owned by the driver, which outlives the ring's
+        // use of it: the driver (and ring) are dropped together, and the kernel
+        // cancels the read when the ring closes.
+        unsafe { self.push(entry) };
+    }
+
+    /// Queues an SQE; when the submission queue is full, hands the queued entries
+    /// to the kernel first.
+    ///
+    /// # Safety
+    /// Every pointer in `entry` must stay valid until its completion is reaped.
+    unsafe fn push(&self, entry: squeue::Entry) {
+        let mut ring = self.ring.borrow_mut();
+        loop {
+            // SAFETY: forwarded from the caller.
+            if unsafe { ring.submission().push(&entry) }.is_ok() {
+                return;
+            }
+            match ring.submit() {
+                Ok(_) => {}
+                Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
+                Err(error) if error.raw_os_error() == Some(libc::EBUSY) || error.raw_os_error() == Some(libc::EAGAIN) => {
+                    // The completion queue is backed up: reap to make room.
+                    drop(ring);
+                    self.reap();
+                    ring = self.ring.borrow_mut();
+                }
+                Err(error) => panic!("io_uring submit failed: {error}"),
+            }
+        }
+    }
+
+    fn allocate_slot(&self) -> u32 {
+        if let Some(index) = self.free_slots.borrow_mut().pop() {
+            self.slots.borrow_mut()[index as usize] = Slot::Waiting(None);
+            return index;
+        }
+        let mut slots = self.slots.borrow_mut();
+        slots.push(Slot::Waiting(None));
+        (slots.len() - 1) as u32
+    }
+
+    fn release_slot(&self, index: u32) {
+        self.slots.borrow_mut()[index as usize] = Slot::Free;
+        self.free_slots.borrow_mut().push(index);
+        self.in_flight.set(self.in_flight.get() - 1);
+    }
+
+    /// One loop turn: submit what is queued, wait for a completion when `wait` is
+    /// set, then reap every completion that is there.
+    pub(crate) fn turn(&self, wait: bool) {
+        {
+            let ring = self.ring.borrow();
+            let result = if wait { ring.submit_and_wait(1) } else { ring.submit() };
+            match result {
+                Ok(_) => {}
+                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)) => {}
+                Err(error) => panic!("io_uring enter failed: {error}"),
+            }
+        }
+        self.reap();
+    }
+
+    fn reap(&self) {
+        let mut completed: Vec<(u64, i32)> = Vec::new();
+        {
+            let mut ring = self.ring.borrow_mut();
+            for entry in ring.completion() {
+                completed.push((entry.user_data(), entry.result()));
+            }
+        }
+        for (user_data, result) in completed {
+            if user_data == EVENTFD_TOKEN {
+                self.arm_eventfd();
+                continue;
+            }
+            let index = user_data as u32;
+            let previous = std::mem::replace(&mut self.slots.borrow_mut()[index as usize], Slot::Done(result));
+            match previous {
+                Slot::Waiting(waker) => {
+                    if let Some(waker) = waker {
+                        waker.wake();
+                    }
+                }
+                Slot::Abandoned(memory) => {
+                    drop(memory);
+                    self.release_slot(index);
+                }
+                Slot::Free | Slot::Done(_) => panic!("completion for io_uring slot {index} that was not in flight"),
+            }
+        }
+    }
+}
+
+fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
+    // The completion queue is four times the submission queue so bursts of
+    // completions (an aggregated I/O's many children) never overflow it.
+    let completion_entries = ring_entries.saturating_mul(4);
+    let tuned = IoUring::builder()
+        .setup_single_issuer()
+        .setup_coop_taskrun()
+        .setup_taskrun_flag()
+        .setup_cqsize(completion_entries)
+        .build(ring_entries);
+    match tuned {
+        Ok(ring) => Ok(ring),
+        // Older kernels lack some flags; the plain ring is correct, only slower.
+        Err(_) => IoUring::builder().setup_cqsize(completion_entries).build(ring_entries),
+    }
+}
+
+fn with_driver<R>(f: impl FnOnce(&UringDriver) -> R) -> R {
+    with_current(|inner| match &inner.driver {
+        Driver::Uring(driver) => f(driver),
+        Driver::Sim(_) => panic!("an io_uring operation was started under the simulated runtime"),
+    })
+}
+
+/// Operations in flight on this thread's ring.
+pub fn in_flight() -> usize {
+    with_driver(|driver| driver.in_flight())
+}
+
+/// An operation in flight: completes with the kernel's result and gives back the
+/// memory it used.
+pub(crate) struct Op<T: 'static> {
+    slot: u32,
+    memory: Option<T>,
+}
+
+impl<T: 'static> Op<T> {
+    /// Submits `entry`, whose pointers refer to heap memory owned by `memory`.
+    ///
+    /// # Safety
+    /// Every pointer in `entry` must point into heap allocations owned by `memory`
+    /// (moving `memory` must not move them), valid for the whole operation.
+    pub(crate) unsafe fn submit(entry: squeue::Entry, memory: T) -> Op<T> {
+        with_driver(|driver| {
+            let slot = driver.allocate_slot();
+            driver.in_flight.set(driver.in_flight.get() + 1);
+            // SAFETY: forwarded from the caller; the memory lives in the Op or,
+            // if the Op is dropped early, in the slot until completion.
+            unsafe { driver.push(entry.user_data(slot as u64)) };
+            Op { slot, memory: Some(memory) }
+        })
+    }
+}
+
+// The kernel points into the heap memory `memory` owns, never into the Op itself,
+// so moving an Op is harmless.
+impl<T: 'static> Unpin for Op<T> {}
+
+impl<T: 'static> Future for Op<T> {
+    type Output = (i32, T);
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<(i32, T)> {
+        let slot = self.slot;
+        let result = with_driver(|driver| {
+            let mut slots = driver.slots.borrow_mut();
+            match &mut slots[slot as usize] {
+                Slot::Done(result) => Some(*result),
+                Slot::Waiting(waker) => {
+                    *waker = Some(context.waker().clone());
+                    None
+                }
+                Slot::Free | Slot::Abandoned(_) => panic!("polled io_uring slot {slot} in a wrong state"),
+            }
+        });
+        match result {
+            Some(result) => {
+                with_driver(|driver| driver.release_slot(slot));
+                let memory = self.memory.take().expect("an io_uring op polled after completion");
+                Poll::Ready((result, memory))
+            }
+            None => Poll::Pending,
+        }
+    }
+}
+
+impl<T: 'static> Drop for Op<T> {
+    fn drop(&mut self) {
+        let Some(memory) = self.memory.take() else { return };
+        let slot = self.slot;
+        // The runtime may already be gone at process exit; then the ring is gone too
+        // and nothing refers to the memory any more.
+        let _ = super::CURRENT.try_with(|current| {
+            let current = current.borrow();
+            let Some(inner) = current.as_ref() else { return };
+            let Driver::Uring(driver) = &inner.driver else { return };
+            let done = matches!(driver.slots.borrow()[slot as usize], Slot::Done(_));
+            if done {
+                driver.release_slot(slot);
+            } else {
+                driver.slots.borrow_mut()[slot as usize] = Slot::Abandoned(Box::new(memory));
+            }
+        });
+    }
+}
+
+fn to_result(result: i32) -> io::Result<usize> {
+    if result < 0 {
+        Err(io::Error::from_raw_os_error(-result))
+    } else {
+        Ok(result as usize)
+    }
+}
+
+/// Reads into `buffer` at `offset`.
+pub async fn read_at(fd: RawFd, mut buffer: AlignedBuf, offset: u64) -> (io::Result<usize>, AlignedBuf) {
+    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32).offset(offset).build();
+    // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
+    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
+    (to_result(result), buffer)
+}
+
+/// Reads at `offset` into the buffers in order (one device I/O).
+pub async fn readv_at(fd: RawFd, mut buffers: Vec<AlignedBuf>, offset: u64) -> (io::Result<usize>, Vec<AlignedBuf>) {
+    assert!(buffers.len() <= IOVEC_COUNT_MAX);
+    let iovecs: Vec<libc::iovec> = buffers
+        .iter_mut()
+        .map(|buffer| libc::iovec { iov_base: buffer.as_mut_ptr() as *mut libc::c_void, iov_len: buffer.len() })
+        .collect();
+    let entry = opcode::Readv::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32).offset(offset).build();
+    // SAFETY: iovecs and the buffers they point to are heap memory owned by the op.
+    let (result, (_, buffers)) = unsafe { Op::submit(entry, (iovecs, buffers)) }.await;
+    (to_result(result), buffers)
+}
+
+/// Writes the slices at `offset`, in order (one device I/O).
+pub async fn writev_at(fd: RawFd, slices: Vec<BufSlice>, offset: u64) -> io::Result<usize> {
+    assert!(slices.len() <= IOVEC_COUNT_MAX);
+    let iovecs: Vec<libc::iovec> =
+        slices.iter().map(|slice| libc::iovec { iov_base: slice.as_ptr() as *mut libc::c_void, iov_len: slice.len() }).collect();
+    let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32).offset(offset).build();
+    // SAFETY: the iovec array and the Rc'd buffers are owned by the op.
+    let (result, _) = unsafe { Op::submit(entry, (iovecs, slices)) }.await;
+    to_result(result)
+}
+
+/// Flushes the device's (or file's) volatile write cache.
+pub async fn fsync(fd: RawFd, data_only: bool) -> io::Result<()> {
+    let flags = if data_only { types::FsyncFlags::DATASYNC } else { types::FsyncFlags::empty() };
+    let entry = opcode::Fsync::new(types::Fd(fd)).flags(flags).build();
+    // SAFETY: no memory is referenced.
+    let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
+    to_result(result).map(|_| ())
+}
+
+/// Completes after `duration`.
+pub async fn timeout(duration: Duration) {
+    let timespec = Box::new(types::Timespec::new().sec(duration.as_secs()).nsec(duration.subsec_nanos()));
+    let entry = opcode::Timeout::new(&*timespec as *const types::Timespec).build();
+    // SAFETY: the timespec is boxed and owned by the op. The result is -ETIME on
+    // expiry (or -ECANCELED); either way the time is up.
+    let _ = unsafe { Op::submit(entry, timespec) }.await;
+}
+
+/// Accepts a connection on a listening socket.
+pub async fn accept(fd: RawFd) -> io::Result<OwnedFd> {
+    let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut()).flags(libc::SOCK_CLOEXEC).build();
+    // SAFETY: no memory is referenced (the peer address is not asked for).
+    let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
+    let raw = to_result(result)?;
+    // SAFETY: the kernel returned a new descriptor that we now own.
+    Ok(unsafe { OwnedFd::from_raw_fd(raw as RawFd) })
+}
+
+/// Receives up to `buffer.len() - start` bytes into `buffer[start..]`.
+pub async fn recv_into(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+    assert!(start <= buffer.len());
+    // SAFETY: start is within the buffer.
+    let pointer = unsafe { buffer.as_mut_ptr().add(start) };
+    let length = (buffer.len() - start).min(u32::MAX as usize) as u32;
+    let entry = opcode::Recv::new(types::Fd(fd), pointer, length).build();
+    // SAFETY: the pointer is into the Vec's heap allocation, owned by the op.
+    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
+    (to_result(result), buffer)
+}
+
+/// Receives into `buffer[start..end]` (an aligned payload buffer).
+pub async fn recv_aligned(fd: RawFd, mut buffer: AlignedBuf, start: usize, end: usize) -> (io::Result<usize>, AlignedBuf) {
+    assert!(start <= end && end <= buffer.len());
+    // SAFETY: start is within the buffer.
+    let pointer = unsafe { buffer.as_mut_ptr().add(start) };
+    let entry = opcode::Recv::new(types::Fd(fd), pointer, (end - start) as u32).build();
+    // SAFETY: the pointer is into the buffer's heap allocation, owned by the op.
+    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
+    (to_result(result), buffer)
+}
+
+/// A piece of an outgoing message.
+pub enum SendPiece {
+    Bytes(Vec<u8>),
+    Slice(BufSlice),
+    /// `n` zero bytes (a hole in a plain read reply).
+    Zeros(usize),
+}
+
+impl SendPiece {
+    pub fn len(&self) -> usize {
+        match self {
+            SendPiece::Bytes(bytes) => bytes.len(),
+            SendPiece::Slice(slice) => slice.len(),
+            SendPiece::Zeros(length) => *length,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Zero bytes that `SendPiece::Zeros` points iovecs at.
+static ZERO_PAGE: [u8; 65536] = [0; 65536];
+
+/// Sends the pieces (from `skip` bytes into them) with one sendmsg; returns bytes sent.
+/// Callers loop on short sends.
+pub async fn send_pieces(fd: RawFd, pieces: Vec<SendPiece>, skip: usize) -> (io::Result<usize>, Vec<SendPiece>) {
+    let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(pieces.len().min(IOVEC_COUNT_MAX));
+    let mut to_skip = skip;
+    'pieces: for piece in &pieces {
+        let (base, length): (*const u8, usize) = match piece {
+            SendPiece::Bytes(bytes) => (bytes.as_ptr(), bytes.len()),
+            SendPiece::Slice(slice) => (slice.as_ptr(), slice.len()),
+            SendPiece::Zeros(length) => (ZERO_PAGE.as_ptr(), *length),
+        };
+        if to_skip >= length {
+            to_skip -= length;
+            continue;
+        }
+        let mut offset = to_skip;
+        to_skip = 0;
+        while offset < length {
+            if iovecs.len() == IOVEC_COUNT_MAX {
+                break 'pieces;
+            }
+            let chunk = match piece {
+                SendPiece::Zeros(_) => (length - offset).min(ZERO_PAGE.len()),
+                _ => length - offset,
+            };
+            let pointer = match piece {
+                SendPiece::Zeros(_) => base,
+                // SAFETY: offset < length, within the piece.
+                _ => unsafe { base.add(offset) },
+            };
+            iovecs.push(libc::iovec { iov_base: pointer as *mut libc::c_void, iov_len: chunk });
+            offset += chunk;
+        }
+    }
+    if iovecs.is_empty() {
+        return (Ok(0), pieces);
+    }
+    // SAFETY: msghdr is plain data; zeroed is a valid empty header.
+    let mut header: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+    header.msg_iov = iovecs.as_mut_ptr();
+    header.msg_iovlen = iovecs.len() as _;
+    let entry = opcode::SendMsg::new(types::Fd(fd), &*header as *const libc::msghdr).flags(libc::MSG_NOSIGNAL as u32).build();
+    // SAFETY: the header, the iovec array and every piece they point into are owned
+    // by the op (static zeros live forever).
+    let (result, (_, _, pieces)) = unsafe { Op::submit(entry, (header, iovecs, pieces)) }.await;
+    (to_result(result), pieces)
+}
+
+/// Reads from a non-socket descriptor (signalfd, eventfd) into a small buffer.
+pub async fn read_bytes(fd: RawFd, mut buffer: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
+    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32).offset(u64::MAX).build();
+    // SAFETY: the pointer is into the Vec's heap allocation, owned by the op.
+    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
+    (to_result(result), buffer)
+}

@@ -13,3 +13,9 @@
 
 pub mod format;
 pub mod rt;
+pub mod alloc;
+pub mod block;
+pub mod dev;
+pub mod object;
+pub mod pool;
+pub mod vdev;

@@ -74,7 +74,7 @@ pub fn data_area_bytes(device_size_bytes: u64) -> u64 {
 }
 
 /// A structure could not be decoded.
-#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[derive(Debug, Clone, thiserror::Error, PartialEq, Eq)]
 pub enum FormatError {
     #[error("bad magic number in {0}")]
     BadMagic(&'static str),

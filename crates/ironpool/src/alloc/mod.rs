@@ -1,0 +1,508 @@
+//! Space allocation: each top-level vdev is cut into metaslabs (regions of
+//! 2^metaslab_shift bytes); each metaslab tracks its free space in memory and logs
+//! its allocations and frees, txg by txg, to a space map object on disk.
+//!
+//! The life of a range:
+//! 1. `allocate` takes it from the free set (in memory only). If the write fails or
+//!    the process dies before the block is linked into a tree, nothing on disk
+//!    refers to it and it is free again (`release`, or simply at the next import).
+//! 2. `commit` records it as allocated in the open txg (when the block is linked).
+//! 3. `free` records it as freed in the open txg (when a tree stops referring to it).
+//!    It becomes allocatable again only after the txg two later has committed
+//!    (the two defer slots), so that the last two uberblocks' trees stay intact:
+//!    import may fall back to the previous uberblock if the newest is damaged.
+//!
+//! Data and metadata allocate from different cursors so that data blocks written
+//! together land contiguously (one large device write after aggregation), and the
+//! second copy of metadata lands far from the first.
+
+pub mod rangeset;
+
+use crate::format::spacemap::Record;
+use crate::format::Dva;
+pub use rangeset::{RangeError, RangeSet};
+
+/// Number of txgs a freed range waits before reuse.
+pub const DEFER_TXGS: u64 = 2;
+
+/// Share of the pool kept free for metadata: data allocations fail with ENOSPC
+/// before the last 1/32 is used (at least `SLOP_BYTES_MIN`), so that a txg can
+/// always commit its metadata even when clients fill the pool.
+pub const SLOP_SHIFT: u32 = 5;
+pub const SLOP_BYTES_MIN: u64 = 16 * 1024 * 1024;
+
+/// One region of a top-level vdev.
+#[derive(Debug)]
+pub struct Metaslab {
+    pub index: u32,
+    /// Start offset in the vdev's data area.
+    pub start: u64,
+    pub size: u64,
+    /// Allocatable now.
+    pub free: RangeSet,
+    /// Allocated as far as the on-disk space map says (updated at each sync).
+    pub allocated: RangeSet,
+    /// Linked in the open txg, not yet logged.
+    pub pending_allocs: RangeSet,
+    /// Freed in the open txg, not yet logged.
+    pub pending_frees: RangeSet,
+    /// Freed in the syncing txg (logged, waiting to enter a defer slot).
+    pub syncing_frees: RangeSet,
+    /// Freed in recent txgs, by txg % DEFER_TXGS.
+    pub defer: [RangeSet; DEFER_TXGS as usize],
+    /// The space map object (0: not created yet).
+    pub space_map_object: u64,
+    /// Records in the space map (to decide when to condense it).
+    pub space_map_records: u64,
+}
+
+impl Metaslab {
+    fn new(index: u32, start: u64, size: u64) -> Metaslab {
+        let mut free = RangeSet::new();
+        free.insert(start, start + size);
+        Metaslab {
+            index,
+            start,
+            size,
+            free,
+            allocated: RangeSet::new(),
+            pending_allocs: RangeSet::new(),
+            pending_frees: RangeSet::new(),
+            syncing_frees: RangeSet::new(),
+            defer: [RangeSet::new(), RangeSet::new()],
+            space_map_object: 0,
+            space_map_records: 0,
+        }
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending_allocs.is_empty() || !self.pending_frees.is_empty()
+    }
+
+    /// Replays the records of this metaslab's space map (import).
+    /// `last_txg` is the txg being imported: frees of the last `DEFER_TXGS` txgs
+    /// stay deferred.
+    pub fn replay(&mut self, records: &[Record], last_txg: u64) -> Result<(), RangeError> {
+        let mut txg = 0;
+        let mut allocated = RangeSet::new();
+        let mut recent_frees: Vec<(u64, u64, u64)> = Vec::new();
+        for record in records {
+            match *record {
+                Record::Txg(value) => txg = value,
+                Record::Allocate { offset, length } => {
+                    self.check_inside(offset, length)?;
+                    allocated.try_insert(offset, offset + length)?;
+                }
+                Record::Free { offset, length } => {
+                    self.check_inside(offset, length)?;
+                    allocated.try_remove(offset, offset + length)?;
+                    if txg + DEFER_TXGS > last_txg {
+                        recent_frees.push((txg, offset, offset + length));
+                    }
+                }
+            }
+        }
+        let mut free = RangeSet::new();
+        free.insert(self.start, self.start + self.size);
+        for (start, end) in allocated.iter() {
+            free.try_remove(start, end)?;
+        }
+        let mut defer = [RangeSet::new(), RangeSet::new()];
+        for (txg, start, end) in recent_frees {
+            // A range freed, reallocated and freed again within the window is
+            // listed twice; it is deferred once (in its latest slot is enough).
+            if free.contains(start, end) {
+                free.remove(start, end);
+                defer[(txg % DEFER_TXGS) as usize].insert(start, end);
+            }
+        }
+        self.free = free;
+        self.allocated = allocated;
+        self.defer = defer;
+        self.space_map_records = records.len() as u64;
+        Ok(())
+    }
+
+    fn check_inside(&self, offset: u64, length: u64) -> Result<(), RangeError> {
+        if offset < self.start || offset + length > self.start + self.size {
+            return Err(RangeError { start: offset, end: offset + length, problem: "lies outside its metaslab" });
+        }
+        Ok(())
+    }
+
+    /// The records that describe this metaslab minimally after the syncing txg
+    /// (condensing): what is allocated, then the recent frees with their txgs.
+    pub fn condensed_records(&self, syncing_txg: u64) -> Vec<Record> {
+        let previous_slot = ((syncing_txg + DEFER_TXGS - 1) % DEFER_TXGS) as usize;
+        let mut held = self.allocated.clone();
+        held.insert_all(&self.defer[previous_slot]);
+        held.insert_all(&self.syncing_frees);
+        let mut records = vec![Record::Txg(syncing_txg)];
+        records.extend(held.iter().map(|(start, end)| Record::Allocate { offset: start, length: end - start }));
+        if !self.defer[previous_slot].is_empty() {
+            records.push(Record::Txg(syncing_txg - 1));
+            records.extend(self.defer[previous_slot].iter().map(|(start, end)| Record::Free { offset: start, length: end - start }));
+        }
+        if !self.syncing_frees.is_empty() {
+            records.push(Record::Txg(syncing_txg));
+            records.extend(self.syncing_frees.iter().map(|(start, end)| Record::Free { offset: start, length: end - start }));
+        }
+        records
+    }
+
+    /// True when the log is long enough that rewriting it minimally pays.
+    pub fn should_condense(&self) -> bool {
+        let minimal = (self.allocated.segment_count() + self.defer.iter().map(RangeSet::segment_count).sum::<usize>()) as u64 + 8;
+        self.space_map_records > 1024 && self.space_map_records > 4 * minimal
+    }
+}
+
+/// Space of one top-level vdev.
+#[derive(Debug)]
+pub struct VdevSpace {
+    pub vdev: u32,
+    pub sector_bytes: u64,
+    pub metaslab_shift: u8,
+    pub metaslabs: Vec<Metaslab>,
+    /// The object listing this vdev's space map objects (0: not created yet).
+    pub array_object: u64,
+    data_cursor: (usize, u64),
+    metadata_cursors: [(usize, u64); 2],
+}
+
+impl VdevSpace {
+    pub fn new(vdev: u32, asize_bytes: u64, metaslab_shift: u8, sector_bytes: u64) -> VdevSpace {
+        let size = 1u64 << metaslab_shift;
+        let count = (asize_bytes >> metaslab_shift) as u32;
+        let metaslabs = (0..count).map(|index| Metaslab::new(index, index as u64 * size, size)).collect();
+        let half = count as usize / 2;
+        VdevSpace {
+            vdev,
+            sector_bytes,
+            metaslab_shift,
+            metaslabs,
+            array_object: 0,
+            data_cursor: (0, 0),
+            metadata_cursors: [(count.saturating_sub(1) as usize, 0), (half.saturating_sub(1), 0)],
+        }
+    }
+
+    pub fn free_bytes(&self) -> u64 {
+        self.metaslabs.iter().map(|metaslab| metaslab.free.total_bytes()).sum()
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.metaslabs.iter().map(|metaslab| metaslab.size).sum()
+    }
+
+    fn metaslab_of(&mut self, offset: u64) -> &mut Metaslab {
+        let index = (offset >> self.metaslab_shift) as usize;
+        &mut self.metaslabs[index]
+    }
+
+    /// Allocates from a cursor: first fit at or after it in its metaslab, then the
+    /// metaslab with the most free space. Returns the offset.
+    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>) -> Option<(u64, (usize, u64))> {
+        let (index, position) = cursor;
+        if Some(index) != avoid {
+            let metaslab = &mut self.metaslabs[index];
+            if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
+                metaslab.free.remove(start, start + size);
+                return Some((start, (index, start + size)));
+            }
+        }
+        let best = self
+            .metaslabs
+            .iter()
+            .filter(|metaslab| Some(metaslab.index as usize) != avoid && metaslab.free.total_bytes() >= size)
+            .max_by_key(|metaslab| (metaslab.free.total_bytes(), std::cmp::Reverse(metaslab.index)))?
+            .index as usize;
+        let metaslab = &mut self.metaslabs[best];
+        let start = metaslab.free.first_fit(metaslab.start, size)?;
+        metaslab.free.remove(start, start + size);
+        Some((start, (best, start + size)))
+    }
+}
+
+/// What a block is, for placement.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum BlockClass {
+    Data,
+    /// Metadata copy 0 or 1 (ditto copies are placed apart).
+    Metadata(usize),
+}
+
+/// No space for an allocation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("out of space")]
+pub struct NoSpace;
+
+/// The pool's allocator: every top-level vdev's space.
+#[derive(Debug, Default)]
+pub struct Allocator {
+    pub vdevs: Vec<VdevSpace>,
+    rotor: usize,
+}
+
+impl Allocator {
+    pub fn new(vdevs: Vec<VdevSpace>) -> Allocator {
+        Allocator { vdevs, rotor: 0 }
+    }
+
+    pub fn size_bytes(&self) -> u64 {
+        self.vdevs.iter().map(VdevSpace::size_bytes).sum()
+    }
+
+    /// Allocatable bytes now (deferred frees not included).
+    pub fn free_bytes(&self) -> u64 {
+        self.vdevs.iter().map(VdevSpace::free_bytes).sum()
+    }
+
+    /// Bytes held back from data allocations for metadata.
+    pub fn slop_bytes(&self) -> u64 {
+        (self.size_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.size_bytes() / 2)
+    }
+
+    /// Allocates `physical_bytes` (rounded up to the vdev's sector) for a block.
+    /// `avoid_vdev`/`avoid` keep a second copy away from the first.
+    pub fn allocate(&mut self, physical_bytes: u64, class: BlockClass, avoid: Option<Dva>) -> Result<Dva, NoSpace> {
+        if class == BlockClass::Data {
+            let largest_sector = self.vdevs.iter().map(|vdev| vdev.sector_bytes).max().unwrap_or(512);
+            if self.free_bytes() < self.slop_bytes() + physical_bytes + largest_sector {
+                return Err(NoSpace);
+            }
+        }
+        let count = self.vdevs.len();
+        for step in 0..count {
+            let vdev_index = (self.rotor + step) % count;
+            let vdev = &mut self.vdevs[vdev_index];
+            if avoid.is_some_and(|dva| dva.vdev as usize == vdev_index) && count > 1 {
+                continue;
+            }
+            let size = physical_bytes.div_ceil(vdev.sector_bytes) * vdev.sector_bytes;
+            let avoid_metaslab = avoid.filter(|dva| dva.vdev as usize == vdev_index).map(|dva| (dva.offset >> vdev.metaslab_shift) as usize);
+            let cursor = match class {
+                BlockClass::Data => vdev.data_cursor,
+                BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)],
+            };
+            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab) {
+                match class {
+                    BlockClass::Data => vdev.data_cursor = next_cursor,
+                    BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,
+                }
+                if class == BlockClass::Data {
+                    // Spread data over top-level vdevs a megabyte-ish at a time by
+                    // moving the rotor when the cursor crosses into a new metaslab.
+                    if next_cursor.0 != cursor.0 {
+                        self.rotor = (vdev_index + 1) % count;
+                    }
+                }
+                return Ok(Dva { vdev: vdev_index as u32, asize: size as u32, offset });
+            }
+        }
+        Err(NoSpace)
+    }
+
+    /// Returns a range that was allocated but never committed (its write failed or
+    /// it was superseded before being linked).
+    pub fn release(&mut self, dva: Dva) {
+        let vdev = &mut self.vdevs[dva.vdev as usize];
+        vdev.metaslab_of(dva.offset).free.insert(dva.offset, dva.end());
+    }
+
+    /// Records an allocated range as in use from the open txg on.
+    pub fn commit(&mut self, dva: Dva) {
+        let vdev = &mut self.vdevs[dva.vdev as usize];
+        vdev.metaslab_of(dva.offset).pending_allocs.insert(dva.offset, dva.end());
+    }
+
+    /// Records a committed range as freed in the open txg.
+    pub fn free(&mut self, dva: Dva) {
+        let vdev = &mut self.vdevs[dva.vdev as usize];
+        let metaslab = vdev.metaslab_of(dva.offset);
+        if metaslab.pending_allocs.contains(dva.offset, dva.end()) {
+            // Committed and freed within the same open txg: it never reached a
+            // space map, so it can simply stop being pending — but it may still be
+            // read by a reader that looked it up, so it waits like any free.
+            metaslab.pending_allocs.remove(dva.offset, dva.end());
+            metaslab.syncing_frees.insert(dva.offset, dva.end());
+            return;
+        }
+        metaslab.pending_frees.insert(dva.offset, dva.end());
+    }
+
+    /// True when some metaslab has records to log.
+    pub fn has_pending(&self) -> bool {
+        self.vdevs.iter().flat_map(|vdev| vdev.metaslabs.iter()).any(Metaslab::has_pending)
+    }
+
+    /// Takes the pending records of every metaslab for the syncing txg: applies them
+    /// to the durable view and returns, per (vdev, metaslab), the records to log.
+    pub fn take_pending(&mut self) -> Vec<(u32, u32, Vec<Record>)> {
+        let mut out = Vec::new();
+        for vdev in &mut self.vdevs {
+            for metaslab in &mut vdev.metaslabs {
+                if !metaslab.has_pending() {
+                    continue;
+                }
+                let allocs = std::mem::take(&mut metaslab.pending_allocs);
+                let frees = std::mem::take(&mut metaslab.pending_frees);
+                let mut records = Vec::with_capacity(allocs.segment_count() + frees.segment_count());
+                for (start, end) in allocs.iter() {
+                    metaslab.allocated.insert(start, end);
+                    records.push(Record::Allocate { offset: start, length: end - start });
+                }
+                for (start, end) in frees.iter() {
+                    metaslab.allocated.remove(start, end);
+                    metaslab.syncing_frees.insert(start, end);
+                    records.push(Record::Free { offset: start, length: end - start });
+                }
+                out.push((vdev.vdev, metaslab.index, records));
+            }
+        }
+        out
+    }
+
+    /// The syncing txg is durable: frees from two txgs ago become allocatable and
+    /// this txg's frees take their defer slot.
+    pub fn sync_done(&mut self, txg: u64) {
+        let slot = (txg % DEFER_TXGS) as usize;
+        for vdev in &mut self.vdevs {
+            for metaslab in &mut vdev.metaslabs {
+                let released = std::mem::take(&mut metaslab.defer[slot]);
+                for (start, end) in released.iter() {
+                    metaslab.free.insert(start, end);
+                }
+                metaslab.defer[slot] = std::mem::take(&mut metaslab.syncing_frees);
+            }
+        }
+    }
+
+    /// Checks that every byte of every metaslab is in exactly one state.
+    pub fn verify(&self) -> Result<(), String> {
+        for vdev in &self.vdevs {
+            for metaslab in &vdev.metaslabs {
+                let sets: [(&str, &RangeSet); 6] = [
+                    ("free", &metaslab.free),
+                    ("allocated", &metaslab.allocated),
+                    ("pending_allocs", &metaslab.pending_allocs),
+                    ("syncing_frees", &metaslab.syncing_frees),
+                    ("defer0", &metaslab.defer[0]),
+                    ("defer1", &metaslab.defer[1]),
+                ];
+                for (index, (name, set)) in sets.iter().enumerate() {
+                    for (other_name, other) in sets.iter().skip(index + 1) {
+                        for (start, end) in set.iter() {
+                            if other.overlaps(start, end) {
+                                return Err(format!("vdev {} metaslab {}: {name} and {other_name} overlap at {start}..{end}", vdev.vdev, metaslab.index));
+                            }
+                        }
+                    }
+                }
+                for (start, end) in metaslab.pending_frees.iter() {
+                    if !metaslab.allocated.contains(start, end) {
+                        return Err(format!("vdev {} metaslab {}: pending free {start}..{end} is not allocated", vdev.vdev, metaslab.index));
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn allocator() -> Allocator {
+        Allocator::new(vec![VdevSpace::new(0, 64 << 20, 24, 4096)])
+    }
+
+    #[test]
+    fn data_allocations_are_contiguous() {
+        let mut allocator = allocator();
+        let first = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+        let second = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+        assert_eq!(second.offset, first.end());
+        let metadata = allocator.allocate(4096, BlockClass::Metadata(0), None).unwrap();
+        let ditto = allocator.allocate(4096, BlockClass::Metadata(1), Some(metadata)).unwrap();
+        assert_ne!(metadata.offset >> 24, ditto.offset >> 24, "ditto copies share a metaslab");
+        assert_ne!(metadata.offset >> 24, first.offset >> 24, "metadata mixed into the data metaslab");
+    }
+
+    #[test]
+    fn frees_wait_two_txgs() {
+        let mut allocator = allocator();
+        let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+        allocator.commit(dva);
+        let records = allocator.take_pending();
+        assert_eq!(records[0].2, vec![Record::Allocate { offset: dva.offset, length: 16384 }]);
+        allocator.sync_done(1);
+        let free_before = allocator.free_bytes();
+        allocator.free(dva);
+        allocator.take_pending();
+        allocator.sync_done(2);
+        assert_eq!(allocator.free_bytes(), free_before, "freed space reusable after one txg");
+        allocator.sync_done(3);
+        assert_eq!(allocator.free_bytes(), free_before);
+        allocator.sync_done(4);
+        assert_eq!(allocator.free_bytes(), free_before + 16384);
+        allocator.verify().unwrap();
+    }
+
+    #[test]
+    fn replay_rebuilds_state_and_defers_recent_frees() {
+        let mut metaslab = Metaslab::new(0, 0, 1 << 24);
+        let records = vec![
+            Record::Txg(5),
+            Record::Allocate { offset: 0, length: 65536 },
+            Record::Txg(9),
+            Record::Free { offset: 0, length: 4096 },
+            Record::Txg(10),
+            Record::Free { offset: 4096, length: 4096 },
+        ];
+        metaslab.replay(&records, 10).unwrap();
+        assert_eq!(metaslab.allocated.total_bytes(), 65536 - 8192);
+        assert_eq!(metaslab.defer[1].total_bytes(), 4096);
+        assert_eq!(metaslab.defer[0].total_bytes(), 4096);
+        assert_eq!(metaslab.free.total_bytes(), (1 << 24) - 65536);
+        let bad = vec![Record::Free { offset: 0, length: 4096 }];
+        assert!(Metaslab::new(0, 0, 1 << 24).replay(&bad, 1).is_err());
+        let outside = vec![Record::Allocate { offset: 1 << 24, length: 4096 }];
+        assert!(Metaslab::new(0, 0, 1 << 24).replay(&outside, 1).is_err());
+    }
+
+    #[test]
+    fn condensed_records_replay_to_the_same_state() {
+        let mut allocator = allocator();
+        let mut dvas = Vec::new();
+        for _ in 0..100 {
+            let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+            allocator.commit(dva);
+            dvas.push(dva);
+        }
+        allocator.take_pending();
+        allocator.sync_done(7);
+        for dva in dvas.iter().step_by(3) {
+            allocator.free(*dva);
+        }
+        allocator.take_pending();
+        let metaslab = &allocator.vdevs[0].metaslabs[0];
+        let condensed = metaslab.condensed_records(8);
+        let mut replayed = Metaslab::new(0, 0, 1 << 24);
+        replayed.replay(&condensed, 8).unwrap();
+        assert_eq!(replayed.allocated, metaslab.allocated);
+        assert_eq!(replayed.defer[0], metaslab.syncing_frees);
+    }
+
+    #[test]
+    fn data_respects_slop_but_metadata_may_use_it() {
+        let mut allocator = allocator();
+        let mut count = 0;
+        while allocator.allocate(1 << 20, BlockClass::Data, None).is_ok() {
+            count += 1;
+        }
+        assert!(count < 64 - 16, "data filled the slop ({count} MiB)");
+        assert!(allocator.allocate(4096, BlockClass::Metadata(0), None).is_ok());
+    }
+}

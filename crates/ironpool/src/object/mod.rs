@@ -1,0 +1,730 @@
+//! Objects: copy-on-write trees of block pointers.
+//!
+//! An object's dnode holds the root pointer; level-L nodes are indirect blocks of
+//! block pointers; level 0 holds data. Nodes are cached in memory by logical
+//! position `(level, blkid)`: a cached node is authoritative over the pointer to it
+//! in its parent (a dirty node's on-disk copy is stale). Changing a pointer dirties
+//! the node and every ancestor; at txg sync the dirty nodes are written bottom-up
+//! to new locations (copy-on-write), each parent taking the new pointer, and the old
+//! copies are freed.
+//!
+//! Two kinds of objects use this:
+//! - metadata objects (dnode table, directory, space maps, metaslab arrays): their
+//!   data blocks are cached and dirtied in memory too (`read_bytes`/`write_bytes`);
+//! - volume data: data blocks are written straight to their new location by the
+//!   caller (direct I/O) and only the pointer is linked here (`set_block_pointer`).
+
+pub mod sync;
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::rc::Rc;
+
+use crate::block::{BlockError, BlockStore};
+use crate::format::bp::BLOCK_POINTER_BYTES;
+use crate::format::dnode::DNODE_BYTES;
+use crate::format::{BlockPointer, Dnode, FormatError, ObjectType};
+use crate::vdev::queue::IoClass;
+
+/// Why an object operation failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ObjectError {
+    #[error(transparent)]
+    Block(#[from] BlockError),
+    #[error("damaged metadata in object {object}: {error}")]
+    Corrupt { object: u64, error: FormatError },
+    #[error("object {0} does not exist")]
+    NoSuchObject(u64),
+    #[error("offset {offset} is beyond the largest object size")]
+    TooLarge { offset: u64 },
+    #[error("node {level}/{blkid} of metadata object {object} is not cached (a bug: metadata objects stay cached)")]
+    NotCached { object: u64, level: u8, blkid: u64 },
+}
+
+enum Lookup {
+    Found(Rc<Node>),
+    Missing { level: u8, blkid: u64, pointer: BlockPointer },
+}
+
+/// The contents of a node under a hole.
+fn empty_body(dnode: &Dnode, level: u8) -> NodeBody {
+    if level > 0 {
+        NodeBody::Indirect(vec![BlockPointer::hole(level - 1, dnode.object_type, 0); 1 << dnode.pointers_per_indirect_shift()])
+    } else {
+        NodeBody::Data(vec![0u8; dnode.data_block_bytes() as usize])
+    }
+}
+
+/// The contents of a cached node.
+pub enum NodeBody {
+    Indirect(Vec<BlockPointer>),
+    Data(Vec<u8>),
+}
+
+/// One cached block of an object's tree.
+pub struct Node {
+    pub level: u8,
+    pub blkid: u64,
+    pub body: RefCell<NodeBody>,
+    /// Second-chance bit for eviction.
+    referenced: Cell<bool>,
+    /// The last txg that wrote this node; it may not be evicted before that txg is
+    /// durable (its new location may not be written yet).
+    synced_txg: Cell<u64>,
+}
+
+impl Node {
+    fn new(level: u8, blkid: u64, body: NodeBody) -> Rc<Node> {
+        Rc::new(Node { level, blkid, body: RefCell::new(body), referenced: Cell::new(true), synced_txg: Cell::new(0) })
+    }
+
+    fn size_bytes(&self) -> usize {
+        match &*self.body.borrow() {
+            NodeBody::Indirect(pointers) => pointers.len() * BLOCK_POINTER_BYTES,
+            NodeBody::Data(bytes) => bytes.len(),
+        }
+    }
+}
+
+/// An object in memory.
+pub struct Object {
+    pub id: u64,
+    pub dnode: RefCell<Dnode>,
+    /// The dnode changed (or a node did) since the last sync.
+    pub dirty: Cell<bool>,
+    nodes: RefCell<rustc_hash::FxHashMap<(u8, u64), Rc<Node>>>,
+    dirty_nodes: RefCell<BTreeSet<(u8, u64)>>,
+}
+
+impl Object {
+    pub fn new(id: u64, dnode: Dnode) -> Rc<Object> {
+        Rc::new(Object { id, dnode: RefCell::new(dnode), dirty: Cell::new(false), nodes: RefCell::default(), dirty_nodes: RefCell::default() })
+    }
+
+    pub fn dnode(&self) -> Dnode {
+        *self.dnode.borrow()
+    }
+
+    fn pointer_shift(&self) -> u32 {
+        self.dnode.borrow().pointers_per_indirect_shift() as u32
+    }
+
+    /// blkid at `level` of the node covering level-0 block `blkid`.
+    fn ancestor(&self, blkid: u64, level: u8) -> u64 {
+        let shift = self.pointer_shift() * level as u32;
+        if shift >= 64 {
+            0
+        } else {
+            blkid >> shift
+        }
+    }
+
+    fn index_in_parent(&self, blkid_at_level: u64) -> usize {
+        (blkid_at_level & ((1u64 << self.pointer_shift()) - 1)) as usize
+    }
+
+    /// Number of cached nodes and their bytes.
+    pub fn cached(&self) -> (usize, usize) {
+        let nodes = self.nodes.borrow();
+        (nodes.len(), nodes.values().map(|node| node.size_bytes()).sum())
+    }
+
+    pub fn has_dirty_nodes(&self) -> bool {
+        !self.dirty_nodes.borrow().is_empty()
+    }
+}
+
+/// All objects of the pool and the cache of their nodes.
+pub struct ObjectSet {
+    pub store: Rc<BlockStore>,
+    objects: RefCell<rustc_hash::FxHashMap<u64, Rc<Object>>>,
+    /// Bytes of clean nodes to keep cached; dirty nodes are never evicted.
+    cache_budget_bytes: Cell<usize>,
+    cached_bytes: Cell<usize>,
+    /// The newest durable txg (nodes written after it stay cached).
+    durable_txg: Cell<u64>,
+    /// Bytes of nodes dirtied since the last txg build (drives early commits and
+    /// the write throttle).
+    dirty_bytes: Cell<u64>,
+}
+
+impl ObjectSet {
+    pub fn new(store: Rc<BlockStore>, dnode_table: Dnode, cache_budget_bytes: usize) -> Rc<ObjectSet> {
+        let set = Rc::new(ObjectSet {
+            store,
+            objects: RefCell::default(),
+            cache_budget_bytes: Cell::new(cache_budget_bytes),
+            cached_bytes: Cell::new(0),
+            durable_txg: Cell::new(0),
+            dirty_bytes: Cell::new(0),
+        });
+        set.objects.borrow_mut().insert(0, Object::new(0, dnode_table));
+        set
+    }
+
+    pub fn set_durable_txg(&self, txg: u64) {
+        self.durable_txg.set(txg);
+    }
+
+    pub fn dnode_table(&self) -> Rc<Object> {
+        self.objects.borrow()[&0].clone()
+    }
+
+    /// An open object, if loaded.
+    pub fn get(&self, id: u64) -> Option<Rc<Object>> {
+        self.objects.borrow().get(&id).cloned()
+    }
+
+    pub fn open_objects(&self) -> Vec<Rc<Object>> {
+        let mut objects: Vec<Rc<Object>> = self.objects.borrow().values().cloned().collect();
+        objects.sort_by_key(|object| object.id);
+        objects
+    }
+
+    /// Loads object `id`'s dnode from the dnode table.
+    pub async fn open(&self, id: u64) -> Result<Rc<Object>, ObjectError> {
+        if let Some(object) = self.get(id) {
+            return Ok(object);
+        }
+        let table = self.dnode_table();
+        let bytes = self.read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES).await?;
+        let dnode = Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
+        if dnode.is_free() {
+            return Err(ObjectError::NoSuchObject(id));
+        }
+        let object = Object::new(id, dnode);
+        // Another task may have opened it while we read.
+        Ok(self.objects.borrow_mut().entry(id).or_insert(object).clone())
+    }
+
+    /// Creates object `id` with `dnode` (it is written at the next sync).
+    pub fn create(&self, id: u64, dnode: Dnode) -> Rc<Object> {
+        assert!(id != 0 && !self.objects.borrow().contains_key(&id), "object {id} exists");
+        let object = Object::new(id, dnode);
+        object.dirty.set(true);
+        self.objects.borrow_mut().insert(id, object.clone());
+        object
+    }
+
+    /// Forgets an object (after its blocks were freed and its dnode cleared).
+    pub fn forget(&self, id: u64) {
+        if let Some(object) = self.objects.borrow_mut().remove(&id) {
+            let (_, bytes) = object.cached();
+            self.cached_bytes.set(self.cached_bytes.get().saturating_sub(bytes));
+        }
+    }
+
+    /// The node at (`level`, `blkid_at_level`), loading it and its ancestors.
+    pub async fn node(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Rc<Node>, ObjectError> {
+        loop {
+            match self.lookup(object, level, blkid_at_level)? {
+                Lookup::Found(node) => return Ok(node),
+                Lookup::Missing { level: missing_level, blkid, pointer } => {
+                    self.load(object, missing_level, blkid, pointer).await?;
+                }
+            }
+        }
+    }
+
+    /// The node at (`level`, `blkid_at_level`) without any I/O: nodes under holes
+    /// are created empty; a node that would need a read is an error. Used by the
+    /// synchronous txg sync on metadata objects, which stay cached (pinned).
+    pub fn node_cached(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Rc<Node>, ObjectError> {
+        match self.lookup(object, level, blkid_at_level)? {
+            Lookup::Found(node) => Ok(node),
+            Lookup::Missing { level, blkid, .. } => Err(ObjectError::NotCached { object: object.id, level, blkid }),
+        }
+    }
+
+    /// Walks down from the root to the wanted node through cached nodes, creating
+    /// empty nodes under holes; stops at the first node that must be read.
+    fn lookup(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Lookup, ObjectError> {
+        if let Some(node) = object.nodes.borrow().get(&(level, blkid_at_level)) {
+            node.referenced.set(true);
+            return Ok(Lookup::Found(node.clone()));
+        }
+        let dnode = object.dnode();
+        if level >= dnode.levels {
+            return Err(ObjectError::TooLarge { offset: blkid_at_level });
+        }
+        let top = dnode.levels - 1;
+        let shift = object.pointer_shift();
+        let mut parent: Option<Rc<Node>> = None;
+        for current in (level..=top).rev() {
+            let distance = (current - level) as u32 * shift;
+            let blkid = if distance >= 64 { 0 } else { blkid_at_level >> distance };
+            if blkid != 0 && current == top {
+                return Err(ObjectError::TooLarge { offset: blkid_at_level });
+            }
+            let cached = object.nodes.borrow().get(&(current, blkid)).cloned();
+            let node = match cached {
+                Some(node) => node,
+                None => {
+                    let pointer = match &parent {
+                        None => dnode.root,
+                        Some(parent) => match &*parent.body.borrow() {
+                            NodeBody::Indirect(pointers) => pointers[object.index_in_parent(blkid)],
+                            NodeBody::Data(_) => unreachable!("a data node as a parent"),
+                        },
+                    };
+                    if !pointer.is_hole() {
+                        return Ok(Lookup::Missing { level: current, blkid, pointer });
+                    }
+                    self.insert_node(object, Node::new(current, blkid, empty_body(&dnode, current)))
+                }
+            };
+            parent = Some(node);
+        }
+        Ok(Lookup::Found(parent.expect("the loop visits at least one level")))
+    }
+
+    /// Caches `node` unless one is already there (which wins: it may be dirty).
+    fn insert_node(&self, object: &Object, node: Rc<Node>) -> Rc<Node> {
+        let mut nodes = object.nodes.borrow_mut();
+        if let Some(existing) = nodes.get(&(node.level, node.blkid)) {
+            return existing.clone();
+        }
+        self.cached_bytes.set(self.cached_bytes.get() + node.size_bytes());
+        nodes.insert((node.level, node.blkid), node.clone());
+        node
+    }
+
+    async fn load(&self, object: &Object, level: u8, blkid: u64, pointer: BlockPointer) -> Result<Rc<Node>, ObjectError> {
+        let dnode = object.dnode();
+        let corrupt = |reason: String| ObjectError::Corrupt { object: object.id, error: FormatError::Invalid { what: "tree node", reason } };
+        if pointer.level != level || pointer.object_type != dnode.object_type {
+            return Err(corrupt(format!(
+                "pointer to level {} type {:?} where level {level} type {:?} belongs",
+                pointer.level, pointer.object_type, dnode.object_type
+            )));
+        }
+        let data = self.store.read(&pointer, IoClass::SyncRead).await?;
+        let body = if level > 0 {
+            if data.len() as u64 != dnode.indirect_block_bytes() {
+                return Err(corrupt(format!("indirect block of {} bytes", data.len())));
+            }
+            let mut pointers = Vec::with_capacity(data.len() / BLOCK_POINTER_BYTES);
+            for chunk in data.chunks_exact(BLOCK_POINTER_BYTES) {
+                let child = BlockPointer::decode(chunk).map_err(|error| ObjectError::Corrupt { object: object.id, error })?;
+                if !child.is_hole() && child.level + 1 != level {
+                    return Err(corrupt(format!("level {} pointer inside a level {level} block", child.level)));
+                }
+                pointers.push(child);
+            }
+            NodeBody::Indirect(pointers)
+        } else {
+            if data.len() as u64 != dnode.data_block_bytes() {
+                return Err(corrupt(format!("data block of {} bytes", data.len())));
+            }
+            NodeBody::Data(data.to_vec())
+        };
+        let node = self.insert_node(object, Node::new(level, blkid, body));
+        self.maybe_evict();
+        Ok(node)
+    }
+
+    /// The level-0 pointer of `blkid` (a hole if beyond the tree).
+    pub async fn block_pointer(&self, object: &Object, blkid: u64) -> Result<BlockPointer, ObjectError> {
+        let dnode = object.dnode();
+        if blkid >= dnode.capacity_blocks() {
+            return Ok(BlockPointer::hole(0, dnode.object_type, 0));
+        }
+        if dnode.levels == 1 {
+            return Ok(dnode.root);
+        }
+        let node = self.node(object, 1, object.ancestor(blkid, 1)).await?;
+        let body = node.body.borrow();
+        match &*body {
+            NodeBody::Indirect(pointers) => Ok(pointers[object.index_in_parent(blkid)]),
+            NodeBody::Data(_) => unreachable!("level 1 holds pointers"),
+        }
+    }
+
+    /// How many level-0 blocks from `blkid` on are known holes without reading
+    /// further (0 if `blkid` itself may hold data). Lets block-status and reads skip
+    /// large unwritten ranges in one step.
+    pub async fn hole_span(&self, object: &Object, blkid: u64) -> Result<u64, ObjectError> {
+        let dnode = object.dnode();
+        if blkid >= dnode.capacity_blocks() {
+            return Ok(u64::MAX);
+        }
+        if dnode.root.is_hole() && object.nodes.borrow().get(&(dnode.levels - 1, 0)).is_none() {
+            return Ok(dnode.capacity_blocks() - blkid);
+        }
+        let shift = object.pointer_shift();
+        for level in (1..dnode.levels).rev() {
+            let node = self.node(object, level, object.ancestor(blkid, level)).await?;
+            let child_blkid = object.ancestor(blkid, level - 1);
+            if object.nodes.borrow().contains_key(&(level - 1, child_blkid)) {
+                continue;
+            }
+            let pointer = match &*node.body.borrow() {
+                NodeBody::Indirect(pointers) => pointers[object.index_in_parent(child_blkid)],
+                NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+            };
+            if pointer.is_hole() {
+                let span_shift = shift * (level as u32 - 1);
+                let span = 1u64 << span_shift;
+                let start = child_blkid << span_shift;
+                return Ok(start + span - blkid);
+            }
+            if level == 1 {
+                return Ok(0);
+            }
+        }
+        Ok(0)
+    }
+
+    /// Links `pointer` as level-0 block `blkid` in the open txg; returns the old
+    /// pointer (the caller frees it). Grows the tree if needed.
+    pub async fn set_block_pointer(&self, object: &Object, blkid: u64, pointer: BlockPointer) -> Result<BlockPointer, ObjectError> {
+        self.ensure_capacity(object, blkid)?;
+        self.load_path(object, blkid).await?;
+        self.set_block_pointer_cached(object, blkid, pointer)
+    }
+
+    /// Loads the nodes above level-0 block `blkid`, so that the `_cached` calls
+    /// that follow (with no await in between) find them.
+    pub async fn load_path(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
+        let dnode = object.dnode();
+        if dnode.levels > 1 && blkid < dnode.capacity_blocks() {
+            self.node(object, 1, object.ancestor(blkid, 1)).await?;
+        }
+        Ok(())
+    }
+
+    /// The level-0 pointer of `blkid` from cached nodes (no I/O).
+    pub fn block_pointer_cached(&self, object: &Object, blkid: u64) -> Result<BlockPointer, ObjectError> {
+        let dnode = object.dnode();
+        if blkid >= dnode.capacity_blocks() {
+            return Ok(BlockPointer::hole(0, dnode.object_type, 0));
+        }
+        if dnode.levels == 1 {
+            return Ok(dnode.root);
+        }
+        let node = self.node_cached(object, 1, object.ancestor(blkid, 1))?;
+        let body = node.body.borrow();
+        match &*body {
+            NodeBody::Indirect(pointers) => Ok(pointers[object.index_in_parent(blkid)]),
+            NodeBody::Data(_) => unreachable!("level 1 holds pointers"),
+        }
+    }
+
+    /// `set_block_pointer` on a path that is cached (no I/O).
+    pub fn set_block_pointer_cached(&self, object: &Object, blkid: u64, pointer: BlockPointer) -> Result<BlockPointer, ObjectError> {
+        self.ensure_capacity(object, blkid)?;
+        let levels = object.dnode().levels;
+        if levels == 1 {
+            let old = std::mem::replace(&mut object.dnode.borrow_mut().root, pointer);
+            account(object, &old, &pointer);
+            object.dirty.set(true);
+            return Ok(old);
+        }
+        let mut path = Vec::with_capacity(levels as usize);
+        for level in 1..levels {
+            path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);
+        }
+        let old = {
+            let mut body = path[0].body.borrow_mut();
+            let NodeBody::Indirect(pointers) = &mut *body else { unreachable!("level 1 holds pointers") };
+            std::mem::replace(&mut pointers[object.index_in_parent(blkid)], pointer)
+        };
+        self.mark_dirty(object, &path);
+        account(object, &old, &pointer);
+        Ok(old)
+    }
+
+    fn mark_dirty(&self, object: &Object, nodes: &[Rc<Node>]) {
+        let mut dirty = object.dirty_nodes.borrow_mut();
+        for node in nodes {
+            if dirty.insert((node.level, node.blkid)) {
+                self.dirty_bytes.set(self.dirty_bytes.get() + node.size_bytes() as u64);
+            }
+        }
+        object.dirty.set(true);
+    }
+
+    /// Bytes of nodes dirtied since the last txg build.
+    pub fn dirty_bytes(&self) -> u64 {
+        self.dirty_bytes.get()
+    }
+
+    pub fn reset_dirty_bytes(&self) {
+        self.dirty_bytes.set(0);
+    }
+
+    /// Adds levels until `blkid` fits. The old root becomes child 0 of a new root.
+    fn ensure_capacity(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
+        loop {
+            let dnode = object.dnode();
+            if blkid < dnode.capacity_blocks() {
+                return Ok(());
+            }
+            if dnode.levels > crate::format::bp::LEVEL_MAX {
+                return Err(ObjectError::TooLarge { offset: blkid });
+            }
+            let new_level = dnode.levels;
+            let mut pointers = vec![BlockPointer::hole(new_level - 1, dnode.object_type, 0); 1 << dnode.pointers_per_indirect_shift()];
+            pointers[0] = dnode.root;
+            let root = self.insert_node(object, Node::new(new_level, 0, NodeBody::Indirect(pointers)));
+            {
+                let mut dnode = object.dnode.borrow_mut();
+                dnode.levels += 1;
+                dnode.root = BlockPointer::hole(new_level, dnode.object_type, 0);
+            }
+            // The new root must be written at the next sync; a cached old root
+            // keeps its own dirty state under it.
+            self.mark_dirty(object, &[root]);
+        }
+    }
+
+    /// Loads every node a byte range of a metadata object touches.
+    pub async fn prefetch(&self, object: &Object, offset: u64, length: u64) -> Result<(), ObjectError> {
+        let block_bytes = object.dnode().data_block_bytes();
+        let capacity = object.dnode().capacity_blocks();
+        let first = offset / block_bytes;
+        let end = (offset + length).div_ceil(block_bytes).min(capacity);
+        for blkid in first..end {
+            self.node(object, 0, blkid).await?;
+        }
+        Ok(())
+    }
+
+    /// Reads `length` bytes at `offset` of a metadata object.
+    pub async fn read_bytes(&self, object: &Object, offset: u64, length: usize) -> Result<Vec<u8>, ObjectError> {
+        self.prefetch(object, offset, length as u64).await?;
+        self.read_bytes_cached(object, offset, length)
+    }
+
+    /// `read_bytes` on cached nodes (no I/O).
+    pub fn read_bytes_cached(&self, object: &Object, offset: u64, length: usize) -> Result<Vec<u8>, ObjectError> {
+        let block_bytes = object.dnode().data_block_bytes();
+        let capacity = object.dnode().capacity_blocks();
+        let mut out = vec![0u8; length];
+        let mut done = 0usize;
+        while done < length {
+            let position = offset + done as u64;
+            let blkid = position / block_bytes;
+            let within = (position % block_bytes) as usize;
+            let chunk = (block_bytes as usize - within).min(length - done);
+            if blkid < capacity {
+                let node = self.node_cached(object, 0, blkid)?;
+                let body = node.body.borrow();
+                let NodeBody::Data(bytes) = &*body else { unreachable!("level 0 holds data") };
+                out[done..done + chunk].copy_from_slice(&bytes[within..within + chunk]);
+            }
+            done += chunk;
+        }
+        Ok(out)
+    }
+
+    /// Writes `data` at `offset` of a metadata object (in memory; written at sync).
+    /// Extends the object's length if the write ends past it.
+    pub async fn write_bytes(&self, object: &Object, offset: u64, data: &[u8]) -> Result<(), ObjectError> {
+        self.prefetch(object, offset, data.len() as u64).await?;
+        self.write_bytes_cached(object, offset, data)
+    }
+
+    /// `write_bytes` on cached nodes (no I/O).
+    pub fn write_bytes_cached(&self, object: &Object, offset: u64, data: &[u8]) -> Result<(), ObjectError> {
+        let block_bytes = object.dnode().data_block_bytes();
+        let mut done = 0usize;
+        while done < data.len() {
+            let position = offset + done as u64;
+            let blkid = position / block_bytes;
+            let within = (position % block_bytes) as usize;
+            let chunk = (block_bytes as usize - within).min(data.len() - done);
+            self.ensure_capacity(object, blkid)?;
+            let levels = object.dnode().levels;
+            let mut path = Vec::with_capacity(levels as usize);
+            for level in 0..levels {
+                path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);
+            }
+            {
+                let mut body = path[0].body.borrow_mut();
+                let NodeBody::Data(bytes) = &mut *body else { unreachable!("level 0 holds data") };
+                bytes[within..within + chunk].copy_from_slice(&data[done..done + chunk]);
+            }
+            self.mark_dirty(object, &path);
+            done += chunk;
+        }
+        let end = offset + data.len() as u64;
+        let mut dnode = object.dnode.borrow_mut();
+        if end > dnode.length_bytes {
+            dnode.length_bytes = end;
+        }
+        object.dirty.set(true);
+        Ok(())
+    }
+
+    /// Cuts a metadata object to `length` bytes, freeing whole blocks past it.
+    pub async fn truncate(&self, object: &Object, length: u64) -> Result<(), ObjectError> {
+        let old_length = object.dnode().length_bytes;
+        self.prefetch(object, length.min(old_length), old_length.saturating_sub(length)).await?;
+        self.truncate_cached(object, length)
+    }
+
+    /// `truncate` on cached nodes (no I/O).
+    pub fn truncate_cached(&self, object: &Object, length: u64) -> Result<(), ObjectError> {
+        let dnode = object.dnode();
+        let block_bytes = dnode.data_block_bytes();
+        let first_free = length.div_ceil(block_bytes);
+        let end = dnode.length_bytes.div_ceil(block_bytes);
+        for blkid in first_free..end {
+            // Drop the cached data node (it is recreated as zeros under the hole).
+            if let Some(node) = object.nodes.borrow_mut().remove(&(0, blkid)) {
+                self.cached_bytes.set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
+            }
+            object.dirty_nodes.borrow_mut().remove(&(0, blkid));
+            let old = self.set_block_pointer_cached(object, blkid, BlockPointer::hole(0, dnode.object_type, 0))?;
+            if !old.is_hole() {
+                self.store.free(&old);
+            }
+        }
+        if length % block_bytes != 0 && length < dnode.length_bytes {
+            // Zero the tail of the last kept block so a later extension reads zeros.
+            let tail = (block_bytes - length % block_bytes) as usize;
+            self.write_bytes_cached(object, length, &vec![0u8; tail])?;
+        }
+        object.dnode.borrow_mut().length_bytes = length;
+        object.dirty.set(true);
+        Ok(())
+    }
+
+    /// Every non-hole pointer in the object's tree, level by level from the top,
+    /// with their positions. Used to free a whole object and by scrub.
+    pub async fn visit_pointers(
+        &self,
+        object: &Object,
+        visit: &mut dyn FnMut(u8, u64, &BlockPointer),
+    ) -> Result<(), ObjectError> {
+        let dnode = object.dnode();
+        let top = dnode.levels - 1;
+        if !dnode.root.is_hole() {
+            visit(top, 0, &dnode.root);
+        }
+        // Breadth-first over indirect nodes; bounded by the tree itself.
+        let mut frontier: Vec<u64> = vec![0];
+        for level in (1..=top).rev() {
+            let mut next = Vec::new();
+            for blkid in frontier {
+                let cached = object.nodes.borrow().contains_key(&(level, blkid));
+                if !cached && self.pointer_to(object, level, blkid).await?.is_hole() {
+                    continue;
+                }
+                let node = self.node(object, level, blkid).await?;
+                let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
+                    NodeBody::Indirect(pointers) => {
+                        pointers.iter().enumerate().map(|(index, pointer)| ((blkid << object.pointer_shift()) + index as u64, *pointer)).collect()
+                    }
+                    NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+                };
+                for (child_blkid, pointer) in children {
+                    let child_cached = level > 1 && object.nodes.borrow().contains_key(&(level - 1, child_blkid));
+                    if !pointer.is_hole() {
+                        visit(level - 1, child_blkid, &pointer);
+                    }
+                    if level > 1 && (!pointer.is_hole() || child_cached) {
+                        next.push(child_blkid);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        Ok(())
+    }
+
+    /// The pointer to node (`level`, `blkid`) as its parent (or the dnode) holds it.
+    async fn pointer_to(&self, object: &Object, level: u8, blkid: u64) -> Result<BlockPointer, ObjectError> {
+        let dnode = object.dnode();
+        if level == dnode.levels - 1 {
+            return Ok(dnode.root);
+        }
+        let parent = self.node(object, level + 1, blkid >> object.pointer_shift()).await?;
+        let body = parent.body.borrow();
+        match &*body {
+            NodeBody::Indirect(pointers) => Ok(pointers[object.index_in_parent(blkid)]),
+            NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+        }
+    }
+
+    /// Evicts clean, unused nodes when the cache is over budget (second chance).
+    fn maybe_evict(&self) {
+        let budget = self.cache_budget_bytes.get();
+        if self.cached_bytes.get() <= budget {
+            return;
+        }
+        let target = budget - budget / 8;
+        let durable = self.durable_txg.get();
+        let objects = self.open_objects();
+        for round in 0..2 {
+            for object in &objects {
+                // Metadata objects stay cached: the txg sync works on them without I/O.
+                if object.dnode().object_type.is_metadata() {
+                    continue;
+                }
+                let dirty = object.dirty_nodes.borrow();
+                let mut nodes = object.nodes.borrow_mut();
+                let mut victims = Vec::new();
+                for (key, node) in nodes.iter() {
+                    // In use by a task, dirty, or written by a txg not yet durable.
+                    if Rc::strong_count(node) > 1 || dirty.contains(key) || node.synced_txg.get() > durable {
+                        continue;
+                    }
+                    if round == 0 && node.referenced.replace(false) {
+                        continue;
+                    }
+                    victims.push(*key);
+                }
+                for key in victims {
+                    if let Some(node) = nodes.remove(&key) {
+                        self.cached_bytes.set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
+                    }
+                    if self.cached_bytes.get() <= target {
+                        return;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Bytes of cached nodes (dirty and clean).
+    pub fn cached_bytes(&self) -> usize {
+        self.cached_bytes.get()
+    }
+}
+
+/// Keeps an object's space accounting in step with a pointer change.
+pub(crate) fn account(object: &Object, old: &BlockPointer, new: &BlockPointer) {
+    let mut dnode = object.dnode.borrow_mut();
+    dnode.used_bytes = (dnode.used_bytes + new.allocated_bytes()).saturating_sub(old.allocated_bytes());
+    if old.level == 0 || new.level == 0 {
+        let old_logical = if old.is_hole() { 0 } else { old.logical_size as u64 };
+        let new_logical = if new.is_hole() { 0 } else { new.logical_size as u64 };
+        dnode.logical_bytes = (dnode.logical_bytes + new_logical).saturating_sub(old_logical);
+    }
+}
+
+/// A fresh dnode for a new object.
+pub fn new_dnode(object_type: ObjectType, data_block_shift: u8, indirect_block_shift: u8, length_bytes: u64, txg: u64) -> Dnode {
+    let mut dnode = Dnode {
+        object_type,
+        levels: 1,
+        data_block_shift,
+        indirect_block_shift,
+        checksum_algo: Default::default(),
+        compression: Default::default(),
+        flags: 0,
+        length_bytes,
+        used_bytes: 0,
+        creation_txg: txg,
+        logical_bytes: 0,
+        root: BlockPointer::hole(0, object_type, 0),
+    };
+    let blocks = length_bytes.div_ceil(1 << data_block_shift).max(1);
+    while dnode.capacity_blocks() < blocks {
+        dnode.levels += 1;
+    }
+    dnode.root.level = dnode.levels - 1;
+    dnode
+}

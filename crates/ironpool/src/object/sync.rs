@@ -1,0 +1,150 @@
+//! Writing an object's dirty nodes at txg sync (copy-on-write, bottom-up).
+//!
+//! This runs synchronously inside the txg sync's "build" step: nothing else runs
+//! while the tree is being rewritten, so the image written for the txg is exactly
+//! the tree at one instant. The node buffers collected here are written afterwards.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use super::{account, NodeBody, Object, ObjectError, ObjectSet};
+use crate::alloc::NoSpace;
+use crate::block::BlockError;
+use crate::format::bp::{Compression, BLOCK_POINTER_BYTES, DVA_COUNT};
+use crate::format::{BlockPointer, Dva};
+use crate::rt::buf::AlignedBuf;
+
+/// Copies of every metadata block (indirect blocks of any object, and the data
+/// blocks of metadata objects): losing one sector must not lose a tree.
+pub const METADATA_COPIES: usize = 2;
+
+/// What one txg sync collects: the blocks to write, keyed by location so a block
+/// rewritten in a later pass of the same sync replaces its earlier image.
+pub struct SyncContext {
+    pub txg: u64,
+    pub writes: BTreeMap<(u32, u64), (Dva, Rc<AlignedBuf>)>,
+}
+
+impl SyncContext {
+    pub fn new(txg: u64) -> SyncContext {
+        SyncContext { txg, writes: BTreeMap::new() }
+    }
+
+    fn queue(&mut self, pointer: &BlockPointer, buffer: Rc<AlignedBuf>) {
+        for dva in pointer.copies() {
+            self.writes.insert((dva.vdev, dva.offset), (*dva, buffer.clone()));
+        }
+    }
+
+    /// Bytes to write.
+    pub fn bytes(&self) -> u64 {
+        self.writes.values().map(|(dva, _)| dva.asize as u64).sum()
+    }
+}
+
+impl ObjectSet {
+    /// Writes every dirty node of `object` to new locations (or in place when the
+    /// node was already written by this same txg) and updates the dnode's root.
+    pub fn sync_object(&self, object: &Object, context: &mut SyncContext) -> Result<(), ObjectError> {
+        let keys: Vec<(u8, u64)> = std::mem::take(&mut *object.dirty_nodes.borrow_mut()).into_iter().collect();
+        let dnode = object.dnode();
+        for (level, blkid) in keys {
+            let node = object.nodes.borrow().get(&(level, blkid)).cloned().expect("a dirty node is cached");
+            let (buffer, fill, all_holes) = encode_node(&node.body.borrow(), level);
+            let old = self.pointer_in_parent(object, level, blkid)?;
+            let new = if all_holes {
+                BlockPointer::hole(level, dnode.object_type, context.txg)
+            } else {
+                let physical = buffer.len() as u32;
+                let in_place = !old.is_hole() && old.birth_txg == context.txg && old.physical_size == physical;
+                let dvas = if in_place { old.dvas } else { self.allocate_metadata(physical as u64)? };
+                BlockPointer {
+                    dvas,
+                    birth_txg: context.txg,
+                    logical_size: physical,
+                    physical_size: physical,
+                    level,
+                    object_type: dnode.object_type,
+                    checksum_algo: dnode.checksum_algo,
+                    compression: Compression::Off,
+                    fill,
+                    checksum: dnode.checksum_algo.compute(&buffer),
+                }
+            };
+            let in_place = !new.is_hole() && new.dvas == old.dvas;
+            if !in_place {
+                if !old.is_hole() {
+                    self.store.free(&old);
+                }
+                if !new.is_hole() {
+                    self.store.commit(&new);
+                }
+            }
+            if !new.is_hole() {
+                context.queue(&new, Rc::new(buffer));
+            }
+            self.set_pointer_in_parent(object, level, blkid, new)?;
+            if !in_place {
+                // Only indirect pointers here: level-0 accounting of metadata data
+                // blocks is counted as used bytes too.
+                account(object, &old, &new);
+            }
+            node.synced_txg.set(context.txg);
+        }
+        Ok(())
+    }
+
+    fn allocate_metadata(&self, physical_bytes: u64) -> Result<[Dva; DVA_COUNT], ObjectError> {
+        self.store.allocate(physical_bytes, true, METADATA_COPIES).map_err(|NoSpace| ObjectError::Block(BlockError::NoSpace))
+    }
+
+    fn pointer_in_parent(&self, object: &Object, level: u8, blkid: u64) -> Result<BlockPointer, ObjectError> {
+        let levels = object.dnode().levels;
+        if level == levels - 1 {
+            return Ok(object.dnode().root);
+        }
+        let parent = self.node_cached(object, level + 1, blkid >> object.pointer_shift())?;
+        let body = parent.body.borrow();
+        match &*body {
+            NodeBody::Indirect(pointers) => Ok(pointers[object.index_in_parent(blkid)]),
+            NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+        }
+    }
+
+    fn set_pointer_in_parent(&self, object: &Object, level: u8, blkid: u64, pointer: BlockPointer) -> Result<(), ObjectError> {
+        let levels = object.dnode().levels;
+        if level == levels - 1 {
+            object.dnode.borrow_mut().root = pointer;
+            return Ok(());
+        }
+        let parent = self.node_cached(object, level + 1, blkid >> object.pointer_shift())?;
+        let mut body = parent.body.borrow_mut();
+        match &mut *body {
+            NodeBody::Indirect(pointers) => pointers[object.index_in_parent(blkid)] = pointer,
+            NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+        }
+        Ok(())
+    }
+}
+
+/// Serialises a node. Returns the buffer, the fill count and whether an indirect
+/// node holds only holes (then it is not written at all: its pointer becomes a hole).
+fn encode_node(body: &NodeBody, level: u8) -> (AlignedBuf, u64, bool) {
+    match body {
+        NodeBody::Indirect(pointers) => {
+            let mut buffer = AlignedBuf::zeroed(pointers.len() * BLOCK_POINTER_BYTES);
+            let mut fill = 0u64;
+            let mut all_holes = true;
+            for (index, pointer) in pointers.iter().enumerate() {
+                debug_assert!(pointer.is_hole() || pointer.level + 1 == level);
+                pointer.encode(&mut buffer[index * BLOCK_POINTER_BYTES..(index + 1) * BLOCK_POINTER_BYTES]);
+                if !pointer.is_hole() {
+                    all_holes = false;
+                    fill += pointer.fill;
+                }
+            }
+            (buffer, fill, all_holes)
+        }
+        NodeBody::Data(bytes) => (AlignedBuf::copy_from(bytes), 1, false),
+    }
+}

@@ -1,0 +1,109 @@
+//! The pool directory (object 1): volumes, the metaslab array of each top-level
+//! vdev, pool properties and the last scrub's result.
+//!
+//! Stored as a JSON document in a metadata object: it changes only on
+//! administrative operations (volume create/destroy, property changes, scrub
+//! completion), is small, and a self-describing form lets later versions add
+//! fields without a format break. Its integrity comes from the block checksums of
+//! the object that holds it, like any metadata.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// Object number of the directory.
+pub const DIRECTORY_OBJECT: u64 = 1;
+/// Directory documents larger than this are refused (it lists volumes and
+/// properties; 16 MiB is thousands of volumes).
+pub const DIRECTORY_BYTES_MAX: usize = 16 * 1024 * 1024;
+
+/// One volume.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRecord {
+    /// The object holding its data tree.
+    pub object: u64,
+    pub size_bytes: u64,
+    pub block_bytes: u32,
+    pub created_txg: u64,
+    /// Properties set on the volume (`org:key` user properties included).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// Outcome of the last finished scrub.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubRecord {
+    pub started_unix_seconds: u64,
+    pub finished_unix_seconds: u64,
+    pub examined_bytes: u64,
+    pub repaired_bytes: u64,
+    pub errors: u64,
+    /// False when the scrub was cancelled before the end.
+    pub completed: bool,
+}
+
+/// The directory document.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Directory {
+    pub version: u32,
+    /// Per top-level vdev (by id): the object listing its space map objects.
+    pub metaslab_arrays: Vec<u64>,
+    /// Volumes by name within the pool.
+    pub volumes: BTreeMap<String, VolumeRecord>,
+    /// Pool properties.
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    #[serde(default)]
+    pub last_scrub: Option<ScrubRecord>,
+}
+
+impl Directory {
+    pub fn encode(&self) -> Vec<u8> {
+        // Serialising plain owned data to a Vec cannot fail.
+        serde_json::to_vec(self).expect("directory serialises")
+    }
+
+    pub fn decode(bytes: &[u8]) -> Result<Directory, String> {
+        if bytes.len() > DIRECTORY_BYTES_MAX {
+            return Err(format!("directory of {} bytes", bytes.len()));
+        }
+        serde_json::from_slice(bytes).map_err(|error| format!("directory: {error}"))
+    }
+}
+
+/// Checks a pool or volume name component: letters, digits, `-`, `_`, `.`,
+/// starting with a letter or digit, at most 200 bytes.
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name.chars().next().is_some_and(|first| first.is_ascii_alphanumeric())
+        && name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let mut directory = Directory { version: 1, metaslab_arrays: vec![2, 3], ..Directory::default() };
+        directory.volumes.insert(
+            "vol".into(),
+            VolumeRecord { object: 9, size_bytes: 1 << 30, block_bytes: 16384, created_txg: 3, properties: BTreeMap::new() },
+        );
+        assert_eq!(Directory::decode(&directory.encode()).unwrap(), directory);
+        assert!(Directory::decode(b"{not json").is_err());
+    }
+
+    #[test]
+    fn names() {
+        assert!(valid_name("tank"));
+        assert!(valid_name("vol-1.a_b"));
+        assert!(!valid_name(""));
+        assert!(!valid_name("-x"));
+        assert!(!valid_name("a/b"));
+        assert!(!valid_name("a@b"));
+        assert!(!valid_name("a b"));
+        assert!(!valid_name(&"x".repeat(201)));
+    }
+}

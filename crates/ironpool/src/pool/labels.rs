@@ -1,0 +1,151 @@
+//! Reading and writing labels and uberblocks, and finding a pool's devices.
+
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use crate::dev::file::FileDevice;
+use crate::dev::Device;
+use crate::format::label::Label;
+use crate::format::uberblock::{Uberblock, UBERBLOCK_BYTES};
+use crate::format::{label_offset, uberblock_slot_bytes, uberblock_slot_count, LABEL_CONFIG_BYTES, LABEL_COUNT, LABEL_SIZE_BYTES};
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::vdev::queue::{IoClass, IoFlags};
+use crate::vdev::LeafVdev;
+
+/// What one device says about itself.
+pub struct Probe {
+    pub path: PathBuf,
+    pub size_bytes: u64,
+    /// The newest valid label (highest config txg).
+    pub label: Option<Label>,
+    /// Valid uberblocks found in all its labels.
+    pub uberblocks: Vec<Uberblock>,
+    /// Labels that did not decode, and why (a corrupted label is reported, and the
+    /// device is still usable through its other labels).
+    pub damaged_labels: Vec<(usize, String)>,
+}
+
+/// Reads one label (config area and ring) from a device.
+async fn read_label(device: &dyn Device, offset: u64) -> Option<AlignedBuf> {
+    if offset + LABEL_SIZE_BYTES > device.info().size_bytes {
+        return None;
+    }
+    let (result, mut buffers) = device.read(offset, vec![AlignedBuf::for_overwrite(LABEL_SIZE_BYTES as usize)]).await;
+    result.ok()?;
+    buffers.pop()
+}
+
+/// Decodes the valid uberblocks of a ring (slots of at least 1 KiB; parsing at
+/// 1 KiB strides finds them whatever the sector size).
+fn ring_uberblocks(ring: &[u8], out: &mut Vec<Uberblock>) {
+    for slot in ring.chunks_exact(UBERBLOCK_BYTES) {
+        if let Ok(uberblock) = Uberblock::decode(slot) {
+            out.push(uberblock);
+        }
+    }
+}
+
+/// Reads every label of an (unlocked) device.
+pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
+    let size = device.info().size_bytes;
+    let mut probe = Probe { path: path.to_path_buf(), size_bytes: size, label: None, uberblocks: Vec::new(), damaged_labels: Vec::new() };
+    let mut offsets: Vec<(usize, u64)> = vec![(0, label_offset(0, size)), (1, label_offset(1, size))];
+    let mut buffers = Vec::new();
+    for (index, offset) in offsets.clone() {
+        if let Some(buffer) = read_label(device, offset).await {
+            buffers.push((index, buffer));
+        }
+    }
+    // The end labels sit where the device ended when it joined the pool.
+    let recorded_size = buffers.iter().find_map(|(_, buffer)| {
+        let label = Label::decode(&buffer[..LABEL_CONFIG_BYTES as usize]).ok()?;
+        let (top, child) = label.config.find_leaf(label.leaf_guid)?;
+        Some(top.children[child].device_size_bytes)
+    });
+    let end_size = recorded_size.unwrap_or(size);
+    offsets = vec![(2, label_offset(2, end_size)), (3, label_offset(3, end_size))];
+    for (index, offset) in offsets {
+        if let Some(buffer) = read_label(device, offset).await {
+            buffers.push((index, buffer));
+        }
+    }
+    for (index, buffer) in buffers {
+        match Label::decode(&buffer[..LABEL_CONFIG_BYTES as usize]) {
+            Ok(label) => {
+                if probe.label.as_ref().is_none_or(|best| label.config_txg > best.config_txg) {
+                    probe.label = Some(label);
+                }
+            }
+            Err(crate::format::FormatError::BadMagic(_)) => {}
+            Err(error) => probe.damaged_labels.push((index, error.to_string())),
+        }
+        ring_uberblocks(&buffer[LABEL_CONFIG_BYTES as usize..], &mut probe.uberblocks);
+    }
+    probe
+}
+
+/// Probes every regular file and block device directly in `directory`.
+pub async fn probe_directory(directory: &Path) -> std::io::Result<Vec<Probe>> {
+    let mut paths: Vec<PathBuf> = std::fs::read_dir(directory)?
+        .filter_map(|entry| entry.ok())
+        .map(|entry| entry.path())
+        .filter(|path| {
+            std::fs::metadata(path)
+                .map(|metadata| metadata.is_file() || std::os::unix::fs::FileTypeExt::is_block_device(&metadata.file_type()))
+                .unwrap_or(false)
+        })
+        .collect();
+    paths.sort();
+    let mut probes = Vec::new();
+    for path in paths {
+        if let Some(probe) = probe_path(&path).await {
+            probes.push(probe);
+        }
+    }
+    Ok(probes)
+}
+
+/// Probes one path (None if it cannot be opened or is too small to hold labels).
+pub async fn probe_path(path: &Path) -> Option<Probe> {
+    let device = FileDevice::open_for_probe(path).ok()?;
+    if device.info().size_bytes < 2 * LABEL_SIZE_BYTES {
+        return None;
+    }
+    Some(probe_device(&device, path).await)
+}
+
+/// Writes the config area of labels `indexes` on a leaf.
+pub async fn write_labels(leaf: &Rc<LeafVdev>, label: &Label, device_size_bytes: u64, indexes: &[usize]) -> Result<(), String> {
+    let bytes = label.encode().map_err(|error| error.to_string())?;
+    let buffer = AlignedBuf::copy_from(&bytes).into_shared();
+    let mut writes = Vec::new();
+    for &index in indexes {
+        let offset = label_offset(index, device_size_bytes);
+        writes.push(leaf.queue.write(IoClass::AsyncWrite, offset, BufSlice::whole(buffer.clone()), IoFlags::default()));
+    }
+    for result in futures_util::future::join_all(writes).await {
+        result.map_err(|error| format!("{}: {error}", leaf.path.borrow()))?;
+    }
+    Ok(())
+}
+
+/// Writes an uberblock into its ring slot in every label of a leaf.
+pub async fn write_uberblock(leaf: &Rc<LeafVdev>, uberblock: &Uberblock, device_size_bytes: u64, ashift: u8) -> Result<(), String> {
+    let slot_bytes = uberblock_slot_bytes(ashift);
+    let slot = uberblock.txg % uberblock_slot_count(ashift);
+    let mut buffer = AlignedBuf::zeroed(slot_bytes as usize);
+    buffer[..UBERBLOCK_BYTES].copy_from_slice(&uberblock.encode());
+    let buffer = buffer.into_shared();
+    let mut writes = Vec::new();
+    for index in 0..LABEL_COUNT {
+        let offset = label_offset(index, device_size_bytes) + LABEL_CONFIG_BYTES + slot * slot_bytes;
+        writes.push(leaf.queue.write(IoClass::AsyncWrite, offset, BufSlice::whole(buffer.clone()), IoFlags::default()));
+    }
+    let results = futures_util::future::join_all(writes).await;
+    // One good copy of the uberblock on this device is enough; report only when
+    // every label failed.
+    if results.iter().any(|result| result.is_ok()) {
+        return Ok(());
+    }
+    Err(format!("{}: could not write any uberblock copy", leaf.path.borrow()))
+}

@@ -1,0 +1,658 @@
+//! The pool: devices assembled into top-level vdevs, the objects on them, and the
+//! transaction groups that move them atomically from one consistent state to the
+//! next.
+//!
+//! - [`Pool::create`] writes labels and the first txg.
+//! - [`Pool::import`] finds the devices, picks the newest valid uberblock, loads the
+//!   directory and the space maps.
+//! - Changes (volume writes, administration) go into the open txg; [`txg`] commits
+//!   them: data, then the metadata tree, then uberblocks, with flushes in between.
+//! - [`volume`] serves reads and writes; [`scrub`] verifies and repairs everything.
+
+pub mod check;
+pub mod directory;
+pub mod labels;
+pub mod scrub;
+pub mod txg;
+pub mod volume;
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use crate::alloc::{Allocator, RangeError, VdevSpace};
+use crate::block::{BlockError, BlockStore};
+use crate::dev::file::{FileDevice, OpenError};
+use crate::dev::Device;
+use crate::format::dnode::DNODE_BYTES;
+use crate::format::label::{LeafConfig, PoolConfig, PoolState, TopVdevConfig, TopVdevKind};
+use crate::format::spacemap::decode_records;
+use crate::format::{data_area_bytes, new_guid, Dnode, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION};
+use crate::object::{new_dnode, ObjectError, ObjectSet};
+use crate::vdev::queue::QueueTunables;
+use crate::vdev::{LeafVdev, TopVdev};
+use directory::{valid_name, Directory, DIRECTORY_OBJECT};
+use labels::Probe;
+pub use txg::TxgState;
+pub use volume::Volume;
+
+/// Block shift of metadata objects (16 KiB): small enough that appending to a space
+/// map or changing one dnode rewrites little, large enough for few indirect levels.
+pub const METADATA_BLOCK_SHIFT: u8 = 14;
+/// Indirect block shift of every object (32 KiB, 256 pointers): a 2 GiB volume of
+/// 16 KiB blocks has 512 level-1 blocks; each sync rewrites only the dirty ones.
+pub const INDIRECT_BLOCK_SHIFT: u8 = 15;
+
+/// Why a pool operation failed. Every variant is an operating condition with a
+/// message an operator can act on.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PoolError {
+    #[error("no pool named '{name}' found in {searched}")]
+    NotFound { name: String, searched: String },
+    #[error("more than one pool named '{name}' found (guids {guids}); move the other pool's devices away")]
+    Ambiguous { name: String, guids: String },
+    #[error("pool '{pool}' cannot be opened: missing or unusable devices: {devices}")]
+    MissingDevices { pool: String, devices: String },
+    #[error("{0}")]
+    Device(String),
+    #[error("{path} belongs to pool '{pool}' (guid {guid:#x}); use -f to overwrite it")]
+    DeviceInUseByPool { path: String, pool: String, guid: u64 },
+    #[error("{path} is truncated: the pool expects {expected} bytes, the device has {found}")]
+    Truncated { path: String, expected: u64, found: u64 },
+    #[error("pool '{0}' has no valid uberblock (its creation never completed, or every label is damaged)")]
+    NoValidUberblock(String),
+    #[error("damaged pool metadata: {0}")]
+    Corrupt(String),
+    #[error("I/O error: {0}")]
+    Io(String),
+    #[error("the pool is out of space")]
+    NoSpace,
+    #[error("{0} is read-only")]
+    ReadOnly(String),
+    #[error("range {offset}+{length} is outside the volume ({size} bytes)")]
+    OutOfRange { offset: u64, length: u64, size: u64 },
+    #[error("offset {offset} and length {length} must be multiples of {alignment}")]
+    Misaligned { offset: u64, length: u64, alignment: u64 },
+    #[error("no volume '{0}'")]
+    NoSuchVolume(String),
+    #[error("volume '{0}' already exists")]
+    VolumeExists(String),
+    #[error("invalid name '{0}': use letters, digits, '-', '_' and '.', starting with a letter or digit")]
+    InvalidName(String),
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("the pool is suspended after write errors: {0}")]
+    Suspended(String),
+    #[error("the pool is being exported")]
+    Closing,
+}
+
+impl From<BlockError> for PoolError {
+    fn from(error: BlockError) -> PoolError {
+        match error {
+            BlockError::NoSpace => PoolError::NoSpace,
+            other => PoolError::Io(other.to_string()),
+        }
+    }
+}
+
+impl From<ObjectError> for PoolError {
+    fn from(error: ObjectError) -> PoolError {
+        match error {
+            ObjectError::Block(block) => block.into(),
+            other => PoolError::Corrupt(other.to_string()),
+        }
+    }
+}
+
+impl From<OpenError> for PoolError {
+    fn from(error: OpenError) -> PoolError {
+        PoolError::Device(error.to_string())
+    }
+}
+
+impl From<RangeError> for PoolError {
+    fn from(error: RangeError) -> PoolError {
+        PoolError::Corrupt(format!("space map: {error}"))
+    }
+}
+
+/// Knobs of a pool instance (not stored on disk).
+#[derive(Clone, Debug)]
+pub struct PoolTunables {
+    /// Longest time a change waits in the open txg before a commit starts (as in
+    /// OpenZFS, 5 s: long enough to batch metadata rewrites, short enough to bound
+    /// what a crash can lose of unflushed, acknowledged writes).
+    pub txg_timeout: Duration,
+    /// Dirty metadata that starts a commit early.
+    pub dirty_sync_bytes: u64,
+    /// Dirty metadata at which writers wait for a commit (the write throttle).
+    pub dirty_max_bytes: u64,
+    /// Clean metadata cached in memory (dirty metadata is bounded by the throttle).
+    pub cache_budget_bytes: usize,
+    /// The I/O queue of every leaf.
+    pub queue: QueueTunables,
+}
+
+impl Default for PoolTunables {
+    fn default() -> PoolTunables {
+        PoolTunables {
+            txg_timeout: Duration::from_secs(5),
+            dirty_sync_bytes: 64 << 20,
+            dirty_max_bytes: 512 << 20,
+            cache_budget_bytes: 256 << 20,
+            queue: QueueTunables::default(),
+        }
+    }
+}
+
+/// A device for a new pool: where it is and the open device.
+pub struct NewDevice {
+    pub path: String,
+    pub device: Rc<dyn Device>,
+}
+
+/// The shape of a new top-level vdev.
+pub struct NewTopVdev {
+    pub kind: TopVdevKind,
+    pub devices: Vec<NewDevice>,
+}
+
+/// An open pool.
+pub struct Pool {
+    pub name: String,
+    pub guid: u64,
+    pub config: RefCell<PoolConfig>,
+    /// The config changed and must be written to the labels at the next sync.
+    pub config_dirty: Cell<bool>,
+    pub store: Rc<BlockStore>,
+    pub objects: Rc<ObjectSet>,
+    pub directory: RefCell<Directory>,
+    pub directory_dirty: Cell<bool>,
+    pub txg: TxgState,
+    pub volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    pub tunables: RefCell<PoolTunables>,
+    pub scrub: RefCell<scrub::ScrubState>,
+    /// Uberblock txg the pool was imported at (0 for a new pool).
+    pub imported_txg: u64,
+    /// Notes from import (damaged labels, unclean export) for `status`.
+    pub import_notes: Vec<String>,
+}
+
+fn describe_open_error(error: &OpenError) -> String {
+    error.to_string()
+}
+
+impl Pool {
+    /// Creates a pool on open devices and commits its first txg.
+    pub async fn create_on_devices(name: &str, layout: Vec<NewTopVdev>, force: bool, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+        if !valid_name(name) {
+            return Err(PoolError::InvalidName(name.to_string()));
+        }
+        if layout.is_empty() {
+            return Err(PoolError::InvalidArgument("a pool needs at least one device".into()));
+        }
+        let mut vdevs = Vec::new();
+        let mut top_configs = Vec::new();
+        for (id, top) in layout.into_iter().enumerate() {
+            let expected = match top.kind {
+                TopVdevKind::Disk => 1..=1,
+                TopVdevKind::Mirror => 2..=3,
+            };
+            if !expected.contains(&top.devices.len()) {
+                return Err(PoolError::InvalidArgument(format!("a {:?} vdev takes {:?} devices, got {}", top.kind, expected, top.devices.len())));
+            }
+            for new in &top.devices {
+                let info = new.device.info();
+                if info.size_bytes < DEVICE_SIZE_MIN_BYTES {
+                    return Err(PoolError::InvalidArgument(format!("{} is {} bytes; a device needs at least {} bytes", new.path, info.size_bytes, DEVICE_SIZE_MIN_BYTES)));
+                }
+                let probe = labels::probe_device(&*new.device, Path::new(&new.path)).await;
+                if let Some(label) = probe.label {
+                    if !force {
+                        return Err(PoolError::DeviceInUseByPool { path: new.path.clone(), pool: label.config.name, guid: label.pool_guid });
+                    }
+                }
+            }
+            let ashift = top
+                .devices
+                .iter()
+                .map(|new| (new.device.info().physical_sector_bytes.max(new.device.info().logical_sector_bytes) as u64).trailing_zeros() as u8)
+                .max()
+                .unwrap_or(crate::format::ASHIFT_DEFAULT)
+                .clamp(crate::format::ASHIFT_DEFAULT, crate::format::ASHIFT_MAX);
+            let data_bytes = top.devices.iter().map(|new| data_area_bytes(new.device.info().size_bytes)).min().unwrap_or(0);
+            let metaslab_shift = metaslab_shift_for(data_bytes);
+            let asize_bytes = data_bytes >> metaslab_shift << metaslab_shift;
+            if asize_bytes == 0 {
+                return Err(PoolError::InvalidArgument("devices too small for one metaslab".into()));
+            }
+            let guid = new_guid();
+            let mut children = Vec::new();
+            let mut leaves = Vec::new();
+            for new in top.devices {
+                let leaf_guid = new_guid();
+                children.push(LeafConfig { guid: leaf_guid, path: new.path.clone(), device_size_bytes: new.device.info().size_bytes });
+                leaves.push(LeafVdev::new(leaf_guid, new.path, Some(new.device), tunables.queue.clone()));
+            }
+            top_configs.push(TopVdevConfig { id: id as u32, guid, kind: top.kind, ashift, asize_bytes, metaslab_shift, children });
+            vdevs.push(Rc::new(TopVdev { id: id as u32, guid, kind: top.kind, ashift, asize_bytes, metaslab_shift, children: leaves }));
+        }
+        let config = PoolConfig {
+            name: name.to_string(),
+            pool_guid: new_guid(),
+            version: FORMAT_VERSION,
+            config_txg: 1,
+            state: PoolState::Active,
+            hostname: hostname(),
+            vdevs: top_configs,
+        };
+        let spaces = config.vdevs.iter().map(|top| VdevSpace::new(top.id, top.asize_bytes, top.metaslab_shift, 1 << top.ashift)).collect();
+        let store = BlockStore::new(vdevs, Allocator::new(spaces));
+        // Slot 0 is reserved: the dnode table's own dnode lives in the uberblock.
+        let table = new_dnode(ObjectType::DnodeTable, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, DNODE_BYTES as u64, 1);
+        let objects = ObjectSet::new(store.clone(), table, tunables.cache_budget_bytes);
+        let pool = Rc::new(Pool {
+            name: name.to_string(),
+            guid: config.pool_guid,
+            config: RefCell::new(config),
+            config_dirty: Cell::new(true),
+            store,
+            objects,
+            directory: RefCell::new(Directory { version: 1, ..Directory::default() }),
+            directory_dirty: Cell::new(true),
+            txg: TxgState::new(1, 0),
+            volumes: RefCell::new(BTreeMap::new()),
+            tunables: RefCell::new(tunables),
+            scrub: RefCell::new(scrub::ScrubState::default()),
+            imported_txg: 0,
+            import_notes: Vec::new(),
+        });
+        // Object 0 is the dnode table, 1 the directory, then one metaslab array per
+        // top-level vdev.
+        let directory_id = pool.allocate_object_id();
+        assert_eq!(directory_id, DIRECTORY_OBJECT);
+        pool.objects.create(directory_id, new_dnode(ObjectType::Directory, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, 1));
+        let vdev_count = pool.store.vdevs.len();
+        for vdev in 0..vdev_count {
+            let id = pool.allocate_object_id();
+            pool.objects.create(id, new_dnode(ObjectType::MetaslabArray, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, 1));
+            pool.directory.borrow_mut().metaslab_arrays.push(id);
+            pool.store.allocator.borrow_mut().vdevs[vdev].array_object = id;
+        }
+        pool.start();
+        pool.commit().await?;
+        Ok(pool)
+    }
+
+    /// Creates a pool on device paths (files are created sparse with `size_bytes`
+    /// when given and missing).
+    pub async fn create(name: &str, layout: Vec<(TopVdevKind, Vec<PathBuf>)>, force: bool, size_bytes: Option<u64>, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+        let mut seen = std::collections::BTreeSet::new();
+        let mut tops = Vec::new();
+        for (kind, paths) in layout {
+            let mut devices = Vec::new();
+            for path in paths {
+                if let Some(size) = size_bytes {
+                    if !path.exists() {
+                        create_sparse_file(&path, size)?;
+                    }
+                }
+                let canonical = std::fs::canonicalize(&path).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
+                if !seen.insert(canonical.clone()) {
+                    return Err(PoolError::InvalidArgument(format!("{} is listed twice", path.display())));
+                }
+                let device = FileDevice::open(&canonical).map_err(|error| PoolError::Device(describe_open_error(&error)))?;
+                devices.push(NewDevice { path: canonical.display().to_string(), device: Rc::new(device) });
+            }
+            tops.push(NewTopVdev { kind, devices });
+        }
+        Pool::create_on_devices(name, tops, force, tunables).await
+    }
+
+    /// Imports pool `name` from the devices in `directories`.
+    pub async fn import(name: &str, directories: &[PathBuf], tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+        let mut probes = Vec::new();
+        for directory in directories {
+            let found = labels::probe_directory(directory).await.map_err(|error| PoolError::Device(format!("{}: {error}", directory.display())))?;
+            probes.extend(found);
+        }
+        let searched = directories.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(", ");
+        let mine: Vec<&Probe> = probes.iter().filter(|probe| probe.label.as_ref().is_some_and(|label| label.config.name == name)).collect();
+        let mut guids: Vec<u64> = mine.iter().filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid)).collect();
+        guids.sort_unstable();
+        guids.dedup();
+        match guids.len() {
+            0 => return Err(PoolError::NotFound { name: name.to_string(), searched }),
+            1 => {}
+            _ => return Err(PoolError::Ambiguous { name: name.to_string(), guids: guids.iter().map(|guid| format!("{guid:#x}")).collect::<Vec<_>>().join(", ") }),
+        }
+        // Open (and lock) the devices that belong to it.
+        let mut devices: Vec<(String, Rc<dyn Device>)> = Vec::new();
+        for probe in mine {
+            let device = FileDevice::open(&probe.path)?;
+            devices.push((probe.path.display().to_string(), Rc::new(device)));
+        }
+        Pool::import_from_devices(name, devices, tunables).await
+    }
+
+    /// Imports pool `name` from open devices.
+    pub async fn import_from_devices(name: &str, devices: Vec<(String, Rc<dyn Device>)>, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+        let mut probes: Vec<(Probe, Rc<dyn Device>)> = Vec::new();
+        for (path, device) in devices {
+            let probe = labels::probe_device(&*device, Path::new(&path)).await;
+            if probe.label.as_ref().is_some_and(|label| label.config.name == name) {
+                probes.push((probe, device));
+            }
+        }
+        let Some(config) = probes.iter().filter_map(|(probe, _)| probe.label.as_ref()).max_by_key(|label| label.config_txg).map(|label| label.config.clone()) else {
+            return Err(PoolError::NotFound { name: name.to_string(), searched: "the given devices".into() });
+        };
+        let mut notes = Vec::new();
+        for (probe, _) in &probes {
+            for (index, reason) in &probe.damaged_labels {
+                notes.push(format!("{}: label {index} is damaged ({reason}); the other labels were used", probe.path.display()));
+            }
+        }
+        if config.state == PoolState::Active {
+            notes.push("the pool was not exported cleanly; it was recovered to its last committed txg".to_string());
+        }
+        // Assemble the vdev tree from the config, matching devices by guid.
+        let mut missing = Vec::new();
+        let mut vdevs = Vec::new();
+        for top in &config.vdevs {
+            let mut leaves = Vec::new();
+            for leaf in &top.children {
+                let found = probes.iter().find(|(probe, _)| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid && label.pool_guid == config.pool_guid));
+                let device = match found {
+                    Some((probe, device)) if probe.size_bytes < leaf.device_size_bytes => {
+                        missing.push(format!("{} (truncated: {} of {} bytes)", probe.path.display(), probe.size_bytes, leaf.device_size_bytes));
+                        None
+                    }
+                    Some((probe, device)) => {
+                        let _ = probe;
+                        Some(device.clone())
+                    }
+                    None => {
+                        missing.push(format!("{} (guid {:#x}, not found)", leaf.path, leaf.guid));
+                        None
+                    }
+                };
+                let path = found.map(|(probe, _)| probe.path.display().to_string()).unwrap_or_else(|| leaf.path.clone());
+                leaves.push(LeafVdev::new(leaf.guid, path, device, tunables.queue.clone()));
+            }
+            let top_vdev = TopVdev {
+                id: top.id,
+                guid: top.guid,
+                kind: top.kind,
+                ashift: top.ashift,
+                asize_bytes: top.asize_bytes,
+                metaslab_shift: top.metaslab_shift,
+                children: leaves,
+            };
+            if !top_vdev.is_available() {
+                return Err(PoolError::MissingDevices { pool: name.to_string(), devices: missing.join(", ") });
+            }
+            vdevs.push(Rc::new(top_vdev));
+        }
+        if !missing.is_empty() {
+            notes.push(format!("degraded: missing or unusable devices: {}", missing.join(", ")));
+        }
+        let mut uberblocks: Vec<Uberblock> = probes
+            .iter()
+            .flat_map(|(probe, _)| probe.uberblocks.iter().copied())
+            .filter(|uberblock| uberblock.pool_guid == config.pool_guid && uberblock.guid_sum == config.guid_sum())
+            .collect();
+        uberblocks.sort_by_key(|uberblock| std::cmp::Reverse(uberblock.txg));
+        uberblocks.dedup_by_key(|uberblock| uberblock.txg);
+        if uberblocks.is_empty() {
+            return Err(PoolError::NoValidUberblock(name.to_string()));
+        }
+        // The newest uberblock whose metadata loads wins; an older one is tried
+        // only if the newest's tree is unreadable (its frees are still deferred, so
+        // the previous trees are intact).
+        let mut last_error = None;
+        for uberblock in uberblocks.iter().take(1 + crate::alloc::DEFER_TXGS as usize) {
+            match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone()).await {
+                Ok(pool) => {
+                    if uberblock.txg != uberblocks[0].txg {
+                        let mut notes = pool.import_notes.clone();
+                        notes.push(format!("rewound from txg {} to txg {}: the newer one was unreadable", uberblocks[0].txg, uberblock.txg));
+                        // Safe: nothing else refers to the pool yet.
+                        let pool = Rc::try_unwrap(pool).map_err(|_| PoolError::Corrupt("pool shared during import".into()))?;
+                        let pool = Rc::new(Pool { import_notes: notes, ..pool });
+                        pool.start();
+                        return Ok(pool);
+                    }
+                    pool.start();
+                    return Ok(pool);
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        Err(last_error.unwrap_or_else(|| PoolError::NoValidUberblock(name.to_string())))
+    }
+
+    async fn load(name: &str, config: &PoolConfig, vdevs: Vec<Rc<TopVdev>>, uberblock: &Uberblock, tunables: PoolTunables, notes: Vec<String>) -> Result<Rc<Pool>, PoolError> {
+        let spaces = config.vdevs.iter().map(|top| VdevSpace::new(top.id, top.asize_bytes, top.metaslab_shift, 1 << top.ashift)).collect();
+        let store = BlockStore::new(vdevs, Allocator::new(spaces));
+        store.set_open_txg(uberblock.txg + 1);
+        let objects = ObjectSet::new(store.clone(), uberblock.dnode_table, tunables.cache_budget_bytes);
+        objects.set_durable_txg(uberblock.txg);
+        // Metadata objects stay cached: read the whole dnode table and directory.
+        let table = objects.dnode_table();
+        let table_length = table.dnode().length_bytes;
+        objects.prefetch(&table, 0, table_length).await?;
+        let directory_object = objects.open(DIRECTORY_OBJECT).await?;
+        let length = directory_object.dnode().length_bytes as usize;
+        let bytes = objects.read_bytes(&directory_object, 0, length).await?;
+        let directory = Directory::decode(&bytes).map_err(PoolError::Corrupt)?;
+        if directory.metaslab_arrays.len() != config.vdevs.len() {
+            return Err(PoolError::Corrupt(format!("{} metaslab arrays for {} vdevs", directory.metaslab_arrays.len(), config.vdevs.len())));
+        }
+        // Space maps: rebuild each metaslab's free space.
+        for (vdev_index, &array_id) in directory.metaslab_arrays.iter().enumerate() {
+            let array = objects.open(array_id).await?;
+            let count = store.allocator.borrow().vdevs[vdev_index].metaslabs.len();
+            let array_bytes = objects.read_bytes(&array, 0, count * 8).await?;
+            store.allocator.borrow_mut().vdevs[vdev_index].array_object = array_id;
+            for metaslab_index in 0..count {
+                let map_id = u64::from_le_bytes(array_bytes[metaslab_index * 8..metaslab_index * 8 + 8].try_into().expect("8 bytes"));
+                if map_id == 0 {
+                    continue;
+                }
+                let map = objects.open(map_id).await?;
+                let map_length = map.dnode().length_bytes as usize;
+                let map_bytes = objects.read_bytes(&map, 0, map_length).await?;
+                let records = decode_records(&map_bytes).map_err(|error| PoolError::Corrupt(format!("space map {map_id}: {error}")))?;
+                let mut allocator = store.allocator.borrow_mut();
+                let metaslab = &mut allocator.vdevs[vdev_index].metaslabs[metaslab_index];
+                metaslab.space_map_object = map_id;
+                metaslab.replay(&records, uberblock.txg).map_err(|error| PoolError::Corrupt(format!("space map {map_id} of vdev {vdev_index} metaslab {metaslab_index}: {error}")))?;
+            }
+        }
+        let mut imported_config = config.clone();
+        imported_config.state = PoolState::Active;
+        let pool = Rc::new(Pool {
+            name: name.to_string(),
+            guid: config.pool_guid,
+            config: RefCell::new(imported_config),
+            config_dirty: Cell::new(true),
+            store,
+            objects,
+            directory: RefCell::new(directory.clone()),
+            directory_dirty: Cell::new(false),
+            txg: TxgState::new(uberblock.txg + 1, uberblock.txg),
+            volumes: RefCell::new(BTreeMap::new()),
+            tunables: RefCell::new(tunables),
+            scrub: RefCell::new(scrub::ScrubState::default()),
+            imported_txg: uberblock.txg,
+            import_notes: notes,
+        });
+        for (volume_name, record) in &directory.volumes {
+            let object = pool.objects.open(record.object).await?;
+            let volume = Volume::new(format!("{name}/{volume_name}"), object, record);
+            pool.volumes.borrow_mut().insert(volume_name.clone(), volume);
+        }
+        Ok(pool)
+    }
+
+    /// Starts the background txg sync.
+    fn start(self: &Rc<Self>) {
+        txg::start_sync_task(self);
+    }
+
+    /// Hands out a new object number (the dnode table's length is the high-water
+    /// mark; numbers are never reused, 2^64 is enough).
+    pub fn allocate_object_id(&self) -> u64 {
+        let table = self.objects.dnode_table();
+        let mut dnode = table.dnode.borrow_mut();
+        let id = dnode.length_bytes / DNODE_BYTES as u64;
+        dnode.length_bytes += DNODE_BYTES as u64;
+        table.dirty.set(true);
+        id
+    }
+
+    pub fn volume(&self, name: &str) -> Result<Rc<Volume>, PoolError> {
+        let short = name.strip_prefix(&format!("{}/", self.name)).unwrap_or(name);
+        self.volumes.borrow().get(short).cloned().ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
+    }
+
+    /// Creates a volume of `size_bytes` with blocks of `block_bytes`.
+    pub async fn create_volume(self: &Rc<Self>, name: &str, size_bytes: u64, block_bytes: u32, properties: BTreeMap<String, String>) -> Result<Rc<Volume>, PoolError> {
+        let short = name.strip_prefix(&format!("{}/", self.name)).unwrap_or(name).to_string();
+        if !valid_name(&short) {
+            return Err(PoolError::InvalidName(short));
+        }
+        if self.volumes.borrow().contains_key(&short) {
+            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
+        }
+        let max_sector = self.store.vdevs.iter().map(|top| top.sector_bytes()).max().unwrap_or(4096);
+        if !block_bytes.is_power_of_two() || (block_bytes as u64) < max_sector.max(4096) || block_bytes > volume::VOLUME_BLOCK_BYTES_MAX {
+            return Err(PoolError::InvalidArgument(format!(
+                "volblocksize {block_bytes} must be a power of two from {} to {}",
+                max_sector.max(4096),
+                volume::VOLUME_BLOCK_BYTES_MAX
+            )));
+        }
+        if size_bytes == 0 || size_bytes % block_bytes as u64 != 0 {
+            return Err(PoolError::InvalidArgument(format!("volume size {size_bytes} must be a positive multiple of the volblocksize {block_bytes}")));
+        }
+        if size_bytes > volume::VOLUME_SIZE_MAX_BYTES {
+            return Err(PoolError::InvalidArgument(format!("volume size {size_bytes} exceeds {}", volume::VOLUME_SIZE_MAX_BYTES)));
+        }
+        let checksum = match properties.get("checksum") {
+            Some(value) => crate::format::ChecksumAlgo::parse(value).ok_or_else(|| PoolError::InvalidArgument(format!("unknown checksum '{value}'")))?,
+            None => crate::format::ChecksumAlgo::default(),
+        };
+        self.txg.ensure_writable()?;
+        let open_txg = self.txg.open();
+        let id = self.allocate_object_id();
+        let mut dnode = new_dnode(ObjectType::VolumeData, block_bytes.trailing_zeros() as u8, INDIRECT_BLOCK_SHIFT, size_bytes, open_txg);
+        dnode.checksum_algo = checksum;
+        let object = self.objects.create(id, dnode);
+        let record = volume::record(id, size_bytes, block_bytes, open_txg, properties);
+        let volume = Volume::new(format!("{}/{short}", self.name), object, &record);
+        self.directory.borrow_mut().volumes.insert(short.clone(), record);
+        self.directory_dirty.set(true);
+        self.volumes.borrow_mut().insert(short, volume.clone());
+        self.txg.wait_durable(self, self.txg.open()).await?;
+        Ok(volume)
+    }
+
+    /// Destroys a volume and frees its blocks.
+    pub async fn destroy_volume(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        let volume = self.volume(name)?;
+        let short = volume.short_name().to_string();
+        volume.begin_destroy();
+        // Free every block of the tree.
+        let mut pointers = Vec::new();
+        self.objects.visit_pointers(&volume.object, &mut |_, _, pointer| pointers.push(*pointer)).await?;
+        for pointer in &pointers {
+            self.store.free(pointer);
+        }
+        let table = self.objects.dnode_table();
+        let mut zero = [0u8; DNODE_BYTES];
+        Dnode::default().encode(&mut zero);
+        self.objects.write_bytes(&table, volume.object.id * DNODE_BYTES as u64, &zero).await?;
+        self.objects.forget(volume.object.id);
+        self.volumes.borrow_mut().remove(&short);
+        self.directory.borrow_mut().volumes.remove(&short);
+        self.directory_dirty.set(true);
+        self.txg.wait_durable(self, self.txg.open()).await
+    }
+
+    /// Commits the open txg and waits until it is durable.
+    pub async fn commit(self: &Rc<Self>) -> Result<(), PoolError> {
+        let target = self.txg.open();
+        self.txg.wait_durable(self, target).await
+    }
+
+    /// Makes every write completed so far durable (NBD FLUSH).
+    pub async fn flush(self: &Rc<Self>) -> Result<(), PoolError> {
+        let target = if self.has_changes() { self.txg.open() } else { self.txg.open() - 1 };
+        self.txg.wait_durable(self, target).await
+    }
+
+    /// True when the open txg holds any change.
+    pub fn has_changes(&self) -> bool {
+        self.config_dirty.get()
+            || self.directory_dirty.get()
+            || self.objects.open_objects().iter().any(|object| object.dirty.get())
+            || self.store.allocator.borrow().has_pending()
+    }
+
+    /// Commits everything, marks the pool exported in its labels and releases the
+    /// devices.
+    pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.scrub_cancel();
+        self.config.borrow_mut().state = PoolState::Exported;
+        self.config_dirty.set(true);
+        self.commit().await?;
+        self.txg.stop(self).await;
+        for top in &self.store.vdevs {
+            for leaf in &top.children {
+                leaf.close();
+            }
+        }
+        Ok(())
+    }
+
+    /// Pool capacity figures.
+    pub fn space(&self) -> (u64, u64) {
+        let allocator = self.store.allocator.borrow();
+        let size = allocator.size_bytes();
+        (size, allocator.free_bytes())
+    }
+
+    /// ONLINE, DEGRADED, or SUSPENDED.
+    pub fn health(&self) -> &'static str {
+        if self.txg.suspended().is_some() {
+            "SUSPENDED"
+        } else if self.store.vdevs.iter().all(|top| top.is_healthy()) {
+            "ONLINE"
+        } else {
+            "DEGRADED"
+        }
+    }
+}
+
+/// Metaslab size: about 200 per vdev, at least 16 MiB, at most 16 GiB.
+pub fn metaslab_shift_for(data_bytes: u64) -> u8 {
+    let target = (data_bytes / 200).max(1);
+    let shift = 63 - target.leading_zeros() as u8;
+    shift.clamp(24, 34)
+}
+
+/// Creates a sparse file of `size_bytes`.
+pub fn create_sparse_file(path: &Path, size_bytes: u64) -> Result<(), PoolError> {
+    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
+    file.set_len(size_bytes).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
+    Ok(())
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_string()).unwrap_or_default()
+}

@@ -1,0 +1,212 @@
+//! Scrub: read every copy of every live block, verify it against its checksum,
+//! and rewrite the bad copies from a good one.
+//!
+//! The walk goes object by object, top-down through each tree, a node at a time:
+//! the pointers in one node are scrubbed together (a bounded number in flight)
+//! while a read guard keeps their space from being reused meanwhile. Progress is
+//! bytes examined against the bytes allocated when the scrub started.
+
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use super::directory::ScrubRecord;
+use super::{Pool, PoolError};
+use crate::format::BlockPointer;
+use crate::object::{NodeBody, Object};
+use crate::rt::{self, JoinHandle};
+
+/// Blocks scrubbed concurrently: enough to keep devices busy, few enough that
+/// interactive I/O (which has priority in the queues anyway) is not crowded out.
+const SCRUB_BLOCKS_IN_FLIGHT: usize = 32;
+
+/// A running or finished scrub.
+#[derive(Default)]
+pub struct ScrubState {
+    pub running: bool,
+    pub cancel: bool,
+    pub started_unix_seconds: u64,
+    pub total_bytes: u64,
+    pub examined_bytes: u64,
+    pub bad_copies: u64,
+    pub repaired_copies: u64,
+    pub repaired_bytes: u64,
+    /// Blocks with no good copy left.
+    pub errors: u64,
+    /// What the unrecoverable errors were (bounded list).
+    pub error_details: Vec<String>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// Most error descriptions kept for `status`.
+const ERROR_DETAILS_MAX: usize = 32;
+
+/// What `status` shows about scrubs.
+#[derive(Clone, Debug, Serialize)]
+pub struct ScrubStatus {
+    pub state: &'static str,
+    pub started_unix_seconds: u64,
+    pub examined_bytes: u64,
+    pub total_bytes: u64,
+    pub progress_percent: f64,
+    pub bad_copies: u64,
+    pub repaired_copies: u64,
+    pub repaired_bytes: u64,
+    pub errors: u64,
+    pub error_details: Vec<String>,
+    pub last: Option<ScrubRecord>,
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)
+}
+
+impl Pool {
+    /// Starts a scrub in the background.
+    pub fn scrub_start(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let mut scrub = self.scrub.borrow_mut();
+        if scrub.running {
+            return Err(PoolError::InvalidArgument("a scrub is already running".into()));
+        }
+        let (size, free) = self.space();
+        *scrub = ScrubState { running: true, started_unix_seconds: unix_seconds(), total_bytes: size - free, ..ScrubState::default() };
+        let pool = self.clone();
+        scrub.task = Some(rt::spawn(async move { pool.scrub_run().await }));
+        Ok(())
+    }
+
+    /// Asks a running scrub to stop.
+    pub fn scrub_cancel(&self) {
+        let mut scrub = self.scrub.borrow_mut();
+        if scrub.running {
+            scrub.cancel = true;
+        }
+    }
+
+    /// Waits for the running scrub (if any) to end.
+    pub async fn scrub_wait(&self) {
+        let task = self.scrub.borrow_mut().task.take();
+        if let Some(task) = task {
+            task.await;
+        }
+    }
+
+    pub fn scrub_status(&self) -> ScrubStatus {
+        let scrub = self.scrub.borrow();
+        let progress = if scrub.total_bytes == 0 { if scrub.running { 0.0 } else { 100.0 } } else { (scrub.examined_bytes as f64 * 100.0 / scrub.total_bytes as f64).min(100.0) };
+        ScrubStatus {
+            state: if scrub.running { "scanning" } else if scrub.started_unix_seconds > 0 { "finished" } else { "none" },
+            started_unix_seconds: scrub.started_unix_seconds,
+            examined_bytes: scrub.examined_bytes,
+            total_bytes: scrub.total_bytes,
+            progress_percent: progress,
+            bad_copies: scrub.bad_copies,
+            repaired_copies: scrub.repaired_copies,
+            repaired_bytes: scrub.repaired_bytes,
+            errors: scrub.errors,
+            error_details: scrub.error_details.clone(),
+            last: self.directory.borrow().last_scrub.clone(),
+        }
+    }
+
+    async fn scrub_run(self: Rc<Self>) {
+        let objects = self.objects.open_objects();
+        let mut completed = true;
+        for object in objects {
+            if self.scrub.borrow().cancel {
+                completed = false;
+                break;
+            }
+            if let Err(error) = self.scrub_object(&object).await {
+                self.scrub_error(format!("object {}: {error}", object.id));
+            }
+        }
+        let record = {
+            let mut scrub = self.scrub.borrow_mut();
+            scrub.running = false;
+            ScrubRecord {
+                started_unix_seconds: scrub.started_unix_seconds,
+                finished_unix_seconds: unix_seconds(),
+                examined_bytes: scrub.examined_bytes,
+                repaired_bytes: scrub.repaired_bytes,
+                errors: scrub.errors,
+                completed: completed && !scrub.cancel,
+            }
+        };
+        self.directory.borrow_mut().last_scrub = Some(record);
+        self.directory_dirty.set(true);
+    }
+
+    fn scrub_error(&self, detail: String) {
+        let mut scrub = self.scrub.borrow_mut();
+        scrub.errors += 1;
+        if scrub.error_details.len() < ERROR_DETAILS_MAX {
+            scrub.error_details.push(detail);
+        }
+    }
+
+    /// Scrubs one object's tree, node by node from the top.
+    async fn scrub_object(self: &Rc<Self>, object: &Rc<Object>) -> Result<(), PoolError> {
+        let dnode = object.dnode();
+        let top = dnode.levels - 1;
+        {
+            let _guard = self.store.read_guard();
+            let root = object.dnode().root;
+            if !root.is_hole() {
+                self.scrub_pointers(object, &[root]).await;
+            }
+        }
+        let mut frontier: Vec<u64> = vec![0];
+        for level in (1..=top).rev() {
+            let mut next = Vec::new();
+            for blkid in frontier {
+                if self.scrub.borrow().cancel {
+                    return Ok(());
+                }
+                let guard = self.store.read_guard();
+                let node = self.objects.node(object, level, blkid).await?;
+                let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
+                    NodeBody::Indirect(pointers) => pointers
+                        .iter()
+                        .enumerate()
+                        .map(|(index, pointer)| ((blkid << dnode.pointers_per_indirect_shift()) + index as u64, *pointer))
+                        .collect(),
+                    NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+                };
+                drop(node);
+                let present: Vec<BlockPointer> = children.iter().filter(|(_, pointer)| !pointer.is_hole()).map(|(_, pointer)| *pointer).collect();
+                self.scrub_pointers(object, &present).await;
+                drop(guard);
+                if level > 1 {
+                    next.extend(children.iter().filter(|(_, pointer)| !pointer.is_hole()).map(|(child, _)| *child));
+                }
+            }
+            frontier = next;
+        }
+        Ok(())
+    }
+
+    async fn scrub_pointers(self: &Rc<Self>, object: &Rc<Object>, pointers: &[BlockPointer]) {
+        for batch in pointers.chunks(SCRUB_BLOCKS_IN_FLIGHT) {
+            let results = futures_util::future::join_all(batch.iter().map(|pointer| self.store.scrub(pointer))).await;
+            let mut scrub = self.scrub.borrow_mut();
+            for (pointer, result) in batch.iter().zip(results) {
+                scrub.examined_bytes += pointer.allocated_bytes();
+                match result {
+                    Ok((bad, repaired)) => {
+                        scrub.bad_copies += bad;
+                        scrub.repaired_copies += repaired;
+                        scrub.repaired_bytes += repaired * pointer.physical_size as u64;
+                    }
+                    Err(error) => {
+                        scrub.errors += 1;
+                        if scrub.error_details.len() < ERROR_DETAILS_MAX {
+                            scrub.error_details.push(format!("object {} level {}: {error}", object.id, pointer.level));
+                        }
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,452 @@
+//! Transaction groups: how the open txg's changes become durable atomically.
+//!
+//! One task commits txgs, one at a time, when a client asks for durability (FLUSH,
+//! FUA), when dirty metadata passes a threshold, or on a timer. A commit has two
+//! steps:
+//!
+//! 1. **Build** (synchronous: nothing else runs meanwhile, so the image is the
+//!    tree at one instant). Dirty nodes of every object are written out
+//!    copy-on-write, bottom-up; each object's dnode goes into the dnode table;
+//!    the allocator's changes are logged into space maps — which dirties them, so
+//!    this repeats (blocks already written by this txg are rewritten in place)
+//!    until nothing changes. The open txg number then moves on: later changes
+//!    belong to the next txg.
+//! 2. **Write**: the metadata blocks; flush every device (data written directly by
+//!    clients earlier is covered by this flush too); labels 0 and 2 if the config
+//!    changed, flush; the uberblock to every label's ring, flush; labels 1 and 3,
+//!    flush. Only then is the txg durable and are waiters released.
+//!
+//! If the write step fails (devices gone), the pool is suspended: waiters get an
+//! error, and the same txg is retried every second until it lands.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeSet;
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::directory::DIRECTORY_OBJECT;
+use super::labels::{write_labels, write_uberblock};
+use super::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::format::dnode::DNODE_BYTES;
+use crate::format::label::{Label, PoolConfig};
+use crate::format::spacemap::{encode_records, Record};
+use crate::format::{ObjectType, Uberblock};
+use crate::object::sync::SyncContext;
+use crate::object::{new_dnode, ObjectError};
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::sync::Notify;
+use crate::rt::{self, Instant, JoinHandle};
+use crate::vdev::queue::{IoClass, IoFlags};
+
+/// Passes of the build step before giving up: each pass only rewrites blocks in
+/// place unless a space map grows by a block, so it settles in 3-5 passes; 64
+/// means something loops, which is a bug.
+const SYNC_PASSES_MAX: usize = 64;
+/// Delay between attempts to write a txg that failed.
+const RETRY_DELAY: Duration = Duration::from_secs(1);
+
+/// Figures about commits, for `status` and `iostat`.
+#[derive(Clone, Copy, Debug, Default, serde::Serialize)]
+pub struct TxgStats {
+    pub commits: u64,
+    pub failed_commits: u64,
+    pub last_commit_us: u64,
+    pub last_commit_metadata_bytes: u64,
+    pub last_commit_passes: u64,
+}
+
+/// The txg counters and the rendezvous between writers, flushers and the sync task.
+pub struct TxgState {
+    open: Cell<u64>,
+    durable: Cell<u64>,
+    requested: Cell<u64>,
+    wake: Notify,
+    done: Notify,
+    suspended: RefCell<Option<String>>,
+    /// The in-memory state cannot be committed any more (the build step failed).
+    fatal: Cell<bool>,
+    stopping: Cell<bool>,
+    task: RefCell<Option<JoinHandle<()>>>,
+    last_commit: Cell<Instant>,
+    stats: Cell<TxgStats>,
+}
+
+impl TxgState {
+    pub fn new(open: u64, durable: u64) -> TxgState {
+        TxgState {
+            open: Cell::new(open),
+            durable: Cell::new(durable),
+            requested: Cell::new(0),
+            wake: Notify::new(),
+            done: Notify::new(),
+            suspended: RefCell::new(None),
+            fatal: Cell::new(false),
+            stopping: Cell::new(false),
+            task: RefCell::new(None),
+            last_commit: Cell::new(Instant(0)),
+            stats: Cell::new(TxgStats::default()),
+        }
+    }
+
+    /// The txg that changes made now belong to.
+    pub fn open(&self) -> u64 {
+        self.open.get()
+    }
+
+    /// The newest txg on stable storage.
+    pub fn durable(&self) -> u64 {
+        self.durable.get()
+    }
+
+    pub fn stats(&self) -> TxgStats {
+        self.stats.get()
+    }
+
+    /// The reason the pool is suspended, if it is.
+    pub fn suspended(&self) -> Option<String> {
+        self.suspended.borrow().clone()
+    }
+
+    /// Refuses changes when the pool cannot commit them.
+    pub fn ensure_writable(&self) -> Result<(), PoolError> {
+        if self.stopping.get() {
+            return Err(PoolError::Closing);
+        }
+        if self.fatal.get() {
+            return Err(PoolError::Suspended(self.suspended().unwrap_or_default()));
+        }
+        Ok(())
+    }
+
+    /// Asks for `target` to be committed (without waiting).
+    pub fn request(&self, target: u64) {
+        if target > self.requested.get() {
+            self.requested.set(target);
+        }
+        self.wake.notify_all();
+    }
+
+    /// Waits until txg `target` is durable.
+    pub async fn wait_durable(&self, _pool: &Pool, target: u64) -> Result<(), PoolError> {
+        let mut seen_failures = self.stats.get().failed_commits;
+        loop {
+            if self.durable.get() >= target {
+                return Ok(());
+            }
+            if self.fatal.get() || (self.stopping.get() && self.task.borrow().is_none()) {
+                return Err(PoolError::Suspended(self.suspended().unwrap_or_else(|| "the pool is closed".into())));
+            }
+            if self.stats.get().failed_commits > seen_failures {
+                return Err(PoolError::Suspended(self.suspended().unwrap_or_default()));
+            }
+            seen_failures = self.stats.get().failed_commits;
+            self.request(target);
+            self.done.notified().await;
+        }
+    }
+
+    /// The write throttle: holds a writer while dirty metadata is over the limit.
+    pub async fn throttle(&self, pool: &Pool) {
+        let limit = pool.tunables.borrow().dirty_max_bytes;
+        while pool.objects.dirty_bytes() > limit && !self.fatal.get() && !self.stopping.get() {
+            self.request(self.open.get());
+            self.done.notified().await;
+        }
+        if pool.objects.dirty_bytes() > pool.tunables.borrow().dirty_sync_bytes {
+            self.request(self.open.get());
+        }
+    }
+
+    /// Stops the sync task after it finishes what it is doing.
+    pub async fn stop(&self, _pool: &Pool) {
+        self.stopping.set(true);
+        self.wake.notify_all();
+        let task = self.task.borrow_mut().take();
+        if let Some(task) = task {
+            task.await;
+        }
+        self.done.notify_all();
+    }
+}
+
+/// Starts the task that commits txgs.
+pub fn start_sync_task(pool: &Rc<Pool>) {
+    pool.txg.last_commit.set(rt::now());
+    let task_pool = pool.clone();
+    let handle = rt::spawn(async move { sync_loop(task_pool).await });
+    *pool.txg.task.borrow_mut() = Some(handle);
+}
+
+/// A built txg, ready to write (kept for retries when writing fails).
+struct BuiltTxg {
+    txg: u64,
+    context: SyncContext,
+    uberblock: Uberblock,
+    config: Option<PoolConfig>,
+    passes: usize,
+}
+
+async fn sync_loop(pool: Rc<Pool>) {
+    let state = &pool.txg;
+    let mut retry: Option<BuiltTxg> = None;
+    loop {
+        let timeout = pool.tunables.borrow().txg_timeout;
+        let since = rt::now().duration_since(state.last_commit.get());
+        let requested = state.requested.get() >= state.open.get();
+        let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes;
+        if state.stopping.get() && retry.is_none() && !pool.has_changes() {
+            break;
+        }
+        if retry.is_none() && !requested && !dirty && since < timeout && !state.stopping.get() {
+            rt::timeout(timeout - since, state.wake.notified()).await;
+            continue;
+        }
+        if retry.is_none() && !requested && !pool.has_changes() {
+            state.last_commit.set(rt::now());
+            continue;
+        }
+        let started = rt::now();
+        let built = match retry.take() {
+            Some(built) => built,
+            None => match build(&pool) {
+                Ok(built) => built,
+                Err(error) => {
+                    // The in-memory image is half rewritten: it can never be
+                    // committed. The last committed txg on disk stays intact.
+                    state.fatal.set(true);
+                    *state.suspended.borrow_mut() = Some(format!("txg build failed: {error}"));
+                    bump(state, |stats| stats.failed_commits += 1);
+                    state.done.notify_all();
+                    break;
+                }
+            },
+        };
+        match write(&pool, &built).await {
+            Ok(()) => {
+                finish(&pool, &built, started).await;
+            }
+            Err(error) => {
+                *state.suspended.borrow_mut() = Some(format!("txg {}: {error}", built.txg));
+                bump(state, |stats| stats.failed_commits += 1);
+                state.done.notify_all();
+                retry = Some(built);
+                if state.stopping.get() && pool.store.vdevs.iter().all(|top| !top.is_available()) {
+                    break;
+                }
+                rt::sleep(RETRY_DELAY).await;
+            }
+        }
+    }
+    *state.task.borrow_mut() = None;
+    state.done.notify_all();
+}
+
+fn bump(state: &TxgState, update: impl FnOnce(&mut TxgStats)) {
+    let mut stats = state.stats.get();
+    update(&mut stats);
+    state.stats.set(stats);
+}
+
+/// Step 1: rewrites every dirty object into `SyncContext` and closes the txg.
+fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
+    let txg = pool.txg.open.get();
+    let objects = &pool.objects;
+    let mut context = SyncContext::new(txg);
+    if pool.directory_dirty.replace(false) {
+        let bytes = pool.directory.borrow().encode();
+        let directory = objects.get(DIRECTORY_OBJECT).ok_or_else(|| PoolError::Corrupt("the directory object is not open".into()))?;
+        objects.write_bytes_cached(&directory, 0, &bytes)?;
+        if directory.dnode().length_bytes > bytes.len() as u64 {
+            objects.truncate_cached(&directory, bytes.len() as u64)?;
+        }
+    }
+    let table = objects.dnode_table();
+    let mut condensed = BTreeSet::new();
+    let mut passes = 0;
+    loop {
+        passes += 1;
+        assert!(passes <= SYNC_PASSES_MAX, "txg {txg} did not settle after {SYNC_PASSES_MAX} passes");
+        let mut changed = false;
+        for object in objects.open_objects() {
+            if object.id == 0 || !object.dirty.get() {
+                continue;
+            }
+            objects.sync_object(&object, &mut context)?;
+            object.dirty.set(false);
+            let mut bytes = [0u8; DNODE_BYTES];
+            object.dnode().encode(&mut bytes);
+            objects.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &bytes)?;
+            changed = true;
+        }
+        let records = pool.store.allocator.borrow_mut().take_pending();
+        if !records.is_empty() {
+            log_space_maps(pool, records, txg, &mut condensed)?;
+            changed = true;
+        }
+        if table.dirty.get() || table.has_dirty_nodes() {
+            objects.sync_object(&table, &mut context)?;
+            table.dirty.set(false);
+            changed = true;
+        }
+        if !changed {
+            break;
+        }
+    }
+    let config = if pool.config_dirty.replace(false) {
+        let mut config = pool.config.borrow_mut();
+        config.config_txg = txg;
+        Some(config.clone())
+    } else {
+        None
+    };
+    let config_now = pool.config.borrow();
+    let uberblock = Uberblock {
+        txg,
+        pool_guid: pool.guid,
+        guid_sum: config_now.guid_sum(),
+        timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_nanos() as u64).unwrap_or(0),
+        config_txg: config_now.config_txg,
+        dnode_table: table.dnode(),
+    };
+    pool.txg.open.set(txg + 1);
+    pool.store.set_open_txg(txg + 1);
+    objects.reset_dirty_bytes();
+    Ok(BuiltTxg { txg, context, uberblock, config, passes })
+}
+
+/// Appends each metaslab's records for `txg` to its space map (creating the map on
+/// first use), or rewrites the map minimally when it has grown long.
+fn log_space_maps(pool: &Pool, records: Vec<(u32, u32, Vec<Record>)>, txg: u64, condensed: &mut BTreeSet<(u32, u32)>) -> Result<(), ObjectError> {
+    let objects = &pool.objects;
+    for (vdev, metaslab_index, batch) in records {
+        let (map_id, condense, array_id) = {
+            let allocator = pool.store.allocator.borrow();
+            let metaslab = &allocator.vdevs[vdev as usize].metaslabs[metaslab_index as usize];
+            (metaslab.space_map_object, metaslab.should_condense() && !condensed.contains(&(vdev, metaslab_index)), allocator.vdevs[vdev as usize].array_object)
+        };
+        let map = if map_id == 0 {
+            let id = pool.allocate_object_id();
+            let map = objects.create(id, new_dnode(ObjectType::SpaceMap, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
+            let array = objects.get(array_id).ok_or(ObjectError::NoSuchObject(array_id))?;
+            objects.write_bytes_cached(&array, metaslab_index as u64 * 8, &id.to_le_bytes())?;
+            pool.store.allocator.borrow_mut().vdevs[vdev as usize].metaslabs[metaslab_index as usize].space_map_object = id;
+            map
+        } else {
+            objects.get(map_id).ok_or(ObjectError::NoSuchObject(map_id))?
+        };
+        if condense {
+            let minimal = pool.store.allocator.borrow().vdevs[vdev as usize].metaslabs[metaslab_index as usize].condensed_records(txg);
+            objects.truncate_cached(&map, 0)?;
+            objects.write_bytes_cached(&map, 0, &encode_records(&minimal))?;
+            pool.store.allocator.borrow_mut().vdevs[vdev as usize].metaslabs[metaslab_index as usize].space_map_records = minimal.len() as u64;
+            condensed.insert((vdev, metaslab_index));
+        } else {
+            let mut all = Vec::with_capacity(batch.len() + 1);
+            all.push(Record::Txg(txg));
+            all.extend(batch);
+            let end = map.dnode().length_bytes;
+            objects.write_bytes_cached(&map, end, &encode_records(&all))?;
+            pool.store.allocator.borrow_mut().vdevs[vdev as usize].metaslabs[metaslab_index as usize].space_map_records += all.len() as u64;
+        }
+    }
+    Ok(())
+}
+
+/// Step 2: writes a built txg in the order that makes it atomic.
+async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
+    let store = &pool.store;
+    let mut writes = Vec::with_capacity(built.context.writes.len());
+    for (dva, buffer) in built.context.writes.values() {
+        let top = store.vdevs[dva.vdev as usize].clone();
+        let data = if buffer.len() == dva.asize as usize {
+            BufSlice::whole(buffer.clone())
+        } else {
+            let mut padded = AlignedBuf::zeroed(dva.asize as usize);
+            padded[..buffer.len()].copy_from_slice(buffer);
+            BufSlice::whole(padded.into_shared())
+        };
+        let offset = dva.offset;
+        writes.push(async move { top.write(IoClass::AsyncWrite, offset, data, IoFlags::default()).await });
+    }
+    for result in futures_util::future::join_all(writes).await {
+        result.map_err(|error| PoolError::Io(format!("metadata write: {error}")))?;
+    }
+    store.flush_all().await?;
+    let leaves: Vec<_> = store.vdevs.iter().flat_map(|top| top.children.iter().map(move |leaf| (top.clone(), leaf.clone()))).collect();
+    if let Some(config) = &built.config {
+        write_config_labels(&leaves, config, &[0, 2]).await?;
+        store.flush_all().await?;
+    }
+    let mut uberblock_writes = Vec::new();
+    for (top, leaf) in &leaves {
+        if !leaf.is_online() {
+            continue;
+        }
+        let size = device_size_of(pool, leaf.guid);
+        uberblock_writes.push(write_uberblock(leaf, &built.uberblock, size, top.ashift));
+    }
+    let results = futures_util::future::join_all(uberblock_writes).await;
+    if !results.iter().any(|result| result.is_ok()) {
+        let reasons: Vec<String> = results.into_iter().filter_map(Result::err).collect();
+        return Err(PoolError::Io(format!("no uberblock could be written: {}", reasons.join("; "))));
+    }
+    store.flush_all().await?;
+    if let Some(config) = &built.config {
+        write_config_labels(&leaves, config, &[1, 3]).await?;
+        store.flush_all().await?;
+    }
+    Ok(())
+}
+
+fn device_size_of(pool: &Pool, leaf_guid: u64) -> u64 {
+    let config = pool.config.borrow();
+    config.find_leaf(leaf_guid).map(|(top, index)| top.children[index].device_size_bytes).unwrap_or(0)
+}
+
+async fn write_config_labels(leaves: &[(Rc<crate::vdev::TopVdev>, Rc<crate::vdev::LeafVdev>)], config: &PoolConfig, indexes: &[usize]) -> Result<(), PoolError> {
+    let mut any_ok = false;
+    let mut reasons = Vec::new();
+    for (_, leaf) in leaves {
+        if !leaf.is_online() {
+            continue;
+        }
+        let Some((top, index)) = config.find_leaf(leaf.guid) else { continue };
+        let label = Label { pool_guid: config.pool_guid, leaf_guid: leaf.guid, config_txg: config.config_txg, config: config.clone() };
+        match write_labels(leaf, &label, top.children[index].device_size_bytes, indexes).await {
+            Ok(()) => any_ok = true,
+            Err(reason) => reasons.push(reason),
+        }
+    }
+    if any_ok {
+        Ok(())
+    } else {
+        Err(PoolError::Io(format!("no label could be written: {}", reasons.join("; "))))
+    }
+}
+
+/// After a txg is durable: deferred frees move on, waiters are released.
+async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
+    let store = &pool.store;
+    // No space freed two txgs ago may be reused while a repair or an older read
+    // could still be using it.
+    store.repairs_quiesced().await;
+    if built.txg > crate::alloc::DEFER_TXGS {
+        store.reads_quiesced(built.txg - crate::alloc::DEFER_TXGS).await;
+    }
+    store.allocator.borrow_mut().sync_done(built.txg);
+    pool.objects.set_durable_txg(built.txg);
+    let state = &pool.txg;
+    state.durable.set(built.txg);
+    state.last_commit.set(rt::now());
+    if !state.fatal.get() {
+        *state.suspended.borrow_mut() = None;
+    }
+    let elapsed = rt::now().duration_since(started);
+    bump(state, |stats| {
+        stats.commits += 1;
+        stats.last_commit_us = elapsed.as_micros() as u64;
+        stats.last_commit_metadata_bytes = built.context.bytes();
+        stats.last_commit_passes = built.passes as u64;
+    });
+    state.done.notify_all();
+}

@@ -1,0 +1,472 @@
+//! Volumes: block devices made of a copy-on-write tree of `volblocksize` blocks.
+//!
+//! The I/O path is direct and asynchronous:
+//! - a write of whole blocks allocates new space, writes the client's bytes there
+//!   (no copy: the device I/O points into the buffer the request arrived in),
+//!   then links the new pointer into the tree and frees the old block;
+//! - a write of part of a block reads the old block, merges, and writes it the
+//!   same way (read-modify-write, counted);
+//! - a read looks up the pointer and reads the block, verified, from a device;
+//!   never-written blocks are holes and read as zeros without I/O;
+//! - blocks of zeros (written, zeroed or trimmed) become holes.
+//!
+//! Writes to the same block are serialised by a per-block lock so that partial
+//! writes to different parts of one block both land; writes to different blocks
+//! run concurrently, and all of them reach the device queue at once.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use super::directory::VolumeRecord;
+use super::{Pool, PoolError};
+use crate::block::BlockError;
+use crate::format::bp::Compression;
+use crate::format::{BlockPointer, ObjectType};
+use crate::object::Object;
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::sync::Notify;
+use crate::vdev::queue::IoClass;
+
+/// Largest volblocksize: 128 KiB (as OpenZFS's default maximum for zvols).
+pub const VOLUME_BLOCK_BYTES_MAX: u32 = 128 * 1024;
+/// Default volblocksize: 16 KiB, OpenZFS's zvol default.
+pub const VOLUME_BLOCK_BYTES_DEFAULT: u32 = 16 * 1024;
+/// Largest volume: 2^56 bytes, the reach of space map offsets.
+pub const VOLUME_SIZE_MAX_BYTES: u64 = 1 << 56;
+/// Offsets and lengths of volume I/O must be multiples of this (the NBD minimum
+/// block size advertised to clients; a 512-byte sector, like any disk).
+pub const IO_ALIGNMENT_BYTES: u64 = 512;
+/// Blocks of one request processed at once: bounds the tasks and memory a single
+/// large request (up to 32 MiB) holds, while keeping many I/Os in flight.
+const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
+/// Times a read retries when its block changed under it (a concurrent overwrite).
+const READ_RETRIES: usize = 3;
+/// Most extents one block-status answer reports (the rest is asked again).
+pub const BLOCK_STATUS_EXTENTS_MAX: usize = 65536;
+
+/// What the volume's I/O did (cumulative since import).
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct VolumeStats {
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Reads and writes served without any cache copy (all of them today: the
+    /// engine has no data cache).
+    pub direct_read_ops: u64,
+    pub direct_write_ops: u64,
+    /// Partial-block writes that had to read the old block first.
+    pub rmw_write_ops: u64,
+    /// Reads of never-written blocks (answered with zeros, no device I/O).
+    pub hole_read_ops: u64,
+    /// Blocks of zeros stored as holes.
+    pub zero_blocks: u64,
+    pub trim_ops: u64,
+    pub zero_ops: u64,
+    pub flush_ops: u64,
+}
+
+/// A piece of a read's answer.
+pub enum ReadPiece {
+    Data(BufSlice),
+    Zeros(usize),
+}
+
+impl ReadPiece {
+    pub fn len(&self) -> usize {
+        match self {
+            ReadPiece::Data(slice) => slice.len(),
+            ReadPiece::Zeros(length) => *length,
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A volume.
+pub struct Volume {
+    pub name: String,
+    pub object: Rc<Object>,
+    pub size_bytes: Cell<u64>,
+    pub block_bytes: u64,
+    pub read_only: Cell<bool>,
+    destroying: Cell<bool>,
+    locked: RefCell<rustc_hash::FxHashSet<u64>>,
+    unlocked: Notify,
+    stats: Cell<VolumeStats>,
+}
+
+/// A new directory record.
+pub fn record(object: u64, size_bytes: u64, block_bytes: u32, created_txg: u64, properties: BTreeMap<String, String>) -> VolumeRecord {
+    VolumeRecord { object, size_bytes, block_bytes, created_txg, properties }
+}
+
+impl Volume {
+    pub fn new(name: String, object: Rc<Object>, record: &VolumeRecord) -> Rc<Volume> {
+        let read_only = record.properties.get("readonly").is_some_and(|value| value == "on");
+        Rc::new(Volume {
+            name,
+            object,
+            size_bytes: Cell::new(record.size_bytes),
+            block_bytes: record.block_bytes as u64,
+            read_only: Cell::new(read_only),
+            destroying: Cell::new(false),
+            locked: RefCell::default(),
+            unlocked: Notify::new(),
+            stats: Cell::new(VolumeStats::default()),
+        })
+    }
+
+    /// The name within the pool.
+    pub fn short_name(&self) -> &str {
+        self.name.split_once('/').map(|(_, short)| short).unwrap_or(&self.name)
+    }
+
+    pub fn stats(&self) -> VolumeStats {
+        self.stats.get()
+    }
+
+    fn count(&self, update: impl FnOnce(&mut VolumeStats)) {
+        let mut stats = self.stats.get();
+        update(&mut stats);
+        self.stats.set(stats);
+    }
+
+    pub(crate) fn begin_destroy(&self) {
+        self.destroying.set(true);
+    }
+
+    fn check(&self, offset: u64, length: u64) -> Result<(), PoolError> {
+        if self.destroying.get() {
+            return Err(PoolError::NoSuchVolume(self.name.clone()));
+        }
+        let size = self.size_bytes.get();
+        if offset.checked_add(length).is_none_or(|end| end > size) {
+            return Err(PoolError::OutOfRange { offset, length, size });
+        }
+        if offset % IO_ALIGNMENT_BYTES != 0 || length % IO_ALIGNMENT_BYTES != 0 {
+            return Err(PoolError::Misaligned { offset, length, alignment: IO_ALIGNMENT_BYTES });
+        }
+        Ok(())
+    }
+
+    fn check_writable(&self, offset: u64, length: u64) -> Result<(), PoolError> {
+        self.check(offset, length)?;
+        if self.read_only.get() {
+            return Err(PoolError::ReadOnly(self.name.clone()));
+        }
+        Ok(())
+    }
+
+    /// Takes the per-block write locks of blocks `first..=last`, in ascending order
+    /// (so two requests never wait on each other in a cycle).
+    async fn lock(&self, first: u64, last: u64) -> BlockLocks<'_> {
+        for blkid in first..=last {
+            loop {
+                let free = !self.locked.borrow().contains(&blkid);
+                if free {
+                    self.locked.borrow_mut().insert(blkid);
+                    break;
+                }
+                self.unlocked.notified().await;
+            }
+        }
+        BlockLocks { volume: self, first, last }
+    }
+}
+
+struct BlockLocks<'a> {
+    volume: &'a Volume,
+    first: u64,
+    last: u64,
+}
+
+impl Drop for BlockLocks<'_> {
+    fn drop(&mut self) {
+        let mut locked = self.volume.locked.borrow_mut();
+        for blkid in self.first..=self.last {
+            locked.remove(&blkid);
+        }
+        drop(locked);
+        self.volume.unlocked.notify_all();
+    }
+}
+
+/// What a write puts into one block.
+enum BlockContent {
+    /// The whole block.
+    Full(BufSlice),
+    /// Part of the block at `within`.
+    Partial { within: usize, data: BufSlice },
+    /// Zeros over the whole block.
+    Zero,
+    /// Zeros over part of the block.
+    PartialZero { within: usize, length: usize },
+}
+
+/// True when every byte is zero (fast on random data: stops at the first non-zero).
+pub fn is_zero(bytes: &[u8]) -> bool {
+    let (head, words, tail) = unsafe {
+        // SAFETY: u128 has no invalid bit patterns; align_to only reinterprets
+        // the aligned middle of the slice.
+        bytes.align_to::<u128>()
+    };
+    head.iter().all(|byte| *byte == 0) && words.iter().all(|word| *word == 0) && tail.iter().all(|byte| *byte == 0)
+}
+
+impl Pool {
+    /// Reads `length` bytes at `offset` of `volume`.
+    pub async fn read(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64) -> Result<Vec<ReadPiece>, PoolError> {
+        volume.check(offset, length)?;
+        let block = volume.block_bytes;
+        let mut pieces = Vec::new();
+        let mut position = offset;
+        let end = offset + length;
+        let mut ranges = Vec::new();
+        while position < end {
+            let blkid = position / block;
+            let within = position % block;
+            let chunk = (block - within).min(end - position);
+            ranges.push((blkid, within as usize, chunk as usize));
+            position += chunk;
+        }
+        for batch in ranges.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
+            let reads = batch.iter().map(|&(blkid, within, chunk)| self.read_block_range(volume, blkid, within, chunk));
+            for piece in futures_util::future::join_all(reads).await {
+                pieces.push(piece?);
+            }
+        }
+        volume.count(|stats| {
+            stats.read_ops += 1;
+            stats.direct_read_ops += 1;
+            stats.read_bytes += length;
+        });
+        Ok(pieces)
+    }
+
+    async fn read_block_range(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, within: usize, length: usize) -> Result<ReadPiece, PoolError> {
+        match self.read_block(volume, blkid).await? {
+            None => {
+                volume.count(|stats| stats.hole_read_ops += 1);
+                Ok(ReadPiece::Zeros(length))
+            }
+            Some(data) => Ok(ReadPiece::Data(BufSlice::new(data.into_shared(), within..within + length))),
+        }
+    }
+
+    /// Reads one whole block (None for a hole). Retries when the block changed
+    /// while it was being read (its old copy was overwritten and reused).
+    async fn read_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64) -> Result<Option<AlignedBuf>, PoolError> {
+        let mut attempt = 0;
+        loop {
+            let pointer = self.objects.block_pointer(&volume.object, blkid).await?;
+            if pointer.is_hole() {
+                return Ok(None);
+            }
+            match self.store.read(&pointer, IoClass::SyncRead).await {
+                Ok(data) => return Ok(Some(data)),
+                Err(BlockError::Unreadable { location, detail }) => {
+                    let now = self.objects.block_pointer(&volume.object, blkid).await?;
+                    attempt += 1;
+                    if now == pointer || attempt > READ_RETRIES {
+                        return Err(PoolError::Io(format!("{} block {blkid}: no valid copy at {location}: {detail}", volume.name)));
+                    }
+                }
+                Err(other) => return Err(other.into()),
+            }
+        }
+    }
+
+    /// Writes `data` at `offset` of `volume`; with `fua`, returns once it is durable.
+    pub async fn write(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, data: BufSlice, fua: bool) -> Result<(), PoolError> {
+        let length = data.len() as u64;
+        volume.check_writable(offset, length)?;
+        self.txg.ensure_writable()?;
+        if length == 0 {
+            return Ok(());
+        }
+        self.txg.throttle(self).await;
+        let block = volume.block_bytes;
+        let first = offset / block;
+        let last = (offset + length - 1) / block;
+        let _locks = volume.lock(first, last).await;
+        let mut contents = Vec::with_capacity((last - first + 1) as usize);
+        let mut position = offset;
+        while position < offset + length {
+            let blkid = position / block;
+            let within = (position % block) as usize;
+            let chunk = (block as usize - within).min((offset + length - position) as usize);
+            let slice = data.slice((position - offset) as usize..(position - offset) as usize + chunk);
+            let content = if chunk as u64 == block { BlockContent::Full(slice) } else { BlockContent::Partial { within, data: slice } };
+            contents.push((blkid, content));
+            position += chunk as u64;
+        }
+        self.apply_contents(volume, contents).await?;
+        volume.count(|stats| {
+            stats.write_ops += 1;
+            stats.direct_write_ops += 1;
+            stats.write_bytes += length;
+        });
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    /// Makes `offset..offset+length` read as zeros; whole blocks become holes
+    /// (TRIM and WRITE_ZEROES both end here: a trimmed range reads as zeros).
+    pub async fn zero(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64, fua: bool, trim: bool) -> Result<(), PoolError> {
+        volume.check_writable(offset, length)?;
+        self.txg.ensure_writable()?;
+        if length == 0 {
+            return Ok(());
+        }
+        self.txg.throttle(self).await;
+        let block = volume.block_bytes;
+        let end = offset + length;
+        // Process large ranges a slice at a time so locks and memory stay bounded.
+        let mut position = offset;
+        while position < end {
+            let slice_end = end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
+            let first = position / block;
+            let last = (slice_end - 1) / block;
+            let _locks = volume.lock(first, last).await;
+            let mut contents = Vec::new();
+            let mut cursor = position;
+            while cursor < slice_end {
+                let blkid = cursor / block;
+                let within = (cursor % block) as usize;
+                let chunk = (block as usize - within).min((slice_end - cursor) as usize);
+                let content = if chunk as u64 == block { BlockContent::Zero } else { BlockContent::PartialZero { within, length: chunk } };
+                contents.push((blkid, content));
+                cursor += chunk as u64;
+            }
+            self.apply_contents(volume, contents).await?;
+            position = slice_end;
+        }
+        volume.count(|stats| if trim { stats.trim_ops += 1 } else { stats.zero_ops += 1 });
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
+    async fn apply_contents(self: &Rc<Self>, volume: &Rc<Volume>, contents: Vec<(u64, BlockContent)>) -> Result<(), PoolError> {
+        let mut contents = contents.into_iter();
+        loop {
+            let batch: Vec<(u64, BlockContent)> = contents.by_ref().take(BLOCKS_IN_FLIGHT_PER_REQUEST).collect();
+            if batch.is_empty() {
+                return Ok(());
+            }
+            let writes = batch.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content));
+            for result in futures_util::future::join_all(writes).await {
+                result?;
+            }
+        }
+    }
+
+    /// Puts `content` into block `blkid` (the caller holds its lock).
+    async fn write_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, content: BlockContent) -> Result<(), PoolError> {
+        let block = volume.block_bytes as usize;
+        let data: Option<BufSlice> = match content {
+            BlockContent::Full(slice) => (!is_zero(&slice)).then_some(slice),
+            BlockContent::Zero => None,
+            BlockContent::Partial { within, data } => {
+                let mut merged = self.read_block(volume, blkid).await?.unwrap_or_else(|| AlignedBuf::zeroed(block));
+                merged[within..within + data.len()].copy_from_slice(&data);
+                volume.count(|stats| stats.rmw_write_ops += 1);
+                (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
+            }
+            BlockContent::PartialZero { within, length } => match self.read_block(volume, blkid).await? {
+                None => None,
+                Some(mut merged) => {
+                    merged[within..within + length].fill(0);
+                    (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
+                }
+            },
+        };
+        let mut pointer = match &data {
+            None => {
+                volume.count(|stats| stats.zero_blocks += 1);
+                BlockPointer::hole(0, ObjectType::VolumeData, 0)
+            }
+            Some(data) => {
+                let algo = volume.object.dnode().checksum_algo;
+                let checksum = algo.compute(data);
+                let dvas = self.store.allocate(block as u64, false, 1).map_err(|_| PoolError::NoSpace)?;
+                if let Err(error) = self.store.write(&dvas, data.clone(), IoClass::SyncWrite).await {
+                    self.store.release(&dvas);
+                    return Err(error.into());
+                }
+                BlockPointer {
+                    dvas,
+                    birth_txg: 0,
+                    logical_size: block as u32,
+                    physical_size: block as u32,
+                    level: 0,
+                    object_type: ObjectType::VolumeData,
+                    checksum_algo: algo,
+                    compression: Compression::Off,
+                    fill: 1,
+                    checksum,
+                }
+            }
+        };
+        // Link: load the path, then change the tree, log the allocation and the
+        // free in one step, all in the txg open at that moment.
+        self.objects.load_path(&volume.object, blkid).await?;
+        if pointer.is_hole() && self.objects.block_pointer_cached(&volume.object, blkid)?.is_hole() {
+            return Ok(()); // zeros over a hole: nothing changes
+        }
+        pointer.birth_txg = self.txg.open();
+        let old = match self.objects.set_block_pointer_cached(&volume.object, blkid, pointer) {
+            Ok(old) => old,
+            Err(error) => {
+                if !pointer.is_hole() {
+                    self.store.release(&pointer.dvas);
+                }
+                return Err(error.into());
+            }
+        };
+        if !pointer.is_hole() {
+            self.store.commit(&pointer);
+        }
+        if !old.is_hole() {
+            self.store.free(&old);
+        }
+        Ok(())
+    }
+
+    /// Allocation status of `offset..offset+length`: runs of (bytes, allocated),
+    /// stopping after `BLOCK_STATUS_EXTENTS_MAX` runs.
+    pub async fn block_status(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64) -> Result<Vec<(u64, bool)>, PoolError> {
+        volume.check(offset, length)?;
+        let block = volume.block_bytes;
+        let end = offset + length;
+        let mut runs: Vec<(u64, bool)> = Vec::new();
+        let mut position = offset;
+        while position < end && runs.len() < BLOCK_STATUS_EXTENTS_MAX {
+            let blkid = position / block;
+            let holes = self.objects.hole_span(&volume.object, blkid).await?;
+            let (blocks, allocated) = if holes > 0 { (holes, false) } else { (1, true) };
+            let run_end = end.min((blkid.saturating_add(blocks)).saturating_mul(block));
+            let bytes = run_end - position;
+            match runs.last_mut() {
+                Some((last_bytes, last_allocated)) if *last_allocated == allocated => *last_bytes += bytes,
+                _ => runs.push((bytes, allocated)),
+            }
+            position = run_end;
+        }
+        Ok(runs)
+    }
+
+    /// Counts a client flush on the volume's statistics.
+    pub fn count_flush(&self, volume: &Volume) {
+        volume.count(|stats| stats.flush_ops += 1);
+    }
+}

@@ -1,0 +1,186 @@
+//! Deterministic tests of the I/O queue on a simulated device.
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::*;
+use crate::dev::sim::{SimDevice, SimLatency};
+use crate::rt::Runtime;
+
+fn setup(seed: u64) -> (Rc<SimDevice>, Rc<VdevQueue>) {
+    let device = SimDevice::new("q", 64 << 20, seed);
+    device.set_latency(SimLatency { minimum_us: 50, maximum_us: 50, spike_every: 0, spike_us: 0 });
+    let queue = VdevQueue::new(Some(device.clone() as Rc<dyn Device>), QueueTunables::default());
+    (device, queue)
+}
+
+fn pattern(length: usize, seed: u8) -> BufSlice {
+    let mut buffer = AlignedBuf::zeroed(length);
+    for (index, byte) in buffer.iter_mut().enumerate() {
+        *byte = (index as u8).wrapping_mul(31).wrapping_add(seed);
+    }
+    BufSlice::whole(buffer.into_shared())
+}
+
+#[test]
+fn adjacent_writes_of_different_classes_merge_into_one_device_io() {
+    let runtime = Runtime::new_sim(1);
+    runtime.block_on(async {
+        let (device, queue) = setup(1);
+        let first = queue.write(IoClass::SyncWrite, 0, pattern(4096, 1), IoFlags::default());
+        let second = queue.write(IoClass::AsyncWrite, 4096, pattern(4096, 2), IoFlags::default());
+        let third = queue.write(IoClass::Scrub, 8192, pattern(8192, 3), IoFlags::default());
+        let (a, b, c) = futures_util::future::join3(first, second, third).await;
+        a.unwrap();
+        b.unwrap();
+        c.unwrap();
+        assert_eq!(device.counters().writes, 1, "three adjacent writes should be one device write");
+        let stats = queue.stats();
+        assert_eq!(stats.write_ops, 1);
+        assert_eq!(stats.write_requests, 3);
+        assert_eq!(stats.write_bytes, 16384);
+        assert_eq!(&device.peek(0, 4096)[..], &pattern(4096, 1)[..]);
+        assert_eq!(&device.peek(4096, 4096)[..], &pattern(4096, 2)[..]);
+        assert_eq!(&device.peek(8192, 8192)[..], &pattern(8192, 3)[..]);
+    });
+}
+
+#[test]
+fn merged_reads_hand_each_child_its_own_bytes_across_gaps() {
+    let runtime = Runtime::new_sim(2);
+    runtime.block_on(async {
+        let (device, queue) = setup(2);
+        queue.write(IoClass::SyncWrite, 0, pattern(65536, 9), IoFlags::default()).await.unwrap();
+        let reads_before = device.counters().reads;
+        // Two reads with an 8 KiB gap (under the 32 KiB read gap limit), one of a
+        // different class.
+        let first = queue.read(IoClass::SyncRead, 4096, 4096, IoFlags::default());
+        let second = queue.read(IoClass::AsyncRead, 16384, 8192, IoFlags::default());
+        let (a, b) = futures_util::future::join(first, second).await;
+        let whole = pattern(65536, 9);
+        assert_eq!(&a.unwrap()[..], &whole[4096..8192]);
+        assert_eq!(&b.unwrap()[..], &whole[16384..24576]);
+        assert_eq!(device.counters().reads - reads_before, 1, "the two reads should be one device read");
+    });
+}
+
+#[test]
+fn writes_with_a_gap_do_not_merge_and_repairs_stay_apart() {
+    let runtime = Runtime::new_sim(3);
+    runtime.block_on(async {
+        let (device, queue) = setup(3);
+        let first = queue.write(IoClass::SyncWrite, 0, pattern(4096, 1), IoFlags::default());
+        let gap = queue.write(IoClass::SyncWrite, 8192, pattern(4096, 2), IoFlags::default());
+        let repair = queue.write(IoClass::SyncWrite, 4096, pattern(4096, 3), IoFlags { repair: true, ..IoFlags::default() });
+        let (a, b, c) = futures_util::future::join3(first, gap, repair).await;
+        a.unwrap();
+        b.unwrap();
+        c.unwrap();
+        assert_eq!(device.counters().writes, 3);
+    });
+}
+
+#[test]
+fn optional_writes_join_past_the_limit_and_vanish_alone() {
+    let runtime = Runtime::new_sim(4);
+    runtime.block_on(async {
+        let (device, queue) = setup(4);
+        let mut tunables = QueueTunables::default();
+        tunables.aggregation_limit_bytes = 8192;
+        queue.set_tunables(tunables);
+        // required 4K, optional 8K pad, required 4K: a 16K span, but only 8K of it
+        // counts against the 8K limit, so all three go out as one write.
+        let optional = IoFlags { optional: true, ..IoFlags::default() };
+        let a = queue.write(IoClass::AsyncWrite, 0, pattern(4096, 1), IoFlags::default());
+        let pad = queue.write(IoClass::AsyncWrite, 4096, BufSlice::whole(AlignedBuf::zeroed(8192).into_shared()), optional);
+        let b = queue.write(IoClass::AsyncWrite, 12288, pattern(4096, 2), IoFlags::default());
+        let (a, pad, b) = futures_util::future::join3(a, pad, b).await;
+        a.unwrap();
+        pad.unwrap();
+        b.unwrap();
+        assert_eq!(device.counters().writes, 1, "the pad should bridge the two required writes");
+        assert_eq!(queue.stats().write_bytes, 16384);
+        let before = device.counters().writes;
+        // A lone optional I/O is dropped: no device write at all.
+        queue.write(IoClass::AsyncWrite, 1 << 20, BufSlice::whole(AlignedBuf::zeroed(4096).into_shared()), optional).await.unwrap();
+        assert_eq!(device.counters().writes, before);
+        assert_eq!(queue.stats().optional_dropped, 1);
+    });
+}
+
+#[test]
+fn a_trailing_optional_write_is_not_written() {
+    let runtime = Runtime::new_sim(5);
+    runtime.block_on(async {
+        let (device, queue) = setup(5);
+        let optional = IoFlags { optional: true, ..IoFlags::default() };
+        let a = queue.write(IoClass::AsyncWrite, 0, pattern(4096, 1), IoFlags::default());
+        let pad = queue.write(IoClass::AsyncWrite, 4096, BufSlice::whole(AlignedBuf::zeroed(4096).into_shared()), optional);
+        let (a, pad) = futures_util::future::join(a, pad).await;
+        a.unwrap();
+        pad.unwrap();
+        assert_eq!(device.counters().writes, 1);
+        assert_eq!(queue.stats().write_bytes, 4096, "a trailing pad must not be written");
+        assert_eq!(queue.stats().optional_dropped, 1);
+    });
+}
+
+#[test]
+fn class_choice_follows_min_then_max_active() {
+    let tunables = QueueTunables::default();
+    let mut state = State {
+        next_id: 0,
+        pending: Default::default(),
+        fifo: Default::default(),
+        queued: [0; CLASS_COUNT],
+        by_offset: [BTreeSet::new(), BTreeSet::new()],
+        active: [0; CLASS_COUNT],
+        active_total: 0,
+        round_robin_next: 0,
+    };
+    state.queued[IoClass::SyncRead as usize] = 5;
+    state.queued[IoClass::Scrub as usize] = 5;
+    // Both below their minimum: round robin picks sync read first, then scrub.
+    assert_eq!(choose_class(&state, &tunables), Some(IoClass::SyncRead));
+    state.round_robin_next = IoClass::SyncWrite as usize;
+    // Scrub is background and sync reads are queued: scrub is held to its minimum (2).
+    assert_eq!(choose_class(&state, &tunables), Some(IoClass::Scrub));
+    state.active[IoClass::Scrub as usize] = 2;
+    assert_eq!(choose_class(&state, &tunables), Some(IoClass::SyncRead));
+    // Sync read at its maximum and scrub at its held maximum: nothing to issue.
+    state.active[IoClass::SyncRead as usize] = 256;
+    assert_eq!(choose_class(&state, &tunables), None);
+    // With no interactive I/O queued or active, scrub may go up to its maximum.
+    state.queued[IoClass::SyncRead as usize] = 0;
+    state.active[IoClass::SyncRead as usize] = 0;
+    assert_eq!(choose_class(&state, &tunables), Some(IoClass::Scrub));
+    state.active[IoClass::Scrub as usize] = 16;
+    assert_eq!(choose_class(&state, &tunables), None);
+}
+
+#[test]
+fn a_sync_read_is_not_starved_by_a_flood_of_async_writes() {
+    let runtime = Runtime::new_sim(6);
+    runtime.block_on(async {
+        let (_device, queue) = setup(6);
+        let mut writes = Vec::new();
+        // 2000 non-adjacent async writes (no aggregation help).
+        for index in 0..2000u64 {
+            let queue = queue.clone();
+            writes.push(crate::rt::spawn(async move { queue.write(IoClass::AsyncWrite, index * 8192, pattern(4096, 1), IoFlags::default()).await }));
+        }
+        crate::rt::sleep(Duration::from_micros(10)).await;
+        let started = crate::rt::now();
+        queue.read(IoClass::SyncRead, 4096, 4096, IoFlags::default()).await.unwrap();
+        let read_latency = crate::rt::now().duration_since(started);
+        let writes_started = crate::rt::now();
+        for write in writes {
+            write.await.unwrap();
+        }
+        let rest = crate::rt::now().duration_since(writes_started);
+        // Each device I/O takes 50 us; async writes run at most 128 at a time, so
+        // the read waits at most one round of them.
+        assert!(read_latency <= Duration::from_micros(200), "sync read waited {read_latency:?}");
+        assert!(rest > read_latency * 4, "the writes should still have been running ({rest:?})");
+    });
+}

@@ -19,3 +19,5 @@ pub mod dev;
 pub mod object;
 pub mod pool;
 pub mod vdev;
+pub mod nbd;
+pub mod control;

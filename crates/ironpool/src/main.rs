@@ -1,1 +1,176 @@
-fn main() {}
+//! The `ironpool` command: create and serve pools, manage volumes, watch I/O.
+
+mod cli;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+/// ironpool: a copy-on-write, checksummed storage pool with an asynchronous
+/// io_uring I/O path, serving volumes over NBD.
+#[derive(Parser)]
+#[command(name = "ironpool", version, about, long_about = None)]
+struct Cli {
+    /// Control socket of a running server (default: /run/ironpool/POOL.ctl when it exists).
+    #[arg(long, global = true, env = "IRONPOOL_CONTROL")]
+    control: Option<PathBuf>,
+    /// Print machine-readable JSON.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror] DEV... [mirror DEV...]`.
+    Create {
+        /// Overwrite devices that belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Create missing device files of this size (sparse), e.g. 2G.
+        #[arg(long)]
+        size: Option<String>,
+        pool: String,
+        /// Devices, each group optionally introduced by `mirror`.
+        #[arg(required = true, num_args = 1..)]
+        devices: Vec<String>,
+    },
+    /// Import a pool and serve its volumes over NBD until SIGINT/SIGTERM.
+    Serve {
+        /// Directory to look for the pool's devices in (repeatable).
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// Where to listen: unix:PATH or tcp:HOST:PORT (repeatable; default unix:/run/ironpool/POOL.sock).
+        #[arg(long)]
+        nbd: Vec<String>,
+        /// Write the server's PID here once it is listening.
+        #[arg(long)]
+        pidfile: Option<PathBuf>,
+        pool: String,
+    },
+    /// Manage volumes.
+    Volume {
+        #[command(subcommand)]
+        command: VolumeCommand,
+    },
+    /// Show pool health, devices, error counters and scrub state.
+    Status {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
+    /// List pools with capacity and health.
+    List {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: Option<String>,
+    },
+    /// Verify every copy of every block and repair bad ones.
+    Scrub {
+        /// Wait until the scrub ends, showing progress.
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Stop a running scrub.
+        #[arg(short = 's')]
+        stop: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
+    /// Per-device I/O statistics: `iostat [-q] [-l] [-r] POOL [INTERVAL [COUNT]]`.
+    Iostat {
+        /// Queued and active I/Os per priority class.
+        #[arg(short = 'q')]
+        queues: bool,
+        /// Average latencies per class.
+        #[arg(short = 'l')]
+        latency: bool,
+        /// Request size histograms (individual and aggregated).
+        #[arg(short = 'r')]
+        sizes: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        /// Seconds between reports.
+        interval: Option<f64>,
+        /// Number of reports.
+        count: Option<u64>,
+    },
+    /// Check space accounting against a walk of every block (like zdb -b).
+    Check {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
+    /// Show or set I/O queue and txg tunables: `tune POOL [NAME VALUE]`.
+    Tune {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        name: Option<String>,
+        value: Option<String>,
+    },
+    /// Run the storage benchmark suites and write a report.
+    Bench(ironpool_bench::BenchArgs),
+}
+
+#[derive(Subcommand)]
+enum VolumeCommand {
+    /// Create a volume: `volume create POOL/NAME SIZE [-o volblocksize=16K]`.
+    Create {
+        name: String,
+        size: String,
+        /// Properties: volblocksize=SIZE, checksum=xxh3|fletcher4|blake3, org:key=value.
+        #[arg(short = 'o')]
+        options: Vec<String>,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+    /// List a pool's volumes.
+    List {
+        pool: String,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+    /// Destroy a volume and free its space.
+    Destroy {
+        name: String,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let context = cli::Context { control: cli.control.clone(), json: cli.json };
+    let result = match cli.command {
+        Command::Create { force, size, pool, devices } => cli::create(&context, &pool, &devices, force, size.as_deref()),
+        Command::Serve { dirs, nbd, pidfile, pool } => cli::serve::serve(&context, &pool, &dirs, &nbd, pidfile.as_deref()),
+        Command::Volume { command } => match command {
+            VolumeCommand::Create { name, size, options, dirs } => cli::volume_create(&context, &name, &size, &options, &dirs),
+            VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),
+            VolumeCommand::Destroy { name, dirs } => cli::volume_destroy(&context, &name, &dirs),
+        },
+        Command::Status { dirs, pool } => cli::status(&context, &pool, &dirs),
+        Command::List { dirs, pool } => cli::list(&context, pool.as_deref(), &dirs),
+        Command::Scrub { wait, stop, dirs, pool } => cli::scrub(&context, &pool, &dirs, wait, stop),
+        Command::Iostat { queues, latency, sizes, dirs, pool, interval, count } => {
+            cli::iostat::run(&context, &pool, &dirs, cli::iostat::Options { queues, latency, sizes, interval, count })
+        }
+        Command::Check { dirs, pool } => cli::check(&context, &pool, &dirs),
+        Command::Tune { dirs, pool, name, value } => cli::tune(&context, &pool, &dirs, name, value),
+        Command::Bench(args) => match std::env::current_exe() {
+            Ok(exe) => ironpool_bench::run(args, &exe).map_err(|error| format!("{error:#}")),
+            Err(error) => Err(format!("cannot find the ironpool executable: {error}")),
+        },
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("ironpool: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -201,6 +201,9 @@ impl Drop for BlockLocks<'_> {
 enum BlockContent {
     /// The whole block.
     Full(BufSlice),
+    /// The whole block, stored as data even if it is all zeros (WRITE_ZEROES with
+    /// NO_HOLE: the client wants the space allocated).
+    FullAllocated(BufSlice),
     /// Part of the block at `within`.
     Partial { within: usize, data: BufSlice },
     /// Zeros over the whole block.
@@ -356,6 +359,45 @@ impl Pool {
         Ok(())
     }
 
+    /// Writes zeros as allocated data blocks (NBD WRITE_ZEROES with NO_HOLE).
+    pub async fn write_allocated_zeroes(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64, fua: bool) -> Result<(), PoolError> {
+        volume.check_writable(offset, length)?;
+        self.txg.ensure_writable()?;
+        if length == 0 {
+            return Ok(());
+        }
+        self.txg.throttle(self).await;
+        let block = volume.block_bytes;
+        let zeros = BufSlice::whole(AlignedBuf::zeroed(block as usize).into_shared());
+        let end = offset + length;
+        let mut position = offset;
+        while position < end {
+            let slice_end = end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
+            let _locks = volume.lock(position / block, (slice_end - 1) / block).await;
+            let mut contents = Vec::new();
+            let mut cursor = position;
+            while cursor < slice_end {
+                let blkid = cursor / block;
+                let within = (cursor % block) as usize;
+                let chunk = (block as usize - within).min((slice_end - cursor) as usize);
+                let content = if chunk as u64 == block {
+                    BlockContent::FullAllocated(zeros.clone())
+                } else {
+                    BlockContent::PartialZero { within, length: chunk }
+                };
+                contents.push((blkid, content));
+                cursor += chunk as u64;
+            }
+            self.apply_contents(volume, contents).await?;
+            position = slice_end;
+        }
+        volume.count(|stats| stats.zero_ops += 1);
+        if fua {
+            self.flush().await?;
+        }
+        Ok(())
+    }
+
     async fn apply_contents(self: &Rc<Self>, volume: &Rc<Volume>, contents: Vec<(u64, BlockContent)>) -> Result<(), PoolError> {
         let mut contents = contents.into_iter();
         loop {
@@ -375,6 +417,7 @@ impl Pool {
         let block = volume.block_bytes as usize;
         let data: Option<BufSlice> = match content {
             BlockContent::Full(slice) => (!is_zero(&slice)).then_some(slice),
+            BlockContent::FullAllocated(slice) => Some(slice),
             BlockContent::Zero => None,
             BlockContent::Partial { within, data } => {
                 let mut merged = self.read_block(volume, blkid).await?.unwrap_or_else(|| AlignedBuf::zeroed(block));

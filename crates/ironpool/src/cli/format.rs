@@ -1,0 +1,165 @@
+//! Human-readable output in the spirit of `zpool status` / `zpool list`.
+
+use serde_json::Value;
+
+/// 1536 -> "1.5K", binary units like zpool.
+pub fn bytes(value: u64) -> String {
+    const UNITS: [&str; 7] = ["B", "K", "M", "G", "T", "P", "E"];
+    let mut scaled = value as f64;
+    let mut unit = 0;
+    while scaled >= 1024.0 && unit + 1 < UNITS.len() {
+        scaled /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{value}B")
+    } else if scaled >= 100.0 {
+        format!("{scaled:.0}{}", UNITS[unit])
+    } else {
+        format!("{scaled:.1}{}", UNITS[unit])
+    }
+}
+
+/// A count with a K/M suffix, for operations.
+pub fn count(value: f64) -> String {
+    if value >= 10_000_000.0 {
+        format!("{:.0}M", value / 1e6)
+    } else if value >= 10_000.0 {
+        format!("{:.0}K", value / 1e3)
+    } else if value >= 100.0 || value == 0.0 {
+        format!("{value:.0}")
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+fn number(value: &Value) -> u64 {
+    value.as_u64().unwrap_or(0)
+}
+
+/// One line about the scrub.
+pub fn scrub_line(scrub: &Value) -> String {
+    match scrub["state"].as_str().unwrap_or("none") {
+        "scanning" => format!(
+            "scrub in progress: {:.1}% done, {} of {} examined, {} copies repaired, {} errors",
+            scrub["progress_percent"].as_f64().unwrap_or(0.0),
+            bytes(number(&scrub["examined_bytes"])),
+            bytes(number(&scrub["total_bytes"])),
+            number(&scrub["repaired_copies"]),
+            number(&scrub["errors"])
+        ),
+        "finished" => format!(
+            "scrub repaired {} ({} bad copies) with {} errors, {} examined",
+            bytes(number(&scrub["repaired_bytes"])),
+            number(&scrub["bad_copies"]),
+            number(&scrub["errors"]),
+            bytes(number(&scrub["examined_bytes"]))
+        ),
+        _ => match scrub["last"].as_object() {
+            Some(last) => format!(
+                "last scrub repaired {} with {} errors ({}), finished at unix time {}",
+                bytes(last.get("repaired_bytes").and_then(Value::as_u64).unwrap_or(0)),
+                last.get("errors").and_then(Value::as_u64).unwrap_or(0),
+                if last.get("completed").and_then(Value::as_bool).unwrap_or(false) { "completed" } else { "cancelled" },
+                last.get("finished_unix_seconds").and_then(Value::as_u64).unwrap_or(0)
+            ),
+            None => "none requested".to_string(),
+        },
+    }
+}
+
+/// The `status` report.
+pub fn status(status: &Value) -> String {
+    let mut out = String::new();
+    out += &format!("  pool: {}\n", status["pool"].as_str().unwrap_or("?"));
+    out += &format!(" state: {}\n", status["health"].as_str().unwrap_or("?"));
+    if let Some(reason) = status["suspended"].as_str() {
+        out += &format!("status: suspended: {reason}\n");
+    }
+    for note in status["notes"].as_array().cloned().unwrap_or_default() {
+        out += &format!("  note: {}\n", note.as_str().unwrap_or(""));
+    }
+    out += &format!("  scan: {}\n", scrub_line(&status["scrub"]));
+    out += &format!(
+        " space: {} used of {} ({} free), txg {} durable\n",
+        bytes(number(&status["allocated_bytes"])),
+        bytes(number(&status["size_bytes"])),
+        bytes(number(&status["free_bytes"])),
+        number(&status["durable_txg"])
+    );
+    out += "config:\n\n";
+    out += &format!("\t{:<44} {:<9} {:>5} {:>5} {:>5}\n", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+    let vdevs = status["vdevs"].as_array().cloned().unwrap_or_default();
+    let pool_errors = |field: &str| vdevs.iter().map(|vdev| number(&vdev[field])).sum::<u64>();
+    out += &format!(
+        "\t{:<44} {:<9} {:>5} {:>5} {:>5}\n",
+        status["pool"].as_str().unwrap_or("?"),
+        status["health"].as_str().unwrap_or("?"),
+        pool_errors("read_errors"),
+        pool_errors("write_errors"),
+        pool_errors("checksum_errors")
+    );
+    for vdev in &vdevs {
+        let children = vdev["children"].as_array().cloned().unwrap_or_default();
+        let mut indent = "  ";
+        if vdev["kind"] == "mirror" {
+            out += &format!(
+                "\t  {:<42} {:<9} {:>5} {:>5} {:>5}\n",
+                vdev["name"].as_str().unwrap_or("?"),
+                vdev["state"].as_str().unwrap_or("?"),
+                number(&vdev["read_errors"]),
+                number(&vdev["write_errors"]),
+                number(&vdev["checksum_errors"])
+            );
+            indent = "    ";
+        }
+        for child in children {
+            let width = 44 - indent.len();
+            out += &format!(
+                "\t{indent}{:<width$} {:<9} {:>5} {:>5} {:>5}\n",
+                child["path"].as_str().unwrap_or("?"),
+                child["state"].as_str().unwrap_or("?"),
+                number(&child["read_errors"]),
+                number(&child["write_errors"]),
+                number(&child["checksum_errors"])
+            );
+        }
+    }
+    let unrecoverable = number(&status["unrecoverable_reads"]) + number(&status["scrub"]["errors"]);
+    out += "\n";
+    if unrecoverable == 0 {
+        out += "errors: No known data errors\n";
+    } else {
+        out += &format!("errors: {unrecoverable} blocks could not be read from any copy\n");
+        for detail in status["scrub"]["error_details"].as_array().cloned().unwrap_or_default() {
+            out += &format!("        {}\n", detail.as_str().unwrap_or(""));
+        }
+    }
+    let volumes = status["volumes"].as_array().cloned().unwrap_or_default();
+    if !volumes.is_empty() {
+        out += "volumes:\n";
+        for volume in volumes {
+            out += &format!(
+                "\t{:<40} {:>10} volsize, {:>10} used, volblocksize {}\n",
+                volume["name"].as_str().unwrap_or("?"),
+                bytes(number(&volume["size_bytes"])),
+                bytes(number(&volume["used_bytes"])),
+                bytes(number(&volume["block_bytes"]))
+            );
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn formats_bytes() {
+        assert_eq!(bytes(0), "0B");
+        assert_eq!(bytes(1536), "1.5K");
+        assert_eq!(bytes(2 << 30), "2.0G");
+        assert_eq!(bytes(200 << 20), "200M");
+    }
+}

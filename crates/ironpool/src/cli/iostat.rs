@@ -1,0 +1,149 @@
+//! `ironpool iostat`: per-device operations and bandwidth, and with -q the queued
+//! and active I/Os per priority class, -l latencies, -r request sizes — like
+//! `zpool iostat`. With `--json`, every report is the cumulative counters as one
+//! JSON document (consumers take differences).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use ironpool::control::commands::Command;
+use serde_json::Value;
+
+use super::format::{bytes, count};
+use super::{admin, Context};
+
+/// Classes shown by -q and -l, with short column names.
+const CLASSES: [(&str, &str); 5] = [("sync_read", "syncr"), ("sync_write", "syncw"), ("async_read", "asyncr"), ("async_write", "asyncw"), ("scrub", "scrub")];
+
+pub struct Options {
+    pub queues: bool,
+    pub latency: bool,
+    pub sizes: bool,
+    pub interval: Option<f64>,
+    pub count: Option<u64>,
+}
+
+fn number(value: &Value) -> f64 {
+    value.as_f64().unwrap_or(0.0)
+}
+
+fn delta(now: &Value, before: Option<&Value>, field: &str) -> f64 {
+    number(&now[field]) - before.map(|before| number(&before[field])).unwrap_or(0.0)
+}
+
+pub fn run(context: &Context, pool: &str, dirs: &[PathBuf], options: Options) -> Result<(), String> {
+    if options.interval.is_none() && !context.json {
+        // One report: counters since import (as zpool iostat's first line).
+        let now = admin(context, pool, dirs, Command::Iostat)?;
+        print_report(&now, None, &options);
+        return Ok(());
+    }
+    let interval = Duration::from_secs_f64(options.interval.unwrap_or(1.0).max(0.01));
+    let mut previous: Option<Value> = None;
+    let mut reports = 0u64;
+    loop {
+        let now = admin(context, pool, dirs, Command::Iostat)?;
+        if context.json {
+            println!("{now}");
+        } else {
+            print_report(&now, previous.as_ref(), &options);
+        }
+        reports += 1;
+        if options.count.is_some_and(|limit| reports >= limit) || (options.interval.is_none() && context.json) {
+            return Ok(());
+        }
+        previous = Some(now);
+        std::thread::sleep(interval);
+    }
+}
+
+fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
+    let seconds = match before {
+        Some(before) => ((number(&now["timestamp_ns"]) - number(&before["timestamp_ns"])) / 1e9).max(1e-9),
+        None => (number(&now["timestamp_ns"]) / 1e9).max(1e-9),
+    };
+    let devices = now["devices"].as_array().cloned().unwrap_or_default();
+    let previous: Vec<Value> = before.and_then(|before| before["devices"].as_array().cloned()).unwrap_or_default();
+    let mut header = format!("{:<40} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6}", "device", "r/s", "w/s", "rMB/s", "wMB/s", "avg-wsz", "aqd");
+    if options.queues {
+        for (_, short) in CLASSES {
+            header += &format!(" {:>6}q {:>6}a", short, short);
+        }
+    }
+    if options.latency {
+        for (_, short) in CLASSES {
+            header += &format!(" {:>8}", format!("{short}_us"));
+        }
+    }
+    println!("{header}");
+    for (index, device) in devices.iter().enumerate() {
+        let before = previous.get(index);
+        let reads = delta(device, before, "read_ops");
+        let writes = delta(device, before, "write_ops");
+        let write_bytes = delta(device, before, "write_bytes");
+        let active_time = delta(device, before, "active_time_weighted_ns");
+        let average_write = if writes > 0.0 { write_bytes / writes } else { 0.0 };
+        let mut line = format!(
+            "{:<40} {:>7} {:>7} {:>8.1} {:>8.1} {:>8} {:>6.1}",
+            shorten(device["path"].as_str().unwrap_or("?"), 40),
+            count(reads / seconds),
+            count(writes / seconds),
+            delta(device, before, "read_bytes") / seconds / 1e6,
+            write_bytes / seconds / 1e6,
+            bytes(average_write as u64),
+            active_time / (seconds * 1e9)
+        );
+        if options.queues {
+            for (class, _) in CLASSES {
+                let stats = &device["classes"][class];
+                line += &format!(" {:>7} {:>7}", number(&stats["queued"]), number(&stats["active"]));
+            }
+        }
+        if options.latency {
+            for (class, _) in CLASSES {
+                line += &format!(" {:>8}", average_latency_us(&device["classes"][class]["total_latency_ns"]));
+            }
+        }
+        println!("{line}");
+    }
+    if options.sizes {
+        for device in &devices {
+            println!("\n{} request sizes (individual / aggregated device I/Os):", device["path"].as_str().unwrap_or("?"));
+            println!("{:>8} {:>10} {:>10} {:>10} {:>10}", "size", "read_ind", "read_agg", "write_ind", "write_agg");
+            let columns = ["read_request_sizes", "read_device_sizes", "write_request_sizes", "write_device_sizes"];
+            for bucket in 9..25usize {
+                let values: Vec<u64> = columns.iter().map(|column| device[*column]["buckets"][bucket].as_u64().unwrap_or(0)).collect();
+                if values.iter().all(|value| *value == 0) {
+                    continue;
+                }
+                println!("{:>8} {:>10} {:>10} {:>10} {:>10}", bytes(1 << bucket), values[0], values[1], values[2], values[3]);
+            }
+        }
+    }
+    println!();
+}
+
+/// Mean of a log2 latency histogram (bucket midpoints), in microseconds.
+fn average_latency_us(histogram: &Value) -> String {
+    let buckets = histogram["buckets"].as_array().cloned().unwrap_or_default();
+    let mut total = 0.0;
+    let mut weighted = 0.0;
+    for (index, bucket) in buckets.iter().enumerate() {
+        let count = bucket.as_f64().unwrap_or(0.0);
+        total += count;
+        weighted += count * (1u64 << index) as f64 * 1.5;
+    }
+    if total == 0.0 {
+        "-".to_string()
+    } else {
+        format!("{:.0}", weighted / total / 1000.0)
+    }
+}
+
+fn shorten(text: &str, width: usize) -> String {
+    if text.len() <= width {
+        text.to_string()
+    } else {
+        format!("...{}", &text[text.len() - (width - 3)..])
+    }
+}

@@ -1,0 +1,369 @@
+//! The CLI's commands. Administrative commands go to a running server's control
+//! socket when there is one, and otherwise open the pool themselves (import, run,
+//! export) with the very same command code.
+
+pub mod format;
+pub mod iostat;
+pub mod serve;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use ironpool::control::client;
+use ironpool::control::commands::{execute, parse_size, Command};
+use ironpool::format::label::TopVdevKind;
+use ironpool::pool::{Pool, PoolError, PoolTunables};
+use ironpool::rt::Runtime;
+use serde_json::Value;
+
+/// Options shared by every command.
+pub struct Context {
+    pub control: Option<PathBuf>,
+    pub json: bool,
+}
+
+/// Submission slots of the CLI's and server's io_uring.
+pub const RING_ENTRIES: u32 = 1024;
+
+/// Where servers put their control sockets by default.
+pub fn default_run_dir() -> PathBuf {
+    std::env::var_os("IRONPOOL_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/run/ironpool"))
+}
+
+pub fn default_control_path(pool: &str) -> PathBuf {
+    default_run_dir().join(format!("{pool}.ctl"))
+}
+
+/// The pool cache: which directories hold each pool's devices, so commands work
+/// without `-d` after `create`.
+fn cache_path() -> PathBuf {
+    std::env::var_os("IRONPOOL_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/ironpool/pools.json"))
+}
+
+fn read_cache() -> BTreeMap<String, Vec<PathBuf>> {
+    std::fs::read(cache_path()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default()
+}
+
+/// Records where a pool's devices are (best effort: the cache is a convenience).
+pub fn remember(pool: &str, directories: &[PathBuf]) {
+    let mut cache = read_cache();
+    cache.insert(pool.to_string(), directories.to_vec());
+    let path = cache_path();
+    if let Some(parent) = path.parent() {
+        let _ = std::fs::create_dir_all(parent);
+    }
+    if let Ok(bytes) = serde_json::to_vec_pretty(&cache) {
+        let temporary = path.with_extension("tmp");
+        if std::fs::write(&temporary, bytes).is_ok() {
+            let _ = std::fs::rename(&temporary, &path);
+        }
+    }
+}
+
+/// The directories to search for a pool's devices: `-d`, else the cache.
+pub fn search_dirs(pool: &str, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String> {
+    if !dirs.is_empty() {
+        return Ok(dirs.to_vec());
+    }
+    match read_cache().remove(pool) {
+        Some(dirs) if !dirs.is_empty() => Ok(dirs),
+        _ => Err(format!("where are the devices of pool '{pool}'? pass -d DIR (no entry in {})", cache_path().display())),
+    }
+}
+
+/// Runs a command against pool `pool`: through the control socket if a server
+/// runs, else by opening the pool here.
+pub fn admin(context: &Context, pool: &str, dirs: &[PathBuf], command: Command) -> Result<Value, String> {
+    let explicit = context.control.clone();
+    let control = explicit.clone().unwrap_or_else(|| default_control_path(pool));
+    if explicit.is_some() || control.exists() {
+        match client::call(&control, &command) {
+            Ok(response) if response.ok => return Ok(response.result.unwrap_or(Value::Null)),
+            Ok(response) => return Err(response.error.unwrap_or_else(|| "the server reported an error".into())),
+            Err(error) if explicit.is_some() => return Err(format!("cannot reach the server: {error}")),
+            Err(_) => {} // a stale default socket: open the pool ourselves
+        }
+    }
+    let dirs = search_dirs(pool, dirs)?;
+    with_pool(pool, &dirs, move |pool| async move { execute(&pool, command, None).await })
+}
+
+/// Imports `pool`, runs `work`, exports it again.
+pub fn with_pool<F, Fut>(pool_name: &str, dirs: &[PathBuf], work: F) -> Result<Value, String>
+where
+    F: FnOnce(Rc<Pool>) -> Fut,
+    Fut: std::future::Future<Output = Result<Value, PoolError>>,
+{
+    let runtime = Runtime::new_uring(RING_ENTRIES).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+    runtime.block_on(async {
+        let pool = Pool::import(pool_name, dirs, PoolTunables::default()).await.map_err(|error| explain_import(pool_name, error))?;
+        let result = work(pool.clone()).await;
+        let exported = pool.export().await;
+        let value = result.map_err(|error| error.to_string())?;
+        exported.map_err(|error| error.to_string())?;
+        Ok(value)
+    })
+}
+
+fn explain_import(pool: &str, error: PoolError) -> String {
+    let text = error.to_string();
+    if text.contains("in use by another process") {
+        format!("{text}\npool '{pool}' is probably served by a running `ironpool serve`; pass --control PATH to reach it")
+    } else {
+        text
+    }
+}
+
+/// Splits `[mirror] DEV... [mirror DEV...]` into top-level vdevs.
+pub fn parse_layout(words: &[String]) -> Result<Vec<(TopVdevKind, Vec<PathBuf>)>, String> {
+    let mut groups: Vec<(TopVdevKind, Vec<PathBuf>)> = Vec::new();
+    let mut in_mirror = false;
+    for word in words {
+        match word.as_str() {
+            "mirror" => {
+                groups.push((TopVdevKind::Mirror, Vec::new()));
+                in_mirror = true;
+            }
+            keyword if keyword.starts_with("raidz") || keyword == "draid" || keyword == "spare" || keyword == "log" || keyword == "cache" => {
+                return Err(format!("'{keyword}' vdevs are not supported yet: use mirror or plain devices"));
+            }
+            device => {
+                if in_mirror {
+                    groups.last_mut().expect("a mirror group was started").1.push(PathBuf::from(device));
+                } else {
+                    groups.push((TopVdevKind::Disk, vec![PathBuf::from(device)]));
+                }
+            }
+        }
+    }
+    for (kind, devices) in &groups {
+        if *kind == TopVdevKind::Mirror && !(2..=3).contains(&devices.len()) {
+            return Err(format!("a mirror takes 2 or 3 devices, got {}", devices.len()));
+        }
+    }
+    if groups.is_empty() {
+        return Err("no devices given".into());
+    }
+    Ok(groups)
+}
+
+pub fn create(context: &Context, pool: &str, words: &[String], force: bool, size: Option<&str>) -> Result<(), String> {
+    let layout = parse_layout(words)?;
+    let size_bytes = size.map(parse_size).transpose()?;
+    let mut dirs: Vec<PathBuf> = layout
+        .iter()
+        .flat_map(|(_, devices)| devices.iter())
+        .map(|device| device.parent().filter(|parent| !parent.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
+        .filter_map(|dir| std::fs::canonicalize(dir).ok())
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    let runtime = Runtime::new_uring(RING_ENTRIES).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+    let status = runtime.block_on(async {
+        let pool = Pool::create(pool, layout, force, size_bytes, PoolTunables::default()).await.map_err(|error| error.to_string())?;
+        let status = execute(&pool, Command::Status, None).await.map_err(|error| error.to_string())?;
+        pool.export().await.map_err(|error| error.to_string())?;
+        Ok::<Value, String>(status)
+    })?;
+    remember(pool, &dirs);
+    if context.json {
+        println!("{status}");
+    } else {
+        println!("created pool '{pool}': {} usable", format::bytes(status["size_bytes"].as_u64().unwrap_or(0)));
+    }
+    Ok(())
+}
+
+fn split_volume_name(name: &str) -> Result<(&str, &str), String> {
+    name.split_once('/').ok_or_else(|| format!("'{name}': volumes are named POOL/NAME"))
+}
+
+pub fn volume_create(context: &Context, name: &str, size: &str, options: &[String], dirs: &[PathBuf]) -> Result<(), String> {
+    let (pool, _) = split_volume_name(name)?;
+    let size_bytes = parse_size(size)?;
+    let mut properties = BTreeMap::new();
+    for option in options {
+        let (key, value) = option.split_once('=').ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
+        properties.insert(key.to_string(), value.to_string());
+    }
+    let result = admin(context, pool, dirs, Command::VolumeCreate { name: name.to_string(), size_bytes, properties })?;
+    if context.json {
+        println!("{result}");
+    } else {
+        println!("created volume '{}' ({}, volblocksize {})", name, format::bytes(size_bytes), format::bytes(result["block_bytes"].as_u64().unwrap_or(0)));
+    }
+    Ok(())
+}
+
+pub fn volume_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let result = admin(context, pool, dirs, Command::VolumeList)?;
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    println!("{:<32} {:>10} {:>10} {:>12}", "NAME", "VOLSIZE", "USED", "VOLBLOCKSIZE");
+    for volume in result["volumes"].as_array().cloned().unwrap_or_default() {
+        println!(
+            "{:<32} {:>10} {:>10} {:>12}",
+            volume["name"].as_str().unwrap_or("?"),
+            format::bytes(volume["size_bytes"].as_u64().unwrap_or(0)),
+            format::bytes(volume["used_bytes"].as_u64().unwrap_or(0)),
+            format::bytes(volume["block_bytes"].as_u64().unwrap_or(0)),
+        );
+    }
+    Ok(())
+}
+
+pub fn volume_destroy(context: &Context, name: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let (pool, _) = split_volume_name(name)?;
+    let result = admin(context, pool, dirs, Command::VolumeDestroy { name: name.to_string() })?;
+    if context.json {
+        println!("{result}");
+    } else {
+        println!("destroyed volume '{name}'");
+    }
+    Ok(())
+}
+
+pub fn status(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let result = admin(context, pool, dirs, Command::Status)?;
+    if context.json {
+        println!("{result}");
+    } else {
+        print!("{}", format::status(&result));
+    }
+    Ok(())
+}
+
+pub fn list(context: &Context, pool: Option<&str>, dirs: &[PathBuf]) -> Result<(), String> {
+    let names: Vec<String> = match pool {
+        Some(pool) => vec![pool.to_string()],
+        None => read_cache().keys().cloned().collect(),
+    };
+    let mut pools = Vec::new();
+    let mut errors = Vec::new();
+    for name in names {
+        match admin(context, &name, dirs, Command::List) {
+            Ok(result) => pools.extend(result["pools"].as_array().cloned().unwrap_or_default()),
+            Err(error) => errors.push(format!("{name}: {error}")),
+        }
+    }
+    if context.json {
+        println!("{}", serde_json::json!({ "pools": pools, "errors": errors }));
+    } else {
+        println!("{:<20} {:>10} {:>10} {:>10} {:>8}  HEALTH", "NAME", "SIZE", "ALLOC", "FREE", "CAP");
+        for entry in &pools {
+            let size = entry["size_bytes"].as_u64().unwrap_or(0);
+            let allocated = entry["allocated_bytes"].as_u64().unwrap_or(0);
+            let capacity = if size == 0 { 0.0 } else { allocated as f64 * 100.0 / size as f64 };
+            println!(
+                "{:<20} {:>10} {:>10} {:>10} {:>7.0}%  {}",
+                entry["name"].as_str().unwrap_or("?"),
+                format::bytes(size),
+                format::bytes(allocated),
+                format::bytes(entry["free_bytes"].as_u64().unwrap_or(0)),
+                capacity,
+                entry["health"].as_str().unwrap_or("?")
+            );
+        }
+        for error in &errors {
+            eprintln!("ironpool: {error}");
+        }
+    }
+    if pools.is_empty() && !errors.is_empty() {
+        return Err("no pool could be listed".into());
+    }
+    Ok(())
+}
+
+pub fn scrub(context: &Context, pool: &str, dirs: &[PathBuf], wait: bool, stop: bool) -> Result<(), String> {
+    if stop {
+        let result = admin(context, pool, dirs, Command::ScrubStop)?;
+        if context.json {
+            println!("{result}");
+        } else {
+            println!("scrub of '{pool}' stopping");
+        }
+        return Ok(());
+    }
+    let served = context.control.is_some() || default_control_path(pool).exists();
+    if !served {
+        // No server: scrub in this process, which must wait for the end.
+        let dirs = search_dirs(pool, dirs)?;
+        let result = with_pool(pool, &dirs, |pool| async move {
+            pool.scrub_start()?;
+            pool.scrub_wait().await;
+            Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
+        })?;
+        return print_scrub(context, pool, &result);
+    }
+    admin(context, pool, dirs, Command::ScrubStart)?;
+    if !wait {
+        if !context.json {
+            println!("scrub of '{pool}' started");
+        }
+        return Ok(());
+    }
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let result = admin(context, pool, dirs, Command::ScrubStatus)?;
+        if result["state"] != "scanning" {
+            return print_scrub(context, pool, &result);
+        }
+        if !context.json {
+            eprintln!("scrub of '{pool}': {:.1}% ({} of {})", result["progress_percent"].as_f64().unwrap_or(0.0), format::bytes(result["examined_bytes"].as_u64().unwrap_or(0)), format::bytes(result["total_bytes"].as_u64().unwrap_or(0)));
+        }
+    }
+}
+
+fn print_scrub(context: &Context, pool: &str, result: &Value) -> Result<(), String> {
+    if context.json {
+        println!("{result}");
+    } else {
+        println!("scrub of '{pool}': {}", format::scrub_line(result));
+    }
+    if result["errors"].as_u64().unwrap_or(0) > 0 {
+        return Err(format!("scrub found {} unrecoverable errors", result["errors"]));
+    }
+    Ok(())
+}
+
+pub fn check(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let result = admin(context, pool, dirs, Command::Check)?;
+    let problems = result["problems"].as_array().cloned().unwrap_or_default();
+    if context.json {
+        println!("{result}");
+    } else {
+        println!(
+            "checked {} objects, {} block copies, {} referenced, {} allocated",
+            result["objects"],
+            result["block_copies"],
+            format::bytes(result["referenced_bytes"].as_u64().unwrap_or(0)),
+            format::bytes(result["allocated_bytes"].as_u64().unwrap_or(0))
+        );
+        for problem in &problems {
+            println!("  problem: {}", problem.as_str().unwrap_or("?"));
+        }
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(format!("{} problems found", problems.len()))
+    }
+}
+
+pub fn tune(context: &Context, pool: &str, dirs: &[PathBuf], name: Option<String>, value: Option<String>) -> Result<(), String> {
+    let command = match (name, value) {
+        (Some(name), Some(value)) => Command::SetTunable { name, value },
+        (None, None) => Command::GetTunables,
+        _ => return Err("give both NAME and VALUE to set a tunable".into()),
+    };
+    let result = admin(context, pool, dirs, command)?;
+    if context.json {
+        println!("{result}");
+    } else {
+        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+    }
+    Ok(())
+}

@@ -1,0 +1,139 @@
+//! `ironpool serve`: import a pool, serve its volumes over NBD and the control
+//! socket, and shut down cleanly on SIGINT or SIGTERM (finish requests in flight,
+//! commit, mark the pool exported).
+
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use ironpool::control::server::ControlServer;
+use ironpool::nbd::server::{Listen, NbdServer};
+use ironpool::pool::{Pool, PoolTunables};
+use ironpool::rt::{uring, Runtime};
+
+use super::{default_control_path, default_run_dir, remember, search_dirs, Context, RING_ENTRIES};
+
+/// Blocks the termination signals for this thread and returns a signalfd that
+/// reports them, so the loop reads them like any other event.
+fn termination_signals() -> Result<OwnedFd, String> {
+    // SAFETY: plain libc calls on a local sigset; the fd returned is owned below.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_IGN);
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGINT);
+        libc::sigaddset(&mut set, libc::SIGTERM);
+        libc::sigaddset(&mut set, libc::SIGHUP);
+        if libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) != 0 {
+            return Err("cannot block signals".into());
+        }
+        let fd = libc::signalfd(-1, &set, libc::SFD_CLOEXEC);
+        if fd < 0 {
+            return Err(format!("signalfd: {}", std::io::Error::last_os_error()));
+        }
+        Ok(OwnedFd::from_raw_fd(fd))
+    }
+}
+
+pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String], pidfile: Option<&Path>) -> Result<(), String> {
+    let dirs = search_dirs(pool_name, dirs)?;
+    let mut listens = Vec::new();
+    for spec in nbd {
+        listens.push(Listen::parse(spec)?);
+    }
+    if listens.is_empty() {
+        listens.push(Listen::Unix(default_run_dir().join(format!("{pool_name}.sock"))));
+    }
+    for listen in &listens {
+        if let Listen::Unix(path) = listen {
+            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
+                std::fs::create_dir_all(parent).map_err(|error| format!("{}: {error}", parent.display()))?;
+            }
+        }
+    }
+    let control_path = context.control.clone().unwrap_or_else(|| default_control_path(pool_name));
+    let signals = termination_signals()?;
+    let runtime = Runtime::new_uring(RING_ENTRIES * 4).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+    runtime.block_on(async {
+        let pool = Pool::import(pool_name, &dirs, PoolTunables::default()).await.map_err(|error| super::explain_import(pool_name, error))?;
+        remember(pool_name, &dirs);
+        let server = NbdServer::new(pool.clone());
+        let mut failure = None;
+        for listen in &listens {
+            if let Err(error) = server.listen(listen) {
+                failure = Some(format!("cannot listen: {error}"));
+                break;
+            }
+        }
+        let control = match failure {
+            None => match ControlServer::start(&control_path, pool.clone(), Some(server.clone())) {
+                Ok(control) => Some(control),
+                Err(error) => {
+                    failure = Some(format!("control socket: {error}"));
+                    None
+                }
+            },
+            Some(_) => None,
+        };
+        if failure.is_none() {
+            if let Some(pidfile) = pidfile {
+                if let Err(error) = std::fs::write(pidfile, format!("{}\n", std::process::id())) {
+                    failure = Some(format!("{}: {error}", pidfile.display()));
+                }
+            }
+        }
+        if failure.is_none() {
+            for note in &pool.import_notes {
+                eprintln!("ironpool: {pool_name}: {note}");
+            }
+            let exports: Vec<String> = pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect();
+            eprintln!(
+                "ironpool: serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {})",
+                pool.txg.durable(),
+                exports.join(", "),
+                listens.iter().map(describe).collect::<Vec<_>>().join(", "),
+                control_path.display()
+            );
+            wait_for_signal(&signals).await;
+            eprintln!("ironpool: shutting down: finishing requests in flight");
+        }
+        server.shutdown().await;
+        if let Some(control) = &control {
+            control.stop();
+        }
+        let exported = pool.export().await;
+        if let Some(pidfile) = pidfile {
+            let _ = std::fs::remove_file(pidfile);
+        }
+        drop(Rc::clone(&pool));
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
+        exported.map_err(|error| format!("export failed: {error}"))?;
+        eprintln!("ironpool: pool '{pool_name}' exported");
+        Ok(())
+    })
+}
+
+fn describe(listen: &Listen) -> String {
+    match listen {
+        Listen::Unix(path) => format!("unix:{}", path.display()),
+        Listen::Tcp(address) => format!("tcp:{address}"),
+    }
+}
+
+async fn wait_for_signal(signals: &OwnedFd) {
+    loop {
+        // One signalfd_siginfo is 128 bytes.
+        let (result, _) = uring::read_bytes(signals.as_raw_fd(), vec![0u8; 128]).await;
+        match result {
+            Ok(count) if count > 0 => return,
+            Ok(_) => return,
+            Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(error) => {
+                eprintln!("ironpool: reading signals failed ({error}); shutting down");
+                return;
+            }
+        }
+    }
+}

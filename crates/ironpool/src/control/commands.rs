@@ -1,0 +1,364 @@
+//! Administrative commands, as JSON in and JSON out.
+//!
+//! The same code answers the control socket of a running server and the CLI when
+//! it opens a pool itself, so both paths behave identically.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::format::label::TopVdevKind;
+use crate::nbd::server::ServerStats;
+use crate::pool::volume::VOLUME_BLOCK_BYTES_DEFAULT;
+use crate::pool::{Pool, PoolError};
+use crate::vdev::queue::{IoClass, QueueTunables};
+
+/// A command sent to a pool.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+#[serde(tag = "command", rename_all = "snake_case")]
+pub enum Command {
+    Status,
+    List,
+    Iostat,
+    VolumeCreate {
+        name: String,
+        size_bytes: u64,
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
+    },
+    VolumeList,
+    VolumeDestroy {
+        name: String,
+    },
+    ScrubStart,
+    ScrubStop,
+    ScrubStatus,
+    Check,
+    Sync,
+    GetTunables,
+    SetTunable {
+        name: String,
+        value: String,
+    },
+}
+
+/// The control protocol's answer.
+#[derive(Clone, Debug, Serialize, Deserialize)]
+pub struct Response {
+    pub ok: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub result: Option<Value>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+impl Response {
+    pub fn from_result(result: Result<Value, PoolError>) -> Response {
+        match result {
+            Ok(value) => Response { ok: true, result: Some(value), error: None },
+            Err(error) => Response { ok: false, result: None, error: Some(error.to_string()) },
+        }
+    }
+}
+
+/// Parses a size with an optional binary suffix: 512, 16K, 2G, 1.5T.
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let text = text.trim();
+    let (number, multiplier) = match text.chars().last().map(|last| last.to_ascii_uppercase()) {
+        Some('K') => (&text[..text.len() - 1], 1u64 << 10),
+        Some('M') => (&text[..text.len() - 1], 1 << 20),
+        Some('G') => (&text[..text.len() - 1], 1 << 30),
+        Some('T') => (&text[..text.len() - 1], 1 << 40),
+        Some('P') => (&text[..text.len() - 1], 1 << 50),
+        Some('B') => (&text[..text.len() - 1], 1),
+        _ => (text, 1),
+    };
+    let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a size (use e.g. 512, 16K, 2G)"))?;
+    if !value.is_finite() || value < 0.0 {
+        return Err(format!("'{text}' is not a size"));
+    }
+    let bytes = value * multiplier as f64;
+    if bytes > u64::MAX as f64 / 2.0 {
+        return Err(format!("'{text}' is too large"));
+    }
+    Ok(bytes.round() as u64)
+}
+
+/// Runs `command` on `pool`.
+pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerStats>) -> Result<Value, PoolError> {
+    match command {
+        Command::Status => Ok(status(pool)),
+        Command::List => Ok(json!({ "pools": [list_entry(pool)] })),
+        Command::Iostat => Ok(iostat(pool, server)),
+        Command::VolumeCreate { name, size_bytes, mut properties } => {
+            let block_bytes = match properties.remove("volblocksize") {
+                Some(text) => parse_size(&text).map_err(PoolError::InvalidArgument)? as u32,
+                None => VOLUME_BLOCK_BYTES_DEFAULT,
+            };
+            for key in properties.keys() {
+                if !is_known_property(key) {
+                    return Err(PoolError::InvalidArgument(format!("unknown property '{key}' (user properties look like org:key)")));
+                }
+            }
+            let volume = pool.create_volume(&name, size_bytes, block_bytes, properties).await?;
+            Ok(json!({ "name": volume.name, "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }))
+        }
+        Command::VolumeList => Ok(json!({ "volumes": volume_list(pool) })),
+        Command::VolumeDestroy { name } => {
+            pool.destroy_volume(&name).await?;
+            Ok(json!({ "destroyed": name }))
+        }
+        Command::ScrubStart => {
+            pool.scrub_start()?;
+            Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
+        }
+        Command::ScrubStop => {
+            pool.scrub_cancel();
+            Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
+        }
+        Command::ScrubStatus => Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null)),
+        Command::Check => {
+            let report = pool.check_space().await?;
+            Ok(serde_json::to_value(report).unwrap_or(Value::Null))
+        }
+        Command::Sync => {
+            pool.commit().await?;
+            Ok(json!({ "durable_txg": pool.txg.durable() }))
+        }
+        Command::GetTunables => Ok(tunables(pool)),
+        Command::SetTunable { name, value } => {
+            set_tunable(pool, &name, &value)?;
+            Ok(tunables(pool))
+        }
+    }
+}
+
+fn is_known_property(key: &str) -> bool {
+    matches!(key, "checksum" | "readonly") || key.contains(':')
+}
+
+fn list_entry(pool: &Pool) -> Value {
+    let (size, free) = pool.space();
+    json!({
+        "name": pool.name,
+        "guid": format!("{:#x}", pool.guid),
+        "size_bytes": size,
+        "allocated_bytes": size - free,
+        "free_bytes": free,
+        "health": pool.health(),
+        "volumes": pool.volumes.borrow().len(),
+    })
+}
+
+fn volume_list(pool: &Pool) -> Vec<Value> {
+    let directory = pool.directory.borrow();
+    pool.volumes
+        .borrow()
+        .iter()
+        .map(|(short, volume)| {
+            let dnode = volume.object.dnode();
+            let properties = directory.volumes.get(short).map(|record| record.properties.clone()).unwrap_or_default();
+            json!({
+                "name": volume.name,
+                "size_bytes": volume.size_bytes.get(),
+                "block_bytes": volume.block_bytes,
+                "used_bytes": dnode.used_bytes,
+                "logical_bytes": dnode.logical_bytes,
+                "checksum": dnode.checksum_algo.name(),
+                "read_only": volume.read_only.get(),
+                "properties": properties,
+            })
+        })
+        .collect()
+}
+
+fn status(pool: &Pool) -> Value {
+    let (size, free) = pool.space();
+    let mut vdevs = Vec::new();
+    for top in &pool.store.vdevs {
+        let mut children = Vec::new();
+        let (mut read_errors, mut write_errors, mut checksum_errors) = (0, 0, 0);
+        for leaf in &top.children {
+            let stats = leaf.queue.stats();
+            read_errors += stats.read_errors;
+            write_errors += stats.write_errors;
+            checksum_errors += stats.checksum_errors;
+            let direct = leaf.device().map(|device| device.info().direct);
+            children.push(json!({
+                "path": leaf.path.borrow().clone(),
+                "guid": format!("{:#x}", leaf.guid),
+                "state": leaf.state(),
+                "read_errors": stats.read_errors,
+                "write_errors": stats.write_errors,
+                "checksum_errors": stats.checksum_errors,
+                "repaired_bytes": stats.repaired_bytes,
+                "direct_io": direct,
+            }));
+        }
+        let name = match top.kind {
+            TopVdevKind::Mirror => format!("mirror-{}", top.id),
+            TopVdevKind::Disk => format!("disk-{}", top.id),
+        };
+        let state = if top.is_healthy() { "ONLINE" } else if top.is_available() { "DEGRADED" } else { "UNAVAIL" };
+        vdevs.push(json!({
+            "name": name,
+            "kind": top.kind,
+            "state": state,
+            "ashift": top.ashift,
+            "size_bytes": top.asize_bytes,
+            "read_errors": read_errors,
+            "write_errors": write_errors,
+            "checksum_errors": checksum_errors,
+            "children": children,
+        }));
+    }
+    json!({
+        "pool": pool.name,
+        "guid": format!("{:#x}", pool.guid),
+        "health": pool.health(),
+        "size_bytes": size,
+        "allocated_bytes": size - free,
+        "free_bytes": free,
+        "open_txg": pool.txg.open(),
+        "durable_txg": pool.txg.durable(),
+        "imported_txg": pool.imported_txg,
+        "suspended": pool.txg.suspended(),
+        "vdevs": vdevs,
+        "scrub": pool.scrub_status(),
+        "unrecoverable_reads": pool.store.stats().unrecoverable_reads,
+        "healed_reads": pool.store.stats().healed_reads,
+        "notes": pool.import_notes,
+        "volumes": volume_list(pool),
+    })
+}
+
+fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
+    let mut devices = Vec::new();
+    for top in &pool.store.vdevs {
+        let top_name = match top.kind {
+            TopVdevKind::Mirror => format!("mirror-{}", top.id),
+            TopVdevKind::Disk => format!("disk-{}", top.id),
+        };
+        for leaf in &top.children {
+            let stats = leaf.queue.stats();
+            let mut value = serde_json::to_value(&stats).unwrap_or(Value::Null);
+            if let Value::Object(map) = &mut value {
+                map.insert("path".into(), json!(leaf.path.borrow().clone()));
+                map.insert("top_vdev".into(), json!(top_name));
+                let classes: serde_json::Map<String, Value> = IoClass::ALL
+                    .iter()
+                    .map(|class| (class.name().to_string(), serde_json::to_value(&stats.classes[*class as usize]).unwrap_or(Value::Null)))
+                    .collect();
+                map.insert("classes".into(), Value::Object(classes));
+            }
+            devices.push(value);
+        }
+    }
+    let volumes: Vec<Value> = pool
+        .volumes
+        .borrow()
+        .values()
+        .map(|volume| {
+            let mut value = serde_json::to_value(volume.stats()).unwrap_or(Value::Null);
+            if let Value::Object(map) = &mut value {
+                map.insert("name".into(), json!(volume.name));
+            }
+            value
+        })
+        .collect();
+    json!({
+        "pool": pool.name,
+        "timestamp_ns": crate::rt::now().0,
+        "devices": devices,
+        "volumes": volumes,
+        "txg": pool.txg.stats(),
+        "blocks": pool.store.stats(),
+        "server": server,
+        "cached_metadata_bytes": pool.objects.cached_bytes(),
+    })
+}
+
+fn tunables(pool: &Pool) -> Value {
+    let tunables = pool.tunables.borrow();
+    json!({
+        "txg_timeout_ms": tunables.txg_timeout.as_millis() as u64,
+        "dirty_sync_bytes": tunables.dirty_sync_bytes,
+        "dirty_max_bytes": tunables.dirty_max_bytes,
+        "cache_budget_bytes": tunables.cache_budget_bytes,
+        "queue": tunables.queue,
+    })
+}
+
+/// Sets one tunable by name: `txg_timeout_ms`, `dirty_sync_bytes`,
+/// `dirty_max_bytes`, `aggregation_limit_bytes`, `read_gap_limit_bytes`,
+/// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`.
+fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
+    let number = parse_size(value).map_err(PoolError::InvalidArgument)?;
+    let mut tunables = pool.tunables.borrow_mut();
+    let mut queue: QueueTunables = tunables.queue.clone();
+    match name {
+        "txg_timeout_ms" => tunables.txg_timeout = std::time::Duration::from_millis(number.max(1)),
+        "dirty_sync_bytes" => tunables.dirty_sync_bytes = number,
+        "dirty_max_bytes" => tunables.dirty_max_bytes = number,
+        "aggregation_limit_bytes" => queue.aggregation_limit_bytes = number.min(16 << 20) as u32,
+        "read_gap_limit_bytes" => queue.read_gap_limit_bytes = number.min(1 << 20) as u32,
+        "max_active_total" => queue.max_active_total = number.clamp(1, 4096) as u32,
+        _ => {
+            let (class_name, is_min) = if let Some(class) = name.strip_suffix("_min_active") {
+                (class, true)
+            } else if let Some(class) = name.strip_suffix("_max_active") {
+                (class, false)
+            } else {
+                return Err(PoolError::InvalidArgument(format!("unknown tunable '{name}'")));
+            };
+            let Some(class) = IoClass::ALL.iter().find(|class| class.name() == class_name) else {
+                return Err(PoolError::InvalidArgument(format!("unknown tunable '{name}'")));
+            };
+            let limits = &mut queue.class_limits[*class as usize];
+            let value = number.clamp(1, 4096) as u32;
+            if is_min {
+                limits.min_active = value;
+            } else {
+                limits.max_active = value;
+            }
+            if limits.min_active > limits.max_active {
+                return Err(PoolError::InvalidArgument(format!("{class_name}: min_active above max_active")));
+            }
+        }
+    }
+    for top in &pool.store.vdevs {
+        for leaf in &top.children {
+            leaf.queue.set_tunables(queue.clone());
+        }
+    }
+    tunables.queue = queue;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("512").unwrap(), 512);
+        assert_eq!(parse_size("16K").unwrap(), 16384);
+        assert_eq!(parse_size("2g").unwrap(), 2 << 30);
+        assert_eq!(parse_size("1.5M").unwrap(), 1536 * 1024);
+        assert!(parse_size("abc").is_err());
+        assert!(parse_size("-1").is_err());
+        assert!(parse_size("99999999P").is_err());
+    }
+
+    #[test]
+    fn commands_round_trip_as_json() {
+        let command = Command::VolumeCreate { name: "tank/v".into(), size_bytes: 1 << 30, properties: BTreeMap::new() };
+        let text = serde_json::to_string(&command).unwrap();
+        assert!(text.contains("\"command\":\"volume_create\""));
+        let back: Command = serde_json::from_str(&text).unwrap();
+        assert!(matches!(back, Command::VolumeCreate { size_bytes, .. } if size_bytes == 1 << 30));
+        assert!(serde_json::from_str::<Command>("{\"command\":\"rm -rf\"}").is_err());
+    }
+}

@@ -1,0 +1,111 @@
+//! The control socket of a running server: one JSON request per connection, one
+//! JSON response back. Commands run on the engine's loop like any other task.
+
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::Duration;
+
+use super::commands::{execute, Command, Response};
+use crate::nbd::server::NbdServer;
+use crate::pool::Pool;
+use crate::rt::uring::{self, SendPiece};
+use crate::rt::{self};
+
+/// Largest request accepted (commands are small JSON documents).
+pub const CONTROL_REQUEST_BYTES_MAX: usize = 1024 * 1024;
+/// Time a client has to send its request.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// A listening control socket.
+pub struct ControlServer {
+    fd: OwnedFd,
+    path: PathBuf,
+}
+
+impl ControlServer {
+    /// Binds `path` (replacing a stale socket) and serves commands for `pool`.
+    pub fn start(path: &Path, pool: Rc<Pool>, nbd: Option<Rc<NbdServer>>) -> std::io::Result<Rc<ControlServer>> {
+        if path.exists() {
+            if std::os::unix::net::UnixStream::connect(path).is_ok() {
+                return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("{}: a server is already listening there", path.display())));
+            }
+            std::fs::remove_file(path)?;
+        }
+        if let Some(parent) = path.parent() {
+            if !parent.as_os_str().is_empty() {
+                std::fs::create_dir_all(parent)?;
+            }
+        }
+        let listener = std::os::unix::net::UnixListener::bind(path).map_err(|error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
+        let server = Rc::new(ControlServer { fd: listener.into(), path: path.to_path_buf() });
+        let raw = server.fd.as_raw_fd();
+        rt::spawn(async move {
+            while let Ok(socket) = uring::accept(raw).await {
+                let pool = pool.clone();
+                let nbd = nbd.clone();
+                rt::spawn(async move { serve_one(socket, pool, nbd).await });
+            }
+        });
+        Ok(server)
+    }
+
+    /// Stops accepting and removes the socket file.
+    pub fn stop(&self) {
+        // SAFETY: shutting down our own listening socket ends the accept loop.
+        unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+async fn read_request(fd: RawFd) -> Result<Vec<u8>, String> {
+    let mut buffer = vec![0u8; 64 * 1024];
+    let mut length = 0;
+    loop {
+        if let Some(end) = buffer[..length].iter().position(|byte| *byte == b'\n') {
+            buffer.truncate(end);
+            return Ok(buffer);
+        }
+        if length == buffer.len() {
+            if buffer.len() >= CONTROL_REQUEST_BYTES_MAX {
+                return Err("request too large".into());
+            }
+            buffer.resize(buffer.len() * 2, 0);
+        }
+        let (result, returned) = uring::recv_into(fd, buffer, length).await;
+        buffer = returned;
+        match result {
+            Ok(0) => {
+                buffer.truncate(length);
+                return Ok(buffer);
+            }
+            Ok(count) => length += count,
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+async fn serve_one(socket: OwnedFd, pool: Rc<Pool>, nbd: Option<Rc<NbdServer>>) {
+    let fd = socket.as_raw_fd();
+    let response = match rt::timeout(REQUEST_TIMEOUT, read_request(fd)).await {
+        None => Response { ok: false, result: None, error: Some("timed out waiting for the request".into()) },
+        Some(Err(error)) => Response { ok: false, result: None, error: Some(error) },
+        Some(Ok(bytes)) => match serde_json::from_slice::<Command>(&bytes) {
+            Ok(command) => Response::from_result(execute(&pool, command, nbd.map(|server| server.stats())).await),
+            Err(error) => Response { ok: false, result: None, error: Some(format!("bad request: {error}")) },
+        },
+    };
+    let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
+    bytes.push(b'\n');
+    let total = bytes.len();
+    let mut pieces = vec![SendPiece::Bytes(bytes)];
+    let mut sent = 0;
+    while sent < total {
+        let (result, returned) = uring::send_pieces(fd, pieces, sent).await;
+        pieces = returned;
+        match result {
+            Ok(count) if count > 0 => sent += count,
+            _ => return,
+        }
+    }
+}

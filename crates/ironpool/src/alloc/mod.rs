@@ -258,6 +258,17 @@ impl Allocator {
         self.vdevs.iter().map(VdevSpace::free_bytes).sum()
     }
 
+    /// Bytes freed but not yet allocatable (waiting for their txgs to commit).
+    pub fn deferred_bytes(&self) -> u64 {
+        self.vdevs
+            .iter()
+            .flat_map(|vdev| vdev.metaslabs.iter())
+            .map(|metaslab| {
+                metaslab.pending_frees.total_bytes() + metaslab.syncing_frees.total_bytes() + metaslab.defer.iter().map(RangeSet::total_bytes).sum::<u64>()
+            })
+            .sum()
+    }
+
     /// Bytes held back from data allocations for metadata.
     pub fn slop_bytes(&self) -> u64 {
         (self.size_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.size_bytes() / 2)

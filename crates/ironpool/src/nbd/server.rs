@@ -650,7 +650,7 @@ impl Connection {
         let structured = negotiated.structured;
         let fail = |error: u32, message: &str| {
             self.server.count(|stats| stats.request_errors += 1);
-            error_reply(request.cookie, structured && request.command == CMD_READ, error, message)
+            error_reply(request.cookie, structured, error, message)
         };
         if request.flags & !allowed_flags(request.command, structured) != 0 {
             return fail(EINVAL, "flag not valid for this command");
@@ -768,8 +768,10 @@ fn errno_of(error: &PoolError) -> u32 {
     }
 }
 
-fn error_reply(cookie: u64, structured_read: bool, error: u32, message: &str) -> Vec<SendPiece> {
-    if structured_read {
+/// An error reply: a structured ERROR chunk (with the message) once structured
+/// replies are negotiated, a simple reply otherwise.
+fn error_reply(cookie: u64, structured: bool, error: u32, message: &str) -> Vec<SendPiece> {
+    if structured {
         vec![SendPiece::Bytes(structured_error(cookie, error, message))]
     } else {
         vec![SendPiece::Bytes(simple_reply(cookie, error))]

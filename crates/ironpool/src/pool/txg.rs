@@ -201,7 +201,10 @@ async fn sync_loop(pool: Rc<Pool>) {
             rt::timeout(timeout - since, state.wake.notified()).await;
             continue;
         }
-        if retry.is_none() && !requested && !pool.has_changes() {
+        // An idle pool still commits (empty txgs) while frees wait in the defer
+        // slots, so freed space becomes usable without new writes.
+        let deferred = pool.store.allocator.borrow().deferred_bytes() > 0;
+        if retry.is_none() && !requested && !pool.has_changes() && !deferred {
             state.last_commit.set(rt::now());
             continue;
         }

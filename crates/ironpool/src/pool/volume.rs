@@ -441,7 +441,7 @@ impl Pool {
             Some(data) => {
                 let algo = volume.object.dnode().checksum_algo;
                 let checksum = algo.compute(data);
-                let dvas = self.store.allocate(block as u64, false, 1).map_err(|_| PoolError::NoSpace)?;
+                let dvas = self.allocate_data(block as u64).await?;
                 if let Err(error) = self.store.write(&dvas, data.clone(), IoClass::SyncWrite).await {
                     self.store.release(&dvas);
                     return Err(error.into());
@@ -483,6 +483,26 @@ impl Pool {
             self.store.free(&old);
         }
         Ok(())
+    }
+
+    /// Allocates a data block. When the pool is full but frees are waiting for
+    /// their txgs, commits (up to the defer depth) so they become usable, rather
+    /// than failing a write that will fit a moment later.
+    async fn allocate_data(self: &Rc<Self>, bytes: u64) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {
+        let mut commits = 0;
+        loop {
+            match self.store.allocate(bytes, false, 1) {
+                Ok(dvas) => return Ok(dvas),
+                Err(_) => {
+                    let waiting = self.store.allocator.borrow().deferred_bytes();
+                    if waiting < bytes || commits > crate::alloc::DEFER_TXGS {
+                        return Err(PoolError::NoSpace);
+                    }
+                    commits += 1;
+                    self.txg.wait_durable(self, self.txg.open()).await?;
+                }
+            }
+        }
     }
 
     /// Allocation status of `offset..offset+length`: runs of (bytes, allocated),

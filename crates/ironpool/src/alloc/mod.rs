@@ -242,11 +242,14 @@ pub struct NoSpace;
 pub struct Allocator {
     pub vdevs: Vec<VdevSpace>,
     rotor: usize,
+    /// Space data allocations must leave for the metadata the open txg will write
+    /// at commit (kept up to date by the pool), on top of the slop.
+    pub metadata_reserve_bytes: u64,
 }
 
 impl Allocator {
     pub fn new(vdevs: Vec<VdevSpace>) -> Allocator {
-        Allocator { vdevs, rotor: 0 }
+        Allocator { vdevs, rotor: 0, metadata_reserve_bytes: 0 }
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -279,7 +282,7 @@ impl Allocator {
     pub fn allocate(&mut self, physical_bytes: u64, class: BlockClass, avoid: Option<Dva>) -> Result<Dva, NoSpace> {
         if class == BlockClass::Data {
             let largest_sector = self.vdevs.iter().map(|vdev| vdev.sector_bytes).max().unwrap_or(512);
-            if self.free_bytes() < self.slop_bytes() + physical_bytes + largest_sector {
+            if self.free_bytes() < self.slop_bytes() + self.metadata_reserve_bytes + physical_bytes + largest_sector {
                 return Err(NoSpace);
             }
         }

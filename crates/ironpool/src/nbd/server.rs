@@ -36,7 +36,7 @@ pub const CONNECTIONS_MAX: usize = 1024;
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
 /// Receive buffer per connection: holds many request headers (and small payloads)
 /// per recv.
-const RECEIVE_BUFFER_BYTES: usize = 256 * 1024;
+const RECEIVE_BUFFER_BYTES: usize = 1024 * 1024;
 /// Most pieces gathered into one sendmsg.
 const SEND_BATCH_PIECES: usize = 512;
 /// Longest a shutdown waits for connections to drain.

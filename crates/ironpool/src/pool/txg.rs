@@ -69,6 +69,9 @@ pub struct TxgState {
     task: RefCell<Option<JoinHandle<()>>>,
     last_commit: Cell<Instant>,
     stats: Cell<TxgStats>,
+    /// Data bytes linked in the open txg: their frees wait for commits, so a
+    /// commit must come before they eat the free space.
+    data_bytes_open: Cell<u64>,
 }
 
 impl TxgState {
@@ -85,6 +88,16 @@ impl TxgState {
             task: RefCell::new(None),
             last_commit: Cell::new(Instant(0)),
             stats: Cell::new(TxgStats::default()),
+            data_bytes_open: Cell::new(0),
+        }
+    }
+
+    /// Counts data linked in the open txg and starts a commit when it is time
+    /// (see `data_sync_bytes`).
+    pub fn add_data(&self, pool: &Pool, bytes: u64) {
+        self.data_bytes_open.set(self.data_bytes_open.get() + bytes);
+        if self.data_bytes_open.get() >= data_sync_bytes(pool) {
+            self.request(self.open.get());
         }
     }
 
@@ -193,7 +206,7 @@ async fn sync_loop(pool: Rc<Pool>) {
         let timeout = pool.tunables.borrow().txg_timeout;
         let since = rt::now().duration_since(state.last_commit.get());
         let requested = state.requested.get() >= state.open.get();
-        let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes;
+        let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes || state.data_bytes_open.get() >= data_sync_bytes(&pool);
         if state.stopping.get() && retry.is_none() && !pool.has_changes() {
             break;
         }
@@ -248,6 +261,24 @@ fn bump(state: &TxgState, update: impl FnOnce(&mut TxgStats)) {
     let mut stats = state.stats.get();
     update(&mut stats);
     state.stats.set(stats);
+}
+
+/// Data written in one txg before a commit starts: an eighth of the free space
+/// (between 16 MiB and 1 GiB). Copy-on-write needs free space for every overwrite
+/// and frees only come back two txgs later, so a full-ish pool commits more often.
+pub fn data_sync_bytes(pool: &Pool) -> u64 {
+    let free = pool.store.allocator.borrow().free_bytes();
+    (free / 8).clamp(16 << 20, 1 << 30)
+}
+
+/// Space the next commit may need for metadata: every dirty node rewritten with
+/// its copies (twice over, for blocks freed in this txg that are not reusable
+/// yet), plus room for space map growth. Data allocations leave this free.
+pub fn update_metadata_reserve(pool: &Pool) {
+    let dirty = pool.objects.dirty_bytes();
+    let metaslabs: u64 = pool.store.allocator.borrow().vdevs.iter().map(|vdev| vdev.metaslabs.len() as u64).sum();
+    let reserve = 4 * crate::object::sync::METADATA_COPIES as u64 * dirty + metaslabs * (64 << 10);
+    pool.store.allocator.borrow_mut().metadata_reserve_bytes = reserve;
 }
 
 /// Step 1: rewrites every dirty object into `SyncContext` and closes the txg.
@@ -313,7 +344,9 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     };
     pool.txg.open.set(txg + 1);
     pool.store.set_open_txg(txg + 1);
+    pool.txg.data_bytes_open.set(0);
     objects.reset_dirty_bytes();
+    update_metadata_reserve(pool);
     Ok(BuiltTxg { txg, context, uberblock, config, passes })
 }
 
@@ -325,7 +358,10 @@ fn log_space_maps(pool: &Pool, records: Vec<(u32, u32, Vec<Record>)>, txg: u64, 
         let (map_id, condense, array_id) = {
             let allocator = pool.store.allocator.borrow();
             let metaslab = &allocator.vdevs[vdev as usize].metaslabs[metaslab_index as usize];
-            (metaslab.space_map_object, metaslab.should_condense() && !condensed.contains(&(vdev, metaslab_index)), allocator.vdevs[vdev as usize].array_object)
+            // Condensing writes a new map before the old one's space comes back:
+            // only when space is ample.
+            let roomy = allocator.free_bytes() > 4 * allocator.slop_bytes();
+            (metaslab.space_map_object, roomy && metaslab.should_condense() && !condensed.contains(&(vdev, metaslab_index)), allocator.vdevs[vdev as usize].array_object)
         };
         let map = if map_id == 0 {
             let id = pool.allocate_object_id();

@@ -478,6 +478,7 @@ impl Pool {
         };
         if !pointer.is_hole() {
             self.store.commit(&pointer);
+            self.txg.add_data(self, pointer.allocated_bytes());
         }
         if !old.is_hole() {
             self.store.free(&old);
@@ -490,6 +491,7 @@ impl Pool {
     /// than failing a write that will fit a moment later.
     async fn allocate_data(self: &Rc<Self>, bytes: u64) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {
         let mut commits = 0;
+        super::txg::update_metadata_reserve(self);
         loop {
             match self.store.allocate(bytes, false, 1) {
                 Ok(dvas) => return Ok(dvas),

@@ -15,6 +15,30 @@ use std::rc::Rc;
 /// size up to 4 KiB and lets the kernel pin pages without splitting.
 pub const BUFFER_ALIGNMENT_BYTES: usize = 4096;
 
+/// Smallest and largest capacities kept for reuse (4 KiB .. 1 MiB, by powers of
+/// two): the sizes of blocks, payloads and aggregated I/Os.
+const POOL_CLASS_MIN_SHIFT: u32 = 12;
+const POOL_CLASS_MAX_SHIFT: u32 = 20;
+/// Bytes of free buffers kept per size class: enough for a few hundred 16 KiB
+/// blocks in flight, small next to the engine's other limits.
+const POOL_CLASS_BYTES_MAX: usize = 8 * 1024 * 1024;
+
+thread_local! {
+    /// Free buffers by size class. Reusing them spares a malloc, a memset and
+    /// page faults per I/O; their old contents are initialised bytes, so handing
+    /// one out for overwriting is sound.
+    static FREE_BUFFERS: std::cell::RefCell<Vec<Vec<NonNull<u8>>>> =
+        std::cell::RefCell::new((POOL_CLASS_MIN_SHIFT..=POOL_CLASS_MAX_SHIFT).map(|_| Vec::new()).collect());
+}
+
+fn pool_class(capacity: usize) -> Option<usize> {
+    if !capacity.is_power_of_two() {
+        return None;
+    }
+    let shift = capacity.trailing_zeros();
+    (POOL_CLASS_MIN_SHIFT..=POOL_CLASS_MAX_SHIFT).contains(&shift).then(|| (shift - POOL_CLASS_MIN_SHIFT) as usize)
+}
+
 /// A heap buffer aligned for O_DIRECT. The length is fixed at allocation.
 pub struct AlignedBuf {
     pointer: NonNull<u8>,
@@ -34,23 +58,42 @@ impl AlignedBuf {
     }
 
     fn capacity_for(length: usize) -> usize {
-        length.div_ceil(BUFFER_ALIGNMENT_BYTES).max(1) * BUFFER_ALIGNMENT_BYTES
+        let capacity = length.div_ceil(BUFFER_ALIGNMENT_BYTES).max(1) * BUFFER_ALIGNMENT_BYTES;
+        // Round pool-sized buffers up to their class so they can be reused.
+        if capacity <= 1 << POOL_CLASS_MAX_SHIFT {
+            capacity.next_power_of_two()
+        } else {
+            capacity
+        }
+    }
+
+    /// A recycled buffer of exactly `capacity`, if one is free.
+    fn recycled(capacity: usize, length: usize) -> Option<AlignedBuf> {
+        let class = pool_class(capacity)?;
+        let pointer = FREE_BUFFERS.try_with(|pool| pool.borrow_mut()[class].pop()).ok().flatten()?;
+        Some(AlignedBuf { pointer, length, capacity })
     }
 
     /// A zero-filled buffer of `length` bytes.
     pub fn zeroed(length: usize) -> AlignedBuf {
         let capacity = Self::capacity_for(length);
+        if let Some(mut buffer) = Self::recycled(capacity, length) {
+            buffer.fill(0);
+            return buffer;
+        }
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(Self::layout(capacity)) };
         let pointer = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(capacity)));
         AlignedBuf { pointer, length, capacity }
     }
 
-    /// A buffer the caller is about to overwrite completely (a read target).
-    /// It is zeroed all the same: reading uninitialised memory is undefined in Rust,
-    /// and a short read must never expose stale heap contents to a client.
+    /// A buffer the caller is about to overwrite completely (a read target, a
+    /// payload being received). A recycled buffer keeps its old bytes (callers
+    /// overwrite all of them before use, and a buffer is only recycled within this
+    /// process); a new one is zeroed, as uninitialised memory may not be read.
     pub fn for_overwrite(length: usize) -> AlignedBuf {
-        AlignedBuf::zeroed(length)
+        let capacity = Self::capacity_for(length);
+        Self::recycled(capacity, length).unwrap_or_else(|| AlignedBuf::zeroed(length))
     }
 
     /// A buffer holding a copy of `bytes`.
@@ -90,6 +133,23 @@ impl AlignedBuf {
 
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
+        if let Some(class) = pool_class(self.capacity) {
+            let kept = FREE_BUFFERS
+                .try_with(|pool| {
+                    let mut pool = pool.borrow_mut();
+                    let free = &mut pool[class];
+                    if (free.len() + 1) * self.capacity <= POOL_CLASS_BYTES_MAX {
+                        free.push(self.pointer);
+                        true
+                    } else {
+                        false
+                    }
+                })
+                .unwrap_or(false);
+            if kept {
+                return;
+            }
+        }
         // SAFETY: allocated in this module with this exact layout.
         unsafe { dealloc(self.pointer.as_ptr(), Self::layout(self.capacity)) };
     }

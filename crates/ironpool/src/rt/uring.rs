@@ -198,17 +198,19 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
     // The completion queue is four times the submission queue so bursts of
     // completions (an aggregated I/O's many children) never overflow it.
     let completion_entries = ring_entries.saturating_mul(4);
-    let tuned = IoUring::builder()
-        .setup_single_issuer()
-        .setup_coop_taskrun()
-        .setup_taskrun_flag()
-        .setup_cqsize(completion_entries)
-        .build(ring_entries);
-    match tuned {
-        Ok(ring) => Ok(ring),
-        // Older kernels lack some flags; the plain ring is correct, only slower.
-        Err(_) => IoUring::builder().setup_cqsize(completion_entries).build(ring_entries),
+    let mode = std::env::var("IRONPOOL_URING_MODE").unwrap_or_default();
+    let mut builder = IoUring::builder();
+    builder.setup_cqsize(completion_entries);
+    match mode.as_str() {
+        "coop" => {
+            builder.setup_single_issuer().setup_coop_taskrun().setup_taskrun_flag();
+        }
+        "defer" => {
+            builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag();
+        }
+        _ => {}
     }
+    builder.build(ring_entries)
 }
 
 fn with_driver<R>(f: impl FnOnce(&UringDriver) -> R) -> R {

@@ -1,0 +1,340 @@
+//! Building fio command lines and running fio: one process per test, its
+//! JSON written to a file (kept for people) and parsed from there.
+
+use std::fs::File;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitStatus, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, Result};
+
+use crate::fio_json::{self, FioOutput};
+use crate::interrupt;
+use crate::progress::Progress;
+use crate::suites::{Durability, Workload};
+use crate::target::process::wait_with_deadline;
+use crate::target::Access;
+use crate::units::{size_short, MIB};
+
+/// Prefill block size: large sequential writes fill fastest.
+const PREFILL_BLOCK_SIZE_BYTES: u64 = MIB;
+/// Prefill queue depth: enough to keep a device busy.
+const PREFILL_IODEPTH: u32 = 16;
+/// Time fio may take beyond runtime + ramp before it is stopped: job start,
+/// file layout and the final report.
+const FIO_MARGIN: Duration = Duration::from_secs(60);
+/// Slowest prefill we wait for (bytes per second), to bound its wait.
+const PREFILL_MIN_BANDWIDTH_BYTES_PER_SECOND: u64 = 5 * MIB;
+/// How long fio gets to exit after SIGINT/SIGTERM before SIGKILL.
+const FIO_STOP_TIMEOUT: Duration = Duration::from_secs(15);
+/// How often the wait loop updates the progress display.
+const POLL_INTERVAL: Duration = Duration::from_millis(100);
+
+/// fio settings common to every test.
+#[derive(Debug, Clone)]
+pub struct FioSettings {
+    /// The fio executable.
+    pub exe: PathBuf,
+    /// Measured seconds per test.
+    pub runtime_seconds: u64,
+    /// Unmeasured warm-up seconds per test.
+    pub ramp_seconds: u64,
+}
+
+/// The fio options that address a target; `None` with a reason when fio
+/// cannot run this workload there.
+fn access_args(
+    access: &Access,
+    durability: Durability,
+) -> std::result::Result<Vec<String>, String> {
+    match access {
+        Access::File(path) => {
+            let engine = if durability == Durability::PsyncFdatasync { "psync" } else { "io_uring" };
+            Ok(vec![
+                format!("--ioengine={engine}"),
+                "--direct=1".to_string(),
+                format!("--filename={}", path.display()),
+            ])
+        }
+        Access::Nbd(uri) => match durability {
+            Durability::Dsync => Err("fio's nbd engine cannot send FUA writes".to_string()),
+            Durability::PsyncFdatasync => Err(
+                "fio's nbd engine rejects fdatasync (EINVAL); the -fsync tests flush with NBD_CMD_FLUSH".to_string(),
+            ),
+            // direct=1 is ignored by the nbd engine; passing it keeps the
+            // command lines comparable and the request explicit.
+            _ => Ok(vec!["--ioengine=nbd".to_string(), format!("--uri={uri}"), "--direct=1".to_string()]),
+        },
+    }
+}
+
+/// The fio command of a test, or why it cannot run on this target.
+pub fn test_command(
+    settings: &FioSettings,
+    access: &Access,
+    workload: &Workload,
+    size_bytes: u64,
+) -> std::result::Result<Vec<String>, String> {
+    let mut argv = vec![
+        settings.exe.display().to_string(),
+        format!("--name={}", workload.name()),
+    ];
+    argv.extend(access_args(access, workload.durability)?);
+    let iodepth = if workload.durability == Durability::PsyncFdatasync {
+        1
+    } else {
+        workload.iodepth
+    };
+    argv.extend([
+        format!("--rw={}", workload.pattern.fio_rw()),
+        format!(
+            "--bs={}",
+            size_short(workload.block_size_bytes).to_lowercase()
+        ),
+        format!("--iodepth={iodepth}"),
+        format!("--numjobs={}", workload.numjobs),
+        format!("--size={}", size_short(size_bytes)),
+        format!("--runtime={}", settings.runtime_seconds),
+        "--time_based".to_string(),
+    ]);
+    if settings.ramp_seconds > 0 {
+        argv.push(format!("--ramp_time={}", settings.ramp_seconds));
+    }
+    if let Some(mix) = workload.read_mix_percent {
+        argv.push(format!("--rwmixread={mix}"));
+    }
+    match workload.durability {
+        Durability::None => {}
+        Durability::Fsync => argv.push("--fsync=1".to_string()),
+        Durability::Dsync => argv.push("--sync=dsync".to_string()),
+        Durability::PsyncFdatasync => argv.push("--fdatasync=1".to_string()),
+    }
+    argv.extend([
+        "--group_reporting".to_string(),
+        "--lat_percentiles=1".to_string(),
+        "--output-format=json".to_string(),
+    ]);
+    Ok(argv)
+}
+
+/// The fio command that writes a whole target (or filler) once with real
+/// data, sequentially, so that no read hits never-written space.
+pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64) -> Vec<String> {
+    let mut argv = vec![
+        settings.exe.display().to_string(),
+        "--name=prefill".to_string(),
+    ];
+    // Durability::None always has access options.
+    argv.extend(access_args(access, Durability::None).unwrap_or_default());
+    argv.extend([
+        "--rw=write".to_string(),
+        format!(
+            "--bs={}",
+            size_short(PREFILL_BLOCK_SIZE_BYTES).to_lowercase()
+        ),
+        format!("--iodepth={PREFILL_IODEPTH}"),
+        "--numjobs=1".to_string(),
+        format!("--size={}", size_short(size_bytes)),
+        "--end_fsync=1".to_string(),
+        "--output-format=json".to_string(),
+    ]);
+    argv
+}
+
+/// How long a test may run before it is stopped.
+pub fn test_timeout(settings: &FioSettings) -> Duration {
+    Duration::from_secs(settings.runtime_seconds + settings.ramp_seconds) + FIO_MARGIN
+}
+
+/// How long a prefill of `size_bytes` may run before it is stopped.
+pub fn prefill_timeout(size_bytes: u64) -> Duration {
+    Duration::from_secs(size_bytes / PREFILL_MIN_BANDWIDTH_BYTES_PER_SECOND) + FIO_MARGIN
+}
+
+/// A finished fio process.
+#[derive(Debug)]
+pub struct FioRun {
+    /// The parsed report, or why there is none.
+    pub output: std::result::Result<FioOutput, String>,
+    /// fio's exit status.
+    pub status: ExitStatus,
+    /// Wall-clock seconds.
+    pub wall_seconds: f64,
+    /// fio's stderr.
+    pub stderr: String,
+    /// True when the run was interrupted or timed out.
+    pub stopped: bool,
+}
+
+impl FioRun {
+    /// The report if fio ran through, else an error for people built from
+    /// fio's own messages.
+    pub fn report(&self) -> std::result::Result<&FioOutput, String> {
+        let output = self.output.as_ref().map_err(|e| self.explain(e))?;
+        let job_error = output.report.jobs.iter().map(|j| j.error).find(|&e| e != 0);
+        if self.stopped {
+            return Err(self.explain("stopped before the end (interrupted or past its time limit)"));
+        }
+        if let Some(errno) = job_error {
+            return Err(self.explain(&format!("a job failed with errno {errno}")));
+        }
+        if !self.status.success() {
+            return Err(self.explain(&format!("fio exited with {}", self.status)));
+        }
+        Ok(output)
+    }
+
+    fn explain(&self, what: &str) -> String {
+        let mut messages: Vec<String> = self
+            .output
+            .as_ref()
+            .map(|o| o.preamble.clone())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|line| !line.contains("connected to NBD server"))
+            .collect();
+        messages.extend(
+            self.stderr
+                .lines()
+                .map(str::trim)
+                .filter(|l| !l.is_empty())
+                .map(str::to_string),
+        );
+        if messages.is_empty() {
+            what.to_string()
+        } else {
+            format!("{what}: {}", messages.join(" | "))
+        }
+    }
+}
+
+/// Runs fio with `argv`, writing stdout to `output_path` and stderr beside
+/// it, updating `progress` while it runs and stopping it after `timeout`
+/// or on Ctrl-C.
+pub fn run(
+    argv: &[String],
+    output_path: &Path,
+    timeout: Duration,
+    progress: &mut Progress,
+) -> Result<FioRun> {
+    let (program, args) = argv.split_first().context("empty fio command")?;
+    let stderr_path = output_path.with_extension("stderr");
+    let stdout =
+        File::create(output_path).with_context(|| format!("creating {}", output_path.display()))?;
+    let stderr = File::create(&stderr_path)
+        .with_context(|| format!("creating {}", stderr_path.display()))?;
+    let started = Instant::now();
+    let mut child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .with_context(|| {
+            format!("starting fio ({program}); is fio installed? (apt-get install fio)")
+        })?;
+    let deadline = started + timeout;
+    let mut stopped = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().context("waiting for fio")? {
+            break status;
+        }
+        let past_deadline = Instant::now() >= deadline;
+        if past_deadline || interrupt::requested() {
+            stopped = true;
+            // fio prints its report on SIGINT; SIGTERM past the deadline.
+            let signal = if past_deadline {
+                libc::SIGTERM
+            } else {
+                libc::SIGINT
+            };
+            let pid = libc::pid_t::try_from(child.id()).context("fio PID out of range")?;
+            // SAFETY: plain syscall on our own unreaped child.
+            unsafe { libc::kill(pid, signal) };
+            match wait_with_deadline(&mut child, FIO_STOP_TIMEOUT)? {
+                Some(status) => break status,
+                None => {
+                    child.kill().context("killing fio")?;
+                    break child.wait().context("reaping fio")?;
+                }
+            }
+        }
+        progress.tick();
+        std::thread::sleep(POLL_INTERVAL);
+    };
+    let wall_seconds = started.elapsed().as_secs_f64();
+    let text = std::fs::read_to_string(output_path)
+        .with_context(|| format!("reading {}", output_path.display()))?;
+    let stderr = std::fs::read_to_string(&stderr_path).unwrap_or_default();
+    if stderr.trim().is_empty() {
+        let _ = std::fs::remove_file(&stderr_path);
+    }
+    let output = fio_json::parse(&text).map_err(|e| format!("{e:#}"));
+    Ok(FioRun {
+        output,
+        status,
+        wall_seconds,
+        stderr,
+        stopped,
+    })
+}
+
+/// `fio --version`.
+pub fn version(exe: &Path) -> Result<String> {
+    let argv = vec![exe.display().to_string(), "--version".to_string()];
+    let text = crate::target::process::run_command(&argv, Duration::from_secs(30))
+        .context("running `fio --version`: is fio installed? (apt-get install fio)")?;
+    Ok(text.trim().to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::suites::Pattern;
+    use crate::units::{GIB, KIB};
+
+    fn settings() -> FioSettings {
+        FioSettings {
+            exe: "fio".into(),
+            runtime_seconds: 10,
+            ramp_seconds: 0,
+        }
+    }
+
+    #[test]
+    fn builds_the_benchmarks_md_template() {
+        let workload = Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1);
+        let argv = test_command(
+            &settings(),
+            &Access::File("/p/raw.img".into()),
+            &workload,
+            2 * GIB,
+        )
+        .unwrap();
+        assert_eq!(
+            argv.join(" "),
+            "fio --name=randwrite-16k-qd64-1j --ioengine=io_uring --direct=1 --filename=/p/raw.img \
+             --rw=randwrite --bs=16k --iodepth=64 --numjobs=1 --size=2G --runtime=10 --time_based \
+             --group_reporting --lat_percentiles=1 --output-format=json"
+        );
+    }
+
+    #[test]
+    fn nbd_cannot_do_fua_or_fdatasync() {
+        let nbd = Access::Nbd("nbd+unix:///?socket=/s".into());
+        let mut workload = Workload::new(Pattern::RandWrite, 16 * KIB, 1, 1);
+        workload.durability = Durability::Dsync;
+        assert!(test_command(&settings(), &nbd, &workload, GIB).is_err());
+        workload.durability = Durability::Fsync;
+        let argv = test_command(&settings(), &nbd, &workload, GIB).unwrap();
+        assert!(
+            argv.contains(&"--ioengine=nbd".to_string()) && argv.contains(&"--fsync=1".to_string())
+        );
+        workload.durability = Durability::PsyncFdatasync;
+        let file = test_command(&settings(), &Access::File("/f".into()), &workload, GIB).unwrap();
+        assert!(
+            file.contains(&"--ioengine=psync".to_string())
+                && file.contains(&"--fdatasync=1".to_string())
+        );
+    }
+}

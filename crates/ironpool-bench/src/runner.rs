@@ -1,0 +1,683 @@
+//! Runs a plan: for each target in turn, set it up, prefill it, run the
+//! suites' tests with observations around each, tear it down. One target
+//! runs at a time, so no two servers compete for the 2 cores.
+//!
+//! The fill suite gets its own set-up of each target (a fresh pool with a
+//! small working set for ironpool) and raises the fill level with fillers
+//! between levels. Targets that cannot be filled skip it, except the raw
+//! baseline, which runs the pool report once so the fill levels have
+//! something to be compared with.
+
+use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use anyhow::{Context, Result};
+
+use crate::args::{BenchArgs, Plan};
+use crate::fio_runner::{self, FioSettings};
+use crate::machine;
+use crate::observe;
+use crate::pitfalls;
+use crate::progress::Progress;
+use crate::results::{
+    Finding, Outcome, PrefillResult, Results, Settings, TargetResult, TestResult,
+    RESULTS_SCHEMA_VERSION,
+};
+use crate::suites::{self, Suite, TestSpec};
+use crate::target::{self, Access, FillMethod, Instance, Purpose, SetupContext, TargetSpec};
+use crate::units::{bytes_human, count_human, latency_human, rate_human};
+use crate::{interrupt, target::files};
+
+/// Planned prefill speed for the ETA only.
+const PLANNED_PREFILL_BYTES_PER_SECOND: f64 = 200.0 * 1024.0 * 1024.0;
+/// Planned seconds per test beyond runtime and ramp (fio start, report).
+const PLANNED_TEST_OVERHEAD_SECONDS: f64 = 1.0;
+
+/// Run-wide state.
+struct Runner<'a> {
+    plan: &'a Plan,
+    args: &'a BenchArgs,
+    out_dir: PathBuf,
+    fio: FioSettings,
+    ironpool_exe: PathBuf,
+    progress: Progress,
+    page_size_bytes: u64,
+    interrupted: bool,
+}
+
+/// Runs the plan and returns the results (partial when interrupted).
+pub fn execute(
+    plan: &Plan,
+    args: &BenchArgs,
+    out_dir: &Path,
+    ironpool_exe: &Path,
+) -> Result<Results> {
+    let fio_version = fio_runner::version(&args.fio)?;
+    let mut machine = machine::describe(fio_version);
+    let started = unix_now();
+    let (steps, planned_seconds) = planned_work(plan);
+    let mut runner = Runner {
+        plan,
+        args,
+        out_dir: out_dir.to_path_buf(),
+        fio: FioSettings {
+            exe: args.fio.clone(),
+            runtime_seconds: plan.runtime_seconds,
+            ramp_seconds: plan.ramp_seconds,
+        },
+        ironpool_exe: ironpool_exe.to_path_buf(),
+        progress: Progress::new(steps, planned_seconds),
+        page_size_bytes: machine.page_size_bytes,
+        interrupted: false,
+    };
+    runner.progress.log(&format!(
+        "{} targets, {} steps planned, about {} (results in {})",
+        plan.targets.len(),
+        steps,
+        crate::units::duration_human(planned_seconds),
+        out_dir.display()
+    ));
+    let _sigint = interrupt::install().context("installing the Ctrl-C handler")?;
+    let mut targets = Vec::new();
+    for (label, spec) in &plan.targets {
+        runner.interrupted |= interrupt::requested();
+        if runner.interrupted {
+            break;
+        }
+        targets.push(runner.run_target(label, spec));
+    }
+    runner.progress.finish();
+    if plan
+        .targets
+        .iter()
+        .any(|(_, s)| matches!(s, TargetSpec::Nbdkit(_)))
+    {
+        let argv = vec![args.nbdkit.display().to_string(), "--version".to_string()];
+        machine.nbdkit_version =
+            target::process::run_command(&argv, std::time::Duration::from_secs(30))
+                .ok()
+                .map(|s| s.trim().to_string());
+    }
+    if plan
+        .targets
+        .iter()
+        .any(|(_, s)| matches!(s, TargetSpec::Ironpool(_)))
+    {
+        machine.ironpool_version = target::ironpool::version(ironpool_exe);
+    }
+    Ok(Results {
+        schema_version: RESULTS_SCHEMA_VERSION,
+        tool_version: env!("CARGO_PKG_VERSION").to_string(),
+        started_unix_seconds: started,
+        finished_unix_seconds: unix_now(),
+        interrupted: runner.interrupted,
+        machine,
+        settings: Settings {
+            suites: plan.suites.clone(),
+            target_specs: plan.targets.iter().map(|(l, _)| l.clone()).collect(),
+            runtime_seconds: plan.runtime_seconds,
+            ramp_seconds: plan.ramp_seconds,
+            size_bytes: plan.size_bytes,
+            depths: plan.suite_options.depths.clone(),
+            jobs: plan.suite_options.jobs.clone(),
+            fill_levels_percent: plan.suite_options.fill_levels_percent.clone(),
+        },
+        targets,
+        findings: Vec::new(),
+    })
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs())
+        .unwrap_or(0)
+}
+
+/// Steps and planned seconds of the whole plan, for the progress display.
+fn planned_work(plan: &Plan) -> (usize, f64) {
+    let per_test =
+        (plan.runtime_seconds + plan.ramp_seconds) as f64 + PLANNED_TEST_OVERHEAD_SECONDS;
+    let per_prefill =
+        plan.size_bytes as f64 / PLANNED_PREFILL_BYTES_PER_SECOND + PLANNED_TEST_OVERHEAD_SECONDS;
+    let mut steps = 0;
+    let mut seconds = 0.0;
+    for (_, spec) in &plan.targets {
+        for (_, tests) in test_groups(plan, spec, matches!(spec, TargetSpec::Raw(_))) {
+            steps += tests.len() + 1;
+            seconds += tests.len() as f64 * per_test + per_prefill;
+        }
+    }
+    (steps, seconds)
+}
+
+/// The tests of a target, grouped by set-up: the ordinary suites, then the
+/// fill suite. Targets that cannot be filled get no fill tests, except the
+/// raw baseline, which runs the pool report once (unless that suite already
+/// ran) so that fill levels can be compared with it.
+fn test_groups(plan: &Plan, spec: &TargetSpec, baseline: bool) -> Vec<(Purpose, Vec<TestSpec>)> {
+    let mut groups = Vec::new();
+    let main: Vec<TestSpec> = plan
+        .suites
+        .iter()
+        .filter(|s| **s != Suite::Fill)
+        .flat_map(|&s| suites::tests_of(s, &plan.suite_options))
+        .collect();
+    if !main.is_empty() {
+        groups.push((Purpose::Main, main));
+    }
+    if plan.suites.contains(&Suite::Fill) {
+        let fillable = matches!(
+            spec,
+            TargetSpec::Ironpool(_) | TargetSpec::File(_) | TargetSpec::Dir(_)
+        );
+        if fillable {
+            groups.push((
+                Purpose::Fill,
+                suites::tests_of(Suite::Fill, &plan.suite_options),
+            ));
+        } else if baseline && !plan.suites.contains(&Suite::PoolReport) {
+            let tests = suites::pool_report_workloads()
+                .into_iter()
+                .map(|workload| TestSpec {
+                    suite: Suite::Fill,
+                    workload,
+                    fill_percent: None,
+                })
+                .collect();
+            groups.push((Purpose::Main, tests));
+        }
+    }
+    groups
+}
+
+impl Runner<'_> {
+    /// Planned seconds of one test, for the progress display.
+    fn planned_test_seconds(&self) -> f64 {
+        (self.plan.runtime_seconds + self.plan.ramp_seconds) as f64 + PLANNED_TEST_OVERHEAD_SECONDS
+    }
+
+    /// Planned seconds of one set-up and prefill, for the progress display.
+    fn planned_prefill_seconds(&self) -> f64 {
+        self.plan.size_bytes as f64 / PLANNED_PREFILL_BYTES_PER_SECOND
+            + PLANNED_TEST_OVERHEAD_SECONDS
+    }
+
+    fn run_target(&mut self, label: &str, spec: &TargetSpec) -> TargetResult {
+        let baseline = matches!(spec, TargetSpec::Raw(_));
+        let mut result = TargetResult {
+            label: label.to_string(),
+            kind: spec.kind().to_string(),
+            baseline,
+            size_bytes: self.plan.size_bytes,
+            ..TargetResult::default()
+        };
+        let groups = test_groups(self.plan, spec, baseline);
+        if self.plan.suites.contains(&Suite::Fill)
+            && !groups.iter().any(|(p, _)| *p == Purpose::Fill)
+            && !baseline
+        {
+            result.notes.push(format!(
+                "fill suite skipped: {} targets have no fill level the tool can raise",
+                spec.kind()
+            ));
+        }
+        let mut slug = spec.slug();
+        if label.contains('#') {
+            slug = format!("{slug}-{}", label.rsplit('#').next().unwrap_or_default());
+        }
+        let mut static_checks_done = false;
+        let mut remaining: Vec<(Purpose, Vec<TestSpec>)> = groups;
+        remaining.reverse();
+        while let Some((purpose, tests)) = remaining.pop() {
+            self.interrupted |= interrupt::requested();
+            if self.interrupted {
+                break;
+            }
+            let outcome = self.run_group(
+                label,
+                spec,
+                &slug,
+                purpose,
+                &tests,
+                &mut result,
+                &mut static_checks_done,
+            );
+            if let Err(error) = outcome {
+                let message = format!("{error:#}");
+                self.progress.log(&format!("{label}: {message}"));
+                result.error.get_or_insert(message);
+                for (_, tests) in &remaining {
+                    self.progress.skip(self.planned_prefill_seconds());
+                    for _ in tests {
+                        self.progress.skip(self.planned_test_seconds());
+                    }
+                }
+                break;
+            }
+        }
+        result.pitfalls = pitfalls::collapse(std::mem::take(&mut result.pitfalls));
+        result
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_group(
+        &mut self,
+        label: &str,
+        spec: &TargetSpec,
+        slug: &str,
+        purpose: Purpose,
+        tests: &[TestSpec],
+        result: &mut TargetResult,
+        static_checks_done: &mut bool,
+    ) -> Result<()> {
+        let context = SetupContext {
+            out_dir: &self.out_dir,
+            size_bytes: self.plan.size_bytes,
+            overwrite: self.args.overwrite,
+            nbdkit: &self.args.nbdkit,
+            nbdinfo: &self.args.nbdinfo,
+            ironpool: &self.ironpool_exe,
+            assume_zfs_pool: self.args.assume_zfs_pool.as_deref(),
+            purpose,
+        };
+        let planned = self.planned_prefill_seconds();
+        self.progress
+            .begin(&format!("{label}: setting up and prefilling"), planned);
+        let mut instance = match target::setup(spec, label, slug, &context) {
+            Ok(instance) => instance,
+            Err(error) => {
+                self.progress.end("set-up failed");
+                for _ in tests {
+                    self.progress.skip(self.planned_test_seconds());
+                }
+                return Err(error.context(format!("setting up {label}")));
+            }
+        };
+        let setup_findings = std::mem::take(&mut instance.setup_findings);
+        for finding in setup_findings {
+            if !result.pitfalls.contains(&finding) {
+                result.pitfalls.push(finding);
+            }
+        }
+        if result.description.is_empty() {
+            result.description = instance.description.clone();
+            result.filesystem = instance.filesystem.as_ref().map(|m| m.fs_type.clone());
+            result.size_bytes = instance.size_bytes;
+        } else if purpose == Purpose::Fill {
+            result.notes.push(format!(
+                "fill suite on a fresh set-up: {}",
+                instance.description
+            ));
+        }
+        result.setup_commands.append(&mut instance.setup_commands);
+        let prefill_name = if purpose == Purpose::Fill {
+            "fill-target"
+        } else {
+            "target"
+        };
+        let outcome = self.run_prepared(
+            &mut instance,
+            slug,
+            prefill_name,
+            tests,
+            result,
+            static_checks_done,
+        );
+        result.setup_commands.append(&mut instance.setup_commands);
+        let teardown = instance.teardown(self.args.keep);
+        outcome.and(teardown)
+    }
+
+    fn run_prepared(
+        &mut self,
+        instance: &mut Instance,
+        slug: &str,
+        prefill_name: &str,
+        tests: &[TestSpec],
+        result: &mut TargetResult,
+        static_checks_done: &mut bool,
+    ) -> Result<()> {
+        let size = instance.size_bytes;
+        let access = instance.access.clone();
+        let prefill = self.prefill(&access, size, prefill_name, slug);
+        let prefill = match prefill {
+            Ok(prefill) => prefill,
+            Err(error) => {
+                self.progress.end("prefill failed");
+                for _ in tests {
+                    self.progress.skip(self.planned_test_seconds());
+                }
+                return Err(error);
+            }
+        };
+        self.progress.end(&format!(
+            "prefilled {} at {}",
+            bytes_human(prefill.bytes as f64),
+            rate_human(prefill.bandwidth_bytes_per_second)
+        ));
+        result.pitfalls.extend(pitfalls::never_written_prefill(
+            &instance.label,
+            prefill.bytes,
+            size,
+        ));
+        result.prefills.push(prefill);
+        if let Access::File(path) = &access {
+            if !files::is_block_device(path) {
+                result.pitfalls.extend(pitfalls::never_written_file(
+                    &instance.label,
+                    files::hole_bytes(path, size)?,
+                    size,
+                ));
+            }
+        }
+        instance.refresh_record_size()?;
+        if result.record_size_bytes.is_none() {
+            result.record_size_bytes = instance.record_size_bytes;
+        }
+        if !*static_checks_done {
+            *static_checks_done = true;
+            self.static_checks(instance, result);
+        }
+        let label = instance.label.clone();
+        if let Some(fill) = instance.fill_percent()? {
+            if tests.iter().all(|t| t.fill_percent.is_none()) {
+                let subject = instance.fill_subject();
+                result
+                    .pitfalls
+                    .extend(pitfalls::fill_level(&label, None, fill, subject, false));
+            }
+        }
+        let mut current_level = None;
+        for (index, test) in tests.iter().enumerate() {
+            if self.interrupted || interrupt::requested() {
+                self.interrupted = true;
+                for _ in &tests[index..] {
+                    self.progress.skip(self.planned_test_seconds());
+                }
+                break;
+            }
+            let mut fill_measured = None;
+            if let Some(level) = test.fill_percent {
+                if current_level != Some(level) {
+                    current_level = Some(level);
+                    if let Err(error) = self.raise_fill(instance, level, slug, result) {
+                        result
+                            .notes
+                            .push(format!("fill suite stopped at {level}%: {error:#}"));
+                        for _ in &tests[index..] {
+                            self.progress.skip(self.planned_test_seconds());
+                        }
+                        break;
+                    }
+                    let measured = instance.fill_percent()?;
+                    if let Some(measured) = measured {
+                        let subject = instance.fill_subject();
+                        let test_label = format!("fill-{level}");
+                        result.pitfalls.extend(pitfalls::fill_level(
+                            &label,
+                            Some(&test_label),
+                            measured,
+                            subject,
+                            true,
+                        ));
+                    }
+                }
+                fill_measured = instance.fill_percent()?;
+            }
+            let mut test_result = self.run_test(instance, test, slug, result);
+            test_result.fill_measured_percent = fill_measured;
+            result.tests.push(test_result);
+        }
+        Ok(())
+    }
+
+    /// Pitfalls known before any test: size against record, block sizes
+    /// against record and page, NBD caveats. Covers every planned test.
+    fn static_checks(&mut self, instance: &Instance, result: &mut TargetResult) {
+        let label = instance.label.as_str();
+        result.pitfalls.extend(pitfalls::smaller_than_record(
+            label,
+            instance.size_bytes,
+            instance.record_size_bytes,
+        ));
+        if instance.pool.is_some() {
+            result
+                .pitfalls
+                .extend(pitfalls::debug_build(label, &self.ironpool_exe));
+        }
+        let planned: Vec<TestSpec> = self
+            .plan
+            .suites
+            .iter()
+            .flat_map(|&s| suites::tests_of(s, &self.plan.suite_options))
+            .collect();
+        let mut named: Vec<(String, u64)> = Vec::new();
+        for test in &planned {
+            let entry = (test.name(), test.workload.block_size_bytes);
+            if !named.contains(&entry) {
+                named.push(entry);
+            }
+        }
+        result.pitfalls.extend(pitfalls::alignment(
+            label,
+            &named,
+            instance.record_size_bytes,
+            self.page_size_bytes,
+        ));
+        if matches!(instance.access, Access::Nbd(_)) && instance.pool.is_none() {
+            result.pitfalls.push(pitfalls::direct_over_nbd(
+                label,
+                instance.nbd_cache_note.as_deref(),
+            ));
+        }
+        let max_jobs = planned
+            .iter()
+            .map(|t| t.workload.numjobs)
+            .max()
+            .unwrap_or(1);
+        if instance.nbd_multi_conn == Some(false) && max_jobs > 1 {
+            result.pitfalls.push(Finding::new(
+                crate::results::Severity::Warning,
+                "multi-conn",
+                label,
+                None,
+                format!(
+                    "the NBD server does not advertise multi-conn: with up to {max_jobs} jobs fio opens as many \
+                     connections, and a flush on one need not cover writes made on another"
+                ),
+            ));
+        }
+    }
+
+    /// Writes a target or filler once, sequentially, with real data.
+    fn prefill(
+        &mut self,
+        access: &Access,
+        size_bytes: u64,
+        purpose: &str,
+        slug: &str,
+    ) -> Result<PrefillResult> {
+        let argv = fio_runner::prefill_command(&self.fio, access, size_bytes);
+        let output = self.output_path(slug, &format!("prefill-{purpose}"))?;
+        let run = fio_runner::run(
+            &argv,
+            &output,
+            fio_runner::prefill_timeout(size_bytes),
+            &mut self.progress,
+        )?;
+        if run.stopped && interrupt::requested() {
+            self.interrupted = true;
+        }
+        let report = run
+            .report()
+            .map_err(|e| anyhow::anyhow!("prefill ({}) failed: {e}", argv.join(" ")))?;
+        let write = report
+            .report
+            .jobs
+            .first()
+            .and_then(|j| j.write.summary())
+            .unwrap_or_default();
+        Ok(PrefillResult {
+            purpose: purpose.to_string(),
+            bytes: write.io_bytes,
+            bandwidth_bytes_per_second: write.bandwidth_bytes_per_second,
+            wall_seconds: run.wall_seconds,
+            command: argv,
+        })
+    }
+
+    /// Writes fillers until the pool or filesystem reaches `level` percent.
+    fn raise_fill(
+        &mut self,
+        instance: &mut Instance,
+        level: u32,
+        slug: &str,
+        result: &mut TargetResult,
+    ) -> Result<()> {
+        let shortfall = instance.fill_shortfall_bytes(level)?;
+        if shortfall == 0 {
+            return Ok(());
+        }
+        if let FillMethod::Filesystem(_) = instance.fill {
+            let written: u64 = result
+                .prefills
+                .iter()
+                .filter(|p| p.purpose.starts_with("fill"))
+                .map(|p| p.bytes)
+                .sum();
+            if written + shortfall > self.plan.fill_max_bytes {
+                anyhow::bail!(
+                    "reaching it means writing {} more, over --fill-max {}: use a small dedicated filesystem",
+                    bytes_human(shortfall as f64),
+                    bytes_human(self.plan.fill_max_bytes as f64)
+                );
+            }
+        }
+        let (name, access) = instance.new_filler(shortfall)?;
+        let planned = shortfall as f64 / PLANNED_PREFILL_BYTES_PER_SECOND;
+        self.progress.add_step(planned);
+        self.progress.begin(
+            &format!(
+                "{}: filling to {level}% ({})",
+                instance.label,
+                bytes_human(shortfall as f64)
+            ),
+            planned,
+        );
+        let prefill = self.prefill(&access, shortfall, &name, slug);
+        self.progress.end("done");
+        result.prefills.push(prefill?);
+        Ok(())
+    }
+
+    fn output_path(&self, slug: &str, name: &str) -> Result<PathBuf> {
+        let dir = self.out_dir.join("fio").join(slug);
+        std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        Ok(dir.join(format!("{name}.json")))
+    }
+
+    fn run_test(
+        &mut self,
+        instance: &Instance,
+        test: &TestSpec,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let planned = self.planned_test_seconds();
+        let argv = match fio_runner::test_command(
+            &self.fio,
+            &instance.access,
+            &test.workload,
+            instance.size_bytes,
+        ) {
+            Ok(argv) => argv,
+            Err(reason) => {
+                self.progress.skip(planned);
+                result.outcome = Outcome::Skipped { reason };
+                return result;
+            }
+        };
+        result.command = argv.clone();
+        let file_name = format!("{}-{}", test.suite.name(), result.label().replace('/', "-"));
+        self.progress.begin(
+            &format!(
+                "{} {} {}",
+                instance.label,
+                test.suite.name(),
+                result.label()
+            ),
+            planned,
+        );
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let run = self.output_path(slug, &file_name).and_then(|output| {
+            fio_runner::run(
+                &argv,
+                &output,
+                fio_runner::test_timeout(&self.fio),
+                &mut self.progress,
+            )
+        });
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let run = match run {
+            Ok(run) => run,
+            Err(error) => {
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                self.progress.end("failed to run fio");
+                return result;
+            }
+        };
+        if run.stopped && interrupt::requested() {
+            self.interrupted = true;
+        }
+        result.fio_output = Some(format!("fio/{slug}/{file_name}.json"));
+        result.wall_seconds = run.wall_seconds;
+        match run.report() {
+            Ok(output) => {
+                if let Some(job) = output.report.jobs.first() {
+                    result.read = job.read.summary();
+                    result.write = job.write.summary();
+                    result.sync = job.sync.summary();
+                    result.client_cpu_percent = job.usr_cpu + job.sys_cpu;
+                }
+                result.disk_util = output.report.disk_util.clone();
+            }
+            Err(_) if self.interrupted => {
+                result.outcome = Outcome::Skipped {
+                    reason: "interrupted (Ctrl-C)".to_string(),
+                };
+            }
+            Err(error) => result.outcome = Outcome::Failed { error },
+        }
+        if result.is_ok() {
+            target
+                .pitfalls
+                .extend(observe::compare(instance, &before, &after, &mut result));
+            self.progress.end(&summary_line(&result));
+        } else {
+            let word = if self.interrupted {
+                "interrupted"
+            } else {
+                "failed"
+            };
+            self.progress.end(word);
+        }
+        result
+    }
+}
+
+/// `15.3k IOPS, 239 MiB/s, p99 122 us`.
+fn summary_line(result: &TestResult) -> String {
+    let p99 = result
+        .p99_ns()
+        .map(|p| format!(", p99 {}", latency_human(p as f64)))
+        .unwrap_or_default();
+    format!(
+        "{} IOPS, {}{p99}",
+        count_human(result.total_iops()),
+        rate_human(result.total_bandwidth())
+    )
+}

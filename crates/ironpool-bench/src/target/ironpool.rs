@@ -1,0 +1,316 @@
+//! ironpool targets: the tool creates disk images, a pool and a volume with
+//! the `ironpool` CLI, serves the volume over NBD on a unix socket, and reads
+//! device and volume counters with `ironpool iostat --json`.
+//!
+//! The CLI contract this code relies on (OUT/SLUG is the target's directory):
+//! ```text
+//! ironpool create --size 2G -f bench [mirror|raidzN] OUT/SLUG/d0.img OUT/SLUG/d1.img
+//! ironpool serve -d OUT/SLUG --nbd unix:OUT/SLUG/nbd.sock --control OUT/SLUG/ctl.sock \
+//!     --pidfile OUT/SLUG/serve.pid bench
+//! ironpool volume create --control OUT/SLUG/ctl.sock bench/vol 1024M -o volblocksize=16K [-o prop=val]
+//! ironpool list --json --control OUT/SLUG/ctl.sock
+//! ironpool iostat --json --control OUT/SLUG/ctl.sock bench
+//! ```
+//! The volume is `nbd+unix:///bench/vol?socket=OUT/SLUG/nbd.sock`; the server
+//! stops (exporting the pool) on SIGTERM.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+
+use super::nbd::{check_socket_path, unix_uri};
+use super::process::{command_argv, run_command, run_command_with_env, ServerProcess};
+use super::{files, Access, FillMethod, Instance, IronpoolSpec, Purpose, SetupContext};
+use crate::ironpool_stats::{parse_iostat, parse_list, IostatSnapshot, PoolSpace};
+use crate::units::{bytes_human, parse_size, size_short, KIB, MIB};
+
+/// The pool every ironpool target creates (one target runs at a time).
+pub const POOL_NAME: &str = "bench";
+/// The benchmarked volume.
+pub const VOLUME_NAME: &str = "vol";
+/// volblocksize unless the spec sets one: the 16K of the qd-scaling writes,
+/// and OpenZFS's default for volumes.
+pub const DEFAULT_VOLBLOCKSIZE_BYTES: u64 = 16 * KIB;
+/// The largest working set as a share of usable capacity: a copy-on-write
+/// pool needs free space to write into, and over 80% full is a pitfall.
+pub const VOLUME_MAX_PERCENT: u64 = 80;
+/// The fill suite's working set as a share of capacity: small enough that
+/// the 10% level is reachable with the volume prefilled.
+pub const FILL_WORKING_SET_PERCENT: u64 = 5;
+/// `ironpool create`, `volume create`, `list` and `iostat` are local and
+/// quick; a minute means something is stuck.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
+/// Import of a fresh pool and binding two sockets.
+const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// A running ironpool pool we can query.
+#[derive(Debug, Clone)]
+pub struct IronpoolPool {
+    exe: PathBuf,
+    /// The target's directory: also ironpool's run directory and pool cache,
+    /// so benchmark pools stay out of /run/ironpool and /var/lib/ironpool.
+    dir: PathBuf,
+    control: PathBuf,
+    nbd_socket: PathBuf,
+    disks: Vec<PathBuf>,
+    /// Volume block size of the benchmarked volume.
+    pub volblocksize_bytes: u64,
+}
+
+impl IronpoolPool {
+    /// The command line so far: the executable.
+    fn base_argv(&self) -> Vec<String> {
+        vec![self.exe.display().to_string()]
+    }
+
+    /// Runs an ironpool command with this target's environment.
+    fn run(&self, argv: &[String]) -> Result<String> {
+        run_isolated(argv, &self.dir)
+    }
+
+    /// `ironpool iostat --json`.
+    pub fn iostat(&self) -> Result<IostatSnapshot> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "iostat".into(),
+            "--json".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            POOL_NAME.into(),
+        ]);
+        parse_iostat(&self.run(&argv)?)
+    }
+
+    /// `ironpool list --json`, this pool's entry.
+    pub fn space(&self) -> Result<PoolSpace> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "list".into(),
+            "--json".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            POOL_NAME.into(),
+        ]);
+        parse_list(&self.run(&argv)?, POOL_NAME)
+    }
+
+    /// `pool/volume`, the name `iostat` reports.
+    pub fn volume_name(&self) -> String {
+        format!("{POOL_NAME}/{VOLUME_NAME}")
+    }
+
+    /// The disk images, removed at teardown.
+    pub fn disk_paths(&self) -> &[PathBuf] {
+        &self.disks
+    }
+
+    /// Creates a volume; returns its NBD access and the command.
+    fn create_volume(
+        &self,
+        name: &str,
+        size_bytes: u64,
+        properties: &[(String, String)],
+    ) -> Result<(Access, Vec<String>)> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "volume".into(),
+            "create".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            format!("{POOL_NAME}/{name}"),
+            format!("{}M", size_bytes / MIB),
+        ]);
+        for (key, value) in properties {
+            argv.extend(["-o".into(), format!("{key}={value}")]);
+        }
+        self.run(&argv)
+            .with_context(|| format!("creating volume {POOL_NAME}/{name}"))?;
+        Ok((
+            Access::Nbd(unix_uri(&format!("{POOL_NAME}/{name}"), &self.nbd_socket)),
+            argv,
+        ))
+    }
+
+    /// A filler volume for the fill suite, rounded up to whole MiB.
+    pub fn create_filler(&self, name: &str, size_bytes: u64) -> Result<(Access, Vec<String>)> {
+        let rounded = size_bytes.div_ceil(MIB).max(1) * MIB;
+        let properties = [("volblocksize".to_string(), "128K".to_string())];
+        self.create_volume(name, rounded, &properties)
+    }
+}
+
+/// Environment of every ironpool command: the target directory as run
+/// directory and pool cache (IRONPOOL_RUN_DIR, IRONPOOL_CACHE).
+fn isolating_env(dir: &Path) -> [(&'static str, PathBuf); 2] {
+    [
+        ("IRONPOOL_RUN_DIR", dir.to_path_buf()),
+        ("IRONPOOL_CACHE", dir.join("pools.json")),
+    ]
+}
+
+/// Runs an ironpool command with [`isolating_env`].
+fn run_isolated(argv: &[String], dir: &Path) -> Result<String> {
+    let env = isolating_env(dir);
+    let env: Vec<(&str, &Path)> = env
+        .iter()
+        .map(|(key, value)| (*key, value.as_path()))
+        .collect();
+    run_command_with_env(argv, &env, COMMAND_TIMEOUT)
+}
+
+/// Creates the pool, starts the server and creates the volume.
+pub fn setup(
+    spec: &IronpoolSpec,
+    label: &str,
+    slug: &str,
+    context: &SetupContext<'_>,
+) -> Result<Instance> {
+    let dir = context.out_dir.join(slug);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let control = dir.join("ctl.sock");
+    let nbd_socket = dir.join("nbd.sock");
+    let pidfile = dir.join("serve.pid");
+    check_socket_path(&control)?;
+    check_socket_path(&nbd_socket)?;
+    for stale in [&control, &nbd_socket, &pidfile] {
+        files::remove_if_present(stale)?;
+    }
+    let disks: Vec<PathBuf> = (0..spec.disk_count)
+        .map(|i| dir.join(format!("d{i}.img")))
+        .collect();
+    for disk in &disks {
+        files::create_sparse(disk, spec.disk_size_bytes)?;
+    }
+    let exe = context.ironpool.to_path_buf();
+    let mut commands = Vec::new();
+
+    let mut create = vec![
+        exe.display().to_string(),
+        "create".into(),
+        "--size".into(),
+        size_short(spec.disk_size_bytes),
+        "-f".into(),
+        POOL_NAME.into(),
+    ];
+    create.extend(spec.layout.create_word());
+    create.extend(disks.iter().map(|d| d.display().to_string()));
+    run_isolated(&create, &dir).context("creating the ironpool pool")?;
+    commands.push(create);
+
+    let mut serve = Command::new(&exe);
+    serve
+        .arg("serve")
+        .arg("-d")
+        .arg(&dir)
+        .arg("--nbd")
+        .arg(format!("unix:{}", nbd_socket.display()))
+        .arg("--control")
+        .arg(&control)
+        .arg("--pidfile")
+        .arg(&pidfile)
+        .arg(POOL_NAME)
+        .envs(isolating_env(&dir));
+    commands.push(command_argv(&serve));
+    let mut server = ServerProcess::spawn("ironpool serve", &mut serve, &dir.join("serve.log"))?;
+    server.wait_ready(&[&pidfile, &control, &nbd_socket], SERVER_START_TIMEOUT)?;
+
+    let mut properties = spec.properties.clone();
+    if !properties.iter().any(|(k, _)| k == "volblocksize") {
+        properties.insert(
+            0,
+            (
+                "volblocksize".to_string(),
+                size_short(DEFAULT_VOLBLOCKSIZE_BYTES),
+            ),
+        );
+    }
+    let volblocksize_bytes = properties
+        .iter()
+        .find(|(k, _)| k == "volblocksize")
+        .map(|(_, v)| parse_size(v))
+        .transpose()
+        .context("volblocksize property")?
+        .unwrap_or(DEFAULT_VOLBLOCKSIZE_BYTES);
+    let runtime_files = vec![
+        control.clone(),
+        nbd_socket.clone(),
+        pidfile.clone(),
+        dir.join("pools.json"),
+    ];
+    let pool = IronpoolPool {
+        exe,
+        dir: dir.clone(),
+        control,
+        nbd_socket,
+        disks,
+        volblocksize_bytes,
+    };
+    let capacity = pool.space()?.size_bytes;
+    let size_bytes = working_set_bytes(context, capacity, volblocksize_bytes)?;
+    let (access, volume_command) = pool.create_volume(VOLUME_NAME, size_bytes, &properties)?;
+    commands.push(volume_command);
+
+    let mut instance = Instance::new(label.to_string(), "ironpool", access, size_bytes);
+    instance.setup_commands = commands;
+    instance.owned_files = runtime_files;
+    instance.server = Some(server);
+    instance.record_size_bytes = Some(volblocksize_bytes);
+    instance.fill = FillMethod::Pool;
+    instance.description = format!(
+        "ironpool {} of {} x {} images in {} ({} usable), volume {}/{VOLUME_NAME} of {} \
+         (volblocksize {}) over NBD on a unix socket; fio nbd engine",
+        spec.layout.name(),
+        spec.disk_count,
+        bytes_human(spec.disk_size_bytes as f64),
+        dir.display(),
+        bytes_human(capacity as f64),
+        POOL_NAME,
+        bytes_human(size_bytes as f64),
+        size_short(volblocksize_bytes)
+    );
+    instance.pool = Some(pool);
+    Ok(instance)
+}
+
+/// The volume size: `--size` for the ordinary suites, a small share of the
+/// pool for the fill suite; whole MiB and whole blocks.
+fn working_set_bytes(
+    context: &SetupContext<'_>,
+    capacity_bytes: u64,
+    volblocksize_bytes: u64,
+) -> Result<u64> {
+    let wanted = match context.purpose {
+        Purpose::Main => context.size_bytes,
+        Purpose::Fill => context
+            .size_bytes
+            .min(capacity_bytes * FILL_WORKING_SET_PERCENT / 100),
+    };
+    let granule = MIB.max(volblocksize_bytes);
+    let size = wanted / granule * granule;
+    if size == 0 {
+        bail!(
+            "the pool ({} usable) is too small for a working set",
+            bytes_human(capacity_bytes as f64)
+        );
+    }
+    if size > capacity_bytes * VOLUME_MAX_PERCENT / 100 {
+        bail!(
+            "a {} working set does not fit a pool of {} usable (at most {VOLUME_MAX_PERCENT}%): \
+             use a smaller --size or larger disks",
+            bytes_human(size as f64),
+            bytes_human(capacity_bytes as f64)
+        );
+    }
+    Ok(size)
+}
+
+/// `ironpool --version`, if the binary answers it.
+pub fn version(exe: &Path) -> Option<String> {
+    let argv = vec![exe.display().to_string(), "--version".to_string()];
+    run_command(&argv, COMMAND_TIMEOUT)
+        .ok()
+        .map(|s| s.trim().to_string())
+        .filter(|s| !s.is_empty())
+}

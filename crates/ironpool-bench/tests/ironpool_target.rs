@@ -1,0 +1,143 @@
+//! A short real run against a real ironpool volume, beside the raw file and
+//! nbdkit. The binary is `IRONPOOL_BIN` if set, else the workspace's
+//! `target/debug/ironpool` (built by `cargo test --workspace` before any test
+//! runs); a missing binary fails the test.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{bench_args, check_outputs, require_tool, scratch, ONE_RUN_AT_A_TIME};
+
+fn ironpool_bin() -> PathBuf {
+    let bin = std::env::var_os("IRONPOOL_BIN").map(PathBuf::from).unwrap_or_else(|| {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ironpool")
+    });
+    assert!(
+        bin.is_file(),
+        "{} is not a file: build it (cargo build -p ironpool) or set IRONPOOL_BIN",
+        bin.display()
+    );
+    bin
+}
+
+#[test]
+fn ironpool_mirror_beside_raw_and_nbdkit() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    require_tool("nbdkit", "nbdkit");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-mirror").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:mirror:2x1G",
+        "--target",
+        "nbdkit",
+        "--suite",
+        "qd-scaling",
+        "--suite",
+        "pool-report",
+        "--qd",
+        "1,16",
+        "--jobs",
+        "1",
+        "--runtime",
+        "2",
+        "--size",
+        "256M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+
+    let labels: Vec<&str> = results.targets.iter().map(|t| t.label.as_str()).collect();
+    assert_eq!(labels, ["raw", "ironpool:mirror:2x1G", "nbdkit"]);
+    let pool = &results.targets[1];
+    assert_eq!(pool.record_size_bytes, Some(16 * 1024));
+    for test in &pool.tests {
+        let name = test.label();
+        let server = test
+            .server
+            .unwrap_or_else(|| panic!("{name}: no server CPU"));
+        assert!(server.cpu_seconds > 0.0, "{name}: the server used no CPU?");
+        let volume = test
+            .volume
+            .unwrap_or_else(|| panic!("{name}: no volume counters from iostat"));
+        assert_eq!(
+            volume.hole_read_ops, 0,
+            "{name}: reads of never-written blocks after the prefill"
+        );
+        let device = test
+            .device
+            .unwrap_or_else(|| panic!("{name}: no device counters from iostat"));
+        assert_eq!(device.errors, 0, "{name}: device errors");
+    }
+    // Writes may sit in memory until a transaction group syncs, so a single
+    // short test need not show device writes; the run as a whole must.
+    let device_writes: u64 = pool
+        .tests
+        .iter()
+        .filter_map(|t| t.device)
+        .map(|d| d.write_bytes)
+        .sum();
+    assert!(device_writes > 0, "client writes never reached the devices");
+    assert!(
+        !pool.pitfalls.iter().any(|f| f.check == "never-written"),
+        "{:#?}",
+        pool.pitfalls
+    );
+    for leftover in ["nbd.sock", "ctl.sock", "d0.img", "d1.img"] {
+        assert!(
+            !out.join("ironpool-mirror-2x1G").join(leftover).exists(),
+            "{leftover} left behind"
+        );
+    }
+}
+
+#[test]
+fn ironpool_layouts_and_properties() {
+    // raidz targets (ironpool:raidz2:6x1G) wait for the engine's raidz.
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-layouts").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:stripe:2x512M",
+        "--target",
+        "ironpool:mirror:3x512M:volblocksize=64K",
+        "--no-raw",
+        "--suite",
+        "qd-scaling",
+        "--qd",
+        "1,16",
+        "--jobs",
+        "1",
+        "--runtime",
+        "1",
+        "--size",
+        "128M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let (stripe, mirror) = (&results.targets[0], &results.targets[1]);
+    assert_eq!(mirror.record_size_bytes, Some(64 * 1024));
+    let create = &mirror.setup_commands[0];
+    assert!(
+        create.contains(&"mirror".to_string())
+            && create.iter().filter(|w| w.ends_with(".img")).count() == 3
+    );
+    let create = &stripe.setup_commands[0];
+    assert!(
+        !create.contains(&"mirror".to_string())
+            && create.iter().filter(|w| w.ends_with(".img")).count() == 2
+    );
+    // 16K writes on 64K blocks are partial-block writes.
+    assert!(mirror
+        .pitfalls
+        .iter()
+        .any(|f| f.check == "alignment" && f.message.contains("16K I/O on a 64K")));
+}

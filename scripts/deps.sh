@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Installs what ironpool's demo and tests use, on Debian: the NBD clients (fio,
+# qemu-io, nbdinfo), nbdkit (the transport baseline) and build tools.
+set -euo pipefail
+need=()
+command -v fio >/dev/null || need+=(fio)
+command -v qemu-io >/dev/null || need+=(qemu-utils)
+command -v nbdinfo >/dev/null || need+=(libnbd-bin)
+command -v nbdkit >/dev/null || need+=(nbdkit)
+command -v cc >/dev/null || need+=(build-essential)
+command -v python3 >/dev/null || need+=(python3)
+if [ ${#need[@]} -gt 0 ]; then
+    sudo=""
+    [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing: ${need[*]}"
+    $sudo apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
+fi
+command -v cargo >/dev/null || { echo "cargo is required: install Rust (https://rustup.rs)" >&2; exit 1; }

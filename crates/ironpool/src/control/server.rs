@@ -21,24 +21,19 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct ControlServer {
     fd: OwnedFd,
     path: PathBuf,
+    _lock: OwnedFd,
 }
 
 impl ControlServer {
     /// Binds `path` (replacing a stale socket) and serves commands for `pool`.
     pub fn start(path: &Path, pool: Rc<Pool>, nbd: Option<Rc<NbdServer>>) -> std::io::Result<Rc<ControlServer>> {
-        if path.exists() {
-            if std::os::unix::net::UnixStream::connect(path).is_ok() {
-                return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("{}: a server is already listening there", path.display())));
-            }
-            std::fs::remove_file(path)?;
-        }
         if let Some(parent) = path.parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent)?;
             }
         }
-        let listener = std::os::unix::net::UnixListener::bind(path).map_err(|error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
-        let server = Rc::new(ControlServer { fd: listener.into(), path: path.to_path_buf() });
+        let (listener, lock) = crate::nbd::server::bind_unix_exclusive(path)?;
+        let server = Rc::new(ControlServer { fd: listener.into(), path: path.to_path_buf(), _lock: lock });
         let raw = server.fd.as_raw_fd();
         rt::spawn(async move {
             while let Ok(socket) = uring::accept(raw).await {

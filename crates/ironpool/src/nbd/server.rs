@@ -83,6 +83,8 @@ pub struct NbdServer {
     payload_budget: Rc<Semaphore>,
     shutting_down: Cell<bool>,
     listeners: RefCell<Vec<(OwnedFd, Option<PathBuf>)>>,
+    /// Locks on the unix socket paths, held for the server's life.
+    locks: RefCell<Vec<OwnedFd>>,
     connections: RefCell<Vec<std::rc::Weak<Connection>>>,
     drained: Notify,
     stats: Cell<ServerStats>,
@@ -95,6 +97,7 @@ impl NbdServer {
             payload_budget: Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_MAX),
             shutting_down: Cell::new(false),
             listeners: RefCell::new(Vec::new()),
+            locks: RefCell::new(Vec::new()),
             connections: RefCell::new(Vec::new()),
             drained: Notify::new(),
             stats: Cell::new(ServerStats::default()),
@@ -115,9 +118,8 @@ impl NbdServer {
     pub fn listen(self: &Rc<Self>, listen: &Listen) -> std::io::Result<()> {
         let (fd, path): (OwnedFd, Option<PathBuf>) = match listen {
             Listen::Unix(path) => {
-                remove_stale_socket(path)?;
-                let listener = std::os::unix::net::UnixListener::bind(path)
-                    .map_err(|error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
+                let (listener, lock) = bind_unix_exclusive(path)?;
+                self.locks.borrow_mut().push(lock);
                 (listener.into(), Some(path.clone()))
             }
             Listen::Tcp(address) => {
@@ -217,14 +219,27 @@ impl NbdServer {
     }
 }
 
-fn remove_stale_socket(path: &std::path::Path) -> std::io::Result<()> {
-    if !path.exists() {
-        return Ok(());
-    }
-    if std::os::unix::net::UnixStream::connect(path).is_ok() {
+/// Binds a unix socket that only one server may own: an exclusive lock on
+/// `PATH.lock` decides. A socket file left by a server that died is replaced; a
+/// live server's is refused. (Connecting to test liveness is not enough: a
+/// killed server's listening socket can linger, accepting, while the kernel
+/// tears its io_uring down.)
+pub fn bind_unix_exclusive(path: &std::path::Path) -> std::io::Result<(std::os::unix::net::UnixListener, OwnedFd)> {
+    let mut lock_path = path.as_os_str().to_owned();
+    lock_path.push(".lock");
+    let lock_file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path)?;
+    let lock: OwnedFd = lock_file.into();
+    // SAFETY: flock on a descriptor we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("{}: another server is listening there", path.display())));
     }
-    std::fs::remove_file(path)
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
+        Err(error) => return Err(error),
+    }
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
+    Ok((listener, lock))
 }
 
 fn set_nodelay(socket: &OwnedFd) {

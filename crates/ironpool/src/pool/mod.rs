@@ -332,7 +332,7 @@ impl Pool {
         // Open (and lock) the devices that belong to it.
         let mut devices: Vec<(String, Rc<dyn Device>)> = Vec::new();
         for probe in mine {
-            let device = FileDevice::open(&probe.path)?;
+            let device = open_when_free(&probe.path).await?;
             devices.push((probe.path.display().to_string(), Rc::new(device)));
         }
         Pool::import_from_devices(name, devices, tunables).await
@@ -635,6 +635,23 @@ impl Pool {
             "ONLINE"
         } else {
             "DEGRADED"
+        }
+    }
+}
+
+/// How long import waits for a device held by another opener: a server killed
+/// a moment ago keeps its devices locked until the kernel has torn down its
+/// io_uring (in-flight operations hold the files).
+const DEVICE_BUSY_WAIT: Duration = Duration::from_secs(5);
+
+async fn open_when_free(path: &Path) -> Result<FileDevice, PoolError> {
+    let started = crate::rt::now();
+    loop {
+        match FileDevice::open(path) {
+            Err(OpenError::InUse { .. }) if crate::rt::now().duration_since(started) < DEVICE_BUSY_WAIT => {
+                crate::rt::sleep(Duration::from_millis(100)).await;
+            }
+            result => return result.map_err(PoolError::from),
         }
     }
 }

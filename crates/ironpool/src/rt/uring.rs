@@ -208,6 +208,11 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
         "defer" => {
             builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag();
         }
+        "sqpoll" => {
+            // A kernel thread submits (and so does the device and socket work of
+            // submission) on another core; it sleeps after 2 ms without work.
+            builder.setup_sqpoll(2);
+        }
         _ => {}
     }
     builder.build(ring_entries)

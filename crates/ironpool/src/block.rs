@@ -132,6 +132,11 @@ impl BlockStore {
         self.stats.set(stats);
     }
 
+    /// True when every top-level vdev keeps more than one copy of what it stores.
+    pub fn all_vdevs_redundant(&self) -> bool {
+        self.vdevs.iter().all(|top| top.children.len() > 1)
+    }
+
     /// Allocates space for a block of `physical_bytes` with `copies` copies.
     pub fn allocate(&self, physical_bytes: u64, metadata: bool, copies: usize) -> Result<[Dva; DVA_COUNT], NoSpace> {
         let mut allocator = self.allocator.borrow_mut();
@@ -175,6 +180,14 @@ impl BlockStore {
     /// Writes `data` to every copy in `dvas`. Succeeds when every copy reached at
     /// least one device.
     pub async fn write(&self, dvas: &[Dva], data: BufSlice, class: IoClass) -> Result<(), BlockError> {
+        if dvas.len() > 1 && dvas[1].is_empty() || dvas.len() == 1 {
+            // One copy (data blocks): no join machinery on the hot path.
+            let dva = dvas[0];
+            return self.vdevs[dva.vdev as usize]
+                .write(class, dva.offset, data, IoFlags::default())
+                .await
+                .map_err(|error| BlockError::WriteFailed { location: location(&dva), detail: error.to_string() });
+        }
         let writes = dvas.iter().filter(|dva| !dva.is_empty()).map(|dva| {
             let top = self.vdevs[dva.vdev as usize].clone();
             let data = data.clone();

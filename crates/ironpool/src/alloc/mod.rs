@@ -245,20 +245,34 @@ pub struct Allocator {
     /// Space data allocations must leave for the metadata the open txg will write
     /// at commit (kept up to date by the pool), on top of the slop.
     pub metadata_reserve_bytes: u64,
+    /// Running totals (summing ~200 metaslabs per vdev on every allocation would
+    /// cost more than the allocation).
+    free_total_bytes: u64,
+    size_total_bytes: u64,
 }
 
 impl Allocator {
     pub fn new(vdevs: Vec<VdevSpace>) -> Allocator {
-        Allocator { vdevs, rotor: 0, metadata_reserve_bytes: 0 }
+        let mut allocator = Allocator { vdevs, rotor: 0, metadata_reserve_bytes: 0, free_total_bytes: 0, size_total_bytes: 0 };
+        allocator.recount();
+        allocator
+    }
+
+    /// Recomputes the running totals from the metaslabs (after import replayed
+    /// the space maps into them directly).
+    pub fn recount(&mut self) {
+        self.free_total_bytes = self.vdevs.iter().map(VdevSpace::free_bytes).sum();
+        self.size_total_bytes = self.vdevs.iter().map(VdevSpace::size_bytes).sum();
     }
 
     pub fn size_bytes(&self) -> u64 {
-        self.vdevs.iter().map(VdevSpace::size_bytes).sum()
+        self.size_total_bytes
     }
 
     /// Allocatable bytes now (deferred frees not included).
     pub fn free_bytes(&self) -> u64 {
-        self.vdevs.iter().map(VdevSpace::free_bytes).sum()
+        debug_assert_eq!(self.free_total_bytes, self.vdevs.iter().map(VdevSpace::free_bytes).sum::<u64>());
+        self.free_total_bytes
     }
 
     /// Bytes freed but not yet allocatable (waiting for their txgs to commit).
@@ -304,6 +318,7 @@ impl Allocator {
                     BlockClass::Data => vdev.data_cursor = next_cursor,
                     BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,
                 }
+                self.free_total_bytes -= size;
                 if class == BlockClass::Data {
                     // Spread data over top-level vdevs a megabyte-ish at a time by
                     // moving the rotor when the cursor crosses into a new metaslab.
@@ -322,6 +337,7 @@ impl Allocator {
     pub fn release(&mut self, dva: Dva) {
         let vdev = &mut self.vdevs[dva.vdev as usize];
         vdev.metaslab_of(dva.offset).free.insert(dva.offset, dva.end());
+        self.free_total_bytes += dva.asize as u64;
     }
 
     /// Records an allocated range as in use from the open txg on.
@@ -387,6 +403,7 @@ impl Allocator {
                 for (start, end) in released.iter() {
                     metaslab.free.insert(start, end);
                 }
+                self.free_total_bytes += released.total_bytes();
                 metaslab.defer[slot] = std::mem::take(&mut metaslab.syncing_frees);
             }
         }

@@ -14,9 +14,22 @@ use crate::format::bp::{Compression, BLOCK_POINTER_BYTES, DVA_COUNT};
 use crate::format::{BlockPointer, Dva};
 use crate::rt::buf::AlignedBuf;
 
-/// Copies of every metadata block (indirect blocks of any object, and the data
-/// blocks of metadata objects): losing one sector must not lose a tree.
+/// Copies of metadata blocks (indirect blocks of any object, and the data blocks
+/// of metadata objects): losing one sector must not lose a tree.
 pub const METADATA_COPIES: usize = 2;
+
+/// How many copies a metadata block gets. Level-1 indirect blocks of volumes
+/// get one copy when every top-level vdev is itself redundant (a mirror keeps two
+/// already): they are most of the metadata a random-write load rewrites each
+/// txg, and their loss costs what losing a data block costs. Everything else
+/// (higher levels, the dnode table, space maps, the directory) keeps two.
+pub fn metadata_copies(object_type: crate::format::ObjectType, level: u8, redundant_vdevs: bool) -> usize {
+    if redundant_vdevs && level == 1 && object_type == crate::format::ObjectType::VolumeData {
+        1
+    } else {
+        METADATA_COPIES
+    }
+}
 
 /// What one txg sync collects: the blocks to write, keyed by location so a block
 /// rewritten in a later pass of the same sync replaces its earlier image.
@@ -57,7 +70,8 @@ impl ObjectSet {
             } else {
                 let physical = buffer.len() as u32;
                 let in_place = !old.is_hole() && old.birth_txg == context.txg && old.physical_size == physical;
-                let dvas = if in_place { old.dvas } else { self.allocate_metadata(physical as u64)? };
+                let copies = metadata_copies(dnode.object_type, level, self.store.all_vdevs_redundant());
+                let dvas = if in_place { old.dvas } else { self.allocate_metadata(physical as u64, copies)? };
                 BlockPointer {
                     dvas,
                     birth_txg: context.txg,
@@ -94,8 +108,8 @@ impl ObjectSet {
         Ok(())
     }
 
-    fn allocate_metadata(&self, physical_bytes: u64) -> Result<[Dva; DVA_COUNT], ObjectError> {
-        self.store.allocate(physical_bytes, true, METADATA_COPIES).map_err(|NoSpace| ObjectError::Block(BlockError::NoSpace))
+    fn allocate_metadata(&self, physical_bytes: u64, copies: usize) -> Result<[Dva; DVA_COUNT], ObjectError> {
+        self.store.allocate(physical_bytes, true, copies).map_err(|NoSpace| ObjectError::Block(BlockError::NoSpace))
     }
 
     fn pointer_in_parent(&self, object: &Object, level: u8, blkid: u64) -> Result<BlockPointer, ObjectError> {

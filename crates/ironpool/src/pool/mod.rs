@@ -473,6 +473,7 @@ impl Pool {
                 metaslab.replay(&records, uberblock.txg).map_err(|error| PoolError::Corrupt(format!("space map {map_id} of vdev {vdev_index} metaslab {metaslab_index}: {error}")))?;
             }
         }
+        store.allocator.borrow_mut().recount();
         let mut imported_config = config.clone();
         imported_config.state = PoolState::Active;
         let pool = Rc::new(Pool {

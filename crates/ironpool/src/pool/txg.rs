@@ -278,6 +278,7 @@ pub fn update_metadata_reserve(pool: &Pool) {
     let dirty = pool.objects.dirty_bytes();
     let metaslabs: u64 = pool.store.allocator.borrow().vdevs.iter().map(|vdev| vdev.metaslabs.len() as u64).sum();
     let reserve = 4 * crate::object::sync::METADATA_COPIES as u64 * dirty + metaslabs * (64 << 10);
+    // (Counted at two copies even where level-1 blocks get one: a reserve errs high.)
     pool.store.allocator.borrow_mut().metadata_reserve_bytes = reserve;
 }
 

@@ -238,6 +238,15 @@ impl Pool {
             ranges.push((blkid, within as usize, chunk as usize));
             position += chunk;
         }
+        if let [(blkid, within, chunk)] = ranges[..] {
+            pieces.push(self.read_block_range(volume, blkid, within, chunk).await?);
+            volume.count(|stats| {
+                stats.read_ops += 1;
+                stats.direct_read_ops += 1;
+                stats.read_bytes += length;
+            });
+            return Ok(pieces);
+        }
         for batch in ranges.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
             let reads = batch.iter().map(|&(blkid, within, chunk)| self.read_block_range(volume, blkid, within, chunk));
             for piece in futures_util::future::join_all(reads).await {
@@ -404,6 +413,11 @@ impl Pool {
             let batch: Vec<(u64, BlockContent)> = contents.by_ref().take(BLOCKS_IN_FLIGHT_PER_REQUEST).collect();
             if batch.is_empty() {
                 return Ok(());
+            }
+            if batch.len() == 1 {
+                let (blkid, content) = batch.into_iter().next().expect("one block");
+                self.write_block(volume, blkid, content).await?;
+                continue;
             }
             let writes = batch.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content));
             for result in futures_util::future::join_all(writes).await {

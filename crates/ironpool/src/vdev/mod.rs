@@ -119,8 +119,17 @@ impl TopVdev {
     pub async fn write(&self, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<(), VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector_bytes(), 0);
         let absolute = DATA_START_BYTES + offset;
-        let writes = self.children.iter().filter(|child| child.is_online()).map(|child| child.queue.write(class, absolute, data.clone(), flags));
-        let results = futures_util::future::join_all(writes).await;
+        let online: Vec<&Rc<LeafVdev>> = self.children.iter().filter(|child| child.is_online()).collect();
+        // Two- and one-sided writes are the common cases: join them without
+        // join_all's heap-allocated bookkeeping.
+        let results: Vec<Result<(), DeviceError>> = match online.as_slice() {
+            [only] => vec![only.queue.write(class, absolute, data, flags).await],
+            [first, second] => {
+                let (a, b) = futures_util::future::join(first.queue.write(class, absolute, data.clone(), flags), second.queue.write(class, absolute, data, flags)).await;
+                vec![a, b]
+            }
+            _ => futures_util::future::join_all(online.iter().map(|child| child.queue.write(class, absolute, data.clone(), flags))).await,
+        };
         if results.iter().any(|result| result.is_ok()) {
             return Ok(());
         }

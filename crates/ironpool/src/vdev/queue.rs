@@ -120,7 +120,7 @@ impl Default for QueueTunables {
                 limits(32, 256), // sync read
                 limits(32, 256), // sync write
                 limits(4, 64),   // async read
-                limits(8, 128),  // async write
+                limits(4, 32),   // async write: txg commits yield to clients' writes
                 limits(2, 16),   // scrub
                 limits(1, 8),    // trim
                 limits(2, 16),   // rebuild

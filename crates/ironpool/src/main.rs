@@ -2,6 +2,12 @@
 
 mod cli;
 
+/// mimalloc instead of glibc's allocator: the request path allocates small and
+/// medium objects (task frames, reply headers) at a high rate, and glibc's
+/// arena bookkeeping showed up at 6-9% of the server's CPU in profiles.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::path::PathBuf;
 use std::process::ExitCode;
 

@@ -50,10 +50,15 @@ pub struct Metaslab {
     pub syncing_frees: RangeSet,
     /// Freed in recent txgs, by txg % DEFER_TXGS.
     pub defer: [RangeSet; DEFER_TXGS as usize],
-    /// The space map object (0: not created yet).
+    /// The space map object holding this metaslab's checkpoint (0: none yet).
     pub space_map_object: u64,
-    /// Records in the space map (to decide when to condense it).
-    pub space_map_records: u64,
+    /// The txg the checkpoint describes: the space log's records of later txgs
+    /// apply on top of it.
+    pub flushed_txg: u64,
+    /// The oldest txg whose changes to this metaslab are only in the space log
+    /// (0: none): the log cannot be trimmed past it until the metaslab is
+    /// checkpointed again.
+    pub unflushed_txg: u64,
 }
 
 impl Metaslab {
@@ -71,7 +76,8 @@ impl Metaslab {
             syncing_frees: RangeSet::new(),
             defer: [RangeSet::new(), RangeSet::new()],
             space_map_object: 0,
-            space_map_records: 0,
+            flushed_txg: 0,
+            unflushed_txg: 0,
         }
     }
 
@@ -79,7 +85,7 @@ impl Metaslab {
         !self.pending_allocs.is_empty() || !self.pending_frees.is_empty()
     }
 
-    /// Replays the records of this metaslab's space map (import).
+    /// Replays this metaslab's checkpoint followed by its log records (import).
     /// `last_txg` is the txg being imported: frees of the last `DEFER_TXGS` txgs
     /// stay deferred.
     pub fn replay(&mut self, records: &[Record], last_txg: u64) -> Result<(), RangeError> {
@@ -89,6 +95,7 @@ impl Metaslab {
         for record in records {
             match *record {
                 Record::Txg(value) => txg = value,
+                Record::Vdev(_) => {}
                 Record::Allocate { offset, length } => {
                     self.check_inside(offset, length)?;
                     allocated.try_insert(offset, offset + length)?;
@@ -119,7 +126,6 @@ impl Metaslab {
         self.free = free;
         self.allocated = allocated;
         self.defer = defer;
-        self.space_map_records = records.len() as u64;
         Ok(())
     }
 
@@ -130,30 +136,29 @@ impl Metaslab {
         Ok(())
     }
 
-    /// The records that describe this metaslab minimally after the syncing txg
-    /// (condensing): what is allocated, then the recent frees with their txgs.
-    pub fn condensed_records(&self, syncing_txg: u64) -> Vec<Record> {
-        let previous_slot = ((syncing_txg + DEFER_TXGS - 1) % DEFER_TXGS) as usize;
+    /// A checkpoint of this metaslab as of the last committed txg `txg` (taken
+    /// before the syncing txg's changes are applied): the allocated ranges —
+    /// counting still-deferred frees as allocated — then those frees with their
+    /// txgs, so an import that lands within the defer window defers them again.
+    pub fn checkpoint_records(&self, txg: u64) -> Vec<Record> {
         let mut held = self.allocated.clone();
-        held.insert_all(&self.defer[previous_slot]);
-        held.insert_all(&self.syncing_frees);
-        let mut records = vec![Record::Txg(syncing_txg)];
-        records.extend(held.iter().map(|(start, end)| Record::Allocate { offset: start, length: end - start }));
-        if !self.defer[previous_slot].is_empty() {
-            records.push(Record::Txg(syncing_txg - 1));
-            records.extend(self.defer[previous_slot].iter().map(|(start, end)| Record::Free { offset: start, length: end - start }));
+        let mut recent: Vec<(u64, &RangeSet)> = Vec::new();
+        for back in 0..DEFER_TXGS {
+            let Some(freed_txg) = txg.checked_sub(back) else { continue };
+            let slot = &self.defer[(freed_txg % DEFER_TXGS) as usize];
+            if !slot.is_empty() {
+                held.insert_all(slot);
+                recent.push((freed_txg, slot));
+            }
         }
-        if !self.syncing_frees.is_empty() {
-            records.push(Record::Txg(syncing_txg));
-            records.extend(self.syncing_frees.iter().map(|(start, end)| Record::Free { offset: start, length: end - start }));
+        let mut records = vec![Record::Txg(txg)];
+        records.extend(held.iter().map(|(start, end)| Record::Allocate { offset: start, length: end - start }));
+        recent.sort_by_key(|(freed_txg, _)| *freed_txg);
+        for (freed_txg, slot) in recent {
+            records.push(Record::Txg(freed_txg));
+            records.extend(slot.iter().map(|(start, end)| Record::Free { offset: start, length: end - start }));
         }
         records
-    }
-
-    /// True when the log is long enough that rewriting it minimally pays.
-    pub fn should_condense(&self) -> bool {
-        let minimal = (self.allocated.segment_count() + self.defer.iter().map(RangeSet::segment_count).sum::<usize>()) as u64 + 8;
-        self.space_map_records > 1024 && self.space_map_records > 4 * minimal
     }
 }
 
@@ -366,14 +371,18 @@ impl Allocator {
         self.vdevs.iter().flat_map(|vdev| vdev.metaslabs.iter()).any(Metaslab::has_pending)
     }
 
-    /// Takes the pending records of every metaslab for the syncing txg: applies them
-    /// to the durable view and returns, per (vdev, metaslab), the records to log.
-    pub fn take_pending(&mut self) -> Vec<(u32, u32, Vec<Record>)> {
+    /// Takes the pending records of every metaslab for the syncing txg `txg`:
+    /// applies them to the durable view and returns, per (vdev, metaslab), the
+    /// records to append to the space log.
+    pub fn take_pending(&mut self, txg: u64) -> Vec<(u32, u32, Vec<Record>)> {
         let mut out = Vec::new();
         for vdev in &mut self.vdevs {
             for metaslab in &mut vdev.metaslabs {
                 if !metaslab.has_pending() {
                     continue;
+                }
+                if metaslab.unflushed_txg == 0 {
+                    metaslab.unflushed_txg = txg;
                 }
                 let allocs = std::mem::take(&mut metaslab.pending_allocs);
                 let frees = std::mem::take(&mut metaslab.pending_frees);
@@ -466,12 +475,12 @@ mod tests {
         let mut allocator = allocator();
         let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
         allocator.commit(dva);
-        let records = allocator.take_pending();
+        let records = allocator.take_pending(1);
         assert_eq!(records[0].2, vec![Record::Allocate { offset: dva.offset, length: 16384 }]);
         allocator.sync_done(1);
         let free_before = allocator.free_bytes();
         allocator.free(dva);
-        allocator.take_pending();
+        allocator.take_pending(2);
         allocator.sync_done(2);
         assert_eq!(allocator.free_bytes(), free_before, "freed space reusable after one txg");
         allocator.sync_done(3);
@@ -504,7 +513,7 @@ mod tests {
     }
 
     #[test]
-    fn condensed_records_replay_to_the_same_state() {
+    fn a_checkpoint_replays_to_the_same_state() {
         let mut allocator = allocator();
         let mut dvas = Vec::new();
         for _ in 0..100 {
@@ -512,18 +521,30 @@ mod tests {
             allocator.commit(dva);
             dvas.push(dva);
         }
-        allocator.take_pending();
+        allocator.take_pending(7);
         allocator.sync_done(7);
         for dva in dvas.iter().step_by(3) {
             allocator.free(*dva);
         }
-        allocator.take_pending();
+        allocator.take_pending(8);
+        allocator.sync_done(8);
+        for dva in dvas.iter().skip(1).step_by(5).filter(|dva| (dva.offset / 16384) % 3 != 0) {
+            allocator.free(*dva);
+        }
+        allocator.take_pending(9);
+        allocator.sync_done(9);
         let metaslab = &allocator.vdevs[0].metaslabs[0];
-        let condensed = metaslab.condensed_records(8);
+        let checkpoint = metaslab.checkpoint_records(9);
         let mut replayed = Metaslab::new(0, 0, 1 << 24);
-        replayed.replay(&condensed, 8).unwrap();
+        replayed.replay(&checkpoint, 9).unwrap();
         assert_eq!(replayed.allocated, metaslab.allocated);
-        assert_eq!(replayed.defer[0], metaslab.syncing_frees);
+        assert_eq!(replayed.defer, metaslab.defer);
+        assert_eq!(replayed.free, metaslab.free);
+        // Imported two txgs later, nothing is deferred any more.
+        let mut later = Metaslab::new(0, 0, 1 << 24);
+        later.replay(&checkpoint, 11).unwrap();
+        assert!(later.defer.iter().all(RangeSet::is_empty));
+        assert_eq!(later.free.total_bytes(), metaslab.free.total_bytes() + metaslab.defer.iter().map(RangeSet::total_bytes).sum::<u64>());
     }
 
     #[test]

@@ -1,20 +1,27 @@
 //! `ironpool serve`: import a pool, serve its volumes over NBD and the control
 //! socket, and shut down cleanly on SIGINT or SIGTERM (finish requests in flight,
 //! commit, mark the pool exported).
+//!
+//! Two threads: this one owns the pool (the engine: devices, trees, txgs, the
+//! control socket); a second runs the NBD front end (sockets, parsing, replies).
+//! They exchange requests and replies through channels.
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
-use std::rc::Rc;
+use std::sync::Arc;
 
 use ironpool::control::server::ControlServer;
-use ironpool::nbd::server::{Listen, NbdServer};
+use ironpool::nbd::engine::{self, SharedStats};
+use ironpool::nbd::server::{BoundListener, Listen, NbdServer};
 use ironpool::pool::{Pool, PoolTunables};
-use ironpool::rt::{uring, Runtime};
+use ironpool::rt::channel::channel;
+use ironpool::rt::{self, uring, Runtime};
 
 use super::{default_control_path, default_run_dir, remember, search_dirs, Context, RING_ENTRIES};
 
-/// Blocks the termination signals for this thread and returns a signalfd that
-/// reports them, so the loop reads them like any other event.
+/// Blocks the termination signals for this thread (and the front end's thread,
+/// which inherits the mask) and returns a signalfd that reports them, so the loop
+/// reads them like any other event.
 fn termination_signals() -> Result<OwnedFd, String> {
     // SAFETY: plain libc calls on a local sigset; the fd returned is owned below.
     unsafe {
@@ -57,16 +64,20 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
     runtime.block_on(async {
         let pool = Pool::import(pool_name, &dirs, PoolTunables::default()).await.map_err(|error| super::explain_import(pool_name, error))?;
         remember(pool_name, &dirs);
-        let server = NbdServer::new(pool.clone());
+        let mut bound = Vec::new();
         let mut failure = None;
         for listen in &listens {
-            if let Err(error) = server.listen(listen) {
-                failure = Some(format!("cannot listen: {error}"));
-                break;
+            match BoundListener::bind(listen) {
+                Ok(listener) => bound.push(listener),
+                Err(error) => {
+                    failure = Some(format!("cannot listen: {error}"));
+                    break;
+                }
             }
         }
-        let control = match failure {
-            None => match ControlServer::start(&control_path, pool.clone(), Some(server.clone())) {
+        let stats = Arc::new(SharedStats::default());
+        let control = match &failure {
+            None => match ControlServer::start(&control_path, pool.clone(), Some(stats.clone())) {
                 Ok(control) => Some(control),
                 Err(error) => {
                     failure = Some(format!("control socket: {error}"));
@@ -75,6 +86,31 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             },
             Some(_) => None,
         };
+        let mut front_end = None;
+        if failure.is_none() {
+            let (to_engine, engine_inbox) = channel();
+            let (to_front_end, replies) = channel();
+            let (stop, mut stopped) = channel::<()>();
+            let front_stats = stats.clone();
+            let thread = std::thread::Builder::new()
+                .name("ironpool-nbd".into())
+                .spawn(move || -> Result<(), String> {
+                    let runtime = Runtime::new_uring(RING_ENTRIES * 4).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+                    runtime.block_on(async move {
+                        let server = NbdServer::new(to_engine, front_stats);
+                        for listener in bound {
+                            server.serve_listener(listener);
+                        }
+                        rt::spawn(server.clone().deliver_replies(replies));
+                        let _ = stopped.recv_batch().await;
+                        server.shutdown().await;
+                    });
+                    Ok(())
+                })
+                .map_err(|error| format!("cannot start the NBD thread: {error}"))?;
+            let engine = rt::spawn(engine::serve(pool.clone(), engine_inbox, to_front_end, stats.clone()));
+            front_end = Some((thread, stop, engine));
+        }
         if failure.is_none() {
             if let Some(pidfile) = pidfile {
                 if let Err(error) = std::fs::write(pidfile, format!("{}\n", std::process::id())) {
@@ -97,7 +133,15 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             wait_for_signal(&signals).await;
             eprintln!("ironpool: shutting down: finishing requests in flight");
         }
-        server.shutdown().await;
+        if let Some((thread, stop, engine)) = front_end {
+            // The front end drains its connections, then drops its end of the
+            // request channel, which ends the engine side.
+            let _ = stop.send(());
+            engine.await;
+            if let Ok(Err(error)) = thread.join() {
+                failure.get_or_insert(error);
+            }
+        }
         if let Some(control) = &control {
             control.stop();
         }
@@ -105,7 +149,6 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
         if let Some(pidfile) = pidfile {
             let _ = std::fs::remove_file(pidfile);
         }
-        drop(Rc::clone(&pool));
         if let Some(failure) = failure {
             return Err(failure);
         }
@@ -127,7 +170,6 @@ async fn wait_for_signal(signals: &OwnedFd) {
         // One signalfd_siginfo is 128 bytes.
         let (result, _) = uring::read_bytes(signals.as_raw_fd(), vec![0u8; 128]).await;
         match result {
-            Ok(count) if count > 0 => return,
             Ok(_) => return,
             Err(error) if error.raw_os_error() == Some(libc::EINTR) => continue,
             Err(error) => {

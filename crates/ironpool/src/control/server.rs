@@ -7,7 +7,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use super::commands::{execute, Command, Response};
-use crate::nbd::server::NbdServer;
+use crate::nbd::engine::SharedStats;
 use crate::pool::Pool;
 use crate::rt::uring::{self, SendPiece};
 use crate::rt::{self};
@@ -26,7 +26,7 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Binds `path` (replacing a stale socket) and serves commands for `pool`.
-    pub fn start(path: &Path, pool: Rc<Pool>, nbd: Option<Rc<NbdServer>>) -> std::io::Result<Rc<ControlServer>> {
+    pub fn start(path: &Path, pool: Rc<Pool>, nbd: Option<std::sync::Arc<SharedStats>>) -> std::io::Result<Rc<ControlServer>> {
         if let Some(parent) = path.parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent)?;
@@ -80,13 +80,13 @@ async fn read_request(fd: RawFd) -> Result<Vec<u8>, String> {
     }
 }
 
-async fn serve_one(socket: OwnedFd, pool: Rc<Pool>, nbd: Option<Rc<NbdServer>>) {
+async fn serve_one(socket: OwnedFd, pool: Rc<Pool>, nbd: Option<std::sync::Arc<SharedStats>>) {
     let fd = socket.as_raw_fd();
     let response = match rt::timeout(REQUEST_TIMEOUT, read_request(fd)).await {
         None => Response { ok: false, result: None, error: Some("timed out waiting for the request".into()) },
         Some(Err(error)) => Response { ok: false, result: None, error: Some(error) },
         Some(Ok(bytes)) => match serde_json::from_slice::<Command>(&bytes) {
-            Ok(command) => Response::from_result(execute(&pool, command, nbd.map(|server| server.stats())).await),
+            Ok(command) => Response::from_result(execute(&pool, command, nbd.map(|stats| stats.snapshot())).await),
             Err(error) => Response { ok: false, result: None, error: Some(format!("bad request: {error}")) },
         },
     };

@@ -1,4 +1,6 @@
-//! The NBD front end: the wire protocol ([`proto`]) and the server ([`server`]).
+//! The NBD server: the wire protocol ([`proto`]), the front end on its own
+//! thread ([`server`]) and the engine side that runs requests ([`engine`]).
 
+pub mod engine;
 pub mod proto;
 pub mod server;

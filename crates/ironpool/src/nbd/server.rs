@@ -1,25 +1,28 @@
-//! The NBD server, on the same io_uring loop as the engine.
+//! The NBD front end: sockets, handshakes, parsing and replies, on its own thread
+//! with its own io_uring loop.
 //!
 //! Each connection has one task that reads: the handshake, then request after
-//! request. Every request becomes its own task, so many run at once and their
-//! replies go out as they complete (out of order), through the connection's
-//! sender task, which batches replies into one sendmsg. Nothing blocks: socket
-//! reads and writes are io_uring operations like device I/O.
+//! request. Requests go to the engine's thread ([`super::engine`]) through a
+//! channel, many in flight at once; replies come back as they complete (out of
+//! order) and the connection's sender task batches them into one sendmsg.
+//! Nothing blocks: socket reads and writes are io_uring operations.
 //!
 //! Bounds: requests in flight per connection, payload bytes in flight per server,
 //! connections per server, option sizes, and the time a handshake may take.
 
 use std::cell::{Cell, RefCell};
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::path::PathBuf;
-use std::rc::Rc;
+use std::rc::{Rc, Weak};
+use std::sync::Arc;
 use std::time::Duration;
 
+use super::engine::{EngineRequest, ExportInfo, FromEngine, OwnedPiece, SharedStats, ToEngine};
 use super::proto::*;
-use crate::pool::volume::{ReadPiece, Volume, IO_ALIGNMENT_BYTES};
-use crate::pool::{Pool, PoolError};
+use crate::pool::volume::IO_ALIGNMENT_BYTES;
 use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::channel::{channel, Receiver as ChannelReceiver, Sender};
 use crate::rt::sync::{Notify, Permit, Semaphore};
 use crate::rt::uring::{self, SendPiece};
 use crate::rt::{self};
@@ -66,7 +69,7 @@ impl Listen {
     }
 }
 
-/// Server-wide counters.
+/// Server-wide counters (a snapshot of [`SharedStats`]).
 #[derive(Clone, Copy, Debug, Default, serde::Serialize)]
 pub struct ServerStats {
     pub connections_accepted: u64,
@@ -77,62 +80,77 @@ pub struct ServerStats {
     pub protocol_errors: u64,
 }
 
-/// The NBD server of one pool.
+/// A bound listening socket, ready to hand to the front end's thread.
+pub struct BoundListener {
+    fd: OwnedFd,
+    path: Option<PathBuf>,
+    _lock: Option<OwnedFd>,
+}
+
+impl BoundListener {
+    /// Binds `listen` (replacing a dead server's unix socket, refusing a live one's).
+    pub fn bind(listen: &Listen) -> std::io::Result<BoundListener> {
+        match listen {
+            Listen::Unix(path) => {
+                let (listener, lock) = bind_unix_exclusive(path)?;
+                Ok(BoundListener { fd: listener.into(), path: Some(path.clone()), _lock: Some(lock) })
+            }
+            Listen::Tcp(address) => {
+                let listener = std::net::TcpListener::bind(address).map_err(|error| std::io::Error::new(error.kind(), format!("{address}: {error}")))?;
+                Ok(BoundListener { fd: listener.into(), path: None, _lock: None })
+            }
+        }
+    }
+}
+
+/// The front end of one pool's NBD server (lives on the front end's thread).
 pub struct NbdServer {
-    pool: Rc<Pool>,
+    engine: Sender<ToEngine>,
     payload_budget: Rc<Semaphore>,
     shutting_down: Cell<bool>,
-    listeners: RefCell<Vec<(OwnedFd, Option<PathBuf>)>>,
-    /// Locks on the unix socket paths, held for the server's life.
-    locks: RefCell<Vec<OwnedFd>>,
-    connections: RefCell<Vec<std::rc::Weak<Connection>>>,
+    listeners: RefCell<Vec<BoundListener>>,
+    connections: RefCell<HashMap<u64, Weak<Connection>>>,
+    next_connection: Cell<u64>,
     drained: Notify,
-    stats: Cell<ServerStats>,
+    stats: Arc<SharedStats>,
 }
 
 impl NbdServer {
-    pub fn new(pool: Rc<Pool>) -> Rc<NbdServer> {
+    pub fn new(engine: Sender<ToEngine>, stats: Arc<SharedStats>) -> Rc<NbdServer> {
         Rc::new(NbdServer {
-            pool,
+            engine,
             payload_budget: Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_MAX),
             shutting_down: Cell::new(false),
             listeners: RefCell::new(Vec::new()),
-            locks: RefCell::new(Vec::new()),
-            connections: RefCell::new(Vec::new()),
+            connections: RefCell::new(HashMap::new()),
+            next_connection: Cell::new(1),
             drained: Notify::new(),
-            stats: Cell::new(ServerStats::default()),
+            stats,
         })
     }
 
-    pub fn stats(&self) -> ServerStats {
-        self.stats.get()
-    }
-
-    fn count(&self, update: impl FnOnce(&mut ServerStats)) {
-        let mut stats = self.stats.get();
-        update(&mut stats);
-        self.stats.set(stats);
-    }
-
-    /// Binds `listen` and starts accepting connections.
-    pub fn listen(self: &Rc<Self>, listen: &Listen) -> std::io::Result<()> {
-        let (fd, path): (OwnedFd, Option<PathBuf>) = match listen {
-            Listen::Unix(path) => {
-                let (listener, lock) = bind_unix_exclusive(path)?;
-                self.locks.borrow_mut().push(lock);
-                (listener.into(), Some(path.clone()))
-            }
-            Listen::Tcp(address) => {
-                let listener =
-                    std::net::TcpListener::bind(address).map_err(|error| std::io::Error::new(error.kind(), format!("{address}: {error}")))?;
-                (listener.into(), None)
-            }
-        };
-        let raw = fd.as_raw_fd();
-        self.listeners.borrow_mut().push((fd, path));
+    /// Starts accepting on a bound listener.
+    pub fn serve_listener(self: &Rc<Self>, listener: BoundListener) {
+        let raw = listener.fd.as_raw_fd();
+        self.listeners.borrow_mut().push(listener);
         let server = self.clone();
         rt::spawn(async move { server.accept_loop(raw).await });
-        Ok(())
+    }
+
+    /// Delivers the engine's replies to their connections until the engine is gone.
+    pub async fn deliver_replies(self: Rc<Self>, mut inbox: ChannelReceiver<FromEngine>) {
+        loop {
+            let batch = inbox.recv_batch().await;
+            if batch.is_empty() {
+                return;
+            }
+            for reply in batch {
+                let connection = self.connections.borrow().get(&reply.connection).and_then(Weak::upgrade);
+                if let Some(connection) = connection {
+                    connection.deliver(reply.token, reply.pieces);
+                }
+            }
+        }
     }
 
     async fn accept_loop(self: Rc<Self>, listener: RawFd) {
@@ -145,18 +163,18 @@ impl NbdServer {
                     if self.shutting_down.get() {
                         return;
                     }
-                    self.connections.borrow_mut().retain(|weak| weak.strong_count() > 0);
+                    self.connections.borrow_mut().retain(|_, weak| weak.strong_count() > 0);
                     if self.connections.borrow().len() >= CONNECTIONS_MAX {
-                        self.count(|stats| stats.connections_refused += 1);
+                        self.stats.add(&self.stats.connections_refused, 1);
                         continue; // dropping the socket closes it
                     }
                     set_nodelay(&socket);
-                    self.count(|stats| {
-                        stats.connections_accepted += 1;
-                        stats.connections_open += 1;
-                    });
-                    let connection = Rc::new(Connection::new(socket, self.clone()));
-                    self.connections.borrow_mut().push(Rc::downgrade(&connection));
+                    self.stats.add(&self.stats.connections_accepted, 1);
+                    self.stats.add(&self.stats.connections_open, 1);
+                    let id = self.next_connection.get();
+                    self.next_connection.set(id + 1);
+                    let connection = Rc::new(Connection::new(id, socket, self.clone()));
+                    self.connections.borrow_mut().insert(id, Rc::downgrade(&connection));
                     rt::spawn(async move { connection.run().await });
                 }
                 Err(error) => {
@@ -174,22 +192,22 @@ impl NbdServer {
     /// Stops accepting, lets every connection finish its requests, then returns.
     pub async fn shutdown(&self) {
         self.shutting_down.set(true);
-        for (fd, path) in self.listeners.borrow_mut().drain(..) {
+        for listener in self.listeners.borrow_mut().drain(..) {
             // SAFETY: shutting down a listening socket we own makes pending
             // accepts fail, which ends the accept loops.
-            unsafe { libc::shutdown(fd.as_raw_fd(), libc::SHUT_RDWR) };
-            if let Some(path) = path {
+            unsafe { libc::shutdown(listener.fd.as_raw_fd(), libc::SHUT_RDWR) };
+            if let Some(path) = &listener.path {
                 let _ = std::fs::remove_file(path);
             }
         }
-        let connections: Vec<Rc<Connection>> = self.connections.borrow().iter().filter_map(|weak| weak.upgrade()).collect();
+        let connections: Vec<Rc<Connection>> = self.connections.borrow().values().filter_map(Weak::upgrade).collect();
         for connection in &connections {
             connection.stop_reading();
         }
         drop(connections);
         let drained = async {
             loop {
-                self.connections.borrow_mut().retain(|weak| weak.strong_count() > 0);
+                self.connections.borrow_mut().retain(|_, weak| weak.strong_count() > 0);
                 if self.connections.borrow().is_empty() {
                     return;
                 }
@@ -201,21 +219,18 @@ impl NbdServer {
         }
     }
 
-    /// The volume an export name refers to: "POOL/NAME", "NAME", or "" when the
-    /// pool has exactly one volume.
-    fn export(&self, name: &str) -> Option<Rc<Volume>> {
-        if name.is_empty() {
-            let volumes = self.pool.volumes.borrow();
-            if volumes.len() == 1 {
-                return volumes.values().next().cloned();
-            }
+    /// Asks the engine something and waits for the answer.
+    async fn ask<T>(&self, make: impl FnOnce(Sender<T>) -> ToEngine) -> Option<T> {
+        let (reply, mut answer) = channel();
+        if self.engine.send(make(reply)).is_err() {
             return None;
         }
-        self.pool.volume(name).ok()
+        answer.recv_batch().await.into_iter().next()
     }
 
-    fn export_names(&self) -> Vec<String> {
-        self.pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect()
+    async fn lookup(&self, name: &str) -> Option<ExportInfo> {
+        let name = name.to_string();
+        self.ask(|reply| ToEngine::Lookup { name, reply }).await.flatten()
     }
 }
 
@@ -255,19 +270,19 @@ fn set_nodelay(socket: &OwnedFd) {
 struct Negotiated {
     structured: bool,
     no_zeroes: bool,
-    /// Export named in the last SET_META_CONTEXT and whether base:allocation was
-    /// selected.
-    meta_export: Option<String>,
-    meta_allocation: bool,
+    /// Canonical export name of the last SET_META_CONTEXT, if base:allocation
+    /// was selected.
+    meta_allocation_export: Option<String>,
 }
 
-/// A reply waiting to be sent, with the permit it holds until then.
+/// A reply waiting to be sent, with the permits it holds until then.
 struct Outgoing {
     pieces: Vec<SendPiece>,
     _permits: Vec<Permit>,
 }
 
 struct Connection {
+    id: u64,
     fd: OwnedFd,
     server: Rc<NbdServer>,
     outbox: RefCell<VecDeque<Outgoing>>,
@@ -277,6 +292,9 @@ struct Connection {
     /// The socket failed for sending.
     broken: Cell<bool>,
     in_flight: Rc<Semaphore>,
+    /// Permits of requests at the engine, by token.
+    pending: RefCell<HashMap<u64, Vec<Permit>>>,
+    next_token: Cell<u64>,
 }
 
 /// The read side of a connection: a buffer over the socket.
@@ -361,13 +379,14 @@ async fn send_all(fd: RawFd, bytes: Vec<u8>) -> std::io::Result<()> {
 
 /// The handshake ended: with an export to serve, or not.
 enum HandshakeEnd {
-    Serve(Rc<Volume>),
+    Serve(ExportInfo),
     Close,
 }
 
 impl Connection {
-    fn new(fd: OwnedFd, server: Rc<NbdServer>) -> Connection {
+    fn new(id: u64, fd: OwnedFd, server: Rc<NbdServer>) -> Connection {
         Connection {
+            id,
             fd,
             server,
             outbox: RefCell::new(VecDeque::new()),
@@ -375,6 +394,8 @@ impl Connection {
             reading_done: Cell::new(false),
             broken: Cell::new(false),
             in_flight: Semaphore::new(REQUESTS_IN_FLIGHT_PER_CONNECTION),
+            pending: RefCell::new(HashMap::new()),
+            next_token: Cell::new(0),
         }
     }
 
@@ -392,22 +413,21 @@ impl Connection {
         let mut receiver = Receiver { fd: self.raw(), buffer: vec![0u8; RECEIVE_BUFFER_BYTES], start: 0, end: 0 };
         let mut negotiated = Negotiated::default();
         let handshake = rt::timeout(HANDSHAKE_TIMEOUT, self.handshake(&mut receiver, &mut negotiated)).await;
-        let volume = match handshake {
-            Some(Ok(HandshakeEnd::Serve(volume))) => volume,
-            Some(Ok(HandshakeEnd::Close)) => return self.closed(),
+        let export = match handshake {
+            Some(Ok(HandshakeEnd::Serve(export))) => export,
+            Some(Ok(HandshakeEnd::Close)) => return self.closed(false),
             Some(Err(_)) | None => {
-                self.server.count(|stats| stats.protocol_errors += 1);
-                return self.closed();
+                self.server.stats.add(&self.server.stats.protocol_errors, 1);
+                return self.closed(false);
             }
         };
         let sender = {
             let connection = self.clone();
             rt::spawn(async move { connection.send_loop().await })
         };
-        let negotiated = Rc::new(negotiated);
-        if let Err(error) = self.transmission(&mut receiver, &volume, &negotiated).await {
+        if let Err(error) = self.transmission(&mut receiver, &export, &negotiated).await {
             if error.kind() != std::io::ErrorKind::UnexpectedEof {
-                self.server.count(|stats| stats.protocol_errors += 1);
+                self.server.stats.add(&self.server.stats.protocol_errors, 1);
             }
         }
         // Let requests in flight finish and their replies go out, then close.
@@ -415,11 +435,14 @@ impl Connection {
         self.reading_done.set(true);
         self.outbox_ready.notify_all();
         sender.await;
-        self.closed();
+        self.closed(true);
     }
 
-    fn closed(&self) {
-        self.server.count(|stats| stats.connections_open = stats.connections_open.saturating_sub(1));
+    fn closed(&self, opened: bool) {
+        if opened {
+            let _ = self.server.engine.send(ToEngine::Close { connection: self.id });
+        }
+        self.server.stats.connections_open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.server.drained.notify_all();
     }
 
@@ -447,10 +470,10 @@ impl Connection {
                 OPT_EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).to_string();
                     // No error reply exists for EXPORT_NAME: an unknown name closes.
-                    let Some(volume) = self.server.export(&name) else { return Ok(HandshakeEnd::Close) };
-                    let flags = transmission_flags(&volume, false);
-                    send_all(fd, export_name_reply(volume.size_bytes.get(), flags, negotiated.no_zeroes)).await?;
-                    return Ok(HandshakeEnd::Serve(volume));
+                    let Some(export) = self.open(&name).await else { return Ok(HandshakeEnd::Close) };
+                    let flags = export.transmission_flags(false);
+                    send_all(fd, export_name_reply(export.size_bytes, flags, negotiated.no_zeroes)).await?;
+                    return Ok(HandshakeEnd::Serve(export));
                 }
                 OPT_ABORT => {
                     let _ = send_all(fd, option_reply(OPT_ABORT, REP_ACK, &[])).await;
@@ -461,10 +484,11 @@ impl Connection {
                         send_all(fd, option_reply(OPT_LIST, REP_ERR_INVALID, b"LIST takes no data")).await?;
                         continue;
                     }
+                    let exports = self.server.ask(|reply| ToEngine::List { reply }).await.unwrap_or_default();
                     let mut replies = Vec::new();
-                    for name in self.server.export_names() {
-                        let mut entry = (name.len() as u32).to_be_bytes().to_vec();
-                        entry.extend_from_slice(name.as_bytes());
+                    for export in exports {
+                        let mut entry = (export.name.len() as u32).to_be_bytes().to_vec();
+                        entry.extend_from_slice(export.name.as_bytes());
                         replies.extend(option_reply(OPT_LIST, REP_SERVER, &entry));
                     }
                     replies.extend(option_reply(OPT_LIST, REP_ACK, &[]));
@@ -479,7 +503,7 @@ impl Connection {
                     send_all(fd, option_reply(header.option, REP_ACK, &[])).await?;
                 }
                 OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => {
-                    let reply = self.meta_context(header.option, &data, negotiated);
+                    let reply = self.meta_context(header.option, &data, negotiated).await;
                     send_all(fd, reply).await?;
                 }
                 OPT_INFO | OPT_GO => {
@@ -490,29 +514,30 @@ impl Connection {
                             continue;
                         }
                     };
-                    let Some(volume) = self.server.export(&request.name) else {
+                    let export = if header.option == OPT_GO { self.open(&request.name).await } else { self.server.lookup(&request.name).await };
+                    let Some(export) = export else {
                         let message = format!("no export named '{}'", request.name);
                         send_all(fd, option_reply(header.option, REP_ERR_UNKNOWN, message.as_bytes())).await?;
                         continue;
                     };
-                    let flags = transmission_flags(&volume, negotiated.structured);
-                    let mut replies = option_reply(header.option, REP_INFO, &info_export(volume.size_bytes.get(), flags));
+                    let flags = export.transmission_flags(negotiated.structured);
+                    let mut replies = option_reply(header.option, REP_INFO, &info_export(export.size_bytes, flags));
                     if request.requests.contains(&INFO_NAME) {
                         let mut payload = INFO_NAME.to_be_bytes().to_vec();
-                        payload.extend_from_slice(volume.name.as_bytes());
+                        payload.extend_from_slice(export.name.as_bytes());
                         replies.extend(option_reply(header.option, REP_INFO, &payload));
                     }
                     if request.requests.contains(&INFO_DESCRIPTION) {
                         let mut payload = INFO_DESCRIPTION.to_be_bytes().to_vec();
-                        payload.extend_from_slice(format!("ironpool volume {}", volume.name).as_bytes());
+                        payload.extend_from_slice(format!("ironpool volume {}", export.name).as_bytes());
                         replies.extend(option_reply(header.option, REP_INFO, &payload));
                     }
-                    let preferred = volume.block_bytes.clamp(IO_ALIGNMENT_BYTES, PAYLOAD_BYTES_MAX as u64) as u32;
+                    let preferred = export.block_bytes.clamp(IO_ALIGNMENT_BYTES, PAYLOAD_BYTES_MAX as u64) as u32;
                     replies.extend(option_reply(header.option, REP_INFO, &info_block_size(IO_ALIGNMENT_BYTES as u32, preferred, PAYLOAD_BYTES_MAX)));
                     replies.extend(option_reply(header.option, REP_ACK, &[]));
                     send_all(fd, replies).await?;
                     if header.option == OPT_GO {
-                        return Ok(HandshakeEnd::Serve(volume));
+                        return Ok(HandshakeEnd::Serve(export));
                     }
                 }
                 OPT_STARTTLS => {
@@ -526,12 +551,18 @@ impl Connection {
         }
     }
 
+    /// Tells the engine this connection serves `name`.
+    async fn open(&self, name: &str) -> Option<ExportInfo> {
+        let connection = self.id;
+        let name = name.to_string();
+        self.server.ask(|reply| ToEngine::Open { connection, name, reply }).await.flatten()
+    }
+
     /// Answers LIST_META_CONTEXT / SET_META_CONTEXT.
-    fn meta_context(&self, option: u32, data: &[u8], negotiated: &mut Negotiated) -> Vec<u8> {
+    async fn meta_context(&self, option: u32, data: &[u8], negotiated: &mut Negotiated) -> Vec<u8> {
         if option == OPT_SET_META_CONTEXT {
             // SET replaces the selection even when it fails.
-            negotiated.meta_export = None;
-            negotiated.meta_allocation = false;
+            negotiated.meta_allocation_export = None;
         }
         if !negotiated.structured {
             return option_reply(option, REP_ERR_INVALID, b"negotiate structured replies first");
@@ -540,9 +571,9 @@ impl Connection {
             Ok(request) => request,
             Err(reason) => return option_reply(option, REP_ERR_INVALID, reason.as_bytes()),
         };
-        if self.server.export(&request.export).is_none() {
+        let Some(export) = self.server.lookup(&request.export).await else {
             return option_reply(option, REP_ERR_UNKNOWN, b"no such export");
-        }
+        };
         let selected = if option == OPT_LIST_META_CONTEXT && request.queries.is_empty() {
             true
         } else {
@@ -555,15 +586,15 @@ impl Connection {
             payload.extend_from_slice(CONTEXT_BASE_ALLOCATION.as_bytes());
             replies.extend(option_reply(option, REP_META_CONTEXT, &payload));
         }
-        if option == OPT_SET_META_CONTEXT {
-            negotiated.meta_export = Some(request.export);
-            negotiated.meta_allocation = selected;
+        if option == OPT_SET_META_CONTEXT && selected {
+            negotiated.meta_allocation_export = Some(export.name);
         }
         replies.extend(option_reply(option, REP_ACK, &[]));
         replies
     }
 
-    async fn transmission(self: &Rc<Self>, receiver: &mut Receiver, volume: &Rc<Volume>, negotiated: &Rc<Negotiated>) -> std::io::Result<()> {
+    async fn transmission(self: &Rc<Self>, receiver: &mut Receiver, export: &ExportInfo, negotiated: &Negotiated) -> std::io::Result<()> {
+        let block_status = negotiated.structured && negotiated.meta_allocation_export.as_deref() == Some(export.name.as_str());
         loop {
             let permit = self.in_flight.acquire(1).await;
             let header: [u8; REQUEST_HEADER_BYTES] = receiver.read_array().await?;
@@ -572,7 +603,7 @@ impl Connection {
                 // The stream is out of step: nothing more can be trusted.
                 Err(error) => return Err(protocol_to_io(error)),
             };
-            self.server.count(|stats| stats.requests += 1);
+            self.server.stats.add(&self.server.stats.requests, 1);
             if request.command == CMD_DISC {
                 return Ok(());
             }
@@ -590,21 +621,32 @@ impl Connection {
                 }
                 None
             };
-            let connection = self.clone();
-            let volume = volume.clone();
-            let negotiated = negotiated.clone();
-            rt::spawn(async move {
-                let pieces = connection.execute(&volume, &negotiated, request, payload).await;
-                connection.queue(Outgoing { pieces, _permits: permits });
-            });
+            let token = self.next_token.get();
+            self.next_token.set(token + 1);
+            self.pending.borrow_mut().insert(token, permits);
+            let message = EngineRequest { connection: self.id, token, request, payload, structured: negotiated.structured, block_status };
+            if self.server.engine.send(ToEngine::Request(Box::new(message))).is_err() {
+                self.pending.borrow_mut().remove(&token);
+                return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the engine is gone"));
+            }
         }
     }
 
-    fn queue(&self, outgoing: Outgoing) {
+    /// A reply from the engine: queue it for sending with the request's permits.
+    fn deliver(&self, token: u64, pieces: Vec<OwnedPiece>) {
+        let permits = self.pending.borrow_mut().remove(&token).unwrap_or_default();
         if self.broken.get() {
             return; // the client is gone; dropping releases the permits
         }
-        self.outbox.borrow_mut().push_back(outgoing);
+        let pieces = pieces
+            .into_iter()
+            .map(|piece| match piece {
+                OwnedPiece::Bytes(bytes) => SendPiece::Bytes(bytes),
+                OwnedPiece::Buffer(buffer, range) => SendPiece::Slice(BufSlice::new(buffer.into_shared(), range)),
+                OwnedPiece::Zeros(length) => SendPiece::Zeros(length),
+            })
+            .collect();
+        self.outbox.borrow_mut().push_back(Outgoing { pieces, _permits: permits });
         self.outbox_ready.notify_all();
     }
 
@@ -658,211 +700,8 @@ impl Connection {
             }
         }
     }
-
-    /// Runs one request and builds its reply.
-    async fn execute(&self, volume: &Rc<Volume>, negotiated: &Negotiated, request: Request, payload: Option<AlignedBuf>) -> Vec<SendPiece> {
-        let pool = &self.server.pool;
-        let structured = negotiated.structured;
-        let fail = |error: u32, message: &str| {
-            self.server.count(|stats| stats.request_errors += 1);
-            error_reply(request.cookie, structured, error, message)
-        };
-        if request.flags & !allowed_flags(request.command, structured) != 0 {
-            return fail(EINVAL, "flag not valid for this command");
-        }
-        let fua = request.flags & CMD_FLAG_FUA != 0;
-        let size = volume.size_bytes.get();
-        let length = request.length as u64;
-        let in_range = request.offset.checked_add(length).is_some_and(|end| end <= size);
-        let aligned = request.offset % IO_ALIGNMENT_BYTES == 0 && length % IO_ALIGNMENT_BYTES == 0;
-        let is_write = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
-        match request.command {
-            CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS => {
-                if is_write && volume.read_only.get() {
-                    return fail(EPERM, "the export is read-only");
-                }
-                if !in_range {
-                    let error = if matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
-                    return fail(error, "request beyond the end of the export");
-                }
-                if !aligned {
-                    return fail(EINVAL, "offset and length must be multiples of 512");
-                }
-                if request.command == CMD_READ && request.length > PAYLOAD_BYTES_MAX {
-                    return fail(EOVERFLOW, "read larger than the maximum payload");
-                }
-            }
-            CMD_FLUSH => {
-                if request.offset != 0 || request.length != 0 {
-                    return fail(EINVAL, "flush takes no range");
-                }
-            }
-            _ => return fail(EINVAL, "unknown command"),
-        }
-        let result: Result<Vec<SendPiece>, PoolError> = match request.command {
-            CMD_READ => match pool.read(volume, request.offset, length).await {
-                Ok(pieces) => Ok(read_reply(request.cookie, request.offset, pieces, structured, request.flags & CMD_FLAG_DF != 0)),
-                Err(error) => Err(error),
-            },
-            CMD_WRITE => {
-                let data = payload.map(|buffer| BufSlice::whole(buffer.into_shared()));
-                match data {
-                    Some(data) => pool.write(volume, request.offset, data, fua).await.map(|()| vec![SendPiece::Bytes(simple_reply(request.cookie, 0))]),
-                    None => Ok(vec![SendPiece::Bytes(simple_reply(request.cookie, 0))]),
-                }
-            }
-            CMD_FLUSH => {
-                pool.count_flush(volume);
-                pool.flush().await.map(|()| vec![SendPiece::Bytes(simple_reply(request.cookie, 0))])
-            }
-            CMD_TRIM => pool.zero(volume, request.offset, length, fua, true).await.map(|()| vec![SendPiece::Bytes(simple_reply(request.cookie, 0))]),
-            CMD_WRITE_ZEROES => {
-                let allocate = request.flags & CMD_FLAG_NO_HOLE != 0;
-                let result = if allocate {
-                    pool.write_allocated_zeroes(volume, request.offset, length, fua).await
-                } else {
-                    pool.zero(volume, request.offset, length, fua, false).await
-                };
-                result.map(|()| vec![SendPiece::Bytes(simple_reply(request.cookie, 0))])
-            }
-            // No cache to warm: every read goes to the devices. Advertised so
-            // clients that send it anyway get a clean success.
-            CMD_CACHE => Ok(vec![SendPiece::Bytes(simple_reply(request.cookie, 0))]),
-            CMD_BLOCK_STATUS => {
-                let allowed = structured && negotiated.meta_allocation && negotiated.meta_export.as_deref().is_some_and(|name| self.server.export(name).is_some_and(|selected| Rc::ptr_eq(&selected, volume)));
-                if !allowed {
-                    return fail(EINVAL, "block status needs structured replies and the base:allocation context");
-                }
-                if length == 0 {
-                    return fail(EINVAL, "block status of zero length");
-                }
-                pool.block_status(volume, request.offset, length).await.map(|runs| vec![SendPiece::Bytes(block_status_reply(request.cookie, &runs, length, request.flags & CMD_FLAG_REQ_ONE != 0))])
-            }
-            _ => unreachable!("commands were filtered above"),
-        };
-        match result {
-            Ok(pieces) => pieces,
-            Err(error) => fail(errno_of(&error), &error.to_string()),
-        }
-    }
 }
 
 fn protocol_to_io(error: ProtocolError) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, error.to_string())
-}
-
-/// Transmission flags of an export.
-fn transmission_flags(volume: &Volume, structured: bool) -> u16 {
-    let mut flags = TRANSMIT_HAS_FLAGS
-        | TRANSMIT_SEND_FLUSH
-        | TRANSMIT_SEND_FUA
-        | TRANSMIT_SEND_TRIM
-        | TRANSMIT_SEND_WRITE_ZEROES
-        | TRANSMIT_SEND_CACHE
-        // One engine behind every connection: a flush on any connection covers
-        // writes acknowledged on all of them.
-        | TRANSMIT_CAN_MULTI_CONN;
-    if structured {
-        flags |= TRANSMIT_SEND_DF;
-    }
-    if volume.read_only.get() {
-        flags |= TRANSMIT_READ_ONLY;
-    }
-    flags
-}
-
-/// The NBD error for an engine error.
-fn errno_of(error: &PoolError) -> u32 {
-    match error {
-        PoolError::NoSpace => ENOSPC,
-        PoolError::ReadOnly(_) => EPERM,
-        PoolError::OutOfRange { .. } | PoolError::Misaligned { .. } | PoolError::InvalidArgument(_) => EINVAL,
-        PoolError::Closing => ESHUTDOWN,
-        PoolError::NoSuchVolume(_) => ESHUTDOWN,
-        _ => EIO,
-    }
-}
-
-/// An error reply: a structured ERROR chunk (with the message) once structured
-/// replies are negotiated, a simple reply otherwise.
-fn error_reply(cookie: u64, structured: bool, error: u32, message: &str) -> Vec<SendPiece> {
-    if structured {
-        vec![SendPiece::Bytes(structured_error(cookie, error, message))]
-    } else {
-        vec![SendPiece::Bytes(simple_reply(cookie, error))]
-    }
-}
-
-/// Builds a READ reply: structured (data and hole chunks, or one chunk with DF),
-/// or simple (header then the bytes, holes sent as zeros).
-fn read_reply(cookie: u64, offset: u64, pieces: Vec<ReadPiece>, structured: bool, dont_fragment: bool) -> Vec<SendPiece> {
-    let total: usize = pieces.iter().map(ReadPiece::len).sum();
-    if !structured {
-        let mut out = Vec::with_capacity(pieces.len() + 1);
-        out.push(SendPiece::Bytes(simple_reply(cookie, 0)));
-        out.extend(pieces.into_iter().map(to_send_piece));
-        return out;
-    }
-    if dont_fragment || total == 0 {
-        let mut out = Vec::with_capacity(pieces.len() + 1);
-        let header = structured_chunk(cookie, REPLY_FLAG_DONE, if total == 0 { REPLY_TYPE_NONE } else { REPLY_TYPE_OFFSET_DATA }, if total == 0 { 0 } else { 8 + total as u32 }, &if total == 0 { Vec::new() } else { offset.to_be_bytes().to_vec() });
-        out.push(SendPiece::Bytes(header));
-        out.extend(pieces.into_iter().map(to_send_piece));
-        return out;
-    }
-    // Group consecutive data pieces into one chunk; holes become hole chunks.
-    let mut groups: Vec<(bool, u64, Vec<ReadPiece>)> = Vec::new();
-    let mut position = offset;
-    for piece in pieces {
-        let is_data = matches!(piece, ReadPiece::Data(_));
-        let length = piece.len() as u64;
-        match groups.last_mut() {
-            Some((last_is_data, _, members)) if *last_is_data == is_data => members.push(piece),
-            _ => groups.push((is_data, position, vec![piece])),
-        }
-        position += length;
-    }
-    let count = groups.len();
-    let mut out = Vec::new();
-    for (index, (is_data, start, members)) in groups.into_iter().enumerate() {
-        let flags = if index + 1 == count { REPLY_FLAG_DONE } else { 0 };
-        let length: usize = members.iter().map(ReadPiece::len).sum();
-        if is_data {
-            out.push(SendPiece::Bytes(structured_chunk(cookie, flags, REPLY_TYPE_OFFSET_DATA, 8 + length as u32, &start.to_be_bytes())));
-            out.extend(members.into_iter().map(to_send_piece));
-        } else {
-            let mut payload = start.to_be_bytes().to_vec();
-            payload.extend_from_slice(&(length as u32).to_be_bytes());
-            out.push(SendPiece::Bytes(structured_chunk(cookie, flags, REPLY_TYPE_OFFSET_HOLE, 12, &payload)));
-        }
-    }
-    out
-}
-
-fn to_send_piece(piece: ReadPiece) -> SendPiece {
-    match piece {
-        ReadPiece::Data(slice) => SendPiece::Slice(slice),
-        ReadPiece::Zeros(length) => SendPiece::Zeros(length),
-    }
-}
-
-/// Builds a BLOCK_STATUS reply for `base:allocation` from runs of (bytes, allocated).
-fn block_status_reply(cookie: u64, runs: &[(u64, bool)], requested: u64, one: bool) -> Vec<u8> {
-    let mut extents: Vec<(u32, u32)> = Vec::new();
-    for &(bytes, allocated) in runs {
-        let flags = if allocated { 0 } else { STATE_HOLE | STATE_ZERO };
-        let mut left = bytes;
-        while left > 0 {
-            let piece = left.min(EXTENT_BYTES_MAX);
-            extents.push((piece as u32, flags));
-            left -= piece;
-        }
-    }
-    if one {
-        extents.truncate(1);
-        if let Some(first) = extents.first_mut() {
-            first.0 = (first.0 as u64).min(requested) as u32;
-        }
-    }
-    block_status_chunk(cookie, &extents)
 }

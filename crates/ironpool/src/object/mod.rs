@@ -591,6 +591,30 @@ impl ObjectSet {
         Ok(())
     }
 
+    /// Frees every block of a cached metadata object and clears its dnode (the
+    /// object is gone at the next commit).
+    pub fn free_object_cached(&self, object: &Object) -> Result<(), ObjectError> {
+        let mut pointers = Vec::new();
+        let root = object.dnode().root;
+        if !root.is_hole() {
+            pointers.push(root);
+        }
+        for node in object.nodes.borrow().values() {
+            if let NodeBody::Indirect(entries) = &*node.body.borrow() {
+                pointers.extend(entries.iter().filter(|pointer| !pointer.is_hole()).copied());
+            }
+        }
+        for pointer in &pointers {
+            self.store.free(pointer);
+        }
+        let table = self.dnode_table();
+        let mut zero = [0u8; DNODE_BYTES];
+        Dnode::default().encode(&mut zero);
+        self.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &zero)?;
+        self.forget(object.id);
+        Ok(())
+    }
+
     /// Every non-hole pointer in the object's tree, level by level from the top,
     /// with their positions. Used to free a whole object and by scrub.
     pub async fn visit_pointers(

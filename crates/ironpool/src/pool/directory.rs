@@ -42,6 +42,14 @@ pub struct ScrubRecord {
     pub completed: bool,
 }
 
+/// One object of the pool's space log: records of txgs from `first_txg` up to
+/// the next log object's first txg.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpaceLogRecord {
+    pub object: u64,
+    pub first_txg: u64,
+}
+
 /// The directory document.
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Directory {
@@ -55,6 +63,9 @@ pub struct Directory {
     pub properties: BTreeMap<String, String>,
     #[serde(default)]
     pub last_scrub: Option<ScrubRecord>,
+    /// The space log objects, oldest first.
+    #[serde(default)]
+    pub space_logs: Vec<SpaceLogRecord>,
 }
 
 impl Directory {

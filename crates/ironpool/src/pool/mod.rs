@@ -452,27 +452,7 @@ impl Pool {
         if directory.metaslab_arrays.len() != config.vdevs.len() {
             return Err(PoolError::Corrupt(format!("{} metaslab arrays for {} vdevs", directory.metaslab_arrays.len(), config.vdevs.len())));
         }
-        // Space maps: rebuild each metaslab's free space.
-        for (vdev_index, &array_id) in directory.metaslab_arrays.iter().enumerate() {
-            let array = objects.open(array_id).await?;
-            let count = store.allocator.borrow().vdevs[vdev_index].metaslabs.len();
-            let array_bytes = objects.read_bytes(&array, 0, count * 8).await?;
-            store.allocator.borrow_mut().vdevs[vdev_index].array_object = array_id;
-            for metaslab_index in 0..count {
-                let map_id = u64::from_le_bytes(array_bytes[metaslab_index * 8..metaslab_index * 8 + 8].try_into().expect("8 bytes"));
-                if map_id == 0 {
-                    continue;
-                }
-                let map = objects.open(map_id).await?;
-                let map_length = map.dnode().length_bytes as usize;
-                let map_bytes = objects.read_bytes(&map, 0, map_length).await?;
-                let records = decode_records(&map_bytes).map_err(|error| PoolError::Corrupt(format!("space map {map_id}: {error}")))?;
-                let mut allocator = store.allocator.borrow_mut();
-                let metaslab = &mut allocator.vdevs[vdev_index].metaslabs[metaslab_index];
-                metaslab.space_map_object = map_id;
-                metaslab.replay(&records, uberblock.txg).map_err(|error| PoolError::Corrupt(format!("space map {map_id} of vdev {vdev_index} metaslab {metaslab_index}: {error}")))?;
-            }
-        }
+        load_space(&objects, &store, &directory, uberblock.txg).await?;
         store.allocator.borrow_mut().recount();
         let mut imported_config = config.clone();
         imported_config.state = PoolState::Active;
@@ -638,6 +618,79 @@ impl Pool {
             "DEGRADED"
         }
     }
+}
+
+/// Rebuilds every metaslab's free space: its checkpoint (space map) followed by
+/// the space log's records of later txgs.
+async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directory, imported_txg: u64) -> Result<(), PoolError> {
+    use crate::format::spacemap::Record;
+    use txg::METASLAB_ENTRY_BYTES;
+    // Route the log's records to their metaslabs: (vdev, metaslab) -> (txg, record).
+    let mut logged: BTreeMap<(usize, usize), Vec<(u64, Record)>> = BTreeMap::new();
+    for log in &directory.space_logs {
+        let object = objects.open(log.object).await?;
+        let length = object.dnode().length_bytes as usize;
+        let bytes = objects.read_bytes(&object, 0, length).await?;
+        let records = decode_records(&bytes).map_err(|error| PoolError::Corrupt(format!("space log {}: {error}", log.object)))?;
+        let (mut txg, mut vdev) = (0u64, None::<usize>);
+        let allocator = store.allocator.borrow();
+        for record in records {
+            match record {
+                Record::Txg(value) => txg = value,
+                Record::Vdev(value) => vdev = Some(value as usize),
+                Record::Allocate { offset, .. } | Record::Free { offset, .. } => {
+                    let vdev_index = vdev.filter(|index| *index < allocator.vdevs.len()).ok_or_else(|| PoolError::Corrupt(format!("space log {}: record without a valid vdev", log.object)))?;
+                    let metaslab = (offset >> allocator.vdevs[vdev_index].metaslab_shift) as usize;
+                    if metaslab >= allocator.vdevs[vdev_index].metaslabs.len() || txg > imported_txg {
+                        return Err(PoolError::Corrupt(format!("space log {}: record {record:?} of txg {txg} out of range", log.object)));
+                    }
+                    logged.entry((vdev_index, metaslab)).or_default().push((txg, record));
+                }
+            }
+        }
+    }
+    for (vdev_index, &array_id) in directory.metaslab_arrays.iter().enumerate() {
+        let array = objects.open(array_id).await?;
+        let count = store.allocator.borrow().vdevs[vdev_index].metaslabs.len();
+        let entries = objects.read_bytes(&array, 0, count * METASLAB_ENTRY_BYTES as usize).await?;
+        store.allocator.borrow_mut().vdevs[vdev_index].array_object = array_id;
+        for metaslab_index in 0..count {
+            let entry = &entries[metaslab_index * METASLAB_ENTRY_BYTES as usize..][..METASLAB_ENTRY_BYTES as usize];
+            let map_id = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
+            let flushed_txg = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
+            let mut records = Vec::new();
+            if map_id != 0 {
+                let map = objects.open(map_id).await?;
+                let length = map.dnode().length_bytes as usize;
+                let bytes = objects.read_bytes(&map, 0, length).await?;
+                records = decode_records(&bytes).map_err(|error| PoolError::Corrupt(format!("space map {map_id}: {error}")))?;
+            }
+            let mut unflushed_txg = 0;
+            let mut last_marker = None;
+            for (txg, record) in logged.remove(&(vdev_index, metaslab_index)).unwrap_or_default() {
+                if txg <= flushed_txg {
+                    continue;
+                }
+                if unflushed_txg == 0 {
+                    unflushed_txg = txg;
+                }
+                if last_marker != Some(txg) {
+                    records.push(Record::Txg(txg));
+                    last_marker = Some(txg);
+                }
+                records.push(record);
+            }
+            let mut allocator = store.allocator.borrow_mut();
+            let metaslab = &mut allocator.vdevs[vdev_index].metaslabs[metaslab_index];
+            metaslab.space_map_object = map_id;
+            metaslab.flushed_txg = flushed_txg;
+            metaslab.unflushed_txg = unflushed_txg;
+            metaslab
+                .replay(&records, imported_txg)
+                .map_err(|error| PoolError::Corrupt(format!("space of vdev {vdev_index} metaslab {metaslab_index}: {error}")))?;
+        }
+    }
+    Ok(())
 }
 
 /// How long import waits for a device held by another opener: a server killed

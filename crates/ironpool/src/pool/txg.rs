@@ -20,11 +20,10 @@
 //! error, and the same txg is retried every second until it lands.
 
 use std::cell::{Cell, RefCell};
-use std::collections::BTreeSet;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::directory::DIRECTORY_OBJECT;
+use super::directory::{SpaceLogRecord, DIRECTORY_OBJECT};
 use super::labels::{write_labels, write_uberblock};
 use super::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 use crate::format::dnode::DNODE_BYTES;
@@ -282,26 +281,32 @@ pub fn update_metadata_reserve(pool: &Pool) {
     pool.store.allocator.borrow_mut().metadata_reserve_bytes = reserve;
 }
 
+/// Txgs recorded in one space log object before the next one starts: old
+/// objects are freed whole once every metaslab is checkpointed past them.
+const LOG_TXGS_PER_OBJECT: u64 = 8;
+/// Every metaslab with changes only in the log is checkpointed within about this
+/// many txgs: bounds the log (and the import time spent replaying it).
+const CHECKPOINT_SPREAD_TXGS: u64 = 32;
+/// Bytes per metaslab array entry: the space map object and its checkpoint txg.
+pub const METASLAB_ENTRY_BYTES: u64 = 16;
+
 /// Step 1: rewrites every dirty object into `SyncContext` and closes the txg.
 fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     let txg = pool.txg.open.get();
     let objects = &pool.objects;
     let mut context = SyncContext::new(txg);
-    if pool.directory_dirty.replace(false) {
-        let bytes = pool.directory.borrow().encode();
-        let directory = objects.get(DIRECTORY_OBJECT).ok_or_else(|| PoolError::Corrupt("the directory object is not open".into()))?;
-        objects.write_bytes_cached(&directory, 0, &bytes)?;
-        if directory.dnode().length_bytes > bytes.len() as u64 {
-            objects.truncate_cached(&directory, bytes.len() as u64)?;
-        }
-    }
+    checkpoint_metaslabs(pool, txg)?;
+    rotate_space_log(pool, txg)?;
     let table = objects.dnode_table();
-    let mut condensed = BTreeSet::new();
     let mut passes = 0;
     loop {
         passes += 1;
         assert!(passes <= SYNC_PASSES_MAX, "txg {txg} did not settle after {SYNC_PASSES_MAX} passes");
         let mut changed = false;
+        if pool.directory_dirty.replace(false) {
+            write_directory(pool)?;
+            changed = true;
+        }
         for object in objects.open_objects() {
             if object.id == 0 || !object.dirty.get() {
                 continue;
@@ -313,9 +318,9 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             objects.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &bytes)?;
             changed = true;
         }
-        let records = pool.store.allocator.borrow_mut().take_pending();
+        let records = pool.store.allocator.borrow_mut().take_pending(txg);
         if !records.is_empty() {
-            log_space_maps(pool, records, txg, &mut condensed)?;
+            append_space_log(pool, records, txg)?;
             changed = true;
         }
         if table.dirty.get() || table.has_dirty_nodes() {
@@ -351,45 +356,111 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     Ok(BuiltTxg { txg, context, uberblock, config, passes })
 }
 
-/// Appends each metaslab's records for `txg` to its space map (creating the map on
-/// first use), or rewrites the map minimally when it has grown long.
-fn log_space_maps(pool: &Pool, records: Vec<(u32, u32, Vec<Record>)>, txg: u64, condensed: &mut BTreeSet<(u32, u32)>) -> Result<(), ObjectError> {
-    let objects = &pool.objects;
-    for (vdev, metaslab_index, batch) in records {
-        let (map_id, condense, array_id) = {
+fn write_directory(pool: &Pool) -> Result<(), ObjectError> {
+    let bytes = pool.directory.borrow().encode();
+    let directory = pool.objects.get(DIRECTORY_OBJECT).ok_or(ObjectError::NoSuchObject(DIRECTORY_OBJECT))?;
+    pool.objects.write_bytes_cached(&directory, 0, &bytes)?;
+    if directory.dnode().length_bytes > bytes.len() as u64 {
+        pool.objects.truncate_cached(&directory, bytes.len() as u64)?;
+    }
+    Ok(())
+}
+
+/// Checkpoints the metaslabs whose changes have waited longest in the space
+/// log: each gets its space map rewritten as its state at the end of the
+/// previous txg. Runs before this txg's changes are taken, so the log's records
+/// of this txg apply on top of the checkpoint.
+fn checkpoint_metaslabs(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
+    let previous = txg - 1;
+    let chosen: Vec<(usize, usize)> = {
+        let allocator = pool.store.allocator.borrow();
+        let mut waiting: Vec<(u64, usize, usize)> = allocator
+            .vdevs
+            .iter()
+            .enumerate()
+            .flat_map(|(vdev, space)| space.metaslabs.iter().enumerate().filter(|(_, metaslab)| metaslab.unflushed_txg > 0).map(move |(index, metaslab)| (metaslab.unflushed_txg, vdev, index)))
+            .collect();
+        waiting.sort_unstable();
+        let count = (waiting.len() as u64).div_ceil(CHECKPOINT_SPREAD_TXGS).max(1) as usize;
+        waiting.into_iter().take(count).map(|(_, vdev, index)| (vdev, index)).collect()
+    };
+    for (vdev, index) in chosen {
+        let (records, map_id, array_id) = {
             let allocator = pool.store.allocator.borrow();
-            let metaslab = &allocator.vdevs[vdev as usize].metaslabs[metaslab_index as usize];
-            // Condensing writes a new map before the old one's space comes back:
-            // only when space is ample.
-            let roomy = allocator.free_bytes() > 4 * allocator.slop_bytes();
-            (metaslab.space_map_object, roomy && metaslab.should_condense() && !condensed.contains(&(vdev, metaslab_index)), allocator.vdevs[vdev as usize].array_object)
+            let metaslab = &allocator.vdevs[vdev].metaslabs[index];
+            (metaslab.checkpoint_records(previous), metaslab.space_map_object, allocator.vdevs[vdev].array_object)
         };
         let map = if map_id == 0 {
             let id = pool.allocate_object_id();
-            let map = objects.create(id, new_dnode(ObjectType::SpaceMap, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
-            let array = objects.get(array_id).ok_or(ObjectError::NoSuchObject(array_id))?;
-            objects.write_bytes_cached(&array, metaslab_index as u64 * 8, &id.to_le_bytes())?;
-            pool.store.allocator.borrow_mut().vdevs[vdev as usize].metaslabs[metaslab_index as usize].space_map_object = id;
+            let map = pool.objects.create(id, new_dnode(ObjectType::SpaceMap, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
+            pool.store.allocator.borrow_mut().vdevs[vdev].metaslabs[index].space_map_object = id;
             map
         } else {
-            objects.get(map_id).ok_or(ObjectError::NoSuchObject(map_id))?
+            pool.objects.get(map_id).ok_or(ObjectError::NoSuchObject(map_id))?
         };
-        if condense {
-            let minimal = pool.store.allocator.borrow().vdevs[vdev as usize].metaslabs[metaslab_index as usize].condensed_records(txg);
-            objects.truncate_cached(&map, 0)?;
-            objects.write_bytes_cached(&map, 0, &encode_records(&minimal))?;
-            pool.store.allocator.borrow_mut().vdevs[vdev as usize].metaslabs[metaslab_index as usize].space_map_records = minimal.len() as u64;
-            condensed.insert((vdev, metaslab_index));
-        } else {
-            let mut all = Vec::with_capacity(batch.len() + 1);
-            all.push(Record::Txg(txg));
-            all.extend(batch);
-            let end = map.dnode().length_bytes;
-            objects.write_bytes_cached(&map, end, &encode_records(&all))?;
-            pool.store.allocator.borrow_mut().vdevs[vdev as usize].metaslabs[metaslab_index as usize].space_map_records += all.len() as u64;
-        }
+        pool.objects.truncate_cached(&map, 0)?;
+        pool.objects.write_bytes_cached(&map, 0, &encode_records(&records))?;
+        let array = pool.objects.get(array_id).ok_or(ObjectError::NoSuchObject(array_id))?;
+        let mut entry = [0u8; METASLAB_ENTRY_BYTES as usize];
+        entry[..8].copy_from_slice(&map.id.to_le_bytes());
+        entry[8..].copy_from_slice(&previous.to_le_bytes());
+        pool.objects.write_bytes_cached(&array, index as u64 * METASLAB_ENTRY_BYTES, &entry)?;
+        let mut allocator = pool.store.allocator.borrow_mut();
+        let metaslab = &mut allocator.vdevs[vdev].metaslabs[index];
+        metaslab.flushed_txg = previous;
+        metaslab.unflushed_txg = 0;
     }
     Ok(())
+}
+
+/// Starts a new space log object every `LOG_TXGS_PER_OBJECT` txgs and frees
+/// the objects every metaslab has been checkpointed past.
+fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
+    let needs_new = pool.directory.borrow().space_logs.last().is_none_or(|current| current.first_txg + LOG_TXGS_PER_OBJECT <= txg);
+    if needs_new {
+        let id = pool.allocate_object_id();
+        pool.objects.create(id, new_dnode(ObjectType::SpaceMap, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
+        pool.directory.borrow_mut().space_logs.push(SpaceLogRecord { object: id, first_txg: txg });
+        pool.directory_dirty.set(true);
+    }
+    // The oldest txg whose changes exist only in the log.
+    let oldest_needed = {
+        let allocator = pool.store.allocator.borrow();
+        allocator.vdevs.iter().flat_map(|space| space.metaslabs.iter()).filter(|metaslab| metaslab.unflushed_txg > 0).map(|metaslab| metaslab.unflushed_txg).min().unwrap_or(txg)
+    };
+    loop {
+        let obsolete = {
+            let directory = pool.directory.borrow();
+            let logs = &directory.space_logs;
+            // A log object ends where the next one begins.
+            (logs.len() >= 2 && logs[1].first_txg <= oldest_needed).then(|| logs[0].object)
+        };
+        let Some(object_id) = obsolete else { break };
+        let object = pool.objects.get(object_id).ok_or(ObjectError::NoSuchObject(object_id))?;
+        pool.objects.truncate_cached(&object, 0)?;
+        pool.objects.free_object_cached(&object)?;
+        pool.directory.borrow_mut().space_logs.remove(0);
+        pool.directory_dirty.set(true);
+    }
+    Ok(())
+}
+
+/// Appends this txg's allocations and frees of every metaslab to the space log.
+fn append_space_log(pool: &Pool, records: Vec<(u32, u32, Vec<Record>)>, txg: u64) -> Result<(), ObjectError> {
+    let log_id = pool.directory.borrow().space_logs.last().map(|log| log.object).ok_or(ObjectError::NoSuchObject(0))?;
+    let log = pool.objects.get(log_id).ok_or(ObjectError::NoSuchObject(log_id))?;
+    let mut all = Vec::with_capacity(records.iter().map(|(_, _, batch)| batch.len()).sum::<usize>() + 4);
+    all.push(Record::Txg(txg));
+    let mut current_vdev = None;
+    for (vdev, _, batch) in records {
+        if current_vdev != Some(vdev) {
+            all.push(Record::Vdev(vdev));
+            current_vdev = Some(vdev);
+        }
+        all.extend(batch);
+    }
+    let end = log.dnode().length_bytes;
+    pool.objects.write_bytes_cached(&log, end, &encode_records(&all))
 }
 
 /// Step 2: writes a built txg in the order that makes it atomic.

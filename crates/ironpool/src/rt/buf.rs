@@ -23,12 +23,28 @@ const POOL_CLASS_MAX_SHIFT: u32 = 20;
 /// blocks in flight, small next to the engine's other limits.
 const POOL_CLASS_BYTES_MAX: usize = 8 * 1024 * 1024;
 
-thread_local! {
-    /// Free buffers by size class. Reusing them spares a malloc, a memset and
-    /// page faults per I/O; their old contents are initialised bytes, so handing
-    /// one out for overwriting is sound.
-    static FREE_BUFFERS: std::cell::RefCell<Vec<Vec<NonNull<u8>>>> =
-        std::cell::RefCell::new((POOL_CLASS_MIN_SHIFT..=POOL_CLASS_MAX_SHIFT).map(|_| Vec::new()).collect());
+/// A free buffer's address (the pool owns the allocation while it is listed).
+struct FreeBuffer(NonNull<u8>);
+
+// SAFETY: a listed buffer is owned by the pool alone; moving its address between
+// threads moves that ownership.
+unsafe impl Send for FreeBuffer {}
+
+const POOL_CLASSES: usize = (POOL_CLASS_MAX_SHIFT - POOL_CLASS_MIN_SHIFT + 1) as usize;
+
+/// Free buffers by size class, shared by the threads (the NBD front end
+/// allocates payload buffers that the engine thread frees, and the engine reads
+/// blocks into buffers the front end frees). Reusing them spares an allocation,
+/// a memset and page faults per I/O; their old contents are initialised bytes,
+/// so handing one out for overwriting is sound.
+static FREE_BUFFERS: [std::sync::Mutex<Vec<FreeBuffer>>; POOL_CLASSES] = [const { std::sync::Mutex::new(Vec::new()) }; POOL_CLASSES];
+
+fn with_pool_class<R>(class: usize, f: impl FnOnce(&mut Vec<FreeBuffer>) -> R) -> R {
+    let mut free = match FREE_BUFFERS[class].lock() {
+        Ok(guard) => guard,
+        Err(poisoned) => poisoned.into_inner(),
+    };
+    f(&mut free)
 }
 
 fn pool_class(capacity: usize) -> Option<usize> {
@@ -70,7 +86,7 @@ impl AlignedBuf {
     /// A recycled buffer of exactly `capacity`, if one is free.
     fn recycled(capacity: usize, length: usize) -> Option<AlignedBuf> {
         let class = pool_class(capacity)?;
-        let pointer = FREE_BUFFERS.try_with(|pool| pool.borrow_mut()[class].pop()).ok().flatten()?;
+        let FreeBuffer(pointer) = with_pool_class(class, |free| free.pop())?;
         Some(AlignedBuf { pointer, length, capacity })
     }
 
@@ -134,18 +150,16 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if let Some(class) = pool_class(self.capacity) {
-            let kept = FREE_BUFFERS
-                .try_with(|pool| {
-                    let mut pool = pool.borrow_mut();
-                    let free = &mut pool[class];
-                    if (free.len() + 1) * self.capacity <= POOL_CLASS_BYTES_MAX {
-                        free.push(self.pointer);
-                        true
-                    } else {
-                        false
-                    }
-                })
-                .unwrap_or(false);
+            let capacity = self.capacity;
+            let pointer = self.pointer;
+            let kept = with_pool_class(class, |free| {
+                if (free.len() + 1) * capacity <= POOL_CLASS_BYTES_MAX {
+                    free.push(FreeBuffer(pointer));
+                    true
+                } else {
+                    false
+                }
+            });
             if kept {
                 return;
             }
@@ -212,6 +226,19 @@ impl BufSlice {
     pub fn as_ptr(&self) -> *const u8 {
         // SAFETY: range.start is within the allocation.
         unsafe { self.buffer.as_ptr().add(self.range.start) }
+    }
+
+    /// The buffer and range, owned (to hand to another thread): the buffer itself
+    /// when this slice holds the only reference, else a copy of the range.
+    pub fn into_owned(self) -> (AlignedBuf, Range<usize>) {
+        match Rc::try_unwrap(self.buffer) {
+            Ok(buffer) => (buffer, self.range),
+            Err(shared) => {
+                let copy = AlignedBuf::copy_from(&shared[self.range.clone()]);
+                let length = copy.len();
+                (copy, 0..length)
+            }
+        }
     }
 }
 

@@ -27,6 +27,17 @@ pub(crate) struct Remote {
     pub(crate) notify: Box<dyn Fn() + Send + Sync>,
 }
 
+impl Remote {
+    /// Wakes the loop if called from another thread (on the loop's own thread the
+    /// loop is running, so there is nothing to wake).
+    pub(crate) fn notify_if_foreign(&self) {
+        let on_owner = LOCAL_EXECUTOR_ID.with(|id| id.get() == self.executor_id);
+        if !on_owner {
+            (self.notify)();
+        }
+    }
+}
+
 struct TaskHeader {
     task_id: usize,
     scheduled: AtomicBool,
@@ -98,6 +109,10 @@ impl Executor {
                 notify,
             }),
         }
+    }
+
+    pub(crate) fn remote(&self) -> Arc<Remote> {
+        self.remote.clone()
     }
 
     /// Makes this executor the one that wakes on this thread deliver to.

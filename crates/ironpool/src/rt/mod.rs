@@ -12,6 +12,7 @@
 //! for the next completion when no task can run.
 
 pub mod buf;
+pub mod channel;
 pub mod executor;
 pub mod sim;
 pub mod sync;
@@ -103,7 +104,7 @@ impl Runtime {
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let previous = CURRENT.with(|current| current.borrow_mut().replace(self.inner.clone()));
         self.inner.executor.enter();
-        let main_wake = Arc::new(MainWake { woken: AtomicBool::new(true) });
+        let main_wake = Arc::new(MainWake { woken: AtomicBool::new(true), remote: self.inner.executor.remote() });
         let waker = Waker::from(main_wake.clone());
         let mut context = Context::from_waker(&waker);
         let mut future = std::pin::pin!(future);
@@ -154,14 +155,16 @@ impl Drop for Runtime {
 
 struct MainWake {
     woken: AtomicBool,
+    remote: Arc<executor::Remote>,
 }
 
 impl Wake for MainWake {
     fn wake(self: Arc<Self>) {
-        self.woken.store(true, Ordering::Release);
+        self.wake_by_ref();
     }
     fn wake_by_ref(self: &Arc<Self>) {
         self.woken.store(true, Ordering::Release);
+        self.remote.notify_if_foreign();
     }
 }
 

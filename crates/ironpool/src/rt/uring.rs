@@ -198,7 +198,10 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
     // The completion queue is four times the submission queue so bursts of
     // completions (an aggregated I/O's many children) never overflow it.
     let completion_entries = ring_entries.saturating_mul(4);
-    let mode = std::env::var("IRONPOOL_URING_MODE").unwrap_or_default();
+    // IRONPOOL_URING_MODE selects the ring's task-run mode, for measuring:
+    // "defer" (default: completions are processed only when the loop asks,
+    // in batches), "coop", "plain", "sqpoll".
+    let mode = std::env::var("IRONPOOL_URING_MODE").unwrap_or_else(|_| "defer".to_string());
     let mut builder = IoUring::builder();
     builder.setup_cqsize(completion_entries);
     match mode.as_str() {
@@ -215,7 +218,11 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
         }
         _ => {}
     }
-    builder.build(ring_entries)
+    match builder.build(ring_entries) {
+        Ok(ring) => Ok(ring),
+        // An older kernel without these flags: the plain ring is correct, only slower.
+        Err(_) => IoUring::builder().setup_cqsize(completion_entries).build(ring_entries),
+    }
 }
 
 fn with_driver<R>(f: impl FnOnce(&UringDriver) -> R) -> R {

@@ -1,0 +1,367 @@
+//! The engine side of the NBD server: runs requests against the pool.
+//!
+//! The front end ([`super::server`]) runs on its own thread: sockets, handshakes,
+//! parsing, replies. It sends requests here through a channel; this side, on the
+//! engine's thread (which owns the pool), runs each as a task and sends the
+//! reply back, bytes ready to go on the wire. Only owned buffers cross between
+//! the threads.
+
+use std::collections::HashMap;
+use std::ops::Range;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use super::proto::*;
+use crate::pool::volume::{ReadPiece, Volume, IO_ALIGNMENT_BYTES};
+use crate::pool::{Pool, PoolError};
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::channel::{Receiver, Sender};
+use crate::rt::{self};
+
+/// What the front end needs to know about an export.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ExportInfo {
+    /// The canonical name, `POOL/NAME`.
+    pub name: String,
+    pub size_bytes: u64,
+    pub block_bytes: u64,
+    pub read_only: bool,
+}
+
+impl ExportInfo {
+    fn of(volume: &Volume) -> ExportInfo {
+        ExportInfo { name: volume.name.clone(), size_bytes: volume.size_bytes.get(), block_bytes: volume.block_bytes, read_only: volume.read_only.get() }
+    }
+
+    /// Transmission flags for this export.
+    pub fn transmission_flags(&self, structured: bool) -> u16 {
+        let mut flags = TRANSMIT_HAS_FLAGS
+            | TRANSMIT_SEND_FLUSH
+            | TRANSMIT_SEND_FUA
+            | TRANSMIT_SEND_TRIM
+            | TRANSMIT_SEND_WRITE_ZEROES
+            | TRANSMIT_SEND_CACHE
+            // One engine behind every connection: a flush on any connection covers
+            // writes acknowledged on all of them.
+            | TRANSMIT_CAN_MULTI_CONN;
+        if structured {
+            flags |= TRANSMIT_SEND_DF;
+        }
+        if self.read_only {
+            flags |= TRANSMIT_READ_ONLY;
+        }
+        flags
+    }
+}
+
+/// A piece of a reply that owns its bytes (it crosses to the front end's thread).
+pub enum OwnedPiece {
+    Bytes(Vec<u8>),
+    Buffer(AlignedBuf, Range<usize>),
+    Zeros(usize),
+}
+
+/// A message to the engine.
+pub enum ToEngine {
+    /// Resolves an export name ("" means the only volume); `None` if unknown.
+    Lookup { name: String, reply: Sender<Option<ExportInfo>> },
+    /// Lists the exports.
+    List { reply: Sender<Vec<ExportInfo>> },
+    /// A connection starts serving `name` (resolved by a Lookup just before).
+    Open { connection: u64, name: String, reply: Sender<Option<ExportInfo>> },
+    /// A request of an open connection.
+    Request(Box<EngineRequest>),
+    /// A connection is gone.
+    Close { connection: u64 },
+}
+
+/// One NBD command to run.
+pub struct EngineRequest {
+    pub connection: u64,
+    /// The front end's handle for the reply (unique per connection).
+    pub token: u64,
+    pub request: Request,
+    pub payload: Option<AlignedBuf>,
+    pub structured: bool,
+    /// BLOCK_STATUS is allowed (structured replies and base:allocation selected
+    /// for this export).
+    pub block_status: bool,
+}
+
+/// A reply for the front end to send.
+pub struct FromEngine {
+    pub connection: u64,
+    pub token: u64,
+    pub pieces: Vec<OwnedPiece>,
+}
+
+/// Counters shared by the front end and `iostat`.
+#[derive(Default)]
+pub struct SharedStats {
+    pub connections_accepted: AtomicU64,
+    pub connections_open: AtomicU64,
+    pub connections_refused: AtomicU64,
+    pub requests: AtomicU64,
+    pub request_errors: AtomicU64,
+    pub protocol_errors: AtomicU64,
+}
+
+impl SharedStats {
+    pub fn add(&self, counter: &AtomicU64, amount: u64) {
+        let _ = self;
+        counter.fetch_add(amount, Ordering::Relaxed);
+    }
+
+    pub fn snapshot(&self) -> super::server::ServerStats {
+        super::server::ServerStats {
+            connections_accepted: self.connections_accepted.load(Ordering::Relaxed),
+            connections_open: self.connections_open.load(Ordering::Relaxed),
+            connections_refused: self.connections_refused.load(Ordering::Relaxed),
+            requests: self.requests.load(Ordering::Relaxed),
+            request_errors: self.request_errors.load(Ordering::Relaxed),
+            protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// Serves the front end's messages until every sender is gone. Runs on the
+/// engine's thread.
+pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sender<FromEngine>, stats: Arc<SharedStats>) {
+    let mut connections: HashMap<u64, Rc<Volume>> = HashMap::new();
+    loop {
+        let batch = inbox.recv_batch().await;
+        if batch.is_empty() {
+            return;
+        }
+        for message in batch {
+            match message {
+                ToEngine::Lookup { name, reply } => {
+                    let _ = reply.send(export(&pool, &name).map(|volume| ExportInfo::of(&volume)));
+                }
+                ToEngine::List { reply } => {
+                    let _ = reply.send(pool.volumes.borrow().values().map(|volume| ExportInfo::of(volume)).collect());
+                }
+                ToEngine::Open { connection, name, reply } => {
+                    let volume = export(&pool, &name);
+                    let info = volume.as_ref().map(|volume| ExportInfo::of(volume));
+                    if let Some(volume) = volume {
+                        connections.insert(connection, volume);
+                    }
+                    let _ = reply.send(info);
+                }
+                ToEngine::Close { connection } => {
+                    connections.remove(&connection);
+                }
+                ToEngine::Request(request) => {
+                    let Some(volume) = connections.get(&request.connection).cloned() else {
+                        // The volume went away (destroyed): answer like a shutdown.
+                        let pieces = error_reply(request.request.cookie, request.structured, ESHUTDOWN, "the export is gone");
+                        let _ = replies.send(FromEngine { connection: request.connection, token: request.token, pieces });
+                        continue;
+                    };
+                    let pool = pool.clone();
+                    let replies = replies.clone();
+                    let stats = stats.clone();
+                    rt::spawn(async move {
+                        let (connection, token) = (request.connection, request.token);
+                        let pieces = execute(&pool, &volume, *request, &stats).await;
+                        let _ = replies.send(FromEngine { connection, token, pieces });
+                    });
+                }
+            }
+        }
+    }
+}
+
+/// The volume an export name refers to: "POOL/NAME", "NAME", or "" when the pool
+/// has exactly one volume.
+fn export(pool: &Pool, name: &str) -> Option<Rc<Volume>> {
+    if name.is_empty() {
+        let volumes = pool.volumes.borrow();
+        return if volumes.len() == 1 { volumes.values().next().cloned() } else { None };
+    }
+    pool.volume(name).ok()
+}
+
+/// Runs one request and builds its reply.
+async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, stats: &SharedStats) -> Vec<OwnedPiece> {
+    let EngineRequest { request, payload, structured, block_status, .. } = message;
+    let fail = |error: u32, text: &str| {
+        stats.add(&stats.request_errors, 1);
+        error_reply(request.cookie, structured, error, text)
+    };
+    let done = || vec![OwnedPiece::Bytes(simple_reply(request.cookie, 0))];
+    if request.flags & !allowed_flags(request.command, structured) != 0 {
+        return fail(EINVAL, "flag not valid for this command");
+    }
+    let fua = request.flags & CMD_FLAG_FUA != 0;
+    let size = volume.size_bytes.get();
+    let length = request.length as u64;
+    let in_range = request.offset.checked_add(length).is_some_and(|end| end <= size);
+    let aligned = request.offset % IO_ALIGNMENT_BYTES == 0 && length % IO_ALIGNMENT_BYTES == 0;
+    let is_write = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
+    match request.command {
+        CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS => {
+            if is_write && volume.read_only.get() {
+                return fail(EPERM, "the export is read-only");
+            }
+            if !in_range {
+                let error = if matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
+                return fail(error, "request beyond the end of the export");
+            }
+            if !aligned {
+                return fail(EINVAL, "offset and length must be multiples of 512");
+            }
+            if request.command == CMD_READ && request.length > PAYLOAD_BYTES_MAX {
+                return fail(EOVERFLOW, "read larger than the maximum payload");
+            }
+        }
+        CMD_FLUSH => {
+            if request.offset != 0 || request.length != 0 {
+                return fail(EINVAL, "flush takes no range");
+            }
+        }
+        _ => return fail(EINVAL, "unknown command"),
+    }
+    let result: Result<Vec<OwnedPiece>, PoolError> = match request.command {
+        CMD_READ => pool
+            .read(volume, request.offset, length)
+            .await
+            .map(|pieces| read_reply(request.cookie, request.offset, pieces, structured, request.flags & CMD_FLAG_DF != 0)),
+        CMD_WRITE => match payload {
+            Some(buffer) => pool.write(volume, request.offset, BufSlice::whole(buffer.into_shared()), fua).await.map(|()| done()),
+            None => Ok(done()),
+        },
+        CMD_FLUSH => {
+            pool.count_flush(volume);
+            pool.flush().await.map(|()| done())
+        }
+        CMD_TRIM => pool.zero(volume, request.offset, length, fua, true).await.map(|()| done()),
+        CMD_WRITE_ZEROES => {
+            let result = if request.flags & CMD_FLAG_NO_HOLE != 0 {
+                pool.write_allocated_zeroes(volume, request.offset, length, fua).await
+            } else {
+                pool.zero(volume, request.offset, length, fua, false).await
+            };
+            result.map(|()| done())
+        }
+        // No cache to warm: every read goes to the devices. Advertised so clients
+        // that send it anyway get a clean success.
+        CMD_CACHE => Ok(done()),
+        CMD_BLOCK_STATUS => {
+            if !block_status {
+                return fail(EINVAL, "block status needs structured replies and the base:allocation context");
+            }
+            if length == 0 {
+                return fail(EINVAL, "block status of zero length");
+            }
+            pool.block_status(volume, request.offset, length)
+                .await
+                .map(|runs| vec![OwnedPiece::Bytes(block_status_reply(request.cookie, &runs, length, request.flags & CMD_FLAG_REQ_ONE != 0))])
+        }
+        _ => unreachable!("commands were filtered above"),
+    };
+    match result {
+        Ok(pieces) => pieces,
+        Err(error) => fail(errno_of(&error), &error.to_string()),
+    }
+}
+
+/// The NBD error for an engine error.
+fn errno_of(error: &PoolError) -> u32 {
+    match error {
+        PoolError::NoSpace => ENOSPC,
+        PoolError::ReadOnly(_) => EPERM,
+        PoolError::OutOfRange { .. } | PoolError::Misaligned { .. } | PoolError::InvalidArgument(_) => EINVAL,
+        PoolError::Closing | PoolError::NoSuchVolume(_) => ESHUTDOWN,
+        _ => EIO,
+    }
+}
+
+/// An error reply: a structured ERROR chunk (with the message) once structured
+/// replies are negotiated, a simple reply otherwise.
+pub fn error_reply(cookie: u64, structured: bool, error: u32, message: &str) -> Vec<OwnedPiece> {
+    if structured {
+        vec![OwnedPiece::Bytes(structured_error(cookie, error, message))]
+    } else {
+        vec![OwnedPiece::Bytes(simple_reply(cookie, error))]
+    }
+}
+
+fn owned(piece: ReadPiece) -> OwnedPiece {
+    match piece {
+        ReadPiece::Data(slice) => {
+            let (buffer, range) = slice.into_owned();
+            OwnedPiece::Buffer(buffer, range)
+        }
+        ReadPiece::Zeros(length) => OwnedPiece::Zeros(length),
+    }
+}
+
+/// Builds a READ reply: structured (data and hole chunks, or one chunk with DF),
+/// or simple (header then the bytes, holes sent as zeros).
+fn read_reply(cookie: u64, offset: u64, pieces: Vec<ReadPiece>, structured: bool, dont_fragment: bool) -> Vec<OwnedPiece> {
+    let total: usize = pieces.iter().map(ReadPiece::len).sum();
+    if !structured {
+        let mut out = Vec::with_capacity(pieces.len() + 1);
+        out.push(OwnedPiece::Bytes(simple_reply(cookie, 0)));
+        out.extend(pieces.into_iter().map(owned));
+        return out;
+    }
+    if dont_fragment || total == 0 {
+        let (chunk_type, length, prefix) = if total == 0 { (REPLY_TYPE_NONE, 0, Vec::new()) } else { (REPLY_TYPE_OFFSET_DATA, 8 + total as u32, offset.to_be_bytes().to_vec()) };
+        let mut out = Vec::with_capacity(pieces.len() + 1);
+        out.push(OwnedPiece::Bytes(structured_chunk(cookie, REPLY_FLAG_DONE, chunk_type, length, &prefix)));
+        out.extend(pieces.into_iter().map(owned));
+        return out;
+    }
+    // Group consecutive data pieces into one chunk; holes become hole chunks.
+    let mut groups: Vec<(bool, u64, Vec<ReadPiece>)> = Vec::new();
+    let mut position = offset;
+    for piece in pieces {
+        let is_data = matches!(piece, ReadPiece::Data(_));
+        let length = piece.len() as u64;
+        match groups.last_mut() {
+            Some((last_is_data, _, members)) if *last_is_data == is_data => members.push(piece),
+            _ => groups.push((is_data, position, vec![piece])),
+        }
+        position += length;
+    }
+    let count = groups.len();
+    let mut out = Vec::new();
+    for (index, (is_data, start, members)) in groups.into_iter().enumerate() {
+        let flags = if index + 1 == count { REPLY_FLAG_DONE } else { 0 };
+        let length: usize = members.iter().map(ReadPiece::len).sum();
+        if is_data {
+            out.push(OwnedPiece::Bytes(structured_chunk(cookie, flags, REPLY_TYPE_OFFSET_DATA, 8 + length as u32, &start.to_be_bytes())));
+            out.extend(members.into_iter().map(owned));
+        } else {
+            let mut payload = start.to_be_bytes().to_vec();
+            payload.extend_from_slice(&(length as u32).to_be_bytes());
+            out.push(OwnedPiece::Bytes(structured_chunk(cookie, flags, REPLY_TYPE_OFFSET_HOLE, 12, &payload)));
+        }
+    }
+    out
+}
+
+/// Builds a BLOCK_STATUS reply for `base:allocation` from runs of (bytes, allocated).
+fn block_status_reply(cookie: u64, runs: &[(u64, bool)], requested: u64, one: bool) -> Vec<u8> {
+    let mut extents: Vec<(u32, u32)> = Vec::new();
+    for &(bytes, allocated) in runs {
+        let flags = if allocated { 0 } else { STATE_HOLE | STATE_ZERO };
+        let mut left = bytes;
+        while left > 0 {
+            let piece = left.min(EXTENT_BYTES_MAX);
+            extents.push((piece as u32, flags));
+            left -= piece;
+        }
+    }
+    if one {
+        extents.truncate(1);
+        if let Some(first) = extents.first_mut() {
+            first.0 = (first.0 as u64).min(requested) as u32;
+        }
+    }
+    block_status_chunk(cookie, &extents)
+}

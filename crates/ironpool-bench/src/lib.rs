@@ -8,7 +8,7 @@
 //! writes `report.md`, `results.json` and PNG charts.
 //!
 //! The main binary embeds it as a subcommand:
-//! ```ignore
+//! ```text
 //! Command::Bench(args) => ironpool_bench::run(args, &std::env::current_exe()?)
 //! ```
 //!

@@ -54,6 +54,9 @@ enum Command {
         /// Write the server's PID here once it is listening.
         #[arg(long)]
         pidfile: Option<PathBuf>,
+        /// Set a tunable at start (repeatable), as `tune` would: -o NAME=VALUE.
+        #[arg(short = 'o')]
+        tunables: Vec<String>,
         pool: String,
     },
     /// Manage volumes.
@@ -153,7 +156,7 @@ fn main() -> ExitCode {
     let context = cli::Context { control: cli.control.clone(), json: cli.json };
     let result = match cli.command {
         Command::Create { force, size, pool, devices } => cli::create(&context, &pool, &devices, force, size.as_deref()),
-        Command::Serve { dirs, nbd, pidfile, pool } => cli::serve::serve(&context, &pool, &dirs, &nbd, pidfile.as_deref()),
+        Command::Serve { dirs, nbd, pidfile, tunables, pool } => cli::serve::serve(&context, &pool, &dirs, &nbd, pidfile.as_deref(), &tunables),
         Command::Volume { command } => match command {
             VolumeCommand::Create { name, size, options, dirs } => cli::volume_create(&context, &name, &size, &options, &dirs),
             VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),

@@ -1,4 +1,6 @@
-//! `ironpool iostat`: per-device operations and bandwidth, and with -q the queued
+//! `ironpool iostat`: per-device operations and bandwidth, the average device I/Os
+//! active (aqd) and client requests inside them (areq: the depth that reaches the
+//! device whatever the aggregation), and with -q the queued
 //! and active I/Os per priority class, -l latencies, -r request sizes — like
 //! `zpool iostat`. With `--json`, every report is the cumulative counters as one
 //! JSON document (consumers take differences).
@@ -64,7 +66,7 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
     };
     let devices = now["devices"].as_array().cloned().unwrap_or_default();
     let previous: Vec<Value> = before.and_then(|before| before["devices"].as_array().cloned()).unwrap_or_default();
-    let mut header = format!("{:<40} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6}", "device", "r/s", "w/s", "rMB/s", "wMB/s", "avg-wsz", "aqd");
+    let mut header = format!("{:<40} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>6}", "device", "r/s", "w/s", "rMB/s", "wMB/s", "avg-wsz", "aqd", "areq");
     if options.queues {
         for (_, short) in CLASSES {
             header += &format!(" {:>6}q {:>6}a", short, short);
@@ -82,16 +84,18 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         let writes = delta(device, before, "write_ops");
         let write_bytes = delta(device, before, "write_bytes");
         let active_time = delta(device, before, "active_time_weighted_ns");
+        let active_requests = delta(device, before, "active_requests_time_weighted_ns");
         let average_write = if writes > 0.0 { write_bytes / writes } else { 0.0 };
         let mut line = format!(
-            "{:<40} {:>7} {:>7} {:>8.1} {:>8.1} {:>8} {:>6.1}",
+            "{:<40} {:>7} {:>7} {:>8.1} {:>8.1} {:>8} {:>6.1} {:>6.1}",
             shorten(device["path"].as_str().unwrap_or("?"), 40),
             count(reads / seconds),
             count(writes / seconds),
             delta(device, before, "read_bytes") / seconds / 1e6,
             write_bytes / seconds / 1e6,
             bytes(average_write as u64),
-            active_time / (seconds * 1e9)
+            active_time / (seconds * 1e9),
+            active_requests / (seconds * 1e9)
         );
         if options.queues {
             for (class, _) in CLASSES {

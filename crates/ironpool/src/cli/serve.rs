@@ -42,8 +42,13 @@ fn termination_signals() -> Result<OwnedFd, String> {
     }
 }
 
-pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String], pidfile: Option<&Path>) -> Result<(), String> {
+pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String], pidfile: Option<&Path>, tunables: &[String]) -> Result<(), String> {
     let dirs = search_dirs(pool_name, dirs)?;
+    let mut settings = Vec::new();
+    for setting in tunables {
+        let (name, value) = setting.split_once('=').ok_or_else(|| format!("'-o {setting}': use -o NAME=VALUE"))?;
+        settings.push((name.to_string(), value.to_string()));
+    }
     let mut listens = Vec::new();
     for spec in nbd {
         listens.push(Listen::parse(spec)?);
@@ -64,6 +69,12 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
     runtime.block_on(async {
         let pool = Pool::import(pool_name, &dirs, PoolTunables::default()).await.map_err(|error| super::explain_import(pool_name, error))?;
         remember(pool_name, &dirs);
+        for (name, value) in &settings {
+            if let Err(error) = ironpool::control::commands::set_tunable(&pool, name, value) {
+                let _ = pool.export().await;
+                return Err(format!("-o {name}={value}: {error}"));
+            }
+        }
         let mut bound = Vec::new();
         let mut failure = None;
         for listen in &listens {

@@ -293,8 +293,24 @@ fn tunables(pool: &Pool) -> Value {
 
 /// Sets one tunable by name: `txg_timeout_ms`, `dirty_sync_bytes`,
 /// `dirty_max_bytes`, `aggregation_limit_bytes`, `read_gap_limit_bytes`,
-/// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`.
-fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
+/// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
+/// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`.
+pub fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
+    if name == "classes" {
+        let on = match value {
+            "on" | "1" | "true" => true,
+            "off" | "0" | "false" => false,
+            _ => return Err(PoolError::InvalidArgument(format!("classes takes on or off, not '{value}'"))),
+        };
+        let mut tunables = pool.tunables.borrow_mut();
+        tunables.queue.classes = on;
+        for top in &pool.store.vdevs {
+            for leaf in &top.children {
+                leaf.queue.set_tunables(tunables.queue.clone());
+            }
+        }
+        return Ok(());
+    }
     let number = parse_size(value).map_err(PoolError::InvalidArgument)?;
     let mut tunables = pool.tunables.borrow_mut();
     let mut queue: QueueTunables = tunables.queue.clone();
@@ -305,6 +321,9 @@ fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
         "aggregation_limit_bytes" => queue.aggregation_limit_bytes = number.min(16 << 20) as u32,
         "read_gap_limit_bytes" => queue.read_gap_limit_bytes = number.min(1 << 20) as u32,
         "max_active_total" => queue.max_active_total = number.clamp(1, 4096) as u32,
+        "async_write_dirty_low_percent" => queue.async_write_dirty_low_percent = number.min(1000) as u32,
+        "async_write_dirty_high_percent" => queue.async_write_dirty_high_percent = number.min(1000) as u32,
+        "sync_write_max_active_under_reads" => queue.sync_write_max_active_under_reads = number.clamp(1, 4096) as u32,
         _ => {
             let (class_name, is_min) = if let Some(class) = name.strip_suffix("_min_active") {
                 (class, true)

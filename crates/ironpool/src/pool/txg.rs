@@ -95,9 +95,13 @@ impl TxgState {
     /// (see `data_sync_bytes`).
     pub fn add_data(&self, pool: &Pool, bytes: u64) {
         self.data_bytes_open.set(self.data_bytes_open.get() + bytes);
-        if self.data_bytes_open.get() >= data_sync_bytes(pool) {
+        let threshold = data_sync_bytes(pool);
+        if self.data_bytes_open.get() >= threshold {
             self.request(self.open.get());
         }
+        let data_percent = self.data_bytes_open.get() * 100 / threshold.max(1);
+        let metadata_percent = pool.objects.dirty_bytes() * 100 / pool.tunables.borrow().dirty_sync_bytes.max(1);
+        set_dirty_percent(pool, data_percent.max(metadata_percent).min(1000) as u32);
     }
 
     /// The txg that changes made now belong to.
@@ -262,6 +266,15 @@ fn bump(state: &TxgState, update: impl FnOnce(&mut TxgStats)) {
     state.stats.set(stats);
 }
 
+/// Tells every leaf queue how full the open txg is (it scales async writes).
+fn set_dirty_percent(pool: &Pool, percent: u32) {
+    for top in &pool.store.vdevs {
+        for leaf in &top.children {
+            leaf.queue.set_dirty_percent(percent);
+        }
+    }
+}
+
 /// Data written in one txg before a commit starts: an eighth of the free space
 /// (between 16 MiB and 1 GiB). Copy-on-write needs free space for every overwrite
 /// and frees only come back two txgs later, so a full-ish pool commits more often.
@@ -352,6 +365,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     pool.store.set_open_txg(txg + 1);
     pool.txg.data_bytes_open.set(0);
     objects.reset_dirty_bytes();
+    set_dirty_percent(pool, 0);
     update_metadata_reserve(pool);
     Ok(BuiltTxg { txg, context, uberblock, config, passes })
 }

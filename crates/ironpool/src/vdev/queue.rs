@@ -110,6 +110,36 @@ pub struct QueueTunables {
     /// Largest span of an aggregate including optional I/Os, which do not count
     /// against `aggregation_limit_bytes` (OpenZFS: 16 MiB).
     pub optional_span_limit_bytes: u32,
+    /// Priority classes on (the default). Off: one FIFO in arrival order, only
+    /// the per-device total applies — the baseline the classes are measured against.
+    #[serde(default = "default_true")]
+    pub classes: bool,
+    /// Async (txg) writes get `min_active` slots below this much dirty data (as a
+    /// percentage of the point that starts a commit) and `max_active` above
+    /// `async_write_dirty_high_percent`, linearly in between (OpenZFS: 30/60).
+    #[serde(default = "default_dirty_low")]
+    pub async_write_dirty_low_percent: u32,
+    #[serde(default = "default_dirty_high")]
+    pub async_write_dirty_high_percent: u32,
+    /// Most client writes active while client reads are queued or active: reads
+    /// wait inside the device behind every write already there, so a deep write
+    /// load is held to this many (larger, aggregated) writes while reads run.
+    #[serde(default = "default_writes_under_reads")]
+    pub sync_write_max_active_under_reads: u32,
+}
+
+fn default_writes_under_reads() -> u32 {
+    8
+}
+
+fn default_true() -> bool {
+    true
+}
+fn default_dirty_low() -> u32 {
+    30
+}
+fn default_dirty_high() -> u32 {
+    60
 }
 
 impl Default for QueueTunables {
@@ -130,6 +160,10 @@ impl Default for QueueTunables {
             aggregation_limit_bytes: 1024 * 1024,
             read_gap_limit_bytes: 32 * 1024,
             optional_span_limit_bytes: 16 * 1024 * 1024,
+            classes: true,
+            async_write_dirty_low_percent: 30,
+            async_write_dirty_high_percent: 60,
+            sync_write_max_active_under_reads: 8,
         }
     }
 }
@@ -196,6 +230,9 @@ pub struct VdevQueue {
     tunables: RefCell<QueueTunables>,
     stats: RefCell<LeafStats>,
     dispatch_scheduled: Cell<bool>,
+    /// How full the open txg is (percent of the point that starts a commit),
+    /// set by the pool: scales the async write class.
+    dirty_percent: Cell<u32>,
 }
 
 /// An aggregate ready to issue: children in offset order.
@@ -223,6 +260,7 @@ impl VdevQueue {
             tunables: RefCell::new(tunables),
             stats: RefCell::new(LeafStats::new()),
             dispatch_scheduled: Cell::new(false),
+            dirty_percent: Cell::new(0),
         })
     }
 
@@ -253,6 +291,11 @@ impl VdevQueue {
         }
         stats.queued_total = state.queued.iter().map(|count| *count as u64).sum();
         stats.clone()
+    }
+
+    /// Tells the queue how full the open txg is (scales async writes).
+    pub fn set_dirty_percent(&self, percent: u32) {
+        self.dirty_percent.set(percent);
     }
 
     /// I/Os queued or active now (cheap: used on every mirror read).
@@ -355,7 +398,7 @@ impl VdevQueue {
                 if state.active_total >= tunables.max_active_total {
                     return;
                 }
-                let Some(class) = choose_class(&state, &tunables) else { return };
+                let Some(class) = choose_class(&state, &tunables, self.dirty_percent.get()) else { return };
                 let Some(head) = pop_head(&mut state, class) else { continue };
                 build_aggregate(&mut state, &tunables, class, head)
             };
@@ -376,6 +419,7 @@ impl VdevQueue {
             let mut stats = self.stats.borrow_mut();
             stats.advance_clock(now);
             stats.active_total = state.active_total as u64;
+            stats.active_requests += aggregate.children.len() as u64;
             for child in &aggregate.children {
                 stats.class(child.class).queue_latency_ns.record(now.saturating_sub(child.enqueued_ns));
             }
@@ -383,6 +427,7 @@ impl VdevQueue {
         let queue = self.clone();
         rt::spawn(async move {
             let class = aggregate.class;
+            let requests = aggregate.children.len() as u64;
             queue.execute(aggregate, now).await;
             let mut state = queue.state.borrow_mut();
             state.active[class as usize] -= 1;
@@ -390,6 +435,7 @@ impl VdevQueue {
             let mut stats = queue.stats.borrow_mut();
             stats.advance_clock(rt::now().0);
             stats.active_total = state.active_total as u64;
+            stats.active_requests -= requests;
             drop(stats);
             drop(state);
             queue.kick();
@@ -509,15 +555,23 @@ fn complete(child: Pending, result: Result<(), DeviceError>, stats: &RefCell<Lea
 }
 
 /// Which class to issue from next, or None if nothing may be issued.
-fn choose_class(state: &State, tunables: &QueueTunables) -> Option<IoClass> {
+fn choose_class(state: &State, tunables: &QueueTunables, dirty_percent: u32) -> Option<IoClass> {
+    if !tunables.classes {
+        return oldest_class(state);
+    }
     let interactive_busy = IoClass::ALL
         .iter()
         .filter(|class| !class.is_background())
         .any(|class| state.queued[*class as usize] > 0 || state.active[*class as usize] > 0);
+    let reading = state.queued[IoClass::SyncRead as usize] > 0 || state.active[IoClass::SyncRead as usize] > 0;
     let max_for = |class: IoClass| {
         let limits = tunables.class_limits[class as usize];
         if class.is_background() && interactive_busy {
             limits.min_active.min(limits.max_active)
+        } else if class == IoClass::SyncWrite && reading {
+            limits.max_active.min(tunables.sync_write_max_active_under_reads.max(1))
+        } else if class == IoClass::AsyncWrite {
+            async_write_max(limits, dirty_percent, tunables)
         } else {
             limits.max_active
         }
@@ -534,6 +588,30 @@ fn choose_class(state: &State, tunables: &QueueTunables) -> Option<IoClass> {
     IoClass::ALL
         .into_iter()
         .find(|class| state.queued[*class as usize] > 0 && state.active[*class as usize] < max_for(*class))
+}
+
+/// Async write slots by dirty data: `min_active` up to the low mark, `max_active`
+/// from the high mark, linear in between.
+fn async_write_max(limits: ClassLimits, dirty_percent: u32, tunables: &QueueTunables) -> u32 {
+    let (low, high) = (tunables.async_write_dirty_low_percent, tunables.async_write_dirty_high_percent.max(tunables.async_write_dirty_low_percent + 1));
+    if dirty_percent <= low {
+        return limits.min_active;
+    }
+    if dirty_percent >= high {
+        return limits.max_active;
+    }
+    let span = (limits.max_active - limits.min_active.min(limits.max_active)) as u64;
+    limits.min_active + (span * (dirty_percent - low) as u64 / (high - low) as u64) as u32
+}
+
+/// With classes off: the class whose oldest queued I/O arrived first.
+fn oldest_class(state: &State) -> Option<IoClass> {
+    IoClass::ALL
+        .into_iter()
+        .filter(|class| state.queued[*class as usize] > 0)
+        .filter_map(|class| state.fifo[class as usize].iter().find(|id| state.pending.contains_key(id)).map(|id| (*id, class)))
+        .min()
+        .map(|(_, class)| class)
 }
 
 /// Takes the oldest queued I/O of `class` (skipping ids already aggregated).

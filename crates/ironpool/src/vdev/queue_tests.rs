@@ -141,21 +141,78 @@ fn class_choice_follows_min_then_max_active() {
     state.queued[IoClass::SyncRead as usize] = 5;
     state.queued[IoClass::Scrub as usize] = 5;
     // Both below their minimum: round robin picks sync read first, then scrub.
-    assert_eq!(choose_class(&state, &tunables), Some(IoClass::SyncRead));
+    assert_eq!(choose_class(&state, &tunables, 100), Some(IoClass::SyncRead));
     state.round_robin_next = IoClass::SyncWrite as usize;
     // Scrub is background and sync reads are queued: scrub is held to its minimum (2).
-    assert_eq!(choose_class(&state, &tunables), Some(IoClass::Scrub));
+    assert_eq!(choose_class(&state, &tunables, 100), Some(IoClass::Scrub));
     state.active[IoClass::Scrub as usize] = 2;
-    assert_eq!(choose_class(&state, &tunables), Some(IoClass::SyncRead));
+    assert_eq!(choose_class(&state, &tunables, 100), Some(IoClass::SyncRead));
     // Sync read at its maximum and scrub at its held maximum: nothing to issue.
     state.active[IoClass::SyncRead as usize] = 256;
-    assert_eq!(choose_class(&state, &tunables), None);
+    assert_eq!(choose_class(&state, &tunables, 100), None);
     // With no interactive I/O queued or active, scrub may go up to its maximum.
     state.queued[IoClass::SyncRead as usize] = 0;
     state.active[IoClass::SyncRead as usize] = 0;
-    assert_eq!(choose_class(&state, &tunables), Some(IoClass::Scrub));
+    assert_eq!(choose_class(&state, &tunables, 100), Some(IoClass::Scrub));
     state.active[IoClass::Scrub as usize] = 16;
-    assert_eq!(choose_class(&state, &tunables), None);
+    assert_eq!(choose_class(&state, &tunables, 100), None);
+}
+
+#[test]
+fn async_writes_scale_with_dirty_data() {
+    let tunables = QueueTunables::default();
+    let limits = tunables.class_limits[IoClass::AsyncWrite as usize];
+    assert_eq!(async_write_max(limits, 0, &tunables), limits.min_active);
+    assert_eq!(async_write_max(limits, 30, &tunables), limits.min_active);
+    assert_eq!(async_write_max(limits, 45, &tunables), (limits.min_active + limits.max_active) / 2);
+    assert_eq!(async_write_max(limits, 60, &tunables), limits.max_active);
+    assert_eq!(async_write_max(limits, 1000, &tunables), limits.max_active);
+}
+
+/// Queues a blocker, then a scrub read, an async write and a sync read, one
+/// device slot; returns the order in which the three completed.
+fn order_with(classes: bool) -> Vec<IoClass> {
+    let runtime = Runtime::new_sim(7);
+    runtime.block_on(async {
+        let (_device, queue) = setup(7);
+        let mut tunables = QueueTunables::default();
+        tunables.classes = classes;
+        tunables.max_active_total = 1;
+        queue.set_tunables(tunables);
+        let blocker = {
+            let queue = queue.clone();
+            crate::rt::spawn(async move { queue.write(IoClass::SyncWrite, 8 << 20, pattern(4096, 9), IoFlags::default()).await.unwrap() })
+        };
+        crate::rt::yield_now().await;
+        crate::rt::yield_now().await;
+        let order = Rc::new(std::cell::RefCell::new(Vec::new()));
+        let mut tasks = Vec::new();
+        for (index, class) in [IoClass::Scrub, IoClass::AsyncWrite, IoClass::SyncRead].into_iter().enumerate() {
+            let queue = queue.clone();
+            let order = order.clone();
+            tasks.push(crate::rt::spawn(async move {
+                if class == IoClass::AsyncWrite {
+                    queue.write(class, 1 << 20, pattern(4096, 1), IoFlags::default()).await.unwrap();
+                } else {
+                    queue.read(class, index as u64 * 65536, 4096, IoFlags::default()).await.unwrap();
+                }
+                order.borrow_mut().push(class);
+            }));
+        }
+        blocker.await;
+        for task in tasks {
+            task.await;
+        }
+        let order = order.borrow().clone();
+        order
+    })
+}
+
+#[test]
+fn without_classes_the_oldest_io_goes_first() {
+    assert_eq!(order_with(false), vec![IoClass::Scrub, IoClass::AsyncWrite, IoClass::SyncRead]);
+    // With classes, the background scrub does not go first.
+    assert_ne!(order_with(true)[0], IoClass::Scrub);
 }
 
 #[test]

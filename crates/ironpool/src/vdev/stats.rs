@@ -82,6 +82,12 @@ pub struct LeafStats {
     pub active_time_weighted_ns: u64,
     /// Time with at least one device I/O active, ns.
     pub busy_ns: u64,
+    /// Integral over time of the number of individual requests inside active
+    /// device I/Os (an aggregate of eight writes counts eight): the queue depth
+    /// that reaches the device, whatever the aggregation.
+    pub active_requests_time_weighted_ns: u64,
+    /// Individual requests inside active device I/Os now.
+    pub active_requests: u64,
     pub queued_total: u64,
     pub active_total: u64,
     pub read_errors: u64,
@@ -114,6 +120,7 @@ impl LeafStats {
     pub(crate) fn advance_clock(&mut self, now_ns: u64) {
         let elapsed = now_ns.saturating_sub(self.last_change_ns);
         self.active_time_weighted_ns += elapsed * self.active_total;
+        self.active_requests_time_weighted_ns += elapsed * self.active_requests;
         if self.active_total > 0 {
             self.busy_ns += elapsed;
         }

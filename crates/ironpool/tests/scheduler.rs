@@ -1,0 +1,61 @@
+//! The I/O queue end to end: a client's queue depth reaches the devices.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{tool, TestPool};
+
+/// Average number of device I/Os active between two `iostat --json` samples,
+/// for the busiest device.
+fn average_active(before: &serde_json::Value, after: &serde_json::Value, field: &str) -> f64 {
+    let elapsed = after["timestamp_ns"].as_f64().unwrap() - before["timestamp_ns"].as_f64().unwrap();
+    after["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(before["devices"].as_array().unwrap())
+        .map(|(now, then)| (now[field].as_f64().unwrap() - then[field].as_f64().unwrap()) / elapsed)
+        .fold(0.0, f64::max)
+}
+
+/// (device I/Os active, client requests inside them) on average during a load.
+fn sample_during(pool: &TestPool, fio_args: Vec<String>) -> (f64, f64) {
+    let runner = std::thread::spawn(move || {
+        let args: Vec<&str> = fio_args.iter().map(String::as_str).collect();
+        tool("fio", &args)
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    let before: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+    std::thread::sleep(Duration::from_millis(2000));
+    let after: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+    runner.join().expect("fio thread");
+    (average_active(&before, &after, "active_time_weighted_ns"), average_active(&before, &after, "active_requests_time_weighted_ns"))
+}
+
+#[test]
+fn a_deep_client_queue_reaches_the_devices() {
+    let mut pool = TestPool::new("tank");
+    pool.create("1G", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "512M");
+    pool.serve();
+    let uri = format!("--uri={}", pool.uri("vol"));
+    tool("fio", &["--name=fill", "--ioengine=nbd", &uri, "--rw=write", "--bs=1M", "--iodepth=8", "--size=256M"]);
+    let common = |rw: &str, bs: &str| -> Vec<String> {
+        ["--name=load", "--ioengine=nbd", &uri, &format!("--rw={rw}"), &format!("--bs={bs}"), "--iodepth=64", "--size=256M", "--runtime=5", "--time_based"]
+            .iter()
+            .map(|text| text.to_string())
+            .collect()
+    };
+    let (reads, _) = sample_during(&pool, common("randread", "4k"));
+    assert!(reads >= 8.0, "QD64 random reads kept only {reads:.1} I/Os active on the busiest device");
+    // Writes aggregate (several client writes per device I/O): the depth that
+    // reaches the device is the client requests inside active device I/Os.
+    let (write_ios, write_requests) = sample_during(&pool, common("randwrite", "16k"));
+    eprintln!("random writes: {write_ios:.1} device I/Os, {write_requests:.1} client requests active on average");
+    assert!(write_requests >= 8.0, "QD64 random writes: only {write_requests:.1} client requests were at the device on average");
+    assert!(write_ios > 1.0, "QD64 random writes: {write_ios:.1} device I/Os active on average");
+    let queues = pool.admin(&["--json", "iostat", "-q", "tank"]);
+    assert!(queues.contains("\"classes\""), "per-class queue figures in iostat JSON");
+    pool.stop();
+}

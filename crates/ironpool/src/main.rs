@@ -70,11 +70,52 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
-    /// List pools with capacity and health.
+    /// List pools (default), volumes or snapshots: `list [-t pool|volume|snapshot] [POOL[/VOL]]`.
     List {
+        /// What to list.
+        #[arg(short = 't', default_value = "pool")]
+        kind: String,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         pool: Option<String>,
+    },
+    /// Snapshot volumes atomically: `snapshot POOL/VOL@NAME...`, or `-r POOL@NAME` for every volume.
+    Snapshot {
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        #[arg(required = true, num_args = 1..)]
+        names: Vec<String>,
+    },
+    /// Destroy a snapshot (POOL/VOL@NAME) or a volume (POOL/VOL; -r with its snapshots).
+    Destroy {
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
+    /// Create a writable volume from a snapshot, sharing its blocks: `clone POOL/VOL@SNAP POOL/NEW`.
+    Clone {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        origin: String,
+        name: String,
+    },
+    /// Make a clone independent of its origin volume.
+    Promote {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
+    /// Roll a volume back to a snapshot (-r: destroying later snapshots).
+    Rollback {
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
     },
     /// Verify every copy of every block and repair bad ones.
     Scrub {
@@ -146,6 +187,9 @@ enum VolumeCommand {
     /// Destroy a volume and free its space.
     Destroy {
         name: String,
+        /// Destroy its snapshots too.
+        #[arg(short = 'r')]
+        recursive: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
     },
@@ -160,10 +204,15 @@ fn main() -> ExitCode {
         Command::Volume { command } => match command {
             VolumeCommand::Create { name, size, options, dirs } => cli::volume_create(&context, &name, &size, &options, &dirs),
             VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),
-            VolumeCommand::Destroy { name, dirs } => cli::volume_destroy(&context, &name, &dirs),
+            VolumeCommand::Destroy { name, recursive, dirs } => cli::volume_destroy(&context, &name, &dirs, recursive),
         },
         Command::Status { dirs, pool } => cli::status(&context, &pool, &dirs),
-        Command::List { dirs, pool } => cli::list(&context, pool.as_deref(), &dirs),
+        Command::List { kind, dirs, pool } => cli::datasets::list(&context, &kind, pool.as_deref(), &dirs),
+        Command::Snapshot { recursive, dirs, names } => cli::datasets::snapshot(&context, &names, recursive, &dirs),
+        Command::Destroy { recursive, dirs, name } => cli::datasets::destroy(&context, &name, recursive, &dirs),
+        Command::Clone { dirs, origin, name } => cli::datasets::clone(&context, &origin, &name, &dirs),
+        Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
+        Command::Rollback { recursive, dirs, name } => cli::datasets::rollback(&context, &name, recursive, &dirs),
         Command::Scrub { wait, stop, dirs, pool } => cli::scrub(&context, &pool, &dirs, wait, stop),
         Command::Iostat { queues, latency, sizes, dirs, pool, interval, count } => {
             cli::iostat::run(&context, &pool, &dirs, cli::iostat::Options { queues, latency, sizes, interval, count })

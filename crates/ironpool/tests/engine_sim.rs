@@ -216,6 +216,18 @@ fn crash_run(seed: u64) {
     }
     let runtime = Runtime::new_sim(seed + 1);
     let disks = disks.clone();
+    if std::env::var_os("IRONPOOL_SIM_VERBOSE").is_some() {
+        let probe_disks = disks.clone();
+        runtime.block_on(async move {
+            for disk in &probe_disks {
+                let probe = ironpool::pool::labels::probe_device(&**disk, std::path::Path::new("sim")).await;
+                let mut txgs: Vec<u64> = probe.uberblocks.iter().map(|uberblock| uberblock.txg).collect();
+                txgs.sort_unstable();
+                txgs.dedup();
+                eprintln!("seed {seed}: device uberblocks {:?}", &txgs[txgs.len().saturating_sub(6)..]);
+            }
+        });
+    }
     runtime.block_on(async move {
         let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables()).await.unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
         let volume = pool.volume("tank/vol").unwrap();
@@ -243,7 +255,7 @@ fn crash_run(seed: u64) {
         pool.scrub_wait().await;
         let scrub = pool.scrub_status();
         assert_eq!(scrub.errors, 0, "seed {seed}: scrub errors {:?}", scrub.error_details);
-        assert_eq!(scrub.bad_copies, 0, "seed {seed}: scrub found bad copies");
+        assert_eq!(scrub.bad_copies, 0, "seed {seed}: scrub found bad copies: {:?} (imported txg {})", scrub.error_details, pool.imported_txg);
         if std::env::var("IRONPOOL_SIM_VERBOSE").is_ok() {
             let durable = model.durable.len();
             eprintln!("seed {seed}: {} writes acked, {checked} sectors checked, {durable} with a durable write, txg {}", model.acked.len(), pool.imported_txg);

@@ -2,6 +2,7 @@
 //! socket when there is one, and otherwise open the pool themselves (import, run,
 //! export) with the very same command code.
 
+pub mod datasets;
 pub mod format;
 pub mod iostat;
 pub mod serve;
@@ -215,9 +216,9 @@ pub fn volume_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<()
     Ok(())
 }
 
-pub fn volume_destroy(context: &Context, name: &str, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn volume_destroy(context: &Context, name: &str, dirs: &[PathBuf], recursive: bool) -> Result<(), String> {
     let (pool, _) = split_volume_name(name)?;
-    let result = admin(context, pool, dirs, Command::VolumeDestroy { name: name.to_string() })?;
+    let result = admin(context, pool, dirs, Command::VolumeDestroy { name: name.to_string(), recursive })?;
     if context.json {
         println!("{result}");
     } else {

@@ -31,6 +31,35 @@ pub enum Command {
     VolumeList,
     VolumeDestroy {
         name: String,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Takes snapshots "POOL/VOL@NAME" atomically (one txg); `recursive` with a
+    /// name "POOL@NAME" snapshots every volume.
+    Snapshot {
+        names: Vec<String>,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Lists snapshots (of one volume, or all).
+    SnapshotList {
+        #[serde(default)]
+        volume: Option<String>,
+    },
+    SnapshotDestroy {
+        name: String,
+    },
+    Clone {
+        origin: String,
+        name: String,
+    },
+    Promote {
+        name: String,
+    },
+    Rollback {
+        name: String,
+        #[serde(default)]
+        recursive: bool,
     },
     ScrubStart,
     ScrubStop,
@@ -105,9 +134,63 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
             let volume = pool.create_volume(&name, size_bytes, block_bytes, properties).await?;
             Ok(json!({ "name": volume.name, "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }))
         }
-        Command::VolumeList => Ok(json!({ "volumes": volume_list(pool) })),
-        Command::VolumeDestroy { name } => {
-            pool.destroy_volume(&name).await?;
+        Command::VolumeList => {
+            let mut volumes = volume_list(pool);
+            for entry in volumes.iter_mut() {
+                let name = entry["name"].as_str().unwrap_or_default().to_string();
+                let space = pool.volume_space(&name).await?;
+                if let (Value::Object(map), Ok(Value::Object(figures))) = (entry, serde_json::to_value(space)) {
+                    map.extend(figures);
+                }
+            }
+            Ok(json!({ "volumes": volumes }))
+        }
+        Command::Snapshot { names, recursive } => {
+            let mut targets = Vec::new();
+            for name in names {
+                if recursive {
+                    let (prefix, snapshot) = name.split_once('@').ok_or_else(|| PoolError::InvalidArgument(format!("'{name}': use POOL@NAME or POOL/VOL@NAME")))?;
+                    let all: Vec<String> = pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect();
+                    targets.extend(all.into_iter().filter(|volume| volume == prefix || volume.starts_with(&format!("{prefix}/")) || prefix == pool.name).map(|volume| format!("{volume}@{snapshot}")));
+                } else {
+                    targets.push(name);
+                }
+            }
+            if targets.is_empty() {
+                return Err(PoolError::InvalidArgument("no volume to snapshot".into()));
+            }
+            pool.snapshot(&targets).await?;
+            Ok(json!({ "snapshots": targets }))
+        }
+        Command::SnapshotList { volume } => {
+            let volumes: Vec<String> = match volume {
+                Some(volume) => vec![volume],
+                None => pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect(),
+            };
+            let mut snapshots = Vec::new();
+            for volume in volumes {
+                snapshots.extend(pool.snapshots(&volume).await?);
+            }
+            Ok(json!({ "snapshots": snapshots }))
+        }
+        Command::SnapshotDestroy { name } => {
+            pool.destroy_snapshot(&name).await?;
+            Ok(json!({ "destroyed": name }))
+        }
+        Command::Clone { origin, name } => {
+            let volume = pool.clone_snapshot(&origin, &name).await?;
+            Ok(json!({ "name": volume.name, "origin": origin }))
+        }
+        Command::Promote { name } => {
+            pool.promote(&name).await?;
+            Ok(json!({ "promoted": name }))
+        }
+        Command::Rollback { name, recursive } => {
+            pool.rollback(&name, recursive).await?;
+            Ok(json!({ "rolled_back_to": name }))
+        }
+        Command::VolumeDestroy { name, recursive } => {
+            pool.destroy_volume(&name, recursive).await?;
             Ok(json!({ "destroyed": name }))
         }
         Command::ScrubStart => {
@@ -159,8 +242,13 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
         .iter()
         .map(|(short, volume)| {
             let dnode = volume.object.dnode();
-            let properties = directory.volumes.get(short).map(|record| record.properties.clone()).unwrap_or_default();
+            let record = directory.volumes.get(short);
+            let properties = record.map(|record| record.properties.clone()).unwrap_or_default();
+            let origin = record.and_then(|record| record.origin.as_ref()).map(|origin| format!("{}/{}@{}", pool.name, origin.volume, origin.snapshot));
+            let snapshots = record.map(|record| record.snapshots.len()).unwrap_or(0);
             json!({
+                "origin": origin,
+                "snapshots": snapshots,
                 "name": volume.name,
                 "size_bytes": volume.size_bytes.get(),
                 "block_bytes": volume.block_bytes,

@@ -18,9 +18,12 @@
 //! | 16 | 8 | used bytes: space allocated to the object's blocks, all copies |
 //! | 24 | 8 | creation txg |
 //! | 32 | 8 | logical bytes: sum of the logical sizes of its data blocks |
-//! | 40 | 24 | reserved |
+//! | 40 | 8 | physical bytes: sum of the physical (stored) sizes of its data blocks |
+//! | 48 | 16 | reserved |
 //! | 64 | 128 | root block pointer |
-//! | 192 | 320 | reserved (type-specific, zero today) |
+//! | 192 | 8 | volumes: txg of the latest snapshot (blocks born at or before it are also a snapshot's) |
+//! | 200 | 8 | volumes (clones): the origin snapshot's txg (blocks born at or before it are the origin's) |
+//! | 208 | 304 | reserved, zero |
 
 use super::bp::{BlockPointer, BLOCK_POINTER_BYTES, LEVEL_MAX};
 use super::checksum::ChecksumAlgo;
@@ -50,6 +53,8 @@ pub enum ObjectType {
     MetaslabArray,
     /// A volume's (or snapshot's) data.
     VolumeData,
+    /// Block pointers a volume stopped using that a snapshot still uses.
+    DeadList,
 }
 
 impl ObjectType {
@@ -61,6 +66,7 @@ impl ObjectType {
             ObjectType::SpaceMap => 3,
             ObjectType::MetaslabArray => 4,
             ObjectType::VolumeData => 5,
+            ObjectType::DeadList => 6,
         }
     }
 
@@ -72,6 +78,7 @@ impl ObjectType {
             3 => Some(ObjectType::SpaceMap),
             4 => Some(ObjectType::MetaslabArray),
             5 => Some(ObjectType::VolumeData),
+            6 => Some(ObjectType::DeadList),
             _ => None,
         }
     }
@@ -99,7 +106,10 @@ pub struct Dnode {
     pub used_bytes: u64,
     pub creation_txg: u64,
     pub logical_bytes: u64,
+    pub physical_bytes: u64,
     pub root: BlockPointer,
+    pub prev_snapshot_txg: u64,
+    pub origin_txg: u64,
 }
 
 impl Dnode {
@@ -144,7 +154,10 @@ impl Dnode {
         put_u64(out, 16, self.used_bytes);
         put_u64(out, 24, self.creation_txg);
         put_u64(out, 32, self.logical_bytes);
+        put_u64(out, 40, self.physical_bytes);
         self.root.encode(&mut out[64..64 + BLOCK_POINTER_BYTES]);
+        put_u64(out, 192, self.prev_snapshot_txg);
+        put_u64(out, 200, self.origin_txg);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Dnode, FormatError> {
@@ -168,7 +181,10 @@ impl Dnode {
             used_bytes: get_u64(bytes, 16),
             creation_txg: get_u64(bytes, 24),
             logical_bytes: get_u64(bytes, 32),
+            physical_bytes: get_u64(bytes, 40),
             root: BlockPointer::decode(&bytes[64..64 + BLOCK_POINTER_BYTES])?,
+            prev_snapshot_txg: get_u64(bytes, 192),
+            origin_txg: get_u64(bytes, 200),
         };
         dnode.validate()?;
         Ok(dnode)
@@ -212,6 +228,9 @@ mod tests {
             used_bytes: 12345 * 512,
             creation_txg: 4,
             logical_bytes: 1 << 20,
+            physical_bytes: 1 << 19,
+            prev_snapshot_txg: 3,
+            origin_txg: 2,
             root: BlockPointer {
                 dvas: [Dva { vdev: 0, asize: 32768, offset: 65536 }, Dva { vdev: 0, asize: 32768, offset: 1 << 20 }, Dva::default()],
                 birth_txg: 7,

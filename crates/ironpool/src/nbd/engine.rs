@@ -137,13 +137,13 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
         for message in batch {
             match message {
                 ToEngine::Lookup { name, reply } => {
-                    let _ = reply.send(export(&pool, &name).map(|volume| ExportInfo::of(&volume)));
+                    let _ = reply.send(export(&pool, &name).await.map(|volume| ExportInfo::of(&volume)));
                 }
                 ToEngine::List { reply } => {
                     let _ = reply.send(pool.volumes.borrow().values().map(|volume| ExportInfo::of(volume)).collect());
                 }
                 ToEngine::Open { connection, name, reply } => {
-                    let volume = export(&pool, &name);
+                    let volume = export(&pool, &name).await;
                     let info = volume.as_ref().map(|volume| ExportInfo::of(volume));
                     if let Some(volume) = volume {
                         connections.insert(connection, volume);
@@ -174,12 +174,15 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
     }
 }
 
-/// The volume an export name refers to: "POOL/NAME", "NAME", or "" when the pool
-/// has exactly one volume.
-fn export(pool: &Pool, name: &str) -> Option<Rc<Volume>> {
+/// The volume an export name refers to: "POOL/NAME", "NAME", "POOL/NAME@SNAP"
+/// (read-only), or "" when the pool has exactly one volume.
+async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     if name.is_empty() {
         let volumes = pool.volumes.borrow();
         return if volumes.len() == 1 { volumes.values().next().cloned() } else { None };
+    }
+    if name.contains('@') {
+        return pool.snapshot_volume(name).await.ok();
     }
     pool.volume(name).ok()
 }

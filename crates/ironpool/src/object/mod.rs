@@ -94,11 +94,34 @@ pub struct Object {
     pub dirty: Cell<bool>,
     nodes: RefCell<rustc_hash::FxHashMap<(u8, u64), Rc<Node>>>,
     dirty_nodes: RefCell<BTreeSet<(u8, u64)>>,
+    /// Blocks this (volume) object stopped using in the open txg that a snapshot
+    /// or the origin still uses: they go on its dead list at the commit.
+    pub dead: RefCell<Vec<BlockPointer>>,
+    /// The object holding this volume's dead list (0: none yet).
+    pub dead_list: Cell<u64>,
 }
 
 impl Object {
     pub fn new(id: u64, dnode: Dnode) -> Rc<Object> {
-        Rc::new(Object { id, dnode: RefCell::new(dnode), dirty: Cell::new(false), nodes: RefCell::default(), dirty_nodes: RefCell::default() })
+        Rc::new(Object {
+            id,
+            dnode: RefCell::new(dnode),
+            dirty: Cell::new(false),
+            nodes: RefCell::default(),
+            dirty_nodes: RefCell::default(),
+            dead: RefCell::default(),
+            dead_list: Cell::new(0),
+        })
+    }
+
+    /// Drops every cached node (the tree was replaced wholesale: rollback,
+    /// receive). Returns the bytes released.
+    pub fn drop_cached_nodes(&self) -> usize {
+        let mut nodes = self.nodes.borrow_mut();
+        let bytes = nodes.values().map(|node| node.size_bytes()).sum();
+        nodes.clear();
+        self.dirty_nodes.borrow_mut().clear();
+        bytes
     }
 
     pub fn dnode(&self) -> Dnode {
@@ -591,6 +614,31 @@ impl ObjectSet {
         Ok(())
     }
 
+    /// Lets go of a block the object no longer points at: it is freed, unless a
+    /// snapshot (or, for a clone, the origin) still points at it — born at or
+    /// before the latest snapshot's txg — in which case it goes on the object's
+    /// dead list at the next commit.
+    pub fn kill(&self, object: &Object, pointer: &BlockPointer) {
+        if pointer.is_hole() {
+            return;
+        }
+        let dnode = object.dnode.borrow();
+        if dnode.object_type == ObjectType::VolumeData && pointer.birth_txg <= dnode.prev_snapshot_txg {
+            object.dead.borrow_mut().push(*pointer);
+            object.dirty.set(true);
+        } else {
+            self.store.free(pointer);
+        }
+    }
+
+    /// Drops the cached nodes of a replaced tree and forgets their bytes.
+    pub fn reset_tree(&self, object: &Object, dnode: Dnode) {
+        let bytes = object.drop_cached_nodes();
+        self.cached_bytes.set(self.cached_bytes.get().saturating_sub(bytes));
+        *object.dnode.borrow_mut() = dnode;
+        object.dirty.set(true);
+    }
+
     /// Frees every block of a cached metadata object and clears its dnode (the
     /// object is gone at the next commit).
     pub fn free_object_cached(&self, object: &Object) -> Result<(), ObjectError> {
@@ -649,6 +697,49 @@ impl ObjectSet {
                         visit(level - 1, child_blkid, &pointer);
                     }
                     if level > 1 && (!pointer.is_hole() || child_cached) {
+                        next.push(child_blkid);
+                    }
+                }
+            }
+            frontier = next;
+        }
+        Ok(())
+    }
+
+    /// Visits every non-hole pointer of the object's current tree born after
+    /// `txg`, descending only where such pointers can be: a clean subtree under
+    /// a pointer born at or before `txg` is entirely that old (copy-on-write),
+    /// while a node changed since (dirty, cached) is looked into whatever its
+    /// parent says. Used by rollback, space figures and incremental send.
+    pub async fn visit_pointers_born_after(&self, object: &Object, txg: u64, visit: &mut dyn FnMut(&BlockPointer)) -> Result<(), ObjectError> {
+        let dnode = object.dnode();
+        let top = dnode.levels - 1;
+        if !dnode.root.is_hole() && dnode.root.birth_txg > txg {
+            visit(&dnode.root);
+        }
+        let shift = object.pointer_shift();
+        let mut frontier: Vec<u64> = vec![0];
+        for level in (1..=top).rev() {
+            let mut next = Vec::new();
+            for blkid in frontier {
+                let dirty = object.dirty_nodes.borrow().contains(&(level, blkid));
+                if !dirty {
+                    let pointer = self.pointer_to(object, level, blkid).await?;
+                    let cached_under_hole = pointer.is_hole() && object.nodes.borrow().contains_key(&(level, blkid));
+                    if (pointer.is_hole() && !cached_under_hole) || (!pointer.is_hole() && pointer.birth_txg <= txg) {
+                        continue;
+                    }
+                }
+                let node = self.node(object, level, blkid).await?;
+                let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
+                    NodeBody::Indirect(pointers) => pointers.iter().enumerate().map(|(index, pointer)| ((blkid << shift) + index as u64, *pointer)).collect(),
+                    NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+                };
+                for (child_blkid, pointer) in children {
+                    if !pointer.is_hole() && pointer.birth_txg > txg {
+                        visit(&pointer);
+                    }
+                    if level > 1 {
                         next.push(child_blkid);
                     }
                 }
@@ -726,6 +817,9 @@ pub(crate) fn account(object: &Object, old: &BlockPointer, new: &BlockPointer) {
         let old_logical = if old.is_hole() { 0 } else { old.logical_size as u64 };
         let new_logical = if new.is_hole() { 0 } else { new.logical_size as u64 };
         dnode.logical_bytes = (dnode.logical_bytes + new_logical).saturating_sub(old_logical);
+        let old_physical = if old.is_hole() { 0 } else { old.physical_size as u64 };
+        let new_physical = if new.is_hole() { 0 } else { new.physical_size as u64 };
+        dnode.physical_bytes = (dnode.physical_bytes + new_physical).saturating_sub(old_physical);
     }
 }
 
@@ -736,14 +830,10 @@ pub fn new_dnode(object_type: ObjectType, data_block_shift: u8, indirect_block_s
         levels: 1,
         data_block_shift,
         indirect_block_shift,
-        checksum_algo: Default::default(),
-        compression: Default::default(),
-        flags: 0,
         length_bytes,
-        used_bytes: 0,
         creation_txg: txg,
-        logical_bytes: 0,
         root: BlockPointer::hole(0, object_type, 0),
+        ..Dnode::default()
     };
     let blocks = length_bytes.div_ceil(1 << data_block_shift).max(1);
     while dnode.capacity_blocks() < blocks {

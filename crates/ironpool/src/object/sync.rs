@@ -87,9 +87,7 @@ impl ObjectSet {
             };
             let in_place = !new.is_hole() && new.dvas == old.dvas;
             if !in_place {
-                if !old.is_hole() {
-                    self.store.free(&old);
-                }
+                self.kill(object, &old);
                 if !new.is_hole() {
                     self.store.commit(&new);
                 }

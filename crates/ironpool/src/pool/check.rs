@@ -54,15 +54,31 @@ impl Pool {
             objects.push(self.objects.open(id).await?);
         }
         report.objects = objects.len() as u64;
+        // A block may be shared by several trees (a volume and its snapshots and
+        // clones) — then it is the same block pointer — but never pointed at twice
+        // within one tree, nor by two different pointers.
+        let mut owners: std::collections::HashMap<(u32, u64), (u64, crate::format::Checksum, u64)> = std::collections::HashMap::new();
+        let mut dead_entries = Vec::new();
         for object in &objects {
             let mut copies = Vec::new();
             self.objects.visit_pointers(object, &mut |level, blkid, pointer| {
                 for dva in pointer.copies() {
-                    copies.push((level, blkid, *dva));
+                    copies.push((level, blkid, *dva, pointer.birth_txg, pointer.checksum));
                 }
             })
             .await?;
-            for (level, blkid, dva) in copies {
+            for (level, blkid, dva, birth, checksum) in copies {
+                match owners.get(&(dva.vdev, dva.offset)) {
+                    Some((other_birth, other_checksum, other_object)) => {
+                        if *other_object == object.id || *other_birth != birth || *other_checksum != checksum {
+                            report.problem(format!("object {} block {level}/{blkid}: {:?} is referenced twice (also by object {other_object})", object.id, dva));
+                        }
+                        continue;
+                    }
+                    None => {
+                        owners.insert((dva.vdev, dva.offset), (birth, checksum, object.id));
+                    }
+                }
                 report.block_copies += 1;
                 report.referenced_bytes += dva.asize as u64;
                 let Some(set) = referenced.get_mut(dva.vdev as usize) else {
@@ -70,7 +86,46 @@ impl Pool {
                     continue;
                 };
                 if set.try_insert(dva.offset, dva.end()).is_err() {
-                    report.problem(format!("object {} block {level}/{blkid}: {:?} is referenced twice", object.id, dva));
+                    report.problem(format!("object {} block {level}/{blkid}: {:?} overlaps another block", object.id, dva));
+                }
+            }
+            if object.dnode().object_type == crate::format::ObjectType::DeadList {
+                let length = object.dnode().length_bytes as usize;
+                let bytes = self.objects.read_bytes(object, 0, length).await?;
+                for chunk in bytes.chunks_exact(crate::format::bp::BLOCK_POINTER_BYTES) {
+                    match crate::format::BlockPointer::decode(chunk) {
+                        Ok(pointer) => dead_entries.push((object.id, pointer)),
+                        Err(error) => report.problem(format!("dead list {}: {error}", object.id)),
+                    }
+                }
+            }
+        }
+        // Every block on a dead list is still some snapshot's (or origin's).
+        for (list, pointer) in dead_entries.iter().chain(self.volumes.borrow().values().flat_map(|volume| volume.object.dead.borrow().iter().map(|pointer| (volume.object.id, *pointer)).collect::<Vec<_>>()).collect::<Vec<_>>().iter()) {
+            for dva in pointer.copies() {
+                match owners.get(&(dva.vdev, dva.offset)) {
+                    Some((birth, checksum, _)) if *birth == pointer.birth_txg && *checksum == pointer.checksum => {}
+                    _ => report.problem(format!("dead list {list}: {:?} born {} is not in any snapshot", dva, pointer.birth_txg)),
+                }
+            }
+        }
+        // Origins and clone lists agree.
+        {
+            let directory = self.directory.borrow();
+            for (name, record) in &directory.volumes {
+                if let Some(origin) = &record.origin {
+                    let listed = directory.volumes.get(&origin.volume).and_then(|volume| volume.snapshots.iter().find(|snapshot| snapshot.name == origin.snapshot)).is_some_and(|snapshot| snapshot.clones.contains(name));
+                    if !listed {
+                        report.problem(format!("volume {name}: origin {}@{} does not list it as a clone", origin.volume, origin.snapshot));
+                    }
+                }
+                for snapshot in &record.snapshots {
+                    for clone in &snapshot.clones {
+                        let back = directory.volumes.get(clone).and_then(|clone_record| clone_record.origin.as_ref()).is_some_and(|origin| origin.volume == *name && origin.snapshot == snapshot.name);
+                        if !back {
+                            report.problem(format!("{name}@{}: lists clone {clone} whose origin is elsewhere", snapshot.name));
+                        }
+                    }
                 }
             }
         }

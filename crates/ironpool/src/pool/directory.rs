@@ -17,7 +17,7 @@ pub const DIRECTORY_OBJECT: u64 = 1;
 /// properties; 16 MiB is thousands of volumes).
 pub const DIRECTORY_BYTES_MAX: usize = 16 * 1024 * 1024;
 
-/// One volume.
+/// One volume (a head: writable, with its snapshots).
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct VolumeRecord {
     /// The object holding its data tree.
@@ -28,6 +28,63 @@ pub struct VolumeRecord {
     /// Properties set on the volume (`org:key` user properties included).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Identity across pools (send/receive match snapshots by guid).
+    #[serde(default)]
+    pub guid: u64,
+    /// The object listing blocks the head stopped using that its latest
+    /// snapshot still uses (0: none yet).
+    #[serde(default)]
+    pub dead_list: u64,
+    /// For a clone: the snapshot it was cloned from.
+    #[serde(default)]
+    pub origin: Option<SnapshotName>,
+    /// Snapshots, oldest first.
+    #[serde(default)]
+    pub snapshots: Vec<SnapshotRecord>,
+    /// A receive in progress into this (hidden) volume, resumable.
+    #[serde(default)]
+    pub receive: Option<ReceiveRecord>,
+}
+
+/// A snapshot, named by its volume and its own name.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct SnapshotName {
+    pub volume: String,
+    pub snapshot: String,
+}
+
+/// One snapshot: a frozen copy of a volume's tree at a txg.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    pub name: String,
+    /// The object holding the frozen tree (its dnode; the blocks are shared).
+    pub object: u64,
+    /// The txg whose commit made it: blocks born at or before belong to it.
+    pub txg: u64,
+    pub guid: u64,
+    /// Blocks the volume stopped using between the previous snapshot and this
+    /// one that the previous snapshot still uses (0: none).
+    #[serde(default)]
+    pub dead_list: u64,
+    #[serde(default)]
+    pub created_unix_seconds: u64,
+    /// Volumes cloned from this snapshot.
+    #[serde(default)]
+    pub clones: Vec<String>,
+}
+
+/// A receive in progress (see send/receive).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReceiveRecord {
+    /// The volume this receive will become or update.
+    pub target: String,
+    /// Guid of the stream's snapshot.
+    pub to_guid: u64,
+    pub to_name: String,
+    /// Guid of the incremental source (0: a full stream).
+    pub from_guid: u64,
+    /// Bytes of the stream applied and committed.
+    pub offset_bytes: u64,
 }
 
 /// Outcome of the last finished scrub.
@@ -100,7 +157,7 @@ mod tests {
         let mut directory = Directory { version: 1, metaslab_arrays: vec![2, 3], ..Directory::default() };
         directory.volumes.insert(
             "vol".into(),
-            VolumeRecord { object: 9, size_bytes: 1 << 30, block_bytes: 16384, created_txg: 3, properties: BTreeMap::new() },
+            crate::pool::volume::record(9, 1 << 30, 16384, 3, BTreeMap::new()),
         );
         assert_eq!(Directory::decode(&directory.encode()).unwrap(), directory);
         assert!(Directory::decode(b"{not json").is_err());

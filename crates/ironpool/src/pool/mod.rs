@@ -10,6 +10,7 @@
 //! - [`volume`] serves reads and writes; [`scrub`] verifies and repairs everything.
 
 pub mod check;
+pub mod dataset;
 pub mod directory;
 pub mod labels;
 pub mod scrub;
@@ -179,6 +180,13 @@ pub struct Pool {
     pub imported_txg: u64,
     /// Notes from import (damaged labels, unclean export) for `status`.
     pub import_notes: Vec<String>,
+    /// Snapshots to take at the next commit.
+    pub pending_snapshots: RefCell<Vec<dataset::SnapshotRequest>>,
+    /// Read-only volumes opened for snapshots (exports, reads), by full name.
+    pub snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    /// Serialises administrative changes to datasets (snapshot, destroy, clone,
+    /// rollback, promote, receive).
+    pub admin_lock: Rc<crate::rt::sync::Semaphore>,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -269,6 +277,9 @@ impl Pool {
             scrub: RefCell::new(scrub::ScrubState::default()),
             imported_txg: 0,
             import_notes: Vec::new(),
+            pending_snapshots: RefCell::new(Vec::new()),
+            snapshot_volumes: RefCell::new(BTreeMap::new()),
+            admin_lock: crate::rt::sync::Semaphore::new(1),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -471,9 +482,21 @@ impl Pool {
             scrub: RefCell::new(scrub::ScrubState::default()),
             imported_txg: uberblock.txg,
             import_notes: notes,
+            pending_snapshots: RefCell::new(Vec::new()),
+            snapshot_volumes: RefCell::new(BTreeMap::new()),
+            admin_lock: crate::rt::sync::Semaphore::new(1),
         });
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
+            object.dead_list.set(record.dead_list);
+            // Dead lists are metadata: they stay cached, loaded whole here.
+            for list in std::iter::once(record.dead_list).chain(record.snapshots.iter().map(|snapshot| snapshot.dead_list)) {
+                if list != 0 {
+                    let list_object = pool.objects.open(list).await?;
+                    let length = list_object.dnode().length_bytes;
+                    pool.objects.prefetch(&list_object, 0, length).await?;
+                }
+            }
             let volume = Volume::new(format!("{name}/{volume_name}"), object, record);
             pool.volumes.borrow_mut().insert(volume_name.clone(), volume);
         }
@@ -544,25 +567,72 @@ impl Pool {
     }
 
     /// Destroys a volume and frees its blocks.
-    pub async fn destroy_volume(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+    pub async fn destroy_volume(self: &Rc<Self>, name: &str, recursive: bool) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
         let volume = self.volume(name)?;
         let short = volume.short_name().to_string();
+        let record = self.directory.borrow().volumes.get(&short).cloned().ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))?;
+        if !record.snapshots.is_empty() {
+            if !recursive {
+                let names: Vec<String> = record.snapshots.iter().map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name)).collect();
+                return Err(PoolError::InvalidArgument(format!("{name} has snapshots ({}); use -r to destroy them too", names.join(", "))));
+            }
+            if let Some(cloned) = record.snapshots.iter().find(|snapshot| !snapshot.clones.is_empty()) {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
+                    self.name,
+                    cloned.name,
+                    cloned.clones.join(", ")
+                )));
+            }
+        }
+        let _writers = volume.exclusive().await;
         volume.begin_destroy();
-        // Free every block of the tree.
+        for snapshot in record.snapshots.iter().rev() {
+            self.destroy_snapshot_locked(&format!("{}/{short}@{}", self.name, snapshot.name))?;
+        }
+        // Blocks born after the origin are the volume's own (all of them when it
+        // is not a clone); older ones, and whatever is on its dead list, belong to
+        // the origin snapshot.
+        let origin_txg = volume.object.dnode().origin_txg;
         let mut pointers = Vec::new();
-        self.objects.visit_pointers(&volume.object, &mut |_, _, pointer| pointers.push(*pointer)).await?;
+        self.objects.visit_pointers_born_after(&volume.object, origin_txg, &mut |pointer| pointers.push(*pointer)).await?;
         for pointer in &pointers {
             self.store.free(pointer);
         }
+        volume.object.dead.borrow_mut().clear();
+        self.drop_dead_list(volume.object.dead_list.replace(0))?;
         let table = self.objects.dnode_table();
         let mut zero = [0u8; DNODE_BYTES];
         Dnode::default().encode(&mut zero);
         self.objects.write_bytes(&table, volume.object.id * DNODE_BYTES as u64, &zero).await?;
         self.objects.forget(volume.object.id);
         self.volumes.borrow_mut().remove(&short);
-        self.directory.borrow_mut().volumes.remove(&short);
+        {
+            let mut directory = self.directory.borrow_mut();
+            directory.volumes.remove(&short);
+            if let Some(origin) = &record.origin {
+                if let Some(origin_record) = directory.volumes.get_mut(&origin.volume) {
+                    for snapshot in origin_record.snapshots.iter_mut() {
+                        snapshot.clones.retain(|clone| clone != &short);
+                    }
+                }
+            }
+        }
         self.directory_dirty.set(true);
         self.txg.wait_durable(self, self.txg.open()).await
+    }
+
+    /// Frees a dead list object (not the blocks it lists).
+    pub(crate) fn drop_dead_list(&self, object_id: u64) -> Result<(), PoolError> {
+        if object_id == 0 {
+            return Ok(());
+        }
+        let object = self.objects.get(object_id).ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        self.objects.truncate_cached(&object, 0)?;
+        self.objects.free_object_cached(&object)?;
+        Ok(())
     }
 
     /// Commits the open txg and waits until it is durable.

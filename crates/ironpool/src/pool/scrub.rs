@@ -188,6 +188,10 @@ impl Pool {
     }
 
     async fn scrub_pointers(self: &Rc<Self>, object: &Rc<Object>, pointers: &[BlockPointer]) {
+        // Blocks of a txg still being written may not be on every device yet:
+        // they are the next scrub's.
+        let durable = self.txg.durable();
+        let pointers: Vec<BlockPointer> = pointers.iter().filter(|pointer| pointer.birth_txg <= durable).copied().collect();
         for batch in pointers.chunks(SCRUB_BLOCKS_IN_FLIGHT) {
             let results = futures_util::future::join_all(batch.iter().map(|pointer| self.store.scrub(pointer))).await;
             let mut scrub = self.scrub.borrow_mut();
@@ -195,6 +199,9 @@ impl Pool {
                 scrub.examined_bytes += pointer.allocated_bytes();
                 match result {
                     Ok((bad, repaired)) => {
+                        if bad > 0 && scrub.error_details.len() < ERROR_DETAILS_MAX {
+                            scrub.error_details.push(format!("object {} level {} birth {} at {:?}: {bad} bad copies, {repaired} repaired", object.id, pointer.level, pointer.birth_txg, pointer.dvas[0]));
+                        }
                         scrub.bad_copies += bad;
                         scrub.repaired_copies += repaired;
                         scrub.repaired_bytes += repaired * pointer.physical_size as u64;

@@ -205,6 +205,9 @@ struct BuiltTxg {
 async fn sync_loop(pool: Rc<Pool>) {
     let state = &pool.txg;
     let mut retry: Option<BuiltTxg> = None;
+    // Empty commits in a row made only to release deferred frees: each commit
+    // frees a little of its own metadata, so this must stop by count.
+    let mut idle_commits = 0u64;
     loop {
         let timeout = pool.tunables.borrow().txg_timeout;
         let since = rt::now().duration_since(state.last_commit.get());
@@ -219,10 +222,17 @@ async fn sync_loop(pool: Rc<Pool>) {
         }
         // An idle pool still commits (empty txgs) while frees wait in the defer
         // slots, so freed space becomes usable without new writes.
-        let deferred = pool.store.allocator.borrow().deferred_bytes() > 0;
-        if retry.is_none() && !requested && !pool.has_changes() && !deferred {
+        let changes = pool.has_changes();
+        if changes || requested {
+            idle_commits = 0;
+        }
+        let deferred = pool.store.allocator.borrow().deferred_bytes() > 0 && idle_commits <= crate::alloc::DEFER_TXGS;
+        if retry.is_none() && !requested && !changes && !deferred {
             state.last_commit.set(rt::now());
             continue;
+        }
+        if !changes && !requested {
+            idle_commits += 1;
         }
         let started = rt::now();
         let built = match retry.take() {
@@ -329,6 +339,9 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             let mut bytes = [0u8; DNODE_BYTES];
             object.dnode().encode(&mut bytes);
             objects.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &bytes)?;
+            changed = true;
+        }
+        if super::dataset::build_step(pool, txg)? {
             changed = true;
         }
         let records = pool.store.allocator.borrow_mut().take_pending(txg);

@@ -44,6 +44,9 @@ pub const IO_ALIGNMENT_BYTES: u64 = 512;
 const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
 /// Times a read retries when its block changed under it (a concurrent overwrite).
 const READ_RETRIES: usize = 3;
+/// Writers a volume admits at once before an operation that needs it alone
+/// (rollback, receive) can take it: far above any client's queue depth.
+const VOLUME_WRITERS_MAX: u64 = 1 << 20;
 /// Most extents one block-status answer reports (the rest is asked again).
 pub const BLOCK_STATUS_EXTENTS_MAX: usize = 65536;
 
@@ -99,11 +102,24 @@ pub struct Volume {
     locked: RefCell<rustc_hash::FxHashSet<u64>>,
     unlocked: Notify,
     stats: Cell<VolumeStats>,
+    /// Writes hold one unit; rollback and receive take them all.
+    writers: Rc<crate::rt::sync::Semaphore>,
 }
 
 /// A new directory record.
 pub fn record(object: u64, size_bytes: u64, block_bytes: u32, created_txg: u64, properties: BTreeMap<String, String>) -> VolumeRecord {
-    VolumeRecord { object, size_bytes, block_bytes, created_txg, properties }
+    VolumeRecord {
+        object,
+        size_bytes,
+        block_bytes,
+        created_txg,
+        properties,
+        guid: crate::format::new_guid(),
+        dead_list: 0,
+        origin: None,
+        snapshots: Vec::new(),
+        receive: None,
+    }
 }
 
 impl Volume {
@@ -119,6 +135,7 @@ impl Volume {
             locked: RefCell::default(),
             unlocked: Notify::new(),
             stats: Cell::new(VolumeStats::default()),
+            writers: crate::rt::sync::Semaphore::new(VOLUME_WRITERS_MAX),
         })
     }
 
@@ -135,6 +152,11 @@ impl Volume {
         let mut stats = self.stats.get();
         update(&mut stats);
         self.stats.set(stats);
+    }
+
+    /// Waits until no write is in progress and keeps writes out while held.
+    pub async fn exclusive(&self) -> crate::rt::sync::Permit {
+        self.writers.acquire(VOLUME_WRITERS_MAX).await
     }
 
     pub(crate) fn begin_destroy(&self) {
@@ -303,6 +325,7 @@ impl Pool {
             return Ok(());
         }
         self.txg.throttle(self).await;
+        let _writer = volume.writers.acquire(1).await;
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
@@ -339,6 +362,7 @@ impl Pool {
             return Ok(());
         }
         self.txg.throttle(self).await;
+        let _writer = volume.writers.acquire(1).await;
         let block = volume.block_bytes;
         let end = offset + length;
         // Process large ranges a slice at a time so locks and memory stay bounded.
@@ -376,6 +400,7 @@ impl Pool {
             return Ok(());
         }
         self.txg.throttle(self).await;
+        let _writer = volume.writers.acquire(1).await;
         let block = volume.block_bytes;
         let zeros = BufSlice::whole(AlignedBuf::zeroed(block as usize).into_shared());
         let end = offset + length;
@@ -494,9 +519,7 @@ impl Pool {
             self.store.commit(&pointer);
             self.txg.add_data(self, pointer.allocated_bytes());
         }
-        if !old.is_hole() {
-            self.store.free(&old);
-        }
+        self.objects.kill(&volume.object, &old);
         Ok(())
     }
 

@@ -7,6 +7,7 @@
 //! the caller can rewrite them (self-heal).
 
 pub mod queue;
+pub mod raidz;
 pub mod stats;
 
 use std::cell::{Cell, RefCell};

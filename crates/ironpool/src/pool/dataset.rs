@@ -1,0 +1,568 @@
+//! Snapshots, clones, rollback and promote, on the birth txgs of block pointers
+//! (as ZFS does it).
+//!
+//! - A **snapshot** is made inside a txg commit: the volume's tree at that txg,
+//!   kept as a read-only copy of its dnode. O(1): no block is copied.
+//! - Every block a volume stops using (overwrite, trim) is freed only if it was
+//!   born after the latest snapshot; otherwise a snapshot still uses it and it
+//!   goes on the volume's **dead list**. Taking a snapshot hands the volume's dead
+//!   list to the snapshot, so a snapshot's dead list holds the blocks that died
+//!   between the previous snapshot and it.
+//! - **Destroying** snapshot S (between P before it and N after it, N possibly the
+//!   volume itself) frees the blocks on N's dead list born after P (only S had
+//!   them), keeps the rest on N's list, and moves S's list onto N's.
+//! - A **clone** is a new volume whose tree starts as a snapshot's; blocks born at
+//!   or before the snapshot stay the origin's. **Promote** hands the origin
+//!   snapshot (and older ones) to the clone.
+//! - **Rollback** frees the volume's blocks born after the snapshot and takes the
+//!   snapshot's tree back.
+
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use super::directory::{valid_name, SnapshotName, SnapshotRecord, VolumeRecord};
+use super::volume::Volume;
+use super::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::format::bp::BLOCK_POINTER_BYTES;
+use crate::format::dnode::{DNODE_BYTES, DNODE_FLAG_READ_ONLY};
+use crate::format::{BlockPointer, Dnode, ObjectType};
+use crate::object::{new_dnode, Object, ObjectError};
+
+/// A snapshot to take at the next commit.
+pub struct SnapshotRequest {
+    pub volume: String,
+    pub name: String,
+    pub guid: u64,
+}
+
+/// Space figures of a volume (ZFS's names and meanings).
+#[derive(Clone, Debug, Default, Serialize, PartialEq)]
+pub struct VolumeSpace {
+    /// Space of every block the volume's tree points at.
+    pub referenced_bytes: u64,
+    /// Space this volume and its snapshots use that nothing else does:
+    /// `used_by_dataset + used_by_snapshots`.
+    pub used_bytes: u64,
+    /// Space of the volume's own blocks (for a clone, those born after its origin).
+    pub used_by_dataset_bytes: u64,
+    /// Space only snapshots hold: freed if every snapshot were destroyed.
+    pub used_by_snapshots_bytes: u64,
+    /// Space of blocks written since the latest snapshot.
+    pub written_bytes: u64,
+    /// Logical (uncompressed) bytes of the data counted in `used`.
+    pub logical_used_bytes: u64,
+    /// Logical bytes of the data the volume refers to.
+    pub logical_referenced_bytes: u64,
+    /// Logical / physical size of the data the volume refers to.
+    pub compress_ratio: f64,
+}
+
+/// What `list -t snapshot` shows.
+#[derive(Clone, Debug, Serialize)]
+pub struct SnapshotInfo {
+    pub name: String,
+    pub txg: u64,
+    pub guid: String,
+    pub created_unix_seconds: u64,
+    /// Space freed by destroying this snapshot alone.
+    pub used_bytes: u64,
+    pub referenced_bytes: u64,
+    pub clones: Vec<String>,
+}
+
+fn corrupt(error: ObjectError) -> PoolError {
+    PoolError::from(error)
+}
+
+/// Splits "POOL/VOL@SNAP" or "VOL@SNAP" into (volume, snapshot).
+pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'a str)> {
+    let (volume, snapshot) = name.split_once('@')?;
+    let volume = volume.strip_prefix(pool).and_then(|rest| rest.strip_prefix('/')).unwrap_or(volume);
+    Some((volume, snapshot))
+}
+
+impl Pool {
+    /// The record of a volume (by short name).
+    fn record(&self, volume: &str) -> Result<VolumeRecord, PoolError> {
+        self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))
+    }
+
+    /// Takes snapshots of several volumes atomically (in one txg).
+    pub async fn snapshot(self: &Rc<Self>, names: &[String]) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let mut requests = Vec::new();
+        for full in names {
+            let (volume, snapshot) = split_snapshot_name(&self.name, full).ok_or_else(|| PoolError::InvalidArgument(format!("'{full}': snapshots are named POOL/VOLUME@NAME")))?;
+            if !valid_name(snapshot) {
+                return Err(PoolError::InvalidName(snapshot.to_string()));
+            }
+            let record = self.record(volume)?;
+            if record.snapshots.iter().any(|existing| existing.name == snapshot) || requests.iter().any(|request: &SnapshotRequest| request.volume == volume && request.name == snapshot) {
+                return Err(PoolError::VolumeExists(format!("{}/{volume}@{snapshot}", self.name)));
+            }
+            requests.push(SnapshotRequest { volume: volume.to_string(), name: snapshot.to_string(), guid: crate::format::new_guid() });
+        }
+        self.pending_snapshots.borrow_mut().extend(requests);
+        let target = self.txg.open();
+        self.txg.wait_durable(self, target).await
+    }
+
+    /// The snapshots of a volume, oldest first, with their space.
+    pub async fn snapshots(self: &Rc<Self>, volume: &str) -> Result<Vec<SnapshotInfo>, PoolError> {
+        let short = volume.strip_prefix(&format!("{}/", self.name)).unwrap_or(volume);
+        let record = self.record(short)?;
+        let mut out = Vec::new();
+        for (index, snapshot) in record.snapshots.iter().enumerate() {
+            let previous_txg = if index == 0 { self.origin_txg(&record) } else { record.snapshots[index - 1].txg };
+            let next_list = record.snapshots.get(index + 1).map(|next| next.dead_list).unwrap_or(record.dead_list);
+            let mut unique = self.dead_list_entries(next_list)?;
+            if index + 1 == record.snapshots.len() {
+                let head = self.volume(short)?;
+                unique.extend(head.object.dead.borrow().iter().copied());
+            }
+            let used = unique.iter().filter(|pointer| pointer.birth_txg > previous_txg).map(BlockPointer::allocated_bytes).sum();
+            let object = self.objects.open(snapshot.object).await?;
+            out.push(SnapshotInfo {
+                name: format!("{}/{short}@{}", self.name, snapshot.name),
+                txg: snapshot.txg,
+                guid: format!("{:#x}", snapshot.guid),
+                created_unix_seconds: snapshot.created_unix_seconds,
+                used_bytes: used,
+                referenced_bytes: object.dnode().used_bytes,
+                clones: snapshot.clones.iter().map(|clone| format!("{}/{clone}", self.name)).collect(),
+            });
+        }
+        Ok(out)
+    }
+
+    fn origin_txg(&self, record: &VolumeRecord) -> u64 {
+        let Some(origin) = &record.origin else { return 0 };
+        let directory = self.directory.borrow();
+        directory.volumes.get(&origin.volume).and_then(|volume| volume.snapshots.iter().find(|snapshot| snapshot.name == origin.snapshot)).map(|snapshot| snapshot.txg).unwrap_or(0)
+    }
+
+    /// The block pointers listed in a dead list object (dead lists stay cached).
+    fn dead_list_entries(&self, object_id: u64) -> Result<Vec<BlockPointer>, PoolError> {
+        if object_id == 0 {
+            return Ok(Vec::new());
+        }
+        let object = self.objects.get(object_id).ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let length = object.dnode().length_bytes as usize;
+        let bytes = self.objects.read_bytes_cached(&object, 0, length).map_err(corrupt)?;
+        bytes
+            .chunks_exact(BLOCK_POINTER_BYTES)
+            .map(|chunk| BlockPointer::decode(chunk).map_err(|error| PoolError::Corrupt(format!("dead list {object_id}: {error}"))))
+            .collect()
+    }
+
+    /// Replaces a dead list's contents (creating or freeing the object as needed).
+    /// Returns the object id (0 when the list is empty).
+    fn write_dead_list(&self, object_id: u64, entries: &[BlockPointer]) -> Result<u64, PoolError> {
+        if entries.is_empty() {
+            self.drop_dead_list(object_id)?;
+            return Ok(0);
+        }
+        let object = if object_id == 0 {
+            let id = self.allocate_object_id();
+            self.objects.create(id, new_dnode(ObjectType::DeadList, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, self.txg.open()))
+        } else {
+            self.objects.get(object_id).ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?
+        };
+        let bytes = encode_pointers(entries);
+        self.objects.write_bytes_cached(&object, 0, &bytes).map_err(corrupt)?;
+        if object.dnode().length_bytes > bytes.len() as u64 {
+            self.objects.truncate_cached(&object, bytes.len() as u64).map_err(corrupt)?;
+        }
+        Ok(object.id)
+    }
+
+    /// Destroys one snapshot.
+    pub async fn destroy_snapshot(self: &Rc<Self>, full_name: &str) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        self.destroy_snapshot_locked(full_name)?;
+        let target = self.txg.open();
+        self.txg.wait_durable(self, target).await
+    }
+
+    /// The synchronous part of destroying a snapshot: everything it touches is
+    /// cached metadata, so it happens in one step of the open txg.
+    pub(crate) fn destroy_snapshot_locked(self: &Rc<Self>, full_name: &str) -> Result<(), PoolError> {
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
+        let record = self.record(volume)?;
+        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
+        let target = &record.snapshots[index];
+        if !target.clones.is_empty() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{full_name} has dependent clones ({}); destroy or promote them first",
+                target.clones.join(", ")
+            )));
+        }
+        let previous_txg = if index == 0 { self.origin_txg(&record) } else { record.snapshots[index - 1].txg };
+        let head = self.volume(volume)?;
+        let is_latest = index + 1 == record.snapshots.len();
+        let next_list = if is_latest { record.dead_list } else { record.snapshots[index + 1].dead_list };
+        let mut kept = self.dead_list_entries(target.dead_list)?;
+        for pointer in self.dead_list_entries(next_list)? {
+            if pointer.birth_txg > previous_txg {
+                self.store.free(&pointer);
+            } else {
+                kept.push(pointer);
+            }
+        }
+        if is_latest {
+            // Blocks the volume let go of in the open txg: same rule.
+            let pending = std::mem::take(&mut *head.object.dead.borrow_mut());
+            for pointer in pending {
+                if pointer.birth_txg > previous_txg {
+                    self.store.free(&pointer);
+                } else {
+                    head.object.dead.borrow_mut().push(pointer);
+                }
+            }
+        }
+        let new_next = self.write_dead_list(next_list, &kept)?;
+        self.drop_dead_list(target.dead_list)?;
+        // The snapshot's tree belongs to others now (or was freed above): drop
+        // only its dnode.
+        self.drop_dnode(target.object)?;
+        if let Some(volume_object) = self.snapshot_volumes.borrow_mut().remove(&format!("{}/{volume}@{snapshot}", self.name)) {
+            volume_object.begin_destroy();
+        }
+        {
+            let mut directory = self.directory.borrow_mut();
+            let record = directory.volumes.get_mut(volume).expect("checked above");
+            record.snapshots.remove(index);
+            if is_latest {
+                record.dead_list = new_next;
+            } else {
+                record.snapshots[index].dead_list = new_next;
+            }
+        }
+        if is_latest {
+            head.object.dead_list.set(new_next);
+            head.object.dnode.borrow_mut().prev_snapshot_txg = previous_txg;
+            head.object.dirty.set(true);
+        }
+        self.directory_dirty.set(true);
+        Ok(())
+    }
+
+    /// Clears a dnode slot and forgets the object, without freeing its blocks.
+    fn drop_dnode(&self, object_id: u64) -> Result<(), PoolError> {
+        let table = self.objects.dnode_table();
+        let mut zero = [0u8; DNODE_BYTES];
+        Dnode::default().encode(&mut zero);
+        self.objects.write_bytes_cached(&table, object_id * DNODE_BYTES as u64, &zero).map_err(corrupt)?;
+        self.objects.forget(object_id);
+        Ok(())
+    }
+
+    /// Creates volume `clone` from snapshot `origin`, sharing its blocks.
+    pub async fn clone_snapshot(self: &Rc<Self>, origin: &str, clone: &str) -> Result<Rc<Volume>, PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let (volume, snapshot) = split_snapshot_name(&self.name, origin).ok_or_else(|| PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name")))?;
+        let clone_short = clone.strip_prefix(&format!("{}/", self.name)).unwrap_or(clone).to_string();
+        if !valid_name(&clone_short) {
+            return Err(PoolError::InvalidName(clone_short));
+        }
+        if self.directory.borrow().volumes.contains_key(&clone_short) {
+            return Err(PoolError::VolumeExists(format!("{}/{clone_short}", self.name)));
+        }
+        let record = self.record(volume)?;
+        let source = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(origin.to_string()))?;
+        let snapshot_object = self.objects.open(source.object).await?;
+        let id = self.allocate_object_id();
+        let mut dnode = snapshot_object.dnode();
+        dnode.flags &= !DNODE_FLAG_READ_ONLY;
+        dnode.creation_txg = self.txg.open();
+        dnode.prev_snapshot_txg = source.txg;
+        dnode.origin_txg = source.txg;
+        let object = self.objects.create(id, dnode);
+        let mut clone_record = super::volume::record(id, record.size_bytes, record.block_bytes, self.txg.open(), record.properties.clone());
+        clone_record.origin = Some(SnapshotName { volume: volume.to_string(), snapshot: snapshot.to_string() });
+        let clone_volume = Volume::new(format!("{}/{clone_short}", self.name), object, &clone_record);
+        {
+            let mut directory = self.directory.borrow_mut();
+            directory.volumes.insert(clone_short.clone(), clone_record);
+            let origin_record = directory.volumes.get_mut(volume).expect("checked above");
+            if let Some(source) = origin_record.snapshots.iter_mut().find(|existing| existing.name == snapshot) {
+                source.clones.push(clone_short.clone());
+            }
+        }
+        self.volumes.borrow_mut().insert(clone_short, clone_volume.clone());
+        self.directory_dirty.set(true);
+        let target = self.txg.open();
+        self.txg.wait_durable(self, target).await?;
+        Ok(clone_volume)
+    }
+
+    /// Rolls volume back to `snapshot` (the latest, or with `recursive` an older
+    /// one: the later snapshots are destroyed).
+    pub async fn rollback(self: &Rc<Self>, full_name: &str, recursive: bool) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
+        let record = self.record(volume)?;
+        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
+        let later: Vec<String> = record.snapshots[index + 1..].iter().map(|later| format!("{}/{volume}@{}", self.name, later.name)).collect();
+        if !later.is_empty() && !recursive {
+            return Err(PoolError::InvalidArgument(format!("more recent snapshots exist ({}); use -r to destroy them", later.join(", "))));
+        }
+        // Refuse before changing anything: all or nothing.
+        if let Some(cloned) = record.snapshots[index + 1..].iter().find(|later| !later.clones.is_empty()) {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}/{volume}@{} has dependent clones ({}); destroy or promote them first",
+                self.name,
+                cloned.name,
+                cloned.clones.join(", ")
+            )));
+        }
+        let head = self.volume(volume)?;
+        // No writes while the tree is swapped.
+        let _writers = head.exclusive().await;
+        for name in later.iter().rev() {
+            self.destroy_snapshot_locked(name)?;
+        }
+        let target = self.record(volume)?.snapshots[index].clone();
+        let snapshot_object = self.objects.open(target.object).await?;
+        // Blocks born after the snapshot belong to the volume alone: free them.
+        let mut born_after = Vec::new();
+        self.objects.visit_pointers_born_after(&head.object, target.txg, &mut |pointer| born_after.push(*pointer)).await?;
+        for pointer in &born_after {
+            self.store.free(pointer);
+        }
+        // What the volume let go of since the snapshot is the snapshot's again.
+        head.object.dead.borrow_mut().clear();
+        let dead_list = head.object.dead_list.replace(0);
+        self.drop_dead_list(dead_list)?;
+        let mut dnode = snapshot_object.dnode();
+        dnode.flags &= !DNODE_FLAG_READ_ONLY;
+        let current = head.object.dnode();
+        dnode.creation_txg = current.creation_txg;
+        dnode.prev_snapshot_txg = target.txg;
+        dnode.origin_txg = current.origin_txg;
+        self.objects.reset_tree(&head.object, dnode);
+        self.directory.borrow_mut().volumes.get_mut(volume).expect("checked above").dead_list = 0;
+        self.directory_dirty.set(true);
+        let open = self.txg.open();
+        self.txg.wait_durable(self, open).await
+    }
+
+    /// Makes clone `clone` independent of its origin: the origin snapshot and the
+    /// ones before it move to the clone; the former origin volume becomes a clone.
+    pub async fn promote(self: &Rc<Self>, clone: &str) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let clone_short = clone.strip_prefix(&format!("{}/", self.name)).unwrap_or(clone).to_string();
+        let clone_record = self.record(&clone_short)?;
+        let origin = clone_record.origin.clone().ok_or_else(|| PoolError::InvalidArgument(format!("{clone} is not a clone")))?;
+        let origin_record = self.record(&origin.volume)?;
+        let split = origin_record.snapshots.iter().position(|snapshot| snapshot.name == origin.snapshot).ok_or_else(|| PoolError::Corrupt(format!("origin {}@{} is missing", origin.volume, origin.snapshot)))?;
+        for moving in &origin_record.snapshots[..=split] {
+            if clone_record.snapshots.iter().any(|own| own.name == moving.name) {
+                return Err(PoolError::InvalidArgument(format!("{clone} already has a snapshot named {}; rename it first", moving.name)));
+            }
+        }
+        let origin_head = self.volume(&origin.volume)?;
+        let clone_head = self.volume(&clone_short)?;
+        let origin_txg = origin_record.snapshots[split].txg;
+        let clone_origin_txg = self.origin_txg(&origin_record);
+        {
+            let mut directory = self.directory.borrow_mut();
+            let moved: Vec<SnapshotRecord> = {
+                let origin_record = directory.volumes.get_mut(&origin.volume).expect("checked above");
+                let mut moved: Vec<SnapshotRecord> = origin_record.snapshots.drain(..=split).collect();
+                // The former origin volume now depends on the moved snapshot.
+                if let Some(last) = moved.last_mut() {
+                    last.clones.retain(|name| name != &clone_short);
+                    last.clones.push(origin.volume.clone());
+                }
+                let new_origin = origin_record.origin.take();
+                origin_record.origin = Some(SnapshotName { volume: clone_short.clone(), snapshot: origin.snapshot.clone() });
+                // The clone inherits the origin volume's own origin (if any): that
+                // snapshot now lists the clone among its dependents instead.
+                if let Some(grand) = &new_origin {
+                    if let Some(grand_snapshot) = directory.volumes.get_mut(&grand.volume).and_then(|record| record.snapshots.iter_mut().find(|snapshot| snapshot.name == grand.snapshot)) {
+                        for dependent in grand_snapshot.clones.iter_mut() {
+                            if *dependent == origin.volume {
+                                *dependent = clone_short.clone();
+                            }
+                        }
+                    }
+                }
+                let clone_record = directory.volumes.get_mut(&clone_short).expect("checked above");
+                clone_record.origin = new_origin;
+                let own = std::mem::take(&mut clone_record.snapshots);
+                clone_record.snapshots = moved.clone();
+                clone_record.snapshots.extend(own);
+                moved
+            };
+            // Clones of the moved snapshots now name the clone as their origin.
+            for snapshot in &moved {
+                for dependent in &snapshot.clones {
+                    if dependent == &origin.volume {
+                        continue;
+                    }
+                    if let Some(dependent_record) = directory.volumes.get_mut(dependent) {
+                        if let Some(origin_name) = dependent_record.origin.as_mut() {
+                            origin_name.volume = clone_short.clone();
+                        }
+                    }
+                }
+            }
+        }
+        origin_head.object.dnode.borrow_mut().origin_txg = origin_txg;
+        origin_head.object.dirty.set(true);
+        clone_head.object.dnode.borrow_mut().origin_txg = clone_origin_txg;
+        clone_head.object.dirty.set(true);
+        // Cached snapshot exports keep working: only their names moved.
+        self.snapshot_volumes.borrow_mut().clear();
+        self.directory_dirty.set(true);
+        let open = self.txg.open();
+        self.txg.wait_durable(self, open).await
+    }
+
+    /// Space figures of a volume (walks the blocks born after its latest
+    /// snapshot, and after its origin for a clone).
+    pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
+        let short = volume.strip_prefix(&format!("{}/", self.name)).unwrap_or(volume).to_string();
+        let record = self.record(&short)?;
+        let head = self.volume(&short)?;
+        let dnode = head.object.dnode();
+        let origin_txg = dnode.origin_txg;
+        // Blocks born after the origin (all of them for a volume that is not a
+        // clone, whose figures the dnode keeps) and after the latest snapshot.
+        let threshold = if origin_txg == 0 { dnode.prev_snapshot_txg } else { origin_txg };
+        let mut born_after = Vec::new();
+        self.objects.visit_pointers_born_after(&head.object, threshold, &mut |pointer| born_after.push(*pointer)).await?;
+        let written: u64 = born_after.iter().filter(|pointer| pointer.birth_txg > dnode.prev_snapshot_txg).map(BlockPointer::allocated_bytes).sum();
+        let (own_allocated, own_logical) = if origin_txg == 0 {
+            (dnode.used_bytes, dnode.logical_bytes)
+        } else {
+            (
+                born_after.iter().map(BlockPointer::allocated_bytes).sum(),
+                born_after.iter().filter(|pointer| pointer.level == 0).map(|pointer| pointer.logical_size as u64).sum(),
+            )
+        };
+        let mut dead: Vec<BlockPointer> = head.object.dead.borrow().clone();
+        dead.extend(self.dead_list_entries(record.dead_list)?);
+        for snapshot in &record.snapshots {
+            dead.extend(self.dead_list_entries(snapshot.dead_list)?);
+        }
+        let snapshot_space: u64 = dead.iter().filter(|pointer| pointer.birth_txg > origin_txg).map(BlockPointer::allocated_bytes).sum();
+        let snapshot_logical: u64 = dead.iter().filter(|pointer| pointer.birth_txg > origin_txg && pointer.level == 0).map(|pointer| pointer.logical_size as u64).sum();
+        let compress_ratio = if dnode.physical_bytes == 0 { 1.0 } else { dnode.logical_bytes as f64 / dnode.physical_bytes as f64 };
+        Ok(VolumeSpace {
+            referenced_bytes: dnode.used_bytes,
+            used_bytes: own_allocated + snapshot_space,
+            used_by_dataset_bytes: own_allocated,
+            used_by_snapshots_bytes: snapshot_space,
+            written_bytes: written,
+            logical_used_bytes: own_logical + snapshot_logical,
+            logical_referenced_bytes: dnode.logical_bytes,
+            compress_ratio: (compress_ratio * 100.0).round() / 100.0,
+        })
+    }
+
+    /// A read-only volume for snapshot "POOL/VOL@SNAP" (for reading and export).
+    pub async fn snapshot_volume(self: &Rc<Self>, full_name: &str) -> Result<Rc<Volume>, PoolError> {
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
+        let canonical = format!("{}/{volume}@{snapshot}", self.name);
+        if let Some(existing) = self.snapshot_volumes.borrow().get(&canonical) {
+            return Ok(existing.clone());
+        }
+        let record = self.record(volume)?;
+        let snapshot_record = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(canonical.clone()))?;
+        let object = self.objects.open(snapshot_record.object).await?;
+        let mut view = record.clone();
+        view.properties.insert("readonly".into(), "on".into());
+        let opened = Volume::new(canonical.clone(), object, &view);
+        opened.read_only.set(true);
+        self.snapshot_volumes.borrow_mut().insert(canonical, opened.clone());
+        Ok(opened)
+    }
+}
+
+/// Encodes block pointers back to back.
+fn encode_pointers(pointers: &[BlockPointer]) -> Vec<u8> {
+    let mut bytes = vec![0u8; pointers.len() * BLOCK_POINTER_BYTES];
+    for (index, pointer) in pointers.iter().enumerate() {
+        pointer.encode(&mut bytes[index * BLOCK_POINTER_BYTES..(index + 1) * BLOCK_POINTER_BYTES]);
+    }
+    bytes
+}
+
+/// The txg build's step for datasets: appends each volume's dead blocks to its
+/// dead list, then takes the requested snapshots. Returns whether anything
+/// changed (the build repeats until nothing does).
+pub(crate) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectError> {
+    let mut changed = false;
+    for object in pool.objects.open_objects() {
+        if object.dead.borrow().is_empty() {
+            continue;
+        }
+        let entries = std::mem::take(&mut *object.dead.borrow_mut());
+        append_dead(pool, &object, &entries, txg)?;
+        changed = true;
+    }
+    let requests = std::mem::take(&mut *pool.pending_snapshots.borrow_mut());
+    for request in requests {
+        take_snapshot(pool, &request, txg)?;
+        changed = true;
+    }
+    Ok(changed)
+}
+
+fn append_dead(pool: &Pool, object: &Object, entries: &[BlockPointer], txg: u64) -> Result<(), ObjectError> {
+    let mut list_id = object.dead_list.get();
+    if list_id == 0 {
+        list_id = pool.allocate_object_id();
+        pool.objects.create(list_id, new_dnode(ObjectType::DeadList, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
+        object.dead_list.set(list_id);
+        let mut directory = pool.directory.borrow_mut();
+        if let Some(record) = directory.volumes.values_mut().find(|record| record.object == object.id) {
+            record.dead_list = list_id;
+        }
+        drop(directory);
+        pool.directory_dirty.set(true);
+    }
+    let list = pool.objects.get(list_id).ok_or(ObjectError::NoSuchObject(list_id))?;
+    let end = list.dnode().length_bytes;
+    pool.objects.write_bytes_cached(&list, end, &encode_pointers(entries))
+}
+
+fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(), ObjectError> {
+    let Some(head) = pool.volumes.borrow().get(&request.volume).cloned() else { return Ok(()) };
+    let id = pool.allocate_object_id();
+    let mut dnode = head.object.dnode();
+    dnode.flags |= DNODE_FLAG_READ_ONLY;
+    dnode.creation_txg = txg;
+    pool.objects.create(id, dnode);
+    let dead_list = head.object.dead_list.replace(0);
+    {
+        let mut head_dnode = head.object.dnode.borrow_mut();
+        head_dnode.prev_snapshot_txg = txg;
+    }
+    head.object.dirty.set(true);
+    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0);
+    let mut directory = pool.directory.borrow_mut();
+    if let Some(record) = directory.volumes.get_mut(&request.volume) {
+        record.snapshots.push(SnapshotRecord {
+            name: request.name.clone(),
+            object: id,
+            txg,
+            guid: request.guid,
+            dead_list,
+            created_unix_seconds: created,
+            clones: Vec::new(),
+        });
+        record.dead_list = 0;
+    }
+    drop(directory);
+    pool.directory_dirty.set(true);
+    Ok(())
+}

@@ -1,0 +1,355 @@
+//! Snapshots, clones, rollback and promote on simulated devices, with space
+//! accounting checked against a full walk.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use ironpool::dev::sim::SimDevice;
+use ironpool::dev::Device;
+use ironpool::format::label::TopVdevKind;
+use ironpool::pool::volume::ReadPiece;
+use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
+use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::rt::sim::Rng;
+use ironpool::rt::Runtime;
+
+const DEVICE_BYTES: u64 = 256 << 20;
+const VOLUME_BYTES: u64 = 16 << 20;
+const BLOCK: u64 = 16384;
+
+fn layout(devices: &[Rc<SimDevice>]) -> Vec<NewTopVdev> {
+    vec![NewTopVdev {
+        kind: TopVdevKind::Mirror,
+        devices: devices.iter().enumerate().map(|(index, device)| NewDevice { path: format!("sim:d{index}"), device: device.clone() as Rc<dyn Device> }).collect(),
+    }]
+}
+
+fn tunables() -> PoolTunables {
+    PoolTunables { txg_timeout: Duration::from_millis(50), ..PoolTunables::default() }
+}
+
+fn filled(length: usize, value: u8) -> BufSlice {
+    let mut buffer = AlignedBuf::zeroed(length);
+    buffer.fill(value);
+    BufSlice::whole(buffer.into_shared())
+}
+
+async fn read_all(pool: &Rc<Pool>, name: &str) -> Vec<u8> {
+    let volume = if name.contains('@') { pool.snapshot_volume(name).await.unwrap() } else { pool.volume(name).unwrap() };
+    let mut out = Vec::new();
+    for piece in pool.read(&volume, 0, VOLUME_BYTES).await.unwrap() {
+        match piece {
+            ReadPiece::Data(slice) => out.extend_from_slice(&slice),
+            ReadPiece::Zeros(length) => out.extend(std::iter::repeat_n(0u8, length)),
+        }
+    }
+    out
+}
+
+async fn checked(pool: &Rc<Pool>) {
+    let report = pool.check_space().await.unwrap();
+    assert!(report.problems.is_empty(), "{:#?}", report.problems);
+}
+
+#[test]
+fn snapshots_clones_rollback_and_promote_keep_every_view_and_the_space_exact() {
+    let devices: Vec<Rc<SimDevice>> = (0..2).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, 40 + index)).collect();
+    let runtime = Runtime::new_sim(40);
+    runtime.block_on(async {
+        let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables()).await.unwrap();
+        let volume = pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new()).await.unwrap();
+        pool.write(&volume, 0, filled(4 << 20, 0xaa), false).await.unwrap();
+        pool.snapshot(&["tank/vol@one".to_string()]).await.unwrap();
+        pool.write(&volume, 1 << 20, filled(1 << 20, 0xbb), false).await.unwrap();
+        pool.snapshot(&["tank/vol@two".to_string()]).await.unwrap();
+        pool.write(&volume, 0, filled(512 << 10, 0xcc), false).await.unwrap();
+        pool.zero(&volume, 3 << 20, 1 << 20, false, true).await.unwrap();
+        checked(&pool).await;
+        let one = read_all(&pool, "tank/vol@one").await;
+        let two = read_all(&pool, "tank/vol@two").await;
+        let head = read_all(&pool, "tank/vol").await;
+        assert!(one[..4 << 20].iter().all(|byte| *byte == 0xaa) && one[4 << 20..].iter().all(|byte| *byte == 0));
+        assert!(two[1 << 20..2 << 20].iter().all(|byte| *byte == 0xbb) && two[..1 << 20].iter().all(|byte| *byte == 0xaa));
+        assert!(head[..512 << 10].iter().all(|byte| *byte == 0xcc) && head[3 << 20..4 << 20].iter().all(|byte| *byte == 0));
+        let space = pool.volume_space("tank/vol").await.unwrap();
+        assert_eq!(space.used_bytes, space.used_by_dataset_bytes + space.used_by_snapshots_bytes);
+        assert!(space.used_by_snapshots_bytes > 0);
+        // A clone of @one, written to, then promoted.
+        let clone = pool.clone_snapshot("tank/vol@one", "tank/copy").await.unwrap();
+        pool.write(&clone, 2 << 20, filled(256 << 10, 0xdd), false).await.unwrap();
+        checked(&pool).await;
+        let copy = read_all(&pool, "tank/copy").await;
+        assert!(copy[2 << 20..(2 << 20) + (256 << 10)].iter().all(|byte| *byte == 0xdd) && copy[..2 << 20].iter().all(|byte| *byte == 0xaa));
+        assert!(pool.destroy_snapshot("tank/vol@one").await.is_err(), "a snapshot with clones must not go");
+        pool.promote("tank/copy").await.unwrap();
+        checked(&pool).await;
+        assert_eq!(read_all(&pool, "tank/copy@one").await, one, "the promoted clone owns @one");
+        assert_eq!(read_all(&pool, "tank/vol@two").await, two);
+        assert_eq!(read_all(&pool, "tank/vol").await, head);
+        // Rollback of vol to @two.
+        pool.rollback("tank/vol@two", false).await.unwrap();
+        checked(&pool).await;
+        assert_eq!(read_all(&pool, "tank/vol").await, two);
+        // Destroy everything; all space comes back.
+        pool.destroy_snapshot("tank/vol@two").await.unwrap();
+        checked(&pool).await;
+        pool.destroy_volume("tank/vol", false).await.unwrap();
+        checked(&pool).await;
+        pool.destroy_volume("tank/copy", true).await.unwrap();
+        checked(&pool).await;
+        pool.export().await.unwrap();
+    });
+    // Everything above survives an import.
+    let runtime = Runtime::new_sim(41);
+    runtime.block_on(async {
+        let pool = Pool::import_from_devices("tank", devices.iter().enumerate().map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>)).collect(), tunables()).await.unwrap();
+        assert!(pool.volumes.borrow().is_empty());
+        checked(&pool).await;
+        pool.export().await.unwrap();
+    });
+}
+
+/// The model of what every dataset must contain.
+#[derive(Default)]
+struct Model {
+    /// volume -> content
+    volumes: BTreeMap<String, Vec<u8>>,
+    /// volume -> snapshots in order (name, content)
+    snapshots: BTreeMap<String, Vec<(String, Vec<u8>)>>,
+    /// volume -> origin "vol@snap"
+    origins: BTreeMap<String, String>,
+    next_name: u64,
+}
+
+impl Model {
+    fn has_clones(&self, volume: &str, snapshot: &str) -> bool {
+        let full = format!("{volume}@{snapshot}");
+        self.origins.values().any(|origin| *origin == full)
+    }
+}
+
+/// The space figures a full walk of every tree gives, for one volume.
+async fn walked_space(pool: &Rc<Pool>, volume: &str) -> (u64, u64, u64, u64, Vec<(String, u64, u64)>) {
+    use std::collections::HashMap;
+    use ironpool::format::BlockPointer;
+    async fn tree(pool: &Rc<Pool>, object: &ironpool::object::Object) -> HashMap<(u32, u64), BlockPointer> {
+        let mut pointers = HashMap::new();
+        pool.objects.visit_pointers(object, &mut |_, _, pointer| {
+            pointers.insert((pointer.dvas[0].vdev, pointer.dvas[0].offset), *pointer);
+        }).await.unwrap();
+        pointers
+    }
+    let record = pool.directory.borrow().volumes[volume].clone();
+    let head = pool.volume(volume).unwrap();
+    let origin_txg = head.object.dnode().origin_txg;
+    let head_tree = tree(pool, &head.object).await;
+    let mut snapshot_trees = Vec::new();
+    for snapshot in &record.snapshots {
+        let object = pool.objects.open(snapshot.object).await.unwrap();
+        snapshot_trees.push((snapshot.name.clone(), snapshot.txg, tree(pool, &object).await, object.dnode().used_bytes));
+    }
+    let referenced: u64 = head_tree.values().map(BlockPointer::allocated_bytes).sum();
+    let by_dataset: u64 = head_tree.values().filter(|pointer| pointer.birth_txg > origin_txg).map(BlockPointer::allocated_bytes).sum();
+    let mut only_snapshots: HashMap<(u32, u64), BlockPointer> = HashMap::new();
+    for (_, _, snapshot_tree, _) in &snapshot_trees {
+        for (key, pointer) in snapshot_tree {
+            if !head_tree.contains_key(key) && pointer.birth_txg > origin_txg {
+                only_snapshots.insert(*key, *pointer);
+            }
+        }
+    }
+    let by_snapshots: u64 = only_snapshots.values().map(BlockPointer::allocated_bytes).sum();
+    let latest = record.snapshots.last().map(|snapshot| snapshot.txg).unwrap_or(origin_txg);
+    let written: u64 = head_tree.values().filter(|pointer| pointer.birth_txg > latest).map(BlockPointer::allocated_bytes).sum();
+    let mut per_snapshot = Vec::new();
+    for (index, (name, _, snapshot_tree, referenced)) in snapshot_trees.iter().enumerate() {
+        let previous = if index == 0 { origin_txg } else { snapshot_trees[index - 1].1 };
+        let next = snapshot_trees.get(index + 1).map(|next| &next.2).unwrap_or(&head_tree);
+        let unique: u64 = snapshot_tree.iter().filter(|(key, pointer)| pointer.birth_txg > previous && !next.contains_key(*key)).map(|(_, pointer)| pointer.allocated_bytes()).sum();
+        per_snapshot.push((name.clone(), unique, *referenced));
+    }
+    (referenced, by_dataset, by_snapshots, written, per_snapshot)
+}
+
+async fn verify(pool: &Rc<Pool>, model: &Model, rng: &mut Rng, step: usize, seed: u64) {
+    for (volume, content) in &model.volumes {
+        let name = format!("tank/{volume}");
+        assert_eq!(&read_all(pool, &name).await, content, "seed {seed} step {step}: {name} content");
+        for (snapshot, snapshot_content) in &model.snapshots[volume] {
+            if rng.chance(1, 3) {
+                assert_eq!(&read_all(pool, &format!("{name}@{snapshot}")).await, snapshot_content, "seed {seed} step {step}: {name}@{snapshot} content");
+            }
+        }
+        let (referenced, by_dataset, by_snapshots, written, per_snapshot) = walked_space(pool, volume).await;
+        let space = pool.volume_space(&name).await.unwrap();
+        assert_eq!(space.referenced_bytes, referenced, "seed {seed} step {step}: {name} referenced");
+        assert_eq!(space.used_by_dataset_bytes, by_dataset, "seed {seed} step {step}: {name} usedbydataset");
+        assert_eq!(space.used_by_snapshots_bytes, by_snapshots, "seed {seed} step {step}: {name} usedbysnapshots");
+        assert_eq!(space.used_bytes, by_dataset + by_snapshots, "seed {seed} step {step}: {name} used");
+        assert_eq!(space.written_bytes, written, "seed {seed} step {step}: {name} written");
+        let listed = pool.snapshots(&name).await.unwrap();
+        assert_eq!(listed.len(), per_snapshot.len());
+        for (info, (snapshot, unique, snapshot_referenced)) in listed.iter().zip(per_snapshot) {
+            assert_eq!(info.name, format!("{name}@{snapshot}"));
+            assert_eq!(info.used_bytes, unique, "seed {seed} step {step}: {} used", info.name);
+            assert_eq!(info.referenced_bytes, snapshot_referenced, "seed {seed} step {step}: {} referenced", info.name);
+        }
+    }
+    let report = pool.check_space().await.unwrap();
+    assert!(report.problems.is_empty(), "seed {seed} step {step}: {:#?}", report.problems);
+}
+
+fn random_volume(model: &Model, rng: &mut Rng) -> Option<String> {
+    let names: Vec<&String> = model.volumes.keys().collect();
+    (!names.is_empty()).then(|| names[rng.below(names.len() as u64) as usize].clone())
+}
+
+async fn model_run(seed: u64, steps: usize) {
+    let mut rng = Rng::new(seed);
+    let devices: Vec<Rc<SimDevice>> = (0..2).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 10 + index)).collect();
+    let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables()).await.unwrap();
+    let mut model = Model::default();
+    pool.create_volume("tank/v0", VOLUME_BYTES, BLOCK as u32, BTreeMap::new()).await.unwrap();
+    model.volumes.insert("v0".into(), vec![0u8; VOLUME_BYTES as usize]);
+    model.snapshots.insert("v0".into(), Vec::new());
+    for step in 0..steps {
+        let Some(volume) = random_volume(&model, &mut rng) else { break };
+        let name = format!("tank/{volume}");
+        let choice = rng.below(100);
+        if std::env::var_os("IRONPOOL_MODEL_TRACE").is_some() {
+            eprintln!("seed {seed} step {step}: op {choice} on {volume}; snapshots {:?}; origins {:?}", model.snapshots.iter().map(|(volume, snapshots)| (volume.clone(), snapshots.iter().map(|(name, _)| name.clone()).collect::<Vec<_>>())).collect::<Vec<_>>(), model.origins);
+        }
+        match choice {
+            0..=44 => {
+                let offset = rng.below(VOLUME_BYTES / 512) * 512;
+                let length = (1 + rng.below(64)) * 4096;
+                let length = length.min(VOLUME_BYTES - offset);
+                let value = rng.below(255) as u8 + 1;
+                let handle = pool.volume(&name).unwrap();
+                if rng.chance(1, 6) {
+                    pool.zero(&handle, offset, length, false, rng.chance(1, 2)).await.unwrap();
+                    model.volumes.get_mut(&volume).unwrap()[offset as usize..(offset + length) as usize].fill(0);
+                } else {
+                    pool.write(&handle, offset, filled(length as usize, value), false).await.unwrap();
+                    model.volumes.get_mut(&volume).unwrap()[offset as usize..(offset + length) as usize].fill(value);
+                }
+            }
+            45..=59 => {
+                model.next_name += 1;
+                let snapshot = format!("s{}", model.next_name);
+                pool.snapshot(&[format!("{name}@{snapshot}")]).await.unwrap();
+                let content = model.volumes[&volume].clone();
+                model.snapshots.get_mut(&volume).unwrap().push((snapshot, content));
+            }
+            60..=69 => {
+                let snapshots = model.snapshots[&volume].clone();
+                if snapshots.is_empty() {
+                    continue;
+                }
+                let index = rng.below(snapshots.len() as u64) as usize;
+                let snapshot = &snapshots[index].0;
+                let result = pool.destroy_snapshot(&format!("{name}@{snapshot}")).await;
+                if model.has_clones(&volume, snapshot) {
+                    assert!(result.is_err(), "seed {seed} step {step}: destroyed a snapshot with clones");
+                } else {
+                    result.unwrap();
+                    model.snapshots.get_mut(&volume).unwrap().remove(index);
+                }
+            }
+            70..=77 => {
+                let snapshots = model.snapshots[&volume].clone();
+                if snapshots.is_empty() || model.volumes.len() >= 4 {
+                    continue;
+                }
+                let (snapshot, content) = snapshots[rng.below(snapshots.len() as u64) as usize].clone();
+                model.next_name += 1;
+                let clone = format!("c{}", model.next_name);
+                pool.clone_snapshot(&format!("{name}@{snapshot}"), &format!("tank/{clone}")).await.unwrap();
+                model.volumes.insert(clone.clone(), content);
+                model.snapshots.insert(clone.clone(), Vec::new());
+                model.origins.insert(clone, format!("{volume}@{snapshot}"));
+            }
+            78..=85 => {
+                let snapshots = model.snapshots[&volume].clone();
+                if snapshots.is_empty() {
+                    continue;
+                }
+                let index = rng.below(snapshots.len() as u64) as usize;
+                let later_have_clones = snapshots[index + 1..].iter().any(|(later, _)| model.has_clones(&volume, later));
+                let result = pool.rollback(&format!("{name}@{}", snapshots[index].0), true).await;
+                if later_have_clones {
+                    assert!(result.is_err(), "seed {seed} step {step}: rollback destroyed snapshots with clones");
+                } else {
+                    result.unwrap();
+                    model.snapshots.get_mut(&volume).unwrap().truncate(index + 1);
+                    model.volumes.insert(volume.clone(), snapshots[index].1.clone());
+                }
+            }
+            86..=92 => {
+                let Some(origin) = model.origins.get(&volume).cloned() else { continue };
+                pool.promote(&name).await.unwrap();
+                let (origin_volume, origin_snapshot) = origin.split_once('@').unwrap();
+                let origin_snapshots = model.snapshots.get_mut(origin_volume).unwrap();
+                let split = origin_snapshots.iter().position(|(snapshot, _)| snapshot == origin_snapshot).unwrap();
+                let moved: Vec<(String, Vec<u8>)> = origin_snapshots.drain(..=split).collect();
+                let grand_origin = model.origins.remove(origin_volume);
+                // Clones of moved snapshots now hang off the promoted volume.
+                for (moved_name, _) in &moved {
+                    let old = format!("{origin_volume}@{moved_name}");
+                    for value in model.origins.values_mut() {
+                        if *value == old {
+                            *value = format!("{volume}@{moved_name}");
+                        }
+                    }
+                }
+                model.origins.remove(&volume);
+                if let Some(grand) = grand_origin {
+                    model.origins.insert(volume.clone(), grand);
+                }
+                model.origins.insert(origin_volume.to_string(), format!("{volume}@{origin_snapshot}"));
+                let own = std::mem::take(model.snapshots.get_mut(&volume).unwrap());
+                let target = model.snapshots.get_mut(&volume).unwrap();
+                target.extend(moved);
+                target.extend(own);
+            }
+            _ => {
+                if model.volumes.len() <= 1 {
+                    continue;
+                }
+                let blocked = model.snapshots[&volume].iter().any(|(snapshot, _)| model.has_clones(&volume, snapshot));
+                let result = pool.destroy_volume(&name, true).await;
+                if blocked {
+                    assert!(result.is_err(), "seed {seed} step {step}: destroyed a volume whose snapshots have clones");
+                } else {
+                    result.unwrap();
+                    model.volumes.remove(&volume);
+                    model.snapshots.remove(&volume);
+                    model.origins.remove(&volume);
+                }
+            }
+        }
+        verify(&pool, &model, &mut rng, step, seed).await;
+    }
+    pool.scrub_start().unwrap();
+    pool.scrub_wait().await;
+    let scrub = pool.scrub_status();
+    assert_eq!(scrub.errors + scrub.bad_copies, 0, "seed {seed}: {:?}", scrub.error_details);
+    pool.export().await.unwrap();
+    // And after an import.
+    let runtime_devices: Vec<(String, Rc<dyn Device>)> = devices.iter().enumerate().map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>)).collect();
+    let pool = Pool::import_from_devices("tank", runtime_devices, tunables()).await.unwrap();
+    verify(&pool, &model, &mut rng, steps, seed).await;
+    pool.export().await.unwrap();
+}
+
+#[test]
+fn random_dataset_operations_match_a_model_in_content_and_space() {
+    let seeds: u64 = std::env::var("IRONPOOL_MODEL_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(4);
+    let first: u64 = std::env::var("IRONPOOL_MODEL_FIRST_SEED").ok().and_then(|value| value.parse().ok()).unwrap_or(1);
+    for seed in first..first + seeds {
+        eprintln!("model seed {seed}");
+        let runtime = Runtime::new_sim(seed);
+        runtime.block_on(model_run(seed, 60));
+    }
+}

@@ -1,0 +1,354 @@
+//! Writes the seed corpora under `fuzz/corpus/<target>/`: valid encodings of
+//! each structure, made with the engine's own encoders, so the fuzzer starts
+//! from inputs that pass every check and mutates from there.
+//!
+//! Run from anywhere (deterministic: rerunning rewrites the same files):
+//!     cargo run --manifest-path fuzz/Cargo.toml --example seeds
+//! Every seed is also run through its target's check before it is written.
+
+use std::path::{Path, PathBuf};
+
+use ironpool::format::bp::{BlockPointer, Compression, Dva, BLOCK_POINTER_BYTES};
+use ironpool::format::checksum::ChecksumAlgo;
+use ironpool::format::dnode::{Dnode, ObjectType, DNODE_BYTES};
+use ironpool::format::label::{Label, LeafConfig, PoolConfig, PoolState, TopVdevConfig, TopVdevKind};
+use ironpool::format::spacemap::{encode_records, Record};
+use ironpool::format::uberblock::Uberblock;
+use ironpool::format::FORMAT_VERSION;
+use ironpool::nbd::proto::*;
+use ironpool::pool::directory::Directory;
+use ironpool_fuzz::nbd_handshake::{encode_info_request, encode_meta_context_request, encode_option};
+use ironpool_fuzz::nbd_request::encode_request;
+
+fn main() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("corpus");
+    let mut writer = SeedWriter { root, written_count: 0, written_bytes: 0 };
+    nbd_handshake_seeds(&mut writer);
+    nbd_request_seeds(&mut writer);
+    label_seeds(&mut writer);
+    uberblock_seeds(&mut writer);
+    block_pointer_seeds(&mut writer);
+    tree_node_seeds(&mut writer);
+    dnode_seeds(&mut writer);
+    spacemap_seeds(&mut writer);
+    directory_seeds(&mut writer);
+    println!("wrote {} seeds, {} bytes, under {}", writer.written_count, writer.written_bytes, writer.root.display());
+}
+
+struct SeedWriter {
+    root: PathBuf,
+    written_count: usize,
+    written_bytes: usize,
+}
+
+impl SeedWriter {
+    /// Checks that `data` is accepted, runs `target`'s check on it, then writes
+    /// it as `corpus/<target>/<name>`.
+    fn write(&mut self, target: &str, name: &str, data: &[u8]) {
+        assert!(accepted(target, data), "seed {target}/{name} is refused by its decoder");
+        let (_, check) = ironpool_fuzz::TARGETS.iter().find(|(known, _)| *known == target).expect("a known target");
+        check(data);
+        let folder = self.root.join(target);
+        std::fs::create_dir_all(&folder).expect("corpus folder");
+        std::fs::write(folder.join(name), data).expect("seed written");
+        self.written_count += 1;
+        self.written_bytes += data.len();
+    }
+}
+
+/// Whether the decoder behind `target` accepts `data` whole (a seed that is
+/// refused would start the fuzzer at the first check instead of past all).
+fn accepted(target: &str, data: &[u8]) -> bool {
+    use ironpool::format::bp::BlockPointer;
+    match target {
+        "nbd_handshake" => parse_client_flags(data[..4].try_into().expect("4 bytes")).is_ok() && options_parse(&data[4..]),
+        "nbd_request" => parse_request(data[..REQUEST_HEADER_BYTES].try_into().expect("a header")).is_ok(),
+        "label" => Label::decode(data).is_ok(),
+        "uberblock" => Uberblock::decode(data).is_ok(),
+        "block_pointer" => BlockPointer::decode(data).is_ok(),
+        "tree_node" => data[1..].chunks(BLOCK_POINTER_BYTES).all(|chunk| BlockPointer::decode(chunk).is_ok()),
+        "dnode" => Dnode::decode(data).is_ok(),
+        "spacemap" => ironpool::format::spacemap::decode_records(data).is_ok(),
+        "directory" => Directory::decode(data).is_ok(),
+        _ => panic!("unknown target {target}"),
+    }
+}
+
+/// Whether every option in `stream` has a sound header and, for the options
+/// with structured data, data that parses.
+fn options_parse(mut stream: &[u8]) -> bool {
+    while !stream.is_empty() {
+        let Ok(header) = parse_option_header(stream[..OPTION_HEADER_BYTES].try_into().expect("a header")) else { return false };
+        let data = &stream[OPTION_HEADER_BYTES..OPTION_HEADER_BYTES + header.length as usize];
+        let parsed = match header.option {
+            OPT_INFO | OPT_GO => parse_info_request(data).is_ok(),
+            OPT_LIST_META_CONTEXT | OPT_SET_META_CONTEXT => parse_meta_context_request(data).is_ok(),
+            _ => true,
+        };
+        if !parsed {
+            return false;
+        }
+        stream = &stream[OPTION_HEADER_BYTES + data.len()..];
+    }
+    true
+}
+
+// ---- NBD ----
+
+fn client_flags() -> Vec<u8> {
+    (CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES).to_be_bytes().to_vec()
+}
+
+fn nbd_handshake_seeds(writer: &mut SeedWriter) {
+    let info = encode_info_request(&InfoRequest { name: "vol".into(), requests: vec![INFO_EXPORT, INFO_NAME, INFO_BLOCK_SIZE] });
+    let default_export = encode_info_request(&InfoRequest { name: String::new(), requests: vec![] });
+    let list_contexts = encode_meta_context_request(&MetaContextRequest { export: "vol".into(), queries: vec![] });
+    let set_context =
+        encode_meta_context_request(&MetaContextRequest { export: "vol".into(), queries: vec![CONTEXT_BASE_ALLOCATION.into(), "base:".into()] });
+    let sessions: [(&str, Vec<Vec<u8>>); 6] = [
+        (
+            "go-structured-block-status",
+            vec![encode_option(OPT_STRUCTURED_REPLY, &[]), encode_option(OPT_SET_META_CONTEXT, &set_context), encode_option(OPT_GO, &info)],
+        ),
+        ("info-then-go-default-export", vec![encode_option(OPT_INFO, &info), encode_option(OPT_GO, &default_export)]),
+        ("list-meta-contexts", vec![encode_option(OPT_LIST_META_CONTEXT, &list_contexts), encode_option(OPT_ABORT, &[])]),
+        ("list-exports-unknown-option", vec![encode_option(OPT_LIST, &[]), encode_option(OPT_STARTTLS, &[]), encode_option(99, b"x")]),
+        ("export-name", vec![encode_option(OPT_EXPORT_NAME, b"vol")]),
+        ("flags-only", vec![]),
+    ];
+    for (name, options) in sessions {
+        let mut stream = client_flags();
+        options.iter().for_each(|option| stream.extend_from_slice(option));
+        writer.write("nbd_handshake", name, &stream);
+    }
+}
+
+fn request(command: u16, flags: u16, offset: u64, length: u32) -> Vec<u8> {
+    encode_request(&Request { flags, command, cookie: 0x1000 + command as u64, offset, length }).to_vec()
+}
+
+fn nbd_request_seeds(writer: &mut SeedWriter) {
+    let mut write = request(CMD_WRITE, CMD_FLAG_FUA, 4096, 512);
+    write.extend_from_slice(&[0xa5; 512]);
+    let mixed = [
+        request(CMD_READ, 0, 0, 4096),
+        write.clone(),
+        request(CMD_FLUSH, 0, 0, 0),
+        request(CMD_TRIM, 0, 8192, 65536),
+        request(CMD_WRITE_ZEROES, CMD_FLAG_NO_HOLE, 1 << 20, 1 << 16),
+        request(CMD_BLOCK_STATUS, CMD_FLAG_REQ_ONE, 0, u32::MAX),
+        request(CMD_CACHE, 0, 0, 4096),
+        request(CMD_READ, CMD_FLAG_DF, u64::MAX - 511, 512),
+        request(CMD_DISC, 0, 0, 0),
+    ]
+    .concat();
+    writer.write("nbd_request", "mixed-session", &mixed);
+    writer.write("nbd_request", "write-with-payload", &write);
+    writer.write("nbd_request", "read-past-payload-max", &request(CMD_READ, 0, 0, PAYLOAD_BYTES_MAX + 1));
+    writer.write("nbd_request", "unknown-command", &request(42, 0xffff, 7, 7));
+}
+
+// ---- labels and uberblocks ----
+
+fn leaf(guid: u64, path: &str) -> LeafConfig {
+    LeafConfig { guid, path: path.into(), device_size_bytes: 2 << 30 }
+}
+
+fn top(id: u32, guid: u64, kind: TopVdevKind, ashift: u8, children: Vec<LeafConfig>) -> TopVdevConfig {
+    TopVdevConfig { id, guid, kind, ashift, asize_bytes: 120 << 24, metaslab_shift: 24, children }
+}
+
+fn pool_config(name: &str, state: PoolState, vdevs: Vec<TopVdevConfig>) -> PoolConfig {
+    PoolConfig { name: name.into(), pool_guid: 0x7a11_0001, version: FORMAT_VERSION, config_txg: 5, state, hostname: "host".into(), vdevs }
+}
+
+/// A label's config area cut after its config document (decode reads no further).
+fn label_bytes(config: PoolConfig, leaf_guid: u64) -> Vec<u8> {
+    let label = Label { pool_guid: config.pool_guid, leaf_guid, config_txg: config.config_txg, config };
+    let mut bytes = label.encode().expect("sample label encodes");
+    let document_bytes = u32::from_le_bytes(bytes[12..16].try_into().expect("4 bytes")) as usize;
+    bytes.truncate(64 + document_bytes);
+    bytes
+}
+
+fn label_seeds(writer: &mut SeedWriter) {
+    let disk = pool_config("tank", PoolState::Active, vec![top(0, 5, TopVdevKind::Disk, 12, vec![leaf(10, "/dev/a")])]);
+    writer.write("label", "single-disk", &label_bytes(disk, 10));
+    let mirror = top(0, 5, TopVdevKind::Mirror, 9, vec![leaf(10, "/a"), leaf(11, "/b"), leaf(12, "/c")]);
+    writer.write("label", "three-way-mirror-exported", &label_bytes(pool_config("backup", PoolState::Exported, vec![mirror]), 12));
+    let striped = vec![
+        top(0, 5, TopVdevKind::Mirror, 12, vec![leaf(10, "/a"), leaf(11, "/b")]),
+        top(1, 6, TopVdevKind::Disk, 16, vec![leaf(20, "/c \"quoted\" \u{e9}")]),
+    ];
+    writer.write("label", "mirror-and-disk", &label_bytes(pool_config("t.a-n_k", PoolState::Active, striped), 20));
+}
+
+fn hole_root(object_type: ObjectType, birth_txg: u64) -> BlockPointer {
+    BlockPointer::hole(0, object_type, birth_txg)
+}
+
+fn uberblock_seeds(writer: &mut SeedWriter) {
+    let empty_table = Dnode {
+        object_type: ObjectType::DnodeTable,
+        levels: 1,
+        data_block_shift: 14,
+        indirect_block_shift: 15,
+        root: hole_root(ObjectType::DnodeTable, 0),
+        ..Dnode::default()
+    };
+    let first =
+        Uberblock { txg: 1, pool_guid: 0x7a11_0001, guid_sum: 10, timestamp_ns: 1_700_000_000_000_000_000, config_txg: 1, dnode_table: empty_table };
+    writer.write("uberblock", "first-txg", &first.encode());
+    let table = Dnode {
+        levels: 2,
+        used_bytes: 3 * 16384,
+        logical_bytes: 16384,
+        creation_txg: 1,
+        root: pointer(1, ObjectType::DnodeTable, ChecksumAlgo::Blake3, 2),
+        ..empty_table
+    };
+    let later = Uberblock { txg: 9_000_001, guid_sum: 21, config_txg: 4, dnode_table: table, ..first };
+    writer.write("uberblock", "two-level-dnode-table", &later.encode());
+}
+
+// ---- block pointers, tree nodes, dnodes ----
+
+/// A sound pointer at `level` with `copies` DVAs of 16 KiB.
+fn pointer(level: u8, object_type: ObjectType, checksum_algo: ChecksumAlgo, copies: usize) -> BlockPointer {
+    let mut dvas = [Dva::default(); 3];
+    for (index, dva) in dvas.iter_mut().take(copies).enumerate() {
+        *dva = Dva { vdev: index as u32, asize: 16384, offset: (1 << 30) + index as u64 * (1 << 20) };
+    }
+    BlockPointer {
+        dvas,
+        birth_txg: 42,
+        logical_size: 16384,
+        physical_size: 16384,
+        level,
+        object_type,
+        checksum_algo,
+        compression: Compression::Off,
+        fill: if level == 0 { 1 } else { 32 },
+        checksum: checksum_algo.compute(&[level, copies as u8]),
+    }
+}
+
+fn encode_pointer(pointer: &BlockPointer) -> [u8; BLOCK_POINTER_BYTES] {
+    let mut bytes = [0u8; BLOCK_POINTER_BYTES];
+    pointer.encode(&mut bytes);
+    bytes
+}
+
+fn block_pointer_seeds(writer: &mut SeedWriter) {
+    writer.write("block_pointer", "data-xxh3-two-copies", &encode_pointer(&pointer(0, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 2)));
+    writer.write("block_pointer", "indirect-blake3-three-copies", &encode_pointer(&pointer(3, ObjectType::Directory, ChecksumAlgo::Blake3, 3)));
+    let compressed =
+        BlockPointer { physical_size: 4096, compression: Compression::Lz4, ..pointer(0, ObjectType::SpaceMap, ChecksumAlgo::Fletcher4, 1) };
+    writer.write("block_pointer", "data-lz4-fletcher4", &encode_pointer(&compressed));
+    writer.write("block_pointer", "hole-born-txg-9", &encode_pointer(&BlockPointer::hole(2, ObjectType::VolumeData, 9)));
+}
+
+fn tree_node_seeds(writer: &mut SeedWriter) {
+    // Byte 0 is the level (1 + byte % LEVEL_MAX); the rest starts the node,
+    // and the node's tail (not written) is holes.
+    let mut level_one = vec![0u8];
+    level_one.extend_from_slice(&encode_pointer(&pointer(0, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 1)));
+    level_one.extend_from_slice(&encode_pointer(&BlockPointer::hole(0, ObjectType::VolumeData, 7)));
+    level_one.extend_from_slice(&encode_pointer(&pointer(0, ObjectType::VolumeData, ChecksumAlgo::Blake3, 2)));
+    writer.write("tree_node", "level-1-data-pointers", &level_one);
+    let mut level_three = vec![2u8];
+    level_three.extend_from_slice(&encode_pointer(&BlockPointer::hole(2, ObjectType::DnodeTable, 0)));
+    level_three.extend_from_slice(&encode_pointer(&pointer(2, ObjectType::DnodeTable, ChecksumAlgo::Xxh3, 2)));
+    writer.write("tree_node", "level-3-indirect-pointers", &level_three);
+}
+
+fn encode_dnode(dnode: &Dnode) -> [u8; DNODE_BYTES] {
+    let mut bytes = [0u8; DNODE_BYTES];
+    dnode.encode(&mut bytes);
+    bytes
+}
+
+fn dnode_seeds(writer: &mut SeedWriter) {
+    let volume = Dnode {
+        object_type: ObjectType::VolumeData,
+        levels: 3,
+        data_block_shift: 14,
+        indirect_block_shift: 15,
+        checksum_algo: ChecksumAlgo::Xxh3,
+        compression: Compression::Lz4,
+        length_bytes: 1 << 31,
+        used_bytes: 12345 * 512,
+        creation_txg: 4,
+        logical_bytes: 1 << 20,
+        root: pointer(2, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 2),
+        ..Dnode::default()
+    };
+    writer.write("dnode", "volume-three-levels", &encode_dnode(&volume));
+    let snapshot = Dnode { flags: 1, levels: 1, data_block_shift: 9, indirect_block_shift: 17, root: hole_root(ObjectType::VolumeData, 3), ..volume };
+    writer.write("dnode", "read-only-one-level", &encode_dnode(&snapshot));
+    let space_map = Dnode {
+        object_type: ObjectType::SpaceMap,
+        levels: 1,
+        checksum_algo: ChecksumAlgo::Fletcher4,
+        compression: Compression::Off,
+        root: pointer(0, ObjectType::SpaceMap, ChecksumAlgo::Fletcher4, 2),
+        ..volume
+    };
+    writer.write("dnode", "space-map", &encode_dnode(&space_map));
+    writer.write("dnode", "free-slot", &encode_dnode(&Dnode::default()));
+}
+
+// ---- space maps and the directory ----
+
+fn spacemap_seeds(writer: &mut SeedWriter) {
+    let checkpoint = [
+        Record::Txg(5),
+        Record::Allocate { offset: 0, length: 1 << 20 },
+        Record::Allocate { offset: 4 << 20, length: 16384 },
+        Record::Free { offset: 8192, length: 4096 },
+    ];
+    writer.write("spacemap", "metaslab-checkpoint", &encode_records(&checkpoint));
+    let log = [
+        Record::Txg(6),
+        Record::Vdev(0),
+        Record::Allocate { offset: 1 << 30, length: 512 },
+        Record::Vdev(u32::MAX),
+        Record::Free { offset: (1 << 56) - 513, length: 512 },
+        Record::Txg(u64::MAX),
+    ];
+    writer.write("spacemap", "space-log", &encode_records(&log));
+}
+
+/// Directory documents are written as JSON text, then decoded and re-encoded
+/// by the crate, so the seeds are exactly what the engine writes (fields added
+/// later with `#[serde(default)]` keep these valid).
+fn directory_seeds(writer: &mut SeedWriter) {
+    let documents = [
+        ("new-pool", r#"{"version":1,"metaslab_arrays":[2],"volumes":{}}"#),
+        (
+            "volumes-scrub-logs",
+            r#"{"version":1,"metaslab_arrays":[2,3],
+               "volumes":{"vol":{"object":9,"size_bytes":1073741824,"block_bytes":16384,"created_txg":3,
+                                 "properties":{"org:owner":"ops \"team\" \u00e9"}},
+                          "vol2":{"object":10,"size_bytes":4096,"block_bytes":512,"created_txg":8}},
+               "properties":{"compression":"lz4"},
+               "last_scrub":{"started_unix_seconds":1700000000,"finished_unix_seconds":1700000100,
+                             "examined_bytes":1073741824,"repaired_bytes":4096,"errors":1,"completed":true},
+               "space_logs":[{"object":11,"first_txg":5},{"object":12,"first_txg":9}]}"#,
+        ),
+        (
+            "snapshots-clone-receive",
+            r#"{"version":1,"metaslab_arrays":[2],
+               "volumes":{"vol":{"object":9,"size_bytes":1073741824,"block_bytes":16384,"created_txg":3,"guid":77,"dead_list":13,
+                                 "snapshots":[{"name":"monday","object":14,"txg":20,"guid":78,"dead_list":0,"created_unix_seconds":1700000000,"clones":["copy"]}]},
+                          "copy":{"object":15,"size_bytes":1073741824,"block_bytes":16384,"created_txg":21,"guid":79,
+                                  "origin":{"volume":"vol","snapshot":"monday"}},
+                          "incoming":{"object":16,"size_bytes":4096,"block_bytes":4096,"created_txg":22,
+                                      "receive":{"target":"vol","to_guid":80,"to_name":"tuesday","from_guid":78,"offset_bytes":65536}}}}"#,
+        ),
+    ];
+    for (name, document) in documents {
+        let directory = Directory::decode(document.as_bytes()).unwrap_or_else(|error| panic!("seed {name}: {error}"));
+        writer.write("directory", name, &directory.encode());
+    }
+}

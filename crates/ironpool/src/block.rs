@@ -231,7 +231,8 @@ impl BlockStore {
                         self.spawn_repair(bad_top, None, bad.offset, BufSlice::whole(data.clone()));
                     }
                     let mut data = Rc::try_unwrap(data).unwrap_or_else(|shared| AlignedBuf::copy_from(&shared));
-                    data.truncate(bp.logical_size as usize);
+                    // The physical bytes: the logical block, or its compressed form.
+                    data.truncate(physical);
                     return Ok(data);
                 }
                 Err(error) => {

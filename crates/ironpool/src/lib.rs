@@ -15,6 +15,7 @@ pub mod format;
 pub mod rt;
 pub mod alloc;
 pub mod block;
+pub mod compress;
 pub mod dev;
 pub mod object;
 pub mod pool;

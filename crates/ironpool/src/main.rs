@@ -117,6 +117,57 @@ enum Command {
         dirs: Vec<PathBuf>,
         name: String,
     },
+    /// Show properties: `get [PROP[,PROP...]|all] NAME` (NAME: POOL, POOL/VOL or POOL/VOL@SNAP).
+    Get {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// Comma-separated properties, or `all`.
+        properties: String,
+        name: String,
+    },
+    /// Set properties: `set PROP=VALUE... NAME` (compression, checksum, sync, readonly, volsize, module:key).
+    Set {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        #[arg(required = true, num_args = 1..)]
+        assignments: Vec<String>,
+        /// POOL (volumes inherit it) or POOL/VOL; given last.
+        name: String,
+    },
+    /// Remove a volume's (or the pool's) own setting so that it is inherited again.
+    Inherit {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        property: String,
+        name: String,
+    },
+    /// Write a snapshot as a stream to stdout: `send [-i @EARLIER] POOL/VOL@SNAP`, or `send -t TOKEN`.
+    Send {
+        /// Incremental from this earlier snapshot (@SNAP, or the origin of a clone).
+        #[arg(short = 'i')]
+        from: Option<String>,
+        /// Resume an interrupted stream with the receiver's resume token.
+        #[arg(short = 't')]
+        token: Option<String>,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        snapshot: Option<String>,
+    },
+    /// Apply a stream from stdin to POOL/VOL: a full stream creates it, an incremental one updates it.
+    Receive {
+        /// Roll the volume back to the stream's source snapshot first (destroying later changes and snapshots).
+        #[arg(short = 'F')]
+        force: bool,
+        /// Keep a partial receive if the stream breaks, so it can be resumed (see `send -t`).
+        #[arg(short = 's')]
+        save_partial: bool,
+        /// Discard an interrupted receive into POOL/VOL.
+        #[arg(short = 'A')]
+        abort: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        target: String,
+    },
     /// Verify every copy of every block and repair bad ones.
     Scrub {
         /// Wait until the scrub ends, showing progress.
@@ -172,7 +223,7 @@ enum VolumeCommand {
     Create {
         name: String,
         size: String,
-        /// Properties: volblocksize=SIZE, checksum=xxh3|fletcher4|blake3, org:key=value.
+        /// Properties: volblocksize=SIZE, compression=off|lz4|zstd[-N], checksum=xxh3|blake3|fletcher4, sync=standard|always|disabled, readonly=on|off, module:key=value.
         #[arg(short = 'o')]
         options: Vec<String>,
         #[arg(short = 'd', long = "dir")]
@@ -213,6 +264,11 @@ fn main() -> ExitCode {
         Command::Clone { dirs, origin, name } => cli::datasets::clone(&context, &origin, &name, &dirs),
         Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
         Command::Rollback { recursive, dirs, name } => cli::datasets::rollback(&context, &name, recursive, &dirs),
+        Command::Get { dirs, properties, name } => cli::replication::get(&context, &properties, &name, &dirs),
+        Command::Set { dirs, assignments, name } => cli::replication::set(&context, &assignments, &name, &dirs),
+        Command::Inherit { dirs, property, name } => cli::replication::inherit(&context, &property, &name, &dirs),
+        Command::Send { from, token, dirs, snapshot } => cli::replication::send(&context, snapshot.as_deref(), from.as_deref(), token.as_deref(), &dirs),
+        Command::Receive { force, save_partial, abort, dirs, target } => cli::replication::receive(&context, &target, force, save_partial, abort, &dirs),
         Command::Scrub { wait, stop, dirs, pool } => cli::scrub(&context, &pool, &dirs, wait, stop),
         Command::Iostat { queues, latency, sizes, dirs, pool, interval, count } => {
             cli::iostat::run(&context, &pool, &dirs, cli::iostat::Options { queues, latency, sizes, interval, count })

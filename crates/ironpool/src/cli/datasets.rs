@@ -53,7 +53,7 @@ pub fn list(context: &Context, kind: &str, target: Option<&str>, dirs: &[PathBuf
     }
 }
 
-fn done(context: &Context, result: Value, message: String) {
+pub fn done(context: &Context, result: Value, message: String) {
     if context.json {
         println!("{result}");
     } else {

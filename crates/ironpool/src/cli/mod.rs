@@ -5,6 +5,7 @@
 pub mod datasets;
 pub mod format;
 pub mod iostat;
+pub mod replication;
 pub mod serve;
 
 use std::collections::BTreeMap;

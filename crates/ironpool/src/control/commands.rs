@@ -12,6 +12,8 @@ use serde_json::{json, Value};
 use crate::format::label::TopVdevKind;
 use crate::nbd::server::ServerStats;
 use crate::pool::volume::VOLUME_BLOCK_BYTES_DEFAULT;
+use crate::pool::receive::ReceiveOptions;
+use crate::pool::send::SendRequest;
 use crate::pool::{Pool, PoolError};
 use crate::vdev::queue::{IoClass, QueueTunables};
 
@@ -60,6 +62,44 @@ pub enum Command {
         name: String,
         #[serde(default)]
         recursive: bool,
+    },
+    /// Writes a snapshot's send stream (full, incremental `from`, or resumed
+    /// from `token`) to the descriptor passed with the request.
+    Send {
+        #[serde(default)]
+        snapshot: Option<String>,
+        #[serde(default)]
+        from: Option<String>,
+        #[serde(default)]
+        token: Option<String>,
+    },
+    /// Applies a send stream read from the descriptor passed with the request.
+    Receive {
+        target: String,
+        #[serde(default)]
+        force: bool,
+        #[serde(default)]
+        save_partial: bool,
+    },
+    /// Discards an interrupted receive.
+    ReceiveAbort {
+        target: String,
+    },
+    /// Properties of the pool ("POOL"), a volume or a snapshot; all, or those named.
+    GetProperties {
+        name: String,
+        #[serde(default)]
+        properties: Vec<String>,
+    },
+    /// Sets properties (all or none).
+    SetProperties {
+        name: String,
+        properties: BTreeMap<String, String>,
+    },
+    /// Removes a local setting so that the pool's (or the default) applies.
+    InheritProperty {
+        name: String,
+        property: String,
     },
     ScrubStart,
     ScrubStop,
@@ -115,6 +155,49 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
     Ok(bytes.round() as u64)
 }
 
+/// Runs a stream command (send, receive) on `pool` with `stream` as its input or
+/// output; other commands run as [`execute`] does.
+pub async fn execute_stream(pool: &Rc<Pool>, command: Command, stream: std::os::fd::RawFd) -> Result<Value, PoolError> {
+    match command {
+        Command::Send { snapshot, from, token } => {
+            let request = match token {
+                Some(token) => {
+                    let token = crate::pool::send::ResumeToken::decode(&token)?;
+                    let from = token.from.clone();
+                    let request = SendRequest { snapshot: token.snapshot.clone(), from, resume_block: Some(token.next_block) };
+                    check_token_guids(pool, &token)?;
+                    request
+                }
+                None => SendRequest { snapshot: snapshot.ok_or_else(|| PoolError::InvalidArgument("name the snapshot to send".into()))?, from, resume_block: None },
+            };
+            let summary = pool.send(request, stream).await?;
+            Ok(serde_json::to_value(summary).unwrap_or(Value::Null))
+        }
+        Command::Receive { target, force, save_partial } => {
+            let summary = pool.receive(ReceiveOptions { target, force, save_partial }, stream).await?;
+            Ok(serde_json::to_value(summary).unwrap_or(Value::Null))
+        }
+        other => execute(pool, other, None).await,
+    }
+}
+
+/// A resume token names snapshots: they must still be the same ones (guids).
+fn check_token_guids(pool: &Pool, token: &crate::pool::send::ResumeToken) -> Result<(), PoolError> {
+    let guid_of = |name: &str| -> Option<u64> {
+        let (volume, snapshot) = crate::pool::dataset::split_snapshot_name(&pool.name, name)?;
+        pool.directory.borrow().volumes.get(volume)?.snapshots.iter().find(|existing| existing.name == snapshot).map(|existing| existing.guid)
+    };
+    if guid_of(&token.snapshot) != Some(token.to_guid) {
+        return Err(PoolError::InvalidArgument(format!("the token's snapshot {} is gone or was replaced", token.snapshot)));
+    }
+    if let Some(from) = &token.from {
+        if guid_of(from) != Some(token.from_guid) {
+            return Err(PoolError::InvalidArgument(format!("the token's source snapshot {from} is gone or was replaced")));
+        }
+    }
+    Ok(())
+}
+
 /// Runs `command` on `pool`.
 pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerStats>) -> Result<Value, PoolError> {
     match command {
@@ -126,11 +209,6 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
                 Some(text) => parse_size(&text).map_err(PoolError::InvalidArgument)? as u32,
                 None => VOLUME_BLOCK_BYTES_DEFAULT,
             };
-            for key in properties.keys() {
-                if !is_known_property(key) {
-                    return Err(PoolError::InvalidArgument(format!("unknown property '{key}' (user properties look like org:key)")));
-                }
-            }
             let volume = pool.create_volume(&name, size_bytes, block_bytes, properties).await?;
             Ok(json!({ "name": volume.name, "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }))
         }
@@ -150,7 +228,7 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
             for name in names {
                 if recursive {
                     let (prefix, snapshot) = name.split_once('@').ok_or_else(|| PoolError::InvalidArgument(format!("'{name}': use POOL@NAME or POOL/VOL@NAME")))?;
-                    let all: Vec<String> = pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect();
+                    let all: Vec<String> = pool.visible_volumes().iter().map(|volume| volume.name.clone()).collect();
                     targets.extend(all.into_iter().filter(|volume| volume == prefix || volume.starts_with(&format!("{prefix}/")) || prefix == pool.name).map(|volume| format!("{volume}@{snapshot}")));
                 } else {
                     targets.push(name);
@@ -165,7 +243,7 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
         Command::SnapshotList { volume } => {
             let volumes: Vec<String> = match volume {
                 Some(volume) => vec![volume],
-                None => pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect(),
+                None => pool.visible_volumes().iter().map(|volume| volume.name.clone()).collect(),
             };
             let mut snapshots = Vec::new();
             for volume in volumes {
@@ -193,6 +271,27 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
             pool.destroy_volume(&name, recursive).await?;
             Ok(json!({ "destroyed": name }))
         }
+        Command::Send { .. } | Command::Receive { .. } => Err(PoolError::InvalidArgument("send and receive stream through a descriptor: use the ironpool command".into())),
+        Command::ReceiveAbort { target } => {
+            pool.receive_abort(&target).await?;
+            Ok(json!({ "aborted": target }))
+        }
+        Command::GetProperties { name, properties } => {
+            if properties.iter().any(|property| property == "receive_resume_token") {
+                let token = pool.receive_resume_token(&name).unwrap_or_else(|| "-".into());
+                return Ok(json!({ "properties": [{ "name": name, "property": "receive_resume_token", "value": token, "source": "-" }] }));
+            }
+            let rows = pool.get_properties(&name, &properties).await?;
+            Ok(json!({ "properties": rows }))
+        }
+        Command::SetProperties { name, properties } => {
+            pool.set_properties(&name, &properties).await?;
+            Ok(json!({ "set": properties, "name": name }))
+        }
+        Command::InheritProperty { name, property } => {
+            pool.inherit_property(&name, &property).await?;
+            Ok(json!({ "inherited": property, "name": name }))
+        }
         Command::ScrubStart => {
             pool.scrub_start()?;
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
@@ -218,10 +317,6 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
     }
 }
 
-fn is_known_property(key: &str) -> bool {
-    matches!(key, "checksum" | "readonly") || key.contains(':')
-}
-
 fn list_entry(pool: &Pool) -> Value {
     let (size, free) = pool.space();
     json!({
@@ -240,6 +335,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
     pool.volumes
         .borrow()
         .iter()
+        .filter(|(short, _)| !super::super::pool::is_hidden_volume(short))
         .map(|(short, volume)| {
             let dnode = volume.object.dnode();
             let record = directory.volumes.get(short);

@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::commands::{execute, Command, Response};
+use super::commands::{execute, execute_stream, Command, Response};
 use crate::nbd::engine::SharedStats;
 use crate::pool::Pool;
 use crate::rt::uring::{self, SendPiece};
@@ -53,13 +53,16 @@ impl ControlServer {
     }
 }
 
-async fn read_request(fd: RawFd) -> Result<Vec<u8>, String> {
+/// Reads one request line, and the descriptor passed with it if any (send and
+/// receive pass the CLI's stdout or stdin).
+async fn read_request(fd: RawFd) -> Result<(Vec<u8>, Option<OwnedFd>), String> {
     let mut buffer = vec![0u8; 64 * 1024];
     let mut length = 0;
+    let mut passed: Option<OwnedFd> = None;
     loop {
         if let Some(end) = buffer[..length].iter().position(|byte| *byte == b'\n') {
             buffer.truncate(end);
-            return Ok(buffer);
+            return Ok((buffer, passed));
         }
         if length == buffer.len() {
             if buffer.len() >= CONTROL_REQUEST_BYTES_MAX {
@@ -67,12 +70,15 @@ async fn read_request(fd: RawFd) -> Result<Vec<u8>, String> {
             }
             buffer.resize(buffer.len() * 2, 0);
         }
-        let (result, returned) = uring::recv_into(fd, buffer, length).await;
+        let (result, returned, descriptor) = uring::recv_into_with_fd(fd, buffer, length).await;
         buffer = returned;
+        if passed.is_none() {
+            passed = descriptor;
+        }
         match result {
             Ok(0) => {
                 buffer.truncate(length);
-                return Ok(buffer);
+                return Ok((buffer, passed));
             }
             Ok(count) => length += count,
             Err(error) => return Err(error.to_string()),
@@ -85,7 +91,11 @@ async fn serve_one(socket: OwnedFd, pool: Rc<Pool>, nbd: Option<std::sync::Arc<S
     let response = match rt::timeout(REQUEST_TIMEOUT, read_request(fd)).await {
         None => Response { ok: false, result: None, error: Some("timed out waiting for the request".into()) },
         Some(Err(error)) => Response { ok: false, result: None, error: Some(error) },
-        Some(Ok(bytes)) => match serde_json::from_slice::<Command>(&bytes) {
+        Some(Ok((bytes, passed))) => match serde_json::from_slice::<Command>(&bytes) {
+            Ok(command @ (Command::Send { .. } | Command::Receive { .. })) => match passed {
+                Some(stream) => Response::from_result(execute_stream(&pool, command, stream.as_raw_fd()).await),
+                None => Response { ok: false, result: None, error: Some("send and receive need the stream's descriptor passed with the request".into()) },
+            },
             Ok(command) => Response::from_result(execute(&pool, command, nbd.map(|stats| stats.snapshot())).await),
             Err(error) => Response { ok: false, result: None, error: Some(format!("bad request: {error}")) },
         },

@@ -18,7 +18,7 @@
 //! | 16 | 8 | used bytes: space allocated to the object's blocks, all copies |
 //! | 24 | 8 | creation txg |
 //! | 32 | 8 | logical bytes: sum of the logical sizes of its data blocks |
-//! | 40 | 8 | physical bytes: sum of the physical (stored) sizes of its data blocks |
+//! | 40 | 8 | physical bytes: space allocated to its level-0 (data) blocks, all copies |
 //! | 48 | 16 | reserved |
 //! | 64 | 128 | root block pointer |
 //! | 192 | 8 | volumes: txg of the latest snapshot (blocks born at or before it are also a snapshot's) |

@@ -12,6 +12,7 @@ pub mod checksum;
 pub mod dnode;
 pub mod label;
 pub mod spacemap;
+pub mod stream;
 pub mod uberblock;
 
 pub use bp::{BlockPointer, Dva};

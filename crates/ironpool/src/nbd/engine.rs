@@ -184,7 +184,8 @@ async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     if name.contains('@') {
         return pool.snapshot_volume(name).await.ok();
     }
-    pool.volume(name).ok()
+    // Volumes being received are not exported.
+    pool.volume(name).ok().filter(|volume| !crate::pool::is_hidden_volume(volume.short_name()))
 }
 
 /// Runs one request and builds its reply.
@@ -237,8 +238,7 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
             None => Ok(done()),
         },
         CMD_FLUSH => {
-            pool.count_flush(volume);
-            pool.flush().await.map(|()| done())
+            pool.flush_volume(volume).await.map(|()| done())
         }
         CMD_TRIM => pool.zero(volume, request.offset, length, fua, true).await.map(|()| done()),
         CMD_WRITE_ZEROES => {

@@ -194,6 +194,7 @@ impl Pool {
         let record = self.record(volume)?;
         let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
         let target = &record.snapshots[index];
+        self.check_not_held(&format!("{}/{volume}@{snapshot}", self.name))?;
         if !target.clones.is_empty() {
             return Err(PoolError::InvalidArgument(format!(
                 "{full_name} has dependent clones ({}); destroy or promote them first",
@@ -251,7 +252,7 @@ impl Pool {
     }
 
     /// Clears a dnode slot and forgets the object, without freeing its blocks.
-    fn drop_dnode(&self, object_id: u64) -> Result<(), PoolError> {
+    pub(crate) fn drop_dnode(&self, object_id: u64) -> Result<(), PoolError> {
         let table = self.objects.dnode_table();
         let mut zero = [0u8; DNODE_BYTES];
         Dnode::default().encode(&mut zero);
@@ -264,11 +265,20 @@ impl Pool {
     pub async fn clone_snapshot(self: &Rc<Self>, origin: &str, clone: &str) -> Result<Rc<Volume>, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let (volume, snapshot) = split_snapshot_name(&self.name, origin).ok_or_else(|| PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name")))?;
         let clone_short = clone.strip_prefix(&format!("{}/", self.name)).unwrap_or(clone).to_string();
         if !valid_name(&clone_short) {
             return Err(PoolError::InvalidName(clone_short));
         }
+        let clone_volume = self.clone_locked(origin, &clone_short).await?;
+        let target = self.txg.open();
+        self.txg.wait_durable(self, target).await?;
+        Ok(clone_volume)
+    }
+
+    /// Creates the clone in the open txg (the caller holds the admin lock).
+    pub(crate) async fn clone_locked(self: &Rc<Self>, origin: &str, clone_short: &str) -> Result<Rc<Volume>, PoolError> {
+        let clone_short = clone_short.to_string();
+        let (volume, snapshot) = split_snapshot_name(&self.name, origin).ok_or_else(|| PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name")))?;
         if self.directory.borrow().volumes.contains_key(&clone_short) {
             return Err(PoolError::VolumeExists(format!("{}/{clone_short}", self.name)));
         }
@@ -284,7 +294,7 @@ impl Pool {
         let object = self.objects.create(id, dnode);
         let mut clone_record = super::volume::record(id, record.size_bytes, record.block_bytes, self.txg.open(), record.properties.clone());
         clone_record.origin = Some(SnapshotName { volume: volume.to_string(), snapshot: snapshot.to_string() });
-        let clone_volume = Volume::new(format!("{}/{clone_short}", self.name), object, &clone_record);
+        let clone_volume = Volume::new(format!("{}/{clone_short}", self.name), object, &clone_record, self.volume_settings(&clone_record.properties));
         {
             let mut directory = self.directory.borrow_mut();
             directory.volumes.insert(clone_short.clone(), clone_record);
@@ -295,8 +305,6 @@ impl Pool {
         }
         self.volumes.borrow_mut().insert(clone_short, clone_volume.clone());
         self.directory_dirty.set(true);
-        let target = self.txg.open();
-        self.txg.wait_durable(self, target).await?;
         Ok(clone_volume)
     }
 
@@ -305,6 +313,13 @@ impl Pool {
     pub async fn rollback(self: &Rc<Self>, full_name: &str, recursive: bool) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
+        self.rollback_locked(full_name, recursive).await?;
+        let open = self.txg.open();
+        self.txg.wait_durable(self, open).await
+    }
+
+    /// Rolls back in the open txg (the caller holds the admin lock).
+    pub(crate) async fn rollback_locked(self: &Rc<Self>, full_name: &str, recursive: bool) -> Result<(), PoolError> {
         let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
         let record = self.record(volume)?;
         let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
@@ -313,6 +328,9 @@ impl Pool {
             return Err(PoolError::InvalidArgument(format!("more recent snapshots exist ({}); use -r to destroy them", later.join(", "))));
         }
         // Refuse before changing anything: all or nothing.
+        for name in &later {
+            self.check_not_held(name)?;
+        }
         if let Some(cloned) = record.snapshots[index + 1..].iter().find(|later| !later.clones.is_empty()) {
             return Err(PoolError::InvalidArgument(format!(
                 "{}/{volume}@{} has dependent clones ({}); destroy or promote them first",
@@ -346,10 +364,18 @@ impl Pool {
         dnode.prev_snapshot_txg = target.txg;
         dnode.origin_txg = current.origin_txg;
         self.objects.reset_tree(&head.object, dnode);
-        self.directory.borrow_mut().volumes.get_mut(volume).expect("checked above").dead_list = 0;
+        {
+            let mut directory = self.directory.borrow_mut();
+            let record = directory.volumes.get_mut(volume).expect("checked above");
+            record.dead_list = 0;
+            // The volume takes back the size it had then (it may have grown since).
+            if dnode.length_bytes > 0 {
+                record.size_bytes = dnode.length_bytes;
+                head.size_bytes.set(dnode.length_bytes);
+            }
+        }
         self.directory_dirty.set(true);
-        let open = self.txg.open();
-        self.txg.wait_durable(self, open).await
+        Ok(())
     }
 
     /// Makes clone `clone` independent of its origin: the origin snapshot and the
@@ -480,7 +506,12 @@ impl Pool {
         let object = self.objects.open(snapshot_record.object).await?;
         let mut view = record.clone();
         view.properties.insert("readonly".into(), "on".into());
-        let opened = Volume::new(canonical.clone(), object, &view);
+        // The size the volume had when the snapshot was taken.
+        let length = object.dnode().length_bytes;
+        if length > 0 {
+            view.size_bytes = length;
+        }
+        let opened = Volume::new(canonical.clone(), object, &view, self.volume_settings(&view.properties));
         opened.read_only.set(true);
         self.snapshot_volumes.borrow_mut().insert(canonical, opened.clone());
         Ok(opened)

@@ -73,18 +73,22 @@ pub struct SnapshotRecord {
     pub clones: Vec<String>,
 }
 
-/// A receive in progress (see send/receive).
+/// A receive in progress into a hidden volume (see `pool::receive`): what the
+/// stream is, and how far it got, so that an interrupted receive can resume.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReceiveRecord {
-    /// The volume this receive will become or update.
+    /// The volume (short name) this receive will become or update.
     pub target: String,
-    /// Guid of the stream's snapshot.
+    /// The stream's snapshot as the sender named it ("POOL/VOL@SNAP").
+    pub snapshot: String,
     pub to_guid: u64,
-    pub to_name: String,
-    /// Guid of the incremental source (0: a full stream).
+    /// The incremental source as the sender named it (None: a full stream).
+    #[serde(default)]
+    pub from: Option<String>,
+    #[serde(default)]
     pub from_guid: u64,
-    /// Bytes of the stream applied and committed.
-    pub offset_bytes: u64,
+    /// Every block before this one is received and committed with this record.
+    pub next_block: u64,
 }
 
 /// Outcome of the last finished scrub.

@@ -13,6 +13,9 @@ pub mod check;
 pub mod dataset;
 pub mod directory;
 pub mod labels;
+pub mod props;
+pub mod receive;
+pub mod send;
 pub mod scrub;
 pub mod txg;
 pub mod volume;
@@ -187,6 +190,9 @@ pub struct Pool {
     /// Serialises administrative changes to datasets (snapshot, destroy, clone,
     /// rollback, promote, receive).
     pub admin_lock: Rc<crate::rt::sync::Semaphore>,
+    /// Snapshots being sent (by full name, with the number of sends): they
+    /// cannot be destroyed meanwhile.
+    pub snapshot_holds: RefCell<BTreeMap<String, usize>>,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -279,6 +285,7 @@ impl Pool {
             import_notes: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
+            snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
@@ -484,6 +491,7 @@ impl Pool {
             import_notes: notes,
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
+            snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
         });
         for (volume_name, record) in &directory.volumes {
@@ -497,7 +505,7 @@ impl Pool {
                     pool.objects.prefetch(&list_object, 0, length).await?;
                 }
             }
-            let volume = Volume::new(format!("{name}/{volume_name}"), object, record);
+            let volume = Volume::new(format!("{name}/{volume_name}"), object, record, props::settings(&record.properties, &directory.properties));
             pool.volumes.borrow_mut().insert(volume_name.clone(), volume);
         }
         Ok(pool)
@@ -519,6 +527,11 @@ impl Pool {
         id
     }
 
+    /// Volumes users see (not the hidden volumes of receives in progress).
+    pub fn visible_volumes(&self) -> Vec<Rc<Volume>> {
+        self.volumes.borrow().iter().filter(|(short, _)| !is_hidden_volume(short)).map(|(_, volume)| volume.clone()).collect()
+    }
+
     pub fn volume(&self, name: &str) -> Result<Rc<Volume>, PoolError> {
         let short = name.strip_prefix(&format!("{}/", self.name)).unwrap_or(name);
         self.volumes.borrow().get(short).cloned().ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
@@ -530,6 +543,12 @@ impl Pool {
         if !valid_name(&short) {
             return Err(PoolError::InvalidName(short));
         }
+        self.create_volume_named(short, size_bytes, block_bytes, properties).await
+    }
+
+    /// Creates a volume under a name already checked (receive uses names users
+    /// cannot give).
+    pub(crate) async fn create_volume_named(self: &Rc<Self>, short: String, size_bytes: u64, block_bytes: u32, properties: BTreeMap<String, String>) -> Result<Rc<Volume>, PoolError> {
         if self.volumes.borrow().contains_key(&short) {
             return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
         }
@@ -547,10 +566,14 @@ impl Pool {
         if size_bytes > volume::VOLUME_SIZE_MAX_BYTES {
             return Err(PoolError::InvalidArgument(format!("volume size {size_bytes} exceeds {}", volume::VOLUME_SIZE_MAX_BYTES)));
         }
-        let checksum = match properties.get("checksum") {
-            Some(value) => crate::format::ChecksumAlgo::parse(value).ok_or_else(|| PoolError::InvalidArgument(format!("unknown checksum '{value}'")))?,
-            None => crate::format::ChecksumAlgo::default(),
-        };
+        let mut properties = properties;
+        for (key, value) in properties.iter_mut() {
+            *value = props::validate(key, value, false)?;
+        }
+        if properties.contains_key("volsize") {
+            return Err(PoolError::InvalidArgument("the volume's size is given by its size argument".into()));
+        }
+        let checksum = self.volume_settings(&properties).checksum;
         self.txg.ensure_writable()?;
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
@@ -558,7 +581,7 @@ impl Pool {
         dnode.checksum_algo = checksum;
         let object = self.objects.create(id, dnode);
         let record = volume::record(id, size_bytes, block_bytes, open_txg, properties);
-        let volume = Volume::new(format!("{}/{short}", self.name), object, &record);
+        let volume = Volume::new(format!("{}/{short}", self.name), object, &record, self.volume_settings(&record.properties));
         self.directory.borrow_mut().volumes.insert(short.clone(), record);
         self.directory_dirty.set(true);
         self.volumes.borrow_mut().insert(short, volume.clone());
@@ -586,6 +609,9 @@ impl Pool {
                     cloned.clones.join(", ")
                 )));
             }
+        }
+        for snapshot in &record.snapshots {
+            self.check_not_held(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }
         let _writers = volume.exclusive().await;
         volume.begin_destroy();
@@ -781,6 +807,11 @@ async fn open_when_free(path: &Path) -> Result<FileDevice, PoolError> {
 }
 
 /// Metaslab size: about 200 per vdev, at least 16 MiB, at most 16 GiB.
+/// True for the hidden volume of a receive in progress (see `receive`).
+pub fn is_hidden_volume(short_name: &str) -> bool {
+    short_name.contains('%')
+}
+
 pub fn metaslab_shift_for(data_bytes: u64) -> u8 {
     let target = (data_bytes / 200).max(1);
     let shift = 63 - target.leading_zeros() as u8;

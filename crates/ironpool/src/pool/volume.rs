@@ -21,6 +21,7 @@ use std::rc::Rc;
 use serde::Serialize;
 
 use super::directory::VolumeRecord;
+use super::props::{SyncMode, VolumeSettings};
 use super::{Pool, PoolError};
 use crate::block::BlockError;
 use crate::format::bp::Compression;
@@ -70,6 +71,10 @@ pub struct VolumeStats {
     pub trim_ops: u64,
     pub zero_ops: u64,
     pub flush_ops: u64,
+    /// Blocks stored compressed.
+    pub compressed_blocks: u64,
+    /// Blocks compression was tried on but did not save enough (stored as is).
+    pub incompressible_blocks: u64,
 }
 
 /// A piece of a read's answer.
@@ -98,6 +103,8 @@ pub struct Volume {
     pub size_bytes: Cell<u64>,
     pub block_bytes: u64,
     pub read_only: Cell<bool>,
+    /// Compression, checksum and sync of new writes (from its properties).
+    settings: Cell<VolumeSettings>,
     destroying: Cell<bool>,
     locked: RefCell<rustc_hash::FxHashSet<u64>>,
     unlocked: Notify,
@@ -123,20 +130,42 @@ pub fn record(object: u64, size_bytes: u64, block_bytes: u32, created_txg: u64, 
 }
 
 impl Volume {
-    pub fn new(name: String, object: Rc<Object>, record: &VolumeRecord) -> Rc<Volume> {
-        let read_only = record.properties.get("readonly").is_some_and(|value| value == "on");
+    /// A volume over `object`, following `settings` (see [`Pool::volume_settings`]).
+    pub fn new(name: String, object: Rc<Object>, record: &VolumeRecord, settings: VolumeSettings) -> Rc<Volume> {
         Rc::new(Volume {
             name,
             object,
             size_bytes: Cell::new(record.size_bytes),
             block_bytes: record.block_bytes as u64,
-            read_only: Cell::new(read_only),
+            read_only: Cell::new(settings.read_only),
+            settings: Cell::new(settings),
             destroying: Cell::new(false),
             locked: RefCell::default(),
             unlocked: Notify::new(),
             stats: Cell::new(VolumeStats::default()),
             writers: crate::rt::sync::Semaphore::new(VOLUME_WRITERS_MAX),
         })
+    }
+
+    /// The settings new writes follow.
+    pub fn settings(&self) -> VolumeSettings {
+        self.settings.get()
+    }
+
+    /// Follows changed properties from the next request on.
+    pub fn apply_settings(&self, settings: VolumeSettings) {
+        self.settings.set(settings);
+        self.read_only.set(settings.read_only);
+    }
+
+    /// Whether a write must be durable before it is acknowledged: the client's
+    /// FUA, overridden by the `sync` property.
+    fn durable(&self, fua: bool) -> bool {
+        match self.settings.get().sync {
+            SyncMode::Standard => fua,
+            SyncMode::Always => true,
+            SyncMode::Disabled => false,
+        }
     }
 
     /// The name within the pool.
@@ -303,7 +332,14 @@ impl Pool {
                 return Ok(None);
             }
             match self.store.read(&pointer, IoClass::SyncRead).await {
-                Ok(data) => return Ok(Some(data)),
+                Ok(data) if pointer.compression == Compression::Off => return Ok(Some(data)),
+                Ok(physical) => {
+                    let logical = pointer.logical_size as usize;
+                    let data = crate::compress::decompress_offloaded(pointer.compression, &physical, logical)
+                        .await
+                        .map_err(|error| PoolError::Corrupt(format!("{} block {blkid}: {error}", volume.name)))?;
+                    return Ok(Some(data));
+                }
                 Err(BlockError::Unreadable { location, detail }) => {
                     let now = self.objects.block_pointer(&volume.object, blkid).await?;
                     attempt += 1;
@@ -347,7 +383,7 @@ impl Pool {
             stats.direct_write_ops += 1;
             stats.write_bytes += length;
         });
-        if fua {
+        if volume.durable(fua) {
             self.flush().await?;
         }
         Ok(())
@@ -386,7 +422,7 @@ impl Pool {
             position = slice_end;
         }
         volume.count(|stats| if trim { stats.trim_ops += 1 } else { stats.zero_ops += 1 });
-        if fua {
+        if volume.durable(fua) {
             self.flush().await?;
         }
         Ok(())
@@ -426,7 +462,7 @@ impl Pool {
             position = slice_end;
         }
         volume.count(|stats| stats.zero_ops += 1);
-        if fua {
+        if volume.durable(fua) {
             self.flush().await?;
         }
         Ok(())
@@ -478,10 +514,11 @@ impl Pool {
                 BlockPointer::hole(0, ObjectType::VolumeData, 0)
             }
             Some(data) => {
-                let algo = volume.object.dnode().checksum_algo;
-                let checksum = algo.compute(data);
-                let dvas = self.allocate_data(block as u64).await?;
-                if let Err(error) = self.store.write(&dvas, data.clone(), IoClass::SyncWrite).await {
+                let settings = volume.settings();
+                let (payload, physical_size, compression) = self.compress_block(volume, settings, data).await;
+                let checksum = settings.checksum.compute(&payload[..physical_size]);
+                let dvas = self.allocate_data(payload.len() as u64).await?;
+                if let Err(error) = self.store.write(&dvas, payload, IoClass::SyncWrite).await {
                     self.store.release(&dvas);
                     return Err(error.into());
                 }
@@ -489,11 +526,11 @@ impl Pool {
                     dvas,
                     birth_txg: 0,
                     logical_size: block as u32,
-                    physical_size: block as u32,
+                    physical_size: physical_size as u32,
                     level: 0,
                     object_type: ObjectType::VolumeData,
-                    checksum_algo: algo,
-                    compression: Compression::Off,
+                    checksum_algo: settings.checksum,
+                    compression,
                     fill: 1,
                     checksum,
                 }
@@ -521,6 +558,26 @@ impl Pool {
         }
         self.objects.kill(&volume.object, &old);
         Ok(())
+    }
+
+    /// What to store for a block: its bytes compressed when the volume compresses
+    /// and that saves enough, else as they are. Returns (bytes to write, rounded to
+    /// the sector; exact physical size; compression).
+    async fn compress_block(&self, volume: &Volume, settings: VolumeSettings, data: &BufSlice) -> (BufSlice, usize, Compression) {
+        if settings.compression.algo == Compression::Off {
+            return (data.clone(), data.len(), Compression::Off);
+        }
+        let sector = self.store.vdevs.iter().map(|top| top.sector_bytes()).max().unwrap_or(4096) as usize;
+        match crate::compress::compress_offloaded(settings.compression, data, sector).await {
+            Some((compressed, exact)) => {
+                volume.count(|stats| stats.compressed_blocks += 1);
+                (BufSlice::whole(compressed.into_shared()), exact, settings.compression.algo)
+            }
+            None => {
+                volume.count(|stats| stats.incompressible_blocks += 1);
+                (data.clone(), data.len(), Compression::Off)
+            }
+        }
     }
 
     /// Allocates a data block. When the pool is full but frees are waiting for
@@ -570,5 +627,15 @@ impl Pool {
     /// Counts a client flush on the volume's statistics.
     pub fn count_flush(&self, volume: &Volume) {
         volume.count(|stats| stats.flush_ops += 1);
+    }
+
+    /// A client's flush of `volume`: everything acknowledged becomes durable
+    /// (at once with `sync=disabled`, which leaves that to the next commit).
+    pub async fn flush_volume(self: &Rc<Self>, volume: &Volume) -> Result<(), PoolError> {
+        self.count_flush(volume);
+        if volume.settings().sync == SyncMode::Disabled {
+            return Ok(());
+        }
+        self.flush().await
     }
 }

@@ -14,6 +14,7 @@
 pub mod buf;
 pub mod channel;
 pub mod executor;
+pub mod offload;
 pub mod sim;
 pub mod sync;
 pub mod uring;

@@ -392,6 +392,56 @@ pub async fn recv_into(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> (io::Res
     (to_result(result), buffer)
 }
 
+/// Receives into `buffer[start..]` like [`recv_into`], also taking a file
+/// descriptor passed along (SCM_RIGHTS): the CLI hands its stdin or stdout to
+/// the server this way for send and receive.
+pub async fn recv_into_with_fd(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>, Option<OwnedFd>) {
+    assert!(start <= buffer.len());
+    /// Room for one descriptor's control message (CMSG_SPACE of an int is 24
+    /// bytes on 64-bit Linux; 64 leaves margin).
+    const CONTROL_BYTES: usize = 64;
+    // SAFETY: start is within the buffer.
+    let pointer = unsafe { buffer.as_mut_ptr().add(start) };
+    let mut iovec = Box::new(libc::iovec { iov_base: pointer as *mut libc::c_void, iov_len: buffer.len() - start });
+    let mut control = Box::new([0u8; CONTROL_BYTES]);
+    // SAFETY: an all-zero msghdr is valid; its pointers are set below.
+    let mut header: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+    header.msg_iov = &mut *iovec;
+    header.msg_iovlen = 1;
+    header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
+    header.msg_controllen = CONTROL_BYTES as _;
+    let entry = opcode::RecvMsg::new(types::Fd(fd), &mut *header).flags(libc::MSG_CMSG_CLOEXEC as u32).build();
+    // SAFETY: the header, iovec, control buffer and data buffer are heap memory
+    // owned by the op until it completes.
+    let (result, (header, _iovec, control, buffer)) = unsafe { Op::submit(entry, (header, iovec, control, buffer)) }.await;
+    let mut passed = None;
+    if result >= 0 {
+        let mut view: libc::msghdr = *header;
+        view.msg_control = control.as_ptr() as *mut libc::c_void;
+        // SAFETY: the kernel filled the control buffer and msg_controllen; the
+        // CMSG macros walk only within it.
+        unsafe {
+            let mut message = libc::CMSG_FIRSTHDR(&view);
+            while !message.is_null() {
+                if (*message).cmsg_level == libc::SOL_SOCKET && (*message).cmsg_type == libc::SCM_RIGHTS {
+                    let data = libc::CMSG_DATA(message) as *const RawFd;
+                    let count = ((*message).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                    for index in 0..count {
+                        let received = std::ptr::read_unaligned(data.add(index));
+                        // Keep the first; close any extra (never leak them).
+                        let owned = OwnedFd::from_raw_fd(received);
+                        if passed.is_none() {
+                            passed = Some(owned);
+                        }
+                    }
+                }
+                message = libc::CMSG_NXTHDR(&view, message);
+            }
+        }
+    }
+    (to_result(result), buffer, passed)
+}
+
 /// Receives into `buffer[start..end]` (an aligned payload buffer).
 pub async fn recv_aligned(fd: RawFd, mut buffer: AlignedBuf, start: usize, end: usize) -> (io::Result<usize>, AlignedBuf) {
     assert!(start <= end && end <= buffer.len());
@@ -482,4 +532,60 @@ pub async fn read_bytes(fd: RawFd, mut buffer: Vec<u8>) -> (io::Result<usize>, V
     // SAFETY: the pointer is into the Vec's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)
+}
+
+/// Reads from a stream descriptor (a pipe, a file at its current position, a
+/// socket) into `buffer[start..]`.
+pub async fn read_stream_into(fd: RawFd, mut buffer: AlignedBuf, start: usize) -> (io::Result<usize>, AlignedBuf) {
+    assert!(start <= buffer.len());
+    // SAFETY: start is within the buffer.
+    let pointer = unsafe { buffer.as_mut_ptr().add(start) };
+    let entry = opcode::Read::new(types::Fd(fd), pointer, (buffer.len() - start) as u32).offset(u64::MAX).build();
+    // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
+    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
+    (to_result(result), buffer)
+}
+
+/// Fills `buffer` from a stream descriptor. Returns the bytes read: fewer than
+/// the buffer's length only at the end of the stream.
+pub async fn read_stream_exact(fd: RawFd, mut buffer: AlignedBuf) -> (io::Result<usize>, AlignedBuf) {
+    let mut filled = 0;
+    while filled < buffer.len() {
+        let (result, returned) = read_stream_into(fd, buffer, filled).await;
+        buffer = returned;
+        match result {
+            Ok(0) => break,
+            Ok(count) => filled += count,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => {}
+            Err(error) => return (Err(error), buffer),
+        }
+    }
+    (Ok(filled), buffer)
+}
+
+/// Writes all of `slices`, in order, to a stream descriptor (a pipe, a file at
+/// its current position, a socket), continuing after short writes.
+pub async fn write_stream_all(fd: RawFd, mut slices: Vec<BufSlice>) -> io::Result<()> {
+    while !slices.is_empty() {
+        let batch: Vec<BufSlice> = slices.iter().take(IOVEC_COUNT_MAX).cloned().collect();
+        let written = match writev_at(fd, batch, u64::MAX).await {
+            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the stream accepts no more bytes")),
+            Ok(count) => count,
+            Err(error) if error.kind() == io::ErrorKind::Interrupted => 0,
+            Err(error) => return Err(error),
+        };
+        // Drop what was written; cut the slice written in part.
+        let mut remaining = written;
+        let mut consumed = 0;
+        while consumed < slices.len() && remaining >= slices[consumed].len() {
+            remaining -= slices[consumed].len();
+            consumed += 1;
+        }
+        slices.drain(..consumed);
+        if remaining > 0 {
+            let first = &slices[0];
+            slices[0] = first.slice(remaining..first.len());
+        }
+    }
+    Ok(())
 }

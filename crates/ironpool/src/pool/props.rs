@@ -1,0 +1,398 @@
+//! Properties, in the manner of `zfs get/set`: settings a user changes on a
+//! volume or on the pool (which volumes inherit), and read-only figures.
+//!
+//! A volume's setting comes from the volume itself (source `local`), else from
+//! the pool (`inherited from POOL`), else the built-in default (`default`).
+//! Settings are stored as text in the pool directory (the volume's record, or the
+//! pool's properties) so that new properties never need a format change; the
+//! engine reads them through [`VolumeSettings`], recomputed whenever one changes.
+//!
+//! | property | values | default | notes |
+//! |---|---|---|---|
+//! | compression | off, on (= lz4), lz4, zstd, zstd-1..19 | off | new writes only |
+//! | checksum | xxh3, blake3, fletcher4 (on = xxh3) | xxh3 | new writes only |
+//! | sync | standard, always, disabled | standard | see [`SyncMode`] |
+//! | readonly | on, off | off | refuses writes at once |
+//! | volsize | a size | (create) | volumes only; grows, never shrinks |
+//! | volblocksize | 4K..128K | 16K | set at creation only |
+//! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use super::{Pool, PoolError};
+use crate::compress::CompressionSetting;
+use crate::format::ChecksumAlgo;
+
+/// Longest user property value (names and values live in the directory, which
+/// is bounded; ZFS allows 8 KiB too).
+pub const USER_PROPERTY_VALUE_BYTES_MAX: usize = 8192;
+/// Longest user property name.
+pub const USER_PROPERTY_NAME_BYTES_MAX: usize = 256;
+
+/// What FLUSH and FUA mean for a volume.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SyncMode {
+    /// Writes are durable once the client flushes or asks for FUA.
+    Standard,
+    /// Every write is durable before it is acknowledged (as if each were FUA).
+    Always,
+    /// Flush and FUA return at once: data reaches the disk with the next txg
+    /// commit (within the txg timeout). A crash can lose acknowledged writes of
+    /// the last seconds, never the pool's consistency. For scratch data only.
+    Disabled,
+}
+
+impl SyncMode {
+    fn parse(text: &str) -> Option<SyncMode> {
+        match text {
+            "standard" => Some(SyncMode::Standard),
+            "always" => Some(SyncMode::Always),
+            "disabled" => Some(SyncMode::Disabled),
+            _ => None,
+        }
+    }
+}
+
+/// The settings the I/O path of a volume follows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VolumeSettings {
+    pub compression: CompressionSetting,
+    pub checksum: ChecksumAlgo,
+    pub sync: SyncMode,
+    pub read_only: bool,
+}
+
+impl Default for VolumeSettings {
+    fn default() -> VolumeSettings {
+        VolumeSettings { compression: CompressionSetting::OFF, checksum: ChecksumAlgo::default(), sync: SyncMode::Standard, read_only: false }
+    }
+}
+
+/// Inheritable settings with their defaults.
+const INHERITABLE: [(&str, &str); 4] = [("compression", "off"), ("checksum", "xxh3"), ("sync", "standard"), ("readonly", "off")];
+
+/// True for a user property name (`module:key`).
+pub fn is_user_property(name: &str) -> bool {
+    name.contains(':')
+        && name.len() <= USER_PROPERTY_NAME_BYTES_MAX
+        && !name.starts_with(':')
+        && name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, ':' | '-' | '_' | '.'))
+}
+
+/// Checks a property assignment and returns the value as stored (normalised).
+/// `on_pool`: the target is the pool (volume-only properties are refused).
+pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolError> {
+    let invalid = |why: String| Err(PoolError::InvalidArgument(why));
+    match name {
+        "compression" => match CompressionSetting::parse(value) {
+            Some(_) => Ok(if value == "on" { "lz4".into() } else { value.to_string() }),
+            None => invalid(format!("compression '{value}': use off, on, lz4, zstd or zstd-1 .. zstd-{}", crate::compress::ZSTD_LEVEL_MAX)),
+        },
+        "checksum" => {
+            let value = if value == "on" { "xxh3" } else { value };
+            match ChecksumAlgo::parse(value) {
+                Some(algo) => Ok(algo.name().to_string()),
+                None => invalid(format!("checksum '{value}': use xxh3, blake3 or fletcher4")),
+            }
+        }
+        "sync" => match SyncMode::parse(value) {
+            Some(_) => Ok(value.to_string()),
+            None => invalid(format!("sync '{value}': use standard, always or disabled")),
+        },
+        "readonly" => match value {
+            "on" | "off" => Ok(value.to_string()),
+            _ => invalid(format!("readonly '{value}': use on or off")),
+        },
+        "volsize" if !on_pool => {
+            let bytes = crate::control::commands::parse_size(value).map_err(PoolError::InvalidArgument)?;
+            Ok(bytes.to_string())
+        }
+        "volsize" | "volblocksize" if on_pool => invalid(format!("{name} is a volume property")),
+        "volblocksize" => invalid("volblocksize is set when a volume is created (volume create -b SIZE)".into()),
+        _ if is_user_property(name) => {
+            if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
+                return invalid(format!("{name}: values are limited to {USER_PROPERTY_VALUE_BYTES_MAX} bytes"));
+            }
+            Ok(value.to_string())
+        }
+        _ if is_read_only(name) => invalid(format!("{name} is read-only")),
+        _ => invalid(format!("unknown property '{name}' (user properties look like module:key)")),
+    }
+}
+
+/// Read-only figures `get` reports.
+fn is_read_only(name: &str) -> bool {
+    matches!(
+        name,
+        "type" | "used" | "referenced" | "usedbydataset" | "usedbysnapshots" | "written" | "logicalused" | "logicalreferenced" | "compressratio" | "origin"
+            | "guid" | "createtxg" | "creation" | "size" | "allocated" | "free" | "capacity" | "health" | "volblocksize"
+    )
+}
+
+/// An effective setting and where it came from.
+fn lookup(local: &BTreeMap<String, String>, pool: &BTreeMap<String, String>, pool_name: &str, name: &str) -> Option<(String, String)> {
+    if let Some(value) = local.get(name) {
+        return Some((value.clone(), "local".into()));
+    }
+    if let Some(value) = pool.get(name) {
+        return Some((value.clone(), format!("inherited from {pool_name}")));
+    }
+    INHERITABLE.iter().find(|(key, _)| *key == name).map(|(_, default)| (default.to_string(), "default".into()))
+}
+
+/// The settings of a volume with these local properties in a pool with these.
+pub fn settings(local: &BTreeMap<String, String>, pool: &BTreeMap<String, String>) -> VolumeSettings {
+    let value = |name: &str| lookup(local, pool, "", name).map(|(value, _)| value).unwrap_or_default();
+    let defaults = VolumeSettings::default();
+    VolumeSettings {
+        compression: CompressionSetting::parse(&value("compression")).unwrap_or(defaults.compression),
+        checksum: ChecksumAlgo::parse(&value("checksum")).unwrap_or(defaults.checksum),
+        sync: SyncMode::parse(&value("sync")).unwrap_or(defaults.sync),
+        read_only: value("readonly") == "on",
+    }
+}
+
+/// One row of `get`.
+#[derive(Clone, Debug, Serialize, PartialEq)]
+pub struct PropertyValue {
+    pub name: String,
+    pub property: String,
+    pub value: String,
+    pub source: String,
+}
+
+impl Pool {
+    /// The settings a volume with `local` properties follows.
+    pub fn volume_settings(&self, local: &BTreeMap<String, String>) -> VolumeSettings {
+        settings(local, &self.directory.borrow().properties)
+    }
+
+    /// Recomputes every open volume's settings (after a property change).
+    fn refresh_settings(&self) {
+        let directory = self.directory.borrow();
+        for (short, volume) in self.volumes.borrow().iter() {
+            if let Some(record) = directory.volumes.get(short) {
+                volume.apply_settings(settings(&record.properties, &directory.properties));
+            }
+        }
+    }
+
+    /// Sets properties on the pool (target "POOL") or a volume ("POOL/VOL"):
+    /// all of them or none.
+    pub async fn set_properties(self: &Rc<Self>, target: &str, assignments: &BTreeMap<String, String>) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        if target.contains('@') {
+            return Err(PoolError::InvalidArgument(format!("{target}: snapshots are read-only; their properties cannot be set")));
+        }
+        let on_pool = target == self.name;
+        let short = if on_pool { None } else { Some(self.volume(target)?.short_name().to_string()) };
+        let mut normalised = BTreeMap::new();
+        for (name, value) in assignments {
+            normalised.insert(name.clone(), validate(name, value, on_pool)?);
+        }
+        if let Some(short) = &short {
+            if let Some(size) = normalised.remove("volsize") {
+                self.resize_volume(short, size.parse().map_err(|_| PoolError::InvalidArgument(format!("volsize {size}")))?)?;
+            }
+        }
+        {
+            let mut directory = self.directory.borrow_mut();
+            let properties = match &short {
+                None => &mut directory.properties,
+                Some(short) => &mut directory.volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?.properties,
+            };
+            properties.extend(normalised);
+        }
+        self.refresh_settings();
+        self.directory_dirty.set(true);
+        self.txg.wait_durable(self, self.txg.open()).await
+    }
+
+    /// Removes a local setting so the value is inherited again (`inherit`).
+    pub async fn inherit_property(self: &Rc<Self>, target: &str, name: &str) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        if !INHERITABLE.iter().any(|(key, _)| *key == name) && !is_user_property(name) {
+            return Err(PoolError::InvalidArgument(format!("{name} cannot be inherited")));
+        }
+        {
+            let mut directory = self.directory.borrow_mut();
+            if target == self.name {
+                directory.properties.remove(name);
+            } else {
+                let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target);
+                directory.volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?.properties.remove(name);
+            }
+        }
+        self.refresh_settings();
+        self.directory_dirty.set(true);
+        self.txg.wait_durable(self, self.txg.open()).await
+    }
+
+    /// Grows a volume (shrinking would cut off data a client wrote).
+    fn resize_volume(&self, short: &str, size_bytes: u64) -> Result<(), PoolError> {
+        let volume = self.volume(short)?;
+        let current = volume.size_bytes.get();
+        if size_bytes < current {
+            return Err(PoolError::InvalidArgument(format!("volsize {size_bytes} is smaller than the current {current}: volumes only grow")));
+        }
+        if size_bytes % volume.block_bytes != 0 || size_bytes > super::volume::VOLUME_SIZE_MAX_BYTES {
+            return Err(PoolError::InvalidArgument(format!("volsize {size_bytes} must be a multiple of the volblocksize {} up to {}", volume.block_bytes, super::volume::VOLUME_SIZE_MAX_BYTES)));
+        }
+        volume.size_bytes.set(size_bytes);
+        self.directory.borrow_mut().volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?.size_bytes = size_bytes;
+        volume.object.dnode.borrow_mut().length_bytes = size_bytes;
+        volume.object.dirty.set(true);
+        Ok(())
+    }
+
+    /// The properties of the pool, a volume or a snapshot: every one, or those named.
+    pub async fn get_properties(self: &Rc<Self>, target: &str, names: &[String]) -> Result<Vec<PropertyValue>, PoolError> {
+        let mut values: Vec<(String, String, String)> = Vec::new();
+        let pool_properties = self.directory.borrow().properties.clone();
+        if target == self.name {
+            let (size, free) = self.space();
+            values.push(("type".into(), "pool".into(), "-".into()));
+            values.push(("size".into(), size.to_string(), "-".into()));
+            values.push(("allocated".into(), (size - free).to_string(), "-".into()));
+            values.push(("free".into(), free.to_string(), "-".into()));
+            values.push(("capacity".into(), format!("{}%", if size == 0 { 0 } else { (size - free) * 100 / size }), "-".into()));
+            values.push(("health".into(), self.health().to_string(), "-".into()));
+            values.push(("guid".into(), format!("{:#x}", self.guid), "-".into()));
+            for (name, default) in INHERITABLE {
+                let (value, source) = match pool_properties.get(name) {
+                    Some(value) => (value.clone(), "local".to_string()),
+                    None => (default.to_string(), "default".to_string()),
+                };
+                values.push((name.into(), value, source));
+            }
+            for (name, value) in pool_properties.iter().filter(|(name, _)| is_user_property(name)) {
+                values.push((name.clone(), value.clone(), "local".into()));
+            }
+        } else if target.contains('@') {
+            values.extend(self.snapshot_properties(target).await?);
+        } else {
+            let volume = self.volume(target)?;
+            let short = volume.short_name().to_string();
+            let record = self.directory.borrow().volumes.get(&short).cloned().ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+            let space = self.volume_space(&short).await?;
+            values.push(("type".into(), "volume".into(), "-".into()));
+            values.extend(space_values(&space));
+            values.push(("volsize".into(), volume.size_bytes.get().to_string(), "local".into()));
+            values.push(("volblocksize".into(), volume.block_bytes.to_string(), "-".into()));
+            let origin = record.origin.as_ref().map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot)).unwrap_or_else(|| "-".into());
+            values.push(("origin".into(), origin, "-".into()));
+            values.push(("guid".into(), format!("{:#x}", record.guid), "-".into()));
+            values.push(("createtxg".into(), record.created_txg.to_string(), "-".into()));
+            for (name, _) in INHERITABLE {
+                if let Some((value, source)) = lookup(&record.properties, &pool_properties, &self.name, name) {
+                    values.push((name.into(), value, source));
+                }
+            }
+            let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
+            for (name, value) in pool_properties.iter().filter(|(name, _)| is_user_property(name)) {
+                user.insert(name.clone(), (value.clone(), format!("inherited from {}", self.name)));
+            }
+            for (name, value) in record.properties.iter().filter(|(name, _)| is_user_property(name)) {
+                user.insert(name.clone(), (value.clone(), "local".into()));
+            }
+            values.extend(user.into_iter().map(|(name, (value, source))| (name, value, source)));
+        }
+        let wanted = |name: &str| names.is_empty() || names.iter().any(|wanted| wanted == "all" || wanted == name);
+        for name in names {
+            if name != "all" && !values.iter().any(|(have, _, _)| have == name) && !is_user_property(name) {
+                return Err(PoolError::InvalidArgument(format!("unknown property '{name}'")));
+            }
+        }
+        let mut rows: Vec<PropertyValue> =
+            values.into_iter().filter(|(name, _, _)| wanted(name)).map(|(property, value, source)| PropertyValue { name: target.to_string(), property, value, source }).collect();
+        // A user property asked for by name but set nowhere shows as "-".
+        for name in names.iter().filter(|name| is_user_property(name)) {
+            if !rows.iter().any(|row| &row.property == name) {
+                rows.push(PropertyValue { name: target.to_string(), property: name.clone(), value: "-".into(), source: "-".into() });
+            }
+        }
+        Ok(rows)
+    }
+
+    async fn snapshot_properties(self: &Rc<Self>, target: &str) -> Result<Vec<(String, String, String)>, PoolError> {
+        let (volume, snapshot) = super::dataset::split_snapshot_name(&self.name, target).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+        let infos = self.snapshots(volume).await?;
+        let info = infos.iter().find(|info| info.name.ends_with(&format!("@{snapshot}"))).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+        let record = self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+        let snapshot_volume = self.snapshot_volume(target).await?;
+        let dnode = snapshot_volume.object.dnode();
+        let ratio = if dnode.physical_bytes == 0 { 1.0 } else { dnode.logical_bytes as f64 / dnode.physical_bytes as f64 };
+        Ok(vec![
+            ("type".into(), "snapshot".into(), "-".into()),
+            ("used".into(), info.used_bytes.to_string(), "-".into()),
+            ("referenced".into(), info.referenced_bytes.to_string(), "-".into()),
+            ("logicalreferenced".into(), dnode.logical_bytes.to_string(), "-".into()),
+            ("compressratio".into(), format!("{ratio:.2}x"), "-".into()),
+            ("volsize".into(), snapshot_volume.size_bytes.get().to_string(), "-".into()),
+            ("volblocksize".into(), record.block_bytes.to_string(), "-".into()),
+            ("guid".into(), info.guid.clone(), "-".into()),
+            ("createtxg".into(), info.txg.to_string(), "-".into()),
+            ("creation".into(), info.created_unix_seconds.to_string(), "-".into()),
+        ])
+    }
+}
+
+fn space_values(space: &super::dataset::VolumeSpace) -> Vec<(String, String, String)> {
+    vec![
+        ("used".into(), space.used_bytes.to_string(), "-".into()),
+        ("referenced".into(), space.referenced_bytes.to_string(), "-".into()),
+        ("usedbydataset".into(), space.used_by_dataset_bytes.to_string(), "-".into()),
+        ("usedbysnapshots".into(), space.used_by_snapshots_bytes.to_string(), "-".into()),
+        ("written".into(), space.written_bytes.to_string(), "-".into()),
+        ("logicalused".into(), space.logical_used_bytes.to_string(), "-".into()),
+        ("logicalreferenced".into(), space.logical_referenced_bytes.to_string(), "-".into()),
+        ("compressratio".into(), format!("{:.2}x", space.compress_ratio), "-".into()),
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect()
+    }
+
+    #[test]
+    fn local_beats_pool_beats_default() {
+        let pool = map(&[("compression", "zstd-5"), ("sync", "always")]);
+        let local = map(&[("compression", "lz4")]);
+        let settings = settings(&local, &pool);
+        assert_eq!(settings.compression, CompressionSetting::parse("lz4").unwrap());
+        assert_eq!(settings.sync, SyncMode::Always);
+        assert_eq!(settings.checksum, ChecksumAlgo::default());
+        assert!(!settings.read_only);
+        assert_eq!(lookup(&local, &pool, "tank", "sync").unwrap().1, "inherited from tank");
+        assert_eq!(lookup(&local, &pool, "tank", "compression").unwrap().1, "local");
+        assert_eq!(lookup(&local, &pool, "tank", "readonly").unwrap(), ("off".into(), "default".into()));
+    }
+
+    #[test]
+    fn validation() {
+        assert_eq!(validate("compression", "on", false).unwrap(), "lz4");
+        assert_eq!(validate("checksum", "on", true).unwrap(), "xxh3");
+        assert!(validate("compression", "gzip-9", false).is_err());
+        assert!(validate("sync", "sometimes", false).is_err());
+        assert!(validate("readonly", "yes", false).is_err());
+        assert!(validate("volsize", "1G", true).is_err());
+        assert_eq!(validate("volsize", "1G", false).unwrap(), (1u64 << 30).to_string());
+        assert!(validate("volblocksize", "8K", false).is_err());
+        assert!(validate("used", "5", false).unwrap_err().to_string().contains("read-only"));
+        assert!(validate("colour", "blue", false).unwrap_err().to_string().contains("unknown property"));
+        assert_eq!(validate("com.example:owner", "ops team", false).unwrap(), "ops team");
+        assert!(validate("com.example:owner", &"x".repeat(USER_PROPERTY_VALUE_BYTES_MAX + 1), false).is_err());
+        assert!(!is_user_property(":x"));
+        assert!(!is_user_property("a b:c"));
+    }
+}

@@ -1,0 +1,459 @@
+//! `receive`: applies a send stream, all or nothing.
+//!
+//! The stream is written into a hidden volume (`TARGET%recv`, a name no user
+//! volume can have): a new volume for a full stream, a clone of the earlier
+//! snapshot for an incremental one. Only when the END record has checked out
+//! does the hidden volume become the target in one txg — renamed for a full
+//! stream; for an incremental one, its tree takes the place of the target's —
+//! and the stream's snapshot is taken in that same txg. A damaged, truncated or
+//! mismatched stream therefore never changes the target.
+//!
+//! With `-s`, an interrupted receive keeps what it applied (committed together
+//! with the position reached), and its resume token lets `send -t` continue
+//! the stream from there. Without it, a failed receive discards the hidden
+//! volume.
+
+use std::cell::RefCell;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use super::dataset::SnapshotRequest;
+use super::directory::{valid_name, ReceiveRecord};
+use super::send::ResumeToken;
+use super::volume::Volume;
+use super::{Pool, PoolError};
+use crate::format::dnode::DNODE_FLAG_READ_ONLY;
+use crate::format::stream::{Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES};
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::sync::Semaphore;
+use crate::rt::uring;
+
+/// WRITE records applied at once: their data (up to 1 MiB each) is the memory a
+/// receive holds, and 16 keep the devices busy.
+pub const RECEIVE_RECORDS_IN_FLIGHT: u64 = 16;
+/// Data received between two saves of the resume position (each waits for the
+/// writes before it): bounds what an interrupted receive sends again.
+const RECEIVE_CHECKPOINT_BYTES: u64 = 256 << 20;
+/// Suffix of the hidden volume a receive writes into ('%' is not allowed in
+/// names, so it cannot collide with a user's volume).
+pub const RECEIVE_SUFFIX: &str = "%recv";
+
+/// How to receive.
+#[derive(Clone, Debug, Default)]
+pub struct ReceiveOptions {
+    /// "POOL/VOL" (or "VOL"): the volume to create (full stream) or update
+    /// (incremental stream).
+    pub target: String,
+    /// Incremental: roll the target back to the stream's source snapshot first,
+    /// destroying later snapshots and changes.
+    pub force: bool,
+    /// Keep a partial receive for resuming when the stream breaks.
+    pub save_partial: bool,
+}
+
+/// What a receive did.
+#[derive(Clone, Debug, Serialize)]
+pub struct ReceiveSummary {
+    pub snapshot: String,
+    pub records: u64,
+    pub written_blocks: u64,
+    pub freed_blocks: u64,
+    pub resumed_from_block: Option<u64>,
+}
+
+/// Whether an error came from the stream (the sender's side: a partial receive
+/// may be kept) or from this pool.
+enum Failure {
+    Stream(String),
+    Pool(PoolError),
+}
+
+impl From<PoolError> for Failure {
+    fn from(error: PoolError) -> Failure {
+        Failure::Pool(error)
+    }
+}
+
+impl From<StreamError> for Failure {
+    fn from(error: StreamError) -> Failure {
+        Failure::Stream(error.to_string())
+    }
+}
+
+/// Reads the next record from `input`; None at a clean end of input.
+async fn next_record(input: RawFd, checker: &mut StreamChecker) -> Result<Option<(RecordHeader, Record, Option<AlignedBuf>)>, Failure> {
+    let (read, header_bytes) = uring::read_stream_exact(input, AlignedBuf::zeroed(RECORD_HEADER_BYTES)).await;
+    let count = read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))?;
+    if count == 0 {
+        return Ok(None);
+    }
+    if count < RECORD_HEADER_BYTES {
+        return Err(StreamError::Truncated { records: checker.records() }.into());
+    }
+    let header = checker.header(header_bytes[..].try_into().expect("header size"))?;
+    let head_length = StreamChecker::head_bytes(&header);
+    let tail_length = header.payload_bytes as usize - head_length;
+    let (read, head) = uring::read_stream_exact(input, AlignedBuf::zeroed(head_length)).await;
+    if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))? < head_length {
+        return Err(StreamError::Truncated { records: checker.records() }.into());
+    }
+    let tail = if tail_length > 0 {
+        let (read, tail) = uring::read_stream_exact(input, AlignedBuf::for_overwrite(tail_length)).await;
+        if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))? < tail_length {
+            return Err(StreamError::Truncated { records: checker.records() }.into());
+        }
+        Some(tail)
+    } else {
+        None
+    };
+    let record = checker.accept(&header, &head, tail.as_deref().unwrap_or(&[]))?;
+    Ok(Some((header, record, tail)))
+}
+
+/// Writes in flight and the first error among them.
+struct Applier {
+    slots: Rc<Semaphore>,
+    error: Rc<RefCell<Option<PoolError>>>,
+}
+
+impl Applier {
+    fn new() -> Applier {
+        Applier { slots: Semaphore::new(RECEIVE_RECORDS_IN_FLIGHT), error: Rc::new(RefCell::new(None)) }
+    }
+
+    fn failed(&self) -> Result<(), PoolError> {
+        match self.error.borrow_mut().take() {
+            Some(error) => Err(error),
+            None => Ok(()),
+        }
+    }
+
+    /// Waits for every write in flight; returns the first error.
+    async fn drain(&self) -> Result<(), PoolError> {
+        drop(self.slots.acquire(RECEIVE_RECORDS_IN_FLIGHT).await);
+        self.failed()
+    }
+}
+
+impl Pool {
+    fn hidden_name(target_short: &str) -> String {
+        format!("{target_short}{RECEIVE_SUFFIX}")
+    }
+
+    /// The resume token of an interrupted receive into `target`, if any.
+    pub fn receive_resume_token(&self, target: &str) -> Option<String> {
+        let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target);
+        let directory = self.directory.borrow();
+        let record = directory.volumes.get(&Self::hidden_name(short))?.receive.clone()?;
+        Some(ResumeToken { snapshot: record.snapshot, to_guid: record.to_guid, from: record.from, from_guid: record.from_guid, next_block: record.next_block }.encode())
+    }
+
+    /// Discards an interrupted receive into `target`.
+    pub async fn receive_abort(self: &Rc<Self>, target: &str) -> Result<(), PoolError> {
+        let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target).to_string();
+        let hidden = Self::hidden_name(&short);
+        if !self.directory.borrow().volumes.contains_key(&hidden) {
+            return Err(PoolError::InvalidArgument(format!("no interrupted receive into {}/{short}", self.name)));
+        }
+        self.destroy_volume(&hidden, true).await
+    }
+
+    /// Receives a stream from `input` (see the module documentation).
+    pub async fn receive(self: &Rc<Self>, options: ReceiveOptions, input: RawFd) -> Result<ReceiveSummary, PoolError> {
+        self.txg.ensure_writable()?;
+        let short = options.target.strip_prefix(&format!("{}/", self.name)).unwrap_or(&options.target).to_string();
+        if !valid_name(&short) {
+            return Err(PoolError::InvalidName(short));
+        }
+        let hidden_short = Self::hidden_name(&short);
+        let mut checker = StreamChecker::new();
+        let begin = match next_record(input, &mut checker).await {
+            Ok(Some((_, Record::Begin(begin), _))) => begin,
+            Ok(_) => return Err(PoolError::InvalidArgument("the stream is empty".into())),
+            Err(Failure::Stream(message)) => return Err(PoolError::InvalidArgument(format!("stream refused: {message}"))),
+            Err(Failure::Pool(error)) => return Err(error),
+        };
+        let (_, snapshot_name) = begin.snapshot.split_once('@').ok_or_else(|| PoolError::InvalidArgument(format!("stream names no snapshot ({})", begin.snapshot)))?;
+        if !valid_name(snapshot_name) {
+            return Err(PoolError::InvalidName(snapshot_name.to_string()));
+        }
+        let hidden = self.prepare_receive(&short, &hidden_short, &begin, &options).await?;
+        let resumed_from_block = begin.resume_block;
+        let applied = self.apply_stream(&hidden, &hidden_short, input, &mut checker, options.save_partial).await;
+        match applied {
+            Ok(()) => {}
+            Err(failure) => {
+                let message = match failure {
+                    Failure::Stream(message) => format!("stream refused: {message}"),
+                    Failure::Pool(error) => error.to_string(),
+                };
+                return Err(self.fail_receive(&short, &hidden_short, options.save_partial, message).await);
+            }
+        }
+        if let Err(error) = self.finish_receive(&short, &hidden_short, &begin, snapshot_name, options.force).await {
+            return Err(self.fail_receive(&short, &hidden_short, options.save_partial, error.to_string()).await);
+        }
+        let (written_blocks, freed_blocks) = checker.counts();
+        Ok(ReceiveSummary { snapshot: format!("{}/{short}@{snapshot_name}", self.name), records: checker.records(), written_blocks, freed_blocks, resumed_from_block })
+    }
+
+    /// Checks that the stream applies here and sets up the hidden volume.
+    async fn prepare_receive(self: &Rc<Self>, short: &str, hidden_short: &str, begin: &StreamBegin, options: &ReceiveOptions) -> Result<Rc<Volume>, PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        let existing_hidden = self.directory.borrow().volumes.get(hidden_short).cloned();
+        if let Some(resume_block) = begin.resume_block {
+            let record = existing_hidden.and_then(|record| record.receive).ok_or_else(|| PoolError::InvalidArgument(format!("the stream resumes a receive, but none into {}/{short} was interrupted", self.name)))?;
+            if record.to_guid != begin.to_guid || record.from_guid != begin.from_guid {
+                return Err(PoolError::InvalidArgument(format!("the stream resumes {}, not the interrupted receive of {}", begin.snapshot, record.snapshot)));
+            }
+            if resume_block > record.next_block {
+                return Err(PoolError::InvalidArgument(format!("the stream resumes at block {resume_block}, but only blocks before {} were received", record.next_block)));
+            }
+            return self.volume(hidden_short);
+        }
+        if let Some(record) = existing_hidden {
+            let token = self.receive_resume_token(short).unwrap_or_default();
+            let what = record.receive.map(|receive| receive.snapshot).unwrap_or_default();
+            return Err(PoolError::InvalidArgument(format!(
+                "an interrupted receive of {what} into {}/{short} exists: resume it with `ironpool send -t {token}` piped into `ironpool receive -s`, or discard it with `ironpool receive -A {}/{short}`",
+                self.name, self.name
+            )));
+        }
+        let receive = ReceiveRecord {
+            target: short.to_string(),
+            snapshot: begin.snapshot.clone(),
+            to_guid: begin.to_guid,
+            from: begin.from.clone(),
+            from_guid: begin.from_guid,
+            next_block: 0,
+        };
+        let hidden = if begin.from_guid == 0 {
+            if self.directory.borrow().volumes.contains_key(short) {
+                return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new volume; receive into another name, or send incrementally)", self.name)));
+            }
+            drop(_admin);
+            self.create_volume_named(hidden_short.to_string(), begin.size_bytes, begin.block_bytes, Default::default()).await?
+        } else {
+            let from = self.incremental_source(short, begin, options.force)?;
+            let hidden = self.clone_locked(&format!("{}/{short}@{from}", self.name), hidden_short).await?;
+            if begin.size_bytes > hidden.size_bytes.get() {
+                hidden.size_bytes.set(begin.size_bytes);
+                hidden.object.dnode.borrow_mut().length_bytes = begin.size_bytes;
+                hidden.object.dirty.set(true);
+                if let Some(record) = self.directory.borrow_mut().volumes.get_mut(hidden_short) {
+                    record.size_bytes = begin.size_bytes;
+                }
+            }
+            hidden
+        };
+        if let Some(record) = self.directory.borrow_mut().volumes.get_mut(hidden_short) {
+            record.receive = Some(receive);
+        }
+        self.directory_dirty.set(true);
+        Ok(hidden)
+    }
+
+    /// The target's snapshot an incremental stream applies to (by guid), after
+    /// checking that the target has nothing newer (or, with `force`, that it may
+    /// be rolled back).
+    fn incremental_source(&self, short: &str, begin: &StreamBegin, force: bool) -> Result<String, PoolError> {
+        let record = self.directory.borrow().volumes.get(short).cloned().ok_or_else(|| {
+            PoolError::InvalidArgument(format!("the stream is incremental from {}, but {}/{short} does not exist: receive a full stream first", begin.from.clone().unwrap_or_default(), self.name))
+        })?;
+        let index = record.snapshots.iter().position(|snapshot| snapshot.guid == begin.from_guid).ok_or_else(|| {
+            PoolError::InvalidArgument(format!(
+                "the stream is incremental from {} (guid {:#x}), which {}/{short} does not have",
+                begin.from.clone().unwrap_or_default(),
+                begin.from_guid,
+                self.name
+            ))
+        })?;
+        let (_, wanted) = begin.snapshot.split_once('@').unwrap_or_default();
+        if record.snapshots.iter().any(|snapshot| snapshot.name == wanted) {
+            return Err(PoolError::VolumeExists(format!("{}/{short}@{wanted}", self.name)));
+        }
+        if record.block_bytes != begin.block_bytes {
+            return Err(PoolError::InvalidArgument(format!("the stream's block size {} differs from {}/{short}'s {}", begin.block_bytes, self.name, record.block_bytes)));
+        }
+        if !force {
+            if index + 1 != record.snapshots.len() {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{}/{short} has snapshots newer than {}; use -F to roll back to it (destroying them)",
+                    self.name, record.snapshots[index].name
+                )));
+            }
+            if self.changed_since_latest_snapshot(short)? {
+                return Err(PoolError::InvalidArgument(format!("{}/{short} was written since @{}; use -F to roll back those changes", self.name, record.snapshots[index].name)));
+            }
+        }
+        Ok(record.snapshots[index].name.clone())
+    }
+
+    /// True when a volume holds writes made after its latest snapshot.
+    fn changed_since_latest_snapshot(&self, short: &str) -> Result<bool, PoolError> {
+        let head = self.volume(short)?;
+        let dnode = head.object.dnode();
+        Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg || head.object.has_dirty_nodes() || !head.object.dead.borrow().is_empty() || head.object.dead_list.get() != 0)
+    }
+
+    /// Applies the records after BEGIN to the hidden volume, up to END.
+    async fn apply_stream(self: &Rc<Self>, hidden: &Rc<Volume>, hidden_short: &str, input: RawFd, checker: &mut StreamChecker, save_partial: bool) -> Result<(), Failure> {
+        let applier = Applier::new();
+        let block_bytes = hidden.block_bytes;
+        let mut since_checkpoint = 0u64;
+        loop {
+            applier.failed()?;
+            let record = match next_record(input, checker).await {
+                Ok(Some((_, record, tail))) => (record, tail),
+                Ok(None) => {
+                    applier.drain().await?;
+                    if save_partial {
+                        self.save_receive_position(hidden_short, checker.next_block()).await?;
+                    }
+                    return Err(StreamError::Truncated { records: checker.records() }.into());
+                }
+                Err(failure) => {
+                    applier.drain().await?;
+                    if save_partial {
+                        // A refused record was not accepted: the position is
+                        // still the end of the last good one.
+                        self.save_receive_position(hidden_short, checker.next_block()).await?;
+                    }
+                    return Err(failure);
+                }
+            };
+            match record {
+                (Record::Write { first_block, count }, Some(data)) => {
+                    let permit = applier.slots.acquire(1).await;
+                    let pool = self.clone();
+                    let volume = hidden.clone();
+                    let error = applier.error.clone();
+                    since_checkpoint += count as u64 * block_bytes;
+                    crate::rt::spawn(async move {
+                        let result = pool.write(&volume, first_block * block_bytes, BufSlice::whole(data.into_shared()), false).await;
+                        if let Err(failure) = result {
+                            error.borrow_mut().get_or_insert(failure);
+                        }
+                        drop(permit);
+                    });
+                }
+                (Record::Free { first_block, count }, _) => {
+                    self.zero(hidden, first_block * block_bytes, count * block_bytes, false, true).await?;
+                }
+                (Record::End(_), _) => {
+                    applier.drain().await?;
+                    return Ok(());
+                }
+                (record, _) => return Err(Failure::Stream(format!("unexpected record {record:?}"))),
+            }
+            if save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
+                applier.drain().await?;
+                self.note_receive_position(hidden_short, checker.next_block());
+                since_checkpoint = 0;
+            }
+        }
+    }
+
+    /// Records how far a receive got (committed with the next txg, after the
+    /// data before it).
+    fn note_receive_position(&self, hidden_short: &str, next_block: u64) {
+        if let Some(receive) = self.directory.borrow_mut().volumes.get_mut(hidden_short).and_then(|record| record.receive.as_mut()) {
+            receive.next_block = next_block;
+        }
+        self.directory_dirty.set(true);
+    }
+
+    /// Records how far a receive got and makes it durable.
+    async fn save_receive_position(self: &Rc<Self>, hidden_short: &str, next_block: u64) -> Result<(), PoolError> {
+        self.note_receive_position(hidden_short, next_block);
+        self.txg.wait_durable(self, self.txg.open()).await
+    }
+
+    /// After a failure: keeps the partial receive (with `save_partial` and
+    /// something to resume) or discards it. Returns the error to report.
+    async fn fail_receive(self: &Rc<Self>, short: &str, hidden_short: &str, save_partial: bool, message: String) -> PoolError {
+        if save_partial {
+            if let Some(token) = self.receive_resume_token(short) {
+                return PoolError::InvalidArgument(format!(
+                    "{message}\nthe partial receive into {}/{short} was kept; resume with:\n  ironpool send -t {token} | ironpool receive -s {}/{short}\nor discard it with: ironpool receive -A {}/{short}",
+                    self.name, self.name, self.name
+                ));
+            }
+        }
+        let cleanup = self.destroy_volume(hidden_short, true).await;
+        match cleanup {
+            Ok(()) => PoolError::InvalidArgument(format!("{message}\nnothing was received; {}/{short} is unchanged", self.name)),
+            Err(error) => PoolError::InvalidArgument(format!("{message}\n(discarding the partial receive also failed: {error}; retry with `ironpool receive -A {}/{short}`)", self.name)),
+        }
+    }
+
+    /// Makes the hidden volume the target, with the stream's snapshot, in one txg.
+    async fn finish_receive(self: &Rc<Self>, short: &str, hidden_short: &str, begin: &StreamBegin, snapshot_name: &str, force: bool) -> Result<(), PoolError> {
+        // Everything received is committed first: the hidden tree is then clean
+        // on disk and can change hands as a whole.
+        self.txg.wait_durable(self, self.txg.open()).await?;
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let hidden = self.volume(hidden_short)?;
+        let _hidden_writers = hidden.exclusive().await;
+        if begin.from_guid == 0 {
+            if self.directory.borrow().volumes.contains_key(short) {
+                return Err(PoolError::VolumeExists(format!("{}/{short} was created while receiving", self.name)));
+            }
+            let mut record = self.directory.borrow_mut().volumes.remove(hidden_short).ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
+            record.receive = None;
+            let settings = self.volume_settings(&record.properties);
+            let volume = Volume::new(format!("{}/{short}", self.name), hidden.object.clone(), &record, settings);
+            self.directory.borrow_mut().volumes.insert(short.to_string(), record);
+            self.volumes.borrow_mut().remove(hidden_short);
+            self.volumes.borrow_mut().insert(short.to_string(), volume);
+        } else {
+            let from = self.incremental_source(short, begin, force)?;
+            let head = self.volume(short)?;
+            let needs_rollback = {
+                let record = self.directory.borrow().volumes.get(short).cloned().ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
+                record.snapshots.last().is_some_and(|latest| latest.name != from) || self.changed_since_latest_snapshot(short)?
+            };
+            if needs_rollback {
+                self.rollback_locked(&format!("{}/{short}@{from}", self.name), true).await?;
+            }
+            let _head_writers = head.exclusive().await;
+            if hidden.object.has_dirty_nodes() {
+                return Err(PoolError::Corrupt(format!("{hidden_short} changed while it was being received")));
+            }
+            let current = head.object.dnode();
+            let mut dnode = hidden.object.dnode();
+            dnode.flags &= !DNODE_FLAG_READ_ONLY;
+            dnode.creation_txg = current.creation_txg;
+            dnode.origin_txg = current.origin_txg;
+            // The head takes the received tree; the blocks of the source snapshot
+            // the received data replaced are the head's dead blocks now.
+            self.objects.reset_tree(&head.object, dnode);
+            let pending_dead = std::mem::take(&mut *hidden.object.dead.borrow_mut());
+            head.object.dead.borrow_mut().extend(pending_dead);
+            let dead_list = hidden.object.dead_list.replace(0);
+            head.object.dead_list.set(dead_list);
+            head.size_bytes.set(begin.size_bytes.max(head.size_bytes.get()));
+            {
+                let mut directory = self.directory.borrow_mut();
+                let removed = directory.volumes.remove(hidden_short);
+                if let Some(origin) = removed.and_then(|record| record.origin) {
+                    if let Some(snapshot) = directory.volumes.get_mut(&origin.volume).and_then(|record| record.snapshots.iter_mut().find(|snapshot| snapshot.name == origin.snapshot)) {
+                        snapshot.clones.retain(|clone| clone != hidden_short);
+                    }
+                }
+                let record = directory.volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
+                record.dead_list = dead_list;
+                record.size_bytes = head.size_bytes.get();
+            }
+            self.volumes.borrow_mut().remove(hidden_short);
+            hidden.begin_destroy();
+            self.drop_dnode(hidden.object.id)?;
+        }
+        self.pending_snapshots.borrow_mut().push(SnapshotRequest { volume: short.to_string(), name: snapshot_name.to_string(), guid: begin.to_guid });
+        self.directory_dirty.set(true);
+        self.txg.wait_durable(self, self.txg.open()).await
+    }
+}

@@ -1,0 +1,336 @@
+//! `send`: a snapshot as a stream ([`crate::format::stream`]), full or
+//! incremental from an earlier snapshot, written to a pipe, a file or a socket.
+//!
+//! An incremental stream carries only the blocks born after the earlier
+//! snapshot, found through the birth txgs of the block pointers without reading
+//! unchanged subtrees, and the ranges that became holes since. Blocks are read
+//! many at a time (the device queue sees depth, not one read after another) and
+//! written out in order. The snapshot is held while it is sent, so it cannot be
+//! destroyed under the stream.
+
+use std::collections::VecDeque;
+use std::os::fd::RawFd;
+use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
+
+use super::dataset::split_snapshot_name;
+use super::{Pool, PoolError};
+use crate::format::bp::Compression;
+use crate::format::stream::{self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX};
+use crate::object::BlockChange;
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::executor::JoinHandle;
+use crate::rt::uring;
+use crate::vdev::queue::IoClass;
+
+/// Block reads a send keeps in flight: enough depth for the devices (and their
+/// queue's aggregation of neighbours), bounded memory (64 × 128 KiB at most).
+pub const SEND_READS_IN_FLIGHT: usize = 64;
+/// Changes found per walk of the tree (the walk resumes where it stopped).
+const CHANGES_PER_WALK: usize = 4096;
+
+/// Where an interrupted receive stopped: what `send -t` needs to continue.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResumeToken {
+    /// "POOL/VOL@SNAP" as the sender named it.
+    pub snapshot: String,
+    pub to_guid: u64,
+    #[serde(default)]
+    pub from: Option<String>,
+    #[serde(default)]
+    pub from_guid: u64,
+    /// The first block not yet received.
+    pub next_block: u64,
+}
+
+/// Version tag of the token's text form.
+const TOKEN_PREFIX: &str = "1-";
+/// Longest token accepted (a token is a few hundred characters).
+const TOKEN_CHARS_MAX: usize = 16 * 1024;
+
+impl ResumeToken {
+    /// The text form: a version, then the JSON document in hex (safe to paste in
+    /// a shell, and into `ironpool send -t`).
+    pub fn encode(&self) -> String {
+        let json = serde_json::to_vec(self).expect("token serialises");
+        let mut text = String::from(TOKEN_PREFIX);
+        for byte in json {
+            text.push_str(&format!("{byte:02x}"));
+        }
+        text
+    }
+
+    pub fn decode(text: &str) -> Result<ResumeToken, PoolError> {
+        let invalid = || PoolError::InvalidArgument("not a valid resume token (copy it whole from the receive error or `ironpool get receive_resume_token`)".into());
+        let hex = text.trim().strip_prefix(TOKEN_PREFIX).ok_or_else(invalid)?;
+        if hex.len() % 2 != 0 || hex.len() > TOKEN_CHARS_MAX {
+            return Err(invalid());
+        }
+        let bytes: Result<Vec<u8>, _> = (0..hex.len()).step_by(2).map(|index| u8::from_str_radix(&hex[index..index + 2], 16)).collect();
+        serde_json::from_slice(&bytes.map_err(|_| invalid())?).map_err(|_| invalid())
+    }
+}
+
+/// What a send did.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct SendSummary {
+    pub snapshot: String,
+    pub from: Option<String>,
+    pub records: u64,
+    pub written_blocks: u64,
+    pub freed_blocks: u64,
+    pub stream_bytes: u64,
+}
+
+/// What to send.
+#[derive(Clone, Debug)]
+pub struct SendRequest {
+    /// "POOL/VOL@SNAP".
+    pub snapshot: String,
+    /// "@EARLIER", "VOL@EARLIER" or "POOL/VOL@EARLIER": an earlier snapshot of
+    /// the same volume, or the origin of a clone.
+    pub from: Option<String>,
+    /// Continue an interrupted stream from this block.
+    pub resume_block: Option<u64>,
+}
+
+/// One entry of the in-order pipeline between reads and the output.
+enum Pending {
+    Read { blkid: u64, read: JoinHandle<Result<AlignedBuf, PoolError>> },
+    Holes { first: u64, count: u64 },
+}
+
+/// Builds records from blocks in order and writes them out.
+struct StreamOut {
+    fd: RawFd,
+    block_bytes: u64,
+    previous: [u8; 16],
+    end: StreamEnd,
+    bytes: u64,
+    incremental: bool,
+    /// Data blocks waiting to become a WRITE record: first block and the blocks.
+    run: Option<(u64, Vec<BufSlice>)>,
+    /// Holes waiting to become a FREE record.
+    holes: Option<(u64, u64)>,
+}
+
+impl StreamOut {
+    async fn record(&mut self, kind: RecordKind, head: &[u8], data: Vec<BufSlice>) -> Result<(), PoolError> {
+        let (header, checksum) = {
+            let mut parts: Vec<&[u8]> = vec![head];
+            parts.extend(data.iter().map(|slice| &slice[..]));
+            stream::encode_header(kind, &parts, &self.previous)
+        };
+        let mut front = AlignedBuf::for_overwrite(header.len() + head.len());
+        front[..header.len()].copy_from_slice(&header);
+        front[header.len()..].copy_from_slice(head);
+        let length = front.len() as u64 + data.iter().map(|slice| slice.len() as u64).sum::<u64>();
+        let mut slices = vec![BufSlice::whole(front.into_shared())];
+        slices.extend(data);
+        uring::write_stream_all(self.fd, slices).await.map_err(|error| PoolError::Io(format!("writing the stream: {error}")))?;
+        self.previous = checksum;
+        self.end.records += 1;
+        self.bytes += length;
+        Ok(())
+    }
+
+    async fn flush_run(&mut self) -> Result<(), PoolError> {
+        if let Some((first, blocks)) = self.run.take() {
+            let count = blocks.len() as u32;
+            self.record(RecordKind::Write, &stream::write_header(first, count), blocks).await?;
+            self.end.written_blocks += count as u64;
+        }
+        Ok(())
+    }
+
+    async fn flush_holes(&mut self) -> Result<(), PoolError> {
+        if let Some((first, count)) = self.holes.take() {
+            self.record(RecordKind::Free, &stream::free_payload(first, count), Vec::new()).await?;
+            self.end.freed_blocks += count;
+        }
+        Ok(())
+    }
+
+    async fn block(&mut self, blkid: u64, data: BufSlice) -> Result<(), PoolError> {
+        self.flush_holes().await?;
+        let blocks_max = (WRITE_DATA_BYTES_MAX / self.block_bytes) as usize;
+        let continues = matches!(&self.run, Some((first, blocks)) if first + blocks.len() as u64 == blkid && blocks.len() < blocks_max);
+        if !continues {
+            self.flush_run().await?;
+            self.run = Some((blkid, Vec::new()));
+        }
+        self.run.as_mut().expect("a run").1.push(data);
+        Ok(())
+    }
+
+    async fn free(&mut self, first: u64, count: u64) -> Result<(), PoolError> {
+        // A full stream starts from nothing: holes need no record.
+        if !self.incremental {
+            return Ok(());
+        }
+        self.flush_run().await?;
+        match &mut self.holes {
+            Some((start, length)) if *start + *length == first => *length += count,
+            _ => {
+                self.flush_holes().await?;
+                self.holes = Some((first, count));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Resolves "@SNAP", "VOL@SNAP" or "POOL/VOL@SNAP" against `volume`.
+    fn resolve_from(&self, volume: &str, from: &str) -> Result<(String, String), PoolError> {
+        let (from_volume, from_snapshot) = match from.strip_prefix('@') {
+            Some(snapshot) => (volume.to_string(), snapshot.to_string()),
+            None => {
+                let (from_volume, from_snapshot) = split_snapshot_name(&self.name, from).ok_or_else(|| PoolError::InvalidArgument(format!("'{from}' is not a snapshot name")))?;
+                (from_volume.to_string(), from_snapshot.to_string())
+            }
+        };
+        Ok((from_volume, from_snapshot))
+    }
+
+    /// Writes `request`'s stream to `out`.
+    pub async fn send(self: &Rc<Self>, request: SendRequest, out: RawFd) -> Result<SendSummary, PoolError> {
+        let (volume, snapshot) = split_snapshot_name(&self.name, &request.snapshot).ok_or_else(|| PoolError::InvalidArgument(format!("'{}': send takes POOL/VOL@SNAP", request.snapshot)))?;
+        let record = self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
+        let to = record.snapshots.iter().find(|existing| existing.name == snapshot).cloned().ok_or_else(|| PoolError::NoSuchVolume(request.snapshot.clone()))?;
+        let to_name = format!("{}/{volume}@{snapshot}", self.name);
+        let (since_txg, from_name, from_guid) = match &request.from {
+            None => (0, None, 0),
+            Some(from) => {
+                let (from_volume, from_snapshot) = self.resolve_from(volume, from)?;
+                let is_origin = record.origin.as_ref().is_some_and(|origin| origin.volume == from_volume && origin.snapshot == from_snapshot);
+                if from_volume != volume && !is_origin {
+                    return Err(PoolError::InvalidArgument(format!("{from} is neither a snapshot of {}/{volume} nor its origin", self.name)));
+                }
+                let from_record = self.directory.borrow().volumes.get(&from_volume).and_then(|owner| owner.snapshots.iter().find(|existing| existing.name == from_snapshot).cloned());
+                let from_record = from_record.ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{from_volume}@{from_snapshot}", self.name)))?;
+                if from_record.txg >= to.txg {
+                    return Err(PoolError::InvalidArgument(format!("{from} is not earlier than {to_name}")));
+                }
+                (from_record.txg, Some(format!("{}/{from_volume}@{from_snapshot}", self.name)), from_record.guid)
+            }
+        };
+        let _hold = self.hold_snapshot(&to_name);
+        let _from_hold = from_name.as_ref().map(|name| self.hold_snapshot(name));
+        let view = self.snapshot_volume(&to_name).await?;
+        let size_bytes = view.size_bytes.get();
+        let block_bytes = view.block_bytes;
+        let blocks = size_bytes / block_bytes;
+        let begin = StreamBegin {
+            version: STREAM_VERSION,
+            snapshot: to_name.clone(),
+            to_guid: to.guid,
+            from: from_name.clone(),
+            from_guid,
+            size_bytes,
+            block_bytes: block_bytes as u32,
+            resume_block: request.resume_block,
+            properties: record.properties.clone(),
+        };
+        let mut output = StreamOut { fd: out, block_bytes, previous: [0; 16], end: StreamEnd::default(), bytes: 0, incremental: from_name.is_some(), run: None, holes: None };
+        let json = serde_json::to_vec(&begin).expect("BEGIN serialises");
+        output.record(RecordKind::Begin, &json, Vec::new()).await?;
+        let mut pending: VecDeque<Pending> = VecDeque::new();
+        let mut cursor = request.resume_block.unwrap_or(0);
+        loop {
+            let (changes, next) = self.objects.changed_blocks(&view.object, since_txg, cursor, CHANGES_PER_WALK).await?;
+            for change in changes {
+                match change {
+                    BlockChange::Data { blkid, pointer } if blkid < blocks => {
+                        let pool = self.clone();
+                        pending.push_back(Pending::Read { blkid, read: crate::rt::spawn(async move { pool.read_logical(&pointer).await }) });
+                    }
+                    BlockChange::Holes { first, count } if first < blocks => pending.push_back(Pending::Holes { first, count: count.min(blocks - first) }),
+                    _ => {}
+                }
+                let reads = pending.iter().filter(|entry| matches!(entry, Pending::Read { .. })).count();
+                if reads >= SEND_READS_IN_FLIGHT {
+                    drain_front(&mut pending, &mut output, reads / 2).await?;
+                }
+            }
+            match next {
+                Some(next) => cursor = next,
+                None => break,
+            }
+        }
+        drain_front(&mut pending, &mut output, usize::MAX).await?;
+        output.flush_run().await?;
+        output.flush_holes().await?;
+        let end = output.end;
+        output.record(RecordKind::End, &stream::end_payload(&end), Vec::new()).await?;
+        Ok(SendSummary {
+            snapshot: to_name,
+            from: from_name,
+            records: output.end.records,
+            written_blocks: end.written_blocks,
+            freed_blocks: end.freed_blocks,
+            stream_bytes: output.bytes,
+        })
+    }
+
+    /// Reads a block and returns its logical bytes (decompressed).
+    pub(crate) async fn read_logical(self: &Rc<Self>, pointer: &crate::format::BlockPointer) -> Result<AlignedBuf, PoolError> {
+        let physical = self.store.read(pointer, IoClass::AsyncRead).await?;
+        if pointer.compression == Compression::Off {
+            return Ok(physical);
+        }
+        crate::compress::decompress_offloaded(pointer.compression, &physical, pointer.logical_size as usize).await.map_err(PoolError::Corrupt)
+    }
+
+    /// Keeps snapshot `full_name` from being destroyed while the guard lives.
+    pub(crate) fn hold_snapshot(self: &Rc<Self>, full_name: &str) -> SnapshotHold {
+        *self.snapshot_holds.borrow_mut().entry(full_name.to_string()).or_insert(0) += 1;
+        SnapshotHold { pool: self.clone(), name: full_name.to_string() }
+    }
+
+    /// Refuses to destroy a snapshot that is being sent.
+    pub(crate) fn check_not_held(&self, full_name: &str) -> Result<(), PoolError> {
+        if self.snapshot_holds.borrow().get(full_name).is_some_and(|count| *count > 0) {
+            return Err(PoolError::InvalidArgument(format!("{full_name} is being sent; try again when the send ends")));
+        }
+        Ok(())
+    }
+}
+
+/// A hold on a snapshot (see [`Pool::hold_snapshot`]).
+pub struct SnapshotHold {
+    pool: Rc<Pool>,
+    name: String,
+}
+
+impl Drop for SnapshotHold {
+    fn drop(&mut self) {
+        let mut holds = self.pool.snapshot_holds.borrow_mut();
+        if let Some(count) = holds.get_mut(&self.name) {
+            *count -= 1;
+            if *count == 0 {
+                holds.remove(&self.name);
+            }
+        }
+    }
+}
+
+/// Hands the first `reads` reads (and the holes between) to the output, in order.
+async fn drain_front(pending: &mut VecDeque<Pending>, output: &mut StreamOut, reads: usize) -> Result<(), PoolError> {
+    let mut drained = 0;
+    while let Some(entry) = pending.pop_front() {
+        match entry {
+            Pending::Read { blkid, read } => {
+                let data = read.await?;
+                output.block(blkid, BufSlice::whole(data.into_shared())).await?;
+                drained += 1;
+                if drained >= reads {
+                    break;
+                }
+            }
+            Pending::Holes { first, count } => output.free(first, count).await?,
+        }
+    }
+    Ok(())
+}

@@ -172,7 +172,7 @@ impl Pool {
         let begin = match next_record(input, &mut checker).await {
             Ok(Some((_, Record::Begin(begin), _))) => begin,
             Ok(_) => return Err(PoolError::InvalidArgument("the stream is empty".into())),
-            Err(Failure::Stream(message)) => return Err(PoolError::InvalidArgument(format!("stream refused: {message}"))),
+            Err(Failure::Stream(message)) => return Err(PoolError::InvalidArgument(format!("stream refused: {message}\nnothing was received; {}/{short} is unchanged", self.name))),
             Err(Failure::Pool(error)) => return Err(error),
         };
         let (_, snapshot_name) = begin.snapshot.split_once('@').ok_or_else(|| PoolError::InvalidArgument(format!("stream names no snapshot ({})", begin.snapshot)))?;

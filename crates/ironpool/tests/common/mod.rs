@@ -150,6 +150,27 @@ impl TestPool {
         self.ok(&full)
     }
 
+    /// Runs `ironpool ARGS > file` against the running server; returns stderr.
+    pub fn send_to_file(&self, args: &[&str], file: &Path) -> String {
+        let control = self.control().display().to_string();
+        let output = self
+            .command()
+            .args(["--control", &control])
+            .args(args)
+            .stdout(std::fs::File::create(file).expect("stream file"))
+            .output()
+            .expect("run ironpool send");
+        let stderr = String::from_utf8_lossy(&output.stderr).to_string();
+        assert!(output.status.success(), "ironpool {args:?} failed: {stderr}");
+        stderr
+    }
+
+    /// Runs `ironpool ARGS < file` against the running server.
+    pub fn receive_from_file(&self, args: &[&str], file: &Path) -> Output {
+        let control = self.control().display().to_string();
+        self.command().args(["--control", &control]).args(args).stdin(std::fs::File::open(file).expect("stream file")).output().expect("run ironpool receive")
+    }
+
     pub fn status_json(&self) -> serde_json::Value {
         let text = self.admin(&["--json", "status", &self.name]);
         serde_json::from_str(&text).expect("status JSON")
@@ -215,4 +236,85 @@ pub fn corrupt_file(path: &Path, offset: u64, length: usize) {
     let garbage: Vec<u8> = (0..length).map(|index| (index as u8).wrapping_mul(73).wrapping_add(0x5a)).collect();
     file.write_all(&garbage).expect("write garbage");
     file.sync_all().expect("sync");
+}
+
+/// A minimal pipelined NBD client (fixed newstyle, simple replies) for tests
+/// that need to know exactly which writes were acknowledged when.
+pub struct NbdClient {
+    pub stream: std::os::unix::net::UnixStream,
+    pub size_bytes: u64,
+}
+
+/// NBD request magic and commands used by [`NbdClient`].
+pub const NBD_REQUEST_MAGIC: u32 = 0x2560_9513;
+pub const NBD_SIMPLE_REPLY_MAGIC: u32 = 0x6744_6698;
+pub const NBD_CMD_READ: u16 = 0;
+pub const NBD_CMD_WRITE: u16 = 1;
+pub const NBD_CMD_FLUSH: u16 = 3;
+
+impl NbdClient {
+    /// Connects to `export` on the unix socket and negotiates (OPT_GO).
+    pub fn connect(socket: &Path, export: &str) -> NbdClient {
+        use std::io::{Read, Write};
+        let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
+        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        let mut greeting = [0u8; 18];
+        stream.read_exact(&mut greeting).expect("greeting");
+        assert_eq!(&greeting[..8], b"NBDMAGIC");
+        stream.write_all(&1u32.to_be_bytes()).unwrap();
+        let mut option = 0x4948_4156_454f_5054u64.to_be_bytes().to_vec();
+        option.extend_from_slice(&7u32.to_be_bytes());
+        option.extend_from_slice(&((export.len() + 6) as u32).to_be_bytes());
+        option.extend_from_slice(&(export.len() as u32).to_be_bytes());
+        option.extend_from_slice(export.as_bytes());
+        option.extend_from_slice(&0u16.to_be_bytes());
+        stream.write_all(&option).unwrap();
+        let mut size_bytes = 0;
+        loop {
+            let mut header = [0u8; 20];
+            stream.read_exact(&mut header).expect("option reply");
+            let reply = u32::from_be_bytes(header[12..16].try_into().unwrap());
+            let length = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
+            let mut data = vec![0u8; length];
+            stream.read_exact(&mut data).expect("option reply data");
+            match reply {
+                1 => break,
+                3 if data.len() >= 12 && u16::from_be_bytes([data[0], data[1]]) == 0 => size_bytes = u64::from_be_bytes(data[2..10].try_into().unwrap()),
+                3 => {}
+                other => panic!("export {export} refused: reply {other:#x} {}", String::from_utf8_lossy(&data)),
+            }
+        }
+        NbdClient { stream, size_bytes }
+    }
+
+    /// A request header.
+    pub fn request(command: u16, cookie: u64, offset: u64, length: u32) -> Vec<u8> {
+        let mut bytes = NBD_REQUEST_MAGIC.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&0u16.to_be_bytes());
+        bytes.extend_from_slice(&command.to_be_bytes());
+        bytes.extend_from_slice(&cookie.to_be_bytes());
+        bytes.extend_from_slice(&offset.to_be_bytes());
+        bytes.extend_from_slice(&length.to_be_bytes());
+        bytes
+    }
+
+    /// Reads one simple reply header: (error, cookie).
+    pub fn reply(stream: &mut std::os::unix::net::UnixStream) -> (u32, u64) {
+        use std::io::Read;
+        let mut header = [0u8; 16];
+        stream.read_exact(&mut header).expect("reply");
+        assert_eq!(u32::from_be_bytes(header[..4].try_into().unwrap()), NBD_SIMPLE_REPLY_MAGIC);
+        (u32::from_be_bytes(header[4..8].try_into().unwrap()), u64::from_be_bytes(header[8..16].try_into().unwrap()))
+    }
+
+    /// Reads `length` bytes at `offset` (one request at a time).
+    pub fn read(&mut self, offset: u64, length: u32) -> Vec<u8> {
+        use std::io::{Read, Write};
+        self.stream.write_all(&NbdClient::request(NBD_CMD_READ, 1, offset, length)).unwrap();
+        let (error, _) = NbdClient::reply(&mut self.stream);
+        assert_eq!(error, 0, "read at {offset} failed");
+        let mut data = vec![0u8; length as usize];
+        self.stream.read_exact(&mut data).unwrap();
+        data
+    }
 }

@@ -32,6 +32,7 @@ fn main() {
     dnode_seeds(&mut writer);
     spacemap_seeds(&mut writer);
     directory_seeds(&mut writer);
+    send_stream_seeds(&mut writer);
     println!("wrote {} seeds, {} bytes, under {}", writer.written_count, writer.written_bytes, writer.root.display());
 }
 
@@ -70,6 +71,7 @@ fn accepted(target: &str, data: &[u8]) -> bool {
         "dnode" => Dnode::decode(data).is_ok(),
         "spacemap" => ironpool::format::spacemap::decode_records(data).is_ok(),
         "directory" => Directory::decode(data).is_ok(),
+        "send_stream" => ironpool::format::stream::check_stream(data).is_ok(),
         _ => panic!("unknown target {target}"),
     }
 }
@@ -344,11 +346,44 @@ fn directory_seeds(writer: &mut SeedWriter) {
                           "copy":{"object":15,"size_bytes":1073741824,"block_bytes":16384,"created_txg":21,"guid":79,
                                   "origin":{"volume":"vol","snapshot":"monday"}},
                           "incoming":{"object":16,"size_bytes":4096,"block_bytes":4096,"created_txg":22,
-                                      "receive":{"target":"vol","to_guid":80,"to_name":"tuesday","from_guid":78,"offset_bytes":65536}}}}"#,
+                                      "receive":{"target":"vol","snapshot":"tank/vol@tuesday","to_guid":80,"from":"tank/vol@monday","from_guid":78,"next_block":4}}}}"#,
         ),
     ];
     for (name, document) in documents {
         let directory = Directory::decode(document.as_bytes()).unwrap_or_else(|error| panic!("seed {name}: {error}"));
         writer.write("directory", name, &directory.encode());
     }
+}
+
+fn send_stream_seeds(writer: &mut SeedWriter) {
+    use ironpool::format::stream::{StreamBegin, StreamWriter, STREAM_VERSION};
+    let begin = |from: Option<&str>, resume_block: Option<u64>| StreamBegin {
+        version: STREAM_VERSION,
+        snapshot: "tank/vol@b".into(),
+        to_guid: 0x1234,
+        from: from.map(String::from),
+        from_guid: if from.is_some() { 0x99 } else { 0 },
+        size_bytes: 64 * 4096,
+        block_bytes: 4096,
+        resume_block,
+        properties: [("compression".to_string(), "lz4".to_string())].into_iter().collect(),
+    };
+    let mut full = StreamWriter::new();
+    full.begin(&begin(None, None));
+    full.write(0, 2, &[0x11u8; 8192]);
+    full.write(5, 1, &[0x22u8; 4096]);
+    full.end();
+    writer.write("send_stream", "full", &full.bytes);
+    let mut incremental = StreamWriter::new();
+    incremental.begin(&begin(Some("tank/vol@a"), None));
+    incremental.free(0, 4);
+    incremental.write(4, 1, &[0x33u8; 4096]);
+    incremental.free(10, 54);
+    incremental.end();
+    writer.write("send_stream", "incremental", &incremental.bytes);
+    let mut resumed = StreamWriter::new();
+    resumed.begin(&begin(None, Some(32)));
+    resumed.write(40, 1, &[0x44u8; 4096]);
+    resumed.end();
+    writer.write("send_stream", "resumed", &resumed.bytes);
 }

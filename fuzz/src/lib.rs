@@ -23,6 +23,7 @@ pub mod dnode;
 pub mod label;
 pub mod nbd_handshake;
 pub mod nbd_request;
+pub mod send_stream;
 pub mod spacemap;
 pub mod tree_node;
 pub mod uberblock;
@@ -32,7 +33,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 9] = [
+pub const TARGETS: [(&str, Check); 10] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -42,6 +43,7 @@ pub const TARGETS: [(&str, Check); 9] = [
     ("dnode", dnode::check),
     ("spacemap", spacemap::check),
     ("directory", directory::check),
+    ("send_stream", send_stream::check),
 ];
 
 #[cfg(test)]

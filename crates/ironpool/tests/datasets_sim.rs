@@ -210,6 +210,12 @@ async fn model_run(seed: u64, steps: usize) {
     let devices: Vec<Rc<SimDevice>> = (0..2).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 10 + index)).collect();
     let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables()).await.unwrap();
     let mut model = Model::default();
+    // Odd seeds compress (the pool's setting, inherited by every volume and
+    // clone): accounting must hold with compressed blocks too.
+    if seed % 2 == 1 {
+        let setting = BTreeMap::from([("compression".to_string(), if seed % 4 == 1 { "lz4" } else { "zstd" }.to_string())]);
+        pool.set_properties("tank", &setting).await.unwrap();
+    }
     pool.create_volume("tank/v0", VOLUME_BYTES, BLOCK as u32, BTreeMap::new()).await.unwrap();
     model.volumes.insert("v0".into(), vec![0u8; VOLUME_BYTES as usize]);
     model.snapshots.insert("v0".into(), Vec::new());

@@ -548,7 +548,7 @@ fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(),
         head_dnode.prev_snapshot_txg = txg;
     }
     head.object.dirty.set(true);
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0);
+    let created = crate::rt::wall_clock_ns() / 1_000_000_000;
     let mut directory = pool.directory.borrow_mut();
     if let Some(record) = directory.volumes.get_mut(&request.volume) {
         record.snapshots.push(SnapshotRecord {

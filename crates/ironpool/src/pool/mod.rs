@@ -795,5 +795,9 @@ pub fn create_sparse_file(path: &Path, size_bytes: u64) -> Result<(), PoolError>
 }
 
 fn hostname() -> String {
+    // A simulated pool records a fixed host, so its labels replay bit for bit.
+    if crate::rt::in_simulation() {
+        return "simulator".to_string();
+    }
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_string()).unwrap_or_default()
 }

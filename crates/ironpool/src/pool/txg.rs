@@ -370,7 +370,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
         txg,
         pool_guid: pool.guid,
         guid_sum: config_now.guid_sum(),
-        timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_nanos() as u64).unwrap_or(0),
+        timestamp_ns: crate::rt::wall_clock_ns(),
         config_txg: config_now.config_txg,
         dnode_table: table.dnode(),
     };

@@ -24,6 +24,9 @@ pub struct CheckReport {
 
 /// Most problems listed in a report.
 const PROBLEMS_MAX: usize = 64;
+/// Walks tried before giving up on a consistent one: an idle pool stops
+/// committing after `DEFER_TXGS` + 1 empty txgs, so a few suffice.
+const CHECK_ATTEMPTS_MAX: usize = 8;
 
 impl CheckReport {
     fn problem(&mut self, text: String) {
@@ -38,7 +41,28 @@ impl Pool {
     /// the allocated space is exactly the referenced space (no leaks, no double
     /// references, no block outside allocated space). Call on a quiet pool.
     pub async fn check_space(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
-        self.commit().await?;
+        // The walk awaits reads, and meanwhile the sync task may build a txg on
+        // its own (an idle pool still commits to release deferred frees): the
+        // trees walked before it and the allocator compared after it would then
+        // be from different txgs, and the check would report leaks and
+        // unallocated blocks that are not there. The comparison itself is
+        // synchronous, so a walk during which no txg was built is consistent;
+        // otherwise walk again.
+        let mut report = CheckReport::default();
+        for _ in 0..CHECK_ATTEMPTS_MAX {
+            self.commit().await?;
+            let open = self.txg.open();
+            report = self.check_space_once().await?;
+            if self.txg.open() == open {
+                return Ok(report);
+            }
+        }
+        report.problem(format!("the pool built a txg during each of {CHECK_ATTEMPTS_MAX} walks; the last one's findings may be stale"));
+        Ok(report)
+    }
+
+    /// One walk and comparison (see `check_space`).
+    async fn check_space_once(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
         let mut report = CheckReport::default();
         let vdev_count = self.store.vdevs.len();
         let mut referenced: Vec<RangeSet> = (0..vdev_count).map(|_| RangeSet::new()).collect();

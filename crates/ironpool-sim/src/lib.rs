@@ -37,11 +37,14 @@ pub struct Options {
     pub check_every: u64,
     /// Print each step as it runs (to stderr).
     pub trace: bool,
+    /// For testing the checkers themselves: before this step, rot sectors on
+    /// every device, far beyond what redundancy covers. A run with it must fail.
+    pub sabotage_step: Option<u64>,
 }
 
 impl Options {
     pub fn new(seed: u64, ticks: u64, faults: FaultSet, layout: Layout) -> Options {
-        Options { seed, ticks, faults, layout, check_every: CHECK_EVERY_DEFAULT, trace: false }
+        Options { seed, ticks, faults, layout, check_every: CHECK_EVERY_DEFAULT, trace: false, sabotage_step: None }
     }
 
     /// The command that replays this run exactly.
@@ -122,5 +125,19 @@ pub fn run(options: &Options) -> Result<Summary, Failure> {
             let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string())).unwrap_or_else(|| "panic".to_string());
             Err(Failure { options: options.clone(), step: step.get(), message: format!("panic: {message}") })
         }
+    }
+}
+
+/// Shows that the checkers can fail: a run whose devices are all damaged beyond
+/// redundancy part way through must be reported as failed (a read error or
+/// wrong data caught by the model, or a scrub or space check error). Returns
+/// the failure it caught, or an error if the damage went unnoticed.
+pub fn damage_beyond_redundancy_is_caught(seed: u64) -> Result<String, String> {
+    let mut options = Options::new(seed, 120, FaultSet::none(), Layout::Stripe);
+    options.sabotage_step = Some(60);
+    match run(&options) {
+        Ok(summary) => Err(format!("seed {seed}: damage on every device went unnoticed ({} steps)", summary.steps)),
+        Err(failure) if failure.step >= 60 => Ok(failure.message),
+        Err(failure) => Err(format!("seed {seed} failed before the damage: {failure}")),
     }
 }

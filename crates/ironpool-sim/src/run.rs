@@ -38,6 +38,9 @@ const SNAPSHOTS_PER_VOLUME_MAX: usize = 4;
 const IO_BYTES_MAX: u64 = 256 << 10;
 /// Concurrent writes in a burst (and in the writes a crash interrupts).
 const BURST_WRITES_MAX: u64 = 24;
+/// Sectors rotted on every device by a sabotage step (testing the checkers):
+/// enough to hit data and metadata on each device.
+const SABOTAGE_SECTORS: usize = 4000;
 /// Blocks read by a step's random sample check.
 const SAMPLE_BLOCKS_MAX: u64 = 16;
 
@@ -205,7 +208,7 @@ impl Sim {
         let pool = if first {
             self.create().await?
         } else {
-            if crashed {
+            if crashed || std::env::var_os("SIM_REWIND_ALWAYS").is_some() {
                 crate::checks::older_uberblocks(self).await?;
                 self.count_check("uberblock-rewind");
             }
@@ -252,6 +255,12 @@ impl Sim {
 
     /// One operation. Returns how the session ends if the operation ends it.
     async fn step_once(&mut self, pool: &Rc<Pool>) -> Result<Option<SessionEnd>, String> {
+        if self.options.sabotage_step == Some(self.step.get()) {
+            for device in &self.devices {
+                device.flush_now();
+                device.rot(SABOTAGE_SECTORS, &mut self.rng);
+            }
+        }
         let faults = self.options.faults;
         // Weights: the data path dominates, administration and faults season it.
         let mut table: Vec<(u64, &'static str)> = vec![
@@ -534,7 +543,8 @@ impl Sim {
         let report = pool.check_space().await.map_err(|error| io_error("space check", error))?;
         self.count_check("space");
         if !report.problems.is_empty() {
-            return Err(format!("space check: {}", report.problems.join("; ")));
+            let owners = if self.options.trace { describe_owners(pool, &report.problems).await } else { String::new() };
+            return Err(format!("space check: {}{owners}", report.problems.join("; ")));
         }
         Ok(())
     }
@@ -930,4 +940,59 @@ pub(crate) fn flatten(pieces: Vec<ReadPiece>) -> Vec<u8> {
 /// Decodes one block read back into its per-sector tags.
 fn decode_block(bytes: &[u8], first_sector: u64) -> Value {
     bytes.chunks(MODEL_SECTOR_BYTES as usize).enumerate().map(|(index, sector)| decode_sector(sector, first_sector + index as u64)).collect::<Vec<u64>>().into()
+}
+
+/// For a failed space check (with --trace): which open objects point at the
+/// ranges the problems name, to start the diagnosis.
+async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
+    let mut ranges: Vec<(u32, u64, u64)> = Vec::new();
+    for problem in problems {
+        let Some(rest) = problem.strip_prefix("vdev ") else { continue };
+        let Some((vdev, rest)) = rest.split_once(':') else { continue };
+        let Some(range) = rest.split_whitespace().find(|word| word.contains("..")) else { continue };
+        let Some((start, end)) = range.split_once("..") else { continue };
+        let parse = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).ok();
+        if let (Ok(vdev), Some(start), Some(end)) = (vdev.parse::<u32>(), parse(start), parse(end)) {
+            ranges.push((vdev, start, end));
+        }
+    }
+    let mut out = format!("\n  open txg {}, durable txg {}", pool.txg.open(), pool.txg.durable());
+    {
+        let allocator = pool.store.allocator.borrow();
+        for (vdev, start, end) in &ranges {
+            let Some(space) = allocator.vdevs.get(*vdev as usize) else { continue };
+            for metaslab in &space.metaslabs {
+                let sets = [
+                    ("free", &metaslab.free),
+                    ("allocated", &metaslab.allocated),
+                    ("pending_allocs", &metaslab.pending_allocs),
+                    ("pending_frees", &metaslab.pending_frees),
+                    ("syncing_frees", &metaslab.syncing_frees),
+                    ("defer0", &metaslab.defer[0]),
+                    ("defer1", &metaslab.defer[1]),
+                ];
+                let found: Vec<&str> = sets.iter().filter(|(_, set)| set.overlaps(*start, *end)).map(|(name, _)| *name).collect();
+                if !found.is_empty() {
+                    out.push_str(&format!("\n  vdev {vdev} {start:#x}..{end:#x} in {found:?}"));
+                }
+            }
+        }
+    }
+    for object in pool.objects.open_objects() {
+        let mut hits = Vec::new();
+        let _ = pool
+            .objects
+            .visit_pointers(&object, &mut |level, blkid, pointer| {
+                for dva in pointer.copies() {
+                    if ranges.iter().any(|(vdev, start, end)| dva.vdev == *vdev && dva.offset < *end && dva.end() > *start) {
+                        hits.push(format!("L{level}/{blkid} {:?} birth {}", dva, pointer.birth_txg));
+                    }
+                }
+            })
+            .await;
+        if !hits.is_empty() {
+            out.push_str(&format!("\n  object {} ({:?}): {}", object.id, object.dnode().object_type, hits.join(", ")));
+        }
+    }
+    out
 }

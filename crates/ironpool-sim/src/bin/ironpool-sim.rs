@@ -91,7 +91,7 @@ fn main() -> ExitCode {
     let mut runs = 0u64;
     for seed in seeds {
         for layout in &layouts {
-            let options = Options { seed, ticks: cli.ticks, faults, layout: *layout, check_every: cli.check_every.max(1), trace: cli.trace };
+            let options = Options { seed, ticks: cli.ticks, faults, layout: *layout, check_every: cli.check_every.max(1), trace: cli.trace, sabotage_step: None };
             runs += 1;
             match run(&options) {
                 Ok(summary) => {

@@ -1,0 +1,74 @@
+//! The simulator in CI: a fixed set of seeds across layouts and fault sets,
+//! through the same `ironpool_sim::run` the `ironpool-sim` command uses. A
+//! failure prints the command that replays it.
+//!
+//! `IRONPOOL_SIM_SEEDS=N` runs N seeds per combination instead of the default.
+
+use ironpool_sim::{run, FaultSet, Layout, Options};
+
+/// Steps per run: enough for several crashes, heals and snapshots per seed
+/// while the whole file stays within a couple of minutes in the test profile.
+const TICKS: u64 = 150;
+
+fn seeds_per_case(default: u64) -> u64 {
+    std::env::var("IRONPOOL_SIM_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+}
+
+fn sweep(faults: &str, first_seed: u64, seeds: u64) {
+    let faults = FaultSet::parse(faults).expect("a valid fault list");
+    let mut failures = Vec::new();
+    for layout in Layout::ALL {
+        for seed in first_seed..first_seed + seeds_per_case(seeds) {
+            let options = Options::new(seed, TICKS, faults, layout);
+            match run(&options) {
+                Ok(summary) => assert_eq!(summary.steps, TICKS, "seed {seed} {}: ran {} steps", layout.name(), summary.steps),
+                Err(failure) => failures.push(failure.to_string()),
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{} runs failed:\n{}", failures.len(), failures.join("\n"));
+}
+
+#[test]
+fn no_faults() {
+    sweep("none", 1, 2);
+}
+
+#[test]
+fn crashes() {
+    sweep("crash,latency", 100, 2);
+}
+
+#[test]
+fn device_damage_within_redundancy() {
+    sweep("read-error,read-corrupt,write-error,write-corrupt,misdirect,rot,nospace,vanish", 200, 2);
+}
+
+#[test]
+fn every_fault() {
+    sweep("all", 300, 2);
+}
+
+/// One seed and commit give the same run: same steps, same faults, same bytes
+/// on every device.
+#[test]
+fn a_seed_replays_bit_for_bit() {
+    let options = Options::new(7, 120, FaultSet::all(), Layout::Mirror);
+    let first = run(&options).unwrap_or_else(|failure| panic!("{failure}"));
+    let second = run(&options).unwrap_or_else(|failure| panic!("{failure}"));
+    assert_eq!(first.digest, second.digest);
+    assert_eq!(first.simulated_ns, second.simulated_ns);
+    assert_eq!(first.operations, second.operations);
+    assert_eq!(first.faults, second.faults);
+    // And a different seed is a different run (the digest sees the media).
+    let other = run(&Options::new(8, 120, FaultSet::all(), Layout::Mirror)).unwrap_or_else(|failure| panic!("{failure}"));
+    assert_ne!(first.digest, other.digest);
+}
+
+/// The checkers can fail: damage beyond redundancy (every copy of the pool's
+/// data rotted on a stripe) must be caught, not pass silently.
+#[test]
+fn the_checkers_catch_damage_beyond_redundancy() {
+    let caught = ironpool_sim::damage_beyond_redundancy_is_caught(11);
+    assert!(caught.is_ok(), "{caught:?}");
+}

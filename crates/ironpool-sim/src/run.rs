@@ -985,13 +985,28 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
             .visit_pointers(&object, &mut |level, blkid, pointer| {
                 for dva in pointer.copies() {
                     if ranges.iter().any(|(vdev, start, end)| dva.vdev == *vdev && dva.offset < *end && dva.end() > *start) {
-                        hits.push(format!("L{level}/{blkid} {:?} birth {}", dva, pointer.birth_txg));
+                        hits.push((format!("L{level}/{blkid} {:#x} birth {}", dva.offset, pointer.birth_txg), dva.vdev, dva.offset, dva.end()));
                     }
                 }
             })
             .await;
         if !hits.is_empty() {
-            out.push_str(&format!("\n  object {} ({:?}): {}", object.id, object.dnode().object_type, hits.join(", ")));
+            let allocator = pool.store.allocator.borrow();
+            let mut described = Vec::new();
+            for (hit, vdev, offset, end) in hits {
+                let mut sets = Vec::new();
+                if let Some(space) = allocator.vdevs.get(vdev as usize) {
+                    for metaslab in &space.metaslabs {
+                        for (name, set) in [("free", &metaslab.free), ("allocated", &metaslab.allocated), ("pending_allocs", &metaslab.pending_allocs), ("pending_frees", &metaslab.pending_frees), ("syncing_frees", &metaslab.syncing_frees), ("defer0", &metaslab.defer[0]), ("defer1", &metaslab.defer[1])] {
+                            if set.overlaps(offset, end) {
+                                sets.push(name);
+                            }
+                        }
+                    }
+                }
+                described.push(format!("{hit} in {sets:?}"));
+            }
+            out.push_str(&format!("\n  object {} ({:?}) at open txg {}: {}", object.id, object.dnode().object_type, pool.txg.open(), described.join(", ")));
         }
     }
     out

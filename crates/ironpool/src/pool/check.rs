@@ -24,9 +24,6 @@ pub struct CheckReport {
 
 /// Most problems listed in a report.
 const PROBLEMS_MAX: usize = 64;
-/// Walks tried before giving up on a consistent one: an idle pool stops
-/// committing after `DEFER_TXGS` + 1 empty txgs, so a few suffice.
-const CHECK_ATTEMPTS_MAX: usize = 8;
 
 impl CheckReport {
     fn problem(&mut self, text: String) {
@@ -41,24 +38,14 @@ impl Pool {
     /// the allocated space is exactly the referenced space (no leaks, no double
     /// references, no block outside allocated space). Call on a quiet pool.
     pub async fn check_space(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
-        // The walk awaits reads, and meanwhile the sync task may build a txg on
+        // The walk awaits reads, and meanwhile the sync task would build txgs on
         // its own (an idle pool still commits to release deferred frees): the
-        // trees walked before it and the allocator compared after it would then
-        // be from different txgs, and the check would report leaks and
-        // unallocated blocks that are not there. The comparison itself is
-        // synchronous, so a walk during which no txg was built is consistent;
-        // otherwise walk again.
-        let mut report = CheckReport::default();
-        for _ in 0..CHECK_ATTEMPTS_MAX {
-            self.commit().await?;
-            let open = self.txg.open();
-            report = self.check_space_once().await?;
-            if self.txg.open() == open {
-                return Ok(report);
-            }
-        }
-        report.problem(format!("the pool built a txg during each of {CHECK_ATTEMPTS_MAX} walks; the last one's findings may be stale"));
-        Ok(report)
+        // trees walked before a build and the allocator compared after it are
+        // from different txgs, and the check reported leaks and unallocated
+        // blocks that were not there. Builds wait while the walk runs.
+        self.commit().await?;
+        let _hold = self.txg.hold_builds();
+        self.check_space_once().await
     }
 
     /// One walk and comparison (see `check_space`).
@@ -170,7 +157,15 @@ impl Pool {
             report.allocated_bytes += allocated.total_bytes();
             for (start, end) in referenced[vdev].iter() {
                 if !allocated.contains(start, end) {
-                    report.problem(format!("vdev {vdev}: referenced {start:#x}..{end:#x} is not allocated"));
+                    // Name the objects pointing into the range, to start a diagnosis.
+                    let mut holders: Vec<String> = owners
+                        .iter()
+                        .filter(|((owner_vdev, offset), _)| *owner_vdev as usize == vdev && *offset >= start && *offset < end)
+                        .map(|((_, offset), (birth, _, object))| format!("object {object} at {offset:#x} born {birth}"))
+                        .collect();
+                    holders.sort();
+                    holders.truncate(4);
+                    report.problem(format!("vdev {vdev}: referenced {start:#x}..{end:#x} is not allocated ({})", holders.join(", ")));
                 }
             }
             for (start, end) in allocated.iter() {

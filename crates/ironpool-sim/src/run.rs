@@ -737,6 +737,7 @@ impl Sim {
         let Some(volume) = self.pick(&volumes) else { return Ok(()) };
         let snapshots = self.model.borrow().snapshots_of(&volume);
         let blocked = snapshots.iter().any(|snapshot| self.model.borrow().has_clones(snapshot));
+        self.trace(|| format!("destroy {volume} (snapshots {snapshots:?}, origin {:?}, blocked {blocked})", self.model.borrow().origins.get(&volume)));
         let result = pool.destroy_volume(&format!("{POOL}/{volume}"), true).await;
         if blocked {
             return match result {

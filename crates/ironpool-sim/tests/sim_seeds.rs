@@ -72,3 +72,26 @@ fn the_checkers_catch_damage_beyond_redundancy() {
     let caught = ironpool_sim::damage_beyond_redundancy_is_caught(11);
     assert!(caught.is_ok(), "{caught:?}");
 }
+
+/// Regressions: the seeds that found engine bugs (see docs/SIMULATOR.md).
+fn replay(seed: u64, ticks: u64, faults: &str, layout: Layout, check_every: u64) {
+    let mut options = Options::new(seed, ticks, FaultSet::parse(faults).expect("a valid fault list"), layout);
+    options.check_every = check_every;
+    if let Err(failure) = run(&options) {
+        panic!("{failure}");
+    }
+}
+
+/// Cache eviction dropped the ancestors of a node it had just loaded, and the
+/// synchronous link that followed failed with "node not cached".
+#[test]
+fn regression_eviction_keeps_the_ancestors_of_cached_nodes() {
+    replay(1, 200, "none", Layout::Mirror, 25);
+}
+
+/// The space check walked trees of one txg and compared them with the
+/// allocator of the next (the idle pool committed during the walk).
+#[test]
+fn regression_space_check_holds_off_txg_builds() {
+    replay(6, 40, "reorder,crash", Layout::Stripe, 1);
+}

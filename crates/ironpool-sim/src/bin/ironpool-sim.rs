@@ -83,8 +83,11 @@ fn main() -> ExitCode {
         (None, None) => 0..1,
     };
     // Engine panics are reported as the seed's failure, with its replay command;
-    // the default hook's message would only repeat it.
-    std::panic::set_hook(Box::new(|_| {}));
+    // the default hook's message would only repeat it (with --trace it stays,
+    // for its backtrace).
+    if !cli.trace {
+        std::panic::set_hook(Box::new(|_| {}));
+    }
     let single = seeds.end - seeds.start == 1 && layouts.len() == 1;
     let mut total = Summary::default();
     let mut failures = 0u64;

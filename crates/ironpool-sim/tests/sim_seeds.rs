@@ -95,3 +95,12 @@ fn regression_eviction_keeps_the_ancestors_of_cached_nodes() {
 fn regression_space_check_holds_off_txg_builds() {
     replay(6, 40, "reorder,crash", Layout::Stripe, 1);
 }
+
+/// Destroying a volume walked its tree across awaits and freed what it
+/// collected; a txg built meanwhile had already synced the volume's dirty
+/// nodes and freed their old copies, so those were freed twice (the allocator
+/// panicked at the next build). Rollback had the same window.
+#[test]
+fn regression_destroy_holds_off_txg_builds_during_its_walk() {
+    replay(15, 230, "all", Layout::Mirror, 25);
+}

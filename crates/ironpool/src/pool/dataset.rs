@@ -324,6 +324,10 @@ impl Pool {
         let head = self.volume(volume)?;
         // No writes while the tree is swapped.
         let _writers = head.exclusive().await;
+        // Nor txg builds: the walk below awaits reads, and a build meanwhile
+        // would sync the volume's dirty nodes (freeing their old copies) under
+        // the pointers already collected, which would then be freed twice.
+        let hold = self.txg.hold_builds();
         for name in later.iter().rev() {
             self.destroy_snapshot_locked(name)?;
         }
@@ -348,6 +352,7 @@ impl Pool {
         self.objects.reset_tree(&head.object, dnode);
         self.directory.borrow_mut().volumes.get_mut(volume).expect("checked above").dead_list = 0;
         self.directory_dirty.set(true);
+        drop(hold);
         let open = self.txg.open();
         self.txg.wait_durable(self, open).await
     }

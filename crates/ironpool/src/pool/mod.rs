@@ -588,6 +588,11 @@ impl Pool {
             }
         }
         let _writers = volume.exclusive().await;
+        // No txg may be built from here until the tree is gone: the walk below
+        // awaits reads, and a build meanwhile would sync the volume's dirty nodes
+        // (freeing their old copies) under the pointers already collected, which
+        // were then freed twice (found by ironpool-sim seed 15, mirror).
+        let hold = self.txg.hold_builds();
         volume.begin_destroy();
         for snapshot in record.snapshots.iter().rev() {
             self.destroy_snapshot_locked(&format!("{}/{short}@{}", self.name, snapshot.name))?;
@@ -621,6 +626,7 @@ impl Pool {
             }
         }
         self.directory_dirty.set(true);
+        drop(hold);
         self.txg.wait_durable(self, self.txg.open()).await
     }
 

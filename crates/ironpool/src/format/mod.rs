@@ -110,6 +110,10 @@ pub(crate) fn get_u64(bytes: &[u8], offset: usize) -> u64 {
 
 /// Identity numbers (pool, vdev) are random 64-bit values drawn at creation.
 pub fn new_guid() -> u64 {
+    // Under the simulator the guid comes from the seed, so a run replays exactly.
+    if let Some(value) = crate::rt::simulated_random_u64() {
+        return value.max(1);
+    }
     let mut bytes = [0u8; 8];
     // getrandom(2) never fails for 8 bytes on Linux >= 3.17 once the pool is seeded;
     // fall back to time and address entropy otherwise.

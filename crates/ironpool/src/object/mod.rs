@@ -850,10 +850,17 @@ impl ObjectSet {
                 }
                 let dirty = object.dirty_nodes.borrow();
                 let mut nodes = object.nodes.borrow_mut();
+                // Nodes with a cached child stay: callers load a path (`node`,
+                // `load_path`) and then use it without I/O (`node_cached` walks
+                // down from the root), so a node loaded last must not lose its
+                // ancestors to the eviction its own load triggered. Evicting
+                // from the leaves up keeps every cached node's path cached.
+                let shift = object.pointer_shift();
+                let parents: rustc_hash::FxHashSet<(u8, u64)> = nodes.keys().map(|(level, blkid)| (level + 1, if shift >= 64 { 0 } else { blkid >> shift })).collect();
                 let mut victims = Vec::new();
                 for (key, node) in nodes.iter() {
                     // In use by a task, dirty, or written by a txg not yet durable.
-                    if Rc::strong_count(node) > 1 || dirty.contains(key) || node.synced_txg.get() > durable {
+                    if Rc::strong_count(node) > 1 || dirty.contains(key) || node.synced_txg.get() > durable || parents.contains(key) {
                         continue;
                     }
                     if round == 0 && node.referenced.replace(false) {

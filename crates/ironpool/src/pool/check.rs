@@ -38,7 +38,18 @@ impl Pool {
     /// the allocated space is exactly the referenced space (no leaks, no double
     /// references, no block outside allocated space). Call on a quiet pool.
     pub async fn check_space(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
+        // The walk awaits reads, and meanwhile the sync task would build txgs on
+        // its own (an idle pool still commits to release deferred frees): the
+        // trees walked before a build and the allocator compared after it are
+        // from different txgs, and the check reported leaks and unallocated
+        // blocks that were not there. Builds wait while the walk runs.
         self.commit().await?;
+        let _hold = self.txg.hold_builds();
+        self.check_space_once().await
+    }
+
+    /// One walk and comparison (see `check_space`).
+    async fn check_space_once(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
         let mut report = CheckReport::default();
         let vdev_count = self.store.vdevs.len();
         let mut referenced: Vec<RangeSet> = (0..vdev_count).map(|_| RangeSet::new()).collect();
@@ -146,7 +157,15 @@ impl Pool {
             report.allocated_bytes += allocated.total_bytes();
             for (start, end) in referenced[vdev].iter() {
                 if !allocated.contains(start, end) {
-                    report.problem(format!("vdev {vdev}: referenced {start:#x}..{end:#x} is not allocated"));
+                    // Name the objects pointing into the range, to start a diagnosis.
+                    let mut holders: Vec<String> = owners
+                        .iter()
+                        .filter(|((owner_vdev, offset), _)| *owner_vdev as usize == vdev && *offset >= start && *offset < end)
+                        .map(|((_, offset), (birth, _, object))| format!("object {object} at {offset:#x} born {birth}"))
+                        .collect();
+                    holders.sort();
+                    holders.truncate(4);
+                    report.problem(format!("vdev {vdev}: referenced {start:#x}..{end:#x} is not allocated ({})", holders.join(", ")));
                 }
             }
             for (start, end) in allocated.iter() {

@@ -342,6 +342,10 @@ impl Pool {
         let head = self.volume(volume)?;
         // No writes while the tree is swapped.
         let _writers = head.exclusive().await;
+        // Nor txg builds: the walk below awaits reads, and a build meanwhile
+        // would sync the volume's dirty nodes (freeing their old copies) under
+        // the pointers already collected, which would then be freed twice.
+        let hold = self.txg.hold_builds();
         for name in later.iter().rev() {
             self.destroy_snapshot_locked(name)?;
         }
@@ -375,6 +379,7 @@ impl Pool {
             }
         }
         self.directory_dirty.set(true);
+        drop(hold);
         Ok(())
     }
 
@@ -579,7 +584,7 @@ fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(),
         head_dnode.prev_snapshot_txg = txg;
     }
     head.object.dirty.set(true);
-    let created = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0);
+    let created = crate::rt::wall_clock_ns() / 1_000_000_000;
     let mut directory = pool.directory.borrow_mut();
     if let Some(record) = directory.volumes.get_mut(&request.volume) {
         record.snapshots.push(SnapshotRecord {

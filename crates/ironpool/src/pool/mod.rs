@@ -614,6 +614,11 @@ impl Pool {
             self.check_not_held(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }
         let _writers = volume.exclusive().await;
+        // No txg may be built from here until the tree is gone: the walk below
+        // awaits reads, and a build meanwhile would sync the volume's dirty nodes
+        // (freeing their old copies) under the pointers already collected, which
+        // were then freed twice (found by ironpool-sim seed 15, mirror).
+        let hold = self.txg.hold_builds();
         volume.begin_destroy();
         for snapshot in record.snapshots.iter().rev() {
             self.destroy_snapshot_locked(&format!("{}/{short}@{}", self.name, snapshot.name))?;
@@ -647,6 +652,7 @@ impl Pool {
             }
         }
         self.directory_dirty.set(true);
+        drop(hold);
         self.txg.wait_durable(self, self.txg.open()).await
     }
 
@@ -826,5 +832,9 @@ pub fn create_sparse_file(path: &Path, size_bytes: u64) -> Result<(), PoolError>
 }
 
 fn hostname() -> String {
+    // A simulated pool records a fixed host, so its labels replay bit for bit.
+    if crate::rt::in_simulation() {
+        return "simulator".to_string();
+    }
     std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_string()).unwrap_or_default()
 }

@@ -420,6 +420,13 @@ impl Pool {
                 self.rollback_locked(&format!("{}/{short}@{from}", self.name), true).await?;
             }
             let _head_writers = head.exclusive().await;
+            // A client may have written between the rollback and this point:
+            // the head's own blocks would leak under the swap. Refuse; nothing
+            // is lost (the received data stays in the hidden volume's tree
+            // until the failure path discards or keeps it for resume).
+            if self.changed_since_latest_snapshot(short)? {
+                return Err(PoolError::InvalidArgument(format!("{}/{short} was written while the receive finished; stop its writers and receive again", self.name)));
+            }
             if hidden.object.has_dirty_nodes() {
                 return Err(PoolError::Corrupt(format!("{hidden_short} changed while it was being received")));
             }

@@ -58,7 +58,7 @@ pub struct ScrubStatus {
 }
 
 fn unix_seconds() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_secs()).unwrap_or(0)
+    crate::rt::wall_clock_ns() / 1_000_000_000
 }
 
 impl Pool {

@@ -71,6 +71,21 @@ pub struct TxgState {
     /// Data bytes linked in the open txg: their frees wait for commits, so a
     /// commit must come before they eat the free space.
     data_bytes_open: Cell<u64>,
+    /// Holders of `hold_builds`: while any, no txg is built (a full walk needs
+    /// the trees and the allocator of one txg; see `Pool::check_space`).
+    build_holds: Cell<u32>,
+}
+
+/// Keeps the sync task from building a txg while it lives.
+pub struct BuildHold<'a> {
+    state: &'a TxgState,
+}
+
+impl Drop for BuildHold<'_> {
+    fn drop(&mut self) {
+        self.state.build_holds.set(self.state.build_holds.get() - 1);
+        self.state.wake.notify_all();
+    }
 }
 
 impl TxgState {
@@ -88,7 +103,15 @@ impl TxgState {
             last_commit: Cell::new(Instant(0)),
             stats: Cell::new(TxgStats::default()),
             data_bytes_open: Cell::new(0),
+            build_holds: Cell::new(0),
         }
+    }
+
+    /// Holds off txg builds until the guard drops: the sync task waits, as do
+    /// commits requested meanwhile.
+    pub fn hold_builds(&self) -> BuildHold<'_> {
+        self.build_holds.set(self.build_holds.get() + 1);
+        BuildHold { state: self }
     }
 
     /// Counts data linked in the open txg and starts a commit when it is time
@@ -215,6 +238,10 @@ async fn sync_loop(pool: Rc<Pool>) {
         let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes || state.data_bytes_open.get() >= data_sync_bytes(&pool);
         if state.stopping.get() && retry.is_none() && !pool.has_changes() {
             break;
+        }
+        if retry.is_none() && state.build_holds.get() > 0 && !state.stopping.get() {
+            state.wake.notified().await;
+            continue;
         }
         if retry.is_none() && !requested && !dirty && since < timeout && !state.stopping.get() {
             rt::timeout(timeout - since, state.wake.notified()).await;
@@ -370,7 +397,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
         txg,
         pool_guid: pool.guid,
         guid_sum: config_now.guid_sum(),
-        timestamp_ns: std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_nanos() as u64).unwrap_or(0),
+        timestamp_ns: crate::rt::wall_clock_ns(),
         config_txg: config_now.config_txg,
         dnode_table: table.dnode(),
     };

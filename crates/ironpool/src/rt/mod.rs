@@ -73,6 +73,42 @@ pub(crate) fn with_current<R>(f: impl FnOnce(&RuntimeInner) -> R) -> R {
     })
 }
 
+/// Where the simulator's wall clock starts (2026-01-01T00:00:00Z): timestamps
+/// written to disk under the simulator are this plus virtual time, so a seed
+/// replays bit for bit on any day.
+const SIM_WALL_CLOCK_EPOCH_NS: u64 = 1_767_225_600 * 1_000_000_000;
+
+/// The simulated runtime of this thread, if the current one is simulated; None
+/// outside any runtime or on a real one (never panics: identity and timestamp
+/// helpers are also called from plain code).
+fn current_sim<R>(f: impl FnOnce(&sim::SimDriver) -> R) -> Option<R> {
+    CURRENT.with(|current| match current.borrow().as_ref().map(|inner| &inner.driver) {
+        Some(Driver::Sim(driver)) => Some(f(driver)),
+        _ => None,
+    })
+}
+
+/// Nanoseconds since the Unix epoch, for timestamps stored on disk (uberblocks,
+/// snapshots, scrub records). Virtual under the simulator, so that runs of one
+/// seed write the same bytes.
+pub fn wall_clock_ns() -> u64 {
+    if let Some(now) = current_sim(|driver| driver.now().0) {
+        return SIM_WALL_CLOCK_EPOCH_NS + now;
+    }
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_nanos() as u64).unwrap_or(0)
+}
+
+/// A draw from the simulator's seeded generator when running under it (None
+/// otherwise): identities (guids) drawn in a simulation must replay too.
+pub fn simulated_random_u64() -> Option<u64> {
+    current_sim(|driver| driver.random_u64())
+}
+
+/// True inside a simulated runtime (false outside any runtime: never panics).
+pub fn in_simulation() -> bool {
+    current_sim(|_| ()).is_some()
+}
+
 /// True when the current runtime is the simulator (used by tests and assertions).
 pub fn is_simulated() -> bool {
     with_current(|inner| matches!(inner.driver, Driver::Sim(_)))

@@ -1,0 +1,1014 @@
+//! The run: sessions of the engine on the simulated devices, each from create
+//! or import to a crash, a clean export or the end, and the steps inside them.
+//!
+//! A step is one operation drawn from the run's generator, followed by its
+//! checks: the blocks it touched are read back against the model, and so is a
+//! random range of a random dataset. Every `check_every` steps a full check walks
+//! the pool's space and reads every dataset.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use ironpool::dev::sim::{SimDevice, SimFaults, SimLatency};
+use ironpool::dev::Device;
+use ironpool::pool::volume::{ReadPiece, Volume};
+use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolError, PoolTunables};
+use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::rt::sim::Rng;
+use ironpool::rt::{self, Runtime};
+
+use crate::faults::{BadState, Budget, FaultKind};
+use crate::model::{decode_sector, fill_sector, DatasetModel, Model, Value, MODEL_SECTOR_BYTES};
+use crate::{Failure, Options, Summary};
+
+/// Pool name used by every run.
+pub const POOL: &str = "sim";
+/// Size of every simulated device: a few metaslabs each (16 MiB), small enough
+/// that a full check and a scrub stay cheap, large enough that the workload's
+/// volumes and their snapshots rarely fill the pool.
+const DEVICE_BYTES: u64 = 160 << 20;
+/// Volumes (clones included) the workload keeps at most: bounds the work of a
+/// full check.
+const VOLUMES_MAX: usize = 4;
+/// Snapshots per volume at most, for the same reason.
+const SNAPSHOTS_PER_VOLUME_MAX: usize = 4;
+/// Largest single write or zero (bytes): several blocks, up to a few dozen.
+const IO_BYTES_MAX: u64 = 256 << 10;
+/// Concurrent writes in a burst (and in the writes a crash interrupts).
+const BURST_WRITES_MAX: u64 = 24;
+/// Sectors rotted on every device by a sabotage step (testing the checkers):
+/// enough to hit data and metadata on each device.
+const SABOTAGE_SECTORS: usize = 4000;
+/// Blocks read by a step's random sample check.
+const SAMPLE_BLOCKS_MAX: u64 = 16;
+
+/// How a session ended.
+enum SessionEnd {
+    Done,
+    Crash,
+    Reimport,
+}
+
+/// Result of a step or check: a description of what broke.
+type Check = Result<(), String>;
+
+pub struct Sim {
+    options: Options,
+    /// Workload choices.
+    rng: Rng,
+    devices: Vec<Rc<SimDevice>>,
+    budget: Budget,
+    model: Rc<RefCell<Model>>,
+    summary: Summary,
+    step: Rc<Cell<u64>>,
+    tunables: PoolTunables,
+    /// True while some device has been bad since the last heal that left none:
+    /// until then a scrub may find bad copies; afterwards it must find none.
+    damage_possible: bool,
+    /// The first read of each block after a crash is checked against what may
+    /// have survived, not against what was current.
+    after_crash: bool,
+}
+
+fn io_error(what: &str, error: PoolError) -> String {
+    format!("{what}: {error}")
+}
+
+impl Sim {
+    pub fn new(options: Options, step: Rc<Cell<u64>>) -> Sim {
+        let mut rng = Rng::new(options.seed);
+        let layout = options.layout;
+        let devices: Vec<Rc<SimDevice>> = layout.device_groups().iter().enumerate().map(|(index, _)| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, rng.next_u64())).collect();
+        for device in &devices {
+            device.set_latency(latency_for(&options, &mut rng));
+        }
+        let tolerated = layout.groups().iter().map(|group| group.tolerated_bad).collect();
+        let budget = Budget::new(layout.device_groups(), tolerated);
+        // Commit timing spans the interesting range: commits after nearly every
+        // step, to many steps per txg (crashes then lose more).
+        let txg_timeout_ms = [10u64, 50, 200, 1000, 5000][rng.below(5) as usize];
+        let tunables = PoolTunables {
+            txg_timeout: Duration::from_millis(txg_timeout_ms),
+            cache_budget_bytes: [1usize << 20, 8 << 20, 64 << 20][rng.below(3) as usize],
+            ..PoolTunables::default()
+        };
+        Sim {
+            options,
+            rng,
+            devices,
+            budget,
+            model: Rc::new(RefCell::new(Model::default())),
+            summary: Summary::default(),
+            step,
+            tunables,
+            damage_possible: false,
+            after_crash: false,
+        }
+    }
+
+    fn count_operation(&mut self, name: &'static str) {
+        *self.summary.operations.entry(name).or_insert(0) += 1;
+    }
+
+    fn count_check(&mut self, name: &'static str) {
+        *self.summary.checks.entry(name).or_insert(0) += 1;
+    }
+
+    fn count_fault(&mut self, name: &'static str) {
+        *self.summary.faults.entry(name).or_insert(0) += 1;
+    }
+
+    fn trace(&self, text: impl FnOnce() -> String) {
+        if self.options.trace {
+            eprintln!("[step {}] {}", self.step.get(), text());
+        }
+    }
+
+    fn fail(&self, message: String) -> Failure {
+        Failure { options: self.options.clone(), step: self.step.get(), message }
+    }
+
+    /// Runs every session to the end.
+    pub fn run(mut self) -> Result<Summary, Failure> {
+        let mut session = 0u64;
+        let mut end = SessionEnd::Reimport;
+        loop {
+            let runtime = Runtime::new_sim(self.options.seed.wrapping_mul(0x100).wrapping_add(session));
+            let first = session == 0;
+            let crashed = matches!(end, SessionEnd::Crash);
+            let result = runtime.block_on(self.session(first, crashed));
+            self.summary.simulated_ns += runtime.now().0;
+            self.summary.sessions += 1;
+            session += 1;
+            // Whatever the engine had in memory is gone; only the devices remain.
+            runtime.drop_all_tasks();
+            drop(runtime);
+            end = result.map_err(|message| self.fail(message))?;
+            match end {
+                SessionEnd::Done => break,
+                SessionEnd::Crash => {
+                    let mut crash_rng = Rng::new(self.rng.next_u64());
+                    for device in &self.devices {
+                        device.crash(&mut crash_rng);
+                    }
+                    self.after_crash = true;
+                }
+                SessionEnd::Reimport => {}
+            }
+        }
+        self.collect_device_faults();
+        let mut digest = 0u64;
+        for device in &self.devices {
+            digest = digest.rotate_left(7) ^ device.digest();
+        }
+        self.summary.digest = digest;
+        self.summary.steps = self.step.get();
+        Ok(self.summary)
+    }
+
+    fn collect_device_faults(&mut self) {
+        let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
+        for device in &self.devices {
+            let counters = device.counters();
+            for (name, value) in [
+                ("read-error", counters.read_errors),
+                ("read-corrupt", counters.read_corruptions),
+                ("write-error", counters.write_errors),
+                ("write-corrupt", counters.write_corruptions),
+                ("misdirect", counters.misdirected_writes),
+                ("nospace", counters.nospace_errors),
+                ("rot (sectors)", counters.rotted_sectors),
+                ("vanished-io", counters.offline_errors),
+                ("latency-spike", counters.latency_spikes),
+                ("reordered", counters.reordered_completions),
+            ] {
+                *totals.entry(name).or_insert(0) += value;
+            }
+        }
+        for (name, value) in totals {
+            if value > 0 {
+                *self.summary.faults.entry(name).or_insert(0) += value;
+            }
+        }
+    }
+
+    /// The devices an import sees: all but the vanished ones.
+    fn present_devices(&self) -> Vec<(String, Rc<dyn Device>)> {
+        self.devices
+            .iter()
+            .enumerate()
+            .filter(|(index, _)| self.budget.bad[*index] != Some(BadState::Vanished))
+            .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+            .collect()
+    }
+
+    async fn session(&mut self, first: bool, crashed: bool) -> Result<SessionEnd, String> {
+        let pool = if first {
+            self.create().await?
+        } else {
+            if crashed || std::env::var_os("SIM_REWIND_ALWAYS").is_some() {
+                crate::checks::older_uberblocks(self).await?;
+                self.count_check("uberblock-rewind");
+            }
+            let pool = Pool::import_from_devices(POOL, self.present_devices(), self.tunables.clone()).await.map_err(|error| io_error("import", error))?;
+            self.count_check("import");
+            self.trace(|| format!("imported at txg {}: {:?}", pool.imported_txg, pool.import_notes));
+            self.full_check(&pool).await?;
+            pool
+        };
+        loop {
+            if self.step.get() >= self.options.ticks {
+                self.heal(&pool).await?;
+                self.full_check(&pool).await?;
+                pool.export().await.map_err(|error| io_error("export", error))?;
+                return Ok(SessionEnd::Done);
+            }
+            self.step.set(self.step.get() + 1);
+            let end = self.step_once(&pool).await?;
+            if let Some(end) = end {
+                return Ok(end);
+            }
+            self.sample_check(&pool).await?;
+            if self.step.get() % self.options.check_every == 0 {
+                self.full_check(&pool).await?;
+            }
+        }
+    }
+
+    async fn create(&mut self) -> Result<Rc<Pool>, String> {
+        let mut tops = Vec::new();
+        let mut index = 0;
+        for group in self.options.layout.groups() {
+            let mut devices = Vec::new();
+            for _ in 0..group.devices {
+                devices.push(NewDevice { path: format!("sim:d{index}"), device: self.devices[index].clone() as Rc<dyn Device> });
+                index += 1;
+            }
+            tops.push(NewTopVdev { kind: group.kind, devices });
+        }
+        let pool = Pool::create_on_devices(POOL, tops, false, self.tunables.clone()).await.map_err(|error| io_error("create", error))?;
+        self.create_volume(&pool).await?;
+        Ok(pool)
+    }
+
+    /// One operation. Returns how the session ends if the operation ends it.
+    async fn step_once(&mut self, pool: &Rc<Pool>) -> Result<Option<SessionEnd>, String> {
+        if self.options.sabotage_step == Some(self.step.get()) {
+            for device in &self.devices {
+                device.flush_now();
+                device.rot(SABOTAGE_SECTORS, &mut self.rng);
+            }
+        }
+        let faults = self.options.faults;
+        // Weights: the data path dominates, administration and faults season it.
+        let mut table: Vec<(u64, &'static str)> = vec![
+            (30, "write"),
+            (4, "write-fua"),
+            (6, "zero"),
+            (8, "read"),
+            (8, "flush"),
+            (5, "burst"),
+            (4, "idle"),
+            (4, "snapshot"),
+            (2, "rollback"),
+            (2, "clone"),
+            (3, "destroy-snapshot"),
+            (1, "destroy-volume"),
+            (1, "create-volume"),
+            (2, "scrub"),
+            (1, "export-import"),
+        ];
+        if faults.any_damage() {
+            table.extend([(4, "turn-bad"), (3, "heal")]);
+        }
+        if faults.has(FaultKind::Rot) {
+            table.push((2, "rot"));
+        }
+        if faults.has(FaultKind::Vanish) {
+            table.extend([(1, "vanish"), (2, "return")]);
+        }
+        if faults.has(FaultKind::Crash) {
+            table.push((3, "crash"));
+        }
+        let total: u64 = table.iter().map(|(weight, _)| weight).sum();
+        let mut draw = self.rng.below(total);
+        let mut chosen = table[0].1;
+        for (weight, name) in &table {
+            if draw < *weight {
+                chosen = name;
+                break;
+            }
+            draw -= weight;
+        }
+        self.trace(|| format!("{chosen} (bad set {:?})", self.budget.bad));
+        self.count_operation(chosen);
+        match chosen {
+            "write" => self.write(pool, false, false).await?,
+            "write-fua" => self.write(pool, true, false).await?,
+            "zero" => {
+                let fua = self.rng.chance(1, 8);
+                self.write(pool, fua, true).await?
+            }
+            "read" => self.read_random(pool).await?,
+            "flush" => {
+                pool.flush().await.map_err(|error| io_error("flush", error))?;
+                self.model.borrow_mut().flushed();
+            }
+            "burst" => self.burst(pool, false).await?,
+            "idle" => {
+                let timeout = self.tunables.txg_timeout;
+                let pause = Duration::from_nanos(self.rng.below(3 * timeout.as_nanos() as u64 + 1));
+                rt::sleep(pause).await;
+            }
+            "snapshot" => self.snapshot(pool).await?,
+            "rollback" => self.rollback(pool).await?,
+            "clone" => self.clone_snapshot(pool).await?,
+            "destroy-snapshot" => self.destroy_snapshot(pool).await?,
+            "destroy-volume" => self.destroy_volume(pool).await?,
+            "create-volume" => {
+                if self.model.borrow().volumes().len() < VOLUMES_MAX {
+                    self.create_volume(pool).await?;
+                }
+            }
+            "scrub" => self.scrub(pool).await?,
+            "export-import" => {
+                pool.export().await.map_err(|error| io_error("export", error))?;
+                self.model.borrow_mut().flushed();
+                return Ok(Some(SessionEnd::Reimport));
+            }
+            "turn-bad" => self.turn_bad(),
+            "heal" => self.heal(pool).await?,
+            "rot" => self.rot(),
+            "vanish" => self.vanish(),
+            "return" => self.come_back(),
+            "crash" => {
+                self.crash_window(pool).await?;
+                return Ok(Some(SessionEnd::Crash));
+            }
+            other => unreachable!("operation {other} has no handler"),
+        }
+        Ok(None)
+    }
+
+    fn pick<T: Clone>(&mut self, items: &[T]) -> Option<T> {
+        (!items.is_empty()).then(|| items[self.rng.below(items.len() as u64) as usize].clone())
+    }
+
+    /// A volume handle: the head of `name` or a snapshot's read-only view.
+    async fn handle(&self, pool: &Rc<Pool>, name: &str) -> Result<Rc<Volume>, String> {
+        if name.contains('@') {
+            pool.snapshot_volume(&format!("{POOL}/{name}")).await.map_err(|error| io_error(&format!("open {name}"), error))
+        } else {
+            pool.volume(name).map_err(|error| io_error(&format!("open {name}"), error))
+        }
+    }
+
+    /// Draws a range to write: whole blocks, a piece of one block, or an
+    /// unaligned run over several.
+    fn draw_range(&mut self, dataset: &DatasetModel) -> (u64, u64) {
+        let sector = MODEL_SECTOR_BYTES;
+        let block = dataset.block_bytes;
+        let size = dataset.size_bytes;
+        match self.rng.below(3) {
+            0 => {
+                let blocks = 1 + self.rng.below((IO_BYTES_MAX / block).max(1));
+                let first = self.rng.below(size / block);
+                let count = blocks.min(size / block - first);
+                (first * block, count * block)
+            }
+            1 => {
+                let first = self.rng.below(size / block);
+                let within = self.rng.below(block / sector);
+                let count = 1 + self.rng.below(block / sector - within);
+                (first * block + within * sector, count * sector)
+            }
+            _ => {
+                let offset = self.rng.below(size / sector) * sector;
+                let length = (1 + self.rng.below(IO_BYTES_MAX / sector)) * sector;
+                (offset, length.min(size - offset))
+            }
+        }
+    }
+
+    /// Builds the buffer of a write of `tag` at `offset` and the values each
+    /// block it covers takes.
+    fn prepare(dataset: &DatasetModel, offset: u64, length: u64, tag: u64) -> (Option<BufSlice>, Vec<(u64, Vec<Value>)>) {
+        let buffer = (tag != 0).then(|| {
+            let mut buffer = AlignedBuf::zeroed(length as usize);
+            for (index, chunk) in buffer.chunks_mut(MODEL_SECTOR_BYTES as usize).enumerate() {
+                fill_sector(tag, offset / MODEL_SECTOR_BYTES + index as u64, chunk);
+            }
+            BufSlice::whole(buffer.into_shared())
+        });
+        let block = dataset.block_bytes;
+        let mut changes = Vec::new();
+        let mut position = offset;
+        while position < offset + length {
+            let blkid = position / block;
+            let within = position % block;
+            let chunk = (block - within).min(offset + length - position);
+            let values = dataset.merged(blkid, (within / MODEL_SECTOR_BYTES) as usize, (chunk / MODEL_SECTOR_BYTES) as usize, tag);
+            changes.push((blkid, values));
+            position += chunk;
+        }
+        (buffer, changes)
+    }
+
+    /// A write (or with `zero`, a zero or trim) of a random range of a volume,
+    /// then a read-back of the blocks it touched.
+    async fn write(&mut self, pool: &Rc<Pool>, fua: bool, zero: bool) -> Check {
+        let volumes = self.model.borrow().volumes();
+        let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let dataset = self.model.borrow().datasets[&name].clone();
+        let (offset, length) = self.draw_range(&dataset);
+        let tag = if zero { 0 } else { self.model.borrow_mut().tag() };
+        let (buffer, changes) = Sim::prepare(&dataset, offset, length, tag);
+        {
+            let mut model = self.model.borrow_mut();
+            let target = model.datasets.get_mut(&name).expect("picked from the model");
+            for (blkid, values) in &changes {
+                target.issued(*blkid, values);
+            }
+        }
+        let volume = self.handle(pool, &name).await?;
+        let trim = self.rng.chance(1, 2);
+        self.trace(|| format!("{} {name} {offset}+{length} tag {tag} fua {fua}", if zero { "zero" } else { "write" }));
+        let result = match buffer {
+            Some(buffer) => pool.write(&volume, offset, buffer, fua).await,
+            None => pool.zero(&volume, offset, length, fua, trim).await,
+        };
+        self.settle(&name, &changes, result, fua)?;
+        let first = changes.first().map(|(blkid, _)| *blkid).unwrap_or(0);
+        let last = changes.last().map(|(blkid, _)| *blkid).unwrap_or(0);
+        self.verify_blocks(pool, &name, first, last - first + 1).await
+    }
+
+    /// Applies a write's outcome to the model. Out of space is the one failure
+    /// a correct pool may give (the write then may or may not have landed);
+    /// anything else is a bug, since faults stay within redundancy.
+    fn settle(&mut self, name: &str, changes: &[(u64, Vec<Value>)], result: Result<(), PoolError>, fua: bool) -> Check {
+        let mut model = self.model.borrow_mut();
+        let Some(target) = model.datasets.get_mut(name) else { return Ok(()) };
+        match result {
+            Ok(()) => {
+                for (blkid, values) in changes {
+                    target.acknowledged(*blkid, values);
+                }
+                if fua {
+                    model.flushed();
+                }
+                Ok(())
+            }
+            Err(PoolError::NoSpace) => {
+                for (blkid, values) in changes {
+                    target.failed(*blkid, values);
+                }
+                drop(model);
+                self.count_check("write-nospace");
+                Ok(())
+            }
+            Err(error) => Err(io_error(&format!("write to {name}"), error)),
+        }
+    }
+
+    /// Reads blocks `first..first+count` of dataset `name` and checks each
+    /// against the model.
+    async fn verify_blocks(&mut self, pool: &Rc<Pool>, name: &str, first: u64, count: u64) -> Check {
+        let Some(dataset) = self.model.borrow().datasets.get(name).cloned() else { return Ok(()) };
+        let block = dataset.block_bytes;
+        let count = count.min(dataset.size_bytes / block - first);
+        if count == 0 {
+            return Ok(());
+        }
+        let volume = self.handle(pool, name).await?;
+        let pieces = pool.read(&volume, first * block, count * block).await.map_err(|error| io_error(&format!("read {name} blocks {first}+{count}"), error))?;
+        let bytes = flatten(pieces);
+        let mut model = self.model.borrow_mut();
+        let target = model.datasets.get_mut(name).expect("present above");
+        for index in 0..count {
+            let blkid = first + index;
+            let value = decode_block(&bytes[(index * block) as usize..((index + 1) * block) as usize], blkid * block / MODEL_SECTOR_BYTES);
+            let checked = if self.after_crash { target.observe_after_crash(blkid, value) } else { target.observe(blkid, value) };
+            checked.map_err(|problem| format!("{name}: {problem}"))?;
+        }
+        Ok(())
+    }
+
+    async fn read_random(&mut self, pool: &Rc<Pool>) -> Check {
+        let names: Vec<String> = self.model.borrow().datasets.keys().cloned().collect();
+        let Some(name) = self.pick(&names) else { return Ok(()) };
+        let blocks = self.model.borrow().datasets[&name].blocks.len() as u64;
+        let first = self.rng.below(blocks);
+        let count = 1 + self.rng.below(64);
+        self.verify_blocks(pool, &name, first, count).await
+    }
+
+    /// After every step: a random range of a random dataset reads as modelled.
+    async fn sample_check(&mut self, pool: &Rc<Pool>) -> Check {
+        let names: Vec<String> = self.model.borrow().datasets.keys().cloned().collect();
+        let Some(name) = self.pick(&names) else { return Ok(()) };
+        let blocks = self.model.borrow().datasets[&name].blocks.len() as u64;
+        let first = self.rng.below(blocks);
+        let count = 1 + self.rng.below(SAMPLE_BLOCKS_MAX);
+        self.count_check("sample-read");
+        self.verify_blocks(pool, &name, first, count).await
+    }
+
+    /// Every dataset read whole against the model, the dataset list against the
+    /// pool's, and the space accounting walked (no leak, no double reference).
+    pub(crate) async fn full_check(&mut self, pool: &Rc<Pool>) -> Check {
+        self.count_check("full");
+        let mut listed: Vec<String> = Vec::new();
+        for (volume, record) in pool.directory.borrow().volumes.iter() {
+            listed.push(volume.clone());
+            listed.extend(record.snapshots.iter().map(|snapshot| format!("{volume}@{}", snapshot.name)));
+        }
+        listed.sort();
+        let expected: Vec<String> = self.model.borrow().datasets.keys().cloned().collect();
+        if listed != expected {
+            return Err(format!("the pool lists datasets {listed:?}, the model {expected:?}"));
+        }
+        for name in expected {
+            let blocks = self.model.borrow().datasets[&name].blocks.len() as u64;
+            let mut first = 0;
+            while first < blocks {
+                let count = (blocks - first).min(256);
+                self.verify_blocks(pool, &name, first, count).await?;
+                first += count;
+            }
+        }
+        self.after_crash = false;
+        let report = pool.check_space().await.map_err(|error| io_error("space check", error))?;
+        self.count_check("space");
+        if !report.problems.is_empty() {
+            let owners = if self.options.trace { describe_owners(pool, &report.problems).await } else { String::new() };
+            return Err(format!("space check: {}{owners}", report.problems.join("; ")));
+        }
+        Ok(())
+    }
+
+    /// Concurrent writes to disjoint ranges (several tasks, one per range).
+    /// With `leave_running`, they are not waited for (a crash interrupts them).
+    async fn burst(&mut self, pool: &Rc<Pool>, leave_running: bool) -> Check {
+        let volumes = self.model.borrow().volumes();
+        let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let dataset = self.model.borrow().datasets[&name].clone();
+        let volume = self.handle(pool, &name).await?;
+        let block = dataset.block_bytes;
+        let blocks = dataset.size_bytes / block;
+        let writes = 1 + self.rng.below(BURST_WRITES_MAX);
+        let mut taken = std::collections::BTreeSet::new();
+        let mut handles = Vec::new();
+        let mut touched = Vec::new();
+        for _ in 0..writes {
+            let first = self.rng.below(blocks);
+            let count = 1 + self.rng.below(4.min(blocks - first));
+            if (first..first + count).any(|blkid| taken.contains(&blkid)) {
+                continue;
+            }
+            taken.extend(first..first + count);
+            // Whole blocks or a piece of the first one.
+            let (offset, length) = if self.rng.chance(1, 3) {
+                let within = self.rng.below(block / MODEL_SECTOR_BYTES);
+                (first * block + within * MODEL_SECTOR_BYTES, (block / MODEL_SECTOR_BYTES - within) * MODEL_SECTOR_BYTES)
+            } else {
+                (first * block, count * block)
+            };
+            let zero = self.rng.chance(1, 8);
+            let tag = if zero { 0 } else { self.model.borrow_mut().tag() };
+            let current = self.model.borrow().datasets[&name].clone();
+            let (buffer, changes) = Sim::prepare(&current, offset, length, tag);
+            {
+                let mut model = self.model.borrow_mut();
+                let target = model.datasets.get_mut(&name).expect("picked from the model");
+                for (blkid, values) in &changes {
+                    target.issued(*blkid, values);
+                }
+            }
+            touched.push((first, count));
+            let task_pool = pool.clone();
+            let task_volume = volume.clone();
+            let model = self.model.clone();
+            let task_name = name.clone();
+            handles.push(rt::spawn(async move {
+                let result = match buffer {
+                    Some(buffer) => task_pool.write(&task_volume, offset, buffer, false).await,
+                    None => task_pool.zero(&task_volume, offset, length, false, true).await,
+                };
+                let mut model = model.borrow_mut();
+                let Some(target) = model.datasets.get_mut(&task_name) else { return Ok(()) };
+                match result {
+                    Ok(()) => {
+                        for (blkid, values) in &changes {
+                            target.acknowledged(*blkid, values);
+                        }
+                        Ok(())
+                    }
+                    Err(PoolError::NoSpace) => {
+                        for (blkid, values) in &changes {
+                            target.failed(*blkid, values);
+                        }
+                        Ok(())
+                    }
+                    Err(error) => Err(io_error(&format!("burst write to {task_name} at {offset}+{length}"), error)),
+                }
+            }));
+        }
+        if leave_running {
+            return Ok(());
+        }
+        for handle in handles {
+            handle.await?;
+        }
+        for (first, count) in touched {
+            self.verify_blocks(pool, &name, first, count).await?;
+        }
+        Ok(())
+    }
+
+    /// Sets the stage for a crash: writes in flight, maybe a scrub, and the
+    /// background commit at some point of its work; then the power goes.
+    async fn crash_window(&mut self, pool: &Rc<Pool>) -> Check {
+        if self.rng.chance(1, 4) {
+            let _ = pool.scrub_start();
+        }
+        self.burst(pool, true).await?;
+        let timeout = self.tunables.txg_timeout.as_nanos() as u64;
+        let pause = Duration::from_nanos(self.rng.below(2 * timeout + 2_000_000));
+        rt::sleep(pause).await;
+        self.count_fault("crash");
+        let pending: u64 = self.devices.iter().map(|device| device.pending_bytes()).sum();
+        self.trace(|| format!("crash after {pause:?} with {pending} unflushed bytes"));
+        Ok(())
+    }
+
+    async fn create_volume(&mut self, pool: &Rc<Pool>) -> Check {
+        let name = self.model.borrow_mut().name("v");
+        let block_bytes = [4096u64, 8192, 16384, 65536][self.rng.below(4) as usize];
+        let size_bytes = (4 + self.rng.below(13)) << 20;
+        pool.create_volume(&format!("{POOL}/{name}"), size_bytes, block_bytes as u32, BTreeMap::new()).await.map_err(|error| io_error(&format!("create volume {name}"), error))?;
+        let mut model = self.model.borrow_mut();
+        model.flushed();
+        model.datasets.insert(name, DatasetModel::new(size_bytes, block_bytes));
+        Ok(())
+    }
+
+    async fn snapshot(&mut self, pool: &Rc<Pool>) -> Check {
+        let volumes = self.model.borrow().volumes();
+        let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        if self.model.borrow().snapshots_of(&volume).len() >= SNAPSHOTS_PER_VOLUME_MAX {
+            return Ok(());
+        }
+        let snapshot = self.model.borrow_mut().name("s");
+        pool.snapshot(&[format!("{POOL}/{volume}@{snapshot}")]).await.map_err(|error| io_error(&format!("snapshot {volume}@{snapshot}"), error))?;
+        let mut model = self.model.borrow_mut();
+        model.flushed();
+        let frozen = model.datasets[&volume].frozen();
+        model.datasets.insert(format!("{volume}@{snapshot}"), frozen);
+        Ok(())
+    }
+
+    async fn rollback(&mut self, pool: &Rc<Pool>) -> Check {
+        let volumes = self.model.borrow().volumes();
+        let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        let snapshots = self.model.borrow().snapshots_of(&volume);
+        let Some(target) = self.pick(&snapshots) else { return Ok(()) };
+        let index = snapshots.iter().position(|name| *name == target).expect("picked from the list");
+        let blocked = snapshots[index + 1..].iter().any(|later| self.model.borrow().has_clones(later));
+        let result = pool.rollback(&format!("{POOL}/{target}"), true).await;
+        if blocked {
+            return match result {
+                Err(_) => Ok(()),
+                Ok(()) => Err(format!("rollback to {target} destroyed later snapshots that have clones")),
+            };
+        }
+        result.map_err(|error| io_error(&format!("rollback to {target}"), error))?;
+        let mut model = self.model.borrow_mut();
+        model.flushed();
+        for later in &snapshots[index + 1..] {
+            model.datasets.remove(later);
+        }
+        let content = model.datasets[&target].frozen();
+        model.datasets.insert(volume, content);
+        Ok(())
+    }
+
+    async fn clone_snapshot(&mut self, pool: &Rc<Pool>) -> Check {
+        if self.model.borrow().volumes().len() >= VOLUMES_MAX {
+            return Ok(());
+        }
+        let snapshots: Vec<String> = self.model.borrow().datasets.keys().filter(|name| name.contains('@')).cloned().collect();
+        let Some(origin) = self.pick(&snapshots) else { return Ok(()) };
+        let clone = self.model.borrow_mut().name("c");
+        pool.clone_snapshot(&format!("{POOL}/{origin}"), &format!("{POOL}/{clone}")).await.map_err(|error| io_error(&format!("clone {origin} as {clone}"), error))?;
+        let mut model = self.model.borrow_mut();
+        model.flushed();
+        let content = model.datasets[&origin].frozen();
+        model.datasets.insert(clone.clone(), content);
+        model.origins.insert(clone, origin);
+        Ok(())
+    }
+
+    async fn destroy_snapshot(&mut self, pool: &Rc<Pool>) -> Check {
+        let snapshots: Vec<String> = self.model.borrow().datasets.keys().filter(|name| name.contains('@')).cloned().collect();
+        let Some(target) = self.pick(&snapshots) else { return Ok(()) };
+        let blocked = self.model.borrow().has_clones(&target);
+        let result = pool.destroy_snapshot(&format!("{POOL}/{target}")).await;
+        if blocked {
+            return match result {
+                Err(_) => Ok(()),
+                Ok(()) => Err(format!("destroyed {target}, which has clones")),
+            };
+        }
+        result.map_err(|error| io_error(&format!("destroy {target}"), error))?;
+        let mut model = self.model.borrow_mut();
+        model.flushed();
+        model.datasets.remove(&target);
+        Ok(())
+    }
+
+    async fn destroy_volume(&mut self, pool: &Rc<Pool>) -> Check {
+        let volumes = self.model.borrow().volumes();
+        if volumes.len() <= 1 {
+            return Ok(());
+        }
+        let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        let snapshots = self.model.borrow().snapshots_of(&volume);
+        let blocked = snapshots.iter().any(|snapshot| self.model.borrow().has_clones(snapshot));
+        self.trace(|| format!("destroy {volume} (snapshots {snapshots:?}, origin {:?}, blocked {blocked})", self.model.borrow().origins.get(&volume)));
+        let result = pool.destroy_volume(&format!("{POOL}/{volume}"), true).await;
+        if blocked {
+            return match result {
+                Err(_) => Ok(()),
+                Ok(()) => Err(format!("destroyed {volume}, whose snapshots have clones")),
+            };
+        }
+        result.map_err(|error| io_error(&format!("destroy {volume}"), error))?;
+        let mut model = self.model.borrow_mut();
+        model.flushed();
+        model.datasets.remove(&volume);
+        for snapshot in snapshots {
+            model.datasets.remove(&snapshot);
+        }
+        model.origins.remove(&volume);
+        Ok(())
+    }
+
+    /// A scrub with faults still on: no block may be left without a good copy.
+    async fn scrub(&mut self, pool: &Rc<Pool>) -> Check {
+        pool.scrub_start().map_err(|error| io_error("scrub start", error))?;
+        pool.scrub_wait().await;
+        self.count_check("scrub");
+        let status = pool.scrub_status();
+        if status.errors > 0 {
+            return Err(format!("scrub found {} unrecoverable blocks with faults within redundancy: {:?}", status.errors, status.error_details));
+        }
+        if !self.damage_possible && status.bad_copies > 0 {
+            return Err(format!("scrub found {} bad copies though no device was ever bad: {:?}", status.bad_copies, status.error_details));
+        }
+        Ok(())
+    }
+
+    /// Turns a device bad: some of the enabled damage faults at random rates.
+    fn turn_bad(&mut self) {
+        let candidates = self.budget.may_turn_bad();
+        let Some(device) = self.pick(&candidates) else { return };
+        let faults = self.options.faults;
+        let rate = |kind: FaultKind, rng: &mut Rng| -> u32 {
+            if faults.has(kind) && rng.chance(2, 3) {
+                [1_000u32, 10_000, 50_000, 200_000][rng.below(4) as usize]
+            } else {
+                0
+            }
+        };
+        let plan = SimFaults {
+            read_error_ppm: rate(FaultKind::ReadError, &mut self.rng),
+            read_corruption_ppm: rate(FaultKind::ReadCorrupt, &mut self.rng),
+            write_error_ppm: rate(FaultKind::WriteError, &mut self.rng),
+            write_corruption_ppm: rate(FaultKind::WriteCorrupt, &mut self.rng),
+            misdirected_write_ppm: rate(FaultKind::Misdirect, &mut self.rng),
+            write_nospace_ppm: rate(FaultKind::NoSpace, &mut self.rng),
+            offline: false,
+        };
+        self.trace(|| format!("device {device} turns bad: {plan:?}"));
+        self.devices[device].set_faults(plan);
+        self.budget.mark(device, BadState::Faulty);
+        self.damage_possible = true;
+        self.count_fault("device-turned-bad");
+    }
+
+    /// Flips bits at rest on a bad device.
+    fn rot(&mut self) {
+        let bad: Vec<usize> = (0..self.devices.len()).filter(|device| self.budget.bad[*device].is_some()).collect();
+        let Some(device) = self.pick(&bad) else { return };
+        let sectors = 1 + self.rng.below(32) as usize;
+        self.devices[device].rot(sectors, &mut self.rng);
+    }
+
+    /// A device (good within budget, or already bad) vanishes.
+    fn vanish(&mut self) {
+        let mut candidates = self.budget.may_turn_bad();
+        candidates.extend(self.budget.devices_in(BadState::Faulty));
+        candidates.extend(self.budget.devices_in(BadState::Stale));
+        candidates.sort_unstable();
+        let Some(device) = self.pick(&candidates) else { return };
+        self.devices[device].set_offline(true);
+        self.budget.mark(device, BadState::Vanished);
+        self.damage_possible = true;
+        self.count_fault("vanish");
+    }
+
+    /// A vanished device comes back (stale: it missed writes) with its other
+    /// faults off.
+    fn come_back(&mut self) {
+        let vanished = self.budget.devices_in(BadState::Vanished);
+        let Some(device) = self.pick(&vanished) else { return };
+        self.devices[device].set_faults(SimFaults::default());
+        self.budget.mark(device, BadState::Stale);
+        self.count_fault("return");
+    }
+
+    /// Heals every bad device that is present: faults off, commit, scrub (which
+    /// must repair everything), commit twice (so the repairs and every repair a
+    /// read spawned are durable), scrub again: a device whose copies all verify
+    /// and whose labels show the newest txg leaves the bad set.
+    pub(crate) async fn heal(&mut self, pool: &Rc<Pool>) -> Check {
+        let targets: Vec<usize> = (0..self.devices.len()).filter(|device| matches!(self.budget.bad[*device], Some(BadState::Faulty) | Some(BadState::Stale))).collect();
+        if targets.is_empty() {
+            return Ok(());
+        }
+        for device in &targets {
+            self.devices[*device].set_faults(SimFaults::default());
+            self.budget.mark(*device, BadState::Stale);
+        }
+        pool.commit().await.map_err(|error| io_error("heal commit", error))?;
+        self.model.borrow_mut().flushed();
+        for pass in 0..2 {
+            pool.scrub_start().map_err(|error| io_error("heal scrub", error))?;
+            pool.scrub_wait().await;
+            let status = pool.scrub_status();
+            if status.errors > 0 {
+                return Err(format!("heal scrub {pass} found {} unrecoverable blocks: {:?}", status.errors, status.error_details));
+            }
+            pool.commit().await.map_err(|error| io_error("heal commit", error))?;
+            pool.commit().await.map_err(|error| io_error("heal commit", error))?;
+        }
+        self.count_check("heal-scrub");
+        let errors_before: Vec<u64> = self.leaf_errors(pool);
+        pool.scrub_start().map_err(|error| io_error("heal verify scrub", error))?;
+        pool.scrub_wait().await;
+        let errors_after: Vec<u64> = self.leaf_errors(pool);
+        for device in targets {
+            let path = format!("sim:d{device}");
+            let online = pool.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| *leaf.path.borrow() == path && leaf.is_online() && leaf.device().is_some());
+            if !online || errors_after[device] != errors_before[device] {
+                self.trace(|| format!("device {device} stays bad (online {online}, errors {} -> {})", errors_before[device], errors_after[device]));
+                continue;
+            }
+            let probe = ironpool::pool::labels::probe_device(&*self.devices[device], std::path::Path::new(&path)).await;
+            let newest = probe.uberblocks.iter().filter(|uberblock| uberblock.pool_guid == pool.guid).map(|uberblock| uberblock.txg).max().unwrap_or(0);
+            if probe.label.is_none() || newest != pool.txg.durable() {
+                self.trace(|| format!("device {device} stays bad (newest uberblock {newest}, durable {})", pool.txg.durable()));
+                continue;
+            }
+            self.budget.bad[device] = None;
+            self.count_check("device-healed");
+        }
+        if self.budget.bad.iter().all(Option::is_none) {
+            self.damage_possible = false;
+        }
+        Ok(())
+    }
+
+    /// Read errors plus checksum errors of every device's leaf (by device index;
+    /// 0 for devices the pool does not have).
+    fn leaf_errors(&self, pool: &Rc<Pool>) -> Vec<u64> {
+        (0..self.devices.len())
+            .map(|device| {
+                let path = format!("sim:d{device}");
+                pool.store
+                    .vdevs
+                    .iter()
+                    .flat_map(|top| top.children.iter())
+                    .find(|leaf| *leaf.path.borrow() == path)
+                    .map(|leaf| {
+                        let stats = leaf.queue.stats();
+                        stats.read_errors + stats.checksum_errors
+                    })
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+
+    pub(crate) fn devices(&self) -> &[Rc<SimDevice>] {
+        &self.devices
+    }
+
+    pub(crate) fn is_present(&self, device: usize) -> bool {
+        self.budget.bad[device] != Some(BadState::Vanished)
+    }
+
+    pub(crate) fn next_seed(&mut self) -> u64 {
+        self.rng.next_u64()
+    }
+
+    pub(crate) fn tunables(&self) -> PoolTunables {
+        self.tunables.clone()
+    }
+}
+
+/// Device latency for a run: fixed (completions in order) unless reordering is
+/// on; spikes when latency faults are on.
+fn latency_for(options: &Options, rng: &mut Rng) -> SimLatency {
+    let (minimum_us, maximum_us) = if options.faults.has(FaultKind::Reorder) { (1, 1 + rng.below(4_000)) } else { (50, 50) };
+    let (spike_every, spike_us) = if options.faults.has(FaultKind::Latency) { (50 + rng.below(500), 1_000 + rng.below(100_000)) } else { (0, 0) };
+    SimLatency { minimum_us, maximum_us, spike_every, spike_us }
+}
+
+pub(crate) fn flatten(pieces: Vec<ReadPiece>) -> Vec<u8> {
+    let mut out = Vec::new();
+    for piece in pieces {
+        match piece {
+            ReadPiece::Data(slice) => out.extend_from_slice(&slice),
+            ReadPiece::Zeros(length) => out.resize(out.len() + length, 0),
+        }
+    }
+    out
+}
+
+/// Decodes one block read back into its per-sector tags.
+fn decode_block(bytes: &[u8], first_sector: u64) -> Value {
+    bytes.chunks(MODEL_SECTOR_BYTES as usize).enumerate().map(|(index, sector)| decode_sector(sector, first_sector + index as u64)).collect::<Vec<u64>>().into()
+}
+
+/// For a failed space check (with --trace): which open objects point at the
+/// ranges the problems name, to start the diagnosis.
+async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
+    let mut ranges: Vec<(u32, u64, u64)> = Vec::new();
+    for problem in problems {
+        let Some(rest) = problem.strip_prefix("vdev ") else { continue };
+        let Some((vdev, rest)) = rest.split_once(':') else { continue };
+        let Some(range) = rest.split_whitespace().find(|word| word.contains("..")) else { continue };
+        let Some((start, end)) = range.split_once("..") else { continue };
+        let parse = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).ok();
+        if let (Ok(vdev), Some(start), Some(end)) = (vdev.parse::<u32>(), parse(start), parse(end)) {
+            ranges.push((vdev, start, end));
+        }
+    }
+    let mut out = format!("\n  open txg {}, durable txg {}", pool.txg.open(), pool.txg.durable());
+    {
+        let allocator = pool.store.allocator.borrow();
+        for (vdev, start, end) in &ranges {
+            let Some(space) = allocator.vdevs.get(*vdev as usize) else { continue };
+            for metaslab in &space.metaslabs {
+                let sets = [
+                    ("free", &metaslab.free),
+                    ("allocated", &metaslab.allocated),
+                    ("pending_allocs", &metaslab.pending_allocs),
+                    ("pending_frees", &metaslab.pending_frees),
+                    ("syncing_frees", &metaslab.syncing_frees),
+                    ("defer0", &metaslab.defer[0]),
+                    ("defer1", &metaslab.defer[1]),
+                ];
+                let found: Vec<&str> = sets.iter().filter(|(_, set)| set.overlaps(*start, *end)).map(|(name, _)| *name).collect();
+                if !found.is_empty() {
+                    out.push_str(&format!("\n  vdev {vdev} {start:#x}..{end:#x} in {found:?}"));
+                }
+            }
+        }
+    }
+    for object in pool.objects.open_objects() {
+        let mut hits = Vec::new();
+        let _ = pool
+            .objects
+            .visit_pointers(&object, &mut |level, blkid, pointer| {
+                for dva in pointer.copies() {
+                    if ranges.iter().any(|(vdev, start, end)| dva.vdev == *vdev && dva.offset < *end && dva.end() > *start) {
+                        hits.push((format!("L{level}/{blkid} {:#x} birth {}", dva.offset, pointer.birth_txg), dva.vdev, dva.offset, dva.end()));
+                    }
+                }
+            })
+            .await;
+        if !hits.is_empty() {
+            let allocator = pool.store.allocator.borrow();
+            let mut described = Vec::new();
+            for (hit, vdev, offset, end) in hits {
+                let mut sets = Vec::new();
+                if let Some(space) = allocator.vdevs.get(vdev as usize) {
+                    for metaslab in &space.metaslabs {
+                        for (name, set) in [("free", &metaslab.free), ("allocated", &metaslab.allocated), ("pending_allocs", &metaslab.pending_allocs), ("pending_frees", &metaslab.pending_frees), ("syncing_frees", &metaslab.syncing_frees), ("defer0", &metaslab.defer[0]), ("defer1", &metaslab.defer[1])] {
+                            if set.overlaps(offset, end) {
+                                sets.push(name);
+                            }
+                        }
+                    }
+                }
+                described.push(format!("{hit} in {sets:?}"));
+            }
+            out.push_str(&format!("\n  object {} ({:?}) at open txg {}: {}", object.id, object.dnode().object_type, pool.txg.open(), described.join(", ")));
+        }
+    }
+    out
+}

@@ -77,7 +77,7 @@ pub(in crate::vdev) async fn write(top: &TopVdev, geometry: &RaidzGeometry, clas
     assert_eq!(data.len() as u64, map.data_size_bytes, "a RAID-Z write takes the block in whole sectors");
     let parity = compute_parity(&map, &data);
     let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
-    let pad = BufSlice::whole(AlignedBuf::zeroed(map.sector_bytes as usize).into_shared());
+    let pad = zero_sector(map.sector_bytes as usize);
     let mut missed = Vec::new();
     // (child whose column this is, or None for a pad) and its write.
     let mut tags: Vec<Option<usize>> = Vec::with_capacity(map.columns.len() + map.skip_sectors.len());
@@ -379,6 +379,17 @@ fn unrecoverable(top: &TopVdev, map: &RaidzMap, slots: &[Slot]) -> VdevError {
         })
         .collect();
     VdevError::TooManyFailures(format!("no combination of up to {} columns verifies ({})", map.data_columns_first, states.join(", ")))
+}
+
+thread_local! {
+    /// Zeros for pad sectors, shared by every write of this thread (pads are
+    /// at most one sector of the largest ashift).
+    static ZERO_SECTOR: std::rc::Rc<AlignedBuf> = AlignedBuf::zeroed(1 << crate::format::ASHIFT_MAX).into_shared();
+}
+
+/// One pad sector of zeros.
+fn zero_sector(sector_bytes: usize) -> BufSlice {
+    ZERO_SECTOR.with(|zeros| BufSlice::new(zeros.clone(), 0..sector_bytes))
 }
 
 /// The block's parity columns, computed from its data.

@@ -3,7 +3,8 @@
 //!
 //! - [`geometry`]: where a block's data, parity and pad sectors go on the
 //!   children, and how much space it takes: OpenZFS's layout, so the format
-//!   matches (docs/RAIDZ.md has it in prose with a worked example).
+//!   matches (docs/FORMAT.md, "RAID-Z", has it in prose with a worked
+//!   example; docs/RAIDZ.md covers reads, repair and resilver).
 //! - [`parity`]: P, Q and R parity over GF(2^8), and reconstruction of any up to
 //!   `parity` erased columns, with SIMD (SSSE3, AVX2) chosen at run time and a
 //!   portable fallback that produces the same bytes.

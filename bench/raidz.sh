@@ -8,12 +8,14 @@
 #     metadata, labels; from iostat) per byte the client wrote;
 #   - average device write size during the random writes (after aggregation).
 # Then parity generation speed against memcpy (examples/raidz_parity_speed.rs).
-# Prints markdown tables; fio JSON and server logs go to $OUT.
-#   RT=seconds per run (default 15), SIZE=volume and raw file size (default 2G),
-#   DEVICE=size of each pool file (default 1G).
+# Prints markdown tables; fio JSON and server logs go to $OUT (pool files are
+# deleted after each layout: the disk is shared, peak use is about
+# 6 x DEVICE + SIZE).
+#   RT=seconds per run (default 15), SIZE=volume and raw file size (default 1G),
+#   DEVICE=size of each pool file (default 768M).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-OUT=${OUT:-$PWD/bench-out/raidz}; RT=${RT:-15}; SIZE=${SIZE:-2G}; DEVICE=${DEVICE:-1G}
+OUT=${OUT:-$PWD/bench-out/raidz}; RT=${RT:-15}; SIZE=${SIZE:-1G}; DEVICE=${DEVICE:-768M}
 rm -rf "$OUT"; mkdir -p "$OUT"
 cargo build --release -p ironpool --example raidz_parity_speed >/dev/null 2>&1
 bin=$PWD/target/release/ironpool
@@ -52,6 +54,8 @@ fio --name=fill --ioengine=io_uring --direct=1 --filename="$OUT/raw.img" --rw=wr
 read -r raw_rand_iops _ _ < <(raw randwrite --rw=randwrite --bs=16k --iodepth=64)
 read -r _ raw_seq_mib _ < <(raw seqwrite --rw=write --bs=1M --iodepth=16)
 
+echo "Load average at the start (2 CPUs, shared): $(cut -d' ' -f1-3 /proc/loadavg)"
+echo
 echo "Raw file ($SIZE, fio io_uring direct=1): 16K randwrite QD64 $raw_rand_iops IOPS; 1 MiB seq write QD16 $raw_seq_mib MiB/s"
 echo
 echo "| layout | test | IOPS | MiB/s | vs raw file | write amplification | avg device write (KiB) |"
@@ -59,8 +63,17 @@ echo "|---|---|---|---|---|---|---|"
 for layout in "raidz2 6" "raidz1 4"; do
     read -r kind width <<<"$layout"
     pool="b$kind"; dir="$OUT/$pool"; mkdir -p "$dir"
-    files=(); for index in $(seq "$width"); do files+=("$dir/d$index.img"); done
-    "$bin" create --size "$DEVICE" "$pool" "$kind" "${files[@]}" >/dev/null
+    files=()
+    for index in $(seq "$width"); do
+        # Written once in full like the raw file: ext4 allocates blocks of a
+        # sparse file on first write, and such direct writes block in the
+        # kernel (io_uring hands them to worker threads), which would be
+        # measured instead of ironpool.
+        fio --name=prefill --ioengine=io_uring --direct=1 --filename="$dir/d$index.img" --rw=write --bs=1M --iodepth=8 \
+            --size="$DEVICE" --zero_buffers >/dev/null
+        files+=("$dir/d$index.img")
+    done
+    "$bin" create "$pool" "$kind" "${files[@]}" >/dev/null
     "$bin" volume create "$pool/vol" "$SIZE" -d "$dir" >/dev/null
     setsid -f "$bin" serve -d "$dir" --nbd "unix:$dir/nbd.sock" --pidfile "$dir/pid" "$pool" 2>"$dir/serve.log"
     for _ in $(seq 100); do [ -f "$dir/pid" ] && break; sleep 0.1; done
@@ -85,9 +98,14 @@ label = '16K randwrite QD64' if test == 'randwrite' else '1 MiB seq write QD16'
 print(f"| {kind} of {width} | {label} | {iops:.0f} | {mib:.0f} | {ratio:.2f}x | {device / max(client, 1):.2f} | {device / max(ops, 1) / 1024:.0f} |")
 PY
     done
-    kill -TERM "$(cat "$dir/pid")"
-    for _ in $(seq 300); do kill -0 "$(cat "$dir/pid")" 2>/dev/null || break; sleep 0.1; done
+    pid=$(cat "$dir/pid")
+    kill -TERM "$pid"
+    for _ in $(seq 300); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    rm -f "${files[@]}"
 done
+rm -f "$OUT/raw.img"
+echo
+echo "Load average at the end (2 CPUs, shared): $(cut -d' ' -f1-3 /proc/loadavg)"
 echo
 echo "Parity generation (examples/raidz_parity_speed.rs):"
 echo

@@ -441,3 +441,36 @@ fn a_replacement_ends_identical_to_the_device_it_replaced() {
         });
     }
 }
+
+#[test]
+fn writes_that_fail_on_a_device_in_service_are_resilvered_after_the_next_commit() {
+    let disks = devices(4, 60);
+    let mut rng = Rng::new(60);
+    let mut written = Written::default();
+    Runtime::new_sim(60).block_on(async {
+        let pool = new_pool(&disks, TopVdevKind::Raidz1).await;
+        write_some(&pool, &mut written, &mut rng, 40).await;
+        // One write in five fails on d2: never 16 in a row, so it stays online.
+        disks[2].set_faults(SimFaults { write_error_ppm: 200_000, ..SimFaults::default() });
+        write_some(&pool, &mut written, &mut rng, 60).await;
+        disks[2].set_faults(SimFaults::default());
+        let (top, child) = pool.find_leaf(&name(2)).unwrap();
+        assert!(top.children[child].is_online());
+        assert!(top.children[child].queue.stats().write_errors > 0);
+        assert!(!top.children[child].dtl.borrow().is_empty(), "the failed writes' txgs are logged");
+        assert_eq!(pool.health(), "DEGRADED");
+        pool.commit().await.unwrap();
+        pool.resilver_wait().await;
+        let status = pool.resilver_status();
+        assert_eq!(status.errors, 0, "{:?}", status.error_details);
+        assert!(top.children[child].dtl.borrow().is_empty());
+        assert_eq!(pool.health(), "ONLINE");
+        pool.export().await.unwrap();
+    });
+    // d2 holds everything now: lose another device.
+    Runtime::new_sim(61).block_on(async {
+        let pool = Pool::import_from_devices("tank", present(&disks, &[0]), tunables()).await.unwrap();
+        assert_intact(&pool, &written, "without d0 after the resilver of d2").await;
+        pool.export().await.unwrap();
+    });
+}

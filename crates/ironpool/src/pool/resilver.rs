@@ -75,6 +75,8 @@ pub struct ResilverState {
     pub cancel: bool,
     /// Devices started missing txgs while a pass ran: pass again.
     again: bool,
+    /// The pool is being exported: no new resilver starts.
+    shut: bool,
     pub started_unix_seconds: u64,
     started: Option<Instant>,
     pub finished_unix_seconds: u64,
@@ -121,6 +123,9 @@ impl Pool {
             return;
         }
         let mut state = self.resilver.borrow_mut();
+        if state.shut {
+            return;
+        }
         if state.running {
             state.again = true;
             return;
@@ -130,11 +135,30 @@ impl Pool {
         state.task = Some(rt::spawn(async move { pool.resilver_run().await }));
     }
 
-    /// Stops a running resilver and waits for it (pool export). The logs keep
-    /// what it did not finish; the next import starts over.
+    /// After a commit: a device that stayed in service but missed writes (a
+    /// write to it failed) gets a resilver. Not after a resilver that ended in
+    /// errors: a device that keeps failing is left to the operator (`online`,
+    /// `replace`), rather than retried at every commit.
+    pub(super) fn resilver_if_needed(self: &Rc<Self>) {
+        let quiet = {
+            let state = self.resilver.borrow();
+            !state.running && state.errors == 0
+        };
+        if quiet {
+            self.resilver_start();
+        }
+    }
+
+    /// Stops a running resilver, waits for it, and starts none after (pool
+    /// export). The logs keep what it did not finish; the next import starts
+    /// over.
     pub async fn resilver_stop(&self) {
-        if self.resilver.borrow().running {
-            self.resilver.borrow_mut().cancel = true;
+        {
+            let mut state = self.resilver.borrow_mut();
+            state.shut = true;
+            if state.running {
+                state.cancel = true;
+            }
         }
         self.resilver_wait().await;
     }

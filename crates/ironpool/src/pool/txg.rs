@@ -589,4 +589,5 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         stats.last_commit_passes = built.passes as u64;
     });
     state.done.notify_all();
+    pool.resilver_if_needed();
 }

@@ -244,11 +244,6 @@ impl TopVdev {
         self.children.iter().filter(|child| !child.is_online()).count()
     }
 
-    /// True when every child is online.
-    pub fn is_healthy(&self) -> bool {
-        self.children.iter().all(|child| child.is_online())
-    }
-
     /// True when every block can still be read and written.
     pub fn is_available(&self) -> bool {
         self.children_away() <= self.redundancy()

@@ -153,7 +153,7 @@ fn nbd_request_seeds(writer: &mut SeedWriter) {
 // ---- labels and uberblocks ----
 
 fn leaf(guid: u64, path: &str) -> LeafConfig {
-    LeafConfig { guid, path: path.into(), device_size_bytes: 2 << 30 }
+    LeafConfig::new(guid, path.into(), 2 << 30)
 }
 
 fn top(id: u32, guid: u64, kind: TopVdevKind, ashift: u8, children: Vec<LeafConfig>) -> TopVdevConfig {
@@ -183,6 +183,12 @@ fn label_seeds(writer: &mut SeedWriter) {
         top(1, 6, TopVdevKind::Disk, 16, vec![leaf(20, "/c \"quoted\" \u{e9}")]),
     ];
     writer.write("label", "mirror-and-disk", &label_bytes(pool_config("t.a-n_k", PoolState::Active, striped), 20));
+    let mut degraded = vec![leaf(30, "/r0"), leaf(31, "/r1"), leaf(32, "/r2"), leaf(33, "/r3")];
+    degraded[1].offline = true;
+    degraded[1].dtl = vec![[7, u64::MAX]];
+    degraded[3].dtl = vec![[2, 4], [6, 6]];
+    let raidz = vec![top(0, 5, TopVdevKind::Raidz2, 12, degraded), top(1, 6, TopVdevKind::Mirror, 12, vec![leaf(40, "/m0"), leaf(41, "/m1")])];
+    writer.write("label", "raidz2-degraded-and-mirror", &label_bytes(pool_config("tank", PoolState::Active, raidz), 33));
 }
 
 fn hole_root(object_type: ObjectType, birth_txg: u64) -> BlockPointer {

@@ -24,14 +24,24 @@ use crate::run::{flatten, Sim, POOL};
 /// by the real import that follows).
 pub(crate) async fn older_uberblocks(sim: &mut Sim) -> Result<(), String> {
     let present: Vec<usize> = (0..sim.devices().len()).filter(|device| sim.is_present(*device)).collect();
-    let mut txgs: Vec<u64> = Vec::new();
-    let mut pool_guid = None;
+    // Only the txgs of the newest device configuration: an uberblock from
+    // before a replacement names a different set of devices (its guid sum
+    // differs), and rewinding across a configuration change is refused by
+    // design, as in ZFS.
+    let mut probes = Vec::new();
     for &device in &present {
         let path = format!("sim:d{device}");
         let probe = ironpool::pool::labels::probe_device(&*sim.devices()[device], std::path::Path::new(&path)).await;
-        let Some(label) = probe.label else { continue };
-        pool_guid.get_or_insert(label.pool_guid);
-        txgs.extend(probe.uberblocks.iter().filter(|uberblock| uberblock.pool_guid == label.pool_guid).map(|uberblock| uberblock.txg));
+        if let Some(label) = probe.label.clone() {
+            probes.push((label, probe.uberblocks));
+        }
+    }
+    let newest = probes.iter().map(|(label, _)| label).max_by_key(|label| label.config.config_txg).map(|label| (label.pool_guid, label.config.guid_sum()));
+    let mut txgs: Vec<u64> = Vec::new();
+    if let Some((pool_guid, guid_sum)) = newest {
+        for (_, uberblocks) in &probes {
+            txgs.extend(uberblocks.iter().filter(|uberblock| uberblock.pool_guid == pool_guid && uberblock.guid_sum == guid_sum).map(|uberblock| uberblock.txg));
+        }
     }
     txgs.sort_unstable_by(|a, b| b.cmp(a));
     txgs.dedup();

@@ -2,9 +2,8 @@
 //!
 //! A layout is a list of groups (top-level vdevs); a group's `tolerated_bad`
 //! is how many of its devices may hold bad data at once with every block still
-//! recoverable. The fault budget (see `faults`) never exceeds it. Adding RAID-Z
-//! once its vdev lands is one variant here: `Raidz { parity, width }` with
-//! `tolerated_bad = parity`, `kind = TopVdevKind::Raidz..`.
+//! recoverable. The fault budget (see `faults`) never exceeds it: for a mirror
+//! it is the copies less one, for RAID-Z its parity.
 
 use ironpool::format::label::TopVdevKind;
 
@@ -19,6 +18,12 @@ pub enum Layout {
     Mirror,
     /// One three-way mirror: two bad devices at a time.
     Mirror3,
+    /// One RAID-Z1 group of four devices: one bad device at a time.
+    Raidz1,
+    /// One RAID-Z2 group of six devices: two bad devices at a time.
+    Raidz2,
+    /// One RAID-Z3 group of seven devices: three bad devices at a time.
+    Raidz3,
 }
 
 /// One top-level vdev of a layout.
@@ -31,14 +36,17 @@ pub struct Group {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 3] = [Layout::Stripe, Layout::Mirror, Layout::Mirror3];
+    pub const ALL: [Layout; 6] = [Layout::Stripe, Layout::Mirror, Layout::Mirror3, Layout::Raidz1, Layout::Raidz2, Layout::Raidz3];
 
     pub fn parse(text: &str) -> Result<Layout, String> {
         match text {
             "stripe" => Ok(Layout::Stripe),
             "mirror" => Ok(Layout::Mirror),
             "mirror3" => Ok(Layout::Mirror3),
-            other => Err(format!("unknown layout '{other}' (stripe, mirror, mirror3)")),
+            "raidz1" => Ok(Layout::Raidz1),
+            "raidz2" => Ok(Layout::Raidz2),
+            "raidz3" => Ok(Layout::Raidz3),
+            other => Err(format!("unknown layout '{other}' (stripe, mirror, mirror3, raidz1, raidz2, raidz3)")),
         }
     }
 
@@ -47,6 +55,9 @@ impl Layout {
             Layout::Stripe => "stripe",
             Layout::Mirror => "mirror",
             Layout::Mirror3 => "mirror3",
+            Layout::Raidz1 => "raidz1",
+            Layout::Raidz2 => "raidz2",
+            Layout::Raidz3 => "raidz3",
         }
     }
 
@@ -55,6 +66,9 @@ impl Layout {
             Layout::Stripe => vec![Group { kind: TopVdevKind::Disk, devices: 1, tolerated_bad: 0 }; 2],
             Layout::Mirror => vec![Group { kind: TopVdevKind::Mirror, devices: 2, tolerated_bad: 1 }; 2],
             Layout::Mirror3 => vec![Group { kind: TopVdevKind::Mirror, devices: 3, tolerated_bad: 2 }],
+            Layout::Raidz1 => vec![Group { kind: TopVdevKind::Raidz1, devices: 4, tolerated_bad: 1 }],
+            Layout::Raidz2 => vec![Group { kind: TopVdevKind::Raidz2, devices: 6, tolerated_bad: 2 }],
+            Layout::Raidz3 => vec![Group { kind: TopVdevKind::Raidz3, devices: 7, tolerated_bad: 3 }],
         }
     }
 

@@ -59,6 +59,10 @@ pub struct Sim {
     /// Workload choices.
     rng: Rng,
     devices: Vec<Rc<SimDevice>>,
+    /// Devices taken out by a replacement: their fault counters still count.
+    retired: Vec<Rc<SimDevice>>,
+    /// Replacements so far (seeds the new devices' names).
+    replacements: u64,
     budget: Budget,
     model: Rc<RefCell<Model>>,
     summary: Summary,
@@ -70,6 +74,25 @@ pub struct Sim {
     /// The first read of each block after a crash is checked against what may
     /// have survived, not against what was current.
     after_crash: bool,
+}
+
+/// Simulated time one step may take before it counts as a hang: far above
+/// anything a step does legitimately (an idle pause is at most three txg
+/// timeouts, a latency spike at most 0.1 s per I/O), cheap to reach since
+/// the clock jumps from timer to timer.
+const STEP_SIMULATED_TIME_MAX: Duration = Duration::from_secs(3600);
+
+/// Queued and active I/Os per device and class, for a hang report.
+fn queue_states(pool: &Rc<Pool>) -> String {
+    let mut states = Vec::new();
+    for top in &pool.store.vdevs {
+        for leaf in &top.children {
+            let stats = leaf.queue.stats();
+            let classes: Vec<String> = stats.classes.iter().enumerate().filter(|(_, class)| class.queued + class.active > 0).map(|(index, class)| format!("class {index}: {} queued, {} active", class.queued, class.active)).collect();
+            states.push(format!("{} ({}): {}", leaf.path.borrow(), if leaf.is_online() { "online" } else { "away" }, if classes.is_empty() { "idle".to_string() } else { classes.join(", ") }));
+        }
+    }
+    states.join("; ")
 }
 
 fn io_error(what: &str, error: PoolError) -> String {
@@ -98,6 +121,8 @@ impl Sim {
             options,
             rng,
             devices,
+            retired: Vec::new(),
+            replacements: 0,
             budget,
             model: Rc::new(RefCell::new(Model::default())),
             summary: Summary::default(),
@@ -170,7 +195,7 @@ impl Sim {
 
     fn collect_device_faults(&mut self) {
         let mut totals: BTreeMap<&'static str, u64> = BTreeMap::new();
-        for device in &self.devices {
+        for device in self.devices.iter().chain(&self.retired) {
             let counters = device.counters();
             for (name, value) in [
                 ("read-error", counters.read_errors),
@@ -226,7 +251,10 @@ impl Sim {
                 return Ok(SessionEnd::Done);
             }
             self.step.set(self.step.get() + 1);
-            let end = self.step_once(&pool).await?;
+            let Some(end) = rt::timeout(STEP_SIMULATED_TIME_MAX, self.step_once(&pool)).await else {
+                return Err(format!("the step did not finish within {STEP_SIMULATED_TIME_MAX:?} of simulated time (a hang); queues: {}", queue_states(&pool)));
+            };
+            let end = end?;
             if let Some(end) = end {
                 return Ok(end);
             }
@@ -289,6 +317,9 @@ impl Sim {
         if faults.has(FaultKind::Vanish) {
             table.extend([(1, "vanish"), (2, "return")]);
         }
+        if faults.any_damage() && self.options.layout.groups().iter().any(|group| group.tolerated_bad > 0) {
+            table.push((1, "replace"));
+        }
         if faults.has(FaultKind::Crash) {
             table.push((3, "crash"));
         }
@@ -343,6 +374,7 @@ impl Sim {
             "rot" => self.rot(),
             "vanish" => self.vanish(),
             "return" => self.come_back(),
+            "replace" => self.replace(pool).await?,
             "crash" => {
                 self.crash_window(pool).await?;
                 return Ok(Some(SessionEnd::Crash));
@@ -830,6 +862,45 @@ impl Sim {
         self.count_fault("return");
     }
 
+    /// A bad device (faulty, vanished or back but stale) is swapped for a new
+    /// blank one in the same slot (`ironpool replace`), which the resilver
+    /// fills from the other devices; it stays in the bad set until a heal
+    /// proves it whole. The engine may refuse when the group could not rebuild
+    /// it; that is checked against the group's own redundancy.
+    async fn replace(&mut self, pool: &Rc<Pool>) -> Check {
+        let bad: Vec<usize> = (0..self.devices.len()).filter(|device| self.budget.bad[*device].is_some()).collect();
+        let Some(device) = self.pick(&bad) else { return Ok(()) };
+        self.replacements += 1;
+        let fresh = SimDevice::new(&format!("d{device}r{}", self.replacements), DEVICE_BYTES, self.rng.next_u64());
+        fresh.set_latency(latency_for(&self.options, &mut self.rng));
+        let path = format!("sim:d{device}");
+        let new = NewDevice { path: path.clone(), device: fresh.clone() as Rc<dyn Device> };
+        match pool.replace_device(&path, new, false).await {
+            Ok(()) => {
+                self.trace(|| format!("device {device} replaced"));
+                let old = std::mem::replace(&mut self.devices[device], fresh);
+                old.set_faults(SimFaults::default());
+                self.retired.push(old);
+                self.budget.mark(device, BadState::Stale);
+                self.count_fault("replaced");
+                pool.resilver_wait().await;
+                Ok(())
+            }
+            Err(PoolError::InvalidArgument(reason)) if reason.contains("cannot rebuild") => {
+                // Only when the group really has more devices away or stale
+                // than its parity or copies cover, counting this one.
+                let group = self.budget.groups[device];
+                let bad_in_group = (0..self.devices.len()).filter(|other| self.budget.groups[*other] == group && self.budget.bad[*other].is_some()).count();
+                if bad_in_group <= 1 {
+                    return Err(format!("replace of device {device} refused with no other device of its group bad: {reason}"));
+                }
+                self.count_operation("replace-refused");
+                Ok(())
+            }
+            Err(error) => Err(io_error("replace", error)),
+        }
+    }
+
     /// Heals every bad device that is present: faults off, commit, scrub (which
     /// must repair everything), commit twice (so the repairs and every repair a
     /// read spawned are durable), scrub again: a device whose copies all verify
@@ -849,6 +920,7 @@ impl Sim {
             pool.scrub_start().map_err(|error| io_error("heal scrub", error))?;
             pool.scrub_wait().await;
             let status = pool.scrub_status();
+            self.trace(|| format!("heal scrub {pass}: {} bad copies, {} repaired, {} unrecoverable", status.bad_copies, status.repaired_copies, status.errors));
             if status.errors > 0 {
                 return Err(format!("heal scrub {pass} found {} unrecoverable blocks: {:?}", status.errors, status.error_details));
             }
@@ -860,6 +932,10 @@ impl Sim {
         pool.scrub_start().map_err(|error| io_error("heal verify scrub", error))?;
         pool.scrub_wait().await;
         let errors_after: Vec<u64> = self.leaf_errors(pool);
+        self.trace(|| {
+            let status = pool.scrub_status();
+            format!("heal verify scrub: {} bad copies, {} repaired; leaf errors {errors_before:?} -> {errors_after:?}", status.bad_copies, status.repaired_copies)
+        });
         for device in targets {
             let path = format!("sim:d{device}");
             let online = pool.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| *leaf.path.borrow() == path && leaf.is_online() && leaf.device().is_some());

@@ -104,3 +104,21 @@ fn regression_space_check_holds_off_txg_builds() {
 fn regression_destroy_holds_off_txg_builds_during_its_walk() {
     replay(15, 230, "all", Layout::Mirror, 25);
 }
+
+/// A RAID-Z skip-sector pad (an optional write) queued before the column it
+/// follows headed an aggregate, was trimmed from it, and was never dispatched
+/// again: the block write waited forever while every queue looked idle. The
+/// step watchdog reports it as a hang.
+#[test]
+fn regression_optional_pads_trimmed_from_an_aggregate_still_complete() {
+    replay(1, 60, "latency", Layout::Raidz3, 25);
+    replay(4, 60, "latency", Layout::Raidz2, 25);
+}
+
+/// Scrubs repaired the columns of devices that had missed txgs but left
+/// their logs of missed txgs in place, so every scrub found the same "bad"
+/// copies again and reads kept avoiding those devices.
+#[test]
+fn regression_a_clean_scrub_catches_devices_up() {
+    replay(200, 150, "read-error,read-corrupt,write-error,write-corrupt,misdirect,rot,nospace,vanish", Layout::Raidz2, 25);
+}

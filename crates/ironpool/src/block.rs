@@ -5,6 +5,11 @@
 //! copy that was bad — unreadable or wrong — is rewritten from the good one
 //! (self-heal) and counted on its device. Only when no copy verifies does the read
 //! fail, and then it fails loudly: wrong data is never returned.
+//!
+//! A write that some child missed (away, or its part failed) still succeeds
+//! while the vdev's redundancy covers it; the child's dirty time log gets the
+//! block's birth txg once the block is linked ([`BlockStore::commit`]), so a
+//! resilver knows what to rewrite there.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -15,7 +20,7 @@ use crate::format::{BlockPointer, Dva};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 use crate::vdev::queue::{IoClass, IoFlags};
-use crate::vdev::TopVdev;
+use crate::vdev::{TopVdev, WriteOutcome};
 
 /// Why a block could not be read or written.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -57,6 +62,11 @@ pub struct BlockStore {
     /// Reads in flight by the open txg in which they started.
     reads_by_txg: RefCell<std::collections::BTreeMap<u64, u32>>,
     reads_done: Notify,
+    /// Written blocks that some children missed, not linked yet: (vdev,
+    /// offset) -> children. The birth txg is only known at link time; linking
+    /// (`commit`) moves the entry into the children's dirty time logs, and
+    /// `release` drops it. Bounded by the writes in flight on a degraded vdev.
+    unlinked_misses: RefCell<rustc_hash::FxHashMap<(u32, u64), Vec<usize>>>,
 }
 
 /// Held for the duration of a block read. A block looked up during open txg X can
@@ -86,6 +96,19 @@ fn location(dva: &Dva) -> String {
     format!("vdev {} offset {:#x}", dva.vdev, dva.offset)
 }
 
+/// A block's bytes as `top` stores them: `physical` bytes then zeros, to whole
+/// sectors of `top` (copies on vdevs of different sector sizes differ only in
+/// padding). Zero padding also keeps RAID-Z parity what a fresh write gives.
+fn fit(top: &TopVdev, data: &Rc<AlignedBuf>, physical: usize) -> BufSlice {
+    let length = top.io_bytes(physical as u64) as usize;
+    if data.len() >= length && data[physical..length].iter().all(|byte| *byte == 0) {
+        return BufSlice::new(data.clone(), 0..length);
+    }
+    let mut copy = AlignedBuf::zeroed(length);
+    copy[..physical].copy_from_slice(&data[..physical]);
+    BufSlice::whole(copy.into_shared())
+}
+
 impl BlockStore {
     pub fn new(vdevs: Vec<Rc<TopVdev>>, allocator: Allocator) -> Rc<BlockStore> {
         Rc::new(BlockStore {
@@ -97,6 +120,7 @@ impl BlockStore {
             open_txg: Cell::new(1),
             reads_by_txg: RefCell::new(Default::default()),
             reads_done: Notify::new(),
+            unlinked_misses: RefCell::new(Default::default()),
         })
     }
 
@@ -156,16 +180,39 @@ impl BlockStore {
     /// Returns never-committed allocations.
     pub fn release(&self, dvas: &[Dva]) {
         let mut allocator = self.allocator.borrow_mut();
+        let mut misses = self.unlinked_misses.borrow_mut();
         for dva in dvas.iter().filter(|dva| !dva.is_empty()) {
             allocator.release(*dva);
+            misses.remove(&(dva.vdev, dva.offset));
         }
     }
 
-    /// Records a block's space as used from the open txg on.
+    /// Records a block's space as used from the open txg on, and the block's
+    /// birth txg in the log of every child that missed its write.
     pub fn commit(&self, bp: &BlockPointer) {
         let mut allocator = self.allocator.borrow_mut();
         for dva in bp.copies() {
             allocator.commit(*dva);
+        }
+        drop(allocator);
+        let mut misses = self.unlinked_misses.borrow_mut();
+        if misses.is_empty() {
+            return;
+        }
+        for dva in bp.copies() {
+            if let Some(children) = misses.remove(&(dva.vdev, dva.offset)) {
+                self.note_missed(dva.vdev, &children, bp.birth_txg);
+            }
+        }
+    }
+
+    /// Adds `txg` to the dirty time log of `children` of vdev `vdev`.
+    fn note_missed(&self, vdev: u32, children: &[usize], txg: u64) {
+        let Some(top) = self.vdevs.get(vdev as usize) else { return };
+        for &child in children {
+            if let Some(leaf) = top.children.get(child) {
+                leaf.dtl.borrow_mut().add(txg);
+            }
         }
     }
 
@@ -177,16 +224,19 @@ impl BlockStore {
         }
     }
 
-    /// Writes `data` to every copy in `dvas`. Succeeds when every copy reached at
-    /// least one device.
+    /// Writes `data` (whole sectors) to every copy in `dvas`, a block to be
+    /// linked later. Succeeds when every copy is intact (within its vdev's
+    /// redundancy); children that missed it are remembered until the link.
     pub async fn write(&self, dvas: &[Dva], data: BufSlice, class: IoClass) -> Result<(), BlockError> {
         if dvas.len() > 1 && dvas[1].is_empty() || dvas.len() == 1 {
             // One copy (data blocks): no join machinery on the hot path.
             let dva = dvas[0];
-            return self.vdevs[dva.vdev as usize]
+            let outcome = self.vdevs[dva.vdev as usize]
                 .write(class, dva.offset, data, IoFlags::default())
                 .await
-                .map_err(|error| BlockError::WriteFailed { location: location(&dva), detail: error.to_string() });
+                .map_err(|error| BlockError::WriteFailed { location: location(&dva), detail: error.to_string() })?;
+            self.remember_missed(&dva, outcome);
+            return Ok(());
         }
         let writes = dvas.iter().filter(|dva| !dva.is_empty()).map(|dva| {
             let top = self.vdevs[dva.vdev as usize].clone();
@@ -196,10 +246,26 @@ impl BlockStore {
         });
         let results = futures_util::future::join_all(writes).await;
         for (result, dva) in results.into_iter().zip(dvas.iter()) {
-            if let Err(error) = result {
-                return Err(BlockError::WriteFailed { location: location(dva), detail: error.to_string() });
+            match result {
+                Ok(outcome) => self.remember_missed(dva, outcome),
+                Err(error) => return Err(BlockError::WriteFailed { location: location(dva), detail: error.to_string() }),
             }
         }
+        Ok(())
+    }
+
+    fn remember_missed(&self, dva: &Dva, outcome: WriteOutcome) {
+        if !outcome.missed_children.is_empty() {
+            self.unlinked_misses.borrow_mut().insert((dva.vdev, dva.offset), outcome.missed_children);
+        }
+    }
+
+    /// Writes one copy of a block already linked in txg `txg` (a txg's
+    /// metadata): children that miss it get `txg` in their log at once.
+    pub async fn write_linked(&self, dva: Dva, data: BufSlice, class: IoClass, txg: u64) -> Result<(), BlockError> {
+        let top = self.vdevs.get(dva.vdev as usize).ok_or_else(|| BlockError::WriteFailed { location: location(&dva), detail: "no such vdev".into() })?;
+        let outcome = top.write(class, dva.offset, data, IoFlags::default()).await.map_err(|error| BlockError::WriteFailed { location: location(&dva), detail: error.to_string() })?;
+        self.note_missed(dva.vdev, &outcome.missed_children, txg);
         Ok(())
     }
 
@@ -207,6 +273,17 @@ impl BlockStore {
     pub async fn read(self: &Rc<Self>, bp: &BlockPointer, class: IoClass) -> Result<AlignedBuf, BlockError> {
         assert!(!bp.is_hole(), "read of a hole");
         let _guard = self.read_guard();
+        let (data, _) = self.read_physical(bp, class).await?;
+        let mut data = Rc::try_unwrap(data).unwrap_or_else(|shared| AlignedBuf::copy_from(&shared));
+        // The physical bytes: the logical block, or its compressed form.
+        data.truncate(bp.physical_size as usize);
+        Ok(data)
+    }
+
+    /// Reads the first copy that verifies (whole sectors of the vdev it came
+    /// from, and that vdev), rewriting bad children and bad copies in the
+    /// background.
+    async fn read_physical(self: &Rc<Self>, bp: &BlockPointer, class: IoClass) -> Result<(Rc<AlignedBuf>, u32), BlockError> {
         let physical = bp.physical_size as usize;
         let verify = |data: &[u8]| bp.checksum_algo.verify(&data[..physical], &bp.checksum);
         let mut bad_copies: Vec<Dva> = Vec::new();
@@ -216,24 +293,22 @@ impl BlockStore {
                 details.push(format!("copy on missing vdev {}", dva.vdev));
                 continue;
             };
-            let length = top.allocated_size(physical as u64);
-            match top.read_verified(class, dva.offset, length, &verify).await {
+            let length = top.io_bytes(physical as u64);
+            match top.read_verified(class, dva.offset, length, bp.birth_txg, &verify).await {
                 Ok(read) => {
                     let data = read.data.into_shared();
                     if !read.bad_children.is_empty() || !bad_copies.is_empty() {
                         self.count(|stats| stats.healed_reads += 1);
                     }
-                    for child in read.bad_children {
-                        self.spawn_repair(top.clone(), Some(child), dva.offset, BufSlice::whole(data.clone()));
+                    if !read.bad_children.is_empty() {
+                        self.spawn_repair(top.clone(), Some(read.bad_children), dva.offset, BufSlice::whole(data.clone()));
                     }
                     for bad in &bad_copies {
                         let bad_top = self.vdevs[bad.vdev as usize].clone();
-                        self.spawn_repair(bad_top, None, bad.offset, BufSlice::whole(data.clone()));
+                        let fitted = fit(&bad_top, &data, physical);
+                        self.spawn_repair(bad_top, None, bad.offset, fitted);
                     }
-                    let mut data = Rc::try_unwrap(data).unwrap_or_else(|shared| AlignedBuf::copy_from(&shared));
-                    // The physical bytes: the logical block, or its compressed form.
-                    data.truncate(physical);
-                    return Ok(data);
+                    return Ok((data, dva.vdev));
                 }
                 Err(error) => {
                     bad_copies.push(*dva);
@@ -247,22 +322,26 @@ impl BlockStore {
     }
 
     /// Reads every copy on every device (scrub); rewrites the bad ones from a good
-    /// one. Returns (bad copies found, repaired); an error when none verifies.
+    /// one. Returns (bad copies found, repaired), counting each bad child as a
+    /// copy; an error when none verifies.
     pub async fn scrub(self: &Rc<Self>, bp: &BlockPointer) -> Result<(u64, u64), BlockError> {
         let physical = bp.physical_size as usize;
         let verify = |data: &[u8]| bp.checksum_algo.verify(&data[..physical], &bp.checksum);
         let mut good: Option<Rc<AlignedBuf>> = None;
-        let mut bad: Vec<(Rc<TopVdev>, Option<usize>, u64)> = Vec::new();
+        // (vdev, its bad children or None for the whole copy, offset)
+        let mut bad: Vec<(Rc<TopVdev>, Option<Vec<usize>>, u64)> = Vec::new();
         for dva in bp.copies() {
             let Some(top) = self.vdevs.get(dva.vdev as usize) else { continue };
-            let length = top.allocated_size(physical as u64);
-            let (copy, bad_children) = top.read_every_copy(dva.offset, length, &verify).await;
+            let length = top.io_bytes(physical as u64);
+            let (copy, bad_children) = top.scrub_read(dva.offset, length, bp.birth_txg, &verify).await;
             match copy {
                 Some(data) => {
                     if good.is_none() {
                         good = Some(data.into_shared());
                     }
-                    bad.extend(bad_children.into_iter().map(|child| (top.clone(), Some(child), dva.offset)));
+                    if !bad_children.is_empty() {
+                        bad.push((top.clone(), Some(bad_children), dva.offset));
+                    }
                 }
                 None => bad.push((top.clone(), None, dva.offset)),
             }
@@ -271,46 +350,63 @@ impl BlockStore {
             self.count(|stats| stats.unrecoverable_reads += 1);
             return Err(BlockError::Unreadable { location: location(&bp.dvas[0]), detail: "no copy verifies".into() });
         };
-        let found = bad.len() as u64;
+        let mut found = 0;
         let mut repaired = 0;
-        for (top, child, offset) in bad {
-            if self.repair(top, child, offset, BufSlice::whole(good.clone()), IoClass::Scrub).await {
-                repaired += 1;
+        for (top, children, offset) in bad {
+            let count = children.as_ref().map_or(1, |children| children.len() as u64);
+            found += count;
+            if self.repair(top.clone(), children, offset, fit(&top, &good, physical), IoClass::Scrub).await {
+                repaired += count;
             }
         }
         Ok((found, repaired))
     }
 
-    fn spawn_repair(self: &Rc<Self>, top: Rc<TopVdev>, child: Option<usize>, offset: u64, data: BufSlice) {
+    /// Rewrites the copies of `bp` on the children that `targets` names for
+    /// each vdev (children that missed the block's txg), from a copy that
+    /// verifies. Returns the number of children rewritten. The caller holds a
+    /// read guard over the walk that found `bp`.
+    pub async fn resilver(self: &Rc<Self>, bp: &BlockPointer, targets: &dyn Fn(u32) -> Vec<usize>) -> Result<u64, BlockError> {
+        let wanted: Vec<(Dva, Vec<usize>)> = bp.copies().map(|dva| (*dva, targets(dva.vdev))).filter(|(_, children)| !children.is_empty()).collect();
+        if wanted.is_empty() {
+            return Ok(0);
+        }
+        let (data, _) = self.read_physical(bp, IoClass::Rebuild).await?;
+        let mut rewritten = 0;
+        for (dva, children) in wanted {
+            let top = self.vdevs[dva.vdev as usize].clone();
+            let count = children.len() as u64;
+            let fitted = fit(&top, &data, bp.physical_size as usize);
+            if !self.repair(top, Some(children), dva.offset, fitted, IoClass::Rebuild).await {
+                return Err(BlockError::WriteFailed { location: location(&dva), detail: "resilver write failed".into() });
+            }
+            rewritten += count;
+        }
+        Ok(rewritten)
+    }
+
+    fn spawn_repair(self: &Rc<Self>, top: Rc<TopVdev>, children: Option<Vec<usize>>, offset: u64, data: BufSlice) {
         let store = self.clone();
         // Count it now, before the task runs, so no deferred free is released
         // while the repair is queued.
         store.repairs_in_flight.set(store.repairs_in_flight.get() + 1);
         crate::rt::spawn(async move {
-            store.repair_counted(top, child, offset, data, IoClass::AsyncWrite).await;
+            store.repair_counted(top, children, offset, data, IoClass::AsyncWrite).await;
         });
     }
 
-    /// Rewrites a bad copy: one child of a top-level vdev, or (child None) all of
+    /// Rewrites a bad copy: some children of a top-level vdev, or (None) all of
     /// them. While any repair is in flight, deferred frees are not released, so the
     /// space being repaired cannot be handed to another block meanwhile.
-    async fn repair(&self, top: Rc<TopVdev>, child: Option<usize>, offset: u64, data: BufSlice, class: IoClass) -> bool {
+    async fn repair(&self, top: Rc<TopVdev>, children: Option<Vec<usize>>, offset: u64, data: BufSlice, class: IoClass) -> bool {
         self.repairs_in_flight.set(self.repairs_in_flight.get() + 1);
-        self.repair_counted(top, child, offset, data, class).await
+        self.repair_counted(top, children, offset, data, class).await
     }
 
-    async fn repair_counted(&self, top: Rc<TopVdev>, child: Option<usize>, offset: u64, data: BufSlice, class: IoClass) -> bool {
+    async fn repair_counted(&self, top: Rc<TopVdev>, children: Option<Vec<usize>>, offset: u64, data: BufSlice, class: IoClass) -> bool {
         self.count(|stats| stats.repair_writes += 1);
-        let children: Vec<usize> = match child {
-            Some(child) => vec![child],
-            None => (0..top.children.len()).filter(|index| top.children[*index].is_online()).collect(),
-        };
-        let mut all_ok = true;
-        for index in children {
-            if top.repair(index, offset, data.clone(), class).await.is_err() {
-                all_ok = false;
-            }
-        }
+        let children: Vec<usize> = children.unwrap_or_else(|| (0..top.children.len()).filter(|index| top.children[*index].is_online()).collect());
+        let all_ok = top.repair(&children, offset, data, class).await.is_ok();
         self.repairs_in_flight.set(self.repairs_in_flight.get() - 1);
         if self.repairs_in_flight.get() == 0 {
             self.repairs_done.notify_all();

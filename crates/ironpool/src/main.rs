@@ -30,7 +30,7 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror] DEV... [mirror DEV...]`.
+    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror|raidz|raidz2|raidz3] DEV... [mirror|raidzN DEV...]`.
     Create {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -39,7 +39,7 @@ enum Command {
         #[arg(long)]
         size: Option<String>,
         pool: String,
-        /// Devices, each group optionally introduced by `mirror`.
+        /// Devices, each group optionally introduced by `mirror`, `raidz` (= `raidz1`), `raidz2` or `raidz3`.
         #[arg(required = true, num_args = 1..)]
         devices: Vec<String>,
     },
@@ -180,6 +180,40 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
+    /// Take a device out of service: `offline POOL DEV` (DEV: path, file name or guid).
+    Offline {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        device: String,
+    },
+    /// Put a device back in service; it resilvers what it missed: `online [-w] POOL DEV`.
+    Online {
+        /// Wait until the resilver ends, showing progress.
+        #[arg(short = 'w')]
+        wait: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        device: String,
+    },
+    /// Put a new device in the place of another and resilver it: `replace [-f] [-w] [--size SIZE] POOL OLD NEW`.
+    Replace {
+        /// Overwrite a device that belongs to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Wait until the resilver ends, showing progress.
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Create NEW as a sparse file of this size when it does not exist.
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        old: String,
+        new: String,
+    },
     /// Per-device I/O statistics: `iostat [-q] [-l] [-r] POOL [INTERVAL [COUNT]]`.
     Iostat {
         /// Queued and active I/Os per priority class.
@@ -274,6 +308,9 @@ fn main() -> ExitCode {
             cli::iostat::run(&context, &pool, &dirs, cli::iostat::Options { queues, latency, sizes, interval, count })
         }
         Command::Check { dirs, pool } => cli::check(&context, &pool, &dirs),
+        Command::Offline { dirs, pool, device } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Offline { device }, false),
+        Command::Online { wait, dirs, pool, device } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Online { device }, wait),
+        Command::Replace { force, wait, size, dirs, pool, old, new } => cli::replace(&context, &pool, &dirs, &old, &new, force, wait, size.as_deref()),
         Command::Tune { dirs, pool, name, value } => cli::tune(&context, &pool, &dirs, name, value),
         Command::Bench(args) => match std::env::current_exe() {
             Ok(exe) => ironpool_bench::run(args, &exe).map_err(|error| format!("{error:#}")),

@@ -44,6 +44,10 @@ fn create_rejects_bad_device_lists() {
     let error = pool.fails(&["create", "bad/name", &small]);
     assert!(error.contains("invalid name"), "{error}");
     let error = pool.fails(&["create", "other", "raidz2", &small]);
+    assert!(error.contains("a raidz2 takes 3 to 255 devices, got 1"), "{error}");
+    let error = pool.fails(&["create", "other", "raidz4", &small, &twice]);
+    assert!(error.contains("1 to 3 parity"), "{error}");
+    let error = pool.fails(&["create", "other", "draid", &small]);
     assert!(error.contains("not supported"), "{error}");
 }
 

@@ -115,9 +115,9 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
 
 /// Random writes and flushes from several tasks; crash at a random instant; import
 /// and check that every flushed write is there and nothing else is invented.
-fn crash_run(seed: u64) {
+fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
     let mut rng = Rng::new(seed);
-    let disks = devices(2, seed);
+    let disks = devices(width, seed);
     let volume_bytes: u64 = 32 << 20;
     let model = Rc::new(RefCell::new(Model::default()));
     {
@@ -130,7 +130,7 @@ fn crash_run(seed: u64) {
         let run_disks = disks.clone();
         runtime.block_on(async move {
             let disks = run_disks;
-            let pool = Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Mirror), false, tunables()).await.unwrap();
+            let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, tunables()).await.unwrap();
             pool.create_volume("tank/vol", volume_bytes, 16384, BTreeMap::new()).await.unwrap();
             *holder.borrow_mut() = Some(pool.clone());
             // Regions of 64 KiB are owned by one worker at a time: no overlapping
@@ -268,7 +268,17 @@ fn crash_run(seed: u64) {
 fn crash_at_random_points_keeps_every_flushed_write() {
     let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(24);
     for seed in 1..=seeds {
-        crash_run(seed);
+        crash_run(seed, TopVdevKind::Mirror, 2);
+    }
+}
+
+#[test]
+fn crash_at_random_points_on_raidz_keeps_every_flushed_write() {
+    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(24) / 6;
+    for seed in 1..=seeds {
+        for (kind, width) in [(TopVdevKind::Raidz1, 3), (TopVdevKind::Raidz2, 5), (TopVdevKind::Raidz3, 6)] {
+            crash_run(1000 + seed * 10 + kind.parity() as u64, kind, width);
+        }
     }
 }
 

@@ -29,7 +29,8 @@ struct Cli {
     /// rot, nospace, vanish, crash.
     #[arg(long, default_value = "all")]
     faults: String,
-    /// Pool layout: stripe, mirror (two 2-way mirrors), mirror3 (one 3-way).
+    /// Pool layout: stripe, mirror (two 2-way mirrors), mirror3 (one 3-way),
+    /// raidz1 (4 devices), raidz2 (6), raidz3 (7).
     /// A sweep may name several, comma-separated, or "every".
     #[arg(long, default_value = "mirror")]
     layout: String,

@@ -20,6 +20,7 @@ pub mod rangeset;
 
 use crate::format::spacemap::Record;
 use crate::format::Dva;
+use crate::vdev::raidz::RaidzGeometry;
 pub use rangeset::{RangeError, RangeSet};
 
 /// Number of txgs a freed range waits before reuse.
@@ -167,6 +168,8 @@ impl Metaslab {
 pub struct VdevSpace {
     pub vdev: u32,
     pub sector_bytes: u64,
+    /// A RAID-Z group's layout: a block takes its data, parity and pad sectors.
+    raidz: Option<RaidzGeometry>,
     pub metaslab_shift: u8,
     pub metaslabs: Vec<Metaslab>,
     /// The object listing this vdev's space map objects (0: not created yet).
@@ -184,11 +187,26 @@ impl VdevSpace {
         VdevSpace {
             vdev,
             sector_bytes,
+            raidz: None,
             metaslab_shift,
             metaslabs,
             array_object: 0,
             data_cursor: (0, 0),
             metadata_cursors: [(count.saturating_sub(1) as usize, 0), (half.saturating_sub(1), 0)],
+        }
+    }
+
+    /// The space of a RAID-Z group: allocations are sized by its geometry.
+    pub fn with_raidz(mut self, geometry: RaidzGeometry) -> VdevSpace {
+        self.raidz = Some(geometry);
+        self
+    }
+
+    /// Bytes a block of `physical_bytes` takes on this vdev.
+    pub fn asize(&self, physical_bytes: u64) -> u64 {
+        match &self.raidz {
+            Some(geometry) => geometry.asize(physical_bytes),
+            None => physical_bytes.div_ceil(self.sector_bytes) * self.sector_bytes,
         }
     }
 
@@ -296,12 +314,13 @@ impl Allocator {
         (self.size_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.size_bytes() / 2)
     }
 
-    /// Allocates `physical_bytes` (rounded up to the vdev's sector) for a block.
+    /// Allocates space for a block of `physical_bytes` (rounded up to the
+    /// vdev's sector, or with parity on RAID-Z).
     /// `avoid_vdev`/`avoid` keep a second copy away from the first.
     pub fn allocate(&mut self, physical_bytes: u64, class: BlockClass, avoid: Option<Dva>) -> Result<Dva, NoSpace> {
         if class == BlockClass::Data {
-            let largest_sector = self.vdevs.iter().map(|vdev| vdev.sector_bytes).max().unwrap_or(512);
-            if self.free_bytes() < self.slop_bytes() + self.metadata_reserve_bytes + physical_bytes + largest_sector {
+            let largest = self.vdevs.iter().map(|vdev| vdev.asize(physical_bytes) + vdev.sector_bytes).max().unwrap_or(physical_bytes);
+            if self.free_bytes() < self.slop_bytes() + self.metadata_reserve_bytes + largest {
                 return Err(NoSpace);
             }
         }
@@ -312,7 +331,7 @@ impl Allocator {
             if avoid.is_some_and(|dva| dva.vdev as usize == vdev_index) && count > 1 {
                 continue;
             }
-            let size = physical_bytes.div_ceil(vdev.sector_bytes) * vdev.sector_bytes;
+            let size = vdev.asize(physical_bytes);
             let avoid_metaslab = avoid.filter(|dva| dva.vdev as usize == vdev_index).map(|dva| (dva.offset >> vdev.metaslab_shift) as usize);
             let cursor = match class {
                 BlockClass::Data => vdev.data_cursor,

@@ -68,6 +68,34 @@ pub fn scrub_line(scrub: &Value) -> String {
     }
 }
 
+/// One line about the resilver.
+pub fn resilver_line(resilver: &Value) -> String {
+    let devices: Vec<&str> = resilver["devices"].as_array().map(|devices| devices.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    match resilver["state"].as_str().unwrap_or("none") {
+        "resilvering" => format!(
+            "resilver of {} in progress: {:.1}% done, {} of {} examined, {} rewritten, {}",
+            devices.join(", "),
+            resilver["progress_percent"].as_f64().unwrap_or(0.0),
+            bytes(number(&resilver["examined_bytes"])),
+            bytes(number(&resilver["total_bytes"])),
+            bytes(number(&resilver["rewritten_bytes"])),
+            match resilver["eta_seconds"].as_u64() {
+                Some(seconds) => format!("about {}m{:02}s to go", seconds / 60, seconds % 60),
+                None => "no estimate yet".to_string(),
+            }
+        ),
+        "finished" => format!(
+            "resilvered {} ({} block copies) on {} in {} passes with {} errors",
+            bytes(number(&resilver["rewritten_bytes"])),
+            number(&resilver["rewritten_blocks"]),
+            devices.join(", "),
+            number(&resilver["passes"]),
+            number(&resilver["errors"])
+        ),
+        _ => "none".to_string(),
+    }
+}
+
 /// The `status` report.
 pub fn status(status: &Value) -> String {
     let mut out = String::new();
@@ -80,6 +108,9 @@ pub fn status(status: &Value) -> String {
         out += &format!("  note: {}\n", note.as_str().unwrap_or(""));
     }
     out += &format!("  scan: {}\n", scrub_line(&status["scrub"]));
+    if status["resilver"]["state"] != "none" && !status["resilver"].is_null() {
+        out += &format!("  scan: {}\n", resilver_line(&status["resilver"]));
+    }
     out += &format!(
         " space: {} used of {} ({} free), txg {} durable\n",
         bytes(number(&status["allocated_bytes"])),
@@ -102,7 +133,7 @@ pub fn status(status: &Value) -> String {
     for vdev in &vdevs {
         let children = vdev["children"].as_array().cloned().unwrap_or_default();
         let mut indent = "  ";
-        if vdev["kind"] == "mirror" {
+        if vdev["kind"] != "disk" {
             out += &format!(
                 "\t  {:<42} {:<9} {:>5} {:>5} {:>5}\n",
                 vdev["name"].as_str().unwrap_or("?"),
@@ -115,8 +146,16 @@ pub fn status(status: &Value) -> String {
         }
         for child in children {
             let width = 44 - indent.len();
+            let resilvering = status["resilver"]["devices"].as_array().is_some_and(|devices| devices.contains(&child["path"])) && status["resilver"]["state"] == "resilvering";
+            let note = if resilvering {
+                "  (resilvering)"
+            } else if child["needs_resilver"] == true {
+                "  (missed writes: to resilver)"
+            } else {
+                ""
+            };
             out += &format!(
-                "\t{indent}{:<width$} {:<9} {:>5} {:>5} {:>5}\n",
+                "\t{indent}{:<width$} {:<9} {:>5} {:>5} {:>5}{note}\n",
                 child["path"].as_str().unwrap_or("?"),
                 child["state"].as_str().unwrap_or("?"),
                 number(&child["read_errors"]),

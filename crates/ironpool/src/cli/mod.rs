@@ -117,37 +117,49 @@ fn explain_import(pool: &str, error: PoolError) -> String {
     }
 }
 
-/// Splits `[mirror] DEV... [mirror DEV...]` into top-level vdevs.
+/// Splits `DEV... [mirror|raidz|raidz1|raidz2|raidz3 DEV...]...` into
+/// top-level vdevs: devices before any keyword are single-disk vdevs; a
+/// keyword starts a group that takes the devices up to the next keyword.
 pub fn parse_layout(words: &[String]) -> Result<Vec<(TopVdevKind, Vec<PathBuf>)>, String> {
     let mut groups: Vec<(TopVdevKind, Vec<PathBuf>)> = Vec::new();
-    let mut in_mirror = false;
+    let mut in_group = false;
     for word in words {
-        match word.as_str() {
-            "mirror" => {
-                groups.push((TopVdevKind::Mirror, Vec::new()));
-                in_mirror = true;
+        match group_keyword(word) {
+            Some(Ok(kind)) => {
+                groups.push((kind, Vec::new()));
+                in_group = true;
             }
-            keyword if keyword.starts_with("raidz") || keyword == "draid" || keyword == "spare" || keyword == "log" || keyword == "cache" => {
-                return Err(format!("'{keyword}' vdevs are not supported yet: use mirror or plain devices"));
-            }
-            device => {
-                if in_mirror {
-                    groups.last_mut().expect("a mirror group was started").1.push(PathBuf::from(device));
-                } else {
-                    groups.push((TopVdevKind::Disk, vec![PathBuf::from(device)]));
-                }
-            }
+            Some(Err(message)) => return Err(message),
+            None if in_group => groups.last_mut().expect("a group was started").1.push(PathBuf::from(word)),
+            None => groups.push((TopVdevKind::Disk, vec![PathBuf::from(word)])),
         }
     }
     for (kind, devices) in &groups {
-        if *kind == TopVdevKind::Mirror && !(2..=3).contains(&devices.len()) {
-            return Err(format!("a mirror takes 2 or 3 devices, got {}", devices.len()));
+        let range = kind.children_range();
+        if !range.contains(&devices.len()) {
+            let name = kind.vdev_name(0);
+            let name = name.trim_end_matches("-0");
+            let joiner = if range.end() - range.start() == 1 { "or" } else { "to" };
+            return Err(format!("a {name} takes {} {joiner} {} devices, got {}", range.start(), range.end(), devices.len()));
         }
     }
     if groups.is_empty() {
         return Err("no devices given".into());
     }
     Ok(groups)
+}
+
+/// The vdev kind a layout keyword names; None for a device.
+fn group_keyword(word: &str) -> Option<Result<TopVdevKind, String>> {
+    match word {
+        "mirror" => Some(Ok(TopVdevKind::Mirror)),
+        "raidz" | "raidz1" => Some(Ok(TopVdevKind::Raidz1)),
+        "raidz2" => Some(Ok(TopVdevKind::Raidz2)),
+        "raidz3" => Some(Ok(TopVdevKind::Raidz3)),
+        keyword if keyword.starts_with("raidz") => Some(Err(format!("'{keyword}': RAID-Z has 1 to 3 parity columns (raidz1, raidz2, raidz3)"))),
+        "draid" | "spare" | "log" | "cache" | "special" | "dedup" => Some(Err(format!("'{word}' vdevs are not supported: use mirror, raidz1-3 or plain devices"))),
+        _ => None,
+    }
 }
 
 pub fn create(context: &Context, pool: &str, words: &[String], force: bool, size: Option<&str>) -> Result<(), String> {
@@ -331,6 +343,67 @@ fn print_scrub(context: &Context, pool: &str, result: &Value) -> Result<(), Stri
     Ok(())
 }
 
+/// `offline`, `online` and `replace`: through the server when one runs (with
+/// `wait`, following the resilver until it ends); otherwise on the pool
+/// opened here, which then resilvers before it is exported.
+pub fn device_command(context: &Context, pool: &str, dirs: &[PathBuf], command: Command, wait: bool) -> Result<(), String> {
+    let served = context.control.is_some() || default_control_path(pool).exists();
+    let result = if served {
+        let result = admin(context, pool, dirs, command)?;
+        if wait {
+            wait_for_resilver(context, pool, dirs)?
+        } else {
+            result
+        }
+    } else {
+        let dirs = search_dirs(pool, dirs)?;
+        with_pool(pool, &dirs, move |pool| async move {
+            execute(&pool, command, None).await?;
+            pool.resilver_wait().await;
+            execute(&pool, Command::Status, None).await
+        })?
+    };
+    if context.json {
+        println!("{result}");
+    } else {
+        print!("{}", format::status(&result));
+    }
+    let errors = result["resilver"]["errors"].as_u64().unwrap_or(0);
+    if errors > 0 {
+        return Err(format!("the resilver met {errors} errors"));
+    }
+    Ok(())
+}
+
+/// `replace`: NEW is made absolute (a server resolves paths from its own
+/// directory) and created sparse at `size` when asked and missing.
+#[allow(clippy::too_many_arguments)]
+pub fn replace(context: &Context, pool: &str, dirs: &[PathBuf], old: &str, new: &str, force: bool, wait: bool, size: Option<&str>) -> Result<(), String> {
+    let path = Path::new(new);
+    if let Some(size) = size {
+        if !path.exists() {
+            ironpool::pool::create_sparse_file(path, parse_size(size)?).map_err(|error| error.to_string())?;
+        }
+    }
+    let canonical = std::fs::canonicalize(path).map_err(|error| format!("{new}: {error}"))?;
+    let command = Command::Replace { old: old.to_string(), new: canonical.display().to_string(), force };
+    device_command(context, pool, dirs, command, wait)
+}
+
+/// Polls a served pool until its resilver ends; returns the final status.
+fn wait_for_resilver(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<Value, String> {
+    loop {
+        let status = admin(context, pool, dirs, Command::Status)?;
+        if status["resilver"]["state"] != "resilvering" {
+            return Ok(status);
+        }
+        if !context.json {
+            eprintln!("{pool}: {}", format::resilver_line(&status["resilver"]));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    }
+}
+
 pub fn check(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {
     let result = admin(context, pool, dirs, Command::Check)?;
     let problems = result["problems"].as_array().cloned().unwrap_or_default();
@@ -368,4 +441,27 @@ pub fn tune(context: &Context, pool: &str, dirs: &[PathBuf], name: Option<String
         println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(text: &str) -> Vec<String> {
+        text.split_whitespace().map(String::from).collect()
+    }
+
+    #[test]
+    fn layouts_mix_disks_mirrors_and_raidz_groups() {
+        let layout = parse_layout(&words("a mirror b c raidz2 d e f g raidz h i")).unwrap();
+        let kinds: Vec<(TopVdevKind, usize)> = layout.iter().map(|(kind, devices)| (*kind, devices.len())).collect();
+        assert_eq!(kinds, vec![(TopVdevKind::Disk, 1), (TopVdevKind::Mirror, 2), (TopVdevKind::Raidz2, 4), (TopVdevKind::Raidz1, 2)]);
+        assert_eq!(parse_layout(&words("raidz3 a b c d")).unwrap()[0].0, TopVdevKind::Raidz3);
+        assert!(parse_layout(&words("raidz3 a b c")).unwrap_err().contains("4 to 255"));
+        assert!(parse_layout(&words("raidz1 a")).unwrap_err().contains("2 to 255"));
+        assert!(parse_layout(&words("mirror a b c d")).unwrap_err().contains("2 or 3"));
+        assert!(parse_layout(&words("raidz0 a b")).is_err());
+        assert!(parse_layout(&words("raidz2")).is_err());
+        assert!(parse_layout(&[]).is_err());
+    }
 }

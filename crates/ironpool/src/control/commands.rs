@@ -9,7 +9,6 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::format::label::TopVdevKind;
 use crate::nbd::server::ServerStats;
 use crate::pool::volume::VOLUME_BLOCK_BYTES_DEFAULT;
 use crate::pool::receive::ReceiveOptions;
@@ -104,6 +103,23 @@ pub enum Command {
     ScrubStart,
     ScrubStop,
     ScrubStatus,
+    /// Takes a device out of service.
+    Offline {
+        device: String,
+    },
+    /// Puts a device back in service (it resilvers what it missed).
+    Online {
+        device: String,
+    },
+    /// Puts the device at path `new` in the place of device `old` and
+    /// resilvers it.
+    Replace {
+        old: String,
+        new: String,
+        #[serde(default)]
+        force: bool,
+    },
+    ResilverStatus,
     Check,
     Sync,
     GetTunables,
@@ -301,6 +317,20 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
         }
         Command::ScrubStatus => Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null)),
+        Command::Offline { device } => {
+            pool.offline_device(&device).await?;
+            Ok(status(pool))
+        }
+        Command::Online { device } => {
+            pool.online_device(&device, None).await?;
+            Ok(status(pool))
+        }
+        Command::Replace { old, new, force } => {
+            let new = open_new_device(&new)?;
+            pool.replace_device(&old, new, force).await?;
+            Ok(status(pool))
+        }
+        Command::ResilverStatus => Ok(serde_json::to_value(pool.resilver_status()).unwrap_or(Value::Null)),
         Command::Check => {
             let report = pool.check_space().await?;
             Ok(serde_json::to_value(report).unwrap_or(Value::Null))
@@ -315,6 +345,14 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
             Ok(tunables(pool))
         }
     }
+}
+
+/// Opens the device a replacement names (a file is used as it is: create it
+/// at the size wanted first).
+fn open_new_device(path: &str) -> Result<crate::pool::NewDevice, PoolError> {
+    let canonical = std::fs::canonicalize(path).map_err(|error| PoolError::Device(format!("{path}: {error}")))?;
+    let device = crate::dev::file::FileDevice::open(&canonical)?;
+    Ok(crate::pool::NewDevice { path: canonical.display().to_string(), device: Rc::new(device) })
 }
 
 fn list_entry(pool: &Pool) -> Value {
@@ -370,10 +408,13 @@ fn status(pool: &Pool) -> Value {
             write_errors += stats.write_errors;
             checksum_errors += stats.checksum_errors;
             let direct = leaf.device().map(|device| device.info().direct);
+            let dtl = leaf.dtl.borrow();
             children.push(json!({
                 "path": leaf.path.borrow().clone(),
-                "guid": format!("{:#x}", leaf.guid),
+                "guid": format!("{:#x}", leaf.guid()),
                 "state": leaf.state(),
+                "missed_txgs": dtl.to_config(),
+                "needs_resilver": !dtl.is_empty(),
                 "read_errors": stats.read_errors,
                 "write_errors": stats.write_errors,
                 "checksum_errors": stats.checksum_errors,
@@ -381,15 +422,11 @@ fn status(pool: &Pool) -> Value {
                 "direct_io": direct,
             }));
         }
-        let name = match top.kind {
-            TopVdevKind::Mirror => format!("mirror-{}", top.id),
-            TopVdevKind::Disk => format!("disk-{}", top.id),
-        };
-        let state = if top.is_healthy() { "ONLINE" } else if top.is_available() { "DEGRADED" } else { "UNAVAIL" };
         vdevs.push(json!({
-            "name": name,
+            "name": top.kind.vdev_name(top.id),
             "kind": top.kind,
-            "state": state,
+            "parity": top.kind.parity(),
+            "state": top.health(),
             "ashift": top.ashift,
             "size_bytes": top.asize_bytes,
             "read_errors": read_errors,
@@ -411,6 +448,7 @@ fn status(pool: &Pool) -> Value {
         "suspended": pool.txg.suspended(),
         "vdevs": vdevs,
         "scrub": pool.scrub_status(),
+        "resilver": pool.resilver_status(),
         "unrecoverable_reads": pool.store.stats().unrecoverable_reads,
         "healed_reads": pool.store.stats().healed_reads,
         "notes": pool.import_notes,
@@ -421,10 +459,7 @@ fn status(pool: &Pool) -> Value {
 fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
     let mut devices = Vec::new();
     for top in &pool.store.vdevs {
-        let top_name = match top.kind {
-            TopVdevKind::Mirror => format!("mirror-{}", top.id),
-            TopVdevKind::Disk => format!("disk-{}", top.id),
-        };
+        let top_name = top.kind.vdev_name(top.id);
         for leaf in &top.children {
             let stats = leaf.queue.stats();
             let mut value = serde_json::to_value(&stats).unwrap_or(Value::Null);

@@ -28,7 +28,9 @@ const HEADER_BYTES: usize = 64;
 /// Largest config document that fits in a label.
 pub const CONFIG_BYTES_MAX: usize = LABEL_CONFIG_BYTES as usize - HEADER_BYTES;
 
-/// The kind of a top-level vdev.
+/// The kind of a top-level vdev. RAID-Z kinds carry their parity in the name
+/// (as `zpool create` spells them), so a config can never hold a parity that
+/// disagrees with its kind.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum TopVdevKind {
@@ -36,6 +38,73 @@ pub enum TopVdevKind {
     Disk,
     /// Two or three devices holding identical copies.
     Mirror,
+    /// A RAID-Z group with one parity column per row (survives one failure).
+    Raidz1,
+    /// A RAID-Z group with two parity columns per row (P and Q).
+    Raidz2,
+    /// A RAID-Z group with three parity columns per row (P, Q and R).
+    Raidz3,
+}
+
+/// Most children of a mirror: more copies buy little and cost every write.
+pub const MIRROR_CHILDREN_MAX: usize = 3;
+
+impl TopVdevKind {
+    /// The RAID-Z kind with `parity` parity columns, if there is one.
+    pub fn raidz(parity: u32) -> Option<TopVdevKind> {
+        match parity {
+            1 => Some(TopVdevKind::Raidz1),
+            2 => Some(TopVdevKind::Raidz2),
+            3 => Some(TopVdevKind::Raidz3),
+            _ => None,
+        }
+    }
+
+    /// Parity columns of a RAID-Z kind; 0 for disks and mirrors.
+    pub fn parity(self) -> u32 {
+        match self {
+            TopVdevKind::Disk | TopVdevKind::Mirror => 0,
+            TopVdevKind::Raidz1 => 1,
+            TopVdevKind::Raidz2 => 2,
+            TopVdevKind::Raidz3 => 3,
+        }
+    }
+
+    /// True for the RAID-Z kinds.
+    pub fn is_raidz(self) -> bool {
+        self.parity() > 0
+    }
+
+    /// How many children a vdev of this kind may have: the format's rule,
+    /// checked at create and on every decoded config.
+    pub fn children_range(self) -> std::ops::RangeInclusive<usize> {
+        match self {
+            TopVdevKind::Disk => 1..=1,
+            TopVdevKind::Mirror => 2..=MIRROR_CHILDREN_MAX,
+            raidz => raidz.parity() as usize + 1..=crate::vdev::raidz::geometry::CHILDREN_MAX as usize,
+        }
+    }
+
+    /// How many children may be lost with every block still readable.
+    pub fn redundancy(self, children: usize) -> usize {
+        match self {
+            TopVdevKind::Disk => 0,
+            TopVdevKind::Mirror => children.saturating_sub(1),
+            raidz => raidz.parity() as usize,
+        }
+    }
+
+    /// The name `status` shows for top-level vdev `id` (`mirror-0`, `raidz2-1`).
+    pub fn vdev_name(self, id: u32) -> String {
+        let kind = match self {
+            TopVdevKind::Disk => "disk",
+            TopVdevKind::Mirror => "mirror",
+            TopVdevKind::Raidz1 => "raidz1",
+            TopVdevKind::Raidz2 => "raidz2",
+            TopVdevKind::Raidz3 => "raidz3",
+        };
+        format!("{kind}-{id}")
+    }
 }
 
 /// Whether a pool is in use by an engine or cleanly exported.
@@ -55,6 +124,28 @@ pub struct LeafConfig {
     pub path: String,
     /// Size of the device when it was added.
     pub device_size_bytes: u64,
+    /// Taken offline by the operator: stays offline across export and import
+    /// until `ironpool online`.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub offline: bool,
+    /// The device's dirty time log: inclusive ranges `[first, last]` of txgs in
+    /// which it missed writes (it was missing, offline or failing, or it is a
+    /// replacement), oldest first. A resilver rewrites the blocks born in them
+    /// and then drops them. `last` is `u64::MAX` while the device is still
+    /// away (every txg from `first` on is missed).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub dtl: Vec<[u64; 2]>,
+}
+
+fn is_false(value: &bool) -> bool {
+    !*value
+}
+
+impl LeafConfig {
+    /// A healthy leaf that missed nothing.
+    pub fn new(guid: u64, path: String, device_size_bytes: u64) -> LeafConfig {
+        LeafConfig { guid, path, device_size_bytes, offline: false, dtl: Vec::new() }
+    }
 }
 
 /// A top-level vdev: the unit of allocation.
@@ -104,12 +195,14 @@ impl PoolConfig {
             if top.id as usize != index {
                 return Err(invalid(WHAT, format!("vdev {index} has id {}", top.id)));
             }
-            let children_ok = match top.kind {
-                TopVdevKind::Disk => top.children.len() == 1,
-                TopVdevKind::Mirror => (2..=3).contains(&top.children.len()),
-            };
-            if !children_ok {
+            if !top.kind.children_range().contains(&top.children.len()) {
                 return Err(invalid(WHAT, format!("{:?} vdev {} has {} children", top.kind, top.id, top.children.len())));
+            }
+            for leaf in &top.children {
+                let ordered = leaf.dtl.iter().all(|[first, last]| first <= last) && leaf.dtl.windows(2).all(|pair| pair[0][1] < pair[1][0]);
+                if !ordered {
+                    return Err(invalid(WHAT, format!("leaf {:#x} has a dirty time log out of order", leaf.guid)));
+                }
             }
             if !(super::ASHIFT_MIN..=super::ASHIFT_MAX).contains(&top.ashift) {
                 return Err(invalid(WHAT, format!("ashift {}", top.ashift)));
@@ -211,8 +304,8 @@ mod tests {
                 asize_bytes: 64 << 24,
                 metaslab_shift: 24,
                 children: vec![
-                    LeafConfig { guid: 10, path: "/a".into(), device_size_bytes: 2 << 30 },
-                    LeafConfig { guid: 11, path: "/b".into(), device_size_bytes: 2 << 30 },
+                    LeafConfig::new(10, "/a".into(), 2 << 30),
+                    LeafConfig::new(11, "/b".into(), 2 << 30),
                 ],
             }],
         }
@@ -232,6 +325,31 @@ mod tests {
         assert!(Label::decode(&damaged).is_err());
         assert_eq!(Label::decode(&vec![0u8; 4096]), Err(FormatError::BadMagic("label")));
         assert_eq!(sample_config().guid_sum(), 21);
+    }
+
+    #[test]
+    fn raidz_kinds_carry_their_parity_and_child_counts() {
+        let mut config = sample_config();
+        config.vdevs[0].kind = TopVdevKind::Raidz2;
+        assert!(config.validate().is_err(), "raidz2 needs at least 3 children");
+        config.vdevs[0].children.push(LeafConfig::new(12, "/c".into(), 2 << 30));
+        config.vdevs[0].children[2].dtl = vec![[4, 9], [12, u64::MAX]];
+        config.vdevs[0].children[1].offline = true;
+        config.validate().unwrap();
+        let label = Label { pool_guid: 77, leaf_guid: 12, config_txg: 1, config: config.clone() };
+        let decoded = Label::decode(&label.encode().unwrap()).unwrap();
+        assert_eq!(decoded.config, config);
+        let text = serde_json::to_string(&config).unwrap();
+        assert!(text.contains("\"kind\":\"raidz2\"") && text.contains("\"offline\":true"), "{text}");
+        assert_eq!(TopVdevKind::Raidz2.parity(), 2);
+        assert_eq!(TopVdevKind::raidz(3), Some(TopVdevKind::Raidz3));
+        assert_eq!(TopVdevKind::Raidz3.redundancy(9), 3);
+        assert_eq!(TopVdevKind::Mirror.redundancy(3), 2);
+        config.vdevs[0].children[2].dtl = vec![[4, 9], [9, 12]];
+        assert!(config.validate().is_err(), "overlapping ranges are refused");
+        // A healthy leaf writes no new fields: older readers see the same document.
+        let plain = serde_json::to_string(&LeafConfig::new(1, "/x".into(), 4096)).unwrap();
+        assert_eq!(plain, "{\"guid\":1,\"path\":\"/x\",\"device_size_bytes\":4096}");
     }
 
     #[test]

@@ -18,6 +18,11 @@ pub struct Probe {
     pub size_bytes: u64,
     /// The newest valid label (highest config txg).
     pub label: Option<Label>,
+    /// Valid labels with older configs than `label` (a commit that changed
+    /// the config was cut short between writing the front and the back
+    /// labels): import falls back to them when no uberblock matches the
+    /// newest config.
+    pub older_labels: Vec<Label>,
     /// Valid uberblocks found in all its labels.
     pub uberblocks: Vec<Uberblock>,
     /// Labels that did not decode, and why (a corrupted label is reported, and the
@@ -48,7 +53,7 @@ fn ring_uberblocks(ring: &[u8], out: &mut Vec<Uberblock>) {
 /// Reads every label of an (unlocked) device.
 pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
     let size = device.info().size_bytes;
-    let mut probe = Probe { path: path.to_path_buf(), size_bytes: size, label: None, uberblocks: Vec::new(), damaged_labels: Vec::new() };
+    let mut probe = Probe { path: path.to_path_buf(), size_bytes: size, label: None, older_labels: Vec::new(), uberblocks: Vec::new(), damaged_labels: Vec::new() };
     let mut offsets: Vec<(usize, u64)> = vec![(0, label_offset(0, size)), (1, label_offset(1, size))];
     let mut buffers = Vec::new();
     for (index, offset) in offsets.clone() {
@@ -73,7 +78,11 @@ pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
         match Label::decode(&buffer[..LABEL_CONFIG_BYTES as usize]) {
             Ok(label) => {
                 if probe.label.as_ref().is_none_or(|best| label.config_txg > best.config_txg) {
-                    probe.label = Some(label);
+                    if let Some(previous) = probe.label.replace(label) {
+                        probe.older_labels.push(previous);
+                    }
+                } else if probe.label.as_ref().is_some_and(|best| label.config_txg < best.config_txg) {
+                    probe.older_labels.push(label);
                 }
             }
             Err(crate::format::FormatError::BadMagic(_)) => {}

@@ -11,10 +11,13 @@
 
 pub mod check;
 pub mod dataset;
+pub mod devices;
 pub mod directory;
 pub mod labels;
 pub mod props;
 pub mod receive;
+pub mod resilver;
+pub mod scan;
 pub mod send;
 pub mod scrub;
 pub mod txg;
@@ -36,7 +39,7 @@ use crate::format::spacemap::decode_records;
 use crate::format::{data_area_bytes, new_guid, Dnode, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION};
 use crate::object::{new_dnode, ObjectError, ObjectSet};
 use crate::vdev::queue::QueueTunables;
-use crate::vdev::{LeafVdev, TopVdev};
+use crate::vdev::{LeafVdev, TopVdev, VdevHealth};
 use directory::{valid_name, Directory, DIRECTORY_OBJECT};
 use labels::Probe;
 pub use txg::TxgState;
@@ -179,6 +182,7 @@ pub struct Pool {
     pub volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
     pub tunables: RefCell<PoolTunables>,
     pub scrub: RefCell<scrub::ScrubState>,
+    pub resilver: RefCell<resilver::ResilverState>,
     /// Uberblock txg the pool was imported at (0 for a new pool).
     pub imported_txg: u64,
     /// Notes from import (damaged labels, unclean export) for `status`.
@@ -211,12 +215,15 @@ impl Pool {
         let mut vdevs = Vec::new();
         let mut top_configs = Vec::new();
         for (id, top) in layout.into_iter().enumerate() {
-            let expected = match top.kind {
-                TopVdevKind::Disk => 1..=1,
-                TopVdevKind::Mirror => 2..=3,
-            };
+            let expected = top.kind.children_range();
             if !expected.contains(&top.devices.len()) {
-                return Err(PoolError::InvalidArgument(format!("a {:?} vdev takes {:?} devices, got {}", top.kind, expected, top.devices.len())));
+                return Err(PoolError::InvalidArgument(format!(
+                    "a {} vdev takes {} to {} devices, got {}",
+                    top.kind.vdev_name(id as u32).rsplit_once('-').map_or("", |(kind, _)| kind),
+                    expected.start(),
+                    expected.end(),
+                    top.devices.len()
+                )));
             }
             for new in &top.devices {
                 let info = new.device.info();
@@ -237,7 +244,7 @@ impl Pool {
                 .max()
                 .unwrap_or(crate::format::ASHIFT_DEFAULT)
                 .clamp(crate::format::ASHIFT_DEFAULT, crate::format::ASHIFT_MAX);
-            let data_bytes = top.devices.iter().map(|new| data_area_bytes(new.device.info().size_bytes)).min().unwrap_or(0);
+            let data_bytes = group_data_bytes(top.kind, top.devices.iter().map(|new| data_area_bytes(new.device.info().size_bytes)), ashift);
             let metaslab_shift = metaslab_shift_for(data_bytes);
             let asize_bytes = data_bytes >> metaslab_shift << metaslab_shift;
             if asize_bytes == 0 {
@@ -248,11 +255,12 @@ impl Pool {
             let mut leaves = Vec::new();
             for new in top.devices {
                 let leaf_guid = new_guid();
-                children.push(LeafConfig { guid: leaf_guid, path: new.path.clone(), device_size_bytes: new.device.info().size_bytes });
+                children.push(LeafConfig::new(leaf_guid, new.path.clone(), new.device.info().size_bytes));
                 leaves.push(LeafVdev::new(leaf_guid, new.path, Some(new.device), tunables.queue.clone()));
             }
+            let top_vdev = TopVdev::new(id as u32, guid, top.kind, ashift, asize_bytes, metaslab_shift, leaves).map_err(|error| PoolError::InvalidArgument(error.to_string()))?;
             top_configs.push(TopVdevConfig { id: id as u32, guid, kind: top.kind, ashift, asize_bytes, metaslab_shift, children });
-            vdevs.push(Rc::new(TopVdev { id: id as u32, guid, kind: top.kind, ashift, asize_bytes, metaslab_shift, children: leaves }));
+            vdevs.push(Rc::new(top_vdev));
         }
         let config = PoolConfig {
             name: name.to_string(),
@@ -263,7 +271,7 @@ impl Pool {
             hostname: hostname(),
             vdevs: top_configs,
         };
-        let spaces = config.vdevs.iter().map(|top| VdevSpace::new(top.id, top.asize_bytes, top.metaslab_shift, 1 << top.ashift)).collect();
+        let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces));
         // Slot 0 is reserved: the dnode table's own dnode lives in the uberblock.
         let table = new_dnode(ObjectType::DnodeTable, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, DNODE_BYTES as u64, 1);
@@ -281,6 +289,7 @@ impl Pool {
             volumes: RefCell::new(BTreeMap::new()),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scrub::ScrubState::default()),
+            resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: 0,
             import_notes: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
@@ -365,7 +374,7 @@ impl Pool {
                 probes.push((probe, device));
             }
         }
-        let Some(config) = probes.iter().filter_map(|(probe, _)| probe.label.as_ref()).max_by_key(|label| label.config_txg).map(|label| label.config.clone()) else {
+        let Some((config, uberblocks)) = choose_config(&probes) else {
             return Err(PoolError::NotFound { name: name.to_string(), searched: "the given devices".into() });
         };
         let mut notes = Vec::new();
@@ -378,53 +387,10 @@ impl Pool {
             notes.push("the pool was not exported cleanly; it was recovered to its last committed txg".to_string());
         }
         // Assemble the vdev tree from the config, matching devices by guid.
-        let mut missing = Vec::new();
-        let mut vdevs = Vec::new();
-        for top in &config.vdevs {
-            let mut leaves = Vec::new();
-            for leaf in &top.children {
-                let found = probes.iter().find(|(probe, _)| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid && label.pool_guid == config.pool_guid));
-                let device = match found {
-                    Some((probe, device)) if probe.size_bytes < leaf.device_size_bytes => {
-                        missing.push(format!("{} (truncated: {} of {} bytes)", probe.path.display(), probe.size_bytes, leaf.device_size_bytes));
-                        None
-                    }
-                    Some((probe, device)) => {
-                        let _ = probe;
-                        Some(device.clone())
-                    }
-                    None => {
-                        missing.push(format!("{} (guid {:#x}, not found)", leaf.path, leaf.guid));
-                        None
-                    }
-                };
-                let path = found.map(|(probe, _)| probe.path.display().to_string()).unwrap_or_else(|| leaf.path.clone());
-                leaves.push(LeafVdev::new(leaf.guid, path, device, tunables.queue.clone()));
-            }
-            let top_vdev = TopVdev {
-                id: top.id,
-                guid: top.guid,
-                kind: top.kind,
-                ashift: top.ashift,
-                asize_bytes: top.asize_bytes,
-                metaslab_shift: top.metaslab_shift,
-                children: leaves,
-            };
-            if !top_vdev.is_available() {
-                return Err(PoolError::MissingDevices { pool: name.to_string(), devices: missing.join(", ") });
-            }
-            vdevs.push(Rc::new(top_vdev));
-        }
+        let (vdevs, missing) = devices::assemble(name, &config, &probes, &tunables)?;
         if !missing.is_empty() {
             notes.push(format!("degraded: missing or unusable devices: {}", missing.join(", ")));
         }
-        let mut uberblocks: Vec<Uberblock> = probes
-            .iter()
-            .flat_map(|(probe, _)| probe.uberblocks.iter().copied())
-            .filter(|uberblock| uberblock.pool_guid == config.pool_guid && uberblock.guid_sum == config.guid_sum())
-            .collect();
-        uberblocks.sort_by_key(|uberblock| std::cmp::Reverse(uberblock.txg));
-        uberblocks.dedup_by_key(|uberblock| uberblock.txg);
         if uberblocks.is_empty() {
             return Err(PoolError::NoValidUberblock(name.to_string()));
         }
@@ -441,10 +407,10 @@ impl Pool {
                         // Safe: nothing else refers to the pool yet.
                         let pool = Rc::try_unwrap(pool).map_err(|_| PoolError::Corrupt("pool shared during import".into()))?;
                         let pool = Rc::new(Pool { import_notes: notes, ..pool });
-                        pool.start();
+                        pool.start_after_import();
                         return Ok(pool);
                     }
-                    pool.start();
+                    pool.start_after_import();
                     return Ok(pool);
                 }
                 Err(error) => last_error = Some(error),
@@ -454,7 +420,7 @@ impl Pool {
     }
 
     async fn load(name: &str, config: &PoolConfig, vdevs: Vec<Rc<TopVdev>>, uberblock: &Uberblock, tunables: PoolTunables, notes: Vec<String>) -> Result<Rc<Pool>, PoolError> {
-        let spaces = config.vdevs.iter().map(|top| VdevSpace::new(top.id, top.asize_bytes, top.metaslab_shift, 1 << top.ashift)).collect();
+        let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces));
         store.set_open_txg(uberblock.txg + 1);
         let objects = ObjectSet::new(store.clone(), uberblock.dnode_table, tunables.cache_budget_bytes);
@@ -487,6 +453,7 @@ impl Pool {
             volumes: RefCell::new(BTreeMap::new()),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scrub::ScrubState::default()),
+            resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: uberblock.txg,
             import_notes: notes,
             pending_snapshots: RefCell::new(Vec::new()),
@@ -514,6 +481,14 @@ impl Pool {
     /// Starts the background txg sync.
     fn start(self: &Rc<Self>) {
         txg::start_sync_task(self);
+    }
+
+    /// Starts an imported pool: devices that came back have their dirty time
+    /// logs closed and get a resilver, devices away get theirs opened.
+    fn start_after_import(self: &Rc<Self>) {
+        devices::maintain(self, self.txg.open());
+        self.start();
+        self.resilver_start();
     }
 
     /// Hands out a new object number (the dnode table's length is the high-water
@@ -691,6 +666,7 @@ impl Pool {
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
         self.scrub_cancel();
+        self.resilver_stop().await;
         self.config.borrow_mut().state = PoolState::Exported;
         self.config_dirty.set(true);
         self.commit().await?;
@@ -710,14 +686,23 @@ impl Pool {
         (size, allocator.free_bytes())
     }
 
-    /// ONLINE, DEGRADED, or SUSPENDED.
+    /// ONLINE, DEGRADED (some vdev serves with less redundancy than it
+    /// should, or has devices to resilver), UNAVAIL (some vdev lost more
+    /// devices than it can), or SUSPENDED.
     pub fn health(&self) -> &'static str {
+        let worst = self.store.vdevs.iter().map(|top| top.health()).max_by_key(|health| match health {
+            VdevHealth::Online => 0,
+            VdevHealth::Degraded => 1,
+            VdevHealth::Unavail => 2,
+        });
         if self.txg.suspended().is_some() {
             "SUSPENDED"
-        } else if self.store.vdevs.iter().all(|top| top.is_healthy()) {
-            "ONLINE"
         } else {
-            "DEGRADED"
+            match worst {
+                Some(VdevHealth::Unavail) => "UNAVAIL",
+                Some(VdevHealth::Degraded) => "DEGRADED",
+                _ => "ONLINE",
+            }
         }
     }
 }
@@ -809,6 +794,56 @@ async fn open_when_free(path: &Path) -> Result<FileDevice, PoolError> {
             }
             result => return result.map_err(PoolError::from),
         }
+    }
+}
+
+/// The pool config to import with and its uberblocks, newest first: the
+/// newest config some uberblock was written with (matching its device guid
+/// sum). A commit that changed the devices (a replace) can be cut short after
+/// the new config reached some labels but before any uberblock did; then the
+/// previous config is the pool's state.
+fn choose_config(probes: &[(Probe, Rc<dyn Device>)]) -> Option<(PoolConfig, Vec<Uberblock>)> {
+    let mut configs: Vec<&PoolConfig> =
+        probes.iter().flat_map(|(probe, _)| probe.label.iter().chain(probe.older_labels.iter())).map(|label| &label.config).collect();
+    configs.sort_by_key(|config| std::cmp::Reverse(config.config_txg));
+    configs.dedup_by_key(|config| config.config_txg);
+    let newest = (*configs.first()?).clone();
+    for config in configs {
+        let mut uberblocks: Vec<Uberblock> = probes
+            .iter()
+            .flat_map(|(probe, _)| probe.uberblocks.iter().copied())
+            .filter(|uberblock| uberblock.pool_guid == config.pool_guid && uberblock.guid_sum == config.guid_sum())
+            .collect();
+        if uberblocks.is_empty() {
+            continue;
+        }
+        uberblocks.sort_by_key(|uberblock| std::cmp::Reverse(uberblock.txg));
+        uberblocks.dedup_by_key(|uberblock| uberblock.txg);
+        return Some((config.clone(), uberblocks));
+    }
+    Some((newest, Vec::new()))
+}
+
+/// Allocatable bytes of a new top-level vdev from its children's data areas:
+/// the smallest for a disk or mirror (every child holds everything); for
+/// RAID-Z, the group's sector space dealt round-robin over the children (see
+/// docs/FORMAT.md, "RAID-Z"), so every child contributes the smallest's sectors.
+fn group_data_bytes(kind: TopVdevKind, child_data_bytes: impl Iterator<Item = u64>, ashift: u8) -> u64 {
+    let sizes: Vec<u64> = child_data_bytes.collect();
+    let smallest = sizes.iter().copied().min().unwrap_or(0);
+    if kind.is_raidz() {
+        ((smallest >> ashift) * sizes.len() as u64) << ashift
+    } else {
+        smallest
+    }
+}
+
+/// The allocator's view of a top-level vdev.
+fn vdev_space(top: &TopVdev) -> VdevSpace {
+    let space = VdevSpace::new(top.id, top.asize_bytes, top.metaslab_shift, top.sector_bytes());
+    match top.raidz_geometry() {
+        Some(geometry) => space.with_raidz(*geometry),
+        None => space,
     }
 }
 

@@ -1,19 +1,21 @@
-//! Scrub: read every copy of every live block, verify it against its checksum,
-//! and rewrite the bad copies from a good one.
+//! Scrub: read every copy of every live block, verify it against its checksum
+//! (and RAID-Z parity against the data), and rewrite the bad copies from a
+//! good one.
 //!
-//! The walk goes object by object, top-down through each tree, a node at a time:
-//! the pointers in one node are scrubbed together (a bounded number in flight)
-//! while a read guard keeps their space from being reused meanwhile. Progress is
-//! bytes examined against the bytes allocated when the scrub started.
+//! The walk ([`super::scan`]) goes object by object, top-down through each
+//! tree, a node at a time: the pointers in one node are scrubbed together (a
+//! bounded number in flight). Progress is bytes examined against the bytes
+//! allocated when the scrub started.
 
 use std::rc::Rc;
 
 use serde::Serialize;
 
 use super::directory::ScrubRecord;
+use super::scan::Scan;
 use super::{Pool, PoolError};
 use crate::format::BlockPointer;
-use crate::object::{NodeBody, Object};
+use crate::object::Object;
 use crate::rt::{self, JoinHandle};
 
 /// Blocks scrubbed concurrently: enough to keep devices busy, few enough that
@@ -57,7 +59,7 @@ pub struct ScrubStatus {
     pub last: Option<ScrubRecord>,
 }
 
-fn unix_seconds() -> u64 {
+pub(super) fn unix_seconds() -> u64 {
     crate::rt::wall_clock_ns() / 1_000_000_000
 }
 
@@ -111,16 +113,31 @@ impl Pool {
     }
 
     async fn scrub_run(self: Rc<Self>) {
-        let objects = self.objects.open_objects();
         let mut completed = true;
-        for object in objects {
-            if self.scrub.borrow().cancel {
-                completed = false;
-                break;
+        // A scrub rewrites the children that missed a block's txg too (it is a
+        // resilver of every block it reads): when it completes clean, the txgs
+        // those children missed at its start are caught up, as a resilver
+        // pass would have left them. The blocks of those txgs must be on disk
+        // before the walk, or it would skip them as too new.
+        let mut caught_up = self.resilver_targets();
+        if let Some(targets) = &caught_up {
+            if self.txg.wait_durable(&self, targets.max_txg()).await.is_err() {
+                caught_up = None;
             }
-            if let Err(error) = self.scrub_object(&object).await {
-                self.scrub_error(format!("object {}: {error}", object.id));
+        }
+        match self.all_objects().await {
+            Ok(objects) => {
+                for object in objects {
+                    if self.scrub.borrow().cancel {
+                        completed = false;
+                        break;
+                    }
+                    if let Err(error) = self.scan_object(&object, &Scan::Scrub).await {
+                        self.scrub_error(format!("object {}: {error}", object.id));
+                    }
+                }
             }
+            Err(error) => self.scrub_error(format!("listing objects: {error}")),
         }
         let record = {
             let mut scrub = self.scrub.borrow_mut();
@@ -134,8 +151,18 @@ impl Pool {
                 completed: completed && !scrub.cancel,
             }
         };
+        let clean = record.completed && record.errors == 0 && {
+            let scrub = self.scrub.borrow();
+            scrub.repaired_copies == scrub.bad_copies
+        };
         self.directory.borrow_mut().last_scrub = Some(record);
         self.directory_dirty.set(true);
+        if let (true, Some(targets)) = (clean, caught_up) {
+            self.drop_resilvered_ranges(&targets);
+            if let Err(error) = self.commit().await {
+                self.scrub_error(format!("committing the devices' caught-up state: {error}"));
+            }
+        }
     }
 
     fn scrub_error(&self, detail: String) {
@@ -146,48 +173,8 @@ impl Pool {
         }
     }
 
-    /// Scrubs one object's tree, node by node from the top.
-    async fn scrub_object(self: &Rc<Self>, object: &Rc<Object>) -> Result<(), PoolError> {
-        let dnode = object.dnode();
-        let top = dnode.levels - 1;
-        {
-            let _guard = self.store.read_guard();
-            let root = object.dnode().root;
-            if !root.is_hole() {
-                self.scrub_pointers(object, &[root]).await;
-            }
-        }
-        let mut frontier: Vec<u64> = vec![0];
-        for level in (1..=top).rev() {
-            let mut next = Vec::new();
-            for blkid in frontier {
-                if self.scrub.borrow().cancel {
-                    return Ok(());
-                }
-                let guard = self.store.read_guard();
-                let node = self.objects.node(object, level, blkid).await?;
-                let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
-                    NodeBody::Indirect(pointers) => pointers
-                        .iter()
-                        .enumerate()
-                        .map(|(index, pointer)| ((blkid << dnode.pointers_per_indirect_shift()) + index as u64, *pointer))
-                        .collect(),
-                    NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
-                };
-                drop(node);
-                let present: Vec<BlockPointer> = children.iter().filter(|(_, pointer)| !pointer.is_hole()).map(|(_, pointer)| *pointer).collect();
-                self.scrub_pointers(object, &present).await;
-                drop(guard);
-                if level > 1 {
-                    next.extend(children.iter().filter(|(_, pointer)| !pointer.is_hole()).map(|(child, _)| *child));
-                }
-            }
-            frontier = next;
-        }
-        Ok(())
-    }
-
-    async fn scrub_pointers(self: &Rc<Self>, object: &Rc<Object>, pointers: &[BlockPointer]) {
+    /// Scrubs the pointers of one node (a bounded number at a time).
+    pub(super) async fn scrub_pointers(self: &Rc<Self>, object: &Rc<Object>, pointers: &[BlockPointer]) {
         // Blocks of a txg still being written may not be on every device yet:
         // they are the next scrub's.
         let durable = self.txg.durable();

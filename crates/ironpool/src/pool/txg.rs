@@ -35,7 +35,7 @@ use crate::object::{new_dnode, ObjectError};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 use crate::rt::{self, Instant, JoinHandle};
-use crate::vdev::queue::{IoClass, IoFlags};
+use crate::vdev::queue::IoClass;
 
 /// Passes of the build step before giving up: each pass only rewrites blocks in
 /// place unless a space map grows by a block, so it settles in 3-5 passes; 64
@@ -385,6 +385,9 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             break;
         }
     }
+    // Devices that went away or came back since the last commit: their dirty
+    // time logs and states go into this txg's config.
+    super::devices::maintain(pool, txg);
     let config = if pool.config_dirty.replace(false) {
         let mut config = pool.config.borrow_mut();
         config.config_txg = txg;
@@ -522,16 +525,15 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
     let store = &pool.store;
     let mut writes = Vec::with_capacity(built.context.writes.len());
     for (dva, buffer) in built.context.writes.values() {
-        let top = store.vdevs[dva.vdev as usize].clone();
-        let data = if buffer.len() == dva.asize as usize {
+        let length = store.vdevs[dva.vdev as usize].io_bytes(buffer.len() as u64) as usize;
+        let data = if buffer.len() == length {
             BufSlice::whole(buffer.clone())
         } else {
-            let mut padded = AlignedBuf::zeroed(dva.asize as usize);
+            let mut padded = AlignedBuf::zeroed(length);
             padded[..buffer.len()].copy_from_slice(buffer);
             BufSlice::whole(padded.into_shared())
         };
-        let offset = dva.offset;
-        writes.push(async move { top.write(IoClass::AsyncWrite, offset, data, IoFlags::default()).await });
+        writes.push(store.write_linked(*dva, data, IoClass::AsyncWrite, built.txg));
     }
     for result in futures_util::future::join_all(writes).await {
         result.map_err(|error| PoolError::Io(format!("metadata write: {error}")))?;
@@ -547,7 +549,7 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
         if !leaf.is_online() {
             continue;
         }
-        let size = device_size_of(pool, leaf.guid);
+        let size = device_size_of(pool, leaf.guid());
         uberblock_writes.push(write_uberblock(leaf, &built.uberblock, size, top.ashift));
     }
     let results = futures_util::future::join_all(uberblock_writes).await;
@@ -575,8 +577,8 @@ async fn write_config_labels(leaves: &[(Rc<crate::vdev::TopVdev>, Rc<crate::vdev
         if !leaf.is_online() {
             continue;
         }
-        let Some((top, index)) = config.find_leaf(leaf.guid) else { continue };
-        let label = Label { pool_guid: config.pool_guid, leaf_guid: leaf.guid, config_txg: config.config_txg, config: config.clone() };
+        let Some((top, index)) = config.find_leaf(leaf.guid()) else { continue };
+        let label = Label { pool_guid: config.pool_guid, leaf_guid: leaf.guid(), config_txg: config.config_txg, config: config.clone() };
         match write_labels(leaf, &label, top.children[index].device_size_bytes, indexes).await {
             Ok(()) => any_ok = true,
             Err(reason) => reasons.push(reason),
@@ -614,4 +616,5 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         stats.last_commit_passes = built.passes as u64;
     });
     state.done.notify_all();
+    pool.resilver_if_needed();
 }

@@ -46,7 +46,13 @@ impl Future for Notified<'_> {
         if self.notify.generation.get() != self.generation {
             return Poll::Ready(());
         }
-        self.notify.waiters.borrow_mut().push(context.waker().clone());
+        // Once per task: a waiter polled again (a loop that also waits on a
+        // timer) must not add a waker each time, or an idle loop's list grows
+        // without bound until the next notify_all.
+        let mut waiters = self.notify.waiters.borrow_mut();
+        if !waiters.iter().any(|waker| waker.will_wake(context.waker())) {
+            waiters.push(context.waker().clone());
+        }
         Poll::Pending
     }
 }
@@ -258,6 +264,24 @@ mod tests {
             }
             assert_eq!(*order.borrow(), vec![0, 1, 2, 3, 4]);
             assert_eq!(semaphore.available(), 2);
+        });
+    }
+
+    /// A loop that waits for a notification or a timeout, again and again,
+    /// registers one waker, not one per turn: the txg sync task of an idle
+    /// pool does this every txg_timeout, and the list grew by one each turn
+    /// until ironpool-sim ran out of memory (24 GB) over simulated years.
+    #[test]
+    fn an_idle_waiting_loop_keeps_one_waker() {
+        let runtime = Runtime::new_sim(4);
+        runtime.block_on(async {
+            let notify = Notify::new();
+            for _ in 0..1000 {
+                assert!(rt::timeout(Duration::from_millis(5), notify.notified()).await.is_none());
+            }
+            assert_eq!(notify.waiters.borrow().len(), 1);
+            notify.notify_all();
+            assert!(notify.waiters.borrow().is_empty());
         });
     }
 

@@ -1,11 +1,20 @@
 //! Virtual devices: leaves (one device each, with its I/O queue) and top-level
-//! vdevs (a single disk, or a mirror of 2-3 leaves; RAID-Z plugs in here).
+//! vdevs (a single disk, a mirror of 2-3 leaves, or a RAID-Z group).
 //!
-//! A top-level vdev places a block's copy at an offset of its data area and knows
-//! how to read it back verified: a mirror tries its children until one returns
-//! bytes that match the block's checksum, and reports which children were bad so
-//! the caller can rewrite them (self-heal).
+//! A top-level vdev places a block at an offset of its data area and knows how
+//! to read it back verified: a mirror tries its children until one returns bytes
+//! that match the block's checksum; a RAID-Z group reads the data columns and,
+//! when they do not verify, reconstructs from parity ([`raidz::io`]). Both
+//! report which children were bad so the caller can rewrite them (self-heal).
+//!
+//! Every child can be away (missing, offline by the operator, or faulted after
+//! failing I/O after I/O): writes skip it and report it as missed, so the caller
+//! can record the birth txg in its dirty time log ([`dtl`]); reads do not trust
+//! it for blocks born in txgs it missed. A group keeps serving as long as no
+//! more children are away than its redundancy allows.
 
+pub mod dtl;
+mod mirror;
 pub mod queue;
 pub mod raidz;
 pub mod stats;
@@ -15,9 +24,17 @@ use std::rc::Rc;
 
 use crate::dev::{Device, DeviceError};
 use crate::format::label::TopVdevKind;
-use crate::format::DATA_START_BYTES;
 use crate::rt::buf::{AlignedBuf, BufSlice};
+use dtl::Dtl;
 use queue::{IoClass, IoFlags, QueueTunables, VdevQueue};
+use raidz::RaidzGeometry;
+
+/// I/O errors in a row (no success between them) after which a leaf is taken
+/// out of service (FAULTED). One bad sector fails one I/O and a retry of the
+/// neighbours succeeds; a device that has gone away fails every I/O. 16 lets a
+/// burst of bad sectors pass while a dead device is given up on within a
+/// moment, before every read pays for trying it.
+pub const LEAF_FAULT_CONSECUTIVE_ERRORS: u64 = 16;
 
 /// The health of a leaf.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -28,32 +45,70 @@ pub enum LeafState {
     Missing,
     /// Taken out by the operator.
     Offline,
+    /// Failed `LEAF_FAULT_CONSECUTIVE_ERRORS` I/Os in a row: no longer used
+    /// until `ironpool online` or `replace`.
+    Faulted,
 }
 
 /// One device in the pool.
 pub struct LeafVdev {
-    pub guid: u64,
+    /// Changes only when the device is replaced.
+    guid: Cell<u64>,
     pub path: RefCell<String>,
     pub queue: Rc<VdevQueue>,
     state: Cell<LeafState>,
+    /// Bumped whenever the device behind this leaf changes (back online,
+    /// replaced): a write issued before the change may not have reached the
+    /// device now in place, so it counts as missed.
+    generation: Cell<u64>,
+    /// The txgs this leaf missed writes in.
+    pub dtl: RefCell<Dtl>,
 }
 
 impl LeafVdev {
     pub fn new(guid: u64, path: String, device: Option<Rc<dyn Device>>, tunables: QueueTunables) -> Rc<LeafVdev> {
         let state = if device.is_some() { LeafState::Online } else { LeafState::Missing };
-        Rc::new(LeafVdev { guid, path: RefCell::new(path), queue: VdevQueue::new(device, tunables), state: Cell::new(state) })
+        Rc::new(LeafVdev {
+            guid: Cell::new(guid),
+            path: RefCell::new(path),
+            queue: VdevQueue::new(device, tunables),
+            state: Cell::new(state),
+            generation: Cell::new(0),
+            dtl: RefCell::new(Dtl::default()),
+        })
     }
 
+    /// The leaf's identity in the pool config.
+    pub fn guid(&self) -> u64 {
+        self.guid.get()
+    }
+
+    /// The state, with a leaf that keeps failing shown as faulted.
     pub fn state(&self) -> LeafState {
-        self.state.get()
+        match self.state.get() {
+            LeafState::Online if self.queue.consecutive_errors() >= LEAF_FAULT_CONSECUTIVE_ERRORS => LeafState::Faulted,
+            state => state,
+        }
     }
 
+    /// True when I/O should go to this leaf.
     pub fn is_online(&self) -> bool {
-        self.state.get() == LeafState::Online
+        self.state() == LeafState::Online
+    }
+
+    /// True when this leaf's copy of a block born in `birth_txg` can be read:
+    /// it is online and did not miss that txg.
+    pub fn is_readable_for(&self, birth_txg: u64) -> bool {
+        self.is_online() && !self.dtl.borrow().contains(birth_txg)
     }
 
     pub fn device(&self) -> Option<Rc<dyn Device>> {
         self.queue.device()
+    }
+
+    /// See the field: compared before and after a write.
+    pub fn generation(&self) -> u64 {
+        self.generation.get()
     }
 
     /// Releases the device (pool export): its descriptor closes and its lock drops
@@ -61,6 +116,34 @@ impl LeafVdev {
     pub fn close(&self) {
         self.queue.set_device(None);
         self.state.set(LeafState::Missing);
+    }
+
+    /// The operator takes the leaf out (it keeps its device open).
+    pub fn set_offline(&self) {
+        self.state.set(LeafState::Offline);
+    }
+
+    /// Puts the leaf back in service, with `device` when it had none (a device
+    /// that returned). Error counters that faulted it start over.
+    pub fn bring_online(&self, device: Option<Rc<dyn Device>>) {
+        if let Some(device) = device {
+            self.queue.set_device(Some(device));
+        }
+        self.queue.reset_consecutive_errors();
+        self.generation.set(self.generation.get() + 1);
+        self.state.set(if self.queue.device().is_some() { LeafState::Online } else { LeafState::Missing });
+    }
+
+    /// Puts a new device in this leaf's place: new identity, fresh statistics,
+    /// and a log saying it missed everything up to `open_txg`.
+    pub fn replace_device(&self, guid: u64, path: String, device: Rc<dyn Device>, open_txg: u64) {
+        self.queue.set_device(Some(device));
+        self.queue.reset_stats();
+        self.guid.set(guid);
+        *self.path.borrow_mut() = path;
+        self.dtl.borrow_mut().reset_to_everything_before(open_txg);
+        self.generation.set(self.generation.get() + 1);
+        self.state.set(LeafState::Online);
     }
 
     /// Number of I/Os queued or active: used to pick the least busy mirror side.
@@ -74,6 +157,10 @@ impl LeafVdev {
 pub enum VdevError {
     #[error("every copy failed: {0}")]
     AllFailed(String),
+    #[error("more columns lost than parity can rebuild: {0}")]
+    TooManyFailures(String),
+    #[error("no layout for this block: {0}")]
+    Layout(#[from] raidz::GeometryError),
 }
 
 /// Result of a verified read: the good bytes and the children that returned bad
@@ -81,6 +168,26 @@ pub enum VdevError {
 pub struct VerifiedRead {
     pub data: AlignedBuf,
     pub bad_children: Vec<usize>,
+}
+
+/// What a successful write did not reach: children that were away or whose
+/// part failed. The block is intact (the vdev's redundancy covers them), but
+/// these children miss it until a resilver.
+#[derive(Debug, Default)]
+pub struct WriteOutcome {
+    pub missed_children: Vec<usize>,
+}
+
+/// The health of a top-level vdev.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "UPPERCASE")]
+pub enum VdevHealth {
+    Online,
+    /// Serving, with less redundancy than it should have (a child away, or a
+    /// child that missed writes and is not resilvered yet).
+    Degraded,
+    /// More children away than the redundancy covers.
+    Unavail,
 }
 
 /// A top-level vdev.
@@ -92,137 +199,133 @@ pub struct TopVdev {
     pub asize_bytes: u64,
     pub metaslab_shift: u8,
     pub children: Vec<Rc<LeafVdev>>,
+    /// The group's layout, for RAID-Z.
+    raidz: Option<RaidzGeometry>,
 }
 
 impl TopVdev {
+    /// A top-level vdev; fails when a RAID-Z group's shape has no layout.
+    pub fn new(id: u32, guid: u64, kind: TopVdevKind, ashift: u8, asize_bytes: u64, metaslab_shift: u8, children: Vec<Rc<LeafVdev>>) -> Result<TopVdev, raidz::GeometryError> {
+        let raidz = if kind.is_raidz() { Some(RaidzGeometry::new(children.len() as u32, kind.parity(), ashift)?) } else { None };
+        Ok(TopVdev { id, guid, kind, ashift, asize_bytes, metaslab_shift, children, raidz })
+    }
+
     pub fn sector_bytes(&self) -> u64 {
         1 << self.ashift
     }
 
-    /// Rounds a physical size up to this vdev's allocation unit.
-    pub fn allocated_size(&self, physical_bytes: u64) -> u64 {
+    /// The RAID-Z layout, for RAID-Z groups.
+    pub fn raidz_geometry(&self) -> Option<&RaidzGeometry> {
+        self.raidz.as_ref()
+    }
+
+    /// Bytes moved for a block of `physical_bytes`: its size in whole sectors
+    /// (what `write` takes and `read_verified` returns).
+    pub fn io_bytes(&self, physical_bytes: u64) -> u64 {
         physical_bytes.div_ceil(self.sector_bytes()) * self.sector_bytes()
     }
 
-    /// True when every child is online.
-    pub fn is_healthy(&self) -> bool {
-        self.children.iter().all(|child| child.is_online())
+    /// Space a block of `physical_bytes` takes: whole sectors on a disk or
+    /// mirror; data, parity and pad sectors on RAID-Z.
+    pub fn allocated_size(&self, physical_bytes: u64) -> u64 {
+        match &self.raidz {
+            Some(geometry) => geometry.asize(physical_bytes),
+            None => self.io_bytes(physical_bytes),
+        }
     }
 
-    /// True when some copy can still be read and written.
+    /// Children that may be lost with every block still readable.
+    pub fn redundancy(&self) -> usize {
+        self.kind.redundancy(self.children.len())
+    }
+
+    /// Children not in service now.
+    pub fn children_away(&self) -> usize {
+        self.children.iter().filter(|child| !child.is_online()).count()
+    }
+
+    /// True when every block can still be read and written.
     pub fn is_available(&self) -> bool {
-        self.children.iter().any(|child| child.is_online())
+        self.children_away() <= self.redundancy()
     }
 
-    /// Writes `data` at data-area offset `offset` on every online child.
-    /// Succeeds when at least one child took it (a mirror keeps working degraded);
-    /// the failures are counted on the children.
-    pub async fn write(&self, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<(), VdevError> {
+    /// ONLINE, DEGRADED (serving with less redundancy, including children still
+    /// to be resilvered) or UNAVAIL.
+    pub fn health(&self) -> VdevHealth {
+        if !self.is_available() {
+            VdevHealth::Unavail
+        } else if self.children.iter().any(|child| !child.is_online() || !child.dtl.borrow().is_empty()) {
+            VdevHealth::Degraded
+        } else {
+            VdevHealth::Online
+        }
+    }
+
+    /// Writes a block of `data` (whole sectors) at data-area offset `offset`:
+    /// the same bytes on every child of a mirror, columns and parity on RAID-Z.
+    /// Succeeds while the children that missed it are within the redundancy;
+    /// reports them.
+    pub async fn write(&self, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector_bytes(), 0);
-        let absolute = DATA_START_BYTES + offset;
-        let online: Vec<&Rc<LeafVdev>> = self.children.iter().filter(|child| child.is_online()).collect();
-        // Two- and one-sided writes are the common cases: join them without
-        // join_all's heap-allocated bookkeeping.
-        let results: Vec<Result<(), DeviceError>> = match online.as_slice() {
-            [only] => vec![only.queue.write(class, absolute, data, flags).await],
-            [first, second] => {
-                let (a, b) = futures_util::future::join(first.queue.write(class, absolute, data.clone(), flags), second.queue.write(class, absolute, data, flags)).await;
-                vec![a, b]
-            }
-            _ => futures_util::future::join_all(online.iter().map(|child| child.queue.write(class, absolute, data.clone(), flags))).await,
-        };
-        if results.iter().any(|result| result.is_ok()) {
-            return Ok(());
+        match &self.raidz {
+            Some(geometry) => raidz::io::write(self, geometry, class, offset, data, flags).await,
+            None => mirror::write(self, class, offset, data, flags).await,
         }
-        Err(VdevError::AllFailed(describe_errors(results.into_iter().filter_map(Result::err))))
     }
 
-    /// Rewrites one child's copy (self-heal, scrub repair).
-    pub async fn repair(&self, child: usize, offset: u64, data: BufSlice, class: IoClass) -> Result<(), DeviceError> {
-        let leaf = &self.children[child];
-        let result = leaf.queue.write(class, DATA_START_BYTES + offset, data.clone(), IoFlags { repair: true, ..IoFlags::default() }).await;
-        if result.is_ok() {
-            leaf.queue.count(|stats| stats.repaired_bytes += data.len() as u64);
+    /// Rewrites the given children's part of a block (self-heal, scrub repair,
+    /// resilver) from the block's good `data`: the whole block on a mirror, the
+    /// child's column (data, or parity recomputed) on RAID-Z. Fails when any of
+    /// them failed.
+    pub async fn repair(&self, children: &[usize], offset: u64, data: BufSlice, class: IoClass) -> Result<(), DeviceError> {
+        match &self.raidz {
+            Some(geometry) => raidz::io::repair(self, geometry, children, offset, data, class).await,
+            None => mirror::repair(self, children, offset, data, class).await,
         }
-        result
     }
 
-    /// Reads `length` bytes at `offset`, trying children (least busy first) until
-    /// `verify` accepts the bytes. Children that failed are reported for repair.
-    pub async fn read_verified(&self, class: IoClass, offset: u64, length: u64, verify: &dyn Fn(&[u8]) -> bool) -> Result<VerifiedRead, VdevError> {
-        let order = self.read_order();
-        let mut bad_children = Vec::new();
-        let mut errors = Vec::new();
-        for child in order {
-            let leaf = &self.children[child];
-            match leaf.queue.read(class, DATA_START_BYTES + offset, length, IoFlags::default()).await {
-                Ok(data) if verify(&data) => return Ok(VerifiedRead { data, bad_children }),
-                Ok(_) => {
-                    leaf.queue.count(|stats| stats.checksum_errors += 1);
-                    bad_children.push(child);
-                    errors.push(format!("{}: checksum mismatch", leaf.path.borrow()));
-                }
-                Err(error) => {
-                    bad_children.push(child);
-                    errors.push(format!("{}: {error}", leaf.path.borrow()));
-                }
-            }
+    /// Reads the block of `length` bytes (whole sectors) at `offset`, born in
+    /// `birth_txg`, until `verify` accepts it: mirror sides in turn, or RAID-Z
+    /// data columns and, if needed, reconstruction. Children that returned bad
+    /// bytes or errors are reported for repair.
+    pub async fn read_verified(&self, class: IoClass, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> Result<VerifiedRead, VdevError> {
+        match &self.raidz {
+            Some(geometry) => raidz::io::read_verified(self, geometry, class, offset, length, birth_txg, verify).await,
+            None => mirror::read_verified(self, class, offset, length, birth_txg, verify).await,
         }
-        Err(VdevError::AllFailed(if errors.is_empty() { "no device available".to_string() } else { errors.join("; ") }))
     }
 
-    /// Reads every child's copy (scrub): returns a verified copy if any, and the
-    /// children whose copy is bad.
-    pub async fn read_every_copy(&self, offset: u64, length: u64, verify: &dyn Fn(&[u8]) -> bool) -> (Option<AlignedBuf>, Vec<usize>) {
-        let reads = self
-            .children
-            .iter()
-            .map(|leaf| leaf.queue.read(IoClass::Scrub, DATA_START_BYTES + offset, length, IoFlags { scrub: true, ..IoFlags::default() }));
-        let results = futures_util::future::join_all(reads).await;
-        let mut good = None;
-        let mut bad = Vec::new();
-        for (child, result) in results.into_iter().enumerate() {
-            if !self.children[child].is_online() {
-                continue;
-            }
-            match result {
-                Ok(data) if verify(&data) => {
-                    if good.is_none() {
-                        good = Some(data);
-                    }
-                }
-                Ok(_) => {
-                    self.children[child].queue.count(|stats| stats.checksum_errors += 1);
-                    bad.push(child);
-                }
-                Err(_) => bad.push(child),
-            }
+    /// Reads everything stored for a block (scrub): every mirror side, or every
+    /// RAID-Z column including parity. Returns the verified block if any, and
+    /// the children whose part is bad (wrong, unreadable, parity that does not
+    /// match, or missed while the child was away).
+    pub async fn scrub_read(&self, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> (Option<AlignedBuf>, Vec<usize>) {
+        match &self.raidz {
+            Some(geometry) => raidz::io::scrub_read(self, geometry, offset, length, birth_txg, verify).await,
+            None => mirror::scrub_read(self, offset, length, birth_txg, verify).await,
         }
-        (good, bad)
     }
 
-    /// Flushes every online child. Succeeds when at least one did.
+    /// Flushes every online child. Succeeds while the children that failed (or
+    /// are away) are within the redundancy.
     pub async fn flush(&self) -> Result<(), VdevError> {
         let flushes = self.children.iter().filter(|child| child.is_online()).map(|child| child.queue.flush());
         let results = futures_util::future::join_all(flushes).await;
-        if results.iter().any(|result| result.is_ok()) {
+        let flushed = results.iter().filter(|result| result.is_ok()).count();
+        if flushed > 0 && self.children.len() - flushed <= self.redundancy() {
             return Ok(());
         }
         Err(VdevError::AllFailed(describe_errors(results.into_iter().filter_map(Result::err))))
     }
+}
 
-    /// Children to try, least busy first; ties broken at random so both sides of
-    /// a mirror share the reads.
-    fn read_order(&self) -> Vec<usize> {
-        let mut order: Vec<(u64, u64, usize)> = self
-            .children
-            .iter()
-            .enumerate()
-            .filter(|(_, child)| child.is_online())
-            .map(|(index, child)| (child.load(), crate::rt::random_u64(), index))
-            .collect();
-        order.sort_unstable();
-        order.into_iter().map(|(_, _, index)| index).collect()
+/// Notes the children whose generation moved while a write was in flight: the
+/// write went to a device that is no longer the one in place.
+fn note_replaced_during_write(top: &TopVdev, generations: &[u64], missed: &mut Vec<usize>) {
+    for (index, child) in top.children.iter().enumerate() {
+        if child.generation() != generations[index] && !missed.contains(&index) {
+            missed.push(index);
+        }
     }
 }
 

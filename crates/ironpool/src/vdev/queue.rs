@@ -304,6 +304,29 @@ impl VdevQueue {
         state.queued.iter().map(|count| *count as u64).sum::<u64>() + state.active_total as u64
     }
 
+    /// Failed I/Os since the last success (cheap: checked on every routing
+    /// decision).
+    pub fn consecutive_errors(&self) -> u64 {
+        self.stats.borrow().consecutive_errors
+    }
+
+    /// Forgets the failures that faulted the leaf (the operator put it back).
+    pub fn reset_consecutive_errors(&self) {
+        self.stats.borrow_mut().consecutive_errors = 0;
+    }
+
+    /// Starts the statistics over (a new device took the leaf's place). The
+    /// clock integrals keep their reference time.
+    pub fn reset_stats(&self) {
+        let mut stats = self.stats.borrow_mut();
+        let last_change_ns = stats.last_change_ns;
+        let (active_total, active_requests) = (stats.active_total, stats.active_requests);
+        *stats = LeafStats::new();
+        stats.last_change_ns = last_change_ns;
+        stats.active_total = active_total;
+        stats.active_requests = active_requests;
+    }
+
     /// Updates error and repair counters kept with the I/O statistics.
     pub fn count(&self, update: impl FnOnce(&mut LeafStats)) {
         update(&mut self.stats.borrow_mut());
@@ -540,6 +563,9 @@ fn complete(child: Pending, result: Result<(), DeviceError>, stats: &RefCell<Lea
                 Direction::Read => stats.read_errors += 1,
                 Direction::Write => stats.write_errors += 1,
             }
+            stats.consecutive_errors += 1;
+        } else {
+            stats.consecutive_errors = 0;
         }
         let class_stats = stats.class(child.class);
         class_stats.completed_requests += 1;
@@ -683,6 +709,14 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
     }
     while members.len() > 1 && state.pending[members.back().expect("non-empty")].flags.optional {
         members.pop_back();
+    }
+    // An optional head trimmed off an end stays queued, as its other trimmed
+    // neighbours do: back at the front of its FIFO (which it was popped from),
+    // or it would sit in the queue with nothing left to dispatch it, and its
+    // writer would wait forever. Each such turn issues the required I/Os it
+    // was trimmed from, so dispatch still progresses.
+    if !members.contains(&head_id) {
+        state.fifo[class as usize].push_front(head_id);
     }
     let mut children = Vec::with_capacity(members.len());
     for id in members {

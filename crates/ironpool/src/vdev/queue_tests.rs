@@ -125,6 +125,28 @@ fn a_trailing_optional_write_is_not_written() {
     });
 }
 
+/// The pad was queued first, so it heads the aggregate it is then trimmed
+/// from (optional I/Os never end one): it must stay queued and complete, not
+/// be lost with its writer waiting forever (a hang ironpool-sim found under
+/// latency spikes on RAID-Z, whose skip sectors are optional pads).
+#[test]
+fn an_optional_head_trimmed_from_its_aggregate_still_completes() {
+    let runtime = Runtime::new_sim(6);
+    runtime.block_on(async {
+        let (device, queue) = setup(6);
+        let optional = IoFlags { optional: true, ..IoFlags::default() };
+        let pad = queue.write(IoClass::AsyncWrite, 4096, BufSlice::whole(AlignedBuf::zeroed(4096).into_shared()), optional);
+        let a = queue.write(IoClass::AsyncWrite, 0, pattern(4096, 1), IoFlags::default());
+        let outcome = crate::rt::timeout(std::time::Duration::from_secs(60), futures_util::future::join(pad, a)).await;
+        let (pad, a) = outcome.expect("both writes complete");
+        pad.unwrap();
+        a.unwrap();
+        assert_eq!(device.counters().writes, 1, "only the required write reaches the device");
+        assert_eq!(queue.stats().optional_dropped, 1);
+        assert_eq!(queue.stats().queued_total, 0);
+    });
+}
+
 #[test]
 fn class_choice_follows_min_then_max_active() {
     let tunables = QueueTunables::default();

@@ -93,6 +93,9 @@ pub struct LeafStats {
     pub read_errors: u64,
     pub write_errors: u64,
     pub checksum_errors: u64,
+    /// Failed I/Os since the last one that succeeded: a leaf is faulted when
+    /// this reaches `LEAF_FAULT_CONSECUTIVE_ERRORS`.
+    pub consecutive_errors: u64,
     /// Bytes rewritten to repair bad copies (self-heal and scrub).
     pub repaired_bytes: u64,
     pub classes: Vec<ClassStats>,

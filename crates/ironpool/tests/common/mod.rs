@@ -68,12 +68,12 @@ impl TestPool {
         String::from_utf8_lossy(&output.stderr).to_string()
     }
 
-    /// Creates the pool: `layout` like ["mirror", "a.img", "b.img"] (file names
-    /// are made relative to the pool directory).
+    /// Creates the pool: `layout` like ["mirror", "a.img", "b.img"] or
+    /// ["raidz2", ...] (file names are made relative to the pool directory).
     pub fn create(&self, size: &str, layout: &[&str]) {
         let mut args: Vec<String> = vec!["create".into(), "--size".into(), size.into(), self.name.clone()];
         for word in layout {
-            if *word == "mirror" {
+            if *word == "mirror" || word.starts_with("raidz") {
                 args.push(word.to_string());
             } else {
                 args.push(self.path(word).display().to_string());
@@ -118,6 +118,24 @@ impl TestPool {
             assert!(Instant::now() < deadline, "ironpool serve did not start: {}", self.log());
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// Runs `ironpool serve` expecting it to refuse the pool: returns its
+    /// error output.
+    pub fn serve_refused(&self) -> String {
+        let output = self
+            .command()
+            .args(["serve", "-d"])
+            .arg(self.dir.path())
+            .arg("--nbd")
+            .arg(format!("unix:{}", self.socket().display()))
+            .arg("--control")
+            .arg(self.control())
+            .arg(&self.name)
+            .output()
+            .expect("run ironpool serve");
+        assert!(!output.status.success(), "ironpool serve should have refused the pool");
+        String::from_utf8_lossy(&output.stderr).to_string()
     }
 
     pub fn log(&self) -> String {

@@ -242,7 +242,7 @@ fn asize_rounds_to_parity_plus_one_sectors() {
     assert_eq!(raidz2.asize(u64::MAX), u64::MAX);
 }
 
-/// The worked example of docs/RAIDZ.md: raidz2 of 6, ashift 12, 16 KiB at
+/// The worked example of docs/FORMAT.md ("RAID-Z"): raidz2 of 6, ashift 12, 16 KiB at
 /// offset 8 MiB + 12 KiB (group sector 2051: first child 5, row 341).
 #[test]
 fn worked_example_of_the_documentation() {

@@ -3,11 +3,14 @@
 //!
 //! - [`geometry`]: where a block's data, parity and pad sectors go on the
 //!   children, and how much space it takes: OpenZFS's layout, so the format
-//!   matches (docs/RAIDZ.md has it in prose with a worked example).
+//!   matches (docs/FORMAT.md, "RAID-Z", has it in prose with a worked
+//!   example; docs/RAIDZ.md covers reads, repair and resilver).
 //! - [`parity`]: P, Q and R parity over GF(2^8), and reconstruction of any up to
 //!   `parity` erased columns, with SIMD (SSSE3, AVX2) chosen at run time and a
 //!   portable fallback that produces the same bytes.
 //! - [`gf`]: the field arithmetic both rest on.
+//! - [`io`]: the group's reads, writes, reconstruction, scrub and repair
+//!   through its children's queues (the only part that does I/O).
 //!
 //! The vdev layer uses them like this. Write: `map = geometry.map(offset, size)`,
 //! `generate_parity(parity buffers, map.split_data(buffer))`, then one write per
@@ -18,6 +21,7 @@
 
 pub mod geometry;
 pub mod gf;
+pub mod io;
 mod kernels;
 pub mod parity;
 #[cfg(target_arch = "x86_64")]

@@ -1,0 +1,273 @@
+//! The pool's devices over time: assembling the vdev tree at import (and
+//! refusing a pool that lost more devices than its redundancy), keeping each
+//! leaf's state and dirty time log in the config, and the operator's commands
+//! `offline`, `online` and `replace`.
+//!
+//! A leaf that goes away (offline, missing, faulted) gets an open range in its
+//! dirty time log at the next commit; when it comes back the range is closed
+//! at the txg then open and a resilver rewrites what it missed. A replacement
+//! starts with a log covering every txg so far. The logs travel in the label
+//! config, written whenever one changes.
+
+use std::path::Path;
+use std::rc::Rc;
+
+use super::labels::Probe;
+use super::{Pool, PoolError, PoolTunables};
+use crate::dev::file::FileDevice;
+use crate::dev::Device;
+use crate::format::label::{LeafConfig, PoolConfig, TopVdevKind};
+use crate::format::{data_area_bytes, new_guid};
+use crate::vdev::dtl::Dtl;
+use crate::vdev::{LeafState, LeafVdev, TopVdev};
+
+/// Builds the top-level vdevs of `config` from the devices found, matched by
+/// guid. Fails, before anything is written, when a vdev has more children
+/// unavailable (not found, truncated, offline) than its redundancy covers.
+/// Returns the vdevs and a description of every unavailable device.
+pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn Device>)], tunables: &PoolTunables) -> Result<(Vec<Rc<TopVdev>>, Vec<String>), PoolError> {
+    let mut vdevs = Vec::new();
+    let mut all_missing = Vec::new();
+    for top in &config.vdevs {
+        let mut leaves = Vec::new();
+        let mut missing = Vec::new();
+        for leaf in &top.children {
+            let found = probes.iter().find(|(probe, _)| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid && label.pool_guid == config.pool_guid));
+            let device = match found {
+                Some((probe, _)) if probe.size_bytes < leaf.device_size_bytes => {
+                    missing.push(format!("{} (truncated: {} of {} bytes)", probe.path.display(), probe.size_bytes, leaf.device_size_bytes));
+                    None
+                }
+                Some((_, device)) => Some(device.clone()),
+                None => {
+                    missing.push(format!("{} (guid {:#x}, not found)", leaf.path, leaf.guid));
+                    None
+                }
+            };
+            let path = found.map(|(probe, _)| probe.path.display().to_string()).unwrap_or_else(|| leaf.path.clone());
+            let vdev = LeafVdev::new(leaf.guid, path, device, tunables.queue.clone());
+            if leaf.offline && vdev.is_online() {
+                vdev.set_offline();
+                missing.push(format!("{} (offline)", leaf.path));
+            }
+            *vdev.dtl.borrow_mut() = Dtl::from_config(&leaf.dtl);
+            leaves.push(vdev);
+        }
+        let top_vdev = TopVdev::new(top.id, top.guid, top.kind, top.ashift, top.asize_bytes, top.metaslab_shift, leaves).map_err(|error| PoolError::Corrupt(format!("vdev {}: {error}", top.id)))?;
+        if !top_vdev.is_available() {
+            let redundancy = top_vdev.redundancy();
+            return Err(PoolError::MissingDevices {
+                pool: name.to_string(),
+                devices: format!(
+                    "{} ({} can lose at most {redundancy} of its {} devices, {} are unavailable)",
+                    missing.join(", "),
+                    top.kind.vdev_name(top.id),
+                    top.children.len(),
+                    top_vdev.children_away()
+                ),
+            });
+        }
+        all_missing.extend(missing);
+        vdevs.push(Rc::new(top_vdev));
+    }
+    Ok((vdevs, all_missing))
+}
+
+/// Brings every leaf's dirty time log in line with its state at txg `txg`
+/// (the open txg): a leaf away gets an open range, a leaf back has it closed.
+/// Then copies changed logs and states into the config and marks it dirty.
+/// Runs at every commit's build step and after every state change.
+pub(super) fn maintain(pool: &Pool, txg: u64) {
+    let mut changed = false;
+    for top in &pool.store.vdevs {
+        for leaf in &top.children {
+            let mut dtl = leaf.dtl.borrow_mut();
+            match (leaf.is_online(), dtl.is_open()) {
+                (false, false) => dtl.open(txg),
+                (true, true) => dtl.close(txg),
+                _ => {}
+            }
+            if dtl.take_dirty() {
+                changed = true;
+            }
+        }
+    }
+    let mut config = pool.config.borrow_mut();
+    for (top, top_config) in pool.store.vdevs.iter().zip(config.vdevs.iter_mut()) {
+        for (leaf, leaf_config) in top.children.iter().zip(top_config.children.iter_mut()) {
+            let offline = leaf.state() == LeafState::Offline;
+            let dtl = leaf.dtl.borrow().to_config();
+            if leaf_config.offline != offline || leaf_config.dtl != dtl {
+                leaf_config.offline = offline;
+                leaf_config.dtl = dtl;
+                changed = true;
+            }
+        }
+    }
+    if changed {
+        pool.config_dirty.set(true);
+    }
+}
+
+/// Children of `top` other than `except` that cannot serve every block now:
+/// away, or holding txgs they missed.
+fn children_lacking(top: &TopVdev, except: usize) -> usize {
+    top.children.iter().enumerate().filter(|(index, child)| *index != except && (!child.is_online() || !child.dtl.borrow().is_empty())).count()
+}
+
+impl Pool {
+    /// The leaf named `name`: its path as the config or `status` shows it, its
+    /// file name, or its guid (hex with 0x, or decimal).
+    pub fn find_leaf(&self, name: &str) -> Result<(Rc<TopVdev>, usize), PoolError> {
+        let canonical = std::fs::canonicalize(name).ok().map(|path| path.display().to_string());
+        let guid = name.strip_prefix("0x").map_or_else(|| name.parse::<u64>().ok(), |hex| u64::from_str_radix(hex, 16).ok());
+        let matches = |leaf: &LeafVdev| {
+            let path = leaf.path.borrow();
+            *path == name
+                || canonical.as_deref() == Some(path.as_str())
+                || Path::new(path.as_str()).file_name().is_some_and(|file| file == name)
+                || guid == Some(leaf.guid())
+        };
+        let mut found = Vec::new();
+        for top in &self.store.vdevs {
+            for (index, leaf) in top.children.iter().enumerate() {
+                if matches(leaf) {
+                    found.push((top.clone(), index));
+                }
+            }
+        }
+        match found.len() {
+            1 => Ok(found.pop().expect("one match")),
+            0 => Err(PoolError::InvalidArgument(format!("no device '{name}' in pool '{}'", self.name))),
+            _ => Err(PoolError::InvalidArgument(format!("'{name}' names more than one device of pool '{}': use its full path or guid", self.name))),
+        }
+    }
+
+    /// Takes a device out of service (`ironpool offline`). Refused when its
+    /// vdev would be left unable to serve every block.
+    pub async fn offline_device(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let (top, index) = self.find_leaf(name)?;
+        let leaf = top.children[index].clone();
+        if leaf.state() == LeafState::Offline {
+            return Ok(());
+        }
+        if leaf.is_online() && children_lacking(&top, index) + 1 > top.redundancy() {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot take {} offline: {} can lose at most {} devices and would lose {}",
+                leaf.path.borrow(),
+                top.kind.vdev_name(top.id),
+                top.redundancy(),
+                children_lacking(&top, index) + 1
+            )));
+        }
+        leaf.set_offline();
+        maintain(self, self.txg.open());
+        self.config_dirty.set(true);
+        self.commit().await
+    }
+
+    /// Puts a device back in service (`ironpool online`): one that was taken
+    /// offline, faulted, or missing and now present again (opened from its
+    /// path unless `device` is given; it must carry this leaf's label). It
+    /// then gets what it missed by a resilver.
+    pub async fn online_device(self: &Rc<Self>, name: &str, device: Option<Rc<dyn Device>>) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let (top, index) = self.find_leaf(name)?;
+        let leaf = top.children[index].clone();
+        if leaf.is_online() {
+            self.resilver_start();
+            return Ok(());
+        }
+        let device = match (device, leaf.device()) {
+            (Some(device), _) => Some(device),
+            (None, Some(_)) => None,
+            (None, None) => Some(self.reopen(&leaf).await?),
+        };
+        leaf.bring_online(device);
+        maintain(self, self.txg.open());
+        self.config_dirty.set(true);
+        self.commit().await?;
+        self.resilver_start();
+        Ok(())
+    }
+
+    /// Opens a missing leaf's device at its recorded path, checking that it is
+    /// that leaf of this pool.
+    async fn reopen(&self, leaf: &LeafVdev) -> Result<Rc<dyn Device>, PoolError> {
+        let path = leaf.path.borrow().clone();
+        let device: Rc<dyn Device> = Rc::new(FileDevice::open(Path::new(&path))?);
+        let probe = super::labels::probe_device(&*device, Path::new(&path)).await;
+        let ours = probe.label.as_ref().is_some_and(|label| label.pool_guid == self.guid && label.leaf_guid == leaf.guid());
+        if !ours {
+            return Err(PoolError::InvalidArgument(format!("{path} is not this pool's device {:#x}; use `ironpool replace` to put a new device in its place", leaf.guid())));
+        }
+        let expected = self.config.borrow().find_leaf(leaf.guid()).map(|(top, index)| top.children[index].device_size_bytes).unwrap_or(0);
+        if device.info().size_bytes < expected {
+            return Err(PoolError::Truncated { path, expected, found: device.info().size_bytes });
+        }
+        Ok(device)
+    }
+
+    /// Puts `new` in the place of device `old` (`ironpool replace`) and
+    /// resilvers it from the other children. Refused for single-disk vdevs
+    /// (nothing to rebuild from) and when the vdev's other children cannot
+    /// serve every block.
+    pub async fn replace_device(self: &Rc<Self>, old: &str, new: super::NewDevice, force: bool) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let (top, index) = self.find_leaf(old)?;
+        if top.kind == TopVdevKind::Disk {
+            return Err(PoolError::InvalidArgument(format!(
+                "{old} is a single-disk vdev: there is no redundancy to rebuild a replacement from (use a mirror or RAID-Z)"
+            )));
+        }
+        if children_lacking(&top, index) + 1 > top.redundancy() {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot replace {old}: the other devices of {} cannot rebuild it ({} of them are away or not resilvered)",
+                top.kind.vdev_name(top.id),
+                children_lacking(&top, index)
+            )));
+        }
+        // The new device may sit at the old one's path (a disk swapped in the
+        // same slot, `zpool replace pool sdb` in ZFS), never at another's.
+        let replaced = &top.children[index];
+        let in_pool = self.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| !Rc::ptr_eq(leaf, replaced) && *leaf.path.borrow() == new.path);
+        if in_pool {
+            return Err(PoolError::InvalidArgument(format!("{} is already a device of pool '{}'", new.path, self.name)));
+        }
+        let size_bytes = new.device.info().size_bytes;
+        let needed = child_data_bytes_needed(&top);
+        if data_area_bytes(size_bytes) < needed {
+            return Err(PoolError::InvalidArgument(format!("{} is too small: it needs a data area of {needed} bytes, it has {}", new.path, data_area_bytes(size_bytes))));
+        }
+        let probe = super::labels::probe_device(&*new.device, Path::new(&new.path)).await;
+        if let Some(label) = probe.label {
+            if !force {
+                return Err(PoolError::DeviceInUseByPool { path: new.path, pool: label.config.name, guid: label.pool_guid });
+            }
+        }
+        let guid = new_guid();
+        let leaf = top.children[index].clone();
+        leaf.replace_device(guid, new.path.clone(), new.device, self.txg.open());
+        {
+            let mut config = self.config.borrow_mut();
+            let slot = &mut config.vdevs[top.id as usize].children[index];
+            *slot = LeafConfig { dtl: leaf.dtl.borrow().to_config(), ..LeafConfig::new(guid, new.path, size_bytes) };
+        }
+        maintain(self, self.txg.open());
+        self.config_dirty.set(true);
+        self.commit().await?;
+        self.resilver_start();
+        Ok(())
+    }
+}
+
+/// The data area a child of `top` must have: everything for a mirror side;
+/// for RAID-Z, the child's share of the group's sectors (group sector `g` is
+/// sector `g / children` of its child).
+fn child_data_bytes_needed(top: &TopVdev) -> u64 {
+    match top.raidz_geometry() {
+        Some(geometry) => (top.asize_bytes / top.sector_bytes()).div_ceil(geometry.children() as u64) * top.sector_bytes(),
+        None => top.asize_bytes,
+    }
+}

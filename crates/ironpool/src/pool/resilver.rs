@@ -1,0 +1,338 @@
+//! Resilver: rewrite onto devices the blocks born in the txgs they missed.
+//!
+//! A pass takes a snapshot of the closed ranges in the dirty time logs of the
+//! devices in service, waits until the newest of those txgs is durable (so no
+//! block born in them can still appear), then walks every tree ([`super::scan`])
+//! skipping subtrees born before the oldest range. Each block born in a range
+//! is read from the copies and columns that can be trusted (reconstructed on
+//! RAID-Z) and written to the devices that missed it, in the queue's rebuild
+//! class. When the pass had no error and its devices stayed in service, their
+//! ranges are dropped from the logs (and the config) with a commit. Txgs
+//! missed meanwhile (another failure) make another pass.
+//!
+//! Progress is bytes examined (blocks visited, plus an estimate for skipped
+//! subtrees) against the bytes allocated when the pass began; the ETA follows
+//! from the rate so far.
+
+use std::rc::Rc;
+
+use serde::Serialize;
+
+use super::scan::Scan;
+use super::scrub::unix_seconds;
+use super::{devices, Pool};
+use crate::format::BlockPointer;
+use crate::rt::{self, Instant, JoinHandle};
+
+/// Blocks resilvered concurrently: enough to keep the devices busy (each block
+/// is a read of its other columns or copies and one write per target), few
+/// enough that client I/O (which the queues favour anyway) is not crowded out.
+const RESILVER_BLOCKS_IN_FLIGHT: usize = 32;
+/// Most error descriptions kept for `status`.
+const ERROR_DETAILS_MAX: usize = 32;
+
+/// One device a pass works for.
+struct Target {
+    vdev: u32,
+    child: usize,
+    /// The leaf's generation when the pass began: a device that left service
+    /// (or was replaced) meanwhile did not get every block.
+    generation: u64,
+    /// The txgs it missed, as the pass saw them: `[first, last]`.
+    ranges: Vec<(u64, u64)>,
+}
+
+/// The devices a pass works for and the txgs each missed.
+pub struct ResilverTargets {
+    targets: Vec<Target>,
+}
+
+impl ResilverTargets {
+    /// The oldest txg any device missed: older subtrees are skipped.
+    pub(super) fn min_birth_txg(&self) -> u64 {
+        self.targets.iter().flat_map(|target| target.ranges.iter().map(|(first, _)| *first)).min().unwrap_or(0)
+    }
+
+    /// The newest txg any device missed.
+    pub(super) fn max_txg(&self) -> u64 {
+        self.targets.iter().flat_map(|target| target.ranges.iter().map(|(_, last)| *last)).max().unwrap_or(0)
+    }
+
+    /// Children of vdev `vdev` that need a block born in `birth_txg`.
+    fn children_needing(&self, vdev: u32, birth_txg: u64) -> Vec<usize> {
+        self.targets
+            .iter()
+            .filter(|target| target.vdev == vdev && target.ranges.iter().any(|(first, last)| (*first..=*last).contains(&birth_txg)))
+            .map(|target| target.child)
+            .collect()
+    }
+}
+
+/// A running or finished resilver.
+#[derive(Default)]
+pub struct ResilverState {
+    pub running: bool,
+    pub cancel: bool,
+    /// Devices started missing txgs while a pass ran: pass again.
+    again: bool,
+    /// The pool is being exported: no new resilver starts.
+    shut: bool,
+    pub started_unix_seconds: u64,
+    started: Option<Instant>,
+    pub finished_unix_seconds: u64,
+    /// Paths of the devices being resilvered.
+    pub devices: Vec<String>,
+    pub passes: u64,
+    pub total_bytes: u64,
+    pub examined_bytes: u64,
+    /// Block copies rewritten on a device (a block rewritten on two devices
+    /// counts twice).
+    pub rewritten_blocks: u64,
+    pub rewritten_bytes: u64,
+    /// Blocks that could not be read from anywhere or not written.
+    pub errors: u64,
+    pub error_details: Vec<String>,
+    task: Option<JoinHandle<()>>,
+}
+
+/// What `status` shows about the resilver.
+#[derive(Clone, Debug, Serialize)]
+pub struct ResilverStatus {
+    /// "resilvering", "finished" or "none".
+    pub state: &'static str,
+    pub devices: Vec<String>,
+    pub started_unix_seconds: u64,
+    pub finished_unix_seconds: u64,
+    pub passes: u64,
+    pub examined_bytes: u64,
+    pub total_bytes: u64,
+    pub progress_percent: f64,
+    pub rewritten_blocks: u64,
+    pub rewritten_bytes: u64,
+    /// Estimated seconds to the end of this pass (none before any progress).
+    pub eta_seconds: Option<u64>,
+    pub errors: u64,
+    pub error_details: Vec<String>,
+}
+
+impl Pool {
+    /// Starts a resilver in the background when some device in service has
+    /// txgs to catch up on (or makes a running one pass again).
+    pub fn resilver_start(self: &Rc<Self>) {
+        if self.resilver_targets().is_none() || self.txg.ensure_writable().is_err() {
+            return;
+        }
+        let mut state = self.resilver.borrow_mut();
+        if state.shut {
+            return;
+        }
+        if state.running {
+            state.again = true;
+            return;
+        }
+        *state = ResilverState { running: true, started_unix_seconds: unix_seconds(), started: Some(rt::now()), ..ResilverState::default() };
+        let pool = self.clone();
+        state.task = Some(rt::spawn(async move { pool.resilver_run().await }));
+    }
+
+    /// After a commit: a device that stayed in service but missed writes (a
+    /// write to it failed) gets a resilver. Not after a resilver that ended in
+    /// errors: a device that keeps failing is left to the operator (`online`,
+    /// `replace`), rather than retried at every commit.
+    pub(super) fn resilver_if_needed(self: &Rc<Self>) {
+        let quiet = {
+            let state = self.resilver.borrow();
+            !state.running && state.errors == 0
+        };
+        if quiet {
+            self.resilver_start();
+        }
+    }
+
+    /// Stops a running resilver, waits for it, and starts none after (pool
+    /// export). The logs keep what it did not finish; the next import starts
+    /// over.
+    pub async fn resilver_stop(&self) {
+        {
+            let mut state = self.resilver.borrow_mut();
+            state.shut = true;
+            if state.running {
+                state.cancel = true;
+            }
+        }
+        self.resilver_wait().await;
+    }
+
+    /// Waits for the running resilver (if any) to end.
+    pub async fn resilver_wait(&self) {
+        let task = self.resilver.borrow_mut().task.take();
+        if let Some(task) = task {
+            task.await;
+        }
+    }
+
+    pub fn resilver_status(&self) -> ResilverStatus {
+        let state = self.resilver.borrow();
+        let progress = if state.total_bytes == 0 { if state.running { 0.0 } else { 100.0 } } else { (state.examined_bytes as f64 * 100.0 / state.total_bytes as f64).min(100.0) };
+        let eta_seconds = match (state.running, state.started) {
+            (true, Some(started)) if state.examined_bytes > 0 => {
+                let elapsed = rt::now().duration_since(started).as_secs_f64();
+                let remaining = state.total_bytes.saturating_sub(state.examined_bytes) as f64;
+                Some((elapsed * remaining / state.examined_bytes as f64).ceil() as u64)
+            }
+            _ => None,
+        };
+        ResilverStatus {
+            state: if state.running { "resilvering" } else if state.started_unix_seconds > 0 { "finished" } else { "none" },
+            devices: state.devices.clone(),
+            started_unix_seconds: state.started_unix_seconds,
+            finished_unix_seconds: state.finished_unix_seconds,
+            passes: state.passes,
+            examined_bytes: state.examined_bytes,
+            total_bytes: state.total_bytes,
+            progress_percent: progress,
+            rewritten_blocks: state.rewritten_blocks,
+            rewritten_bytes: state.rewritten_bytes,
+            eta_seconds,
+            errors: state.errors,
+            error_details: state.error_details.clone(),
+        }
+    }
+
+    /// The devices in service with txgs to catch up on, or None.
+    pub(super) fn resilver_targets(&self) -> Option<ResilverTargets> {
+        let mut targets = Vec::new();
+        for top in &self.store.vdevs {
+            for (child, leaf) in top.children.iter().enumerate() {
+                let dtl = leaf.dtl.borrow();
+                if !leaf.is_online() || dtl.is_open() || dtl.is_empty() {
+                    continue;
+                }
+                targets.push(Target { vdev: top.id, child, generation: leaf.generation(), ranges: dtl.closed_ranges() });
+            }
+        }
+        (!targets.is_empty()).then_some(ResilverTargets { targets })
+    }
+
+    async fn resilver_run(self: Rc<Self>) {
+        // Pass until no device in service misses anything; after a failed pass
+        // only when asked again (a device came back since).
+        while let Some(targets) = self.resilver_targets() {
+            if self.resilver.borrow().cancel {
+                break;
+            }
+            let completed = self.resilver_pass(targets).await;
+            let again = std::mem::take(&mut self.resilver.borrow_mut().again);
+            if !completed && !again {
+                break;
+            }
+        }
+        let mut state = self.resilver.borrow_mut();
+        state.running = false;
+        state.finished_unix_seconds = unix_seconds();
+    }
+
+    /// One pass; true when it completed without errors.
+    async fn resilver_pass(self: &Rc<Self>, targets: ResilverTargets) -> bool {
+        {
+            let (size, free) = self.space();
+            let mut state = self.resilver.borrow_mut();
+            state.devices = targets.targets.iter().map(|target| self.store.vdevs[target.vdev as usize].children[target.child].path.borrow().clone()).collect();
+            state.passes += 1;
+            state.total_bytes = size - free;
+            state.examined_bytes = 0;
+            state.started = Some(rt::now());
+        }
+        // Every block born in the missed txgs is linked and on disk first.
+        if let Err(error) = self.txg.wait_durable(self, targets.max_txg()).await {
+            self.resilver_error(format!("waiting for txg {}: {error}", targets.max_txg()));
+            return false;
+        }
+        let errors_before = self.resilver.borrow().errors;
+        let targets = Rc::new(targets);
+        let scan = Scan::Resilver(targets.clone());
+        match self.all_objects().await {
+            Ok(objects) => {
+                for object in objects {
+                    if self.resilver.borrow().cancel {
+                        return false;
+                    }
+                    if let Err(error) = self.scan_object(&object, &scan).await {
+                        self.resilver_error(format!("object {}: {error}", object.id));
+                    }
+                }
+            }
+            Err(error) => self.resilver_error(format!("listing objects: {error}")),
+        }
+        if self.resilver.borrow().cancel || self.resilver.borrow().errors > errors_before {
+            return false;
+        }
+        self.resilver_finish(&targets).await
+    }
+
+    /// Drops the resilvered ranges from the logs of the devices that stayed in
+    /// service the whole pass, and commits the config that says so.
+    async fn resilver_finish(self: &Rc<Self>, targets: &ResilverTargets) -> bool {
+        {
+            let mut state = self.resilver.borrow_mut();
+            state.examined_bytes = state.total_bytes;
+        }
+        self.drop_resilvered_ranges(targets);
+        match self.commit().await {
+            Ok(()) => true,
+            Err(error) => {
+                self.resilver_error(format!("committing the resilvered state: {error}"));
+                false
+            }
+        }
+    }
+
+    /// Drops the ranges a complete pass rebuilt from the logs of the devices
+    /// that stayed in service (same generation) the whole pass. The caller
+    /// commits.
+    pub(super) fn drop_resilvered_ranges(self: &Rc<Self>, targets: &ResilverTargets) {
+        for target in &targets.targets {
+            let leaf = &self.store.vdevs[target.vdev as usize].children[target.child];
+            if leaf.is_online() && leaf.generation() == target.generation {
+                leaf.dtl.borrow_mut().remove_ranges(&target.ranges);
+            }
+        }
+        devices::maintain(self, self.txg.open());
+    }
+
+    fn resilver_error(&self, detail: String) {
+        let mut state = self.resilver.borrow_mut();
+        state.errors += 1;
+        if state.error_details.len() < ERROR_DETAILS_MAX {
+            state.error_details.push(detail);
+        }
+    }
+
+    /// Resilvers the pointers of one node (a bounded number at a time).
+    pub(super) async fn resilver_pointers(self: &Rc<Self>, targets: &ResilverTargets, pointers: &[BlockPointer]) {
+        for batch in pointers.chunks(RESILVER_BLOCKS_IN_FLIGHT) {
+            let work = batch.iter().map(|pointer| {
+                let needing = |vdev: u32| -> Vec<usize> {
+                    let children = targets.children_needing(vdev, pointer.birth_txg);
+                    children.into_iter().filter(|child| self.store.vdevs[vdev as usize].children[*child].is_online()).collect()
+                };
+                async move { self.store.resilver(pointer, &needing).await }
+            });
+            let results = futures_util::future::join_all(work).await;
+            for (pointer, result) in batch.iter().zip(results) {
+                let mut state = self.resilver.borrow_mut();
+                state.examined_bytes += pointer.allocated_bytes();
+                match result {
+                    Ok(rewritten) => {
+                        state.rewritten_blocks += rewritten;
+                        state.rewritten_bytes += rewritten * pointer.physical_size as u64;
+                    }
+                    Err(error) => {
+                        drop(state);
+                        self.resilver_error(format!("block born in txg {} at {:?}: {error}", pointer.birth_txg, pointer.dvas[0]));
+                    }
+                }
+            }
+        }
+    }
+}

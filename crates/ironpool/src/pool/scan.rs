@@ -1,0 +1,136 @@
+//! Walking every block tree of the pool: the part scrub and resilver share.
+//!
+//! Every object (from the dnode table, so snapshots that nobody opened are
+//! walked too) is walked top-down, a node at a time: the pointers in one node
+//! are handed to the scan together (the scan bounds how many it has in flight)
+//! while a read guard keeps their space from being reused meanwhile. A
+//! resilver walks only subtrees that can hold blocks born in the txgs it
+//! repairs: copy-on-write rewrites a pointer whenever anything beneath it
+//! changes, so a pointer born before the oldest such txg has nothing newer
+//! beneath it.
+
+use std::rc::Rc;
+
+use super::resilver::ResilverTargets;
+use super::{Pool, PoolError};
+use crate::format::dnode::DNODE_BYTES;
+use crate::format::{BlockPointer, Dnode};
+use crate::object::{NodeBody, Object};
+
+/// What a walk does with the pointers it finds.
+pub(super) enum Scan {
+    /// Verify every copy of every block, repair bad ones.
+    Scrub,
+    /// Rewrite blocks born in the txgs some devices missed, onto them.
+    Resilver(Rc<ResilverTargets>),
+}
+
+impl Scan {
+    /// Blocks born before this txg are skipped with everything beneath them.
+    fn min_birth_txg(&self) -> u64 {
+        match self {
+            Scan::Scrub => 0,
+            Scan::Resilver(targets) => targets.min_birth_txg(),
+        }
+    }
+
+    fn cancelled(&self, pool: &Pool) -> bool {
+        match self {
+            Scan::Scrub => pool.scrub.borrow().cancel,
+            Scan::Resilver(_) => pool.resilver.borrow().cancel,
+        }
+    }
+
+    async fn process(&self, pool: &Rc<Pool>, object: &Rc<Object>, pointers: &[BlockPointer]) {
+        match self {
+            Scan::Scrub => pool.scrub_pointers(object, pointers).await,
+            Scan::Resilver(targets) => pool.resilver_pointers(targets, pointers).await,
+        }
+    }
+
+    /// Progress for subtrees skipped whole: an estimate of the bytes beneath.
+    fn skipped(&self, pool: &Pool, dnode: &Dnode, pointers: &[BlockPointer]) {
+        if let Scan::Resilver(_) = self {
+            let beneath = |pointer: &BlockPointer| if pointer.level == 0 { 0 } else { pointer.fill.saturating_mul(dnode.data_block_bytes()) };
+            let bytes: u64 = pointers.iter().map(|pointer| pointer.allocated_bytes() + beneath(pointer)).sum();
+            pool.resilver.borrow_mut().examined_bytes += bytes;
+        }
+    }
+}
+
+impl Pool {
+    /// Every object of the pool: the dnode table, then every allocated dnode.
+    pub(super) async fn all_objects(&self) -> Result<Vec<Rc<Object>>, PoolError> {
+        let table = self.objects.dnode_table();
+        let count = table.dnode().length_bytes / DNODE_BYTES as u64;
+        let mut objects = vec![table.clone()];
+        for id in 1..count {
+            if let Some(object) = self.objects.get(id) {
+                objects.push(object);
+                continue;
+            }
+            let bytes = self.objects.read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES).await?;
+            let dnode = Dnode::decode(&bytes).map_err(|error| PoolError::Corrupt(format!("dnode {id}: {error}")))?;
+            if dnode.is_free() {
+                continue;
+            }
+            match self.objects.open(id).await {
+                Ok(object) => objects.push(object),
+                // Freed between the read and the open: nothing to scan.
+                Err(crate::object::ObjectError::NoSuchObject(_)) => {}
+                Err(error) => return Err(error.into()),
+            }
+        }
+        Ok(objects)
+    }
+
+    /// Walks one object's tree for `scan`, node by node from the top.
+    pub(super) async fn scan_object(self: &Rc<Self>, object: &Rc<Object>, scan: &Scan) -> Result<(), PoolError> {
+        let dnode = object.dnode();
+        let min_birth = scan.min_birth_txg();
+        let root = dnode.root;
+        if root.is_hole() {
+            return Ok(());
+        }
+        if root.birth_txg < min_birth {
+            scan.skipped(self, &dnode, &[root]);
+            return Ok(());
+        }
+        {
+            let _guard = self.store.read_guard();
+            scan.process(self, object, &[root]).await;
+        }
+        let shift = dnode.pointers_per_indirect_shift();
+        let mut frontier: Vec<u64> = vec![0];
+        for level in (1..dnode.levels).rev() {
+            let mut next = Vec::new();
+            for blkid in frontier {
+                if scan.cancelled(self) {
+                    return Ok(());
+                }
+                let guard = self.store.read_guard();
+                let node = self.objects.node(object, level, blkid).await?;
+                let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
+                    NodeBody::Indirect(pointers) => pointers
+                        .iter()
+                        .enumerate()
+                        .filter(|(_, pointer)| !pointer.is_hole())
+                        .map(|(index, pointer)| ((blkid << shift) + index as u64, *pointer))
+                        .collect(),
+                    NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+                };
+                drop(node);
+                let (wanted, skipped): (Vec<(u64, BlockPointer)>, Vec<(u64, BlockPointer)>) = children.into_iter().partition(|(_, pointer)| pointer.birth_txg >= min_birth);
+                scan.skipped(self, &dnode, &skipped.iter().map(|(_, pointer)| *pointer).collect::<Vec<_>>());
+                let pointers: Vec<BlockPointer> = wanted.iter().map(|(_, pointer)| *pointer).collect();
+                scan.process(self, object, &pointers).await;
+                drop(guard);
+                if level > 1 {
+                    next.extend(wanted.iter().map(|(child, _)| *child));
+                }
+            }
+            frontier = next;
+        }
+        Ok(())
+    }
+}

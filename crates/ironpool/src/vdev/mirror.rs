@@ -1,0 +1,125 @@
+//! Disks and mirrors: every child holds the whole block at the same offset.
+
+use std::rc::Rc;
+
+use super::queue::{IoClass, IoFlags};
+use super::{describe_errors, note_replaced_during_write, LeafVdev, TopVdev, VdevError, VerifiedRead, WriteOutcome};
+use crate::dev::DeviceError;
+use crate::format::DATA_START_BYTES;
+use crate::rt::buf::{AlignedBuf, BufSlice};
+
+/// Writes `data` on every online child. Succeeds when at least one child took
+/// it (a mirror keeps working degraded); the others are reported as missed.
+pub(super) async fn write(top: &TopVdev, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
+    let absolute = DATA_START_BYTES + offset;
+    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
+    let online: Vec<usize> = (0..top.children.len()).filter(|index| top.children[*index].is_online()).collect();
+    let queue_of = |index: usize| &top.children[index].queue;
+    // Two- and one-sided writes are the common cases: join them without
+    // join_all's heap-allocated bookkeeping.
+    let results: Vec<Result<(), DeviceError>> = match online.as_slice() {
+        [only] => vec![queue_of(*only).write(class, absolute, data, flags).await],
+        [first, second] => {
+            let (a, b) = futures_util::future::join(queue_of(*first).write(class, absolute, data.clone(), flags), queue_of(*second).write(class, absolute, data, flags)).await;
+            vec![a, b]
+        }
+        _ => futures_util::future::join_all(online.iter().map(|index| queue_of(*index).write(class, absolute, data.clone(), flags))).await,
+    };
+    let mut missed: Vec<usize> = (0..top.children.len()).filter(|index| !online.contains(index)).collect();
+    missed.extend(online.iter().zip(&results).filter(|(_, result)| result.is_err()).map(|(index, _)| *index));
+    note_replaced_during_write(top, &generations, &mut missed);
+    if results.iter().any(|result| result.is_ok()) {
+        return Ok(WriteOutcome { missed_children: missed });
+    }
+    Err(VdevError::AllFailed(describe_errors(results.into_iter().filter_map(Result::err))))
+}
+
+/// Rewrites the whole block on each of `children` (fails for those away).
+pub(super) async fn repair(top: &TopVdev, children: &[usize], offset: u64, data: BufSlice, class: IoClass) -> Result<(), DeviceError> {
+    let mut outcome = Ok(());
+    for &index in children {
+        let leaf = &top.children[index];
+        if !leaf.is_online() {
+            outcome = Err(DeviceError::Missing);
+            continue;
+        }
+        let result = leaf.queue.write(class, DATA_START_BYTES + offset, data.clone(), IoFlags { repair: true, ..IoFlags::default() }).await;
+        match result {
+            Ok(()) => leaf.queue.count(|stats| stats.repaired_bytes += data.len() as u64),
+            Err(error) => outcome = Err(error),
+        }
+    }
+    outcome
+}
+
+/// Tries the children that hold the block (least busy first) until `verify`
+/// accepts the bytes. Children that failed are reported for repair. Children
+/// that missed the block's txg are tried last, as a last resort (the checksum
+/// says whether they happen to hold it); their failures are expected and left
+/// to the resilver.
+pub(super) async fn read_verified(top: &TopVdev, class: IoClass, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> Result<VerifiedRead, VdevError> {
+    let mut bad_children = Vec::new();
+    let mut errors = Vec::new();
+    for child in read_order(top, birth_txg) {
+        let leaf = &top.children[child];
+        let stale = !leaf.is_readable_for(birth_txg);
+        match leaf.queue.read(class, DATA_START_BYTES + offset, length, IoFlags::default()).await {
+            Ok(data) if verify(&data) => return Ok(VerifiedRead { data, bad_children }),
+            Ok(_) if stale => errors.push(format!("{}: missed this block's txg", leaf.path.borrow())),
+            Ok(_) => {
+                leaf.queue.count(|stats| stats.checksum_errors += 1);
+                bad_children.push(child);
+                errors.push(format!("{}: checksum mismatch", leaf.path.borrow()));
+            }
+            Err(error) => {
+                if !stale {
+                    bad_children.push(child);
+                }
+                errors.push(format!("{}: {error}", leaf.path.borrow()));
+            }
+        }
+    }
+    Err(VdevError::AllFailed(if errors.is_empty() { "no device holds this block".to_string() } else { errors.join("; ") }))
+}
+
+/// Reads every child's copy: returns a verified copy if any, and the children
+/// whose copy is bad or stale (missed while away).
+pub(super) async fn scrub_read(top: &TopVdev, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> (Option<AlignedBuf>, Vec<usize>) {
+    let readable: Vec<usize> = (0..top.children.len()).filter(|index| top.children[*index].is_readable_for(birth_txg)).collect();
+    let reads = readable
+        .iter()
+        .map(|index| top.children[*index].queue.read(IoClass::Scrub, DATA_START_BYTES + offset, length, IoFlags { scrub: true, ..IoFlags::default() }));
+    let results = futures_util::future::join_all(reads).await;
+    let mut good = None;
+    // Online children that missed the block's txg hold a stale copy.
+    let mut bad: Vec<usize> = (0..top.children.len()).filter(|index| top.children[*index].is_online() && !readable.contains(index)).collect();
+    for (child, result) in readable.into_iter().zip(results) {
+        match result {
+            Ok(data) if verify(&data) => {
+                if good.is_none() {
+                    good = Some(data);
+                }
+            }
+            Ok(_) => {
+                top.children[child].queue.count(|stats| stats.checksum_errors += 1);
+                bad.push(child);
+            }
+            Err(_) => bad.push(child),
+        }
+    }
+    (good, bad)
+}
+
+/// Children to try: online ones, those that hold the block first, then least
+/// busy first; ties broken at random so both sides of a mirror share the reads.
+fn read_order(top: &TopVdev, birth_txg: u64) -> Vec<usize> {
+    let mut order: Vec<(bool, u64, u64, usize)> = top
+        .children
+        .iter()
+        .enumerate()
+        .filter(|(_, child)| child.is_online())
+        .map(|(index, child): (usize, &Rc<LeafVdev>)| (!child.is_readable_for(birth_txg), child.load(), crate::rt::random_u64(), index))
+        .collect();
+    order.sort_unstable();
+    order.into_iter().map(|(_, _, _, index)| index).collect()
+}

@@ -12,7 +12,9 @@
 # deleted after each layout: the disk is shared, peak use is about
 # 6 x DEVICE + SIZE).
 #   RT=seconds per run (default 15), SIZE=volume and raw file size (default 1G),
-#   DEVICE=size of each pool file (default 768M).
+#   DEVICE=size of each pool file (default 768M), LAYOUTS (default
+#   "raidz2:6 raidz1:4"), TUNE="NAME=VALUE ..." queue tunables set on the
+#   server before the runs (see `ironpool tune`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out/raidz}; RT=${RT:-15}; SIZE=${SIZE:-1G}; DEVICE=${DEVICE:-768M}
@@ -60,8 +62,8 @@ echo "Raw file ($SIZE, fio io_uring direct=1): 16K randwrite QD64 $raw_rand_iops
 echo
 echo "| layout | test | IOPS | MiB/s | vs raw file | write amplification | avg device write (KiB) |"
 echo "|---|---|---|---|---|---|---|"
-for layout in "raidz2 6" "raidz1 4"; do
-    read -r kind width <<<"$layout"
+for layout in ${LAYOUTS:-raidz2:6 raidz1:4}; do
+    kind=${layout%%:*}; width=${layout##*:}
     pool="b$kind"; dir="$OUT/$pool"; mkdir -p "$dir"
     files=()
     for index in $(seq "$width"); do
@@ -78,6 +80,9 @@ for layout in "raidz2 6" "raidz1 4"; do
     setsid -f "$bin" serve -d "$dir" --nbd "unix:$dir/nbd.sock" --pidfile "$dir/pid" "$pool" 2>"$dir/serve.log"
     for _ in $(seq 100); do [ -f "$dir/pid" ] && break; sleep 0.1; done
     uri="nbd+unix:///$pool/vol?socket=$dir/nbd.sock"
+    for setting in ${TUNE:-}; do
+        "$bin" tune "$pool" "${setting%%=*}" "${setting#*=}" >/dev/null
+    done
     fio --name=fill --ioengine=nbd --uri="$uri" --rw=write --bs=1M --iodepth=8 --size="$SIZE" >/dev/null 2>&1
     for test in randwrite seqwrite; do
         if [ $test = randwrite ]; then args=(--rw=randwrite --bs=16k --iodepth=64); else args=(--rw=write --bs=1M --iodepth=16); fi

@@ -18,7 +18,7 @@ use ironpool::format::{label_offset, LABEL_CONFIG_BYTES, LABEL_COUNT, UBERBLOCK_
 use ironpool::pool::Pool;
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
 
-use crate::run::{flatten, Sim, POOL};
+use crate::run::{Sim, POOL};
 
 /// Checks every older uberblock import may fall back to (the newest is checked
 /// by the real import that follows).
@@ -76,8 +76,7 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
         let mut offset = 0;
         while offset < size {
             let length = step.min(size - offset);
-            let pieces = pool.read(&volume, offset, length).await.map_err(|error| format!("{} unreadable at {offset}: {error}", volume.name))?;
-            drop(flatten(pieces));
+            pool.read(&volume, offset, length).await.map_err(|error| format!("{} unreadable at {offset}: {error}", volume.name))?;
             offset += length;
         }
     }

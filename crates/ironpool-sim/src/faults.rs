@@ -165,7 +165,8 @@ impl Budget {
         Budget { groups: device_groups, tolerated, bad: vec![None; count] }
     }
 
-    fn bad_in_group(&self, group: usize) -> usize {
+    /// Devices of `group` in the bad set now.
+    pub fn bad_in_group(&self, group: usize) -> usize {
         self.groups.iter().zip(&self.bad).filter(|(device_group, state)| **device_group == group && state.is_some()).count()
     }
 

@@ -516,7 +516,7 @@ impl Sim {
         }
         let volume = self.handle(pool, name).await?;
         let pieces = pool.read(&volume, first * block, count * block).await.map_err(|error| io_error(&format!("read {name} blocks {first}+{count}"), error))?;
-        let bytes = flatten(pieces);
+        let bytes = ReadPiece::concat(pieces);
         let mut model = self.model.borrow_mut();
         let target = model.datasets.get_mut(name).expect("present above");
         for index in 0..count {
@@ -889,9 +889,7 @@ impl Sim {
             Err(PoolError::InvalidArgument(reason)) if reason.contains("cannot rebuild") => {
                 // Only when the group really has more devices away or stale
                 // than its parity or copies cover, counting this one.
-                let group = self.budget.groups[device];
-                let bad_in_group = (0..self.devices.len()).filter(|other| self.budget.groups[*other] == group && self.budget.bad[*other].is_some()).count();
-                if bad_in_group <= 1 {
+                if self.budget.bad_in_group(self.budget.groups[device]) <= 1 {
                     return Err(format!("replace of device {device} refused with no other device of its group bad: {reason}"));
                 }
                 self.count_operation("replace-refused");
@@ -1001,17 +999,6 @@ fn latency_for(options: &Options, rng: &mut Rng) -> SimLatency {
     let (minimum_us, maximum_us) = if options.faults.has(FaultKind::Reorder) { (1, 1 + rng.below(4_000)) } else { (50, 50) };
     let (spike_every, spike_us) = if options.faults.has(FaultKind::Latency) { (50 + rng.below(500), 1_000 + rng.below(100_000)) } else { (0, 0) };
     SimLatency { minimum_us, maximum_us, spike_every, spike_us }
-}
-
-pub(crate) fn flatten(pieces: Vec<ReadPiece>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for piece in pieces {
-        match piece {
-            ReadPiece::Data(slice) => out.extend_from_slice(&slice),
-            ReadPiece::Zeros(length) => out.resize(out.len() + length, 0),
-        }
-    }
-    out
 }
 
 /// Decodes one block read back into its per-sector tags.

@@ -37,14 +37,7 @@ fn filled(length: usize, value: u8) -> BufSlice {
 
 async fn read_all(pool: &Rc<Pool>, name: &str) -> Vec<u8> {
     let volume = if name.contains('@') { pool.snapshot_volume(name).await.unwrap() } else { pool.volume(name).unwrap() };
-    let mut out = Vec::new();
-    for piece in pool.read(&volume, 0, VOLUME_BYTES).await.unwrap() {
-        match piece {
-            ReadPiece::Data(slice) => out.extend_from_slice(&slice),
-            ReadPiece::Zeros(length) => out.extend(std::iter::repeat_n(0u8, length)),
-        }
-    }
-    out
+    ReadPiece::concat(pool.read(&volume, 0, VOLUME_BYTES).await.unwrap())
 }
 
 async fn checked(pool: &Rc<Pool>) {

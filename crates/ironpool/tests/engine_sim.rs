@@ -44,17 +44,6 @@ fn pattern(length: usize, tag: u64) -> BufSlice {
     BufSlice::whole(buffer.into_shared())
 }
 
-fn flatten(pieces: Vec<ReadPiece>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for piece in pieces {
-        match piece {
-            ReadPiece::Data(slice) => out.extend_from_slice(&slice),
-            ReadPiece::Zeros(length) => out.extend(std::iter::repeat_n(0u8, length)),
-        }
-    }
-    out
-}
-
 #[test]
 fn write_read_export_import_round_trip() {
     let disks = devices(2, 1);
@@ -64,12 +53,12 @@ fn write_read_export_import_round_trip() {
             let pool = Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Mirror), false, tunables()).await.unwrap();
             let volume = pool.create_volume("tank/vol", 64 << 20, 16384, BTreeMap::new()).await.unwrap();
             // Unwritten space reads as zeros.
-            assert!(flatten(pool.read(&volume, 0, 65536).await.unwrap()).iter().all(|byte| *byte == 0));
+            assert!(ReadPiece::concat(pool.read(&volume, 0, 65536).await.unwrap()).iter().all(|byte| *byte == 0));
             for index in 0..64u64 {
                 pool.write(&volume, index * 65536 + 4096, pattern(20480, index), false).await.unwrap();
             }
             for index in 0..64u64 {
-                let data = flatten(pool.read(&volume, index * 65536 + 4096, 20480).await.unwrap());
+                let data = ReadPiece::concat(pool.read(&volume, index * 65536 + 4096, 20480).await.unwrap());
                 assert_eq!(&data[..], &pattern(20480, index)[..], "block {index}");
             }
             let report = pool.check_space().await.unwrap();
@@ -82,7 +71,7 @@ fn write_read_export_import_round_trip() {
         let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables()).await.unwrap();
         let volume = pool.volume("tank/vol").unwrap();
         for index in 0..64u64 {
-            let data = flatten(pool.read(&volume, index * 65536 + 4096, 20480).await.unwrap());
+            let data = ReadPiece::concat(pool.read(&volume, index * 65536 + 4096, 20480).await.unwrap());
             assert_eq!(&data[..], &pattern(20480, index)[..], "block {index} after import");
         }
         let report = pool.check_space().await.unwrap();
@@ -234,7 +223,7 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         let model = model.borrow();
         let mut checked = 0;
         for (sector, writes) in &model.sectors {
-            let data = flatten(pool.read(&volume, sector * 512, 512).await.unwrap());
+            let data = ReadPiece::concat(pool.read(&volume, sector * 512, 512).await.unwrap());
             let found_id = u64::from_le_bytes(data[..8].try_into().unwrap());
             let minimum_index = model.durable.get(sector).copied();
             let allowed: Vec<u64> = match minimum_index {
@@ -317,7 +306,7 @@ fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
         }
         for round in 0..3u64 {
             for index in 0..64u64 {
-                let data = flatten(pool.read(&volume, (index << 20) + round * 4096, 4096).await.unwrap());
+                let data = ReadPiece::concat(pool.read(&volume, (index << 20) + round * 4096, 4096).await.unwrap());
                 assert_eq!(&data[..], &pattern(4096, block_tag(round, index))[..], "round {round} block {index}");
             }
         }

@@ -48,17 +48,6 @@ fn pattern(length: usize, tag: u64) -> BufSlice {
     BufSlice::whole(buffer.into_shared())
 }
 
-fn flatten(pieces: Vec<ReadPiece>) -> Vec<u8> {
-    let mut out = Vec::new();
-    for piece in pieces {
-        match piece {
-            ReadPiece::Data(slice) => out.extend_from_slice(&slice),
-            ReadPiece::Zeros(length) => out.extend(std::iter::repeat_n(0u8, length)),
-        }
-    }
-    out
-}
-
 /// A model of what the volume holds: (offset, length, tag) writes, later ones
 /// winning.
 #[derive(Default, Clone)]
@@ -96,7 +85,7 @@ async fn assert_intact(pool: &Rc<Pool>, written: &Written, context: &str) {
     let expected = written.expected();
     let chunk = 1 << 20;
     for start in (0..VOLUME_BYTES).step_by(chunk) {
-        let data = flatten(pool.read(&volume, start, chunk as u64).await.unwrap_or_else(|error| panic!("{context}: read at {start:#x}: {error}")));
+        let data = ReadPiece::concat(pool.read(&volume, start, chunk as u64).await.unwrap_or_else(|error| panic!("{context}: read at {start:#x}: {error}")));
         assert!(data == expected[start as usize..start as usize + chunk], "{context}: wrong data in the MiB at {start:#x}");
     }
 }
@@ -244,7 +233,7 @@ fn more_failures_than_parity_at_run_time_fail_reads_and_never_return_wrong_data(
         for start in (0..VOLUME_BYTES).step_by(16384) {
             match pool.read(&volume, start, 16384).await {
                 Ok(pieces) => {
-                    assert!(flatten(pieces) == expected[start as usize..start as usize + 16384], "wrong data returned at {start:#x}");
+                    assert!(ReadPiece::concat(pieces) == expected[start as usize..start as usize + 16384], "wrong data returned at {start:#x}");
                     good += 1;
                 }
                 Err(_) => failed += 1,
@@ -290,7 +279,7 @@ fn faults_run(kind: TopVdevKind, width: usize, seed: u64) {
             let expected = written.expected();
             for _ in 0..60 {
                 let start = rng.below(VOLUME_BYTES / 16384) * 16384;
-                let data = flatten(pool.read(&volume, start, 16384).await.unwrap_or_else(|error| panic!("seed {seed} {kind:?}: read at {start:#x}: {error}")));
+                let data = ReadPiece::concat(pool.read(&volume, start, 16384).await.unwrap_or_else(|error| panic!("seed {seed} {kind:?}: read at {start:#x}: {error}")));
                 assert!(data == expected[start as usize..start as usize + 16384], "seed {seed} {kind:?}: wrong data at {start:#x}");
             }
         }

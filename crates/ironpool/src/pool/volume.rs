@@ -94,6 +94,20 @@ impl ReadPiece {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+
+    /// The bytes of a read's pieces in one buffer, zeros expanded: for callers
+    /// that compare or check contents (tests, the simulator's checkers), not
+    /// for the serving path, which sends the pieces as they are.
+    pub fn concat(pieces: Vec<ReadPiece>) -> Vec<u8> {
+        let mut out = Vec::with_capacity(pieces.iter().map(ReadPiece::len).sum());
+        for piece in pieces {
+            match piece {
+                ReadPiece::Data(slice) => out.extend_from_slice(&slice),
+                ReadPiece::Zeros(length) => out.resize(out.len() + length, 0),
+            }
+        }
+        out
+    }
 }
 
 /// A volume.

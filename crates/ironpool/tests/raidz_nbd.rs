@@ -38,6 +38,19 @@ fn parity(kind: &str) -> usize {
 const WRITES: [&str; 3] = ["write -P 0x11 0 8M", "write -P 0x22 8M 8M", "write -P 0x33 16M 4M"];
 const READS: [&str; 4] = ["read -P 0x11 0 8M", "read -P 0x22 8M 8M", "read -P 0x33 16M 4M", "read -P 0 24M 1M"];
 
+/// A served pool of `kind` whose volume holds `WRITES`, then `more`, flushed;
+/// and the volume's URI.
+fn written_pool(kind: &str, width: usize, more: &[&str]) -> (TestPool, String) {
+    let mut pool = create(kind, width);
+    pool.serve();
+    let uri = pool.uri("vol");
+    let mut writes = WRITES.to_vec();
+    writes.extend(more);
+    writes.push("flush");
+    qemu_io(&uri, &writes);
+    (pool, uri)
+}
+
 fn qemu_io(uri: &str, commands: &[&str]) -> String {
     let mut args = vec!["-f", "raw", uri];
     for command in commands {
@@ -75,12 +88,7 @@ fn scrub(pool: &TestPool) -> serde_json::Value {
 fn any_parity_device_files_destroyed_the_data_reads_back_and_one_more_is_refused() {
     for (kind, width) in LAYOUTS {
         let p = parity(kind);
-        let mut pool = create(kind, width);
-        pool.serve();
-        let uri = pool.uri("vol");
-        let mut writes = WRITES.to_vec();
-        writes.extend(["write -P 0x44 21M 12k", "flush"]);
-        qemu_io(&uri, &writes);
+        let (mut pool, uri) = written_pool(kind, width, &["write -P 0x44 21M 12k"]);
         pool.stop();
         // Destroy p files spread over the group: truncate some, delete others.
         let destroyed: Vec<usize> = (0..p).map(|step| (step * 2 + 1) % width).collect();
@@ -130,12 +138,7 @@ fn any_parity_device_files_destroyed_the_data_reads_back_and_one_more_is_refused
 fn corrupted_columns_on_parity_devices_read_correctly_and_are_repaired() {
     for (kind, width) in LAYOUTS {
         let p = parity(kind);
-        let mut pool = create(kind, width);
-        pool.serve();
-        let uri = pool.uri("vol");
-        let mut writes = WRITES.to_vec();
-        writes.extend(["write -P 0x44 21M 12k", "flush"]);
-        qemu_io(&uri, &writes);
+        let (mut pool, uri) = written_pool(kind, width, &["write -P 0x44 21M 12k"]);
         pool.stop();
         // Every byte of p devices' data areas: every block (data and metadata)
         // has up to p bad columns. The last p hold the data columns of most
@@ -175,12 +178,7 @@ fn corrupted_columns_on_parity_devices_read_correctly_and_are_repaired() {
 #[test]
 fn more_bad_columns_than_parity_give_read_errors_never_wrong_data() {
     let (kind, width) = LAYOUTS[0];
-    let mut pool = create(kind, width);
-    pool.serve();
-    let uri = pool.uri("vol");
-    let mut writes = WRITES.to_vec();
-    writes.push("flush");
-    qemu_io(&uri, &writes);
+    let (mut pool, uri) = written_pool(kind, width, &[]);
     pool.stop();
     // Two of three devices damaged where the volume's data lives (the first
     // MiBs of each data area; metadata sits in later metaslabs).
@@ -207,12 +205,7 @@ fn more_bad_columns_than_parity_give_read_errors_never_wrong_data() {
 fn a_replaced_device_is_resilvered_to_the_old_ones_content_and_scrubs_clean() {
     for (kind, width) in LAYOUTS {
         let p = parity(kind);
-        let mut pool = create(kind, width);
-        pool.serve();
-        let uri = pool.uri("vol");
-        let mut writes = WRITES.to_vec();
-        writes.push("flush");
-        qemu_io(&uri, &writes);
+        let (mut pool, uri) = written_pool(kind, width, &[]);
         let old = std::fs::read(pool.path(&device(1))).unwrap();
         let new = pool.path("new.img").display().to_string();
         let result = pool.admin(&["--json", "replace", "-w", "--size", DEVICE_SIZE, &pool.name.clone(), &device(1), &new]);

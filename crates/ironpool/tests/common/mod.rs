@@ -89,19 +89,21 @@ impl TestPool {
         self.ok(&["volume", "create", &name, size, "-d", &dir]);
     }
 
+    /// `ironpool serve` on this pool's directory, NBD socket and control
+    /// socket (the caller adds the rest and the pool name).
+    fn serve_command(&self) -> Command {
+        let mut command = self.command();
+        command.args(["serve", "-d"]).arg(self.dir.path()).arg("--nbd").arg(format!("unix:{}", self.socket().display())).arg("--control").arg(self.control());
+        command
+    }
+
     /// Starts `ironpool serve` and waits until it listens.
     pub fn serve(&mut self) {
         assert!(self.server.is_none(), "already serving");
         let _ = std::fs::remove_file(self.path("pid"));
         let log = std::fs::File::create(self.path("serve.log")).expect("log file");
         let child = self
-            .command()
-            .args(["serve", "-d"])
-            .arg(self.dir.path())
-            .arg("--nbd")
-            .arg(format!("unix:{}", self.socket().display()))
-            .arg("--control")
-            .arg(self.control())
+            .serve_command()
             .arg("--pidfile")
             .arg(self.path("pid"))
             .arg(&self.name)
@@ -124,13 +126,7 @@ impl TestPool {
     /// error output.
     pub fn serve_refused(&self) -> String {
         let output = self
-            .command()
-            .args(["serve", "-d"])
-            .arg(self.dir.path())
-            .arg("--nbd")
-            .arg(format!("unix:{}", self.socket().display()))
-            .arg("--control")
-            .arg(self.control())
+            .serve_command()
             .arg(&self.name)
             .output()
             .expect("run ironpool serve");

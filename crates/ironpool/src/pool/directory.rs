@@ -11,6 +11,8 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use super::send::ResumeToken;
+
 /// Object number of the directory.
 pub const DIRECTORY_OBJECT: u64 = 1;
 /// Directory documents larger than this are refused (it lists volumes and
@@ -79,16 +81,12 @@ pub struct SnapshotRecord {
 pub struct ReceiveRecord {
     /// The volume (short name) this receive will become or update.
     pub target: String,
-    /// The stream's snapshot as the sender named it ("POOL/VOL@SNAP").
-    pub snapshot: String,
-    pub to_guid: u64,
-    /// The incremental source as the sender named it (None: a full stream).
-    #[serde(default)]
-    pub from: Option<String>,
-    #[serde(default)]
-    pub from_guid: u64,
-    /// Every block before this one is received and committed with this record.
-    pub next_block: u64,
+    /// What is being received and how far it got (every block before
+    /// `next_block` is received and committed with this record): exactly
+    /// what `send -t` needs, so the token is this part as it stands. Its
+    /// fields sit in this record's JSON object, as before.
+    #[serde(flatten)]
+    pub position: ResumeToken,
 }
 
 /// Outcome of the last finished scrub.

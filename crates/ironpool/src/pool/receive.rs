@@ -147,7 +147,7 @@ impl Pool {
         let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target);
         let directory = self.directory.borrow();
         let record = directory.volumes.get(&Self::hidden_name(short))?.receive.clone()?;
-        Some(ResumeToken { snapshot: record.snapshot, to_guid: record.to_guid, from: record.from, from_guid: record.from_guid, next_block: record.next_block }.encode())
+        Some(record.position.encode())
     }
 
     /// Discards an interrupted receive into `target`.
@@ -205,17 +205,17 @@ impl Pool {
         let existing_hidden = self.directory.borrow().volumes.get(hidden_short).cloned();
         if let Some(resume_block) = begin.resume_block {
             let record = existing_hidden.and_then(|record| record.receive).ok_or_else(|| PoolError::InvalidArgument(format!("the stream resumes a receive, but none into {}/{short} was interrupted", self.name)))?;
-            if record.to_guid != begin.to_guid || record.from_guid != begin.from_guid {
-                return Err(PoolError::InvalidArgument(format!("the stream resumes {}, not the interrupted receive of {}", begin.snapshot, record.snapshot)));
+            if record.position.to_guid != begin.to_guid || record.position.from_guid != begin.from_guid {
+                return Err(PoolError::InvalidArgument(format!("the stream resumes {}, not the interrupted receive of {}", begin.snapshot, record.position.snapshot)));
             }
-            if resume_block > record.next_block {
-                return Err(PoolError::InvalidArgument(format!("the stream resumes at block {resume_block}, but only blocks before {} were received", record.next_block)));
+            if resume_block > record.position.next_block {
+                return Err(PoolError::InvalidArgument(format!("the stream resumes at block {resume_block}, but only blocks before {} were received", record.position.next_block)));
             }
             return self.volume(hidden_short);
         }
         if let Some(record) = existing_hidden {
             let token = self.receive_resume_token(short).unwrap_or_default();
-            let what = record.receive.map(|receive| receive.snapshot).unwrap_or_default();
+            let what = record.receive.map(|receive| receive.position.snapshot).unwrap_or_default();
             return Err(PoolError::InvalidArgument(format!(
                 "an interrupted receive of {what} into {}/{short} exists: resume it with `ironpool send -t {token}` piped into `ironpool receive -s`, or discard it with `ironpool receive -A {}/{short}`",
                 self.name, self.name
@@ -223,11 +223,7 @@ impl Pool {
         }
         let receive = ReceiveRecord {
             target: short.to_string(),
-            snapshot: begin.snapshot.clone(),
-            to_guid: begin.to_guid,
-            from: begin.from.clone(),
-            from_guid: begin.from_guid,
-            next_block: 0,
+            position: ResumeToken { snapshot: begin.snapshot.clone(), to_guid: begin.to_guid, from: begin.from.clone(), from_guid: begin.from_guid, next_block: 0 },
         };
         let hidden = if begin.from_guid == 0 {
             if self.directory.borrow().volumes.contains_key(short) {
@@ -360,7 +356,7 @@ impl Pool {
     /// data before it).
     fn note_receive_position(&self, hidden_short: &str, next_block: u64) {
         if let Some(receive) = self.directory.borrow_mut().volumes.get_mut(hidden_short).and_then(|record| record.receive.as_mut()) {
-            receive.next_block = next_block;
+            receive.position.next_block = next_block;
         }
         self.directory_dirty.set(true);
     }

@@ -57,6 +57,12 @@ enum Command {
         /// Set a tunable at start (repeatable), as `tune` would: -o NAME=VALUE.
         #[arg(short = 'o')]
         tunables: Vec<String>,
+        /// Run the NBD front end (sockets, parsing, replies) on a thread of its
+        /// own instead of the engine's. One thread is faster on a small machine
+        /// (no cross-thread wakeup per request: 4K reads +26% on 2 cores); a
+        /// second one helps only when the engine's thread is saturated.
+        #[arg(long)]
+        nbd_thread: bool,
         pool: String,
     },
     /// Manage volumes.
@@ -285,7 +291,7 @@ fn main() -> ExitCode {
     let context = cli::Context { control: cli.control.clone(), json: cli.json };
     let result = match cli.command {
         Command::Create { force, size, pool, devices } => cli::create(&context, &pool, &devices, force, size.as_deref()),
-        Command::Serve { dirs, nbd, pidfile, tunables, pool } => cli::serve::serve(&context, &pool, &dirs, &nbd, pidfile.as_deref(), &tunables),
+        Command::Serve { dirs, nbd, pidfile, tunables, nbd_thread, pool } => cli::serve::serve(&context, &pool, &dirs, &nbd, pidfile.as_deref(), &tunables, nbd_thread),
         Command::Volume { command } => match command {
             VolumeCommand::Create { name, size, options, dirs } => cli::volume_create(&context, &name, &size, &options, &dirs),
             VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),

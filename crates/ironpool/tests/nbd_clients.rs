@@ -101,6 +101,28 @@ fn fio_verifies_crc32c_at_queue_depth_64_with_four_jobs() {
 }
 
 #[test]
+fn the_front_end_on_its_own_thread_serves_verified_io_and_stops_cleanly() {
+    let mut pool = TestPool::new("tank");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "256M");
+    pool.serve_with(&["--nbd-thread"]);
+    let uri = pool.uri("vol");
+    let output = tool(
+        "fio",
+        &[
+            "--name=verify", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=16k", "--iodepth=64", "--numjobs=2",
+            "--size=64M", "--offset_increment=64M", "--verify=crc32c", "--verify_fatal=1", "--group_reporting", "--output-format=json",
+        ],
+    );
+    let json: serde_json::Value = serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
+    assert_eq!(json["jobs"][0]["error"], 0, "{}", json["jobs"][0]);
+    assert!(json["jobs"][0]["read"]["io_bytes"].as_u64().unwrap() > 0, "verification read the data back");
+    pool.stop();
+    assert!(pool.log().contains("exported"), "no clean export: {}", pool.log());
+    pool.ok(&["check", &pool.name.clone(), "-d", &pool.dir.path().display().to_string()]);
+}
+
+#[test]
 fn kill_9_after_flush_keeps_the_flushed_data() {
     let mut pool = TestPool::new("tank");
     pool.create("1G", &["mirror", "a.img", "b.img"]);

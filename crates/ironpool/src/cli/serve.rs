@@ -42,7 +42,7 @@ fn termination_signals() -> Result<OwnedFd, String> {
     }
 }
 
-pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String], pidfile: Option<&Path>, tunables: &[String]) -> Result<(), String> {
+pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String], pidfile: Option<&Path>, tunables: &[String], nbd_thread: bool) -> Result<(), String> {
     let dirs = search_dirs(pool_name, dirs)?;
     let mut settings = Vec::new();
     for setting in tunables {
@@ -103,22 +103,29 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             let (to_front_end, replies) = channel();
             let (stop, mut stopped) = channel::<()>();
             let front_stats = stats.clone();
-            let thread = std::thread::Builder::new()
-                .name("ironpool-nbd".into())
-                .spawn(move || -> Result<(), String> {
-                    let runtime = Runtime::new_uring(RING_ENTRIES * 4).map_err(|error| format!("cannot set up io_uring: {error}"))?;
-                    runtime.block_on(async move {
-                        let server = NbdServer::new(to_engine, front_stats);
-                        for listener in bound {
-                            server.serve_listener(listener);
-                        }
-                        rt::spawn(server.clone().deliver_replies(replies));
-                        let _ = stopped.recv_batch().await;
-                        server.shutdown().await;
-                    });
-                    Ok(())
-                })
-                .map_err(|error| format!("cannot start the NBD thread: {error}"))?;
+            let run_front_end = move || async move {
+                let server = NbdServer::new(to_engine, front_stats);
+                for listener in bound {
+                    server.serve_listener(listener);
+                }
+                rt::spawn(server.clone().deliver_replies(replies));
+                let _ = stopped.recv_batch().await;
+                server.shutdown().await;
+            };
+            let thread = if !nbd_thread {
+                FrontEnd::Task(rt::spawn(run_front_end()))
+            } else {
+                FrontEnd::Thread(
+                    std::thread::Builder::new()
+                        .name("ironpool-nbd".into())
+                        .spawn(move || -> Result<(), String> {
+                            let runtime = Runtime::new_uring(RING_ENTRIES * 4).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+                            runtime.block_on(run_front_end());
+                            Ok(())
+                        })
+                        .map_err(|error| format!("cannot start the NBD thread: {error}"))?,
+                )
+            };
             let engine = rt::spawn(engine::serve(pool.clone(), engine_inbox, to_front_end, stats.clone()));
             front_end = Some((thread, stop, engine));
         }
@@ -149,8 +156,13 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             // request channel, which ends the engine side.
             let _ = stop.send(());
             engine.await;
-            if let Ok(Err(error)) = thread.join() {
-                failure.get_or_insert(error);
+            match thread {
+                FrontEnd::Thread(thread) => {
+                    if let Ok(Err(error)) = thread.join() {
+                        failure.get_or_insert(error);
+                    }
+                }
+                FrontEnd::Task(task) => task.await,
             }
         }
         if let Some(control) = &control {
@@ -167,6 +179,12 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
         eprintln!("ironpool: pool '{pool_name}' exported");
         Ok(())
     })
+}
+
+/// Where the NBD front end runs.
+enum FrontEnd {
+    Thread(std::thread::JoinHandle<Result<(), String>>),
+    Task(rt::JoinHandle<()>),
 }
 
 fn describe(listen: &Listen) -> String {

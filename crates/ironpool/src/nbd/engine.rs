@@ -1,10 +1,11 @@
 //! The engine side of the NBD server: runs requests against the pool.
 //!
-//! The front end ([`super::server`]) runs on its own thread: sockets, handshakes,
-//! parsing, replies. It sends requests here through a channel; this side, on the
-//! engine's thread (which owns the pool), runs each as a task and sends the
-//! reply back, bytes ready to go on the wire. Only owned buffers cross between
-//! the threads.
+//! The front end ([`super::server`]) handles sockets, handshakes, parsing,
+//! replies, on the engine's thread or on its own (`serve --nbd-thread`). It
+//! sends requests here through a channel; this side, on the engine's thread
+//! (which owns the pool), runs each as a task and sends the reply back, bytes
+//! ready to go on the wire. Only owned buffers cross the channel, so either
+//! placement works.
 
 use std::collections::HashMap;
 use std::ops::Range;

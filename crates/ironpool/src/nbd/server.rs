@@ -1,5 +1,6 @@
-//! The NBD front end: sockets, handshakes, parsing and replies, on its own thread
-//! with its own io_uring loop.
+//! The NBD front end: sockets, handshakes, parsing and replies, on the engine's
+//! thread and io_uring loop (the default: no cross-thread wakeup per request),
+//! or on a thread and loop of its own (`serve --nbd-thread`).
 //!
 //! Each connection has one task that reads: the handshake, then request after
 //! request. Requests go to the engine's thread ([`super::engine`]) through a
@@ -105,7 +106,9 @@ impl BoundListener {
 
 /// The front end of one pool's NBD server (lives on the front end's thread).
 pub struct NbdServer {
-    engine: Sender<ToEngine>,
+    /// Taken at the end of shutdown: the engine's inbox closes, which ends it
+    /// (whether the front end runs on its own thread or on the engine's).
+    engine: RefCell<Option<Sender<ToEngine>>>,
     payload_budget: Rc<Semaphore>,
     shutting_down: Cell<bool>,
     listeners: RefCell<Vec<BoundListener>>,
@@ -118,7 +121,7 @@ pub struct NbdServer {
 impl NbdServer {
     pub fn new(engine: Sender<ToEngine>, stats: Arc<SharedStats>) -> Rc<NbdServer> {
         Rc::new(NbdServer {
-            engine,
+            engine: RefCell::new(Some(engine)),
             payload_budget: Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_MAX),
             shutting_down: Cell::new(false),
             listeners: RefCell::new(Vec::new()),
@@ -217,12 +220,21 @@ impl NbdServer {
         if rt::timeout(SHUTDOWN_DRAIN_TIMEOUT, drained).await.is_none() {
             eprintln!("ironpool: some NBD connections did not finish within {SHUTDOWN_DRAIN_TIMEOUT:?}");
         }
+        self.engine.borrow_mut().take();
+    }
+
+    /// Sends to the engine; an error once the engine or the front end is shutting down.
+    fn to_engine(&self, message: ToEngine) -> Result<(), ()> {
+        match &*self.engine.borrow() {
+            Some(engine) => engine.send(message).map_err(|_| ()),
+            None => Err(()),
+        }
     }
 
     /// Asks the engine something and waits for the answer.
     async fn ask<T>(&self, make: impl FnOnce(Sender<T>) -> ToEngine) -> Option<T> {
         let (reply, mut answer) = channel();
-        if self.engine.send(make(reply)).is_err() {
+        if self.to_engine(make(reply)).is_err() {
             return None;
         }
         answer.recv_batch().await.into_iter().next()
@@ -440,7 +452,7 @@ impl Connection {
 
     fn closed(&self, opened: bool) {
         if opened {
-            let _ = self.server.engine.send(ToEngine::Close { connection: self.id });
+            let _ = self.server.to_engine(ToEngine::Close { connection: self.id });
         }
         self.server.stats.connections_open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.server.drained.notify_all();
@@ -625,7 +637,7 @@ impl Connection {
             self.next_token.set(token + 1);
             self.pending.borrow_mut().insert(token, permits);
             let message = EngineRequest { connection: self.id, token, request, payload, structured: negotiated.structured, block_status };
-            if self.server.engine.send(ToEngine::Request(Box::new(message))).is_err() {
+            if self.server.to_engine(ToEngine::Request(Box::new(message))).is_err() {
                 self.pending.borrow_mut().remove(&token);
                 return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the engine is gone"));
             }

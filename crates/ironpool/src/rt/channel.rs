@@ -1,8 +1,10 @@
-//! A channel between threads, each running its own runtime.
+//! A channel between tasks, on one runtime or between threads each running
+//! its own.
 //!
-//! The NBD front end runs on its own thread (sockets, parsing, replies) and the
-//! engine on another (the pool, devices); they hand each other requests and
-//! replies through these channels. A sender pushes under a short lock and wakes
+//! The NBD front end (sockets, parsing, replies) and the engine (the pool,
+//! devices) hand each other requests and replies through these channels, on
+//! the engine's thread by default or on two (`serve --nbd-thread`). On one
+//! thread a send wakes the receiving task directly. A sender pushes under a short lock and wakes
 //! the receiving task through its waker, which reaches the other runtime through
 //! its eventfd. Receivers take everything queued at once, so one wake carries a
 //! batch.

@@ -99,6 +99,11 @@ impl TestPool {
 
     /// Starts `ironpool serve` and waits until it listens.
     pub fn serve(&mut self) {
+        self.serve_with(&[]);
+    }
+
+    /// Starts `ironpool serve` with extra options and waits until it listens.
+    pub fn serve_with(&mut self, options: &[&str]) {
         assert!(self.server.is_none(), "already serving");
         let _ = std::fs::remove_file(self.path("pid"));
         let log = std::fs::File::create(self.path("serve.log")).expect("log file");
@@ -106,6 +111,7 @@ impl TestPool {
             .serve_command()
             .arg("--pidfile")
             .arg(self.path("pid"))
+            .args(options)
             .arg(&self.name)
             .stdout(Stdio::null())
             .stderr(log)

@@ -32,16 +32,6 @@ pub const DEFER_TXGS: u64 = 2;
 pub const SLOP_SHIFT: u32 = 5;
 pub const SLOP_BYTES_MIN: u64 = 16 * 1024 * 1024;
 
-/// Contiguous free space each device of a top-level vdev should get when the
-/// data cursor starts a new run (an extent): data blocks written together then
-/// reach each device as writes the I/O queue can merge to this size (the
-/// aggregation limit is 1 MiB). Without it, after random overwrites the cursor
-/// fills the small holes freed blocks leave, and every device write stays one
-/// block (one column on RAID-Z) long. Holes smaller than an extent are used
-/// only once no metaslab has an extent left (a nearly full or fragmented vdev),
-/// as OpenZFS's allocator turns from its cursor to best fit.
-pub const DATA_EXTENT_PER_DEVICE_BYTES: u64 = 256 * 1024;
-
 /// One region of a top-level vdev.
 #[derive(Debug)]
 pub struct Metaslab {
@@ -53,9 +43,6 @@ pub struct Metaslab {
     pub free: RangeSet,
     /// Allocated as far as the on-disk space map says (updated at each sync).
     pub allocated: RangeSet,
-    /// A search found no data extent here and nothing was freed since: the
-    /// search skips it (bounds the search on a fragmented vdev).
-    no_extent: bool,
     /// Linked in the open txg, not yet logged.
     pub pending_allocs: RangeSet,
     /// Freed in the open txg, not yet logged.
@@ -84,7 +71,6 @@ impl Metaslab {
             start,
             size,
             free,
-            no_extent: false,
             allocated: RangeSet::new(),
             pending_allocs: RangeSet::new(),
             pending_frees: RangeSet::new(),
@@ -237,56 +223,15 @@ impl VdevSpace {
         &mut self.metaslabs[index]
     }
 
-    /// Smallest free run the data cursor starts a new extent in.
-    fn data_extent_bytes(&self) -> u64 {
-        let devices = self.raidz.as_ref().map_or(1, |geometry| geometry.children() as u64);
-        DATA_EXTENT_PER_DEVICE_BYTES * devices
-    }
-
-    /// Allocates from a cursor: where the cursor is when the free run there still
-    /// fits; else (with `extent`) the next free run of at least `extent` bytes in
-    /// the cursor's metaslab, then in the metaslab with the most free space that
-    /// has one; else first fit at or after the cursor in its metaslab, then in the
-    /// metaslab with the most free space. Returns the offset and the new cursor.
-    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>, extent: Option<u64>) -> Option<(u64, (usize, u64))> {
+    /// Allocates from a cursor: first fit at or after it in its metaslab, then the
+    /// metaslab with the most free space. Returns the offset.
+    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>) -> Option<(u64, (usize, u64))> {
         let (index, position) = cursor;
-        let take = |metaslab: &mut Metaslab, start: u64| {
-            metaslab.free.remove(start, start + size);
-            Some((start, (metaslab.index as usize, start + size)))
-        };
-        if Some(index) != avoid {
-            let metaslab = &mut self.metaslabs[index];
-            let position = position.max(metaslab.start);
-            if metaslab.free.contains(position, position + size) {
-                return take(metaslab, position);
-            }
-        }
-        if let Some(extent) = extent.map(|extent| extent.max(size)) {
-            if Some(index) != avoid {
-                if let Some(start) = self.metaslabs[index].free.first_fit(position, extent) {
-                    return take(&mut self.metaslabs[index], start);
-                }
-            }
-            let mut candidates: Vec<usize> = (0..self.metaslabs.len())
-                .filter(|&candidate| Some(candidate) != avoid && candidate != index)
-                .filter(|&candidate| {
-                    let metaslab = &self.metaslabs[candidate];
-                    metaslab.free.total_bytes() >= extent && !metaslab.no_extent
-                })
-                .collect();
-            candidates.sort_by_key(|&candidate| (std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()), candidate));
-            for candidate in candidates {
-                let metaslab = &mut self.metaslabs[candidate];
-                match metaslab.free.first_fit(metaslab.start, extent) {
-                    Some(start) => return take(metaslab, start),
-                    None => metaslab.no_extent = true,
-                }
-            }
-        }
         if Some(index) != avoid {
             let metaslab = &mut self.metaslabs[index];
             if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
-                return take(metaslab, start);
+                metaslab.free.remove(start, start + size);
+                return Some((start, (index, start + size)));
             }
         }
         let best = self
@@ -297,7 +242,8 @@ impl VdevSpace {
             .index as usize;
         let metaslab = &mut self.metaslabs[best];
         let start = metaslab.free.first_fit(metaslab.start, size)?;
-        take(metaslab, start)
+        metaslab.free.remove(start, start + size);
+        Some((start, (best, start + size)))
     }
 }
 
@@ -391,8 +337,7 @@ impl Allocator {
                 BlockClass::Data => vdev.data_cursor,
                 BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)],
             };
-            let extent = (class == BlockClass::Data).then(|| vdev.data_extent_bytes());
-            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab, extent) {
+            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab) {
                 match class {
                     BlockClass::Data => vdev.data_cursor = next_cursor,
                     BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,
@@ -415,9 +360,7 @@ impl Allocator {
     /// it was superseded before being linked).
     pub fn release(&mut self, dva: Dva) {
         let vdev = &mut self.vdevs[dva.vdev as usize];
-        let metaslab = vdev.metaslab_of(dva.offset);
-        metaslab.free.insert(dva.offset, dva.end());
-        metaslab.no_extent = false;
+        vdev.metaslab_of(dva.offset).free.insert(dva.offset, dva.end());
         self.free_total_bytes += dva.asize as u64;
     }
 
@@ -488,7 +431,6 @@ impl Allocator {
                 for (start, end) in released.iter() {
                     metaslab.free.insert(start, end);
                 }
-                metaslab.no_extent &= released.is_empty();
                 self.free_total_bytes += released.total_bytes();
                 metaslab.defer[slot] = std::mem::take(&mut metaslab.syncing_frees);
             }
@@ -545,48 +487,6 @@ mod tests {
         let ditto = allocator.allocate(4096, BlockClass::Metadata(1), Some(metadata)).unwrap();
         assert_ne!(metadata.offset >> 24, ditto.offset >> 24, "ditto copies share a metaslab");
         assert_ne!(metadata.offset >> 24, first.offset >> 24, "metadata mixed into the data metaslab");
-    }
-
-    /// Leaves only 16 KiB holes, 32 KiB apart, in metaslab `index` (16 MiB).
-    fn riddle(vdev: &mut VdevSpace, index: usize) {
-        let metaslab = &mut vdev.metaslabs[index];
-        metaslab.free.clear();
-        for hole in (metaslab.start..metaslab.start + metaslab.size).step_by(32768) {
-            metaslab.free.insert(hole, hole + 16384);
-        }
-    }
-
-    #[test]
-    fn data_skips_small_holes_while_an_extent_is_left_then_fills_them() {
-        let mut vdev = VdevSpace::new(0, 64 << 20, 24, 4096);
-        let extent = Some(vdev.data_extent_bytes());
-        riddle(&mut vdev, 0);
-        // The cursor just past a hole, as after a block written into it.
-        let (offset, cursor) = vdev.allocate_from((0, 16384), 16384, None, extent).unwrap();
-        assert_eq!(offset, 1 << 24, "took a hole while whole metaslabs were free");
-        let (next, _) = vdev.allocate_from(cursor, 16384, None, extent).unwrap();
-        assert_eq!(next, offset + 16384, "the extent is not used contiguously");
-        // Metadata is placed as before: first fit at its cursor.
-        assert_eq!(vdev.allocate_from((0, 0), 4096, None, None).unwrap().0, 0);
-        for index in 1..4 {
-            riddle(&mut vdev, index);
-        }
-        // No extent anywhere: holes are used, and the search remembers that.
-        let past_hole = (1 << 24) + 16384;
-        let (hole, _) = vdev.allocate_from((1, past_hole), 16384, None, extent).unwrap();
-        assert_eq!(hole, past_hole + 16384);
-        assert!([0, 2, 3].iter().all(|&index| vdev.metaslabs[index].no_extent));
-        // Frees that make an extent again bring the search back to it.
-        let freed = Dva { vdev: 0, asize: 16384, offset: (2 << 24) + 16384 };
-        let mut allocator = Allocator::new(vec![vdev]);
-        allocator.release(freed);
-        let vdev = &mut allocator.vdevs[0];
-        assert!(!vdev.metaslabs[2].no_extent);
-        for gap in ((2 << 24) + 32768 + 16384..(2 << 24) + (1 << 20)).step_by(32768) {
-            vdev.metaslabs[2].free.insert(gap, gap + 16384);
-        }
-        let (again, _) = vdev.allocate_from((1, past_hole), 16384, None, extent).unwrap();
-        assert_eq!(again, 2 << 24);
     }
 
     #[test]

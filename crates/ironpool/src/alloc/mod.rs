@@ -43,6 +43,10 @@ pub struct Metaslab {
     pub free: RangeSet,
     /// Allocated as far as the on-disk space map says (updated at each sync).
     pub allocated: RangeSet,
+    /// Metadata allocated here: data stays out while anything is allocated, so
+    /// the holes metadata frees stay for metadata (in memory; set again after
+    /// import as metadata allocates).
+    metadata_owned: bool,
     /// Linked in the open txg, not yet logged.
     pub pending_allocs: RangeSet,
     /// Freed in the open txg, not yet logged.
@@ -71,6 +75,7 @@ impl Metaslab {
             start,
             size,
             free,
+            metadata_owned: false,
             allocated: RangeSet::new(),
             pending_allocs: RangeSet::new(),
             pending_frees: RangeSet::new(),
@@ -80,6 +85,11 @@ impl Metaslab {
             flushed_txg: 0,
             unflushed_txg: 0,
         }
+    }
+
+    /// Nothing allocated, pending or deferred here: the whole metaslab is free.
+    fn is_empty(&self) -> bool {
+        self.free.total_bytes() == self.size
     }
 
     pub fn has_pending(&self) -> bool {
@@ -182,8 +192,15 @@ impl VdevSpace {
     pub fn new(vdev: u32, asize_bytes: u64, metaslab_shift: u8, sector_bytes: u64) -> VdevSpace {
         let size = 1u64 << metaslab_shift;
         let count = (asize_bytes >> metaslab_shift) as u32;
-        let metaslabs = (0..count).map(|index| Metaslab::new(index, index as u64 * size, size)).collect();
+        let mut metaslabs: Vec<Metaslab> = (0..count).map(|index| Metaslab::new(index, index as u64 * size, size)).collect();
         let half = count as usize / 2;
+        // Metadata starts at its cursors, here and after every import (ownership
+        // is not on disk): data keeps out of these once they hold anything.
+        for index in [count.saturating_sub(1) as usize, half.saturating_sub(1)] {
+            if let Some(metaslab) = metaslabs.get_mut(index) {
+                metaslab.metadata_owned = true;
+            }
+        }
         VdevSpace {
             vdev,
             sector_bytes,
@@ -223,27 +240,64 @@ impl VdevSpace {
         &mut self.metaslabs[index]
     }
 
-    /// Allocates from a cursor: first fit at or after it in its metaslab, then the
-    /// metaslab with the most free space. Returns the offset.
-    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>) -> Option<(u64, (usize, u64))> {
+    /// Allocates from a cursor: first fit at or after it in its metaslab, then
+    /// first fit in the other metaslabs, most free space first. (The metaslab
+    /// with the most free bytes may hold them only in holes smaller than `size`:
+    /// small blocks freed by random overwrites.) Returns the offset.
+    ///
+    /// Metadata and data keep to separate metaslabs. Random overwrites of small
+    /// data blocks leave free space in holes of their size; metadata blocks are
+    /// larger (32 KiB indirect blocks) and a commit that cannot place them
+    /// fails. So metadata takes a metaslab it owns, then an empty one, then any;
+    /// data keeps out of metaslabs metadata owns and leaves `keep_empty` empty
+    /// metaslabs to it, using them only when nothing else fits.
+    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>, metadata: bool, keep_empty: usize) -> Option<(u64, (usize, u64))> {
         let (index, position) = cursor;
-        if Some(index) != avoid {
+        let empty_count = self.metaslabs.iter().filter(|metaslab| metaslab.is_empty()).count();
+        // Preference rank of a metaslab for this allocation (lower first; None: not now).
+        let rank = |metaslab: &Metaslab, last_resort: bool| -> Option<u8> {
+            let empty = metaslab.is_empty();
+            if metadata {
+                return Some(if metaslab.metadata_owned && !empty { 0 } else if empty { 1 } else { 2 });
+            }
+            match (metaslab.metadata_owned && !empty, empty) {
+                (false, false) => Some(0),
+                (_, true) if empty_count > keep_empty => Some(1),
+                _ if last_resort => Some(2),
+                _ => None,
+            }
+        };
+        let take = |metaslab: &mut Metaslab, start: u64| {
+            // Data in an empty metaslab ends metadata's claim on it; data as a
+            // last resort in one metadata still uses leaves the claim.
+            metaslab.metadata_owned = metadata || (metaslab.metadata_owned && !metaslab.is_empty());
+            metaslab.free.remove(start, start + size);
+            Some((start, (metaslab.index as usize, start + size)))
+        };
+        if Some(index) != avoid && (metadata || rank(&self.metaslabs[index], false) == Some(0)) {
             let metaslab = &mut self.metaslabs[index];
             if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
-                metaslab.free.remove(start, start + size);
-                return Some((start, (index, start + size)));
+                return take(metaslab, start);
             }
         }
-        let best = self
-            .metaslabs
-            .iter()
-            .filter(|metaslab| Some(metaslab.index as usize) != avoid && metaslab.free.total_bytes() >= size)
-            .max_by_key(|metaslab| (metaslab.free.total_bytes(), std::cmp::Reverse(metaslab.index)))?
-            .index as usize;
-        let metaslab = &mut self.metaslabs[best];
-        let start = metaslab.free.first_fit(metaslab.start, size)?;
-        metaslab.free.remove(start, start + size);
-        Some((start, (best, start + size)))
+        for last_resort in [false, true] {
+            let mut candidates: Vec<(u8, usize)> = (0..self.metaslabs.len())
+                .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.total_bytes() >= size)
+                .filter_map(|candidate| rank(&self.metaslabs[candidate], last_resort).map(|rank| (rank, candidate)))
+                .collect();
+            candidates.sort_by_key(|&(rank, candidate)| (rank, std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()), candidate));
+            let found = candidates.into_iter().find_map(|(_, candidate)| {
+                let start = self.metaslabs[candidate].free.first_fit(self.metaslabs[candidate].start, size)?;
+                Some((candidate, start))
+            });
+            if let Some((candidate, start)) = found {
+                return take(&mut self.metaslabs[candidate], start);
+            }
+            if metadata {
+                break;
+            }
+        }
+        None
     }
 }
 
@@ -337,7 +391,12 @@ impl Allocator {
                 BlockClass::Data => vdev.data_cursor,
                 BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)],
             };
-            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab) {
+            let metadata = matches!(class, BlockClass::Metadata(_));
+            // Empty metaslabs data leaves to metadata: enough for the metadata
+            // reserve (the next commit's metadata) on this vdev, at most a quarter.
+            let metaslab_bytes = 1u64 << vdev.metaslab_shift;
+            let keep_empty = ((self.metadata_reserve_bytes / count as u64).div_ceil(metaslab_bytes) as usize).min(vdev.metaslabs.len() / 4);
+            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab, metadata, keep_empty) {
                 match class {
                     BlockClass::Data => vdev.data_cursor = next_cursor,
                     BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,
@@ -487,6 +546,77 @@ mod tests {
         let ditto = allocator.allocate(4096, BlockClass::Metadata(1), Some(metadata)).unwrap();
         assert_ne!(metadata.offset >> 24, ditto.offset >> 24, "ditto copies share a metaslab");
         assert_ne!(metadata.offset >> 24, first.offset >> 24, "metadata mixed into the data metaslab");
+    }
+
+    #[test]
+    fn a_block_fits_where_space_is_contiguous_not_where_most_is_free() {
+        let mut allocator = allocator();
+        let vdev = &mut allocator.vdevs[0];
+        // Metaslab 1 has the most free bytes, all in 4 KiB holes (blocks freed
+        // by random overwrites); metaslab 2 has less, in one run.
+        for (index, metaslab) in vdev.metaslabs.iter_mut().enumerate() {
+            metaslab.free.clear();
+            if index == 1 {
+                for hole in (metaslab.start..metaslab.start + metaslab.size).step_by(8192) {
+                    metaslab.free.insert(hole, hole + 4096);
+                }
+            }
+            if index == 2 {
+                metaslab.free.insert(metaslab.start, metaslab.start + (1 << 20));
+            }
+        }
+        allocator.recount();
+        let metadata = allocator.allocate(32768, BlockClass::Metadata(0), None).expect("a 32 KiB run exists");
+        assert_eq!(metadata.offset >> 24, 2);
+    }
+
+    #[test]
+    fn small_random_overwrites_leave_metadata_contiguous_room() {
+        // A 256 MiB vdev: 16 metaslabs of 16 MiB. Fill 69% with 4 KiB data
+        // blocks and 32 KiB metadata blocks, then overwrite random data blocks
+        // (allocate new, free old, commit) until the data space turned over
+        // several times: every metadata block must still find 32 KiB.
+        let mut allocator = Allocator::new(vec![VdevSpace::new(0, 256 << 20, 24, 4096)]);
+        allocator.metadata_reserve_bytes = 8 << 20;
+        let mut data = Vec::new();
+        let mut metadata = Vec::new();
+        let mut txg = 1;
+        let mut seed = 7u64;
+        let mut next = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        for _ in 0..(176 << 20) / 4096 {
+            let dva = allocator.allocate(4096, BlockClass::Data, None).unwrap();
+            allocator.commit(dva);
+            data.push(dva);
+        }
+        for round in 0..200 {
+            for _ in 0..2048 {
+                let slot = (next() % data.len() as u64) as usize;
+                let dva = allocator.allocate(4096, BlockClass::Data, None).expect("data space");
+                allocator.commit(dva);
+                allocator.free(std::mem::replace(&mut data[slot], dva));
+            }
+            // The commit rewrites 64 metadata blocks (two copies) and frees the old ones.
+            let old: Vec<Dva> = metadata.drain(..).collect();
+            for _ in 0..64 {
+                let first = allocator.allocate(32768, BlockClass::Metadata(0), None).unwrap_or_else(|_| panic!("no 32 KiB for metadata in round {round}"));
+                let second = allocator.allocate(32768, BlockClass::Metadata(1), Some(first)).unwrap_or_else(|_| panic!("no 32 KiB for its copy in round {round}"));
+                allocator.commit(first);
+                allocator.commit(second);
+                metadata.extend([first, second]);
+            }
+            for dva in old {
+                allocator.free(dva);
+            }
+            allocator.take_pending(txg);
+            allocator.sync_done(txg);
+            txg += 1;
+        }
+        allocator.verify().unwrap();
     }
 
     #[test]

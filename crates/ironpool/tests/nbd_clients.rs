@@ -122,6 +122,35 @@ fn the_front_end_on_its_own_thread_serves_verified_io_and_stops_cleanly() {
     pool.ok(&["check", &pool.name.clone(), "-d", &pool.dir.path().display().to_string()]);
 }
 
+/// Random 4K overwrites on a 4K-volblocksize volume leave free space in 4 KiB
+/// holes; the commits' 32 KiB indirect blocks must still find room (they once
+/// did not, and the pool suspended with half its space free).
+#[test]
+fn small_random_overwrites_at_half_full_keep_the_pool_online() {
+    let mut pool = TestPool::new("tank");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    let name = format!("{}/vol", pool.name);
+    let dir = pool.dir.path().display().to_string();
+    pool.ok(&["volume", "create", &name, "256M", "-o", "volblocksize=4K", "-d", &dir]);
+    pool.serve();
+    let uri = pool.uri("vol");
+    tool("fio", &["--name=fill", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=write", "--bs=1M", "--iodepth=16", "--size=256M"]);
+    let output = tool(
+        "fio",
+        &[
+            "--name=overwrite", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=4k", "--iodepth=32", "--numjobs=4",
+            "--size=256M", "--runtime=8", "--time_based", "--group_reporting", "--output-format=json",
+        ],
+    );
+    let json: serde_json::Value = serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
+    assert_eq!(json["jobs"][0]["error"], 0, "{}", json["jobs"][0]);
+    let written = json["jobs"][0]["write"]["io_bytes"].as_u64().unwrap();
+    assert!(written > 256 << 20, "the overwrites did not turn the free space over: {written} bytes");
+    assert_eq!(pool.status_json()["health"], "ONLINE");
+    pool.stop();
+    pool.ok(&["check", &pool.name.clone(), "-d", &dir]);
+}
+
 #[test]
 fn kill_9_after_flush_keeps_the_flushed_data() {
     let mut pool = TestPool::new("tank");

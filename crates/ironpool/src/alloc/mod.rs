@@ -15,6 +15,14 @@
 //! Data and metadata allocate from different cursors so that data blocks written
 //! together land contiguously (one large device write after aggregation), and the
 //! second copy of metadata lands far from the first.
+//!
+//! They also keep to different metaslabs. Random overwrites of small data
+//! blocks free holes of that size everywhere; if metadata shared those
+//! metaslabs, a commit could find no room for a 32 KiB indirect block while
+//! hundreds of megabytes are free in 4 KiB holes (and the pool would suspend).
+//! A metaslab metadata allocates in is owned by metadata until it is empty
+//! again; data keeps out of it and leaves enough empty metaslabs for the
+//! metadata reserve, using them only when nothing else fits.
 
 pub mod rangeset;
 
@@ -249,11 +257,30 @@ impl VdevSpace {
     /// data blocks leave free space in holes of their size; metadata blocks are
     /// larger (32 KiB indirect blocks) and a commit that cannot place them
     /// fails. So metadata takes a metaslab it owns, then an empty one, then any;
-    /// data keeps out of metaslabs metadata owns and leaves `keep_empty` empty
-    /// metaslabs to it, using them only when nothing else fits.
-    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>, metadata: bool, keep_empty: usize) -> Option<(u64, (usize, u64))> {
+    /// data keeps out of metaslabs metadata owns and takes an empty one only while
+    /// the free space metadata owns plus the other empty metaslabs still cover
+    /// `metadata_reserve` (the next commit's metadata on this vdev), else only
+    /// when nothing else fits.
+    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>, metadata: bool, metadata_reserve: u64) -> Option<(u64, (usize, u64))> {
         let (index, position) = cursor;
-        let empty_count = self.metaslabs.iter().filter(|metaslab| metaslab.is_empty()).count();
+        let take = |metaslab: &mut Metaslab, start: u64| {
+            // Data in an empty metaslab ends metadata's claim on it; data as a
+            // last resort in one metadata still uses leaves the claim.
+            metaslab.metadata_owned = metadata || (metaslab.metadata_owned && !metaslab.is_empty());
+            metaslab.free.remove(start, start + size);
+            Some((start, (metaslab.index as usize, start + size)))
+        };
+        // The cursor's metaslab: metadata's own, or for data one holding data.
+        if Some(index) != avoid && (metadata || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty())) {
+            let metaslab = &mut self.metaslabs[index];
+            if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
+                return take(metaslab, start);
+            }
+        }
+        let empty_count = self.metaslabs.iter().filter(|metaslab| metaslab.is_empty()).count() as u64;
+        let owned_free: u64 = self.metaslabs.iter().filter(|metaslab| metaslab.metadata_owned && !metaslab.is_empty()).map(|metaslab| metaslab.free.total_bytes()).sum();
+        let metaslab_bytes = 1u64 << self.metaslab_shift;
+        let empty_to_spare = owned_free + empty_count.saturating_sub(1) * metaslab_bytes >= metadata_reserve;
         // Preference rank of a metaslab for this allocation (lower first; None: not now).
         let rank = |metaslab: &Metaslab, last_resort: bool| -> Option<u8> {
             let empty = metaslab.is_empty();
@@ -262,24 +289,12 @@ impl VdevSpace {
             }
             match (metaslab.metadata_owned && !empty, empty) {
                 (false, false) => Some(0),
-                (_, true) if empty_count > keep_empty => Some(1),
+                // An empty metaslab to spare ranks with data's: the most free wins.
+                (_, true) if empty_to_spare => Some(0),
                 _ if last_resort => Some(2),
                 _ => None,
             }
         };
-        let take = |metaslab: &mut Metaslab, start: u64| {
-            // Data in an empty metaslab ends metadata's claim on it; data as a
-            // last resort in one metadata still uses leaves the claim.
-            metaslab.metadata_owned = metadata || (metaslab.metadata_owned && !metaslab.is_empty());
-            metaslab.free.remove(start, start + size);
-            Some((start, (metaslab.index as usize, start + size)))
-        };
-        if Some(index) != avoid && (metadata || rank(&self.metaslabs[index], false) == Some(0)) {
-            let metaslab = &mut self.metaslabs[index];
-            if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
-                return take(metaslab, start);
-            }
-        }
         for last_resort in [false, true] {
             let mut candidates: Vec<(u8, usize)> = (0..self.metaslabs.len())
                 .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.total_bytes() >= size)
@@ -392,11 +407,8 @@ impl Allocator {
                 BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)],
             };
             let metadata = matches!(class, BlockClass::Metadata(_));
-            // Empty metaslabs data leaves to metadata: enough for the metadata
-            // reserve (the next commit's metadata) on this vdev, at most a quarter.
-            let metaslab_bytes = 1u64 << vdev.metaslab_shift;
-            let keep_empty = ((self.metadata_reserve_bytes / count as u64).div_ceil(metaslab_bytes) as usize).min(vdev.metaslabs.len() / 4);
-            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab, metadata, keep_empty) {
+            let metadata_reserve = self.metadata_reserve_bytes / count as u64;
+            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab, metadata, metadata_reserve) {
                 match class {
                     BlockClass::Data => vdev.data_cursor = next_cursor,
                     BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,

@@ -277,10 +277,16 @@ impl VdevSpace {
                 return take(metaslab, start);
             }
         }
-        let empty_count = self.metaslabs.iter().filter(|metaslab| metaslab.is_empty()).count() as u64;
-        let owned_free: u64 = self.metaslabs.iter().filter(|metaslab| metaslab.metadata_owned && !metaslab.is_empty()).map(|metaslab| metaslab.free.total_bytes()).sum();
-        let metaslab_bytes = 1u64 << self.metaslab_shift;
-        let empty_to_spare = owned_free + empty_count.saturating_sub(1) * metaslab_bytes >= metadata_reserve;
+        // Data may take an empty metaslab while metadata's free space and the
+        // other empty metaslabs still cover the reserve (metadata never asks).
+        let empty_to_spare = !metadata && {
+            let (empty_count, owned_free) = self.metaslabs.iter().fold((0u64, 0u64), |(empty, owned), metaslab| match (metaslab.is_empty(), metaslab.metadata_owned) {
+                (true, _) => (empty + 1, owned),
+                (false, true) => (empty, owned + metaslab.free.total_bytes()),
+                (false, false) => (empty, owned),
+            });
+            owned_free + empty_count.saturating_sub(1) * (1u64 << self.metaslab_shift) >= metadata_reserve
+        };
         // Preference rank of a metaslab for this allocation (lower first; None: not now).
         let rank = |metaslab: &Metaslab, last_resort: bool| -> Option<u8> {
             let empty = metaslab.is_empty();

@@ -3,11 +3,11 @@
 //!
 //! The NBD front end (sockets, parsing, replies) and the engine (the pool,
 //! devices) hand each other requests and replies through these channels, on
-//! the engine's thread by default or on two (`serve --nbd-thread`). On one
-//! thread a send wakes the receiving task directly. A sender pushes under a short lock and wakes
-//! the receiving task through its waker, which reaches the other runtime through
-//! its eventfd. Receivers take everything queued at once, so one wake carries a
-//! batch.
+//! the engine's thread by default or on two (`serve --nbd-thread`). A sender
+//! pushes under a short lock and wakes the receiving task through its waker:
+//! on one thread that queues the task directly, across threads it reaches the
+//! other runtime through its eventfd. Receivers take everything queued at
+//! once, so one wake carries a batch.
 
 use std::collections::VecDeque;
 use std::future::Future;

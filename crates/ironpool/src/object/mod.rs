@@ -271,9 +271,15 @@ impl ObjectSet {
     /// Walks down from the root to the wanted node through cached nodes, creating
     /// empty nodes under holes; stops at the first node that must be read.
     fn lookup(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Lookup, ObjectError> {
+        // The fast path needs the node's whole path cached: a node loaded while
+        // its parent was evicted (by another task's load, while this one
+        // waited for its read) is cached without it, and callers then use the
+        // path without I/O. Otherwise the walk below loads what is missing.
         if let Some(node) = object.nodes.borrow().get(&(level, blkid_at_level)) {
-            node.referenced.set(true);
-            return Ok(Lookup::Found(node.clone()));
+            if self.ancestors_cached(object, level, blkid_at_level) {
+                node.referenced.set(true);
+                return Ok(Lookup::Found(node.clone()));
+            }
         }
         let dnode = object.dnode();
         if level >= dnode.levels {
@@ -308,6 +314,18 @@ impl ObjectSet {
             parent = Some(node);
         }
         Ok(Lookup::Found(parent.expect("the loop visits at least one level")))
+    }
+
+    /// Whether every ancestor of (`level`, `blkid_at_level`) is cached.
+    fn ancestors_cached(&self, object: &Object, level: u8, blkid_at_level: u64) -> bool {
+        let levels = object.dnode().levels;
+        let shift = object.pointer_shift();
+        let nodes = object.nodes.borrow();
+        (level + 1..levels).all(|ancestor| {
+            let distance = (ancestor - level) as u32 * shift;
+            let blkid = if distance >= 64 { 0 } else { blkid_at_level >> distance };
+            nodes.contains_key(&(ancestor, blkid))
+        })
     }
 
     /// Caches `node` unless one is already there (which wins: it may be dirty).

@@ -94,6 +94,14 @@ impl DatasetModel {
         }
     }
 
+    /// A FUA write to block `blkid` was acknowledged: that block is durable
+    /// as it is now (FUA promises nothing about other blocks: acknowledged
+    /// writes may still be held in memory).
+    pub fn flushed_block(&mut self, blkid: u64) {
+        let block = &mut self.blocks[blkid as usize];
+        block.durable = block.current.clone();
+    }
+
     /// A read of block `blkid` saw `value`: it must be a current value.
     pub fn observe(&mut self, blkid: u64, value: Value) -> Result<(), String> {
         let block = &mut self.blocks[blkid as usize];

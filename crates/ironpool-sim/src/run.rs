@@ -111,9 +111,15 @@ impl Sim {
         let budget = Budget::new(layout.device_groups(), tolerated);
         // Commit timing spans the interesting range: commits after nearly every
         // step, to many steps per txg (crashes then lose more).
-        let txg_timeout_ms = [10u64, 50, 200, 1000, 5000][rng.below(5) as usize];
+        let timing = rng.below(5) as usize;
+        let txg_timeout_ms = [10u64, 50, 200, 1000, 5000][timing];
+        // Write-back: off (every write written through) with the shortest
+        // timeout, a 1 MiB limit (writers held back all the time) or the
+        // default. Tied to the timing draw so the seeds' other draws stay put.
+        let dirty_data_max_bytes = [0u64, 1 << 20, PoolTunables::default().dirty_data_max_bytes, 1 << 20, PoolTunables::default().dirty_data_max_bytes][timing];
         let tunables = PoolTunables {
             txg_timeout: Duration::from_millis(txg_timeout_ms),
+            dirty_data_max_bytes,
             cache_budget_bytes: [1usize << 20, 8 << 20, 64 << 20][rng.below(3) as usize],
             ..PoolTunables::default()
         };
@@ -487,9 +493,9 @@ impl Sim {
             Ok(()) => {
                 for (blkid, values) in changes {
                     target.acknowledged(*blkid, values);
-                }
-                if fua {
-                    model.flushed();
+                    if fua {
+                        target.flushed_block(*blkid);
+                    }
                 }
                 Ok(())
             }

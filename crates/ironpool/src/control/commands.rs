@@ -505,13 +505,15 @@ fn tunables(pool: &Pool) -> Value {
         "txg_timeout_ms": tunables.txg_timeout.as_millis() as u64,
         "dirty_sync_bytes": tunables.dirty_sync_bytes,
         "dirty_max_bytes": tunables.dirty_max_bytes,
+        "dirty_data_max_bytes": tunables.dirty_data_max_bytes,
         "cache_budget_bytes": tunables.cache_budget_bytes,
         "queue": tunables.queue,
     })
 }
 
 /// Sets one tunable by name: `txg_timeout_ms`, `dirty_sync_bytes`,
-/// `dirty_max_bytes`, `aggregation_limit_bytes`, `read_gap_limit_bytes`,
+/// `dirty_max_bytes`, `dirty_data_max_bytes` (0: write-back off),
+/// `aggregation_limit_bytes`, `read_gap_limit_bytes`,
 /// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
 /// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`.
 pub fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
@@ -537,6 +539,7 @@ pub fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError
         "txg_timeout_ms" => tunables.txg_timeout = std::time::Duration::from_millis(number.max(1)),
         "dirty_sync_bytes" => tunables.dirty_sync_bytes = number,
         "dirty_max_bytes" => tunables.dirty_max_bytes = number,
+        "dirty_data_max_bytes" => tunables.dirty_data_max_bytes = number,
         "aggregation_limit_bytes" => queue.aggregation_limit_bytes = number.min(16 << 20) as u32,
         "read_gap_limit_bytes" => queue.read_gap_limit_bytes = number.min(1 << 20) as u32,
         "max_active_total" => queue.max_active_total = number.clamp(1, 4096) as u32,

@@ -104,6 +104,9 @@ impl Pool {
             }
             requests.push(SnapshotRequest { volume: volume.to_string(), name: snapshot.to_string(), guid: crate::format::new_guid() });
         }
+        // Every write acknowledged before the snapshot is in it, and on disk
+        // with it (the commit writes out every volume, as `commit` does).
+        self.drain_all().await?;
         self.pending_snapshots.borrow_mut().extend(requests);
         let target = self.txg.open();
         self.txg.wait_durable(self, target).await
@@ -183,8 +186,7 @@ impl Pool {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         self.destroy_snapshot_locked(full_name)?;
-        let target = self.txg.open();
-        self.txg.wait_durable(self, target).await
+        self.commit().await
     }
 
     /// The synchronous part of destroying a snapshot: everything it touches is
@@ -270,8 +272,7 @@ impl Pool {
             return Err(PoolError::InvalidName(clone_short));
         }
         let clone_volume = self.clone_locked(origin, &clone_short).await?;
-        let target = self.txg.open();
-        self.txg.wait_durable(self, target).await?;
+        self.commit().await?;
         Ok(clone_volume)
     }
 
@@ -314,8 +315,7 @@ impl Pool {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         self.rollback_locked(full_name, recursive).await?;
-        let open = self.txg.open();
-        self.txg.wait_durable(self, open).await
+        self.commit().await
     }
 
     /// Rolls back in the open txg (the caller holds the admin lock).
@@ -341,7 +341,7 @@ impl Pool {
         }
         let head = self.volume(volume)?;
         // No writes while the tree is swapped.
-        let _writers = head.exclusive().await;
+        let _writers = self.exclusive(&head).await?;
         // Nor txg builds: the walk below awaits reads, and a build meanwhile
         // would sync the volume's dirty nodes (freeing their old copies) under
         // the pointers already collected, which would then be freed twice.
@@ -453,8 +453,7 @@ impl Pool {
         // Cached snapshot exports keep working: only their names moved.
         self.snapshot_volumes.borrow_mut().clear();
         self.directory_dirty.set(true);
-        let open = self.txg.open();
-        self.txg.wait_durable(self, open).await
+        self.commit().await
     }
 
     /// Space figures of a volume (walks the blocks born after its latest

@@ -22,6 +22,7 @@ pub mod send;
 pub mod scrub;
 pub mod txg;
 pub mod volume;
+pub mod writeback;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -139,6 +140,9 @@ pub struct PoolTunables {
     pub dirty_max_bytes: u64,
     /// Clean metadata cached in memory (dirty metadata is bounded by the throttle).
     pub cache_budget_bytes: usize,
+    /// Volume data held dirty in memory before writers wait (see `writeback`);
+    /// 0 turns write-back off: every write is written through before its reply.
+    pub dirty_data_max_bytes: u64,
     /// The I/O queue of every leaf.
     pub queue: QueueTunables,
 }
@@ -150,6 +154,7 @@ impl Default for PoolTunables {
             dirty_sync_bytes: 64 << 20,
             dirty_max_bytes: 512 << 20,
             cache_budget_bytes: 256 << 20,
+            dirty_data_max_bytes: writeback::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
         }
     }
@@ -197,6 +202,8 @@ pub struct Pool {
     /// Snapshots being sent (by full name, with the number of sends): they
     /// cannot be destroyed meanwhile.
     pub snapshot_holds: RefCell<BTreeMap<String, usize>>,
+    /// Dirty volume data held in memory (see `writeback`).
+    pub writeback: writeback::PoolWriteback,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -296,6 +303,7 @@ impl Pool {
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
+            writeback: Default::default(),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -460,6 +468,7 @@ impl Pool {
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
+            writeback: Default::default(),
         });
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
@@ -560,7 +569,7 @@ impl Pool {
         self.directory.borrow_mut().volumes.insert(short.clone(), record);
         self.directory_dirty.set(true);
         self.volumes.borrow_mut().insert(short, volume.clone());
-        self.txg.wait_durable(self, self.txg.open()).await?;
+        self.commit().await?;
         Ok(volume)
     }
 
@@ -588,7 +597,7 @@ impl Pool {
         for snapshot in &record.snapshots {
             self.check_not_held(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }
-        let _writers = volume.exclusive().await;
+        let _writers = self.exclusive(&volume).await?;
         // No txg may be built from here until the tree is gone: the walk below
         // awaits reads, and a build meanwhile would sync the volume's dirty nodes
         // (freeing their old copies) under the pointers already collected, which
@@ -628,7 +637,7 @@ impl Pool {
         }
         self.directory_dirty.set(true);
         drop(hold);
-        self.txg.wait_durable(self, self.txg.open()).await
+        self.commit().await
     }
 
     /// Frees a dead list object (not the blocks it lists).
@@ -642,14 +651,26 @@ impl Pool {
         Ok(())
     }
 
-    /// Commits the open txg and waits until it is durable.
+    /// Writes out every volume's dirty blocks, commits the open txg and waits
+    /// until it is durable: every write acknowledged before it is then on disk
+    /// (as an OpenZFS txg sync writes all dirty data). Administrative changes
+    /// end with it.
     pub async fn commit(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.drain_all().await?;
         let target = self.txg.open();
         self.txg.wait_durable(self, target).await
     }
 
-    /// Makes every write completed so far durable (NBD FLUSH).
+    /// Makes every write completed so far durable, on every volume: their
+    /// dirty blocks are written out, then the txg is committed.
     pub async fn flush(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.drain_all().await?;
+        self.commit_linked().await
+    }
+
+    /// Makes every change linked into the trees so far durable (a FUA write's
+    /// own block is linked before this; dirty blocks are not written out).
+    pub async fn commit_linked(self: &Rc<Self>) -> Result<(), PoolError> {
         let target = if self.has_changes() { self.txg.open() } else { self.txg.open() - 1 };
         self.txg.wait_durable(self, target).await
     }

@@ -210,7 +210,7 @@ impl Pool {
         }
         self.refresh_settings();
         self.directory_dirty.set(true);
-        self.txg.wait_durable(self, self.txg.open()).await
+        self.commit().await
     }
 
     /// Removes a local setting so the value is inherited again (`inherit`).
@@ -231,7 +231,7 @@ impl Pool {
         }
         self.refresh_settings();
         self.directory_dirty.set(true);
-        self.txg.wait_durable(self, self.txg.open()).await
+        self.commit().await
     }
 
     /// Grows a volume (shrinking would cut off data a client wrote).

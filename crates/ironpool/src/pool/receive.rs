@@ -291,7 +291,7 @@ impl Pool {
     fn changed_since_latest_snapshot(&self, short: &str) -> Result<bool, PoolError> {
         let head = self.volume(short)?;
         let dnode = head.object.dnode();
-        Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg || head.object.has_dirty_nodes() || !head.object.dead.borrow().is_empty() || head.object.dead_list.get() != 0)
+        Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg || !head.writeback.is_empty() || head.object.has_dirty_nodes() || !head.object.dead.borrow().is_empty() || head.object.dead_list.get() != 0)
     }
 
     /// Applies the records after BEGIN to the hidden volume, up to END.
@@ -346,6 +346,9 @@ impl Pool {
             }
             if save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
                 applier.drain().await?;
+                // The position is committed with the next txg: the data before
+                // it must be linked by then.
+                self.drain_volume(hidden).await?;
                 self.note_receive_position(hidden_short, checker.next_block());
                 since_checkpoint = 0;
             }
@@ -363,6 +366,8 @@ impl Pool {
 
     /// Records how far a receive got and makes it durable.
     async fn save_receive_position(self: &Rc<Self>, hidden_short: &str, next_block: u64) -> Result<(), PoolError> {
+        let hidden = self.volume(hidden_short)?;
+        self.drain_volume(&hidden).await?;
         self.note_receive_position(hidden_short, next_block);
         self.txg.wait_durable(self, self.txg.open()).await
     }
@@ -389,11 +394,12 @@ impl Pool {
     async fn finish_receive(self: &Rc<Self>, short: &str, hidden_short: &str, begin: &StreamBegin, snapshot_name: &str, force: bool) -> Result<(), PoolError> {
         // Everything received is committed first: the hidden tree is then clean
         // on disk and can change hands as a whole.
+        self.drain_volume(&self.volume(hidden_short)?).await?;
         self.txg.wait_durable(self, self.txg.open()).await?;
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let hidden = self.volume(hidden_short)?;
-        let _hidden_writers = hidden.exclusive().await;
+        let _hidden_writers = self.exclusive(&hidden).await?;
         if begin.from_guid == 0 {
             if self.directory.borrow().volumes.contains_key(short) {
                 return Err(PoolError::VolumeExists(format!("{}/{short} was created while receiving", self.name)));
@@ -415,7 +421,7 @@ impl Pool {
             if needs_rollback {
                 self.rollback_locked(&format!("{}/{short}@{from}", self.name), true).await?;
             }
-            let _head_writers = head.exclusive().await;
+            let _head_writers = self.exclusive(&head).await?;
             // A client may have written between the rollback and this point:
             // the head's own blocks would leak under the swap. Refuse; nothing
             // is lost (the received data stays in the hidden volume's tree
@@ -457,6 +463,6 @@ impl Pool {
         }
         self.pending_snapshots.borrow_mut().push(SnapshotRequest { volume: short.to_string(), name: snapshot_name.to_string(), guid: begin.to_guid });
         self.directory_dirty.set(true);
-        self.txg.wait_durable(self, self.txg.open()).await
+        self.commit().await
     }
 }

@@ -74,6 +74,8 @@ pub struct TxgState {
     /// Holders of `hold_builds`: while any, no txg is built (a full walk needs
     /// the trees and the allocator of one txg; see `Pool::check_space`).
     build_holds: Cell<u32>,
+    /// The dirty percentage last given to the leaf queues.
+    dirty_percent: Cell<u32>,
 }
 
 /// Keeps the sync task from building a txg while it lives.
@@ -104,6 +106,7 @@ impl TxgState {
             stats: Cell::new(TxgStats::default()),
             data_bytes_open: Cell::new(0),
             build_holds: Cell::new(0),
+            dirty_percent: Cell::new(0),
         }
     }
 
@@ -122,9 +125,7 @@ impl TxgState {
         if self.data_bytes_open.get() >= threshold {
             self.request(self.open.get());
         }
-        let data_percent = self.data_bytes_open.get() * 100 / threshold.max(1);
-        let metadata_percent = pool.objects.dirty_bytes() * 100 / pool.tunables.borrow().dirty_sync_bytes.max(1);
-        set_dirty_percent(pool, data_percent.max(metadata_percent).min(1000) as u32);
+        update_dirty_percent(pool);
     }
 
     /// The txg that changes made now belong to.
@@ -303,7 +304,28 @@ fn bump(state: &TxgState, update: impl FnOnce(&mut TxgStats)) {
     state.stats.set(stats);
 }
 
-/// Tells every leaf queue how full the open txg is (it scales async writes).
+/// Tells the leaf queues how much dirty data waits, as the largest of: data
+/// linked in the open txg against the point that starts a commit, dirty
+/// metadata against its sync point, and volume data held by write-back
+/// against its limit. Async writes (commits, write-back) get more slots as
+/// it rises, as OpenZFS scales them with its dirty data.
+pub fn update_dirty_percent(pool: &Pool) {
+    let state = &pool.txg;
+    let data_percent = state.data_bytes_open.get() * 100 / data_sync_bytes(pool).max(1);
+    let (metadata_percent, held_percent) = {
+        let tunables = pool.tunables.borrow();
+        let held = match tunables.dirty_data_max_bytes {
+            0 => 0,
+            limit => pool.dirty_data_bytes() * 100 / limit,
+        };
+        (pool.objects.dirty_bytes() * 100 / tunables.dirty_sync_bytes.max(1), held)
+    };
+    let percent = data_percent.max(metadata_percent).max(held_percent).min(1000) as u32;
+    if percent != state.dirty_percent.replace(percent) {
+        set_dirty_percent(pool, percent);
+    }
+}
+
 fn set_dirty_percent(pool: &Pool, percent: u32) {
     for top in &pool.store.vdevs {
         for leaf in &top.children {
@@ -408,7 +430,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     pool.store.set_open_txg(txg + 1);
     pool.txg.data_bytes_open.set(0);
     objects.reset_dirty_bytes();
-    set_dirty_percent(pool, 0);
+    update_dirty_percent(pool);
     update_metadata_reserve(pool);
     Ok(BuiltTxg { txg, context, uberblock, config, passes })
 }

@@ -1,14 +1,18 @@
 //! Volumes: block devices made of a copy-on-write tree of `volblocksize` blocks.
 //!
-//! The I/O path is direct and asynchronous:
-//! - a write of whole blocks allocates new space, writes the client's bytes there
-//!   (no copy: the device I/O points into the buffer the request arrived in),
-//!   then links the new pointer into the tree and frees the old block;
-//! - a write of part of a block reads the old block, merges, and writes it the
-//!   same way (read-modify-write, counted);
-//! - a read looks up the pointer and reads the block, verified, from a device;
-//!   never-written blocks are holes and read as zeros without I/O;
-//! - blocks of zeros (written, zeroed or trimmed) become holes.
+//! The I/O path is asynchronous and copies nothing:
+//! - a write of whole blocks is held as dirty blocks that point into the buffer
+//!   the request arrived in, and acknowledged; the write-back
+//!   (`super::writeback`) later allocates new space for a batch of them, writes
+//!   them there, links the new pointers into the tree and frees the old blocks.
+//!   FUA writes and `sync=always` write through: allocated, written and linked
+//!   before the reply, then committed;
+//! - a write of part of a block reads the old block (from memory when it is
+//!   dirty), merges, and stores it the same way (read-modify-write, counted);
+//! - a read returns a dirty block's bytes, or looks up the pointer and reads the
+//!   block, verified, from a device; never-written blocks are holes and read as
+//!   zeros without I/O;
+//! - blocks of zeros (written, zeroed or trimmed) become holes, at once.
 //!
 //! Writes to the same block are serialised by a per-block lock so that partial
 //! writes to different parts of one block both land; writes to different blocks
@@ -58,8 +62,8 @@ pub struct VolumeStats {
     pub write_ops: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
-    /// Reads and writes served without any cache copy (all of them today: the
-    /// engine has no data cache).
+    /// Reads and writes served without any cache copy (all of them: dirty
+    /// blocks are the clients' own buffers, and there is no read cache).
     pub direct_read_ops: u64,
     pub direct_write_ops: u64,
     /// Partial-block writes that had to read the old block first.
@@ -71,6 +75,18 @@ pub struct VolumeStats {
     pub trim_ops: u64,
     pub zero_ops: u64,
     pub flush_ops: u64,
+    /// Blocks read from memory: written, acknowledged, not yet written out.
+    pub dirty_read_blocks: u64,
+    /// Dirty blocks overwritten before they were written out (device writes
+    /// saved).
+    pub absorbed_writes: u64,
+    /// Dirty blocks written out and linked by the write-back.
+    pub writeback_blocks: u64,
+    /// Write-back batches that failed (their blocks stay dirty; the next flush
+    /// reports it).
+    pub writeback_errors: u64,
+    /// Bytes held dirty now.
+    pub dirty_bytes: u64,
     /// Blocks stored compressed.
     pub compressed_blocks: u64,
     /// Blocks compression was tried on but did not save enough (stored as is).
@@ -125,6 +141,8 @@ pub struct Volume {
     stats: Cell<VolumeStats>,
     /// Writes hold one unit; rollback and receive take them all.
     writers: Rc<crate::rt::sync::Semaphore>,
+    /// Blocks acknowledged and not yet written out.
+    pub(crate) writeback: super::writeback::VolumeWriteback,
 }
 
 /// A new directory record.
@@ -158,6 +176,7 @@ impl Volume {
             unlocked: Notify::new(),
             stats: Cell::new(VolumeStats::default()),
             writers: crate::rt::sync::Semaphore::new(VOLUME_WRITERS_MAX),
+            writeback: Default::default(),
         })
     }
 
@@ -188,17 +207,18 @@ impl Volume {
     }
 
     pub fn stats(&self) -> VolumeStats {
-        self.stats.get()
+        VolumeStats { dirty_bytes: self.writeback.bytes(), ..self.stats.get() }
     }
 
-    fn count(&self, update: impl FnOnce(&mut VolumeStats)) {
+    pub(crate) fn count(&self, update: impl FnOnce(&mut VolumeStats)) {
         let mut stats = self.stats.get();
         update(&mut stats);
         self.stats.set(stats);
     }
 
-    /// Waits until no write is in progress and keeps writes out while held.
-    pub async fn exclusive(&self) -> crate::rt::sync::Permit {
+    /// Waits until no write is in progress and keeps writes out while held
+    /// (dirty blocks may remain: see [`Pool::exclusive`]).
+    async fn exclusive_writers(&self) -> crate::rt::sync::Permit {
         self.writers.acquire(VOLUME_WRITERS_MAX).await
     }
 
@@ -242,6 +262,22 @@ impl Volume {
             }
         }
         BlockLocks { volume: self, first, last }
+    }
+
+    /// Takes block `blkid`'s lock if it is free (the write-back never waits
+    /// for a lock, so it never holds one while waiting for another).
+    pub(crate) fn try_lock_block(&self, blkid: u64) -> bool {
+        self.locked.borrow_mut().insert(blkid)
+    }
+
+    /// The guard of a lock taken by `try_lock_block`.
+    pub(crate) fn held_lock(&self, blkid: u64) -> impl Drop + '_ {
+        BlockLocks { volume: self, first: blkid, last: blkid }
+    }
+
+    /// Completes when some block lock is released.
+    pub(crate) async fn wait_unlocked(&self) {
+        self.unlocked.notified().await
     }
 }
 
@@ -332,27 +368,37 @@ impl Pool {
                 volume.count(|stats| stats.hole_read_ops += 1);
                 Ok(ReadPiece::Zeros(length))
             }
-            Some(data) => Ok(ReadPiece::Data(BufSlice::new(data.into_shared(), within..within + length))),
+            Some(data) => Ok(ReadPiece::Data(data.slice(within..within + length))),
         }
     }
 
-    /// Reads one whole block (None for a hole). Retries when the block changed
-    /// while it was being read (its old copy was overwritten and reused).
-    async fn read_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64) -> Result<Option<AlignedBuf>, PoolError> {
+    /// Reads one whole block (None for a hole): its dirty copy if it has one,
+    /// else from the devices. Retries when the block changed while it was being
+    /// read (its old copy was overwritten and reused).
+    async fn read_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64) -> Result<Option<BufSlice>, PoolError> {
+        if let Some(data) = volume.writeback.lookup(blkid) {
+            volume.count(|stats| stats.dirty_read_blocks += 1);
+            return Ok(Some(data));
+        }
         let mut attempt = 0;
         loop {
             let pointer = self.objects.block_pointer(&volume.object, blkid).await?;
+            // Written and acknowledged while the pointer was looked up.
+            if let Some(data) = volume.writeback.lookup(blkid) {
+                volume.count(|stats| stats.dirty_read_blocks += 1);
+                return Ok(Some(data));
+            }
             if pointer.is_hole() {
                 return Ok(None);
             }
             match self.store.read(&pointer, IoClass::SyncRead).await {
-                Ok(data) if pointer.compression == Compression::Off => return Ok(Some(data)),
+                Ok(data) if pointer.compression == Compression::Off => return Ok(Some(BufSlice::whole(data.into_shared()))),
                 Ok(physical) => {
                     let logical = pointer.logical_size as usize;
                     let data = crate::compress::decompress_offloaded(pointer.compression, &physical, logical)
                         .await
                         .map_err(|error| PoolError::Corrupt(format!("{} block {blkid}: {error}", volume.name)))?;
-                    return Ok(Some(data));
+                    return Ok(Some(BufSlice::whole(data.into_shared())));
                 }
                 Err(BlockError::Unreadable { location, detail }) => {
                     let now = self.objects.block_pointer(&volume.object, blkid).await?;
@@ -375,6 +421,9 @@ impl Pool {
             return Ok(());
         }
         self.txg.throttle(self).await;
+        let durable = volume.durable(fua);
+        let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES { None } else { self.admit_dirty(length).await };
+        let hold = admission.is_some();
         let _writer = volume.writers.acquire(1).await;
         let block = volume.block_bytes;
         let first = offset / block;
@@ -391,14 +440,14 @@ impl Pool {
             contents.push((blkid, content));
             position += chunk as u64;
         }
-        self.apply_contents(volume, contents).await?;
+        self.apply_contents(volume, contents, hold).await?;
         volume.count(|stats| {
             stats.write_ops += 1;
             stats.direct_write_ops += 1;
             stats.write_bytes += length;
         });
-        if volume.durable(fua) {
-            self.flush().await?;
+        if durable {
+            self.commit_linked().await?;
         }
         Ok(())
     }
@@ -432,12 +481,12 @@ impl Pool {
                 contents.push((blkid, content));
                 cursor += chunk as u64;
             }
-            self.apply_contents(volume, contents).await?;
+            self.apply_contents(volume, contents, false).await?;
             position = slice_end;
         }
         volume.count(|stats| if trim { stats.trim_ops += 1 } else { stats.zero_ops += 1 });
         if volume.durable(fua) {
-            self.flush().await?;
+            self.commit_linked().await?;
         }
         Ok(())
     }
@@ -472,17 +521,19 @@ impl Pool {
                 contents.push((blkid, content));
                 cursor += chunk as u64;
             }
-            self.apply_contents(volume, contents).await?;
+            self.apply_contents(volume, contents, false).await?;
             position = slice_end;
         }
         volume.count(|stats| stats.zero_ops += 1);
         if volume.durable(fua) {
-            self.flush().await?;
+            self.commit_linked().await?;
         }
         Ok(())
     }
 
-    async fn apply_contents(self: &Rc<Self>, volume: &Rc<Volume>, contents: Vec<(u64, BlockContent)>) -> Result<(), PoolError> {
+    /// Puts each block's content in place; with `hold`, blocks of data may be
+    /// held dirty (write-back), else everything is written through.
+    async fn apply_contents(self: &Rc<Self>, volume: &Rc<Volume>, contents: Vec<(u64, BlockContent)>, hold: bool) -> Result<(), PoolError> {
         let mut contents = contents.into_iter();
         loop {
             let batch: Vec<(u64, BlockContent)> = contents.by_ref().take(BLOCKS_IN_FLIGHT_PER_REQUEST).collect();
@@ -491,37 +542,61 @@ impl Pool {
             }
             if batch.len() == 1 {
                 let (blkid, content) = batch.into_iter().next().expect("one block");
-                self.write_block(volume, blkid, content).await?;
+                self.write_block(volume, blkid, content, hold).await?;
                 continue;
             }
-            let writes = batch.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content));
+            let writes = batch.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content, hold));
             for result in futures_util::future::join_all(writes).await {
                 result?;
             }
         }
     }
 
-    /// Puts `content` into block `blkid` (the caller holds its lock).
-    async fn write_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, content: BlockContent) -> Result<(), PoolError> {
+    /// Puts `content` into block `blkid` (the caller holds its lock): held
+    /// dirty when `hold` allows and the pool takes it, else written through.
+    async fn write_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, content: BlockContent, hold: bool) -> Result<(), PoolError> {
         let block = volume.block_bytes as usize;
         let data: Option<BufSlice> = match content {
             BlockContent::Full(slice) => (!is_zero(&slice)).then_some(slice),
             BlockContent::FullAllocated(slice) => Some(slice),
             BlockContent::Zero => None,
             BlockContent::Partial { within, data } => {
-                let mut merged = self.read_block(volume, blkid).await?.unwrap_or_else(|| AlignedBuf::zeroed(block));
+                let mut merged = self.read_block(volume, blkid).await?.map(mutable_copy).unwrap_or_else(|| AlignedBuf::zeroed(block));
                 merged[within..within + data.len()].copy_from_slice(&data);
                 volume.count(|stats| stats.rmw_write_ops += 1);
                 (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
             }
             BlockContent::PartialZero { within, length } => match self.read_block(volume, blkid).await? {
                 None => None,
-                Some(mut merged) => {
+                Some(old) => {
+                    let mut merged = mutable_copy(old);
                     merged[within..within + length].fill(0);
                     (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
                 }
             },
         };
+        if let Some(data) = &data {
+            if hold && self.hold_dirty(volume, blkid, data.clone()) {
+                return Ok(());
+            }
+        }
+        self.store_block(volume, blkid, data, None, IoClass::SyncWrite).await
+    }
+
+    /// Writes `data` (None: zeros, a hole) as block `blkid` and links it, in
+    /// I/O class `class`; its dirty copy, if any, is dropped as it is linked.
+    /// `prepared` is the checksum of `data` computed earlier, used when the
+    /// block is stored uncompressed with that algorithm. The caller holds the
+    /// block's lock.
+    pub(crate) async fn store_block(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blkid: u64,
+        data: Option<BufSlice>,
+        prepared: super::writeback::Prepared,
+        class: IoClass,
+    ) -> Result<(), PoolError> {
+        let block = volume.block_bytes as usize;
         let mut pointer = match &data {
             None => {
                 volume.count(|stats| stats.zero_blocks += 1);
@@ -530,9 +605,12 @@ impl Pool {
             Some(data) => {
                 let settings = volume.settings();
                 let (payload, physical_size, compression) = self.compress_block(volume, settings, data).await;
-                let checksum = settings.checksum.compute(&payload[..physical_size]);
+                let checksum = match prepared {
+                    Some((algo, checksum)) if algo == settings.checksum && compression == Compression::Off => checksum,
+                    _ => settings.checksum.compute(&payload[..physical_size]),
+                };
                 let dvas = self.allocate_data(payload.len() as u64).await?;
-                if let Err(error) = self.store.write(&dvas, payload, IoClass::SyncWrite).await {
+                if let Err(error) = self.store.write(&dvas, payload, class).await {
                     self.store.release(&dvas);
                     return Err(error.into());
                 }
@@ -554,7 +632,8 @@ impl Pool {
         // free in one step, all in the txg open at that moment.
         self.objects.load_path(&volume.object, blkid).await?;
         if pointer.is_hole() && self.objects.block_pointer_cached(&volume.object, blkid)?.is_hole() {
-            return Ok(()); // zeros over a hole: nothing changes
+            self.forget_dirty(volume, blkid);
+            return Ok(()); // zeros over a hole: nothing changes in the tree
         }
         pointer.birth_txg = self.txg.open();
         let old = match self.objects.set_block_pointer_cached(&volume.object, blkid, pointer) {
@@ -566,6 +645,7 @@ impl Pool {
                 return Err(error.into());
             }
         };
+        self.forget_dirty(volume, blkid);
         if !pointer.is_hole() {
             self.store.commit(&pointer);
             self.txg.add_data(self, pointer.allocated_bytes());
@@ -619,6 +699,8 @@ impl Pool {
     /// stopping after `BLOCK_STATUS_EXTENTS_MAX` runs.
     pub async fn block_status(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64) -> Result<Vec<(u64, bool)>, PoolError> {
         volume.check(offset, length)?;
+        // Dirty blocks are not in the tree yet.
+        self.drain_volume(volume).await?;
         let block = volume.block_bytes;
         let end = offset + length;
         let mut runs: Vec<(u64, bool)> = Vec::new();
@@ -644,12 +726,34 @@ impl Pool {
     }
 
     /// A client's flush of `volume`: everything acknowledged becomes durable
-    /// (at once with `sync=disabled`, which leaves that to the next commit).
-    pub async fn flush_volume(self: &Rc<Self>, volume: &Volume) -> Result<(), PoolError> {
+    /// (at once with `sync=disabled`, which leaves that to the write-back and
+    /// the next commit).
+    pub async fn flush_volume(self: &Rc<Self>, volume: &Rc<Volume>) -> Result<(), PoolError> {
         self.count_flush(volume);
         if volume.settings().sync == SyncMode::Disabled {
             return Ok(());
         }
-        self.flush().await
+        self.drain_volume(volume).await?;
+        self.commit_linked().await
+    }
+
+    /// Waits until no write to `volume` is in progress, writes out its dirty
+    /// blocks, and keeps writes out while the permit is held: for operations
+    /// that change or read the volume's whole tree (rollback, receive, destroy).
+    pub async fn exclusive(self: &Rc<Self>, volume: &Rc<Volume>) -> Result<crate::rt::sync::Permit, PoolError> {
+        let permit = volume.exclusive_writers().await;
+        self.drain_volume(volume).await?;
+        Ok(permit)
+    }
+}
+
+/// A block's bytes to change: the buffer itself when nothing else holds it (a
+/// block just read), else a copy (a dirty block, which readers may hold).
+fn mutable_copy(data: BufSlice) -> AlignedBuf {
+    let (buffer, range) = data.into_owned();
+    if range == (0..buffer.len()) {
+        buffer
+    } else {
+        AlignedBuf::copy_from(&buffer[range])
     }
 }

@@ -13,8 +13,10 @@
 # 6 x DEVICE + SIZE).
 #   RT=seconds per run (default 15), SIZE=volume and raw file size (default 1G),
 #   DEVICE=size of each pool file (default 768M), LAYOUTS (default
-#   "raidz2:6 raidz1:4"), TUNE="NAME=VALUE ..." queue tunables set on the
-#   server before the runs (see `ironpool tune`).
+#   "raidz2:6 raidz1:4"; KIND:WIDTH:through measures the layout with
+#   write-back off, every write written through before its reply, for a
+#   same-run comparison), TUNE="NAME=VALUE ..." tunables set on the server
+#   before the runs (see `ironpool tune`).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out/raidz}; RT=${RT:-15}; SIZE=${SIZE:-1G}; DEVICE=${DEVICE:-768M}
@@ -63,8 +65,9 @@ echo
 echo "| layout | test | IOPS | MiB/s | vs raw file | write amplification | avg device write (KiB) |"
 echo "|---|---|---|---|---|---|---|"
 for layout in ${LAYOUTS:-raidz2:6 raidz1:4}; do
-    kind=${layout%%:*}; width=${layout##*:}
-    pool="b$kind"; dir="$OUT/$pool"; mkdir -p "$dir"
+    IFS=: read -r kind width mode <<<"$layout"
+    pool="b$kind$mode"; dir="$OUT/$pool"; mkdir -p "$dir"
+    label="$kind of $width"; [ "$mode" = through ] && label="$label, write-back off"
     files=()
     for index in $(seq "$width"); do
         # Written once in full like the raw file: ext4 allocates blocks of a
@@ -80,6 +83,7 @@ for layout in ${LAYOUTS:-raidz2:6 raidz1:4}; do
     setsid -f "$bin" serve -d "$dir" --nbd "unix:$dir/nbd.sock" --pidfile "$dir/pid" "$pool" 2>"$dir/serve.log"
     for _ in $(seq 100); do [ -f "$dir/pid" ] && break; sleep 0.1; done
     uri="nbd+unix:///$pool/vol?socket=$dir/nbd.sock"
+    [ "$mode" = through ] && "$bin" tune "$pool" dirty_data_max_bytes 0 >/dev/null
     for setting in ${TUNE:-}; do
         "$bin" tune "$pool" "${setting%%=*}" "${setting#*=}" >/dev/null
     done
@@ -94,13 +98,13 @@ for layout in ${LAYOUTS:-raidz2:6 raidz1:4}; do
         "$bin" --json iostat "$pool" > "$dir/after.json"
         read -r iops mib client_bytes < <(fio_figures "$dir/$test.json")
         read -r device_bytes device_ops < <(device_writes "$dir/before.json" "$dir/after.json")
-        python3 - "$kind" "$width" "$test" "$iops" "$mib" "$client_bytes" "$device_bytes" "$device_ops" "$raw_rand_iops" "$raw_seq_mib" <<'PY'
+        python3 - "$label" "$test" "$iops" "$mib" "$client_bytes" "$device_bytes" "$device_ops" "$raw_rand_iops" "$raw_seq_mib" <<'PY'
 import sys
-kind, width, test, iops, mib, client, device, ops, raw_iops, raw_mib = sys.argv[1:]
+label_layout, test, iops, mib, client, device, ops, raw_iops, raw_mib = sys.argv[1:]
 iops, mib, client, device, ops = float(iops), float(mib), int(client), int(device), int(ops)
 ratio = iops / float(raw_iops) if test == 'randwrite' else mib / float(raw_mib)
 label = '16K randwrite QD64' if test == 'randwrite' else '1 MiB seq write QD16'
-print(f"| {kind} of {width} | {label} | {iops:.0f} | {mib:.0f} | {ratio:.2f}x | {device / max(client, 1):.2f} | {device / max(ops, 1) / 1024:.0f} |")
+print(f"| {label_layout} | {label} | {iops:.0f} | {mib:.0f} | {ratio:.2f}x | {device / max(client, 1):.2f} | {device / max(ops, 1) / 1024:.0f} |")
 PY
     done
     pid=$(cat "$dir/pid")

@@ -51,8 +51,16 @@ fn a_deep_client_queue_reaches_the_devices() {
     assert!(reads >= 8.0, "QD64 random reads kept only {reads:.1} I/Os active on the busiest device");
     // Writes aggregate (several client writes per device I/O): the depth that
     // reaches the device is the client requests inside active device I/Os.
+    // Held by the write-back, they reach the devices in batches of 4 MiB: few
+    // device I/Os, each carrying many client writes.
+    let (held_ios, held_requests) = sample_during(&pool, common("randwrite", "16k"));
+    eprintln!("random writes, write-back: {held_ios:.1} device I/Os, {held_requests:.1} client requests active on average");
+    assert!(held_requests >= 8.0, "QD64 random writes held: only {held_requests:.1} client requests were at the device on average");
+    // Written through, each client write goes to the queue as it arrives: the
+    // client's depth must reach the device as several I/Os at once.
+    pool.admin(&["tune", "tank", "dirty_data_max_bytes", "0"]);
     let (write_ios, write_requests) = sample_during(&pool, common("randwrite", "16k"));
-    eprintln!("random writes: {write_ios:.1} device I/Os, {write_requests:.1} client requests active on average");
+    eprintln!("random writes, written through: {write_ios:.1} device I/Os, {write_requests:.1} client requests active on average");
     assert!(write_requests >= 8.0, "QD64 random writes: only {write_requests:.1} client requests were at the device on average");
     assert!(write_ios > 1.0, "QD64 random writes: {write_ios:.1} device I/Os active on average");
     let queues = pool.admin(&["--json", "iostat", "-q", "tank"]);

@@ -4,23 +4,27 @@
 //! Why: a block written the moment it arrives can only share a device write
 //! with the blocks queued beside it, which a client's queue depth bounds (at
 //! QD64 a RAID-Z child sees 50-100 KiB writes). Written in batches of a few
-//! MiB, consecutive allocations give every child one long contiguous run, and
-//! the queue merges it into writes up to its aggregation limit. OpenZFS does
-//! the same with its dirty data, written at the txg sync.
+//! MiB, consecutive allocations give every child one long contiguous run
+//! where the free space has one, and the queue merges it into writes up to its
+//! aggregation limit. OpenZFS does the same with its dirty data, written at
+//! the txg sync.
 //!
 //! What it guarantees:
 //! - A write that returns is readable at once: reads look at the dirty blocks
 //!   first (the client's own buffer, no copy).
 //! - FLUSH writes out and links every block dirtied before it, then commits;
-//!   an error writing any of them fails the flush. FUA writes, and every write
-//!   under `sync=always`, are written through (never held in memory).
-//! - Snapshots, rollback, destroy, receive, block status and export write the
-//!   volume's dirty blocks out first, so they see every acknowledged write.
-//! - Memory is bounded: `DIRTY_DATA_MAX_BYTES` for the pool; writers wait above
-//!   it. A block is held only while the pool has room for it (with its parity,
-//!   uncompressed): short of space, or after a write-back failed, writes go
-//!   through at once, so a full pool or a failing device is reported to the
-//!   write that meets it.
+//!   an error writing any of them fails the flush. FUA writes, every write
+//!   under `sync=always`, and requests of `WRITE_THROUGH_MIN_BYTES` or more
+//!   are written through (never held in memory).
+//! - Snapshots, rollback, destroy, receive, block status and every commit
+//!   (administrative changes, `sync`, export) write dirty blocks out first, so
+//!   they see every acknowledged write.
+//! - Memory is bounded: the pool's `dirty_data_max_bytes` tunable (default
+//!   `DIRTY_DATA_MAX_BYTES`; 0 turns write-back off); writers wait above it.
+//!   A block is held only while the pool has room for it (with its parity,
+//!   uncompressed, and 1/16 of the pool to spare): short of space, or after a
+//!   write-back failed, writes go through at once, so a full pool or a
+//!   failing device is reported to the write that meets it.
 //! - Nothing held is lost except by a crash before the flush, which the block
 //!   device contract allows (a crash loses unflushed writes on any disk).
 //!

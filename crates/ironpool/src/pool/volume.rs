@@ -376,16 +376,19 @@ impl Pool {
     /// else from the devices. Retries when the block changed while it was being
     /// read (its old copy was overwritten and reused).
     async fn read_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64) -> Result<Option<BufSlice>, PoolError> {
-        if let Some(data) = volume.writeback.lookup(blkid) {
+        let held = |volume: &Volume| {
+            let data = volume.writeback.lookup(blkid)?;
             volume.count(|stats| stats.dirty_read_blocks += 1);
+            Some(data)
+        };
+        if let Some(data) = held(volume) {
             return Ok(Some(data));
         }
         let mut attempt = 0;
         loop {
             let pointer = self.objects.block_pointer(&volume.object, blkid).await?;
             // Written and acknowledged while the pointer was looked up.
-            if let Some(data) = volume.writeback.lookup(blkid) {
-                volume.count(|stats| stats.dirty_read_blocks += 1);
+            if let Some(data) = held(volume) {
                 return Ok(Some(data));
             }
             if pointer.is_hole() {

@@ -120,6 +120,17 @@ pub struct DirtyBlocks {
     failing: bool,
 }
 
+impl DirtyBlocks {
+    /// Takes block `blkid`'s entry out, with its place in the order and its
+    /// bytes (the pool's counts are the caller's).
+    fn remove(&mut self, blkid: u64) -> Option<DirtyBlock> {
+        let old = self.blocks.remove(&blkid)?;
+        self.order.remove(&old.seq);
+        self.bytes -= old.data.len() as u64;
+        Some(old)
+    }
+}
+
 /// The pool's side: the dirty bytes of all volumes against the limit.
 #[derive(Default)]
 pub struct PoolWriteback {
@@ -259,31 +270,38 @@ impl Pool {
         let settings = volume.settings();
         let prepared = (settings.compression.algo == Compression::Off).then(|| (settings.checksum, settings.checksum.compute(&data)));
         let mut dirty = volume.writeback.dirty.borrow_mut();
+        let (old_length, old_reserved) = match dirty.remove(blkid) {
+            Some(old) => {
+                volume.count(|stats| stats.absorbed_writes += 1);
+                (old.data.len() as u64, old.reserved_bytes)
+            }
+            None => (0, 0),
+        };
         dirty.next_seq += 1;
         let seq = dirty.next_seq;
-        let block = DirtyBlock { data, prepared, seq, since: rt::now(), reserved_bytes: reserved };
-        if let Some(old) = dirty.blocks.insert(blkid, block) {
-            dirty.order.remove(&old.seq);
-            dirty.bytes -= old.data.len() as u64;
-            self.release_dirty(old.data.len() as u64, old.reserved_bytes);
-            volume.count(|stats| stats.absorbed_writes += 1);
-        }
+        dirty.blocks.insert(blkid, DirtyBlock { data, prepared, seq, since: rt::now(), reserved_bytes: reserved });
         dirty.order.insert(seq, blkid);
         dirty.bytes += length;
-        self.writeback.dirty_bytes.set(self.writeback.dirty_bytes.get() + length);
-        self.writeback.reserved_bytes.set(self.writeback.reserved_bytes.get() + reserved);
-        super::txg::update_dirty_percent(self);
         let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES;
-        let start = !dirty.task_running;
-        dirty.task_running = true;
         drop(dirty);
-        if start {
-            let pool = self.clone();
-            let task_volume = volume.clone();
-            rt::spawn(async move { writeback_task(pool, task_volume).await });
-        } else if urgent {
+        let state = &self.writeback;
+        state.dirty_bytes.set(state.dirty_bytes.get() - old_length + length);
+        state.reserved_bytes.set(state.reserved_bytes.get() - old_reserved + reserved);
+        super::txg::update_dirty_percent(self);
+        if !self.start_writeback(volume) && urgent {
             volume.writeback.kick.notify_all();
         }
+        true
+    }
+
+    /// Starts `volume`'s write-back task unless it is running; true if started.
+    fn start_writeback(self: &Rc<Self>, volume: &Rc<Volume>) -> bool {
+        if std::mem::replace(&mut volume.writeback.dirty.borrow_mut().task_running, true) {
+            return false;
+        }
+        let pool = self.clone();
+        let task_volume = volume.clone();
+        rt::spawn(async move { writeback_task(pool, task_volume).await });
         true
     }
 
@@ -299,11 +317,8 @@ impl Pool {
     /// wrote (called right after linking, with the block's lock held, so reads
     /// go from the dirty copy to the tree with nothing in between).
     pub(crate) fn forget_dirty(&self, volume: &Volume, blkid: u64) {
-        let mut dirty = volume.writeback.dirty.borrow_mut();
-        if let Some(old) = dirty.blocks.remove(&blkid) {
-            dirty.order.remove(&old.seq);
-            dirty.bytes -= old.data.len() as u64;
-            drop(dirty);
+        let removed = volume.writeback.dirty.borrow_mut().remove(blkid);
+        if let Some(old) = removed {
             self.release_dirty(old.data.len() as u64, old.reserved_bytes);
             volume.writeback.changed.notify_all();
         }
@@ -329,13 +344,8 @@ impl Pool {
                     return Err(PoolError::Io(format!("{}: writing out acknowledged data failed: {reason}", volume.name)));
                 }
                 dirty.drain_target = dirty.drain_target.max(target);
-                if !dirty.task_running {
-                    dirty.task_running = true;
-                    let pool = self.clone();
-                    let task_volume = volume.clone();
-                    rt::spawn(async move { writeback_task(pool, task_volume).await });
-                }
             }
+            self.start_writeback(volume);
             volume.writeback.kick.notify_all();
             volume.writeback.changed.notified().await;
         }
@@ -435,28 +445,22 @@ fn pick_batch(volume: &Volume, limit: usize) -> Vec<(u64, BufSlice, Prepared)> {
 async fn write_batch(pool: Rc<Pool>, volume: Rc<Volume>, batch: Vec<(u64, BufSlice, Prepared)>) {
     let locks: Vec<_> = batch.iter().map(|(blkid, _, _)| volume.held_lock(*blkid)).collect();
     // Polled in order, every block is compressed, checksummed and allocated
-    // before any of them waits: consecutive allocations, one contiguous run.
+    // before any of them waits: consecutive allocations, one contiguous run
+    // where the free space has one.
     let writes = batch.into_iter().map(|(blkid, data, prepared)| {
         let pool = &pool;
         let volume = &volume;
         async move {
             let length = data.len() as u64;
             let result = pool.store_block(volume, blkid, Some(data), prepared, IoClass::AsyncWrite).await;
-            let mut dirty = volume.writeback.dirty.borrow_mut();
-            dirty.in_flight_bytes -= length;
-            result.map(|()| 1u64)
+            volume.writeback.dirty.borrow_mut().in_flight_bytes -= length;
+            result
         }
     });
     let results = futures_util::future::join_all(writes).await;
     drop(locks);
-    let mut written = 0;
-    let mut error = None;
-    for result in results {
-        match result {
-            Ok(count) => written += count,
-            Err(failure) => error = Some(failure),
-        }
-    }
+    let written = results.iter().filter(|result| result.is_ok()).count() as u64;
+    let error = results.into_iter().filter_map(Result::err).last();
     volume.count(|stats| stats.writeback_blocks += written);
     let state = &volume.writeback;
     {

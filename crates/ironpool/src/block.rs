@@ -50,6 +50,10 @@ pub struct BlockStats {
     pub unrecoverable_reads: u64,
 }
 
+/// The blocks of a `write_run` going to one top-level vdev: their indexes in
+/// the run and (offset, bytes) each.
+type VdevRun = (Vec<usize>, Vec<(u64, BufSlice)>);
+
 /// Devices, allocator, and the rules for reading and writing blocks.
 pub struct BlockStore {
     pub vdevs: Vec<Rc<TopVdev>>,
@@ -252,6 +256,41 @@ impl BlockStore {
             }
         }
         Ok(())
+    }
+
+    /// Writes blocks of one copy each (write-back's batches), as `write`
+    /// writes each, but per top-level vdev in one go: pieces that follow each
+    /// other on a child become one queue request (see `TopVdev::write_run`).
+    /// Returns each block's result, in order.
+    pub async fn write_run(&self, blocks: Vec<(Dva, BufSlice)>, class: IoClass) -> Vec<Result<(), BlockError>> {
+        let mut results: Vec<Result<(), BlockError>> = blocks.iter().map(|_| Ok(())).collect();
+        let mut by_vdev: Vec<VdevRun> = self.vdevs.iter().map(|_| (Vec::new(), Vec::new())).collect();
+        for (index, (dva, data)) in blocks.iter().enumerate() {
+            match by_vdev.get_mut(dva.vdev as usize) {
+                Some((indexes, run)) => {
+                    indexes.push(index);
+                    run.push((dva.offset, data.clone()));
+                }
+                None => results[index] = Err(BlockError::WriteFailed { location: location(dva), detail: "no such vdev".into() }),
+            }
+        }
+        let writes = by_vdev.into_iter().enumerate().filter(|(_, (indexes, _))| !indexes.is_empty()).map(|(vdev, (indexes, run))| {
+            let top = self.vdevs[vdev].clone();
+            async move { (indexes, top.write_run(class, &run, IoFlags::default()).await) }
+        });
+        for (indexes, outcomes) in futures_util::future::join_all(writes).await {
+            for (index, outcome) in indexes.into_iter().zip(outcomes) {
+                let dva = &blocks[index].0;
+                results[index] = match outcome {
+                    Ok(outcome) => {
+                        self.remember_missed(dva, outcome);
+                        Ok(())
+                    }
+                    Err(error) => Err(BlockError::WriteFailed { location: location(dva), detail: error.to_string() }),
+                };
+            }
+        }
+        results
     }
 
     fn remember_missed(&self, dva: &Dva, outcome: WriteOutcome) {

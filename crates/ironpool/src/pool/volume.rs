@@ -599,41 +599,67 @@ impl Pool {
         prepared: super::writeback::Prepared,
         class: IoClass,
     ) -> Result<(), PoolError> {
-        let block = volume.block_bytes as usize;
-        let mut pointer = match &data {
+        let pointer = match data {
             None => {
                 volume.count(|stats| stats.zero_blocks += 1);
                 BlockPointer::hole(0, ObjectType::VolumeData, 0)
             }
             Some(data) => {
                 let settings = volume.settings();
-                let (payload, physical_size, compression) = self.compress_block(volume, settings, data).await;
-                let checksum = match prepared {
-                    Some((algo, checksum)) if algo == settings.checksum && compression == Compression::Off => checksum,
-                    _ => settings.checksum.compute(&payload[..physical_size]),
-                };
-                let dvas = self.allocate_data(payload.len() as u64).await?;
-                if let Err(error) = self.store.write(&dvas, payload, class).await {
-                    self.store.release(&dvas);
+                let (payload, physical_size, compression) = self.compress_block(volume, settings, &data).await;
+                let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, prepared).await?;
+                if let Err(error) = self.store.write(&pointer.dvas, payload, class).await {
+                    self.store.release(&pointer.dvas);
                     return Err(error.into());
                 }
-                BlockPointer {
-                    dvas,
-                    birth_txg: 0,
-                    logical_size: block as u32,
-                    physical_size: physical_size as u32,
-                    level: 0,
-                    object_type: ObjectType::VolumeData,
-                    checksum_algo: settings.checksum,
-                    compression,
-                    fill: 1,
-                    checksum,
-                }
+                pointer
             }
         };
-        // Link: load the path, then change the tree, log the allocation and the
-        // free in one step, all in the txg open at that moment.
-        self.objects.load_path(&volume.object, blkid).await?;
+        self.link_block(volume, blkid, pointer).await
+    }
+
+    /// The pointer of a data block about to be written: its checksum (the one
+    /// `prepared` when it still applies) and its space, allocated now.
+    pub(crate) async fn allocate_block(
+        self: &Rc<Self>,
+        volume: &Volume,
+        settings: VolumeSettings,
+        payload: &BufSlice,
+        physical_size: usize,
+        compression: Compression,
+        prepared: super::writeback::Prepared,
+    ) -> Result<BlockPointer, PoolError> {
+        let checksum = match prepared {
+            Some((algo, checksum)) if algo == settings.checksum && compression == Compression::Off => checksum,
+            _ => settings.checksum.compute(&payload[..physical_size]),
+        };
+        let dvas = self.allocate_data(payload.len() as u64).await?;
+        Ok(BlockPointer {
+            dvas,
+            birth_txg: 0,
+            logical_size: volume.block_bytes as u32,
+            physical_size: physical_size as u32,
+            level: 0,
+            object_type: ObjectType::VolumeData,
+            checksum_algo: settings.checksum,
+            compression,
+            fill: 1,
+            checksum,
+        })
+    }
+
+    /// Links a written block (or a hole) into the volume's tree, in the txg
+    /// open at that moment: loads the path, changes the tree, logs the
+    /// allocation and frees the block it replaces, all in one step. Drops the
+    /// block's dirty copy. On failure the new block's space is released. The
+    /// caller holds the block's lock.
+    pub(crate) async fn link_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, mut pointer: BlockPointer) -> Result<(), PoolError> {
+        if let Err(error) = self.objects.load_path(&volume.object, blkid).await {
+            if !pointer.is_hole() {
+                self.store.release(&pointer.dvas);
+            }
+            return Err(error.into());
+        }
         if pointer.is_hole() && self.objects.block_pointer_cached(&volume.object, blkid)?.is_hole() {
             self.forget_dirty(volume, blkid);
             return Ok(()); // zeros over a hole: nothing changes in the tree
@@ -660,7 +686,7 @@ impl Pool {
     /// What to store for a block: its bytes compressed when the volume compresses
     /// and that saves enough, else as they are. Returns (bytes to write, rounded to
     /// the sector; exact physical size; compression).
-    async fn compress_block(&self, volume: &Volume, settings: VolumeSettings, data: &BufSlice) -> (BufSlice, usize, Compression) {
+    pub(crate) async fn compress_block(&self, volume: &Volume, settings: VolumeSettings, data: &BufSlice) -> (BufSlice, usize, Compression) {
         if settings.compression.algo == Compression::Off {
             return (data.clone(), data.len(), Compression::Off);
         }

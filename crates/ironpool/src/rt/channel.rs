@@ -123,7 +123,7 @@ impl<T> Future for RecvBatch<'_, T> {
         if state.senders == 0 {
             return Poll::Ready(Vec::new());
         }
-        state.waker = Some(context.waker().clone());
+        crate::rt::register_waker(&mut state.waker, context.waker());
         Poll::Pending
     }
 }

@@ -251,7 +251,7 @@ impl<T> Future for JoinHandle<T> {
         if let Some(result) = self.state.result.borrow_mut().take() {
             return Poll::Ready(result);
         }
-        *self.state.waker.borrow_mut() = Some(context.waker().clone());
+        crate::rt::register_waker(&mut self.state.waker.borrow_mut(), context.waker());
         Poll::Pending
     }
 }

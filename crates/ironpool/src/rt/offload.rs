@@ -103,7 +103,7 @@ impl<T> Future for Offloaded<T> {
                 Err(panic) => std::panic::resume_unwind(panic),
             };
         }
-        state.waker = Some(context.waker().clone());
+        crate::rt::register_waker(&mut state.waker, context.waker());
         Poll::Pending
     }
 }

@@ -147,7 +147,7 @@ impl Future for SimSleep {
         if self.state.fired.get() {
             Poll::Ready(())
         } else {
-            *self.state.waker.borrow_mut() = Some(context.waker().clone());
+            crate::rt::register_waker(&mut self.state.waker.borrow_mut(), context.waker());
             Poll::Pending
         }
     }

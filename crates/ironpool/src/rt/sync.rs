@@ -141,7 +141,7 @@ impl Future for SemaphoreWait {
         }
         let mut queue = self.semaphore.queue.borrow_mut();
         if let Some(entry) = queue.iter_mut().find(|entry| Rc::ptr_eq(&entry.1, &self.granted)) {
-            entry.2 = Some(context.waker().clone());
+            crate::rt::register_waker(&mut entry.2, context.waker());
         }
         Poll::Pending
     }
@@ -231,7 +231,7 @@ impl<T> Future for OneshotReceiver<T> {
         if self.shared.closed.get() {
             return Poll::Ready(None);
         }
-        *self.shared.waker.borrow_mut() = Some(context.waker().clone());
+        crate::rt::register_waker(&mut self.shared.waker.borrow_mut(), context.waker());
         Poll::Pending
     }
 }

@@ -188,7 +188,9 @@ impl UringDriver {
                     drop(memory);
                     self.release_slot(index);
                 }
-                Slot::Free | Slot::Done(_) => panic!("completion for io_uring slot {index} that was not in flight"),
+                Slot::Free | Slot::Done(_) => {
+                    panic!("completion for io_uring slot {index} that was not in flight")
+                }
             }
         }
     }
@@ -275,10 +277,12 @@ impl<T: 'static> Future for Op<T> {
             match &mut slots[slot as usize] {
                 Slot::Done(result) => Some(*result),
                 Slot::Waiting(waker) => {
-                    *waker = Some(context.waker().clone());
+                    crate::rt::register_waker(waker, context.waker());
                     None
                 }
-                Slot::Free | Slot::Abandoned(_) => panic!("polled io_uring slot {slot} in a wrong state"),
+                Slot::Free | Slot::Abandoned(_) => {
+                    panic!("polled io_uring slot {slot} in a wrong state")
+                }
             }
         });
         match result {

@@ -3,35 +3,26 @@
 use std::rc::Rc;
 
 use super::queue::{IoClass, IoFlags};
-use super::{describe_errors, note_replaced_during_write, LeafVdev, TopVdev, VdevError, VerifiedRead, WriteOutcome};
+use super::run::{Piece, Plan, Survives};
+use super::{LeafVdev, TopVdev, VdevError, VerifiedRead};
 use crate::dev::DeviceError;
 use crate::format::DATA_START_BYTES;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 
-/// Writes `data` on every online child. Succeeds when at least one child took
-/// it (a mirror keeps working degraded); the others are reported as missed.
-pub(super) async fn write(top: &TopVdev, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
+/// Writing a block puts it whole on every online child; a mirror keeps
+/// working degraded as long as one side takes it, the others are missed.
+pub(super) fn plan_write(top: &TopVdev, offset: u64, data: &BufSlice) -> Plan {
     let absolute = DATA_START_BYTES + offset;
-    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
-    let online: Vec<usize> = (0..top.children.len()).filter(|index| top.children[*index].is_online()).collect();
-    let queue_of = |index: usize| &top.children[index].queue;
-    // Two- and one-sided writes are the common cases: join them without
-    // join_all's heap-allocated bookkeeping.
-    let results: Vec<Result<(), DeviceError>> = match online.as_slice() {
-        [only] => vec![queue_of(*only).write(class, absolute, data, flags).await],
-        [first, second] => {
-            let (a, b) = futures_util::future::join(queue_of(*first).write(class, absolute, data.clone(), flags), queue_of(*second).write(class, absolute, data, flags)).await;
-            vec![a, b]
+    let mut pieces = Vec::with_capacity(top.children.len());
+    let mut missed = Vec::new();
+    for (child, leaf) in top.children.iter().enumerate() {
+        if leaf.is_online() {
+            pieces.push(Piece { child, offset: absolute, data: data.clone(), optional: false, counts: true });
+        } else {
+            missed.push(child);
         }
-        _ => futures_util::future::join_all(online.iter().map(|index| queue_of(*index).write(class, absolute, data.clone(), flags))).await,
-    };
-    let mut missed: Vec<usize> = (0..top.children.len()).filter(|index| !online.contains(index)).collect();
-    missed.extend(online.iter().zip(&results).filter(|(_, result)| result.is_err()).map(|(index, _)| *index));
-    note_replaced_during_write(top, &generations, &mut missed);
-    if results.iter().any(|result| result.is_ok()) {
-        return Ok(WriteOutcome { missed_children: missed });
     }
-    Err(VdevError::AllFailed(describe_errors(results.into_iter().filter_map(Result::err))))
+    Plan { pieces, missed, survives: Survives::AnySide }
 }
 
 /// Rewrites the whole block on each of `children` (fails for those away).

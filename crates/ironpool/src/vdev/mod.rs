@@ -17,6 +17,7 @@ pub mod dtl;
 mod mirror;
 pub mod queue;
 pub mod raidz;
+pub mod run;
 pub mod stats;
 
 use std::cell::{Cell, RefCell};
@@ -266,10 +267,22 @@ impl TopVdev {
     /// Succeeds while the children that missed it are within the redundancy;
     /// reports them.
     pub async fn write(&self, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
+        run::write_run(self, class, &[(offset, data)], flags).await.pop().expect("one outcome per block")
+    }
+
+    /// Writes several blocks (data-area offset, bytes) as `write` writes each,
+    /// with the pieces that follow each other on a child merged into one
+    /// request (see [`run`]). Returns each block's outcome, in order.
+    pub async fn write_run(&self, class: IoClass, blocks: &[(u64, BufSlice)], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
+        run::write_run(self, class, blocks, flags).await
+    }
+
+    /// What writing a block puts on each child.
+    fn plan_write(&self, offset: u64, data: &BufSlice) -> Result<run::Plan, VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector_bytes(), 0);
         match &self.raidz {
-            Some(geometry) => raidz::io::write(self, geometry, class, offset, data, flags).await,
-            None => mirror::write(self, class, offset, data, flags).await,
+            Some(geometry) => raidz::io::plan_write(self, geometry, offset, data),
+            None => Ok(mirror::plan_write(self, offset, data)),
         }
     }
 

@@ -188,6 +188,10 @@ enum Direction {
 enum Payload {
     Read(AlignedBuf),
     Write(BufSlice),
+    /// One request made of several consecutive buffers (a run of blocks'
+    /// columns on this child, see `TopVdev::write_run`): written with one
+    /// iovec each, never copied.
+    Writev(Vec<BufSlice>),
 }
 
 enum Completion {
@@ -209,6 +213,14 @@ struct Pending {
 impl Pending {
     fn end(&self) -> u64 {
         self.offset + self.length
+    }
+
+    /// Buffers this request adds to a vectored device I/O.
+    fn iovecs(&self) -> usize {
+        match &self.payload {
+            Payload::Writev(slices) => slices.len(),
+            Payload::Read(_) | Payload::Write(_) => 1,
+        }
     }
 }
 
@@ -345,6 +357,18 @@ impl VdevQueue {
     pub async fn write(self: &Rc<Self>, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<(), DeviceError> {
         let length = data.len() as u64;
         match self.enqueue(class, Direction::Write, offset, length, flags, Payload::Write(data)).await {
+            Completion::Write(result) => result,
+            Completion::Read(_) => unreachable!("a write completed as a read"),
+        }
+    }
+
+    /// Writes `slices`, one after another, at absolute device offset `offset`:
+    /// one request (completed, aggregated and failed as a whole), at most
+    /// `IOVEC_COUNT_MAX / 2` slices so that it always fits an aggregate.
+    pub async fn writev(self: &Rc<Self>, class: IoClass, offset: u64, slices: Vec<BufSlice>, flags: IoFlags) -> Result<(), DeviceError> {
+        assert!(!slices.is_empty() && slices.len() <= IOVEC_COUNT_MAX / 2, "a vectored write of {} slices", slices.len());
+        let length = slices.iter().map(|slice| slice.len() as u64).sum();
+        match self.enqueue(class, Direction::Write, offset, length, flags, Payload::Writev(slices)).await {
             Completion::Write(result) => result,
             Completion::Read(_) => unreachable!("a write completed as a read"),
         }
@@ -516,13 +540,14 @@ fn child_direction(child: &Pending) -> Direction {
 async fn run_device_io(device: &dyn Device, direction: Direction, offset: u64, mut children: Vec<Pending>) -> (Result<(), DeviceError>, Vec<Pending>) {
     match direction {
         Direction::Write => {
-            let slices: Vec<BufSlice> = children
-                .iter()
-                .map(|child| match &child.payload {
-                    Payload::Write(slice) => slice.clone(),
+            let mut slices: Vec<BufSlice> = Vec::with_capacity(children.iter().map(Pending::iovecs).sum());
+            for child in &children {
+                match &child.payload {
+                    Payload::Write(slice) => slices.push(slice.clone()),
+                    Payload::Writev(run) => slices.extend(run.iter().cloned()),
                     Payload::Read(_) => unreachable!("a read in a write aggregate"),
-                })
-                .collect();
+                }
+            }
             let result = device.write(offset, slices).await;
             (result, children)
         }
@@ -538,7 +563,9 @@ async fn run_device_io(device: &dyn Device, direction: Direction, offset: u64, m
                 }
                 let buffer = match std::mem::replace(&mut child.payload, Payload::Read(AlignedBuf::zeroed(0))) {
                     Payload::Read(buffer) => buffer,
-                    Payload::Write(_) => unreachable!("a write in a read aggregate"),
+                    Payload::Write(_) | Payload::Writev(_) => {
+                        unreachable!("a write in a read aggregate")
+                    }
                 };
                 buffers.push(buffer);
                 is_gap.push(false);
@@ -575,7 +602,7 @@ fn complete(child: Pending, result: Result<(), DeviceError>, stats: &RefCell<Lea
     }
     let completion = match child.payload {
         Payload::Read(buffer) => Completion::Read(result.map(|()| buffer)),
-        Payload::Write(_) => Completion::Write(result),
+        Payload::Write(_) | Payload::Writev(_) => Completion::Write(result),
     };
     child.reply.send(completion);
 }
@@ -671,6 +698,8 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
     // along for free; only the total span is capped).
     let mut required = if head.flags.optional { 0 } else { head.length };
     let mut members: VecDeque<u64> = VecDeque::from([head_id]);
+    // Buffers of the device I/O: each member's, plus one per read gap.
+    let mut buffers = head.iovecs();
     // Walk backwards.
     for &(_, id) in tree.range(..(head.offset, head_id)).rev() {
         let candidate = &state.pending[&id];
@@ -680,9 +709,11 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
         if candidate.end() > first_offset || gap > gap_limit || !compatible(candidate, head) || required + added > limit || span > optional_limit {
             break;
         }
-        if members.len() + 2 > IOVEC_COUNT_MAX {
+        let more = candidate.iovecs() + usize::from(gap > 0);
+        if buffers + more > IOVEC_COUNT_MAX {
             break;
         }
+        buffers += more;
         required += added;
         first_offset = candidate.offset;
         members.push_front(id);
@@ -696,9 +727,11 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
         if candidate.offset < last_end || gap > gap_limit || !compatible(candidate, head) || required + added > limit || span > optional_limit {
             break;
         }
-        if members.len() + 2 > IOVEC_COUNT_MAX {
+        let more = candidate.iovecs() + usize::from(gap > 0);
+        if buffers + more > IOVEC_COUNT_MAX {
             break;
         }
+        buffers += more;
         required += added;
         last_end = candidate.end();
         members.push_back(id);
@@ -729,7 +762,7 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
         let child = children.pop().expect("one child");
         let completion = match child.payload {
             Payload::Read(buffer) => Completion::Read(Ok(buffer)),
-            Payload::Write(_) => Completion::Write(Ok(())),
+            Payload::Write(_) | Payload::Writev(_) => Completion::Write(Ok(())),
         };
         child.reply.send(completion);
         return None;

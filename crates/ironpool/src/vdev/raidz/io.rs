@@ -1,14 +1,16 @@
 //! A RAID-Z group's reads and writes through its children's queues, on top of
 //! the pure layout ([`super::geometry`]) and parity ([`super::parity`]) code.
 //!
-//! - **Write**: compute the parity columns, then one write per column on its
-//!   child (no copy: data columns are slices of the block's buffer), a zero pad
-//!   right after a column that owns a skip sector (it merges with the column's
-//!   write in the queue), and an optional one-sector write for a skip sector on
-//!   a child the block does not otherwise touch (the queue joins it to a
-//!   neighbouring write when it fills a gap, and drops it when alone).
-//!   Children that are away, or whose column fails, are reported as missed; the
-//!   write fails only when more columns than parity were lost.
+//! - **Write** ([`plan_write`], carried out by [`crate::vdev::run`]): compute
+//!   the parity columns, then one piece per column on its child (no copy: data
+//!   columns are slices of the block's buffer), a zero pad right after a column
+//!   that owns a skip sector (it merges with the column's write), and an
+//!   optional one-sector write for a skip sector on a child the block does not
+//!   otherwise touch (the queue joins it to a neighbouring write when it fills
+//!   a gap, and drops it when alone). Blocks written together have their
+//!   consecutive pieces on a child merged into one request. Children that are
+//!   away, or whose column fails, are reported as missed; the write fails only
+//!   when more columns than parity were lost.
 //! - **Read**: the data columns only. When one cannot be read, or the block's
 //!   checksum does not match, read every column and [`recover`]: reconstruct
 //!   sets of up to `parity` columns, smallest sets first, until the checksum
@@ -28,7 +30,8 @@ use crate::dev::DeviceError;
 use crate::format::DATA_START_BYTES;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::vdev::queue::{IoClass, IoFlags};
-use crate::vdev::{describe_errors, note_replaced_during_write, TopVdev, VdevError, VerifiedRead, WriteOutcome};
+use crate::vdev::run::{Piece, Plan, Survives};
+use crate::vdev::{TopVdev, VdevError, VerifiedRead};
 
 /// Most reconstructions tried for one block before it is declared unreadable.
 /// Sets are tried smallest first, so every single and double column failure
@@ -71,59 +74,37 @@ struct Recovered {
     wrong_columns: Vec<usize>,
 }
 
-/// Writes a block: parity, then every column on its child.
-pub(in crate::vdev) async fn write(top: &TopVdev, geometry: &RaidzGeometry, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
+/// Writing a block: its parity, then every column on its child (data
+/// columns are slices of the block, never copied), a zero pad right after a
+/// column that owns a skip sector, and an optional pad for a skip sector on a
+/// child the block does not otherwise touch. Children that are away miss it.
+pub(in crate::vdev) fn plan_write(top: &TopVdev, geometry: &RaidzGeometry, offset: u64, data: &BufSlice) -> Result<Plan, VdevError> {
     let map = geometry.map(offset, data.len() as u64)?;
     assert_eq!(data.len() as u64, map.data_size_bytes, "a RAID-Z write takes the block in whole sectors");
-    let parity = compute_parity(&map, &data);
-    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
+    let parity = compute_parity(&map, data);
     let pad = zero_sector(map.sector_bytes as usize);
+    let mut pieces = Vec::with_capacity(map.columns.len() + map.skip_sectors.len());
     let mut missed = Vec::new();
-    // (child whose column this is, or None for a pad) and its write.
-    let mut tags: Vec<Option<usize>> = Vec::with_capacity(map.columns.len() + map.skip_sectors.len());
-    let mut writes = Vec::with_capacity(map.columns.len() + map.skip_sectors.len());
     for (index, column) in map.columns.iter().enumerate() {
         let child = column.child as usize;
-        let leaf = &top.children[child];
-        if !leaf.is_online() {
+        if !top.children[child].is_online() {
             missed.push(child);
             continue;
         }
         let absolute = DATA_START_BYTES + column.child_offset_bytes;
-        tags.push(Some(child));
-        writes.push(leaf.queue.write(class, absolute, column_payload(&map, index, &data, &parity), flags));
+        pieces.push(Piece { child, offset: absolute, data: column_payload(&map, index, data, &parity), optional: false, counts: true });
         if column.appended_skip_bytes > 0 {
             debug_assert_eq!(column.appended_skip_bytes, map.sector_bytes);
-            tags.push(None);
-            writes.push(leaf.queue.write(class, absolute + column.size_bytes, pad.clone(), flags));
+            pieces.push(Piece { child, offset: absolute + column.size_bytes, data: pad.clone(), optional: false, counts: false });
         }
     }
     for skip in map.skip_sectors.iter().filter(|skip| skip.write == SkipWrite::Optional) {
-        let leaf = &top.children[skip.child as usize];
-        if leaf.is_online() {
-            tags.push(None);
-            writes.push(leaf.queue.write(class, DATA_START_BYTES + skip.child_offset_bytes, pad.clone(), IoFlags { optional: true, ..flags }));
+        let child = skip.child as usize;
+        if top.children[child].is_online() {
+            pieces.push(Piece { child, offset: DATA_START_BYTES + skip.child_offset_bytes, data: pad.clone(), optional: true, counts: false });
         }
     }
-    let results = futures_util::future::join_all(writes).await;
-    let mut errors = Vec::new();
-    for (tag, result) in tags.into_iter().zip(results) {
-        // A pad that failed costs nothing: it is never read.
-        if let (Some(child), Err(error)) = (tag, result) {
-            missed.push(child);
-            errors.push(error);
-        }
-    }
-    let lost_columns = missed.len();
-    note_replaced_during_write(top, &generations, &mut missed);
-    if lost_columns > geometry.parity() as usize {
-        return Err(VdevError::TooManyFailures(format!(
-            "{lost_columns} of {} columns not written at offset {offset:#x}: {}",
-            map.columns.len(),
-            describe_errors(errors.into_iter())
-        )));
-    }
-    Ok(WriteOutcome { missed_children: missed })
+    Ok(Plan { pieces, missed, survives: Survives::Parity { parity: geometry.parity() as usize, columns: map.columns.len() } })
 }
 
 /// Rewrites the columns that `children` hold (a child may hold none of a

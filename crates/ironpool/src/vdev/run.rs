@@ -1,0 +1,175 @@
+//! Writing blocks through a top-level vdev, one or many at a time.
+//!
+//! Each block is first planned: the pieces its vdev kind puts on each child
+//! (the whole block on every mirror side; data and parity columns and pads on
+//! RAID-Z). Pieces of different blocks that follow each other on a child are
+//! then handed to that child's queue as one request of several buffers.
+//!
+//! Why: write-back writes a few hundred blocks allocated one after another.
+//! On a RAID-Z group of 6 a 16 KiB block is 6 column writes; queued one by
+//! one, a 4 MiB batch was 1,536 queue entries (each with its reply channel,
+//! index updates and wake-ups) that the queue then aggregated back into a
+//! handful of device writes. Merged here, the same batch is a handful of
+//! requests, and the per-column queue work is gone.
+//!
+//! A request fails as a whole: every block with a piece in it misses that
+//! child. Whether a block survives that is the vdev kind's rule, as for a
+//! single write: a mirror needs one side written, RAID-Z at most `parity`
+//! columns lost. Pads are never read, so losing one costs nothing.
+
+use crate::dev::DeviceError;
+use crate::rt::buf::BufSlice;
+use crate::rt::uring::IOVEC_COUNT_MAX;
+
+use super::queue::{IoClass, IoFlags};
+use super::{describe_errors, note_replaced_during_write, TopVdev, VdevError, WriteOutcome};
+
+/// Largest request built from a run on one child: the queue's default
+/// aggregation limit, so merging here never makes a device I/O the queue
+/// would not have made, and one request never holds up others for long.
+pub const RUN_REQUEST_BYTES_MAX: u64 = 1 << 20;
+
+/// Most buffers in one merged request: half of what a vectored device I/O
+/// takes, so a request always fits an aggregate with room for neighbours.
+pub const RUN_REQUEST_SLICES_MAX: usize = IOVEC_COUNT_MAX / 2;
+
+/// One child's part of a block.
+pub(super) struct Piece {
+    pub child: usize,
+    /// Absolute device offset.
+    pub offset: u64,
+    pub data: BufSlice,
+    /// A pad the queue may drop when it fills no gap (OpenZFS 8005).
+    pub optional: bool,
+    /// Holds part of the block (false for pads): losing it means the child
+    /// missed the block.
+    pub counts: bool,
+}
+
+/// How many lost children a block survives.
+#[derive(Clone, Copy)]
+pub(super) enum Survives {
+    /// Every side holds the whole block: one written side is enough.
+    AnySide,
+    /// RAID-Z: up to this many columns lost (of `columns`).
+    Parity { parity: usize, columns: usize },
+}
+
+/// A block's pieces and the children that miss it already (away).
+pub(super) struct Plan {
+    pub pieces: Vec<Piece>,
+    pub missed: Vec<usize>,
+    pub survives: Survives,
+}
+
+/// One request to one child's queue: consecutive pieces of one or more blocks.
+struct Request {
+    child: usize,
+    offset: u64,
+    bytes: u64,
+    slices: Vec<BufSlice>,
+    optional: bool,
+    /// Blocks with a counted piece in this request.
+    blocks: Vec<usize>,
+}
+
+impl Request {
+    fn new(piece: &Piece) -> Request {
+        Request { child: piece.child, offset: piece.offset, bytes: 0, slices: Vec::new(), optional: piece.optional, blocks: Vec::new() }
+    }
+
+    fn takes(&self, piece: &Piece) -> bool {
+        !self.optional
+            && !piece.optional
+            && self.offset + self.bytes == piece.offset
+            && self.bytes + piece.data.len() as u64 <= RUN_REQUEST_BYTES_MAX
+            && self.slices.len() < RUN_REQUEST_SLICES_MAX
+    }
+
+    fn add(&mut self, piece: Piece, block: usize) {
+        if piece.counts && self.blocks.last() != Some(&block) {
+            self.blocks.push(block);
+        }
+        self.bytes += piece.data.len() as u64;
+        self.slices.push(piece.data);
+    }
+}
+
+/// Writes `blocks` (data-area offset, whole sectors each) and returns each
+/// block's outcome in the same order.
+pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, BufSlice)], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
+    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
+    let mut plans: Vec<Result<Plan, VdevError>> = blocks.iter().map(|(offset, data)| top.plan_write(*offset, data)).collect();
+    // In offset order, so that each child's pieces come in offset order.
+    let mut order: Vec<usize> = (0..blocks.len()).collect();
+    order.sort_by_key(|&index| blocks[index].0);
+    let mut open: Vec<Option<Request>> = top.children.iter().map(|_| None).collect();
+    let mut requests: Vec<Request> = Vec::new();
+    for index in order {
+        let Ok(plan) = &mut plans[index] else {
+            continue;
+        };
+        for piece in std::mem::take(&mut plan.pieces) {
+            let slot = &mut open[piece.child];
+            if !slot.as_ref().is_some_and(|request| request.takes(&piece)) {
+                requests.extend(slot.replace(Request::new(&piece)));
+            }
+            slot.as_mut().expect("a request was just opened").add(piece, index);
+        }
+    }
+    requests.extend(open.into_iter().flatten());
+
+    let mut writes = Vec::with_capacity(requests.len());
+    let mut owners = Vec::with_capacity(requests.len());
+    for request in requests {
+        let queue = top.children[request.child].queue.clone();
+        let request_flags = IoFlags { optional: request.optional, ..flags };
+        let (offset, mut slices) = (request.offset, request.slices);
+        owners.push((request.child, request.blocks));
+        writes.push(async move {
+            if slices.len() == 1 {
+                queue.write(class, offset, slices.pop().expect("one slice"), request_flags).await
+            } else {
+                queue.writev(class, offset, slices, request_flags).await
+            }
+        });
+    }
+    let results = futures_util::future::join_all(writes).await;
+
+    let mut written = vec![0usize; blocks.len()];
+    let mut errors: Vec<Vec<DeviceError>> = blocks.iter().map(|_| Vec::new()).collect();
+    for ((child, owned), result) in owners.into_iter().zip(results) {
+        for block in owned {
+            match &result {
+                Ok(()) => written[block] += 1,
+                Err(error) => {
+                    if let Ok(plan) = &mut plans[block] {
+                        if !plan.missed.contains(&child) {
+                            plan.missed.push(child);
+                        }
+                    }
+                    errors[block].push(error.clone());
+                }
+            }
+        }
+    }
+    plans
+        .into_iter()
+        .zip(written)
+        .zip(errors)
+        .zip(blocks)
+        .map(|(((plan, written), errors), (offset, _))| {
+            let mut plan = plan?;
+            let lost = plan.missed.len();
+            note_replaced_during_write(top, &generations, &mut plan.missed);
+            match plan.survives {
+                Survives::AnySide if written == 0 => Err(VdevError::AllFailed(describe_errors(errors.into_iter()))),
+                Survives::Parity { parity, columns } if lost > parity => Err(VdevError::TooManyFailures(format!(
+                    "{lost} of {columns} columns not written at offset {offset:#x}: {}",
+                    describe_errors(errors.into_iter())
+                ))),
+                _ => Ok(WriteOutcome { missed_children: plan.missed }),
+            }
+        })
+        .collect()
+}

@@ -313,6 +313,17 @@ enum BlockContent {
     PartialZero { within: usize, length: usize },
 }
 
+impl BlockContent {
+    /// Whole-block data to store as it is (not a hole, nothing to merge).
+    fn whole_data(&self) -> bool {
+        match self {
+            BlockContent::Full(data) => !is_zero(data),
+            BlockContent::FullAllocated(_) => true,
+            _ => false,
+        }
+    }
+}
+
 /// True when every byte is zero (fast on random data: stops at the first non-zero).
 pub fn is_zero(bytes: &[u8]) -> bool {
     let (head, words, tail) = unsafe {
@@ -548,8 +559,19 @@ impl Pool {
                 self.write_block(volume, blkid, content, hold).await?;
                 continue;
             }
-            let writes = batch.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content, hold));
-            for result in futures_util::future::join_all(writes).await {
+            // Written through, whole blocks of data go to the devices as one
+            // run; the rest (partial blocks, zeros) one by one.
+            let (run, single): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(_, content)| !hold && content.whole_data());
+            let run: Vec<_> = run
+                .into_iter()
+                .filter_map(|(blkid, content)| match content {
+                    BlockContent::Full(data) | BlockContent::FullAllocated(data) => Some((blkid, data, None)),
+                    _ => None,
+                })
+                .collect();
+            let singles = futures_util::future::join_all(single.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content, hold)));
+            let (run_results, single_results) = futures_util::future::join(self.store_blocks(volume, run, IoClass::SyncWrite), singles).await;
+            for result in run_results.into_iter().chain(single_results) {
                 result?;
             }
         }
@@ -616,6 +638,46 @@ impl Pool {
             }
         };
         self.link_block(volume, blkid, pointer).await
+    }
+
+    /// Writes and links several blocks (the caller holds their locks), each
+    /// as `store_block` would, but together: compressed concurrently (the
+    /// work is offloaded), then checksummed and allocated in block order with
+    /// nothing in between (consecutive allocations: one contiguous run where
+    /// the free space has one), written as one run (each child's consecutive
+    /// pieces become one queue request), then linked concurrently (a link may
+    /// wait for a tree node to be read). Returns each block's result, in order.
+    pub(crate) async fn store_blocks(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blocks: Vec<(u64, BufSlice, super::writeback::Prepared)>,
+        class: IoClass,
+    ) -> Vec<Result<(), PoolError>> {
+        let settings = volume.settings();
+        let compressed = futures_util::future::join_all(blocks.iter().map(|(_, data, _)| self.compress_block(volume, settings, data))).await;
+        let mut allocated = Vec::with_capacity(blocks.len());
+        for ((_, _, prepared), (payload, physical_size, compression)) in blocks.iter().zip(compressed) {
+            let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, *prepared).await;
+            allocated.push(pointer.map(|pointer| (pointer, payload)));
+        }
+        debug_assert!(allocated.iter().flatten().all(|(pointer, _)| pointer.copies().count() == 1), "volume data has one copy");
+        let run: Vec<_> = allocated.iter().flatten().map(|(pointer, payload)| (pointer.dvas[0], payload.clone())).collect();
+        let mut writes = self.store.write_run(run, class).await.into_iter();
+        let links = blocks.into_iter().zip(allocated).map(|((blkid, _, _), block)| {
+            let written = block.as_ref().ok().map(|_| writes.next().expect("a result per block written"));
+            async move {
+                match (block, written) {
+                    (Ok((pointer, _)), Some(Ok(()))) => self.link_block(volume, blkid, pointer).await,
+                    (Ok((pointer, _)), Some(Err(error))) => {
+                        self.store.release(&pointer.dvas);
+                        Err(error.into())
+                    }
+                    (Err(error), _) => Err(error),
+                    (Ok(_), None) => unreachable!("every allocated block was written"),
+                }
+            }
+        });
+        futures_util::future::join_all(links.collect::<Vec<_>>()).await
     }
 
     /// The pointer of a data block about to be written: its checksum (the one

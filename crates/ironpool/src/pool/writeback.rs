@@ -444,40 +444,9 @@ fn pick_batch(volume: &Volume, limit: usize) -> Vec<(u64, BufSlice, Prepared)> {
 /// Writes and links one batch; the blocks' locks were taken by `pick_batch`.
 async fn write_batch(pool: Rc<Pool>, volume: Rc<Volume>, batch: Vec<(u64, BufSlice, Prepared)>) {
     let locks: Vec<_> = batch.iter().map(|(blkid, _, _)| volume.held_lock(*blkid)).collect();
-    let settings = volume.settings();
-    // Compressed concurrently (offloaded), then checksummed and allocated in
-    // block order with nothing in between: consecutive allocations, one
-    // contiguous run where the free space has one.
-    let compressed = futures_util::future::join_all(batch.iter().map(|(_, data, _)| pool.compress_block(&volume, settings, data))).await;
-    let mut allocated = Vec::with_capacity(batch.len());
-    for ((_, _, prepared), (payload, physical_size, compression)) in batch.iter().zip(compressed) {
-        let pointer = pool.allocate_block(&volume, settings, &payload, physical_size, compression, *prepared).await;
-        allocated.push(pointer.map(|pointer| (pointer, payload)));
-    }
-    // Written together: runs of columns become one request per child.
-    let run: Vec<_> = allocated.iter().filter_map(|block| block.as_ref().ok()).map(|(pointer, payload)| (pointer.dvas[0], payload.clone())).collect();
-    debug_assert!(allocated.iter().flatten().all(|(pointer, _)| pointer.copies().count() == 1), "volume data has one copy");
-    let mut writes = pool.store.write_run(run, IoClass::AsyncWrite).await.into_iter();
-    // Linked concurrently: a link may wait for a tree node to be read.
-    let links = batch.into_iter().zip(allocated).map(|((blkid, data, _), block)| {
-        let written = block.as_ref().ok().map(|_| writes.next().expect("a result per block written"));
-        let pool = &pool;
-        let volume = &volume;
-        async move {
-            let result = match (block, written) {
-                (Ok((pointer, _)), Some(Ok(()))) => pool.link_block(volume, blkid, pointer).await,
-                (Ok((pointer, _)), Some(Err(error))) => {
-                    pool.store.release(&pointer.dvas);
-                    Err(error.into())
-                }
-                (Err(error), _) => Err(error),
-                (Ok(_), None) => unreachable!("every allocated block was written"),
-            };
-            volume.writeback.dirty.borrow_mut().in_flight_bytes -= data.len() as u64;
-            result
-        }
-    });
-    let results = futures_util::future::join_all(links.collect::<Vec<_>>()).await;
+    let bytes: u64 = batch.iter().map(|(_, data, _)| data.len() as u64).sum();
+    let results = pool.store_blocks(&volume, batch, IoClass::AsyncWrite).await;
+    volume.writeback.dirty.borrow_mut().in_flight_bytes -= bytes;
     drop(locks);
     let written = results.iter().filter(|result| result.is_ok()).count() as u64;
     let error = results.into_iter().filter_map(Result::err).last();

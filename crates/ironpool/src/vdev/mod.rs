@@ -267,7 +267,7 @@ impl TopVdev {
     /// Succeeds while the children that missed it are within the redundancy;
     /// reports them.
     pub async fn write(&self, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
-        run::write_run(self, class, &[(offset, data)], flags).await.pop().expect("one outcome per block")
+        run::write_one(self, class, offset, &data, flags).await
     }
 
     /// Writes several blocks (data-area offset, bytes) as `write` writes each,

@@ -158,18 +158,52 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, Buf
         .zip(written)
         .zip(errors)
         .zip(blocks)
-        .map(|(((plan, written), errors), (offset, _))| {
-            let mut plan = plan?;
-            let lost = plan.missed.len();
-            note_replaced_during_write(top, &generations, &mut plan.missed);
-            match plan.survives {
-                Survives::AnySide if written == 0 => Err(VdevError::AllFailed(describe_errors(errors.into_iter()))),
-                Survives::Parity { parity, columns } if lost > parity => Err(VdevError::TooManyFailures(format!(
-                    "{lost} of {columns} columns not written at offset {offset:#x}: {}",
-                    describe_errors(errors.into_iter())
-                ))),
-                _ => Ok(WriteOutcome { missed_children: plan.missed }),
-            }
-        })
+        .map(|(((plan, written), errors), (offset, _))| judge(top, &generations, plan?, written, errors, *offset))
         .collect()
+}
+
+/// Writes one block: its pieces straight to the queues, none to merge. (A
+/// client's written-through write and every metadata block come this way;
+/// through the run's bookkeeping, 1 MiB sequential writes took about a fifth
+/// more engine CPU per byte.)
+pub(super) async fn write_one(top: &TopVdev, class: IoClass, offset: u64, data: &BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
+    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
+    let mut plan = top.plan_write(offset, data)?;
+    let pieces = std::mem::take(&mut plan.pieces);
+    let owners: Vec<(usize, bool)> = pieces.iter().map(|piece| (piece.child, piece.counts)).collect();
+    let writes = pieces.into_iter().map(|piece| {
+        let queue = top.children[piece.child].queue.clone();
+        async move { queue.write(class, piece.offset, piece.data, IoFlags { optional: piece.optional, ..flags }).await }
+    });
+    let results = futures_util::future::join_all(writes).await;
+    let mut written = 0;
+    let mut errors = Vec::new();
+    for ((child, counts), result) in owners.into_iter().zip(results) {
+        match result {
+            Ok(()) if counts => written += 1,
+            Err(error) if counts => {
+                if !plan.missed.contains(&child) {
+                    plan.missed.push(child);
+                }
+                errors.push(error);
+            }
+            // A pad that failed costs nothing: it is never read.
+            _ => {}
+        }
+    }
+    judge(top, &generations, plan, written, errors, offset)
+}
+
+/// A written block's outcome by its vdev kind's rule: `written` pieces took,
+/// `plan.missed` children are away or failed with `errors`.
+fn judge(top: &TopVdev, generations: &[u64], mut plan: Plan, written: usize, errors: Vec<DeviceError>, offset: u64) -> Result<WriteOutcome, VdevError> {
+    let lost = plan.missed.len();
+    note_replaced_during_write(top, generations, &mut plan.missed);
+    match plan.survives {
+        Survives::AnySide if written == 0 => Err(VdevError::AllFailed(describe_errors(errors.into_iter()))),
+        Survives::Parity { parity, columns } if lost > parity => {
+            Err(VdevError::TooManyFailures(format!("{lost} of {columns} columns not written at offset {offset:#x}: {}", describe_errors(errors.into_iter()))))
+        }
+        _ => Ok(WriteOutcome { missed_children: plan.missed }),
+    }
 }

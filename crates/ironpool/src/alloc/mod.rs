@@ -16,6 +16,12 @@
 //! together land contiguously (one large device write after aggregation), and the
 //! second copy of metadata lands far from the first.
 //!
+//! A data run starts in a free extent of at least `DATA_EXTENT_MIN_BYTES` (the
+//! next one after the cursor, else the largest in any data metaslab) and the
+//! cursor follows it to its end; holes smaller than that are used only when
+//! no such extent is left, so that they can grow as their neighbours are
+//! freed rather than cut every run into pieces.
+//!
 //! They also keep to different metaslabs. Random overwrites of small data
 //! blocks free holes of that size everywhere; if metadata shared those
 //! metaslabs, a commit could find no room for a 32 KiB indirect block while
@@ -39,6 +45,17 @@ pub const DEFER_TXGS: u64 = 2;
 /// always commit its metadata even when clients fill the pool.
 pub const SLOP_SHIFT: u32 = 5;
 pub const SLOP_BYTES_MIN: u64 = 16 * 1024 * 1024;
+
+/// Data runs start in a free extent of at least this many bytes when one
+/// exists (the cursor then follows the extent to its end). Random overwrites
+/// free small holes everywhere; filling them as they come made a write-back
+/// batch land in many short pieces (83 KiB device writes on a half-full
+/// RAID-Z1 of 4). Skipping holes smaller than this leaves them to grow as
+/// their neighbours are freed too; in a model of fio's random overwrites on
+/// that pool (16 KiB blocks, one pass over the volume after another), 384 KiB
+/// gave runs 1.7 times as long as filling every hole, and 192 KiB or 576 KiB
+/// about 1.35 times. When no metaslab has such an extent, any hole is used.
+pub const DATA_EXTENT_MIN_BYTES: u64 = 384 << 10;
 
 /// One region of a top-level vdev.
 #[derive(Debug)]
@@ -271,7 +288,21 @@ impl VdevSpace {
             Some((start, (metaslab.index as usize, start + size)))
         };
         // The cursor's metaslab: metadata's own, or for data one holding data.
-        if Some(index) != avoid && (metadata || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty())) {
+        let cursor_usable = Some(index) != avoid && (metadata || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty()));
+        let extent = DATA_EXTENT_MIN_BYTES.max(size);
+        if cursor_usable && !metadata {
+            // Data: carry on in the extent the cursor is in, else the next
+            // large extent of this metaslab.
+            let metaslab = &mut self.metaslabs[index];
+            let at = position.max(metaslab.start);
+            if metaslab.free.contains(at, at + size) {
+                return take(metaslab, at);
+            }
+            if let Some(start) = metaslab.free.first_fit(at, extent) {
+                return take(metaslab, start);
+            }
+        }
+        if cursor_usable && metadata {
             let metaslab = &mut self.metaslabs[index];
             if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
                 return take(metaslab, start);
@@ -301,6 +332,39 @@ impl VdevSpace {
                 _ => None,
             }
         };
+        if !metadata {
+            // The data metaslab with the largest free extent, if it is large
+            // enough. Most free bytes first: a metaslab with fewer free bytes
+            // than the best extent found cannot hold a larger one.
+            let mut candidates: Vec<usize> = (0..self.metaslabs.len())
+                .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.total_bytes() >= extent && rank(&self.metaslabs[candidate], false) == Some(0))
+                .collect();
+            candidates.sort_by_key(|&candidate| std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()));
+            let mut best: Option<(u64, usize)> = None;
+            for candidate in candidates {
+                let free = &self.metaslabs[candidate].free;
+                if best.is_some_and(|(largest, _)| free.total_bytes() <= largest) {
+                    break;
+                }
+                let largest = free.largest_segment();
+                if largest >= extent && best.is_none_or(|(best_largest, _)| largest > best_largest) {
+                    best = Some((largest, candidate));
+                }
+            }
+            if let Some((_, candidate)) = best {
+                let metaslab = &mut self.metaslabs[candidate];
+                if let Some(start) = metaslab.free.first_fit(metaslab.start, extent) {
+                    return take(metaslab, start);
+                }
+            }
+            // No large extent anywhere: the cursor's metaslab, any hole.
+            if cursor_usable {
+                let metaslab = &mut self.metaslabs[index];
+                if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
+                    return take(metaslab, start);
+                }
+            }
+        }
         for last_resort in [false, true] {
             let mut candidates: Vec<(u8, usize)> = (0..self.metaslabs.len())
                 .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.total_bytes() >= size)
@@ -586,6 +650,37 @@ mod tests {
         allocator.recount();
         let metadata = allocator.allocate(32768, BlockClass::Metadata(0), None).expect("a 32 KiB run exists");
         assert_eq!(metadata.offset >> 24, 2);
+    }
+
+    #[test]
+    fn data_runs_start_in_large_extents_and_small_holes_are_the_last_resort() {
+        let mut allocator = Allocator::new(vec![VdevSpace::new(0, 512 << 20, 24, 4096)]);
+        let vdev = &mut allocator.vdevs[0];
+        // Metaslab 1 (the data cursor's) and those after 3 have half their
+        // bytes free, in 16 KiB holes left by random overwrites; metaslab 3
+        // holds one extent of 512 KiB between data; metaslab 2 one of 256 KiB.
+        for (index, metaslab) in vdev.metaslabs.iter_mut().enumerate() {
+            metaslab.free.clear();
+            match index {
+                1 | 4.. => (metaslab.start..metaslab.start + metaslab.size).step_by(32768).for_each(|hole| metaslab.free.insert(hole, hole + 16384)),
+                2 => metaslab.free.insert(metaslab.start + (4 << 20), metaslab.start + (4 << 20) + (256 << 10)),
+                3 => metaslab.free.insert(metaslab.start + (8 << 20), metaslab.start + (8 << 20) + (512 << 10)),
+                _ => {}
+            }
+        }
+        vdev.data_cursor = (1, (16 << 20) + 16384); // after a block, not in a hole
+        allocator.recount();
+        let start = 3 * (16 << 20) + (8 << 20);
+        // The run fills the large extent to its end, block after block...
+        for block in 0..32u64 {
+            let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+            assert_eq!(dva.offset, start + block * 16384, "block {block} of the run");
+        }
+        // ...then, no extent of DATA_EXTENT_MIN_BYTES being left, any hole
+        // (the 256 KiB one is not large enough to be preferred).
+        let next = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+        assert!(DATA_EXTENT_MIN_BYTES > 256 << 10);
+        assert_ne!(next.offset >> 24, 3, "the extent was full");
     }
 
     #[test]

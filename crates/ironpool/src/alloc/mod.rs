@@ -211,6 +211,11 @@ pub struct VdevSpace {
     pub array_object: u64,
     data_cursor: (usize, u64),
     metadata_cursors: [(usize, u64); 2],
+    /// No data metaslab had a free extent of `DATA_EXTENT_MIN_BYTES` when last
+    /// searched: skip the search (a walk over every metaslab's free ranges)
+    /// until space comes back (a txg's frees, a released allocation). Without
+    /// this a fragmented pool paid for the walk on every block.
+    data_extents_exhausted: bool,
 }
 
 impl VdevSpace {
@@ -235,6 +240,7 @@ impl VdevSpace {
             array_object: 0,
             data_cursor: (0, 0),
             metadata_cursors: [(count.saturating_sub(1) as usize, 0), (half.saturating_sub(1), 0)],
+            data_extents_exhausted: false,
         }
     }
 
@@ -298,8 +304,10 @@ impl VdevSpace {
             if metaslab.free.contains(at, at + size) {
                 return take(metaslab, at);
             }
-            if let Some(start) = metaslab.free.first_fit(at, extent) {
-                return take(metaslab, start);
+            if !self.data_extents_exhausted {
+                if let Some(start) = metaslab.free.first_fit(at, extent) {
+                    return take(metaslab, start);
+                }
             }
         }
         if cursor_usable && metadata {
@@ -332,7 +340,7 @@ impl VdevSpace {
                 _ => None,
             }
         };
-        if !metadata {
+        if !metadata && !self.data_extents_exhausted {
             // The data metaslab with the largest free extent, if it is large
             // enough. Most free bytes first: a metaslab with fewer free bytes
             // than the best extent found cannot hold a larger one.
@@ -351,12 +359,17 @@ impl VdevSpace {
                     best = Some((largest, candidate));
                 }
             }
-            if let Some((_, candidate)) = best {
-                let metaslab = &mut self.metaslabs[candidate];
-                if let Some(start) = metaslab.free.first_fit(metaslab.start, extent) {
-                    return take(metaslab, start);
+            match best {
+                Some((_, candidate)) => {
+                    let metaslab = &mut self.metaslabs[candidate];
+                    if let Some(start) = metaslab.free.first_fit(metaslab.start, extent) {
+                        return take(metaslab, start);
+                    }
                 }
+                None => self.data_extents_exhausted = true,
             }
+        }
+        if !metadata {
             // No large extent anywhere: the cursor's metaslab, any hole.
             if cursor_usable {
                 let metaslab = &mut self.metaslabs[index];
@@ -502,6 +515,7 @@ impl Allocator {
     pub fn release(&mut self, dva: Dva) {
         let vdev = &mut self.vdevs[dva.vdev as usize];
         vdev.metaslab_of(dva.offset).free.insert(dva.offset, dva.end());
+        vdev.data_extents_exhausted = false;
         self.free_total_bytes += dva.asize as u64;
     }
 
@@ -567,6 +581,7 @@ impl Allocator {
     pub fn sync_done(&mut self, txg: u64) {
         let slot = (txg % DEFER_TXGS) as usize;
         for vdev in &mut self.vdevs {
+            vdev.data_extents_exhausted = false;
             for metaslab in &mut vdev.metaslabs {
                 let released = std::mem::take(&mut metaslab.defer[slot]);
                 for (start, end) in released.iter() {

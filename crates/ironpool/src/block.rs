@@ -20,7 +20,7 @@ use crate::format::{BlockPointer, Dva};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 use crate::vdev::queue::{IoClass, IoFlags};
-use crate::vdev::{TopVdev, WriteOutcome};
+use crate::vdev::{TopVdev, VdevError, WriteOutcome};
 
 /// Why a block could not be read or written.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -235,12 +235,8 @@ impl BlockStore {
         if dvas.len() > 1 && dvas[1].is_empty() || dvas.len() == 1 {
             // One copy (data blocks): no join machinery on the hot path.
             let dva = dvas[0];
-            let outcome = self.vdevs[dva.vdev as usize]
-                .write(class, dva.offset, data, IoFlags::default())
-                .await
-                .map_err(|error| BlockError::WriteFailed { location: location(&dva), detail: error.to_string() })?;
-            self.remember_missed(&dva, outcome);
-            return Ok(());
+            let outcome = self.vdevs[dva.vdev as usize].write(class, dva.offset, data, IoFlags::default()).await;
+            return self.settle_write(&dva, outcome);
         }
         let writes = dvas.iter().filter(|dva| !dva.is_empty()).map(|dva| {
             let top = self.vdevs[dva.vdev as usize].clone();
@@ -250,10 +246,7 @@ impl BlockStore {
         });
         let results = futures_util::future::join_all(writes).await;
         for (result, dva) in results.into_iter().zip(dvas.iter()) {
-            match result {
-                Ok(outcome) => self.remember_missed(dva, outcome),
-                Err(error) => return Err(BlockError::WriteFailed { location: location(dva), detail: error.to_string() }),
-            }
+            self.settle_write(dva, result)?;
         }
         Ok(())
     }
@@ -280,23 +273,20 @@ impl BlockStore {
         });
         for (indexes, outcomes) in futures_util::future::join_all(writes).await {
             for (index, outcome) in indexes.into_iter().zip(outcomes) {
-                let dva = &blocks[index].0;
-                results[index] = match outcome {
-                    Ok(outcome) => {
-                        self.remember_missed(dva, outcome);
-                        Ok(())
-                    }
-                    Err(error) => Err(BlockError::WriteFailed { location: location(dva), detail: error.to_string() }),
-                };
+                results[index] = self.settle_write(&blocks[index].0, outcome);
             }
         }
         results
     }
 
-    fn remember_missed(&self, dva: &Dva, outcome: WriteOutcome) {
+    /// A copy's write as the caller sees it: children that missed it are
+    /// remembered until the link, a failed copy is an error naming it.
+    fn settle_write(&self, dva: &Dva, outcome: Result<WriteOutcome, VdevError>) -> Result<(), BlockError> {
+        let outcome = outcome.map_err(|error| BlockError::WriteFailed { location: location(dva), detail: error.to_string() })?;
         if !outcome.missed_children.is_empty() {
             self.unlinked_misses.borrow_mut().insert((dva.vdev, dva.offset), outcome.missed_children);
         }
+        Ok(())
     }
 
     /// Writes one copy of a block already linked in txg `txg` (a txg's

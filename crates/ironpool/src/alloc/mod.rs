@@ -293,27 +293,31 @@ impl VdevSpace {
             metaslab.free.remove(start, start + size);
             Some((start, (metaslab.index as usize, start + size)))
         };
+        // The first fit of `length` bytes in a metaslab at or after `from`.
+        let fit = |metaslab: &mut Metaslab, from: u64, length: u64| {
+            let start = metaslab.free.first_fit(from.max(metaslab.start), length)?;
+            take(metaslab, start)
+        };
         // The cursor's metaslab: metadata's own, or for data one holding data.
         let cursor_usable = Some(index) != avoid && (metadata || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty()));
         let extent = DATA_EXTENT_MIN_BYTES.max(size);
-        if cursor_usable && !metadata {
-            // Data: carry on in the extent the cursor is in, else the next
-            // large extent of this metaslab.
+        if cursor_usable {
             let metaslab = &mut self.metaslabs[index];
-            let at = position.max(metaslab.start);
-            if metaslab.free.contains(at, at + size) {
-                return take(metaslab, at);
-            }
-            if !self.data_extents_exhausted {
-                if let Some(start) = metaslab.free.first_fit(at, extent) {
-                    return take(metaslab, start);
+            if metadata || self.data_extents_exhausted {
+                // Metadata, and data with no large extent left: any hole here.
+                if let Some(found) = fit(metaslab, position, size) {
+                    return Some(found);
                 }
-            }
-        }
-        if cursor_usable && metadata {
-            let metaslab = &mut self.metaslabs[index];
-            if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
-                return take(metaslab, start);
+            } else {
+                // Data: carry on in the extent the cursor is in, else the next
+                // large extent of this metaslab.
+                let at = position.max(metaslab.start);
+                if metaslab.free.contains(at, at + size) {
+                    return take(metaslab, at);
+                }
+                if let Some(found) = fit(metaslab, at, extent) {
+                    return Some(found);
+                }
             }
         }
         // Data may take an empty metaslab while metadata's free space and the
@@ -361,20 +365,19 @@ impl VdevSpace {
             }
             match best {
                 Some((_, candidate)) => {
-                    let metaslab = &mut self.metaslabs[candidate];
-                    if let Some(start) = metaslab.free.first_fit(metaslab.start, extent) {
-                        return take(metaslab, start);
+                    if let Some(found) = fit(&mut self.metaslabs[candidate], 0, extent) {
+                        return Some(found);
                     }
                 }
-                None => self.data_extents_exhausted = true,
-            }
-        }
-        if !metadata {
-            // No large extent anywhere: the cursor's metaslab, any hole.
-            if cursor_usable {
-                let metaslab = &mut self.metaslabs[index];
-                if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
-                    return take(metaslab, start);
+                None => {
+                    // No large extent anywhere: from now on (until space comes
+                    // back), any hole in the cursor's metaslab, as above.
+                    self.data_extents_exhausted = true;
+                    if cursor_usable {
+                        if let Some(found) = fit(&mut self.metaslabs[index], position, size) {
+                            return Some(found);
+                        }
+                    }
                 }
             }
         }
@@ -694,7 +697,7 @@ mod tests {
         // ...then, no extent of DATA_EXTENT_MIN_BYTES being left, any hole
         // (the 256 KiB one is not large enough to be preferred).
         let next = allocator.allocate(16384, BlockClass::Data, None).unwrap();
-        assert!(DATA_EXTENT_MIN_BYTES > 256 << 10);
+        const { assert!(DATA_EXTENT_MIN_BYTES > 256 << 10) };
         assert_ne!(next.offset >> 24, 3, "the extent was full");
     }
 

@@ -313,17 +313,6 @@ enum BlockContent {
     PartialZero { within: usize, length: usize },
 }
 
-impl BlockContent {
-    /// Whole-block data to store as it is (not a hole, nothing to merge).
-    fn whole_data(&self) -> bool {
-        match self {
-            BlockContent::Full(data) => !is_zero(data),
-            BlockContent::FullAllocated(_) => true,
-            _ => false,
-        }
-    }
-}
-
 /// True when every byte is zero (fast on random data: stops at the first non-zero).
 pub fn is_zero(bytes: &[u8]) -> bool {
     let (head, words, tail) = unsafe {
@@ -561,14 +550,15 @@ impl Pool {
             }
             // Written through, whole blocks of data go to the devices as one
             // run; the rest (partial blocks, zeros) one by one.
-            let (run, single): (Vec<_>, Vec<_>) = batch.into_iter().partition(|(_, content)| !hold && content.whole_data());
-            let run: Vec<_> = run
-                .into_iter()
-                .filter_map(|(blkid, content)| match content {
-                    BlockContent::Full(data) | BlockContent::FullAllocated(data) => Some((blkid, data, None)),
-                    _ => None,
-                })
-                .collect();
+            let mut run = Vec::new();
+            let mut single = Vec::new();
+            for (blkid, content) in batch {
+                match content {
+                    BlockContent::Full(data) if !hold && !is_zero(&data) => run.push((blkid, data, None)),
+                    BlockContent::FullAllocated(data) if !hold => run.push((blkid, data, None)),
+                    content => single.push((blkid, content)),
+                }
+            }
             let singles = futures_util::future::join_all(single.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content, hold)));
             let (run_results, single_results) = futures_util::future::join(self.store_blocks(volume, run, IoClass::SyncWrite), singles).await;
             for result in run_results.into_iter().chain(single_results) {

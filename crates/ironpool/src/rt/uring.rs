@@ -188,9 +188,7 @@ impl UringDriver {
                     drop(memory);
                     self.release_slot(index);
                 }
-                Slot::Free | Slot::Done(_) => {
-                    panic!("completion for io_uring slot {index} that was not in flight")
-                }
+                Slot::Free | Slot::Done(_) => panic!("completion for io_uring slot {index} that was not in flight"),
             }
         }
     }
@@ -280,9 +278,7 @@ impl<T: 'static> Future for Op<T> {
                     crate::rt::register_waker(waker, context.waker());
                     None
                 }
-                Slot::Free | Slot::Abandoned(_) => {
-                    panic!("polled io_uring slot {slot} in a wrong state")
-                }
+                Slot::Free | Slot::Abandoned(_) => panic!("polled io_uring slot {slot} in a wrong state"),
             }
         });
         match result {

@@ -22,7 +22,7 @@ pub(super) fn plan_write(top: &TopVdev, offset: u64, data: &BufSlice) -> Plan {
             missed.push(child);
         }
     }
-    Plan { pieces, missed, survives: Survives::AnySide }
+    Plan::new(pieces, missed, Survives::AnySide)
 }
 
 /// Rewrites the whole block on each of `children` (fails for those away).

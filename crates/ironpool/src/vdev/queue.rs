@@ -563,9 +563,7 @@ async fn run_device_io(device: &dyn Device, direction: Direction, offset: u64, m
                 }
                 let buffer = match std::mem::replace(&mut child.payload, Payload::Read(AlignedBuf::zeroed(0))) {
                     Payload::Read(buffer) => buffer,
-                    Payload::Write(_) | Payload::Writev(_) => {
-                        unreachable!("a write in a read aggregate")
-                    }
+                    Payload::Write(_) | Payload::Writev(_) => unreachable!("a write in a read aggregate"),
                 };
                 buffers.push(buffer);
                 is_gap.push(false);

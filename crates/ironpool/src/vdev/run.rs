@@ -55,11 +55,49 @@ pub(super) enum Survives {
     Parity { parity: usize, columns: usize },
 }
 
-/// A block's pieces and the children that miss it already (away).
+/// A block's pieces and the children that miss it already (away); then, as
+/// its pieces complete, what they did.
 pub(super) struct Plan {
     pub pieces: Vec<Piece>,
     pub missed: Vec<usize>,
     pub survives: Survives,
+    /// Pieces holding part of the block that were written.
+    pub written: usize,
+    /// Why the others failed.
+    pub errors: Vec<DeviceError>,
+}
+
+impl Plan {
+    pub fn new(pieces: Vec<Piece>, missed: Vec<usize>, survives: Survives) -> Plan {
+        Plan { pieces, missed, survives, written: 0, errors: Vec::new() }
+    }
+
+    /// Notes how a piece holding part of the block on `child` went.
+    fn record(&mut self, child: usize, result: &Result<(), DeviceError>) {
+        match result {
+            Ok(()) => self.written += 1,
+            Err(error) => {
+                if !self.missed.contains(&child) {
+                    self.missed.push(child);
+                }
+                self.errors.push(error.clone());
+            }
+        }
+    }
+
+    /// The block's outcome by its vdev kind's rule.
+    fn judge(mut self, top: &TopVdev, generations: &[u64], offset: u64) -> Result<WriteOutcome, VdevError> {
+        let lost = self.missed.len();
+        note_replaced_during_write(top, generations, &mut self.missed);
+        match self.survives {
+            Survives::AnySide if self.written == 0 => Err(VdevError::AllFailed(describe_errors(self.errors.into_iter()))),
+            Survives::Parity { parity, columns } if lost > parity => Err(VdevError::TooManyFailures(format!(
+                "{lost} of {columns} columns not written at offset {offset:#x}: {}",
+                describe_errors(self.errors.into_iter())
+            ))),
+            _ => Ok(WriteOutcome { missed_children: self.missed }),
+        }
+    }
 }
 
 /// One request to one child's queue: consecutive pieces of one or more blocks.
@@ -106,9 +144,7 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, Buf
     let mut open: Vec<Option<Request>> = top.children.iter().map(|_| None).collect();
     let mut requests: Vec<Request> = Vec::new();
     for index in order {
-        let Ok(plan) = &mut plans[index] else {
-            continue;
-        };
+        let Ok(plan) = &mut plans[index] else { continue };
         for piece in std::mem::take(&mut plan.pieces) {
             let slot = &mut open[piece.child];
             if !slot.as_ref().is_some_and(|request| request.takes(&piece)) {
@@ -136,30 +172,14 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, Buf
     }
     let results = futures_util::future::join_all(writes).await;
 
-    let mut written = vec![0usize; blocks.len()];
-    let mut errors: Vec<Vec<DeviceError>> = blocks.iter().map(|_| Vec::new()).collect();
     for ((child, owned), result) in owners.into_iter().zip(results) {
         for block in owned {
-            match &result {
-                Ok(()) => written[block] += 1,
-                Err(error) => {
-                    if let Ok(plan) = &mut plans[block] {
-                        if !plan.missed.contains(&child) {
-                            plan.missed.push(child);
-                        }
-                    }
-                    errors[block].push(error.clone());
-                }
+            if let Ok(plan) = &mut plans[block] {
+                plan.record(child, &result);
             }
         }
     }
-    plans
-        .into_iter()
-        .zip(written)
-        .zip(errors)
-        .zip(blocks)
-        .map(|(((plan, written), errors), (offset, _))| judge(top, &generations, plan?, written, errors, *offset))
-        .collect()
+    plans.into_iter().zip(blocks).map(|(plan, (offset, _))| plan?.judge(top, &generations, *offset)).collect()
 }
 
 /// Writes one block: its pieces straight to the queues, none to merge. (A
@@ -176,34 +196,11 @@ pub(super) async fn write_one(top: &TopVdev, class: IoClass, offset: u64, data: 
         async move { queue.write(class, piece.offset, piece.data, IoFlags { optional: piece.optional, ..flags }).await }
     });
     let results = futures_util::future::join_all(writes).await;
-    let mut written = 0;
-    let mut errors = Vec::new();
+    // A pad that failed costs nothing: it is never read.
     for ((child, counts), result) in owners.into_iter().zip(results) {
-        match result {
-            Ok(()) if counts => written += 1,
-            Err(error) if counts => {
-                if !plan.missed.contains(&child) {
-                    plan.missed.push(child);
-                }
-                errors.push(error);
-            }
-            // A pad that failed costs nothing: it is never read.
-            _ => {}
+        if counts {
+            plan.record(child, &result);
         }
     }
-    judge(top, &generations, plan, written, errors, offset)
-}
-
-/// A written block's outcome by its vdev kind's rule: `written` pieces took,
-/// `plan.missed` children are away or failed with `errors`.
-fn judge(top: &TopVdev, generations: &[u64], mut plan: Plan, written: usize, errors: Vec<DeviceError>, offset: u64) -> Result<WriteOutcome, VdevError> {
-    let lost = plan.missed.len();
-    note_replaced_during_write(top, generations, &mut plan.missed);
-    match plan.survives {
-        Survives::AnySide if written == 0 => Err(VdevError::AllFailed(describe_errors(errors.into_iter()))),
-        Survives::Parity { parity, columns } if lost > parity => {
-            Err(VdevError::TooManyFailures(format!("{lost} of {columns} columns not written at offset {offset:#x}: {}", describe_errors(errors.into_iter()))))
-        }
-        _ => Ok(WriteOutcome { missed_children: plan.missed }),
-    }
+    plan.judge(top, &generations, offset)
 }

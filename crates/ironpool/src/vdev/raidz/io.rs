@@ -104,7 +104,7 @@ pub(in crate::vdev) fn plan_write(top: &TopVdev, geometry: &RaidzGeometry, offse
             pieces.push(Piece { child, offset: DATA_START_BYTES + skip.child_offset_bytes, data: pad.clone(), optional: true, counts: false });
         }
     }
-    Ok(Plan { pieces, missed, survives: Survives::Parity { parity: geometry.parity() as usize, columns: map.columns.len() } })
+    Ok(Plan::new(pieces, missed, Survives::Parity { parity: geometry.parity() as usize, columns: map.columns.len() }))
 }
 
 /// Rewrites the columns that `children` hold (a child may hold none of a

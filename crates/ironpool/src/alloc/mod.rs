@@ -16,11 +16,13 @@
 //! together land contiguously (one large device write after aggregation), and the
 //! second copy of metadata lands far from the first.
 //!
-//! A data run starts in a free extent of at least `DATA_EXTENT_MIN_BYTES` (the
-//! next one after the cursor, else the largest in any data metaslab) and the
-//! cursor follows it to its end; holes smaller than that are used only when
-//! no such extent is left, so that they can grow as their neighbours are
-//! freed rather than cut every run into pieces.
+//! A data run starts in the largest free extent of the metaslabs data may use
+//! (each metaslab's free set is indexed by size), and the cursor follows that
+//! extent to its end. Random overwrites of small blocks cut free space into
+//! holes of every size; taking the largest first leaves the small ones to grow
+//! as their neighbours are freed, where filling holes as they come would cut
+//! every write-back batch into short pieces. (OpenZFS weighs its metaslabs by
+//! their largest free segment for the same reason.)
 //!
 //! They also keep to different metaslabs. Random overwrites of small data
 //! blocks free holes of that size everywhere; if metadata shared those
@@ -46,17 +48,6 @@ pub const DEFER_TXGS: u64 = 2;
 pub const SLOP_SHIFT: u32 = 5;
 pub const SLOP_BYTES_MIN: u64 = 16 * 1024 * 1024;
 
-/// Data runs start in a free extent of at least this many bytes when one
-/// exists (the cursor then follows the extent to its end). Random overwrites
-/// free small holes everywhere; filling them as they come made a write-back
-/// batch land in many short pieces (83 KiB device writes on a half-full
-/// RAID-Z1 of 4). Skipping holes smaller than this leaves them to grow as
-/// their neighbours are freed too; in a model of fio's random overwrites on
-/// that pool (16 KiB blocks, one pass over the volume after another), 384 KiB
-/// gave runs 1.7 times as long as filling every hole, and 192 KiB or 576 KiB
-/// about 1.35 times. When no metaslab has such an extent, any hole is used.
-pub const DATA_EXTENT_MIN_BYTES: u64 = 384 << 10;
-
 /// One region of a top-level vdev.
 #[derive(Debug)]
 pub struct Metaslab {
@@ -64,7 +55,7 @@ pub struct Metaslab {
     /// Start offset in the vdev's data area.
     pub start: u64,
     pub size: u64,
-    /// Allocatable now.
+    /// Allocatable now (indexed by size: data runs start in the largest extent).
     pub free: RangeSet,
     /// Allocated as far as the on-disk space map says (updated at each sync).
     pub allocated: RangeSet,
@@ -93,7 +84,7 @@ pub struct Metaslab {
 
 impl Metaslab {
     fn new(index: u32, start: u64, size: u64) -> Metaslab {
-        let mut free = RangeSet::new();
+        let mut free = RangeSet::by_size();
         free.insert(start, start + size);
         Metaslab {
             index,
@@ -145,7 +136,7 @@ impl Metaslab {
                 }
             }
         }
-        let mut free = RangeSet::new();
+        let mut free = RangeSet::by_size();
         free.insert(self.start, self.start + self.size);
         for (start, end) in allocated.iter() {
             free.try_remove(start, end)?;
@@ -211,11 +202,6 @@ pub struct VdevSpace {
     pub array_object: u64,
     data_cursor: (usize, u64),
     metadata_cursors: [(usize, u64); 2],
-    /// No data metaslab had a free extent of `DATA_EXTENT_MIN_BYTES` when last
-    /// searched: skip the search (a walk over every metaslab's free ranges)
-    /// until space comes back (a txg's frees, a released allocation). Without
-    /// this a fragmented pool paid for the walk on every block.
-    data_extents_exhausted: bool,
 }
 
 impl VdevSpace {
@@ -240,7 +226,6 @@ impl VdevSpace {
             array_object: 0,
             data_cursor: (0, 0),
             metadata_cursors: [(count.saturating_sub(1) as usize, 0), (half.saturating_sub(1), 0)],
-            data_extents_exhausted: false,
         }
     }
 
@@ -271,10 +256,12 @@ impl VdevSpace {
         &mut self.metaslabs[index]
     }
 
-    /// Allocates from a cursor: first fit at or after it in its metaslab, then
-    /// first fit in the other metaslabs, most free space first. (The metaslab
-    /// with the most free bytes may hold them only in holes smaller than `size`:
-    /// small blocks freed by random overwrites.) Returns the offset.
+    /// Allocates from a cursor and returns the offset with the next cursor.
+    /// Data carries on in the free extent the cursor is in; when that is used
+    /// up, it starts over in the largest free extent of the metaslabs it may
+    /// use. Metadata takes the first fit at or after its cursor in its
+    /// metaslab. Either then falls back to first fit in the other metaslabs,
+    /// most free space first.
     ///
     /// Metadata and data keep to separate metaslabs. Random overwrites of small
     /// data blocks leave free space in holes of their size; metadata blocks are
@@ -293,30 +280,20 @@ impl VdevSpace {
             metaslab.free.remove(start, start + size);
             Some((start, (metaslab.index as usize, start + size)))
         };
-        // The first fit of `length` bytes in a metaslab at or after `from`.
-        let fit = |metaslab: &mut Metaslab, from: u64, length: u64| {
-            let start = metaslab.free.first_fit(from.max(metaslab.start), length)?;
-            take(metaslab, start)
-        };
         // The cursor's metaslab: metadata's own, or for data one holding data.
         let cursor_usable = Some(index) != avoid && (metadata || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty()));
-        let extent = DATA_EXTENT_MIN_BYTES.max(size);
         if cursor_usable {
             let metaslab = &mut self.metaslabs[index];
-            if metadata || self.data_extents_exhausted {
-                // Metadata, and data with no large extent left: any hole here.
-                if let Some(found) = fit(metaslab, position, size) {
-                    return Some(found);
+            if metadata {
+                // Metadata: any hole at or after the cursor.
+                if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
+                    return take(metaslab, start);
                 }
             } else {
-                // Data: carry on in the extent the cursor is in, else the next
-                // large extent of this metaslab.
+                // Data: carry on in the extent the cursor is in.
                 let at = position.max(metaslab.start);
                 if metaslab.free.contains(at, at + size) {
                     return take(metaslab, at);
-                }
-                if let Some(found) = fit(metaslab, at, extent) {
-                    return Some(found);
                 }
             }
         }
@@ -338,46 +315,24 @@ impl VdevSpace {
             }
             match (metaslab.metadata_owned && !empty, empty) {
                 (false, false) => Some(0),
-                // An empty metaslab to spare ranks with data's: the most free wins.
+                // An empty metaslab to spare ranks with data's.
                 (_, true) if empty_to_spare => Some(0),
                 _ if last_resort => Some(2),
                 _ => None,
             }
         };
-        if !metadata && !self.data_extents_exhausted {
-            // The data metaslab with the largest free extent, if it is large
-            // enough. Most free bytes first: a metaslab with fewer free bytes
-            // than the best extent found cannot hold a larger one.
-            let mut candidates: Vec<usize> = (0..self.metaslabs.len())
-                .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.total_bytes() >= extent && rank(&self.metaslabs[candidate], false) == Some(0))
-                .collect();
-            candidates.sort_by_key(|&candidate| std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()));
-            let mut best: Option<(u64, usize)> = None;
-            for candidate in candidates {
-                let free = &self.metaslabs[candidate].free;
-                if best.is_some_and(|(largest, _)| free.total_bytes() <= largest) {
-                    break;
-                }
-                let largest = free.largest_segment();
-                if largest >= extent && best.is_none_or(|(best_largest, _)| largest > best_largest) {
-                    best = Some((largest, candidate));
-                }
-            }
-            match best {
-                Some((_, candidate)) => {
-                    if let Some(found) = fit(&mut self.metaslabs[candidate], 0, extent) {
-                        return Some(found);
-                    }
-                }
-                None => {
-                    // No large extent anywhere: from now on (until space comes
-                    // back), any hole in the cursor's metaslab, as above.
-                    self.data_extents_exhausted = true;
-                    if cursor_usable {
-                        if let Some(found) = fit(&mut self.metaslabs[index], position, size) {
-                            return Some(found);
-                        }
-                    }
+        if !metadata {
+            // The cursor's extent is used up: the next run starts in the
+            // largest free extent of any metaslab data may use now (of
+            // equals, one in a metaslab metadata has not claimed, then the
+            // lowest-numbered).
+            let best = (0..self.metaslabs.len())
+                .filter(|&candidate| Some(candidate) != avoid && rank(&self.metaslabs[candidate], false) == Some(0))
+                .filter_map(|candidate| self.metaslabs[candidate].free.largest().map(|(start, end)| (end - start, candidate, start)))
+                .max_by_key(|&(length, candidate, _)| (length, !self.metaslabs[candidate].metadata_owned, std::cmp::Reverse(candidate)));
+            if let Some((length, candidate, start)) = best {
+                if length >= size {
+                    return take(&mut self.metaslabs[candidate], start);
                 }
             }
         }
@@ -518,7 +473,6 @@ impl Allocator {
     pub fn release(&mut self, dva: Dva) {
         let vdev = &mut self.vdevs[dva.vdev as usize];
         vdev.metaslab_of(dva.offset).free.insert(dva.offset, dva.end());
-        vdev.data_extents_exhausted = false;
         self.free_total_bytes += dva.asize as u64;
     }
 
@@ -584,8 +538,7 @@ impl Allocator {
     pub fn sync_done(&mut self, txg: u64) {
         let slot = (txg % DEFER_TXGS) as usize;
         for vdev in &mut self.vdevs {
-            vdev.data_extents_exhausted = false;
-            for metaslab in &mut vdev.metaslabs {
+                for metaslab in &mut vdev.metaslabs {
                 let released = std::mem::take(&mut metaslab.defer[slot]);
                 for (start, end) in released.iter() {
                     metaslab.free.insert(start, end);
@@ -671,7 +624,7 @@ mod tests {
     }
 
     #[test]
-    fn data_runs_start_in_large_extents_and_small_holes_are_the_last_resort() {
+    fn data_runs_fill_an_extent_then_start_in_the_largest_left() {
         let mut allocator = Allocator::new(vec![VdevSpace::new(0, 512 << 20, 24, 4096)]);
         let vdev = &mut allocator.vdevs[0];
         // Metaslab 1 (the data cursor's) and those after 3 have half their
@@ -688,17 +641,18 @@ mod tests {
         }
         vdev.data_cursor = (1, (16 << 20) + 16384); // after a block, not in a hole
         allocator.recount();
-        let start = 3 * (16 << 20) + (8 << 20);
-        // The run fills the large extent to its end, block after block...
-        for block in 0..32u64 {
-            let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
-            assert_eq!(dva.offset, start + block * 16384, "block {block} of the run");
+        // A run fills the largest extent to its end, block after block, then
+        // the next starts in the largest extent left, and so on.
+        for (extent_start, blocks) in [(3 * (16 << 20) + (8 << 20), 32u64), (2 * (16 << 20) + (4 << 20), 16)] {
+            for block in 0..blocks {
+                let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
+                assert_eq!(dva.offset, extent_start + block * 16384, "block {block} of the run at {extent_start}");
+            }
         }
-        // ...then, no extent of DATA_EXTENT_MIN_BYTES being left, any hole
-        // (the 256 KiB one is not large enough to be preferred).
+        // Only 16 KiB holes are left: one of them.
         let next = allocator.allocate(16384, BlockClass::Data, None).unwrap();
-        const { assert!(DATA_EXTENT_MIN_BYTES > 256 << 10) };
-        assert_ne!(next.offset >> 24, 3, "the extent was full");
+        assert!(next.offset >> 24 == 1 || next.offset >> 24 >= 4, "a hole, at {}", next.offset);
+        assert_eq!(next.offset % 32768, 0, "holes start every 32 KiB");
     }
 
     #[test]

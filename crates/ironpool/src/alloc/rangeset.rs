@@ -1,7 +1,7 @@
 //! A set of disjoint byte ranges, merged when adjacent: the in-memory form of
 //! free space, allocated space and pending frees.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// An inconsistency between a range and the set (a double free, an allocation of
 /// space already allocated). Inside the engine this is a bug; when replaying an
@@ -19,11 +19,35 @@ pub struct RangeError {
 pub struct RangeSet {
     ranges: BTreeMap<u64, u64>,
     total_bytes: u64,
+    /// The same ranges as (length, start), when the set keeps this index
+    /// (`by_size`): the largest range in O(log n) instead of a walk over all of
+    /// them. Free space keeps it (the allocator asks for the largest free
+    /// extent at the end of every run); other sets do not pay for it.
+    by_size: Option<BTreeSet<(u64, u64)>>,
 }
 
 impl RangeSet {
     pub fn new() -> RangeSet {
         RangeSet::default()
+    }
+
+    /// An empty set that also keeps its ranges ordered by length.
+    pub fn by_size() -> RangeSet {
+        RangeSet { by_size: Some(BTreeSet::new()), ..RangeSet::default() }
+    }
+
+    fn add_range(&mut self, start: u64, end: u64) {
+        self.ranges.insert(start, end);
+        if let Some(index) = &mut self.by_size {
+            index.insert((end - start, start));
+        }
+    }
+
+    fn drop_range(&mut self, start: u64, end: u64) {
+        self.ranges.remove(&start);
+        if let Some(index) = &mut self.by_size {
+            index.remove(&(end - start, start));
+        }
     }
 
     /// Bytes covered.
@@ -46,6 +70,9 @@ impl RangeSet {
 
     pub fn clear(&mut self) {
         self.ranges.clear();
+        if let Some(index) = &mut self.by_size {
+            index.clear();
+        }
         self.total_bytes = 0;
     }
 
@@ -83,14 +110,14 @@ impl RangeSet {
         if let Some((&previous_start, &previous_end)) = self.ranges.range(..start).next_back() {
             if previous_end == start {
                 new_start = previous_start;
-                self.ranges.remove(&previous_start);
+                self.drop_range(previous_start, previous_end);
             }
         }
         if let Some(&next_end) = self.ranges.get(&end) {
             new_end = next_end;
-            self.ranges.remove(&end);
+            self.drop_range(end, next_end);
         }
-        self.ranges.insert(new_start, new_end);
+        self.add_range(new_start, new_end);
         self.total_bytes += end - start;
         Ok(())
     }
@@ -106,12 +133,12 @@ impl RangeSet {
         if range_end < end {
             return Err(RangeError { start, end, problem: "is not wholly in the set" });
         }
-        self.ranges.remove(&range_start);
+        self.drop_range(range_start, range_end);
         if range_start < start {
-            self.ranges.insert(range_start, start);
+            self.add_range(range_start, start);
         }
         if end < range_end {
-            self.ranges.insert(end, range_end);
+            self.add_range(end, range_end);
         }
         self.total_bytes -= end - start;
         Ok(())
@@ -156,7 +183,19 @@ impl RangeSet {
 
     /// Size of the largest range.
     pub fn largest_segment(&self) -> u64 {
-        self.ranges.iter().map(|(start, end)| end - start).max().unwrap_or(0)
+        self.largest().map_or(0, |(start, end)| end - start)
+    }
+
+    /// The largest range (of equal ones, the one that starts last when the set
+    /// keeps its size index, else the first).
+    pub fn largest(&self) -> Option<(u64, u64)> {
+        match &self.by_size {
+            Some(index) => index.last().map(|&(length, start)| (start, start + length)),
+            None => self.iter().fold(None, |best: Option<(u64, u64)>, (start, end)| match best {
+                Some((best_start, best_end)) if best_end - best_start >= end - start => best,
+                _ => Some((start, end)),
+            }),
+        }
     }
 }
 
@@ -208,17 +247,22 @@ mod tests {
         #[test]
         fn matches_a_bitmap(steps in proptest::collection::vec(step(), 1..200)) {
             let mut set = RangeSet::new();
+            // The same steps on a set with the size index: same answers, and
+            // its largest range is the longest run of the model.
+            let mut indexed = RangeSet::by_size();
             let mut model = vec![false; 300];
             for step in steps {
                 match step {
                     Step::Insert(start, end) => {
                         let free = (start..end).all(|byte| !model[byte as usize]);
                         prop_assert_eq!(set.try_insert(start, end).is_ok(), free);
+                        prop_assert_eq!(indexed.try_insert(start, end).is_ok(), free);
                         if free { for byte in start..end { model[byte as usize] = true; } }
                     }
                     Step::Remove(start, end) => {
                         let held = (start..end).all(|byte| model[byte as usize]);
                         prop_assert_eq!(set.try_remove(start, end).is_ok(), held);
+                        prop_assert_eq!(indexed.try_remove(start, end).is_ok(), held);
                         if held { for byte in start..end { model[byte as usize] = false; } }
                     }
                 }
@@ -232,6 +276,13 @@ mod tests {
                     } else {
                         byte += 1;
                     }
+                }
+                let longest = expected.iter().map(|(start, end)| end - start).max().unwrap_or(0);
+                prop_assert_eq!(indexed.iter().collect::<Vec<_>>(), expected.clone());
+                prop_assert_eq!(indexed.largest_segment(), longest);
+                prop_assert_eq!(set.largest_segment(), longest);
+                if let Some((start, end)) = indexed.largest() {
+                    prop_assert!(expected.contains(&(start, end)));
                 }
                 prop_assert_eq!(set.iter().collect::<Vec<_>>(), expected);
                 prop_assert_eq!(set.total_bytes(), model.iter().filter(|held| **held).count() as u64);

@@ -868,12 +868,14 @@ fn vdev_space(top: &TopVdev) -> VdevSpace {
     }
 }
 
-/// Metaslab size: about 200 per vdev, at least 16 MiB, at most 16 GiB.
 /// True for the hidden volume of a receive in progress (see `receive`).
 pub fn is_hidden_volume(short_name: &str) -> bool {
     short_name.contains('%')
 }
 
+/// Metaslab size: about 200 to 400 per vdev, at least 16 MiB, at most 16 GiB.
+/// (The allocator looks at every metaslab's largest free extent when a data
+/// run starts: the count bounds that.)
 pub fn metaslab_shift_for(data_bytes: u64) -> u8 {
     let target = (data_bytes / 200).max(1);
     let shift = 63 - target.leading_zeros() as u8;

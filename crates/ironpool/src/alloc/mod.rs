@@ -285,9 +285,12 @@ impl VdevSpace {
         if cursor_usable {
             let metaslab = &mut self.metaslabs[index];
             if metadata {
-                // Metadata: any hole at or after the cursor.
-                if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
-                    return take(metaslab, start);
+                // Metadata: any hole at or after the cursor (when one fits at
+                // all: the walk would visit every hole for nothing).
+                if metaslab.free.largest_segment() >= size {
+                    if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
+                        return take(metaslab, start);
+                    }
                 }
             } else {
                 // Data: carry on in the extent the cursor is in.
@@ -338,7 +341,9 @@ impl VdevSpace {
         }
         for last_resort in [false, true] {
             let mut candidates: Vec<(u8, usize)> = (0..self.metaslabs.len())
-                .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.total_bytes() >= size)
+                // (The size index answers whether `size` fits at all, without
+                // walking a fragmented metaslab's holes.)
+                .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.largest_segment() >= size)
                 .filter_map(|candidate| rank(&self.metaslabs[candidate], last_resort).map(|rank| (rank, candidate)))
                 .collect();
             candidates.sort_by_key(|&(rank, candidate)| (rank, std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()), candidate));

@@ -20,6 +20,8 @@ use crate::format::{BlockPointer, Dva};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 use crate::vdev::queue::{IoClass, IoFlags};
+use crate::vdev::raidz::{PrecomputedParity, RaidzGeometry};
+use crate::vdev::run::RunBlock;
 use crate::vdev::{TopVdev, VdevError, WriteOutcome};
 
 /// Why a block could not be read or written.
@@ -52,7 +54,7 @@ pub struct BlockStats {
 
 /// The blocks of a `write_run` going to one top-level vdev: their indexes in
 /// the run and (offset, bytes) each.
-type VdevRun = (Vec<usize>, Vec<(u64, BufSlice)>);
+type VdevRun = (Vec<usize>, Vec<RunBlock>);
 
 /// Devices, allocator, and the rules for reading and writing blocks.
 pub struct BlockStore {
@@ -254,15 +256,16 @@ impl BlockStore {
     /// Writes blocks of one copy each (write-back's batches), as `write`
     /// writes each, but per top-level vdev in one go: pieces that follow each
     /// other on a child become one queue request (see `TopVdev::write_run`).
-    /// Returns each block's result, in order.
-    pub async fn write_run(&self, blocks: Vec<(Dva, BufSlice)>, class: IoClass) -> Vec<Result<(), BlockError>> {
+    /// Each block may bring its RAID-Z parity computed ahead (see
+    /// [`BlockStore::parity_ahead`]). Returns each block's result, in order.
+    pub async fn write_run(&self, blocks: Vec<(Dva, BufSlice, Option<Rc<PrecomputedParity>>)>, class: IoClass) -> Vec<Result<(), BlockError>> {
         let mut results: Vec<Result<(), BlockError>> = blocks.iter().map(|_| Ok(())).collect();
         let mut by_vdev: Vec<VdevRun> = self.vdevs.iter().map(|_| (Vec::new(), Vec::new())).collect();
-        for (index, (dva, data)) in blocks.iter().enumerate() {
+        for (index, (dva, data, parity)) in blocks.iter().enumerate() {
             match by_vdev.get_mut(dva.vdev as usize) {
                 Some((indexes, run)) => {
                     indexes.push(index);
-                    run.push((dva.offset, data.clone()));
+                    run.push(RunBlock { offset: dva.offset, data: data.clone(), parity: parity.clone() });
                 }
                 None => results[index] = Err(BlockError::WriteFailed { location: location(dva), detail: "no such vdev".into() }),
             }
@@ -277,6 +280,28 @@ impl BlockStore {
             }
         }
         results
+    }
+
+    /// `data`'s RAID-Z parity, computed now for a block written later (see
+    /// [`PrecomputedParity`]) when the pool's data can only go to RAID-Z
+    /// groups of one geometry; None otherwise (a mirror or a second geometry
+    /// could take the block, and the work would be lost).
+    pub fn parity_ahead(&self, data: &[u8]) -> Option<Rc<PrecomputedParity>> {
+        PrecomputedParity::compute(&self.parity_ahead_geometry()?, data).map(Rc::new)
+    }
+
+    /// Bytes of the parity `parity_ahead` computes for a block of
+    /// `data_bytes` (0 when it computes none): write-back admits a write for
+    /// its blocks with their parity.
+    pub fn parity_ahead_bytes(&self, data_bytes: u64) -> u64 {
+        let map = self.parity_ahead_geometry().and_then(|geometry| geometry.map(0, data_bytes).ok());
+        map.filter(|map| map.data_size_bytes == data_bytes).map_or(0, |map| map.parity_column_bytes() * map.data_columns_first as u64)
+    }
+
+    /// The geometry of every top-level vdev, when all are RAID-Z of one.
+    fn parity_ahead_geometry(&self) -> Option<RaidzGeometry> {
+        let first = *self.vdevs.first()?.raidz_geometry()?;
+        self.vdevs.iter().all(|top| top.raidz_geometry() == Some(&first)).then_some(first)
     }
 
     /// A copy's write as the caller sees it: children that missed it are

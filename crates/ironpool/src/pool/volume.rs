@@ -425,12 +425,12 @@ impl Pool {
         }
         self.txg.throttle(self).await;
         let durable = volume.durable(fua);
-        let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES { None } else { self.admit_dirty(length).await };
-        let hold = admission.is_some();
-        let _writer = volume.writers.acquire(1).await;
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
+        let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES { None } else { self.admit_dirty(self.hold_bytes(volume, last - first + 1)).await };
+        let hold = admission.is_some();
+        let _writer = volume.writers.acquire(1).await;
         let _locks = volume.lock(first, last).await;
         let mut contents = Vec::with_capacity((last - first + 1) as usize);
         let mut position = offset;
@@ -554,8 +554,8 @@ impl Pool {
             let mut single = Vec::new();
             for (blkid, content) in batch {
                 match content {
-                    BlockContent::Full(data) if !hold && !is_zero(&data) => run.push((blkid, data, None)),
-                    BlockContent::FullAllocated(data) if !hold => run.push((blkid, data, None)),
+                    BlockContent::Full(data) if !hold && !is_zero(&data) => run.push((blkid, data, Default::default())),
+                    BlockContent::FullAllocated(data) if !hold => run.push((blkid, data, Default::default())),
                     content => single.push((blkid, content)),
                 }
             }
@@ -595,14 +595,14 @@ impl Pool {
                 return Ok(());
             }
         }
-        self.store_block(volume, blkid, data, None, IoClass::SyncWrite).await
+        self.store_block(volume, blkid, data, Default::default(), IoClass::SyncWrite).await
     }
 
     /// Writes `data` (None: zeros, a hole) as block `blkid` and links it, in
     /// I/O class `class`; its dirty copy, if any, is dropped as it is linked.
-    /// `prepared` is the checksum of `data` computed earlier, used when the
-    /// block is stored uncompressed with that algorithm. The caller holds the
-    /// block's lock.
+    /// `prepared` is what was computed from `data` earlier (its checksum and
+    /// parity), used when the block is stored uncompressed (the checksum only
+    /// with that algorithm). The caller holds the block's lock.
     pub(crate) async fn store_block(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
@@ -619,7 +619,7 @@ impl Pool {
             Some(data) => {
                 let settings = volume.settings();
                 let (payload, physical_size, compression) = self.compress_block(volume, settings, &data).await;
-                let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, prepared).await?;
+                let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, &prepared).await?;
                 if let Err(error) = self.store.write(&pointer.dvas, payload, class).await {
                     self.store.release(&pointer.dvas);
                     return Err(error.into());
@@ -647,18 +647,20 @@ impl Pool {
         let compressed = futures_util::future::join_all(blocks.iter().map(|(_, data, _)| self.compress_block(volume, settings, data))).await;
         let mut allocated = Vec::with_capacity(blocks.len());
         for ((_, _, prepared), (payload, physical_size, compression)) in blocks.iter().zip(compressed) {
-            let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, *prepared).await;
-            allocated.push(pointer.map(|pointer| (pointer, payload)));
+            let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, prepared).await;
+            // Parity computed from the block's bytes fits only if those are what is stored.
+            let parity = prepared.parity.clone().filter(|_| compression == Compression::Off);
+            allocated.push(pointer.map(|pointer| (pointer, payload, parity)));
         }
-        debug_assert!(allocated.iter().flatten().all(|(pointer, _)| pointer.copies().count() == 1), "volume data has one copy");
-        let run: Vec<_> = allocated.iter().flatten().map(|(pointer, payload)| (pointer.dvas[0], payload.clone())).collect();
+        debug_assert!(allocated.iter().flatten().all(|(pointer, _, _)| pointer.copies().count() == 1), "volume data has one copy");
+        let run: Vec<_> = allocated.iter().flatten().map(|(pointer, payload, parity)| (pointer.dvas[0], payload.clone(), parity.clone())).collect();
         let mut writes = self.store.write_run(run, class).await.into_iter();
         let links = blocks.into_iter().zip(allocated).map(|((blkid, _, _), block)| {
             let written = block.as_ref().ok().map(|_| writes.next().expect("a result per block written"));
             async move {
                 match (block, written) {
-                    (Ok((pointer, _)), Some(Ok(()))) => self.link_block(volume, blkid, pointer).await,
-                    (Ok((pointer, _)), Some(Err(error))) => {
+                    (Ok((pointer, _, _)), Some(Ok(()))) => self.link_block(volume, blkid, pointer).await,
+                    (Ok((pointer, _, _)), Some(Err(error))) => {
                         self.store.release(&pointer.dvas);
                         Err(error.into())
                     }
@@ -679,9 +681,9 @@ impl Pool {
         payload: &BufSlice,
         physical_size: usize,
         compression: Compression,
-        prepared: super::writeback::Prepared,
+        prepared: &super::writeback::Prepared,
     ) -> Result<BlockPointer, PoolError> {
-        let checksum = match prepared {
+        let checksum = match prepared.checksum {
             Some((algo, checksum)) if algo == settings.checksum && compression == Compression::Off => checksum,
             _ => settings.checksum.compute(&payload[..physical_size]),
         };

@@ -20,7 +20,8 @@
 //!   (administrative changes, `sync`, export) write dirty blocks out first, so
 //!   they see every acknowledged write.
 //! - Memory is bounded: the pool's `dirty_data_max_bytes` tunable (default
-//!   `DIRTY_DATA_MAX_BYTES`; 0 turns write-back off); writers wait above it.
+//!   `DIRTY_DATA_MAX_BYTES`; 0 turns write-back off) bounds the held blocks
+//!   with the RAID-Z parity computed for them; writers wait above it.
 //!   A block is held only while the pool has room for it (with its parity,
 //!   uncompressed, and 1/16 of the pool to spare): short of space, or after a
 //!   write-back failed, writes go through at once, so a full pool or a
@@ -44,6 +45,7 @@ use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
 use crate::rt::{self, Instant};
 use crate::vdev::queue::IoClass;
+use crate::vdev::raidz::PrecomputedParity;
 
 /// Dirty data a pool holds in memory before writers wait (the default of the
 /// `dirty_data_max_bytes` tunable): 128 MiB is about half
@@ -81,16 +83,30 @@ const ADMIT_HYSTERESIS_DIVISOR: u64 = 8;
 /// pool suspended): the blocks stay dirty and readable meanwhile.
 pub const WRITEBACK_RETRY_DELAY: Duration = Duration::from_secs(1);
 
-/// A block's checksum computed when it was held: the bytes are then in the CPU
-/// cache (just received), written out later they are not (measured: hashing at
-/// write-out took twice the time per byte).
-pub(crate) type Prepared = Option<(ChecksumAlgo, Checksum)>;
+/// What is computed from a block when it is held: the bytes are then in the
+/// CPU cache (just received), written out later they are not (measured:
+/// hashing at write-out took twice the time per byte, and parity generation
+/// spent most of its time waiting on loads).
+#[derive(Clone, Default)]
+pub(crate) struct Prepared {
+    /// Its checksum, when it is stored uncompressed (a compressed block's
+    /// checksum covers its compressed bytes, known only at write-out).
+    pub checksum: Option<(ChecksumAlgo, Checksum)>,
+    /// Its RAID-Z parity, under the same condition (parity covers the bytes
+    /// stored), when the pool's data goes to RAID-Z groups of one geometry.
+    pub parity: Option<Rc<PrecomputedParity>>,
+}
+
+impl Prepared {
+    /// Memory it holds beyond the block itself.
+    fn bytes(&self) -> u64 {
+        self.parity.as_ref().map_or(0, |parity| parity.bytes())
+    }
+}
 
 /// A block acknowledged to the client and not yet in the volume's tree.
 struct DirtyBlock {
     data: BufSlice,
-    /// Its checksum, when it is stored uncompressed (a compressed block's
-    /// checksum covers its compressed bytes, known only at write-out).
     prepared: Prepared,
     seq: u64,
     since: Instant,
@@ -118,6 +134,13 @@ pub struct DirtyBlocks {
     last_error: Option<String>,
     /// The last write-back failed: new writes go through until one succeeds.
     failing: bool,
+}
+
+impl DirtyBlock {
+    /// Memory it holds: its bytes and what was computed from them.
+    fn memory_bytes(&self) -> u64 {
+        self.data.len() as u64 + self.prepared.bytes()
+    }
 }
 
 impl DirtyBlocks {
@@ -201,12 +224,21 @@ impl VolumeWriteback {
 }
 
 impl Pool {
-    /// Dirty bytes held by all volumes.
+    /// Memory held by the dirty blocks of all volumes: their bytes and the
+    /// parity computed ahead for them (what `dirty_data_max_bytes` bounds).
     pub fn dirty_data_bytes(&self) -> u64 {
         self.writeback.dirty_bytes.get()
     }
 
-    /// Admits a write of `bytes` that may be held: waits until dirty data plus
+    /// Memory `blocks` blocks of `volume` hold when held dirty: whole blocks
+    /// (a partial write holds its merged block) and the parity computed for
+    /// them; what a write is admitted for.
+    pub(crate) fn hold_bytes(&self, volume: &Volume, blocks: u64) -> u64 {
+        let parity = if volume.settings().compression.algo == Compression::Off { self.store.parity_ahead_bytes(volume.block_bytes) } else { 0 };
+        blocks * (volume.block_bytes + parity)
+    }
+
+    /// Admits a write that may hold `bytes` (see `hold_bytes`): waits until dirty data plus
     /// the writes admitted before it leave room for it under
     /// `dirty_data_max_bytes` (alone, any size is let in, so one large request
     /// is never refused). Called before a write takes its block locks. None
@@ -268,12 +300,17 @@ impl Pool {
         }
         let length = data.len() as u64;
         let settings = volume.settings();
-        let prepared = (settings.compression.algo == Compression::Off).then(|| (settings.checksum, settings.checksum.compute(&data)));
+        let prepared = if settings.compression.algo == Compression::Off {
+            Prepared { checksum: Some((settings.checksum, settings.checksum.compute(&data))), parity: self.store.parity_ahead(&data) }
+        } else {
+            Prepared::default()
+        };
+        let memory = length + prepared.bytes();
         let mut dirty = volume.writeback.dirty.borrow_mut();
-        let (old_length, old_reserved) = match dirty.remove(blkid) {
+        let (old_memory, old_reserved) = match dirty.remove(blkid) {
             Some(old) => {
                 volume.count(|stats| stats.absorbed_writes += 1);
-                (old.data.len() as u64, old.reserved_bytes)
+                (old.memory_bytes(), old.reserved_bytes)
             }
             None => (0, 0),
         };
@@ -285,7 +322,7 @@ impl Pool {
         let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES;
         drop(dirty);
         let state = &self.writeback;
-        state.dirty_bytes.set(state.dirty_bytes.get() - old_length + length);
+        state.dirty_bytes.set(state.dirty_bytes.get() - old_memory + memory);
         state.reserved_bytes.set(state.reserved_bytes.get() - old_reserved + reserved);
         super::txg::update_dirty_percent(self);
         if !self.start_writeback(volume) && urgent {
@@ -319,7 +356,7 @@ impl Pool {
     pub(crate) fn forget_dirty(&self, volume: &Volume, blkid: u64) {
         let removed = volume.writeback.dirty.borrow_mut().remove(blkid);
         if let Some(old) = removed {
-            self.release_dirty(old.data.len() as u64, old.reserved_bytes);
+            self.release_dirty(old.memory_bytes(), old.reserved_bytes);
             volume.writeback.changed.notify_all();
         }
     }
@@ -434,7 +471,7 @@ fn pick_batch(volume: &Volume, limit: usize) -> Vec<(u64, BufSlice, Prepared)> {
         }
         if volume.try_lock_block(blkid) {
             let block = &dirty.blocks[&blkid];
-            batch.push((blkid, block.data.clone(), block.prepared));
+            batch.push((blkid, block.data.clone(), block.prepared.clone()));
         }
     }
     batch.sort_unstable_by_key(|(blkid, _, _)| *blkid);

@@ -270,18 +270,19 @@ impl TopVdev {
         run::write_one(self, class, offset, &data, flags).await
     }
 
-    /// Writes several blocks (data-area offset, bytes) as `write` writes each,
-    /// with the pieces that follow each other on a child merged into one
-    /// request (see [`run`]). Returns each block's outcome, in order.
-    pub async fn write_run(&self, class: IoClass, blocks: &[(u64, BufSlice)], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
+    /// Writes several blocks as `write` writes each, with the pieces that
+    /// follow each other on a child merged into one request (see [`run`]).
+    /// Returns each block's outcome, in order.
+    pub async fn write_run(&self, class: IoClass, blocks: &[run::RunBlock], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
         run::write_run(self, class, blocks, flags).await
     }
 
-    /// What writing a block puts on each child.
-    fn plan_write(&self, offset: u64, data: &BufSlice) -> Result<run::Plan, VdevError> {
+    /// What writing a block puts on each child (`ahead`: its RAID-Z parity,
+    /// when computed earlier).
+    fn plan_write(&self, offset: u64, data: &BufSlice, ahead: Option<&raidz::PrecomputedParity>) -> Result<run::Plan, VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector_bytes(), 0);
         match &self.raidz {
-            Some(geometry) => raidz::io::plan_write(self, geometry, offset, data),
+            Some(geometry) => raidz::io::plan_write(self, geometry, offset, data, ahead),
             None => Ok(mirror::plan_write(self, offset, data)),
         }
     }

@@ -17,11 +17,14 @@
 //! single write: a mirror needs one side written, RAID-Z at most `parity`
 //! columns lost. Pads are never read, so losing one costs nothing.
 
+use std::rc::Rc;
+
 use crate::dev::DeviceError;
 use crate::rt::buf::BufSlice;
 use crate::rt::uring::IOVEC_COUNT_MAX;
 
 use super::queue::{IoClass, IoFlags};
+use super::raidz::PrecomputedParity;
 use super::{describe_errors, note_replaced_during_write, TopVdev, VdevError, WriteOutcome};
 
 /// Largest request built from a run on one child: the queue's default
@@ -133,14 +136,24 @@ impl Request {
     }
 }
 
-/// Writes `blocks` (data-area offset, whole sectors each) and returns each
-/// block's outcome in the same order.
-pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, BufSlice)], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
+/// One block of a run.
+pub struct RunBlock {
+    /// Where it goes in the top-level vdev's data area.
+    pub offset: u64,
+    /// Its bytes, whole sectors.
+    pub data: BufSlice,
+    /// Its RAID-Z parity when computed ahead (write-back computes it while the
+    /// bytes are in the CPU cache); else computed here.
+    pub parity: Option<Rc<PrecomputedParity>>,
+}
+
+/// Writes `blocks` and returns each block's outcome in the same order.
+pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[RunBlock], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
     let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
-    let mut plans: Vec<Result<Plan, VdevError>> = blocks.iter().map(|(offset, data)| top.plan_write(*offset, data)).collect();
+    let mut plans: Vec<Result<Plan, VdevError>> = blocks.iter().map(|block| top.plan_write(block.offset, &block.data, block.parity.as_deref())).collect();
     // In offset order, so that each child's pieces come in offset order.
     let mut order: Vec<usize> = (0..blocks.len()).collect();
-    order.sort_by_key(|&index| blocks[index].0);
+    order.sort_by_key(|&index| blocks[index].offset);
     let mut open: Vec<Option<Request>> = top.children.iter().map(|_| None).collect();
     let mut requests: Vec<Request> = Vec::new();
     for index in order {
@@ -179,7 +192,7 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, Buf
             }
         }
     }
-    plans.into_iter().zip(blocks).map(|(plan, (offset, _))| plan?.judge(top, &generations, *offset)).collect()
+    plans.into_iter().zip(blocks).map(|(plan, block)| plan?.judge(top, &generations, block.offset)).collect()
 }
 
 /// Writes one block: its pieces straight to the queues, none to merge. (A
@@ -188,7 +201,7 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[(u64, Buf
 /// more engine CPU per byte.)
 pub(super) async fn write_one(top: &TopVdev, class: IoClass, offset: u64, data: &BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
     let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
-    let mut plan = top.plan_write(offset, data)?;
+    let mut plan = top.plan_write(offset, data, None)?;
     let pieces = std::mem::take(&mut plan.pieces);
     let owners: Vec<(usize, bool)> = pieces.iter().map(|piece| (piece.child, piece.counts)).collect();
     let writes = pieces.into_iter().map(|piece| {

@@ -78,10 +78,15 @@ struct Recovered {
 /// columns are slices of the block, never copied), a zero pad right after a
 /// column that owns a skip sector, and an optional pad for a skip sector on a
 /// child the block does not otherwise touch. Children that are away miss it.
-pub(in crate::vdev) fn plan_write(top: &TopVdev, geometry: &RaidzGeometry, offset: u64, data: &BufSlice) -> Result<Plan, VdevError> {
+/// `ahead` is the block's parity when it was computed earlier (see
+/// [`PrecomputedParity`]); used when it was computed for this geometry and size.
+pub(in crate::vdev) fn plan_write(top: &TopVdev, geometry: &RaidzGeometry, offset: u64, data: &BufSlice, ahead: Option<&PrecomputedParity>) -> Result<Plan, VdevError> {
     let map = geometry.map(offset, data.len() as u64)?;
     assert_eq!(data.len() as u64, map.data_size_bytes, "a RAID-Z write takes the block in whole sectors");
-    let parity = compute_parity(&map, data);
+    let parity = match ahead {
+        Some(ahead) if ahead.fits(geometry, data.len()) => ahead.columns.clone(),
+        _ => compute_parity(&map, data),
+    };
     let pad = zero_sector(map.sector_bytes as usize);
     let mut pieces = Vec::with_capacity(map.columns.len() + map.skip_sectors.len());
     let mut missed = Vec::new();
@@ -371,6 +376,45 @@ thread_local! {
 /// One pad sector of zeros.
 fn zero_sector(sector_bytes: usize) -> BufSlice {
     ZERO_SECTOR.with(|zeros| BufSlice::new(zeros.clone(), 0..sector_bytes))
+}
+
+/// A block's parity columns computed before the block has a place: when the
+/// write-back holds a block its bytes are still in the CPU cache (just
+/// received); at write-out, up to `dirty_data_max_bytes` later, they are not,
+/// and generating parity there spent most of its time waiting on loads.
+///
+/// It fits wherever the block lands: a block's column sizes and the split of
+/// its bytes into data columns follow from the group's geometry and the
+/// block's size alone (the offset only picks which child holds which column,
+/// and RAID-Z1's swap exchanges two columns of the same size), so parity
+/// computed at offset 0 is the parity at any offset.
+pub struct PrecomputedParity {
+    geometry: RaidzGeometry,
+    data_bytes: usize,
+    columns: Vec<std::rc::Rc<AlignedBuf>>,
+}
+
+impl PrecomputedParity {
+    /// The parity of `data` as a block of `geometry`; None when `data` is not a
+    /// whole number of sectors or too large for a block (then it is computed,
+    /// or refused, at write-out as usual).
+    pub fn compute(geometry: &RaidzGeometry, data: &[u8]) -> Option<PrecomputedParity> {
+        let map = geometry.map(0, data.len() as u64).ok()?;
+        if map.data_size_bytes != data.len() as u64 {
+            return None;
+        }
+        Some(PrecomputedParity { geometry: *geometry, data_bytes: data.len(), columns: compute_parity(&map, data) })
+    }
+
+    /// Memory it holds (counted against the write-back's dirty limit).
+    pub fn bytes(&self) -> u64 {
+        self.columns.iter().map(|column| column.len() as u64).sum()
+    }
+
+    /// Whether it is the parity a block of `data_bytes` on `geometry` needs.
+    fn fits(&self, geometry: &RaidzGeometry, data_bytes: usize) -> bool {
+        self.geometry == *geometry && self.data_bytes == data_bytes
+    }
 }
 
 /// The block's parity columns, computed from its data.

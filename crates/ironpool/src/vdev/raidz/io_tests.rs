@@ -11,6 +11,7 @@ use crate::format::label::TopVdevKind;
 use crate::rt::sim::Rng;
 use crate::rt::Runtime;
 use crate::vdev::queue::QueueTunables;
+use crate::vdev::run::RunBlock;
 use crate::vdev::LeafVdev;
 
 const DEVICE_BYTES: u64 = 64 << 20;
@@ -262,4 +263,73 @@ fn combinations_step_in_order() {
     }
     assert_eq!(seen, vec![vec![0, 1], vec![0, 2], vec![0, 3], vec![1, 2], vec![1, 3], vec![2, 3]]);
     assert!(!next_combination(&mut [], 3));
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig { cases: 500, ..proptest::prelude::ProptestConfig::default() })]
+
+    /// Parity computed before a block has a place is the parity of the block
+    /// at any offset, for every width, parity, ashift and size (write-back
+    /// relies on it: it computes parity when it holds a block).
+    #[test]
+    fn parity_computed_ahead_is_the_parity_at_any_offset(
+        parity in 1..=3u32,
+        extra_children in 0..=20u32,
+        ashift in 9..=13u8,
+        sectors in 1..=48u64,
+        offset_sectors in 0..(1u64 << 22),
+        tag in 0..u64::MAX,
+    ) {
+        let geometry = RaidzGeometry::new(parity + 1 + extra_children, parity, ashift).unwrap();
+        let data = block((sectors << ashift) as usize, tag);
+        let ahead = PrecomputedParity::compute(&geometry, &data).expect("whole sectors have parity ahead");
+        let offset = offset_sectors << ashift;
+        let map = geometry.map(offset, data.len() as u64).unwrap();
+        let expected = compute_parity(&map, &data);
+        proptest::prop_assert!(ahead.fits(&geometry, data.len()));
+        proptest::prop_assert_eq!(ahead.columns.len(), expected.len());
+        for (column, (got, want)) in ahead.columns.iter().zip(&expected).enumerate() {
+            proptest::prop_assert!(got[..] == want[..], "parity column {} differs at offset {:#x}", column, offset);
+        }
+    }
+}
+
+#[test]
+fn parity_ahead_is_used_only_for_its_geometry_and_size_and_lands_on_the_devices() {
+    let runtime = Runtime::new_sim(1);
+    runtime.block_on(async {
+        for parity in 1..=3u32 {
+            let (devices, top) = group(parity, parity as usize + 4, 90 + u64::from(parity));
+            let geometry = *top.raidz_geometry().unwrap();
+            let other = RaidzGeometry::new(geometry.children() + 1, parity, geometry.ashift()).unwrap();
+            // Several rows, so that another width splits the block differently.
+            let data = block(65536, 40 + u64::from(parity));
+            let smaller = block(32768, 50 + u64::from(parity));
+            let own = PrecomputedParity::compute(&geometry, &data).unwrap();
+            for wrong in [PrecomputedParity::compute(&other, &data).unwrap(), PrecomputedParity::compute(&geometry, &smaller).unwrap()] {
+                assert!(wrong.columns.iter().zip(&own.columns).any(|(a, b)| a[..] != b[..]), "the wrong parity must differ for this test to mean anything");
+            }
+            let run = [
+                // Its own geometry and size, in both halves of the RAID-Z1 swap period.
+                RunBlock { offset: 0, data: data.clone(), parity: PrecomputedParity::compute(&geometry, &data).map(Rc::new) },
+                RunBlock { offset: (1 << 20) + 8192, data: data.clone(), parity: PrecomputedParity::compute(&geometry, &data).map(Rc::new) },
+                // Another geometry's parity, and parity of other bytes of another size: both ignored.
+                RunBlock { offset: 2 << 20, data: data.clone(), parity: PrecomputedParity::compute(&other, &data).map(Rc::new) },
+                RunBlock { offset: 3 << 20, data: data.clone(), parity: PrecomputedParity::compute(&geometry, &smaller).map(Rc::new) },
+            ];
+            for outcome in top.write_run(IoClass::AsyncWrite, &run, IoFlags::default()).await {
+                assert!(outcome.unwrap().missed_children.is_empty());
+            }
+            for written in &run {
+                let map = geometry.map(written.offset, data.len() as u64).unwrap();
+                let expected = compute_parity(&map, &data);
+                for (index, column) in map.parity_columns().iter().enumerate() {
+                    assert_eq!(column_on_device(&devices, column), &expected[index][..], "p{parity} parity column {index} at {:#x}", written.offset);
+                }
+                let (read, bad) = top.scrub_read(written.offset, data.len() as u64, 1, &|bytes: &[u8]| bytes == &data[..]).await;
+                assert_eq!(&read.expect("the block reads")[..], &data[..]);
+                assert!(bad.is_empty(), "scrub finds parity bad on children {bad:?}");
+            }
+        }
+    });
 }

@@ -28,6 +28,7 @@ pub mod parity;
 mod x86;
 
 pub use geometry::{Column, GeometryError, RaidzGeometry, RaidzMap, SkipSector, SkipWrite};
+pub use io::PrecomputedParity;
 pub use kernels::ParityImplementation;
 pub use parity::{
     generate_parity, generate_parity_with, mismatched_parity_columns, reconstruct, reconstruct_with, ParityError, DATA_COLUMN_COUNT_MAX,

@@ -10,6 +10,7 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut, Range};
 use std::ptr::NonNull;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Alignment of every I/O buffer: the page size, which covers any logical sector
 /// size up to 4 KiB and lets the kernel pin pages without splitting.
@@ -19,9 +20,20 @@ pub const BUFFER_ALIGNMENT_BYTES: usize = 4096;
 /// two): the sizes of blocks, payloads and aggregated I/Os.
 const POOL_CLASS_MIN_SHIFT: u32 = 12;
 const POOL_CLASS_MAX_SHIFT: u32 = 20;
-/// Bytes of free buffers kept per size class: enough for a few hundred 16 KiB
-/// blocks in flight, small next to the engine's other limits.
-const POOL_CLASS_BYTES_MAX: usize = 8 * 1024 * 1024;
+/// Bytes of free buffers kept per size class: what write-back frees at once
+/// and takes again as new writes arrive (4 batches of 4 MiB of blocks in
+/// flight, with their RAID-Z parity). At 8 MiB most of it went back to the
+/// allocator, and parity was generated into new, zeroed buffers: on raidz2 of
+/// 6 with 16K random writes, alternating runs (6 at 8 MiB, 9 at 32 MiB) used
+/// 15.4 against 14.2 us of engine CPU per write (59.4k against 63.0k IOPS),
+/// and parity generation fell from 7.4% to 4.9% of the engine's samples.
+const POOL_CLASS_BYTES_MAX: usize = 32 * 1024 * 1024;
+/// Bytes of free buffers kept in all classes together: a busy class may keep
+/// its share, but idle buffers never hold more than this.
+const POOL_BYTES_MAX: usize = 64 * 1024 * 1024;
+
+/// Bytes of free buffers listed in all classes.
+static POOLED_BYTES: AtomicUsize = AtomicUsize::new(0);
 
 /// A free buffer's address (the pool owns the allocation while it is listed).
 struct FreeBuffer(NonNull<u8>);
@@ -87,6 +99,7 @@ impl AlignedBuf {
     fn recycled(capacity: usize, length: usize) -> Option<AlignedBuf> {
         let class = pool_class(capacity)?;
         let FreeBuffer(pointer) = with_pool_class(class, |free| free.pop())?;
+        POOLED_BYTES.fetch_sub(capacity, Ordering::Relaxed);
         Some(AlignedBuf { pointer, length, capacity })
     }
 
@@ -153,7 +166,9 @@ impl Drop for AlignedBuf {
             let capacity = self.capacity;
             let pointer = self.pointer;
             let kept = with_pool_class(class, |free| {
-                if (free.len() + 1) * capacity <= POOL_CLASS_BYTES_MAX {
+                let listed = (free.len() + 1) * capacity <= POOL_CLASS_BYTES_MAX
+                    && POOLED_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bytes| (bytes + capacity <= POOL_BYTES_MAX).then_some(bytes + capacity)).is_ok();
+                if listed {
                     free.push(FreeBuffer(pointer));
                     true
                 } else {
@@ -267,6 +282,21 @@ mod tests {
             assert_eq!(buffer.len(), length);
             assert!(buffer.iter().all(|byte| *byte == 0));
         }
+    }
+
+    #[test]
+    fn free_buffers_kept_stay_within_their_class_and_total_limits() {
+        // Three classes' worth of buffers freed at once: each class keeps at
+        // most its share and all of them at most the total (other tests of this
+        // process may have listed buffers too); the rest is returned to the
+        // allocator.
+        let classes = [1 << 20, 512 << 10, 256 << 10];
+        let buffers: Vec<Vec<AlignedBuf>> = classes.iter().map(|&size| (0..2 * POOL_CLASS_BYTES_MAX / size).map(|_| AlignedBuf::for_overwrite(size)).collect()).collect();
+        drop(buffers);
+        let listed: Vec<usize> = classes.iter().map(|&size| with_pool_class(pool_class(size).unwrap(), |free| free.len() * size)).collect();
+        assert!(listed.iter().all(|&bytes| bytes <= POOL_CLASS_BYTES_MAX), "{listed:?}");
+        assert!(POOLED_BYTES.load(Ordering::Relaxed) <= POOL_BYTES_MAX);
+        assert!(listed.iter().sum::<usize>() <= POOL_BYTES_MAX, "{listed:?}");
     }
 
     #[test]

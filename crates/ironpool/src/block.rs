@@ -53,7 +53,7 @@ pub struct BlockStats {
 }
 
 /// The blocks of a `write_run` going to one top-level vdev: their indexes in
-/// the run and (offset, bytes) each.
+/// the run and the blocks.
 type VdevRun = (Vec<usize>, Vec<RunBlock>);
 
 /// Devices, allocator, and the rules for reading and writing blocks.
@@ -294,8 +294,7 @@ impl BlockStore {
     /// `data_bytes` (0 when it computes none): write-back admits a write for
     /// its blocks with their parity.
     pub fn parity_ahead_bytes(&self, data_bytes: u64) -> u64 {
-        let map = self.parity_ahead_geometry().and_then(|geometry| geometry.map(0, data_bytes).ok());
-        map.filter(|map| map.data_size_bytes == data_bytes).map_or(0, |map| map.parity_column_bytes() * map.data_columns_first as u64)
+        self.parity_ahead_geometry().map_or(0, |geometry| PrecomputedParity::bytes_for(&geometry, data_bytes))
     }
 
     /// The geometry of every top-level vdev, when all are RAID-Z of one.

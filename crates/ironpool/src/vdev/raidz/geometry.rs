@@ -188,11 +188,22 @@ impl RaidzGeometry {
             return 0;
         }
         let data_sectors = u128::from(psize_bytes.div_ceil(self.sector_bytes()));
-        let data_children = u128::from(self.children - self.parity);
-        let parity = u128::from(self.parity);
-        let total_sectors = data_sectors + parity * data_sectors.div_ceil(data_children);
-        let allocated_sectors = total_sectors.next_multiple_of(parity + 1);
+        let total_sectors = data_sectors + self.parity_sectors(data_sectors);
+        let allocated_sectors = total_sectors.next_multiple_of(u128::from(self.parity) + 1);
         u64::try_from(allocated_sectors << self.ashift).unwrap_or(u64::MAX)
+    }
+
+    /// Bytes of parity a block of `psize_bytes` has: one sector per parity
+    /// column for every row it touches (what `asize` adds to the data before
+    /// rounding), without building its map.
+    pub fn parity_bytes(&self, psize_bytes: u64) -> u64 {
+        let data_sectors = u128::from(psize_bytes.div_ceil(self.sector_bytes()));
+        u64::try_from(self.parity_sectors(data_sectors) << self.ashift).unwrap_or(u64::MAX)
+    }
+
+    /// Parity sectors of a block of `data_sectors`: `parity` per row.
+    fn parity_sectors(&self, data_sectors: u128) -> u128 {
+        u128::from(self.parity) * data_sectors.div_ceil(u128::from(self.children - self.parity))
     }
 
     /// The layout of a block of `psize_bytes` at `offset_bytes` in the group's

@@ -399,16 +399,33 @@ impl PrecomputedParity {
     /// whole number of sectors or too large for a block (then it is computed,
     /// or refused, at write-out as usual).
     pub fn compute(geometry: &RaidzGeometry, data: &[u8]) -> Option<PrecomputedParity> {
-        let map = geometry.map(0, data.len() as u64).ok()?;
-        if map.data_size_bytes != data.len() as u64 {
+        if !Self::applies(geometry, data.len() as u64) {
             return None;
         }
+        let map = geometry.map(0, data.len() as u64).ok()?;
         Some(PrecomputedParity { geometry: *geometry, data_bytes: data.len(), columns: compute_parity(&map, data) })
     }
 
     /// Memory it holds (counted against the write-back's dirty limit).
     pub fn bytes(&self) -> u64 {
         self.columns.iter().map(|column| column.len() as u64).sum()
+    }
+
+    /// What `compute` would hold for a block of `data_bytes` (0 when it
+    /// computes none), known without computing it: write-back admits a write
+    /// for its blocks with their parity.
+    pub fn bytes_for(geometry: &RaidzGeometry, data_bytes: u64) -> u64 {
+        if Self::applies(geometry, data_bytes) {
+            geometry.parity_bytes(data_bytes)
+        } else {
+            0
+        }
+    }
+
+    /// Whether a block of `data_bytes` gets parity ahead: whole sectors, and
+    /// a size a block may have.
+    fn applies(geometry: &RaidzGeometry, data_bytes: u64) -> bool {
+        data_bytes > 0 && data_bytes.is_multiple_of(geometry.sector_bytes()) && data_bytes <= u64::from(crate::format::bp::BLOCK_SIZE_MAX_BYTES)
     }
 
     /// Whether it is the parity a block of `data_bytes` on `geometry` needs.

@@ -287,6 +287,7 @@ proptest::proptest! {
         let map = geometry.map(offset, data.len() as u64).unwrap();
         let expected = compute_parity(&map, &data);
         proptest::prop_assert!(ahead.fits(&geometry, data.len()));
+        proptest::prop_assert_eq!(PrecomputedParity::bytes_for(&geometry, data.len() as u64), ahead.bytes());
         proptest::prop_assert_eq!(ahead.columns.len(), expected.len());
         for (column, (got, want)) in ahead.columns.iter().zip(&expected).enumerate() {
             proptest::prop_assert!(got[..] == want[..], "parity column {} differs at offset {:#x}", column, offset);

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ironpool::control::client;
-use ironpool::control::commands::{execute, parse_size, Command};
+use ironpool::control::commands::{execute, parse_size, Command, Response};
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::{Pool, PoolError, PoolTunables};
 use ironpool::rt::Runtime;
@@ -47,10 +47,22 @@ fn read_cache() -> BTreeMap<String, Vec<PathBuf>> {
     std::fs::read(cache_path()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default()
 }
 
-/// Records where a pool's devices are (best effort: the cache is a convenience).
+/// `directory` as an absolute path, so a remembered directory means the same
+/// from wherever a later command runs: canonical when it exists, else joined
+/// to the working directory.
+fn absolute(directory: &Path) -> PathBuf {
+    std::fs::canonicalize(directory)
+        .or_else(|_| std::path::absolute(directory))
+        .unwrap_or_else(|_| directory.to_path_buf())
+}
+
+/// Records where a pool's devices are (best effort: the cache is a convenience),
+/// as absolute paths.
 pub fn remember(pool: &str, directories: &[PathBuf]) {
+    let mut absolute_directories: Vec<PathBuf> = directories.iter().map(|directory| absolute(directory)).collect();
+    absolute_directories.dedup();
     let mut cache = read_cache();
-    cache.insert(pool.to_string(), directories.to_vec());
+    cache.insert(pool.to_string(), absolute_directories);
     let path = cache_path();
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
@@ -80,15 +92,26 @@ pub fn admin(context: &Context, pool: &str, dirs: &[PathBuf], command: Command) 
     let explicit = context.control.clone();
     let control = explicit.clone().unwrap_or_else(|| default_control_path(pool));
     if explicit.is_some() || control.exists() {
-        match client::call(&control, &command) {
-            Ok(response) if response.ok => return Ok(response.result.unwrap_or(Value::Null)),
-            Ok(response) => return Err(response.error.unwrap_or_else(|| "the server reported an error".into())),
-            Err(error) if explicit.is_some() => return Err(format!("cannot reach the server: {error}")),
-            Err(_) => {} // a stale default socket: open the pool ourselves
+        if let Some(answer) = server_answer(client::call(&control, &command), explicit.is_some()) {
+            return answer;
         }
     }
     let dirs = search_dirs(pool, dirs)?;
     with_pool(pool, &dirs, move |pool| async move { execute(&pool, command, None).await })
+}
+
+/// What a call to a server means for the CLI: `None` when no server was
+/// reached at the default socket (a stale file: the CLI opens the pool itself),
+/// else the answer. A server that was reached and then failed or died is an
+/// error, never a reason to run the command again here: it may have run.
+pub fn server_answer(call: Result<Response, client::CallError>, explicit: bool) -> Option<Result<Value, String>> {
+    match call {
+        Ok(response) if response.ok => Some(Ok(response.result.unwrap_or(Value::Null))),
+        Ok(response) => Some(Err(response.error.unwrap_or_else(|| "the server reported an error".into()))),
+        Err(client::CallError::NotReached(text)) if explicit => Some(Err(format!("cannot reach the server: {text}"))),
+        Err(client::CallError::NotReached(_)) => None,
+        Err(error @ client::CallError::Lost(_)) => Some(Err(error.to_string())),
+    }
 }
 
 /// Imports `pool`, runs `work`, exports it again.
@@ -165,11 +188,11 @@ fn group_keyword(word: &str) -> Option<Result<TopVdevKind, String>> {
 pub fn create(context: &Context, pool: &str, words: &[String], force: bool, size: Option<&str>) -> Result<(), String> {
     let layout = parse_layout(words)?;
     let size_bytes = size.map(parse_size).transpose()?;
+    // Absolute before anything is created (the files may not exist yet).
     let mut dirs: Vec<PathBuf> = layout
         .iter()
         .flat_map(|(_, devices)| devices.iter())
-        .map(|device| device.parent().filter(|parent| !parent.as_os_str().is_empty()).map(Path::to_path_buf).unwrap_or_else(|| PathBuf::from(".")))
-        .filter_map(|dir| std::fs::canonicalize(dir).ok())
+        .map(|device| absolute(device.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."))))
         .collect();
     dirs.sort();
     dirs.dedup();

@@ -20,11 +20,8 @@ fn admin_stream(context: &Context, pool: &str, dirs: &[PathBuf], command: Comman
     let explicit = context.control.clone();
     let control = explicit.clone().unwrap_or_else(|| default_control_path(pool));
     if explicit.is_some() || control.exists() {
-        match client::call_with_stream(&control, &command, stream) {
-            Ok(response) if response.ok => return Ok(response.result.unwrap_or(Value::Null)),
-            Ok(response) => return Err(response.error.unwrap_or_else(|| "the server reported an error".into())),
-            Err(error) if explicit.is_some() => return Err(format!("cannot reach the server: {error}")),
-            Err(_) => {}
+        if let Some(answer) = super::server_answer(client::call_with_stream(&control, &command, stream), explicit.is_some()) {
+            return answer;
         }
     }
     let dirs = search_dirs(pool, dirs)?;

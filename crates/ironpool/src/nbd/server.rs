@@ -34,13 +34,28 @@ pub const REQUESTS_IN_FLIGHT_PER_CONNECTION: u64 = 256;
 /// Payload bytes (write data received, read data to send) in flight across the
 /// server: bounds memory under any number of clients.
 pub const PAYLOAD_BYTES_IN_FLIGHT_MAX: u64 = 256 * 1024 * 1024;
+/// Payload bytes one connection may hold (a fair share of
+/// `PAYLOAD_BYTES_IN_FLIGHT_MAX`): a client that pipelines large reads and
+/// never reads the replies holds at most this much, and every other client
+/// keeps the rest. Two of the largest requests (`PAYLOAD_BYTES_MAX`), and
+/// 1 MiB sequential I/O at queue depth 64, fit.
+pub const PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION: u64 = 64 * 1024 * 1024;
+/// Longest a connection's replies may wait on a socket that accepts no bytes:
+/// a client that stops reading its replies holds its share of the payload
+/// budget until then, and is disconnected after (so a few such clients cannot
+/// hold the whole budget for good). Generous: a live client reads within ms.
+pub const REPLY_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections served at once; more are closed on accept.
 pub const CONNECTIONS_MAX: usize = 1024;
 /// Time a client has to finish the handshake.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(30);
-/// Receive buffer per connection: holds many request headers (and small payloads)
-/// per recv.
+/// Receive buffer per connection once it serves an export: holds many request
+/// headers (and small payloads) per recv.
 const RECEIVE_BUFFER_BYTES: usize = 1024 * 1024;
+/// Receive buffer during the handshake (grown for a larger option, up to
+/// `OPTION_BYTES_MAX`): idle connections that never finish a handshake cost
+/// this, not `RECEIVE_BUFFER_BYTES` (1000 of them held 1.2 GB).
+const HANDSHAKE_BUFFER_BYTES: usize = 4096;
 /// Most pieces gathered into one sendmsg.
 const SEND_BATCH_PIECES: usize = 512;
 /// Longest a shutdown waits for connections to drain.
@@ -290,7 +305,19 @@ struct Negotiated {
 /// A reply waiting to be sent, with the permits it holds until then.
 struct Outgoing {
     pieces: Vec<SendPiece>,
-    _permits: Vec<Permit>,
+    _permits: RequestPermits,
+}
+
+/// What a request holds while the engine runs it and until its reply is sent.
+struct RequestPermits {
+    /// Its place among the connection's requests in flight.
+    _slot: Permit,
+    /// A READ's reply bytes (held until sent), a WRITE's payload (released
+    /// once the engine has taken it): from the connection's share, then the
+    /// server's budget.
+    payload: Option<(Permit, Permit)>,
+    /// True for a WRITE: its payload permits end when the engine replies.
+    write: bool,
 }
 
 struct Connection {
@@ -304,8 +331,10 @@ struct Connection {
     /// The socket failed for sending.
     broken: Cell<bool>,
     in_flight: Rc<Semaphore>,
+    /// This connection's share of the payload budget.
+    payload_share: Rc<Semaphore>,
     /// Permits of requests at the engine, by token.
-    pending: RefCell<HashMap<u64, Vec<Permit>>>,
+    pending: RefCell<HashMap<u64, RequestPermits>>,
     next_token: Cell<u64>,
 }
 
@@ -321,6 +350,9 @@ impl Receiver {
     /// Makes at least `count` bytes available in `buffer[start..end]`.
     async fn fill(&mut self, count: usize) -> std::io::Result<()> {
         assert!(count <= RECEIVE_BUFFER_BYTES);
+        if count > self.buffer.len() {
+            self.grow(count);
+        }
         while self.end - self.start < count {
             if self.start > 0 && self.start + count > self.buffer.len() {
                 self.buffer.copy_within(self.start..self.end, 0);
@@ -336,6 +368,14 @@ impl Receiver {
             }
         }
         Ok(())
+    }
+
+    /// Enlarges the buffer to hold at least `bytes` (at most `RECEIVE_BUFFER_BYTES`).
+    fn grow(&mut self, bytes: usize) {
+        let target = bytes.next_power_of_two().clamp(HANDSHAKE_BUFFER_BYTES, RECEIVE_BUFFER_BYTES);
+        if target > self.buffer.len() {
+            self.buffer.resize(target, 0);
+        }
     }
 
     async fn read_array<const N: usize>(&mut self) -> std::io::Result<[u8; N]> {
@@ -406,6 +446,7 @@ impl Connection {
             reading_done: Cell::new(false),
             broken: Cell::new(false),
             in_flight: Semaphore::new(REQUESTS_IN_FLIGHT_PER_CONNECTION),
+            payload_share: Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION),
             pending: RefCell::new(HashMap::new()),
             next_token: Cell::new(0),
         }
@@ -422,7 +463,7 @@ impl Connection {
     }
 
     async fn run(self: Rc<Self>) {
-        let mut receiver = Receiver { fd: self.raw(), buffer: vec![0u8; RECEIVE_BUFFER_BYTES], start: 0, end: 0 };
+        let mut receiver = Receiver { fd: self.raw(), buffer: vec![0u8; HANDSHAKE_BUFFER_BYTES], start: 0, end: 0 };
         let mut negotiated = Negotiated::default();
         let handshake = rt::timeout(HANDSHAKE_TIMEOUT, self.handshake(&mut receiver, &mut negotiated)).await;
         let export = match handshake {
@@ -433,6 +474,7 @@ impl Connection {
                 return self.closed(false);
             }
         };
+        receiver.grow(RECEIVE_BUFFER_BYTES);
         let sender = {
             let connection = self.clone();
             rt::spawn(async move { connection.send_loop().await })
@@ -619,17 +661,18 @@ impl Connection {
             if request.command == CMD_DISC {
                 return Ok(());
             }
-            let mut permits = vec![permit];
-            let payload = if request.command == CMD_WRITE && request.length > 0 {
+            let write = request.command == CMD_WRITE;
+            let mut permits = RequestPermits { _slot: permit, payload: None, write };
+            let payload = if write && request.length > 0 {
                 if request.length > PAYLOAD_BYTES_MAX {
                     // The payload cannot be skipped safely at this size: disconnect.
                     return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "write payload above the maximum"));
                 }
-                permits.push(self.server.payload_budget.acquire(request.length as u64).await);
+                permits.payload = Some(self.payload_permits(request.length).await);
                 Some(receiver.read_payload(request.length as usize).await?)
             } else {
                 if request.command == CMD_READ && request.length > 0 && request.length <= PAYLOAD_BYTES_MAX {
-                    permits.push(self.server.payload_budget.acquire(request.length as u64).await);
+                    permits.payload = Some(self.payload_permits(request.length).await);
                 }
                 None
             };
@@ -644,9 +687,22 @@ impl Connection {
         }
     }
 
-    /// A reply from the engine: queue it for sending with the request's permits.
+    /// Payload permits for `length` bytes: the connection's own share first
+    /// (a connection waits on itself without holding any of the server's
+    /// budget), then the server's.
+    async fn payload_permits(&self, length: u32) -> (Permit, Permit) {
+        let share = self.payload_share.acquire(length as u64).await;
+        let budget = self.server.payload_budget.acquire(length as u64).await;
+        (share, budget)
+    }
+
+    /// A reply from the engine: queue it for sending with the request's permits
+    /// (a WRITE's payload permits end here: the engine has taken the payload).
     fn deliver(&self, token: u64, pieces: Vec<OwnedPiece>) {
-        let permits = self.pending.borrow_mut().remove(&token).unwrap_or_default();
+        let Some(mut permits) = self.pending.borrow_mut().remove(&token) else { return };
+        if permits.write {
+            permits.payload = None;
+        }
         if self.broken.get() {
             return; // the client is gone; dropping releases the permits
         }
@@ -693,7 +749,16 @@ impl Connection {
             let total: usize = pieces.iter().map(SendPiece::len).sum();
             let mut sent = 0;
             while sent < total {
-                let (result, returned) = uring::send_pieces(self.raw(), pieces, sent).await;
+                // A client that reads none of its replies for REPLY_STALL_TIMEOUT
+                // is dropped, which releases what its replies hold.
+                let Some((result, returned)) = rt::timeout(REPLY_STALL_TIMEOUT, uring::send_pieces(self.raw(), pieces, sent)).await else {
+                    self.broken.set(true);
+                    self.outbox.borrow_mut().clear();
+                    // Both ways: the abandoned send fails at once and the reader ends.
+                    // SAFETY: shutting down our own socket.
+                    unsafe { libc::shutdown(self.fd.as_raw_fd(), libc::SHUT_RDWR) };
+                    break;
+                };
                 pieces = returned;
                 match result {
                     Ok(0) | Err(_) => {

@@ -222,6 +222,18 @@ impl Volume {
         self.writers.acquire(VOLUME_WRITERS_MAX).await
     }
 
+    /// Takes a writer's permit, then checks the volume still exists: a write
+    /// that waited behind a destroy's exclusive permit must not go on into the
+    /// freed tree (it held blocks of a forgotten object, and the next txg build
+    /// freed space twice and stopped the server).
+    async fn writer(&self) -> Result<crate::rt::sync::Permit, PoolError> {
+        let permit = self.writers.acquire(1).await;
+        if self.destroying.get() {
+            return Err(PoolError::NoSuchVolume(self.name.clone()));
+        }
+        Ok(permit)
+    }
+
     pub(crate) fn begin_destroy(&self) {
         self.destroying.set(true);
     }
@@ -430,7 +442,7 @@ impl Pool {
         let last = (offset + length - 1) / block;
         let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES { None } else { self.admit_dirty(self.hold_bytes(volume, last - first + 1)).await };
         let hold = admission.is_some();
-        let _writer = volume.writers.acquire(1).await;
+        let _writer = volume.writer().await?;
         let _locks = volume.lock(first, last).await;
         let mut contents = Vec::with_capacity((last - first + 1) as usize);
         let mut position = offset;
@@ -464,7 +476,7 @@ impl Pool {
             return Ok(());
         }
         self.txg.throttle(self).await;
-        let _writer = volume.writers.acquire(1).await;
+        let _writer = volume.writer().await?;
         let block = volume.block_bytes;
         let end = offset + length;
         // Process large ranges a slice at a time so locks and memory stay bounded.
@@ -502,7 +514,7 @@ impl Pool {
             return Ok(());
         }
         self.txg.throttle(self).await;
-        let _writer = volume.writers.acquire(1).await;
+        let _writer = volume.writer().await?;
         let block = volume.block_bytes;
         let zeros = BufSlice::whole(AlignedBuf::zeroed(block as usize).into_shared());
         let end = offset + length;

@@ -186,6 +186,13 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
+    /// Clear device errors and faults and retry failed writes now (after a
+    /// full host filesystem was given space, or a device came back).
+    Clear {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
     /// Take a device out of service: `offline POOL DEV` (DEV: path, file name or guid).
     Offline {
         #[arg(short = 'd', long = "dir")]
@@ -287,6 +294,11 @@ enum VolumeCommand {
 }
 
 fn main() -> ExitCode {
+    // A reader that goes away (`ironpool iostat ... | head`) ends the command
+    // quietly, as for any Unix filter, instead of a panic on a broken pipe.
+    // `serve` ignores SIGPIPE again for its sockets.
+    // SAFETY: setting a signal's disposition before any thread starts.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
     let context = cli::Context { control: cli.control.clone(), json: cli.json };
     let result = match cli.command {
@@ -314,6 +326,7 @@ fn main() -> ExitCode {
             cli::iostat::run(&context, &pool, &dirs, cli::iostat::Options { queues, latency, sizes, interval, count })
         }
         Command::Check { dirs, pool } => cli::check(&context, &pool, &dirs),
+        Command::Clear { dirs, pool } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Clear, false),
         Command::Offline { dirs, pool, device } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Offline { device }, false),
         Command::Online { wait, dirs, pool, device } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Online { device }, wait),
         Command::Replace { force, wait, size, dirs, pool, old, new } => cli::replace(&context, &pool, &dirs, &old, &new, force, wait, size.as_deref()),

@@ -101,6 +101,13 @@ pub fn status(status: &Value) -> String {
     let mut out = String::new();
     out += &format!("  pool: {}\n", status["pool"].as_str().unwrap_or("?"));
     out += &format!(" state: {}\n", status["health"].as_str().unwrap_or("?"));
+    for device in status["host_full_devices"].as_array().into_iter().flatten() {
+        out += &format!(
+            "status: the filesystem holding {} is full: writes fail with ENOSPC; free space there, then run `ironpool clear {}`\n",
+            device.as_str().unwrap_or("?"),
+            status["pool"].as_str().unwrap_or("POOL")
+        );
+    }
     if let Some(reason) = status["suspended"].as_str() {
         out += &format!("status: suspended: {reason}\n");
     }

@@ -120,6 +120,8 @@ pub enum Command {
         force: bool,
     },
     ResilverStatus,
+    /// Clears device error streaks and faults, and retries failed writes now.
+    Clear,
     Check,
     Sync,
     GetTunables,
@@ -148,7 +150,9 @@ impl Response {
     }
 }
 
-/// Parses a size with an optional binary suffix: 512, 16K, 2G, 1.5T.
+/// Parses a size with an optional binary suffix: 512, 16K, 2G, 1.5T. Whole
+/// numbers are exact (never through a float, which rounds above 2^53); a
+/// fraction is allowed only with a suffix, and is rounded to the byte.
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let text = text.trim();
     let (number, multiplier) = match text.chars().last().map(|last| last.to_ascii_uppercase()) {
@@ -160,6 +164,12 @@ pub fn parse_size(text: &str) -> Result<u64, String> {
         Some('B') => (&text[..text.len() - 1], 1),
         _ => (text, 1),
     };
+    if !number.is_empty() && number.bytes().all(|byte| byte.is_ascii_digit()) {
+        return number.parse::<u64>().ok().and_then(|value| value.checked_mul(multiplier)).ok_or_else(|| format!("'{text}' is too large (at most {})", u64::MAX));
+    }
+    if multiplier == 1 || !number.bytes().all(|byte| byte.is_ascii_digit() || byte == b'.') {
+        return Err(format!("'{text}' is not a size (use e.g. 512, 16K, 2G, 1.5T)"));
+    }
     let value: f64 = number.parse().map_err(|_| format!("'{text}' is not a size (use e.g. 512, 16K, 2G)"))?;
     if !value.is_finite() || value < 0.0 {
         return Err(format!("'{text}' is not a size"));
@@ -317,6 +327,12 @@ pub async fn execute(pool: &Rc<Pool>, command: Command, server: Option<ServerSta
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
         }
         Command::ScrubStatus => Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null)),
+        Command::Clear => {
+            let cleared = pool.clear().await?;
+            let mut answer = status(pool);
+            answer["cleared_devices"] = json!(cleared);
+            Ok(answer)
+        }
         Command::Offline { device } => {
             pool.offline_device(&device).await?;
             Ok(status(pool))
@@ -419,6 +435,8 @@ fn status(pool: &Pool) -> Value {
                 "write_errors": stats.write_errors,
                 "checksum_errors": stats.checksum_errors,
                 "repaired_bytes": stats.repaired_bytes,
+                "no_space_errors": stats.no_space_errors,
+                "host_full": stats.host_full,
                 "direct_io": direct,
             }));
         }
@@ -446,6 +464,7 @@ fn status(pool: &Pool) -> Value {
         "durable_txg": pool.txg.durable(),
         "imported_txg": pool.imported_txg,
         "suspended": pool.txg.suspended(),
+        "host_full_devices": pool.host_full_devices(),
         "vdevs": vdevs,
         "scrub": pool.scrub_status(),
         "resilver": pool.resilver_status(),
@@ -591,6 +610,12 @@ mod tests {
         assert!(parse_size("abc").is_err());
         assert!(parse_size("-1").is_err());
         assert!(parse_size("99999999P").is_err());
+        // Whole numbers are exact, past a float's 53 bits.
+        assert_eq!(parse_size("9007199254740993").unwrap(), 9_007_199_254_740_993);
+        assert_eq!(parse_size("99999999999999999").unwrap(), 99_999_999_999_999_999);
+        assert!(parse_size("99999999999999999999").unwrap_err().contains("too large"));
+        assert!(parse_size("1.5").is_err());
+        assert!(parse_size("1e3K").is_err());
     }
 
     #[test]

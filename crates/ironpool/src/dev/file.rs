@@ -195,7 +195,7 @@ impl Device for FileDevice {
     fn write(&self, offset: u64, slices: Vec<BufSlice>) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
             let wanted = check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))? as usize;
-            let done = uring::writev_at(self.fd.as_raw_fd(), slices, offset).await?;
+            let done = uring::writev_at(self.fd.as_raw_fd(), slices, offset).await.map_err(|error| DeviceError::from_io(&self.info.path, error))?;
             if done != wanted {
                 return Err(DeviceError::Short { done, wanted });
             }
@@ -205,7 +205,7 @@ impl Device for FileDevice {
 
     fn flush(&self) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
-            uring::fsync(self.fd.as_raw_fd(), true).await?;
+            uring::fsync(self.fd.as_raw_fd(), true).await.map_err(|error| DeviceError::from_io(&self.info.path, error))?;
             Ok(())
         })
     }

@@ -47,6 +47,27 @@ pub enum DeviceError {
     OutOfRange { offset: u64, length: u64, size: u64 },
     #[error("device is not available")]
     Missing,
+    /// The filesystem holding a device file is full (ENOSPC, EDQUOT): the
+    /// device itself is fine, its reads work, and writes work again once
+    /// space is freed. It must never fault the device.
+    #[error("the filesystem holding {path} is full (no space left on device): free space there, then run `ironpool clear`")]
+    NoSpace { path: String },
+}
+
+impl DeviceError {
+    /// The error of a failed I/O on the device at `path`: ENOSPC and EDQUOT
+    /// become [`DeviceError::NoSpace`], everything else an I/O error.
+    pub fn from_io(path: &str, error: std::io::Error) -> DeviceError {
+        match error.raw_os_error() {
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace { path: path.to_string() },
+            _ => DeviceError::Io(error.to_string()),
+        }
+    }
+
+    /// True for a full host filesystem (see [`DeviceError::NoSpace`]).
+    pub fn is_no_space(&self) -> bool {
+        matches!(self, DeviceError::NoSpace { .. })
+    }
 }
 
 impl From<std::io::Error> for DeviceError {

@@ -268,7 +268,16 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
     };
     match result {
         Ok(pieces) => pieces,
-        Err(error) => fail(errno_of(&error), &error.to_string()),
+        Err(error) => {
+            // A write that failed because the filesystem holding the devices
+            // is full is ENOSPC to the client (it can free space), not EIO.
+            let writes = matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH);
+            let errno = match errno_of(&error) {
+                EIO if writes && !pool.host_full_devices().is_empty() => ENOSPC,
+                errno => errno,
+            };
+            fail(errno, &error.to_string())
+        }
     }
 }
 
@@ -278,7 +287,7 @@ fn errno_of(error: &PoolError) -> u32 {
         PoolError::NoSpace => ENOSPC,
         PoolError::ReadOnly(_) => EPERM,
         PoolError::OutOfRange { .. } | PoolError::Misaligned { .. } | PoolError::InvalidArgument(_) => EINVAL,
-        PoolError::Closing | PoolError::NoSuchVolume(_) => ESHUTDOWN,
+        PoolError::Closing | PoolError::NoSuchVolume(_) | PoolError::NoSuchSnapshot(_) => ESHUTDOWN,
         _ => EIO,
     }
 }

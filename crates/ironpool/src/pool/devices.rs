@@ -192,6 +192,59 @@ impl Pool {
         Ok(())
     }
 
+    /// `ironpool clear` (as `zpool clear`): forgets the error streaks that
+    /// faulted devices and puts faulted devices back in service (they resilver
+    /// what they missed), lets failed write-backs retry at once, and retries
+    /// a suspended txg now rather than at its next timer. For a pool that was
+    /// stopped by a full host filesystem or a device that came back. A pool
+    /// whose in-memory state cannot be committed any more is refused: export
+    /// and import it again.
+    pub async fn clear(self: &Rc<Self>) -> Result<Vec<String>, PoolError> {
+        self.txg.ensure_writable()?;
+        let mut cleared = Vec::new();
+        let mut back_in_service = false;
+        for top in &self.store.vdevs {
+            for leaf in &top.children {
+                let faulted = leaf.state() == LeafState::Faulted;
+                leaf.queue.reset_consecutive_errors();
+                leaf.queue.clear_host_full();
+                if faulted {
+                    leaf.bring_online(None);
+                    back_in_service = true;
+                    cleared.push(leaf.path.borrow().clone());
+                }
+            }
+        }
+        if back_in_service {
+            maintain(self, self.txg.open());
+            self.config_dirty.set(true);
+        }
+        self.retry_writeback();
+        self.txg.retry_now();
+        if self.txg.suspended().is_none() || back_in_service {
+            // Resumed (or never stopped): make it durable and resilver.
+            self.commit().await?;
+            self.resilver_start();
+        } else {
+            // Wait for the retry: it succeeds once the cause is gone.
+            self.commit().await?;
+        }
+        Ok(cleared)
+    }
+
+    /// Devices whose last write was refused because the filesystem holding
+    /// them is full (with the reason), for `status` and for telling a client
+    /// ENOSPC rather than EIO.
+    pub fn host_full_devices(&self) -> Vec<String> {
+        self.store
+            .vdevs
+            .iter()
+            .flat_map(|top| top.children.iter())
+            .filter(|leaf| leaf.queue.stats().host_full)
+            .map(|leaf| leaf.path.borrow().clone())
+            .collect()
+    }
+
     /// Opens a missing leaf's device at its recorded path, checking that it is
     /// that leaf of this pool.
     async fn reopen(&self, leaf: &LeafVdev) -> Result<Rc<dyn Device>, PoolError> {

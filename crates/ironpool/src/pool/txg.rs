@@ -60,6 +60,8 @@ pub struct TxgState {
     durable: Cell<u64>,
     requested: Cell<u64>,
     wake: Notify,
+    /// Ends the wait before a failed txg is written again.
+    retry_wake: Notify,
     done: Notify,
     suspended: RefCell<Option<String>>,
     /// The in-memory state cannot be committed any more (the build step failed).
@@ -97,6 +99,7 @@ impl TxgState {
             durable: Cell::new(durable),
             requested: Cell::new(0),
             wake: Notify::new(),
+            retry_wake: Notify::new(),
             done: Notify::new(),
             suspended: RefCell::new(None),
             fatal: Cell::new(false),
@@ -156,6 +159,13 @@ impl TxgState {
             return Err(PoolError::Suspended(self.suspended().unwrap_or_default()));
         }
         Ok(())
+    }
+
+    /// Retries a txg whose write failed now, not at the end of its delay
+    /// (`ironpool clear`).
+    pub fn retry_now(&self) {
+        self.retry_wake.notify_all();
+        self.wake.notify_all();
     }
 
     /// Asks for `target` to be committed (without waiting).
@@ -283,6 +293,9 @@ async fn sync_loop(pool: Rc<Pool>) {
                 finish(&pool, &built, started).await;
             }
             Err(error) => {
+                if state.suspended.borrow().is_none() {
+                    eprintln!("ironpool: {}: suspended: writing txg {} failed: {error}; retrying every {RETRY_DELAY:?}", pool.name, built.txg);
+                }
                 *state.suspended.borrow_mut() = Some(format!("txg {}: {error}", built.txg));
                 bump(state, |stats| stats.failed_commits += 1);
                 state.done.notify_all();
@@ -290,7 +303,7 @@ async fn sync_loop(pool: Rc<Pool>) {
                 if state.stopping.get() && pool.store.vdevs.iter().all(|top| !top.is_available()) {
                     break;
                 }
-                rt::sleep(RETRY_DELAY).await;
+                rt::timeout(RETRY_DELAY, state.retry_wake.notified()).await;
             }
         }
     }
@@ -627,8 +640,8 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
     let state = &pool.txg;
     state.durable.set(built.txg);
     state.last_commit.set(rt::now());
-    if !state.fatal.get() {
-        *state.suspended.borrow_mut() = None;
+    if !state.fatal.get() && state.suspended.borrow_mut().take().is_some() {
+        eprintln!("ironpool: {}: resumed: txg {} is durable", pool.name, built.txg);
     }
     let elapsed = rt::now().duration_since(started);
     bump(state, |stats| {

@@ -266,6 +266,14 @@ impl Pool {
         }
     }
 
+    /// Lets every failed write-back try again now (`ironpool clear`), rather
+    /// than after `WRITEBACK_RETRY_DELAY`.
+    pub(crate) fn retry_writeback(&self) {
+        for volume in self.all_volumes() {
+            volume.writeback.kick.notify_all();
+        }
+    }
+
     /// Marks `volume`'s write-back as failing or not (counted for the pool).
     fn set_failing(&self, volume: &Volume, failing: bool) {
         let was = std::mem::replace(&mut volume.writeback.dirty.borrow_mut().failing, failing);

@@ -327,6 +327,12 @@ impl VdevQueue {
         self.stats.borrow_mut().consecutive_errors = 0;
     }
 
+    /// Forgets that a write was refused for lack of host space (`ironpool
+    /// clear`: the operator says space is back; a new refusal sets it again).
+    pub fn clear_host_full(&self) {
+        self.stats.borrow_mut().host_full = false;
+    }
+
     /// Starts the statistics over (a new device took the leaf's place). The
     /// clock integrals keep their reference time.
     pub fn reset_stats(&self) {
@@ -583,14 +589,28 @@ fn complete(child: Pending, result: Result<(), DeviceError>, stats: &RefCell<Lea
     let now = rt::now().0;
     {
         let mut stats = stats.borrow_mut();
-        if result.is_err() {
-            match child.direction {
-                Direction::Read => stats.read_errors += 1,
-                Direction::Write => stats.write_errors += 1,
+        match &result {
+            // A full host filesystem is not the device failing: reads still
+            // work, and writes do again once space is freed.
+            Err(error) if error.is_no_space() => {
+                stats.no_space_errors += 1;
+                if !stats.host_full {
+                    // Once per episode, naming the device and the cause.
+                    eprintln!("ironpool: {error}");
+                }
+                stats.host_full = true;
             }
-            stats.consecutive_errors += 1;
-        } else {
-            stats.consecutive_errors = 0;
+            Err(_) => {
+                match child.direction {
+                    Direction::Read => stats.read_errors += 1,
+                    Direction::Write => stats.write_errors += 1,
+                }
+                stats.consecutive_errors += 1;
+            }
+            // host_full stays set until `ironpool clear`: writes over space the
+            // host filesystem had already given the file succeed while it is
+            // full, so a success says nothing about the next write.
+            Ok(()) => stats.consecutive_errors = 0,
         }
         let class_stats = stats.class(child.class);
         class_stats.completed_requests += 1;

@@ -96,6 +96,12 @@ pub struct LeafStats {
     /// Failed I/Os since the last one that succeeded: a leaf is faulted when
     /// this reaches `LEAF_FAULT_CONSECUTIVE_ERRORS`.
     pub consecutive_errors: u64,
+    /// Writes refused because the filesystem holding the device is full
+    /// (counted apart: they never fault the leaf).
+    pub no_space_errors: u64,
+    /// True from a write refused for lack of host space until `ironpool
+    /// clear`: `status` names the device and the cause.
+    pub host_full: bool,
     /// Bytes rewritten to repair bad copies (self-heal and scrub).
     pub repaired_bytes: u64,
     pub classes: Vec<ClassStats>,

@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Installs what ironpool's demo and tests use, on Debian: the NBD clients (fio,
-# qemu-io, nbdinfo), nbdkit (the transport baseline) and build tools.
+# qemu-io, nbdinfo), nbdkit (the transport baseline), xfsprogs and build tools.
 set -euo pipefail
 need=()
 command -v fio >/dev/null || need+=(fio)
 command -v qemu-io >/dev/null || need+=(qemu-utils)
 command -v nbdinfo >/dev/null || need+=(libnbd-bin)
 command -v nbdkit >/dev/null || need+=(nbdkit)
+# mkfs.xfs: a test fills a small loop-mounted host filesystem under the pool.
+command -v mkfs.xfs >/dev/null || need+=(xfsprogs)
 command -v cc >/dev/null || need+=(build-essential)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then

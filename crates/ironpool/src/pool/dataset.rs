@@ -194,7 +194,7 @@ impl Pool {
     pub(crate) fn destroy_snapshot_locked(self: &Rc<Self>, full_name: &str) -> Result<(), PoolError> {
         let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
         let record = self.record(volume)?;
-        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
+        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let target = &record.snapshots[index];
         self.check_not_held(&format!("{}/{volume}@{snapshot}", self.name))?;
         if !target.clones.is_empty() {
@@ -284,7 +284,7 @@ impl Pool {
             return Err(PoolError::VolumeExists(format!("{}/{clone_short}", self.name)));
         }
         let record = self.record(volume)?;
-        let source = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(origin.to_string()))?;
+        let source = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(origin.to_string()))?;
         let snapshot_object = self.objects.open(source.object).await?;
         let id = self.allocate_object_id();
         let mut dnode = snapshot_object.dnode();
@@ -322,7 +322,7 @@ impl Pool {
     pub(crate) async fn rollback_locked(self: &Rc<Self>, full_name: &str, recursive: bool) -> Result<(), PoolError> {
         let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
         let record = self.record(volume)?;
-        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
+        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let later: Vec<String> = record.snapshots[index + 1..].iter().map(|later| format!("{}/{volume}@{}", self.name, later.name)).collect();
         if !later.is_empty() && !recursive {
             return Err(PoolError::InvalidArgument(format!("more recent snapshots exist ({}); use -r to destroy them", later.join(", "))));
@@ -500,13 +500,13 @@ impl Pool {
 
     /// A read-only volume for snapshot "POOL/VOL@SNAP" (for reading and export).
     pub async fn snapshot_volume(self: &Rc<Self>, full_name: &str) -> Result<Rc<Volume>, PoolError> {
-        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::NoSuchVolume(full_name.to_string()))?;
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let canonical = format!("{}/{volume}@{snapshot}", self.name);
         if let Some(existing) = self.snapshot_volumes.borrow().get(&canonical) {
             return Ok(existing.clone());
         }
         let record = self.record(volume)?;
-        let snapshot_record = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchVolume(canonical.clone()))?;
+        let snapshot_record = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
         let object = self.objects.open(snapshot_record.object).await?;
         let mut view = record.clone();
         view.properties.insert("readonly".into(), "on".into());

@@ -57,8 +57,14 @@ pub const INDIRECT_BLOCK_SHIFT: u8 = 15;
 /// message an operator can act on.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum PoolError {
-    #[error("no pool named '{name}' found in {searched}")]
-    NotFound { name: String, searched: String },
+    #[error("no pool named '{name}' found in {searched}{others}")]
+    NotFound {
+        name: String,
+        searched: String,
+        /// What the devices there are instead (other pools' devices), so a
+        /// device taken over by another pool is named, not just "not found".
+        others: String,
+    },
     #[error("more than one pool named '{name}' found (guids {guids}); move the other pool's devices away")]
     Ambiguous { name: String, guids: String },
     #[error("pool '{pool}' cannot be opened: missing or unusable devices: {devices}")]
@@ -85,6 +91,9 @@ pub enum PoolError {
     Misaligned { offset: u64, length: u64, alignment: u64 },
     #[error("no volume '{0}'")]
     NoSuchVolume(String),
+    /// A snapshot name (`POOL/VOL@SNAP`) that names no snapshot.
+    #[error("no snapshot '{0}'")]
+    NoSuchSnapshot(String),
     #[error("volume '{0}' already exists")]
     VolumeExists(String),
     #[error("invalid name '{0}': use letters, digits, '-', '_' and '.', starting with a letter or digit")]
@@ -324,7 +333,28 @@ impl Pool {
 
     /// Creates a pool on device paths (files are created sparse with `size_bytes`
     /// when given and missing).
+    /// A failed create removes the sparse files it made itself (never a file
+    /// that was there before), so a corrected command can be run again.
     pub async fn create(name: &str, layout: Vec<(TopVdevKind, Vec<PathBuf>)>, force: bool, size_bytes: Option<u64>, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+        let mut created = Vec::new();
+        let result = Pool::create_files_and_pool(name, layout, force, size_bytes, tunables, &mut created).await;
+        if result.is_err() {
+            for path in &created {
+                let _ = std::fs::remove_file(path);
+            }
+        }
+        result
+    }
+
+    /// `create`'s work; records in `created` each file it made.
+    async fn create_files_and_pool(
+        name: &str,
+        layout: Vec<(TopVdevKind, Vec<PathBuf>)>,
+        force: bool,
+        size_bytes: Option<u64>,
+        tunables: PoolTunables,
+        created: &mut Vec<PathBuf>,
+    ) -> Result<Rc<Pool>, PoolError> {
         let mut seen = std::collections::BTreeSet::new();
         let mut tops = Vec::new();
         for (kind, paths) in layout {
@@ -333,6 +363,7 @@ impl Pool {
                 if let Some(size) = size_bytes {
                     if !path.exists() {
                         create_sparse_file(&path, size)?;
+                        created.push(path.clone());
                     }
                 }
                 let canonical = std::fs::canonicalize(&path).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
@@ -360,7 +391,15 @@ impl Pool {
         guids.sort_unstable();
         guids.dedup();
         match guids.len() {
-            0 => return Err(PoolError::NotFound { name: name.to_string(), searched }),
+            0 => {
+                let mut others: Vec<String> = probes
+                    .iter()
+                    .filter_map(|probe| probe.label.as_ref().map(|label| format!("{} belongs to pool '{}' (guid {:#x})", probe.path.display(), label.config.name, label.pool_guid)))
+                    .collect();
+                others.sort();
+                let others = if others.is_empty() { String::new() } else { format!("; {}", others.join(", ")) };
+                return Err(PoolError::NotFound { name: name.to_string(), searched, others });
+            }
             1 => {}
             _ => return Err(PoolError::Ambiguous { name: name.to_string(), guids: guids.iter().map(|guid| format!("{guid:#x}")).collect::<Vec<_>>().join(", ") }),
         }
@@ -383,7 +422,7 @@ impl Pool {
             }
         }
         let Some((config, uberblocks)) = choose_config(&probes) else {
-            return Err(PoolError::NotFound { name: name.to_string(), searched: "the given devices".into() });
+            return Err(PoolError::NotFound { name: name.to_string(), searched: "the given devices".into(), others: String::new() });
         };
         let mut notes = Vec::new();
         for (probe, _) in &probes {

@@ -112,7 +112,7 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             Ok(bytes.to_string())
         }
         "volsize" | "volblocksize" if on_pool => invalid(format!("{name} is a volume property")),
-        "volblocksize" => invalid("volblocksize is set when a volume is created (volume create -b SIZE)".into()),
+        "volblocksize" => invalid("volblocksize is set when a volume is created (volume create POOL/NAME SIZE -o volblocksize=SIZE)".into()),
         _ if is_user_property(name) => {
             if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
                 return invalid(format!("{name}: values are limited to {USER_PROPERTY_VALUE_BYTES_MAX} bytes"));
@@ -321,9 +321,9 @@ impl Pool {
     }
 
     async fn snapshot_properties(self: &Rc<Self>, target: &str) -> Result<Vec<(String, String, String)>, PoolError> {
-        let (volume, snapshot) = super::dataset::split_snapshot_name(&self.name, target).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+        let (volume, snapshot) = super::dataset::split_snapshot_name(&self.name, target).ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
         let infos = self.snapshots(volume).await?;
-        let info = infos.iter().find(|info| info.name.ends_with(&format!("@{snapshot}"))).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+        let info = infos.iter().find(|info| info.name.ends_with(&format!("@{snapshot}"))).ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
         let record = self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
         let snapshot_volume = self.snapshot_volume(target).await?;
         let dnode = snapshot_volume.object.dnode();

@@ -1,13 +1,16 @@
 //! What import must not take at face value: the real binary, real NBD
-//! clients (qemu-io) and pools of real files.
+//! clients (qemu-io, nbdinfo) and pools of real files.
 //!
 //! - A stale copy of a mirror side put back in place is resilvered, not
 //!   trusted, and counts as lacking data until it is caught up.
+//! - A receive killed mid-stream without `-s` is discarded at import (its
+//!   space comes back, NBD lists no hidden export); with `-s` it resumes.
 
 mod common;
 
+use std::io::Write;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{tool, TestPool};
@@ -162,6 +165,115 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
     assert!(status["resilver"]["devices"].as_array().unwrap().iter().any(|device| device == a.as_str()), "{status}");
     assert_eq!(status["health"], "ONLINE", "{status}");
     each_side_alone_reads_right(&pool, [&a, &b]);
+    pool.stop();
+    pool.ok(&["check", "tank", "-d", &dir(&pool)]);
+}
+
+/// Allocated bytes once deferred frees are released: `check` commits, and
+/// three commits move every free through its defer slots.
+fn settled_allocated_bytes(pool: &TestPool) -> u64 {
+    for _ in 0..3 {
+        let report: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
+        assert_eq!(report["problems"].as_array().map(Vec::len), Some(0), "{report}");
+    }
+    pool.status_json()["allocated_bytes"].as_u64().expect("allocated bytes")
+}
+
+/// Stream bytes fed to a receive before the server is killed: most of the
+/// 256 MiB stream, and enough to see in the pool's allocation.
+const PARTIAL_STREAM_BYTES: u64 = 160 << 20;
+
+/// Starts `receive EXTRA TARGET` fed from a pipe, feeds it the first
+/// `PARTIAL_STREAM_BYTES` of `stream` and never the rest, waits until that
+/// data is committed, and kills the server. Returns the allocated bytes seen
+/// meanwhile.
+fn kill_mid_receive(pool: &mut TestPool, target: &str, extra: &[&str], stream: &Path, before: u64) -> u64 {
+    let control = pool.control().display().to_string();
+    let mut receive = pool
+        .command()
+        .args(["--control", &control, "receive"])
+        .args(extra)
+        .arg(target)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start ironpool receive");
+    let mut input = receive.stdin.take().expect("stdin");
+    let mut part = std::fs::File::open(stream).expect("stream");
+    std::io::copy(&mut std::io::Read::take(&mut part, PARTIAL_STREAM_BYTES), &mut input).expect("feed the stream");
+    input.flush().expect("flush");
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let during = loop {
+        let allocated = pool.status_json()["allocated_bytes"].as_u64().unwrap();
+        if allocated >= before + (128 << 20) {
+            break allocated;
+        }
+        assert!(Instant::now() < deadline, "the receive did not apply the data fed ({allocated} allocated, {before} before)");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    // Commit what was applied (check commits first), so the partial receive
+    // is on disk when the server dies.
+    pool.admin(&["--json", "check", "tank"]);
+    pool.kill9();
+    drop(input);
+    let _ = receive.wait();
+    during
+}
+
+/// `nbdinfo --list` of the whole server: it must succeed (every export
+/// listed can be opened); returns the export names.
+fn listed_exports(pool: &TestPool) -> Vec<String> {
+    let list = tool("nbdinfo", &["--list", "--json", &format!("nbd+unix://?socket={}", pool.socket().display())]);
+    let json: serde_json::Value = serde_json::from_str(&list).expect("nbdinfo JSON");
+    json["exports"].as_array().expect("exports").iter().map(|export| export["export-name"].as_str().unwrap_or_default().to_string()).collect()
+}
+
+#[test]
+fn a_receive_killed_mid_stream_is_discarded_at_import_unless_started_with_s() {
+    let mut pool = TestPool::new("tank");
+    pool.create("2G", &["a.img"]);
+    pool.create_volume("vol", "256M");
+    pool.serve();
+    let uri = pool.uri("vol");
+    write_pattern(&uri, 0x5a, 0, 256);
+    pool.admin(&["snapshot", "tank/vol@s"]);
+    let stream = pool.path("full.stream");
+    pool.send_to_file(&["send", "tank/vol@s"], &stream);
+    assert!(std::fs::metadata(&stream).unwrap().len() > PARTIAL_STREAM_BYTES);
+    let before = settled_allocated_bytes(&pool);
+
+    // Without -s: nothing can resume it, so import discards it.
+    let during = kill_mid_receive(&mut pool, "tank/copy", &[], &stream, before);
+    pool.serve();
+    let exports = listed_exports(&pool);
+    assert!(exports.iter().all(|name| !name.contains('%')), "{exports:?}");
+    assert!(exports.iter().any(|name| name == "tank/vol"), "{exports:?}");
+    let after = settled_allocated_bytes(&pool);
+    assert!(after < before + (16 << 20), "the partial receive's space came back: {before} before, {during} during, {after} after");
+    let notes = pool.status_json()["notes"].to_string();
+    assert!(notes.contains("discarded the interrupted receive into tank/copy"), "{notes}");
+    // The name is free again: a receive into it starts afresh.
+    let output = pool.receive_from_file(&["receive", "tank/copy"], &stream);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let compare = tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", &pool.uri("vol@s"), &pool.uri("copy")]);
+    assert!(compare.contains("identical"), "{compare}");
+
+    // With -s: kept across the kill, hidden from NBD, and resumable.
+    let before = settled_allocated_bytes(&pool);
+    kill_mid_receive(&mut pool, "tank/kept", &["-s"], &stream, before);
+    pool.serve();
+    let exports = listed_exports(&pool);
+    assert!(exports.iter().all(|name| !name.contains('%')), "{exports:?}");
+    let token: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "get", "receive_resume_token", "tank/kept"])).unwrap();
+    let token = token["properties"][0]["value"].as_str().unwrap_or_default().to_string();
+    assert!(token.starts_with("1-"), "the -s receive is resumable: {token}");
+    let rest = pool.path("rest.stream");
+    pool.send_to_file(&["send", "-t", &token], &rest);
+    let output = pool.receive_from_file(&["receive", "-s", "tank/kept"], &rest);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let compare = tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", &pool.uri("vol@s"), &pool.uri("kept")]);
+    assert!(compare.contains("identical"), "{compare}");
     pool.stop();
     pool.ok(&["check", "tank", "-d", &dir(&pool)]);
 }

@@ -364,7 +364,7 @@ fn list_entry(pool: &Pool) -> Value {
         "allocated_bytes": size - free,
         "free_bytes": free,
         "health": pool.health(),
-        "volumes": pool.volumes.borrow().len(),
+        "volumes": pool.visible_volumes().len(),
     })
 }
 

@@ -419,6 +419,11 @@ impl Pool {
                         pool.import_notes.borrow_mut().push(format!("rewound from txg {} to txg {}: the newer one was unreadable", uberblocks[0].txg, uberblock.txg));
                     }
                     pool.start_after_import();
+                    // A receive interrupted by a crash that was not started
+                    // with -s can never finish: its hidden volume goes, with
+                    // the space it holds.
+                    let discarded = pool.discard_unresumable_receives().await;
+                    pool.import_notes.borrow_mut().extend(discarded);
                     return Ok(pool);
                 }
                 Err(error) => last_error = Some(error),

@@ -1,10 +1,13 @@
-//! What import must not take at face value: the real binary, real NBD
-//! clients (qemu-io, nbdinfo) and pools of real files.
+//! What import must not take at face value, and `check` on a busy pool: the
+//! real binary, real NBD clients (qemu-io, nbdinfo, fio) and pools of real
+//! files.
 //!
 //! - A stale copy of a mirror side put back in place is resilvered, not
 //!   trusted, and counts as lacking data until it is caught up.
 //! - A receive killed mid-stream without `-s` is discarded at import (its
 //!   space comes back, NBD lists no hidden export); with `-s` it resumes.
+//! - `check` on a served pool under random writes and a snapshot finds no
+//!   false problems.
 
 mod common;
 
@@ -274,6 +277,48 @@ fn a_receive_killed_mid_stream_is_discarded_at_import_unless_started_with_s() {
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let compare = tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", &pool.uri("vol@s"), &pool.uri("kept")]);
     assert!(compare.contains("identical"), "{compare}");
+    pool.stop();
+    pool.ok(&["check", "tank", "-d", &dir(&pool)]);
+}
+
+/// How long fio writes: long enough for a snapshot and several checks
+/// while it runs.
+const FIO_SECONDS: u64 = 12;
+
+#[test]
+fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
+    let mut pool = TestPool::new("tank");
+    pool.create("1G", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "256M");
+    pool.serve();
+    let uri = pool.uri("vol");
+    let mut fio = Command::new("fio")
+        .args([
+            "--name=busy", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bsrange=4k-64k", "--iodepth=16", "--size=256M",
+            "--time_based", &format!("--runtime={FIO_SECONDS}"), "--output-format=json",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start fio (is it installed?)");
+    std::thread::sleep(Duration::from_secs(2));
+    let mut checks_while_writing = 0;
+    for round in 0..6 {
+        if round == 1 {
+            pool.admin(&["snapshot", "tank/vol@during"]);
+        }
+        let report: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
+        assert_eq!(report["problems"].as_array().map(Vec::len), Some(0), "round {round}: {report}");
+        assert!(report["block_copies"].as_u64().unwrap() > 0, "{report}");
+        if fio.try_wait().expect("fio").is_none() {
+            checks_while_writing += 1;
+        }
+    }
+    let output = fio.wait_with_output().expect("fio");
+    assert!(output.status.success(), "fio: {}", String::from_utf8_lossy(&output.stderr));
+    assert!(checks_while_writing >= 3, "only {checks_while_writing} checks ran while fio wrote");
+    let status = pool.status_json();
+    assert_eq!(status["health"], "ONLINE", "{status}");
     pool.stop();
     pool.ok(&["check", "tank", "-d", &dir(&pool)]);
 }

@@ -532,6 +532,9 @@ impl Pool {
         if !valid_name(&short) {
             return Err(PoolError::InvalidName(short));
         }
+        // A volume appearing during `check` would take writes the walk
+        // never sees: creation waits for it like other administrative changes.
+        let _admin = self.admin_lock.acquire(1).await;
         self.create_volume_named(short, size_bytes, block_bytes, properties).await
     }
 

@@ -137,10 +137,10 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             }
         }
         if failure.is_none() {
-            for note in &pool.import_notes {
+            for note in pool.import_notes.borrow().iter() {
                 eprintln!("ironpool: {pool_name}: {note}");
             }
-            let exports: Vec<String> = pool.volumes.borrow().values().map(|volume| volume.name.clone()).collect();
+            let exports: Vec<String> = pool.visible_volumes().iter().map(|volume| volume.name.clone()).collect();
             eprintln!(
                 "ironpool: serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {})",
                 pool.txg.durable(),

@@ -380,7 +380,7 @@ fn list_entry(pool: &Pool) -> Value {
         "allocated_bytes": size - free,
         "free_bytes": free,
         "health": pool.health(),
-        "volumes": pool.volumes.borrow().len(),
+        "volumes": pool.visible_volumes().len(),
     })
 }
 
@@ -470,7 +470,7 @@ fn status(pool: &Pool) -> Value {
         "resilver": pool.resilver_status(),
         "unrecoverable_reads": pool.store.stats().unrecoverable_reads,
         "healed_reads": pool.store.stats().healed_reads,
-        "notes": pool.import_notes,
+        "notes": pool.import_notes.borrow().clone(),
         "volumes": volume_list(pool),
     })
 }

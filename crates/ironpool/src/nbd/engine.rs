@@ -141,7 +141,9 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
                     let _ = reply.send(export(&pool, &name).await.map(|volume| ExportInfo::of(&volume)));
                 }
                 ToEngine::List { reply } => {
-                    let _ = reply.send(pool.volumes.borrow().values().map(|volume| ExportInfo::of(volume)).collect());
+                    // Only what OPT_GO opens: a hidden volume (a receive in
+                    // progress) listed but refused fails `nbdinfo --list`.
+                    let _ = reply.send(pool.visible_volumes().iter().map(|volume| ExportInfo::of(volume)).collect());
                 }
                 ToEngine::Open { connection, name, reply } => {
                     let volume = export(&pool, &name).await;
@@ -179,8 +181,8 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
 /// (read-only), or "" when the pool has exactly one volume.
 async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     if name.is_empty() {
-        let volumes = pool.volumes.borrow();
-        return if volumes.len() == 1 { volumes.values().next().cloned() } else { None };
+        let volumes = pool.visible_volumes();
+        return if volumes.len() == 1 { volumes.into_iter().next() } else { None };
     }
     if name.contains('@') {
         return pool.snapshot_volume(name).await.ok();

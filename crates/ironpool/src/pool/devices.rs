@@ -73,6 +73,40 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
     Ok((vdevs, all_missing))
 }
 
+/// Marks the leaves in service whose device is behind the pool: its newest
+/// uberblock (every txg up to it reached the device before its uberblock did)
+/// is older than `pool_txg`, the newest uberblock of the pool. Such a device
+/// is an old copy put back in place, or one that missed commits without the
+/// pool noticing; it missed every txg after its newest, so those go into its
+/// dirty time log (resilvered after import, and not trusted by reads until
+/// then). Returns a note per device marked.
+pub(super) fn mark_stale_leaves(vdevs: &[Rc<TopVdev>], probes: &[(Probe, Rc<dyn Device>)], pool_guid: u64, pool_txg: u64) -> Vec<String> {
+    let mut notes = Vec::new();
+    for top in vdevs {
+        for leaf in &top.children {
+            if !leaf.is_online() {
+                // Away: its log already has an open range.
+                continue;
+            }
+            let probe = probes.iter().map(|(probe, _)| probe).find(|probe| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid() && label.pool_guid == pool_guid));
+            let Some(probe) = probe else { continue };
+            let newest = probe.uberblocks.iter().filter(|uberblock| uberblock.pool_guid == pool_guid).map(|uberblock| uberblock.txg).max();
+            if newest.is_some_and(|txg| txg >= pool_txg) {
+                continue;
+            }
+            // No uberblock at all: nothing on it can be trusted.
+            let first = newest.map_or(0, |txg| txg + 1);
+            leaf.dtl.borrow_mut().add_range(first, pool_txg);
+            notes.push(format!(
+                "{} is behind the pool (its newest txg is {}, the pool's {pool_txg}): it missed txgs {first}..{pool_txg}, which are resilvered onto it",
+                probe.path.display(),
+                newest.map_or_else(|| "none".to_string(), |txg| txg.to_string())
+            ));
+        }
+    }
+    notes
+}
+
 /// Brings every leaf's dirty time log in line with its state at txg `txg`
 /// (the open txg): a leaf away gets an open range, a leaf back has it closed.
 /// Then copies changed logs and states into the config and marks it dirty.
@@ -152,9 +186,11 @@ impl Pool {
         if leaf.state() == LeafState::Offline {
             return Ok(());
         }
+        // Children still to be resilvered count as lost: they lack what they
+        // missed, so the device may hold the only valid copy of it.
         if leaf.is_online() && children_lacking(&top, index) + 1 > top.redundancy() {
             return Err(PoolError::InvalidArgument(format!(
-                "cannot take {} offline: {} can lose at most {} devices and would lose {}",
+                "cannot take {} offline: it would leave no valid copy of some data ({} can lose at most {} devices and would lose {}: the others are away or not yet resilvered)",
                 leaf.path.borrow(),
                 top.kind.vdev_name(top.id),
                 top.redundancy(),

@@ -87,6 +87,18 @@ pub struct ReceiveRecord {
     /// fields sit in this record's JSON object, as before.
     #[serde(flatten)]
     pub position: ResumeToken,
+    /// Whether the receive keeps what it applied when it is interrupted
+    /// (`receive -s`). One that does not is discarded at the next import:
+    /// nothing can resume it, and its hidden volume would hold its space.
+    /// Absent in directories written before this field: such a receive is
+    /// kept, as it was then.
+    #[serde(default = "resumable_default")]
+    pub resumable: bool,
+}
+
+/// `ReceiveRecord::resumable` of a record written before the field existed.
+fn resumable_default() -> bool {
+    true
 }
 
 /// Outcome of the last finished scrub.

@@ -199,8 +199,9 @@ pub struct Pool {
     pub resilver: RefCell<resilver::ResilverState>,
     /// Uberblock txg the pool was imported at (0 for a new pool).
     pub imported_txg: u64,
-    /// Notes from import (damaged labels, unclean export) for `status`.
-    pub import_notes: Vec<String>,
+    /// Notes from import (damaged labels, unclean export, stale devices,
+    /// discarded receives) for `status`.
+    pub import_notes: RefCell<Vec<String>>,
     /// Snapshots to take at the next commit.
     pub pending_snapshots: RefCell<Vec<dataset::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
@@ -307,7 +308,7 @@ impl Pool {
             scrub: RefCell::new(scrub::ScrubState::default()),
             resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: 0,
-            import_notes: Vec::new(),
+            import_notes: RefCell::new(Vec::new()),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
@@ -441,6 +442,11 @@ impl Pool {
         if uberblocks.is_empty() {
             return Err(PoolError::NoValidUberblock(name.to_string()));
         }
+        // A device whose newest uberblock is older than the pool's (an old
+        // copy put back, a device that missed commits) lacks the txgs since:
+        // its log says so before anything is read, so reads do not trust it
+        // for them and a resilver brings it up to date.
+        notes.extend(devices::mark_stale_leaves(&vdevs, &probes, config.pool_guid, uberblocks[0].txg));
         // The newest uberblock whose metadata loads wins; an older one is tried
         // only if the newest's tree is unreadable (its frees are still deferred, so
         // the previous trees are intact).
@@ -449,15 +455,14 @@ impl Pool {
             match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone()).await {
                 Ok(pool) => {
                     if uberblock.txg != uberblocks[0].txg {
-                        let mut notes = pool.import_notes.clone();
-                        notes.push(format!("rewound from txg {} to txg {}: the newer one was unreadable", uberblocks[0].txg, uberblock.txg));
-                        // Safe: nothing else refers to the pool yet.
-                        let pool = Rc::try_unwrap(pool).map_err(|_| PoolError::Corrupt("pool shared during import".into()))?;
-                        let pool = Rc::new(Pool { import_notes: notes, ..pool });
-                        pool.start_after_import();
-                        return Ok(pool);
+                        pool.import_notes.borrow_mut().push(format!("rewound from txg {} to txg {}: the newer one was unreadable", uberblocks[0].txg, uberblock.txg));
                     }
                     pool.start_after_import();
+                    // A receive interrupted by a crash that was not started
+                    // with -s can never finish: its hidden volume goes, with
+                    // the space it holds.
+                    let discarded = pool.discard_unresumable_receives().await;
+                    pool.import_notes.borrow_mut().extend(discarded);
                     return Ok(pool);
                 }
                 Err(error) => last_error = Some(error),
@@ -502,7 +507,7 @@ impl Pool {
             scrub: RefCell::new(scrub::ScrubState::default()),
             resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: uberblock.txg,
-            import_notes: notes,
+            import_notes: RefCell::new(notes),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
@@ -566,6 +571,9 @@ impl Pool {
         if !valid_name(&short) {
             return Err(PoolError::InvalidName(short));
         }
+        // A volume appearing during `check` would take writes the walk
+        // never sees: creation waits for it like other administrative changes.
+        let _admin = self.admin_lock.acquire(1).await;
         self.create_volume_named(short, size_bytes, block_bytes, properties).await
     }
 

@@ -142,12 +142,47 @@ impl Pool {
         format!("{target_short}{RECEIVE_SUFFIX}")
     }
 
-    /// The resume token of an interrupted receive into `target`, if any.
+    /// The resume token of an interrupted receive into `target`, if any (a
+    /// receive without `-s` has none: nothing may resume it).
     pub fn receive_resume_token(&self, target: &str) -> Option<String> {
         let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target);
         let directory = self.directory.borrow();
         let record = directory.volumes.get(&Self::hidden_name(short))?.receive.clone()?;
-        Some(record.position.encode())
+        record.resumable.then(|| record.position.encode())
+    }
+
+    /// The hidden volumes of receives that cannot be resumed (started
+    /// without `-s`, or left before their receive record was written): what
+    /// import discards. Short names, with the target each was for.
+    pub(crate) fn unresumable_receives(&self) -> Vec<(String, String)> {
+        let directory = self.directory.borrow();
+        directory
+            .volumes
+            .iter()
+            .filter(|(short, record)| super::is_hidden_volume(short) && record.receive.as_ref().is_none_or(|receive| !receive.resumable))
+            .map(|(short, record)| {
+                let target = record.receive.as_ref().map_or_else(|| short.trim_end_matches(RECEIVE_SUFFIX).to_string(), |receive| receive.target.clone());
+                (short.clone(), target)
+            })
+            .collect()
+    }
+
+    /// Discards the receives a crash or kill interrupted that cannot be
+    /// resumed (see `unresumable_receives`), freeing their space: run once
+    /// at import, when no receive can be running. Returns a note per
+    /// receive for `status`.
+    pub(crate) async fn discard_unresumable_receives(self: &Rc<Self>) -> Vec<String> {
+        let mut notes = Vec::new();
+        for (hidden, target) in self.unresumable_receives() {
+            match self.destroy_volume(&hidden, true).await {
+                Ok(()) => notes.push(format!("discarded the interrupted receive into {}/{target} (it was not started with -s, so it could not be resumed)", self.name)),
+                Err(error) => notes.push(format!(
+                    "could not discard the interrupted receive into {}/{target}: {error}; retry with `ironpool receive -A {}/{target}`",
+                    self.name, self.name
+                )),
+            }
+        }
+        notes
     }
 
     /// Discards an interrupted receive into `target`.
@@ -204,16 +239,27 @@ impl Pool {
         let _admin = self.admin_lock.acquire(1).await;
         let existing_hidden = self.directory.borrow().volumes.get(hidden_short).cloned();
         if let Some(resume_block) = begin.resume_block {
-            let record = existing_hidden.and_then(|record| record.receive).ok_or_else(|| PoolError::InvalidArgument(format!("the stream resumes a receive, but none into {}/{short} was interrupted", self.name)))?;
+            let record = existing_hidden.and_then(|record| record.receive).filter(|receive| receive.resumable).ok_or_else(|| PoolError::InvalidArgument(format!("the stream resumes a receive, but none into {}/{short} was interrupted", self.name)))?;
             if record.position.to_guid != begin.to_guid || record.position.from_guid != begin.from_guid {
                 return Err(PoolError::InvalidArgument(format!("the stream resumes {}, not the interrupted receive of {}", begin.snapshot, record.position.snapshot)));
             }
             if resume_block > record.position.next_block {
                 return Err(PoolError::InvalidArgument(format!("the stream resumes at block {resume_block}, but only blocks before {} were received", record.position.next_block)));
             }
+            // Resumed without -s, a failure discards it (`fail_receive`), and
+            // so does the import after a crash.
+            if record.resumable != options.save_partial {
+                if let Some(receive) = self.directory.borrow_mut().volumes.get_mut(hidden_short).and_then(|record| record.receive.as_mut()) {
+                    receive.resumable = options.save_partial;
+                }
+                self.directory_dirty.set(true);
+            }
             return self.volume(hidden_short);
         }
         if let Some(record) = existing_hidden {
+            if !record.receive.as_ref().is_some_and(|receive| receive.resumable) {
+                return Err(PoolError::InvalidArgument(format!("a receive into {}/{short} is in progress; wait for it to end", self.name)));
+            }
             let token = self.receive_resume_token(short).unwrap_or_default();
             let what = record.receive.map(|receive| receive.position.snapshot).unwrap_or_default();
             return Err(PoolError::InvalidArgument(format!(
@@ -224,6 +270,7 @@ impl Pool {
         let receive = ReceiveRecord {
             target: short.to_string(),
             position: ResumeToken { snapshot: begin.snapshot.clone(), to_guid: begin.to_guid, from: begin.from.clone(), from_guid: begin.from_guid, next_block: 0 },
+            resumable: options.save_partial,
         };
         let hidden = if begin.from_guid == 0 {
             if self.directory.borrow().volumes.contains_key(short) {

@@ -312,6 +312,8 @@ impl Sim {
             (1, "destroy-volume"),
             (1, "create-volume"),
             (2, "scrub"),
+            (1, "race-destroy"),
+            (1, "race-scrub"),
             (1, "export-import"),
         ];
         if faults.any_damage() {
@@ -370,6 +372,8 @@ impl Sim {
                 }
             }
             "scrub" => self.scrub(pool).await?,
+            "race-destroy" => self.race(pool, true).await?,
+            "race-scrub" => self.race(pool, false).await?,
             "export-import" => {
                 pool.export().await.map_err(|error| io_error("export", error))?;
                 self.model.borrow_mut().flushed();
@@ -592,6 +596,25 @@ impl Sim {
     async fn burst(&mut self, pool: &Rc<Pool>, leave_running: bool) -> Check {
         let volumes = self.model.borrow().volumes();
         let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let (handles, touched) = self.start_burst(pool, &name, false).await?;
+        if leave_running {
+            return Ok(());
+        }
+        for handle in handles {
+            handle.await?;
+        }
+        for (first, count) in touched {
+            self.verify_blocks(pool, &name, first, count).await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a burst of writes to volume `name`; returns the write tasks and
+    /// the block ranges they touch. With `may_vanish` (a destroy races them),
+    /// a write may fail because the volume is gone.
+    #[allow(clippy::type_complexity)]
+    async fn start_burst(&mut self, pool: &Rc<Pool>, name: &str, may_vanish: bool) -> Result<(Vec<rt::JoinHandle<Check>>, Vec<(u64, u64)>), String> {
+        let name = name.to_string();
         let dataset = self.model.borrow().datasets[&name].clone();
         let volume = self.handle(pool, &name).await?;
         let block = dataset.block_bytes;
@@ -650,20 +673,74 @@ impl Sim {
                         }
                         Ok(())
                     }
+                    Err(PoolError::NoSuchVolume(_)) if may_vanish => {
+                        for (blkid, values) in &changes {
+                            target.failed(*blkid, values);
+                        }
+                        Ok(())
+                    }
                     Err(error) => Err(io_error(&format!("burst write to {task_name} at {offset}+{length}"), error)),
                 }
             }));
         }
-        if leave_running {
+        Ok((handles, touched))
+    }
+
+    /// Administration racing client writes: a burst of writes to a volume is
+    /// started and, while it runs, the volume is destroyed (the writes either
+    /// land before it or fail as gone; nothing may be freed twice, no other
+    /// volume may change) or a scrub runs (every block stays verifiable).
+    /// A full check follows (every dataset against the model, and the space
+    /// walk), so a block linked into a destroyed tree or a free counted twice
+    /// is found here.
+    async fn race(&mut self, pool: &Rc<Pool>, destroy: bool) -> Check {
+        let volumes = self.model.borrow().volumes();
+        if destroy && volumes.len() <= 1 {
             return Ok(());
         }
-        for handle in handles {
-            handle.await?;
+        let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let (handles, touched) = self.start_burst(pool, &name, destroy).await?;
+        // Let some of the writes start before the administrative operation.
+        rt::sleep(Duration::from_nanos(self.rng.below(2_000_000))).await;
+        if destroy {
+            let snapshots = self.model.borrow().snapshots_of(&name);
+            let blocked = snapshots.iter().any(|snapshot| self.model.borrow().has_clones(snapshot));
+            self.trace(|| format!("race: destroy {name} under writes (blocked {blocked})"));
+            let result = pool.destroy_volume(&format!("{POOL}/{name}"), true).await;
+            match (blocked, result) {
+                (true, Ok(())) => return Err(format!("destroyed {name}, whose snapshots have clones")),
+                (true, Err(_)) => {}
+                (false, result) => {
+                    result.map_err(|error| io_error(&format!("destroy {name} under writes"), error))?;
+                    let mut model = self.model.borrow_mut();
+                    model.flushed();
+                    model.datasets.remove(&name);
+                    for snapshot in snapshots {
+                        model.datasets.remove(&snapshot);
+                    }
+                    model.origins.remove(&name);
+                }
+            }
+            for handle in handles {
+                handle.await?;
+            }
+            if self.model.borrow().datasets.contains_key(&name) {
+                for (first, count) in touched {
+                    self.verify_blocks(pool, &name, first, count).await?;
+                }
+            }
+        } else {
+            self.trace(|| format!("race: scrub under writes to {name}"));
+            let _ = pool.scrub_start();
+            for handle in handles {
+                handle.await?;
+            }
+            self.scrub_result(pool).await?;
+            for (first, count) in touched {
+                self.verify_blocks(pool, &name, first, count).await?;
+            }
         }
-        for (first, count) in touched {
-            self.verify_blocks(pool, &name, first, count).await?;
-        }
-        Ok(())
+        self.full_check(pool).await
     }
 
     /// Sets the stage for a crash: writes in flight, maybe a scrub, and the
@@ -797,6 +874,11 @@ impl Sim {
     /// A scrub with faults still on: no block may be left without a good copy.
     async fn scrub(&mut self, pool: &Rc<Pool>) -> Check {
         pool.scrub_start().map_err(|error| io_error("scrub start", error))?;
+        self.scrub_result(pool).await
+    }
+
+    /// Waits for the running scrub and judges what it found.
+    async fn scrub_result(&mut self, pool: &Rc<Pool>) -> Check {
         pool.scrub_wait().await;
         self.count_check("scrub");
         let status = pool.scrub_status();

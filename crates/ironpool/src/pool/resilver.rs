@@ -257,7 +257,7 @@ impl Pool {
                     if self.resilver.borrow().cancel {
                         return false;
                     }
-                    if let Err(error) = self.scan_object(&object, &scan).await {
+                    if let Err(error) = self.scan_object(&object, &scan, self.scan_floor_txg(object.id)).await {
                         self.resilver_error(format!("object {}: {error}", object.id));
                     }
                 }

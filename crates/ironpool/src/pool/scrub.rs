@@ -4,7 +4,8 @@
 //!
 //! The walk ([`super::scan`]) goes object by object, top-down through each
 //! tree, a node at a time: the pointers in one node are scrubbed together (a
-//! bounded number in flight). Progress is bytes examined against the bytes
+//! bounded number in flight). A block shared by snapshots is read once.
+//! Progress is bytes examined against the bytes
 //! allocated when the scrub started.
 
 use std::rc::Rc;
@@ -132,7 +133,8 @@ impl Pool {
                         completed = false;
                         break;
                     }
-                    if let Err(error) = self.scan_object(&object, &Scan::Scrub).await {
+                    let floor = self.scan_floor_txg(object.id);
+                    if let Err(error) = self.scan_object(&object, &Scan::Scrub, floor).await {
                         self.scrub_error(format!("object {}: {error}", object.id));
                     }
                 }

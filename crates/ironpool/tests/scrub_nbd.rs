@@ -4,10 +4,15 @@
 
 mod common;
 
+use std::time::{Duration, Instant};
+
 use common::{corrupt_file, tool, TestPool};
 
 /// Where a device's data area begins (labels before it).
 const DATA_START: u64 = 1 << 20;
+/// A scrub rate slow enough that a test sees the scrub running for seconds
+/// on ~100 MiB of data.
+const SLOW_SCRUB_RATE: &str = "16M";
 
 fn qemu_io(uri: &str, commands: &[&str]) -> String {
     let mut args = vec!["-f", "raw", uri];
@@ -32,6 +37,19 @@ fn device_reads(pool: &TestPool) -> u64 {
     let text = pool.admin(&["--json", "iostat", &pool.name]);
     let json: serde_json::Value = serde_json::from_str(&text).expect("iostat JSON");
     json["devices"].as_array().expect("devices in iostat").iter().map(|device| device["read_bytes"].as_u64().expect("read_bytes")).sum()
+}
+
+/// Polls `status` until `done` accepts its scrub part (at most a minute).
+fn wait_for_scrub(pool: &TestPool, what: &str, done: impl Fn(&serde_json::Value) -> bool) -> serde_json::Value {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = pool.status_json();
+        if done(&status["scrub"]) {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "scrub never {what}: {status}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// A served mirror pool whose 128 MiB volume holds 96 MiB, then three
@@ -93,4 +111,60 @@ fn a_scrub_reads_blocks_shared_by_snapshots_once_and_still_repairs_them() {
     let range = damaged.start as usize..damaged.end as usize;
     assert!(side_a[range.clone()] == side_b[range], "side a still differs from side b where it was damaged");
     pool.ok(&["check", "tank", "-d", &dir(&pool)]);
+}
+
+#[test]
+fn an_interrupted_scrub_resumes_at_the_next_import() {
+    let mut pool = TestPool::new("tank");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "128M");
+    pool.create_volume("other", "64M");
+    pool.serve_with(&["-o", &format!("scrub_rate_bytes={SLOW_SCRUB_RATE}")]);
+    qemu_io(&pool.uri("vol"), &["write -P 0x11 0 64M", "flush"]);
+    qemu_io(&pool.uri("other"), &["write -P 0x22 0 32M", "flush"]);
+
+    // kill -9 while it runs: the next server resumes it.
+    pool.admin(&["scrub", "tank"]);
+    let running = wait_for_scrub(&pool, "started", |scrub| scrub["examined_bytes"].as_u64().unwrap_or(0) > 0);
+    let started = running["scrub"]["started_unix_seconds"].as_u64().unwrap();
+    assert_eq!(running["scrub"]["state"], "scanning", "{running}");
+    pool.kill9();
+    pool.serve_with(&["-o", &format!("scrub_rate_bytes={SLOW_SCRUB_RATE}")]);
+    let resumed = pool.status_json();
+    assert_eq!(resumed["scrub"]["state"], "scanning", "the scrub was not resumed: {resumed}");
+    assert_eq!(resumed["scrub"]["resumed"], true, "{resumed}");
+    assert_eq!(resumed["scrub"]["started_unix_seconds"].as_u64(), Some(started), "{resumed}");
+    let text = pool.admin(&["status", "tank"]);
+    assert!(text.contains("resumed after an interruption"), "{text}");
+
+    // An export (SIGTERM) while it runs keeps it for the next import too.
+    pool.stop();
+    pool.serve();
+    let finished = wait_for_scrub(&pool, "finished", |scrub| scrub["state"] == "finished");
+    let scrub = &finished["scrub"];
+    assert_eq!(scrub["resumed"], true, "{finished}");
+    assert_eq!(scrub["started_unix_seconds"].as_u64(), Some(started), "{finished}");
+    assert_eq!(scrub["last"]["completed"], true, "{finished}");
+    assert_eq!((scrub["errors"].as_u64(), scrub["bad_copies"].as_u64()), (Some(0), Some(0)), "{finished}");
+    // The bookmark's figures carry over without counting a block twice.
+    let (examined, total) = (scrub["examined_bytes"].as_u64().unwrap(), scrub["total_bytes"].as_u64().unwrap());
+    assert!(examined <= total + total / 50 && examined > 96 << 20, "examined {examined} of {total}: {finished}");
+
+    // A finished scrub is not resumed again...
+    pool.kill9();
+    pool.serve();
+    assert_eq!(pool.status_json()["scrub"]["state"], "none");
+    // ...nor one the operator stopped.
+    pool.admin(&["tune", "tank", "scrub_rate_bytes", SLOW_SCRUB_RATE]);
+    pool.admin(&["scrub", "tank"]);
+    wait_for_scrub(&pool, "started", |scrub| scrub["examined_bytes"].as_u64().unwrap_or(0) > 0);
+    pool.admin(&["scrub", "-s", "tank"]);
+    let stopped = wait_for_scrub(&pool, "stopped", |scrub| scrub["state"] == "finished");
+    assert_eq!(stopped["scrub"]["last"]["completed"], false, "{stopped}");
+    pool.kill9();
+    pool.serve();
+    let after = pool.status_json();
+    assert_eq!(after["scrub"]["state"], "none", "a stopped scrub came back: {after}");
+    assert_eq!(after["scrub"]["last"]["completed"], false, "{after}");
+    pool.stop();
 }

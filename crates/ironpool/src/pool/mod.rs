@@ -145,6 +145,9 @@ pub struct PoolTunables {
     pub dirty_data_max_bytes: u64,
     /// The I/O queue of every leaf.
     pub queue: QueueTunables,
+    /// Bytes a scrub examines per second at most (0: as fast as the queues
+    /// let it; its I/O class already yields to client I/O).
+    pub scrub_rate_bytes: u64,
 }
 
 impl Default for PoolTunables {
@@ -156,6 +159,7 @@ impl Default for PoolTunables {
             cache_budget_bytes: 256 << 20,
             dirty_data_max_bytes: writeback::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
+            scrub_rate_bytes: 0,
         }
     }
 }
@@ -493,11 +497,13 @@ impl Pool {
     }
 
     /// Starts an imported pool: devices that came back have their dirty time
-    /// logs closed and get a resilver, devices away get theirs opened.
+    /// logs closed and get a resilver, devices away get theirs opened. A
+    /// scrub the pool was running when it was last open resumes.
     fn start_after_import(self: &Rc<Self>) {
         devices::maintain(self, self.txg.open());
         self.start();
         self.resilver_start();
+        self.scrub_resume();
     }
 
     /// Hands out a new object number (the dnode table's length is the high-water
@@ -686,7 +692,7 @@ impl Pool {
     /// Commits everything, marks the pool exported in its labels and releases the
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
-        self.scrub_cancel();
+        self.scrub_pause().await;
         self.resilver_stop().await;
         self.config.borrow_mut().state = PoolState::Exported;
         self.config_dirty.set(true);

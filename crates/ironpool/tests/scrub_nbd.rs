@@ -168,3 +168,39 @@ fn an_interrupted_scrub_resumes_at_the_next_import() {
     assert_eq!(after["scrub"]["last"]["completed"], false, "{after}");
     pool.stop();
 }
+
+#[test]
+fn status_after_a_replace_shows_one_finished_scan_with_what_the_resilver_wrote() {
+    let mut pool = TestPool::new("tank");
+    pool.create("128M", &["raidz1", "d0.img", "d1.img", "d2.img"]);
+    pool.create_volume("vol", "64M");
+    pool.serve();
+    qemu_io(&pool.uri("vol"), &["write -P 0x11 0 40M", "flush"]);
+    pool.stop();
+    std::fs::remove_file(pool.path("d1.img")).unwrap();
+    pool.serve();
+    let text = pool.admin(&["status", "tank"]);
+    assert!(text.contains("degraded: missing"), "{text}");
+    let new = pool.path("new.img").display().to_string();
+    pool.admin(&["replace", "-w", "--size", "128M", "tank", &pool.path("d1.img").display().to_string(), &new]);
+
+    let status = pool.status_json();
+    assert_eq!(status["health"], "ONLINE", "{status}");
+    assert_eq!(status["resilver"]["state"], "finished", "{status}");
+    assert_eq!(status["resilver"]["devices"][0], new.as_str(), "{status}");
+    // The figure is what reached the new device: its columns, not whole blocks.
+    let iostat: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+    let device = iostat["devices"].as_array().unwrap().iter().find(|device| device["path"] == new.as_str()).expect("new device in iostat");
+    let rewritten = status["resilver"]["rewritten_bytes"].as_u64().unwrap();
+    assert_eq!(Some(rewritten), device["repaired_bytes"].as_u64(), "resilvered bytes vs the new device's: {status} {device}");
+    assert!(rewritten > 16 << 20 && rewritten < 32 << 20, "a third-ish of 40 MiB of data plus parity: {rewritten}");
+
+    let text = pool.admin(&["status", "tank"]);
+    assert_eq!(text.matches("scan:").count(), 1, "{text}");
+    assert!(!text.contains("unix time"), "{text}");
+    assert!(text.contains(" UTC"), "{text}");
+    assert!(!text.contains("degraded: missing"), "{text}");
+    assert!(text.contains("in 1 pass with 0 errors"), "{text}");
+    assert!(!text.contains("resilver of  in"), "{text}");
+    pool.stop();
+}

@@ -451,7 +451,7 @@ fn status(pool: &Pool) -> Value {
         "resilver": pool.resilver_status(),
         "unrecoverable_reads": pool.store.stats().unrecoverable_reads,
         "healed_reads": pool.store.stats().healed_reads,
-        "notes": pool.import_notes,
+        "notes": pool.notes(),
         "volumes": volume_list(pool),
     })
 }

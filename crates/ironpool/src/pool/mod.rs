@@ -196,6 +196,9 @@ pub struct Pool {
     pub imported_txg: u64,
     /// Notes from import (damaged labels, unclean export) for `status`.
     pub import_notes: Vec<String>,
+    /// Devices unavailable at import: guid and what was wrong. [`Pool::notes`]
+    /// names those still out of service.
+    pub missing_at_import: Vec<(u64, String)>,
     /// Snapshots to take at the next commit.
     pub pending_snapshots: RefCell<Vec<dataset::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
@@ -303,6 +306,7 @@ impl Pool {
             resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: 0,
             import_notes: Vec::new(),
+            missing_at_import: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
@@ -400,9 +404,6 @@ impl Pool {
         }
         // Assemble the vdev tree from the config, matching devices by guid.
         let (vdevs, missing) = devices::assemble(name, &config, &probes, &tunables)?;
-        if !missing.is_empty() {
-            notes.push(format!("degraded: missing or unusable devices: {}", missing.join(", ")));
-        }
         if uberblocks.is_empty() {
             return Err(PoolError::NoValidUberblock(name.to_string()));
         }
@@ -411,7 +412,7 @@ impl Pool {
         // the previous trees are intact).
         let mut last_error = None;
         for uberblock in uberblocks.iter().take(1 + crate::alloc::DEFER_TXGS as usize) {
-            match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone()).await {
+            match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone(), missing.clone()).await {
                 Ok(pool) => {
                     if uberblock.txg != uberblocks[0].txg {
                         let mut notes = pool.import_notes.clone();
@@ -431,7 +432,15 @@ impl Pool {
         Err(last_error.unwrap_or_else(|| PoolError::NoValidUberblock(name.to_string())))
     }
 
-    async fn load(name: &str, config: &PoolConfig, vdevs: Vec<Rc<TopVdev>>, uberblock: &Uberblock, tunables: PoolTunables, notes: Vec<String>) -> Result<Rc<Pool>, PoolError> {
+    async fn load(
+        name: &str,
+        config: &PoolConfig,
+        vdevs: Vec<Rc<TopVdev>>,
+        uberblock: &Uberblock,
+        tunables: PoolTunables,
+        notes: Vec<String>,
+        missing: Vec<(u64, String)>,
+    ) -> Result<Rc<Pool>, PoolError> {
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces));
         store.set_open_txg(uberblock.txg + 1);
@@ -468,6 +477,7 @@ impl Pool {
             resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: uberblock.txg,
             import_notes: notes,
+            missing_at_import: missing,
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
@@ -504,6 +514,23 @@ impl Pool {
         self.start();
         self.resilver_start();
         self.scrub_resume();
+    }
+
+    /// Notes for `status` and the server's log: the import's, and which
+    /// devices unavailable at import are still out of service (one replaced
+    /// or brought back is not named).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = self.import_notes.clone();
+        let out_of_service: Vec<&str> = self
+            .missing_at_import
+            .iter()
+            .filter(|(guid, _)| self.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| leaf.guid() == *guid && !leaf.is_online()))
+            .map(|(_, description)| description.as_str())
+            .collect();
+        if !out_of_service.is_empty() {
+            notes.push(format!("degraded: missing or unusable devices: {}", out_of_service.join(", ")));
+        }
+        notes
     }
 
     /// Hands out a new object number (the dnode table's length is the high-water

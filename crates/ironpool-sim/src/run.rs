@@ -873,6 +873,8 @@ impl Sim {
 
     /// A scrub with faults still on: no block may be left without a good copy.
     async fn scrub(&mut self, pool: &Rc<Pool>) -> Check {
+        // An import may have resumed a scrub cut short by a crash: let it end.
+        pool.scrub_wait().await;
         pool.scrub_start().map_err(|error| io_error("scrub start", error))?;
         self.scrub_result(pool).await
     }
@@ -1003,6 +1005,8 @@ impl Sim {
         pool.commit().await.map_err(|error| io_error("heal commit", error))?;
         self.model.borrow_mut().flushed();
         for pass in 0..2 {
+            // An import may have resumed a scrub cut short by a crash: let it end.
+            pool.scrub_wait().await;
             pool.scrub_start().map_err(|error| io_error("heal scrub", error))?;
             pool.scrub_wait().await;
             let status = pool.scrub_status();

@@ -56,6 +56,16 @@ pub struct BlockStats {
 /// the run and the blocks.
 type VdevRun = (Vec<usize>, Vec<RunBlock>);
 
+/// What a resilver of one block wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Rewritten {
+    /// Children written (one block rewritten on two devices counts two).
+    pub copies: u64,
+    /// Bytes written to them: the whole block on a mirror side, the child's
+    /// column on RAID-Z.
+    pub bytes: u64,
+}
+
 /// Devices, allocator, and the rules for reading and writing blocks.
 pub struct BlockStore {
     pub vdevs: Vec<Rc<TopVdev>>,
@@ -417,23 +427,25 @@ impl BlockStore {
 
     /// Rewrites the copies of `bp` on the children that `targets` names for
     /// each vdev (children that missed the block's txg), from a copy that
-    /// verifies. Returns the number of children rewritten. The caller holds a
+    /// verifies. Returns what it wrote. The caller holds a
     /// read guard over the walk that found `bp`.
-    pub async fn resilver(self: &Rc<Self>, bp: &BlockPointer, targets: &dyn Fn(u32) -> Vec<usize>) -> Result<u64, BlockError> {
+    pub async fn resilver(self: &Rc<Self>, bp: &BlockPointer, targets: &dyn Fn(u32) -> Vec<usize>) -> Result<Rewritten, BlockError> {
         let wanted: Vec<(Dva, Vec<usize>)> = bp.copies().map(|dva| (*dva, targets(dva.vdev))).filter(|(_, children)| !children.is_empty()).collect();
         if wanted.is_empty() {
-            return Ok(0);
+            return Ok(Rewritten::default());
         }
         let (data, _) = self.read_physical(bp, IoClass::Rebuild).await?;
-        let mut rewritten = 0;
+        let mut rewritten = Rewritten::default();
         for (dva, children) in wanted {
             let top = self.vdevs[dva.vdev as usize].clone();
-            let count = children.len() as u64;
             let fitted = fit(&top, &data, bp.physical_size as usize);
+            let bytes = top.children_share_bytes(&children, dva.offset, fitted.len() as u64);
+            let count = children.len() as u64;
             if !self.repair(top, Some(children), dva.offset, fitted, IoClass::Rebuild).await {
                 return Err(BlockError::WriteFailed { location: location(&dva), detail: "resilver write failed".into() });
             }
-            rewritten += count;
+            rewritten.copies += count;
+            rewritten.bytes += bytes;
         }
         Ok(rewritten)
     }

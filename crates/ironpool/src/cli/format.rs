@@ -37,31 +37,73 @@ fn number(value: &Value) -> u64 {
     value.as_u64().unwrap_or(0)
 }
 
+/// "1 pass", "2 passes": `count` with the word that fits it.
+pub fn plural(count: u64, one: &str, many: &str) -> String {
+    format!("{count} {}", if count == 1 { one } else { many })
+}
+
+/// Seconds since the Unix epoch as a UTC date and time,
+/// "2026-11-23 14:05:09 UTC".
+pub fn utc(unix_seconds: u64) -> String {
+    const SECONDS_PER_DAY: u64 = 86_400;
+    let (days, seconds) = (unix_seconds / SECONDS_PER_DAY, unix_seconds % SECONDS_PER_DAY);
+    let (year, month, day) = civil_from_days(days);
+    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", seconds / 3600, seconds / 60 % 60, seconds % 60)
+}
+
+/// The proleptic Gregorian date `days` days after 1970-01-01: counted in
+/// 400-year eras (146097 days each) of years starting on March 1, so the leap
+/// day ends a year (Howard Hinnant's days-to-civil algorithm).
+fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Days from 0000-03-01 to 1970-01-01.
+    let shifted = days + 719_468;
+    let era = shifted / 146_097;
+    let day_of_era = shifted % 146_097;
+    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    // Months from March: 0 is March, 11 is February.
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
+}
+
 /// One line about the scrub.
 pub fn scrub_line(scrub: &Value) -> String {
     match scrub["state"].as_str().unwrap_or("none") {
         "scanning" => format!(
-            "scrub in progress: {:.1}% done, {} of {} examined, {} copies repaired, {} errors",
+            "scrub in progress since {}{}: {:.1}% done, {} of {} examined, {} repaired, {}",
+            utc(number(&scrub["started_unix_seconds"])),
+            if scrub["resumed"] == true { " (resumed after an interruption)" } else { "" },
             scrub["progress_percent"].as_f64().unwrap_or(0.0),
             bytes(number(&scrub["examined_bytes"])),
             bytes(number(&scrub["total_bytes"])),
-            number(&scrub["repaired_copies"]),
-            number(&scrub["errors"])
+            plural(number(&scrub["repaired_copies"]), "copy", "copies"),
+            plural(number(&scrub["errors"]), "error", "errors")
         ),
         "finished" => format!(
-            "scrub repaired {} ({} bad copies) with {} errors, {} examined",
+            "scrub repaired {} ({}) with {}, {} examined{}",
             bytes(number(&scrub["repaired_bytes"])),
-            number(&scrub["bad_copies"]),
-            number(&scrub["errors"]),
-            bytes(number(&scrub["examined_bytes"]))
+            plural(number(&scrub["bad_copies"]), "bad copy", "bad copies"),
+            plural(number(&scrub["errors"]), "error", "errors"),
+            bytes(number(&scrub["examined_bytes"])),
+            match scrub["last"]["finished_unix_seconds"].as_u64() {
+                Some(finished) => format!(
+                    ", {} at {}",
+                    if scrub["last"]["completed"] == true { "completed" } else { "stopped" },
+                    utc(finished)
+                ),
+                None => String::new(),
+            }
         ),
         _ => match scrub["last"].as_object() {
             Some(last) => format!(
-                "last scrub repaired {} with {} errors ({}), finished at unix time {}",
+                "last scrub repaired {} with {} ({}), finished at {}",
                 bytes(last.get("repaired_bytes").and_then(Value::as_u64).unwrap_or(0)),
-                last.get("errors").and_then(Value::as_u64).unwrap_or(0),
-                if last.get("completed").and_then(Value::as_bool).unwrap_or(false) { "completed" } else { "cancelled" },
-                last.get("finished_unix_seconds").and_then(Value::as_u64).unwrap_or(0)
+                plural(last.get("errors").and_then(Value::as_u64).unwrap_or(0), "error", "errors"),
+                if last.get("completed").and_then(Value::as_bool).unwrap_or(false) { "completed" } else { "stopped" },
+                utc(last.get("finished_unix_seconds").and_then(Value::as_u64).unwrap_or(0))
             ),
             None => "none requested".to_string(),
         },
@@ -71,10 +113,11 @@ pub fn scrub_line(scrub: &Value) -> String {
 /// One line about the resilver.
 pub fn resilver_line(resilver: &Value) -> String {
     let devices: Vec<&str> = resilver["devices"].as_array().map(|devices| devices.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
+    let of_devices = if devices.is_empty() { String::new() } else { format!(" of {}", devices.join(", ")) };
+    let on_devices = if devices.is_empty() { String::new() } else { format!(" on {}", devices.join(", ")) };
     match resilver["state"].as_str().unwrap_or("none") {
         "resilvering" => format!(
-            "resilver of {} in progress: {:.1}% done, {} of {} examined, {} rewritten, {}",
-            devices.join(", "),
+            "resilver{of_devices} in progress: {:.1}% done, {} of {} examined, {} rewritten, {}",
             resilver["progress_percent"].as_f64().unwrap_or(0.0),
             bytes(number(&resilver["examined_bytes"])),
             bytes(number(&resilver["total_bytes"])),
@@ -85,14 +128,36 @@ pub fn resilver_line(resilver: &Value) -> String {
             }
         ),
         "finished" => format!(
-            "resilvered {} ({} block copies) on {} in {} passes with {} errors",
+            "resilvered {} ({}){on_devices} in {} with {}, {} examined, finished at {}",
             bytes(number(&resilver["rewritten_bytes"])),
-            number(&resilver["rewritten_blocks"]),
-            devices.join(", "),
-            number(&resilver["passes"]),
-            number(&resilver["errors"])
+            plural(number(&resilver["rewritten_blocks"]), "block copy", "block copies"),
+            plural(number(&resilver["passes"]), "pass", "passes"),
+            plural(number(&resilver["errors"]), "error", "errors"),
+            bytes(number(&resilver["examined_bytes"])),
+            utc(number(&resilver["finished_unix_seconds"]))
         ),
         _ => "none".to_string(),
+    }
+}
+
+/// The one scan `status` shows: a running resilver, else a running scrub,
+/// else whichever of the two ended last.
+pub fn scan_line(status: &Value) -> String {
+    let scrub = &status["scrub"];
+    let resilver = &status["resilver"];
+    let resilver_state = resilver["state"].as_str().unwrap_or("none");
+    if resilver_state == "resilvering" {
+        return resilver_line(resilver);
+    }
+    if resilver_state == "none" || scrub["state"] == "scanning" {
+        return scrub_line(scrub);
+    }
+    // Both ended: the later one. A scrub that ended has its record in `last`.
+    let scrub_finished = scrub["last"]["finished_unix_seconds"].as_u64().unwrap_or(0);
+    if scrub_finished > number(&resilver["finished_unix_seconds"]) {
+        scrub_line(scrub)
+    } else {
+        resilver_line(resilver)
     }
 }
 
@@ -114,10 +179,7 @@ pub fn status(status: &Value) -> String {
     for note in status["notes"].as_array().cloned().unwrap_or_default() {
         out += &format!("  note: {}\n", note.as_str().unwrap_or(""));
     }
-    out += &format!("  scan: {}\n", scrub_line(&status["scrub"]));
-    if status["resilver"]["state"] != "none" && !status["resilver"].is_null() {
-        out += &format!("  scan: {}\n", resilver_line(&status["resilver"]));
-    }
+    out += &format!("  scan: {}\n", scan_line(status));
     out += &format!(
         " space: {} used of {} ({} free), txg {} durable\n",
         bytes(number(&status["allocated_bytes"])),
@@ -208,4 +270,37 @@ mod tests {
         assert_eq!(bytes(2 << 30), "2.0G");
         assert_eq!(bytes(200 << 20), "200M");
     }
+
+    #[test]
+    fn formats_utc_dates() {
+        assert_eq!(utc(0), "1970-01-01 00:00:00 UTC");
+        assert_eq!(utc(951_782_400), "2000-02-29 00:00:00 UTC");
+        assert_eq!(utc(1_795_458_137), "2026-11-23 18:22:17 UTC");
+        assert_eq!(utc(4_107_542_399), "2100-02-28 23:59:59 UTC");
+        assert_eq!(utc(4_107_542_400), "2100-03-01 00:00:00 UTC");
+    }
+
+    #[test]
+    fn plurals() {
+        assert_eq!(plural(1, "pass", "passes"), "1 pass");
+        assert_eq!(plural(0, "pass", "passes"), "0 passes");
+        assert_eq!(plural(2, "error", "errors"), "2 errors");
+    }
+
+    #[test]
+    fn one_scan_line() {
+        let status = serde_json::json!({
+            "pool": "tank",
+            "scrub": { "state": "none", "last": { "finished_unix_seconds": 100, "completed": true, "errors": 0, "repaired_bytes": 0 } },
+            "resilver": { "state": "finished", "devices": ["/d/new.img"], "passes": 1, "errors": 0, "rewritten_bytes": 4096,
+                          "rewritten_blocks": 1, "examined_bytes": 8192, "finished_unix_seconds": 200 },
+        });
+        let text = super::status(&status);
+        assert_eq!(text.matches("scan:").count(), 1, "{text}");
+        assert!(text.contains("resilvered 4.0K (1 block copy) on /d/new.img in 1 pass with 0 errors"), "{text}");
+        assert!(!text.contains("unix time"), "{text}");
+        let running = serde_json::json!({ "state": "resilvering", "devices": [], "progress_percent": 0.0 });
+        assert!(resilver_line(&running).starts_with("resilver in progress"), "{}", resilver_line(&running));
+    }
+
 }

@@ -329,7 +329,10 @@ pub fn scrub(context: &Context, pool: &str, dirs: &[PathBuf], wait: bool, stop: 
         // No server: scrub in this process, which must wait for the end.
         let dirs = search_dirs(pool, dirs)?;
         let result = with_pool(pool, &dirs, |pool| async move {
-            pool.scrub_start()?;
+            // The import may have resumed an interrupted scrub: finish that one.
+            if pool.scrub_status().state != "scanning" {
+                pool.scrub_start()?;
+            }
             pool.scrub_wait().await;
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
         })?;

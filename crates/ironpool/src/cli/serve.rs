@@ -137,7 +137,7 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             }
         }
         if failure.is_none() {
-            for note in pool.import_notes.borrow().iter() {
+            for note in &pool.notes() {
                 eprintln!("ironpool: {pool_name}: {note}");
             }
             let exports: Vec<String> = pool.visible_volumes().iter().map(|volume| volume.name.clone()).collect();

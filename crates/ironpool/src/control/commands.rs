@@ -470,7 +470,7 @@ fn status(pool: &Pool) -> Value {
         "resilver": pool.resilver_status(),
         "unrecoverable_reads": pool.store.stats().unrecoverable_reads,
         "healed_reads": pool.store.stats().healed_reads,
-        "notes": pool.import_notes.borrow().clone(),
+        "notes": pool.notes(),
         "volumes": volume_list(pool),
     })
 }
@@ -526,6 +526,7 @@ fn tunables(pool: &Pool) -> Value {
         "dirty_max_bytes": tunables.dirty_max_bytes,
         "dirty_data_max_bytes": tunables.dirty_data_max_bytes,
         "cache_budget_bytes": tunables.cache_budget_bytes,
+        "scrub_rate_bytes": tunables.scrub_rate_bytes,
         "queue": tunables.queue,
     })
 }
@@ -534,7 +535,8 @@ fn tunables(pool: &Pool) -> Value {
 /// `dirty_max_bytes`, `dirty_data_max_bytes` (0: write-back off),
 /// `aggregation_limit_bytes`, `read_gap_limit_bytes`,
 /// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
-/// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`.
+/// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`,
+/// `scrub_rate_bytes` (0: no limit).
 pub fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
     if name == "classes" {
         let on = match value {
@@ -559,6 +561,7 @@ pub fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError
         "dirty_sync_bytes" => tunables.dirty_sync_bytes = number,
         "dirty_max_bytes" => tunables.dirty_max_bytes = number,
         "dirty_data_max_bytes" => tunables.dirty_data_max_bytes = number,
+        "scrub_rate_bytes" => tunables.scrub_rate_bytes = number,
         "aggregation_limit_bytes" => queue.aggregation_limit_bytes = number.min(16 << 20) as u32,
         "read_gap_limit_bytes" => queue.read_gap_limit_bytes = number.min(1 << 20) as u32,
         "max_active_total" => queue.max_active_total = number.clamp(1, 4096) as u32,

@@ -24,13 +24,15 @@ use crate::vdev::{LeafState, LeafVdev, TopVdev};
 /// Builds the top-level vdevs of `config` from the devices found, matched by
 /// guid. Fails, before anything is written, when a vdev has more children
 /// unavailable (not found, truncated, offline) than its redundancy covers.
-/// Returns the vdevs and a description of every unavailable device.
-pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn Device>)], tunables: &PoolTunables) -> Result<(Vec<Rc<TopVdev>>, Vec<String>), PoolError> {
+/// Returns the vdevs and, for every unavailable device, its guid and a
+/// description.
+pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn Device>)], tunables: &PoolTunables) -> Result<(Vec<Rc<TopVdev>>, Vec<(u64, String)>), PoolError> {
     let mut vdevs = Vec::new();
     let mut all_missing = Vec::new();
     for top in &config.vdevs {
         let mut leaves = Vec::new();
         let mut missing = Vec::new();
+        let mut missing_guids = Vec::new();
         for leaf in &top.children {
             let found = probes.iter().find(|(probe, _)| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid && label.pool_guid == config.pool_guid));
             let device = match found {
@@ -50,6 +52,8 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
                 vdev.set_offline();
                 missing.push(format!("{} (offline)", leaf.path));
             }
+            // One guid per description added for this leaf.
+            missing_guids.resize(missing.len(), leaf.guid);
             *vdev.dtl.borrow_mut() = Dtl::from_config(&leaf.dtl);
             leaves.push(vdev);
         }
@@ -67,7 +71,7 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
                 ),
             });
         }
-        all_missing.extend(missing);
+        all_missing.extend(missing_guids.into_iter().zip(missing));
         vdevs.push(Rc::new(top_vdev));
     }
     Ok((vdevs, all_missing))
@@ -190,10 +194,10 @@ impl Pool {
         // missed, so the device may hold the only valid copy of it.
         if leaf.is_online() && children_lacking(&top, index) + 1 > top.redundancy() {
             return Err(PoolError::InvalidArgument(format!(
-                "cannot take {} offline: it would leave no valid copy of some data ({} can lose at most {} devices and would lose {}: the others are away or not yet resilvered)",
+                "cannot take {} offline: it would leave no valid copy of some data ({} can lose at most {} and would lose {}: the others are away or not yet resilvered)",
                 leaf.path.borrow(),
                 top.kind.vdev_name(top.id),
-                top.redundancy(),
+                if top.redundancy() == 1 { "1 device".to_string() } else { format!("{} devices", top.redundancy()) },
                 children_lacking(&top, index) + 1
             )));
         }

@@ -113,6 +113,22 @@ pub struct ScrubRecord {
     pub completed: bool,
 }
 
+/// A scrub running when the directory was written: the next import resumes
+/// it from `next_object` (see `pool::scrub`). Its figures so far carry over.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScrubProgress {
+    pub started_unix_seconds: u64,
+    /// Every object numbered below this one was scrubbed (the bookmark).
+    pub next_object: u64,
+    /// Bytes allocated when the scrub started (its 100%).
+    pub total_bytes: u64,
+    pub examined_bytes: u64,
+    pub bad_copies: u64,
+    pub repaired_copies: u64,
+    pub repaired_bytes: u64,
+    pub errors: u64,
+}
+
 /// One object of the pool's space log: records of txgs from `first_txg` up to
 /// the next log object's first txg.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -134,6 +150,10 @@ pub struct Directory {
     pub properties: BTreeMap<String, String>,
     #[serde(default)]
     pub last_scrub: Option<ScrubRecord>,
+    /// The scrub in progress, to resume after a crash or export (absent when
+    /// none runs; pools written before it have none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub scrub_in_progress: Option<ScrubProgress>,
     /// The space log objects, oldest first.
     #[serde(default)]
     pub space_logs: Vec<SpaceLogRecord>,
@@ -174,7 +194,15 @@ mod tests {
             crate::pool::volume::record(9, 1 << 30, 16384, 3, BTreeMap::new()),
         );
         assert_eq!(Directory::decode(&directory.encode()).unwrap(), directory);
+        directory.scrub_in_progress = Some(ScrubProgress { started_unix_seconds: 7, next_object: 12, total_bytes: 1 << 20, ..ScrubProgress::default() });
+        assert_eq!(Directory::decode(&directory.encode()).unwrap(), directory);
         assert!(Directory::decode(b"{not json").is_err());
+    }
+
+    #[test]
+    fn reads_a_directory_without_a_scrub_in_progress() {
+        let old = br#"{"version":1,"metaslab_arrays":[2],"volumes":{},"last_scrub":null}"#;
+        assert_eq!(Directory::decode(old).unwrap().scrub_in_progress, None);
     }
 
     #[test]

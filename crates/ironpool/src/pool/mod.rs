@@ -154,6 +154,9 @@ pub struct PoolTunables {
     pub dirty_data_max_bytes: u64,
     /// The I/O queue of every leaf.
     pub queue: QueueTunables,
+    /// Bytes a scrub examines per second at most (0: as fast as the queues
+    /// let it; its I/O class already yields to client I/O).
+    pub scrub_rate_bytes: u64,
 }
 
 impl Default for PoolTunables {
@@ -165,6 +168,7 @@ impl Default for PoolTunables {
             cache_budget_bytes: 256 << 20,
             dirty_data_max_bytes: writeback::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
+            scrub_rate_bytes: 0,
         }
     }
 }
@@ -202,6 +206,9 @@ pub struct Pool {
     /// Notes from import (damaged labels, unclean export, stale devices,
     /// discarded receives) for `status`.
     pub import_notes: RefCell<Vec<String>>,
+    /// Devices unavailable at import: guid and what was wrong. [`Pool::notes`]
+    /// names those still out of service.
+    pub missing_at_import: Vec<(u64, String)>,
     /// Snapshots to take at the next commit.
     pub pending_snapshots: RefCell<Vec<dataset::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
@@ -309,6 +316,7 @@ impl Pool {
             resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: 0,
             import_notes: RefCell::new(Vec::new()),
+            missing_at_import: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
@@ -436,9 +444,6 @@ impl Pool {
         }
         // Assemble the vdev tree from the config, matching devices by guid.
         let (vdevs, missing) = devices::assemble(name, &config, &probes, &tunables)?;
-        if !missing.is_empty() {
-            notes.push(format!("degraded: missing or unusable devices: {}", missing.join(", ")));
-        }
         if uberblocks.is_empty() {
             return Err(PoolError::NoValidUberblock(name.to_string()));
         }
@@ -452,7 +457,7 @@ impl Pool {
         // the previous trees are intact).
         let mut last_error = None;
         for uberblock in uberblocks.iter().take(1 + crate::alloc::DEFER_TXGS as usize) {
-            match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone()).await {
+            match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone(), missing.clone()).await {
                 Ok(pool) => {
                     if uberblock.txg != uberblocks[0].txg {
                         pool.import_notes.borrow_mut().push(format!("rewound from txg {} to txg {}: the newer one was unreadable", uberblocks[0].txg, uberblock.txg));
@@ -471,7 +476,15 @@ impl Pool {
         Err(last_error.unwrap_or_else(|| PoolError::NoValidUberblock(name.to_string())))
     }
 
-    async fn load(name: &str, config: &PoolConfig, vdevs: Vec<Rc<TopVdev>>, uberblock: &Uberblock, tunables: PoolTunables, notes: Vec<String>) -> Result<Rc<Pool>, PoolError> {
+    async fn load(
+        name: &str,
+        config: &PoolConfig,
+        vdevs: Vec<Rc<TopVdev>>,
+        uberblock: &Uberblock,
+        tunables: PoolTunables,
+        notes: Vec<String>,
+        missing: Vec<(u64, String)>,
+    ) -> Result<Rc<Pool>, PoolError> {
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces));
         store.set_open_txg(uberblock.txg + 1);
@@ -508,6 +521,7 @@ impl Pool {
             resilver: RefCell::new(resilver::ResilverState::default()),
             imported_txg: uberblock.txg,
             import_notes: RefCell::new(notes),
+            missing_at_import: missing,
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_holds: RefCell::new(BTreeMap::new()),
@@ -537,11 +551,30 @@ impl Pool {
     }
 
     /// Starts an imported pool: devices that came back have their dirty time
-    /// logs closed and get a resilver, devices away get theirs opened.
+    /// logs closed and get a resilver, devices away get theirs opened. A
+    /// scrub the pool was running when it was last open resumes.
     fn start_after_import(self: &Rc<Self>) {
         devices::maintain(self, self.txg.open());
         self.start();
         self.resilver_start();
+        self.scrub_resume();
+    }
+
+    /// Notes for `status` and the server's log: the import's, and which
+    /// devices unavailable at import are still out of service (one replaced
+    /// or brought back is not named).
+    pub fn notes(&self) -> Vec<String> {
+        let mut notes = self.import_notes.borrow().clone();
+        let out_of_service: Vec<&str> = self
+            .missing_at_import
+            .iter()
+            .filter(|(guid, _)| self.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| leaf.guid() == *guid && !leaf.is_online()))
+            .map(|(_, description)| description.as_str())
+            .collect();
+        if !out_of_service.is_empty() {
+            notes.push(format!("degraded: missing or unusable devices: {}", out_of_service.join(", ")));
+        }
+        notes
     }
 
     /// Hands out a new object number (the dnode table's length is the high-water
@@ -733,7 +766,7 @@ impl Pool {
     /// Commits everything, marks the pool exported in its labels and releases the
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
-        self.scrub_cancel();
+        self.scrub_pause().await;
         self.resilver_stop().await;
         self.config.borrow_mut().state = PoolState::Exported;
         self.config_dirty.set(true);

@@ -86,8 +86,10 @@ pub struct ResilverState {
     pub total_bytes: u64,
     pub examined_bytes: u64,
     /// Block copies rewritten on a device (a block rewritten on two devices
-    /// counts twice).
+    /// counts twice), over every pass of this resilver.
     pub rewritten_blocks: u64,
+    /// Bytes written onto the devices (a RAID-Z child's column of a block,
+    /// not the whole block), over every pass.
     pub rewritten_bytes: u64,
     /// Blocks that could not be read from anywhere or not written.
     pub errors: u64,
@@ -119,7 +121,8 @@ impl Pool {
     /// Starts a resilver in the background when some device in service has
     /// txgs to catch up on (or makes a running one pass again).
     pub fn resilver_start(self: &Rc<Self>) {
-        if self.resilver_targets().is_none() || self.txg.ensure_writable().is_err() {
+        let Some(targets) = self.resilver_targets() else { return };
+        if self.txg.ensure_writable().is_err() {
             return;
         }
         let mut state = self.resilver.borrow_mut();
@@ -130,7 +133,16 @@ impl Pool {
             state.again = true;
             return;
         }
-        *state = ResilverState { running: true, started_unix_seconds: unix_seconds(), started: Some(rt::now()), ..ResilverState::default() };
+        // What the first pass will work on, shown from the start.
+        let (size, free) = self.space();
+        *state = ResilverState {
+            running: true,
+            started_unix_seconds: unix_seconds(),
+            started: Some(rt::now()),
+            devices: self.target_paths(&targets),
+            total_bytes: size - free,
+            ..ResilverState::default()
+        };
         let pool = self.clone();
         state.task = Some(rt::spawn(async move { pool.resilver_run().await }));
     }
@@ -199,6 +211,11 @@ impl Pool {
         }
     }
 
+    /// The paths of the devices a pass works for.
+    fn target_paths(&self, targets: &ResilverTargets) -> Vec<String> {
+        targets.targets.iter().map(|target| self.store.vdevs[target.vdev as usize].children[target.child].path.borrow().clone()).collect()
+    }
+
     /// The devices in service with txgs to catch up on, or None.
     pub(super) fn resilver_targets(&self) -> Option<ResilverTargets> {
         let mut targets = Vec::new();
@@ -237,7 +254,7 @@ impl Pool {
         {
             let (size, free) = self.space();
             let mut state = self.resilver.borrow_mut();
-            state.devices = targets.targets.iter().map(|target| self.store.vdevs[target.vdev as usize].children[target.child].path.borrow().clone()).collect();
+            state.devices = self.target_paths(&targets);
             state.passes += 1;
             state.total_bytes = size - free;
             state.examined_bytes = 0;
@@ -257,7 +274,7 @@ impl Pool {
                     if self.resilver.borrow().cancel {
                         return false;
                     }
-                    if let Err(error) = self.scan_object(&object, &scan).await {
+                    if let Err(error) = self.scan_object(&object, &scan, self.scan_floor_txg(object.id)).await {
                         self.resilver_error(format!("object {}: {error}", object.id));
                     }
                 }
@@ -324,8 +341,8 @@ impl Pool {
                 state.examined_bytes += pointer.allocated_bytes();
                 match result {
                     Ok(rewritten) => {
-                        state.rewritten_blocks += rewritten;
-                        state.rewritten_bytes += rewritten * pointer.physical_size as u64;
+                        state.rewritten_blocks += rewritten.copies;
+                        state.rewritten_bytes += rewritten.bytes;
                     }
                     Err(error) => {
                         drop(state);

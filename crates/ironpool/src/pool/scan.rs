@@ -8,6 +8,16 @@
 //! repairs: copy-on-write rewrites a pointer whenever anything beneath it
 //! changes, so a pointer born before the oldest such txg has nothing newer
 //! beneath it.
+//!
+//! Blocks shared by snapshots are visited once, by birth txg (as OpenZFS
+//! scans): a volume's oldest snapshot is walked whole, each later snapshot
+//! and the volume itself only beneath pointers born after the snapshot before
+//! it, and a clone only beneath pointers born after its origin snapshot.
+//! Anything older in their trees is in that earlier snapshot's tree (a block
+//! is born into one tree and only leaves trees after), and is visited there.
+//! See [`Pool::scan_floor_txg`]. A snapshot destroyed while a walk runs may
+//! leave the blocks it shared with the next one unvisited by that walk (they
+//! are the next scrub's).
 
 use std::rc::Rc;
 
@@ -84,12 +94,40 @@ impl Pool {
         Ok(objects)
     }
 
-    /// Walks one object's tree for `scan`, node by node from the top.
-    pub(super) async fn scan_object(self: &Rc<Self>, object: &Rc<Object>, scan: &Scan) -> Result<(), PoolError> {
+    /// The txg at or before which the blocks of object `object_id` are
+    /// visited through another object (0: none, walk it whole): for a volume
+    /// or snapshot, the txg of the snapshot before it, or of its origin for a
+    /// clone's first. Read from the directory as it is when the object's walk
+    /// begins.
+    pub(super) fn scan_floor_txg(&self, object_id: u64) -> u64 {
+        let directory = self.directory.borrow();
+        let origin_txg = |record: &super::directory::VolumeRecord| -> u64 {
+            let Some(origin) = &record.origin else { return 0 };
+            directory
+                .volumes
+                .get(&origin.volume)
+                .and_then(|volume| volume.snapshots.iter().find(|snapshot| snapshot.name == origin.snapshot))
+                .map_or(0, |snapshot| snapshot.txg)
+        };
+        for record in directory.volumes.values() {
+            if record.object == object_id {
+                return record.snapshots.last().map_or_else(|| origin_txg(record), |snapshot| snapshot.txg);
+            }
+            if let Some(index) = record.snapshots.iter().position(|snapshot| snapshot.object == object_id) {
+                return if index == 0 { origin_txg(record) } else { record.snapshots[index - 1].txg };
+            }
+        }
+        0
+    }
+
+    /// Walks one object's tree for `scan`, node by node from the top, below
+    /// pointers born after `floor_txg` only (see [`Pool::scan_floor_txg`]).
+    pub(super) async fn scan_object(self: &Rc<Self>, object: &Rc<Object>, scan: &Scan, floor_txg: u64) -> Result<(), PoolError> {
         let dnode = object.dnode();
         let min_birth = scan.min_birth_txg();
         let root = dnode.root;
-        if root.is_hole() {
+        // Older blocks were visited through the object holding them earlier.
+        if root.is_hole() || root.birth_txg <= floor_txg {
             return Ok(());
         }
         if root.birth_txg < min_birth {
@@ -114,7 +152,7 @@ impl Pool {
                     NodeBody::Indirect(pointers) => pointers
                         .iter()
                         .enumerate()
-                        .filter(|(_, pointer)| !pointer.is_hole())
+                        .filter(|(_, pointer)| !pointer.is_hole() && pointer.birth_txg > floor_txg)
                         .map(|(index, pointer)| ((blkid << shift) + index as u64, *pointer))
                         .collect(),
                     NodeBody::Data(_) => unreachable!("indirect level holds pointers"),

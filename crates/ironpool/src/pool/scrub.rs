@@ -2,21 +2,28 @@
 //! (and RAID-Z parity against the data), and rewrite the bad copies from a
 //! good one.
 //!
-//! The walk ([`super::scan`]) goes object by object, top-down through each
-//! tree, a node at a time: the pointers in one node are scrubbed together (a
-//! bounded number in flight). Progress is bytes examined against the bytes
-//! allocated when the scrub started.
+//! The walk ([`super::scan`]) goes object by object in object number order,
+//! top-down through each tree, a node at a time: the pointers in one node are
+//! scrubbed together (a bounded number in flight). A block shared by snapshots
+//! is read once. Progress is bytes examined against the bytes allocated when
+//! the scrub started.
+//!
+//! A running scrub is recorded in the directory ([`ScrubProgress`]) from its
+//! start, with the first object not yet scrubbed (its bookmark) updated as it
+//! goes: a scrub cut short by a crash or an export resumes at the next import
+//! from that object. Stopping it (`scrub -s`) or its end clears the record.
 
 use std::rc::Rc;
+use std::time::Duration;
 
 use serde::Serialize;
 
-use super::directory::ScrubRecord;
+use super::directory::{ScrubProgress, ScrubRecord};
 use super::scan::Scan;
 use super::{Pool, PoolError};
 use crate::format::BlockPointer;
 use crate::object::Object;
-use crate::rt::{self, JoinHandle};
+use crate::rt::{self, Instant, JoinHandle};
 
 /// Blocks scrubbed concurrently: enough to keep devices busy, few enough that
 /// interactive I/O (which has priority in the queues anyway) is not crowded out.
@@ -25,9 +32,22 @@ const SCRUB_BLOCKS_IN_FLIGHT: usize = 32;
 /// A running or finished scrub.
 #[derive(Default)]
 pub struct ScrubState {
+    /// A scrub task is walking the pool.
     pub running: bool,
+    /// The operator asked it to stop (`scrub -s`).
     pub cancel: bool,
+    /// The pool is being exported: the scrub stops and stays recorded in the
+    /// directory, to resume at the next import.
+    shut: bool,
+    /// It resumed a scrub an earlier import of the pool had not finished.
+    pub resumed: bool,
+    /// Every object numbered below this was scrubbed (the bookmark).
+    pub next_object: u64,
     pub started_unix_seconds: u64,
+    /// When this process started (or resumed) it: the rate limit's clock.
+    started: Option<Instant>,
+    /// Bytes examined when this process started (or resumed) it.
+    examined_at_start: u64,
     pub total_bytes: u64,
     pub examined_bytes: u64,
     pub bad_copies: u64,
@@ -40,13 +60,33 @@ pub struct ScrubState {
     task: Option<JoinHandle<()>>,
 }
 
+impl ScrubState {
+    /// What the directory keeps of it while it runs.
+    fn progress(&self) -> ScrubProgress {
+        ScrubProgress {
+            started_unix_seconds: self.started_unix_seconds,
+            next_object: self.next_object,
+            total_bytes: self.total_bytes,
+            examined_bytes: self.examined_bytes,
+            bad_copies: self.bad_copies,
+            repaired_copies: self.repaired_copies,
+            repaired_bytes: self.repaired_bytes,
+            errors: self.errors,
+        }
+    }
+}
+
 /// Most error descriptions kept for `status`.
 const ERROR_DETAILS_MAX: usize = 32;
 
 /// What `status` shows about scrubs.
 #[derive(Clone, Debug, Serialize)]
 pub struct ScrubStatus {
+    /// "scanning", "finished" or "none".
     pub state: &'static str,
+    /// The running scrub resumed one that an earlier import of the pool did
+    /// not finish (a crash, or an export while it ran).
+    pub resumed: bool,
     pub started_unix_seconds: u64,
     pub examined_bytes: u64,
     pub total_bytes: u64,
@@ -56,9 +96,11 @@ pub struct ScrubStatus {
     pub repaired_bytes: u64,
     pub errors: u64,
     pub error_details: Vec<String>,
+    /// The last scrub that ended (completed or stopped).
     pub last: Option<ScrubRecord>,
 }
 
+/// Seconds since the Unix epoch, by the runtime's clock.
 pub(super) fn unix_seconds() -> u64 {
     crate::rt::wall_clock_ns() / 1_000_000_000
 }
@@ -67,23 +109,71 @@ impl Pool {
     /// Starts a scrub in the background.
     pub fn scrub_start(self: &Rc<Self>) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        let mut scrub = self.scrub.borrow_mut();
-        if scrub.running {
+        if self.scrub.borrow().running {
             return Err(PoolError::InvalidArgument("a scrub is already running".into()));
         }
         let (size, free) = self.space();
-        *scrub = ScrubState { running: true, started_unix_seconds: unix_seconds(), total_bytes: size - free, ..ScrubState::default() };
-        let pool = self.clone();
-        scrub.task = Some(rt::spawn(async move { pool.scrub_run().await }));
+        let progress = ScrubProgress { started_unix_seconds: unix_seconds(), total_bytes: size - free, ..ScrubProgress::default() };
+        self.scrub_launch(progress, false);
         Ok(())
     }
 
-    /// Asks a running scrub to stop.
+    /// At import: resumes the scrub the directory says was running, from its
+    /// bookmark. True when one was resumed.
+    pub(super) fn scrub_resume(self: &Rc<Self>) -> bool {
+        let Some(progress) = self.directory.borrow().scrub_in_progress.clone() else { return false };
+        if self.txg.ensure_writable().is_err() || self.scrub.borrow().running {
+            return false;
+        }
+        self.scrub_launch(progress, true);
+        true
+    }
+
+    /// Records the scrub in the directory and starts its task.
+    fn scrub_launch(self: &Rc<Self>, progress: ScrubProgress, resumed: bool) {
+        let mut scrub = self.scrub.borrow_mut();
+        *scrub = ScrubState {
+            running: true,
+            resumed,
+            next_object: progress.next_object,
+            started_unix_seconds: progress.started_unix_seconds,
+            started: Some(rt::now()),
+            examined_at_start: progress.examined_bytes,
+            total_bytes: progress.total_bytes,
+            examined_bytes: progress.examined_bytes,
+            bad_copies: progress.bad_copies,
+            repaired_copies: progress.repaired_copies,
+            repaired_bytes: progress.repaired_bytes,
+            errors: progress.errors,
+            ..ScrubState::default()
+        };
+        self.directory.borrow_mut().scrub_in_progress = Some(progress);
+        self.directory_dirty.set(true);
+        let pool = self.clone();
+        scrub.task = Some(rt::spawn(async move { pool.scrub_run(resumed).await }));
+    }
+
+    /// Asks a running scrub to stop (`scrub -s`): it ends, recorded as not
+    /// completed, and is not resumed.
     pub fn scrub_cancel(&self) {
         let mut scrub = self.scrub.borrow_mut();
         if scrub.running {
             scrub.cancel = true;
         }
+    }
+
+    /// Stops a running scrub for an export and waits for it: it stays
+    /// recorded in the directory (with its bookmark) and the next import
+    /// resumes it.
+    pub async fn scrub_pause(&self) {
+        {
+            let mut scrub = self.scrub.borrow_mut();
+            if scrub.running {
+                scrub.shut = true;
+                scrub.cancel = true;
+            }
+        }
+        self.scrub_wait().await;
     }
 
     /// Waits for the running scrub (if any) to end.
@@ -94,11 +184,13 @@ impl Pool {
         }
     }
 
+    /// The running or last scrub, for `status`.
     pub fn scrub_status(&self) -> ScrubStatus {
         let scrub = self.scrub.borrow();
         let progress = if scrub.total_bytes == 0 { if scrub.running { 0.0 } else { 100.0 } } else { (scrub.examined_bytes as f64 * 100.0 / scrub.total_bytes as f64).min(100.0) };
         ScrubStatus {
             state: if scrub.running { "scanning" } else if scrub.started_unix_seconds > 0 { "finished" } else { "none" },
+            resumed: scrub.resumed,
             started_unix_seconds: scrub.started_unix_seconds,
             examined_bytes: scrub.examined_bytes,
             total_bytes: scrub.total_bytes,
@@ -112,14 +204,21 @@ impl Pool {
         }
     }
 
-    async fn scrub_run(self: Rc<Self>) {
+    async fn scrub_run(self: Rc<Self>, resumed: bool) {
         let mut completed = true;
+        // The directory's record of the scrub is on disk before the walk, so
+        // a crash from here on resumes it.
+        if let Err(error) = self.txg.wait_durable(&self, self.txg.open()).await {
+            self.scrub_error(format!("recording the scrub: {error}"));
+        }
         // A scrub rewrites the children that missed a block's txg too (it is a
         // resilver of every block it reads): when it completes clean, the txgs
         // those children missed at its start are caught up, as a resilver
         // pass would have left them. The blocks of those txgs must be on disk
-        // before the walk, or it would skip them as too new.
-        let mut caught_up = self.resilver_targets();
+        // before the walk, or it would skip them as too new. Not for a resumed
+        // scrub: the part walked before the interruption was walked for the
+        // devices' logs as they were then.
+        let mut caught_up = if resumed { None } else { self.resilver_targets() };
         if let Some(targets) = &caught_up {
             if self.txg.wait_durable(&self, targets.max_txg()).await.is_err() {
                 caught_up = None;
@@ -127,41 +226,96 @@ impl Pool {
         }
         match self.all_objects().await {
             Ok(objects) => {
-                for object in objects {
+                let first = self.scrub.borrow().next_object;
+                for object in objects.into_iter().filter(|object| object.id >= first) {
                     if self.scrub.borrow().cancel {
                         completed = false;
                         break;
                     }
-                    if let Err(error) = self.scan_object(&object, &Scan::Scrub).await {
+                    let floor = self.scan_floor_txg(object.id);
+                    if let Err(error) = self.scan_object(&object, &Scan::Scrub, floor).await {
                         self.scrub_error(format!("object {}: {error}", object.id));
                     }
+                    if self.scrub.borrow().cancel {
+                        // Cut short inside the object: it is walked again on resume.
+                        completed = false;
+                        break;
+                    }
+                    self.scrub_bookmark(object.id + 1);
                 }
             }
             Err(error) => self.scrub_error(format!("listing objects: {error}")),
         }
-        let record = {
-            let mut scrub = self.scrub.borrow_mut();
-            scrub.running = false;
-            ScrubRecord {
+        let (record, shut) = {
+            let scrub = self.scrub.borrow();
+            let record = ScrubRecord {
                 started_unix_seconds: scrub.started_unix_seconds,
                 finished_unix_seconds: unix_seconds(),
                 examined_bytes: scrub.examined_bytes,
                 repaired_bytes: scrub.repaired_bytes,
                 errors: scrub.errors,
                 completed: completed && !scrub.cancel,
-            }
+            };
+            (record, scrub.shut)
         };
+        if shut {
+            // Export: the directory keeps the scrub as of its last bookmark
+            // (the object cut short is walked again, and counted again, from
+            // its start), to resume at the next import.
+            self.scrub.borrow_mut().running = false;
+            return;
+        }
         let clean = record.completed && record.errors == 0 && {
             let scrub = self.scrub.borrow();
             scrub.repaired_copies == scrub.bad_copies
         };
-        self.directory.borrow_mut().last_scrub = Some(record);
+        {
+            let mut directory = self.directory.borrow_mut();
+            directory.last_scrub = Some(record);
+            directory.scrub_in_progress = None;
+        }
         self.directory_dirty.set(true);
         if let (true, Some(targets)) = (clean, caught_up) {
             self.drop_resilvered_ranges(&targets);
             if let Err(error) = self.commit().await {
                 self.scrub_error(format!("committing the devices' caught-up state: {error}"));
             }
+        } else if let Err(error) = self.txg.wait_durable(&self, self.txg.open()).await {
+            self.scrub_error(format!("recording the end of the scrub: {error}"));
+        }
+        // Shown as ended once the end is on disk: a crash after this does not
+        // resume it.
+        self.scrub.borrow_mut().running = false;
+    }
+
+    /// Records that every object below `next_object` is scrubbed: the
+    /// directory carries it from the next commit.
+    fn scrub_bookmark(&self, next_object: u64) {
+        let progress = {
+            let mut scrub = self.scrub.borrow_mut();
+            scrub.next_object = next_object;
+            scrub.progress()
+        };
+        self.directory.borrow_mut().scrub_in_progress = Some(progress);
+        self.directory_dirty.set(true);
+    }
+
+    /// Waits as long as needed to keep the scrub at the `scrub_rate_bytes`
+    /// tunable (bytes examined per second; 0: no limit).
+    async fn scrub_throttle(&self) {
+        let rate = self.tunables.borrow().scrub_rate_bytes;
+        if rate == 0 {
+            return;
+        }
+        let (started, examined) = {
+            let scrub = self.scrub.borrow();
+            (scrub.started, scrub.examined_bytes.saturating_sub(scrub.examined_at_start))
+        };
+        let Some(started) = started else { return };
+        let due = Duration::from_secs_f64(examined as f64 / rate as f64);
+        let elapsed = rt::now().duration_since(started);
+        if due > elapsed {
+            rt::sleep(due - elapsed).await;
         }
     }
 
@@ -180,6 +334,7 @@ impl Pool {
         let durable = self.txg.durable();
         let pointers: Vec<BlockPointer> = pointers.iter().filter(|pointer| pointer.birth_txg <= durable).copied().collect();
         for batch in pointers.chunks(SCRUB_BLOCKS_IN_FLIGHT) {
+            self.scrub_throttle().await;
             let results = futures_util::future::join_all(batch.iter().map(|pointer| self.store.scrub(pointer))).await;
             let mut scrub = self.scrub.borrow_mut();
             for (pointer, result) in batch.iter().zip(results) {

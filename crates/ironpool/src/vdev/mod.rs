@@ -287,6 +287,18 @@ impl TopVdev {
         }
     }
 
+    /// Bytes of a block of `length` bytes (whole sectors) at `offset` that
+    /// `children` hold: all of it on each mirror side, their columns on RAID-Z.
+    pub fn children_share_bytes(&self, children: &[usize], offset: u64, length: u64) -> u64 {
+        match &self.raidz {
+            Some(geometry) => match geometry.map(offset, length) {
+                Ok(map) => map.columns.iter().filter(|column| children.contains(&(column.child as usize))).map(|column| column.size_bytes).sum(),
+                Err(_) => 0,
+            },
+            None => length * children.len() as u64,
+        }
+    }
+
     /// Rewrites the given children's part of a block (self-heal, scrub repair,
     /// resilver) from the block's good `data`: the whole block on a mirror, the
     /// child's column (data, or parity recomputed) on RAID-Z. Fails when any of

@@ -22,6 +22,8 @@ fn create_refuses_devices_of_another_pool_unless_forced() {
     // The forced device no longer answers as alpha.
     let error = first.fails(&["status", "alpha", "-d", &dir(&first)]);
     assert!(error.contains("no pool named 'alpha'"), "{error}");
+    // And the error says what the device is now, not just "not found".
+    assert!(error.contains("a.img belongs to pool 'beta'"), "{error}");
 }
 
 #[test]

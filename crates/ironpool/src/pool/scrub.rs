@@ -41,39 +41,16 @@ pub struct ScrubState {
     shut: bool,
     /// It resumed a scrub an earlier import of the pool had not finished.
     pub resumed: bool,
-    /// Every object numbered below this was scrubbed (the bookmark).
-    pub next_object: u64,
-    pub started_unix_seconds: u64,
+    /// The bookmark and figures so far: what the directory keeps of it while
+    /// it runs, so a scrub cut short resumes from them.
+    pub progress: ScrubProgress,
     /// When this process started (or resumed) it: the rate limit's clock.
     started: Option<Instant>,
     /// Bytes examined when this process started (or resumed) it.
     examined_at_start: u64,
-    pub total_bytes: u64,
-    pub examined_bytes: u64,
-    pub bad_copies: u64,
-    pub repaired_copies: u64,
-    pub repaired_bytes: u64,
-    /// Blocks with no good copy left.
-    pub errors: u64,
     /// What the unrecoverable errors were (bounded list).
     pub error_details: Vec<String>,
     task: Option<JoinHandle<()>>,
-}
-
-impl ScrubState {
-    /// What the directory keeps of it while it runs.
-    fn progress(&self) -> ScrubProgress {
-        ScrubProgress {
-            started_unix_seconds: self.started_unix_seconds,
-            next_object: self.next_object,
-            total_bytes: self.total_bytes,
-            examined_bytes: self.examined_bytes,
-            bad_copies: self.bad_copies,
-            repaired_copies: self.repaired_copies,
-            repaired_bytes: self.repaired_bytes,
-            errors: self.errors,
-        }
-    }
 }
 
 /// Most error descriptions kept for `status`.
@@ -132,21 +109,7 @@ impl Pool {
     /// Records the scrub in the directory and starts its task.
     fn scrub_launch(self: &Rc<Self>, progress: ScrubProgress, resumed: bool) {
         let mut scrub = self.scrub.borrow_mut();
-        *scrub = ScrubState {
-            running: true,
-            resumed,
-            next_object: progress.next_object,
-            started_unix_seconds: progress.started_unix_seconds,
-            started: Some(rt::now()),
-            examined_at_start: progress.examined_bytes,
-            total_bytes: progress.total_bytes,
-            examined_bytes: progress.examined_bytes,
-            bad_copies: progress.bad_copies,
-            repaired_copies: progress.repaired_copies,
-            repaired_bytes: progress.repaired_bytes,
-            errors: progress.errors,
-            ..ScrubState::default()
-        };
+        *scrub = ScrubState { running: true, resumed, started: Some(rt::now()), examined_at_start: progress.examined_bytes, progress: progress.clone(), ..ScrubState::default() };
         self.directory.borrow_mut().scrub_in_progress = Some(progress);
         self.directory_dirty.set(true);
         let pool = self.clone();
@@ -187,18 +150,18 @@ impl Pool {
     /// The running or last scrub, for `status`.
     pub fn scrub_status(&self) -> ScrubStatus {
         let scrub = self.scrub.borrow();
-        let progress = if scrub.total_bytes == 0 { if scrub.running { 0.0 } else { 100.0 } } else { (scrub.examined_bytes as f64 * 100.0 / scrub.total_bytes as f64).min(100.0) };
+        let progress = if scrub.progress.total_bytes == 0 { if scrub.running { 0.0 } else { 100.0 } } else { (scrub.progress.examined_bytes as f64 * 100.0 / scrub.progress.total_bytes as f64).min(100.0) };
         ScrubStatus {
-            state: if scrub.running { "scanning" } else if scrub.started_unix_seconds > 0 { "finished" } else { "none" },
+            state: if scrub.running { "scanning" } else if scrub.progress.started_unix_seconds > 0 { "finished" } else { "none" },
             resumed: scrub.resumed,
-            started_unix_seconds: scrub.started_unix_seconds,
-            examined_bytes: scrub.examined_bytes,
-            total_bytes: scrub.total_bytes,
+            started_unix_seconds: scrub.progress.started_unix_seconds,
+            examined_bytes: scrub.progress.examined_bytes,
+            total_bytes: scrub.progress.total_bytes,
             progress_percent: progress,
-            bad_copies: scrub.bad_copies,
-            repaired_copies: scrub.repaired_copies,
-            repaired_bytes: scrub.repaired_bytes,
-            errors: scrub.errors,
+            bad_copies: scrub.progress.bad_copies,
+            repaired_copies: scrub.progress.repaired_copies,
+            repaired_bytes: scrub.progress.repaired_bytes,
+            errors: scrub.progress.errors,
             error_details: scrub.error_details.clone(),
             last: self.directory.borrow().last_scrub.clone(),
         }
@@ -226,7 +189,7 @@ impl Pool {
         }
         match self.all_objects().await {
             Ok(objects) => {
-                let first = self.scrub.borrow().next_object;
+                let first = self.scrub.borrow().progress.next_object;
                 for object in objects.into_iter().filter(|object| object.id >= first) {
                     if self.scrub.borrow().cancel {
                         completed = false;
@@ -249,11 +212,11 @@ impl Pool {
         let (record, shut) = {
             let scrub = self.scrub.borrow();
             let record = ScrubRecord {
-                started_unix_seconds: scrub.started_unix_seconds,
+                started_unix_seconds: scrub.progress.started_unix_seconds,
                 finished_unix_seconds: unix_seconds(),
-                examined_bytes: scrub.examined_bytes,
-                repaired_bytes: scrub.repaired_bytes,
-                errors: scrub.errors,
+                examined_bytes: scrub.progress.examined_bytes,
+                repaired_bytes: scrub.progress.repaired_bytes,
+                errors: scrub.progress.errors,
                 completed: completed && !scrub.cancel,
             };
             (record, scrub.shut)
@@ -267,7 +230,7 @@ impl Pool {
         }
         let clean = record.completed && record.errors == 0 && {
             let scrub = self.scrub.borrow();
-            scrub.repaired_copies == scrub.bad_copies
+            scrub.progress.repaired_copies == scrub.progress.bad_copies
         };
         {
             let mut directory = self.directory.borrow_mut();
@@ -293,8 +256,8 @@ impl Pool {
     fn scrub_bookmark(&self, next_object: u64) {
         let progress = {
             let mut scrub = self.scrub.borrow_mut();
-            scrub.next_object = next_object;
-            scrub.progress()
+            scrub.progress.next_object = next_object;
+            scrub.progress.clone()
         };
         self.directory.borrow_mut().scrub_in_progress = Some(progress);
         self.directory_dirty.set(true);
@@ -309,7 +272,7 @@ impl Pool {
         }
         let (started, examined) = {
             let scrub = self.scrub.borrow();
-            (scrub.started, scrub.examined_bytes.saturating_sub(scrub.examined_at_start))
+            (scrub.started, scrub.progress.examined_bytes.saturating_sub(scrub.examined_at_start))
         };
         let Some(started) = started else { return };
         let due = Duration::from_secs_f64(examined as f64 / rate as f64);
@@ -321,7 +284,7 @@ impl Pool {
 
     fn scrub_error(&self, detail: String) {
         let mut scrub = self.scrub.borrow_mut();
-        scrub.errors += 1;
+        scrub.progress.errors += 1;
         if scrub.error_details.len() < ERROR_DETAILS_MAX {
             scrub.error_details.push(detail);
         }
@@ -338,18 +301,18 @@ impl Pool {
             let results = futures_util::future::join_all(batch.iter().map(|pointer| self.store.scrub(pointer))).await;
             let mut scrub = self.scrub.borrow_mut();
             for (pointer, result) in batch.iter().zip(results) {
-                scrub.examined_bytes += pointer.allocated_bytes();
+                scrub.progress.examined_bytes += pointer.allocated_bytes();
                 match result {
                     Ok((bad, repaired)) => {
                         if bad > 0 && scrub.error_details.len() < ERROR_DETAILS_MAX {
                             scrub.error_details.push(format!("object {} level {} birth {} at {:?}: {bad} bad copies, {repaired} repaired", object.id, pointer.level, pointer.birth_txg, pointer.dvas[0]));
                         }
-                        scrub.bad_copies += bad;
-                        scrub.repaired_copies += repaired;
-                        scrub.repaired_bytes += repaired * pointer.physical_size as u64;
+                        scrub.progress.bad_copies += bad;
+                        scrub.progress.repaired_copies += repaired;
+                        scrub.progress.repaired_bytes += repaired * pointer.physical_size as u64;
                     }
                     Err(error) => {
-                        scrub.errors += 1;
+                        scrub.progress.errors += 1;
                         if scrub.error_details.len() < ERROR_DETAILS_MAX {
                             scrub.error_details.push(format!("object {} level {}: {error}", object.id, pointer.level));
                         }

@@ -126,29 +126,39 @@ pub fn ratio_human(ratio: f64) -> String {
 }
 
 /// A UTC calendar time `2026-11-21 23:55 UTC` from Unix seconds, without a
-/// date-time dependency (days-to-civil from Howard Hinnant's algorithm).
+/// date-time dependency.
 pub fn utc_human(unix_seconds: u64) -> String {
-    let days = (unix_seconds / 86_400) as i64;
     let seconds_of_day = unix_seconds % 86_400;
-    let shifted = days + 719_468;
-    let era = shifted.div_euclid(146_097);
-    let day_of_era = shifted.rem_euclid(146_097);
-    let year_of_era =
-        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    let month_index = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_index + 2) / 5 + 1;
-    let month = if month_index < 10 {
-        month_index + 3
-    } else {
-        month_index - 9
-    };
-    let year = year_of_era + era * 400 + i64::from(month <= 2);
+    let (year, month, day) = civil_from_days(unix_seconds / 86_400);
     format!(
         "{year:04}-{month:02}-{day:02} {:02}:{:02} UTC",
         seconds_of_day / 3600,
         (seconds_of_day / 60) % 60
     )
+}
+
+/// The proleptic Gregorian date (year, month, day) `days` days after
+/// 1970-01-01: counted in 400-year eras (146097 days each) of years starting
+/// on March 1, so the leap day ends a year (Howard Hinnant's days-to-civil
+/// algorithm). Shared with the CLI's status dates.
+pub fn civil_from_days(days: u64) -> (u64, u64, u64) {
+    // Days from 0000-03-01 to 1970-01-01.
+    let shifted = days + 719_468;
+    let era = shifted / 146_097;
+    let day_of_era = shifted % 146_097;
+    let year_of_era =
+        (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
+    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+    // Months from March: 0 is March, 11 is February.
+    let month_from_march = (5 * day_of_year + 2) / 153;
+    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
+    let month = if month_from_march < 10 {
+        month_from_march + 3
+    } else {
+        month_from_march - 9
+    };
+    let year = year_of_era + era * 400 + u64::from(month <= 2);
+    (year, month, day)
 }
 
 /// Three significant digits: `3.50`, `81.2`, `812`.

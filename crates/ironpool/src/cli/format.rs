@@ -47,26 +47,8 @@ pub fn plural(count: u64, one: &str, many: &str) -> String {
 pub fn utc(unix_seconds: u64) -> String {
     const SECONDS_PER_DAY: u64 = 86_400;
     let (days, seconds) = (unix_seconds / SECONDS_PER_DAY, unix_seconds % SECONDS_PER_DAY);
-    let (year, month, day) = civil_from_days(days);
+    let (year, month, day) = ironpool_bench::units::civil_from_days(days);
     format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", seconds / 3600, seconds / 60 % 60, seconds % 60)
-}
-
-/// The proleptic Gregorian date `days` days after 1970-01-01: counted in
-/// 400-year eras (146097 days each) of years starting on March 1, so the leap
-/// day ends a year (Howard Hinnant's days-to-civil algorithm).
-fn civil_from_days(days: u64) -> (u64, u64, u64) {
-    // Days from 0000-03-01 to 1970-01-01.
-    let shifted = days + 719_468;
-    let era = shifted / 146_097;
-    let day_of_era = shifted % 146_097;
-    let year_of_era = (day_of_era - day_of_era / 1460 + day_of_era / 36_524 - day_of_era / 146_096) / 365;
-    let day_of_year = day_of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
-    // Months from March: 0 is March, 11 is February.
-    let month_from_march = (5 * day_of_year + 2) / 153;
-    let day = day_of_year - (153 * month_from_march + 2) / 5 + 1;
-    let month = if month_from_march < 10 { month_from_march + 3 } else { month_from_march - 9 };
-    let year = year_of_era + era * 400 + u64::from(month <= 2);
-    (year, month, day)
 }
 
 /// One line about the scrub.

@@ -703,24 +703,8 @@ impl Sim {
         // Let some of the writes start before the administrative operation.
         rt::sleep(Duration::from_nanos(self.rng.below(2_000_000))).await;
         if destroy {
-            let snapshots = self.model.borrow().snapshots_of(&name);
-            let blocked = snapshots.iter().any(|snapshot| self.model.borrow().has_clones(snapshot));
-            self.trace(|| format!("race: destroy {name} under writes (blocked {blocked})"));
-            let result = pool.destroy_volume(&format!("{POOL}/{name}"), true).await;
-            match (blocked, result) {
-                (true, Ok(())) => return Err(format!("destroyed {name}, whose snapshots have clones")),
-                (true, Err(_)) => {}
-                (false, result) => {
-                    result.map_err(|error| io_error(&format!("destroy {name} under writes"), error))?;
-                    let mut model = self.model.borrow_mut();
-                    model.flushed();
-                    model.datasets.remove(&name);
-                    for snapshot in snapshots {
-                        model.datasets.remove(&snapshot);
-                    }
-                    model.origins.remove(&name);
-                }
-            }
+            self.trace(|| format!("race: destroy {name} under writes"));
+            self.destroy_named_volume(pool, &name).await?;
             for handle in handles {
                 handle.await?;
             }
@@ -850,6 +834,13 @@ impl Sim {
             return Ok(());
         }
         let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        self.destroy_named_volume(pool, &volume).await
+    }
+
+    /// Destroys `volume` with its snapshots (refused while a snapshot has
+    /// clones) and drops it from the model.
+    async fn destroy_named_volume(&mut self, pool: &Rc<Pool>, volume: &str) -> Check {
+        let volume = volume.to_string();
         let snapshots = self.model.borrow().snapshots_of(&volume);
         let blocked = snapshots.iter().any(|snapshot| self.model.borrow().has_clones(snapshot));
         self.trace(|| format!("destroy {volume} (snapshots {snapshots:?}, origin {:?}, blocked {blocked})", self.model.borrow().origins.get(&volume)));

@@ -261,13 +261,13 @@ impl Pool {
         }
         self.retry_writeback();
         self.txg.retry_now();
-        if self.txg.suspended().is_none() || back_in_service {
-            // Resumed (or never stopped): make it durable and resilver.
-            self.commit().await?;
+        // A suspended pool's commit waits for the retry, which succeeds once
+        // the cause is gone; a running one (or one with devices back) then
+        // resilvers what its devices missed.
+        let resilver = self.txg.suspended().is_none() || back_in_service;
+        self.commit().await?;
+        if resilver {
             self.resilver_start();
-        } else {
-            // Wait for the retry: it succeeds once the cause is gone.
-            self.commit().await?;
         }
         Ok(cleared)
     }

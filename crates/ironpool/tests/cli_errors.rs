@@ -2,11 +2,7 @@
 
 mod common;
 
-use common::{corrupt_file, tool, tool_fails, TestPool};
-
-fn dir(pool: &TestPool) -> String {
-    pool.dir.path().display().to_string()
-}
+use common::{corrupt_file, dir, tool, tool_fails, TestPool};
 
 #[test]
 fn create_refuses_devices_of_another_pool_unless_forced() {

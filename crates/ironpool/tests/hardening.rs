@@ -11,11 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{tool, NbdClient, TestPool, NBD_CMD_READ, NBD_CMD_WRITE};
-
-fn dir(pool: &TestPool) -> String {
-    pool.dir.path().display().to_string()
-}
+use common::{dir, tool, NbdClient, TestPool, NBD_CMD_READ, NBD_CMD_WRITE};
 
 fn server_alive(pool: &mut TestPool) -> bool {
     pool.server.as_mut().is_some_and(|child| child.try_wait().ok().flatten().is_none())
@@ -142,26 +138,9 @@ fn idle_connections_before_the_handshake_cost_little_memory() {
 /// `ironpool serve` on the default control socket (`$IRONPOOL_RUN_DIR/POOL.ctl`),
 /// as a user runs it: the CLI then finds the server without `--control`.
 fn serve_on_default_control(pool: &mut TestPool) {
-    let log = std::fs::File::create(pool.path("serve.log")).expect("log file");
-    let child = pool
-        .command()
-        .args(["serve", "-d"])
-        .arg(pool.dir.path())
-        .arg("--nbd")
-        .arg(format!("unix:{}", pool.socket().display()))
-        .arg("--pidfile")
-        .arg(pool.path("pid"))
-        .arg(&pool.name)
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("start ironpool serve");
-    pool.server = Some(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !pool.path("pid").exists() {
-        assert!(Instant::now() < deadline, "ironpool serve did not start: {}", pool.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut command = pool.command();
+    command.args(["serve", "-d"]).arg(pool.dir.path()).arg("--nbd").arg(format!("unix:{}", pool.socket().display())).arg(&pool.name);
+    pool.start_server(command);
 }
 
 /// A server that dies in the middle of a command: the CLI reports it and
@@ -199,7 +178,7 @@ fn a_command_whose_server_dies_fails_and_is_not_run_again() {
 /// from another directory find the pool.
 #[test]
 fn relative_device_paths_are_remembered_absolute() {
-    let pool = TestPool::new("m3");
+    let mut pool = TestPool::new("m3");
     std::fs::create_dir(pool.path("m3")).unwrap();
     let output = pool.command().current_dir(pool.dir.path()).args(["create", "--size", "256M", "m3", "mirror", "m3/a.img", "m3/b.img"]).output().expect("create");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
@@ -210,16 +189,9 @@ fn relative_device_paths_are_remembered_absolute() {
     assert!(output.status.success(), "status from / failed: {}", String::from_utf8_lossy(&output.stderr));
     // serve -d with a relative directory too.
     let mut served = pool.command();
-    served.current_dir(pool.dir.path()).args(["serve", "-d", "m3", "--nbd", &format!("unix:{}", pool.socket().display()), "--pidfile", &pool.path("pid").display().to_string(), "m3"]);
-    let mut child = served.stdout(Stdio::null()).stderr(Stdio::null()).spawn().expect("serve");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !pool.path("pid").exists() {
-        assert!(Instant::now() < deadline, "serve did not start");
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    // SAFETY: kill(2) on a child we started.
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    child.wait().unwrap();
+    served.current_dir(pool.dir.path()).args(["serve", "-d", "m3", "--nbd", &format!("unix:{}", pool.socket().display()), "m3"]);
+    pool.start_server(served);
+    pool.stop();
     let cache: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(pool.path("cache.json")).expect("pool cache")).expect("cache JSON");
     for directory in cache["m3"].as_array().expect("m3's directories") {
         let directory = directory.as_str().expect("a path");
@@ -306,20 +278,9 @@ fn a_full_host_filesystem_is_enospc_and_clear_resumes_once_space_is_back() {
     let host_dir = host.mount_point.display().to_string();
     pool.ok(&["volume", "create", "hf/v", "768M", "-d", &host_dir]);
     // Serve from the small filesystem's directory.
-    let log = std::fs::File::create(pool.path("serve.log")).unwrap();
-    let child = pool
-        .command()
-        .args(["serve", "-d", &host_dir, "--nbd", &format!("unix:{}", pool.socket().display()), "--control", &pool.control().display().to_string(), "--pidfile", &pool.path("pid").display().to_string(), "hf"])
-        .stdout(Stdio::null())
-        .stderr(log)
-        .spawn()
-        .expect("serve");
-    pool.server = Some(child);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !pool.path("pid").exists() {
-        assert!(Instant::now() < deadline, "serve did not start: {}", pool.log());
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let mut command = pool.command();
+    command.args(["serve", "-d", &host_dir, "--nbd", &format!("unix:{}", pool.socket().display()), "--control", &pool.control().display().to_string(), "hf"]);
+    pool.start_server(command);
     let uri = pool.uri("v");
     tool("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x11 0 64M", "-c", "flush"]);
     // Leave 24 MiB on the host filesystem, then write far more than that.

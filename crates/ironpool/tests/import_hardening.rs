@@ -16,20 +16,15 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{tool, TestPool};
+use common::{dir, tool, TestPool};
 
 /// qemu-io requests of at most this many MiB (well under any NBD client's
 /// largest request).
 const CHUNK_MIB: u64 = 16;
 
 fn qemu_io(uri: &str, commands: &[String]) -> String {
-    let mut args = vec!["-f".to_string(), "raw".to_string(), uri.to_string()];
-    for command in commands {
-        args.push("-c".into());
-        args.push(command.clone());
-    }
-    let args: Vec<&str> = args.iter().map(String::as_str).collect();
-    let output = tool("qemu-io", &args);
+    let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
+    let output = common::qemu_io(uri, &commands);
     assert!(!output.contains("failed") && !output.contains("error"), "qemu-io {commands:?}: {output}");
     output
 }
@@ -46,10 +41,6 @@ fn verify_pattern(uri: &str, pattern: u8, offset_mib: u64, length_mib: u64) {
     let commands: Vec<String> = (0..length_mib / CHUNK_MIB).map(|chunk| format!("read -P {pattern:#x} {}M {CHUNK_MIB}M", offset_mib + chunk * CHUNK_MIB)).collect();
     let output = qemu_io(uri, &commands);
     assert!(!output.contains("Pattern verification failed"), "{output}");
-}
-
-fn dir(pool: &TestPool) -> String {
-    pool.dir.path().display().to_string()
 }
 
 /// `ironpool ARGS` against the running server, whatever its outcome.

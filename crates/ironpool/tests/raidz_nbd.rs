@@ -6,7 +6,7 @@ mod common;
 
 use std::process::Command;
 
-use common::{corrupt_file, tool, TestPool};
+use common::{corrupt_file, dir, qemu_io, tool, TestPool};
 
 /// (kind, devices): narrow groups keep CI fast while every parity level runs.
 const LAYOUTS: [(&str, usize); 3] = [("raidz1", 3), ("raidz2", 5), ("raidz3", 6)];
@@ -49,19 +49,6 @@ fn written_pool(kind: &str, width: usize, more: &[&str]) -> (TestPool, String) {
     writes.push("flush");
     qemu_io(&uri, &writes);
     (pool, uri)
-}
-
-fn qemu_io(uri: &str, commands: &[&str]) -> String {
-    let mut args = vec!["-f", "raw", uri];
-    for command in commands {
-        args.push("-c");
-        args.push(command);
-    }
-    tool("qemu-io", &args)
-}
-
-fn dir(pool: &TestPool) -> String {
-    pool.dir.path().display().to_string()
 }
 
 /// Overwrites a device file's whole data area with garbage, 16 MiB at a time.

@@ -6,26 +6,13 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{corrupt_file, tool, TestPool};
+use common::{corrupt_file, dir, qemu_io, tool, TestPool};
 
 /// Where a device's data area begins (labels before it).
 const DATA_START: u64 = 1 << 20;
 /// A scrub rate slow enough that a test sees the scrub running for seconds
 /// on ~100 MiB of data.
 const SLOW_SCRUB_RATE: &str = "16M";
-
-fn qemu_io(uri: &str, commands: &[&str]) -> String {
-    let mut args = vec!["-f", "raw", uri];
-    for command in commands {
-        args.push("-c");
-        args.push(command);
-    }
-    tool("qemu-io", &args)
-}
-
-fn dir(pool: &TestPool) -> String {
-    pool.dir.path().display().to_string()
-}
 
 fn scrub(pool: &TestPool) -> serde_json::Value {
     let text = pool.admin(&["--json", "scrub", "-w", &pool.name.clone()]);

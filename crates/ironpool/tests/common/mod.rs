@@ -104,19 +104,19 @@ impl TestPool {
 
     /// Starts `ironpool serve` with extra options and waits until it listens.
     pub fn serve_with(&mut self, options: &[&str]) {
+        let mut command = self.serve_command();
+        command.args(options).arg(&self.name);
+        self.start_server(command);
+    }
+
+    /// Starts `command` (an `ironpool serve` the caller built, to which the
+    /// pidfile option is added), logging to `serve.log`, and waits until it
+    /// listens.
+    pub fn start_server(&mut self, mut command: Command) {
         assert!(self.server.is_none(), "already serving");
         let _ = std::fs::remove_file(self.path("pid"));
         let log = std::fs::File::create(self.path("serve.log")).expect("log file");
-        let child = self
-            .serve_command()
-            .arg("--pidfile")
-            .arg(self.path("pid"))
-            .args(options)
-            .arg(&self.name)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start ironpool serve");
+        let child = command.arg("--pidfile").arg(self.path("pid")).stdout(Stdio::null()).stderr(log).spawn().expect("start ironpool serve");
         self.server = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.path("pid").exists() {
@@ -218,6 +218,21 @@ fn wait_with_timeout(child: &mut Child, timeout: Duration) -> bool {
         }
         std::thread::sleep(Duration::from_millis(20));
     }
+}
+
+/// The pool's directory as an argument (`-d DIR`).
+pub fn dir(pool: &TestPool) -> String {
+    pool.dir.path().display().to_string()
+}
+
+/// Runs `qemu-io -f raw URI -c COMMAND...`, failing the test if it fails.
+pub fn qemu_io(uri: &str, commands: &[&str]) -> String {
+    let mut args = vec!["-f", "raw", uri];
+    for command in commands {
+        args.push("-c");
+        args.push(command);
+    }
+    tool("qemu-io", &args)
 }
 
 /// Where test pools live: under the target directory (a real filesystem with

@@ -10,9 +10,11 @@ use std::path::PathBuf;
 use common::{bench_args, check_outputs, require_tool, scratch, ONE_RUN_AT_A_TIME};
 
 fn ironpool_bin() -> PathBuf {
-    let bin = std::env::var_os("IRONPOOL_BIN").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ironpool")
-    });
+    let bin = std::env::var_os("IRONPOOL_BIN")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/debug/ironpool")
+        });
     assert!(
         bin.is_file(),
         "{} is not a file: build it (cargo build -p ironpool) or set IRONPOOL_BIN",

@@ -23,7 +23,9 @@ use crate::run::{Sim, POOL};
 /// Checks every older uberblock import may fall back to (the newest is checked
 /// by the real import that follows).
 pub(crate) async fn older_uberblocks(sim: &mut Sim) -> Result<(), String> {
-    let present: Vec<usize> = (0..sim.devices().len()).filter(|device| sim.is_present(*device)).collect();
+    let present: Vec<usize> = (0..sim.devices().len())
+        .filter(|device| sim.is_present(*device))
+        .collect();
     // Only the txgs of the newest device configuration: an uberblock from
     // before a replacement names a different set of devices (its guid sum
     // differs), and rewinding across a configuration change is refused by
@@ -31,22 +33,42 @@ pub(crate) async fn older_uberblocks(sim: &mut Sim) -> Result<(), String> {
     let mut probes = Vec::new();
     for &device in &present {
         let path = format!("sim:d{device}");
-        let probe = ironpool::pool::labels::probe_device(&*sim.devices()[device], std::path::Path::new(&path)).await;
+        let probe = ironpool::pool::labels::probe_device(
+            &*sim.devices()[device],
+            std::path::Path::new(&path),
+        )
+        .await;
         if let Some(label) = probe.label.clone() {
             probes.push((label, probe.uberblocks));
         }
     }
-    let newest = probes.iter().map(|(label, _)| label).max_by_key(|label| label.config.config_txg).map(|label| (label.pool_guid, label.config.guid_sum()));
+    let newest = probes
+        .iter()
+        .map(|(label, _)| label)
+        .max_by_key(|label| label.config.config_txg)
+        .map(|label| (label.pool_guid, label.config.guid_sum()));
     let mut txgs: Vec<u64> = Vec::new();
     if let Some((pool_guid, guid_sum)) = newest {
         for (_, uberblocks) in &probes {
-            txgs.extend(uberblocks.iter().filter(|uberblock| uberblock.pool_guid == pool_guid && uberblock.guid_sum == guid_sum).map(|uberblock| uberblock.txg));
+            txgs.extend(
+                uberblocks
+                    .iter()
+                    .filter(|uberblock| {
+                        uberblock.pool_guid == pool_guid && uberblock.guid_sum == guid_sum
+                    })
+                    .map(|uberblock| uberblock.txg),
+            );
         }
     }
     txgs.sort_unstable_by(|a, b| b.cmp(a));
     txgs.dedup();
     for &txg in txgs.iter().take(1 + DEFER_TXGS as usize).skip(1) {
-        check_at(sim, &present, txg).await.map_err(|problem| format!("import rewound to txg {txg} (newest {}): {problem}", txgs[0]))?;
+        check_at(sim, &present, txg).await.map_err(|problem| {
+            format!(
+                "import rewound to txg {txg} (newest {}): {problem}",
+                txgs[0]
+            )
+        })?;
     }
     Ok(())
 }
@@ -61,11 +83,19 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
         erase_newer_uberblocks(&copy, txg).await?;
         copies.push((format!("sim:d{device}"), copy as Rc<dyn Device>));
     }
-    let pool = Pool::import_from_devices(POOL, copies, sim.tunables()).await.map_err(|error| format!("import failed: {error}"))?;
+    let pool = Pool::import_from_devices(POOL, copies, sim.tunables())
+        .await
+        .map_err(|error| format!("import failed: {error}"))?;
     if pool.imported_txg != txg {
-        return Err(format!("import chose txg {} instead ({:?})", pool.imported_txg, pool.import_notes));
+        return Err(format!(
+            "import chose txg {} instead ({:?})",
+            pool.imported_txg, pool.import_notes
+        ));
     }
-    let report = pool.check_space().await.map_err(|error| format!("space check: {error}"))?;
+    let report = pool
+        .check_space()
+        .await
+        .map_err(|error| format!("space check: {error}"))?;
     if !report.problems.is_empty() {
         return Err(format!("space check: {}", report.problems.join("; ")));
     }
@@ -76,11 +106,15 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
         let mut offset = 0;
         while offset < size {
             let length = step.min(size - offset);
-            pool.read(&volume, offset, length).await.map_err(|error| format!("{} unreadable at {offset}: {error}", volume.name))?;
+            pool.read(&volume, offset, length)
+                .await
+                .map_err(|error| format!("{} unreadable at {offset}: {error}", volume.name))?;
             offset += length;
         }
     }
-    pool.export().await.map_err(|error| format!("export: {error}"))?;
+    pool.export()
+        .await
+        .map_err(|error| format!("export: {error}"))?;
     Ok(())
 }
 
@@ -89,7 +123,12 @@ async fn erase_newer_uberblocks(device: &Rc<SimDevice>, txg: u64) -> Result<(), 
     let size = device.info().size_bytes;
     for index in 0..LABEL_COUNT {
         let ring_offset = label_offset(index, size) + LABEL_CONFIG_BYTES;
-        let (result, mut buffers) = device.read(ring_offset, vec![AlignedBuf::zeroed(UBERBLOCK_RING_BYTES as usize)]).await;
+        let (result, mut buffers) = device
+            .read(
+                ring_offset,
+                vec![AlignedBuf::zeroed(UBERBLOCK_RING_BYTES as usize)],
+            )
+            .await;
         result.map_err(|error| format!("reading the ring of label {index}: {error}"))?;
         let mut ring = buffers.pop().expect("one buffer");
         let mut changed = false;
@@ -100,7 +139,10 @@ async fn erase_newer_uberblocks(device: &Rc<SimDevice>, txg: u64) -> Result<(), 
             }
         }
         if changed {
-            device.write(ring_offset, vec![BufSlice::whole(ring.into_shared())]).await.map_err(|error| format!("erasing uberblocks of label {index}: {error}"))?;
+            device
+                .write(ring_offset, vec![BufSlice::whole(ring.into_shared())])
+                .await
+                .map_err(|error| format!("erasing uberblocks of label {index}: {error}"))?;
         }
     }
     device.flush_now();

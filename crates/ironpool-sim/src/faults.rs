@@ -77,7 +77,10 @@ impl FaultKind {
 
     /// True for the kinds that damage a device (bad-set faults).
     pub fn is_damage(self) -> bool {
-        !matches!(self, FaultKind::Latency | FaultKind::Reorder | FaultKind::Crash)
+        !matches!(
+            self,
+            FaultKind::Latency | FaultKind::Reorder | FaultKind::Crash
+        )
     }
 }
 
@@ -91,7 +94,9 @@ impl FaultSet {
     }
 
     pub fn all() -> FaultSet {
-        FaultKind::ALL.iter().fold(FaultSet(0), |set, kind| set.with(*kind))
+        FaultKind::ALL
+            .iter()
+            .fold(FaultSet(0), |set, kind| set.with(*kind))
     }
 
     pub fn with(self, kind: FaultKind) -> FaultSet {
@@ -104,7 +109,9 @@ impl FaultSet {
 
     /// True when some damage kind is enabled (a bad set is worth having).
     pub fn any_damage(self) -> bool {
-        FaultKind::ALL.iter().any(|kind| kind.is_damage() && self.has(*kind))
+        FaultKind::ALL
+            .iter()
+            .any(|kind| kind.is_damage() && self.has(*kind))
     }
 
     /// Parses `none`, `all`, or a comma-separated list of kind names.
@@ -117,10 +124,16 @@ impl FaultSet {
         let mut set = FaultSet::none();
         for name in text.split(',') {
             let name = name.trim();
-            let kind = FaultKind::ALL.iter().find(|kind| kind.name() == name).ok_or_else(|| {
-                let known: Vec<&str> = FaultKind::ALL.iter().map(|kind| kind.name()).collect();
-                format!("unknown fault '{name}' (none, all, or a list of: {})", known.join(", "))
-            })?;
+            let kind = FaultKind::ALL
+                .iter()
+                .find(|kind| kind.name() == name)
+                .ok_or_else(|| {
+                    let known: Vec<&str> = FaultKind::ALL.iter().map(|kind| kind.name()).collect();
+                    format!(
+                        "unknown fault '{name}' (none, all, or a list of: {})",
+                        known.join(", ")
+                    )
+                })?;
             set = set.with(*kind);
         }
         Ok(set)
@@ -132,7 +145,11 @@ impl fmt::Display for FaultSet {
         if *self == FaultSet::all() {
             return write!(formatter, "all");
         }
-        let names: Vec<&str> = FaultKind::ALL.iter().filter(|kind| self.has(**kind)).map(|kind| kind.name()).collect();
+        let names: Vec<&str> = FaultKind::ALL
+            .iter()
+            .filter(|kind| self.has(**kind))
+            .map(|kind| kind.name())
+            .collect();
         if names.is_empty() {
             write!(formatter, "none")
         } else {
@@ -162,28 +179,48 @@ pub struct Budget {
 impl Budget {
     pub fn new(device_groups: Vec<usize>, tolerated: Vec<usize>) -> Budget {
         let count = device_groups.len();
-        Budget { groups: device_groups, tolerated, bad: vec![None; count] }
+        Budget {
+            groups: device_groups,
+            tolerated,
+            bad: vec![None; count],
+        }
     }
 
     /// Devices of `group` in the bad set now.
     pub fn bad_in_group(&self, group: usize) -> usize {
-        self.groups.iter().zip(&self.bad).filter(|(device_group, state)| **device_group == group && state.is_some()).count()
+        self.groups
+            .iter()
+            .zip(&self.bad)
+            .filter(|(device_group, state)| **device_group == group && state.is_some())
+            .count()
     }
 
     /// Devices that may turn bad now without exceeding their group's redundancy.
     pub fn may_turn_bad(&self) -> Vec<usize> {
-        (0..self.bad.len()).filter(|device| self.bad[*device].is_none() && self.bad_in_group(self.groups[*device]) < self.tolerated[self.groups[*device]]).collect()
+        (0..self.bad.len())
+            .filter(|device| {
+                self.bad[*device].is_none()
+                    && self.bad_in_group(self.groups[*device])
+                        < self.tolerated[self.groups[*device]]
+            })
+            .collect()
     }
 
     pub fn mark(&mut self, device: usize, state: BadState) {
         if self.bad[device].is_none() {
             let group = self.groups[device];
-            assert!(self.bad_in_group(group) < self.tolerated[group], "fault budget exceeded: group {group} already has {} bad devices", self.bad_in_group(group));
+            assert!(
+                self.bad_in_group(group) < self.tolerated[group],
+                "fault budget exceeded: group {group} already has {} bad devices",
+                self.bad_in_group(group)
+            );
         }
         self.bad[device] = Some(state);
     }
 
     pub fn devices_in(&self, state: BadState) -> Vec<usize> {
-        (0..self.bad.len()).filter(|device| self.bad[*device] == Some(state)).collect()
+        (0..self.bad.len())
+            .filter(|device| self.bad[*device] == Some(state))
+            .collect()
     }
 }

@@ -36,7 +36,14 @@ pub struct Group {
 }
 
 impl Layout {
-    pub const ALL: [Layout; 6] = [Layout::Stripe, Layout::Mirror, Layout::Mirror3, Layout::Raidz1, Layout::Raidz2, Layout::Raidz3];
+    pub const ALL: [Layout; 6] = [
+        Layout::Stripe,
+        Layout::Mirror,
+        Layout::Mirror3,
+        Layout::Raidz1,
+        Layout::Raidz2,
+        Layout::Raidz3,
+    ];
 
     pub fn parse(text: &str) -> Result<Layout, String> {
         match text {
@@ -46,7 +53,9 @@ impl Layout {
             "raidz1" => Ok(Layout::Raidz1),
             "raidz2" => Ok(Layout::Raidz2),
             "raidz3" => Ok(Layout::Raidz3),
-            other => Err(format!("unknown layout '{other}' (stripe, mirror, mirror3, raidz1, raidz2, raidz3)")),
+            other => Err(format!(
+                "unknown layout '{other}' (stripe, mirror, mirror3, raidz1, raidz2, raidz3)"
+            )),
         }
     }
 
@@ -63,17 +72,51 @@ impl Layout {
 
     pub fn groups(self) -> Vec<Group> {
         match self {
-            Layout::Stripe => vec![Group { kind: TopVdevKind::Disk, devices: 1, tolerated_bad: 0 }; 2],
-            Layout::Mirror => vec![Group { kind: TopVdevKind::Mirror, devices: 2, tolerated_bad: 1 }; 2],
-            Layout::Mirror3 => vec![Group { kind: TopVdevKind::Mirror, devices: 3, tolerated_bad: 2 }],
-            Layout::Raidz1 => vec![Group { kind: TopVdevKind::Raidz1, devices: 4, tolerated_bad: 1 }],
-            Layout::Raidz2 => vec![Group { kind: TopVdevKind::Raidz2, devices: 6, tolerated_bad: 2 }],
-            Layout::Raidz3 => vec![Group { kind: TopVdevKind::Raidz3, devices: 7, tolerated_bad: 3 }],
+            Layout::Stripe => vec![
+                Group {
+                    kind: TopVdevKind::Disk,
+                    devices: 1,
+                    tolerated_bad: 0
+                };
+                2
+            ],
+            Layout::Mirror => vec![
+                Group {
+                    kind: TopVdevKind::Mirror,
+                    devices: 2,
+                    tolerated_bad: 1
+                };
+                2
+            ],
+            Layout::Mirror3 => vec![Group {
+                kind: TopVdevKind::Mirror,
+                devices: 3,
+                tolerated_bad: 2,
+            }],
+            Layout::Raidz1 => vec![Group {
+                kind: TopVdevKind::Raidz1,
+                devices: 4,
+                tolerated_bad: 1,
+            }],
+            Layout::Raidz2 => vec![Group {
+                kind: TopVdevKind::Raidz2,
+                devices: 6,
+                tolerated_bad: 2,
+            }],
+            Layout::Raidz3 => vec![Group {
+                kind: TopVdevKind::Raidz3,
+                devices: 7,
+                tolerated_bad: 3,
+            }],
         }
     }
 
     /// Group index of every device, in device order.
     pub fn device_groups(self) -> Vec<usize> {
-        self.groups().iter().enumerate().flat_map(|(index, group)| std::iter::repeat_n(index, group.devices)).collect()
+        self.groups()
+            .iter()
+            .enumerate()
+            .flat_map(|(index, group)| std::iter::repeat_n(index, group.devices))
+            .collect()
     }
 }

@@ -7,10 +7,10 @@
 //! and nothing reads the wall clock or iterates a hash map. A failing run reports
 //! the one command that replays it.
 
+mod checks;
 pub mod faults;
 pub mod layout;
 pub mod model;
-mod checks;
 mod run;
 
 use std::collections::BTreeMap;
@@ -44,7 +44,15 @@ pub struct Options {
 
 impl Options {
     pub fn new(seed: u64, ticks: u64, faults: FaultSet, layout: Layout) -> Options {
-        Options { seed, ticks, faults, layout, check_every: CHECK_EVERY_DEFAULT, trace: false, sabotage_step: None }
+        Options {
+            seed,
+            ticks,
+            faults,
+            layout,
+            check_every: CHECK_EVERY_DEFAULT,
+            trace: false,
+            sabotage_step: None,
+        }
     }
 
     /// The command that replays this run exactly.
@@ -83,15 +91,32 @@ impl Summary {
         if map.is_empty() {
             return "none".to_string();
         }
-        map.iter().map(|(name, count)| format!("{name} {count}")).collect::<Vec<_>>().join(", ")
+        map.iter()
+            .map(|(name, count)| format!("{name} {count}"))
+            .collect::<Vec<_>>()
+            .join(", ")
     }
 }
 
 impl fmt::Display for Summary {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(formatter, "  simulated time {:.1} s in {} sessions, {} steps", self.simulated_seconds(), self.sessions, self.steps)?;
-        writeln!(formatter, "  operations: {}", Summary::counts(&self.operations))?;
-        writeln!(formatter, "  faults injected: {}", Summary::counts(&self.faults))?;
+        writeln!(
+            formatter,
+            "  simulated time {:.1} s in {} sessions, {} steps",
+            self.simulated_seconds(),
+            self.sessions,
+            self.steps
+        )?;
+        writeln!(
+            formatter,
+            "  operations: {}",
+            Summary::counts(&self.operations)
+        )?;
+        writeln!(
+            formatter,
+            "  faults injected: {}",
+            Summary::counts(&self.faults)
+        )?;
         writeln!(formatter, "  checks: {}", Summary::counts(&self.checks))?;
         write!(formatter, "  digest {:#018x}", self.digest)
     }
@@ -107,7 +132,11 @@ pub struct Failure {
 
 impl fmt::Display for Failure {
     fn fmt(&self, formatter: &mut fmt::Formatter<'_>) -> fmt::Result {
-        writeln!(formatter, "seed {} failed at step {}: {}", self.options.seed, self.step, self.message)?;
+        writeln!(
+            formatter,
+            "seed {} failed at step {}: {}",
+            self.options.seed, self.step, self.message
+        )?;
         write!(formatter, "replay: {}", self.options.replay_command())
     }
 }
@@ -118,12 +147,22 @@ pub fn run(options: &Options) -> Result<Summary, Failure> {
     let step = std::rc::Rc::new(std::cell::Cell::new(0u64));
     let step_seen = step.clone();
     let options_copy = options.clone();
-    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || run::Sim::new(options_copy, step_seen).run()));
+    let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+        run::Sim::new(options_copy, step_seen).run()
+    }));
     match outcome {
         Ok(result) => result,
         Err(panic) => {
-            let message = panic.downcast_ref::<String>().cloned().or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string())).unwrap_or_else(|| "panic".to_string());
-            Err(Failure { options: options.clone(), step: step.get(), message: format!("panic: {message}") })
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|text| text.to_string()))
+                .unwrap_or_else(|| "panic".to_string());
+            Err(Failure {
+                options: options.clone(),
+                step: step.get(),
+                message: format!("panic: {message}"),
+            })
         }
     }
 }
@@ -136,7 +175,10 @@ pub fn damage_beyond_redundancy_is_caught(seed: u64) -> Result<String, String> {
     let mut options = Options::new(seed, 120, FaultSet::none(), Layout::Stripe);
     options.sabotage_step = Some(60);
     match run(&options) {
-        Ok(summary) => Err(format!("seed {seed}: damage on every device went unnoticed ({} steps)", summary.steps)),
+        Ok(summary) => Err(format!(
+            "seed {seed}: damage on every device went unnoticed ({} steps)",
+            summary.steps
+        )),
         Err(failure) if failure.step >= 60 => Ok(failure.message),
         Err(failure) => Err(format!("seed {seed} failed before the damage: {failure}")),
     }

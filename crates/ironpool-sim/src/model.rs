@@ -52,8 +52,15 @@ impl DatasetModel {
     pub fn new(size_bytes: u64, block_bytes: u64) -> DatasetModel {
         let sectors = (block_bytes / MODEL_SECTOR_BYTES) as usize;
         let zero: Value = vec![0u64; sectors].into();
-        let block = BlockModel { current: vec![zero.clone()], durable: vec![zero] };
-        DatasetModel { size_bytes, block_bytes, blocks: vec![block; (size_bytes / block_bytes) as usize] }
+        let block = BlockModel {
+            current: vec![zero.clone()],
+            durable: vec![zero],
+        };
+        DatasetModel {
+            size_bytes,
+            block_bytes,
+            blocks: vec![block; (size_bytes / block_bytes) as usize],
+        }
     }
 
     /// The values block `blkid` takes when sectors `first..first+count` of it
@@ -106,7 +113,11 @@ impl DatasetModel {
     pub fn observe(&mut self, blkid: u64, value: Value) -> Result<(), String> {
         let block = &mut self.blocks[blkid as usize];
         if !block.current.contains(&value) {
-            return Err(format!("block {blkid} reads {} but the model allows {}", describe(&value), describe_all(&block.current)));
+            return Err(format!(
+                "block {blkid} reads {} but the model allows {}",
+                describe(&value),
+                describe_all(&block.current)
+            ));
         }
         block.current = vec![value];
         Ok(())
@@ -117,7 +128,11 @@ impl DatasetModel {
     pub fn observe_after_crash(&mut self, blkid: u64, value: Value) -> Result<(), String> {
         let block = &mut self.blocks[blkid as usize];
         if !block.durable.contains(&value) {
-            return Err(format!("after the crash block {blkid} reads {} but only {} may have survived", describe(&value), describe_all(&block.durable)));
+            return Err(format!(
+                "after the crash block {blkid} reads {} but only {} may have survived",
+                describe(&value),
+                describe_all(&block.durable)
+            ));
         }
         block.current = vec![value.clone()];
         block.durable = vec![value];
@@ -148,7 +163,11 @@ pub fn describe(value: &Value) -> String {
             GARBAGE_TAG => "GARBAGE".to_string(),
             tag => format!("w{tag}"),
         };
-        runs.push(if index - start == value.len() { name } else { format!("{name}x{}", index - start) });
+        runs.push(if index - start == value.len() {
+            name
+        } else {
+            format!("{name}x{}", index - start)
+        });
     }
     format!("[{}]", runs.join(" "))
 }
@@ -166,7 +185,8 @@ pub fn fill_sector(tag: u64, sector: u64, out: &mut [u8]) {
     }
     out[..8].copy_from_slice(&tag.to_le_bytes());
     out[8..16].copy_from_slice(&sector.to_le_bytes());
-    let mut state = tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ sector.rotate_left(29) ^ 0x2545_f491_4f6c_dd1d;
+    let mut state =
+        tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ sector.rotate_left(29) ^ 0x2545_f491_4f6c_dd1d;
     for chunk in out[16..].chunks_mut(8) {
         state ^= state << 13;
         state ^= state >> 7;
@@ -216,13 +236,22 @@ impl Model {
     }
 
     pub fn volumes(&self) -> Vec<String> {
-        self.datasets.keys().filter(|name| !name.contains('@')).cloned().collect()
+        self.datasets
+            .keys()
+            .filter(|name| !name.contains('@'))
+            .cloned()
+            .collect()
     }
 
     /// Snapshots of `volume`, oldest first (names are numbered in order).
     pub fn snapshots_of(&self, volume: &str) -> Vec<String> {
         let prefix = format!("{volume}@");
-        let mut names: Vec<String> = self.datasets.keys().filter(|name| name.starts_with(&prefix)).cloned().collect();
+        let mut names: Vec<String> = self
+            .datasets
+            .keys()
+            .filter(|name| name.starts_with(&prefix))
+            .cloned()
+            .collect();
         names.sort_by_key(|name| name[prefix.len() + 1..].parse::<u64>().unwrap_or(0));
         names
     }

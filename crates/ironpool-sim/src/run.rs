@@ -88,8 +88,28 @@ fn queue_states(pool: &Rc<Pool>) -> String {
     for top in &pool.store.vdevs {
         for leaf in &top.children {
             let stats = leaf.queue.stats();
-            let classes: Vec<String> = stats.classes.iter().enumerate().filter(|(_, class)| class.queued + class.active > 0).map(|(index, class)| format!("class {index}: {} queued, {} active", class.queued, class.active)).collect();
-            states.push(format!("{} ({}): {}", leaf.path.borrow(), if leaf.is_online() { "online" } else { "away" }, if classes.is_empty() { "idle".to_string() } else { classes.join(", ") }));
+            let classes: Vec<String> = stats
+                .classes
+                .iter()
+                .enumerate()
+                .filter(|(_, class)| class.queued + class.active > 0)
+                .map(|(index, class)| {
+                    format!(
+                        "class {index}: {} queued, {} active",
+                        class.queued, class.active
+                    )
+                })
+                .collect();
+            states.push(format!(
+                "{} ({}): {}",
+                leaf.path.borrow(),
+                if leaf.is_online() { "online" } else { "away" },
+                if classes.is_empty() {
+                    "idle".to_string()
+                } else {
+                    classes.join(", ")
+                }
+            ));
         }
     }
     states.join("; ")
@@ -103,11 +123,20 @@ impl Sim {
     pub fn new(options: Options, step: Rc<Cell<u64>>) -> Sim {
         let mut rng = Rng::new(options.seed);
         let layout = options.layout;
-        let devices: Vec<Rc<SimDevice>> = layout.device_groups().iter().enumerate().map(|(index, _)| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, rng.next_u64())).collect();
+        let devices: Vec<Rc<SimDevice>> = layout
+            .device_groups()
+            .iter()
+            .enumerate()
+            .map(|(index, _)| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, rng.next_u64()))
+            .collect();
         for device in &devices {
             device.set_latency(latency_for(&options, &mut rng));
         }
-        let tolerated = layout.groups().iter().map(|group| group.tolerated_bad).collect();
+        let tolerated = layout
+            .groups()
+            .iter()
+            .map(|group| group.tolerated_bad)
+            .collect();
         let budget = Budget::new(layout.device_groups(), tolerated);
         // Commit timing spans the interesting range: commits after nearly every
         // step, to many steps per txg (crashes then lose more).
@@ -116,7 +145,13 @@ impl Sim {
         // Write-back: off (every write written through) with the shortest
         // timeout, a 1 MiB limit (writers held back all the time) or the
         // default. Tied to the timing draw so the seeds' other draws stay put.
-        let dirty_data_max_bytes = [0u64, 1 << 20, PoolTunables::default().dirty_data_max_bytes, 1 << 20, PoolTunables::default().dirty_data_max_bytes][timing];
+        let dirty_data_max_bytes = [
+            0u64,
+            1 << 20,
+            PoolTunables::default().dirty_data_max_bytes,
+            1 << 20,
+            PoolTunables::default().dirty_data_max_bytes,
+        ][timing];
         let tunables = PoolTunables {
             txg_timeout: Duration::from_millis(txg_timeout_ms),
             dirty_data_max_bytes,
@@ -158,7 +193,11 @@ impl Sim {
     }
 
     fn fail(&self, message: String) -> Failure {
-        Failure { options: self.options.clone(), step: self.step.get(), message }
+        Failure {
+            options: self.options.clone(),
+            step: self.step.get(),
+            message,
+        }
     }
 
     /// Runs every session to the end.
@@ -166,7 +205,8 @@ impl Sim {
         let mut session = 0u64;
         let mut end = SessionEnd::Reimport;
         loop {
-            let runtime = Runtime::new_sim(self.options.seed.wrapping_mul(0x100).wrapping_add(session));
+            let runtime =
+                Runtime::new_sim(self.options.seed.wrapping_mul(0x100).wrapping_add(session));
             let first = session == 0;
             let crashed = matches!(end, SessionEnd::Crash);
             let result = runtime.block_on(self.session(first, crashed));
@@ -243,9 +283,17 @@ impl Sim {
                 crate::checks::older_uberblocks(self).await?;
                 self.count_check("uberblock-rewind");
             }
-            let pool = Pool::import_from_devices(POOL, self.present_devices(), self.tunables.clone()).await.map_err(|error| io_error("import", error))?;
+            let pool =
+                Pool::import_from_devices(POOL, self.present_devices(), self.tunables.clone())
+                    .await
+                    .map_err(|error| io_error("import", error))?;
             self.count_check("import");
-            self.trace(|| format!("imported at txg {}: {:?}", pool.imported_txg, pool.import_notes));
+            self.trace(|| {
+                format!(
+                    "imported at txg {}: {:?}",
+                    pool.imported_txg, pool.import_notes
+                )
+            });
             self.full_check(&pool).await?;
             pool
         };
@@ -253,11 +301,14 @@ impl Sim {
             if self.step.get() >= self.options.ticks {
                 self.heal(&pool).await?;
                 self.full_check(&pool).await?;
-                pool.export().await.map_err(|error| io_error("export", error))?;
+                pool.export()
+                    .await
+                    .map_err(|error| io_error("export", error))?;
                 return Ok(SessionEnd::Done);
             }
             self.step.set(self.step.get() + 1);
-            let Some(end) = rt::timeout(STEP_SIMULATED_TIME_MAX, self.step_once(&pool)).await else {
+            let Some(end) = rt::timeout(STEP_SIMULATED_TIME_MAX, self.step_once(&pool)).await
+            else {
                 return Err(format!("the step did not finish within {STEP_SIMULATED_TIME_MAX:?} of simulated time (a hang); queues: {}", queue_states(&pool)));
             };
             let end = end?;
@@ -277,12 +328,20 @@ impl Sim {
         for group in self.options.layout.groups() {
             let mut devices = Vec::new();
             for _ in 0..group.devices {
-                devices.push(NewDevice { path: format!("sim:d{index}"), device: self.devices[index].clone() as Rc<dyn Device> });
+                devices.push(NewDevice {
+                    path: format!("sim:d{index}"),
+                    device: self.devices[index].clone() as Rc<dyn Device>,
+                });
                 index += 1;
             }
-            tops.push(NewTopVdev { kind: group.kind, devices });
+            tops.push(NewTopVdev {
+                kind: group.kind,
+                devices,
+            });
         }
-        let pool = Pool::create_on_devices(POOL, tops, false, self.tunables.clone()).await.map_err(|error| io_error("create", error))?;
+        let pool = Pool::create_on_devices(POOL, tops, false, self.tunables.clone())
+            .await
+            .map_err(|error| io_error("create", error))?;
         self.create_volume(&pool).await?;
         Ok(pool)
     }
@@ -325,7 +384,14 @@ impl Sim {
         if faults.has(FaultKind::Vanish) {
             table.extend([(1, "vanish"), (2, "return")]);
         }
-        if faults.any_damage() && self.options.layout.groups().iter().any(|group| group.tolerated_bad > 0) {
+        if faults.any_damage()
+            && self
+                .options
+                .layout
+                .groups()
+                .iter()
+                .any(|group| group.tolerated_bad > 0)
+        {
             table.push((1, "replace"));
         }
         if faults.has(FaultKind::Crash) {
@@ -352,7 +418,9 @@ impl Sim {
             }
             "read" => self.read_random(pool).await?,
             "flush" => {
-                pool.flush().await.map_err(|error| io_error("flush", error))?;
+                pool.flush()
+                    .await
+                    .map_err(|error| io_error("flush", error))?;
                 self.model.borrow_mut().flushed();
             }
             "burst" => self.burst(pool, false).await?,
@@ -375,7 +443,9 @@ impl Sim {
             "race-destroy" => self.race(pool, true).await?,
             "race-scrub" => self.race(pool, false).await?,
             "export-import" => {
-                pool.export().await.map_err(|error| io_error("export", error))?;
+                pool.export()
+                    .await
+                    .map_err(|error| io_error("export", error))?;
                 self.model.borrow_mut().flushed();
                 return Ok(Some(SessionEnd::Reimport));
             }
@@ -401,9 +471,12 @@ impl Sim {
     /// A volume handle: the head of `name` or a snapshot's read-only view.
     async fn handle(&self, pool: &Rc<Pool>, name: &str) -> Result<Rc<Volume>, String> {
         if name.contains('@') {
-            pool.snapshot_volume(&format!("{POOL}/{name}")).await.map_err(|error| io_error(&format!("open {name}"), error))
+            pool.snapshot_volume(&format!("{POOL}/{name}"))
+                .await
+                .map_err(|error| io_error(&format!("open {name}"), error))
         } else {
-            pool.volume(name).map_err(|error| io_error(&format!("open {name}"), error))
+            pool.volume(name)
+                .map_err(|error| io_error(&format!("open {name}"), error))
         }
     }
 
@@ -436,7 +509,12 @@ impl Sim {
 
     /// Builds the buffer of a write of `tag` at `offset` and the values each
     /// block it covers takes.
-    fn prepare(dataset: &DatasetModel, offset: u64, length: u64, tag: u64) -> (Option<BufSlice>, Vec<(u64, Vec<Value>)>) {
+    fn prepare(
+        dataset: &DatasetModel,
+        offset: u64,
+        length: u64,
+        tag: u64,
+    ) -> (Option<BufSlice>, Vec<(u64, Vec<Value>)>) {
         let buffer = (tag != 0).then(|| {
             let mut buffer = AlignedBuf::zeroed(length as usize);
             for (index, chunk) in buffer.chunks_mut(MODEL_SECTOR_BYTES as usize).enumerate() {
@@ -451,7 +529,12 @@ impl Sim {
             let blkid = position / block;
             let within = position % block;
             let chunk = (block - within).min(offset + length - position);
-            let values = dataset.merged(blkid, (within / MODEL_SECTOR_BYTES) as usize, (chunk / MODEL_SECTOR_BYTES) as usize, tag);
+            let values = dataset.merged(
+                blkid,
+                (within / MODEL_SECTOR_BYTES) as usize,
+                (chunk / MODEL_SECTOR_BYTES) as usize,
+                tag,
+            );
             changes.push((blkid, values));
             position += chunk;
         }
@@ -462,21 +545,35 @@ impl Sim {
     /// then a read-back of the blocks it touched.
     async fn write(&mut self, pool: &Rc<Pool>, fua: bool, zero: bool) -> Check {
         let volumes = self.model.borrow().volumes();
-        let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let Some(name) = self.pick(&volumes) else {
+            return Ok(());
+        };
         let dataset = self.model.borrow().datasets[&name].clone();
         let (offset, length) = self.draw_range(&dataset);
-        let tag = if zero { 0 } else { self.model.borrow_mut().tag() };
+        let tag = if zero {
+            0
+        } else {
+            self.model.borrow_mut().tag()
+        };
         let (buffer, changes) = Sim::prepare(&dataset, offset, length, tag);
         {
             let mut model = self.model.borrow_mut();
-            let target = model.datasets.get_mut(&name).expect("picked from the model");
+            let target = model
+                .datasets
+                .get_mut(&name)
+                .expect("picked from the model");
             for (blkid, values) in &changes {
                 target.issued(*blkid, values);
             }
         }
         let volume = self.handle(pool, &name).await?;
         let trim = self.rng.chance(1, 2);
-        self.trace(|| format!("{} {name} {offset}+{length} tag {tag} fua {fua}", if zero { "zero" } else { "write" }));
+        self.trace(|| {
+            format!(
+                "{} {name} {offset}+{length} tag {tag} fua {fua}",
+                if zero { "zero" } else { "write" }
+            )
+        });
         let result = match buffer {
             Some(buffer) => pool.write(&volume, offset, buffer, fua).await,
             None => pool.zero(&volume, offset, length, fua, trim).await,
@@ -484,15 +581,24 @@ impl Sim {
         self.settle(&name, &changes, result, fua)?;
         let first = changes.first().map(|(blkid, _)| *blkid).unwrap_or(0);
         let last = changes.last().map(|(blkid, _)| *blkid).unwrap_or(0);
-        self.verify_blocks(pool, &name, first, last - first + 1).await
+        self.verify_blocks(pool, &name, first, last - first + 1)
+            .await
     }
 
     /// Applies a write's outcome to the model. Out of space is the one failure
     /// a correct pool may give (the write then may or may not have landed);
     /// anything else is a bug, since faults stay within redundancy.
-    fn settle(&mut self, name: &str, changes: &[(u64, Vec<Value>)], result: Result<(), PoolError>, fua: bool) -> Check {
+    fn settle(
+        &mut self,
+        name: &str,
+        changes: &[(u64, Vec<Value>)],
+        result: Result<(), PoolError>,
+        fua: bool,
+    ) -> Check {
         let mut model = self.model.borrow_mut();
-        let Some(target) = model.datasets.get_mut(name) else { return Ok(()) };
+        let Some(target) = model.datasets.get_mut(name) else {
+            return Ok(());
+        };
         match result {
             Ok(()) => {
                 for (blkid, values) in changes {
@@ -517,22 +623,40 @@ impl Sim {
 
     /// Reads blocks `first..first+count` of dataset `name` and checks each
     /// against the model.
-    async fn verify_blocks(&mut self, pool: &Rc<Pool>, name: &str, first: u64, count: u64) -> Check {
-        let Some(dataset) = self.model.borrow().datasets.get(name).cloned() else { return Ok(()) };
+    async fn verify_blocks(
+        &mut self,
+        pool: &Rc<Pool>,
+        name: &str,
+        first: u64,
+        count: u64,
+    ) -> Check {
+        let Some(dataset) = self.model.borrow().datasets.get(name).cloned() else {
+            return Ok(());
+        };
         let block = dataset.block_bytes;
         let count = count.min(dataset.size_bytes / block - first);
         if count == 0 {
             return Ok(());
         }
         let volume = self.handle(pool, name).await?;
-        let pieces = pool.read(&volume, first * block, count * block).await.map_err(|error| io_error(&format!("read {name} blocks {first}+{count}"), error))?;
+        let pieces = pool
+            .read(&volume, first * block, count * block)
+            .await
+            .map_err(|error| io_error(&format!("read {name} blocks {first}+{count}"), error))?;
         let bytes = ReadPiece::concat(pieces);
         let mut model = self.model.borrow_mut();
         let target = model.datasets.get_mut(name).expect("present above");
         for index in 0..count {
             let blkid = first + index;
-            let value = decode_block(&bytes[(index * block) as usize..((index + 1) * block) as usize], blkid * block / MODEL_SECTOR_BYTES);
-            let checked = if self.after_crash { target.observe_after_crash(blkid, value) } else { target.observe(blkid, value) };
+            let value = decode_block(
+                &bytes[(index * block) as usize..((index + 1) * block) as usize],
+                blkid * block / MODEL_SECTOR_BYTES,
+            );
+            let checked = if self.after_crash {
+                target.observe_after_crash(blkid, value)
+            } else {
+                target.observe(blkid, value)
+            };
             checked.map_err(|problem| format!("{name}: {problem}"))?;
         }
         Ok(())
@@ -540,7 +664,9 @@ impl Sim {
 
     async fn read_random(&mut self, pool: &Rc<Pool>) -> Check {
         let names: Vec<String> = self.model.borrow().datasets.keys().cloned().collect();
-        let Some(name) = self.pick(&names) else { return Ok(()) };
+        let Some(name) = self.pick(&names) else {
+            return Ok(());
+        };
         let blocks = self.model.borrow().datasets[&name].blocks.len() as u64;
         let first = self.rng.below(blocks);
         let count = 1 + self.rng.below(64);
@@ -550,7 +676,9 @@ impl Sim {
     /// After every step: a random range of a random dataset reads as modelled.
     async fn sample_check(&mut self, pool: &Rc<Pool>) -> Check {
         let names: Vec<String> = self.model.borrow().datasets.keys().cloned().collect();
-        let Some(name) = self.pick(&names) else { return Ok(()) };
+        let Some(name) = self.pick(&names) else {
+            return Ok(());
+        };
         let blocks = self.model.borrow().datasets[&name].blocks.len() as u64;
         let first = self.rng.below(blocks);
         let count = 1 + self.rng.below(SAMPLE_BLOCKS_MAX);
@@ -565,12 +693,19 @@ impl Sim {
         let mut listed: Vec<String> = Vec::new();
         for (volume, record) in pool.directory.borrow().volumes.iter() {
             listed.push(volume.clone());
-            listed.extend(record.snapshots.iter().map(|snapshot| format!("{volume}@{}", snapshot.name)));
+            listed.extend(
+                record
+                    .snapshots
+                    .iter()
+                    .map(|snapshot| format!("{volume}@{}", snapshot.name)),
+            );
         }
         listed.sort();
         let expected: Vec<String> = self.model.borrow().datasets.keys().cloned().collect();
         if listed != expected {
-            return Err(format!("the pool lists datasets {listed:?}, the model {expected:?}"));
+            return Err(format!(
+                "the pool lists datasets {listed:?}, the model {expected:?}"
+            ));
         }
         for name in expected {
             let blocks = self.model.borrow().datasets[&name].blocks.len() as u64;
@@ -582,11 +717,21 @@ impl Sim {
             }
         }
         self.after_crash = false;
-        let report = pool.check_space().await.map_err(|error| io_error("space check", error))?;
+        let report = pool
+            .check_space()
+            .await
+            .map_err(|error| io_error("space check", error))?;
         self.count_check("space");
         if !report.problems.is_empty() {
-            let owners = if self.options.trace { describe_owners(pool, &report.problems).await } else { String::new() };
-            return Err(format!("space check: {}{owners}", report.problems.join("; ")));
+            let owners = if self.options.trace {
+                describe_owners(pool, &report.problems).await
+            } else {
+                String::new()
+            };
+            return Err(format!(
+                "space check: {}{owners}",
+                report.problems.join("; ")
+            ));
         }
         Ok(())
     }
@@ -595,7 +740,9 @@ impl Sim {
     /// With `leave_running`, they are not waited for (a crash interrupts them).
     async fn burst(&mut self, pool: &Rc<Pool>, leave_running: bool) -> Check {
         let volumes = self.model.borrow().volumes();
-        let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let Some(name) = self.pick(&volumes) else {
+            return Ok(());
+        };
         let (handles, touched) = self.start_burst(pool, &name, false).await?;
         if leave_running {
             return Ok(());
@@ -613,7 +760,12 @@ impl Sim {
     /// the block ranges they touch. With `may_vanish` (a destroy races them),
     /// a write may fail because the volume is gone.
     #[allow(clippy::type_complexity)]
-    async fn start_burst(&mut self, pool: &Rc<Pool>, name: &str, may_vanish: bool) -> Result<(Vec<rt::JoinHandle<Check>>, Vec<(u64, u64)>), String> {
+    async fn start_burst(
+        &mut self,
+        pool: &Rc<Pool>,
+        name: &str,
+        may_vanish: bool,
+    ) -> Result<(Vec<rt::JoinHandle<Check>>, Vec<(u64, u64)>), String> {
         let name = name.to_string();
         let dataset = self.model.borrow().datasets[&name].clone();
         let volume = self.handle(pool, &name).await?;
@@ -633,17 +785,27 @@ impl Sim {
             // Whole blocks or a piece of the first one.
             let (offset, length) = if self.rng.chance(1, 3) {
                 let within = self.rng.below(block / MODEL_SECTOR_BYTES);
-                (first * block + within * MODEL_SECTOR_BYTES, (block / MODEL_SECTOR_BYTES - within) * MODEL_SECTOR_BYTES)
+                (
+                    first * block + within * MODEL_SECTOR_BYTES,
+                    (block / MODEL_SECTOR_BYTES - within) * MODEL_SECTOR_BYTES,
+                )
             } else {
                 (first * block, count * block)
             };
             let zero = self.rng.chance(1, 8);
-            let tag = if zero { 0 } else { self.model.borrow_mut().tag() };
+            let tag = if zero {
+                0
+            } else {
+                self.model.borrow_mut().tag()
+            };
             let current = self.model.borrow().datasets[&name].clone();
             let (buffer, changes) = Sim::prepare(&current, offset, length, tag);
             {
                 let mut model = self.model.borrow_mut();
-                let target = model.datasets.get_mut(&name).expect("picked from the model");
+                let target = model
+                    .datasets
+                    .get_mut(&name)
+                    .expect("picked from the model");
                 for (blkid, values) in &changes {
                     target.issued(*blkid, values);
                 }
@@ -656,10 +818,16 @@ impl Sim {
             handles.push(rt::spawn(async move {
                 let result = match buffer {
                     Some(buffer) => task_pool.write(&task_volume, offset, buffer, false).await,
-                    None => task_pool.zero(&task_volume, offset, length, false, true).await,
+                    None => {
+                        task_pool
+                            .zero(&task_volume, offset, length, false, true)
+                            .await
+                    }
                 };
                 let mut model = model.borrow_mut();
-                let Some(target) = model.datasets.get_mut(&task_name) else { return Ok(()) };
+                let Some(target) = model.datasets.get_mut(&task_name) else {
+                    return Ok(());
+                };
                 match result {
                     Ok(()) => {
                         for (blkid, values) in &changes {
@@ -679,7 +847,10 @@ impl Sim {
                         }
                         Ok(())
                     }
-                    Err(error) => Err(io_error(&format!("burst write to {task_name} at {offset}+{length}"), error)),
+                    Err(error) => Err(io_error(
+                        &format!("burst write to {task_name} at {offset}+{length}"),
+                        error,
+                    )),
                 }
             }));
         }
@@ -698,7 +869,9 @@ impl Sim {
         if destroy && volumes.len() <= 1 {
             return Ok(());
         }
-        let Some(name) = self.pick(&volumes) else { return Ok(()) };
+        let Some(name) = self.pick(&volumes) else {
+            return Ok(());
+        };
         let (handles, touched) = self.start_burst(pool, &name, destroy).await?;
         // Let some of the writes start before the administrative operation.
         rt::sleep(Duration::from_nanos(self.rng.below(2_000_000))).await;
@@ -738,7 +911,11 @@ impl Sim {
         let pause = Duration::from_nanos(self.rng.below(2 * timeout + 2_000_000));
         rt::sleep(pause).await;
         self.count_fault("crash");
-        let pending: u64 = self.devices.iter().map(|device| device.pending_bytes()).sum();
+        let pending: u64 = self
+            .devices
+            .iter()
+            .map(|device| device.pending_bytes())
+            .sum();
         self.trace(|| format!("crash after {pause:?} with {pending} unflushed bytes"));
         Ok(())
     }
@@ -747,40 +924,66 @@ impl Sim {
         let name = self.model.borrow_mut().name("v");
         let block_bytes = [4096u64, 8192, 16384, 65536][self.rng.below(4) as usize];
         let size_bytes = (4 + self.rng.below(13)) << 20;
-        pool.create_volume(&format!("{POOL}/{name}"), size_bytes, block_bytes as u32, BTreeMap::new()).await.map_err(|error| io_error(&format!("create volume {name}"), error))?;
+        pool.create_volume(
+            &format!("{POOL}/{name}"),
+            size_bytes,
+            block_bytes as u32,
+            BTreeMap::new(),
+        )
+        .await
+        .map_err(|error| io_error(&format!("create volume {name}"), error))?;
         let mut model = self.model.borrow_mut();
         model.flushed();
-        model.datasets.insert(name, DatasetModel::new(size_bytes, block_bytes));
+        model
+            .datasets
+            .insert(name, DatasetModel::new(size_bytes, block_bytes));
         Ok(())
     }
 
     async fn snapshot(&mut self, pool: &Rc<Pool>) -> Check {
         let volumes = self.model.borrow().volumes();
-        let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        let Some(volume) = self.pick(&volumes) else {
+            return Ok(());
+        };
         if self.model.borrow().snapshots_of(&volume).len() >= SNAPSHOTS_PER_VOLUME_MAX {
             return Ok(());
         }
         let snapshot = self.model.borrow_mut().name("s");
-        pool.snapshot(&[format!("{POOL}/{volume}@{snapshot}")]).await.map_err(|error| io_error(&format!("snapshot {volume}@{snapshot}"), error))?;
+        pool.snapshot(&[format!("{POOL}/{volume}@{snapshot}")])
+            .await
+            .map_err(|error| io_error(&format!("snapshot {volume}@{snapshot}"), error))?;
         let mut model = self.model.borrow_mut();
         model.flushed();
         let frozen = model.datasets[&volume].frozen();
-        model.datasets.insert(format!("{volume}@{snapshot}"), frozen);
+        model
+            .datasets
+            .insert(format!("{volume}@{snapshot}"), frozen);
         Ok(())
     }
 
     async fn rollback(&mut self, pool: &Rc<Pool>) -> Check {
         let volumes = self.model.borrow().volumes();
-        let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        let Some(volume) = self.pick(&volumes) else {
+            return Ok(());
+        };
         let snapshots = self.model.borrow().snapshots_of(&volume);
-        let Some(target) = self.pick(&snapshots) else { return Ok(()) };
-        let index = snapshots.iter().position(|name| *name == target).expect("picked from the list");
-        let blocked = snapshots[index + 1..].iter().any(|later| self.model.borrow().has_clones(later));
+        let Some(target) = self.pick(&snapshots) else {
+            return Ok(());
+        };
+        let index = snapshots
+            .iter()
+            .position(|name| *name == target)
+            .expect("picked from the list");
+        let blocked = snapshots[index + 1..]
+            .iter()
+            .any(|later| self.model.borrow().has_clones(later));
         let result = pool.rollback(&format!("{POOL}/{target}"), true).await;
         if blocked {
             return match result {
                 Err(_) => Ok(()),
-                Ok(()) => Err(format!("rollback to {target} destroyed later snapshots that have clones")),
+                Ok(()) => Err(format!(
+                    "rollback to {target} destroyed later snapshots that have clones"
+                )),
             };
         }
         result.map_err(|error| io_error(&format!("rollback to {target}"), error))?;
@@ -798,10 +1001,21 @@ impl Sim {
         if self.model.borrow().volumes().len() >= VOLUMES_MAX {
             return Ok(());
         }
-        let snapshots: Vec<String> = self.model.borrow().datasets.keys().filter(|name| name.contains('@')).cloned().collect();
-        let Some(origin) = self.pick(&snapshots) else { return Ok(()) };
+        let snapshots: Vec<String> = self
+            .model
+            .borrow()
+            .datasets
+            .keys()
+            .filter(|name| name.contains('@'))
+            .cloned()
+            .collect();
+        let Some(origin) = self.pick(&snapshots) else {
+            return Ok(());
+        };
         let clone = self.model.borrow_mut().name("c");
-        pool.clone_snapshot(&format!("{POOL}/{origin}"), &format!("{POOL}/{clone}")).await.map_err(|error| io_error(&format!("clone {origin} as {clone}"), error))?;
+        pool.clone_snapshot(&format!("{POOL}/{origin}"), &format!("{POOL}/{clone}"))
+            .await
+            .map_err(|error| io_error(&format!("clone {origin} as {clone}"), error))?;
         let mut model = self.model.borrow_mut();
         model.flushed();
         let content = model.datasets[&origin].frozen();
@@ -811,8 +1025,17 @@ impl Sim {
     }
 
     async fn destroy_snapshot(&mut self, pool: &Rc<Pool>) -> Check {
-        let snapshots: Vec<String> = self.model.borrow().datasets.keys().filter(|name| name.contains('@')).cloned().collect();
-        let Some(target) = self.pick(&snapshots) else { return Ok(()) };
+        let snapshots: Vec<String> = self
+            .model
+            .borrow()
+            .datasets
+            .keys()
+            .filter(|name| name.contains('@'))
+            .cloned()
+            .collect();
+        let Some(target) = self.pick(&snapshots) else {
+            return Ok(());
+        };
         let blocked = self.model.borrow().has_clones(&target);
         let result = pool.destroy_snapshot(&format!("{POOL}/{target}")).await;
         if blocked {
@@ -833,7 +1056,9 @@ impl Sim {
         if volumes.len() <= 1 {
             return Ok(());
         }
-        let Some(volume) = self.pick(&volumes) else { return Ok(()) };
+        let Some(volume) = self.pick(&volumes) else {
+            return Ok(());
+        };
         self.destroy_named_volume(pool, &volume).await
     }
 
@@ -842,8 +1067,15 @@ impl Sim {
     async fn destroy_named_volume(&mut self, pool: &Rc<Pool>, volume: &str) -> Check {
         let volume = volume.to_string();
         let snapshots = self.model.borrow().snapshots_of(&volume);
-        let blocked = snapshots.iter().any(|snapshot| self.model.borrow().has_clones(snapshot));
-        self.trace(|| format!("destroy {volume} (snapshots {snapshots:?}, origin {:?}, blocked {blocked})", self.model.borrow().origins.get(&volume)));
+        let blocked = snapshots
+            .iter()
+            .any(|snapshot| self.model.borrow().has_clones(snapshot));
+        self.trace(|| {
+            format!(
+                "destroy {volume} (snapshots {snapshots:?}, origin {:?}, blocked {blocked})",
+                self.model.borrow().origins.get(&volume)
+            )
+        });
         let result = pool.destroy_volume(&format!("{POOL}/{volume}"), true).await;
         if blocked {
             return match result {
@@ -866,7 +1098,8 @@ impl Sim {
     async fn scrub(&mut self, pool: &Rc<Pool>) -> Check {
         // An import may have resumed a scrub cut short by a crash: let it end.
         pool.scrub_wait().await;
-        pool.scrub_start().map_err(|error| io_error("scrub start", error))?;
+        pool.scrub_start()
+            .map_err(|error| io_error("scrub start", error))?;
         self.scrub_result(pool).await
     }
 
@@ -876,10 +1109,16 @@ impl Sim {
         self.count_check("scrub");
         let status = pool.scrub_status();
         if status.errors > 0 {
-            return Err(format!("scrub found {} unrecoverable blocks with faults within redundancy: {:?}", status.errors, status.error_details));
+            return Err(format!(
+                "scrub found {} unrecoverable blocks with faults within redundancy: {:?}",
+                status.errors, status.error_details
+            ));
         }
         if !self.damage_possible && status.bad_copies > 0 {
-            return Err(format!("scrub found {} bad copies though no device was ever bad: {:?}", status.bad_copies, status.error_details));
+            return Err(format!(
+                "scrub found {} bad copies though no device was ever bad: {:?}",
+                status.bad_copies, status.error_details
+            ));
         }
         Ok(())
     }
@@ -887,7 +1126,9 @@ impl Sim {
     /// Turns a device bad: some of the enabled damage faults at random rates.
     fn turn_bad(&mut self) {
         let candidates = self.budget.may_turn_bad();
-        let Some(device) = self.pick(&candidates) else { return };
+        let Some(device) = self.pick(&candidates) else {
+            return;
+        };
         let faults = self.options.faults;
         let rate = |kind: FaultKind, rng: &mut Rng| -> u32 {
             if faults.has(kind) && rng.chance(2, 3) {
@@ -914,8 +1155,12 @@ impl Sim {
 
     /// Flips bits at rest on a bad device.
     fn rot(&mut self) {
-        let bad: Vec<usize> = (0..self.devices.len()).filter(|device| self.budget.bad[*device].is_some()).collect();
-        let Some(device) = self.pick(&bad) else { return };
+        let bad: Vec<usize> = (0..self.devices.len())
+            .filter(|device| self.budget.bad[*device].is_some())
+            .collect();
+        let Some(device) = self.pick(&bad) else {
+            return;
+        };
         let sectors = 1 + self.rng.below(32) as usize;
         self.devices[device].rot(sectors, &mut self.rng);
     }
@@ -926,7 +1171,9 @@ impl Sim {
         candidates.extend(self.budget.devices_in(BadState::Faulty));
         candidates.extend(self.budget.devices_in(BadState::Stale));
         candidates.sort_unstable();
-        let Some(device) = self.pick(&candidates) else { return };
+        let Some(device) = self.pick(&candidates) else {
+            return;
+        };
         self.devices[device].set_offline(true);
         self.budget.mark(device, BadState::Vanished);
         self.damage_possible = true;
@@ -937,7 +1184,9 @@ impl Sim {
     /// faults off.
     fn come_back(&mut self) {
         let vanished = self.budget.devices_in(BadState::Vanished);
-        let Some(device) = self.pick(&vanished) else { return };
+        let Some(device) = self.pick(&vanished) else {
+            return;
+        };
         self.devices[device].set_faults(SimFaults::default());
         self.budget.mark(device, BadState::Stale);
         self.count_fault("return");
@@ -949,13 +1198,24 @@ impl Sim {
     /// proves it whole. The engine may refuse when the group could not rebuild
     /// it; that is checked against the group's own redundancy.
     async fn replace(&mut self, pool: &Rc<Pool>) -> Check {
-        let bad: Vec<usize> = (0..self.devices.len()).filter(|device| self.budget.bad[*device].is_some()).collect();
-        let Some(device) = self.pick(&bad) else { return Ok(()) };
+        let bad: Vec<usize> = (0..self.devices.len())
+            .filter(|device| self.budget.bad[*device].is_some())
+            .collect();
+        let Some(device) = self.pick(&bad) else {
+            return Ok(());
+        };
         self.replacements += 1;
-        let fresh = SimDevice::new(&format!("d{device}r{}", self.replacements), DEVICE_BYTES, self.rng.next_u64());
+        let fresh = SimDevice::new(
+            &format!("d{device}r{}", self.replacements),
+            DEVICE_BYTES,
+            self.rng.next_u64(),
+        );
         fresh.set_latency(latency_for(&self.options, &mut self.rng));
         let path = format!("sim:d{device}");
-        let new = NewDevice { path: path.clone(), device: fresh.clone() as Rc<dyn Device> };
+        let new = NewDevice {
+            path: path.clone(),
+            device: fresh.clone() as Rc<dyn Device>,
+        };
         match pool.replace_device(&path, new, false).await {
             Ok(()) => {
                 self.trace(|| format!("device {device} replaced"));
@@ -985,7 +1245,14 @@ impl Sim {
     /// read spawned are durable), scrub again: a device whose copies all verify
     /// and whose labels show the newest txg leaves the bad set.
     pub(crate) async fn heal(&mut self, pool: &Rc<Pool>) -> Check {
-        let targets: Vec<usize> = (0..self.devices.len()).filter(|device| matches!(self.budget.bad[*device], Some(BadState::Faulty) | Some(BadState::Stale))).collect();
+        let targets: Vec<usize> = (0..self.devices.len())
+            .filter(|device| {
+                matches!(
+                    self.budget.bad[*device],
+                    Some(BadState::Faulty) | Some(BadState::Stale)
+                )
+            })
+            .collect();
         if targets.is_empty() {
             return Ok(());
         }
@@ -993,24 +1260,40 @@ impl Sim {
             self.devices[*device].set_faults(SimFaults::default());
             self.budget.mark(*device, BadState::Stale);
         }
-        pool.commit().await.map_err(|error| io_error("heal commit", error))?;
+        pool.commit()
+            .await
+            .map_err(|error| io_error("heal commit", error))?;
         self.model.borrow_mut().flushed();
         for pass in 0..2 {
             // An import may have resumed a scrub cut short by a crash: let it end.
             pool.scrub_wait().await;
-            pool.scrub_start().map_err(|error| io_error("heal scrub", error))?;
+            pool.scrub_start()
+                .map_err(|error| io_error("heal scrub", error))?;
             pool.scrub_wait().await;
             let status = pool.scrub_status();
-            self.trace(|| format!("heal scrub {pass}: {} bad copies, {} repaired, {} unrecoverable", status.bad_copies, status.repaired_copies, status.errors));
+            self.trace(|| {
+                format!(
+                    "heal scrub {pass}: {} bad copies, {} repaired, {} unrecoverable",
+                    status.bad_copies, status.repaired_copies, status.errors
+                )
+            });
             if status.errors > 0 {
-                return Err(format!("heal scrub {pass} found {} unrecoverable blocks: {:?}", status.errors, status.error_details));
+                return Err(format!(
+                    "heal scrub {pass} found {} unrecoverable blocks: {:?}",
+                    status.errors, status.error_details
+                ));
             }
-            pool.commit().await.map_err(|error| io_error("heal commit", error))?;
-            pool.commit().await.map_err(|error| io_error("heal commit", error))?;
+            pool.commit()
+                .await
+                .map_err(|error| io_error("heal commit", error))?;
+            pool.commit()
+                .await
+                .map_err(|error| io_error("heal commit", error))?;
         }
         self.count_check("heal-scrub");
         let errors_before: Vec<u64> = self.leaf_errors(pool);
-        pool.scrub_start().map_err(|error| io_error("heal verify scrub", error))?;
+        pool.scrub_start()
+            .map_err(|error| io_error("heal verify scrub", error))?;
         pool.scrub_wait().await;
         let errors_after: Vec<u64> = self.leaf_errors(pool);
         self.trace(|| {
@@ -1019,15 +1302,42 @@ impl Sim {
         });
         for device in targets {
             let path = format!("sim:d{device}");
-            let online = pool.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| *leaf.path.borrow() == path && leaf.is_online() && leaf.device().is_some());
+            let online = pool
+                .store
+                .vdevs
+                .iter()
+                .flat_map(|top| top.children.iter())
+                .any(|leaf| {
+                    *leaf.path.borrow() == path && leaf.is_online() && leaf.device().is_some()
+                });
             if !online || errors_after[device] != errors_before[device] {
-                self.trace(|| format!("device {device} stays bad (online {online}, errors {} -> {})", errors_before[device], errors_after[device]));
+                self.trace(|| {
+                    format!(
+                        "device {device} stays bad (online {online}, errors {} -> {})",
+                        errors_before[device], errors_after[device]
+                    )
+                });
                 continue;
             }
-            let probe = ironpool::pool::labels::probe_device(&*self.devices[device], std::path::Path::new(&path)).await;
-            let newest = probe.uberblocks.iter().filter(|uberblock| uberblock.pool_guid == pool.guid).map(|uberblock| uberblock.txg).max().unwrap_or(0);
+            let probe = ironpool::pool::labels::probe_device(
+                &*self.devices[device],
+                std::path::Path::new(&path),
+            )
+            .await;
+            let newest = probe
+                .uberblocks
+                .iter()
+                .filter(|uberblock| uberblock.pool_guid == pool.guid)
+                .map(|uberblock| uberblock.txg)
+                .max()
+                .unwrap_or(0);
             if probe.label.is_none() || newest != pool.txg.durable() {
-                self.trace(|| format!("device {device} stays bad (newest uberblock {newest}, durable {})", pool.txg.durable()));
+                self.trace(|| {
+                    format!(
+                        "device {device} stays bad (newest uberblock {newest}, durable {})",
+                        pool.txg.durable()
+                    )
+                });
                 continue;
             }
             self.budget.bad[device] = None;
@@ -1079,14 +1389,32 @@ impl Sim {
 /// Device latency for a run: fixed (completions in order) unless reordering is
 /// on; spikes when latency faults are on.
 fn latency_for(options: &Options, rng: &mut Rng) -> SimLatency {
-    let (minimum_us, maximum_us) = if options.faults.has(FaultKind::Reorder) { (1, 1 + rng.below(4_000)) } else { (50, 50) };
-    let (spike_every, spike_us) = if options.faults.has(FaultKind::Latency) { (50 + rng.below(500), 1_000 + rng.below(100_000)) } else { (0, 0) };
-    SimLatency { minimum_us, maximum_us, spike_every, spike_us }
+    let (minimum_us, maximum_us) = if options.faults.has(FaultKind::Reorder) {
+        (1, 1 + rng.below(4_000))
+    } else {
+        (50, 50)
+    };
+    let (spike_every, spike_us) = if options.faults.has(FaultKind::Latency) {
+        (50 + rng.below(500), 1_000 + rng.below(100_000))
+    } else {
+        (0, 0)
+    };
+    SimLatency {
+        minimum_us,
+        maximum_us,
+        spike_every,
+        spike_us,
+    }
 }
 
 /// Decodes one block read back into its per-sector tags.
 fn decode_block(bytes: &[u8], first_sector: u64) -> Value {
-    bytes.chunks(MODEL_SECTOR_BYTES as usize).enumerate().map(|(index, sector)| decode_sector(sector, first_sector + index as u64)).collect::<Vec<u64>>().into()
+    bytes
+        .chunks(MODEL_SECTOR_BYTES as usize)
+        .enumerate()
+        .map(|(index, sector)| decode_sector(sector, first_sector + index as u64))
+        .collect::<Vec<u64>>()
+        .into()
 }
 
 /// For a failed space check (with --trace): which open objects point at the
@@ -1094,20 +1422,35 @@ fn decode_block(bytes: &[u8], first_sector: u64) -> Value {
 async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
     let mut ranges: Vec<(u32, u64, u64)> = Vec::new();
     for problem in problems {
-        let Some(rest) = problem.strip_prefix("vdev ") else { continue };
-        let Some((vdev, rest)) = rest.split_once(':') else { continue };
-        let Some(range) = rest.split_whitespace().find(|word| word.contains("..")) else { continue };
-        let Some((start, end)) = range.split_once("..") else { continue };
+        let Some(rest) = problem.strip_prefix("vdev ") else {
+            continue;
+        };
+        let Some((vdev, rest)) = rest.split_once(':') else {
+            continue;
+        };
+        let Some(range) = rest.split_whitespace().find(|word| word.contains("..")) else {
+            continue;
+        };
+        let Some((start, end)) = range.split_once("..") else {
+            continue;
+        };
         let parse = |text: &str| u64::from_str_radix(text.trim_start_matches("0x"), 16).ok();
-        if let (Ok(vdev), Some(start), Some(end)) = (vdev.parse::<u32>(), parse(start), parse(end)) {
+        if let (Ok(vdev), Some(start), Some(end)) = (vdev.parse::<u32>(), parse(start), parse(end))
+        {
             ranges.push((vdev, start, end));
         }
     }
-    let mut out = format!("\n  open txg {}, durable txg {}", pool.txg.open(), pool.txg.durable());
+    let mut out = format!(
+        "\n  open txg {}, durable txg {}",
+        pool.txg.open(),
+        pool.txg.durable()
+    );
     {
         let allocator = pool.store.allocator.borrow();
         for (vdev, start, end) in &ranges {
-            let Some(space) = allocator.vdevs.get(*vdev as usize) else { continue };
+            let Some(space) = allocator.vdevs.get(*vdev as usize) else {
+                continue;
+            };
             for metaslab in &space.metaslabs {
                 let sets = [
                     ("free", &metaslab.free),
@@ -1118,9 +1461,15 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
                     ("defer0", &metaslab.defer[0]),
                     ("defer1", &metaslab.defer[1]),
                 ];
-                let found: Vec<&str> = sets.iter().filter(|(_, set)| set.overlaps(*start, *end)).map(|(name, _)| *name).collect();
+                let found: Vec<&str> = sets
+                    .iter()
+                    .filter(|(_, set)| set.overlaps(*start, *end))
+                    .map(|(name, _)| *name)
+                    .collect();
                 if !found.is_empty() {
-                    out.push_str(&format!("\n  vdev {vdev} {start:#x}..{end:#x} in {found:?}"));
+                    out.push_str(&format!(
+                        "\n  vdev {vdev} {start:#x}..{end:#x} in {found:?}"
+                    ));
                 }
             }
         }
@@ -1131,8 +1480,18 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
             .objects
             .visit_pointers(&object, &mut |level, blkid, pointer| {
                 for dva in pointer.copies() {
-                    if ranges.iter().any(|(vdev, start, end)| dva.vdev == *vdev && dva.offset < *end && dva.end() > *start) {
-                        hits.push((format!("L{level}/{blkid} {:#x} birth {}", dva.offset, pointer.birth_txg), dva.vdev, dva.offset, dva.end()));
+                    if ranges.iter().any(|(vdev, start, end)| {
+                        dva.vdev == *vdev && dva.offset < *end && dva.end() > *start
+                    }) {
+                        hits.push((
+                            format!(
+                                "L{level}/{blkid} {:#x} birth {}",
+                                dva.offset, pointer.birth_txg
+                            ),
+                            dva.vdev,
+                            dva.offset,
+                            dva.end(),
+                        ));
                     }
                 }
             })
@@ -1144,7 +1503,15 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
                 let mut sets = Vec::new();
                 if let Some(space) = allocator.vdevs.get(vdev as usize) {
                     for metaslab in &space.metaslabs {
-                        for (name, set) in [("free", &metaslab.free), ("allocated", &metaslab.allocated), ("pending_allocs", &metaslab.pending_allocs), ("pending_frees", &metaslab.pending_frees), ("syncing_frees", &metaslab.syncing_frees), ("defer0", &metaslab.defer[0]), ("defer1", &metaslab.defer[1])] {
+                        for (name, set) in [
+                            ("free", &metaslab.free),
+                            ("allocated", &metaslab.allocated),
+                            ("pending_allocs", &metaslab.pending_allocs),
+                            ("pending_frees", &metaslab.pending_frees),
+                            ("syncing_frees", &metaslab.syncing_frees),
+                            ("defer0", &metaslab.defer[0]),
+                            ("defer1", &metaslab.defer[1]),
+                        ] {
                             if set.overlaps(offset, end) {
                                 sets.push(name);
                             }
@@ -1153,7 +1520,13 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
                 }
                 described.push(format!("{hit} in {sets:?}"));
             }
-            out.push_str(&format!("\n  object {} ({:?}) at open txg {}: {}", object.id, object.dnode().object_type, pool.txg.open(), described.join(", ")));
+            out.push_str(&format!(
+                "\n  object {} ({:?}) at open txg {}: {}",
+                object.id,
+                object.dnode().object_type,
+                pool.txg.open(),
+                described.join(", ")
+            ));
         }
     }
     out

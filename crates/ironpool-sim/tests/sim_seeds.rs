@@ -11,7 +11,10 @@ use ironpool_sim::{run, FaultSet, Layout, Options};
 const TICKS: u64 = 150;
 
 fn seeds_per_case(default: u64) -> u64 {
-    std::env::var("IRONPOOL_SIM_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(default)
+    std::env::var("IRONPOOL_SIM_SEEDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(default)
 }
 
 fn sweep(faults: &str, first_seed: u64, seeds: u64) {
@@ -21,12 +24,23 @@ fn sweep(faults: &str, first_seed: u64, seeds: u64) {
         for seed in first_seed..first_seed + seeds_per_case(seeds) {
             let options = Options::new(seed, TICKS, faults, layout);
             match run(&options) {
-                Ok(summary) => assert_eq!(summary.steps, TICKS, "seed {seed} {}: ran {} steps", layout.name(), summary.steps),
+                Ok(summary) => assert_eq!(
+                    summary.steps,
+                    TICKS,
+                    "seed {seed} {}: ran {} steps",
+                    layout.name(),
+                    summary.steps
+                ),
                 Err(failure) => failures.push(failure.to_string()),
             }
         }
     }
-    assert!(failures.is_empty(), "{} runs failed:\n{}", failures.len(), failures.join("\n"));
+    assert!(
+        failures.is_empty(),
+        "{} runs failed:\n{}",
+        failures.len(),
+        failures.join("\n")
+    );
 }
 
 #[test]
@@ -41,7 +55,11 @@ fn crashes() {
 
 #[test]
 fn device_damage_within_redundancy() {
-    sweep("read-error,read-corrupt,write-error,write-corrupt,misdirect,rot,nospace,vanish", 200, 2);
+    sweep(
+        "read-error,read-corrupt,write-error,write-corrupt,misdirect,rot,nospace,vanish",
+        200,
+        2,
+    );
 }
 
 #[test]
@@ -61,7 +79,8 @@ fn a_seed_replays_bit_for_bit() {
     assert_eq!(first.operations, second.operations);
     assert_eq!(first.faults, second.faults);
     // And a different seed is a different run (the digest sees the media).
-    let other = run(&Options::new(8, 120, FaultSet::all(), Layout::Mirror)).unwrap_or_else(|failure| panic!("{failure}"));
+    let other = run(&Options::new(8, 120, FaultSet::all(), Layout::Mirror))
+        .unwrap_or_else(|failure| panic!("{failure}"));
     assert_ne!(first.digest, other.digest);
 }
 
@@ -75,7 +94,12 @@ fn the_checkers_catch_damage_beyond_redundancy() {
 
 /// Regressions: the seeds that found engine bugs (see docs/SIMULATOR.md).
 fn replay(seed: u64, ticks: u64, faults: &str, layout: Layout, check_every: u64) {
-    let mut options = Options::new(seed, ticks, FaultSet::parse(faults).expect("a valid fault list"), layout);
+    let mut options = Options::new(
+        seed,
+        ticks,
+        FaultSet::parse(faults).expect("a valid fault list"),
+        layout,
+    );
     options.check_every = check_every;
     if let Err(failure) = run(&options) {
         panic!("{failure}");
@@ -120,5 +144,11 @@ fn regression_optional_pads_trimmed_from_an_aggregate_still_complete() {
 /// copies again and reads kept avoiding those devices.
 #[test]
 fn regression_a_clean_scrub_catches_devices_up() {
-    replay(200, 150, "read-error,read-corrupt,write-error,write-corrupt,misdirect,rot,nospace,vanish", Layout::Raidz2, 25);
+    replay(
+        200,
+        150,
+        "read-error,read-corrupt,write-error,write-corrupt,misdirect,rot,nospace,vanish",
+        Layout::Raidz2,
+        25,
+    );
 }

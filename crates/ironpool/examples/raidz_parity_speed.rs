@@ -6,7 +6,9 @@
 
 use std::time::{Duration, Instant};
 
-use ironpool::vdev::raidz::{generate_parity_with, reconstruct_with, ParityImplementation, RaidzGeometry};
+use ironpool::vdev::raidz::{
+    generate_parity_with, reconstruct_with, ParityImplementation, RaidzGeometry,
+};
 
 /// Bytes of one block: the default recordsize.
 const BLOCK_BYTES: u64 = 128 << 10;
@@ -42,15 +44,26 @@ struct Stripe {
 fn stripe(children: u32, parity_count: u32) -> Stripe {
     let geometry = RaidzGeometry::new(children, parity_count, ASHIFT).expect("valid group shape");
     let map = geometry.map(0, BLOCK_BYTES).expect("valid block");
-    let block: Vec<u8> = (0..map.data_size_bytes).map(|index| (index.wrapping_mul(2654435761) >> 13) as u8).collect();
-    let data = map.split_data(&block).into_iter().map(<[u8]>::to_vec).collect();
-    let parity = (0..parity_count).map(|_| vec![0u8; map.parity_column_bytes() as usize]).collect();
+    let block: Vec<u8> = (0..map.data_size_bytes)
+        .map(|index| (index.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    let data = map
+        .split_data(&block)
+        .into_iter()
+        .map(<[u8]>::to_vec)
+        .collect();
+    let parity = (0..parity_count)
+        .map(|_| vec![0u8; map.parity_column_bytes() as usize])
+        .collect();
     Stripe { parity, data }
 }
 
 fn main() {
     let implementations = ParityImplementation::all_available();
-    println!("RAID-Z parity, {} KiB blocks, 4 KiB sectors; GB/s of block data (higher is better)", BLOCK_BYTES >> 10);
+    println!(
+        "RAID-Z parity, {} KiB blocks, 4 KiB sectors; GB/s of block data (higher is better)",
+        BLOCK_BYTES >> 10
+    );
     print!("{:<8} {:<12} {:>8}", "width", "operation", "memcpy");
     for implementation in &implementations {
         print!(" {:>8}", implementation.name());
@@ -68,12 +81,19 @@ fn main() {
         for parity_count in 1..=3u32 {
             let mut columns = stripe(children, parity_count);
             let operation = ["P", "PQ", "PQR"][parity_count as usize - 1];
-            print!("{:<8} {:<12} {:>8.1}", format!("{children}-wide"), format!("generate {operation}"), memcpy);
+            print!(
+                "{:<8} {:<12} {:>8.1}",
+                format!("{children}-wide"),
+                format!("generate {operation}"),
+                memcpy
+            );
             for &implementation in &implementations {
                 let speed = measure(BLOCK_BYTES, || {
-                    let mut parity: Vec<&mut [u8]> = columns.parity.iter_mut().map(Vec::as_mut_slice).collect();
+                    let mut parity: Vec<&mut [u8]> =
+                        columns.parity.iter_mut().map(Vec::as_mut_slice).collect();
                     let data: Vec<&[u8]> = columns.data.iter().map(Vec::as_slice).collect();
-                    generate_parity_with(implementation, &mut parity, std::hint::black_box(&data)).expect("valid columns");
+                    generate_parity_with(implementation, &mut parity, std::hint::black_box(&data))
+                        .expect("valid columns");
                 });
                 print!(" {speed:>8.1}");
             }
@@ -81,11 +101,27 @@ fn main() {
 
             // Worst case: as many data columns lost as there is parity.
             let missing: Vec<usize> = (parity_count as usize..2 * parity_count as usize).collect();
-            print!("{:<8} {:<12} {:>8.1}", "", format!("rebuild {}D", parity_count), memcpy);
+            print!(
+                "{:<8} {:<12} {:>8.1}",
+                "",
+                format!("rebuild {}D", parity_count),
+                memcpy
+            );
             for &implementation in &implementations {
                 let speed = measure(BLOCK_BYTES, || {
-                    let mut all: Vec<&mut [u8]> = columns.parity.iter_mut().chain(columns.data.iter_mut()).map(Vec::as_mut_slice).collect();
-                    reconstruct_with(implementation, std::hint::black_box(&mut all), parity_count as usize, &missing).expect("rebuildable");
+                    let mut all: Vec<&mut [u8]> = columns
+                        .parity
+                        .iter_mut()
+                        .chain(columns.data.iter_mut())
+                        .map(Vec::as_mut_slice)
+                        .collect();
+                    reconstruct_with(
+                        implementation,
+                        std::hint::black_box(&mut all),
+                        parity_count as usize,
+                        &missing,
+                    )
+                    .expect("rebuildable");
                 });
                 print!(" {speed:>8.1}");
             }

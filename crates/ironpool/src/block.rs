@@ -148,7 +148,10 @@ impl BlockStore {
     pub fn read_guard(self: &Rc<Self>) -> ReadGuard {
         let txg = self.open_txg.get();
         *self.reads_by_txg.borrow_mut().entry(txg).or_insert(0) += 1;
-        ReadGuard { store: self.clone(), txg }
+        ReadGuard {
+            store: self.clone(),
+            txg,
+        }
     }
 
     /// Waits until no read that started in txg `txg` or earlier is in flight.
@@ -178,11 +181,20 @@ impl BlockStore {
     }
 
     /// Allocates space for a block of `physical_bytes` with `copies` copies.
-    pub fn allocate(&self, physical_bytes: u64, metadata: bool, copies: usize) -> Result<[Dva; DVA_COUNT], NoSpace> {
+    pub fn allocate(
+        &self,
+        physical_bytes: u64,
+        metadata: bool,
+        copies: usize,
+    ) -> Result<[Dva; DVA_COUNT], NoSpace> {
         let mut allocator = self.allocator.borrow_mut();
         let mut dvas = [Dva::default(); DVA_COUNT];
         for copy in 0..copies.clamp(1, DVA_COUNT) {
-            let class = if metadata { BlockClass::Metadata(copy) } else { BlockClass::Data };
+            let class = if metadata {
+                BlockClass::Metadata(copy)
+            } else {
+                BlockClass::Data
+            };
             let avoid = if copy > 0 { Some(dvas[0]) } else { None };
             match allocator.allocate(physical_bytes, class, avoid) {
                 Ok(dva) => dvas[copy] = dva,
@@ -224,7 +236,9 @@ impl BlockStore {
 
     /// Adds `txg` to the dirty time log of `children` of vdev `vdev`.
     fn note_missed(&self, vdev: u32, children: &[usize], txg: u64) {
-        let Some(top) = self.vdevs.get(vdev as usize) else { return };
+        let Some(top) = self.vdevs.get(vdev as usize) else {
+            return;
+        };
         for &child in children {
             if let Some(leaf) = top.children.get(child) {
                 leaf.dtl.borrow_mut().add(txg);
@@ -243,11 +257,18 @@ impl BlockStore {
     /// Writes `data` (whole sectors) to every copy in `dvas`, a block to be
     /// linked later. Succeeds when every copy is intact (within its vdev's
     /// redundancy); children that missed it are remembered until the link.
-    pub async fn write(&self, dvas: &[Dva], data: BufSlice, class: IoClass) -> Result<(), BlockError> {
+    pub async fn write(
+        &self,
+        dvas: &[Dva],
+        data: BufSlice,
+        class: IoClass,
+    ) -> Result<(), BlockError> {
         if dvas.len() > 1 && dvas[1].is_empty() || dvas.len() == 1 {
             // One copy (data blocks): no join machinery on the hot path.
             let dva = dvas[0];
-            let outcome = self.vdevs[dva.vdev as usize].write(class, dva.offset, data, IoFlags::default()).await;
+            let outcome = self.vdevs[dva.vdev as usize]
+                .write(class, dva.offset, data, IoFlags::default())
+                .await;
             return self.settle_write(&dva, outcome);
         }
         let writes = dvas.iter().filter(|dva| !dva.is_empty()).map(|dva| {
@@ -268,22 +289,48 @@ impl BlockStore {
     /// other on a child become one queue request (see `TopVdev::write_run`).
     /// Each block may bring its RAID-Z parity computed ahead (see
     /// [`BlockStore::parity_ahead`]). Returns each block's result, in order.
-    pub async fn write_run(&self, blocks: Vec<(Dva, BufSlice, Option<Rc<PrecomputedParity>>)>, class: IoClass) -> Vec<Result<(), BlockError>> {
+    pub async fn write_run(
+        &self,
+        blocks: Vec<(Dva, BufSlice, Option<Rc<PrecomputedParity>>)>,
+        class: IoClass,
+    ) -> Vec<Result<(), BlockError>> {
         let mut results: Vec<Result<(), BlockError>> = blocks.iter().map(|_| Ok(())).collect();
-        let mut by_vdev: Vec<VdevRun> = self.vdevs.iter().map(|_| (Vec::new(), Vec::new())).collect();
+        let mut by_vdev: Vec<VdevRun> = self
+            .vdevs
+            .iter()
+            .map(|_| (Vec::new(), Vec::new()))
+            .collect();
         for (index, (dva, data, parity)) in blocks.iter().enumerate() {
             match by_vdev.get_mut(dva.vdev as usize) {
                 Some((indexes, run)) => {
                     indexes.push(index);
-                    run.push(RunBlock { offset: dva.offset, data: data.clone(), parity: parity.clone() });
+                    run.push(RunBlock {
+                        offset: dva.offset,
+                        data: data.clone(),
+                        parity: parity.clone(),
+                    });
                 }
-                None => results[index] = Err(BlockError::WriteFailed { location: location(dva), detail: "no such vdev".into() }),
+                None => {
+                    results[index] = Err(BlockError::WriteFailed {
+                        location: location(dva),
+                        detail: "no such vdev".into(),
+                    })
+                }
             }
         }
-        let writes = by_vdev.into_iter().enumerate().filter(|(_, (indexes, _))| !indexes.is_empty()).map(|(vdev, (indexes, run))| {
-            let top = self.vdevs[vdev].clone();
-            async move { (indexes, top.write_run(class, &run, IoFlags::default()).await) }
-        });
+        let writes = by_vdev
+            .into_iter()
+            .enumerate()
+            .filter(|(_, (indexes, _))| !indexes.is_empty())
+            .map(|(vdev, (indexes, run))| {
+                let top = self.vdevs[vdev].clone();
+                async move {
+                    (
+                        indexes,
+                        top.write_run(class, &run, IoFlags::default()).await,
+                    )
+                }
+            });
         for (indexes, outcomes) in futures_util::future::join_all(writes).await {
             for (index, outcome) in indexes.into_iter().zip(outcomes) {
                 results[index] = self.settle_write(&blocks[index].0, outcome);
@@ -304,36 +351,72 @@ impl BlockStore {
     /// `data_bytes` (0 when it computes none): write-back admits a write for
     /// its blocks with their parity.
     pub fn parity_ahead_bytes(&self, data_bytes: u64) -> u64 {
-        self.parity_ahead_geometry().map_or(0, |geometry| PrecomputedParity::bytes_for(&geometry, data_bytes))
+        self.parity_ahead_geometry().map_or(0, |geometry| {
+            PrecomputedParity::bytes_for(&geometry, data_bytes)
+        })
     }
 
     /// The geometry of every top-level vdev, when all are RAID-Z of one.
     fn parity_ahead_geometry(&self) -> Option<RaidzGeometry> {
         let first = *self.vdevs.first()?.raidz_geometry()?;
-        self.vdevs.iter().all(|top| top.raidz_geometry() == Some(&first)).then_some(first)
+        self.vdevs
+            .iter()
+            .all(|top| top.raidz_geometry() == Some(&first))
+            .then_some(first)
     }
 
     /// A copy's write as the caller sees it: children that missed it are
     /// remembered until the link, a failed copy is an error naming it.
-    fn settle_write(&self, dva: &Dva, outcome: Result<WriteOutcome, VdevError>) -> Result<(), BlockError> {
-        let outcome = outcome.map_err(|error| BlockError::WriteFailed { location: location(dva), detail: error.to_string() })?;
+    fn settle_write(
+        &self,
+        dva: &Dva,
+        outcome: Result<WriteOutcome, VdevError>,
+    ) -> Result<(), BlockError> {
+        let outcome = outcome.map_err(|error| BlockError::WriteFailed {
+            location: location(dva),
+            detail: error.to_string(),
+        })?;
         if !outcome.missed_children.is_empty() {
-            self.unlinked_misses.borrow_mut().insert((dva.vdev, dva.offset), outcome.missed_children);
+            self.unlinked_misses
+                .borrow_mut()
+                .insert((dva.vdev, dva.offset), outcome.missed_children);
         }
         Ok(())
     }
 
     /// Writes one copy of a block already linked in txg `txg` (a txg's
     /// metadata): children that miss it get `txg` in their log at once.
-    pub async fn write_linked(&self, dva: Dva, data: BufSlice, class: IoClass, txg: u64) -> Result<(), BlockError> {
-        let top = self.vdevs.get(dva.vdev as usize).ok_or_else(|| BlockError::WriteFailed { location: location(&dva), detail: "no such vdev".into() })?;
-        let outcome = top.write(class, dva.offset, data, IoFlags::default()).await.map_err(|error| BlockError::WriteFailed { location: location(&dva), detail: error.to_string() })?;
+    pub async fn write_linked(
+        &self,
+        dva: Dva,
+        data: BufSlice,
+        class: IoClass,
+        txg: u64,
+    ) -> Result<(), BlockError> {
+        let top = self
+            .vdevs
+            .get(dva.vdev as usize)
+            .ok_or_else(|| BlockError::WriteFailed {
+                location: location(&dva),
+                detail: "no such vdev".into(),
+            })?;
+        let outcome = top
+            .write(class, dva.offset, data, IoFlags::default())
+            .await
+            .map_err(|error| BlockError::WriteFailed {
+                location: location(&dva),
+                detail: error.to_string(),
+            })?;
         self.note_missed(dva.vdev, &outcome.missed_children, txg);
         Ok(())
     }
 
     /// Reads and verifies a block, repairing bad copies in the background.
-    pub async fn read(self: &Rc<Self>, bp: &BlockPointer, class: IoClass) -> Result<AlignedBuf, BlockError> {
+    pub async fn read(
+        self: &Rc<Self>,
+        bp: &BlockPointer,
+        class: IoClass,
+    ) -> Result<AlignedBuf, BlockError> {
         assert!(!bp.is_hole(), "read of a hole");
         let _guard = self.read_guard();
         let (data, _) = self.read_physical(bp, class).await?;
@@ -346,7 +429,11 @@ impl BlockStore {
     /// Reads the first copy that verifies (whole sectors of the vdev it came
     /// from, and that vdev), rewriting bad children and bad copies in the
     /// background.
-    async fn read_physical(self: &Rc<Self>, bp: &BlockPointer, class: IoClass) -> Result<(Rc<AlignedBuf>, u32), BlockError> {
+    async fn read_physical(
+        self: &Rc<Self>,
+        bp: &BlockPointer,
+        class: IoClass,
+    ) -> Result<(Rc<AlignedBuf>, u32), BlockError> {
         let physical = bp.physical_size as usize;
         let verify = |data: &[u8]| bp.checksum_algo.verify(&data[..physical], &bp.checksum);
         let mut bad_copies: Vec<Dva> = Vec::new();
@@ -357,14 +444,22 @@ impl BlockStore {
                 continue;
             };
             let length = top.io_bytes(physical as u64);
-            match top.read_verified(class, dva.offset, length, bp.birth_txg, &verify).await {
+            match top
+                .read_verified(class, dva.offset, length, bp.birth_txg, &verify)
+                .await
+            {
                 Ok(read) => {
                     let data = read.data.into_shared();
                     if !read.bad_children.is_empty() || !bad_copies.is_empty() {
                         self.count(|stats| stats.healed_reads += 1);
                     }
                     if !read.bad_children.is_empty() {
-                        self.spawn_repair(top.clone(), Some(read.bad_children), dva.offset, BufSlice::whole(data.clone()));
+                        self.spawn_repair(
+                            top.clone(),
+                            Some(read.bad_children),
+                            dva.offset,
+                            BufSlice::whole(data.clone()),
+                        );
                     }
                     for bad in &bad_copies {
                         let bad_top = self.vdevs[bad.vdev as usize].clone();
@@ -381,7 +476,10 @@ impl BlockStore {
         }
         self.count(|stats| stats.unrecoverable_reads += 1);
         let first = bp.dvas[0];
-        Err(BlockError::Unreadable { location: location(&first), detail: details.join("; ") })
+        Err(BlockError::Unreadable {
+            location: location(&first),
+            detail: details.join("; "),
+        })
     }
 
     /// Reads every copy on every device (scrub); rewrites the bad ones from a good
@@ -394,9 +492,13 @@ impl BlockStore {
         // (vdev, its bad children or None for the whole copy, offset)
         let mut bad: Vec<(Rc<TopVdev>, Option<Vec<usize>>, u64)> = Vec::new();
         for dva in bp.copies() {
-            let Some(top) = self.vdevs.get(dva.vdev as usize) else { continue };
+            let Some(top) = self.vdevs.get(dva.vdev as usize) else {
+                continue;
+            };
             let length = top.io_bytes(physical as u64);
-            let (copy, bad_children) = top.scrub_read(dva.offset, length, bp.birth_txg, &verify).await;
+            let (copy, bad_children) = top
+                .scrub_read(dva.offset, length, bp.birth_txg, &verify)
+                .await;
             match copy {
                 Some(data) => {
                     if good.is_none() {
@@ -411,14 +513,28 @@ impl BlockStore {
         }
         let Some(good) = good else {
             self.count(|stats| stats.unrecoverable_reads += 1);
-            return Err(BlockError::Unreadable { location: location(&bp.dvas[0]), detail: "no copy verifies".into() });
+            return Err(BlockError::Unreadable {
+                location: location(&bp.dvas[0]),
+                detail: "no copy verifies".into(),
+            });
         };
         let mut found = 0;
         let mut repaired = 0;
         for (top, children, offset) in bad {
-            let count = children.as_ref().map_or(1, |children| children.len() as u64);
+            let count = children
+                .as_ref()
+                .map_or(1, |children| children.len() as u64);
             found += count;
-            if self.repair(top.clone(), children, offset, fit(&top, &good, physical), IoClass::Scrub).await {
+            if self
+                .repair(
+                    top.clone(),
+                    children,
+                    offset,
+                    fit(&top, &good, physical),
+                    IoClass::Scrub,
+                )
+                .await
+            {
                 repaired += count;
             }
         }
@@ -429,8 +545,16 @@ impl BlockStore {
     /// each vdev (children that missed the block's txg), from a copy that
     /// verifies. Returns what it wrote. The caller holds a
     /// read guard over the walk that found `bp`.
-    pub async fn resilver(self: &Rc<Self>, bp: &BlockPointer, targets: &dyn Fn(u32) -> Vec<usize>) -> Result<Rewritten, BlockError> {
-        let wanted: Vec<(Dva, Vec<usize>)> = bp.copies().map(|dva| (*dva, targets(dva.vdev))).filter(|(_, children)| !children.is_empty()).collect();
+    pub async fn resilver(
+        self: &Rc<Self>,
+        bp: &BlockPointer,
+        targets: &dyn Fn(u32) -> Vec<usize>,
+    ) -> Result<Rewritten, BlockError> {
+        let wanted: Vec<(Dva, Vec<usize>)> = bp
+            .copies()
+            .map(|dva| (*dva, targets(dva.vdev)))
+            .filter(|(_, children)| !children.is_empty())
+            .collect();
         if wanted.is_empty() {
             return Ok(Rewritten::default());
         }
@@ -441,8 +565,14 @@ impl BlockStore {
             let fitted = fit(&top, &data, bp.physical_size as usize);
             let bytes = top.children_share_bytes(&children, dva.offset, fitted.len() as u64);
             let count = children.len() as u64;
-            if !self.repair(top, Some(children), dva.offset, fitted, IoClass::Rebuild).await {
-                return Err(BlockError::WriteFailed { location: location(&dva), detail: "resilver write failed".into() });
+            if !self
+                .repair(top, Some(children), dva.offset, fitted, IoClass::Rebuild)
+                .await
+            {
+                return Err(BlockError::WriteFailed {
+                    location: location(&dva),
+                    detail: "resilver write failed".into(),
+                });
             }
             rewritten.copies += count;
             rewritten.bytes += bytes;
@@ -450,27 +580,56 @@ impl BlockStore {
         Ok(rewritten)
     }
 
-    fn spawn_repair(self: &Rc<Self>, top: Rc<TopVdev>, children: Option<Vec<usize>>, offset: u64, data: BufSlice) {
+    fn spawn_repair(
+        self: &Rc<Self>,
+        top: Rc<TopVdev>,
+        children: Option<Vec<usize>>,
+        offset: u64,
+        data: BufSlice,
+    ) {
         let store = self.clone();
         // Count it now, before the task runs, so no deferred free is released
         // while the repair is queued.
-        store.repairs_in_flight.set(store.repairs_in_flight.get() + 1);
+        store
+            .repairs_in_flight
+            .set(store.repairs_in_flight.get() + 1);
         crate::rt::spawn(async move {
-            store.repair_counted(top, children, offset, data, IoClass::AsyncWrite).await;
+            store
+                .repair_counted(top, children, offset, data, IoClass::AsyncWrite)
+                .await;
         });
     }
 
     /// Rewrites a bad copy: some children of a top-level vdev, or (None) all of
     /// them. While any repair is in flight, deferred frees are not released, so the
     /// space being repaired cannot be handed to another block meanwhile.
-    async fn repair(&self, top: Rc<TopVdev>, children: Option<Vec<usize>>, offset: u64, data: BufSlice, class: IoClass) -> bool {
+    async fn repair(
+        &self,
+        top: Rc<TopVdev>,
+        children: Option<Vec<usize>>,
+        offset: u64,
+        data: BufSlice,
+        class: IoClass,
+    ) -> bool {
         self.repairs_in_flight.set(self.repairs_in_flight.get() + 1);
-        self.repair_counted(top, children, offset, data, class).await
+        self.repair_counted(top, children, offset, data, class)
+            .await
     }
 
-    async fn repair_counted(&self, top: Rc<TopVdev>, children: Option<Vec<usize>>, offset: u64, data: BufSlice, class: IoClass) -> bool {
+    async fn repair_counted(
+        &self,
+        top: Rc<TopVdev>,
+        children: Option<Vec<usize>>,
+        offset: u64,
+        data: BufSlice,
+        class: IoClass,
+    ) -> bool {
         self.count(|stats| stats.repair_writes += 1);
-        let children: Vec<usize> = children.unwrap_or_else(|| (0..top.children.len()).filter(|index| top.children[*index].is_online()).collect());
+        let children: Vec<usize> = children.unwrap_or_else(|| {
+            (0..top.children.len())
+                .filter(|index| top.children[*index].is_online())
+                .collect()
+        });
         let all_ok = top.repair(&children, offset, data, class).await.is_ok();
         self.repairs_in_flight.set(self.repairs_in_flight.get() - 1);
         if self.repairs_in_flight.get() == 0 {
@@ -489,9 +648,16 @@ impl BlockStore {
     /// Flushes every device of every top-level vdev.
     pub async fn flush_all(&self) -> Result<(), BlockError> {
         let flushes = self.vdevs.iter().map(|top| top.flush());
-        for (result, top) in futures_util::future::join_all(flushes).await.into_iter().zip(self.vdevs.iter()) {
+        for (result, top) in futures_util::future::join_all(flushes)
+            .await
+            .into_iter()
+            .zip(self.vdevs.iter())
+        {
             if let Err(error) = result {
-                return Err(BlockError::WriteFailed { location: format!("vdev {}", top.id), detail: format!("flush: {error}") });
+                return Err(BlockError::WriteFailed {
+                    location: format!("vdev {}", top.id),
+                    detail: format!("flush: {error}"),
+                });
             }
         }
         Ok(())

@@ -24,17 +24,31 @@ pub struct CompressionSetting {
 }
 
 impl CompressionSetting {
-    pub const OFF: CompressionSetting = CompressionSetting { algo: Compression::Off, level: 0 };
+    pub const OFF: CompressionSetting = CompressionSetting {
+        algo: Compression::Off,
+        level: 0,
+    };
 
     /// Parses a property value: off, on (= lz4), lz4, zstd, zstd-1 .. zstd-19.
     pub fn parse(text: &str) -> Option<CompressionSetting> {
         match text {
             "off" => Some(CompressionSetting::OFF),
-            "on" | "lz4" => Some(CompressionSetting { algo: Compression::Lz4, level: 0 }),
-            "zstd" => Some(CompressionSetting { algo: Compression::Zstd, level: ZSTD_LEVEL_DEFAULT }),
+            "on" | "lz4" => Some(CompressionSetting {
+                algo: Compression::Lz4,
+                level: 0,
+            }),
+            "zstd" => Some(CompressionSetting {
+                algo: Compression::Zstd,
+                level: ZSTD_LEVEL_DEFAULT,
+            }),
             _ => {
                 let level: i32 = text.strip_prefix("zstd-")?.parse().ok()?;
-                (1..=ZSTD_LEVEL_MAX).contains(&level).then_some(CompressionSetting { algo: Compression::Zstd, level })
+                (1..=ZSTD_LEVEL_MAX)
+                    .contains(&level)
+                    .then_some(CompressionSetting {
+                        algo: Compression::Zstd,
+                        level,
+                    })
             }
         }
     }
@@ -43,7 +57,11 @@ impl CompressionSetting {
 /// Compresses `data` (a whole block). Returns the compressed bytes in a buffer
 /// rounded up to `sector_bytes` (zero-filled tail) and the exact compressed
 /// length, or None when the block is not worth storing compressed.
-pub fn compress(setting: CompressionSetting, data: &[u8], sector_bytes: usize) -> Option<(AlignedBuf, usize)> {
+pub fn compress(
+    setting: CompressionSetting,
+    data: &[u8],
+    sector_bytes: usize,
+) -> Option<(AlignedBuf, usize)> {
     let logical = data.len();
     // At least 1/8 saved, and at least one sector saved once rounded.
     let limit = logical - logical / 8;
@@ -61,7 +79,10 @@ pub fn compress(setting: CompressionSetting, data: &[u8], sector_bytes: usize) -
         Compression::Zstd => {
             // zstd stops with an error once the output passes the limit.
             out = AlignedBuf::zeroed(limit.div_ceil(sector_bytes) * sector_bytes);
-            length = zstd::bulk::Compressor::new(setting.level).ok()?.compress_to_buffer(data, &mut out[..limit]).ok()?;
+            length = zstd::bulk::Compressor::new(setting.level)
+                .ok()?
+                .compress_to_buffer(data, &mut out[..limit])
+                .ok()?;
         }
     }
     let rounded = length.div_ceil(sector_bytes) * sector_bytes;
@@ -73,30 +94,57 @@ pub fn compress(setting: CompressionSetting, data: &[u8], sector_bytes: usize) -
 }
 
 /// Decompresses a block's physical bytes into its `logical` size.
-pub fn decompress(algo: Compression, physical: &[u8], logical: usize) -> Result<AlignedBuf, String> {
+pub fn decompress(
+    algo: Compression,
+    physical: &[u8],
+    logical: usize,
+) -> Result<AlignedBuf, String> {
     let mut out = AlignedBuf::zeroed(logical);
     let written = match algo {
         Compression::Off => return Err("block is not compressed".into()),
-        Compression::Lz4 => lz4_flex::block::decompress_into(physical, &mut out).map_err(|error| format!("lz4: {error}"))?,
-        Compression::Zstd => zstd::bulk::Decompressor::new().and_then(|mut decompressor| decompressor.decompress_to_buffer(physical, &mut out[..])).map_err(|error| format!("zstd: {error}"))?,
+        Compression::Lz4 => lz4_flex::block::decompress_into(physical, &mut out)
+            .map_err(|error| format!("lz4: {error}"))?,
+        Compression::Zstd => zstd::bulk::Decompressor::new()
+            .and_then(|mut decompressor| decompressor.decompress_to_buffer(physical, &mut out[..]))
+            .map_err(|error| format!("zstd: {error}"))?,
     };
     if written != logical {
-        return Err(format!("decompressed to {written} bytes, expected {logical}"));
+        return Err(format!(
+            "decompressed to {written} bytes, expected {logical}"
+        ));
     }
     Ok(out)
 }
 
 /// [`compress`] on a worker thread.
-pub async fn compress_offloaded(setting: CompressionSetting, data: &[u8], sector_bytes: usize) -> Option<(AlignedBuf, usize)> {
+pub async fn compress_offloaded(
+    setting: CompressionSetting,
+    data: &[u8],
+    sector_bytes: usize,
+) -> Option<(AlignedBuf, usize)> {
     // SAFETY: `data` is borrowed for the whole await, and the future is awaited
     // here (never leaked); dropping it waits for the worker.
-    unsafe { offload::run_borrowing(data, move |bytes| compress(setting, bytes.bytes(), sector_bytes)) }.await
+    unsafe {
+        offload::run_borrowing(data, move |bytes| {
+            compress(setting, bytes.bytes(), sector_bytes)
+        })
+    }
+    .await
 }
 
 /// [`decompress`] on a worker thread.
-pub async fn decompress_offloaded(algo: Compression, physical: &[u8], logical: usize) -> Result<AlignedBuf, String> {
+pub async fn decompress_offloaded(
+    algo: Compression,
+    physical: &[u8],
+    logical: usize,
+) -> Result<AlignedBuf, String> {
     // SAFETY: as in compress_offloaded.
-    unsafe { offload::run_borrowing(physical, move |bytes| decompress(algo, bytes.bytes(), logical)) }.await
+    unsafe {
+        offload::run_borrowing(physical, move |bytes| {
+            decompress(algo, bytes.bytes(), logical)
+        })
+    }
+    .await
 }
 
 #[cfg(test)]
@@ -129,9 +177,18 @@ mod tests {
 
     #[test]
     fn parses_settings() {
-        assert_eq!(CompressionSetting::parse("off"), Some(CompressionSetting::OFF));
-        assert_eq!(CompressionSetting::parse("on").unwrap().algo, Compression::Lz4);
-        assert_eq!(CompressionSetting::parse("zstd").unwrap().level, ZSTD_LEVEL_DEFAULT);
+        assert_eq!(
+            CompressionSetting::parse("off"),
+            Some(CompressionSetting::OFF)
+        );
+        assert_eq!(
+            CompressionSetting::parse("on").unwrap().algo,
+            Compression::Lz4
+        );
+        assert_eq!(
+            CompressionSetting::parse("zstd").unwrap().level,
+            ZSTD_LEVEL_DEFAULT
+        );
         assert_eq!(CompressionSetting::parse("zstd-19").unwrap().level, 19);
         assert!(CompressionSetting::parse("zstd-0").is_none());
         assert!(CompressionSetting::parse("zstd-20").is_none());
@@ -140,7 +197,11 @@ mod tests {
 
     #[test]
     fn compressible_blocks_round_trip() {
-        for setting in [CompressionSetting::parse("lz4").unwrap(), CompressionSetting::parse("zstd").unwrap(), CompressionSetting::parse("zstd-19").unwrap()] {
+        for setting in [
+            CompressionSetting::parse("lz4").unwrap(),
+            CompressionSetting::parse("zstd").unwrap(),
+            CompressionSetting::parse("zstd-19").unwrap(),
+        ] {
             // A 4 KiB block on 4 KiB sectors can never save a sector.
             assert!(compress(setting, &text_block(4096), 4096).is_none());
             for (length, sector) in [(4096, 512), (16384, 4096), (131072, 4096)] {
@@ -156,7 +217,10 @@ mod tests {
 
     #[test]
     fn incompressible_blocks_stay_uncompressed() {
-        for setting in [CompressionSetting::parse("lz4").unwrap(), CompressionSetting::parse("zstd").unwrap()] {
+        for setting in [
+            CompressionSetting::parse("lz4").unwrap(),
+            CompressionSetting::parse("zstd").unwrap(),
+        ] {
             assert!(compress(setting, &random_block(16384, 3), 4096).is_none());
             // A saving below one sector after rounding is no saving.
             let mut mostly_random = random_block(8192, 5);

@@ -11,14 +11,14 @@
 //! - [`format`]: every on-disk structure with its encoding and checksum.
 //! - [`rt`]: the single-threaded runtime over io_uring or the simulator.
 
-pub mod format;
-pub mod rt;
 pub mod alloc;
 pub mod block;
 pub mod compress;
+pub mod control;
 pub mod dev;
+pub mod format;
+pub mod nbd;
 pub mod object;
 pub mod pool;
+pub mod rt;
 pub mod vdev;
-pub mod nbd;
-pub mod control;

@@ -300,37 +300,181 @@ fn main() -> ExitCode {
     // SAFETY: setting a signal's disposition before any thread starts.
     unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
     let cli = Cli::parse();
-    let context = cli::Context { control: cli.control.clone(), json: cli.json };
+    let context = cli::Context {
+        control: cli.control.clone(),
+        json: cli.json,
+    };
     let result = match cli.command {
-        Command::Create { force, size, pool, devices } => cli::create(&context, &pool, &devices, force, size.as_deref()),
-        Command::Serve { dirs, nbd, pidfile, tunables, nbd_thread, pool } => cli::serve::serve(&context, &pool, &dirs, &nbd, pidfile.as_deref(), &tunables, nbd_thread),
+        Command::Create {
+            force,
+            size,
+            pool,
+            devices,
+        } => cli::create(&context, &pool, &devices, force, size.as_deref()),
+        Command::Serve {
+            dirs,
+            nbd,
+            pidfile,
+            tunables,
+            nbd_thread,
+            pool,
+        } => cli::serve::serve(
+            &context,
+            &pool,
+            &dirs,
+            &nbd,
+            pidfile.as_deref(),
+            &tunables,
+            nbd_thread,
+        ),
         Command::Volume { command } => match command {
-            VolumeCommand::Create { name, size, options, dirs } => cli::volume_create(&context, &name, &size, &options, &dirs),
+            VolumeCommand::Create {
+                name,
+                size,
+                options,
+                dirs,
+            } => cli::volume_create(&context, &name, &size, &options, &dirs),
             VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),
-            VolumeCommand::Destroy { name, recursive, dirs } => cli::volume_destroy(&context, &name, &dirs, recursive),
+            VolumeCommand::Destroy {
+                name,
+                recursive,
+                dirs,
+            } => cli::volume_destroy(&context, &name, &dirs, recursive),
         },
         Command::Status { dirs, pool } => cli::status(&context, &pool, &dirs),
-        Command::List { kind, dirs, pool } => cli::datasets::list(&context, &kind, pool.as_deref(), &dirs),
-        Command::Snapshot { recursive, dirs, names } => cli::datasets::snapshot(&context, &names, recursive, &dirs),
-        Command::Destroy { recursive, dirs, name } => cli::datasets::destroy(&context, &name, recursive, &dirs),
-        Command::Clone { dirs, origin, name } => cli::datasets::clone(&context, &origin, &name, &dirs),
-        Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
-        Command::Rollback { recursive, dirs, name } => cli::datasets::rollback(&context, &name, recursive, &dirs),
-        Command::Get { dirs, properties, name } => cli::replication::get(&context, &properties, &name, &dirs),
-        Command::Set { dirs, assignments, name } => cli::replication::set(&context, &assignments, &name, &dirs),
-        Command::Inherit { dirs, property, name } => cli::replication::inherit(&context, &property, &name, &dirs),
-        Command::Send { from, token, dirs, snapshot } => cli::replication::send(&context, snapshot.as_deref(), from.as_deref(), token.as_deref(), &dirs),
-        Command::Receive { force, save_partial, abort, dirs, target } => cli::replication::receive(&context, &target, force, save_partial, abort, &dirs),
-        Command::Scrub { wait, stop, dirs, pool } => cli::scrub(&context, &pool, &dirs, wait, stop),
-        Command::Iostat { queues, latency, sizes, dirs, pool, interval, count } => {
-            cli::iostat::run(&context, &pool, &dirs, cli::iostat::Options { queues, latency, sizes, interval, count })
+        Command::List { kind, dirs, pool } => {
+            cli::datasets::list(&context, &kind, pool.as_deref(), &dirs)
         }
+        Command::Snapshot {
+            recursive,
+            dirs,
+            names,
+        } => cli::datasets::snapshot(&context, &names, recursive, &dirs),
+        Command::Destroy {
+            recursive,
+            dirs,
+            name,
+        } => cli::datasets::destroy(&context, &name, recursive, &dirs),
+        Command::Clone { dirs, origin, name } => {
+            cli::datasets::clone(&context, &origin, &name, &dirs)
+        }
+        Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
+        Command::Rollback {
+            recursive,
+            dirs,
+            name,
+        } => cli::datasets::rollback(&context, &name, recursive, &dirs),
+        Command::Get {
+            dirs,
+            properties,
+            name,
+        } => cli::replication::get(&context, &properties, &name, &dirs),
+        Command::Set {
+            dirs,
+            assignments,
+            name,
+        } => cli::replication::set(&context, &assignments, &name, &dirs),
+        Command::Inherit {
+            dirs,
+            property,
+            name,
+        } => cli::replication::inherit(&context, &property, &name, &dirs),
+        Command::Send {
+            from,
+            token,
+            dirs,
+            snapshot,
+        } => cli::replication::send(
+            &context,
+            snapshot.as_deref(),
+            from.as_deref(),
+            token.as_deref(),
+            &dirs,
+        ),
+        Command::Receive {
+            force,
+            save_partial,
+            abort,
+            dirs,
+            target,
+        } => cli::replication::receive(&context, &target, force, save_partial, abort, &dirs),
+        Command::Scrub {
+            wait,
+            stop,
+            dirs,
+            pool,
+        } => cli::scrub(&context, &pool, &dirs, wait, stop),
+        Command::Iostat {
+            queues,
+            latency,
+            sizes,
+            dirs,
+            pool,
+            interval,
+            count,
+        } => cli::iostat::run(
+            &context,
+            &pool,
+            &dirs,
+            cli::iostat::Options {
+                queues,
+                latency,
+                sizes,
+                interval,
+                count,
+            },
+        ),
         Command::Check { dirs, pool } => cli::check(&context, &pool, &dirs),
-        Command::Clear { dirs, pool } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Clear, false),
-        Command::Offline { dirs, pool, device } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Offline { device }, false),
-        Command::Online { wait, dirs, pool, device } => cli::device_command(&context, &pool, &dirs, ironpool::control::commands::Command::Online { device }, wait),
-        Command::Replace { force, wait, size, dirs, pool, old, new } => cli::replace(&context, &pool, &dirs, &old, &new, force, wait, size.as_deref()),
-        Command::Tune { dirs, pool, name, value } => cli::tune(&context, &pool, &dirs, name, value),
+        Command::Clear { dirs, pool } => cli::device_command(
+            &context,
+            &pool,
+            &dirs,
+            ironpool::control::commands::Command::Clear,
+            false,
+        ),
+        Command::Offline { dirs, pool, device } => cli::device_command(
+            &context,
+            &pool,
+            &dirs,
+            ironpool::control::commands::Command::Offline { device },
+            false,
+        ),
+        Command::Online {
+            wait,
+            dirs,
+            pool,
+            device,
+        } => cli::device_command(
+            &context,
+            &pool,
+            &dirs,
+            ironpool::control::commands::Command::Online { device },
+            wait,
+        ),
+        Command::Replace {
+            force,
+            wait,
+            size,
+            dirs,
+            pool,
+            old,
+            new,
+        } => cli::replace(
+            &context,
+            &pool,
+            &dirs,
+            &old,
+            &new,
+            force,
+            wait,
+            size.as_deref(),
+        ),
+        Command::Tune {
+            dirs,
+            pool,
+            name,
+            value,
+        } => cli::tune(&context, &pool, &dirs, name, value),
         Command::Bench(args) => match std::env::current_exe() {
             Ok(exe) => ironpool_bench::run(args, &exe).map_err(|error| format!("{error:#}")),
             Err(error) => Err(format!("cannot find the ironpool executable: {error}")),

@@ -11,7 +11,10 @@ fn create_refuses_devices_of_another_pool_unless_forced() {
     let device = first.path("a.img").display().to_string();
     let second = TestPool::new("beta");
     let error = second.fails(&["create", "beta", &device]);
-    assert!(error.contains("belongs to pool 'alpha'") && error.contains("-f"), "{error}");
+    assert!(
+        error.contains("belongs to pool 'alpha'") && error.contains("-f"),
+        "{error}"
+    );
     second.ok(&["create", "-f", "beta", &device]);
     let status = second.ok(&["status", "beta", "-d", &dir(&first)]);
     assert!(status.contains("ONLINE"), "{status}");
@@ -28,13 +31,25 @@ fn create_rejects_bad_device_lists() {
     let missing = pool.path("missing.img").display().to_string();
     let error = pool.fails(&["create", "tank", &missing]);
     assert!(error.contains("missing.img"), "{error}");
-    pool.ok(&["create", "--size", "128M", "tank", &pool.path("x.img").display().to_string()]);
+    pool.ok(&[
+        "create",
+        "--size",
+        "128M",
+        "tank",
+        &pool.path("x.img").display().to_string(),
+    ]);
     let twice = pool.path("y.img").display().to_string();
-    std::fs::File::create(&twice).unwrap().set_len(128 << 20).unwrap();
+    std::fs::File::create(&twice)
+        .unwrap()
+        .set_len(128 << 20)
+        .unwrap();
     let error = pool.fails(&["create", "other", "mirror", &twice, &twice]);
     assert!(error.contains("listed twice"), "{error}");
     let small = pool.path("small.img").display().to_string();
-    std::fs::File::create(&small).unwrap().set_len(8 << 20).unwrap();
+    std::fs::File::create(&small)
+        .unwrap()
+        .set_len(8 << 20)
+        .unwrap();
     let error = pool.fails(&["create", "other", &small]);
     assert!(error.contains("at least"), "{error}");
     let error = pool.fails(&["create", "other", "mirror", &small]);
@@ -42,7 +57,10 @@ fn create_rejects_bad_device_lists() {
     let error = pool.fails(&["create", "bad/name", &small]);
     assert!(error.contains("invalid name"), "{error}");
     let error = pool.fails(&["create", "other", "raidz2", &small]);
-    assert!(error.contains("a raidz2 takes 3 to 255 devices, got 1"), "{error}");
+    assert!(
+        error.contains("a raidz2 takes 3 to 255 devices, got 1"),
+        "{error}"
+    );
     let error = pool.fails(&["create", "other", "raidz4", &small, &twice]);
     assert!(error.contains("1 to 3 parity"), "{error}");
     let error = pool.fails(&["create", "other", "draid", &small]);
@@ -58,7 +76,10 @@ fn import_reports_missing_truncated_and_damaged_devices() {
     std::fs::create_dir(stripe.path("elsewhere")).unwrap();
     std::fs::rename(stripe.path("b.moved"), stripe.path("elsewhere/b.img")).unwrap();
     let error = stripe.fails(&["status", "stripe", "-d", &dir(&stripe)]);
-    assert!(error.contains("missing") && error.contains("b.img"), "{error}");
+    assert!(
+        error.contains("missing") && error.contains("b.img"),
+        "{error}"
+    );
     // Found again with both directories.
     let elsewhere = stripe.path("elsewhere").display().to_string();
     stripe.ok(&["status", "stripe", "-d", &dir(&stripe), "-d", &elsewhere]);
@@ -68,20 +89,49 @@ fn import_reports_missing_truncated_and_damaged_devices() {
     mirror.create("128M", &["mirror", "a.img", "b.img"]);
     mirror.create_volume("vol", "32M");
     mirror.serve();
-    tool("qemu-io", &["-f", "raw", &mirror.uri("vol"), "-c", "write -P 0x11 0 4M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &mirror.uri("vol"),
+            "-c",
+            "write -P 0x11 0 4M",
+            "-c",
+            "flush",
+        ],
+    );
     mirror.stop();
     std::fs::remove_file(mirror.path("b.img")).unwrap();
     mirror.serve();
     let status = mirror.status_json();
     assert_eq!(status["health"], "DEGRADED", "{status}");
     assert_eq!(status["vdevs"][0]["children"][1]["state"], "MISSING");
-    tool("qemu-io", &["-f", "raw", &mirror.uri("vol"), "-c", "read -P 0x11 0 4M", "-c", "write -P 0x22 8M 1M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &mirror.uri("vol"),
+            "-c",
+            "read -P 0x11 0 4M",
+            "-c",
+            "write -P 0x22 8M 1M",
+            "-c",
+            "flush",
+        ],
+    );
     mirror.stop();
 
     // A truncated device is refused with a clear message.
     let single = TestPool::new("single");
     single.create("128M", &["a.img"]);
-    std::fs::OpenOptions::new().write(true).open(single.path("a.img")).unwrap().set_len(64 << 20).unwrap();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(single.path("a.img"))
+        .unwrap()
+        .set_len(64 << 20)
+        .unwrap();
     let error = single.fails(&["status", "single", "-d", &dir(&single)]);
     assert!(error.contains("truncated"), "{error}");
 }
@@ -111,11 +161,44 @@ fn volume_commands_validate_their_arguments() {
     pool.create("256M", &["a.img"]);
     let d = dir(&pool);
     let cases: [(&[&str], &str); 6] = [
-        (&["volume", "create", "tank/bad name", "16M", "-d", &d], "invalid name"),
-        (&["volume", "create", "tank/v", "16M", "-o", "volblocksize=3000", "-d", &d], "volblocksize"),
-        (&["volume", "create", "tank/v", "1000000", "-d", &d], "multiple"),
-        (&["volume", "create", "tank/v", "16M", "-o", "colour=red", "-d", &d], "unknown property"),
-        (&["volume", "create", "novolume", "16M", "-d", &d], "POOL/NAME"),
+        (
+            &["volume", "create", "tank/bad name", "16M", "-d", &d],
+            "invalid name",
+        ),
+        (
+            &[
+                "volume",
+                "create",
+                "tank/v",
+                "16M",
+                "-o",
+                "volblocksize=3000",
+                "-d",
+                &d,
+            ],
+            "volblocksize",
+        ),
+        (
+            &["volume", "create", "tank/v", "1000000", "-d", &d],
+            "multiple",
+        ),
+        (
+            &[
+                "volume",
+                "create",
+                "tank/v",
+                "16M",
+                "-o",
+                "colour=red",
+                "-d",
+                &d,
+            ],
+            "unknown property",
+        ),
+        (
+            &["volume", "create", "novolume", "16M", "-d", &d],
+            "POOL/NAME",
+        ),
         (&["volume", "destroy", "tank/none", "-d", &d], "no volume"),
     ];
     for (args, expected) in cases {
@@ -135,7 +218,10 @@ fn volume_commands_validate_their_arguments() {
     pool.admin(&["volume", "destroy", "tank/v"]);
     pool.stop();
     let list = pool.ok(&["volume", "list", "tank", "-d", &d]);
-    assert!(list.contains("tank/w") && !list.contains("tank/v "), "{list}");
+    assert!(
+        list.contains("tank/w") && !list.contains("tank/v "),
+        "{list}"
+    );
     pool.ok(&["check", "tank", "-d", &d]);
     let error = pool.fails(&["status", "nosuchpool", "-d", &d]);
     assert!(error.contains("no pool named"), "{error}");
@@ -148,17 +234,52 @@ fn a_full_pool_says_enospc_and_loses_nothing() {
     pool.create_volume("vol", "512M");
     pool.serve();
     let uri = pool.uri("vol");
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x61 0 16M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0x61 0 16M",
+            "-c",
+            "flush",
+        ],
+    );
     // Far more than fits: the write fails with ENOSPC.
-    let output = tool_fails("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x62 64M 256M"]);
+    let output = tool_fails(
+        "qemu-io",
+        &["-f", "raw", &uri, "-c", "write -P 0x62 64M 256M"],
+    );
     assert!(output.contains("No space left on device"), "{output}");
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x61 0 16M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", &uri, "-c", "read -P 0x61 0 16M", "-c", "flush"],
+    );
     let status = pool.status_json();
     assert_eq!(status["health"], "ONLINE");
     // Discarding gives the space back: the frees wait for their txgs, which the
     // next allocation that needs them pushes through.
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "discard 64M 256M", "-c", "flush"]);
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x63 64M 32M", "-c", "flush", "-c", "read -P 0x63 64M 32M", "-c", "read -P 0x61 0 16M"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", &uri, "-c", "discard 64M 256M", "-c", "flush"],
+    );
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0x63 64M 32M",
+            "-c",
+            "flush",
+            "-c",
+            "read -P 0x63 64M 32M",
+            "-c",
+            "read -P 0x61 0 16M",
+        ],
+    );
     pool.stop();
     pool.ok(&["check", "tank", "-d", &dir(&pool)]);
 }

@@ -21,12 +21,22 @@ const BLOCK: u64 = 16384;
 fn layout(devices: &[Rc<SimDevice>]) -> Vec<NewTopVdev> {
     vec![NewTopVdev {
         kind: TopVdevKind::Mirror,
-        devices: devices.iter().enumerate().map(|(index, device)| NewDevice { path: format!("sim:d{index}"), device: device.clone() as Rc<dyn Device> }).collect(),
+        devices: devices
+            .iter()
+            .enumerate()
+            .map(|(index, device)| NewDevice {
+                path: format!("sim:d{index}"),
+                device: device.clone() as Rc<dyn Device>,
+            })
+            .collect(),
     }]
 }
 
 fn tunables() -> PoolTunables {
-    PoolTunables { txg_timeout: Duration::from_millis(50), ..PoolTunables::default() }
+    PoolTunables {
+        txg_timeout: Duration::from_millis(50),
+        ..PoolTunables::default()
+    }
 }
 
 fn filled(length: usize, value: u8) -> BufSlice {
@@ -36,7 +46,11 @@ fn filled(length: usize, value: u8) -> BufSlice {
 }
 
 async fn read_all(pool: &Rc<Pool>, name: &str) -> Vec<u8> {
-    let volume = if name.contains('@') { pool.snapshot_volume(name).await.unwrap() } else { pool.volume(name).unwrap() };
+    let volume = if name.contains('@') {
+        pool.snapshot_volume(name).await.unwrap()
+    } else {
+        pool.volume(name).unwrap()
+    };
     ReadPiece::concat(pool.read(&volume, 0, VOLUME_BYTES).await.unwrap())
 }
 
@@ -47,37 +61,81 @@ async fn checked(pool: &Rc<Pool>) {
 
 #[test]
 fn snapshots_clones_rollback_and_promote_keep_every_view_and_the_space_exact() {
-    let devices: Vec<Rc<SimDevice>> = (0..2).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, 40 + index)).collect();
+    let devices: Vec<Rc<SimDevice>> = (0..2)
+        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, 40 + index))
+        .collect();
     let runtime = Runtime::new_sim(40);
     runtime.block_on(async {
-        let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables()).await.unwrap();
-        let volume = pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new()).await.unwrap();
-        pool.write(&volume, 0, filled(4 << 20, 0xaa), false).await.unwrap();
+        let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables())
+            .await
+            .unwrap();
+        let volume = pool
+            .create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        pool.write(&volume, 0, filled(4 << 20, 0xaa), false)
+            .await
+            .unwrap();
         pool.snapshot(&["tank/vol@one".to_string()]).await.unwrap();
-        pool.write(&volume, 1 << 20, filled(1 << 20, 0xbb), false).await.unwrap();
+        pool.write(&volume, 1 << 20, filled(1 << 20, 0xbb), false)
+            .await
+            .unwrap();
         pool.snapshot(&["tank/vol@two".to_string()]).await.unwrap();
-        pool.write(&volume, 0, filled(512 << 10, 0xcc), false).await.unwrap();
-        pool.zero(&volume, 3 << 20, 1 << 20, false, true).await.unwrap();
+        pool.write(&volume, 0, filled(512 << 10, 0xcc), false)
+            .await
+            .unwrap();
+        pool.zero(&volume, 3 << 20, 1 << 20, false, true)
+            .await
+            .unwrap();
         checked(&pool).await;
         let one = read_all(&pool, "tank/vol@one").await;
         let two = read_all(&pool, "tank/vol@two").await;
         let head = read_all(&pool, "tank/vol").await;
-        assert!(one[..4 << 20].iter().all(|byte| *byte == 0xaa) && one[4 << 20..].iter().all(|byte| *byte == 0));
-        assert!(two[1 << 20..2 << 20].iter().all(|byte| *byte == 0xbb) && two[..1 << 20].iter().all(|byte| *byte == 0xaa));
-        assert!(head[..512 << 10].iter().all(|byte| *byte == 0xcc) && head[3 << 20..4 << 20].iter().all(|byte| *byte == 0));
+        assert!(
+            one[..4 << 20].iter().all(|byte| *byte == 0xaa)
+                && one[4 << 20..].iter().all(|byte| *byte == 0)
+        );
+        assert!(
+            two[1 << 20..2 << 20].iter().all(|byte| *byte == 0xbb)
+                && two[..1 << 20].iter().all(|byte| *byte == 0xaa)
+        );
+        assert!(
+            head[..512 << 10].iter().all(|byte| *byte == 0xcc)
+                && head[3 << 20..4 << 20].iter().all(|byte| *byte == 0)
+        );
         let space = pool.volume_space("tank/vol").await.unwrap();
-        assert_eq!(space.used_bytes, space.used_by_dataset_bytes + space.used_by_snapshots_bytes);
+        assert_eq!(
+            space.used_bytes,
+            space.used_by_dataset_bytes + space.used_by_snapshots_bytes
+        );
         assert!(space.used_by_snapshots_bytes > 0);
         // A clone of @one, written to, then promoted.
-        let clone = pool.clone_snapshot("tank/vol@one", "tank/copy").await.unwrap();
-        pool.write(&clone, 2 << 20, filled(256 << 10, 0xdd), false).await.unwrap();
+        let clone = pool
+            .clone_snapshot("tank/vol@one", "tank/copy")
+            .await
+            .unwrap();
+        pool.write(&clone, 2 << 20, filled(256 << 10, 0xdd), false)
+            .await
+            .unwrap();
         checked(&pool).await;
         let copy = read_all(&pool, "tank/copy").await;
-        assert!(copy[2 << 20..(2 << 20) + (256 << 10)].iter().all(|byte| *byte == 0xdd) && copy[..2 << 20].iter().all(|byte| *byte == 0xaa));
-        assert!(pool.destroy_snapshot("tank/vol@one").await.is_err(), "a snapshot with clones must not go");
+        assert!(
+            copy[2 << 20..(2 << 20) + (256 << 10)]
+                .iter()
+                .all(|byte| *byte == 0xdd)
+                && copy[..2 << 20].iter().all(|byte| *byte == 0xaa)
+        );
+        assert!(
+            pool.destroy_snapshot("tank/vol@one").await.is_err(),
+            "a snapshot with clones must not go"
+        );
         pool.promote("tank/copy").await.unwrap();
         checked(&pool).await;
-        assert_eq!(read_all(&pool, "tank/copy@one").await, one, "the promoted clone owns @one");
+        assert_eq!(
+            read_all(&pool, "tank/copy@one").await,
+            one,
+            "the promoted clone owns @one"
+        );
         assert_eq!(read_all(&pool, "tank/vol@two").await, two);
         assert_eq!(read_all(&pool, "tank/vol").await, head);
         // Rollback of vol to @two.
@@ -96,7 +154,17 @@ fn snapshots_clones_rollback_and_promote_keep_every_view_and_the_space_exact() {
     // Everything above survives an import.
     let runtime = Runtime::new_sim(41);
     runtime.block_on(async {
-        let pool = Pool::import_from_devices("tank", devices.iter().enumerate().map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>)).collect(), tunables()).await.unwrap();
+        let pool = Pool::import_from_devices(
+            "tank",
+            devices
+                .iter()
+                .enumerate()
+                .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+                .collect(),
+            tunables(),
+        )
+        .await
+        .unwrap();
         assert!(pool.volumes.borrow().is_empty());
         checked(&pool).await;
         pool.export().await.unwrap();
@@ -123,14 +191,23 @@ impl Model {
 }
 
 /// The space figures a full walk of every tree gives, for one volume.
-async fn walked_space(pool: &Rc<Pool>, volume: &str) -> (u64, u64, u64, u64, Vec<(String, u64, u64)>) {
-    use std::collections::HashMap;
+async fn walked_space(
+    pool: &Rc<Pool>,
+    volume: &str,
+) -> (u64, u64, u64, u64, Vec<(String, u64, u64)>) {
     use ironpool::format::BlockPointer;
-    async fn tree(pool: &Rc<Pool>, object: &ironpool::object::Object) -> HashMap<(u32, u64), BlockPointer> {
+    use std::collections::HashMap;
+    async fn tree(
+        pool: &Rc<Pool>,
+        object: &ironpool::object::Object,
+    ) -> HashMap<(u32, u64), BlockPointer> {
         let mut pointers = HashMap::new();
-        pool.objects.visit_pointers(object, &mut |_, _, pointer| {
-            pointers.insert((pointer.dvas[0].vdev, pointer.dvas[0].offset), *pointer);
-        }).await.unwrap();
+        pool.objects
+            .visit_pointers(object, &mut |_, _, pointer| {
+                pointers.insert((pointer.dvas[0].vdev, pointer.dvas[0].offset), *pointer);
+            })
+            .await
+            .unwrap();
         pointers
     }
     let record = pool.directory.borrow().volumes[volume].clone();
@@ -140,10 +217,19 @@ async fn walked_space(pool: &Rc<Pool>, volume: &str) -> (u64, u64, u64, u64, Vec
     let mut snapshot_trees = Vec::new();
     for snapshot in &record.snapshots {
         let object = pool.objects.open(snapshot.object).await.unwrap();
-        snapshot_trees.push((snapshot.name.clone(), snapshot.txg, tree(pool, &object).await, object.dnode().used_bytes));
+        snapshot_trees.push((
+            snapshot.name.clone(),
+            snapshot.txg,
+            tree(pool, &object).await,
+            object.dnode().used_bytes,
+        ));
     }
     let referenced: u64 = head_tree.values().map(BlockPointer::allocated_bytes).sum();
-    let by_dataset: u64 = head_tree.values().filter(|pointer| pointer.birth_txg > origin_txg).map(BlockPointer::allocated_bytes).sum();
+    let by_dataset: u64 = head_tree
+        .values()
+        .filter(|pointer| pointer.birth_txg > origin_txg)
+        .map(BlockPointer::allocated_bytes)
+        .sum();
     let mut only_snapshots: HashMap<(u32, u64), BlockPointer> = HashMap::new();
     for (_, _, snapshot_tree, _) in &snapshot_trees {
         for (key, pointer) in snapshot_tree {
@@ -152,14 +238,36 @@ async fn walked_space(pool: &Rc<Pool>, volume: &str) -> (u64, u64, u64, u64, Vec
             }
         }
     }
-    let by_snapshots: u64 = only_snapshots.values().map(BlockPointer::allocated_bytes).sum();
-    let latest = record.snapshots.last().map(|snapshot| snapshot.txg).unwrap_or(origin_txg);
-    let written: u64 = head_tree.values().filter(|pointer| pointer.birth_txg > latest).map(BlockPointer::allocated_bytes).sum();
+    let by_snapshots: u64 = only_snapshots
+        .values()
+        .map(BlockPointer::allocated_bytes)
+        .sum();
+    let latest = record
+        .snapshots
+        .last()
+        .map(|snapshot| snapshot.txg)
+        .unwrap_or(origin_txg);
+    let written: u64 = head_tree
+        .values()
+        .filter(|pointer| pointer.birth_txg > latest)
+        .map(BlockPointer::allocated_bytes)
+        .sum();
     let mut per_snapshot = Vec::new();
     for (index, (name, _, snapshot_tree, referenced)) in snapshot_trees.iter().enumerate() {
-        let previous = if index == 0 { origin_txg } else { snapshot_trees[index - 1].1 };
-        let next = snapshot_trees.get(index + 1).map(|next| &next.2).unwrap_or(&head_tree);
-        let unique: u64 = snapshot_tree.iter().filter(|(key, pointer)| pointer.birth_txg > previous && !next.contains_key(*key)).map(|(_, pointer)| pointer.allocated_bytes()).sum();
+        let previous = if index == 0 {
+            origin_txg
+        } else {
+            snapshot_trees[index - 1].1
+        };
+        let next = snapshot_trees
+            .get(index + 1)
+            .map(|next| &next.2)
+            .unwrap_or(&head_tree);
+        let unique: u64 = snapshot_tree
+            .iter()
+            .filter(|(key, pointer)| pointer.birth_txg > previous && !next.contains_key(*key))
+            .map(|(_, pointer)| pointer.allocated_bytes())
+            .sum();
         per_snapshot.push((name.clone(), unique, *referenced));
     }
     (referenced, by_dataset, by_snapshots, written, per_snapshot)
@@ -168,29 +276,66 @@ async fn walked_space(pool: &Rc<Pool>, volume: &str) -> (u64, u64, u64, u64, Vec
 async fn verify(pool: &Rc<Pool>, model: &Model, rng: &mut Rng, step: usize, seed: u64) {
     for (volume, content) in &model.volumes {
         let name = format!("tank/{volume}");
-        assert_eq!(&read_all(pool, &name).await, content, "seed {seed} step {step}: {name} content");
+        assert_eq!(
+            &read_all(pool, &name).await,
+            content,
+            "seed {seed} step {step}: {name} content"
+        );
         for (snapshot, snapshot_content) in &model.snapshots[volume] {
             if rng.chance(1, 3) {
-                assert_eq!(&read_all(pool, &format!("{name}@{snapshot}")).await, snapshot_content, "seed {seed} step {step}: {name}@{snapshot} content");
+                assert_eq!(
+                    &read_all(pool, &format!("{name}@{snapshot}")).await,
+                    snapshot_content,
+                    "seed {seed} step {step}: {name}@{snapshot} content"
+                );
             }
         }
-        let (referenced, by_dataset, by_snapshots, written, per_snapshot) = walked_space(pool, volume).await;
+        let (referenced, by_dataset, by_snapshots, written, per_snapshot) =
+            walked_space(pool, volume).await;
         let space = pool.volume_space(&name).await.unwrap();
-        assert_eq!(space.referenced_bytes, referenced, "seed {seed} step {step}: {name} referenced");
-        assert_eq!(space.used_by_dataset_bytes, by_dataset, "seed {seed} step {step}: {name} usedbydataset");
-        assert_eq!(space.used_by_snapshots_bytes, by_snapshots, "seed {seed} step {step}: {name} usedbysnapshots");
-        assert_eq!(space.used_bytes, by_dataset + by_snapshots, "seed {seed} step {step}: {name} used");
-        assert_eq!(space.written_bytes, written, "seed {seed} step {step}: {name} written");
+        assert_eq!(
+            space.referenced_bytes, referenced,
+            "seed {seed} step {step}: {name} referenced"
+        );
+        assert_eq!(
+            space.used_by_dataset_bytes, by_dataset,
+            "seed {seed} step {step}: {name} usedbydataset"
+        );
+        assert_eq!(
+            space.used_by_snapshots_bytes, by_snapshots,
+            "seed {seed} step {step}: {name} usedbysnapshots"
+        );
+        assert_eq!(
+            space.used_bytes,
+            by_dataset + by_snapshots,
+            "seed {seed} step {step}: {name} used"
+        );
+        assert_eq!(
+            space.written_bytes, written,
+            "seed {seed} step {step}: {name} written"
+        );
         let listed = pool.snapshots(&name).await.unwrap();
         assert_eq!(listed.len(), per_snapshot.len());
         for (info, (snapshot, unique, snapshot_referenced)) in listed.iter().zip(per_snapshot) {
             assert_eq!(info.name, format!("{name}@{snapshot}"));
-            assert_eq!(info.used_bytes, unique, "seed {seed} step {step}: {} used", info.name);
-            assert_eq!(info.referenced_bytes, snapshot_referenced, "seed {seed} step {step}: {} referenced", info.name);
+            assert_eq!(
+                info.used_bytes, unique,
+                "seed {seed} step {step}: {} used",
+                info.name
+            );
+            assert_eq!(
+                info.referenced_bytes, snapshot_referenced,
+                "seed {seed} step {step}: {} referenced",
+                info.name
+            );
         }
     }
     let report = pool.check_space().await.unwrap();
-    assert!(report.problems.is_empty(), "seed {seed} step {step}: {:#?}", report.problems);
+    assert!(
+        report.problems.is_empty(),
+        "seed {seed} step {step}: {:#?}",
+        report.problems
+    );
 }
 
 fn random_volume(model: &Model, rng: &mut Rng) -> Option<String> {
@@ -200,24 +345,51 @@ fn random_volume(model: &Model, rng: &mut Rng) -> Option<String> {
 
 async fn model_run(seed: u64, steps: usize) {
     let mut rng = Rng::new(seed);
-    let devices: Vec<Rc<SimDevice>> = (0..2).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 10 + index)).collect();
-    let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables()).await.unwrap();
+    let devices: Vec<Rc<SimDevice>> = (0..2)
+        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 10 + index))
+        .collect();
+    let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables())
+        .await
+        .unwrap();
     let mut model = Model::default();
     // Odd seeds compress (the pool's setting, inherited by every volume and
     // clone): accounting must hold with compressed blocks too.
     if seed % 2 == 1 {
-        let setting = BTreeMap::from([("compression".to_string(), if seed % 4 == 1 { "lz4" } else { "zstd" }.to_string())]);
+        let setting = BTreeMap::from([(
+            "compression".to_string(),
+            if seed % 4 == 1 { "lz4" } else { "zstd" }.to_string(),
+        )]);
         pool.set_properties("tank", &setting).await.unwrap();
     }
-    pool.create_volume("tank/v0", VOLUME_BYTES, BLOCK as u32, BTreeMap::new()).await.unwrap();
-    model.volumes.insert("v0".into(), vec![0u8; VOLUME_BYTES as usize]);
+    pool.create_volume("tank/v0", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+        .await
+        .unwrap();
+    model
+        .volumes
+        .insert("v0".into(), vec![0u8; VOLUME_BYTES as usize]);
     model.snapshots.insert("v0".into(), Vec::new());
     for step in 0..steps {
-        let Some(volume) = random_volume(&model, &mut rng) else { break };
+        let Some(volume) = random_volume(&model, &mut rng) else {
+            break;
+        };
         let name = format!("tank/{volume}");
         let choice = rng.below(100);
         if std::env::var_os("IRONPOOL_MODEL_TRACE").is_some() {
-            eprintln!("seed {seed} step {step}: op {choice} on {volume}; snapshots {:?}; origins {:?}", model.snapshots.iter().map(|(volume, snapshots)| (volume.clone(), snapshots.iter().map(|(name, _)| name.clone()).collect::<Vec<_>>())).collect::<Vec<_>>(), model.origins);
+            eprintln!(
+                "seed {seed} step {step}: op {choice} on {volume}; snapshots {:?}; origins {:?}",
+                model
+                    .snapshots
+                    .iter()
+                    .map(|(volume, snapshots)| (
+                        volume.clone(),
+                        snapshots
+                            .iter()
+                            .map(|(name, _)| name.clone())
+                            .collect::<Vec<_>>()
+                    ))
+                    .collect::<Vec<_>>(),
+                model.origins
+            );
         }
         match choice {
             0..=44 => {
@@ -227,19 +399,33 @@ async fn model_run(seed: u64, steps: usize) {
                 let value = rng.below(255) as u8 + 1;
                 let handle = pool.volume(&name).unwrap();
                 if rng.chance(1, 6) {
-                    pool.zero(&handle, offset, length, false, rng.chance(1, 2)).await.unwrap();
-                    model.volumes.get_mut(&volume).unwrap()[offset as usize..(offset + length) as usize].fill(0);
+                    pool.zero(&handle, offset, length, false, rng.chance(1, 2))
+                        .await
+                        .unwrap();
+                    model.volumes.get_mut(&volume).unwrap()
+                        [offset as usize..(offset + length) as usize]
+                        .fill(0);
                 } else {
-                    pool.write(&handle, offset, filled(length as usize, value), false).await.unwrap();
-                    model.volumes.get_mut(&volume).unwrap()[offset as usize..(offset + length) as usize].fill(value);
+                    pool.write(&handle, offset, filled(length as usize, value), false)
+                        .await
+                        .unwrap();
+                    model.volumes.get_mut(&volume).unwrap()
+                        [offset as usize..(offset + length) as usize]
+                        .fill(value);
                 }
             }
             45..=59 => {
                 model.next_name += 1;
                 let snapshot = format!("s{}", model.next_name);
-                pool.snapshot(&[format!("{name}@{snapshot}")]).await.unwrap();
+                pool.snapshot(&[format!("{name}@{snapshot}")])
+                    .await
+                    .unwrap();
                 let content = model.volumes[&volume].clone();
-                model.snapshots.get_mut(&volume).unwrap().push((snapshot, content));
+                model
+                    .snapshots
+                    .get_mut(&volume)
+                    .unwrap()
+                    .push((snapshot, content));
             }
             60..=69 => {
                 let snapshots = model.snapshots[&volume].clone();
@@ -250,7 +436,10 @@ async fn model_run(seed: u64, steps: usize) {
                 let snapshot = &snapshots[index].0;
                 let result = pool.destroy_snapshot(&format!("{name}@{snapshot}")).await;
                 if model.has_clones(&volume, snapshot) {
-                    assert!(result.is_err(), "seed {seed} step {step}: destroyed a snapshot with clones");
+                    assert!(
+                        result.is_err(),
+                        "seed {seed} step {step}: destroyed a snapshot with clones"
+                    );
                 } else {
                     result.unwrap();
                     model.snapshots.get_mut(&volume).unwrap().remove(index);
@@ -261,10 +450,13 @@ async fn model_run(seed: u64, steps: usize) {
                 if snapshots.is_empty() || model.volumes.len() >= 4 {
                     continue;
                 }
-                let (snapshot, content) = snapshots[rng.below(snapshots.len() as u64) as usize].clone();
+                let (snapshot, content) =
+                    snapshots[rng.below(snapshots.len() as u64) as usize].clone();
                 model.next_name += 1;
                 let clone = format!("c{}", model.next_name);
-                pool.clone_snapshot(&format!("{name}@{snapshot}"), &format!("tank/{clone}")).await.unwrap();
+                pool.clone_snapshot(&format!("{name}@{snapshot}"), &format!("tank/{clone}"))
+                    .await
+                    .unwrap();
                 model.volumes.insert(clone.clone(), content);
                 model.snapshots.insert(clone.clone(), Vec::new());
                 model.origins.insert(clone, format!("{volume}@{snapshot}"));
@@ -275,22 +467,40 @@ async fn model_run(seed: u64, steps: usize) {
                     continue;
                 }
                 let index = rng.below(snapshots.len() as u64) as usize;
-                let later_have_clones = snapshots[index + 1..].iter().any(|(later, _)| model.has_clones(&volume, later));
-                let result = pool.rollback(&format!("{name}@{}", snapshots[index].0), true).await;
+                let later_have_clones = snapshots[index + 1..]
+                    .iter()
+                    .any(|(later, _)| model.has_clones(&volume, later));
+                let result = pool
+                    .rollback(&format!("{name}@{}", snapshots[index].0), true)
+                    .await;
                 if later_have_clones {
-                    assert!(result.is_err(), "seed {seed} step {step}: rollback destroyed snapshots with clones");
+                    assert!(
+                        result.is_err(),
+                        "seed {seed} step {step}: rollback destroyed snapshots with clones"
+                    );
                 } else {
                     result.unwrap();
-                    model.snapshots.get_mut(&volume).unwrap().truncate(index + 1);
-                    model.volumes.insert(volume.clone(), snapshots[index].1.clone());
+                    model
+                        .snapshots
+                        .get_mut(&volume)
+                        .unwrap()
+                        .truncate(index + 1);
+                    model
+                        .volumes
+                        .insert(volume.clone(), snapshots[index].1.clone());
                 }
             }
             86..=92 => {
-                let Some(origin) = model.origins.get(&volume).cloned() else { continue };
+                let Some(origin) = model.origins.get(&volume).cloned() else {
+                    continue;
+                };
                 pool.promote(&name).await.unwrap();
                 let (origin_volume, origin_snapshot) = origin.split_once('@').unwrap();
                 let origin_snapshots = model.snapshots.get_mut(origin_volume).unwrap();
-                let split = origin_snapshots.iter().position(|(snapshot, _)| snapshot == origin_snapshot).unwrap();
+                let split = origin_snapshots
+                    .iter()
+                    .position(|(snapshot, _)| snapshot == origin_snapshot)
+                    .unwrap();
                 let moved: Vec<(String, Vec<u8>)> = origin_snapshots.drain(..=split).collect();
                 let grand_origin = model.origins.remove(origin_volume);
                 // Clones of moved snapshots now hang off the promoted volume.
@@ -306,7 +516,10 @@ async fn model_run(seed: u64, steps: usize) {
                 if let Some(grand) = grand_origin {
                     model.origins.insert(volume.clone(), grand);
                 }
-                model.origins.insert(origin_volume.to_string(), format!("{volume}@{origin_snapshot}"));
+                model.origins.insert(
+                    origin_volume.to_string(),
+                    format!("{volume}@{origin_snapshot}"),
+                );
                 let own = std::mem::take(model.snapshots.get_mut(&volume).unwrap());
                 let target = model.snapshots.get_mut(&volume).unwrap();
                 target.extend(moved);
@@ -316,10 +529,15 @@ async fn model_run(seed: u64, steps: usize) {
                 if model.volumes.len() <= 1 {
                     continue;
                 }
-                let blocked = model.snapshots[&volume].iter().any(|(snapshot, _)| model.has_clones(&volume, snapshot));
+                let blocked = model.snapshots[&volume]
+                    .iter()
+                    .any(|(snapshot, _)| model.has_clones(&volume, snapshot));
                 let result = pool.destroy_volume(&name, true).await;
                 if blocked {
-                    assert!(result.is_err(), "seed {seed} step {step}: destroyed a volume whose snapshots have clones");
+                    assert!(
+                        result.is_err(),
+                        "seed {seed} step {step}: destroyed a volume whose snapshots have clones"
+                    );
                 } else {
                     result.unwrap();
                     model.volumes.remove(&volume);
@@ -333,19 +551,36 @@ async fn model_run(seed: u64, steps: usize) {
     pool.scrub_start().unwrap();
     pool.scrub_wait().await;
     let scrub = pool.scrub_status();
-    assert_eq!(scrub.errors + scrub.bad_copies, 0, "seed {seed}: {:?}", scrub.error_details);
+    assert_eq!(
+        scrub.errors + scrub.bad_copies,
+        0,
+        "seed {seed}: {:?}",
+        scrub.error_details
+    );
     pool.export().await.unwrap();
     // And after an import.
-    let runtime_devices: Vec<(String, Rc<dyn Device>)> = devices.iter().enumerate().map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>)).collect();
-    let pool = Pool::import_from_devices("tank", runtime_devices, tunables()).await.unwrap();
+    let runtime_devices: Vec<(String, Rc<dyn Device>)> = devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+        .collect();
+    let pool = Pool::import_from_devices("tank", runtime_devices, tunables())
+        .await
+        .unwrap();
     verify(&pool, &model, &mut rng, steps, seed).await;
     pool.export().await.unwrap();
 }
 
 #[test]
 fn random_dataset_operations_match_a_model_in_content_and_space() {
-    let seeds: u64 = std::env::var("IRONPOOL_MODEL_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(4);
-    let first: u64 = std::env::var("IRONPOOL_MODEL_FIRST_SEED").ok().and_then(|value| value.parse().ok()).unwrap_or(1);
+    let seeds: u64 = std::env::var("IRONPOOL_MODEL_SEEDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(4);
+    let first: u64 = std::env::var("IRONPOOL_MODEL_FIRST_SEED")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(1);
     for seed in first..first + seeds {
         eprintln!("model seed {seed}");
         let runtime = Runtime::new_sim(seed);

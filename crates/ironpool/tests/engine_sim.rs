@@ -6,39 +6,63 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ironpool::dev::sim::SimDevice;
-use ironpool::rt::sim::Rng;
 use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 
 fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
-    (0..count).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 100 + index as u64)).collect()
+    (0..count)
+        .map(|index| {
+            SimDevice::new(
+                &format!("d{index}"),
+                DEVICE_BYTES,
+                seed * 100 + index as u64,
+            )
+        })
+        .collect()
 }
 
 fn layout(devices: &[Rc<SimDevice>], kind: TopVdevKind) -> Vec<NewTopVdev> {
     vec![NewTopVdev {
         kind,
-        devices: devices.iter().enumerate().map(|(index, device)| NewDevice { path: format!("sim:d{index}"), device: device.clone() as Rc<dyn Device> }).collect(),
+        devices: devices
+            .iter()
+            .enumerate()
+            .map(|(index, device)| NewDevice {
+                path: format!("sim:d{index}"),
+                device: device.clone() as Rc<dyn Device>,
+            })
+            .collect(),
     }]
 }
 
 fn as_devices(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-    devices.iter().enumerate().map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>)).collect()
+    devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+        .collect()
 }
 
 fn tunables() -> PoolTunables {
-    PoolTunables { txg_timeout: Duration::from_millis(50), ..PoolTunables::default() }
+    PoolTunables {
+        txg_timeout: Duration::from_millis(50),
+        ..PoolTunables::default()
+    }
 }
 
 fn pattern(length: usize, tag: u64) -> BufSlice {
     let mut buffer = AlignedBuf::zeroed(length);
     for (index, chunk) in buffer.chunks_mut(8).enumerate() {
-        let value = tag.wrapping_mul(0x9e37_79b9_7f4a_7c15).wrapping_add(index as u64);
+        let value = tag
+            .wrapping_mul(0x9e37_79b9_7f4a_7c15)
+            .wrapping_add(index as u64);
         chunk.copy_from_slice(&value.to_le_bytes()[..chunk.len()]);
     }
     BufSlice::whole(buffer.into_shared())
@@ -50,15 +74,35 @@ fn write_read_export_import_round_trip() {
     {
         let runtime = Runtime::new_sim(1);
         runtime.block_on(async {
-            let pool = Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Mirror), false, tunables()).await.unwrap();
-            let volume = pool.create_volume("tank/vol", 64 << 20, 16384, BTreeMap::new()).await.unwrap();
+            let pool = Pool::create_on_devices(
+                "tank",
+                layout(&disks, TopVdevKind::Mirror),
+                false,
+                tunables(),
+            )
+            .await
+            .unwrap();
+            let volume = pool
+                .create_volume("tank/vol", 64 << 20, 16384, BTreeMap::new())
+                .await
+                .unwrap();
             // Unwritten space reads as zeros.
-            assert!(ReadPiece::concat(pool.read(&volume, 0, 65536).await.unwrap()).iter().all(|byte| *byte == 0));
+            assert!(
+                ReadPiece::concat(pool.read(&volume, 0, 65536).await.unwrap())
+                    .iter()
+                    .all(|byte| *byte == 0)
+            );
             for index in 0..64u64 {
-                pool.write(&volume, index * 65536 + 4096, pattern(20480, index), false).await.unwrap();
+                pool.write(&volume, index * 65536 + 4096, pattern(20480, index), false)
+                    .await
+                    .unwrap();
             }
             for index in 0..64u64 {
-                let data = ReadPiece::concat(pool.read(&volume, index * 65536 + 4096, 20480).await.unwrap());
+                let data = ReadPiece::concat(
+                    pool.read(&volume, index * 65536 + 4096, 20480)
+                        .await
+                        .unwrap(),
+                );
                 assert_eq!(&data[..], &pattern(20480, index)[..], "block {index}");
             }
             let report = pool.check_space().await.unwrap();
@@ -68,11 +112,21 @@ fn write_read_export_import_round_trip() {
     }
     let runtime = Runtime::new_sim(2);
     runtime.block_on(async {
-        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables()).await.unwrap();
+        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables())
+            .await
+            .unwrap();
         let volume = pool.volume("tank/vol").unwrap();
         for index in 0..64u64 {
-            let data = ReadPiece::concat(pool.read(&volume, index * 65536 + 4096, 20480).await.unwrap());
-            assert_eq!(&data[..], &pattern(20480, index)[..], "block {index} after import");
+            let data = ReadPiece::concat(
+                pool.read(&volume, index * 65536 + 4096, 20480)
+                    .await
+                    .unwrap(),
+            );
+            assert_eq!(
+                &data[..],
+                &pattern(20480, index)[..],
+                "block {index} after import"
+            );
         }
         let report = pool.check_space().await.unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
@@ -97,7 +151,10 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
     bytes[..8].copy_from_slice(&write_id.to_le_bytes());
     bytes[8..16].copy_from_slice(&sector.to_le_bytes());
     for index in 16..512 {
-        bytes[index] = (write_id as u8).wrapping_mul(7).wrapping_add(index as u8).wrapping_add(sector as u8);
+        bytes[index] = (write_id as u8)
+            .wrapping_mul(7)
+            .wrapping_add(index as u8)
+            .wrapping_add(sector as u8);
     }
     bytes
 }
@@ -119,8 +176,12 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         let run_disks = disks.clone();
         runtime.block_on(async move {
             let disks = run_disks;
-            let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, tunables()).await.unwrap();
-            pool.create_volume("tank/vol", volume_bytes, 16384, BTreeMap::new()).await.unwrap();
+            let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, tunables())
+                .await
+                .unwrap();
+            pool.create_volume("tank/vol", volume_bytes, 16384, BTreeMap::new())
+                .await
+                .unwrap();
             *holder.borrow_mut() = Some(pool.clone());
             // Regions of 64 KiB are owned by one worker at a time: no overlapping
             // writes in flight (as a well-behaved client).
@@ -139,7 +200,16 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
                             // Flush: everything acknowledged before it must survive.
                             let acked_snapshot: Vec<(u64, usize)> = {
                                 let model = model.borrow();
-                                model.sectors.iter().filter_map(|(sector, writes)| writes.iter().rposition(|(_, acked)| *acked).map(|index| (*sector, index))).collect()
+                                model
+                                    .sectors
+                                    .iter()
+                                    .filter_map(|(sector, writes)| {
+                                        writes
+                                            .iter()
+                                            .rposition(|(_, acked)| *acked)
+                                            .map(|index| (*sector, index))
+                                    })
+                                    .collect()
                             };
                             if pool.flush().await.is_ok() {
                                 let mut model = model.borrow_mut();
@@ -164,27 +234,37 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
                         let mut buffer = AlignedBuf::zeroed(count as usize * 512);
                         for sector in 0..count {
                             let absolute = offset / 512 + sector;
-                            buffer[sector as usize * 512..(sector as usize + 1) * 512].copy_from_slice(&sector_pattern(id, absolute));
+                            buffer[sector as usize * 512..(sector as usize + 1) * 512]
+                                .copy_from_slice(&sector_pattern(id, absolute));
                         }
                         {
                             let mut model = model.borrow_mut();
                             for sector in 0..count {
-                                model.sectors.entry(offset / 512 + sector).or_default().push((id, false));
+                                model
+                                    .sectors
+                                    .entry(offset / 512 + sector)
+                                    .or_default()
+                                    .push((id, false));
                             }
                         }
                         let fua = rng.chance(1, 20);
-                        let result = pool.write(&volume, offset, BufSlice::whole(buffer.into_shared()), fua).await;
+                        let result = pool
+                            .write(&volume, offset, BufSlice::whole(buffer.into_shared()), fua)
+                            .await;
                         {
                             let mut model = model.borrow_mut();
                             if result.is_ok() {
                                 model.acked.push(id);
                             }
                             for sector in 0..count {
-                                let writes = model.sectors.get_mut(&(offset / 512 + sector)).unwrap();
-                                let index = writes.iter().position(|(write, _)| *write == id).unwrap();
+                                let writes =
+                                    model.sectors.get_mut(&(offset / 512 + sector)).unwrap();
+                                let index =
+                                    writes.iter().position(|(write, _)| *write == id).unwrap();
                                 writes[index].1 = result.is_ok();
                                 if fua && result.is_ok() {
-                                    let entry = model.durable.entry(offset / 512 + sector).or_insert(0);
+                                    let entry =
+                                        model.durable.entry(offset / 512 + sector).or_insert(0);
                                     *entry = (*entry).max(index);
                                 }
                             }
@@ -209,11 +289,20 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         let probe_disks = disks.clone();
         runtime.block_on(async move {
             for disk in &probe_disks {
-                let probe = ironpool::pool::labels::probe_device(&**disk, std::path::Path::new("sim")).await;
-                let mut txgs: Vec<u64> = probe.uberblocks.iter().map(|uberblock| uberblock.txg).collect();
+                let probe =
+                    ironpool::pool::labels::probe_device(&**disk, std::path::Path::new("sim"))
+                        .await;
+                let mut txgs: Vec<u64> = probe
+                    .uberblocks
+                    .iter()
+                    .map(|uberblock| uberblock.txg)
+                    .collect();
                 txgs.sort_unstable();
                 txgs.dedup();
-                eprintln!("seed {seed}: device uberblocks {:?}", &txgs[txgs.len().saturating_sub(6)..]);
+                eprintln!(
+                    "seed {seed}: device uberblocks {:?}",
+                    &txgs[txgs.len().saturating_sub(6)..]
+                );
             }
         });
     }
@@ -255,7 +344,10 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
 
 #[test]
 fn crash_at_random_points_keeps_every_flushed_write() {
-    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(24);
+    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(24);
     for seed in 1..=seeds {
         crash_run(seed, TopVdevKind::Mirror, 2);
     }
@@ -263,9 +355,17 @@ fn crash_at_random_points_keeps_every_flushed_write() {
 
 #[test]
 fn crash_at_random_points_on_raidz_keeps_every_flushed_write() {
-    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS").ok().and_then(|value| value.parse().ok()).unwrap_or(24) / 6;
+    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS")
+        .ok()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(24)
+        / 6;
     for seed in 1..=seeds {
-        for (kind, width) in [(TopVdevKind::Raidz1, 3), (TopVdevKind::Raidz2, 5), (TopVdevKind::Raidz3, 6)] {
+        for (kind, width) in [
+            (TopVdevKind::Raidz1, 3),
+            (TopVdevKind::Raidz2, 5),
+            (TopVdevKind::Raidz3, 6),
+        ] {
             crash_run(1000 + seed * 10 + kind.parity() as u64, kind, width);
         }
     }
@@ -283,11 +383,28 @@ fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
     {
         let runtime = Runtime::new_sim(77);
         runtime.block_on(async {
-            let pool = Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Mirror), false, tunables()).await.unwrap();
+            let pool = Pool::create_on_devices(
+                "tank",
+                layout(&disks, TopVdevKind::Mirror),
+                false,
+                tunables(),
+            )
+            .await
+            .unwrap();
             // 4 KiB blocks: 256 per level-1 block, so 64 MiB has a level 2.
-            let volume = pool.create_volume("tank/vol", 64 << 20, 4096, BTreeMap::new()).await.unwrap();
+            let volume = pool
+                .create_volume("tank/vol", 64 << 20, 4096, BTreeMap::new())
+                .await
+                .unwrap();
             for index in 0..64u64 {
-                pool.write(&volume, index << 20, pattern(4096, block_tag(0, index)), false).await.unwrap();
+                pool.write(
+                    &volume,
+                    index << 20,
+                    pattern(4096, block_tag(0, index)),
+                    false,
+                )
+                .await
+                .unwrap();
             }
             pool.export().await.unwrap();
         });
@@ -295,19 +412,39 @@ fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
     let runtime = Runtime::new_sim(78);
     runtime.block_on(async {
         // Cold cache, and room for barely one path: each load evicts.
-        let tunables = PoolTunables { cache_budget_bytes: 64 << 10, ..tunables() };
-        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables).await.unwrap();
+        let tunables = PoolTunables {
+            cache_budget_bytes: 64 << 10,
+            ..tunables()
+        };
+        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables)
+            .await
+            .unwrap();
         let volume = pool.volume("tank/vol").unwrap();
         for round in 1..3u64 {
             for index in 0..64u64 {
-                pool.write(&volume, (index << 20) + round * 4096, pattern(4096, block_tag(round, index)), false).await.unwrap();
+                pool.write(
+                    &volume,
+                    (index << 20) + round * 4096,
+                    pattern(4096, block_tag(round, index)),
+                    false,
+                )
+                .await
+                .unwrap();
             }
             pool.commit().await.unwrap();
         }
         for round in 0..3u64 {
             for index in 0..64u64 {
-                let data = ReadPiece::concat(pool.read(&volume, (index << 20) + round * 4096, 4096).await.unwrap());
-                assert_eq!(&data[..], &pattern(4096, block_tag(round, index))[..], "round {round} block {index}");
+                let data = ReadPiece::concat(
+                    pool.read(&volume, (index << 20) + round * 4096, 4096)
+                        .await
+                        .unwrap(),
+                );
+                assert_eq!(
+                    &data[..],
+                    &pattern(4096, block_tag(round, index))[..],
+                    "round {round} block {index}"
+                );
             }
         }
         let report = pool.check_space().await.unwrap();
@@ -325,19 +462,43 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
     let disks = devices(2, 7);
     let runtime = Runtime::new_sim(7);
     runtime.block_on(async {
-        let pool = Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Mirror), false, tunables()).await.unwrap();
-        let volume = pool.create_volume("tank/vol", 16 << 20, 16384, BTreeMap::new()).await.unwrap();
+        let pool = Pool::create_on_devices(
+            "tank",
+            layout(&disks, TopVdevKind::Mirror),
+            false,
+            tunables(),
+        )
+        .await
+        .unwrap();
+        let volume = pool
+            .create_volume("tank/vol", 16 << 20, 16384, BTreeMap::new())
+            .await
+            .unwrap();
         for index in 0..32u64 {
-            pool.write(&volume, index * 16384, pattern(16384, index), false).await.unwrap();
+            pool.write(&volume, index * 16384, pattern(16384, index), false)
+                .await
+                .unwrap();
         }
         let report = pool.check_space().await.unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
 
         // A leak: allocated and logged, referenced by nothing.
-        let leaked = pool.store.allocator.borrow_mut().allocate(16384, ironpool::alloc::BlockClass::Data, None).unwrap();
+        let leaked = pool
+            .store
+            .allocator
+            .borrow_mut()
+            .allocate(16384, ironpool::alloc::BlockClass::Data, None)
+            .unwrap();
         pool.store.allocator.borrow_mut().commit(leaked);
         let report = pool.check_space().await.unwrap();
-        assert!(report.problems.iter().any(|problem| problem.contains("leaked")), "{:?}", report.problems);
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|problem| problem.contains("leaked")),
+            "{:?}",
+            report.problems
+        );
         pool.store.allocator.borrow_mut().free(leaked);
 
         // A referenced block freed.
@@ -345,6 +506,13 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
         assert!(!pointer.is_hole());
         pool.store.allocator.borrow_mut().free(pointer.dvas[0]);
         let report = pool.check_space().await.unwrap();
-        assert!(report.problems.iter().any(|problem| problem.contains("is not allocated")), "{:?}", report.problems);
+        assert!(
+            report
+                .problems
+                .iter()
+                .any(|problem| problem.contains("is not allocated")),
+            "{:?}",
+            report.problems
+        );
     });
 }

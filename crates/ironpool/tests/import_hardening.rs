@@ -25,20 +25,37 @@ const CHUNK_MIB: u64 = 16;
 fn qemu_io(uri: &str, commands: &[String]) -> String {
     let commands: Vec<&str> = commands.iter().map(String::as_str).collect();
     let output = common::qemu_io(uri, &commands);
-    assert!(!output.contains("failed") && !output.contains("error"), "qemu-io {commands:?}: {output}");
+    assert!(
+        !output.contains("failed") && !output.contains("error"),
+        "qemu-io {commands:?}: {output}"
+    );
     output
 }
 
 /// Writes `pattern` over `offset_mib..offset_mib+length_mib` and flushes.
 fn write_pattern(uri: &str, pattern: u8, offset_mib: u64, length_mib: u64) {
-    let mut commands: Vec<String> = (0..length_mib / CHUNK_MIB).map(|chunk| format!("write -P {pattern:#x} {}M {CHUNK_MIB}M", offset_mib + chunk * CHUNK_MIB)).collect();
+    let mut commands: Vec<String> = (0..length_mib / CHUNK_MIB)
+        .map(|chunk| {
+            format!(
+                "write -P {pattern:#x} {}M {CHUNK_MIB}M",
+                offset_mib + chunk * CHUNK_MIB
+            )
+        })
+        .collect();
     commands.push("flush".into());
     qemu_io(uri, &commands);
 }
 
 /// Reads `offset_mib..offset_mib+length_mib` back, checking every byte is `pattern`.
 fn verify_pattern(uri: &str, pattern: u8, offset_mib: u64, length_mib: u64) {
-    let commands: Vec<String> = (0..length_mib / CHUNK_MIB).map(|chunk| format!("read -P {pattern:#x} {}M {CHUNK_MIB}M", offset_mib + chunk * CHUNK_MIB)).collect();
+    let commands: Vec<String> = (0..length_mib / CHUNK_MIB)
+        .map(|chunk| {
+            format!(
+                "read -P {pattern:#x} {}M {CHUNK_MIB}M",
+                offset_mib + chunk * CHUNK_MIB
+            )
+        })
+        .collect();
     let output = qemu_io(uri, &commands);
     assert!(!output.contains("Pattern verification failed"), "{output}");
 }
@@ -46,7 +63,11 @@ fn verify_pattern(uri: &str, pattern: u8, offset_mib: u64, length_mib: u64) {
 /// `ironpool ARGS` against the running server, whatever its outcome.
 fn admin_output(pool: &TestPool, args: &[&str]) -> std::process::Output {
     let control = pool.control().display().to_string();
-    pool.command().args(["--control", &control]).args(args).output().expect("run ironpool")
+    pool.command()
+        .args(["--control", &control])
+        .args(args)
+        .output()
+        .expect("run ironpool")
 }
 
 /// Waits for the served pool's resilver to end; returns the final status.
@@ -57,19 +78,32 @@ fn wait_resilvered(pool: &TestPool) -> serde_json::Value {
         if status["resilver"]["state"] != "resilvering" {
             return status;
         }
-        assert!(Instant::now() < deadline, "the resilver did not end: {status}");
+        assert!(
+            Instant::now() < deadline,
+            "the resilver did not end: {status}"
+        );
         std::thread::sleep(Duration::from_millis(200));
     }
 }
 
 /// The status entry of the device at `path`.
 fn child<'a>(status: &'a serde_json::Value, path: &str) -> &'a serde_json::Value {
-    status["vdevs"][0]["children"].as_array().expect("children").iter().find(|child| child["path"] == path).unwrap_or_else(|| panic!("no device {path} in {status}"))
+    status["vdevs"][0]["children"]
+        .as_array()
+        .expect("children")
+        .iter()
+        .find(|child| child["path"] == path)
+        .unwrap_or_else(|| panic!("no device {path} in {status}"))
 }
 
 /// Copies a sparse file (the copy stays sparse: these are 1 GiB images).
 fn copy_sparse(from: &Path, to: &Path) {
-    let status = Command::new("cp").arg("--sparse=always").arg(from).arg(to).status().expect("cp");
+    let status = Command::new("cp")
+        .arg("--sparse=always")
+        .arg(from)
+        .arg(to)
+        .status()
+        .expect("cp");
     assert!(status.success(), "cp {} {}", from.display(), to.display());
 }
 
@@ -84,7 +118,11 @@ fn each_side_alone_reads_right(pool: &TestPool, sides: [&str; 2]) {
         verify_pattern(&uri, 0x11, 0, 64);
         verify_pattern(&uri, 0x22, 64, 128);
         let status = pool.status_json();
-        assert_eq!(child(&status, alone)["checksum_errors"], 0, "{alone} alone serves right data: {status}");
+        assert_eq!(
+            child(&status, alone)["checksum_errors"],
+            0,
+            "{alone} alone serves right data: {status}"
+        );
         assert_eq!(child(&status, alone)["read_errors"], 0, "{status}");
         pool.admin(&["online", "tank", away]);
         let status = wait_resilvered(pool);
@@ -98,7 +136,10 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
     let mut pool = TestPool::new("tank");
     pool.create("1G", &["mirror", "a.img", "b.img"]);
     pool.create_volume("vol", "256M");
-    let (a, b) = (pool.path("a.img").display().to_string(), pool.path("b.img").display().to_string());
+    let (a, b) = (
+        pool.path("a.img").display().to_string(),
+        pool.path("b.img").display().to_string(),
+    );
     pool.serve();
     let uri = pool.uri("vol");
     write_pattern(&uri, 0x11, 0, 64);
@@ -117,8 +158,18 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
     // The old side is known to lack the 128 MiB written since its copy: it
     // is resilvered (or already was), not ONLINE with checksum errors.
     let resilver = &status["resilver"];
-    assert!(resilver["state"] == "resilvering" || resilver["state"] == "finished", "{status}");
-    assert!(resilver["devices"].as_array().unwrap().iter().any(|device| device == a.as_str()), "a is resilvered: {status}");
+    assert!(
+        resilver["state"] == "resilvering" || resilver["state"] == "finished",
+        "{status}"
+    );
+    assert!(
+        resilver["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|device| device == a.as_str()),
+        "a is resilvered: {status}"
+    );
     if resilver["state"] == "resilvering" {
         assert_eq!(status["health"], "DEGRADED", "{status}");
     }
@@ -129,7 +180,11 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
     if offline.status.success() {
         // Allowed only because the resilver had already finished.
         let status = pool.status_json();
-        assert_eq!(child(&status, &a)["needs_resilver"], false, "b went offline while a lacked data: {status}");
+        assert_eq!(
+            child(&status, &a)["needs_resilver"],
+            false,
+            "b went offline while a lacked data: {status}"
+        );
         pool.admin(&["online", "tank", &b]);
     } else {
         let error = String::from_utf8_lossy(&offline.stderr);
@@ -137,10 +192,17 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
     }
     let status = wait_resilvered(&pool);
     assert_eq!(status["resilver"]["errors"], 0, "{status}");
-    assert!(status["resilver"]["rewritten_bytes"].as_u64().unwrap() >= 128 << 20, "a got the 128 MiB it missed: {status}");
+    assert!(
+        status["resilver"]["rewritten_bytes"].as_u64().unwrap() >= 128 << 20,
+        "a got the 128 MiB it missed: {status}"
+    );
     assert_eq!(status["health"], "ONLINE", "{status}");
     for side in [&a, &b] {
-        assert_eq!(child(&status, side)["checksum_errors"], 0, "the old copy was never read for what it lacked: {status}");
+        assert_eq!(
+            child(&status, side)["checksum_errors"],
+            0,
+            "the old copy was never read for what it lacked: {status}"
+        );
         assert_eq!(child(&status, side)["needs_resilver"], false, "{status}");
     }
     each_side_alone_reads_right(&pool, [&a, &b]);
@@ -156,7 +218,14 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
     pool.serve();
     let status = wait_resilvered(&pool);
     assert_eq!(status["resilver"]["errors"], 0, "{status}");
-    assert!(status["resilver"]["devices"].as_array().unwrap().iter().any(|device| device == a.as_str()), "{status}");
+    assert!(
+        status["resilver"]["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|device| device == a.as_str()),
+        "{status}"
+    );
     assert_eq!(status["health"], "ONLINE", "{status}");
     each_side_alone_reads_right(&pool, [&a, &b]);
     pool.stop();
@@ -167,10 +236,17 @@ fn a_stale_copy_of_a_mirror_side_is_resilvered_and_not_trusted_until_then() {
 /// three commits move every free through its defer slots.
 fn settled_allocated_bytes(pool: &TestPool) -> u64 {
     for _ in 0..3 {
-        let report: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
-        assert_eq!(report["problems"].as_array().map(Vec::len), Some(0), "{report}");
+        let report: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
+        assert_eq!(
+            report["problems"].as_array().map(Vec::len),
+            Some(0),
+            "{report}"
+        );
     }
-    pool.status_json()["allocated_bytes"].as_u64().expect("allocated bytes")
+    pool.status_json()["allocated_bytes"]
+        .as_u64()
+        .expect("allocated bytes")
 }
 
 /// Stream bytes fed to a receive before the server is killed: most of the
@@ -181,7 +257,13 @@ const PARTIAL_STREAM_BYTES: u64 = 160 << 20;
 /// `PARTIAL_STREAM_BYTES` of `stream` and never the rest, waits until that
 /// data is committed, and kills the server. Returns the allocated bytes seen
 /// meanwhile.
-fn kill_mid_receive(pool: &mut TestPool, target: &str, extra: &[&str], stream: &Path, before: u64) -> u64 {
+fn kill_mid_receive(
+    pool: &mut TestPool,
+    target: &str,
+    extra: &[&str],
+    stream: &Path,
+    before: u64,
+) -> u64 {
     let control = pool.control().display().to_string();
     let mut receive = pool
         .command()
@@ -195,7 +277,11 @@ fn kill_mid_receive(pool: &mut TestPool, target: &str, extra: &[&str], stream: &
         .expect("start ironpool receive");
     let mut input = receive.stdin.take().expect("stdin");
     let mut part = std::fs::File::open(stream).expect("stream");
-    std::io::copy(&mut std::io::Read::take(&mut part, PARTIAL_STREAM_BYTES), &mut input).expect("feed the stream");
+    std::io::copy(
+        &mut std::io::Read::take(&mut part, PARTIAL_STREAM_BYTES),
+        &mut input,
+    )
+    .expect("feed the stream");
     input.flush().expect("flush");
     let deadline = Instant::now() + Duration::from_secs(120);
     let during = loop {
@@ -203,7 +289,10 @@ fn kill_mid_receive(pool: &mut TestPool, target: &str, extra: &[&str], stream: &
         if allocated >= before + (128 << 20) {
             break allocated;
         }
-        assert!(Instant::now() < deadline, "the receive did not apply the data fed ({allocated} allocated, {before} before)");
+        assert!(
+            Instant::now() < deadline,
+            "the receive did not apply the data fed ({allocated} allocated, {before} before)"
+        );
         std::thread::sleep(Duration::from_millis(200));
     };
     // Commit what was applied (check commits first), so the partial receive
@@ -218,9 +307,26 @@ fn kill_mid_receive(pool: &mut TestPool, target: &str, extra: &[&str], stream: &
 /// `nbdinfo --list` of the whole server: it must succeed (every export
 /// listed can be opened); returns the export names.
 fn listed_exports(pool: &TestPool) -> Vec<String> {
-    let list = tool("nbdinfo", &["--list", "--json", &format!("nbd+unix://?socket={}", pool.socket().display())]);
+    let list = tool(
+        "nbdinfo",
+        &[
+            "--list",
+            "--json",
+            &format!("nbd+unix://?socket={}", pool.socket().display()),
+        ],
+    );
     let json: serde_json::Value = serde_json::from_str(&list).expect("nbdinfo JSON");
-    json["exports"].as_array().expect("exports").iter().map(|export| export["export-name"].as_str().unwrap_or_default().to_string()).collect()
+    json["exports"]
+        .as_array()
+        .expect("exports")
+        .iter()
+        .map(|export| {
+            export["export-name"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
 }
 
 #[test]
@@ -241,16 +347,40 @@ fn a_receive_killed_mid_stream_is_discarded_at_import_unless_started_with_s() {
     let during = kill_mid_receive(&mut pool, "tank/copy", &[], &stream, before);
     pool.serve();
     let exports = listed_exports(&pool);
-    assert!(exports.iter().all(|name| !name.contains('%')), "{exports:?}");
+    assert!(
+        exports.iter().all(|name| !name.contains('%')),
+        "{exports:?}"
+    );
     assert!(exports.iter().any(|name| name == "tank/vol"), "{exports:?}");
     let after = settled_allocated_bytes(&pool);
-    assert!(after < before + (16 << 20), "the partial receive's space came back: {before} before, {during} during, {after} after");
+    assert!(
+        after < before + (16 << 20),
+        "the partial receive's space came back: {before} before, {during} during, {after} after"
+    );
     let notes = pool.status_json()["notes"].to_string();
-    assert!(notes.contains("discarded the interrupted receive into tank/copy"), "{notes}");
+    assert!(
+        notes.contains("discarded the interrupted receive into tank/copy"),
+        "{notes}"
+    );
     // The name is free again: a receive into it starts afresh.
     let output = pool.receive_from_file(&["receive", "tank/copy"], &stream);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let compare = tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", &pool.uri("vol@s"), &pool.uri("copy")]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let compare = tool(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            &pool.uri("vol@s"),
+            &pool.uri("copy"),
+        ],
+    );
     assert!(compare.contains("identical"), "{compare}");
 
     // With -s: kept across the kill, hidden from NBD, and resumable.
@@ -258,15 +388,41 @@ fn a_receive_killed_mid_stream_is_discarded_at_import_unless_started_with_s() {
     kill_mid_receive(&mut pool, "tank/kept", &["-s"], &stream, before);
     pool.serve();
     let exports = listed_exports(&pool);
-    assert!(exports.iter().all(|name| !name.contains('%')), "{exports:?}");
-    let token: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "get", "receive_resume_token", "tank/kept"])).unwrap();
-    let token = token["properties"][0]["value"].as_str().unwrap_or_default().to_string();
-    assert!(token.starts_with("1-"), "the -s receive is resumable: {token}");
+    assert!(
+        exports.iter().all(|name| !name.contains('%')),
+        "{exports:?}"
+    );
+    let token: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "get", "receive_resume_token", "tank/kept"]))
+            .unwrap();
+    let token = token["properties"][0]["value"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(
+        token.starts_with("1-"),
+        "the -s receive is resumable: {token}"
+    );
     let rest = pool.path("rest.stream");
     pool.send_to_file(&["send", "-t", &token], &rest);
     let output = pool.receive_from_file(&["receive", "-s", "tank/kept"], &rest);
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let compare = tool("qemu-img", &["compare", "-f", "raw", "-F", "raw", &pool.uri("vol@s"), &pool.uri("kept")]);
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let compare = tool(
+        "qemu-img",
+        &[
+            "compare",
+            "-f",
+            "raw",
+            "-F",
+            "raw",
+            &pool.uri("vol@s"),
+            &pool.uri("kept"),
+        ],
+    );
     assert!(compare.contains("identical"), "{compare}");
     pool.stop();
     pool.ok(&["check", "tank", "-d", &dir(&pool)]);
@@ -285,8 +441,16 @@ fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
     let uri = pool.uri("vol");
     let mut fio = Command::new("fio")
         .args([
-            "--name=busy", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bsrange=4k-64k", "--iodepth=16", "--size=256M",
-            "--time_based", &format!("--runtime={FIO_SECONDS}"), "--output-format=json",
+            "--name=busy",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bsrange=4k-64k",
+            "--iodepth=16",
+            "--size=256M",
+            "--time_based",
+            &format!("--runtime={FIO_SECONDS}"),
+            "--output-format=json",
         ])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -298,16 +462,28 @@ fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
         if round == 1 {
             pool.admin(&["snapshot", "tank/vol@during"]);
         }
-        let report: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
-        assert_eq!(report["problems"].as_array().map(Vec::len), Some(0), "round {round}: {report}");
+        let report: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
+        assert_eq!(
+            report["problems"].as_array().map(Vec::len),
+            Some(0),
+            "round {round}: {report}"
+        );
         assert!(report["block_copies"].as_u64().unwrap() > 0, "{report}");
         if fio.try_wait().expect("fio").is_none() {
             checks_while_writing += 1;
         }
     }
     let output = fio.wait_with_output().expect("fio");
-    assert!(output.status.success(), "fio: {}", String::from_utf8_lossy(&output.stderr));
-    assert!(checks_while_writing >= 3, "only {checks_while_writing} checks ran while fio wrote");
+    assert!(
+        output.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        checks_while_writing >= 3,
+        "only {checks_while_writing} checks ran while fio wrote"
+    );
     let status = pool.status_json();
     assert_eq!(status["health"], "ONLINE", "{status}");
     pool.stop();

@@ -24,7 +24,9 @@ impl Peer {
     /// Connects and reads the greeting.
     fn connect(pool: &TestPool) -> Peer {
         let mut stream = UnixStream::connect(pool.socket()).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(10)))
+            .unwrap();
         let mut greeting = [0u8; 18];
         stream.read_exact(&mut greeting).expect("greeting");
         assert_eq!(&greeting[..8], b"NBDMAGIC");
@@ -47,11 +49,16 @@ impl Peer {
     fn option_reply(&mut self) -> (u32, Vec<u8>) {
         let mut header = [0u8; 20];
         self.stream.read_exact(&mut header).expect("option reply");
-        assert_eq!(u64::from_be_bytes(header[..8].try_into().unwrap()), 0x0003_e889_0455_65a9);
+        assert_eq!(
+            u64::from_be_bytes(header[..8].try_into().unwrap()),
+            0x0003_e889_0455_65a9
+        );
         let reply = u32::from_be_bytes(header[12..16].try_into().unwrap());
         let length = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
         let mut data = vec![0u8; length];
-        self.stream.read_exact(&mut data).expect("option reply data");
+        self.stream
+            .read_exact(&mut data)
+            .expect("option reply data");
         (reply, data)
     }
 
@@ -88,8 +95,15 @@ impl Peer {
     fn simple_reply(&mut self) -> (u32, u64) {
         let mut header = [0u8; 16];
         self.stream.read_exact(&mut header).expect("simple reply");
-        assert_eq!(u32::from_be_bytes(header[..4].try_into().unwrap()), 0x6744_6698, "simple reply magic");
-        (u32::from_be_bytes(header[4..8].try_into().unwrap()), u64::from_be_bytes(header[8..16].try_into().unwrap()))
+        assert_eq!(
+            u32::from_be_bytes(header[..4].try_into().unwrap()),
+            0x6744_6698,
+            "simple reply magic"
+        );
+        (
+            u32::from_be_bytes(header[4..8].try_into().unwrap()),
+            u64::from_be_bytes(header[8..16].try_into().unwrap()),
+        )
     }
 
     /// True when the server closed the connection.
@@ -112,12 +126,26 @@ fn serving_pool() -> TestPool {
     pool.create_volume("vol", "64M");
     pool.serve();
     // A good client's data that no bad client may disturb.
-    tool("qemu-io", &["-f", "raw", &pool.uri("vol"), "-c", "write -P 0x99 1M 1M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &pool.uri("vol"),
+            "-c",
+            "write -P 0x99 1M 1M",
+            "-c",
+            "flush",
+        ],
+    );
     pool
 }
 
 fn good_data_intact(pool: &TestPool) {
-    tool("qemu-io", &["-f", "raw", &pool.uri("vol"), "-c", "read -P 0x99 1M 1M"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", &pool.uri("vol"), "-c", "read -P 0x99 1M 1M"],
+    );
 }
 
 #[test]
@@ -163,7 +191,10 @@ fn handshake_garbage_is_refused_cleanly() {
             break;
         }
     }
-    assert!(replies.len() >= 3, "INFO_EXPORT and INFO_BLOCK_SIZE before ACK: {replies:?}");
+    assert!(
+        replies.len() >= 3,
+        "INFO_EXPORT and INFO_BLOCK_SIZE before ACK: {replies:?}"
+    );
     // Truncated handshake: half a header, then gone.
     let mut peer = Peer::connect(&pool);
     peer.send(&1u32.to_be_bytes());
@@ -253,8 +284,15 @@ fn hostile_lengths_and_vanishing_clients_do_not_hurt_the_server() {
     peer.request(0, 7, 4, 0, 4096);
     let mut header = [0u8; 20];
     peer.stream.read_exact(&mut header).unwrap();
-    assert_eq!(u32::from_be_bytes(header[..4].try_into().unwrap()), 0x668e_33ef);
-    assert_eq!(u16::from_be_bytes(header[6..8].try_into().unwrap()), 0x8001, "an ERROR chunk");
+    assert_eq!(
+        u32::from_be_bytes(header[..4].try_into().unwrap()),
+        0x668e_33ef
+    );
+    assert_eq!(
+        u16::from_be_bytes(header[6..8].try_into().unwrap()),
+        0x8001,
+        "an ERROR chunk"
+    );
     let length = u32::from_be_bytes(header[16..20].try_into().unwrap()) as usize;
     let mut payload = vec![0u8; length];
     peer.stream.read_exact(&mut payload).unwrap();
@@ -266,7 +304,12 @@ fn hostile_lengths_and_vanishing_clients_do_not_hurt_the_server() {
     let status = pool.status_json();
     assert_eq!(status["health"], "ONLINE");
     pool.stop();
-    pool.ok(&["check", "tank", "-d", &pool.dir.path().display().to_string()]);
+    pool.ok(&[
+        "check",
+        "tank",
+        "-d",
+        &pool.dir.path().display().to_string(),
+    ]);
 }
 
 #[test]
@@ -287,6 +330,9 @@ fn disc_finishes_requests_in_flight() {
     cookies.sort_unstable();
     assert_eq!(cookies, (0..32).collect::<Vec<_>>());
     assert!(peer.closed());
-    tool("qemu-io", &["-f", "raw", &pool.uri("vol"), "-c", "read -P 0x3c 16M 128k"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", &pool.uri("vol"), "-c", "read -P 0x3c 16M 128k"],
+    );
     pool.stop();
 }

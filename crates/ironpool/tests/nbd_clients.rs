@@ -10,20 +10,41 @@ fn nbdinfo_shows_the_export_and_its_flags() {
     pool.create("1G", &["mirror", "a.img", "b.img"]);
     pool.create_volume("vol", "256M");
     pool.serve();
-    let info: serde_json::Value = serde_json::from_str(&tool("nbdinfo", &["--json", &pool.uri("vol")])).expect("nbdinfo JSON");
+    let info: serde_json::Value =
+        serde_json::from_str(&tool("nbdinfo", &["--json", &pool.uri("vol")]))
+            .expect("nbdinfo JSON");
     let export = &info["exports"][0];
     assert_eq!(export["export-name"], "tank/vol");
     assert_eq!(export["export-size"], 256u64 << 20);
-    for flag in ["can_flush", "can_fua", "can_multi_conn", "can_trim", "can_zero", "can_df", "can_cache"] {
+    for flag in [
+        "can_flush",
+        "can_fua",
+        "can_multi_conn",
+        "can_trim",
+        "can_zero",
+        "can_df",
+        "can_cache",
+    ] {
         assert_eq!(export[flag], true, "{flag} in {export}");
     }
     assert_eq!(export["is_read_only"], false);
     assert_eq!(export["block_size_minimum"], 512);
     assert_eq!(export["block_size_preferred"], 16384);
     assert_eq!(export["block_size_maximum"], 32 << 20);
-    assert!(export["contexts"].as_array().unwrap().iter().any(|context| context == "base:allocation"));
+    assert!(export["contexts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|context| context == "base:allocation"));
     // LIST shows the export too.
-    let list = tool("nbdinfo", &["--list", "--json", &format!("nbd+unix://?socket={}", pool.socket().display())]);
+    let list = tool(
+        "nbdinfo",
+        &[
+            "--list",
+            "--json",
+            &format!("nbd+unix://?socket={}", pool.socket().display()),
+        ],
+    );
     assert!(list.contains("tank/vol"), "{list}");
     pool.stop();
 }
@@ -38,18 +59,30 @@ fn qemu_io_patterns_survive_restart_and_map_shows_holes() {
     tool(
         "qemu-io",
         &[
-            "-f", "raw", &uri,
-            "-c", "write -P 0xab 0 64k",
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0xab 0 64k",
             // Partial blocks: 4 KiB inside a 16 KiB block, and across two blocks.
-            "-c", "write -P 0xcd 1M 4k",
-            "-c", "write -P 0xef 2052k 24k",
-            "-c", "write -z 4M 1M",
-            "-c", "flush",
-            "-c", "read -P 0xab 0 64k",
-            "-c", "read -P 0xcd 1M 4k",
-            "-c", "read -P 0 1028k 12k",
-            "-c", "read -P 0xef 2052k 24k",
-            "-c", "read -P 0 4M 1M",
+            "-c",
+            "write -P 0xcd 1M 4k",
+            "-c",
+            "write -P 0xef 2052k 24k",
+            "-c",
+            "write -z 4M 1M",
+            "-c",
+            "flush",
+            "-c",
+            "read -P 0xab 0 64k",
+            "-c",
+            "read -P 0xcd 1M 4k",
+            "-c",
+            "read -P 0 1028k 12k",
+            "-c",
+            "read -P 0xef 2052k 24k",
+            "-c",
+            "read -P 0 4M 1M",
         ],
     );
     let map = tool("nbdinfo", &["--map", "--json", &uri]);
@@ -58,12 +91,37 @@ fn qemu_io_patterns_survive_restart_and_map_shows_holes() {
     assert_eq!(first["offset"], 0);
     assert_eq!(first["length"], 65536);
     assert_eq!(first["type"], 0, "written data is allocated: {map}");
-    assert!(extents.as_array().unwrap().iter().any(|extent| extent["type"] == 3), "holes read as zeros: {map}");
+    assert!(
+        extents
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|extent| extent["type"] == 3),
+        "holes read as zeros: {map}"
+    );
     pool.stop();
     pool.serve();
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0xab 0 64k", "-c", "read -P 0xcd 1M 4k", "-c", "read -P 0xef 2052k 24k"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "read -P 0xab 0 64k",
+            "-c",
+            "read -P 0xcd 1M 4k",
+            "-c",
+            "read -P 0xef 2052k 24k",
+        ],
+    );
     pool.stop();
-    pool.ok(&["check", &pool.name.clone(), "-d", &pool.dir.path().display().to_string()]);
+    pool.ok(&[
+        "check",
+        &pool.name.clone(),
+        "-d",
+        &pool.dir.path().display().to_string(),
+    ]);
 }
 
 #[test]
@@ -76,28 +134,59 @@ fn fio_verifies_crc32c_at_queue_depth_64_with_four_jobs() {
     let output = tool(
         "fio",
         &[
-            "--name=verify", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=16k", "--iodepth=64", "--numjobs=4",
-            "--size=96M", "--offset_increment=96M", "--verify=crc32c", "--verify_fatal=1", "--verify_backlog=1024", "--group_reporting",
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=16k",
+            "--iodepth=64",
+            "--numjobs=4",
+            "--size=96M",
+            "--offset_increment=96M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--verify_backlog=1024",
+            "--group_reporting",
             "--output-format=json",
         ],
     );
-    let json: serde_json::Value = serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
+    let json: serde_json::Value =
+        serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
     let job = &json["jobs"][0];
     assert_eq!(job["error"], 0, "{job}");
     assert!(job["write"]["io_bytes"].as_u64().unwrap() >= 4 * 96 << 20);
-    assert!(job["read"]["io_bytes"].as_u64().unwrap() > 0, "verification read the data back");
+    assert!(
+        job["read"]["io_bytes"].as_u64().unwrap() > 0,
+        "verification read the data back"
+    );
     // Mixed sizes, unaligned to the volblocksize (read-modify-write path).
     tool(
         "fio",
         &[
-            "--name=mixed", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randrw", "--bsrange=512-64k", "--bs_unaligned=0", "--iodepth=32",
-            "--numjobs=2", "--size=32M", "--offset_increment=32M", "--offset=400M", "--verify=crc32c", "--verify_fatal=1",
+            "--name=mixed",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randrw",
+            "--bsrange=512-64k",
+            "--bs_unaligned=0",
+            "--iodepth=32",
+            "--numjobs=2",
+            "--size=32M",
+            "--offset_increment=32M",
+            "--offset=400M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
         ],
     );
     let status = pool.status_json();
     assert_eq!(status["health"], "ONLINE");
     pool.stop();
-    pool.ok(&["check", &pool.name.clone(), "-d", &pool.dir.path().display().to_string()]);
+    pool.ok(&[
+        "check",
+        &pool.name.clone(),
+        "-d",
+        &pool.dir.path().display().to_string(),
+    ]);
 }
 
 #[test]
@@ -110,16 +199,40 @@ fn the_front_end_on_its_own_thread_serves_verified_io_and_stops_cleanly() {
     let output = tool(
         "fio",
         &[
-            "--name=verify", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=16k", "--iodepth=64", "--numjobs=2",
-            "--size=64M", "--offset_increment=64M", "--verify=crc32c", "--verify_fatal=1", "--group_reporting", "--output-format=json",
+            "--name=verify",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=16k",
+            "--iodepth=64",
+            "--numjobs=2",
+            "--size=64M",
+            "--offset_increment=64M",
+            "--verify=crc32c",
+            "--verify_fatal=1",
+            "--group_reporting",
+            "--output-format=json",
         ],
     );
-    let json: serde_json::Value = serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
+    let json: serde_json::Value =
+        serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
     assert_eq!(json["jobs"][0]["error"], 0, "{}", json["jobs"][0]);
-    assert!(json["jobs"][0]["read"]["io_bytes"].as_u64().unwrap() > 0, "verification read the data back");
+    assert!(
+        json["jobs"][0]["read"]["io_bytes"].as_u64().unwrap() > 0,
+        "verification read the data back"
+    );
     pool.stop();
-    assert!(pool.log().contains("exported"), "no clean export: {}", pool.log());
-    pool.ok(&["check", &pool.name.clone(), "-d", &pool.dir.path().display().to_string()]);
+    assert!(
+        pool.log().contains("exported"),
+        "no clean export: {}",
+        pool.log()
+    );
+    pool.ok(&[
+        "check",
+        &pool.name.clone(),
+        "-d",
+        &pool.dir.path().display().to_string(),
+    ]);
 }
 
 /// Random 4K overwrites on a 4K-volblocksize volume leave free space in 4 KiB
@@ -131,21 +244,55 @@ fn small_random_overwrites_at_half_full_keep_the_pool_online() {
     pool.create("512M", &["mirror", "a.img", "b.img"]);
     let name = format!("{}/vol", pool.name);
     let dir = pool.dir.path().display().to_string();
-    pool.ok(&["volume", "create", &name, "256M", "-o", "volblocksize=4K", "-d", &dir]);
+    pool.ok(&[
+        "volume",
+        "create",
+        &name,
+        "256M",
+        "-o",
+        "volblocksize=4K",
+        "-d",
+        &dir,
+    ]);
     pool.serve();
     let uri = pool.uri("vol");
-    tool("fio", &["--name=fill", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=write", "--bs=1M", "--iodepth=16", "--size=256M"]);
+    tool(
+        "fio",
+        &[
+            "--name=fill",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=write",
+            "--bs=1M",
+            "--iodepth=16",
+            "--size=256M",
+        ],
+    );
     let output = tool(
         "fio",
         &[
-            "--name=overwrite", "--ioengine=nbd", &format!("--uri={uri}"), "--rw=randwrite", "--bs=4k", "--iodepth=32", "--numjobs=4",
-            "--size=256M", "--runtime=8", "--time_based", "--group_reporting", "--output-format=json",
+            "--name=overwrite",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=32",
+            "--numjobs=4",
+            "--size=256M",
+            "--runtime=8",
+            "--time_based",
+            "--group_reporting",
+            "--output-format=json",
         ],
     );
-    let json: serde_json::Value = serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
+    let json: serde_json::Value =
+        serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
     assert_eq!(json["jobs"][0]["error"], 0, "{}", json["jobs"][0]);
     let written = json["jobs"][0]["write"]["io_bytes"].as_u64().unwrap();
-    assert!(written > 256 << 20, "the overwrites did not turn the free space over: {written} bytes");
+    assert!(
+        written > 256 << 20,
+        "the overwrites did not turn the free space over: {written} bytes"
+    );
     assert_eq!(pool.status_json()["health"], "ONLINE");
     pool.stop();
     pool.ok(&["check", &pool.name.clone(), "-d", &dir]);
@@ -158,15 +305,53 @@ fn kill_9_after_flush_keeps_the_flushed_data() {
     pool.create_volume("vol", "128M");
     pool.serve();
     let uri = pool.uri("vol");
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x5a 0 8M", "-c", "write -P 0x3c 64M 1M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0x5a 0 8M",
+            "-c",
+            "write -P 0x3c 64M 1M",
+            "-c",
+            "flush",
+        ],
+    );
     // A FUA write is durable on its own.
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x77 100M 256k -f"]);
+    tool(
+        "qemu-io",
+        &["-f", "raw", &uri, "-c", "write -P 0x77 100M 256k -f"],
+    );
     pool.kill9();
     pool.serve();
-    assert!(pool.log().contains("not exported cleanly"), "{}", pool.log());
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x5a 0 8M", "-c", "read -P 0x3c 64M 1M", "-c", "read -P 0x77 100M 256k"]);
+    assert!(
+        pool.log().contains("not exported cleanly"),
+        "{}",
+        pool.log()
+    );
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "read -P 0x5a 0 8M",
+            "-c",
+            "read -P 0x3c 64M 1M",
+            "-c",
+            "read -P 0x77 100M 256k",
+        ],
+    );
     pool.stop();
-    pool.ok(&["check", &pool.name.clone(), "-d", &pool.dir.path().display().to_string()]);
+    pool.ok(&[
+        "check",
+        &pool.name.clone(),
+        "-d",
+        &pool.dir.path().display().to_string(),
+    ]);
 }
 
 #[test]
@@ -176,7 +361,18 @@ fn corruption_of_one_mirror_side_is_detected_returned_correct_and_repaired() {
     pool.create_volume("vol", "128M");
     pool.serve();
     let uri = pool.uri("vol");
-    tool("qemu-io", &["-f", "raw", &uri, "-c", "write -P 0x42 0 64M", "-c", "flush"]);
+    tool(
+        "qemu-io",
+        &[
+            "-f",
+            "raw",
+            &uri,
+            "-c",
+            "write -P 0x42 0 64M",
+            "-c",
+            "flush",
+        ],
+    );
     pool.stop();
     // Damage most of side a's data area (labels at the ends are left alone).
     corrupt_file(&pool.path("a.img"), 1 << 20, 200 << 20);
@@ -186,7 +382,10 @@ fn corruption_of_one_mirror_side_is_detected_returned_correct_and_repaired() {
     let status = pool.status_json();
     let side_a = &status["vdevs"][0]["children"][0];
     let checksum_errors = side_a["checksum_errors"].as_u64().unwrap();
-    assert!(checksum_errors > 0, "checksum errors should be counted on a.img: {status}");
+    assert!(
+        checksum_errors > 0,
+        "checksum errors should be counted on a.img: {status}"
+    );
     assert_eq!(status["vdevs"][0]["children"][1]["checksum_errors"], 0);
     // ...and a scrub repairs what is left.
     let scrub = pool.admin(&["--json", "scrub", "-w", &pool.name.clone()]);
@@ -194,7 +393,10 @@ fn corruption_of_one_mirror_side_is_detected_returned_correct_and_repaired() {
     assert_eq!(scrub["errors"], 0, "{scrub}");
     let second = pool.admin(&["--json", "scrub", "-w", &pool.name.clone()]);
     let second: serde_json::Value = serde_json::from_str(second.lines().last().unwrap()).unwrap();
-    assert_eq!(second["bad_copies"], 0, "the first scrub should have repaired everything: {second}");
+    assert_eq!(
+        second["bad_copies"], 0,
+        "the first scrub should have repaired everything: {second}"
+    );
     assert_eq!(second["errors"], 0);
     pool.stop();
     // Side b alone now holds good data everywhere too: damage it, read through a.

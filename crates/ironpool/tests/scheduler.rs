@@ -9,7 +9,8 @@ use common::{tool, TestPool};
 /// Average number of device I/Os active between two `iostat --json` samples,
 /// for the busiest device.
 fn average_active(before: &serde_json::Value, after: &serde_json::Value, field: &str) -> f64 {
-    let elapsed = after["timestamp_ns"].as_f64().unwrap() - before["timestamp_ns"].as_f64().unwrap();
+    let elapsed =
+        after["timestamp_ns"].as_f64().unwrap() - before["timestamp_ns"].as_f64().unwrap();
     after["devices"]
         .as_array()
         .unwrap()
@@ -22,8 +23,14 @@ fn average_active(before: &serde_json::Value, after: &serde_json::Value, field: 
 /// Average size of the device writes between two `iostat --json` samples, all
 /// devices together (0 without writes).
 fn average_write_bytes(before: &serde_json::Value, after: &serde_json::Value) -> f64 {
-    let total =
-        |sample: &serde_json::Value, field: &str| sample["devices"].as_array().unwrap().iter().map(|device| device[field].as_f64().unwrap()).sum::<f64>();
+    let total = |sample: &serde_json::Value, field: &str| {
+        sample["devices"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|device| device[field].as_f64().unwrap())
+            .sum::<f64>()
+    };
     let ops = total(after, "write_ops") - total(before, "write_ops");
     if ops == 0.0 {
         return 0.0;
@@ -39,9 +46,11 @@ fn sample_during(pool: &TestPool, fio_args: Vec<String>) -> (f64, f64, f64) {
         tool("fio", &args)
     });
     std::thread::sleep(Duration::from_millis(1500));
-    let before: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+    let before: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
     std::thread::sleep(Duration::from_millis(2000));
-    let after: serde_json::Value = serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+    let after: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
     runner.join().expect("fio thread");
     (
         average_active(&before, &after, "active_time_weighted_ns"),
@@ -57,22 +66,47 @@ fn a_deep_client_queue_reaches_the_devices() {
     pool.create_volume("vol", "512M");
     pool.serve();
     let uri = format!("--uri={}", pool.uri("vol"));
-    tool("fio", &["--name=fill", "--ioengine=nbd", &uri, "--rw=write", "--bs=1M", "--iodepth=8", "--size=256M"]);
+    tool(
+        "fio",
+        &[
+            "--name=fill",
+            "--ioengine=nbd",
+            &uri,
+            "--rw=write",
+            "--bs=1M",
+            "--iodepth=8",
+            "--size=256M",
+        ],
+    );
     let common = |rw: &str, bs: &str| -> Vec<String> {
-        ["--name=load", "--ioengine=nbd", &uri, &format!("--rw={rw}"), &format!("--bs={bs}"), "--iodepth=64", "--size=256M", "--runtime=5", "--time_based"]
-            .iter()
-            .map(|text| text.to_string())
-            .collect()
+        [
+            "--name=load",
+            "--ioengine=nbd",
+            &uri,
+            &format!("--rw={rw}"),
+            &format!("--bs={bs}"),
+            "--iodepth=64",
+            "--size=256M",
+            "--runtime=5",
+            "--time_based",
+        ]
+        .iter()
+        .map(|text| text.to_string())
+        .collect()
     };
     let (reads, _, _) = sample_during(&pool, common("randread", "4k"));
-    assert!(reads >= 8.0, "QD64 random reads kept only {reads:.1} I/Os active on the busiest device");
+    assert!(
+        reads >= 8.0,
+        "QD64 random reads kept only {reads:.1} I/Os active on the busiest device"
+    );
     // Writes aggregate (several client writes per device I/O): the depth that
     // reaches the device is the client requests inside active device I/Os.
     // Held by the write-back, they reach the devices in batches of 4 MiB: few
     // device I/Os, each carrying many client writes (a batch's blocks that
     // follow each other on a device are already one queue request, so the
     // depth shows in the size of the device writes).
-    let (held_ios, held_requests, held_write_bytes) = sample_during(&pool, common("randwrite", "16k"));
+    let (held_ios, held_requests, held_write_bytes) =
+        sample_during(&pool, common("randwrite", "16k"));
     let held_writes_per_io = held_write_bytes / 16384.0;
     eprintln!("random writes, write-back: {held_ios:.1} device I/Os, {held_requests:.1} queue requests active on average; {held_writes_per_io:.1} client writes per device write");
     assert!(held_writes_per_io >= 8.0, "QD64 random writes held: device writes carried only {held_writes_per_io:.1} client writes of 16 KiB on average");
@@ -82,8 +116,14 @@ fn a_deep_client_queue_reaches_the_devices() {
     let (write_ios, write_requests, _) = sample_during(&pool, common("randwrite", "16k"));
     eprintln!("random writes, written through: {write_ios:.1} device I/Os, {write_requests:.1} client requests active on average");
     assert!(write_requests >= 8.0, "QD64 random writes: only {write_requests:.1} client requests were at the device on average");
-    assert!(write_ios > 1.0, "QD64 random writes: {write_ios:.1} device I/Os active on average");
+    assert!(
+        write_ios > 1.0,
+        "QD64 random writes: {write_ios:.1} device I/Os active on average"
+    );
     let queues = pool.admin(&["--json", "iostat", "-q", "tank"]);
-    assert!(queues.contains("\"classes\""), "per-class queue figures in iostat JSON");
+    assert!(
+        queues.contains("\"classes\""),
+        "per-class queue figures in iostat JSON"
+    );
     pool.stop();
 }

@@ -48,8 +48,16 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
     // fio's own QD64 random writes to the other half of the volume.
     let fio = std::process::Command::new("fio")
         .args([
-            "--name=load", "--ioengine=nbd", &format!("--uri={}", pool.uri("vol")), "--rw=randwrite", "--bs=16k", "--iodepth=64",
-            "--offset=64M", "--size=64M", "--time_based", "--runtime=30",
+            "--name=load",
+            "--ioengine=nbd",
+            &format!("--uri={}", pool.uri("vol")),
+            "--rw=randwrite",
+            "--bs=16k",
+            "--iodepth=64",
+            "--offset=64M",
+            "--size=64M",
+            "--time_based",
+            "--runtime=30",
         ])
         .stdout(std::process::Stdio::null())
         .stderr(std::process::Stdio::null())
@@ -76,7 +84,10 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
                 let now = Instant::now();
                 let piece = {
                     let mut log = log.lock().unwrap();
-                    let entry = log.writes.get_mut(&sequence).expect("a reply to a write sent");
+                    let entry = log
+                        .writes
+                        .get_mut(&sequence)
+                        .expect("a reply to a write sent");
                     entry.2 = Some(now);
                     entry.0
                 };
@@ -111,8 +122,16 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
                         break candidate;
                     }
                 };
-                log.lock().unwrap().writes.insert(sequence, (index, Instant::now(), None));
-                let mut request = NbdClient::request(NBD_CMD_WRITE, sequence, index * PIECE_BYTES, PIECE_BYTES as u32);
+                log.lock()
+                    .unwrap()
+                    .writes
+                    .insert(sequence, (index, Instant::now(), None));
+                let mut request = NbdClient::request(
+                    NBD_CMD_WRITE,
+                    sequence,
+                    index * PIECE_BYTES,
+                    PIECE_BYTES as u32,
+                );
                 request.extend_from_slice(&piece(index, sequence));
                 sender.write_all(&request).unwrap();
             }
@@ -121,7 +140,13 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
 
     // Snapshot in the middle of the run.
     loop {
-        let acknowledged = log.lock().unwrap().writes.values().filter(|entry| entry.2.is_some()).count() as u64;
+        let acknowledged = log
+            .lock()
+            .unwrap()
+            .writes
+            .values()
+            .filter(|entry| entry.2.is_some())
+            .count() as u64;
         if acknowledged > WRITES / 3 {
             break;
         }
@@ -153,7 +178,18 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
         }
     }
     let image = pool.path("mid.raw");
-    tool("qemu-img", &["convert", "-f", "raw", "-O", "raw", &pool.uri("vol@mid"), &image.display().to_string()]);
+    tool(
+        "qemu-img",
+        &[
+            "convert",
+            "-f",
+            "raw",
+            "-O",
+            "raw",
+            &pool.uri("vol@mid"),
+            &image.display().to_string(),
+        ],
+    );
     let bytes = std::fs::read(&image).unwrap();
     let mut checked_after = 0;
     for index in 0..PIECES {
@@ -161,20 +197,33 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
         let floor = acknowledged_before.get(&index).copied().unwrap_or(0);
         let ceiling = sent_before_end.get(&index).copied().unwrap_or(0);
         if content.iter().all(|byte| *byte == 0) {
-            assert_eq!(floor, 0, "piece {index}: zeros, but write {floor} was acknowledged before the snapshot");
+            assert_eq!(
+                floor, 0,
+                "piece {index}: zeros, but write {floor} was acknowledged before the snapshot"
+            );
             continue;
         }
         let found_index = u64::from_le_bytes(content[..8].try_into().unwrap());
         let sequence = u64::from_le_bytes(content[8..16].try_into().unwrap());
-        assert_eq!(content, &piece(found_index, sequence)[..], "piece {index}: torn content");
-        assert_eq!(found_index, index, "piece {index} holds piece {found_index}'s data");
+        assert_eq!(
+            content,
+            &piece(found_index, sequence)[..],
+            "piece {index}: torn content"
+        );
+        assert_eq!(
+            found_index, index,
+            "piece {index} holds piece {found_index}'s data"
+        );
         assert!(sequence >= floor, "piece {index}: holds write {sequence}, older than write {floor} acknowledged before the snapshot");
         assert!(sequence <= ceiling, "piece {index}: holds write {sequence}, sent after the snapshot returned (newest before: {ceiling})");
         if ceiling > floor {
             checked_after += 1;
         }
     }
-    eprintln!("{} pieces checked; {checked_after} had writes in flight across the snapshot", PIECES);
+    eprintln!(
+        "{} pieces checked; {checked_after} had writes in flight across the snapshot",
+        PIECES
+    );
     // The live volume has moved on: it holds the final writes.
     let mut final_write: HashMap<u64, u64> = HashMap::new();
     for (&sequence, &(index, _, _)) in &log.writes {
@@ -183,9 +232,18 @@ fn a_snapshot_under_qd64_writes_holds_exactly_the_acknowledged_writes() {
     }
     let mut check = NbdClient::connect(&pool.socket(), "tank/vol");
     for (&index, &sequence) in final_write.iter().take(500) {
-        assert_eq!(check.read(index * PIECE_BYTES, PIECE_BYTES as u32), piece(index, sequence), "piece {index} of the live volume");
+        assert_eq!(
+            check.read(index * PIECE_BYTES, PIECE_BYTES as u32),
+            piece(index, sequence),
+            "piece {index} of the live volume"
+        );
     }
     drop(check);
     pool.stop();
-    pool.ok(&["check", "tank", "-d", &pool.dir.path().display().to_string()]);
+    pool.ok(&[
+        "check",
+        "tank",
+        "-d",
+        &pool.dir.path().display().to_string(),
+    ]);
 }

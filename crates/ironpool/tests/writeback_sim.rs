@@ -21,23 +21,48 @@ const VOLUME_BYTES: u64 = 32 << 20;
 const BLOCK: u64 = 16384;
 
 fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
-    (0..count).map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 100 + index as u64)).collect()
+    (0..count)
+        .map(|index| {
+            SimDevice::new(
+                &format!("d{index}"),
+                DEVICE_BYTES,
+                seed * 100 + index as u64,
+            )
+        })
+        .collect()
 }
 
 fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-    devices.iter().enumerate().map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>)).collect()
+    devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+        .collect()
 }
 
 /// A long txg timeout: nothing is committed (or written out by a commit)
 /// unless a test asks.
 fn tunables() -> PoolTunables {
-    PoolTunables { txg_timeout: Duration::from_secs(60), ..PoolTunables::default() }
+    PoolTunables {
+        txg_timeout: Duration::from_secs(60),
+        ..PoolTunables::default()
+    }
 }
 
 async fn new_pool(disks: &[Rc<SimDevice>], kind: TopVdevKind, tunables: PoolTunables) -> Rc<Pool> {
-    let layout = vec![NewTopVdev { kind, devices: named(disks).into_iter().map(|(path, device)| NewDevice { path, device }).collect() }];
-    let pool = Pool::create_on_devices("tank", layout, false, tunables).await.unwrap();
-    pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new()).await.unwrap();
+    let layout = vec![NewTopVdev {
+        kind,
+        devices: named(disks)
+            .into_iter()
+            .map(|(path, device)| NewDevice { path, device })
+            .collect(),
+    }];
+    let pool = Pool::create_on_devices("tank", layout, false, tunables)
+        .await
+        .unwrap();
+    pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+        .await
+        .unwrap();
     pool
 }
 
@@ -68,19 +93,40 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
         let volume = pool.volume("tank/vol").unwrap();
         let before = device_writes(&disks);
         for &blkid in &blocks {
-            pool.write(&volume, blkid * BLOCK, pattern(BLOCK as usize, blkid), false).await.unwrap();
+            pool.write(
+                &volume,
+                blkid * BLOCK,
+                pattern(BLOCK as usize, blkid),
+                false,
+            )
+            .await
+            .unwrap();
         }
-        pool.write(&volume, BLOCK, pattern(BLOCK as usize, 1000), false).await.unwrap();
-        pool.write(&volume, BLOCK + 4096, pattern(4096, 1001), false).await.unwrap();
+        pool.write(&volume, BLOCK, pattern(BLOCK as usize, 1000), false)
+            .await
+            .unwrap();
+        pool.write(&volume, BLOCK + 4096, pattern(4096, 1001), false)
+            .await
+            .unwrap();
         let stats = volume.stats();
         assert_eq!(stats.dirty_bytes, 65 * BLOCK, "every block held: {stats:?}");
-        assert_eq!(device_writes(&disks), before, "nothing written to the devices yet");
+        assert_eq!(
+            device_writes(&disks),
+            before,
+            "nothing written to the devices yet"
+        );
         for &blkid in &blocks {
-            assert!(read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid), "block {blkid} read back");
+            assert!(
+                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                "block {blkid} read back"
+            );
         }
         let mut expected = pattern(BLOCK as usize, 1000).to_vec();
         expected[4096..8192].copy_from_slice(&pattern(4096, 1001));
-        assert!(read(&pool, BLOCK, BLOCK).await == expected, "the partial write merged into the dirty block");
+        assert!(
+            read(&pool, BLOCK, BLOCK).await == expected,
+            "the partial write merged into the dirty block"
+        );
         assert!(volume.stats().dirty_read_blocks >= 65);
         pool.flush().await.unwrap();
         let stats = volume.stats();
@@ -93,13 +139,21 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
         }
     });
     Runtime::new_sim(2).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables()).await.unwrap();
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+            .await
+            .unwrap();
         for &blkid in &blocks {
-            assert!(read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid), "block {blkid} after the crash");
+            assert!(
+                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                "block {blkid} after the crash"
+            );
         }
         let mut expected = pattern(BLOCK as usize, 1000).to_vec();
         expected[4096..8192].copy_from_slice(&pattern(4096, 1001));
-        assert!(read(&pool, BLOCK, BLOCK).await == expected, "block 1 after the crash");
+        assert!(
+            read(&pool, BLOCK, BLOCK).await == expected,
+            "block 1 after the crash"
+        );
         let report = pool.check_space().await.unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         pool.export().await.unwrap();
@@ -113,19 +167,43 @@ fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
         let pool = new_pool(&disks, TopVdevKind::Disk, tunables()).await;
         let volume = pool.volume("tank/vol").unwrap();
         for blkid in 0..4u64 {
-            pool.write(&volume, blkid * BLOCK, pattern(BLOCK as usize, blkid), false).await.unwrap();
+            pool.write(
+                &volume,
+                blkid * BLOCK,
+                pattern(BLOCK as usize, blkid),
+                false,
+            )
+            .await
+            .unwrap();
         }
         // The device refuses every write: the held blocks cannot be written.
-        disks[0].set_faults(SimFaults { write_error_ppm: 1_000_000, ..SimFaults::default() });
-        let error = pool.flush().await.expect_err("the flush must report the lost write-back");
-        assert!(error.to_string().contains("writing out acknowledged data failed"), "{error}");
+        disks[0].set_faults(SimFaults {
+            write_error_ppm: 1_000_000,
+            ..SimFaults::default()
+        });
+        let error = pool
+            .flush()
+            .await
+            .expect_err("the flush must report the lost write-back");
+        assert!(
+            error
+                .to_string()
+                .contains("writing out acknowledged data failed"),
+            "{error}"
+        );
         assert!(volume.stats().writeback_errors >= 1);
         // Still readable, from memory.
         for blkid in 0..4u64 {
-            assert!(read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid), "block {blkid} kept");
+            assert!(
+                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                "block {blkid} kept"
+            );
         }
         // While write-back fails, writes go through and meet the error themselves.
-        assert!(pool.write(&volume, 10 * BLOCK, pattern(BLOCK as usize, 10), false).await.is_err());
+        assert!(pool
+            .write(&volume, 10 * BLOCK, pattern(BLOCK as usize, 10), false)
+            .await
+            .is_err());
         // The device recovers: the next flush writes the held blocks out.
         disks[0].set_faults(SimFaults::default());
         pool.flush().await.unwrap();
@@ -133,9 +211,14 @@ fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
         pool.export().await.unwrap();
     });
     Runtime::new_sim(4).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables()).await.unwrap();
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+            .await
+            .unwrap();
         for blkid in 0..4u64 {
-            assert!(read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid), "block {blkid} after import");
+            assert!(
+                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                "block {blkid} after import"
+            );
         }
         pool.export().await.unwrap();
     });
@@ -157,7 +240,15 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
     let disks = devices(children, 3);
     Runtime::new_sim(5).block_on(async {
         let limit = 256 << 10;
-        let pool = new_pool(&disks, kind, PoolTunables { dirty_data_max_bytes: limit, ..tunables() }).await;
+        let pool = new_pool(
+            &disks,
+            kind,
+            PoolTunables {
+                dirty_data_max_bytes: limit,
+                ..tunables()
+            },
+        )
+        .await;
         let volume = pool.volume("tank/vol").unwrap();
         // 32 writers at once, 32 blocks each: 16 MiB through a 256 KiB limit.
         let peak = Rc::new(std::cell::Cell::new(0u64));
@@ -168,23 +259,44 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
             async move {
                 for index in 0..32u64 {
                     let blkid = writer * 32 + index;
-                    pool.write(&volume, blkid * BLOCK, pattern(BLOCK as usize, blkid), false).await.unwrap();
+                    pool.write(
+                        &volume,
+                        blkid * BLOCK,
+                        pattern(BLOCK as usize, blkid),
+                        false,
+                    )
+                    .await
+                    .unwrap();
                     peak.set(peak.get().max(pool.dirty_data_bytes()));
                 }
             }
         });
         futures_util::future::join_all(writers).await;
         assert!(peak.get() > 0, "write-back was used");
-        assert!(peak.get() <= limit, "dirty data peaked at {} over the {limit} limit", peak.get());
+        assert!(
+            peak.get() <= limit,
+            "dirty data peaked at {} over the {limit} limit",
+            peak.get()
+        );
         pool.flush().await.unwrap();
         for blkid in (0..1024u64).step_by(37) {
-            assert!(read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid), "block {blkid}");
+            assert!(
+                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                "block {blkid}"
+            );
         }
         // Off: every write is written through before it returns.
         ironpool::control::commands::set_tunable(&pool, "dirty_data_max_bytes", "0").unwrap();
         let before = volume.stats().writeback_blocks;
         for blkid in 0..16u64 {
-            pool.write(&volume, blkid * BLOCK, pattern(BLOCK as usize, blkid + 5000), false).await.unwrap();
+            pool.write(
+                &volume,
+                blkid * BLOCK,
+                pattern(BLOCK as usize, blkid + 5000),
+                false,
+            )
+            .await
+            .unwrap();
             assert_eq!(pool.dirty_data_bytes(), 0);
         }
         assert_eq!(volume.stats().writeback_blocks, before);

@@ -46,9 +46,15 @@ struct Cli {
 }
 
 fn parse_range(text: &str) -> Result<std::ops::Range<u64>, String> {
-    let (start, end) = text.split_once("..").ok_or_else(|| format!("'{text}': a sweep is A..B"))?;
-    let start: u64 = start.parse().map_err(|_| format!("'{start}' is not a number"))?;
-    let end: u64 = end.parse().map_err(|_| format!("'{end}' is not a number"))?;
+    let (start, end) = text
+        .split_once("..")
+        .ok_or_else(|| format!("'{text}': a sweep is A..B"))?;
+    let start: u64 = start
+        .parse()
+        .map_err(|_| format!("'{start}' is not a number"))?;
+    let end: u64 = end
+        .parse()
+        .map_err(|_| format!("'{end}' is not a number"))?;
     if end <= start {
         return Err(format!("'{text}' is empty"));
     }
@@ -64,7 +70,11 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let layouts: Result<Vec<Layout>, String> = if cli.layout == "every" { Ok(Layout::ALL.to_vec()) } else { cli.layout.split(',').map(Layout::parse).collect() };
+    let layouts: Result<Vec<Layout>, String> = if cli.layout == "every" {
+        Ok(Layout::ALL.to_vec())
+    } else {
+        cli.layout.split(',').map(Layout::parse).collect()
+    };
     let layouts = match layouts {
         Ok(layouts) => layouts,
         Err(error) => {
@@ -95,15 +105,32 @@ fn main() -> ExitCode {
     let mut runs = 0u64;
     for seed in seeds {
         for layout in &layouts {
-            let options = Options { seed, ticks: cli.ticks, faults, layout: *layout, check_every: cli.check_every.max(1), trace: cli.trace, sabotage_step: None };
+            let options = Options {
+                seed,
+                ticks: cli.ticks,
+                faults,
+                layout: *layout,
+                check_every: cli.check_every.max(1),
+                trace: cli.trace,
+                sabotage_step: None,
+            };
             runs += 1;
             match run(&options) {
                 Ok(summary) => {
                     if single {
-                        println!("ironpool-sim: seed {seed} layout {} faults {faults} ticks {}: ok", layout.name(), cli.ticks);
+                        println!(
+                            "ironpool-sim: seed {seed} layout {} faults {faults} ticks {}: ok",
+                            layout.name(),
+                            cli.ticks
+                        );
                         println!("{summary}");
                     } else {
-                        println!("seed {seed} {}: ok, {:.1} s simulated, digest {:#018x}", layout.name(), summary.simulated_seconds(), summary.digest);
+                        println!(
+                            "seed {seed} {}: ok, {:.1} s simulated, digest {:#018x}",
+                            layout.name(),
+                            summary.simulated_seconds(),
+                            summary.digest
+                        );
                     }
                     merge(&mut total, &summary);
                 }
@@ -118,7 +145,10 @@ fn main() -> ExitCode {
         }
     }
     if !single {
-        println!("ironpool-sim: {runs} runs, {failures} failed, faults {faults}, ticks {} each", cli.ticks);
+        println!(
+            "ironpool-sim: {runs} runs, {failures} failed, faults {faults}, ticks {} each",
+            cli.ticks
+        );
         println!("{total}");
     }
     if failures > 0 {
@@ -133,7 +163,11 @@ fn merge(total: &mut Summary, summary: &Summary) {
     total.steps += summary.steps;
     total.simulated_ns += summary.simulated_ns;
     total.sessions += summary.sessions;
-    for (target, source) in [(&mut total.operations, &summary.operations), (&mut total.faults, &summary.faults), (&mut total.checks, &summary.checks)] {
+    for (target, source) in [
+        (&mut total.operations, &summary.operations),
+        (&mut total.faults, &summary.faults),
+        (&mut total.checks, &summary.checks),
+    ] {
         for (name, count) in source {
             *target.entry(name).or_insert(0) += count;
         }

@@ -158,7 +158,11 @@ impl Metaslab {
 
     fn check_inside(&self, offset: u64, length: u64) -> Result<(), RangeError> {
         if offset < self.start || offset + length > self.start + self.size {
-            return Err(RangeError { start: offset, end: offset + length, problem: "lies outside its metaslab" });
+            return Err(RangeError {
+                start: offset,
+                end: offset + length,
+                problem: "lies outside its metaslab",
+            });
         }
         Ok(())
     }
@@ -171,7 +175,9 @@ impl Metaslab {
         let mut held = self.allocated.clone();
         let mut recent: Vec<(u64, &RangeSet)> = Vec::new();
         for back in 0..DEFER_TXGS {
-            let Some(freed_txg) = txg.checked_sub(back) else { continue };
+            let Some(freed_txg) = txg.checked_sub(back) else {
+                continue;
+            };
             let slot = &self.defer[(freed_txg % DEFER_TXGS) as usize];
             if !slot.is_empty() {
                 held.insert_all(slot);
@@ -179,11 +185,17 @@ impl Metaslab {
             }
         }
         let mut records = vec![Record::Txg(txg)];
-        records.extend(held.iter().map(|(start, end)| Record::Allocate { offset: start, length: end - start }));
+        records.extend(held.iter().map(|(start, end)| Record::Allocate {
+            offset: start,
+            length: end - start,
+        }));
         recent.sort_by_key(|(freed_txg, _)| *freed_txg);
         for (freed_txg, slot) in recent {
             records.push(Record::Txg(freed_txg));
-            records.extend(slot.iter().map(|(start, end)| Record::Free { offset: start, length: end - start }));
+            records.extend(slot.iter().map(|(start, end)| Record::Free {
+                offset: start,
+                length: end - start,
+            }));
         }
         records
     }
@@ -208,7 +220,9 @@ impl VdevSpace {
     pub fn new(vdev: u32, asize_bytes: u64, metaslab_shift: u8, sector_bytes: u64) -> VdevSpace {
         let size = 1u64 << metaslab_shift;
         let count = (asize_bytes >> metaslab_shift) as u32;
-        let mut metaslabs: Vec<Metaslab> = (0..count).map(|index| Metaslab::new(index, index as u64 * size, size)).collect();
+        let mut metaslabs: Vec<Metaslab> = (0..count)
+            .map(|index| Metaslab::new(index, index as u64 * size, size))
+            .collect();
         let half = count as usize / 2;
         // Metadata starts at its cursors, here and after every import (ownership
         // is not on disk): data keeps out of these once they hold anything.
@@ -225,7 +239,10 @@ impl VdevSpace {
             metaslabs,
             array_object: 0,
             data_cursor: (0, 0),
-            metadata_cursors: [(count.saturating_sub(1) as usize, 0), (half.saturating_sub(1), 0)],
+            metadata_cursors: [
+                (count.saturating_sub(1) as usize, 0),
+                (half.saturating_sub(1), 0),
+            ],
         }
     }
 
@@ -244,7 +261,10 @@ impl VdevSpace {
     }
 
     pub fn free_bytes(&self) -> u64 {
-        self.metaslabs.iter().map(|metaslab| metaslab.free.total_bytes()).sum()
+        self.metaslabs
+            .iter()
+            .map(|metaslab| metaslab.free.total_bytes())
+            .sum()
     }
 
     pub fn size_bytes(&self) -> u64 {
@@ -271,7 +291,14 @@ impl VdevSpace {
     /// the free space metadata owns plus the other empty metaslabs still cover
     /// `metadata_reserve` (the next commit's metadata on this vdev), else only
     /// when nothing else fits.
-    fn allocate_from(&mut self, cursor: (usize, u64), size: u64, avoid: Option<usize>, metadata: bool, metadata_reserve: u64) -> Option<(u64, (usize, u64))> {
+    fn allocate_from(
+        &mut self,
+        cursor: (usize, u64),
+        size: u64,
+        avoid: Option<usize>,
+        metadata: bool,
+        metadata_reserve: u64,
+    ) -> Option<(u64, (usize, u64))> {
         let (index, position) = cursor;
         let take = |metaslab: &mut Metaslab, start: u64| {
             // Data in an empty metaslab ends metadata's claim on it; data as a
@@ -281,14 +308,17 @@ impl VdevSpace {
             Some((start, (metaslab.index as usize, start + size)))
         };
         // The cursor's metaslab: metadata's own, or for data one holding data.
-        let cursor_usable = Some(index) != avoid && (metadata || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty()));
+        let cursor_usable = Some(index) != avoid
+            && (metadata
+                || (!self.metaslabs[index].metadata_owned && !self.metaslabs[index].is_empty()));
         if cursor_usable {
             let metaslab = &mut self.metaslabs[index];
             if metadata {
                 // Metadata: any hole at or after the cursor (when one fits at
                 // all: the walk would visit every hole for nothing).
                 if metaslab.free.largest_segment() >= size {
-                    if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size) {
+                    if let Some(start) = metaslab.free.first_fit(position.max(metaslab.start), size)
+                    {
                         return take(metaslab, start);
                     }
                 }
@@ -303,18 +333,30 @@ impl VdevSpace {
         // Data may take an empty metaslab while metadata's free space and the
         // other empty metaslabs still cover the reserve (metadata never asks).
         let empty_to_spare = !metadata && {
-            let (empty_count, owned_free) = self.metaslabs.iter().fold((0u64, 0u64), |(empty, owned), metaslab| match (metaslab.is_empty(), metaslab.metadata_owned) {
-                (true, _) => (empty + 1, owned),
-                (false, true) => (empty, owned + metaslab.free.total_bytes()),
-                (false, false) => (empty, owned),
-            });
-            owned_free + empty_count.saturating_sub(1) * (1u64 << self.metaslab_shift) >= metadata_reserve
+            let (empty_count, owned_free) =
+                self.metaslabs
+                    .iter()
+                    .fold((0u64, 0u64), |(empty, owned), metaslab| {
+                        match (metaslab.is_empty(), metaslab.metadata_owned) {
+                            (true, _) => (empty + 1, owned),
+                            (false, true) => (empty, owned + metaslab.free.total_bytes()),
+                            (false, false) => (empty, owned),
+                        }
+                    });
+            owned_free + empty_count.saturating_sub(1) * (1u64 << self.metaslab_shift)
+                >= metadata_reserve
         };
         // Preference rank of a metaslab for this allocation (lower first; None: not now).
         let rank = |metaslab: &Metaslab, last_resort: bool| -> Option<u8> {
             let empty = metaslab.is_empty();
             if metadata {
-                return Some(if metaslab.metadata_owned && !empty { 0 } else if empty { 1 } else { 2 });
+                return Some(if metaslab.metadata_owned && !empty {
+                    0
+                } else if empty {
+                    1
+                } else {
+                    2
+                });
             }
             match (metaslab.metadata_owned && !empty, empty) {
                 (false, false) => Some(0),
@@ -330,9 +372,22 @@ impl VdevSpace {
             // equals, one in a metaslab metadata has not claimed, then the
             // lowest-numbered).
             let best = (0..self.metaslabs.len())
-                .filter(|&candidate| Some(candidate) != avoid && rank(&self.metaslabs[candidate], false) == Some(0))
-                .filter_map(|candidate| self.metaslabs[candidate].free.largest().map(|(start, end)| (end - start, candidate, start)))
-                .max_by_key(|&(length, candidate, _)| (length, !self.metaslabs[candidate].metadata_owned, std::cmp::Reverse(candidate)));
+                .filter(|&candidate| {
+                    Some(candidate) != avoid && rank(&self.metaslabs[candidate], false) == Some(0)
+                })
+                .filter_map(|candidate| {
+                    self.metaslabs[candidate]
+                        .free
+                        .largest()
+                        .map(|(start, end)| (end - start, candidate, start))
+                })
+                .max_by_key(|&(length, candidate, _)| {
+                    (
+                        length,
+                        !self.metaslabs[candidate].metadata_owned,
+                        std::cmp::Reverse(candidate),
+                    )
+                });
             if let Some((length, candidate, start)) = best {
                 if length >= size {
                     return take(&mut self.metaslabs[candidate], start);
@@ -343,12 +398,25 @@ impl VdevSpace {
             let mut candidates: Vec<(u8, usize)> = (0..self.metaslabs.len())
                 // (The size index answers whether `size` fits at all, without
                 // walking a fragmented metaslab's holes.)
-                .filter(|&candidate| Some(candidate) != avoid && self.metaslabs[candidate].free.largest_segment() >= size)
-                .filter_map(|candidate| rank(&self.metaslabs[candidate], last_resort).map(|rank| (rank, candidate)))
+                .filter(|&candidate| {
+                    Some(candidate) != avoid
+                        && self.metaslabs[candidate].free.largest_segment() >= size
+                })
+                .filter_map(|candidate| {
+                    rank(&self.metaslabs[candidate], last_resort).map(|rank| (rank, candidate))
+                })
                 .collect();
-            candidates.sort_by_key(|&(rank, candidate)| (rank, std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()), candidate));
+            candidates.sort_by_key(|&(rank, candidate)| {
+                (
+                    rank,
+                    std::cmp::Reverse(self.metaslabs[candidate].free.total_bytes()),
+                    candidate,
+                )
+            });
             let found = candidates.into_iter().find_map(|(_, candidate)| {
-                let start = self.metaslabs[candidate].free.first_fit(self.metaslabs[candidate].start, size)?;
+                let start = self.metaslabs[candidate]
+                    .free
+                    .first_fit(self.metaslabs[candidate].start, size)?;
                 Some((candidate, start))
             });
             if let Some((candidate, start)) = found {
@@ -391,7 +459,13 @@ pub struct Allocator {
 
 impl Allocator {
     pub fn new(vdevs: Vec<VdevSpace>) -> Allocator {
-        let mut allocator = Allocator { vdevs, rotor: 0, metadata_reserve_bytes: 0, free_total_bytes: 0, size_total_bytes: 0 };
+        let mut allocator = Allocator {
+            vdevs,
+            rotor: 0,
+            metadata_reserve_bytes: 0,
+            free_total_bytes: 0,
+            size_total_bytes: 0,
+        };
         allocator.recount();
         allocator
     }
@@ -409,7 +483,10 @@ impl Allocator {
 
     /// Allocatable bytes now (deferred frees not included).
     pub fn free_bytes(&self) -> u64 {
-        debug_assert_eq!(self.free_total_bytes, self.vdevs.iter().map(VdevSpace::free_bytes).sum::<u64>());
+        debug_assert_eq!(
+            self.free_total_bytes,
+            self.vdevs.iter().map(VdevSpace::free_bytes).sum::<u64>()
+        );
         self.free_total_bytes
     }
 
@@ -419,22 +496,40 @@ impl Allocator {
             .iter()
             .flat_map(|vdev| vdev.metaslabs.iter())
             .map(|metaslab| {
-                metaslab.pending_frees.total_bytes() + metaslab.syncing_frees.total_bytes() + metaslab.defer.iter().map(RangeSet::total_bytes).sum::<u64>()
+                metaslab.pending_frees.total_bytes()
+                    + metaslab.syncing_frees.total_bytes()
+                    + metaslab
+                        .defer
+                        .iter()
+                        .map(RangeSet::total_bytes)
+                        .sum::<u64>()
             })
             .sum()
     }
 
     /// Bytes held back from data allocations for metadata.
     pub fn slop_bytes(&self) -> u64 {
-        (self.size_bytes() >> SLOP_SHIFT).max(SLOP_BYTES_MIN).min(self.size_bytes() / 2)
+        (self.size_bytes() >> SLOP_SHIFT)
+            .max(SLOP_BYTES_MIN)
+            .min(self.size_bytes() / 2)
     }
 
     /// Allocates space for a block of `physical_bytes` (rounded up to the
     /// vdev's sector, or with parity on RAID-Z).
     /// `avoid_vdev`/`avoid` keep a second copy away from the first.
-    pub fn allocate(&mut self, physical_bytes: u64, class: BlockClass, avoid: Option<Dva>) -> Result<Dva, NoSpace> {
+    pub fn allocate(
+        &mut self,
+        physical_bytes: u64,
+        class: BlockClass,
+        avoid: Option<Dva>,
+    ) -> Result<Dva, NoSpace> {
         if class == BlockClass::Data {
-            let largest = self.vdevs.iter().map(|vdev| vdev.asize(physical_bytes) + vdev.sector_bytes).max().unwrap_or(physical_bytes);
+            let largest = self
+                .vdevs
+                .iter()
+                .map(|vdev| vdev.asize(physical_bytes) + vdev.sector_bytes)
+                .max()
+                .unwrap_or(physical_bytes);
             if self.free_bytes() < self.slop_bytes() + self.metadata_reserve_bytes + largest {
                 return Err(NoSpace);
             }
@@ -447,14 +542,18 @@ impl Allocator {
                 continue;
             }
             let size = vdev.asize(physical_bytes);
-            let avoid_metaslab = avoid.filter(|dva| dva.vdev as usize == vdev_index).map(|dva| (dva.offset >> vdev.metaslab_shift) as usize);
+            let avoid_metaslab = avoid
+                .filter(|dva| dva.vdev as usize == vdev_index)
+                .map(|dva| (dva.offset >> vdev.metaslab_shift) as usize);
             let cursor = match class {
                 BlockClass::Data => vdev.data_cursor,
                 BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)],
             };
             let metadata = matches!(class, BlockClass::Metadata(_));
             let metadata_reserve = self.metadata_reserve_bytes / count as u64;
-            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, avoid_metaslab, metadata, metadata_reserve) {
+            if let Some((offset, next_cursor)) =
+                vdev.allocate_from(cursor, size, avoid_metaslab, metadata, metadata_reserve)
+            {
                 match class {
                     BlockClass::Data => vdev.data_cursor = next_cursor,
                     BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,
@@ -467,7 +566,11 @@ impl Allocator {
                         self.rotor = (vdev_index + 1) % count;
                     }
                 }
-                return Ok(Dva { vdev: vdev_index as u32, asize: size as u32, offset });
+                return Ok(Dva {
+                    vdev: vdev_index as u32,
+                    asize: size as u32,
+                    offset,
+                });
             }
         }
         Err(NoSpace)
@@ -477,14 +580,18 @@ impl Allocator {
     /// it was superseded before being linked).
     pub fn release(&mut self, dva: Dva) {
         let vdev = &mut self.vdevs[dva.vdev as usize];
-        vdev.metaslab_of(dva.offset).free.insert(dva.offset, dva.end());
+        vdev.metaslab_of(dva.offset)
+            .free
+            .insert(dva.offset, dva.end());
         self.free_total_bytes += dva.asize as u64;
     }
 
     /// Records an allocated range as in use from the open txg on.
     pub fn commit(&mut self, dva: Dva) {
         let vdev = &mut self.vdevs[dva.vdev as usize];
-        vdev.metaslab_of(dva.offset).pending_allocs.insert(dva.offset, dva.end());
+        vdev.metaslab_of(dva.offset)
+            .pending_allocs
+            .insert(dva.offset, dva.end());
     }
 
     /// Records a committed range as freed in the open txg.
@@ -504,7 +611,10 @@ impl Allocator {
 
     /// True when some metaslab has records to log.
     pub fn has_pending(&self) -> bool {
-        self.vdevs.iter().flat_map(|vdev| vdev.metaslabs.iter()).any(Metaslab::has_pending)
+        self.vdevs
+            .iter()
+            .flat_map(|vdev| vdev.metaslabs.iter())
+            .any(Metaslab::has_pending)
     }
 
     /// Takes the pending records of every metaslab for the syncing txg `txg`:
@@ -522,15 +632,22 @@ impl Allocator {
                 }
                 let allocs = std::mem::take(&mut metaslab.pending_allocs);
                 let frees = std::mem::take(&mut metaslab.pending_frees);
-                let mut records = Vec::with_capacity(allocs.segment_count() + frees.segment_count());
+                let mut records =
+                    Vec::with_capacity(allocs.segment_count() + frees.segment_count());
                 for (start, end) in allocs.iter() {
                     metaslab.allocated.insert(start, end);
-                    records.push(Record::Allocate { offset: start, length: end - start });
+                    records.push(Record::Allocate {
+                        offset: start,
+                        length: end - start,
+                    });
                 }
                 for (start, end) in frees.iter() {
                     metaslab.allocated.remove(start, end);
                     metaslab.syncing_frees.insert(start, end);
-                    records.push(Record::Free { offset: start, length: end - start });
+                    records.push(Record::Free {
+                        offset: start,
+                        length: end - start,
+                    });
                 }
                 out.push((vdev.vdev, metaslab.index, records));
             }
@@ -543,7 +660,7 @@ impl Allocator {
     pub fn sync_done(&mut self, txg: u64) {
         let slot = (txg % DEFER_TXGS) as usize;
         for vdev in &mut self.vdevs {
-                for metaslab in &mut vdev.metaslabs {
+            for metaslab in &mut vdev.metaslabs {
                 let released = std::mem::take(&mut metaslab.defer[slot]);
                 for (start, end) in released.iter() {
                     metaslab.free.insert(start, end);
@@ -577,7 +694,10 @@ impl Allocator {
                 }
                 for (start, end) in metaslab.pending_frees.iter() {
                     if !metaslab.allocated.contains(start, end) {
-                        return Err(format!("vdev {} metaslab {}: pending free {start}..{end} is not allocated", vdev.vdev, metaslab.index));
+                        return Err(format!(
+                            "vdev {} metaslab {}: pending free {start}..{end} is not allocated",
+                            vdev.vdev, metaslab.index
+                        ));
                     }
                 }
             }
@@ -600,10 +720,22 @@ mod tests {
         let first = allocator.allocate(16384, BlockClass::Data, None).unwrap();
         let second = allocator.allocate(16384, BlockClass::Data, None).unwrap();
         assert_eq!(second.offset, first.end());
-        let metadata = allocator.allocate(4096, BlockClass::Metadata(0), None).unwrap();
-        let ditto = allocator.allocate(4096, BlockClass::Metadata(1), Some(metadata)).unwrap();
-        assert_ne!(metadata.offset >> 24, ditto.offset >> 24, "ditto copies share a metaslab");
-        assert_ne!(metadata.offset >> 24, first.offset >> 24, "metadata mixed into the data metaslab");
+        let metadata = allocator
+            .allocate(4096, BlockClass::Metadata(0), None)
+            .unwrap();
+        let ditto = allocator
+            .allocate(4096, BlockClass::Metadata(1), Some(metadata))
+            .unwrap();
+        assert_ne!(
+            metadata.offset >> 24,
+            ditto.offset >> 24,
+            "ditto copies share a metaslab"
+        );
+        assert_ne!(
+            metadata.offset >> 24,
+            first.offset >> 24,
+            "metadata mixed into the data metaslab"
+        );
     }
 
     #[test]
@@ -620,11 +752,15 @@ mod tests {
                 }
             }
             if index == 2 {
-                metaslab.free.insert(metaslab.start, metaslab.start + (1 << 20));
+                metaslab
+                    .free
+                    .insert(metaslab.start, metaslab.start + (1 << 20));
             }
         }
         allocator.recount();
-        let metadata = allocator.allocate(32768, BlockClass::Metadata(0), None).expect("a 32 KiB run exists");
+        let metadata = allocator
+            .allocate(32768, BlockClass::Metadata(0), None)
+            .expect("a 32 KiB run exists");
         assert_eq!(metadata.offset >> 24, 2);
     }
 
@@ -638,9 +774,17 @@ mod tests {
         for (index, metaslab) in vdev.metaslabs.iter_mut().enumerate() {
             metaslab.free.clear();
             match index {
-                1 | 4.. => (metaslab.start..metaslab.start + metaslab.size).step_by(32768).for_each(|hole| metaslab.free.insert(hole, hole + 16384)),
-                2 => metaslab.free.insert(metaslab.start + (4 << 20), metaslab.start + (4 << 20) + (256 << 10)),
-                3 => metaslab.free.insert(metaslab.start + (8 << 20), metaslab.start + (8 << 20) + (512 << 10)),
+                1 | 4.. => (metaslab.start..metaslab.start + metaslab.size)
+                    .step_by(32768)
+                    .for_each(|hole| metaslab.free.insert(hole, hole + 16384)),
+                2 => metaslab.free.insert(
+                    metaslab.start + (4 << 20),
+                    metaslab.start + (4 << 20) + (256 << 10),
+                ),
+                3 => metaslab.free.insert(
+                    metaslab.start + (8 << 20),
+                    metaslab.start + (8 << 20) + (512 << 10),
+                ),
                 _ => {}
             }
         }
@@ -648,15 +792,26 @@ mod tests {
         allocator.recount();
         // A run fills the largest extent to its end, block after block, then
         // the next starts in the largest extent left, and so on.
-        for (extent_start, blocks) in [(3 * (16 << 20) + (8 << 20), 32u64), (2 * (16 << 20) + (4 << 20), 16)] {
+        for (extent_start, blocks) in [
+            (3 * (16 << 20) + (8 << 20), 32u64),
+            (2 * (16 << 20) + (4 << 20), 16),
+        ] {
             for block in 0..blocks {
                 let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
-                assert_eq!(dva.offset, extent_start + block * 16384, "block {block} of the run at {extent_start}");
+                assert_eq!(
+                    dva.offset,
+                    extent_start + block * 16384,
+                    "block {block} of the run at {extent_start}"
+                );
             }
         }
         // Only 16 KiB holes are left: one of them.
         let next = allocator.allocate(16384, BlockClass::Data, None).unwrap();
-        assert!(next.offset >> 24 == 1 || next.offset >> 24 >= 4, "a hole, at {}", next.offset);
+        assert!(
+            next.offset >> 24 == 1 || next.offset >> 24 >= 4,
+            "a hole, at {}",
+            next.offset
+        );
         assert_eq!(next.offset % 32768, 0, "holes start every 32 KiB");
     }
 
@@ -686,15 +841,21 @@ mod tests {
         for round in 0..200 {
             for _ in 0..2048 {
                 let slot = (next() % data.len() as u64) as usize;
-                let dva = allocator.allocate(4096, BlockClass::Data, None).expect("data space");
+                let dva = allocator
+                    .allocate(4096, BlockClass::Data, None)
+                    .expect("data space");
                 allocator.commit(dva);
                 allocator.free(std::mem::replace(&mut data[slot], dva));
             }
             // The commit rewrites 64 metadata blocks (two copies) and frees the old ones.
             let old: Vec<Dva> = metadata.drain(..).collect();
             for _ in 0..64 {
-                let first = allocator.allocate(32768, BlockClass::Metadata(0), None).unwrap_or_else(|_| panic!("no 32 KiB for metadata in round {round}"));
-                let second = allocator.allocate(32768, BlockClass::Metadata(1), Some(first)).unwrap_or_else(|_| panic!("no 32 KiB for its copy in round {round}"));
+                let first = allocator
+                    .allocate(32768, BlockClass::Metadata(0), None)
+                    .unwrap_or_else(|_| panic!("no 32 KiB for metadata in round {round}"));
+                let second = allocator
+                    .allocate(32768, BlockClass::Metadata(1), Some(first))
+                    .unwrap_or_else(|_| panic!("no 32 KiB for its copy in round {round}"));
                 allocator.commit(first);
                 allocator.commit(second);
                 metadata.extend([first, second]);
@@ -715,13 +876,23 @@ mod tests {
         let dva = allocator.allocate(16384, BlockClass::Data, None).unwrap();
         allocator.commit(dva);
         let records = allocator.take_pending(1);
-        assert_eq!(records[0].2, vec![Record::Allocate { offset: dva.offset, length: 16384 }]);
+        assert_eq!(
+            records[0].2,
+            vec![Record::Allocate {
+                offset: dva.offset,
+                length: 16384
+            }]
+        );
         allocator.sync_done(1);
         let free_before = allocator.free_bytes();
         allocator.free(dva);
         allocator.take_pending(2);
         allocator.sync_done(2);
-        assert_eq!(allocator.free_bytes(), free_before, "freed space reusable after one txg");
+        assert_eq!(
+            allocator.free_bytes(),
+            free_before,
+            "freed space reusable after one txg"
+        );
         allocator.sync_done(3);
         assert_eq!(allocator.free_bytes(), free_before);
         allocator.sync_done(4);
@@ -734,20 +905,35 @@ mod tests {
         let mut metaslab = Metaslab::new(0, 0, 1 << 24);
         let records = vec![
             Record::Txg(5),
-            Record::Allocate { offset: 0, length: 65536 },
+            Record::Allocate {
+                offset: 0,
+                length: 65536,
+            },
             Record::Txg(9),
-            Record::Free { offset: 0, length: 4096 },
+            Record::Free {
+                offset: 0,
+                length: 4096,
+            },
             Record::Txg(10),
-            Record::Free { offset: 4096, length: 4096 },
+            Record::Free {
+                offset: 4096,
+                length: 4096,
+            },
         ];
         metaslab.replay(&records, 10).unwrap();
         assert_eq!(metaslab.allocated.total_bytes(), 65536 - 8192);
         assert_eq!(metaslab.defer[1].total_bytes(), 4096);
         assert_eq!(metaslab.defer[0].total_bytes(), 4096);
         assert_eq!(metaslab.free.total_bytes(), (1 << 24) - 65536);
-        let bad = vec![Record::Free { offset: 0, length: 4096 }];
+        let bad = vec![Record::Free {
+            offset: 0,
+            length: 4096,
+        }];
         assert!(Metaslab::new(0, 0, 1 << 24).replay(&bad, 1).is_err());
-        let outside = vec![Record::Allocate { offset: 1 << 24, length: 4096 }];
+        let outside = vec![Record::Allocate {
+            offset: 1 << 24,
+            length: 4096,
+        }];
         assert!(Metaslab::new(0, 0, 1 << 24).replay(&outside, 1).is_err());
     }
 
@@ -767,7 +953,12 @@ mod tests {
         }
         allocator.take_pending(8);
         allocator.sync_done(8);
-        for dva in dvas.iter().skip(1).step_by(5).filter(|dva| (dva.offset / 16384) % 3 != 0) {
+        for dva in dvas
+            .iter()
+            .skip(1)
+            .step_by(5)
+            .filter(|dva| (dva.offset / 16384) % 3 != 0)
+        {
             allocator.free(*dva);
         }
         allocator.take_pending(9);
@@ -783,7 +974,15 @@ mod tests {
         let mut later = Metaslab::new(0, 0, 1 << 24);
         later.replay(&checkpoint, 11).unwrap();
         assert!(later.defer.iter().all(RangeSet::is_empty));
-        assert_eq!(later.free.total_bytes(), metaslab.free.total_bytes() + metaslab.defer.iter().map(RangeSet::total_bytes).sum::<u64>());
+        assert_eq!(
+            later.free.total_bytes(),
+            metaslab.free.total_bytes()
+                + metaslab
+                    .defer
+                    .iter()
+                    .map(RangeSet::total_bytes)
+                    .sum::<u64>()
+        );
     }
 
     #[test]
@@ -794,6 +993,8 @@ mod tests {
             count += 1;
         }
         assert!(count < 64 - 16, "data filled the slop ({count} MiB)");
-        assert!(allocator.allocate(4096, BlockClass::Metadata(0), None).is_ok());
+        assert!(allocator
+            .allocate(4096, BlockClass::Metadata(0), None)
+            .is_ok());
     }
 }

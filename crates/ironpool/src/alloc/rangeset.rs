@@ -33,7 +33,10 @@ impl RangeSet {
 
     /// An empty set that also keeps its ranges ordered by length.
     pub fn by_size() -> RangeSet {
-        RangeSet { by_size: Some(BTreeSet::new()), ..RangeSet::default() }
+        RangeSet {
+            by_size: Some(BTreeSet::new()),
+            ..RangeSet::default()
+        }
     }
 
     fn add_range(&mut self, start: u64, end: u64) {
@@ -100,10 +103,18 @@ impl RangeSet {
     /// Adds `start..end`, which must not overlap the set.
     pub fn try_insert(&mut self, start: u64, end: u64) -> Result<(), RangeError> {
         if start >= end {
-            return Err(RangeError { start, end, problem: "is empty" });
+            return Err(RangeError {
+                start,
+                end,
+                problem: "is empty",
+            });
         }
         if self.overlaps(start, end) {
-            return Err(RangeError { start, end, problem: "overlaps the set" });
+            return Err(RangeError {
+                start,
+                end,
+                problem: "overlaps the set",
+            });
         }
         let mut new_start = start;
         let mut new_end = end;
@@ -125,13 +136,25 @@ impl RangeSet {
     /// Removes `start..end`, which must be wholly in the set.
     pub fn try_remove(&mut self, start: u64, end: u64) -> Result<(), RangeError> {
         if start >= end {
-            return Err(RangeError { start, end, problem: "is empty" });
+            return Err(RangeError {
+                start,
+                end,
+                problem: "is empty",
+            });
         }
         let Some((&range_start, &range_end)) = self.ranges.range(..=start).next_back() else {
-            return Err(RangeError { start, end, problem: "is not in the set" });
+            return Err(RangeError {
+                start,
+                end,
+                problem: "is not in the set",
+            });
         };
         if range_end < end {
-            return Err(RangeError { start, end, problem: "is not wholly in the set" });
+            return Err(RangeError {
+                start,
+                end,
+                problem: "is not wholly in the set",
+            });
         }
         self.drop_range(range_start, range_end);
         if range_start < start {
@@ -173,7 +196,11 @@ impl RangeSet {
                 return Some(cursor);
             }
         }
-        for (start, end) in self.ranges.range(cursor..).chain(self.ranges.range(..cursor)) {
+        for (start, end) in self
+            .ranges
+            .range(cursor..)
+            .chain(self.ranges.range(..cursor))
+        {
             if end - start >= size {
                 return Some(*start);
             }
@@ -191,10 +218,12 @@ impl RangeSet {
     pub fn largest(&self) -> Option<(u64, u64)> {
         match &self.by_size {
             Some(index) => index.last().map(|&(length, start)| (start, start + length)),
-            None => self.iter().fold(None, |best: Option<(u64, u64)>, (start, end)| match best {
-                Some((best_start, best_end)) if best_end - best_start >= end - start => best,
-                _ => Some((start, end)),
-            }),
+            None => self
+                .iter()
+                .fold(None, |best: Option<(u64, u64)>, (start, end)| match best {
+                    Some((best_start, best_end)) if best_end - best_start >= end - start => best,
+                    _ => Some((start, end)),
+                }),
         }
     }
 }

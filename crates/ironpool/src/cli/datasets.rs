@@ -13,7 +13,12 @@ fn pool_of(name: &str) -> &str {
     name.split(['/', '@']).next().unwrap_or(name)
 }
 
-pub fn list(context: &Context, kind: &str, target: Option<&str>, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn list(
+    context: &Context,
+    kind: &str,
+    target: Option<&str>,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     match kind {
         "pool" => super::list(context, target, dirs),
         "volume" | "snapshot" | "all" => {
@@ -22,7 +27,18 @@ pub fn list(context: &Context, kind: &str, target: Option<&str>, dirs: &[PathBuf
             let mut rows = Vec::new();
             if kind != "snapshot" {
                 let result = admin(context, pool, dirs, Command::VolumeList)?;
-                rows.extend(result["volumes"].as_array().cloned().unwrap_or_default().into_iter().filter(|volume| volume["name"].as_str().is_some_and(|name| name == target || target == pool)));
+                rows.extend(
+                    result["volumes"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|volume| {
+                            volume["name"]
+                                .as_str()
+                                .is_some_and(|name| name == target || target == pool)
+                        }),
+                );
             }
             if kind != "volume" {
                 let volume = (target != pool).then(|| target.to_string());
@@ -33,7 +49,10 @@ pub fn list(context: &Context, kind: &str, target: Option<&str>, dirs: &[PathBuf
                 println!("{}", serde_json::json!({ "datasets": rows }));
                 return Ok(());
             }
-            println!("{:<40} {:>9} {:>9} {:>9} {:>9} {:>6}  ORIGIN", "NAME", "USED", "REFER", "USEDSNAP", "WRITTEN", "RATIO");
+            println!(
+                "{:<40} {:>9} {:>9} {:>9} {:>9} {:>6}  ORIGIN",
+                "NAME", "USED", "REFER", "USEDSNAP", "WRITTEN", "RATIO"
+            );
             for row in rows {
                 let figure = |key: &str| row[key].as_u64().map(bytes).unwrap_or_else(|| "-".into());
                 println!(
@@ -43,7 +62,10 @@ pub fn list(context: &Context, kind: &str, target: Option<&str>, dirs: &[PathBuf
                     figure("referenced_bytes"),
                     figure("used_by_snapshots_bytes"),
                     figure("written_bytes"),
-                    row["compress_ratio"].as_f64().map(|ratio| format!("{ratio:.2}x")).unwrap_or_else(|| "-".into()),
+                    row["compress_ratio"]
+                        .as_f64()
+                        .map(|ratio| format!("{ratio:.2}x"))
+                        .unwrap_or_else(|| "-".into()),
                     row["origin"].as_str().unwrap_or("-")
                 );
             }
@@ -61,23 +83,58 @@ pub fn done(context: &Context, result: Value, message: String) {
     }
 }
 
-pub fn snapshot(context: &Context, names: &[String], recursive: bool, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn snapshot(
+    context: &Context,
+    names: &[String],
+    recursive: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     let pool = pool_of(&names[0]).to_string();
     if names.iter().any(|name| pool_of(name) != pool) {
         return Err("snapshots taken together must be in one pool".into());
     }
-    let result = admin(context, &pool, dirs, Command::Snapshot { names: names.to_vec(), recursive })?;
-    let taken: Vec<String> = result["snapshots"].as_array().cloned().unwrap_or_default().iter().filter_map(|name| name.as_str().map(String::from)).collect();
+    let result = admin(
+        context,
+        &pool,
+        dirs,
+        Command::Snapshot {
+            names: names.to_vec(),
+            recursive,
+        },
+    )?;
+    let taken: Vec<String> = result["snapshots"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|name| name.as_str().map(String::from))
+        .collect();
     done(context, result, format!("created {}", taken.join(", ")));
     Ok(())
 }
 
-pub fn destroy(context: &Context, name: &str, recursive: bool, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn destroy(
+    context: &Context,
+    name: &str,
+    recursive: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     let pool = pool_of(name);
     let (command, what) = if name.contains('@') {
-        (Command::SnapshotDestroy { name: name.to_string() }, "snapshot")
+        (
+            Command::SnapshotDestroy {
+                name: name.to_string(),
+            },
+            "snapshot",
+        )
     } else if name.contains('/') {
-        (Command::VolumeDestroy { name: name.to_string(), recursive }, "volume")
+        (
+            Command::VolumeDestroy {
+                name: name.to_string(),
+                recursive,
+            },
+            "volume",
+        )
     } else {
         return Err(format!("'{name}': destroy takes POOL/VOL or POOL/VOL@SNAP"));
     };
@@ -91,19 +148,51 @@ pub fn clone(context: &Context, origin: &str, name: &str, dirs: &[PathBuf]) -> R
     if pool_of(name) != pool {
         return Err("a clone lives in its origin's pool".into());
     }
-    let result = admin(context, pool, dirs, Command::Clone { origin: origin.to_string(), name: name.to_string() })?;
-    done(context, result, format!("created clone '{name}' of '{origin}'"));
+    let result = admin(
+        context,
+        pool,
+        dirs,
+        Command::Clone {
+            origin: origin.to_string(),
+            name: name.to_string(),
+        },
+    )?;
+    done(
+        context,
+        result,
+        format!("created clone '{name}' of '{origin}'"),
+    );
     Ok(())
 }
 
 pub fn promote(context: &Context, name: &str, dirs: &[PathBuf]) -> Result<(), String> {
-    let result = admin(context, pool_of(name), dirs, Command::Promote { name: name.to_string() })?;
+    let result = admin(
+        context,
+        pool_of(name),
+        dirs,
+        Command::Promote {
+            name: name.to_string(),
+        },
+    )?;
     done(context, result, format!("promoted '{name}'"));
     Ok(())
 }
 
-pub fn rollback(context: &Context, name: &str, recursive: bool, dirs: &[PathBuf]) -> Result<(), String> {
-    let result = admin(context, pool_of(name), dirs, Command::Rollback { name: name.to_string(), recursive })?;
+pub fn rollback(
+    context: &Context,
+    name: &str,
+    recursive: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let result = admin(
+        context,
+        pool_of(name),
+        dirs,
+        Command::Rollback {
+            name: name.to_string(),
+            recursive,
+        },
+    )?;
     done(context, result, format!("rolled back to '{name}'"));
     Ok(())
 }

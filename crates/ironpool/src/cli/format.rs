@@ -46,9 +46,17 @@ pub fn plural(count: u64, one: &str, many: &str) -> String {
 /// "2026-11-23 14:05:09 UTC".
 pub fn utc(unix_seconds: u64) -> String {
     const SECONDS_PER_DAY: u64 = 86_400;
-    let (days, seconds) = (unix_seconds / SECONDS_PER_DAY, unix_seconds % SECONDS_PER_DAY);
+    let (days, seconds) = (
+        unix_seconds / SECONDS_PER_DAY,
+        unix_seconds % SECONDS_PER_DAY,
+    );
     let (year, month, day) = ironpool_bench::units::civil_from_days(days);
-    format!("{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC", seconds / 3600, seconds / 60 % 60, seconds % 60)
+    format!(
+        "{year:04}-{month:02}-{day:02} {:02}:{:02}:{:02} UTC",
+        seconds / 3600,
+        seconds / 60 % 60,
+        seconds % 60
+    )
 }
 
 /// One line about the scrub.
@@ -57,7 +65,11 @@ pub fn scrub_line(scrub: &Value) -> String {
         "scanning" => format!(
             "scrub in progress since {}{}: {:.1}% done, {} of {} examined, {} repaired, {}",
             utc(number(&scrub["started_unix_seconds"])),
-            if scrub["resumed"] == true { " (resumed after an interruption)" } else { "" },
+            if scrub["resumed"] == true {
+                " (resumed after an interruption)"
+            } else {
+                ""
+            },
             scrub["progress_percent"].as_f64().unwrap_or(0.0),
             bytes(number(&scrub["examined_bytes"])),
             bytes(number(&scrub["total_bytes"])),
@@ -73,7 +85,11 @@ pub fn scrub_line(scrub: &Value) -> String {
             match scrub["last"]["finished_unix_seconds"].as_u64() {
                 Some(finished) => format!(
                     ", {} at {}",
-                    if scrub["last"]["completed"] == true { "completed" } else { "stopped" },
+                    if scrub["last"]["completed"] == true {
+                        "completed"
+                    } else {
+                        "stopped"
+                    },
                     utc(finished)
                 ),
                 None => String::new(),
@@ -82,10 +98,29 @@ pub fn scrub_line(scrub: &Value) -> String {
         _ => match scrub["last"].as_object() {
             Some(last) => format!(
                 "last scrub repaired {} with {} ({}), finished at {}",
-                bytes(last.get("repaired_bytes").and_then(Value::as_u64).unwrap_or(0)),
-                plural(last.get("errors").and_then(Value::as_u64).unwrap_or(0), "error", "errors"),
-                if last.get("completed").and_then(Value::as_bool).unwrap_or(false) { "completed" } else { "stopped" },
-                utc(last.get("finished_unix_seconds").and_then(Value::as_u64).unwrap_or(0))
+                bytes(
+                    last.get("repaired_bytes")
+                        .and_then(Value::as_u64)
+                        .unwrap_or(0)
+                ),
+                plural(
+                    last.get("errors").and_then(Value::as_u64).unwrap_or(0),
+                    "error",
+                    "errors"
+                ),
+                if last
+                    .get("completed")
+                    .and_then(Value::as_bool)
+                    .unwrap_or(false)
+                {
+                    "completed"
+                } else {
+                    "stopped"
+                },
+                utc(last
+                    .get("finished_unix_seconds")
+                    .and_then(Value::as_u64)
+                    .unwrap_or(0))
             ),
             None => "none requested".to_string(),
         },
@@ -94,9 +129,20 @@ pub fn scrub_line(scrub: &Value) -> String {
 
 /// One line about the resilver.
 pub fn resilver_line(resilver: &Value) -> String {
-    let devices: Vec<&str> = resilver["devices"].as_array().map(|devices| devices.iter().filter_map(Value::as_str).collect()).unwrap_or_default();
-    let of_devices = if devices.is_empty() { String::new() } else { format!(" of {}", devices.join(", ")) };
-    let on_devices = if devices.is_empty() { String::new() } else { format!(" on {}", devices.join(", ")) };
+    let devices: Vec<&str> = resilver["devices"]
+        .as_array()
+        .map(|devices| devices.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let of_devices = if devices.is_empty() {
+        String::new()
+    } else {
+        format!(" of {}", devices.join(", "))
+    };
+    let on_devices = if devices.is_empty() {
+        String::new()
+    } else {
+        format!(" on {}", devices.join(", "))
+    };
     match resilver["state"].as_str().unwrap_or("none") {
         "resilvering" => format!(
             "resilver{of_devices} in progress: {:.1}% done, {} of {} examined, {} rewritten, {}",
@@ -112,7 +158,11 @@ pub fn resilver_line(resilver: &Value) -> String {
         "finished" => format!(
             "resilvered {} ({}){on_devices} in {} with {}, {} examined, finished at {}",
             bytes(number(&resilver["rewritten_bytes"])),
-            plural(number(&resilver["rewritten_blocks"]), "block copy", "block copies"),
+            plural(
+                number(&resilver["rewritten_blocks"]),
+                "block copy",
+                "block copies"
+            ),
             plural(number(&resilver["passes"]), "pass", "passes"),
             plural(number(&resilver["errors"]), "error", "errors"),
             bytes(number(&resilver["examined_bytes"])),
@@ -170,7 +220,10 @@ pub fn status(status: &Value) -> String {
         number(&status["durable_txg"])
     );
     out += "config:\n\n";
-    out += &format!("\t{:<44} {:<9} {:>5} {:>5} {:>5}\n", "NAME", "STATE", "READ", "WRITE", "CKSUM");
+    out += &format!(
+        "\t{:<44} {:<9} {:>5} {:>5} {:>5}\n",
+        "NAME", "STATE", "READ", "WRITE", "CKSUM"
+    );
     let vdevs = status["vdevs"].as_array().cloned().unwrap_or_default();
     let pool_errors = |field: &str| vdevs.iter().map(|vdev| number(&vdev[field])).sum::<u64>();
     out += &format!(
@@ -197,7 +250,10 @@ pub fn status(status: &Value) -> String {
         }
         for child in children {
             let width = 44 - indent.len();
-            let resilvering = status["resilver"]["devices"].as_array().is_some_and(|devices| devices.contains(&child["path"])) && status["resilver"]["state"] == "resilvering";
+            let resilvering = status["resilver"]["devices"]
+                .as_array()
+                .is_some_and(|devices| devices.contains(&child["path"]))
+                && status["resilver"]["state"] == "resilvering";
             let note = if resilvering {
                 "  (resilvering)"
             } else if child["needs_resilver"] == true {
@@ -221,7 +277,11 @@ pub fn status(status: &Value) -> String {
         out += "errors: No known data errors\n";
     } else {
         out += &format!("errors: {unrecoverable} blocks could not be read from any copy\n");
-        for detail in status["scrub"]["error_details"].as_array().cloned().unwrap_or_default() {
+        for detail in status["scrub"]["error_details"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+        {
             out += &format!("        {}\n", detail.as_str().unwrap_or(""));
         }
     }
@@ -279,10 +339,17 @@ mod tests {
         });
         let text = super::status(&status);
         assert_eq!(text.matches("scan:").count(), 1, "{text}");
-        assert!(text.contains("resilvered 4.0K (1 block copy) on /d/new.img in 1 pass with 0 errors"), "{text}");
+        assert!(
+            text.contains("resilvered 4.0K (1 block copy) on /d/new.img in 1 pass with 0 errors"),
+            "{text}"
+        );
         assert!(!text.contains("unix time"), "{text}");
-        let running = serde_json::json!({ "state": "resilvering", "devices": [], "progress_percent": 0.0 });
-        assert!(resilver_line(&running).starts_with("resilver in progress"), "{}", resilver_line(&running));
+        let running =
+            serde_json::json!({ "state": "resilvering", "devices": [], "progress_percent": 0.0 });
+        assert!(
+            resilver_line(&running).starts_with("resilver in progress"),
+            "{}",
+            resilver_line(&running)
+        );
     }
-
 }

@@ -15,7 +15,13 @@ use super::format::{bytes, count};
 use super::{admin, Context};
 
 /// Classes shown by -q and -l, with short column names.
-const CLASSES: [(&str, &str); 5] = [("sync_read", "syncr"), ("sync_write", "syncw"), ("async_read", "asyncr"), ("async_write", "asyncw"), ("scrub", "scrub")];
+const CLASSES: [(&str, &str); 5] = [
+    ("sync_read", "syncr"),
+    ("sync_write", "syncw"),
+    ("async_read", "asyncr"),
+    ("async_write", "asyncw"),
+    ("scrub", "scrub"),
+];
 
 pub struct Options {
     pub queues: bool,
@@ -33,7 +39,12 @@ fn delta(now: &Value, before: Option<&Value>, field: &str) -> f64 {
     number(&now[field]) - before.map(|before| number(&before[field])).unwrap_or(0.0)
 }
 
-pub fn run(context: &Context, pool: &str, dirs: &[PathBuf], options: Options) -> Result<(), String> {
+pub fn run(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    options: Options,
+) -> Result<(), String> {
     if options.interval.is_none() && !context.json {
         // One report: counters since import (as zpool iostat's first line).
         let now = admin(context, pool, dirs, Command::Iostat)?;
@@ -51,7 +62,9 @@ pub fn run(context: &Context, pool: &str, dirs: &[PathBuf], options: Options) ->
             print_report(&now, previous.as_ref(), &options);
         }
         reports += 1;
-        if options.count.is_some_and(|limit| reports >= limit) || (options.interval.is_none() && context.json) {
+        if options.count.is_some_and(|limit| reports >= limit)
+            || (options.interval.is_none() && context.json)
+        {
             return Ok(());
         }
         previous = Some(now);
@@ -61,12 +74,19 @@ pub fn run(context: &Context, pool: &str, dirs: &[PathBuf], options: Options) ->
 
 fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
     let seconds = match before {
-        Some(before) => ((number(&now["timestamp_ns"]) - number(&before["timestamp_ns"])) / 1e9).max(1e-9),
+        Some(before) => {
+            ((number(&now["timestamp_ns"]) - number(&before["timestamp_ns"])) / 1e9).max(1e-9)
+        }
         None => (number(&now["timestamp_ns"]) / 1e9).max(1e-9),
     };
     let devices = now["devices"].as_array().cloned().unwrap_or_default();
-    let previous: Vec<Value> = before.and_then(|before| before["devices"].as_array().cloned()).unwrap_or_default();
-    let mut header = format!("{:<40} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>6}", "device", "r/s", "w/s", "rMB/s", "wMB/s", "avg-wsz", "aqd", "areq");
+    let previous: Vec<Value> = before
+        .and_then(|before| before["devices"].as_array().cloned())
+        .unwrap_or_default();
+    let mut header = format!(
+        "{:<40} {:>7} {:>7} {:>8} {:>8} {:>8} {:>6} {:>6}",
+        "device", "r/s", "w/s", "rMB/s", "wMB/s", "avg-wsz", "aqd", "areq"
+    );
     if options.queues {
         for (_, short) in CLASSES {
             header += &format!(" {:>6}q {:>6}a", short, short);
@@ -85,7 +105,11 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         let write_bytes = delta(device, before, "write_bytes");
         let active_time = delta(device, before, "active_time_weighted_ns");
         let active_requests = delta(device, before, "active_requests_time_weighted_ns");
-        let average_write = if writes > 0.0 { write_bytes / writes } else { 0.0 };
+        let average_write = if writes > 0.0 {
+            write_bytes / writes
+        } else {
+            0.0
+        };
         let mut line = format!(
             "{:<40} {:>7} {:>7} {:>8.1} {:>8.1} {:>8} {:>6.1} {:>6.1}",
             shorten(device["path"].as_str().unwrap_or("?"), 40),
@@ -100,27 +124,55 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         if options.queues {
             for (class, _) in CLASSES {
                 let stats = &device["classes"][class];
-                line += &format!(" {:>7} {:>7}", number(&stats["queued"]), number(&stats["active"]));
+                line += &format!(
+                    " {:>7} {:>7}",
+                    number(&stats["queued"]),
+                    number(&stats["active"])
+                );
             }
         }
         if options.latency {
             for (class, _) in CLASSES {
-                line += &format!(" {:>8}", average_latency_us(&device["classes"][class]["total_latency_ns"]));
+                line += &format!(
+                    " {:>8}",
+                    average_latency_us(&device["classes"][class]["total_latency_ns"])
+                );
             }
         }
         println!("{line}");
     }
     if options.sizes {
         for device in &devices {
-            println!("\n{} request sizes (individual / aggregated device I/Os):", device["path"].as_str().unwrap_or("?"));
-            println!("{:>8} {:>10} {:>10} {:>10} {:>10}", "size", "read_ind", "read_agg", "write_ind", "write_agg");
-            let columns = ["read_request_sizes", "read_device_sizes", "write_request_sizes", "write_device_sizes"];
+            println!(
+                "\n{} request sizes (individual / aggregated device I/Os):",
+                device["path"].as_str().unwrap_or("?")
+            );
+            println!(
+                "{:>8} {:>10} {:>10} {:>10} {:>10}",
+                "size", "read_ind", "read_agg", "write_ind", "write_agg"
+            );
+            let columns = [
+                "read_request_sizes",
+                "read_device_sizes",
+                "write_request_sizes",
+                "write_device_sizes",
+            ];
             for bucket in 9..25usize {
-                let values: Vec<u64> = columns.iter().map(|column| device[*column]["buckets"][bucket].as_u64().unwrap_or(0)).collect();
+                let values: Vec<u64> = columns
+                    .iter()
+                    .map(|column| device[*column]["buckets"][bucket].as_u64().unwrap_or(0))
+                    .collect();
                 if values.iter().all(|value| *value == 0) {
                     continue;
                 }
-                println!("{:>8} {:>10} {:>10} {:>10} {:>10}", bytes(1 << bucket), values[0], values[1], values[2], values[3]);
+                println!(
+                    "{:>8} {:>10} {:>10} {:>10} {:>10}",
+                    bytes(1 << bucket),
+                    values[0],
+                    values[1],
+                    values[2],
+                    values[3]
+                );
             }
         }
     }

@@ -30,7 +30,9 @@ pub const RING_ENTRIES: u32 = 1024;
 
 /// Where servers put their control sockets by default.
 pub fn default_run_dir() -> PathBuf {
-    std::env::var_os("IRONPOOL_RUN_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/run/ironpool"))
+    std::env::var_os("IRONPOOL_RUN_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/run/ironpool"))
 }
 
 pub fn default_control_path(pool: &str) -> PathBuf {
@@ -40,11 +42,16 @@ pub fn default_control_path(pool: &str) -> PathBuf {
 /// The pool cache: which directories hold each pool's devices, so commands work
 /// without `-d` after `create`.
 fn cache_path() -> PathBuf {
-    std::env::var_os("IRONPOOL_CACHE").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("/var/lib/ironpool/pools.json"))
+    std::env::var_os("IRONPOOL_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/var/lib/ironpool/pools.json"))
 }
 
 fn read_cache() -> BTreeMap<String, Vec<PathBuf>> {
-    std::fs::read(cache_path()).ok().and_then(|bytes| serde_json::from_slice(&bytes).ok()).unwrap_or_default()
+    std::fs::read(cache_path())
+        .ok()
+        .and_then(|bytes| serde_json::from_slice(&bytes).ok())
+        .unwrap_or_default()
 }
 
 /// `directory` as an absolute path, so a remembered directory means the same
@@ -59,7 +66,10 @@ fn absolute(directory: &Path) -> PathBuf {
 /// Records where a pool's devices are (best effort: the cache is a convenience),
 /// as absolute paths.
 pub fn remember(pool: &str, directories: &[PathBuf]) {
-    let mut absolute_directories: Vec<PathBuf> = directories.iter().map(|directory| absolute(directory)).collect();
+    let mut absolute_directories: Vec<PathBuf> = directories
+        .iter()
+        .map(|directory| absolute(directory))
+        .collect();
     absolute_directories.dedup();
     let mut cache = read_cache();
     cache.insert(pool.to_string(), absolute_directories);
@@ -82,33 +92,52 @@ pub fn search_dirs(pool: &str, dirs: &[PathBuf]) -> Result<Vec<PathBuf>, String>
     }
     match read_cache().remove(pool) {
         Some(dirs) if !dirs.is_empty() => Ok(dirs),
-        _ => Err(format!("where are the devices of pool '{pool}'? pass -d DIR (no entry in {})", cache_path().display())),
+        _ => Err(format!(
+            "where are the devices of pool '{pool}'? pass -d DIR (no entry in {})",
+            cache_path().display()
+        )),
     }
 }
 
 /// Runs a command against pool `pool`: through the control socket if a server
 /// runs, else by opening the pool here.
-pub fn admin(context: &Context, pool: &str, dirs: &[PathBuf], command: Command) -> Result<Value, String> {
+pub fn admin(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    command: Command,
+) -> Result<Value, String> {
     let explicit = context.control.clone();
-    let control = explicit.clone().unwrap_or_else(|| default_control_path(pool));
+    let control = explicit
+        .clone()
+        .unwrap_or_else(|| default_control_path(pool));
     if explicit.is_some() || control.exists() {
         if let Some(answer) = server_answer(client::call(&control, &command), explicit.is_some()) {
             return answer;
         }
     }
     let dirs = search_dirs(pool, dirs)?;
-    with_pool(pool, &dirs, move |pool| async move { execute(&pool, command, None).await })
+    with_pool(pool, &dirs, move |pool| async move {
+        execute(&pool, command, None).await
+    })
 }
 
 /// What a call to a server means for the CLI: `None` when no server was
 /// reached at the default socket (a stale file: the CLI opens the pool itself),
 /// else the answer. A server that was reached and then failed or died is an
 /// error, never a reason to run the command again here: it may have run.
-pub fn server_answer(call: Result<Response, client::CallError>, explicit: bool) -> Option<Result<Value, String>> {
+pub fn server_answer(
+    call: Result<Response, client::CallError>,
+    explicit: bool,
+) -> Option<Result<Value, String>> {
     match call {
         Ok(response) if response.ok => Some(Ok(response.result.unwrap_or(Value::Null))),
-        Ok(response) => Some(Err(response.error.unwrap_or_else(|| "the server reported an error".into()))),
-        Err(client::CallError::NotReached(text)) if explicit => Some(Err(format!("cannot reach the server: {text}"))),
+        Ok(response) => Some(Err(response
+            .error
+            .unwrap_or_else(|| "the server reported an error".into()))),
+        Err(client::CallError::NotReached(text)) if explicit => {
+            Some(Err(format!("cannot reach the server: {text}")))
+        }
         Err(client::CallError::NotReached(_)) => None,
         Err(error @ client::CallError::Lost(_)) => Some(Err(error.to_string())),
     }
@@ -120,9 +149,12 @@ where
     F: FnOnce(Rc<Pool>) -> Fut,
     Fut: std::future::Future<Output = Result<Value, PoolError>>,
 {
-    let runtime = Runtime::new_uring(RING_ENTRIES).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+    let runtime = Runtime::new_uring(RING_ENTRIES)
+        .map_err(|error| format!("cannot set up io_uring: {error}"))?;
     runtime.block_on(async {
-        let pool = Pool::import(pool_name, dirs, PoolTunables::default()).await.map_err(|error| explain_import(pool_name, error))?;
+        let pool = Pool::import(pool_name, dirs, PoolTunables::default())
+            .await
+            .map_err(|error| explain_import(pool_name, error))?;
         let result = work(pool.clone()).await;
         let exported = pool.export().await;
         let value = result.map_err(|error| error.to_string())?;
@@ -153,7 +185,11 @@ pub fn parse_layout(words: &[String]) -> Result<Vec<(TopVdevKind, Vec<PathBuf>)>
                 in_group = true;
             }
             Some(Err(message)) => return Err(message),
-            None if in_group => groups.last_mut().expect("a group was started").1.push(PathBuf::from(word)),
+            None if in_group => groups
+                .last_mut()
+                .expect("a group was started")
+                .1
+                .push(PathBuf::from(word)),
             None => groups.push((TopVdevKind::Disk, vec![PathBuf::from(word)])),
         }
     }
@@ -162,8 +198,17 @@ pub fn parse_layout(words: &[String]) -> Result<Vec<(TopVdevKind, Vec<PathBuf>)>
         if !range.contains(&devices.len()) {
             let name = kind.vdev_name(0);
             let name = name.trim_end_matches("-0");
-            let joiner = if range.end() - range.start() == 1 { "or" } else { "to" };
-            return Err(format!("a {name} takes {} {joiner} {} devices, got {}", range.start(), range.end(), devices.len()));
+            let joiner = if range.end() - range.start() == 1 {
+                "or"
+            } else {
+                "to"
+            };
+            return Err(format!(
+                "a {name} takes {} {joiner} {} devices, got {}",
+                range.start(),
+                range.end(),
+                devices.len()
+            ));
         }
     }
     if groups.is_empty() {
@@ -179,27 +224,49 @@ fn group_keyword(word: &str) -> Option<Result<TopVdevKind, String>> {
         "raidz" | "raidz1" => Some(Ok(TopVdevKind::Raidz1)),
         "raidz2" => Some(Ok(TopVdevKind::Raidz2)),
         "raidz3" => Some(Ok(TopVdevKind::Raidz3)),
-        keyword if keyword.starts_with("raidz") => Some(Err(format!("'{keyword}': RAID-Z has 1 to 3 parity columns (raidz1, raidz2, raidz3)"))),
-        "draid" | "spare" | "log" | "cache" | "special" | "dedup" => Some(Err(format!("'{word}' vdevs are not supported: use mirror, raidz1-3 or plain devices"))),
+        keyword if keyword.starts_with("raidz") => Some(Err(format!(
+            "'{keyword}': RAID-Z has 1 to 3 parity columns (raidz1, raidz2, raidz3)"
+        ))),
+        "draid" | "spare" | "log" | "cache" | "special" | "dedup" => Some(Err(format!(
+            "'{word}' vdevs are not supported: use mirror, raidz1-3 or plain devices"
+        ))),
         _ => None,
     }
 }
 
-pub fn create(context: &Context, pool: &str, words: &[String], force: bool, size: Option<&str>) -> Result<(), String> {
+pub fn create(
+    context: &Context,
+    pool: &str,
+    words: &[String],
+    force: bool,
+    size: Option<&str>,
+) -> Result<(), String> {
     let layout = parse_layout(words)?;
     let size_bytes = size.map(parse_size).transpose()?;
     // Absolute before anything is created (the files may not exist yet).
     let mut dirs: Vec<PathBuf> = layout
         .iter()
         .flat_map(|(_, devices)| devices.iter())
-        .map(|device| absolute(device.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."))))
+        .map(|device| {
+            absolute(
+                device
+                    .parent()
+                    .filter(|parent| !parent.as_os_str().is_empty())
+                    .unwrap_or(Path::new(".")),
+            )
+        })
         .collect();
     dirs.sort();
     dirs.dedup();
-    let runtime = Runtime::new_uring(RING_ENTRIES).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+    let runtime = Runtime::new_uring(RING_ENTRIES)
+        .map_err(|error| format!("cannot set up io_uring: {error}"))?;
     let status = runtime.block_on(async {
-        let pool = Pool::create(pool, layout, force, size_bytes, PoolTunables::default()).await.map_err(|error| error.to_string())?;
-        let status = execute(&pool, Command::Status, None).await.map_err(|error| error.to_string())?;
+        let pool = Pool::create(pool, layout, force, size_bytes, PoolTunables::default())
+            .await
+            .map_err(|error| error.to_string())?;
+        let status = execute(&pool, Command::Status, None)
+            .await
+            .map_err(|error| error.to_string())?;
         pool.export().await.map_err(|error| error.to_string())?;
         Ok::<Value, String>(status)
     })?;
@@ -207,28 +274,54 @@ pub fn create(context: &Context, pool: &str, words: &[String], force: bool, size
     if context.json {
         println!("{status}");
     } else {
-        println!("created pool '{pool}': {} usable", format::bytes(status["size_bytes"].as_u64().unwrap_or(0)));
+        println!(
+            "created pool '{pool}': {} usable",
+            format::bytes(status["size_bytes"].as_u64().unwrap_or(0))
+        );
     }
     Ok(())
 }
 
 fn split_volume_name(name: &str) -> Result<(&str, &str), String> {
-    name.split_once('/').ok_or_else(|| format!("'{name}': volumes are named POOL/NAME"))
+    name.split_once('/')
+        .ok_or_else(|| format!("'{name}': volumes are named POOL/NAME"))
 }
 
-pub fn volume_create(context: &Context, name: &str, size: &str, options: &[String], dirs: &[PathBuf]) -> Result<(), String> {
+pub fn volume_create(
+    context: &Context,
+    name: &str,
+    size: &str,
+    options: &[String],
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     let (pool, _) = split_volume_name(name)?;
     let size_bytes = parse_size(size)?;
     let mut properties = BTreeMap::new();
     for option in options {
-        let (key, value) = option.split_once('=').ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
+        let (key, value) = option
+            .split_once('=')
+            .ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
         properties.insert(key.to_string(), value.to_string());
     }
-    let result = admin(context, pool, dirs, Command::VolumeCreate { name: name.to_string(), size_bytes, properties })?;
+    let result = admin(
+        context,
+        pool,
+        dirs,
+        Command::VolumeCreate {
+            name: name.to_string(),
+            size_bytes,
+            properties,
+        },
+    )?;
     if context.json {
         println!("{result}");
     } else {
-        println!("created volume '{}' ({}, volblocksize {})", name, format::bytes(size_bytes), format::bytes(result["block_bytes"].as_u64().unwrap_or(0)));
+        println!(
+            "created volume '{}' ({}, volblocksize {})",
+            name,
+            format::bytes(size_bytes),
+            format::bytes(result["block_bytes"].as_u64().unwrap_or(0))
+        );
     }
     Ok(())
 }
@@ -239,7 +332,10 @@ pub fn volume_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<()
         println!("{result}");
         return Ok(());
     }
-    println!("{:<32} {:>10} {:>10} {:>12}", "NAME", "VOLSIZE", "USED", "VOLBLOCKSIZE");
+    println!(
+        "{:<32} {:>10} {:>10} {:>12}",
+        "NAME", "VOLSIZE", "USED", "VOLBLOCKSIZE"
+    );
     for volume in result["volumes"].as_array().cloned().unwrap_or_default() {
         println!(
             "{:<32} {:>10} {:>10} {:>12}",
@@ -252,9 +348,22 @@ pub fn volume_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<()
     Ok(())
 }
 
-pub fn volume_destroy(context: &Context, name: &str, dirs: &[PathBuf], recursive: bool) -> Result<(), String> {
+pub fn volume_destroy(
+    context: &Context,
+    name: &str,
+    dirs: &[PathBuf],
+    recursive: bool,
+) -> Result<(), String> {
     let (pool, _) = split_volume_name(name)?;
-    let result = admin(context, pool, dirs, Command::VolumeDestroy { name: name.to_string(), recursive })?;
+    let result = admin(
+        context,
+        pool,
+        dirs,
+        Command::VolumeDestroy {
+            name: name.to_string(),
+            recursive,
+        },
+    )?;
     if context.json {
         println!("{result}");
     } else {
@@ -287,13 +396,23 @@ pub fn list(context: &Context, pool: Option<&str>, dirs: &[PathBuf]) -> Result<(
         }
     }
     if context.json {
-        println!("{}", serde_json::json!({ "pools": pools, "errors": errors }));
+        println!(
+            "{}",
+            serde_json::json!({ "pools": pools, "errors": errors })
+        );
     } else {
-        println!("{:<20} {:>10} {:>10} {:>10} {:>8}  HEALTH", "NAME", "SIZE", "ALLOC", "FREE", "CAP");
+        println!(
+            "{:<20} {:>10} {:>10} {:>10} {:>8}  HEALTH",
+            "NAME", "SIZE", "ALLOC", "FREE", "CAP"
+        );
         for entry in &pools {
             let size = entry["size_bytes"].as_u64().unwrap_or(0);
             let allocated = entry["allocated_bytes"].as_u64().unwrap_or(0);
-            let capacity = if size == 0 { 0.0 } else { allocated as f64 * 100.0 / size as f64 };
+            let capacity = if size == 0 {
+                0.0
+            } else {
+                allocated as f64 * 100.0 / size as f64
+            };
             println!(
                 "{:<20} {:>10} {:>10} {:>10} {:>7.0}%  {}",
                 entry["name"].as_str().unwrap_or("?"),
@@ -314,7 +433,13 @@ pub fn list(context: &Context, pool: Option<&str>, dirs: &[PathBuf]) -> Result<(
     Ok(())
 }
 
-pub fn scrub(context: &Context, pool: &str, dirs: &[PathBuf], wait: bool, stop: bool) -> Result<(), String> {
+pub fn scrub(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    wait: bool,
+    stop: bool,
+) -> Result<(), String> {
     if stop {
         let result = admin(context, pool, dirs, Command::ScrubStop)?;
         if context.json {
@@ -352,7 +477,12 @@ pub fn scrub(context: &Context, pool: &str, dirs: &[PathBuf], wait: bool, stop: 
             return print_scrub(context, pool, &result);
         }
         if !context.json {
-            eprintln!("scrub of '{pool}': {:.1}% ({} of {})", result["progress_percent"].as_f64().unwrap_or(0.0), format::bytes(result["examined_bytes"].as_u64().unwrap_or(0)), format::bytes(result["total_bytes"].as_u64().unwrap_or(0)));
+            eprintln!(
+                "scrub of '{pool}': {:.1}% ({} of {})",
+                result["progress_percent"].as_f64().unwrap_or(0.0),
+                format::bytes(result["examined_bytes"].as_u64().unwrap_or(0)),
+                format::bytes(result["total_bytes"].as_u64().unwrap_or(0))
+            );
         }
     }
 }
@@ -364,7 +494,10 @@ fn print_scrub(context: &Context, pool: &str, result: &Value) -> Result<(), Stri
         println!("scrub of '{pool}': {}", format::scrub_line(result));
     }
     if result["errors"].as_u64().unwrap_or(0) > 0 {
-        return Err(format!("scrub found {} unrecoverable errors", result["errors"]));
+        return Err(format!(
+            "scrub found {} unrecoverable errors",
+            result["errors"]
+        ));
     }
     Ok(())
 }
@@ -372,7 +505,13 @@ fn print_scrub(context: &Context, pool: &str, result: &Value) -> Result<(), Stri
 /// `offline`, `online` and `replace`: through the server when one runs (with
 /// `wait`, following the resilver until it ends); otherwise on the pool
 /// opened here, which then resilvers before it is exported.
-pub fn device_command(context: &Context, pool: &str, dirs: &[PathBuf], command: Command, wait: bool) -> Result<(), String> {
+pub fn device_command(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    command: Command,
+    wait: bool,
+) -> Result<(), String> {
     let served = context.control.is_some() || default_control_path(pool).exists();
     let result = if served {
         let result = admin(context, pool, dirs, command)?;
@@ -404,15 +543,29 @@ pub fn device_command(context: &Context, pool: &str, dirs: &[PathBuf], command: 
 /// `replace`: NEW is made absolute (a server resolves paths from its own
 /// directory) and created sparse at `size` when asked and missing.
 #[allow(clippy::too_many_arguments)]
-pub fn replace(context: &Context, pool: &str, dirs: &[PathBuf], old: &str, new: &str, force: bool, wait: bool, size: Option<&str>) -> Result<(), String> {
+pub fn replace(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    old: &str,
+    new: &str,
+    force: bool,
+    wait: bool,
+    size: Option<&str>,
+) -> Result<(), String> {
     let path = Path::new(new);
     if let Some(size) = size {
         if !path.exists() {
-            ironpool::pool::create_sparse_file(path, parse_size(size)?).map_err(|error| error.to_string())?;
+            ironpool::pool::create_sparse_file(path, parse_size(size)?)
+                .map_err(|error| error.to_string())?;
         }
     }
     let canonical = std::fs::canonicalize(path).map_err(|error| format!("{new}: {error}"))?;
-    let command = Command::Replace { old: old.to_string(), new: canonical.display().to_string(), force };
+    let command = Command::Replace {
+        old: old.to_string(),
+        new: canonical.display().to_string(),
+        force,
+    };
     device_command(context, pool, dirs, command, wait)
 }
 
@@ -454,7 +607,13 @@ pub fn check(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), Stri
     }
 }
 
-pub fn tune(context: &Context, pool: &str, dirs: &[PathBuf], name: Option<String>, value: Option<String>) -> Result<(), String> {
+pub fn tune(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    name: Option<String>,
+    value: Option<String>,
+) -> Result<(), String> {
     let command = match (name, value) {
         (Some(name), Some(value)) => Command::SetTunable { name, value },
         (None, None) => Command::GetTunables,
@@ -464,7 +623,10 @@ pub fn tune(context: &Context, pool: &str, dirs: &[PathBuf], name: Option<String
     if context.json {
         println!("{result}");
     } else {
-        println!("{}", serde_json::to_string_pretty(&result).unwrap_or_default());
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&result).unwrap_or_default()
+        );
     }
     Ok(())
 }
@@ -480,12 +642,32 @@ mod tests {
     #[test]
     fn layouts_mix_disks_mirrors_and_raidz_groups() {
         let layout = parse_layout(&words("a mirror b c raidz2 d e f g raidz h i")).unwrap();
-        let kinds: Vec<(TopVdevKind, usize)> = layout.iter().map(|(kind, devices)| (*kind, devices.len())).collect();
-        assert_eq!(kinds, vec![(TopVdevKind::Disk, 1), (TopVdevKind::Mirror, 2), (TopVdevKind::Raidz2, 4), (TopVdevKind::Raidz1, 2)]);
-        assert_eq!(parse_layout(&words("raidz3 a b c d")).unwrap()[0].0, TopVdevKind::Raidz3);
-        assert!(parse_layout(&words("raidz3 a b c")).unwrap_err().contains("4 to 255"));
-        assert!(parse_layout(&words("raidz1 a")).unwrap_err().contains("2 to 255"));
-        assert!(parse_layout(&words("mirror a b c d")).unwrap_err().contains("2 or 3"));
+        let kinds: Vec<(TopVdevKind, usize)> = layout
+            .iter()
+            .map(|(kind, devices)| (*kind, devices.len()))
+            .collect();
+        assert_eq!(
+            kinds,
+            vec![
+                (TopVdevKind::Disk, 1),
+                (TopVdevKind::Mirror, 2),
+                (TopVdevKind::Raidz2, 4),
+                (TopVdevKind::Raidz1, 2)
+            ]
+        );
+        assert_eq!(
+            parse_layout(&words("raidz3 a b c d")).unwrap()[0].0,
+            TopVdevKind::Raidz3
+        );
+        assert!(parse_layout(&words("raidz3 a b c"))
+            .unwrap_err()
+            .contains("4 to 255"));
+        assert!(parse_layout(&words("raidz1 a"))
+            .unwrap_err()
+            .contains("2 to 255"));
+        assert!(parse_layout(&words("mirror a b c d"))
+            .unwrap_err()
+            .contains("2 or 3"));
         assert!(parse_layout(&words("raidz0 a b")).is_err());
         assert!(parse_layout(&words("raidz2")).is_err());
         assert!(parse_layout(&[]).is_err());

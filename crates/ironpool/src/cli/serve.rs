@@ -42,11 +42,21 @@ fn termination_signals() -> Result<OwnedFd, String> {
     }
 }
 
-pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String], pidfile: Option<&Path>, tunables: &[String], nbd_thread: bool) -> Result<(), String> {
+pub fn serve(
+    context: &Context,
+    pool_name: &str,
+    dirs: &[PathBuf],
+    nbd: &[String],
+    pidfile: Option<&Path>,
+    tunables: &[String],
+    nbd_thread: bool,
+) -> Result<(), String> {
     let dirs = search_dirs(pool_name, dirs)?;
     let mut settings = Vec::new();
     for setting in tunables {
-        let (name, value) = setting.split_once('=').ok_or_else(|| format!("'-o {setting}': use -o NAME=VALUE"))?;
+        let (name, value) = setting
+            .split_once('=')
+            .ok_or_else(|| format!("'-o {setting}': use -o NAME=VALUE"))?;
         settings.push((name.to_string(), value.to_string()));
     }
     let mut listens = Vec::new();
@@ -54,20 +64,32 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
         listens.push(Listen::parse(spec)?);
     }
     if listens.is_empty() {
-        listens.push(Listen::Unix(default_run_dir().join(format!("{pool_name}.sock"))));
+        listens.push(Listen::Unix(
+            default_run_dir().join(format!("{pool_name}.sock")),
+        ));
     }
     for listen in &listens {
         if let Listen::Unix(path) = listen {
-            if let Some(parent) = path.parent().filter(|parent| !parent.as_os_str().is_empty()) {
-                std::fs::create_dir_all(parent).map_err(|error| format!("{}: {error}", parent.display()))?;
+            if let Some(parent) = path
+                .parent()
+                .filter(|parent| !parent.as_os_str().is_empty())
+            {
+                std::fs::create_dir_all(parent)
+                    .map_err(|error| format!("{}: {error}", parent.display()))?;
             }
         }
     }
-    let control_path = context.control.clone().unwrap_or_else(|| default_control_path(pool_name));
+    let control_path = context
+        .control
+        .clone()
+        .unwrap_or_else(|| default_control_path(pool_name));
     let signals = termination_signals()?;
-    let runtime = Runtime::new_uring(RING_ENTRIES * 4).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+    let runtime = Runtime::new_uring(RING_ENTRIES * 4)
+        .map_err(|error| format!("cannot set up io_uring: {error}"))?;
     runtime.block_on(async {
-        let pool = Pool::import(pool_name, &dirs, PoolTunables::default()).await.map_err(|error| super::explain_import(pool_name, error))?;
+        let pool = Pool::import(pool_name, &dirs, PoolTunables::default())
+            .await
+            .map_err(|error| super::explain_import(pool_name, error))?;
         remember(pool_name, &dirs);
         for (name, value) in &settings {
             if let Err(error) = ironpool::control::commands::set_tunable(&pool, name, value) {
@@ -119,14 +141,20 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
                     std::thread::Builder::new()
                         .name("ironpool-nbd".into())
                         .spawn(move || -> Result<(), String> {
-                            let runtime = Runtime::new_uring(RING_ENTRIES * 4).map_err(|error| format!("cannot set up io_uring: {error}"))?;
+                            let runtime = Runtime::new_uring(RING_ENTRIES * 4)
+                                .map_err(|error| format!("cannot set up io_uring: {error}"))?;
                             runtime.block_on(run_front_end());
                             Ok(())
                         })
                         .map_err(|error| format!("cannot start the NBD thread: {error}"))?,
                 )
             };
-            let engine = rt::spawn(engine::serve(pool.clone(), engine_inbox, to_front_end, stats.clone()));
+            let engine = rt::spawn(engine::serve(
+                pool.clone(),
+                engine_inbox,
+                to_front_end,
+                stats.clone(),
+            ));
             front_end = Some((thread, stop, engine));
         }
         if failure.is_none() {
@@ -140,7 +168,11 @@ pub fn serve(context: &Context, pool_name: &str, dirs: &[PathBuf], nbd: &[String
             for note in &pool.notes() {
                 eprintln!("ironpool: {pool_name}: {note}");
             }
-            let exports: Vec<String> = pool.visible_volumes().iter().map(|volume| volume.name.clone()).collect();
+            let exports: Vec<String> = pool
+                .visible_volumes()
+                .iter()
+                .map(|volume| volume.name.clone())
+                .collect();
             eprintln!(
                 "ironpool: serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {})",
                 pool.txg.durable(),

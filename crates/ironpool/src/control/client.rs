@@ -47,7 +47,9 @@ fn server_holds_lock(path: &Path) -> bool {
     use std::os::fd::AsRawFd;
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
-    let Ok(file) = std::fs::File::open(&lock_path) else { return false };
+    let Ok(file) = std::fs::File::open(&lock_path) else {
+        return false;
+    };
     // SAFETY: flock on a descriptor we own; a shared lock taken here is
     // released when `file` closes at the end of this function.
     unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_SH | libc::LOCK_NB) != 0 }
@@ -57,28 +59,42 @@ fn server_holds_lock(path: &Path) -> bool {
 /// live server holds, is `NotReached`.
 fn connect(path: &Path) -> Result<UnixStream, CallError> {
     if !server_holds_lock(path) {
-        return Err(CallError::NotReached(format!("{}: no server holds this socket", path.display())));
+        return Err(CallError::NotReached(format!(
+            "{}: no server holds this socket",
+            path.display()
+        )));
     }
-    UnixStream::connect(path).map_err(|error| CallError::NotReached(format!("{}: {error}", path.display())))
+    UnixStream::connect(path)
+        .map_err(|error| CallError::NotReached(format!("{}: {error}", path.display())))
 }
 
 /// Reads the server's one-line answer; anything short of a full answer is `Lost`.
 fn read_answer(path: &Path, socket: UnixStream) -> Result<Response, CallError> {
-    let lost = |what: String| CallError::Lost(format!("the server on {} {what}; the command may have run in part or whole: check before retrying", path.display()));
+    let lost = |what: String| {
+        CallError::Lost(format!("the server on {} {what}; the command may have run in part or whole: check before retrying", path.display()))
+    };
     let mut line = String::new();
-    BufReader::new(socket).read_line(&mut line).map_err(|error| lost(format!("failed before answering ({error})")))?;
+    BufReader::new(socket)
+        .read_line(&mut line)
+        .map_err(|error| lost(format!("failed before answering ({error})")))?;
     if !line.ends_with('\n') {
-        return Err(lost("closed the connection without an answer (did it stop or crash?)".into()));
+        return Err(lost(
+            "closed the connection without an answer (did it stop or crash?)".into(),
+        ));
     }
-    serde_json::from_str(&line).map_err(|error| CallError::Lost(format!("bad answer from {}: {error}", path.display())))
+    serde_json::from_str(&line)
+        .map_err(|error| CallError::Lost(format!("bad answer from {}: {error}", path.display())))
 }
 
 /// Sends `command` to the server listening on `path`.
 pub fn call(path: &Path, command: &Command) -> Result<Response, CallError> {
     let mut stream = connect(path)?;
     let lost = |error: std::io::Error| CallError::Lost(format!("{}: {error}", path.display()));
-    stream.set_read_timeout(Some(CLIENT_TIMEOUT)).map_err(lost)?;
-    let mut request = serde_json::to_vec(command).map_err(|error| CallError::NotReached(error.to_string()))?;
+    stream
+        .set_read_timeout(Some(CLIENT_TIMEOUT))
+        .map_err(lost)?;
+    let mut request =
+        serde_json::to_vec(command).map_err(|error| CallError::NotReached(error.to_string()))?;
     request.push(b'\n');
     stream.write_all(&request).map_err(lost)?;
     read_answer(path, stream)
@@ -87,22 +103,36 @@ pub fn call(path: &Path, command: &Command) -> Result<Response, CallError> {
 /// Sends a stream command (send, receive) to the server on `path`, passing it
 /// `stream` (the CLI's stdout or stdin) so that the server reads or writes the
 /// stream directly; waits for the answer however long the stream takes.
-pub fn call_with_stream(path: &Path, command: &Command, stream: std::os::fd::RawFd) -> Result<Response, CallError> {
+pub fn call_with_stream(
+    path: &Path,
+    command: &Command,
+    stream: std::os::fd::RawFd,
+) -> Result<Response, CallError> {
     use std::os::fd::AsRawFd;
     let socket = connect(path)?;
-    let mut request = serde_json::to_vec(command).map_err(|error| CallError::NotReached(error.to_string()))?;
+    let mut request =
+        serde_json::to_vec(command).map_err(|error| CallError::NotReached(error.to_string()))?;
     request.push(b'\n');
-    send_with_fd(socket.as_raw_fd(), &request, stream).map_err(|error| CallError::Lost(format!("{}: {error}", path.display())))?;
+    send_with_fd(socket.as_raw_fd(), &request, stream)
+        .map_err(|error| CallError::Lost(format!("{}: {error}", path.display())))?;
     read_answer(path, socket)
 }
 
 /// Writes `bytes` to a unix socket with `fd` attached (SCM_RIGHTS) to the first
 /// part of them.
-fn send_with_fd(socket: std::os::fd::RawFd, bytes: &[u8], fd: std::os::fd::RawFd) -> std::io::Result<()> {
+fn send_with_fd(
+    socket: std::os::fd::RawFd,
+    bytes: &[u8],
+    fd: std::os::fd::RawFd,
+) -> std::io::Result<()> {
     // SAFETY: CMSG_SPACE is a pure computation.
-    let space = unsafe { libc::CMSG_SPACE(std::mem::size_of::<std::os::fd::RawFd>() as u32) } as usize;
+    let space =
+        unsafe { libc::CMSG_SPACE(std::mem::size_of::<std::os::fd::RawFd>() as u32) } as usize;
     let mut control = vec![0u8; space];
-    let mut iovec = libc::iovec { iov_base: bytes.as_ptr() as *mut libc::c_void, iov_len: bytes.len() };
+    let mut iovec = libc::iovec {
+        iov_base: bytes.as_ptr() as *mut libc::c_void,
+        iov_len: bytes.len(),
+    };
     // SAFETY: an all-zero msghdr is valid; its pointers are set to live locals.
     let mut header: libc::msghdr = unsafe { std::mem::zeroed() };
     header.msg_iov = &mut iovec;
@@ -127,7 +157,9 @@ fn send_with_fd(socket: std::os::fd::RawFd, bytes: &[u8], fd: std::os::fd::RawFd
         // The descriptor went with the first part; the rest is plain bytes.
         use std::io::Write;
         // SAFETY: borrowing the caller's socket descriptor without taking it.
-        let mut stream = std::mem::ManuallyDrop::new(unsafe { <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(socket) });
+        let mut stream = std::mem::ManuallyDrop::new(unsafe {
+            <UnixStream as std::os::fd::FromRawFd>::from_raw_fd(socket)
+        });
         stream.write_all(&bytes[sent..])?;
     }
     Ok(())

@@ -26,14 +26,22 @@ pub struct ControlServer {
 
 impl ControlServer {
     /// Binds `path` (replacing a stale socket) and serves commands for `pool`.
-    pub fn start(path: &Path, pool: Rc<Pool>, nbd: Option<std::sync::Arc<SharedStats>>) -> std::io::Result<Rc<ControlServer>> {
+    pub fn start(
+        path: &Path,
+        pool: Rc<Pool>,
+        nbd: Option<std::sync::Arc<SharedStats>>,
+    ) -> std::io::Result<Rc<ControlServer>> {
         if let Some(parent) = path.parent() {
             if !parent.as_os_str().is_empty() {
                 std::fs::create_dir_all(parent)?;
             }
         }
         let (listener, lock) = crate::nbd::server::bind_unix_exclusive(path)?;
-        let server = Rc::new(ControlServer { fd: listener.into(), path: path.to_path_buf(), _lock: lock });
+        let server = Rc::new(ControlServer {
+            fd: listener.into(),
+            path: path.to_path_buf(),
+            _lock: lock,
+        });
         let raw = server.fd.as_raw_fd();
         rt::spawn(async move {
             while let Ok(socket) = uring::accept(raw).await {
@@ -89,15 +97,38 @@ async fn read_request(fd: RawFd) -> Result<(Vec<u8>, Option<OwnedFd>), String> {
 async fn serve_one(socket: OwnedFd, pool: Rc<Pool>, nbd: Option<std::sync::Arc<SharedStats>>) {
     let fd = socket.as_raw_fd();
     let response = match rt::timeout(REQUEST_TIMEOUT, read_request(fd)).await {
-        None => Response { ok: false, result: None, error: Some("timed out waiting for the request".into()) },
-        Some(Err(error)) => Response { ok: false, result: None, error: Some(error) },
+        None => Response {
+            ok: false,
+            result: None,
+            error: Some("timed out waiting for the request".into()),
+        },
+        Some(Err(error)) => Response {
+            ok: false,
+            result: None,
+            error: Some(error),
+        },
         Some(Ok((bytes, passed))) => match serde_json::from_slice::<Command>(&bytes) {
             Ok(command @ (Command::Send { .. } | Command::Receive { .. })) => match passed {
-                Some(stream) => Response::from_result(execute_stream(&pool, command, stream.as_raw_fd()).await),
-                None => Response { ok: false, result: None, error: Some("send and receive need the stream's descriptor passed with the request".into()) },
+                Some(stream) => {
+                    Response::from_result(execute_stream(&pool, command, stream.as_raw_fd()).await)
+                }
+                None => Response {
+                    ok: false,
+                    result: None,
+                    error: Some(
+                        "send and receive need the stream's descriptor passed with the request"
+                            .into(),
+                    ),
+                },
             },
-            Ok(command) => Response::from_result(execute(&pool, command, nbd.map(|stats| stats.snapshot())).await),
-            Err(error) => Response { ok: false, result: None, error: Some(format!("bad request: {error}")) },
+            Ok(command) => Response::from_result(
+                execute(&pool, command, nbd.map(|stats| stats.snapshot())).await,
+            ),
+            Err(error) => Response {
+                ok: false,
+                result: None,
+                error: Some(format!("bad request: {error}")),
+            },
         },
     };
     let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());

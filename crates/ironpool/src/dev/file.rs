@@ -22,12 +22,17 @@ pub enum OpenError {
     NotFound { path: String },
     #[error("{path}: permission denied")]
     PermissionDenied { path: String },
-    #[error("{path}: in use by another process (another ironpool server holds it, or it is mounted)")]
+    #[error(
+        "{path}: in use by another process (another ironpool server holds it, or it is mounted)"
+    )]
     InUse { path: String },
     #[error("{path}: not a regular file or block device")]
     NotADevice { path: String },
     #[error("{path}: {source}")]
-    Io { path: String, source: std::io::Error },
+    Io {
+        path: String,
+        source: std::io::Error,
+    },
 }
 
 /// A file or block device driven by io_uring.
@@ -60,8 +65,15 @@ impl FileDevice {
         if !is_block && !metadata.is_file() {
             return Err(OpenError::NotADevice { path: display });
         }
-        let c_path = CString::new(path.as_os_str().as_bytes()).map_err(|_| OpenError::NotFound { path: display.clone() })?;
-        let base_flags = if exclusive { libc::O_RDWR | if is_block { libc::O_EXCL } else { 0 } } else { libc::O_RDONLY } | libc::O_CLOEXEC;
+        let c_path =
+            CString::new(path.as_os_str().as_bytes()).map_err(|_| OpenError::NotFound {
+                path: display.clone(),
+            })?;
+        let base_flags = if exclusive {
+            libc::O_RDWR | if is_block { libc::O_EXCL } else { 0 }
+        } else {
+            libc::O_RDONLY
+        } | libc::O_CLOEXEC;
         // SAFETY: c_path is a valid NUL-terminated string.
         let mut raw = unsafe { libc::open(c_path.as_ptr(), base_flags | libc::O_DIRECT) };
         let mut direct = true;
@@ -88,18 +100,32 @@ impl FileDevice {
             if error.raw_os_error() == Some(libc::EWOULDBLOCK) {
                 return Err(OpenError::InUse { path: display });
             }
-            return Err(OpenError::Io { path: display, source: error });
+            return Err(OpenError::Io {
+                path: display,
+                source: error,
+            });
         }
-        let info = if is_block { block_device_info(&fd, &display, direct)? } else { regular_file_info(&fd, &display, &metadata, direct) };
+        let info = if is_block {
+            block_device_info(&fd, &display, direct)?
+        } else {
+            regular_file_info(&fd, &display, &metadata, direct)
+        };
         Ok(FileDevice { fd, info })
     }
 }
 
 fn map_open_error(path: &str, error: std::io::Error) -> OpenError {
     match error.kind() {
-        std::io::ErrorKind::NotFound => OpenError::NotFound { path: path.to_string() },
-        std::io::ErrorKind::PermissionDenied => OpenError::PermissionDenied { path: path.to_string() },
-        _ => OpenError::Io { path: path.to_string(), source: error },
+        std::io::ErrorKind::NotFound => OpenError::NotFound {
+            path: path.to_string(),
+        },
+        std::io::ErrorKind::PermissionDenied => OpenError::PermissionDenied {
+            path: path.to_string(),
+        },
+        _ => OpenError::Io {
+            path: path.to_string(),
+            source: error,
+        },
     }
 }
 
@@ -110,10 +136,17 @@ fn block_device_info(fd: &OwnedFd, path: &str, direct: bool) -> Result<DeviceInf
     // SAFETY: each ioctl writes one integer of the stated type into a local.
     unsafe {
         if libc::ioctl(fd.as_raw_fd(), BLKGETSIZE64, &mut size as *mut u64) != 0 {
-            return Err(OpenError::Io { path: path.to_string(), source: std::io::Error::last_os_error() });
+            return Err(OpenError::Io {
+                path: path.to_string(),
+                source: std::io::Error::last_os_error(),
+            });
         }
         libc::ioctl(fd.as_raw_fd(), BLKSSZGET, &mut logical as *mut libc::c_int);
-        libc::ioctl(fd.as_raw_fd(), BLKPBSZGET, &mut physical as *mut libc::c_uint);
+        libc::ioctl(
+            fd.as_raw_fd(),
+            BLKPBSZGET,
+            &mut physical as *mut libc::c_uint,
+        );
     }
     let rotational = rotational_flag(fd).unwrap_or(false);
     Ok(DeviceInfo {
@@ -126,7 +159,12 @@ fn block_device_info(fd: &OwnedFd, path: &str, direct: bool) -> Result<DeviceInf
     })
 }
 
-fn regular_file_info(fd: &OwnedFd, path: &str, metadata: &std::fs::Metadata, direct: bool) -> DeviceInfo {
+fn regular_file_info(
+    fd: &OwnedFd,
+    path: &str,
+    metadata: &std::fs::Metadata,
+    direct: bool,
+) -> DeviceInfo {
     // Direct I/O on a file must be aligned to the filesystem's direct I/O unit;
     // statx tells it (Linux 6.1+), else assume 4 KiB, which every filesystem accepts.
     let alignment = dio_offset_alignment(fd).unwrap_or(4096).max(512);
@@ -146,7 +184,15 @@ fn dio_offset_alignment(fd: &OwnedFd) -> Option<u32> {
     // refers to the descriptor itself.
     let mut buffer: libc::statx = unsafe { std::mem::zeroed() };
     let empty = c"";
-    let result = unsafe { libc::statx(fd.as_raw_fd(), empty.as_ptr(), libc::AT_EMPTY_PATH, STATX_DIOALIGN, &mut buffer) };
+    let result = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            empty.as_ptr(),
+            libc::AT_EMPTY_PATH,
+            STATX_DIOALIGN,
+            &mut buffer,
+        )
+    };
     if result != 0 || buffer.stx_mask & STATX_DIOALIGN == 0 || buffer.stx_dio_offset_align == 0 {
         return None;
     }
@@ -160,7 +206,8 @@ fn rotational_flag(fd: &OwnedFd) -> Option<bool> {
         return None;
     }
     let (major, minor) = (libc::major(stat.st_rdev), libc::minor(stat.st_rdev));
-    let text = std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/queue/rotational")).ok()?;
+    let text =
+        std::fs::read_to_string(format!("/sys/dev/block/{major}:{minor}/queue/rotational")).ok()?;
     Some(text.trim() == "1")
 }
 
@@ -169,9 +216,17 @@ impl Device for FileDevice {
         &self.info
     }
 
-    fn read(&self, offset: u64, buffers: Vec<AlignedBuf>) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)> {
+    fn read(
+        &self,
+        offset: u64,
+        buffers: Vec<AlignedBuf>,
+    ) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)> {
         Box::pin(async move {
-            let wanted = match check_range(&self.info, offset, buffers.iter().map(|buffer| buffer.len())) {
+            let wanted = match check_range(
+                &self.info,
+                offset,
+                buffers.iter().map(|buffer| buffer.len()),
+            ) {
                 Ok(total) => total as usize,
                 Err(error) => return (Err(error), buffers),
             };
@@ -192,10 +247,17 @@ impl Device for FileDevice {
         })
     }
 
-    fn write(&self, offset: u64, slices: Vec<BufSlice>) -> DeviceFuture<'_, Result<(), DeviceError>> {
+    fn write(
+        &self,
+        offset: u64,
+        slices: Vec<BufSlice>,
+    ) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
-            let wanted = check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))? as usize;
-            let done = uring::writev_at(self.fd.as_raw_fd(), slices, offset).await.map_err(|error| DeviceError::from_io(&self.info.path, error))?;
+            let wanted =
+                check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))? as usize;
+            let done = uring::writev_at(self.fd.as_raw_fd(), slices, offset)
+                .await
+                .map_err(|error| DeviceError::from_io(&self.info.path, error))?;
             if done != wanted {
                 return Err(DeviceError::Short { done, wanted });
             }
@@ -205,7 +267,9 @@ impl Device for FileDevice {
 
     fn flush(&self) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
-            uring::fsync(self.fd.as_raw_fd(), true).await.map_err(|error| DeviceError::from_io(&self.info.path, error))?;
+            uring::fsync(self.fd.as_raw_fd(), true)
+                .await
+                .map_err(|error| DeviceError::from_io(&self.info.path, error))?;
             Ok(())
         })
     }

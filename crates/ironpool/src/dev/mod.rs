@@ -59,7 +59,9 @@ impl DeviceError {
     /// become [`DeviceError::NoSpace`], everything else an I/O error.
     pub fn from_io(path: &str, error: std::io::Error) -> DeviceError {
         match error.raw_os_error() {
-            Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace { path: path.to_string() },
+            Some(libc::ENOSPC) | Some(libc::EDQUOT) => DeviceError::NoSpace {
+                path: path.to_string(),
+            },
             _ => DeviceError::Io(error.to_string()),
         }
     }
@@ -82,25 +84,52 @@ pub trait Device {
     fn info(&self) -> &DeviceInfo;
 
     /// Reads into `buffers`, in order, starting at `offset` (one vectored I/O).
-    fn read(&self, offset: u64, buffers: Vec<AlignedBuf>) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)>;
+    fn read(
+        &self,
+        offset: u64,
+        buffers: Vec<AlignedBuf>,
+    ) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)>;
 
     /// Writes `slices`, in order, starting at `offset` (one vectored I/O).
-    fn write(&self, offset: u64, slices: Vec<BufSlice>) -> DeviceFuture<'_, Result<(), DeviceError>>;
+    fn write(
+        &self,
+        offset: u64,
+        slices: Vec<BufSlice>,
+    ) -> DeviceFuture<'_, Result<(), DeviceError>>;
 
     /// Makes every write completed before this call durable.
     fn flush(&self) -> DeviceFuture<'_, Result<(), DeviceError>>;
 }
 
 /// Checks that an I/O is inside the device and aligned; returns its length.
-pub(crate) fn check_range(info: &DeviceInfo, offset: u64, lengths: impl Iterator<Item = usize>) -> Result<u64, DeviceError> {
+pub(crate) fn check_range(
+    info: &DeviceInfo,
+    offset: u64,
+    lengths: impl Iterator<Item = usize>,
+) -> Result<u64, DeviceError> {
     let mut total = 0u64;
     for length in lengths {
-        assert!(length as u64 % info.logical_sector_bytes as u64 == 0, "unaligned I/O length {length} on {}", info.path);
+        assert!(
+            length as u64 % info.logical_sector_bytes as u64 == 0,
+            "unaligned I/O length {length} on {}",
+            info.path
+        );
         total += length as u64;
     }
-    assert!(offset % info.logical_sector_bytes as u64 == 0, "unaligned I/O offset {offset} on {}", info.path);
-    if offset.checked_add(total).is_none_or(|end| end > info.size_bytes) {
-        return Err(DeviceError::OutOfRange { offset, length: total, size: info.size_bytes });
+    assert!(
+        offset % info.logical_sector_bytes as u64 == 0,
+        "unaligned I/O offset {offset} on {}",
+        info.path
+    );
+    if offset
+        .checked_add(total)
+        .is_none_or(|end| end > info.size_bytes)
+    {
+        return Err(DeviceError::OutOfRange {
+            offset,
+            length: total,
+            size: info.size_bytes,
+        });
     }
     Ok(total)
 }

@@ -74,7 +74,12 @@ pub struct SimLatency {
 
 impl Default for SimLatency {
     fn default() -> SimLatency {
-        SimLatency { minimum_us: 20, maximum_us: 200, spike_every: 500, spike_us: 5_000 }
+        SimLatency {
+            minimum_us: 20,
+            maximum_us: 200,
+            spike_every: 500,
+            spike_us: 5_000,
+        }
     }
 }
 
@@ -93,7 +98,10 @@ struct Media {
 
 impl Clone for PendingWrite {
     fn clone(&self) -> PendingWrite {
-        PendingWrite { offset: self.offset, data: self.data.clone() }
+        PendingWrite {
+            offset: self.offset,
+            data: self.data.clone(),
+        }
     }
 }
 
@@ -156,7 +164,10 @@ impl SimDevice {
                 rotational: false,
                 direct: true,
             },
-            media: RefCell::new(Media { durable: BTreeMap::new(), pending: Vec::new() }),
+            media: RefCell::new(Media {
+                durable: BTreeMap::new(),
+                pending: Vec::new(),
+            }),
             rng: RefCell::new(Rng::new(seed)),
             faults: RefCell::new(SimFaults::default()),
             latency: Cell::new(SimLatency::default()),
@@ -229,7 +240,12 @@ impl SimDevice {
 
     /// Bytes of unflushed writes (what a crash now could lose or tear).
     pub fn pending_bytes(&self) -> u64 {
-        self.media.borrow().pending.iter().map(|write| write.data.len() as u64).sum()
+        self.media
+            .borrow()
+            .pending
+            .iter()
+            .map(|write| write.data.len() as u64)
+            .sum()
     }
 
     pub fn set_faults(&self, faults: SimFaults) {
@@ -254,7 +270,9 @@ impl SimDevice {
             for (index, sector) in write.data.chunks(SIM_SECTOR_BYTES).enumerate() {
                 if rng.chance(1, 2) {
                     let sector_number = write.offset / SIM_SECTOR_BYTES as u64 + index as u64;
-                    media.durable.insert(sector_number, sector.to_vec().into_boxed_slice());
+                    media
+                        .durable
+                        .insert(sector_number, sector.to_vec().into_boxed_slice());
                 } else {
                     lost += 1;
                 }
@@ -270,7 +288,10 @@ impl SimDevice {
         let mut position = offset;
         while position < offset + length {
             let sector_number = position / SIM_SECTOR_BYTES as u64;
-            let sector = media.durable.entry(sector_number).or_insert_with(|| vec![0u8; SIM_SECTOR_BYTES].into_boxed_slice());
+            let sector = media
+                .durable
+                .entry(sector_number)
+                .or_insert_with(|| vec![0u8; SIM_SECTOR_BYTES].into_boxed_slice());
             let within = (position % SIM_SECTOR_BYTES as u64) as usize;
             sector[within] ^= 1 << rng.below(8);
             position += 1;
@@ -334,7 +355,11 @@ impl SimDevice {
         }
         let guard = InFlight(&self.in_flight, issue);
         wait.await;
-        let overtook = self.in_flight.borrow().first().is_some_and(|first| *first < issue);
+        let overtook = self
+            .in_flight
+            .borrow()
+            .first()
+            .is_some_and(|first| *first < issue);
         drop(guard);
         if overtook {
             self.count(|counters| counters.reordered_completions += 1);
@@ -372,11 +397,19 @@ impl SimDevice {
         let span = length.div_ceil(sector);
         let mut rng = self.rng.borrow_mut();
         let distance = 1 + rng.below(64);
-        let target = if rng.chance(1, 2) { wanted.saturating_add(distance) } else { wanted.saturating_sub(distance) };
+        let target = if rng.chance(1, 2) {
+            wanted.saturating_add(distance)
+        } else {
+            wanted.saturating_sub(distance)
+        };
         let target = target.min(sectors.saturating_sub(span));
         if target == wanted {
             // Pinned against an end of the device: go the other way.
-            return if wanted >= distance { (wanted - distance) * sector } else { (wanted + distance).min(sectors - span) * sector };
+            return if wanted >= distance {
+                (wanted - distance) * sector
+            } else {
+                (wanted + distance).min(sectors - span) * sector
+            };
         }
         target * sector
     }
@@ -413,7 +446,8 @@ fn overlay(out: &mut [u8], offset: u64, write_offset: u64, data: &[u8]) {
         return;
     }
     let length = (end - start) as usize;
-    out[(start - offset) as usize..][..length].copy_from_slice(&data[(start - write_offset) as usize..][..length]);
+    out[(start - offset) as usize..][..length]
+        .copy_from_slice(&data[(start - write_offset) as usize..][..length]);
 }
 
 impl Device for SimDevice {
@@ -421,9 +455,17 @@ impl Device for SimDevice {
         &self.info
     }
 
-    fn read(&self, offset: u64, mut buffers: Vec<AlignedBuf>) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)> {
+    fn read(
+        &self,
+        offset: u64,
+        mut buffers: Vec<AlignedBuf>,
+    ) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)> {
         Box::pin(async move {
-            if let Err(error) = check_range(&self.info, offset, buffers.iter().map(|buffer| buffer.len())) {
+            if let Err(error) = check_range(
+                &self.info,
+                offset,
+                buffers.iter().map(|buffer| buffer.len()),
+            ) {
                 return (Err(error), buffers);
             }
             self.spend_latency().await;
@@ -459,7 +501,11 @@ impl Device for SimDevice {
         })
     }
 
-    fn write(&self, offset: u64, slices: Vec<BufSlice>) -> DeviceFuture<'_, Result<(), DeviceError>> {
+    fn write(
+        &self,
+        offset: u64,
+        slices: Vec<BufSlice>,
+    ) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
             check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))?;
             self.spend_latency().await;
@@ -473,21 +519,31 @@ impl Device for SimDevice {
                 return Err(DeviceError::Io("simulated write error".into()));
             }
             if self.draw_fault(faults.write_nospace_ppm, FaultKind::NoSpace) {
-                return Err(DeviceError::Io("simulated ENOSPC: no space left on device".into()));
+                return Err(DeviceError::Io(
+                    "simulated ENOSPC: no space left on device".into(),
+                ));
             }
-            let mut data: Vec<u8> = Vec::with_capacity(slices.iter().map(|slice| slice.len()).sum());
+            let mut data: Vec<u8> =
+                Vec::with_capacity(slices.iter().map(|slice| slice.len()).sum());
             for slice in &slices {
                 data.extend_from_slice(slice);
             }
-            if !data.is_empty() && self.draw_fault(faults.write_corruption_ppm, FaultKind::WriteCorruption) {
+            if !data.is_empty()
+                && self.draw_fault(faults.write_corruption_ppm, FaultKind::WriteCorruption)
+            {
                 let bit = self.rng.borrow_mut().below(data.len() as u64 * 8) as usize;
                 data[bit / 8] ^= 1 << (bit % 8);
             }
             let mut landing = offset;
-            if !data.is_empty() && self.draw_fault(faults.misdirected_write_ppm, FaultKind::Misdirected) {
+            if !data.is_empty()
+                && self.draw_fault(faults.misdirected_write_ppm, FaultKind::Misdirected)
+            {
                 landing = self.misdirect(offset, data.len() as u64);
             }
-            self.media.borrow_mut().pending.push(PendingWrite { offset: landing, data });
+            self.media.borrow_mut().pending.push(PendingWrite {
+                offset: landing,
+                data,
+            });
             // The write reports success wherever it landed: that is the fault.
             Ok(())
         })

@@ -37,7 +37,9 @@ pub const BLOCK_SIZE_MAX_BYTES: u32 = 16 * 1024 * 1024;
 pub const LEVEL_MAX: u8 = 12;
 
 /// Compression of a block's physical bytes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 #[serde(rename_all = "lowercase")]
 pub enum Compression {
     #[default]
@@ -101,7 +103,12 @@ pub struct BlockPointer {
 impl BlockPointer {
     /// A hole born in `birth_txg` (0: never written).
     pub fn hole(level: u8, object_type: ObjectType, birth_txg: u64) -> BlockPointer {
-        BlockPointer { level, object_type, birth_txg, ..BlockPointer::default() }
+        BlockPointer {
+            level,
+            object_type,
+            birth_txg,
+            ..BlockPointer::default()
+        }
     }
 
     pub fn is_hole(&self) -> bool {
@@ -131,7 +138,11 @@ impl BlockPointer {
         put_u32(out, 60, self.physical_size);
         out[64] = self.level;
         out[65] = self.object_type.code();
-        out[66] = if self.is_hole() { 0 } else { self.checksum_algo.code() };
+        out[66] = if self.is_hole() {
+            0
+        } else {
+            self.checksum_algo.code()
+        };
         out[67] = self.compression.code();
         put_u64(out, 72, self.fill);
         out[96..128].copy_from_slice(&self.checksum.0);
@@ -140,15 +151,24 @@ impl BlockPointer {
     pub fn decode(bytes: &[u8]) -> Result<BlockPointer, FormatError> {
         const WHAT: &str = "block pointer";
         if bytes.len() != BLOCK_POINTER_BYTES {
-            return Err(invalid(WHAT, format!("{} bytes, expected {BLOCK_POINTER_BYTES}", bytes.len())));
+            return Err(invalid(
+                WHAT,
+                format!("{} bytes, expected {BLOCK_POINTER_BYTES}", bytes.len()),
+            ));
         }
         let mut dvas = [Dva::default(); DVA_COUNT];
         for (index, dva) in dvas.iter_mut().enumerate() {
-            *dva = Dva { vdev: get_u32(bytes, index * 16), asize: get_u32(bytes, index * 16 + 4), offset: get_u64(bytes, index * 16 + 8) };
+            *dva = Dva {
+                vdev: get_u32(bytes, index * 16),
+                asize: get_u32(bytes, index * 16 + 4),
+                offset: get_u64(bytes, index * 16 + 8),
+            };
         }
         let level = bytes[64];
-        let object_type = ObjectType::from_code(bytes[65]).ok_or_else(|| invalid(WHAT, format!("unknown object type {}", bytes[65])))?;
-        let compression = Compression::from_code(bytes[67]).ok_or_else(|| invalid(WHAT, format!("unknown compression {}", bytes[67])))?;
+        let object_type = ObjectType::from_code(bytes[65])
+            .ok_or_else(|| invalid(WHAT, format!("unknown object type {}", bytes[65])))?;
+        let compression = Compression::from_code(bytes[67])
+            .ok_or_else(|| invalid(WHAT, format!("unknown compression {}", bytes[67])))?;
         if level > LEVEL_MAX {
             return Err(invalid(WHAT, format!("level {level} above {LEVEL_MAX}")));
         }
@@ -158,7 +178,8 @@ impl BlockPointer {
         let checksum_algo = if hole {
             ChecksumAlgo::default()
         } else {
-            ChecksumAlgo::from_code(bytes[66]).ok_or_else(|| invalid(WHAT, format!("unknown checksum algorithm {}", bytes[66])))?
+            ChecksumAlgo::from_code(bytes[66])
+                .ok_or_else(|| invalid(WHAT, format!("unknown checksum algorithm {}", bytes[66])))?
         };
         let pointer = BlockPointer {
             dvas,
@@ -181,14 +202,26 @@ impl BlockPointer {
     /// Checks the fields of a non-hole pointer for internal consistency.
     pub fn validate(&self) -> Result<(), FormatError> {
         const WHAT: &str = "block pointer";
-        if self.logical_size == 0 || self.logical_size > BLOCK_SIZE_MAX_BYTES || self.logical_size % 512 != 0 {
+        if self.logical_size == 0
+            || self.logical_size > BLOCK_SIZE_MAX_BYTES
+            || self.logical_size % 512 != 0
+        {
             return Err(invalid(WHAT, format!("logical size {}", self.logical_size)));
         }
         if self.physical_size == 0 || self.physical_size > self.logical_size {
-            return Err(invalid(WHAT, format!("physical size {} for logical {}", self.physical_size, self.logical_size)));
+            return Err(invalid(
+                WHAT,
+                format!(
+                    "physical size {} for logical {}",
+                    self.physical_size, self.logical_size
+                ),
+            ));
         }
         if self.compression == Compression::Off && self.physical_size != self.logical_size {
-            return Err(invalid(WHAT, "uncompressed block with physical size != logical size"));
+            return Err(invalid(
+                WHAT,
+                "uncompressed block with physical size != logical size",
+            ));
         }
         let mut ended = false;
         for dva in &self.dvas {
@@ -202,8 +235,14 @@ impl BlockPointer {
             if ended {
                 return Err(invalid(WHAT, "DVA after an empty one"));
             }
-            if dva.offset % 512 != 0 || dva.asize % 512 != 0 || (dva.asize as u64) < self.physical_size as u64 {
-                return Err(invalid(WHAT, format!("DVA {dva:?} cannot hold {} bytes", self.physical_size)));
+            if dva.offset % 512 != 0
+                || dva.asize % 512 != 0
+                || (dva.asize as u64) < self.physical_size as u64
+            {
+                return Err(invalid(
+                    WHAT,
+                    format!("DVA {dva:?} cannot hold {} bytes", self.physical_size),
+                ));
             }
             if dva.offset.checked_add(dva.asize as u64).is_none() {
                 return Err(invalid(WHAT, "DVA past the end of the address space"));
@@ -223,7 +262,19 @@ mod tests {
 
     fn sample() -> BlockPointer {
         BlockPointer {
-            dvas: [Dva { vdev: 1, asize: 16384, offset: 1 << 30 }, Dva { vdev: 0, asize: 16384, offset: 4096 }, Dva::default()],
+            dvas: [
+                Dva {
+                    vdev: 1,
+                    asize: 16384,
+                    offset: 1 << 30,
+                },
+                Dva {
+                    vdev: 0,
+                    asize: 16384,
+                    offset: 4096,
+                },
+                Dva::default(),
+            ],
             birth_txg: 42,
             logical_size: 16384,
             physical_size: 16384,
@@ -263,7 +314,11 @@ mod tests {
         assert!(BlockPointer::decode(&bytes).is_err());
         let mut pointer = sample();
         pointer.dvas[1] = Dva::default();
-        pointer.dvas[2] = Dva { vdev: 0, asize: 16384, offset: 0 };
+        pointer.dvas[2] = Dva {
+            vdev: 0,
+            asize: 16384,
+            offset: 0,
+        };
         pointer.encode(&mut bytes);
         assert!(BlockPointer::decode(&bytes).is_err());
         sample().encode(&mut bytes);

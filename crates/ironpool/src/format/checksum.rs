@@ -142,13 +142,21 @@ mod tests {
         for (index, byte) in data.iter_mut().enumerate() {
             *byte = (index * 7 + 3) as u8;
         }
-        for algo in [ChecksumAlgo::Fletcher4, ChecksumAlgo::Xxh3, ChecksumAlgo::Blake3] {
+        for algo in [
+            ChecksumAlgo::Fletcher4,
+            ChecksumAlgo::Xxh3,
+            ChecksumAlgo::Blake3,
+        ] {
             let checksum = algo.compute(&data);
             assert!(algo.verify(&data, &checksum));
             for bit in [0usize, 1, 8 * 4095 + 3, 8 * 16383 + 7] {
                 let mut damaged = data.clone();
                 damaged[bit / 8] ^= 1 << (bit % 8);
-                assert!(!algo.verify(&damaged, &checksum), "{} missed bit {bit}", algo.name());
+                assert!(
+                    !algo.verify(&damaged, &checksum),
+                    "{} missed bit {bit}",
+                    algo.name()
+                );
             }
         }
     }
@@ -163,7 +171,11 @@ mod tests {
 
     #[test]
     fn codes_round_trip() {
-        for algo in [ChecksumAlgo::Fletcher4, ChecksumAlgo::Xxh3, ChecksumAlgo::Blake3] {
+        for algo in [
+            ChecksumAlgo::Fletcher4,
+            ChecksumAlgo::Xxh3,
+            ChecksumAlgo::Blake3,
+        ] {
             assert_eq!(ChecksumAlgo::from_code(algo.code()), Some(algo));
             assert_eq!(ChecksumAlgo::parse(algo.name()), Some(algo));
         }

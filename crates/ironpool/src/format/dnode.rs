@@ -165,7 +165,8 @@ impl Dnode {
         if bytes.len() != DNODE_BYTES {
             return Err(invalid(WHAT, format!("{} bytes", bytes.len())));
         }
-        let object_type = ObjectType::from_code(bytes[0]).ok_or_else(|| invalid(WHAT, format!("unknown object type {}", bytes[0])))?;
+        let object_type = ObjectType::from_code(bytes[0])
+            .ok_or_else(|| invalid(WHAT, format!("unknown object type {}", bytes[0])))?;
         if object_type == ObjectType::None {
             return Ok(Dnode::default());
         }
@@ -174,8 +175,10 @@ impl Dnode {
             levels: bytes[1],
             data_block_shift: bytes[2],
             indirect_block_shift: bytes[3],
-            checksum_algo: ChecksumAlgo::from_code(bytes[4]).ok_or_else(|| invalid(WHAT, format!("unknown checksum {}", bytes[4])))?,
-            compression: Compression::from_code(bytes[5]).ok_or_else(|| invalid(WHAT, format!("unknown compression {}", bytes[5])))?,
+            checksum_algo: ChecksumAlgo::from_code(bytes[4])
+                .ok_or_else(|| invalid(WHAT, format!("unknown checksum {}", bytes[4])))?,
+            compression: Compression::from_code(bytes[5])
+                .ok_or_else(|| invalid(WHAT, format!("unknown compression {}", bytes[5])))?,
             flags: bytes[6],
             length_bytes: get_u64(bytes, 8),
             used_bytes: get_u64(bytes, 16),
@@ -196,13 +199,27 @@ impl Dnode {
             return Err(invalid(WHAT, format!("{} levels", self.levels)));
         }
         if !(DATA_BLOCK_SHIFT_MIN..=DATA_BLOCK_SHIFT_MAX).contains(&self.data_block_shift) {
-            return Err(invalid(WHAT, format!("data block shift {}", self.data_block_shift)));
+            return Err(invalid(
+                WHAT,
+                format!("data block shift {}", self.data_block_shift),
+            ));
         }
-        if !(INDIRECT_BLOCK_SHIFT_MIN..=INDIRECT_BLOCK_SHIFT_MAX).contains(&self.indirect_block_shift) {
-            return Err(invalid(WHAT, format!("indirect block shift {}", self.indirect_block_shift)));
+        if !(INDIRECT_BLOCK_SHIFT_MIN..=INDIRECT_BLOCK_SHIFT_MAX)
+            .contains(&self.indirect_block_shift)
+        {
+            return Err(invalid(
+                WHAT,
+                format!("indirect block shift {}", self.indirect_block_shift),
+            ));
         }
         if !self.root.is_hole() && self.root.level != self.levels - 1 {
-            return Err(invalid(WHAT, format!("root at level {} in a {}-level tree", self.root.level, self.levels)));
+            return Err(invalid(
+                WHAT,
+                format!(
+                    "root at level {} in a {}-level tree",
+                    self.root.level, self.levels
+                ),
+            ));
         }
         Ok(())
     }
@@ -232,7 +249,19 @@ mod tests {
             prev_snapshot_txg: 3,
             origin_txg: 2,
             root: BlockPointer {
-                dvas: [Dva { vdev: 0, asize: 32768, offset: 65536 }, Dva { vdev: 0, asize: 32768, offset: 1 << 20 }, Dva::default()],
+                dvas: [
+                    Dva {
+                        vdev: 0,
+                        asize: 32768,
+                        offset: 65536,
+                    },
+                    Dva {
+                        vdev: 0,
+                        asize: 32768,
+                        offset: 1 << 20,
+                    },
+                    Dva::default(),
+                ],
                 birth_txg: 7,
                 logical_size: 32768,
                 physical_size: 32768,

@@ -21,7 +21,9 @@
 use serde::{Deserialize, Serialize};
 
 use super::checksum::embedded;
-use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError, FORMAT_VERSION, LABEL_CONFIG_BYTES};
+use super::{
+    get_u32, get_u64, invalid, put_u32, put_u64, FormatError, FORMAT_VERSION, LABEL_CONFIG_BYTES,
+};
 
 pub const LABEL_MAGIC: u64 = u64::from_le_bytes(*b"IRONLABL");
 const HEADER_BYTES: usize = 64;
@@ -81,7 +83,9 @@ impl TopVdevKind {
         match self {
             TopVdevKind::Disk => 1..=1,
             TopVdevKind::Mirror => 2..=MIRROR_CHILDREN_MAX,
-            raidz => raidz.parity() as usize + 1..=crate::vdev::raidz::geometry::CHILDREN_MAX as usize,
+            raidz => {
+                raidz.parity() as usize + 1..=crate::vdev::raidz::geometry::CHILDREN_MAX as usize
+            }
         }
     }
 
@@ -144,7 +148,13 @@ fn is_false(value: &bool) -> bool {
 impl LeafConfig {
     /// A healthy leaf that missed nothing.
     pub fn new(guid: u64, path: String, device_size_bytes: u64) -> LeafConfig {
-        LeafConfig { guid, path, device_size_bytes, offline: false, dtl: Vec::new() }
+        LeafConfig {
+            guid,
+            path,
+            device_size_bytes,
+            offline: false,
+            dtl: Vec::new(),
+        }
     }
 }
 
@@ -177,12 +187,20 @@ impl PoolConfig {
     /// Wrapping sum of every leaf's guid: an uberblock carries it so that import
     /// can tell whether the devices it found are the ones the txg was written with.
     pub fn guid_sum(&self) -> u64 {
-        self.vdevs.iter().flat_map(|top| top.children.iter()).fold(0u64, |sum, leaf| sum.wrapping_add(leaf.guid))
+        self.vdevs
+            .iter()
+            .flat_map(|top| top.children.iter())
+            .fold(0u64, |sum, leaf| sum.wrapping_add(leaf.guid))
     }
 
     /// The top-level vdev holding the leaf `guid`, and the leaf's index in it.
     pub fn find_leaf(&self, guid: u64) -> Option<(&TopVdevConfig, usize)> {
-        self.vdevs.iter().find_map(|top| top.children.iter().position(|leaf| leaf.guid == guid).map(|index| (top, index)))
+        self.vdevs.iter().find_map(|top| {
+            top.children
+                .iter()
+                .position(|leaf| leaf.guid == guid)
+                .map(|index| (top, index))
+        })
     }
 
     /// Checks the document's internal consistency.
@@ -196,19 +214,40 @@ impl PoolConfig {
                 return Err(invalid(WHAT, format!("vdev {index} has id {}", top.id)));
             }
             if !top.kind.children_range().contains(&top.children.len()) {
-                return Err(invalid(WHAT, format!("{:?} vdev {} has {} children", top.kind, top.id, top.children.len())));
+                return Err(invalid(
+                    WHAT,
+                    format!(
+                        "{:?} vdev {} has {} children",
+                        top.kind,
+                        top.id,
+                        top.children.len()
+                    ),
+                ));
             }
             for leaf in &top.children {
-                let ordered = leaf.dtl.iter().all(|[first, last]| first <= last) && leaf.dtl.windows(2).all(|pair| pair[0][1] < pair[1][0]);
+                let ordered = leaf.dtl.iter().all(|[first, last]| first <= last)
+                    && leaf.dtl.windows(2).all(|pair| pair[0][1] < pair[1][0]);
                 if !ordered {
-                    return Err(invalid(WHAT, format!("leaf {:#x} has a dirty time log out of order", leaf.guid)));
+                    return Err(invalid(
+                        WHAT,
+                        format!("leaf {:#x} has a dirty time log out of order", leaf.guid),
+                    ));
                 }
             }
             if !(super::ASHIFT_MIN..=super::ASHIFT_MAX).contains(&top.ashift) {
                 return Err(invalid(WHAT, format!("ashift {}", top.ashift)));
             }
-            if !(20..=40).contains(&top.metaslab_shift) || top.asize_bytes % (1u64 << top.metaslab_shift) != 0 || top.asize_bytes == 0 {
-                return Err(invalid(WHAT, format!("metaslab shift {} for {} bytes", top.metaslab_shift, top.asize_bytes)));
+            if !(20..=40).contains(&top.metaslab_shift)
+                || top.asize_bytes % (1u64 << top.metaslab_shift) != 0
+                || top.asize_bytes == 0
+            {
+                return Err(invalid(
+                    WHAT,
+                    format!(
+                        "metaslab shift {} for {} bytes",
+                        top.metaslab_shift, top.asize_bytes
+                    ),
+                ));
             }
         }
         Ok(())
@@ -227,9 +266,16 @@ pub struct Label {
 impl Label {
     /// Encodes the config area (exactly `LABEL_CONFIG_BYTES`).
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
-        let document = serde_json::to_vec(&self.config).map_err(|error| invalid("pool config", error.to_string()))?;
+        let document = serde_json::to_vec(&self.config)
+            .map_err(|error| invalid("pool config", error.to_string()))?;
         if document.len() > CONFIG_BYTES_MAX {
-            return Err(invalid("pool config", format!("{} bytes, at most {CONFIG_BYTES_MAX} fit in a label", document.len())));
+            return Err(invalid(
+                "pool config",
+                format!(
+                    "{} bytes, at most {CONFIG_BYTES_MAX} fit in a label",
+                    document.len()
+                ),
+            ));
         }
         let mut out = vec![0u8; LABEL_CONFIG_BYTES as usize];
         put_u64(&mut out, 0, LABEL_MAGIC);
@@ -262,11 +308,20 @@ impl Label {
         }
         let version = get_u32(bytes, 8);
         if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version });
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: version,
+            });
         }
-        let config: PoolConfig = serde_json::from_slice(document).map_err(|error| invalid("pool config", error.to_string()))?;
+        let config: PoolConfig = serde_json::from_slice(document)
+            .map_err(|error| invalid("pool config", error.to_string()))?;
         config.validate()?;
-        let label = Label { pool_guid: get_u64(bytes, 16), leaf_guid: get_u64(bytes, 24), config_txg: get_u64(bytes, 32), config };
+        let label = Label {
+            pool_guid: get_u64(bytes, 16),
+            leaf_guid: get_u64(bytes, 24),
+            config_txg: get_u64(bytes, 32),
+            config,
+        };
         if label.pool_guid != label.config.pool_guid {
             return Err(invalid(WHAT, "header and config disagree on the pool guid"));
         }
@@ -313,17 +368,28 @@ mod tests {
 
     #[test]
     fn round_trips_and_detects_damage() {
-        let label = Label { pool_guid: 77, leaf_guid: 11, config_txg: 1, config: sample_config() };
+        let label = Label {
+            pool_guid: 77,
+            leaf_guid: 11,
+            config_txg: 1,
+            config: sample_config(),
+        };
         let bytes = label.encode().unwrap();
         assert_eq!(bytes.len(), LABEL_CONFIG_BYTES as usize);
         assert_eq!(Label::decode(&bytes).unwrap(), label);
         let mut damaged = bytes.clone();
         damaged[70] ^= 1;
-        assert_eq!(Label::decode(&damaged), Err(FormatError::ChecksumMismatch("label")));
+        assert_eq!(
+            Label::decode(&damaged),
+            Err(FormatError::ChecksumMismatch("label"))
+        );
         let mut damaged = bytes.clone();
         damaged[20] ^= 1;
         assert!(Label::decode(&damaged).is_err());
-        assert_eq!(Label::decode(&vec![0u8; 4096]), Err(FormatError::BadMagic("label")));
+        assert_eq!(
+            Label::decode(&vec![0u8; 4096]),
+            Err(FormatError::BadMagic("label"))
+        );
         assert_eq!(sample_config().guid_sum(), 21);
     }
 
@@ -331,16 +397,29 @@ mod tests {
     fn raidz_kinds_carry_their_parity_and_child_counts() {
         let mut config = sample_config();
         config.vdevs[0].kind = TopVdevKind::Raidz2;
-        assert!(config.validate().is_err(), "raidz2 needs at least 3 children");
-        config.vdevs[0].children.push(LeafConfig::new(12, "/c".into(), 2 << 30));
+        assert!(
+            config.validate().is_err(),
+            "raidz2 needs at least 3 children"
+        );
+        config.vdevs[0]
+            .children
+            .push(LeafConfig::new(12, "/c".into(), 2 << 30));
         config.vdevs[0].children[2].dtl = vec![[4, 9], [12, u64::MAX]];
         config.vdevs[0].children[1].offline = true;
         config.validate().unwrap();
-        let label = Label { pool_guid: 77, leaf_guid: 12, config_txg: 1, config: config.clone() };
+        let label = Label {
+            pool_guid: 77,
+            leaf_guid: 12,
+            config_txg: 1,
+            config: config.clone(),
+        };
         let decoded = Label::decode(&label.encode().unwrap()).unwrap();
         assert_eq!(decoded.config, config);
         let text = serde_json::to_string(&config).unwrap();
-        assert!(text.contains("\"kind\":\"raidz2\"") && text.contains("\"offline\":true"), "{text}");
+        assert!(
+            text.contains("\"kind\":\"raidz2\"") && text.contains("\"offline\":true"),
+            "{text}"
+        );
         assert_eq!(TopVdevKind::Raidz2.parity(), 2);
         assert_eq!(TopVdevKind::raidz(3), Some(TopVdevKind::Raidz3));
         assert_eq!(TopVdevKind::Raidz3.redundancy(9), 3);
@@ -349,12 +428,20 @@ mod tests {
         assert!(config.validate().is_err(), "overlapping ranges are refused");
         // A healthy leaf writes no new fields: older readers see the same document.
         let plain = serde_json::to_string(&LeafConfig::new(1, "/x".into(), 4096)).unwrap();
-        assert_eq!(plain, "{\"guid\":1,\"path\":\"/x\",\"device_size_bytes\":4096}");
+        assert_eq!(
+            plain,
+            "{\"guid\":1,\"path\":\"/x\",\"device_size_bytes\":4096}"
+        );
     }
 
     #[test]
     fn rejects_a_device_not_in_its_config() {
-        let label = Label { pool_guid: 77, leaf_guid: 12, config_txg: 1, config: sample_config() };
+        let label = Label {
+            pool_guid: 77,
+            leaf_guid: 12,
+            config_txg: 1,
+            config: sample_config(),
+        };
         assert!(Label::decode(&label.encode().unwrap()).is_err());
     }
 

@@ -88,7 +88,10 @@ pub enum FormatError {
 }
 
 pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> FormatError {
-    FormatError::Invalid { what, reason: reason.into() }
+    FormatError::Invalid {
+        what,
+        reason: reason.into(),
+    }
 }
 
 pub(crate) fn put_u32(bytes: &mut [u8], offset: usize, value: u32) {
@@ -121,7 +124,10 @@ pub fn new_guid() -> u64 {
     let got = unsafe { libc::getrandom(bytes.as_mut_ptr() as *mut libc::c_void, 8, 0) };
     let mut guid = u64::from_le_bytes(bytes);
     if got != 8 {
-        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos() as u64).unwrap_or(0);
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
         guid = now ^ (&bytes as *const _ as u64).rotate_left(17);
     }
     if guid == 0 {

@@ -40,7 +40,10 @@ impl Record {
             Record::Txg(txg) => (3, 0, txg),
             Record::Vdev(vdev) => (4, 0, vdev as u64),
         };
-        assert!(first <= OFFSET_MASK, "space map offset {first} does not fit in 56 bits");
+        assert!(
+            first <= OFFSET_MASK,
+            "space map offset {first} does not fit in 56 bits"
+        );
         put_u64(out, 0, (kind << 56) | first);
         put_u64(out, 8, second);
     }
@@ -50,8 +53,14 @@ impl Record {
         let second = get_u64(bytes, 8);
         let offset = word & OFFSET_MASK;
         let record = match word >> 56 {
-            1 => Record::Allocate { offset, length: second },
-            2 => Record::Free { offset, length: second },
+            1 => Record::Allocate {
+                offset,
+                length: second,
+            },
+            2 => Record::Free {
+                offset,
+                length: second,
+            },
             3 => Record::Txg(second),
             4 => match u32::try_from(second) {
                 Ok(vdev) => Record::Vdev(vdev),
@@ -61,7 +70,10 @@ impl Record {
         };
         if let Record::Allocate { length, .. } | Record::Free { length, .. } = record {
             if length == 0 || offset.checked_add(length).is_none() {
-                return Err(invalid("space map record", format!("range {offset}+{length}")));
+                return Err(invalid(
+                    "space map record",
+                    format!("range {offset}+{length}"),
+                ));
             }
         }
         Ok(record)
@@ -80,9 +92,15 @@ pub fn encode_records(records: &[Record]) -> Vec<u8> {
 /// Decodes a whole space map's bytes.
 pub fn decode_records(bytes: &[u8]) -> Result<Vec<Record>, FormatError> {
     if bytes.len() % RECORD_BYTES != 0 {
-        return Err(invalid("space map", format!("{} bytes is not a whole number of records", bytes.len())));
+        return Err(invalid(
+            "space map",
+            format!("{} bytes is not a whole number of records", bytes.len()),
+        ));
     }
-    bytes.chunks_exact(RECORD_BYTES).map(Record::decode).collect()
+    bytes
+        .chunks_exact(RECORD_BYTES)
+        .map(Record::decode)
+        .collect()
 }
 
 #[cfg(test)]
@@ -93,14 +111,23 @@ mod tests {
     fn round_trips() {
         let records = vec![
             Record::Txg(5),
-            Record::Allocate { offset: 4096, length: 1 << 20 },
-            Record::Free { offset: OFFSET_MASK - 512, length: 512 },
+            Record::Allocate {
+                offset: 4096,
+                length: 1 << 20,
+            },
+            Record::Free {
+                offset: OFFSET_MASK - 512,
+                length: 512,
+            },
             Record::Vdev(3),
         ];
         assert_eq!(decode_records(&encode_records(&records)).unwrap(), records);
         assert!(decode_records(&[0u8; 16]).is_err());
         assert!(decode_records(&[0u8; 15]).is_err());
-        let mut zero_length = encode_records(&[Record::Free { offset: 0, length: 1 }]);
+        let mut zero_length = encode_records(&[Record::Free {
+            offset: 0,
+            length: 1,
+        }]);
         zero_length[8] = 0;
         assert!(decode_records(&zero_length).is_err());
     }

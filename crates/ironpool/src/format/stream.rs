@@ -80,7 +80,9 @@ pub enum StreamError {
     Malformed { record: u64, detail: String },
     #[error("the stream ends after {records} records without its END record (truncated)")]
     Truncated { records: u64 },
-    #[error("stream format version {0} is not supported (this build reads version {STREAM_VERSION})")]
+    #[error(
+        "stream format version {0} is not supported (this build reads version {STREAM_VERSION})"
+    )]
     Version(u32),
 }
 
@@ -145,7 +147,11 @@ fn chained(previous: &[u8; 16], header_prefix: &[u8], payload: &[&[u8]]) -> [u8;
 
 /// Encodes a record header for `payload` (given in parts, as written), chained to
 /// `previous`; returns the header and the record's checksum (the next `previous`).
-pub fn encode_header(kind: RecordKind, payload: &[&[u8]], previous: &[u8; 16]) -> ([u8; RECORD_HEADER_BYTES], [u8; 16]) {
+pub fn encode_header(
+    kind: RecordKind,
+    payload: &[&[u8]],
+    previous: &[u8; 16],
+) -> ([u8; RECORD_HEADER_BYTES], [u8; 16]) {
     let length: usize = payload.iter().map(|part| part.len()).sum();
     let mut header = [0u8; RECORD_HEADER_BYTES];
     header[0..4].copy_from_slice(&STREAM_MAGIC.to_le_bytes());
@@ -157,13 +163,17 @@ pub fn encode_header(kind: RecordKind, payload: &[&[u8]], previous: &[u8; 16]) -
 }
 
 /// Parses a header; `record` is its index (for messages).
-pub fn decode_header(bytes: &[u8; RECORD_HEADER_BYTES], record: u64) -> Result<RecordHeader, StreamError> {
+pub fn decode_header(
+    bytes: &[u8; RECORD_HEADER_BYTES],
+    record: u64,
+) -> Result<RecordHeader, StreamError> {
     let magic = u32::from_le_bytes(bytes[0..4].try_into().expect("4 bytes"));
     if magic != STREAM_MAGIC {
         return Err(StreamError::BadMagic { record });
     }
     let code = u32::from_le_bytes(bytes[4..8].try_into().expect("4 bytes"));
-    let kind = RecordKind::from_code(code).ok_or(StreamError::UnknownKind { record, kind: code })?;
+    let kind =
+        RecordKind::from_code(code).ok_or(StreamError::UnknownKind { record, kind: code })?;
     let payload_bytes = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let limit = match kind {
         RecordKind::Begin => BEGIN_PAYLOAD_BYTES_MAX,
@@ -171,39 +181,70 @@ pub fn decode_header(bytes: &[u8; RECORD_HEADER_BYTES], record: u64) -> Result<R
         RecordKind::Free | RecordKind::End => 24,
     };
     if payload_bytes > limit {
-        return Err(StreamError::TooLarge { record, bytes: payload_bytes });
+        return Err(StreamError::TooLarge {
+            record,
+            bytes: payload_bytes,
+        });
     }
     let mut raw = [0u8; 16];
     raw.copy_from_slice(&bytes[..16]);
-    Ok(RecordHeader { kind, payload_bytes, checksum: bytes[16..32].try_into().expect("16 bytes"), raw })
+    Ok(RecordHeader {
+        kind,
+        payload_bytes,
+        checksum: bytes[16..32].try_into().expect("16 bytes"),
+        raw,
+    })
 }
 
 /// Checks a record's checksum against its chain and parses its payload, given
 /// as `head` then `tail` (a receiver reads a WRITE's fixed part apart from its
 /// data, which goes straight into an aligned buffer; other records are all head).
 /// `block_bytes`: the stream's block size (from BEGIN; 0 before it).
-pub fn decode_payload(header: &RecordHeader, head: &[u8], tail: &[u8], previous: &[u8; 16], record: u64, block_bytes: u32) -> Result<Record, StreamError> {
+pub fn decode_payload(
+    header: &RecordHeader,
+    head: &[u8],
+    tail: &[u8],
+    previous: &[u8; 16],
+    record: u64,
+    block_bytes: u32,
+) -> Result<Record, StreamError> {
     if (head.len() + tail.len()) as u64 != header.payload_bytes {
-        return Err(StreamError::Malformed { record, detail: "payload length differs from its header".into() });
+        return Err(StreamError::Malformed {
+            record,
+            detail: "payload length differs from its header".into(),
+        });
     }
     if chained(previous, &header.raw, &[head, tail]) != header.checksum {
         return Err(StreamError::Checksum { record });
     }
     let payload = head;
-    let malformed = |detail: &str| StreamError::Malformed { record, detail: detail.to_string() };
-    let u64_at = |offset: usize| u64::from_le_bytes(payload[offset..offset + 8].try_into().expect("8 bytes"));
+    let malformed = |detail: &str| StreamError::Malformed {
+        record,
+        detail: detail.to_string(),
+    };
+    let u64_at = |offset: usize| {
+        u64::from_le_bytes(payload[offset..offset + 8].try_into().expect("8 bytes"))
+    };
     match header.kind {
-        kind if kind != RecordKind::Write && !tail.is_empty() => Err(malformed("only WRITE records carry data")),
+        kind if kind != RecordKind::Write && !tail.is_empty() => {
+            Err(malformed("only WRITE records carry data"))
+        }
         RecordKind::Begin => {
-            let begin: StreamBegin = serde_json::from_slice(payload).map_err(|error| malformed(&format!("BEGIN: {error}")))?;
+            let begin: StreamBegin = serde_json::from_slice(payload)
+                .map_err(|error| malformed(&format!("BEGIN: {error}")))?;
             if begin.version != STREAM_VERSION {
                 return Err(StreamError::Version(begin.version));
             }
-            if !begin.block_bytes.is_power_of_two() || begin.block_bytes < 512 || begin.block_bytes as u64 > WRITE_DATA_BYTES_MAX {
+            if !begin.block_bytes.is_power_of_two()
+                || begin.block_bytes < 512
+                || begin.block_bytes as u64 > WRITE_DATA_BYTES_MAX
+            {
                 return Err(malformed("BEGIN: bad block size"));
             }
             if begin.size_bytes == 0 || begin.size_bytes % begin.block_bytes as u64 != 0 {
-                return Err(malformed("BEGIN: size is not a positive multiple of the block size"));
+                return Err(malformed(
+                    "BEGIN: size is not a positive multiple of the block size",
+                ));
             }
             Ok(Record::Begin(begin))
         }
@@ -226,13 +267,20 @@ pub fn decode_payload(header: &RecordHeader, head: &[u8], tail: &[u8], previous:
             if count == 0 {
                 return Err(malformed("FREE of no blocks"));
             }
-            Ok(Record::Free { first_block: u64_at(0), count })
+            Ok(Record::Free {
+                first_block: u64_at(0),
+                count,
+            })
         }
         RecordKind::End => {
             if payload.len() != 24 {
                 return Err(malformed("END payload is not 24 bytes"));
             }
-            Ok(Record::End(StreamEnd { records: u64_at(0), written_blocks: u64_at(8), freed_blocks: u64_at(16) }))
+            Ok(Record::End(StreamEnd {
+                records: u64_at(0),
+                written_blocks: u64_at(8),
+                freed_blocks: u64_at(16),
+            }))
         }
     }
 }
@@ -308,11 +356,17 @@ impl StreamChecker {
     /// Parses the header of the next record.
     pub fn header(&self, bytes: &[u8; RECORD_HEADER_BYTES]) -> Result<RecordHeader, StreamError> {
         if self.ended {
-            return Err(StreamError::Malformed { record: self.records, detail: "data after the END record".into() });
+            return Err(StreamError::Malformed {
+                record: self.records,
+                detail: "data after the END record".into(),
+            });
         }
         let header = decode_header(bytes, self.records)?;
         if (self.begin.is_none()) != (header.kind == RecordKind::Begin) {
-            return Err(StreamError::Malformed { record: self.records, detail: "BEGIN must come first, and only once".into() });
+            return Err(StreamError::Malformed {
+                record: self.records,
+                detail: "BEGIN must come first, and only once".into(),
+            });
         }
         Ok(header)
     }
@@ -328,19 +382,39 @@ impl StreamChecker {
 
     /// Verifies and accepts the next record's payload (`head`, then `tail`: see
     /// [`StreamChecker::head_bytes`]).
-    pub fn accept(&mut self, header: &RecordHeader, head: &[u8], tail: &[u8]) -> Result<Record, StreamError> {
+    pub fn accept(
+        &mut self,
+        header: &RecordHeader,
+        head: &[u8],
+        tail: &[u8],
+    ) -> Result<Record, StreamError> {
         let record = self.records;
-        let block_bytes = self.begin.as_ref().map(|begin| begin.block_bytes).unwrap_or(0);
+        let block_bytes = self
+            .begin
+            .as_ref()
+            .map(|begin| begin.block_bytes)
+            .unwrap_or(0);
         let parsed = decode_payload(header, head, tail, &self.previous, record, block_bytes)?;
         let malformed = |detail: String| StreamError::Malformed { record, detail };
-        let volume_blocks = self.begin.as_ref().map(|begin| begin.size_bytes / begin.block_bytes as u64).unwrap_or(0);
+        let volume_blocks = self
+            .begin
+            .as_ref()
+            .map(|begin| begin.size_bytes / begin.block_bytes as u64)
+            .unwrap_or(0);
         let extent = |first: u64, count: u64, next: &mut u64| -> Result<(), StreamError> {
-            let end = first.checked_add(count).ok_or_else(|| malformed("block range overflows".into()))?;
+            let end = first
+                .checked_add(count)
+                .ok_or_else(|| malformed("block range overflows".into()))?;
             if first < *next {
-                return Err(malformed(format!("block {first} is out of order (expected {} or later)", *next)));
+                return Err(malformed(format!(
+                    "block {first} is out of order (expected {} or later)",
+                    *next
+                )));
             }
             if end > volume_blocks {
-                return Err(malformed(format!("blocks {first}..{end} are past the volume's {volume_blocks} blocks")));
+                return Err(malformed(format!(
+                    "blocks {first}..{end} are past the volume's {volume_blocks} blocks"
+                )));
             }
             *next = end;
             Ok(())
@@ -359,9 +433,15 @@ impl StreamChecker {
                 self.freed_blocks += count;
             }
             Record::End(end) => {
-                let expected = StreamEnd { records: record, written_blocks: self.written_blocks, freed_blocks: self.freed_blocks };
+                let expected = StreamEnd {
+                    records: record,
+                    written_blocks: self.written_blocks,
+                    freed_blocks: self.freed_blocks,
+                };
                 if *end != expected {
-                    return Err(malformed(format!("END counts {end:?} do not match the stream's {expected:?}")));
+                    return Err(malformed(format!(
+                        "END counts {end:?} do not match the stream's {expected:?}"
+                    )));
                 }
                 self.ended = true;
             }
@@ -378,16 +458,26 @@ pub fn check_stream(mut bytes: &[u8]) -> Result<Vec<Record>, StreamError> {
     let mut checker = StreamChecker::new();
     let mut records = Vec::new();
     while !bytes.is_empty() {
-        let Some(header_bytes) = bytes.get(..RECORD_HEADER_BYTES) else { return Err(StreamError::Truncated { records: checker.records() }) };
+        let Some(header_bytes) = bytes.get(..RECORD_HEADER_BYTES) else {
+            return Err(StreamError::Truncated {
+                records: checker.records(),
+            });
+        };
         let header = checker.header(header_bytes.try_into().expect("header size"))?;
         let end = RECORD_HEADER_BYTES + header.payload_bytes as usize;
-        let Some(payload) = bytes.get(RECORD_HEADER_BYTES..end) else { return Err(StreamError::Truncated { records: checker.records() }) };
+        let Some(payload) = bytes.get(RECORD_HEADER_BYTES..end) else {
+            return Err(StreamError::Truncated {
+                records: checker.records(),
+            });
+        };
         let (head, tail) = payload.split_at(StreamChecker::head_bytes(&header));
         records.push(checker.accept(&header, head, tail)?);
         bytes = &bytes[end..];
     }
     if !checker.ended() {
-        return Err(StreamError::Truncated { records: checker.records() });
+        return Err(StreamError::Truncated {
+            records: checker.records(),
+        });
     }
     Ok(records)
 }
@@ -423,7 +513,10 @@ impl StreamWriter {
     }
 
     pub fn write(&mut self, first_block: u64, count: u32, data: &[u8]) {
-        self.push(RecordKind::Write, &[&write_header(first_block, count), data]);
+        self.push(
+            RecordKind::Write,
+            &[&write_header(first_block, count), data],
+        );
         self.written_blocks += count as u64;
     }
 
@@ -433,7 +526,11 @@ impl StreamWriter {
     }
 
     pub fn end(&mut self) {
-        let end = StreamEnd { records: self.records, written_blocks: self.written_blocks, freed_blocks: self.freed_blocks };
+        let end = StreamEnd {
+            records: self.records,
+            written_blocks: self.written_blocks,
+            freed_blocks: self.freed_blocks,
+        };
         self.push(RecordKind::End, &[&end_payload(&end)]);
     }
 }
@@ -471,9 +568,28 @@ mod tests {
         let records = check_stream(&sample()).unwrap();
         assert_eq!(records.len(), 5);
         assert_eq!(records[0], Record::Begin(begin()));
-        assert_eq!(records[1], Record::Write { first_block: 0, count: 2 });
-        assert_eq!(records[2], Record::Free { first_block: 2, count: 10 });
-        assert_eq!(records[4], Record::End(StreamEnd { records: 4, written_blocks: 3, freed_blocks: 10 }));
+        assert_eq!(
+            records[1],
+            Record::Write {
+                first_block: 0,
+                count: 2
+            }
+        );
+        assert_eq!(
+            records[2],
+            Record::Free {
+                first_block: 2,
+                count: 10
+            }
+        );
+        assert_eq!(
+            records[4],
+            Record::End(StreamEnd {
+                records: 4,
+                written_blocks: 3,
+                freed_blocks: 10
+            })
+        );
     }
 
     #[test]
@@ -490,7 +606,10 @@ mod tests {
     fn every_truncation_is_caught() {
         let stream = sample();
         for length in 0..stream.len() {
-            assert!(check_stream(&stream[..length]).is_err(), "truncation to {length} passed");
+            assert!(
+                check_stream(&stream[..length]).is_err(),
+                "truncation to {length} passed"
+            );
         }
     }
 
@@ -507,19 +626,31 @@ mod tests {
         let stream = writer.bytes;
         // Drop the first WRITE.
         let dropped: Vec<u8> = [&stream[..after_begin], &stream[after_first..]].concat();
-        assert!(matches!(check_stream(&dropped), Err(StreamError::Checksum { .. })));
+        assert!(matches!(
+            check_stream(&dropped),
+            Err(StreamError::Checksum { .. })
+        ));
         // Swap the two WRITEs.
-        let swapped: Vec<u8> = [&stream[..after_begin], &stream[after_first..after_second], &stream[after_begin..after_first], &stream[after_second..]].concat();
+        let swapped: Vec<u8> = [
+            &stream[..after_begin],
+            &stream[after_first..after_second],
+            &stream[after_begin..after_first],
+            &stream[after_second..],
+        ]
+        .concat();
         assert!(check_stream(&swapped).is_err());
     }
 
     #[test]
     fn rules_are_enforced_even_with_good_checksums() {
         let cases: Vec<(&str, Box<dyn Fn(&mut StreamWriter)>)> = vec![
-            ("out of order", Box::new(|w| {
-                w.write(5, 1, &vec![0u8; 4096]);
-                w.write(4, 1, &vec![0u8; 4096]);
-            })),
+            (
+                "out of order",
+                Box::new(|w| {
+                    w.write(5, 1, &vec![0u8; 4096]);
+                    w.write(4, 1, &vec![0u8; 4096]);
+                }),
+            ),
             ("past the end", Box::new(|w| w.free(60, 10))),
             ("bad length", Box::new(|w| w.write(0, 2, &vec![0u8; 4096]))),
             ("second begin", Box::new(|w| w.begin(&begin()))),
@@ -536,6 +667,9 @@ mod tests {
         let mut writer = StreamWriter::new();
         writer.begin(&wrong_version);
         writer.end();
-        assert_eq!(check_stream(&writer.bytes).unwrap_err(), StreamError::Version(99));
+        assert_eq!(
+            check_stream(&writer.bytes).unwrap_err(),
+            StreamError::Version(99)
+        );
     }
 }

@@ -71,7 +71,10 @@ impl Uberblock {
         }
         let version = get_u32(bytes, 8);
         if version != FORMAT_VERSION {
-            return Err(FormatError::UnsupportedVersion { what: WHAT, found: version });
+            return Err(FormatError::UnsupportedVersion {
+                what: WHAT,
+                found: version,
+            });
         }
         let uberblock = Uberblock {
             txg: get_u64(bytes, 16),
@@ -123,9 +126,15 @@ mod tests {
         for position in [0usize, 17, 100, 700, 1010] {
             let mut damaged = bytes;
             damaged[position] ^= 0x40;
-            assert!(Uberblock::decode(&damaged).is_err(), "damage at {position} not detected");
+            assert!(
+                Uberblock::decode(&damaged).is_err(),
+                "damage at {position} not detected"
+            );
         }
-        assert_eq!(Uberblock::decode(&[0u8; UBERBLOCK_BYTES]), Err(FormatError::BadMagic("uberblock")));
+        assert_eq!(
+            Uberblock::decode(&[0u8; UBERBLOCK_BYTES]),
+            Err(FormatError::BadMagic("uberblock"))
+        );
     }
 
     proptest! {

@@ -32,7 +32,12 @@ pub struct ExportInfo {
 
 impl ExportInfo {
     fn of(volume: &Volume) -> ExportInfo {
-        ExportInfo { name: volume.name.clone(), size_bytes: volume.size_bytes.get(), block_bytes: volume.block_bytes, read_only: volume.read_only.get() }
+        ExportInfo {
+            name: volume.name.clone(),
+            size_bytes: volume.size_bytes.get(),
+            block_bytes: volume.block_bytes,
+            read_only: volume.read_only.get(),
+        }
     }
 
     /// Transmission flags for this export.
@@ -66,11 +71,18 @@ pub enum OwnedPiece {
 /// A message to the engine.
 pub enum ToEngine {
     /// Resolves an export name ("" means the only volume); `None` if unknown.
-    Lookup { name: String, reply: Sender<Option<ExportInfo>> },
+    Lookup {
+        name: String,
+        reply: Sender<Option<ExportInfo>>,
+    },
     /// Lists the exports.
     List { reply: Sender<Vec<ExportInfo>> },
     /// A connection starts serving `name` (resolved by a Lookup just before).
-    Open { connection: u64, name: String, reply: Sender<Option<ExportInfo>> },
+    Open {
+        connection: u64,
+        name: String,
+        reply: Sender<Option<ExportInfo>>,
+    },
     /// A request of an open connection.
     Request(Box<EngineRequest>),
     /// A connection is gone.
@@ -128,7 +140,12 @@ impl SharedStats {
 
 /// Serves the front end's messages until every sender is gone. Runs on the
 /// engine's thread.
-pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sender<FromEngine>, stats: Arc<SharedStats>) {
+pub async fn serve(
+    pool: Rc<Pool>,
+    mut inbox: Receiver<ToEngine>,
+    replies: Sender<FromEngine>,
+    stats: Arc<SharedStats>,
+) {
     let mut connections: HashMap<u64, Rc<Volume>> = HashMap::new();
     loop {
         let batch = inbox.recv_batch().await;
@@ -138,14 +155,27 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
         for message in batch {
             match message {
                 ToEngine::Lookup { name, reply } => {
-                    let _ = reply.send(export(&pool, &name).await.map(|volume| ExportInfo::of(&volume)));
+                    let _ = reply.send(
+                        export(&pool, &name)
+                            .await
+                            .map(|volume| ExportInfo::of(&volume)),
+                    );
                 }
                 ToEngine::List { reply } => {
                     // Only what OPT_GO opens: a hidden volume (a receive in
                     // progress) listed but refused fails `nbdinfo --list`.
-                    let _ = reply.send(pool.visible_volumes().iter().map(|volume| ExportInfo::of(volume)).collect());
+                    let _ = reply.send(
+                        pool.visible_volumes()
+                            .iter()
+                            .map(|volume| ExportInfo::of(volume))
+                            .collect(),
+                    );
                 }
-                ToEngine::Open { connection, name, reply } => {
+                ToEngine::Open {
+                    connection,
+                    name,
+                    reply,
+                } => {
                     let volume = export(&pool, &name).await;
                     let info = volume.as_ref().map(|volume| ExportInfo::of(volume));
                     if let Some(volume) = volume {
@@ -159,8 +189,17 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
                 ToEngine::Request(request) => {
                     let Some(volume) = connections.get(&request.connection).cloned() else {
                         // The volume went away (destroyed): answer like a shutdown.
-                        let pieces = error_reply(request.request.cookie, request.structured, ESHUTDOWN, "the export is gone");
-                        let _ = replies.send(FromEngine { connection: request.connection, token: request.token, pieces });
+                        let pieces = error_reply(
+                            request.request.cookie,
+                            request.structured,
+                            ESHUTDOWN,
+                            "the export is gone",
+                        );
+                        let _ = replies.send(FromEngine {
+                            connection: request.connection,
+                            token: request.token,
+                            pieces,
+                        });
                         continue;
                     };
                     let pool = pool.clone();
@@ -169,7 +208,11 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
                     rt::spawn(async move {
                         let (connection, token) = (request.connection, request.token);
                         let pieces = execute(&pool, &volume, *request, &stats).await;
-                        let _ = replies.send(FromEngine { connection, token, pieces });
+                        let _ = replies.send(FromEngine {
+                            connection,
+                            token,
+                            pieces,
+                        });
                     });
                 }
             }
@@ -182,18 +225,35 @@ pub async fn serve(pool: Rc<Pool>, mut inbox: Receiver<ToEngine>, replies: Sende
 async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     if name.is_empty() {
         let volumes = pool.visible_volumes();
-        return if volumes.len() == 1 { volumes.into_iter().next() } else { None };
+        return if volumes.len() == 1 {
+            volumes.into_iter().next()
+        } else {
+            None
+        };
     }
     if name.contains('@') {
         return pool.snapshot_volume(name).await.ok();
     }
     // Volumes being received are not exported.
-    pool.volume(name).ok().filter(|volume| !crate::pool::is_hidden_volume(volume.short_name()))
+    pool.volume(name)
+        .ok()
+        .filter(|volume| !crate::pool::is_hidden_volume(volume.short_name()))
 }
 
 /// Runs one request and builds its reply.
-async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, stats: &SharedStats) -> Vec<OwnedPiece> {
-    let EngineRequest { request, payload, structured, block_status, .. } = message;
+async fn execute(
+    pool: &Rc<Pool>,
+    volume: &Rc<Volume>,
+    message: EngineRequest,
+    stats: &SharedStats,
+) -> Vec<OwnedPiece> {
+    let EngineRequest {
+        request,
+        payload,
+        structured,
+        block_status,
+        ..
+    } = message;
     let fail = |error: u32, text: &str| {
         stats.add(&stats.request_errors, 1);
         error_reply(request.cookie, structured, error, text)
@@ -205,7 +265,10 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
     let fua = request.flags & CMD_FLAG_FUA != 0;
     let size = volume.size_bytes.get();
     let length = request.length as u64;
-    let in_range = request.offset.checked_add(length).is_some_and(|end| end <= size);
+    let in_range = request
+        .offset
+        .checked_add(length)
+        .is_some_and(|end| end <= size);
     let aligned = request.offset % IO_ALIGNMENT_BYTES == 0 && length % IO_ALIGNMENT_BYTES == 0;
     let is_write = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     match request.command {
@@ -214,7 +277,11 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
                 return fail(EPERM, "the export is read-only");
             }
             if !in_range {
-                let error = if matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES) { ENOSPC } else { EINVAL };
+                let error = if matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES) {
+                    ENOSPC
+                } else {
+                    EINVAL
+                };
                 return fail(error, "request beyond the end of the export");
             }
             if !aligned {
@@ -235,18 +302,36 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
         CMD_READ => pool
             .read(volume, request.offset, length)
             .await
-            .map(|pieces| read_reply(request.cookie, request.offset, pieces, structured, request.flags & CMD_FLAG_DF != 0)),
+            .map(|pieces| {
+                read_reply(
+                    request.cookie,
+                    request.offset,
+                    pieces,
+                    structured,
+                    request.flags & CMD_FLAG_DF != 0,
+                )
+            }),
         CMD_WRITE => match payload {
-            Some(buffer) => pool.write(volume, request.offset, BufSlice::whole(buffer.into_shared()), fua).await.map(|()| done()),
+            Some(buffer) => pool
+                .write(
+                    volume,
+                    request.offset,
+                    BufSlice::whole(buffer.into_shared()),
+                    fua,
+                )
+                .await
+                .map(|()| done()),
             None => Ok(done()),
         },
-        CMD_FLUSH => {
-            pool.flush_volume(volume).await.map(|()| done())
-        }
-        CMD_TRIM => pool.zero(volume, request.offset, length, fua, true).await.map(|()| done()),
+        CMD_FLUSH => pool.flush_volume(volume).await.map(|()| done()),
+        CMD_TRIM => pool
+            .zero(volume, request.offset, length, fua, true)
+            .await
+            .map(|()| done()),
         CMD_WRITE_ZEROES => {
             let result = if request.flags & CMD_FLAG_NO_HOLE != 0 {
-                pool.write_allocated_zeroes(volume, request.offset, length, fua).await
+                pool.write_allocated_zeroes(volume, request.offset, length, fua)
+                    .await
             } else {
                 pool.zero(volume, request.offset, length, fua, false).await
             };
@@ -257,14 +342,24 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
         CMD_CACHE => Ok(done()),
         CMD_BLOCK_STATUS => {
             if !block_status {
-                return fail(EINVAL, "block status needs structured replies and the base:allocation context");
+                return fail(
+                    EINVAL,
+                    "block status needs structured replies and the base:allocation context",
+                );
             }
             if length == 0 {
                 return fail(EINVAL, "block status of zero length");
             }
             pool.block_status(volume, request.offset, length)
                 .await
-                .map(|runs| vec![OwnedPiece::Bytes(block_status_reply(request.cookie, &runs, length, request.flags & CMD_FLAG_REQ_ONE != 0))])
+                .map(|runs| {
+                    vec![OwnedPiece::Bytes(block_status_reply(
+                        request.cookie,
+                        &runs,
+                        length,
+                        request.flags & CMD_FLAG_REQ_ONE != 0,
+                    ))]
+                })
         }
         _ => unreachable!("commands were filtered above"),
     };
@@ -273,7 +368,10 @@ async fn execute(pool: &Rc<Pool>, volume: &Rc<Volume>, message: EngineRequest, s
         Err(error) => {
             // A write that failed because the filesystem holding the devices
             // is full is ENOSPC to the client (it can free space), not EIO.
-            let writes = matches!(request.command, CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH);
+            let writes = matches!(
+                request.command,
+                CMD_WRITE | CMD_WRITE_ZEROES | CMD_TRIM | CMD_FLUSH
+            );
             let errno = match errno_of(&error) {
                 EIO if writes && !pool.host_full_devices().is_empty() => ENOSPC,
                 errno => errno,
@@ -288,7 +386,9 @@ fn errno_of(error: &PoolError) -> u32 {
     match error {
         PoolError::NoSpace => ENOSPC,
         PoolError::ReadOnly(_) => EPERM,
-        PoolError::OutOfRange { .. } | PoolError::Misaligned { .. } | PoolError::InvalidArgument(_) => EINVAL,
+        PoolError::OutOfRange { .. }
+        | PoolError::Misaligned { .. }
+        | PoolError::InvalidArgument(_) => EINVAL,
         PoolError::Closing | PoolError::NoSuchVolume(_) | PoolError::NoSuchSnapshot(_) => ESHUTDOWN,
         _ => EIO,
     }
@@ -316,7 +416,13 @@ fn owned(piece: ReadPiece) -> OwnedPiece {
 
 /// Builds a READ reply: structured (data and hole chunks, or one chunk with DF),
 /// or simple (header then the bytes, holes sent as zeros).
-fn read_reply(cookie: u64, offset: u64, pieces: Vec<ReadPiece>, structured: bool, dont_fragment: bool) -> Vec<OwnedPiece> {
+fn read_reply(
+    cookie: u64,
+    offset: u64,
+    pieces: Vec<ReadPiece>,
+    structured: bool,
+    dont_fragment: bool,
+) -> Vec<OwnedPiece> {
     let total: usize = pieces.iter().map(ReadPiece::len).sum();
     if !structured {
         let mut out = Vec::with_capacity(pieces.len() + 1);
@@ -325,9 +431,23 @@ fn read_reply(cookie: u64, offset: u64, pieces: Vec<ReadPiece>, structured: bool
         return out;
     }
     if dont_fragment || total == 0 {
-        let (chunk_type, length, prefix) = if total == 0 { (REPLY_TYPE_NONE, 0, Vec::new()) } else { (REPLY_TYPE_OFFSET_DATA, 8 + total as u32, offset.to_be_bytes().to_vec()) };
+        let (chunk_type, length, prefix) = if total == 0 {
+            (REPLY_TYPE_NONE, 0, Vec::new())
+        } else {
+            (
+                REPLY_TYPE_OFFSET_DATA,
+                8 + total as u32,
+                offset.to_be_bytes().to_vec(),
+            )
+        };
         let mut out = Vec::with_capacity(pieces.len() + 1);
-        out.push(OwnedPiece::Bytes(structured_chunk(cookie, REPLY_FLAG_DONE, chunk_type, length, &prefix)));
+        out.push(OwnedPiece::Bytes(structured_chunk(
+            cookie,
+            REPLY_FLAG_DONE,
+            chunk_type,
+            length,
+            &prefix,
+        )));
         out.extend(pieces.into_iter().map(owned));
         return out;
     }
@@ -346,15 +466,31 @@ fn read_reply(cookie: u64, offset: u64, pieces: Vec<ReadPiece>, structured: bool
     let count = groups.len();
     let mut out = Vec::new();
     for (index, (is_data, start, members)) in groups.into_iter().enumerate() {
-        let flags = if index + 1 == count { REPLY_FLAG_DONE } else { 0 };
+        let flags = if index + 1 == count {
+            REPLY_FLAG_DONE
+        } else {
+            0
+        };
         let length: usize = members.iter().map(ReadPiece::len).sum();
         if is_data {
-            out.push(OwnedPiece::Bytes(structured_chunk(cookie, flags, REPLY_TYPE_OFFSET_DATA, 8 + length as u32, &start.to_be_bytes())));
+            out.push(OwnedPiece::Bytes(structured_chunk(
+                cookie,
+                flags,
+                REPLY_TYPE_OFFSET_DATA,
+                8 + length as u32,
+                &start.to_be_bytes(),
+            )));
             out.extend(members.into_iter().map(owned));
         } else {
             let mut payload = start.to_be_bytes().to_vec();
             payload.extend_from_slice(&(length as u32).to_be_bytes());
-            out.push(OwnedPiece::Bytes(structured_chunk(cookie, flags, REPLY_TYPE_OFFSET_HOLE, 12, &payload)));
+            out.push(OwnedPiece::Bytes(structured_chunk(
+                cookie,
+                flags,
+                REPLY_TYPE_OFFSET_HOLE,
+                12,
+                &payload,
+            )));
         }
     }
     out
@@ -364,7 +500,11 @@ fn read_reply(cookie: u64, offset: u64, pieces: Vec<ReadPiece>, structured: bool
 fn block_status_reply(cookie: u64, runs: &[(u64, bool)], requested: u64, one: bool) -> Vec<u8> {
     let mut extents: Vec<(u32, u32)> = Vec::new();
     for &(bytes, allocated) in runs {
-        let flags = if allocated { 0 } else { STATE_HOLE | STATE_ZERO };
+        let flags = if allocated {
+            0
+        } else {
+            STATE_HOLE | STATE_ZERO
+        };
         let mut left = bytes;
         while left > 0 {
             let piece = left.min(EXTENT_BYTES_MAX);

@@ -165,18 +165,25 @@ pub fn greeting() -> Vec<u8> {
 pub fn parse_client_flags(bytes: &[u8; 4]) -> Result<bool, ProtocolError> {
     let flags = u32::from_be_bytes(*bytes);
     if flags & !(CLIENT_FLAG_FIXED_NEWSTYLE | CLIENT_FLAG_NO_ZEROES) != 0 {
-        return Err(ProtocolError::Disconnect(format!("unknown client flags {flags:#x}")));
+        return Err(ProtocolError::Disconnect(format!(
+            "unknown client flags {flags:#x}"
+        )));
     }
     Ok(flags & CLIENT_FLAG_NO_ZEROES != 0)
 }
 
 /// Parses an option header (16 bytes).
-pub fn parse_option_header(bytes: &[u8; OPTION_HEADER_BYTES]) -> Result<OptionHeader, ProtocolError> {
+pub fn parse_option_header(
+    bytes: &[u8; OPTION_HEADER_BYTES],
+) -> Result<OptionHeader, ProtocolError> {
     let magic = be_u64(bytes, 0);
     if magic != IHAVEOPT {
         return Err(ProtocolError::BadMagic(magic));
     }
-    Ok(OptionHeader { option: be_u32(bytes, 8), length: be_u32(bytes, 12) })
+    Ok(OptionHeader {
+        option: be_u32(bytes, 8),
+        length: be_u32(bytes, 12),
+    })
 }
 
 /// An option reply with its data.
@@ -206,13 +213,18 @@ pub fn parse_info_request(data: &[u8]) -> Result<InfoRequest, String> {
     if name_length > STRING_BYTES_MAX || name_length > data.len() - 6 {
         return Err(format!("export name length {name_length} does not fit"));
     }
-    let name = std::str::from_utf8(&data[4..4 + name_length]).map_err(|_| "export name is not UTF-8".to_string())?.to_string();
+    let name = std::str::from_utf8(&data[4..4 + name_length])
+        .map_err(|_| "export name is not UTF-8".to_string())?
+        .to_string();
     let count = be_u16(data, 4 + name_length) as usize;
     let rest = &data[6 + name_length..];
     if rest.len() != count * 2 {
         return Err(format!("{count} info requests in {} bytes", rest.len()));
     }
-    let requests = rest.chunks_exact(2).map(|pair| u16::from_be_bytes([pair[0], pair[1]])).collect();
+    let requests = rest
+        .chunks_exact(2)
+        .map(|pair| u16::from_be_bytes([pair[0], pair[1]]))
+        .collect();
     Ok(InfoRequest { name, requests })
 }
 
@@ -244,7 +256,8 @@ impl Reader<'_> {
         if length > STRING_BYTES_MAX || self.data.len() - self.position < length {
             return Err(format!("{what} of {length} bytes overruns the option"));
         }
-        let text = std::str::from_utf8(&self.data[self.position..self.position + length]).map_err(|_| format!("{what} is not UTF-8"))?;
+        let text = std::str::from_utf8(&self.data[self.position..self.position + length])
+            .map_err(|_| format!("{what} is not UTF-8"))?;
         self.position += length;
         Ok(text.to_string())
     }
@@ -261,7 +274,10 @@ pub fn parse_meta_context_request(data: &[u8]) -> Result<MetaContextRequest, Str
         queries.push(reader.string("query")?);
     }
     if reader.position != data.len() {
-        return Err(format!("{} stray bytes after the queries", data.len() - reader.position));
+        return Err(format!(
+            "{} stray bytes after the queries",
+            data.len() - reader.position
+        ));
     }
     Ok(MetaContextRequest { export, queries })
 }
@@ -287,7 +303,13 @@ pub fn parse_request(bytes: &[u8; REQUEST_HEADER_BYTES]) -> Result<Request, Prot
     if magic != REQUEST_MAGIC {
         return Err(ProtocolError::BadMagic(magic as u64));
     }
-    Ok(Request { flags: be_u16(bytes, 4), command: be_u16(bytes, 6), cookie: be_u64(bytes, 8), offset: be_u64(bytes, 16), length: be_u32(bytes, 24) })
+    Ok(Request {
+        flags: be_u16(bytes, 4),
+        command: be_u16(bytes, 6),
+        cookie: be_u64(bytes, 8),
+        offset: be_u64(bytes, 16),
+        length: be_u32(bytes, 24),
+    })
 }
 
 /// The flags each command accepts (given what was negotiated).
@@ -313,7 +335,13 @@ pub fn simple_reply(cookie: u64, error: u32) -> Vec<u8> {
 
 /// A structured reply chunk header followed by `payload_prefix` (the payload's
 /// fixed part; variable data is sent separately).
-pub fn structured_chunk(cookie: u64, flags: u16, chunk_type: u16, payload_length: u32, payload_prefix: &[u8]) -> Vec<u8> {
+pub fn structured_chunk(
+    cookie: u64,
+    flags: u16,
+    chunk_type: u16,
+    payload_length: u32,
+    payload_prefix: &[u8],
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(20 + payload_prefix.len());
     out.extend_from_slice(&STRUCTURED_REPLY_MAGIC.to_be_bytes());
     out.extend_from_slice(&flags.to_be_bytes());
@@ -331,7 +359,13 @@ pub fn structured_error(cookie: u64, error: u32, message: &str) -> Vec<u8> {
     payload.extend_from_slice(&error.to_be_bytes());
     payload.extend_from_slice(&(message.len() as u16).to_be_bytes());
     payload.extend_from_slice(message);
-    structured_chunk(cookie, REPLY_FLAG_DONE, REPLY_TYPE_ERROR, payload.len() as u32, &payload)
+    structured_chunk(
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_ERROR,
+        payload.len() as u32,
+        &payload,
+    )
 }
 
 /// A BLOCK_STATUS chunk for `base:allocation` with `extents` of (length, flags).
@@ -342,7 +376,13 @@ pub fn block_status_chunk(cookie: u64, extents: &[(u32, u32)]) -> Vec<u8> {
         payload.extend_from_slice(&length.to_be_bytes());
         payload.extend_from_slice(&flags.to_be_bytes());
     }
-    structured_chunk(cookie, REPLY_FLAG_DONE, REPLY_TYPE_BLOCK_STATUS, payload.len() as u32, &payload)
+    structured_chunk(
+        cookie,
+        REPLY_FLAG_DONE,
+        REPLY_TYPE_BLOCK_STATUS,
+        payload.len() as u32,
+        &payload,
+    )
 }
 
 /// The INFO_EXPORT payload.
@@ -398,9 +438,21 @@ mod tests {
         bytes[16..24].copy_from_slice(&4096u64.to_be_bytes());
         bytes[24..28].copy_from_slice(&512u32.to_be_bytes());
         let request = parse_request(&bytes).unwrap();
-        assert_eq!(request, Request { flags: CMD_FLAG_FUA, command: CMD_WRITE, cookie: 77, offset: 4096, length: 512 });
+        assert_eq!(
+            request,
+            Request {
+                flags: CMD_FLAG_FUA,
+                command: CMD_WRITE,
+                cookie: 77,
+                offset: 4096,
+                length: 512
+            }
+        );
         bytes[0] ^= 1;
-        assert!(matches!(parse_request(&bytes), Err(ProtocolError::BadMagic(_))));
+        assert!(matches!(
+            parse_request(&bytes),
+            Err(ProtocolError::BadMagic(_))
+        ));
     }
 
     #[test]
@@ -411,7 +463,13 @@ mod tests {
         data.extend_from_slice(&2u16.to_be_bytes());
         data.extend_from_slice(&INFO_BLOCK_SIZE.to_be_bytes());
         data.extend_from_slice(&INFO_NAME.to_be_bytes());
-        assert_eq!(parse_info_request(&data).unwrap(), InfoRequest { name: "tank/vol".into(), requests: vec![INFO_BLOCK_SIZE, INFO_NAME] });
+        assert_eq!(
+            parse_info_request(&data).unwrap(),
+            InfoRequest {
+                name: "tank/vol".into(),
+                requests: vec![INFO_BLOCK_SIZE, INFO_NAME]
+            }
+        );
         assert!(parse_info_request(&data[..data.len() - 1]).is_err());
         let mut lying = data.clone();
         lying[3] = 200;
@@ -430,7 +488,10 @@ mod tests {
         data.extend_from_slice(b"qemu:dirty");
         let parsed = parse_meta_context_request(&data).unwrap();
         assert_eq!(parsed.export, "a/b");
-        assert_eq!(parsed.queries, vec!["base:allocation".to_string(), "qemu:dirty".to_string()]);
+        assert_eq!(
+            parsed.queries,
+            vec!["base:allocation".to_string(), "qemu:dirty".to_string()]
+        );
         assert!(parse_meta_context_request(&data[..data.len() - 2]).is_err());
         let mut extra = data.clone();
         extra.push(0);

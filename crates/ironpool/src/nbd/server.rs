@@ -78,7 +78,11 @@ impl Listen {
             return Ok(Listen::Unix(PathBuf::from(path)));
         }
         if let Some(address) = text.strip_prefix("tcp:") {
-            let address = if address.contains(':') { address.to_string() } else { format!("127.0.0.1:{address}") };
+            let address = if address.contains(':') {
+                address.to_string()
+            } else {
+                format!("127.0.0.1:{address}")
+            };
             return Ok(Listen::Tcp(address));
         }
         Err(format!("'{text}': use unix:PATH or tcp:HOST:PORT"))
@@ -109,11 +113,21 @@ impl BoundListener {
         match listen {
             Listen::Unix(path) => {
                 let (listener, lock) = bind_unix_exclusive(path)?;
-                Ok(BoundListener { fd: listener.into(), path: Some(path.clone()), _lock: Some(lock) })
+                Ok(BoundListener {
+                    fd: listener.into(),
+                    path: Some(path.clone()),
+                    _lock: Some(lock),
+                })
             }
             Listen::Tcp(address) => {
-                let listener = std::net::TcpListener::bind(address).map_err(|error| std::io::Error::new(error.kind(), format!("{address}: {error}")))?;
-                Ok(BoundListener { fd: listener.into(), path: None, _lock: None })
+                let listener = std::net::TcpListener::bind(address).map_err(|error| {
+                    std::io::Error::new(error.kind(), format!("{address}: {error}"))
+                })?;
+                Ok(BoundListener {
+                    fd: listener.into(),
+                    path: None,
+                    _lock: None,
+                })
             }
         }
     }
@@ -163,7 +177,11 @@ impl NbdServer {
                 return;
             }
             for reply in batch {
-                let connection = self.connections.borrow().get(&reply.connection).and_then(Weak::upgrade);
+                let connection = self
+                    .connections
+                    .borrow()
+                    .get(&reply.connection)
+                    .and_then(Weak::upgrade);
                 if let Some(connection) = connection {
                     connection.deliver(reply.token, reply.pieces);
                 }
@@ -181,7 +199,9 @@ impl NbdServer {
                     if self.shutting_down.get() {
                         return;
                     }
-                    self.connections.borrow_mut().retain(|_, weak| weak.strong_count() > 0);
+                    self.connections
+                        .borrow_mut()
+                        .retain(|_, weak| weak.strong_count() > 0);
                     if self.connections.borrow().len() >= CONNECTIONS_MAX {
                         self.stats.add(&self.stats.connections_refused, 1);
                         continue; // dropping the socket closes it
@@ -192,7 +212,9 @@ impl NbdServer {
                     let id = self.next_connection.get();
                     self.next_connection.set(id + 1);
                     let connection = Rc::new(Connection::new(id, socket, self.clone()));
-                    self.connections.borrow_mut().insert(id, Rc::downgrade(&connection));
+                    self.connections
+                        .borrow_mut()
+                        .insert(id, Rc::downgrade(&connection));
                     rt::spawn(async move { connection.run().await });
                 }
                 Err(error) => {
@@ -218,14 +240,21 @@ impl NbdServer {
                 let _ = std::fs::remove_file(path);
             }
         }
-        let connections: Vec<Rc<Connection>> = self.connections.borrow().values().filter_map(Weak::upgrade).collect();
+        let connections: Vec<Rc<Connection>> = self
+            .connections
+            .borrow()
+            .values()
+            .filter_map(Weak::upgrade)
+            .collect();
         for connection in &connections {
             connection.stop_reading();
         }
         drop(connections);
         let drained = async {
             loop {
-                self.connections.borrow_mut().retain(|_, weak| weak.strong_count() > 0);
+                self.connections
+                    .borrow_mut()
+                    .retain(|_, weak| weak.strong_count() > 0);
                 if self.connections.borrow().is_empty() {
                     return;
                 }
@@ -233,7 +262,9 @@ impl NbdServer {
             }
         };
         if rt::timeout(SHUTDOWN_DRAIN_TIMEOUT, drained).await.is_none() {
-            eprintln!("ironpool: some NBD connections did not finish within {SHUTDOWN_DRAIN_TIMEOUT:?}");
+            eprintln!(
+                "ironpool: some NBD connections did not finish within {SHUTDOWN_DRAIN_TIMEOUT:?}"
+            );
         }
         self.engine.borrow_mut().take();
     }
@@ -257,7 +288,9 @@ impl NbdServer {
 
     async fn lookup(&self, name: &str) -> Option<ExportInfo> {
         let name = name.to_string();
-        self.ask(|reply| ToEngine::Lookup { name, reply }).await.flatten()
+        self.ask(|reply| ToEngine::Lookup { name, reply })
+            .await
+            .flatten()
     }
 }
 
@@ -266,21 +299,32 @@ impl NbdServer {
 /// live server's is refused. (Connecting to test liveness is not enough: a
 /// killed server's listening socket can linger, accepting, while the kernel
 /// tears its io_uring down.)
-pub fn bind_unix_exclusive(path: &std::path::Path) -> std::io::Result<(std::os::unix::net::UnixListener, OwnedFd)> {
+pub fn bind_unix_exclusive(
+    path: &std::path::Path,
+) -> std::io::Result<(std::os::unix::net::UnixListener, OwnedFd)> {
     let mut lock_path = path.as_os_str().to_owned();
     lock_path.push(".lock");
-    let lock_file = std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&lock_path)?;
+    let lock_file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)?;
     let lock: OwnedFd = lock_file.into();
     // SAFETY: flock on a descriptor we own.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(std::io::Error::new(std::io::ErrorKind::AddrInUse, format!("{}: another server is listening there", path.display())));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::AddrInUse,
+            format!("{}: another server is listening there", path.display()),
+        ));
     }
     match std::fs::remove_file(path) {
         Ok(()) => {}
         Err(error) if error.kind() == std::io::ErrorKind::NotFound => {}
         Err(error) => return Err(error),
     }
-    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|error| std::io::Error::new(error.kind(), format!("{}: {error}", path.display())))?;
+    let listener = std::os::unix::net::UnixListener::bind(path).map_err(|error| {
+        std::io::Error::new(error.kind(), format!("{}: {error}", path.display()))
+    })?;
     Ok((listener, lock))
 }
 
@@ -288,7 +332,13 @@ fn set_nodelay(socket: &OwnedFd) {
     let one: libc::c_int = 1;
     // SAFETY: setsockopt with a valid int; it fails harmlessly on unix sockets.
     unsafe {
-        libc::setsockopt(socket.as_raw_fd(), libc::IPPROTO_TCP, libc::TCP_NODELAY, &one as *const libc::c_int as *const libc::c_void, 4);
+        libc::setsockopt(
+            socket.as_raw_fd(),
+            libc::IPPROTO_TCP,
+            libc::TCP_NODELAY,
+            &one as *const libc::c_int as *const libc::c_void,
+            4,
+        );
     }
 }
 
@@ -372,7 +422,9 @@ impl Receiver {
 
     /// Enlarges the buffer to hold at least `bytes` (at most `RECEIVE_BUFFER_BYTES`).
     fn grow(&mut self, bytes: usize) {
-        let target = bytes.next_power_of_two().clamp(HANDSHAKE_BUFFER_BYTES, RECEIVE_BUFFER_BYTES);
+        let target = bytes
+            .next_power_of_two()
+            .clamp(HANDSHAKE_BUFFER_BYTES, RECEIVE_BUFFER_BYTES);
         if target > self.buffer.len() {
             self.buffer.resize(target, 0);
         }
@@ -463,9 +515,18 @@ impl Connection {
     }
 
     async fn run(self: Rc<Self>) {
-        let mut receiver = Receiver { fd: self.raw(), buffer: vec![0u8; HANDSHAKE_BUFFER_BYTES], start: 0, end: 0 };
+        let mut receiver = Receiver {
+            fd: self.raw(),
+            buffer: vec![0u8; HANDSHAKE_BUFFER_BYTES],
+            start: 0,
+            end: 0,
+        };
         let mut negotiated = Negotiated::default();
-        let handshake = rt::timeout(HANDSHAKE_TIMEOUT, self.handshake(&mut receiver, &mut negotiated)).await;
+        let handshake = rt::timeout(
+            HANDSHAKE_TIMEOUT,
+            self.handshake(&mut receiver, &mut negotiated),
+        )
+        .await;
         let export = match handshake {
             Some(Ok(HandshakeEnd::Serve(export))) => export,
             Some(Ok(HandshakeEnd::Close)) => return self.closed(false),
@@ -485,7 +546,10 @@ impl Connection {
             }
         }
         // Let requests in flight finish and their replies go out, then close.
-        let _all = self.in_flight.acquire(REQUESTS_IN_FLIGHT_PER_CONNECTION).await;
+        let _all = self
+            .in_flight
+            .acquire(REQUESTS_IN_FLIGHT_PER_CONNECTION)
+            .await;
         self.reading_done.set(true);
         self.outbox_ready.notify_all();
         sender.await;
@@ -494,13 +558,22 @@ impl Connection {
 
     fn closed(&self, opened: bool) {
         if opened {
-            let _ = self.server.to_engine(ToEngine::Close { connection: self.id });
+            let _ = self.server.to_engine(ToEngine::Close {
+                connection: self.id,
+            });
         }
-        self.server.stats.connections_open.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.server
+            .stats
+            .connections_open
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
         self.server.drained.notify_all();
     }
 
-    async fn handshake(&self, receiver: &mut Receiver, negotiated: &mut Negotiated) -> std::io::Result<HandshakeEnd> {
+    async fn handshake(
+        &self,
+        receiver: &mut Receiver,
+        negotiated: &mut Negotiated,
+    ) -> std::io::Result<HandshakeEnd> {
         let fd = self.raw();
         send_all(fd, greeting()).await?;
         let flags: [u8; 4] = receiver.read_array().await?;
@@ -509,24 +582,41 @@ impl Connection {
             let header_bytes: [u8; OPTION_HEADER_BYTES] = receiver.read_array().await?;
             let header = parse_option_header(&header_bytes).map_err(protocol_to_io)?;
             if header.length > OPTION_BYTES_MAX {
-                send_all(fd, option_reply(header.option, REP_ERR_TOO_BIG, b"option data too large")).await?;
-                return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "oversized option"));
+                send_all(
+                    fd,
+                    option_reply(header.option, REP_ERR_TOO_BIG, b"option data too large"),
+                )
+                .await?;
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::InvalidData,
+                    "oversized option",
+                ));
             }
             let data = receiver.read_vec(header.length as usize).await?;
             if self.server.shutting_down.get() && header.option != OPT_ABORT {
                 if header.option == OPT_EXPORT_NAME {
                     return Ok(HandshakeEnd::Close);
                 }
-                send_all(fd, option_reply(header.option, REP_ERR_SHUTDOWN, b"server shutting down")).await?;
+                send_all(
+                    fd,
+                    option_reply(header.option, REP_ERR_SHUTDOWN, b"server shutting down"),
+                )
+                .await?;
                 continue;
             }
             match header.option {
                 OPT_EXPORT_NAME => {
                     let name = String::from_utf8_lossy(&data).to_string();
                     // No error reply exists for EXPORT_NAME: an unknown name closes.
-                    let Some(export) = self.open(&name).await else { return Ok(HandshakeEnd::Close) };
+                    let Some(export) = self.open(&name).await else {
+                        return Ok(HandshakeEnd::Close);
+                    };
                     let flags = export.transmission_flags(false);
-                    send_all(fd, export_name_reply(export.size_bytes, flags, negotiated.no_zeroes)).await?;
+                    send_all(
+                        fd,
+                        export_name_reply(export.size_bytes, flags, negotiated.no_zeroes),
+                    )
+                    .await?;
                     return Ok(HandshakeEnd::Serve(export));
                 }
                 OPT_ABORT => {
@@ -535,10 +625,18 @@ impl Connection {
                 }
                 OPT_LIST => {
                     if !data.is_empty() {
-                        send_all(fd, option_reply(OPT_LIST, REP_ERR_INVALID, b"LIST takes no data")).await?;
+                        send_all(
+                            fd,
+                            option_reply(OPT_LIST, REP_ERR_INVALID, b"LIST takes no data"),
+                        )
+                        .await?;
                         continue;
                     }
-                    let exports = self.server.ask(|reply| ToEngine::List { reply }).await.unwrap_or_default();
+                    let exports = self
+                        .server
+                        .ask(|reply| ToEngine::List { reply })
+                        .await
+                        .unwrap_or_default();
                     let mut replies = Vec::new();
                     for export in exports {
                         let mut entry = (export.name.len() as u32).to_be_bytes().to_vec();
@@ -550,7 +648,15 @@ impl Connection {
                 }
                 OPT_STRUCTURED_REPLY => {
                     if !data.is_empty() {
-                        send_all(fd, option_reply(header.option, REP_ERR_INVALID, b"STRUCTURED_REPLY takes no data")).await?;
+                        send_all(
+                            fd,
+                            option_reply(
+                                header.option,
+                                REP_ERR_INVALID,
+                                b"STRUCTURED_REPLY takes no data",
+                            ),
+                        )
+                        .await?;
                         continue;
                     }
                     negotiated.structured = true;
@@ -564,18 +670,34 @@ impl Connection {
                     let request = match parse_info_request(&data) {
                         Ok(request) => request,
                         Err(reason) => {
-                            send_all(fd, option_reply(header.option, REP_ERR_INVALID, reason.as_bytes())).await?;
+                            send_all(
+                                fd,
+                                option_reply(header.option, REP_ERR_INVALID, reason.as_bytes()),
+                            )
+                            .await?;
                             continue;
                         }
                     };
-                    let export = if header.option == OPT_GO { self.open(&request.name).await } else { self.server.lookup(&request.name).await };
+                    let export = if header.option == OPT_GO {
+                        self.open(&request.name).await
+                    } else {
+                        self.server.lookup(&request.name).await
+                    };
                     let Some(export) = export else {
                         let message = format!("no export named '{}'", request.name);
-                        send_all(fd, option_reply(header.option, REP_ERR_UNKNOWN, message.as_bytes())).await?;
+                        send_all(
+                            fd,
+                            option_reply(header.option, REP_ERR_UNKNOWN, message.as_bytes()),
+                        )
+                        .await?;
                         continue;
                     };
                     let flags = export.transmission_flags(negotiated.structured);
-                    let mut replies = option_reply(header.option, REP_INFO, &info_export(export.size_bytes, flags));
+                    let mut replies = option_reply(
+                        header.option,
+                        REP_INFO,
+                        &info_export(export.size_bytes, flags),
+                    );
                     if request.requests.contains(&INFO_NAME) {
                         let mut payload = INFO_NAME.to_be_bytes().to_vec();
                         payload.extend_from_slice(export.name.as_bytes());
@@ -583,11 +705,20 @@ impl Connection {
                     }
                     if request.requests.contains(&INFO_DESCRIPTION) {
                         let mut payload = INFO_DESCRIPTION.to_be_bytes().to_vec();
-                        payload.extend_from_slice(format!("ironpool volume {}", export.name).as_bytes());
+                        payload.extend_from_slice(
+                            format!("ironpool volume {}", export.name).as_bytes(),
+                        );
                         replies.extend(option_reply(header.option, REP_INFO, &payload));
                     }
-                    let preferred = export.block_bytes.clamp(IO_ALIGNMENT_BYTES, PAYLOAD_BYTES_MAX as u64) as u32;
-                    replies.extend(option_reply(header.option, REP_INFO, &info_block_size(IO_ALIGNMENT_BYTES as u32, preferred, PAYLOAD_BYTES_MAX)));
+                    let preferred = export
+                        .block_bytes
+                        .clamp(IO_ALIGNMENT_BYTES, PAYLOAD_BYTES_MAX as u64)
+                        as u32;
+                    replies.extend(option_reply(
+                        header.option,
+                        REP_INFO,
+                        &info_block_size(IO_ALIGNMENT_BYTES as u32, preferred, PAYLOAD_BYTES_MAX),
+                    ));
                     replies.extend(option_reply(header.option, REP_ACK, &[]));
                     send_all(fd, replies).await?;
                     if header.option == OPT_GO {
@@ -595,7 +726,15 @@ impl Connection {
                     }
                 }
                 OPT_STARTTLS => {
-                    send_all(fd, option_reply(header.option, REP_ERR_POLICY, b"TLS is not offered; use a unix socket or loopback")).await?;
+                    send_all(
+                        fd,
+                        option_reply(
+                            header.option,
+                            REP_ERR_POLICY,
+                            b"TLS is not offered; use a unix socket or loopback",
+                        ),
+                    )
+                    .await?;
                 }
                 other => {
                     let message = format!("option {other} is not supported");
@@ -609,7 +748,14 @@ impl Connection {
     async fn open(&self, name: &str) -> Option<ExportInfo> {
         let connection = self.id;
         let name = name.to_string();
-        self.server.ask(|reply| ToEngine::Open { connection, name, reply }).await.flatten()
+        self.server
+            .ask(|reply| ToEngine::Open {
+                connection,
+                name,
+                reply,
+            })
+            .await
+            .flatten()
     }
 
     /// Answers LIST_META_CONTEXT / SET_META_CONTEXT.
@@ -619,7 +765,11 @@ impl Connection {
             negotiated.meta_allocation_export = None;
         }
         if !negotiated.structured {
-            return option_reply(option, REP_ERR_INVALID, b"negotiate structured replies first");
+            return option_reply(
+                option,
+                REP_ERR_INVALID,
+                b"negotiate structured replies first",
+            );
         }
         let request = match parse_meta_context_request(data) {
             Ok(request) => request,
@@ -631,11 +781,18 @@ impl Connection {
         let selected = if option == OPT_LIST_META_CONTEXT && request.queries.is_empty() {
             true
         } else {
-            request.queries.iter().any(|query| matches_base_allocation(query) && (option == OPT_LIST_META_CONTEXT || query != "base:"))
+            request.queries.iter().any(|query| {
+                matches_base_allocation(query)
+                    && (option == OPT_LIST_META_CONTEXT || query != "base:")
+            })
         };
         let mut replies = Vec::new();
         if selected {
-            let id = if option == OPT_SET_META_CONTEXT { CONTEXT_BASE_ALLOCATION_ID } else { 0 };
+            let id = if option == OPT_SET_META_CONTEXT {
+                CONTEXT_BASE_ALLOCATION_ID
+            } else {
+                0
+            };
             let mut payload = id.to_be_bytes().to_vec();
             payload.extend_from_slice(CONTEXT_BASE_ALLOCATION.as_bytes());
             replies.extend(option_reply(option, REP_META_CONTEXT, &payload));
@@ -647,8 +804,14 @@ impl Connection {
         replies
     }
 
-    async fn transmission(self: &Rc<Self>, receiver: &mut Receiver, export: &ExportInfo, negotiated: &Negotiated) -> std::io::Result<()> {
-        let block_status = negotiated.structured && negotiated.meta_allocation_export.as_deref() == Some(export.name.as_str());
+    async fn transmission(
+        self: &Rc<Self>,
+        receiver: &mut Receiver,
+        export: &ExportInfo,
+        negotiated: &Negotiated,
+    ) -> std::io::Result<()> {
+        let block_status = negotiated.structured
+            && negotiated.meta_allocation_export.as_deref() == Some(export.name.as_str());
         loop {
             let permit = self.in_flight.acquire(1).await;
             let header: [u8; REQUEST_HEADER_BYTES] = receiver.read_array().await?;
@@ -662,16 +825,26 @@ impl Connection {
                 return Ok(());
             }
             let write = request.command == CMD_WRITE;
-            let mut permits = RequestPermits { _slot: permit, payload: None, write };
+            let mut permits = RequestPermits {
+                _slot: permit,
+                payload: None,
+                write,
+            };
             let payload = if write && request.length > 0 {
                 if request.length > PAYLOAD_BYTES_MAX {
                     // The payload cannot be skipped safely at this size: disconnect.
-                    return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "write payload above the maximum"));
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "write payload above the maximum",
+                    ));
                 }
                 permits.payload = Some(self.payload_permits(request.length).await);
                 Some(receiver.read_payload(request.length as usize).await?)
             } else {
-                if request.command == CMD_READ && request.length > 0 && request.length <= PAYLOAD_BYTES_MAX {
+                if request.command == CMD_READ
+                    && request.length > 0
+                    && request.length <= PAYLOAD_BYTES_MAX
+                {
                     permits.payload = Some(self.payload_permits(request.length).await);
                 }
                 None
@@ -679,10 +852,24 @@ impl Connection {
             let token = self.next_token.get();
             self.next_token.set(token + 1);
             self.pending.borrow_mut().insert(token, permits);
-            let message = EngineRequest { connection: self.id, token, request, payload, structured: negotiated.structured, block_status };
-            if self.server.to_engine(ToEngine::Request(Box::new(message))).is_err() {
+            let message = EngineRequest {
+                connection: self.id,
+                token,
+                request,
+                payload,
+                structured: negotiated.structured,
+                block_status,
+            };
+            if self
+                .server
+                .to_engine(ToEngine::Request(Box::new(message)))
+                .is_err()
+            {
                 self.pending.borrow_mut().remove(&token);
-                return Err(std::io::Error::new(std::io::ErrorKind::BrokenPipe, "the engine is gone"));
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::BrokenPipe,
+                    "the engine is gone",
+                ));
             }
         }
     }
@@ -699,7 +886,9 @@ impl Connection {
     /// A reply from the engine: queue it for sending with the request's permits
     /// (a WRITE's payload permits end here: the engine has taken the payload).
     fn deliver(&self, token: u64, pieces: Vec<OwnedPiece>) {
-        let Some(mut permits) = self.pending.borrow_mut().remove(&token) else { return };
+        let Some(mut permits) = self.pending.borrow_mut().remove(&token) else {
+            return;
+        };
         if permits.write {
             permits.payload = None;
         }
@@ -710,11 +899,16 @@ impl Connection {
             .into_iter()
             .map(|piece| match piece {
                 OwnedPiece::Bytes(bytes) => SendPiece::Bytes(bytes),
-                OwnedPiece::Buffer(buffer, range) => SendPiece::Slice(BufSlice::new(buffer.into_shared(), range)),
+                OwnedPiece::Buffer(buffer, range) => {
+                    SendPiece::Slice(BufSlice::new(buffer.into_shared(), range))
+                }
                 OwnedPiece::Zeros(length) => SendPiece::Zeros(length),
             })
             .collect();
-        self.outbox.borrow_mut().push_back(Outgoing { pieces, _permits: permits });
+        self.outbox.borrow_mut().push_back(Outgoing {
+            pieces,
+            _permits: permits,
+        });
         self.outbox_ready.notify_all();
     }
 
@@ -751,7 +945,12 @@ impl Connection {
             while sent < total {
                 // A client that reads none of its replies for REPLY_STALL_TIMEOUT
                 // is dropped, which releases what its replies hold.
-                let Some((result, returned)) = rt::timeout(REPLY_STALL_TIMEOUT, uring::send_pieces(self.raw(), pieces, sent)).await else {
+                let Some((result, returned)) = rt::timeout(
+                    REPLY_STALL_TIMEOUT,
+                    uring::send_pieces(self.raw(), pieces, sent),
+                )
+                .await
+                else {
                     self.broken.set(true);
                     self.outbox.borrow_mut().clear();
                     // Both ways: the abandoned send fails at once and the reader ends.

@@ -43,13 +43,20 @@ pub enum ObjectError {
 
 enum Lookup {
     Found(Rc<Node>),
-    Missing { level: u8, blkid: u64, pointer: BlockPointer },
+    Missing {
+        level: u8,
+        blkid: u64,
+        pointer: BlockPointer,
+    },
 }
 
 /// The contents of a node under a hole.
 fn empty_body(dnode: &Dnode, level: u8) -> NodeBody {
     if level > 0 {
-        NodeBody::Indirect(vec![BlockPointer::hole(level - 1, dnode.object_type, 0); 1 << dnode.pointers_per_indirect_shift()])
+        NodeBody::Indirect(vec![
+            BlockPointer::hole(level - 1, dnode.object_type, 0);
+            1 << dnode.pointers_per_indirect_shift()
+        ])
     } else {
         NodeBody::Data(vec![0u8; dnode.data_block_bytes() as usize])
     }
@@ -84,7 +91,13 @@ pub struct Node {
 
 impl Node {
     fn new(level: u8, blkid: u64, body: NodeBody) -> Rc<Node> {
-        Rc::new(Node { level, blkid, body: RefCell::new(body), referenced: Cell::new(true), synced_txg: Cell::new(0) })
+        Rc::new(Node {
+            level,
+            blkid,
+            body: RefCell::new(body),
+            referenced: Cell::new(true),
+            synced_txg: Cell::new(0),
+        })
     }
 
     fn size_bytes(&self) -> usize {
@@ -158,7 +171,10 @@ impl Object {
     /// Number of cached nodes and their bytes.
     pub fn cached(&self) -> (usize, usize) {
         let nodes = self.nodes.borrow();
-        (nodes.len(), nodes.values().map(|node| node.size_bytes()).sum())
+        (
+            nodes.len(),
+            nodes.values().map(|node| node.size_bytes()).sum(),
+        )
     }
 
     pub fn has_dirty_nodes(&self) -> bool {
@@ -181,7 +197,11 @@ pub struct ObjectSet {
 }
 
 impl ObjectSet {
-    pub fn new(store: Rc<BlockStore>, dnode_table: Dnode, cache_budget_bytes: usize) -> Rc<ObjectSet> {
+    pub fn new(
+        store: Rc<BlockStore>,
+        dnode_table: Dnode,
+        cache_budget_bytes: usize,
+    ) -> Rc<ObjectSet> {
         let set = Rc::new(ObjectSet {
             store,
             objects: RefCell::default(),
@@ -190,7 +210,9 @@ impl ObjectSet {
             durable_txg: Cell::new(0),
             dirty_bytes: Cell::new(0),
         });
-        set.objects.borrow_mut().insert(0, Object::new(0, dnode_table));
+        set.objects
+            .borrow_mut()
+            .insert(0, Object::new(0, dnode_table));
         set
     }
 
@@ -219,19 +241,30 @@ impl ObjectSet {
             return Ok(object);
         }
         let table = self.dnode_table();
-        let bytes = self.read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES).await?;
-        let dnode = Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
+        let bytes = self
+            .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
+            .await?;
+        let dnode =
+            Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
         if dnode.is_free() {
             return Err(ObjectError::NoSuchObject(id));
         }
         let object = Object::new(id, dnode);
         // Another task may have opened it while we read.
-        Ok(self.objects.borrow_mut().entry(id).or_insert(object).clone())
+        Ok(self
+            .objects
+            .borrow_mut()
+            .entry(id)
+            .or_insert(object)
+            .clone())
     }
 
     /// Creates object `id` with `dnode` (it is written at the next sync).
     pub fn create(&self, id: u64, dnode: Dnode) -> Rc<Object> {
-        assert!(id != 0 && !self.objects.borrow().contains_key(&id), "object {id} exists");
+        assert!(
+            id != 0 && !self.objects.borrow().contains_key(&id),
+            "object {id} exists"
+        );
         let object = Object::new(id, dnode);
         object.dirty.set(true);
         self.objects.borrow_mut().insert(id, object.clone());
@@ -242,16 +275,26 @@ impl ObjectSet {
     pub fn forget(&self, id: u64) {
         if let Some(object) = self.objects.borrow_mut().remove(&id) {
             let (_, bytes) = object.cached();
-            self.cached_bytes.set(self.cached_bytes.get().saturating_sub(bytes));
+            self.cached_bytes
+                .set(self.cached_bytes.get().saturating_sub(bytes));
         }
     }
 
     /// The node at (`level`, `blkid_at_level`), loading it and its ancestors.
-    pub async fn node(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Rc<Node>, ObjectError> {
+    pub async fn node(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid_at_level: u64,
+    ) -> Result<Rc<Node>, ObjectError> {
         loop {
             match self.lookup(object, level, blkid_at_level)? {
                 Lookup::Found(node) => return Ok(node),
-                Lookup::Missing { level: missing_level, blkid, pointer } => {
+                Lookup::Missing {
+                    level: missing_level,
+                    blkid,
+                    pointer,
+                } => {
                     self.load(object, missing_level, blkid, pointer).await?;
                 }
             }
@@ -261,16 +304,30 @@ impl ObjectSet {
     /// The node at (`level`, `blkid_at_level`) without any I/O: nodes under holes
     /// are created empty; a node that would need a read is an error. Used by the
     /// synchronous txg sync on metadata objects, which stay cached (pinned).
-    pub fn node_cached(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Rc<Node>, ObjectError> {
+    pub fn node_cached(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid_at_level: u64,
+    ) -> Result<Rc<Node>, ObjectError> {
         match self.lookup(object, level, blkid_at_level)? {
             Lookup::Found(node) => Ok(node),
-            Lookup::Missing { level, blkid, .. } => Err(ObjectError::NotCached { object: object.id, level, blkid }),
+            Lookup::Missing { level, blkid, .. } => Err(ObjectError::NotCached {
+                object: object.id,
+                level,
+                blkid,
+            }),
         }
     }
 
     /// Walks down from the root to the wanted node through cached nodes, creating
     /// empty nodes under holes; stops at the first node that must be read.
-    fn lookup(&self, object: &Object, level: u8, blkid_at_level: u64) -> Result<Lookup, ObjectError> {
+    fn lookup(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid_at_level: u64,
+    ) -> Result<Lookup, ObjectError> {
         // The fast path needs the node's whole path cached: a node loaded while
         // its parent was evicted (by another task's load, while this one
         // waited for its read) is cached without it, and callers then use the
@@ -283,16 +340,24 @@ impl ObjectSet {
         }
         let dnode = object.dnode();
         if level >= dnode.levels {
-            return Err(ObjectError::TooLarge { offset: blkid_at_level });
+            return Err(ObjectError::TooLarge {
+                offset: blkid_at_level,
+            });
         }
         let top = dnode.levels - 1;
         let shift = object.pointer_shift();
         let mut parent: Option<Rc<Node>> = None;
         for current in (level..=top).rev() {
             let distance = (current - level) as u32 * shift;
-            let blkid = if distance >= 64 { 0 } else { blkid_at_level >> distance };
+            let blkid = if distance >= 64 {
+                0
+            } else {
+                blkid_at_level >> distance
+            };
             if blkid != 0 && current == top {
-                return Err(ObjectError::TooLarge { offset: blkid_at_level });
+                return Err(ObjectError::TooLarge {
+                    offset: blkid_at_level,
+                });
             }
             let cached = object.nodes.borrow().get(&(current, blkid)).cloned();
             let node = match cached {
@@ -306,14 +371,23 @@ impl ObjectSet {
                         },
                     };
                     if !pointer.is_hole() {
-                        return Ok(Lookup::Missing { level: current, blkid, pointer });
+                        return Ok(Lookup::Missing {
+                            level: current,
+                            blkid,
+                            pointer,
+                        });
                     }
-                    self.insert_node(object, Node::new(current, blkid, empty_body(&dnode, current)))
+                    self.insert_node(
+                        object,
+                        Node::new(current, blkid, empty_body(&dnode, current)),
+                    )
                 }
             };
             parent = Some(node);
         }
-        Ok(Lookup::Found(parent.expect("the loop visits at least one level")))
+        Ok(Lookup::Found(
+            parent.expect("the loop visits at least one level"),
+        ))
     }
 
     /// Whether every ancestor of (`level`, `blkid_at_level`) is cached.
@@ -323,7 +397,11 @@ impl ObjectSet {
         let nodes = object.nodes.borrow();
         (level + 1..levels).all(|ancestor| {
             let distance = (ancestor - level) as u32 * shift;
-            let blkid = if distance >= 64 { 0 } else { blkid_at_level >> distance };
+            let blkid = if distance >= 64 {
+                0
+            } else {
+                blkid_at_level >> distance
+            };
             nodes.contains_key(&(ancestor, blkid))
         })
     }
@@ -334,14 +412,27 @@ impl ObjectSet {
         if let Some(existing) = nodes.get(&(node.level, node.blkid)) {
             return existing.clone();
         }
-        self.cached_bytes.set(self.cached_bytes.get() + node.size_bytes());
+        self.cached_bytes
+            .set(self.cached_bytes.get() + node.size_bytes());
         nodes.insert((node.level, node.blkid), node.clone());
         node
     }
 
-    async fn load(&self, object: &Object, level: u8, blkid: u64, pointer: BlockPointer) -> Result<Rc<Node>, ObjectError> {
+    async fn load(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<Rc<Node>, ObjectError> {
         let dnode = object.dnode();
-        let corrupt = |reason: String| ObjectError::Corrupt { object: object.id, error: FormatError::Invalid { what: "tree node", reason } };
+        let corrupt = |reason: String| ObjectError::Corrupt {
+            object: object.id,
+            error: FormatError::Invalid {
+                what: "tree node",
+                reason,
+            },
+        };
         if pointer.level != level || pointer.object_type != dnode.object_type {
             return Err(corrupt(format!(
                 "pointer to level {} type {:?} where level {level} type {:?} belongs",
@@ -355,9 +446,15 @@ impl ObjectSet {
             }
             let mut pointers = Vec::with_capacity(data.len() / BLOCK_POINTER_BYTES);
             for chunk in data.chunks_exact(BLOCK_POINTER_BYTES) {
-                let child = BlockPointer::decode(chunk).map_err(|error| ObjectError::Corrupt { object: object.id, error })?;
+                let child = BlockPointer::decode(chunk).map_err(|error| ObjectError::Corrupt {
+                    object: object.id,
+                    error,
+                })?;
                 if !child.is_hole() && child.level + 1 != level {
-                    return Err(corrupt(format!("level {} pointer inside a level {level} block", child.level)));
+                    return Err(corrupt(format!(
+                        "level {} pointer inside a level {level} block",
+                        child.level
+                    )));
                 }
                 pointers.push(child);
             }
@@ -374,7 +471,11 @@ impl ObjectSet {
     }
 
     /// The level-0 pointer of `blkid` (a hole if beyond the tree).
-    pub async fn block_pointer(&self, object: &Object, blkid: u64) -> Result<BlockPointer, ObjectError> {
+    pub async fn block_pointer(
+        &self,
+        object: &Object,
+        blkid: u64,
+    ) -> Result<BlockPointer, ObjectError> {
         let dnode = object.dnode();
         if blkid >= dnode.capacity_blocks() {
             return Ok(BlockPointer::hole(0, dnode.object_type, 0));
@@ -403,9 +504,15 @@ impl ObjectSet {
         }
         let shift = object.pointer_shift();
         for level in (1..dnode.levels).rev() {
-            let node = self.node(object, level, object.ancestor(blkid, level)).await?;
+            let node = self
+                .node(object, level, object.ancestor(blkid, level))
+                .await?;
             let child_blkid = object.ancestor(blkid, level - 1);
-            if object.nodes.borrow().contains_key(&(level - 1, child_blkid)) {
+            if object
+                .nodes
+                .borrow()
+                .contains_key(&(level - 1, child_blkid))
+            {
                 continue;
             }
             let pointer = match &*node.body.borrow() {
@@ -427,7 +534,12 @@ impl ObjectSet {
 
     /// Links `pointer` as level-0 block `blkid` in the open txg; returns the old
     /// pointer (the caller frees it). Grows the tree if needed.
-    pub async fn set_block_pointer(&self, object: &Object, blkid: u64, pointer: BlockPointer) -> Result<BlockPointer, ObjectError> {
+    pub async fn set_block_pointer(
+        &self,
+        object: &Object,
+        blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<BlockPointer, ObjectError> {
         self.ensure_capacity(object, blkid)?;
         self.load_path(object, blkid).await?;
         self.set_block_pointer_cached(object, blkid, pointer)
@@ -444,7 +556,11 @@ impl ObjectSet {
     }
 
     /// The level-0 pointer of `blkid` from cached nodes (no I/O).
-    pub fn block_pointer_cached(&self, object: &Object, blkid: u64) -> Result<BlockPointer, ObjectError> {
+    pub fn block_pointer_cached(
+        &self,
+        object: &Object,
+        blkid: u64,
+    ) -> Result<BlockPointer, ObjectError> {
         let dnode = object.dnode();
         if blkid >= dnode.capacity_blocks() {
             return Ok(BlockPointer::hole(0, dnode.object_type, 0));
@@ -461,7 +577,12 @@ impl ObjectSet {
     }
 
     /// `set_block_pointer` on a path that is cached (no I/O).
-    pub fn set_block_pointer_cached(&self, object: &Object, blkid: u64, pointer: BlockPointer) -> Result<BlockPointer, ObjectError> {
+    pub fn set_block_pointer_cached(
+        &self,
+        object: &Object,
+        blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<BlockPointer, ObjectError> {
         self.ensure_capacity(object, blkid)?;
         let levels = object.dnode().levels;
         if levels == 1 {
@@ -476,7 +597,9 @@ impl ObjectSet {
         }
         let old = {
             let mut body = path[0].body.borrow_mut();
-            let NodeBody::Indirect(pointers) = &mut *body else { unreachable!("level 1 holds pointers") };
+            let NodeBody::Indirect(pointers) = &mut *body else {
+                unreachable!("level 1 holds pointers")
+            };
             std::mem::replace(&mut pointers[object.index_in_parent(blkid)], pointer)
         };
         self.mark_dirty(object, &path);
@@ -488,7 +611,8 @@ impl ObjectSet {
         let mut dirty = object.dirty_nodes.borrow_mut();
         for node in nodes {
             if dirty.insert((node.level, node.blkid)) {
-                self.dirty_bytes.set(self.dirty_bytes.get() + node.size_bytes() as u64);
+                self.dirty_bytes
+                    .set(self.dirty_bytes.get() + node.size_bytes() as u64);
             }
         }
         object.dirty.set(true);
@@ -514,9 +638,15 @@ impl ObjectSet {
                 return Err(ObjectError::TooLarge { offset: blkid });
             }
             let new_level = dnode.levels;
-            let mut pointers = vec![BlockPointer::hole(new_level - 1, dnode.object_type, 0); 1 << dnode.pointers_per_indirect_shift()];
+            let mut pointers = vec![
+                BlockPointer::hole(new_level - 1, dnode.object_type, 0);
+                1 << dnode.pointers_per_indirect_shift()
+            ];
             pointers[0] = dnode.root;
-            let root = self.insert_node(object, Node::new(new_level, 0, NodeBody::Indirect(pointers)));
+            let root = self.insert_node(
+                object,
+                Node::new(new_level, 0, NodeBody::Indirect(pointers)),
+            );
             {
                 let mut dnode = object.dnode.borrow_mut();
                 dnode.levels += 1;
@@ -529,7 +659,12 @@ impl ObjectSet {
     }
 
     /// Loads every node a byte range of a metadata object touches.
-    pub async fn prefetch(&self, object: &Object, offset: u64, length: u64) -> Result<(), ObjectError> {
+    pub async fn prefetch(
+        &self,
+        object: &Object,
+        offset: u64,
+        length: u64,
+    ) -> Result<(), ObjectError> {
         let block_bytes = object.dnode().data_block_bytes();
         let capacity = object.dnode().capacity_blocks();
         let first = offset / block_bytes;
@@ -541,13 +676,23 @@ impl ObjectSet {
     }
 
     /// Reads `length` bytes at `offset` of a metadata object.
-    pub async fn read_bytes(&self, object: &Object, offset: u64, length: usize) -> Result<Vec<u8>, ObjectError> {
+    pub async fn read_bytes(
+        &self,
+        object: &Object,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<u8>, ObjectError> {
         self.prefetch(object, offset, length as u64).await?;
         self.read_bytes_cached(object, offset, length)
     }
 
     /// `read_bytes` on cached nodes (no I/O).
-    pub fn read_bytes_cached(&self, object: &Object, offset: u64, length: usize) -> Result<Vec<u8>, ObjectError> {
+    pub fn read_bytes_cached(
+        &self,
+        object: &Object,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<u8>, ObjectError> {
         let block_bytes = object.dnode().data_block_bytes();
         let capacity = object.dnode().capacity_blocks();
         let mut out = vec![0u8; length];
@@ -560,7 +705,9 @@ impl ObjectSet {
             if blkid < capacity {
                 let node = self.node_cached(object, 0, blkid)?;
                 let body = node.body.borrow();
-                let NodeBody::Data(bytes) = &*body else { unreachable!("level 0 holds data") };
+                let NodeBody::Data(bytes) = &*body else {
+                    unreachable!("level 0 holds data")
+                };
                 out[done..done + chunk].copy_from_slice(&bytes[within..within + chunk]);
             }
             done += chunk;
@@ -570,13 +717,23 @@ impl ObjectSet {
 
     /// Writes `data` at `offset` of a metadata object (in memory; written at sync).
     /// Extends the object's length if the write ends past it.
-    pub async fn write_bytes(&self, object: &Object, offset: u64, data: &[u8]) -> Result<(), ObjectError> {
+    pub async fn write_bytes(
+        &self,
+        object: &Object,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ObjectError> {
         self.prefetch(object, offset, data.len() as u64).await?;
         self.write_bytes_cached(object, offset, data)
     }
 
     /// `write_bytes` on cached nodes (no I/O).
-    pub fn write_bytes_cached(&self, object: &Object, offset: u64, data: &[u8]) -> Result<(), ObjectError> {
+    pub fn write_bytes_cached(
+        &self,
+        object: &Object,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), ObjectError> {
         let block_bytes = object.dnode().data_block_bytes();
         let mut done = 0usize;
         while done < data.len() {
@@ -592,7 +749,9 @@ impl ObjectSet {
             }
             {
                 let mut body = path[0].body.borrow_mut();
-                let NodeBody::Data(bytes) = &mut *body else { unreachable!("level 0 holds data") };
+                let NodeBody::Data(bytes) = &mut *body else {
+                    unreachable!("level 0 holds data")
+                };
                 bytes[within..within + chunk].copy_from_slice(&data[done..done + chunk]);
             }
             self.mark_dirty(object, &path);
@@ -610,7 +769,12 @@ impl ObjectSet {
     /// Cuts a metadata object to `length` bytes, freeing whole blocks past it.
     pub async fn truncate(&self, object: &Object, length: u64) -> Result<(), ObjectError> {
         let old_length = object.dnode().length_bytes;
-        self.prefetch(object, length.min(old_length), old_length.saturating_sub(length)).await?;
+        self.prefetch(
+            object,
+            length.min(old_length),
+            old_length.saturating_sub(length),
+        )
+        .await?;
         self.truncate_cached(object, length)
     }
 
@@ -623,10 +787,15 @@ impl ObjectSet {
         for blkid in first_free..end {
             // Drop the cached data node (it is recreated as zeros under the hole).
             if let Some(node) = object.nodes.borrow_mut().remove(&(0, blkid)) {
-                self.cached_bytes.set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
+                self.cached_bytes
+                    .set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
             }
             object.dirty_nodes.borrow_mut().remove(&(0, blkid));
-            let old = self.set_block_pointer_cached(object, blkid, BlockPointer::hole(0, dnode.object_type, 0))?;
+            let old = self.set_block_pointer_cached(
+                object,
+                blkid,
+                BlockPointer::hole(0, dnode.object_type, 0),
+            )?;
             if !old.is_hole() {
                 self.store.free(&old);
             }
@@ -650,7 +819,9 @@ impl ObjectSet {
             return;
         }
         let dnode = object.dnode.borrow();
-        if dnode.object_type == ObjectType::VolumeData && pointer.birth_txg <= dnode.prev_snapshot_txg {
+        if dnode.object_type == ObjectType::VolumeData
+            && pointer.birth_txg <= dnode.prev_snapshot_txg
+        {
             object.dead.borrow_mut().push(*pointer);
             object.dirty.set(true);
         } else {
@@ -661,7 +832,8 @@ impl ObjectSet {
     /// Drops the cached nodes of a replaced tree and forgets their bytes.
     pub fn reset_tree(&self, object: &Object, dnode: Dnode) {
         let bytes = object.drop_cached_nodes();
-        self.cached_bytes.set(self.cached_bytes.get().saturating_sub(bytes));
+        self.cached_bytes
+            .set(self.cached_bytes.get().saturating_sub(bytes));
         *object.dnode.borrow_mut() = dnode;
         object.dirty.set(true);
     }
@@ -713,13 +885,21 @@ impl ObjectSet {
                 }
                 let node = self.node(object, level, blkid).await?;
                 let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
-                    NodeBody::Indirect(pointers) => {
-                        pointers.iter().enumerate().map(|(index, pointer)| ((blkid << object.pointer_shift()) + index as u64, *pointer)).collect()
-                    }
+                    NodeBody::Indirect(pointers) => pointers
+                        .iter()
+                        .enumerate()
+                        .map(|(index, pointer)| {
+                            ((blkid << object.pointer_shift()) + index as u64, *pointer)
+                        })
+                        .collect(),
                     NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
                 };
                 for (child_blkid, pointer) in children {
-                    let child_cached = level > 1 && object.nodes.borrow().contains_key(&(level - 1, child_blkid));
+                    let child_cached = level > 1
+                        && object
+                            .nodes
+                            .borrow()
+                            .contains_key(&(level - 1, child_blkid));
                     if !pointer.is_hole() {
                         visit(level - 1, child_blkid, &pointer);
                     }
@@ -738,7 +918,12 @@ impl ObjectSet {
     /// a pointer born at or before `txg` is entirely that old (copy-on-write),
     /// while a node changed since (dirty, cached) is looked into whatever its
     /// parent says. Used by rollback, space figures and incremental send.
-    pub async fn visit_pointers_born_after(&self, object: &Object, txg: u64, visit: &mut dyn FnMut(&BlockPointer)) -> Result<(), ObjectError> {
+    pub async fn visit_pointers_born_after(
+        &self,
+        object: &Object,
+        txg: u64,
+        visit: &mut dyn FnMut(&BlockPointer),
+    ) -> Result<(), ObjectError> {
         let dnode = object.dnode();
         let top = dnode.levels - 1;
         if !dnode.root.is_hole() && dnode.root.birth_txg > txg {
@@ -752,14 +937,21 @@ impl ObjectSet {
                 let dirty = object.dirty_nodes.borrow().contains(&(level, blkid));
                 if !dirty {
                     let pointer = self.pointer_to(object, level, blkid).await?;
-                    let cached_under_hole = pointer.is_hole() && object.nodes.borrow().contains_key(&(level, blkid));
-                    if (pointer.is_hole() && !cached_under_hole) || (!pointer.is_hole() && pointer.birth_txg <= txg) {
+                    let cached_under_hole =
+                        pointer.is_hole() && object.nodes.borrow().contains_key(&(level, blkid));
+                    if (pointer.is_hole() && !cached_under_hole)
+                        || (!pointer.is_hole() && pointer.birth_txg <= txg)
+                    {
                         continue;
                     }
                 }
                 let node = self.node(object, level, blkid).await?;
                 let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
-                    NodeBody::Indirect(pointers) => pointers.iter().enumerate().map(|(index, pointer)| ((blkid << shift) + index as u64, *pointer)).collect(),
+                    NodeBody::Indirect(pointers) => pointers
+                        .iter()
+                        .enumerate()
+                        .map(|(index, pointer)| ((blkid << shift) + index as u64, *pointer))
+                        .collect(),
                     NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
                 };
                 for (child_blkid, pointer) in children {
@@ -784,7 +976,13 @@ impl ObjectSet {
     /// most about `limit` changes and, when it stopped early, the block to
     /// continue from. Used by send (incremental with `since_txg` of the earlier
     /// snapshot; full with 0).
-    pub async fn changed_blocks(&self, object: &Object, since_txg: u64, start: u64, limit: usize) -> Result<(Vec<BlockChange>, Option<u64>), ObjectError> {
+    pub async fn changed_blocks(
+        &self,
+        object: &Object,
+        since_txg: u64,
+        start: u64,
+        limit: usize,
+    ) -> Result<(Vec<BlockChange>, Option<u64>), ObjectError> {
         let dnode = object.dnode();
         let shift = object.pointer_shift() as u64;
         let width_of = |level: u8| -> u64 {
@@ -810,18 +1008,26 @@ impl ObjectSet {
             }
             // A node changed in the open txg, or created under a hole, is newer
             // than the pointer to it says: look inside.
-            let look_inside = level > 0 && (object.dirty_nodes.borrow().contains(&(level, index)) || (pointer.is_hole() && object.nodes.borrow().contains_key(&(level, index))));
+            let look_inside = level > 0
+                && (object.dirty_nodes.borrow().contains(&(level, index))
+                    || (pointer.is_hole() && object.nodes.borrow().contains_key(&(level, index))));
             if !look_inside {
                 if pointer.birth_txg <= since_txg {
                     continue;
                 }
                 if pointer.is_hole() {
                     let from = first.max(start);
-                    changes.push(BlockChange::Holes { first: from, count: end - from });
+                    changes.push(BlockChange::Holes {
+                        first: from,
+                        count: end - from,
+                    });
                     continue;
                 }
                 if level == 0 {
-                    changes.push(BlockChange::Data { blkid: first, pointer });
+                    changes.push(BlockChange::Data {
+                        blkid: first,
+                        pointer,
+                    });
                     continue;
                 }
             }
@@ -838,12 +1044,19 @@ impl ObjectSet {
     }
 
     /// The pointer to node (`level`, `blkid`) as its parent (or the dnode) holds it.
-    async fn pointer_to(&self, object: &Object, level: u8, blkid: u64) -> Result<BlockPointer, ObjectError> {
+    async fn pointer_to(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid: u64,
+    ) -> Result<BlockPointer, ObjectError> {
         let dnode = object.dnode();
         if level == dnode.levels - 1 {
             return Ok(dnode.root);
         }
-        let parent = self.node(object, level + 1, blkid >> object.pointer_shift()).await?;
+        let parent = self
+            .node(object, level + 1, blkid >> object.pointer_shift())
+            .await?;
         let body = parent.body.borrow();
         match &*body {
             NodeBody::Indirect(pointers) => Ok(pointers[object.index_in_parent(blkid)]),
@@ -874,11 +1087,18 @@ impl ObjectSet {
                 // ancestors to the eviction its own load triggered. Evicting
                 // from the leaves up keeps every cached node's path cached.
                 let shift = object.pointer_shift();
-                let parents: rustc_hash::FxHashSet<(u8, u64)> = nodes.keys().map(|(level, blkid)| (level + 1, if shift >= 64 { 0 } else { blkid >> shift })).collect();
+                let parents: rustc_hash::FxHashSet<(u8, u64)> = nodes
+                    .keys()
+                    .map(|(level, blkid)| (level + 1, if shift >= 64 { 0 } else { blkid >> shift }))
+                    .collect();
                 let mut victims = Vec::new();
                 for (key, node) in nodes.iter() {
                     // In use by a task, dirty, or written by a txg not yet durable.
-                    if Rc::strong_count(node) > 1 || dirty.contains(key) || node.synced_txg.get() > durable || parents.contains(key) {
+                    if Rc::strong_count(node) > 1
+                        || dirty.contains(key)
+                        || node.synced_txg.get() > durable
+                        || parents.contains(key)
+                    {
                         continue;
                     }
                     if round == 0 && node.referenced.replace(false) {
@@ -888,7 +1108,8 @@ impl ObjectSet {
                 }
                 for key in victims {
                     if let Some(node) = nodes.remove(&key) {
-                        self.cached_bytes.set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
+                        self.cached_bytes
+                            .set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
                     }
                     if self.cached_bytes.get() <= target {
                         return;
@@ -907,21 +1128,44 @@ impl ObjectSet {
 /// Keeps an object's space accounting in step with a pointer change.
 pub(crate) fn account(object: &Object, old: &BlockPointer, new: &BlockPointer) {
     let mut dnode = object.dnode.borrow_mut();
-    dnode.used_bytes = (dnode.used_bytes + new.allocated_bytes()).saturating_sub(old.allocated_bytes());
+    dnode.used_bytes =
+        (dnode.used_bytes + new.allocated_bytes()).saturating_sub(old.allocated_bytes());
     if old.level == 0 || new.level == 0 {
-        let old_logical = if old.is_hole() { 0 } else { old.logical_size as u64 };
-        let new_logical = if new.is_hole() { 0 } else { new.logical_size as u64 };
+        let old_logical = if old.is_hole() {
+            0
+        } else {
+            old.logical_size as u64
+        };
+        let new_logical = if new.is_hole() {
+            0
+        } else {
+            new.logical_size as u64
+        };
         dnode.logical_bytes = (dnode.logical_bytes + new_logical).saturating_sub(old_logical);
         // What the data occupies on disk (compressed, rounded to sectors): the
         // compression ratio is logical over this, as space is what it saves.
-        let old_physical = if old.level == 0 { old.allocated_bytes() } else { 0 };
-        let new_physical = if new.level == 0 { new.allocated_bytes() } else { 0 };
+        let old_physical = if old.level == 0 {
+            old.allocated_bytes()
+        } else {
+            0
+        };
+        let new_physical = if new.level == 0 {
+            new.allocated_bytes()
+        } else {
+            0
+        };
         dnode.physical_bytes = (dnode.physical_bytes + new_physical).saturating_sub(old_physical);
     }
 }
 
 /// A fresh dnode for a new object.
-pub fn new_dnode(object_type: ObjectType, data_block_shift: u8, indirect_block_shift: u8, length_bytes: u64, txg: u64) -> Dnode {
+pub fn new_dnode(
+    object_type: ObjectType,
+    data_block_shift: u8,
+    indirect_block_shift: u8,
+    length_bytes: u64,
+    txg: u64,
+) -> Dnode {
     let mut dnode = Dnode {
         object_type,
         levels: 1,

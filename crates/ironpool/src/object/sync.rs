@@ -23,7 +23,11 @@ pub const METADATA_COPIES: usize = 2;
 /// already): they are most of the metadata a random-write load rewrites each
 /// txg, and their loss costs what losing a data block costs. Everything else
 /// (higher levels, the dnode table, space maps, the directory) keeps two.
-pub fn metadata_copies(object_type: crate::format::ObjectType, level: u8, redundant_vdevs: bool) -> usize {
+pub fn metadata_copies(
+    object_type: crate::format::ObjectType,
+    level: u8,
+    redundant_vdevs: bool,
+) -> usize {
     if redundant_vdevs && level == 1 && object_type == crate::format::ObjectType::VolumeData {
         1
     } else {
@@ -40,12 +44,16 @@ pub struct SyncContext {
 
 impl SyncContext {
     pub fn new(txg: u64) -> SyncContext {
-        SyncContext { txg, writes: BTreeMap::new() }
+        SyncContext {
+            txg,
+            writes: BTreeMap::new(),
+        }
     }
 
     fn queue(&mut self, pointer: &BlockPointer, buffer: Rc<AlignedBuf>) {
         for dva in pointer.copies() {
-            self.writes.insert((dva.vdev, dva.offset), (*dva, buffer.clone()));
+            self.writes
+                .insert((dva.vdev, dva.offset), (*dva, buffer.clone()));
         }
     }
 
@@ -58,20 +66,37 @@ impl SyncContext {
 impl ObjectSet {
     /// Writes every dirty node of `object` to new locations (or in place when the
     /// node was already written by this same txg) and updates the dnode's root.
-    pub fn sync_object(&self, object: &Object, context: &mut SyncContext) -> Result<(), ObjectError> {
-        let keys: Vec<(u8, u64)> = std::mem::take(&mut *object.dirty_nodes.borrow_mut()).into_iter().collect();
+    pub fn sync_object(
+        &self,
+        object: &Object,
+        context: &mut SyncContext,
+    ) -> Result<(), ObjectError> {
+        let keys: Vec<(u8, u64)> = std::mem::take(&mut *object.dirty_nodes.borrow_mut())
+            .into_iter()
+            .collect();
         let dnode = object.dnode();
         for (level, blkid) in keys {
-            let node = object.nodes.borrow().get(&(level, blkid)).cloned().expect("a dirty node is cached");
+            let node = object
+                .nodes
+                .borrow()
+                .get(&(level, blkid))
+                .cloned()
+                .expect("a dirty node is cached");
             let (buffer, fill, all_holes) = encode_node(&node.body.borrow(), level);
             let old = self.pointer_in_parent(object, level, blkid)?;
             let new = if all_holes {
                 BlockPointer::hole(level, dnode.object_type, context.txg)
             } else {
                 let physical = buffer.len() as u32;
-                let in_place = !old.is_hole() && old.birth_txg == context.txg && old.physical_size == physical;
-                let copies = metadata_copies(dnode.object_type, level, self.store.all_vdevs_redundant());
-                let dvas = if in_place { old.dvas } else { self.allocate_metadata(physical as u64, copies)? };
+                let in_place =
+                    !old.is_hole() && old.birth_txg == context.txg && old.physical_size == physical;
+                let copies =
+                    metadata_copies(dnode.object_type, level, self.store.all_vdevs_redundant());
+                let dvas = if in_place {
+                    old.dvas
+                } else {
+                    self.allocate_metadata(physical as u64, copies)?
+                };
                 BlockPointer {
                     dvas,
                     birth_txg: context.txg,
@@ -106,11 +131,22 @@ impl ObjectSet {
         Ok(())
     }
 
-    fn allocate_metadata(&self, physical_bytes: u64, copies: usize) -> Result<[Dva; DVA_COUNT], ObjectError> {
-        self.store.allocate(physical_bytes, true, copies).map_err(|NoSpace| ObjectError::Block(BlockError::NoSpace))
+    fn allocate_metadata(
+        &self,
+        physical_bytes: u64,
+        copies: usize,
+    ) -> Result<[Dva; DVA_COUNT], ObjectError> {
+        self.store
+            .allocate(physical_bytes, true, copies)
+            .map_err(|NoSpace| ObjectError::Block(BlockError::NoSpace))
     }
 
-    fn pointer_in_parent(&self, object: &Object, level: u8, blkid: u64) -> Result<BlockPointer, ObjectError> {
+    fn pointer_in_parent(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid: u64,
+    ) -> Result<BlockPointer, ObjectError> {
         let levels = object.dnode().levels;
         if level == levels - 1 {
             return Ok(object.dnode().root);
@@ -123,7 +159,13 @@ impl ObjectSet {
         }
     }
 
-    fn set_pointer_in_parent(&self, object: &Object, level: u8, blkid: u64, pointer: BlockPointer) -> Result<(), ObjectError> {
+    fn set_pointer_in_parent(
+        &self,
+        object: &Object,
+        level: u8,
+        blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<(), ObjectError> {
         let levels = object.dnode().levels;
         if level == levels - 1 {
             object.dnode.borrow_mut().root = pointer;
@@ -149,7 +191,9 @@ fn encode_node(body: &NodeBody, level: u8) -> (AlignedBuf, u64, bool) {
             let mut all_holes = true;
             for (index, pointer) in pointers.iter().enumerate() {
                 debug_assert!(pointer.is_hole() || pointer.level + 1 == level);
-                pointer.encode(&mut buffer[index * BLOCK_POINTER_BYTES..(index + 1) * BLOCK_POINTER_BYTES]);
+                pointer.encode(
+                    &mut buffer[index * BLOCK_POINTER_BYTES..(index + 1) * BLOCK_POINTER_BYTES],
+                );
                 if !pointer.is_hole() {
                     all_holes = false;
                     fill += pointer.fill;

@@ -72,8 +72,12 @@ impl Pool {
         let count = table.dnode().length_bytes / DNODE_BYTES as u64;
         let mut objects = vec![table.clone()];
         for id in 1..count {
-            let bytes = self.objects.read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES).await?;
-            let dnode = Dnode::decode(&bytes).map_err(|error| super::PoolError::Corrupt(format!("dnode {id}: {error}")))?;
+            let bytes = self
+                .objects
+                .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
+                .await?;
+            let dnode = Dnode::decode(&bytes)
+                .map_err(|error| super::PoolError::Corrupt(format!("dnode {id}: {error}")))?;
             if dnode.is_free() {
                 continue;
             }
@@ -83,20 +87,25 @@ impl Pool {
         // A block may be shared by several trees (a volume and its snapshots and
         // clones) — then it is the same block pointer — but never pointed at twice
         // within one tree, nor by two different pointers.
-        let mut owners: std::collections::HashMap<(u32, u64), (u64, crate::format::Checksum, u64)> = std::collections::HashMap::new();
+        let mut owners: std::collections::HashMap<(u32, u64), (u64, crate::format::Checksum, u64)> =
+            std::collections::HashMap::new();
         let mut dead_entries = Vec::new();
         for object in &objects {
             let mut copies = Vec::new();
-            self.objects.visit_pointers(object, &mut |level, blkid, pointer| {
-                for dva in pointer.copies() {
-                    copies.push((level, blkid, *dva, pointer.birth_txg, pointer.checksum));
-                }
-            })
-            .await?;
+            self.objects
+                .visit_pointers(object, &mut |level, blkid, pointer| {
+                    for dva in pointer.copies() {
+                        copies.push((level, blkid, *dva, pointer.birth_txg, pointer.checksum));
+                    }
+                })
+                .await?;
             for (level, blkid, dva, birth, checksum) in copies {
                 match owners.get(&(dva.vdev, dva.offset)) {
                     Some((other_birth, other_checksum, other_object)) => {
-                        if *other_object == object.id || *other_birth != birth || *other_checksum != checksum {
+                        if *other_object == object.id
+                            || *other_birth != birth
+                            || *other_checksum != checksum
+                        {
                             report.problem(format!("object {} block {level}/{blkid}: {:?} is referenced twice (also by object {other_object})", object.id, dva));
                         }
                         continue;
@@ -108,11 +117,17 @@ impl Pool {
                 report.block_copies += 1;
                 report.referenced_bytes += dva.asize as u64;
                 let Some(set) = referenced.get_mut(dva.vdev as usize) else {
-                    report.problem(format!("object {} block {level}/{blkid} on missing vdev {}", object.id, dva.vdev));
+                    report.problem(format!(
+                        "object {} block {level}/{blkid} on missing vdev {}",
+                        object.id, dva.vdev
+                    ));
                     continue;
                 };
                 if set.try_insert(dva.offset, dva.end()).is_err() {
-                    report.problem(format!("object {} block {level}/{blkid}: {:?} overlaps another block", object.id, dva));
+                    report.problem(format!(
+                        "object {} block {level}/{blkid}: {:?} overlaps another block",
+                        object.id, dva
+                    ));
                 }
             }
             if object.dnode().object_type == crate::format::ObjectType::DeadList {
@@ -127,11 +142,30 @@ impl Pool {
             }
         }
         // Every block on a dead list is still some snapshot's (or origin's).
-        for (list, pointer) in dead_entries.iter().chain(self.volumes.borrow().values().flat_map(|volume| volume.object.dead.borrow().iter().map(|pointer| (volume.object.id, *pointer)).collect::<Vec<_>>()).collect::<Vec<_>>().iter()) {
+        for (list, pointer) in dead_entries.iter().chain(
+            self.volumes
+                .borrow()
+                .values()
+                .flat_map(|volume| {
+                    volume
+                        .object
+                        .dead
+                        .borrow()
+                        .iter()
+                        .map(|pointer| (volume.object.id, *pointer))
+                        .collect::<Vec<_>>()
+                })
+                .collect::<Vec<_>>()
+                .iter(),
+        ) {
             for dva in pointer.copies() {
                 match owners.get(&(dva.vdev, dva.offset)) {
-                    Some((birth, checksum, _)) if *birth == pointer.birth_txg && *checksum == pointer.checksum => {}
-                    _ => report.problem(format!("dead list {list}: {:?} born {} is not in any snapshot", dva, pointer.birth_txg)),
+                    Some((birth, checksum, _))
+                        if *birth == pointer.birth_txg && *checksum == pointer.checksum => {}
+                    _ => report.problem(format!(
+                        "dead list {list}: {:?} born {} is not in any snapshot",
+                        dva, pointer.birth_txg
+                    )),
                 }
             }
         }
@@ -140,16 +174,37 @@ impl Pool {
             let directory = self.directory.borrow();
             for (name, record) in &directory.volumes {
                 if let Some(origin) = &record.origin {
-                    let listed = directory.volumes.get(&origin.volume).and_then(|volume| volume.snapshots.iter().find(|snapshot| snapshot.name == origin.snapshot)).is_some_and(|snapshot| snapshot.clones.contains(name));
+                    let listed = directory
+                        .volumes
+                        .get(&origin.volume)
+                        .and_then(|volume| {
+                            volume
+                                .snapshots
+                                .iter()
+                                .find(|snapshot| snapshot.name == origin.snapshot)
+                        })
+                        .is_some_and(|snapshot| snapshot.clones.contains(name));
                     if !listed {
-                        report.problem(format!("volume {name}: origin {}@{} does not list it as a clone", origin.volume, origin.snapshot));
+                        report.problem(format!(
+                            "volume {name}: origin {}@{} does not list it as a clone",
+                            origin.volume, origin.snapshot
+                        ));
                     }
                 }
                 for snapshot in &record.snapshots {
                     for clone in &snapshot.clones {
-                        let back = directory.volumes.get(clone).and_then(|clone_record| clone_record.origin.as_ref()).is_some_and(|origin| origin.volume == *name && origin.snapshot == snapshot.name);
+                        let back = directory
+                            .volumes
+                            .get(clone)
+                            .and_then(|clone_record| clone_record.origin.as_ref())
+                            .is_some_and(|origin| {
+                                origin.volume == *name && origin.snapshot == snapshot.name
+                            });
                         if !back {
-                            report.problem(format!("{name}@{}: lists clone {clone} whose origin is elsewhere", snapshot.name));
+                            report.problem(format!(
+                                "{name}@{}: lists clone {clone} whose origin is elsewhere",
+                                snapshot.name
+                            ));
                         }
                     }
                 }
@@ -162,7 +217,11 @@ impl Pool {
         for (vdev, space) in allocator.vdevs.iter().enumerate() {
             let mut allocated = RangeSet::new();
             for metaslab in &space.metaslabs {
-                for (start, end) in metaslab.allocated.iter().chain(metaslab.pending_allocs.iter()) {
+                for (start, end) in metaslab
+                    .allocated
+                    .iter()
+                    .chain(metaslab.pending_allocs.iter())
+                {
                     allocated.insert(start, end);
                 }
                 for (start, end) in metaslab.pending_frees.iter() {
@@ -175,12 +234,19 @@ impl Pool {
                     // Name the objects pointing into the range, to start a diagnosis.
                     let mut holders: Vec<String> = owners
                         .iter()
-                        .filter(|((owner_vdev, offset), _)| *owner_vdev as usize == vdev && *offset >= start && *offset < end)
-                        .map(|((_, offset), (birth, _, object))| format!("object {object} at {offset:#x} born {birth}"))
+                        .filter(|((owner_vdev, offset), _)| {
+                            *owner_vdev as usize == vdev && *offset >= start && *offset < end
+                        })
+                        .map(|((_, offset), (birth, _, object))| {
+                            format!("object {object} at {offset:#x} born {birth}")
+                        })
                         .collect();
                     holders.sort();
                     holders.truncate(4);
-                    report.problem(format!("vdev {vdev}: referenced {start:#x}..{end:#x} is not allocated ({})", holders.join(", ")));
+                    report.problem(format!(
+                        "vdev {vdev}: referenced {start:#x}..{end:#x} is not allocated ({})",
+                        holders.join(", ")
+                    ));
                 }
             }
             for (start, end) in allocated.iter() {

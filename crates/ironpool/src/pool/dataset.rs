@@ -78,14 +78,22 @@ fn corrupt(error: ObjectError) -> PoolError {
 /// Splits "POOL/VOL@SNAP" or "VOL@SNAP" into (volume, snapshot).
 pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'a str)> {
     let (volume, snapshot) = name.split_once('@')?;
-    let volume = volume.strip_prefix(pool).and_then(|rest| rest.strip_prefix('/')).unwrap_or(volume);
+    let volume = volume
+        .strip_prefix(pool)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .unwrap_or(volume);
     Some((volume, snapshot))
 }
 
 impl Pool {
     /// The record of a volume (by short name).
     fn record(&self, volume: &str) -> Result<VolumeRecord, PoolError> {
-        self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))
+        self.directory
+            .borrow()
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))
     }
 
     /// Takes snapshots of several volumes atomically (in one txg).
@@ -94,15 +102,33 @@ impl Pool {
         self.txg.ensure_writable()?;
         let mut requests = Vec::new();
         for full in names {
-            let (volume, snapshot) = split_snapshot_name(&self.name, full).ok_or_else(|| PoolError::InvalidArgument(format!("'{full}': snapshots are named POOL/VOLUME@NAME")))?;
+            let (volume, snapshot) = split_snapshot_name(&self.name, full).ok_or_else(|| {
+                PoolError::InvalidArgument(format!(
+                    "'{full}': snapshots are named POOL/VOLUME@NAME"
+                ))
+            })?;
             if !valid_name(snapshot) {
                 return Err(PoolError::InvalidName(snapshot.to_string()));
             }
             let record = self.record(volume)?;
-            if record.snapshots.iter().any(|existing| existing.name == snapshot) || requests.iter().any(|request: &SnapshotRequest| request.volume == volume && request.name == snapshot) {
-                return Err(PoolError::VolumeExists(format!("{}/{volume}@{snapshot}", self.name)));
+            if record
+                .snapshots
+                .iter()
+                .any(|existing| existing.name == snapshot)
+                || requests.iter().any(|request: &SnapshotRequest| {
+                    request.volume == volume && request.name == snapshot
+                })
+            {
+                return Err(PoolError::VolumeExists(format!(
+                    "{}/{volume}@{snapshot}",
+                    self.name
+                )));
             }
-            requests.push(SnapshotRequest { volume: volume.to_string(), name: snapshot.to_string(), guid: crate::format::new_guid() });
+            requests.push(SnapshotRequest {
+                volume: volume.to_string(),
+                name: snapshot.to_string(),
+                guid: crate::format::new_guid(),
+            });
         }
         // Every write acknowledged before the snapshot is in it, and on disk
         // with it (the commit writes out every volume, as `commit` does).
@@ -114,18 +140,32 @@ impl Pool {
 
     /// The snapshots of a volume, oldest first, with their space.
     pub async fn snapshots(self: &Rc<Self>, volume: &str) -> Result<Vec<SnapshotInfo>, PoolError> {
-        let short = volume.strip_prefix(&format!("{}/", self.name)).unwrap_or(volume);
+        let short = volume
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(volume);
         let record = self.record(short)?;
         let mut out = Vec::new();
         for (index, snapshot) in record.snapshots.iter().enumerate() {
-            let previous_txg = if index == 0 { self.origin_txg(&record) } else { record.snapshots[index - 1].txg };
-            let next_list = record.snapshots.get(index + 1).map(|next| next.dead_list).unwrap_or(record.dead_list);
+            let previous_txg = if index == 0 {
+                self.origin_txg(&record)
+            } else {
+                record.snapshots[index - 1].txg
+            };
+            let next_list = record
+                .snapshots
+                .get(index + 1)
+                .map(|next| next.dead_list)
+                .unwrap_or(record.dead_list);
             let mut unique = self.dead_list_entries(next_list)?;
             if index + 1 == record.snapshots.len() {
                 let head = self.volume(short)?;
                 unique.extend(head.object.dead.borrow().iter().copied());
             }
-            let used = unique.iter().filter(|pointer| pointer.birth_txg > previous_txg).map(BlockPointer::allocated_bytes).sum();
+            let used = unique
+                .iter()
+                .filter(|pointer| pointer.birth_txg > previous_txg)
+                .map(BlockPointer::allocated_bytes)
+                .sum();
             let object = self.objects.open(snapshot.object).await?;
             out.push(SnapshotInfo {
                 name: format!("{}/{short}@{}", self.name, snapshot.name),
@@ -134,16 +174,32 @@ impl Pool {
                 created_unix_seconds: snapshot.created_unix_seconds,
                 used_bytes: used,
                 referenced_bytes: object.dnode().used_bytes,
-                clones: snapshot.clones.iter().map(|clone| format!("{}/{clone}", self.name)).collect(),
+                clones: snapshot
+                    .clones
+                    .iter()
+                    .map(|clone| format!("{}/{clone}", self.name))
+                    .collect(),
             });
         }
         Ok(out)
     }
 
     fn origin_txg(&self, record: &VolumeRecord) -> u64 {
-        let Some(origin) = &record.origin else { return 0 };
+        let Some(origin) = &record.origin else {
+            return 0;
+        };
         let directory = self.directory.borrow();
-        directory.volumes.get(&origin.volume).and_then(|volume| volume.snapshots.iter().find(|snapshot| snapshot.name == origin.snapshot)).map(|snapshot| snapshot.txg).unwrap_or(0)
+        directory
+            .volumes
+            .get(&origin.volume)
+            .and_then(|volume| {
+                volume
+                    .snapshots
+                    .iter()
+                    .find(|snapshot| snapshot.name == origin.snapshot)
+            })
+            .map(|snapshot| snapshot.txg)
+            .unwrap_or(0)
     }
 
     /// The block pointers listed in a dead list object (dead lists stay cached).
@@ -151,12 +207,21 @@ impl Pool {
         if object_id == 0 {
             return Ok(Vec::new());
         }
-        let object = self.objects.get(object_id).ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let object = self
+            .objects
+            .get(object_id)
+            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
         let length = object.dnode().length_bytes as usize;
-        let bytes = self.objects.read_bytes_cached(&object, 0, length).map_err(corrupt)?;
+        let bytes = self
+            .objects
+            .read_bytes_cached(&object, 0, length)
+            .map_err(corrupt)?;
         bytes
             .chunks_exact(BLOCK_POINTER_BYTES)
-            .map(|chunk| BlockPointer::decode(chunk).map_err(|error| PoolError::Corrupt(format!("dead list {object_id}: {error}"))))
+            .map(|chunk| {
+                BlockPointer::decode(chunk)
+                    .map_err(|error| PoolError::Corrupt(format!("dead list {object_id}: {error}")))
+            })
             .collect()
     }
 
@@ -169,14 +234,29 @@ impl Pool {
         }
         let object = if object_id == 0 {
             let id = self.allocate_object_id();
-            self.objects.create(id, new_dnode(ObjectType::DeadList, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, self.txg.open()))
+            self.objects.create(
+                id,
+                new_dnode(
+                    ObjectType::DeadList,
+                    METADATA_BLOCK_SHIFT,
+                    INDIRECT_BLOCK_SHIFT,
+                    0,
+                    self.txg.open(),
+                ),
+            )
         } else {
-            self.objects.get(object_id).ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?
+            self.objects
+                .get(object_id)
+                .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?
         };
         let bytes = encode_pointers(entries);
-        self.objects.write_bytes_cached(&object, 0, &bytes).map_err(corrupt)?;
+        self.objects
+            .write_bytes_cached(&object, 0, &bytes)
+            .map_err(corrupt)?;
         if object.dnode().length_bytes > bytes.len() as u64 {
-            self.objects.truncate_cached(&object, bytes.len() as u64).map_err(corrupt)?;
+            self.objects
+                .truncate_cached(&object, bytes.len() as u64)
+                .map_err(corrupt)?;
         }
         Ok(object.id)
     }
@@ -191,10 +271,19 @@ impl Pool {
 
     /// The synchronous part of destroying a snapshot: everything it touches is
     /// cached metadata, so it happens in one step of the open txg.
-    pub(crate) fn destroy_snapshot_locked(self: &Rc<Self>, full_name: &str) -> Result<(), PoolError> {
-        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
+    pub(crate) fn destroy_snapshot_locked(
+        self: &Rc<Self>,
+        full_name: &str,
+    ) -> Result<(), PoolError> {
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name"))
+        })?;
         let record = self.record(volume)?;
-        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
+        let index = record
+            .snapshots
+            .iter()
+            .position(|existing| existing.name == snapshot)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let target = &record.snapshots[index];
         self.check_not_held(&format!("{}/{volume}@{snapshot}", self.name))?;
         if !target.clones.is_empty() {
@@ -203,10 +292,18 @@ impl Pool {
                 target.clones.join(", ")
             )));
         }
-        let previous_txg = if index == 0 { self.origin_txg(&record) } else { record.snapshots[index - 1].txg };
+        let previous_txg = if index == 0 {
+            self.origin_txg(&record)
+        } else {
+            record.snapshots[index - 1].txg
+        };
         let head = self.volume(volume)?;
         let is_latest = index + 1 == record.snapshots.len();
-        let next_list = if is_latest { record.dead_list } else { record.snapshots[index + 1].dead_list };
+        let next_list = if is_latest {
+            record.dead_list
+        } else {
+            record.snapshots[index + 1].dead_list
+        };
         let mut kept = self.dead_list_entries(target.dead_list)?;
         for pointer in self.dead_list_entries(next_list)? {
             if pointer.birth_txg > previous_txg {
@@ -231,7 +328,11 @@ impl Pool {
         // The snapshot's tree belongs to others now (or was freed above): drop
         // only its dnode.
         self.drop_dnode(target.object)?;
-        if let Some(volume_object) = self.snapshot_volumes.borrow_mut().remove(&format!("{}/{volume}@{snapshot}", self.name)) {
+        if let Some(volume_object) = self
+            .snapshot_volumes
+            .borrow_mut()
+            .remove(&format!("{}/{volume}@{snapshot}", self.name))
+        {
             volume_object.begin_destroy();
         }
         {
@@ -258,16 +359,25 @@ impl Pool {
         let table = self.objects.dnode_table();
         let mut zero = [0u8; DNODE_BYTES];
         Dnode::default().encode(&mut zero);
-        self.objects.write_bytes_cached(&table, object_id * DNODE_BYTES as u64, &zero).map_err(corrupt)?;
+        self.objects
+            .write_bytes_cached(&table, object_id * DNODE_BYTES as u64, &zero)
+            .map_err(corrupt)?;
         self.objects.forget(object_id);
         Ok(())
     }
 
     /// Creates volume `clone` from snapshot `origin`, sharing its blocks.
-    pub async fn clone_snapshot(self: &Rc<Self>, origin: &str, clone: &str) -> Result<Rc<Volume>, PoolError> {
+    pub async fn clone_snapshot(
+        self: &Rc<Self>,
+        origin: &str,
+        clone: &str,
+    ) -> Result<Rc<Volume>, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let clone_short = clone.strip_prefix(&format!("{}/", self.name)).unwrap_or(clone).to_string();
+        let clone_short = clone
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(clone)
+            .to_string();
         if !valid_name(&clone_short) {
             return Err(PoolError::InvalidName(clone_short));
         }
@@ -277,14 +387,27 @@ impl Pool {
     }
 
     /// Creates the clone in the open txg (the caller holds the admin lock).
-    pub(crate) async fn clone_locked(self: &Rc<Self>, origin: &str, clone_short: &str) -> Result<Rc<Volume>, PoolError> {
+    pub(crate) async fn clone_locked(
+        self: &Rc<Self>,
+        origin: &str,
+        clone_short: &str,
+    ) -> Result<Rc<Volume>, PoolError> {
         let clone_short = clone_short.to_string();
-        let (volume, snapshot) = split_snapshot_name(&self.name, origin).ok_or_else(|| PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name")))?;
+        let (volume, snapshot) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
+        })?;
         if self.directory.borrow().volumes.contains_key(&clone_short) {
-            return Err(PoolError::VolumeExists(format!("{}/{clone_short}", self.name)));
+            return Err(PoolError::VolumeExists(format!(
+                "{}/{clone_short}",
+                self.name
+            )));
         }
         let record = self.record(volume)?;
-        let source = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(origin.to_string()))?;
+        let source = record
+            .snapshots
+            .iter()
+            .find(|existing| existing.name == snapshot)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(origin.to_string()))?;
         let snapshot_object = self.objects.open(source.object).await?;
         let id = self.allocate_object_id();
         let mut dnode = snapshot_object.dnode();
@@ -293,25 +416,49 @@ impl Pool {
         dnode.prev_snapshot_txg = source.txg;
         dnode.origin_txg = source.txg;
         let object = self.objects.create(id, dnode);
-        let mut clone_record = super::volume::record(id, record.size_bytes, record.block_bytes, self.txg.open(), record.properties.clone());
-        clone_record.origin = Some(SnapshotName { volume: volume.to_string(), snapshot: snapshot.to_string() });
-        let clone_volume = Volume::new(format!("{}/{clone_short}", self.name), object, &clone_record, self.volume_settings(&clone_record.properties));
+        let mut clone_record = super::volume::record(
+            id,
+            record.size_bytes,
+            record.block_bytes,
+            self.txg.open(),
+            record.properties.clone(),
+        );
+        clone_record.origin = Some(SnapshotName {
+            volume: volume.to_string(),
+            snapshot: snapshot.to_string(),
+        });
+        let clone_volume = Volume::new(
+            format!("{}/{clone_short}", self.name),
+            object,
+            &clone_record,
+            self.volume_settings(&clone_record.properties),
+        );
         {
             let mut directory = self.directory.borrow_mut();
             directory.volumes.insert(clone_short.clone(), clone_record);
             let origin_record = directory.volumes.get_mut(volume).expect("checked above");
-            if let Some(source) = origin_record.snapshots.iter_mut().find(|existing| existing.name == snapshot) {
+            if let Some(source) = origin_record
+                .snapshots
+                .iter_mut()
+                .find(|existing| existing.name == snapshot)
+            {
                 source.clones.push(clone_short.clone());
             }
         }
-        self.volumes.borrow_mut().insert(clone_short, clone_volume.clone());
+        self.volumes
+            .borrow_mut()
+            .insert(clone_short, clone_volume.clone());
         self.directory_dirty.set(true);
         Ok(clone_volume)
     }
 
     /// Rolls volume back to `snapshot` (the latest, or with `recursive` an older
     /// one: the later snapshots are destroyed).
-    pub async fn rollback(self: &Rc<Self>, full_name: &str, recursive: bool) -> Result<(), PoolError> {
+    pub async fn rollback(
+        self: &Rc<Self>,
+        full_name: &str,
+        recursive: bool,
+    ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         self.rollback_locked(full_name, recursive).await?;
@@ -319,19 +466,38 @@ impl Pool {
     }
 
     /// Rolls back in the open txg (the caller holds the admin lock).
-    pub(crate) async fn rollback_locked(self: &Rc<Self>, full_name: &str, recursive: bool) -> Result<(), PoolError> {
-        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name")))?;
+    pub(crate) async fn rollback_locked(
+        self: &Rc<Self>,
+        full_name: &str,
+        recursive: bool,
+    ) -> Result<(), PoolError> {
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{full_name}' is not a snapshot name"))
+        })?;
         let record = self.record(volume)?;
-        let index = record.snapshots.iter().position(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
-        let later: Vec<String> = record.snapshots[index + 1..].iter().map(|later| format!("{}/{volume}@{}", self.name, later.name)).collect();
+        let index = record
+            .snapshots
+            .iter()
+            .position(|existing| existing.name == snapshot)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
+        let later: Vec<String> = record.snapshots[index + 1..]
+            .iter()
+            .map(|later| format!("{}/{volume}@{}", self.name, later.name))
+            .collect();
         if !later.is_empty() && !recursive {
-            return Err(PoolError::InvalidArgument(format!("more recent snapshots exist ({}); use -r to destroy them", later.join(", "))));
+            return Err(PoolError::InvalidArgument(format!(
+                "more recent snapshots exist ({}); use -r to destroy them",
+                later.join(", ")
+            )));
         }
         // Refuse before changing anything: all or nothing.
         for name in &later {
             self.check_not_held(name)?;
         }
-        if let Some(cloned) = record.snapshots[index + 1..].iter().find(|later| !later.clones.is_empty()) {
+        if let Some(cloned) = record.snapshots[index + 1..]
+            .iter()
+            .find(|later| !later.clones.is_empty())
+        {
             return Err(PoolError::InvalidArgument(format!(
                 "{}/{volume}@{} has dependent clones ({}); destroy or promote them first",
                 self.name,
@@ -353,7 +519,11 @@ impl Pool {
         let snapshot_object = self.objects.open(target.object).await?;
         // Blocks born after the snapshot belong to the volume alone: free them.
         let mut born_after = Vec::new();
-        self.objects.visit_pointers_born_after(&head.object, target.txg, &mut |pointer| born_after.push(*pointer)).await?;
+        self.objects
+            .visit_pointers_born_after(&head.object, target.txg, &mut |pointer| {
+                born_after.push(*pointer)
+            })
+            .await?;
         for pointer in &born_after {
             self.store.free(pointer);
         }
@@ -388,14 +558,36 @@ impl Pool {
     pub async fn promote(self: &Rc<Self>, clone: &str) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let clone_short = clone.strip_prefix(&format!("{}/", self.name)).unwrap_or(clone).to_string();
+        let clone_short = clone
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(clone)
+            .to_string();
         let clone_record = self.record(&clone_short)?;
-        let origin = clone_record.origin.clone().ok_or_else(|| PoolError::InvalidArgument(format!("{clone} is not a clone")))?;
+        let origin = clone_record
+            .origin
+            .clone()
+            .ok_or_else(|| PoolError::InvalidArgument(format!("{clone} is not a clone")))?;
         let origin_record = self.record(&origin.volume)?;
-        let split = origin_record.snapshots.iter().position(|snapshot| snapshot.name == origin.snapshot).ok_or_else(|| PoolError::Corrupt(format!("origin {}@{} is missing", origin.volume, origin.snapshot)))?;
+        let split = origin_record
+            .snapshots
+            .iter()
+            .position(|snapshot| snapshot.name == origin.snapshot)
+            .ok_or_else(|| {
+                PoolError::Corrupt(format!(
+                    "origin {}@{} is missing",
+                    origin.volume, origin.snapshot
+                ))
+            })?;
         for moving in &origin_record.snapshots[..=split] {
-            if clone_record.snapshots.iter().any(|own| own.name == moving.name) {
-                return Err(PoolError::InvalidArgument(format!("{clone} already has a snapshot named {}; rename it first", moving.name)));
+            if clone_record
+                .snapshots
+                .iter()
+                .any(|own| own.name == moving.name)
+            {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{clone} already has a snapshot named {}; rename it first",
+                    moving.name
+                )));
             }
         }
         let origin_head = self.volume(&origin.volume)?;
@@ -405,19 +597,33 @@ impl Pool {
         {
             let mut directory = self.directory.borrow_mut();
             let moved: Vec<SnapshotRecord> = {
-                let origin_record = directory.volumes.get_mut(&origin.volume).expect("checked above");
-                let mut moved: Vec<SnapshotRecord> = origin_record.snapshots.drain(..=split).collect();
+                let origin_record = directory
+                    .volumes
+                    .get_mut(&origin.volume)
+                    .expect("checked above");
+                let mut moved: Vec<SnapshotRecord> =
+                    origin_record.snapshots.drain(..=split).collect();
                 // The former origin volume now depends on the moved snapshot.
                 if let Some(last) = moved.last_mut() {
                     last.clones.retain(|name| name != &clone_short);
                     last.clones.push(origin.volume.clone());
                 }
                 let new_origin = origin_record.origin.take();
-                origin_record.origin = Some(SnapshotName { volume: clone_short.clone(), snapshot: origin.snapshot.clone() });
+                origin_record.origin = Some(SnapshotName {
+                    volume: clone_short.clone(),
+                    snapshot: origin.snapshot.clone(),
+                });
                 // The clone inherits the origin volume's own origin (if any): that
                 // snapshot now lists the clone among its dependents instead.
                 if let Some(grand) = &new_origin {
-                    if let Some(grand_snapshot) = directory.volumes.get_mut(&grand.volume).and_then(|record| record.snapshots.iter_mut().find(|snapshot| snapshot.name == grand.snapshot)) {
+                    if let Some(grand_snapshot) =
+                        directory.volumes.get_mut(&grand.volume).and_then(|record| {
+                            record
+                                .snapshots
+                                .iter_mut()
+                                .find(|snapshot| snapshot.name == grand.snapshot)
+                        })
+                    {
                         for dependent in grand_snapshot.clones.iter_mut() {
                             if *dependent == origin.volume {
                                 *dependent = clone_short.clone();
@@ -425,7 +631,10 @@ impl Pool {
                         }
                     }
                 }
-                let clone_record = directory.volumes.get_mut(&clone_short).expect("checked above");
+                let clone_record = directory
+                    .volumes
+                    .get_mut(&clone_short)
+                    .expect("checked above");
                 clone_record.origin = new_origin;
                 let own = std::mem::take(&mut clone_record.snapshots);
                 clone_record.snapshots = moved.clone();
@@ -459,23 +668,42 @@ impl Pool {
     /// Space figures of a volume (walks the blocks born after its latest
     /// snapshot, and after its origin for a clone).
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
-        let short = volume.strip_prefix(&format!("{}/", self.name)).unwrap_or(volume).to_string();
+        let short = volume
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(volume)
+            .to_string();
         let record = self.record(&short)?;
         let head = self.volume(&short)?;
         let dnode = head.object.dnode();
         let origin_txg = dnode.origin_txg;
         // Blocks born after the origin (all of them for a volume that is not a
         // clone, whose figures the dnode keeps) and after the latest snapshot.
-        let threshold = if origin_txg == 0 { dnode.prev_snapshot_txg } else { origin_txg };
+        let threshold = if origin_txg == 0 {
+            dnode.prev_snapshot_txg
+        } else {
+            origin_txg
+        };
         let mut born_after = Vec::new();
-        self.objects.visit_pointers_born_after(&head.object, threshold, &mut |pointer| born_after.push(*pointer)).await?;
-        let written: u64 = born_after.iter().filter(|pointer| pointer.birth_txg > dnode.prev_snapshot_txg).map(BlockPointer::allocated_bytes).sum();
+        self.objects
+            .visit_pointers_born_after(&head.object, threshold, &mut |pointer| {
+                born_after.push(*pointer)
+            })
+            .await?;
+        let written: u64 = born_after
+            .iter()
+            .filter(|pointer| pointer.birth_txg > dnode.prev_snapshot_txg)
+            .map(BlockPointer::allocated_bytes)
+            .sum();
         let (own_allocated, own_logical) = if origin_txg == 0 {
             (dnode.used_bytes, dnode.logical_bytes)
         } else {
             (
                 born_after.iter().map(BlockPointer::allocated_bytes).sum(),
-                born_after.iter().filter(|pointer| pointer.level == 0).map(|pointer| pointer.logical_size as u64).sum(),
+                born_after
+                    .iter()
+                    .filter(|pointer| pointer.level == 0)
+                    .map(|pointer| pointer.logical_size as u64)
+                    .sum(),
             )
         };
         let mut dead: Vec<BlockPointer> = head.object.dead.borrow().clone();
@@ -483,9 +711,21 @@ impl Pool {
         for snapshot in &record.snapshots {
             dead.extend(self.dead_list_entries(snapshot.dead_list)?);
         }
-        let snapshot_space: u64 = dead.iter().filter(|pointer| pointer.birth_txg > origin_txg).map(BlockPointer::allocated_bytes).sum();
-        let snapshot_logical: u64 = dead.iter().filter(|pointer| pointer.birth_txg > origin_txg && pointer.level == 0).map(|pointer| pointer.logical_size as u64).sum();
-        let compress_ratio = if dnode.physical_bytes == 0 { 1.0 } else { dnode.logical_bytes as f64 / dnode.physical_bytes as f64 };
+        let snapshot_space: u64 = dead
+            .iter()
+            .filter(|pointer| pointer.birth_txg > origin_txg)
+            .map(BlockPointer::allocated_bytes)
+            .sum();
+        let snapshot_logical: u64 = dead
+            .iter()
+            .filter(|pointer| pointer.birth_txg > origin_txg && pointer.level == 0)
+            .map(|pointer| pointer.logical_size as u64)
+            .sum();
+        let compress_ratio = if dnode.physical_bytes == 0 {
+            1.0
+        } else {
+            dnode.logical_bytes as f64 / dnode.physical_bytes as f64
+        };
         Ok(VolumeSpace {
             referenced_bytes: dnode.used_bytes,
             used_bytes: own_allocated + snapshot_space,
@@ -499,14 +739,22 @@ impl Pool {
     }
 
     /// A read-only volume for snapshot "POOL/VOL@SNAP" (for reading and export).
-    pub async fn snapshot_volume(self: &Rc<Self>, full_name: &str) -> Result<Rc<Volume>, PoolError> {
-        let (volume, snapshot) = split_snapshot_name(&self.name, full_name).ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
+    pub async fn snapshot_volume(
+        self: &Rc<Self>,
+        full_name: &str,
+    ) -> Result<Rc<Volume>, PoolError> {
+        let (volume, snapshot) = split_snapshot_name(&self.name, full_name)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let canonical = format!("{}/{volume}@{snapshot}", self.name);
         if let Some(existing) = self.snapshot_volumes.borrow().get(&canonical) {
             return Ok(existing.clone());
         }
         let record = self.record(volume)?;
-        let snapshot_record = record.snapshots.iter().find(|existing| existing.name == snapshot).ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
+        let snapshot_record = record
+            .snapshots
+            .iter()
+            .find(|existing| existing.name == snapshot)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
         let object = self.objects.open(snapshot_record.object).await?;
         let mut view = record.clone();
         view.properties.insert("readonly".into(), "on".into());
@@ -515,9 +763,16 @@ impl Pool {
         if length > 0 {
             view.size_bytes = length;
         }
-        let opened = Volume::new(canonical.clone(), object, &view, self.volume_settings(&view.properties));
+        let opened = Volume::new(
+            canonical.clone(),
+            object,
+            &view,
+            self.volume_settings(&view.properties),
+        );
         opened.read_only.set(true);
-        self.snapshot_volumes.borrow_mut().insert(canonical, opened.clone());
+        self.snapshot_volumes
+            .borrow_mut()
+            .insert(canonical, opened.clone());
         Ok(opened)
     }
 }
@@ -552,26 +807,50 @@ pub(crate) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectError> {
     Ok(changed)
 }
 
-fn append_dead(pool: &Pool, object: &Object, entries: &[BlockPointer], txg: u64) -> Result<(), ObjectError> {
+fn append_dead(
+    pool: &Pool,
+    object: &Object,
+    entries: &[BlockPointer],
+    txg: u64,
+) -> Result<(), ObjectError> {
     let mut list_id = object.dead_list.get();
     if list_id == 0 {
         list_id = pool.allocate_object_id();
-        pool.objects.create(list_id, new_dnode(ObjectType::DeadList, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
+        pool.objects.create(
+            list_id,
+            new_dnode(
+                ObjectType::DeadList,
+                METADATA_BLOCK_SHIFT,
+                INDIRECT_BLOCK_SHIFT,
+                0,
+                txg,
+            ),
+        );
         object.dead_list.set(list_id);
         let mut directory = pool.directory.borrow_mut();
-        if let Some(record) = directory.volumes.values_mut().find(|record| record.object == object.id) {
+        if let Some(record) = directory
+            .volumes
+            .values_mut()
+            .find(|record| record.object == object.id)
+        {
             record.dead_list = list_id;
         }
         drop(directory);
         pool.directory_dirty.set(true);
     }
-    let list = pool.objects.get(list_id).ok_or(ObjectError::NoSuchObject(list_id))?;
+    let list = pool
+        .objects
+        .get(list_id)
+        .ok_or(ObjectError::NoSuchObject(list_id))?;
     let end = list.dnode().length_bytes;
-    pool.objects.write_bytes_cached(&list, end, &encode_pointers(entries))
+    pool.objects
+        .write_bytes_cached(&list, end, &encode_pointers(entries))
 }
 
 fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(), ObjectError> {
-    let Some(head) = pool.volumes.borrow().get(&request.volume).cloned() else { return Ok(()) };
+    let Some(head) = pool.volumes.borrow().get(&request.volume).cloned() else {
+        return Ok(());
+    };
     let id = pool.allocate_object_id();
     let mut dnode = head.object.dnode();
     dnode.flags |= DNODE_FLAG_READ_ONLY;

@@ -26,7 +26,12 @@ use crate::vdev::{LeafState, LeafVdev, TopVdev};
 /// unavailable (not found, truncated, offline) than its redundancy covers.
 /// Returns the vdevs and, for every unavailable device, its guid and a
 /// description.
-pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn Device>)], tunables: &PoolTunables) -> Result<(Vec<Rc<TopVdev>>, Vec<(u64, String)>), PoolError> {
+pub(super) fn assemble(
+    name: &str,
+    config: &PoolConfig,
+    probes: &[(Probe, Rc<dyn Device>)],
+    tunables: &PoolTunables,
+) -> Result<(Vec<Rc<TopVdev>>, Vec<(u64, String)>), PoolError> {
     let mut vdevs = Vec::new();
     let mut all_missing = Vec::new();
     for top in &config.vdevs {
@@ -34,10 +39,19 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
         let mut missing = Vec::new();
         let mut missing_guids = Vec::new();
         for leaf in &top.children {
-            let found = probes.iter().find(|(probe, _)| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid && label.pool_guid == config.pool_guid));
+            let found = probes.iter().find(|(probe, _)| {
+                probe.label.as_ref().is_some_and(|label| {
+                    label.leaf_guid == leaf.guid && label.pool_guid == config.pool_guid
+                })
+            });
             let device = match found {
                 Some((probe, _)) if probe.size_bytes < leaf.device_size_bytes => {
-                    missing.push(format!("{} (truncated: {} of {} bytes)", probe.path.display(), probe.size_bytes, leaf.device_size_bytes));
+                    missing.push(format!(
+                        "{} (truncated: {} of {} bytes)",
+                        probe.path.display(),
+                        probe.size_bytes,
+                        leaf.device_size_bytes
+                    ));
                     None
                 }
                 Some((_, device)) => Some(device.clone()),
@@ -46,7 +60,9 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
                     None
                 }
             };
-            let path = found.map(|(probe, _)| probe.path.display().to_string()).unwrap_or_else(|| leaf.path.clone());
+            let path = found
+                .map(|(probe, _)| probe.path.display().to_string())
+                .unwrap_or_else(|| leaf.path.clone());
             let vdev = LeafVdev::new(leaf.guid, path, device, tunables.queue.clone());
             if leaf.offline && vdev.is_online() {
                 vdev.set_offline();
@@ -57,7 +73,16 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
             *vdev.dtl.borrow_mut() = Dtl::from_config(&leaf.dtl);
             leaves.push(vdev);
         }
-        let top_vdev = TopVdev::new(top.id, top.guid, top.kind, top.ashift, top.asize_bytes, top.metaslab_shift, leaves).map_err(|error| PoolError::Corrupt(format!("vdev {}: {error}", top.id)))?;
+        let top_vdev = TopVdev::new(
+            top.id,
+            top.guid,
+            top.kind,
+            top.ashift,
+            top.asize_bytes,
+            top.metaslab_shift,
+            leaves,
+        )
+        .map_err(|error| PoolError::Corrupt(format!("vdev {}: {error}", top.id)))?;
         if !top_vdev.is_available() {
             let redundancy = top_vdev.redundancy();
             return Err(PoolError::MissingDevices {
@@ -84,7 +109,12 @@ pub(super) fn assemble(name: &str, config: &PoolConfig, probes: &[(Probe, Rc<dyn
 /// pool noticing; it missed every txg after its newest, so those go into its
 /// dirty time log (resilvered after import, and not trusted by reads until
 /// then). Returns a note per device marked.
-pub(super) fn mark_stale_leaves(vdevs: &[Rc<TopVdev>], probes: &[(Probe, Rc<dyn Device>)], pool_guid: u64, pool_txg: u64) -> Vec<String> {
+pub(super) fn mark_stale_leaves(
+    vdevs: &[Rc<TopVdev>],
+    probes: &[(Probe, Rc<dyn Device>)],
+    pool_guid: u64,
+    pool_txg: u64,
+) -> Vec<String> {
     let mut notes = Vec::new();
     for top in vdevs {
         for leaf in &top.children {
@@ -92,9 +122,18 @@ pub(super) fn mark_stale_leaves(vdevs: &[Rc<TopVdev>], probes: &[(Probe, Rc<dyn 
                 // Away: its log already has an open range.
                 continue;
             }
-            let probe = probes.iter().map(|(probe, _)| probe).find(|probe| probe.label.as_ref().is_some_and(|label| label.leaf_guid == leaf.guid() && label.pool_guid == pool_guid));
+            let probe = probes.iter().map(|(probe, _)| probe).find(|probe| {
+                probe.label.as_ref().is_some_and(|label| {
+                    label.leaf_guid == leaf.guid() && label.pool_guid == pool_guid
+                })
+            });
             let Some(probe) = probe else { continue };
-            let newest = probe.uberblocks.iter().filter(|uberblock| uberblock.pool_guid == pool_guid).map(|uberblock| uberblock.txg).max();
+            let newest = probe
+                .uberblocks
+                .iter()
+                .filter(|uberblock| uberblock.pool_guid == pool_guid)
+                .map(|uberblock| uberblock.txg)
+                .max();
             if newest.is_some_and(|txg| txg >= pool_txg) {
                 continue;
             }
@@ -150,20 +189,33 @@ pub(super) fn maintain(pool: &Pool, txg: u64) {
 /// Children of `top` other than `except` that cannot serve every block now:
 /// away, or holding txgs they missed.
 fn children_lacking(top: &TopVdev, except: usize) -> usize {
-    top.children.iter().enumerate().filter(|(index, child)| *index != except && (!child.is_online() || !child.dtl.borrow().is_empty())).count()
+    top.children
+        .iter()
+        .enumerate()
+        .filter(|(index, child)| {
+            *index != except && (!child.is_online() || !child.dtl.borrow().is_empty())
+        })
+        .count()
 }
 
 impl Pool {
     /// The leaf named `name`: its path as the config or `status` shows it, its
     /// file name, or its guid (hex with 0x, or decimal).
     pub fn find_leaf(&self, name: &str) -> Result<(Rc<TopVdev>, usize), PoolError> {
-        let canonical = std::fs::canonicalize(name).ok().map(|path| path.display().to_string());
-        let guid = name.strip_prefix("0x").map_or_else(|| name.parse::<u64>().ok(), |hex| u64::from_str_radix(hex, 16).ok());
+        let canonical = std::fs::canonicalize(name)
+            .ok()
+            .map(|path| path.display().to_string());
+        let guid = name.strip_prefix("0x").map_or_else(
+            || name.parse::<u64>().ok(),
+            |hex| u64::from_str_radix(hex, 16).ok(),
+        );
         let matches = |leaf: &LeafVdev| {
             let path = leaf.path.borrow();
             *path == name
                 || canonical.as_deref() == Some(path.as_str())
-                || Path::new(path.as_str()).file_name().is_some_and(|file| file == name)
+                || Path::new(path.as_str())
+                    .file_name()
+                    .is_some_and(|file| file == name)
                 || guid == Some(leaf.guid())
         };
         let mut found = Vec::new();
@@ -176,8 +228,14 @@ impl Pool {
         }
         match found.len() {
             1 => Ok(found.pop().expect("one match")),
-            0 => Err(PoolError::InvalidArgument(format!("no device '{name}' in pool '{}'", self.name))),
-            _ => Err(PoolError::InvalidArgument(format!("'{name}' names more than one device of pool '{}': use its full path or guid", self.name))),
+            0 => Err(PoolError::InvalidArgument(format!(
+                "no device '{name}' in pool '{}'",
+                self.name
+            ))),
+            _ => Err(PoolError::InvalidArgument(format!(
+                "'{name}' names more than one device of pool '{}': use its full path or guid",
+                self.name
+            ))),
         }
     }
 
@@ -211,7 +269,11 @@ impl Pool {
     /// offline, faulted, or missing and now present again (opened from its
     /// path unless `device` is given; it must carry this leaf's label). It
     /// then gets what it missed by a resilver.
-    pub async fn online_device(self: &Rc<Self>, name: &str, device: Option<Rc<dyn Device>>) -> Result<(), PoolError> {
+    pub async fn online_device(
+        self: &Rc<Self>,
+        name: &str,
+        device: Option<Rc<dyn Device>>,
+    ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
         let (top, index) = self.find_leaf(name)?;
         let leaf = top.children[index].clone();
@@ -291,13 +353,25 @@ impl Pool {
         let path = leaf.path.borrow().clone();
         let device: Rc<dyn Device> = Rc::new(FileDevice::open(Path::new(&path))?);
         let probe = super::labels::probe_device(&*device, Path::new(&path)).await;
-        let ours = probe.label.as_ref().is_some_and(|label| label.pool_guid == self.guid && label.leaf_guid == leaf.guid());
+        let ours = probe
+            .label
+            .as_ref()
+            .is_some_and(|label| label.pool_guid == self.guid && label.leaf_guid == leaf.guid());
         if !ours {
             return Err(PoolError::InvalidArgument(format!("{path} is not this pool's device {:#x}; use `ironpool replace` to put a new device in its place", leaf.guid())));
         }
-        let expected = self.config.borrow().find_leaf(leaf.guid()).map(|(top, index)| top.children[index].device_size_bytes).unwrap_or(0);
+        let expected = self
+            .config
+            .borrow()
+            .find_leaf(leaf.guid())
+            .map(|(top, index)| top.children[index].device_size_bytes)
+            .unwrap_or(0);
         if device.info().size_bytes < expected {
-            return Err(PoolError::Truncated { path, expected, found: device.info().size_bytes });
+            return Err(PoolError::Truncated {
+                path,
+                expected,
+                found: device.info().size_bytes,
+            });
         }
         Ok(device)
     }
@@ -306,7 +380,12 @@ impl Pool {
     /// resilvers it from the other children. Refused for single-disk vdevs
     /// (nothing to rebuild from) and when the vdev's other children cannot
     /// serve every block.
-    pub async fn replace_device(self: &Rc<Self>, old: &str, new: super::NewDevice, force: bool) -> Result<(), PoolError> {
+    pub async fn replace_device(
+        self: &Rc<Self>,
+        old: &str,
+        new: super::NewDevice,
+        force: bool,
+    ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
         let (top, index) = self.find_leaf(old)?;
         if top.kind == TopVdevKind::Disk {
@@ -324,19 +403,35 @@ impl Pool {
         // The new device may sit at the old one's path (a disk swapped in the
         // same slot, `zpool replace pool sdb` in ZFS), never at another's.
         let replaced = &top.children[index];
-        let in_pool = self.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| !Rc::ptr_eq(leaf, replaced) && *leaf.path.borrow() == new.path);
+        let in_pool = self
+            .store
+            .vdevs
+            .iter()
+            .flat_map(|top| top.children.iter())
+            .any(|leaf| !Rc::ptr_eq(leaf, replaced) && *leaf.path.borrow() == new.path);
         if in_pool {
-            return Err(PoolError::InvalidArgument(format!("{} is already a device of pool '{}'", new.path, self.name)));
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is already a device of pool '{}'",
+                new.path, self.name
+            )));
         }
         let size_bytes = new.device.info().size_bytes;
         let needed = child_data_bytes_needed(&top);
         if data_area_bytes(size_bytes) < needed {
-            return Err(PoolError::InvalidArgument(format!("{} is too small: it needs a data area of {needed} bytes, it has {}", new.path, data_area_bytes(size_bytes))));
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is too small: it needs a data area of {needed} bytes, it has {}",
+                new.path,
+                data_area_bytes(size_bytes)
+            )));
         }
         let probe = super::labels::probe_device(&*new.device, Path::new(&new.path)).await;
         if let Some(label) = probe.label {
             if !force {
-                return Err(PoolError::DeviceInUseByPool { path: new.path, pool: label.config.name, guid: label.pool_guid });
+                return Err(PoolError::DeviceInUseByPool {
+                    path: new.path,
+                    pool: label.config.name,
+                    guid: label.pool_guid,
+                });
             }
         }
         let guid = new_guid();
@@ -345,7 +440,10 @@ impl Pool {
         {
             let mut config = self.config.borrow_mut();
             let slot = &mut config.vdevs[top.id as usize].children[index];
-            *slot = LeafConfig { dtl: leaf.dtl.borrow().to_config(), ..LeafConfig::new(guid, new.path, size_bytes) };
+            *slot = LeafConfig {
+                dtl: leaf.dtl.borrow().to_config(),
+                ..LeafConfig::new(guid, new.path, size_bytes)
+            };
         }
         maintain(self, self.txg.open());
         self.config_dirty.set(true);
@@ -360,7 +458,10 @@ impl Pool {
 /// sector `g / children` of its child).
 fn child_data_bytes_needed(top: &TopVdev) -> u64 {
     match top.raidz_geometry() {
-        Some(geometry) => (top.asize_bytes / top.sector_bytes()).div_ceil(geometry.children() as u64) * top.sector_bytes(),
+        Some(geometry) => {
+            (top.asize_bytes / top.sector_bytes()).div_ceil(geometry.children() as u64)
+                * top.sector_bytes()
+        }
         None => top.asize_bytes,
     }
 }

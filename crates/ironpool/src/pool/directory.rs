@@ -178,8 +178,13 @@ impl Directory {
 pub fn valid_name(name: &str) -> bool {
     !name.is_empty()
         && name.len() <= 200
-        && name.chars().next().is_some_and(|first| first.is_ascii_alphanumeric())
-        && name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.'))
+        && name
+            .chars()
+            .next()
+            .is_some_and(|first| first.is_ascii_alphanumeric())
+        && name.chars().all(|character| {
+            character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.')
+        })
 }
 
 #[cfg(test)]
@@ -188,13 +193,22 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let mut directory = Directory { version: 1, metaslab_arrays: vec![2, 3], ..Directory::default() };
+        let mut directory = Directory {
+            version: 1,
+            metaslab_arrays: vec![2, 3],
+            ..Directory::default()
+        };
         directory.volumes.insert(
             "vol".into(),
             crate::pool::volume::record(9, 1 << 30, 16384, 3, BTreeMap::new()),
         );
         assert_eq!(Directory::decode(&directory.encode()).unwrap(), directory);
-        directory.scrub_in_progress = Some(ScrubProgress { started_unix_seconds: 7, next_object: 12, total_bytes: 1 << 20, ..ScrubProgress::default() });
+        directory.scrub_in_progress = Some(ScrubProgress {
+            started_unix_seconds: 7,
+            next_object: 12,
+            total_bytes: 1 << 20,
+            ..ScrubProgress::default()
+        });
         assert_eq!(Directory::decode(&directory.encode()).unwrap(), directory);
         assert!(Directory::decode(b"{not json").is_err());
     }

@@ -7,7 +7,10 @@ use crate::dev::file::FileDevice;
 use crate::dev::Device;
 use crate::format::label::Label;
 use crate::format::uberblock::{Uberblock, UBERBLOCK_BYTES};
-use crate::format::{label_offset, uberblock_slot_bytes, uberblock_slot_count, LABEL_CONFIG_BYTES, LABEL_COUNT, LABEL_SIZE_BYTES};
+use crate::format::{
+    label_offset, uberblock_slot_bytes, uberblock_slot_count, LABEL_CONFIG_BYTES, LABEL_COUNT,
+    LABEL_SIZE_BYTES,
+};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::vdev::queue::{IoClass, IoFlags};
 use crate::vdev::LeafVdev;
@@ -35,7 +38,12 @@ async fn read_label(device: &dyn Device, offset: u64) -> Option<AlignedBuf> {
     if offset + LABEL_SIZE_BYTES > device.info().size_bytes {
         return None;
     }
-    let (result, mut buffers) = device.read(offset, vec![AlignedBuf::for_overwrite(LABEL_SIZE_BYTES as usize)]).await;
+    let (result, mut buffers) = device
+        .read(
+            offset,
+            vec![AlignedBuf::for_overwrite(LABEL_SIZE_BYTES as usize)],
+        )
+        .await;
     result.ok()?;
     buffers.pop()
 }
@@ -53,8 +61,16 @@ fn ring_uberblocks(ring: &[u8], out: &mut Vec<Uberblock>) {
 /// Reads every label of an (unlocked) device.
 pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
     let size = device.info().size_bytes;
-    let mut probe = Probe { path: path.to_path_buf(), size_bytes: size, label: None, older_labels: Vec::new(), uberblocks: Vec::new(), damaged_labels: Vec::new() };
-    let mut offsets: Vec<(usize, u64)> = vec![(0, label_offset(0, size)), (1, label_offset(1, size))];
+    let mut probe = Probe {
+        path: path.to_path_buf(),
+        size_bytes: size,
+        label: None,
+        older_labels: Vec::new(),
+        uberblocks: Vec::new(),
+        damaged_labels: Vec::new(),
+    };
+    let mut offsets: Vec<(usize, u64)> =
+        vec![(0, label_offset(0, size)), (1, label_offset(1, size))];
     let mut buffers = Vec::new();
     for (index, offset) in offsets.clone() {
         if let Some(buffer) = read_label(device, offset).await {
@@ -68,7 +84,10 @@ pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
         Some(top.children[child].device_size_bytes)
     });
     let end_size = recorded_size.unwrap_or(size);
-    offsets = vec![(2, label_offset(2, end_size)), (3, label_offset(3, end_size))];
+    offsets = vec![
+        (2, label_offset(2, end_size)),
+        (3, label_offset(3, end_size)),
+    ];
     for (index, offset) in offsets {
         if let Some(buffer) = read_label(device, offset).await {
             buffers.push((index, buffer));
@@ -77,18 +96,29 @@ pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
     for (index, buffer) in buffers {
         match Label::decode(&buffer[..LABEL_CONFIG_BYTES as usize]) {
             Ok(label) => {
-                if probe.label.as_ref().is_none_or(|best| label.config_txg > best.config_txg) {
+                if probe
+                    .label
+                    .as_ref()
+                    .is_none_or(|best| label.config_txg > best.config_txg)
+                {
                     if let Some(previous) = probe.label.replace(label) {
                         probe.older_labels.push(previous);
                     }
-                } else if probe.label.as_ref().is_some_and(|best| label.config_txg < best.config_txg) {
+                } else if probe
+                    .label
+                    .as_ref()
+                    .is_some_and(|best| label.config_txg < best.config_txg)
+                {
                     probe.older_labels.push(label);
                 }
             }
             Err(crate::format::FormatError::BadMagic(_)) => {}
             Err(error) => probe.damaged_labels.push((index, error.to_string())),
         }
-        ring_uberblocks(&buffer[LABEL_CONFIG_BYTES as usize..], &mut probe.uberblocks);
+        ring_uberblocks(
+            &buffer[LABEL_CONFIG_BYTES as usize..],
+            &mut probe.uberblocks,
+        );
     }
     probe
 }
@@ -100,7 +130,10 @@ pub async fn probe_directory(directory: &Path) -> std::io::Result<Vec<Probe>> {
         .map(|entry| entry.path())
         .filter(|path| {
             std::fs::metadata(path)
-                .map(|metadata| metadata.is_file() || std::os::unix::fs::FileTypeExt::is_block_device(&metadata.file_type()))
+                .map(|metadata| {
+                    metadata.is_file()
+                        || std::os::unix::fs::FileTypeExt::is_block_device(&metadata.file_type())
+                })
                 .unwrap_or(false)
         })
         .collect();
@@ -124,13 +157,23 @@ pub async fn probe_path(path: &Path) -> Option<Probe> {
 }
 
 /// Writes the config area of labels `indexes` on a leaf.
-pub async fn write_labels(leaf: &Rc<LeafVdev>, label: &Label, device_size_bytes: u64, indexes: &[usize]) -> Result<(), String> {
+pub async fn write_labels(
+    leaf: &Rc<LeafVdev>,
+    label: &Label,
+    device_size_bytes: u64,
+    indexes: &[usize],
+) -> Result<(), String> {
     let bytes = label.encode().map_err(|error| error.to_string())?;
     let buffer = AlignedBuf::copy_from(&bytes).into_shared();
     let mut writes = Vec::new();
     for &index in indexes {
         let offset = label_offset(index, device_size_bytes);
-        writes.push(leaf.queue.write(IoClass::AsyncWrite, offset, BufSlice::whole(buffer.clone()), IoFlags::default()));
+        writes.push(leaf.queue.write(
+            IoClass::AsyncWrite,
+            offset,
+            BufSlice::whole(buffer.clone()),
+            IoFlags::default(),
+        ));
     }
     for result in futures_util::future::join_all(writes).await {
         result.map_err(|error| format!("{}: {error}", leaf.path.borrow()))?;
@@ -139,7 +182,12 @@ pub async fn write_labels(leaf: &Rc<LeafVdev>, label: &Label, device_size_bytes:
 }
 
 /// Writes an uberblock into its ring slot in every label of a leaf.
-pub async fn write_uberblock(leaf: &Rc<LeafVdev>, uberblock: &Uberblock, device_size_bytes: u64, ashift: u8) -> Result<(), String> {
+pub async fn write_uberblock(
+    leaf: &Rc<LeafVdev>,
+    uberblock: &Uberblock,
+    device_size_bytes: u64,
+    ashift: u8,
+) -> Result<(), String> {
     let slot_bytes = uberblock_slot_bytes(ashift);
     let slot = uberblock.txg % uberblock_slot_count(ashift);
     let mut buffer = AlignedBuf::zeroed(slot_bytes as usize);
@@ -147,8 +195,14 @@ pub async fn write_uberblock(leaf: &Rc<LeafVdev>, uberblock: &Uberblock, device_
     let buffer = buffer.into_shared();
     let mut writes = Vec::new();
     for index in 0..LABEL_COUNT {
-        let offset = label_offset(index, device_size_bytes) + LABEL_CONFIG_BYTES + slot * slot_bytes;
-        writes.push(leaf.queue.write(IoClass::AsyncWrite, offset, BufSlice::whole(buffer.clone()), IoFlags::default()));
+        let offset =
+            label_offset(index, device_size_bytes) + LABEL_CONFIG_BYTES + slot * slot_bytes;
+        writes.push(leaf.queue.write(
+            IoClass::AsyncWrite,
+            offset,
+            BufSlice::whole(buffer.clone()),
+            IoFlags::default(),
+        ));
     }
     let results = futures_util::future::join_all(writes).await;
     // One good copy of the uberblock on this device is enough; report only when
@@ -156,5 +210,8 @@ pub async fn write_uberblock(leaf: &Rc<LeafVdev>, uberblock: &Uberblock, device_
     if results.iter().any(|result| result.is_ok()) {
         return Ok(());
     }
-    Err(format!("{}: could not write any uberblock copy", leaf.path.borrow()))
+    Err(format!(
+        "{}: could not write any uberblock copy",
+        leaf.path.borrow()
+    ))
 }

@@ -18,8 +18,8 @@ pub mod props;
 pub mod receive;
 pub mod resilver;
 pub mod scan;
-pub mod send;
 pub mod scrub;
+pub mod send;
 pub mod txg;
 pub mod volume;
 pub mod writeback;
@@ -37,7 +37,9 @@ use crate::dev::Device;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::label::{LeafConfig, PoolConfig, PoolState, TopVdevConfig, TopVdevKind};
 use crate::format::spacemap::decode_records;
-use crate::format::{data_area_bytes, new_guid, Dnode, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION};
+use crate::format::{
+    data_area_bytes, new_guid, Dnode, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION,
+};
 use crate::object::{new_dnode, ObjectError, ObjectSet};
 use crate::vdev::queue::QueueTunables;
 use crate::vdev::{LeafVdev, TopVdev, VdevHealth};
@@ -72,9 +74,17 @@ pub enum PoolError {
     #[error("{0}")]
     Device(String),
     #[error("{path} belongs to pool '{pool}' (guid {guid:#x}); use -f to overwrite it")]
-    DeviceInUseByPool { path: String, pool: String, guid: u64 },
+    DeviceInUseByPool {
+        path: String,
+        pool: String,
+        guid: u64,
+    },
     #[error("{path} is truncated: the pool expects {expected} bytes, the device has {found}")]
-    Truncated { path: String, expected: u64, found: u64 },
+    Truncated {
+        path: String,
+        expected: u64,
+        found: u64,
+    },
     #[error("pool '{0}' has no valid uberblock (its creation never completed, or every label is damaged)")]
     NoValidUberblock(String),
     #[error("damaged pool metadata: {0}")]
@@ -88,7 +98,11 @@ pub enum PoolError {
     #[error("range {offset}+{length} is outside the volume ({size} bytes)")]
     OutOfRange { offset: u64, length: u64, size: u64 },
     #[error("offset {offset} and length {length} must be multiples of {alignment}")]
-    Misaligned { offset: u64, length: u64, alignment: u64 },
+    Misaligned {
+        offset: u64,
+        length: u64,
+        alignment: u64,
+    },
     #[error("no volume '{0}'")]
     NoSuchVolume(String),
     /// A snapshot name (`POOL/VOL@SNAP`) that names no snapshot.
@@ -229,12 +243,19 @@ fn describe_open_error(error: &OpenError) -> String {
 
 impl Pool {
     /// Creates a pool on open devices and commits its first txg.
-    pub async fn create_on_devices(name: &str, layout: Vec<NewTopVdev>, force: bool, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+    pub async fn create_on_devices(
+        name: &str,
+        layout: Vec<NewTopVdev>,
+        force: bool,
+        tunables: PoolTunables,
+    ) -> Result<Rc<Pool>, PoolError> {
         if !valid_name(name) {
             return Err(PoolError::InvalidName(name.to_string()));
         }
         if layout.is_empty() {
-            return Err(PoolError::InvalidArgument("a pool needs at least one device".into()));
+            return Err(PoolError::InvalidArgument(
+                "a pool needs at least one device".into(),
+            ));
         }
         let mut vdevs = Vec::new();
         let mut top_configs = Vec::new();
@@ -243,7 +264,10 @@ impl Pool {
             if !expected.contains(&top.devices.len()) {
                 return Err(PoolError::InvalidArgument(format!(
                     "a {} vdev takes {} to {} devices, got {}",
-                    top.kind.vdev_name(id as u32).rsplit_once('-').map_or("", |(kind, _)| kind),
+                    top.kind
+                        .vdev_name(id as u32)
+                        .rsplit_once('-')
+                        .map_or("", |(kind, _)| kind),
                     expected.start(),
                     expected.end(),
                     top.devices.len()
@@ -252,38 +276,85 @@ impl Pool {
             for new in &top.devices {
                 let info = new.device.info();
                 if info.size_bytes < DEVICE_SIZE_MIN_BYTES {
-                    return Err(PoolError::InvalidArgument(format!("{} is {} bytes; a device needs at least {} bytes", new.path, info.size_bytes, DEVICE_SIZE_MIN_BYTES)));
+                    return Err(PoolError::InvalidArgument(format!(
+                        "{} is {} bytes; a device needs at least {} bytes",
+                        new.path, info.size_bytes, DEVICE_SIZE_MIN_BYTES
+                    )));
                 }
                 let probe = labels::probe_device(&*new.device, Path::new(&new.path)).await;
                 if let Some(label) = probe.label {
                     if !force {
-                        return Err(PoolError::DeviceInUseByPool { path: new.path.clone(), pool: label.config.name, guid: label.pool_guid });
+                        return Err(PoolError::DeviceInUseByPool {
+                            path: new.path.clone(),
+                            pool: label.config.name,
+                            guid: label.pool_guid,
+                        });
                     }
                 }
             }
             let ashift = top
                 .devices
                 .iter()
-                .map(|new| (new.device.info().physical_sector_bytes.max(new.device.info().logical_sector_bytes) as u64).trailing_zeros() as u8)
+                .map(|new| {
+                    (new.device
+                        .info()
+                        .physical_sector_bytes
+                        .max(new.device.info().logical_sector_bytes) as u64)
+                        .trailing_zeros() as u8
+                })
                 .max()
                 .unwrap_or(crate::format::ASHIFT_DEFAULT)
                 .clamp(crate::format::ASHIFT_DEFAULT, crate::format::ASHIFT_MAX);
-            let data_bytes = group_data_bytes(top.kind, top.devices.iter().map(|new| data_area_bytes(new.device.info().size_bytes)), ashift);
+            let data_bytes = group_data_bytes(
+                top.kind,
+                top.devices
+                    .iter()
+                    .map(|new| data_area_bytes(new.device.info().size_bytes)),
+                ashift,
+            );
             let metaslab_shift = metaslab_shift_for(data_bytes);
             let asize_bytes = data_bytes >> metaslab_shift << metaslab_shift;
             if asize_bytes == 0 {
-                return Err(PoolError::InvalidArgument("devices too small for one metaslab".into()));
+                return Err(PoolError::InvalidArgument(
+                    "devices too small for one metaslab".into(),
+                ));
             }
             let guid = new_guid();
             let mut children = Vec::new();
             let mut leaves = Vec::new();
             for new in top.devices {
                 let leaf_guid = new_guid();
-                children.push(LeafConfig::new(leaf_guid, new.path.clone(), new.device.info().size_bytes));
-                leaves.push(LeafVdev::new(leaf_guid, new.path, Some(new.device), tunables.queue.clone()));
+                children.push(LeafConfig::new(
+                    leaf_guid,
+                    new.path.clone(),
+                    new.device.info().size_bytes,
+                ));
+                leaves.push(LeafVdev::new(
+                    leaf_guid,
+                    new.path,
+                    Some(new.device),
+                    tunables.queue.clone(),
+                ));
             }
-            let top_vdev = TopVdev::new(id as u32, guid, top.kind, ashift, asize_bytes, metaslab_shift, leaves).map_err(|error| PoolError::InvalidArgument(error.to_string()))?;
-            top_configs.push(TopVdevConfig { id: id as u32, guid, kind: top.kind, ashift, asize_bytes, metaslab_shift, children });
+            let top_vdev = TopVdev::new(
+                id as u32,
+                guid,
+                top.kind,
+                ashift,
+                asize_bytes,
+                metaslab_shift,
+                leaves,
+            )
+            .map_err(|error| PoolError::InvalidArgument(error.to_string()))?;
+            top_configs.push(TopVdevConfig {
+                id: id as u32,
+                guid,
+                kind: top.kind,
+                ashift,
+                asize_bytes,
+                metaslab_shift,
+                children,
+            });
             vdevs.push(Rc::new(top_vdev));
         }
         let config = PoolConfig {
@@ -298,7 +369,13 @@ impl Pool {
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces));
         // Slot 0 is reserved: the dnode table's own dnode lives in the uberblock.
-        let table = new_dnode(ObjectType::DnodeTable, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, DNODE_BYTES as u64, 1);
+        let table = new_dnode(
+            ObjectType::DnodeTable,
+            METADATA_BLOCK_SHIFT,
+            INDIRECT_BLOCK_SHIFT,
+            DNODE_BYTES as u64,
+            1,
+        );
         let objects = ObjectSet::new(store.clone(), table, tunables.cache_budget_bytes);
         let pool = Rc::new(Pool {
             name: name.to_string(),
@@ -307,7 +384,10 @@ impl Pool {
             config_dirty: Cell::new(true),
             store,
             objects,
-            directory: RefCell::new(Directory { version: 1, ..Directory::default() }),
+            directory: RefCell::new(Directory {
+                version: 1,
+                ..Directory::default()
+            }),
             directory_dirty: Cell::new(true),
             txg: TxgState::new(1, 0),
             volumes: RefCell::new(BTreeMap::new()),
@@ -327,11 +407,29 @@ impl Pool {
         // top-level vdev.
         let directory_id = pool.allocate_object_id();
         assert_eq!(directory_id, DIRECTORY_OBJECT);
-        pool.objects.create(directory_id, new_dnode(ObjectType::Directory, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, 1));
+        pool.objects.create(
+            directory_id,
+            new_dnode(
+                ObjectType::Directory,
+                METADATA_BLOCK_SHIFT,
+                INDIRECT_BLOCK_SHIFT,
+                0,
+                1,
+            ),
+        );
         let vdev_count = pool.store.vdevs.len();
         for vdev in 0..vdev_count {
             let id = pool.allocate_object_id();
-            pool.objects.create(id, new_dnode(ObjectType::MetaslabArray, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, 1));
+            pool.objects.create(
+                id,
+                new_dnode(
+                    ObjectType::MetaslabArray,
+                    METADATA_BLOCK_SHIFT,
+                    INDIRECT_BLOCK_SHIFT,
+                    0,
+                    1,
+                ),
+            );
             pool.directory.borrow_mut().metaslab_arrays.push(id);
             pool.store.allocator.borrow_mut().vdevs[vdev].array_object = id;
         }
@@ -344,9 +442,17 @@ impl Pool {
     /// when given and missing).
     /// A failed create removes the sparse files it made itself (never a file
     /// that was there before), so a corrected command can be run again.
-    pub async fn create(name: &str, layout: Vec<(TopVdevKind, Vec<PathBuf>)>, force: bool, size_bytes: Option<u64>, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+    pub async fn create(
+        name: &str,
+        layout: Vec<(TopVdevKind, Vec<PathBuf>)>,
+        force: bool,
+        size_bytes: Option<u64>,
+        tunables: PoolTunables,
+    ) -> Result<Rc<Pool>, PoolError> {
         let mut created = Vec::new();
-        let result = Pool::create_files_and_pool(name, layout, force, size_bytes, tunables, &mut created).await;
+        let result =
+            Pool::create_files_and_pool(name, layout, force, size_bytes, tunables, &mut created)
+                .await;
         if result.is_err() {
             for path in &created {
                 let _ = std::fs::remove_file(path);
@@ -375,12 +481,20 @@ impl Pool {
                         created.push(path.clone());
                     }
                 }
-                let canonical = std::fs::canonicalize(&path).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
+                let canonical = std::fs::canonicalize(&path)
+                    .map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
                 if !seen.insert(canonical.clone()) {
-                    return Err(PoolError::InvalidArgument(format!("{} is listed twice", path.display())));
+                    return Err(PoolError::InvalidArgument(format!(
+                        "{} is listed twice",
+                        path.display()
+                    )));
                 }
-                let device = FileDevice::open(&canonical).map_err(|error| PoolError::Device(describe_open_error(&error)))?;
-                devices.push(NewDevice { path: canonical.display().to_string(), device: Rc::new(device) });
+                let device = FileDevice::open(&canonical)
+                    .map_err(|error| PoolError::Device(describe_open_error(&error)))?;
+                devices.push(NewDevice {
+                    path: canonical.display().to_string(),
+                    device: Rc::new(device),
+                });
             }
             tops.push(NewTopVdev { kind, devices });
         }
@@ -388,29 +502,76 @@ impl Pool {
     }
 
     /// Imports pool `name` from the devices in `directories`.
-    pub async fn import(name: &str, directories: &[PathBuf], tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+    pub async fn import(
+        name: &str,
+        directories: &[PathBuf],
+        tunables: PoolTunables,
+    ) -> Result<Rc<Pool>, PoolError> {
         let mut probes = Vec::new();
         for directory in directories {
-            let found = labels::probe_directory(directory).await.map_err(|error| PoolError::Device(format!("{}: {error}", directory.display())))?;
+            let found = labels::probe_directory(directory)
+                .await
+                .map_err(|error| PoolError::Device(format!("{}: {error}", directory.display())))?;
             probes.extend(found);
         }
-        let searched = directories.iter().map(|path| path.display().to_string()).collect::<Vec<_>>().join(", ");
-        let mine: Vec<&Probe> = probes.iter().filter(|probe| probe.label.as_ref().is_some_and(|label| label.config.name == name)).collect();
-        let mut guids: Vec<u64> = mine.iter().filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid)).collect();
+        let searched = directories
+            .iter()
+            .map(|path| path.display().to_string())
+            .collect::<Vec<_>>()
+            .join(", ");
+        let mine: Vec<&Probe> = probes
+            .iter()
+            .filter(|probe| {
+                probe
+                    .label
+                    .as_ref()
+                    .is_some_and(|label| label.config.name == name)
+            })
+            .collect();
+        let mut guids: Vec<u64> = mine
+            .iter()
+            .filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid))
+            .collect();
         guids.sort_unstable();
         guids.dedup();
         match guids.len() {
             0 => {
                 let mut others: Vec<String> = probes
                     .iter()
-                    .filter_map(|probe| probe.label.as_ref().map(|label| format!("{} belongs to pool '{}' (guid {:#x})", probe.path.display(), label.config.name, label.pool_guid)))
+                    .filter_map(|probe| {
+                        probe.label.as_ref().map(|label| {
+                            format!(
+                                "{} belongs to pool '{}' (guid {:#x})",
+                                probe.path.display(),
+                                label.config.name,
+                                label.pool_guid
+                            )
+                        })
+                    })
                     .collect();
                 others.sort();
-                let others = if others.is_empty() { String::new() } else { format!("; {}", others.join(", ")) };
-                return Err(PoolError::NotFound { name: name.to_string(), searched, others });
+                let others = if others.is_empty() {
+                    String::new()
+                } else {
+                    format!("; {}", others.join(", "))
+                };
+                return Err(PoolError::NotFound {
+                    name: name.to_string(),
+                    searched,
+                    others,
+                });
             }
             1 => {}
-            _ => return Err(PoolError::Ambiguous { name: name.to_string(), guids: guids.iter().map(|guid| format!("{guid:#x}")).collect::<Vec<_>>().join(", ") }),
+            _ => {
+                return Err(PoolError::Ambiguous {
+                    name: name.to_string(),
+                    guids: guids
+                        .iter()
+                        .map(|guid| format!("{guid:#x}"))
+                        .collect::<Vec<_>>()
+                        .join(", "),
+                })
+            }
         }
         // Open (and lock) the devices that belong to it.
         let mut devices: Vec<(String, Rc<dyn Device>)> = Vec::new();
@@ -422,25 +583,43 @@ impl Pool {
     }
 
     /// Imports pool `name` from open devices.
-    pub async fn import_from_devices(name: &str, devices: Vec<(String, Rc<dyn Device>)>, tunables: PoolTunables) -> Result<Rc<Pool>, PoolError> {
+    pub async fn import_from_devices(
+        name: &str,
+        devices: Vec<(String, Rc<dyn Device>)>,
+        tunables: PoolTunables,
+    ) -> Result<Rc<Pool>, PoolError> {
         let mut probes: Vec<(Probe, Rc<dyn Device>)> = Vec::new();
         for (path, device) in devices {
             let probe = labels::probe_device(&*device, Path::new(&path)).await;
-            if probe.label.as_ref().is_some_and(|label| label.config.name == name) {
+            if probe
+                .label
+                .as_ref()
+                .is_some_and(|label| label.config.name == name)
+            {
                 probes.push((probe, device));
             }
         }
         let Some((config, uberblocks)) = choose_config(&probes) else {
-            return Err(PoolError::NotFound { name: name.to_string(), searched: "the given devices".into(), others: String::new() });
+            return Err(PoolError::NotFound {
+                name: name.to_string(),
+                searched: "the given devices".into(),
+                others: String::new(),
+            });
         };
         let mut notes = Vec::new();
         for (probe, _) in &probes {
             for (index, reason) in &probe.damaged_labels {
-                notes.push(format!("{}: label {index} is damaged ({reason}); the other labels were used", probe.path.display()));
+                notes.push(format!(
+                    "{}: label {index} is damaged ({reason}); the other labels were used",
+                    probe.path.display()
+                ));
             }
         }
         if config.state == PoolState::Active {
-            notes.push("the pool was not exported cleanly; it was recovered to its last committed txg".to_string());
+            notes.push(
+                "the pool was not exported cleanly; it was recovered to its last committed txg"
+                    .to_string(),
+            );
         }
         // Assemble the vdev tree from the config, matching devices by guid.
         let (vdevs, missing) = devices::assemble(name, &config, &probes, &tunables)?;
@@ -451,16 +630,37 @@ impl Pool {
         // copy put back, a device that missed commits) lacks the txgs since:
         // its log says so before anything is read, so reads do not trust it
         // for them and a resilver brings it up to date.
-        notes.extend(devices::mark_stale_leaves(&vdevs, &probes, config.pool_guid, uberblocks[0].txg));
+        notes.extend(devices::mark_stale_leaves(
+            &vdevs,
+            &probes,
+            config.pool_guid,
+            uberblocks[0].txg,
+        ));
         // The newest uberblock whose metadata loads wins; an older one is tried
         // only if the newest's tree is unreadable (its frees are still deferred, so
         // the previous trees are intact).
         let mut last_error = None;
-        for uberblock in uberblocks.iter().take(1 + crate::alloc::DEFER_TXGS as usize) {
-            match Pool::load(name, &config, vdevs.clone(), uberblock, tunables.clone(), notes.clone(), missing.clone()).await {
+        for uberblock in uberblocks
+            .iter()
+            .take(1 + crate::alloc::DEFER_TXGS as usize)
+        {
+            match Pool::load(
+                name,
+                &config,
+                vdevs.clone(),
+                uberblock,
+                tunables.clone(),
+                notes.clone(),
+                missing.clone(),
+            )
+            .await
+            {
                 Ok(pool) => {
                     if uberblock.txg != uberblocks[0].txg {
-                        pool.import_notes.borrow_mut().push(format!("rewound from txg {} to txg {}: the newer one was unreadable", uberblocks[0].txg, uberblock.txg));
+                        pool.import_notes.borrow_mut().push(format!(
+                            "rewound from txg {} to txg {}: the newer one was unreadable",
+                            uberblocks[0].txg, uberblock.txg
+                        ));
                     }
                     pool.start_after_import();
                     // A receive interrupted by a crash that was not started
@@ -488,7 +688,11 @@ impl Pool {
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces));
         store.set_open_txg(uberblock.txg + 1);
-        let objects = ObjectSet::new(store.clone(), uberblock.dnode_table, tunables.cache_budget_bytes);
+        let objects = ObjectSet::new(
+            store.clone(),
+            uberblock.dnode_table,
+            tunables.cache_budget_bytes,
+        );
         objects.set_durable_txg(uberblock.txg);
         // Metadata objects stay cached: read the whole dnode table and directory.
         let table = objects.dnode_table();
@@ -499,7 +703,11 @@ impl Pool {
         let bytes = objects.read_bytes(&directory_object, 0, length).await?;
         let directory = Directory::decode(&bytes).map_err(PoolError::Corrupt)?;
         if directory.metaslab_arrays.len() != config.vdevs.len() {
-            return Err(PoolError::Corrupt(format!("{} metaslab arrays for {} vdevs", directory.metaslab_arrays.len(), config.vdevs.len())));
+            return Err(PoolError::Corrupt(format!(
+                "{} metaslab arrays for {} vdevs",
+                directory.metaslab_arrays.len(),
+                config.vdevs.len()
+            )));
         }
         load_space(&objects, &store, &directory, uberblock.txg).await?;
         store.allocator.borrow_mut().recount();
@@ -532,15 +740,24 @@ impl Pool {
             let object = pool.objects.open(record.object).await?;
             object.dead_list.set(record.dead_list);
             // Dead lists are metadata: they stay cached, loaded whole here.
-            for list in std::iter::once(record.dead_list).chain(record.snapshots.iter().map(|snapshot| snapshot.dead_list)) {
+            for list in std::iter::once(record.dead_list)
+                .chain(record.snapshots.iter().map(|snapshot| snapshot.dead_list))
+            {
                 if list != 0 {
                     let list_object = pool.objects.open(list).await?;
                     let length = list_object.dnode().length_bytes;
                     pool.objects.prefetch(&list_object, 0, length).await?;
                 }
             }
-            let volume = Volume::new(format!("{name}/{volume_name}"), object, record, props::settings(&record.properties, &directory.properties));
-            pool.volumes.borrow_mut().insert(volume_name.clone(), volume);
+            let volume = Volume::new(
+                format!("{name}/{volume_name}"),
+                object,
+                record,
+                props::settings(&record.properties, &directory.properties),
+            );
+            pool.volumes
+                .borrow_mut()
+                .insert(volume_name.clone(), volume);
         }
         Ok(pool)
     }
@@ -568,11 +785,20 @@ impl Pool {
         let out_of_service: Vec<&str> = self
             .missing_at_import
             .iter()
-            .filter(|(guid, _)| self.store.vdevs.iter().flat_map(|top| top.children.iter()).any(|leaf| leaf.guid() == *guid && !leaf.is_online()))
+            .filter(|(guid, _)| {
+                self.store
+                    .vdevs
+                    .iter()
+                    .flat_map(|top| top.children.iter())
+                    .any(|leaf| leaf.guid() == *guid && !leaf.is_online())
+            })
             .map(|(_, description)| description.as_str())
             .collect();
         if !out_of_service.is_empty() {
-            notes.push(format!("degraded: missing or unusable devices: {}", out_of_service.join(", ")));
+            notes.push(format!(
+                "degraded: missing or unusable devices: {}",
+                out_of_service.join(", ")
+            ));
         }
         notes
     }
@@ -590,34 +816,70 @@ impl Pool {
 
     /// Volumes users see (not the hidden volumes of receives in progress).
     pub fn visible_volumes(&self) -> Vec<Rc<Volume>> {
-        self.volumes.borrow().iter().filter(|(short, _)| !is_hidden_volume(short)).map(|(_, volume)| volume.clone()).collect()
+        self.volumes
+            .borrow()
+            .iter()
+            .filter(|(short, _)| !is_hidden_volume(short))
+            .map(|(_, volume)| volume.clone())
+            .collect()
     }
 
     pub fn volume(&self, name: &str) -> Result<Rc<Volume>, PoolError> {
-        let short = name.strip_prefix(&format!("{}/", self.name)).unwrap_or(name);
-        self.volumes.borrow().get(short).cloned().ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name);
+        self.volumes
+            .borrow()
+            .get(short)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
     }
 
     /// Creates a volume of `size_bytes` with blocks of `block_bytes`.
-    pub async fn create_volume(self: &Rc<Self>, name: &str, size_bytes: u64, block_bytes: u32, properties: BTreeMap<String, String>) -> Result<Rc<Volume>, PoolError> {
-        let short = name.strip_prefix(&format!("{}/", self.name)).unwrap_or(name).to_string();
+    pub async fn create_volume(
+        self: &Rc<Self>,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+        properties: BTreeMap<String, String>,
+    ) -> Result<Rc<Volume>, PoolError> {
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name)
+            .to_string();
         if !valid_name(&short) {
             return Err(PoolError::InvalidName(short));
         }
         // A volume appearing during `check` would take writes the walk
         // never sees: creation waits for it like other administrative changes.
         let _admin = self.admin_lock.acquire(1).await;
-        self.create_volume_named(short, size_bytes, block_bytes, properties).await
+        self.create_volume_named(short, size_bytes, block_bytes, properties)
+            .await
     }
 
     /// Creates a volume under a name already checked (receive uses names users
     /// cannot give).
-    pub(crate) async fn create_volume_named(self: &Rc<Self>, short: String, size_bytes: u64, block_bytes: u32, properties: BTreeMap<String, String>) -> Result<Rc<Volume>, PoolError> {
+    pub(crate) async fn create_volume_named(
+        self: &Rc<Self>,
+        short: String,
+        size_bytes: u64,
+        block_bytes: u32,
+        properties: BTreeMap<String, String>,
+    ) -> Result<Rc<Volume>, PoolError> {
         if self.volumes.borrow().contains_key(&short) {
             return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
         }
-        let max_sector = self.store.vdevs.iter().map(|top| top.sector_bytes()).max().unwrap_or(4096);
-        if !block_bytes.is_power_of_two() || (block_bytes as u64) < max_sector.max(4096) || block_bytes > volume::VOLUME_BLOCK_BYTES_MAX {
+        let max_sector = self
+            .store
+            .vdevs
+            .iter()
+            .map(|top| top.sector_bytes())
+            .max()
+            .unwrap_or(4096);
+        if !block_bytes.is_power_of_two()
+            || (block_bytes as u64) < max_sector.max(4096)
+            || block_bytes > volume::VOLUME_BLOCK_BYTES_MAX
+        {
             return Err(PoolError::InvalidArgument(format!(
                 "volblocksize {block_bytes} must be a power of two from {} to {}",
                 max_sector.max(4096),
@@ -628,25 +890,44 @@ impl Pool {
             return Err(PoolError::InvalidArgument(format!("volume size {size_bytes} must be a positive multiple of the volblocksize {block_bytes}")));
         }
         if size_bytes > volume::VOLUME_SIZE_MAX_BYTES {
-            return Err(PoolError::InvalidArgument(format!("volume size {size_bytes} exceeds {}", volume::VOLUME_SIZE_MAX_BYTES)));
+            return Err(PoolError::InvalidArgument(format!(
+                "volume size {size_bytes} exceeds {}",
+                volume::VOLUME_SIZE_MAX_BYTES
+            )));
         }
         let mut properties = properties;
         for (key, value) in properties.iter_mut() {
             *value = props::validate(key, value, false)?;
         }
         if properties.contains_key("volsize") {
-            return Err(PoolError::InvalidArgument("the volume's size is given by its size argument".into()));
+            return Err(PoolError::InvalidArgument(
+                "the volume's size is given by its size argument".into(),
+            ));
         }
         let checksum = self.volume_settings(&properties).checksum;
         self.txg.ensure_writable()?;
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
-        let mut dnode = new_dnode(ObjectType::VolumeData, block_bytes.trailing_zeros() as u8, INDIRECT_BLOCK_SHIFT, size_bytes, open_txg);
+        let mut dnode = new_dnode(
+            ObjectType::VolumeData,
+            block_bytes.trailing_zeros() as u8,
+            INDIRECT_BLOCK_SHIFT,
+            size_bytes,
+            open_txg,
+        );
         dnode.checksum_algo = checksum;
         let object = self.objects.create(id, dnode);
         let record = volume::record(id, size_bytes, block_bytes, open_txg, properties);
-        let volume = Volume::new(format!("{}/{short}", self.name), object, &record, self.volume_settings(&record.properties));
-        self.directory.borrow_mut().volumes.insert(short.clone(), record);
+        let volume = Volume::new(
+            format!("{}/{short}", self.name),
+            object,
+            &record,
+            self.volume_settings(&record.properties),
+        );
+        self.directory
+            .borrow_mut()
+            .volumes
+            .insert(short.clone(), record);
         self.directory_dirty.set(true);
         self.volumes.borrow_mut().insert(short, volume.clone());
         self.commit().await?;
@@ -654,18 +935,39 @@ impl Pool {
     }
 
     /// Destroys a volume and frees its blocks.
-    pub async fn destroy_volume(self: &Rc<Self>, name: &str, recursive: bool) -> Result<(), PoolError> {
+    pub async fn destroy_volume(
+        self: &Rc<Self>,
+        name: &str,
+        recursive: bool,
+    ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let volume = self.volume(name)?;
         let short = volume.short_name().to_string();
-        let record = self.directory.borrow().volumes.get(&short).cloned().ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))?;
+        let record = self
+            .directory
+            .borrow()
+            .volumes
+            .get(&short)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))?;
         if !record.snapshots.is_empty() {
             if !recursive {
-                let names: Vec<String> = record.snapshots.iter().map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name)).collect();
-                return Err(PoolError::InvalidArgument(format!("{name} has snapshots ({}); use -r to destroy them too", names.join(", "))));
+                let names: Vec<String> = record
+                    .snapshots
+                    .iter()
+                    .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
+                    .collect();
+                return Err(PoolError::InvalidArgument(format!(
+                    "{name} has snapshots ({}); use -r to destroy them too",
+                    names.join(", ")
+                )));
             }
-            if let Some(cloned) = record.snapshots.iter().find(|snapshot| !snapshot.clones.is_empty()) {
+            if let Some(cloned) = record
+                .snapshots
+                .iter()
+                .find(|snapshot| !snapshot.clones.is_empty())
+            {
                 return Err(PoolError::InvalidArgument(format!(
                     "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
                     self.name,
@@ -692,7 +994,11 @@ impl Pool {
         // the origin snapshot.
         let origin_txg = volume.object.dnode().origin_txg;
         let mut pointers = Vec::new();
-        self.objects.visit_pointers_born_after(&volume.object, origin_txg, &mut |pointer| pointers.push(*pointer)).await?;
+        self.objects
+            .visit_pointers_born_after(&volume.object, origin_txg, &mut |pointer| {
+                pointers.push(*pointer)
+            })
+            .await?;
         for pointer in &pointers {
             self.store.free(pointer);
         }
@@ -701,7 +1007,9 @@ impl Pool {
         let table = self.objects.dnode_table();
         let mut zero = [0u8; DNODE_BYTES];
         Dnode::default().encode(&mut zero);
-        self.objects.write_bytes(&table, volume.object.id * DNODE_BYTES as u64, &zero).await?;
+        self.objects
+            .write_bytes(&table, volume.object.id * DNODE_BYTES as u64, &zero)
+            .await?;
         self.objects.forget(volume.object.id);
         self.volumes.borrow_mut().remove(&short);
         {
@@ -725,7 +1033,10 @@ impl Pool {
         if object_id == 0 {
             return Ok(());
         }
-        let object = self.objects.get(object_id).ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let object = self
+            .objects
+            .get(object_id)
+            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
         self.objects.truncate_cached(&object, 0)?;
         self.objects.free_object_cached(&object)?;
         Ok(())
@@ -751,7 +1062,11 @@ impl Pool {
     /// Makes every change linked into the trees so far durable (a FUA write's
     /// own block is linked before this; dirty blocks are not written out).
     pub async fn commit_linked(self: &Rc<Self>) -> Result<(), PoolError> {
-        let target = if self.has_changes() { self.txg.open() } else { self.txg.open() - 1 };
+        let target = if self.has_changes() {
+            self.txg.open()
+        } else {
+            self.txg.open() - 1
+        };
         self.txg.wait_durable(self, target).await
     }
 
@@ -759,7 +1074,11 @@ impl Pool {
     pub fn has_changes(&self) -> bool {
         self.config_dirty.get()
             || self.directory_dirty.get()
-            || self.objects.open_objects().iter().any(|object| object.dirty.get())
+            || self
+                .objects
+                .open_objects()
+                .iter()
+                .any(|object| object.dirty.get())
             || self.store.allocator.borrow().has_pending()
     }
 
@@ -791,11 +1110,16 @@ impl Pool {
     /// should, or has devices to resilver), UNAVAIL (some vdev lost more
     /// devices than it can), or SUSPENDED.
     pub fn health(&self) -> &'static str {
-        let worst = self.store.vdevs.iter().map(|top| top.health()).max_by_key(|health| match health {
-            VdevHealth::Online => 0,
-            VdevHealth::Degraded => 1,
-            VdevHealth::Unavail => 2,
-        });
+        let worst =
+            self.store
+                .vdevs
+                .iter()
+                .map(|top| top.health())
+                .max_by_key(|health| match health {
+                    VdevHealth::Online => 0,
+                    VdevHealth::Degraded => 1,
+                    VdevHealth::Unavail => 2,
+                });
         if self.txg.suspended().is_some() {
             "SUSPENDED"
         } else {
@@ -810,7 +1134,12 @@ impl Pool {
 
 /// Rebuilds every metaslab's free space: its checkpoint (space map) followed by
 /// the space log's records of later txgs.
-async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directory, imported_txg: u64) -> Result<(), PoolError> {
+async fn load_space(
+    objects: &ObjectSet,
+    store: &BlockStore,
+    directory: &Directory,
+    imported_txg: u64,
+) -> Result<(), PoolError> {
     use crate::format::spacemap::Record;
     use txg::METASLAB_ENTRY_BYTES;
     // Route the log's records to their metaslabs: (vdev, metaslab) -> (txg, record).
@@ -819,7 +1148,8 @@ async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directo
         let object = objects.open(log.object).await?;
         let length = object.dnode().length_bytes as usize;
         let bytes = objects.read_bytes(&object, 0, length).await?;
-        let records = decode_records(&bytes).map_err(|error| PoolError::Corrupt(format!("space log {}: {error}", log.object)))?;
+        let records = decode_records(&bytes)
+            .map_err(|error| PoolError::Corrupt(format!("space log {}: {error}", log.object)))?;
         let (mut txg, mut vdev) = (0u64, None::<usize>);
         let allocator = store.allocator.borrow();
         for record in records {
@@ -827,12 +1157,26 @@ async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directo
                 Record::Txg(value) => txg = value,
                 Record::Vdev(value) => vdev = Some(value as usize),
                 Record::Allocate { offset, .. } | Record::Free { offset, .. } => {
-                    let vdev_index = vdev.filter(|index| *index < allocator.vdevs.len()).ok_or_else(|| PoolError::Corrupt(format!("space log {}: record without a valid vdev", log.object)))?;
+                    let vdev_index = vdev
+                        .filter(|index| *index < allocator.vdevs.len())
+                        .ok_or_else(|| {
+                            PoolError::Corrupt(format!(
+                                "space log {}: record without a valid vdev",
+                                log.object
+                            ))
+                        })?;
                     let metaslab = (offset >> allocator.vdevs[vdev_index].metaslab_shift) as usize;
-                    if metaslab >= allocator.vdevs[vdev_index].metaslabs.len() || txg > imported_txg {
-                        return Err(PoolError::Corrupt(format!("space log {}: record {record:?} of txg {txg} out of range", log.object)));
+                    if metaslab >= allocator.vdevs[vdev_index].metaslabs.len() || txg > imported_txg
+                    {
+                        return Err(PoolError::Corrupt(format!(
+                            "space log {}: record {record:?} of txg {txg} out of range",
+                            log.object
+                        )));
                     }
-                    logged.entry((vdev_index, metaslab)).or_default().push((txg, record));
+                    logged
+                        .entry((vdev_index, metaslab))
+                        .or_default()
+                        .push((txg, record));
                 }
             }
         }
@@ -840,10 +1184,13 @@ async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directo
     for (vdev_index, &array_id) in directory.metaslab_arrays.iter().enumerate() {
         let array = objects.open(array_id).await?;
         let count = store.allocator.borrow().vdevs[vdev_index].metaslabs.len();
-        let entries = objects.read_bytes(&array, 0, count * METASLAB_ENTRY_BYTES as usize).await?;
+        let entries = objects
+            .read_bytes(&array, 0, count * METASLAB_ENTRY_BYTES as usize)
+            .await?;
         store.allocator.borrow_mut().vdevs[vdev_index].array_object = array_id;
         for metaslab_index in 0..count {
-            let entry = &entries[metaslab_index * METASLAB_ENTRY_BYTES as usize..][..METASLAB_ENTRY_BYTES as usize];
+            let entry = &entries[metaslab_index * METASLAB_ENTRY_BYTES as usize..]
+                [..METASLAB_ENTRY_BYTES as usize];
             let map_id = u64::from_le_bytes(entry[..8].try_into().expect("8 bytes"));
             let flushed_txg = u64::from_le_bytes(entry[8..].try_into().expect("8 bytes"));
             let mut records = Vec::new();
@@ -851,11 +1198,15 @@ async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directo
                 let map = objects.open(map_id).await?;
                 let length = map.dnode().length_bytes as usize;
                 let bytes = objects.read_bytes(&map, 0, length).await?;
-                records = decode_records(&bytes).map_err(|error| PoolError::Corrupt(format!("space map {map_id}: {error}")))?;
+                records = decode_records(&bytes)
+                    .map_err(|error| PoolError::Corrupt(format!("space map {map_id}: {error}")))?;
             }
             let mut unflushed_txg = 0;
             let mut last_marker = None;
-            for (txg, record) in logged.remove(&(vdev_index, metaslab_index)).unwrap_or_default() {
+            for (txg, record) in logged
+                .remove(&(vdev_index, metaslab_index))
+                .unwrap_or_default()
+            {
                 if txg <= flushed_txg {
                     continue;
                 }
@@ -873,9 +1224,11 @@ async fn load_space(objects: &ObjectSet, store: &BlockStore, directory: &Directo
             metaslab.space_map_object = map_id;
             metaslab.flushed_txg = flushed_txg;
             metaslab.unflushed_txg = unflushed_txg;
-            metaslab
-                .replay(&records, imported_txg)
-                .map_err(|error| PoolError::Corrupt(format!("space of vdev {vdev_index} metaslab {metaslab_index}: {error}")))?;
+            metaslab.replay(&records, imported_txg).map_err(|error| {
+                PoolError::Corrupt(format!(
+                    "space of vdev {vdev_index} metaslab {metaslab_index}: {error}"
+                ))
+            })?;
         }
     }
     Ok(())
@@ -890,7 +1243,9 @@ async fn open_when_free(path: &Path) -> Result<FileDevice, PoolError> {
     let started = crate::rt::now();
     loop {
         match FileDevice::open(path) {
-            Err(OpenError::InUse { .. }) if crate::rt::now().duration_since(started) < DEVICE_BUSY_WAIT => {
+            Err(OpenError::InUse { .. })
+                if crate::rt::now().duration_since(started) < DEVICE_BUSY_WAIT =>
+            {
                 crate::rt::sleep(Duration::from_millis(100)).await;
             }
             result => return result.map_err(PoolError::from),
@@ -904,8 +1259,11 @@ async fn open_when_free(path: &Path) -> Result<FileDevice, PoolError> {
 /// the new config reached some labels but before any uberblock did; then the
 /// previous config is the pool's state.
 fn choose_config(probes: &[(Probe, Rc<dyn Device>)]) -> Option<(PoolConfig, Vec<Uberblock>)> {
-    let mut configs: Vec<&PoolConfig> =
-        probes.iter().flat_map(|(probe, _)| probe.label.iter().chain(probe.older_labels.iter())).map(|label| &label.config).collect();
+    let mut configs: Vec<&PoolConfig> = probes
+        .iter()
+        .flat_map(|(probe, _)| probe.label.iter().chain(probe.older_labels.iter()))
+        .map(|label| &label.config)
+        .collect();
     configs.sort_by_key(|config| std::cmp::Reverse(config.config_txg));
     configs.dedup_by_key(|config| config.config_txg);
     let newest = (*configs.first()?).clone();
@@ -913,7 +1271,9 @@ fn choose_config(probes: &[(Probe, Rc<dyn Device>)]) -> Option<(PoolConfig, Vec<
         let mut uberblocks: Vec<Uberblock> = probes
             .iter()
             .flat_map(|(probe, _)| probe.uberblocks.iter().copied())
-            .filter(|uberblock| uberblock.pool_guid == config.pool_guid && uberblock.guid_sum == config.guid_sum())
+            .filter(|uberblock| {
+                uberblock.pool_guid == config.pool_guid && uberblock.guid_sum == config.guid_sum()
+            })
             .collect();
         if uberblocks.is_empty() {
             continue;
@@ -929,7 +1289,11 @@ fn choose_config(probes: &[(Probe, Rc<dyn Device>)]) -> Option<(PoolConfig, Vec<
 /// the smallest for a disk or mirror (every child holds everything); for
 /// RAID-Z, the group's sector space dealt round-robin over the children (see
 /// docs/FORMAT.md, "RAID-Z"), so every child contributes the smallest's sectors.
-fn group_data_bytes(kind: TopVdevKind, child_data_bytes: impl Iterator<Item = u64>, ashift: u8) -> u64 {
+fn group_data_bytes(
+    kind: TopVdevKind,
+    child_data_bytes: impl Iterator<Item = u64>,
+    ashift: u8,
+) -> u64 {
     let sizes: Vec<u64> = child_data_bytes.collect();
     let smallest = sizes.iter().copied().min().unwrap_or(0);
     if kind.is_raidz() {
@@ -941,7 +1305,12 @@ fn group_data_bytes(kind: TopVdevKind, child_data_bytes: impl Iterator<Item = u6
 
 /// The allocator's view of a top-level vdev.
 fn vdev_space(top: &TopVdev) -> VdevSpace {
-    let space = VdevSpace::new(top.id, top.asize_bytes, top.metaslab_shift, top.sector_bytes());
+    let space = VdevSpace::new(
+        top.id,
+        top.asize_bytes,
+        top.metaslab_shift,
+        top.sector_bytes(),
+    );
     match top.raidz_geometry() {
         Some(geometry) => space.with_raidz(*geometry),
         None => space,
@@ -964,8 +1333,13 @@ pub fn metaslab_shift_for(data_bytes: u64) -> u8 {
 
 /// Creates a sparse file of `size_bytes`.
 pub fn create_sparse_file(path: &Path, size_bytes: u64) -> Result<(), PoolError> {
-    let file = std::fs::OpenOptions::new().write(true).create_new(true).open(path).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
-    file.set_len(size_bytes).map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
+    file.set_len(size_bytes)
+        .map_err(|error| PoolError::Device(format!("{}: {error}", path.display())))?;
     Ok(())
 }
 
@@ -974,5 +1348,7 @@ fn hostname() -> String {
     if crate::rt::in_simulation() {
         return "simulator".to_string();
     }
-    std::fs::read_to_string("/proc/sys/kernel/hostname").map(|name| name.trim().to_string()).unwrap_or_default()
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|name| name.trim().to_string())
+        .unwrap_or_default()
 }

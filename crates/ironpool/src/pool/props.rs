@@ -68,19 +68,31 @@ pub struct VolumeSettings {
 
 impl Default for VolumeSettings {
     fn default() -> VolumeSettings {
-        VolumeSettings { compression: CompressionSetting::OFF, checksum: ChecksumAlgo::default(), sync: SyncMode::Standard, read_only: false }
+        VolumeSettings {
+            compression: CompressionSetting::OFF,
+            checksum: ChecksumAlgo::default(),
+            sync: SyncMode::Standard,
+            read_only: false,
+        }
     }
 }
 
 /// Inheritable settings with their defaults.
-const INHERITABLE: [(&str, &str); 4] = [("compression", "off"), ("checksum", "xxh3"), ("sync", "standard"), ("readonly", "off")];
+const INHERITABLE: [(&str, &str); 4] = [
+    ("compression", "off"),
+    ("checksum", "xxh3"),
+    ("sync", "standard"),
+    ("readonly", "off"),
+];
 
 /// True for a user property name (`module:key`).
 pub fn is_user_property(name: &str) -> bool {
     name.contains(':')
         && name.len() <= USER_PROPERTY_NAME_BYTES_MAX
         && !name.starts_with(':')
-        && name.chars().all(|character| character.is_ascii_alphanumeric() || matches!(character, ':' | '-' | '_' | '.'))
+        && name.chars().all(|character| {
+            character.is_ascii_alphanumeric() || matches!(character, ':' | '-' | '_' | '.')
+        })
 }
 
 /// Checks a property assignment and returns the value as stored (normalised).
@@ -128,28 +140,61 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
 fn is_read_only(name: &str) -> bool {
     matches!(
         name,
-        "type" | "used" | "referenced" | "usedbydataset" | "usedbysnapshots" | "written" | "logicalused" | "logicalreferenced" | "compressratio" | "origin"
-            | "guid" | "createtxg" | "creation" | "size" | "allocated" | "free" | "capacity" | "health" | "volblocksize"
+        "type"
+            | "used"
+            | "referenced"
+            | "usedbydataset"
+            | "usedbysnapshots"
+            | "written"
+            | "logicalused"
+            | "logicalreferenced"
+            | "compressratio"
+            | "origin"
+            | "guid"
+            | "createtxg"
+            | "creation"
+            | "size"
+            | "allocated"
+            | "free"
+            | "capacity"
+            | "health"
+            | "volblocksize"
     )
 }
 
 /// An effective setting and where it came from.
-fn lookup(local: &BTreeMap<String, String>, pool: &BTreeMap<String, String>, pool_name: &str, name: &str) -> Option<(String, String)> {
+fn lookup(
+    local: &BTreeMap<String, String>,
+    pool: &BTreeMap<String, String>,
+    pool_name: &str,
+    name: &str,
+) -> Option<(String, String)> {
     if let Some(value) = local.get(name) {
         return Some((value.clone(), "local".into()));
     }
     if let Some(value) = pool.get(name) {
         return Some((value.clone(), format!("inherited from {pool_name}")));
     }
-    INHERITABLE.iter().find(|(key, _)| *key == name).map(|(_, default)| (default.to_string(), "default".into()))
+    INHERITABLE
+        .iter()
+        .find(|(key, _)| *key == name)
+        .map(|(_, default)| (default.to_string(), "default".into()))
 }
 
 /// The settings of a volume with these local properties in a pool with these.
-pub fn settings(local: &BTreeMap<String, String>, pool: &BTreeMap<String, String>) -> VolumeSettings {
-    let value = |name: &str| lookup(local, pool, "", name).map(|(value, _)| value).unwrap_or_default();
+pub fn settings(
+    local: &BTreeMap<String, String>,
+    pool: &BTreeMap<String, String>,
+) -> VolumeSettings {
+    let value = |name: &str| {
+        lookup(local, pool, "", name)
+            .map(|(value, _)| value)
+            .unwrap_or_default()
+    };
     let defaults = VolumeSettings::default();
     VolumeSettings {
-        compression: CompressionSetting::parse(&value("compression")).unwrap_or(defaults.compression),
+        compression: CompressionSetting::parse(&value("compression"))
+            .unwrap_or(defaults.compression),
         checksum: ChecksumAlgo::parse(&value("checksum")).unwrap_or(defaults.checksum),
         sync: SyncMode::parse(&value("sync")).unwrap_or(defaults.sync),
         read_only: value("readonly") == "on",
@@ -183,28 +228,48 @@ impl Pool {
 
     /// Sets properties on the pool (target "POOL") or a volume ("POOL/VOL"):
     /// all of them or none.
-    pub async fn set_properties(self: &Rc<Self>, target: &str, assignments: &BTreeMap<String, String>) -> Result<(), PoolError> {
+    pub async fn set_properties(
+        self: &Rc<Self>,
+        target: &str,
+        assignments: &BTreeMap<String, String>,
+    ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         if target.contains('@') {
-            return Err(PoolError::InvalidArgument(format!("{target}: snapshots are read-only; their properties cannot be set")));
+            return Err(PoolError::InvalidArgument(format!(
+                "{target}: snapshots are read-only; their properties cannot be set"
+            )));
         }
         let on_pool = target == self.name;
-        let short = if on_pool { None } else { Some(self.volume(target)?.short_name().to_string()) };
+        let short = if on_pool {
+            None
+        } else {
+            Some(self.volume(target)?.short_name().to_string())
+        };
         let mut normalised = BTreeMap::new();
         for (name, value) in assignments {
             normalised.insert(name.clone(), validate(name, value, on_pool)?);
         }
         if let Some(short) = &short {
             if let Some(size) = normalised.remove("volsize") {
-                self.resize_volume(short, size.parse().map_err(|_| PoolError::InvalidArgument(format!("volsize {size}")))?)?;
+                self.resize_volume(
+                    short,
+                    size.parse()
+                        .map_err(|_| PoolError::InvalidArgument(format!("volsize {size}")))?,
+                )?;
             }
         }
         {
             let mut directory = self.directory.borrow_mut();
             let properties = match &short {
                 None => &mut directory.properties,
-                Some(short) => &mut directory.volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?.properties,
+                Some(short) => {
+                    &mut directory
+                        .volumes
+                        .get_mut(short)
+                        .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?
+                        .properties
+                }
             };
             properties.extend(normalised);
         }
@@ -214,19 +279,32 @@ impl Pool {
     }
 
     /// Removes a local setting so the value is inherited again (`inherit`).
-    pub async fn inherit_property(self: &Rc<Self>, target: &str, name: &str) -> Result<(), PoolError> {
+    pub async fn inherit_property(
+        self: &Rc<Self>,
+        target: &str,
+        name: &str,
+    ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         if !INHERITABLE.iter().any(|(key, _)| *key == name) && !is_user_property(name) {
-            return Err(PoolError::InvalidArgument(format!("{name} cannot be inherited")));
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} cannot be inherited"
+            )));
         }
         {
             let mut directory = self.directory.borrow_mut();
             if target == self.name {
                 directory.properties.remove(name);
             } else {
-                let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target);
-                directory.volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?.properties.remove(name);
+                let short = target
+                    .strip_prefix(&format!("{}/", self.name))
+                    .unwrap_or(target);
+                directory
+                    .volumes
+                    .get_mut(short)
+                    .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?
+                    .properties
+                    .remove(name);
             }
         }
         self.refresh_settings();
@@ -239,20 +317,36 @@ impl Pool {
         let volume = self.volume(short)?;
         let current = volume.size_bytes.get();
         if size_bytes < current {
-            return Err(PoolError::InvalidArgument(format!("volsize {size_bytes} is smaller than the current {current}: volumes only grow")));
+            return Err(PoolError::InvalidArgument(format!(
+                "volsize {size_bytes} is smaller than the current {current}: volumes only grow"
+            )));
         }
-        if size_bytes % volume.block_bytes != 0 || size_bytes > super::volume::VOLUME_SIZE_MAX_BYTES {
-            return Err(PoolError::InvalidArgument(format!("volsize {size_bytes} must be a multiple of the volblocksize {} up to {}", volume.block_bytes, super::volume::VOLUME_SIZE_MAX_BYTES)));
+        if size_bytes % volume.block_bytes != 0 || size_bytes > super::volume::VOLUME_SIZE_MAX_BYTES
+        {
+            return Err(PoolError::InvalidArgument(format!(
+                "volsize {size_bytes} must be a multiple of the volblocksize {} up to {}",
+                volume.block_bytes,
+                super::volume::VOLUME_SIZE_MAX_BYTES
+            )));
         }
         volume.size_bytes.set(size_bytes);
-        self.directory.borrow_mut().volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?.size_bytes = size_bytes;
+        self.directory
+            .borrow_mut()
+            .volumes
+            .get_mut(short)
+            .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?
+            .size_bytes = size_bytes;
         volume.object.dnode.borrow_mut().length_bytes = size_bytes;
         volume.object.dirty.set(true);
         Ok(())
     }
 
     /// The properties of the pool, a volume or a snapshot: every one, or those named.
-    pub async fn get_properties(self: &Rc<Self>, target: &str, names: &[String]) -> Result<Vec<PropertyValue>, PoolError> {
+    pub async fn get_properties(
+        self: &Rc<Self>,
+        target: &str,
+        names: &[String],
+    ) -> Result<Vec<PropertyValue>, PoolError> {
         let mut values: Vec<(String, String, String)> = Vec::new();
         let pool_properties = self.directory.borrow().properties.clone();
         if target == self.name {
@@ -261,7 +355,18 @@ impl Pool {
             values.push(("size".into(), size.to_string(), "-".into()));
             values.push(("allocated".into(), (size - free).to_string(), "-".into()));
             values.push(("free".into(), free.to_string(), "-".into()));
-            values.push(("capacity".into(), format!("{}%", if size == 0 { 0 } else { (size - free) * 100 / size }), "-".into()));
+            values.push((
+                "capacity".into(),
+                format!(
+                    "{}%",
+                    if size == 0 {
+                        0
+                    } else {
+                        (size - free) * 100 / size
+                    }
+                ),
+                "-".into(),
+            ));
             values.push(("health".into(), self.health().to_string(), "-".into()));
             values.push(("guid".into(), format!("{:#x}", self.guid), "-".into()));
             for (name, default) in INHERITABLE {
@@ -271,7 +376,10 @@ impl Pool {
                 };
                 values.push((name.into(), value, source));
             }
-            for (name, value) in pool_properties.iter().filter(|(name, _)| is_user_property(name)) {
+            for (name, value) in pool_properties
+                .iter()
+                .filter(|(name, _)| is_user_property(name))
+            {
                 values.push((name.clone(), value.clone(), "local".into()));
             }
         } else if target.contains('@') {
@@ -279,66 +387,160 @@ impl Pool {
         } else {
             let volume = self.volume(target)?;
             let short = volume.short_name().to_string();
-            let record = self.directory.borrow().volumes.get(&short).cloned().ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+            let record = self
+                .directory
+                .borrow()
+                .volumes
+                .get(&short)
+                .cloned()
+                .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
             let space = self.volume_space(&short).await?;
             values.push(("type".into(), "volume".into(), "-".into()));
             values.extend(space_values(&space));
-            values.push(("volsize".into(), volume.size_bytes.get().to_string(), "local".into()));
-            values.push(("volblocksize".into(), volume.block_bytes.to_string(), "-".into()));
-            let origin = record.origin.as_ref().map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot)).unwrap_or_else(|| "-".into());
+            values.push((
+                "volsize".into(),
+                volume.size_bytes.get().to_string(),
+                "local".into(),
+            ));
+            values.push((
+                "volblocksize".into(),
+                volume.block_bytes.to_string(),
+                "-".into(),
+            ));
+            let origin = record
+                .origin
+                .as_ref()
+                .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
+                .unwrap_or_else(|| "-".into());
             values.push(("origin".into(), origin, "-".into()));
             values.push(("guid".into(), format!("{:#x}", record.guid), "-".into()));
-            values.push(("createtxg".into(), record.created_txg.to_string(), "-".into()));
+            values.push((
+                "createtxg".into(),
+                record.created_txg.to_string(),
+                "-".into(),
+            ));
             for (name, _) in INHERITABLE {
-                if let Some((value, source)) = lookup(&record.properties, &pool_properties, &self.name, name) {
+                if let Some((value, source)) =
+                    lookup(&record.properties, &pool_properties, &self.name, name)
+                {
                     values.push((name.into(), value, source));
                 }
             }
             let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
-            for (name, value) in pool_properties.iter().filter(|(name, _)| is_user_property(name)) {
-                user.insert(name.clone(), (value.clone(), format!("inherited from {}", self.name)));
+            for (name, value) in pool_properties
+                .iter()
+                .filter(|(name, _)| is_user_property(name))
+            {
+                user.insert(
+                    name.clone(),
+                    (value.clone(), format!("inherited from {}", self.name)),
+                );
             }
-            for (name, value) in record.properties.iter().filter(|(name, _)| is_user_property(name)) {
+            for (name, value) in record
+                .properties
+                .iter()
+                .filter(|(name, _)| is_user_property(name))
+            {
                 user.insert(name.clone(), (value.clone(), "local".into()));
             }
-            values.extend(user.into_iter().map(|(name, (value, source))| (name, value, source)));
+            values.extend(
+                user.into_iter()
+                    .map(|(name, (value, source))| (name, value, source)),
+            );
         }
-        let wanted = |name: &str| names.is_empty() || names.iter().any(|wanted| wanted == "all" || wanted == name);
+        let wanted = |name: &str| {
+            names.is_empty() || names.iter().any(|wanted| wanted == "all" || wanted == name)
+        };
         for name in names {
-            if name != "all" && !values.iter().any(|(have, _, _)| have == name) && !is_user_property(name) {
-                return Err(PoolError::InvalidArgument(format!("unknown property '{name}'")));
+            if name != "all"
+                && !values.iter().any(|(have, _, _)| have == name)
+                && !is_user_property(name)
+            {
+                return Err(PoolError::InvalidArgument(format!(
+                    "unknown property '{name}'"
+                )));
             }
         }
-        let mut rows: Vec<PropertyValue> =
-            values.into_iter().filter(|(name, _, _)| wanted(name)).map(|(property, value, source)| PropertyValue { name: target.to_string(), property, value, source }).collect();
+        let mut rows: Vec<PropertyValue> = values
+            .into_iter()
+            .filter(|(name, _, _)| wanted(name))
+            .map(|(property, value, source)| PropertyValue {
+                name: target.to_string(),
+                property,
+                value,
+                source,
+            })
+            .collect();
         // A user property asked for by name but set nowhere shows as "-".
         for name in names.iter().filter(|name| is_user_property(name)) {
             if !rows.iter().any(|row| &row.property == name) {
-                rows.push(PropertyValue { name: target.to_string(), property: name.clone(), value: "-".into(), source: "-".into() });
+                rows.push(PropertyValue {
+                    name: target.to_string(),
+                    property: name.clone(),
+                    value: "-".into(),
+                    source: "-".into(),
+                });
             }
         }
         Ok(rows)
     }
 
-    async fn snapshot_properties(self: &Rc<Self>, target: &str) -> Result<Vec<(String, String, String)>, PoolError> {
-        let (volume, snapshot) = super::dataset::split_snapshot_name(&self.name, target).ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
+    async fn snapshot_properties(
+        self: &Rc<Self>,
+        target: &str,
+    ) -> Result<Vec<(String, String, String)>, PoolError> {
+        let (volume, snapshot) = super::dataset::split_snapshot_name(&self.name, target)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
         let infos = self.snapshots(volume).await?;
-        let info = infos.iter().find(|info| info.name.ends_with(&format!("@{snapshot}"))).ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
-        let record = self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+        let info = infos
+            .iter()
+            .find(|info| info.name.ends_with(&format!("@{snapshot}")))
+            .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
+        let record = self
+            .directory
+            .borrow()
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
         let snapshot_volume = self.snapshot_volume(target).await?;
         let dnode = snapshot_volume.object.dnode();
-        let ratio = if dnode.physical_bytes == 0 { 1.0 } else { dnode.logical_bytes as f64 / dnode.physical_bytes as f64 };
+        let ratio = if dnode.physical_bytes == 0 {
+            1.0
+        } else {
+            dnode.logical_bytes as f64 / dnode.physical_bytes as f64
+        };
         Ok(vec![
             ("type".into(), "snapshot".into(), "-".into()),
             ("used".into(), info.used_bytes.to_string(), "-".into()),
-            ("referenced".into(), info.referenced_bytes.to_string(), "-".into()),
-            ("logicalreferenced".into(), dnode.logical_bytes.to_string(), "-".into()),
+            (
+                "referenced".into(),
+                info.referenced_bytes.to_string(),
+                "-".into(),
+            ),
+            (
+                "logicalreferenced".into(),
+                dnode.logical_bytes.to_string(),
+                "-".into(),
+            ),
             ("compressratio".into(), format!("{ratio:.2}x"), "-".into()),
-            ("volsize".into(), snapshot_volume.size_bytes.get().to_string(), "-".into()),
-            ("volblocksize".into(), record.block_bytes.to_string(), "-".into()),
+            (
+                "volsize".into(),
+                snapshot_volume.size_bytes.get().to_string(),
+                "-".into(),
+            ),
+            (
+                "volblocksize".into(),
+                record.block_bytes.to_string(),
+                "-".into(),
+            ),
             ("guid".into(), info.guid.clone(), "-".into()),
             ("createtxg".into(), info.txg.to_string(), "-".into()),
-            ("creation".into(), info.created_unix_seconds.to_string(), "-".into()),
+            (
+                "creation".into(),
+                info.created_unix_seconds.to_string(),
+                "-".into(),
+            ),
         ])
     }
 }
@@ -346,13 +548,41 @@ impl Pool {
 fn space_values(space: &super::dataset::VolumeSpace) -> Vec<(String, String, String)> {
     vec![
         ("used".into(), space.used_bytes.to_string(), "-".into()),
-        ("referenced".into(), space.referenced_bytes.to_string(), "-".into()),
-        ("usedbydataset".into(), space.used_by_dataset_bytes.to_string(), "-".into()),
-        ("usedbysnapshots".into(), space.used_by_snapshots_bytes.to_string(), "-".into()),
-        ("written".into(), space.written_bytes.to_string(), "-".into()),
-        ("logicalused".into(), space.logical_used_bytes.to_string(), "-".into()),
-        ("logicalreferenced".into(), space.logical_referenced_bytes.to_string(), "-".into()),
-        ("compressratio".into(), format!("{:.2}x", space.compress_ratio), "-".into()),
+        (
+            "referenced".into(),
+            space.referenced_bytes.to_string(),
+            "-".into(),
+        ),
+        (
+            "usedbydataset".into(),
+            space.used_by_dataset_bytes.to_string(),
+            "-".into(),
+        ),
+        (
+            "usedbysnapshots".into(),
+            space.used_by_snapshots_bytes.to_string(),
+            "-".into(),
+        ),
+        (
+            "written".into(),
+            space.written_bytes.to_string(),
+            "-".into(),
+        ),
+        (
+            "logicalused".into(),
+            space.logical_used_bytes.to_string(),
+            "-".into(),
+        ),
+        (
+            "logicalreferenced".into(),
+            space.logical_referenced_bytes.to_string(),
+            "-".into(),
+        ),
+        (
+            "compressratio".into(),
+            format!("{:.2}x", space.compress_ratio),
+            "-".into(),
+        ),
     ]
 }
 
@@ -361,7 +591,10 @@ mod tests {
     use super::*;
 
     fn map(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(key, value)| (key.to_string(), value.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(key, value)| (key.to_string(), value.to_string()))
+            .collect()
     }
 
     #[test]
@@ -369,13 +602,25 @@ mod tests {
         let pool = map(&[("compression", "zstd-5"), ("sync", "always")]);
         let local = map(&[("compression", "lz4")]);
         let settings = settings(&local, &pool);
-        assert_eq!(settings.compression, CompressionSetting::parse("lz4").unwrap());
+        assert_eq!(
+            settings.compression,
+            CompressionSetting::parse("lz4").unwrap()
+        );
         assert_eq!(settings.sync, SyncMode::Always);
         assert_eq!(settings.checksum, ChecksumAlgo::default());
         assert!(!settings.read_only);
-        assert_eq!(lookup(&local, &pool, "tank", "sync").unwrap().1, "inherited from tank");
-        assert_eq!(lookup(&local, &pool, "tank", "compression").unwrap().1, "local");
-        assert_eq!(lookup(&local, &pool, "tank", "readonly").unwrap(), ("off".into(), "default".into()));
+        assert_eq!(
+            lookup(&local, &pool, "tank", "sync").unwrap().1,
+            "inherited from tank"
+        );
+        assert_eq!(
+            lookup(&local, &pool, "tank", "compression").unwrap().1,
+            "local"
+        );
+        assert_eq!(
+            lookup(&local, &pool, "tank", "readonly").unwrap(),
+            ("off".into(), "default".into())
+        );
     }
 
     #[test]
@@ -386,12 +631,29 @@ mod tests {
         assert!(validate("sync", "sometimes", false).is_err());
         assert!(validate("readonly", "yes", false).is_err());
         assert!(validate("volsize", "1G", true).is_err());
-        assert_eq!(validate("volsize", "1G", false).unwrap(), (1u64 << 30).to_string());
+        assert_eq!(
+            validate("volsize", "1G", false).unwrap(),
+            (1u64 << 30).to_string()
+        );
         assert!(validate("volblocksize", "8K", false).is_err());
-        assert!(validate("used", "5", false).unwrap_err().to_string().contains("read-only"));
-        assert!(validate("colour", "blue", false).unwrap_err().to_string().contains("unknown property"));
-        assert_eq!(validate("com.example:owner", "ops team", false).unwrap(), "ops team");
-        assert!(validate("com.example:owner", &"x".repeat(USER_PROPERTY_VALUE_BYTES_MAX + 1), false).is_err());
+        assert!(validate("used", "5", false)
+            .unwrap_err()
+            .to_string()
+            .contains("read-only"));
+        assert!(validate("colour", "blue", false)
+            .unwrap_err()
+            .to_string()
+            .contains("unknown property"));
+        assert_eq!(
+            validate("com.example:owner", "ops team", false).unwrap(),
+            "ops team"
+        );
+        assert!(validate(
+            "com.example:owner",
+            &"x".repeat(USER_PROPERTY_VALUE_BYTES_MAX + 1),
+            false
+        )
+        .is_err());
         assert!(!is_user_property(":x"));
         assert!(!is_user_property("a b:c"));
     }

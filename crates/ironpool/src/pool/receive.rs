@@ -25,7 +25,9 @@ use super::send::ResumeToken;
 use super::volume::Volume;
 use super::{Pool, PoolError};
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
-use crate::format::stream::{Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES};
+use crate::format::stream::{
+    Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES,
+};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Semaphore;
 use crate::rt::uring;
@@ -83,26 +85,43 @@ impl From<StreamError> for Failure {
 }
 
 /// Reads the next record from `input`; None at a clean end of input.
-async fn next_record(input: RawFd, checker: &mut StreamChecker) -> Result<Option<(RecordHeader, Record, Option<AlignedBuf>)>, Failure> {
-    let (read, header_bytes) = uring::read_stream_exact(input, AlignedBuf::zeroed(RECORD_HEADER_BYTES)).await;
+async fn next_record(
+    input: RawFd,
+    checker: &mut StreamChecker,
+) -> Result<Option<(RecordHeader, Record, Option<AlignedBuf>)>, Failure> {
+    let (read, header_bytes) =
+        uring::read_stream_exact(input, AlignedBuf::zeroed(RECORD_HEADER_BYTES)).await;
     let count = read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))?;
     if count == 0 {
         return Ok(None);
     }
     if count < RECORD_HEADER_BYTES {
-        return Err(StreamError::Truncated { records: checker.records() }.into());
+        return Err(StreamError::Truncated {
+            records: checker.records(),
+        }
+        .into());
     }
     let header = checker.header(header_bytes[..].try_into().expect("header size"))?;
     let head_length = StreamChecker::head_bytes(&header);
     let tail_length = header.payload_bytes as usize - head_length;
     let (read, head) = uring::read_stream_exact(input, AlignedBuf::zeroed(head_length)).await;
-    if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))? < head_length {
-        return Err(StreamError::Truncated { records: checker.records() }.into());
+    if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))? < head_length
+    {
+        return Err(StreamError::Truncated {
+            records: checker.records(),
+        }
+        .into());
     }
     let tail = if tail_length > 0 {
-        let (read, tail) = uring::read_stream_exact(input, AlignedBuf::for_overwrite(tail_length)).await;
-        if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))? < tail_length {
-            return Err(StreamError::Truncated { records: checker.records() }.into());
+        let (read, tail) =
+            uring::read_stream_exact(input, AlignedBuf::for_overwrite(tail_length)).await;
+        if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))?
+            < tail_length
+        {
+            return Err(StreamError::Truncated {
+                records: checker.records(),
+            }
+            .into());
         }
         Some(tail)
     } else {
@@ -120,7 +139,10 @@ struct Applier {
 
 impl Applier {
     fn new() -> Applier {
-        Applier { slots: Semaphore::new(RECEIVE_RECORDS_IN_FLIGHT), error: Rc::new(RefCell::new(None)) }
+        Applier {
+            slots: Semaphore::new(RECEIVE_RECORDS_IN_FLIGHT),
+            error: Rc::new(RefCell::new(None)),
+        }
     }
 
     fn failed(&self) -> Result<(), PoolError> {
@@ -145,9 +167,15 @@ impl Pool {
     /// The resume token of an interrupted receive into `target`, if any (a
     /// receive without `-s` has none: nothing may resume it).
     pub fn receive_resume_token(&self, target: &str) -> Option<String> {
-        let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target);
+        let short = target
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(target);
         let directory = self.directory.borrow();
-        let record = directory.volumes.get(&Self::hidden_name(short))?.receive.clone()?;
+        let record = directory
+            .volumes
+            .get(&Self::hidden_name(short))?
+            .receive
+            .clone()?;
         record.resumable.then(|| record.position.encode())
     }
 
@@ -159,9 +187,18 @@ impl Pool {
         directory
             .volumes
             .iter()
-            .filter(|(short, record)| super::is_hidden_volume(short) && record.receive.as_ref().is_none_or(|receive| !receive.resumable))
+            .filter(|(short, record)| {
+                super::is_hidden_volume(short)
+                    && record
+                        .receive
+                        .as_ref()
+                        .is_none_or(|receive| !receive.resumable)
+            })
             .map(|(short, record)| {
-                let target = record.receive.as_ref().map_or_else(|| short.trim_end_matches(RECEIVE_SUFFIX).to_string(), |receive| receive.target.clone());
+                let target = record.receive.as_ref().map_or_else(
+                    || short.trim_end_matches(RECEIVE_SUFFIX).to_string(),
+                    |receive| receive.target.clone(),
+                );
                 (short.clone(), target)
             })
             .collect()
@@ -187,18 +224,32 @@ impl Pool {
 
     /// Discards an interrupted receive into `target`.
     pub async fn receive_abort(self: &Rc<Self>, target: &str) -> Result<(), PoolError> {
-        let short = target.strip_prefix(&format!("{}/", self.name)).unwrap_or(target).to_string();
+        let short = target
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(target)
+            .to_string();
         let hidden = Self::hidden_name(&short);
         if !self.directory.borrow().volumes.contains_key(&hidden) {
-            return Err(PoolError::InvalidArgument(format!("no interrupted receive into {}/{short}", self.name)));
+            return Err(PoolError::InvalidArgument(format!(
+                "no interrupted receive into {}/{short}",
+                self.name
+            )));
         }
         self.destroy_volume(&hidden, true).await
     }
 
     /// Receives a stream from `input` (see the module documentation).
-    pub async fn receive(self: &Rc<Self>, options: ReceiveOptions, input: RawFd) -> Result<ReceiveSummary, PoolError> {
+    pub async fn receive(
+        self: &Rc<Self>,
+        options: ReceiveOptions,
+        input: RawFd,
+    ) -> Result<ReceiveSummary, PoolError> {
         self.txg.ensure_writable()?;
-        let short = options.target.strip_prefix(&format!("{}/", self.name)).unwrap_or(&options.target).to_string();
+        let short = options
+            .target
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(&options.target)
+            .to_string();
         if !valid_name(&short) {
             return Err(PoolError::InvalidName(short));
         }
@@ -207,16 +258,33 @@ impl Pool {
         let begin = match next_record(input, &mut checker).await {
             Ok(Some((_, Record::Begin(begin), _))) => begin,
             Ok(_) => return Err(PoolError::InvalidArgument("the stream is empty".into())),
-            Err(Failure::Stream(message)) => return Err(PoolError::InvalidArgument(format!("stream refused: {message}\nnothing was received; {}/{short} is unchanged", self.name))),
+            Err(Failure::Stream(message)) => {
+                return Err(PoolError::InvalidArgument(format!(
+                    "stream refused: {message}\nnothing was received; {}/{short} is unchanged",
+                    self.name
+                )))
+            }
             Err(Failure::Pool(error)) => return Err(error),
         };
-        let (_, snapshot_name) = begin.snapshot.split_once('@').ok_or_else(|| PoolError::InvalidArgument(format!("stream names no snapshot ({})", begin.snapshot)))?;
+        let (_, snapshot_name) = begin.snapshot.split_once('@').ok_or_else(|| {
+            PoolError::InvalidArgument(format!("stream names no snapshot ({})", begin.snapshot))
+        })?;
         if !valid_name(snapshot_name) {
             return Err(PoolError::InvalidName(snapshot_name.to_string()));
         }
-        let hidden = self.prepare_receive(&short, &hidden_short, &begin, &options).await?;
+        let hidden = self
+            .prepare_receive(&short, &hidden_short, &begin, &options)
+            .await?;
         let resumed_from_block = begin.resume_block;
-        let applied = self.apply_stream(&hidden, &hidden_short, input, &mut checker, options.save_partial).await;
+        let applied = self
+            .apply_stream(
+                &hidden,
+                &hidden_short,
+                input,
+                &mut checker,
+                options.save_partial,
+            )
+            .await;
         match applied {
             Ok(()) => {}
             Err(failure) => {
@@ -224,24 +292,61 @@ impl Pool {
                     Failure::Stream(message) => format!("stream refused: {message}"),
                     Failure::Pool(error) => error.to_string(),
                 };
-                return Err(self.fail_receive(&short, &hidden_short, options.save_partial, message).await);
+                return Err(self
+                    .fail_receive(&short, &hidden_short, options.save_partial, message)
+                    .await);
             }
         }
-        if let Err(error) = self.finish_receive(&short, &hidden_short, &begin, snapshot_name, options.force).await {
-            return Err(self.fail_receive(&short, &hidden_short, options.save_partial, error.to_string()).await);
+        if let Err(error) = self
+            .finish_receive(&short, &hidden_short, &begin, snapshot_name, options.force)
+            .await
+        {
+            return Err(self
+                .fail_receive(
+                    &short,
+                    &hidden_short,
+                    options.save_partial,
+                    error.to_string(),
+                )
+                .await);
         }
         let (written_blocks, freed_blocks) = checker.counts();
-        Ok(ReceiveSummary { snapshot: format!("{}/{short}@{snapshot_name}", self.name), records: checker.records(), written_blocks, freed_blocks, resumed_from_block })
+        Ok(ReceiveSummary {
+            snapshot: format!("{}/{short}@{snapshot_name}", self.name),
+            records: checker.records(),
+            written_blocks,
+            freed_blocks,
+            resumed_from_block,
+        })
     }
 
     /// Checks that the stream applies here and sets up the hidden volume.
-    async fn prepare_receive(self: &Rc<Self>, short: &str, hidden_short: &str, begin: &StreamBegin, options: &ReceiveOptions) -> Result<Rc<Volume>, PoolError> {
+    async fn prepare_receive(
+        self: &Rc<Self>,
+        short: &str,
+        hidden_short: &str,
+        begin: &StreamBegin,
+        options: &ReceiveOptions,
+    ) -> Result<Rc<Volume>, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         let existing_hidden = self.directory.borrow().volumes.get(hidden_short).cloned();
         if let Some(resume_block) = begin.resume_block {
-            let record = existing_hidden.and_then(|record| record.receive).filter(|receive| receive.resumable).ok_or_else(|| PoolError::InvalidArgument(format!("the stream resumes a receive, but none into {}/{short} was interrupted", self.name)))?;
-            if record.position.to_guid != begin.to_guid || record.position.from_guid != begin.from_guid {
-                return Err(PoolError::InvalidArgument(format!("the stream resumes {}, not the interrupted receive of {}", begin.snapshot, record.position.snapshot)));
+            let record = existing_hidden
+                .and_then(|record| record.receive)
+                .filter(|receive| receive.resumable)
+                .ok_or_else(|| {
+                    PoolError::InvalidArgument(format!(
+                        "the stream resumes a receive, but none into {}/{short} was interrupted",
+                        self.name
+                    ))
+                })?;
+            if record.position.to_guid != begin.to_guid
+                || record.position.from_guid != begin.from_guid
+            {
+                return Err(PoolError::InvalidArgument(format!(
+                    "the stream resumes {}, not the interrupted receive of {}",
+                    begin.snapshot, record.position.snapshot
+                )));
             }
             if resume_block > record.position.next_block {
                 return Err(PoolError::InvalidArgument(format!("the stream resumes at block {resume_block}, but only blocks before {} were received", record.position.next_block)));
@@ -249,7 +354,13 @@ impl Pool {
             // Resumed without -s, a failure discards it (`fail_receive`), and
             // so does the import after a crash.
             if record.resumable != options.save_partial {
-                if let Some(receive) = self.directory.borrow_mut().volumes.get_mut(hidden_short).and_then(|record| record.receive.as_mut()) {
+                if let Some(receive) = self
+                    .directory
+                    .borrow_mut()
+                    .volumes
+                    .get_mut(hidden_short)
+                    .and_then(|record| record.receive.as_mut())
+                {
                     receive.resumable = options.save_partial;
                 }
                 self.directory_dirty.set(true);
@@ -257,11 +368,21 @@ impl Pool {
             return self.volume(hidden_short);
         }
         if let Some(record) = existing_hidden {
-            if !record.receive.as_ref().is_some_and(|receive| receive.resumable) {
-                return Err(PoolError::InvalidArgument(format!("a receive into {}/{short} is in progress; wait for it to end", self.name)));
+            if !record
+                .receive
+                .as_ref()
+                .is_some_and(|receive| receive.resumable)
+            {
+                return Err(PoolError::InvalidArgument(format!(
+                    "a receive into {}/{short} is in progress; wait for it to end",
+                    self.name
+                )));
             }
             let token = self.receive_resume_token(short).unwrap_or_default();
-            let what = record.receive.map(|receive| receive.position.snapshot).unwrap_or_default();
+            let what = record
+                .receive
+                .map(|receive| receive.position.snapshot)
+                .unwrap_or_default();
             return Err(PoolError::InvalidArgument(format!(
                 "an interrupted receive of {what} into {}/{short} exists: resume it with `ironpool send -t {token}` piped into `ironpool receive -s`, or discard it with `ironpool receive -A {}/{short}`",
                 self.name, self.name
@@ -269,7 +390,13 @@ impl Pool {
         }
         let receive = ReceiveRecord {
             target: short.to_string(),
-            position: ResumeToken { snapshot: begin.snapshot.clone(), to_guid: begin.to_guid, from: begin.from.clone(), from_guid: begin.from_guid, next_block: 0 },
+            position: ResumeToken {
+                snapshot: begin.snapshot.clone(),
+                to_guid: begin.to_guid,
+                from: begin.from.clone(),
+                from_guid: begin.from_guid,
+                next_block: 0,
+            },
             resumable: options.save_partial,
         };
         let hidden = if begin.from_guid == 0 {
@@ -277,10 +404,18 @@ impl Pool {
                 return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new volume; receive into another name, or send incrementally)", self.name)));
             }
             drop(_admin);
-            self.create_volume_named(hidden_short.to_string(), begin.size_bytes, begin.block_bytes, Default::default()).await?
+            self.create_volume_named(
+                hidden_short.to_string(),
+                begin.size_bytes,
+                begin.block_bytes,
+                Default::default(),
+            )
+            .await?
         } else {
             let from = self.incremental_source(short, begin, options.force)?;
-            let hidden = self.clone_locked(&format!("{}/{short}@{from}", self.name), hidden_short).await?;
+            let hidden = self
+                .clone_locked(&format!("{}/{short}@{from}", self.name), hidden_short)
+                .await?;
             if begin.size_bytes > hidden.size_bytes.get() {
                 hidden.size_bytes.set(begin.size_bytes);
                 hidden.object.dnode.borrow_mut().length_bytes = begin.size_bytes;
@@ -301,24 +436,43 @@ impl Pool {
     /// The target's snapshot an incremental stream applies to (by guid), after
     /// checking that the target has nothing newer (or, with `force`, that it may
     /// be rolled back).
-    fn incremental_source(&self, short: &str, begin: &StreamBegin, force: bool) -> Result<String, PoolError> {
+    fn incremental_source(
+        &self,
+        short: &str,
+        begin: &StreamBegin,
+        force: bool,
+    ) -> Result<String, PoolError> {
         let record = self.directory.borrow().volumes.get(short).cloned().ok_or_else(|| {
             PoolError::InvalidArgument(format!("the stream is incremental from {}, but {}/{short} does not exist: receive a full stream first", begin.from.clone().unwrap_or_default(), self.name))
         })?;
-        let index = record.snapshots.iter().position(|snapshot| snapshot.guid == begin.from_guid).ok_or_else(|| {
-            PoolError::InvalidArgument(format!(
+        let index = record
+            .snapshots
+            .iter()
+            .position(|snapshot| snapshot.guid == begin.from_guid)
+            .ok_or_else(|| {
+                PoolError::InvalidArgument(format!(
                 "the stream is incremental from {} (guid {:#x}), which {}/{short} does not have",
                 begin.from.clone().unwrap_or_default(),
                 begin.from_guid,
                 self.name
             ))
-        })?;
+            })?;
         let (_, wanted) = begin.snapshot.split_once('@').unwrap_or_default();
-        if record.snapshots.iter().any(|snapshot| snapshot.name == wanted) {
-            return Err(PoolError::VolumeExists(format!("{}/{short}@{wanted}", self.name)));
+        if record
+            .snapshots
+            .iter()
+            .any(|snapshot| snapshot.name == wanted)
+        {
+            return Err(PoolError::VolumeExists(format!(
+                "{}/{short}@{wanted}",
+                self.name
+            )));
         }
         if record.block_bytes != begin.block_bytes {
-            return Err(PoolError::InvalidArgument(format!("the stream's block size {} differs from {}/{short}'s {}", begin.block_bytes, self.name, record.block_bytes)));
+            return Err(PoolError::InvalidArgument(format!(
+                "the stream's block size {} differs from {}/{short}'s {}",
+                begin.block_bytes, self.name, record.block_bytes
+            )));
         }
         if !force {
             if index + 1 != record.snapshots.len() {
@@ -328,7 +482,10 @@ impl Pool {
                 )));
             }
             if self.changed_since_latest_snapshot(short)? {
-                return Err(PoolError::InvalidArgument(format!("{}/{short} was written since @{}; use -F to roll back those changes", self.name, record.snapshots[index].name)));
+                return Err(PoolError::InvalidArgument(format!(
+                    "{}/{short} was written since @{}; use -F to roll back those changes",
+                    self.name, record.snapshots[index].name
+                )));
             }
         }
         Ok(record.snapshots[index].name.clone())
@@ -338,11 +495,22 @@ impl Pool {
     fn changed_since_latest_snapshot(&self, short: &str) -> Result<bool, PoolError> {
         let head = self.volume(short)?;
         let dnode = head.object.dnode();
-        Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg || !head.writeback.is_empty() || head.object.has_dirty_nodes() || !head.object.dead.borrow().is_empty() || head.object.dead_list.get() != 0)
+        Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg
+            || !head.writeback.is_empty()
+            || head.object.has_dirty_nodes()
+            || !head.object.dead.borrow().is_empty()
+            || head.object.dead_list.get() != 0)
     }
 
     /// Applies the records after BEGIN to the hidden volume, up to END.
-    async fn apply_stream(self: &Rc<Self>, hidden: &Rc<Volume>, hidden_short: &str, input: RawFd, checker: &mut StreamChecker, save_partial: bool) -> Result<(), Failure> {
+    async fn apply_stream(
+        self: &Rc<Self>,
+        hidden: &Rc<Volume>,
+        hidden_short: &str,
+        input: RawFd,
+        checker: &mut StreamChecker,
+        save_partial: bool,
+    ) -> Result<(), Failure> {
         let applier = Applier::new();
         let block_bytes = hidden.block_bytes;
         let mut since_checkpoint = 0u64;
@@ -353,16 +521,21 @@ impl Pool {
                 Ok(None) => {
                     applier.drain().await?;
                     if save_partial {
-                        self.save_receive_position(hidden_short, checker.next_block()).await?;
+                        self.save_receive_position(hidden_short, checker.next_block())
+                            .await?;
                     }
-                    return Err(StreamError::Truncated { records: checker.records() }.into());
+                    return Err(StreamError::Truncated {
+                        records: checker.records(),
+                    }
+                    .into());
                 }
                 Err(failure) => {
                     applier.drain().await?;
                     if save_partial {
                         // A refused record was not accepted: the position is
                         // still the end of the last good one.
-                        self.save_receive_position(hidden_short, checker.next_block()).await?;
+                        self.save_receive_position(hidden_short, checker.next_block())
+                            .await?;
                     }
                     return Err(failure);
                 }
@@ -375,7 +548,14 @@ impl Pool {
                     let error = applier.error.clone();
                     since_checkpoint += count as u64 * block_bytes;
                     crate::rt::spawn(async move {
-                        let result = pool.write(&volume, first_block * block_bytes, BufSlice::whole(data.into_shared()), false).await;
+                        let result = pool
+                            .write(
+                                &volume,
+                                first_block * block_bytes,
+                                BufSlice::whole(data.into_shared()),
+                                false,
+                            )
+                            .await;
                         if let Err(failure) = result {
                             error.borrow_mut().get_or_insert(failure);
                         }
@@ -383,13 +563,22 @@ impl Pool {
                     });
                 }
                 (Record::Free { first_block, count }, _) => {
-                    self.zero(hidden, first_block * block_bytes, count * block_bytes, false, true).await?;
+                    self.zero(
+                        hidden,
+                        first_block * block_bytes,
+                        count * block_bytes,
+                        false,
+                        true,
+                    )
+                    .await?;
                 }
                 (Record::End(_), _) => {
                     applier.drain().await?;
                     return Ok(());
                 }
-                (record, _) => return Err(Failure::Stream(format!("unexpected record {record:?}"))),
+                (record, _) => {
+                    return Err(Failure::Stream(format!("unexpected record {record:?}")))
+                }
             }
             if save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
                 applier.drain().await?;
@@ -405,14 +594,24 @@ impl Pool {
     /// Records how far a receive got (committed with the next txg, after the
     /// data before it).
     fn note_receive_position(&self, hidden_short: &str, next_block: u64) {
-        if let Some(receive) = self.directory.borrow_mut().volumes.get_mut(hidden_short).and_then(|record| record.receive.as_mut()) {
+        if let Some(receive) = self
+            .directory
+            .borrow_mut()
+            .volumes
+            .get_mut(hidden_short)
+            .and_then(|record| record.receive.as_mut())
+        {
             receive.position.next_block = next_block;
         }
         self.directory_dirty.set(true);
     }
 
     /// Records how far a receive got and makes it durable.
-    async fn save_receive_position(self: &Rc<Self>, hidden_short: &str, next_block: u64) -> Result<(), PoolError> {
+    async fn save_receive_position(
+        self: &Rc<Self>,
+        hidden_short: &str,
+        next_block: u64,
+    ) -> Result<(), PoolError> {
         let hidden = self.volume(hidden_short)?;
         self.drain_volume(&hidden).await?;
         self.note_receive_position(hidden_short, next_block);
@@ -421,7 +620,13 @@ impl Pool {
 
     /// After a failure: keeps the partial receive (with `save_partial` and
     /// something to resume) or discards it. Returns the error to report.
-    async fn fail_receive(self: &Rc<Self>, short: &str, hidden_short: &str, save_partial: bool, message: String) -> PoolError {
+    async fn fail_receive(
+        self: &Rc<Self>,
+        short: &str,
+        hidden_short: &str,
+        save_partial: bool,
+        message: String,
+    ) -> PoolError {
         if save_partial {
             if let Some(token) = self.receive_resume_token(short) {
                 return PoolError::InvalidArgument(format!(
@@ -438,7 +643,14 @@ impl Pool {
     }
 
     /// Makes the hidden volume the target, with the stream's snapshot, in one txg.
-    async fn finish_receive(self: &Rc<Self>, short: &str, hidden_short: &str, begin: &StreamBegin, snapshot_name: &str, force: bool) -> Result<(), PoolError> {
+    async fn finish_receive(
+        self: &Rc<Self>,
+        short: &str,
+        hidden_short: &str,
+        begin: &StreamBegin,
+        snapshot_name: &str,
+        force: bool,
+    ) -> Result<(), PoolError> {
         // Everything received is committed first: the hidden tree is then clean
         // on disk and can change hands as a whole.
         self.drain_volume(&self.volume(hidden_short)?).await?;
@@ -449,24 +661,51 @@ impl Pool {
         let _hidden_writers = self.exclusive(&hidden).await?;
         if begin.from_guid == 0 {
             if self.directory.borrow().volumes.contains_key(short) {
-                return Err(PoolError::VolumeExists(format!("{}/{short} was created while receiving", self.name)));
+                return Err(PoolError::VolumeExists(format!(
+                    "{}/{short} was created while receiving",
+                    self.name
+                )));
             }
-            let mut record = self.directory.borrow_mut().volumes.remove(hidden_short).ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
+            let mut record = self
+                .directory
+                .borrow_mut()
+                .volumes
+                .remove(hidden_short)
+                .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
             record.receive = None;
             let settings = self.volume_settings(&record.properties);
-            let volume = Volume::new(format!("{}/{short}", self.name), hidden.object.clone(), &record, settings);
-            self.directory.borrow_mut().volumes.insert(short.to_string(), record);
+            let volume = Volume::new(
+                format!("{}/{short}", self.name),
+                hidden.object.clone(),
+                &record,
+                settings,
+            );
+            self.directory
+                .borrow_mut()
+                .volumes
+                .insert(short.to_string(), record);
             self.volumes.borrow_mut().remove(hidden_short);
             self.volumes.borrow_mut().insert(short.to_string(), volume);
         } else {
             let from = self.incremental_source(short, begin, force)?;
             let head = self.volume(short)?;
             let needs_rollback = {
-                let record = self.directory.borrow().volumes.get(short).cloned().ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
-                record.snapshots.last().is_some_and(|latest| latest.name != from) || self.changed_since_latest_snapshot(short)?
+                let record = self
+                    .directory
+                    .borrow()
+                    .volumes
+                    .get(short)
+                    .cloned()
+                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
+                record
+                    .snapshots
+                    .last()
+                    .is_some_and(|latest| latest.name != from)
+                    || self.changed_since_latest_snapshot(short)?
             };
             if needs_rollback {
-                self.rollback_locked(&format!("{}/{short}@{from}", self.name), true).await?;
+                self.rollback_locked(&format!("{}/{short}@{from}", self.name), true)
+                    .await?;
             }
             let _head_writers = self.exclusive(&head).await?;
             // A client may have written between the rollback and this point:
@@ -477,7 +716,9 @@ impl Pool {
                 return Err(PoolError::InvalidArgument(format!("{}/{short} was written while the receive finished; stop its writers and receive again", self.name)));
             }
             if hidden.object.has_dirty_nodes() {
-                return Err(PoolError::Corrupt(format!("{hidden_short} changed while it was being received")));
+                return Err(PoolError::Corrupt(format!(
+                    "{hidden_short} changed while it was being received"
+                )));
             }
             let current = head.object.dnode();
             let mut dnode = hidden.object.dnode();
@@ -491,16 +732,30 @@ impl Pool {
             head.object.dead.borrow_mut().extend(pending_dead);
             let dead_list = hidden.object.dead_list.replace(0);
             head.object.dead_list.set(dead_list);
-            head.size_bytes.set(begin.size_bytes.max(head.size_bytes.get()));
+            head.size_bytes
+                .set(begin.size_bytes.max(head.size_bytes.get()));
             {
                 let mut directory = self.directory.borrow_mut();
                 let removed = directory.volumes.remove(hidden_short);
                 if let Some(origin) = removed.and_then(|record| record.origin) {
-                    if let Some(snapshot) = directory.volumes.get_mut(&origin.volume).and_then(|record| record.snapshots.iter_mut().find(|snapshot| snapshot.name == origin.snapshot)) {
+                    if let Some(snapshot) =
+                        directory
+                            .volumes
+                            .get_mut(&origin.volume)
+                            .and_then(|record| {
+                                record
+                                    .snapshots
+                                    .iter_mut()
+                                    .find(|snapshot| snapshot.name == origin.snapshot)
+                            })
+                    {
                         snapshot.clones.retain(|clone| clone != hidden_short);
                     }
                 }
-                let record = directory.volumes.get_mut(short).ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
+                let record = directory
+                    .volumes
+                    .get_mut(short)
+                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
                 record.dead_list = dead_list;
                 record.size_bytes = head.size_bytes.get();
             }
@@ -508,7 +763,11 @@ impl Pool {
             hidden.begin_destroy();
             self.drop_dnode(hidden.object.id)?;
         }
-        self.pending_snapshots.borrow_mut().push(SnapshotRequest { volume: short.to_string(), name: snapshot_name.to_string(), guid: begin.to_guid });
+        self.pending_snapshots.borrow_mut().push(SnapshotRequest {
+            volume: short.to_string(),
+            name: snapshot_name.to_string(),
+            guid: begin.to_guid,
+        });
         self.directory_dirty.set(true);
         self.commit().await
     }

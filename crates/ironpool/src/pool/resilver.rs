@@ -50,19 +50,33 @@ pub struct ResilverTargets {
 impl ResilverTargets {
     /// The oldest txg any device missed: older subtrees are skipped.
     pub(super) fn min_birth_txg(&self) -> u64 {
-        self.targets.iter().flat_map(|target| target.ranges.iter().map(|(first, _)| *first)).min().unwrap_or(0)
+        self.targets
+            .iter()
+            .flat_map(|target| target.ranges.iter().map(|(first, _)| *first))
+            .min()
+            .unwrap_or(0)
     }
 
     /// The newest txg any device missed.
     pub(super) fn max_txg(&self) -> u64 {
-        self.targets.iter().flat_map(|target| target.ranges.iter().map(|(_, last)| *last)).max().unwrap_or(0)
+        self.targets
+            .iter()
+            .flat_map(|target| target.ranges.iter().map(|(_, last)| *last))
+            .max()
+            .unwrap_or(0)
     }
 
     /// Children of vdev `vdev` that need a block born in `birth_txg`.
     fn children_needing(&self, vdev: u32, birth_txg: u64) -> Vec<usize> {
         self.targets
             .iter()
-            .filter(|target| target.vdev == vdev && target.ranges.iter().any(|(first, last)| (*first..=*last).contains(&birth_txg)))
+            .filter(|target| {
+                target.vdev == vdev
+                    && target
+                        .ranges
+                        .iter()
+                        .any(|(first, last)| (*first..=*last).contains(&birth_txg))
+            })
             .map(|target| target.child)
             .collect()
     }
@@ -121,7 +135,9 @@ impl Pool {
     /// Starts a resilver in the background when some device in service has
     /// txgs to catch up on (or makes a running one pass again).
     pub fn resilver_start(self: &Rc<Self>) {
-        let Some(targets) = self.resilver_targets() else { return };
+        let Some(targets) = self.resilver_targets() else {
+            return;
+        };
         if self.txg.ensure_writable().is_err() {
             return;
         }
@@ -185,7 +201,15 @@ impl Pool {
 
     pub fn resilver_status(&self) -> ResilverStatus {
         let state = self.resilver.borrow();
-        let progress = if state.total_bytes == 0 { if state.running { 0.0 } else { 100.0 } } else { (state.examined_bytes as f64 * 100.0 / state.total_bytes as f64).min(100.0) };
+        let progress = if state.total_bytes == 0 {
+            if state.running {
+                0.0
+            } else {
+                100.0
+            }
+        } else {
+            (state.examined_bytes as f64 * 100.0 / state.total_bytes as f64).min(100.0)
+        };
         let eta_seconds = match (state.running, state.started) {
             (true, Some(started)) if state.examined_bytes > 0 => {
                 let elapsed = rt::now().duration_since(started).as_secs_f64();
@@ -195,7 +219,13 @@ impl Pool {
             _ => None,
         };
         ResilverStatus {
-            state: if state.running { "resilvering" } else if state.started_unix_seconds > 0 { "finished" } else { "none" },
+            state: if state.running {
+                "resilvering"
+            } else if state.started_unix_seconds > 0 {
+                "finished"
+            } else {
+                "none"
+            },
             devices: state.devices.clone(),
             started_unix_seconds: state.started_unix_seconds,
             finished_unix_seconds: state.finished_unix_seconds,
@@ -213,7 +243,16 @@ impl Pool {
 
     /// The paths of the devices a pass works for.
     fn target_paths(&self, targets: &ResilverTargets) -> Vec<String> {
-        targets.targets.iter().map(|target| self.store.vdevs[target.vdev as usize].children[target.child].path.borrow().clone()).collect()
+        targets
+            .targets
+            .iter()
+            .map(|target| {
+                self.store.vdevs[target.vdev as usize].children[target.child]
+                    .path
+                    .borrow()
+                    .clone()
+            })
+            .collect()
     }
 
     /// The devices in service with txgs to catch up on, or None.
@@ -225,7 +264,12 @@ impl Pool {
                 if !leaf.is_online() || dtl.is_open() || dtl.is_empty() {
                     continue;
                 }
-                targets.push(Target { vdev: top.id, child, generation: leaf.generation(), ranges: dtl.closed_ranges() });
+                targets.push(Target {
+                    vdev: top.id,
+                    child,
+                    generation: leaf.generation(),
+                    ranges: dtl.closed_ranges(),
+                });
             }
         }
         (!targets.is_empty()).then_some(ResilverTargets { targets })
@@ -274,7 +318,10 @@ impl Pool {
                     if self.resilver.borrow().cancel {
                         return false;
                     }
-                    if let Err(error) = self.scan_object(&object, &scan, self.scan_floor_txg(object.id)).await {
+                    if let Err(error) = self
+                        .scan_object(&object, &scan, self.scan_floor_txg(object.id))
+                        .await
+                    {
                         self.resilver_error(format!("object {}: {error}", object.id));
                     }
                 }
@@ -326,12 +373,21 @@ impl Pool {
     }
 
     /// Resilvers the pointers of one node (a bounded number at a time).
-    pub(super) async fn resilver_pointers(self: &Rc<Self>, targets: &ResilverTargets, pointers: &[BlockPointer]) {
+    pub(super) async fn resilver_pointers(
+        self: &Rc<Self>,
+        targets: &ResilverTargets,
+        pointers: &[BlockPointer],
+    ) {
         for batch in pointers.chunks(RESILVER_BLOCKS_IN_FLIGHT) {
             let work = batch.iter().map(|pointer| {
                 let needing = |vdev: u32| -> Vec<usize> {
                     let children = targets.children_needing(vdev, pointer.birth_txg);
-                    children.into_iter().filter(|child| self.store.vdevs[vdev as usize].children[*child].is_online()).collect()
+                    children
+                        .into_iter()
+                        .filter(|child| {
+                            self.store.vdevs[vdev as usize].children[*child].is_online()
+                        })
+                        .collect()
                 };
                 async move { self.store.resilver(pointer, &needing).await }
             });
@@ -346,7 +402,10 @@ impl Pool {
                     }
                     Err(error) => {
                         drop(state);
-                        self.resilver_error(format!("block born in txg {} at {:?}: {error}", pointer.birth_txg, pointer.dvas[0]));
+                        self.resilver_error(format!(
+                            "block born in txg {} at {:?}: {error}",
+                            pointer.birth_txg, pointer.dvas[0]
+                        ));
                     }
                 }
             }

@@ -61,8 +61,17 @@ impl Scan {
     /// Progress for subtrees skipped whole: an estimate of the bytes beneath.
     fn skipped(&self, pool: &Pool, dnode: &Dnode, pointers: &[BlockPointer]) {
         if let Scan::Resilver(_) = self {
-            let beneath = |pointer: &BlockPointer| if pointer.level == 0 { 0 } else { pointer.fill.saturating_mul(dnode.data_block_bytes()) };
-            let bytes: u64 = pointers.iter().map(|pointer| pointer.allocated_bytes() + beneath(pointer)).sum();
+            let beneath = |pointer: &BlockPointer| {
+                if pointer.level == 0 {
+                    0
+                } else {
+                    pointer.fill.saturating_mul(dnode.data_block_bytes())
+                }
+            };
+            let bytes: u64 = pointers
+                .iter()
+                .map(|pointer| pointer.allocated_bytes() + beneath(pointer))
+                .sum();
             pool.resilver.borrow_mut().examined_bytes += bytes;
         }
     }
@@ -79,8 +88,12 @@ impl Pool {
                 objects.push(object);
                 continue;
             }
-            let bytes = self.objects.read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES).await?;
-            let dnode = Dnode::decode(&bytes).map_err(|error| PoolError::Corrupt(format!("dnode {id}: {error}")))?;
+            let bytes = self
+                .objects
+                .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
+                .await?;
+            let dnode = Dnode::decode(&bytes)
+                .map_err(|error| PoolError::Corrupt(format!("dnode {id}: {error}")))?;
             if dnode.is_free() {
                 continue;
             }
@@ -102,19 +115,37 @@ impl Pool {
     pub(super) fn scan_floor_txg(&self, object_id: u64) -> u64 {
         let directory = self.directory.borrow();
         let origin_txg = |record: &super::directory::VolumeRecord| -> u64 {
-            let Some(origin) = &record.origin else { return 0 };
+            let Some(origin) = &record.origin else {
+                return 0;
+            };
             directory
                 .volumes
                 .get(&origin.volume)
-                .and_then(|volume| volume.snapshots.iter().find(|snapshot| snapshot.name == origin.snapshot))
+                .and_then(|volume| {
+                    volume
+                        .snapshots
+                        .iter()
+                        .find(|snapshot| snapshot.name == origin.snapshot)
+                })
                 .map_or(0, |snapshot| snapshot.txg)
         };
         for record in directory.volumes.values() {
             if record.object == object_id {
-                return record.snapshots.last().map_or_else(|| origin_txg(record), |snapshot| snapshot.txg);
+                return record
+                    .snapshots
+                    .last()
+                    .map_or_else(|| origin_txg(record), |snapshot| snapshot.txg);
             }
-            if let Some(index) = record.snapshots.iter().position(|snapshot| snapshot.object == object_id) {
-                return if index == 0 { origin_txg(record) } else { record.snapshots[index - 1].txg };
+            if let Some(index) = record
+                .snapshots
+                .iter()
+                .position(|snapshot| snapshot.object == object_id)
+            {
+                return if index == 0 {
+                    origin_txg(record)
+                } else {
+                    record.snapshots[index - 1].txg
+                };
             }
         }
         0
@@ -122,7 +153,12 @@ impl Pool {
 
     /// Walks one object's tree for `scan`, node by node from the top, below
     /// pointers born after `floor_txg` only (see [`Pool::scan_floor_txg`]).
-    pub(super) async fn scan_object(self: &Rc<Self>, object: &Rc<Object>, scan: &Scan, floor_txg: u64) -> Result<(), PoolError> {
+    pub(super) async fn scan_object(
+        self: &Rc<Self>,
+        object: &Rc<Object>,
+        scan: &Scan,
+        floor_txg: u64,
+    ) -> Result<(), PoolError> {
         let dnode = object.dnode();
         let min_birth = scan.min_birth_txg();
         let root = dnode.root;
@@ -158,9 +194,20 @@ impl Pool {
                     NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
                 };
                 drop(node);
-                let (wanted, skipped): (Vec<(u64, BlockPointer)>, Vec<(u64, BlockPointer)>) = children.into_iter().partition(|(_, pointer)| pointer.birth_txg >= min_birth);
-                scan.skipped(self, &dnode, &skipped.iter().map(|(_, pointer)| *pointer).collect::<Vec<_>>());
-                let pointers: Vec<BlockPointer> = wanted.iter().map(|(_, pointer)| *pointer).collect();
+                let (wanted, skipped): (Vec<(u64, BlockPointer)>, Vec<(u64, BlockPointer)>) =
+                    children
+                        .into_iter()
+                        .partition(|(_, pointer)| pointer.birth_txg >= min_birth);
+                scan.skipped(
+                    self,
+                    &dnode,
+                    &skipped
+                        .iter()
+                        .map(|(_, pointer)| *pointer)
+                        .collect::<Vec<_>>(),
+                );
+                let pointers: Vec<BlockPointer> =
+                    wanted.iter().map(|(_, pointer)| *pointer).collect();
                 scan.process(self, object, &pointers).await;
                 drop(guard);
                 if level > 1 {

@@ -87,10 +87,16 @@ impl Pool {
     pub fn scrub_start(self: &Rc<Self>) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
         if self.scrub.borrow().running {
-            return Err(PoolError::InvalidArgument("a scrub is already running".into()));
+            return Err(PoolError::InvalidArgument(
+                "a scrub is already running".into(),
+            ));
         }
         let (size, free) = self.space();
-        let progress = ScrubProgress { started_unix_seconds: unix_seconds(), total_bytes: size - free, ..ScrubProgress::default() };
+        let progress = ScrubProgress {
+            started_unix_seconds: unix_seconds(),
+            total_bytes: size - free,
+            ..ScrubProgress::default()
+        };
         self.scrub_launch(progress, false);
         Ok(())
     }
@@ -98,7 +104,9 @@ impl Pool {
     /// At import: resumes the scrub the directory says was running, from its
     /// bookmark. True when one was resumed.
     pub(super) fn scrub_resume(self: &Rc<Self>) -> bool {
-        let Some(progress) = self.directory.borrow().scrub_in_progress.clone() else { return false };
+        let Some(progress) = self.directory.borrow().scrub_in_progress.clone() else {
+            return false;
+        };
         if self.txg.ensure_writable().is_err() || self.scrub.borrow().running {
             return false;
         }
@@ -109,7 +117,14 @@ impl Pool {
     /// Records the scrub in the directory and starts its task.
     fn scrub_launch(self: &Rc<Self>, progress: ScrubProgress, resumed: bool) {
         let mut scrub = self.scrub.borrow_mut();
-        *scrub = ScrubState { running: true, resumed, started: Some(rt::now()), examined_at_start: progress.examined_bytes, progress: progress.clone(), ..ScrubState::default() };
+        *scrub = ScrubState {
+            running: true,
+            resumed,
+            started: Some(rt::now()),
+            examined_at_start: progress.examined_bytes,
+            progress: progress.clone(),
+            ..ScrubState::default()
+        };
         self.directory.borrow_mut().scrub_in_progress = Some(progress);
         self.directory_dirty.set(true);
         let pool = self.clone();
@@ -150,9 +165,24 @@ impl Pool {
     /// The running or last scrub, for `status`.
     pub fn scrub_status(&self) -> ScrubStatus {
         let scrub = self.scrub.borrow();
-        let progress = if scrub.progress.total_bytes == 0 { if scrub.running { 0.0 } else { 100.0 } } else { (scrub.progress.examined_bytes as f64 * 100.0 / scrub.progress.total_bytes as f64).min(100.0) };
+        let progress = if scrub.progress.total_bytes == 0 {
+            if scrub.running {
+                0.0
+            } else {
+                100.0
+            }
+        } else {
+            (scrub.progress.examined_bytes as f64 * 100.0 / scrub.progress.total_bytes as f64)
+                .min(100.0)
+        };
         ScrubStatus {
-            state: if scrub.running { "scanning" } else if scrub.progress.started_unix_seconds > 0 { "finished" } else { "none" },
+            state: if scrub.running {
+                "scanning"
+            } else if scrub.progress.started_unix_seconds > 0 {
+                "finished"
+            } else {
+                "none"
+            },
             resumed: scrub.resumed,
             started_unix_seconds: scrub.progress.started_unix_seconds,
             examined_bytes: scrub.progress.examined_bytes,
@@ -181,9 +211,18 @@ impl Pool {
         // before the walk, or it would skip them as too new. Not for a resumed
         // scrub: the part walked before the interruption was walked for the
         // devices' logs as they were then.
-        let mut caught_up = if resumed { None } else { self.resilver_targets() };
+        let mut caught_up = if resumed {
+            None
+        } else {
+            self.resilver_targets()
+        };
         if let Some(targets) = &caught_up {
-            if self.txg.wait_durable(&self, targets.max_txg()).await.is_err() {
+            if self
+                .txg
+                .wait_durable(&self, targets.max_txg())
+                .await
+                .is_err()
+            {
                 caught_up = None;
             }
         }
@@ -272,7 +311,13 @@ impl Pool {
         }
         let (started, examined) = {
             let scrub = self.scrub.borrow();
-            (scrub.started, scrub.progress.examined_bytes.saturating_sub(scrub.examined_at_start))
+            (
+                scrub.started,
+                scrub
+                    .progress
+                    .examined_bytes
+                    .saturating_sub(scrub.examined_at_start),
+            )
         };
         let Some(started) = started else { return };
         let due = Duration::from_secs_f64(examined as f64 / rate as f64);
@@ -291,14 +336,25 @@ impl Pool {
     }
 
     /// Scrubs the pointers of one node (a bounded number at a time).
-    pub(super) async fn scrub_pointers(self: &Rc<Self>, object: &Rc<Object>, pointers: &[BlockPointer]) {
+    pub(super) async fn scrub_pointers(
+        self: &Rc<Self>,
+        object: &Rc<Object>,
+        pointers: &[BlockPointer],
+    ) {
         // Blocks of a txg still being written may not be on every device yet:
         // they are the next scrub's.
         let durable = self.txg.durable();
-        let pointers: Vec<BlockPointer> = pointers.iter().filter(|pointer| pointer.birth_txg <= durable).copied().collect();
+        let pointers: Vec<BlockPointer> = pointers
+            .iter()
+            .filter(|pointer| pointer.birth_txg <= durable)
+            .copied()
+            .collect();
         for batch in pointers.chunks(SCRUB_BLOCKS_IN_FLIGHT) {
             self.scrub_throttle().await;
-            let results = futures_util::future::join_all(batch.iter().map(|pointer| self.store.scrub(pointer))).await;
+            let results = futures_util::future::join_all(
+                batch.iter().map(|pointer| self.store.scrub(pointer)),
+            )
+            .await;
             let mut scrub = self.scrub.borrow_mut();
             for (pointer, result) in batch.iter().zip(results) {
                 scrub.progress.examined_bytes += pointer.allocated_bytes();
@@ -314,7 +370,10 @@ impl Pool {
                     Err(error) => {
                         scrub.progress.errors += 1;
                         if scrub.error_details.len() < ERROR_DETAILS_MAX {
-                            scrub.error_details.push(format!("object {} level {}: {error}", object.id, pointer.level));
+                            scrub.error_details.push(format!(
+                                "object {} level {}: {error}",
+                                object.id, pointer.level
+                            ));
                         }
                     }
                 }

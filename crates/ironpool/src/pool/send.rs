@@ -17,7 +17,9 @@ use serde::{Deserialize, Serialize};
 use super::dataset::split_snapshot_name;
 use super::{Pool, PoolError};
 use crate::format::bp::Compression;
-use crate::format::stream::{self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX};
+use crate::format::stream::{
+    self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX,
+};
 use crate::object::BlockChange;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::executor::JoinHandle;
@@ -62,12 +64,17 @@ impl ResumeToken {
     }
 
     pub fn decode(text: &str) -> Result<ResumeToken, PoolError> {
-        let invalid = || PoolError::InvalidArgument("not a valid resume token (copy it whole from the receive error or `ironpool get receive_resume_token`)".into());
+        let invalid = || {
+            PoolError::InvalidArgument("not a valid resume token (copy it whole from the receive error or `ironpool get receive_resume_token`)".into())
+        };
         let hex = text.trim().strip_prefix(TOKEN_PREFIX).ok_or_else(invalid)?;
         if hex.len() % 2 != 0 || hex.len() > TOKEN_CHARS_MAX {
             return Err(invalid());
         }
-        let bytes: Result<Vec<u8>, _> = (0..hex.len()).step_by(2).map(|index| u8::from_str_radix(&hex[index..index + 2], 16)).collect();
+        let bytes: Result<Vec<u8>, _> = (0..hex.len())
+            .step_by(2)
+            .map(|index| u8::from_str_radix(&hex[index..index + 2], 16))
+            .collect();
         serde_json::from_slice(&bytes.map_err(|_| invalid())?).map_err(|_| invalid())
     }
 }
@@ -97,8 +104,14 @@ pub struct SendRequest {
 
 /// One entry of the in-order pipeline between reads and the output.
 enum Pending {
-    Read { blkid: u64, read: JoinHandle<Result<AlignedBuf, PoolError>> },
-    Holes { first: u64, count: u64 },
+    Read {
+        blkid: u64,
+        read: JoinHandle<Result<AlignedBuf, PoolError>>,
+    },
+    Holes {
+        first: u64,
+        count: u64,
+    },
 }
 
 /// Builds records from blocks in order and writes them out.
@@ -116,7 +129,12 @@ struct StreamOut {
 }
 
 impl StreamOut {
-    async fn record(&mut self, kind: RecordKind, head: &[u8], data: Vec<BufSlice>) -> Result<(), PoolError> {
+    async fn record(
+        &mut self,
+        kind: RecordKind,
+        head: &[u8],
+        data: Vec<BufSlice>,
+    ) -> Result<(), PoolError> {
         let (header, checksum) = {
             let mut parts: Vec<&[u8]> = vec![head];
             parts.extend(data.iter().map(|slice| &slice[..]));
@@ -128,7 +146,9 @@ impl StreamOut {
         let length = front.len() as u64 + data.iter().map(|slice| slice.len() as u64).sum::<u64>();
         let mut slices = vec![BufSlice::whole(front.into_shared())];
         slices.extend(data);
-        uring::write_stream_all(self.fd, slices).await.map_err(|error| PoolError::Io(format!("writing the stream: {error}")))?;
+        uring::write_stream_all(self.fd, slices)
+            .await
+            .map_err(|error| PoolError::Io(format!("writing the stream: {error}")))?;
         self.previous = checksum;
         self.end.records += 1;
         self.bytes += length;
@@ -138,7 +158,12 @@ impl StreamOut {
     async fn flush_run(&mut self) -> Result<(), PoolError> {
         if let Some((first, blocks)) = self.run.take() {
             let count = blocks.len() as u32;
-            self.record(RecordKind::Write, &stream::write_header(first, count), blocks).await?;
+            self.record(
+                RecordKind::Write,
+                &stream::write_header(first, count),
+                blocks,
+            )
+            .await?;
             self.end.written_blocks += count as u64;
         }
         Ok(())
@@ -146,7 +171,12 @@ impl StreamOut {
 
     async fn flush_holes(&mut self) -> Result<(), PoolError> {
         if let Some((first, count)) = self.holes.take() {
-            self.record(RecordKind::Free, &stream::free_payload(first, count), Vec::new()).await?;
+            self.record(
+                RecordKind::Free,
+                &stream::free_payload(first, count),
+                Vec::new(),
+            )
+            .await?;
             self.end.freed_blocks += count;
         }
         Ok(())
@@ -187,7 +217,10 @@ impl Pool {
         let (from_volume, from_snapshot) = match from.strip_prefix('@') {
             Some(snapshot) => (volume.to_string(), snapshot.to_string()),
             None => {
-                let (from_volume, from_snapshot) = split_snapshot_name(&self.name, from).ok_or_else(|| PoolError::InvalidArgument(format!("'{from}' is not a snapshot name")))?;
+                let (from_volume, from_snapshot) = split_snapshot_name(&self.name, from)
+                    .ok_or_else(|| {
+                        PoolError::InvalidArgument(format!("'{from}' is not a snapshot name"))
+                    })?;
                 (from_volume.to_string(), from_snapshot.to_string())
             }
         };
@@ -195,25 +228,70 @@ impl Pool {
     }
 
     /// Writes `request`'s stream to `out`.
-    pub async fn send(self: &Rc<Self>, request: SendRequest, out: RawFd) -> Result<SendSummary, PoolError> {
-        let (volume, snapshot) = split_snapshot_name(&self.name, &request.snapshot).ok_or_else(|| PoolError::InvalidArgument(format!("'{}': send takes POOL/VOL@SNAP", request.snapshot)))?;
-        let record = self.directory.borrow().volumes.get(volume).cloned().ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
-        let to = record.snapshots.iter().find(|existing| existing.name == snapshot).cloned().ok_or_else(|| PoolError::NoSuchVolume(request.snapshot.clone()))?;
+    pub async fn send(
+        self: &Rc<Self>,
+        request: SendRequest,
+        out: RawFd,
+    ) -> Result<SendSummary, PoolError> {
+        let (volume, snapshot) =
+            split_snapshot_name(&self.name, &request.snapshot).ok_or_else(|| {
+                PoolError::InvalidArgument(format!(
+                    "'{}': send takes POOL/VOL@SNAP",
+                    request.snapshot
+                ))
+            })?;
+        let record = self
+            .directory
+            .borrow()
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
+        let to = record
+            .snapshots
+            .iter()
+            .find(|existing| existing.name == snapshot)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(request.snapshot.clone()))?;
         let to_name = format!("{}/{volume}@{snapshot}", self.name);
         let (since_txg, from_name, from_guid) = match &request.from {
             None => (0, None, 0),
             Some(from) => {
                 let (from_volume, from_snapshot) = self.resolve_from(volume, from)?;
-                let is_origin = record.origin.as_ref().is_some_and(|origin| origin.volume == from_volume && origin.snapshot == from_snapshot);
+                let is_origin = record.origin.as_ref().is_some_and(|origin| {
+                    origin.volume == from_volume && origin.snapshot == from_snapshot
+                });
                 if from_volume != volume && !is_origin {
-                    return Err(PoolError::InvalidArgument(format!("{from} is neither a snapshot of {}/{volume} nor its origin", self.name)));
+                    return Err(PoolError::InvalidArgument(format!(
+                        "{from} is neither a snapshot of {}/{volume} nor its origin",
+                        self.name
+                    )));
                 }
-                let from_record = self.directory.borrow().volumes.get(&from_volume).and_then(|owner| owner.snapshots.iter().find(|existing| existing.name == from_snapshot).cloned());
-                let from_record = from_record.ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{from_volume}@{from_snapshot}", self.name)))?;
+                let from_record =
+                    self.directory
+                        .borrow()
+                        .volumes
+                        .get(&from_volume)
+                        .and_then(|owner| {
+                            owner
+                                .snapshots
+                                .iter()
+                                .find(|existing| existing.name == from_snapshot)
+                                .cloned()
+                        });
+                let from_record = from_record.ok_or_else(|| {
+                    PoolError::NoSuchVolume(format!("{}/{from_volume}@{from_snapshot}", self.name))
+                })?;
                 if from_record.txg >= to.txg {
-                    return Err(PoolError::InvalidArgument(format!("{from} is not earlier than {to_name}")));
+                    return Err(PoolError::InvalidArgument(format!(
+                        "{from} is not earlier than {to_name}"
+                    )));
                 }
-                (from_record.txg, Some(format!("{}/{from_volume}@{from_snapshot}", self.name)), from_record.guid)
+                (
+                    from_record.txg,
+                    Some(format!("{}/{from_volume}@{from_snapshot}", self.name)),
+                    from_record.guid,
+                )
             }
         };
         let _hold = self.hold_snapshot(&to_name);
@@ -233,23 +311,48 @@ impl Pool {
             resume_block: request.resume_block,
             properties: record.properties.clone(),
         };
-        let mut output = StreamOut { fd: out, block_bytes, previous: [0; 16], end: StreamEnd::default(), bytes: 0, incremental: from_name.is_some(), run: None, holes: None };
+        let mut output = StreamOut {
+            fd: out,
+            block_bytes,
+            previous: [0; 16],
+            end: StreamEnd::default(),
+            bytes: 0,
+            incremental: from_name.is_some(),
+            run: None,
+            holes: None,
+        };
         let json = serde_json::to_vec(&begin).expect("BEGIN serialises");
         output.record(RecordKind::Begin, &json, Vec::new()).await?;
         let mut pending: VecDeque<Pending> = VecDeque::new();
         let mut cursor = request.resume_block.unwrap_or(0);
         loop {
-            let (changes, next) = self.objects.changed_blocks(&view.object, since_txg, cursor, CHANGES_PER_WALK).await?;
+            let (changes, next) = self
+                .objects
+                .changed_blocks(&view.object, since_txg, cursor, CHANGES_PER_WALK)
+                .await?;
             for change in changes {
                 match change {
                     BlockChange::Data { blkid, pointer } if blkid < blocks => {
                         let pool = self.clone();
-                        pending.push_back(Pending::Read { blkid, read: crate::rt::spawn(async move { pool.read_logical(&pointer).await }) });
+                        pending.push_back(Pending::Read {
+                            blkid,
+                            read: crate::rt::spawn(
+                                async move { pool.read_logical(&pointer).await },
+                            ),
+                        });
                     }
-                    BlockChange::Holes { first, count } if first < blocks => pending.push_back(Pending::Holes { first, count: count.min(blocks - first) }),
+                    BlockChange::Holes { first, count } if first < blocks => {
+                        pending.push_back(Pending::Holes {
+                            first,
+                            count: count.min(blocks - first),
+                        })
+                    }
                     _ => {}
                 }
-                let reads = pending.iter().filter(|entry| matches!(entry, Pending::Read { .. })).count();
+                let reads = pending
+                    .iter()
+                    .filter(|entry| matches!(entry, Pending::Read { .. }))
+                    .count();
                 if reads >= SEND_READS_IN_FLIGHT {
                     drain_front(&mut pending, &mut output, reads / 2).await?;
                 }
@@ -263,7 +366,9 @@ impl Pool {
         output.flush_run().await?;
         output.flush_holes().await?;
         let end = output.end;
-        output.record(RecordKind::End, &stream::end_payload(&end), Vec::new()).await?;
+        output
+            .record(RecordKind::End, &stream::end_payload(&end), Vec::new())
+            .await?;
         Ok(SendSummary {
             snapshot: to_name,
             from: from_name,
@@ -275,24 +380,47 @@ impl Pool {
     }
 
     /// Reads a block and returns its logical bytes (decompressed).
-    pub(crate) async fn read_logical(self: &Rc<Self>, pointer: &crate::format::BlockPointer) -> Result<AlignedBuf, PoolError> {
+    pub(crate) async fn read_logical(
+        self: &Rc<Self>,
+        pointer: &crate::format::BlockPointer,
+    ) -> Result<AlignedBuf, PoolError> {
         let physical = self.store.read(pointer, IoClass::AsyncRead).await?;
         if pointer.compression == Compression::Off {
             return Ok(physical);
         }
-        crate::compress::decompress_offloaded(pointer.compression, &physical, pointer.logical_size as usize).await.map_err(PoolError::Corrupt)
+        crate::compress::decompress_offloaded(
+            pointer.compression,
+            &physical,
+            pointer.logical_size as usize,
+        )
+        .await
+        .map_err(PoolError::Corrupt)
     }
 
     /// Keeps snapshot `full_name` from being destroyed while the guard lives.
     pub(crate) fn hold_snapshot(self: &Rc<Self>, full_name: &str) -> SnapshotHold {
-        *self.snapshot_holds.borrow_mut().entry(full_name.to_string()).or_insert(0) += 1;
-        SnapshotHold { pool: self.clone(), name: full_name.to_string() }
+        *self
+            .snapshot_holds
+            .borrow_mut()
+            .entry(full_name.to_string())
+            .or_insert(0) += 1;
+        SnapshotHold {
+            pool: self.clone(),
+            name: full_name.to_string(),
+        }
     }
 
     /// Refuses to destroy a snapshot that is being sent.
     pub(crate) fn check_not_held(&self, full_name: &str) -> Result<(), PoolError> {
-        if self.snapshot_holds.borrow().get(full_name).is_some_and(|count| *count > 0) {
-            return Err(PoolError::InvalidArgument(format!("{full_name} is being sent; try again when the send ends")));
+        if self
+            .snapshot_holds
+            .borrow()
+            .get(full_name)
+            .is_some_and(|count| *count > 0)
+        {
+            return Err(PoolError::InvalidArgument(format!(
+                "{full_name} is being sent; try again when the send ends"
+            )));
         }
         Ok(())
     }
@@ -317,13 +445,19 @@ impl Drop for SnapshotHold {
 }
 
 /// Hands the first `reads` reads (and the holes between) to the output, in order.
-async fn drain_front(pending: &mut VecDeque<Pending>, output: &mut StreamOut, reads: usize) -> Result<(), PoolError> {
+async fn drain_front(
+    pending: &mut VecDeque<Pending>,
+    output: &mut StreamOut,
+    reads: usize,
+) -> Result<(), PoolError> {
     let mut drained = 0;
     while let Some(entry) = pending.pop_front() {
         match entry {
             Pending::Read { blkid, read } => {
                 let data = read.await?;
-                output.block(blkid, BufSlice::whole(data.into_shared())).await?;
+                output
+                    .block(blkid, BufSlice::whole(data.into_shared()))
+                    .await?;
                 drained += 1;
                 if drained >= reads {
                     break;

@@ -184,7 +184,10 @@ impl TxgState {
                 return Ok(());
             }
             if self.fatal.get() || (self.stopping.get() && self.task.borrow().is_none()) {
-                return Err(PoolError::Suspended(self.suspended().unwrap_or_else(|| "the pool is closed".into())));
+                return Err(PoolError::Suspended(
+                    self.suspended()
+                        .unwrap_or_else(|| "the pool is closed".into()),
+                ));
             }
             if self.stats.get().failed_commits > seen_failures {
                 return Err(PoolError::Suspended(self.suspended().unwrap_or_default()));
@@ -246,7 +249,8 @@ async fn sync_loop(pool: Rc<Pool>) {
         let timeout = pool.tunables.borrow().txg_timeout;
         let since = rt::now().duration_since(state.last_commit.get());
         let requested = state.requested.get() >= state.open.get();
-        let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes || state.data_bytes_open.get() >= data_sync_bytes(&pool);
+        let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes
+            || state.data_bytes_open.get() >= data_sync_bytes(&pool);
         if state.stopping.get() && retry.is_none() && !pool.has_changes() {
             break;
         }
@@ -264,7 +268,8 @@ async fn sync_loop(pool: Rc<Pool>) {
         if changes || requested {
             idle_commits = 0;
         }
-        let deferred = pool.store.allocator.borrow().deferred_bytes() > 0 && idle_commits <= crate::alloc::DEFER_TXGS;
+        let deferred = pool.store.allocator.borrow().deferred_bytes() > 0
+            && idle_commits <= crate::alloc::DEFER_TXGS;
         if retry.is_none() && !requested && !changes && !deferred {
             state.last_commit.set(rt::now());
             continue;
@@ -331,9 +336,15 @@ pub fn update_dirty_percent(pool: &Pool) {
             0 => 0,
             limit => pool.dirty_data_bytes() * 100 / limit,
         };
-        (pool.objects.dirty_bytes() * 100 / tunables.dirty_sync_bytes.max(1), held)
+        (
+            pool.objects.dirty_bytes() * 100 / tunables.dirty_sync_bytes.max(1),
+            held,
+        )
     };
-    let percent = data_percent.max(metadata_percent).max(held_percent).min(1000) as u32;
+    let percent = data_percent
+        .max(metadata_percent)
+        .max(held_percent)
+        .min(1000) as u32;
     if percent != state.dirty_percent.replace(percent) {
         set_dirty_percent(pool, percent);
     }
@@ -360,7 +371,14 @@ pub fn data_sync_bytes(pool: &Pool) -> u64 {
 /// yet), plus room for space map growth. Data allocations leave this free.
 pub fn update_metadata_reserve(pool: &Pool) {
     let dirty = pool.objects.dirty_bytes();
-    let metaslabs: u64 = pool.store.allocator.borrow().vdevs.iter().map(|vdev| vdev.metaslabs.len() as u64).sum();
+    let metaslabs: u64 = pool
+        .store
+        .allocator
+        .borrow()
+        .vdevs
+        .iter()
+        .map(|vdev| vdev.metaslabs.len() as u64)
+        .sum();
     let reserve = 4 * crate::object::sync::METADATA_COPIES as u64 * dirty + metaslabs * (64 << 10);
     // (Counted at two copies even where level-1 blocks get one: a reserve errs high.)
     pool.store.allocator.borrow_mut().metadata_reserve_bytes = reserve;
@@ -386,7 +404,10 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     let mut passes = 0;
     loop {
         passes += 1;
-        assert!(passes <= SYNC_PASSES_MAX, "txg {txg} did not settle after {SYNC_PASSES_MAX} passes");
+        assert!(
+            passes <= SYNC_PASSES_MAX,
+            "txg {txg} did not settle after {SYNC_PASSES_MAX} passes"
+        );
         let mut changed = false;
         if pool.directory_dirty.replace(false) {
             write_directory(pool)?;
@@ -445,15 +466,25 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     objects.reset_dirty_bytes();
     update_dirty_percent(pool);
     update_metadata_reserve(pool);
-    Ok(BuiltTxg { txg, context, uberblock, config, passes })
+    Ok(BuiltTxg {
+        txg,
+        context,
+        uberblock,
+        config,
+        passes,
+    })
 }
 
 fn write_directory(pool: &Pool) -> Result<(), ObjectError> {
     let bytes = pool.directory.borrow().encode();
-    let directory = pool.objects.get(DIRECTORY_OBJECT).ok_or(ObjectError::NoSuchObject(DIRECTORY_OBJECT))?;
+    let directory = pool
+        .objects
+        .get(DIRECTORY_OBJECT)
+        .ok_or(ObjectError::NoSuchObject(DIRECTORY_OBJECT))?;
     pool.objects.write_bytes_cached(&directory, 0, &bytes)?;
     if directory.dnode().length_bytes > bytes.len() as u64 {
-        pool.objects.truncate_cached(&directory, bytes.len() as u64)?;
+        pool.objects
+            .truncate_cached(&directory, bytes.len() as u64)?;
     }
     Ok(())
 }
@@ -470,33 +501,66 @@ fn checkpoint_metaslabs(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
             .vdevs
             .iter()
             .enumerate()
-            .flat_map(|(vdev, space)| space.metaslabs.iter().enumerate().filter(|(_, metaslab)| metaslab.unflushed_txg > 0).map(move |(index, metaslab)| (metaslab.unflushed_txg, vdev, index)))
+            .flat_map(|(vdev, space)| {
+                space
+                    .metaslabs
+                    .iter()
+                    .enumerate()
+                    .filter(|(_, metaslab)| metaslab.unflushed_txg > 0)
+                    .map(move |(index, metaslab)| (metaslab.unflushed_txg, vdev, index))
+            })
             .collect();
         waiting.sort_unstable();
-        let count = (waiting.len() as u64).div_ceil(CHECKPOINT_SPREAD_TXGS).max(1) as usize;
-        waiting.into_iter().take(count).map(|(_, vdev, index)| (vdev, index)).collect()
+        let count = (waiting.len() as u64)
+            .div_ceil(CHECKPOINT_SPREAD_TXGS)
+            .max(1) as usize;
+        waiting
+            .into_iter()
+            .take(count)
+            .map(|(_, vdev, index)| (vdev, index))
+            .collect()
     };
     for (vdev, index) in chosen {
         let (records, map_id, array_id) = {
             let allocator = pool.store.allocator.borrow();
             let metaslab = &allocator.vdevs[vdev].metaslabs[index];
-            (metaslab.checkpoint_records(previous), metaslab.space_map_object, allocator.vdevs[vdev].array_object)
+            (
+                metaslab.checkpoint_records(previous),
+                metaslab.space_map_object,
+                allocator.vdevs[vdev].array_object,
+            )
         };
         let map = if map_id == 0 {
             let id = pool.allocate_object_id();
-            let map = pool.objects.create(id, new_dnode(ObjectType::SpaceMap, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
+            let map = pool.objects.create(
+                id,
+                new_dnode(
+                    ObjectType::SpaceMap,
+                    METADATA_BLOCK_SHIFT,
+                    INDIRECT_BLOCK_SHIFT,
+                    0,
+                    txg,
+                ),
+            );
             pool.store.allocator.borrow_mut().vdevs[vdev].metaslabs[index].space_map_object = id;
             map
         } else {
-            pool.objects.get(map_id).ok_or(ObjectError::NoSuchObject(map_id))?
+            pool.objects
+                .get(map_id)
+                .ok_or(ObjectError::NoSuchObject(map_id))?
         };
         pool.objects.truncate_cached(&map, 0)?;
-        pool.objects.write_bytes_cached(&map, 0, &encode_records(&records))?;
-        let array = pool.objects.get(array_id).ok_or(ObjectError::NoSuchObject(array_id))?;
+        pool.objects
+            .write_bytes_cached(&map, 0, &encode_records(&records))?;
+        let array = pool
+            .objects
+            .get(array_id)
+            .ok_or(ObjectError::NoSuchObject(array_id))?;
         let mut entry = [0u8; METASLAB_ENTRY_BYTES as usize];
         entry[..8].copy_from_slice(&map.id.to_le_bytes());
         entry[8..].copy_from_slice(&previous.to_le_bytes());
-        pool.objects.write_bytes_cached(&array, index as u64 * METASLAB_ENTRY_BYTES, &entry)?;
+        pool.objects
+            .write_bytes_cached(&array, index as u64 * METASLAB_ENTRY_BYTES, &entry)?;
         let mut allocator = pool.store.allocator.borrow_mut();
         let metaslab = &mut allocator.vdevs[vdev].metaslabs[index];
         metaslab.flushed_txg = previous;
@@ -508,17 +572,41 @@ fn checkpoint_metaslabs(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
 /// Starts a new space log object every `LOG_TXGS_PER_OBJECT` txgs and frees
 /// the objects every metaslab has been checkpointed past.
 fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
-    let needs_new = pool.directory.borrow().space_logs.last().is_none_or(|current| current.first_txg + LOG_TXGS_PER_OBJECT <= txg);
+    let needs_new = pool
+        .directory
+        .borrow()
+        .space_logs
+        .last()
+        .is_none_or(|current| current.first_txg + LOG_TXGS_PER_OBJECT <= txg);
     if needs_new {
         let id = pool.allocate_object_id();
-        pool.objects.create(id, new_dnode(ObjectType::SpaceMap, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg));
-        pool.directory.borrow_mut().space_logs.push(SpaceLogRecord { object: id, first_txg: txg });
+        pool.objects.create(
+            id,
+            new_dnode(
+                ObjectType::SpaceMap,
+                METADATA_BLOCK_SHIFT,
+                INDIRECT_BLOCK_SHIFT,
+                0,
+                txg,
+            ),
+        );
+        pool.directory.borrow_mut().space_logs.push(SpaceLogRecord {
+            object: id,
+            first_txg: txg,
+        });
         pool.directory_dirty.set(true);
     }
     // The oldest txg whose changes exist only in the log.
     let oldest_needed = {
         let allocator = pool.store.allocator.borrow();
-        allocator.vdevs.iter().flat_map(|space| space.metaslabs.iter()).filter(|metaslab| metaslab.unflushed_txg > 0).map(|metaslab| metaslab.unflushed_txg).min().unwrap_or(txg)
+        allocator
+            .vdevs
+            .iter()
+            .flat_map(|space| space.metaslabs.iter())
+            .filter(|metaslab| metaslab.unflushed_txg > 0)
+            .map(|metaslab| metaslab.unflushed_txg)
+            .min()
+            .unwrap_or(txg)
     };
     loop {
         let obsolete = {
@@ -528,7 +616,10 @@ fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
             (logs.len() >= 2 && logs[1].first_txg <= oldest_needed).then(|| logs[0].object)
         };
         let Some(object_id) = obsolete else { break };
-        let object = pool.objects.get(object_id).ok_or(ObjectError::NoSuchObject(object_id))?;
+        let object = pool
+            .objects
+            .get(object_id)
+            .ok_or(ObjectError::NoSuchObject(object_id))?;
         pool.objects.truncate_cached(&object, 0)?;
         pool.objects.free_object_cached(&object)?;
         pool.directory.borrow_mut().space_logs.remove(0);
@@ -538,10 +629,29 @@ fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
 }
 
 /// Appends this txg's allocations and frees of every metaslab to the space log.
-fn append_space_log(pool: &Pool, records: Vec<(u32, u32, Vec<Record>)>, txg: u64) -> Result<(), ObjectError> {
-    let log_id = pool.directory.borrow().space_logs.last().map(|log| log.object).ok_or(ObjectError::NoSuchObject(0))?;
-    let log = pool.objects.get(log_id).ok_or(ObjectError::NoSuchObject(log_id))?;
-    let mut all = Vec::with_capacity(records.iter().map(|(_, _, batch)| batch.len()).sum::<usize>() + 4);
+fn append_space_log(
+    pool: &Pool,
+    records: Vec<(u32, u32, Vec<Record>)>,
+    txg: u64,
+) -> Result<(), ObjectError> {
+    let log_id = pool
+        .directory
+        .borrow()
+        .space_logs
+        .last()
+        .map(|log| log.object)
+        .ok_or(ObjectError::NoSuchObject(0))?;
+    let log = pool
+        .objects
+        .get(log_id)
+        .ok_or(ObjectError::NoSuchObject(log_id))?;
+    let mut all = Vec::with_capacity(
+        records
+            .iter()
+            .map(|(_, _, batch)| batch.len())
+            .sum::<usize>()
+            + 4,
+    );
     all.push(Record::Txg(txg));
     let mut current_vdev = None;
     for (vdev, _, batch) in records {
@@ -552,7 +662,8 @@ fn append_space_log(pool: &Pool, records: Vec<(u32, u32, Vec<Record>)>, txg: u64
         all.extend(batch);
     }
     let end = log.dnode().length_bytes;
-    pool.objects.write_bytes_cached(&log, end, &encode_records(&all))
+    pool.objects
+        .write_bytes_cached(&log, end, &encode_records(&all))
 }
 
 /// Step 2: writes a built txg in the order that makes it atomic.
@@ -574,7 +685,15 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
         result.map_err(|error| PoolError::Io(format!("metadata write: {error}")))?;
     }
     store.flush_all().await?;
-    let leaves: Vec<_> = store.vdevs.iter().flat_map(|top| top.children.iter().map(move |leaf| (top.clone(), leaf.clone()))).collect();
+    let leaves: Vec<_> = store
+        .vdevs
+        .iter()
+        .flat_map(|top| {
+            top.children
+                .iter()
+                .map(move |leaf| (top.clone(), leaf.clone()))
+        })
+        .collect();
     if let Some(config) = &built.config {
         write_config_labels(&leaves, config, &[0, 2]).await?;
         store.flush_all().await?;
@@ -590,7 +709,10 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
     let results = futures_util::future::join_all(uberblock_writes).await;
     if !results.iter().any(|result| result.is_ok()) {
         let reasons: Vec<String> = results.into_iter().filter_map(Result::err).collect();
-        return Err(PoolError::Io(format!("no uberblock could be written: {}", reasons.join("; "))));
+        return Err(PoolError::Io(format!(
+            "no uberblock could be written: {}",
+            reasons.join("; ")
+        )));
     }
     store.flush_all().await?;
     if let Some(config) = &built.config {
@@ -602,18 +724,32 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
 
 fn device_size_of(pool: &Pool, leaf_guid: u64) -> u64 {
     let config = pool.config.borrow();
-    config.find_leaf(leaf_guid).map(|(top, index)| top.children[index].device_size_bytes).unwrap_or(0)
+    config
+        .find_leaf(leaf_guid)
+        .map(|(top, index)| top.children[index].device_size_bytes)
+        .unwrap_or(0)
 }
 
-async fn write_config_labels(leaves: &[(Rc<crate::vdev::TopVdev>, Rc<crate::vdev::LeafVdev>)], config: &PoolConfig, indexes: &[usize]) -> Result<(), PoolError> {
+async fn write_config_labels(
+    leaves: &[(Rc<crate::vdev::TopVdev>, Rc<crate::vdev::LeafVdev>)],
+    config: &PoolConfig,
+    indexes: &[usize],
+) -> Result<(), PoolError> {
     let mut any_ok = false;
     let mut reasons = Vec::new();
     for (_, leaf) in leaves {
         if !leaf.is_online() {
             continue;
         }
-        let Some((top, index)) = config.find_leaf(leaf.guid()) else { continue };
-        let label = Label { pool_guid: config.pool_guid, leaf_guid: leaf.guid(), config_txg: config.config_txg, config: config.clone() };
+        let Some((top, index)) = config.find_leaf(leaf.guid()) else {
+            continue;
+        };
+        let label = Label {
+            pool_guid: config.pool_guid,
+            leaf_guid: leaf.guid(),
+            config_txg: config.config_txg,
+            config: config.clone(),
+        };
         match write_labels(leaf, &label, top.children[index].device_size_bytes, indexes).await {
             Ok(()) => any_ok = true,
             Err(reason) => reasons.push(reason),
@@ -622,7 +758,10 @@ async fn write_config_labels(leaves: &[(Rc<crate::vdev::TopVdev>, Rc<crate::vdev
     if any_ok {
         Ok(())
     } else {
-        Err(PoolError::Io(format!("no label could be written: {}", reasons.join("; "))))
+        Err(PoolError::Io(format!(
+            "no label could be written: {}",
+            reasons.join("; ")
+        )))
     }
 }
 
@@ -633,7 +772,9 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
     // could still be using it.
     store.repairs_quiesced().await;
     if built.txg > crate::alloc::DEFER_TXGS {
-        store.reads_quiesced(built.txg - crate::alloc::DEFER_TXGS).await;
+        store
+            .reads_quiesced(built.txg - crate::alloc::DEFER_TXGS)
+            .await;
     }
     store.allocator.borrow_mut().sync_done(built.txg);
     pool.objects.set_durable_txg(built.txg);
@@ -641,7 +782,10 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
     state.durable.set(built.txg);
     state.last_commit.set(rt::now());
     if !state.fatal.get() && state.suspended.borrow_mut().take().is_some() {
-        eprintln!("ironpool: {}: resumed: txg {} is durable", pool.name, built.txg);
+        eprintln!(
+            "ironpool: {}: resumed: txg {} is durable",
+            pool.name, built.txg
+        );
     }
     let elapsed = rt::now().duration_since(started);
     bump(state, |stats| {

@@ -146,7 +146,13 @@ pub struct Volume {
 }
 
 /// A new directory record.
-pub fn record(object: u64, size_bytes: u64, block_bytes: u32, created_txg: u64, properties: BTreeMap<String, String>) -> VolumeRecord {
+pub fn record(
+    object: u64,
+    size_bytes: u64,
+    block_bytes: u32,
+    created_txg: u64,
+    properties: BTreeMap<String, String>,
+) -> VolumeRecord {
     VolumeRecord {
         object,
         size_bytes,
@@ -163,7 +169,12 @@ pub fn record(object: u64, size_bytes: u64, block_bytes: u32, created_txg: u64, 
 
 impl Volume {
     /// A volume over `object`, following `settings` (see [`Pool::volume_settings`]).
-    pub fn new(name: String, object: Rc<Object>, record: &VolumeRecord, settings: VolumeSettings) -> Rc<Volume> {
+    pub fn new(
+        name: String,
+        object: Rc<Object>,
+        record: &VolumeRecord,
+        settings: VolumeSettings,
+    ) -> Rc<Volume> {
         Rc::new(Volume {
             name,
             object,
@@ -203,11 +214,17 @@ impl Volume {
 
     /// The name within the pool.
     pub fn short_name(&self) -> &str {
-        self.name.split_once('/').map(|(_, short)| short).unwrap_or(&self.name)
+        self.name
+            .split_once('/')
+            .map(|(_, short)| short)
+            .unwrap_or(&self.name)
     }
 
     pub fn stats(&self) -> VolumeStats {
-        VolumeStats { dirty_bytes: self.writeback.bytes(), ..self.stats.get() }
+        VolumeStats {
+            dirty_bytes: self.writeback.bytes(),
+            ..self.stats.get()
+        }
     }
 
     pub(crate) fn count(&self, update: impl FnOnce(&mut VolumeStats)) {
@@ -244,10 +261,18 @@ impl Volume {
         }
         let size = self.size_bytes.get();
         if offset.checked_add(length).is_none_or(|end| end > size) {
-            return Err(PoolError::OutOfRange { offset, length, size });
+            return Err(PoolError::OutOfRange {
+                offset,
+                length,
+                size,
+            });
         }
         if offset % IO_ALIGNMENT_BYTES != 0 || length % IO_ALIGNMENT_BYTES != 0 {
-            return Err(PoolError::Misaligned { offset, length, alignment: IO_ALIGNMENT_BYTES });
+            return Err(PoolError::Misaligned {
+                offset,
+                length,
+                alignment: IO_ALIGNMENT_BYTES,
+            });
         }
         Ok(())
     }
@@ -273,7 +298,11 @@ impl Volume {
                 self.unlocked.notified().await;
             }
         }
-        BlockLocks { volume: self, first, last }
+        BlockLocks {
+            volume: self,
+            first,
+            last,
+        }
     }
 
     /// Takes block `blkid`'s lock if it is free (the write-back never waits
@@ -284,7 +313,11 @@ impl Volume {
 
     /// The guard of a lock taken by `try_lock_block`.
     pub(crate) fn held_lock(&self, blkid: u64) -> impl Drop + '_ {
-        BlockLocks { volume: self, first: blkid, last: blkid }
+        BlockLocks {
+            volume: self,
+            first: blkid,
+            last: blkid,
+        }
     }
 
     /// Completes when some block lock is released.
@@ -332,12 +365,19 @@ pub fn is_zero(bytes: &[u8]) -> bool {
         // the aligned middle of the slice.
         bytes.align_to::<u128>()
     };
-    head.iter().all(|byte| *byte == 0) && words.iter().all(|word| *word == 0) && tail.iter().all(|byte| *byte == 0)
+    head.iter().all(|byte| *byte == 0)
+        && words.iter().all(|word| *word == 0)
+        && tail.iter().all(|byte| *byte == 0)
 }
 
 impl Pool {
     /// Reads `length` bytes at `offset` of `volume`.
-    pub async fn read(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64) -> Result<Vec<ReadPiece>, PoolError> {
+    pub async fn read(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<ReadPiece>, PoolError> {
         volume.check(offset, length)?;
         let block = volume.block_bytes;
         let mut pieces = Vec::new();
@@ -361,7 +401,9 @@ impl Pool {
             return Ok(pieces);
         }
         for batch in ranges.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
-            let reads = batch.iter().map(|&(blkid, within, chunk)| self.read_block_range(volume, blkid, within, chunk));
+            let reads = batch
+                .iter()
+                .map(|&(blkid, within, chunk)| self.read_block_range(volume, blkid, within, chunk));
             for piece in futures_util::future::join_all(reads).await {
                 pieces.push(piece?);
             }
@@ -374,7 +416,13 @@ impl Pool {
         Ok(pieces)
     }
 
-    async fn read_block_range(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, within: usize, length: usize) -> Result<ReadPiece, PoolError> {
+    async fn read_block_range(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blkid: u64,
+        within: usize,
+        length: usize,
+    ) -> Result<ReadPiece, PoolError> {
         match self.read_block(volume, blkid).await? {
             None => {
                 volume.count(|stats| stats.hole_read_ops += 1);
@@ -387,7 +435,11 @@ impl Pool {
     /// Reads one whole block (None for a hole): its dirty copy if it has one,
     /// else from the devices. Retries when the block changed while it was being
     /// read (its old copy was overwritten and reused).
-    async fn read_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64) -> Result<Option<BufSlice>, PoolError> {
+    async fn read_block(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blkid: u64,
+    ) -> Result<Option<BufSlice>, PoolError> {
         let held = |volume: &Volume| {
             let data = volume.writeback.lookup(blkid)?;
             volume.count(|stats| stats.dirty_read_blocks += 1);
@@ -407,19 +459,30 @@ impl Pool {
                 return Ok(None);
             }
             match self.store.read(&pointer, IoClass::SyncRead).await {
-                Ok(data) if pointer.compression == Compression::Off => return Ok(Some(BufSlice::whole(data.into_shared()))),
+                Ok(data) if pointer.compression == Compression::Off => {
+                    return Ok(Some(BufSlice::whole(data.into_shared())))
+                }
                 Ok(physical) => {
                     let logical = pointer.logical_size as usize;
-                    let data = crate::compress::decompress_offloaded(pointer.compression, &physical, logical)
-                        .await
-                        .map_err(|error| PoolError::Corrupt(format!("{} block {blkid}: {error}", volume.name)))?;
+                    let data = crate::compress::decompress_offloaded(
+                        pointer.compression,
+                        &physical,
+                        logical,
+                    )
+                    .await
+                    .map_err(|error| {
+                        PoolError::Corrupt(format!("{} block {blkid}: {error}", volume.name))
+                    })?;
                     return Ok(Some(BufSlice::whole(data.into_shared())));
                 }
                 Err(BlockError::Unreadable { location, detail }) => {
                     let now = self.objects.block_pointer(&volume.object, blkid).await?;
                     attempt += 1;
                     if now == pointer || attempt > READ_RETRIES {
-                        return Err(PoolError::Io(format!("{} block {blkid}: no valid copy at {location}: {detail}", volume.name)));
+                        return Err(PoolError::Io(format!(
+                            "{} block {blkid}: no valid copy at {location}: {detail}",
+                            volume.name
+                        )));
                     }
                 }
                 Err(other) => return Err(other.into()),
@@ -428,7 +491,13 @@ impl Pool {
     }
 
     /// Writes `data` at `offset` of `volume`; with `fua`, returns once it is durable.
-    pub async fn write(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, data: BufSlice, fua: bool) -> Result<(), PoolError> {
+    pub async fn write(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        offset: u64,
+        data: BufSlice,
+        fua: bool,
+    ) -> Result<(), PoolError> {
         let length = data.len() as u64;
         volume.check_writable(offset, length)?;
         self.txg.ensure_writable()?;
@@ -440,7 +509,12 @@ impl Pool {
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
-        let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES { None } else { self.admit_dirty(self.hold_bytes(volume, last - first + 1)).await };
+        let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES {
+            None
+        } else {
+            self.admit_dirty(self.hold_bytes(volume, last - first + 1))
+                .await
+        };
         let hold = admission.is_some();
         let _writer = volume.writer().await?;
         let _locks = volume.lock(first, last).await;
@@ -450,8 +524,16 @@ impl Pool {
             let blkid = position / block;
             let within = (position % block) as usize;
             let chunk = (block as usize - within).min((offset + length - position) as usize);
-            let slice = data.slice((position - offset) as usize..(position - offset) as usize + chunk);
-            let content = if chunk as u64 == block { BlockContent::Full(slice) } else { BlockContent::Partial { within, data: slice } };
+            let slice =
+                data.slice((position - offset) as usize..(position - offset) as usize + chunk);
+            let content = if chunk as u64 == block {
+                BlockContent::Full(slice)
+            } else {
+                BlockContent::Partial {
+                    within,
+                    data: slice,
+                }
+            };
             contents.push((blkid, content));
             position += chunk as u64;
         }
@@ -469,7 +551,14 @@ impl Pool {
 
     /// Makes `offset..offset+length` read as zeros; whole blocks become holes
     /// (TRIM and WRITE_ZEROES both end here: a trimmed range reads as zeros).
-    pub async fn zero(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64, fua: bool, trim: bool) -> Result<(), PoolError> {
+    pub async fn zero(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        offset: u64,
+        length: u64,
+        fua: bool,
+        trim: bool,
+    ) -> Result<(), PoolError> {
         volume.check_writable(offset, length)?;
         self.txg.ensure_writable()?;
         if length == 0 {
@@ -482,7 +571,8 @@ impl Pool {
         // Process large ranges a slice at a time so locks and memory stay bounded.
         let mut position = offset;
         while position < end {
-            let slice_end = end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
+            let slice_end =
+                end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
             let first = position / block;
             let last = (slice_end - 1) / block;
             let _locks = volume.lock(first, last).await;
@@ -492,14 +582,27 @@ impl Pool {
                 let blkid = cursor / block;
                 let within = (cursor % block) as usize;
                 let chunk = (block as usize - within).min((slice_end - cursor) as usize);
-                let content = if chunk as u64 == block { BlockContent::Zero } else { BlockContent::PartialZero { within, length: chunk } };
+                let content = if chunk as u64 == block {
+                    BlockContent::Zero
+                } else {
+                    BlockContent::PartialZero {
+                        within,
+                        length: chunk,
+                    }
+                };
                 contents.push((blkid, content));
                 cursor += chunk as u64;
             }
             self.apply_contents(volume, contents, false).await?;
             position = slice_end;
         }
-        volume.count(|stats| if trim { stats.trim_ops += 1 } else { stats.zero_ops += 1 });
+        volume.count(|stats| {
+            if trim {
+                stats.trim_ops += 1
+            } else {
+                stats.zero_ops += 1
+            }
+        });
         if volume.durable(fua) {
             self.commit_linked().await?;
         }
@@ -507,7 +610,13 @@ impl Pool {
     }
 
     /// Writes zeros as allocated data blocks (NBD WRITE_ZEROES with NO_HOLE).
-    pub async fn write_allocated_zeroes(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64, fua: bool) -> Result<(), PoolError> {
+    pub async fn write_allocated_zeroes(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        offset: u64,
+        length: u64,
+        fua: bool,
+    ) -> Result<(), PoolError> {
         volume.check_writable(offset, length)?;
         self.txg.ensure_writable()?;
         if length == 0 {
@@ -520,7 +629,8 @@ impl Pool {
         let end = offset + length;
         let mut position = offset;
         while position < end {
-            let slice_end = end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
+            let slice_end =
+                end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
             let _locks = volume.lock(position / block, (slice_end - 1) / block).await;
             let mut contents = Vec::new();
             let mut cursor = position;
@@ -531,7 +641,10 @@ impl Pool {
                 let content = if chunk as u64 == block {
                     BlockContent::FullAllocated(zeros.clone())
                 } else {
-                    BlockContent::PartialZero { within, length: chunk }
+                    BlockContent::PartialZero {
+                        within,
+                        length: chunk,
+                    }
                 };
                 contents.push((blkid, content));
                 cursor += chunk as u64;
@@ -548,10 +661,18 @@ impl Pool {
 
     /// Puts each block's content in place; with `hold`, blocks of data may be
     /// held dirty (write-back), else everything is written through.
-    async fn apply_contents(self: &Rc<Self>, volume: &Rc<Volume>, contents: Vec<(u64, BlockContent)>, hold: bool) -> Result<(), PoolError> {
+    async fn apply_contents(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        contents: Vec<(u64, BlockContent)>,
+        hold: bool,
+    ) -> Result<(), PoolError> {
         let mut contents = contents.into_iter();
         loop {
-            let batch: Vec<(u64, BlockContent)> = contents.by_ref().take(BLOCKS_IN_FLIGHT_PER_REQUEST).collect();
+            let batch: Vec<(u64, BlockContent)> = contents
+                .by_ref()
+                .take(BLOCKS_IN_FLIGHT_PER_REQUEST)
+                .collect();
             if batch.is_empty() {
                 return Ok(());
             }
@@ -566,13 +687,25 @@ impl Pool {
             let mut single = Vec::new();
             for (blkid, content) in batch {
                 match content {
-                    BlockContent::Full(data) if !hold && !is_zero(&data) => run.push((blkid, data, Default::default())),
-                    BlockContent::FullAllocated(data) if !hold => run.push((blkid, data, Default::default())),
+                    BlockContent::Full(data) if !hold && !is_zero(&data) => {
+                        run.push((blkid, data, Default::default()))
+                    }
+                    BlockContent::FullAllocated(data) if !hold => {
+                        run.push((blkid, data, Default::default()))
+                    }
                     content => single.push((blkid, content)),
                 }
             }
-            let singles = futures_util::future::join_all(single.into_iter().map(|(blkid, content)| self.write_block(volume, blkid, content, hold)));
-            let (run_results, single_results) = futures_util::future::join(self.store_blocks(volume, run, IoClass::SyncWrite), singles).await;
+            let singles = futures_util::future::join_all(
+                single
+                    .into_iter()
+                    .map(|(blkid, content)| self.write_block(volume, blkid, content, hold)),
+            );
+            let (run_results, single_results) = futures_util::future::join(
+                self.store_blocks(volume, run, IoClass::SyncWrite),
+                singles,
+            )
+            .await;
             for result in run_results.into_iter().chain(single_results) {
                 result?;
             }
@@ -581,33 +714,46 @@ impl Pool {
 
     /// Puts `content` into block `blkid` (the caller holds its lock): held
     /// dirty when `hold` allows and the pool takes it, else written through.
-    async fn write_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, content: BlockContent, hold: bool) -> Result<(), PoolError> {
+    async fn write_block(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blkid: u64,
+        content: BlockContent,
+        hold: bool,
+    ) -> Result<(), PoolError> {
         let block = volume.block_bytes as usize;
         let data: Option<BufSlice> = match content {
             BlockContent::Full(slice) => (!is_zero(&slice)).then_some(slice),
             BlockContent::FullAllocated(slice) => Some(slice),
             BlockContent::Zero => None,
             BlockContent::Partial { within, data } => {
-                let mut merged = self.read_block(volume, blkid).await?.map(mutable_copy).unwrap_or_else(|| AlignedBuf::zeroed(block));
+                let mut merged = self
+                    .read_block(volume, blkid)
+                    .await?
+                    .map(mutable_copy)
+                    .unwrap_or_else(|| AlignedBuf::zeroed(block));
                 merged[within..within + data.len()].copy_from_slice(&data);
                 volume.count(|stats| stats.rmw_write_ops += 1);
                 (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
             }
-            BlockContent::PartialZero { within, length } => match self.read_block(volume, blkid).await? {
-                None => None,
-                Some(old) => {
-                    let mut merged = mutable_copy(old);
-                    merged[within..within + length].fill(0);
-                    (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
+            BlockContent::PartialZero { within, length } => {
+                match self.read_block(volume, blkid).await? {
+                    None => None,
+                    Some(old) => {
+                        let mut merged = mutable_copy(old);
+                        merged[within..within + length].fill(0);
+                        (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
+                    }
                 }
-            },
+            }
         };
         if let Some(data) = &data {
             if hold && self.hold_dirty(volume, blkid, data.clone()) {
                 return Ok(());
             }
         }
-        self.store_block(volume, blkid, data, Default::default(), IoClass::SyncWrite).await
+        self.store_block(volume, blkid, data, Default::default(), IoClass::SyncWrite)
+            .await
     }
 
     /// Writes `data` (None: zeros, a hole) as block `blkid` and links it, in
@@ -630,8 +776,18 @@ impl Pool {
             }
             Some(data) => {
                 let settings = volume.settings();
-                let (payload, physical_size, compression) = self.compress_block(volume, settings, &data).await;
-                let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, &prepared).await?;
+                let (payload, physical_size, compression) =
+                    self.compress_block(volume, settings, &data).await;
+                let pointer = self
+                    .allocate_block(
+                        volume,
+                        settings,
+                        &payload,
+                        physical_size,
+                        compression,
+                        &prepared,
+                    )
+                    .await?;
                 if let Err(error) = self.store.write(&pointer.dvas, payload, class).await {
                     self.store.release(&pointer.dvas);
                     return Err(error.into());
@@ -656,31 +812,68 @@ impl Pool {
         class: IoClass,
     ) -> Vec<Result<(), PoolError>> {
         let settings = volume.settings();
-        let compressed = futures_util::future::join_all(blocks.iter().map(|(_, data, _)| self.compress_block(volume, settings, data))).await;
+        let compressed = futures_util::future::join_all(
+            blocks
+                .iter()
+                .map(|(_, data, _)| self.compress_block(volume, settings, data)),
+        )
+        .await;
         let mut allocated = Vec::with_capacity(blocks.len());
-        for ((_, _, prepared), (payload, physical_size, compression)) in blocks.iter().zip(compressed) {
-            let pointer = self.allocate_block(volume, settings, &payload, physical_size, compression, prepared).await;
+        for ((_, _, prepared), (payload, physical_size, compression)) in
+            blocks.iter().zip(compressed)
+        {
+            let pointer = self
+                .allocate_block(
+                    volume,
+                    settings,
+                    &payload,
+                    physical_size,
+                    compression,
+                    prepared,
+                )
+                .await;
             // Parity computed from the block's bytes fits only if those are what is stored.
-            let parity = prepared.parity.clone().filter(|_| compression == Compression::Off);
+            let parity = prepared
+                .parity
+                .clone()
+                .filter(|_| compression == Compression::Off);
             allocated.push(pointer.map(|pointer| (pointer, payload, parity)));
         }
-        debug_assert!(allocated.iter().flatten().all(|(pointer, _, _)| pointer.copies().count() == 1), "volume data has one copy");
-        let run: Vec<_> = allocated.iter().flatten().map(|(pointer, payload, parity)| (pointer.dvas[0], payload.clone(), parity.clone())).collect();
+        debug_assert!(
+            allocated
+                .iter()
+                .flatten()
+                .all(|(pointer, _, _)| pointer.copies().count() == 1),
+            "volume data has one copy"
+        );
+        let run: Vec<_> = allocated
+            .iter()
+            .flatten()
+            .map(|(pointer, payload, parity)| (pointer.dvas[0], payload.clone(), parity.clone()))
+            .collect();
         let mut writes = self.store.write_run(run, class).await.into_iter();
-        let links = blocks.into_iter().zip(allocated).map(|((blkid, _, _), block)| {
-            let written = block.as_ref().ok().map(|_| writes.next().expect("a result per block written"));
-            async move {
-                match (block, written) {
-                    (Ok((pointer, _, _)), Some(Ok(()))) => self.link_block(volume, blkid, pointer).await,
-                    (Ok((pointer, _, _)), Some(Err(error))) => {
-                        self.store.release(&pointer.dvas);
-                        Err(error.into())
+        let links = blocks
+            .into_iter()
+            .zip(allocated)
+            .map(|((blkid, _, _), block)| {
+                let written = block
+                    .as_ref()
+                    .ok()
+                    .map(|_| writes.next().expect("a result per block written"));
+                async move {
+                    match (block, written) {
+                        (Ok((pointer, _, _)), Some(Ok(()))) => {
+                            self.link_block(volume, blkid, pointer).await
+                        }
+                        (Ok((pointer, _, _)), Some(Err(error))) => {
+                            self.store.release(&pointer.dvas);
+                            Err(error.into())
+                        }
+                        (Err(error), _) => Err(error),
+                        (Ok(_), None) => unreachable!("every allocated block was written"),
                     }
-                    (Err(error), _) => Err(error),
-                    (Ok(_), None) => unreachable!("every allocated block was written"),
                 }
-            }
-        });
+            });
         futures_util::future::join_all(links.collect::<Vec<_>>()).await
     }
 
@@ -696,7 +889,11 @@ impl Pool {
         prepared: &super::writeback::Prepared,
     ) -> Result<BlockPointer, PoolError> {
         let checksum = match prepared.checksum {
-            Some((algo, checksum)) if algo == settings.checksum && compression == Compression::Off => checksum,
+            Some((algo, checksum))
+                if algo == settings.checksum && compression == Compression::Off =>
+            {
+                checksum
+            }
             _ => settings.checksum.compute(&payload[..physical_size]),
         };
         let dvas = self.allocate_data(payload.len() as u64).await?;
@@ -719,19 +916,32 @@ impl Pool {
     /// allocation and frees the block it replaces, all in one step. Drops the
     /// block's dirty copy. On failure the new block's space is released. The
     /// caller holds the block's lock.
-    pub(crate) async fn link_block(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, mut pointer: BlockPointer) -> Result<(), PoolError> {
+    pub(crate) async fn link_block(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blkid: u64,
+        mut pointer: BlockPointer,
+    ) -> Result<(), PoolError> {
         if let Err(error) = self.objects.load_path(&volume.object, blkid).await {
             if !pointer.is_hole() {
                 self.store.release(&pointer.dvas);
             }
             return Err(error.into());
         }
-        if pointer.is_hole() && self.objects.block_pointer_cached(&volume.object, blkid)?.is_hole() {
+        if pointer.is_hole()
+            && self
+                .objects
+                .block_pointer_cached(&volume.object, blkid)?
+                .is_hole()
+        {
             self.forget_dirty(volume, blkid);
             return Ok(()); // zeros over a hole: nothing changes in the tree
         }
         pointer.birth_txg = self.txg.open();
-        let old = match self.objects.set_block_pointer_cached(&volume.object, blkid, pointer) {
+        let old = match self
+            .objects
+            .set_block_pointer_cached(&volume.object, blkid, pointer)
+        {
             Ok(old) => old,
             Err(error) => {
                 if !pointer.is_hole() {
@@ -752,15 +962,30 @@ impl Pool {
     /// What to store for a block: its bytes compressed when the volume compresses
     /// and that saves enough, else as they are. Returns (bytes to write, rounded to
     /// the sector; exact physical size; compression).
-    pub(crate) async fn compress_block(&self, volume: &Volume, settings: VolumeSettings, data: &BufSlice) -> (BufSlice, usize, Compression) {
+    pub(crate) async fn compress_block(
+        &self,
+        volume: &Volume,
+        settings: VolumeSettings,
+        data: &BufSlice,
+    ) -> (BufSlice, usize, Compression) {
         if settings.compression.algo == Compression::Off {
             return (data.clone(), data.len(), Compression::Off);
         }
-        let sector = self.store.vdevs.iter().map(|top| top.sector_bytes()).max().unwrap_or(4096) as usize;
+        let sector = self
+            .store
+            .vdevs
+            .iter()
+            .map(|top| top.sector_bytes())
+            .max()
+            .unwrap_or(4096) as usize;
         match crate::compress::compress_offloaded(settings.compression, data, sector).await {
             Some((compressed, exact)) => {
                 volume.count(|stats| stats.compressed_blocks += 1);
-                (BufSlice::whole(compressed.into_shared()), exact, settings.compression.algo)
+                (
+                    BufSlice::whole(compressed.into_shared()),
+                    exact,
+                    settings.compression.algo,
+                )
             }
             None => {
                 volume.count(|stats| stats.incompressible_blocks += 1);
@@ -772,7 +997,10 @@ impl Pool {
     /// Allocates a data block. When the pool is full but frees are waiting for
     /// their txgs, commits (up to the defer depth) so they become usable, rather
     /// than failing a write that will fit a moment later.
-    async fn allocate_data(self: &Rc<Self>, bytes: u64) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {
+    async fn allocate_data(
+        self: &Rc<Self>,
+        bytes: u64,
+    ) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {
         let mut commits = 0;
         super::txg::update_metadata_reserve(self);
         loop {
@@ -792,7 +1020,12 @@ impl Pool {
 
     /// Allocation status of `offset..offset+length`: runs of (bytes, allocated),
     /// stopping after `BLOCK_STATUS_EXTENTS_MAX` runs.
-    pub async fn block_status(self: &Rc<Self>, volume: &Rc<Volume>, offset: u64, length: u64) -> Result<Vec<(u64, bool)>, PoolError> {
+    pub async fn block_status(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        offset: u64,
+        length: u64,
+    ) -> Result<Vec<(u64, bool)>, PoolError> {
         volume.check(offset, length)?;
         // Dirty blocks are not in the tree yet.
         self.drain_volume(volume).await?;
@@ -807,7 +1040,9 @@ impl Pool {
             let run_end = end.min((blkid.saturating_add(blocks)).saturating_mul(block));
             let bytes = run_end - position;
             match runs.last_mut() {
-                Some((last_bytes, last_allocated)) if *last_allocated == allocated => *last_bytes += bytes,
+                Some((last_bytes, last_allocated)) if *last_allocated == allocated => {
+                    *last_bytes += bytes
+                }
                 _ => runs.push((bytes, allocated)),
             }
             position = run_end;
@@ -835,7 +1070,10 @@ impl Pool {
     /// Waits until no write to `volume` is in progress, writes out its dirty
     /// blocks, and keeps writes out while the permit is held: for operations
     /// that change or read the volume's whole tree (rollback, receive, destroy).
-    pub async fn exclusive(self: &Rc<Self>, volume: &Rc<Volume>) -> Result<crate::rt::sync::Permit, PoolError> {
+    pub async fn exclusive(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+    ) -> Result<crate::rt::sync::Permit, PoolError> {
         let permit = volume.exclusive_writers().await;
         self.drain_volume(volume).await?;
         Ok(permit)

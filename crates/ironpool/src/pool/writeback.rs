@@ -179,7 +179,9 @@ pub(crate) struct Admission<'a> {
 
 impl Drop for Admission<'_> {
     fn drop(&mut self) {
-        self.state.admitted_bytes.set(self.state.admitted_bytes.get() - self.bytes);
+        self.state
+            .admitted_bytes
+            .set(self.state.admitted_bytes.get() - self.bytes);
         // A write that held nothing (written through) frees room too.
         self.state.wake_writers(self.limit);
     }
@@ -189,7 +191,10 @@ impl PoolWriteback {
     /// Wakes the writers waiting for room once a good part of the limit is
     /// free, not at every block: each wake-up of all of them costs a turn each.
     fn wake_writers(&self, limit: u64) {
-        if self.waiting.get() > 0 && self.dirty_bytes.get() + self.admitted_bytes.get() + limit / ADMIT_HYSTERESIS_DIVISOR <= limit {
+        if self.waiting.get() > 0
+            && self.dirty_bytes.get() + self.admitted_bytes.get() + limit / ADMIT_HYSTERESIS_DIVISOR
+                <= limit
+        {
             self.space.notify_all();
         }
     }
@@ -209,7 +214,11 @@ pub struct VolumeWriteback {
 impl VolumeWriteback {
     /// The dirty copy of block `blkid`, if it has one.
     pub fn lookup(&self, blkid: u64) -> Option<BufSlice> {
-        self.dirty.borrow().blocks.get(&blkid).map(|block| block.data.clone())
+        self.dirty
+            .borrow()
+            .blocks
+            .get(&blkid)
+            .map(|block| block.data.clone())
     }
 
     /// Bytes held dirty.
@@ -234,7 +243,11 @@ impl Pool {
     /// (a partial write holds its merged block) and the parity computed for
     /// them; what a write is admitted for.
     pub(crate) fn hold_bytes(&self, volume: &Volume, blocks: u64) -> u64 {
-        let parity = if volume.settings().compression.algo == Compression::Off { self.store.parity_ahead_bytes(volume.block_bytes) } else { 0 };
+        let parity = if volume.settings().compression.algo == Compression::Off {
+            self.store.parity_ahead_bytes(volume.block_bytes)
+        } else {
+            0
+        };
         blocks * (volume.block_bytes + parity)
     }
 
@@ -249,13 +262,18 @@ impl Pool {
         let state = &self.writeback;
         loop {
             let limit = self.tunables.borrow().dirty_data_max_bytes;
-            if limit == 0 || state.failing_volumes.get() > 0 || self.txg.ensure_writable().is_err() {
+            if limit == 0 || state.failing_volumes.get() > 0 || self.txg.ensure_writable().is_err()
+            {
                 return None;
             }
             let used = state.dirty_bytes.get() + state.admitted_bytes.get();
             if used == 0 || used + bytes <= limit {
                 state.admitted_bytes.set(state.admitted_bytes.get() + bytes);
-                return Some(Admission { state, bytes, limit });
+                return Some(Admission {
+                    state,
+                    bytes,
+                    limit,
+                });
             }
             state.waiting.set(state.waiting.get() + 1);
             for volume in self.all_volumes() {
@@ -293,15 +311,35 @@ impl Pool {
     /// caller holds the block's lock). False when it must be written through
     /// instead: the volume's last write-back failed, or the pool may not have
     /// room for it.
-    pub(crate) fn hold_dirty(self: &Rc<Self>, volume: &Rc<Volume>, blkid: u64, data: BufSlice) -> bool {
+    pub(crate) fn hold_dirty(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        blkid: u64,
+        data: BufSlice,
+    ) -> bool {
         if volume.writeback.dirty.borrow().failing {
             return false;
         }
-        let reserved = self.store.vdevs.iter().map(|top| top.allocated_size(data.len() as u64)).max().unwrap_or(data.len() as u64);
-        let previous_reserve = volume.writeback.dirty.borrow().blocks.get(&blkid).map_or(0, |block| block.reserved_bytes);
+        let reserved = self
+            .store
+            .vdevs
+            .iter()
+            .map(|top| top.allocated_size(data.len() as u64))
+            .max()
+            .unwrap_or(data.len() as u64);
+        let previous_reserve = volume
+            .writeback
+            .dirty
+            .borrow()
+            .blocks
+            .get(&blkid)
+            .map_or(0, |block| block.reserved_bytes);
         {
             let allocator = self.store.allocator.borrow();
-            let needed = self.writeback.reserved_bytes.get() - previous_reserve + reserved + allocator.metadata_reserve_bytes + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
+            let needed = self.writeback.reserved_bytes.get() - previous_reserve
+                + reserved
+                + allocator.metadata_reserve_bytes
+                + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
             if allocator.free_bytes() < needed {
                 return false;
             }
@@ -309,7 +347,10 @@ impl Pool {
         let length = data.len() as u64;
         let settings = volume.settings();
         let prepared = if settings.compression.algo == Compression::Off {
-            Prepared { checksum: Some((settings.checksum, settings.checksum.compute(&data))), parity: self.store.parity_ahead(&data) }
+            Prepared {
+                checksum: Some((settings.checksum, settings.checksum.compute(&data))),
+                parity: self.store.parity_ahead(&data),
+            }
         } else {
             Prepared::default()
         };
@@ -324,14 +365,27 @@ impl Pool {
         };
         dirty.next_seq += 1;
         let seq = dirty.next_seq;
-        dirty.blocks.insert(blkid, DirtyBlock { data, prepared, seq, since: rt::now(), reserved_bytes: reserved });
+        dirty.blocks.insert(
+            blkid,
+            DirtyBlock {
+                data,
+                prepared,
+                seq,
+                since: rt::now(),
+                reserved_bytes: reserved,
+            },
+        );
         dirty.order.insert(seq, blkid);
         dirty.bytes += length;
         let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES;
         drop(dirty);
         let state = &self.writeback;
-        state.dirty_bytes.set(state.dirty_bytes.get() - old_memory + memory);
-        state.reserved_bytes.set(state.reserved_bytes.get() - old_reserved + reserved);
+        state
+            .dirty_bytes
+            .set(state.dirty_bytes.get() - old_memory + memory);
+        state
+            .reserved_bytes
+            .set(state.reserved_bytes.get() - old_reserved + reserved);
         super::txg::update_dirty_percent(self);
         if !self.start_writeback(volume) && urgent {
             volume.writeback.kick.notify_all();
@@ -353,7 +407,9 @@ impl Pool {
     fn release_dirty(&self, bytes: u64, reserved: u64) {
         let state = &self.writeback;
         state.dirty_bytes.set(state.dirty_bytes.get() - bytes);
-        state.reserved_bytes.set(state.reserved_bytes.get() - reserved);
+        state
+            .reserved_bytes
+            .set(state.reserved_bytes.get() - reserved);
         super::txg::update_dirty_percent(self);
         state.wake_writers(self.tunables.borrow().dirty_data_max_bytes);
     }
@@ -386,7 +442,10 @@ impl Pool {
                 }
                 if dirty.failures > failures {
                     let reason = dirty.last_error.clone().unwrap_or_default();
-                    return Err(PoolError::Io(format!("{}: writing out acknowledged data failed: {reason}", volume.name)));
+                    return Err(PoolError::Io(format!(
+                        "{}: writing out acknowledged data failed: {reason}",
+                        volume.name
+                    )));
                 }
                 dirty.drain_target = dirty.drain_target.max(target);
             }
@@ -432,8 +491,15 @@ async fn writeback_task(pool: Rc<Pool>, volume: Rc<Volume>) {
                 state.changed.notified().await;
                 continue;
             };
-            let since = dirty.blocks.get(&oldest_blkid).map(|block| block.since).unwrap_or(Instant(0));
-            let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES || dirty.drain_target >= oldest_seq || pool.writeback.waiting.get() > 0 || pool.txg.ensure_writable().is_err();
+            let since = dirty
+                .blocks
+                .get(&oldest_blkid)
+                .map(|block| block.since)
+                .unwrap_or(Instant(0));
+            let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES
+                || dirty.drain_target >= oldest_seq
+                || pool.writeback.waiting.get() > 0
+                || pool.txg.ensure_writable().is_err();
             (since, urgent, dirty.batches_in_flight, dirty.failing)
         };
         if failing && in_flight == 0 {
@@ -459,7 +525,10 @@ async fn writeback_task(pool: Rc<Pool>, volume: Rc<Volume>) {
         {
             let mut dirty = state.dirty.borrow_mut();
             dirty.batches_in_flight += 1;
-            dirty.in_flight_bytes += batch.iter().map(|(_, data, _)| data.len() as u64).sum::<u64>();
+            dirty.in_flight_bytes += batch
+                .iter()
+                .map(|(_, data, _)| data.len() as u64)
+                .sum::<u64>();
         }
         let batch_pool = pool.clone();
         let batch_volume = volume.clone();
@@ -488,7 +557,10 @@ fn pick_batch(volume: &Volume, limit: usize) -> Vec<(u64, BufSlice, Prepared)> {
 
 /// Writes and links one batch; the blocks' locks were taken by `pick_batch`.
 async fn write_batch(pool: Rc<Pool>, volume: Rc<Volume>, batch: Vec<(u64, BufSlice, Prepared)>) {
-    let locks: Vec<_> = batch.iter().map(|(blkid, _, _)| volume.held_lock(*blkid)).collect();
+    let locks: Vec<_> = batch
+        .iter()
+        .map(|(blkid, _, _)| volume.held_lock(*blkid))
+        .collect();
     let bytes: u64 = batch.iter().map(|(_, data, _)| data.len() as u64).sum();
     let results = pool.store_blocks(&volume, batch, IoClass::AsyncWrite).await;
     volume.writeback.dirty.borrow_mut().in_flight_bytes -= bytes;

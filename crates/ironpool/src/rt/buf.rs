@@ -49,7 +49,8 @@ const POOL_CLASSES: usize = (POOL_CLASS_MAX_SHIFT - POOL_CLASS_MIN_SHIFT + 1) as
 /// blocks into buffers the front end frees). Reusing them spares an allocation,
 /// a memset and page faults per I/O; their old contents are initialised bytes,
 /// so handing one out for overwriting is sound.
-static FREE_BUFFERS: [std::sync::Mutex<Vec<FreeBuffer>>; POOL_CLASSES] = [const { std::sync::Mutex::new(Vec::new()) }; POOL_CLASSES];
+static FREE_BUFFERS: [std::sync::Mutex<Vec<FreeBuffer>>; POOL_CLASSES] =
+    [const { std::sync::Mutex::new(Vec::new()) }; POOL_CLASSES];
 
 fn with_pool_class<R>(class: usize, f: impl FnOnce(&mut Vec<FreeBuffer>) -> R) -> R {
     let mut free = match FREE_BUFFERS[class].lock() {
@@ -64,7 +65,9 @@ fn pool_class(capacity: usize) -> Option<usize> {
         return None;
     }
     let shift = capacity.trailing_zeros();
-    (POOL_CLASS_MIN_SHIFT..=POOL_CLASS_MAX_SHIFT).contains(&shift).then(|| (shift - POOL_CLASS_MIN_SHIFT) as usize)
+    (POOL_CLASS_MIN_SHIFT..=POOL_CLASS_MAX_SHIFT)
+        .contains(&shift)
+        .then(|| (shift - POOL_CLASS_MIN_SHIFT) as usize)
 }
 
 /// A heap buffer aligned for O_DIRECT. The length is fixed at allocation.
@@ -82,7 +85,8 @@ impl AlignedBuf {
         // The capacity is always at least one alignment unit, so the layout is
         // never zero-sized; from_size_align only fails on overflow, which would be
         // a request far beyond any limit this engine allows.
-        Layout::from_size_align(capacity, BUFFER_ALIGNMENT_BYTES).expect("buffer size overflows a Layout")
+        Layout::from_size_align(capacity, BUFFER_ALIGNMENT_BYTES)
+            .expect("buffer size overflows a Layout")
     }
 
     fn capacity_for(length: usize) -> usize {
@@ -100,7 +104,11 @@ impl AlignedBuf {
         let class = pool_class(capacity)?;
         let FreeBuffer(pointer) = with_pool_class(class, |free| free.pop())?;
         POOLED_BYTES.fetch_sub(capacity, Ordering::Relaxed);
-        Some(AlignedBuf { pointer, length, capacity })
+        Some(AlignedBuf {
+            pointer,
+            length,
+            capacity,
+        })
     }
 
     /// A zero-filled buffer of `length` bytes.
@@ -112,8 +120,13 @@ impl AlignedBuf {
         }
         // SAFETY: the layout has non-zero size.
         let raw = unsafe { alloc_zeroed(Self::layout(capacity)) };
-        let pointer = NonNull::new(raw).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(capacity)));
-        AlignedBuf { pointer, length, capacity }
+        let pointer = NonNull::new(raw)
+            .unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(capacity)));
+        AlignedBuf {
+            pointer,
+            length,
+            capacity,
+        }
     }
 
     /// A buffer the caller is about to overwrite completely (a read target, a
@@ -167,7 +180,11 @@ impl Drop for AlignedBuf {
             let pointer = self.pointer;
             let kept = with_pool_class(class, |free| {
                 let listed = (free.len() + 1) * capacity <= POOL_CLASS_BYTES_MAX
-                    && POOLED_BYTES.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bytes| (bytes + capacity <= POOL_BYTES_MAX).then_some(bytes + capacity)).is_ok();
+                    && POOLED_BYTES
+                        .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bytes| {
+                            (bytes + capacity <= POOL_BYTES_MAX).then_some(bytes + capacity)
+                        })
+                        .is_ok();
                 if listed {
                     free.push(FreeBuffer(pointer));
                     true
@@ -215,13 +232,20 @@ pub struct BufSlice {
 
 impl BufSlice {
     pub fn new(buffer: Rc<AlignedBuf>, range: Range<usize>) -> BufSlice {
-        assert!(range.start <= range.end && range.end <= buffer.len(), "slice {range:?} outside a buffer of {}", buffer.len());
+        assert!(
+            range.start <= range.end && range.end <= buffer.len(),
+            "slice {range:?} outside a buffer of {}",
+            buffer.len()
+        );
         BufSlice { buffer, range }
     }
 
     pub fn whole(buffer: Rc<AlignedBuf>) -> BufSlice {
         let length = buffer.len();
-        BufSlice { buffer, range: 0..length }
+        BufSlice {
+            buffer,
+            range: 0..length,
+        }
     }
 
     pub fn len(&self) -> usize {
@@ -235,7 +259,10 @@ impl BufSlice {
     /// A sub-range, relative to this slice.
     pub fn slice(&self, range: Range<usize>) -> BufSlice {
         assert!(range.end <= self.len());
-        BufSlice { buffer: self.buffer.clone(), range: self.range.start + range.start..self.range.start + range.end }
+        BufSlice {
+            buffer: self.buffer.clone(),
+            range: self.range.start + range.start..self.range.start + range.end,
+        }
     }
 
     pub fn as_ptr(&self) -> *const u8 {
@@ -291,10 +318,23 @@ mod tests {
         // process may have listed buffers too); the rest is returned to the
         // allocator.
         let classes = [1 << 20, 512 << 10, 256 << 10];
-        let buffers: Vec<Vec<AlignedBuf>> = classes.iter().map(|&size| (0..2 * POOL_CLASS_BYTES_MAX / size).map(|_| AlignedBuf::for_overwrite(size)).collect()).collect();
+        let buffers: Vec<Vec<AlignedBuf>> = classes
+            .iter()
+            .map(|&size| {
+                (0..2 * POOL_CLASS_BYTES_MAX / size)
+                    .map(|_| AlignedBuf::for_overwrite(size))
+                    .collect()
+            })
+            .collect();
         drop(buffers);
-        let listed: Vec<usize> = classes.iter().map(|&size| with_pool_class(pool_class(size).unwrap(), |free| free.len() * size)).collect();
-        assert!(listed.iter().all(|&bytes| bytes <= POOL_CLASS_BYTES_MAX), "{listed:?}");
+        let listed: Vec<usize> = classes
+            .iter()
+            .map(|&size| with_pool_class(pool_class(size).unwrap(), |free| free.len() * size))
+            .collect();
+        assert!(
+            listed.iter().all(|&bytes| bytes <= POOL_CLASS_BYTES_MAX),
+            "{listed:?}"
+        );
         assert!(POOLED_BYTES.load(Ordering::Relaxed) <= POOL_BYTES_MAX);
         assert!(listed.iter().sum::<usize>() <= POOL_BYTES_MAX, "{listed:?}");
     }

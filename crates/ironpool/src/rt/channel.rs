@@ -39,8 +39,20 @@ pub struct Receiver<T> {
 /// A new channel. Unbounded: callers bound what they send (the front end bounds
 /// requests in flight per connection and payload bytes per server).
 pub fn channel<T>() -> (Sender<T>, Receiver<T>) {
-    let shared = Arc::new(Shared { queue: Mutex::new(State { items: VecDeque::new(), waker: None, senders: 1, receiver_alive: true }) });
-    (Sender { shared: shared.clone() }, Receiver { shared })
+    let shared = Arc::new(Shared {
+        queue: Mutex::new(State {
+            items: VecDeque::new(),
+            waker: None,
+            senders: 1,
+            receiver_alive: true,
+        }),
+    });
+    (
+        Sender {
+            shared: shared.clone(),
+        },
+        Receiver { shared },
+    )
 }
 
 fn lock<T>(shared: &Shared<T>) -> std::sync::MutexGuard<'_, State<T>> {
@@ -72,7 +84,9 @@ impl<T> Sender<T> {
 impl<T> Clone for Sender<T> {
     fn clone(&self) -> Sender<T> {
         lock(&self.shared).senders += 1;
-        Sender { shared: self.shared.clone() }
+        Sender {
+            shared: self.shared.clone(),
+        }
     }
 }
 

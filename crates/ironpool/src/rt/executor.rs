@@ -145,7 +145,11 @@ impl Executor {
             remote: self.remote.clone(),
         });
         let waker = Waker::from(header.clone());
-        self.tasks.borrow_mut()[slot_index] = Some(TaskSlot { future: Some(future), header, waker: waker.clone() });
+        self.tasks.borrow_mut()[slot_index] = Some(TaskSlot {
+            future: Some(future),
+            header,
+            waker: waker.clone(),
+        });
         self.live_tasks.set(self.live_tasks.get() + 1);
         waker.wake();
     }

@@ -43,7 +43,10 @@ impl Instant {
     }
 
     pub fn add(self, duration: Duration) -> Instant {
-        Instant(self.0.saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64))
+        Instant(
+            self.0
+                .saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64),
+        )
     }
 }
 
@@ -68,7 +71,9 @@ thread_local! {
 pub(crate) fn with_current<R>(f: impl FnOnce(&RuntimeInner) -> R) -> R {
     CURRENT.with(|current| {
         let current = current.borrow();
-        let inner = current.as_ref().expect("ironpool runtime function called outside Runtime::block_on");
+        let inner = current
+            .as_ref()
+            .expect("ironpool runtime function called outside Runtime::block_on");
         f(inner)
     })
 }
@@ -82,10 +87,12 @@ const SIM_WALL_CLOCK_EPOCH_NS: u64 = 1_767_225_600 * 1_000_000_000;
 /// outside any runtime or on a real one (never panics: identity and timestamp
 /// helpers are also called from plain code).
 fn current_sim<R>(f: impl FnOnce(&sim::SimDriver) -> R) -> Option<R> {
-    CURRENT.with(|current| match current.borrow().as_ref().map(|inner| &inner.driver) {
-        Some(Driver::Sim(driver)) => Some(f(driver)),
-        _ => None,
-    })
+    CURRENT.with(
+        |current| match current.borrow().as_ref().map(|inner| &inner.driver) {
+            Some(Driver::Sim(driver)) => Some(f(driver)),
+            _ => None,
+        },
+    )
 }
 
 /// Nanoseconds since the Unix epoch, for timestamps stored on disk (uberblocks,
@@ -95,7 +102,10 @@ pub fn wall_clock_ns() -> u64 {
     if let Some(now) = current_sim(|driver| driver.now().0) {
         return SIM_WALL_CLOCK_EPOCH_NS + now;
     }
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|elapsed| elapsed.as_nanos() as u64).unwrap_or(0)
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|elapsed| elapsed.as_nanos() as u64)
+        .unwrap_or(0)
 }
 
 /// A draw from the simulator's seeded generator when running under it (None
@@ -125,13 +135,23 @@ impl Runtime {
     pub fn new_uring(ring_entries: u32) -> std::io::Result<Runtime> {
         let (driver, notify) = uring::UringDriver::new(ring_entries)?;
         let executor = Executor::new(notify);
-        Ok(Runtime { inner: Rc::new(RuntimeInner { executor, driver: Driver::Uring(driver) }) })
+        Ok(Runtime {
+            inner: Rc::new(RuntimeInner {
+                executor,
+                driver: Driver::Uring(driver),
+            }),
+        })
     }
 
     /// A deterministic simulated runtime; `seed` fixes every random choice.
     pub fn new_sim(seed: u64) -> Runtime {
         let executor = Executor::new(Box::new(|| {}));
-        Runtime { inner: Rc::new(RuntimeInner { executor, driver: Driver::Sim(sim::SimDriver::new(seed)) }) }
+        Runtime {
+            inner: Rc::new(RuntimeInner {
+                executor,
+                driver: Driver::Sim(sim::SimDriver::new(seed)),
+            }),
+        }
     }
 
     /// Runs `future` and every task it spawns until `future` completes.
@@ -141,7 +161,10 @@ impl Runtime {
     pub fn block_on<F: Future>(&self, future: F) -> F::Output {
         let previous = CURRENT.with(|current| current.borrow_mut().replace(self.inner.clone()));
         self.inner.executor.enter();
-        let main_wake = Arc::new(MainWake { woken: AtomicBool::new(true), remote: self.inner.executor.remote() });
+        let main_wake = Arc::new(MainWake {
+            woken: AtomicBool::new(true),
+            remote: self.inner.executor.remote(),
+        });
         let waker = Waker::from(main_wake.clone());
         let mut context = Context::from_waker(&waker);
         let mut future = std::pin::pin!(future);
@@ -152,7 +175,8 @@ impl Runtime {
                 }
             }
             self.inner.executor.run_ready();
-            let runnable = main_wake.woken.load(Ordering::Acquire) || self.inner.executor.has_ready();
+            let runnable =
+                main_wake.woken.load(Ordering::Acquire) || self.inner.executor.has_ready();
             match &self.inner.driver {
                 Driver::Uring(driver) => driver.turn(!runnable),
                 Driver::Sim(driver) => {
@@ -224,7 +248,11 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
-    let state = Rc::new(JoinState { result: RefCell::new(None), waker: RefCell::new(None), finished: std::cell::Cell::new(false) });
+    let state = Rc::new(JoinState {
+        result: RefCell::new(None),
+        waker: RefCell::new(None),
+        finished: std::cell::Cell::new(false),
+    });
     let task_state = state.clone();
     let task = async move {
         let output = future.await;

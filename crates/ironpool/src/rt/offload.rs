@@ -31,27 +31,40 @@ struct Workers {
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     // A job that panicked on a worker leaves the queue itself consistent.
-    mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }
 
 fn workers() -> &'static Workers {
     static WORKERS: OnceLock<&'static Workers> = OnceLock::new();
     WORKERS.get_or_init(|| {
-        let workers: &'static Workers = Box::leak(Box::new(Workers { queue: Mutex::new(VecDeque::new()), ready: Condvar::new() }));
-        let count = std::thread::available_parallelism().map(usize::from).unwrap_or(1).clamp(1, OFFLOAD_THREADS_MAX);
+        let workers: &'static Workers = Box::leak(Box::new(Workers {
+            queue: Mutex::new(VecDeque::new()),
+            ready: Condvar::new(),
+        }));
+        let count = std::thread::available_parallelism()
+            .map(usize::from)
+            .unwrap_or(1)
+            .clamp(1, OFFLOAD_THREADS_MAX);
         for index in 0..count {
-            let spawned = std::thread::Builder::new().name(format!("ironpool-cpu-{index}")).spawn(move || loop {
-                let job = {
-                    let mut queue = lock(&workers.queue);
-                    loop {
-                        if let Some(job) = queue.pop_front() {
-                            break job;
+            let spawned = std::thread::Builder::new()
+                .name(format!("ironpool-cpu-{index}"))
+                .spawn(move || loop {
+                    let job = {
+                        let mut queue = lock(&workers.queue);
+                        loop {
+                            if let Some(job) = queue.pop_front() {
+                                break job;
+                            }
+                            queue = workers
+                                .ready
+                                .wait(queue)
+                                .unwrap_or_else(|poisoned| poisoned.into_inner());
                         }
-                        queue = workers.ready.wait(queue).unwrap_or_else(|poisoned| poisoned.into_inner());
-                    }
-                };
-                job();
-            });
+                    };
+                    job();
+                });
             // Without a worker, jobs would wait forever: fall back to none (every
             // job then runs inline, see `run`).
             if spawned.is_err() {
@@ -113,7 +126,10 @@ impl<T> Drop for Offloaded<T> {
         if let Some(slot) = self.slot.take() {
             let mut state = lock(&slot.state);
             while !state.done {
-                state = slot.finished.wait(state).unwrap_or_else(|poisoned| poisoned.into_inner());
+                state = slot
+                    .finished
+                    .wait(state)
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
             }
         }
     }
@@ -123,10 +139,20 @@ impl<T> Drop for Offloaded<T> {
 /// workers are saturated) and resolves to its result.
 pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offloaded<T> {
     if super::is_simulated() {
-        return Offloaded { slot: None, inline: Some(work()) };
+        return Offloaded {
+            slot: None,
+            inline: Some(work()),
+        };
     }
     let workers = workers();
-    let slot = Arc::new(Slot { state: Mutex::new(SlotState { result: None, done: false, waker: None }), finished: Condvar::new() });
+    let slot = Arc::new(Slot {
+        state: Mutex::new(SlotState {
+            result: None,
+            done: false,
+            waker: None,
+        }),
+        finished: Condvar::new(),
+    });
     let job_slot = slot.clone();
     let job: Job = Box::new(move || {
         // A panic in the work is caught here (the worker lives on) and raised
@@ -147,16 +173,25 @@ pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offl
         drop(queue);
         // Saturated: do it here (the job fills the slot synchronously).
         job();
-        let result = lock(&slot.state).result.take().expect("an inline job has a result");
+        let result = lock(&slot.state)
+            .result
+            .take()
+            .expect("an inline job has a result");
         return match result {
-            Ok(value) => Offloaded { slot: None, inline: Some(value) },
+            Ok(value) => Offloaded {
+                slot: None,
+                inline: Some(value),
+            },
             Err(panic) => std::panic::resume_unwind(panic),
         };
     }
     queue.push_back(job);
     drop(queue);
     workers.ready.notify_one();
-    Offloaded { slot: Some(slot), inline: None }
+    Offloaded {
+        slot: Some(slot),
+        inline: None,
+    }
 }
 
 /// A byte range handed to a worker by address, for work over a buffer the
@@ -185,8 +220,14 @@ impl Borrowed {
 /// `bytes` must stay alive and unmodified until the returned future completes or
 /// is dropped (dropping waits for the work), and the future must not be leaked
 /// (`mem::forget`) while the work may still run.
-pub unsafe fn run_borrowing<T: Send + 'static>(bytes: &[u8], work: impl FnOnce(Borrowed) -> T + Send + 'static) -> Offloaded<T> {
-    let borrowed = Borrowed { pointer: bytes.as_ptr() as usize, length: bytes.len() };
+pub unsafe fn run_borrowing<T: Send + 'static>(
+    bytes: &[u8],
+    work: impl FnOnce(Borrowed) -> T + Send + 'static,
+) -> Offloaded<T> {
+    let borrowed = Borrowed {
+        pointer: bytes.as_ptr() as usize,
+        length: bytes.len(),
+    };
     run(move || work(borrowed))
 }
 
@@ -200,7 +241,9 @@ mod tests {
         let runtime = Runtime::new_uring(64).unwrap();
         let engine = std::thread::current().id();
         let results = runtime.block_on(async move {
-            let jobs: Vec<_> = (0..64u64).map(|value| run(move || (value * value, std::thread::current().id()))).collect();
+            let jobs: Vec<_> = (0..64u64)
+                .map(|value| run(move || (value * value, std::thread::current().id())))
+                .collect();
             futures_util::future::join_all(jobs).await
         });
         for (value, (square, thread)) in results.into_iter().enumerate() {
@@ -215,7 +258,12 @@ mod tests {
         let data = vec![7u8; 1 << 20];
         let sum = runtime.block_on(async {
             // SAFETY: `data` outlives the awaited future.
-            unsafe { run_borrowing(&data, |bytes| bytes.bytes().iter().map(|byte| *byte as u64).sum::<u64>()) }.await
+            unsafe {
+                run_borrowing(&data, |bytes| {
+                    bytes.bytes().iter().map(|byte| *byte as u64).sum::<u64>()
+                })
+            }
+            .await
         });
         assert_eq!(sum, 7 << 20);
     }

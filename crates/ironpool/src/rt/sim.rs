@@ -32,7 +32,9 @@ impl Rng {
             z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
             z ^ (z >> 31)
         };
-        Rng { state: [next(), next(), next(), next()] }
+        Rng {
+            state: [next(), next(), next(), next()],
+        }
     }
 
     pub fn next_u64(&mut self) -> u64 {
@@ -99,10 +101,16 @@ impl SimDriver {
     }
 
     pub(crate) fn sleep(&self, duration: Duration) -> SimSleep {
-        let deadline = self.now_ns.get().saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64);
+        let deadline = self
+            .now_ns
+            .get()
+            .saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64);
         let sequence = self.sequence.get();
         self.sequence.set(sequence + 1);
-        let state = Rc::new(TimerState { fired: Cell::new(false), waker: RefCell::new(None) });
+        let state = Rc::new(TimerState {
+            fired: Cell::new(false),
+            waker: RefCell::new(None),
+        });
         self.states.borrow_mut().insert(sequence, state.clone());
         self.timers.borrow_mut().push(Reverse((deadline, sequence)));
         SimSleep { state }
@@ -119,7 +127,9 @@ impl SimDriver {
         }
         loop {
             let next = self.timers.borrow().peek().copied();
-            let Some(Reverse((due, sequence))) = next else { break };
+            let Some(Reverse((due, sequence))) = next else {
+                break;
+            };
             if due > self.now_ns.get() {
                 break;
             }

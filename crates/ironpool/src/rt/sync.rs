@@ -31,7 +31,10 @@ impl Notify {
 
     /// Completes at the next `notify_all`.
     pub fn notified(&self) -> Notified<'_> {
-        Notified { notify: self, generation: self.generation.get() }
+        Notified {
+            notify: self,
+            generation: self.generation.get(),
+        }
     }
 }
 
@@ -68,7 +71,11 @@ pub struct Semaphore {
 
 impl Semaphore {
     pub fn new(capacity: u64) -> Rc<Semaphore> {
-        Rc::new(Semaphore { capacity, available: Cell::new(capacity), queue: RefCell::new(VecDeque::new()) })
+        Rc::new(Semaphore {
+            capacity,
+            available: Cell::new(capacity),
+            queue: RefCell::new(VecDeque::new()),
+        })
     }
 
     pub fn available(&self) -> u64 {
@@ -84,13 +91,26 @@ impl Semaphore {
         let amount = amount.min(self.capacity);
         if self.queue.borrow().is_empty() && self.available.get() >= amount {
             self.available.set(self.available.get() - amount);
-            return Permit { semaphore: self.clone(), amount };
+            return Permit {
+                semaphore: self.clone(),
+                amount,
+            };
         }
         let granted = Rc::new(Cell::new(false));
-        self.queue.borrow_mut().push_back((amount, granted.clone(), None));
-        let waiter = SemaphoreWait { semaphore: self.clone(), amount, granted: granted.clone(), done: false };
+        self.queue
+            .borrow_mut()
+            .push_back((amount, granted.clone(), None));
+        let waiter = SemaphoreWait {
+            semaphore: self.clone(),
+            amount,
+            granted: granted.clone(),
+            done: false,
+        };
         waiter.await;
-        Permit { semaphore: self.clone(), amount }
+        Permit {
+            semaphore: self.clone(),
+            amount,
+        }
     }
 
     /// Takes `amount` units if they are free now.
@@ -98,7 +118,10 @@ impl Semaphore {
         let amount = amount.min(self.capacity);
         if self.queue.borrow().is_empty() && self.available.get() >= amount {
             self.available.set(self.available.get() - amount);
-            Some(Permit { semaphore: self.clone(), amount })
+            Some(Permit {
+                semaphore: self.clone(),
+                amount,
+            })
         } else {
             None
         }
@@ -140,7 +163,10 @@ impl Future for SemaphoreWait {
             return Poll::Ready(());
         }
         let mut queue = self.semaphore.queue.borrow_mut();
-        if let Some(entry) = queue.iter_mut().find(|entry| Rc::ptr_eq(&entry.1, &self.granted)) {
+        if let Some(entry) = queue
+            .iter_mut()
+            .find(|entry| Rc::ptr_eq(&entry.1, &self.granted))
+        {
             crate::rt::register_waker(&mut entry.2, context.waker());
         }
         Poll::Pending
@@ -158,7 +184,10 @@ impl Drop for SemaphoreWait {
             return;
         }
         let mut queue = self.semaphore.queue.borrow_mut();
-        if let Some(position) = queue.iter().position(|entry| Rc::ptr_eq(&entry.1, &self.granted)) {
+        if let Some(position) = queue
+            .iter()
+            .position(|entry| Rc::ptr_eq(&entry.1, &self.granted))
+        {
             queue.remove(position);
             drop(queue);
             // Removing a waiter from the head may let the next one go.
@@ -187,8 +216,17 @@ impl Drop for Permit {
 
 /// A one-shot channel: one value from a sender to a receiver.
 pub fn oneshot<T>() -> (OneshotSender<T>, OneshotReceiver<T>) {
-    let shared = Rc::new(OneshotShared { value: RefCell::new(None), waker: RefCell::new(None), closed: Cell::new(false) });
-    (OneshotSender { shared: shared.clone() }, OneshotReceiver { shared })
+    let shared = Rc::new(OneshotShared {
+        value: RefCell::new(None),
+        waker: RefCell::new(None),
+        closed: Cell::new(false),
+    });
+    (
+        OneshotSender {
+            shared: shared.clone(),
+        },
+        OneshotReceiver { shared },
+    )
 }
 
 struct OneshotShared<T> {
@@ -277,7 +315,9 @@ mod tests {
         runtime.block_on(async {
             let notify = Notify::new();
             for _ in 0..1000 {
-                assert!(rt::timeout(Duration::from_millis(5), notify.notified()).await.is_none());
+                assert!(rt::timeout(Duration::from_millis(5), notify.notified())
+                    .await
+                    .is_none());
             }
             assert_eq!(notify.waiters.borrow().len(), 1);
             notify.notify_all();

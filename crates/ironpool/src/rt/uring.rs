@@ -64,7 +64,13 @@ impl UringDriver {
             let one: u64 = 1;
             // SAFETY: writing 8 bytes from a valid u64 to an eventfd we keep open.
             // A failure (counter saturated) still leaves the eventfd readable.
-            unsafe { libc::write(notify_fd.as_raw_fd(), &one as *const u64 as *const libc::c_void, 8) };
+            unsafe {
+                libc::write(
+                    notify_fd.as_raw_fd(),
+                    &one as *const u64 as *const libc::c_void,
+                    8,
+                )
+            };
         });
         let seed = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
@@ -99,7 +105,9 @@ impl UringDriver {
 
     fn arm_eventfd(&self) {
         let pointer = self.eventfd_buffer.borrow_mut().as_mut_ptr();
-        let entry = opcode::Read::new(types::Fd(self.eventfd.as_raw_fd()), pointer, 8).build().user_data(EVENTFD_TOKEN);
+        let entry = opcode::Read::new(types::Fd(self.eventfd.as_raw_fd()), pointer, 8)
+            .build()
+            .user_data(EVENTFD_TOKEN);
         // SAFETY: the buffer is a Box owned by the driver, which outlives the ring's
         // use of it: the driver (and ring) are dropped together, and the kernel
         // cancels the read when the ring closes.
@@ -121,7 +129,10 @@ impl UringDriver {
             match ring.submit() {
                 Ok(_) => {}
                 Err(error) if error.raw_os_error() == Some(libc::EINTR) => {}
-                Err(error) if error.raw_os_error() == Some(libc::EBUSY) || error.raw_os_error() == Some(libc::EAGAIN) => {
+                Err(error)
+                    if error.raw_os_error() == Some(libc::EBUSY)
+                        || error.raw_os_error() == Some(libc::EAGAIN) =>
+                {
                     // The completion queue is backed up: reap to make room.
                     drop(ring);
                     self.reap();
@@ -153,10 +164,18 @@ impl UringDriver {
     pub(crate) fn turn(&self, wait: bool) {
         {
             let ring = self.ring.borrow();
-            let result = if wait { ring.submit_and_wait(1) } else { ring.submit() };
+            let result = if wait {
+                ring.submit_and_wait(1)
+            } else {
+                ring.submit()
+            };
             match result {
                 Ok(_) => {}
-                Err(error) if matches!(error.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)) => {}
+                Err(error)
+                    if matches!(
+                        error.raw_os_error(),
+                        Some(libc::EINTR) | Some(libc::EBUSY) | Some(libc::EAGAIN)
+                    ) => {}
                 Err(error) => panic!("io_uring enter failed: {error}"),
             }
         }
@@ -177,7 +196,10 @@ impl UringDriver {
                 continue;
             }
             let index = user_data as u32;
-            let previous = std::mem::replace(&mut self.slots.borrow_mut()[index as usize], Slot::Done(result));
+            let previous = std::mem::replace(
+                &mut self.slots.borrow_mut()[index as usize],
+                Slot::Done(result),
+            );
             match previous {
                 Slot::Waiting(waker) => {
                     if let Some(waker) = waker {
@@ -188,7 +210,9 @@ impl UringDriver {
                     drop(memory);
                     self.release_slot(index);
                 }
-                Slot::Free | Slot::Done(_) => panic!("completion for io_uring slot {index} that was not in flight"),
+                Slot::Free | Slot::Done(_) => {
+                    panic!("completion for io_uring slot {index} that was not in flight")
+                }
             }
         }
     }
@@ -206,10 +230,16 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
     builder.setup_cqsize(completion_entries);
     match mode.as_str() {
         "coop" => {
-            builder.setup_single_issuer().setup_coop_taskrun().setup_taskrun_flag();
+            builder
+                .setup_single_issuer()
+                .setup_coop_taskrun()
+                .setup_taskrun_flag();
         }
         "defer" => {
-            builder.setup_single_issuer().setup_defer_taskrun().setup_taskrun_flag();
+            builder
+                .setup_single_issuer()
+                .setup_defer_taskrun()
+                .setup_taskrun_flag();
         }
         "sqpoll" => {
             // A kernel thread submits (and so does the device and socket work of
@@ -221,7 +251,9 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
     match builder.build(ring_entries) {
         Ok(ring) => Ok(ring),
         // An older kernel without these flags: the plain ring is correct, only slower.
-        Err(_) => IoUring::builder().setup_cqsize(completion_entries).build(ring_entries),
+        Err(_) => IoUring::builder()
+            .setup_cqsize(completion_entries)
+            .build(ring_entries),
     }
 }
 
@@ -257,7 +289,10 @@ impl<T: 'static> Op<T> {
             // SAFETY: forwarded from the caller; the memory lives in the Op or,
             // if the Op is dropped early, in the slot until completion.
             unsafe { driver.push(entry.user_data(slot as u64)) };
-            Op { slot, memory: Some(memory) }
+            Op {
+                slot,
+                memory: Some(memory),
+            }
         })
     }
 }
@@ -278,13 +313,18 @@ impl<T: 'static> Future for Op<T> {
                     crate::rt::register_waker(waker, context.waker());
                     None
                 }
-                Slot::Free | Slot::Abandoned(_) => panic!("polled io_uring slot {slot} in a wrong state"),
+                Slot::Free | Slot::Abandoned(_) => {
+                    panic!("polled io_uring slot {slot} in a wrong state")
+                }
             }
         });
         match result {
             Some(result) => {
                 with_driver(|driver| driver.release_slot(slot));
-                let memory = self.memory.take().expect("an io_uring op polled after completion");
+                let memory = self
+                    .memory
+                    .take()
+                    .expect("an io_uring op polled after completion");
                 Poll::Ready((result, memory))
             }
             None => Poll::Pending,
@@ -294,14 +334,20 @@ impl<T: 'static> Future for Op<T> {
 
 impl<T: 'static> Drop for Op<T> {
     fn drop(&mut self) {
-        let Some(memory) = self.memory.take() else { return };
+        let Some(memory) = self.memory.take() else {
+            return;
+        };
         let slot = self.slot;
         // The runtime may already be gone at process exit; then the ring is gone too
         // and nothing refers to the memory any more.
         let _ = super::CURRENT.try_with(|current| {
             let current = current.borrow();
-            let Some(inner) = current.as_ref() else { return };
-            let Driver::Uring(driver) = &inner.driver else { return };
+            let Some(inner) = current.as_ref() else {
+                return;
+            };
+            let Driver::Uring(driver) = &inner.driver else {
+                return;
+            };
             let done = matches!(driver.slots.borrow()[slot as usize], Slot::Done(_));
             if done {
                 driver.release_slot(slot);
@@ -321,21 +367,36 @@ fn to_result(result: i32) -> io::Result<usize> {
 }
 
 /// Reads into `buffer` at `offset`.
-pub async fn read_at(fd: RawFd, mut buffer: AlignedBuf, offset: u64) -> (io::Result<usize>, AlignedBuf) {
-    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32).offset(offset).build();
+pub async fn read_at(
+    fd: RawFd,
+    mut buffer: AlignedBuf,
+    offset: u64,
+) -> (io::Result<usize>, AlignedBuf) {
+    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32)
+        .offset(offset)
+        .build();
     // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)
 }
 
 /// Reads at `offset` into the buffers in order (one device I/O).
-pub async fn readv_at(fd: RawFd, mut buffers: Vec<AlignedBuf>, offset: u64) -> (io::Result<usize>, Vec<AlignedBuf>) {
+pub async fn readv_at(
+    fd: RawFd,
+    mut buffers: Vec<AlignedBuf>,
+    offset: u64,
+) -> (io::Result<usize>, Vec<AlignedBuf>) {
     assert!(buffers.len() <= IOVEC_COUNT_MAX);
     let iovecs: Vec<libc::iovec> = buffers
         .iter_mut()
-        .map(|buffer| libc::iovec { iov_base: buffer.as_mut_ptr() as *mut libc::c_void, iov_len: buffer.len() })
+        .map(|buffer| libc::iovec {
+            iov_base: buffer.as_mut_ptr() as *mut libc::c_void,
+            iov_len: buffer.len(),
+        })
         .collect();
-    let entry = opcode::Readv::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32).offset(offset).build();
+    let entry = opcode::Readv::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
+        .offset(offset)
+        .build();
     // SAFETY: iovecs and the buffers they point to are heap memory owned by the op.
     let (result, (_, buffers)) = unsafe { Op::submit(entry, (iovecs, buffers)) }.await;
     (to_result(result), buffers)
@@ -344,9 +405,16 @@ pub async fn readv_at(fd: RawFd, mut buffers: Vec<AlignedBuf>, offset: u64) -> (
 /// Writes the slices at `offset`, in order (one device I/O).
 pub async fn writev_at(fd: RawFd, slices: Vec<BufSlice>, offset: u64) -> io::Result<usize> {
     assert!(slices.len() <= IOVEC_COUNT_MAX);
-    let iovecs: Vec<libc::iovec> =
-        slices.iter().map(|slice| libc::iovec { iov_base: slice.as_ptr() as *mut libc::c_void, iov_len: slice.len() }).collect();
-    let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32).offset(offset).build();
+    let iovecs: Vec<libc::iovec> = slices
+        .iter()
+        .map(|slice| libc::iovec {
+            iov_base: slice.as_ptr() as *mut libc::c_void,
+            iov_len: slice.len(),
+        })
+        .collect();
+    let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
+        .offset(offset)
+        .build();
     // SAFETY: the iovec array and the Rc'd buffers are owned by the op.
     let (result, _) = unsafe { Op::submit(entry, (iovecs, slices)) }.await;
     to_result(result)
@@ -354,7 +422,11 @@ pub async fn writev_at(fd: RawFd, slices: Vec<BufSlice>, offset: u64) -> io::Res
 
 /// Flushes the device's (or file's) volatile write cache.
 pub async fn fsync(fd: RawFd, data_only: bool) -> io::Result<()> {
-    let flags = if data_only { types::FsyncFlags::DATASYNC } else { types::FsyncFlags::empty() };
+    let flags = if data_only {
+        types::FsyncFlags::DATASYNC
+    } else {
+        types::FsyncFlags::empty()
+    };
     let entry = opcode::Fsync::new(types::Fd(fd)).flags(flags).build();
     // SAFETY: no memory is referenced.
     let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
@@ -363,7 +435,11 @@ pub async fn fsync(fd: RawFd, data_only: bool) -> io::Result<()> {
 
 /// Completes after `duration`.
 pub async fn timeout(duration: Duration) {
-    let timespec = Box::new(types::Timespec::new().sec(duration.as_secs()).nsec(duration.subsec_nanos()));
+    let timespec = Box::new(
+        types::Timespec::new()
+            .sec(duration.as_secs())
+            .nsec(duration.subsec_nanos()),
+    );
     let entry = opcode::Timeout::new(&*timespec as *const types::Timespec).build();
     // SAFETY: the timespec is boxed and owned by the op. The result is -ETIME on
     // expiry (or -ECANCELED); either way the time is up.
@@ -372,7 +448,9 @@ pub async fn timeout(duration: Duration) {
 
 /// Accepts a connection on a listening socket.
 pub async fn accept(fd: RawFd) -> io::Result<OwnedFd> {
-    let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut()).flags(libc::SOCK_CLOEXEC).build();
+    let entry = opcode::Accept::new(types::Fd(fd), std::ptr::null_mut(), std::ptr::null_mut())
+        .flags(libc::SOCK_CLOEXEC)
+        .build();
     // SAFETY: no memory is referenced (the peer address is not asked for).
     let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
     let raw = to_result(result)?;
@@ -381,7 +459,11 @@ pub async fn accept(fd: RawFd) -> io::Result<OwnedFd> {
 }
 
 /// Receives up to `buffer.len() - start` bytes into `buffer[start..]`.
-pub async fn recv_into(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>) {
+pub async fn recv_into(
+    fd: RawFd,
+    mut buffer: Vec<u8>,
+    start: usize,
+) -> (io::Result<usize>, Vec<u8>) {
     assert!(start <= buffer.len());
     // SAFETY: start is within the buffer.
     let pointer = unsafe { buffer.as_mut_ptr().add(start) };
@@ -395,14 +477,21 @@ pub async fn recv_into(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> (io::Res
 /// Receives into `buffer[start..]` like [`recv_into`], also taking a file
 /// descriptor passed along (SCM_RIGHTS): the CLI hands its stdin or stdout to
 /// the server this way for send and receive.
-pub async fn recv_into_with_fd(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> (io::Result<usize>, Vec<u8>, Option<OwnedFd>) {
+pub async fn recv_into_with_fd(
+    fd: RawFd,
+    mut buffer: Vec<u8>,
+    start: usize,
+) -> (io::Result<usize>, Vec<u8>, Option<OwnedFd>) {
     assert!(start <= buffer.len());
     /// Room for one descriptor's control message (CMSG_SPACE of an int is 24
     /// bytes on 64-bit Linux; 64 leaves margin).
     const CONTROL_BYTES: usize = 64;
     // SAFETY: start is within the buffer.
     let pointer = unsafe { buffer.as_mut_ptr().add(start) };
-    let mut iovec = Box::new(libc::iovec { iov_base: pointer as *mut libc::c_void, iov_len: buffer.len() - start });
+    let mut iovec = Box::new(libc::iovec {
+        iov_base: pointer as *mut libc::c_void,
+        iov_len: buffer.len() - start,
+    });
     let mut control = Box::new([0u8; CONTROL_BYTES]);
     // SAFETY: an all-zero msghdr is valid; its pointers are set below.
     let mut header: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
@@ -410,10 +499,13 @@ pub async fn recv_into_with_fd(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> 
     header.msg_iovlen = 1;
     header.msg_control = control.as_mut_ptr() as *mut libc::c_void;
     header.msg_controllen = CONTROL_BYTES as _;
-    let entry = opcode::RecvMsg::new(types::Fd(fd), &mut *header).flags(libc::MSG_CMSG_CLOEXEC as u32).build();
+    let entry = opcode::RecvMsg::new(types::Fd(fd), &mut *header)
+        .flags(libc::MSG_CMSG_CLOEXEC as u32)
+        .build();
     // SAFETY: the header, iovec, control buffer and data buffer are heap memory
     // owned by the op until it completes.
-    let (result, (header, _iovec, control, buffer)) = unsafe { Op::submit(entry, (header, iovec, control, buffer)) }.await;
+    let (result, (header, _iovec, control, buffer)) =
+        unsafe { Op::submit(entry, (header, iovec, control, buffer)) }.await;
     let mut passed = None;
     if result >= 0 {
         let mut view: libc::msghdr = *header;
@@ -423,9 +515,12 @@ pub async fn recv_into_with_fd(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> 
         unsafe {
             let mut message = libc::CMSG_FIRSTHDR(&view);
             while !message.is_null() {
-                if (*message).cmsg_level == libc::SOL_SOCKET && (*message).cmsg_type == libc::SCM_RIGHTS {
+                if (*message).cmsg_level == libc::SOL_SOCKET
+                    && (*message).cmsg_type == libc::SCM_RIGHTS
+                {
                     let data = libc::CMSG_DATA(message) as *const RawFd;
-                    let count = ((*message).cmsg_len as usize - libc::CMSG_LEN(0) as usize) / std::mem::size_of::<RawFd>();
+                    let count = ((*message).cmsg_len as usize - libc::CMSG_LEN(0) as usize)
+                        / std::mem::size_of::<RawFd>();
                     for index in 0..count {
                         let received = std::ptr::read_unaligned(data.add(index));
                         // Keep the first; close any extra (never leak them).
@@ -443,7 +538,12 @@ pub async fn recv_into_with_fd(fd: RawFd, mut buffer: Vec<u8>, start: usize) -> 
 }
 
 /// Receives into `buffer[start..end]` (an aligned payload buffer).
-pub async fn recv_aligned(fd: RawFd, mut buffer: AlignedBuf, start: usize, end: usize) -> (io::Result<usize>, AlignedBuf) {
+pub async fn recv_aligned(
+    fd: RawFd,
+    mut buffer: AlignedBuf,
+    start: usize,
+    end: usize,
+) -> (io::Result<usize>, AlignedBuf) {
     assert!(start <= end && end <= buffer.len());
     // SAFETY: start is within the buffer.
     let pointer = unsafe { buffer.as_mut_ptr().add(start) };
@@ -480,7 +580,11 @@ static ZERO_PAGE: [u8; 65536] = [0; 65536];
 
 /// Sends the pieces (from `skip` bytes into them) with one sendmsg; returns bytes sent.
 /// Callers loop on short sends.
-pub async fn send_pieces(fd: RawFd, pieces: Vec<SendPiece>, skip: usize) -> (io::Result<usize>, Vec<SendPiece>) {
+pub async fn send_pieces(
+    fd: RawFd,
+    pieces: Vec<SendPiece>,
+    skip: usize,
+) -> (io::Result<usize>, Vec<SendPiece>) {
     let mut iovecs: Vec<libc::iovec> = Vec::with_capacity(pieces.len().min(IOVEC_COUNT_MAX));
     let mut to_skip = skip;
     'pieces: for piece in &pieces {
@@ -508,7 +612,10 @@ pub async fn send_pieces(fd: RawFd, pieces: Vec<SendPiece>, skip: usize) -> (io:
                 // SAFETY: offset < length, within the piece.
                 _ => unsafe { base.add(offset) },
             };
-            iovecs.push(libc::iovec { iov_base: pointer as *mut libc::c_void, iov_len: chunk });
+            iovecs.push(libc::iovec {
+                iov_base: pointer as *mut libc::c_void,
+                iov_len: chunk,
+            });
             offset += chunk;
         }
     }
@@ -519,7 +626,9 @@ pub async fn send_pieces(fd: RawFd, pieces: Vec<SendPiece>, skip: usize) -> (io:
     let mut header: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
     header.msg_iov = iovecs.as_mut_ptr();
     header.msg_iovlen = iovecs.len() as _;
-    let entry = opcode::SendMsg::new(types::Fd(fd), &*header as *const libc::msghdr).flags(libc::MSG_NOSIGNAL as u32).build();
+    let entry = opcode::SendMsg::new(types::Fd(fd), &*header as *const libc::msghdr)
+        .flags(libc::MSG_NOSIGNAL as u32)
+        .build();
     // SAFETY: the header, the iovec array and every piece they point into are owned
     // by the op (static zeros live forever).
     let (result, (_, _, pieces)) = unsafe { Op::submit(entry, (header, iovecs, pieces)) }.await;
@@ -528,7 +637,9 @@ pub async fn send_pieces(fd: RawFd, pieces: Vec<SendPiece>, skip: usize) -> (io:
 
 /// Reads from a non-socket descriptor (signalfd, eventfd) into a small buffer.
 pub async fn read_bytes(fd: RawFd, mut buffer: Vec<u8>) -> (io::Result<usize>, Vec<u8>) {
-    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32).offset(u64::MAX).build();
+    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32)
+        .offset(u64::MAX)
+        .build();
     // SAFETY: the pointer is into the Vec's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)
@@ -536,11 +647,17 @@ pub async fn read_bytes(fd: RawFd, mut buffer: Vec<u8>) -> (io::Result<usize>, V
 
 /// Reads from a stream descriptor (a pipe, a file at its current position, a
 /// socket) into `buffer[start..]`.
-pub async fn read_stream_into(fd: RawFd, mut buffer: AlignedBuf, start: usize) -> (io::Result<usize>, AlignedBuf) {
+pub async fn read_stream_into(
+    fd: RawFd,
+    mut buffer: AlignedBuf,
+    start: usize,
+) -> (io::Result<usize>, AlignedBuf) {
     assert!(start <= buffer.len());
     // SAFETY: start is within the buffer.
     let pointer = unsafe { buffer.as_mut_ptr().add(start) };
-    let entry = opcode::Read::new(types::Fd(fd), pointer, (buffer.len() - start) as u32).offset(u64::MAX).build();
+    let entry = opcode::Read::new(types::Fd(fd), pointer, (buffer.len() - start) as u32)
+        .offset(u64::MAX)
+        .build();
     // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)
@@ -548,7 +665,10 @@ pub async fn read_stream_into(fd: RawFd, mut buffer: AlignedBuf, start: usize) -
 
 /// Fills `buffer` from a stream descriptor. Returns the bytes read: fewer than
 /// the buffer's length only at the end of the stream.
-pub async fn read_stream_exact(fd: RawFd, mut buffer: AlignedBuf) -> (io::Result<usize>, AlignedBuf) {
+pub async fn read_stream_exact(
+    fd: RawFd,
+    mut buffer: AlignedBuf,
+) -> (io::Result<usize>, AlignedBuf) {
     let mut filled = 0;
     while filled < buffer.len() {
         let (result, returned) = read_stream_into(fd, buffer, filled).await;
@@ -569,7 +689,12 @@ pub async fn write_stream_all(fd: RawFd, mut slices: Vec<BufSlice>) -> io::Resul
     while !slices.is_empty() {
         let batch: Vec<BufSlice> = slices.iter().take(IOVEC_COUNT_MAX).cloned().collect();
         let written = match writev_at(fd, batch, u64::MAX).await {
-            Ok(0) => return Err(io::Error::new(io::ErrorKind::WriteZero, "the stream accepts no more bytes")),
+            Ok(0) => {
+                return Err(io::Error::new(
+                    io::ErrorKind::WriteZero,
+                    "the stream accepts no more bytes",
+                ))
+            }
             Ok(count) => count,
             Err(error) if error.kind() == io::ErrorKind::Interrupted => 0,
             Err(error) => return Err(error),

@@ -50,7 +50,11 @@ impl Dtl {
 
     /// The config form: closed ranges, then the open one.
     pub fn to_config(&self) -> Vec<[u64; 2]> {
-        let mut out: Vec<[u64; 2]> = self.ranges.iter().map(|(first, last)| [*first, *last]).collect();
+        let mut out: Vec<[u64; 2]> = self
+            .ranges
+            .iter()
+            .map(|(first, last)| [*first, *last])
+            .collect();
         if let Some(since) = self.missing_since {
             // Closed ranges at or after the open one are inside it.
             out.retain(|[first, _]| *first < since);
@@ -68,7 +72,10 @@ impl Dtl {
         if self.missing_since.is_some_and(|since| txg >= since) {
             return true;
         }
-        self.ranges.range(..=txg).next_back().is_some_and(|(_, last)| *last >= txg)
+        self.ranges
+            .range(..=txg)
+            .next_back()
+            .is_some_and(|(_, last)| *last >= txg)
     }
 
     /// True when nothing was missed.
@@ -129,15 +136,22 @@ impl Dtl {
 
     /// The closed ranges, oldest first: what a resilver can work on.
     pub fn closed_ranges(&self) -> Vec<(u64, u64)> {
-        self.ranges.iter().map(|(first, last)| (*first, *last)).collect()
+        self.ranges
+            .iter()
+            .map(|(first, last)| (*first, *last))
+            .collect()
     }
 
     /// Forgets `ranges` (a resilver rewrote every block born in them); txgs
     /// added since stay.
     pub fn remove_ranges(&mut self, ranges: &[(u64, u64)]) {
         for &(first, last) in ranges {
-            let overlapping: Vec<(u64, u64)> =
-                self.ranges.range(..=last).filter(|(_, range_last)| **range_last >= first).map(|(range_first, range_last)| (*range_first, *range_last)).collect();
+            let overlapping: Vec<(u64, u64)> = self
+                .ranges
+                .range(..=last)
+                .filter(|(_, range_last)| **range_last >= first)
+                .map(|(range_first, range_last)| (*range_first, *range_last))
+                .collect();
             for (range_first, range_last) in overlapping {
                 self.ranges.remove(&range_first);
                 if range_first < first {
@@ -196,7 +210,12 @@ mod tests {
         dtl.add(50); // inside the open range: no change
         assert_eq!(dtl.to_config(), vec![[3, 3], [10, OPEN_RANGE_END]]);
         let round_trip = Dtl::from_config(&dtl.to_config());
-        assert!(round_trip.is_open() && round_trip.contains(77) && round_trip.contains(3) && !round_trip.contains(4));
+        assert!(
+            round_trip.is_open()
+                && round_trip.contains(77)
+                && round_trip.contains(3)
+                && !round_trip.contains(4)
+        );
         dtl.close(20);
         assert!(!dtl.is_open());
         assert_eq!(dtl.closed_ranges(), vec![(3, 3), (10, 20)]);
@@ -207,7 +226,13 @@ mod tests {
 
     #[test]
     fn garbage_from_a_config_still_gives_a_consistent_log() {
-        let dtl = Dtl::from_config(&[[9, 4], [5, 8], [7, 12], [20, OPEN_RANGE_END], [15, OPEN_RANGE_END]]);
+        let dtl = Dtl::from_config(&[
+            [9, 4],
+            [5, 8],
+            [7, 12],
+            [20, OPEN_RANGE_END],
+            [15, OPEN_RANGE_END],
+        ]);
         assert_eq!(dtl.closed_ranges(), vec![(5, 12)]);
         assert!(dtl.contains(15) && !dtl.contains(14) && !dtl.contains(4));
     }

@@ -17,7 +17,13 @@ pub(super) fn plan_write(top: &TopVdev, offset: u64, data: &BufSlice) -> Plan {
     let mut missed = Vec::new();
     for (child, leaf) in top.children.iter().enumerate() {
         if leaf.is_online() {
-            pieces.push(Piece { child, offset: absolute, data: data.clone(), optional: false, counts: true });
+            pieces.push(Piece {
+                child,
+                offset: absolute,
+                data: data.clone(),
+                optional: false,
+                counts: true,
+            });
         } else {
             missed.push(child);
         }
@@ -26,7 +32,13 @@ pub(super) fn plan_write(top: &TopVdev, offset: u64, data: &BufSlice) -> Plan {
 }
 
 /// Rewrites the whole block on each of `children` (fails for those away).
-pub(super) async fn repair(top: &TopVdev, children: &[usize], offset: u64, data: BufSlice, class: IoClass) -> Result<(), DeviceError> {
+pub(super) async fn repair(
+    top: &TopVdev,
+    children: &[usize],
+    offset: u64,
+    data: BufSlice,
+    class: IoClass,
+) -> Result<(), DeviceError> {
     let mut outcome = Ok(());
     for &index in children {
         let leaf = &top.children[index];
@@ -34,9 +46,22 @@ pub(super) async fn repair(top: &TopVdev, children: &[usize], offset: u64, data:
             outcome = Err(DeviceError::Missing);
             continue;
         }
-        let result = leaf.queue.write(class, DATA_START_BYTES + offset, data.clone(), IoFlags { repair: true, ..IoFlags::default() }).await;
+        let result = leaf
+            .queue
+            .write(
+                class,
+                DATA_START_BYTES + offset,
+                data.clone(),
+                IoFlags {
+                    repair: true,
+                    ..IoFlags::default()
+                },
+            )
+            .await;
         match result {
-            Ok(()) => leaf.queue.count(|stats| stats.repaired_bytes += data.len() as u64),
+            Ok(()) => leaf
+                .queue
+                .count(|stats| stats.repaired_bytes += data.len() as u64),
             Err(error) => outcome = Err(error),
         }
     }
@@ -48,15 +73,28 @@ pub(super) async fn repair(top: &TopVdev, children: &[usize], offset: u64, data:
 /// that missed the block's txg are tried last, as a last resort (the checksum
 /// says whether they happen to hold it); their failures are expected and left
 /// to the resilver.
-pub(super) async fn read_verified(top: &TopVdev, class: IoClass, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> Result<VerifiedRead, VdevError> {
+pub(super) async fn read_verified(
+    top: &TopVdev,
+    class: IoClass,
+    offset: u64,
+    length: u64,
+    birth_txg: u64,
+    verify: &dyn Fn(&[u8]) -> bool,
+) -> Result<VerifiedRead, VdevError> {
     let mut bad_children = Vec::new();
     let mut errors = Vec::new();
     for child in read_order(top, birth_txg) {
         let leaf = &top.children[child];
         let stale = !leaf.is_readable_for(birth_txg);
-        match leaf.queue.read(class, DATA_START_BYTES + offset, length, IoFlags::default()).await {
+        match leaf
+            .queue
+            .read(class, DATA_START_BYTES + offset, length, IoFlags::default())
+            .await
+        {
             Ok(data) if verify(&data) => return Ok(VerifiedRead { data, bad_children }),
-            Ok(_) if stale => errors.push(format!("{}: missed this block's txg", leaf.path.borrow())),
+            Ok(_) if stale => {
+                errors.push(format!("{}: missed this block's txg", leaf.path.borrow()))
+            }
             Ok(_) => {
                 leaf.queue.count(|stats| stats.checksum_errors += 1);
                 bad_children.push(child);
@@ -70,20 +108,42 @@ pub(super) async fn read_verified(top: &TopVdev, class: IoClass, offset: u64, le
             }
         }
     }
-    Err(VdevError::AllFailed(if errors.is_empty() { "no device holds this block".to_string() } else { errors.join("; ") }))
+    Err(VdevError::AllFailed(if errors.is_empty() {
+        "no device holds this block".to_string()
+    } else {
+        errors.join("; ")
+    }))
 }
 
 /// Reads every child's copy: returns a verified copy if any, and the children
 /// whose copy is bad or stale (missed while away).
-pub(super) async fn scrub_read(top: &TopVdev, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> (Option<AlignedBuf>, Vec<usize>) {
-    let readable: Vec<usize> = (0..top.children.len()).filter(|index| top.children[*index].is_readable_for(birth_txg)).collect();
-    let reads = readable
-        .iter()
-        .map(|index| top.children[*index].queue.read(IoClass::Scrub, DATA_START_BYTES + offset, length, IoFlags { scrub: true, ..IoFlags::default() }));
+pub(super) async fn scrub_read(
+    top: &TopVdev,
+    offset: u64,
+    length: u64,
+    birth_txg: u64,
+    verify: &dyn Fn(&[u8]) -> bool,
+) -> (Option<AlignedBuf>, Vec<usize>) {
+    let readable: Vec<usize> = (0..top.children.len())
+        .filter(|index| top.children[*index].is_readable_for(birth_txg))
+        .collect();
+    let reads = readable.iter().map(|index| {
+        top.children[*index].queue.read(
+            IoClass::Scrub,
+            DATA_START_BYTES + offset,
+            length,
+            IoFlags {
+                scrub: true,
+                ..IoFlags::default()
+            },
+        )
+    });
     let results = futures_util::future::join_all(reads).await;
     let mut good = None;
     // Online children that missed the block's txg hold a stale copy.
-    let mut bad: Vec<usize> = (0..top.children.len()).filter(|index| top.children[*index].is_online() && !readable.contains(index)).collect();
+    let mut bad: Vec<usize> = (0..top.children.len())
+        .filter(|index| top.children[*index].is_online() && !readable.contains(index))
+        .collect();
     for (child, result) in readable.into_iter().zip(results) {
         match result {
             Ok(data) if verify(&data) => {
@@ -92,7 +152,9 @@ pub(super) async fn scrub_read(top: &TopVdev, offset: u64, length: u64, birth_tx
                 }
             }
             Ok(_) => {
-                top.children[child].queue.count(|stats| stats.checksum_errors += 1);
+                top.children[child]
+                    .queue
+                    .count(|stats| stats.checksum_errors += 1);
                 bad.push(child);
             }
             Err(_) => bad.push(child),
@@ -109,7 +171,14 @@ fn read_order(top: &TopVdev, birth_txg: u64) -> Vec<usize> {
         .iter()
         .enumerate()
         .filter(|(_, child)| child.is_online())
-        .map(|(index, child): (usize, &Rc<LeafVdev>)| (!child.is_readable_for(birth_txg), child.load(), crate::rt::random_u64(), index))
+        .map(|(index, child): (usize, &Rc<LeafVdev>)| {
+            (
+                !child.is_readable_for(birth_txg),
+                child.load(),
+                crate::rt::random_u64(),
+                index,
+            )
+        })
         .collect();
     order.sort_unstable();
     order.into_iter().map(|(_, _, _, index)| index).collect()

@@ -67,8 +67,17 @@ pub struct LeafVdev {
 }
 
 impl LeafVdev {
-    pub fn new(guid: u64, path: String, device: Option<Rc<dyn Device>>, tunables: QueueTunables) -> Rc<LeafVdev> {
-        let state = if device.is_some() { LeafState::Online } else { LeafState::Missing };
+    pub fn new(
+        guid: u64,
+        path: String,
+        device: Option<Rc<dyn Device>>,
+        tunables: QueueTunables,
+    ) -> Rc<LeafVdev> {
+        let state = if device.is_some() {
+            LeafState::Online
+        } else {
+            LeafState::Missing
+        };
         Rc::new(LeafVdev {
             guid: Cell::new(guid),
             path: RefCell::new(path),
@@ -87,7 +96,11 @@ impl LeafVdev {
     /// The state, with a leaf that keeps failing shown as faulted.
     pub fn state(&self) -> LeafState {
         match self.state.get() {
-            LeafState::Online if self.queue.consecutive_errors() >= LEAF_FAULT_CONSECUTIVE_ERRORS => LeafState::Faulted,
+            LeafState::Online
+                if self.queue.consecutive_errors() >= LEAF_FAULT_CONSECUTIVE_ERRORS =>
+            {
+                LeafState::Faulted
+            }
             state => state,
         }
     }
@@ -132,7 +145,11 @@ impl LeafVdev {
         }
         self.queue.reset_consecutive_errors();
         self.generation.set(self.generation.get() + 1);
-        self.state.set(if self.queue.device().is_some() { LeafState::Online } else { LeafState::Missing });
+        self.state.set(if self.queue.device().is_some() {
+            LeafState::Online
+        } else {
+            LeafState::Missing
+        });
     }
 
     /// Puts a new device in this leaf's place: new identity, fresh statistics,
@@ -206,9 +223,34 @@ pub struct TopVdev {
 
 impl TopVdev {
     /// A top-level vdev; fails when a RAID-Z group's shape has no layout.
-    pub fn new(id: u32, guid: u64, kind: TopVdevKind, ashift: u8, asize_bytes: u64, metaslab_shift: u8, children: Vec<Rc<LeafVdev>>) -> Result<TopVdev, raidz::GeometryError> {
-        let raidz = if kind.is_raidz() { Some(RaidzGeometry::new(children.len() as u32, kind.parity(), ashift)?) } else { None };
-        Ok(TopVdev { id, guid, kind, ashift, asize_bytes, metaslab_shift, children, raidz })
+    pub fn new(
+        id: u32,
+        guid: u64,
+        kind: TopVdevKind,
+        ashift: u8,
+        asize_bytes: u64,
+        metaslab_shift: u8,
+        children: Vec<Rc<LeafVdev>>,
+    ) -> Result<TopVdev, raidz::GeometryError> {
+        let raidz = if kind.is_raidz() {
+            Some(RaidzGeometry::new(
+                children.len() as u32,
+                kind.parity(),
+                ashift,
+            )?)
+        } else {
+            None
+        };
+        Ok(TopVdev {
+            id,
+            guid,
+            kind,
+            ashift,
+            asize_bytes,
+            metaslab_shift,
+            children,
+            raidz,
+        })
     }
 
     pub fn sector_bytes(&self) -> u64 {
@@ -242,7 +284,10 @@ impl TopVdev {
 
     /// Children not in service now.
     pub fn children_away(&self) -> usize {
-        self.children.iter().filter(|child| !child.is_online()).count()
+        self.children
+            .iter()
+            .filter(|child| !child.is_online())
+            .count()
     }
 
     /// True when every block can still be read and written.
@@ -255,7 +300,11 @@ impl TopVdev {
     pub fn health(&self) -> VdevHealth {
         if !self.is_available() {
             VdevHealth::Unavail
-        } else if self.children.iter().any(|child| !child.is_online() || !child.dtl.borrow().is_empty()) {
+        } else if self
+            .children
+            .iter()
+            .any(|child| !child.is_online() || !child.dtl.borrow().is_empty())
+        {
             VdevHealth::Degraded
         } else {
             VdevHealth::Online
@@ -266,20 +315,36 @@ impl TopVdev {
     /// the same bytes on every child of a mirror, columns and parity on RAID-Z.
     /// Succeeds while the children that missed it are within the redundancy;
     /// reports them.
-    pub async fn write(&self, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
+    pub async fn write(
+        &self,
+        class: IoClass,
+        offset: u64,
+        data: BufSlice,
+        flags: IoFlags,
+    ) -> Result<WriteOutcome, VdevError> {
         run::write_one(self, class, offset, &data, flags).await
     }
 
     /// Writes several blocks as `write` writes each, with the pieces that
     /// follow each other on a child merged into one request (see [`run`]).
     /// Returns each block's outcome, in order.
-    pub async fn write_run(&self, class: IoClass, blocks: &[run::RunBlock], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
+    pub async fn write_run(
+        &self,
+        class: IoClass,
+        blocks: &[run::RunBlock],
+        flags: IoFlags,
+    ) -> Vec<Result<WriteOutcome, VdevError>> {
         run::write_run(self, class, blocks, flags).await
     }
 
     /// What writing a block puts on each child (`ahead`: its RAID-Z parity,
     /// when computed earlier).
-    fn plan_write(&self, offset: u64, data: &BufSlice, ahead: Option<&raidz::PrecomputedParity>) -> Result<run::Plan, VdevError> {
+    fn plan_write(
+        &self,
+        offset: u64,
+        data: &BufSlice,
+        ahead: Option<&raidz::PrecomputedParity>,
+    ) -> Result<run::Plan, VdevError> {
         debug_assert_eq!(data.len() as u64 % self.sector_bytes(), 0);
         match &self.raidz {
             Some(geometry) => raidz::io::plan_write(self, geometry, offset, data, ahead),
@@ -292,7 +357,12 @@ impl TopVdev {
     pub fn children_share_bytes(&self, children: &[usize], offset: u64, length: u64) -> u64 {
         match &self.raidz {
             Some(geometry) => match geometry.map(offset, length) {
-                Ok(map) => map.columns.iter().filter(|column| children.contains(&(column.child as usize))).map(|column| column.size_bytes).sum(),
+                Ok(map) => map
+                    .columns
+                    .iter()
+                    .filter(|column| children.contains(&(column.child as usize)))
+                    .map(|column| column.size_bytes)
+                    .sum(),
                 Err(_) => 0,
             },
             None => length * children.len() as u64,
@@ -303,9 +373,17 @@ impl TopVdev {
     /// resilver) from the block's good `data`: the whole block on a mirror, the
     /// child's column (data, or parity recomputed) on RAID-Z. Fails when any of
     /// them failed.
-    pub async fn repair(&self, children: &[usize], offset: u64, data: BufSlice, class: IoClass) -> Result<(), DeviceError> {
+    pub async fn repair(
+        &self,
+        children: &[usize],
+        offset: u64,
+        data: BufSlice,
+        class: IoClass,
+    ) -> Result<(), DeviceError> {
         match &self.raidz {
-            Some(geometry) => raidz::io::repair(self, geometry, children, offset, data, class).await,
+            Some(geometry) => {
+                raidz::io::repair(self, geometry, children, offset, data, class).await
+            }
             None => mirror::repair(self, children, offset, data, class).await,
         }
     }
@@ -314,9 +392,19 @@ impl TopVdev {
     /// `birth_txg`, until `verify` accepts it: mirror sides in turn, or RAID-Z
     /// data columns and, if needed, reconstruction. Children that returned bad
     /// bytes or errors are reported for repair.
-    pub async fn read_verified(&self, class: IoClass, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> Result<VerifiedRead, VdevError> {
+    pub async fn read_verified(
+        &self,
+        class: IoClass,
+        offset: u64,
+        length: u64,
+        birth_txg: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<VerifiedRead, VdevError> {
         match &self.raidz {
-            Some(geometry) => raidz::io::read_verified(self, geometry, class, offset, length, birth_txg, verify).await,
+            Some(geometry) => {
+                raidz::io::read_verified(self, geometry, class, offset, length, birth_txg, verify)
+                    .await
+            }
             None => mirror::read_verified(self, class, offset, length, birth_txg, verify).await,
         }
     }
@@ -325,9 +413,17 @@ impl TopVdev {
     /// RAID-Z column including parity. Returns the verified block if any, and
     /// the children whose part is bad (wrong, unreadable, parity that does not
     /// match, or missed while the child was away).
-    pub async fn scrub_read(&self, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> (Option<AlignedBuf>, Vec<usize>) {
+    pub async fn scrub_read(
+        &self,
+        offset: u64,
+        length: u64,
+        birth_txg: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> (Option<AlignedBuf>, Vec<usize>) {
         match &self.raidz {
-            Some(geometry) => raidz::io::scrub_read(self, geometry, offset, length, birth_txg, verify).await,
+            Some(geometry) => {
+                raidz::io::scrub_read(self, geometry, offset, length, birth_txg, verify).await
+            }
             None => mirror::scrub_read(self, offset, length, birth_txg, verify).await,
         }
     }
@@ -335,13 +431,19 @@ impl TopVdev {
     /// Flushes every online child. Succeeds while the children that failed (or
     /// are away) are within the redundancy.
     pub async fn flush(&self) -> Result<(), VdevError> {
-        let flushes = self.children.iter().filter(|child| child.is_online()).map(|child| child.queue.flush());
+        let flushes = self
+            .children
+            .iter()
+            .filter(|child| child.is_online())
+            .map(|child| child.queue.flush());
         let results = futures_util::future::join_all(flushes).await;
         let flushed = results.iter().filter(|result| result.is_ok()).count();
         if flushed > 0 && self.children.len() - flushed <= self.redundancy() {
             return Ok(());
         }
-        Err(VdevError::AllFailed(describe_errors(results.into_iter().filter_map(Result::err))))
+        Err(VdevError::AllFailed(describe_errors(
+            results.into_iter().filter_map(Result::err),
+        )))
     }
 }
 

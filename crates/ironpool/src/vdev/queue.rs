@@ -82,7 +82,10 @@ impl IoClass {
 
     /// Background work yields to interactive I/O.
     pub fn is_background(self) -> bool {
-        matches!(self, IoClass::Scrub | IoClass::Trim | IoClass::Rebuild | IoClass::Initializing)
+        matches!(
+            self,
+            IoClass::Scrub | IoClass::Trim | IoClass::Rebuild | IoClass::Initializing
+        )
     }
 }
 
@@ -144,7 +147,10 @@ fn default_dirty_high() -> u32 {
 
 impl Default for QueueTunables {
     fn default() -> QueueTunables {
-        let limits = |min_active, max_active| ClassLimits { min_active, max_active };
+        let limits = |min_active, max_active| ClassLimits {
+            min_active,
+            max_active,
+        };
         QueueTunables {
             class_limits: [
                 limits(32, 256), // sync read
@@ -351,18 +357,50 @@ impl VdevQueue {
     }
 
     /// Reads `length` bytes at absolute device offset `offset`.
-    pub async fn read(self: &Rc<Self>, class: IoClass, offset: u64, length: u64, flags: IoFlags) -> Result<AlignedBuf, DeviceError> {
+    pub async fn read(
+        self: &Rc<Self>,
+        class: IoClass,
+        offset: u64,
+        length: u64,
+        flags: IoFlags,
+    ) -> Result<AlignedBuf, DeviceError> {
         let buffer = AlignedBuf::for_overwrite(length as usize);
-        match self.enqueue(class, Direction::Read, offset, length, flags, Payload::Read(buffer)).await {
+        match self
+            .enqueue(
+                class,
+                Direction::Read,
+                offset,
+                length,
+                flags,
+                Payload::Read(buffer),
+            )
+            .await
+        {
             Completion::Read(result) => result,
             Completion::Write(_) => unreachable!("a read completed as a write"),
         }
     }
 
     /// Writes `data` at absolute device offset `offset`.
-    pub async fn write(self: &Rc<Self>, class: IoClass, offset: u64, data: BufSlice, flags: IoFlags) -> Result<(), DeviceError> {
+    pub async fn write(
+        self: &Rc<Self>,
+        class: IoClass,
+        offset: u64,
+        data: BufSlice,
+        flags: IoFlags,
+    ) -> Result<(), DeviceError> {
         let length = data.len() as u64;
-        match self.enqueue(class, Direction::Write, offset, length, flags, Payload::Write(data)).await {
+        match self
+            .enqueue(
+                class,
+                Direction::Write,
+                offset,
+                length,
+                flags,
+                Payload::Write(data),
+            )
+            .await
+        {
             Completion::Write(result) => result,
             Completion::Read(_) => unreachable!("a write completed as a read"),
         }
@@ -371,10 +409,30 @@ impl VdevQueue {
     /// Writes `slices`, one after another, at absolute device offset `offset`:
     /// one request (completed, aggregated and failed as a whole), at most
     /// `IOVEC_COUNT_MAX / 2` slices so that it always fits an aggregate.
-    pub async fn writev(self: &Rc<Self>, class: IoClass, offset: u64, slices: Vec<BufSlice>, flags: IoFlags) -> Result<(), DeviceError> {
-        assert!(!slices.is_empty() && slices.len() <= IOVEC_COUNT_MAX / 2, "a vectored write of {} slices", slices.len());
+    pub async fn writev(
+        self: &Rc<Self>,
+        class: IoClass,
+        offset: u64,
+        slices: Vec<BufSlice>,
+        flags: IoFlags,
+    ) -> Result<(), DeviceError> {
+        assert!(
+            !slices.is_empty() && slices.len() <= IOVEC_COUNT_MAX / 2,
+            "a vectored write of {} slices",
+            slices.len()
+        );
         let length = slices.iter().map(|slice| slice.len() as u64).sum();
-        match self.enqueue(class, Direction::Write, offset, length, flags, Payload::Writev(slices)).await {
+        match self
+            .enqueue(
+                class,
+                Direction::Write,
+                offset,
+                length,
+                flags,
+                Payload::Writev(slices),
+            )
+            .await
+        {
             Completion::Write(result) => result,
             Completion::Read(_) => unreachable!("a write completed as a read"),
         }
@@ -383,13 +441,23 @@ impl VdevQueue {
     /// Flushes the device's write cache (not queued: a flush covers writes that
     /// completed before it, and callers only flush after their writes complete).
     pub async fn flush(self: &Rc<Self>) -> Result<(), DeviceError> {
-        let Some(device) = self.device() else { return Err(DeviceError::Missing) };
+        let Some(device) = self.device() else {
+            return Err(DeviceError::Missing);
+        };
         let result = device.flush().await;
         self.stats.borrow_mut().flush_ops += 1;
         result
     }
 
-    async fn enqueue(self: &Rc<Self>, class: IoClass, direction: Direction, offset: u64, length: u64, flags: IoFlags, payload: Payload) -> Completion {
+    async fn enqueue(
+        self: &Rc<Self>,
+        class: IoClass,
+        direction: Direction,
+        offset: u64,
+        length: u64,
+        flags: IoFlags,
+        payload: Payload,
+    ) -> Completion {
         if self.device.borrow().is_none() {
             return match direction {
                 Direction::Read => Completion::Read(Err(DeviceError::Missing)),
@@ -401,7 +469,19 @@ impl VdevQueue {
             let mut state = self.state.borrow_mut();
             let id = state.next_id;
             state.next_id += 1;
-            state.pending.insert(id, Pending { class, direction, offset, length, flags, payload, reply, enqueued_ns: rt::now().0 });
+            state.pending.insert(
+                id,
+                Pending {
+                    class,
+                    direction,
+                    offset,
+                    length,
+                    flags,
+                    payload,
+                    reply,
+                    enqueued_ns: rt::now().0,
+                },
+            );
             state.fifo[class as usize].push_back(id);
             state.queued[class as usize] += 1;
             state.by_offset[direction as usize].insert((offset, id));
@@ -451,8 +531,12 @@ impl VdevQueue {
                 if state.active_total >= tunables.max_active_total {
                     return;
                 }
-                let Some(class) = choose_class(&state, &tunables, self.dirty_percent.get()) else { return };
-                let Some(head) = pop_head(&mut state, class) else { continue };
+                let Some(class) = choose_class(&state, &tunables, self.dirty_percent.get()) else {
+                    return;
+                };
+                let Some(head) = pop_head(&mut state, class) else {
+                    continue;
+                };
                 build_aggregate(&mut state, &tunables, class, head)
             };
             match aggregate {
@@ -474,7 +558,10 @@ impl VdevQueue {
             stats.active_total = state.active_total as u64;
             stats.active_requests += aggregate.children.len() as u64;
             for child in &aggregate.children {
-                stats.class(child.class).queue_latency_ns.record(now.saturating_sub(child.enqueued_ns));
+                stats
+                    .class(child.class)
+                    .queue_latency_ns
+                    .record(now.saturating_sub(child.enqueued_ns));
             }
         }
         let queue = self.clone();
@@ -502,7 +589,11 @@ impl VdevQueue {
             }
             return;
         };
-        let total: u64 = aggregate.children.last().map(|last| last.end() - aggregate.offset).unwrap_or(0);
+        let total: u64 = aggregate
+            .children
+            .last()
+            .map(|last| last.end() - aggregate.offset)
+            .unwrap_or(0);
         {
             let mut stats = self.stats.borrow_mut();
             match aggregate.direction {
@@ -519,13 +610,20 @@ impl VdevQueue {
             }
         }
         let child_count = aggregate.children.len();
-        let (result, mut children) = run_device_io(&*device, aggregate.direction, aggregate.offset, aggregate.children).await;
+        let (result, mut children) = run_device_io(
+            &*device,
+            aggregate.direction,
+            aggregate.offset,
+            aggregate.children,
+        )
+        .await;
         if result.is_err() && child_count > 1 {
             // Find out which children really fail: retry each on its own, so one
             // bad sector does not fail its neighbours.
             for child in children {
                 let offset = child.offset;
-                let (result, mut alone) = run_device_io(&*device, child_direction(&child), offset, vec![child]).await;
+                let (result, mut alone) =
+                    run_device_io(&*device, child_direction(&child), offset, vec![child]).await;
                 let child = alone.pop().expect("one child back");
                 complete(child, result, &self.stats, issued_ns);
             }
@@ -543,10 +641,16 @@ fn child_direction(child: &Pending) -> Direction {
 
 /// Performs one device I/O for children (contiguous or with read gaps) and hands
 /// the children back with their payloads.
-async fn run_device_io(device: &dyn Device, direction: Direction, offset: u64, mut children: Vec<Pending>) -> (Result<(), DeviceError>, Vec<Pending>) {
+async fn run_device_io(
+    device: &dyn Device,
+    direction: Direction,
+    offset: u64,
+    mut children: Vec<Pending>,
+) -> (Result<(), DeviceError>, Vec<Pending>) {
     match direction {
         Direction::Write => {
-            let mut slices: Vec<BufSlice> = Vec::with_capacity(children.iter().map(Pending::iovecs).sum());
+            let mut slices: Vec<BufSlice> =
+                Vec::with_capacity(children.iter().map(Pending::iovecs).sum());
             for child in &children {
                 match &child.payload {
                     Payload::Write(slice) => slices.push(slice.clone()),
@@ -564,19 +668,30 @@ async fn run_device_io(device: &dyn Device, direction: Direction, offset: u64, m
             let mut position = offset;
             for child in children.iter_mut() {
                 if child.offset > position {
-                    buffers.push(AlignedBuf::for_overwrite((child.offset - position) as usize));
+                    buffers.push(AlignedBuf::for_overwrite(
+                        (child.offset - position) as usize,
+                    ));
                     is_gap.push(true);
                 }
-                let buffer = match std::mem::replace(&mut child.payload, Payload::Read(AlignedBuf::zeroed(0))) {
+                let buffer = match std::mem::replace(
+                    &mut child.payload,
+                    Payload::Read(AlignedBuf::zeroed(0)),
+                ) {
                     Payload::Read(buffer) => buffer,
-                    Payload::Write(_) | Payload::Writev(_) => unreachable!("a write in a read aggregate"),
+                    Payload::Write(_) | Payload::Writev(_) => {
+                        unreachable!("a write in a read aggregate")
+                    }
                 };
                 buffers.push(buffer);
                 is_gap.push(false);
                 position = child.end();
             }
             let (result, buffers) = device.read(offset, buffers).await;
-            let mut own = buffers.into_iter().zip(is_gap).filter(|(_, gap)| !gap).map(|(buffer, _)| buffer);
+            let mut own = buffers
+                .into_iter()
+                .zip(is_gap)
+                .filter(|(_, gap)| !gap)
+                .map(|(buffer, _)| buffer);
             for child in children.iter_mut() {
                 child.payload = Payload::Read(own.next().expect("a buffer per child"));
             }
@@ -585,7 +700,12 @@ async fn run_device_io(device: &dyn Device, direction: Direction, offset: u64, m
     }
 }
 
-fn complete(child: Pending, result: Result<(), DeviceError>, stats: &RefCell<LeafStats>, issued_ns: u64) {
+fn complete(
+    child: Pending,
+    result: Result<(), DeviceError>,
+    stats: &RefCell<LeafStats>,
+    issued_ns: u64,
+) {
     let now = rt::now().0;
     {
         let mut stats = stats.borrow_mut();
@@ -615,8 +735,12 @@ fn complete(child: Pending, result: Result<(), DeviceError>, stats: &RefCell<Lea
         let class_stats = stats.class(child.class);
         class_stats.completed_requests += 1;
         class_stats.completed_bytes += child.length;
-        class_stats.total_latency_ns.record(now.saturating_sub(child.enqueued_ns));
-        class_stats.device_latency_ns.record(now.saturating_sub(issued_ns));
+        class_stats
+            .total_latency_ns
+            .record(now.saturating_sub(child.enqueued_ns));
+        class_stats
+            .device_latency_ns
+            .record(now.saturating_sub(issued_ns));
     }
     let completion = match child.payload {
         Payload::Read(buffer) => Completion::Read(result.map(|()| buffer)),
@@ -634,13 +758,16 @@ fn choose_class(state: &State, tunables: &QueueTunables, dirty_percent: u32) -> 
         .iter()
         .filter(|class| !class.is_background())
         .any(|class| state.queued[*class as usize] > 0 || state.active[*class as usize] > 0);
-    let reading = state.queued[IoClass::SyncRead as usize] > 0 || state.active[IoClass::SyncRead as usize] > 0;
+    let reading = state.queued[IoClass::SyncRead as usize] > 0
+        || state.active[IoClass::SyncRead as usize] > 0;
     let max_for = |class: IoClass| {
         let limits = tunables.class_limits[class as usize];
         if class.is_background() && interactive_busy {
             limits.min_active.min(limits.max_active)
         } else if class == IoClass::SyncWrite && reading {
-            limits.max_active.min(tunables.sync_write_max_active_under_reads.max(1))
+            limits
+                .max_active
+                .min(tunables.sync_write_max_active_under_reads.max(1))
         } else if class == IoClass::AsyncWrite {
             async_write_max(limits, dirty_percent, tunables)
         } else {
@@ -651,20 +778,27 @@ fn choose_class(state: &State, tunables: &QueueTunables, dirty_percent: u32) -> 
     for step in 0..CLASS_COUNT {
         let class = IoClass::ALL[(state.round_robin_next + step) % CLASS_COUNT];
         let limits = tunables.class_limits[class as usize];
-        if state.queued[class as usize] > 0 && state.active[class as usize] < limits.min_active.min(max_for(class)) {
+        if state.queued[class as usize] > 0
+            && state.active[class as usize] < limits.min_active.min(max_for(class))
+        {
             return Some(class);
         }
     }
     // Pass 2: priority order, the first class below its maximum.
-    IoClass::ALL
-        .into_iter()
-        .find(|class| state.queued[*class as usize] > 0 && state.active[*class as usize] < max_for(*class))
+    IoClass::ALL.into_iter().find(|class| {
+        state.queued[*class as usize] > 0 && state.active[*class as usize] < max_for(*class)
+    })
 }
 
 /// Async write slots by dirty data: `min_active` up to the low mark, `max_active`
 /// from the high mark, linear in between.
 fn async_write_max(limits: ClassLimits, dirty_percent: u32, tunables: &QueueTunables) -> u32 {
-    let (low, high) = (tunables.async_write_dirty_low_percent, tunables.async_write_dirty_high_percent.max(tunables.async_write_dirty_low_percent + 1));
+    let (low, high) = (
+        tunables.async_write_dirty_low_percent,
+        tunables
+            .async_write_dirty_high_percent
+            .max(tunables.async_write_dirty_low_percent + 1),
+    );
     if dirty_percent <= low {
         return limits.min_active;
     }
@@ -680,7 +814,12 @@ fn oldest_class(state: &State) -> Option<IoClass> {
     IoClass::ALL
         .into_iter()
         .filter(|class| state.queued[*class as usize] > 0)
-        .filter_map(|class| state.fifo[class as usize].iter().find(|id| state.pending.contains_key(id)).map(|id| (*id, class)))
+        .filter_map(|class| {
+            state.fifo[class as usize]
+                .iter()
+                .find(|id| state.pending.contains_key(id))
+                .map(|id| (*id, class))
+        })
         .min()
         .map(|(_, class)| class)
 }
@@ -704,10 +843,19 @@ fn compatible(a: &Pending, b: &Pending) -> bool {
 
 /// Grows an aggregate around `head` and removes its members from the queue.
 /// Returns None when `head` was a lone optional I/O (completed without I/O).
-fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, head_id: u64) -> Option<Aggregate> {
+fn build_aggregate(
+    state: &mut State,
+    tunables: &QueueTunables,
+    class: IoClass,
+    head_id: u64,
+) -> Option<Aggregate> {
     let head = &state.pending[&head_id];
     let direction = head.direction;
-    let gap_limit = if direction == Direction::Read { tunables.read_gap_limit_bytes as u64 } else { 0 };
+    let gap_limit = if direction == Direction::Read {
+        tunables.read_gap_limit_bytes as u64
+    } else {
+        0
+    };
     let limit = tunables.aggregation_limit_bytes as u64;
     let optional_limit = tunables.optional_span_limit_bytes as u64;
     let tree = &state.by_offset[direction as usize];
@@ -722,9 +870,19 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
     for &(_, id) in tree.range(..(head.offset, head_id)).rev() {
         let candidate = &state.pending[&id];
         let gap = first_offset.saturating_sub(candidate.end());
-        let added = gap + if candidate.flags.optional { 0 } else { candidate.length };
+        let added = gap
+            + if candidate.flags.optional {
+                0
+            } else {
+                candidate.length
+            };
         let span = last_end - candidate.offset;
-        if candidate.end() > first_offset || gap > gap_limit || !compatible(candidate, head) || required + added > limit || span > optional_limit {
+        if candidate.end() > first_offset
+            || gap > gap_limit
+            || !compatible(candidate, head)
+            || required + added > limit
+            || span > optional_limit
+        {
             break;
         }
         let more = candidate.iovecs() + usize::from(gap > 0);
@@ -740,9 +898,19 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
     for &(_, id) in tree.range((head.offset, head_id + 1)..) {
         let candidate = &state.pending[&id];
         let gap = candidate.offset.saturating_sub(last_end);
-        let added = gap + if candidate.flags.optional { 0 } else { candidate.length };
+        let added = gap
+            + if candidate.flags.optional {
+                0
+            } else {
+                candidate.length
+            };
         let span = candidate.end().saturating_sub(first_offset);
-        if candidate.offset < last_end || gap > gap_limit || !compatible(candidate, head) || required + added > limit || span > optional_limit {
+        if candidate.offset < last_end
+            || gap > gap_limit
+            || !compatible(candidate, head)
+            || required + added > limit
+            || span > optional_limit
+        {
             break;
         }
         let more = candidate.iovecs() + usize::from(gap > 0);
@@ -755,10 +923,18 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
         members.push_back(id);
     }
     // Optional I/Os never begin or end an aggregate.
-    while members.len() > 1 && state.pending[members.front().expect("non-empty")].flags.optional {
+    while members.len() > 1
+        && state.pending[members.front().expect("non-empty")]
+            .flags
+            .optional
+    {
         members.pop_front();
     }
-    while members.len() > 1 && state.pending[members.back().expect("non-empty")].flags.optional {
+    while members.len() > 1
+        && state.pending[members.back().expect("non-empty")]
+            .flags
+            .optional
+    {
         members.pop_back();
     }
     // An optional head trimmed off an end stays queued, as its other trimmed
@@ -786,7 +962,12 @@ fn build_aggregate(state: &mut State, tunables: &QueueTunables, class: IoClass, 
         return None;
     }
     let offset = children[0].offset;
-    Some(Aggregate { class, direction, offset, children })
+    Some(Aggregate {
+        class,
+        direction,
+        offset,
+        children,
+    })
 }
 
 #[cfg(test)]

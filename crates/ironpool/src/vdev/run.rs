@@ -72,7 +72,13 @@ pub(super) struct Plan {
 
 impl Plan {
     pub fn new(pieces: Vec<Piece>, missed: Vec<usize>, survives: Survives) -> Plan {
-        Plan { pieces, missed, survives, written: 0, errors: Vec::new() }
+        Plan {
+            pieces,
+            missed,
+            survives,
+            written: 0,
+            errors: Vec::new(),
+        }
     }
 
     /// Notes how a piece holding part of the block on `child` went.
@@ -89,16 +95,27 @@ impl Plan {
     }
 
     /// The block's outcome by its vdev kind's rule.
-    fn judge(mut self, top: &TopVdev, generations: &[u64], offset: u64) -> Result<WriteOutcome, VdevError> {
+    fn judge(
+        mut self,
+        top: &TopVdev,
+        generations: &[u64],
+        offset: u64,
+    ) -> Result<WriteOutcome, VdevError> {
         let lost = self.missed.len();
         note_replaced_during_write(top, generations, &mut self.missed);
         match self.survives {
-            Survives::AnySide if self.written == 0 => Err(VdevError::AllFailed(describe_errors(self.errors.into_iter()))),
-            Survives::Parity { parity, columns } if lost > parity => Err(VdevError::TooManyFailures(format!(
-                "{lost} of {columns} columns not written at offset {offset:#x}: {}",
-                describe_errors(self.errors.into_iter())
+            Survives::AnySide if self.written == 0 => Err(VdevError::AllFailed(describe_errors(
+                self.errors.into_iter(),
             ))),
-            _ => Ok(WriteOutcome { missed_children: self.missed }),
+            Survives::Parity { parity, columns } if lost > parity => {
+                Err(VdevError::TooManyFailures(format!(
+                    "{lost} of {columns} columns not written at offset {offset:#x}: {}",
+                    describe_errors(self.errors.into_iter())
+                )))
+            }
+            _ => Ok(WriteOutcome {
+                missed_children: self.missed,
+            }),
         }
     }
 }
@@ -116,7 +133,14 @@ struct Request {
 
 impl Request {
     fn new(piece: &Piece) -> Request {
-        Request { child: piece.child, offset: piece.offset, bytes: 0, slices: Vec::new(), optional: piece.optional, blocks: Vec::new() }
+        Request {
+            child: piece.child,
+            offset: piece.offset,
+            bytes: 0,
+            slices: Vec::new(),
+            optional: piece.optional,
+            blocks: Vec::new(),
+        }
     }
 
     fn takes(&self, piece: &Piece) -> bool {
@@ -148,22 +172,38 @@ pub struct RunBlock {
 }
 
 /// Writes `blocks` and returns each block's outcome in the same order.
-pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[RunBlock], flags: IoFlags) -> Vec<Result<WriteOutcome, VdevError>> {
-    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
-    let mut plans: Vec<Result<Plan, VdevError>> = blocks.iter().map(|block| top.plan_write(block.offset, &block.data, block.parity.as_deref())).collect();
+pub(super) async fn write_run(
+    top: &TopVdev,
+    class: IoClass,
+    blocks: &[RunBlock],
+    flags: IoFlags,
+) -> Vec<Result<WriteOutcome, VdevError>> {
+    let generations: Vec<u64> = top
+        .children
+        .iter()
+        .map(|child| child.generation())
+        .collect();
+    let mut plans: Vec<Result<Plan, VdevError>> = blocks
+        .iter()
+        .map(|block| top.plan_write(block.offset, &block.data, block.parity.as_deref()))
+        .collect();
     // In offset order, so that each child's pieces come in offset order.
     let mut order: Vec<usize> = (0..blocks.len()).collect();
     order.sort_by_key(|&index| blocks[index].offset);
     let mut open: Vec<Option<Request>> = top.children.iter().map(|_| None).collect();
     let mut requests: Vec<Request> = Vec::new();
     for index in order {
-        let Ok(plan) = &mut plans[index] else { continue };
+        let Ok(plan) = &mut plans[index] else {
+            continue;
+        };
         for piece in std::mem::take(&mut plan.pieces) {
             let slot = &mut open[piece.child];
             if !slot.as_ref().is_some_and(|request| request.takes(&piece)) {
                 requests.extend(slot.replace(Request::new(&piece)));
             }
-            slot.as_mut().expect("a request was just opened").add(piece, index);
+            slot.as_mut()
+                .expect("a request was just opened")
+                .add(piece, index);
         }
     }
     requests.extend(open.into_iter().flatten());
@@ -172,12 +212,22 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[RunBlock]
     let mut owners = Vec::with_capacity(requests.len());
     for request in requests {
         let queue = top.children[request.child].queue.clone();
-        let request_flags = IoFlags { optional: request.optional, ..flags };
+        let request_flags = IoFlags {
+            optional: request.optional,
+            ..flags
+        };
         let (offset, mut slices) = (request.offset, request.slices);
         owners.push((request.child, request.blocks));
         writes.push(async move {
             if slices.len() == 1 {
-                queue.write(class, offset, slices.pop().expect("one slice"), request_flags).await
+                queue
+                    .write(
+                        class,
+                        offset,
+                        slices.pop().expect("one slice"),
+                        request_flags,
+                    )
+                    .await
             } else {
                 queue.writev(class, offset, slices, request_flags).await
             }
@@ -192,21 +242,50 @@ pub(super) async fn write_run(top: &TopVdev, class: IoClass, blocks: &[RunBlock]
             }
         }
     }
-    plans.into_iter().zip(blocks).map(|(plan, block)| plan?.judge(top, &generations, block.offset)).collect()
+    plans
+        .into_iter()
+        .zip(blocks)
+        .map(|(plan, block)| plan?.judge(top, &generations, block.offset))
+        .collect()
 }
 
 /// Writes one block: its pieces straight to the queues, none to merge. (A
 /// client's written-through write and every metadata block come this way;
 /// through the run's bookkeeping, 1 MiB sequential writes took about a fifth
 /// more engine CPU per byte.)
-pub(super) async fn write_one(top: &TopVdev, class: IoClass, offset: u64, data: &BufSlice, flags: IoFlags) -> Result<WriteOutcome, VdevError> {
-    let generations: Vec<u64> = top.children.iter().map(|child| child.generation()).collect();
+pub(super) async fn write_one(
+    top: &TopVdev,
+    class: IoClass,
+    offset: u64,
+    data: &BufSlice,
+    flags: IoFlags,
+) -> Result<WriteOutcome, VdevError> {
+    let generations: Vec<u64> = top
+        .children
+        .iter()
+        .map(|child| child.generation())
+        .collect();
     let mut plan = top.plan_write(offset, data, None)?;
     let pieces = std::mem::take(&mut plan.pieces);
-    let owners: Vec<(usize, bool)> = pieces.iter().map(|piece| (piece.child, piece.counts)).collect();
+    let owners: Vec<(usize, bool)> = pieces
+        .iter()
+        .map(|piece| (piece.child, piece.counts))
+        .collect();
     let writes = pieces.into_iter().map(|piece| {
         let queue = top.children[piece.child].queue.clone();
-        async move { queue.write(class, piece.offset, piece.data, IoFlags { optional: piece.optional, ..flags }).await }
+        async move {
+            queue
+                .write(
+                    class,
+                    piece.offset,
+                    piece.data,
+                    IoFlags {
+                        optional: piece.optional,
+                        ..flags
+                    },
+                )
+                .await
+        }
     });
     let results = futures_util::future::join_all(writes).await;
     // A pad that failed costs nothing: it is never read.

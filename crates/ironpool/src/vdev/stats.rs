@@ -19,7 +19,9 @@ pub struct Histogram {
 
 impl Default for Histogram {
     fn default() -> Histogram {
-        Histogram { buckets: vec![0; HISTOGRAM_BUCKETS] }
+        Histogram {
+            buckets: vec![0; HISTOGRAM_BUCKETS],
+        }
     }
 }
 
@@ -117,7 +119,10 @@ pub struct LeafStats {
 
 impl LeafStats {
     pub fn new() -> LeafStats {
-        LeafStats { classes: (0..CLASS_COUNT).map(|_| ClassStats::default()).collect(), ..LeafStats::default() }
+        LeafStats {
+            classes: (0..CLASS_COUNT).map(|_| ClassStats::default()).collect(),
+            ..LeafStats::default()
+        }
     }
 
     pub fn class(&mut self, class: IoClass) -> &mut ClassStats {

@@ -21,8 +21,15 @@ pub struct TestPool {
 
 impl TestPool {
     pub fn new(name: &str) -> TestPool {
-        let dir = tempfile::Builder::new().prefix("ironpool-test-").tempdir_in(test_root()).expect("temporary directory");
-        TestPool { dir, name: name.to_string(), server: None }
+        let dir = tempfile::Builder::new()
+            .prefix("ironpool-test-")
+            .tempdir_in(test_root())
+            .expect("temporary directory");
+        TestPool {
+            dir,
+            name: name.to_string(),
+            server: None,
+        }
     }
 
     pub fn path(&self, file: &str) -> PathBuf {
@@ -38,13 +45,21 @@ impl TestPool {
     }
 
     pub fn uri(&self, volume: &str) -> String {
-        format!("nbd+unix:///{}/{}?socket={}", self.name, volume, self.socket().display())
+        format!(
+            "nbd+unix:///{}/{}?socket={}",
+            self.name,
+            volume,
+            self.socket().display()
+        )
     }
 
     /// A command of the binary with this pool's environment.
     pub fn command(&self) -> Command {
         let mut command = Command::new(ironpool_binary());
-        command.env("IRONPOOL_CACHE", self.path("cache.json")).env("IRONPOOL_RUN_DIR", self.path("run")).env_remove("IRONPOOL_CONTROL");
+        command
+            .env("IRONPOOL_CACHE", self.path("cache.json"))
+            .env("IRONPOOL_RUN_DIR", self.path("run"))
+            .env_remove("IRONPOOL_CONTROL");
         command
     }
 
@@ -57,21 +72,35 @@ impl TestPool {
     /// Runs `ironpool ARGS`, failing the test if it fails.
     pub fn ok(&self, args: &[&str]) -> String {
         let output = self.run(args);
-        assert!(output.status.success(), "ironpool {args:?} failed:\nstdout: {}\nstderr: {}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr));
+        assert!(
+            output.status.success(),
+            "ironpool {args:?} failed:\nstdout: {}\nstderr: {}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
         String::from_utf8_lossy(&output.stdout).to_string()
     }
 
     /// Runs `ironpool ARGS`, failing the test if it succeeds; returns stderr.
     pub fn fails(&self, args: &[&str]) -> String {
         let output = self.run(args);
-        assert!(!output.status.success(), "ironpool {args:?} should have failed:\nstdout: {}", String::from_utf8_lossy(&output.stdout));
+        assert!(
+            !output.status.success(),
+            "ironpool {args:?} should have failed:\nstdout: {}",
+            String::from_utf8_lossy(&output.stdout)
+        );
         String::from_utf8_lossy(&output.stderr).to_string()
     }
 
     /// Creates the pool: `layout` like ["mirror", "a.img", "b.img"] or
     /// ["raidz2", ...] (file names are made relative to the pool directory).
     pub fn create(&self, size: &str, layout: &[&str]) {
-        let mut args: Vec<String> = vec!["create".into(), "--size".into(), size.into(), self.name.clone()];
+        let mut args: Vec<String> = vec![
+            "create".into(),
+            "--size".into(),
+            size.into(),
+            self.name.clone(),
+        ];
         for word in layout {
             if *word == "mirror" || word.starts_with("raidz") {
                 args.push(word.to_string());
@@ -93,7 +122,13 @@ impl TestPool {
     /// socket (the caller adds the rest and the pool name).
     fn serve_command(&self) -> Command {
         let mut command = self.command();
-        command.args(["serve", "-d"]).arg(self.dir.path()).arg("--nbd").arg(format!("unix:{}", self.socket().display())).arg("--control").arg(self.control());
+        command
+            .args(["serve", "-d"])
+            .arg(self.dir.path())
+            .arg("--nbd")
+            .arg(format!("unix:{}", self.socket().display()))
+            .arg("--control")
+            .arg(self.control());
         command
     }
 
@@ -116,14 +151,28 @@ impl TestPool {
         assert!(self.server.is_none(), "already serving");
         let _ = std::fs::remove_file(self.path("pid"));
         let log = std::fs::File::create(self.path("serve.log")).expect("log file");
-        let child = command.arg("--pidfile").arg(self.path("pid")).stdout(Stdio::null()).stderr(log).spawn().expect("start ironpool serve");
+        let child = command
+            .arg("--pidfile")
+            .arg(self.path("pid"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start ironpool serve");
         self.server = Some(child);
         let deadline = Instant::now() + Duration::from_secs(30);
         while !self.path("pid").exists() {
-            if let Some(status) = self.server.as_mut().and_then(|child| child.try_wait().ok().flatten()) {
+            if let Some(status) = self
+                .server
+                .as_mut()
+                .and_then(|child| child.try_wait().ok().flatten())
+            {
                 panic!("ironpool serve exited with {status}: {}", self.log());
             }
-            assert!(Instant::now() < deadline, "ironpool serve did not start: {}", self.log());
+            assert!(
+                Instant::now() < deadline,
+                "ironpool serve did not start: {}",
+                self.log()
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }
@@ -136,7 +185,10 @@ impl TestPool {
             .arg(&self.name)
             .output()
             .expect("run ironpool serve");
-        assert!(!output.status.success(), "ironpool serve should have refused the pool");
+        assert!(
+            !output.status.success(),
+            "ironpool serve should have refused the pool"
+        );
         String::from_utf8_lossy(&output.stderr).to_string()
     }
 
@@ -150,7 +202,11 @@ impl TestPool {
             // SAFETY: kill(2) on a child we started.
             unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
             let status = wait_with_timeout(&mut child, Duration::from_secs(60));
-            assert!(status, "ironpool serve did not exit after SIGTERM: {}", self.log());
+            assert!(
+                status,
+                "ironpool serve did not exit after SIGTERM: {}",
+                self.log()
+            );
         }
     }
 
@@ -181,14 +237,22 @@ impl TestPool {
             .output()
             .expect("run ironpool send");
         let stderr = String::from_utf8_lossy(&output.stderr).to_string();
-        assert!(output.status.success(), "ironpool {args:?} failed: {stderr}");
+        assert!(
+            output.status.success(),
+            "ironpool {args:?} failed: {stderr}"
+        );
         stderr
     }
 
     /// Runs `ironpool ARGS < file` against the running server.
     pub fn receive_from_file(&self, args: &[&str], file: &Path) -> Output {
         let control = self.control().display().to_string();
-        self.command().args(["--control", &control]).args(args).stdin(std::fs::File::open(file).expect("stream file")).output().expect("run ironpool receive")
+        self.command()
+            .args(["--control", &control])
+            .args(args)
+            .stdin(std::fs::File::open(file).expect("stream file"))
+            .output()
+            .expect("run ironpool receive")
     }
 
     pub fn status_json(&self) -> serde_json::Value {
@@ -245,7 +309,10 @@ pub fn test_root() -> PathBuf {
 
 /// Runs an external client program, failing the test with its output if it fails.
 pub fn tool(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program).args(args).output().unwrap_or_else(|error| panic!("cannot run {program} (is it installed?): {error}"));
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("cannot run {program} (is it installed?): {error}"));
     assert!(
         output.status.success(),
         "{program} {args:?} failed ({}):\nstdout: {}\nstderr: {}",
@@ -258,17 +325,32 @@ pub fn tool(program: &str, args: &[&str]) -> String {
 
 /// Runs a program expected to fail; returns stdout+stderr.
 pub fn tool_fails(program: &str, args: &[&str]) -> String {
-    let output = Command::new(program).args(args).output().unwrap_or_else(|error| panic!("cannot run {program}: {error}"));
-    assert!(!output.status.success(), "{program} {args:?} should have failed");
-    format!("{}{}", String::from_utf8_lossy(&output.stdout), String::from_utf8_lossy(&output.stderr))
+    let output = Command::new(program)
+        .args(args)
+        .output()
+        .unwrap_or_else(|error| panic!("cannot run {program}: {error}"));
+    assert!(
+        !output.status.success(),
+        "{program} {args:?} should have failed"
+    );
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
 }
 
 /// Overwrites `length` bytes at `offset` of a file with a garbage pattern.
 pub fn corrupt_file(path: &Path, offset: u64, length: usize) {
     use std::io::{Seek, SeekFrom, Write};
-    let mut file = std::fs::OpenOptions::new().write(true).open(path).expect("open device file");
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .expect("open device file");
     file.seek(SeekFrom::Start(offset)).expect("seek");
-    let garbage: Vec<u8> = (0..length).map(|index| (index as u8).wrapping_mul(73).wrapping_add(0x5a)).collect();
+    let garbage: Vec<u8> = (0..length)
+        .map(|index| (index as u8).wrapping_mul(73).wrapping_add(0x5a))
+        .collect();
     file.write_all(&garbage).expect("write garbage");
     file.sync_all().expect("sync");
 }
@@ -292,7 +374,9 @@ impl NbdClient {
     pub fn connect(socket: &Path, export: &str) -> NbdClient {
         use std::io::{Read, Write};
         let mut stream = std::os::unix::net::UnixStream::connect(socket).expect("connect");
-        stream.set_read_timeout(Some(Duration::from_secs(60))).unwrap();
+        stream
+            .set_read_timeout(Some(Duration::from_secs(60)))
+            .unwrap();
         let mut greeting = [0u8; 18];
         stream.read_exact(&mut greeting).expect("greeting");
         assert_eq!(&greeting[..8], b"NBDMAGIC");
@@ -314,9 +398,14 @@ impl NbdClient {
             stream.read_exact(&mut data).expect("option reply data");
             match reply {
                 1 => break,
-                3 if data.len() >= 12 && u16::from_be_bytes([data[0], data[1]]) == 0 => size_bytes = u64::from_be_bytes(data[2..10].try_into().unwrap()),
+                3 if data.len() >= 12 && u16::from_be_bytes([data[0], data[1]]) == 0 => {
+                    size_bytes = u64::from_be_bytes(data[2..10].try_into().unwrap())
+                }
                 3 => {}
-                other => panic!("export {export} refused: reply {other:#x} {}", String::from_utf8_lossy(&data)),
+                other => panic!(
+                    "export {export} refused: reply {other:#x} {}",
+                    String::from_utf8_lossy(&data)
+                ),
             }
         }
         NbdClient { stream, size_bytes }
@@ -338,14 +427,22 @@ impl NbdClient {
         use std::io::Read;
         let mut header = [0u8; 16];
         stream.read_exact(&mut header).expect("reply");
-        assert_eq!(u32::from_be_bytes(header[..4].try_into().unwrap()), NBD_SIMPLE_REPLY_MAGIC);
-        (u32::from_be_bytes(header[4..8].try_into().unwrap()), u64::from_be_bytes(header[8..16].try_into().unwrap()))
+        assert_eq!(
+            u32::from_be_bytes(header[..4].try_into().unwrap()),
+            NBD_SIMPLE_REPLY_MAGIC
+        );
+        (
+            u32::from_be_bytes(header[4..8].try_into().unwrap()),
+            u64::from_be_bytes(header[8..16].try_into().unwrap()),
+        )
     }
 
     /// Reads `length` bytes at `offset` (one request at a time).
     pub fn read(&mut self, offset: u64, length: u32) -> Vec<u8> {
         use std::io::{Read, Write};
-        self.stream.write_all(&NbdClient::request(NBD_CMD_READ, 1, offset, length)).unwrap();
+        self.stream
+            .write_all(&NbdClient::request(NBD_CMD_READ, 1, offset, length))
+            .unwrap();
         let (error, _) = NbdClient::reply(&mut self.stream);
         assert_eq!(error, 0, "read at {offset} failed");
         let mut data = vec![0u8; length as usize];

@@ -59,7 +59,10 @@ pub enum GeometryError {
     #[error("block of {size_bytes} bytes is larger than the {BLOCK_SIZE_MAX_BYTES}-byte maximum")]
     BlockTooLarge { size_bytes: u64 },
     #[error("offset {offset_bytes} is not a multiple of the {sector_bytes}-byte sector")]
-    OffsetUnaligned { offset_bytes: u64, sector_bytes: u64 },
+    OffsetUnaligned {
+        offset_bytes: u64,
+        sector_bytes: u64,
+    },
     #[error("a block at offset {offset_bytes} would end past the largest offset")]
     OffsetTooLarge { offset_bytes: u64 },
 }
@@ -155,7 +158,11 @@ impl RaidzGeometry {
         if !(ASHIFT_MIN..=ASHIFT_MAX).contains(&ashift) {
             return Err(GeometryError::AshiftOutOfRange { ashift });
         }
-        Ok(RaidzGeometry { children, parity, ashift })
+        Ok(RaidzGeometry {
+            children,
+            parity,
+            ashift,
+        })
     }
 
     /// Number of children.
@@ -214,23 +221,33 @@ impl RaidzGeometry {
             return Err(GeometryError::EmptyBlock);
         }
         if psize_bytes > u64::from(BLOCK_SIZE_MAX_BYTES) {
-            return Err(GeometryError::BlockTooLarge { size_bytes: psize_bytes });
+            return Err(GeometryError::BlockTooLarge {
+                size_bytes: psize_bytes,
+            });
         }
         if offset_bytes % sector_bytes != 0 {
-            return Err(GeometryError::OffsetUnaligned { offset_bytes, sector_bytes });
+            return Err(GeometryError::OffsetUnaligned {
+                offset_bytes,
+                sector_bytes,
+            });
         }
         let allocated_size_bytes = self.asize(psize_bytes);
         if offset_bytes.checked_add(allocated_size_bytes).is_none() {
             return Err(GeometryError::OffsetTooLarge { offset_bytes });
         }
         let shape = self.shape(offset_bytes, psize_bytes);
-        debug_assert_eq!((shape.total_sectors + shape.skip_count) << self.ashift, allocated_size_bytes);
+        debug_assert_eq!(
+            (shape.total_sectors + shape.skip_count) << self.ashift,
+            allocated_size_bytes
+        );
         let mut columns = self.columns(&shape);
         let mut skip_start_column = shape.big_columns;
         if self.parity == 1 && offset_bytes & RAIDZ1_PARITY_SWAP_OFFSET_BIT != 0 {
             let (first, second) = (columns[0], columns[1]);
-            (columns[0].child, columns[0].child_offset_bytes) = (second.child, second.child_offset_bytes);
-            (columns[1].child, columns[1].child_offset_bytes) = (first.child, first.child_offset_bytes);
+            (columns[0].child, columns[0].child_offset_bytes) =
+                (second.child, second.child_offset_bytes);
+            (columns[1].child, columns[1].child_offset_bytes) =
+                (first.child, first.child_offset_bytes);
             // A skip sector after column 0's place now follows column 1.
             if skip_start_column == 0 {
                 skip_start_column = 1;
@@ -256,13 +273,23 @@ impl RaidzGeometry {
         let data_sectors = psize_bytes.div_ceil(self.sector_bytes());
         let full_rows = data_sectors / (children - parity);
         let remainder_sectors = data_sectors % (children - parity);
-        let big_columns = if remainder_sectors == 0 { 0 } else { remainder_sectors + parity };
+        let big_columns = if remainder_sectors == 0 {
+            0
+        } else {
+            remainder_sectors + parity
+        };
         let total_sectors = data_sectors + parity * (full_rows + u64::from(remainder_sectors != 0));
         // A block smaller than one row touches only its big columns; the columns
         // after them up to the rounded-up size (at most every child) hold only
         // skip sectors.
-        let (accessed_columns, spanned_columns) =
-            if full_rows == 0 { (big_columns, children.min(big_columns.next_multiple_of(parity + 1))) } else { (children, children) };
+        let (accessed_columns, spanned_columns) = if full_rows == 0 {
+            (
+                big_columns,
+                children.min(big_columns.next_multiple_of(parity + 1)),
+            )
+        } else {
+            (children, children)
+        };
         BlockShape {
             first_child: start_sector % children,
             row_offset_bytes: (start_sector / children) << self.ashift,
@@ -282,7 +309,10 @@ impl RaidzGeometry {
         let children = u64::from(self.children);
         let child = shape.first_child + column;
         if child >= children {
-            ((child - children) as u32, shape.row_offset_bytes + self.sector_bytes())
+            (
+                (child - children) as u32,
+                shape.row_offset_bytes + self.sector_bytes(),
+            )
         } else {
             (child as u32, shape.row_offset_bytes)
         }
@@ -295,17 +325,35 @@ impl RaidzGeometry {
         let mut data_offset_bytes = 0;
         for column in 0..shape.accessed_columns {
             let (child, child_offset_bytes) = self.position(shape, column);
-            let sectors = if column < shape.big_columns { shape.full_rows + 1 } else { shape.full_rows };
+            let sectors = if column < shape.big_columns {
+                shape.full_rows + 1
+            } else {
+                shape.full_rows
+            };
             let size_bytes = sectors << self.ashift;
             let is_parity = column < u64::from(self.parity);
-            let data_offset = if is_parity { None } else { Some(data_offset_bytes) };
+            let data_offset = if is_parity {
+                None
+            } else {
+                Some(data_offset_bytes)
+            };
             if !is_parity {
                 data_offset_bytes += size_bytes;
             }
-            columns.push(Column { child, child_offset_bytes, size_bytes, is_parity, data_offset_bytes: data_offset, appended_skip_bytes: 0 });
+            columns.push(Column {
+                child,
+                child_offset_bytes,
+                size_bytes,
+                is_parity,
+                data_offset_bytes: data_offset,
+                appended_skip_bytes: 0,
+            });
         }
         debug_assert_eq!(data_offset_bytes, shape.data_sectors << self.ashift);
-        debug_assert_eq!(columns.iter().map(|column| column.size_bytes).sum::<u64>(), shape.total_sectors << self.ashift);
+        debug_assert_eq!(
+            columns.iter().map(|column| column.size_bytes).sum::<u64>(),
+            shape.total_sectors << self.ashift
+        );
         // Every block has at least one parity and one data column, and columns 0
         // and 1 are the same size (the RAID-Z1 swap relies on it).
         assert!(columns.len() >= 2 && columns[0].size_bytes == columns[1].size_bytes);
@@ -316,7 +364,12 @@ impl RaidzGeometry {
     /// the spanned width. One in a column the block uses follows that column
     /// (and is appended to its write); one in a column it does not use is that
     /// column's first sector, an optional write.
-    fn skip_sectors(&self, shape: &BlockShape, columns: &mut [Column], skip_start_column: u64) -> Vec<SkipSector> {
+    fn skip_sectors(
+        &self,
+        shape: &BlockShape,
+        columns: &mut [Column],
+        skip_start_column: u64,
+    ) -> Vec<SkipSector> {
         let mut skip_sectors = Vec::with_capacity(shape.skip_count as usize);
         for skip in 0..shape.skip_count {
             let column = (skip_start_column + skip) % shape.spanned_columns;
@@ -324,10 +377,20 @@ impl RaidzGeometry {
                 let owner = &mut columns[column as usize];
                 let child_offset_bytes = owner.child_offset_bytes + owner.size_bytes;
                 owner.appended_skip_bytes += self.sector_bytes();
-                SkipSector { child: owner.child, child_offset_bytes, write: SkipWrite::AppendedToColumn { column_index: column as usize } }
+                SkipSector {
+                    child: owner.child,
+                    child_offset_bytes,
+                    write: SkipWrite::AppendedToColumn {
+                        column_index: column as usize,
+                    },
+                }
             } else {
                 let (child, child_offset_bytes) = self.position(shape, column);
-                SkipSector { child, child_offset_bytes, write: SkipWrite::Optional }
+                SkipSector {
+                    child,
+                    child_offset_bytes,
+                    write: SkipWrite::Optional,
+                }
             };
             skip_sectors.push(skip_sector);
         }
@@ -377,7 +440,11 @@ impl RaidzMap {
     /// The data columns' slices of `data` (which must be `data_size_bytes`
     /// long), ready for parity generation.
     pub fn split_data<'a>(&self, data: &'a [u8]) -> Vec<&'a [u8]> {
-        assert_eq!(data.len() as u64, self.data_size_bytes, "data buffer length");
+        assert_eq!(
+            data.len() as u64,
+            self.data_size_bytes,
+            "data buffer length"
+        );
         let mut rest = data;
         let mut slices = Vec::with_capacity(self.columns.len() - self.data_columns_first);
         for column in self.data_columns() {
@@ -391,7 +458,11 @@ impl RaidzMap {
     /// The data columns' mutable slices of `data` (which must be
     /// `data_size_bytes` long): where reconstruction writes rebuilt columns.
     pub fn split_data_mut<'a>(&self, data: &'a mut [u8]) -> Vec<&'a mut [u8]> {
-        assert_eq!(data.len() as u64, self.data_size_bytes, "data buffer length");
+        assert_eq!(
+            data.len() as u64,
+            self.data_size_bytes,
+            "data buffer length"
+        );
         let mut rest = data;
         let mut slices = Vec::with_capacity(self.columns.len() - self.data_columns_first);
         for column in self.data_columns() {

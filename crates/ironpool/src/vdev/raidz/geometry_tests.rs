@@ -25,7 +25,13 @@ fn place(children: u64, ashift: u8, sector: u64) -> (u32, u64) {
     ((sector % children) as u32, (sector / children) << ashift)
 }
 
-fn model(children: u32, parity: u32, ashift: u8, offset_bytes: u64, psize_bytes: u64) -> ModelBlock {
+fn model(
+    children: u32,
+    parity: u32,
+    ashift: u8,
+    offset_bytes: u64,
+    psize_bytes: u64,
+) -> ModelBlock {
     let (children, parity) = (u64::from(children), u64::from(parity));
     let sector = 1u64 << ashift;
     let start = offset_bytes / sector;
@@ -60,8 +66,14 @@ fn model(children: u32, parity: u32, ashift: u8, offset_bytes: u64, psize_bytes:
         let sectors: Vec<u64> = (column..used).step_by(children as usize).collect();
         let (child, first_offset) = place(children, ashift, start + sectors[0]);
         for (index, &sector_index) in sectors.iter().enumerate() {
-            assert_eq!(place(children, ashift, start + sector_index), (child, first_offset + index as u64 * sector));
-            assert_eq!(is_parity_sector[sector_index as usize], is_parity_sector[column as usize]);
+            assert_eq!(
+                place(children, ashift, start + sector_index),
+                (child, first_offset + index as u64 * sector)
+            );
+            assert_eq!(
+                is_parity_sector[sector_index as usize],
+                is_parity_sector[column as usize]
+            );
         }
         let size = sectors.len() as u64 * sector;
         let is_parity = is_parity_sector[column as usize];
@@ -82,11 +94,20 @@ fn model(children: u32, parity: u32, ashift: u8, offset_bytes: u64, psize_bytes:
     let skips = (used..allocated)
         .map(|sector_index| {
             let (child, child_offset) = place(children, ashift, start + sector_index);
-            let follows = columns.iter().position(|&(column_child, column_offset, size, _, _)| column_child == child && column_offset + size == child_offset);
+            let follows = columns
+                .iter()
+                .position(|&(column_child, column_offset, size, _, _)| {
+                    column_child == child && column_offset + size == child_offset
+                });
             (child, child_offset, follows)
         })
         .collect();
-    ModelBlock { columns, skips, allocated_bytes: allocated * sector, data_bytes }
+    ModelBlock {
+        columns,
+        skips,
+        allocated_bytes: allocated * sector,
+        data_bytes,
+    }
 }
 
 /// Every (child, sector) the block's columns and skip sectors occupy; panics on
@@ -95,20 +116,49 @@ fn occupied(map: &RaidzMap, ashift: u8) -> BTreeSet<(u32, u64)> {
     let mut sectors = BTreeSet::new();
     for column in &map.columns {
         for index in 0..(column.size_bytes >> ashift) {
-            assert!(sectors.insert((column.child, (column.child_offset_bytes >> ashift) + index)), "column sectors overlap: {map:?}");
+            assert!(
+                sectors.insert((column.child, (column.child_offset_bytes >> ashift) + index)),
+                "column sectors overlap: {map:?}"
+            );
         }
     }
     for skip in &map.skip_sectors {
-        assert!(sectors.insert((skip.child, skip.child_offset_bytes >> ashift)), "skip sector overlaps: {map:?}");
+        assert!(
+            sectors.insert((skip.child, skip.child_offset_bytes >> ashift)),
+            "skip sector overlaps: {map:?}"
+        );
     }
     sectors
 }
 
-fn check_against_model(geometry: RaidzGeometry, offset_bytes: u64, psize_bytes: u64) -> Result<(), TestCaseError> {
-    let map = geometry.map(offset_bytes, psize_bytes).map_err(|error| TestCaseError::fail(error.to_string()))?;
-    let expected = model(geometry.children(), geometry.parity(), geometry.ashift(), offset_bytes, psize_bytes);
-    let columns: Vec<_> =
-        map.columns.iter().map(|column| (column.child, column.child_offset_bytes, column.size_bytes, column.is_parity, column.data_offset_bytes)).collect();
+fn check_against_model(
+    geometry: RaidzGeometry,
+    offset_bytes: u64,
+    psize_bytes: u64,
+) -> Result<(), TestCaseError> {
+    let map = geometry
+        .map(offset_bytes, psize_bytes)
+        .map_err(|error| TestCaseError::fail(error.to_string()))?;
+    let expected = model(
+        geometry.children(),
+        geometry.parity(),
+        geometry.ashift(),
+        offset_bytes,
+        psize_bytes,
+    );
+    let columns: Vec<_> = map
+        .columns
+        .iter()
+        .map(|column| {
+            (
+                column.child,
+                column.child_offset_bytes,
+                column.size_bytes,
+                column.is_parity,
+                column.data_offset_bytes,
+            )
+        })
+        .collect();
     prop_assert_eq!(&columns, &expected.columns);
     prop_assert_eq!(map.data_columns_first, geometry.parity() as usize);
     prop_assert!(map.parity_columns().iter().all(|column| column.is_parity));
@@ -140,7 +190,10 @@ fn check_against_model(geometry: RaidzGeometry, offset_bytes: u64, psize_bytes: 
         prop_assert!(appended <= 1);
     }
     let sectors = occupied(&map, geometry.ashift());
-    prop_assert_eq!(sectors.len() as u64, map.allocated_size_bytes >> geometry.ashift());
+    prop_assert_eq!(
+        sectors.len() as u64,
+        map.allocated_size_bytes >> geometry.ashift()
+    );
     Ok(())
 }
 
@@ -151,8 +204,16 @@ fn children_strategy() -> impl Strategy<Value = u32> {
 
 fn geometry_strategy() -> impl Strategy<Value = RaidzGeometry> {
     (children_strategy(), ASHIFT_MIN..=ASHIFT_MAX)
-        .prop_flat_map(|(children, ashift)| (Just(children), 1..=PARITY_MAX.min(children - 1), Just(ashift)))
-        .prop_map(|(children, parity, ashift)| RaidzGeometry::new(children, parity, ashift).unwrap())
+        .prop_flat_map(|(children, ashift)| {
+            (
+                Just(children),
+                1..=PARITY_MAX.min(children - 1),
+                Just(ashift),
+            )
+        })
+        .prop_map(|(children, parity, ashift)| {
+            RaidzGeometry::new(children, parity, ashift).unwrap()
+        })
 }
 
 /// Largest block the properties try: several MiB, as the issue asks.
@@ -163,7 +224,10 @@ const PROPERTY_BLOCK_BYTES_MAX: u64 = 8 << 20;
 fn size_strategy(ashift: u8) -> impl Strategy<Value = u64> {
     let sector = 1u64 << ashift;
     let sectors_max = PROPERTY_BLOCK_BYTES_MAX >> ashift;
-    (prop_oneof![3 => 1..=64u64.min(sectors_max), 1 => 1..=sectors_max], 0..sector)
+    (
+        prop_oneof![3 => 1..=64u64.min(sectors_max), 1 => 1..=sectors_max],
+        0..sector,
+    )
         .prop_map(move |(sectors, shortfall)| (sectors * sector - shortfall.min(sector - 1)).max(1))
 }
 
@@ -209,7 +273,13 @@ fn every_small_block_matches_model_exhaustively() {
             for ashift in [9u8, 12] {
                 let geometry = RaidzGeometry::new(children, parity, ashift).unwrap();
                 for sectors in 1..=3 * u64::from(children) {
-                    for start in [0u64, 1, u64::from(children) - 1, u64::from(children) + 1, (1 << 20 >> ashift) + 3] {
+                    for start in [
+                        0u64,
+                        1,
+                        u64::from(children) - 1,
+                        u64::from(children) + 1,
+                        (1 << 20 >> ashift) + 3,
+                    ] {
                         check_against_model(geometry, start << ashift, sectors << ashift).unwrap();
                     }
                 }
@@ -257,8 +327,19 @@ fn worked_example_of_the_documentation() {
         (3, row + 4096, 4096, false, Some(8192)),
         (4, row + 4096, 4096, false, Some(12288)),
     ];
-    let columns: Vec<_> =
-        map.columns.iter().map(|column| (column.child, column.child_offset_bytes, column.size_bytes, column.is_parity, column.data_offset_bytes)).collect();
+    let columns: Vec<_> = map
+        .columns
+        .iter()
+        .map(|column| {
+            (
+                column.child,
+                column.child_offset_bytes,
+                column.size_bytes,
+                column.is_parity,
+                column.data_offset_bytes,
+            )
+        })
+        .collect();
     assert_eq!(columns, expected);
     assert!(map.skip_sectors.is_empty());
     assert_eq!(map.allocated_size_bytes, 6 * 4096);
@@ -267,14 +348,32 @@ fn worked_example_of_the_documentation() {
     // allocated sector is on the one child the block does not touch: optional.
     let small = geometry.map((8 << 20) + (12 << 10), 12 << 10).unwrap();
     assert_eq!(small.columns.len(), 5);
-    assert_eq!(small.skip_sectors, vec![SkipSector { child: 4, child_offset_bytes: row + 4096, write: SkipWrite::Optional }]);
+    assert_eq!(
+        small.skip_sectors,
+        vec![SkipSector {
+            child: 4,
+            child_offset_bytes: row + 4096,
+            write: SkipWrite::Optional
+        }]
+    );
 
     // 28 KiB: 7 data sectors, q = 1, r = 3, 5 big columns, 11 sectors rounded to
     // 12; the pad follows column 5 (child 4, one sector long) in its write.
     let padded = geometry.map((8 << 20) + (12 << 10), 28 << 10).unwrap();
-    let sizes: Vec<u64> = padded.columns.iter().map(|column| column.size_bytes / 4096).collect();
+    let sizes: Vec<u64> = padded
+        .columns
+        .iter()
+        .map(|column| column.size_bytes / 4096)
+        .collect();
     assert_eq!(sizes, vec![2, 2, 2, 2, 2, 1]);
-    assert_eq!(padded.skip_sectors, vec![SkipSector { child: 4, child_offset_bytes: row + 2 * 4096, write: SkipWrite::AppendedToColumn { column_index: 5 } }]);
+    assert_eq!(
+        padded.skip_sectors,
+        vec![SkipSector {
+            child: 4,
+            child_offset_bytes: row + 2 * 4096,
+            write: SkipWrite::AppendedToColumn { column_index: 5 }
+        }]
+    );
     assert_eq!(padded.columns[5].appended_skip_bytes, 4096);
     assert_eq!(padded.allocated_size_bytes, 12 * 4096);
 }
@@ -296,27 +395,75 @@ fn raidz1_swaps_parity_in_odd_megabytes() {
     let five = RaidzGeometry::new(5, 1, 9).unwrap();
     let map = five.map(1 << 20, 4 * 512).unwrap();
     assert_eq!(map.columns[1].child, 3);
-    assert_eq!(map.skip_sectors, vec![SkipSector { child: 3, child_offset_bytes: ((1 << 20) / 512 / 5 + 1) * 512, write: SkipWrite::AppendedToColumn { column_index: 1 } }]);
+    assert_eq!(
+        map.skip_sectors,
+        vec![SkipSector {
+            child: 3,
+            child_offset_bytes: ((1 << 20) / 512 / 5 + 1) * 512,
+            write: SkipWrite::AppendedToColumn { column_index: 1 }
+        }]
+    );
     let map = five.map(0, 4 * 512).unwrap();
-    assert_eq!(map.skip_sectors[0].write, SkipWrite::AppendedToColumn { column_index: 0 });
+    assert_eq!(
+        map.skip_sectors[0].write,
+        SkipWrite::AppendedToColumn { column_index: 0 }
+    );
 }
 
 #[test]
 fn rejects_impossible_groups_and_blocks() {
-    assert_eq!(RaidzGeometry::new(6, 0, 12), Err(GeometryError::ParityOutOfRange { parity: 0 }));
-    assert_eq!(RaidzGeometry::new(6, 4, 12), Err(GeometryError::ParityOutOfRange { parity: 4 }));
-    assert_eq!(RaidzGeometry::new(3, 3, 12), Err(GeometryError::ChildrenOutOfRange { children: 3, parity: 3 }));
-    assert_eq!(RaidzGeometry::new(256, 1, 12), Err(GeometryError::ChildrenOutOfRange { children: 256, parity: 1 }));
-    assert_eq!(RaidzGeometry::new(6, 1, 8), Err(GeometryError::AshiftOutOfRange { ashift: 8 }));
-    assert_eq!(RaidzGeometry::new(6, 1, 17), Err(GeometryError::AshiftOutOfRange { ashift: 17 }));
+    assert_eq!(
+        RaidzGeometry::new(6, 0, 12),
+        Err(GeometryError::ParityOutOfRange { parity: 0 })
+    );
+    assert_eq!(
+        RaidzGeometry::new(6, 4, 12),
+        Err(GeometryError::ParityOutOfRange { parity: 4 })
+    );
+    assert_eq!(
+        RaidzGeometry::new(3, 3, 12),
+        Err(GeometryError::ChildrenOutOfRange {
+            children: 3,
+            parity: 3
+        })
+    );
+    assert_eq!(
+        RaidzGeometry::new(256, 1, 12),
+        Err(GeometryError::ChildrenOutOfRange {
+            children: 256,
+            parity: 1
+        })
+    );
+    assert_eq!(
+        RaidzGeometry::new(6, 1, 8),
+        Err(GeometryError::AshiftOutOfRange { ashift: 8 })
+    );
+    assert_eq!(
+        RaidzGeometry::new(6, 1, 17),
+        Err(GeometryError::AshiftOutOfRange { ashift: 17 })
+    );
     assert!(RaidzGeometry::new(2, 1, 9).is_ok() && RaidzGeometry::new(255, 3, 16).is_ok());
     let geometry = RaidzGeometry::new(6, 2, 12).unwrap();
     assert_eq!(geometry.map(0, 0), Err(GeometryError::EmptyBlock));
-    assert_eq!(geometry.map(512, 4096), Err(GeometryError::OffsetUnaligned { offset_bytes: 512, sector_bytes: 4096 }));
+    assert_eq!(
+        geometry.map(512, 4096),
+        Err(GeometryError::OffsetUnaligned {
+            offset_bytes: 512,
+            sector_bytes: 4096
+        })
+    );
     let too_large = u64::from(BLOCK_SIZE_MAX_BYTES) + 1;
-    assert_eq!(geometry.map(0, too_large), Err(GeometryError::BlockTooLarge { size_bytes: too_large }));
+    assert_eq!(
+        geometry.map(0, too_large),
+        Err(GeometryError::BlockTooLarge {
+            size_bytes: too_large
+        })
+    );
     let last = u64::MAX - 4095;
-    assert_eq!(geometry.map(last, 4096), Err(GeometryError::OffsetTooLarge { offset_bytes: last }));
+    assert_eq!(
+        geometry.map(last, 4096),
+        Err(GeometryError::OffsetTooLarge { offset_bytes: last })
+    );
 }
 
 #[test]
@@ -324,13 +471,19 @@ fn split_data_follows_data_offsets() {
     let geometry = RaidzGeometry::new(7, 3, 9).unwrap();
     let map = geometry.map(512 * 11, 9 * 512 + 100).unwrap();
     assert_eq!(map.data_size_bytes, 10 * 512);
-    let mut data: Vec<u8> = (0..map.data_size_bytes).map(|index| (index / 512) as u8).collect();
+    let mut data: Vec<u8> = (0..map.data_size_bytes)
+        .map(|index| (index / 512) as u8)
+        .collect();
     let slices = map.split_data(&data);
     for (slice, column) in slices.iter().zip(map.data_columns()) {
         let start = column.data_offset_bytes.unwrap();
         assert_eq!(slice.len() as u64, column.size_bytes);
         assert_eq!(slice[0], (start / 512) as u8);
     }
-    let total: usize = map.split_data_mut(&mut data).iter().map(|slice| slice.len()).sum();
+    let total: usize = map
+        .split_data_mut(&mut data)
+        .iter()
+        .map(|slice| slice.len())
+        .sum();
     assert_eq!(total as u64, map.data_size_bytes);
 }

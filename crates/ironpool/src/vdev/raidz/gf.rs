@@ -192,7 +192,10 @@ mod tests {
             let (low, high) = nibble_tables(value);
             for x in 0..=255u8 {
                 assert_eq!(table[x as usize], mul(value, x));
-                assert_eq!(low[(x & 15) as usize] ^ high[(x >> 4) as usize], mul(value, x));
+                assert_eq!(
+                    low[(x & 15) as usize] ^ high[(x >> 4) as usize],
+                    mul(value, x)
+                );
             }
         }
     }
@@ -203,7 +206,12 @@ mod tests {
         let inverted = invert(&matrix, 3).unwrap();
         for (row, matrix_row) in matrix.iter().enumerate() {
             for column in 0..3 {
-                let product = matrix_row.iter().zip(&inverted).fold(0, |sum, (&left, inverted_row)| sum ^ mul(left, inverted_row[column]));
+                let product = matrix_row
+                    .iter()
+                    .zip(&inverted)
+                    .fold(0, |sum, (&left, inverted_row)| {
+                        sum ^ mul(left, inverted_row[column])
+                    });
                 assert_eq!(product, u8::from(row == column));
             }
         }

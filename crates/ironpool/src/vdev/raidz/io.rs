@@ -80,9 +80,19 @@ struct Recovered {
 /// child the block does not otherwise touch. Children that are away miss it.
 /// `ahead` is the block's parity when it was computed earlier (see
 /// [`PrecomputedParity`]); used when it was computed for this geometry and size.
-pub(in crate::vdev) fn plan_write(top: &TopVdev, geometry: &RaidzGeometry, offset: u64, data: &BufSlice, ahead: Option<&PrecomputedParity>) -> Result<Plan, VdevError> {
+pub(in crate::vdev) fn plan_write(
+    top: &TopVdev,
+    geometry: &RaidzGeometry,
+    offset: u64,
+    data: &BufSlice,
+    ahead: Option<&PrecomputedParity>,
+) -> Result<Plan, VdevError> {
     let map = geometry.map(offset, data.len() as u64)?;
-    assert_eq!(data.len() as u64, map.data_size_bytes, "a RAID-Z write takes the block in whole sectors");
+    assert_eq!(
+        data.len() as u64,
+        map.data_size_bytes,
+        "a RAID-Z write takes the block in whole sectors"
+    );
     let parity = match ahead {
         Some(ahead) if ahead.fits(geometry, data.len()) => ahead.columns.clone(),
         _ => compute_parity(&map, data),
@@ -97,44 +107,101 @@ pub(in crate::vdev) fn plan_write(top: &TopVdev, geometry: &RaidzGeometry, offse
             continue;
         }
         let absolute = DATA_START_BYTES + column.child_offset_bytes;
-        pieces.push(Piece { child, offset: absolute, data: column_payload(&map, index, data, &parity), optional: false, counts: true });
+        pieces.push(Piece {
+            child,
+            offset: absolute,
+            data: column_payload(&map, index, data, &parity),
+            optional: false,
+            counts: true,
+        });
         if column.appended_skip_bytes > 0 {
             debug_assert_eq!(column.appended_skip_bytes, map.sector_bytes);
-            pieces.push(Piece { child, offset: absolute + column.size_bytes, data: pad.clone(), optional: false, counts: false });
+            pieces.push(Piece {
+                child,
+                offset: absolute + column.size_bytes,
+                data: pad.clone(),
+                optional: false,
+                counts: false,
+            });
         }
     }
-    for skip in map.skip_sectors.iter().filter(|skip| skip.write == SkipWrite::Optional) {
+    for skip in map
+        .skip_sectors
+        .iter()
+        .filter(|skip| skip.write == SkipWrite::Optional)
+    {
         let child = skip.child as usize;
         if top.children[child].is_online() {
-            pieces.push(Piece { child, offset: DATA_START_BYTES + skip.child_offset_bytes, data: pad.clone(), optional: true, counts: false });
+            pieces.push(Piece {
+                child,
+                offset: DATA_START_BYTES + skip.child_offset_bytes,
+                data: pad.clone(),
+                optional: true,
+                counts: false,
+            });
         }
     }
-    Ok(Plan::new(pieces, missed, Survives::Parity { parity: geometry.parity() as usize, columns: map.columns.len() }))
+    Ok(Plan::new(
+        pieces,
+        missed,
+        Survives::Parity {
+            parity: geometry.parity() as usize,
+            columns: map.columns.len(),
+        },
+    ))
 }
 
 /// Rewrites the columns that `children` hold (a child may hold none of a
 /// small block). Fails, writing nothing, when one of them is away.
-pub(in crate::vdev) async fn repair(top: &TopVdev, geometry: &RaidzGeometry, children: &[usize], offset: u64, data: BufSlice, class: IoClass) -> Result<(), DeviceError> {
-    let map = geometry.map(offset, data.len() as u64).map_err(|error| DeviceError::Io(format!("no layout to repair: {error}")))?;
-    let targets: Vec<usize> = (0..map.columns.len()).filter(|index| children.contains(&(map.columns[*index].child as usize))).collect();
-    if targets.iter().any(|index| !top.children[map.columns[*index].child as usize].is_online()) {
+pub(in crate::vdev) async fn repair(
+    top: &TopVdev,
+    geometry: &RaidzGeometry,
+    children: &[usize],
+    offset: u64,
+    data: BufSlice,
+    class: IoClass,
+) -> Result<(), DeviceError> {
+    let map = geometry
+        .map(offset, data.len() as u64)
+        .map_err(|error| DeviceError::Io(format!("no layout to repair: {error}")))?;
+    let targets: Vec<usize> = (0..map.columns.len())
+        .filter(|index| children.contains(&(map.columns[*index].child as usize)))
+        .collect();
+    if targets
+        .iter()
+        .any(|index| !top.children[map.columns[*index].child as usize].is_online())
+    {
         return Err(DeviceError::Missing);
     }
     if targets.is_empty() {
         return Ok(());
     }
-    let parity = if targets.iter().any(|index| map.columns[*index].is_parity) { compute_parity(&map, &data) } else { Vec::new() };
-    let flags = IoFlags { repair: true, ..IoFlags::default() };
+    let parity = if targets.iter().any(|index| map.columns[*index].is_parity) {
+        compute_parity(&map, &data)
+    } else {
+        Vec::new()
+    };
+    let flags = IoFlags {
+        repair: true,
+        ..IoFlags::default()
+    };
     let writes = targets.iter().map(|&index| {
         let column = &map.columns[index];
-        top.children[column.child as usize].queue.write(class, DATA_START_BYTES + column.child_offset_bytes, column_payload(&map, index, &data, &parity), flags)
+        top.children[column.child as usize].queue.write(
+            class,
+            DATA_START_BYTES + column.child_offset_bytes,
+            column_payload(&map, index, &data, &parity),
+            flags,
+        )
     });
     let results = futures_util::future::join_all(writes).await;
     let mut outcome = Ok(());
     for (index, result) in targets.into_iter().zip(results) {
         let column = &map.columns[index];
         match result {
-            Ok(()) => top.children[column.child as usize].queue.count(|stats| stats.repaired_bytes += column.size_bytes),
+            Ok(()) => top.children[column.child as usize]
+                .queue
+                .count(|stats| stats.repaired_bytes += column.size_bytes),
             Err(error) => outcome = Err(error),
         }
     }
@@ -154,15 +221,39 @@ pub(in crate::vdev) async fn read_verified(
     let map = geometry.map(offset, length)?;
     let mut slots: Vec<Slot> = map.columns.iter().map(|_| Slot::Unread).collect();
     let data_columns: Vec<usize> = (map.data_columns_first..map.columns.len()).collect();
-    read_columns(top, &map, &data_columns, birth_txg, class, IoFlags::default(), &mut slots).await;
-    if data_columns.iter().all(|index| matches!(slots[*index], Slot::Read(_))) {
+    read_columns(
+        top,
+        &map,
+        &data_columns,
+        birth_txg,
+        class,
+        IoFlags::default(),
+        &mut slots,
+    )
+    .await;
+    if data_columns
+        .iter()
+        .all(|index| matches!(slots[*index], Slot::Read(_)))
+    {
         let data = assemble(&map, |index| slots[index].bytes());
         if verify(&data) {
-            return Ok(VerifiedRead { data, bad_children: Vec::new() });
+            return Ok(VerifiedRead {
+                data,
+                bad_children: Vec::new(),
+            });
         }
     }
     let parity_columns: Vec<usize> = (0..map.data_columns_first).collect();
-    read_columns(top, &map, &parity_columns, birth_txg, class, IoFlags::default(), &mut slots).await;
+    read_columns(
+        top,
+        &map,
+        &parity_columns,
+        birth_txg,
+        class,
+        IoFlags::default(),
+        &mut slots,
+    )
+    .await;
     let recovered = match recover(&map, geometry.parity() as usize, &slots, verify) {
         Some(recovered) => recovered,
         None => {
@@ -171,24 +262,50 @@ pub(in crate::vdev) async fn read_verified(
             if !read_stale_columns(top, &map, class, IoFlags::default(), &mut slots).await {
                 return Err(unrecoverable(top, &map, &slots));
             }
-            recover(&map, geometry.parity() as usize, &slots, verify).ok_or_else(|| unrecoverable(top, &map, &slots))?
+            recover(&map, geometry.parity() as usize, &slots, verify)
+                .ok_or_else(|| unrecoverable(top, &map, &slots))?
         }
     };
     let bad_children = blame(top, &map, &slots, &recovered, false);
-    Ok(VerifiedRead { data: recovered.data, bad_children })
+    Ok(VerifiedRead {
+        data: recovered.data,
+        bad_children,
+    })
 }
 
 /// Reads every column of a block and checks data and parity: the verified
 /// block and the children whose column must be rewritten, or None when the
 /// block cannot be recovered.
-pub(in crate::vdev) async fn scrub_read(top: &TopVdev, geometry: &RaidzGeometry, offset: u64, length: u64, birth_txg: u64, verify: &dyn Fn(&[u8]) -> bool) -> (Option<AlignedBuf>, Vec<usize>) {
-    let Ok(map) = geometry.map(offset, length) else { return (None, Vec::new()) };
+pub(in crate::vdev) async fn scrub_read(
+    top: &TopVdev,
+    geometry: &RaidzGeometry,
+    offset: u64,
+    length: u64,
+    birth_txg: u64,
+    verify: &dyn Fn(&[u8]) -> bool,
+) -> (Option<AlignedBuf>, Vec<usize>) {
+    let Ok(map) = geometry.map(offset, length) else {
+        return (None, Vec::new());
+    };
     let mut slots: Vec<Slot> = map.columns.iter().map(|_| Slot::Unread).collect();
     let all: Vec<usize> = (0..map.columns.len()).collect();
-    let flags = IoFlags { scrub: true, ..IoFlags::default() };
-    read_columns(top, &map, &all, birth_txg, IoClass::Scrub, flags, &mut slots).await;
+    let flags = IoFlags {
+        scrub: true,
+        ..IoFlags::default()
+    };
+    read_columns(
+        top,
+        &map,
+        &all,
+        birth_txg,
+        IoClass::Scrub,
+        flags,
+        &mut slots,
+    )
+    .await;
     let mut recovered = recover(&map, geometry.parity() as usize, &slots, verify);
-    if recovered.is_none() && read_stale_columns(top, &map, IoClass::Scrub, flags, &mut slots).await {
+    if recovered.is_none() && read_stale_columns(top, &map, IoClass::Scrub, flags, &mut slots).await
+    {
         recovered = recover(&map, geometry.parity() as usize, &slots, verify);
     }
     match recovered {
@@ -202,7 +319,15 @@ pub(in crate::vdev) async fn scrub_read(top: &TopVdev, geometry: &RaidzGeometry,
 
 /// Reads the columns `indices` whose children can serve the block; marks the
 /// others away or stale.
-async fn read_columns(top: &TopVdev, map: &RaidzMap, indices: &[usize], birth_txg: u64, class: IoClass, flags: IoFlags, slots: &mut [Slot]) {
+async fn read_columns(
+    top: &TopVdev,
+    map: &RaidzMap,
+    indices: &[usize],
+    birth_txg: u64,
+    class: IoClass,
+    flags: IoFlags,
+    slots: &mut [Slot],
+) {
     let mut wanted = Vec::with_capacity(indices.len());
     for &index in indices {
         let leaf = &top.children[map.columns[index].child as usize];
@@ -216,9 +341,17 @@ async fn read_columns(top: &TopVdev, map: &RaidzMap, indices: &[usize], birth_tx
     }
     let reads = wanted.iter().map(|&index| {
         let column = &map.columns[index];
-        top.children[column.child as usize].queue.read(class, DATA_START_BYTES + column.child_offset_bytes, column.size_bytes, flags)
+        top.children[column.child as usize].queue.read(
+            class,
+            DATA_START_BYTES + column.child_offset_bytes,
+            column.size_bytes,
+            flags,
+        )
     });
-    for (index, result) in wanted.iter().zip(futures_util::future::join_all(reads).await) {
+    for (index, result) in wanted
+        .iter()
+        .zip(futures_util::future::join_all(reads).await)
+    {
         slots[*index] = match result {
             Ok(bytes) => Slot::Read(bytes),
             Err(_) => Slot::Failed,
@@ -227,16 +360,32 @@ async fn read_columns(top: &TopVdev, map: &RaidzMap, indices: &[usize], birth_tx
 }
 
 /// Reads the columns of stale children. False when there were none.
-async fn read_stale_columns(top: &TopVdev, map: &RaidzMap, class: IoClass, flags: IoFlags, slots: &mut [Slot]) -> bool {
-    let stale: Vec<usize> = (0..slots.len()).filter(|index| matches!(slots[*index], Slot::Stale)).collect();
+async fn read_stale_columns(
+    top: &TopVdev,
+    map: &RaidzMap,
+    class: IoClass,
+    flags: IoFlags,
+    slots: &mut [Slot],
+) -> bool {
+    let stale: Vec<usize> = (0..slots.len())
+        .filter(|index| matches!(slots[*index], Slot::Stale))
+        .collect();
     if stale.is_empty() {
         return false;
     }
     let reads = stale.iter().map(|&index| {
         let column = &map.columns[index];
-        top.children[column.child as usize].queue.read(class, DATA_START_BYTES + column.child_offset_bytes, column.size_bytes, flags)
+        top.children[column.child as usize].queue.read(
+            class,
+            DATA_START_BYTES + column.child_offset_bytes,
+            column.size_bytes,
+            flags,
+        )
     });
-    for (index, result) in stale.iter().zip(futures_util::future::join_all(reads).await) {
+    for (index, result) in stale
+        .iter()
+        .zip(futures_util::future::join_all(reads).await)
+    {
         slots[*index] = match result {
             Ok(bytes) => Slot::ReadStale(bytes),
             Err(_) => Slot::Failed,
@@ -250,17 +399,30 @@ async fn read_stale_columns(top: &TopVdev, map: &RaidzMap, class: IoClass, flags
 /// smallest sets first (the fewest columns blamed), until the block checksum
 /// matches. None when no set of at most `parity` columns gives a block that
 /// verifies, or `RECONSTRUCTION_ATTEMPTS_MAX` sets were tried.
-fn recover(map: &RaidzMap, parity: usize, slots: &[Slot], verify: &dyn Fn(&[u8]) -> bool) -> Option<Recovered> {
-    let erased: Vec<usize> = (0..slots.len()).filter(|index| slots[*index].bytes().is_none()).collect();
+fn recover(
+    map: &RaidzMap,
+    parity: usize,
+    slots: &[Slot],
+    verify: &dyn Fn(&[u8]) -> bool,
+) -> Option<Recovered> {
+    let erased: Vec<usize> = (0..slots.len())
+        .filter(|index| slots[*index].bytes().is_none())
+        .collect();
     if erased.len() > parity {
         return None;
     }
-    let candidates: Vec<usize> = (0..slots.len()).filter(|index| slots[*index].bytes().is_some()).collect();
+    let candidates: Vec<usize> = (0..slots.len())
+        .filter(|index| slots[*index].bytes().is_some())
+        .collect();
     let mut work: Vec<AlignedBuf> = map
         .columns
         .iter()
         .zip(slots)
-        .map(|(column, slot)| slot.bytes().map(|bytes| AlignedBuf::copy_from(bytes)).unwrap_or_else(|| AlignedBuf::zeroed(column.size_bytes as usize)))
+        .map(|(column, slot)| {
+            slot.bytes()
+                .map(|bytes| AlignedBuf::copy_from(bytes))
+                .unwrap_or_else(|| AlignedBuf::zeroed(column.size_bytes as usize))
+        })
         .collect();
     let mut attempts = 0;
     let mut raw_data_tried = false;
@@ -281,8 +443,14 @@ fn recover(map: &RaidzMap, parity: usize, slots: &[Slot], verify: &dyn Fn(&[u8])
                 raw_data_tried |= !touches_data;
                 attempts += 1;
                 if let Some(data) = attempt(map, parity, slots, &mut work, &missing, verify) {
-                    let wrong_columns = chosen.iter().map(|position| candidates[*position]).collect();
-                    return Some(Recovered { data, wrong_columns });
+                    let wrong_columns = chosen
+                        .iter()
+                        .map(|position| candidates[*position])
+                        .collect();
+                    return Some(Recovered {
+                        data,
+                        wrong_columns,
+                    });
                 }
             }
             if !next_combination(&mut chosen, candidates.len()) {
@@ -295,7 +463,14 @@ fn recover(map: &RaidzMap, parity: usize, slots: &[Slot], verify: &dyn Fn(&[u8])
 
 /// One reconstruction: rebuilds `missing` in `work` (first restoring every
 /// read column to its bytes as read) and returns the block if it verifies.
-fn attempt(map: &RaidzMap, parity: usize, slots: &[Slot], work: &mut [AlignedBuf], missing: &[usize], verify: &dyn Fn(&[u8]) -> bool) -> Option<AlignedBuf> {
+fn attempt(
+    map: &RaidzMap,
+    parity: usize,
+    slots: &[Slot],
+    work: &mut [AlignedBuf],
+    missing: &[usize],
+    verify: &dyn Fn(&[u8]) -> bool,
+) -> Option<AlignedBuf> {
     for (buffer, slot) in work.iter_mut().zip(slots) {
         if let Some(bytes) = slot.bytes() {
             buffer.copy_from_slice(bytes);
@@ -313,12 +488,20 @@ fn attempt(map: &RaidzMap, parity: usize, slots: &[Slot], work: &mut [AlignedBuf
 /// that returned wrong bytes: failed reads, wrong columns, and parity columns
 /// that disagree with the recovered block. A scrub also repairs the children
 /// that missed the block's txg (that is a resilver of this block).
-fn blame(top: &TopVdev, map: &RaidzMap, slots: &[Slot], recovered: &Recovered, include_stale: bool) -> Vec<usize> {
+fn blame(
+    top: &TopVdev,
+    map: &RaidzMap,
+    slots: &[Slot],
+    recovered: &Recovered,
+    include_stale: bool,
+) -> Vec<usize> {
     let mut bad: Vec<usize> = Vec::new();
     let mut push = |index: usize, checksum_error: bool| {
         let child = map.columns[index].child as usize;
         if checksum_error {
-            top.children[child].queue.count(|stats| stats.checksum_errors += 1);
+            top.children[child]
+                .queue
+                .count(|stats| stats.checksum_errors += 1);
         }
         if !bad.contains(&child) {
             bad.push(child);
@@ -327,11 +510,16 @@ fn blame(top: &TopVdev, map: &RaidzMap, slots: &[Slot], recovered: &Recovered, i
     for index in &recovered.wrong_columns {
         push(*index, matches!(slots[*index], Slot::Read(_)));
     }
-    let parity_read: Vec<usize> = (0..map.data_columns_first).filter(|index| slots[*index].bytes().is_some() && !recovered.wrong_columns.contains(index)).collect();
+    let parity_read: Vec<usize> = (0..map.data_columns_first)
+        .filter(|index| slots[*index].bytes().is_some() && !recovered.wrong_columns.contains(index))
+        .collect();
     if !parity_read.is_empty() {
         let expected = compute_parity(map, &recovered.data);
         for index in parity_read {
-            let read = slots[index].bytes().map(|bytes| &bytes[..]).unwrap_or_default();
+            let read = slots[index]
+                .bytes()
+                .map(|bytes| &bytes[..])
+                .unwrap_or_default();
             if read != &expected[index][..] {
                 push(index, matches!(slots[index], Slot::Read(_)));
             }
@@ -361,10 +549,17 @@ fn unrecoverable(top: &TopVdev, map: &RaidzMap, slots: &[Slot]) -> VdevError {
                 Slot::Failed => "read error",
                 Slot::Read(_) | Slot::ReadStale(_) => "read",
             };
-            format!("{}: {state}", top.children[column.child as usize].path.borrow())
+            format!(
+                "{}: {state}",
+                top.children[column.child as usize].path.borrow()
+            )
         })
         .collect();
-    VdevError::TooManyFailures(format!("no combination of up to {} columns verifies ({})", map.data_columns_first, states.join(", ")))
+    VdevError::TooManyFailures(format!(
+        "no combination of up to {} columns verifies ({})",
+        map.data_columns_first,
+        states.join(", ")
+    ))
 }
 
 thread_local! {
@@ -403,7 +598,11 @@ impl PrecomputedParity {
             return None;
         }
         let map = geometry.map(0, data.len() as u64).ok()?;
-        Some(PrecomputedParity { geometry: *geometry, data_bytes: data.len(), columns: compute_parity(&map, data) })
+        Some(PrecomputedParity {
+            geometry: *geometry,
+            data_bytes: data.len(),
+            columns: compute_parity(&map, data),
+        })
     }
 
     /// Memory it holds (counted against the write-back's dirty limit).
@@ -425,7 +624,9 @@ impl PrecomputedParity {
     /// Whether a block of `data_bytes` gets parity ahead: whole sectors, and
     /// a size a block may have.
     fn applies(geometry: &RaidzGeometry, data_bytes: u64) -> bool {
-        data_bytes > 0 && data_bytes.is_multiple_of(geometry.sector_bytes()) && data_bytes <= u64::from(crate::format::bp::BLOCK_SIZE_MAX_BYTES)
+        data_bytes > 0
+            && data_bytes.is_multiple_of(geometry.sector_bytes())
+            && data_bytes <= u64::from(crate::format::bp::BLOCK_SIZE_MAX_BYTES)
     }
 
     /// Whether it is the parity a block of `data_bytes` on `geometry` needs.
@@ -437,16 +638,24 @@ impl PrecomputedParity {
 /// The block's parity columns, computed from its data.
 fn compute_parity(map: &RaidzMap, data: &[u8]) -> Vec<std::rc::Rc<AlignedBuf>> {
     let bytes = map.parity_column_bytes() as usize;
-    let mut parity: Vec<AlignedBuf> = (0..map.data_columns_first).map(|_| AlignedBuf::for_overwrite(bytes)).collect();
+    let mut parity: Vec<AlignedBuf> = (0..map.data_columns_first)
+        .map(|_| AlignedBuf::for_overwrite(bytes))
+        .collect();
     let mut outputs: Vec<&mut [u8]> = parity.iter_mut().map(|buffer| &mut buffer[..]).collect();
     // The map's columns always have a shape parity accepts (the geometry's
     // invariants: 1-3 parity columns as long as the longest data column).
-    generate_parity(&mut outputs, &map.split_data(data)).expect("a RAID-Z map has a valid parity shape");
+    generate_parity(&mut outputs, &map.split_data(data))
+        .expect("a RAID-Z map has a valid parity shape");
     parity.into_iter().map(AlignedBuf::into_shared).collect()
 }
 
 /// What column `index` writes: a slice of the block, or its parity buffer.
-fn column_payload(map: &RaidzMap, index: usize, data: &BufSlice, parity: &[std::rc::Rc<AlignedBuf>]) -> BufSlice {
+fn column_payload(
+    map: &RaidzMap,
+    index: usize,
+    data: &BufSlice,
+    parity: &[std::rc::Rc<AlignedBuf>],
+) -> BufSlice {
     let column = &map.columns[index];
     match column.data_offset_bytes {
         Some(start) => data.slice(start as usize..(start + column.size_bytes) as usize),
@@ -455,10 +664,15 @@ fn column_payload(map: &RaidzMap, index: usize, data: &BufSlice, parity: &[std::
 }
 
 /// The block's bytes from its data columns.
-fn assemble<'a>(map: &RaidzMap, column_bytes: impl Fn(usize) -> Option<&'a AlignedBuf>) -> AlignedBuf {
+fn assemble<'a>(
+    map: &RaidzMap,
+    column_bytes: impl Fn(usize) -> Option<&'a AlignedBuf>,
+) -> AlignedBuf {
     let mut data = AlignedBuf::for_overwrite(map.data_size_bytes as usize);
     for (index, column) in map.columns.iter().enumerate().skip(map.data_columns_first) {
-        let start = column.data_offset_bytes.expect("data columns have a data offset") as usize;
+        let start = column
+            .data_offset_bytes
+            .expect("data columns have a data offset") as usize;
         let target = &mut data[start..start + column.size_bytes as usize];
         match column_bytes(index) {
             Some(bytes) => target.copy_from_slice(&bytes[..column.size_bytes as usize]),

@@ -75,7 +75,11 @@ pub enum ParityImplementation {
 
 impl ParityImplementation {
     /// Every implementation, slowest first.
-    pub const ALL: [ParityImplementation; 3] = [ParityImplementation::Scalar, ParityImplementation::Ssse3, ParityImplementation::Avx2];
+    pub const ALL: [ParityImplementation; 3] = [
+        ParityImplementation::Scalar,
+        ParityImplementation::Ssse3,
+        ParityImplementation::Avx2,
+    ];
 
     /// Whether this CPU can run it (feature detection is cached by std, so this
     /// is a load and a test).
@@ -93,13 +97,20 @@ impl ParityImplementation {
 
     /// The fastest implementation this CPU runs: what the engine uses.
     pub fn fastest() -> ParityImplementation {
-        Self::ALL.into_iter().rev().find(|implementation| implementation.is_available()).unwrap_or(ParityImplementation::Scalar)
+        Self::ALL
+            .into_iter()
+            .rev()
+            .find(|implementation| implementation.is_available())
+            .unwrap_or(ParityImplementation::Scalar)
     }
 
     /// Every implementation this CPU runs, slowest first (tests and benchmarks
     /// compare them).
     pub fn all_available() -> Vec<ParityImplementation> {
-        Self::ALL.into_iter().filter(|implementation| implementation.is_available()).collect()
+        Self::ALL
+            .into_iter()
+            .filter(|implementation| implementation.is_available())
+            .collect()
     }
 
     /// A short name for reports.
@@ -271,7 +282,12 @@ pub(super) type Term<'a> = (&'a [u8], u8);
 /// The CPU supports `V`'s instructions.
 #[inline(always)]
 pub(super) unsafe fn mul_sum<V: ShuffleLanes>(destination: &mut [u8], terms: &[Term<'_>]) {
-    assert!(terms.len() <= ROW_COUNT_MAX && terms.iter().all(|(source, _)| source.len() >= destination.len()));
+    assert!(
+        terms.len() <= ROW_COUNT_MAX
+            && terms
+                .iter()
+                .all(|(source, _)| source.len() >= destination.len())
+    );
     let mut tables = [(V::zero(), V::zero()); ROW_COUNT_MAX];
     for (table, (_, coefficient)) in tables.iter_mut().zip(terms) {
         let (low, high) = gf::nibble_tables(*coefficient);
@@ -305,7 +321,12 @@ pub(super) unsafe fn mul_sum<V: ShuffleLanes>(destination: &mut [u8], terms: &[T
 /// `destination = sum of coefficient * source` with one 256-entry product table
 /// per constant: the portable path, and the tail of the SIMD one.
 pub(super) fn mul_sum_scalar(destination: &mut [u8], terms: &[Term<'_>]) {
-    assert!(terms.len() <= ROW_COUNT_MAX && terms.iter().all(|(source, _)| source.len() >= destination.len()));
+    assert!(
+        terms.len() <= ROW_COUNT_MAX
+            && terms
+                .iter()
+                .all(|(source, _)| source.len() >= destination.len())
+    );
     if destination.is_empty() {
         return;
     }
@@ -344,36 +365,76 @@ macro_rules! dispatch_rows {
 
 /// # Safety
 /// None beyond `generate`'s: SWAR needs no CPU feature.
-unsafe fn generate_swar<const P: bool, const Q: bool, const R: bool>(p: &mut [u8], q: &mut [u8], r: &mut [u8], data: &[&[u8]], length: usize) {
+unsafe fn generate_swar<const P: bool, const Q: bool, const R: bool>(
+    p: &mut [u8],
+    q: &mut [u8],
+    r: &mut [u8],
+    data: &[&[u8]],
+    length: usize,
+) {
     // SAFETY: Swar uses only base instructions.
     unsafe { generate::<Swar, P, Q, R>(p, q, r, data, length) }
 }
 
 /// Computes the parity rows whose output is present, each `length` bytes, from
 /// `data` (short or empty columns read as zeros).
-pub(super) fn generate_rows(implementation: ParityImplementation, outputs: [Option<&mut [u8]>; ROW_COUNT_MAX], data: &[&[u8]], length: usize) {
-    assert!(implementation.is_available(), "{} is not available on this CPU", implementation.name());
-    assert!(outputs.iter().flatten().all(|output| output.len() == length));
-    let rows = [outputs[0].is_some(), outputs[1].is_some(), outputs[2].is_some()];
+pub(super) fn generate_rows(
+    implementation: ParityImplementation,
+    outputs: [Option<&mut [u8]>; ROW_COUNT_MAX],
+    data: &[&[u8]],
+    length: usize,
+) {
+    assert!(
+        implementation.is_available(),
+        "{} is not available on this CPU",
+        implementation.name()
+    );
+    assert!(outputs
+        .iter()
+        .flatten()
+        .all(|output| output.len() == length));
+    let rows = [
+        outputs[0].is_some(),
+        outputs[1].is_some(),
+        outputs[2].is_some(),
+    ];
     let [p, q, r] = outputs;
-    let (p, q, r) = (p.unwrap_or(&mut []), q.unwrap_or(&mut []), r.unwrap_or(&mut []));
+    let (p, q, r) = (
+        p.unwrap_or(&mut []),
+        q.unwrap_or(&mut []),
+        r.unwrap_or(&mut []),
+    );
     match implementation {
         // SAFETY: SWAR needs no CPU feature.
-        ParityImplementation::Scalar => unsafe { dispatch_rows!(generate_swar, rows, p, q, r, data, length) },
+        ParityImplementation::Scalar => unsafe {
+            dispatch_rows!(generate_swar, rows, p, q, r, data, length)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: asserted above that the CPU has SSSE3.
-        ParityImplementation::Ssse3 => unsafe { dispatch_rows!(generate_ssse3, rows, p, q, r, data, length) },
+        ParityImplementation::Ssse3 => unsafe {
+            dispatch_rows!(generate_ssse3, rows, p, q, r, data, length)
+        },
         #[cfg(target_arch = "x86_64")]
         // SAFETY: asserted above that the CPU has AVX2.
-        ParityImplementation::Avx2 => unsafe { dispatch_rows!(generate_avx2, rows, p, q, r, data, length) },
+        ParityImplementation::Avx2 => unsafe {
+            dispatch_rows!(generate_avx2, rows, p, q, r, data, length)
+        },
         #[cfg(not(target_arch = "x86_64"))]
         _ => unreachable!("only the scalar implementation is available off x86_64"),
     }
 }
 
 /// `destination = sum of coefficient * source` with the chosen implementation.
-pub(super) fn mul_sum_with(implementation: ParityImplementation, destination: &mut [u8], terms: &[Term<'_>]) {
-    assert!(implementation.is_available(), "{} is not available on this CPU", implementation.name());
+pub(super) fn mul_sum_with(
+    implementation: ParityImplementation,
+    destination: &mut [u8],
+    terms: &[Term<'_>],
+) {
+    assert!(
+        implementation.is_available(),
+        "{} is not available on this CPU",
+        implementation.name()
+    );
     match implementation {
         ParityImplementation::Scalar => mul_sum_scalar(destination, terms),
         #[cfg(target_arch = "x86_64")]

@@ -31,6 +31,6 @@ pub use geometry::{Column, GeometryError, RaidzGeometry, RaidzMap, SkipSector, S
 pub use io::PrecomputedParity;
 pub use kernels::ParityImplementation;
 pub use parity::{
-    generate_parity, generate_parity_with, mismatched_parity_columns, reconstruct, reconstruct_with, ParityError, DATA_COLUMN_COUNT_MAX,
-    PARITY_COUNT_MAX,
+    generate_parity, generate_parity_with, mismatched_parity_columns, reconstruct,
+    reconstruct_with, ParityError, DATA_COLUMN_COUNT_MAX, PARITY_COUNT_MAX,
 };

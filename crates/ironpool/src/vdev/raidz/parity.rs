@@ -45,10 +45,22 @@ pub enum ParityError {
     #[error("{count} data columns: a block has 1 to {DATA_COLUMN_COUNT_MAX}")]
     DataColumnCountOutOfRange { count: usize },
     #[error("parity column {index} is {length_bytes} bytes, parity column 0 is {expected_bytes}")]
-    ParityLengthMismatch { index: usize, length_bytes: usize, expected_bytes: usize },
-    #[error("data column {index} is {length_bytes} bytes, longer than the parity's {parity_bytes}")]
-    DataColumnTooLong { index: usize, length_bytes: usize, parity_bytes: usize },
-    #[error("{count} columns missing: {parity_count} parity columns rebuild at most {parity_count}")]
+    ParityLengthMismatch {
+        index: usize,
+        length_bytes: usize,
+        expected_bytes: usize,
+    },
+    #[error(
+        "data column {index} is {length_bytes} bytes, longer than the parity's {parity_bytes}"
+    )]
+    DataColumnTooLong {
+        index: usize,
+        length_bytes: usize,
+        parity_bytes: usize,
+    },
+    #[error(
+        "{count} columns missing: {parity_count} parity columns rebuild at most {parity_count}"
+    )]
     TooManyMissing { count: usize, parity_count: usize },
     #[error("missing column {index} does not exist (the block has {column_count} columns)")]
     MissingColumnOutOfRange { index: usize, column_count: usize },
@@ -61,14 +73,28 @@ pub enum ParityError {
 /// Computes the parity columns (1, 2 or 3: P, then Q, then R) of `data_columns`
 /// with the fastest implementation. Each parity column must be as long as the
 /// longest data column; data columns may be shorter (zero-padded).
-pub fn generate_parity(parity_columns: &mut [&mut [u8]], data_columns: &[&[u8]]) -> Result<(), ParityError> {
-    generate_parity_with(ParityImplementation::fastest(), parity_columns, data_columns)
+pub fn generate_parity(
+    parity_columns: &mut [&mut [u8]],
+    data_columns: &[&[u8]],
+) -> Result<(), ParityError> {
+    generate_parity_with(
+        ParityImplementation::fastest(),
+        parity_columns,
+        data_columns,
+    )
 }
 
 /// [`generate_parity`] with a chosen implementation (tests, benchmarks).
-pub fn generate_parity_with(implementation: ParityImplementation, parity_columns: &mut [&mut [u8]], data_columns: &[&[u8]]) -> Result<(), ParityError> {
+pub fn generate_parity_with(
+    implementation: ParityImplementation,
+    parity_columns: &mut [&mut [u8]],
+    data_columns: &[&[u8]],
+) -> Result<(), ParityError> {
     check_available(implementation)?;
-    let parity_bytes = validate_shape(parity_columns.iter().map(|column| column.len()), data_columns.iter().map(|column| column.len()))?;
+    let parity_bytes = validate_shape(
+        parity_columns.iter().map(|column| column.len()),
+        data_columns.iter().map(|column| column.len()),
+    )?;
     let mut outputs: [Option<&mut [u8]>; ROW_COUNT_MAX] = [None, None, None];
     for (output, column) in outputs.iter_mut().zip(parity_columns.iter_mut()) {
         *output = Some(&mut **column);
@@ -84,19 +110,42 @@ pub fn generate_parity_with(implementation: ParityImplementation, parity_columns
 /// overwritten. Any combination of up to `parity_count` missing columns (data
 /// and/or parity) is rebuilt. Which columns are bad is the caller's knowledge
 /// (read errors, or a combination being tried against the block checksum).
-pub fn reconstruct(columns: &mut [&mut [u8]], parity_count: usize, missing_columns: &[usize]) -> Result<(), ParityError> {
-    reconstruct_with(ParityImplementation::fastest(), columns, parity_count, missing_columns)
+pub fn reconstruct(
+    columns: &mut [&mut [u8]],
+    parity_count: usize,
+    missing_columns: &[usize],
+) -> Result<(), ParityError> {
+    reconstruct_with(
+        ParityImplementation::fastest(),
+        columns,
+        parity_count,
+        missing_columns,
+    )
 }
 
 /// [`reconstruct`] with a chosen implementation (tests, benchmarks).
-pub fn reconstruct_with(implementation: ParityImplementation, columns: &mut [&mut [u8]], parity_count: usize, missing_columns: &[usize]) -> Result<(), ParityError> {
+pub fn reconstruct_with(
+    implementation: ParityImplementation,
+    columns: &mut [&mut [u8]],
+    parity_count: usize,
+    missing_columns: &[usize],
+) -> Result<(), ParityError> {
     check_available(implementation)?;
     if parity_count == 0 || parity_count > PARITY_COUNT_MAX || parity_count > columns.len() {
-        return Err(ParityError::ParityCountOutOfRange { count: parity_count });
+        return Err(ParityError::ParityCountOutOfRange {
+            count: parity_count,
+        });
     }
     let (parity_columns, data_columns) = columns.split_at_mut(parity_count);
-    let parity_bytes = validate_shape(parity_columns.iter().map(|column| column.len()), data_columns.iter().map(|column| column.len()))?;
-    validate_missing(missing_columns, parity_count, parity_count + data_columns.len())?;
+    let parity_bytes = validate_shape(
+        parity_columns.iter().map(|column| column.len()),
+        data_columns.iter().map(|column| column.len()),
+    )?;
+    validate_missing(
+        missing_columns,
+        parity_count,
+        parity_count + data_columns.len(),
+    )?;
 
     let mut erased_rows = [false; ROW_COUNT_MAX];
     let mut erased_data: Vec<usize> = Vec::with_capacity(PARITY_COUNT_MAX);
@@ -109,11 +158,21 @@ pub fn reconstruct_with(implementation: ParityImplementation, columns: &mut [&mu
     }
     erased_data.sort_unstable();
     if !erased_data.is_empty() {
-        let rows: Vec<usize> = (0..parity_count).filter(|&row| !erased_rows[row]).take(erased_data.len()).collect();
+        let rows: Vec<usize> = (0..parity_count)
+            .filter(|&row| !erased_rows[row])
+            .take(erased_data.len())
+            .collect();
         // There are at least as many surviving parity rows as erased data
         // columns: validate_missing bounded the erasures by the parity count.
         assert_eq!(rows.len(), erased_data.len());
-        solve_erased_data(implementation, parity_columns, data_columns, &rows, &erased_data, parity_bytes);
+        solve_erased_data(
+            implementation,
+            parity_columns,
+            data_columns,
+            &rows,
+            &erased_data,
+            parity_bytes,
+        );
     }
     if erased_rows.iter().any(|&erased| erased) {
         let data: Vec<&[u8]> = data_columns.iter().map(|column| &**column).collect();
@@ -130,16 +189,27 @@ pub fn reconstruct_with(implementation: ParityImplementation, columns: &mut [&mu
 
 /// Which parity columns do not match the data (indices into `parity_columns`):
 /// what a scrub checks once the block checksum has vouched for the data.
-pub fn mismatched_parity_columns(parity_columns: &[&[u8]], data_columns: &[&[u8]]) -> Result<Vec<usize>, ParityError> {
+pub fn mismatched_parity_columns(
+    parity_columns: &[&[u8]],
+    data_columns: &[&[u8]],
+) -> Result<Vec<usize>, ParityError> {
     let implementation = ParityImplementation::fastest();
-    let parity_bytes = validate_shape(parity_columns.iter().map(|column| column.len()), data_columns.iter().map(|column| column.len()))?;
-    let mut expected: Vec<Vec<u8>> = parity_columns.iter().map(|_| vec![0u8; parity_bytes]).collect();
+    let parity_bytes = validate_shape(
+        parity_columns.iter().map(|column| column.len()),
+        data_columns.iter().map(|column| column.len()),
+    )?;
+    let mut expected: Vec<Vec<u8>> = parity_columns
+        .iter()
+        .map(|_| vec![0u8; parity_bytes])
+        .collect();
     let mut outputs: [Option<&mut [u8]>; ROW_COUNT_MAX] = [None, None, None];
     for (output, column) in outputs.iter_mut().zip(expected.iter_mut()) {
         *output = Some(column.as_mut_slice());
     }
     kernels::generate_rows(implementation, outputs, data_columns, parity_bytes);
-    Ok((0..parity_columns.len()).filter(|&row| expected[row] != parity_columns[row]).collect())
+    Ok((0..parity_columns.len())
+        .filter(|&row| expected[row] != parity_columns[row])
+        .collect())
 }
 
 /// Solves for the erased data columns (indices into `data_columns`) from the
@@ -158,8 +228,17 @@ fn solve_erased_data(
     // columns read as zero (empty).
     let mut syndromes: Vec<Vec<u8>> = (0..count).map(|_| vec![0u8; parity_bytes]).collect();
     {
-        let surviving: Vec<&[u8]> =
-            data_columns.iter().enumerate().map(|(index, column)| if erased_data.contains(&index) { &[][..] } else { &**column }).collect();
+        let surviving: Vec<&[u8]> = data_columns
+            .iter()
+            .enumerate()
+            .map(|(index, column)| {
+                if erased_data.contains(&index) {
+                    &[][..]
+                } else {
+                    &**column
+                }
+            })
+            .collect();
         let mut outputs: [Option<&mut [u8]>; ROW_COUNT_MAX] = [None, None, None];
         for (&row, syndrome) in rows.iter().zip(syndromes.iter_mut()) {
             outputs[row] = Some(syndrome.as_mut_slice());
@@ -178,7 +257,11 @@ fn solve_erased_data(
     }
     // Invertible for every choice of rows and erased columns (module docs);
     // failing here means the arithmetic itself is broken.
-    let inverse = gf::invert(&matrix, count).unwrap_or_else(|| panic!("RAID-Z matrix for rows {rows:?}, erased {erased_data:?} of {data_count} is singular"));
+    let inverse = gf::invert(&matrix, count).unwrap_or_else(|| {
+        panic!(
+            "RAID-Z matrix for rows {rows:?}, erased {erased_data:?} of {data_count} is singular"
+        )
+    });
     for (unknown, &erased) in erased_data.iter().enumerate() {
         let mut terms: [Term<'_>; ROW_COUNT_MAX] = [(&[], 0); ROW_COUNT_MAX];
         for (equation, syndrome) in syndromes.iter().enumerate() {
@@ -193,16 +276,23 @@ fn check_available(implementation: ParityImplementation) -> Result<(), ParityErr
     if implementation.is_available() {
         Ok(())
     } else {
-        Err(ParityError::ImplementationUnavailable { name: implementation.name() })
+        Err(ParityError::ImplementationUnavailable {
+            name: implementation.name(),
+        })
     }
 }
 
 /// Checks the counts and lengths of one block's columns; returns the parity
 /// column length.
-fn validate_shape(parity_lengths: impl ExactSizeIterator<Item = usize>, data_lengths: impl ExactSizeIterator<Item = usize>) -> Result<usize, ParityError> {
+fn validate_shape(
+    parity_lengths: impl ExactSizeIterator<Item = usize>,
+    data_lengths: impl ExactSizeIterator<Item = usize>,
+) -> Result<usize, ParityError> {
     let parity_count = parity_lengths.len();
     if parity_count == 0 || parity_count > PARITY_COUNT_MAX {
-        return Err(ParityError::ParityCountOutOfRange { count: parity_count });
+        return Err(ParityError::ParityCountOutOfRange {
+            count: parity_count,
+        });
     }
     let data_count = data_lengths.len();
     if data_count == 0 || data_count > DATA_COLUMN_COUNT_MAX {
@@ -212,25 +302,43 @@ fn validate_shape(parity_lengths: impl ExactSizeIterator<Item = usize>, data_len
     for (index, length_bytes) in parity_lengths.enumerate() {
         let expected_bytes = *parity_bytes.get_or_insert(length_bytes);
         if length_bytes != expected_bytes {
-            return Err(ParityError::ParityLengthMismatch { index, length_bytes, expected_bytes });
+            return Err(ParityError::ParityLengthMismatch {
+                index,
+                length_bytes,
+                expected_bytes,
+            });
         }
     }
     let parity_bytes = parity_bytes.unwrap_or(0);
     for (index, length_bytes) in data_lengths.enumerate() {
         if length_bytes > parity_bytes {
-            return Err(ParityError::DataColumnTooLong { index, length_bytes, parity_bytes });
+            return Err(ParityError::DataColumnTooLong {
+                index,
+                length_bytes,
+                parity_bytes,
+            });
         }
     }
     Ok(parity_bytes)
 }
 
-fn validate_missing(missing_columns: &[usize], parity_count: usize, column_count: usize) -> Result<(), ParityError> {
+fn validate_missing(
+    missing_columns: &[usize],
+    parity_count: usize,
+    column_count: usize,
+) -> Result<(), ParityError> {
     if missing_columns.len() > parity_count {
-        return Err(ParityError::TooManyMissing { count: missing_columns.len(), parity_count });
+        return Err(ParityError::TooManyMissing {
+            count: missing_columns.len(),
+            parity_count,
+        });
     }
     for (position, &index) in missing_columns.iter().enumerate() {
         if index >= column_count {
-            return Err(ParityError::MissingColumnOutOfRange { index, column_count });
+            return Err(ParityError::MissingColumnOutOfRange {
+                index,
+                column_count,
+            });
         }
         if missing_columns[..position].contains(&index) {
             return Err(ParityError::MissingColumnRepeated { index });

@@ -10,10 +10,11 @@
 //! inline, so the intrinsics compile to the feature's instructions there.
 
 use std::arch::x86_64::{
-    __m128i, __m256i, _mm256_add_epi8, _mm256_and_si256, _mm256_broadcastsi128_si256, _mm256_cmpgt_epi8, _mm256_loadu_si256,
-    _mm256_set1_epi8, _mm256_setzero_si256, _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_si256, _mm256_xor_si256,
-    _mm_add_epi8, _mm_and_si128, _mm_cmpgt_epi8, _mm_loadu_si128, _mm_set1_epi8, _mm_setzero_si128, _mm_shuffle_epi8, _mm_srli_epi16,
-    _mm_storeu_si128, _mm_xor_si128,
+    __m128i, __m256i, _mm256_add_epi8, _mm256_and_si256, _mm256_broadcastsi128_si256,
+    _mm256_cmpgt_epi8, _mm256_loadu_si256, _mm256_set1_epi8, _mm256_setzero_si256,
+    _mm256_shuffle_epi8, _mm256_srli_epi16, _mm256_storeu_si256, _mm256_xor_si256, _mm_add_epi8,
+    _mm_and_si128, _mm_cmpgt_epi8, _mm_loadu_si128, _mm_set1_epi8, _mm_setzero_si128,
+    _mm_shuffle_epi8, _mm_srli_epi16, _mm_storeu_si128, _mm_xor_si128,
 };
 
 use super::gf;
@@ -85,7 +86,10 @@ impl ShuffleLanes for Ssse3 {
             let mask = _mm_set1_epi8(NIBBLE_MASK_I8);
             let low_nibbles = _mm_and_si128(self.0, mask);
             let high_nibbles = _mm_and_si128(_mm_srli_epi16(self.0, 4), mask);
-            Ssse3(_mm_xor_si128(_mm_shuffle_epi8(low.0, low_nibbles), _mm_shuffle_epi8(high.0, high_nibbles)))
+            Ssse3(_mm_xor_si128(
+                _mm_shuffle_epi8(low.0, low_nibbles),
+                _mm_shuffle_epi8(high.0, high_nibbles),
+            ))
         }
     }
 }
@@ -142,7 +146,9 @@ impl ShuffleLanes for Avx2 {
         // SAFETY: reads exactly the 16 bytes of `table`; AVX2 is enabled by the
         // caller. The AVX2 shuffle looks up within each 16-byte half, so the
         // table goes in both halves.
-        Avx2(unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast::<__m128i>())) })
+        Avx2(unsafe {
+            _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast::<__m128i>()))
+        })
     }
 
     #[inline(always)]
@@ -152,7 +158,10 @@ impl ShuffleLanes for Avx2 {
             let mask = _mm256_set1_epi8(NIBBLE_MASK_I8);
             let low_nibbles = _mm256_and_si256(self.0, mask);
             let high_nibbles = _mm256_and_si256(_mm256_srli_epi16(self.0, 4), mask);
-            Avx2(_mm256_xor_si256(_mm256_shuffle_epi8(low.0, low_nibbles), _mm256_shuffle_epi8(high.0, high_nibbles)))
+            Avx2(_mm256_xor_si256(
+                _mm256_shuffle_epi8(low.0, low_nibbles),
+                _mm256_shuffle_epi8(high.0, high_nibbles),
+            ))
         }
     }
 }

@@ -5,6 +5,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
+# Formatting and lints first: they take seconds and fail fast.
+cargo fmt --all --check
+cargo clippy --workspace --all-targets -- -D warnings
 cargo build --workspace --all-targets
 export IRONPOOL_BIN="$PWD/target/debug/ironpool"
 cargo test --workspace -- --test-threads=2

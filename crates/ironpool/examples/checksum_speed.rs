@@ -10,7 +10,7 @@ fn main() {
     let total_bytes: usize = 2 << 30;
     for block_bytes in [16 << 10, 128 << 10] {
         let block: Vec<u8> = (0..block_bytes)
-            .map(|index| (index * 2654435761usize >> 13) as u8)
+            .map(|index| ((index * 2654435761usize) >> 13) as u8)
             .collect();
         let mut copy = vec![0u8; block_bytes];
         let rounds = total_bytes / block_bytes;

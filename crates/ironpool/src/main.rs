@@ -28,6 +28,8 @@ struct Cli {
     command: Command,
 }
 
+// Parsed once per process: boxing the large variants would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
     /// Create a pool: `create [-f] [--size SIZE] POOL [mirror|raidz|raidz2|raidz3] DEV... [mirror|raidzN DEV...]`.

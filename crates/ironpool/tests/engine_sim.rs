@@ -150,8 +150,8 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
     let mut bytes = [0u8; 512];
     bytes[..8].copy_from_slice(&write_id.to_le_bytes());
     bytes[8..16].copy_from_slice(&sector.to_le_bytes());
-    for index in 16..512 {
-        bytes[index] = (write_id as u8)
+    for (index, byte) in bytes.iter_mut().enumerate().skip(16) {
+        *byte = (write_id as u8)
             .wrapping_mul(7)
             .wrapping_add(index as u8)
             .wrapping_add(sector as u8);
@@ -309,7 +309,8 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
     runtime.block_on(async move {
         let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables()).await.unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
         let volume = pool.volume("tank/vol").unwrap();
-        let model = model.borrow();
+        // The writers are gone: take the model so no borrow spans the reads.
+        let model = std::mem::take(&mut *model.borrow_mut());
         let mut checked = 0;
         for (sector, writes) in &model.sectors {
             let data = ReadPiece::concat(pool.read(&volume, sector * 512, 512).await.unwrap());

@@ -476,8 +476,9 @@ impl SmallFilesystem {
 
     fn available_bytes(&self) -> u64 {
         let path = std::ffi::CString::new(self.mount_point.to_str().unwrap()).unwrap();
-        // SAFETY: statvfs fills a zeroed struct for a valid path.
+        // SAFETY: statvfs is plain old data; all zeroes is a valid value.
         let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: statvfs fills the struct for a NUL-terminated path.
         assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut stats) }, 0);
         stats.f_bavail as u64 * stats.f_frsize as u64
     }

@@ -154,7 +154,7 @@ fn fio_verifies_crc32c_at_queue_depth_64_with_four_jobs() {
         serde_json::from_str(&output[output.find('{').expect("fio JSON")..]).expect("fio JSON");
     let job = &json["jobs"][0];
     assert_eq!(job["error"], 0, "{job}");
-    assert!(job["write"]["io_bytes"].as_u64().unwrap() >= 4 * 96 << 20);
+    assert!(job["write"]["io_bytes"].as_u64().unwrap() >= (4 * 96) << 20);
     assert!(
         job["read"]["io_bytes"].as_u64().unwrap() > 0,
         "verification read the data back"

@@ -384,7 +384,7 @@ fn compressible(bytes: usize, seed: u64) -> Vec<u8> {
         state ^= state << 17;
         out.extend_from_slice(words[(state % words.len() as u64) as usize].as_bytes());
         out.extend_from_slice(format!("{} ", state % 1000).as_bytes());
-        if state % 7 == 0 {
+        if state.is_multiple_of(7) {
             out.push(b'\n');
         }
     }

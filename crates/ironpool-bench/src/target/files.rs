@@ -137,6 +137,7 @@ impl FsSpace {
 pub fn fs_space(path: &Path) -> Result<FsSpace> {
     let c_path =
         std::ffi::CString::new(path.as_os_str().as_bytes()).context("path contains a NUL byte")?;
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
     let mut stat: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: c_path is a valid NUL-terminated string and stat a writable
     // statvfs that outlives the call.

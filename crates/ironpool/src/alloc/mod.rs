@@ -848,7 +848,7 @@ mod tests {
                 allocator.free(std::mem::replace(&mut data[slot], dva));
             }
             // The commit rewrites 64 metadata blocks (two copies) and frees the old ones.
-            let old: Vec<Dva> = metadata.drain(..).collect();
+            let old: Vec<Dva> = std::mem::take(&mut metadata);
             for _ in 0..64 {
                 let first = allocator
                     .allocate(32768, BlockClass::Metadata(0), None)

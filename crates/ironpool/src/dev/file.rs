@@ -180,10 +180,11 @@ fn regular_file_info(
 
 fn dio_offset_alignment(fd: &OwnedFd) -> Option<u32> {
     const STATX_DIOALIGN: u32 = 0x2000;
-    // SAFETY: statx fills the zeroed struct; an empty path with AT_EMPTY_PATH
-    // refers to the descriptor itself.
+    // SAFETY: statx is plain old data; all zeroes is a valid value.
     let mut buffer: libc::statx = unsafe { std::mem::zeroed() };
     let empty = c"";
+    // SAFETY: statx fills the struct, which outlives the call; an empty path
+    // with AT_EMPTY_PATH refers to the open descriptor itself.
     let result = unsafe {
         libc::statx(
             fd.as_raw_fd(),
@@ -200,8 +201,10 @@ fn dio_offset_alignment(fd: &OwnedFd) -> Option<u32> {
 }
 
 fn rotational_flag(fd: &OwnedFd) -> Option<bool> {
-    // SAFETY: fstat fills a zeroed struct for a valid descriptor.
+    // SAFETY: stat is plain old data; all zeroes is a valid value.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat fills the struct, which outlives the call, for a
+    // descriptor that is open.
     if unsafe { libc::fstat(fd.as_raw_fd(), &mut stat) } != 0 {
         return None;
     }

@@ -110,14 +110,14 @@ pub(crate) fn check_range(
     let mut total = 0u64;
     for length in lengths {
         assert!(
-            length as u64 % info.logical_sector_bytes as u64 == 0,
+            (length as u64).is_multiple_of(info.logical_sector_bytes as u64),
             "unaligned I/O length {length} on {}",
             info.path
         );
         total += length as u64;
     }
     assert!(
-        offset % info.logical_sector_bytes as u64 == 0,
+        offset.is_multiple_of(info.logical_sector_bytes as u64),
         "unaligned I/O offset {offset} on {}",
         info.path
     );

@@ -154,7 +154,7 @@ pub struct SimDevice {
 
 impl SimDevice {
     pub fn new(name: &str, size_bytes: u64, seed: u64) -> Rc<SimDevice> {
-        assert!(size_bytes % SIM_SECTOR_BYTES as u64 == 0);
+        assert!(size_bytes.is_multiple_of(SIM_SECTOR_BYTES as u64));
         Rc::new(SimDevice {
             info: DeviceInfo {
                 path: format!("sim:{name}"),

@@ -204,7 +204,7 @@ impl BlockPointer {
         const WHAT: &str = "block pointer";
         if self.logical_size == 0
             || self.logical_size > BLOCK_SIZE_MAX_BYTES
-            || self.logical_size % 512 != 0
+            || !self.logical_size.is_multiple_of(512)
         {
             return Err(invalid(WHAT, format!("logical size {}", self.logical_size)));
         }

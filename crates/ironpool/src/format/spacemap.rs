@@ -91,7 +91,7 @@ pub fn encode_records(records: &[Record]) -> Vec<u8> {
 
 /// Decodes a whole space map's bytes.
 pub fn decode_records(bytes: &[u8]) -> Result<Vec<Record>, FormatError> {
-    if bytes.len() % RECORD_BYTES != 0 {
+    if !bytes.len().is_multiple_of(RECORD_BYTES) {
         return Err(invalid(
             "space map",
             format!("{} bytes is not a whole number of records", bytes.len()),

@@ -241,7 +241,7 @@ pub fn decode_payload(
             {
                 return Err(malformed("BEGIN: bad block size"));
             }
-            if begin.size_bytes == 0 || begin.size_bytes % begin.block_bytes as u64 != 0 {
+            if begin.size_bytes == 0 || !begin.size_bytes.is_multiple_of(begin.block_bytes as u64) {
                 return Err(malformed(
                     "BEGIN: size is not a positive multiple of the block size",
                 ));
@@ -643,7 +643,8 @@ mod tests {
 
     #[test]
     fn rules_are_enforced_even_with_good_checksums() {
-        let cases: Vec<(&str, Box<dyn Fn(&mut StreamWriter)>)> = vec![
+        type Case = (&'static str, Box<dyn Fn(&mut StreamWriter)>);
+        let cases: Vec<Case> = vec![
             (
                 "out of order",
                 Box::new(|w| {

@@ -269,7 +269,8 @@ async fn execute(
         .offset
         .checked_add(length)
         .is_some_and(|end| end <= size);
-    let aligned = request.offset % IO_ALIGNMENT_BYTES == 0 && length % IO_ALIGNMENT_BYTES == 0;
+    let aligned =
+        request.offset % IO_ALIGNMENT_BYTES == 0 && length.is_multiple_of(IO_ALIGNMENT_BYTES);
     let is_write = matches!(request.command, CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES);
     match request.command {
         CMD_READ | CMD_WRITE | CMD_TRIM | CMD_WRITE_ZEROES | CMD_CACHE | CMD_BLOCK_STATUS => {

@@ -800,7 +800,7 @@ impl ObjectSet {
                 self.store.free(&old);
             }
         }
-        if length % block_bytes != 0 && length < dnode.length_bytes {
+        if !length.is_multiple_of(block_bytes) && length < dnode.length_bytes {
             // Zero the tail of the last kept block so a later extension reads zeros.
             let tail = (block_bytes - length % block_bytes) as usize;
             self.write_bytes_cached(object, length, &vec![0u8; tail])?;

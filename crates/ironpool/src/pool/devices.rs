@@ -21,6 +21,9 @@ use crate::format::{data_area_bytes, new_guid};
 use crate::vdev::dtl::Dtl;
 use crate::vdev::{LeafState, LeafVdev, TopVdev};
 
+/// The vdevs built at import, and every unavailable device (guid, why).
+pub(super) type Assembled = (Vec<Rc<TopVdev>>, Vec<(u64, String)>);
+
 /// Builds the top-level vdevs of `config` from the devices found, matched by
 /// guid. Fails, before anything is written, when a vdev has more children
 /// unavailable (not found, truncated, offline) than its redundancy covers.
@@ -31,7 +34,7 @@ pub(super) fn assemble(
     config: &PoolConfig,
     probes: &[(Probe, Rc<dyn Device>)],
     tunables: &PoolTunables,
-) -> Result<(Vec<Rc<TopVdev>>, Vec<(u64, String)>), PoolError> {
+) -> Result<Assembled, PoolError> {
     let mut vdevs = Vec::new();
     let mut all_missing = Vec::new();
     for top in &config.vdevs {

@@ -886,7 +886,7 @@ impl Pool {
                 volume::VOLUME_BLOCK_BYTES_MAX
             )));
         }
-        if size_bytes == 0 || size_bytes % block_bytes as u64 != 0 {
+        if size_bytes == 0 || !size_bytes.is_multiple_of(block_bytes as u64) {
             return Err(PoolError::InvalidArgument(format!("volume size {size_bytes} must be a positive multiple of the volblocksize {block_bytes}")));
         }
         if size_bytes > volume::VOLUME_SIZE_MAX_BYTES {

@@ -321,7 +321,8 @@ impl Pool {
                 "volsize {size_bytes} is smaller than the current {current}: volumes only grow"
             )));
         }
-        if size_bytes % volume.block_bytes != 0 || size_bytes > super::volume::VOLUME_SIZE_MAX_BYTES
+        if !size_bytes.is_multiple_of(volume.block_bytes)
+            || size_bytes > super::volume::VOLUME_SIZE_MAX_BYTES
         {
             return Err(PoolError::InvalidArgument(format!(
                 "volsize {size_bytes} must be a multiple of the volblocksize {} up to {}",
@@ -357,14 +358,7 @@ impl Pool {
             values.push(("free".into(), free.to_string(), "-".into()));
             values.push((
                 "capacity".into(),
-                format!(
-                    "{}%",
-                    if size == 0 {
-                        0
-                    } else {
-                        (size - free) * 100 / size
-                    }
-                ),
+                format!("{}%", ((size - free) * 100).checked_div(size).unwrap_or(0)),
                 "-".into(),
             ));
             values.push(("health".into(), self.health().to_string(), "-".into()));

@@ -194,10 +194,9 @@ impl Pool {
                     NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
                 };
                 drop(node);
-                let (wanted, skipped): (Vec<(u64, BlockPointer)>, Vec<(u64, BlockPointer)>) =
-                    children
-                        .into_iter()
-                        .partition(|(_, pointer)| pointer.birth_txg >= min_birth);
+                let (wanted, skipped): (Vec<_>, Vec<_>) = children
+                    .into_iter()
+                    .partition(|(_, pointer)| pointer.birth_txg >= min_birth);
                 scan.skipped(
                     self,
                     &dnode,

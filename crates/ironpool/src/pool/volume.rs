@@ -267,7 +267,8 @@ impl Volume {
                 size,
             });
         }
-        if offset % IO_ALIGNMENT_BYTES != 0 || length % IO_ALIGNMENT_BYTES != 0 {
+        if !offset.is_multiple_of(IO_ALIGNMENT_BYTES) || !length.is_multiple_of(IO_ALIGNMENT_BYTES)
+        {
             return Err(PoolError::Misaligned {
                 offset,
                 length,

@@ -477,30 +477,40 @@ async fn writeback_task(pool: Rc<Pool>, volume: Rc<Volume>) {
     let state = &volume.writeback;
     let batch_blocks = (WRITEBACK_BATCH_BYTES / volume.block_bytes).max(1) as usize;
     loop {
-        let (oldest_since, urgent, in_flight, failing) = {
+        // Read under one borrow, awaited on only once it is dropped.
+        let head = {
             let mut dirty = state.dirty.borrow_mut();
-            let Some((&oldest_seq, &oldest_blkid)) = dirty.order.first_key_value() else {
-                if dirty.batches_in_flight == 0 {
+            match dirty
+                .order
+                .first_key_value()
+                .map(|(&seq, &blkid)| (seq, blkid))
+            {
+                Some((oldest_seq, oldest_blkid)) => {
+                    let since = dirty
+                        .blocks
+                        .get(&oldest_blkid)
+                        .map(|block| block.since)
+                        .unwrap_or(Instant(0));
+                    let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes)
+                        >= WRITEBACK_BATCH_BYTES
+                        || dirty.drain_target >= oldest_seq
+                        || pool.writeback.waiting.get() > 0
+                        || pool.txg.ensure_writable().is_err();
+                    Some((since, urgent, dirty.batches_in_flight, dirty.failing))
+                }
+                None if dirty.batches_in_flight == 0 => {
                     dirty.task_running = false;
                     drop(dirty);
                     // Nothing is left that could fail again.
                     pool.set_failing(&volume, false);
                     return;
                 }
-                drop(dirty);
-                state.changed.notified().await;
-                continue;
-            };
-            let since = dirty
-                .blocks
-                .get(&oldest_blkid)
-                .map(|block| block.since)
-                .unwrap_or(Instant(0));
-            let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES
-                || dirty.drain_target >= oldest_seq
-                || pool.writeback.waiting.get() > 0
-                || pool.txg.ensure_writable().is_err();
-            (since, urgent, dirty.batches_in_flight, dirty.failing)
+                None => None,
+            }
+        };
+        let Some((oldest_since, urgent, in_flight, failing)) = head else {
+            state.changed.notified().await;
+            continue;
         };
         if failing && in_flight == 0 {
             rt::timeout(WRITEBACK_RETRY_DELAY, state.kick.notified()).await;
@@ -566,7 +576,7 @@ async fn write_batch(pool: Rc<Pool>, volume: Rc<Volume>, batch: Vec<(u64, BufSli
     volume.writeback.dirty.borrow_mut().in_flight_bytes -= bytes;
     drop(locks);
     let written = results.iter().filter(|result| result.is_ok()).count() as u64;
-    let error = results.into_iter().filter_map(Result::err).last();
+    let error = results.into_iter().filter_map(Result::err).next_back();
     volume.count(|stats| stats.writeback_blocks += written);
     let state = &volume.writeback;
     {

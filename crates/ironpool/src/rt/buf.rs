@@ -346,6 +346,7 @@ mod tests {
         let shared = buffer.into_shared();
         let second = BufSlice::new(shared.clone(), 4096..8192);
         assert_eq!(second[0], 7);
+        // SAFETY: the shared buffer is 8192 bytes long, so 4096 is in bounds.
         assert_eq!(second.as_ptr(), unsafe { shared.as_ptr().add(4096) });
         assert_eq!(second.slice(0..1)[0], 7);
     }

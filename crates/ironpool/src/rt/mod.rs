@@ -42,7 +42,8 @@ impl Instant {
         Duration::from_nanos(self.0.saturating_sub(earlier.0))
     }
 
-    pub fn add(self, duration: Duration) -> Instant {
+    /// The instant `duration` after this one (saturating at the end of time).
+    pub fn saturating_add(self, duration: Duration) -> Instant {
         Instant(
             self.0
                 .saturating_add(duration.as_nanos().min(u64::MAX as u128) as u64),
@@ -50,6 +51,8 @@ impl Instant {
     }
 }
 
+// One driver per thread, never moved: the size difference costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum Driver {
     Uring(uring::UringDriver),
     Sim(sim::SimDriver),

@@ -60,13 +60,17 @@ impl Future for Notified<'_> {
     }
 }
 
+/// A task waiting in a [`Semaphore`]: the units it wants, the flag set once
+/// they are granted, and how to wake it.
+type Waiter = (u64, Rc<Cell<bool>>, Option<Waker>);
+
 /// A FIFO counting semaphore: bounds in-flight work (bytes or requests).
 /// Acquiring more than the total capacity is clamped to the capacity so a single
 /// oversized request still makes progress alone.
 pub struct Semaphore {
     capacity: u64,
     available: Cell<u64>,
-    queue: RefCell<VecDeque<(u64, Rc<Cell<bool>>, Option<Waker>)>>,
+    queue: RefCell<VecDeque<Waiter>>,
 }
 
 impl Semaphore {

@@ -122,8 +122,10 @@ fn optional_writes_join_past_the_limit_and_vanish_alone() {
     let runtime = Runtime::new_sim(4);
     runtime.block_on(async {
         let (device, queue) = setup(4);
-        let mut tunables = QueueTunables::default();
-        tunables.aggregation_limit_bytes = 8192;
+        let tunables = QueueTunables {
+            aggregation_limit_bytes: 8192,
+            ..QueueTunables::default()
+        };
         queue.set_tunables(tunables);
         // required 4K, optional 8K pad, required 4K: a 16K span, but only 8K of it
         // counts against the 8K limit, so all three go out as one write.
@@ -296,9 +298,11 @@ fn order_with(classes: bool) -> Vec<IoClass> {
     let runtime = Runtime::new_sim(7);
     runtime.block_on(async {
         let (_device, queue) = setup(7);
-        let mut tunables = QueueTunables::default();
-        tunables.classes = classes;
-        tunables.max_active_total = 1;
+        let tunables = QueueTunables {
+            classes,
+            max_active_total: 1,
+            ..QueueTunables::default()
+        };
         queue.set_tunables(tunables);
         let blocker = {
             let queue = queue.clone();

@@ -225,7 +225,7 @@ impl RaidzGeometry {
                 size_bytes: psize_bytes,
             });
         }
-        if offset_bytes % sector_bytes != 0 {
+        if !offset_bytes.is_multiple_of(sector_bytes) {
             return Err(GeometryError::OffsetUnaligned {
                 offset_bytes,
                 sector_bytes,

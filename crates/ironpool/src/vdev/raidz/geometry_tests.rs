@@ -55,7 +55,7 @@ fn model(
     }
     let used = is_parity_sector.len() as u64;
     let mut allocated = used;
-    while allocated % (parity + 1) != 0 {
+    while !allocated.is_multiple_of(parity + 1) {
         allocated += 1;
     }
     // Column c is every children-th sector from c; it must be contiguous on its

@@ -20,5 +20,7 @@ pub mod format;
 pub mod nbd;
 pub mod object;
 pub mod pool;
+pub mod queue;
 pub mod rt;
+pub mod units;
 pub mod vdev;

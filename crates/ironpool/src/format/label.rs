@@ -50,6 +50,9 @@ pub enum TopVdevKind {
 
 /// Most children of a mirror: more copies buy little and cost every write.
 pub const MIRROR_CHILDREN_MAX: usize = 3;
+/// Most children of one RAID-Z group: OpenZFS's limit, which keeps data column
+/// indices below 255, the period of the Q coefficients.
+pub const RAIDZ_CHILDREN_MAX: usize = 255;
 
 impl TopVdevKind {
     /// The RAID-Z kind with `parity` parity columns, if there is one.
@@ -83,9 +86,7 @@ impl TopVdevKind {
         match self {
             TopVdevKind::Disk => 1..=1,
             TopVdevKind::Mirror => 2..=MIRROR_CHILDREN_MAX,
-            raidz => {
-                raidz.parity() as usize + 1..=crate::vdev::raidz::geometry::CHILDREN_MAX as usize
-            }
+            raidz => raidz.parity() as usize + 1..=RAIDZ_CHILDREN_MAX,
         }
     }
 

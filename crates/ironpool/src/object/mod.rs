@@ -24,7 +24,7 @@ use crate::block::{BlockError, BlockStore};
 use crate::format::bp::BLOCK_POINTER_BYTES;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::{BlockPointer, Dnode, FormatError, ObjectType};
-use crate::vdev::queue::IoClass;
+use crate::queue::IoClass;
 
 /// Why an object operation failed.
 #[derive(Debug, Clone, thiserror::Error)]

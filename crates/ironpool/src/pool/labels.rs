@@ -11,8 +11,8 @@ use crate::format::{
     label_offset, uberblock_slot_bytes, uberblock_slot_count, LABEL_CONFIG_BYTES, LABEL_COUNT,
     LABEL_SIZE_BYTES,
 };
+use crate::queue::{IoClass, IoFlags};
 use crate::rt::buf::{AlignedBuf, BufSlice};
-use crate::vdev::queue::{IoClass, IoFlags};
 use crate::vdev::LeafVdev;
 
 /// What one device says about itself.

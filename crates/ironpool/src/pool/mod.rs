@@ -41,7 +41,7 @@ use crate::format::{
     data_area_bytes, new_guid, Dnode, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION,
 };
 use crate::object::{new_dnode, ObjectError, ObjectSet};
-use crate::vdev::queue::QueueTunables;
+use crate::queue::QueueTunables;
 use crate::vdev::{LeafVdev, TopVdev, VdevHealth};
 use directory::{valid_name, Directory, DIRECTORY_OBJECT};
 use labels::Probe;

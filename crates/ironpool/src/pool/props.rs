@@ -120,7 +120,7 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             _ => invalid(format!("readonly '{value}': use on or off")),
         },
         "volsize" if !on_pool => {
-            let bytes = crate::control::commands::parse_size(value).map_err(PoolError::InvalidArgument)?;
+            let bytes = crate::units::parse_size(value).map_err(PoolError::InvalidArgument)?;
             Ok(bytes.to_string())
         }
         "volsize" | "volblocksize" if on_pool => invalid(format!("{name} is a volume property")),

@@ -21,10 +21,10 @@ use crate::format::stream::{
     self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX,
 };
 use crate::object::BlockChange;
+use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::executor::JoinHandle;
 use crate::rt::uring;
-use crate::vdev::queue::IoClass;
 
 /// Block reads a send keeps in flight: enough depth for the devices (and their
 /// queue's aggregation of neighbours), bounded memory (64 × 128 KiB at most).

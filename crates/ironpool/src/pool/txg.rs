@@ -32,10 +32,10 @@ use crate::format::spacemap::{encode_records, Record};
 use crate::format::{ObjectType, Uberblock};
 use crate::object::sync::SyncContext;
 use crate::object::{new_dnode, ObjectError};
+use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 use crate::rt::{self, Instant, JoinHandle};
-use crate::vdev::queue::IoClass;
 
 /// Passes of the build step before giving up: each pass only rewrites blocks in
 /// place unless a space map grows by a block, so it settles in 3-5 passes; 64

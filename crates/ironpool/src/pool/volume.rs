@@ -31,9 +31,9 @@ use crate::block::BlockError;
 use crate::format::bp::Compression;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
+use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
-use crate::vdev::queue::IoClass;
 
 /// Largest volblocksize: 128 KiB (as OpenZFS's default maximum for zvols).
 pub const VOLUME_BLOCK_BYTES_MAX: u32 = 128 * 1024;

@@ -41,10 +41,10 @@ use super::volume::Volume;
 use super::{Pool, PoolError};
 use crate::format::bp::Compression;
 use crate::format::checksum::{Checksum, ChecksumAlgo};
+use crate::queue::IoClass;
 use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
 use crate::rt::{self, Instant};
-use crate::vdev::queue::IoClass;
 use crate::vdev::raidz::PrecomputedParity;
 
 /// Dirty data a pool holds in memory before writers wait (the default of the

@@ -2,11 +2,11 @@
 
 use std::rc::Rc;
 
-use super::queue::{IoClass, IoFlags};
 use super::run::{Piece, Plan, Survives};
 use super::{LeafVdev, TopVdev, VdevError, VerifiedRead};
 use crate::dev::DeviceError;
 use crate::format::DATA_START_BYTES;
+use crate::queue::{IoClass, IoFlags};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 
 /// Writing a block puts it whole on every online child; a mirror keeps

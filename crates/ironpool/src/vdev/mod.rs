@@ -15,19 +15,17 @@
 
 pub mod dtl;
 mod mirror;
-pub mod queue;
 pub mod raidz;
 pub mod run;
-pub mod stats;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::dev::{Device, DeviceError};
 use crate::format::label::TopVdevKind;
+use crate::queue::{IoClass, IoFlags, QueueTunables, VdevQueue};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use dtl::Dtl;
-use queue::{IoClass, IoFlags, QueueTunables, VdevQueue};
 use raidz::RaidzGeometry;
 
 /// I/O errors in a row (no success between them) after which a leaf is taken

@@ -23,9 +23,9 @@ use crate::dev::DeviceError;
 use crate::rt::buf::BufSlice;
 use crate::rt::uring::IOVEC_COUNT_MAX;
 
-use super::queue::{IoClass, IoFlags};
 use super::raidz::PrecomputedParity;
 use super::{describe_errors, note_replaced_during_write, TopVdev, VdevError, WriteOutcome};
+use crate::queue::{IoClass, IoFlags};
 
 /// Largest request built from a run on one child: the queue's default
 /// aggregation limit, so merging here never makes a device I/O the queue

@@ -39,9 +39,8 @@ use crate::format::{ASHIFT_MAX, ASHIFT_MIN};
 pub const PARITY_MIN: u32 = 1;
 /// Most parity columns: RAID-Z3 (see `parity.rs` for why no more).
 pub const PARITY_MAX: u32 = 3;
-/// Most children of one group: OpenZFS's limit, which keeps data column indices
-/// below 255, the period of the Q coefficients.
-pub const CHILDREN_MAX: u32 = 255;
+/// Most children of one group: the on-disk limit (see the label format).
+pub const CHILDREN_MAX: u32 = crate::format::label::RAIDZ_CHILDREN_MAX as u32;
 /// The offset bit that exchanges columns 0 and 1 of RAID-Z1 blocks (1 MiB).
 pub const RAIDZ1_PARITY_SWAP_OFFSET_BIT: u64 = 1 << 20;
 
@@ -475,5 +474,4 @@ impl RaidzMap {
 }
 
 #[cfg(test)]
-#[path = "geometry_tests.rs"]
 mod tests;

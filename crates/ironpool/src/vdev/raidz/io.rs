@@ -28,8 +28,8 @@ use super::parity::{generate_parity, reconstruct};
 use super::RaidzGeometry;
 use crate::dev::DeviceError;
 use crate::format::DATA_START_BYTES;
+use crate::queue::{IoClass, IoFlags};
 use crate::rt::buf::{AlignedBuf, BufSlice};
-use crate::vdev::queue::{IoClass, IoFlags};
 use crate::vdev::run::{Piece, Plan, Survives};
 use crate::vdev::{TopVdev, VdevError, VerifiedRead};
 
@@ -699,5 +699,4 @@ fn next_combination(chosen: &mut [usize], count: usize) -> bool {
 }
 
 #[cfg(test)]
-#[path = "io_tests.rs"]
 mod tests;

@@ -348,5 +348,4 @@ fn validate_missing(
 }
 
 #[cfg(test)]
-#[path = "parity_tests.rs"]
 mod tests;

@@ -13,10 +13,11 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 
 use ironpool::control::client;
-use ironpool::control::commands::{execute, parse_size, Command, Response};
+use ironpool::control::commands::{execute, Command, Response};
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::{Pool, PoolError, PoolTunables};
 use ironpool::rt::Runtime;
+use ironpool::units::parse_size;
 use serde_json::Value;
 
 /// Options shared by every command.

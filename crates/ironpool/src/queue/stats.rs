@@ -6,7 +6,7 @@
 
 use serde::Serialize;
 
-use super::queue::{IoClass, CLASS_COUNT};
+use super::{IoClass, CLASS_COUNT};
 
 /// Buckets of a power-of-two histogram: bucket i counts values in [2^i, 2^(i+1)).
 pub const HISTOGRAM_BUCKETS: usize = 40;

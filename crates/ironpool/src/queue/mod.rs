@@ -18,18 +18,20 @@
 //! - Dispatch is deferred to the next loop turn (like a block-layer plug), so all
 //!   I/Os queued in one turn are seen together and can aggregate.
 
+pub mod stats;
+
 use std::cell::{Cell, RefCell};
 use std::collections::{BTreeSet, VecDeque};
 use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-use super::stats::LeafStats;
 use crate::dev::{Device, DeviceError};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::{oneshot, OneshotSender};
 use crate::rt::uring::IOVEC_COUNT_MAX;
 use crate::rt::{self};
+use stats::LeafStats;
 
 /// Priority classes, highest priority first.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
@@ -971,5 +973,4 @@ fn build_aggregate(
 }
 
 #[cfg(test)]
-#[path = "queue_tests.rs"]
 mod tests;

@@ -8,9 +8,9 @@ use super::*;
 use crate::dev::sim::SimDevice;
 use crate::dev::Device;
 use crate::format::label::TopVdevKind;
+use crate::queue::QueueTunables;
 use crate::rt::sim::Rng;
 use crate::rt::Runtime;
-use crate::vdev::queue::QueueTunables;
 use crate::vdev::run::RunBlock;
 use crate::vdev::LeafVdev;
 

@@ -16,7 +16,7 @@ use ironpool::format::spacemap::{encode_records, Record};
 use ironpool::format::uberblock::Uberblock;
 use ironpool::format::FORMAT_VERSION;
 use ironpool::nbd::proto::*;
-use ironpool::pool::directory::Directory;
+use ironpool::pool::dataset::directory::Directory;
 use ironpool_fuzz::nbd_handshake::{encode_info_request, encode_meta_context_request, encode_option};
 use ironpool_fuzz::nbd_request::encode_request;
 

@@ -1,7 +1,7 @@
-//! Target `directory`: `pool::directory::Directory::decode` on the pool
+//! Target `directory`: `pool::dataset::directory::Directory::decode` on the pool
 //! directory object's bytes (a JSON document).
 
-use ironpool::pool::directory::Directory;
+use ironpool::pool::dataset::directory::Directory;
 
 pub fn check(data: &[u8]) {
     if let Ok(directory) = Directory::decode(data) {

@@ -13,7 +13,6 @@
 
 pub mod alloc;
 pub mod block;
-pub mod compress;
 pub mod control;
 pub mod dev;
 pub mod format;

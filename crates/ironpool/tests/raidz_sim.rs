@@ -136,7 +136,7 @@ async fn new_pool(disks: &[Rc<SimDevice>], kind: TopVdevKind) -> Rc<Pool> {
     pool
 }
 
-async fn scrub(pool: &Rc<Pool>) -> ironpool::pool::scrub::ScrubStatus {
+async fn scrub(pool: &Rc<Pool>) -> ironpool::pool::scan::scrub::ScrubStatus {
     pool.scrub_start().unwrap();
     pool.scrub_wait().await;
     pool.scrub_status()

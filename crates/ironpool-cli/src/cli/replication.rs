@@ -59,7 +59,7 @@ pub fn send(
     }
     let (pool, command) = match (token, snapshot) {
         (Some(token), _) => {
-            let decoded = ironpool::pool::send::ResumeToken::decode(token)
+            let decoded = ironpool::pool::dataset::send::ResumeToken::decode(token)
                 .map_err(|error| error.to_string())?;
             (
                 pool_of(&decoded.snapshot).to_string(),

@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::nbd::server::ServerStats;
-use crate::pool::receive::ReceiveOptions;
-use crate::pool::send::SendRequest;
+use crate::pool::dataset::receive::ReceiveOptions;
+use crate::pool::dataset::send::SendRequest;
 use crate::pool::volume::VOLUME_BLOCK_BYTES_DEFAULT;
 use crate::pool::{Pool, PoolError};
 use crate::queue::{IoClass, QueueTunables};
@@ -174,7 +174,7 @@ pub async fn execute_stream(
         } => {
             let request = match token {
                 Some(token) => {
-                    let token = crate::pool::send::ResumeToken::decode(&token)?;
+                    let token = crate::pool::dataset::send::ResumeToken::decode(&token)?;
                     let from = token.from.clone();
                     let request = SendRequest {
                         snapshot: token.snapshot.clone(),
@@ -217,9 +217,13 @@ pub async fn execute_stream(
 }
 
 /// A resume token names snapshots: they must still be the same ones (guids).
-fn check_token_guids(pool: &Pool, token: &crate::pool::send::ResumeToken) -> Result<(), PoolError> {
+fn check_token_guids(
+    pool: &Pool,
+    token: &crate::pool::dataset::send::ResumeToken,
+) -> Result<(), PoolError> {
     let guid_of = |name: &str| -> Option<u64> {
-        let (volume, snapshot) = crate::pool::dataset::split_snapshot_name(&pool.name, name)?;
+        let (volume, snapshot) =
+            crate::pool::dataset::snapshot::split_snapshot_name(&pool.name, name)?;
         pool.directory
             .borrow()
             .volumes

@@ -12,12 +12,12 @@
 use std::path::Path;
 use std::rc::Rc;
 
-use super::labels::Probe;
-use super::{Pool, PoolError, PoolTunables};
 use crate::dev::file::FileDevice;
 use crate::dev::Device;
 use crate::format::label::{LeafConfig, PoolConfig, TopVdevKind};
 use crate::format::{data_area_bytes, new_guid};
+use crate::pool::labels::Probe;
+use crate::pool::{Pool, PoolError, PoolTunables};
 use crate::vdev::dtl::Dtl;
 use crate::vdev::{LeafState, LeafVdev, TopVdev};
 
@@ -355,7 +355,7 @@ impl Pool {
     async fn reopen(&self, leaf: &LeafVdev) -> Result<Rc<dyn Device>, PoolError> {
         let path = leaf.path.borrow().clone();
         let device: Rc<dyn Device> = Rc::new(FileDevice::open(Path::new(&path))?);
-        let probe = super::labels::probe_device(&*device, Path::new(&path)).await;
+        let probe = crate::pool::labels::probe_device(&*device, Path::new(&path)).await;
         let ours = probe
             .label
             .as_ref()
@@ -386,7 +386,7 @@ impl Pool {
     pub async fn replace_device(
         self: &Rc<Self>,
         old: &str,
-        new: super::NewDevice,
+        new: crate::pool::NewDevice,
         force: bool,
     ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
@@ -427,7 +427,7 @@ impl Pool {
                 data_area_bytes(size_bytes)
             )));
         }
-        let probe = super::labels::probe_device(&*new.device, Path::new(&new.path)).await;
+        let probe = crate::pool::labels::probe_device(&*new.device, Path::new(&new.path)).await;
         if let Some(label) = probe.label {
             if !force {
                 return Err(PoolError::DeviceInUseByPool {

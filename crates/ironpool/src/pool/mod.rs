@@ -9,20 +9,12 @@
 //!   them: data, then the metadata tree, then uberblocks, with flushes in between.
 //! - [`volume`] serves reads and writes; [`scrub`] verifies and repairs everything.
 
-pub mod check;
 pub mod dataset;
 pub mod devices;
-pub mod directory;
 pub mod labels;
-pub mod props;
-pub mod receive;
-pub mod resilver;
 pub mod scan;
-pub mod scrub;
-pub mod send;
 pub mod txg;
 pub mod volume;
-pub mod writeback;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -43,7 +35,7 @@ use crate::format::{
 use crate::object::{new_dnode, ObjectError, ObjectSet};
 use crate::queue::QueueTunables;
 use crate::vdev::{LeafVdev, TopVdev, VdevHealth};
-use directory::{valid_name, Directory, DIRECTORY_OBJECT};
+use dataset::directory::{valid_name, Directory, DIRECTORY_OBJECT};
 use labels::Probe;
 pub use txg::TxgState;
 pub use volume::Volume;
@@ -180,7 +172,7 @@ impl Default for PoolTunables {
             dirty_sync_bytes: 64 << 20,
             dirty_max_bytes: 512 << 20,
             cache_budget_bytes: 256 << 20,
-            dirty_data_max_bytes: writeback::DIRTY_DATA_MAX_BYTES,
+            dirty_data_max_bytes: volume::writeback::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
             scrub_rate_bytes: 0,
         }
@@ -213,8 +205,8 @@ pub struct Pool {
     pub txg: TxgState,
     pub volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
     pub tunables: RefCell<PoolTunables>,
-    pub scrub: RefCell<scrub::ScrubState>,
-    pub resilver: RefCell<resilver::ResilverState>,
+    pub scrub: RefCell<scan::scrub::ScrubState>,
+    pub resilver: RefCell<scan::resilver::ResilverState>,
     /// Uberblock txg the pool was imported at (0 for a new pool).
     pub imported_txg: u64,
     /// Notes from import (damaged labels, unclean export, stale devices,
@@ -224,7 +216,7 @@ pub struct Pool {
     /// names those still out of service.
     pub missing_at_import: Vec<(u64, String)>,
     /// Snapshots to take at the next commit.
-    pub pending_snapshots: RefCell<Vec<dataset::SnapshotRequest>>,
+    pub pending_snapshots: RefCell<Vec<dataset::snapshot::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
     pub snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
     /// Serialises administrative changes to datasets (snapshot, destroy, clone,
@@ -234,7 +226,7 @@ pub struct Pool {
     /// cannot be destroyed meanwhile.
     pub snapshot_holds: RefCell<BTreeMap<String, usize>>,
     /// Dirty volume data held in memory (see `writeback`).
-    pub writeback: writeback::PoolWriteback,
+    pub writeback: volume::writeback::PoolWriteback,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -392,8 +384,8 @@ impl Pool {
             txg: TxgState::new(1, 0),
             volumes: RefCell::new(BTreeMap::new()),
             tunables: RefCell::new(tunables),
-            scrub: RefCell::new(scrub::ScrubState::default()),
-            resilver: RefCell::new(resilver::ResilverState::default()),
+            scrub: RefCell::new(scan::scrub::ScrubState::default()),
+            resilver: RefCell::new(scan::resilver::ResilverState::default()),
             imported_txg: 0,
             import_notes: RefCell::new(Vec::new()),
             missing_at_import: Vec::new(),
@@ -725,8 +717,8 @@ impl Pool {
             txg: TxgState::new(uberblock.txg + 1, uberblock.txg),
             volumes: RefCell::new(BTreeMap::new()),
             tunables: RefCell::new(tunables),
-            scrub: RefCell::new(scrub::ScrubState::default()),
-            resilver: RefCell::new(resilver::ResilverState::default()),
+            scrub: RefCell::new(scan::scrub::ScrubState::default()),
+            resilver: RefCell::new(scan::resilver::ResilverState::default()),
             imported_txg: uberblock.txg,
             import_notes: RefCell::new(notes),
             missing_at_import: missing,
@@ -753,7 +745,7 @@ impl Pool {
                 format!("{name}/{volume_name}"),
                 object,
                 record,
-                props::settings(&record.properties, &directory.properties),
+                dataset::props::settings(&record.properties, &directory.properties),
             );
             pool.volumes
                 .borrow_mut()
@@ -897,7 +889,7 @@ impl Pool {
         }
         let mut properties = properties;
         for (key, value) in properties.iter_mut() {
-            *value = props::validate(key, value, false)?;
+            *value = dataset::props::validate(key, value, false)?;
         }
         if properties.contains_key("volsize") {
             return Err(PoolError::InvalidArgument(

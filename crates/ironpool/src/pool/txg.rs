@@ -23,15 +23,15 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::directory::{SpaceLogRecord, DIRECTORY_OBJECT};
-use super::labels::{write_labels, write_uberblock};
-use super::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::label::{Label, PoolConfig};
 use crate::format::spacemap::{encode_records, Record};
 use crate::format::{ObjectType, Uberblock};
 use crate::object::sync::SyncContext;
 use crate::object::{new_dnode, ObjectError};
+use crate::pool::dataset::directory::{SpaceLogRecord, DIRECTORY_OBJECT};
+use crate::pool::labels::{write_labels, write_uberblock};
+use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
@@ -424,7 +424,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             objects.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &bytes)?;
             changed = true;
         }
-        if super::dataset::build_step(pool, txg)? {
+        if crate::pool::dataset::snapshot::build_step(pool, txg)? {
             changed = true;
         }
         let records = pool.store.allocator.borrow_mut().take_pending(txg);
@@ -443,7 +443,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     }
     // Devices that went away or came back since the last commit: their dirty
     // time logs and states go into this txg's config.
-    super::devices::maintain(pool, txg);
+    crate::pool::devices::maintain(pool, txg);
     let config = if pool.config_dirty.replace(false) {
         let mut config = pool.config.borrow_mut();
         config.config_txg = txg;

@@ -11,7 +11,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use super::send::ResumeToken;
+use crate::pool::dataset::send::ResumeToken;
 
 /// Object number of the directory.
 pub const DIRECTORY_OBJECT: u64 = 1;

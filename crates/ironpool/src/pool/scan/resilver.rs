@@ -2,7 +2,7 @@
 //!
 //! A pass takes a snapshot of the closed ranges in the dirty time logs of the
 //! devices in service, waits until the newest of those txgs is durable (so no
-//! block born in them can still appear), then walks every tree ([`super::scan`])
+//! block born in them can still appear), then walks every tree ([`crate::pool::scan`])
 //! skipping subtrees born before the oldest range. Each block born in a range
 //! is read from the copies and columns that can be trusted (reconstructed on
 //! RAID-Z) and written to the devices that missed it, in the queue's rebuild
@@ -18,10 +18,10 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::scan::Scan;
-use super::scrub::unix_seconds;
-use super::{devices, Pool};
 use crate::format::BlockPointer;
+use crate::pool::scan::scrub::unix_seconds;
+use crate::pool::scan::Scan;
+use crate::pool::{devices, Pool};
 use crate::rt::{self, Instant, JoinHandle};
 
 /// Blocks resilvered concurrently: enough to keep the devices busy (each block
@@ -49,7 +49,7 @@ pub struct ResilverTargets {
 
 impl ResilverTargets {
     /// The oldest txg any device missed: older subtrees are skipped.
-    pub(super) fn min_birth_txg(&self) -> u64 {
+    pub(in crate::pool) fn min_birth_txg(&self) -> u64 {
         self.targets
             .iter()
             .flat_map(|target| target.ranges.iter().map(|(first, _)| *first))
@@ -58,7 +58,7 @@ impl ResilverTargets {
     }
 
     /// The newest txg any device missed.
-    pub(super) fn max_txg(&self) -> u64 {
+    pub(in crate::pool) fn max_txg(&self) -> u64 {
         self.targets
             .iter()
             .flat_map(|target| target.ranges.iter().map(|(_, last)| *last))
@@ -167,7 +167,7 @@ impl Pool {
     /// write to it failed) gets a resilver. Not after a resilver that ended in
     /// errors: a device that keeps failing is left to the operator (`online`,
     /// `replace`), rather than retried at every commit.
-    pub(super) fn resilver_if_needed(self: &Rc<Self>) {
+    pub(in crate::pool) fn resilver_if_needed(self: &Rc<Self>) {
         let quiet = {
             let state = self.resilver.borrow();
             !state.running && state.errors == 0
@@ -256,7 +256,7 @@ impl Pool {
     }
 
     /// The devices in service with txgs to catch up on, or None.
-    pub(super) fn resilver_targets(&self) -> Option<ResilverTargets> {
+    pub(in crate::pool) fn resilver_targets(&self) -> Option<ResilverTargets> {
         let mut targets = Vec::new();
         for top in &self.store.vdevs {
             for (child, leaf) in top.children.iter().enumerate() {
@@ -354,7 +354,7 @@ impl Pool {
     /// Drops the ranges a complete pass rebuilt from the logs of the devices
     /// that stayed in service (same generation) the whole pass. The caller
     /// commits.
-    pub(super) fn drop_resilvered_ranges(self: &Rc<Self>, targets: &ResilverTargets) {
+    pub(in crate::pool) fn drop_resilvered_ranges(self: &Rc<Self>, targets: &ResilverTargets) {
         for target in &targets.targets {
             let leaf = &self.store.vdevs[target.vdev as usize].children[target.child];
             if leaf.is_online() && leaf.generation() == target.generation {
@@ -373,7 +373,7 @@ impl Pool {
     }
 
     /// Resilvers the pointers of one node (a bounded number at a time).
-    pub(super) async fn resilver_pointers(
+    pub(in crate::pool) async fn resilver_pointers(
         self: &Rc<Self>,
         targets: &ResilverTargets,
         pointers: &[BlockPointer],

@@ -3,7 +3,7 @@
 //! The I/O path is asynchronous and copies nothing:
 //! - a write of whole blocks is held as dirty blocks that point into the buffer
 //!   the request arrived in, and acknowledged; the write-back
-//!   (`super::writeback`) later allocates new space for a batch of them, writes
+//!   (`crate::pool::volume::writeback`) later allocates new space for a batch of them, writes
 //!   them there, links the new pointers into the tree and frees the old blocks.
 //!   FUA writes and `sync=always` write through: allocated, written and linked
 //!   before the reply, then committed;
@@ -18,19 +18,21 @@
 //! writes to different parts of one block both land; writes to different blocks
 //! run concurrently, and all of them reach the device queue at once.
 
+pub mod writeback;
+
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::directory::VolumeRecord;
-use super::props::{SyncMode, VolumeSettings};
-use super::{Pool, PoolError};
 use crate::block::BlockError;
 use crate::format::bp::Compression;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
+use crate::pool::dataset::directory::VolumeRecord;
+use crate::pool::dataset::props::{SyncMode, VolumeSettings};
+use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
@@ -142,7 +144,7 @@ pub struct Volume {
     /// Writes hold one unit; rollback and receive take them all.
     writers: Rc<crate::rt::sync::Semaphore>,
     /// Blocks acknowledged and not yet written out.
-    pub(crate) writeback: super::writeback::VolumeWriteback,
+    pub(crate) writeback: crate::pool::volume::writeback::VolumeWriteback,
 }
 
 /// A new directory record.
@@ -465,7 +467,7 @@ impl Pool {
                 }
                 Ok(physical) => {
                     let logical = pointer.logical_size as usize;
-                    let data = crate::compress::decompress_offloaded(
+                    let data = crate::block::compress::decompress_offloaded(
                         pointer.compression,
                         &physical,
                         logical,
@@ -510,12 +512,13 @@ impl Pool {
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
-        let admission = if durable || length >= super::writeback::WRITE_THROUGH_MIN_BYTES {
-            None
-        } else {
-            self.admit_dirty(self.hold_bytes(volume, last - first + 1))
-                .await
-        };
+        let admission =
+            if durable || length >= crate::pool::volume::writeback::WRITE_THROUGH_MIN_BYTES {
+                None
+            } else {
+                self.admit_dirty(self.hold_bytes(volume, last - first + 1))
+                    .await
+            };
         let hold = admission.is_some();
         let _writer = volume.writer().await?;
         let _locks = volume.lock(first, last).await;
@@ -767,7 +770,7 @@ impl Pool {
         volume: &Rc<Volume>,
         blkid: u64,
         data: Option<BufSlice>,
-        prepared: super::writeback::Prepared,
+        prepared: crate::pool::volume::writeback::Prepared,
         class: IoClass,
     ) -> Result<(), PoolError> {
         let pointer = match data {
@@ -809,7 +812,7 @@ impl Pool {
     pub(crate) async fn store_blocks(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
-        blocks: Vec<(u64, BufSlice, super::writeback::Prepared)>,
+        blocks: Vec<(u64, BufSlice, crate::pool::volume::writeback::Prepared)>,
         class: IoClass,
     ) -> Vec<Result<(), PoolError>> {
         let settings = volume.settings();
@@ -887,7 +890,7 @@ impl Pool {
         payload: &BufSlice,
         physical_size: usize,
         compression: Compression,
-        prepared: &super::writeback::Prepared,
+        prepared: &crate::pool::volume::writeback::Prepared,
     ) -> Result<BlockPointer, PoolError> {
         let checksum = match prepared.checksum {
             Some((algo, checksum))
@@ -979,7 +982,7 @@ impl Pool {
             .map(|top| top.sector_bytes())
             .max()
             .unwrap_or(4096) as usize;
-        match crate::compress::compress_offloaded(settings.compression, data, sector).await {
+        match crate::block::compress::compress_offloaded(settings.compression, data, sector).await {
             Some((compressed, exact)) => {
                 volume.count(|stats| stats.compressed_blocks += 1);
                 (
@@ -1003,7 +1006,7 @@ impl Pool {
         bytes: u64,
     ) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {
         let mut commits = 0;
-        super::txg::update_metadata_reserve(self);
+        crate::pool::txg::update_metadata_reserve(self);
         loop {
             match self.store.allocate(bytes, false, 1) {
                 Ok(dvas) => return Ok(dvas),

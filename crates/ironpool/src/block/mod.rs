@@ -11,6 +11,8 @@
 //! block's birth txg once the block is linked ([`BlockStore::commit`]), so a
 //! resilver knows what to rewrite there.
 
+pub mod compress;
+
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 

@@ -22,9 +22,9 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::{Pool, PoolError};
-use crate::compress::CompressionSetting;
+use crate::block::compress::CompressionSetting;
 use crate::format::ChecksumAlgo;
+use crate::pool::{Pool, PoolError};
 
 /// Longest user property value (names and values live in the directory, which
 /// is bounded; ZFS allows 8 KiB too).
@@ -102,7 +102,7 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
     match name {
         "compression" => match CompressionSetting::parse(value) {
             Some(_) => Ok(if value == "on" { "lz4".into() } else { value.to_string() }),
-            None => invalid(format!("compression '{value}': use off, on, lz4, zstd or zstd-1 .. zstd-{}", crate::compress::ZSTD_LEVEL_MAX)),
+            None => invalid(format!("compression '{value}': use off, on, lz4, zstd or zstd-1 .. zstd-{}", crate::block::compress::ZSTD_LEVEL_MAX)),
         },
         "checksum" => {
             let value = if value == "on" { "xxh3" } else { value };
@@ -322,12 +322,12 @@ impl Pool {
             )));
         }
         if !size_bytes.is_multiple_of(volume.block_bytes)
-            || size_bytes > super::volume::VOLUME_SIZE_MAX_BYTES
+            || size_bytes > crate::pool::volume::VOLUME_SIZE_MAX_BYTES
         {
             return Err(PoolError::InvalidArgument(format!(
                 "volsize {size_bytes} must be a multiple of the volblocksize {} up to {}",
                 volume.block_bytes,
-                super::volume::VOLUME_SIZE_MAX_BYTES
+                crate::pool::volume::VOLUME_SIZE_MAX_BYTES
             )));
         }
         volume.size_bytes.set(size_bytes);
@@ -483,8 +483,9 @@ impl Pool {
         self: &Rc<Self>,
         target: &str,
     ) -> Result<Vec<(String, String, String)>, PoolError> {
-        let (volume, snapshot) = super::dataset::split_snapshot_name(&self.name, target)
-            .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
+        let (volume, snapshot) =
+            crate::pool::dataset::snapshot::split_snapshot_name(&self.name, target)
+                .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
         let infos = self.snapshots(volume).await?;
         let info = infos
             .iter()
@@ -539,7 +540,9 @@ impl Pool {
     }
 }
 
-fn space_values(space: &super::dataset::VolumeSpace) -> Vec<(String, String, String)> {
+fn space_values(
+    space: &crate::pool::dataset::snapshot::VolumeSpace,
+) -> Vec<(String, String, String)> {
     vec![
         ("used".into(), space.used_bytes.to_string(), "-".into()),
         (

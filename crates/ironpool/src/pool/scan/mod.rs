@@ -19,16 +19,20 @@
 //! leave the blocks it shared with the next one unvisited by that walk (they
 //! are the next scrub's).
 
+pub mod check;
+pub mod resilver;
+pub mod scrub;
+
 use std::rc::Rc;
 
-use super::resilver::ResilverTargets;
-use super::{Pool, PoolError};
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::{BlockPointer, Dnode};
 use crate::object::{NodeBody, Object};
+use crate::pool::scan::resilver::ResilverTargets;
+use crate::pool::{Pool, PoolError};
 
 /// What a walk does with the pointers it finds.
-pub(super) enum Scan {
+pub(in crate::pool) enum Scan {
     /// Verify every copy of every block, repair bad ones.
     Scrub,
     /// Rewrite blocks born in the txgs some devices missed, onto them.
@@ -79,7 +83,7 @@ impl Scan {
 
 impl Pool {
     /// Every object of the pool: the dnode table, then every allocated dnode.
-    pub(super) async fn all_objects(&self) -> Result<Vec<Rc<Object>>, PoolError> {
+    pub(in crate::pool) async fn all_objects(&self) -> Result<Vec<Rc<Object>>, PoolError> {
         let table = self.objects.dnode_table();
         let count = table.dnode().length_bytes / DNODE_BYTES as u64;
         let mut objects = vec![table.clone()];
@@ -112,9 +116,9 @@ impl Pool {
     /// or snapshot, the txg of the snapshot before it, or of its origin for a
     /// clone's first. Read from the directory as it is when the object's walk
     /// begins.
-    pub(super) fn scan_floor_txg(&self, object_id: u64) -> u64 {
+    pub(in crate::pool) fn scan_floor_txg(&self, object_id: u64) -> u64 {
         let directory = self.directory.borrow();
-        let origin_txg = |record: &super::directory::VolumeRecord| -> u64 {
+        let origin_txg = |record: &crate::pool::dataset::directory::VolumeRecord| -> u64 {
             let Some(origin) = &record.origin else {
                 return 0;
             };
@@ -153,7 +157,7 @@ impl Pool {
 
     /// Walks one object's tree for `scan`, node by node from the top, below
     /// pointers born after `floor_txg` only (see [`Pool::scan_floor_txg`]).
-    pub(super) async fn scan_object(
+    pub(in crate::pool) async fn scan_object(
         self: &Rc<Self>,
         object: &Rc<Object>,
         scan: &Scan,

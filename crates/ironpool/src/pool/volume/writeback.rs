@@ -37,10 +37,10 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use super::volume::Volume;
-use super::{Pool, PoolError};
 use crate::format::bp::Compression;
 use crate::format::checksum::{Checksum, ChecksumAlgo};
+use crate::pool::volume::Volume;
+use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
@@ -386,7 +386,7 @@ impl Pool {
         state
             .reserved_bytes
             .set(state.reserved_bytes.get() - old_reserved + reserved);
-        super::txg::update_dirty_percent(self);
+        crate::pool::txg::update_dirty_percent(self);
         if !self.start_writeback(volume) && urgent {
             volume.writeback.kick.notify_all();
         }
@@ -410,7 +410,7 @@ impl Pool {
         state
             .reserved_bytes
             .set(state.reserved_bytes.get() - reserved);
-        super::txg::update_dirty_percent(self);
+        crate::pool::txg::update_dirty_percent(self);
         state.wake_writers(self.tunables.borrow().dirty_data_max_bytes);
     }
 

@@ -6,10 +6,10 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::Pool;
 use crate::alloc::RangeSet;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::Dnode;
+use crate::pool::Pool;
 
 /// What the check found.
 #[derive(Clone, Debug, Default, Serialize)]
@@ -38,7 +38,7 @@ impl Pool {
     /// the allocated space is exactly the referenced space (no leaks, no double
     /// references, no block outside allocated space). Safe on a served pool:
     /// writes and administrative changes wait while the walk runs.
-    pub async fn check_space(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
+    pub async fn check_space(self: &Rc<Self>) -> Result<CheckReport, crate::pool::PoolError> {
         // The walk must see the trees and the allocator as one state. Three
         // things change them while it awaits reads:
         // - administrative changes (destroy, rollback, receive, volume
@@ -53,7 +53,8 @@ impl Pool {
         // - the sync task builds txgs on its own (an idle pool still commits
         //   to release deferred frees): builds wait while the walk runs.
         let _admin = self.admin_lock.acquire(1).await;
-        let volumes: Vec<Rc<super::Volume>> = self.volumes.borrow().values().cloned().collect();
+        let volumes: Vec<Rc<crate::pool::Volume>> =
+            self.volumes.borrow().values().cloned().collect();
         let mut _writers = Vec::with_capacity(volumes.len());
         for volume in &volumes {
             _writers.push(self.exclusive(volume).await?);
@@ -64,7 +65,7 @@ impl Pool {
     }
 
     /// One walk and comparison (see `check_space`).
-    async fn check_space_once(self: &Rc<Self>) -> Result<CheckReport, super::PoolError> {
+    async fn check_space_once(self: &Rc<Self>) -> Result<CheckReport, crate::pool::PoolError> {
         let mut report = CheckReport::default();
         let vdev_count = self.store.vdevs.len();
         let mut referenced: Vec<RangeSet> = (0..vdev_count).map(|_| RangeSet::new()).collect();
@@ -77,7 +78,7 @@ impl Pool {
                 .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
                 .await?;
             let dnode = Dnode::decode(&bytes)
-                .map_err(|error| super::PoolError::Corrupt(format!("dnode {id}: {error}")))?;
+                .map_err(|error| crate::pool::PoolError::Corrupt(format!("dnode {id}: {error}")))?;
             if dnode.is_free() {
                 continue;
             }

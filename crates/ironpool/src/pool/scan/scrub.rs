@@ -2,7 +2,7 @@
 //! (and RAID-Z parity against the data), and rewrite the bad copies from a
 //! good one.
 //!
-//! The walk ([`super::scan`]) goes object by object in object number order,
+//! The walk ([`crate::pool::scan`]) goes object by object in object number order,
 //! top-down through each tree, a node at a time: the pointers in one node are
 //! scrubbed together (a bounded number in flight). A block shared by snapshots
 //! is read once. Progress is bytes examined against the bytes allocated when
@@ -18,11 +18,11 @@ use std::time::Duration;
 
 use serde::Serialize;
 
-use super::directory::{ScrubProgress, ScrubRecord};
-use super::scan::Scan;
-use super::{Pool, PoolError};
 use crate::format::BlockPointer;
 use crate::object::Object;
+use crate::pool::dataset::directory::{ScrubProgress, ScrubRecord};
+use crate::pool::scan::Scan;
+use crate::pool::{Pool, PoolError};
 use crate::rt::{self, Instant, JoinHandle};
 
 /// Blocks scrubbed concurrently: enough to keep devices busy, few enough that
@@ -78,7 +78,7 @@ pub struct ScrubStatus {
 }
 
 /// Seconds since the Unix epoch, by the runtime's clock.
-pub(super) fn unix_seconds() -> u64 {
+pub(in crate::pool) fn unix_seconds() -> u64 {
     crate::rt::wall_clock_ns() / 1_000_000_000
 }
 
@@ -103,7 +103,7 @@ impl Pool {
 
     /// At import: resumes the scrub the directory says was running, from its
     /// bookmark. True when one was resumed.
-    pub(super) fn scrub_resume(self: &Rc<Self>) -> bool {
+    pub(in crate::pool) fn scrub_resume(self: &Rc<Self>) -> bool {
         let Some(progress) = self.directory.borrow().scrub_in_progress.clone() else {
             return false;
         };
@@ -336,7 +336,7 @@ impl Pool {
     }
 
     /// Scrubs the pointers of one node (a bounded number at a time).
-    pub(super) async fn scrub_pointers(
+    pub(in crate::pool) async fn scrub_pointers(
         self: &Rc<Self>,
         object: &Rc<Object>,
         pointers: &[BlockPointer],

@@ -14,13 +14,13 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-use super::dataset::split_snapshot_name;
-use super::{Pool, PoolError};
 use crate::format::bp::Compression;
 use crate::format::stream::{
     self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX,
 };
 use crate::object::BlockChange;
+use crate::pool::dataset::snapshot::split_snapshot_name;
+use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::executor::JoinHandle;
@@ -388,7 +388,7 @@ impl Pool {
         if pointer.compression == Compression::Off {
             return Ok(physical);
         }
-        crate::compress::decompress_offloaded(
+        crate::block::compress::decompress_offloaded(
             pointer.compression,
             &physical,
             pointer.logical_size as usize,

@@ -21,13 +21,13 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::directory::{valid_name, SnapshotName, SnapshotRecord, VolumeRecord};
-use super::volume::Volume;
-use super::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 use crate::format::bp::BLOCK_POINTER_BYTES;
 use crate::format::dnode::{DNODE_BYTES, DNODE_FLAG_READ_ONLY};
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError};
+use crate::pool::dataset::directory::{valid_name, SnapshotName, SnapshotRecord, VolumeRecord};
+use crate::pool::volume::Volume;
+use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 
 /// A snapshot to take at the next commit.
 pub struct SnapshotRequest {
@@ -416,7 +416,7 @@ impl Pool {
         dnode.prev_snapshot_txg = source.txg;
         dnode.origin_txg = source.txg;
         let object = self.objects.create(id, dnode);
-        let mut clone_record = super::volume::record(
+        let mut clone_record = crate::pool::volume::record(
             id,
             record.size_bytes,
             record.block_bytes,

@@ -19,15 +19,15 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use super::dataset::SnapshotRequest;
-use super::directory::{valid_name, ReceiveRecord};
-use super::send::ResumeToken;
-use super::volume::Volume;
-use super::{Pool, PoolError};
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::stream::{
     Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES,
 };
+use crate::pool::dataset::directory::{valid_name, ReceiveRecord};
+use crate::pool::dataset::send::ResumeToken;
+use crate::pool::dataset::snapshot::SnapshotRequest;
+use crate::pool::volume::Volume;
+use crate::pool::{Pool, PoolError};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Semaphore;
 use crate::rt::uring;
@@ -188,7 +188,7 @@ impl Pool {
             .volumes
             .iter()
             .filter(|(short, record)| {
-                super::is_hidden_volume(short)
+                crate::pool::is_hidden_volume(short)
                     && record
                         .receive
                         .as_ref()

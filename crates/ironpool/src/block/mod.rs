@@ -68,6 +68,31 @@ pub struct Rewritten {
     pub bytes: u64,
 }
 
+/// Work done for a block ahead of its write, so the write costs less where it
+/// must be fast (today the RAID-Z parity of its bytes; see
+/// [`BlockStore::prepare`]). Opaque above this layer: write-back holds it with
+/// the block and hands it back to [`BlockStore::write_run`], and never needs to
+/// know which vdev kind it was for.
+#[derive(Clone, Default)]
+pub struct StorePrep(Option<Rc<PrecomputedParity>>);
+
+impl StorePrep {
+    /// Memory it holds beyond the block itself.
+    pub fn bytes(&self) -> u64 {
+        self.0.as_ref().map_or(0, |parity| parity.bytes())
+    }
+
+    /// Itself if the block is stored as the bytes it was prepared from, else
+    /// nothing (a compressed block's stored bytes differ).
+    pub fn if_stored_as_prepared(self, as_prepared: bool) -> StorePrep {
+        if as_prepared {
+            self
+        } else {
+            StorePrep::default()
+        }
+    }
+}
+
 /// Devices, allocator, and the rules for reading and writing blocks.
 pub struct BlockStore {
     pub vdevs: Vec<Rc<TopVdev>>,
@@ -289,11 +314,11 @@ impl BlockStore {
     /// Writes blocks of one copy each (write-back's batches), as `write`
     /// writes each, but per top-level vdev in one go: pieces that follow each
     /// other on a child become one queue request (see `TopVdev::write_run`).
-    /// Each block may bring its RAID-Z parity computed ahead (see
-    /// [`BlockStore::parity_ahead`]). Returns each block's result, in order.
+    /// Each block may bring work done ahead for it (see
+    /// [`BlockStore::prepare`]). Returns each block's result, in order.
     pub async fn write_run(
         &self,
-        blocks: Vec<(Dva, BufSlice, Option<Rc<PrecomputedParity>>)>,
+        blocks: Vec<(Dva, BufSlice, StorePrep)>,
         class: IoClass,
     ) -> Vec<Result<(), BlockError>> {
         let mut results: Vec<Result<(), BlockError>> = blocks.iter().map(|_| Ok(())).collect();
@@ -309,7 +334,7 @@ impl BlockStore {
                     run.push(RunBlock {
                         offset: dva.offset,
                         data: data.clone(),
-                        parity: parity.clone(),
+                        parity: parity.0.clone(),
                     });
                 }
                 None => {
@@ -341,18 +366,21 @@ impl BlockStore {
         results
     }
 
-    /// `data`'s RAID-Z parity, computed now for a block written later (see
-    /// [`PrecomputedParity`]) when the pool's data can only go to RAID-Z
-    /// groups of one geometry; None otherwise (a mirror or a second geometry
-    /// could take the block, and the work would be lost).
-    pub fn parity_ahead(&self, data: &[u8]) -> Option<Rc<PrecomputedParity>> {
-        PrecomputedParity::compute(&self.parity_ahead_geometry()?, data).map(Rc::new)
+    /// Prepares `data`, to be stored later as it is, for the store: today
+    /// its RAID-Z parity (see [`PrecomputedParity`]) when the pool's data can
+    /// only go to RAID-Z groups of one geometry; nothing otherwise (a mirror or
+    /// a second geometry could take the block, and the work would be lost).
+    pub fn prepare(&self, data: &[u8]) -> StorePrep {
+        StorePrep(
+            self.parity_ahead_geometry()
+                .and_then(|geometry| PrecomputedParity::compute(&geometry, data))
+                .map(Rc::new),
+        )
     }
 
-    /// Bytes of the parity `parity_ahead` computes for a block of
-    /// `data_bytes` (0 when it computes none): write-back admits a write for
-    /// its blocks with their parity.
-    pub fn parity_ahead_bytes(&self, data_bytes: u64) -> u64 {
+    /// Bytes `prepare` holds for a block of `data_bytes` (0 when it
+    /// prepares nothing): write-back admits a write for its blocks with them.
+    pub fn prepared_bytes(&self, data_bytes: u64) -> u64 {
         self.parity_ahead_geometry().map_or(0, |geometry| {
             PrecomputedParity::bytes_for(&geometry, data_bytes)
         })

@@ -763,7 +763,7 @@ impl Pool {
     /// Writes `data` (None: zeros, a hole) as block `blkid` and links it, in
     /// I/O class `class`; its dirty copy, if any, is dropped as it is linked.
     /// `prepared` is what was computed from `data` earlier (its checksum and
-    /// parity), used when the block is stored uncompressed (the checksum only
+    /// the store's preparation), used when the block is stored uncompressed (the checksum only
     /// with that algorithm). The caller holds the block's lock.
     pub(crate) async fn store_block(
         self: &Rc<Self>,
@@ -836,12 +836,12 @@ impl Pool {
                     prepared,
                 )
                 .await;
-            // Parity computed from the block's bytes fits only if those are what is stored.
-            let parity = prepared
-                .parity
+            // Work prepared from the block's bytes fits only if those are what is stored.
+            let store_prep = prepared
+                .store
                 .clone()
-                .filter(|_| compression == Compression::Off);
-            allocated.push(pointer.map(|pointer| (pointer, payload, parity)));
+                .if_stored_as_prepared(compression == Compression::Off);
+            allocated.push(pointer.map(|pointer| (pointer, payload, store_prep)));
         }
         debug_assert!(
             allocated
@@ -853,7 +853,7 @@ impl Pool {
         let run: Vec<_> = allocated
             .iter()
             .flatten()
-            .map(|(pointer, payload, parity)| (pointer.dvas[0], payload.clone(), parity.clone()))
+            .map(|(pointer, payload, prep)| (pointer.dvas[0], payload.clone(), prep.clone()))
             .collect();
         let mut writes = self.store.write_run(run, class).await.into_iter();
         let links = blocks

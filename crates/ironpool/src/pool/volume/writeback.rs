@@ -37,6 +37,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::block::StorePrep;
 use crate::format::bp::Compression;
 use crate::format::checksum::{Checksum, ChecksumAlgo};
 use crate::pool::volume::Volume;
@@ -45,7 +46,6 @@ use crate::queue::IoClass;
 use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
 use crate::rt::{self, Instant};
-use crate::vdev::raidz::PrecomputedParity;
 
 /// Dirty data a pool holds in memory before writers wait (the default of the
 /// `dirty_data_max_bytes` tunable): 128 MiB is about half
@@ -92,15 +92,15 @@ pub(crate) struct Prepared {
     /// Its checksum, when it is stored uncompressed (a compressed block's
     /// checksum covers its compressed bytes, known only at write-out).
     pub checksum: Option<(ChecksumAlgo, Checksum)>,
-    /// Its RAID-Z parity, under the same condition (parity covers the bytes
-    /// stored), when the pool's data goes to RAID-Z groups of one geometry.
-    pub parity: Option<Rc<PrecomputedParity>>,
+    /// The store's own preparation, under the same condition (it covers the
+    /// bytes stored).
+    pub store: StorePrep,
 }
 
 impl Prepared {
     /// Memory it holds beyond the block itself.
     fn bytes(&self) -> u64 {
-        self.parity.as_ref().map_or(0, |parity| parity.bytes())
+        self.store.bytes()
     }
 }
 
@@ -244,7 +244,7 @@ impl Pool {
     /// them; what a write is admitted for.
     pub(crate) fn hold_bytes(&self, volume: &Volume, blocks: u64) -> u64 {
         let parity = if volume.settings().compression.algo == Compression::Off {
-            self.store.parity_ahead_bytes(volume.block_bytes)
+            self.store.prepared_bytes(volume.block_bytes)
         } else {
             0
         };
@@ -349,7 +349,7 @@ impl Pool {
         let prepared = if settings.compression.algo == Compression::Off {
             Prepared {
                 checksum: Some((settings.checksum, settings.checksum.compute(&data))),
-                parity: self.store.parity_ahead(&data),
+                store: self.store.prepare(&data),
             }
         } else {
             Prepared::default()

@@ -63,9 +63,8 @@ pub struct TxgState {
     /// Ends the wait before a failed txg is written again.
     retry_wake: Notify,
     done: Notify,
-    suspended: RefCell<Option<String>>,
-    /// The in-memory state cannot be committed any more (the build step failed).
-    fatal: Cell<bool>,
+    health: RefCell<TxgHealth>,
+    /// `stop` was called: no change is accepted, the task ends once idle.
     stopping: Cell<bool>,
     task: RefCell<Option<JoinHandle<()>>>,
     last_commit: Cell<Instant>,
@@ -78,6 +77,23 @@ pub struct TxgState {
     build_holds: Cell<u32>,
     /// The dirty percentage last given to the leaf queues.
     dirty_percent: Cell<u32>,
+}
+
+/// Whether txgs can be committed: one state machine for the sync task's
+/// outcome (the lifecycle, `stopping`, is separate: a suspended pool can be
+/// stopping too).
+#[derive(Clone, Debug, Default)]
+enum TxgHealth {
+    /// The last commit landed (or none failed yet).
+    #[default]
+    Committing,
+    /// Writing a txg failed (devices gone, host filesystem full): the same
+    /// txg is written again every `RETRY_DELAY` until it lands. The reason.
+    Suspended(String),
+    /// Building a txg failed: the in-memory image is half rewritten and can
+    /// never be committed; the last durable txg on disk stays intact. The
+    /// reason.
+    Failed(String),
 }
 
 /// Keeps the sync task from building a txg while it lives.
@@ -101,8 +117,7 @@ impl TxgState {
             wake: Notify::new(),
             retry_wake: Notify::new(),
             done: Notify::new(),
-            suspended: RefCell::new(None),
-            fatal: Cell::new(false),
+            health: RefCell::new(TxgHealth::Committing),
             stopping: Cell::new(false),
             task: RefCell::new(None),
             last_commit: Cell::new(Instant(0)),
@@ -147,7 +162,15 @@ impl TxgState {
 
     /// The reason the pool is suspended, if it is.
     pub fn suspended(&self) -> Option<String> {
-        self.suspended.borrow().clone()
+        match &*self.health.borrow() {
+            TxgHealth::Committing => None,
+            TxgHealth::Suspended(reason) | TxgHealth::Failed(reason) => Some(reason.clone()),
+        }
+    }
+
+    /// No txg can ever be committed again (see [`TxgHealth::Failed`]).
+    fn failed(&self) -> bool {
+        matches!(*self.health.borrow(), TxgHealth::Failed(_))
     }
 
     /// Refuses changes when the pool cannot commit them.
@@ -155,7 +178,7 @@ impl TxgState {
         if self.stopping.get() {
             return Err(PoolError::Closing);
         }
-        if self.fatal.get() {
+        if self.failed() {
             return Err(PoolError::Suspended(self.suspended().unwrap_or_default()));
         }
         Ok(())
@@ -183,7 +206,7 @@ impl TxgState {
             if self.durable.get() >= target {
                 return Ok(());
             }
-            if self.fatal.get() || (self.stopping.get() && self.task.borrow().is_none()) {
+            if self.failed() || (self.stopping.get() && self.task.borrow().is_none()) {
                 return Err(PoolError::Suspended(
                     self.suspended()
                         .unwrap_or_else(|| "the pool is closed".into()),
@@ -201,7 +224,7 @@ impl TxgState {
     /// The write throttle: holds a writer while dirty metadata is over the limit.
     pub async fn throttle(&self, pool: &Pool) {
         let limit = pool.tunables.borrow().dirty_max_bytes;
-        while pool.objects.dirty_bytes() > limit && !self.fatal.get() && !self.stopping.get() {
+        while pool.objects.dirty_bytes() > limit && !self.failed() && !self.stopping.get() {
             self.request(self.open.get());
             self.done.notified().await;
         }
@@ -285,8 +308,8 @@ async fn sync_loop(pool: Rc<Pool>) {
                 Err(error) => {
                     // The in-memory image is half rewritten: it can never be
                     // committed. The last committed txg on disk stays intact.
-                    state.fatal.set(true);
-                    *state.suspended.borrow_mut() = Some(format!("txg build failed: {error}"));
+                    *state.health.borrow_mut() =
+                        TxgHealth::Failed(format!("txg build failed: {error}"));
                     bump(state, |stats| stats.failed_commits += 1);
                     state.done.notify_all();
                     break;
@@ -298,10 +321,11 @@ async fn sync_loop(pool: Rc<Pool>) {
                 finish(&pool, &built, started).await;
             }
             Err(error) => {
-                if state.suspended.borrow().is_none() {
+                if state.suspended().is_none() {
                     eprintln!("ironpool: {}: suspended: writing txg {} failed: {error}; retrying every {RETRY_DELAY:?}", pool.name, built.txg);
                 }
-                *state.suspended.borrow_mut() = Some(format!("txg {}: {error}", built.txg));
+                *state.health.borrow_mut() =
+                    TxgHealth::Suspended(format!("txg {}: {error}", built.txg));
                 bump(state, |stats| stats.failed_commits += 1);
                 state.done.notify_all();
                 retry = Some(built);
@@ -781,7 +805,9 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
     let state = &pool.txg;
     state.durable.set(built.txg);
     state.last_commit.set(rt::now());
-    if !state.fatal.get() && state.suspended.borrow_mut().take().is_some() {
+    let was_suspended = matches!(*state.health.borrow(), TxgHealth::Suspended(_));
+    if was_suspended {
+        *state.health.borrow_mut() = TxgHealth::Committing;
         eprintln!(
             "ironpool: {}: resumed: txg {} is durable",
             pool.name, built.txg

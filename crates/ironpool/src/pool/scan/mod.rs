@@ -51,7 +51,7 @@ impl Scan {
     fn cancelled(&self, pool: &Pool) -> bool {
         match self {
             Scan::Scrub => pool.scrub.borrow().cancel,
-            Scan::Resilver(_) => pool.resilver.borrow().cancel,
+            Scan::Resilver(_) => pool.resilver.borrow().cancelled(),
         }
     }
 

@@ -82,15 +82,26 @@ impl ResilverTargets {
     }
 }
 
+/// Where the resilver is: one state machine instead of flags that could
+/// contradict each other (cancelled but not running, shut yet restarted).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum ResilverPhase {
+    /// No pass runs; one starts when a device has txgs to catch up on.
+    #[default]
+    Idle,
+    /// A task passes over the trees. `again`: devices started missing txgs
+    /// while it ran, so it passes once more even after a failed pass.
+    Running { again: bool },
+    /// Export asked a running resilver to stop: it ends at the next node.
+    Stopping,
+    /// The pool is being exported: no resilver starts again.
+    Shut,
+}
+
 /// A running or finished resilver.
 #[derive(Default)]
 pub struct ResilverState {
-    pub running: bool,
-    pub cancel: bool,
-    /// Devices started missing txgs while a pass ran: pass again.
-    again: bool,
-    /// The pool is being exported: no new resilver starts.
-    shut: bool,
+    phase: ResilverPhase,
     pub started_unix_seconds: u64,
     started: Option<Instant>,
     pub finished_unix_seconds: u64,
@@ -131,6 +142,30 @@ pub struct ResilverStatus {
     pub error_details: Vec<String>,
 }
 
+impl ResilverState {
+    /// A resilver task is running (perhaps stopping).
+    pub fn running(&self) -> bool {
+        matches!(
+            self.phase,
+            ResilverPhase::Running { .. } | ResilverPhase::Stopping
+        )
+    }
+
+    /// The running pass must end at the next node.
+    pub fn cancelled(&self) -> bool {
+        self.phase == ResilverPhase::Stopping
+    }
+
+    /// Whether a pass was asked for while one ran, forgetting the request.
+    fn take_again(&mut self) -> bool {
+        if let ResilverPhase::Running { again: true } = self.phase {
+            self.phase = ResilverPhase::Running { again: false };
+            return true;
+        }
+        false
+    }
+}
+
 impl Pool {
     /// Starts a resilver in the background when some device in service has
     /// txgs to catch up on (or makes a running one pass again).
@@ -142,17 +177,18 @@ impl Pool {
             return;
         }
         let mut state = self.resilver.borrow_mut();
-        if state.shut {
-            return;
-        }
-        if state.running {
-            state.again = true;
-            return;
+        match state.phase {
+            ResilverPhase::Shut | ResilverPhase::Stopping => return,
+            ResilverPhase::Running { .. } => {
+                state.phase = ResilverPhase::Running { again: true };
+                return;
+            }
+            ResilverPhase::Idle => {}
         }
         // What the first pass will work on, shown from the start.
         let (size, free) = self.space();
         *state = ResilverState {
-            running: true,
+            phase: ResilverPhase::Running { again: false },
             started_unix_seconds: unix_seconds(),
             started: Some(rt::now()),
             devices: self.target_paths(&targets),
@@ -170,7 +206,7 @@ impl Pool {
     pub(in crate::pool) fn resilver_if_needed(self: &Rc<Self>) {
         let quiet = {
             let state = self.resilver.borrow();
-            !state.running && state.errors == 0
+            !state.running() && state.errors == 0
         };
         if quiet {
             self.resilver_start();
@@ -183,10 +219,10 @@ impl Pool {
     pub async fn resilver_stop(&self) {
         {
             let mut state = self.resilver.borrow_mut();
-            state.shut = true;
-            if state.running {
-                state.cancel = true;
-            }
+            state.phase = match state.phase {
+                ResilverPhase::Running { .. } | ResilverPhase::Stopping => ResilverPhase::Stopping,
+                ResilverPhase::Idle | ResilverPhase::Shut => ResilverPhase::Shut,
+            };
         }
         self.resilver_wait().await;
     }
@@ -202,7 +238,7 @@ impl Pool {
     pub fn resilver_status(&self) -> ResilverStatus {
         let state = self.resilver.borrow();
         let progress = if state.total_bytes == 0 {
-            if state.running {
+            if state.running() {
                 0.0
             } else {
                 100.0
@@ -210,7 +246,7 @@ impl Pool {
         } else {
             (state.examined_bytes as f64 * 100.0 / state.total_bytes as f64).min(100.0)
         };
-        let eta_seconds = match (state.running, state.started) {
+        let eta_seconds = match (state.running(), state.started) {
             (true, Some(started)) if state.examined_bytes > 0 => {
                 let elapsed = rt::now().duration_since(started).as_secs_f64();
                 let remaining = state.total_bytes.saturating_sub(state.examined_bytes) as f64;
@@ -219,7 +255,7 @@ impl Pool {
             _ => None,
         };
         ResilverStatus {
-            state: if state.running {
+            state: if state.running() {
                 "resilvering"
             } else if state.started_unix_seconds > 0 {
                 "finished"
@@ -279,17 +315,20 @@ impl Pool {
         // Pass until no device in service misses anything; after a failed pass
         // only when asked again (a device came back since).
         while let Some(targets) = self.resilver_targets() {
-            if self.resilver.borrow().cancel {
+            if self.resilver.borrow().cancelled() {
                 break;
             }
             let completed = self.resilver_pass(targets).await;
-            let again = std::mem::take(&mut self.resilver.borrow_mut().again);
+            let again = self.resilver.borrow_mut().take_again();
             if !completed && !again {
                 break;
             }
         }
         let mut state = self.resilver.borrow_mut();
-        state.running = false;
+        state.phase = match state.phase {
+            ResilverPhase::Stopping | ResilverPhase::Shut => ResilverPhase::Shut,
+            ResilverPhase::Running { .. } | ResilverPhase::Idle => ResilverPhase::Idle,
+        };
         state.finished_unix_seconds = unix_seconds();
     }
 
@@ -315,7 +354,7 @@ impl Pool {
         match self.all_objects().await {
             Ok(objects) => {
                 for object in objects {
-                    if self.resilver.borrow().cancel {
+                    if self.resilver.borrow().cancelled() {
                         return false;
                     }
                     if let Err(error) = self
@@ -328,7 +367,7 @@ impl Pool {
             }
             Err(error) => self.resilver_error(format!("listing objects: {error}")),
         }
-        if self.resilver.borrow().cancel || self.resilver.borrow().errors > errors_before {
+        if self.resilver.borrow().cancelled() || self.resilver.borrow().errors > errors_before {
             return false;
         }
         self.resilver_finish(&targets).await

@@ -125,15 +125,26 @@ pub struct DirtyBlocks {
     bytes: u64,
     /// Of `bytes`, those in batches being written now.
     in_flight_bytes: u64,
-    task_running: bool,
+    phase: WritebackPhase,
     batches_in_flight: usize,
     /// Blocks dirtied up to this sequence number are written out now (a drain).
     drain_target: u64,
     /// Write-backs that failed (cumulative), and the last reason.
     failures: u64,
     last_error: Option<String>,
-    /// The last write-back failed: new writes go through until one succeeds.
-    failing: bool,
+}
+
+/// Where a volume's write-back task is.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum WritebackPhase {
+    /// No task: nothing is dirty (the next dirty block starts one).
+    #[default]
+    Idle,
+    /// The task writes dirty blocks out.
+    Running,
+    /// The task runs and its last batch failed: new writes go through until
+    /// a batch succeeds.
+    Failing,
 }
 
 impl DirtyBlock {
@@ -294,7 +305,20 @@ impl Pool {
 
     /// Marks `volume`'s write-back as failing or not (counted for the pool).
     fn set_failing(&self, volume: &Volume, failing: bool) {
-        let was = std::mem::replace(&mut volume.writeback.dirty.borrow_mut().failing, failing);
+        let was = {
+            let mut dirty = volume.writeback.dirty.borrow_mut();
+            let was = dirty.phase == WritebackPhase::Failing;
+            // A batch fails while its task runs: the task outlives its batches.
+            debug_assert!(dirty.phase != WritebackPhase::Idle || !failing);
+            if dirty.phase != WritebackPhase::Idle {
+                dirty.phase = if failing {
+                    WritebackPhase::Failing
+                } else {
+                    WritebackPhase::Running
+                };
+            }
+            was
+        };
         let count = &self.writeback.failing_volumes;
         match (was, failing) {
             (false, true) => {
@@ -317,7 +341,7 @@ impl Pool {
         blkid: u64,
         data: BufSlice,
     ) -> bool {
-        if volume.writeback.dirty.borrow().failing {
+        if volume.writeback.dirty.borrow().phase == WritebackPhase::Failing {
             return false;
         }
         let reserved = self
@@ -395,8 +419,12 @@ impl Pool {
 
     /// Starts `volume`'s write-back task unless it is running; true if started.
     fn start_writeback(self: &Rc<Self>, volume: &Rc<Volume>) -> bool {
-        if std::mem::replace(&mut volume.writeback.dirty.borrow_mut().task_running, true) {
-            return false;
+        {
+            let mut dirty = volume.writeback.dirty.borrow_mut();
+            if dirty.phase != WritebackPhase::Idle {
+                return false;
+            }
+            dirty.phase = WritebackPhase::Running;
         }
         let pool = self.clone();
         let task_volume = volume.clone();
@@ -479,7 +507,7 @@ async fn writeback_task(pool: Rc<Pool>, volume: Rc<Volume>) {
     loop {
         // Read under one borrow, awaited on only once it is dropped.
         let head = {
-            let mut dirty = state.dirty.borrow_mut();
+            let dirty = state.dirty.borrow();
             match dirty
                 .order
                 .first_key_value()
@@ -496,13 +524,14 @@ async fn writeback_task(pool: Rc<Pool>, volume: Rc<Volume>) {
                         || dirty.drain_target >= oldest_seq
                         || pool.writeback.waiting.get() > 0
                         || pool.txg.ensure_writable().is_err();
-                    Some((since, urgent, dirty.batches_in_flight, dirty.failing))
+                    let failing = dirty.phase == WritebackPhase::Failing;
+                    Some((since, urgent, dirty.batches_in_flight, failing))
                 }
                 None if dirty.batches_in_flight == 0 => {
-                    dirty.task_running = false;
                     drop(dirty);
                     // Nothing is left that could fail again.
                     pool.set_failing(&volume, false);
+                    state.dirty.borrow_mut().phase = WritebackPhase::Idle;
                     return;
                 }
                 None => None,

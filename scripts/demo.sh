@@ -6,7 +6,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-cargo build --release -p ironpool
+cargo build --release -p ironpool-cli
 bin="$PWD/target/release/ironpool"
 demo="$PWD/demo"
 # Keep the demo's state (pool cache, control socket) inside ./demo.

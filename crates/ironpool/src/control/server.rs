@@ -9,7 +9,7 @@ use std::time::Duration;
 use super::commands::{execute, execute_stream, Command, Response};
 use crate::nbd::engine::SharedStats;
 use crate::pool::Pool;
-use crate::rt::uring::{self, SendPiece};
+use crate::rt::uring;
 use crate::rt::{self};
 
 /// Largest request accepted (commands are small JSON documents).
@@ -133,15 +133,6 @@ async fn serve_one(socket: OwnedFd, pool: Rc<Pool>, nbd: Option<std::sync::Arc<S
     };
     let mut bytes = serde_json::to_vec(&response).unwrap_or_else(|_| b"{\"ok\":false}".to_vec());
     bytes.push(b'\n');
-    let total = bytes.len();
-    let mut pieces = vec![SendPiece::Bytes(bytes)];
-    let mut sent = 0;
-    while sent < total {
-        let (result, returned) = uring::send_pieces(fd, pieces, sent).await;
-        pieces = returned;
-        match result {
-            Ok(count) if count > 0 => sent += count,
-            _ => return,
-        }
-    }
+    // A client gone before its answer has nothing left to be told.
+    let _ = uring::send_all(fd, bytes).await;
 }

@@ -25,7 +25,7 @@ use crate::pool::volume::IO_ALIGNMENT_BYTES;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::channel::{channel, Receiver as ChannelReceiver, Sender};
 use crate::rt::sync::{Notify, Permit, Semaphore};
-use crate::rt::uring::{self, SendPiece};
+use crate::rt::uring::{self, send_all, SendPiece};
 use crate::rt::{self};
 
 /// Requests one connection may have in flight (a client's queue depth; the Linux
@@ -464,21 +464,6 @@ impl Receiver {
         }
         Ok(payload)
     }
-}
-
-async fn send_all(fd: RawFd, bytes: Vec<u8>) -> std::io::Result<()> {
-    let total = bytes.len();
-    let mut pieces = vec![SendPiece::Bytes(bytes)];
-    let mut sent = 0;
-    while sent < total {
-        let (result, returned) = uring::send_pieces(fd, pieces, sent).await;
-        pieces = returned;
-        match result? {
-            0 => return Err(std::io::ErrorKind::WriteZero.into()),
-            count => sent += count,
-        }
-    }
-    Ok(())
 }
 
 /// The handshake ended: with an export to serve, or not.

@@ -578,6 +578,23 @@ impl SendPiece {
 /// Zero bytes that `SendPiece::Zeros` points iovecs at.
 static ZERO_PAGE: [u8; 65536] = [0; 65536];
 
+/// Sends all of `bytes` on a socket, looping on short sends; a send of zero
+/// bytes (the peer is gone) is an error.
+pub async fn send_all(fd: RawFd, bytes: Vec<u8>) -> io::Result<()> {
+    let total = bytes.len();
+    let mut pieces = vec![SendPiece::Bytes(bytes)];
+    let mut sent = 0;
+    while sent < total {
+        let (result, returned) = send_pieces(fd, pieces, sent).await;
+        pieces = returned;
+        match result? {
+            0 => return Err(io::ErrorKind::WriteZero.into()),
+            count => sent += count,
+        }
+    }
+    Ok(())
+}
+
 /// Sends the pieces (from `skip` bytes into them) with one sendmsg; returns bytes sent.
 /// Callers loop on short sends.
 pub async fn send_pieces(

@@ -563,42 +563,11 @@ impl Pool {
         fua: bool,
         trim: bool,
     ) -> Result<(), PoolError> {
-        volume.check_writable(offset, length)?;
-        self.txg.ensure_writable()?;
-        if length == 0 {
+        if !self
+            .fill_zeros(volume, offset, length, || BlockContent::Zero)
+            .await?
+        {
             return Ok(());
-        }
-        self.txg.throttle(self).await;
-        let _writer = volume.writer().await?;
-        let block = volume.block_bytes;
-        let end = offset + length;
-        // Process large ranges a slice at a time so locks and memory stay bounded.
-        let mut position = offset;
-        while position < end {
-            let slice_end =
-                end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
-            let first = position / block;
-            let last = (slice_end - 1) / block;
-            let _locks = volume.lock(first, last).await;
-            let mut contents = Vec::new();
-            let mut cursor = position;
-            while cursor < slice_end {
-                let blkid = cursor / block;
-                let within = (cursor % block) as usize;
-                let chunk = (block as usize - within).min((slice_end - cursor) as usize);
-                let content = if chunk as u64 == block {
-                    BlockContent::Zero
-                } else {
-                    BlockContent::PartialZero {
-                        within,
-                        length: chunk,
-                    }
-                };
-                contents.push((blkid, content));
-                cursor += chunk as u64;
-            }
-            self.apply_contents(volume, contents, false).await?;
-            position = slice_end;
         }
         volume.count(|stats| {
             if trim {
@@ -607,10 +576,7 @@ impl Pool {
                 stats.zero_ops += 1
             }
         });
-        if volume.durable(fua) {
-            self.commit_linked().await?;
-        }
-        Ok(())
+        self.commit_if_durable(volume, fua).await
     }
 
     /// Writes zeros as allocated data blocks (NBD WRITE_ZEROES with NO_HOLE).
@@ -621,15 +587,38 @@ impl Pool {
         length: u64,
         fua: bool,
     ) -> Result<(), PoolError> {
+        let zeros = BufSlice::whole(AlignedBuf::zeroed(volume.block_bytes as usize).into_shared());
+        let filled = self
+            .fill_zeros(volume, offset, length, || {
+                BlockContent::FullAllocated(zeros.clone())
+            })
+            .await?;
+        if !filled {
+            return Ok(());
+        }
+        volume.count(|stats| stats.zero_ops += 1);
+        self.commit_if_durable(volume, fua).await
+    }
+
+    /// Zeroes `offset..offset+length`: whole blocks become `whole()`, parts of
+    /// blocks are zeroed in place. Large ranges go a slice of blocks at a time
+    /// so locks and memory stay bounded. False when the range is empty (nothing
+    /// done, nothing to count or commit).
+    async fn fill_zeros(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        offset: u64,
+        length: u64,
+        whole: impl Fn() -> BlockContent,
+    ) -> Result<bool, PoolError> {
         volume.check_writable(offset, length)?;
         self.txg.ensure_writable()?;
         if length == 0 {
-            return Ok(());
+            return Ok(false);
         }
         self.txg.throttle(self).await;
         let _writer = volume.writer().await?;
         let block = volume.block_bytes;
-        let zeros = BufSlice::whole(AlignedBuf::zeroed(block as usize).into_shared());
         let end = offset + length;
         let mut position = offset;
         while position < end {
@@ -643,7 +632,7 @@ impl Pool {
                 let within = (cursor % block) as usize;
                 let chunk = (block as usize - within).min((slice_end - cursor) as usize);
                 let content = if chunk as u64 == block {
-                    BlockContent::FullAllocated(zeros.clone())
+                    whole()
                 } else {
                     BlockContent::PartialZero {
                         within,
@@ -656,7 +645,16 @@ impl Pool {
             self.apply_contents(volume, contents, false).await?;
             position = slice_end;
         }
-        volume.count(|stats| stats.zero_ops += 1);
+        Ok(true)
+    }
+
+    /// Commits what was linked when the write must be durable on return (FUA,
+    /// or the volume's `sync=always`).
+    async fn commit_if_durable(
+        self: &Rc<Self>,
+        volume: &Volume,
+        fua: bool,
+    ) -> Result<(), PoolError> {
         if volume.durable(fua) {
             self.commit_linked().await?;
         }

@@ -86,10 +86,11 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
     let pool = Pool::import_from_devices(POOL, copies, sim.tunables())
         .await
         .map_err(|error| format!("import failed: {error}"))?;
-    if pool.imported_txg != txg {
+    if pool.imported_txg() != txg {
         return Err(format!(
             "import chose txg {} instead ({:?})",
-            pool.imported_txg, pool.import_notes
+            pool.imported_txg(),
+            pool.notes()
         ));
     }
     let report = pool
@@ -99,7 +100,11 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
     if !report.problems.is_empty() {
         return Err(format!("space check: {}", report.problems.join("; ")));
     }
-    let volumes: Vec<_> = pool.volumes.borrow().values().cloned().collect();
+    let volumes: Vec<_> = pool
+        .open_volumes()
+        .into_iter()
+        .map(|(_, volume)| volume)
+        .collect();
     for volume in volumes {
         let size = volume.size_bytes.get();
         let step = 4 << 20;

@@ -85,7 +85,7 @@ const STEP_SIMULATED_TIME_MAX: Duration = Duration::from_secs(3600);
 /// Queued and active I/Os per device and class, for a hang report.
 fn queue_states(pool: &Rc<Pool>) -> String {
     let mut states = Vec::new();
-    for top in &pool.store.vdevs {
+    for top in &pool.store().vdevs {
         for leaf in &top.children {
             let stats = leaf.queue.stats();
             let classes: Vec<String> = stats
@@ -291,7 +291,8 @@ impl Sim {
             self.trace(|| {
                 format!(
                     "imported at txg {}: {:?}",
-                    pool.imported_txg, pool.import_notes
+                    pool.imported_txg(),
+                    pool.notes()
                 )
             });
             self.full_check(&pool).await?;
@@ -691,7 +692,7 @@ impl Sim {
     pub(crate) async fn full_check(&mut self, pool: &Rc<Pool>) -> Check {
         self.count_check("full");
         let mut listed: Vec<String> = Vec::new();
-        for (volume, record) in pool.directory.borrow().volumes.iter() {
+        for (volume, record) in pool.directory().volumes.iter() {
             listed.push(volume.clone());
             listed.extend(
                 record
@@ -1303,7 +1304,7 @@ impl Sim {
         for device in targets {
             let path = format!("sim:d{device}");
             let online = pool
-                .store
+                .store()
                 .vdevs
                 .iter()
                 .flat_map(|top| top.children.iter())
@@ -1327,15 +1328,15 @@ impl Sim {
             let newest = probe
                 .uberblocks
                 .iter()
-                .filter(|uberblock| uberblock.pool_guid == pool.guid)
+                .filter(|uberblock| uberblock.pool_guid == pool.guid())
                 .map(|uberblock| uberblock.txg)
                 .max()
                 .unwrap_or(0);
-            if probe.label.is_none() || newest != pool.txg.durable() {
+            if probe.label.is_none() || newest != pool.txg().durable() {
                 self.trace(|| {
                     format!(
                         "device {device} stays bad (newest uberblock {newest}, durable {})",
-                        pool.txg.durable()
+                        pool.txg().durable()
                     )
                 });
                 continue;
@@ -1355,7 +1356,7 @@ impl Sim {
         (0..self.devices.len())
             .map(|device| {
                 let path = format!("sim:d{device}");
-                pool.store
+                pool.store()
                     .vdevs
                     .iter()
                     .flat_map(|top| top.children.iter())
@@ -1442,11 +1443,11 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
     }
     let mut out = format!(
         "\n  open txg {}, durable txg {}",
-        pool.txg.open(),
-        pool.txg.durable()
+        pool.txg().open(),
+        pool.txg().durable()
     );
     {
-        let allocator = pool.store.allocator.borrow();
+        let allocator = pool.store().allocator.borrow();
         for (vdev, start, end) in &ranges {
             let Some(space) = allocator.vdevs.get(*vdev as usize) else {
                 continue;
@@ -1474,10 +1475,10 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
             }
         }
     }
-    for object in pool.objects.open_objects() {
+    for object in pool.objects().open_objects() {
         let mut hits = Vec::new();
         let _ = pool
-            .objects
+            .objects()
             .visit_pointers(&object, &mut |level, blkid, pointer| {
                 for dva in pointer.copies() {
                     if ranges.iter().any(|(vdev, start, end)| {
@@ -1497,7 +1498,7 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
             })
             .await;
         if !hits.is_empty() {
-            let allocator = pool.store.allocator.borrow();
+            let allocator = pool.store().allocator.borrow();
             let mut described = Vec::new();
             for (hit, vdev, offset, end) in hits {
                 let mut sets = Vec::new();
@@ -1524,7 +1525,7 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
                 "\n  object {} ({:?}) at open txg {}: {}",
                 object.id,
                 object.dnode().object_type,
-                pool.txg.open(),
+                pool.txg().open(),
                 described.join(", ")
             ));
         }

@@ -165,7 +165,7 @@ fn snapshots_clones_rollback_and_promote_keep_every_view_and_the_space_exact() {
         )
         .await
         .unwrap();
-        assert!(pool.volumes.borrow().is_empty());
+        assert!(pool.open_volumes().is_empty());
         checked(&pool).await;
         pool.export().await.unwrap();
     });
@@ -202,7 +202,7 @@ async fn walked_space(
         object: &ironpool::object::Object,
     ) -> HashMap<(u32, u64), BlockPointer> {
         let mut pointers = HashMap::new();
-        pool.objects
+        pool.objects()
             .visit_pointers(object, &mut |_, _, pointer| {
                 pointers.insert((pointer.dvas[0].vdev, pointer.dvas[0].offset), *pointer);
             })
@@ -210,13 +210,13 @@ async fn walked_space(
             .unwrap();
         pointers
     }
-    let record = pool.directory.borrow().volumes[volume].clone();
+    let record = pool.directory().volumes[volume].clone();
     let head = pool.volume(volume).unwrap();
     let origin_txg = head.object.dnode().origin_txg;
     let head_tree = tree(pool, &head.object).await;
     let mut snapshot_trees = Vec::new();
     for snapshot in &record.snapshots {
-        let object = pool.objects.open(snapshot.object).await.unwrap();
+        let object = pool.objects().open(snapshot.object).await.unwrap();
         snapshot_trees.push((
             snapshot.name.clone(),
             snapshot.txg,

@@ -334,10 +334,10 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         pool.scrub_wait().await;
         let scrub = pool.scrub_status();
         assert_eq!(scrub.errors, 0, "seed {seed}: scrub errors {:?}", scrub.error_details);
-        assert_eq!(scrub.bad_copies, 0, "seed {seed}: scrub found bad copies: {:?} (imported txg {})", scrub.error_details, pool.imported_txg);
+        assert_eq!(scrub.bad_copies, 0, "seed {seed}: scrub found bad copies: {:?} (imported txg {})", scrub.error_details, pool.imported_txg());
         if std::env::var("IRONPOOL_SIM_VERBOSE").is_ok() {
             let durable = model.durable.len();
-            eprintln!("seed {seed}: {} writes acked, {checked} sectors checked, {durable} with a durable write, txg {}", model.acked.len(), pool.imported_txg);
+            eprintln!("seed {seed}: {} writes acked, {checked} sectors checked, {durable} with a durable write, txg {}", model.acked.len(), pool.imported_txg());
         }
         pool.export().await.unwrap();
     });
@@ -485,12 +485,12 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
 
         // A leak: allocated and logged, referenced by nothing.
         let leaked = pool
-            .store
+            .store()
             .allocator
             .borrow_mut()
             .allocate(16384, ironpool::alloc::BlockClass::Data, None)
             .unwrap();
-        pool.store.allocator.borrow_mut().commit(leaked);
+        pool.store().allocator.borrow_mut().commit(leaked);
         let report = pool.check_space().await.unwrap();
         assert!(
             report
@@ -500,12 +500,16 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
             "{:?}",
             report.problems
         );
-        pool.store.allocator.borrow_mut().free(leaked);
+        pool.store().allocator.borrow_mut().free(leaked);
 
         // A referenced block freed.
-        let pointer = pool.objects.block_pointer(&volume.object, 5).await.unwrap();
+        let pointer = pool
+            .objects()
+            .block_pointer(&volume.object, 5)
+            .await
+            .unwrap();
         assert!(!pointer.is_hole());
-        pool.store.allocator.borrow_mut().free(pointer.dvas[0]);
+        pool.store().allocator.borrow_mut().free(pointer.dvas[0]);
         let report = pool.check_space().await.unwrap();
         assert!(
             report

@@ -265,12 +265,12 @@ fn corrupt_sectors_in_up_to_parity_devices_are_read_correctly_and_repaired() {
                 .await
                 .unwrap();
             assert_intact(&pool, &written, &format!("{kind:?} corrupted")).await;
-            let checksum_errors: u64 = pool.store.vdevs[0]
+            let checksum_errors: u64 = pool.store().vdevs[0]
                 .children
                 .iter()
                 .map(|child| child.queue.stats().checksum_errors)
                 .sum();
-            let reads: Vec<u64> = pool.store.vdevs[0]
+            let reads: Vec<u64> = pool.store().vdevs[0]
                 .children
                 .iter()
                 .map(|child| child.queue.stats().read_requests)
@@ -278,9 +278,9 @@ fn corrupt_sectors_in_up_to_parity_devices_are_read_correctly_and_repaired() {
             assert!(
                 checksum_errors > 0,
                 "{kind:?}: damage was found and counted (reads {reads:?}, healed {:?})",
-                pool.store.stats()
+                pool.store().stats()
             );
-            pool.store.repairs_quiesced().await;
+            pool.store().repairs_quiesced().await;
             let first = scrub(&pool).await;
             assert_eq!(first.errors, 0, "{kind:?}: {:?}", first.error_details);
             let second = scrub(&pool).await;
@@ -290,7 +290,7 @@ fn corrupt_sectors_in_up_to_parity_devices_are_read_correctly_and_repaired() {
                 "{kind:?}: the first scrub repaired everything: {:?}",
                 second.error_details
             );
-            let repaired: u64 = pool.store.vdevs[0]
+            let repaired: u64 = pool.store().vdevs[0]
                 .children
                 .iter()
                 .skip(width - parity)
@@ -348,7 +348,7 @@ fn more_failures_than_parity_at_run_time_fail_reads_and_never_return_wrong_data(
             failed > 0,
             "the damage must be detected ({good} blocks read)"
         );
-        assert!(pool.store.stats().unrecoverable_reads > 0);
+        assert!(pool.store().stats().unrecoverable_reads > 0);
     });
 }
 
@@ -420,7 +420,7 @@ fn faults_run(kind: TopVdevKind, width: usize, seed: u64) {
             resilver.rewritten_blocks > 0 && resilver.errors == 0,
             "seed {seed} {kind:?}: {resilver:?}"
         );
-        pool.store.repairs_quiesced().await;
+        pool.store().repairs_quiesced().await;
         assert_intact(&pool, &written, &format!("seed {seed} {kind:?}")).await;
         // Writes stored corrupted stay corrupted until read: the scrub finds
         // and repairs them all, and the pool ends healthy.
@@ -535,18 +535,18 @@ async fn compare_parts(
     child: usize,
     born_before: u64,
 ) -> usize {
-    let top = pool.store.vdevs[0].clone();
+    let top = pool.store().vdevs[0].clone();
     let mut pointers = Vec::new();
-    let table = pool.objects.dnode_table();
+    let table = pool.objects().dnode_table();
     let count = table.dnode().length_bytes / 512;
     let mut objects = vec![table.clone()];
     for id in 1..count {
-        if let Ok(object) = pool.objects.open(id).await {
+        if let Ok(object) = pool.objects().open(id).await {
             objects.push(object);
         }
     }
     for object in &objects {
-        pool.objects
+        pool.objects()
             .visit_pointers(object, &mut |_, _, pointer| pointers.push(*pointer))
             .await
             .unwrap();
@@ -599,7 +599,7 @@ fn a_replacement_ends_identical_to_the_device_it_replaced() {
             let pool = new_pool(&disks, kind).await;
             write_some(&pool, &mut written, &mut rng, 150).await;
             pool.commit().await.unwrap();
-            let replaced_at = pool.txg.open();
+            let replaced_at = pool.txg().open();
             pool.replace_device(
                 &name(2),
                 NewDevice {

@@ -286,7 +286,7 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
             );
         }
         // Off: every write is written through before it returns.
-        ironpool::control::commands::set_tunable(&pool, "dirty_data_max_bytes", "0").unwrap();
+        pool.set_tunable("dirty_data_max_bytes", "0").unwrap();
         let before = volume.stats().writeback_blocks;
         for blkid in 0..16u64 {
             pool.write(

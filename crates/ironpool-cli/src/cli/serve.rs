@@ -92,7 +92,7 @@ pub fn serve(
             .map_err(|error| super::explain_import(pool_name, error))?;
         remember(pool_name, &dirs);
         for (name, value) in &settings {
-            if let Err(error) = ironpool::control::commands::set_tunable(&pool, name, value) {
+            if let Err(error) = pool.set_tunable(name, value) {
                 let _ = pool.export().await;
                 return Err(format!("-o {name}={value}: {error}"));
             }
@@ -175,7 +175,7 @@ pub fn serve(
                 .collect();
             eprintln!(
                 "ironpool: serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {})",
-                pool.txg.durable(),
+                pool.txg().durable(),
                 exports.join(", "),
                 listens.iter().map(describe).collect::<Vec<_>>().join(", "),
                 control_path.display()

@@ -14,7 +14,7 @@ use crate::pool::dataset::receive::ReceiveOptions;
 use crate::pool::dataset::send::SendRequest;
 use crate::pool::volume::VOLUME_BLOCK_BYTES_DEFAULT;
 use crate::pool::{Pool, PoolError};
-use crate::queue::{IoClass, QueueTunables};
+use crate::queue::IoClass;
 use crate::units::parse_size;
 
 /// A command sent to a pool.
@@ -223,9 +223,8 @@ fn check_token_guids(
 ) -> Result<(), PoolError> {
     let guid_of = |name: &str| -> Option<u64> {
         let (volume, snapshot) =
-            crate::pool::dataset::snapshot::split_snapshot_name(&pool.name, name)?;
-        pool.directory
-            .borrow()
+            crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), name)?;
+        pool.directory()
             .volumes
             .get(volume)?
             .snapshots
@@ -307,7 +306,7 @@ pub async fn execute(
                             .filter(|volume| {
                                 volume == prefix
                                     || volume.starts_with(&format!("{prefix}/"))
-                                    || prefix == pool.name
+                                    || prefix == pool.name()
                             })
                             .map(|volume| format!("{volume}@{snapshot}")),
                     );
@@ -425,11 +424,11 @@ pub async fn execute(
         }
         Command::Sync => {
             pool.commit().await?;
-            Ok(json!({ "durable_txg": pool.txg.durable() }))
+            Ok(json!({ "durable_txg": pool.txg().durable() }))
         }
         Command::GetTunables => Ok(tunables(pool)),
         Command::SetTunable { name, value } => {
-            set_tunable(pool, &name, &value)?;
+            pool.set_tunable(&name, &value)?;
             Ok(tunables(pool))
         }
     }
@@ -450,8 +449,8 @@ fn open_new_device(path: &str) -> Result<crate::pool::NewDevice, PoolError> {
 fn list_entry(pool: &Pool) -> Value {
     let (size, free) = pool.space();
     json!({
-        "name": pool.name,
-        "guid": format!("{:#x}", pool.guid),
+        "name": pool.name(),
+        "guid": format!("{:#x}", pool.guid()),
         "size_bytes": size,
         "allocated_bytes": size - free,
         "free_bytes": free,
@@ -461,11 +460,10 @@ fn list_entry(pool: &Pool) -> Value {
 }
 
 fn volume_list(pool: &Pool) -> Vec<Value> {
-    let directory = pool.directory.borrow();
-    pool.volumes
-        .borrow()
+    let directory = pool.directory();
+    pool.open_volumes()
         .iter()
-        .filter(|(short, _)| !super::super::pool::is_hidden_volume(short))
+        .filter(|(short, _)| !crate::pool::is_hidden_volume(short))
         .map(|(short, volume)| {
             let dnode = volume.object.dnode();
             let record = directory.volumes.get(short);
@@ -474,7 +472,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
                 .unwrap_or_default();
             let origin = record
                 .and_then(|record| record.origin.as_ref())
-                .map(|origin| format!("{}/{}@{}", pool.name, origin.volume, origin.snapshot));
+                .map(|origin| format!("{}/{}@{}", pool.name(), origin.volume, origin.snapshot));
             let snapshots = record.map(|record| record.snapshots.len()).unwrap_or(0);
             json!({
                 "origin": origin,
@@ -495,7 +493,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
 fn status(pool: &Pool) -> Value {
     let (size, free) = pool.space();
     let mut vdevs = Vec::new();
-    for top in &pool.store.vdevs {
+    for top in &pool.store().vdevs {
         let mut children = Vec::new();
         let (mut read_errors, mut write_errors, mut checksum_errors) = (0, 0, 0);
         for leaf in &top.children {
@@ -534,22 +532,22 @@ fn status(pool: &Pool) -> Value {
         }));
     }
     json!({
-        "pool": pool.name,
-        "guid": format!("{:#x}", pool.guid),
+        "pool": pool.name(),
+        "guid": format!("{:#x}", pool.guid()),
         "health": pool.health(),
         "size_bytes": size,
         "allocated_bytes": size - free,
         "free_bytes": free,
-        "open_txg": pool.txg.open(),
-        "durable_txg": pool.txg.durable(),
-        "imported_txg": pool.imported_txg,
-        "suspended": pool.txg.suspended(),
+        "open_txg": pool.txg().open(),
+        "durable_txg": pool.txg().durable(),
+        "imported_txg": pool.imported_txg(),
+        "suspended": pool.txg().suspended(),
         "host_full_devices": pool.host_full_devices(),
         "vdevs": vdevs,
         "scrub": pool.scrub_status(),
         "resilver": pool.resilver_status(),
-        "unrecoverable_reads": pool.store.stats().unrecoverable_reads,
-        "healed_reads": pool.store.stats().healed_reads,
+        "unrecoverable_reads": pool.store().stats().unrecoverable_reads,
+        "healed_reads": pool.store().stats().healed_reads,
         "notes": pool.notes(),
         "volumes": volume_list(pool),
     })
@@ -557,7 +555,7 @@ fn status(pool: &Pool) -> Value {
 
 fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
     let mut devices = Vec::new();
-    for top in &pool.store.vdevs {
+    for top in &pool.store().vdevs {
         let top_name = top.kind.vdev_name(top.id);
         for leaf in &top.children {
             let stats = leaf.queue.stats();
@@ -581,10 +579,9 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
         }
     }
     let volumes: Vec<Value> = pool
-        .volumes
-        .borrow()
-        .values()
-        .map(|volume| {
+        .open_volumes()
+        .iter()
+        .map(|(_, volume)| {
             let mut value = serde_json::to_value(volume.stats()).unwrap_or(Value::Null);
             if let Value::Object(map) = &mut value {
                 map.insert("name".into(), json!(volume.name));
@@ -593,19 +590,19 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
         })
         .collect();
     json!({
-        "pool": pool.name,
+        "pool": pool.name(),
         "timestamp_ns": crate::rt::now().0,
         "devices": devices,
         "volumes": volumes,
-        "txg": pool.txg.stats(),
-        "blocks": pool.store.stats(),
+        "txg": pool.txg().stats(),
+        "blocks": pool.store().stats(),
         "server": server,
-        "cached_metadata_bytes": pool.objects.cached_bytes(),
+        "cached_metadata_bytes": pool.objects().cached_bytes(),
     })
 }
 
 fn tunables(pool: &Pool) -> Value {
-    let tunables = pool.tunables.borrow();
+    let tunables = pool.tunables();
     json!({
         "txg_timeout_ms": tunables.txg_timeout.as_millis() as u64,
         "dirty_sync_bytes": tunables.dirty_sync_bytes,
@@ -615,91 +612,6 @@ fn tunables(pool: &Pool) -> Value {
         "scrub_rate_bytes": tunables.scrub_rate_bytes,
         "queue": tunables.queue,
     })
-}
-
-/// Sets one tunable by name: `txg_timeout_ms`, `dirty_sync_bytes`,
-/// `dirty_max_bytes`, `dirty_data_max_bytes` (0: write-back off),
-/// `aggregation_limit_bytes`, `read_gap_limit_bytes`,
-/// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
-/// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`,
-/// `scrub_rate_bytes` (0: no limit).
-pub fn set_tunable(pool: &Pool, name: &str, value: &str) -> Result<(), PoolError> {
-    if name == "classes" {
-        let on = match value {
-            "on" | "1" | "true" => true,
-            "off" | "0" | "false" => false,
-            _ => {
-                return Err(PoolError::InvalidArgument(format!(
-                    "classes takes on or off, not '{value}'"
-                )))
-            }
-        };
-        let mut tunables = pool.tunables.borrow_mut();
-        tunables.queue.classes = on;
-        for top in &pool.store.vdevs {
-            for leaf in &top.children {
-                leaf.queue.set_tunables(tunables.queue.clone());
-            }
-        }
-        return Ok(());
-    }
-    let number = parse_size(value).map_err(PoolError::InvalidArgument)?;
-    let mut tunables = pool.tunables.borrow_mut();
-    let mut queue: QueueTunables = tunables.queue.clone();
-    match name {
-        "txg_timeout_ms" => tunables.txg_timeout = std::time::Duration::from_millis(number.max(1)),
-        "dirty_sync_bytes" => tunables.dirty_sync_bytes = number,
-        "dirty_max_bytes" => tunables.dirty_max_bytes = number,
-        "dirty_data_max_bytes" => tunables.dirty_data_max_bytes = number,
-        "scrub_rate_bytes" => tunables.scrub_rate_bytes = number,
-        "aggregation_limit_bytes" => queue.aggregation_limit_bytes = number.min(16 << 20) as u32,
-        "read_gap_limit_bytes" => queue.read_gap_limit_bytes = number.min(1 << 20) as u32,
-        "max_active_total" => queue.max_active_total = number.clamp(1, 4096) as u32,
-        "async_write_dirty_low_percent" => {
-            queue.async_write_dirty_low_percent = number.min(1000) as u32
-        }
-        "async_write_dirty_high_percent" => {
-            queue.async_write_dirty_high_percent = number.min(1000) as u32
-        }
-        "sync_write_max_active_under_reads" => {
-            queue.sync_write_max_active_under_reads = number.clamp(1, 4096) as u32
-        }
-        _ => {
-            let (class_name, is_min) = if let Some(class) = name.strip_suffix("_min_active") {
-                (class, true)
-            } else if let Some(class) = name.strip_suffix("_max_active") {
-                (class, false)
-            } else {
-                return Err(PoolError::InvalidArgument(format!(
-                    "unknown tunable '{name}'"
-                )));
-            };
-            let Some(class) = IoClass::ALL.iter().find(|class| class.name() == class_name) else {
-                return Err(PoolError::InvalidArgument(format!(
-                    "unknown tunable '{name}'"
-                )));
-            };
-            let limits = &mut queue.class_limits[*class as usize];
-            let value = number.clamp(1, 4096) as u32;
-            if is_min {
-                limits.min_active = value;
-            } else {
-                limits.max_active = value;
-            }
-            if limits.min_active > limits.max_active {
-                return Err(PoolError::InvalidArgument(format!(
-                    "{class_name}: min_active above max_active"
-                )));
-            }
-        }
-    }
-    for top in &pool.store.vdevs {
-        for leaf in &top.children {
-            leaf.queue.set_tunables(queue.clone());
-        }
-    }
-    tunables.queue = queue;
-    Ok(())
 }
 
 #[cfg(test)]

@@ -13,6 +13,7 @@ pub mod dataset;
 pub mod devices;
 pub mod labels;
 pub mod scan;
+pub mod tunables;
 pub mod txg;
 pub mod volume;
 
@@ -193,40 +194,40 @@ pub struct NewTopVdev {
 
 /// An open pool.
 pub struct Pool {
-    pub name: String,
-    pub guid: u64,
-    pub config: RefCell<PoolConfig>,
+    name: String,
+    guid: u64,
+    config: RefCell<PoolConfig>,
     /// The config changed and must be written to the labels at the next sync.
-    pub config_dirty: Cell<bool>,
-    pub store: Rc<BlockStore>,
-    pub objects: Rc<ObjectSet>,
-    pub directory: RefCell<Directory>,
-    pub directory_dirty: Cell<bool>,
-    pub txg: TxgState,
-    pub volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
-    pub tunables: RefCell<PoolTunables>,
-    pub scrub: RefCell<scan::scrub::ScrubState>,
-    pub resilver: RefCell<scan::resilver::ResilverState>,
+    config_dirty: Cell<bool>,
+    store: Rc<BlockStore>,
+    objects: Rc<ObjectSet>,
+    directory: RefCell<Directory>,
+    directory_dirty: Cell<bool>,
+    txg: TxgState,
+    volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    tunables: RefCell<PoolTunables>,
+    scrub: RefCell<scan::scrub::ScrubState>,
+    resilver: RefCell<scan::resilver::ResilverState>,
     /// Uberblock txg the pool was imported at (0 for a new pool).
-    pub imported_txg: u64,
+    imported_txg: u64,
     /// Notes from import (damaged labels, unclean export, stale devices,
     /// discarded receives) for `status`.
-    pub import_notes: RefCell<Vec<String>>,
+    import_notes: RefCell<Vec<String>>,
     /// Devices unavailable at import: guid and what was wrong. [`Pool::notes`]
     /// names those still out of service.
-    pub missing_at_import: Vec<(u64, String)>,
+    missing_at_import: Vec<(u64, String)>,
     /// Snapshots to take at the next commit.
-    pub pending_snapshots: RefCell<Vec<dataset::snapshot::SnapshotRequest>>,
+    pending_snapshots: RefCell<Vec<dataset::snapshot::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
-    pub snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
     /// Serialises administrative changes to datasets (snapshot, destroy, clone,
     /// rollback, promote, receive).
-    pub admin_lock: Rc<crate::rt::sync::Semaphore>,
+    admin_lock: Rc<crate::rt::sync::Semaphore>,
     /// Snapshots being sent (by full name, with the number of sends): they
     /// cannot be destroyed meanwhile.
-    pub snapshot_holds: RefCell<BTreeMap<String, usize>>,
+    snapshot_holds: RefCell<BTreeMap<String, usize>>,
     /// Dirty volume data held in memory (see `writeback`).
-    pub writeback: volume::writeback::PoolWriteback,
+    writeback: volume::writeback::PoolWriteback,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -234,6 +235,50 @@ fn describe_open_error(error: &OpenError) -> String {
 }
 
 impl Pool {
+    /// The pool's name.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The pool's guid, which its devices' labels carry.
+    pub fn guid(&self) -> u64 {
+        self.guid
+    }
+
+    /// The txg engine: open and durable txgs, health, statistics.
+    pub fn txg(&self) -> &TxgState {
+        &self.txg
+    }
+
+    /// The block store: vdevs, allocator, verified reads, block statistics.
+    pub fn store(&self) -> &Rc<BlockStore> {
+        &self.store
+    }
+
+    /// The object set: every object's tree and the metadata cache.
+    pub fn objects(&self) -> &Rc<ObjectSet> {
+        &self.objects
+    }
+
+    /// A read-only view of the pool directory (datasets, properties).
+    pub fn directory(&self) -> std::cell::Ref<'_, Directory> {
+        self.directory.borrow()
+    }
+
+    /// The open volumes by short name, hidden ones (receives) included.
+    pub fn open_volumes(&self) -> Vec<(String, Rc<Volume>)> {
+        self.volumes
+            .borrow()
+            .iter()
+            .map(|(name, volume)| (name.clone(), volume.clone()))
+            .collect()
+    }
+
+    /// The uberblock txg the pool was imported at (0 for a new pool).
+    pub fn imported_txg(&self) -> u64 {
+        self.imported_txg
+    }
+
     /// Creates a pool on open devices and commits its first txg.
     pub async fn create_on_devices(
         name: &str,

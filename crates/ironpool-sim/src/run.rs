@@ -419,7 +419,7 @@ impl Sim {
             }
             "read" => self.read_random(pool).await?,
             "flush" => {
-                pool.flush()
+                pool.flush_all()
                     .await
                     .map_err(|error| io_error("flush", error))?;
                 self.model.borrow_mut().flushed();

@@ -211,7 +211,7 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
                                     })
                                     .collect()
                             };
-                            if pool.flush().await.is_ok() {
+                            if pool.flush_all().await.is_ok() {
                                 let mut model = model.borrow_mut();
                                 for (sector, index) in acked_snapshot {
                                     let entry = model.durable.entry(sector).or_insert(0);

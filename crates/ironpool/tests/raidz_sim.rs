@@ -105,7 +105,7 @@ async fn write_some(pool: &Rc<Pool>, written: &mut Written, rng: &mut Rng, count
             .unwrap();
         written.writes.push((offset, length, tag));
     }
-    pool.flush().await.unwrap();
+    pool.flush_all().await.unwrap();
 }
 
 /// Reads the whole volume and compares it with the model.

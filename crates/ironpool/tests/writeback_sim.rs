@@ -128,7 +128,7 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
             "the partial write merged into the dirty block"
         );
         assert!(volume.stats().dirty_read_blocks >= 65);
-        pool.flush().await.unwrap();
+        pool.flush_all().await.unwrap();
         let stats = volume.stats();
         assert_eq!(stats.dirty_bytes, 0, "{stats:?}");
         assert_eq!(stats.writeback_blocks, 65, "{stats:?}");
@@ -182,7 +182,7 @@ fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
             ..SimFaults::default()
         });
         let error = pool
-            .flush()
+            .flush_all()
             .await
             .expect_err("the flush must report the lost write-back");
         assert!(
@@ -206,7 +206,7 @@ fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
             .is_err());
         // The device recovers: the next flush writes the held blocks out.
         disks[0].set_faults(SimFaults::default());
-        pool.flush().await.unwrap();
+        pool.flush_all().await.unwrap();
         assert_eq!(volume.stats().dirty_bytes, 0);
         pool.export().await.unwrap();
     });
@@ -278,7 +278,7 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
             "dirty data peaked at {} over the {limit} limit",
             peak.get()
         );
-        pool.flush().await.unwrap();
+        pool.flush_all().await.unwrap();
         for blkid in (0..1024u64).step_by(37) {
             assert!(
                 read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),

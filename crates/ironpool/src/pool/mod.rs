@@ -1090,8 +1090,14 @@ impl Pool {
     }
 
     /// Makes every write completed so far durable, on every volume: their
-    /// dirty blocks are written out, then the txg is committed.
-    pub async fn flush(self: &Rc<Self>) -> Result<(), PoolError> {
+    /// dirty blocks are written out, then the txg is committed (if it holds
+    /// anything). The pool-wide [`Pool::flush_volume`].
+    ///
+    /// The durability verbs, weakest first: `drain_volume`/`drain_all`
+    /// (written out and linked, not yet durable), `flush_volume`/`flush_all`
+    /// (what a client's FLUSH promises), `commit_linked` (what is linked is
+    /// durable), `commit` (everything, through a txg even if it is empty).
+    pub async fn flush_all(self: &Rc<Self>) -> Result<(), PoolError> {
         self.drain_all().await?;
         self.commit_linked().await
     }

@@ -89,6 +89,9 @@ pub struct ResilverState {
     pub cancel: bool,
     /// Devices started missing txgs while a pass ran: pass again.
     again: bool,
+    /// The pass stopped walking an object destroyed under it: it may have
+    /// missed blocks, so it does not complete, and another pass runs.
+    walk_incomplete: bool,
     /// The pool is being exported: no new resilver starts.
     shut: bool,
     pub started_unix_seconds: u64,
@@ -310,6 +313,7 @@ impl Pool {
             return false;
         }
         let errors_before = self.resilver.borrow().errors;
+        self.resilver.borrow_mut().walk_incomplete = false;
         let targets = Rc::new(targets);
         let scan = Scan::Resilver(targets.clone());
         match self.all_objects().await {
@@ -328,7 +332,10 @@ impl Pool {
             }
             Err(error) => self.resilver_error(format!("listing objects: {error}")),
         }
-        if self.resilver.borrow().cancel || self.resilver.borrow().errors > errors_before {
+        if self.resilver.borrow().cancel
+            || self.resilver.borrow().errors > errors_before
+            || self.resilver.borrow().walk_incomplete
+        {
             return false;
         }
         self.resilver_finish(&targets).await
@@ -362,6 +369,14 @@ impl Pool {
             }
         }
         devices::maintain(self, self.txg.open());
+    }
+
+    /// The pass stopped at an object destroyed under it: it does not
+    /// complete, and another pass walks the pool as it is now.
+    pub(super) fn resilver_walk_incomplete(&self) {
+        let mut state = self.resilver.borrow_mut();
+        state.walk_incomplete = true;
+        state.again = true;
     }
 
     fn resilver_error(&self, detail: String) {

@@ -86,11 +86,16 @@ pub(super) async fn read_verified(
     for child in read_order(top, birth_txg) {
         let leaf = &top.children[child];
         let stale = !leaf.is_readable_for(birth_txg);
-        match leaf
+        let generation = leaf.generation();
+        let result = leaf
             .queue
             .read(class, DATA_START_BYTES + offset, length, IoFlags::default())
-            .await
-        {
+            .await;
+        // A read queued before the device was replaced may have gone to the
+        // new one, which does not hold the block yet: a stale copy, not a bad
+        // one (the resilver writes it), and no fault of the new device.
+        let stale = stale || leaf.generation() != generation;
+        match result {
             Ok(data) if verify(&data) => return Ok(VerifiedRead { data, bad_children }),
             Ok(_) if stale => {
                 errors.push(format!("{}: missed this block's txg", leaf.path.borrow()))

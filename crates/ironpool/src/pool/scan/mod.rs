@@ -18,6 +18,12 @@
 //! See [`Pool::scan_floor_txg`]. A snapshot destroyed while a walk runs may
 //! leave the blocks it shared with the next one unvisited by that walk (they
 //! are the next scrub's).
+//!
+//! The walk of a volume or snapshot destroyed under it stops at once: its
+//! blocks are freed, and the space of those freed before the walk's read
+//! guard may already hold other blocks, which the walk would report as bad
+//! and "repair" with the old contents. Such a walk visited less than the
+//! devices' logs need: it does not catch a resilver's devices up.
 
 pub mod check;
 pub mod resilver;
@@ -52,6 +58,14 @@ impl Scan {
         match self {
             Scan::Scrub => pool.scrub.borrow().cancel,
             Scan::Resilver(_) => pool.resilver.borrow().cancelled(),
+        }
+    }
+
+    /// The walk stopped at an object destroyed under it (see the module).
+    fn vanished(&self, pool: &Pool) {
+        match self {
+            Scan::Scrub => pool.scrub.borrow_mut().walk_incomplete = true,
+            Scan::Resilver(_) => pool.resilver_walk_incomplete(),
         }
     }
 
@@ -155,6 +169,15 @@ impl Pool {
         0
     }
 
+    /// True while `object` is the pool's open object of its id: destroying a
+    /// volume or a snapshot forgets its object in the step that frees its
+    /// blocks (a read guard taken before then keeps their space).
+    fn still_open(&self, object: &Rc<Object>) -> bool {
+        self.objects
+            .get(object.id)
+            .is_some_and(|open| Rc::ptr_eq(&open, object))
+    }
+
     /// Walks one object's tree for `scan`, node by node from the top, below
     /// pointers born after `floor_txg` only (see [`Pool::scan_floor_txg`]).
     pub(in crate::pool) async fn scan_object(
@@ -176,6 +199,10 @@ impl Pool {
         }
         {
             let _guard = self.store.read_guard();
+            if !self.still_open(object) {
+                scan.vanished(self);
+                return Ok(());
+            }
             scan.process(self, object, &[root]).await;
         }
         let shift = dnode.pointers_per_indirect_shift();
@@ -187,6 +214,10 @@ impl Pool {
                     return Ok(());
                 }
                 let guard = self.store.read_guard();
+                if !self.still_open(object) {
+                    scan.vanished(self);
+                    return Ok(());
+                }
                 let node = self.objects.node(object, level, blkid).await?;
                 let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
                     NodeBody::Indirect(pointers) => pointers

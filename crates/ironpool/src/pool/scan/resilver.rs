@@ -102,6 +102,9 @@ enum ResilverPhase {
 #[derive(Default)]
 pub struct ResilverState {
     phase: ResilverPhase,
+    /// The pass stopped walking an object destroyed under it: it may have
+    /// missed blocks, so it does not complete, and another pass runs.
+    walk_incomplete: bool,
     pub started_unix_seconds: u64,
     started: Option<Instant>,
     pub finished_unix_seconds: u64,
@@ -349,6 +352,7 @@ impl Pool {
             return false;
         }
         let errors_before = self.resilver.borrow().errors;
+        self.resilver.borrow_mut().walk_incomplete = false;
         let targets = Rc::new(targets);
         let scan = Scan::Resilver(targets.clone());
         match self.all_objects().await {
@@ -367,7 +371,10 @@ impl Pool {
             }
             Err(error) => self.resilver_error(format!("listing objects: {error}")),
         }
-        if self.resilver.borrow().cancelled() || self.resilver.borrow().errors > errors_before {
+        if self.resilver.borrow().cancelled()
+            || self.resilver.borrow().errors > errors_before
+            || self.resilver.borrow().walk_incomplete
+        {
             return false;
         }
         self.resilver_finish(&targets).await
@@ -401,6 +408,16 @@ impl Pool {
             }
         }
         devices::maintain(self, self.txg.open());
+    }
+
+    /// The pass stopped at an object destroyed under it: it does not
+    /// complete, and another pass walks the pool as it is now.
+    pub(super) fn resilver_walk_incomplete(&self) {
+        let mut state = self.resilver.borrow_mut();
+        state.walk_incomplete = true;
+        if let ResilverPhase::Running { .. } = state.phase {
+            state.phase = ResilverPhase::Running { again: true };
+        }
     }
 
     fn resilver_error(&self, detail: String) {

@@ -50,6 +50,9 @@ pub struct ScrubState {
     examined_at_start: u64,
     /// What the unrecoverable errors were (bounded list).
     pub error_details: Vec<String>,
+    /// The walk stopped at an object destroyed under it: it does not catch
+    /// up the devices' logs (see `scan`).
+    pub(super) walk_incomplete: bool,
     task: Option<JoinHandle<()>>,
 }
 
@@ -277,6 +280,7 @@ impl Pool {
             directory.scrub_in_progress = None;
         }
         self.directory_dirty.set(true);
+        let caught_up = caught_up.filter(|_| !self.scrub.borrow().walk_incomplete);
         if let (true, Some(targets)) = (clean, caught_up) {
             self.drop_resilvered_ranges(&targets);
             if let Err(error) = self.commit().await {

@@ -1,15 +1,23 @@
 //! ironpool: a copy-on-write, checksummed storage pool engine whose I/O path is
 //! asynchronous end to end, serving volumes over NBD.
 //!
-//! Layers, top to bottom (imports point down only):
-//! - [`nbd`], [`control`]: front ends.
-//! - [`pool`]: the pool (import, transactions, volumes, scrub).
+//! Layers, top to bottom (imports point down only; `tests/layers.rs` checks
+//! it, and `docs/ARCHITECTURE.md` walks a WRITE and a FLUSH through them):
+//! - [`control`]: the control socket and its commands.
+//! - [`nbd`]: the NBD server.
+//! - [`pool`]: the pool (import, txgs, device states) with its datasets
+//!   ([`pool::dataset`]), the volume data path ([`pool::volume`]) and scans
+//!   ([`pool::scan`]).
 //! - [`object`]: objects as copy-on-write block-pointer trees.
+//! - [`block`]: verified reads with self-heal, writes of every copy,
+//!   compression.
 //! - [`alloc`]: space allocation (metaslabs, space maps).
-//! - [`vdev`]: mirrors, stripes, and the per-leaf I/O queue.
+//! - [`vdev`]: disks, mirrors and RAID-Z over the leaf queues.
+//! - [`queue`]: the per-leaf I/O queue (classes, aggregation, statistics).
 //! - [`dev`]: leaf devices (io_uring files and block devices, simulated devices).
 //! - [`format`]: every on-disk structure with its encoding and checksum.
-//! - [`rt`]: the single-threaded runtime over io_uring or the simulator.
+//! - [`rt`], [`units`]: the single-threaded runtime over io_uring or the
+//!   simulator; sizes.
 
 pub mod alloc;
 pub mod block;

@@ -160,6 +160,16 @@ pub struct Directory {
 }
 
 impl Directory {
+    /// The record of snapshot `name` (volume and snapshot), if it exists:
+    /// a clone's origin, a send's source.
+    pub fn snapshot(&self, name: &SnapshotName) -> Option<&SnapshotRecord> {
+        self.volumes
+            .get(&name.volume)?
+            .snapshots
+            .iter()
+            .find(|snapshot| snapshot.name == name.snapshot)
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         // Serialising plain owned data to a Vec cannot fail.
         serde_json::to_vec(self).expect("directory serialises")

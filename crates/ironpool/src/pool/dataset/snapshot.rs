@@ -188,18 +188,10 @@ impl Pool {
         let Some(origin) = &record.origin else {
             return 0;
         };
-        let directory = self.directory.borrow();
-        directory
-            .volumes
-            .get(&origin.volume)
-            .and_then(|volume| {
-                volume
-                    .snapshots
-                    .iter()
-                    .find(|snapshot| snapshot.name == origin.snapshot)
-            })
-            .map(|snapshot| snapshot.txg)
-            .unwrap_or(0)
+        self.directory
+            .borrow()
+            .snapshot(origin)
+            .map_or(0, |snapshot| snapshot.txg)
     }
 
     /// The block pointers listed in a dead list object (dead lists stay cached).

@@ -176,14 +176,7 @@ impl Pool {
             for (name, record) in &directory.volumes {
                 if let Some(origin) = &record.origin {
                     let listed = directory
-                        .volumes
-                        .get(&origin.volume)
-                        .and_then(|volume| {
-                            volume
-                                .snapshots
-                                .iter()
-                                .find(|snapshot| snapshot.name == origin.snapshot)
-                        })
+                        .snapshot(origin)
                         .is_some_and(|snapshot| snapshot.clones.contains(name));
                     if !listed {
                         report.problem(format!(

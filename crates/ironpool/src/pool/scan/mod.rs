@@ -137,14 +137,7 @@ impl Pool {
                 return 0;
             };
             directory
-                .volumes
-                .get(&origin.volume)
-                .and_then(|volume| {
-                    volume
-                        .snapshots
-                        .iter()
-                        .find(|snapshot| snapshot.name == origin.snapshot)
-                })
+                .snapshot(origin)
                 .map_or(0, |snapshot| snapshot.txg)
         };
         for record in directory.volumes.values() {

@@ -523,13 +523,9 @@ impl Pool {
         let _writer = volume.writer().await?;
         let _locks = volume.lock(first, last).await;
         let mut contents = Vec::with_capacity((last - first + 1) as usize);
-        let mut position = offset;
-        while position < offset + length {
-            let blkid = position / block;
-            let within = (position % block) as usize;
-            let chunk = (block as usize - within).min((offset + length - position) as usize);
-            let slice =
-                data.slice((position - offset) as usize..(position - offset) as usize + chunk);
+        for (blkid, within, chunk, position) in block_pieces(offset, offset + length, block) {
+            let start = (position - offset) as usize;
+            let slice = data.slice(start..start + chunk);
             let content = if chunk as u64 == block {
                 BlockContent::Full(slice)
             } else {
@@ -539,7 +535,6 @@ impl Pool {
                 }
             };
             contents.push((blkid, content));
-            position += chunk as u64;
         }
         self.apply_contents(volume, contents, hold).await?;
         volume.count(|stats| {
@@ -625,23 +620,19 @@ impl Pool {
             let slice_end =
                 end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
             let _locks = volume.lock(position / block, (slice_end - 1) / block).await;
-            let mut contents = Vec::new();
-            let mut cursor = position;
-            while cursor < slice_end {
-                let blkid = cursor / block;
-                let within = (cursor % block) as usize;
-                let chunk = (block as usize - within).min((slice_end - cursor) as usize);
-                let content = if chunk as u64 == block {
-                    whole()
-                } else {
-                    BlockContent::PartialZero {
-                        within,
-                        length: chunk,
-                    }
-                };
-                contents.push((blkid, content));
-                cursor += chunk as u64;
-            }
+            let contents = block_pieces(position, slice_end, block)
+                .map(|(blkid, within, chunk, _)| {
+                    let content = if chunk as u64 == block {
+                        whole()
+                    } else {
+                        BlockContent::PartialZero {
+                            within,
+                            length: chunk,
+                        }
+                    };
+                    (blkid, content)
+                })
+                .collect();
             self.apply_contents(volume, contents, false).await?;
             position = slice_end;
         }
@@ -1090,5 +1081,43 @@ fn mutable_copy(data: BufSlice) -> AlignedBuf {
         buffer
     } else {
         AlignedBuf::copy_from(&buffer[range])
+    }
+}
+
+/// `offset..end` cut at block boundaries: for each piece, its block id, its
+/// offset within the block, its length and its offset in the volume.
+fn block_pieces(
+    offset: u64,
+    end: u64,
+    block: u64,
+) -> impl Iterator<Item = (u64, usize, usize, u64)> {
+    let mut position = offset;
+    std::iter::from_fn(move || {
+        (position < end).then(|| {
+            let within = (position % block) as usize;
+            let chunk = (block as usize - within).min((end - position) as usize);
+            let piece = (position / block, within, chunk, position);
+            position += chunk as u64;
+            piece
+        })
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_pieces_cut_at_block_boundaries() {
+        let pieces: Vec<_> = block_pieces(4096 + 512, 3 * 4096 + 1024, 4096).collect();
+        assert_eq!(
+            pieces,
+            [
+                (1, 512, 3584, 4608),
+                (2, 0, 4096, 8192),
+                (3, 0, 1024, 12288)
+            ]
+        );
+        assert_eq!(block_pieces(8192, 8192, 4096).count(), 0);
     }
 }

@@ -54,7 +54,7 @@ fn module_path(src: &Path, file: &Path) -> Vec<String> {
 }
 
 /// Every module a line names by path, as the top-level module it lies in.
-/// `depth` is the line's module path (one deeper inside an inline `mod`).
+/// `path` is the line's module path (one deeper inside an inline `mod`).
 fn named_top_modules(line: &str, path: &[String]) -> Vec<String> {
     let mut found = Vec::new();
     let code = line.split("//").next().unwrap_or("");
@@ -62,7 +62,7 @@ fn named_top_modules(line: &str, path: &[String]) -> Vec<String> {
     while let Some(at) = rest.find("crate::") {
         let before = &rest[..at];
         let after = &rest[at + "crate::".len()..];
-        // `ironpool::crate::` cannot occur; `$crate::` (macros) is the crate too.
+        // `$crate::` (macros) counts as the crate; `foo_crate::` does not.
         if !before.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
             if let Some(group) = after.strip_prefix('{') {
                 for item in group.split('}').next().unwrap_or("").split(',') {

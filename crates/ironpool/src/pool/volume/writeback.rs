@@ -119,7 +119,8 @@ struct DirtyBlock {
 #[derive(Default)]
 pub struct DirtyBlocks {
     blocks: rustc_hash::FxHashMap<u64, DirtyBlock>,
-    /// Insertion order (sequence number to block id): oldest first.
+    /// Order of first dirtying (sequence number to block id): oldest first. A
+    /// block written again keeps its number until it is linked.
     order: BTreeMap<u64, u64>,
     next_seq: u64,
     bytes: u64,
@@ -380,22 +381,27 @@ impl Pool {
         };
         let memory = length + prepared.bytes();
         let mut dirty = volume.writeback.dirty.borrow_mut();
-        let (old_memory, old_reserved) = match dirty.remove(blkid) {
+        // A block written again keeps its place in the order and its age: it
+        // still holds (merged into the new copy) the write that first dirtied
+        // it, which a drain begun since must link, and which must not wait
+        // longer than `WRITEBACK_DELAY` because the block keeps changing.
+        let (old_memory, old_reserved, seq, since) = match dirty.remove(blkid) {
             Some(old) => {
                 volume.count(|stats| stats.absorbed_writes += 1);
-                (old.memory_bytes(), old.reserved_bytes)
+                (old.memory_bytes(), old.reserved_bytes, old.seq, old.since)
             }
-            None => (0, 0),
+            None => {
+                dirty.next_seq += 1;
+                (0, 0, dirty.next_seq, rt::now())
+            }
         };
-        dirty.next_seq += 1;
-        let seq = dirty.next_seq;
         dirty.blocks.insert(
             blkid,
             DirtyBlock {
                 data,
                 prepared,
                 seq,
-                since: rt::now(),
+                since,
                 reserved_bytes: reserved,
             },
         );
@@ -621,4 +627,82 @@ async fn write_batch(pool: Rc<Pool>, volume: Rc<Volume>, batch: Vec<(u64, BufSli
     }
     state.changed.notify_all();
     state.batch_done.notify_all();
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+
+    use super::*;
+    use crate::dev::sim::SimDevice;
+    use crate::dev::Device;
+    use crate::format::label::TopVdevKind;
+    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::rt::buf::AlignedBuf;
+    use crate::rt::Runtime;
+
+    const BLOCK: u64 = 16384;
+
+    fn filled(byte: u8) -> BufSlice {
+        let mut buffer = AlignedBuf::zeroed(BLOCK as usize);
+        buffer.fill(byte);
+        BufSlice::whole(buffer.into_shared())
+    }
+
+    /// A block dirtied before a drain began and written again while the drain
+    /// waits (its lock held by a client write, so the batches pass it by) is
+    /// still one the drain must link: it holds a write acknowledged before the
+    /// drain. A drain that let the rewrite count as "dirtied after" returned
+    /// with it unlinked, and a snapshot or FLUSH then missed an acknowledged
+    /// write.
+    #[test]
+    fn a_block_rewritten_during_a_drain_is_still_drained() {
+        Runtime::new_sim(11).block_on(async {
+            let device: Rc<dyn Device> = SimDevice::new("d0", 128 << 20, 11);
+            let layout = vec![NewTopVdev {
+                kind: TopVdevKind::Disk,
+                devices: vec![NewDevice {
+                    path: "sim:d0".into(),
+                    device,
+                }],
+            }];
+            let tunables = PoolTunables {
+                txg_timeout: Duration::from_secs(60),
+                ..PoolTunables::default()
+            };
+            let pool = Pool::create_on_devices("tank", layout, false, tunables)
+                .await
+                .unwrap();
+            pool.create_volume("tank/vol", 32 << 20, BLOCK as u32, BTreeMap::new())
+                .await
+                .unwrap();
+            let volume = pool.volume("tank/vol").unwrap();
+            pool.write(&volume, 0, filled(1), false).await.unwrap();
+            pool.write(&volume, BLOCK, filled(2), false).await.unwrap();
+            // A client write holds block 0's lock across the drain's start.
+            assert!(volume.try_lock_block(0));
+            let lock = volume.held_lock(0);
+            let drain = {
+                let (pool, volume) = (pool.clone(), volume.clone());
+                rt::spawn(async move { pool.drain_volume(&volume).await })
+            };
+            // Until block 1's batch is on its way.
+            while volume.writeback.dirty.borrow().in_flight_bytes == 0 {
+                rt::yield_now().await;
+            }
+            // Block 1 is being written out; block 0 is rewritten meanwhile,
+            // and its writer still holds the lock when block 1 is linked.
+            assert!(pool.hold_dirty(&volume, 0, filled(3)));
+            while volume.writeback.dirty.borrow().in_flight_bytes != 0 {
+                rt::sleep(Duration::from_micros(10)).await;
+            }
+            rt::sleep(Duration::from_micros(10)).await;
+            drop(lock);
+            drain.await.unwrap();
+            assert!(
+                volume.writeback.lookup(0).is_none(),
+                "the drain returned with block 0 (dirtied before it) unlinked"
+            );
+        });
+    }
 }

@@ -121,7 +121,12 @@ pub(super) async fn read_verified(
 }
 
 /// Reads every child's copy: returns a verified copy if any, and the children
-/// whose copy is bad or stale (missed while away).
+/// whose copy is bad or stale (missed while away). When no child that holds
+/// the block has a good copy, the stale ones are read as a last resort, as
+/// `read_verified` does: "missed" is what the pool could prove, not that the
+/// copy is gone (after a crash in a commit, every child whose label missed the
+/// last txg is marked, though its data was flushed before any uberblock was
+/// written), and a copy that verifies is the block.
 pub(super) async fn scrub_read(
     top: &TopVdev,
     offset: u64,
@@ -129,26 +134,27 @@ pub(super) async fn scrub_read(
     birth_txg: u64,
     verify: &dyn Fn(&[u8]) -> bool,
 ) -> (Option<AlignedBuf>, Vec<usize>) {
-    let readable: Vec<usize> = (0..top.children.len())
-        .filter(|index| top.children[*index].is_readable_for(birth_txg))
-        .collect();
-    let reads = readable.iter().map(|index| {
-        top.children[*index].queue.read(
-            IoClass::Scrub,
-            DATA_START_BYTES + offset,
-            length,
-            IoFlags {
-                scrub: true,
-                ..IoFlags::default()
-            },
-        )
-    });
-    let results = futures_util::future::join_all(reads).await;
+    let (readable, stale): (Vec<usize>, Vec<usize>) = (0..top.children.len())
+        .filter(|index| top.children[*index].is_online())
+        .partition(|index| top.children[*index].is_readable_for(birth_txg));
+    let read_all = |children: &[usize]| {
+        futures_util::future::join_all(children.iter().map(|index| {
+            top.children[*index].queue.read(
+                IoClass::Scrub,
+                DATA_START_BYTES + offset,
+                length,
+                IoFlags {
+                    scrub: true,
+                    ..IoFlags::default()
+                },
+            )
+        }))
+    };
+    let results = read_all(&readable).await;
     let mut good = None;
-    // Online children that missed the block's txg hold a stale copy.
-    let mut bad: Vec<usize> = (0..top.children.len())
-        .filter(|index| top.children[*index].is_online() && !readable.contains(index))
-        .collect();
+    // Online children that missed the block's txg hold a stale copy: they are
+    // rewritten whatever a last-resort read of them finds.
+    let mut bad = stale.clone();
     for (child, result) in readable.into_iter().zip(results) {
         match result {
             Ok(data) if verify(&data) => {
@@ -164,6 +170,13 @@ pub(super) async fn scrub_read(
             }
             Err(_) => bad.push(child),
         }
+    }
+    if good.is_none() && !stale.is_empty() {
+        good = read_all(&stale)
+            .await
+            .into_iter()
+            .flatten()
+            .find(|data| verify(data));
     }
     (good, bad)
 }

@@ -375,8 +375,8 @@ impl Pool {
                         scrub.progress.errors += 1;
                         if scrub.error_details.len() < ERROR_DETAILS_MAX {
                             scrub.error_details.push(format!(
-                                "object {} level {}: {error}",
-                                object.id, pointer.level
+                                "object {} level {} birth {}: {error}",
+                                object.id, pointer.level, pointer.birth_txg
                             ));
                         }
                     }

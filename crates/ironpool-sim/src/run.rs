@@ -13,6 +13,9 @@ use std::time::Duration;
 
 use ironpool::dev::sim::{SimDevice, SimFaults, SimLatency};
 use ironpool::dev::Device;
+use ironpool::pool::dataset::receive::ReceiveOptions;
+use ironpool::pool::dataset::send::SendRequest;
+use ironpool::pool::dataset::stream_io::MemoryStream;
 use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolError, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
@@ -374,6 +377,7 @@ impl Sim {
             (2, "scrub"),
             (1, "race-destroy"),
             (1, "race-scrub"),
+            (1, "race-receive"),
             (1, "export-import"),
         ];
         if faults.any_damage() {
@@ -443,6 +447,7 @@ impl Sim {
             "scrub" => self.scrub(pool).await?,
             "race-destroy" => self.race(pool, true).await?,
             "race-scrub" => self.race(pool, false).await?,
+            "race-receive" => self.race_receive(pool).await?,
             "export-import" => {
                 pool.export()
                     .await
@@ -895,6 +900,91 @@ impl Sim {
             }
             self.scrub_result(pool).await?;
             for (first, count) in touched {
+                self.verify_blocks(pool, &name, first, count).await?;
+            }
+        }
+        self.full_check(pool).await
+    }
+
+    /// A snapshot sent into memory and received back as a new volume while
+    /// client writes run: to the snapshot's volume during the send (copy on
+    /// write must keep the stream to the snapshot as it was), and to a random
+    /// volume during the receive (whose writes, commits and final switch of
+    /// the hidden volume into place share the txgs with them). The received
+    /// volume and its snapshot must hold exactly the sent snapshot, every
+    /// write must land, and a full check follows.
+    async fn race_receive(&mut self, pool: &Rc<Pool>) -> Check {
+        if self.model.borrow().volumes().len() >= VOLUMES_MAX {
+            return Ok(());
+        }
+        let snapshots: Vec<String> = self
+            .model
+            .borrow()
+            .datasets
+            .keys()
+            .filter(|name| name.contains('@'))
+            .cloned()
+            .collect();
+        let Some(snapshot) = self.pick(&snapshots) else {
+            return Ok(());
+        };
+        let (source, snapshot_name) = snapshot.split_once('@').expect("a snapshot name");
+        let (source, snapshot_name) = (source.to_string(), snapshot_name.to_string());
+        let target = self.model.borrow_mut().name("r");
+        self.trace(|| format!("race: send {snapshot} and receive it as {target} under writes"));
+        let mut bursts = vec![(
+            source.clone(),
+            self.start_burst(pool, &source, false).await?,
+        )];
+        let stream = MemoryStream::new();
+        let request = SendRequest {
+            snapshot: format!("{POOL}/{snapshot}"),
+            from: None,
+            resume_block: None,
+        };
+        pool.send(request, &stream)
+            .await
+            .map_err(|error| io_error(&format!("send {snapshot}"), error))?;
+        let volumes = self.model.borrow().volumes();
+        let written = self.pick(&volumes);
+        if let Some(name) = written {
+            let burst = self.start_burst(pool, &name, false).await?;
+            bursts.push((name, burst));
+        }
+        let input = MemoryStream::from_bytes(stream.into_bytes());
+        let options = ReceiveOptions {
+            target: format!("{POOL}/{target}"),
+            force: false,
+            save_partial: false,
+        };
+        let received = pool.receive(options, &input).await;
+        let mut touched = Vec::new();
+        for (name, (handles, ranges)) in bursts {
+            for handle in handles {
+                handle.await?;
+            }
+            touched.extend(ranges.into_iter().map(|range| (name.clone(), range)));
+        }
+        match received {
+            Ok(_) => {
+                let mut model = self.model.borrow_mut();
+                let content = model.datasets[&snapshot].frozen();
+                model
+                    .datasets
+                    .insert(format!("{target}@{snapshot_name}"), content.clone());
+                model.datasets.insert(target.clone(), content);
+            }
+            // A full pool fails the receive and leaves nothing behind.
+            Err(error) if error.to_string().contains(&PoolError::NoSpace.to_string()) => {
+                self.count_check("receive-nospace");
+                if pool.volume(&format!("{POOL}/{target}")).is_ok() {
+                    return Err(format!("{target} exists after its receive failed: {error}"));
+                }
+            }
+            Err(error) => return Err(io_error(&format!("receive {snapshot} as {target}"), error)),
+        }
+        for (name, (first, count)) in touched {
+            if self.model.borrow().datasets.contains_key(&name) {
                 self.verify_blocks(pool, &name, first, count).await?;
             }
         }

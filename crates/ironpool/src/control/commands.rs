@@ -166,6 +166,7 @@ pub async fn execute_stream(
     command: Command,
     stream: std::os::fd::RawFd,
 ) -> Result<Value, PoolError> {
+    let stream = &crate::pool::dataset::stream_io::FdStream(stream);
     match command {
         Command::Send {
             snapshot,

@@ -3,7 +3,8 @@
 //! - [`directory`]: the pool directory (object 1) naming every dataset.
 //! - [`props`]: properties, set on a dataset or inherited from the pool.
 //! - [`snapshot`]: snapshots, clones, rollback and promote.
-//! - [`send`] and [`receive`]: a snapshot as a stream, and back.
+//! - [`send`] and [`receive`]: a snapshot as a stream, and back, through
+//!   [`stream_io`]'s ends (a descriptor or memory).
 //!
 //! Each dataset kind's data path has its own module beside this one
 //! ([`super::volume`] for volumes).
@@ -13,3 +14,4 @@ pub mod props;
 pub mod receive;
 pub mod send;
 pub mod snapshot;
+pub mod stream_io;

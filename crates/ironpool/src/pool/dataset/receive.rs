@@ -14,7 +14,6 @@
 //! volume.
 
 use std::cell::RefCell;
-use std::os::fd::RawFd;
 use std::rc::Rc;
 
 use serde::Serialize;
@@ -26,11 +25,11 @@ use crate::format::stream::{
 use crate::pool::dataset::directory::{valid_name, ReceiveRecord};
 use crate::pool::dataset::send::ResumeToken;
 use crate::pool::dataset::snapshot::SnapshotRequest;
+use crate::pool::dataset::stream_io::StreamSource;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Semaphore;
-use crate::rt::uring;
 
 /// WRITE records applied at once: their data (up to 1 MiB each) is the memory a
 /// receive holds, and 16 keep the devices busy.
@@ -86,11 +85,12 @@ impl From<StreamError> for Failure {
 
 /// Reads the next record from `input`; None at a clean end of input.
 async fn next_record(
-    input: RawFd,
+    input: &dyn StreamSource,
     checker: &mut StreamChecker,
 ) -> Result<Option<(RecordHeader, Record, Option<AlignedBuf>)>, Failure> {
-    let (read, header_bytes) =
-        uring::read_stream_exact(input, AlignedBuf::zeroed(RECORD_HEADER_BYTES)).await;
+    let (read, header_bytes) = input
+        .read_exact(AlignedBuf::zeroed(RECORD_HEADER_BYTES))
+        .await;
     let count = read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))?;
     if count == 0 {
         return Ok(None);
@@ -104,7 +104,7 @@ async fn next_record(
     let header = checker.header(header_bytes[..].try_into().expect("header size"))?;
     let head_length = StreamChecker::head_bytes(&header);
     let tail_length = header.payload_bytes as usize - head_length;
-    let (read, head) = uring::read_stream_exact(input, AlignedBuf::zeroed(head_length)).await;
+    let (read, head) = input.read_exact(AlignedBuf::zeroed(head_length)).await;
     if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))? < head_length
     {
         return Err(StreamError::Truncated {
@@ -113,8 +113,9 @@ async fn next_record(
         .into());
     }
     let tail = if tail_length > 0 {
-        let (read, tail) =
-            uring::read_stream_exact(input, AlignedBuf::for_overwrite(tail_length)).await;
+        let (read, tail) = input
+            .read_exact(AlignedBuf::for_overwrite(tail_length))
+            .await;
         if read.map_err(|error| Failure::Stream(format!("reading the stream: {error}")))?
             < tail_length
         {
@@ -242,7 +243,7 @@ impl Pool {
     pub async fn receive(
         self: &Rc<Self>,
         options: ReceiveOptions,
-        input: RawFd,
+        input: &dyn StreamSource,
     ) -> Result<ReceiveSummary, PoolError> {
         self.txg.ensure_writable()?;
         let short = options
@@ -507,7 +508,7 @@ impl Pool {
         self: &Rc<Self>,
         hidden: &Rc<Volume>,
         hidden_short: &str,
-        input: RawFd,
+        input: &dyn StreamSource,
         checker: &mut StreamChecker,
         save_partial: bool,
     ) -> Result<(), Failure> {

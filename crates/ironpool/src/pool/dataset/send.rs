@@ -9,7 +9,6 @@
 //! destroyed under the stream.
 
 use std::collections::VecDeque;
-use std::os::fd::RawFd;
 use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
@@ -20,11 +19,11 @@ use crate::format::stream::{
 };
 use crate::object::BlockChange;
 use crate::pool::dataset::snapshot::split_snapshot_name;
+use crate::pool::dataset::stream_io::StreamSink;
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::executor::JoinHandle;
-use crate::rt::uring;
 
 /// Block reads a send keeps in flight: enough depth for the devices (and their
 /// queue's aggregation of neighbours), bounded memory (64 × 128 KiB at most).
@@ -115,8 +114,8 @@ enum Pending {
 }
 
 /// Builds records from blocks in order and writes them out.
-struct StreamOut {
-    fd: RawFd,
+struct StreamOut<'a> {
+    out: &'a dyn StreamSink,
     block_bytes: u64,
     previous: [u8; 16],
     end: StreamEnd,
@@ -128,7 +127,7 @@ struct StreamOut {
     holes: Option<(u64, u64)>,
 }
 
-impl StreamOut {
+impl StreamOut<'_> {
     async fn record(
         &mut self,
         kind: RecordKind,
@@ -146,7 +145,8 @@ impl StreamOut {
         let length = front.len() as u64 + data.iter().map(|slice| slice.len() as u64).sum::<u64>();
         let mut slices = vec![BufSlice::whole(front.into_shared())];
         slices.extend(data);
-        uring::write_stream_all(self.fd, slices)
+        self.out
+            .write_all(slices)
             .await
             .map_err(|error| PoolError::Io(format!("writing the stream: {error}")))?;
         self.previous = checksum;
@@ -231,7 +231,7 @@ impl Pool {
     pub async fn send(
         self: &Rc<Self>,
         request: SendRequest,
-        out: RawFd,
+        out: &dyn StreamSink,
     ) -> Result<SendSummary, PoolError> {
         let (volume, snapshot) =
             split_snapshot_name(&self.name, &request.snapshot).ok_or_else(|| {
@@ -312,7 +312,7 @@ impl Pool {
             properties: record.properties.clone(),
         };
         let mut output = StreamOut {
-            fd: out,
+            out,
             block_bytes,
             previous: [0; 16],
             end: StreamEnd::default(),
@@ -447,7 +447,7 @@ impl Drop for SnapshotHold {
 /// Hands the first `reads` reads (and the holes between) to the output, in order.
 async fn drain_front(
     pending: &mut VecDeque<Pending>,
-    output: &mut StreamOut,
+    output: &mut StreamOut<'_>,
     reads: usize,
 ) -> Result<(), PoolError> {
     let mut drained = 0;

@@ -1066,3 +1066,44 @@ fn a_client_gone_mid_payload_applies_nothing_and_harms_no_one() {
     assert_check_clean(&pool);
     stop_and_check(&mut pool);
 }
+
+/// Fault 1's remainder: destroying a volume or a snapshot ends the NBD
+/// connections that serve it (an idle client is disconnected, not left
+/// attached to a name that may be created again with other data), and no
+/// other export's connection.
+#[test]
+fn destroying_a_volume_or_snapshot_disconnects_its_clients_and_only_them() {
+    let mut pool = TestPool::new("dc");
+    pool.create("1G", &["a.img"]);
+    pool.create_volume("gone", "32M");
+    pool.create_volume("kept", "32M");
+    pool.serve();
+    qemu_io(&pool.uri("kept"), &["write -P 0x6b 0 1M", "flush"]);
+    pool.admin(&["snapshot", "dc/kept@s"]);
+    let disconnected = |client: &mut NbdClient, what: &str| {
+        client
+            .stream
+            .set_read_timeout(Some(Duration::from_secs(20)))
+            .unwrap();
+        let mut byte = [0u8; 1];
+        let read = client.stream.read(&mut byte);
+        assert!(
+            matches!(read, Ok(0)),
+            "the client of the destroyed {what} is disconnected: {read:?}"
+        );
+    };
+    let mut of_volume = NbdClient::connect(&pool.socket(), "dc/gone");
+    let mut of_snapshot = NbdClient::connect(&pool.socket(), "dc/kept@s");
+    let mut other = NbdClient::connect(&pool.socket(), "dc/kept");
+    pool.admin(&["volume", "destroy", "dc/gone"]);
+    disconnected(&mut of_volume, "volume");
+    pool.admin(&["destroy", "dc/kept@s"]);
+    disconnected(&mut of_snapshot, "snapshot");
+    // The other export's client goes on, and a volume created again under
+    // the destroyed name is a new export with its own data.
+    assert_eq!(other.read(0, 4096), vec![0x6b; 4096]);
+    pool.admin(&["volume", "create", "dc/gone", "16M"]);
+    qemu_io(&pool.uri("gone"), &["read -P 0 0 1M"]);
+    pool.stop();
+    pool.ok(&["check", "dc", "-d", &dir(&pool)]);
+}

@@ -7,6 +7,7 @@
 //! ready to go on the wire. Only owned buffers cross the channel, so either
 //! placement works.
 
+use futures_util::future::{select, Either};
 use std::collections::HashMap;
 use std::ops::Range;
 use std::rc::Rc;
@@ -107,6 +108,10 @@ pub struct FromEngine {
     pub connection: u64,
     pub token: u64,
     pub pieces: Vec<OwnedPiece>,
+    /// The connection's export was destroyed: after this reply (if any: a
+    /// notice carries no pieces and no token), the connection reads no more
+    /// requests, finishes those in flight, and closes.
+    pub end: bool,
 }
 
 /// Counters shared by the front end and `iostat`.
@@ -147,8 +152,18 @@ pub async fn serve(
     stats: Arc<SharedStats>,
 ) {
     let mut connections: HashMap<u64, Rc<Volume>> = HashMap::new();
+    // Made before each wait and kept across the batch's work: a destroy
+    // while a batch is handled is seen at the next wait.
+    let mut destroyed = pool.export_destroyed();
     loop {
-        let batch = inbox.recv_batch().await;
+        let batch = match select(inbox.recv_batch(), &mut destroyed).await {
+            Either::Left((batch, _)) => batch,
+            Either::Right(((), _)) => {
+                destroyed = pool.export_destroyed();
+                end_destroyed_exports(&mut connections, &replies);
+                continue;
+            }
+        };
         if batch.is_empty() {
             return;
         }
@@ -199,6 +214,7 @@ pub async fn serve(
                             connection: request.connection,
                             token: request.token,
                             pieces,
+                            end: true,
                         });
                         continue;
                     };
@@ -212,12 +228,32 @@ pub async fn serve(
                             connection,
                             token,
                             pieces,
+                            end: volume.is_destroyed(),
                         });
                     });
                 }
             }
         }
     }
+}
+
+/// Forgets the connections whose volume or snapshot was destroyed and tells
+/// the front end to end them: a client of a destroyed export is disconnected
+/// (after an ESHUTDOWN reply to whatever it had in flight), rather than left
+/// connected to a name that may be created again with other data.
+fn end_destroyed_exports(connections: &mut HashMap<u64, Rc<Volume>>, replies: &Sender<FromEngine>) {
+    connections.retain(|&connection, volume| {
+        if !volume.is_destroyed() {
+            return true;
+        }
+        let _ = replies.send(FromEngine {
+            connection,
+            token: 0,
+            pieces: Vec::new(),
+            end: true,
+        });
+        false
+    });
 }
 
 /// The volume an export name refers to: "POOL/NAME", "NAME", "POOL/NAME@SNAP"

@@ -183,7 +183,12 @@ impl NbdServer {
                     .get(&reply.connection)
                     .and_then(Weak::upgrade);
                 if let Some(connection) = connection {
-                    connection.deliver(reply.token, reply.pieces);
+                    if !reply.pieces.is_empty() {
+                        connection.deliver(reply.token, reply.pieces);
+                    }
+                    if reply.end {
+                        connection.stop_reading();
+                    }
                 }
             }
         }

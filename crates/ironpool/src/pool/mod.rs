@@ -35,6 +35,7 @@ use crate::format::{
 };
 use crate::object::{new_dnode, ObjectError, ObjectSet};
 use crate::queue::QueueTunables;
+use crate::rt::sync::Notify;
 use crate::vdev::{LeafVdev, TopVdev, VdevHealth};
 use dataset::directory::{valid_name, Directory, DIRECTORY_OBJECT};
 use labels::Probe;
@@ -220,6 +221,9 @@ pub struct Pool {
     pending_snapshots: RefCell<Vec<dataset::snapshot::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
     snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    /// Notified when a volume or a snapshot is destroyed: NBD ends the
+    /// connections that served it.
+    exports_gone: Notify,
     /// Serialises administrative changes to datasets (snapshot, destroy, clone,
     /// rollback, promote, receive).
     admin_lock: Rc<crate::rt::sync::Semaphore>,
@@ -436,6 +440,7 @@ impl Pool {
             missing_at_import: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
+            exports_gone: Notify::new(),
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
@@ -769,6 +774,7 @@ impl Pool {
             missing_at_import: missing,
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
+            exports_gone: Notify::new(),
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
@@ -849,6 +855,12 @@ impl Pool {
         dnode.length_bytes += DNODE_BYTES as u64;
         table.dirty.set(true);
         id
+    }
+
+    /// Completes once a volume or snapshot is destroyed after the call (a
+    /// future made before the destroy and polled after it completes too).
+    pub fn export_destroyed(&self) -> crate::rt::sync::Notified<'_> {
+        self.exports_gone.notified()
     }
 
     /// Volumes users see (not the hidden volumes of receives in progress).
@@ -1023,6 +1035,7 @@ impl Pool {
         // were then freed twice (found by ironpool-sim seed 15, mirror).
         let hold = self.txg.hold_builds();
         volume.begin_destroy();
+        self.exports_gone.notify_all();
         for snapshot in record.snapshots.iter().rev() {
             self.destroy_snapshot_locked(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }

@@ -326,6 +326,7 @@ impl Pool {
             .remove(&format!("{}/{volume}@{snapshot}", self.name))
         {
             volume_object.begin_destroy();
+            self.exports_gone.notify_all();
         }
         {
             let mut directory = self.directory.borrow_mut();

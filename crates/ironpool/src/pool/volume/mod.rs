@@ -257,6 +257,12 @@ impl Volume {
         self.destroying.set(true);
     }
 
+    /// True once the volume (or the snapshot this view shows) is being
+    /// destroyed: its exports end their connections.
+    pub fn is_destroyed(&self) -> bool {
+        self.destroying.get()
+    }
+
     fn check(&self, offset: u64, length: u64) -> Result<(), PoolError> {
         if self.destroying.get() {
             return Err(PoolError::NoSuchVolume(self.name.clone()));

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ironpool::dev::sim::SimDevice;
+use ironpool::dev::sim::{SimDevice, SimLatency};
 use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::ReadPiece;
@@ -561,6 +561,99 @@ fn a_scrub_reads_copies_every_side_is_marked_as_missing() {
             let data = ReadPiece::concat(pool.read(&volume, index * 16384, 16384).await.unwrap());
             assert_eq!(&data[..], &pattern(16384, index)[..], "block {index}");
         }
+        pool.export().await.unwrap();
+    });
+}
+
+/// A tree-node read that began before a write changed the node, and ended
+/// after the changed node was committed and evicted, cached the old contents
+/// over the write: the written block then read back as a hole (found by
+/// ironpool-sim seed 18, raidz3, under a send racing writes).
+#[test]
+fn a_slow_node_read_does_not_cache_an_outdated_node() {
+    const BLOCK: u64 = 4096;
+    // Blocks per level-1 node (32 KiB of 128-byte pointers).
+    const SPAN: u64 = 256;
+    let disks = devices(1, 21);
+    let tunables = PoolTunables {
+        // Every load evicts what it can: clean, durable nodes go at once.
+        cache_budget_bytes: 1,
+        // Writes go through and link at once.
+        dirty_data_max_bytes: 0,
+        txg_timeout: Duration::from_secs(60),
+        ..tunables()
+    };
+    Runtime::new_sim(21).block_on(async {
+        let pool = Pool::create_on_devices(
+            "tank",
+            layout(&disks, TopVdevKind::Disk),
+            false,
+            tunables.clone(),
+        )
+        .await
+        .unwrap();
+        let volume = pool
+            .create_volume("tank/vol", 64 << 20, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        for node in 0..8u64 {
+            pool.write(
+                &volume,
+                node * SPAN * BLOCK,
+                pattern(BLOCK as usize, node),
+                false,
+            )
+            .await
+            .unwrap();
+        }
+        pool.export().await.unwrap();
+    });
+    Runtime::new_sim(22).block_on(async {
+        // Imported: no tree node is cached.
+        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables)
+            .await
+            .unwrap();
+        let volume = pool.volume("tank/vol").unwrap();
+        let read_other_nodes = || async {
+            for node in 1..8u64 {
+                pool.read(&volume, node * SPAN * BLOCK, BLOCK)
+                    .await
+                    .unwrap();
+            }
+        };
+        read_other_nodes().await;
+        // A read that needs the first level-1 node, on a slow device.
+        disks[0].set_latency(SimLatency {
+            minimum_us: 50_000,
+            maximum_us: 50_000,
+            spike_every: 0,
+            spike_us: 0,
+        });
+        let reader = {
+            let (pool, volume) = (pool.clone(), volume.clone());
+            rt::spawn(async move { pool.read(&volume, BLOCK, BLOCK).await.map(|_| ()) })
+        };
+        rt::sleep(Duration::from_millis(1)).await;
+        // Meanwhile the device is fast again: a write changes that node (its
+        // own read of it ends first), the change is committed, and loads of
+        // other nodes evict it, all before the slow read ends.
+        disks[0].set_latency(SimLatency {
+            minimum_us: 10,
+            maximum_us: 10,
+            spike_every: 0,
+            spike_us: 0,
+        });
+        pool.write(&volume, 2 * BLOCK, pattern(BLOCK as usize, 99), false)
+            .await
+            .unwrap();
+        pool.flush_all().await.unwrap();
+        read_other_nodes().await;
+        reader.await.unwrap();
+        let data = ReadPiece::concat(pool.read(&volume, 2 * BLOCK, BLOCK).await.unwrap());
+        assert!(
+            data == *pattern(BLOCK as usize, 99),
+            "the written block reads back as written"
+        );
         pool.export().await.unwrap();
     });
 }

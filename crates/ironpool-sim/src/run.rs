@@ -817,6 +817,7 @@ impl Sim {
                 }
             }
             touched.push((first, count));
+            self.trace(|| format!("burst {name} {offset}+{length} tag {tag}"));
             let task_pool = pool.clone();
             let task_volume = volume.clone();
             let model = self.model.clone();
@@ -948,6 +949,13 @@ impl Sim {
         let volumes = self.model.borrow().volumes();
         let written = self.pick(&volumes);
         if let Some(name) = written {
+            // The model follows one write per block at a time: a second burst
+            // on the same volume starts once the first has landed.
+            if name == source {
+                for handle in std::mem::take(&mut bursts[0].1 .0) {
+                    handle.await?;
+                }
+            }
             let burst = self.start_burst(pool, &name, false).await?;
             bursts.push((name, burst));
         }
@@ -1068,6 +1076,7 @@ impl Sim {
         let blocked = snapshots[index + 1..]
             .iter()
             .any(|later| self.model.borrow().has_clones(later));
+        self.trace(|| format!("rollback to {target}"));
         let result = pool.rollback(&format!("{POOL}/{target}"), true).await;
         if blocked {
             return match result {

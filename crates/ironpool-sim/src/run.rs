@@ -1329,8 +1329,25 @@ impl Sim {
             }
             Err(PoolError::InvalidArgument(reason)) if reason.contains("cannot rebuild") => {
                 // Only when the group really has more devices away or stale
-                // than its parity or copies cover, counting this one.
-                if self.budget.bad_in_group(self.budget.groups[device]) <= 1 {
+                // than its parity or copies cover, counting this one. Stale
+                // includes what the engine itself logged as missed and not yet
+                // resilvered (an import after a crash in a commit marks every
+                // device whose label missed the last txg), which the budget
+                // does not see.
+                let behind = pool
+                    .store()
+                    .vdevs
+                    .iter()
+                    .find(|top| top.children.iter().any(|leaf| *leaf.path.borrow() == path))
+                    .map_or(0, |top| {
+                        top.children
+                            .iter()
+                            .filter(|leaf| {
+                                *leaf.path.borrow() != path && !leaf.dtl.borrow().is_empty()
+                            })
+                            .count()
+                    });
+                if self.budget.bad_in_group(self.budget.groups[device]) + behind <= 1 {
                     return Err(format!("replace of device {device} refused with no other device of its group bad: {reason}"));
                 }
                 self.count_operation("replace-refused");

@@ -65,6 +65,11 @@ enum Command {
         /// second one helps only when the engine's thread is saturated.
         #[arg(long)]
         nbd_thread: bool,
+        /// Close an NBD connection whose replies have waited this many seconds
+        /// on a socket that accepts no bytes (a client that stopped reading
+        /// them holds its share of the server's payload budget until then).
+        #[arg(long, default_value_t = ironpool::nbd::server::REPLY_STALL_TIMEOUT.as_secs())]
+        nbd_reply_timeout: u64,
         pool: String,
     },
     /// Manage volumes.
@@ -319,15 +324,19 @@ fn main() -> ExitCode {
             pidfile,
             tunables,
             nbd_thread,
+            nbd_reply_timeout,
             pool,
         } => cli::serve::serve(
             &context,
             &pool,
             &dirs,
-            &nbd,
+            &cli::serve::NbdOptions {
+                listen: nbd,
+                thread: nbd_thread,
+                reply_timeout: std::time::Duration::from_secs(nbd_reply_timeout),
+            },
             pidfile.as_deref(),
             &tunables,
-            nbd_thread,
         ),
         Command::Volume { command } => match command {
             VolumeCommand::Create {

@@ -621,3 +621,51 @@ fn a_full_host_filesystem_is_enospc_and_clear_resumes_once_space_is_back() {
     pool.stop();
     drop(host);
 }
+
+/// A client that stops reading its replies is disconnected once they have
+/// waited `--nbd-reply-timeout` on its socket, which releases the payload
+/// budget they held; a client that reads keeps its connection.
+#[test]
+fn a_client_that_stops_reading_its_replies_is_disconnected_after_the_reply_timeout() {
+    let mut pool = TestPool::new("rto");
+    pool.create("1G", &["a.img"]);
+    pool.create_volume("big", "640M");
+    pool.serve_with(&["--nbd-reply-timeout", "2"]);
+    let mut patient = NbdClient::connect(&pool.socket(), "rto/big");
+    // 20 reads of 32 MiB: far more than the socket buffers hold.
+    let mut hostile = NbdClient::connect(&pool.socket(), "rto/big");
+    let mut requests = Vec::new();
+    for cookie in 0..20u64 {
+        requests.extend(NbdClient::request(
+            NBD_CMD_READ,
+            cookie,
+            cookie * (32 << 20),
+            32 << 20,
+        ));
+    }
+    hostile.stream.write_all(&requests).expect("send the reads");
+    std::thread::sleep(Duration::from_secs(6));
+    // What the socket buffered is still readable; then the server's close.
+    hostile
+        .stream
+        .set_read_timeout(Some(Duration::from_secs(20)))
+        .unwrap();
+    let mut received = 0u64;
+    let mut buffer = vec![0u8; 1 << 20];
+    let ended = loop {
+        match hostile.stream.read(&mut buffer) {
+            Ok(0) => break "eof",
+            Ok(count) => received += count as u64,
+            Err(error) if error.kind() == std::io::ErrorKind::ConnectionReset => break "reset",
+            Err(error) => panic!("the stalled client was not disconnected: {error}"),
+        }
+    };
+    let all_replies = 20 * ((32u64 << 20) + 16);
+    assert!(
+        received < all_replies,
+        "the connection was closed before its replies were all sent ({ended} after {received} bytes)"
+    );
+    // The patient client, idle all along, is still served.
+    assert_eq!(patient.read(0, 4096).len(), 4096);
+    pool.stop();
+}

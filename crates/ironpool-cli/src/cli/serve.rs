@@ -42,14 +42,24 @@ fn termination_signals() -> Result<OwnedFd, String> {
     }
 }
 
+/// How `serve` runs its NBD front end.
+pub struct NbdOptions {
+    /// Where to listen: unix:PATH or tcp:HOST:PORT (none: the default socket).
+    pub listen: Vec<String>,
+    /// On a thread of its own rather than the engine's.
+    pub thread: bool,
+    /// A connection whose replies wait this long on a socket that takes no
+    /// bytes is closed (`nbd::server::REPLY_STALL_TIMEOUT` by default).
+    pub reply_timeout: std::time::Duration,
+}
+
 pub fn serve(
     context: &Context,
     pool_name: &str,
     dirs: &[PathBuf],
-    nbd: &[String],
+    nbd: &NbdOptions,
     pidfile: Option<&Path>,
     tunables: &[String],
-    nbd_thread: bool,
 ) -> Result<(), String> {
     let dirs = search_dirs(pool_name, dirs)?;
     let mut settings = Vec::new();
@@ -60,7 +70,7 @@ pub fn serve(
         settings.push((name.to_string(), value.to_string()));
     }
     let mut listens = Vec::new();
-    for spec in nbd {
+    for spec in &nbd.listen {
         listens.push(Listen::parse(spec)?);
     }
     if listens.is_empty() {
@@ -125,8 +135,9 @@ pub fn serve(
             let (to_front_end, replies) = channel();
             let (stop, mut stopped) = channel::<()>();
             let front_stats = stats.clone();
+            let reply_timeout = nbd.reply_timeout;
             let run_front_end = move || async move {
-                let server = NbdServer::new(to_engine, front_stats);
+                let server = NbdServer::new(to_engine, front_stats, reply_timeout);
                 for listener in bound {
                     server.serve_listener(listener);
                 }
@@ -134,7 +145,7 @@ pub fn serve(
                 let _ = stopped.recv_batch().await;
                 server.shutdown().await;
             };
-            let thread = if !nbd_thread {
+            let thread = if !nbd.thread {
                 FrontEnd::Task(rt::spawn(run_front_end()))
             } else {
                 FrontEnd::Thread(

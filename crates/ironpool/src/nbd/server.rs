@@ -40,10 +40,11 @@ pub const PAYLOAD_BYTES_IN_FLIGHT_MAX: u64 = 256 * 1024 * 1024;
 /// keeps the rest. Two of the largest requests (`PAYLOAD_BYTES_MAX`), and
 /// 1 MiB sequential I/O at queue depth 64, fit.
 pub const PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION: u64 = 64 * 1024 * 1024;
-/// Longest a connection's replies may wait on a socket that accepts no bytes:
-/// a client that stops reading its replies holds its share of the payload
-/// budget until then, and is disconnected after (so a few such clients cannot
-/// hold the whole budget for good). Generous: a live client reads within ms.
+/// Longest a connection's replies may wait on a socket that accepts no bytes,
+/// by default (`serve --nbd-reply-timeout`): a client that stops reading its
+/// replies holds its share of the payload budget until then, and is
+/// disconnected after (so a few such clients cannot hold the whole budget for
+/// good). Generous: a live client reads within ms.
 pub const REPLY_STALL_TIMEOUT: Duration = Duration::from_secs(60);
 /// Connections served at once; more are closed on accept.
 pub const CONNECTIONS_MAX: usize = 1024;
@@ -145,10 +146,18 @@ pub struct NbdServer {
     next_connection: Cell<u64>,
     drained: Notify,
     stats: Arc<SharedStats>,
+    /// See `REPLY_STALL_TIMEOUT`.
+    reply_stall_timeout: Duration,
 }
 
 impl NbdServer {
-    pub fn new(engine: Sender<ToEngine>, stats: Arc<SharedStats>) -> Rc<NbdServer> {
+    /// A front end sending to `engine`; a connection whose replies wait
+    /// `reply_stall_timeout` on a socket that takes no bytes is closed.
+    pub fn new(
+        engine: Sender<ToEngine>,
+        stats: Arc<SharedStats>,
+        reply_stall_timeout: Duration,
+    ) -> Rc<NbdServer> {
         Rc::new(NbdServer {
             engine: RefCell::new(Some(engine)),
             payload_budget: Semaphore::new(PAYLOAD_BYTES_IN_FLIGHT_MAX),
@@ -158,6 +167,7 @@ impl NbdServer {
             next_connection: Cell::new(1),
             drained: Notify::new(),
             stats,
+            reply_stall_timeout,
         })
     }
 
@@ -933,10 +943,11 @@ impl Connection {
             let total: usize = pieces.iter().map(SendPiece::len).sum();
             let mut sent = 0;
             while sent < total {
-                // A client that reads none of its replies for REPLY_STALL_TIMEOUT
-                // is dropped, which releases what its replies hold.
+                // A client that reads none of its replies for the server's
+                // reply stall timeout is dropped, which releases what its
+                // replies hold.
                 let Some((result, returned)) = rt::timeout(
-                    REPLY_STALL_TIMEOUT,
+                    self.server.reply_stall_timeout,
                     uring::send_pieces(self.raw(), pieces, sent),
                 )
                 .await

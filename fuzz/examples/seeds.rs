@@ -33,6 +33,7 @@ fn main() {
     spacemap_seeds(&mut writer);
     directory_seeds(&mut writer);
     send_stream_seeds(&mut writer);
+    intent_log_seeds(&mut writer);
     println!("wrote {} seeds, {} bytes, under {}", writer.written_count, writer.written_bytes, writer.root.display());
 }
 
@@ -72,6 +73,7 @@ fn accepted(target: &str, data: &[u8]) -> bool {
         "spacemap" => ironpool::format::spacemap::decode_records(data).is_ok(),
         "directory" => Directory::decode(data).is_ok(),
         "send_stream" => ironpool::format::stream::check_stream(data).is_ok(),
+        "intent_log" => ironpool::format::intent_log::decode_block(data, 0x5eed, 3).is_ok(),
         _ => panic!("unknown target {target}"),
     }
 }
@@ -392,4 +394,24 @@ fn send_stream_seeds(writer: &mut SeedWriter) {
     resumed.write(40, 1, &[0x44u8; 4096]);
     resumed.end();
     writer.write("send_stream", "resumed", &resumed.bytes);
+}
+
+fn intent_log_seeds(writer: &mut SeedWriter) {
+    use ironpool::format::intent_log::{encode_block, LogBlockHeader, LogPointer, LogRecord};
+    let header = LogBlockHeader {
+        chain_guid: 0x5eed,
+        seq: 3,
+        next: LogPointer { dva: Dva { vdev: 0, asize: 4096, offset: 8 << 20 }, bytes: 4096 },
+    };
+    let records = vec![
+        LogRecord::Block { object: 260, blkid: 7, pointer: pointer(0, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 1) },
+        LogRecord::Hole { object: 260, blkid: 8, txg: 9 },
+        LogRecord::Copy { object: 260, blkid: 9, data: vec![0x42; 700] },
+    ];
+    let mut block = vec![0u8; 4096];
+    encode_block(&header, &records, &mut block);
+    writer.write("intent_log", "three-records", &block);
+    let mut empty = vec![0u8; 4096];
+    encode_block(&header, &[], &mut empty);
+    writer.write("intent_log", "no-records", &empty);
 }

@@ -20,6 +20,7 @@
 pub mod block_pointer;
 pub mod directory;
 pub mod dnode;
+pub mod intent_log;
 pub mod label;
 pub mod nbd_handshake;
 pub mod nbd_request;
@@ -33,7 +34,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 10] = [
+pub const TARGETS: [(&str, Check); 11] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -44,6 +45,7 @@ pub const TARGETS: [(&str, Check); 10] = [
     ("spacemap", spacemap::check),
     ("directory", directory::check),
     ("send_stream", send_stream::check),
+    ("intent_log", intent_log::check),
 ];
 
 #[cfg(test)]

@@ -211,7 +211,14 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
                                     })
                                     .collect()
                             };
-                            if pool.flush_all().await.is_ok() {
+                            // A client's FLUSH goes through the volume's
+                            // intent log; the pool-wide one through a txg.
+                            let flushed = if rng.chance(1, 2) {
+                                pool.flush_volume(&volume).await
+                            } else {
+                                pool.flush_all().await
+                            };
+                            if flushed.is_ok() {
                                 let mut model = model.borrow_mut();
                                 for (sector, index) in acked_snapshot {
                                     let entry = model.durable.entry(sector).or_insert(0);

@@ -668,6 +668,55 @@ impl BlockStore {
         all_ok
     }
 
+    /// Reads the `length` bytes (whole sectors) at `dva` as the devices hold
+    /// them, unverified: a self-checksummed block (an intent log block) whose
+    /// caller checks it. Nothing is counted or repaired: the block at the end
+    /// of a log chain is expected to be garbage.
+    pub async fn read_unverified(
+        self: &Rc<Self>,
+        dva: Dva,
+        length: u64,
+    ) -> Result<AlignedBuf, BlockError> {
+        self.read_self_checked(dva, length, &|_| true).await
+    }
+
+    /// Reads the `length` bytes at `dva` until `verify` accepts them, as
+    /// `read` does for a block with a pointer (other sides, reconstruction),
+    /// for a self-checksummed block. Bad children are counted, not repaired
+    /// (the block is short-lived; replay frees it).
+    pub async fn read_self_checked(
+        self: &Rc<Self>,
+        dva: Dva,
+        length: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+    ) -> Result<AlignedBuf, BlockError> {
+        let _guard = self.read_guard();
+        let Some(top) = self.vdevs.get(dva.vdev as usize) else {
+            return Err(BlockError::Unreadable {
+                location: location(&dva),
+                detail: format!("no vdev {}", dva.vdev),
+            });
+        };
+        let length = top.io_bytes(length);
+        match top
+            .read_verified(IoClass::SyncRead, dva.offset, length, u64::MAX, verify)
+            .await
+        {
+            Ok(read) => Ok(read.data),
+            Err(error) => Err(BlockError::Unreadable {
+                location: location(&dva),
+                detail: error.to_string(),
+            }),
+        }
+    }
+
+    /// Takes `dva` out of the free space if all of it is free (an intent log
+    /// replay claiming a block written after the last durable txg), as
+    /// `allocate` would: linking it commits it, `release` gives it back.
+    pub fn claim(&self, dva: Dva) -> bool {
+        self.allocator.borrow_mut().claim(dva)
+    }
+
     /// Waits until no repair write is in flight.
     pub async fn repairs_quiesced(&self) {
         while self.repairs_in_flight.get() > 0 {

@@ -586,6 +586,7 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
             let mut value = serde_json::to_value(volume.stats()).unwrap_or(Value::Null);
             if let Value::Object(map) = &mut value {
                 map.insert("name".into(), json!(volume.name));
+                map.insert("intent_log".into(), json!(volume.log_stats()));
             }
             value
         })

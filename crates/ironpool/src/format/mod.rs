@@ -10,6 +10,7 @@
 pub mod bp;
 pub mod checksum;
 pub mod dnode;
+pub mod intent_log;
 pub mod label;
 pub mod spacemap;
 pub mod stream;

@@ -232,6 +232,9 @@ pub struct Pool {
     snapshot_holds: RefCell<BTreeMap<String, usize>>,
     /// Dirty volume data held in memory (see `writeback`).
     writeback: volume::writeback::PoolWriteback,
+    /// Intent log blocks no longer needed, with the txg that stopped naming
+    /// them: their space returns once that txg is past the defer depth.
+    log_releases: dataset::intent_log::LogReleases,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -444,6 +447,7 @@ impl Pool {
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
+            log_releases: Default::default(),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -704,7 +708,15 @@ impl Pool {
                             uberblocks[0].txg, uberblock.txg
                         ));
                     }
+                    // Before anything allocates: replay claims the space of
+                    // what the intent logs name.
+                    let replayed = dataset::intent_log::replay(&pool).await;
+                    pool.import_notes.borrow_mut().extend(replayed.notes);
                     pool.start_after_import();
+                    if replayed.changes > 0 {
+                        // Replayed writes are durable before anything is served.
+                        pool.commit().await?;
+                    }
                     // A receive interrupted by a crash that was not started
                     // with -s can never finish: its hidden volume goes, with
                     // the space it holds.
@@ -778,6 +790,7 @@ impl Pool {
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
+            log_releases: Default::default(),
         });
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
@@ -1029,6 +1042,8 @@ impl Pool {
             self.check_not_held(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }
         let _writers = self.exclusive(&volume).await?;
+        // A log commit in flight finishes first; the chain goes with the volume.
+        let _log = self.discard_log(&volume).await;
         // No txg may be built from here until the tree is gone: the walk below
         // awaits reads, and a build meanwhile would sync the volume's dirty nodes
         // (freeing their old copies) under the pointers already collected, which

@@ -424,6 +424,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     let mut context = SyncContext::new(txg);
     checkpoint_metaslabs(pool, txg)?;
     rotate_space_log(pool, txg)?;
+    crate::pool::dataset::intent_log::build_step(pool, txg);
     let table = objects.dnode_table();
     let mut passes = 0;
     loop {
@@ -802,6 +803,7 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
     }
     store.allocator.borrow_mut().sync_done(built.txg);
     pool.objects.set_durable_txg(built.txg);
+    crate::pool::dataset::intent_log::txg_durable(pool, built.txg);
     let state = &pool.txg;
     state.durable.set(built.txg);
     state.last_commit.set(rt::now());

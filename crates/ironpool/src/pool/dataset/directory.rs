@@ -46,6 +46,54 @@ pub struct VolumeRecord {
     /// A receive in progress into this (hidden) volume, resumable.
     #[serde(default)]
     pub receive: Option<ReceiveRecord>,
+    /// Where the volume's intent log starts (see `pool::dataset::intent_log`):
+    /// absent until the volume first logs a write, and in pools written
+    /// before the log existed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent_log: Option<LogHead>,
+}
+
+/// The head of a dataset's intent log chain: the first block replay reads
+/// (written or not yet), the chain it belongs to and its sequence number.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogHead {
+    pub chain_guid: u64,
+    pub seq: u64,
+    pub vdev: u32,
+    pub offset: u64,
+    pub asize: u32,
+    /// Bytes of the block (what replay reads).
+    pub bytes: u32,
+}
+
+impl LogHead {
+    /// Where the head block is.
+    pub fn pointer(&self) -> crate::format::intent_log::LogPointer {
+        crate::format::intent_log::LogPointer {
+            dva: crate::format::Dva {
+                vdev: self.vdev,
+                asize: self.asize,
+                offset: self.offset,
+            },
+            bytes: self.bytes,
+        }
+    }
+
+    /// The head at `pointer`, block `seq` of chain `chain_guid`.
+    pub fn at(
+        chain_guid: u64,
+        seq: u64,
+        pointer: crate::format::intent_log::LogPointer,
+    ) -> LogHead {
+        LogHead {
+            chain_guid,
+            seq,
+            vdev: pointer.dva.vdev,
+            offset: pointer.dva.offset,
+            asize: pointer.dva.asize,
+            bytes: pointer.bytes,
+        }
+    }
 }
 
 /// A snapshot, named by its volume and its own name.

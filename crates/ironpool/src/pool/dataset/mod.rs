@@ -1,6 +1,7 @@
 //! Datasets: what the pool stores for its users, and how it is named and moved.
 //!
 //! - [`directory`]: the pool directory (object 1) naming every dataset.
+//! - [`intent_log`]: the log that makes a FLUSH one log write.
 //! - [`props`]: properties, set on a dataset or inherited from the pool.
 //! - [`snapshot`]: snapshots, clones, rollback and promote.
 //! - [`send`] and [`receive`]: a snapshot as a stream, and back, through
@@ -10,6 +11,7 @@
 //! ([`super::volume`] for volumes).
 
 pub mod directory;
+pub mod intent_log;
 pub mod props;
 pub mod receive;
 pub mod send;

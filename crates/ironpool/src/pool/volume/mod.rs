@@ -145,6 +145,8 @@ pub struct Volume {
     writers: Rc<crate::rt::sync::Semaphore>,
     /// Blocks acknowledged and not yet written out.
     pub(crate) writeback: crate::pool::volume::writeback::VolumeWriteback,
+    /// What a FLUSH writes instead of a txg.
+    pub(crate) log: crate::pool::dataset::intent_log::IntentLog,
 }
 
 /// A new directory record.
@@ -166,6 +168,7 @@ pub fn record(
         origin: None,
         snapshots: Vec::new(),
         receive: None,
+        intent_log: None,
     }
 }
 
@@ -190,6 +193,7 @@ impl Volume {
             stats: Cell::new(VolumeStats::default()),
             writers: crate::rt::sync::Semaphore::new(VOLUME_WRITERS_MAX),
             writeback: Default::default(),
+            log: Default::default(),
         })
     }
 
@@ -227,6 +231,11 @@ impl Volume {
             dirty_bytes: self.writeback.bytes(),
             ..self.stats.get()
         }
+    }
+
+    /// The counters of the volume's intent log.
+    pub fn log_stats(&self) -> crate::pool::dataset::intent_log::LogStats {
+        self.log.stats()
     }
 
     pub(crate) fn count(&self, update: impl FnOnce(&mut VolumeStats)) {
@@ -549,7 +558,7 @@ impl Pool {
             stats.write_bytes += length;
         });
         if durable {
-            self.commit_linked().await?;
+            self.log_commit(volume).await?;
         }
         Ok(())
     }
@@ -649,11 +658,11 @@ impl Pool {
     /// or the volume's `sync=always`).
     async fn commit_if_durable(
         self: &Rc<Self>,
-        volume: &Volume,
+        volume: &Rc<Volume>,
         fua: bool,
     ) -> Result<(), PoolError> {
         if volume.durable(fua) {
-            self.commit_linked().await?;
+            self.log_commit(volume).await?;
         }
         Ok(())
     }
@@ -950,6 +959,7 @@ impl Pool {
             }
         };
         self.forget_dirty(volume, blkid);
+        volume.log.note_linked(blkid, pointer.birth_txg);
         if !pointer.is_hole() {
             self.store.commit(&pointer);
             self.txg.add_data(self, pointer.allocated_bytes());
@@ -1063,7 +1073,7 @@ impl Pool {
             return Ok(());
         }
         self.drain_volume(volume).await?;
-        self.commit_linked().await
+        self.log_commit(volume).await
     }
 
     /// Waits until no write to `volume` is in progress, writes out its dirty

@@ -1,0 +1,231 @@
+//! The intent log against the real binary and a raw NBD client: a FLUSH or a
+//! FUA write is made durable by a log write, not a transaction group, and
+//! survives kill -9 through replay at the next import.
+
+mod common;
+
+use std::io::{Read, Write};
+
+use common::{dir, NbdClient, TestPool, NBD_CMD_FLUSH, NBD_CMD_WRITE};
+
+const NBD_CMD_TRIM: u16 = 4;
+const NBD_CMD_FLAG_FUA: u16 = 1;
+
+/// One request with `flags`, its payload, and the error replied.
+fn request(
+    client: &mut NbdClient,
+    flags: u16,
+    command: u16,
+    offset: u64,
+    data: &[u8],
+    length: u32,
+) -> u32 {
+    let mut bytes = NbdClient::request(command, 21, offset, length);
+    // The request's flags are bytes 4..6 (big-endian), after the magic.
+    bytes[4..6].copy_from_slice(&flags.to_be_bytes());
+    bytes.extend_from_slice(data);
+    client.stream.write_all(&bytes).expect("send a request");
+    let (error, cookie) = NbdClient::reply(&mut client.stream);
+    assert_eq!(cookie, 21);
+    error
+}
+
+fn write_at(client: &mut NbdClient, offset: u64, data: &[u8], flags: u16) -> u32 {
+    request(
+        client,
+        flags,
+        NBD_CMD_WRITE,
+        offset,
+        data,
+        data.len() as u32,
+    )
+}
+
+fn flush(client: &mut NbdClient) -> u32 {
+    request(client, 0, NBD_CMD_FLUSH, 0, &[], 0)
+}
+
+/// Bytes that differ from one 512-byte sector to the next and from `seed`.
+fn distinct_bytes(length: usize, seed: u8) -> Vec<u8> {
+    (0..length)
+        .map(|index| (index / 512) as u8 ^ (index as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+fn iostat(pool: &TestPool) -> serde_json::Value {
+    serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).expect("iostat JSON")
+}
+
+fn txg_commits(pool: &TestPool) -> u64 {
+    iostat(pool)["txg"]["commits"]
+        .as_u64()
+        .expect("txg commits")
+}
+
+fn log_stats(pool: &TestPool, volume: &str) -> serde_json::Value {
+    let stats = iostat(pool);
+    let volumes = stats["volumes"].as_array().expect("volumes").clone();
+    volumes
+        .into_iter()
+        .find(|entry| entry["name"] == format!("{}/{volume}", pool.name))
+        .map(|entry| entry["intent_log"].clone())
+        .expect("the volume in iostat")
+}
+
+fn read_all(client: &mut NbdClient, offset: u64, length: u32) -> Vec<u8> {
+    let mut bytes = NbdClient::request(common::NBD_CMD_READ, 5, offset, length);
+    bytes[4..6].copy_from_slice(&0u16.to_be_bytes());
+    client.stream.write_all(&bytes).expect("send a read");
+    let (error, cookie) = NbdClient::reply(&mut client.stream);
+    assert_eq!((error, cookie), (0, 5));
+    let mut data = vec![0u8; length as usize];
+    client.stream.read_exact(&mut data).expect("read data");
+    data
+}
+
+/// With commits on a timer turned off, FLUSHes, a FUA write and a TRIM that
+/// was flushed are made durable by the log alone (no txg commits while they
+/// happen), and all of them are in the volume after kill -9 and a new
+/// `serve`; a write nobody flushed is not (so the test can tell).
+#[test]
+fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
+    for layout in [
+        vec!["mirror", "a.img", "b.img"],
+        vec!["raidz1", "a.img", "b.img", "c.img"],
+    ] {
+        let mut pool = TestPool::new("zl");
+        pool.create("512M", &layout);
+        pool.create_volume("vol", "64M");
+        pool.serve_with(&["-o", "txg_timeout_ms=600000"]);
+        let mut client = NbdClient::connect(&pool.socket(), "zl/vol");
+        // The first FLUSH of a volume starts its chain through a txg.
+        assert_eq!(write_at(&mut client, 0, &distinct_bytes(65536, 1), 0), 0);
+        assert_eq!(flush(&mut client), 0);
+        let commits_before = txg_commits(&pool);
+        let mut expected: Vec<(u64, Vec<u8>)> = Vec::new();
+        for round in 0..24u64 {
+            let offset = (round * 2 + 1) << 20;
+            let data = distinct_bytes(65536 + 4096 * round as usize, round as u8 ^ 0x5a);
+            assert_eq!(write_at(&mut client, offset, &data, 0), 0);
+            assert_eq!(flush(&mut client), 0);
+            expected.push((offset, data));
+        }
+        // A FUA write is durable on its own.
+        let fua = distinct_bytes(16384, 0xf0);
+        assert_eq!(write_at(&mut client, 60 << 20, &fua, NBD_CMD_FLAG_FUA), 0);
+        expected.push((60 << 20, fua));
+        // A trim that was flushed: the range reads as zeros after the crash.
+        // (Round 1 wrote 64 KiB + 4 KiB at 3 MiB: its last 4 KiB stay.)
+        assert_eq!(
+            request(&mut client, 0, NBD_CMD_TRIM, 3 << 20, &[], 65536),
+            0
+        );
+        assert_eq!(flush(&mut client), 0);
+        let (_, round_1) = expected.remove(1);
+        expected.push((3 << 20, vec![0u8; 65536]));
+        expected.push(((3 << 20) + 65536, round_1[65536..].to_vec()));
+        let stats = log_stats(&pool, "vol");
+        assert_eq!(
+            txg_commits(&pool),
+            commits_before,
+            "a FLUSH committed a txg instead of writing the log: {stats}"
+        );
+        assert!(stats["commits"].as_u64().unwrap_or(0) >= 26, "{stats}");
+        assert!(
+            stats["records_written"].as_u64().unwrap_or(0) >= 26,
+            "{stats}"
+        );
+        // Written, never flushed: not in the log, not in a txg.
+        let unflushed = distinct_bytes(65536, 0xee);
+        assert_eq!(write_at(&mut client, 40 << 20, &unflushed, 0), 0);
+        assert_eq!(read_all(&mut client, 40 << 20, 65536), unflushed);
+        pool.kill9();
+        drop(client);
+        pool.serve();
+        let mut reader = NbdClient::connect(&pool.socket(), "zl/vol");
+        for (offset, data) in &expected {
+            assert!(
+                read_all(&mut reader, *offset, data.len() as u32) == *data,
+                "{layout:?}: a write made durable at {offset:#x} was lost by kill -9"
+            );
+        }
+        assert!(
+            read_all(&mut reader, 40 << 20, 65536) == vec![0u8; 65536],
+            "{layout:?}: a write nobody flushed survived: the test cannot tell the log's effect"
+        );
+        let notes = pool.status_json()["notes"].to_string();
+        assert!(notes.contains("intent log: replayed"), "{notes}");
+        drop(reader);
+        let report: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "check", "zl"])).expect("check JSON");
+        assert_eq!(
+            report["problems"].as_array().map(Vec::len),
+            Some(0),
+            "{report}"
+        );
+        pool.stop();
+        assert!(!pool.log().contains("panicked"), "{}", pool.log());
+        let output = pool.ok(&["check", "zl", "-d", &dir(&pool)]);
+        assert!(!output.contains("problem"), "{output}");
+    }
+}
+
+/// Concurrent FLUSHes share log writes: four fio jobs on four connections,
+/// each flushing after every write, make fewer log commits than FLUSHes (a
+/// FLUSH that waited for the commit in flight finds its writes logged by
+/// the next one), and the data fio verifies afterwards is intact.
+#[test]
+fn concurrent_flushes_share_log_commits() {
+    let mut pool = TestPool::new("gc");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "64M");
+    pool.serve();
+    let uri = pool.uri("vol");
+    let mut client = NbdClient::connect(&pool.socket(), "gc/vol");
+    assert_eq!(flush(&mut client), 0);
+    drop(client);
+    let output = std::process::Command::new("fio")
+        .args([
+            "--name=gc",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randwrite",
+            "--bs=16k",
+            "--iodepth=1",
+            "--numjobs=4",
+            "--size=8M",
+            "--offset_increment=16M",
+            "--fsync=1",
+            "--verify=crc32c",
+            "--output-format=json",
+        ])
+        .output()
+        .expect("run fio");
+    assert!(
+        output.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let stats = log_stats(&pool, "vol");
+    let flushes = iostat(&pool)["volumes"]
+        .as_array()
+        .and_then(|volumes| {
+            volumes
+                .iter()
+                .find(|entry| entry["name"] == "gc/vol")
+                .cloned()
+        })
+        .map(|entry| entry["flush_ops"].as_u64().unwrap_or(0))
+        .unwrap_or(0);
+    let commits = stats["commits"].as_u64().unwrap_or(0);
+    let shared = stats["shared_commits"].as_u64().unwrap_or(0);
+    assert!(flushes >= 2000, "fio sent {flushes} flushes: {stats}");
+    assert!(commits > 0, "no log commit: {stats}");
+    assert!(
+        commits < flushes,
+        "{commits} log commits for {flushes} flushes: none shared: {stats}"
+    );
+    assert!(shared > 0 || commits * 2 < flushes, "{stats}");
+    pool.stop();
+    assert!(!pool.log().contains("panicked"), "{}", pool.log());
+}

@@ -88,6 +88,29 @@ pub struct VolumeCounters {
     pub rmw_write_ops: u64,
     #[serde(default)]
     pub hole_read_ops: u64,
+    /// Client FLUSHes.
+    #[serde(default)]
+    pub flush_ops: u64,
+    /// The volume's intent log (absent from servers before it existed).
+    #[serde(default)]
+    pub intent_log: LogCounters,
+}
+
+/// Cumulative counters of one volume's intent log.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[allow(missing_docs)]
+pub struct LogCounters {
+    /// Log commits that wrote blocks (one device flush each).
+    #[serde(default)]
+    pub commits: u64,
+    /// Commits that found their writes logged by the one before.
+    #[serde(default)]
+    pub shared_commits: u64,
+    /// Commits that went through a txg instead.
+    #[serde(default)]
+    pub txg_fallbacks: u64,
+    #[serde(default)]
+    pub bytes_written: u64,
 }
 
 /// `ironpool list --json`.
@@ -221,6 +244,23 @@ pub fn volume_delta(
         direct_write_ops: new.direct_write_ops.saturating_sub(old.direct_write_ops),
         rmw_write_ops: new.rmw_write_ops.saturating_sub(old.rmw_write_ops),
         hole_read_ops: new.hole_read_ops.saturating_sub(old.hole_read_ops),
+        flush_ops: new.flush_ops.saturating_sub(old.flush_ops),
+        log_commits: new
+            .intent_log
+            .commits
+            .saturating_sub(old.intent_log.commits),
+        log_shared_commits: new
+            .intent_log
+            .shared_commits
+            .saturating_sub(old.intent_log.shared_commits),
+        log_txg_fallbacks: new
+            .intent_log
+            .txg_fallbacks
+            .saturating_sub(old.intent_log.txg_fallbacks),
+        log_bytes: new
+            .intent_log
+            .bytes_written
+            .saturating_sub(old.intent_log.bytes_written),
     })
 }
 

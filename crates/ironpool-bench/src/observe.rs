@@ -105,6 +105,12 @@ pub fn compare(
                 volume.hole_read_ops,
                 fio_reads,
             ));
+            findings.extend(pitfalls::intent_log_ironpool(
+                label,
+                &test,
+                &volume,
+                fio_write_bytes,
+            ));
             result.volume = Some(volume);
         }
     }

@@ -42,6 +42,48 @@ pub mod check {
     pub const DEVICE_ERRORS: &str = "device-errors";
     /// A debug build of the server under test.
     pub const DEBUG_BUILD: &str = "debug-build";
+    /// How FLUSHes were made durable (intent log commits, group commit).
+    pub const INTENT_LOG: &str = "intent-log";
+}
+
+/// How an ironpool volume made the test's FLUSHes durable: client FLUSHes per
+/// log commit (above 1: concurrent FLUSHes shared a log write and its device
+/// flush), those that needed a txg, and log bytes per byte fio wrote.
+pub fn intent_log_ironpool(
+    target: &str,
+    test: &str,
+    volume: &VolumeDelta,
+    fio_write_bytes: u64,
+) -> Option<Finding> {
+    if volume.flush_ops == 0 {
+        return None;
+    }
+    let per_commit = if volume.log_commits > 0 {
+        format!(
+            "{:.2} FLUSHes per log commit",
+            volume.flush_ops as f64 / volume.log_commits as f64
+        )
+    } else {
+        "no log commit".to_string()
+    };
+    let per_byte = if fio_write_bytes > 0 {
+        format!(
+            "{:.3} log bytes per byte written",
+            volume.log_bytes as f64 / fio_write_bytes as f64
+        )
+    } else {
+        "nothing written".to_string()
+    };
+    Some(Finding::new(
+        Severity::Info,
+        check::INTENT_LOG,
+        target,
+        Some(test),
+        format!(
+            "{} FLUSHes: {} log commits ({per_commit}), {} shared a commit, {} through a txg; {per_byte}",
+            volume.flush_ops, volume.log_commits, volume.log_shared_commits, volume.log_txg_fallbacks
+        ),
+    ))
 }
 
 /// The target holds less than one record: every I/O touches the same record.
@@ -421,5 +463,35 @@ fn list_tests(names: &[&str]) -> String {
         format!("{label}: {shown} and {more} more")
     } else {
         format!("{label}: {shown}")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn intent_log_finding_gives_flushes_per_commit_and_log_bytes_per_byte() {
+        let volume = VolumeDelta {
+            flush_ops: 300,
+            log_commits: 100,
+            log_shared_commits: 200,
+            log_bytes: 4096 * 100,
+            ..VolumeDelta::default()
+        };
+        let finding =
+            intent_log_ironpool("ironpool", "t", &volume, 16384 * 300).expect("a finding");
+        assert!(
+            finding.message.contains("3.00 FLUSHes per log commit"),
+            "{}",
+            finding.message
+        );
+        assert!(
+            finding.message.contains("0.083 log bytes per byte written"),
+            "{}",
+            finding.message
+        );
+        let no_flushes = VolumeDelta::default();
+        assert!(intent_log_ironpool("ironpool", "t", &no_flushes, 1).is_none());
     }
 }

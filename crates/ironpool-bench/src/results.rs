@@ -267,6 +267,21 @@ pub struct VolumeDelta {
     pub rmw_write_ops: u64,
     /// Reads of never-written blocks.
     pub hole_read_ops: u64,
+    /// Client FLUSHes.
+    #[serde(default)]
+    pub flush_ops: u64,
+    /// Intent log commits that wrote blocks (each one device flush).
+    #[serde(default)]
+    pub log_commits: u64,
+    /// FLUSHes whose writes the commit before had logged (group commit).
+    #[serde(default)]
+    pub log_shared_commits: u64,
+    /// FLUSHes made durable by a txg instead of the log.
+    #[serde(default)]
+    pub log_txg_fallbacks: u64,
+    /// Bytes of log blocks written.
+    #[serde(default)]
+    pub log_bytes: u64,
 }
 
 /// How much a finding matters.

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# The table of issue 17 in one run: 16K random writes with a FLUSH after every
+# write at QD1 and after every 32 at QD64, on the raw file (fio io_uring
+# direct=1), nbdkit's file plugin and ironpool (mirror of two files, 1 GiB
+# prefilled volume, fio's nbd engine), with one or more ironpool binaries so
+# that before and after are measured side by side.
+#
+# Usage: scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
+#   default: 8 s, target/release/ironpool
+# Prints one line per test: label, IOPS, p99 latency (us); then the intent
+# log's counters for each ironpool run.
+set -euo pipefail
+runtime=${1:-8}
+shift || true
+binaries=("$@")
+[ ${#binaries[@]} -gt 0 ] || binaries=("$PWD/target/release/ironpool")
+work=$(mktemp -d /tmp/bench-durable.XXXXXX)
+pids=()
+cleanup() {
+    for pid in "${pids[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
+    sleep 1
+    rm -rf "$work"
+}
+trap cleanup EXIT
+export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
+
+# run LABEL FIO-ARGS...: one fio job, prints "LABEL IOPS P99_US"
+run() {
+    local label=$1
+    shift
+    fio --name=t --numjobs=1 --output-format=json --lat_percentiles=1 \
+        --runtime="$runtime" --time_based --rw=randwrite --bs=16k "$@" >"$work/$label.json" 2>"$work/$label.err" || true
+    python3 - "$work/$label.json" "$label" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+try:
+    job = json.loads(text[text.index("{"):])["jobs"][0]["write"]
+except Exception:
+    print(sys.argv[2], 0, 0)
+    sys.exit()
+p99 = job["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1000
+print(f"{sys.argv[2]} {int(job['iops'])} {int(p99)}")
+PY
+}
+
+echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true)"
+dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 oflag=direct status=none
+raw="--ioengine=io_uring --direct=1 --filename=$work/raw.img --size=1G"
+run raw_qd1_fsync1 $raw --iodepth=1 --fsync=1
+run raw_qd64_fsync32 $raw --iodepth=64 --fsync=32
+
+nbdkit -f --unix "$work/k.sock" file "$work/raw.img" &
+pids+=($!)
+sleep 1
+kit="--ioengine=nbd --uri=nbd+unix:///?socket=$work/k.sock --size=1G"
+run nbdkit_qd1_fsync1 $kit --iodepth=1 --fsync=1
+run nbdkit_qd64_fsync32 $kit --iodepth=64 --fsync=32
+kill "${pids[-1]}" 2>/dev/null || true
+rm -f "$work/raw.img"
+
+index=0
+for binary in "${binaries[@]}"; do
+    index=$((index + 1))
+    pool=d$index
+    "$binary" create --size 4G "$pool" mirror "$work/$pool-a.img" "$work/$pool-b.img" >/dev/null
+    "$binary" serve -d "$work" --nbd "unix:$work/$pool.sock" "$pool" >"$work/$pool.log" 2>&1 &
+    server=$!
+    pids+=($server)
+    for _ in $(seq 100); do [ -S "$work/$pool.sock" ] && break; sleep 0.1; done
+    "$binary" volume create "$pool/v" 1G >/dev/null
+    uri="--ioengine=nbd --uri=nbd+unix:///$pool/v?socket=$work/$pool.sock --size=1G"
+    fio --name=fill $uri --rw=write --bs=1m --iodepth=16 >/dev/null 2>&1
+    run "ironpool${index}_qd1_fsync1" $uri --iodepth=1 --fsync=1
+    run "ironpool${index}_qd64_fsync32" $uri --iodepth=64 --fsync=32
+    echo "# ironpool$index = $binary"
+    "$binary" --json iostat "$pool" | python3 -c '
+import json, sys
+stats = json.load(sys.stdin)
+for volume in stats["volumes"]:
+    log = volume.get("intent_log")
+    if log is None:
+        print("#  ", volume["name"], "no intent log")
+        continue
+    print("#  ", volume["name"], "flushes", volume.get("flush_ops", 0), "log commits", log["commits"],
+          "shared", log["shared_commits"], "via txg", log["txg_fallbacks"],
+          "log MiB", round(log["bytes_written"] / 2**20, 1), "txg commits", stats["txg"]["commits"])
+'
+    kill "$server"
+    wait "$server" 2>/dev/null || true
+done

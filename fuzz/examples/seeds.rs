@@ -402,6 +402,7 @@ fn intent_log_seeds(writer: &mut SeedWriter) {
         chain_guid: 0x5eed,
         seq: 3,
         next: LogPointer { dva: Dva { vdev: 0, asize: 4096, offset: 8 << 20 }, bytes: 4096 },
+        commit: 12,
     };
     let records = vec![
         LogRecord::Block { object: 260, blkid: 7, pointer: pointer(0, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 1) },

@@ -86,17 +86,21 @@ fn read_all(client: &mut NbdClient, offset: u64, length: u32) -> Vec<u8> {
 /// With commits on a timer turned off, FLUSHes, a FUA write and a TRIM that
 /// was flushed are made durable by the log alone (no txg commits while they
 /// happen), and all of them are in the volume after kill -9 and a new
-/// `serve`; a write nobody flushed is not (so the test can tell).
+/// `serve`; a write nobody flushed is not (so the test can tell). On the
+/// mirror the held blocks are copied into the log (`logbias=latency`); on
+/// RAID-Z they are written in place and logged as pointers
+/// (`logbias=throughput`).
 #[test]
 fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
-    for layout in [
-        vec!["mirror", "a.img", "b.img"],
-        vec!["raidz1", "a.img", "b.img", "c.img"],
+    for (layout, log_bias) in [
+        (vec!["mirror", "a.img", "b.img"], "latency"),
+        (vec!["raidz1", "a.img", "b.img", "c.img"], "throughput"),
     ] {
         let mut pool = TestPool::new("zl");
         pool.create("512M", &layout);
         pool.create_volume("vol", "64M");
         pool.serve_with(&["-o", "txg_timeout_ms=600000"]);
+        pool.admin(&["set", &format!("logbias={log_bias}"), "zl/vol"]);
         let mut client = NbdClient::connect(&pool.socket(), "zl/vol");
         // The first FLUSH of a volume starts its chain through a txg.
         assert_eq!(write_at(&mut client, 0, &distinct_bytes(65536, 1), 0), 0);
@@ -135,6 +139,11 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
             stats["records_written"].as_u64().unwrap_or(0) >= 26,
             "{stats}"
         );
+        let copied = stats["copied_blocks"].as_u64().unwrap_or(0);
+        match log_bias {
+            "latency" => assert!(copied >= 24 * 4, "held blocks were not copied: {stats}"),
+            _ => assert_eq!(copied, 0, "logbias=throughput copied blocks: {stats}"),
+        }
         // Written, never flushed: not in the log, not in a txg.
         let unflushed = distinct_bytes(65536, 0xee);
         assert_eq!(write_at(&mut client, 40 << 20, &unflushed, 0), 0);

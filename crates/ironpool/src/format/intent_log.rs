@@ -113,6 +113,9 @@ pub struct LogBlockHeader {
     pub seq: u64,
     /// The block after this one (allocated, maybe never written).
     pub next: LogPointer,
+    /// The commit (FLUSH) that wrote it: the head's cancellations name
+    /// copies by commit and block.
+    pub commit: u64,
 }
 
 /// Bytes a block needs for `records` (header included), before rounding.
@@ -140,6 +143,7 @@ pub fn encode_block(header: &LogBlockHeader, records: &[LogRecord], out: &mut [u
     put_u32(out, 36, header.next.dva.asize);
     put_u64(out, 40, header.next.dva.offset);
     put_u32(out, 48, header.next.bytes);
+    put_u64(out, 56, header.commit);
     let mut at = LOG_HEADER_BYTES;
     for record in records {
         let length = record.encoded_bytes();
@@ -198,6 +202,7 @@ pub fn decode_block(
             },
             bytes: get_u32(bytes, 48),
         },
+        commit: get_u64(bytes, 56),
     };
     if header.chain_guid != chain_guid {
         return Err(invalid(
@@ -244,7 +249,7 @@ pub fn decode_block(
             KIND_HOLE => (LogRecord::Hole { object, blkid, txg }, 0),
             KIND_COPY => {
                 let length = get_u32(head, 4) as usize;
-                if body + length > used {
+                if body + length.next_multiple_of(8) > used {
                     return Err(invalid(WHAT, "a copied record runs past the block"));
                 }
                 let data = bytes[body..body + length].to_vec();
@@ -304,6 +309,7 @@ mod tests {
                 },
                 bytes: 8192,
             },
+            commit: 77,
         };
         let records = vec![
             LogRecord::Block {
@@ -320,6 +326,11 @@ mod tests {
                 object: 5,
                 blkid: 6,
                 data: vec![0xab; 1001],
+            },
+            LogRecord::Copy {
+                object: 5,
+                blkid: 7,
+                data: vec![0xcd; 512],
             },
         ];
         (header, records)
@@ -363,7 +374,7 @@ mod tests {
     fn block_bytes_count_every_record() {
         let (header, records) = sample();
         let needed = block_bytes_for(&records);
-        assert_eq!(needed, 80 + (32 + 128) + 32 + (32 + 1008));
+        assert_eq!(needed, 80 + (32 + 128) + 32 + (32 + 1008) + (32 + 512));
         let mut exact = vec![0u8; needed];
         encode_block(&header, &records, &mut exact);
         assert!(decode_block(&exact, 0xfeed, 9).is_ok());

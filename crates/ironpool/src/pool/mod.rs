@@ -710,9 +710,10 @@ impl Pool {
                     }
                     // Before anything allocates: replay claims the space of
                     // what the intent logs name.
-                    let replayed = dataset::intent_log::replay(&pool).await;
-                    pool.import_notes.borrow_mut().extend(replayed.notes);
+                    let prepared = dataset::intent_log::prepare_replay(&pool).await;
                     pool.start_after_import();
+                    let replayed = dataset::intent_log::apply_replay(&pool, prepared).await;
+                    pool.import_notes.borrow_mut().extend(replayed.notes);
                     if replayed.changes > 0 {
                         // Replayed writes are durable before anything is served.
                         pool.commit().await?;

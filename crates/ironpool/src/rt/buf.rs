@@ -240,6 +240,12 @@ impl BufSlice {
         BufSlice { buffer, range }
     }
 
+    /// True when `other` is this very slice of this very buffer (not merely
+    /// equal bytes): a held block still holds the bytes someone took.
+    pub fn same_bytes_as(&self, other: &BufSlice) -> bool {
+        Rc::ptr_eq(&self.buffer, &other.buffer) && self.range == other.range
+    }
+
     pub fn whole(buffer: Rc<AlignedBuf>) -> BufSlice {
         let length = buffer.len();
         BufSlice {

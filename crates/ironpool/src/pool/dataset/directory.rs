@@ -55,7 +55,7 @@ pub struct VolumeRecord {
 
 /// The head of a dataset's intent log chain: the first block replay reads
 /// (written or not yet), the chain it belongs to and its sequence number.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LogHead {
     pub chain_guid: u64,
     pub seq: u64,
@@ -64,6 +64,11 @@ pub struct LogHead {
     pub asize: u32,
     /// Bytes of the block (what replay reads).
     pub bytes: u32,
+    /// Copies in the chain that replay must not apply, as (the commit that
+    /// wrote the copy, block number): a newer change to that block was
+    /// linked in a txg this directory is part of.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancelled: Vec<(u64, u64)>,
 }
 
 impl LogHead {
@@ -92,6 +97,7 @@ impl LogHead {
             offset: pointer.dva.offset,
             asize: pointer.dva.asize,
             bytes: pointer.bytes,
+            cancelled: Vec::new(),
         }
     }
 }

@@ -8,7 +8,10 @@
 //! a hole) is noted with the txg it was linked in. A log commit writes a
 //! record for each block changed since the last durable txg and not yet
 //! logged: its block pointer (the data is already in place), or that it is a
-//! hole. The records go into the pre-allocated next block of the chain (more
+//! hole. A FLUSH also logs the blocks held in memory by the write-back: by
+//! OpenZFS's size rule (`logbias=latency`, blocks of up to 32 KiB) their bytes
+//! are copied into the log, so a FLUSH costs one write; otherwise they are
+//! written in place first and logged as pointers. The records go into the pre-allocated next block of the chain (more
 //! blocks chained behind it when they do not fit), every device is flushed,
 //! and the FLUSH is answered. Commits of one dataset are serialised: FLUSHes
 //! that arrive while one is in flight share the next (group commit).
@@ -41,6 +44,7 @@ use crate::format::intent_log::{
 };
 use crate::format::{BlockPointer, Dva, ObjectType};
 use crate::pool::dataset::directory::LogHead;
+use crate::pool::dataset::props::LogBias;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
@@ -52,9 +56,17 @@ use crate::rt::sync::Semaphore;
 /// txg holds far less), and replay must end.
 pub const REPLAY_BLOCKS_MAX: u64 = 1 << 16;
 /// Log blocks one commit writes at most (each up to 128 KiB: 8 MiB of
-/// records, about 50,000 blocks changed); changes beyond wait for the next
-/// commit, and a commit that has more falls back to a txg.
+/// records, about 50,000 blocks changed, or the copies below); a commit that
+/// needs more falls back to a txg.
 pub const COMMIT_BLOCKS_MAX: usize = 64;
+/// Blocks a FLUSH copies into the log are at most this large (OpenZFS's
+/// `zfs_immediate_write_sz`): a larger block costs less written once in
+/// place than twice.
+pub const COPY_BLOCK_BYTES_MAX: u64 = 32 * 1024;
+/// Bytes of held blocks one commit copies at most: beyond, writing them in
+/// place (one large sequential run) beats doubling them, and a commit stays
+/// well inside `COMMIT_BLOCKS_MAX`.
+pub const COPY_BYTES_PER_COMMIT_MAX: u64 = 4 << 20;
 
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -70,6 +82,8 @@ pub struct LogStats {
     pub blocks_written: u64,
     pub bytes_written: u64,
     pub records_written: u64,
+    /// Held blocks copied into the log (each written again in place later).
+    pub copied_blocks: u64,
     /// Microseconds the last commit took (write and flush).
     pub last_commit_us: u64,
 }
@@ -101,8 +115,22 @@ struct LogState {
     /// is usable once it is.
     head_txg: u64,
     /// Blocks written and not yet freed, oldest first: sequence, where, and
-    /// the newest txg among their records.
+    /// the commit they belong to.
     written: VecDeque<(u64, LogPointer, u64)>,
+    /// What each commit with blocks in `written` waits for.
+    commits: rustc_hash::FxHashMap<u64, CommitWait>,
+    /// Blocks whose bytes a commit copied (the newest such commit), from the
+    /// moment the copy is taken. A newer change linked since cancels the
+    /// copy.
+    live_copies: rustc_hash::FxHashMap<u64, u64>,
+    /// Copies cancelled by a change linked in a txg not yet built: (txg,
+    /// commit, block number).
+    pending_cancels: Vec<(u64, u64, u64)>,
+    /// Copies cancelled in the head (what the directory holds), while their
+    /// log blocks are in the chain.
+    cancelled: Vec<(u64, u64)>,
+    /// The number of the next commit.
+    next_commit: u64,
     /// Blocks linked since the last durable txg and not yet logged, with the
     /// txg they were linked in (non-decreasing: txgs only move forward).
     unlogged: Vec<(u64, u64)>,
@@ -111,7 +139,33 @@ struct LogState {
     stats: LogStats,
 }
 
+/// What a commit's log blocks wait for before they can be freed: the txg
+/// that holds all their changes must be durable.
+#[derive(Clone, Copy, Debug, Default)]
+struct CommitWait {
+    /// Blocks copied into the commit and not yet linked into the tree.
+    copies_pending: u64,
+    /// The newest txg holding one of its changes (linked blocks, holes, and
+    /// copied blocks linked since).
+    max_txg: u64,
+}
+
 impl IntentLog {
+    /// Notes that blocks copied into commits `commits` were linked (or
+    /// replaced) in txg `txg`.
+    pub(crate) fn resolve_copies(&self, commits: &[u64], txg: u64) {
+        if commits.is_empty() {
+            return;
+        }
+        let mut state = self.state.borrow_mut();
+        for commit in commits {
+            if let Some(wait) = state.commits.get_mut(commit) {
+                wait.copies_pending = wait.copies_pending.saturating_sub(1);
+                wait.max_txg = wait.max_txg.max(txg);
+            }
+        }
+    }
+
     /// The log's counters.
     pub fn stats(&self) -> LogStats {
         self.state.borrow().stats
@@ -127,6 +181,16 @@ impl IntentLog {
         let mut state = self.state.borrow_mut();
         let keep_from = state.unlogged.partition_point(|(_, txg)| *txg <= durable);
         state.unlogged.drain(..keep_from);
+    }
+
+    /// Block `blkid` got bytes newer than its copy in the log (if it has
+    /// one), linked in txg `txg`: once that txg is durable, replay must not
+    /// apply the copy (the txg's directory says so).
+    pub(crate) fn note_superseded(&self, blkid: u64, txg: u64) {
+        let mut state = self.state.borrow_mut();
+        if let Some(commit) = state.live_copies.remove(&blkid) {
+            state.pending_cancels.push((txg, commit, blkid));
+        }
     }
 }
 
@@ -183,11 +247,15 @@ impl Pool {
         Ok(())
     }
 
-    /// Makes every change linked into `volume`'s tree so far durable: through
-    /// its intent log when it has a durable chain, else through a txg.
-    /// (A FLUSH drains the volume's held blocks first; a FUA write linked its
-    /// own blocks before calling this.)
-    pub(crate) async fn log_commit(self: &Rc<Self>, volume: &Rc<Volume>) -> Result<(), PoolError> {
+    /// Makes every change linked into `volume`'s tree so far durable, and
+    /// with `held` (a FLUSH) every block the write-back holds for it too:
+    /// through its intent log when it has a durable chain, else through a
+    /// txg. (A FUA write linked its own blocks before calling this.)
+    pub(crate) async fn log_commit(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        held: bool,
+    ) -> Result<(), PoolError> {
         let _commit = volume.log.commit_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let usable = {
@@ -200,9 +268,30 @@ impl Pool {
                 let _ = self.start_log_chain(volume);
             }
             volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-            return self.commit_linked().await;
+            return self.commit_through_txg(volume, held).await;
         }
         let started = crate::rt::now();
+        let commit = {
+            let mut state = volume.log.state.borrow_mut();
+            state.next_commit += 1;
+            let commit = state.next_commit;
+            state.commits.insert(commit, CommitWait::default());
+            commit
+        };
+        // Held blocks first: copied, or written in place (then linked, and
+        // logged below as pointers).
+        let mut copies = Vec::new();
+        if held {
+            match self.copy_held_blocks(volume, commit) {
+                Some(taken) => copies = taken,
+                None => {
+                    if let Err(error) = self.drain_volume(volume).await {
+                        volume.log.state.borrow_mut().commits.remove(&commit);
+                        return Err(error);
+                    }
+                }
+            }
+        }
         let durable = self.txg.durable();
         volume.log.forget_durable(durable);
         let unlogged = std::mem::take(&mut volume.log.state.borrow_mut().unlogged);
@@ -215,12 +304,14 @@ impl Pool {
             .copied()
             .collect();
         blocks.reverse();
-        let mut records = Vec::with_capacity(blocks.len());
+        let mut records = Vec::with_capacity(blocks.len() + copies.len());
+        let mut max_txg = 0;
         for (blkid, linked_txg) in blocks {
             let pointer = match self.objects.block_pointer(&volume.object, blkid).await {
                 Ok(pointer) => pointer,
                 Err(error) => {
                     self.requeue_unlogged(volume, &unlogged);
+                    self.forget_commit(volume, commit, &copies);
                     return Err(error.into());
                 }
             };
@@ -233,6 +324,7 @@ impl Pool {
             if txg <= self.txg.durable() {
                 continue; // durable already (or relinked since, and that is)
             }
+            max_txg = max_txg.max(txg);
             records.push(if pointer.is_hole() {
                 LogRecord::Hole {
                     object: volume.object.id,
@@ -247,16 +339,32 @@ impl Pool {
                 }
             });
         }
+        // Copies after the pointers: a held block's bytes are newer than
+        // whatever its pointer held when they were taken (replay takes the
+        // last record of a block).
+        let copied = copies.len();
+        records.extend(copies.iter().map(|(blkid, data)| LogRecord::Copy {
+            object: volume.object.id,
+            blkid: *blkid,
+            data: data.to_vec(),
+        }));
         if records.is_empty() {
             // Everything was logged by a commit that finished before this one
             // started (it held the lock), or is durable.
-            volume.log.state.borrow_mut().stats.shared_commits += 1;
+            let mut state = volume.log.state.borrow_mut();
+            state.commits.remove(&commit);
+            state.stats.shared_commits += 1;
             return Ok(());
         }
-        match self.write_log_blocks(volume, &records).await {
+        if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
+            wait.max_txg = wait.max_txg.max(max_txg);
+        }
+        match self.write_log_blocks(volume, &records, commit).await {
             Ok(()) => {
                 let elapsed = crate::rt::now().duration_since(started);
-                volume.log.state.borrow_mut().stats.last_commit_us = elapsed.as_micros() as u64;
+                let mut state = volume.log.state.borrow_mut();
+                state.stats.last_commit_us = elapsed.as_micros() as u64;
+                state.stats.copied_blocks += copied as u64;
                 Ok(())
             }
             Err(error) => {
@@ -267,12 +375,75 @@ impl Pool {
                     volume.name
                 );
                 self.requeue_unlogged(volume, &unlogged);
+                self.forget_commit(volume, commit, &copies);
                 self.abandon_log_chain(volume);
                 let _ = self.start_log_chain(volume);
                 volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-                self.commit_linked().await
+                self.commit_through_txg(volume, held).await
             }
         }
+    }
+
+    /// What a commit does without a usable log: held blocks written out and
+    /// linked (for a FLUSH), then the txg committed.
+    async fn commit_through_txg(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        held: bool,
+    ) -> Result<(), PoolError> {
+        if held {
+            self.drain_volume(volume).await?;
+        }
+        self.commit_linked().await
+    }
+
+    /// Takes a copy of every block the write-back holds for `volume` and has
+    /// not logged, for commit `commit` (each is marked as logged there). None when they are not to be
+    /// copied (`logbias=throughput`, blocks over 32 KiB, or more than
+    /// `COPY_BYTES_PER_COMMIT_MAX`): the caller writes them in place.
+    fn copy_held_blocks(&self, volume: &Rc<Volume>, commit: u64) -> Option<Vec<(u64, BufSlice)>> {
+        let held = volume.writeback.unlogged();
+        let bytes: u64 = held.iter().map(|(_, data)| data.len() as u64).sum();
+        if volume.settings().log_bias != LogBias::Latency
+            || volume.block_bytes > COPY_BLOCK_BYTES_MAX
+            || bytes > COPY_BYTES_PER_COMMIT_MAX
+        {
+            return None;
+        }
+        let mut copies = Vec::with_capacity(held.len());
+        // Nothing awaits from the look-up to the marks: each block's bytes
+        // are the ones held now, and a link or a new write after this sees
+        // the mark.
+        for (blkid, data) in held {
+            if volume.writeback.mark_logged(blkid, &data, commit) {
+                copies.push((blkid, data));
+            }
+        }
+        let mut state = volume.log.state.borrow_mut();
+        for (blkid, _) in &copies {
+            state.live_copies.insert(*blkid, commit);
+        }
+        drop(state);
+        if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
+            wait.copies_pending += copies.len() as u64;
+        }
+        Some(copies)
+    }
+
+    /// Undoes the marks of a commit that will not be written: the blocks
+    /// still holding the bytes it copied are copied again by the next one.
+    fn forget_commit(&self, volume: &Volume, commit: u64, copies: &[(u64, BufSlice)]) {
+        for (blkid, _) in copies {
+            volume.writeback.unmark_logged(*blkid, commit);
+        }
+        let mut state = volume.log.state.borrow_mut();
+        state.commits.remove(&commit);
+        state
+            .live_copies
+            .retain(|_, copied_in| *copied_in != commit);
+        state
+            .pending_cancels
+            .retain(|(_, copied_in, _)| *copied_in != commit);
     }
 
     /// Puts changes taken for a commit that did not happen back in front.
@@ -288,6 +459,7 @@ impl Pool {
         self: &Rc<Self>,
         volume: &Rc<Volume>,
         records: &[LogRecord],
+        commit: u64,
     ) -> Result<(), PoolError> {
         let (guid, first) = {
             let state = volume.log.state.borrow();
@@ -354,6 +526,7 @@ impl Pool {
                         chain_guid: guid,
                         seq: *seq,
                         next: next.1,
+                        commit,
                     },
                     records,
                     &mut buffer,
@@ -380,18 +553,9 @@ impl Pool {
             self.release_log_blocks(&allocated);
             return Err(error.into());
         }
-        let max_txg = records
-            .iter()
-            .map(|record| match record {
-                LogRecord::Block { pointer, .. } => pointer.birth_txg,
-                LogRecord::Hole { txg, .. } => *txg,
-                LogRecord::Copy { .. } => u64::MAX,
-            })
-            .max()
-            .unwrap_or(0);
         let mut state = volume.log.state.borrow_mut();
         for (seq, pointer, block_records) in &blocks {
-            state.written.push_back((*seq, *pointer, max_txg));
+            state.written.push_back((*seq, *pointer, commit));
             state.stats.blocks_written += 1;
             state.stats.bytes_written += pointer.bytes as u64;
             state.stats.records_written += block_records.len() as u64;
@@ -428,6 +592,10 @@ impl Pool {
             .drain(..)
             .map(|(_, pointer, _)| pointer)
             .collect();
+        state.commits.clear();
+        state.live_copies.clear();
+        state.pending_cancels.clear();
+        state.cancelled.clear();
         let next = state.next.take().map(|(_, pointer)| pointer);
         drop(state);
         self.release_log_blocks_after(txg, written.into_iter().chain(next));
@@ -450,16 +618,51 @@ pub(crate) fn build_step(pool: &Pool, txg: u64) -> bool {
     let mut changed = false;
     for volume in pool.volumes.borrow().values() {
         let mut state = volume.log.state.borrow_mut();
-        let mut obsolete = Vec::new();
-        while state
-            .written
-            .front()
-            .is_some_and(|(_, _, max_txg)| *max_txg <= txg)
-        {
-            let (_, pointer, _) = state.written.pop_front().expect("a front block");
-            obsolete.push(pointer);
+        let state = &mut *state;
+        // Copies superseded by changes this txg holds are cancelled in it.
+        let before = state.cancelled.len();
+        let mut later = Vec::new();
+        for (linked_txg, commit, blkid) in state.pending_cancels.drain(..) {
+            if linked_txg <= txg {
+                state.cancelled.push((commit, blkid));
+            } else {
+                later.push((linked_txg, commit, blkid));
+            }
         }
-        if obsolete.is_empty() {
+        state.pending_cancels = later;
+        let mut cancels_changed = state.cancelled.len() != before;
+        let mut obsolete = Vec::new();
+        while let Some(&(_, pointer, commit)) = state.written.front() {
+            let done = state
+                .commits
+                .get(&commit)
+                .is_none_or(|wait| wait.copies_pending == 0 && wait.max_txg <= txg);
+            if !done {
+                break;
+            }
+            state.written.pop_front();
+            obsolete.push(pointer);
+            if state
+                .written
+                .front()
+                .is_none_or(|(_, _, next)| *next != commit)
+            {
+                // The commit's last block: what named its copies goes too.
+                state.commits.remove(&commit);
+                state
+                    .live_copies
+                    .retain(|_, copied_in| *copied_in != commit);
+                state
+                    .pending_cancels
+                    .retain(|(_, copied_in, _)| *copied_in != commit);
+                let cancelled = state.cancelled.len();
+                state
+                    .cancelled
+                    .retain(|(copied_in, _)| *copied_in != commit);
+                cancels_changed |= state.cancelled.len() != cancelled;
+            }
+        }
+        if obsolete.is_empty() && !cancels_changed {
             continue;
         }
         pool.release_log_blocks_after(txg, obsolete);
@@ -469,14 +672,17 @@ pub(crate) fn build_step(pool: &Pool, txg: u64) -> bool {
             (None, None) => None,
         };
         let guid = state.chain_guid;
-        drop(state);
+        let cancelled = state.cancelled.clone();
         if let Some(record) = pool
             .directory
             .borrow_mut()
             .volumes
             .get_mut(volume.short_name())
         {
-            record.intent_log = head.map(|(seq, pointer)| LogHead::at(guid, seq, pointer));
+            record.intent_log = head.map(|(seq, pointer)| LogHead {
+                cancelled,
+                ..LogHead::at(guid, seq, pointer)
+            });
             changed = true;
         }
     }
@@ -512,7 +718,8 @@ pub(crate) struct LogReleases(RefCell<Vec<(u64, LogPointer)>>);
 
 /// What replay found in one chain.
 struct Chain {
-    records: Vec<LogRecord>,
+    /// Each record with the commit that wrote it.
+    records: Vec<(u64, LogRecord)>,
     /// Why the walk ended, when it was not at a block never written.
     damage: Option<String>,
 }
@@ -580,16 +787,37 @@ async fn read_chain(pool: &Pool, head: LogHead) -> Chain {
         let Ok((header, records)) = decoded else {
             break;
         };
-        chain.records.extend(records);
+        chain
+            .records
+            .extend(records.into_iter().map(|record| (header.commit, record)));
         pointer = header.next;
     }
     chain
 }
 
-/// Replays every volume's intent log into its tree (at import, before any
-/// allocation: the records' blocks are claimed first) and starts new chains.
-/// Returns notes for `status`.
-pub(crate) async fn replay(pool: &Rc<Pool>) -> Replayed {
+/// What replay does to one block.
+enum Apply {
+    /// Link a block written in place (its space claimed).
+    Link(BlockPointer),
+    /// Make it a hole.
+    Hole,
+    /// Write these bytes (a copy from the log).
+    Write(Vec<u8>),
+}
+
+/// What replay does to a volume, block by block.
+type BlockChanges = Vec<(u64, Apply)>;
+
+/// Intent logs read and their blocks claimed, to apply once the pool runs.
+pub(crate) struct PreparedReplay {
+    notes: Vec<String>,
+    volumes: Vec<(Rc<Volume>, BlockChanges)>,
+}
+
+/// Reads every volume's intent log and claims the blocks its records name
+/// (at import, before anything allocates: this is the only time their
+/// space can be told from free space). [`apply_replay`] links them.
+pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
     let durable = pool.txg.durable();
     let mut notes = Vec::new();
     let heads: Vec<(String, LogHead)> = pool
@@ -597,14 +825,14 @@ pub(crate) async fn replay(pool: &Rc<Pool>) -> Replayed {
         .borrow()
         .volumes
         .iter()
-        .filter_map(|(name, record)| record.intent_log.map(|head| (name.clone(), head)))
+        .filter_map(|(name, record)| record.intent_log.clone().map(|head| (name.clone(), head)))
         .collect();
-    let mut replays = Vec::new();
-    let mut changes = 0;
+    let mut volumes = Vec::new();
     for (name, head) in heads {
         let Some(volume) = pool.volumes.borrow().get(&name).cloned() else {
             continue;
         };
+        let cancelled: rustc_hash::FxHashSet<(u64, u64)> = head.cancelled.iter().copied().collect();
         let chain = read_chain(pool, head).await;
         if let Some(damage) = &chain.damage {
             notes.push(format!("{}: intent log: {damage}", volume.name));
@@ -622,22 +850,40 @@ pub(crate) async fn replay(pool: &Rc<Pool>) -> Replayed {
             ));
             records.truncate(unwritten);
         }
-        // The newest record of each block decides; a record of a durable txg
-        // means the tree already holds that change or a newer one.
+        // The last record of each block decides. A pointer or hole of a txg
+        // that is durable means the tree holds that change or a newer one
+        // (and an older copy before it must not come back). A copy applies
+        // unless the head cancels it: a newer change was linked in a txg
+        // that is durable (a newer change that is not durable has a record
+        // after the copy if a FLUSH covered it, and may be lost if none did).
         let mut last: std::collections::BTreeMap<u64, Option<LogRecord>> = Default::default();
-        for record in records {
+        let mut malformed = 0u64;
+        for (commit, record) in records {
             let (object, blkid) = record.target();
             if object != volume.object.id
                 || blkid.saturating_mul(volume.block_bytes) >= volume.size_bytes.get()
             {
+                malformed += 1;
                 continue;
             }
             let keep = match &record {
                 LogRecord::Block { pointer, .. } => pointer.birth_txg <= durable,
                 LogRecord::Hole { txg, .. } => *txg <= durable,
-                LogRecord::Copy { .. } => false,
+                LogRecord::Copy { data, .. } => {
+                    if data.len() as u64 != volume.block_bytes {
+                        malformed += 1;
+                        continue;
+                    }
+                    cancelled.contains(&(commit, blkid))
+                }
             };
             last.insert(blkid, (!keep).then_some(record));
+        }
+        if malformed > 0 {
+            notes.push(format!(
+                "{}: intent log: {malformed} records name another object, a block past the end or a wrong size; not replayed",
+                volume.name
+            ));
         }
         // Claim every block to link before anything allocates.
         let mut apply = Vec::new();
@@ -653,15 +899,16 @@ pub(crate) async fn replay(pool: &Rc<Pool>) -> Replayed {
                         claimed.push(*dva);
                     }
                     if claimed.len() == pointer.copies().count() {
-                        apply.push((blkid, Some(pointer)));
+                        apply.push((blkid, Apply::Link(pointer)));
                     } else {
                         // Give back what was taken: the allocator's own view.
                         pool.store.release(&claimed);
                         refused += 1;
                     }
                 }
-                Some(LogRecord::Hole { .. }) => apply.push((blkid, None)),
-                Some(LogRecord::Copy { .. }) | None => {}
+                Some(LogRecord::Hole { .. }) => apply.push((blkid, Apply::Hole)),
+                Some(LogRecord::Copy { data, .. }) => apply.push((blkid, Apply::Write(data))),
+                None => {}
             }
         }
         if refused > 0 {
@@ -670,19 +917,63 @@ pub(crate) async fn replay(pool: &Rc<Pool>) -> Replayed {
                 volume.name
             ));
         }
-        replays.push((volume, apply));
+        volumes.push((volume, apply));
     }
-    for (volume, apply) in replays {
-        let count = apply.len();
-        let mut failed = Vec::new();
-        for (blkid, pointer) in apply {
-            let pointer =
-                pointer.unwrap_or_else(|| BlockPointer::hole(0, ObjectType::VolumeData, 0));
-            // A failed link releases the block it was given.
-            if let Err(error) = pool.link_block(&volume, blkid, pointer).await {
+    PreparedReplay { notes, volumes }
+}
+
+/// Applies what [`prepare_replay`] found: links the claimed blocks, writes
+/// the copies, drops each chain (a new one starts with the volume's first
+/// FLUSH). The caller commits before anything is served.
+pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> Replayed {
+    let PreparedReplay { mut notes, volumes } = prepared;
+    let mut done = vec![(0usize, Vec::new()); volumes.len()];
+    // Pointers and holes are skipped by a later replay once their txg is
+    // durable: all of them go into one txg (no build meanwhile), so a crash
+    // never leaves some applied and the rest skipped. Copies are applied
+    // again by a later replay whatever the txgs, so they may span txgs (and
+    // may wait for one when the pool is full).
+    {
+        let _no_builds = pool.txg.hold_builds();
+        for ((volume, apply), (count, failed)) in volumes.iter().zip(done.iter_mut()) {
+            for (blkid, change) in apply {
+                let result = match change {
+                    // A failed link releases the block it was given.
+                    Apply::Link(pointer) => pool.link_block(volume, *blkid, *pointer).await,
+                    Apply::Hole => {
+                        let hole = BlockPointer::hole(0, ObjectType::VolumeData, 0);
+                        pool.link_block(volume, *blkid, hole).await
+                    }
+                    Apply::Write(_) => continue,
+                };
+                *count += 1;
+                if let Err(error) = result {
+                    failed.push(format!("block {blkid}: {error}"));
+                }
+            }
+        }
+    }
+    for ((volume, apply), (count, failed)) in volumes.iter().zip(done.iter_mut()) {
+        for (blkid, change) in apply {
+            let Apply::Write(data) = change else {
+                continue;
+            };
+            let data = (!crate::pool::volume::is_zero(data)).then(|| {
+                let mut buffer = AlignedBuf::zeroed(data.len());
+                buffer.copy_from_slice(data);
+                BufSlice::whole(buffer.into_shared())
+            });
+            *count += 1;
+            let result = pool
+                .store_block(volume, *blkid, data, Default::default(), IoClass::SyncWrite)
+                .await;
+            if let Err(error) = result {
                 failed.push(format!("block {blkid}: {error}"));
             }
         }
+    }
+    let mut changes = 0;
+    for ((volume, _), (count, failed)) in volumes.iter().zip(done) {
         changes += count - failed.len();
         if count > failed.len() {
             notes.push(format!(
@@ -721,11 +1012,15 @@ const REPLAY_READS_IN_FLIGHT: usize = 64;
 /// read and the bad ones are rewritten (as a scrub does): a block whose
 /// write a crash cut short may verify through parity or one mirror side
 /// while the rest is stale, and the pool adopts it.
-async fn first_unwritten(pool: &Rc<Pool>, records: &[LogRecord], durable: u64) -> Option<usize> {
+async fn first_unwritten(
+    pool: &Rc<Pool>,
+    records: &[(u64, LogRecord)],
+    durable: u64,
+) -> Option<usize> {
     let to_check: Vec<(usize, BlockPointer)> = records
         .iter()
         .enumerate()
-        .filter_map(|(index, record)| match record {
+        .filter_map(|(index, (_, record))| match record {
             LogRecord::Block { pointer, .. } if pointer.birth_txg > durable => {
                 Some((index, *pointer))
             }

@@ -12,6 +12,7 @@
 //! | compression | off, on (= lz4), lz4, zstd, zstd-1..19 | off | new writes only |
 //! | checksum | xxh3, blake3, fletcher4 (on = xxh3) | xxh3 | new writes only |
 //! | sync | standard, always, disabled | standard | see [`SyncMode`] |
+//! | logbias | latency, throughput | latency | see [`LogBias`] |
 //! | readonly | on, off | off | refuses writes at once |
 //! | volsize | a size | (create) | volumes only; grows, never shrinks |
 //! | volblocksize | 4K..128K | 16K | set at creation only |
@@ -57,12 +58,36 @@ impl SyncMode {
     }
 }
 
+/// How a FLUSH puts blocks held in memory into the intent log (OpenZFS's
+/// `logbias`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogBias {
+    /// Blocks of up to 32 KiB are copied into the log: one log write per
+    /// FLUSH, and the block is written in place later (twice in all).
+    Latency,
+    /// Blocks are written in place first and the log records only where
+    /// they are: two writes in a row per FLUSH, each byte written once.
+    Throughput,
+}
+
+impl LogBias {
+    fn parse(text: &str) -> Option<LogBias> {
+        match text {
+            "latency" => Some(LogBias::Latency),
+            "throughput" => Some(LogBias::Throughput),
+            _ => None,
+        }
+    }
+}
+
 /// The settings the I/O path of a volume follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VolumeSettings {
     pub compression: CompressionSetting,
     pub checksum: ChecksumAlgo,
     pub sync: SyncMode,
+    pub log_bias: LogBias,
     pub read_only: bool,
 }
 
@@ -72,16 +97,18 @@ impl Default for VolumeSettings {
             compression: CompressionSetting::OFF,
             checksum: ChecksumAlgo::default(),
             sync: SyncMode::Standard,
+            log_bias: LogBias::Latency,
             read_only: false,
         }
     }
 }
 
 /// Inheritable settings with their defaults.
-const INHERITABLE: [(&str, &str); 4] = [
+const INHERITABLE: [(&str, &str); 5] = [
     ("compression", "off"),
     ("checksum", "xxh3"),
     ("sync", "standard"),
+    ("logbias", "latency"),
     ("readonly", "off"),
 ];
 
@@ -114,6 +141,10 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
         "sync" => match SyncMode::parse(value) {
             Some(_) => Ok(value.to_string()),
             None => invalid(format!("sync '{value}': use standard, always or disabled")),
+        },
+        "logbias" => match LogBias::parse(value) {
+            Some(_) => Ok(value.to_string()),
+            None => invalid(format!("logbias '{value}': use latency or throughput")),
         },
         "readonly" => match value {
             "on" | "off" => Ok(value.to_string()),
@@ -197,6 +228,7 @@ pub fn settings(
             .unwrap_or(defaults.compression),
         checksum: ChecksumAlgo::parse(&value("checksum")).unwrap_or(defaults.checksum),
         sync: SyncMode::parse(&value("sync")).unwrap_or(defaults.sync),
+        log_bias: LogBias::parse(&value("logbias")).unwrap_or(defaults.log_bias),
         read_only: value("readonly") == "on",
     }
 }

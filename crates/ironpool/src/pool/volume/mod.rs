@@ -558,7 +558,7 @@ impl Pool {
             stats.write_bytes += length;
         });
         if durable {
-            self.log_commit(volume).await?;
+            self.log_commit(volume, false).await?;
         }
         Ok(())
     }
@@ -662,7 +662,7 @@ impl Pool {
         fua: bool,
     ) -> Result<(), PoolError> {
         if volume.durable(fua) {
-            self.log_commit(volume).await?;
+            self.log_commit(volume, false).await?;
         }
         Ok(())
     }
@@ -942,8 +942,18 @@ impl Pool {
                 .block_pointer_cached(&volume.object, blkid)?
                 .is_hole()
         {
-            self.forget_dirty(volume, blkid);
-            return Ok(()); // zeros over a hole: nothing changes in the tree
+            // Zeros over a hole: nothing changes in the tree. If the held
+            // bytes this replaces were copied into the intent log, the next
+            // commit records the hole after them.
+            if let Some(forgotten) = self.forget_dirty(volume, blkid) {
+                let txg = self.txg.open();
+                volume.log.resolve_copies(&forgotten.log_commits, txg);
+                volume.log.note_superseded(blkid, txg);
+                if !forgotten.log_commits.is_empty() {
+                    volume.log.note_linked(blkid, txg);
+                }
+            }
+            return Ok(());
         }
         pointer.birth_txg = self.txg.open();
         let old = match self
@@ -958,8 +968,19 @@ impl Pool {
                 return Err(error.into());
             }
         };
-        self.forget_dirty(volume, blkid);
-        volume.log.note_linked(blkid, pointer.birth_txg);
+        // Bytes the intent log holds a copy of need no record of their link;
+        // the log's copies are freed once this link is durable.
+        let forgotten = self.forget_dirty(volume, blkid);
+        let logged = forgotten.as_ref().is_some_and(|forgotten| forgotten.logged);
+        if let Some(forgotten) = forgotten {
+            volume
+                .log
+                .resolve_copies(&forgotten.log_commits, pointer.birth_txg);
+        }
+        if !logged {
+            volume.log.note_superseded(blkid, pointer.birth_txg);
+            volume.log.note_linked(blkid, pointer.birth_txg);
+        }
         if !pointer.is_hole() {
             self.store.commit(&pointer);
             self.txg.add_data(self, pointer.allocated_bytes());
@@ -1072,8 +1093,7 @@ impl Pool {
         if volume.settings().sync == SyncMode::Disabled {
             return Ok(());
         }
-        self.drain_volume(volume).await?;
-        self.log_commit(volume).await
+        self.log_commit(volume, true).await
     }
 
     /// Waits until no write to `volume` is in progress, writes out its dirty

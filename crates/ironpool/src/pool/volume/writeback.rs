@@ -113,6 +113,20 @@ struct DirtyBlock {
     /// Space counted against the pool while the block is held (its allocated
     /// size uncompressed, on the widest-parity vdev).
     reserved_bytes: u64,
+    /// These bytes are copied into the intent log (a FLUSH took them).
+    logged: bool,
+    /// Intent log commits holding copies of this block (of these bytes or
+    /// earlier ones): each is told when the block is linked, so its log
+    /// blocks are freed once that link is durable.
+    log_commits: Vec<u64>,
+}
+
+/// What the intent log needs of a dirty block when it leaves for the tree.
+pub(crate) struct Forgotten {
+    /// Its bytes were copied into the log (the link needs no record).
+    pub logged: bool,
+    /// Intent log commits holding copies of it.
+    pub log_commits: Vec<u64>,
 }
 
 /// The dirty blocks of one volume.
@@ -224,6 +238,46 @@ pub struct VolumeWriteback {
 }
 
 impl VolumeWriteback {
+    /// The blocks held dirty whose bytes are not in the intent log yet, in
+    /// block order: what a FLUSH copies into the log.
+    pub(crate) fn unlogged(&self) -> Vec<(u64, BufSlice)> {
+        let dirty = self.dirty.borrow();
+        let mut blocks: Vec<(u64, BufSlice)> = dirty
+            .blocks
+            .iter()
+            .filter(|(_, block)| !block.logged)
+            .map(|(blkid, block)| (*blkid, block.data.clone()))
+            .collect();
+        blocks.sort_unstable_by_key(|(blkid, _)| *blkid);
+        blocks
+    }
+
+    /// Notes that log commit `commit` holds a copy of block `blkid` as
+    /// `data`; false (nothing noted) if the block no longer holds those bytes.
+    pub(crate) fn mark_logged(&self, blkid: u64, data: &BufSlice, commit: u64) -> bool {
+        let mut dirty = self.dirty.borrow_mut();
+        let Some(block) = dirty.blocks.get_mut(&blkid) else {
+            return false;
+        };
+        if !block.data.same_bytes_as(data) {
+            return false;
+        }
+        block.logged = true;
+        block.log_commits.push(commit);
+        true
+    }
+
+    /// Forgets that `blkid`'s bytes are in the log (the commit that copied
+    /// them failed): the next FLUSH copies them again.
+    pub(crate) fn unmark_logged(&self, blkid: u64, commit: u64) {
+        if let Some(block) = self.dirty.borrow_mut().blocks.get_mut(&blkid) {
+            if block.log_commits.last() == Some(&commit) {
+                block.log_commits.pop();
+                block.logged = false;
+            }
+        }
+    }
+
     /// The dirty copy of block `blkid`, if it has one.
     pub fn lookup(&self, blkid: u64) -> Option<BufSlice> {
         self.dirty
@@ -385,14 +439,22 @@ impl Pool {
         // still holds (merged into the new copy) the write that first dirtied
         // it, which a drain begun since must link, and which must not wait
         // longer than `WRITEBACK_DELAY` because the block keeps changing.
-        let (old_memory, old_reserved, seq, since) = match dirty.remove(blkid) {
+        // Copies of its earlier bytes in the intent log wait for it too.
+        let (old_memory, old_reserved, seq, since, log_commits) = match dirty.remove(blkid) {
             Some(old) => {
                 volume.count(|stats| stats.absorbed_writes += 1);
-                (old.memory_bytes(), old.reserved_bytes, old.seq, old.since)
+                let memory = old.memory_bytes();
+                (
+                    memory,
+                    old.reserved_bytes,
+                    old.seq,
+                    old.since,
+                    old.log_commits,
+                )
             }
             None => {
                 dirty.next_seq += 1;
-                (0, 0, dirty.next_seq, rt::now())
+                (0, 0, dirty.next_seq, rt::now(), Vec::new())
             }
         };
         dirty.blocks.insert(
@@ -403,6 +465,8 @@ impl Pool {
                 seq,
                 since,
                 reserved_bytes: reserved,
+                logged: false,
+                log_commits,
             },
         );
         dirty.order.insert(seq, blkid);
@@ -451,12 +515,15 @@ impl Pool {
     /// Forgets the dirty copy of `blkid` once the tree holds what the caller
     /// wrote (called right after linking, with the block's lock held, so reads
     /// go from the dirty copy to the tree with nothing in between).
-    pub(crate) fn forget_dirty(&self, volume: &Volume, blkid: u64) {
+    pub(crate) fn forget_dirty(&self, volume: &Volume, blkid: u64) -> Option<Forgotten> {
         let removed = volume.writeback.dirty.borrow_mut().remove(blkid);
-        if let Some(old) = removed {
-            self.release_dirty(old.memory_bytes(), old.reserved_bytes);
-            volume.writeback.changed.notify_all();
-        }
+        let old = removed?;
+        self.release_dirty(old.memory_bytes(), old.reserved_bytes);
+        volume.writeback.changed.notify_all();
+        Some(Forgotten {
+            logged: old.logged,
+            log_commits: old.log_commits,
+        })
     }
 
     /// Writes out and links every block of `volume` dirtied so far (blocks

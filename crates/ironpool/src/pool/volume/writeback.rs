@@ -252,6 +252,17 @@ impl VolumeWriteback {
         blocks
     }
 
+    /// Bytes of the blocks `unlogged` would return.
+    pub(crate) fn unlogged_bytes(&self) -> u64 {
+        self.dirty
+            .borrow()
+            .blocks
+            .values()
+            .filter(|block| !block.logged)
+            .map(|block| block.data.len() as u64)
+            .sum()
+    }
+
     /// Notes that log commit `commit` holds a copy of block `blkid` as
     /// `data`; false (nothing noted) if the block no longer holds those bytes.
     pub(crate) fn mark_logged(&self, blkid: u64, data: &BufSlice, commit: u64) -> bool {

@@ -423,10 +423,32 @@ impl Sim {
             }
             "read" => self.read_random(pool).await?,
             "flush" => {
-                pool.flush_all()
-                    .await
-                    .map_err(|error| io_error("flush", error))?;
-                self.model.borrow_mut().flushed();
+                // A client's FLUSH of one volume (through its intent log),
+                // or the pool-wide one (through a txg).
+                let volumes = self.model.borrow().volumes();
+                let one = if self.rng.chance(1, 2) {
+                    self.pick(&volumes)
+                } else {
+                    None
+                };
+                match one {
+                    Some(name) => {
+                        let volume = self.handle(pool, &name).await?;
+                        self.trace(|| format!("flush {name}"));
+                        pool.flush_volume(&volume)
+                            .await
+                            .map_err(|error| io_error("flush", error))?;
+                        if let Some(dataset) = self.model.borrow_mut().datasets.get_mut(&name) {
+                            dataset.flushed();
+                        }
+                    }
+                    None => {
+                        pool.flush_all()
+                            .await
+                            .map_err(|error| io_error("flush", error))?;
+                        self.model.borrow_mut().flushed();
+                    }
+                }
             }
             "burst" => self.burst(pool, false).await?,
             "idle" => {

@@ -710,6 +710,39 @@ impl BlockStore {
         }
     }
 
+    /// As [`BlockStore::read_self_checked`]; with `quiet`, a read that finds
+    /// no good copy leaves the devices' error counts as they were: the
+    /// block was most likely never written (the end of a log chain), and
+    /// its garbage is no device's fault. Used at import, before anything
+    /// else reads.
+    pub async fn read_self_checked_quietly(
+        self: &Rc<Self>,
+        dva: Dva,
+        length: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+        quiet: bool,
+    ) -> Result<AlignedBuf, BlockError> {
+        let before: Vec<u64> = self
+            .vdevs
+            .get(dva.vdev as usize)
+            .map(|top| {
+                top.children
+                    .iter()
+                    .map(|leaf| leaf.queue.stats().checksum_errors)
+                    .collect()
+            })
+            .unwrap_or_default();
+        let result = self.read_self_checked(dva, length, verify).await;
+        if result.is_err() && quiet {
+            if let Some(top) = self.vdevs.get(dva.vdev as usize) {
+                for (leaf, errors) in top.children.iter().zip(before) {
+                    leaf.queue.count(|stats| stats.checksum_errors = errors);
+                }
+            }
+        }
+        result
+    }
+
     /// Takes `dva` out of the free space if all of it is free (an intent log
     /// replay claiming a block written after the last durable txg), as
     /// `allocate` would: linking it commits it, `release` gives it back.

@@ -770,35 +770,37 @@ async fn read_chain(pool: &Pool, head: LogHead) -> Chain {
         let decoded = match decoded {
             Ok(decoded) => Ok(decoded),
             Err(error) => {
-                // A block of this chain that does not verify: another side
-                // or parity may hold it intact.
+                // The copy read first does not verify: another side or
+                // parity may hold the block intact (a damaged side can hide
+                // even that the block is this chain's), so every block
+                // that fails is read again with reconstruction. Only the
+                // block after the last one written fails that too, as
+                // expected: what that read counted against the devices is
+                // taken back, unless the block named itself as this chain's
+                // (then it is a torn or damaged block, and reported).
                 let ours = first
                     .as_ref()
                     .is_ok_and(|bytes| format::names_block(bytes, head.chain_guid, seq));
-                if ours {
-                    let verify = |bytes: &[u8]| {
+                let verify = |bytes: &[u8]| {
+                    format::decode_block(&bytes[..pointer.bytes as usize], head.chain_guid, seq)
+                        .is_ok()
+                };
+                match pool
+                    .store
+                    .read_self_checked_quietly(pointer.dva, pointer.bytes as u64, &verify, !ours)
+                    .await
+                {
+                    Ok(bytes) => {
                         format::decode_block(&bytes[..pointer.bytes as usize], head.chain_guid, seq)
-                            .is_ok()
-                    };
-                    match pool
-                        .store
-                        .read_self_checked(pointer.dva, pointer.bytes as u64, &verify)
-                        .await
-                    {
-                        Ok(bytes) => format::decode_block(
-                            &bytes[..pointer.bytes as usize],
-                            head.chain_guid,
-                            seq,
-                        ),
-                        Err(_) => {
+                    }
+                    Err(_) => {
+                        if ours {
                             chain.damage = Some(format!(
                                 "log block {seq} is torn or damaged ({error}); replay ended there"
                             ));
-                            Err(error)
                         }
+                        Err(error)
                     }
-                } else {
-                    Err(error)
                 }
             }
         };

@@ -141,8 +141,6 @@ struct LogState {
     /// Blocks linked since the last durable txg and not yet logged, with the
     /// txg they were linked in (non-decreasing: txgs only move forward).
     unlogged: Vec<(u64, u64)>,
-    /// Size of the next block to allocate: what the last commit needed.
-    next_bytes: u32,
     stats: LogStats,
 }
 
@@ -240,18 +238,23 @@ impl Pool {
             state.chain_guid = guid;
             state.next = Some((1, head));
             state.head_txg = self.txg.open();
-            state.next_bytes = LOG_BLOCK_BYTES_MIN as u32;
         }
+        self.set_log_head(volume, Some(LogHead::at(guid, 1, head)));
+        Ok(())
+    }
+
+    /// Names `head` as where `volume`'s log starts (None: it has none), in
+    /// the directory the open or building txg writes.
+    fn set_log_head(&self, volume: &Volume, head: Option<LogHead>) {
         if let Some(record) = self
             .directory
             .borrow_mut()
             .volumes
             .get_mut(volume.short_name())
         {
-            record.intent_log = Some(LogHead::at(guid, 1, head));
+            record.intent_log = head;
         }
         self.directory_dirty.set(true);
-        Ok(())
     }
 
     /// Makes every change linked into `volume`'s tree so far durable, and
@@ -412,9 +415,10 @@ impl Pool {
     }
 
     /// Takes a copy of every block the write-back holds for `volume` and has
-    /// not logged, for commit `commit` (each is marked as logged there). None when they are not to be
-    /// copied (`logbias=throughput`, blocks over 32 KiB, or more than
-    /// `COPY_BYTES_PER_COMMIT_MAX`): the caller writes them in place.
+    /// not logged, for commit `commit` (each is marked as logged there).
+    /// None when they are not to be copied (`logbias=throughput`, blocks
+    /// over 32 KiB, or more than `COPY_BYTES_PER_COMMIT_MAX`): the caller
+    /// writes them in place.
     fn copy_held_blocks(&self, volume: &Rc<Volume>, commit: u64) -> Option<Vec<(u64, BufSlice)>> {
         if !self.copy_fits(volume) {
             return None;
@@ -511,12 +515,12 @@ impl Pool {
                     records.len()
                 )));
             }
-            let rest = format::block_bytes_for(&records[start..]);
+            // The next block fits the records left, or, for the block after
+            // this commit, what this commit needed (clamped to the sizes).
             let bytes = if start < records.len() {
-                block_size_for(rest)
+                block_size_for(format::block_bytes_for(&records[start..]))
             } else {
-                let last_used = format::block_bytes_for(records);
-                block_size_for(last_used.min(LOG_BLOCK_BYTES_MAX))
+                block_size_for(format::block_bytes_for(records))
             };
             match self.allocate_log_block(bytes) {
                 Ok(pointer) => {
@@ -580,7 +584,6 @@ impl Pool {
         }
         state.stats.commits += 1;
         state.next = Some(new_next);
-        state.next_bytes = new_next.1.bytes;
         Ok(())
     }
 
@@ -617,23 +620,14 @@ impl Pool {
         let next = state.next.take().map(|(_, pointer)| pointer);
         drop(state);
         self.release_log_blocks_after(txg, written.into_iter().chain(next));
-        if let Some(record) = self
-            .directory
-            .borrow_mut()
-            .volumes
-            .get_mut(volume.short_name())
-        {
-            record.intent_log = None;
-        }
-        self.directory_dirty.set(true);
+        self.set_log_head(volume, None);
     }
 }
 
 /// Txg `txg` is being built: every log block whose records are all of txgs
 /// up to `txg` is freed in it, and each chain's head moves past them in its
-/// directory. Returns whether the directory changed.
-pub(crate) fn build_step(pool: &Pool, txg: u64) -> bool {
-    let mut changed = false;
+/// directory.
+pub(crate) fn build_step(pool: &Pool, txg: u64) {
     for volume in pool.volumes.borrow().values() {
         let mut state = volume.log.state.borrow_mut();
         let state = &mut *state;
@@ -691,23 +685,12 @@ pub(crate) fn build_step(pool: &Pool, txg: u64) -> bool {
         };
         let guid = state.chain_guid;
         let cancelled = state.cancelled.clone();
-        if let Some(record) = pool
-            .directory
-            .borrow_mut()
-            .volumes
-            .get_mut(volume.short_name())
-        {
-            record.intent_log = head.map(|(seq, pointer)| LogHead {
-                cancelled,
-                ..LogHead::at(guid, seq, pointer)
-            });
-            changed = true;
-        }
+        let head = head.map(|(seq, pointer)| LogHead {
+            cancelled,
+            ..LogHead::at(guid, seq, pointer)
+        });
+        pool.set_log_head(volume, head);
     }
-    if changed {
-        pool.directory_dirty.set(true);
-    }
-    changed
 }
 
 /// Txg `txg` is durable: changes linked up to it need no log record, and
@@ -1010,15 +993,7 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
                 failed.join("; ")
             ));
         }
-        if let Some(record) = pool
-            .directory
-            .borrow_mut()
-            .volumes
-            .get_mut(volume.short_name())
-        {
-            record.intent_log = None;
-        }
-        pool.directory_dirty.set(true);
+        pool.set_log_head(volume, None);
     }
     Replayed { notes, changes }
 }

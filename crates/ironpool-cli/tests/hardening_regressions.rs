@@ -28,7 +28,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::{
-    dir, qemu_io, tool, tool_fails, NbdClient, TestPool, NBD_CMD_FLUSH, NBD_CMD_READ, NBD_CMD_WRITE,
+    assert_check_clean, dir, distinct_bytes, qemu_io, stop_and_check, tool, tool_fails, NbdClient,
+    TestPool, NBD_CMD_FLUSH, NBD_CMD_READ, NBD_CMD_WRITE,
 };
 
 const EIO: u32 = 5;
@@ -135,27 +136,6 @@ fn assert_server_healthy(pool: &mut TestPool) {
     assert!(!pool.log().contains("panicked"), "{}", pool.log());
 }
 
-/// `ironpool check` through the running server: no problems.
-fn assert_check_clean(pool: &TestPool) {
-    let report: serde_json::Value =
-        serde_json::from_str(&pool.admin(&["--json", "check", &pool.name])).expect("check JSON");
-    assert_eq!(
-        report["problems"].as_array().map(Vec::len),
-        Some(0),
-        "check: {report}"
-    );
-    assert!(report["block_copies"].as_u64().unwrap_or(0) > 0, "{report}");
-}
-
-/// Stops the server and runs `ironpool check` on the exported pool.
-fn stop_and_check(pool: &mut TestPool) {
-    pool.stop();
-    assert!(!pool.log().contains("panicked"), "{}", pool.log());
-    let name = pool.name.clone();
-    let output = pool.ok(&["check", &name, "-d", &dir(pool)]);
-    assert!(!output.contains("problem"), "{output}");
-}
-
 /// `ironpool --control ... ARGS` expected to fail: its error output.
 fn admin_fails(pool: &TestPool, args: &[&str]) -> String {
     let control = pool.control().display().to_string();
@@ -256,13 +236,6 @@ fn volume_digest(pool: &TestPool, volume: &str) -> u64 {
         offset += length as u64;
     }
     hasher.finish()
-}
-
-/// Bytes that differ from one 512-byte sector to the next.
-fn distinct_bytes(length: usize, seed: u8) -> Vec<u8> {
-    (0..length)
-        .map(|index| (index / 512) as u8 ^ (index as u8).wrapping_mul(31) ^ seed)
-        .collect()
 }
 
 // ---------------------------------------------------------------------------

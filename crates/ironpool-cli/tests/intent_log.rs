@@ -4,9 +4,12 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Write;
 
-use common::{dir, NbdClient, TestPool, NBD_CMD_FLUSH, NBD_CMD_WRITE};
+use common::{
+    assert_check_clean, distinct_bytes, stop_and_check, NbdClient, TestPool, NBD_CMD_FLUSH,
+    NBD_CMD_WRITE,
+};
 
 const NBD_CMD_TRIM: u16 = 4;
 const NBD_CMD_FLAG_FUA: u16 = 1;
@@ -45,13 +48,6 @@ fn flush(client: &mut NbdClient) -> u32 {
     request(client, 0, NBD_CMD_FLUSH, 0, &[], 0)
 }
 
-/// Bytes that differ from one 512-byte sector to the next and from `seed`.
-fn distinct_bytes(length: usize, seed: u8) -> Vec<u8> {
-    (0..length)
-        .map(|index| (index / 512) as u8 ^ (index as u8).wrapping_mul(31) ^ seed)
-        .collect()
-}
-
 fn iostat(pool: &TestPool) -> serde_json::Value {
     serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).expect("iostat JSON")
 }
@@ -62,25 +58,15 @@ fn txg_commits(pool: &TestPool) -> u64 {
         .expect("txg commits")
 }
 
-fn log_stats(pool: &TestPool, volume: &str) -> serde_json::Value {
+/// `volume`'s counters in `iostat --json` (its intent log's under
+/// `intent_log`).
+fn volume_stats(pool: &TestPool, volume: &str) -> serde_json::Value {
     let stats = iostat(pool);
     let volumes = stats["volumes"].as_array().expect("volumes").clone();
     volumes
         .into_iter()
         .find(|entry| entry["name"] == format!("{}/{volume}", pool.name))
-        .map(|entry| entry["intent_log"].clone())
         .expect("the volume in iostat")
-}
-
-fn read_all(client: &mut NbdClient, offset: u64, length: u32) -> Vec<u8> {
-    let mut bytes = NbdClient::request(common::NBD_CMD_READ, 5, offset, length);
-    bytes[4..6].copy_from_slice(&0u16.to_be_bytes());
-    client.stream.write_all(&bytes).expect("send a read");
-    let (error, cookie) = NbdClient::reply(&mut client.stream);
-    assert_eq!((error, cookie), (0, 5));
-    let mut data = vec![0u8; length as usize];
-    client.stream.read_exact(&mut data).expect("read data");
-    data
 }
 
 /// With commits on a timer turned off, FLUSHes, a FUA write and a TRIM that
@@ -130,7 +116,7 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
         let (_, round_1) = expected.remove(1);
         expected.push((3 << 20, vec![0u8; 16384]));
         expected.push(((3 << 20) + 16384, round_1[16384..].to_vec()));
-        let stats = log_stats(&pool, "vol");
+        let stats = volume_stats(&pool, "vol")["intent_log"].clone();
         assert_eq!(
             txg_commits(&pool),
             commits_before,
@@ -149,35 +135,26 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
         // Written, never flushed: not in the log, not in a txg.
         let unflushed = distinct_bytes(65536, 0xee);
         assert_eq!(write_at(&mut client, 40 << 20, &unflushed, 0), 0);
-        assert_eq!(read_all(&mut client, 40 << 20, 65536), unflushed);
+        assert_eq!(client.read(40 << 20, 65536), unflushed);
         pool.kill9();
         drop(client);
         pool.serve();
         let mut reader = NbdClient::connect(&pool.socket(), "zl/vol");
         for (offset, data) in &expected {
             assert!(
-                read_all(&mut reader, *offset, data.len() as u32) == *data,
+                reader.read(*offset, data.len() as u32) == *data,
                 "{layout:?}: a write made durable at {offset:#x} was lost by kill -9"
             );
         }
         assert!(
-            read_all(&mut reader, 40 << 20, 65536) == vec![0u8; 65536],
+            reader.read(40 << 20, 65536) == vec![0u8; 65536],
             "{layout:?}: a write nobody flushed survived: the test cannot tell the log's effect"
         );
         let notes = pool.status_json()["notes"].to_string();
         assert!(notes.contains("intent log: replayed"), "{notes}");
         drop(reader);
-        let report: serde_json::Value =
-            serde_json::from_str(&pool.admin(&["--json", "check", "zl"])).expect("check JSON");
-        assert_eq!(
-            report["problems"].as_array().map(Vec::len),
-            Some(0),
-            "{report}"
-        );
-        pool.stop();
-        assert!(!pool.log().contains("panicked"), "{}", pool.log());
-        let output = pool.ok(&["check", "zl", "-d", &dir(&pool)]);
-        assert!(!output.contains("problem"), "{output}");
+        assert_check_clean(&pool);
+        stop_and_check(&mut pool);
     }
 }
 
@@ -218,17 +195,9 @@ fn concurrent_flushing_connections_keep_their_data_and_every_flush_is_accounted_
         "fio: {}",
         String::from_utf8_lossy(&output.stderr)
     );
-    let stats = log_stats(&pool, "vol");
-    let flushes = iostat(&pool)["volumes"]
-        .as_array()
-        .and_then(|volumes| {
-            volumes
-                .iter()
-                .find(|entry| entry["name"] == "gc/vol")
-                .cloned()
-        })
-        .map(|entry| entry["flush_ops"].as_u64().unwrap_or(0))
-        .unwrap_or(0);
+    let volume = volume_stats(&pool, "vol");
+    let stats = &volume["intent_log"];
+    let flushes = volume["flush_ops"].as_u64().unwrap_or(0);
     let commits = stats["commits"].as_u64().unwrap_or(0);
     let shared = stats["shared_commits"].as_u64().unwrap_or(0);
     let fallbacks = stats["txg_fallbacks"].as_u64().unwrap_or(0);

@@ -450,3 +450,31 @@ impl NbdClient {
         data
     }
 }
+
+/// Bytes that differ from one 512-byte sector to the next and with `seed`.
+pub fn distinct_bytes(length: usize, seed: u8) -> Vec<u8> {
+    (0..length)
+        .map(|index| (index / 512) as u8 ^ (index as u8).wrapping_mul(31) ^ seed)
+        .collect()
+}
+
+/// `ironpool check` through the running server: no problems.
+pub fn assert_check_clean(pool: &TestPool) {
+    let report: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "check", &pool.name])).expect("check JSON");
+    assert_eq!(
+        report["problems"].as_array().map(Vec::len),
+        Some(0),
+        "check: {report}"
+    );
+    assert!(report["block_copies"].as_u64().unwrap_or(0) > 0, "{report}");
+}
+
+/// Stops the server and runs `ironpool check` on the exported pool.
+pub fn stop_and_check(pool: &mut TestPool) {
+    pool.stop();
+    assert!(!pool.log().contains("panicked"), "{}", pool.log());
+    let name = pool.name.clone();
+    let output = pool.ok(&["check", &name, "-d", &dir(pool)]);
+    assert!(!output.contains("problem"), "{output}");
+}

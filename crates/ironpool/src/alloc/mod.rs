@@ -558,7 +558,18 @@ impl Allocator {
                     BlockClass::Data => vdev.data_cursor = next_cursor,
                     BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)] = next_cursor,
                 }
-                self.free_total_bytes -= size;
+                // The space handed out lies on the vdev, whole sectors.
+                assert!(
+                    offset.is_multiple_of(vdev.sector_bytes)
+                        && size.is_multiple_of(vdev.sector_bytes)
+                        && offset + size <= vdev.size_bytes(),
+                    "vdev {vdev_index}: allocated {size} bytes at {offset} of {}",
+                    vdev.size_bytes()
+                );
+                self.free_total_bytes = self
+                    .free_total_bytes
+                    .checked_sub(size)
+                    .expect("space accounting invariant broken: more allocated than free");
                 if class == BlockClass::Data {
                     // Spread data over top-level vdevs a megabyte-ish at a time by
                     // moving the rotor when the cursor crosses into a new metaslab.

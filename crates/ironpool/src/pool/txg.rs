@@ -420,6 +420,13 @@ pub const METASLAB_ENTRY_BYTES: u64 = 16;
 /// Step 1: rewrites every dirty object into `SyncContext` and closes the txg.
 fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     let txg = pool.txg.open.get();
+    // One txg is built at a time, once the one before it is durable: the
+    // defer slots, the space log and the intent log's frees count on it.
+    assert_eq!(
+        pool.txg.durable.get() + 1,
+        txg,
+        "txg {txg} built before the txg before it is durable"
+    );
     let objects = &pool.objects;
     let mut context = SyncContext::new(txg);
     checkpoint_metaslabs(pool, txg)?;
@@ -466,6 +473,15 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             break;
         }
     }
+    // The txg holds every change made to it: nothing it would leave out.
+    assert!(
+        !pool.directory_dirty.get()
+            && objects
+                .open_objects()
+                .iter()
+                .all(|object| !object.dirty.get()),
+        "txg {txg} built with changes left out"
+    );
     // Devices that went away or came back since the last commit: their dirty
     // time logs and states go into this txg's config.
     crate::pool::devices::maintain(pool, txg);
@@ -801,6 +817,14 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
             .reads_quiesced(built.txg - crate::alloc::DEFER_TXGS)
             .await;
     }
+    // Txgs become durable one after another, none skipped: the uberblock
+    // ring and the defer slots depend on it.
+    assert_eq!(
+        pool.txg.durable.get() + 1,
+        built.txg,
+        "txg {} durable out of order",
+        built.txg
+    );
     store.allocator.borrow_mut().sync_done(built.txg);
     pool.objects.set_durable_txg(built.txg);
     crate::pool::dataset::intent_log::txg_durable(pool, built.txg);

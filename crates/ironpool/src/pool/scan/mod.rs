@@ -36,6 +36,46 @@ use crate::format::{BlockPointer, Dnode};
 use crate::object::{NodeBody, Object};
 use crate::pool::scan::resilver::ResilverTargets;
 use crate::pool::{Pool, PoolError};
+use crate::rt::JoinHandle;
+
+/// Most error descriptions a scan keeps for `status`: enough to find the
+/// damaged objects, bounded so a dying device cannot grow memory without end.
+const ERROR_DETAILS_MAX: usize = 32;
+
+/// Keeps `detail` among a scan's error descriptions while there is room.
+pub(in crate::pool) fn keep_error_detail(details: &mut Vec<String>, detail: String) {
+    if details.len() < ERROR_DETAILS_MAX {
+        details.push(detail);
+    }
+}
+
+/// A scan's progress for `status`: bytes examined against the bytes it set
+/// out to examine. A scan of nothing is 0% while it runs and 100% after.
+pub(in crate::pool) fn progress_percent(examined: u64, total: u64, running: bool) -> f64 {
+    match (total, running) {
+        (0, true) => 0.0,
+        (0, false) => 100.0,
+        _ => (examined as f64 * 100.0 / total as f64).min(100.0),
+    }
+}
+
+/// Waits for a scan's task (taken out of its state first, so no borrow is
+/// held across the wait).
+pub(in crate::pool) async fn wait_task(task: Option<JoinHandle<()>>) {
+    if let Some(task) = task {
+        task.await;
+    }
+}
+
+/// How a walk of every object ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(in crate::pool) enum WalkEnd {
+    /// Every object was walked (errors, if any, went to the scan's count).
+    Finished,
+    /// The scan was asked to stop: the objects from the one it was in on
+    /// were not (all) walked.
+    Stopped,
+}
 
 /// What a walk does with the pointers it finds.
 pub(in crate::pool) enum Scan {
@@ -56,8 +96,23 @@ impl Scan {
 
     fn cancelled(&self, pool: &Pool) -> bool {
         match self {
-            Scan::Scrub => pool.scrub.borrow().cancel,
+            Scan::Scrub => pool.scrub.borrow().stopping(),
             Scan::Resilver(_) => pool.resilver.borrow().cancelled(),
+        }
+    }
+
+    /// Counts an error and keeps its description.
+    fn error(&self, pool: &Pool, detail: String) {
+        match self {
+            Scan::Scrub => pool.scrub_error(detail),
+            Scan::Resilver(_) => pool.resilver_error(detail),
+        }
+    }
+
+    /// Every object below `next_object` is walked.
+    fn walked_below(&self, pool: &Pool, next_object: u64) {
+        if let Scan::Scrub = self {
+            pool.scrub_bookmark(next_object);
         }
     }
 
@@ -96,6 +151,43 @@ impl Scan {
 }
 
 impl Pool {
+    /// Walks every object numbered `first_object` or more for `scan`, in
+    /// object order, each below its floor ([`Pool::scan_floor_txg`]). Errors
+    /// (also failing to list the objects) go to the scan's count; an object
+    /// cut short by a stop is not counted as walked.
+    pub(in crate::pool) async fn walk_objects(
+        self: &Rc<Self>,
+        scan: &Scan,
+        first_object: u64,
+    ) -> WalkEnd {
+        let objects = match self.all_objects().await {
+            Ok(objects) => objects,
+            Err(error) => {
+                scan.error(self, format!("listing objects: {error}"));
+                return WalkEnd::Finished;
+            }
+        };
+        for object in objects
+            .into_iter()
+            .filter(|object| object.id >= first_object)
+        {
+            if scan.cancelled(self) {
+                return WalkEnd::Stopped;
+            }
+            if let Err(error) = self
+                .scan_object(&object, scan, self.scan_floor_txg(object.id))
+                .await
+            {
+                scan.error(self, format!("object {}: {error}", object.id));
+            }
+            if scan.cancelled(self) {
+                return WalkEnd::Stopped;
+            }
+            scan.walked_below(self, object.id + 1);
+        }
+        WalkEnd::Finished
+    }
+
     /// Every object of the pool: the dnode table, then every allocated dnode.
     pub(in crate::pool) async fn all_objects(&self) -> Result<Vec<Rc<Object>>, PoolError> {
         let table = self.objects.dnode_table();

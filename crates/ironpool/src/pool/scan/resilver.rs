@@ -20,7 +20,7 @@ use serde::Serialize;
 
 use crate::format::BlockPointer;
 use crate::pool::scan::scrub::unix_seconds;
-use crate::pool::scan::Scan;
+use crate::pool::scan::{keep_error_detail, progress_percent, wait_task, Scan, WalkEnd};
 use crate::pool::{devices, Pool};
 use crate::rt::{self, Instant, JoinHandle};
 
@@ -28,8 +28,6 @@ use crate::rt::{self, Instant, JoinHandle};
 /// is a read of its other columns or copies and one write per target), few
 /// enough that client I/O (which the queues favour anyway) is not crowded out.
 const RESILVER_BLOCKS_IN_FLIGHT: usize = 32;
-/// Most error descriptions kept for `status`.
-const ERROR_DETAILS_MAX: usize = 32;
 
 /// One device a pass works for.
 struct Target {
@@ -233,22 +231,12 @@ impl Pool {
     /// Waits for the running resilver (if any) to end.
     pub async fn resilver_wait(&self) {
         let task = self.resilver.borrow_mut().task.take();
-        if let Some(task) = task {
-            task.await;
-        }
+        wait_task(task).await;
     }
 
     pub fn resilver_status(&self) -> ResilverStatus {
         let state = self.resilver.borrow();
-        let progress = if state.total_bytes == 0 {
-            if state.running() {
-                0.0
-            } else {
-                100.0
-            }
-        } else {
-            (state.examined_bytes as f64 * 100.0 / state.total_bytes as f64).min(100.0)
-        };
+        let progress = progress_percent(state.examined_bytes, state.total_bytes, state.running());
         let eta_seconds = match (state.running(), state.started) {
             (true, Some(started)) if state.examined_bytes > 0 => {
                 let elapsed = rt::now().duration_since(started).as_secs_f64();
@@ -354,27 +342,12 @@ impl Pool {
         let errors_before = self.resilver.borrow().errors;
         self.resilver.borrow_mut().walk_incomplete = false;
         let targets = Rc::new(targets);
-        let scan = Scan::Resilver(targets.clone());
-        match self.all_objects().await {
-            Ok(objects) => {
-                for object in objects {
-                    if self.resilver.borrow().cancelled() {
-                        return false;
-                    }
-                    if let Err(error) = self
-                        .scan_object(&object, &scan, self.scan_floor_txg(object.id))
-                        .await
-                    {
-                        self.resilver_error(format!("object {}: {error}", object.id));
-                    }
-                }
-            }
-            Err(error) => self.resilver_error(format!("listing objects: {error}")),
-        }
-        if self.resilver.borrow().cancelled()
-            || self.resilver.borrow().errors > errors_before
-            || self.resilver.borrow().walk_incomplete
-        {
+        let walked = self.walk_objects(&Scan::Resilver(targets.clone()), 0).await;
+        let incomplete = {
+            let state = self.resilver.borrow();
+            state.cancelled() || state.errors > errors_before || state.walk_incomplete
+        };
+        if walked == WalkEnd::Stopped || incomplete {
             return false;
         }
         self.resilver_finish(&targets).await
@@ -420,12 +393,10 @@ impl Pool {
         }
     }
 
-    fn resilver_error(&self, detail: String) {
+    pub(super) fn resilver_error(&self, detail: String) {
         let mut state = self.resilver.borrow_mut();
         state.errors += 1;
-        if state.error_details.len() < ERROR_DETAILS_MAX {
-            state.error_details.push(detail);
-        }
+        keep_error_detail(&mut state.error_details, detail);
     }
 
     /// Resilvers the pointers of one node (a bounded number at a time).

@@ -21,7 +21,7 @@ use serde::Serialize;
 use crate::format::BlockPointer;
 use crate::object::Object;
 use crate::pool::dataset::directory::{ScrubProgress, ScrubRecord};
-use crate::pool::scan::Scan;
+use crate::pool::scan::{keep_error_detail, progress_percent, wait_task, Scan, WalkEnd};
 use crate::pool::{Pool, PoolError};
 use crate::rt::{self, Instant, JoinHandle};
 
@@ -29,35 +29,54 @@ use crate::rt::{self, Instant, JoinHandle};
 /// interactive I/O (which has priority in the queues anyway) is not crowded out.
 const SCRUB_BLOCKS_IN_FLIGHT: usize = 32;
 
+/// Where a scrub task is in its life.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum ScrubPhase {
+    /// No task runs.
+    #[default]
+    Idle,
+    /// A task walks the pool.
+    Running,
+    /// The operator asked it to stop (`scrub -s`): it ends recorded as not
+    /// completed and is not resumed.
+    Cancelling,
+    /// The pool is being exported: it stops and stays recorded in the
+    /// directory, to resume at the next import.
+    Pausing,
+}
+
 /// A running or finished scrub.
 #[derive(Default)]
 pub struct ScrubState {
-    /// A scrub task is walking the pool.
-    pub running: bool,
-    /// The operator asked it to stop (`scrub -s`).
-    pub cancel: bool,
-    /// The pool is being exported: the scrub stops and stays recorded in the
-    /// directory, to resume at the next import.
-    shut: bool,
+    phase: ScrubPhase,
     /// It resumed a scrub an earlier import of the pool had not finished.
-    pub resumed: bool,
+    resumed: bool,
     /// The bookmark and figures so far: what the directory keeps of it while
     /// it runs, so a scrub cut short resumes from them.
-    pub progress: ScrubProgress,
+    progress: ScrubProgress,
     /// When this process started (or resumed) it: the rate limit's clock.
     started: Option<Instant>,
     /// Bytes examined when this process started (or resumed) it.
     examined_at_start: u64,
     /// What the unrecoverable errors were (bounded list).
-    pub error_details: Vec<String>,
+    error_details: Vec<String>,
     /// The walk stopped at an object destroyed under it: it does not catch
     /// up the devices' logs (see `scan`).
     pub(super) walk_incomplete: bool,
     task: Option<JoinHandle<()>>,
 }
 
-/// Most error descriptions kept for `status`.
-const ERROR_DETAILS_MAX: usize = 32;
+impl ScrubState {
+    /// A scrub task is running (perhaps stopping).
+    pub fn running(&self) -> bool {
+        self.phase != ScrubPhase::Idle
+    }
+
+    /// The walk must end at the next node.
+    pub fn stopping(&self) -> bool {
+        matches!(self.phase, ScrubPhase::Cancelling | ScrubPhase::Pausing)
+    }
+}
 
 /// What `status` shows about scrubs.
 #[derive(Clone, Debug, Serialize)]
@@ -89,7 +108,7 @@ impl Pool {
     /// Starts a scrub in the background.
     pub fn scrub_start(self: &Rc<Self>) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        if self.scrub.borrow().running {
+        if self.scrub.borrow().running() {
             return Err(PoolError::InvalidArgument(
                 "a scrub is already running".into(),
             ));
@@ -110,7 +129,7 @@ impl Pool {
         let Some(progress) = self.directory.borrow().scrub_in_progress.clone() else {
             return false;
         };
-        if self.txg.ensure_writable().is_err() || self.scrub.borrow().running {
+        if self.txg.ensure_writable().is_err() || self.scrub.borrow().running() {
             return false;
         }
         self.scrub_launch(progress, true);
@@ -121,7 +140,7 @@ impl Pool {
     fn scrub_launch(self: &Rc<Self>, progress: ScrubProgress, resumed: bool) {
         let mut scrub = self.scrub.borrow_mut();
         *scrub = ScrubState {
-            running: true,
+            phase: ScrubPhase::Running,
             resumed,
             started: Some(rt::now()),
             examined_at_start: progress.examined_bytes,
@@ -138,8 +157,8 @@ impl Pool {
     /// completed, and is not resumed.
     pub fn scrub_cancel(&self) {
         let mut scrub = self.scrub.borrow_mut();
-        if scrub.running {
-            scrub.cancel = true;
+        if scrub.phase == ScrubPhase::Running {
+            scrub.phase = ScrubPhase::Cancelling;
         }
     }
 
@@ -149,9 +168,8 @@ impl Pool {
     pub async fn scrub_pause(&self) {
         {
             let mut scrub = self.scrub.borrow_mut();
-            if scrub.running {
-                scrub.shut = true;
-                scrub.cancel = true;
+            if scrub.running() {
+                scrub.phase = ScrubPhase::Pausing;
             }
         }
         self.scrub_wait().await;
@@ -160,26 +178,19 @@ impl Pool {
     /// Waits for the running scrub (if any) to end.
     pub async fn scrub_wait(&self) {
         let task = self.scrub.borrow_mut().task.take();
-        if let Some(task) = task {
-            task.await;
-        }
+        wait_task(task).await;
     }
 
     /// The running or last scrub, for `status`.
     pub fn scrub_status(&self) -> ScrubStatus {
         let scrub = self.scrub.borrow();
-        let progress = if scrub.progress.total_bytes == 0 {
-            if scrub.running {
-                0.0
-            } else {
-                100.0
-            }
-        } else {
-            (scrub.progress.examined_bytes as f64 * 100.0 / scrub.progress.total_bytes as f64)
-                .min(100.0)
-        };
+        let progress = progress_percent(
+            scrub.progress.examined_bytes,
+            scrub.progress.total_bytes,
+            scrub.running(),
+        );
         ScrubStatus {
-            state: if scrub.running {
+            state: if scrub.running() {
                 "scanning"
             } else if scrub.progress.started_unix_seconds > 0 {
                 "finished"
@@ -201,7 +212,6 @@ impl Pool {
     }
 
     async fn scrub_run(self: Rc<Self>, resumed: bool) {
-        let mut completed = true;
         // The directory's record of the scrub is on disk before the walk, so
         // a crash from here on resumes it.
         if let Err(error) = self.txg.wait_durable(&self, self.txg.open()).await {
@@ -229,28 +239,8 @@ impl Pool {
                 caught_up = None;
             }
         }
-        match self.all_objects().await {
-            Ok(objects) => {
-                let first = self.scrub.borrow().progress.next_object;
-                for object in objects.into_iter().filter(|object| object.id >= first) {
-                    if self.scrub.borrow().cancel {
-                        completed = false;
-                        break;
-                    }
-                    let floor = self.scan_floor_txg(object.id);
-                    if let Err(error) = self.scan_object(&object, &Scan::Scrub, floor).await {
-                        self.scrub_error(format!("object {}: {error}", object.id));
-                    }
-                    if self.scrub.borrow().cancel {
-                        // Cut short inside the object: it is walked again on resume.
-                        completed = false;
-                        break;
-                    }
-                    self.scrub_bookmark(object.id + 1);
-                }
-            }
-            Err(error) => self.scrub_error(format!("listing objects: {error}")),
-        }
+        let first = self.scrub.borrow().progress.next_object;
+        let walked = self.walk_objects(&Scan::Scrub, first).await;
         let (record, shut) = {
             let scrub = self.scrub.borrow();
             let record = ScrubRecord {
@@ -259,15 +249,15 @@ impl Pool {
                 examined_bytes: scrub.progress.examined_bytes,
                 repaired_bytes: scrub.progress.repaired_bytes,
                 errors: scrub.progress.errors,
-                completed: completed && !scrub.cancel,
+                completed: walked == WalkEnd::Finished && scrub.phase == ScrubPhase::Running,
             };
-            (record, scrub.shut)
+            (record, scrub.phase == ScrubPhase::Pausing)
         };
         if shut {
             // Export: the directory keeps the scrub as of its last bookmark
             // (the object cut short is walked again, and counted again, from
             // its start), to resume at the next import.
-            self.scrub.borrow_mut().running = false;
+            self.scrub.borrow_mut().phase = ScrubPhase::Idle;
             return;
         }
         let clean = record.completed && record.errors == 0 && {
@@ -291,12 +281,12 @@ impl Pool {
         }
         // Shown as ended once the end is on disk: a crash after this does not
         // resume it.
-        self.scrub.borrow_mut().running = false;
+        self.scrub.borrow_mut().phase = ScrubPhase::Idle;
     }
 
     /// Records that every object below `next_object` is scrubbed: the
     /// directory carries it from the next commit.
-    fn scrub_bookmark(&self, next_object: u64) {
+    pub(super) fn scrub_bookmark(&self, next_object: u64) {
         let progress = {
             let mut scrub = self.scrub.borrow_mut();
             scrub.progress.next_object = next_object;
@@ -331,12 +321,10 @@ impl Pool {
         }
     }
 
-    fn scrub_error(&self, detail: String) {
+    pub(super) fn scrub_error(&self, detail: String) {
         let mut scrub = self.scrub.borrow_mut();
         scrub.progress.errors += 1;
-        if scrub.error_details.len() < ERROR_DETAILS_MAX {
-            scrub.error_details.push(detail);
-        }
+        keep_error_detail(&mut scrub.error_details, detail);
     }
 
     /// Scrubs the pointers of one node (a bounded number at a time).
@@ -364,8 +352,12 @@ impl Pool {
                 scrub.progress.examined_bytes += pointer.allocated_bytes();
                 match result {
                     Ok((bad, repaired)) => {
-                        if bad > 0 && scrub.error_details.len() < ERROR_DETAILS_MAX {
-                            scrub.error_details.push(format!("object {} level {} birth {} at {:?}: {bad} bad copies, {repaired} repaired", object.id, pointer.level, pointer.birth_txg, pointer.dvas[0]));
+                        if bad > 0 {
+                            let detail = format!(
+                                "object {} level {} birth {} at {:?}: {bad} bad copies, {repaired} repaired",
+                                object.id, pointer.level, pointer.birth_txg, pointer.dvas[0]
+                            );
+                            keep_error_detail(&mut scrub.error_details, detail);
                         }
                         scrub.progress.bad_copies += bad;
                         scrub.progress.repaired_copies += repaired;
@@ -373,12 +365,11 @@ impl Pool {
                     }
                     Err(error) => {
                         scrub.progress.errors += 1;
-                        if scrub.error_details.len() < ERROR_DETAILS_MAX {
-                            scrub.error_details.push(format!(
-                                "object {} level {} birth {}: {error}",
-                                object.id, pointer.level, pointer.birth_txg
-                            ));
-                        }
+                        let detail = format!(
+                            "object {} level {} birth {}: {error}",
+                            object.id, pointer.level, pointer.birth_txg
+                        );
+                        keep_error_detail(&mut scrub.error_details, detail);
                     }
                 }
             }

@@ -960,7 +960,16 @@ impl Pool {
             .objects
             .set_block_pointer_cached(&volume.object, blkid, pointer)
         {
-            Ok(old) => old,
+            Ok(old) => {
+                // Copy-on-write: the block replaced was born in this txg or
+                // before, and a block is written once, never linked twice.
+                assert!(
+                    old.birth_txg <= pointer.birth_txg
+                        && (pointer.is_hole() || old.is_hole() || old.dvas[0] != pointer.dvas[0]),
+                    "volume block {blkid}: linking {pointer:?} over {old:?}"
+                );
+                old
+            }
             Err(error) => {
                 if !pointer.is_hole() {
                     self.store.release(&pointer.dvas);

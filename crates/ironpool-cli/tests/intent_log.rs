@@ -208,6 +208,33 @@ fn concurrent_flushing_connections_keep_their_data_and_every_flush_is_accounted_
         flushes,
         "FLUSHes not accounted for: {stats}"
     );
+    // Every commit that wrote blocks is in the latency histogram, and
+    // `iostat -l` shows the log's commits with their mean and p99 latency.
+    let timed: u64 = stats["commit_latency_us_log2"]
+        .as_array()
+        .expect("the commit latency histogram")
+        .iter()
+        .map(|bucket| bucket.as_u64().unwrap_or(0))
+        .sum();
+    assert_eq!(
+        timed, commits,
+        "commits missing from the histogram: {stats}"
+    );
+    let mean_us = stats["commit_time_us"].as_u64().unwrap_or(0) as f64 / commits as f64;
+    assert!(mean_us >= 1.0, "{stats}");
+    let report = pool.admin(&["iostat", "-l", "gc"]);
+    let line = report
+        .lines()
+        .find(|line| line.starts_with("gc/vol "))
+        .unwrap_or_else(|| panic!("no intent log line in iostat -l:\n{report}"));
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    assert_eq!(fields.len(), 7, "{line}");
+    let shown: f64 = fields[5].parse().expect("a mean latency");
+    assert!(
+        (shown - mean_us).abs() <= 1.0,
+        "mean commit latency {mean_us}: {report}"
+    );
+    assert!(fields[6].starts_with('<'), "p99 bucket: {report}");
     pool.stop();
     assert!(!pool.log().contains("panicked"), "{}", pool.log());
 }

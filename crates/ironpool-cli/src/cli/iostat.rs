@@ -141,6 +141,7 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         }
         println!("{line}");
     }
+    print_intent_logs(now, before, seconds, options.latency);
     if options.sizes {
         for device in &devices {
             println!(
@@ -177,6 +178,95 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         }
     }
     println!();
+}
+
+/// The intent log of every volume whose log did anything in the interval:
+/// commits that wrote log blocks, FLUSHes that shared an earlier commit, and
+/// those that fell back to a txg, per second; log bytes written; with -l the
+/// mean and 99th percentile of a commit's write and device flush.
+fn print_intent_logs(now: &Value, before: Option<&Value>, seconds: f64, latency: bool) {
+    let volumes = now["volumes"].as_array().cloned().unwrap_or_default();
+    let previous = before
+        .and_then(|before| before["volumes"].as_array().cloned())
+        .unwrap_or_default();
+    let mut lines = Vec::new();
+    for volume in &volumes {
+        let name = volume["name"].as_str().unwrap_or("?");
+        let log = &volume["intent_log"];
+        let old = previous
+            .iter()
+            .find(|old| old["name"].as_str() == Some(name))
+            .map(|old| &old["intent_log"]);
+        let commits = delta(log, old, "commits");
+        let shared = delta(log, old, "shared_commits");
+        let fallbacks = delta(log, old, "txg_fallbacks");
+        if commits + shared + fallbacks == 0.0 {
+            continue;
+        }
+        let mut line = format!(
+            "{:<24} {:>9} {:>9} {:>9} {:>8.1}",
+            shorten(name, 24),
+            count(commits / seconds),
+            count(shared / seconds),
+            count(fallbacks / seconds),
+            delta(log, old, "bytes_written") / seconds / 1e6
+        );
+        if latency {
+            let buckets = |value: Option<&Value>| -> Vec<f64> {
+                value
+                    .and_then(|value| value["commit_latency_us_log2"].as_array().cloned())
+                    .unwrap_or_default()
+                    .iter()
+                    .map(number)
+                    .collect()
+            };
+            let (new, old_buckets) = (buckets(Some(log)), buckets(old));
+            let counts: Vec<f64> = new
+                .iter()
+                .enumerate()
+                .map(|(index, value)| value - old_buckets.get(index).copied().unwrap_or(0.0))
+                .collect();
+            let timed: f64 = counts.iter().sum();
+            let mean = if timed > 0.0 {
+                format!("{:.0}", delta(log, old, "commit_time_us") / timed)
+            } else {
+                "-".to_string()
+            };
+            line += &format!(" {:>9} {:>9}", mean, log2_percentile_us(&counts, 0.99));
+        }
+        lines.push(line);
+    }
+    if lines.is_empty() {
+        return;
+    }
+    let mut header = format!(
+        "\n{:<24} {:>9} {:>9} {:>9} {:>8}",
+        "intent log", "commit/s", "shared/s", "txg/s", "logMB/s"
+    );
+    if latency {
+        header += &format!(" {:>9} {:>9}", "commit_us", "p99_us");
+    }
+    println!("{header}");
+    for line in lines {
+        println!("{line}");
+    }
+}
+
+/// The upper bound of the log2 bucket (in microseconds) that holds the
+/// `quantile` of the counts, or "-" for none.
+fn log2_percentile_us(counts: &[f64], quantile: f64) -> String {
+    let total: f64 = counts.iter().sum();
+    if total <= 0.0 {
+        return "-".to_string();
+    }
+    let mut seen = 0.0;
+    for (index, count) in counts.iter().enumerate() {
+        seen += count;
+        if seen >= total * quantile {
+            return format!("<{}", 1u64 << (index + 1));
+        }
+    }
+    "-".to_string()
 }
 
 /// Mean of a log2 latency histogram (bucket midpoints), in microseconds.

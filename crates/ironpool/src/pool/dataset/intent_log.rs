@@ -93,7 +93,17 @@ pub struct LogStats {
     pub copied_blocks: u64,
     /// Microseconds the last commit took (write and flush).
     pub last_commit_us: u64,
+    /// Microseconds all commits that wrote blocks took, summed: with
+    /// `commits`, the mean over any interval (`iostat -l`).
+    pub commit_time_us: u64,
+    /// Those commits by how long they took: bucket i counts commits of
+    /// [2^i, 2^(i+1)) microseconds (the last also everything longer).
+    pub commit_latency_us_log2: [u64; COMMIT_LATENCY_BUCKETS],
 }
+
+/// Buckets of the commit latency histogram: up to 2^23 us (8 s), past any
+/// commit that does not time out.
+pub const COMMIT_LATENCY_BUCKETS: usize = 24;
 
 /// A dataset's intent log in memory.
 pub struct IntentLog {
@@ -379,8 +389,12 @@ impl Pool {
         match self.write_log_blocks(volume, &records, commit).await {
             Ok(()) => {
                 let elapsed = crate::rt::now().duration_since(started);
+                let micros = elapsed.as_micros() as u64;
+                let bucket = (63 - micros.max(1).leading_zeros()) as usize;
                 let mut state = volume.log.state.borrow_mut();
-                state.stats.last_commit_us = elapsed.as_micros() as u64;
+                state.stats.last_commit_us = micros;
+                state.stats.commit_time_us += micros;
+                state.stats.commit_latency_us_log2[bucket.min(COMMIT_LATENCY_BUCKETS - 1)] += 1;
                 state.stats.copied_blocks += copied as u64;
                 Ok(())
             }

@@ -10,6 +10,10 @@ command -v nbdkit >/dev/null || need+=(nbdkit)
 # mkfs.xfs: a test fills a small loop-mounted host filesystem under the pool.
 command -v mkfs.xfs >/dev/null || need+=(xfsprogs)
 command -v cc >/dev/null || need+=(build-essential)
+# The operations tests: promtool and a Prometheus server scrape the metrics
+# endpoint; systemd-analyze verifies the unit (systemd itself need not run).
+command -v promtool >/dev/null || need+=(prometheus)
+command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v python3 >/dev/null || need+=(python3)
 if [ ${#need[@]} -gt 0 ]; then
     sudo=""

@@ -70,6 +70,10 @@ enum Command {
         /// them holds its share of the server's payload budget until then).
         #[arg(long, default_value_t = ironpool::nbd::server::REPLY_STALL_TIMEOUT.as_secs())]
         nbd_reply_timeout: u64,
+        /// Serve Prometheus metrics over HTTP at /metrics: tcp:HOST:PORT
+        /// (tcp:PORT means 127.0.0.1) or unix:PATH.
+        #[arg(long, value_name = "LISTEN")]
+        metrics: Option<String>,
         pool: String,
     },
     /// Manage volumes.
@@ -325,6 +329,7 @@ fn main() -> ExitCode {
             tunables,
             nbd_thread,
             nbd_reply_timeout,
+            metrics,
             pool,
         } => cli::serve::serve(
             &context,
@@ -334,6 +339,7 @@ fn main() -> ExitCode {
                 listen: nbd,
                 thread: nbd_thread,
                 reply_timeout: std::time::Duration::from_secs(nbd_reply_timeout),
+                metrics,
             },
             pidfile.as_deref(),
             &tunables,

@@ -10,6 +10,7 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use ironpool::control::metrics::MetricsServer;
 use ironpool::control::server::ControlServer;
 use ironpool::nbd::engine::{self, SharedStats};
 use ironpool::nbd::server::{BoundListener, Listen, NbdServer};
@@ -42,7 +43,7 @@ fn termination_signals() -> Result<OwnedFd, String> {
     }
 }
 
-/// How `serve` runs its NBD front end.
+/// How `serve` runs its front ends: NBD, and the metrics endpoint.
 pub struct NbdOptions {
     /// Where to listen: unix:PATH or tcp:HOST:PORT (none: the default socket).
     pub listen: Vec<String>,
@@ -51,6 +52,8 @@ pub struct NbdOptions {
     /// A connection whose replies wait this long on a socket that takes no
     /// bytes is closed (`nbd::server::REPLY_STALL_TIMEOUT` by default).
     pub reply_timeout: std::time::Duration,
+    /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
+    pub metrics: Option<String>,
 }
 
 pub fn serve(
@@ -73,6 +76,10 @@ pub fn serve(
     for spec in &nbd.listen {
         listens.push(Listen::parse(spec)?);
     }
+    let metrics_listen = match &nbd.metrics {
+        Some(spec) => Some(Listen::parse(spec).map_err(|error| format!("--metrics: {error}"))?),
+        None => None,
+    };
     if listens.is_empty() {
         listens.push(Listen::Unix(
             default_run_dir().join(format!("{pool_name}.sock")),
@@ -129,6 +136,18 @@ pub fn serve(
             },
             Some(_) => None,
         };
+        let metrics = match (&failure, &metrics_listen) {
+            (None, Some(listen)) => {
+                match MetricsServer::start(listen, pool.clone(), Some(stats.clone())) {
+                    Ok(metrics) => Some(metrics),
+                    Err(error) => {
+                        failure = Some(format!("--metrics: cannot listen: {error}"));
+                        None
+                    }
+                }
+            }
+            _ => None,
+        };
         let mut front_end = None;
         if failure.is_none() {
             let (to_engine, engine_inbox) = channel();
@@ -184,14 +203,23 @@ pub fn serve(
                 .iter()
                 .map(|volume| volume.name.clone())
                 .collect();
-            eprintln!(
-                "ironpool: serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {})",
+            let serving = format!(
+                "serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {}{})",
                 pool.txg().durable(),
                 exports.join(", "),
                 listens.iter().map(describe).collect::<Vec<_>>().join(", "),
-                control_path.display()
+                control_path.display(),
+                metrics_listen
+                    .as_ref()
+                    .map(|listen| format!(", metrics {}", describe(listen)))
+                    .unwrap_or_default()
             );
+            eprintln!("ironpool: {serving}");
+            // The pool is imported and every listener accepts connections
+            // (the kernel queues them until the front end takes them).
+            notify_service_manager(&format!("READY=1\nSTATUS={serving}"));
             wait_for_signal(&signals).await;
+            notify_service_manager("STOPPING=1\nSTATUS=finishing requests and exporting");
             eprintln!("ironpool: shutting down: finishing requests in flight");
         }
         if let Some((thread, stop, engine)) = front_end {
@@ -211,6 +239,9 @@ pub fn serve(
         if let Some(control) = &control {
             control.stop();
         }
+        if let Some(metrics) = &metrics {
+            metrics.stop();
+        }
         let exported = pool.export().await;
         if let Some(pidfile) = pidfile {
             let _ = std::fs::remove_file(pidfile);
@@ -228,6 +259,32 @@ pub fn serve(
 enum FrontEnd {
     Thread(std::thread::JoinHandle<Result<(), String>>),
     Task(rt::JoinHandle<()>),
+}
+
+/// Tells a service manager (systemd's `Type=notify`) how the server is, by
+/// the `sd_notify` protocol: one datagram to the unix socket named in
+/// `NOTIFY_SOCKET` (a path, or an abstract name written with a leading
+/// `@`). Without that variable it does nothing; a failure is reported and
+/// not fatal (the manager then times the start out itself).
+fn notify_service_manager(state: &str) {
+    use std::os::linux::net::SocketAddrExt;
+    use std::os::unix::net::{SocketAddr, UnixDatagram};
+    let Some(target) = std::env::var_os("NOTIFY_SOCKET") else {
+        return;
+    };
+    let target = target.to_string_lossy().into_owned();
+    let address = match target.strip_prefix('@') {
+        Some(name) => SocketAddr::from_abstract_name(name.as_bytes()),
+        None => SocketAddr::from_pathname(&target),
+    };
+    let sent = address.and_then(|address| {
+        let socket = UnixDatagram::unbound()?;
+        let message = format!("{state}\nMAINPID={}", std::process::id());
+        socket.send_to_addr(message.as_bytes(), &address)
+    });
+    if let Err(error) = sent {
+        eprintln!("ironpool: cannot notify the service manager at {target}: {error}");
+    }
 }
 
 fn describe(listen: &Listen) -> String {

@@ -120,7 +120,7 @@ impl TestPool {
 
     /// `ironpool serve` on this pool's directory, NBD socket and control
     /// socket (the caller adds the rest and the pool name).
-    fn serve_command(&self) -> Command {
+    pub fn serve_command(&self) -> Command {
         let mut command = self.command();
         command
             .args(["serve", "-d"])

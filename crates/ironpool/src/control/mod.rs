@@ -1,6 +1,8 @@
 //! Administration: the commands ([`commands`]), the control socket of a running
-//! server ([`server`]) and the client the CLI uses to reach it ([`client`]).
+//! server ([`server`]), the client the CLI uses to reach it ([`client`]) and
+//! the Prometheus endpoint ([`metrics`]).
 
 pub mod client;
 pub mod commands;
+pub mod metrics;
 pub mod server;

@@ -123,6 +123,8 @@ pub struct SharedStats {
     pub requests: AtomicU64,
     pub request_errors: AtomicU64,
     pub protocol_errors: AtomicU64,
+    /// Requests whose header was read and whose reply is not yet sent.
+    pub requests_in_flight: AtomicU64,
 }
 
 impl SharedStats {
@@ -139,6 +141,7 @@ impl SharedStats {
             requests: self.requests.load(Ordering::Relaxed),
             request_errors: self.request_errors.load(Ordering::Relaxed),
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
+            requests_in_flight: self.requests_in_flight.load(Ordering::Relaxed),
         }
     }
 }

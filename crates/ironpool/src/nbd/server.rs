@@ -99,6 +99,8 @@ pub struct ServerStats {
     pub requests: u64,
     pub request_errors: u64,
     pub protocol_errors: u64,
+    /// Requests read and not yet answered, over all connections.
+    pub requests_in_flight: u64,
 }
 
 /// A bound listening socket, ready to hand to the front end's thread.
@@ -109,6 +111,11 @@ pub struct BoundListener {
 }
 
 impl BoundListener {
+    /// The listening socket, for an accept loop on this thread.
+    pub fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
     /// Binds `listen` (replacing a dead server's unix socket, refusing a live one's).
     pub fn bind(listen: &Listen) -> std::io::Result<BoundListener> {
         match listen {
@@ -383,6 +390,27 @@ struct RequestPermits {
     payload: Option<(Permit, Permit)>,
     /// True for a WRITE: its payload permits end when the engine replies.
     write: bool,
+    /// Counts the request in the server's requests in flight until dropped.
+    _in_flight: InFlightRequest,
+}
+
+/// One request between its header and its reply: counted in
+/// [`SharedStats::requests_in_flight`] while it lives.
+struct InFlightRequest(Arc<SharedStats>);
+
+impl InFlightRequest {
+    fn new(stats: &Arc<SharedStats>) -> InFlightRequest {
+        stats.add(&stats.requests_in_flight, 1);
+        InFlightRequest(stats.clone())
+    }
+}
+
+impl Drop for InFlightRequest {
+    fn drop(&mut self) {
+        self.0
+            .requests_in_flight
+            .fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 struct Connection {
@@ -829,6 +857,7 @@ impl Connection {
                 _slot: permit,
                 payload: None,
                 write,
+                _in_flight: InFlightRequest::new(&self.server.stats),
             };
             let payload = if write && request.length > 0 {
                 if request.length > PAYLOAD_BYTES_MAX {

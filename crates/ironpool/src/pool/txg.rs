@@ -50,6 +50,8 @@ pub struct TxgStats {
     pub commits: u64,
     pub failed_commits: u64,
     pub last_commit_us: u64,
+    /// Microseconds every commit took, summed (with `commits`, the mean).
+    pub commit_time_us: u64,
     pub last_commit_metadata_bytes: u64,
     pub last_commit_passes: u64,
 }
@@ -843,6 +845,7 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
     bump(state, |stats| {
         stats.commits += 1;
         stats.last_commit_us = elapsed.as_micros() as u64;
+        stats.commit_time_us += elapsed.as_micros() as u64;
         stats.last_commit_metadata_bytes = built.context.bytes();
         stats.last_commit_passes = built.passes as u64;
     });

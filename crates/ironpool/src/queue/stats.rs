@@ -15,18 +15,23 @@ pub const HISTOGRAM_BUCKETS: usize = 40;
 #[derive(Clone, Debug, Serialize)]
 pub struct Histogram {
     pub buckets: Vec<u64>,
+    /// Every value recorded, summed (saturating): with the count, the exact
+    /// mean, which the buckets give only within a factor of two.
+    pub sum: u64,
 }
 
 impl Default for Histogram {
     fn default() -> Histogram {
         Histogram {
             buckets: vec![0; HISTOGRAM_BUCKETS],
+            sum: 0,
         }
     }
 }
 
 impl Histogram {
     pub fn record(&mut self, value: u64) {
+        self.sum = self.sum.saturating_add(value);
         let bucket = (63 - value.max(1).leading_zeros()) as usize;
         self.buckets[bucket.min(HISTOGRAM_BUCKETS - 1)] += 1;
     }

@@ -189,6 +189,8 @@ pub struct PoolWriteback {
     admitted_bytes: Cell<u64>,
     /// Writers waiting for dirty data to drop below the limit.
     waiting: Cell<u32>,
+    /// Times a writer waited for room, since import (the throttle at work).
+    waits: Cell<u64>,
     /// Volumes whose last write-back failed: their dirty blocks may not drain,
     /// so writers do not wait for room and write through instead.
     failing_volumes: Cell<u32>,
@@ -316,6 +318,12 @@ impl Pool {
         self.writeback.dirty_bytes.get()
     }
 
+    /// Writers waiting for room under `dirty_data_max_bytes` now, and the
+    /// times one waited since import: how often write-back held clients back.
+    pub fn writeback_waits(&self) -> (u32, u64) {
+        (self.writeback.waiting.get(), self.writeback.waits.get())
+    }
+
     /// Memory `blocks` blocks of `volume` hold when held dirty: whole blocks
     /// (a partial write holds its merged block) and the parity computed for
     /// them; what a write is admitted for.
@@ -353,6 +361,7 @@ impl Pool {
                 });
             }
             state.waiting.set(state.waiting.get() + 1);
+            state.waits.set(state.waits.get() + 1);
             for volume in self.all_volumes() {
                 volume.writeback.kick.notify_all();
             }

@@ -1,0 +1,419 @@
+//! What an operator runs ironpool with: the Prometheus endpoint (checked by
+//! promtool and scraped by a real Prometheus server), readiness and stopping
+//! told to a service manager by the sd_notify protocol, and the systemd unit
+//! in `packaging/systemd`, whose command line is run as systemd would.
+
+mod common;
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::os::linux::net::SocketAddrExt;
+use std::os::unix::net::{SocketAddr, UnixDatagram};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+
+/// A TCP port free on 127.0.0.1 a moment ago.
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|listener| listener.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// Sends `request` to 127.0.0.1:`port` and returns the whole response.
+fn http(port: u16, request: &[u8]) -> String {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("connect to the endpoint");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .expect("timeout");
+    // A server that stops reading (an endless head) may reset the
+    // connection under the write: what it answered is what counts.
+    let _ = stream.write_all(request);
+    let mut response = Vec::new();
+    let _ = stream.read_to_end(&mut response);
+    String::from_utf8_lossy(&response).to_string()
+}
+
+/// The body of a successful `GET /metrics`.
+fn scrape(port: u16) -> String {
+    let response = http(port, b"GET /metrics HTTP/1.1\r\nHost: test\r\n\r\n");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("no HTTP head: {response:?}"));
+    assert!(head.starts_with("HTTP/1.1 200 OK"), "{head}");
+    assert!(
+        head.contains("Content-Type: text/plain; version=0.0.4"),
+        "{head}"
+    );
+    body.to_string()
+}
+
+/// The value of the sample `name{...volume="VOLUME"...}` in `text`.
+fn sample(text: &str, name: &str, volume: &str) -> f64 {
+    let prefix = format!("{name}{{");
+    let label = format!("volume=\"{volume}\"");
+    text.lines()
+        .find(|line| line.starts_with(&prefix) && line.contains(&label))
+        .and_then(|line| line.rsplit(' ').next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no {name} for {volume} in:\n{text}"))
+}
+
+/// A Prometheus server scraping `target` every second, killed on drop.
+struct Prometheus {
+    child: Child,
+    port: u16,
+}
+
+impl Prometheus {
+    fn start(dir: &Path, target: u16) -> Prometheus {
+        let config = dir.join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
+                 scrape_configs:\n  - job_name: ironpool\n    static_configs:\n      - targets: ['127.0.0.1:{target}']\n"
+            ),
+        )
+        .expect("write the Prometheus config");
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                dir.join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(dir.join("prometheus.log")).expect("Prometheus log file"))
+            .spawn()
+            .expect("start prometheus (Debian package prometheus)");
+        Prometheus { child, port }
+    }
+
+    /// The instant value of `query` (one series), once Prometheus has one.
+    fn query(&self, query: &str) -> Option<f64> {
+        let request = format!(
+            "GET /api/v1/query?query={query} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+        );
+        let response = TcpStream::connect(("127.0.0.1", self.port))
+            .ok()
+            .map(|mut stream| {
+                let _ = stream.set_read_timeout(Some(Duration::from_secs(10)));
+                let _ = stream.write_all(request.as_bytes());
+                let mut bytes = Vec::new();
+                let _ = stream.read_to_end(&mut bytes);
+                String::from_utf8_lossy(&bytes).to_string()
+            })?;
+        let body = response.split_once("\r\n\r\n")?.1;
+        // A chunked body: the JSON starts at the first brace.
+        let json = &body[body.find('{')?..=body.rfind('}')?];
+        let value: serde_json::Value = serde_json::from_str(json).ok()?;
+        value["data"]["result"][0]["value"][1]
+            .as_str()
+            .and_then(|text| text.parse().ok())
+    }
+
+    /// Waits until `query`'s value is at least `floor`; returns it.
+    fn wait_for(&self, query: &str, floor: f64, log: &Path) -> f64 {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(value) = self.query(query) {
+                if value >= floor {
+                    return value;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Prometheus never saw {query} >= {floor} (last {:?}):\n{}",
+                self.query(query),
+                std::fs::read_to_string(log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+#[test]
+fn metrics_pass_promtool_and_a_prometheus_server_sees_the_write_counter_rise() {
+    let mut pool = TestPool::new("pm");
+    pool.create("256M", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "64M");
+    let port = free_port();
+    pool.serve_with(&["--metrics", &format!("tcp:127.0.0.1:{port}")]);
+    let uri = pool.uri("vol");
+    qemu_io(&uri, &["write -P 0x5a 0 1M", "flush"]);
+
+    // The text format, checked by Prometheus's own linter.
+    let text = scrape(port);
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run promtool (Debian package prometheus)");
+    promtool
+        .stdin
+        .take()
+        .expect("promtool stdin")
+        .write_all(text.as_bytes())
+        .expect("feed promtool");
+    let checked = promtool.wait_with_output().expect("promtool output");
+    assert!(
+        checked.status.success() && checked.stdout.is_empty() && checked.stderr.is_empty(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&checked.stdout),
+        String::from_utf8_lossy(&checked.stderr)
+    );
+    assert!(sample(&text, "ironpool_volume_write_bytes_total", "pm/vol") >= 1048576.0);
+    assert!(sample(&text, "ironpool_volume_flush_ops_total", "pm/vol") >= 1.0);
+    for family in [
+        "ironpool_pool_health{pool=\"pm\",state=\"ONLINE\"} 1",
+        "ironpool_device_write_bytes_total{pool=\"pm\",vdev=\"mirror-0\",device=",
+        "ironpool_device_class_latency_seconds_bucket{",
+        "ironpool_txg_commits_total{pool=\"pm\"}",
+        "ironpool_writeback_dirty_bytes{pool=\"pm\"}",
+        "ironpool_volume_log_commit_seconds_count{pool=\"pm\",volume=\"pm/vol\"}",
+        "ironpool_nbd_connections_accepted_total{pool=\"pm\"}",
+        "ironpool_scrub_running{pool=\"pm\"} 0",
+    ] {
+        assert!(text.contains(family), "no {family} in:\n{text}");
+    }
+
+    // Bad requests get an answer or a closed connection, and harm nothing.
+    let not_found = http(port, b"GET /nothing HTTP/1.1\r\n\r\n");
+    assert!(not_found.starts_with("HTTP/1.1 404"), "{not_found}");
+    let wrong_method = http(port, b"DELETE /metrics HTTP/1.1\r\n\r\n");
+    assert!(wrong_method.starts_with("HTTP/1.1 405"), "{wrong_method}");
+    let garbage = http(port, b"\x16\x03\x01 not http at all\r\n\r\n");
+    assert!(garbage.starts_with("HTTP/1.1 400"), "{garbage}");
+    let endless = http(port, &vec![b'A'; 64 * 1024]);
+    assert!(
+        endless.is_empty(),
+        "an endless head was answered: {endless}"
+    );
+    let head = http(port, b"HEAD /metrics HTTP/1.1\r\n\r\n");
+    assert!(
+        head.starts_with("HTTP/1.1 200") && head.ends_with("\r\n\r\n"),
+        "{head}"
+    );
+
+    // A real Prometheus server scrapes it, and its query API sees the
+    // volume's write counter rise with more writes.
+    let prometheus = Prometheus::start(pool.dir.path(), port);
+    let log = pool.path("prometheus.log");
+    let query = "ironpool_volume_write_bytes_total";
+    let first = prometheus.wait_for(query, 1048576.0, &log);
+    qemu_io(&uri, &["write -P 0x6b 1M 4M", "flush"]);
+    let later = prometheus.wait_for(query, first + 4.0 * 1048576.0, &log);
+    assert!(later >= first + 4194304.0, "{first} -> {later}");
+    let up = prometheus.wait_for("up", 1.0, &log);
+    assert_eq!(up, 1.0);
+    drop(prometheus);
+    pool.stop();
+    assert!(!pool.log().contains("panicked"), "{}", pool.log());
+}
+
+#[test]
+fn a_metrics_address_in_use_or_malformed_is_refused_with_a_clear_error() {
+    let mut pool = TestPool::new("pb");
+    pool.create("128M", &["a.img"]);
+    let held = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let port = held.local_addr().expect("address").port();
+    let output = pool
+        .serve_command()
+        .args(["--metrics", &format!("tcp:127.0.0.1:{port}"), "pb"])
+        .output()
+        .expect("run serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("--metrics: cannot listen"), "{stderr}");
+    let output = pool
+        .serve_command()
+        .args(["--metrics", "http://nowhere", "pb"])
+        .output()
+        .expect("run serve");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "{stderr}");
+    assert!(stderr.contains("--metrics: 'http://nowhere'"), "{stderr}");
+    // The pool was left exported and intact: it serves afterwards.
+    pool.serve();
+    pool.stop();
+}
+
+/// A datagram socket standing for the service manager's notify socket.
+struct NotifySocket {
+    socket: UnixDatagram,
+    /// What NOTIFY_SOCKET says: a path, or `@name` for an abstract name.
+    address: String,
+}
+
+impl NotifySocket {
+    fn at_path(path: PathBuf) -> NotifySocket {
+        let socket = UnixDatagram::bind(&path).expect("bind the notify socket");
+        NotifySocket {
+            socket,
+            address: path.display().to_string(),
+        }
+    }
+
+    fn abstract_named(name: &str) -> NotifySocket {
+        let address = SocketAddr::from_abstract_name(name.as_bytes()).expect("abstract name");
+        let socket = UnixDatagram::bind_addr(&address).expect("bind the abstract notify socket");
+        NotifySocket {
+            socket,
+            address: format!("@{name}"),
+        }
+    }
+
+    /// The next message, or None after `timeout`.
+    fn receive(&self, timeout: Duration) -> Option<String> {
+        self.socket
+            .set_read_timeout(Some(timeout))
+            .expect("timeout");
+        let mut buffer = vec![0u8; 4096];
+        let length = self.socket.recv(&mut buffer).ok()?;
+        Some(String::from_utf8_lossy(&buffer[..length]).to_string())
+    }
+}
+
+/// Starts `command` (a serve) with NOTIFY_SOCKET set, waits for its READY=1
+/// and checks, the moment it arrives, that the volume is served and the
+/// control socket answers; then SIGTERM must bring STOPPING=1 and a clean
+/// exit.
+fn ready_then_stopping(pool: &TestPool, mut command: Command, notify: &NotifySocket) {
+    let mut child = command
+        .env("NOTIFY_SOCKET", &notify.address)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(pool.path("serve.log")).expect("log"))
+        .spawn()
+        .expect("start serve");
+    let ready = notify.receive(Duration::from_secs(60));
+    let Some(ready) = ready else {
+        let _ = child.kill();
+        panic!("no readiness message: {}", pool.log());
+    };
+    assert!(ready.contains("READY=1"), "{ready}");
+    assert!(
+        ready.contains(&format!("MAINPID={}", child.id())),
+        "{ready}"
+    );
+    // Ready means listening: no retry, no wait.
+    let info = tool("nbdinfo", &["--size", &pool.uri("vol")]);
+    assert_eq!(info.trim(), "67108864");
+    let status = pool.admin(&["status", &pool.name]);
+    assert!(status.contains("ONLINE"), "{status}");
+    // SAFETY: kill(2) on a child we started.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let stopping = notify.receive(Duration::from_secs(60));
+    assert!(
+        stopping
+            .as_deref()
+            .is_some_and(|text| text.contains("STOPPING=1")),
+        "{stopping:?}"
+    );
+    let status = child.wait().expect("serve exits");
+    assert!(status.success(), "{status}: {}", pool.log());
+    assert!(pool.log().contains("exported"), "{}", pool.log());
+}
+
+#[test]
+fn serve_tells_the_service_manager_it_is_ready_once_listening_and_when_it_stops() {
+    let pool = TestPool::new("sn");
+    pool.create("128M", &["a.img"]);
+    pool.create_volume("vol", "64M");
+    let by_path = NotifySocket::at_path(pool.path("notify.sock"));
+    let mut command = pool.serve_command();
+    command.arg("sn");
+    ready_then_stopping(&pool, command, &by_path);
+    let name = format!("ironpool-test-notify-{}", std::process::id());
+    let by_name = NotifySocket::abstract_named(&name);
+    let mut command = pool.serve_command();
+    command.arg("sn");
+    ready_then_stopping(&pool, command, &by_name);
+    // A pool that cannot be served is never announced ready.
+    let output = pool
+        .serve_command()
+        .arg("no-such-pool")
+        .env("NOTIFY_SOCKET", &by_path.address)
+        .output()
+        .expect("run serve");
+    assert!(!output.status.success());
+    assert_eq!(by_path.receive(Duration::from_millis(500)), None);
+}
+
+/// The unit in the repository: `systemd-analyze verify` finds nothing to
+/// say about it, and its ExecStart, run as systemd would (instance name and
+/// options from the environment file substituted), serves the pool and
+/// notifies readiness, as Type=notify needs.
+#[test]
+fn the_systemd_unit_verifies_and_its_command_serves_the_pool() {
+    let unit_path =
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../packaging/systemd/ironpool@.service");
+    let unit = std::fs::read_to_string(&unit_path).expect("the unit file");
+    for line in [
+        "Type=notify",
+        "KillSignal=SIGTERM",
+        "Restart=on-failure",
+        "EnvironmentFile=-/etc/ironpool/%i.env",
+    ] {
+        assert!(unit.lines().any(|unit_line| unit_line == line), "{line}");
+    }
+    let binary = ironpool_binary().display().to_string();
+    let pool = TestPool::new("unit");
+    pool.create("128M", &["a.img"]);
+    pool.create_volume("vol", "64M");
+    // The unit as installed, but pointing at the binary under test.
+    let installed = pool.path("ironpool@unit.service");
+    std::fs::write(&installed, unit.replace("/usr/local/bin/ironpool", &binary))
+        .expect("write the unit");
+    let verify = Command::new("systemd-analyze")
+        .args(["verify"])
+        .arg(&installed)
+        .output()
+        .expect("run systemd-analyze (Debian package systemd)");
+    assert!(
+        verify.status.success() && verify.stdout.is_empty() && verify.stderr.is_empty(),
+        "systemd-analyze verify: {}{}",
+        String::from_utf8_lossy(&verify.stdout),
+        String::from_utf8_lossy(&verify.stderr)
+    );
+    let exec_start = unit
+        .lines()
+        .find_map(|line| line.strip_prefix("ExecStart="))
+        .expect("an ExecStart line");
+    let options = format!(
+        "-d {} --nbd unix:{} --control {}",
+        pool.dir.path().display(),
+        pool.socket().display(),
+        pool.control().display()
+    );
+    let words: Vec<String> = exec_start
+        .split_whitespace()
+        .flat_map(|word| match word {
+            "/usr/local/bin/ironpool" => vec![binary.clone()],
+            "$IRONPOOL_SERVE_OPTIONS" => options.split(' ').map(str::to_string).collect(),
+            "%i" => vec!["unit".to_string()],
+            other => vec![other.to_string()],
+        })
+        .collect();
+    let mut command = Command::new(&words[0]);
+    command
+        .args(&words[1..])
+        .env("IRONPOOL_CACHE", pool.path("cache.json"))
+        .env("IRONPOOL_RUN_DIR", pool.path("run"))
+        .env_remove("IRONPOOL_CONTROL");
+    let notify = NotifySocket::at_path(pool.path("notify.sock"));
+    ready_then_stopping(&pool, command, &notify);
+}

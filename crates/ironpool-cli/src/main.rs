@@ -197,6 +197,48 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
+    /// Find pools on devices, or import one: `import [-d DIR]...` lists the
+    /// pools found (default: the directories pools were remembered in, and
+    /// /dev); `import [-f] [-d DIR]... POOL|GUID [NEWNAME]` imports one.
+    Import {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// Import a pool that was not exported (in use on another host, or
+        /// its server stopped without exporting it).
+        #[arg(short = 'f')]
+        force: bool,
+        /// The pool's name or guid (0x...).
+        pool: Option<String>,
+        /// A new name for it (also to tell two pools of one name apart).
+        new_name: Option<String>,
+    },
+    /// Export a pool: a running server stops serving it; it is committed,
+    /// marked exported, and forgotten here until imported again.
+    Export {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
+    /// Erase the labels of a device no pool uses: `labelclear [-f] DEV`.
+    Labelclear {
+        /// Also when its pool was not exported (it may be in use elsewhere).
+        #[arg(short = 'f')]
+        force: bool,
+        device: PathBuf,
+    },
+    /// Discard all free space on the devices (sparse files shrink, SSDs and
+    /// thin volumes get their space back): `trim [-w] [-s] POOL`.
+    Trim {
+        /// Wait until the trim ends, showing progress.
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Stop a running trim.
+        #[arg(short = 's')]
+        stop: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
     /// Clear device errors and faults and retry failed writes now (after a
     /// full host filesystem was given space, or a device came back).
     Clear {
@@ -421,6 +463,22 @@ fn main() -> ExitCode {
             dirs,
             pool,
         } => cli::scrub(&context, &pool, &dirs, wait, stop),
+        Command::Trim {
+            wait,
+            stop,
+            dirs,
+            pool,
+        } => cli::trim(&context, &pool, &dirs, wait, stop),
+        Command::Import {
+            dirs,
+            force,
+            pool,
+            new_name,
+        } => cli::discovery::import(&context, &dirs, force, pool.as_deref(), new_name.as_deref()),
+        Command::Export { dirs, pool } => cli::discovery::export(&context, &pool, &dirs),
+        Command::Labelclear { force, device } => {
+            cli::discovery::labelclear(&context, &device, force)
+        }
         Command::Iostat {
             queues,
             latency,

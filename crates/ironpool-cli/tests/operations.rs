@@ -417,3 +417,111 @@ fn the_systemd_unit_verifies_and_its_command_serves_the_pool() {
     let notify = NotifySocket::at_path(pool.path("notify.sock"));
     ready_then_stopping(&pool, command, &notify);
 }
+
+/// Bytes the file takes on its filesystem (what `du` shows).
+fn allocated_bytes(path: &Path) -> u64 {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::metadata(path).expect("device file").blocks() * 512
+}
+
+fn allocated(pool: &TestPool) -> u64 {
+    allocated_bytes(&pool.path("a.img")) + allocated_bytes(&pool.path("b.img"))
+}
+
+/// Waits until the device files take less than `limit` bytes.
+fn wait_for_allocated_below(pool: &TestPool, limit: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while allocated(pool) >= limit {
+        assert!(
+            Instant::now() < deadline,
+            "the device files still take {} bytes (want < {limit}): {}",
+            allocated(pool),
+            pool.admin(&["status", &pool.name])
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Autotrim gives a destroyed volume's space back to the filesystem holding
+/// the sparse device files; with autotrim off it stays until `trim -w`.
+/// Bad input changes nothing.
+#[test]
+fn freed_space_goes_back_to_the_host_filesystem_by_autotrim_or_trim() {
+    let mut pool = TestPool::new("tr");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    pool.serve_with(&["-o", "txg_timeout_ms=200"]);
+    let empty = allocated(&pool);
+    pool.admin(&["volume", "create", "tr/v", "128M"]);
+    qemu_io(&pool.uri("v"), &["write -P 0x5a 0 96M", "flush"]);
+    let written = allocated(&pool);
+    assert!(
+        written >= empty + 2 * (96 << 20),
+        "{empty} -> {written}: the writes did not land in the files"
+    );
+    pool.admin(&["destroy", "tr/v"]);
+    wait_for_allocated_below(&pool, empty + (16 << 20));
+    let status = pool.status_json();
+    assert_eq!(status["trim"]["autotrim"], true, "{status}");
+    assert!(
+        status["trim"]["autotrim_trimmed_bytes"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 2 * (96 << 20),
+        "{status}"
+    );
+
+    // Autotrim off: a destroy leaves the files as large as they were, past
+    // the commits that make its frees allocatable.
+    pool.admin(&["set", "autotrim=off", "tr"]);
+    let free = |pool: &TestPool| pool.status_json()["free_bytes"].as_u64().unwrap_or(0);
+    let free_before = free(&pool);
+    pool.admin(&["volume", "create", "tr/w", "128M"]);
+    qemu_io(&pool.uri("w"), &["write -P 0x6b 0 96M", "flush"]);
+    pool.admin(&["destroy", "tr/w"]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while free(&pool) + (4 << 20) < free_before {
+        assert!(
+            Instant::now() < deadline,
+            "the destroyed volume's space never came back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let kept = allocated(&pool);
+    assert!(
+        kept >= empty + 2 * (90 << 20),
+        "autotrim=off trimmed: {kept}"
+    );
+    let output = pool.admin(&["trim", "-w", "tr"]);
+    assert!(output.contains("trim discarded"), "{output}");
+    assert!(
+        allocated(&pool) < empty + (16 << 20),
+        "trim -w left {} bytes",
+        allocated(&pool)
+    );
+    let status = pool.status_json();
+    assert_eq!(status["trim"]["state"], "finished", "{status}");
+    assert_eq!(status["trim"]["unsupported_devices"], serde_json::json!([]));
+    let text = pool.admin(&["status", "tr"]);
+    assert!(
+        text.contains("trim: autotrim off; trim discarded"),
+        "{text}"
+    );
+
+    // Bad input: a clear error, nothing changed.
+    let control = pool.control().display().to_string();
+    let error = pool.fails(&["--control", &control, "set", "autotrim=sometimes", "tr"]);
+    assert!(
+        error.contains("autotrim 'sometimes': use on or off"),
+        "{error}"
+    );
+    pool.admin(&["volume", "create", "tr/x", "16M"]);
+    let error = pool.fails(&["--control", &control, "set", "autotrim=on", "tr/x"]);
+    assert!(error.contains("autotrim is a pool property"), "{error}");
+    let value = pool.admin(&["get", "autotrim", "tr"]);
+    assert!(value.contains("off"), "{value}");
+    pool.admin(&["inherit", "autotrim", "tr"]);
+    let value = pool.admin(&["get", "autotrim", "tr"]);
+    assert!(value.contains("on") && value.contains("default"), "{value}");
+    stop_and_check(&mut pool);
+    assert!(!pool.log().contains("panicked"), "{}", pool.log());
+}

@@ -266,6 +266,21 @@ impl Sim {
                 *self.summary.faults.entry(name).or_insert(0) += value;
             }
         }
+        // Not a fault: the discards the devices took (autotrim and trims),
+        // which every crash and check runs against.
+        let trims: u64 = self
+            .devices
+            .iter()
+            .chain(&self.retired)
+            .map(|device| device.counters().trims)
+            .sum();
+        if trims > 0 {
+            *self
+                .summary
+                .operations
+                .entry("device-discards")
+                .or_insert(0) += trims;
+        }
     }
 
     /// The devices an import sees: all but the vanished ones.
@@ -375,6 +390,7 @@ impl Sim {
             (1, "destroy-volume"),
             (1, "create-volume"),
             (2, "scrub"),
+            (1, "trim"),
             (1, "race-destroy"),
             (1, "race-scrub"),
             (1, "race-receive"),
@@ -467,6 +483,14 @@ impl Sim {
                 }
             }
             "scrub" => self.scrub(pool).await?,
+            "trim" => {
+                // A trim of all free space, left running: the steps that
+                // follow (writes, frees, a crash) race its discards, as do
+                // autotrim's after every commit.
+                if pool.trim_start().is_ok() {
+                    self.trace(|| "trim of all free space started".to_string());
+                }
+            }
             "race-destroy" => self.race(pool, true).await?,
             "race-scrub" => self.race(pool, false).await?,
             "race-receive" => self.race_receive(pool).await?,

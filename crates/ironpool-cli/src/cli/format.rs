@@ -127,6 +127,42 @@ pub fn scrub_line(scrub: &Value) -> String {
     }
 }
 
+/// One line about trims: autotrim and the last `ironpool trim`.
+pub fn trim_line(trim: &Value) -> String {
+    let autotrim = if trim["autotrim"] == false {
+        "autotrim off".to_string()
+    } else {
+        format!(
+            "autotrim on ({} discarded since import)",
+            bytes(number(&trim["autotrim_trimmed_bytes"]))
+        )
+    };
+    let last = match trim["state"].as_str().unwrap_or("none") {
+        "trimming" => format!(
+            "; trim in progress since {}: {:.1}% done, {} discarded{}",
+            utc(number(&trim["started_unix_seconds"])),
+            trim["progress_percent"].as_f64().unwrap_or(0.0),
+            bytes(number(&trim["trimmed_bytes"])),
+            match trim["eta_seconds"].as_u64() {
+                Some(seconds) => format!(", {seconds} s to go"),
+                None => String::new(),
+            }
+        ),
+        "finished" => format!(
+            "; trim discarded {} at {}",
+            bytes(number(&trim["trimmed_bytes"])),
+            utc(number(&trim["finished_unix_seconds"]))
+        ),
+        "stopped" => format!(
+            "; trim stopped at {} after {} discarded",
+            utc(number(&trim["finished_unix_seconds"])),
+            bytes(number(&trim["trimmed_bytes"]))
+        ),
+        _ => String::new(),
+    };
+    autotrim + &last
+}
+
 /// One line about the resilver.
 pub fn resilver_line(resilver: &Value) -> String {
     let devices: Vec<&str> = resilver["devices"]
@@ -212,6 +248,17 @@ pub fn status(status: &Value) -> String {
         out += &format!("  note: {}\n", note.as_str().unwrap_or(""));
     }
     out += &format!("  scan: {}\n", scan_line(status));
+    out += &format!("  trim: {}\n", trim_line(&status["trim"]));
+    for device in status["trim"]["unsupported_devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+    {
+        out += &format!(
+            "  note: {} does not support discard (TRIM): its free space is not trimmed\n",
+            device.as_str().unwrap_or("?")
+        );
+    }
     out += &format!(
         " space: {} used of {} ({} free), txg {} durable\n",
         bytes(number(&status["allocated_bytes"])),

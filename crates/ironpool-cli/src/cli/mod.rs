@@ -3,6 +3,7 @@
 //! export) with the very same command code.
 
 pub mod datasets;
+pub mod discovery;
 pub mod format;
 pub mod iostat;
 pub mod replication;
@@ -48,7 +49,7 @@ fn cache_path() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from("/var/lib/ironpool/pools.json"))
 }
 
-fn read_cache() -> BTreeMap<String, Vec<PathBuf>> {
+pub(crate) fn read_cache() -> BTreeMap<String, Vec<PathBuf>> {
     std::fs::read(cache_path())
         .ok()
         .and_then(|bytes| serde_json::from_slice(&bytes).ok())
@@ -74,11 +75,25 @@ pub fn remember(pool: &str, directories: &[PathBuf]) {
     absolute_directories.dedup();
     let mut cache = read_cache();
     cache.insert(pool.to_string(), absolute_directories);
+    write_cache(&cache);
+}
+
+/// Forgets where a pool's devices are (export, or an import under a new
+/// name): best effort, like `remember`.
+pub fn forget(pool: &str) {
+    let mut cache = read_cache();
+    if cache.remove(pool).is_none() {
+        return;
+    }
+    write_cache(&cache);
+}
+
+fn write_cache(cache: &BTreeMap<String, Vec<PathBuf>>) {
     let path = cache_path();
     if let Some(parent) = path.parent() {
         let _ = std::fs::create_dir_all(parent);
     }
-    if let Ok(bytes) = serde_json::to_vec_pretty(&cache) {
+    if let Ok(bytes) = serde_json::to_vec_pretty(cache) {
         let temporary = path.with_extension("tmp");
         if std::fs::write(&temporary, bytes).is_ok() {
             let _ = std::fs::rename(&temporary, &path);
@@ -483,6 +498,63 @@ pub fn scrub(
                 result["progress_percent"].as_f64().unwrap_or(0.0),
                 format::bytes(result["examined_bytes"].as_u64().unwrap_or(0)),
                 format::bytes(result["total_bytes"].as_u64().unwrap_or(0))
+            );
+        }
+    }
+}
+
+/// `trim [-w] [-s] POOL`: discards all free space, through the server when
+/// one runs (with `-w`, following it to the end); otherwise on the pool
+/// opened here, which waits for the end before it is exported.
+pub fn trim(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    wait: bool,
+    stop: bool,
+) -> Result<(), String> {
+    let print = |result: &Value| {
+        if context.json {
+            println!("{result}");
+        } else {
+            println!("{pool}: {}", format::trim_line(result));
+        }
+    };
+    if stop {
+        let result = admin(context, pool, dirs, Command::TrimStop)?;
+        print(&result);
+        return Ok(());
+    }
+    let served = context.control.is_some() || default_control_path(pool).exists();
+    if !served {
+        let dirs = search_dirs(pool, dirs)?;
+        let result = with_pool(pool, &dirs, |pool| async move {
+            pool.trim_start()?;
+            pool.trim_wait().await;
+            Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null))
+        })?;
+        print(&result);
+        return Ok(());
+    }
+    admin(context, pool, dirs, Command::TrimStart)?;
+    if !wait {
+        if !context.json {
+            println!("trim of '{pool}' started");
+        }
+        return Ok(());
+    }
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(250));
+        let result = admin(context, pool, dirs, Command::TrimStatus)?;
+        if result["state"] != "trimming" {
+            print(&result);
+            return Ok(());
+        }
+        if !context.json {
+            eprintln!(
+                "trim of '{pool}': {:.1}% ({} discarded)",
+                result["progress_percent"].as_f64().unwrap_or(0.0),
+                format::bytes(result["trimmed_bytes"].as_u64().unwrap_or(0))
             );
         }
     }

@@ -108,6 +108,11 @@ pub fn serve(
             .await
             .map_err(|error| super::explain_import(pool_name, error))?;
         remember(pool_name, &dirs);
+        // The labels say the pool is in use from now on, not only from its
+        // first change: `import` elsewhere then needs -f.
+        if let Err(error) = pool.commit().await {
+            eprintln!("ironpool: {pool_name}: marking the pool in use failed: {error}");
+        }
         for (name, value) in &settings {
             if let Err(error) = pool.set_tunable(name, value) {
                 let _ = pool.export().await;
@@ -218,7 +223,12 @@ pub fn serve(
             // The pool is imported and every listener accepts connections
             // (the kernel queues them until the front end takes them).
             notify_service_manager(&format!("READY=1\nSTATUS={serving}"));
-            wait_for_signal(&signals).await;
+            let asked = pool.export_requested();
+            futures_util::future::select(
+                std::pin::pin!(wait_for_signal(&signals)),
+                std::pin::pin!(asked),
+            )
+            .await;
             notify_service_manager("STOPPING=1\nSTATUS=finishing requests and exporting");
             eprintln!("ironpool: shutting down: finishing requests in flight");
         }

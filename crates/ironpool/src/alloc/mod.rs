@@ -42,6 +42,30 @@ pub use rangeset::{RangeError, RangeSet};
 /// Number of txgs a freed range waits before reuse.
 pub const DEFER_TXGS: u64 = 2;
 
+/// Free extents smaller than this are not discarded (OpenZFS's
+/// `zfs_trim_extent_bytes_min`): each discard is a device command, and a
+/// small one gives back little; its neighbours freed later make it larger.
+pub const TRIM_EXTENT_BYTES_MIN: u64 = 32 * 1024;
+/// A free extent is discarded in pieces of at most this: bounds how long one
+/// discard occupies the device and how much space it holds out of
+/// allocation (OpenZFS allows 128 MiB, holding a whole metaslab out while
+/// it trims; here only the pieces in flight are held).
+pub const TRIM_EXTENT_BYTES_MAX: u64 = 16 << 20;
+/// Free space held out of allocation by discards in flight, at most: what
+/// a full pool's writers may wait for, and never more than leaves the slop
+/// and the metadata reserve free (a txg must always find room for its
+/// metadata).
+pub const TRIM_HELD_BYTES_MAX: u64 = 64 << 20;
+
+/// Free space held out of allocation while it is discarded: `[start, end)`
+/// of top-level vdev `vdev`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TrimExtent {
+    pub vdev: u32,
+    pub start: u64,
+    pub end: u64,
+}
+
 /// Share of the pool kept free for metadata: data allocations fail with ENOSPC
 /// before the last 1/32 is used (at least `SLOP_BYTES_MIN`), so that a txg can
 /// always commit its metadata even when clients fill the pool.
@@ -71,6 +95,13 @@ pub struct Metaslab {
     pub syncing_frees: RangeSet,
     /// Freed in recent txgs, by txg % DEFER_TXGS.
     pub defer: [RangeSet; DEFER_TXGS as usize],
+    /// Free (on disk too) but held out of allocation while a discard of it
+    /// runs: a block written there meanwhile could be discarded under it.
+    pub trimming: RangeSet,
+    /// Free space autotrim has yet to discard: a part of `free` (still
+    /// allocatable; an allocation takes it out of here too), taken out of
+    /// allocation only for the moment its discard runs.
+    pub trim_pending: RangeSet,
     /// The space map object holding this metaslab's checkpoint (0: none yet).
     pub space_map_object: u64,
     /// The txg the checkpoint describes: the space log's records of later txgs
@@ -97,6 +128,8 @@ impl Metaslab {
             pending_frees: RangeSet::new(),
             syncing_frees: RangeSet::new(),
             defer: [RangeSet::new(), RangeSet::new()],
+            trimming: RangeSet::new(),
+            trim_pending: RangeSet::new(),
             space_map_object: 0,
             flushed_txg: 0,
             unflushed_txg: 0,
@@ -199,6 +232,17 @@ impl Metaslab {
         }
         records
     }
+}
+
+/// `[start, end)` cut into discards of at most [`TRIM_EXTENT_BYTES_MAX`].
+fn trim_pieces(vdev: u32, start: u64, end: u64) -> impl Iterator<Item = TrimExtent> {
+    (start..end)
+        .step_by(TRIM_EXTENT_BYTES_MAX as usize)
+        .map(move |piece| TrimExtent {
+            vdev,
+            start: piece,
+            end: (piece + TRIM_EXTENT_BYTES_MAX).min(end),
+        })
 }
 
 /// Space of one top-level vdev.
@@ -305,6 +349,9 @@ impl VdevSpace {
             // last resort in one metadata still uses leaves the claim.
             metaslab.metadata_owned = metadata || (metaslab.metadata_owned && !metaslab.is_empty());
             metaslab.free.remove(start, start + size);
+            metaslab
+                .trim_pending
+                .remove_overlapping(start, start + size);
             Some((start, (metaslab.index as usize, start + size)))
         };
         // The cursor's metaslab: metadata's own, or for data one holding data.
@@ -490,6 +537,16 @@ impl Allocator {
         self.free_total_bytes
     }
 
+    /// Free bytes held out of allocation while they are discarded: they
+    /// come back as each discard ends.
+    pub fn trimming_bytes(&self) -> u64 {
+        self.vdevs
+            .iter()
+            .flat_map(|vdev| vdev.metaslabs.iter())
+            .map(|metaslab| metaslab.trimming.total_bytes())
+            .sum()
+    }
+
     /// Bytes freed but not yet allocatable (waiting for their txgs to commit).
     pub fn deferred_bytes(&self) -> u64 {
         self.vdevs
@@ -619,6 +676,9 @@ impl Allocator {
             return false;
         }
         metaslab.free.remove(dva.offset, dva.end());
+        metaslab
+            .trim_pending
+            .remove_overlapping(dva.offset, dva.end());
         self.free_total_bytes -= dva.asize as u64;
         true
     }
@@ -693,14 +753,20 @@ impl Allocator {
     }
 
     /// The syncing txg is durable: frees from two txgs ago become allocatable and
-    /// this txg's frees take their defer slot.
-    pub fn sync_done(&mut self, txg: u64) {
+    /// this txg's frees take their defer slot. With `trim`, what becomes
+    /// allocatable is also noted for autotrim ([`Allocator::take_pending_trims`]):
+    /// no uberblock a rewind could reach refers to it any more, exactly as
+    /// for reuse.
+    pub fn sync_done(&mut self, txg: u64, trim: bool) {
         let slot = (txg % DEFER_TXGS) as usize;
         for vdev in &mut self.vdevs {
             for metaslab in &mut vdev.metaslabs {
                 let released = std::mem::take(&mut metaslab.defer[slot]);
                 for (start, end) in released.iter() {
                     metaslab.free.insert(start, end);
+                    if trim {
+                        metaslab.trim_pending.insert(start, end);
+                    }
                 }
                 self.free_total_bytes += released.total_bytes();
                 metaslab.defer[slot] = std::mem::take(&mut metaslab.syncing_frees);
@@ -708,12 +774,146 @@ impl Allocator {
         }
     }
 
+    /// Free bytes that may be held out of allocation for discards now (see
+    /// [`TRIM_HELD_BYTES_MAX`]).
+    fn trim_budget(&self) -> u64 {
+        let floor = self.slop_bytes() + self.metadata_reserve_bytes + TRIM_EXTENT_BYTES_MAX;
+        self.free_total_bytes
+            .saturating_sub(floor)
+            .min(TRIM_HELD_BYTES_MAX.saturating_sub(self.trimming_bytes()))
+    }
+
+    /// True while autotrim has free space noted to discard.
+    pub fn has_pending_trims(&self) -> bool {
+        self.vdevs
+            .iter()
+            .flat_map(|vdev| vdev.metaslabs.iter())
+            .any(|metaslab| !metaslab.trim_pending.is_empty())
+    }
+
+    /// Forgets what autotrim had noted (it was turned off).
+    pub fn clear_pending_trims(&mut self) {
+        for metaslab in self
+            .vdevs
+            .iter_mut()
+            .flat_map(|vdev| vdev.metaslabs.iter_mut())
+        {
+            metaslab.trim_pending.clear();
+        }
+    }
+
+    /// Holds up to `count` pieces of autotrim's noted free space out of
+    /// allocation for their discard, within the budget, and returns them
+    /// ([`Allocator::trim_done`] gives each back). Noted extents smaller than
+    /// [`TRIM_EXTENT_BYTES_MIN`] are dropped: not worth a command.
+    pub fn take_pending_trims(&mut self, count: usize) -> Vec<TrimExtent> {
+        let mut budget = self.trim_budget();
+        let mut extents = Vec::new();
+        for vdev in &mut self.vdevs {
+            for metaslab in &mut vdev.metaslabs {
+                let noted: Vec<(u64, u64)> = metaslab.trim_pending.iter().collect();
+                for (start, end) in noted {
+                    if end - start < TRIM_EXTENT_BYTES_MIN {
+                        metaslab.trim_pending.remove(start, end);
+                        continue;
+                    }
+                    let piece_end = end.min(start + TRIM_EXTENT_BYTES_MAX);
+                    let length = piece_end - start;
+                    if extents.len() >= count || length > budget {
+                        return extents;
+                    }
+                    metaslab.trim_pending.remove(start, piece_end);
+                    metaslab.free.remove(start, piece_end);
+                    metaslab.trimming.insert(start, piece_end);
+                    self.free_total_bytes -= length;
+                    budget -= length;
+                    extents.push(TrimExtent {
+                        vdev: vdev.vdev,
+                        start,
+                        end: piece_end,
+                    });
+                }
+            }
+        }
+        extents
+    }
+
+    /// The free extents of one metaslab worth a discard, in pieces, and the
+    /// metaslab's free bytes: what a trim of all free space goes through
+    /// (nothing is held; see [`Allocator::hold_for_trim`]).
+    pub fn free_extents_for_trim(&self, vdev: u32, metaslab: usize) -> (Vec<TrimExtent>, u64) {
+        let Some(metaslab) = self
+            .vdevs
+            .get(vdev as usize)
+            .and_then(|space| space.metaslabs.get(metaslab))
+        else {
+            return (Vec::new(), 0);
+        };
+        let extents = metaslab
+            .free
+            .iter()
+            .filter(|(start, end)| end - start >= TRIM_EXTENT_BYTES_MIN)
+            .flat_map(|(start, end)| trim_pieces(vdev, start, end))
+            .collect();
+        (extents, metaslab.free.total_bytes())
+    }
+
+    /// True when all of `extent` is free (allocatable) now.
+    pub fn is_free(&self, extent: TrimExtent) -> bool {
+        self.vdevs.get(extent.vdev as usize).is_some_and(|space| {
+            let index = (extent.start >> space.metaslab_shift) as usize;
+            space
+                .metaslabs
+                .get(index)
+                .is_some_and(|metaslab| metaslab.free.contains(extent.start, extent.end))
+        })
+    }
+
+    /// Holds `extent` out of allocation for its discard if it is still all
+    /// free and the budget allows; false (nothing changed) otherwise.
+    pub fn hold_for_trim(&mut self, extent: TrimExtent) -> bool {
+        let length = extent.end - extent.start;
+        if length > self.trim_budget() {
+            return false;
+        }
+        let Some(space) = self.vdevs.get_mut(extent.vdev as usize) else {
+            return false;
+        };
+        let metaslab = space.metaslab_of(extent.start);
+        if !metaslab.free.contains(extent.start, extent.end) {
+            return false;
+        }
+        metaslab.free.remove(extent.start, extent.end);
+        metaslab
+            .trim_pending
+            .remove_overlapping(extent.start, extent.end);
+        metaslab.trimming.insert(extent.start, extent.end);
+        self.free_total_bytes -= length;
+        true
+    }
+
+    /// The discard of `extent` ended (done or not): its space is
+    /// allocatable again.
+    pub fn trim_done(&mut self, extent: TrimExtent) {
+        let vdev = &mut self.vdevs[extent.vdev as usize];
+        let metaslab = vdev.metaslab_of(extent.start);
+        metaslab.trimming.remove(extent.start, extent.end);
+        metaslab.free.insert(extent.start, extent.end);
+        self.free_total_bytes += extent.end - extent.start;
+    }
+
+    /// Number of metaslabs of each top-level vdev.
+    pub fn metaslab_counts(&self) -> Vec<usize> {
+        self.vdevs.iter().map(|vdev| vdev.metaslabs.len()).collect()
+    }
+
     /// Checks that every byte of every metaslab is in exactly one state.
     pub fn verify(&self) -> Result<(), String> {
         for vdev in &self.vdevs {
             for metaslab in &vdev.metaslabs {
-                let sets: [(&str, &RangeSet); 6] = [
+                let sets: [(&str, &RangeSet); 7] = [
                     ("free", &metaslab.free),
+                    ("trimming", &metaslab.trimming),
                     ("allocated", &metaslab.allocated),
                     ("pending_allocs", &metaslab.pending_allocs),
                     ("syncing_frees", &metaslab.syncing_frees),
@@ -727,6 +927,14 @@ impl Allocator {
                                 return Err(format!("vdev {} metaslab {}: {name} and {other_name} overlap at {start}..{end}", vdev.vdev, metaslab.index));
                             }
                         }
+                    }
+                }
+                for (start, end) in metaslab.trim_pending.iter() {
+                    if !metaslab.free.contains(start, end) {
+                        return Err(format!(
+                            "vdev {} metaslab {}: noted for trim {start}..{end} is not free",
+                            vdev.vdev, metaslab.index
+                        ));
                     }
                 }
                 for (start, end) in metaslab.pending_frees.iter() {
@@ -901,7 +1109,7 @@ mod tests {
                 allocator.free(dva);
             }
             allocator.take_pending(txg);
-            allocator.sync_done(txg);
+            allocator.sync_done(txg, false);
             txg += 1;
         }
         allocator.verify().unwrap();
@@ -936,8 +1144,125 @@ mod tests {
         }));
         allocator.commit(dva);
         allocator.take_pending(1);
-        allocator.sync_done(1);
+        allocator.sync_done(1, false);
         assert_eq!(allocator.free_bytes(), free - 16384);
+        allocator.verify().unwrap();
+    }
+
+    #[test]
+    fn freed_space_is_noted_for_trim_and_held_only_while_discarded() {
+        let mut allocator = allocator();
+        // Apart, so their frees do not merge into one extent.
+        let big = allocator.allocate(65536, BlockClass::Data, None).unwrap();
+        let spacer = allocator.allocate(4096, BlockClass::Data, None).unwrap();
+        let small = allocator.allocate(4096, BlockClass::Data, None).unwrap();
+        allocator.commit(big);
+        allocator.commit(spacer);
+        allocator.commit(small);
+        allocator.take_pending(1);
+        allocator.sync_done(1, true);
+        assert!(!allocator.has_pending_trims());
+        let free_before = allocator.free_bytes();
+        allocator.free(big);
+        allocator.free(small);
+        allocator.take_pending(2);
+        allocator.sync_done(2, true);
+        allocator.sync_done(3, true);
+        assert!(
+            !allocator.has_pending_trims(),
+            "noted inside the defer window"
+        );
+        // Released: both allocatable at once, and noted for autotrim.
+        allocator.sync_done(4, true);
+        assert!(allocator.has_pending_trims());
+        assert_eq!(allocator.free_bytes(), free_before + 65536 + 4096);
+        allocator.verify().unwrap();
+        // Taken for a discard: only the large one (the small one is not
+        // worth a command), held out of allocation until it ends.
+        let extents = allocator.take_pending_trims(16);
+        assert_eq!(
+            extents,
+            vec![TrimExtent {
+                vdev: 0,
+                start: big.offset,
+                end: big.end()
+            }]
+        );
+        assert!(!allocator.has_pending_trims());
+        assert_eq!(allocator.free_bytes(), free_before + 4096);
+        assert_eq!(allocator.trimming_bytes(), 65536);
+        allocator.verify().unwrap();
+        for _ in 0..64 {
+            let dva = allocator.allocate(4096, BlockClass::Data, None).unwrap();
+            assert!(
+                dva.end() <= big.offset || dva.offset >= big.end(),
+                "allocated {dva:?} inside a range being discarded"
+            );
+        }
+        allocator.trim_done(extents[0]);
+        assert_eq!(allocator.trimming_bytes(), 0);
+        assert_eq!(
+            allocator.free_bytes(),
+            free_before + 4096 - 64 * 4096 + 65536
+        );
+        allocator.verify().unwrap();
+        // A trim of all free space: each piece is held while discarded.
+        let (pieces, free_in_metaslab) = allocator.free_extents_for_trim(0, 0);
+        assert!(!pieces.is_empty() && free_in_metaslab > 0);
+        assert!(pieces
+            .iter()
+            .all(|piece| piece.end - piece.start <= TRIM_EXTENT_BYTES_MAX));
+        let mut held = Vec::new();
+        for piece in pieces {
+            if allocator.hold_for_trim(piece) {
+                held.push(piece);
+            }
+        }
+        assert!(!held.is_empty());
+        assert!(allocator.trimming_bytes() <= TRIM_HELD_BYTES_MAX);
+        allocator.verify().unwrap();
+        for piece in held {
+            assert!(!allocator.hold_for_trim(piece), "held twice");
+            allocator.trim_done(piece);
+        }
+        allocator.verify().unwrap();
+    }
+
+    #[test]
+    fn an_allocation_takes_its_space_out_of_the_trim_notes() {
+        let mut allocator = allocator();
+        let dva = allocator.allocate(1 << 20, BlockClass::Data, None).unwrap();
+        allocator.commit(dva);
+        allocator.take_pending(1);
+        allocator.sync_done(1, true);
+        allocator.free(dva);
+        allocator.take_pending(2);
+        for txg in 2..=4 {
+            allocator.sync_done(txg, true);
+        }
+        assert!(allocator.has_pending_trims());
+        // Claim part of the noted range (as a replay would): it leaves the notes.
+        let claimed = Dva {
+            vdev: 0,
+            asize: 65536,
+            offset: dva.offset + 65536,
+        };
+        assert!(allocator.claim(claimed));
+        allocator.verify().unwrap();
+        let extents = allocator.take_pending_trims(64);
+        assert!(extents
+            .iter()
+            .all(|extent| extent.end <= claimed.offset || extent.start >= claimed.end()));
+        assert_eq!(
+            extents
+                .iter()
+                .map(|extent| extent.end - extent.start)
+                .sum::<u64>(),
+            (1 << 20) - 65536
+        );
+        for extent in extents {
+            allocator.trim_done(extent);
+        }
         allocator.verify().unwrap();
     }
 
@@ -954,19 +1279,19 @@ mod tests {
                 length: 16384
             }]
         );
-        allocator.sync_done(1);
+        allocator.sync_done(1, false);
         let free_before = allocator.free_bytes();
         allocator.free(dva);
         allocator.take_pending(2);
-        allocator.sync_done(2);
+        allocator.sync_done(2, false);
         assert_eq!(
             allocator.free_bytes(),
             free_before,
             "freed space reusable after one txg"
         );
-        allocator.sync_done(3);
+        allocator.sync_done(3, false);
         assert_eq!(allocator.free_bytes(), free_before);
-        allocator.sync_done(4);
+        allocator.sync_done(4, false);
         assert_eq!(allocator.free_bytes(), free_before + 16384);
         allocator.verify().unwrap();
     }
@@ -1018,12 +1343,12 @@ mod tests {
             dvas.push(dva);
         }
         allocator.take_pending(7);
-        allocator.sync_done(7);
+        allocator.sync_done(7, false);
         for dva in dvas.iter().step_by(3) {
             allocator.free(*dva);
         }
         allocator.take_pending(8);
-        allocator.sync_done(8);
+        allocator.sync_done(8, false);
         for dva in dvas
             .iter()
             .skip(1)
@@ -1033,7 +1358,7 @@ mod tests {
             allocator.free(*dva);
         }
         allocator.take_pending(9);
-        allocator.sync_done(9);
+        allocator.sync_done(9, false);
         let metaslab = &allocator.vdevs[0].metaslabs[0];
         let checkpoint = metaslab.checkpoint_records(9);
         let mut replayed = Metaslab::new(0, 0, 1 << 24);

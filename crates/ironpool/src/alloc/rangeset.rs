@@ -167,6 +167,28 @@ impl RangeSet {
         Ok(())
     }
 
+    /// Removes whatever part of `start..end` is in the set (nothing if none).
+    pub fn remove_overlapping(&mut self, start: u64, end: u64) {
+        if !self.overlaps(start, end) {
+            return;
+        }
+        let mut pieces: Vec<(u64, u64)> = Vec::new();
+        if let Some((&range_start, &range_end)) = self.ranges.range(..start).next_back() {
+            if range_end > start {
+                pieces.push((start, range_end.min(end)));
+            }
+            let _ = range_start;
+        }
+        pieces.extend(
+            self.ranges
+                .range(start..end)
+                .map(|(&range_start, &range_end)| (range_start, range_end.min(end))),
+        );
+        for (piece_start, piece_end) in pieces {
+            self.remove(piece_start, piece_end);
+        }
+    }
+
     /// `try_insert` for callers that own the invariant; a failure is a bug.
     pub fn insert(&mut self, start: u64, end: u64) {
         if let Err(error) = self.try_insert(start, end) {

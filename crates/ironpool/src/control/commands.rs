@@ -104,6 +104,14 @@ pub enum Command {
     ScrubStart,
     ScrubStop,
     ScrubStatus,
+    /// Discards all free space in the background (`ironpool trim`).
+    TrimStart,
+    TrimStop,
+    TrimStatus,
+    /// Stops serving and exports the pool (`ironpool export` of a served
+    /// pool): the server finishes requests in flight, commits, marks the
+    /// pool exported and exits, as on SIGTERM.
+    Export,
     /// Takes a device out of service.
     Offline {
         device: String,
@@ -397,6 +405,19 @@ pub async fn execute(
         Command::ScrubStatus => {
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
         }
+        Command::TrimStart => {
+            pool.trim_start()?;
+            Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null))
+        }
+        Command::TrimStop => {
+            pool.trim_cancel();
+            Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null))
+        }
+        Command::TrimStatus => Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null)),
+        Command::Export => {
+            pool.request_export();
+            Ok(json!({ "exporting": pool.name() }))
+        }
         Command::Clear => {
             let cleared = pool.clear().await?;
             let mut answer = status(pool);
@@ -517,6 +538,7 @@ fn status(pool: &Pool) -> Value {
                 "no_space_errors": stats.no_space_errors,
                 "host_full": stats.host_full,
                 "direct_io": direct,
+                "trim_supported": leaf.trim_supported(),
             }));
         }
         vdevs.push(json!({
@@ -547,6 +569,7 @@ fn status(pool: &Pool) -> Value {
         "vdevs": vdevs,
         "scrub": pool.scrub_status(),
         "resilver": pool.resilver_status(),
+        "trim": pool.trim_status(),
         "unrecoverable_reads": pool.store().stats().unrecoverable_reads,
         "healed_reads": pool.store().stats().healed_reads,
         "notes": pool.notes(),

@@ -485,6 +485,32 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         resilver.errors as f64,
     );
 
+    let trim = pool.trim_status();
+    gauge(
+        &mut out,
+        "ironpool_trim_running",
+        "1 while a trim of all free space runs.",
+        f64::from(u8::from(trim.state == "trimming")),
+    );
+    gauge(
+        &mut out,
+        "ironpool_trim_examined_bytes",
+        "Free bytes the running or last trim of all free space went through.",
+        trim.examined_bytes as f64,
+    );
+    gauge(
+        &mut out,
+        "ironpool_trim_to_examine_bytes",
+        "Free bytes when the running or last trim of all free space started.",
+        trim.total_bytes as f64,
+    );
+    counter(
+        &mut out,
+        "ironpool_autotrim_discarded_bytes_total",
+        "Device bytes autotrim discarded since import.",
+        trim.autotrim_trimmed_bytes as f64,
+    );
+
     // Devices.
     struct Device {
         vdev: String,
@@ -533,7 +559,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         &'static str,
         fn(&crate::queue::stats::LeafStats) -> u64,
     );
-    let device_counters: [Figure; 7] = [
+    let device_counters: [Figure; 9] = [
         (
             "ironpool_device_read_ops_total",
             "Reads issued to the device (after aggregation).",
@@ -558,6 +584,16 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
             "ironpool_device_flush_ops_total",
             "Cache flushes issued to the device.",
             |stats| stats.flush_ops,
+        ),
+        (
+            "ironpool_device_trim_ops_total",
+            "Discards issued to the device.",
+            |stats| stats.trim_ops,
+        ),
+        (
+            "ironpool_device_trim_bytes_total",
+            "Bytes the device was told to discard.",
+            |stats| stats.trim_bytes,
         ),
         (
             "ironpool_device_repaired_bytes_total",

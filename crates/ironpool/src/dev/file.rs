@@ -39,6 +39,9 @@ pub enum OpenError {
 pub struct FileDevice {
     fd: OwnedFd,
     info: DeviceInfo,
+    /// A block device (discarded with the block layer's discard) rather
+    /// than a regular file (whose range is punched out).
+    block: bool,
 }
 
 // ioctl numbers from <linux/fs.h>.
@@ -110,7 +113,11 @@ impl FileDevice {
         } else {
             regular_file_info(&fd, &display, &metadata, direct)
         };
-        Ok(FileDevice { fd, info })
+        Ok(FileDevice {
+            fd,
+            info,
+            block: is_block,
+        })
     }
 }
 
@@ -274,6 +281,26 @@ impl Device for FileDevice {
                 .await
                 .map_err(|error| DeviceError::from_io(&self.info.path, error))?;
             Ok(())
+        })
+    }
+
+    fn trim(&self, offset: u64, length: u64) -> DeviceFuture<'_, Result<(), DeviceError>> {
+        Box::pin(async move {
+            check_range(&self.info, offset, std::iter::once(length as usize))?;
+            let fd = self.fd.as_raw_fd();
+            let result = if self.block {
+                uring::block_discard(fd, offset, length).await
+            } else {
+                uring::punch_hole(fd, offset, length).await
+            };
+            result.map_err(|error| match error.raw_os_error() {
+                Some(libc::EOPNOTSUPP) | Some(libc::EINVAL) | Some(libc::ENOTTY) => {
+                    DeviceError::Unsupported {
+                        path: self.info.path.clone(),
+                    }
+                }
+                _ => DeviceError::from_io(&self.info.path, error),
+            })
         })
     }
 }

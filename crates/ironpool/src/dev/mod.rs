@@ -52,6 +52,9 @@ pub enum DeviceError {
     /// space is freed. It must never fault the device.
     #[error("the filesystem holding {path} is full (no space left on device): free space there, then run `ironpool clear`")]
     NoSpace { path: String },
+    /// The device (or the filesystem holding the file) has no discard.
+    #[error("{path} does not support discard (TRIM)")]
+    Unsupported { path: String },
 }
 
 impl DeviceError {
@@ -99,6 +102,13 @@ pub trait Device {
 
     /// Makes every write completed before this call durable.
     fn flush(&self) -> DeviceFuture<'_, Result<(), DeviceError>>;
+
+    /// Tells the device `length` bytes at `offset` hold nothing worth
+    /// keeping (TRIM): a file gives the space back to its filesystem, an SSD
+    /// or thin volume to its pool. Afterwards the range may read as zeros or
+    /// as its old bytes; like a write, it may be lost by a crash before a
+    /// flush. [`DeviceError::Unsupported`] when the device cannot.
+    fn trim(&self, offset: u64, length: u64) -> DeviceFuture<'_, Result<(), DeviceError>>;
 }
 
 /// Checks that an I/O is inside the device and aligned; returns its length.

@@ -112,6 +112,10 @@ pub struct SimCounters {
     pub reads: u64,
     pub writes: u64,
     pub flushes: u64,
+    /// Discards (each a write of zeros into the volatile cache).
+    pub trims: u64,
+    /// Discards refused by a device without discard.
+    pub refused_trims: u64,
     pub injected_faults: u64,
     pub read_errors: u64,
     pub read_corruptions: u64,
@@ -150,6 +154,9 @@ pub struct SimDevice {
     /// Issue numbers of the I/Os in flight (to count reordered completions).
     in_flight: RefCell<BTreeSet<u64>>,
     next_issue: Cell<u64>,
+    /// False for a device without discard (a disk or filesystem that cannot
+    /// TRIM): every discard is refused as unsupported.
+    discard: Cell<bool>,
 }
 
 impl SimDevice {
@@ -174,6 +181,7 @@ impl SimDevice {
             counters: Cell::new(SimCounters::default()),
             in_flight: RefCell::new(BTreeSet::new()),
             next_issue: Cell::new(0),
+            discard: Cell::new(true),
         })
     }
 
@@ -189,6 +197,11 @@ impl SimDevice {
 
     pub fn faults(&self) -> SimFaults {
         self.faults.borrow().clone()
+    }
+
+    /// Gives the device discard, or takes it away (see the field).
+    pub fn set_discard(&self, discard: bool) {
+        self.discard.set(discard);
     }
 
     /// Makes the device vanish (every operation fails) or come back.
@@ -545,6 +558,36 @@ impl Device for SimDevice {
                 data,
             });
             // The write reports success wherever it landed: that is the fault.
+            Ok(())
+        })
+    }
+
+    /// A discard is a write of zeros into the volatile cache: a crash before
+    /// the next flush keeps each of its sectors or not, like any write (a
+    /// device may also ignore a discard). It fails as writes do.
+    fn trim(&self, offset: u64, length: u64) -> DeviceFuture<'_, Result<(), DeviceError>> {
+        Box::pin(async move {
+            check_range(&self.info, offset, std::iter::once(length as usize))?;
+            if !self.discard.get() {
+                self.count(|counters| counters.refused_trims += 1);
+                return Err(DeviceError::Unsupported {
+                    path: self.info.path.clone(),
+                });
+            }
+            self.spend_latency().await;
+            self.count(|counters| counters.trims += 1);
+            let faults = self.faults.borrow().clone();
+            if faults.offline {
+                self.count(|counters| counters.offline_errors += 1);
+                return Err(DeviceError::Missing);
+            }
+            if self.draw_fault(faults.write_error_ppm, FaultKind::WriteError) {
+                return Err(DeviceError::Io("simulated trim error".into()));
+            }
+            self.media.borrow_mut().pending.push(PendingWrite {
+                offset,
+                data: vec![0u8; length as usize],
+            });
             Ok(())
         })
     }

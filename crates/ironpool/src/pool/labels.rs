@@ -156,6 +156,148 @@ pub async fn probe_path(path: &Path) -> Option<Probe> {
     Some(probe_device(&device, path).await)
 }
 
+/// A pool found on devices, as `ironpool import` lists it.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FoundPool {
+    pub name: String,
+    /// Hexadecimal: what `import GUID` takes.
+    pub guid: String,
+    /// False when its labels say it is in use (imported by a server that
+    /// has not exported it: one running now, or one that crashed).
+    pub exported_cleanly: bool,
+    /// The host that last imported it.
+    pub hostname: String,
+    /// The newest txg found on its devices.
+    pub txg: u64,
+    /// Top-level vdevs: `mirror(2)`, `raidz2(6)`, `disk`.
+    pub layout: Vec<String>,
+    /// Its devices found, and how many its config names.
+    pub devices: Vec<String>,
+    pub expected_devices: usize,
+    /// Every top-level vdev has enough devices to be read.
+    pub importable: bool,
+    /// Labels that did not decode on its devices (the others were used).
+    pub damaged_labels: usize,
+}
+
+/// The pools whose devices are in `directories` (each probed read-only,
+/// without locks), by guid: two pools of one name are two entries.
+pub async fn discover(directories: &[PathBuf]) -> Vec<FoundPool> {
+    let mut probes: Vec<Probe> = Vec::new();
+    for directory in directories {
+        // A directory that cannot be read holds no pool we can import.
+        if let Ok(found) = probe_directory(directory).await {
+            probes.extend(found);
+        }
+    }
+    let mut guids: Vec<u64> = probes
+        .iter()
+        .filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid))
+        .collect();
+    guids.sort_unstable();
+    guids.dedup();
+    let mut pools = Vec::new();
+    for guid in guids {
+        let mine: Vec<&Probe> = probes
+            .iter()
+            .filter(|probe| {
+                probe
+                    .label
+                    .as_ref()
+                    .is_some_and(|label| label.pool_guid == guid)
+            })
+            .collect();
+        let Some(config) = mine
+            .iter()
+            .filter_map(|probe| probe.label.as_ref())
+            .max_by_key(|label| label.config_txg)
+            .map(|label| label.config.clone())
+        else {
+            continue;
+        };
+        let present: Vec<u64> = mine
+            .iter()
+            .filter_map(|probe| probe.label.as_ref().map(|label| label.leaf_guid))
+            .collect();
+        let importable = config.vdevs.iter().all(|top| {
+            let missing = top
+                .children
+                .iter()
+                .filter(|leaf| !present.contains(&leaf.guid))
+                .count();
+            let tolerated = match top.kind {
+                crate::format::label::TopVdevKind::Mirror => top.children.len() - 1,
+                kind => kind.parity() as usize,
+            };
+            missing <= tolerated
+        });
+        let layout = config
+            .vdevs
+            .iter()
+            .map(|top| match top.kind {
+                crate::format::label::TopVdevKind::Disk => "disk".to_string(),
+                kind => format!(
+                    "{}({})",
+                    kind.vdev_name(0).trim_end_matches("-0"),
+                    top.children.len()
+                ),
+            })
+            .collect();
+        pools.push(FoundPool {
+            name: config.name.clone(),
+            guid: format!("{guid:#x}"),
+            exported_cleanly: config.state == crate::format::label::PoolState::Exported,
+            hostname: config.hostname.clone(),
+            txg: mine
+                .iter()
+                .flat_map(|probe| probe.uberblocks.iter())
+                .filter(|uberblock| uberblock.pool_guid == guid)
+                .map(|uberblock| uberblock.txg)
+                .max()
+                .unwrap_or(0),
+            layout,
+            devices: mine
+                .iter()
+                .map(|probe| probe.path.display().to_string())
+                .collect(),
+            expected_devices: config.vdevs.iter().map(|top| top.children.len()).sum(),
+            importable,
+            damaged_labels: mine.iter().map(|probe| probe.damaged_labels.len()).sum(),
+        });
+    }
+    pools
+}
+
+/// Erases every label of a device (config areas and uberblock rings, at
+/// the front and at the end) and flushes: it no longer belongs to any pool.
+/// The caller has checked that no pool uses it.
+pub async fn clear_labels(device: &dyn Device) -> Result<(), crate::dev::DeviceError> {
+    let size = device.info().size_bytes;
+    // The end labels sit where the device ended when it joined its pool
+    // (it may have grown since), and where it ends now.
+    let probe = probe_device(device, Path::new(&device.info().path)).await;
+    let recorded = probe.label.as_ref().and_then(|label| {
+        let (top, child) = label.config.find_leaf(label.leaf_guid)?;
+        Some(top.children[child].device_size_bytes)
+    });
+    let mut offsets: Vec<u64> = Vec::new();
+    for end in [Some(size), recorded].into_iter().flatten() {
+        for index in 0..LABEL_COUNT {
+            offsets.push(label_offset(index, end.min(size)));
+        }
+    }
+    offsets.sort_unstable();
+    offsets.dedup();
+    for offset in offsets {
+        if offset + LABEL_SIZE_BYTES > size {
+            continue;
+        }
+        let zeros = BufSlice::whole(AlignedBuf::zeroed(LABEL_SIZE_BYTES as usize).into_shared());
+        device.write(offset, vec![zeros]).await?;
+    }
+    device.flush().await
+}
+
 /// Writes the config area of labels `indexes` on a leaf.
 pub async fn write_labels(
     leaf: &Rc<LeafVdev>,

@@ -61,7 +61,7 @@ pub enum PoolError {
         /// device taken over by another pool is named, not just "not found".
         others: String,
     },
-    #[error("more than one pool named '{name}' found (guids {guids}); move the other pool's devices away")]
+    #[error("more than one pool named '{name}' found (guids {guids}); import one by its guid (`ironpool import GUID [NEWNAME]`) or move the other pool's devices away")]
     Ambiguous { name: String, guids: String },
     #[error("pool '{pool}' cannot be opened: missing or unusable devices: {devices}")]
     MissingDevices { pool: String, devices: String },
@@ -193,6 +193,31 @@ pub struct NewTopVdev {
     pub devices: Vec<NewDevice>,
 }
 
+/// Which pool an import takes from the devices found.
+#[derive(Clone, Copy, Debug)]
+enum PoolSelector<'a> {
+    Name(&'a str),
+    Guid(u64),
+}
+
+impl PoolSelector<'_> {
+    fn matches(&self, label: &crate::format::label::Label) -> bool {
+        match self {
+            PoolSelector::Name(name) => label.config.name == *name,
+            PoolSelector::Guid(guid) => label.pool_guid == *guid,
+        }
+    }
+}
+
+impl std::fmt::Display for PoolSelector<'_> {
+    fn fmt(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            PoolSelector::Name(name) => write!(formatter, "{name}"),
+            PoolSelector::Guid(guid) => write!(formatter, "{guid:#x}"),
+        }
+    }
+}
+
 /// An open pool.
 pub struct Pool {
     name: String,
@@ -209,6 +234,8 @@ pub struct Pool {
     tunables: RefCell<PoolTunables>,
     scrub: RefCell<scan::scrub::ScrubState>,
     resilver: RefCell<scan::resilver::ResilverState>,
+    /// Autotrim's queue and `ironpool trim` (see `scan::trim`).
+    trim: RefCell<scan::trim::TrimState>,
     /// Uberblock txg the pool was imported at (0 for a new pool).
     imported_txg: u64,
     /// Notes from import (damaged labels, unclean export, stale devices,
@@ -224,6 +251,12 @@ pub struct Pool {
     /// Notified when a volume or a snapshot is destroyed: NBD ends the
     /// connections that served it.
     exports_gone: Notify,
+    /// An operator asked for the pool to be exported (`ironpool export` of
+    /// a served pool): the server stops serving, as on SIGTERM.
+    export_asked: Notify,
+    /// Discards of free space ended, giving it back to allocation: a write
+    /// that found the pool full waits for it.
+    trims_ended: Notify,
     /// Serialises administrative changes to datasets (snapshot, destroy, clone,
     /// rollback, promote, receive).
     admin_lock: Rc<crate::rt::sync::Semaphore>,
@@ -438,12 +471,15 @@ impl Pool {
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),
+            trim: RefCell::new(scan::trim::TrimState::default()),
             imported_txg: 0,
             import_notes: RefCell::new(Vec::new()),
             missing_at_import: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             exports_gone: Notify::new(),
+            export_asked: Notify::new(),
+            trims_ended: Notify::new(),
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
@@ -634,24 +670,61 @@ impl Pool {
         devices: Vec<(String, Rc<dyn Device>)>,
         tunables: PoolTunables,
     ) -> Result<Rc<Pool>, PoolError> {
+        Pool::import_selected(PoolSelector::Name(name), devices, tunables).await
+    }
+
+    /// Imports the pool with guid `guid` from the devices in `directories`,
+    /// whatever its name (two pools of one name, or a rename cut short that
+    /// left some labels with each name).
+    pub async fn import_guid(
+        guid: u64,
+        directories: &[PathBuf],
+        tunables: PoolTunables,
+    ) -> Result<Rc<Pool>, PoolError> {
+        let mut devices: Vec<(String, Rc<dyn Device>)> = Vec::new();
+        for directory in directories {
+            let found = labels::probe_directory(directory)
+                .await
+                .map_err(|error| PoolError::Device(format!("{}: {error}", directory.display())))?;
+            for probe in found {
+                if probe
+                    .label
+                    .as_ref()
+                    .is_some_and(|label| label.pool_guid == guid)
+                {
+                    let device = open_when_free(&probe.path).await?;
+                    devices.push((probe.path.display().to_string(), Rc::new(device)));
+                }
+            }
+        }
+        Pool::import_selected(PoolSelector::Guid(guid), devices, tunables).await
+    }
+
+    async fn import_selected(
+        selector: PoolSelector<'_>,
+        devices: Vec<(String, Rc<dyn Device>)>,
+        tunables: PoolTunables,
+    ) -> Result<Rc<Pool>, PoolError> {
         let mut probes: Vec<(Probe, Rc<dyn Device>)> = Vec::new();
         for (path, device) in devices {
             let probe = labels::probe_device(&*device, Path::new(&path)).await;
             if probe
                 .label
                 .as_ref()
-                .is_some_and(|label| label.config.name == name)
+                .is_some_and(|label| selector.matches(label))
             {
                 probes.push((probe, device));
             }
         }
         let Some((config, uberblocks)) = choose_config(&probes) else {
             return Err(PoolError::NotFound {
-                name: name.to_string(),
+                name: selector.to_string(),
                 searched: "the given devices".into(),
                 others: String::new(),
             });
         };
+        let name = config.name.clone();
+        let name = name.as_str();
         let mut notes = Vec::new();
         for (probe, _) in &probes {
             for (index, reason) in &probe.damaged_labels {
@@ -782,12 +855,15 @@ impl Pool {
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),
+            trim: RefCell::new(scan::trim::TrimState::default()),
             imported_txg: uberblock.txg,
             import_notes: RefCell::new(notes),
             missing_at_import: missing,
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             exports_gone: Notify::new(),
+            export_asked: Notify::new(),
+            trims_ended: Notify::new(),
             snapshot_holds: RefCell::new(BTreeMap::new()),
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
@@ -875,6 +951,16 @@ impl Pool {
     /// future made before the destroy and polled after it completes too).
     pub fn export_destroyed(&self) -> crate::rt::sync::Notified<'_> {
         self.exports_gone.notified()
+    }
+
+    /// Asks whoever serves the pool to export it (`ironpool export`).
+    pub fn request_export(&self) {
+        self.export_asked.notify_all();
+    }
+
+    /// Completes once an export is asked for after the call.
+    pub fn export_requested(&self) -> crate::rt::sync::Notified<'_> {
+        self.export_asked.notified()
     }
 
     /// Volumes users see (not the hidden volumes of receives in progress).
@@ -1154,11 +1240,27 @@ impl Pool {
             || self.store.allocator.borrow().has_pending()
     }
 
+    /// Gives the pool a new name in its labels from the next commit (an
+    /// import under a new name): the open pool keeps answering to its old
+    /// name until it is imported again.
+    pub fn rename_in_labels(&self, name: &str) -> Result<(), PoolError> {
+        if !valid_name(name) {
+            return Err(PoolError::InvalidArgument(format!(
+                "'{name}' is not a valid pool name (letters, digits, '-', '_', '.'; starting with a letter or digit)"
+            )));
+        }
+        self.txg.ensure_writable()?;
+        self.config.borrow_mut().name = name.to_string();
+        self.config_dirty.set(true);
+        Ok(())
+    }
+
     /// Commits everything, marks the pool exported in its labels and releases the
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
         self.scrub_pause().await;
         self.resilver_stop().await;
+        self.trim_stop().await;
         self.config.borrow_mut().state = PoolState::Exported;
         self.config_dirty.set(true);
         self.commit().await?;

@@ -827,7 +827,11 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         "txg {} durable out of order",
         built.txg
     );
-    store.allocator.borrow_mut().sync_done(built.txg);
+    store
+        .allocator
+        .borrow_mut()
+        .sync_done(built.txg, pool.autotrim());
+    pool.start_autotrim();
     pool.objects.set_durable_txg(built.txg);
     crate::pool::dataset::intent_log::txg_durable(pool, built.txg);
     let state = &pool.txg;

@@ -191,6 +191,8 @@ pub struct IoFlags {
 enum Direction {
     Read = 0,
     Write = 1,
+    /// A discard: never aggregated, never counted against the device's health.
+    Trim = 2,
 }
 
 enum Payload {
@@ -200,6 +202,8 @@ enum Payload {
     /// columns on this child, see `TopVdev::write_run`): written with one
     /// iovec each, never copied.
     Writev(Vec<BufSlice>),
+    /// A discard of the request's range: no bytes.
+    Trim,
 }
 
 enum Completion {
@@ -228,6 +232,7 @@ impl Pending {
         match &self.payload {
             Payload::Writev(slices) => slices.len(),
             Payload::Read(_) | Payload::Write(_) => 1,
+            Payload::Trim => 0,
         }
     }
 }
@@ -237,7 +242,7 @@ struct State {
     pending: rustc_hash::FxHashMap<u64, Pending>,
     fifo: [VecDeque<u64>; CLASS_COUNT],
     queued: [u32; CLASS_COUNT],
-    by_offset: [BTreeSet<(u64, u64)>; 2],
+    by_offset: [BTreeSet<(u64, u64)>; 3],
     active: [u32; CLASS_COUNT],
     active_total: u32,
     round_robin_next: usize,
@@ -272,7 +277,7 @@ impl VdevQueue {
                 pending: Default::default(),
                 fifo: Default::default(),
                 queued: [0; CLASS_COUNT],
-                by_offset: [BTreeSet::new(), BTreeSet::new()],
+                by_offset: [BTreeSet::new(), BTreeSet::new(), BTreeSet::new()],
                 active: [0; CLASS_COUNT],
                 active_total: 0,
                 round_robin_next: 0,
@@ -440,6 +445,27 @@ impl VdevQueue {
         }
     }
 
+    /// Discards `length` bytes at absolute device offset `offset`, in the
+    /// trim class. Fails with [`DeviceError::Unsupported`] when the device
+    /// has no discard; a failed discard never counts against the device's
+    /// health (the space is free either way).
+    pub async fn trim(self: &Rc<Self>, offset: u64, length: u64) -> Result<(), DeviceError> {
+        match self
+            .enqueue(
+                IoClass::Trim,
+                Direction::Trim,
+                offset,
+                length,
+                IoFlags::default(),
+                Payload::Trim,
+            )
+            .await
+        {
+            Completion::Write(result) => result,
+            Completion::Read(_) => unreachable!("a trim completed as a read"),
+        }
+    }
+
     /// Flushes the device's write cache (not queued: a flush covers writes that
     /// completed before it, and callers only flush after their writes complete).
     pub async fn flush(self: &Rc<Self>) -> Result<(), DeviceError> {
@@ -463,7 +489,7 @@ impl VdevQueue {
         if self.device.borrow().is_none() {
             return match direction {
                 Direction::Read => Completion::Read(Err(DeviceError::Missing)),
-                Direction::Write => Completion::Write(Err(DeviceError::Missing)),
+                Direction::Write | Direction::Trim => Completion::Write(Err(DeviceError::Missing)),
             };
         }
         let (reply, receiver) = oneshot();
@@ -499,6 +525,7 @@ impl VdevQueue {
                     stats.write_requests += 1;
                     stats.write_request_sizes.record(length);
                 }
+                Direction::Trim => {}
             }
         }
         self.kick();
@@ -507,7 +534,7 @@ impl VdevQueue {
             // The queue was torn down (pool export or crash) with the I/O queued.
             None => match direction {
                 Direction::Read => Completion::Read(Err(DeviceError::Missing)),
-                Direction::Write => Completion::Write(Err(DeviceError::Missing)),
+                Direction::Write | Direction::Trim => Completion::Write(Err(DeviceError::Missing)),
             },
         }
     }
@@ -609,6 +636,10 @@ impl VdevQueue {
                     stats.write_bytes += total;
                     stats.write_device_sizes.record(total);
                 }
+                Direction::Trim => {
+                    stats.trim_ops += 1;
+                    stats.trim_bytes += total;
+                }
             }
         }
         let child_count = aggregate.children.len();
@@ -650,6 +681,11 @@ async fn run_device_io(
     mut children: Vec<Pending>,
 ) -> (Result<(), DeviceError>, Vec<Pending>) {
     match direction {
+        Direction::Trim => {
+            let length = children.iter().map(|child| child.length).sum();
+            let result = device.trim(offset, length).await;
+            (result, children)
+        }
         Direction::Write => {
             let mut slices: Vec<BufSlice> =
                 Vec::with_capacity(children.iter().map(Pending::iovecs).sum());
@@ -657,7 +693,9 @@ async fn run_device_io(
                 match &child.payload {
                     Payload::Write(slice) => slices.push(slice.clone()),
                     Payload::Writev(run) => slices.extend(run.iter().cloned()),
-                    Payload::Read(_) => unreachable!("a read in a write aggregate"),
+                    Payload::Read(_) | Payload::Trim => {
+                        unreachable!("a read or trim in a write aggregate")
+                    }
                 }
             }
             let result = device.write(offset, slices).await;
@@ -680,8 +718,8 @@ async fn run_device_io(
                     Payload::Read(AlignedBuf::zeroed(0)),
                 ) {
                     Payload::Read(buffer) => buffer,
-                    Payload::Write(_) | Payload::Writev(_) => {
-                        unreachable!("a write in a read aggregate")
+                    Payload::Write(_) | Payload::Writev(_) | Payload::Trim => {
+                        unreachable!("a write or trim in a read aggregate")
                     }
                 };
                 buffers.push(buffer);
@@ -714,6 +752,10 @@ fn complete(
         match &result {
             // A full host filesystem is not the device failing: reads still
             // work, and writes do again once space is freed.
+            // A discard that failed leaves free space as it was: the device
+            // serves reads and writes as before.
+            Err(DeviceError::Unsupported { .. }) => {}
+            Err(_) if child.direction == Direction::Trim => stats.trim_errors += 1,
             Err(error) if error.is_no_space() => {
                 stats.no_space_errors += 1;
                 if !stats.host_full {
@@ -725,13 +767,14 @@ fn complete(
             Err(_) => {
                 match child.direction {
                     Direction::Read => stats.read_errors += 1,
-                    Direction::Write => stats.write_errors += 1,
+                    Direction::Write | Direction::Trim => stats.write_errors += 1,
                 }
                 stats.consecutive_errors += 1;
             }
             // host_full stays set until `ironpool clear`: writes over space the
             // host filesystem had already given the file succeed while it is
             // full, so a success says nothing about the next write.
+            Ok(()) if child.direction == Direction::Trim => {}
             Ok(()) => stats.consecutive_errors = 0,
         }
         let class_stats = stats.class(child.class);
@@ -746,7 +789,7 @@ fn complete(
     }
     let completion = match child.payload {
         Payload::Read(buffer) => Completion::Read(result.map(|()| buffer)),
-        Payload::Write(_) | Payload::Writev(_) => Completion::Write(result),
+        Payload::Write(_) | Payload::Writev(_) | Payload::Trim => Completion::Write(result),
     };
     child.reply.send(completion);
 }
@@ -840,7 +883,10 @@ fn pop_head(state: &mut State, class: IoClass) -> Option<u64> {
 }
 
 fn compatible(a: &Pending, b: &Pending) -> bool {
-    a.direction == b.direction && a.flags.repair == b.flags.repair && a.flags.scrub == b.flags.scrub
+    a.direction == b.direction
+        && a.direction != Direction::Trim
+        && a.flags.repair == b.flags.repair
+        && a.flags.scrub == b.flags.scrub
 }
 
 /// Grows an aggregate around `head` and removes its members from the queue.
@@ -958,7 +1004,7 @@ fn build_aggregate(
         let child = children.pop().expect("one child");
         let completion = match child.payload {
             Payload::Read(buffer) => Completion::Read(Ok(buffer)),
-            Payload::Write(_) | Payload::Writev(_) => Completion::Write(Ok(())),
+            Payload::Write(_) | Payload::Writev(_) | Payload::Trim => Completion::Write(Ok(())),
         };
         child.reply.send(completion);
         return None;

@@ -81,6 +81,11 @@ pub struct LeafStats {
     pub read_bytes: u64,
     pub write_bytes: u64,
     pub flush_ops: u64,
+    /// Discards issued, and the bytes they covered.
+    pub trim_ops: u64,
+    pub trim_bytes: u64,
+    /// Discards that failed (counted apart: they never fault the leaf).
+    pub trim_errors: u64,
     pub read_requests: u64,
     pub write_requests: u64,
     /// Optional I/Os dropped because nothing needed them.

@@ -247,7 +247,7 @@ fn class_choice_follows_min_then_max_active() {
         pending: Default::default(),
         fifo: Default::default(),
         queued: [0; CLASS_COUNT],
-        by_offset: [BTreeSet::new(), BTreeSet::new()],
+        by_offset: [BTreeSet::new(), BTreeSet::new(), BTreeSet::new()],
         active: [0; CLASS_COUNT],
         active_total: 0,
         round_robin_next: 0,

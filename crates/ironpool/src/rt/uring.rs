@@ -433,6 +433,38 @@ pub async fn fsync(fd: RawFd, data_only: bool) -> io::Result<()> {
     to_result(result).map(|_| ())
 }
 
+/// Deallocates `length` bytes of a regular file at `offset`, keeping its size
+/// (`fallocate(PUNCH_HOLE | KEEP_SIZE)`): the range reads as zeros and takes
+/// no space in the filesystem holding the file.
+pub async fn punch_hole(fd: RawFd, offset: u64, length: u64) -> io::Result<()> {
+    let entry = opcode::Fallocate::new(types::Fd(fd), length)
+        .offset(offset)
+        .mode(libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE)
+        .build();
+    // SAFETY: no memory is referenced.
+    let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
+    to_result(result).map(|_| ())
+}
+
+/// `BLOCK_URING_CMD_DISCARD` from <linux/blkdev.h>: `_IO(0x12, 0)`.
+const BLOCK_URING_CMD_DISCARD: u32 = 0x12 << 8;
+
+/// Discards `length` bytes of a block device at `offset` (the io_uring form
+/// of `BLKDISCARD`, Linux 6.12 and later; older kernels answer EINVAL or
+/// EOPNOTSUPP). The start goes in the SQE's `addr`, the length in `addr3`
+/// (the first 8 bytes of the command area).
+pub async fn block_discard(fd: RawFd, offset: u64, length: u64) -> io::Result<()> {
+    let mut command = [0u8; 16];
+    command[..8].copy_from_slice(&length.to_ne_bytes());
+    let entry = opcode::UringCmd16::new(types::Fd(fd), BLOCK_URING_CMD_DISCARD)
+        .addr(Some(offset))
+        .cmd(command)
+        .build();
+    // SAFETY: no memory is referenced (the range travels in the SQE).
+    let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
+    to_result(result).map(|_| ())
+}
+
 /// Completes after `duration`.
 pub async fn timeout(duration: Duration) {
     let timespec = Box::new(

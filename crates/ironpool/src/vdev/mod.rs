@@ -23,6 +23,7 @@ use std::rc::Rc;
 
 use crate::dev::{Device, DeviceError};
 use crate::format::label::TopVdevKind;
+use crate::format::DATA_START_BYTES;
 use crate::queue::{IoClass, IoFlags, QueueTunables, VdevQueue};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use dtl::Dtl;
@@ -62,6 +63,9 @@ pub struct LeafVdev {
     generation: Cell<u64>,
     /// The txgs this leaf missed writes in.
     pub dtl: RefCell<Dtl>,
+    /// The device answered a discard with "not supported": it is reported
+    /// once and not asked again until it is replaced or brought back.
+    trim_unsupported: Cell<bool>,
 }
 
 impl LeafVdev {
@@ -83,6 +87,7 @@ impl LeafVdev {
             state: Cell::new(state),
             generation: Cell::new(0),
             dtl: RefCell::new(Dtl::default()),
+            trim_unsupported: Cell::new(false),
         })
     }
 
@@ -118,6 +123,31 @@ impl LeafVdev {
         self.queue.device()
     }
 
+    /// False once the device said it cannot discard (see the field).
+    pub fn trim_supported(&self) -> bool {
+        !self.trim_unsupported.get()
+    }
+
+    /// Discards `length` bytes at `offset` of the leaf's data area, unless
+    /// the leaf is out of service or its device cannot: true when done.
+    async fn trim(&self, offset: u64, length: u64) -> bool {
+        if !self.is_online() || self.trim_unsupported.get() || length == 0 {
+            return false;
+        }
+        match self.queue.trim(DATA_START_BYTES + offset, length).await {
+            Ok(()) => true,
+            Err(DeviceError::Unsupported { path }) => {
+                if !self.trim_unsupported.replace(true) {
+                    eprintln!(
+                        "ironpool: {path} does not support discard (TRIM): its free space is not trimmed"
+                    );
+                }
+                false
+            }
+            Err(_) => false,
+        }
+    }
+
     /// See the field: compared before and after a write.
     pub fn generation(&self) -> u64 {
         self.generation.get()
@@ -142,6 +172,7 @@ impl LeafVdev {
             self.queue.set_device(Some(device));
         }
         self.queue.reset_consecutive_errors();
+        self.trim_unsupported.set(false);
         self.generation.set(self.generation.get() + 1);
         self.state.set(if self.queue.device().is_some() {
             LeafState::Online
@@ -155,6 +186,7 @@ impl LeafVdev {
     pub fn replace_device(&self, guid: u64, path: String, device: Rc<dyn Device>, open_txg: u64) {
         self.queue.set_device(Some(device));
         self.queue.reset_stats();
+        self.trim_unsupported.set(false);
         self.guid.set(guid);
         *self.path.borrow_mut() = path;
         self.dtl.borrow_mut().reset_to_everything_before(open_txg);
@@ -424,6 +456,42 @@ impl TopVdev {
             }
             None => mirror::scrub_read(self, offset, length, birth_txg, verify).await,
         }
+    }
+
+    /// Discards the vdev range `[offset, offset + length)` (free space) on
+    /// every child in service that can: the same range on each side of a
+    /// mirror, each child's own sectors of it on RAID-Z. Returns the bytes
+    /// the children discarded; a child that failed or cannot is left as it
+    /// is (the space is free either way).
+    pub async fn trim(&self, offset: u64, length: u64) -> u64 {
+        let pieces: Vec<(usize, u64, u64)> = match &self.raidz {
+            Some(geometry) => geometry
+                .child_ranges(offset, length)
+                .into_iter()
+                .map(|(child, child_offset, child_length)| {
+                    (child as usize, child_offset, child_length)
+                })
+                .collect(),
+            None => (0..self.children.len())
+                .map(|child| (child, offset, length))
+                .collect(),
+        };
+        let trims = pieces
+            .iter()
+            .map(|(child, child_offset, child_length)| async move {
+                if self.children[*child]
+                    .trim(*child_offset, *child_length)
+                    .await
+                {
+                    *child_length
+                } else {
+                    0
+                }
+            });
+        futures_util::future::join_all(trims)
+            .await
+            .into_iter()
+            .sum()
     }
 
     /// Flushes every online child. Succeeds while the children that failed (or

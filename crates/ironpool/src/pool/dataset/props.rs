@@ -16,6 +16,7 @@
 //! | readonly | on, off | off | refuses writes at once |
 //! | volsize | a size | (create) | volumes only; grows, never shrinks |
 //! | volblocksize | 4K..128K | 16K | set at creation only |
+//! | autotrim | on, off | on | pool only: discard freed space (see `scan::trim`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
 use std::collections::BTreeMap;
@@ -155,6 +156,11 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             Ok(bytes.to_string())
         }
         "volsize" | "volblocksize" if on_pool => invalid(format!("{name} is a volume property")),
+        "autotrim" if on_pool => match value {
+            "on" | "off" => Ok(value.to_string()),
+            _ => invalid(format!("autotrim '{value}': use on or off")),
+        },
+        "autotrim" => invalid("autotrim is a pool property (set autotrim=on|off POOL)".into()),
         "volblocksize" => invalid("volblocksize is set when a volume is created (volume create POOL/NAME SIZE -o volblocksize=SIZE)".into()),
         _ if is_user_property(name) => {
             if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
@@ -318,7 +324,11 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        if !INHERITABLE.iter().any(|(key, _)| *key == name) && !is_user_property(name) {
+        let pool_default = name == "autotrim" && target == self.name;
+        if !INHERITABLE.iter().any(|(key, _)| *key == name)
+            && !is_user_property(name)
+            && !pool_default
+        {
             return Err(PoolError::InvalidArgument(format!(
                 "{name} cannot be inherited"
             )));
@@ -402,6 +412,11 @@ impl Pool {
                 };
                 values.push((name.into(), value, source));
             }
+            let (autotrim, source) = match pool_properties.get("autotrim") {
+                Some(value) => (value.clone(), "local"),
+                None => ("on".to_string(), "default"),
+            };
+            values.push(("autotrim".into(), autotrim, source.into()));
             for (name, value) in pool_properties
                 .iter()
                 .filter(|(name, _)| is_user_property(name))

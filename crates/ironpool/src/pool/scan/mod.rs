@@ -28,6 +28,7 @@
 pub mod check;
 pub mod resilver;
 pub mod scrub;
+pub mod trim;
 
 use std::rc::Rc;
 

@@ -1034,8 +1034,10 @@ impl Pool {
     }
 
     /// Allocates a data block. When the pool is full but frees are waiting for
-    /// their txgs, commits (up to the defer depth) so they become usable, rather
-    /// than failing a write that will fit a moment later.
+    /// their txgs, commits (up to the defer depth) so they become usable, and
+    /// waits for the discards of free space in flight (autotrim holds what a
+    /// commit released until its discard ends), rather than failing a write
+    /// that will fit a moment later.
     async fn allocate_data(
         self: &Rc<Self>,
         bytes: u64,
@@ -1046,7 +1048,15 @@ impl Pool {
             match self.store.allocate(bytes, false, 1) {
                 Ok(dvas) => return Ok(dvas),
                 Err(_) => {
-                    let waiting = self.store.allocator.borrow().deferred_bytes();
+                    let (waiting, trimming) = {
+                        let allocator = self.store.allocator.borrow();
+                        (allocator.deferred_bytes(), allocator.trimming_bytes())
+                    };
+                    if trimming > 0 {
+                        // Discards end in device time; each gives its space back.
+                        self.trim_ended().await;
+                        continue;
+                    }
                     if waiting < bytes || commits > crate::alloc::DEFER_TXGS {
                         return Err(PoolError::NoSpace);
                     }

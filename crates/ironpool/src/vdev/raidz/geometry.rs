@@ -184,6 +184,31 @@ impl RaidzGeometry {
         1 << self.ashift
     }
 
+    /// Where the sectors of the group's range `[offset, offset + length)`
+    /// lie on the children: `(child, child offset, bytes)`, each child's
+    /// share contiguous (group sector `b` is child `b % children`'s sector
+    /// `b / children`). What a discard of free group space discards, and
+    /// nothing of the sectors around it.
+    pub fn child_ranges(&self, offset_bytes: u64, length_bytes: u64) -> Vec<(u32, u64, u64)> {
+        let children = u64::from(self.children);
+        let first = offset_bytes >> self.ashift;
+        let end = (offset_bytes + length_bytes) >> self.ashift;
+        (0..children)
+            .filter_map(|child| {
+                // Child sectors k with first <= k * children + child < end.
+                let from = first.saturating_sub(child).div_ceil(children);
+                let to = end.saturating_sub(child).div_ceil(children);
+                (to > from).then(|| {
+                    (
+                        child as u32,
+                        from << self.ashift,
+                        (to - from) << self.ashift,
+                    )
+                })
+            })
+            .collect()
+    }
+
     /// Bytes a block of `psize_bytes` takes from the group: its data sectors plus
     /// one parity sector per parity column for every row it touches, rounded up
     /// to a multiple of parity + 1 sectors (OpenZFS's psize_to_asize). 0 for 0.

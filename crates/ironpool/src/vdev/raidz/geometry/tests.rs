@@ -487,3 +487,28 @@ fn split_data_follows_data_offsets() {
         .sum();
     assert_eq!(total as u64, map.data_size_bytes);
 }
+
+/// A discard's child ranges cover exactly the group sectors of its range.
+#[test]
+fn child_ranges_cover_exactly_the_sectors_of_the_group_range() {
+    for (children, parity) in [(3u32, 1u32), (5, 2), (7, 3)] {
+        let geometry = RaidzGeometry::new(children, parity, 12).expect("geometry");
+        for (first, count) in [(0u64, 1u64), (0, 7), (5, 1), (5, 23), (11, 64), (2, 2)] {
+            let ranges = geometry.child_ranges(first << 12, count << 12);
+            let mut covered: Vec<u64> = ranges
+                .iter()
+                .flat_map(|(child, offset, length)| {
+                    let child = u64::from(*child);
+                    ((offset >> 12)..((offset + length) >> 12))
+                        .map(move |sector| sector * u64::from(children) + child)
+                })
+                .collect();
+            covered.sort_unstable();
+            let wanted: Vec<u64> = (first..first + count).collect();
+            assert_eq!(
+                covered, wanted,
+                "{children} children, sectors {first}+{count}"
+            );
+        }
+    }
+}

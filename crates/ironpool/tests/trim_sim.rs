@@ -1,0 +1,240 @@
+//! Trim on simulated devices: autotrim discards the space a destroy freed
+//! once it leaves the defer window, `trim` discards all free space, every
+//! live block survives both (and a crash after them) on a mirror and on
+//! RAID-Z, and a device without discard is reported once and never failed.
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+use std::time::Duration;
+
+use ironpool::dev::sim::SimDevice;
+use ironpool::dev::Device;
+use ironpool::format::label::TopVdevKind;
+use ironpool::pool::volume::ReadPiece;
+use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
+use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::rt::sim::Rng;
+use ironpool::rt::Runtime;
+
+const DEVICE_BYTES: u64 = 256 << 20;
+const VOLUME_BYTES: u64 = 16 << 20;
+const BLOCK: u64 = 16384;
+
+fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
+    (0..count)
+        .map(|index| {
+            SimDevice::new(
+                &format!("d{index}"),
+                DEVICE_BYTES,
+                seed * 100 + index as u64,
+            )
+        })
+        .collect()
+}
+
+fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+        .collect()
+}
+
+/// Commits happen when a test asks.
+fn tunables() -> PoolTunables {
+    PoolTunables {
+        txg_timeout: Duration::from_secs(60),
+        ..PoolTunables::default()
+    }
+}
+
+fn pattern(length: usize, tag: u64) -> BufSlice {
+    let mut buffer = AlignedBuf::zeroed(length);
+    Rng::new(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut buffer);
+    BufSlice::whole(buffer.into_shared())
+}
+
+/// Fills volume `name` with blocks tagged by `tag` and the block number.
+async fn fill(pool: &Rc<Pool>, name: &str, tag: u64) {
+    let volume = pool.volume(name).unwrap();
+    for blkid in 0..VOLUME_BYTES / BLOCK {
+        pool.write(
+            &volume,
+            blkid * BLOCK,
+            pattern(BLOCK as usize, tag + blkid),
+            false,
+        )
+        .await
+        .unwrap();
+    }
+}
+
+async fn assert_filled(pool: &Rc<Pool>, name: &str, tag: u64) {
+    let volume = pool.volume(name).unwrap();
+    for blkid in 0..VOLUME_BYTES / BLOCK {
+        let bytes = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
+        assert!(
+            bytes == *pattern(BLOCK as usize, tag + blkid),
+            "{name} block {blkid} changed"
+        );
+    }
+}
+
+fn trims(disks: &[Rc<SimDevice>]) -> u64 {
+    disks.iter().map(|disk| disk.counters().trims).sum()
+}
+
+/// Two volumes written, one destroyed: after the commits that take its
+/// frees past the defer window, autotrim has discarded them; a trim of all
+/// free space discards the rest; the other volume reads back intact, also
+/// after a crash and an import.
+fn destroy_trim_crash_and_read_back(kind: TopVdevKind, count: usize, seed: u64) {
+    let disks = devices(count, seed);
+    let mut rng = Rng::new(seed);
+    Runtime::new_sim(seed).block_on(async {
+        let layout = vec![NewTopVdev {
+            kind,
+            devices: named(&disks)
+                .into_iter()
+                .map(|(path, device)| NewDevice { path, device })
+                .collect(),
+        }];
+        let pool = Pool::create_on_devices("tank", layout, false, tunables())
+            .await
+            .unwrap();
+        for name in ["tank/keep", "tank/gone"] {
+            pool.create_volume(name, VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+                .await
+                .unwrap();
+        }
+        fill(&pool, "tank/keep", 1 << 20).await;
+        fill(&pool, "tank/gone", 2 << 20).await;
+        pool.flush_all().await.unwrap();
+        let before = trims(&disks);
+        pool.destroy_volume("tank/gone", false).await.unwrap();
+        // The destroy's txg, then the two that take its frees past the
+        // defer window.
+        for _ in 0..4 {
+            pool.commit().await.unwrap();
+        }
+        // Autotrim runs in the background: let it finish.
+        for _ in 0..1000 {
+            if !pool.trim_status().autotrim_running {
+                break;
+            }
+            ironpool::rt::sleep(Duration::from_millis(1)).await;
+        }
+        let status = pool.trim_status();
+        assert!(
+            status.autotrim_extents > 0 && status.autotrim_trimmed_bytes >= VOLUME_BYTES,
+            "autotrim did not discard the destroyed volume: {status:?}"
+        );
+        assert!(trims(&disks) > before);
+        pool.trim_start().unwrap();
+        pool.trim_wait().await;
+        let status = pool.trim_status();
+        assert_eq!(status.state, "finished", "{status:?}");
+        assert!(status.trimmed_bytes > 0, "{status:?}");
+        assert_filled(&pool, "tank/keep", 1 << 20).await;
+        let report = pool.check_space().await.unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        // Discards the devices took but did not flush may or may not stay.
+        for disk in &disks {
+            disk.crash(&mut rng);
+        }
+    });
+    Runtime::new_sim(seed + 1).block_on(async {
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+            .await
+            .unwrap();
+        assert_filled(&pool, "tank/keep", 1 << 20).await;
+        assert!(pool.volume("tank/gone").is_err());
+        let report = pool.check_space().await.unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        pool.export().await.unwrap();
+    });
+}
+
+#[test]
+fn a_mirror_discards_what_a_destroy_freed_and_keeps_every_live_block() {
+    destroy_trim_crash_and_read_back(TopVdevKind::Mirror, 2, 11);
+}
+
+#[test]
+fn raidz_discards_only_free_sectors_of_each_child() {
+    destroy_trim_crash_and_read_back(TopVdevKind::Raidz1, 4, 12);
+    destroy_trim_crash_and_read_back(TopVdevKind::Raidz2, 5, 13);
+}
+
+#[test]
+fn a_device_without_discard_is_reported_once_and_stays_healthy() {
+    let disks = devices(2, 21);
+    disks[1].set_discard(false);
+    Runtime::new_sim(21).block_on(async {
+        let layout = vec![NewTopVdev {
+            kind: TopVdevKind::Mirror,
+            devices: named(&disks)
+                .into_iter()
+                .map(|(path, device)| NewDevice { path, device })
+                .collect(),
+        }];
+        let pool = Pool::create_on_devices("tank", layout, false, tunables())
+            .await
+            .unwrap();
+        let mut refused_after_first_round = 0;
+        for round in 0..3u64 {
+            pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+                .await
+                .unwrap();
+            fill(&pool, "tank/v", round << 20).await;
+            pool.flush_all().await.unwrap();
+            pool.destroy_volume("tank/v", false).await.unwrap();
+            for _ in 0..4 {
+                pool.commit().await.unwrap();
+            }
+            for _ in 0..1000 {
+                if !pool.trim_status().autotrim_running {
+                    break;
+                }
+                ironpool::rt::sleep(Duration::from_millis(1)).await;
+            }
+            if round == 0 {
+                refused_after_first_round = disks[1].counters().refused_trims;
+                assert!(refused_after_first_round > 0, "no discard reached sim:d1");
+            }
+        }
+        pool.trim_start().unwrap();
+        pool.trim_wait().await;
+        let status = pool.trim_status();
+        assert_eq!(status.unsupported_devices, vec!["sim:d1".to_string()]);
+        assert_eq!(status.state, "finished", "{status:?}");
+        assert!(
+            disks[0].counters().trims > 0,
+            "the other side was not trimmed"
+        );
+        // Only the discards already in flight when it first answered reach
+        // it; never one after.
+        assert_eq!(
+            disks[1].counters().refused_trims,
+            refused_after_first_round,
+            "the device without discard was asked again"
+        );
+        assert_eq!(pool.health(), "ONLINE");
+        for top in &pool.store().vdevs {
+            for leaf in &top.children {
+                let stats = leaf.queue.stats();
+                assert_eq!(
+                    (
+                        stats.write_errors,
+                        stats.trim_errors,
+                        stats.consecutive_errors
+                    ),
+                    (0, 0, 0),
+                    "{}",
+                    leaf.path.borrow()
+                );
+            }
+        }
+        pool.export().await.unwrap();
+    });
+}

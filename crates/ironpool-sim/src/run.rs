@@ -361,6 +361,13 @@ impl Sim {
         let pool = Pool::create_on_devices(POOL, tops, false, self.tunables.clone())
             .await
             .map_err(|error| io_error("create", error))?;
+        // Autotrim in most runs: its discards race everything after.
+        if self.rng.chance(3, 4) {
+            let on = std::collections::BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
+            pool.set_properties(POOL, &on)
+                .await
+                .map_err(|error| io_error("set autotrim", error))?;
+        }
         self.create_volume(&pool).await?;
         Ok(pool)
     }

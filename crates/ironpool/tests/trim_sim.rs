@@ -102,6 +102,8 @@ fn destroy_trim_crash_and_read_back(kind: TopVdevKind, count: usize, seed: u64) 
         let pool = Pool::create_on_devices("tank", layout, false, tunables())
             .await
             .unwrap();
+        let on = BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
+        pool.set_properties("tank", &on).await.unwrap();
         for name in ["tank/keep", "tank/gone"] {
             pool.create_volume(name, VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
                 .await
@@ -181,6 +183,8 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
         let pool = Pool::create_on_devices("tank", layout, false, tunables())
             .await
             .unwrap();
+        let on = BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
+        pool.set_properties("tank", &on).await.unwrap();
         let mut refused_after_first_round = 0;
         for round in 0..3u64 {
             pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())

@@ -16,7 +16,7 @@
 //! | readonly | on, off | off | refuses writes at once |
 //! | volsize | a size | (create) | volumes only; grows, never shrinks |
 //! | volblocksize | 4K..128K | 16K | set at creation only |
-//! | autotrim | on, off | on | pool only: discard freed space (see `scan::trim`) |
+//! | autotrim | on, off | off | pool only: discard freed space (see `scan::trim`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
 use std::collections::BTreeMap;
@@ -414,7 +414,7 @@ impl Pool {
             }
             let (autotrim, source) = match pool_properties.get("autotrim") {
                 Some(value) => (value.clone(), "local"),
-                None => ("on".to_string(), "default"),
+                None => ("off".to_string(), "default"),
             };
             values.push(("autotrim".into(), autotrim, source.into()));
             for (name, value) in pool_properties

@@ -3,7 +3,7 @@
 //! a thin volume to its own pool.
 //!
 //! Two ways, as in OpenZFS:
-//! - **autotrim** (pool property, default on): when a commit makes frees
+//! - **autotrim** (pool property, default off): when a commit makes frees
 //!   allocatable again (past the defer window, so no uberblock a rewind could
 //!   reach refers to them), the extents of at least
 //!   [`TRIM_EXTENT_BYTES_MIN`](crate::alloc::TRIM_EXTENT_BYTES_MIN) are held
@@ -92,13 +92,16 @@ pub struct TrimStatus {
 }
 
 impl Pool {
-    /// The pool's `autotrim` property (on unless set off).
+    /// The pool's `autotrim` property: off unless set on. Off by default,
+    /// as in OpenZFS: measured with perf-table.sh on a mirror of two files,
+    /// the discards cost random 16K overwrites 20% (write-back on) to 40%
+    /// (write-back off) of their IOPS, against the raw file in the same run.
     pub fn autotrim(&self) -> bool {
         self.directory
             .borrow()
             .properties
             .get("autotrim")
-            .is_none_or(|value| value != "off")
+            .is_some_and(|value| value == "on")
     }
 
     /// After a commit: discards in the background what it made allocatable

@@ -80,6 +80,17 @@ async fn assert_filled(pool: &Rc<Pool>, name: &str, tag: u64) {
     }
 }
 
+/// Autotrim runs in the background: lets it finish (a second of virtual
+/// time at most).
+async fn wait_for_autotrim(pool: &Rc<Pool>) {
+    for _ in 0..1000 {
+        if !pool.trim_status().autotrim_running {
+            return;
+        }
+        ironpool::rt::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 fn trims(disks: &[Rc<SimDevice>]) -> u64 {
     disks.iter().map(|disk| disk.counters().trims).sum()
 }
@@ -119,13 +130,7 @@ fn destroy_trim_crash_and_read_back(kind: TopVdevKind, count: usize, seed: u64) 
         for _ in 0..4 {
             pool.commit().await.unwrap();
         }
-        // Autotrim runs in the background: let it finish.
-        for _ in 0..1000 {
-            if !pool.trim_status().autotrim_running {
-                break;
-            }
-            ironpool::rt::sleep(Duration::from_millis(1)).await;
-        }
+        wait_for_autotrim(&pool).await;
         let status = pool.trim_status();
         assert!(
             status.autotrim_extents > 0 && status.autotrim_trimmed_bytes >= VOLUME_BYTES,
@@ -196,12 +201,7 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
             for _ in 0..4 {
                 pool.commit().await.unwrap();
             }
-            for _ in 0..1000 {
-                if !pool.trim_status().autotrim_running {
-                    break;
-                }
-                ironpool::rt::sleep(Duration::from_millis(1)).await;
-            }
+            wait_for_autotrim(&pool).await;
             if round == 0 {
                 refused_after_first_round = disks[1].counters().refused_trims;
                 assert!(refused_after_first_round > 0, "no discard reached sim:d1");

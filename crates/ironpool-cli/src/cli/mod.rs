@@ -486,19 +486,43 @@ pub fn scrub(
         }
         return Ok(());
     }
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(500));
-        let result = admin(context, pool, dirs, Command::ScrubStatus)?;
-        if result["state"] != "scanning" {
-            return print_scrub(context, pool, &result);
-        }
-        if !context.json {
-            eprintln!(
+    let result = follow(
+        context,
+        pool,
+        dirs,
+        (Command::ScrubStatus, "scanning"),
+        std::time::Duration::from_millis(500),
+        |result| {
+            format!(
                 "scrub of '{pool}': {:.1}% ({} of {})",
                 result["progress_percent"].as_f64().unwrap_or(0.0),
                 format::bytes(result["examined_bytes"].as_u64().unwrap_or(0)),
                 format::bytes(result["total_bytes"].as_u64().unwrap_or(0))
-            );
+            )
+        },
+    )?;
+    print_scrub(context, pool, &result)
+}
+
+/// Polls a running server's `status` command every `interval` while its
+/// answer's state is `running`, showing `progress` of each answer on
+/// stderr (not with --json); returns the first answer past it.
+fn follow(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    (status, running): (Command, &str),
+    interval: std::time::Duration,
+    progress: impl Fn(&Value) -> String,
+) -> Result<Value, String> {
+    loop {
+        std::thread::sleep(interval);
+        let result = admin(context, pool, dirs, status.clone())?;
+        if result["state"] != running {
+            return Ok(result);
+        }
+        if !context.json {
+            eprintln!("{}", progress(&result));
         }
     }
 }
@@ -543,21 +567,22 @@ pub fn trim(
         }
         return Ok(());
     }
-    loop {
-        std::thread::sleep(std::time::Duration::from_millis(250));
-        let result = admin(context, pool, dirs, Command::TrimStatus)?;
-        if result["state"] != "trimming" {
-            print(&result);
-            return Ok(());
-        }
-        if !context.json {
-            eprintln!(
+    let result = follow(
+        context,
+        pool,
+        dirs,
+        (Command::TrimStatus, "trimming"),
+        std::time::Duration::from_millis(250),
+        |result| {
+            format!(
                 "trim of '{pool}': {:.1}% ({} discarded)",
                 result["progress_percent"].as_f64().unwrap_or(0.0),
                 format::bytes(result["trimmed_bytes"].as_u64().unwrap_or(0))
-            );
-        }
-    }
+            )
+        },
+    )?;
+    print(&result);
+    Ok(())
 }
 
 fn print_scrub(context: &Context, pool: &str, result: &Value) -> Result<(), String> {

@@ -156,6 +156,16 @@ pub async fn probe_path(path: &Path) -> Option<Probe> {
     Some(probe_device(&device, path).await)
 }
 
+/// The pool guids the labels of `probes` name, each once, in order.
+pub fn pool_guids<'a>(probes: impl Iterator<Item = &'a Probe>) -> Vec<u64> {
+    let mut guids: Vec<u64> = probes
+        .filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid))
+        .collect();
+    guids.sort_unstable();
+    guids.dedup();
+    guids
+}
+
 /// A pool found on devices, as `ironpool import` lists it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct FoundPool {
@@ -190,14 +200,8 @@ pub async fn discover(directories: &[PathBuf]) -> Vec<FoundPool> {
             probes.extend(found);
         }
     }
-    let mut guids: Vec<u64> = probes
-        .iter()
-        .filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid))
-        .collect();
-    guids.sort_unstable();
-    guids.dedup();
     let mut pools = Vec::new();
-    for guid in guids {
+    for guid in pool_guids(probes.iter()) {
         let mine: Vec<&Probe> = probes
             .iter()
             .filter(|probe| {

@@ -610,12 +610,7 @@ impl Pool {
                     .is_some_and(|label| label.config.name == name)
             })
             .collect();
-        let mut guids: Vec<u64> = mine
-            .iter()
-            .filter_map(|probe| probe.label.as_ref().map(|label| label.pool_guid))
-            .collect();
-        guids.sort_unstable();
-        guids.dedup();
+        let guids = labels::pool_guids(mine.iter().copied());
         match guids.len() {
             0 => {
                 let mut others: Vec<String> = probes

@@ -60,6 +60,19 @@ pub(in crate::pool) fn progress_percent(examined: u64, total: u64, running: bool
     }
 }
 
+/// Seconds a running scan started at `started` still needs at the rate so
+/// far (none before any progress, or when it is not running).
+pub(in crate::pool) fn eta_seconds(
+    started: Option<crate::rt::Instant>,
+    examined: u64,
+    total: u64,
+) -> Option<u64> {
+    let started = started.filter(|_| examined > 0)?;
+    let elapsed = crate::rt::now().duration_since(started).as_secs_f64();
+    let remaining = total.saturating_sub(examined) as f64;
+    Some((elapsed * remaining / examined as f64).ceil() as u64)
+}
+
 /// Waits for a scan's task (taken out of its state first, so no borrow is
 /// held across the wait).
 pub(in crate::pool) async fn wait_task(task: Option<JoinHandle<()>>) {

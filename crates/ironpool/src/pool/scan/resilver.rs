@@ -20,7 +20,9 @@ use serde::Serialize;
 
 use crate::format::BlockPointer;
 use crate::pool::scan::scrub::unix_seconds;
-use crate::pool::scan::{keep_error_detail, progress_percent, wait_task, Scan, WalkEnd};
+use crate::pool::scan::{
+    eta_seconds, keep_error_detail, progress_percent, wait_task, Scan, WalkEnd,
+};
 use crate::pool::{devices, Pool};
 use crate::rt::{self, Instant, JoinHandle};
 
@@ -237,14 +239,11 @@ impl Pool {
     pub fn resilver_status(&self) -> ResilverStatus {
         let state = self.resilver.borrow();
         let progress = progress_percent(state.examined_bytes, state.total_bytes, state.running());
-        let eta_seconds = match (state.running(), state.started) {
-            (true, Some(started)) if state.examined_bytes > 0 => {
-                let elapsed = rt::now().duration_since(started).as_secs_f64();
-                let remaining = state.total_bytes.saturating_sub(state.examined_bytes) as f64;
-                Some((elapsed * remaining / state.examined_bytes as f64).ceil() as u64)
-            }
-            _ => None,
-        };
+        let eta_seconds = eta_seconds(
+            state.started.filter(|_| state.running()),
+            state.examined_bytes,
+            state.total_bytes,
+        );
         ResilverStatus {
             state: if state.running() {
                 "resilvering"

@@ -22,8 +22,8 @@ use std::rc::Rc;
 use serde::Serialize;
 
 use crate::alloc::TrimExtent;
-use crate::pool::scan::progress_percent;
 use crate::pool::scan::scrub::unix_seconds;
+use crate::pool::scan::{eta_seconds, progress_percent};
 use crate::pool::{Pool, PoolError};
 use crate::rt::{self, Instant, JoinHandle};
 
@@ -269,14 +269,11 @@ impl Pool {
     pub fn trim_status(&self) -> TrimStatus {
         let state = self.trim.borrow();
         let running = state.phase != TrimPhase::Idle;
-        let eta_seconds = match (running, state.started) {
-            (true, Some(started)) if state.examined_bytes > 0 => {
-                let elapsed = rt::now().duration_since(started).as_secs_f64();
-                let remaining = state.total_bytes.saturating_sub(state.examined_bytes) as f64;
-                Some((elapsed * remaining / state.examined_bytes as f64).ceil() as u64)
-            }
-            _ => None,
-        };
+        let eta_seconds = eta_seconds(
+            state.started.filter(|_| running),
+            state.examined_bytes,
+            state.total_bytes,
+        );
         let unsupported_devices = self
             .store
             .vdevs

@@ -239,6 +239,26 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
+    /// What happened to a served pool and its devices: I/O and checksum
+    /// errors (device and range), device state changes, scrub, resilver
+    /// and trim starts and ends, suspension: `events [-f] POOL`. With
+    /// --json, one JSON object per line.
+    Events {
+        /// Keep printing new events as they happen, until interrupted.
+        #[arg(short = 'f')]
+        follow: bool,
+        pool: String,
+    },
+    /// The commands that changed a pool, with their times, from the pool
+    /// itself: `history [-l] POOL`.
+    History {
+        /// Also the txg each was written in and the host it ran on.
+        #[arg(short = 'l')]
+        long: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+    },
     /// Clear device errors and faults and retry failed writes now (after a
     /// full host filesystem was given space, or a device came back).
     Clear {
@@ -500,6 +520,8 @@ fn main() -> ExitCode {
             },
         ),
         Command::Check { dirs, pool } => cli::check(&context, &pool, &dirs),
+        Command::Events { follow, pool } => cli::events::events(&context, &pool, follow),
+        Command::History { long, dirs, pool } => cli::events::history(&context, &pool, &dirs, long),
         Command::Clear { dirs, pool } => cli::device_command(
             &context,
             &pool,

@@ -536,3 +536,201 @@ fn freed_space_goes_back_to_the_host_filesystem_by_autotrim_or_trim() {
     stop_and_check(&mut pool);
     assert!(!pool.log().contains("panicked"), "{}", pool.log());
 }
+
+// ---------------------------------------------------------------------------
+// Events and history
+
+/// Reads lines a child prints on stdout, on a thread, into a channel.
+fn lines_of(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stdout = child.stdout.take().expect("piped stdout");
+    let (sender, receiver) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines() {
+            let Ok(line) = line else { break };
+            if sender.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    receiver
+}
+
+/// Waits up to `timeout` for a line containing every one of `words`.
+fn wait_for_line(
+    lines: &std::sync::mpsc::Receiver<String>,
+    words: &[&str],
+    timeout: Duration,
+) -> String {
+    let deadline = Instant::now() + timeout;
+    let mut seen = Vec::new();
+    while let Some(left) = deadline.checked_duration_since(Instant::now()) {
+        match lines.recv_timeout(left) {
+            Ok(line) if words.iter().all(|word| line.contains(word)) => return line,
+            Ok(line) => seen.push(line),
+            Err(_) => break,
+        }
+    }
+    panic!("no line with {words:?} within {timeout:?}; saw {seen:#?}");
+}
+
+/// A mirror side damaged under a written volume: the scrub's checksum
+/// errors are events naming that device and the damaged range; a follower
+/// (`events -f`) sees an offline device as it happens; `--json` gives one
+/// parseable object per line; a pool nobody serves has no events to show.
+#[test]
+fn events_name_the_damaged_device_and_a_follower_sees_state_changes_live() {
+    let mut pool = TestPool::new("ev");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "64M");
+    pool.serve();
+    qemu_io(&pool.uri("vol"), &["write -P 0x5c 0 48M", "flush"]);
+    pool.stop();
+    // Most of b's data area (its labels at the ends left alone).
+    corrupt_file(&pool.path("b.img"), 1 << 20, 100 << 20);
+    pool.serve();
+
+    let mut follower = pool
+        .command()
+        .args(["--control"])
+        .arg(pool.control())
+        .args(["events", "-f", "ev"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start events -f");
+    let lines = lines_of(&mut follower);
+    wait_for_line(&lines, &["pool_import", "at txg"], Duration::from_secs(30));
+
+    pool.admin(&["scrub", "-w", "ev"]);
+    let b = std::fs::canonicalize(pool.path("b.img"))
+        .unwrap()
+        .display()
+        .to_string();
+    let a = std::fs::canonicalize(pool.path("a.img"))
+        .unwrap()
+        .display()
+        .to_string();
+    let text = pool.admin(&["events", "ev"]);
+    let checksum: Vec<&str> = text
+        .lines()
+        .filter(|line| line.contains("checksum_error"))
+        .collect();
+    assert!(!checksum.is_empty(), "{text}");
+    assert!(
+        checksum
+            .iter()
+            .all(|line| line.contains(&b) && !line.contains(&a)),
+        "{text}"
+    );
+    assert!(
+        text.contains("scrub_start") && text.contains("scrub_finish"),
+        "{text}"
+    );
+
+    let json = pool.admin(&["--json", "events", "ev"]);
+    let events: Vec<serde_json::Value> = json
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("one JSON object per line"))
+        .collect();
+    let damaged = events
+        .iter()
+        .find(|event| event["class"] == "checksum_error")
+        .expect("a checksum event");
+    assert_eq!(damaged["device"], b.as_str(), "{damaged}");
+    let offset = damaged["offset"].as_u64().unwrap();
+    assert!(
+        (1 << 20..101 << 20).contains(&offset),
+        "the event's range {offset:#x} is outside the damage"
+    );
+    assert!(events
+        .windows(2)
+        .all(|pair| pair[0]["seq"].as_u64() < pair[1]["seq"].as_u64()));
+    assert!(events
+        .iter()
+        .all(|event| event["time_unix_ns"].as_u64().unwrap() > 0));
+
+    // Live: the follower sees the device go offline and come back.
+    pool.admin(&["offline", "ev", &b]);
+    wait_for_line(
+        &lines,
+        &["device_state", &b, "ONLINE -> OFFLINE"],
+        Duration::from_secs(30),
+    );
+    pool.admin(&["online", "-w", "ev", &b]);
+    wait_for_line(
+        &lines,
+        &["device_state", &b, "OFFLINE -> ONLINE"],
+        Duration::from_secs(30),
+    );
+    wait_for_line(&lines, &["resilver_finish"], Duration::from_secs(60));
+    let _ = follower.kill();
+    let _ = follower.wait();
+    stop_and_check(&mut pool);
+
+    // Nobody serves it now: a clear error, not an empty list.
+    let error = pool.fails(&["events", "ev"]);
+    assert!(error.contains("no server serves pool 'ev'"), "{error}");
+    assert!(!pool.log().contains("panicked"), "{}", pool.log());
+}
+
+/// Every command that changed the pool, served or not, in order with its
+/// time, read back from the pool after its server stopped; commands that
+/// only looked, or failed, are not in it.
+#[test]
+fn history_lists_every_change_in_order_from_the_pool_itself() {
+    let mut pool = TestPool::new("hi");
+    pool.create("256M", &["a.img"]);
+    pool.create_volume("vol", "32M");
+    pool.serve();
+    pool.admin(&["set", "compression=zstd", "hi/vol"]);
+    pool.admin(&["snapshot", "hi/vol@one"]);
+    pool.admin(&["status", "hi"]);
+    let control = pool.control().display().to_string();
+    pool.fails(&["--control", &control, "set", "compression=bogus", "hi/vol"]);
+    pool.admin(&["scrub", "-w", "hi"]);
+    pool.stop();
+    let dir = dir(&pool);
+    pool.ok(&["export", "hi", "-d", &dir]);
+    pool.ok(&["import", "-d", &dir, "hi"]);
+
+    let text = pool.ok(&["history", "hi"]);
+    let a = std::fs::canonicalize(pool.path("a.img"))
+        .unwrap()
+        .display()
+        .to_string();
+    let commands: Vec<&str> = text
+        .lines()
+        .skip(1)
+        .map(|line| {
+            // "2026-11-25 08:50:02 UTC command..."
+            let (time, command) = line.split_at(24);
+            assert!(time.starts_with("20") && time.ends_with("UTC "), "{line}");
+            command
+        })
+        .collect();
+    let create = format!("create hi {a}");
+    assert_eq!(
+        commands[..6],
+        [
+            create.as_str(),
+            "volume create hi/vol 33554432",
+            "set compression=zstd hi/vol",
+            "snapshot hi/vol@one",
+            "scrub hi",
+            "export hi",
+        ],
+        "{text}"
+    );
+    assert_eq!(commands.len(), 7, "{text}");
+    assert!(commands[6].starts_with("import 0x"), "{text}");
+    let long = pool.ok(&["history", "-l", "hi"]);
+    assert!(long.contains("[txg ") && long.contains(" on "), "{long}");
+    let json: serde_json::Value =
+        serde_json::from_str(&pool.ok(&["--json", "history", "hi"])).unwrap();
+    assert_eq!(json["history"].as_array().map(Vec::len), Some(7), "{json}");
+
+    // Bad input: a clear error.
+    let error = pool.fails(&["history", "nosuchpool", "-d", &dir]);
+    assert!(error.contains("nosuchpool"), "{error}");
+}

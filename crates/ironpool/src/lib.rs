@@ -16,13 +16,14 @@
 //! - [`queue`]: the per-leaf I/O queue (classes, aggregation, statistics).
 //! - [`dev`]: leaf devices (io_uring files and block devices, simulated devices).
 //! - [`format`]: every on-disk structure with its encoding and checksum.
-//! - [`rt`], [`units`]: the single-threaded runtime over io_uring or the
-//!   simulator; sizes.
+//! - [`rt`], [`units`], [`events`]: the single-threaded runtime over io_uring
+//!   or the simulator; sizes; the event ring every layer posts to.
 
 pub mod alloc;
 pub mod block;
 pub mod control;
 pub mod dev;
+pub mod events;
 pub mod format;
 pub mod nbd;
 pub mod object;

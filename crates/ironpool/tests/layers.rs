@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 /// The engine's layers, bottom to top. A module may use the modules of its own
 /// row and of the rows above it in this list.
 const LAYERS: &[&[&str]] = &[
-    &["rt", "units"],
+    &["rt", "units", "events"],
     &["format"],
     &["dev"],
     &["queue"],

@@ -208,6 +208,13 @@ pub fn import(
                 return Err(error.to_string());
             }
         }
+        // Written by the export's commit.
+        pool.log_history(format!(
+            "import{} {}{}",
+            if force { " -f" } else { "" },
+            found.guid,
+            new_name.map(|name| format!(" {name}")).unwrap_or_default()
+        ));
         pool.export().await.map_err(|error| error.to_string())?;
         Ok(notes)
     });
@@ -275,7 +282,11 @@ pub fn export(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), Str
         Err(client::CallError::Lost(text)) => return Err(text),
         Err(client::CallError::NotReached(_)) => {
             let dirs = search_dirs(pool, dirs)?;
-            with_pool(pool, &dirs, |_| async { Ok(Value::Null) })?;
+            with_pool(pool, &dirs, |opened| async move {
+                // Written by the export's commit.
+                opened.log_history(format!("export {pool}"));
+                Ok(Value::Null)
+            })?;
         }
     }
     forget(pool);

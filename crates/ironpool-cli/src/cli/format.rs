@@ -59,6 +59,14 @@ pub fn utc(unix_seconds: u64) -> String {
     )
 }
 
+/// Nanoseconds since the Unix epoch as a UTC date and time to the
+/// millisecond, "2026-11-23 14:05:09.123".
+pub fn utc_millis(unix_ns: u64) -> String {
+    let text = utc(unix_ns / 1_000_000_000);
+    let millis = unix_ns / 1_000_000 % 1000;
+    format!("{}.{millis:03}", text.trim_end_matches(" UTC"))
+}
+
 /// One line about the scrub.
 pub fn scrub_line(scrub: &Value) -> String {
     match scrub["state"].as_str().unwrap_or("none") {

@@ -4,6 +4,7 @@
 
 pub mod datasets;
 pub mod discovery;
+pub mod events;
 pub mod format;
 pub mod iostat;
 pub mod replication;
@@ -472,7 +473,7 @@ pub fn scrub(
         let result = with_pool(pool, &dirs, |pool| async move {
             // The import may have resumed an interrupted scrub: finish that one.
             if pool.scrub_status().state != "scanning" {
-                pool.scrub_start()?;
+                execute(&pool, Command::ScrubStart, None).await?;
             }
             pool.scrub_wait().await;
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
@@ -553,7 +554,7 @@ pub fn trim(
     if !served {
         let dirs = search_dirs(pool, dirs)?;
         let result = with_pool(pool, &dirs, |pool| async move {
-            pool.trim_start()?;
+            execute(&pool, Command::TrimStart, None).await?;
             pool.trim_wait().await;
             Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null))
         })?;

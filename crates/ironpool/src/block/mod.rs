@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::alloc::{Allocator, BlockClass, NoSpace};
+use crate::events::{EventClass, EventLog, NewEvent, RateLimit};
 use crate::format::bp::DVA_COUNT;
 use crate::format::{BlockPointer, Dva};
 use crate::queue::{IoClass, IoFlags};
@@ -110,6 +111,11 @@ pub struct BlockStore {
     /// (`commit`) moves the entry into the children's dirty time logs, and
     /// `release` drops it. Bounded by the writes in flight on a degraded vdev.
     unlinked_misses: RefCell<rustc_hash::FxHashMap<(u32, u64), Vec<usize>>>,
+    /// Where blocks no copy of which could be read are reported (set by the
+    /// pool once it is open), with a rate limit: a client retrying a lost
+    /// block must not fill the ring.
+    events: RefCell<Option<Rc<EventLog>>>,
+    data_error_rate: RateLimit,
 }
 
 /// Held for the duration of a block read. A block looked up during open txg X can
@@ -164,7 +170,36 @@ impl BlockStore {
             reads_by_txg: RefCell::new(Default::default()),
             reads_done: Notify::new(),
             unlinked_misses: RefCell::new(Default::default()),
+            events: RefCell::new(None),
+            data_error_rate: RateLimit::default(),
         })
+    }
+
+    /// Where lost blocks are reported (see the field).
+    pub fn set_events(&self, events: Rc<EventLog>) {
+        *self.events.borrow_mut() = Some(events);
+    }
+
+    /// Reports a block no copy of which could be read or rebuilt.
+    fn post_data_error(&self, bp: &BlockPointer, detail: String) {
+        let events = self.events.borrow();
+        let Some(events) = events.as_ref() else {
+            return;
+        };
+        if !self.data_error_rate.allow(crate::rt::now().0) {
+            events.note_suppressed(1);
+            return;
+        }
+        events.post(
+            EventClass::DataError,
+            NewEvent {
+                device: None,
+                offset: Some(bp.dvas[0].offset),
+                length: Some(bp.physical_size as u64),
+                vdev: Some(bp.dvas[0].vdev),
+                detail: format!("block born in txg {}: {detail}", bp.birth_txg),
+            },
+        );
     }
 
     pub fn set_open_txg(&self, txg: u64) {
@@ -505,6 +540,7 @@ impl BlockStore {
             }
         }
         self.count(|stats| stats.unrecoverable_reads += 1);
+        self.post_data_error(bp, details.join("; "));
         let first = bp.dvas[0];
         Err(BlockError::Unreadable {
             location: location(&first),
@@ -543,6 +579,7 @@ impl BlockStore {
         }
         let Some(good) = good else {
             self.count(|stats| stats.unrecoverable_reads += 1);
+            self.post_data_error(bp, "no copy verifies (scrub)".into());
             return Err(BlockError::Unreadable {
                 location: location(&bp.dvas[0]),
                 detail: "no copy verifies".into(),

@@ -138,6 +138,195 @@ pub enum Command {
         name: String,
         value: String,
     },
+    /// The events numbered after `after` (`ironpool events`); with
+    /// `wait_ms`, waits up to that long for one when there is none yet (a
+    /// follower's long poll, bounded by [`EVENTS_WAIT_MS_MAX`]).
+    Events {
+        #[serde(default)]
+        after: u64,
+        #[serde(default)]
+        wait_ms: u64,
+    },
+    /// The commands that changed the pool (`ironpool history`).
+    History,
+}
+
+/// Longest an `events` request waits for a new event: a follower asks
+/// again after it, so a server that stopped is noticed within this time.
+pub const EVENTS_WAIT_MS_MAX: u64 = 10_000;
+
+/// Events one answer carries at most (a follower asks again for the rest;
+/// an answer stays well under the control socket's size limits).
+pub const EVENTS_PER_ANSWER_MAX: usize = 256;
+
+impl Command {
+    /// The command as `ironpool history` shows it (the CLI's words, without
+    /// the program name), for commands that change the pool; None for those
+    /// that only look (status, lists, statistics, send) or change only this
+    /// process (tunables).
+    pub fn history_line(&self, pool: &str) -> Option<String> {
+        let mut words: Vec<String> = Vec::new();
+        let mut push = |word: &str| words.push(quote(word));
+        match self {
+            Command::VolumeCreate {
+                name,
+                size_bytes,
+                properties,
+            } => {
+                push("volume");
+                push("create");
+                push(name);
+                push(&size_bytes.to_string());
+                for (key, value) in properties {
+                    push("-o");
+                    push(&format!("{key}={value}"));
+                }
+            }
+            Command::VolumeDestroy { name, recursive } => {
+                push("destroy");
+                if *recursive {
+                    push("-r");
+                }
+                push(name);
+            }
+            Command::Snapshot { names, recursive } => {
+                push("snapshot");
+                if *recursive {
+                    push("-r");
+                }
+                for name in names {
+                    push(name);
+                }
+            }
+            Command::SnapshotDestroy { name } => {
+                push("destroy");
+                push(name);
+            }
+            Command::Clone { origin, name } => {
+                push("clone");
+                push(origin);
+                push(name);
+            }
+            Command::Promote { name } => {
+                push("promote");
+                push(name);
+            }
+            Command::Rollback { name, recursive } => {
+                push("rollback");
+                if *recursive {
+                    push("-r");
+                }
+                push(name);
+            }
+            Command::Receive {
+                target,
+                force,
+                save_partial,
+            } => {
+                push("receive");
+                if *force {
+                    push("-F");
+                }
+                if *save_partial {
+                    push("-s");
+                }
+                push(target);
+            }
+            Command::ReceiveAbort { target } => {
+                push("receive");
+                push("-A");
+                push(target);
+            }
+            Command::SetProperties { name, properties } => {
+                push("set");
+                for (key, value) in properties {
+                    push(&format!("{key}={value}"));
+                }
+                push(name);
+            }
+            Command::InheritProperty { name, property } => {
+                push("inherit");
+                push(property);
+                push(name);
+            }
+            Command::ScrubStart => {
+                push("scrub");
+                push(pool);
+            }
+            Command::ScrubStop => {
+                push("scrub");
+                push("-s");
+                push(pool);
+            }
+            Command::TrimStart => {
+                push("trim");
+                push(pool);
+            }
+            Command::TrimStop => {
+                push("trim");
+                push("-s");
+                push(pool);
+            }
+            Command::Export => {
+                push("export");
+                push(pool);
+            }
+            Command::Offline { device } => {
+                push("offline");
+                push(pool);
+                push(device);
+            }
+            Command::Online { device } => {
+                push("online");
+                push(pool);
+                push(device);
+            }
+            Command::Replace { old, new, force } => {
+                push("replace");
+                if *force {
+                    push("-f");
+                }
+                push(pool);
+                push(old);
+                push(new);
+            }
+            Command::Clear => {
+                push("clear");
+                push(pool);
+            }
+            Command::Status
+            | Command::List
+            | Command::Iostat
+            | Command::VolumeList
+            | Command::SnapshotList { .. }
+            | Command::Send { .. }
+            | Command::GetProperties { .. }
+            | Command::ScrubStatus
+            | Command::TrimStatus
+            | Command::ResilverStatus
+            | Command::Check
+            | Command::Sync
+            | Command::GetTunables
+            | Command::SetTunable { .. }
+            | Command::Events { .. }
+            | Command::History => return None,
+        }
+        Some(words.join(" "))
+    }
+}
+
+/// A word of a command line as a shell would need it: plain when it has
+/// nothing a shell treats specially, else in single quotes.
+fn quote(word: &str) -> String {
+    let plain = !word.is_empty()
+        && word
+            .chars()
+            .all(|character| character.is_ascii_alphanumeric() || "-_./:@=%+,".contains(character));
+    if plain {
+        word.to_string()
+    } else {
+        format!("'{}'", word.replace('\'', "'\\''"))
+    }
 }
 
 /// The control protocol's answer.
@@ -170,6 +359,25 @@ impl Response {
 /// Runs a stream command (send, receive) on `pool` with `stream` as its input or
 /// output; other commands run as [`execute`] does.
 pub async fn execute_stream(
+    pool: &Rc<Pool>,
+    command: Command,
+    stream: std::os::fd::RawFd,
+) -> Result<Value, PoolError> {
+    let history = command.history_line(pool.name());
+    let result = run_stream(pool, command, stream).await;
+    record_history(pool, history, &result).await;
+    result
+}
+
+/// A command that succeeded and changed the pool goes into its history
+/// (and is on disk before the command answers).
+async fn record_history(pool: &Rc<Pool>, line: Option<String>, result: &Result<Value, PoolError>) {
+    if let (Some(line), Ok(_)) = (line, result) {
+        pool.commit_history(line).await;
+    }
+}
+
+async fn run_stream(
     pool: &Rc<Pool>,
     command: Command,
     stream: std::os::fd::RawFd,
@@ -257,8 +465,20 @@ fn check_token_guids(
     Ok(())
 }
 
-/// Runs `command` on `pool`.
+/// Runs `command` on `pool`; one that changed the pool is recorded in its
+/// history.
 pub async fn execute(
+    pool: &Rc<Pool>,
+    command: Command,
+    server: Option<ServerStats>,
+) -> Result<Value, PoolError> {
+    let history = command.history_line(pool.name());
+    let result = run(pool, command, server).await;
+    record_history(pool, history, &result).await;
+    result
+}
+
+async fn run(
     pool: &Rc<Pool>,
     command: Command,
     server: Option<ServerStats>,
@@ -414,6 +634,15 @@ pub async fn execute(
             Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null))
         }
         Command::TrimStatus => Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null)),
+        Command::Events { after, wait_ms } => {
+            if wait_ms > 0 {
+                let wait = std::time::Duration::from_millis(wait_ms.min(EVENTS_WAIT_MS_MAX));
+                crate::rt::timeout(wait, pool.events().wait_after(after)).await;
+            }
+            let batch = pool.events().since(after, EVENTS_PER_ANSWER_MAX);
+            Ok(serde_json::to_value(batch).unwrap_or(Value::Null))
+        }
+        Command::History => Ok(json!({ "pool": pool.name(), "history": pool.history() })),
         Command::Export => {
             pool.request_export();
             Ok(json!({ "exporting": pool.name() }))

@@ -55,6 +55,8 @@ pub enum ObjectType {
     VolumeData,
     /// Block pointers a volume stopped using that a snapshot still uses.
     DeadList,
+    /// The pool's command history (`ironpool history`).
+    History,
 }
 
 impl ObjectType {
@@ -67,6 +69,7 @@ impl ObjectType {
             ObjectType::MetaslabArray => 4,
             ObjectType::VolumeData => 5,
             ObjectType::DeadList => 6,
+            ObjectType::History => 7,
         }
     }
 
@@ -79,6 +82,7 @@ impl ObjectType {
             4 => Some(ObjectType::MetaslabArray),
             5 => Some(ObjectType::VolumeData),
             6 => Some(ObjectType::DeadList),
+            7 => Some(ObjectType::History),
             _ => None,
         }
     }

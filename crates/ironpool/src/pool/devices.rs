@@ -14,6 +14,7 @@ use std::rc::Rc;
 
 use crate::dev::file::FileDevice;
 use crate::dev::Device;
+use crate::events::{EventClass, NewEvent};
 use crate::format::label::{LeafConfig, PoolConfig, TopVdevKind};
 use crate::format::{data_area_bytes, new_guid};
 use crate::pool::labels::Probe;
@@ -172,6 +173,7 @@ pub(super) fn maintain(pool: &Pool, txg: u64) {
             }
         }
     }
+    post_state_changes(pool);
     let mut config = pool.config.borrow_mut();
     for (top, top_config) in pool.store.vdevs.iter().zip(config.vdevs.iter_mut()) {
         for (leaf, leaf_config) in top.children.iter().zip(top_config.children.iter_mut()) {
@@ -186,6 +188,25 @@ pub(super) fn maintain(pool: &Pool, txg: u64) {
     }
     if changed {
         pool.config_dirty.set(true);
+    }
+}
+
+/// Posts an event for every leaf whose state changed since the last look
+/// (at every commit's build step and after the operator's commands: a leaf
+/// that faults between commits is reported within a txg).
+fn post_state_changes(pool: &Pool) {
+    for top in &pool.store.vdevs {
+        for leaf in &top.children {
+            if let Some((before, now)) = leaf.take_state_change() {
+                pool.events.post(
+                    EventClass::DeviceState,
+                    NewEvent::device(
+                        leaf.path.borrow().clone(),
+                        format!("{} -> {}", before.name(), now.name()),
+                    ),
+                );
+            }
+        }
     }
 }
 
@@ -439,7 +460,12 @@ impl Pool {
         }
         let guid = new_guid();
         let leaf = top.children[index].clone();
+        let old_path = leaf.path.borrow().clone();
         leaf.replace_device(guid, new.path.clone(), new.device, self.txg.open());
+        self.events.post(
+            EventClass::DeviceState,
+            NewEvent::device(new.path.clone(), format!("replaced {old_path}")),
+        );
         {
             let mut config = self.config.borrow_mut();
             let slot = &mut config.vdevs[top.id as usize].children[index];

@@ -11,6 +11,7 @@
 
 pub mod dataset;
 pub mod devices;
+pub mod history;
 pub mod labels;
 pub mod scan;
 pub mod tunables;
@@ -27,6 +28,7 @@ use crate::alloc::{Allocator, RangeError, VdevSpace};
 use crate::block::{BlockError, BlockStore};
 use crate::dev::file::{FileDevice, OpenError};
 use crate::dev::Device;
+use crate::events::{EventClass, EventLog, NewEvent};
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::label::{LeafConfig, PoolConfig, PoolState, TopVdevConfig, TopVdevKind};
 use crate::format::spacemap::decode_records;
@@ -268,6 +270,10 @@ pub struct Pool {
     /// Intent log blocks no longer needed, with the txg that stopped naming
     /// them: their space returns once that txg is past the defer depth.
     log_releases: dataset::intent_log::LogReleases,
+    /// What happened to the pool and its devices (`ironpool events`).
+    events: Rc<EventLog>,
+    /// Commands that changed the pool, kept on disk (`ironpool history`).
+    history: RefCell<history::History>,
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -298,6 +304,24 @@ impl Pool {
     /// The object set: every object's tree and the metadata cache.
     pub fn objects(&self) -> &Rc<ObjectSet> {
         &self.objects
+    }
+
+    /// The event ring (`ironpool events`): device errors, state changes,
+    /// scans, suspension.
+    pub fn events(&self) -> &Rc<EventLog> {
+        &self.events
+    }
+
+    /// Connects every leaf's queue to the event ring. Done once the pool is
+    /// open: the reads an import makes of blocks that may never have been
+    /// written (the end of an intent log chain) are not device errors.
+    fn wire_events(&self) {
+        self.store.set_events(self.events.clone());
+        for top in &self.store.vdevs {
+            for leaf in &top.children {
+                leaf.queue.set_events(self.events.clone());
+            }
+        }
     }
 
     /// A read-only view of the pool directory (datasets, properties).
@@ -336,6 +360,18 @@ impl Pool {
         }
         let mut vdevs = Vec::new();
         let mut top_configs = Vec::new();
+        let mut create_command = format!("create {name}");
+        for top in &layout {
+            if top.kind != TopVdevKind::Disk {
+                let keyword = top.kind.vdev_name(0);
+                create_command.push(' ');
+                create_command.push_str(keyword.trim_end_matches("-0"));
+            }
+            for new in &top.devices {
+                create_command.push(' ');
+                create_command.push_str(&new.path);
+            }
+        }
         for (id, top) in layout.into_iter().enumerate() {
             let expected = top.kind.children_range();
             if !expected.contains(&top.devices.len()) {
@@ -484,6 +520,8 @@ impl Pool {
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
             log_releases: Default::default(),
+            events: Rc::new(EventLog::new()),
+            history: RefCell::new(history::History::default()),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -515,6 +553,13 @@ impl Pool {
             pool.directory.borrow_mut().metaslab_arrays.push(id);
             pool.store.allocator.borrow_mut().vdevs[vdev].array_object = id;
         }
+        pool.wire_events();
+        // The first record, which a full history keeps.
+        pool.log_history(create_command);
+        pool.events.post(
+            EventClass::PoolCreate,
+            NewEvent::detail(format!("{} top-level vdevs", pool.store.vdevs.len())),
+        );
         pool.start();
         pool.commit().await?;
         Ok(pool)
@@ -791,6 +836,16 @@ impl Pool {
                     // the space it holds.
                     let discarded = pool.discard_unresumable_receives().await;
                     pool.import_notes.borrow_mut().extend(discarded);
+                    let notes = pool.notes();
+                    pool.events.post(
+                        EventClass::PoolImport,
+                        NewEvent::detail(format!(
+                            "at txg {}{}{}",
+                            pool.imported_txg,
+                            if notes.is_empty() { "" } else { ": " },
+                            notes.join("; ")
+                        )),
+                    );
                     return Ok(pool);
                 }
                 Err(error) => last_error = Some(error),
@@ -863,7 +918,10 @@ impl Pool {
             admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
             log_releases: Default::default(),
+            events: Rc::new(EventLog::new()),
+            history: RefCell::new(history::History::default()),
         });
+        pool.load_history().await;
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
             object.dead_list.set(record.dead_list);
@@ -899,6 +957,7 @@ impl Pool {
     /// logs closed and get a resilver, devices away get theirs opened. A
     /// scrub the pool was running when it was last open resumes.
     fn start_after_import(self: &Rc<Self>) {
+        self.wire_events();
         devices::maintain(self, self.txg.open());
         self.start();
         self.resilver_start();
@@ -1227,6 +1286,7 @@ impl Pool {
     pub fn has_changes(&self) -> bool {
         self.config_dirty.get()
             || self.directory_dirty.get()
+            || self.history.borrow().is_dirty()
             || self
                 .objects
                 .open_objects()
@@ -1512,7 +1572,7 @@ pub fn create_sparse_file(path: &Path, size_bytes: u64) -> Result<(), PoolError>
     Ok(())
 }
 
-fn hostname() -> String {
+pub(crate) fn hostname() -> String {
     // A simulated pool records a fixed host, so its labels replay bit for bit.
     if crate::rt::in_simulation() {
         return "simulator".to_string();

@@ -23,6 +23,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 use std::time::Duration;
 
+use crate::events::{EventClass, NewEvent};
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::label::{Label, PoolConfig};
 use crate::format::spacemap::{encode_records, Record};
@@ -325,6 +326,10 @@ async fn sync_loop(pool: Rc<Pool>) {
             Err(error) => {
                 if state.suspended().is_none() {
                     eprintln!("ironpool: {}: suspended: writing txg {} failed: {error}; retrying every {RETRY_DELAY:?}", pool.name, built.txg);
+                    pool.events.post(
+                        EventClass::PoolSuspended,
+                        NewEvent::detail(format!("writing txg {} failed: {error}", built.txg)),
+                    );
                 }
                 *state.health.borrow_mut() =
                     TxgHealth::Suspended(format!("txg {}: {error}", built.txg));
@@ -443,6 +448,9 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             "txg {txg} did not settle after {SYNC_PASSES_MAX} passes"
         );
         let mut changed = false;
+        if crate::pool::history::build_step(pool, txg)? {
+            changed = true;
+        }
         if pool.directory_dirty.replace(false) {
             write_directory(pool)?;
             changed = true;
@@ -843,6 +851,10 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         eprintln!(
             "ironpool: {}: resumed: txg {} is durable",
             pool.name, built.txg
+        );
+        pool.events.post(
+            EventClass::PoolResumed,
+            NewEvent::detail(format!("txg {} is durable", built.txg)),
         );
     }
     let elapsed = rt::now().duration_since(started);

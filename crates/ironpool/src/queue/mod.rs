@@ -27,6 +27,7 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::dev::{Device, DeviceError};
+use crate::events::{EventClass, EventLog, NewEvent, RateLimit};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::{oneshot, OneshotSender};
 use crate::rt::uring::IOVEC_COUNT_MAX;
@@ -258,6 +259,11 @@ pub struct VdevQueue {
     /// How full the open txg is (percent of the point that starts a commit),
     /// set by the pool: scales the async write class.
     dirty_percent: Cell<u32>,
+    /// The pool's event ring, once the pool wires it (failed I/Os and
+    /// checksum mismatches are posted there, naming this device).
+    events: RefCell<Option<Rc<EventLog>>>,
+    /// Keeps a failing device from flooding the ring.
+    event_rate: RateLimit,
 }
 
 /// An aggregate ready to issue: children in offset order.
@@ -286,7 +292,53 @@ impl VdevQueue {
             stats: RefCell::new(LeafStats::new()),
             dispatch_scheduled: Cell::new(false),
             dirty_percent: Cell::new(0),
+            events: RefCell::new(None),
+            event_rate: RateLimit::default(),
         })
+    }
+
+    /// Where this leaf's failed I/Os and checksum mismatches are posted.
+    pub fn set_events(&self, events: Rc<EventLog>) {
+        *self.events.borrow_mut() = Some(events);
+    }
+
+    /// Posts an event about this device and the byte range `offset` +
+    /// `length` (absolute on the device), within the device's rate limit.
+    pub fn post_event(&self, class: EventClass, offset: u64, length: u64, detail: String) {
+        let events = self.events.borrow();
+        let Some(events) = events.as_ref() else {
+            return;
+        };
+        if !self.event_rate.allow(rt::now().0) {
+            events.note_suppressed(1);
+            return;
+        }
+        let device = self.device().map_or_else(
+            || "(no device)".to_string(),
+            |device| device.info().path.clone(),
+        );
+        events.post(
+            class,
+            NewEvent {
+                device: Some(device),
+                offset: Some(offset),
+                length: Some(length),
+                vdev: None,
+                detail,
+            },
+        );
+    }
+
+    /// Counts and posts bytes read from `offset` + `length` (absolute) that
+    /// did not match their checksum.
+    pub fn checksum_error(&self, offset: u64, length: u64, detail: &str) {
+        self.count(|stats| stats.checksum_errors += 1);
+        self.post_event(
+            EventClass::ChecksumError,
+            offset,
+            length,
+            detail.to_string(),
+        );
     }
 
     pub fn device(&self) -> Option<Rc<dyn Device>> {
@@ -614,7 +666,7 @@ impl VdevQueue {
     async fn execute(self: &Rc<Self>, aggregate: Aggregate, issued_ns: u64) {
         let Some(device) = self.device() else {
             for child in aggregate.children {
-                complete(child, Err(DeviceError::Missing), &self.stats, issued_ns);
+                complete(child, Err(DeviceError::Missing), self, issued_ns);
             }
             return;
         };
@@ -658,12 +710,12 @@ impl VdevQueue {
                 let (result, mut alone) =
                     run_device_io(&*device, child_direction(&child), offset, vec![child]).await;
                 let child = alone.pop().expect("one child back");
-                complete(child, result, &self.stats, issued_ns);
+                complete(child, result, self, issued_ns);
             }
             return;
         }
         for child in children.drain(..) {
-            complete(child, result.clone(), &self.stats, issued_ns);
+            complete(child, result.clone(), self, issued_ns);
         }
     }
 }
@@ -740,15 +792,11 @@ async fn run_device_io(
     }
 }
 
-fn complete(
-    child: Pending,
-    result: Result<(), DeviceError>,
-    stats: &RefCell<LeafStats>,
-    issued_ns: u64,
-) {
+fn complete(child: Pending, result: Result<(), DeviceError>, queue: &VdevQueue, issued_ns: u64) {
     let now = rt::now().0;
+    let mut event = None;
     {
-        let mut stats = stats.borrow_mut();
+        let mut stats = queue.stats.borrow_mut();
         match &result {
             // A full host filesystem is not the device failing: reads still
             // work, and writes do again once space is freed.
@@ -761,15 +809,23 @@ fn complete(
                 if !stats.host_full {
                     // Once per episode, naming the device and the cause.
                     eprintln!("ironpool: {error}");
+                    event = Some((EventClass::DeviceFull, error.to_string()));
                 }
                 stats.host_full = true;
             }
-            Err(_) => {
-                match child.direction {
-                    Direction::Read => stats.read_errors += 1,
-                    Direction::Write | Direction::Trim => stats.write_errors += 1,
-                }
+            Err(error) => {
+                let what = match child.direction {
+                    Direction::Read => {
+                        stats.read_errors += 1;
+                        "read"
+                    }
+                    Direction::Write | Direction::Trim => {
+                        stats.write_errors += 1;
+                        "write"
+                    }
+                };
                 stats.consecutive_errors += 1;
+                event = Some((EventClass::IoError, format!("{what} failed: {error}")));
             }
             // host_full stays set until `ironpool clear`: writes over space the
             // host filesystem had already given the file succeed while it is
@@ -786,6 +842,9 @@ fn complete(
         class_stats
             .device_latency_ns
             .record(now.saturating_sub(issued_ns));
+    }
+    if let Some((class, detail)) = event {
+        queue.post_event(class, child.offset, child.length, detail);
     }
     let completion = match child.payload {
         Payload::Read(buffer) => Completion::Read(result.map(|()| buffer)),

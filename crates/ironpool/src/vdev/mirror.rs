@@ -101,7 +101,11 @@ pub(super) async fn read_verified(
                 errors.push(format!("{}: missed this block's txg", leaf.path.borrow()))
             }
             Ok(_) => {
-                leaf.queue.count(|stats| stats.checksum_errors += 1);
+                leaf.queue.checksum_error(
+                    DATA_START_BYTES + offset,
+                    length,
+                    "mirror copy does not match its checksum",
+                );
                 bad_children.push(child);
                 errors.push(format!("{}: checksum mismatch", leaf.path.borrow()));
             }
@@ -163,9 +167,11 @@ pub(super) async fn scrub_read(
                 }
             }
             Ok(_) => {
-                top.children[child]
-                    .queue
-                    .count(|stats| stats.checksum_errors += 1);
+                top.children[child].queue.checksum_error(
+                    DATA_START_BYTES + offset,
+                    length,
+                    "mirror copy does not match its checksum (scrub)",
+                );
                 bad.push(child);
             }
             Err(_) => bad.push(child),

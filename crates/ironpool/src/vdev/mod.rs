@@ -50,6 +50,18 @@ pub enum LeafState {
     Faulted,
 }
 
+impl LeafState {
+    /// The state as `status` shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            LeafState::Online => "ONLINE",
+            LeafState::Missing => "MISSING",
+            LeafState::Offline => "OFFLINE",
+            LeafState::Faulted => "FAULTED",
+        }
+    }
+}
+
 /// One device in the pool.
 pub struct LeafVdev {
     /// Changes only when the device is replaced.
@@ -66,6 +78,9 @@ pub struct LeafVdev {
     /// The device answered a discard with "not supported": it is reported
     /// once and not asked again until it is replaced or brought back.
     trim_unsupported: Cell<bool>,
+    /// The state last reported as an event (None until the first report,
+    /// which only sets it: the import's notes say how the pool came up).
+    reported_state: Cell<Option<LeafState>>,
 }
 
 impl LeafVdev {
@@ -88,7 +103,18 @@ impl LeafVdev {
             generation: Cell::new(0),
             dtl: RefCell::new(Dtl::default()),
             trim_unsupported: Cell::new(false),
+            reported_state: Cell::new(None),
         })
+    }
+
+    /// The state before and now, when it changed since the last call (the
+    /// first call only records it).
+    pub fn take_state_change(&self) -> Option<(LeafState, LeafState)> {
+        let now = self.state();
+        match self.reported_state.replace(Some(now)) {
+            Some(before) if before != now => Some((before, now)),
+            _ => None,
+        }
     }
 
     /// The leaf's identity in the pool config.

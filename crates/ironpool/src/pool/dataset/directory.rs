@@ -211,6 +211,15 @@ pub struct Directory {
     /// The space log objects, oldest first.
     #[serde(default)]
     pub space_logs: Vec<SpaceLogRecord>,
+    /// The object holding the command history (0: none yet; pools written
+    /// before the history existed have none).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub history_object: u64,
+}
+
+/// `skip_serializing_if` for fields whose zero means absent.
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 impl Directory {

@@ -18,6 +18,7 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
+use crate::events::{EventClass, NewEvent};
 use crate::format::BlockPointer;
 use crate::pool::scan::scrub::unix_seconds;
 use crate::pool::scan::{
@@ -198,6 +199,10 @@ impl Pool {
             total_bytes: size - free,
             ..ResilverState::default()
         };
+        self.events.post(
+            EventClass::ResilverStart,
+            NewEvent::detail(format!("for {}", state.devices.join(", "))),
+        );
         let pool = self.clone();
         state.task = Some(rt::spawn(async move { pool.resilver_run().await }));
     }
@@ -320,6 +325,20 @@ impl Pool {
             ResilverPhase::Running { .. } | ResilverPhase::Idle => ResilverPhase::Idle,
         };
         state.finished_unix_seconds = unix_seconds();
+        self.events.post(
+            EventClass::ResilverFinish,
+            NewEvent::detail(format!(
+                "{} passes, {} bytes rewritten, {} errors{}",
+                state.passes,
+                state.rewritten_bytes,
+                state.errors,
+                if state.phase == ResilverPhase::Shut {
+                    " (stopped by export)"
+                } else {
+                    ""
+                }
+            )),
+        );
     }
 
     /// One pass; true when it completed without errors.

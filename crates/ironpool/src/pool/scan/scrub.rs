@@ -18,6 +18,7 @@ use std::time::Duration;
 
 use serde::Serialize;
 
+use crate::events::{EventClass, NewEvent};
 use crate::format::BlockPointer;
 use crate::object::Object;
 use crate::pool::dataset::directory::{ScrubProgress, ScrubRecord};
@@ -147,6 +148,17 @@ impl Pool {
             progress: progress.clone(),
             ..ScrubState::default()
         };
+        self.events.post(
+            EventClass::ScrubStart,
+            NewEvent::detail(if resumed {
+                format!(
+                    "resumed at object {}, {} of {} bytes examined",
+                    progress.next_object, progress.examined_bytes, progress.total_bytes
+                )
+            } else {
+                format!("{} bytes to examine", progress.total_bytes)
+            }),
+        );
         self.directory.borrow_mut().scrub_in_progress = Some(progress);
         self.directory_dirty.set(true);
         let pool = self.clone();
@@ -260,6 +272,20 @@ impl Pool {
             self.scrub.borrow_mut().phase = ScrubPhase::Idle;
             return;
         }
+        self.events.post(
+            EventClass::ScrubFinish,
+            NewEvent::detail(format!(
+                "{}: {} bytes examined, {} repaired, {} errors",
+                if record.completed {
+                    "completed"
+                } else {
+                    "stopped"
+                },
+                record.examined_bytes,
+                record.repaired_bytes,
+                record.errors
+            )),
+        );
         let clean = record.completed && record.errors == 0 && {
             let scrub = self.scrub.borrow();
             scrub.progress.repaired_copies == scrub.progress.bad_copies

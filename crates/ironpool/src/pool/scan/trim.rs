@@ -22,6 +22,7 @@ use std::rc::Rc;
 use serde::Serialize;
 
 use crate::alloc::TrimExtent;
+use crate::events::{EventClass, NewEvent};
 use crate::pool::scan::scrub::unix_seconds;
 use crate::pool::scan::{eta_seconds, progress_percent};
 use crate::pool::{Pool, PoolError};
@@ -187,6 +188,10 @@ impl Pool {
         state.examined_bytes = 0;
         state.trimmed_bytes = 0;
         state.completed = false;
+        self.events.post(
+            EventClass::TrimStart,
+            NewEvent::detail(format!("{free} free bytes to discard")),
+        );
         let pool = self.clone();
         state.task = Some(rt::spawn(async move { pool.trim_run().await }));
         Ok(())
@@ -237,6 +242,20 @@ impl Pool {
         state.completed = state.phase == TrimPhase::Running;
         state.phase = TrimPhase::Idle;
         state.finished_unix_seconds = unix_seconds();
+        self.events.post(
+            EventClass::TrimFinish,
+            NewEvent::detail(format!(
+                "{}: {} of {} free bytes examined, {} discarded",
+                if state.completed {
+                    "completed"
+                } else {
+                    "stopped"
+                },
+                state.examined_bytes,
+                state.total_bytes,
+                state.trimmed_bytes
+            )),
+        );
     }
 
     /// Asks a running trim of all free space to stop (`trim -s`).

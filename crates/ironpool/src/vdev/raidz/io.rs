@@ -497,11 +497,15 @@ fn blame(
 ) -> Vec<usize> {
     let mut bad: Vec<usize> = Vec::new();
     let mut push = |index: usize, checksum_error: bool| {
-        let child = map.columns[index].child as usize;
+        let column = &map.columns[index];
+        let child = column.child as usize;
         if checksum_error {
-            top.children[child]
-                .queue
-                .count(|stats| stats.checksum_errors += 1);
+            let what = if column.is_parity { "parity" } else { "data" };
+            top.children[child].queue.checksum_error(
+                DATA_START_BYTES + column.child_offset_bytes,
+                column.size_bytes,
+                &format!("{what} column {index} of a RAID-Z block does not match its checksum"),
+            );
         }
         if !bad.contains(&child) {
             bad.push(child);

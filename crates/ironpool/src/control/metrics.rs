@@ -559,7 +559,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         &'static str,
         fn(&crate::queue::stats::LeafStats) -> u64,
     );
-    let device_counters: [Figure; 9] = [
+    let device_counters: [Figure; 10] = [
         (
             "ironpool_device_read_ops_total",
             "Reads issued to the device (after aggregation).",
@@ -584,6 +584,11 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
             "ironpool_device_flush_ops_total",
             "Cache flushes issued to the device.",
             |stats| stats.flush_ops,
+        ),
+        (
+            "ironpool_device_flushes_skipped_total",
+            "Flushes not sent: no write had completed on the device since the last.",
+            |stats| stats.flushes_skipped,
         ),
         (
             "ironpool_device_trim_ops_total",

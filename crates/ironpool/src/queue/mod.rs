@@ -264,6 +264,12 @@ pub struct VdevQueue {
     events: RefCell<Option<Rc<EventLog>>>,
     /// Keeps a failing device from flooding the ring.
     event_rate: RateLimit,
+    /// Writes completed on the device (successful or not), and how many of
+    /// them the last successful flush covered (those completed before it
+    /// was sent): when the two are equal the device's cache holds nothing
+    /// of ours, and a flush is skipped.
+    writes_completed: Cell<u64>,
+    flushed_through: Cell<u64>,
 }
 
 /// An aggregate ready to issue: children in offset order.
@@ -294,6 +300,8 @@ impl VdevQueue {
             dirty_percent: Cell::new(0),
             events: RefCell::new(None),
             event_rate: RateLimit::default(),
+            writes_completed: Cell::new(0),
+            flushed_through: Cell::new(0),
         })
     }
 
@@ -347,6 +355,8 @@ impl VdevQueue {
 
     pub fn set_device(&self, device: Option<Rc<dyn Device>>) {
         *self.device.borrow_mut() = device;
+        // Whatever a new device holds, its first flush is sent.
+        self.writes_completed.set(self.writes_completed.get() + 1);
     }
 
     pub fn set_tunables(&self, tunables: QueueTunables) {
@@ -520,12 +530,25 @@ impl VdevQueue {
 
     /// Flushes the device's write cache (not queued: a flush covers writes that
     /// completed before it, and callers only flush after their writes complete).
+    ///
+    /// Sent only when a write completed since the last flush was sent: a
+    /// flush covers the writes completed before it, so one that finds
+    /// none has nothing to make durable (a log commit or txg that wrote to
+    /// other devices of the pool costs this one no cache flush).
     pub async fn flush(self: &Rc<Self>) -> Result<(), DeviceError> {
         let Some(device) = self.device() else {
             return Err(DeviceError::Missing);
         };
+        let covers = self.writes_completed.get();
+        if covers == self.flushed_through.get() {
+            self.stats.borrow_mut().flushes_skipped += 1;
+            return Ok(());
+        }
         let result = device.flush().await;
         self.stats.borrow_mut().flush_ops += 1;
+        if result.is_ok() && covers > self.flushed_through.get() {
+            self.flushed_through.set(covers);
+        }
         result
     }
 
@@ -842,6 +865,9 @@ fn complete(child: Pending, result: Result<(), DeviceError>, queue: &VdevQueue, 
         class_stats
             .device_latency_ns
             .record(now.saturating_sub(issued_ns));
+    }
+    if child.direction == Direction::Write {
+        queue.writes_completed.set(queue.writes_completed.get() + 1);
     }
     if let Some((class, detail)) = event {
         queue.post_event(class, child.offset, child.length, detail);

@@ -80,7 +80,12 @@ pub struct LeafStats {
     pub write_ops: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
+    /// Cache flushes sent to the device.
     pub flush_ops: u64,
+    /// Flushes asked for that the device did not need: no write had
+    /// completed on it since the last flush was sent (a commit that wrote
+    /// to other devices only).
+    pub flushes_skipped: u64,
     /// Discards issued, and the bytes they covered.
     pub trim_ops: u64,
     pub trim_bytes: u64,

@@ -406,3 +406,49 @@ fn a_sync_read_is_not_starved_by_a_flood_of_async_writes() {
         );
     });
 }
+
+#[test]
+fn a_flush_reaches_the_device_only_when_a_write_completed_since_the_last() {
+    let runtime = Runtime::new_sim(9);
+    runtime.block_on(async {
+        let (device, queue) = setup(9);
+        // Nothing written: nothing to make durable.
+        queue.flush().await.unwrap();
+        assert_eq!(device.counters().flushes, 0);
+        queue
+            .write(IoClass::SyncWrite, 0, pattern(4096, 1), IoFlags::default())
+            .await
+            .unwrap();
+        assert!(device.pending_bytes() > 0);
+        queue.flush().await.unwrap();
+        assert_eq!(device.counters().flushes, 1);
+        assert_eq!(device.pending_bytes(), 0, "the write is durable");
+        // Reads and a second flush with no write between: skipped.
+        queue
+            .read(IoClass::SyncRead, 0, 4096, IoFlags::default())
+            .await
+            .unwrap();
+        queue.flush().await.unwrap();
+        assert_eq!(device.counters().flushes, 1);
+        let stats = queue.stats();
+        assert_eq!((stats.flush_ops, stats.flushes_skipped), (1, 2));
+        // A write that completes while a flush is in flight is not covered
+        // by it: the next flush is sent.
+        let write = queue.write(
+            IoClass::SyncWrite,
+            8192,
+            pattern(4096, 2),
+            IoFlags::default(),
+        );
+        let (written, flushed) = futures_util::future::join(write, queue.flush()).await;
+        written.unwrap();
+        flushed.unwrap();
+        queue.flush().await.unwrap();
+        assert_eq!(device.pending_bytes(), 0, "the second write is durable");
+        // A device put in place gets its first flush.
+        let before = device.counters().flushes;
+        queue.set_device(Some(device.clone() as Rc<dyn Device>));
+        queue.flush().await.unwrap();
+        assert_eq!(device.counters().flushes, before + 1);
+    });
+}

@@ -47,10 +47,15 @@ echo "== pool status and device statistics"
 "$bin" status demo
 "$bin" iostat -q demo
 
+echo "== what happened to the pool (events) while it is served"
+"$bin" events demo
+
 echo "== stop the server (SIGTERM: finish requests, commit, export)"
 kill -TERM "$(cat "$demo/pid")"
 for _ in $(seq 100); do [ -f "$demo/pid" ] || break; sleep 0.1; done
 trap - EXIT
 tail -2 "$demo/serve.log"
 "$bin" check demo -d "$demo"
+echo "== the commands that changed it, from the pool itself"
+"$bin" history demo -d "$demo"
 echo "demo done: the pool's files are in $demo"

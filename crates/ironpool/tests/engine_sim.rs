@@ -1,54 +1,22 @@
 //! The engine on simulated devices: deterministic from a seed.
 
+mod sim_support;
+
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ironpool::dev::sim::{SimDevice, SimLatency};
-use ironpool::dev::Device;
+use ironpool::dev::sim::SimLatency;
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::ReadPiece;
-use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
+use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
+use sim_support::{devices, layout, named};
 
 const DEVICE_BYTES: u64 = 256 << 20;
-
-fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
-    (0..count)
-        .map(|index| {
-            SimDevice::new(
-                &format!("d{index}"),
-                DEVICE_BYTES,
-                seed * 100 + index as u64,
-            )
-        })
-        .collect()
-}
-
-fn layout(devices: &[Rc<SimDevice>], kind: TopVdevKind) -> Vec<NewTopVdev> {
-    vec![NewTopVdev {
-        kind,
-        devices: devices
-            .iter()
-            .enumerate()
-            .map(|(index, device)| NewDevice {
-                path: format!("sim:d{index}"),
-                device: device.clone() as Rc<dyn Device>,
-            })
-            .collect(),
-    }]
-}
-
-fn as_devices(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
-        .collect()
-}
 
 fn tunables() -> PoolTunables {
     PoolTunables {
@@ -70,7 +38,7 @@ fn pattern(length: usize, tag: u64) -> BufSlice {
 
 #[test]
 fn write_read_export_import_round_trip() {
-    let disks = devices(2, 1);
+    let disks = devices(2, DEVICE_BYTES, 1);
     {
         let runtime = Runtime::new_sim(1);
         runtime.block_on(async {
@@ -112,7 +80,7 @@ fn write_read_export_import_round_trip() {
     }
     let runtime = Runtime::new_sim(2);
     runtime.block_on(async {
-        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
             .await
             .unwrap();
         let volume = pool.volume("tank/vol").unwrap();
@@ -163,7 +131,7 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
 /// and check that every flushed write is there and nothing else is invented.
 fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
     let mut rng = Rng::new(seed);
-    let disks = devices(width, seed);
+    let disks = devices(width, DEVICE_BYTES, seed);
     let volume_bytes: u64 = 32 << 20;
     let model = Rc::new(RefCell::new(Model::default()));
     {
@@ -314,7 +282,7 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         });
     }
     runtime.block_on(async move {
-        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables()).await.unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables()).await.unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
         let volume = pool.volume("tank/vol").unwrap();
         // The writers are gone: take the model so no borrow spans the reads.
         let model = std::mem::take(&mut *model.borrow_mut());
@@ -386,7 +354,7 @@ fn crash_at_random_points_on_raidz_keeps_every_flushed_write() {
 /// (found by ironpool-sim seed 1, mirror).
 #[test]
 fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
-    let disks = devices(2, 77);
+    let disks = devices(2, DEVICE_BYTES, 77);
     let block_tag = |round: u64, index: u64| round * 1000 + index;
     {
         let runtime = Runtime::new_sim(77);
@@ -424,7 +392,7 @@ fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
             cache_budget_bytes: 64 << 10,
             ..tunables()
         };
-        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables)
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables)
             .await
             .unwrap();
         let volume = pool.volume("tank/vol").unwrap();
@@ -467,7 +435,7 @@ fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
 /// references whose space was freed.
 #[test]
 fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
-    let disks = devices(2, 7);
+    let disks = devices(2, DEVICE_BYTES, 7);
     let runtime = Runtime::new_sim(7);
     runtime.block_on(async {
         let pool = Pool::create_on_devices(
@@ -536,7 +504,7 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
 /// by ironpool-sim seed 11, mirror, with a receive step added).
 #[test]
 fn a_scrub_reads_copies_every_side_is_marked_as_missing() {
-    let disks = devices(2, 12);
+    let disks = devices(2, DEVICE_BYTES, 12);
     Runtime::new_sim(12).block_on(async {
         let pool = Pool::create_on_devices(
             "tank",
@@ -581,7 +549,7 @@ fn a_slow_node_read_does_not_cache_an_outdated_node() {
     const BLOCK: u64 = 4096;
     // Blocks per level-1 node (32 KiB of 128-byte pointers).
     const SPAN: u64 = 256;
-    let disks = devices(1, 21);
+    let disks = devices(1, DEVICE_BYTES, 21);
     let tunables = PoolTunables {
         // Every load evicts what it can: clean, durable nodes go at once.
         cache_budget_bytes: 1,
@@ -617,7 +585,7 @@ fn a_slow_node_read_does_not_cache_an_outdated_node() {
     });
     Runtime::new_sim(22).block_on(async {
         // Imported: no tree node is cached.
-        let pool = Pool::import_from_devices("tank", as_devices(&disks), tunables)
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables)
             .await
             .unwrap();
         let volume = pool.volume("tank/vol").unwrap();

@@ -5,70 +5,35 @@
 //! history across a crash and an import, bounded, oldest dropped but the
 //! creation.
 
+mod sim_support;
+
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
 use ironpool::control::commands::{execute, Command};
 use ironpool::dev::sim::{SimDevice, SimFaults};
-use ironpool::dev::Device;
 use ironpool::events::{Event, EventClass, DEVICE_EVENTS_PER_SECOND};
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::history::HISTORY_BYTES_MAX;
-use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
-use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
+use sim_support::{devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 8 << 20;
 const BLOCK: u64 = 16384;
 
-fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
-    (0..count)
-        .map(|index| {
-            SimDevice::new(
-                &format!("d{index}"),
-                DEVICE_BYTES,
-                seed * 100 + index as u64,
-            )
-        })
-        .collect()
-}
-
-fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
-        .collect()
-}
-
-/// Commits happen when a test asks.
-fn tunables() -> PoolTunables {
-    PoolTunables {
-        txg_timeout: Duration::from_secs(60),
-        ..PoolTunables::default()
-    }
-}
-
 async fn mirror(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
-    let layout = vec![NewTopVdev {
-        kind: TopVdevKind::Mirror,
-        devices: named(disks)
-            .into_iter()
-            .map(|(path, device)| NewDevice { path, device })
-            .collect(),
-    }];
-    Pool::create_on_devices("tank", layout, false, tunables())
-        .await
-        .unwrap()
-}
-
-fn pattern(length: usize, tag: u64) -> BufSlice {
-    let mut buffer = AlignedBuf::zeroed(length);
-    Rng::new(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut buffer);
-    BufSlice::whole(buffer.into_shared())
+    Pool::create_on_devices(
+        "tank",
+        layout(disks, TopVdevKind::Mirror),
+        false,
+        manual_commits(),
+    )
+    .await
+    .unwrap()
 }
 
 async fn fill(pool: &Rc<Pool>, name: &str) {
@@ -77,7 +42,7 @@ async fn fill(pool: &Rc<Pool>, name: &str) {
         pool.write(
             &volume,
             blkid * BLOCK,
-            pattern(BLOCK as usize, blkid),
+            random_pattern(BLOCK as usize, blkid),
             false,
         )
         .await
@@ -123,7 +88,7 @@ fn assert_rate_limited(events: &[&Event]) {
 
 #[test]
 fn device_errors_state_changes_lost_blocks_and_scrubs_are_posted() {
-    let disks = devices(2, 31);
+    let disks = devices(2, DEVICE_BYTES, 31);
     Runtime::new_sim(31).block_on(async {
         let pool = mirror(&disks).await;
         pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
@@ -233,7 +198,7 @@ fn device_errors_state_changes_lost_blocks_and_scrubs_are_posted() {
 
 #[test]
 fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
-    let disks = devices(2, 41);
+    let disks = devices(2, DEVICE_BYTES, 41);
     let mut rng = Rng::new(41);
     Runtime::new_sim(41).block_on(async {
         let pool = mirror(&disks).await;
@@ -273,7 +238,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
         }
     });
     Runtime::new_sim(42).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         let commands: Vec<String> = pool
@@ -300,7 +265,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
         pool.export().await.unwrap();
     });
     Runtime::new_sim(43).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         let history = pool.history();
@@ -329,7 +294,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
 /// command, and the pool's space stays consistent.
 #[test]
 fn an_unreadable_history_is_reported_and_started_over() {
-    let disks = devices(2, 51);
+    let disks = devices(2, DEVICE_BYTES, 51);
     let mut rng = Rng::new(51);
     let damaged = Runtime::new_sim(51).block_on(async {
         let pool = mirror(&disks).await;
@@ -363,7 +328,7 @@ fn an_unreadable_history_is_reported_and_started_over() {
         }
     }
     Runtime::new_sim(52).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         let notes = pool.notes().join("; ");
@@ -383,7 +348,7 @@ fn an_unreadable_history_is_reported_and_started_over() {
         pool.export().await.unwrap();
     });
     Runtime::new_sim(53).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         assert!(pool.notes().is_empty(), "{:?}", pool.notes());

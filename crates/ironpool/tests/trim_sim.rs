@@ -3,56 +3,23 @@
 //! live block survives both (and a crash after them) on a mirror and on
 //! RAID-Z, and a device without discard is reported once and never failed.
 
+mod sim_support;
+
 use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
 use ironpool::dev::sim::SimDevice;
-use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::ReadPiece;
-use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
-use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
+use sim_support::{devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 16 << 20;
 const BLOCK: u64 = 16384;
-
-fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
-    (0..count)
-        .map(|index| {
-            SimDevice::new(
-                &format!("d{index}"),
-                DEVICE_BYTES,
-                seed * 100 + index as u64,
-            )
-        })
-        .collect()
-}
-
-fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
-        .collect()
-}
-
-/// Commits happen when a test asks.
-fn tunables() -> PoolTunables {
-    PoolTunables {
-        txg_timeout: Duration::from_secs(60),
-        ..PoolTunables::default()
-    }
-}
-
-fn pattern(length: usize, tag: u64) -> BufSlice {
-    let mut buffer = AlignedBuf::zeroed(length);
-    Rng::new(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut buffer);
-    BufSlice::whole(buffer.into_shared())
-}
 
 /// Fills volume `name` with blocks tagged by `tag` and the block number.
 async fn fill(pool: &Rc<Pool>, name: &str, tag: u64) {
@@ -61,7 +28,7 @@ async fn fill(pool: &Rc<Pool>, name: &str, tag: u64) {
         pool.write(
             &volume,
             blkid * BLOCK,
-            pattern(BLOCK as usize, tag + blkid),
+            random_pattern(BLOCK as usize, tag + blkid),
             false,
         )
         .await
@@ -74,7 +41,7 @@ async fn assert_filled(pool: &Rc<Pool>, name: &str, tag: u64) {
     for blkid in 0..VOLUME_BYTES / BLOCK {
         let bytes = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
         assert!(
-            bytes == *pattern(BLOCK as usize, tag + blkid),
+            bytes == *random_pattern(BLOCK as usize, tag + blkid),
             "{name} block {blkid} changed"
         );
     }
@@ -100,17 +67,10 @@ fn trims(disks: &[Rc<SimDevice>]) -> u64 {
 /// free space discards the rest; the other volume reads back intact, also
 /// after a crash and an import.
 fn destroy_trim_crash_and_read_back(kind: TopVdevKind, count: usize, seed: u64) {
-    let disks = devices(count, seed);
+    let disks = devices(count, DEVICE_BYTES, seed);
     let mut rng = Rng::new(seed);
     Runtime::new_sim(seed).block_on(async {
-        let layout = vec![NewTopVdev {
-            kind,
-            devices: named(&disks)
-                .into_iter()
-                .map(|(path, device)| NewDevice { path, device })
-                .collect(),
-        }];
-        let pool = Pool::create_on_devices("tank", layout, false, tunables())
+        let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, manual_commits())
             .await
             .unwrap();
         let on = BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
@@ -151,7 +111,7 @@ fn destroy_trim_crash_and_read_back(kind: TopVdevKind, count: usize, seed: u64) 
         }
     });
     Runtime::new_sim(seed + 1).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         assert_filled(&pool, "tank/keep", 1 << 20).await;
@@ -175,19 +135,17 @@ fn raidz_discards_only_free_sectors_of_each_child() {
 
 #[test]
 fn a_device_without_discard_is_reported_once_and_stays_healthy() {
-    let disks = devices(2, 21);
+    let disks = devices(2, DEVICE_BYTES, 21);
     disks[1].set_discard(false);
     Runtime::new_sim(21).block_on(async {
-        let layout = vec![NewTopVdev {
-            kind: TopVdevKind::Mirror,
-            devices: named(&disks)
-                .into_iter()
-                .map(|(path, device)| NewDevice { path, device })
-                .collect(),
-        }];
-        let pool = Pool::create_on_devices("tank", layout, false, tunables())
-            .await
-            .unwrap();
+        let pool = Pool::create_on_devices(
+            "tank",
+            layout(&disks, TopVdevKind::Mirror),
+            false,
+            manual_commits(),
+        )
+        .await
+        .unwrap();
         let on = BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
         pool.set_properties("tank", &on).await.unwrap();
         let mut refused_after_first_round = 0;

@@ -3,73 +3,31 @@
 //! and makes them survive a crash, a write-back that fails fails the next
 //! flush and keeps the data, and dirty data stays under its limit.
 
+mod sim_support;
+
 use std::collections::BTreeMap;
 use std::rc::Rc;
-use std::time::Duration;
 
 use ironpool::dev::sim::{SimDevice, SimFaults};
-use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::ReadPiece;
-use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
-use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
+use sim_support::{devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 128 << 20;
 const VOLUME_BYTES: u64 = 32 << 20;
 const BLOCK: u64 = 16384;
 
-fn devices(count: usize, seed: u64) -> Vec<Rc<SimDevice>> {
-    (0..count)
-        .map(|index| {
-            SimDevice::new(
-                &format!("d{index}"),
-                DEVICE_BYTES,
-                seed * 100 + index as u64,
-            )
-        })
-        .collect()
-}
-
-fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-    devices
-        .iter()
-        .enumerate()
-        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
-        .collect()
-}
-
-/// A long txg timeout: nothing is committed (or written out by a commit)
-/// unless a test asks.
-fn tunables() -> PoolTunables {
-    PoolTunables {
-        txg_timeout: Duration::from_secs(60),
-        ..PoolTunables::default()
-    }
-}
-
 async fn new_pool(disks: &[Rc<SimDevice>], kind: TopVdevKind, tunables: PoolTunables) -> Rc<Pool> {
-    let layout = vec![NewTopVdev {
-        kind,
-        devices: named(disks)
-            .into_iter()
-            .map(|(path, device)| NewDevice { path, device })
-            .collect(),
-    }];
-    let pool = Pool::create_on_devices("tank", layout, false, tunables)
+    let pool = Pool::create_on_devices("tank", layout(disks, kind), false, tunables)
         .await
         .unwrap();
     pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
         .await
         .unwrap();
     pool
-}
-
-fn pattern(length: usize, tag: u64) -> BufSlice {
-    let mut buffer = AlignedBuf::zeroed(length);
-    Rng::new(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut buffer);
-    BufSlice::whole(buffer.into_shared())
 }
 
 async fn read(pool: &Rc<Pool>, offset: u64, length: u64) -> Vec<u8> {
@@ -83,29 +41,29 @@ fn device_writes(disks: &[Rc<SimDevice>]) -> u64 {
 
 #[test]
 fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash() {
-    let disks = devices(2, 1);
+    let disks = devices(2, DEVICE_BYTES, 1);
     let mut rng = Rng::new(1);
     // Blocks 0, 2, 4, ... and a partial write into block 1 (read-modify-write
     // of a block that is itself dirty: merged in memory).
     let blocks: Vec<u64> = (0..64).map(|index| index * 2).collect();
     Runtime::new_sim(1).block_on(async {
-        let pool = new_pool(&disks, TopVdevKind::Mirror, tunables()).await;
+        let pool = new_pool(&disks, TopVdevKind::Mirror, manual_commits()).await;
         let volume = pool.volume("tank/vol").unwrap();
         let before = device_writes(&disks);
         for &blkid in &blocks {
             pool.write(
                 &volume,
                 blkid * BLOCK,
-                pattern(BLOCK as usize, blkid),
+                random_pattern(BLOCK as usize, blkid),
                 false,
             )
             .await
             .unwrap();
         }
-        pool.write(&volume, BLOCK, pattern(BLOCK as usize, 1000), false)
+        pool.write(&volume, BLOCK, random_pattern(BLOCK as usize, 1000), false)
             .await
             .unwrap();
-        pool.write(&volume, BLOCK + 4096, pattern(4096, 1001), false)
+        pool.write(&volume, BLOCK + 4096, random_pattern(4096, 1001), false)
             .await
             .unwrap();
         let stats = volume.stats();
@@ -117,12 +75,12 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
         );
         for &blkid in &blocks {
             assert!(
-                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                read(&pool, blkid * BLOCK, BLOCK).await == *random_pattern(BLOCK as usize, blkid),
                 "block {blkid} read back"
             );
         }
-        let mut expected = pattern(BLOCK as usize, 1000).to_vec();
-        expected[4096..8192].copy_from_slice(&pattern(4096, 1001));
+        let mut expected = random_pattern(BLOCK as usize, 1000).to_vec();
+        expected[4096..8192].copy_from_slice(&random_pattern(4096, 1001));
         assert!(
             read(&pool, BLOCK, BLOCK).await == expected,
             "the partial write merged into the dirty block"
@@ -139,17 +97,17 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
         }
     });
     Runtime::new_sim(2).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         for &blkid in &blocks {
             assert!(
-                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                read(&pool, blkid * BLOCK, BLOCK).await == *random_pattern(BLOCK as usize, blkid),
                 "block {blkid} after the crash"
             );
         }
-        let mut expected = pattern(BLOCK as usize, 1000).to_vec();
-        expected[4096..8192].copy_from_slice(&pattern(4096, 1001));
+        let mut expected = random_pattern(BLOCK as usize, 1000).to_vec();
+        expected[4096..8192].copy_from_slice(&random_pattern(4096, 1001));
         assert!(
             read(&pool, BLOCK, BLOCK).await == expected,
             "block 1 after the crash"
@@ -162,15 +120,15 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
 
 #[test]
 fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
-    let disks = devices(1, 2);
+    let disks = devices(1, DEVICE_BYTES, 2);
     Runtime::new_sim(3).block_on(async {
-        let pool = new_pool(&disks, TopVdevKind::Disk, tunables()).await;
+        let pool = new_pool(&disks, TopVdevKind::Disk, manual_commits()).await;
         let volume = pool.volume("tank/vol").unwrap();
         for blkid in 0..4u64 {
             pool.write(
                 &volume,
                 blkid * BLOCK,
-                pattern(BLOCK as usize, blkid),
+                random_pattern(BLOCK as usize, blkid),
                 false,
             )
             .await
@@ -195,13 +153,18 @@ fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
         // Still readable, from memory.
         for blkid in 0..4u64 {
             assert!(
-                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                read(&pool, blkid * BLOCK, BLOCK).await == *random_pattern(BLOCK as usize, blkid),
                 "block {blkid} kept"
             );
         }
         // While write-back fails, writes go through and meet the error themselves.
         assert!(pool
-            .write(&volume, 10 * BLOCK, pattern(BLOCK as usize, 10), false)
+            .write(
+                &volume,
+                10 * BLOCK,
+                random_pattern(BLOCK as usize, 10),
+                false
+            )
             .await
             .is_err());
         // The device recovers: the next flush writes the held blocks out.
@@ -211,12 +174,12 @@ fn a_failed_write_back_fails_the_next_flush_and_keeps_the_data() {
         pool.export().await.unwrap();
     });
     Runtime::new_sim(4).block_on(async {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
             .await
             .unwrap();
         for blkid in 0..4u64 {
             assert!(
-                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                read(&pool, blkid * BLOCK, BLOCK).await == *random_pattern(BLOCK as usize, blkid),
                 "block {blkid} after import"
             );
         }
@@ -237,7 +200,7 @@ fn dirty_data_with_its_parity_stays_under_its_limit_on_raidz() {
 }
 
 fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
-    let disks = devices(children, 3);
+    let disks = devices(children, DEVICE_BYTES, 3);
     Runtime::new_sim(5).block_on(async {
         let limit = 256 << 10;
         let pool = new_pool(
@@ -245,7 +208,7 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
             kind,
             PoolTunables {
                 dirty_data_max_bytes: limit,
-                ..tunables()
+                ..manual_commits()
             },
         )
         .await;
@@ -262,7 +225,7 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
                     pool.write(
                         &volume,
                         blkid * BLOCK,
-                        pattern(BLOCK as usize, blkid),
+                        random_pattern(BLOCK as usize, blkid),
                         false,
                     )
                     .await
@@ -281,7 +244,7 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
         pool.flush_all().await.unwrap();
         for blkid in (0..1024u64).step_by(37) {
             assert!(
-                read(&pool, blkid * BLOCK, BLOCK).await == *pattern(BLOCK as usize, blkid),
+                read(&pool, blkid * BLOCK, BLOCK).await == *random_pattern(BLOCK as usize, blkid),
                 "block {blkid}"
             );
         }
@@ -292,7 +255,7 @@ fn dirty_data_stays_under_its_limit(kind: TopVdevKind, children: usize) {
             pool.write(
                 &volume,
                 blkid * BLOCK,
-                pattern(BLOCK as usize, blkid + 5000),
+                random_pattern(BLOCK as usize, blkid + 5000),
                 false,
             )
             .await

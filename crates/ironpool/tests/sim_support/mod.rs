@@ -1,0 +1,60 @@
+//! What the engine's simulator tests share: seeded simulated devices, their
+//! names in a pool, a one-vdev layout, tunables for tests that commit when
+//! they ask, and seeded data.
+
+#![allow(dead_code)]
+
+use std::rc::Rc;
+use std::time::Duration;
+
+use ironpool::dev::sim::SimDevice;
+use ironpool::dev::Device;
+use ironpool::format::label::TopVdevKind;
+use ironpool::pool::{NewDevice, NewTopVdev, PoolTunables};
+use ironpool::rt::buf::{AlignedBuf, BufSlice};
+use ironpool::rt::sim::Rng;
+
+/// `count` devices of `size_bytes`, named `d0`, `d1`..., device `i` drawing
+/// from seed `seed * 100 + i` (so a test's seed fixes every device).
+pub fn devices(count: usize, size_bytes: u64, seed: u64) -> Vec<Rc<SimDevice>> {
+    (0..count)
+        .map(|index| SimDevice::new(&format!("d{index}"), size_bytes, seed * 100 + index as u64))
+        .collect()
+}
+
+/// The devices as an import finds them: `sim:dN` and the device.
+pub fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
+    devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+        .collect()
+}
+
+/// One top-level vdev of `kind` over all the devices.
+pub fn layout(devices: &[Rc<SimDevice>], kind: TopVdevKind) -> Vec<NewTopVdev> {
+    vec![NewTopVdev {
+        kind,
+        devices: named(devices)
+            .into_iter()
+            .map(|(path, device)| NewDevice { path, device })
+            .collect(),
+    }]
+}
+
+/// A long txg timeout: nothing is committed (or written out by a commit)
+/// unless the test asks.
+pub fn manual_commits() -> PoolTunables {
+    PoolTunables {
+        txg_timeout: Duration::from_secs(60),
+        ..PoolTunables::default()
+    }
+}
+
+/// `length` bytes drawn from a generator seeded by `tag`: distinct tags give
+/// distinct blocks.
+pub fn random_pattern(length: usize, tag: u64) -> BufSlice {
+    let mut buffer = AlignedBuf::zeroed(length);
+    Rng::new(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut buffer);
+    BufSlice::whole(buffer.into_shared())
+}

@@ -187,6 +187,9 @@ fn metrics_pass_promtool_and_a_prometheus_server_sees_the_write_counter_rise() {
         "ironpool_volume_log_commit_seconds_count{pool=\"pm\",volume=\"pm/vol\"}",
         "ironpool_nbd_connections_accepted_total{pool=\"pm\"}",
         "ironpool_scrub_running{pool=\"pm\"} 0",
+        "ironpool_events_total{pool=\"pm\",class=\"pool_import\"} 1",
+        "ironpool_events_total{pool=\"pm\",class=\"checksum_error\"} 0",
+        "ironpool_events_suppressed_total{pool=\"pm\"} 0",
     ] {
         assert!(text.contains(family), "no {family} in:\n{text}");
     }

@@ -67,6 +67,25 @@ pub enum EventClass {
 }
 
 impl EventClass {
+    /// Every class, in the order the metrics list them.
+    pub const ALL: [EventClass; 15] = [
+        EventClass::IoError,
+        EventClass::ChecksumError,
+        EventClass::DataError,
+        EventClass::DeviceFull,
+        EventClass::DeviceState,
+        EventClass::ScrubStart,
+        EventClass::ScrubFinish,
+        EventClass::ResilverStart,
+        EventClass::ResilverFinish,
+        EventClass::TrimStart,
+        EventClass::TrimFinish,
+        EventClass::PoolSuspended,
+        EventClass::PoolResumed,
+        EventClass::PoolImport,
+        EventClass::PoolCreate,
+    ];
+
     /// The name `events` prints and `--json` carries.
     pub fn name(self) -> &'static str {
         match self {
@@ -164,6 +183,10 @@ pub struct EventLog {
     ring: RefCell<VecDeque<Event>>,
     next_seq: Cell<u64>,
     suppressed: Cell<u64>,
+    /// Events posted per class (in [`EventClass::ALL`]'s order) since the
+    /// pool was opened, dropped from the ring or not: what a metrics alert
+    /// counts.
+    posted_by_class: RefCell<[u64; EventClass::ALL.len()]>,
     posted: Notify,
 }
 
@@ -203,7 +226,25 @@ impl EventLog {
             detail,
         });
         drop(ring);
+        if let Some(index) = EventClass::ALL.iter().position(|each| *each == class) {
+            self.posted_by_class.borrow_mut()[index] += 1;
+        }
         self.posted.notify_all();
+    }
+
+    /// Events posted per class since the pool was opened.
+    pub fn counts(&self) -> Vec<(EventClass, u64)> {
+        let counts = self.posted_by_class.borrow();
+        EventClass::ALL
+            .iter()
+            .copied()
+            .zip(counts.iter().copied())
+            .collect()
+    }
+
+    /// Device events a rate limit did not post since the pool was opened.
+    pub fn suppressed(&self) -> u64 {
+        self.suppressed.get()
     }
 
     /// Counts a device event a rate limit did not post.
@@ -310,6 +351,9 @@ mod tests {
         let batch = log.since(0, usize::MAX);
         assert_eq!(batch.events.len(), EVENTS_MAX);
         assert_eq!(batch.events[0].seq, 11);
+        // Counted whether or not the ring still holds them.
+        let io_errors = log.counts()[0];
+        assert_eq!(io_errors, (EventClass::IoError, (EVENTS_MAX + 10) as u64));
         assert_eq!(batch.missed, 10);
         assert_eq!(batch.last_seq, (EVENTS_MAX + 10) as u64);
         let batch = log.since(5, 2);

@@ -433,6 +433,27 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         waits as f64,
     );
 
+    // Events (`ironpool events`), counted whether or not the ring still
+    // holds them.
+    out.family(
+        "ironpool_events_total",
+        "counter",
+        "Events posted since the pool was opened, by class (see `ironpool events`).",
+    );
+    for (class, count) in pool.events().counts() {
+        out.sample(
+            "ironpool_events_total",
+            &[("pool", &name), ("class", class.name())],
+            count as f64,
+        );
+    }
+    counter(
+        &mut out,
+        "ironpool_events_suppressed_total",
+        "Device error events over the per-device rate limit, not kept.",
+        pool.events().suppressed() as f64,
+    );
+
     // Scans.
     let scrub = pool.scrub_status();
     let resilver = pool.resilver_status();

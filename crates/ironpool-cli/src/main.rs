@@ -32,7 +32,7 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror|raidz|raidz2|raidz3] DEV... [mirror|raidzN DEV...]`.
+    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror|raidz|raidz2|raidz3] DEV... [mirror|raidzN DEV...] [log [mirror] DEV...]`.
     Create {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -41,7 +41,7 @@ enum Command {
         #[arg(long)]
         size: Option<String>,
         pool: String,
-        /// Devices, each group optionally introduced by `mirror`, `raidz` (= `raidz1`), `raidz2` or `raidz3`.
+        /// Devices, each group optionally introduced by `mirror`, `raidz` (= `raidz1`), `raidz2` or `raidz3`; after `log`, log devices (disks or mirrors).
         #[arg(required = true, num_args = 1..)]
         devices: Vec<String>,
     },
@@ -74,6 +74,10 @@ enum Command {
         /// (tcp:PORT means 127.0.0.1) or unix:PATH.
         #[arg(long, value_name = "LISTEN")]
         metrics: Option<String>,
+        /// Import although a log device is missing from a pool that was not
+        /// exported: flushed writes not yet in a txg that were on it are lost.
+        #[arg(short = 'm')]
+        missing_log: bool,
         pool: String,
     },
     /// Manage volumes.
@@ -207,6 +211,10 @@ enum Command {
         /// its server stopped without exporting it).
         #[arg(short = 'f')]
         force: bool,
+        /// Import although a log device is missing from a pool that was not
+        /// exported: flushed writes not yet in a txg that were on it are lost.
+        #[arg(short = 'm')]
+        missing_log: bool,
         /// The pool's name or guid (0x...).
         pool: Option<String>,
         /// A new name for it (also to tell two pools of one name apart).
@@ -300,6 +308,32 @@ enum Command {
         old: String,
         new: String,
     },
+    /// Add log devices to a pool: `add [-f] [--size SIZE] POOL log [mirror] DEV...`.
+    /// Flushes then write their intent-log blocks there; data stays on the
+    /// pool's devices.
+    Add {
+        /// Overwrite devices that belong to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Create missing device files of this size (sparse), e.g. 1G.
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        /// `log` then the devices: disks, or `mirror` and its sides.
+        #[arg(required = true, num_args = 1..)]
+        devices: Vec<String>,
+    },
+    /// Remove a log device (a whole log vdev, by its name or one of its
+    /// devices): `remove POOL DEV`. Its log records move to the main devices
+    /// first, so no flushed write depends on it.
+    Remove {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        device: String,
+    },
     /// Per-device I/O statistics: `iostat [-q] [-l] [-r] POOL [INTERVAL [COUNT]]`.
     Iostat {
         /// Queued and active I/Os per priority class.
@@ -392,6 +426,7 @@ fn main() -> ExitCode {
             nbd_thread,
             nbd_reply_timeout,
             metrics,
+            missing_log,
             pool,
         } => cli::serve::serve(
             &context,
@@ -402,6 +437,7 @@ fn main() -> ExitCode {
                 thread: nbd_thread,
                 reply_timeout: std::time::Duration::from_secs(nbd_reply_timeout),
                 metrics,
+                missing_log,
             },
             pidfile.as_deref(),
             &tunables,
@@ -492,9 +528,17 @@ fn main() -> ExitCode {
         Command::Import {
             dirs,
             force,
+            missing_log,
             pool,
             new_name,
-        } => cli::discovery::import(&context, &dirs, force, pool.as_deref(), new_name.as_deref()),
+        } => cli::discovery::import(
+            &context,
+            &dirs,
+            force,
+            missing_log,
+            pool.as_deref(),
+            new_name.as_deref(),
+        ),
         Command::Export { dirs, pool } => cli::discovery::export(&context, &pool, &dirs),
         Command::Labelclear { force, device } => {
             cli::discovery::labelclear(&context, &device, force)
@@ -565,6 +609,20 @@ fn main() -> ExitCode {
             force,
             wait,
             size.as_deref(),
+        ),
+        Command::Add {
+            force,
+            size,
+            dirs,
+            pool,
+            devices,
+        } => cli::add(&context, &pool, &dirs, &devices, force, size.as_deref()),
+        Command::Remove { dirs, pool, device } => cli::device_command(
+            &context,
+            &pool,
+            &dirs,
+            ironpool::control::commands::Command::Remove { device },
+            false,
         ),
         Command::Tune {
             dirs,

@@ -7,11 +7,11 @@ mod common;
 
 use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{dir, tool, NbdClient, TestPool, NBD_CMD_READ, NBD_CMD_WRITE};
+use common::{dir, tool, NbdClient, SmallFilesystem, TestPool, NBD_CMD_READ, NBD_CMD_WRITE};
 
 fn server_alive(pool: &mut TestPool) -> bool {
     pool.server
@@ -281,14 +281,13 @@ fn a_command_whose_server_dies_fails_and_is_not_run_again() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start send");
-    std::thread::sleep(Duration::from_secs(1));
+    // The stream's first bytes show the send is under way (a fixed sleep
+    // could kill the server before a loaded machine started it).
+    let mut stdout = send.stdout.take().expect("stdout");
+    let mut stream = vec![0u8; 4096];
+    stdout.read_exact(&mut stream).expect("the stream starts");
     pool.kill9();
-    let mut stream = Vec::new();
-    send.stdout
-        .take()
-        .expect("stdout")
-        .read_to_end(&mut stream)
-        .expect("read the stream");
+    stdout.read_to_end(&mut stream).expect("read the stream");
     let mut errors = String::new();
     send.stderr
         .take()
@@ -444,53 +443,6 @@ fn command_line_details() {
         "{:?}: {errors}",
         output.status
     );
-}
-
-/// A loop-mounted XFS filesystem of `size_mb`, unmounted and deleted on drop:
-/// a host filesystem the tests can fill.
-struct SmallFilesystem {
-    mount_point: PathBuf,
-}
-
-impl SmallFilesystem {
-    fn new(under: &Path, size_mb: u64) -> SmallFilesystem {
-        let image = under.join("host.img");
-        std::fs::File::create(&image)
-            .unwrap()
-            .set_len(size_mb << 20)
-            .unwrap();
-        tool("mkfs.xfs", &["-q", image.to_str().unwrap()]);
-        let mount_point = under.join("host");
-        std::fs::create_dir(&mount_point).unwrap();
-        tool(
-            "mount",
-            &[
-                "-o",
-                "loop",
-                image.to_str().unwrap(),
-                mount_point.to_str().unwrap(),
-            ],
-        );
-        SmallFilesystem { mount_point }
-    }
-
-    fn available_bytes(&self) -> u64 {
-        let path = std::ffi::CString::new(self.mount_point.to_str().unwrap()).unwrap();
-        // SAFETY: statvfs is plain old data; all zeroes is a valid value.
-        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: statvfs fills the struct for a NUL-terminated path.
-        assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut stats) }, 0);
-        stats.f_bavail as u64 * stats.f_frsize as u64
-    }
-}
-
-impl Drop for SmallFilesystem {
-    fn drop(&mut self) {
-        let _ = Command::new("umount")
-            .arg("-l")
-            .arg(&self.mount_point)
-            .status();
-    }
 }
 
 /// The filesystem holding the device files fills up: the writer gets ENOSPC

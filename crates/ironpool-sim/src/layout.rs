@@ -24,6 +24,11 @@ pub enum Layout {
     Raidz2,
     /// One RAID-Z3 group of seven devices: three bad devices at a time.
     Raidz3,
+    /// One two-way mirror and a log device: every intent-log block lands on
+    /// the log device, so crashes hit log writes and flushes there and replay
+    /// reads it. The log device is never damaged (a lost log device is a
+    /// refused import, tested against the real binary).
+    MirrorLog,
 }
 
 /// One top-level vdev of a layout.
@@ -33,16 +38,19 @@ pub struct Group {
     pub devices: usize,
     /// Devices that may be bad at once (redundancy).
     pub tolerated_bad: usize,
+    /// A log vdev: it holds intent-log blocks only.
+    pub log: bool,
 }
 
 impl Layout {
-    pub const ALL: [Layout; 6] = [
+    pub const ALL: [Layout; 7] = [
         Layout::Stripe,
         Layout::Mirror,
         Layout::Mirror3,
         Layout::Raidz1,
         Layout::Raidz2,
         Layout::Raidz3,
+        Layout::MirrorLog,
     ];
 
     pub fn parse(text: &str) -> Result<Layout, String> {
@@ -53,8 +61,9 @@ impl Layout {
             "raidz1" => Ok(Layout::Raidz1),
             "raidz2" => Ok(Layout::Raidz2),
             "raidz3" => Ok(Layout::Raidz3),
+            "mirror-log" => Ok(Layout::MirrorLog),
             other => Err(format!(
-                "unknown layout '{other}' (stripe, mirror, mirror3, raidz1, raidz2, raidz3)"
+                "unknown layout '{other}' (stripe, mirror, mirror3, raidz1, raidz2, raidz3, mirror-log)"
             )),
         }
     }
@@ -67,6 +76,7 @@ impl Layout {
             Layout::Raidz1 => "raidz1",
             Layout::Raidz2 => "raidz2",
             Layout::Raidz3 => "raidz3",
+            Layout::MirrorLog => "mirror-log",
         }
     }
 
@@ -76,7 +86,8 @@ impl Layout {
                 Group {
                     kind: TopVdevKind::Disk,
                     devices: 1,
-                    tolerated_bad: 0
+                    tolerated_bad: 0,
+                    log: false,
                 };
                 2
             ],
@@ -84,7 +95,8 @@ impl Layout {
                 Group {
                     kind: TopVdevKind::Mirror,
                     devices: 2,
-                    tolerated_bad: 1
+                    tolerated_bad: 1,
+                    log: false,
                 };
                 2
             ],
@@ -92,22 +104,40 @@ impl Layout {
                 kind: TopVdevKind::Mirror,
                 devices: 3,
                 tolerated_bad: 2,
+                log: false,
             }],
             Layout::Raidz1 => vec![Group {
                 kind: TopVdevKind::Raidz1,
                 devices: 4,
                 tolerated_bad: 1,
+                log: false,
             }],
             Layout::Raidz2 => vec![Group {
                 kind: TopVdevKind::Raidz2,
                 devices: 6,
                 tolerated_bad: 2,
+                log: false,
             }],
             Layout::Raidz3 => vec![Group {
                 kind: TopVdevKind::Raidz3,
                 devices: 7,
                 tolerated_bad: 3,
+                log: false,
             }],
+            Layout::MirrorLog => vec![
+                Group {
+                    kind: TopVdevKind::Mirror,
+                    devices: 2,
+                    tolerated_bad: 1,
+                    log: false,
+                },
+                Group {
+                    kind: TopVdevKind::Disk,
+                    devices: 1,
+                    tolerated_bad: 0,
+                    log: true,
+                },
+            ],
         }
     }
 

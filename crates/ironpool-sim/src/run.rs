@@ -88,7 +88,7 @@ const STEP_SIMULATED_TIME_MAX: Duration = Duration::from_secs(3600);
 /// Queued and active I/Os per device and class, for a hang report.
 fn queue_states(pool: &Rc<Pool>) -> String {
     let mut states = Vec::new();
-    for top in &pool.store().vdevs {
+    for top in pool.store().vdevs().iter() {
         for leaf in &top.children {
             let stats = leaf.queue.stats();
             let classes: Vec<String> = stats
@@ -354,6 +354,7 @@ impl Sim {
                 index += 1;
             }
             tops.push(NewTopVdev {
+                log: group.log,
                 kind: group.kind,
                 devices,
             });
@@ -1389,7 +1390,7 @@ impl Sim {
                 // does not see.
                 let behind = pool
                     .store()
-                    .vdevs
+                    .vdevs()
                     .iter()
                     .find(|top| top.children.iter().any(|leaf| *leaf.path.borrow() == path))
                     .map_or(0, |top| {
@@ -1474,7 +1475,7 @@ impl Sim {
             let path = format!("sim:d{device}");
             let online = pool
                 .store()
-                .vdevs
+                .vdevs()
                 .iter()
                 .flat_map(|top| top.children.iter())
                 .any(|leaf| {
@@ -1526,7 +1527,7 @@ impl Sim {
             .map(|device| {
                 let path = format!("sim:d{device}");
                 pool.store()
-                    .vdevs
+                    .vdevs()
                     .iter()
                     .flat_map(|top| top.children.iter())
                     .find(|leaf| *leaf.path.borrow() == path)

@@ -20,6 +20,7 @@ const BLOCK: u64 = 16384;
 
 fn layout(devices: &[Rc<SimDevice>]) -> Vec<NewTopVdev> {
     vec![NewTopVdev {
+        log: false,
         kind: TopVdevKind::Mirror,
         devices: devices
             .iter()

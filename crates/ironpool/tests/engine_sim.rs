@@ -525,7 +525,7 @@ fn a_scrub_reads_copies_every_side_is_marked_as_missing() {
         }
         pool.flush_all().await.unwrap();
         let txg = pool.txg().durable();
-        for leaf in &pool.store().vdevs[0].children {
+        for leaf in &pool.store().vdevs()[0].children {
             leaf.dtl.borrow_mut().add_range(1, txg);
         }
         pool.scrub_start().unwrap();

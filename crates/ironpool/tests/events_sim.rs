@@ -114,7 +114,7 @@ fn device_errors_state_changes_lost_blocks_and_scrubs_are_posted() {
             assert!(event.offset.is_some_and(|offset| offset > 0) && event.length == Some(BLOCK));
         }
         assert_rate_limited(&checksum);
-        let counted = pool.store().vdevs[0].children[1]
+        let counted = pool.store().vdevs()[0].children[1]
             .queue
             .stats()
             .checksum_errors;

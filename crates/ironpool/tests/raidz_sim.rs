@@ -39,6 +39,7 @@ fn name(index: usize) -> String {
 
 fn layout(devices: &[Rc<SimDevice>], kind: TopVdevKind) -> Vec<NewTopVdev> {
     vec![NewTopVdev {
+        log: false,
         kind,
         devices: devices
             .iter()
@@ -265,12 +266,12 @@ fn corrupt_sectors_in_up_to_parity_devices_are_read_correctly_and_repaired() {
                 .await
                 .unwrap();
             assert_intact(&pool, &written, &format!("{kind:?} corrupted")).await;
-            let checksum_errors: u64 = pool.store().vdevs[0]
+            let checksum_errors: u64 = pool.store().vdevs()[0]
                 .children
                 .iter()
                 .map(|child| child.queue.stats().checksum_errors)
                 .sum();
-            let reads: Vec<u64> = pool.store().vdevs[0]
+            let reads: Vec<u64> = pool.store().vdevs()[0]
                 .children
                 .iter()
                 .map(|child| child.queue.stats().read_requests)
@@ -290,7 +291,7 @@ fn corrupt_sectors_in_up_to_parity_devices_are_read_correctly_and_repaired() {
                 "{kind:?}: the first scrub repaired everything: {:?}",
                 second.error_details
             );
-            let repaired: u64 = pool.store().vdevs[0]
+            let repaired: u64 = pool.store().vdevs()[0]
                 .children
                 .iter()
                 .skip(width - parity)
@@ -535,7 +536,7 @@ async fn compare_parts(
     child: usize,
     born_before: u64,
 ) -> usize {
-    let top = pool.store().vdevs[0].clone();
+    let top = pool.store().vdevs()[0].clone();
     let mut pointers = Vec::new();
     let table = pool.objects().dnode_table();
     let count = table.dnode().length_bytes / 512;

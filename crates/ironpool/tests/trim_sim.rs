@@ -182,7 +182,7 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
             "the device without discard was asked again"
         );
         assert_eq!(pool.health(), "ONLINE");
-        for top in &pool.store().vdevs {
+        for top in pool.store().vdevs().iter() {
             for leaf in &top.children {
                 let stats = leaf.queue.stats();
                 assert_eq!(

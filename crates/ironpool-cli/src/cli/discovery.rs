@@ -135,6 +135,7 @@ pub fn import(
     context: &Context,
     dirs: &[PathBuf],
     force: bool,
+    missing_log: bool,
     wanted: Option<&str>,
     new_name: Option<&str>,
 ) -> Result<(), String> {
@@ -198,7 +199,11 @@ pub fn import(
         parents
     };
     let imported: Result<Vec<String>, String> = runtime.block_on(async {
-        let pool = Pool::import_guid(guid, &device_dirs, PoolTunables::default())
+        let tunables = PoolTunables {
+            discard_missing_log: missing_log,
+            ..PoolTunables::default()
+        };
+        let pool = Pool::import_guid(guid, &device_dirs, tunables)
             .await
             .map_err(|error| error.to_string())?;
         let notes = pool.notes();
@@ -210,8 +215,9 @@ pub fn import(
         }
         // Written by the export's commit.
         pool.log_history(format!(
-            "import{} {}{}",
+            "import{}{} {}{}",
             if force { " -f" } else { "" },
+            if missing_log { " -m" } else { "" },
             found.guid,
             new_name.map(|name| format!(" {name}")).unwrap_or_default()
         ));

@@ -289,7 +289,13 @@ pub fn status(status: &Value) -> String {
         pool_errors("write_errors"),
         pool_errors("checksum_errors")
     );
-    for vdev in &vdevs {
+    // Data vdevs, then log devices under a `logs` heading (as `zpool status`).
+    let (logs, data): (Vec<&Value>, Vec<&Value>) =
+        vdevs.iter().partition(|vdev| vdev["log"] == true);
+    for (index, vdev) in data.into_iter().chain(logs.iter().copied()).enumerate() {
+        if vdev["log"] == true && index + logs.len() == vdevs.len() {
+            out += "\tlogs\n";
+        }
         let children = vdev["children"].as_array().cloned().unwrap_or_default();
         let mut indent = "  ";
         if vdev["kind"] != "disk" {

@@ -110,9 +110,16 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         } else {
             0.0
         };
+        // Log devices are marked: their writes are the intent log's.
+        let name = device["path"].as_str().unwrap_or("?");
+        let name = if device["log"] == true {
+            format!("{} (log)", shorten(name, 34))
+        } else {
+            shorten(name, 40)
+        };
         let mut line = format!(
             "{:<40} {:>7} {:>7} {:>8.1} {:>8.1} {:>8} {:>6.1} {:>6.1}",
-            shorten(device["path"].as_str().unwrap_or("?"), 40),
+            name,
             count(reads / seconds),
             count(writes / seconds),
             delta(device, before, "read_bytes") / seconds / 1e6,

@@ -17,7 +17,7 @@ use std::rc::Rc;
 use ironpool::control::client;
 use ironpool::control::commands::{execute, Command, Response};
 use ironpool::format::label::TopVdevKind;
-use ironpool::pool::{Pool, PoolError, PoolTunables};
+use ironpool::pool::{LayoutGroup, Pool, PoolError, PoolTunables};
 use ironpool::rt::Runtime;
 use ironpool::units::parse_size;
 use serde_json::Value;
@@ -189,31 +189,52 @@ fn explain_import(pool: &str, error: PoolError) -> String {
     }
 }
 
-/// Splits `DEV... [mirror|raidz|raidz1|raidz2|raidz3 DEV...]...` into
-/// top-level vdevs: devices before any keyword are single-disk vdevs; a
-/// keyword starts a group that takes the devices up to the next keyword.
-pub fn parse_layout(words: &[String]) -> Result<Vec<(TopVdevKind, Vec<PathBuf>)>, String> {
-    let mut groups: Vec<(TopVdevKind, Vec<PathBuf>)> = Vec::new();
+/// Splits `DEV... [mirror|raidz|raidz1|raidz2|raidz3 DEV...]... [log [mirror]
+/// DEV...]` into top-level vdevs: devices outside a group are single-disk
+/// vdevs; a keyword starts a group that takes the devices up to the next
+/// keyword; everything after `log` is a log device (a disk or a mirror).
+pub fn parse_layout(words: &[String]) -> Result<Vec<LayoutGroup>, String> {
+    let mut groups: Vec<LayoutGroup> = Vec::new();
     let mut in_group = false;
+    let mut log = false;
     for word in words {
+        if word == "log" {
+            if log {
+                return Err("'log' is given twice".into());
+            }
+            log = true;
+            in_group = false;
+            continue;
+        }
         match group_keyword(word) {
+            Some(Ok(kind)) if log && kind.is_raidz() => {
+                return Err("a log device is a disk or a mirror, not RAID-Z".into())
+            }
             Some(Ok(kind)) => {
-                groups.push((kind, Vec::new()));
+                groups.push(LayoutGroup {
+                    kind,
+                    paths: Vec::new(),
+                    log,
+                });
                 in_group = true;
             }
             Some(Err(message)) => return Err(message),
             None if in_group => groups
                 .last_mut()
                 .expect("a group was started")
-                .1
+                .paths
                 .push(PathBuf::from(word)),
-            None => groups.push((TopVdevKind::Disk, vec![PathBuf::from(word)])),
+            None => groups.push(LayoutGroup {
+                kind: TopVdevKind::Disk,
+                paths: vec![PathBuf::from(word)],
+                log,
+            }),
         }
     }
-    for (kind, devices) in &groups {
-        let range = kind.children_range();
-        if !range.contains(&devices.len()) {
-            let name = kind.vdev_name(0);
+    for group in &groups {
+        let range = group.kind.children_range();
+        if !range.contains(&group.paths.len()) {
+            let name = group.kind.vdev_name(0);
             let name = name.trim_end_matches("-0");
             let joiner = if range.end() - range.start() == 1 {
                 "or"
@@ -224,9 +245,12 @@ pub fn parse_layout(words: &[String]) -> Result<Vec<(TopVdevKind, Vec<PathBuf>)>
                 "a {name} takes {} {joiner} {} devices, got {}",
                 range.start(),
                 range.end(),
-                devices.len()
+                group.paths.len()
             ));
         }
+    }
+    if log && !groups.iter().any(|group| group.log) {
+        return Err("'log' is not followed by a device".into());
     }
     if groups.is_empty() {
         return Err("no devices given".into());
@@ -244,8 +268,8 @@ fn group_keyword(word: &str) -> Option<Result<TopVdevKind, String>> {
         keyword if keyword.starts_with("raidz") => Some(Err(format!(
             "'{keyword}': RAID-Z has 1 to 3 parity columns (raidz1, raidz2, raidz3)"
         ))),
-        "draid" | "spare" | "log" | "cache" | "special" | "dedup" => Some(Err(format!(
-            "'{word}' vdevs are not supported: use mirror, raidz1-3 or plain devices"
+        "draid" | "spare" | "cache" | "special" | "dedup" => Some(Err(format!(
+            "'{word}' vdevs are not supported: use mirror, raidz1-3, log or plain devices"
         ))),
         _ => None,
     }
@@ -259,11 +283,14 @@ pub fn create(
     size: Option<&str>,
 ) -> Result<(), String> {
     let layout = parse_layout(words)?;
+    if layout.iter().all(|group| group.log) {
+        return Err("no devices given (other than log devices)".into());
+    }
     let size_bytes = size.map(parse_size).transpose()?;
     // Absolute before anything is created (the files may not exist yet).
     let mut dirs: Vec<PathBuf> = layout
         .iter()
-        .flat_map(|(_, devices)| devices.iter())
+        .flat_map(|group| group.paths.iter())
         .map(|device| {
             absolute(
                 device
@@ -668,6 +695,40 @@ pub fn replace(
     device_command(context, pool, dirs, command, wait)
 }
 
+/// `add`: only log devices can be added (data vdevs would need the pool's
+/// space to grow, which `create` sizes once). Paths are made absolute and
+/// created sparse at `size` when asked and missing, as in `create`.
+pub fn add(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    words: &[String],
+    force: bool,
+    size: Option<&str>,
+) -> Result<(), String> {
+    if words.first().map(String::as_str) != Some("log") {
+        return Err("only log devices can be added: add POOL log [mirror] DEV...".into());
+    }
+    let mut groups = parse_layout(words)?;
+    for group in &mut groups {
+        for path in &mut group.paths {
+            if let Some(size) = size {
+                if !path.exists() {
+                    ironpool::pool::create_sparse_file(path, parse_size(size)?)
+                        .map_err(|error| error.to_string())?;
+                }
+            }
+            *path = std::fs::canonicalize(&*path)
+                .map_err(|error| format!("{}: {error}", path.display()))?;
+        }
+    }
+    let command = Command::Add {
+        vdevs: groups,
+        force,
+    };
+    device_command(context, pool, dirs, command, false)
+}
+
 /// Polls a served pool until its resilver ends; returns the final status.
 fn wait_for_resilver(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<Value, String> {
     loop {
@@ -743,7 +804,7 @@ mod tests {
         let layout = parse_layout(&words("a mirror b c raidz2 d e f g raidz h i")).unwrap();
         let kinds: Vec<(TopVdevKind, usize)> = layout
             .iter()
-            .map(|(kind, devices)| (*kind, devices.len()))
+            .map(|group| (group.kind, group.paths.len()))
             .collect();
         assert_eq!(
             kinds,
@@ -755,7 +816,7 @@ mod tests {
             ]
         );
         assert_eq!(
-            parse_layout(&words("raidz3 a b c d")).unwrap()[0].0,
+            parse_layout(&words("raidz3 a b c d")).unwrap()[0].kind,
             TopVdevKind::Raidz3
         );
         assert!(parse_layout(&words("raidz3 a b c"))
@@ -770,5 +831,30 @@ mod tests {
         assert!(parse_layout(&words("raidz0 a b")).is_err());
         assert!(parse_layout(&words("raidz2")).is_err());
         assert!(parse_layout(&[]).is_err());
+    }
+
+    #[test]
+    fn log_devices_follow_the_log_keyword() {
+        let layout = parse_layout(&words("mirror a b log c mirror d e")).unwrap();
+        let shape: Vec<(TopVdevKind, usize, bool)> = layout
+            .iter()
+            .map(|group| (group.kind, group.paths.len(), group.log))
+            .collect();
+        assert_eq!(
+            shape,
+            vec![
+                (TopVdevKind::Mirror, 2, false),
+                (TopVdevKind::Disk, 1, true),
+                (TopVdevKind::Mirror, 2, true)
+            ]
+        );
+        assert!(parse_layout(&words("a log raidz b c"))
+            .unwrap_err()
+            .contains("not RAID-Z"));
+        assert!(parse_layout(&words("a log")).unwrap_err().contains("log"));
+        assert!(parse_layout(&words("log a")).unwrap()[0].log);
+        assert!(parse_layout(&words("a log b log c"))
+            .unwrap_err()
+            .contains("twice"));
     }
 }

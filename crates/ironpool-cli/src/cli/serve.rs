@@ -54,6 +54,9 @@ pub struct NbdOptions {
     pub reply_timeout: std::time::Duration,
     /// Where to serve Prometheus metrics (`tcp:HOST:PORT` or `unix:PATH`).
     pub metrics: Option<String>,
+    /// Import although a log device is missing after a crash (`-m`; see
+    /// `PoolTunables::discard_missing_log`).
+    pub missing_log: bool,
 }
 
 pub fn serve(
@@ -104,7 +107,11 @@ pub fn serve(
     let runtime = Runtime::new_uring(RING_ENTRIES * 4)
         .map_err(|error| format!("cannot set up io_uring: {error}"))?;
     runtime.block_on(async {
-        let pool = Pool::import(pool_name, &dirs, PoolTunables::default())
+        let tunables = PoolTunables {
+            discard_missing_log: nbd.missing_log,
+            ..PoolTunables::default()
+        };
+        let pool = Pool::import(pool_name, &dirs, tunables)
             .await
             .map_err(|error| super::explain_import(pool_name, error))?;
         remember(pool_name, &dirs);

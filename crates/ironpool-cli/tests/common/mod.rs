@@ -102,7 +102,7 @@ impl TestPool {
             self.name.clone(),
         ];
         for word in layout {
-            if *word == "mirror" || word.starts_with("raidz") {
+            if *word == "mirror" || *word == "log" || word.starts_with("raidz") {
                 args.push(word.to_string());
             } else {
                 args.push(self.path(word).display().to_string());
@@ -477,4 +477,63 @@ pub fn stop_and_check(pool: &mut TestPool) {
     let name = pool.name.clone();
     let output = pool.ok(&["check", &name, "-d", &dir(pool)]);
     assert!(!output.contains("problem"), "{output}");
+}
+
+/// A loop-mounted XFS filesystem of `size_mb`, unmounted and deleted on drop:
+/// a host filesystem the tests can fill.
+pub struct SmallFilesystem {
+    pub mount_point: PathBuf,
+}
+
+impl SmallFilesystem {
+    pub fn new(under: &Path, size_mb: u64) -> SmallFilesystem {
+        let image = under.join("host.img");
+        std::fs::File::create(&image)
+            .unwrap()
+            .set_len(size_mb << 20)
+            .unwrap();
+        tool("mkfs.xfs", &["-q", image.to_str().unwrap()]);
+        let mount_point = under.join("host");
+        std::fs::create_dir(&mount_point).unwrap();
+        tool(
+            "mount",
+            &[
+                "-o",
+                "loop",
+                image.to_str().unwrap(),
+                mount_point.to_str().unwrap(),
+            ],
+        );
+        SmallFilesystem { mount_point }
+    }
+
+    pub fn available_bytes(&self) -> u64 {
+        let path = std::ffi::CString::new(self.mount_point.to_str().unwrap()).unwrap();
+        // SAFETY: statvfs is plain old data; all zeroes is a valid value.
+        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+        // SAFETY: statvfs fills the struct for a NUL-terminated path.
+        assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut stats) }, 0);
+        stats.f_bavail as u64 * stats.f_frsize as u64
+    }
+}
+
+impl SmallFilesystem {
+    /// Shuts the filesystem down (XFS's `shutdown`): from now on every read,
+    /// write and flush of a file on it fails with EIO, as a dead device's
+    /// would, while the files stay open.
+    pub fn shut_down(&self) {
+        tool(
+            "xfs_io",
+            &["-x", "-c", "shutdown", self.mount_point.to_str().unwrap()],
+        );
+    }
+}
+
+impl Drop for SmallFilesystem {
+    fn drop(&mut self) {
+        let _ = Command::new("umount")
+            .arg("-l")
+            .arg(&self.mount_point)
+            .status();
+    }
 }

@@ -30,7 +30,7 @@ struct Cli {
     #[arg(long, default_value = "all")]
     faults: String,
     /// Pool layout: stripe, mirror (two 2-way mirrors), mirror3 (one 3-way),
-    /// raidz1 (4 devices), raidz2 (6), raidz3 (7).
+    /// raidz1 (4 devices), raidz2 (6), raidz3 (7), mirror-log (a 2-way mirror and a log device).
     /// A sweep may name several, comma-separated, or "every".
     #[arg(long, default_value = "mirror")]
     layout: String,

@@ -256,6 +256,9 @@ pub struct VdevSpace {
     pub metaslabs: Vec<Metaslab>,
     /// The object listing this vdev's space map objects (0: not created yet).
     pub array_object: u64,
+    /// A log device: only intent-log blocks go here (see
+    /// [`Allocator::allocate_log`]), and its space is not the pool's.
+    pub log: bool,
     data_cursor: (usize, u64),
     metadata_cursors: [(usize, u64); 2],
 }
@@ -282,12 +285,19 @@ impl VdevSpace {
             metaslab_shift,
             metaslabs,
             array_object: 0,
+            log: false,
             data_cursor: (0, 0),
             metadata_cursors: [
                 (count.saturating_sub(1) as usize, 0),
                 (half.saturating_sub(1), 0),
             ],
         }
+    }
+
+    /// The space of a log device (see [`VdevSpace::log`]).
+    pub fn for_log(mut self) -> VdevSpace {
+        self.log = true;
+        self
     }
 
     /// The space of a RAID-Z group: allocations are sized by its geometry.
@@ -524,17 +534,62 @@ impl Allocator {
         self.size_total_bytes = self.vdevs.iter().map(VdevSpace::size_bytes).sum();
     }
 
-    pub fn size_bytes(&self) -> u64 {
-        self.size_total_bytes
+    /// Adds the space of a new top-level vdev (its id is the next one).
+    pub fn add_vdev(&mut self, space: VdevSpace) {
+        assert_eq!(space.vdev as usize, self.vdevs.len(), "vdev ids are dense");
+        self.vdevs.push(space);
+        self.recount();
     }
 
-    /// Allocatable bytes now (deferred frees not included).
+    /// The pool's size: log devices hold only intent-log blocks, which are
+    /// not the pool's space (as in OpenZFS).
+    pub fn size_bytes(&self) -> u64 {
+        self.size_total_bytes - self.log_vdevs().map(VdevSpace::size_bytes).sum::<u64>()
+    }
+
+    /// Allocatable bytes now (deferred frees not included), log devices not
+    /// counted.
     pub fn free_bytes(&self) -> u64 {
         debug_assert_eq!(
             self.free_total_bytes,
             self.vdevs.iter().map(VdevSpace::free_bytes).sum::<u64>()
         );
-        self.free_total_bytes
+        self.free_total_bytes - self.log_vdevs().map(VdevSpace::free_bytes).sum::<u64>()
+    }
+
+    fn log_vdevs(&self) -> impl Iterator<Item = &VdevSpace> {
+        self.vdevs.iter().filter(|vdev| vdev.log)
+    }
+
+    /// Allocates an intent-log block of `physical_bytes` on a log device
+    /// `usable` accepts (by vdev id), else, as OpenZFS does without a working
+    /// log device, in the pool's metadata space. Log blocks are never
+    /// recorded in space maps (see `pool::dataset::intent_log`).
+    pub fn allocate_log(
+        &mut self,
+        physical_bytes: u64,
+        usable: impl Fn(u32) -> bool,
+    ) -> Result<Dva, NoSpace> {
+        for vdev in self.vdevs.iter_mut().filter(|vdev| vdev.log) {
+            if !usable(vdev.vdev) {
+                continue;
+            }
+            let size = vdev.asize(physical_bytes);
+            let cursor = vdev.metadata_cursors[0];
+            if let Some((offset, next_cursor)) = vdev.allocate_from(cursor, size, None, true, 0) {
+                vdev.metadata_cursors[0] = next_cursor;
+                self.free_total_bytes = self
+                    .free_total_bytes
+                    .checked_sub(size)
+                    .expect("space accounting invariant broken: more allocated than free");
+                return Ok(Dva {
+                    vdev: vdev.vdev,
+                    asize: size as u32,
+                    offset,
+                });
+            }
+        }
+        self.allocate(physical_bytes, BlockClass::Metadata(0), None)
     }
 
     /// Free bytes held out of allocation while they are discarded: they
@@ -584,6 +639,7 @@ impl Allocator {
             let largest = self
                 .vdevs
                 .iter()
+                .filter(|vdev| !vdev.log)
                 .map(|vdev| vdev.asize(physical_bytes) + vdev.sector_bytes)
                 .max()
                 .unwrap_or(physical_bytes);
@@ -592,10 +648,14 @@ impl Allocator {
             }
         }
         let count = self.vdevs.len();
+        let normal_count = self.vdevs.iter().filter(|vdev| !vdev.log).count().max(1);
         for step in 0..count {
             let vdev_index = (self.rotor + step) % count;
             let vdev = &mut self.vdevs[vdev_index];
-            if avoid.is_some_and(|dva| dva.vdev as usize == vdev_index) && count > 1 {
+            if vdev.log {
+                continue;
+            }
+            if avoid.is_some_and(|dva| dva.vdev as usize == vdev_index) && normal_count > 1 {
                 continue;
             }
             let size = vdev.asize(physical_bytes);
@@ -607,7 +667,7 @@ impl Allocator {
                 BlockClass::Metadata(copy) => vdev.metadata_cursors[copy.min(1)],
             };
             let metadata = matches!(class, BlockClass::Metadata(_));
-            let metadata_reserve = self.metadata_reserve_bytes / count as u64;
+            let metadata_reserve = self.metadata_reserve_bytes / normal_count as u64;
             if let Some((offset, next_cursor)) =
                 vdev.allocate_from(cursor, size, avoid_metaslab, metadata, metadata_reserve)
             {

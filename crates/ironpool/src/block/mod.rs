@@ -16,7 +16,7 @@ pub mod compress;
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use crate::alloc::{Allocator, BlockClass, NoSpace};
+use crate::alloc::{Allocator, BlockClass, NoSpace, VdevSpace};
 use crate::events::{EventClass, EventLog, NewEvent, RateLimit};
 use crate::format::bp::DVA_COUNT;
 use crate::format::{BlockPointer, Dva};
@@ -96,7 +96,9 @@ impl StorePrep {
 
 /// Devices, allocator, and the rules for reading and writing blocks.
 pub struct BlockStore {
-    pub vdevs: Vec<Rc<TopVdev>>,
+    /// The top-level vdevs by id; replaced whole when one is added (see
+    /// [`BlockStore::add_vdev`]), so a caller's snapshot stays valid.
+    vdevs: RefCell<Rc<[Rc<TopVdev>]>>,
     pub allocator: RefCell<Allocator>,
     repairs_in_flight: Cell<u32>,
     repairs_done: Notify,
@@ -161,7 +163,7 @@ fn fit(top: &TopVdev, data: &Rc<AlignedBuf>, physical: usize) -> BufSlice {
 impl BlockStore {
     pub fn new(vdevs: Vec<Rc<TopVdev>>, allocator: Allocator) -> Rc<BlockStore> {
         Rc::new(BlockStore {
-            vdevs,
+            vdevs: RefCell::new(vdevs.into()),
             allocator: RefCell::new(allocator),
             repairs_in_flight: Cell::new(0),
             repairs_done: Notify::new(),
@@ -237,9 +239,44 @@ impl BlockStore {
         self.stats.set(stats);
     }
 
+    /// The top-level vdevs by id, as they are now.
+    pub fn vdevs(&self) -> Rc<[Rc<TopVdev>]> {
+        self.vdevs.borrow().clone()
+    }
+
+    /// Top-level vdev `id`, if the pool has one.
+    pub fn vdev(&self, id: u32) -> Option<Rc<TopVdev>> {
+        self.vdevs.borrow().get(id as usize).cloned()
+    }
+
+    /// Adds a top-level vdev (its id is the next one) with its space.
+    pub fn add_vdev(&self, top: Rc<TopVdev>, space: VdevSpace) {
+        let mut vdevs = self.vdevs.borrow().to_vec();
+        assert_eq!(top.id as usize, vdevs.len(), "vdev ids are dense");
+        vdevs.push(top);
+        *self.vdevs.borrow_mut() = vdevs.into();
+        self.allocator.borrow_mut().add_vdev(space);
+    }
+
+    /// Removes the last top-level vdev, a log device nothing refers to any
+    /// more (see `Pool::remove_log_vdev`), with its space.
+    pub fn remove_last_vdev(&self) -> Option<Rc<TopVdev>> {
+        let mut vdevs = self.vdevs.borrow().to_vec();
+        let last = vdevs.pop()?;
+        *self.vdevs.borrow_mut() = vdevs.into();
+        let mut allocator = self.allocator.borrow_mut();
+        allocator.vdevs.pop();
+        allocator.recount();
+        Some(last)
+    }
+
     /// True when every top-level vdev keeps more than one copy of what it stores.
+    /// (Log devices hold no pool data and are not asked.)
     pub fn all_vdevs_redundant(&self) -> bool {
-        self.vdevs.iter().all(|top| top.children.len() > 1)
+        self.vdevs()
+            .iter()
+            .filter(|top| !top.log)
+            .all(|top| top.children.len() > 1)
     }
 
     /// Allocates space for a block of `physical_bytes` with `copies` copies.
@@ -265,6 +302,26 @@ impl BlockStore {
             }
         }
         Ok(dvas)
+    }
+
+    /// Allocates an intent-log block of `physical_bytes`: on a log device
+    /// that can take writes, else in the main devices' metadata space.
+    pub fn allocate_log(&self, physical_bytes: u64) -> Result<Dva, NoSpace> {
+        let vdevs = self.vdevs();
+        self.allocator
+            .borrow_mut()
+            .allocate_log(physical_bytes, |id| {
+                vdevs
+                    .get(id as usize)
+                    .is_some_and(|top| top.log && top.is_available() && !top.removing.get())
+            })
+    }
+
+    /// True when some log device can take log blocks.
+    pub fn has_usable_log_device(&self) -> bool {
+        self.vdevs()
+            .iter()
+            .any(|top| top.log && top.is_available() && !top.removing.get())
     }
 
     /// Returns never-committed allocations.
@@ -298,7 +355,7 @@ impl BlockStore {
 
     /// Adds `txg` to the dirty time log of `children` of vdev `vdev`.
     fn note_missed(&self, vdev: u32, children: &[usize], txg: u64) {
-        let Some(top) = self.vdevs.get(vdev as usize) else {
+        let Some(top) = self.vdev(vdev) else {
             return;
         };
         for &child in children {
@@ -328,13 +385,13 @@ impl BlockStore {
         if dvas.len() > 1 && dvas[1].is_empty() || dvas.len() == 1 {
             // One copy (data blocks): no join machinery on the hot path.
             let dva = dvas[0];
-            let outcome = self.vdevs[dva.vdev as usize]
+            let outcome = self.vdevs()[dva.vdev as usize]
                 .write(class, dva.offset, data, IoFlags::default())
                 .await;
             return self.settle_write(&dva, outcome);
         }
         let writes = dvas.iter().filter(|dva| !dva.is_empty()).map(|dva| {
-            let top = self.vdevs[dva.vdev as usize].clone();
+            let top = self.vdevs()[dva.vdev as usize].clone();
             let data = data.clone();
             let offset = dva.offset;
             async move { top.write(class, offset, data, IoFlags::default()).await }
@@ -358,7 +415,7 @@ impl BlockStore {
     ) -> Vec<Result<(), BlockError>> {
         let mut results: Vec<Result<(), BlockError>> = blocks.iter().map(|_| Ok(())).collect();
         let mut by_vdev: Vec<VdevRun> = self
-            .vdevs
+            .vdevs()
             .iter()
             .map(|_| (Vec::new(), Vec::new()))
             .collect();
@@ -385,7 +442,7 @@ impl BlockStore {
             .enumerate()
             .filter(|(_, (indexes, _))| !indexes.is_empty())
             .map(|(vdev, (indexes, run))| {
-                let top = self.vdevs[vdev].clone();
+                let top = self.vdevs()[vdev].clone();
                 async move {
                     (
                         indexes,
@@ -421,11 +478,13 @@ impl BlockStore {
         })
     }
 
-    /// The geometry of every top-level vdev, when all are RAID-Z of one.
+    /// The geometry of every top-level vdev that takes data (log devices do
+    /// not), when all are RAID-Z of one.
     fn parity_ahead_geometry(&self) -> Option<RaidzGeometry> {
-        let first = *self.vdevs.first()?.raidz_geometry()?;
-        self.vdevs
-            .iter()
+        let vdevs = self.vdevs();
+        let mut data_vdevs = vdevs.iter().filter(|top| !top.log);
+        let first = *data_vdevs.next()?.raidz_geometry()?;
+        data_vdevs
             .all(|top| top.raidz_geometry() == Some(&first))
             .then_some(first)
     }
@@ -458,13 +517,10 @@ impl BlockStore {
         class: IoClass,
         txg: u64,
     ) -> Result<(), BlockError> {
-        let top = self
-            .vdevs
-            .get(dva.vdev as usize)
-            .ok_or_else(|| BlockError::WriteFailed {
-                location: location(&dva),
-                detail: "no such vdev".into(),
-            })?;
+        let top = self.vdev(dva.vdev).ok_or_else(|| BlockError::WriteFailed {
+            location: location(&dva),
+            detail: "no such vdev".into(),
+        })?;
         let outcome = top
             .write(class, dva.offset, data, IoFlags::default())
             .await
@@ -504,7 +560,7 @@ impl BlockStore {
         let mut bad_copies: Vec<Dva> = Vec::new();
         let mut details = Vec::new();
         for dva in bp.copies() {
-            let Some(top) = self.vdevs.get(dva.vdev as usize) else {
+            let Some(top) = self.vdev(dva.vdev) else {
                 details.push(format!("copy on missing vdev {}", dva.vdev));
                 continue;
             };
@@ -527,7 +583,7 @@ impl BlockStore {
                         );
                     }
                     for bad in &bad_copies {
-                        let bad_top = self.vdevs[bad.vdev as usize].clone();
+                        let bad_top = self.vdevs()[bad.vdev as usize].clone();
                         let fitted = fit(&bad_top, &data, physical);
                         self.spawn_repair(bad_top, None, bad.offset, fitted);
                     }
@@ -558,7 +614,7 @@ impl BlockStore {
         // (vdev, its bad children or None for the whole copy, offset)
         let mut bad: Vec<(Rc<TopVdev>, Option<Vec<usize>>, u64)> = Vec::new();
         for dva in bp.copies() {
-            let Some(top) = self.vdevs.get(dva.vdev as usize) else {
+            let Some(top) = self.vdev(dva.vdev) else {
                 continue;
             };
             let length = top.io_bytes(physical as u64);
@@ -628,7 +684,7 @@ impl BlockStore {
         let (data, _) = self.read_physical(bp, IoClass::Rebuild).await?;
         let mut rewritten = Rewritten::default();
         for (dva, children) in wanted {
-            let top = self.vdevs[dva.vdev as usize].clone();
+            let top = self.vdevs()[dva.vdev as usize].clone();
             let fitted = fit(&top, &data, bp.physical_size as usize);
             let bytes = top.children_share_bytes(&children, dva.offset, fitted.len() as u64);
             let count = children.len() as u64;
@@ -728,7 +784,7 @@ impl BlockStore {
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<AlignedBuf, BlockError> {
         let _guard = self.read_guard();
-        let Some(top) = self.vdevs.get(dva.vdev as usize) else {
+        let Some(top) = self.vdev(dva.vdev) else {
             return Err(BlockError::Unreadable {
                 location: location(&dva),
                 detail: format!("no vdev {}", dva.vdev),
@@ -760,7 +816,7 @@ impl BlockStore {
         quiet: bool,
     ) -> Result<AlignedBuf, BlockError> {
         let before: Vec<u64> = self
-            .vdevs
+            .vdevs()
             .get(dva.vdev as usize)
             .map(|top| {
                 top.children
@@ -771,7 +827,7 @@ impl BlockStore {
             .unwrap_or_default();
         let result = self.read_self_checked(dva, length, verify).await;
         if result.is_err() && quiet {
-            if let Some(top) = self.vdevs.get(dva.vdev as usize) {
+            if let Some(top) = self.vdev(dva.vdev) {
                 for (leaf, errors) in top.children.iter().zip(before) {
                     leaf.queue.count(|stats| stats.checksum_errors = errors);
                 }
@@ -794,19 +850,51 @@ impl BlockStore {
         }
     }
 
-    /// Flushes every device of every top-level vdev.
+    /// Flushes every device of every top-level vdev, for a txg: a log
+    /// device that fails to flush does not fail it (a txg keeps nothing on
+    /// log devices; the failure is counted on the device, and log commits
+    /// move to the main devices once it is faulted).
     pub async fn flush_all(&self) -> Result<(), BlockError> {
-        let flushes = self.vdevs.iter().map(|top| top.flush());
+        let vdevs = self.vdevs();
+        self.flush_vdevs(vdevs.iter().collect(), |top| !top.log)
+            .await
+    }
+
+    /// Flushes the devices an intent-log commit may have written: every
+    /// top-level vdev of the main pool (a `logbias=throughput` commit writes
+    /// blocks in place; a device with nothing written skips its flush) and the
+    /// log vdevs in `log_vdevs`, where its log blocks lie. A failure of any of
+    /// them fails the commit; a faulted log device the commit did not write to
+    /// (the log fell back to the main devices) is not asked.
+    pub async fn flush_for_log(&self, log_vdevs: &[u32]) -> Result<(), BlockError> {
+        let vdevs = self.vdevs();
+        let chosen = vdevs
+            .iter()
+            .filter(|top| !top.log || log_vdevs.contains(&top.id))
+            .collect();
+        self.flush_vdevs(chosen, |_| true).await
+    }
+
+    /// Flushes `vdevs` at once; the first failure of one that `must_flush`
+    /// is the error.
+    async fn flush_vdevs(
+        &self,
+        vdevs: Vec<&Rc<TopVdev>>,
+        must_flush: impl Fn(&TopVdev) -> bool,
+    ) -> Result<(), BlockError> {
+        let flushes = vdevs.iter().map(|top| top.flush());
         for (result, top) in futures_util::future::join_all(flushes)
             .await
             .into_iter()
-            .zip(self.vdevs.iter())
+            .zip(vdevs.iter())
         {
             if let Err(error) = result {
-                return Err(BlockError::WriteFailed {
-                    location: format!("vdev {}", top.id),
-                    detail: format!("flush: {error}"),
-                });
+                if must_flush(top) {
+                    return Err(BlockError::WriteFailed {
+                        location: format!("vdev {}", top.id),
+                        detail: format!("flush: {error}"),
+                    });
+                }
             }
         }
         Ok(())

@@ -112,6 +112,17 @@ pub enum Command {
     /// pool): the server finishes requests in flight, commits, marks the
     /// pool exported and exits, as on SIGTERM.
     Export,
+    /// Adds top-level vdevs (today log devices only), by absolute path.
+    Add {
+        vdevs: Vec<crate::pool::LayoutGroup>,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Removes a log device (named by a device path, file name or guid, or
+    /// its vdev's name) after moving the intent logs off it.
+    Remove {
+        device: String,
+    },
     /// Takes a device out of service.
     Offline {
         device: String,
@@ -293,6 +304,32 @@ impl Command {
             Command::Clear => {
                 push("clear");
                 push(pool);
+            }
+            Command::Add { vdevs, force } => {
+                push("add");
+                if *force {
+                    push("-f");
+                }
+                push(pool);
+                let mut logs_named = false;
+                for group in vdevs {
+                    if group.log && !logs_named {
+                        push("log");
+                        logs_named = true;
+                    }
+                    if group.kind != crate::format::label::TopVdevKind::Disk {
+                        let name = group.kind.vdev_name(0);
+                        push(name.trim_end_matches("-0"));
+                    }
+                    for path in &group.paths {
+                        push(&path.display().to_string());
+                    }
+                }
+            }
+            Command::Remove { device } => {
+                push("remove");
+                push(pool);
+                push(device);
             }
             Command::Status
             | Command::List
@@ -661,6 +698,26 @@ async fn run(
             pool.online_device(&device, None).await?;
             Ok(status(pool))
         }
+        Command::Add { vdevs, force } => {
+            let mut layout = Vec::new();
+            for group in vdevs {
+                let mut devices = Vec::new();
+                for path in &group.paths {
+                    devices.push(open_new_device(&path.display().to_string())?);
+                }
+                layout.push(crate::pool::NewTopVdev {
+                    kind: group.kind,
+                    devices,
+                    log: group.log,
+                });
+            }
+            pool.add_vdevs(layout, force).await?;
+            Ok(status(pool))
+        }
+        Command::Remove { device } => {
+            pool.remove_log_vdev(&device).await?;
+            Ok(status(pool))
+        }
         Command::Replace { old, new, force } => {
             let new = open_new_device(&new)?;
             pool.replace_device(&old, new, force).await?;
@@ -744,7 +801,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
 fn status(pool: &Pool) -> Value {
     let (size, free) = pool.space();
     let mut vdevs = Vec::new();
-    for top in &pool.store().vdevs {
+    for top in pool.store().vdevs().iter() {
         let mut children = Vec::new();
         let (mut read_errors, mut write_errors, mut checksum_errors) = (0, 0, 0);
         for leaf in &top.children {
@@ -773,6 +830,7 @@ fn status(pool: &Pool) -> Value {
         vdevs.push(json!({
             "name": top.kind.vdev_name(top.id),
             "kind": top.kind,
+            "log": top.log,
             "parity": top.kind.parity(),
             "state": top.health(),
             "ashift": top.ashift,
@@ -808,7 +866,7 @@ fn status(pool: &Pool) -> Value {
 
 fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
     let mut devices = Vec::new();
-    for top in &pool.store().vdevs {
+    for top in pool.store().vdevs().iter() {
         let top_name = top.kind.vdev_name(top.id);
         for leaf in &top.children {
             let stats = leaf.queue.stats();
@@ -816,6 +874,7 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
             if let Value::Object(map) = &mut value {
                 map.insert("path".into(), json!(leaf.path.borrow().clone()));
                 map.insert("top_vdev".into(), json!(top_name));
+                map.insert("log".into(), json!(top.log));
                 let classes: serde_json::Map<String, Value> = IoClass::ALL
                     .iter()
                     .map(|class| {

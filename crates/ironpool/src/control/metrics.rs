@@ -541,7 +541,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
     }
     let devices: Vec<Device> = pool
         .store()
-        .vdevs
+        .vdevs()
         .iter()
         .flat_map(|top| {
             let vdev = top.kind.vdev_name(top.id);

@@ -170,6 +170,10 @@ pub struct TopVdevConfig {
     pub asize_bytes: u64,
     pub metaslab_shift: u8,
     pub children: Vec<LeafConfig>,
+    /// A log device (a disk or a mirror): it holds intent-log blocks only
+    /// and is not part of the pool's space.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub log: bool,
 }
 
 /// The pool's configuration, as stored in every label.
@@ -207,12 +211,15 @@ impl PoolConfig {
     /// Checks the document's internal consistency.
     pub fn validate(&self) -> Result<(), FormatError> {
         const WHAT: &str = "pool config";
-        if self.vdevs.is_empty() {
-            return Err(invalid(WHAT, "no vdevs"));
+        if self.vdevs.iter().all(|top| top.log) {
+            return Err(invalid(WHAT, "no data vdevs"));
         }
         for (index, top) in self.vdevs.iter().enumerate() {
             if top.id as usize != index {
                 return Err(invalid(WHAT, format!("vdev {index} has id {}", top.id)));
+            }
+            if top.log && top.kind.is_raidz() {
+                return Err(invalid(WHAT, format!("log vdev {} is RAID-Z", top.id)));
             }
             if !top.kind.children_range().contains(&top.children.len()) {
                 return Err(invalid(
@@ -359,6 +366,7 @@ mod tests {
                 ashift: 12,
                 asize_bytes: 64 << 24,
                 metaslab_shift: 24,
+                log: false,
                 children: vec![
                     LeafConfig::new(10, "/a".into(), 2 << 30),
                     LeafConfig::new(11, "/b".into(), 2 << 30),

@@ -77,7 +77,7 @@ pub(super) fn assemble(
             *vdev.dtl.borrow_mut() = Dtl::from_config(&leaf.dtl);
             leaves.push(vdev);
         }
-        let top_vdev = TopVdev::new(
+        let mut top_vdev = TopVdev::new(
             top.id,
             top.guid,
             top.kind,
@@ -87,7 +87,13 @@ pub(super) fn assemble(
             leaves,
         )
         .map_err(|error| PoolError::Corrupt(format!("vdev {}: {error}", top.id)))?;
-        if !top_vdev.is_available() {
+        if top.log {
+            top_vdev = top_vdev.into_log();
+        }
+        // A log device away loses no pool data: it is taken out of use (log
+        // blocks go to the main devices). What its log held is replay's
+        // business (see `Pool::import`).
+        if !top_vdev.is_available() && !top.log {
             let redundancy = top_vdev.redundancy();
             return Err(PoolError::MissingDevices {
                 pool: name.to_string(),
@@ -160,7 +166,7 @@ pub(super) fn mark_stale_leaves(
 /// Runs at every commit's build step and after every state change.
 pub(super) fn maintain(pool: &Pool, txg: u64) {
     let mut changed = false;
-    for top in &pool.store.vdevs {
+    for top in pool.store.vdevs().iter() {
         for leaf in &top.children {
             let mut dtl = leaf.dtl.borrow_mut();
             match (leaf.is_online(), dtl.is_open()) {
@@ -175,7 +181,7 @@ pub(super) fn maintain(pool: &Pool, txg: u64) {
     }
     post_state_changes(pool);
     let mut config = pool.config.borrow_mut();
-    for (top, top_config) in pool.store.vdevs.iter().zip(config.vdevs.iter_mut()) {
+    for (top, top_config) in pool.store.vdevs().iter().zip(config.vdevs.iter_mut()) {
         for (leaf, leaf_config) in top.children.iter().zip(top_config.children.iter_mut()) {
             let offline = leaf.state() == LeafState::Offline;
             let dtl = leaf.dtl.borrow().to_config();
@@ -195,7 +201,7 @@ pub(super) fn maintain(pool: &Pool, txg: u64) {
 /// (at every commit's build step and after the operator's commands: a leaf
 /// that faults between commits is reported within a txg).
 fn post_state_changes(pool: &Pool) {
-    for top in &pool.store.vdevs {
+    for top in pool.store.vdevs().iter() {
         for leaf in &top.children {
             if let Some((before, now)) = leaf.take_state_change() {
                 pool.events.post(
@@ -243,7 +249,7 @@ impl Pool {
                 || guid == Some(leaf.guid())
         };
         let mut found = Vec::new();
-        for top in &self.store.vdevs {
+        for top in self.store.vdevs().iter() {
             for (index, leaf) in top.children.iter().enumerate() {
                 if matches(leaf) {
                     found.push((top.clone(), index));
@@ -329,7 +335,7 @@ impl Pool {
         self.txg.ensure_writable()?;
         let mut cleared = Vec::new();
         let mut back_in_service = false;
-        for top in &self.store.vdevs {
+        for top in self.store.vdevs().iter() {
             for leaf in &top.children {
                 let faulted = leaf.state() == LeafState::Faulted;
                 leaf.queue.reset_consecutive_errors();
@@ -363,7 +369,7 @@ impl Pool {
     /// ENOSPC rather than EIO.
     pub fn host_full_devices(&self) -> Vec<String> {
         self.store
-            .vdevs
+            .vdevs()
             .iter()
             .flat_map(|top| top.children.iter())
             .filter(|leaf| leaf.queue.stats().host_full)
@@ -429,7 +435,7 @@ impl Pool {
         let replaced = &top.children[index];
         let in_pool = self
             .store
-            .vdevs
+            .vdevs()
             .iter()
             .flat_map(|top| top.children.iter())
             .any(|leaf| !Rc::ptr_eq(leaf, replaced) && *leaf.path.borrow() == new.path);
@@ -478,6 +484,154 @@ impl Pool {
         self.config_dirty.set(true);
         self.commit().await?;
         self.resilver_start();
+        Ok(())
+    }
+}
+
+impl Pool {
+    /// Adds top-level vdevs (`ironpool add POOL log [mirror] DEV...`): today
+    /// log devices only, which take the intent logs' blocks from the next
+    /// commit on. Every device is checked before anything changes; the
+    /// command returns once the txg naming them is durable.
+    pub async fn add_vdevs(
+        self: &Rc<Self>,
+        layout: Vec<crate::pool::NewTopVdev>,
+        force: bool,
+    ) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        if layout.is_empty() {
+            return Err(PoolError::InvalidArgument("no devices given".into()));
+        }
+        if layout.iter().any(|top| !top.log) {
+            return Err(PoolError::InvalidArgument(
+                "only log devices can be added (`add POOL log [mirror] DEV...`); data vdevs cannot yet".into(),
+            ));
+        }
+        for new in layout.iter().flat_map(|top| top.devices.iter()) {
+            let in_pool = self
+                .store
+                .vdevs()
+                .iter()
+                .flat_map(|top| top.children.iter())
+                .any(|leaf| *leaf.path.borrow() == new.path);
+            if in_pool {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{} is already a device of pool '{}'",
+                    new.path, self.name
+                )));
+            }
+        }
+        let first_id = self.store.vdevs().len();
+        let tunables = self.tunables.borrow().clone();
+        let mut built = Vec::new();
+        for (index, top) in layout.into_iter().enumerate() {
+            built.push(crate::pool::build_top_vdev(first_id + index, top, force, &tunables).await?);
+        }
+        for (top_vdev, config) in built {
+            let top = Rc::new(top_vdev);
+            for leaf in &top.children {
+                leaf.queue.set_events(self.events.clone());
+                self.events.post(
+                    EventClass::DeviceState,
+                    NewEvent::device(leaf.path.borrow().clone(), "added as a log device"),
+                );
+            }
+            let mut space = crate::pool::vdev_space(&top);
+            space.array_object = self.create_metaslab_array();
+            self.store.add_vdev(top, space);
+            self.config.borrow_mut().vdevs.push(config);
+        }
+        self.config_dirty.set(true);
+        self.commit().await
+    }
+}
+
+impl Pool {
+    /// Removes a log device (`ironpool remove POOL DEV`; DEV a device of it
+    /// or its vdev's name): no new log block goes to it, every intent log
+    /// is moved off it (what the logs made durable goes into a txg first),
+    /// and the vdev leaves the config in a txg that the command waits for;
+    /// the device's labels are then cleared. Log devices are the last
+    /// vdevs of a pool; of several, the last is removed first (vdev ids
+    /// are positions).
+    pub async fn remove_log_vdev(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let vdevs = self.store.vdevs();
+        let top = match vdevs.iter().find(|top| top.kind.vdev_name(top.id) == name) {
+            Some(top) => top.clone(),
+            None => self.find_leaf(name)?.0,
+        };
+        if !top.log {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} is in {}, which holds pool data: only log devices can be removed",
+                top.kind.vdev_name(top.id)
+            )));
+        }
+        if top.id as usize + 1 != vdevs.len() {
+            let after: Vec<String> = vdevs[top.id as usize + 1..]
+                .iter()
+                .flat_map(|later| later.children.iter().map(|leaf| leaf.path.borrow().clone()))
+                .collect();
+            return Err(PoolError::InvalidArgument(format!(
+                "remove the log devices added after {name} first ({})",
+                after.join(", ")
+            )));
+        }
+        drop(vdevs);
+        top.removing.set(true);
+        for (_, volume) in self.open_volumes() {
+            if let Err(error) = self.move_log_off(&volume).await {
+                top.removing.set(false);
+                return Err(error);
+            }
+        }
+        if self.log_chains_use(top.id) {
+            top.removing.set(false);
+            return Err(PoolError::InvalidArgument(format!(
+                "an intent log still uses {name}; try again"
+            )));
+        }
+        // The newest durable directory names no block on it now.
+        self.drop_log_releases_on(top.id);
+        let array_id = {
+            let allocator = self.store.allocator.borrow();
+            let space = &allocator.vdevs[top.id as usize];
+            if space
+                .metaslabs
+                .iter()
+                .any(|metaslab| metaslab.space_map_object != 0)
+            {
+                top.removing.set(false);
+                return Err(PoolError::Corrupt(format!(
+                    "log device {name} has space maps: it held pool data"
+                )));
+            }
+            space.array_object
+        };
+        self.store.remove_last_vdev();
+        self.config.borrow_mut().vdevs.pop();
+        self.directory.borrow_mut().metaslab_arrays.pop();
+        self.drop_dead_list(array_id)?;
+        self.directory_dirty.set(true);
+        self.config_dirty.set(true);
+        for leaf in &top.children {
+            self.events.post(
+                EventClass::DeviceState,
+                NewEvent::device(leaf.path.borrow().clone(), "removed"),
+            );
+        }
+        self.commit().await?;
+        for leaf in &top.children {
+            if let Some(device) = leaf.device() {
+                if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
+                    eprintln!(
+                        "ironpool: {}: clearing the labels of removed {}: {error}",
+                        self.name,
+                        leaf.path.borrow()
+                    );
+                }
+            }
+        }
         Ok(())
     }
 }

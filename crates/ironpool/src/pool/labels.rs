@@ -223,7 +223,8 @@ pub async fn discover(directories: &[PathBuf]) -> Vec<FoundPool> {
             .iter()
             .filter_map(|probe| probe.label.as_ref().map(|label| label.leaf_guid))
             .collect();
-        let importable = config.vdevs.iter().all(|top| {
+        // A log device missing does not stop an import (see `Pool::import`).
+        let importable = config.vdevs.iter().filter(|top| !top.log).all(|top| {
             let missing = top
                 .children
                 .iter()
@@ -238,13 +239,20 @@ pub async fn discover(directories: &[PathBuf]) -> Vec<FoundPool> {
         let layout = config
             .vdevs
             .iter()
-            .map(|top| match top.kind {
-                crate::format::label::TopVdevKind::Disk => "disk".to_string(),
-                kind => format!(
-                    "{}({})",
-                    kind.vdev_name(0).trim_end_matches("-0"),
-                    top.children.len()
-                ),
+            .map(|top| {
+                let shape = match top.kind {
+                    crate::format::label::TopVdevKind::Disk => "disk".to_string(),
+                    kind => format!(
+                        "{}({})",
+                        kind.vdev_name(0).trim_end_matches("-0"),
+                        top.children.len()
+                    ),
+                };
+                if top.log {
+                    format!("log:{shape}")
+                } else {
+                    shape
+                }
             })
             .collect();
         pools.push(FoundPool {

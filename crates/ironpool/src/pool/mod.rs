@@ -67,6 +67,8 @@ pub enum PoolError {
     Ambiguous { name: String, guids: String },
     #[error("pool '{pool}' cannot be opened: missing or unusable devices: {devices}")]
     MissingDevices { pool: String, devices: String },
+    #[error("pool '{pool}' was not exported cleanly and its log device {devices} is missing: writes acknowledged by FLUSH since the last txg may be there. Bring the device back, or import with -m to go on without them (they are lost)")]
+    MissingLogDevice { pool: String, devices: String },
     #[error("{0}")]
     Device(String),
     #[error("{path} belongs to pool '{pool}' (guid {guid:#x}); use -f to overwrite it")]
@@ -167,6 +169,11 @@ pub struct PoolTunables {
     /// Bytes a scrub examines per second at most (0: as fast as the queues
     /// let it; its I/O class already yields to client I/O).
     pub scrub_rate_bytes: u64,
+    /// Import a pool that was not exported cleanly although a log device is
+    /// missing (`serve -m`, `import -m`): flushed writes whose txg had not
+    /// committed may be on that device and are lost. Off, such an import is
+    /// refused (as OpenZFS's `zpool import` without `-m`).
+    pub discard_missing_log: bool,
 }
 
 impl Default for PoolTunables {
@@ -179,6 +186,7 @@ impl Default for PoolTunables {
             dirty_data_max_bytes: volume::writeback::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
             scrub_rate_bytes: 0,
+            discard_missing_log: false,
         }
     }
 }
@@ -193,6 +201,17 @@ pub struct NewDevice {
 pub struct NewTopVdev {
     pub kind: TopVdevKind,
     pub devices: Vec<NewDevice>,
+    /// A log device (a disk or a mirror; see [`TopVdev::log`]).
+    pub log: bool,
+}
+
+/// A top-level vdev of a layout given by paths (`create`, `add`).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct LayoutGroup {
+    pub kind: TopVdevKind,
+    pub paths: Vec<PathBuf>,
+    /// A log device (see [`TopVdev::log`]).
+    pub log: bool,
 }
 
 /// Which pool an import takes from the devices found.
@@ -315,9 +334,28 @@ impl Pool {
     /// Connects every leaf's queue to the event ring. Done once the pool is
     /// open: the reads an import makes of blocks that may never have been
     /// written (the end of an intent log chain) are not device errors.
+    /// Creates the (empty) metaslab array of the next top-level vdev and
+    /// names it in the directory; returns its object id.
+    fn create_metaslab_array(&self) -> u64 {
+        let id = self.allocate_object_id();
+        self.objects.create(
+            id,
+            new_dnode(
+                ObjectType::MetaslabArray,
+                METADATA_BLOCK_SHIFT,
+                INDIRECT_BLOCK_SHIFT,
+                0,
+                1,
+            ),
+        );
+        self.directory.borrow_mut().metaslab_arrays.push(id);
+        self.directory_dirty.set(true);
+        id
+    }
+
     fn wire_events(&self) {
         self.store.set_events(self.events.clone());
-        for top in &self.store.vdevs {
+        for top in self.store.vdevs().iter() {
             for leaf in &top.children {
                 leaf.queue.set_events(self.events.clone());
             }
@@ -361,7 +399,12 @@ impl Pool {
         let mut vdevs = Vec::new();
         let mut top_configs = Vec::new();
         let mut create_command = format!("create {name}");
+        let mut logs_named = false;
         for top in &layout {
+            if top.log && !logs_named {
+                create_command.push_str(" log");
+                logs_named = true;
+            }
             if top.kind != TopVdevKind::Disk {
                 let keyword = top.kind.vdev_name(0);
                 create_command.push(' ');
@@ -372,102 +415,14 @@ impl Pool {
                 create_command.push_str(&new.path);
             }
         }
+        if layout.iter().all(|top| top.log) {
+            return Err(PoolError::InvalidArgument(
+                "a pool needs at least one device that is not a log device".into(),
+            ));
+        }
         for (id, top) in layout.into_iter().enumerate() {
-            let expected = top.kind.children_range();
-            if !expected.contains(&top.devices.len()) {
-                return Err(PoolError::InvalidArgument(format!(
-                    "a {} vdev takes {} to {} devices, got {}",
-                    top.kind
-                        .vdev_name(id as u32)
-                        .rsplit_once('-')
-                        .map_or("", |(kind, _)| kind),
-                    expected.start(),
-                    expected.end(),
-                    top.devices.len()
-                )));
-            }
-            for new in &top.devices {
-                let info = new.device.info();
-                if info.size_bytes < DEVICE_SIZE_MIN_BYTES {
-                    return Err(PoolError::InvalidArgument(format!(
-                        "{} is {} bytes; a device needs at least {} bytes",
-                        new.path, info.size_bytes, DEVICE_SIZE_MIN_BYTES
-                    )));
-                }
-                let probe = labels::probe_device(&*new.device, Path::new(&new.path)).await;
-                if let Some(label) = probe.label {
-                    if !force {
-                        return Err(PoolError::DeviceInUseByPool {
-                            path: new.path.clone(),
-                            pool: label.config.name,
-                            guid: label.pool_guid,
-                        });
-                    }
-                }
-            }
-            let ashift = top
-                .devices
-                .iter()
-                .map(|new| {
-                    (new.device
-                        .info()
-                        .physical_sector_bytes
-                        .max(new.device.info().logical_sector_bytes) as u64)
-                        .trailing_zeros() as u8
-                })
-                .max()
-                .unwrap_or(crate::format::ASHIFT_DEFAULT)
-                .clamp(crate::format::ASHIFT_DEFAULT, crate::format::ASHIFT_MAX);
-            let data_bytes = group_data_bytes(
-                top.kind,
-                top.devices
-                    .iter()
-                    .map(|new| data_area_bytes(new.device.info().size_bytes)),
-                ashift,
-            );
-            let metaslab_shift = metaslab_shift_for(data_bytes);
-            let asize_bytes = data_bytes >> metaslab_shift << metaslab_shift;
-            if asize_bytes == 0 {
-                return Err(PoolError::InvalidArgument(
-                    "devices too small for one metaslab".into(),
-                ));
-            }
-            let guid = new_guid();
-            let mut children = Vec::new();
-            let mut leaves = Vec::new();
-            for new in top.devices {
-                let leaf_guid = new_guid();
-                children.push(LeafConfig::new(
-                    leaf_guid,
-                    new.path.clone(),
-                    new.device.info().size_bytes,
-                ));
-                leaves.push(LeafVdev::new(
-                    leaf_guid,
-                    new.path,
-                    Some(new.device),
-                    tunables.queue.clone(),
-                ));
-            }
-            let top_vdev = TopVdev::new(
-                id as u32,
-                guid,
-                top.kind,
-                ashift,
-                asize_bytes,
-                metaslab_shift,
-                leaves,
-            )
-            .map_err(|error| PoolError::InvalidArgument(error.to_string()))?;
-            top_configs.push(TopVdevConfig {
-                id: id as u32,
-                guid,
-                kind: top.kind,
-                ashift,
-                asize_bytes,
-                metaslab_shift,
-                children,
-            });
+            let (top_vdev, config) = build_top_vdev(id, top, force, &tunables).await?;
+            top_configs.push(config);
             vdevs.push(Rc::new(top_vdev));
         }
         let config = PoolConfig {
@@ -537,20 +492,9 @@ impl Pool {
                 1,
             ),
         );
-        let vdev_count = pool.store.vdevs.len();
+        let vdev_count = pool.store.vdevs().len();
         for vdev in 0..vdev_count {
-            let id = pool.allocate_object_id();
-            pool.objects.create(
-                id,
-                new_dnode(
-                    ObjectType::MetaslabArray,
-                    METADATA_BLOCK_SHIFT,
-                    INDIRECT_BLOCK_SHIFT,
-                    0,
-                    1,
-                ),
-            );
-            pool.directory.borrow_mut().metaslab_arrays.push(id);
+            let id = pool.create_metaslab_array();
             pool.store.allocator.borrow_mut().vdevs[vdev].array_object = id;
         }
         pool.wire_events();
@@ -558,7 +502,7 @@ impl Pool {
         pool.log_history(create_command);
         pool.events.post(
             EventClass::PoolCreate,
-            NewEvent::detail(format!("{} top-level vdevs", pool.store.vdevs.len())),
+            NewEvent::detail(format!("{} top-level vdevs", pool.store.vdevs().len())),
         );
         pool.start();
         pool.commit().await?;
@@ -571,7 +515,7 @@ impl Pool {
     /// that was there before), so a corrected command can be run again.
     pub async fn create(
         name: &str,
-        layout: Vec<(TopVdevKind, Vec<PathBuf>)>,
+        layout: Vec<LayoutGroup>,
         force: bool,
         size_bytes: Option<u64>,
         tunables: PoolTunables,
@@ -591,7 +535,7 @@ impl Pool {
     /// `create`'s work; records in `created` each file it made.
     async fn create_files_and_pool(
         name: &str,
-        layout: Vec<(TopVdevKind, Vec<PathBuf>)>,
+        layout: Vec<LayoutGroup>,
         force: bool,
         size_bytes: Option<u64>,
         tunables: PoolTunables,
@@ -599,7 +543,7 @@ impl Pool {
     ) -> Result<Rc<Pool>, PoolError> {
         let mut seen = std::collections::BTreeSet::new();
         let mut tops = Vec::new();
-        for (kind, paths) in layout {
+        for LayoutGroup { kind, paths, log } in layout {
             let mut devices = Vec::new();
             for path in paths {
                 if let Some(size) = size_bytes {
@@ -623,7 +567,7 @@ impl Pool {
                     device: Rc::new(device),
                 });
             }
-            tops.push(NewTopVdev { kind, devices });
+            tops.push(NewTopVdev { kind, devices, log });
         }
         Pool::create_on_devices(name, tops, force, tunables).await
     }
@@ -782,6 +726,23 @@ impl Pool {
         }
         // Assemble the vdev tree from the config, matching devices by guid.
         let (vdevs, missing) = devices::assemble(name, &config, &probes, &tunables)?;
+        let lost_logs: Vec<String> = vdevs
+            .iter()
+            .filter(|top| top.log && !top.is_available())
+            .flat_map(|top| top.children.iter().map(|leaf| leaf.path.borrow().clone()))
+            .collect();
+        if !lost_logs.is_empty() {
+            if config.state == PoolState::Active && !tunables.discard_missing_log {
+                return Err(PoolError::MissingLogDevice {
+                    pool: name.to_string(),
+                    devices: lost_logs.join(", "),
+                });
+            }
+            notes.push(format!(
+                "log device {} is unavailable: the intent log is kept in the main devices until it is replaced or removed",
+                lost_logs.join(", ")
+            ));
+        }
         if uberblocks.is_empty() {
             return Err(PoolError::NoValidUberblock(name.to_string()));
         }
@@ -974,7 +935,7 @@ impl Pool {
             .iter()
             .filter(|(guid, _)| {
                 self.store
-                    .vdevs
+                    .vdevs()
                     .iter()
                     .flat_map(|top| top.children.iter())
                     .any(|leaf| leaf.guid() == *guid && !leaf.is_online())
@@ -1074,7 +1035,7 @@ impl Pool {
         }
         let max_sector = self
             .store
-            .vdevs
+            .vdevs()
             .iter()
             .map(|top| top.sector_bytes())
             .max()
@@ -1320,7 +1281,7 @@ impl Pool {
         self.config_dirty.set(true);
         self.commit().await?;
         self.txg.stop(self).await;
-        for top in &self.store.vdevs {
+        for top in self.store.vdevs().iter() {
             for leaf in &top.children {
                 leaf.close();
             }
@@ -1336,19 +1297,24 @@ impl Pool {
     }
 
     /// ONLINE, DEGRADED (some vdev serves with less redundancy than it
-    /// should, or has devices to resilver), UNAVAIL (some vdev lost more
+    /// should, or has devices to resilver, or a log device is lost), UNAVAIL (some vdev lost more
     /// devices than it can), or SUSPENDED.
     pub fn health(&self) -> &'static str {
-        let worst =
-            self.store
-                .vdevs
-                .iter()
-                .map(|top| top.health())
-                .max_by_key(|health| match health {
-                    VdevHealth::Online => 0,
-                    VdevHealth::Degraded => 1,
-                    VdevHealth::Unavail => 2,
-                });
+        let worst = self
+            .store
+            .vdevs()
+            .iter()
+            .map(|top| match top.health() {
+                // A log device lost costs no data (log blocks go to the
+                // main devices): the pool is degraded, not unavailable.
+                VdevHealth::Unavail if top.log => VdevHealth::Degraded,
+                health => health,
+            })
+            .max_by_key(|health| match health {
+                VdevHealth::Online => 0,
+                VdevHealth::Degraded => 1,
+                VdevHealth::Unavail => 2,
+            });
         if self.txg.suspended().is_some() {
             "SUSPENDED"
         } else {
@@ -1533,13 +1499,133 @@ fn group_data_bytes(
 }
 
 /// The allocator's view of a top-level vdev.
-fn vdev_space(top: &TopVdev) -> VdevSpace {
-    let space = VdevSpace::new(
+/// Builds top-level vdev `id` of a new pool or one being added to (`add`)
+/// from `top`'s open devices: checks its shape and each device (size, no
+/// other pool's label unless `force`), sizes it, and returns it with its
+/// config.
+pub(crate) async fn build_top_vdev(
+    id: usize,
+    top: NewTopVdev,
+    force: bool,
+    tunables: &PoolTunables,
+) -> Result<(TopVdev, TopVdevConfig), PoolError> {
+    if top.log && top.kind.is_raidz() {
+        return Err(PoolError::InvalidArgument(
+            "a log device is a disk or a mirror, not RAID-Z".into(),
+        ));
+    }
+    let expected = top.kind.children_range();
+    if !expected.contains(&top.devices.len()) {
+        return Err(PoolError::InvalidArgument(format!(
+            "a {} vdev takes {} to {} devices, got {}",
+            top.kind
+                .vdev_name(id as u32)
+                .rsplit_once('-')
+                .map_or("", |(kind, _)| kind),
+            expected.start(),
+            expected.end(),
+            top.devices.len()
+        )));
+    }
+    for new in &top.devices {
+        let info = new.device.info();
+        if info.size_bytes < DEVICE_SIZE_MIN_BYTES {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is {} bytes; a device needs at least {} bytes",
+                new.path, info.size_bytes, DEVICE_SIZE_MIN_BYTES
+            )));
+        }
+        let probe = labels::probe_device(&*new.device, Path::new(&new.path)).await;
+        if let Some(label) = probe.label {
+            if !force {
+                return Err(PoolError::DeviceInUseByPool {
+                    path: new.path.clone(),
+                    pool: label.config.name,
+                    guid: label.pool_guid,
+                });
+            }
+        }
+    }
+    let ashift = top
+        .devices
+        .iter()
+        .map(|new| {
+            (new.device
+                .info()
+                .physical_sector_bytes
+                .max(new.device.info().logical_sector_bytes) as u64)
+                .trailing_zeros() as u8
+        })
+        .max()
+        .unwrap_or(crate::format::ASHIFT_DEFAULT)
+        .clamp(crate::format::ASHIFT_DEFAULT, crate::format::ASHIFT_MAX);
+    let data_bytes = group_data_bytes(
+        top.kind,
+        top.devices
+            .iter()
+            .map(|new| data_area_bytes(new.device.info().size_bytes)),
+        ashift,
+    );
+    let metaslab_shift = metaslab_shift_for(data_bytes);
+    let asize_bytes = data_bytes >> metaslab_shift << metaslab_shift;
+    if asize_bytes == 0 {
+        return Err(PoolError::InvalidArgument(
+            "devices too small for one metaslab".into(),
+        ));
+    }
+    let guid = new_guid();
+    let mut children = Vec::new();
+    let mut leaves = Vec::new();
+    for new in top.devices {
+        let leaf_guid = new_guid();
+        children.push(LeafConfig::new(
+            leaf_guid,
+            new.path.clone(),
+            new.device.info().size_bytes,
+        ));
+        leaves.push(LeafVdev::new(
+            leaf_guid,
+            new.path,
+            Some(new.device),
+            tunables.queue.clone(),
+        ));
+    }
+    let mut top_vdev = TopVdev::new(
+        id as u32,
+        guid,
+        top.kind,
+        ashift,
+        asize_bytes,
+        metaslab_shift,
+        leaves,
+    )
+    .map_err(|error| PoolError::InvalidArgument(error.to_string()))?;
+    if top.log {
+        top_vdev = top_vdev.into_log();
+    }
+    let config = TopVdevConfig {
+        id: id as u32,
+        guid,
+        kind: top.kind,
+        ashift,
+        asize_bytes,
+        metaslab_shift,
+        children,
+        log: top.log,
+    };
+    Ok((top_vdev, config))
+}
+
+pub(crate) fn vdev_space(top: &TopVdev) -> VdevSpace {
+    let mut space = VdevSpace::new(
         top.id,
         top.asize_bytes,
         top.metaslab_shift,
         top.sector_bytes(),
     );
+    if top.log {
+        space = space.for_log();
+    }
     match top.raidz_geometry() {
         Some(geometry) => space.with_raidz(*geometry),
         None => space,

@@ -30,7 +30,7 @@ impl Pool {
             };
             let mut tunables = self.tunables.borrow_mut();
             tunables.queue.classes = on;
-            for top in &self.store.vdevs {
+            for top in self.store.vdevs().iter() {
                 for leaf in &top.children {
                     leaf.queue.set_tunables(tunables.queue.clone());
                 }
@@ -92,7 +92,7 @@ impl Pool {
                 }
             }
         }
-        for top in &self.store.vdevs {
+        for top in self.store.vdevs().iter() {
             for leaf in &top.children {
                 leaf.queue.set_tunables(queue.clone());
             }

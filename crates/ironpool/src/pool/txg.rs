@@ -336,7 +336,8 @@ async fn sync_loop(pool: Rc<Pool>) {
                 bump(state, |stats| stats.failed_commits += 1);
                 state.done.notify_all();
                 retry = Some(built);
-                if state.stopping.get() && pool.store.vdevs.iter().all(|top| !top.is_available()) {
+                if state.stopping.get() && pool.store.vdevs().iter().all(|top| !top.is_available())
+                {
                     break;
                 }
                 rt::timeout(RETRY_DELAY, state.retry_wake.notified()).await;
@@ -382,7 +383,7 @@ pub fn update_dirty_percent(pool: &Pool) {
 }
 
 fn set_dirty_percent(pool: &Pool, percent: u32) {
-    for top in &pool.store.vdevs {
+    for top in pool.store.vdevs().iter() {
         for leaf in &top.children {
             leaf.queue.set_dirty_percent(percent);
         }
@@ -722,7 +723,7 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
     let store = &pool.store;
     let mut writes = Vec::with_capacity(built.context.writes.len());
     for (dva, buffer) in built.context.writes.values() {
-        let length = store.vdevs[dva.vdev as usize].io_bytes(buffer.len() as u64) as usize;
+        let length = store.vdevs()[dva.vdev as usize].io_bytes(buffer.len() as u64) as usize;
         let data = if buffer.len() == length {
             BufSlice::whole(buffer.clone())
         } else {
@@ -737,7 +738,7 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
     }
     store.flush_all().await?;
     let leaves: Vec<_> = store
-        .vdevs
+        .vdevs()
         .iter()
         .flat_map(|top| {
             top.children

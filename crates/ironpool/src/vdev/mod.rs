@@ -273,6 +273,11 @@ pub struct TopVdev {
     pub asize_bytes: u64,
     pub metaslab_shift: u8,
     pub children: Vec<Rc<LeafVdev>>,
+    /// A log device: it holds intent-log blocks only (see
+    /// `pool::dataset::intent_log`).
+    pub log: bool,
+    /// A log device being removed: no new log block goes to it.
+    pub removing: Cell<bool>,
     /// The group's layout, for RAID-Z.
     raidz: Option<RaidzGeometry>,
 }
@@ -305,8 +310,16 @@ impl TopVdev {
             asize_bytes,
             metaslab_shift,
             children,
+            log: false,
+            removing: Cell::new(false),
             raidz,
         })
+    }
+
+    /// This vdev as a log device (see [`TopVdev::log`]).
+    pub fn into_log(mut self) -> TopVdev {
+        self.log = true;
+        self
     }
 
     pub fn sector_bytes(&self) -> u64 {

@@ -34,6 +34,7 @@ pub fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
 /// One top-level vdev of `kind` over all the devices.
 pub fn layout(devices: &[Rc<SimDevice>], kind: TopVdevKind) -> Vec<NewTopVdev> {
     vec![NewTopVdev {
+        log: false,
         kind,
         devices: named(devices)
             .into_iter()

@@ -25,8 +25,11 @@
 //! and links it; records of durable txgs are skipped (what is on disk is as
 //! new or newer). The chain is then freed and a new one started.
 //!
-//! As in OpenZFS, without a separate log device the chain lives in the main
-//! devices (metadata space, one copy: the vdev's redundancy protects it).
+//! Log blocks go to a log device (`create POOL ... log [mirror] DEV...`)
+//! when one can take writes; as in OpenZFS, without one (none configured, or
+//! every one failed) the chain lives in the main devices (metadata space, one
+//! copy: the vdev's redundancy protects it). A chain may cross from one to
+//! the other: each block names the next by address.
 //!
 //! Log blocks are allocated in memory only, never recorded in the space
 //! maps: after a crash their space is free, and a chain cut anywhere (a torn
@@ -220,14 +223,11 @@ impl Pool {
     /// txg on (so a durable head or block pointing at it points at space the
     /// durable space maps hold, or that replay claims).
     fn allocate_log_block(&self, bytes: u32) -> Result<LogPointer, PoolError> {
-        let dvas = self
+        let dva = self
             .store
-            .allocate(bytes as u64, true, 1)
+            .allocate_log(bytes as u64)
             .map_err(|_| PoolError::NoSpace)?;
-        Ok(LogPointer {
-            dva: dvas[0],
-            bytes,
-        })
+        Ok(LogPointer { dva, bytes })
     }
 
     /// Returns log blocks' space once txg `txg` (which stopped naming them)
@@ -585,7 +585,13 @@ impl Pool {
                 return Err(error.into());
             }
         }
-        if let Err(error) = self.store.flush_all().await {
+        let mut log_vdevs: Vec<u32> = blocks
+            .iter()
+            .map(|(_, pointer, _)| pointer.dva.vdev)
+            .collect();
+        log_vdevs.sort_unstable();
+        log_vdevs.dedup();
+        if let Err(error) = self.store.flush_for_log(&log_vdevs).await {
             self.release_log_blocks(&allocated);
             return Err(error.into());
         }
@@ -606,6 +612,49 @@ impl Pool {
     fn release_log_blocks(&self, blocks: &[LogPointer]) {
         let dvas: Vec<Dva> = blocks.iter().map(|pointer| pointer.dva).collect();
         self.store.release(&dvas);
+    }
+
+    /// Moves `volume`'s intent log off a log device being removed (marked
+    /// `removing`, so no new block goes there): with its commits held off,
+    /// what the chain made durable is made durable by a txg instead (held
+    /// blocks written in place), then the chain is dropped and a new one
+    /// started on the devices left. Its old blocks are dropped from the
+    /// releases of `vdev` by the caller.
+    pub(crate) async fn move_log_off(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+    ) -> Result<(), PoolError> {
+        let _commit = volume.log.commit_lock.acquire(1).await;
+        self.drain_volume(volume).await?;
+        self.commit_linked().await?;
+        self.abandon_log_chain(volume);
+        // Without space for a head the volume commits through txgs, and a
+        // later commit starts the chain.
+        let _ = self.start_log_chain(volume);
+        Ok(())
+    }
+
+    /// Forgets the pending releases of log blocks on top-level vdev `vdev`
+    /// (a log device leaving the pool: its space goes with it).
+    pub(crate) fn drop_log_releases_on(&self, vdev: u32) {
+        self.log_releases
+            .0
+            .borrow_mut()
+            .retain(|(_, pointer)| pointer.dva.vdev != vdev);
+    }
+
+    /// True when some volume's chain has a block on top-level vdev `vdev`.
+    pub(crate) fn log_chains_use(&self, vdev: u32) -> bool {
+        self.volumes.borrow().values().any(|volume| {
+            let state = volume.log.state.borrow();
+            state
+                .next
+                .is_some_and(|(_, pointer)| pointer.dva.vdev == vdev)
+                || state
+                    .written
+                    .iter()
+                    .any(|(_, pointer, _)| pointer.dva.vdev == vdev)
+        })
     }
 
     /// Waits for `volume`'s log commit in flight, then frees its chain; the

@@ -67,7 +67,7 @@ impl Pool {
     /// One walk and comparison (see `check_space`).
     async fn check_space_once(self: &Rc<Self>) -> Result<CheckReport, crate::pool::PoolError> {
         let mut report = CheckReport::default();
-        let vdev_count = self.store.vdevs.len();
+        let vdev_count = self.store.vdevs().len();
         let mut referenced: Vec<RangeSet> = (0..vdev_count).map(|_| RangeSet::new()).collect();
         let table = self.objects.dnode_table();
         let count = table.dnode().length_bytes / DNODE_BYTES as u64;

@@ -278,7 +278,7 @@ impl Pool {
             .targets
             .iter()
             .map(|target| {
-                self.store.vdevs[target.vdev as usize].children[target.child]
+                self.store.vdevs()[target.vdev as usize].children[target.child]
                     .path
                     .borrow()
                     .clone()
@@ -289,7 +289,7 @@ impl Pool {
     /// The devices in service with txgs to catch up on, or None.
     pub(in crate::pool) fn resilver_targets(&self) -> Option<ResilverTargets> {
         let mut targets = Vec::new();
-        for top in &self.store.vdevs {
+        for top in self.store.vdevs().iter() {
             for (child, leaf) in top.children.iter().enumerate() {
                 let dtl = leaf.dtl.borrow();
                 if !leaf.is_online() || dtl.is_open() || dtl.is_empty() {
@@ -393,7 +393,7 @@ impl Pool {
     /// commits.
     pub(in crate::pool) fn drop_resilvered_ranges(self: &Rc<Self>, targets: &ResilverTargets) {
         for target in &targets.targets {
-            let leaf = &self.store.vdevs[target.vdev as usize].children[target.child];
+            let leaf = &self.store.vdevs()[target.vdev as usize].children[target.child];
             if leaf.is_online() && leaf.generation() == target.generation {
                 leaf.dtl.borrow_mut().remove_ranges(&target.ranges);
             }
@@ -430,7 +430,7 @@ impl Pool {
                     children
                         .into_iter()
                         .filter(|child| {
-                            self.store.vdevs[vdev as usize].children[*child].is_online()
+                            self.store.vdevs()[vdev as usize].children[*child].is_online()
                         })
                         .collect()
                 };

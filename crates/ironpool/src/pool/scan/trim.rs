@@ -152,7 +152,7 @@ impl Pool {
     /// discarded.
     async fn trim_extents(self: &Rc<Self>, extents: Vec<TrimExtent>) -> u64 {
         let discards = extents.iter().map(|extent| async move {
-            let top = &self.store.vdevs[extent.vdev as usize];
+            let top = &self.store.vdevs()[extent.vdev as usize];
             let bytes = top.trim(extent.start, extent.end - extent.start).await;
             self.store.allocator.borrow_mut().trim_done(*extent);
             self.trims_ended.notify_all();
@@ -295,7 +295,7 @@ impl Pool {
         );
         let unsupported_devices = self
             .store
-            .vdevs
+            .vdevs()
             .iter()
             .flat_map(|top| top.children.iter())
             .filter(|leaf| !leaf.trim_supported())

@@ -1012,7 +1012,7 @@ impl Pool {
         }
         let sector = self
             .store
-            .vdevs
+            .vdevs()
             .iter()
             .map(|top| top.sector_bytes())
             .max()

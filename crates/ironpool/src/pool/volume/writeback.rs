@@ -421,7 +421,7 @@ impl Pool {
         }
         let reserved = self
             .store
-            .vdevs
+            .vdevs()
             .iter()
             .map(|top| top.allocated_size(data.len() as u64))
             .max()
@@ -747,6 +747,7 @@ mod tests {
         Runtime::new_sim(11).block_on(async {
             let device: Rc<dyn Device> = SimDevice::new("d0", 128 << 20, 11);
             let layout = vec![NewTopVdev {
+                log: false,
                 kind: TopVdevKind::Disk,
                 devices: vec![NewDevice {
                     path: "sim:d0".into(),

@@ -162,12 +162,19 @@ fn nbdkit_and_stand_in_ironpool() {
             "{}: qd-scaling and the flush tests run over NBD",
             target.label
         );
+        // Every test measured its server; CPU time comes in clock ticks
+        // (10 ms), so a short test of a light server can read 0: the sum over
+        // the tests cannot.
         assert!(
-            ok.iter()
-                .all(|t| t.server.is_some_and(|s| s.cpu_seconds > 0.0)),
-            "{}: server CPU",
+            ok.iter().all(|t| t.server.is_some()),
+            "{}: a test without server figures",
             target.label
         );
+        let cpu: f64 = ok
+            .iter()
+            .filter_map(|t| t.server.map(|s| s.cpu_seconds))
+            .sum();
+        assert!(cpu > 0.0, "{}: server CPU", target.label);
         let skipped = target
             .tests
             .iter()

@@ -428,18 +428,18 @@ fn a_receive_killed_mid_stream_is_discarded_at_import_unless_started_with_s() {
     pool.ok(&["check", "tank", "-d", &dir(&pool)]);
 }
 
-/// How long fio writes: long enough for a snapshot and several checks
-/// while it runs.
+/// How long one fio run writes: long enough for a snapshot and several
+/// checks while it runs on an idle machine; on a loaded one fio is started
+/// again until `CHECKS_WHILE_WRITING` checks overlapped a writer.
 const FIO_SECONDS: u64 = 12;
 
-#[test]
-fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
-    let mut pool = TestPool::new("tank");
-    pool.create("1G", &["mirror", "a.img", "b.img"]);
-    pool.create_volume("vol", "256M");
-    pool.serve();
-    let uri = pool.uri("vol");
-    let mut fio = Command::new("fio")
+/// Checks that must run while fio writes (each counted only if fio was
+/// running when it started and still is when it ended).
+const CHECKS_WHILE_WRITING: u32 = 3;
+
+/// Random writes through fio at depth 16 on `uri` for `FIO_SECONDS`.
+fn start_random_writer(uri: &str) -> std::process::Child {
+    Command::new("fio")
         .args([
             "--name=busy",
             "--ioengine=nbd",
@@ -455,13 +455,43 @@ fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
-        .expect("start fio (is it installed?)");
+        .expect("start fio (is it installed?)")
+}
+
+fn assert_fio_passed(fio: std::process::Child) {
+    let output = fio.wait_with_output().expect("fio");
+    assert!(
+        output.status.success(),
+        "fio: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+}
+
+#[test]
+fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
+    let mut pool = TestPool::new("tank");
+    pool.create("1G", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("vol", "256M");
+    pool.serve();
+    let uri = pool.uri("vol");
+    let mut fio = start_random_writer(&uri);
     std::thread::sleep(Duration::from_secs(2));
     let mut checks_while_writing = 0;
-    for round in 0..6 {
+    let mut round = 0;
+    while checks_while_writing < CHECKS_WHILE_WRITING {
+        assert!(
+            round < 10 * CHECKS_WHILE_WRITING,
+            "only {checks_while_writing} of {round} checks ran while fio wrote"
+        );
+        if fio.try_wait().expect("fio").is_some() {
+            assert_fio_passed(fio);
+            fio = start_random_writer(&uri);
+            std::thread::sleep(Duration::from_secs(1));
+        }
         if round == 1 {
             pool.admin(&["snapshot", "tank/vol@during"]);
         }
+        let writing_before = fio.try_wait().expect("fio").is_none();
         let report: serde_json::Value =
             serde_json::from_str(&pool.admin(&["--json", "check", "tank"])).expect("check JSON");
         assert_eq!(
@@ -470,20 +500,12 @@ fn check_finds_no_problems_on_a_pool_under_random_writes_and_a_snapshot() {
             "round {round}: {report}"
         );
         assert!(report["block_copies"].as_u64().unwrap() > 0, "{report}");
-        if fio.try_wait().expect("fio").is_none() {
+        if writing_before && fio.try_wait().expect("fio").is_none() {
             checks_while_writing += 1;
         }
+        round += 1;
     }
-    let output = fio.wait_with_output().expect("fio");
-    assert!(
-        output.status.success(),
-        "fio: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    assert!(
-        checks_while_writing >= 3,
-        "only {checks_while_writing} checks ran while fio wrote"
-    );
+    assert_fio_passed(fio);
     let status = pool.status_json();
     assert_eq!(status["health"], "ONLINE", "{status}");
     pool.stop();

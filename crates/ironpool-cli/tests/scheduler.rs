@@ -39,24 +39,35 @@ fn average_write_bytes(before: &serde_json::Value, after: &serde_json::Value) ->
 }
 
 /// (device I/Os active, queue requests inside them, average device write in
-/// bytes) during a load.
+/// bytes) during a load: two samples 2 s apart, taken 2 s after fio starts.
+/// On a machine loaded by other tests fio may start late or its runtime end
+/// inside the window, which would average idle time in: such a window is
+/// thrown away and the load run again.
 fn sample_during(pool: &TestPool, fio_args: Vec<String>) -> (f64, f64, f64) {
-    let runner = std::thread::spawn(move || {
-        let args: Vec<&str> = fio_args.iter().map(String::as_str).collect();
-        tool("fio", &args)
-    });
-    std::thread::sleep(Duration::from_millis(1500));
-    let before: serde_json::Value =
-        serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
-    std::thread::sleep(Duration::from_millis(2000));
-    let after: serde_json::Value =
-        serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
-    runner.join().expect("fio thread");
-    (
-        average_active(&before, &after, "active_time_weighted_ns"),
-        average_active(&before, &after, "active_requests_time_weighted_ns"),
-        average_write_bytes(&before, &after),
-    )
+    const ATTEMPTS: u32 = 3;
+    for _ in 0..ATTEMPTS {
+        let args = fio_args.clone();
+        let runner = std::thread::spawn(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tool("fio", &args)
+        });
+        std::thread::sleep(Duration::from_millis(2000));
+        let before: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+        std::thread::sleep(Duration::from_millis(2000));
+        let after: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "iostat", "tank"])).unwrap();
+        let inside = !runner.is_finished();
+        runner.join().expect("fio thread");
+        if inside {
+            return (
+                average_active(&before, &after, "active_time_weighted_ns"),
+                average_active(&before, &after, "active_requests_time_weighted_ns"),
+                average_write_bytes(&before, &after),
+            );
+        }
+    }
+    panic!("fio ended inside the sampling window {ATTEMPTS} times");
 }
 
 #[test]
@@ -87,7 +98,7 @@ fn a_deep_client_queue_reaches_the_devices() {
             &format!("--bs={bs}"),
             "--iodepth=64",
             "--size=256M",
-            "--runtime=5",
+            "--runtime=6",
             "--time_based",
         ]
         .iter()

@@ -5,6 +5,8 @@
 mod common;
 
 use std::io::Write;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
 
 use common::{
     assert_check_clean, distinct_bytes, stop_and_check, NbdClient, TestPool, NBD_CMD_FLUSH,
@@ -237,4 +239,100 @@ fn concurrent_flushing_connections_keep_their_data_and_every_flush_is_accounted_
     assert!(fields[6].starts_with('<'), "p99 bucket: {report}");
     pool.stop();
     assert!(!pool.log().contains("panicked"), "{}", pool.log());
+}
+
+/// The libnbd client of the kill -9 rounds (`tests/scripts/flush_kill.py`),
+/// run by Debian's python3, which has the `nbd` module.
+fn flush_kill_script(args: &[&str]) -> std::process::Command {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scripts/flush_kill.py");
+    let mut command = std::process::Command::new("/usr/bin/python3");
+    command.arg(script).args(args);
+    command
+}
+
+/// Durable blocks that trigger the kill: enough FLUSHes and FUA writes to
+/// have completed (a FLUSH covers 32 writes) that the log holds many commits.
+const DURABLE_BEFORE_KILL: usize = 256;
+
+/// kill -9 while a libnbd client keeps 64 writes in flight, with a FUA write
+/// in every 16 and a FLUSH after every 32: every write a completed FLUSH
+/// covered and every completed FUA write reads back after a new `serve`,
+/// round after round, on a mirror and on a mirror with a log device.
+#[test]
+fn flushed_and_fua_writes_at_qd64_survive_kill_9_round_after_round() {
+    const ROUNDS: u64 = 4;
+    const BLOCKS_PER_ROUND: u64 = 4096;
+    for layout in [
+        vec!["mirror", "a.img", "b.img"],
+        vec!["mirror", "a.img", "b.img", "log", "c.img"],
+    ] {
+        let mut pool = TestPool::new("fk");
+        pool.create("1G", &layout);
+        pool.create_volume("vol", "320M");
+        let uri = pool.uri("vol");
+        let log = pool.path("durable.txt");
+        let log_arg = log.display().to_string();
+        let durable_lines = || {
+            std::fs::read_to_string(&log)
+                .map(|text| text.lines().count())
+                .unwrap_or(0)
+        };
+        for round in 0..ROUNDS {
+            pool.serve();
+            let durable_before = durable_lines();
+            let first = (round * BLOCKS_PER_ROUND).to_string();
+            let mut writer = flush_kill_script(&[
+                "write",
+                &uri,
+                &log_arg,
+                &first,
+                &BLOCKS_PER_ROUND.to_string(),
+            ])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("run the libnbd writer (python3-libnbd)");
+            let deadline = Instant::now() + Duration::from_secs(60);
+            loop {
+                if durable_lines() >= durable_before + DURABLE_BEFORE_KILL {
+                    break;
+                }
+                if let Some(status) = writer.try_wait().expect("writer") {
+                    let output = writer.wait_with_output().expect("writer output");
+                    panic!(
+                        "{layout:?} round {round}: the writer ended ({status}) before the kill: {}{}",
+                        String::from_utf8_lossy(&output.stdout),
+                        String::from_utf8_lossy(&output.stderr)
+                    );
+                }
+                assert!(
+                    Instant::now() < deadline,
+                    "{layout:?}: nothing became durable"
+                );
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            pool.kill9();
+            let output = writer.wait_with_output().expect("writer output");
+            let text = String::from_utf8_lossy(&output.stdout).to_string()
+                + &String::from_utf8_lossy(&output.stderr);
+            assert!(
+                output.status.success() && text.contains("server gone"),
+                "{layout:?} round {round}: the kill did not hit the writer mid-flight: {text}"
+            );
+            pool.serve();
+            let verify = flush_kill_script(&["verify", &uri, &log_arg])
+                .output()
+                .expect("run the verifier");
+            let report = String::from_utf8_lossy(&verify.stdout).to_string()
+                + &String::from_utf8_lossy(&verify.stderr);
+            assert!(
+                verify.status.success(),
+                "{layout:?} round {round} ({text}): {report}"
+            );
+            pool.kill9();
+        }
+        pool.serve();
+        assert_check_clean(&pool);
+        stop_and_check(&mut pool);
+    }
 }

@@ -418,12 +418,21 @@ impl Pool {
     ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
         let (top, index) = self.find_leaf(old)?;
-        if top.kind == TopVdevKind::Disk {
+        if top.log {
+            // A log vdev holds nothing a replacement must be rebuilt with:
+            // the intent logs leave it first (through a txg), so no flushed
+            // write depends on the device being replaced, however many of
+            // its sides are gone.
+            top.removing.set(true);
+            let moved = self.evacuate_log_vdev(&top, old).await;
+            top.removing.set(false);
+            moved?;
+        } else if top.kind == TopVdevKind::Disk {
             return Err(PoolError::InvalidArgument(format!(
                 "{old} is a single-disk vdev: there is no redundancy to rebuild a replacement from (use a mirror or RAID-Z)"
             )));
         }
-        if children_lacking(&top, index) + 1 > top.redundancy() {
+        if !top.log && children_lacking(&top, index) + 1 > top.redundancy() {
             return Err(PoolError::InvalidArgument(format!(
                 "cannot replace {old}: the other devices of {} cannot rebuild it ({} of them are away or not resilvered)",
                 top.kind.vdev_name(top.id),
@@ -489,6 +498,25 @@ impl Pool {
 }
 
 impl Pool {
+    /// Moves every open volume's intent-log chain off log vdev `top` (marked
+    /// `removing`, so no new log block lands there): each chain is ended by a
+    /// txg and restarted elsewhere. Fails if a chain still uses it after.
+    async fn evacuate_log_vdev(
+        self: &Rc<Self>,
+        top: &TopVdev,
+        name: &str,
+    ) -> Result<(), PoolError> {
+        for (_, volume) in self.open_volumes() {
+            self.move_log_off(&volume).await?;
+        }
+        if self.log_chains_use(top.id) {
+            return Err(PoolError::InvalidArgument(format!(
+                "an intent log still uses {name}; try again"
+            )));
+        }
+        Ok(())
+    }
+
     /// Adds top-level vdevs (`ironpool add POOL log [mirror] DEV...`): today
     /// log devices only, which take the intent logs' blocks from the next
     /// commit on. Every device is checked before anything changes; the
@@ -579,17 +607,9 @@ impl Pool {
         }
         drop(vdevs);
         top.removing.set(true);
-        for (_, volume) in self.open_volumes() {
-            if let Err(error) = self.move_log_off(&volume).await {
-                top.removing.set(false);
-                return Err(error);
-            }
-        }
-        if self.log_chains_use(top.id) {
+        if let Err(error) = self.evacuate_log_vdev(&top, name).await {
             top.removing.set(false);
-            return Err(PoolError::InvalidArgument(format!(
-                "an intent log still uses {name}; try again"
-            )));
+            return Err(error);
         }
         // The newest durable directory names no block on it now.
         self.drop_log_releases_on(top.id);

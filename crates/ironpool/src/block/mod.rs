@@ -860,17 +860,16 @@ impl BlockStore {
             .await
     }
 
-    /// Flushes the devices an intent-log commit may have written: every
-    /// top-level vdev of the main pool (a `logbias=throughput` commit writes
-    /// blocks in place; a device with nothing written skips its flush) and the
-    /// log vdevs in `log_vdevs`, where its log blocks lie. A failure of any of
-    /// them fails the commit; a faulted log device the commit did not write to
-    /// (the log fell back to the main devices) is not asked.
-    pub async fn flush_for_log(&self, log_vdevs: &[u32]) -> Result<(), BlockError> {
+    /// Flushes the top-level vdevs an intent-log commit needs durable (those
+    /// holding its log blocks and the blocks its records point to); a
+    /// failure of any fails the commit. Others are not asked: a faulted log
+    /// device the commit did not write to (the log fell back to the main
+    /// devices) no longer fails every commit.
+    pub async fn flush_for_log(&self, needed: &[u32]) -> Result<(), BlockError> {
         let vdevs = self.vdevs();
         let chosen = vdevs
             .iter()
-            .filter(|top| !top.log || log_vdevs.contains(&top.id))
+            .filter(|top| needed.contains(&top.id))
             .collect();
         self.flush_vdevs(chosen, |_| true).await
     }

@@ -151,6 +151,15 @@ struct LogState {
     cancelled: Vec<(u64, u64)>,
     /// The number of the next commit.
     next_commit: u64,
+    /// Commits started (log or txg), counted as each takes the lock: a
+    /// caller notes the count when it arrives, and any commit numbered
+    /// above it started after its changes were linked or held.
+    commits_started: u64,
+    /// The newest commit (by `commits_started`) that succeeded, and the
+    /// newest that also made held blocks durable (a FLUSH's commit; a
+    /// `sync=always` write's commit logs linked blocks only).
+    covered_linked: u64,
+    covered_held: u64,
     /// Blocks linked since the last durable txg and not yet logged, with the
     /// txg they were linked in (non-decreasing: txgs only move forward).
     unlogged: Vec<(u64, u64)>,
@@ -283,7 +292,43 @@ impl Pool {
         if held && !copy {
             self.drain_volume(volume).await?;
         }
+        // Everything this caller needs is linked (or held) now: a commit
+        // that starts after this point covers it, whoever asked for it.
+        let arrived = volume.log.state.borrow().commits_started;
         let _commit = volume.log.commit_lock.acquire(1).await;
+        {
+            let mut state = volume.log.state.borrow_mut();
+            let covered = if held {
+                state.covered_held
+            } else {
+                state.covered_linked
+            };
+            if covered > arrived {
+                state.stats.shared_commits += 1;
+                return Ok(());
+            }
+            state.commits_started += 1;
+        }
+        let number = volume.log.state.borrow().commits_started;
+        let result = self.commit_locked(volume, held, copy).await;
+        if result.is_ok() {
+            let mut state = volume.log.state.borrow_mut();
+            state.covered_linked = state.covered_linked.max(number);
+            if held {
+                state.covered_held = state.covered_held.max(number);
+            }
+        }
+        result
+    }
+
+    /// A commit, under the volume's commit lock: through the log when its
+    /// chain is usable, else (or when writing the log fails) through a txg.
+    async fn commit_locked(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        held: bool,
+        copy: bool,
+    ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
         let usable = {
             let state = volume.log.state.borrow();
@@ -585,13 +630,29 @@ impl Pool {
                 return Err(error.into());
             }
         }
-        let mut log_vdevs: Vec<u32> = blocks
+        // What the commit needs durable: its log blocks, and the blocks its
+        // pointer records name (written in place before it). Copies carry
+        // their bytes; holes have none. Devices holding neither are not
+        // flushed (write-back's batches keep the main devices busy, and a
+        // commit on a log device need not wait for their caches).
+        let mut needed: Vec<u32> = blocks
             .iter()
             .map(|(_, pointer, _)| pointer.dva.vdev)
+            .chain(records.iter().flat_map(|record| {
+                match record {
+                    LogRecord::Block { pointer, .. } => pointer
+                        .dvas
+                        .iter()
+                        .filter(|dva| !dva.is_empty())
+                        .map(|dva| dva.vdev)
+                        .collect::<Vec<u32>>(),
+                    _ => Vec::new(),
+                }
+            }))
             .collect();
-        log_vdevs.sort_unstable();
-        log_vdevs.dedup();
-        if let Err(error) = self.store.flush_for_log(&log_vdevs).await {
+        needed.sort_unstable();
+        needed.dedup();
+        if let Err(error) = self.store.flush_for_log(&needed).await {
             self.release_log_blocks(&allocated);
             return Err(error.into());
         }

@@ -1,14 +1,17 @@
 #!/usr/bin/env bash
 # The table of issue 17 in one run: 16K random writes with a FLUSH after every
-# write at QD1 and after every 32 at QD64, on the raw file (fio io_uring
-# direct=1), nbdkit's file plugin and ironpool (mirror of two files, 1 GiB
-# prefilled volume, fio's nbd engine), with one or more ironpool binaries so
-# that before and after are measured side by side.
+# write at QD1 and after every 32 at QD64, every write synchronous at QD64
+# (raw: O_DSYNC; ironpool: sync=always), and plain writes at QD64, on the raw
+# file (fio io_uring direct=1), nbdkit's file plugin and ironpool (mirror of
+# two files, and the same with a log device, a third file; 1 GiB prefilled
+# volume, fio's nbd engine), with one or more ironpool binaries so that before
+# and after are measured side by side.
 #
 # Usage: scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
 #   default: 8 s, target/release/ironpool
-# Prints one line per test: label, IOPS, p99 latency (us); then the intent
-# log's counters for each ironpool run.
+# Prints one line per test: label, IOPS, p99 latency (us), and for ironpool
+# the device flushes per client flush (all devices; a mirror flushes two) and
+# the log bytes written per client byte.
 set -euo pipefail
 runtime=${1:-8}
 shift || true
@@ -48,6 +51,8 @@ dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 oflag=direct status=none
 raw="--ioengine=io_uring --direct=1 --filename=$work/raw.img --size=1G"
 run raw_qd1_fsync1 $raw --iodepth=1 --fsync=1
 run raw_qd64_fsync32 $raw --iodepth=64 --fsync=32
+run raw_qd64_dsync $raw --iodepth=64 --sync=dsync
+run raw_qd64_plain $raw --iodepth=64
 
 nbdkit -f --unix "$work/k.sock" file "$work/raw.img" &
 pids+=($!)
@@ -58,33 +63,64 @@ run nbdkit_qd64_fsync32 $kit --iodepth=64 --fsync=32
 kill "${pids[-1]}" 2>/dev/null || true
 rm -f "$work/raw.img"
 
+# counters POOL: "device_flushes log_bytes client_flushes client_bytes" now.
+counters() {
+    "$binary" --json iostat "$1" | python3 -c '
+import json, sys
+stats = json.load(sys.stdin)
+flushes = sum(device.get("flush_ops", 0) for device in stats["devices"])
+log = sum(v.get("intent_log", {}).get("bytes_written", 0) for v in stats["volumes"])
+client_flushes = sum(v.get("flush_ops", 0) for v in stats["volumes"])
+client_bytes = sum(v.get("write_bytes", 0) for v in stats["volumes"])
+print(flushes, log, client_flushes, client_bytes)
+'
+}
+
+# measured LABEL POOL FIO-ARGS...: run, then the ratios over that run.
+measured() {
+    local label=$1 pool=$2
+    shift 2
+    local before after
+    before=$(counters "$pool")
+    local line
+    line=$(run "$label" "$@")
+    after=$(counters "$pool")
+    python3 - "$line" "$before" "$after" <<'PY'
+import sys
+line = sys.argv[1]
+b = [int(x) for x in sys.argv[2].split()]
+a = [int(x) for x in sys.argv[3].split()]
+flushes, log, client_flushes, client_bytes = (a[i] - b[i] for i in range(4))
+per_flush = f"{flushes / client_flushes:.2f}" if client_flushes else "-"
+per_byte = f"{log / client_bytes:.2f}" if client_bytes else "-"
+print(f"{line} dev_flushes/flush={per_flush} log_bytes/byte={per_byte}")
+PY
+}
+
 index=0
 for binary in "${binaries[@]}"; do
     index=$((index + 1))
-    pool=d$index
-    "$binary" create --size 4G "$pool" mirror "$work/$pool-a.img" "$work/$pool-b.img" >/dev/null
-    "$binary" serve -d "$work" --nbd "unix:$work/$pool.sock" "$pool" >"$work/$pool.log" 2>&1 &
-    server=$!
-    pids+=($server)
-    for _ in $(seq 100); do [ -S "$work/$pool.sock" ] && break; sleep 0.1; done
-    "$binary" volume create "$pool/v" 1G >/dev/null
-    uri="--ioengine=nbd --uri=nbd+unix:///$pool/v?socket=$work/$pool.sock --size=1G"
-    fio --name=fill $uri --rw=write --bs=1m --iodepth=16 >/dev/null 2>&1
-    run "ironpool${index}_qd1_fsync1" $uri --iodepth=1 --fsync=1
-    run "ironpool${index}_qd64_fsync32" $uri --iodepth=64 --fsync=32
+    for variant in mirror slog; do
+        pool=d$index$variant
+        layout=(mirror "$work/$pool-a.img" "$work/$pool-b.img")
+        [ "$variant" = slog ] && layout+=(log "$work/$pool-c.img")
+        "$binary" create --size 4G "$pool" "${layout[@]}" >/dev/null
+        "$binary" serve -d "$work" --nbd "unix:$work/$pool.sock" "$pool" >"$work/$pool.log" 2>&1 &
+        server=$!
+        pids+=($server)
+        for _ in $(seq 100); do [ -S "$work/$pool.sock" ] && break; sleep 0.1; done
+        "$binary" volume create "$pool/v" 1G >/dev/null
+        uri="--ioengine=nbd --uri=nbd+unix:///$pool/v?socket=$work/$pool.sock --size=1G"
+        fio --name=fill $uri --rw=write --bs=1m --iodepth=16 >/dev/null 2>&1
+        label="ironpool${index}_${variant}"
+        measured "${label}_qd1_fsync1" "$pool" $uri --iodepth=1 --fsync=1
+        measured "${label}_qd64_fsync32" "$pool" $uri --iodepth=64 --fsync=32
+        "$binary" set sync=always "$pool/v" >/dev/null
+        measured "${label}_qd64_syncalways" "$pool" $uri --iodepth=64
+        "$binary" set sync=standard "$pool/v" >/dev/null
+        measured "${label}_qd64_plain" "$pool" $uri --iodepth=64
+        kill "$server"
+        wait "$server" 2>/dev/null || true
+    done
     echo "# ironpool$index = $binary"
-    "$binary" --json iostat "$pool" | python3 -c '
-import json, sys
-stats = json.load(sys.stdin)
-for volume in stats["volumes"]:
-    log = volume.get("intent_log")
-    if log is None:
-        print("#  ", volume["name"], "no intent log")
-        continue
-    print("#  ", volume["name"], "flushes", volume.get("flush_ops", 0), "log commits", log["commits"],
-          "shared", log["shared_commits"], "via txg", log["txg_fallbacks"],
-          "log MiB", round(log["bytes_written"] / 2**20, 1), "txg commits", stats["txg"]["commits"])
-'
-    kill "$server"
-    wait "$server" 2>/dev/null || true
 done

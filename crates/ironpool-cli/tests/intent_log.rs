@@ -267,7 +267,7 @@ fn flushed_and_fua_writes_at_qd64_survive_kill_9_round_after_round() {
         vec!["mirror", "a.img", "b.img", "log", "c.img"],
     ] {
         let mut pool = TestPool::new("fk");
-        pool.create("1G", &layout);
+        pool.create("512M", &layout);
         pool.create_volume("vol", "320M");
         let uri = pool.uri("vol");
         let log = pool.path("durable.txt");

@@ -83,6 +83,20 @@ fn a_log_device_takes_every_flush_and_its_records_survive_kill_9() {
     assert_eq!(leaf_state(&status, "c.img"), Some(("ONLINE".into(), true)));
     let text = pool.admin(&["status", "sl"]);
     assert!(text.contains("logs"), "status has no logs section: {text}");
+    // `--size` wrote the log device out (a sparse one makes every log flush
+    // commit the host filesystem's allocation); the data devices are sparse.
+    use std::os::unix::fs::MetadataExt;
+    let allocated = |name: &str| {
+        let metadata = std::fs::metadata(pool.path(name)).unwrap();
+        (metadata.blocks() * 512, metadata.len())
+    };
+    let (log_allocated, log_length) = allocated("c.img");
+    assert!(log_allocated >= log_length, "the log device file is sparse");
+    let (data_allocated, data_length) = allocated("a.img");
+    assert!(
+        data_allocated < data_length / 2,
+        "a data device file was written out"
+    );
     let mut client = NbdClient::connect(&pool.socket(), "sl/vol");
     // The volume's first FLUSH starts its chain through a txg.
     assert_eq!(write_at(&mut client, 0, &distinct_bytes(16384, 9)), 0);
@@ -189,6 +203,11 @@ fn a_log_device_failing_under_a_flushing_writer_loses_no_flushed_write() {
     let a = pool.path("a.img").display().to_string();
     let b = pool.path("b.img").display().to_string();
     let c = host.mount_point.join("c.img").display().to_string();
+    // Made here at 192 MiB: `--size` would write out a 512 MiB log file,
+    // more than the small filesystem holds.
+    std::fs::File::create(&c)
+        .and_then(|file| file.set_len(192 << 20))
+        .expect("the log device file");
     pool.ok(&[
         "create", "--size", "512M", "sf", "mirror", &a, &b, "log", &c,
     ]);

@@ -714,7 +714,7 @@ pub fn add(
         for path in &mut group.paths {
             if let Some(size) = size {
                 if !path.exists() {
-                    ironpool::pool::create_sparse_file(path, parse_size(size)?)
+                    ironpool::pool::create_written_file(path, parse_size(size)?)
                         .map_err(|error| error.to_string())?;
                 }
             }

@@ -156,8 +156,9 @@ struct LogState {
     /// above it started after its changes were linked or held.
     commits_started: u64,
     /// The newest commit (by `commits_started`) that succeeded, and the
-    /// newest that also made held blocks durable (a FLUSH's commit; a
-    /// `sync=always` write's commit logs linked blocks only).
+    /// newest that also made every block held at its start durable (a
+    /// FLUSH's copying commit; other commits log linked blocks only, their
+    /// FLUSH having written its held blocks out before the lock).
     covered_linked: u64,
     covered_held: u64,
     /// Blocks linked since the last durable txg and not yet logged, with the
@@ -292,13 +293,17 @@ impl Pool {
         if held && !copy {
             self.drain_volume(volume).await?;
         }
-        // Everything this caller needs is linked (or held) now: a commit
-        // that starts after this point covers it, whoever asked for it.
+        // Everything this caller needs is linked now, or (when its held
+        // blocks are to be copied) held: a commit that starts after this
+        // point covers it, whoever asked for it, if it logs what is linked
+        // at its start, and for held blocks, if it also took every block
+        // held at its start under the lock (a copying commit does; one whose
+        // caller wrote its held blocks out before the lock does not).
         let arrived = volume.log.state.borrow().commits_started;
         let _commit = volume.log.commit_lock.acquire(1).await;
         {
             let mut state = volume.log.state.borrow_mut();
-            let covered = if held {
+            let covered = if copy {
                 state.covered_held
             } else {
                 state.covered_linked
@@ -314,7 +319,7 @@ impl Pool {
         if result.is_ok() {
             let mut state = volume.log.state.borrow_mut();
             state.covered_linked = state.covered_linked.max(number);
-            if held {
+            if copy {
                 state.covered_held = state.covered_held.max(number);
             }
         }

@@ -207,24 +207,6 @@ fn try_read(client: &mut NbdClient, offset: u64, length: u32) -> Result<Vec<u8>,
     Ok(data)
 }
 
-/// One WRITE with its payload: the error replied (0 for success).
-fn write_at(client: &mut NbdClient, offset: u64, data: &[u8]) -> u32 {
-    let mut bytes = NbdClient::request(NBD_CMD_WRITE, 9, offset, data.len() as u32);
-    bytes.extend_from_slice(data);
-    client.stream.write_all(&bytes).expect("send a write");
-    let (error, cookie) = NbdClient::reply(&mut client.stream);
-    assert_eq!(cookie, 9);
-    error
-}
-
-/// One FLUSH: the error replied.
-fn flush(client: &mut NbdClient) -> u32 {
-    send_request(client, NBD_CMD_FLUSH, 11, 0, 0);
-    let (error, cookie) = NbdClient::reply(&mut client.stream);
-    assert_eq!(cookie, 11);
-    error
-}
-
 /// A hash of every byte of a volume, read over NBD 4 MiB at a time.
 fn volume_digest(pool: &TestPool, volume: &str) -> u64 {
     let mut client = NbdClient::connect(&pool.socket(), &format!("{}/{volume}", pool.name));
@@ -890,11 +872,11 @@ fn a_flush_on_one_connection_makes_writes_completed_on_another_durable() {
     let flushed = distinct_bytes(4 << 20, 0xa1);
     for megabyte in 0..4usize {
         let part = &flushed[megabyte << 20..(megabyte + 1) << 20];
-        assert_eq!(write_at(&mut writer, (megabyte as u64) << 20, part), 0);
+        assert_eq!(writer.write_at((megabyte as u64) << 20, part), 0);
     }
-    assert_eq!(flush(&mut flusher), 0);
+    assert_eq!(flusher.flush(), 0);
     let unflushed = distinct_bytes(1 << 20, 0xb2);
-    assert_eq!(write_at(&mut writer, 32 << 20, &unflushed), 0);
+    assert_eq!(writer.write_at(32 << 20, &unflushed), 0);
     assert_eq!(writer.read(32 << 20, 1 << 20), unflushed);
     pool.kill9();
     drop((writer, flusher));
@@ -930,19 +912,19 @@ fn largest_last_byte_zero_length_and_unaligned_requests() {
     assert_eq!(client.size_bytes, size);
     // 32 MiB ending at the last byte.
     let largest = distinct_bytes(32 << 20, 0x32);
-    assert_eq!(write_at(&mut client, size - (32 << 20), &largest), 0);
+    assert_eq!(client.write_at(size - (32 << 20), &largest), 0);
     assert!(try_read(&mut client, size - (32 << 20), 32 << 20).unwrap() == largest);
     // The last sector.
     let last = vec![0xeeu8; 512];
-    assert_eq!(write_at(&mut client, size - 512, &last), 0);
+    assert_eq!(client.write_at(size - 512, &last), 0);
     assert_eq!(try_read(&mut client, size - 512, 512).unwrap(), last);
     let tail = try_read(&mut client, size - 4096, 4096).unwrap();
     assert!(tail[..3584] == largest[largest.len() - 4096..largest.len() - 512]);
     assert!(tail[3584..] == last[..]);
     // One sector past the end: refused, and the payload consumed.
     assert_eq!(try_read(&mut client, size, 512), Err(EINVAL));
-    assert_eq!(write_at(&mut client, size, &[1u8; 512]), ENOSPC);
-    assert_eq!(write_at(&mut client, size - 512, &[1u8; 1024]), ENOSPC);
+    assert_eq!(client.write_at(size, &[1u8; 512]), ENOSPC);
+    assert_eq!(client.write_at(size - 512, &[1u8; 1024]), ENOSPC);
     // Zero-length requests, at the start and at the end: an answer (success or
     // EINVAL: the protocol leaves them unspecified), no payload, no change.
     for offset in [0, size] {
@@ -963,7 +945,7 @@ fn largest_last_byte_zero_length_and_unaligned_requests() {
         }
     }
     // An unaligned length: EINVAL, its payload consumed.
-    assert_eq!(write_at(&mut client, 1 << 20, &[0x99u8; 100]), EINVAL);
+    assert_eq!(client.write_at(1 << 20, &[0x99u8; 100]), EINVAL);
     assert_eq!(try_read(&mut client, 1 << 20, 512).unwrap(), vec![0u8; 512]);
     assert_eq!(try_read(&mut client, size - 512, 512).unwrap(), last);
     assert!(

@@ -7,27 +7,12 @@
 
 mod common;
 
-use std::io::Write;
 use std::process::{Command, Stdio};
 
 use common::{
     assert_check_clean, dir, distinct_bytes, stop_and_check, tool, NbdClient, SmallFilesystem,
-    TestPool, NBD_CMD_FLUSH, NBD_CMD_WRITE,
+    TestPool,
 };
-
-/// Writes `data` at `offset`; returns the error replied.
-fn write_at(client: &mut NbdClient, offset: u64, data: &[u8]) -> u32 {
-    let mut bytes = NbdClient::request(NBD_CMD_WRITE, 7, offset, data.len() as u32);
-    bytes.extend_from_slice(data);
-    client.stream.write_all(&bytes).expect("send a write");
-    NbdClient::reply(&mut client.stream).0
-}
-
-fn flush(client: &mut NbdClient) -> u32 {
-    let bytes = NbdClient::request(NBD_CMD_FLUSH, 8, 0, 0);
-    client.stream.write_all(&bytes).expect("send a flush");
-    NbdClient::reply(&mut client.stream).0
-}
 
 /// The devices of `iostat --json`, by file name.
 fn devices(pool: &TestPool) -> Vec<(String, serde_json::Value)> {
@@ -99,15 +84,15 @@ fn a_log_device_takes_every_flush_and_its_records_survive_kill_9() {
     );
     let mut client = NbdClient::connect(&pool.socket(), "sl/vol");
     // The volume's first FLUSH starts its chain through a txg.
-    assert_eq!(write_at(&mut client, 0, &distinct_bytes(16384, 9)), 0);
-    assert_eq!(flush(&mut client), 0);
+    assert_eq!(client.write_at(0, &distinct_bytes(16384, 9)), 0);
+    assert_eq!(client.flush(), 0);
     let before = devices(&pool);
     let mut expected = Vec::new();
     for round in 0..24u64 {
         let offset = (round * 2 + 1) << 20;
         let data = distinct_bytes(16384, round as u8 ^ 0x33);
-        assert_eq!(write_at(&mut client, offset, &data), 0);
-        assert_eq!(flush(&mut client), 0);
+        assert_eq!(client.write_at(offset, &data), 0);
+        assert_eq!(client.flush(), 0);
         expected.push((offset, data));
     }
     let after = devices(&pool);
@@ -152,15 +137,12 @@ fn a_log_device_lost_with_a_crash_refuses_the_import_until_its_loss_is_accepted(
     pool.serve_with(&["-o", "txg_timeout_ms=600000"]);
     let mut client = NbdClient::connect(&pool.socket(), "sm/vol");
     let committed = distinct_bytes(65536, 0x42);
-    assert_eq!(write_at(&mut client, 0, &committed), 0);
+    assert_eq!(client.write_at(0, &committed), 0);
     // The volume's first FLUSH commits a txg (it starts the log chain).
-    assert_eq!(flush(&mut client), 0);
+    assert_eq!(client.flush(), 0);
     for round in 1..8u64 {
-        assert_eq!(
-            write_at(&mut client, round << 20, &distinct_bytes(16384, 1)),
-            0
-        );
-        assert_eq!(flush(&mut client), 0);
+        assert_eq!(client.write_at(round << 20, &distinct_bytes(16384, 1)), 0);
+        assert_eq!(client.flush(), 0);
     }
     pool.kill9();
     drop(client);
@@ -362,14 +344,14 @@ fn log_devices_are_added_to_and_removed_from_a_served_pool() {
     assert_eq!(status["health"], "ONLINE");
 
     let mut client = NbdClient::connect(&pool.socket(), "sa/vol");
-    assert_eq!(write_at(&mut client, 0, &distinct_bytes(16384, 3)), 0);
-    assert_eq!(flush(&mut client), 0);
+    assert_eq!(client.write_at(0, &distinct_bytes(16384, 3)), 0);
+    assert_eq!(client.flush(), 0);
     let before = devices(&pool);
     let mut expected = Vec::new();
     for round in 1..=12u64 {
         let data = distinct_bytes(16384, round as u8);
-        assert_eq!(write_at(&mut client, round << 20, &data), 0);
-        assert_eq!(flush(&mut client), 0);
+        assert_eq!(client.write_at(round << 20, &data), 0);
+        assert_eq!(client.flush(), 0);
         expected.push((round << 20, data));
     }
     let after = devices(&pool);
@@ -394,8 +376,8 @@ fn log_devices_are_added_to_and_removed_from_a_served_pool() {
     let before = devices(&pool);
     for round in 20..26u64 {
         let data = distinct_bytes(16384, round as u8);
-        assert_eq!(write_at(&mut client, round << 20, &data), 0);
-        assert_eq!(flush(&mut client), 0);
+        assert_eq!(client.write_at(round << 20, &data), 0);
+        assert_eq!(client.flush(), 0);
         expected.push((round << 20, data));
     }
     let after = devices(&pool);

@@ -6,11 +6,12 @@
 mod sim_support;
 
 use std::collections::BTreeMap;
+use std::rc::Rc;
 use std::time::Duration;
 
-use ironpool::dev::sim::SimLatency;
+use ironpool::dev::sim::{SimDevice, SimLatency};
 use ironpool::format::label::TopVdevKind;
-use ironpool::pool::volume::ReadPiece;
+use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
@@ -24,6 +25,35 @@ const IO_US: u64 = 1000;
 
 fn steps(count: u64) -> Duration {
     Duration::from_micros(count * IO_US)
+}
+
+/// A mirror of `disks` with one volume, commits only when asked.
+async fn mirror_with_volume(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
+    let pool = Pool::create_on_devices(
+        "tank",
+        layout(disks, TopVdevKind::Mirror),
+        false,
+        manual_commits(),
+    )
+    .await
+    .unwrap();
+    pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+        .await
+        .unwrap();
+    let volume = pool.volume("tank/vol").unwrap();
+    (pool, volume)
+}
+
+/// Every I/O of `disks` takes between `minimum_us` and `maximum_us`, no spikes.
+fn set_latency(disks: &[Rc<SimDevice>], minimum_us: u64, maximum_us: u64) {
+    for disk in disks {
+        disk.set_latency(SimLatency {
+            minimum_us,
+            maximum_us,
+            spike_every: 0,
+            spike_us: 0,
+        });
+    }
 }
 
 /// A FLUSH whose held block is small enough to copy arrives while a FLUSH
@@ -40,31 +70,13 @@ fn a_flush_does_not_return_on_a_later_commit_that_left_its_held_block_out() {
     let first = disks.clone();
     Runtime::new_sim(11).block_on(async move {
         let disks = first;
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            manual_commits(),
-        )
-        .await
-        .unwrap();
-        pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = mirror_with_volume(&disks).await;
         // The volume's first FLUSH starts its log chain through a txg.
         pool.write(&volume, 0, random_pattern(BLOCK as usize, 1), false)
             .await
             .unwrap();
         pool.flush_volume(&volume).await.unwrap();
-        for disk in &disks {
-            disk.set_latency(SimLatency {
-                minimum_us: IO_US,
-                maximum_us: IO_US,
-                spike_every: 0,
-                spike_us: 0,
-            });
-        }
+        set_latency(&disks, IO_US, IO_US);
         // C0: a FUA write; its commit holds the lock from step 1 to about 3.
         let fua = {
             let (pool, volume) = (pool.clone(), volume.clone());
@@ -136,29 +148,11 @@ fn streams_of_fua_writes_share_commits_and_survive_a_crash() {
     let first = disks.clone();
     Runtime::new_sim(13).block_on(async move {
         let disks = first;
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            manual_commits(),
-        )
-        .await
-        .unwrap();
-        pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = mirror_with_volume(&disks).await;
         pool.write(&volume, 0, random_pattern(BLOCK as usize, 1), true)
             .await
             .unwrap();
-        for disk in &disks {
-            disk.set_latency(SimLatency {
-                minimum_us: IO_US / 2,
-                maximum_us: IO_US * 3 / 2,
-                spike_every: 0,
-                spike_us: 0,
-            });
-        }
+        set_latency(&disks, IO_US / 2, IO_US * 3 / 2);
         let before = volume.log_stats();
         let writers: Vec<_> = (0..WRITERS)
             .map(|writer| {

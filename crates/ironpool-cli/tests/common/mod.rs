@@ -449,6 +449,27 @@ impl NbdClient {
         self.stream.read_exact(&mut data).unwrap();
         data
     }
+
+    /// One WRITE with its payload: the error replied (0 for success).
+    pub fn write_at(&mut self, offset: u64, data: &[u8]) -> u32 {
+        use std::io::Write;
+        let mut bytes = NbdClient::request(NBD_CMD_WRITE, 9, offset, data.len() as u32);
+        bytes.extend_from_slice(data);
+        self.stream.write_all(&bytes).expect("send a write");
+        let (error, cookie) = NbdClient::reply(&mut self.stream);
+        assert_eq!(cookie, 9);
+        error
+    }
+
+    /// One FLUSH: the error replied.
+    pub fn flush(&mut self) -> u32 {
+        use std::io::Write;
+        let bytes = NbdClient::request(NBD_CMD_FLUSH, 11, 0, 0);
+        self.stream.write_all(&bytes).expect("send a flush");
+        let (error, cookie) = NbdClient::reply(&mut self.stream);
+        assert_eq!(cookie, 11);
+        error
+    }
 }
 
 /// Bytes that differ from one 512-byte sector to the next and with `seed`.

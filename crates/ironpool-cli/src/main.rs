@@ -353,6 +353,17 @@ enum Command {
         /// Number of reports.
         count: Option<u64>,
     },
+    /// The read cache: hits, misses, size and lists: `arcstat POOL
+    /// [INTERVAL [COUNT]]` (`--json` for the counters).
+    Arcstat {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        /// Seconds between reports.
+        interval: Option<f64>,
+        /// Number of reports.
+        count: Option<u64>,
+    },
     /// Check space accounting against a walk of every block (like zdb -b).
     Check {
         #[arg(short = 'd', long = "dir")]
@@ -563,6 +574,12 @@ fn main() -> ExitCode {
                 count,
             },
         ),
+        Command::Arcstat {
+            dirs,
+            pool,
+            interval,
+            count,
+        } => cli::arcstat::run(&context, &pool, &dirs, interval, count),
         Command::Check { dirs, pool } => cli::check(&context, &pool, &dirs),
         Command::Events { follow, pool } => cli::events::events(&context, &pool, follow),
         Command::History { long, dirs, pool } => cli::events::history(&context, &pool, &dirs, long),

@@ -105,6 +105,8 @@ fn a_deep_client_queue_reaches_the_devices() {
         .map(|text| text.to_string())
         .collect()
     };
+    // The depth that reaches the devices: reads bypass the read cache.
+    pool.admin(&["set", "direct=always", &format!("{}/vol", pool.name)]);
     let (reads, _, _) = sample_during(&pool, common("randread", "4k"));
     assert!(
         reads >= 8.0,

@@ -155,10 +155,14 @@ impl Sim {
             1 << 20,
             PoolTunables::default().dirty_data_max_bytes,
         ][timing];
+        let cache_draw = rng.below(3) as usize;
         let tunables = PoolTunables {
             txg_timeout: Duration::from_millis(txg_timeout_ms),
             dirty_data_max_bytes,
-            cache_budget_bytes: [1usize << 20, 8 << 20, 64 << 20][rng.below(3) as usize],
+            cache_budget_bytes: [1usize << 20, 8 << 20, 64 << 20][cache_draw],
+            // The read cache from tiny (evicting all the time) to roomy, on
+            // the metadata cache's draw so the seeds' other draws stay put.
+            arc_max_bytes: [256u64 << 10, 4 << 20, 64 << 20][cache_draw],
             ..PoolTunables::default()
         };
         Sim {
@@ -743,7 +747,16 @@ impl Sim {
         let first = self.rng.below(blocks);
         let count = 1 + self.rng.below(SAMPLE_BLOCKS_MAX);
         self.count_check("sample-read");
-        self.verify_blocks(pool, &name, first, count).await
+        self.verify_blocks(pool, &name, first, count).await?;
+        // The read cache never holds more than its bound.
+        let cache = pool.store().cache.stats();
+        if cache.size_bytes > cache.target_bytes {
+            return Err(format!(
+                "read cache holds {} bytes, above its bound of {}",
+                cache.size_bytes, cache.target_bytes
+            ));
+        }
+        Ok(())
     }
 
     /// Every dataset read whole against the model, the dataset list against the

@@ -11,6 +11,8 @@
 //! - [`object`]: objects as copy-on-write block-pointer trees.
 //! - [`block`]: verified reads with self-heal, writes of every copy,
 //!   compression.
+//! - [`cache`]: the read cache (ARC) of verified blocks the block layer
+//!   serves reads from.
 //! - [`alloc`]: space allocation (metaslabs, space maps).
 //! - [`vdev`]: disks, mirrors and RAID-Z over the leaf queues.
 //! - [`queue`]: the per-leaf I/O queue (classes, aggregation, statistics).
@@ -21,6 +23,7 @@
 
 pub mod alloc;
 pub mod block;
+pub mod cache;
 pub mod control;
 pub mod dev;
 pub mod events;

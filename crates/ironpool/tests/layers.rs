@@ -15,6 +15,7 @@ const LAYERS: &[&[&str]] = &[
     &["queue"],
     &["vdev"],
     &["alloc"],
+    &["cache"],
     &["block"],
     &["object"],
     &["pool"],

@@ -2,6 +2,7 @@
 //! socket when there is one, and otherwise open the pool themselves (import, run,
 //! export) with the very same command code.
 
+pub mod arcstat;
 pub mod datasets;
 pub mod discovery;
 pub mod events;

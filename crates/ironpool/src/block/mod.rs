@@ -17,6 +17,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::alloc::{Allocator, BlockClass, NoSpace, VdevSpace};
+use crate::cache::{BlockCache, CacheUse};
 use crate::events::{EventClass, EventLog, NewEvent, RateLimit};
 use crate::format::bp::DVA_COUNT;
 use crate::format::{BlockPointer, Dva};
@@ -118,6 +119,8 @@ pub struct BlockStore {
     /// block must not fill the ring.
     events: RefCell<Option<Rc<EventLog>>>,
     data_error_rate: RateLimit,
+    /// Verified blocks kept in memory (the ARC): see [`crate::cache`].
+    pub cache: BlockCache,
 }
 
 /// Held for the duration of a block read. A block looked up during open txg X can
@@ -161,7 +164,8 @@ fn fit(top: &TopVdev, data: &Rc<AlignedBuf>, physical: usize) -> BufSlice {
 }
 
 impl BlockStore {
-    pub fn new(vdevs: Vec<Rc<TopVdev>>, allocator: Allocator) -> Rc<BlockStore> {
+    /// A store over `vdevs` whose read cache holds up to `cache_bytes`.
+    pub fn new(vdevs: Vec<Rc<TopVdev>>, allocator: Allocator, cache_bytes: u64) -> Rc<BlockStore> {
         Rc::new(BlockStore {
             vdevs: RefCell::new(vdevs.into()),
             allocator: RefCell::new(allocator),
@@ -174,6 +178,7 @@ impl BlockStore {
             unlinked_misses: RefCell::new(Default::default()),
             events: RefCell::new(None),
             data_error_rate: RateLimit::default(),
+            cache: BlockCache::new(cache_bytes),
         })
     }
 
@@ -365,8 +370,10 @@ impl BlockStore {
         }
     }
 
-    /// Records a block's space as freed in the open txg.
+    /// Records a block's space as freed in the open txg, and drops its
+    /// cached copy (the space may hold another block later).
     pub fn free(&self, bp: &BlockPointer) {
+        self.cache.forget(bp);
         let mut allocator = self.allocator.borrow_mut();
         for dva in bp.copies() {
             allocator.free(*dva);
@@ -530,6 +537,60 @@ impl BlockStore {
             })?;
         self.note_missed(dva.vdev, &outcome.missed_children, txg);
         Ok(())
+    }
+
+    /// A block's physical bytes (its logical bytes, or their compressed
+    /// form) from the read cache when `usage` lets it and the block is
+    /// there; else read and verified as [`BlockStore::read`] does, and kept
+    /// when `usage` says so. A read that finds the same block being read for
+    /// the cache waits for that read rather than issue its own.
+    pub async fn read_cached(
+        self: &Rc<Self>,
+        bp: &BlockPointer,
+        class: IoClass,
+        usage: CacheUse,
+    ) -> Result<BufSlice, BlockError> {
+        self.read_cached_hit(bp, class, usage)
+            .await
+            .map(|(data, _)| data)
+    }
+
+    /// [`BlockStore::read_cached`], and whether the cache served it (a
+    /// volume counts its own hits).
+    pub async fn read_cached_hit(
+        self: &Rc<Self>,
+        bp: &BlockPointer,
+        class: IoClass,
+        usage: CacheUse,
+    ) -> Result<(BufSlice, bool), BlockError> {
+        assert!(!bp.is_hole(), "read of a hole");
+        let physical = bp.physical_size as usize;
+        let mut waited = false;
+        loop {
+            if let Some(data) = self.cache.lookup(bp, usage) {
+                return Ok((data, true));
+            }
+            // Wait for a read of the block in flight once; if it left
+            // nothing (it failed, or its block was freed), read.
+            match self.cache.join_or_begin_read(bp, usage) {
+                Some(in_flight) if !waited => {
+                    waited = true;
+                    in_flight.notified().await;
+                    continue;
+                }
+                Some(_) => {}
+                None => {
+                    let _guard = self.read_guard();
+                    let read = self.read_physical(bp, class).await;
+                    let data = read.map(|(data, _)| BufSlice::new(data, 0..physical));
+                    self.cache.end_read(bp, usage, data.as_ref().ok());
+                    return data.map(|data| (data, false));
+                }
+            }
+            let _guard = self.read_guard();
+            let (data, _) = self.read_physical(bp, class).await?;
+            return Ok((BufSlice::new(data, 0..physical), false));
+        }
     }
 
     /// Reads and verifies a block, repairing bad copies in the background.

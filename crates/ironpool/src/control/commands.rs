@@ -24,6 +24,8 @@ pub enum Command {
     Status,
     List,
     Iostat,
+    /// The read cache's counters (`ironpool arcstat`).
+    Arcstat,
     VolumeCreate {
         name: String,
         size_bytes: u64,
@@ -334,6 +336,7 @@ impl Command {
             Command::Status
             | Command::List
             | Command::Iostat
+            | Command::Arcstat
             | Command::VolumeList
             | Command::SnapshotList { .. }
             | Command::Send { .. }
@@ -524,6 +527,7 @@ async fn run(
         Command::Status => Ok(status(pool)),
         Command::List => Ok(json!({ "pools": [list_entry(pool)] })),
         Command::Iostat => Ok(iostat(pool, server)),
+        Command::Arcstat => Ok(arcstat(pool)),
         Command::VolumeCreate {
             name,
             size_bytes,
@@ -911,6 +915,21 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
         "blocks": pool.store().stats(),
         "server": server,
         "cached_metadata_bytes": pool.objects().cached_bytes(),
+        "cache": arcstat(pool),
+    })
+}
+
+/// The read cache: sizes, hits and misses, the policy's lists, prefetch.
+fn arcstat(pool: &Pool) -> Value {
+    let (prefetched_blocks, prefetch_throttled) = pool.prefetch_counters();
+    json!({
+        "pool": pool.name(),
+        "timestamp_ns": crate::rt::now().0,
+        "cache": pool.store().cache.stats(),
+        "prefetch": {
+            "issued_blocks": prefetched_blocks,
+            "throttled": prefetch_throttled,
+        },
     })
 }
 
@@ -922,6 +941,7 @@ fn tunables(pool: &Pool) -> Value {
         "dirty_max_bytes": tunables.dirty_max_bytes,
         "dirty_data_max_bytes": tunables.dirty_data_max_bytes,
         "cache_budget_bytes": tunables.cache_budget_bytes,
+        "arc_max_bytes": tunables.arc_max_bytes,
         "scrub_rate_bytes": tunables.scrub_rate_bytes,
         "queue": tunables.queue,
     })

@@ -407,6 +407,46 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         "Metadata cached in memory.",
         pool.objects().cached_bytes() as f64,
     );
+    let cache = pool.store().cache.stats();
+    gauge(
+        &mut out,
+        "ironpool_arc_size_bytes",
+        "Bytes the read cache holds.",
+        cache.size_bytes as f64,
+    );
+    gauge(
+        &mut out,
+        "ironpool_arc_target_bytes",
+        "Bytes the read cache may hold now (arc_max_bytes, lowered while memory is short).",
+        cache.target_bytes as f64,
+    );
+    out.each(
+        "ironpool_arc_reads_total",
+        "counter",
+        "Reads the read cache was asked for, by kind and result.",
+        &[
+            ("demand_data", "hit", cache.demand_data.hits),
+            ("demand_data", "miss", cache.demand_data.misses),
+            ("demand_metadata", "hit", cache.demand_metadata.hits),
+            ("demand_metadata", "miss", cache.demand_metadata.misses),
+            ("prefetch_data", "hit", cache.prefetch_data.hits),
+            ("prefetch_data", "miss", cache.prefetch_data.misses),
+        ],
+        |(kind, result, _)| vec![("kind", kind.to_string()), ("result", result.to_string())],
+        |(_, _, value)| *value as f64,
+    );
+    counter(
+        &mut out,
+        "ironpool_arc_evictions_total",
+        "Blocks evicted from the read cache.",
+        cache.policy.evictions as f64,
+    );
+    counter(
+        &mut out,
+        "ironpool_arc_prefetch_unused_bytes_total",
+        "Bytes read ahead and evicted before any reader used them.",
+        cache.policy.prefetch_unused_bytes as f64,
+    );
     let (waiting, waits) = pool.writeback_waits();
     gauge(
         &mut out,

@@ -453,7 +453,14 @@ impl ObjectSet {
                 pointer.level, pointer.object_type, dnode.object_type
             )));
         }
-        let data = self.store.read(&pointer, IoClass::SyncRead).await?;
+        let data = self
+            .store
+            .read_cached(
+                &pointer,
+                IoClass::SyncRead,
+                crate::cache::CacheUse::METADATA,
+            )
+            .await?;
         let body = if level > 0 {
             if data.len() as u64 != dnode.indirect_block_bytes() {
                 return Err(corrupt(format!("indirect block of {} bytes", data.len())));

@@ -161,6 +161,8 @@ pub struct PoolTunables {
     pub dirty_max_bytes: u64,
     /// Clean metadata cached in memory (dirty metadata is bounded by the throttle).
     pub cache_budget_bytes: usize,
+    /// Bytes the read cache (ARC) may hold: see [`crate::cache`] (0: off).
+    pub arc_max_bytes: u64,
     /// Volume data held dirty in memory before writers wait (see `writeback`);
     /// 0 turns write-back off: every write is written through before its reply.
     pub dirty_data_max_bytes: u64,
@@ -183,6 +185,7 @@ impl Default for PoolTunables {
             dirty_sync_bytes: 64 << 20,
             dirty_max_bytes: 512 << 20,
             cache_budget_bytes: 256 << 20,
+            arc_max_bytes: crate::cache::default_max_bytes(),
             dirty_data_max_bytes: volume::writeback::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
             scrub_rate_bytes: 0,
@@ -293,6 +296,37 @@ pub struct Pool {
     events: Rc<EventLog>,
     /// Commands that changed the pool, kept on disk (`ironpool history`).
     history: RefCell<history::History>,
+    /// Read-aheads of sequential readers in flight (see `volume::prefetch`).
+    prefetch: volume::prefetch::PrefetchState,
+}
+
+/// Bounds the read cache while the server's memory runs short (see
+/// [`crate::cache::memory`]), until the pool is exported or dropped.
+async fn watch_memory(pool: std::rc::Weak<Pool>) {
+    use crate::cache::memory;
+    loop {
+        crate::rt::sleep(memory::MEMORY_WATCH_INTERVAL).await;
+        let Some(pool) = pool.upgrade() else {
+            return;
+        };
+        if pool.txg.is_stopping() {
+            return;
+        }
+        let Some(state) = memory::current() else {
+            continue;
+        };
+        let cache = &pool.store.cache;
+        let limit = memory::next_limit(
+            state,
+            cache.size_bytes(),
+            cache.memory_limit_bytes(),
+            crate::cache::ARC_MIN_BYTES,
+            pool.tunables.borrow().arc_max_bytes,
+        );
+        if limit != cache.memory_limit_bytes() {
+            cache.set_memory_limit(limit);
+        }
+    }
 }
 
 fn describe_open_error(error: &OpenError) -> String {
@@ -435,7 +469,7 @@ impl Pool {
             vdevs: top_configs,
         };
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
-        let store = BlockStore::new(vdevs, Allocator::new(spaces));
+        let store = BlockStore::new(vdevs, Allocator::new(spaces), tunables.arc_max_bytes);
         // Slot 0 is reserved: the dnode table's own dnode lives in the uberblock.
         let table = new_dnode(
             ObjectType::DnodeTable,
@@ -477,6 +511,7 @@ impl Pool {
             log_releases: Default::default(),
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
+            prefetch: Default::default(),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -829,7 +864,7 @@ impl Pool {
         missing: Vec<(u64, String)>,
     ) -> Result<Rc<Pool>, PoolError> {
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
-        let store = BlockStore::new(vdevs, Allocator::new(spaces));
+        let store = BlockStore::new(vdevs, Allocator::new(spaces), tunables.arc_max_bytes);
         store.set_open_txg(uberblock.txg + 1);
         let objects = ObjectSet::new(
             store.clone(),
@@ -885,6 +920,7 @@ impl Pool {
             log_releases: Default::default(),
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
+            prefetch: Default::default(),
         });
         pool.load_history().await;
         for (volume_name, record) in &directory.volumes {
@@ -913,9 +949,14 @@ impl Pool {
         Ok(pool)
     }
 
-    /// Starts the background txg sync.
+    /// Starts the background txg sync, and the memory watcher of the read
+    /// cache (not under the simulator, whose memory is not the machine's).
     fn start(self: &Rc<Self>) {
         txg::start_sync_task(self);
+        if !crate::rt::is_simulated() {
+            let pool = Rc::downgrade(self);
+            crate::rt::spawn(async move { watch_memory(pool).await });
+        }
     }
 
     /// Starts an imported pool: devices that came back have their dirty time
@@ -1278,6 +1319,7 @@ impl Pool {
     /// Commits everything, marks the pool exported in its labels and releases the
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.prefetch.stop().await;
         self.scrub_pause().await;
         self.resilver_stop().await;
         self.trim_stop().await;

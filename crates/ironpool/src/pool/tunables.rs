@@ -16,7 +16,8 @@ impl Pool {
     /// `aggregation_limit_bytes`, `read_gap_limit_bytes`,
     /// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
     /// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`,
-    /// `scrub_rate_bytes` (0: no limit).
+    /// `scrub_rate_bytes` (0: no limit), `arc_max_bytes` (the read cache's
+    /// size; 0 turns it off), `arc_drop` (any value: empties the read cache).
     pub fn set_tunable(&self, name: &str, value: &str) -> Result<(), PoolError> {
         if name == "classes" {
             let on = match value {
@@ -37,7 +38,16 @@ impl Pool {
             }
             return Ok(());
         }
+        if name == "arc_drop" {
+            self.store.cache.clear();
+            return Ok(());
+        }
         let number = parse_size(value).map_err(PoolError::InvalidArgument)?;
+        if name == "arc_max_bytes" {
+            self.tunables.borrow_mut().arc_max_bytes = number;
+            self.store.cache.set_max_bytes(number);
+            return Ok(());
+        }
         let mut tunables = self.tunables.borrow_mut();
         let mut queue: QueueTunables = tunables.queue.clone();
         match name {

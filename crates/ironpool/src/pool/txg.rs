@@ -237,6 +237,11 @@ impl TxgState {
     }
 
     /// Stops the sync task after it finishes what it is doing.
+    /// True once the pool began to stop (export): background tasks end.
+    pub fn is_stopping(&self) -> bool {
+        self.stopping.get()
+    }
+
     pub async fn stop(&self, _pool: &Pool) {
         self.stopping.set(true);
         self.wake.notify_all();

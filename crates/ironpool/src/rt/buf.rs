@@ -246,6 +246,12 @@ impl BufSlice {
         Rc::ptr_eq(&self.buffer, &other.buffer) && self.range == other.range
     }
 
+    /// Length of the whole buffer this slice is part of: the memory whoever
+    /// keeps the slice keeps (the read cache is charged it).
+    pub fn buffer_len(&self) -> usize {
+        self.buffer.len()
+    }
+
     pub fn whole(buffer: Rc<AlignedBuf>) -> BufSlice {
         let length = buffer.len();
         BufSlice {

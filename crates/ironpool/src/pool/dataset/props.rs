@@ -16,6 +16,8 @@
 //! | readonly | on, off | off | refuses writes at once |
 //! | volsize | a size | (create) | volumes only; grows, never shrinks |
 //! | volblocksize | 4K..128K | 16K | set at creation only |
+//! | primarycache | all, metadata, none | all | what of the volume's reads the read cache keeps |
+//! | direct | standard, always, disabled | standard | see [`DirectMode`] |
 //! | autotrim | on, off | off | pool only: discard freed space (see `scan::trim`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
@@ -82,6 +84,61 @@ impl LogBias {
     }
 }
 
+/// What the read cache keeps of a dataset's reads (OpenZFS's
+/// `primarycache`). The pool's metadata (block-pointer trees, the
+/// directory) is cached whatever this says: without it every read would
+/// walk its tree on the devices.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum PrimaryCache {
+    /// Data and metadata.
+    All,
+    /// Metadata only: the dataset's data blocks are read from the devices
+    /// each time (a cached copy already there is still served).
+    Metadata,
+    /// Nothing of the dataset's data.
+    None,
+}
+
+impl PrimaryCache {
+    fn parse(text: &str) -> Option<PrimaryCache> {
+        match text {
+            "all" => Some(PrimaryCache::All),
+            "metadata" => Some(PrimaryCache::Metadata),
+            "none" => Some(PrimaryCache::None),
+            _ => None,
+        }
+    }
+}
+
+/// Direct I/O (OpenZFS 2.3's `direct`): whether reads and writes bypass the
+/// read cache.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DirectMode {
+    /// Requests that ask for direct I/O bypass the cache, others use it.
+    /// NBD has no such request flag, so on a volume served over NBD this
+    /// is `disabled`.
+    Standard,
+    /// Every data read and write bypasses the cache: reads go to the devices
+    /// and keep nothing, writes never enter it. A block another dataset
+    /// cached stays coherent (the cache holds only verified, current blocks).
+    Always,
+    /// Everything goes through the cache (as `primarycache` allows).
+    Disabled,
+}
+
+impl DirectMode {
+    fn parse(text: &str) -> Option<DirectMode> {
+        match text {
+            "standard" => Some(DirectMode::Standard),
+            "always" => Some(DirectMode::Always),
+            "disabled" => Some(DirectMode::Disabled),
+            _ => None,
+        }
+    }
+}
+
 /// The settings the I/O path of a volume follows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct VolumeSettings {
@@ -90,6 +147,16 @@ pub struct VolumeSettings {
     pub sync: SyncMode,
     pub log_bias: LogBias,
     pub read_only: bool,
+    pub primary_cache: PrimaryCache,
+    pub direct: DirectMode,
+}
+
+impl VolumeSettings {
+    /// How a demand read of the volume's data uses the read cache.
+    pub fn data_cache_use(&self) -> crate::cache::CacheUse {
+        let direct = self.direct == DirectMode::Always;
+        crate::cache::CacheUse::data(!direct, !direct && self.primary_cache == PrimaryCache::All)
+    }
 }
 
 impl Default for VolumeSettings {
@@ -100,17 +167,21 @@ impl Default for VolumeSettings {
             sync: SyncMode::Standard,
             log_bias: LogBias::Latency,
             read_only: false,
+            primary_cache: PrimaryCache::All,
+            direct: DirectMode::Standard,
         }
     }
 }
 
 /// Inheritable settings with their defaults.
-const INHERITABLE: [(&str, &str); 5] = [
+const INHERITABLE: [(&str, &str); 7] = [
     ("compression", "off"),
     ("checksum", "xxh3"),
     ("sync", "standard"),
     ("logbias", "latency"),
     ("readonly", "off"),
+    ("primarycache", "all"),
+    ("direct", "standard"),
 ];
 
 /// True for a user property name (`module:key`).
@@ -150,6 +221,14 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
         "readonly" => match value {
             "on" | "off" => Ok(value.to_string()),
             _ => invalid(format!("readonly '{value}': use on or off")),
+        },
+        "primarycache" => match PrimaryCache::parse(value) {
+            Some(_) => Ok(value.to_string()),
+            None => invalid(format!("primarycache '{value}': use all, metadata or none")),
+        },
+        "direct" => match DirectMode::parse(value) {
+            Some(_) => Ok(value.to_string()),
+            None => invalid(format!("direct '{value}': use standard, always or disabled")),
         },
         "volsize" if !on_pool => {
             let bytes = crate::units::parse_size(value).map_err(PoolError::InvalidArgument)?;
@@ -236,6 +315,9 @@ pub fn settings(
         sync: SyncMode::parse(&value("sync")).unwrap_or(defaults.sync),
         log_bias: LogBias::parse(&value("logbias")).unwrap_or(defaults.log_bias),
         read_only: value("readonly") == "on",
+        primary_cache: PrimaryCache::parse(&value("primarycache"))
+            .unwrap_or(defaults.primary_cache),
+        direct: DirectMode::parse(&value("direct")).unwrap_or(defaults.direct),
     }
 }
 

@@ -105,7 +105,7 @@ pub struct SendRequest {
 enum Pending {
     Read {
         blkid: u64,
-        read: JoinHandle<Result<AlignedBuf, PoolError>>,
+        read: JoinHandle<Result<BufSlice, PoolError>>,
     },
     Holes {
         first: u64,
@@ -325,6 +325,9 @@ impl Pool {
         output.record(RecordKind::Begin, &json, Vec::new()).await?;
         let mut pending: VecDeque<Pending> = VecDeque::new();
         let mut cursor = request.resume_block.unwrap_or(0);
+        // The stream's reads run ahead of it (SEND_READS_IN_FLIGHT): its
+        // prefetch. They use the cache as the volume's readers do.
+        let usage = view.settings().data_cache_use();
         loop {
             let (changes, next) = self
                 .objects
@@ -336,9 +339,9 @@ impl Pool {
                         let pool = self.clone();
                         pending.push_back(Pending::Read {
                             blkid,
-                            read: crate::rt::spawn(
-                                async move { pool.read_logical(&pointer).await },
-                            ),
+                            read: crate::rt::spawn(async move {
+                                pool.read_logical(&pointer, usage).await
+                            }),
                         });
                     }
                     BlockChange::Holes { first, count } if first < blocks => {
@@ -379,12 +382,17 @@ impl Pool {
         })
     }
 
-    /// Reads a block and returns its logical bytes (decompressed).
+    /// Reads a block (through the cache as `usage` says) and returns its
+    /// logical bytes (decompressed).
     pub(crate) async fn read_logical(
         self: &Rc<Self>,
         pointer: &crate::format::BlockPointer,
-    ) -> Result<AlignedBuf, PoolError> {
-        let physical = self.store.read(pointer, IoClass::AsyncRead).await?;
+        usage: crate::cache::CacheUse,
+    ) -> Result<BufSlice, PoolError> {
+        let physical = self
+            .store
+            .read_cached(pointer, IoClass::AsyncRead, usage)
+            .await?;
         if pointer.compression == Compression::Off {
             return Ok(physical);
         }
@@ -394,6 +402,7 @@ impl Pool {
             pointer.logical_size as usize,
         )
         .await
+        .map(|data| BufSlice::whole(data.into_shared()))
         .map_err(PoolError::Corrupt)
     }
 
@@ -455,9 +464,7 @@ async fn drain_front(
         match entry {
             Pending::Read { blkid, read } => {
                 let data = read.await?;
-                output
-                    .block(blkid, BufSlice::whole(data.into_shared()))
-                    .await?;
+                output.block(blkid, data).await?;
                 drained += 1;
                 if drained >= reads {
                     break;

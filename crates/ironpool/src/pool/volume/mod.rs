@@ -18,6 +18,7 @@
 //! writes to different parts of one block both land; writes to different blocks
 //! run concurrently, and all of them reach the device queue at once.
 
+pub mod prefetch;
 pub mod writeback;
 
 use std::cell::{Cell, RefCell};
@@ -64,12 +65,17 @@ pub struct VolumeStats {
     pub write_ops: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
-    /// Reads and writes served without any cache copy (all of them: dirty
-    /// blocks are the clients' own buffers, and there is no read cache).
+    /// Reads that bypassed the read cache (`direct=always`), and writes
+    /// (all of them: dirty blocks are the clients' own buffers, and writes
+    /// never enter the read cache).
     pub direct_read_ops: u64,
     pub direct_write_ops: u64,
     /// Partial-block writes that had to read the old block first.
     pub rmw_write_ops: u64,
+    /// Blocks read from the read cache, and read from the devices (a read
+    /// that waited for the same block's read in flight counts as a miss).
+    pub cache_hit_blocks: u64,
+    pub cache_miss_blocks: u64,
     /// Reads of never-written blocks (answered with zeros, no device I/O).
     pub hole_read_ops: u64,
     /// Blocks of zeros stored as holes.
@@ -147,6 +153,8 @@ pub struct Volume {
     pub(crate) writeback: crate::pool::volume::writeback::VolumeWriteback,
     /// What a FLUSH writes instead of a txg.
     pub(crate) log: crate::pool::dataset::intent_log::IntentLog,
+    /// Its sequential readers, for prefetch.
+    pub(crate) streams: prefetch::Streams,
 }
 
 /// A new directory record.
@@ -194,6 +202,7 @@ impl Volume {
             writers: crate::rt::sync::Semaphore::new(VOLUME_WRITERS_MAX),
             writeback: Default::default(),
             log: Default::default(),
+            streams: Default::default(),
         })
     }
 
@@ -409,11 +418,15 @@ impl Pool {
             ranges.push((blkid, within as usize, chunk as usize));
             position += chunk;
         }
+        let direct = u64::from(!volume.settings().data_cache_use().lookup);
+        if let (Some(first), Some(last)) = (ranges.first(), ranges.last()) {
+            self.prefetch_after_read(volume, first.0, last.0);
+        }
         if let [(blkid, within, chunk)] = ranges[..] {
             pieces.push(self.read_block_range(volume, blkid, within, chunk).await?);
             volume.count(|stats| {
                 stats.read_ops += 1;
-                stats.direct_read_ops += 1;
+                stats.direct_read_ops += direct;
                 stats.read_bytes += length;
             });
             return Ok(pieces);
@@ -428,7 +441,7 @@ impl Pool {
         }
         volume.count(|stats| {
             stats.read_ops += 1;
-            stats.direct_read_ops += 1;
+            stats.direct_read_ops += direct;
             stats.read_bytes += length;
         });
         Ok(pieces)
@@ -476,10 +489,20 @@ impl Pool {
             if pointer.is_hole() {
                 return Ok(None);
             }
-            match self.store.read(&pointer, IoClass::SyncRead).await {
-                Ok(data) if pointer.compression == Compression::Off => {
-                    return Ok(Some(BufSlice::whole(data.into_shared())))
-                }
+            let usage = volume.settings().data_cache_use();
+            let read = self
+                .store
+                .read_cached_hit(&pointer, IoClass::SyncRead, usage)
+                .await
+                .map(|(data, hit)| {
+                    volume.count(|stats| match hit {
+                        true => stats.cache_hit_blocks += 1,
+                        false => stats.cache_miss_blocks += 1,
+                    });
+                    data
+                });
+            match read {
+                Ok(data) if pointer.compression == Compression::Off => return Ok(Some(data)),
                 Ok(physical) => {
                     let logical = pointer.logical_size as usize;
                     let data = crate::block::compress::decompress_offloaded(

@@ -1,0 +1,172 @@
+//! How much memory the server may use, and how the cache yields it.
+//!
+//! A server in a cgroup with `memory.max` (v2) or `memory.limit_in_bytes`
+//! (v1) is killed when it crosses the limit, whatever holds the memory; one
+//! without shares the machine's RAM. Either way the cache is the one large
+//! consumer that can give memory back, so a watcher ([`next_limit`], run
+//! every [`MEMORY_WATCH_INTERVAL`] by the pool) bounds it when headroom
+//! runs low and lifts the bound again as headroom returns.
+
+use std::time::Duration;
+
+/// How often the pool checks memory: often enough to yield before a burst
+/// of writes (whose buffers are bounded by write-back) meets the limit.
+pub const MEMORY_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+/// Headroom kept below the limit, as a share of it (1/10): below this the
+/// cache shrinks by the shortfall.
+pub const HEADROOM_LOW_DIVISOR: u64 = 10;
+/// Headroom above which the bound is lifted again (1/5 of the limit), by
+/// [`LIFT_STEP_DIVISOR`] of the limit per check: growth is gradual, so the
+/// cache does not oscillate around the low mark.
+pub const HEADROOM_HIGH_DIVISOR: u64 = 5;
+pub const LIFT_STEP_DIVISOR: u64 = 20;
+/// A cgroup "limit" at or above this is no limit (v1 reports "unlimited" as
+/// a number near 2^63).
+const NO_LIMIT_BYTES: u64 = 1 << 60;
+
+/// A memory limit and what is used of it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MemoryState {
+    pub max_bytes: u64,
+    pub used_bytes: u64,
+}
+
+/// RAM of the machine (MemTotal).
+pub fn ram_bytes() -> Option<u64> {
+    meminfo_field(&std::fs::read_to_string("/proc/meminfo").ok()?, "MemTotal:")
+}
+
+/// The machine's memory as a limit: MemTotal, and what MemAvailable leaves.
+pub fn machine_memory() -> Option<MemoryState> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let total = meminfo_field(&meminfo, "MemTotal:")?;
+    let available = meminfo_field(&meminfo, "MemAvailable:")?;
+    Some(MemoryState {
+        max_bytes: total,
+        used_bytes: total.saturating_sub(available),
+    })
+}
+
+fn meminfo_field(meminfo: &str, name: &str) -> Option<u64> {
+    let line = meminfo.lines().find(|line| line.starts_with(name))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+/// The server's cgroup memory limit and usage, if it has a limit (v2's
+/// `memory.max`/`memory.current`, else v1's `memory.limit_in_bytes`/
+/// `memory.usage_in_bytes`).
+pub fn cgroup_limit() -> Option<MemoryState> {
+    let membership = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let mut candidates = Vec::new();
+    for line in membership.lines() {
+        let mut fields = line.splitn(3, ':');
+        let (Some(_), Some(controllers), Some(path)) =
+            (fields.next(), fields.next(), fields.next())
+        else {
+            continue;
+        };
+        let path = path.trim_start_matches('/');
+        if controllers.is_empty() {
+            for root in ["/sys/fs/cgroup", "/sys/fs/cgroup/unified"] {
+                candidates.push((format!("{root}/{path}"), "memory.max", "memory.current"));
+                candidates.push((root.to_string(), "memory.max", "memory.current"));
+            }
+        } else if controllers.split(',').any(|name| name == "memory") {
+            let root = "/sys/fs/cgroup/memory";
+            let names = ("memory.limit_in_bytes", "memory.usage_in_bytes");
+            candidates.push((format!("{root}/{path}"), names.0, names.1));
+            // Inside a container the group is often mounted as the root.
+            candidates.push((root.to_string(), names.0, names.1));
+        }
+    }
+    candidates.into_iter().find_map(|(dir, max, used)| {
+        let read = |name: &str| std::fs::read_to_string(format!("{dir}/{name}")).ok();
+        let max: u64 = read(max)?.trim().parse().ok()?;
+        let used: u64 = read(used)?.trim().parse().ok()?;
+        (max < NO_LIMIT_BYTES).then_some(MemoryState {
+            max_bytes: max,
+            used_bytes: used,
+        })
+    })
+}
+
+/// The memory state that binds: the cgroup's if it has a limit, else the
+/// machine's.
+pub fn current() -> Option<MemoryState> {
+    cgroup_limit().or_else(machine_memory)
+}
+
+/// The cache's next bound, given memory now, the cache's size and its bound
+/// so far (`u64::MAX`: none): below the low headroom mark it shrinks the
+/// cache by the shortfall (never under `floor`); above the high mark it
+/// lifts the bound a step (to none once past `max`); between, it keeps it.
+pub fn next_limit(memory: MemoryState, cache_bytes: u64, limit: u64, floor: u64, max: u64) -> u64 {
+    let headroom = memory.max_bytes.saturating_sub(memory.used_bytes);
+    let low = memory.max_bytes / HEADROOM_LOW_DIVISOR;
+    let high = memory.max_bytes / HEADROOM_HIGH_DIVISOR;
+    if headroom < low {
+        let shrunk = cache_bytes.saturating_sub(low - headroom).max(floor);
+        shrunk.min(limit)
+    } else if headroom > high && limit != u64::MAX {
+        let lifted = limit.saturating_add(memory.max_bytes / LIFT_STEP_DIVISOR);
+        if lifted >= max {
+            u64::MAX
+        } else {
+            lifted
+        }
+    } else {
+        limit
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const GIB: u64 = 1 << 30;
+
+    #[test]
+    fn short_headroom_shrinks_the_cache_by_the_shortfall_down_to_the_floor() {
+        let memory = MemoryState {
+            max_bytes: 10 * GIB,
+            used_bytes: 9 * GIB + GIB / 2,
+        };
+        // Half a GiB short of the 1 GiB headroom: a 4 GiB cache goes to 3.5.
+        assert_eq!(
+            next_limit(memory, 4 * GIB, u64::MAX, 64 << 20, 8 * GIB),
+            3 * GIB + GIB / 2
+        );
+        assert_eq!(
+            next_limit(memory, 100 << 20, u64::MAX, 64 << 20, 8 * GIB),
+            64 << 20
+        );
+    }
+
+    #[test]
+    fn ample_headroom_lifts_the_bound_step_by_step_then_removes_it() {
+        let memory = MemoryState {
+            max_bytes: 10 * GIB,
+            used_bytes: 5 * GIB,
+        };
+        assert_eq!(next_limit(memory, GIB, GIB, 0, 8 * GIB), GIB + GIB / 2);
+        assert_eq!(
+            next_limit(memory, GIB, 7 * GIB + GIB / 2, 0, 8 * GIB),
+            u64::MAX
+        );
+        assert_eq!(next_limit(memory, GIB, u64::MAX, 0, 8 * GIB), u64::MAX);
+        // Between the marks nothing moves.
+        let middle = MemoryState {
+            max_bytes: 10 * GIB,
+            used_bytes: 8 * GIB + GIB / 2,
+        };
+        assert_eq!(next_limit(middle, GIB, 2 * GIB, 0, 8 * GIB), 2 * GIB);
+    }
+
+    #[test]
+    fn this_machine_reports_its_memory() {
+        let machine = machine_memory().expect("/proc/meminfo");
+        assert!(machine.max_bytes > 0 && machine.used_bytes <= machine.max_bytes);
+        assert_eq!(ram_bytes(), Some(machine.max_bytes));
+    }
+}

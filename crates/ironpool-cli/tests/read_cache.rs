@@ -142,3 +142,120 @@ fn arcstat_tune_and_primarycache_on_a_served_pool() {
     );
     pool.stop();
 }
+
+/// A little generator (xorshift64*): the same sequence each run.
+struct Draw(u64);
+
+impl Draw {
+    fn below(&mut self, n: u64) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) % n
+    }
+}
+
+const NBD_CMD_TRIM: u16 = 4;
+
+fn trim(client: &mut NbdClient, offset: u64, length: u32) {
+    use std::io::Write;
+    let request = NbdClient::request(NBD_CMD_TRIM, 5, offset, length);
+    client.stream.write_all(&request).unwrap();
+    let (error, _) = NbdClient::reply(&mut client.stream);
+    assert_eq!(error, 0, "trim at {offset}");
+}
+
+/// Random writes, trims and reads of a volume on real files, with snapshots,
+/// rollbacks, a clone and a send/receive, against an in-memory model, while
+/// a 1 MiB read cache evicts all the time: every read equals the model.
+#[test]
+fn every_read_equals_the_model_while_a_tiny_cache_evicts_all_the_time() {
+    const SIZE: u64 = 16 << 20;
+    let mut pool = TestPool::new("arcmodel");
+    pool.create("1G", &["mirror", "a.img", "b.img"]);
+    pool.create_volume("v", "16M");
+    // Write-back off: every write is on disk and linked when acknowledged,
+    // so reads go through block pointers, and the cache, at once.
+    pool.serve_with(&[
+        "-o",
+        "arc_max_bytes=1M",
+        "-o",
+        "dirty_data_max_bytes=0",
+        "-o",
+        "txg_timeout_ms=50",
+    ]);
+    let name = pool.name.clone();
+    let socket = pool.socket();
+    let mut client = NbdClient::connect(&socket, &format!("{name}/v"));
+    let mut model = vec![0u8; SIZE as usize];
+    let mut snapshots: Vec<(String, Vec<u8>)> = Vec::new();
+    let mut draw = Draw(0x5eed);
+    let check = |client: &mut NbdClient, model: &[u8], offset: u64, length: u64| {
+        let got = client.read(offset, length as u32);
+        assert!(
+            got == model[offset as usize..(offset + length) as usize],
+            "read at {offset}+{length} differs from the model"
+        );
+    };
+    for step in 0..600u64 {
+        let offset = draw.below(SIZE / 4096) * 4096;
+        let length = ((1 + draw.below(16)) * 4096).min(SIZE - offset);
+        match draw.below(20) {
+            0..=7 => {
+                let data = distinct_bytes(length as usize, step as u8);
+                assert_eq!(client.write_at(offset, &data), 0);
+                model[offset as usize..(offset + length) as usize].copy_from_slice(&data);
+            }
+            8 => {
+                trim(&mut client, offset, length as u32);
+                model[offset as usize..(offset + length) as usize].fill(0);
+            }
+            9 if snapshots.len() < 4 && step >= 120 * snapshots.len() as u64 => {
+                let snapshot = format!("s{step}");
+                pool.admin(&["snapshot", &format!("{name}/v@{snapshot}")]);
+                snapshots.push((snapshot, model.clone()));
+            }
+            10 if !snapshots.is_empty() && draw.below(8) == 0 => {
+                // Back to the latest snapshot (a new connection: rollback
+                // ends the old one).
+                drop(client);
+                let (snapshot, state) = snapshots.last().unwrap().clone();
+                pool.admin(&["rollback", &format!("{name}/v@{snapshot}")]);
+                model = state;
+                client = NbdClient::connect(&socket, &format!("{name}/v"));
+            }
+            _ => check(&mut client, &model, offset, length),
+        }
+    }
+    // Whole volume, twice (the second pass after the first evicted it).
+    for _ in 0..2 {
+        for offset in (0..SIZE).step_by(1 << 20) {
+            check(&mut client, &model, offset, 1 << 20);
+        }
+    }
+    // A clone of the first snapshot and a received copy of the last read as
+    // their models.
+    let (first, first_state) = snapshots.first().expect("a snapshot was taken").clone();
+    pool.admin(&["clone", &format!("{name}/v@{first}"), &format!("{name}/c")]);
+    let mut clone = NbdClient::connect(&socket, &format!("{name}/c"));
+    for offset in (0..SIZE).step_by(1 << 20) {
+        check(&mut clone, &first_state, offset, 1 << 20);
+    }
+    let (last, last_state) = snapshots.last().unwrap().clone();
+    let stream = pool.path("stream");
+    pool.send_to_file(&["send", &format!("{name}/v@{last}")], &stream);
+    let received = pool.receive_from_file(&["receive", &format!("{name}/r")], &stream);
+    assert!(received.status.success(), "{received:?}");
+    let mut copy = NbdClient::connect(&socket, &format!("{name}/r"));
+    for offset in (0..SIZE).step_by(1 << 20) {
+        check(&mut copy, &last_state, offset, 1 << 20);
+    }
+    let cache = arcstat(&pool)["cache"].clone();
+    assert!(cache["size_bytes"].as_u64().unwrap() <= 1 << 20, "{cache}");
+    assert!(
+        cache["policy"]["evictions"].as_u64().unwrap() > 100,
+        "{cache}"
+    );
+    drop((client, clone, copy));
+    pool.stop();
+}

@@ -137,6 +137,7 @@ impl Runtime {
     /// A runtime on a real io_uring with `ring_entries` submission slots.
     pub fn new_uring(ring_entries: u32) -> std::io::Result<Runtime> {
         let (driver, notify) = uring::UringDriver::new(ring_entries)?;
+        buf::start_buffer_warmer();
         let executor = Executor::new(notify);
         Ok(Runtime {
             inner: Rc::new(RuntimeInner {

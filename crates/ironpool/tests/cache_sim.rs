@@ -243,6 +243,22 @@ fn a_sequential_reader_finds_its_next_blocks_read_ahead() {
             "{served_ahead} of {} demand reads were read ahead: {stats:?}",
             demand.hits + demand.misses
         );
+        // Drop-behind: what the reader finished left the cache; 16 MiB read,
+        // a few MiB (the read-ahead window) held.
+        assert!(stats.dropped_behind > 500, "{stats:?}");
+        assert!(stats.data_bytes < 12 << 20, "{stats:?}");
+        // A 4K sequential reader: a block read ahead is dropped only by the
+        // read that finishes it, so no block is read twice.
+        let misses = volume.stats().cache_miss_blocks;
+        let first = 20u64 << 20;
+        for index in 0..(4 << 20) / 4096 {
+            let offset = first + index * 4096;
+            let got = read(&pool, &volume, offset, 4096).await;
+            assert_eq!(got, &data[offset as usize..offset as usize + 4096]);
+        }
+        let blocks = (4 << 20) / BLOCK;
+        let missed = volume.stats().cache_miss_blocks - misses;
+        assert!(missed <= blocks, "{missed} misses for {blocks} blocks");
         pool.export().await.unwrap();
     });
 }

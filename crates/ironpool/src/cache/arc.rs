@@ -201,6 +201,14 @@ impl<K: Hash + Eq + Copy, V: Clone> AdaptiveCache<K, V> {
         self.nodes[slot as usize].value.as_ref()
     }
 
+    /// True when `key` holds an entry read ahead that no demand read has
+    /// used yet.
+    pub fn is_prefetched(&self, key: &K) -> bool {
+        self.map
+            .get(key)
+            .is_some_and(|&slot| self.nodes[slot as usize].prefetched)
+    }
+
     /// The value of `key`, counting a demand access at `now_ns` (see the
     /// module's rules for when that promotes).
     pub fn get(&mut self, key: &K, now_ns: u64) -> Option<V> {

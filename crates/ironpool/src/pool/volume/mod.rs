@@ -454,7 +454,8 @@ impl Pool {
         within: usize,
         length: usize,
     ) -> Result<ReadPiece, PoolError> {
-        match self.read_block(volume, blkid).await? {
+        let finishes = within + length == volume.block_bytes as usize;
+        match self.read_block(volume, blkid, finishes).await? {
             None => {
                 volume.count(|stats| stats.hole_read_ops += 1);
                 Ok(ReadPiece::Zeros(length))
@@ -466,10 +467,13 @@ impl Pool {
     /// Reads one whole block (None for a hole): its dirty copy if it has one,
     /// else from the devices. Retries when the block changed while it was being
     /// read (its old copy was overwritten and reused).
+    /// `finishes`: the read reaches the end of the block (see the cache's
+    /// drop-behind).
     async fn read_block(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
         blkid: u64,
+        finishes: bool,
     ) -> Result<Option<BufSlice>, PoolError> {
         let held = |volume: &Volume| {
             let data = volume.writeback.lookup(blkid)?;
@@ -489,7 +493,7 @@ impl Pool {
             if pointer.is_hole() {
                 return Ok(None);
             }
-            let usage = volume.settings().data_cache_use();
+            let usage = volume.settings().data_cache_use().finishing(finishes);
             let read = self
                 .store
                 .read_cached_hit(&pointer, IoClass::SyncRead, usage)
@@ -759,7 +763,7 @@ impl Pool {
             BlockContent::Zero => None,
             BlockContent::Partial { within, data } => {
                 let mut merged = self
-                    .read_block(volume, blkid)
+                    .read_block(volume, blkid, false)
                     .await?
                     .map(mutable_copy)
                     .unwrap_or_else(|| AlignedBuf::zeroed(block));
@@ -768,7 +772,7 @@ impl Pool {
                 (!is_zero(&merged)).then(|| BufSlice::whole(merged.into_shared()))
             }
             BlockContent::PartialZero { within, length } => {
-                match self.read_block(volume, blkid).await? {
+                match self.read_block(volume, blkid, false).await? {
                     None => None,
                     Some(old) => {
                         let mut merged = mutable_copy(old);

@@ -505,12 +505,4 @@ impl BlockCache {
             compressed_saved_bytes: counters.compressed_saved_bytes,
         }
     }
-
-    /// Whether `bp`'s block is cached (tests).
-    pub fn holds(&self, bp: &BlockPointer) -> bool {
-        self.policy
-            .borrow()
-            .peek(&BlockKey::of(&bp.dvas[0]))
-            .is_some_and(|entry| entry.matches(bp))
-    }
 }

@@ -13,11 +13,8 @@ use ironpool::control::commands::Command;
 use serde_json::Value;
 
 use super::format::{bytes, count};
+use super::iostat::number;
 use super::{admin, Context};
-
-fn number(value: &Value) -> f64 {
-    value.as_f64().unwrap_or(0.0)
-}
 
 /// `now[path]` less `before[path]` (all of it without `before`).
 fn delta(now: &Value, before: Option<&Value>, path: &[&str]) -> f64 {

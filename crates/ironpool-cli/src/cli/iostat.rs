@@ -31,7 +31,8 @@ pub struct Options {
     pub count: Option<u64>,
 }
 
-fn number(value: &Value) -> f64 {
+/// A JSON number as f64 (0 when absent): the reports take differences.
+pub(super) fn number(value: &Value) -> f64 {
     value.as_f64().unwrap_or(0.0)
 }
 

@@ -541,7 +541,7 @@ impl BlockStore {
 
     /// A block's physical bytes (its logical bytes, or their compressed
     /// form) from the read cache when `usage` lets it and the block is
-    /// there; else read and verified as [`BlockStore::read`] does, and kept
+    /// there; else read and verified (self-healing bad copies), and kept
     /// when `usage` says so. A read that finds the same block being read for
     /// the cache waits for that read rather than issue its own.
     pub async fn read_cached(
@@ -572,40 +572,21 @@ impl BlockStore {
             }
             // Wait for a read of the block in flight once; if it left
             // nothing (it failed, or its block was freed), read.
-            match self.cache.join_or_begin_read(bp, usage) {
-                Some(in_flight) if !waited => {
-                    waited = true;
-                    in_flight.notified().await;
-                    continue;
-                }
-                Some(_) => {}
-                None => {
-                    let _guard = self.read_guard();
-                    let read = self.read_physical(bp, class).await;
-                    let data = read.map(|(data, _)| BufSlice::new(data, 0..physical));
-                    self.cache.end_read(bp, usage, data.as_ref().ok());
-                    return data.map(|data| (data, false));
-                }
+            let in_flight = self.cache.join_or_begin_read(bp, usage);
+            if let Some(in_flight) = in_flight.as_ref().filter(|_| !waited) {
+                waited = true;
+                in_flight.notified().await;
+                continue;
             }
             let _guard = self.read_guard();
-            let (data, _) = self.read_physical(bp, class).await?;
-            return Ok((BufSlice::new(data, 0..physical), false));
+            let read = self.read_physical(bp, class).await;
+            let data = read.map(|(data, _)| BufSlice::new(data, 0..physical));
+            // None: this read is the one registered in flight (if kept).
+            if in_flight.is_none() {
+                self.cache.end_read(bp, usage, data.as_ref().ok());
+            }
+            return data.map(|data| (data, false));
         }
-    }
-
-    /// Reads and verifies a block, repairing bad copies in the background.
-    pub async fn read(
-        self: &Rc<Self>,
-        bp: &BlockPointer,
-        class: IoClass,
-    ) -> Result<AlignedBuf, BlockError> {
-        assert!(!bp.is_hole(), "read of a hole");
-        let _guard = self.read_guard();
-        let (data, _) = self.read_physical(bp, class).await?;
-        let mut data = Rc::try_unwrap(data).unwrap_or_else(|shared| AlignedBuf::copy_from(&shared));
-        // The physical bytes: the logical block, or its compressed form.
-        data.truncate(bp.physical_size as usize);
-        Ok(data)
     }
 
     /// Reads the first copy that verifies (whole sectors of the vdev it came

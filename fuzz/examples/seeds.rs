@@ -159,7 +159,7 @@ fn leaf(guid: u64, path: &str) -> LeafConfig {
 }
 
 fn top(id: u32, guid: u64, kind: TopVdevKind, ashift: u8, children: Vec<LeafConfig>) -> TopVdevConfig {
-    TopVdevConfig { id, guid, kind, ashift, asize_bytes: 120 << 24, metaslab_shift: 24, children }
+    TopVdevConfig { id, guid, kind, ashift, asize_bytes: 120 << 24, metaslab_shift: 24, children, log: false }
 }
 
 fn pool_config(name: &str, state: PoolState, vdevs: Vec<TopVdevConfig>) -> PoolConfig {

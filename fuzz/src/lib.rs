@@ -20,6 +20,7 @@
 pub mod block_pointer;
 pub mod directory;
 pub mod dnode;
+pub mod fs_metadata;
 pub mod intent_log;
 pub mod label;
 pub mod nbd_handshake;
@@ -34,7 +35,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 11] = [
+pub const TARGETS: [(&str, Check); 12] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -46,6 +47,7 @@ pub const TARGETS: [(&str, Check); 11] = [
     ("directory", directory::check),
     ("send_stream", send_stream::check),
     ("intent_log", intent_log::check),
+    ("fs_metadata", fs_metadata::check),
 ];
 
 #[cfg(test)]

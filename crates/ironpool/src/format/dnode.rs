@@ -23,13 +23,38 @@
 //! | 64 | 128 | root block pointer |
 //! | 192 | 8 | volumes: txg of the latest snapshot (blocks born at or before it are also a snapshot's) |
 //! | 200 | 8 | volumes (clones): the origin snapshot's txg (blocks born at or before it are the origin's) |
-//! | 208 | 304 | reserved, zero |
+//! | 208 | 304 | bonus: what the object's kind keeps beside its tree (a filesystem object's attributes, `format::znode`; a filesystem's header in its dnode table's dnode); zero for other kinds |
 
 use super::bp::{BlockPointer, BLOCK_POINTER_BYTES, LEVEL_MAX};
 use super::checksum::ChecksumAlgo;
 use super::{bp::Compression, get_u64, invalid, put_u64, FormatError};
 
 pub const DNODE_BYTES: usize = 512;
+/// Where the bonus area starts in a dnode, and its size.
+pub const BONUS_OFFSET: usize = 208;
+pub const BONUS_BYTES: usize = DNODE_BYTES - BONUS_OFFSET;
+
+/// The bonus area of a dnode: bytes its object's kind interprets (see
+/// `format::znode`). A newtype so that `Dnode` stays `Copy + Default`.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub struct Bonus(pub [u8; BONUS_BYTES]);
+
+impl Default for Bonus {
+    fn default() -> Bonus {
+        Bonus([0; BONUS_BYTES])
+    }
+}
+
+impl std::fmt::Debug for Bonus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.iter().all(|byte| *byte == 0) {
+            write!(f, "Bonus(zero)")
+        } else {
+            write!(f, "Bonus({} bytes)", BONUS_BYTES)
+        }
+    }
+}
+
 /// Smallest data block: one 512-byte sector.
 pub const DATA_BLOCK_SHIFT_MIN: u8 = 9;
 /// Largest data block: 1 MiB (volumes allow up to 128 KiB; metadata uses less).
@@ -57,6 +82,13 @@ pub enum ObjectType {
     DeadList,
     /// The pool's command history (`ironpool history`).
     History,
+    /// A filesystem's dnode table: the pool-level object whose tree holds the
+    /// dnodes of the filesystem's own objects (its object set).
+    FsObjects,
+    /// A filesystem's file or symbolic link: data blocks, attributes in the bonus.
+    FsFile,
+    /// A filesystem's directory: hashed leaves of entries (`format::fsdir`).
+    FsDirectory,
 }
 
 impl ObjectType {
@@ -70,6 +102,9 @@ impl ObjectType {
             ObjectType::VolumeData => 5,
             ObjectType::DeadList => 6,
             ObjectType::History => 7,
+            ObjectType::FsObjects => 8,
+            ObjectType::FsFile => 9,
+            ObjectType::FsDirectory => 10,
         }
     }
 
@@ -83,13 +118,22 @@ impl ObjectType {
             5 => Some(ObjectType::VolumeData),
             6 => Some(ObjectType::DeadList),
             7 => Some(ObjectType::History),
+            8 => Some(ObjectType::FsObjects),
+            9 => Some(ObjectType::FsFile),
+            10 => Some(ObjectType::FsDirectory),
             _ => None,
         }
     }
 
     /// Metadata is stored with two copies (ditto blocks) and cached in memory.
     pub fn is_metadata(self) -> bool {
-        !matches!(self, ObjectType::VolumeData)
+        !self.is_user_data()
+    }
+
+    /// Objects whose level-0 blocks are a user's data (a volume's, a file's):
+    /// one copy, written by the data path, evictable from memory.
+    pub fn is_user_data(self) -> bool {
+        matches!(self, ObjectType::VolumeData | ObjectType::FsFile)
     }
 }
 
@@ -114,6 +158,7 @@ pub struct Dnode {
     pub root: BlockPointer,
     pub prev_snapshot_txg: u64,
     pub origin_txg: u64,
+    pub bonus: Bonus,
 }
 
 impl Dnode {
@@ -162,6 +207,7 @@ impl Dnode {
         self.root.encode(&mut out[64..64 + BLOCK_POINTER_BYTES]);
         put_u64(out, 192, self.prev_snapshot_txg);
         put_u64(out, 200, self.origin_txg);
+        out[BONUS_OFFSET..].copy_from_slice(&self.bonus.0);
     }
 
     pub fn decode(bytes: &[u8]) -> Result<Dnode, FormatError> {
@@ -192,6 +238,7 @@ impl Dnode {
             root: BlockPointer::decode(&bytes[64..64 + BLOCK_POINTER_BYTES])?,
             prev_snapshot_txg: get_u64(bytes, 192),
             origin_txg: get_u64(bytes, 200),
+            bonus: Bonus(bytes[BONUS_OFFSET..].try_into().expect("bonus length")),
         };
         dnode.validate()?;
         Ok(dnode)
@@ -252,6 +299,12 @@ mod tests {
             physical_bytes: 1 << 19,
             prev_snapshot_txg: 3,
             origin_txg: 2,
+            bonus: {
+                let mut bonus = Bonus::default();
+                bonus.0[0] = 7;
+                bonus.0[BONUS_BYTES - 1] = 9;
+                bonus
+            },
             root: BlockPointer {
                 dvas: [
                     Dva {

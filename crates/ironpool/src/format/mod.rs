@@ -10,11 +10,13 @@
 pub mod bp;
 pub mod checksum;
 pub mod dnode;
+pub mod fsdir;
 pub mod intent_log;
 pub mod label;
 pub mod spacemap;
 pub mod stream;
 pub mod uberblock;
+pub mod znode;
 
 pub use bp::{BlockPointer, Dva};
 pub use checksum::{Checksum, ChecksumAlgo};

@@ -219,6 +219,27 @@ impl ObjectSet {
         set
     }
 
+    /// An object set whose dnode table is `table`, an object of another set:
+    /// a filesystem's objects live in the tree of one pool-level object. The
+    /// two sets share that one `Object`, so its nodes are cached once and
+    /// what this set writes into it is what the outer set syncs.
+    pub fn nested(
+        store: Rc<BlockStore>,
+        table: Rc<Object>,
+        cache_budget_bytes: usize,
+    ) -> Rc<ObjectSet> {
+        let set = Rc::new(ObjectSet {
+            store,
+            objects: RefCell::default(),
+            cache_budget_bytes: Cell::new(cache_budget_bytes),
+            cached_bytes: Cell::new(0),
+            durable_txg: Cell::new(0),
+            dirty_bytes: Cell::new(0),
+        });
+        set.objects.borrow_mut().insert(0, table);
+        set
+    }
+
     pub fn set_durable_txg(&self, txg: u64) {
         self.durable_txg.set(txg);
     }
@@ -584,6 +605,55 @@ impl ObjectSet {
         self.ensure_capacity(object, blkid)?;
         self.load_path(object, blkid).await?;
         self.set_block_pointer_cached(object, blkid, pointer)
+    }
+
+    /// Grows the tree to reach `blkid` and loads the nodes above it, so that
+    /// a `set_block_pointer_cached` that follows with no await in between
+    /// links there (the caller stamps the pointer's birth txg in between).
+    pub async fn prepare_link(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
+        self.ensure_capacity(object, blkid)?;
+        self.load_path(object, blkid).await
+    }
+
+    /// Whether level-0 block `blkid` of a metadata object holds anything:
+    /// written (on disk or only in memory) rather than a hole. Reads no data
+    /// block (a hole is not turned into a cached block of zeros).
+    pub async fn data_block_present(
+        &self,
+        object: &Object,
+        blkid: u64,
+    ) -> Result<bool, ObjectError> {
+        if blkid >= object.dnode().capacity_blocks() {
+            return Ok(false);
+        }
+        self.load_path(object, blkid).await?;
+        if object.nodes.borrow().contains_key(&(0, blkid)) {
+            return Ok(true);
+        }
+        Ok(!self.block_pointer_cached(object, blkid)?.is_hole())
+    }
+
+    /// Makes level-0 block `blkid` of a metadata object a hole: its cached
+    /// copy is dropped and its old block freed.
+    pub async fn punch(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
+        if blkid >= object.dnode().capacity_blocks() {
+            return Ok(());
+        }
+        self.load_path(object, blkid).await?;
+        if let Some(node) = object.nodes.borrow_mut().remove(&(0, blkid)) {
+            self.cached_bytes
+                .set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
+        }
+        object.dirty_nodes.borrow_mut().remove(&(0, blkid));
+        let old = self.set_block_pointer_cached(
+            object,
+            blkid,
+            BlockPointer::hole(0, object.dnode().object_type, 0),
+        )?;
+        if !old.is_hole() {
+            self.store.free(&old);
+        }
+        Ok(())
     }
 
     /// Loads the nodes above level-0 block `blkid`, so that the `_cached` calls

@@ -28,7 +28,7 @@ pub fn metadata_copies(
     level: u8,
     redundant_vdevs: bool,
 ) -> usize {
-    if redundant_vdevs && level == 1 && object_type == crate::format::ObjectType::VolumeData {
+    if redundant_vdevs && level == 1 && object_type.is_user_data() {
         1
     } else {
         METADATA_COPIES

@@ -11,6 +11,7 @@
 
 pub mod dataset;
 pub mod devices;
+pub mod filesystem;
 pub mod history;
 pub mod labels;
 pub mod scan;
@@ -255,6 +256,8 @@ pub struct Pool {
     directory_dirty: Cell<bool>,
     txg: TxgState,
     volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    /// Open filesystems by short name (all of the directory's).
+    filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
     tunables: RefCell<PoolTunables>,
     scrub: RefCell<scan::scrub::ScrubState>,
     resilver: RefCell<scan::resilver::ResilverState>,
@@ -493,6 +496,7 @@ impl Pool {
             directory_dirty: Cell::new(true),
             txg: TxgState::new(1, 0),
             volumes: RefCell::new(BTreeMap::new()),
+            filesystems: RefCell::new(BTreeMap::new()),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),
@@ -902,6 +906,7 @@ impl Pool {
             directory_dirty: Cell::new(false),
             txg: TxgState::new(uberblock.txg + 1, uberblock.txg),
             volumes: RefCell::new(BTreeMap::new()),
+            filesystems: RefCell::new(BTreeMap::new()),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),
@@ -946,6 +951,7 @@ impl Pool {
                 .borrow_mut()
                 .insert(volume_name.clone(), volume);
         }
+        pool.open_filesystems().await?;
         Ok(pool)
     }
 
@@ -1075,7 +1081,9 @@ impl Pool {
         block_bytes: u32,
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Volume>, PoolError> {
-        if self.volumes.borrow().contains_key(&short) {
+        if self.volumes.borrow().contains_key(&short)
+            || self.filesystems.borrow().contains_key(&short)
+        {
             return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
         }
         let max_sector = self

@@ -461,6 +461,11 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             write_directory(pool)?;
             changed = true;
         }
+        // Filesystems' objects first: their dnodes go into their tables,
+        // which are pool objects synced next.
+        if crate::pool::filesystem::build_step(pool, &mut context)? {
+            changed = true;
+        }
         for object in objects.open_objects() {
             if object.id == 0 || !object.dirty.get() {
                 continue;
@@ -492,6 +497,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     // The txg holds every change made to it: nothing it would leave out.
     assert!(
         !pool.directory_dirty.get()
+            && crate::pool::filesystem::all_synced(pool)
             && objects
                 .open_objects()
                 .iter()
@@ -847,6 +853,7 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         .sync_done(built.txg, pool.autotrim());
     pool.start_autotrim();
     pool.objects.set_durable_txg(built.txg);
+    crate::pool::filesystem::txg_durable(pool, built.txg);
     crate::pool::dataset::intent_log::txg_durable(pool, built.txg);
     let state = &pool.txg;
     state.durable.set(built.txg);

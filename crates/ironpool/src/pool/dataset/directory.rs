@@ -215,6 +215,10 @@ pub struct Directory {
     /// before the history existed have none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_object: u64,
+    /// Filesystems by name within the pool (names are shared with volumes:
+    /// one name is one dataset).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub filesystems: BTreeMap<String, crate::pool::filesystem::FilesystemRecord>,
 }
 
 /// `skip_serializing_if` for fields whose zero means absent.

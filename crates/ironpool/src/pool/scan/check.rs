@@ -56,8 +56,12 @@ impl Pool {
         let volumes: Vec<Rc<crate::pool::Volume>> =
             self.volumes.borrow().values().cloned().collect();
         let mut _writers = Vec::with_capacity(volumes.len());
+        let mut _writers_fs = Vec::new();
         for volume in &volumes {
             _writers.push(self.exclusive(volume).await?);
+        }
+        for (_, fs) in self.filesystems() {
+            _writers_fs.push(fs.exclusive().await);
         }
         self.commit().await?;
         let _hold = self.txg.hold_builds();
@@ -91,43 +95,79 @@ impl Pool {
         let mut owners: std::collections::HashMap<(u32, u64), (u64, crate::format::Checksum, u64)> =
             std::collections::HashMap::new();
         let mut dead_entries = Vec::new();
-        for object in &objects {
-            let mut copies = Vec::new();
-            self.objects
-                .visit_pointers(object, &mut |level, blkid, pointer| {
-                    for dva in pointer.copies() {
-                        copies.push((level, blkid, *dva, pointer.birth_txg, pointer.checksum));
+        // Every tree: the pool's objects, then each filesystem's own (named
+        // in problems as `TABLE/ID`; their ids are counted apart).
+        let mut trees: Vec<(
+            Rc<crate::object::ObjectSet>,
+            Rc<crate::object::Object>,
+            u64,
+            String,
+        )> = objects
+            .iter()
+            .map(|object| {
+                (
+                    self.objects.clone(),
+                    object.clone(),
+                    object.id,
+                    object.id.to_string(),
+                )
+            })
+            .collect();
+        for (_, fs) in self.filesystems() {
+            let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
+            for id in 1..count {
+                match fs.objects.open(id).await {
+                    Ok(object) => {
+                        report.objects += 1;
+                        trees.push((
+                            fs.objects.clone(),
+                            object,
+                            (1 << 63) | (fs.table.id << 32) | id,
+                            format!("{}/{id}", fs.table.id),
+                        ));
                     }
-                })
-                .await?;
+                    Err(crate::object::ObjectError::NoSuchObject(_)) => {}
+                    Err(error) => return Err(error.into()),
+                }
+            }
+        }
+        for (set, object, owner, label) in &trees {
+            let owner = *owner;
+            let mut copies = Vec::new();
+            set.visit_pointers(object, &mut |level, blkid, pointer| {
+                for dva in pointer.copies() {
+                    copies.push((level, blkid, *dva, pointer.birth_txg, pointer.checksum));
+                }
+            })
+            .await?;
             for (level, blkid, dva, birth, checksum) in copies {
                 match owners.get(&(dva.vdev, dva.offset)) {
                     Some((other_birth, other_checksum, other_object)) => {
-                        if *other_object == object.id
+                        if *other_object == owner
                             || *other_birth != birth
                             || *other_checksum != checksum
                         {
-                            report.problem(format!("object {} block {level}/{blkid}: {:?} is referenced twice (also by object {other_object})", object.id, dva));
+                            report.problem(format!("object {label} block {level}/{blkid}: {:?} is referenced twice (also by object {other_object:#x})", dva));
                         }
                         continue;
                     }
                     None => {
-                        owners.insert((dva.vdev, dva.offset), (birth, checksum, object.id));
+                        owners.insert((dva.vdev, dva.offset), (birth, checksum, owner));
                     }
                 }
                 report.block_copies += 1;
                 report.referenced_bytes += dva.asize as u64;
                 let Some(set) = referenced.get_mut(dva.vdev as usize) else {
                     report.problem(format!(
-                        "object {} block {level}/{blkid} on missing vdev {}",
-                        object.id, dva.vdev
+                        "object {label} block {level}/{blkid} on missing vdev {}",
+                        dva.vdev
                     ));
                     continue;
                 };
                 if set.try_insert(dva.offset, dva.end()).is_err() {
                     report.problem(format!(
-                        "object {} block {level}/{blkid}: {:?} overlaps another block",
-                        object.id, dva
+                        "object {label} block {level}/{blkid}: {:?} overlaps another block",
+                        dva
                     ));
                 }
             }

@@ -34,7 +34,7 @@ use std::rc::Rc;
 
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::{BlockPointer, Dnode};
-use crate::object::{NodeBody, Object};
+use crate::object::{NodeBody, Object, ObjectSet};
 use crate::pool::scan::resilver::ResilverTargets;
 use crate::pool::{Pool, PoolError};
 use crate::rt::JoinHandle;
@@ -189,10 +189,15 @@ impl Pool {
                 return WalkEnd::Stopped;
             }
             if let Err(error) = self
-                .scan_object(&object, scan, self.scan_floor_txg(object.id))
+                .scan_object(&self.objects, &object, scan, self.scan_floor_txg(object.id))
                 .await
             {
                 scan.error(self, format!("object {}: {error}", object.id));
+            }
+            if let Some(fs) = self.filesystem_of_table(&object) {
+                if let Err(error) = self.scan_filesystem(&fs, scan).await {
+                    scan.error(self, format!("{}: {error}", fs.name));
+                }
             }
             if scan.cancelled(self) {
                 return WalkEnd::Stopped;
@@ -268,11 +273,48 @@ impl Pool {
         0
     }
 
-    /// True while `object` is the pool's open object of its id: destroying a
-    /// volume or a snapshot forgets its object in the step that frees its
-    /// blocks (a read guard taken before then keeps their space).
-    fn still_open(&self, object: &Rc<Object>) -> bool {
-        self.objects
+    /// The open filesystem whose dnode table is `object`, if it is one.
+    fn filesystem_of_table(
+        &self,
+        object: &Rc<Object>,
+    ) -> Option<Rc<crate::pool::filesystem::Filesystem>> {
+        if object.dnode().object_type != crate::format::ObjectType::FsObjects {
+            return None;
+        }
+        self.filesystems
+            .borrow()
+            .values()
+            .find(|fs| Rc::ptr_eq(&fs.table, object))
+            .cloned()
+    }
+
+    /// Walks every object of a filesystem (its table was walked as a pool
+    /// object). A file removed meanwhile is skipped: its blocks are free.
+    async fn scan_filesystem(
+        self: &Rc<Self>,
+        fs: &crate::pool::filesystem::Filesystem,
+        scan: &Scan,
+    ) -> Result<(), PoolError> {
+        let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
+        for id in 1..count {
+            if scan.cancelled(self) {
+                return Ok(());
+            }
+            let object = match fs.objects.open(id).await {
+                Ok(object) => object,
+                Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
+                Err(error) => return Err(error.into()),
+            };
+            self.scan_object(&fs.objects, &object, scan, 0).await?;
+        }
+        Ok(())
+    }
+
+    /// True while `object` is the open object of its id in `objects`:
+    /// destroying a volume or a snapshot forgets its object in the step that
+    /// frees its blocks (a read guard taken before then keeps their space).
+    fn still_open(objects: &ObjectSet, object: &Rc<Object>) -> bool {
+        objects
             .get(object.id)
             .is_some_and(|open| Rc::ptr_eq(&open, object))
     }
@@ -281,6 +323,7 @@ impl Pool {
     /// pointers born after `floor_txg` only (see [`Pool::scan_floor_txg`]).
     pub(in crate::pool) async fn scan_object(
         self: &Rc<Self>,
+        objects: &Rc<ObjectSet>,
         object: &Rc<Object>,
         scan: &Scan,
         floor_txg: u64,
@@ -298,8 +341,10 @@ impl Pool {
         }
         {
             let _guard = self.store.read_guard();
-            if !self.still_open(object) {
-                scan.vanished(self);
+            if !Self::still_open(objects, object) {
+                if Rc::ptr_eq(objects, &self.objects) {
+                    scan.vanished(self);
+                }
                 return Ok(());
             }
             scan.process(self, object, &[root]).await;
@@ -313,11 +358,13 @@ impl Pool {
                     return Ok(());
                 }
                 let guard = self.store.read_guard();
-                if !self.still_open(object) {
-                    scan.vanished(self);
+                if !Self::still_open(objects, object) {
+                    if Rc::ptr_eq(objects, &self.objects) {
+                        scan.vanished(self);
+                    }
                     return Ok(());
                 }
-                let node = self.objects.node(object, level, blkid).await?;
+                let node = objects.node(object, level, blkid).await?;
                 let children: Vec<(u64, BlockPointer)> = match &*node.body.borrow() {
                     NodeBody::Indirect(pointers) => pointers
                         .iter()

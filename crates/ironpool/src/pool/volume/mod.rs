@@ -1065,7 +1065,7 @@ impl Pool {
     /// waits for the discards of free space in flight (autotrim holds what a
     /// commit released until its discard ends), rather than failing a write
     /// that will fit a moment later.
-    async fn allocate_data(
+    pub(crate) async fn allocate_data(
         self: &Rc<Self>,
         bytes: u64,
     ) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {

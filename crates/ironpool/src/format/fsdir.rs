@@ -1,0 +1,372 @@
+//! Directory leaves of a filesystem: entries hashed by name into leaves of
+//! a directory object, split by hash bits as they fill (extendible hashing,
+//! as OpenZFS's fat ZAP, with the leaf table made implicit).
+//!
+//! Every entry has a 64-bit cookie: the top 32 bits of a salted XXH3 hash
+//! of its name (never 0), and below them a collision number, the smallest
+//! not taken by another entry with the same hash. A leaf holds every entry
+//! whose hash starts with its `level`-bit prefix; leaf (level L, prefix p)
+//! is data block `2^L + p` of the directory object. A leaf that fills splits
+//! into its two children (the next hash bit) and its own block becomes a
+//! hole. So along the path of a hash, from block 1 down, every block is a
+//! hole until the one leaf that holds the hash: lookup, insert and remove
+//! read O(log n) blocks, and no table needs rewriting as the directory grows.
+//!
+//! `readdir` walks entries in cookie order; a cookie says where to go on no
+//! matter what was inserted or removed since (entries keep their cookies
+//! for life), so offsets stay valid across concurrent changes.
+//!
+//! Leaf layout (`LEAF_BYTES`, little-endian):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 4 | magic `IPDL` |
+//! | 4 | 1 | level L (0..=`LEVEL_MAX`) |
+//! | 5 | 1 | reserved |
+//! | 6 | 2 | entries |
+//! | 8 | 4 | prefix (the top L bits of every entry's hash) |
+//! | 12 | 4 | bytes used by entries |
+//! | 16 | .. | entries, in cookie order: cookie (8), object (8), type (1, `DT_*`), name length (1), name |
+
+use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError};
+
+/// Bytes of a directory leaf (the directory object's data block size):
+/// room for about 270 entries of 40-byte names.
+pub const LEAF_BYTES: usize = 16 * 1024;
+pub const LEAF_SHIFT: u8 = 14;
+/// Longest entry name (Linux's NAME_MAX).
+pub const NAME_BYTES_MAX: usize = 255;
+/// Deepest leaf: 2^24 leaves of at least 60 entries each is far beyond any
+/// directory; a leaf at this depth that fills (only a hash flood could)
+/// refuses the insert.
+pub const LEVEL_MAX: u8 = 24;
+/// Cookies below this are `readdir`'s own: 0 is the start, 1 and 2 are `.`
+/// and `..`. Every entry's cookie has a nonzero hash in its top half.
+pub const COOKIE_FIRST: u64 = 1 << 32;
+
+const LEAF_MAGIC: &[u8; 4] = b"IPDL";
+const LEAF_HEADER_BYTES: usize = 16;
+const ENTRY_FIXED_BYTES: usize = 18;
+
+/// Directory entry types (as `DT_*` in `dirent.h`).
+pub const DT_FIFO: u8 = 1;
+pub const DT_CHR: u8 = 2;
+pub const DT_DIR: u8 = 4;
+pub const DT_BLK: u8 = 6;
+pub const DT_REG: u8 = 8;
+pub const DT_LNK: u8 = 10;
+pub const DT_SOCK: u8 = 12;
+
+/// The entry type of a file with `mode`.
+pub fn dirent_type(mode: u32) -> u8 {
+    ((mode >> 12) & 0xf) as u8
+}
+
+/// One name in a directory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DirEntry {
+    pub cookie: u64,
+    pub object: u64,
+    pub kind: u8,
+    pub name: Vec<u8>,
+}
+
+impl DirEntry {
+    fn encoded_bytes(&self) -> usize {
+        ENTRY_FIXED_BYTES + self.name.len()
+    }
+
+    /// The hash part of the cookie.
+    pub fn hash(&self) -> u32 {
+        (self.cookie >> 32) as u32
+    }
+}
+
+/// A name a directory may hold: 1 to 255 bytes, no `/` or NUL, not `.` or `..`.
+pub fn valid_entry_name(name: &[u8]) -> bool {
+    !name.is_empty()
+        && name.len() <= NAME_BYTES_MAX
+        && name != b"."
+        && name != b".."
+        && !name.iter().any(|byte| *byte == b'/' || *byte == 0)
+}
+
+/// The hash of `name` in a directory salted with `salt` (never 0).
+pub fn name_hash(salt: u64, name: &[u8]) -> u32 {
+    ((xxhash_rust::xxh3::xxh3_64_with_seed(name, salt) >> 32) as u32).max(1)
+}
+
+/// The top `level` bits of `hash`.
+pub fn prefix_of(hash: u32, level: u8) -> u32 {
+    if level == 0 {
+        0
+    } else {
+        hash >> (32 - level as u32)
+    }
+}
+
+/// The data block of leaf (`level`, `prefix`).
+pub fn leaf_blkid(level: u8, prefix: u32) -> u64 {
+    (1u64 << level) + prefix as u64
+}
+
+/// The first hash after every hash of leaf (`level`, `prefix`), if any.
+pub fn next_hash_after(level: u8, prefix: u32) -> Option<u32> {
+    if level == 0 {
+        return None;
+    }
+    let next = prefix as u64 + 1;
+    if next >= 1u64 << level {
+        None
+    } else {
+        Some((next << (32 - level as u32)) as u32)
+    }
+}
+
+/// A leaf: the entries whose hashes start with `prefix`, in cookie order.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Leaf {
+    pub level: u8,
+    pub prefix: u32,
+    pub entries: Vec<DirEntry>,
+}
+
+impl Leaf {
+    pub fn new(level: u8, prefix: u32) -> Leaf {
+        Leaf {
+            level,
+            prefix,
+            entries: Vec::new(),
+        }
+    }
+
+    /// Bytes the leaf takes encoded.
+    pub fn encoded_bytes(&self) -> usize {
+        LEAF_HEADER_BYTES
+            + self
+                .entries
+                .iter()
+                .map(DirEntry::encoded_bytes)
+                .sum::<usize>()
+    }
+
+    pub fn fits(&self) -> bool {
+        self.encoded_bytes() <= LEAF_BYTES
+    }
+
+    /// Where `cookie` is, or would go, in the entries.
+    pub fn position(&self, cookie: u64) -> Result<usize, usize> {
+        self.entries
+            .binary_search_by_key(&cookie, |entry| entry.cookie)
+    }
+
+    /// The entry named `name` with hash `hash`.
+    pub fn find(&self, hash: u32, name: &[u8]) -> Option<&DirEntry> {
+        let start = self.position((hash as u64) << 32).unwrap_or_else(|at| at);
+        self.entries[start..]
+            .iter()
+            .take_while(|entry| entry.hash() == hash)
+            .find(|entry| entry.name == name)
+    }
+
+    /// The cookie a new entry with `hash` gets: the smallest collision number
+    /// free among the entries with that hash.
+    pub fn free_cookie(&self, hash: u32) -> u64 {
+        let mut cookie = (hash as u64) << 32;
+        let start = self.position(cookie).unwrap_or_else(|at| at);
+        for entry in self.entries[start..]
+            .iter()
+            .take_while(|entry| entry.hash() == hash)
+        {
+            if entry.cookie != cookie {
+                break;
+            }
+            cookie += 1;
+        }
+        cookie
+    }
+
+    /// Splits into the two leaves one level down.
+    pub fn split(self) -> (Leaf, Leaf) {
+        let level = self.level + 1;
+        let mut low = Leaf::new(level, self.prefix << 1);
+        let mut high = Leaf::new(level, (self.prefix << 1) | 1);
+        for entry in self.entries {
+            if prefix_of(entry.hash(), level) & 1 == 0 {
+                low.entries.push(entry);
+            } else {
+                high.entries.push(entry);
+            }
+        }
+        (low, high)
+    }
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = vec![0u8; LEAF_BYTES];
+        out[0..4].copy_from_slice(LEAF_MAGIC);
+        out[4] = self.level;
+        out[6..8].copy_from_slice(&(self.entries.len() as u16).to_le_bytes());
+        put_u32(&mut out, 8, self.prefix);
+        let mut at = LEAF_HEADER_BYTES;
+        for entry in &self.entries {
+            put_u64(&mut out, at, entry.cookie);
+            put_u64(&mut out, at + 8, entry.object);
+            out[at + 16] = entry.kind;
+            out[at + 17] = entry.name.len() as u8;
+            out[at + ENTRY_FIXED_BYTES..at + ENTRY_FIXED_BYTES + entry.name.len()]
+                .copy_from_slice(&entry.name);
+            at += entry.encoded_bytes();
+        }
+        assert!(at <= LEAF_BYTES, "leaf of {at} bytes encoded");
+        put_u32(&mut out, 12, (at - LEAF_HEADER_BYTES) as u32);
+        out
+    }
+
+    /// Decodes the leaf expected at (`level`, `prefix`).
+    pub fn decode(bytes: &[u8], level: u8, prefix: u32) -> Result<Leaf, FormatError> {
+        const WHAT: &str = "directory leaf";
+        if bytes.len() != LEAF_BYTES || &bytes[0..4] != LEAF_MAGIC {
+            return Err(invalid(WHAT, "bad magic or size"));
+        }
+        if bytes[4] != level || get_u32(bytes, 8) != prefix {
+            return Err(invalid(
+                WHAT,
+                format!(
+                    "leaf {}/{:#x} found where {level}/{prefix:#x} belongs",
+                    bytes[4],
+                    get_u32(bytes, 8)
+                ),
+            ));
+        }
+        let count = u16::from_le_bytes([bytes[6], bytes[7]]) as usize;
+        let used = get_u32(bytes, 12) as usize;
+        if used > LEAF_BYTES - LEAF_HEADER_BYTES {
+            return Err(invalid(WHAT, format!("{used} bytes of entries")));
+        }
+        let end = LEAF_HEADER_BYTES + used;
+        let mut entries = Vec::with_capacity(count);
+        let mut at = LEAF_HEADER_BYTES;
+        for _ in 0..count {
+            if at + ENTRY_FIXED_BYTES > end {
+                return Err(invalid(WHAT, "entries overrun the leaf"));
+            }
+            let length = bytes[at + 17] as usize;
+            if at + ENTRY_FIXED_BYTES + length > end {
+                return Err(invalid(WHAT, "entries overrun the leaf"));
+            }
+            let entry = DirEntry {
+                cookie: get_u64(bytes, at),
+                object: get_u64(bytes, at + 8),
+                kind: bytes[at + 16],
+                name: bytes[at + ENTRY_FIXED_BYTES..at + ENTRY_FIXED_BYTES + length].to_vec(),
+            };
+            if !valid_entry_name(&entry.name)
+                || entry.object == 0
+                || entry.cookie < COOKIE_FIRST
+                || prefix_of(entry.hash(), level) != prefix
+                || entries
+                    .last()
+                    .is_some_and(|last: &DirEntry| last.cookie >= entry.cookie)
+            {
+                return Err(invalid(WHAT, format!("bad entry at byte {at}")));
+            }
+            at += entry.encoded_bytes();
+            entries.push(entry);
+        }
+        if at != end {
+            return Err(invalid(WHAT, "entry bytes do not add up"));
+        }
+        Ok(Leaf {
+            level,
+            prefix,
+            entries,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn entry(salt: u64, leaf: &Leaf, name: &str, object: u64) -> DirEntry {
+        let hash = name_hash(salt, name.as_bytes());
+        DirEntry {
+            cookie: leaf.free_cookie(hash),
+            object,
+            kind: DT_REG,
+            name: name.as_bytes().to_vec(),
+        }
+    }
+
+    #[test]
+    fn round_trips_finds_and_splits() {
+        let salt = 42;
+        let mut leaf = Leaf::new(0, 0);
+        for index in 0..200u64 {
+            let new = entry(salt, &leaf, &format!("file-{index}"), index + 10);
+            let at = leaf.position(new.cookie).unwrap_err();
+            leaf.entries.insert(at, new);
+        }
+        assert!(leaf.fits());
+        let decoded = Leaf::decode(&leaf.encode(), 0, 0).unwrap();
+        assert_eq!(decoded, leaf);
+        let hash = name_hash(salt, b"file-7");
+        assert_eq!(leaf.find(hash, b"file-7").unwrap().object, 17);
+        assert!(leaf.find(hash, b"file-8").is_none());
+        let (low, high) = leaf.clone().split();
+        assert_eq!(low.entries.len() + high.entries.len(), 200);
+        assert!(low.entries.iter().all(|e| e.hash() >> 31 == 0));
+        assert!(high.entries.iter().all(|e| e.hash() >> 31 == 1));
+        assert_eq!(Leaf::decode(&high.encode(), 1, 1).unwrap(), high);
+        assert!(Leaf::decode(&high.encode(), 1, 0).is_err());
+        assert_eq!(leaf_blkid(0, 0), 1);
+        assert_eq!(leaf_blkid(1, 1), 3);
+        assert_eq!(next_hash_after(1, 0), Some(1 << 31));
+        assert_eq!(next_hash_after(1, 1), None);
+        assert_eq!(next_hash_after(0, 0), None);
+    }
+
+    #[test]
+    fn colliding_hashes_get_distinct_cookies() {
+        let mut leaf = Leaf::new(0, 0);
+        for (index, name) in ["a", "b", "c"].iter().enumerate() {
+            let cookie = leaf.free_cookie(7);
+            leaf.entries.push(DirEntry {
+                cookie,
+                object: index as u64 + 1,
+                kind: DT_DIR,
+                name: name.as_bytes().to_vec(),
+            });
+        }
+        let cookies: Vec<u64> = leaf.entries.iter().map(|e| e.cookie).collect();
+        assert_eq!(cookies, vec![7 << 32, (7 << 32) + 1, (7 << 32) + 2]);
+        assert_eq!(leaf.find(7, b"b").unwrap().object, 2);
+        leaf.entries.remove(1);
+        assert_eq!(leaf.free_cookie(7), (7 << 32) + 1);
+    }
+
+    #[test]
+    fn names() {
+        assert!(valid_entry_name(b"a"));
+        assert!(!valid_entry_name(b""));
+        assert!(!valid_entry_name(b"."));
+        assert!(!valid_entry_name(b".."));
+        assert!(!valid_entry_name(b"a/b"));
+        assert!(!valid_entry_name(b"a\0"));
+        assert!(valid_entry_name(&[b'x'; 255]));
+        assert!(!valid_entry_name(&[b'x'; 256]));
+        assert_eq!(dirent_type(0o040755), DT_DIR);
+        assert_eq!(dirent_type(0o100644), DT_REG);
+        assert_eq!(dirent_type(0o120777), DT_LNK);
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), LEAF_BYTES), level in 0u8..4, prefix in 0u32..4) {
+            let mut bytes = bytes;
+            bytes[0..4].copy_from_slice(LEAF_MAGIC);
+            let _ = Leaf::decode(&bytes, level, prefix);
+        }
+    }
+}

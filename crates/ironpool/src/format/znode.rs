@@ -1,0 +1,269 @@
+//! Filesystem attributes, kept in the bonus area of a dnode (`format::dnode`).
+//!
+//! A filesystem object's dnode (a file, a directory, a symbolic link) carries
+//! its POSIX attributes in the bonus, so that `stat` costs one dnode read, as
+//! a znode's system attributes do in OpenZFS. The file's size is the dnode's
+//! length. Layout of the bonus (little-endian; offsets from the bonus start):
+//!
+//! | offset | size | field |
+//! |---|---|---|
+//! | 0 | 1 | version (1) |
+//! | 4 | 4 | mode: file type and permission bits, as `st_mode` |
+//! | 8 | 4 | uid |
+//! | 12 | 4 | gid |
+//! | 16 | 8 | link count |
+//! | 24 | 8 | parent directory's object (a directory's `..`; for a file, the directory it was created in) |
+//! | 32 | 8 | generation: the filesystem's object counter when created, so an object number reused later has a new handle |
+//! | 40 | 12 | atime: seconds (i64), nanoseconds (u32) |
+//! | 52 | 12 | mtime |
+//! | 64 | 12 | ctime |
+//! | 76 | 12 | birth time |
+//! | 88 | 8 | rdev (device nodes) |
+//! | 96 | 8 | directories: entries (without `.` and `..`) |
+//! | 104 | 8 | directories: the salt of the entry-name hash |
+//! | 112 | 8 | the object holding extended attributes (0: none) |
+//!
+//! The dnode of a filesystem's dnode table (the pool-level `FsObjects`
+//! object) carries the filesystem's header in its bonus instead
+//! ([`FsHeader`]).
+
+use super::dnode::{Bonus, BONUS_BYTES};
+use super::{get_u32, get_u64, invalid, put_u64, FormatError};
+
+const ZNODE_VERSION: u8 = 1;
+const FS_HEADER_VERSION: u8 = 1;
+
+/// `st_mode` file type bits (as Linux defines them; they are on-disk values).
+pub const S_IFMT: u32 = 0o170000;
+pub const S_IFREG: u32 = 0o100000;
+pub const S_IFDIR: u32 = 0o040000;
+pub const S_IFLNK: u32 = 0o120000;
+pub const S_IFIFO: u32 = 0o010000;
+pub const S_IFCHR: u32 = 0o020000;
+pub const S_IFBLK: u32 = 0o060000;
+pub const S_IFSOCK: u32 = 0o140000;
+
+/// A point in time: seconds and nanoseconds since the Unix epoch.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Timestamp {
+    pub seconds: i64,
+    pub nanos: u32,
+}
+
+impl Timestamp {
+    /// Nanoseconds since the epoch (the clock the engine keeps).
+    pub fn from_ns(ns: u64) -> Timestamp {
+        Timestamp {
+            seconds: (ns / 1_000_000_000) as i64,
+            nanos: (ns % 1_000_000_000) as u32,
+        }
+    }
+
+    fn encode(&self, out: &mut [u8], at: usize) {
+        put_u64(out, at, self.seconds as u64);
+        out[at + 8..at + 12].copy_from_slice(&self.nanos.to_le_bytes());
+    }
+
+    fn decode(bytes: &[u8], at: usize) -> Timestamp {
+        Timestamp {
+            seconds: get_u64(bytes, at) as i64,
+            nanos: u32::from_le_bytes(bytes[at + 8..at + 12].try_into().expect("4 bytes")),
+        }
+    }
+}
+
+/// The attributes of a filesystem object.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Znode {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub nlink: u64,
+    pub parent: u64,
+    pub generation: u64,
+    pub atime: Timestamp,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+    pub birth: Timestamp,
+    pub rdev: u64,
+    pub entries: u64,
+    pub hash_salt: u64,
+    pub xattr_object: u64,
+}
+
+impl Znode {
+    pub fn is_dir(&self) -> bool {
+        self.mode & S_IFMT == S_IFDIR
+    }
+
+    pub fn is_regular(&self) -> bool {
+        self.mode & S_IFMT == S_IFREG
+    }
+
+    pub fn is_symlink(&self) -> bool {
+        self.mode & S_IFMT == S_IFLNK
+    }
+
+    pub fn encode(&self) -> Bonus {
+        let mut bonus = Bonus::default();
+        let out = &mut bonus.0;
+        out[0] = ZNODE_VERSION;
+        out[4..8].copy_from_slice(&self.mode.to_le_bytes());
+        out[8..12].copy_from_slice(&self.uid.to_le_bytes());
+        out[12..16].copy_from_slice(&self.gid.to_le_bytes());
+        put_u64(out, 16, self.nlink);
+        put_u64(out, 24, self.parent);
+        put_u64(out, 32, self.generation);
+        self.atime.encode(out, 40);
+        self.mtime.encode(out, 52);
+        self.ctime.encode(out, 64);
+        self.birth.encode(out, 76);
+        put_u64(out, 88, self.rdev);
+        put_u64(out, 96, self.entries);
+        put_u64(out, 104, self.hash_salt);
+        put_u64(out, 112, self.xattr_object);
+        bonus
+    }
+
+    pub fn decode(bonus: &Bonus) -> Result<Znode, FormatError> {
+        let bytes = &bonus.0;
+        if bytes[0] != ZNODE_VERSION {
+            return Err(invalid("znode", format!("version {}", bytes[0])));
+        }
+        let znode = Znode {
+            mode: get_u32(bytes, 4),
+            uid: get_u32(bytes, 8),
+            gid: get_u32(bytes, 12),
+            nlink: get_u64(bytes, 16),
+            parent: get_u64(bytes, 24),
+            generation: get_u64(bytes, 32),
+            atime: Timestamp::decode(bytes, 40),
+            mtime: Timestamp::decode(bytes, 52),
+            ctime: Timestamp::decode(bytes, 64),
+            birth: Timestamp::decode(bytes, 76),
+            rdev: get_u64(bytes, 88),
+            entries: get_u64(bytes, 96),
+            hash_salt: get_u64(bytes, 104),
+            xattr_object: get_u64(bytes, 112),
+        };
+        let kind = znode.mode & S_IFMT;
+        if ![
+            S_IFREG, S_IFDIR, S_IFLNK, S_IFIFO, S_IFCHR, S_IFBLK, S_IFSOCK,
+        ]
+        .contains(&kind)
+        {
+            return Err(invalid("znode", format!("file type {kind:o}")));
+        }
+        Ok(znode)
+    }
+}
+
+/// What a filesystem keeps about itself, in the bonus of its dnode table's
+/// dnode (so it changes with the table, in the same txg):
+///
+/// | offset | size | field |
+/// |---|---|---|
+/// | 0 | 1 | version (1) |
+/// | 8 | 8 | the root directory's object |
+/// | 16 | 8 | the next object number to hand out |
+/// | 24 | 8 | the unlinked set: objects unlinked while open, freed at last close or at import (0: none) |
+/// | 32 | 8 | objects in use (files, directories, links) |
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsHeader {
+    pub root: u64,
+    pub next_object: u64,
+    pub unlinked_object: u64,
+    pub objects: u64,
+}
+
+impl FsHeader {
+    pub fn encode(&self) -> Bonus {
+        let mut bonus = Bonus::default();
+        let out = &mut bonus.0;
+        out[0] = FS_HEADER_VERSION;
+        put_u64(out, 8, self.root);
+        put_u64(out, 16, self.next_object);
+        put_u64(out, 24, self.unlinked_object);
+        put_u64(out, 32, self.objects);
+        bonus
+    }
+
+    pub fn decode(bonus: &Bonus) -> Result<FsHeader, FormatError> {
+        let bytes = &bonus.0;
+        if bytes[0] != FS_HEADER_VERSION {
+            return Err(invalid(
+                "filesystem header",
+                format!("version {}", bytes[0]),
+            ));
+        }
+        let header = FsHeader {
+            root: get_u64(bytes, 8),
+            next_object: get_u64(bytes, 16),
+            unlinked_object: get_u64(bytes, 24),
+            objects: get_u64(bytes, 32),
+        };
+        if header.root == 0 || header.next_object <= header.root {
+            return Err(invalid(
+                "filesystem header",
+                format!("root {} next object {}", header.root, header.next_object),
+            ));
+        }
+        Ok(header)
+    }
+}
+
+const _: () = assert!(BONUS_BYTES >= 120);
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn round_trips() {
+        let znode = Znode {
+            mode: S_IFDIR | 0o755,
+            uid: 1000,
+            gid: 100,
+            nlink: 3,
+            parent: 1,
+            generation: 77,
+            atime: Timestamp {
+                seconds: -5,
+                nanos: 999_999_999,
+            },
+            mtime: Timestamp::from_ns(1_700_000_000_123_456_789),
+            ctime: Timestamp {
+                seconds: 1,
+                nanos: 2,
+            },
+            birth: Timestamp {
+                seconds: 3,
+                nanos: 4,
+            },
+            rdev: 0x0801,
+            entries: 12,
+            hash_salt: 0xfeed,
+            xattr_object: 9,
+        };
+        assert_eq!(Znode::decode(&znode.encode()).unwrap(), znode);
+        assert!(Znode::decode(&Bonus::default()).is_err());
+        let header = FsHeader {
+            root: 1,
+            next_object: 40,
+            unlinked_object: 2,
+            objects: 30,
+        };
+        assert_eq!(FsHeader::decode(&header.encode()).unwrap(), header);
+        assert!(FsHeader::decode(&FsHeader::default().encode()).is_err());
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(bytes in proptest::collection::vec(any::<u8>(), BONUS_BYTES)) {
+            let bonus = Bonus(bytes.try_into().unwrap());
+            let _ = Znode::decode(&bonus);
+            let _ = FsHeader::decode(&bonus);
+        }
+    }
+}

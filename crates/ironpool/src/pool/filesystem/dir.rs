@@ -1,0 +1,175 @@
+//! Directory objects: names hashed into leaves (`format::fsdir`), found,
+//! added and removed in O(log n) leaf lookups, listed in cookie order.
+//!
+//! A directory's leaves are the data blocks of a metadata object of the
+//! filesystem's object set; leaf (level L, prefix p) is block `2^L + p`.
+//! Looking up a hash walks the levels from 0 down: every block on the way
+//! is a hole (a leaf that split) until the leaf that holds the hash.
+
+use crate::format::fsdir::{
+    leaf_blkid, name_hash, next_hash_after, prefix_of, DirEntry, Leaf, LEAF_BYTES, LEVEL_MAX,
+};
+use crate::object::{Object, ObjectSet};
+
+use super::FsError;
+
+/// The leaf that holds `hash`.
+async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<Leaf, FsError> {
+    for level in 0..=LEVEL_MAX {
+        let prefix = prefix_of(hash, level);
+        let blkid = leaf_blkid(level, prefix);
+        if !objects.data_block_present(dir, blkid).await? {
+            continue;
+        }
+        let bytes = objects
+            .read_bytes(dir, blkid * LEAF_BYTES as u64, LEAF_BYTES)
+            .await?;
+        return Leaf::decode(&bytes, level, prefix)
+            .map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)));
+    }
+    Err(FsError::Corrupt(format!(
+        "directory object {}: no leaf holds hash {hash:#x}",
+        dir.id
+    )))
+}
+
+async fn write_leaf(objects: &ObjectSet, dir: &Object, leaf: &Leaf) -> Result<(), FsError> {
+    let blkid = leaf_blkid(leaf.level, leaf.prefix);
+    objects
+        .write_bytes(dir, blkid * LEAF_BYTES as u64, &leaf.encode())
+        .await?;
+    Ok(())
+}
+
+/// The empty directory's one leaf, written into a new directory object.
+pub async fn init(objects: &ObjectSet, dir: &Object) -> Result<(), FsError> {
+    write_leaf(objects, dir, &Leaf::new(0, 0)).await
+}
+
+/// The entry named `name`, if any.
+pub async fn lookup(
+    objects: &ObjectSet,
+    dir: &Object,
+    salt: u64,
+    name: &[u8],
+) -> Result<Option<DirEntry>, FsError> {
+    let hash = name_hash(salt, name);
+    let leaf = find_leaf(objects, dir, hash).await?;
+    Ok(leaf.find(hash, name).cloned())
+}
+
+/// Adds `name` → `object` (the caller checked it is not there). Splits the
+/// leaf, as often as needed, when it no longer fits; refuses (no space)
+/// when a leaf at the deepest level would have to split, before changing
+/// anything.
+pub async fn insert(
+    objects: &ObjectSet,
+    dir: &Object,
+    salt: u64,
+    name: &[u8],
+    object: u64,
+    kind: u8,
+) -> Result<(), FsError> {
+    let hash = name_hash(salt, name);
+    let mut leaf = find_leaf(objects, dir, hash).await?;
+    let entry = DirEntry {
+        cookie: leaf.free_cookie(hash),
+        object,
+        kind,
+        name: name.to_vec(),
+    };
+    let at = leaf.position(entry.cookie).unwrap_or_else(|at| at);
+    leaf.entries.insert(at, entry);
+    if leaf.fits() {
+        return write_leaf(objects, dir, &leaf).await;
+    }
+    let old = (leaf.level, leaf.prefix);
+    let mut pending = vec![leaf];
+    let mut done = Vec::new();
+    while let Some(leaf) = pending.pop() {
+        if leaf.fits() {
+            done.push(leaf);
+        } else if leaf.level == LEVEL_MAX {
+            return Err(FsError::NoSpace);
+        } else {
+            let (low, high) = leaf.split();
+            pending.push(low);
+            pending.push(high);
+        }
+    }
+    for leaf in &done {
+        write_leaf(objects, dir, leaf).await?;
+    }
+    objects.punch(dir, leaf_blkid(old.0, old.1)).await?;
+    Ok(())
+}
+
+/// Removes `name`; returns its entry (None: not there).
+pub async fn remove(
+    objects: &ObjectSet,
+    dir: &Object,
+    salt: u64,
+    name: &[u8],
+) -> Result<Option<DirEntry>, FsError> {
+    let hash = name_hash(salt, name);
+    let mut leaf = find_leaf(objects, dir, hash).await?;
+    let Some(index) = leaf
+        .entries
+        .iter()
+        .position(|entry| entry.hash() == hash && entry.name == name)
+    else {
+        return Ok(None);
+    };
+    let entry = leaf.entries.remove(index);
+    write_leaf(objects, dir, &leaf).await?;
+    Ok(Some(entry))
+}
+
+/// Points an existing entry `name` at `object` of type `kind` (keeps its
+/// cookie): the target of a rename that replaces, or an exchange.
+pub async fn repoint(
+    objects: &ObjectSet,
+    dir: &Object,
+    salt: u64,
+    name: &[u8],
+    object: u64,
+    kind: u8,
+) -> Result<(), FsError> {
+    let hash = name_hash(salt, name);
+    let mut leaf = find_leaf(objects, dir, hash).await?;
+    let Some(entry) = leaf
+        .entries
+        .iter_mut()
+        .find(|entry| entry.hash() == hash && entry.name == name)
+    else {
+        return Err(FsError::NotFound);
+    };
+    entry.object = object;
+    entry.kind = kind;
+    write_leaf(objects, dir, &leaf).await
+}
+
+/// Up to `max` entries with cookies at or after `from`, in cookie order.
+pub async fn list(
+    objects: &ObjectSet,
+    dir: &Object,
+    from: u64,
+    max: usize,
+) -> Result<Vec<DirEntry>, FsError> {
+    let mut out = Vec::new();
+    let mut hash = (from >> 32) as u32;
+    loop {
+        let leaf = find_leaf(objects, dir, hash).await?;
+        let start = leaf.position(from).unwrap_or_else(|at| at);
+        for entry in &leaf.entries[start..] {
+            if out.len() == max {
+                return Ok(out);
+            }
+            out.push(entry.clone());
+        }
+        match next_hash_after(leaf.level, leaf.prefix) {
+            Some(next) => hash = next,
+            None => return Ok(out),
+        }
+    }
+}

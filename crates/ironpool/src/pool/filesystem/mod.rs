@@ -1,0 +1,1540 @@
+//! Filesystems: POSIX files, directories and links in a dataset's own
+//! object set.
+//!
+//! A filesystem is one pool-level object (`FsObjects`) whose tree is the
+//! dnode table of the filesystem's own objects, as an OpenZFS objset is: a
+//! snapshot of it (later) is one copy of that object's dnode. Its objects
+//! are kept by a nested [`ObjectSet`] that shares the pool-level object as
+//! its table, so the txg build writes a filesystem's changed dnodes into
+//! its table ([`build_step`]) and then syncs the table like any pool object.
+//!
+//! - Object 1 is the root directory; object numbers are handed out from the
+//!   counter in the table's header ([`FsHeader`], in the bonus of the
+//!   table's dnode) and are not reused.
+//! - A file's attributes are in its dnode's bonus ([`Znode`]); its size is
+//!   the dnode's length. A file of one block has a block the size of its
+//!   data (rounded up to a power of two) until it reaches the record size,
+//!   as in OpenZFS; larger files have record-size blocks.
+//! - Directories are hashed leaves (`dir.rs`, `format::fsdir`).
+//!
+//! Every change to names (create, link, unlink, rename) holds off txg builds
+//! while it runs, so a txg holds all of it or none of it: after a crash a
+//! rename has happened or not, and a new file is in its directory or does
+//! not exist. Data writes do not (a txg may hold part of a write, as on any
+//! filesystem after a crash without `fsync`).
+//!
+//! Operations of one filesystem are serialised by a reader-writer lock in
+//! this first version (reads share it); `fsync` commits a txg.
+
+pub mod dir;
+
+use std::cell::Cell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use serde::{Deserialize, Serialize};
+
+use crate::format::bp::Compression;
+use crate::format::dnode::DNODE_BYTES;
+use crate::format::fsdir::{self, DirEntry};
+use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::format::{BlockPointer, Dnode, ObjectType};
+use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
+use crate::pool::dataset::directory::valid_name;
+use crate::pool::dataset::props::VolumeSettings;
+use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
+use crate::queue::IoClass;
+use crate::rt::buf::{AlignedBuf, BufSlice};
+
+/// The root directory's object number.
+pub const ROOT_OBJECT: u64 = 1;
+/// Record size (`recordsize`): the block size of files larger than one
+/// block. 128 KiB by default, as OpenZFS; 4 KiB to 1 MiB.
+pub const RECORD_BYTES_DEFAULT: u32 = 128 * 1024;
+pub const RECORD_BYTES_MIN: u32 = 4096;
+pub const RECORD_BYTES_MAX: u32 = 1 << 20;
+/// Smallest file block: one 512-byte sector (a one-block file's block is
+/// its size rounded up to a power of two, at least this).
+const FILE_BLOCK_SHIFT_MIN: u8 = 9;
+/// Largest file: 2^50 bytes (1 PiB); within what block trees address.
+pub const FILE_SIZE_MAX_BYTES: u64 = 1 << 50;
+/// Most links to one file (as ext4's 65,000).
+pub const LINK_MAX: u64 = 65_000;
+/// Longest symbolic link target (Linux's PATH_MAX).
+pub const SYMLINK_BYTES_MAX: usize = 4096;
+/// Units of a filesystem's lock: a reader takes one, a writer all of them,
+/// far above any number of concurrent readers.
+const LOCK_UNITS: u64 = 1 << 20;
+/// Block size of a filesystem's dnode table (32 dnodes a block).
+const TABLE_BLOCK_SHIFT: u8 = 14;
+
+/// `rename` flags (as Linux's `renameat2`).
+pub const RENAME_NOREPLACE: u32 = 1;
+pub const RENAME_EXCHANGE: u32 = 2;
+
+/// Why a filesystem operation failed; each maps to the errno a POSIX
+/// caller expects.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FsError {
+    #[error("no such file or directory")]
+    NotFound,
+    #[error("file exists")]
+    Exists,
+    #[error("not a directory")]
+    NotDir,
+    #[error("is a directory")]
+    IsDir,
+    #[error("directory not empty")]
+    NotEmpty,
+    #[error("file name too long")]
+    NameTooLong,
+    #[error("invalid argument: {0}")]
+    Invalid(String),
+    #[error("operation not permitted: {0}")]
+    NotPermitted(String),
+    #[error("no space left")]
+    NoSpace,
+    #[error("too many links")]
+    TooManyLinks,
+    #[error("file too large")]
+    TooBig,
+    #[error("read-only filesystem")]
+    ReadOnly,
+    #[error("damaged filesystem metadata: {0}")]
+    Corrupt(String),
+    #[error(transparent)]
+    Pool(PoolError),
+}
+
+impl FsError {
+    /// The errno for a POSIX caller (FUSE answers with its negation).
+    pub fn errno(&self) -> i32 {
+        match self {
+            FsError::NotFound => libc::ENOENT,
+            FsError::Exists => libc::EEXIST,
+            FsError::NotDir => libc::ENOTDIR,
+            FsError::IsDir => libc::EISDIR,
+            FsError::NotEmpty => libc::ENOTEMPTY,
+            FsError::NameTooLong => libc::ENAMETOOLONG,
+            FsError::Invalid(_) => libc::EINVAL,
+            FsError::NotPermitted(_) => libc::EPERM,
+            FsError::NoSpace | FsError::Pool(PoolError::NoSpace) => libc::ENOSPC,
+            FsError::TooManyLinks => libc::EMLINK,
+            FsError::TooBig => libc::EFBIG,
+            FsError::ReadOnly | FsError::Pool(PoolError::ReadOnly(_)) => libc::EROFS,
+            FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
+        }
+    }
+}
+
+impl From<PoolError> for FsError {
+    fn from(error: PoolError) -> FsError {
+        FsError::Pool(error)
+    }
+}
+
+impl From<ObjectError> for FsError {
+    fn from(error: ObjectError) -> FsError {
+        FsError::Pool(error.into())
+    }
+}
+
+/// A filesystem in the pool directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemRecord {
+    /// The pool-level object holding its dnode table.
+    pub object: u64,
+    pub created_txg: u64,
+    pub guid: u64,
+    /// Properties set on it (`recordsize`, `mountpoint`, the dataset
+    /// properties volumes have, `org:key` user properties).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+}
+
+/// What `stat` reports about an object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    /// Space used, in 512-byte units (`st_blocks`).
+    pub blocks: u64,
+    /// The object's block size (`st_blksize`).
+    pub block_bytes: u32,
+    pub znode: Znode,
+}
+
+/// Attribute changes (`setattr`); None leaves one as it is.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SetAttr {
+    /// Permission bits (the file type cannot change).
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<Timestamp>,
+    pub mtime: Option<Timestamp>,
+}
+
+/// What a new object is (`create`): its type and permissions in `mode`
+/// (a regular file when the type bits are 0), owner, device number (device
+/// nodes), and a symbolic link's target.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct NewObject<'a> {
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub target: Option<&'a [u8]>,
+}
+
+impl NewObject<'_> {
+    /// A regular file or directory (per `mode`) owned by `uid`/`gid`.
+    pub fn owned(mode: u32, uid: u32, gid: u32) -> NewObject<'static> {
+        NewObject {
+            mode,
+            uid,
+            gid,
+            rdev: 0,
+            target: None,
+        }
+    }
+}
+
+/// What `statfs` reports.
+#[derive(Clone, Copy, Debug)]
+pub struct FsStats {
+    pub total_bytes: u64,
+    pub free_bytes: u64,
+    pub objects: u64,
+}
+
+/// An open filesystem.
+pub struct Filesystem {
+    /// `POOL/NAME`.
+    pub name: String,
+    /// The pool-level object holding the dnode table.
+    pub table: Rc<Object>,
+    /// Its own objects.
+    pub objects: Rc<ObjectSet>,
+    header: Cell<FsHeader>,
+    settings: Cell<VolumeSettings>,
+    record_shift: u8,
+    lock: Rc<crate::rt::sync::Semaphore>,
+}
+
+/// The block shift of a one-block file of `size` bytes.
+fn block_shift_for(size: u64) -> u8 {
+    (size.max(1).next_power_of_two().trailing_zeros() as u8).max(FILE_BLOCK_SHIFT_MIN)
+}
+
+/// `data` padded with zeros to the block a one-block file of its size has.
+fn padded_to_block(data: &[u8]) -> Vec<u8> {
+    let mut bytes = data.to_vec();
+    bytes.resize(1 << block_shift_for(data.len() as u64), 0);
+    bytes
+}
+
+fn now() -> Timestamp {
+    Timestamp::from_ns(crate::rt::wall_clock_ns())
+}
+
+/// The record size a filesystem's properties give.
+pub fn record_bytes(properties: &BTreeMap<String, String>) -> u32 {
+    properties
+        .get("recordsize")
+        .and_then(|value| value.parse().ok())
+        .unwrap_or(RECORD_BYTES_DEFAULT)
+}
+
+/// Checks a filesystem-only property; returns the value as stored, or None
+/// for a property that is not a filesystem's own.
+pub fn validate_own_property(name: &str, value: &str) -> Result<Option<String>, PoolError> {
+    let invalid = |why: String| Err(PoolError::InvalidArgument(why));
+    match name {
+        "recordsize" => {
+            let bytes = crate::units::parse_size(value).map_err(PoolError::InvalidArgument)?;
+            if !bytes.is_power_of_two()
+                || bytes < RECORD_BYTES_MIN as u64
+                || bytes > RECORD_BYTES_MAX as u64
+            {
+                return invalid(format!(
+                    "recordsize {value}: a power of two from {RECORD_BYTES_MIN} to {RECORD_BYTES_MAX}"
+                ));
+            }
+            Ok(Some(bytes.to_string()))
+        }
+        "mountpoint" => {
+            if value != "none" && value != "legacy" && !value.starts_with('/') {
+                return invalid(format!(
+                    "mountpoint '{value}': an absolute path, none or legacy"
+                ));
+            }
+            Ok(Some(value.to_string()))
+        }
+        "atime" | "xattr" => match value {
+            "on" | "off" => Ok(Some(value.to_string())),
+            _ => invalid(format!("{name} '{value}': use on or off")),
+        },
+        _ => Ok(None),
+    }
+}
+
+impl Filesystem {
+    /// Opens the filesystem whose table is `table` (its nodes loaded).
+    fn open(
+        pool: &Pool,
+        name: String,
+        table: Rc<Object>,
+        record: &FilesystemRecord,
+        settings: VolumeSettings,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        let header = FsHeader::decode(&table.dnode().bonus)
+            .map_err(|error| PoolError::Corrupt(format!("filesystem {name}: {error}")))?;
+        let objects = ObjectSet::nested(
+            pool.store.clone(),
+            table.clone(),
+            pool.tunables.borrow().cache_budget_bytes,
+        );
+        objects.set_durable_txg(pool.txg.durable());
+        Ok(Rc::new(Filesystem {
+            name,
+            table,
+            objects,
+            header: Cell::new(header),
+            settings: Cell::new(settings),
+            record_shift: record_bytes(&record.properties).trailing_zeros() as u8,
+            lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
+        }))
+    }
+
+    /// Holds every operation of the filesystem off (a space check walks
+    /// its trees meanwhile).
+    pub(in crate::pool) async fn exclusive(&self) -> crate::rt::sync::Permit {
+        self.lock.acquire(LOCK_UNITS).await
+    }
+
+    pub fn root(&self) -> u64 {
+        self.header.get().root
+    }
+
+    pub fn settings(&self) -> VolumeSettings {
+        self.settings.get()
+    }
+
+    pub fn record_bytes(&self) -> u32 {
+        1 << self.record_shift
+    }
+
+    fn set_header(&self, header: FsHeader) {
+        self.header.set(header);
+        self.table.dnode.borrow_mut().bonus = header.encode();
+        self.table.dirty.set(true);
+    }
+
+    fn check_writable(&self, pool: &Pool) -> Result<(), FsError> {
+        if self.settings.get().read_only {
+            return Err(FsError::ReadOnly);
+        }
+        pool.txg.ensure_writable()?;
+        Ok(())
+    }
+
+    /// Loads object `ino` and its attributes.
+    async fn load(&self, ino: u64) -> Result<(Rc<Object>, Znode), FsError> {
+        if ino == 0 {
+            return Err(FsError::NotFound);
+        }
+        let object = match self.objects.open(ino).await {
+            Ok(object) => object,
+            Err(ObjectError::NoSuchObject(_)) => return Err(FsError::NotFound),
+            Err(error) => return Err(error.into()),
+        };
+        if Rc::ptr_eq(&object, &self.table) {
+            return Err(FsError::NotFound);
+        }
+        let znode = Znode::decode(&object.dnode().bonus)
+            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name)))?;
+        Ok((object, znode))
+    }
+
+    async fn load_dir(&self, ino: u64) -> Result<(Rc<Object>, Znode), FsError> {
+        let (object, znode) = self.load(ino).await?;
+        if !znode.is_dir() {
+            return Err(FsError::NotDir);
+        }
+        Ok((object, znode))
+    }
+
+    fn save(object: &Object, znode: &Znode) {
+        object.dnode.borrow_mut().bonus = znode.encode();
+        object.dirty.set(true);
+    }
+
+    fn attr(object: &Object, znode: Znode) -> Attr {
+        let dnode = object.dnode();
+        Attr {
+            ino: object.id,
+            size: dnode.length_bytes,
+            blocks: dnode.used_bytes.div_ceil(512),
+            block_bytes: dnode.data_block_bytes() as u32,
+            znode,
+        }
+    }
+
+    fn check_name(name: &[u8]) -> Result<(), FsError> {
+        if name.len() > fsdir::NAME_BYTES_MAX {
+            return Err(FsError::NameTooLong);
+        }
+        if !fsdir::valid_entry_name(name) {
+            return Err(FsError::Invalid(format!(
+                "name {:?}",
+                String::from_utf8_lossy(name)
+            )));
+        }
+        Ok(())
+    }
+
+    /// The attributes of object `ino`.
+    pub async fn getattr(&self, ino: u64) -> Result<Attr, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let (object, znode) = self.load(ino).await?;
+        Ok(Self::attr(&object, znode))
+    }
+
+    /// The object named `name` in directory `parent`.
+    pub async fn lookup(&self, parent: u64, name: &[u8]) -> Result<Attr, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let (dir_object, dir_znode) = self.load_dir(parent).await?;
+        if name == b"." {
+            return Ok(Self::attr(&dir_object, dir_znode));
+        }
+        if name == b".." {
+            let (object, znode) = self.load(dir_znode.parent).await?;
+            return Ok(Self::attr(&object, znode));
+        }
+        Self::check_name(name)?;
+        let entry = dir::lookup(&self.objects, &dir_object, dir_znode.hash_salt, name)
+            .await?
+            .ok_or(FsError::NotFound)?;
+        let (object, znode) = self.load(entry.object).await?;
+        Ok(Self::attr(&object, znode))
+    }
+
+    /// Creates `name` in `parent`: a file of any type but a directory
+    /// (`mode` says which), a directory, or a symbolic link to `target`.
+    pub async fn create(
+        &self,
+        pool: &Rc<Pool>,
+        parent: u64,
+        name: &[u8],
+        new: &NewObject<'_>,
+    ) -> Result<Attr, FsError> {
+        let NewObject {
+            mode,
+            uid,
+            gid,
+            rdev,
+            target,
+        } = *new;
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        Self::check_name(name)?;
+        let kind = mode & S_IFMT;
+        let mode = if kind == 0 { mode | S_IFREG } else { mode };
+        if (mode & S_IFMT == S_IFLNK) != target.is_some() {
+            return Err(FsError::Invalid("a symbolic link needs a target".into()));
+        }
+        if let Some(target) = target {
+            if mode & S_IFMT != S_IFLNK || target.is_empty() || target.len() > SYMLINK_BYTES_MAX {
+                return Err(FsError::Invalid("symbolic link target".into()));
+            }
+        }
+        // A link's target is written before builds are held off: allocation
+        // may wait for a txg when the pool is nearly full.
+        let target_block = match target {
+            Some(target) => Some(self.write_block(pool, &padded_to_block(target)).await?),
+            None => None,
+        };
+        let release = |pointer: &Option<BlockPointer>| {
+            if let Some(pointer) = pointer.filter(|pointer| !pointer.is_hole()) {
+                pool.store.release(&pointer.dvas);
+            }
+        };
+        let _hold = pool.txg.hold_builds();
+        let checked = self.check_new_name(parent, name, mode).await;
+        let (dir_object, mut dir_znode) = match checked {
+            Ok(dir) => dir,
+            Err(error) => {
+                release(&target_block);
+                return Err(error);
+            }
+        };
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        let mut header = self.header.get();
+        let ino = header.next_object;
+        header.next_object += 1;
+        header.objects += 1;
+        let time = now();
+        let znode = Znode {
+            mode,
+            uid,
+            gid,
+            nlink: if is_dir { 2 } else { 1 },
+            parent,
+            generation: ino,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            birth: time,
+            rdev,
+            entries: 0,
+            hash_salt: if is_dir { crate::format::new_guid() } else { 0 },
+            xattr_object: 0,
+        };
+        let object = self.new_object(pool, ino, is_dir, &znode);
+        let made = async {
+            if is_dir {
+                dir::init(&self.objects, &object).await?;
+            }
+            if let (Some(pointer), Some(target)) = (target_block, target) {
+                let mut dnode = object.dnode();
+                dnode.data_block_shift = block_shift_for(target.len() as u64);
+                dnode.length_bytes = target.len() as u64;
+                *object.dnode.borrow_mut() = dnode;
+                self.link_cached(pool, &object, 0, pointer)?;
+            }
+            dir::insert(
+                &self.objects,
+                &dir_object,
+                dir_znode.hash_salt,
+                name,
+                ino,
+                fsdir::dirent_type(mode),
+            )
+            .await
+        }
+        .await;
+        if let Err(error) = made {
+            // Nothing names the object: it goes, with what it holds.
+            self.free_object(pool, &object).await?;
+            return Err(error);
+        }
+        dir_znode.entries += 1;
+        if is_dir {
+            dir_znode.nlink += 1;
+        }
+        dir_znode.mtime = time;
+        dir_znode.ctime = time;
+        Self::save(&dir_object, &dir_znode);
+        self.set_header(header);
+        let znode = Znode::decode(&object.dnode().bonus).expect("written just now");
+        Ok(Self::attr(&object, znode))
+    }
+
+    /// Checks that `name` can be created in `parent`; returns the directory.
+    async fn check_new_name(
+        &self,
+        parent: u64,
+        name: &[u8],
+        mode: u32,
+    ) -> Result<(Rc<Object>, Znode), FsError> {
+        let (dir_object, dir_znode) = self.load_dir(parent).await?;
+        if dir_znode.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        if dir::lookup(&self.objects, &dir_object, dir_znode.hash_salt, name)
+            .await?
+            .is_some()
+        {
+            return Err(FsError::Exists);
+        }
+        if mode & S_IFMT == S_IFDIR && dir_znode.nlink >= LINK_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        Ok((dir_object, dir_znode))
+    }
+
+    /// A new object numbered `ino` (written at the next txg).
+    fn new_object(&self, pool: &Pool, ino: u64, is_dir: bool, znode: &Znode) -> Rc<Object> {
+        let (object_type, shift) = if is_dir {
+            (ObjectType::FsDirectory, fsdir::LEAF_SHIFT)
+        } else {
+            (ObjectType::FsFile, FILE_BLOCK_SHIFT_MIN)
+        };
+        let mut dnode = new_dnode(object_type, shift, INDIRECT_BLOCK_SHIFT, 0, pool.txg.open());
+        dnode.checksum_algo = self.settings.get().checksum;
+        dnode.bonus = znode.encode();
+        self.objects.create(ino, dnode)
+    }
+
+    /// Adds a link `name` in `parent` to file `ino` (not a directory).
+    pub async fn link(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        parent: u64,
+        name: &[u8],
+    ) -> Result<Attr, FsError> {
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        Self::check_name(name)?;
+        let _hold = pool.txg.hold_builds();
+        let (object, mut znode) = self.load(ino).await?;
+        if znode.is_dir() {
+            return Err(FsError::NotPermitted("hard links to directories".into()));
+        }
+        if znode.nlink >= LINK_MAX {
+            return Err(FsError::TooManyLinks);
+        }
+        if znode.nlink == 0 {
+            return Err(FsError::NotFound);
+        }
+        let (dir_object, mut dir_znode) = self.load_dir(parent).await?;
+        if dir::lookup(&self.objects, &dir_object, dir_znode.hash_salt, name)
+            .await?
+            .is_some()
+        {
+            return Err(FsError::Exists);
+        }
+        dir::insert(
+            &self.objects,
+            &dir_object,
+            dir_znode.hash_salt,
+            name,
+            ino,
+            fsdir::dirent_type(znode.mode),
+        )
+        .await?;
+        let time = now();
+        znode.nlink += 1;
+        znode.ctime = time;
+        Self::save(&object, &znode);
+        dir_znode.entries += 1;
+        dir_znode.mtime = time;
+        dir_znode.ctime = time;
+        Self::save(&dir_object, &dir_znode);
+        Ok(Self::attr(&object, znode))
+    }
+
+    /// Removes `name` from `parent`: a non-directory (`unlink`), or an
+    /// empty directory (`rmdir`, `want_dir`).
+    pub async fn remove(
+        &self,
+        pool: &Rc<Pool>,
+        parent: u64,
+        name: &[u8],
+        want_dir: bool,
+    ) -> Result<(), FsError> {
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        if name == b"." {
+            return Err(FsError::Invalid("rmdir of .".into()));
+        }
+        if name == b".." {
+            return Err(FsError::NotEmpty);
+        }
+        Self::check_name(name)?;
+        let _hold = pool.txg.hold_builds();
+        let (dir_object, mut dir_znode) = self.load_dir(parent).await?;
+        let entry = dir::lookup(&self.objects, &dir_object, dir_znode.hash_salt, name)
+            .await?
+            .ok_or(FsError::NotFound)?;
+        let (object, znode) = self.load(entry.object).await?;
+        match (want_dir, znode.is_dir()) {
+            (true, false) => return Err(FsError::NotDir),
+            (false, true) => return Err(FsError::IsDir),
+            (true, true) if znode.entries > 0 => return Err(FsError::NotEmpty),
+            _ => {}
+        }
+        dir::remove(&self.objects, &dir_object, dir_znode.hash_salt, name).await?;
+        let time = now();
+        dir_znode.entries -= 1;
+        if znode.is_dir() {
+            dir_znode.nlink -= 1;
+        }
+        dir_znode.mtime = time;
+        dir_znode.ctime = time;
+        Self::save(&dir_object, &dir_znode);
+        self.drop_link(pool, &object, znode, time).await
+    }
+
+    /// One name of `object` is gone: its link count drops, and at zero it
+    /// is freed. (Open files are not yet kept alive past their last name:
+    /// that comes with the FUSE front end, which knows what is open.)
+    async fn drop_link(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        mut znode: Znode,
+        time: Timestamp,
+    ) -> Result<(), FsError> {
+        znode.nlink = if znode.is_dir() { 0 } else { znode.nlink - 1 };
+        znode.ctime = time;
+        if znode.nlink > 0 {
+            Self::save(object, &znode);
+            return Ok(());
+        }
+        self.free_object(pool, object).await
+    }
+
+    /// Frees every block of `object` and clears its dnode. The caller holds
+    /// txg builds off (a build meanwhile would sync the object's dirty nodes,
+    /// freeing their old copies under the pointers collected here).
+    async fn free_object(&self, _pool: &Rc<Pool>, object: &Rc<Object>) -> Result<(), FsError> {
+        let mut pointers = Vec::new();
+        self.objects
+            .visit_pointers(object, &mut |_, _, pointer| pointers.push(*pointer))
+            .await?;
+        for pointer in &pointers {
+            self.objects.store.free(pointer);
+        }
+        let mut zero = [0u8; DNODE_BYTES];
+        Dnode::default().encode(&mut zero);
+        self.objects
+            .write_bytes(&self.table, object.id * DNODE_BYTES as u64, &zero)
+            .await?;
+        self.objects.forget(object.id);
+        let mut header = self.header.get();
+        header.objects -= 1;
+        self.set_header(header);
+        Ok(())
+    }
+
+    /// Renames `parent`/`name` to `new_parent`/`new_name`, atomically; with
+    /// `RENAME_NOREPLACE` fails if the target exists; with
+    /// `RENAME_EXCHANGE` swaps the two (both must exist).
+    pub async fn rename(
+        &self,
+        pool: &Rc<Pool>,
+        parent: u64,
+        name: &[u8],
+        new_parent: u64,
+        new_name: &[u8],
+        flags: u32,
+    ) -> Result<(), FsError> {
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
+            || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
+        {
+            return Err(FsError::Invalid(format!("rename flags {flags:#x}")));
+        }
+        Self::check_name(name)?;
+        Self::check_name(new_name)?;
+        let _hold = pool.txg.hold_builds();
+        let (from_dir, mut from_znode) = self.load_dir(parent).await?;
+        let (to_dir, mut to_znode) = if new_parent == parent {
+            (from_dir.clone(), from_znode)
+        } else {
+            self.load_dir(new_parent).await?
+        };
+        let source = dir::lookup(&self.objects, &from_dir, from_znode.hash_salt, name)
+            .await?
+            .ok_or(FsError::NotFound)?;
+        let target = dir::lookup(&self.objects, &to_dir, to_znode.hash_salt, new_name).await?;
+        if parent == new_parent && name == new_name {
+            return Ok(());
+        }
+        let (source_object, mut source_znode) = self.load(source.object).await?;
+        // A directory may not move under itself.
+        if source_znode.is_dir() && parent != new_parent {
+            self.check_not_ancestor(source.object, new_parent).await?;
+        }
+        let time = now();
+        if flags & RENAME_EXCHANGE != 0 {
+            let target = target.ok_or(FsError::NotFound)?;
+            let (target_object, mut target_znode) = self.load(target.object).await?;
+            if target_znode.is_dir() && parent != new_parent {
+                self.check_not_ancestor(target.object, parent).await?;
+            }
+            dir::repoint(
+                &self.objects,
+                &from_dir,
+                from_znode.hash_salt,
+                name,
+                target.object,
+                target.kind,
+            )
+            .await?;
+            dir::repoint(
+                &self.objects,
+                &to_dir,
+                to_znode.hash_salt,
+                new_name,
+                source.object,
+                source.kind,
+            )
+            .await?;
+            if parent != new_parent {
+                if source_znode.is_dir() {
+                    source_znode.parent = new_parent;
+                    from_znode.nlink -= 1;
+                    to_znode.nlink += 1;
+                }
+                if target_znode.is_dir() {
+                    target_znode.parent = parent;
+                    to_znode.nlink -= 1;
+                    from_znode.nlink += 1;
+                }
+            }
+            source_znode.ctime = time;
+            target_znode.ctime = time;
+            Self::save(&source_object, &source_znode);
+            Self::save(&target_object, &target_znode);
+        } else {
+            if let Some(target) = &target {
+                if flags & RENAME_NOREPLACE != 0 {
+                    return Err(FsError::Exists);
+                }
+                if target.object == source.object {
+                    // Two names of one file: POSIX says do nothing.
+                    return Ok(());
+                }
+                let (target_object, target_znode) = self.load(target.object).await?;
+                match (source_znode.is_dir(), target_znode.is_dir()) {
+                    (true, false) => return Err(FsError::NotDir),
+                    (false, true) => return Err(FsError::IsDir),
+                    (true, true) if target_znode.entries > 0 => return Err(FsError::NotEmpty),
+                    _ => {}
+                }
+                dir::repoint(
+                    &self.objects,
+                    &to_dir,
+                    to_znode.hash_salt,
+                    new_name,
+                    source.object,
+                    source.kind,
+                )
+                .await?;
+                if target_znode.is_dir() {
+                    to_znode.nlink -= 1;
+                }
+                to_znode.entries -= 1;
+                self.drop_link(pool, &target_object, target_znode, time)
+                    .await?;
+            } else {
+                dir::insert(
+                    &self.objects,
+                    &to_dir,
+                    to_znode.hash_salt,
+                    new_name,
+                    source.object,
+                    source.kind,
+                )
+                .await?;
+            }
+            dir::remove(&self.objects, &from_dir, from_znode.hash_salt, name).await?;
+            // In one directory the name moved (replacing a target already
+            // counted above); between two, an entry moves across.
+            if parent != new_parent {
+                from_znode.entries -= 1;
+                to_znode.entries += 1;
+                if source_znode.is_dir() {
+                    source_znode.parent = new_parent;
+                    from_znode.nlink -= 1;
+                    to_znode.nlink += 1;
+                }
+            }
+            source_znode.ctime = time;
+            Self::save(&source_object, &source_znode);
+        }
+        from_znode.mtime = time;
+        from_znode.ctime = time;
+        to_znode.mtime = time;
+        to_znode.ctime = time;
+        if parent == new_parent {
+            // `to_znode` carries every change made to the one directory.
+            Self::save(&to_dir, &to_znode);
+        } else {
+            Self::save(&from_dir, &from_znode);
+            Self::save(&to_dir, &to_znode);
+        }
+        Ok(())
+    }
+
+    /// Fails if directory `moving` is `dir` or one of its ancestors.
+    async fn check_not_ancestor(&self, moving: u64, dir: u64) -> Result<(), FsError> {
+        let mut current = dir;
+        let root = self.root();
+        // Bounded by the depth of the tree; a loop (damage) is cut off.
+        for _ in 0..=self.header.get().next_object {
+            if current == moving {
+                return Err(FsError::Invalid(
+                    "a directory cannot move into itself".into(),
+                ));
+            }
+            if current == root {
+                return Ok(());
+            }
+            current = self.load(current).await?.1.parent;
+        }
+        Err(FsError::Corrupt(format!(
+            "{}: directory parents loop",
+            self.name
+        )))
+    }
+
+    /// Entries of directory `ino` from `cookie` on (0: from the start, with
+    /// `.` and `..` as cookies 1 and 2), at most `max`. Each comes with the
+    /// cookie to continue after it.
+    pub async fn readdir(
+        &self,
+        ino: u64,
+        cookie: u64,
+        max: usize,
+    ) -> Result<Vec<(u64, DirEntry)>, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let (object, znode) = self.load_dir(ino).await?;
+        let mut out = Vec::new();
+        let dot = |name: &[u8], object: u64| DirEntry {
+            cookie: 0,
+            object,
+            kind: fsdir::DT_DIR,
+            name: name.to_vec(),
+        };
+        if cookie == 0 && out.len() < max {
+            out.push((1, dot(b".", ino)));
+        }
+        if cookie <= 1 && out.len() < max {
+            out.push((2, dot(b"..", znode.parent)));
+        }
+        let from = cookie.max(fsdir::COOKIE_FIRST);
+        let room = max - out.len();
+        if room > 0 {
+            for entry in dir::list(&self.objects, &object, from, room).await? {
+                out.push((entry.cookie + 1, entry));
+            }
+        }
+        Ok(out)
+    }
+
+    /// Changes attributes; a new size truncates or extends (with zeros).
+    pub async fn setattr(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        change: SetAttr,
+    ) -> Result<Attr, FsError> {
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        let (object, mut znode) = self.load(ino).await?;
+        let time = now();
+        if let Some(size) = change.size {
+            if znode.is_dir() {
+                return Err(FsError::IsDir);
+            }
+            if !znode.is_regular() {
+                return Err(FsError::Invalid("size of a special file".into()));
+            }
+            if size > FILE_SIZE_MAX_BYTES {
+                return Err(FsError::TooBig);
+            }
+            self.truncate(pool, &object, size).await?;
+            znode.mtime = time;
+        }
+        if let Some(mode) = change.mode {
+            znode.mode = (znode.mode & S_IFMT) | (mode & 0o7777);
+        }
+        if let Some(uid) = change.uid {
+            znode.uid = uid;
+        }
+        if let Some(gid) = change.gid {
+            znode.gid = gid;
+        }
+        if let Some(atime) = change.atime {
+            znode.atime = atime;
+        }
+        if let Some(mtime) = change.mtime {
+            znode.mtime = mtime;
+        }
+        znode.ctime = time;
+        Self::save(&object, &znode);
+        Ok(Self::attr(&object, znode))
+    }
+
+    /// The target of symbolic link `ino`.
+    pub async fn readlink(&self, ino: u64) -> Result<Vec<u8>, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let (object, znode) = self.load(ino).await?;
+        if !znode.is_symlink() {
+            return Err(FsError::Invalid("not a symbolic link".into()));
+        }
+        let size = object.dnode().length_bytes;
+        self.read_locked(&object, 0, size as usize).await
+    }
+
+    /// Reads up to `length` bytes at `offset` of file `ino` (fewer at its end).
+    pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let (object, znode) = self.load(ino).await?;
+        if znode.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        self.read_locked(&object, offset, length).await
+    }
+
+    async fn read_locked(
+        &self,
+        object: &Rc<Object>,
+        offset: u64,
+        length: usize,
+    ) -> Result<Vec<u8>, FsError> {
+        let size = object.dnode().length_bytes;
+        if offset >= size {
+            return Ok(Vec::new());
+        }
+        let end = (offset + length as u64).min(size);
+        let block = object.dnode().data_block_bytes();
+        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut position = offset;
+        while position < end {
+            let blkid = position / block;
+            let within = (position % block) as usize;
+            let chunk = ((block - within as u64).min(end - position)) as usize;
+            match self.read_block(object, blkid).await? {
+                Some(data) => out.extend_from_slice(&data[within..within + chunk]),
+                None => out.resize(out.len() + chunk, 0),
+            }
+            position += chunk as u64;
+        }
+        Ok(out)
+    }
+
+    /// One whole data block (None: a hole).
+    async fn read_block(&self, object: &Object, blkid: u64) -> Result<Option<BufSlice>, FsError> {
+        let pointer = self.objects.block_pointer(object, blkid).await?;
+        if pointer.is_hole() {
+            return Ok(None);
+        }
+        let usage = self.settings.get().data_cache_use();
+        let physical = self
+            .objects
+            .store
+            .read_cached(&pointer, IoClass::SyncRead, usage)
+            .await
+            .map_err(PoolError::from)?;
+        if pointer.compression == Compression::Off {
+            return Ok(Some(physical));
+        }
+        let data = crate::block::compress::decompress_offloaded(
+            pointer.compression,
+            &physical,
+            pointer.logical_size as usize,
+        )
+        .await
+        .map_err(|error| {
+            FsError::Corrupt(format!("{} object {}: {error}", self.name, object.id))
+        })?;
+        Ok(Some(BufSlice::whole(data.into_shared())))
+    }
+
+    /// Writes `data` at `offset` of file `ino`; returns the bytes written.
+    pub async fn write(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        let (object, mut znode) = self.load(ino).await?;
+        if znode.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        if data.is_empty() {
+            return Ok(0);
+        }
+        self.write_locked(pool, &object, offset, data).await?;
+        let time = now();
+        znode.mtime = time;
+        znode.ctime = time;
+        Self::save(&object, &znode);
+        Ok(data.len())
+    }
+
+    async fn write_locked(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<(), FsError> {
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
+            .ok_or(FsError::TooBig)?;
+        self.grow_block(pool, object, end).await?;
+        let block = object.dnode().data_block_bytes();
+        let mut position = offset;
+        while position < end {
+            let blkid = position / block;
+            let within = (position % block) as usize;
+            let chunk = ((block - within as u64).min(end - position)) as usize;
+            let source = &data[(position - offset) as usize..][..chunk];
+            let mut bytes = if chunk as u64 == block {
+                source.to_vec()
+            } else {
+                let mut old = match self.read_block(object, blkid).await? {
+                    Some(old) => old.to_vec(),
+                    None => vec![0u8; block as usize],
+                };
+                old[within..within + chunk].copy_from_slice(source);
+                old
+            };
+            bytes.resize(block as usize, 0);
+            let pointer = self.write_block(pool, &bytes).await?;
+            self.link_block(pool, object, blkid, pointer).await?;
+            position += chunk as u64;
+        }
+        let mut dnode = object.dnode.borrow_mut();
+        if end > dnode.length_bytes {
+            dnode.length_bytes = end;
+        }
+        drop(dnode);
+        object.dirty.set(true);
+        Ok(())
+    }
+
+    /// A file of one block whose data will end at `end` past that block
+    /// gets a larger block (up to the record size): its block is rewritten
+    /// at the new size, and the tree switched to it in one step.
+    async fn grow_block(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        end: u64,
+    ) -> Result<(), FsError> {
+        let dnode = object.dnode();
+        if dnode.levels != 1
+            || dnode.data_block_shift >= self.record_shift
+            || end <= dnode.data_block_bytes()
+        {
+            return Ok(());
+        }
+        let shift = block_shift_for(end).min(self.record_shift);
+        let old = self.read_block(object, 0).await?;
+        let pointer = match old {
+            Some(old) => {
+                let mut bytes = old.to_vec();
+                bytes.resize(1 << shift, 0);
+                self.write_block(pool, &bytes).await?
+            }
+            None => BlockPointer::hole(0, ObjectType::FsFile, 0),
+        };
+        // No await from here: the old block is let go and the new one linked
+        // in the same txg.
+        let current = object.dnode();
+        if current.levels != 1 || current.data_block_shift != dnode.data_block_shift {
+            self.objects.store.release(&pointer.dvas);
+            return Err(FsError::Corrupt("file changed while its block grew".into()));
+        }
+        self.objects.kill(object, &current.root);
+        let mut grown = current;
+        grown.data_block_shift = shift;
+        grown.root = BlockPointer::hole(0, ObjectType::FsFile, 0);
+        grown.used_bytes = 0;
+        grown.logical_bytes = 0;
+        grown.physical_bytes = 0;
+        self.objects.reset_tree(object, grown);
+        if !pointer.is_hole() {
+            self.link_cached(pool, object, 0, pointer)?;
+        }
+        Ok(())
+    }
+
+    /// Writes one block's bytes to new space (compressed if the filesystem
+    /// says so); a block of zeros is a hole and writes nothing.
+    async fn write_block(&self, pool: &Rc<Pool>, bytes: &[u8]) -> Result<BlockPointer, FsError> {
+        if bytes.iter().all(|byte| *byte == 0) {
+            return Ok(BlockPointer::hole(0, ObjectType::FsFile, 0));
+        }
+        let settings = self.settings.get();
+        let sector = pool
+            .store
+            .vdevs()
+            .iter()
+            .map(|top| top.sector_bytes())
+            .max()
+            .unwrap_or(4096) as usize;
+        let mut padded = AlignedBuf::zeroed(bytes.len().next_multiple_of(sector));
+        padded[..bytes.len()].copy_from_slice(bytes);
+        let whole = BufSlice::whole(padded.into_shared());
+        let (payload, physical, compression) = if settings.compression.algo == Compression::Off {
+            (whole, bytes.len(), Compression::Off)
+        } else {
+            let data = whole.slice(0..bytes.len());
+            match crate::block::compress::compress_offloaded(settings.compression, &data, sector)
+                .await
+            {
+                Some((compressed, exact)) => (
+                    BufSlice::whole(compressed.into_shared()),
+                    exact,
+                    settings.compression.algo,
+                ),
+                None => (whole, bytes.len(), Compression::Off),
+            }
+        };
+        let checksum = settings.checksum.compute(&payload[..physical]);
+        let dvas = pool.allocate_data(payload.len() as u64).await?;
+        let pointer = BlockPointer {
+            dvas,
+            birth_txg: 0,
+            logical_size: bytes.len() as u32,
+            physical_size: physical as u32,
+            level: 0,
+            object_type: ObjectType::FsFile,
+            checksum_algo: settings.checksum,
+            compression,
+            fill: 1,
+            checksum,
+        };
+        if let Err(error) = pool
+            .store
+            .write(&pointer.dvas, payload, IoClass::AsyncWrite)
+            .await
+        {
+            pool.store.release(&pointer.dvas);
+            return Err(PoolError::from(error).into());
+        }
+        Ok(pointer)
+    }
+
+    /// Links a written block (or a hole) as block `blkid` of `object`.
+    async fn link_block(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<(), FsError> {
+        if let Err(error) = self.objects.prepare_link(object, blkid).await {
+            if !pointer.is_hole() {
+                pool.store.release(&pointer.dvas);
+            }
+            return Err(error.into());
+        }
+        self.link_cached(pool, object, blkid, pointer)
+    }
+
+    fn link_cached(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        mut pointer: BlockPointer,
+    ) -> Result<(), FsError> {
+        if !pointer.is_hole() {
+            pointer.birth_txg = pool.txg.open();
+        }
+        let old = match self
+            .objects
+            .set_block_pointer_cached(object, blkid, pointer)
+        {
+            Ok(old) => old,
+            Err(error) => {
+                if !pointer.is_hole() {
+                    pool.store.release(&pointer.dvas);
+                }
+                return Err(error.into());
+            }
+        };
+        if !pointer.is_hole() {
+            pool.store.commit(&pointer);
+            pool.txg.add_data(pool, pointer.allocated_bytes());
+        }
+        self.objects.kill(object, &old);
+        Ok(())
+    }
+
+    /// Cuts or extends `object` to `size` bytes. Blocks past the end become
+    /// holes; the kept part of the last block past the end is zeroed, so an
+    /// extension reads zeros.
+    async fn truncate(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        size: u64,
+    ) -> Result<(), FsError> {
+        let old_size = object.dnode().length_bytes;
+        if size < old_size {
+            let block = object.dnode().data_block_bytes();
+            let within = size % block;
+            if within != 0 {
+                let blkid = size / block;
+                if let Some(old) = self.read_block(object, blkid).await? {
+                    let mut bytes = old.to_vec();
+                    bytes[within as usize..].fill(0);
+                    let pointer = self.write_block(pool, &bytes).await?;
+                    self.link_block(pool, object, blkid, pointer).await?;
+                }
+            }
+            let mut blkid = size.div_ceil(block);
+            let end = old_size.div_ceil(block);
+            while blkid < end {
+                let span = self.objects.hole_span(object, blkid).await?;
+                if span > 0 {
+                    blkid = blkid.saturating_add(span);
+                    continue;
+                }
+                let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
+                self.link_block(pool, object, blkid, hole).await?;
+                blkid += 1;
+            }
+        }
+        object.dnode.borrow_mut().length_bytes = size;
+        object.dirty.set(true);
+        Ok(())
+    }
+
+    /// Space and objects for `statfs`.
+    pub fn stats(&self, pool: &Pool) -> FsStats {
+        let (total_bytes, free_bytes) = pool.space();
+        FsStats {
+            total_bytes,
+            free_bytes,
+            objects: self.header.get().objects,
+        }
+    }
+}
+
+/// Writes each filesystem's changed dnodes into its table (a step of the
+/// txg build, before the pool's own objects are synced: the tables are
+/// pool objects). Returns whether anything changed.
+pub(in crate::pool) fn build_step(
+    pool: &Pool,
+    context: &mut crate::object::sync::SyncContext,
+) -> Result<bool, ObjectError> {
+    let mut changed = false;
+    for fs in pool.filesystems.borrow().values() {
+        let set = &fs.objects;
+        for object in set.open_objects() {
+            if Rc::ptr_eq(&object, &fs.table) || !object.dirty.get() {
+                continue;
+            }
+            set.sync_object(&object, context)?;
+            object.dirty.set(false);
+            let mut bytes = [0u8; DNODE_BYTES];
+            object.dnode().encode(&mut bytes);
+            set.write_bytes_cached(&fs.table, object.id * DNODE_BYTES as u64, &bytes)?;
+            changed = true;
+        }
+        set.reset_dirty_bytes();
+    }
+    Ok(changed)
+}
+
+/// True when no filesystem object has a change a txg build left out.
+pub(in crate::pool) fn all_synced(pool: &Pool) -> bool {
+    pool.filesystems.borrow().values().all(|fs| {
+        fs.objects
+            .open_objects()
+            .iter()
+            .all(|object| !object.dirty.get())
+    })
+}
+
+/// A txg is durable: nodes it wrote may now be evicted.
+pub(in crate::pool) fn txg_durable(pool: &Pool, txg: u64) {
+    for fs in pool.filesystems.borrow().values() {
+        fs.objects.set_durable_txg(txg);
+    }
+}
+
+impl Pool {
+    /// Opens the filesystems of the directory (at import).
+    pub(in crate::pool) async fn open_filesystems(&self) -> Result<(), PoolError> {
+        let records: Vec<(String, FilesystemRecord)> = self
+            .directory
+            .borrow()
+            .filesystems
+            .iter()
+            .map(|(name, record)| (name.clone(), record.clone()))
+            .collect();
+        for (short, record) in records {
+            let table = self.objects.open(record.object).await?;
+            if table.dnode().object_type != ObjectType::FsObjects {
+                return Err(PoolError::Corrupt(format!(
+                    "filesystem {short}: object {} is not a filesystem",
+                    record.object
+                )));
+            }
+            // The table is metadata: it stays cached, loaded whole here.
+            let length = table.dnode().length_bytes;
+            self.objects.prefetch(&table, 0, length).await?;
+            let settings = self.volume_settings(&record.properties);
+            let fs = Filesystem::open(
+                self,
+                format!("{}/{short}", self.name),
+                table,
+                &record,
+                settings,
+            )?;
+            self.filesystems.borrow_mut().insert(short, fs);
+        }
+        Ok(())
+    }
+
+    /// The filesystem named `POOL/NAME` (or `NAME`).
+    pub fn filesystem(&self, name: &str) -> Result<Rc<Filesystem>, PoolError> {
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name);
+        self.filesystems
+            .borrow()
+            .get(short)
+            .cloned()
+            .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{name}'")))
+    }
+
+    /// Every filesystem, by short name.
+    pub fn filesystems(&self) -> Vec<(String, Rc<Filesystem>)> {
+        self.filesystems
+            .borrow()
+            .iter()
+            .map(|(name, fs)| (name.clone(), fs.clone()))
+            .collect()
+    }
+
+    /// The directory record of filesystem `short`.
+    pub fn filesystem_record(&self, short: &str) -> Option<FilesystemRecord> {
+        self.directory.borrow().filesystems.get(short).cloned()
+    }
+
+    /// Creates a filesystem with an empty root directory.
+    pub async fn create_filesystem(
+        self: &Rc<Self>,
+        name: &str,
+        properties: BTreeMap<String, String>,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name)
+            .to_string();
+        if !valid_name(&short) {
+            return Err(PoolError::InvalidName(short));
+        }
+        let _admin = self.admin_lock.acquire(1).await;
+        if self.filesystems.borrow().contains_key(&short)
+            || self.directory.borrow().volumes.contains_key(&short)
+        {
+            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
+        }
+        let mut checked = BTreeMap::new();
+        for (key, value) in &properties {
+            let value = match validate_own_property(key, value)? {
+                Some(value) => value,
+                None => crate::pool::dataset::props::validate(key, value, false)?,
+            };
+            if key == "volsize" {
+                return Err(PoolError::InvalidArgument(
+                    "volsize is a volume property".into(),
+                ));
+            }
+            checked.insert(key.clone(), value);
+        }
+        self.txg.ensure_writable()?;
+        let settings = self.volume_settings(&checked);
+        let open_txg = self.txg.open();
+        let id = self.allocate_object_id();
+        let mut dnode = new_dnode(
+            ObjectType::FsObjects,
+            TABLE_BLOCK_SHIFT,
+            INDIRECT_BLOCK_SHIFT,
+            0,
+            open_txg,
+        );
+        dnode.checksum_algo = settings.checksum;
+        dnode.bonus = FsHeader {
+            root: ROOT_OBJECT,
+            next_object: ROOT_OBJECT + 1,
+            unlinked_object: 0,
+            objects: 1,
+        }
+        .encode();
+        let table = self.objects.create(id, dnode);
+        let record = FilesystemRecord {
+            object: id,
+            created_txg: open_txg,
+            guid: crate::format::new_guid(),
+            properties: checked,
+        };
+        let fs = Filesystem::open(
+            self,
+            format!("{}/{short}", self.name),
+            table,
+            &record,
+            settings,
+        )?;
+        let time = now();
+        let root = Znode {
+            mode: S_IFDIR | 0o755,
+            uid: 0,
+            gid: 0,
+            nlink: 2,
+            parent: ROOT_OBJECT,
+            generation: ROOT_OBJECT,
+            atime: time,
+            mtime: time,
+            ctime: time,
+            birth: time,
+            rdev: 0,
+            entries: 0,
+            hash_salt: crate::format::new_guid(),
+            xattr_object: 0,
+        };
+        let root_object = fs.new_object(self, ROOT_OBJECT, true, &root);
+        dir::init(&fs.objects, &root_object)
+            .await
+            .map_err(|error| PoolError::Io(error.to_string()))?;
+        self.directory
+            .borrow_mut()
+            .filesystems
+            .insert(short.clone(), record);
+        self.directory_dirty.set(true);
+        self.filesystems.borrow_mut().insert(short, fs.clone());
+        self.commit().await?;
+        Ok(fs)
+    }
+
+    /// Destroys a filesystem and frees all its blocks.
+    pub async fn destroy_filesystem(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let fs = self.filesystem(name)?;
+        let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
+        let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
+        let hold = self.txg.hold_builds();
+        let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
+        let mut pointers = Vec::new();
+        for id in 1..count {
+            let object = match fs.objects.open(id).await {
+                Ok(object) => object,
+                Err(ObjectError::NoSuchObject(_)) => continue,
+                Err(error) => return Err(error.into()),
+            };
+            fs.objects
+                .visit_pointers(&object, &mut |_, _, pointer| pointers.push(*pointer))
+                .await?;
+        }
+        self.objects
+            .visit_pointers(&fs.table, &mut |_, _, pointer| pointers.push(*pointer))
+            .await?;
+        for pointer in &pointers {
+            self.store.free(pointer);
+        }
+        let table = self.objects.dnode_table();
+        let mut zero = [0u8; DNODE_BYTES];
+        Dnode::default().encode(&mut zero);
+        self.objects
+            .write_bytes(&table, fs.table.id * DNODE_BYTES as u64, &zero)
+            .await?;
+        self.objects.forget(fs.table.id);
+        self.filesystems.borrow_mut().remove(&short);
+        self.directory.borrow_mut().filesystems.remove(&short);
+        self.directory_dirty.set(true);
+        drop(hold);
+        self.commit().await
+    }
+}

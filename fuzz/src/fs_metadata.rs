@@ -1,0 +1,43 @@
+//! Target `fs_metadata`: a filesystem's attributes (`format::znode::Znode`,
+//! `FsHeader`) and directory leaves (`format::fsdir::Leaf`).
+//!
+//! Input: a selector byte, then the bytes. Selector even: a 304-byte dnode
+//! bonus (zero-padded or cut), decoded as attributes and as a header. Odd: a
+//! directory leaf (zero-padded or cut to 16 KiB), expected at level
+//! `selector >> 1 & 7`, prefix 0 or 1.
+
+use ironpool::format::dnode::{Bonus, BONUS_BYTES};
+use ironpool::format::fsdir::{prefix_of, Leaf, LEAF_BYTES};
+use ironpool::format::znode::{FsHeader, Znode};
+
+pub fn check(data: &[u8]) {
+    let Some((&selector, rest)) = data.split_first() else { return };
+    if selector % 2 == 0 {
+        let mut bonus = Bonus::default();
+        let length = rest.len().min(BONUS_BYTES);
+        bonus.0[..length].copy_from_slice(&rest[..length]);
+        if let Ok(znode) = Znode::decode(&bonus) {
+            let again = Znode::decode(&znode.encode()).expect("re-encoded attributes decode");
+            assert_eq!(again, znode, "attributes do not round trip");
+        }
+        if let Ok(header) = FsHeader::decode(&bonus) {
+            let again = FsHeader::decode(&header.encode()).expect("re-encoded header decodes");
+            assert_eq!(again, header, "header does not round trip");
+        }
+    } else {
+        let mut bytes = vec![0u8; LEAF_BYTES];
+        let length = rest.len().min(LEAF_BYTES);
+        bytes[..length].copy_from_slice(&rest[..length]);
+        let level = (selector >> 1) & 7;
+        let prefix = u32::from(selector >> 4 & 1).min((1u32 << level) - 1);
+        if let Ok(leaf) = Leaf::decode(&bytes, level, prefix) {
+            assert!(leaf.fits(), "a decoded leaf fits its block");
+            for entry in &leaf.entries {
+                assert_eq!(prefix_of(entry.hash(), level), prefix);
+                let _ = leaf.find(entry.hash(), &entry.name).expect("every entry is found");
+            }
+            let again = Leaf::decode(&leaf.encode(), level, prefix).expect("re-encoded leaf decodes");
+            assert_eq!(again, leaf, "leaf does not round trip");
+        }
+    }
+}

@@ -85,6 +85,11 @@ enum Command {
         #[command(subcommand)]
         command: VolumeCommand,
     },
+    /// Manage filesystems (served over FUSE by `serve`).
+    Fs {
+        #[command(subcommand)]
+        command: FsCommand,
+    },
     /// Show pool health, devices, error counters and scrub state.
     Status {
         #[arg(short = 'd', long = "dir")]
@@ -383,6 +388,31 @@ enum Command {
 }
 
 #[derive(Subcommand)]
+enum FsCommand {
+    /// Create a filesystem: `fs create POOL/NAME [-o mountpoint=DIR] [-o recordsize=SIZE]`.
+    Create {
+        name: String,
+        /// Properties: mountpoint=DIR|none|legacy (default /POOL/NAME), recordsize=4K..1M (default 128K), atime=on|off, xattr=on|off, and compression, checksum, sync, readonly, primarycache, direct as volumes have.
+        #[arg(short = 'o')]
+        options: Vec<String>,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+    /// List a pool's filesystems.
+    List {
+        pool: String,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+    /// Destroy a filesystem and everything in it.
+    Destroy {
+        name: String,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
 enum VolumeCommand {
     /// Create a volume: `volume create POOL/NAME SIZE [-o volblocksize=16K]`.
     Create {
@@ -453,6 +483,15 @@ fn main() -> ExitCode {
             pidfile.as_deref(),
             &tunables,
         ),
+        Command::Fs { command } => match command {
+            FsCommand::Create {
+                name,
+                options,
+                dirs,
+            } => cli::fs_create(&context, &name, &options, &dirs),
+            FsCommand::List { pool, dirs } => cli::fs_list(&context, &pool, &dirs),
+            FsCommand::Destroy { name, dirs } => cli::fs_destroy(&context, &name, &dirs),
+        },
         Command::Volume { command } => match command {
             VolumeCommand::Create {
                 name,

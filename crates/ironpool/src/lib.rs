@@ -4,10 +4,10 @@
 //! Layers, top to bottom (imports point down only; `tests/layers.rs` checks
 //! it, and `docs/ARCHITECTURE.md` walks a WRITE and a FLUSH through them):
 //! - [`control`]: the control socket and its commands.
-//! - [`nbd`]: the NBD server.
+//! - [`nbd`]: the NBD server; [`fuse`]: the FUSE server (filesystems).
 //! - [`pool`]: the pool (import, txgs, device states) with its datasets
 //!   ([`pool::dataset`]), the volume data path ([`pool::volume`]) and scans
-//!   ([`pool::scan`]).
+//!   ([`pool::scan`]) and filesystems ([`pool::filesystem`]).
 //! - [`object`]: objects as copy-on-write block-pointer trees.
 //! - [`block`]: verified reads with self-heal, writes of every copy,
 //!   compression.
@@ -28,6 +28,7 @@ pub mod control;
 pub mod dev;
 pub mod events;
 pub mod format;
+pub mod fuse;
 pub mod nbd;
 pub mod object;
 pub mod pool;

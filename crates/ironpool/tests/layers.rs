@@ -19,7 +19,7 @@ const LAYERS: &[&[&str]] = &[
     &["block"],
     &["object"],
     &["pool"],
-    &["nbd"],
+    &["nbd", "fuse"],
     &["control"],
 ];
 

@@ -371,6 +371,82 @@ pub fn volume_create(
     Ok(())
 }
 
+pub fn fs_create(
+    context: &Context,
+    name: &str,
+    options: &[String],
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let (pool, _) = name
+        .split_once('/')
+        .ok_or_else(|| format!("'{name}': filesystems are named POOL/NAME"))?;
+    let mut properties = BTreeMap::new();
+    for option in options {
+        let (key, value) = option
+            .split_once('=')
+            .ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
+        properties.insert(key.to_string(), value.to_string());
+    }
+    let result = admin(
+        context,
+        pool,
+        dirs,
+        Command::FsCreate {
+            name: name.to_string(),
+            properties,
+        },
+    )?;
+    if context.json {
+        println!("{result}");
+    } else {
+        println!(
+            "created filesystem '{name}' (recordsize {})",
+            format::bytes(result["recordsize"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(())
+}
+
+pub fn fs_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let result = admin(context, pool, dirs, Command::FsList)?;
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    println!(
+        "{:<30} {:>10} {:>10}  MOUNTPOINT",
+        "NAME", "RECORDSIZE", "OBJECTS"
+    );
+    for fs in result["filesystems"].as_array().into_iter().flatten() {
+        println!(
+            "{:<30} {:>10} {:>10}  {}",
+            fs["name"].as_str().unwrap_or_default(),
+            format::bytes(fs["recordsize"].as_u64().unwrap_or(0)),
+            fs["objects"].as_u64().unwrap_or(0),
+            fs["mountpoint"].as_str().unwrap_or("none"),
+        );
+    }
+    Ok(())
+}
+
+pub fn fs_destroy(context: &Context, name: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    let (pool, _) = name
+        .split_once('/')
+        .ok_or_else(|| format!("'{name}': filesystems are named POOL/NAME"))?;
+    admin(
+        context,
+        pool,
+        dirs,
+        Command::FsDestroy {
+            name: name.to_string(),
+        },
+    )?;
+    if !context.json {
+        println!("destroyed filesystem '{name}'");
+    }
+    Ok(())
+}
+
 pub fn volume_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {
     let result = admin(context, pool, dirs, Command::VolumeList)?;
     if context.json {

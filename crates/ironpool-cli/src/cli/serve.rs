@@ -6,14 +6,19 @@
 //! control socket); a second runs the NBD front end (sockets, parsing, replies).
 //! They exchange requests and replies through channels.
 
+use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::path::{Path, PathBuf};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use ironpool::control::metrics::MetricsServer;
 use ironpool::control::server::ControlServer;
+use ironpool::fuse::Mount;
 use ironpool::nbd::engine::{self, SharedStats};
 use ironpool::nbd::server::{BoundListener, Listen, NbdServer};
+use ironpool::pool::filesystem::mountpoint;
 use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::channel::channel;
 use ironpool::rt::{self, uring, Runtime};
@@ -230,12 +235,36 @@ pub fn serve(
             // The pool is imported and every listener accepts connections
             // (the kernel queues them until the front end takes them).
             notify_service_manager(&format!("READY=1\nSTATUS={serving}"));
+            // Filesystems are mounted now and whenever one is created or
+            // destroyed while the server runs.
+            let mounts: Rc<RefCell<BTreeMap<String, Mount>>> = Rc::default();
+            reconcile_mounts(&pool, &mounts).await;
+            let watcher = {
+                let pool = pool.clone();
+                let mounts = mounts.clone();
+                async move {
+                    loop {
+                        pool.filesystems_changed().await;
+                        reconcile_mounts(&pool, &mounts).await;
+                    }
+                }
+            };
             let asked = pool.export_requested();
             futures_util::future::select(
-                std::pin::pin!(wait_for_signal(&signals)),
-                std::pin::pin!(asked),
+                std::pin::pin!(futures_util::future::select(
+                    std::pin::pin!(wait_for_signal(&signals)),
+                    std::pin::pin!(asked),
+                )),
+                std::pin::pin!(watcher),
             )
             .await;
+            // Filesystems first: their requests finish, then the kernel lets go.
+            let mounted = std::mem::take(&mut *mounts.borrow_mut());
+            for (name, mount) in mounted {
+                let path = mount.mountpoint().display().to_string();
+                mount.stop().await;
+                eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
+            }
             notify_service_manager("STOPPING=1\nSTATUS=finishing requests and exporting");
             eprintln!("ironpool: shutting down: finishing requests in flight");
         }
@@ -270,6 +299,45 @@ pub fn serve(
         eprintln!("ironpool: pool '{pool_name}' exported");
         Ok(())
     })
+}
+
+/// Mounts the pool's filesystems that are not mounted (at their
+/// mountpoints) and unmounts those that are gone. A filesystem that cannot
+/// be mounted (no `/dev/fuse`, not root) is reported; volumes are served
+/// regardless.
+async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>>>) {
+    let filesystems = pool.filesystems();
+    let gone: Vec<String> = mounts
+        .borrow()
+        .keys()
+        .filter(|name| !filesystems.iter().any(|(short, _)| short == *name))
+        .cloned()
+        .collect();
+    for name in gone {
+        let mount = mounts.borrow_mut().remove(&name);
+        if let Some(mount) = mount {
+            mount.stop().await;
+        }
+    }
+    for (short, fs) in filesystems {
+        if mounts.borrow().contains_key(&short) {
+            continue;
+        }
+        let properties = pool
+            .filesystem_record(&short)
+            .map(|record| record.properties)
+            .unwrap_or_default();
+        let Some(path) = mountpoint(pool.name(), &short, &properties) else {
+            continue;
+        };
+        match Mount::start(pool.clone(), fs.clone(), Path::new(&path)) {
+            Ok(mount) => {
+                eprintln!("ironpool: mounted {} at {path}", fs.name);
+                mounts.borrow_mut().insert(short, mount);
+            }
+            Err(error) => eprintln!("ironpool: cannot mount {} at {path}: {error}", fs.name),
+        }
+    }
 }
 
 /// Where the NBD front end runs.

@@ -33,6 +33,16 @@ pub enum Command {
         properties: BTreeMap<String, String>,
     },
     VolumeList,
+    /// Creates a filesystem (`ironpool fs create POOL/NAME -o ...`).
+    FsCreate {
+        name: String,
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
+    },
+    FsList,
+    FsDestroy {
+        name: String,
+    },
     VolumeDestroy {
         name: String,
         #[serde(default)]
@@ -195,6 +205,20 @@ impl Command {
                     push(&format!("{key}={value}"));
                 }
             }
+            Command::FsCreate { name, properties } => {
+                push("fs");
+                push("create");
+                push(name);
+                for (key, value) in properties {
+                    push("-o");
+                    push(&format!("{key}={value}"));
+                }
+            }
+            Command::FsDestroy { name } => {
+                push("fs");
+                push("destroy");
+                push(name);
+            }
             Command::VolumeDestroy { name, recursive } => {
                 push("destroy");
                 if *recursive {
@@ -338,6 +362,7 @@ impl Command {
             | Command::Iostat
             | Command::Arcstat
             | Command::VolumeList
+            | Command::FsList
             | Command::SnapshotList { .. }
             | Command::Send { .. }
             | Command::GetProperties { .. }
@@ -543,6 +568,33 @@ async fn run(
             Ok(
                 json!({ "name": volume.name, "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }),
             )
+        }
+        Command::FsCreate { name, properties } => {
+            let fs = pool.create_filesystem(&name, properties).await?;
+            Ok(json!({ "name": fs.name, "recordsize": fs.record_bytes() }))
+        }
+        Command::FsDestroy { name } => {
+            pool.destroy_filesystem(&name).await?;
+            Ok(json!({ "name": name }))
+        }
+        Command::FsList => {
+            let filesystems: Vec<Value> = pool
+                .filesystems()
+                .iter()
+                .map(|(short, fs)| {
+                    let record = pool.filesystem_record(short);
+                    let properties = record.map(|record| record.properties).unwrap_or_default();
+                    let stats = fs.stats(pool);
+                    json!({
+                        "name": fs.name,
+                        "mountpoint": crate::pool::filesystem::mountpoint(pool.name(), short, &properties),
+                        "recordsize": fs.record_bytes(),
+                        "objects": stats.objects,
+                        "properties": properties,
+                    })
+                })
+                .collect();
+            Ok(json!({ "filesystems": filesystems }))
         }
         Command::VolumeList => {
             let mut volumes = volume_list(pool);

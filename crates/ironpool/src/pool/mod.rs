@@ -258,6 +258,8 @@ pub struct Pool {
     volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
     /// Open filesystems by short name (all of the directory's).
     filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
+    /// Notified when a filesystem is created or destroyed.
+    filesystems_changed: Notify,
     tunables: RefCell<PoolTunables>,
     scrub: RefCell<scan::scrub::ScrubState>,
     resilver: RefCell<scan::resilver::ResilverState>,
@@ -497,6 +499,7 @@ impl Pool {
             txg: TxgState::new(1, 0),
             volumes: RefCell::new(BTreeMap::new()),
             filesystems: RefCell::new(BTreeMap::new()),
+            filesystems_changed: Notify::new(),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),
@@ -907,6 +910,7 @@ impl Pool {
             txg: TxgState::new(uberblock.txg + 1, uberblock.txg),
             volumes: RefCell::new(BTreeMap::new()),
             filesystems: RefCell::new(BTreeMap::new()),
+            filesystems_changed: Notify::new(),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),

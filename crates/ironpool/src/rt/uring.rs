@@ -712,6 +712,24 @@ pub async fn read_stream_into(
     (to_result(result), buffer)
 }
 
+/// Reads from a descriptor whose reads block in the kernel however they are
+/// asked (`/dev/fuse`: it waits for the next request), into `buffer`. The
+/// read goes straight to io_uring's worker threads (`IOSQE_ASYNC`): tried
+/// inline, it would block this thread, and every task on it, until a
+/// request came.
+pub async fn read_blocking_into(
+    fd: RawFd,
+    mut buffer: AlignedBuf,
+) -> (io::Result<usize>, AlignedBuf) {
+    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32)
+        .offset(u64::MAX)
+        .build()
+        .flags(squeue::Flags::ASYNC);
+    // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
+    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
+    (to_result(result), buffer)
+}
+
 /// Fills `buffer` from a stream descriptor. Returns the bytes read: fewer than
 /// the buffer's length only at the end of the stream.
 pub async fn read_stream_exact(

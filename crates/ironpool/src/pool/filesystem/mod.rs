@@ -100,6 +100,8 @@ pub enum FsError {
     TooBig,
     #[error("read-only filesystem")]
     ReadOnly,
+    #[error("operation not supported")]
+    NotSupported,
     #[error("damaged filesystem metadata: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -122,6 +124,7 @@ impl FsError {
             FsError::TooManyLinks => libc::EMLINK,
             FsError::TooBig => libc::EFBIG,
             FsError::ReadOnly | FsError::Pool(PoolError::ReadOnly(_)) => libc::EROFS,
+            FsError::NotSupported => libc::ENOSYS,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
         }
     }
@@ -245,6 +248,21 @@ pub fn record_bytes(properties: &BTreeMap<String, String>) -> u32 {
         .get("recordsize")
         .and_then(|value| value.parse().ok())
         .unwrap_or(RECORD_BYTES_DEFAULT)
+}
+
+/// Where filesystem `short` of pool `pool` mounts: its `mountpoint`
+/// property, by default `/POOL/NAME` (as OpenZFS); None for `none` and
+/// `legacy` (not mounted by the server).
+pub fn mountpoint(
+    pool: &str,
+    short: &str,
+    properties: &BTreeMap<String, String>,
+) -> Option<String> {
+    match properties.get("mountpoint").map(String::as_str) {
+        Some("none" | "legacy") => None,
+        Some(path) => Some(path.to_string()),
+        None => Some(format!("/{pool}/{short}")),
+    }
 }
 
 /// Checks a filesystem-only property; returns the value as stored, or None
@@ -375,7 +393,13 @@ impl Filesystem {
         let dnode = object.dnode();
         Attr {
             ino: object.id,
-            size: dnode.length_bytes,
+            // A directory's size is its entries with `.` and `..`, as
+            // OpenZFS reports it.
+            size: if znode.is_dir() {
+                znode.entries + 2
+            } else {
+                dnode.length_bytes
+            },
             blocks: dnode.used_bytes.div_ceil(512),
             block_bytes: dnode.data_block_bytes() as u32,
             znode,
@@ -1495,6 +1519,7 @@ impl Pool {
         self.directory_dirty.set(true);
         self.filesystems.borrow_mut().insert(short, fs.clone());
         self.commit().await?;
+        self.filesystems_changed.notify_all();
         Ok(fs)
     }
 
@@ -1535,6 +1560,14 @@ impl Pool {
         self.directory.borrow_mut().filesystems.remove(&short);
         self.directory_dirty.set(true);
         drop(hold);
-        self.commit().await
+        let committed = self.commit().await;
+        self.filesystems_changed.notify_all();
+        committed
+    }
+
+    /// Completes once a filesystem is created or destroyed after the call
+    /// (the server mounts and unmounts them).
+    pub fn filesystems_changed(&self) -> crate::rt::sync::Notified<'_> {
+        self.filesystems_changed.notified()
     }
 }

@@ -1,0 +1,424 @@
+//! The FUSE front end: a filesystem served to the kernel from the engine's
+//! own io_uring loop. No libfuse: `/dev/fuse` is read and written with ring
+//! operations, and each request runs as a task on the engine thread, so
+//! many requests of one mount are in flight at once (up to [`READERS`]).
+//!
+//! At INIT the server asks for `FUSE_ASYNC_DIO` and a `max_background` of
+//! [`MAX_BACKGROUND`] (without them the kernel sends a direct-I/O file's
+//! requests one at a time) and 1 MiB writes; files opened with `O_DIRECT`
+//! get `FOPEN_DIRECT_IO` and `FOPEN_PARALLEL_DIRECT_WRITES`.
+//!
+//! This first version serves the `Filesystem` operations as they are
+//! (serialised per filesystem); `fsync` commits a txg.
+
+pub mod proto;
+
+use std::cell::Cell;
+use std::ffi::CString;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+
+use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
+use crate::pool::Pool;
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::{self, uring};
+
+/// Largest write the kernel sends (and read it asks for): 1 MiB.
+pub const MAX_WRITE_BYTES: u32 = 1 << 20;
+/// Pages of the largest request (1 MiB of 4 KiB pages).
+const MAX_PAGES: u16 = 256;
+/// Bytes of one request buffer: the largest write and its headers.
+const REQUEST_BUFFER_BYTES: usize = MAX_WRITE_BYTES as usize + 4096;
+/// Requests of one mount read and served at once. Each holds a request
+/// buffer, so this bounds a mount's memory (64 MiB) and its queue depth
+/// at the server; the kernel queues the rest.
+pub const READERS: usize = 64;
+/// Background (asynchronous) requests the kernel keeps outstanding, direct
+/// I/O included: at least the queue depth an application uses (fio's 64).
+pub const MAX_BACKGROUND: u16 = 256;
+/// How long the kernel may cache names and attributes: every change goes
+/// through this server, which is the only writer.
+const ATTR_VALID_SECONDS: u64 = 1;
+/// Largest directory listing reply (the kernel asks for a page at a time).
+const READDIR_BYTES_MAX: usize = 64 * 1024;
+
+/// One mounted filesystem.
+pub struct Mount {
+    mountpoint: PathBuf,
+    device: OwnedFd,
+    session: Rc<Session>,
+    readers: Vec<rt::JoinHandle<()>>,
+}
+
+struct Session {
+    pool: Rc<Pool>,
+    fs: Rc<Filesystem>,
+    fd: RawFd,
+    /// Requests answered (for status).
+    requests: Cell<u64>,
+}
+
+fn c_path(path: &Path) -> io::Result<CString> {
+    CString::new(path.as_os_str().as_encoded_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path with a NUL byte"))
+}
+
+/// Detaches whatever is mounted at `path` if it is a FUSE mount whose
+/// server is gone (`ENOTCONN`, or `ECONNABORTED` once the kernel aborted
+/// the connection): left by a server that was killed.
+fn clear_dead_mount(path: &Path) -> io::Result<()> {
+    match std::fs::metadata(path) {
+        Err(error)
+            if matches!(
+                error.raw_os_error(),
+                Some(libc::ENOTCONN | libc::ECONNABORTED)
+            ) =>
+        {
+            let target = c_path(path)?;
+            // SAFETY: a NUL-terminated path; umount2 reads it only.
+            if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        }
+        _ => Ok(()),
+    }
+}
+
+impl Mount {
+    /// Mounts `fs` at `mountpoint` (created if missing) and starts serving
+    /// it on the current runtime.
+    pub fn start(pool: Rc<Pool>, fs: Rc<Filesystem>, mountpoint: &Path) -> io::Result<Mount> {
+        clear_dead_mount(mountpoint)?;
+        std::fs::create_dir_all(mountpoint)?;
+        // SAFETY: a constant NUL-terminated path.
+        let fd = unsafe { libc::open(c"/dev/fuse".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: fd was just opened and is owned here.
+        let device = unsafe { OwnedFd::from_raw_fd(fd) };
+        let source = CString::new(format!("ironpool:{}", fs.name)).expect("no NUL in names");
+        let fstype = c"fuse.ironpool";
+        let options = CString::new(format!(
+            "fd={fd},rootmode={:o},user_id=0,group_id=0,default_permissions,allow_other,max_read={MAX_WRITE_BYTES}",
+            S_IFDIR
+        ))
+        .expect("no NUL in options");
+        let target = c_path(mountpoint)?;
+        // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+        let mounted = unsafe {
+            libc::mount(
+                source.as_ptr(),
+                target.as_ptr(),
+                fstype.as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV,
+                options.as_ptr() as *const libc::c_void,
+            )
+        };
+        if mounted != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let session = Rc::new(Session {
+            pool,
+            fs,
+            fd: device.as_raw_fd(),
+            requests: Cell::new(0),
+        });
+        let readers = (0..READERS)
+            .map(|_| rt::spawn(reader(session.clone())))
+            .collect();
+        Ok(Mount {
+            mountpoint: mountpoint.to_path_buf(),
+            device,
+            session,
+            readers,
+        })
+    }
+
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    /// Requests answered so far.
+    pub fn requests(&self) -> u64 {
+        self.session.requests.get()
+    }
+
+    /// Unmounts (lazily: open files keep working until closed, then the
+    /// kernel lets go) and waits for the readers, which end when the kernel
+    /// ends the session.
+    pub async fn stop(self) {
+        if let Ok(target) = c_path(&self.mountpoint) {
+            // SAFETY: a NUL-terminated path; umount2 reads it only.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+        for reader in self.readers {
+            reader.await;
+        }
+        drop(self.device);
+    }
+}
+
+/// Reads requests and serves them, one at a time, until the session ends.
+async fn reader(session: Rc<Session>) {
+    let mut buffer = AlignedBuf::zeroed(REQUEST_BUFFER_BYTES);
+    loop {
+        let (result, returned) = uring::read_blocking_into(session.fd, buffer).await;
+        buffer = returned;
+        match result {
+            Ok(length) => {
+                let reply = handle(&session, &buffer[..length]).await;
+                if let Some(reply) = reply {
+                    let bytes = BufSlice::whole(AlignedBuf::copy_from(&reply).into_shared());
+                    // ENOENT: the request was interrupted and is gone.
+                    if let Err(error) = uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
+                        if error.raw_os_error() != Some(libc::ENOENT) {
+                            eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name);
+                        }
+                    }
+                }
+                session.requests.set(session.requests.get() + 1);
+            }
+            Err(error)
+                if matches!(
+                    error.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::ENOENT)
+                ) => {}
+            // The filesystem was unmounted.
+            Err(error) if error.raw_os_error() == Some(libc::ENODEV) => return,
+            Err(error) => {
+                eprintln!("ironpool: {}: reading /dev/fuse: {error}", session.fs.name);
+                return;
+            }
+        }
+    }
+}
+
+fn to_fuse(attr: &Attr) -> proto::Attr {
+    let time = |time: Timestamp| (time.seconds, time.nanos);
+    let znode = &attr.znode;
+    proto::Attr {
+        ino: attr.ino,
+        size: attr.size,
+        blocks: attr.blocks,
+        atime: time(znode.atime),
+        mtime: time(znode.mtime),
+        ctime: time(znode.ctime),
+        mode: znode.mode,
+        nlink: znode.nlink.min(u32::MAX as u64) as u32,
+        uid: znode.uid,
+        gid: znode.gid,
+        rdev: znode.rdev as u32,
+        blksize: attr.block_bytes,
+    }
+}
+
+fn entry(attr: &Attr) -> Vec<u8> {
+    proto::entry_out(&to_fuse(attr), attr.znode.generation, ATTR_VALID_SECONDS)
+}
+
+/// Serves one request; returns the reply (None: the kernel expects none).
+async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
+    let header = match proto::header(bytes) {
+        Ok(header) => header,
+        Err(proto::Malformed(why)) => {
+            eprintln!(
+                "ironpool: {}: malformed fuse request: {why}",
+                session.fs.name
+            );
+            return None;
+        }
+    };
+    let request = match proto::request(&header, bytes) {
+        Ok(request) => request,
+        Err(_) => return Some(proto::reply(header.unique, -libc::EINVAL, &[])),
+    };
+    if proto::no_reply(header.opcode) {
+        return None;
+    }
+    let result = serve(session, &header, request).await;
+    Some(match result {
+        Ok(body) => proto::reply(header.unique, 0, &body),
+        Err(error) => proto::reply(header.unique, -error.errno(), &[]),
+    })
+}
+
+async fn serve(
+    session: &Session,
+    header: &proto::InHeader,
+    request: proto::Request<'_>,
+) -> Result<Vec<u8>, FsError> {
+    use proto::Request;
+    let fs = &session.fs;
+    let pool = &session.pool;
+    let node = header.nodeid;
+    let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
+    match request {
+        Request::Init {
+            major,
+            minor,
+            flags,
+            ..
+        } => {
+            if major != proto::KERNEL_VERSION {
+                return Err(FsError::Invalid(format!("FUSE major version {major}")));
+            }
+            let wanted = proto::ASYNC_READ
+                | proto::BIG_WRITES
+                | proto::ASYNC_DIO
+                | proto::PARALLEL_DIROPS
+                | proto::MAX_PAGES;
+            Ok(proto::init_out(
+                minor.min(proto::KERNEL_MINOR_VERSION),
+                flags & wanted,
+                MAX_BACKGROUND,
+                MAX_WRITE_BYTES,
+                MAX_PAGES,
+            ))
+        }
+        Request::Destroy
+        | Request::Release
+        | Request::Releasedir
+        | Request::Flush
+        | Request::Access { .. } => Ok(Vec::new()),
+        Request::Forget | Request::Interrupt => Ok(Vec::new()),
+        Request::Lookup { name } => Ok(entry(&fs.lookup(node, name).await?)),
+        Request::Getattr => Ok(proto::attr_out(
+            &to_fuse(&fs.getattr(node).await?),
+            ATTR_VALID_SECONDS,
+        )),
+        Request::Setattr(change) => {
+            let now = Timestamp::from_ns(rt::wall_clock_ns());
+            let time = |(seconds, nanos): (u64, u32), now_bit: u32, set_bit: u32| {
+                if change.valid & now_bit != 0 {
+                    Some(now)
+                } else if change.valid & set_bit != 0 {
+                    Some(Timestamp {
+                        seconds: seconds as i64,
+                        nanos,
+                    })
+                } else {
+                    None
+                }
+            };
+            let set = SetAttr {
+                mode: (change.valid & proto::FATTR_MODE != 0).then_some(change.mode),
+                uid: (change.valid & proto::FATTR_UID != 0).then_some(change.uid),
+                gid: (change.valid & proto::FATTR_GID != 0).then_some(change.gid),
+                size: (change.valid & proto::FATTR_SIZE != 0).then_some(change.size),
+                atime: time(change.atime, proto::FATTR_ATIME_NOW, proto::FATTR_ATIME),
+                mtime: time(change.mtime, proto::FATTR_MTIME_NOW, proto::FATTR_MTIME),
+            };
+            let attr = fs.setattr(pool, node, set).await?;
+            Ok(proto::attr_out(&to_fuse(&attr), ATTR_VALID_SECONDS))
+        }
+        Request::Readlink => fs.readlink(node).await,
+        Request::Symlink { name, target } => {
+            let new = NewObject {
+                target: Some(target),
+                ..owned(S_IFLNK | 0o777)
+            };
+            Ok(entry(&fs.create(pool, node, name, &new).await?))
+        }
+        Request::Mknod {
+            name, mode, rdev, ..
+        } => {
+            let new = NewObject {
+                rdev: u64::from(rdev),
+                ..owned(mode)
+            };
+            Ok(entry(&fs.create(pool, node, name, &new).await?))
+        }
+        Request::Mkdir { name, mode, .. } => {
+            let mode = S_IFDIR | (mode & 0o7777);
+            Ok(entry(&fs.create(pool, node, name, &owned(mode)).await?))
+        }
+        Request::Unlink { name } => fs
+            .remove(pool, node, name, false)
+            .await
+            .map(|()| Vec::new()),
+        Request::Rmdir { name } => fs.remove(pool, node, name, true).await.map(|()| Vec::new()),
+        Request::Rename {
+            new_dir,
+            name,
+            new_name,
+            flags,
+        } => fs
+            .rename(pool, node, name, new_dir, new_name, flags)
+            .await
+            .map(|()| Vec::new()),
+        Request::Link { old_node, name } => Ok(entry(&fs.link(pool, old_node, node, name).await?)),
+        Request::Open { flags } => {
+            let attr = fs.getattr(node).await?;
+            if attr.znode.is_dir() {
+                return Err(FsError::IsDir);
+            }
+            Ok(proto::open_out(0, open_flags(flags)))
+        }
+        Request::Opendir => Ok(proto::open_out(0, 0)),
+        Request::Create {
+            name, flags, mode, ..
+        } => {
+            let mode = if mode & S_IFMT == 0 {
+                mode | S_IFREG
+            } else {
+                mode
+            };
+            let attr = fs.create(pool, node, name, &owned(mode)).await?;
+            let mut body = entry(&attr);
+            body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
+            Ok(body)
+        }
+        Request::Read { offset, size, .. } => {
+            let size = size.min(MAX_WRITE_BYTES) as usize;
+            fs.read(node, offset, size).await
+        }
+        Request::Write { offset, data, .. } => {
+            let written = fs.write(pool, node, offset, data).await?;
+            Ok(proto::write_out(written as u32))
+        }
+        Request::Statfs => {
+            let stats = fs.stats(pool);
+            let block = 4096u64;
+            Ok(proto::statfs_out(
+                stats.total_bytes / block,
+                stats.free_bytes / block,
+                stats.objects + stats.free_bytes / block,
+                stats.free_bytes / block,
+                block as u32,
+            ))
+        }
+        Request::Fsync { .. } | Request::Fsyncdir => {
+            pool.commit().await?;
+            Ok(Vec::new())
+        }
+        Request::Readdir { offset, size } => {
+            let limit = (size as usize).min(READDIR_BYTES_MAX);
+            let mut out = Vec::with_capacity(limit);
+            // Each entry takes at least 32 bytes: ask for no more than fit.
+            let entries = fs.readdir(node, offset, limit / 32 + 1).await?;
+            for (next, entry) in entries {
+                if !proto::push_dirent(&mut out, limit, entry.object, next, entry.kind, &entry.name)
+                {
+                    break;
+                }
+            }
+            Ok(out)
+        }
+        Request::Unsupported(_) => Err(FsError::NotSupported),
+    }
+}
+
+/// The FUSE open flags for a file opened with `flags`: `O_DIRECT` opens
+/// bypass the kernel's page cache and may write in parallel.
+fn open_flags(flags: u32) -> u32 {
+    if flags & libc::O_DIRECT as u32 != 0 {
+        proto::FOPEN_DIRECT_IO | proto::FOPEN_PARALLEL_DIRECT_WRITES
+    } else {
+        0
+    }
+}

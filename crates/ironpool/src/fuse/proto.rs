@@ -1,0 +1,624 @@
+//! The FUSE wire protocol (kernel ABI 7.x, `include/uapi/linux/fuse.h`):
+//! requests decoded from the bytes `/dev/fuse` hands over, replies encoded
+//! for it. Pure; no I/O. Every length is checked against the request's
+//! own, so a malformed request is refused with `EINVAL`, never a panic.
+
+/// The protocol version this server speaks (it accepts any 7.x kernel).
+pub const KERNEL_VERSION: u32 = 7;
+pub const KERNEL_MINOR_VERSION: u32 = 31;
+/// FUSE's root node id (the filesystem's root directory).
+pub const ROOT_ID: u64 = 1;
+
+pub const IN_HEADER_BYTES: usize = 40;
+pub const OUT_HEADER_BYTES: usize = 16;
+
+// Opcodes.
+pub const LOOKUP: u32 = 1;
+pub const FORGET: u32 = 2;
+pub const GETATTR: u32 = 3;
+pub const SETATTR: u32 = 4;
+pub const READLINK: u32 = 5;
+pub const SYMLINK: u32 = 6;
+pub const MKNOD: u32 = 8;
+pub const MKDIR: u32 = 9;
+pub const UNLINK: u32 = 10;
+pub const RMDIR: u32 = 11;
+pub const RENAME: u32 = 12;
+pub const LINK: u32 = 13;
+pub const OPEN: u32 = 14;
+pub const READ: u32 = 15;
+pub const WRITE: u32 = 16;
+pub const STATFS: u32 = 17;
+pub const RELEASE: u32 = 18;
+pub const FSYNC: u32 = 20;
+pub const FLUSH: u32 = 25;
+pub const INIT: u32 = 26;
+pub const OPENDIR: u32 = 27;
+pub const READDIR: u32 = 28;
+pub const RELEASEDIR: u32 = 29;
+pub const FSYNCDIR: u32 = 30;
+pub const ACCESS: u32 = 34;
+pub const CREATE: u32 = 35;
+pub const INTERRUPT: u32 = 36;
+pub const DESTROY: u32 = 38;
+pub const BATCH_FORGET: u32 = 42;
+pub const RENAME2: u32 = 45;
+
+// INIT flags.
+pub const ASYNC_READ: u32 = 1 << 0;
+pub const ATOMIC_O_TRUNC: u32 = 1 << 3;
+pub const BIG_WRITES: u32 = 1 << 5;
+pub const DONT_MASK: u32 = 1 << 6;
+pub const ASYNC_DIO: u32 = 1 << 15;
+pub const PARALLEL_DIROPS: u32 = 1 << 18;
+pub const MAX_PAGES: u32 = 1 << 22;
+
+// OPEN reply flags.
+pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
+pub const FOPEN_PARALLEL_DIRECT_WRITES: u32 = 1 << 6;
+
+// SETATTR valid bits.
+pub const FATTR_MODE: u32 = 1 << 0;
+pub const FATTR_UID: u32 = 1 << 1;
+pub const FATTR_GID: u32 = 1 << 2;
+pub const FATTR_SIZE: u32 = 1 << 3;
+pub const FATTR_ATIME: u32 = 1 << 4;
+pub const FATTR_MTIME: u32 = 1 << 5;
+pub const FATTR_ATIME_NOW: u32 = 1 << 7;
+pub const FATTR_MTIME_NOW: u32 = 1 << 8;
+
+/// The header of every request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct InHeader {
+    pub len: u32,
+    pub opcode: u32,
+    pub unique: u64,
+    pub nodeid: u64,
+    pub uid: u32,
+    pub gid: u32,
+    pub pid: u32,
+}
+
+/// Attribute changes of a SETATTR.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SetattrIn {
+    pub valid: u32,
+    pub size: u64,
+    pub atime: (u64, u32),
+    pub mtime: (u64, u32),
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+}
+
+/// A decoded request; names and data borrow from the request's bytes.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Request<'a> {
+    Init {
+        major: u32,
+        minor: u32,
+        max_readahead: u32,
+        flags: u32,
+    },
+    Destroy,
+    Lookup {
+        name: &'a [u8],
+    },
+    Forget,
+    Getattr,
+    Setattr(SetattrIn),
+    Readlink,
+    Symlink {
+        name: &'a [u8],
+        target: &'a [u8],
+    },
+    Mknod {
+        name: &'a [u8],
+        mode: u32,
+        rdev: u32,
+        umask: u32,
+    },
+    Mkdir {
+        name: &'a [u8],
+        mode: u32,
+        umask: u32,
+    },
+    Unlink {
+        name: &'a [u8],
+    },
+    Rmdir {
+        name: &'a [u8],
+    },
+    Rename {
+        new_dir: u64,
+        name: &'a [u8],
+        new_name: &'a [u8],
+        flags: u32,
+    },
+    Link {
+        old_node: u64,
+        name: &'a [u8],
+    },
+    Open {
+        flags: u32,
+    },
+    Create {
+        name: &'a [u8],
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    },
+    Read {
+        fh: u64,
+        offset: u64,
+        size: u32,
+    },
+    Write {
+        fh: u64,
+        offset: u64,
+        data: &'a [u8],
+    },
+    Statfs,
+    Release,
+    Flush,
+    Fsync {
+        datasync: bool,
+    },
+    Opendir,
+    Readdir {
+        offset: u64,
+        size: u32,
+    },
+    Releasedir,
+    Fsyncdir,
+    Access {
+        mask: u32,
+    },
+    Interrupt,
+    /// Anything else: answered `ENOSYS` (the kernel then stops asking).
+    Unsupported(u32),
+}
+
+/// Why a request could not be decoded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Malformed(pub &'static str);
+
+fn u32_at(bytes: &[u8], at: usize) -> Result<u32, Malformed> {
+    bytes
+        .get(at..at + 4)
+        .map(|b| u32::from_le_bytes(b.try_into().expect("4 bytes")))
+        .ok_or(Malformed("request too short"))
+}
+
+fn u64_at(bytes: &[u8], at: usize) -> Result<u64, Malformed> {
+    bytes
+        .get(at..at + 8)
+        .map(|b| u64::from_le_bytes(b.try_into().expect("8 bytes")))
+        .ok_or(Malformed("request too short"))
+}
+
+/// The NUL-terminated string at the start of `bytes`, and what follows it.
+fn c_string(bytes: &[u8]) -> Result<(&[u8], &[u8]), Malformed> {
+    let end = bytes
+        .iter()
+        .position(|byte| *byte == 0)
+        .ok_or(Malformed("name without its NUL"))?;
+    Ok((&bytes[..end], &bytes[end + 1..]))
+}
+
+/// Decodes the header of a request of `bytes` (what one read returned).
+pub fn header(bytes: &[u8]) -> Result<InHeader, Malformed> {
+    if bytes.len() < IN_HEADER_BYTES {
+        return Err(Malformed("shorter than a header"));
+    }
+    let header = InHeader {
+        len: u32_at(bytes, 0)?,
+        opcode: u32_at(bytes, 4)?,
+        unique: u64_at(bytes, 8)?,
+        nodeid: u64_at(bytes, 16)?,
+        uid: u32_at(bytes, 24)?,
+        gid: u32_at(bytes, 28)?,
+        pid: u32_at(bytes, 32)?,
+    };
+    if header.len as usize != bytes.len() {
+        return Err(Malformed("length differs from what was read"));
+    }
+    Ok(header)
+}
+
+/// Decodes the request after `header` in `bytes`.
+pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Malformed> {
+    let body = &bytes[IN_HEADER_BYTES..];
+    let name_at = |offset: usize| -> Result<&'a [u8], Malformed> {
+        Ok(c_string(body.get(offset..).ok_or(Malformed("request too short"))?)?.0)
+    };
+    Ok(match header.opcode {
+        INIT => Request::Init {
+            major: u32_at(body, 0)?,
+            minor: u32_at(body, 4)?,
+            max_readahead: u32_at(body, 8)?,
+            flags: u32_at(body, 12)?,
+        },
+        DESTROY => Request::Destroy,
+        LOOKUP => Request::Lookup { name: name_at(0)? },
+        FORGET | BATCH_FORGET => Request::Forget,
+        GETATTR => Request::Getattr,
+        // fuse_setattr_in: valid, padding, fh, size, lock_owner, atime,
+        // mtime, ctime, atimensec, mtimensec, ctimensec, mode, unused, uid,
+        // gid, unused.
+        SETATTR => Request::Setattr(SetattrIn {
+            valid: u32_at(body, 0)?,
+            size: u64_at(body, 16)?,
+            atime: (u64_at(body, 32)?, u32_at(body, 56)?),
+            mtime: (u64_at(body, 40)?, u32_at(body, 60)?),
+            mode: u32_at(body, 68)?,
+            uid: u32_at(body, 76)?,
+            gid: u32_at(body, 80)?,
+        }),
+        READLINK => Request::Readlink,
+        SYMLINK => {
+            let (name, rest) = c_string(body)?;
+            let (target, _) = c_string(rest)?;
+            Request::Symlink { name, target }
+        }
+        MKNOD => Request::Mknod {
+            mode: u32_at(body, 0)?,
+            rdev: u32_at(body, 4)?,
+            umask: u32_at(body, 8)?,
+            name: name_at(16)?,
+        },
+        MKDIR => Request::Mkdir {
+            mode: u32_at(body, 0)?,
+            umask: u32_at(body, 4)?,
+            name: name_at(8)?,
+        },
+        UNLINK => Request::Unlink { name: name_at(0)? },
+        RMDIR => Request::Rmdir { name: name_at(0)? },
+        RENAME | RENAME2 => {
+            let (flags, names) = if header.opcode == RENAME2 {
+                (u32_at(body, 8)?, 16)
+            } else {
+                (0, 8)
+            };
+            let (name, rest) = c_string(body.get(names..).ok_or(Malformed("request too short"))?)?;
+            let (new_name, _) = c_string(rest)?;
+            Request::Rename {
+                new_dir: u64_at(body, 0)?,
+                name,
+                new_name,
+                flags,
+            }
+        }
+        LINK => Request::Link {
+            old_node: u64_at(body, 0)?,
+            name: name_at(8)?,
+        },
+        OPEN => Request::Open {
+            flags: u32_at(body, 0)?,
+        },
+        CREATE => Request::Create {
+            flags: u32_at(body, 0)?,
+            mode: u32_at(body, 4)?,
+            umask: u32_at(body, 8)?,
+            name: name_at(16)?,
+        },
+        READ => Request::Read {
+            fh: u64_at(body, 0)?,
+            offset: u64_at(body, 8)?,
+            size: u32_at(body, 16)?,
+        },
+        WRITE => {
+            let size = u32_at(body, 16)? as usize;
+            let data = body
+                .get(40..40 + size)
+                .ok_or(Malformed("write shorter than its size"))?;
+            Request::Write {
+                fh: u64_at(body, 0)?,
+                offset: u64_at(body, 8)?,
+                data,
+            }
+        }
+        STATFS => Request::Statfs,
+        RELEASE => Request::Release,
+        FLUSH => Request::Flush,
+        FSYNC => Request::Fsync {
+            datasync: u32_at(body, 8)? & 1 != 0,
+        },
+        OPENDIR => Request::Opendir,
+        READDIR => Request::Readdir {
+            offset: u64_at(body, 8)?,
+            size: u32_at(body, 16)?,
+        },
+        RELEASEDIR => Request::Releasedir,
+        FSYNCDIR => Request::Fsyncdir,
+        ACCESS => Request::Access {
+            mask: u32_at(body, 0)?,
+        },
+        INTERRUPT => Request::Interrupt,
+        other => Request::Unsupported(other),
+    })
+}
+
+/// Whether the kernel expects no reply to this opcode.
+pub fn no_reply(opcode: u32) -> bool {
+    matches!(opcode, FORGET | BATCH_FORGET | INTERRUPT)
+}
+
+/// A reply: the header (with `error`, a negative errno or 0) and the body.
+pub fn reply(unique: u64, error: i32, body: &[u8]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(OUT_HEADER_BYTES + body.len());
+    out.extend_from_slice(&((OUT_HEADER_BYTES + body.len()) as u32).to_le_bytes());
+    out.extend_from_slice(&error.to_le_bytes());
+    out.extend_from_slice(&unique.to_le_bytes());
+    out.extend_from_slice(body);
+    out
+}
+
+/// The reply header alone, for a reply whose body (`body_bytes` of it) is
+/// sent as separate pieces.
+pub fn reply_header(unique: u64, body_bytes: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(OUT_HEADER_BYTES);
+    out.extend_from_slice(&((OUT_HEADER_BYTES + body_bytes) as u32).to_le_bytes());
+    out.extend_from_slice(&0i32.to_le_bytes());
+    out.extend_from_slice(&unique.to_le_bytes());
+    out
+}
+
+/// The attributes the kernel caches (`struct fuse_attr`, 88 bytes).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: u64,
+    pub size: u64,
+    pub blocks: u64,
+    pub atime: (i64, u32),
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
+    pub mode: u32,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u32,
+    pub blksize: u32,
+}
+
+impl Attr {
+    fn encode(&self, out: &mut Vec<u8>) {
+        for value in [
+            self.ino,
+            self.size,
+            self.blocks,
+            self.atime.0 as u64,
+            self.mtime.0 as u64,
+            self.ctime.0 as u64,
+        ] {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+        for value in [
+            self.atime.1,
+            self.mtime.1,
+            self.ctime.1,
+            self.mode,
+            self.nlink,
+            self.uid,
+            self.gid,
+            self.rdev,
+            self.blksize,
+            0,
+        ] {
+            out.extend_from_slice(&value.to_le_bytes());
+        }
+    }
+}
+
+/// `fuse_entry_out`: a node, its generation and attributes, valid for
+/// `valid_seconds`.
+pub fn entry_out(attr: &Attr, generation: u64, valid_seconds: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(128);
+    for value in [attr.ino, generation, valid_seconds, valid_seconds] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.extend_from_slice(&[0; 8]);
+    attr.encode(&mut out);
+    out
+}
+
+/// `fuse_attr_out`.
+pub fn attr_out(attr: &Attr, valid_seconds: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(104);
+    out.extend_from_slice(&valid_seconds.to_le_bytes());
+    out.extend_from_slice(&[0; 8]);
+    attr.encode(&mut out);
+    out
+}
+
+/// `fuse_open_out`.
+pub fn open_out(fh: u64, open_flags: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(16);
+    out.extend_from_slice(&fh.to_le_bytes());
+    out.extend_from_slice(&open_flags.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out
+}
+
+/// `fuse_write_out`.
+pub fn write_out(size: u32) -> Vec<u8> {
+    let mut out = size.to_le_bytes().to_vec();
+    out.extend_from_slice(&[0; 4]);
+    out
+}
+
+/// `fuse_init_out` (64 bytes).
+pub fn init_out(
+    minor: u32,
+    flags: u32,
+    max_background: u16,
+    max_write: u32,
+    max_pages: u16,
+) -> Vec<u8> {
+    let mut out = Vec::with_capacity(64);
+    out.extend_from_slice(&KERNEL_VERSION.to_le_bytes());
+    out.extend_from_slice(&minor.to_le_bytes());
+    out.extend_from_slice(&max_write.to_le_bytes()); // max_readahead
+    out.extend_from_slice(&flags.to_le_bytes());
+    out.extend_from_slice(&max_background.to_le_bytes());
+    out.extend_from_slice(&(max_background / 4 * 3).to_le_bytes()); // congestion threshold
+    out.extend_from_slice(&max_write.to_le_bytes());
+    out.extend_from_slice(&1u32.to_le_bytes()); // time granularity: 1 ns
+    out.extend_from_slice(&max_pages.to_le_bytes());
+    out.resize(64, 0);
+    out
+}
+
+/// `fuse_kstatfs` inside `fuse_statfs_out`.
+pub fn statfs_out(blocks: u64, free: u64, files: u64, free_files: u64, block_size: u32) -> Vec<u8> {
+    let mut out = Vec::with_capacity(80);
+    for value in [blocks, free, free, files, free_files] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    for value in [block_size, 255, block_size, 0] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.resize(80, 0);
+    out
+}
+
+/// Appends one `fuse_dirent` if it fits within `limit` bytes in all;
+/// returns whether it did.
+pub fn push_dirent(
+    out: &mut Vec<u8>,
+    limit: usize,
+    ino: u64,
+    next: u64,
+    kind: u8,
+    name: &[u8],
+) -> bool {
+    let bytes = (24 + name.len()).next_multiple_of(8);
+    if out.len() + bytes > limit {
+        return false;
+    }
+    out.extend_from_slice(&ino.to_le_bytes());
+    out.extend_from_slice(&next.to_le_bytes());
+    out.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    out.extend_from_slice(&u32::from(kind).to_le_bytes());
+    out.extend_from_slice(name);
+    out.resize(out.len().next_multiple_of(8), 0);
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn request_bytes(opcode: u32, body: &[u8]) -> Vec<u8> {
+        let mut bytes = Vec::new();
+        bytes.extend_from_slice(&((IN_HEADER_BYTES + body.len()) as u32).to_le_bytes());
+        bytes.extend_from_slice(&opcode.to_le_bytes());
+        bytes.extend_from_slice(&7u64.to_le_bytes());
+        bytes.extend_from_slice(&1u64.to_le_bytes());
+        bytes.extend_from_slice(&[0; 16]);
+        bytes.extend_from_slice(body);
+        bytes
+    }
+
+    #[test]
+    fn decodes_requests() {
+        let bytes = request_bytes(LOOKUP, b"file\0");
+        let header = header(&bytes).unwrap();
+        assert_eq!(
+            (header.opcode, header.unique, header.nodeid),
+            (LOOKUP, 7, 1)
+        );
+        assert_eq!(
+            request(&header, &bytes).unwrap(),
+            Request::Lookup { name: b"file" }
+        );
+        let mut body = 9u64.to_le_bytes().to_vec();
+        body.extend_from_slice(b"a\0b\0");
+        let bytes = request_bytes(RENAME, &body);
+        assert_eq!(
+            request(&header_of(&bytes), &bytes).unwrap(),
+            Request::Rename {
+                new_dir: 9,
+                name: b"a",
+                new_name: b"b",
+                flags: 0
+            }
+        );
+        let mut body = vec![0u8; 40];
+        body[8..16].copy_from_slice(&4096u64.to_le_bytes());
+        body[16..20].copy_from_slice(&3u32.to_le_bytes());
+        body.extend_from_slice(b"xyz");
+        let bytes = request_bytes(WRITE, &body);
+        assert_eq!(
+            request(&header_of(&bytes), &bytes).unwrap(),
+            Request::Write {
+                fh: 0,
+                offset: 4096,
+                data: b"xyz"
+            }
+        );
+        // A write claiming more than it carries, a name without NUL, a short read.
+        body[16..20].copy_from_slice(&4u32.to_le_bytes());
+        let bytes = request_bytes(WRITE, &body);
+        assert!(request(&header_of(&bytes), &bytes).is_err());
+        let bytes = request_bytes(LOOKUP, b"file");
+        assert!(request(&header_of(&bytes), &bytes).is_err());
+        assert!(super::header(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn decodes_setattr_at_the_kernel_offsets() {
+        let mut body = vec![0u8; 88];
+        body[0..4].copy_from_slice(&(FATTR_SIZE | FATTR_MODE).to_le_bytes());
+        body[8..16].copy_from_slice(&77u64.to_le_bytes()); // fh
+        body[16..24].copy_from_slice(&1_000_000u64.to_le_bytes());
+        body[68..72].copy_from_slice(&0o600u32.to_le_bytes());
+        body[76..80].copy_from_slice(&1000u32.to_le_bytes());
+        body[80..84].copy_from_slice(&100u32.to_le_bytes());
+        let bytes = request_bytes(SETATTR, &body);
+        let Request::Setattr(change) = request(&header_of(&bytes), &bytes).unwrap() else {
+            panic!("not a setattr")
+        };
+        assert_eq!(
+            (change.size, change.mode, change.uid, change.gid),
+            (1_000_000, 0o600, 1000, 100)
+        );
+    }
+
+    fn header_of(bytes: &[u8]) -> InHeader {
+        header(bytes).unwrap()
+    }
+
+    #[test]
+    fn encodes_replies_of_the_kernel_sizes() {
+        let attr = Attr {
+            ino: 5,
+            ..Attr::default()
+        };
+        assert_eq!(entry_out(&attr, 1, 1).len(), 128);
+        assert_eq!(attr_out(&attr, 1).len(), 104);
+        assert_eq!(open_out(0, 0).len(), 16);
+        assert_eq!(init_out(31, 0, 256, 1 << 20, 256).len(), 64);
+        assert_eq!(statfs_out(1, 1, 1, 1, 4096).len(), 80);
+        let reply = reply(9, -2, &[1, 2]);
+        assert_eq!(reply.len(), 18);
+        assert_eq!(&reply[0..4], &18u32.to_le_bytes());
+        assert_eq!(&reply[4..8], &(-2i32).to_le_bytes());
+        assert_eq!(&reply_header(9, 100)[0..4], &116u32.to_le_bytes());
+        let mut out = Vec::new();
+        assert!(push_dirent(&mut out, 64, 2, 3, 8, b"abc"));
+        assert_eq!(out.len(), 32);
+        assert!(!push_dirent(&mut out, 64, 2, 3, 8, b"abcdefghijklm"));
+    }
+
+    proptest! {
+        #[test]
+        fn decode_never_panics(opcode in 0u32..50, body in proptest::collection::vec(any::<u8>(), 0..200)) {
+            let bytes = request_bytes(opcode, &body);
+            if let Ok(header) = header(&bytes) {
+                let _ = request(&header, &bytes);
+            }
+        }
+    }
+}

@@ -8,8 +8,8 @@
 //! requests one at a time) and 1 MiB writes; files opened with `O_DIRECT`
 //! get `FOPEN_DIRECT_IO` and `FOPEN_PARALLEL_DIRECT_WRITES`.
 //!
-//! This first version serves the `Filesystem` operations as they are
-//! (serialised per filesystem); `fsync` commits a txg.
+//! Reads and writes of different blocks of a file run concurrently in the
+//! filesystem layer; `fsync` commits a txg.
 
 pub mod proto;
 

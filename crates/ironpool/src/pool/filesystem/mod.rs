@@ -23,12 +23,14 @@
 //! not exist. Data writes do not (a txg may hold part of a write, as on any
 //! filesystem after a crash without `fsync`).
 //!
-//! Operations of one filesystem are serialised by a reader-writer lock in
-//! this first version (reads share it); `fsync` commits a txg.
+//! Changes to names and attributes of one filesystem are serialised by a
+//! reader-writer lock (lookups, reads and writes share it); reads and writes
+//! lock only the blocks of the file they touch, so many run at once on one
+//! file. `fsync` commits a txg.
 
 pub mod dir;
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
@@ -45,6 +47,8 @@ use crate::pool::dataset::props::VolumeSettings;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::sync::Notify;
+use rustc_hash::{FxHashMap, FxHashSet};
 
 /// The root directory's object number.
 pub const ROOT_OBJECT: u64 = 1;
@@ -212,6 +216,97 @@ pub struct FsStats {
     pub objects: u64,
 }
 
+/// Locks of data operations on files: a read or write locks the blocks it
+/// touches, so that operations on different blocks of one file run at once
+/// (a queue depth of 64 on one file reaches the devices); growing a file's
+/// first block locks the whole file.
+#[derive(Default)]
+struct FileLocks {
+    files: RefCell<FxHashMap<u64, FileLockState>>,
+    released: Notify,
+}
+
+#[derive(Default)]
+struct FileLockState {
+    whole: bool,
+    blocks: FxHashSet<u64>,
+}
+
+/// What a [`FileLocks`] guard holds: blocks of a file, or all of it.
+enum Held {
+    Blocks(std::ops::RangeInclusive<u64>),
+    Whole,
+}
+
+struct FileGuard<'a> {
+    locks: &'a FileLocks,
+    ino: u64,
+    held: Held,
+}
+
+impl FileLocks {
+    /// Locks blocks `blocks` of file `ino`, waiting for those held.
+    async fn blocks(&self, ino: u64, blocks: std::ops::RangeInclusive<u64>) -> FileGuard<'_> {
+        loop {
+            let released = self.released.notified();
+            {
+                let mut files = self.files.borrow_mut();
+                let state = files.entry(ino).or_default();
+                if !state.whole && !blocks.clone().any(|blkid| state.blocks.contains(&blkid)) {
+                    state.blocks.extend(blocks.clone());
+                    return FileGuard {
+                        locks: self,
+                        ino,
+                        held: Held::Blocks(blocks),
+                    };
+                }
+            }
+            released.await;
+        }
+    }
+
+    /// Locks all of file `ino`, once nothing of it is held.
+    async fn whole(&self, ino: u64) -> FileGuard<'_> {
+        loop {
+            let released = self.released.notified();
+            {
+                let mut files = self.files.borrow_mut();
+                let state = files.entry(ino).or_default();
+                if !state.whole && state.blocks.is_empty() {
+                    state.whole = true;
+                    return FileGuard {
+                        locks: self,
+                        ino,
+                        held: Held::Whole,
+                    };
+                }
+            }
+            released.await;
+        }
+    }
+}
+
+impl Drop for FileGuard<'_> {
+    fn drop(&mut self) {
+        let mut files = self.locks.files.borrow_mut();
+        if let Some(state) = files.get_mut(&self.ino) {
+            match &self.held {
+                Held::Whole => state.whole = false,
+                Held::Blocks(blocks) => {
+                    for blkid in blocks.clone() {
+                        state.blocks.remove(&blkid);
+                    }
+                }
+            }
+            if !state.whole && state.blocks.is_empty() {
+                files.remove(&self.ino);
+            }
+        }
+        drop(files);
+        self.locks.released.notify_all();
+    }
+}
+
 /// An open filesystem.
 pub struct Filesystem {
     /// `POOL/NAME`.
@@ -223,7 +318,10 @@ pub struct Filesystem {
     header: Cell<FsHeader>,
     settings: Cell<VolumeSettings>,
     record_shift: u8,
+    /// Names and attributes: changes take all of it; reads and data
+    /// operations one unit (they lock their files' blocks in `files`).
     lock: Rc<crate::rt::sync::Semaphore>,
+    files: FileLocks,
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -323,6 +421,7 @@ impl Filesystem {
             settings: Cell::new(settings),
             record_shift: record_bytes(&record.properties).trailing_zeros() as u8,
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
+            files: FileLocks::default(),
         }))
     }
 
@@ -995,6 +1094,19 @@ impl Filesystem {
         if znode.is_dir() {
             return Err(FsError::IsDir);
         }
+        let size = object.dnode().length_bytes;
+        if length == 0 || offset >= size {
+            return Ok(Vec::new());
+        }
+        let _blocks = loop {
+            let block = object.dnode().data_block_bytes();
+            let last = (offset + length as u64 - 1).min(size - 1) / block;
+            let guard = self.files.blocks(ino, offset / block..=last).await;
+            // The file's block grew while this waited: lock anew.
+            if object.dnode().data_block_bytes() == block {
+                break guard;
+            }
+        };
         self.read_locked(&object, offset, length).await
     }
 
@@ -1061,7 +1173,7 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<usize, FsError> {
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _shared = self.lock.acquire(1).await;
         self.check_writable(pool)?;
         let (object, mut znode) = self.load(ino).await?;
         if znode.is_dir() {
@@ -1070,6 +1182,25 @@ impl Filesystem {
         if data.is_empty() {
             return Ok(0);
         }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
+            .ok_or(FsError::TooBig)?;
+        let _file = loop {
+            let dnode = object.dnode();
+            let block = dnode.data_block_bytes();
+            if self.grows(&dnode, end) {
+                break self.files.whole(ino).await;
+            }
+            let guard = self
+                .files
+                .blocks(ino, offset / block..=(end - 1) / block)
+                .await;
+            let now = object.dnode();
+            if now.data_block_bytes() == block && !self.grows(&now, end) {
+                break guard;
+            }
+        };
         self.write_locked(pool, &object, offset, data).await?;
         let time = now();
         znode.mtime = time;
@@ -1119,6 +1250,13 @@ impl Filesystem {
         drop(dnode);
         object.dirty.set(true);
         Ok(())
+    }
+
+    /// Whether a write ending at `end` makes the file's one block larger.
+    fn grows(&self, dnode: &Dnode, end: u64) -> bool {
+        dnode.levels == 1
+            && dnode.data_block_shift < self.record_shift
+            && end > dnode.data_block_bytes()
     }
 
     /// A file of one block whose data will end at `end` past that block

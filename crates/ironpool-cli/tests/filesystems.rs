@@ -213,3 +213,45 @@ fn a_mount_left_dead_by_a_killed_server_is_replaced_and_fsynced_data_is_there() 
     assert!(std::fs::read(mnt.join("dir/durable.bin")).unwrap() == data);
     stop_and_check(&mut pool);
 }
+
+fn cached_data_bytes(pool: &TestPool) -> u64 {
+    let text = pool.admin(&["--json", "arcstat", &pool.name]);
+    let stats: serde_json::Value = serde_json::from_str(&text).expect("arcstat JSON");
+    stats["cache"]["data_bytes"].as_u64().expect("data_bytes")
+}
+
+#[test]
+fn o_direct_reads_bypass_the_read_cache_and_buffered_reads_fill_it() {
+    let (mut pool, mnt) = filesystem_pool("fsdirect");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let file = mnt.join("data.bin");
+    let file_arg = format!("of={}", file.display());
+    tool(
+        "dd",
+        &[
+            "if=/dev/urandom",
+            &file_arg,
+            "bs=1M",
+            "count=16",
+            "oflag=direct",
+        ],
+    );
+    pool.admin(&["tune", &pool.name, "arc_drop", "1"]);
+    let before = cached_data_bytes(&pool);
+    let input = format!("if={}", file.display());
+    tool("dd", &[&input, "of=/dev/null", "bs=1M", "iflag=direct"]);
+    let after_direct = cached_data_bytes(&pool);
+    assert!(
+        after_direct < before + (1 << 20),
+        "O_DIRECT reads filled the cache: {before} -> {after_direct} bytes"
+    );
+    tool("dd", &[&input, "of=/dev/null", "bs=1M"]);
+    let after_buffered = cached_data_bytes(&pool);
+    assert!(
+        after_buffered >= after_direct + (8 << 20),
+        "buffered reads did not fill the cache: {after_direct} -> {after_buffered} bytes"
+    );
+    stop_and_check(&mut pool);
+}

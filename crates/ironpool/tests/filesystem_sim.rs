@@ -442,7 +442,7 @@ async fn verify(fs: &Rc<Filesystem>, model: &Model, context: &str) {
                         model.links(*ino) as u64,
                         "{context}: links of {ino}"
                     );
-                    let read = fs.read(*ino, 0, data.len() + 100).await.unwrap();
+                    let read = fs.read(*ino, 0, data.len() + 100, false).await.unwrap();
                     assert!(read == *data, "{context}: contents of file {ino}");
                 }
                 Node::Link(target) => {
@@ -763,7 +763,7 @@ async fn matches_model(fs: &Rc<Filesystem>, model: &Model) -> bool {
                 Node::Dir(_) => stack.push(*ino),
                 Node::File(data) => match fs.getattr(*ino).await {
                     Ok(attr) if attr.size == data.len() as u64 => {
-                        if fs.read(*ino, 0, data.len()).await.ok().as_ref() != Some(data) {
+                        if fs.read(*ino, 0, data.len(), false).await.ok().as_ref() != Some(data) {
                             return false;
                         }
                     }
@@ -822,7 +822,7 @@ fn files_grow_their_block_shrink_and_extend_with_zeros() {
         expected[..1000].fill(0xaa);
         expected[1000..6000].fill(0xbb);
         expected[40_000..].fill(0xcc);
-        assert!(fs.read(file.ino, 0, 50_000).await.unwrap() == expected);
+        assert!(fs.read(file.ino, 0, 50_000, false).await.unwrap() == expected);
         // Cut into a block, then extend: the cut part reads as zeros.
         let cut = SetAttr {
             size: Some(3000),
@@ -836,7 +836,7 @@ fn files_grow_their_block_shrink_and_extend_with_zeros() {
         fs.setattr(&pool, file.ino, grow).await.unwrap();
         expected.truncate(3000);
         expected.resize(20_000, 0);
-        assert!(fs.read(file.ino, 0, 50_000).await.unwrap() == expected);
+        assert!(fs.read(file.ino, 0, 50_000, false).await.unwrap() == expected);
         pool.commit().await.unwrap();
         let report = pool.check_space().await.unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);

@@ -373,9 +373,15 @@ async fn serve(
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
             Ok(body)
         }
-        Request::Read { offset, size, .. } => {
+        Request::Read {
+            offset,
+            size,
+            flags,
+            ..
+        } => {
             let size = size.min(MAX_WRITE_BYTES) as usize;
-            fs.read(node, offset, size).await
+            let direct = flags & libc::O_DIRECT as u32 != 0;
+            fs.read(node, offset, size, direct).await
         }
         Request::Write { offset, data, .. } => {
             let written = fs.write(pool, node, offset, data).await?;

@@ -148,10 +148,12 @@ pub enum Request<'a> {
         mode: u32,
         umask: u32,
     },
+    /// `flags`: the file's open flags (`O_DIRECT`...).
     Read {
         fh: u64,
         offset: u64,
         size: u32,
+        flags: u32,
     },
     Write {
         fh: u64,
@@ -306,6 +308,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             fh: u64_at(body, 0)?,
             offset: u64_at(body, 8)?,
             size: u32_at(body, 16)?,
+            flags: u32_at(body, 32)?,
         },
         WRITE => {
             let size = u32_at(body, 16)? as usize;

@@ -36,6 +36,7 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
+use crate::cache::CacheUse;
 use crate::format::bp::Compression;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::fsdir::{self, DirEntry};
@@ -43,7 +44,7 @@ use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT,
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
 use crate::pool::dataset::directory::valid_name;
-use crate::pool::dataset::props::VolumeSettings;
+use crate::pool::dataset::props::{DirectMode, VolumeSettings};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -1084,11 +1085,23 @@ impl Filesystem {
             return Err(FsError::Invalid("not a symbolic link".into()));
         }
         let size = object.dnode().length_bytes;
-        self.read_locked(&object, 0, size as usize).await
+        let usage = self.settings.get().data_cache_use();
+        self.read_locked(&object, 0, size as usize, usage).await
     }
 
-    /// Reads up to `length` bytes at `offset` of file `ino` (fewer at its end).
-    pub async fn read(&self, ino: u64, offset: u64, length: usize) -> Result<Vec<u8>, FsError> {
+    /// Reads up to `length` bytes at `offset` of file `ino` (fewer at its
+    /// end). A `direct` read (`O_DIRECT`) bypasses the read cache, as OpenZFS
+    /// 2.3's direct I/O does, unless the filesystem's `direct` property is
+    /// `disabled`; with `direct=always` every read does. The cache stays
+    /// coherent: it is keyed by block pointer, and a block rewritten is a
+    /// new block.
+    pub async fn read(
+        &self,
+        ino: u64,
+        offset: u64,
+        length: usize,
+        direct: bool,
+    ) -> Result<Vec<u8>, FsError> {
         let _shared = self.lock.acquire(1).await;
         let (object, znode) = self.load(ino).await?;
         if znode.is_dir() {
@@ -1107,7 +1120,13 @@ impl Filesystem {
                 break guard;
             }
         };
-        self.read_locked(&object, offset, length).await
+        let settings = self.settings.get();
+        let usage = match settings.direct {
+            DirectMode::Always => CacheUse::data(false, false),
+            DirectMode::Standard if direct => CacheUse::data(false, false),
+            _ => settings.data_cache_use(),
+        };
+        self.read_locked(&object, offset, length, usage).await
     }
 
     async fn read_locked(
@@ -1115,6 +1134,7 @@ impl Filesystem {
         object: &Rc<Object>,
         offset: u64,
         length: usize,
+        usage: CacheUse,
     ) -> Result<Vec<u8>, FsError> {
         let size = object.dnode().length_bytes;
         if offset >= size {
@@ -1128,7 +1148,7 @@ impl Filesystem {
             let blkid = position / block;
             let within = (position % block) as usize;
             let chunk = ((block - within as u64).min(end - position)) as usize;
-            match self.read_block(object, blkid).await? {
+            match self.read_block(object, blkid, usage).await? {
                 Some(data) => out.extend_from_slice(&data[within..within + chunk]),
                 None => out.resize(out.len() + chunk, 0),
             }
@@ -1138,12 +1158,16 @@ impl Filesystem {
     }
 
     /// One whole data block (None: a hole).
-    async fn read_block(&self, object: &Object, blkid: u64) -> Result<Option<BufSlice>, FsError> {
+    async fn read_block(
+        &self,
+        object: &Object,
+        blkid: u64,
+        usage: CacheUse,
+    ) -> Result<Option<BufSlice>, FsError> {
         let pointer = self.objects.block_pointer(object, blkid).await?;
         if pointer.is_hole() {
             return Ok(None);
         }
-        let usage = self.settings.get().data_cache_use();
         let physical = self
             .objects
             .store
@@ -1231,7 +1255,10 @@ impl Filesystem {
             let mut bytes = if chunk as u64 == block {
                 source.to_vec()
             } else {
-                let mut old = match self.read_block(object, blkid).await? {
+                let mut old = match self
+                    .read_block(object, blkid, self.settings.get().data_cache_use())
+                    .await?
+                {
                     Some(old) => old.to_vec(),
                     None => vec![0u8; block as usize],
                 };
@@ -1276,7 +1303,9 @@ impl Filesystem {
             return Ok(());
         }
         let shift = block_shift_for(end).min(self.record_shift);
-        let old = self.read_block(object, 0).await?;
+        let old = self
+            .read_block(object, 0, self.settings.get().data_cache_use())
+            .await?;
         let pointer = match old {
             Some(old) => {
                 let mut bytes = old.to_vec();
@@ -1425,7 +1454,10 @@ impl Filesystem {
             let within = size % block;
             if within != 0 {
                 let blkid = size / block;
-                if let Some(old) = self.read_block(object, blkid).await? {
+                if let Some(old) = self
+                    .read_block(object, blkid, self.settings.get().data_cache_use())
+                    .await?
+                {
                     let mut bytes = old.to_vec();
                     bytes[within as usize..].fill(0);
                     let pointer = self.write_block(pool, &bytes).await?;

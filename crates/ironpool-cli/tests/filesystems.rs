@@ -255,3 +255,67 @@ fn o_direct_reads_bypass_the_read_cache_and_buffered_reads_fill_it() {
     );
     stop_and_check(&mut pool);
 }
+
+fn fs_objects(pool: &TestPool) -> u64 {
+    let text = pool.admin(&["--json", "fs", "list", &pool.name]);
+    let list: serde_json::Value = serde_json::from_str(&text).expect("fs list JSON");
+    list["filesystems"][0]["objects"].as_u64().expect("objects")
+}
+
+fn wait_objects(pool: &TestPool, wanted: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fs_objects(pool) != wanted {
+        assert!(
+            Instant::now() < deadline,
+            "{} objects, waited for {wanted}",
+            fs_objects(pool)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn a_file_removed_while_open_lives_until_closed_and_a_crash_frees_it() {
+    let (mut pool, mnt) = filesystem_pool("fsunlinked");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_eq!(fs_objects(&pool), 1, "the root directory alone");
+    let data = distinct_bytes(1 << 20, 5);
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(true)
+        .read(true)
+        .write(true)
+        .open(mnt.join("open.bin"))
+        .unwrap();
+    file.write_all_at(&data, 0).unwrap();
+    std::fs::remove_file(mnt.join("open.bin")).unwrap();
+    assert!(!mnt.join("open.bin").exists());
+    // Still readable and writable through the handle, with no links.
+    file.write_all_at(b"more", 1 << 20).unwrap();
+    let mut back = vec![0u8; 1 << 20];
+    file.read_exact_at(&mut back, 0).unwrap();
+    assert!(back == data, "the open file's data changed");
+    assert_eq!(file.metadata().unwrap().nlink(), 0);
+    assert_eq!(fs_objects(&pool), 2, "freed while open");
+    drop(file);
+    // The kernel releases the handle after close: then it is freed.
+    wait_objects(&pool, 1);
+    // Left open by a server that dies: the next import frees it.
+    let file = std::fs::File::create(mnt.join("orphan.bin")).unwrap();
+    file.write_all_at(&data, 0).unwrap();
+    std::fs::remove_file(mnt.join("orphan.bin")).unwrap();
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    pool.kill9();
+    drop(file);
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_eq!(fs_objects(&pool), 1, "the orphan was not freed at import");
+    assert!(
+        pool.log().contains("freed 1 files removed while open"),
+        "{}",
+        pool.log()
+    );
+    stop_and_check(&mut pool);
+}

@@ -280,11 +280,13 @@ async fn serve(
                 MAX_PAGES,
             ))
         }
-        Request::Destroy
-        | Request::Release
-        | Request::Releasedir
-        | Request::Flush
-        | Request::Access { .. } => Ok(Vec::new()),
+        Request::Release => {
+            fs.release(pool, node).await?;
+            Ok(Vec::new())
+        }
+        Request::Destroy | Request::Releasedir | Request::Flush | Request::Access { .. } => {
+            Ok(Vec::new())
+        }
         Request::Forget | Request::Interrupt => Ok(Vec::new()),
         Request::Lookup { name } => Ok(entry(&fs.lookup(node, name).await?)),
         Request::Getattr => Ok(proto::attr_out(
@@ -357,6 +359,7 @@ async fn serve(
             if attr.znode.is_dir() {
                 return Err(FsError::IsDir);
             }
+            fs.opened(node);
             Ok(proto::open_out(0, open_flags(flags)))
         }
         Request::Opendir => Ok(proto::open_out(0, 0)),
@@ -369,6 +372,7 @@ async fn serve(
                 mode
             };
             let attr = fs.create(pool, node, name, &owned(mode)).await?;
+            fs.opened(attr.ino);
             let mut body = entry(&attr);
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
             Ok(body)

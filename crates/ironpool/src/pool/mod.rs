@@ -956,6 +956,7 @@ impl Pool {
                 .insert(volume_name.clone(), volume);
         }
         pool.open_filesystems().await?;
+        pool.reclaim_unlinked().await?;
         Ok(pool)
     }
 

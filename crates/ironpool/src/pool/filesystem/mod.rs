@@ -323,6 +323,10 @@ pub struct Filesystem {
     /// operations one unit (they lock their files' blocks in `files`).
     lock: Rc<crate::rt::sync::Semaphore>,
     files: FileLocks,
+    /// Open handles per file (FUSE OPEN/CREATE to RELEASE): a file whose
+    /// last name goes while it is open lives on, with no links, until its
+    /// last handle closes (or, after a crash, until the next import).
+    open_handles: RefCell<FxHashMap<u64, u64>>,
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -423,6 +427,7 @@ impl Filesystem {
             record_shift: record_bytes(&record.properties).trailing_zeros() as u8,
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
             files: FileLocks::default(),
+            open_handles: RefCell::default(),
         }))
     }
 
@@ -784,8 +789,9 @@ impl Filesystem {
     }
 
     /// One name of `object` is gone: its link count drops, and at zero it
-    /// is freed. (Open files are not yet kept alive past their last name:
-    /// that comes with the FUSE front end, which knows what is open.)
+    /// is freed, unless it is open: then it stays, with no links, until its
+    /// last handle is released ([`Filesystem::release`]); an import frees
+    /// what a crash left so ([`Filesystem::reclaim_unlinked`]).
     async fn drop_link(
         &self,
         pool: &Rc<Pool>,
@@ -795,11 +801,77 @@ impl Filesystem {
     ) -> Result<(), FsError> {
         znode.nlink = if znode.is_dir() { 0 } else { znode.nlink - 1 };
         znode.ctime = time;
-        if znode.nlink > 0 {
+        if znode.nlink > 0 || (!znode.is_dir() && self.is_open(object.id)) {
             Self::save(object, &znode);
             return Ok(());
         }
         self.free_object(pool, object).await
+    }
+
+    fn is_open(&self, ino: u64) -> bool {
+        self.open_handles.borrow().contains_key(&ino)
+    }
+
+    /// A handle to file `ino` was opened.
+    pub fn opened(&self, ino: u64) {
+        *self.open_handles.borrow_mut().entry(ino).or_default() += 1;
+    }
+
+    /// A handle to file `ino` was released; the last one of a file with no
+    /// names left frees it.
+    pub async fn release(&self, pool: &Rc<Pool>, ino: u64) -> Result<(), FsError> {
+        {
+            let mut handles = self.open_handles.borrow_mut();
+            let Some(count) = handles.get_mut(&ino) else {
+                return Ok(());
+            };
+            *count -= 1;
+            if *count > 0 {
+                return Ok(());
+            }
+            handles.remove(&ino);
+        }
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        // Opened again while this waited: the new handle keeps it.
+        if self.is_open(ino) {
+            return Ok(());
+        }
+        let _hold = pool.txg.hold_builds();
+        let (object, znode) = match self.load(ino).await {
+            Ok(loaded) => loaded,
+            Err(FsError::NotFound) => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        if znode.nlink == 0 && !znode.is_dir() {
+            self.free_object(pool, &object).await?;
+        }
+        Ok(())
+    }
+
+    /// Frees the files a crash left unlinked but not yet freed (open when
+    /// their last name went). Run at import, before anything is served.
+    async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
+        let count = self.table.dnode().length_bytes / DNODE_BYTES as u64;
+        let mut freed = 0;
+        for ino in 1..count {
+            let object = match self.objects.open(ino).await {
+                Ok(object) => object,
+                Err(ObjectError::NoSuchObject(_)) => continue,
+                Err(error) => return Err(error.into()),
+            };
+            let dnode = object.dnode();
+            if dnode.object_type != ObjectType::FsFile {
+                continue;
+            }
+            match Znode::decode(&dnode.bonus) {
+                Ok(znode) if znode.nlink == 0 => {
+                    self.free_object(pool, &object).await?;
+                    freed += 1;
+                }
+                _ => {}
+            }
+        }
+        Ok(freed)
     }
 
     /// Frees every block of `object` and clears its dnode. The caller holds
@@ -1566,6 +1638,23 @@ impl Pool {
                 settings,
             )?;
             self.filesystems.borrow_mut().insert(short, fs);
+        }
+        Ok(())
+    }
+
+    /// Frees every filesystem's files left unlinked while open by a crash
+    /// (at import, before anything is served); notes how many.
+    pub(in crate::pool) async fn reclaim_unlinked(self: &Rc<Self>) -> Result<(), PoolError> {
+        for (short, fs) in self.filesystems() {
+            let freed = fs
+                .reclaim_unlinked(self)
+                .await
+                .map_err(|error| PoolError::Corrupt(format!("filesystem {short}: {error}")))?;
+            if freed > 0 {
+                self.import_notes.borrow_mut().push(format!(
+                    "filesystem {short}: freed {freed} files removed while open before the last shutdown"
+                ));
+            }
         }
         Ok(())
     }

@@ -15,6 +15,9 @@ command -v cc >/dev/null || need+=(build-essential)
 command -v promtool >/dev/null || need+=(prometheus)
 command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v python3 >/dev/null || need+=(python3)
+# The filesystem tests run real applications on a mounted filesystem.
+command -v sqlite3 >/dev/null || need+=(sqlite3)
+command -v git >/dev/null || need+=(git)
 # The kill -9 after FLUSH/FUA tests drive a volume at queue depth 64 with
 # libnbd's Python binding (Debian's own python3, whatever else is on PATH).
 /usr/bin/python3 -c "import nbd" 2>/dev/null || need+=(python3-libnbd)

@@ -29,6 +29,8 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "${need[@]}" >/dev/null
 fi
 command -v cargo >/dev/null || { echo "cargo is required: install Rust (https://rustup.rs)" >&2; exit 1; }
+# The POSIX conformance suite, run on a mounted filesystem by the tests.
+command -v pjdfstest >/dev/null || cargo install --quiet --locked pjdfstest
 # test.sh checks formatting and lints before it builds.
 for component in rustfmt clippy; do
     cargo "${component/rustfmt/fmt}" --version >/dev/null 2>&1 || rustup component add "$component"

@@ -49,13 +49,18 @@ impl Drop for Unmount {
 }
 
 fn filesystem_pool(name: &str) -> (TestPool, PathBuf) {
+    let pool = TestPool::new(name);
+    let mountpoint = pool.path("mnt");
+    filesystem_pool_at(pool, mountpoint)
+}
+
+/// A mirrored pool with filesystem `fs` mounting at `mountpoint`.
+fn filesystem_pool_at(pool: TestPool, mountpoint: PathBuf) -> (TestPool, PathBuf) {
     assert!(
         Path::new("/dev/fuse").exists(),
         "these tests need /dev/fuse (the FUSE module) and root"
     );
-    let pool = TestPool::new(name);
     pool.create("2G", &["mirror", "a.img", "b.img"]);
-    let mountpoint = pool.path("mnt");
     pool.ok(&[
         "fs",
         "create",
@@ -410,4 +415,54 @@ fn sqlite_commits_survive_kill_9_and_git_works() {
     run_in(&repo, "git", &["gc", "-q"]);
     run_in(&repo, "git", &["fsck", "--strict"]);
     stop_and_check(&mut pool);
+}
+
+#[test]
+fn pjdfstest_passes_on_a_mounted_filesystem() {
+    // A short mountpoint: pjdfstest binds unix sockets by path, and a
+    // socket's path is limited to 108 bytes.
+    let pool = TestPool::new("fspjd");
+    let short = PathBuf::from(format!("/tmp/ironpool-pjd.{}", std::process::id()));
+    let (mut pool, mnt) = filesystem_pool_at(pool, short);
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pjdfstest/pjdfstest.toml");
+    let work = mnt.join("pjd");
+    std::fs::create_dir(&work).unwrap();
+    let output = std::process::Command::new("pjdfstest")
+        .arg("-c")
+        .arg(&config)
+        .arg("-p")
+        .arg(&work)
+        .current_dir(&work)
+        .output()
+        .expect("pjdfstest (scripts/deps.sh installs it)");
+    let text = String::from_utf8_lossy(&output.stdout);
+    let summary = text
+        .lines()
+        .find(|line| line.starts_with("Summary:"))
+        .unwrap_or_else(|| {
+            panic!(
+                "no summary: {text}{}",
+                String::from_utf8_lossy(&output.stderr)
+            )
+        });
+    let failures: Vec<&str> = text
+        .lines()
+        .filter(|line| line.trim_end().ends_with("FAILED"))
+        .collect();
+    assert!(
+        output.status.success() && summary.starts_with("Summary: 0 failed"),
+        "{summary}\n{}",
+        failures.join("\n")
+    );
+    // The skips are the ones tests/pjdfstest/README.md lists, no more.
+    let skipped = text
+        .lines()
+        .filter(|line| line.trim_end().ends_with("skipped"))
+        .count();
+    assert!(skipped <= 16, "{skipped} tests skipped: {summary}");
+    stop_and_check(&mut pool);
+    let _ = std::fs::remove_dir(&mnt);
 }

@@ -621,7 +621,12 @@ impl Filesystem {
             hash_salt: if is_dir { crate::format::new_guid() } else { 0 },
             xattr_object: 0,
         };
+        // The object counts from here: a failure below frees it again.
+        self.set_header(header);
         let object = self.new_object(pool, ino, is_dir, &znode);
+        // Set once the link's target block is handed to the tree (or, on a
+        // failed link, released by it).
+        let mut target_taken = false;
         let made = async {
             if is_dir {
                 dir::init(&self.objects, &object).await?;
@@ -631,6 +636,7 @@ impl Filesystem {
                 dnode.data_block_shift = block_shift_for(target.len() as u64);
                 dnode.length_bytes = target.len() as u64;
                 *object.dnode.borrow_mut() = dnode;
+                target_taken = true;
                 self.link_cached(pool, &object, 0, pointer)?;
             }
             dir::insert(
@@ -645,6 +651,9 @@ impl Filesystem {
         }
         .await;
         if let Err(error) = made {
+            if !target_taken {
+                release(&target_block);
+            }
             // Nothing names the object: it goes, with what it holds.
             self.free_object(pool, &object).await?;
             return Err(error);
@@ -656,7 +665,6 @@ impl Filesystem {
         dir_znode.mtime = time;
         dir_znode.ctime = time;
         Self::save(&dir_object, &dir_znode);
-        self.set_header(header);
         let znode = Znode::decode(&object.dnode().bonus).expect("written just now");
         Ok(Self::attr(&object, znode))
     }

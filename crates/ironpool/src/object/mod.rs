@@ -205,18 +205,7 @@ impl ObjectSet {
         dnode_table: Dnode,
         cache_budget_bytes: usize,
     ) -> Rc<ObjectSet> {
-        let set = Rc::new(ObjectSet {
-            store,
-            objects: RefCell::default(),
-            cache_budget_bytes: Cell::new(cache_budget_bytes),
-            cached_bytes: Cell::new(0),
-            durable_txg: Cell::new(0),
-            dirty_bytes: Cell::new(0),
-        });
-        set.objects
-            .borrow_mut()
-            .insert(0, Object::new(0, dnode_table));
-        set
+        ObjectSet::nested(store, Object::new(0, dnode_table), cache_budget_bytes)
     }
 
     /// An object set whose dnode table is `table`, an object of another set:

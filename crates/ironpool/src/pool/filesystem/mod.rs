@@ -856,17 +856,26 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Every object of the filesystem in use (its dnode table excluded), in
+    /// object order.
+    pub(in crate::pool) async fn live_objects(&self) -> Result<Vec<Rc<Object>>, ObjectError> {
+        let count = self.table.dnode().length_bytes / DNODE_BYTES as u64;
+        let mut objects = Vec::new();
+        for ino in 1..count {
+            match self.objects.open(ino).await {
+                Ok(object) => objects.push(object),
+                Err(ObjectError::NoSuchObject(_)) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        Ok(objects)
+    }
+
     /// Frees the files a crash left unlinked but not yet freed (open when
     /// their last name went). Run at import, before anything is served.
     async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
-        let count = self.table.dnode().length_bytes / DNODE_BYTES as u64;
         let mut freed = 0;
-        for ino in 1..count {
-            let object = match self.objects.open(ino).await {
-                Ok(object) => object,
-                Err(ObjectError::NoSuchObject(_)) => continue,
-                Err(error) => return Err(error.into()),
-            };
+        for object in self.live_objects().await? {
             let dnode = object.dnode();
             if dnode.object_type != ObjectType::FsFile {
                 continue;
@@ -1798,14 +1807,8 @@ impl Pool {
         let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
         let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
         let hold = self.txg.hold_builds();
-        let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
         let mut pointers = Vec::new();
-        for id in 1..count {
-            let object = match fs.objects.open(id).await {
-                Ok(object) => object,
-                Err(ObjectError::NoSuchObject(_)) => continue,
-                Err(error) => return Err(error.into()),
-            };
+        for object in fs.live_objects().await? {
             fs.objects
                 .visit_pointers(&object, &mut |_, _, pointer| pointers.push(*pointer))
                 .await?;

@@ -114,21 +114,15 @@ impl Pool {
             })
             .collect();
         for (_, fs) in self.filesystems() {
-            let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
-            for id in 1..count {
-                match fs.objects.open(id).await {
-                    Ok(object) => {
-                        report.objects += 1;
-                        trees.push((
-                            fs.objects.clone(),
-                            object,
-                            (1 << 63) | (fs.table.id << 32) | id,
-                            format!("{}/{id}", fs.table.id),
-                        ));
-                    }
-                    Err(crate::object::ObjectError::NoSuchObject(_)) => {}
-                    Err(error) => return Err(error.into()),
-                }
+            for object in fs.live_objects().await? {
+                let id = object.id;
+                report.objects += 1;
+                trees.push((
+                    fs.objects.clone(),
+                    object,
+                    (1 << 63) | (fs.table.id << 32) | id,
+                    format!("{}/{id}", fs.table.id),
+                ));
             }
         }
         for (set, object, owner, label) in &trees {

@@ -62,10 +62,8 @@ fn raw_file_and_fake_zfs_file() {
     // How full the host's filesystem is belongs to the machine, not to this
     // run: a CI machine's disk over 80% full is reported, truthfully, as a
     // fill-level warning. Nothing else may be found on a raw file.
-    let (fill, others): (Vec<_>, Vec<_>) = raw
-        .pitfalls
-        .iter()
-        .partition(|f| f.check == "fill-level");
+    let (fill, others): (Vec<_>, Vec<_>) =
+        raw.pitfalls.iter().partition(|f| f.check == "fill-level");
     assert!(others.is_empty(), "{:#?}", raw.pitfalls);
     assert!(
         fill.iter()

@@ -96,7 +96,7 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
-    /// List pools (default), volumes or snapshots: `list [-t pool|volume|snapshot] [POOL[/VOL]]`.
+    /// List pools (default), volumes, filesystems or snapshots: `list [-t pool|volume|filesystem|snapshot|all] [POOL[/NAME]]`.
     List {
         /// What to list.
         #[arg(short = 't', default_value = "pool")]
@@ -114,10 +114,24 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         names: Vec<String>,
     },
-    /// Destroy a snapshot (POOL/VOL@NAME) or a volume (POOL/VOL; -r with its snapshots).
+    /// Destroy a snapshot (POOL/VOL@NAME), a volume (POOL/VOL; -r with its snapshots) or a filesystem (POOL/FS).
     Destroy {
         #[arg(short = 'r')]
         recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
+    /// Mount a filesystem the running server unmounted (`unmount`): `mount POOL/FS`.
+    Mount {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
+    /// Unmount a filesystem until `mount` or the next `serve` (lazily: files
+    /// open on it keep working until closed): `unmount POOL/FS`.
+    #[command(alias = "umount")]
+    Unmount {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         name: String,
@@ -143,7 +157,7 @@ enum Command {
         dirs: Vec<PathBuf>,
         name: String,
     },
-    /// Show properties: `get [PROP[,PROP...]|all] NAME` (NAME: POOL, POOL/VOL or POOL/VOL@SNAP).
+    /// Show properties: `get [PROP[,PROP...]|all] NAME` (NAME: POOL, POOL/VOL, POOL/FS or POOL/VOL@SNAP).
     Get {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
@@ -151,13 +165,13 @@ enum Command {
         properties: String,
         name: String,
     },
-    /// Set properties: `set PROP=VALUE... NAME` (compression, checksum, sync, readonly, volsize, module:key).
+    /// Set properties: `set PROP=VALUE... NAME` (compression, checksum, sync, readonly, volsize; on filesystems recordsize, mountpoint, atime, xattr; module:key).
     Set {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         #[arg(required = true, num_args = 1..)]
         assignments: Vec<String>,
-        /// POOL (volumes inherit it) or POOL/VOL; given last.
+        /// POOL (volumes and filesystems inherit it), POOL/VOL or POOL/FS; given last.
         name: String,
     },
     /// Remove a volume's (or the pool's) own setting so that it is inherited again.
@@ -520,6 +534,8 @@ fn main() -> ExitCode {
             dirs,
             name,
         } => cli::datasets::destroy(&context, &name, recursive, &dirs),
+        Command::Mount { dirs, name } => cli::datasets::mount(&context, &name, true, &dirs),
+        Command::Unmount { dirs, name } => cli::datasets::mount(&context, &name, false, &dirs),
         Command::Clone { dirs, origin, name } => {
             cli::datasets::clone(&context, &origin, &name, &dirs)
         }

@@ -466,3 +466,323 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     stop_and_check(&mut pool);
     let _ = std::fs::remove_dir(&mnt);
 }
+
+fn c_string(text: &str) -> std::ffi::CString {
+    std::ffi::CString::new(text).unwrap()
+}
+
+fn errno() -> i32 {
+    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
+}
+
+fn set_xattr(path: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
+    let (path, name) = (c_string(&path.display().to_string()), c_string(name));
+    // SAFETY: NUL-terminated strings and a buffer of the length given.
+    let result = unsafe {
+        libc::setxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    };
+    if result == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
+    let (path, name) = (c_string(&path.display().to_string()), c_string(name));
+    // SAFETY: a size of 0 asks for the length and writes nothing.
+    let length = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
+    if length < 0 {
+        return Err(errno());
+    }
+    let mut value = vec![0u8; length as usize];
+    // SAFETY: the buffer is as long as the length passed.
+    let read = unsafe {
+        libc::getxattr(
+            path.as_ptr(),
+            name.as_ptr(),
+            value.as_mut_ptr().cast(),
+            value.len(),
+        )
+    };
+    if read < 0 {
+        return Err(errno());
+    }
+    value.truncate(read as usize);
+    Ok(value)
+}
+
+fn list_xattrs(path: &Path) -> Result<Vec<String>, i32> {
+    let path = c_string(&path.display().to_string());
+    let mut names = vec![0u8; 65536];
+    // SAFETY: the buffer is as long as the length passed.
+    let length = unsafe { libc::listxattr(path.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if length < 0 {
+        return Err(errno());
+    }
+    names.truncate(length as usize);
+    Ok(names
+        .split(|byte| *byte == 0)
+        .filter(|name| !name.is_empty())
+        .map(|name| String::from_utf8_lossy(name).into_owned())
+        .collect())
+}
+
+fn remove_xattr(path: &Path, name: &str) -> Result<(), i32> {
+    let (path, name) = (c_string(&path.display().to_string()), c_string(name));
+    // SAFETY: NUL-terminated strings.
+    if unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) } == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+/// `get -H`-like: the value of property `name` of `target`.
+fn property(pool: &TestPool, target: &str, name: &str) -> (String, String) {
+    let text = pool.admin(&["--json", "get", name, target]);
+    let rows: serde_json::Value = serde_json::from_str(&text).expect("get JSON");
+    let row = rows["properties"]
+        .as_array()
+        .and_then(|rows| rows.iter().find(|row| row["property"] == name))
+        .unwrap_or_else(|| panic!("no {name} in {text}"))
+        .clone();
+    (
+        row["value"].as_str().unwrap().to_string(),
+        row["source"].as_str().unwrap().to_string(),
+    )
+}
+
+#[test]
+fn extended_attributes_are_kept_replaced_removed_and_bounded() {
+    let (mut pool, mnt) = filesystem_pool("fsxattr");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let file = mnt.join("tagged");
+    std::fs::write(&file, b"data").unwrap();
+    let dir = mnt.join("dir");
+    std::fs::create_dir(&dir).unwrap();
+
+    assert_eq!(list_xattrs(&file).unwrap(), Vec::<String>::new());
+    assert_eq!(get_xattr(&file, "user.none"), Err(libc::ENODATA));
+    set_xattr(&file, "user.mime_type", b"text/plain", 0).unwrap();
+    let big = distinct_bytes(60_000, 9);
+    set_xattr(&file, "user.big", &big, 0).unwrap();
+    set_xattr(&file, "user.empty", b"", 0).unwrap();
+    set_xattr(&dir, "user.on_a_directory", b"yes", 0).unwrap();
+    assert_eq!(get_xattr(&file, "user.mime_type").unwrap(), b"text/plain");
+    assert!(get_xattr(&file, "user.big").unwrap() == big);
+    assert_eq!(get_xattr(&file, "user.empty").unwrap(), b"");
+    assert_eq!(
+        list_xattrs(&file).unwrap(),
+        ["user.big", "user.empty", "user.mime_type"]
+    );
+    // setxattr's flags.
+    assert_eq!(
+        set_xattr(&file, "user.mime_type", b"x", libc::XATTR_CREATE),
+        Err(libc::EEXIST)
+    );
+    assert_eq!(
+        set_xattr(&file, "user.absent", b"x", libc::XATTR_REPLACE),
+        Err(libc::ENODATA)
+    );
+    set_xattr(&file, "user.mime_type", b"text/x-rust", libc::XATTR_REPLACE).unwrap();
+    // A third large value would pass the 128 KiB a file's list may hold.
+    assert_eq!(set_xattr(&file, "user.big2", &big, 0), Ok(()));
+    assert_eq!(set_xattr(&file, "user.big3", &big, 0), Err(libc::ENOSPC));
+    remove_xattr(&file, "user.big2").unwrap();
+    assert_eq!(remove_xattr(&file, "user.big2"), Err(libc::ENODATA));
+
+    // Kept across a restart.
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_eq!(get_xattr(&file, "user.mime_type").unwrap(), b"text/x-rust");
+    assert!(get_xattr(&file, "user.big").unwrap() == big);
+    assert_eq!(get_xattr(&dir, "user.on_a_directory").unwrap(), b"yes");
+
+    // xattr=off: none are served (they stay on disk).
+    let target = format!("{}/fs", pool.name);
+    pool.admin(&["set", "xattr=off", &target]);
+    assert_eq!(
+        property(&pool, &target, "xattr"),
+        ("off".into(), "local".into())
+    );
+    assert_eq!(get_xattr(&file, "user.mime_type"), Err(libc::EOPNOTSUPP));
+    assert_eq!(set_xattr(&file, "user.x", b"x", 0), Err(libc::EOPNOTSUPP));
+    pool.admin(&["inherit", "xattr", &target]);
+    assert_eq!(
+        property(&pool, &target, "xattr"),
+        ("on".into(), "default".into())
+    );
+    assert_eq!(get_xattr(&file, "user.mime_type").unwrap(), b"text/x-rust");
+
+    // Removing every attribute, and a file with attributes, frees their
+    // space: check finds every block accounted for.
+    for name in list_xattrs(&dir).unwrap() {
+        remove_xattr(&dir, &name).unwrap();
+    }
+    assert_eq!(list_xattrs(&dir).unwrap(), Vec::<String>::new());
+    std::fs::remove_file(&file).unwrap();
+    assert_check_clean(&pool);
+    stop_and_check(&mut pool);
+}
+
+#[test]
+fn filesystem_properties_mounts_listing_and_destroy() {
+    let (mut pool, mnt) = filesystem_pool("fsprops");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let target = format!("{}/fs", pool.name);
+
+    assert_eq!(property(&pool, &target, "type").0, "filesystem");
+    assert_eq!(
+        property(&pool, &target, "recordsize"),
+        ("16384".into(), "local".into())
+    );
+    assert_eq!(property(&pool, &target, "mounted").0, "yes");
+    assert_eq!(
+        property(&pool, &target, "compression"),
+        ("off".into(), "default".into())
+    );
+    pool.admin(&["set", "compression=lz4", &pool.name]);
+    assert_eq!(
+        property(&pool, &target, "compression"),
+        ("lz4".into(), format!("inherited from {}", pool.name))
+    );
+    let refused = pool.fails(&[
+        "--control",
+        &pool.control().display().to_string(),
+        "set",
+        "volsize=1G",
+        &target,
+    ]);
+    assert!(refused.contains("volume property"), "{refused}");
+    let refused = pool.fails(&[
+        "--control",
+        &pool.control().display().to_string(),
+        "set",
+        "recordsize=3K",
+        &target,
+    ]);
+    assert!(refused.contains("power of two"), "{refused}");
+
+    // recordsize applies to files that grow past one block afterwards.
+    let data = distinct_bytes(1 << 20, 4);
+    std::fs::write(mnt.join("old"), &data).unwrap();
+    pool.admin(&["set", "recordsize=64K", &target]);
+    std::fs::write(mnt.join("new"), &data).unwrap();
+    assert_eq!(std::fs::metadata(mnt.join("old")).unwrap().blksize(), 16384);
+    assert_eq!(std::fs::metadata(mnt.join("new")).unwrap().blksize(), 65536);
+    assert!(std::fs::read(mnt.join("old")).unwrap() == data);
+    // lz4 (inherited) shrinks them; their logical size is all there.
+    let logical: u64 = property(&pool, &target, "logicalused").0.parse().unwrap();
+    let used: u64 = property(&pool, &target, "used").0.parse().unwrap();
+    assert!(
+        logical >= 2 << 20,
+        "logicalused {logical} for 2 MiB of files"
+    );
+    assert!(
+        used > 0 && used <= logical,
+        "used {used}, logicalused {logical}"
+    );
+
+    // atime: a read after a write moves the access time (relatime); with
+    // atime=off it stays.
+    let accessed = |path: &Path| {
+        let meta = std::fs::metadata(path).unwrap();
+        (
+            meta.atime(),
+            meta.atime_nsec(),
+            meta.mtime(),
+            meta.mtime_nsec(),
+        )
+    };
+    let file = mnt.join("new");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        std::fs::read(&file).unwrap();
+        let (atime, atime_ns, mtime, mtime_ns) = accessed(&file);
+        if (atime, atime_ns) > (mtime, mtime_ns) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "a read did not move the access time"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    pool.admin(&["set", "atime=off", &target]);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&file)
+        .unwrap()
+        .write_all(b"more")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    std::fs::read(&file).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let (atime, atime_ns, mtime, mtime_ns) = accessed(&file);
+    assert!(
+        (atime, atime_ns) < (mtime, mtime_ns),
+        "atime=off: a read moved the access time"
+    );
+
+    // unmount and mount.
+    pool.admin(&["unmount", &target]);
+    assert!(!mounted(&mnt));
+    assert_eq!(property(&pool, &target, "mounted").0, "no");
+    let out = pool.admin(&["mount", &target]);
+    assert!(out.contains(&mnt.display().to_string()), "{out}");
+    assert!(mounted(&mnt));
+    assert!(std::fs::read(mnt.join("old")).unwrap() == data);
+
+    // A new mountpoint moves the mount.
+    let moved = pool.path("moved");
+    let _unmount_moved = Unmount(moved.clone());
+    pool.admin(&["set", &format!("mountpoint={}", moved.display()), &target]);
+    wait_mounted(&pool, &moved);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted(&mnt) {
+        assert!(
+            Instant::now() < deadline,
+            "still mounted at the old mountpoint"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(std::fs::read(moved.join("old")).unwrap() == data);
+
+    // Listed with volumes; destroyed by the generic destroy.
+    pool.admin(&["volume", "create", &format!("{}/vol", pool.name), "64M"]);
+    let listed = pool.admin(&["list", "-t", "all", &pool.name]);
+    assert!(
+        listed.contains(&target) && listed.contains(&moved.display().to_string()),
+        "{listed}"
+    );
+    assert!(listed.contains(&format!("{}/vol", pool.name)), "{listed}");
+    let only: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "list", "-t", "filesystem", &pool.name]))
+            .unwrap();
+    assert_eq!(only["datasets"].as_array().map(Vec::len), Some(1), "{only}");
+    let out = pool.admin(&["destroy", &target]);
+    assert!(out.contains("destroyed filesystem"), "{out}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted(&moved) {
+        assert!(
+            Instant::now() < deadline,
+            "a destroyed filesystem stays mounted"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let listed = pool.admin(&["list", "-t", "filesystem", &pool.name]);
+    assert!(!listed.contains(&target), "{listed}");
+    stop_and_check(&mut pool);
+}

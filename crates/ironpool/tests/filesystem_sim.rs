@@ -380,7 +380,7 @@ fn predict_rename(
 }
 
 /// Reads the whole tree back and compares it with the model.
-async fn verify(fs: &Rc<Filesystem>, model: &Model, context: &str) {
+async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) {
     let root = fs.root();
     let mut stack = vec![(root, root)];
     let mut seen = 0;
@@ -442,7 +442,10 @@ async fn verify(fs: &Rc<Filesystem>, model: &Model, context: &str) {
                         model.links(*ino) as u64,
                         "{context}: links of {ino}"
                     );
-                    let read = fs.read(*ino, 0, data.len() + 100, false).await.unwrap();
+                    let read = fs
+                        .read(pool, *ino, 0, data.len() + 100, false)
+                        .await
+                        .unwrap();
                     assert!(read == *data, "{context}: contents of file {ino}");
                 }
                 Node::Link(target) => {
@@ -484,7 +487,7 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
                 }
                 if index % 300 == 299 {
                     let snapshot = model.borrow().clone();
-                    verify(&fs, &snapshot, &format!("seed {seed} step {index}")).await;
+                    verify(&pool, &fs, &snapshot, &format!("seed {seed} step {index}")).await;
                 }
             }
             let report = pool.check_space().await.unwrap();
@@ -502,7 +505,7 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
             .unwrap();
         let fs = pool.filesystem("tank/fs").unwrap();
         let snapshot = model.borrow().clone();
-        verify(&fs, &snapshot, &format!("seed {seed} after import")).await;
+        verify(&pool, &fs, &snapshot, &format!("seed {seed} after import")).await;
         let report = pool.check_space().await.unwrap();
         assert!(
             report.problems.is_empty(),
@@ -716,7 +719,7 @@ fn crash_run(seed: u64) {
         // cut short. `verify` panics on a mismatch, so find the match first.
         let mut matched = None;
         for (index, candidate) in candidates.iter().enumerate().rev() {
-            if matches_model(&fs, candidate).await {
+            if matches_model(&pool, &fs, candidate).await {
                 matched = Some(index);
                 break;
             }
@@ -727,13 +730,19 @@ fn crash_run(seed: u64) {
                 candidates.len()
             )
         });
-        verify(&fs, &candidates[index], &format!("seed {seed} after crash")).await;
+        verify(
+            &pool,
+            &fs,
+            &candidates[index],
+            &format!("seed {seed} after crash"),
+        )
+        .await;
     });
 }
 
 /// Whether the names and file sizes match `model` (contents are compared by
 /// `verify`).
-async fn matches_model(fs: &Rc<Filesystem>, model: &Model) -> bool {
+async fn matches_model(pool: &Pool, fs: &Rc<Filesystem>, model: &Model) -> bool {
     let mut stack = vec![fs.root()];
     while let Some(dir) = stack.pop() {
         let mut listed = BTreeMap::new();
@@ -763,7 +772,13 @@ async fn matches_model(fs: &Rc<Filesystem>, model: &Model) -> bool {
                 Node::Dir(_) => stack.push(*ino),
                 Node::File(data) => match fs.getattr(*ino).await {
                     Ok(attr) if attr.size == data.len() as u64 => {
-                        if fs.read(*ino, 0, data.len(), false).await.ok().as_ref() != Some(data) {
+                        if fs
+                            .read(pool, *ino, 0, data.len(), false)
+                            .await
+                            .ok()
+                            .as_ref()
+                            != Some(data)
+                        {
                             return false;
                         }
                     }
@@ -822,7 +837,7 @@ fn files_grow_their_block_shrink_and_extend_with_zeros() {
         expected[..1000].fill(0xaa);
         expected[1000..6000].fill(0xbb);
         expected[40_000..].fill(0xcc);
-        assert!(fs.read(file.ino, 0, 50_000, false).await.unwrap() == expected);
+        assert!(fs.read(&pool, file.ino, 0, 50_000, false).await.unwrap() == expected);
         // Cut into a block, then extend: the cut part reads as zeros.
         let cut = SetAttr {
             size: Some(3000),
@@ -836,7 +851,7 @@ fn files_grow_their_block_shrink_and_extend_with_zeros() {
         fs.setattr(&pool, file.ino, grow).await.unwrap();
         expected.truncate(3000);
         expected.resize(20_000, 0);
-        assert!(fs.read(file.ino, 0, 50_000, false).await.unwrap() == expected);
+        assert!(fs.read(&pool, file.ino, 0, 50_000, false).await.unwrap() == expected);
         pool.commit().await.unwrap();
         let report = pool.check_space().await.unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);

@@ -21,11 +21,27 @@ pub fn list(
 ) -> Result<(), String> {
     match kind {
         "pool" => super::list(context, target, dirs),
-        "volume" | "snapshot" | "all" => {
-            let target = target.ok_or("name the pool (or POOL/VOL) to list")?;
+        "volume" | "filesystem" | "snapshot" | "all" => {
+            let target = target.ok_or("name the pool (or POOL/NAME) to list")?;
             let pool = pool_of(target);
             let mut rows = Vec::new();
-            if kind != "snapshot" {
+            let named = |row: &Value| {
+                row["name"]
+                    .as_str()
+                    .is_some_and(|name| name == target || target == pool)
+            };
+            if kind == "filesystem" || kind == "all" {
+                let result = admin(context, pool, dirs, Command::FsList)?;
+                rows.extend(
+                    result["filesystems"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(named),
+                );
+            }
+            if kind == "volume" || kind == "all" {
                 let result = admin(context, pool, dirs, Command::VolumeList)?;
                 rows.extend(
                     result["volumes"]
@@ -40,7 +56,11 @@ pub fn list(
                         }),
                 );
             }
-            if kind != "volume" {
+            let is_filesystem = rows
+                .iter()
+                .any(|row| row["type"] == "filesystem" && row["name"] == target);
+            // Filesystems have no snapshots yet.
+            if (kind == "snapshot" || kind == "all") && !is_filesystem {
                 let volume = (target != pool).then(|| target.to_string());
                 let result = admin(context, pool, dirs, Command::SnapshotList { volume })?;
                 rows.extend(result["snapshots"].as_array().cloned().unwrap_or_default());
@@ -50,7 +70,7 @@ pub fn list(
                 return Ok(());
             }
             println!(
-                "{:<40} {:>9} {:>9} {:>9} {:>9} {:>6}  ORIGIN",
+                "{:<40} {:>9} {:>9} {:>9} {:>9} {:>6}  ORIGIN/MOUNTPOINT",
                 "NAME", "USED", "REFER", "USEDSNAP", "WRITTEN", "RATIO"
             );
             for row in rows {
@@ -66,12 +86,17 @@ pub fn list(
                         .as_f64()
                         .map(|ratio| format!("{ratio:.2}x"))
                         .unwrap_or_else(|| "-".into()),
-                    row["origin"].as_str().unwrap_or("-")
+                    row["origin"]
+                        .as_str()
+                        .or(row["mountpoint"].as_str())
+                        .unwrap_or("-")
                 );
             }
             Ok(())
         }
-        other => Err(format!("-t {other}: use pool, volume, snapshot or all")),
+        other => Err(format!(
+            "-t {other}: use pool, volume, filesystem, snapshot or all"
+        )),
     }
 }
 
@@ -136,10 +161,38 @@ pub fn destroy(
             "volume",
         )
     } else {
-        return Err(format!("'{name}': destroy takes POOL/VOL or POOL/VOL@SNAP"));
+        return Err(format!(
+            "'{name}': destroy takes POOL/VOL, POOL/FS or POOL/VOL@SNAP"
+        ));
     };
     let result = admin(context, pool, dirs, command)?;
+    // The server says which kind of dataset POOL/NAME was.
+    let what = result["type"].as_str().unwrap_or(what).to_string();
     done(context, result, format!("destroyed {what} '{name}'"));
+    Ok(())
+}
+
+/// `mount POOL/FS` (`wanted`) or `unmount POOL/FS`.
+pub fn mount(context: &Context, name: &str, wanted: bool, dirs: &[PathBuf]) -> Result<(), String> {
+    if !name.contains('/') || name.contains('@') {
+        return Err(format!("'{name}': filesystems are named POOL/NAME"));
+    }
+    let pool = pool_of(name);
+    let command = if wanted {
+        Command::FsMount {
+            name: name.to_string(),
+        }
+    } else {
+        Command::FsUnmount {
+            name: name.to_string(),
+        }
+    };
+    let result = admin(context, pool, dirs, command)?;
+    let message = match result["mounted"].as_str() {
+        Some(path) => format!("mounted '{name}' at {path}"),
+        None => format!("unmounted '{name}'"),
+    };
+    done(context, result, message);
     Ok(())
 }
 

@@ -238,14 +238,14 @@ pub fn serve(
             // Filesystems are mounted now and whenever one is created or
             // destroyed while the server runs.
             let mounts: Rc<RefCell<BTreeMap<String, Mount>>> = Rc::default();
-            reconcile_mounts(&pool, &mounts).await;
+            reconcile_mounts(&pool, &mounts);
             let watcher = {
                 let pool = pool.clone();
                 let mounts = mounts.clone();
                 async move {
                     loop {
                         pool.filesystems_changed().await;
-                        reconcile_mounts(&pool, &mounts).await;
+                        reconcile_mounts(&pool, &mounts);
                     }
                 }
             };
@@ -261,6 +261,7 @@ pub fn serve(
             // Filesystems first: their requests finish, then the kernel lets go.
             let mounted = std::mem::take(&mut *mounts.borrow_mut());
             for (name, mount) in mounted {
+                pool.note_mount(&name, None);
                 let path = mount.mountpoint().display().to_string();
                 mount.stop().await;
                 eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
@@ -302,38 +303,55 @@ pub fn serve(
 }
 
 /// Mounts the pool's filesystems that are not mounted (at their
-/// mountpoints) and unmounts those that are gone. A filesystem that cannot
-/// be mounted (no `/dev/fuse`, not root) is reported; volumes are served
-/// regardless.
-async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>>>) {
-    let filesystems = pool.filesystems();
-    let gone: Vec<String> = mounts
-        .borrow()
-        .keys()
-        .filter(|name| !filesystems.iter().any(|(short, _)| short == *name))
-        .cloned()
-        .collect();
-    for name in gone {
-        let mount = mounts.borrow_mut().remove(&name);
-        if let Some(mount) = mount {
-            mount.stop().await;
-        }
-    }
-    for (short, fs) in filesystems {
-        if mounts.borrow().contains_key(&short) {
-            continue;
-        }
+/// mountpoints), moves those whose mountpoint changed, and unmounts those
+/// destroyed, unmounted by `ironpool unmount` or set to `mountpoint=none`.
+/// A filesystem that cannot be mounted (no `/dev/fuse`, not root) is
+/// reported; volumes are served regardless.
+fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>>>) {
+    let mut wanted = BTreeMap::new();
+    for (short, fs) in pool.filesystems() {
         let properties = pool
             .filesystem_record(&short)
             .map(|record| record.properties)
             .unwrap_or_default();
-        let Some(path) = mountpoint(pool.name(), &short, &properties) else {
+        if let Some(path) = mountpoint(pool.name(), &short, &properties) {
+            if pool.mount_wanted(&short) {
+                wanted.insert(short, (fs, path));
+            }
+        }
+    }
+    let stale: Vec<String> = mounts
+        .borrow()
+        .iter()
+        .filter(|(name, mount)| match wanted.get(*name) {
+            Some((fs, path)) => !mount.serves(fs) || mount.mountpoint() != Path::new(path),
+            None => true,
+        })
+        .map(|(name, _)| name.clone())
+        .collect();
+    for name in stale {
+        let mount = mounts.borrow_mut().remove(&name);
+        if let Some(mount) = mount {
+            pool.note_mount(&name, None);
+            let path = mount.mountpoint().display().to_string();
+            // Detached at once; the session ends when its last open file
+            // closes, which need not hold up the other mounts.
+            let pool_name = pool.name().to_string();
+            rt::spawn(async move {
+                mount.stop().await;
+                eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
+            });
+        }
+    }
+    for (short, (fs, path)) in wanted {
+        if mounts.borrow().contains_key(&short) {
             continue;
-        };
+        }
         match Mount::start(pool.clone(), fs.clone(), Path::new(&path)) {
             Ok(mount) => {
                 eprintln!("ironpool: mounted {} at {path}", fs.name);
-                mounts.borrow_mut().insert(short, mount);
+                mounts.borrow_mut().insert(short.clone(), mount);
+                pool.note_mount(&short, Some(path));
             }
             Err(error) => eprintln!("ironpool: cannot mount {} at {path}: {error}", fs.name),
         }

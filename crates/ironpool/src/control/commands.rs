@@ -43,6 +43,15 @@ pub enum Command {
     FsDestroy {
         name: String,
     },
+    /// Mounts a filesystem the server serves (`ironpool mount POOL/NAME`),
+    /// after an `unmount`.
+    FsMount {
+        name: String,
+    },
+    /// Unmounts a filesystem until `mount` or the next `serve`.
+    FsUnmount {
+        name: String,
+    },
     VolumeDestroy {
         name: String,
         #[serde(default)]
@@ -363,6 +372,8 @@ impl Command {
             | Command::Arcstat
             | Command::VolumeList
             | Command::FsList
+            | Command::FsMount { .. }
+            | Command::FsUnmount { .. }
             | Command::SnapshotList { .. }
             | Command::Send { .. }
             | Command::GetProperties { .. }
@@ -578,23 +589,40 @@ async fn run(
             Ok(json!({ "name": name }))
         }
         Command::FsList => {
-            let filesystems: Vec<Value> = pool
-                .filesystems()
-                .iter()
-                .map(|(short, fs)| {
-                    let record = pool.filesystem_record(short);
-                    let properties = record.map(|record| record.properties).unwrap_or_default();
-                    let stats = fs.stats(pool);
-                    json!({
-                        "name": fs.name,
-                        "mountpoint": crate::pool::filesystem::mountpoint(pool.name(), short, &properties),
-                        "recordsize": fs.record_bytes(),
-                        "objects": stats.objects,
-                        "properties": properties,
-                    })
-                })
-                .collect();
+            let mut filesystems = Vec::new();
+            for (short, fs) in pool.filesystems() {
+                let record = pool.filesystem_record(&short);
+                let properties = record.map(|record| record.properties).unwrap_or_default();
+                let stats = fs.stats(pool);
+                let mut entry = json!({
+                    "name": fs.name,
+                    "type": "filesystem",
+                    "mountpoint": crate::pool::filesystem::mountpoint(pool.name(), &short, &properties),
+                    "mounted": pool.mounted_at(&short),
+                    "recordsize": fs.record_bytes(),
+                    "objects": stats.objects,
+                    "properties": properties,
+                });
+                let space = fs
+                    .space()
+                    .await
+                    .map_err(|error| PoolError::Io(format!("{}: {error}", fs.name)))?;
+                if let (Value::Object(map), Ok(Value::Object(figures))) =
+                    (&mut entry, serde_json::to_value(space))
+                {
+                    map.extend(figures);
+                }
+                filesystems.push(entry);
+            }
             Ok(json!({ "filesystems": filesystems }))
+        }
+        Command::FsMount { name } => {
+            let at = pool.set_mounted(&name, true).await?;
+            Ok(json!({ "name": name, "mounted": at }))
+        }
+        Command::FsUnmount { name } => {
+            pool.set_mounted(&name, false).await?;
+            Ok(json!({ "name": name, "mounted": null }))
         }
         Command::VolumeList => {
             let mut volumes = volume_list(pool);
@@ -673,9 +701,17 @@ async fn run(
             pool.rollback(&name, recursive).await?;
             Ok(json!({ "rolled_back_to": name }))
         }
+        // `destroy POOL/NAME` names a volume or a filesystem.
+        Command::VolumeDestroy { name, recursive }
+            if !name.contains('@') && pool.filesystem(&name).is_ok() =>
+        {
+            let _ = recursive; // a filesystem has no snapshots to take along yet
+            pool.destroy_filesystem(&name).await?;
+            Ok(json!({ "destroyed": name, "type": "filesystem" }))
+        }
         Command::VolumeDestroy { name, recursive } => {
             pool.destroy_volume(&name, recursive).await?;
-            Ok(json!({ "destroyed": name }))
+            Ok(json!({ "destroyed": name, "type": "volume" }))
         }
         Command::Send { .. } | Command::Receive { .. } => Err(PoolError::InvalidArgument(
             "send and receive stream through a descriptor: use the ironpool command".into(),

@@ -89,6 +89,8 @@ pub enum ObjectType {
     FsFile,
     /// A filesystem's directory: hashed leaves of entries (`format::fsdir`).
     FsDirectory,
+    /// The extended attributes of one filesystem object (`format::xattr`).
+    FsXattr,
 }
 
 impl ObjectType {
@@ -105,6 +107,7 @@ impl ObjectType {
             ObjectType::FsObjects => 8,
             ObjectType::FsFile => 9,
             ObjectType::FsDirectory => 10,
+            ObjectType::FsXattr => 11,
         }
     }
 
@@ -121,6 +124,7 @@ impl ObjectType {
             8 => Some(ObjectType::FsObjects),
             9 => Some(ObjectType::FsFile),
             10 => Some(ObjectType::FsDirectory),
+            11 => Some(ObjectType::FsXattr),
             _ => None,
         }
     }
@@ -130,10 +134,14 @@ impl ObjectType {
         !self.is_user_data()
     }
 
-    /// Objects whose level-0 blocks are a user's data (a volume's, a file's):
-    /// one copy, written by the data path, evictable from memory.
+    /// Objects whose level-0 blocks are a user's data (a volume's, a file's,
+    /// a file's extended attributes): one copy, written by the data path,
+    /// evictable from memory.
     pub fn is_user_data(self) -> bool {
-        matches!(self, ObjectType::VolumeData | ObjectType::FsFile)
+        matches!(
+            self,
+            ObjectType::VolumeData | ObjectType::FsFile | ObjectType::FsXattr
+        )
     }
 }
 

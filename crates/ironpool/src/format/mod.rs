@@ -16,6 +16,7 @@ pub mod label;
 pub mod spacemap;
 pub mod stream;
 pub mod uberblock;
+pub mod xattr;
 pub mod znode;
 
 pub use bp::{BlockPointer, Dva};

@@ -143,6 +143,11 @@ impl Mount {
         &self.mountpoint
     }
 
+    /// Whether this mount serves `fs` (not an older filesystem of its name).
+    pub fn serves(&self, fs: &Rc<Filesystem>) -> bool {
+        Rc::ptr_eq(&self.session.fs, fs)
+    }
+
     /// Requests answered so far.
     pub fn requests(&self) -> u64 {
         self.session.requests.get()
@@ -385,7 +390,7 @@ async fn serve(
         } => {
             let size = size.min(MAX_WRITE_BYTES) as usize;
             let direct = flags & libc::O_DIRECT as u32 != 0;
-            fs.read(node, offset, size, direct).await
+            fs.read(pool, node, offset, size, direct).await
         }
         Request::Write { offset, data, .. } => {
             let written = fs.write(pool, node, offset, data).await?;
@@ -419,7 +424,35 @@ async fn serve(
             }
             Ok(out)
         }
+        Request::Setxattr { name, value, flags } => fs
+            .setxattr(pool, node, name, value, flags)
+            .await
+            .map(|()| Vec::new()),
+        Request::Getxattr { name, size } => sized(fs.getxattr(node, name).await?, size),
+        Request::Listxattr { size } => {
+            let mut names = Vec::new();
+            for name in fs.listxattr(node).await? {
+                names.extend_from_slice(&name);
+                names.push(0);
+            }
+            sized(names, size)
+        }
+        Request::Removexattr { name } => {
+            fs.removexattr(pool, node, name).await.map(|()| Vec::new())
+        }
         Request::Unsupported(_) => Err(FsError::NotSupported),
+    }
+}
+
+/// The reply to a GETXATTR or LISTXATTR whose caller has `size` bytes for
+/// `bytes`: their length when it asked with 0, `ERANGE` when they do not fit.
+fn sized(bytes: Vec<u8>, size: u32) -> Result<Vec<u8>, FsError> {
+    if size == 0 {
+        Ok(proto::getxattr_out(bytes.len() as u32))
+    } else if bytes.len() > size as usize {
+        Err(FsError::Range)
+    } else {
+        Ok(bytes)
     }
 }
 

@@ -31,6 +31,10 @@ pub const WRITE: u32 = 16;
 pub const STATFS: u32 = 17;
 pub const RELEASE: u32 = 18;
 pub const FSYNC: u32 = 20;
+pub const SETXATTR: u32 = 21;
+pub const GETXATTR: u32 = 22;
+pub const LISTXATTR: u32 = 23;
+pub const REMOVEXATTR: u32 = 24;
 pub const FLUSH: u32 = 25;
 pub const INIT: u32 = 26;
 pub const OPENDIR: u32 = 27;
@@ -175,6 +179,23 @@ pub enum Request<'a> {
     Fsyncdir,
     Access {
         mask: u32,
+    },
+    /// `fuse_setxattr_in` as before 7.33 (no `FUSE_SETXATTR_EXT`).
+    Setxattr {
+        name: &'a [u8],
+        value: &'a [u8],
+        flags: u32,
+    },
+    /// `size`: the caller's buffer (0: asks for the value's length).
+    Getxattr {
+        name: &'a [u8],
+        size: u32,
+    },
+    Listxattr {
+        size: u32,
+    },
+    Removexattr {
+        name: &'a [u8],
     },
     Interrupt,
     /// Anything else: answered `ENOSYS` (the kernel then stops asking).
@@ -337,6 +358,23 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
         ACCESS => Request::Access {
             mask: u32_at(body, 0)?,
         },
+        SETXATTR => {
+            let size = u32_at(body, 0)? as usize;
+            let flags = u32_at(body, 4)?;
+            let (name, rest) = c_string(body.get(8..).ok_or(Malformed("request too short"))?)?;
+            let value = rest
+                .get(..size)
+                .ok_or(Malformed("xattr value shorter than its size"))?;
+            Request::Setxattr { name, value, flags }
+        }
+        GETXATTR => Request::Getxattr {
+            size: u32_at(body, 0)?,
+            name: name_at(8)?,
+        },
+        LISTXATTR => Request::Listxattr {
+            size: u32_at(body, 0)?,
+        },
+        REMOVEXATTR => Request::Removexattr { name: name_at(0)? },
         INTERRUPT => Request::Interrupt,
         other => Request::Unsupported(other),
     })
@@ -439,6 +477,14 @@ pub fn open_out(fh: u64, open_flags: u32) -> Vec<u8> {
     let mut out = Vec::with_capacity(16);
     out.extend_from_slice(&fh.to_le_bytes());
     out.extend_from_slice(&open_flags.to_le_bytes());
+    out.extend_from_slice(&[0; 4]);
+    out
+}
+
+/// `fuse_getxattr_out`: the length of a value or name list, for a caller
+/// that asked with a size of 0.
+pub fn getxattr_out(size: u32) -> Vec<u8> {
+    let mut out = size.to_le_bytes().to_vec();
     out.extend_from_slice(&[0; 4]);
     out
 }

@@ -260,6 +260,10 @@ pub struct Pool {
     filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
     /// Notified when a filesystem is created or destroyed.
     filesystems_changed: Notify,
+    /// Filesystems the server mounted, and those an administrator unmounted.
+    mounts: RefCell<filesystem::MountState>,
+    /// Raised when the server mounted or unmounted a filesystem.
+    mounts_noted: Notify,
     tunables: RefCell<PoolTunables>,
     scrub: RefCell<scan::scrub::ScrubState>,
     resilver: RefCell<scan::resilver::ResilverState>,
@@ -500,6 +504,8 @@ impl Pool {
             volumes: RefCell::new(BTreeMap::new()),
             filesystems: RefCell::new(BTreeMap::new()),
             filesystems_changed: Notify::new(),
+            mounts: RefCell::default(),
+            mounts_noted: Notify::new(),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),
@@ -911,6 +917,8 @@ impl Pool {
             volumes: RefCell::new(BTreeMap::new()),
             filesystems: RefCell::new(BTreeMap::new()),
             filesystems_changed: Notify::new(),
+            mounts: RefCell::default(),
+            mounts_noted: Notify::new(),
             tunables: RefCell::new(tunables),
             scrub: RefCell::new(scan::scrub::ScrubState::default()),
             resilver: RefCell::new(scan::resilver::ResilverState::default()),

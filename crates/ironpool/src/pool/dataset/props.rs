@@ -19,6 +19,10 @@
 //! | primarycache | all, metadata, none | all | what of the volume's reads the read cache keeps |
 //! | direct | standard, always, disabled | standard | see [`DirectMode`] |
 //! | autotrim | on, off | off | pool only: discard freed space (see `scan::trim`) |
+//! | recordsize | 4K..1M | 128K | filesystems only: block size of files past one block; files that grow later |
+//! | mountpoint | a path, none, legacy | /POOL/NAME | filesystems only: where `serve` mounts it |
+//! | atime | on, off | on | filesystems only: reads update access times (relatime's rule) |
+//! | xattr | on, off | on | filesystems only: extended attributes |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
 use std::collections::BTreeMap;
@@ -173,6 +177,29 @@ impl Default for VolumeSettings {
     }
 }
 
+/// A filesystem's own properties with their defaults (not inherited from
+/// the pool; `mountpoint`'s default is `/POOL/NAME`).
+const FILESYSTEM_OWN: [(&str, &str); 4] = [
+    ("recordsize", "131072"),
+    ("mountpoint", "-"),
+    ("atime", "on"),
+    ("xattr", "on"),
+];
+
+/// Checks a property assignment on a filesystem: its own properties, and
+/// those volumes have but the volume-only ones.
+pub fn validate_filesystem(name: &str, value: &str) -> Result<String, PoolError> {
+    if let Some(value) = crate::pool::filesystem::validate_own_property(name, value)? {
+        return Ok(value);
+    }
+    match name {
+        "volsize" | "volblocksize" => Err(PoolError::InvalidArgument(format!(
+            "{name} is a volume property"
+        ))),
+        _ => validate(name, value, false),
+    }
+}
+
 /// Inheritable settings with their defaults.
 const INHERITABLE: [(&str, &str); 7] = [
     ("compression", "off"),
@@ -240,6 +267,9 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             _ => invalid(format!("autotrim '{value}': use on or off")),
         },
         "autotrim" => invalid("autotrim is a pool property (set autotrim=on|off POOL)".into()),
+        "recordsize" | "mountpoint" | "atime" | "xattr" => {
+            invalid(format!("{name} is a filesystem property"))
+        }
         "volblocksize" => invalid("volblocksize is set when a volume is created (volume create POOL/NAME SIZE -o volblocksize=SIZE)".into()),
         _ if is_user_property(name) => {
             if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
@@ -275,7 +305,15 @@ fn is_read_only(name: &str) -> bool {
             | "capacity"
             | "health"
             | "volblocksize"
+            | "mounted"
     )
+}
+
+/// What a property target names.
+enum Target {
+    Pool,
+    Volume(String),
+    Filesystem(String),
 }
 
 /// An effective setting and where it came from.
@@ -336,12 +374,21 @@ impl Pool {
         settings(local, &self.directory.borrow().properties)
     }
 
-    /// Recomputes every open volume's settings (after a property change).
+    /// Recomputes every open volume's and filesystem's settings (after a
+    /// property change).
     fn refresh_settings(&self) {
         let directory = self.directory.borrow();
         for (short, volume) in self.volumes.borrow().iter() {
             if let Some(record) = directory.volumes.get(short) {
                 volume.apply_settings(settings(&record.properties, &directory.properties));
+            }
+        }
+        for (short, fs) in self.filesystems.borrow().iter() {
+            if let Some(record) = directory.filesystems.get(short) {
+                fs.apply_properties(
+                    settings(&record.properties, &directory.properties),
+                    &record.properties,
+                );
             }
         }
     }
@@ -360,17 +407,17 @@ impl Pool {
                 "{target}: snapshots are read-only; their properties cannot be set"
             )));
         }
-        let on_pool = target == self.name;
-        let short = if on_pool {
-            None
-        } else {
-            Some(self.volume(target)?.short_name().to_string())
-        };
+        let kind = self.property_target(target)?;
         let mut normalised = BTreeMap::new();
         for (name, value) in assignments {
-            normalised.insert(name.clone(), validate(name, value, on_pool)?);
+            let value = match &kind {
+                Target::Filesystem(_) => validate_filesystem(name, value)?,
+                Target::Pool => validate(name, value, true)?,
+                Target::Volume(_) => validate(name, value, false)?,
+            };
+            normalised.insert(name.clone(), value);
         }
-        if let Some(short) = &short {
+        if let Target::Volume(short) = &kind {
             if let Some(size) = normalised.remove("volsize") {
                 self.resize_volume(
                     short,
@@ -379,23 +426,58 @@ impl Pool {
                 )?;
             }
         }
-        {
-            let mut directory = self.directory.borrow_mut();
-            let properties = match &short {
-                None => &mut directory.properties,
-                Some(short) => {
-                    &mut directory
-                        .volumes
-                        .get_mut(short)
-                        .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?
-                        .properties
-                }
-            };
-            properties.extend(normalised);
-        }
+        let moved = normalised.contains_key("mountpoint");
+        self.properties_of(&kind, target, |properties| properties.extend(normalised))?;
         self.refresh_settings();
         self.directory_dirty.set(true);
-        self.commit().await
+        let committed = self.commit().await;
+        if moved {
+            self.filesystems_changed.notify_all();
+        }
+        committed
+    }
+
+    /// What `target` names, for `set`, `inherit` and `get`.
+    fn property_target(&self, target: &str) -> Result<Target, PoolError> {
+        if target == self.name {
+            return Ok(Target::Pool);
+        }
+        if let Ok(fs) = self.filesystem(target) {
+            let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
+            return Ok(Target::Filesystem(short));
+        }
+        Ok(Target::Volume(
+            self.volume(target)?.short_name().to_string(),
+        ))
+    }
+
+    /// Runs `change` on the stored properties of `kind`.
+    fn properties_of(
+        &self,
+        kind: &Target,
+        target: &str,
+        change: impl FnOnce(&mut BTreeMap<String, String>),
+    ) -> Result<(), PoolError> {
+        let mut directory = self.directory.borrow_mut();
+        let properties = match kind {
+            Target::Pool => &mut directory.properties,
+            Target::Volume(short) => {
+                &mut directory
+                    .volumes
+                    .get_mut(short)
+                    .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?
+                    .properties
+            }
+            Target::Filesystem(short) => {
+                &mut directory
+                    .filesystems
+                    .get_mut(short)
+                    .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{target}'")))?
+                    .properties
+            }
+        };
+        change(properties);
+        Ok(())
     }
 
     /// Removes a local setting so the value is inherited again (`inherit`).
@@ -406,34 +488,32 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let pool_default = name == "autotrim" && target == self.name;
+        let kind = self.property_target(target)?;
+        // A pool's autotrim and a filesystem's own properties return to
+        // their defaults.
+        let to_default = match kind {
+            Target::Pool => name == "autotrim",
+            Target::Filesystem(_) => FILESYSTEM_OWN.iter().any(|(key, _)| *key == name),
+            Target::Volume(_) => false,
+        };
         if !INHERITABLE.iter().any(|(key, _)| *key == name)
             && !is_user_property(name)
-            && !pool_default
+            && !to_default
         {
             return Err(PoolError::InvalidArgument(format!(
                 "{name} cannot be inherited"
             )));
         }
-        {
-            let mut directory = self.directory.borrow_mut();
-            if target == self.name {
-                directory.properties.remove(name);
-            } else {
-                let short = target
-                    .strip_prefix(&format!("{}/", self.name))
-                    .unwrap_or(target);
-                directory
-                    .volumes
-                    .get_mut(short)
-                    .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?
-                    .properties
-                    .remove(name);
-            }
-        }
+        self.properties_of(&kind, target, |properties| {
+            properties.remove(name);
+        })?;
         self.refresh_settings();
         self.directory_dirty.set(true);
-        self.commit().await
+        let committed = self.commit().await;
+        if name == "mountpoint" {
+            self.filesystems_changed.notify_all();
+        }
+        committed
     }
 
     /// Grows a volume (shrinking would cut off data a client wrote).
@@ -507,6 +587,44 @@ impl Pool {
             }
         } else if target.contains('@') {
             values.extend(self.snapshot_properties(target).await?);
+        } else if let Target::Filesystem(short) = self.property_target(target)? {
+            let fs = self.filesystem(&short)?;
+            let record = self
+                .filesystem_record(&short)
+                .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{target}'")))?;
+            values.push(("type".into(), "filesystem".into(), "-".into()));
+            let space = fs
+                .space()
+                .await
+                .map_err(|error| PoolError::Io(format!("{target}: {error}")))?;
+            values.extend(space_values(&space));
+            for (name, default) in FILESYSTEM_OWN {
+                let (value, source) = match record.properties.get(name) {
+                    Some(value) => (value.clone(), "local".to_string()),
+                    None if name == "mountpoint" => {
+                        (format!("/{}/{short}", self.name), "default".to_string())
+                    }
+                    None => (default.to_string(), "default".to_string()),
+                };
+                values.push((name.into(), value, source));
+            }
+            let mounted = if self.mounted_at(&short).is_some() {
+                "yes"
+            } else {
+                "no"
+            };
+            values.push(("mounted".into(), mounted.into(), "-".into()));
+            values.push(("guid".into(), format!("{:#x}", record.guid), "-".into()));
+            values.push((
+                "createtxg".into(),
+                record.created_txg.to_string(),
+                "-".into(),
+            ));
+            values.extend(dataset_values(
+                &record.properties,
+                &pool_properties,
+                &self.name,
+            ));
         } else {
             let volume = self.volume(target)?;
             let short = volume.short_name().to_string();
@@ -542,34 +660,11 @@ impl Pool {
                 record.created_txg.to_string(),
                 "-".into(),
             ));
-            for (name, _) in INHERITABLE {
-                if let Some((value, source)) =
-                    lookup(&record.properties, &pool_properties, &self.name, name)
-                {
-                    values.push((name.into(), value, source));
-                }
-            }
-            let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
-            for (name, value) in pool_properties
-                .iter()
-                .filter(|(name, _)| is_user_property(name))
-            {
-                user.insert(
-                    name.clone(),
-                    (value.clone(), format!("inherited from {}", self.name)),
-                );
-            }
-            for (name, value) in record
-                .properties
-                .iter()
-                .filter(|(name, _)| is_user_property(name))
-            {
-                user.insert(name.clone(), (value.clone(), "local".into()));
-            }
-            values.extend(
-                user.into_iter()
-                    .map(|(name, (value, source))| (name, value, source)),
-            );
+            values.extend(dataset_values(
+                &record.properties,
+                &pool_properties,
+                &self.name,
+            ));
         }
         let wanted = |name: &str| {
             names.is_empty() || names.iter().any(|wanted| wanted == "all" || wanted == name)
@@ -667,6 +762,36 @@ impl Pool {
             ),
         ])
     }
+}
+
+/// The inheritable settings and user properties of a dataset with `local`
+/// properties, with their sources.
+fn dataset_values(
+    local: &BTreeMap<String, String>,
+    pool: &BTreeMap<String, String>,
+    pool_name: &str,
+) -> Vec<(String, String, String)> {
+    let mut values = Vec::new();
+    for (name, _) in INHERITABLE {
+        if let Some((value, source)) = lookup(local, pool, pool_name, name) {
+            values.push((name.into(), value, source));
+        }
+    }
+    let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for (name, value) in pool.iter().filter(|(name, _)| is_user_property(name)) {
+        user.insert(
+            name.clone(),
+            (value.clone(), format!("inherited from {pool_name}")),
+        );
+    }
+    for (name, value) in local.iter().filter(|(name, _)| is_user_property(name)) {
+        user.insert(name.clone(), (value.clone(), "local".into()));
+    }
+    values.extend(
+        user.into_iter()
+            .map(|(name, (value, source))| (name, value, source)),
+    );
+    values
 }
 
 fn space_values(

@@ -29,6 +29,7 @@
 //! file. `fsync` commits a txg.
 
 pub mod dir;
+pub mod xattr;
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -70,8 +71,24 @@ pub const SYMLINK_BYTES_MAX: usize = 4096;
 /// Units of a filesystem's lock: a reader takes one, a writer all of them,
 /// far above any number of concurrent readers.
 const LOCK_UNITS: u64 = 1 << 20;
+/// relatime's day: an access time older than this is updated by a read.
+const RELATIME_SECONDS: i64 = 24 * 60 * 60;
 /// Block size of a filesystem's dnode table (32 dnodes a block).
 const TABLE_BLOCK_SHIFT: u8 = 14;
+
+/// How long `mount` and `unmount` wait for the server to do it (a mount
+/// takes milliseconds; an unmount waits for nothing, being lazy).
+pub const MOUNT_WAIT_SECONDS: u64 = 10;
+
+/// What the server has mounted, and what an administrator unmounted.
+#[derive(Default)]
+pub struct MountState {
+    /// Mounted filesystems (short names) and where.
+    mounted: BTreeMap<String, String>,
+    /// Filesystems `ironpool unmount` took down: not mounted again until
+    /// `ironpool mount` (or another `serve`).
+    held_off: std::collections::BTreeSet<String>,
+}
 
 /// `rename` flags (as Linux's `renameat2`).
 pub const RENAME_NOREPLACE: u32 = 1;
@@ -107,6 +124,12 @@ pub enum FsError {
     ReadOnly,
     #[error("operation not supported")]
     NotSupported,
+    #[error("no such extended attribute")]
+    NoAttribute,
+    #[error("extended attributes are off (xattr=off)")]
+    XattrsOff,
+    #[error("result larger than the caller's buffer")]
+    Range,
     #[error("damaged filesystem metadata: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -130,6 +153,9 @@ impl FsError {
             FsError::TooBig => libc::EFBIG,
             FsError::ReadOnly | FsError::Pool(PoolError::ReadOnly(_)) => libc::EROFS,
             FsError::NotSupported => libc::ENOSYS,
+            FsError::NoAttribute => libc::ENODATA,
+            FsError::XattrsOff => libc::EOPNOTSUPP,
+            FsError::Range => libc::ERANGE,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
         }
     }
@@ -318,7 +344,14 @@ pub struct Filesystem {
     pub objects: Rc<ObjectSet>,
     header: Cell<FsHeader>,
     settings: Cell<VolumeSettings>,
-    record_shift: u8,
+    /// `xattr=on` (the default): extended attributes are served.
+    xattrs: Cell<bool>,
+    /// `atime=on` (the default): reads update the access time, with
+    /// relatime's rule ([`Filesystem::touch_atime`]).
+    atime: Cell<bool>,
+    /// The block size of files larger than one block (`recordsize`); a
+    /// change applies to files that grow past one block afterwards.
+    record_shift: Cell<u8>,
     /// Names and attributes: changes take all of it; reads and data
     /// operations one unit (they lock their files' blocks in `files`).
     lock: Rc<crate::rt::sync::Semaphore>,
@@ -418,17 +451,37 @@ impl Filesystem {
             pool.tunables.borrow().cache_budget_bytes,
         );
         objects.set_durable_txg(pool.txg.durable());
-        Ok(Rc::new(Filesystem {
+        let fs = Rc::new(Filesystem {
             name,
             table,
             objects,
             header: Cell::new(header),
             settings: Cell::new(settings),
-            record_shift: record_bytes(&record.properties).trailing_zeros() as u8,
+            xattrs: Cell::new(true),
+            atime: Cell::new(true),
+            record_shift: Cell::new(0),
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
             files: FileLocks::default(),
             open_handles: RefCell::default(),
-        }))
+        });
+        fs.apply_properties(settings, &record.properties);
+        Ok(fs)
+    }
+
+    /// Follows the filesystem's properties (at open, and after `set` or
+    /// `inherit` changed one): the dataset settings volumes have, and its
+    /// own (`recordsize`, `xattr`, `atime`).
+    pub(in crate::pool) fn apply_properties(
+        &self,
+        settings: VolumeSettings,
+        properties: &BTreeMap<String, String>,
+    ) {
+        self.settings.set(settings);
+        self.record_shift
+            .set(record_bytes(properties).trailing_zeros() as u8);
+        let on = |name: &str| properties.get(name).map(String::as_str) != Some("off");
+        self.xattrs.set(on("xattr"));
+        self.atime.set(on("atime"));
     }
 
     /// Holds every operation of the filesystem off (a space check walks
@@ -446,7 +499,7 @@ impl Filesystem {
     }
 
     pub fn record_bytes(&self) -> u32 {
-        1 << self.record_shift
+        1 << self.record_shift.get()
     }
 
     fn set_header(&self, header: FsHeader) {
@@ -473,7 +526,9 @@ impl Filesystem {
             Err(ObjectError::NoSuchObject(_)) => return Err(FsError::NotFound),
             Err(error) => return Err(error.into()),
         };
-        if Rc::ptr_eq(&object, &self.table) {
+        // The table and the objects holding extended attributes have no
+        // name and are never handed out.
+        if Rc::ptr_eq(&object, &self.table) || object.dnode().object_type == ObjectType::FsXattr {
             return Err(FsError::NotFound);
         }
         let znode = Znode::decode(&object.dnode().bonus)
@@ -582,7 +637,10 @@ impl Filesystem {
         // A link's target is written before builds are held off: allocation
         // may wait for a txg when the pool is nearly full.
         let target_block = match target {
-            Some(target) => Some(self.write_block(pool, &padded_to_block(target)).await?),
+            Some(target) => Some(
+                self.write_block(pool, &padded_to_block(target), ObjectType::FsFile)
+                    .await?,
+            ),
             None => None,
         };
         let release = |pointer: &Option<BlockPointer>| {
@@ -859,7 +917,10 @@ impl Filesystem {
     /// Every object of the filesystem in use (its dnode table excluded), in
     /// object order.
     pub(in crate::pool) async fn live_objects(&self) -> Result<Vec<Rc<Object>>, ObjectError> {
-        let count = self.table.dnode().length_bytes / DNODE_BYTES as u64;
+        // Numbers come from the header's counter; the table grows only when
+        // a txg writes the new dnodes into it, so objects made since the
+        // last build lie past its length.
+        let count = self.header.get().next_object;
         let mut objects = Vec::new();
         for ino in 1..count {
             match self.objects.open(ino).await {
@@ -891,10 +952,20 @@ impl Filesystem {
         Ok(freed)
     }
 
-    /// Frees every block of `object` and clears its dnode. The caller holds
-    /// txg builds off (a build meanwhile would sync the object's dirty nodes,
-    /// freeing their old copies under the pointers collected here).
-    async fn free_object(&self, _pool: &Rc<Pool>, object: &Rc<Object>) -> Result<(), FsError> {
+    /// Frees every block of `object` and clears its dnode, and so for the
+    /// object holding its extended attributes. The caller holds txg builds
+    /// off (a build meanwhile would sync the object's dirty nodes, freeing
+    /// their old copies under the pointers collected here).
+    async fn free_object(&self, pool: &Rc<Pool>, object: &Rc<Object>) -> Result<(), FsError> {
+        let dnode = object.dnode();
+        if dnode.object_type != ObjectType::FsXattr {
+            if let Ok(znode) = Znode::decode(&dnode.bonus) {
+                if znode.xattr_object != 0 {
+                    let xattrs = self.load_xattr_object(znode.xattr_object).await?;
+                    Box::pin(self.free_object(pool, &xattrs)).await?;
+                }
+            }
+        }
         let mut pointers = Vec::new();
         self.objects
             .visit_pointers(object, &mut |_, _, pointer| pointers.push(*pointer))
@@ -1186,6 +1257,7 @@ impl Filesystem {
     /// new block.
     pub async fn read(
         &self,
+        pool: &Pool,
         ino: u64,
         offset: u64,
         length: usize,
@@ -1215,7 +1287,34 @@ impl Filesystem {
             DirectMode::Standard if direct => CacheUse::data(false, false),
             _ => settings.data_cache_use(),
         };
-        self.read_locked(&object, offset, length, usage).await
+        let data = self.read_locked(&object, offset, length, usage).await?;
+        self.touch_atime(pool, &object);
+        Ok(data)
+    }
+
+    /// A read of `object` updates its access time when `atime=on`, by
+    /// relatime's rule (Linux's default): only when the access time is not
+    /// after the last change or modification, or is a day old, so that a
+    /// file read over and over costs one attribute write a day, not one per
+    /// read. A read-only filesystem or pool keeps its times.
+    fn touch_atime(&self, pool: &Pool, object: &Object) {
+        if !self.atime.get() || self.check_writable(pool).is_err() {
+            return;
+        }
+        // Decoded and saved with no await between: a write's or another
+        // read's change to the attributes meanwhile is kept.
+        let Ok(mut znode) = Znode::decode(&object.dnode().bonus) else {
+            return;
+        };
+        let time = now();
+        if znode.atime > znode.mtime
+            && znode.atime > znode.ctime
+            && time.seconds.saturating_sub(znode.atime.seconds) < RELATIME_SECONDS
+        {
+            return;
+        }
+        znode.atime = time;
+        Self::save(object, &znode);
     }
 
     async fn read_locked(
@@ -1315,6 +1414,9 @@ impl Filesystem {
             }
         };
         self.write_locked(pool, &object, offset, data).await?;
+        // Decoded again: a read's access time set while this wrote is kept.
+        znode = Znode::decode(&object.dnode().bonus)
+            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name)))?;
         let time = now();
         znode.mtime = time;
         znode.ctime = time;
@@ -1355,7 +1457,7 @@ impl Filesystem {
                 old
             };
             bytes.resize(block as usize, 0);
-            let pointer = self.write_block(pool, &bytes).await?;
+            let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
             self.link_block(pool, object, blkid, pointer).await?;
             position += chunk as u64;
         }
@@ -1371,7 +1473,7 @@ impl Filesystem {
     /// Whether a write ending at `end` makes the file's one block larger.
     fn grows(&self, dnode: &Dnode, end: u64) -> bool {
         dnode.levels == 1
-            && dnode.data_block_shift < self.record_shift
+            && dnode.data_block_shift < self.record_shift.get()
             && end > dnode.data_block_bytes()
     }
 
@@ -1386,12 +1488,12 @@ impl Filesystem {
     ) -> Result<(), FsError> {
         let dnode = object.dnode();
         if dnode.levels != 1
-            || dnode.data_block_shift >= self.record_shift
+            || dnode.data_block_shift >= self.record_shift.get()
             || end <= dnode.data_block_bytes()
         {
             return Ok(());
         }
-        let shift = block_shift_for(end).min(self.record_shift);
+        let shift = block_shift_for(end).min(self.record_shift.get());
         let old = self
             .read_block(object, 0, self.settings.get().data_cache_use())
             .await?;
@@ -1399,7 +1501,7 @@ impl Filesystem {
             Some(old) => {
                 let mut bytes = old.to_vec();
                 bytes.resize(1 << shift, 0);
-                self.write_block(pool, &bytes).await?
+                self.write_block(pool, &bytes, ObjectType::FsFile).await?
             }
             None => BlockPointer::hole(0, ObjectType::FsFile, 0),
         };
@@ -1424,11 +1526,17 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Writes one block's bytes to new space (compressed if the filesystem
-    /// says so); a block of zeros is a hole and writes nothing.
-    async fn write_block(&self, pool: &Rc<Pool>, bytes: &[u8]) -> Result<BlockPointer, FsError> {
+    /// Writes one block's bytes of an object of `object_type` to new space
+    /// (compressed if the filesystem says so); a block of zeros is a hole
+    /// and writes nothing.
+    async fn write_block(
+        &self,
+        pool: &Rc<Pool>,
+        bytes: &[u8],
+        object_type: ObjectType,
+    ) -> Result<BlockPointer, FsError> {
         if bytes.iter().all(|byte| *byte == 0) {
-            return Ok(BlockPointer::hole(0, ObjectType::FsFile, 0));
+            return Ok(BlockPointer::hole(0, object_type, 0));
         }
         let settings = self.settings.get();
         let sector = pool
@@ -1464,7 +1572,7 @@ impl Filesystem {
             logical_size: bytes.len() as u32,
             physical_size: physical as u32,
             level: 0,
-            object_type: ObjectType::FsFile,
+            object_type,
             checksum_algo: settings.checksum,
             compression,
             fill: 1,
@@ -1549,7 +1657,7 @@ impl Filesystem {
                 {
                     let mut bytes = old.to_vec();
                     bytes[within as usize..].fill(0);
-                    let pointer = self.write_block(pool, &bytes).await?;
+                    let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
                     self.link_block(pool, object, blkid, pointer).await?;
                 }
             }
@@ -1569,6 +1677,36 @@ impl Filesystem {
         object.dnode.borrow_mut().length_bytes = size;
         object.dirty.set(true);
         Ok(())
+    }
+
+    /// Space figures (`get`, `list`): every block of every object and of
+    /// the dnode table. A filesystem has no snapshots yet, so all of it is
+    /// its own and written since its creation.
+    pub async fn space(&self) -> Result<crate::pool::dataset::snapshot::VolumeSpace, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let table = self.table.dnode();
+        let (mut used, mut logical, mut physical) =
+            (table.used_bytes, table.logical_bytes, table.physical_bytes);
+        for object in self.live_objects().await? {
+            let dnode = object.dnode();
+            used += dnode.used_bytes;
+            logical += dnode.logical_bytes;
+            physical += dnode.physical_bytes;
+        }
+        Ok(crate::pool::dataset::snapshot::VolumeSpace {
+            referenced_bytes: used,
+            used_bytes: used,
+            used_by_dataset_bytes: used,
+            used_by_snapshots_bytes: 0,
+            written_bytes: used,
+            logical_used_bytes: logical,
+            logical_referenced_bytes: logical,
+            compress_ratio: if physical == 0 {
+                1.0
+            } else {
+                logical as f64 / physical as f64
+            },
+        })
     }
 
     /// Space and objects for `statfs`.
@@ -1723,15 +1861,7 @@ impl Pool {
         }
         let mut checked = BTreeMap::new();
         for (key, value) in &properties {
-            let value = match validate_own_property(key, value)? {
-                Some(value) => value,
-                None => crate::pool::dataset::props::validate(key, value, false)?,
-            };
-            if key == "volsize" {
-                return Err(PoolError::InvalidArgument(
-                    "volsize is a volume property".into(),
-                ));
-            }
+            let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
             checked.insert(key.clone(), value);
         }
         self.txg.ensure_writable()?;
@@ -1833,6 +1963,72 @@ impl Pool {
         let committed = self.commit().await;
         self.filesystems_changed.notify_all();
         committed
+    }
+
+    /// Where filesystem `short` is mounted by this server, if it is.
+    pub fn mounted_at(&self, short: &str) -> Option<String> {
+        self.mounts.borrow().mounted.get(short).cloned()
+    }
+
+    /// Whether filesystem `short` should be mounted: an administrator's
+    /// `unmount` holds it off until `mount` (or the next `serve`).
+    pub fn mount_wanted(&self, short: &str) -> bool {
+        !self.mounts.borrow().held_off.contains(short)
+    }
+
+    /// The server mounted filesystem `short` at `path` (None: unmounted it).
+    pub fn note_mount(&self, short: &str, path: Option<String>) {
+        let mut mounts = self.mounts.borrow_mut();
+        match path {
+            Some(path) => mounts.mounted.insert(short.to_string(), path),
+            None => mounts.mounted.remove(short),
+        };
+        drop(mounts);
+        self.mounts_noted.notify_all();
+    }
+
+    /// `ironpool mount` (`wanted`) or `unmount` of filesystem `name`: asks
+    /// the server to mount or unmount it and waits until it did, up to
+    /// [`MOUNT_WAIT_SECONDS`]. Returns where it is mounted.
+    pub async fn set_mounted(&self, name: &str, wanted: bool) -> Result<Option<String>, PoolError> {
+        let fs = self.filesystem(name)?;
+        let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
+        if wanted {
+            let properties = self
+                .filesystem_record(&short)
+                .map(|record| record.properties)
+                .unwrap_or_default();
+            if mountpoint(&self.name, &short, &properties).is_none() {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{name} has mountpoint=none or legacy: set a mountpoint first"
+                )));
+            }
+        }
+        {
+            let mut mounts = self.mounts.borrow_mut();
+            if wanted {
+                mounts.held_off.remove(&short);
+            } else {
+                mounts.held_off.insert(short.clone());
+            }
+        }
+        self.filesystems_changed.notify_all();
+        let deadline =
+            crate::rt::now().saturating_add(std::time::Duration::from_secs(MOUNT_WAIT_SECONDS));
+        loop {
+            let noted = self.mounts_noted.notified();
+            let at = self.mounted_at(&short);
+            if at.is_some() == wanted {
+                return Ok(at);
+            }
+            if crate::rt::now() >= deadline {
+                return Err(PoolError::Io(format!(
+                    "{name} is not {} after {MOUNT_WAIT_SECONDS} s (is the pool served by `ironpool serve`? see its log)",
+                    if wanted { "mounted" } else { "unmounted" }
+                )));
+            }
+            let _ = crate::rt::timeout(std::time::Duration::from_millis(200), noted).await;
+        }
     }
 
     /// Completes once a filesystem is created or destroyed after the call

@@ -1,0 +1,239 @@
+//! Extended attributes (`getxattr`, `setxattr`, `listxattr`, `removexattr`).
+//!
+//! An object's attributes are one list in one block of its xattr object
+//! (`format::xattr`). A change encodes the whole list anew, writes it as a
+//! new block before txg builds are held off (an allocation may wait for a
+//! txg on a nearly full pool), then swaps the block pointer and updates the
+//! owner's attributes with builds held off: a txg holds the old list or the
+//! new one. The `xattr` property (on by default) turns them off: every call
+//! then fails with `EOPNOTSUPP`, as on a filesystem without them.
+
+use std::rc::Rc;
+
+use super::{block_shift_for, now, padded_to_block, Filesystem, FsError, LOCK_UNITS};
+use crate::format::xattr::{self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
+use crate::format::znode::{Znode, S_IFREG};
+use crate::format::{BlockPointer, ObjectType};
+use crate::object::{Object, ObjectError};
+use crate::pool::Pool;
+
+/// `setxattr` flags (Linux's): fail if the attribute exists...
+pub const XATTR_CREATE: u32 = 1;
+/// ...or if it does not.
+pub const XATTR_REPLACE: u32 = 2;
+
+impl Filesystem {
+    fn check_xattrs_on(&self) -> Result<(), FsError> {
+        if self.xattrs.get() {
+            Ok(())
+        } else {
+            Err(FsError::XattrsOff)
+        }
+    }
+
+    /// The object holding extended attributes numbered `id`.
+    pub(super) async fn load_xattr_object(&self, id: u64) -> Result<Rc<Object>, FsError> {
+        let object = match self.objects.open(id).await {
+            Ok(object) => object,
+            Err(ObjectError::NoSuchObject(_)) => {
+                return Err(FsError::Corrupt(format!(
+                    "{}: xattr object {id} is missing",
+                    self.name
+                )))
+            }
+            Err(error) => return Err(error.into()),
+        };
+        let dnode = object.dnode();
+        if dnode.object_type != ObjectType::FsXattr || dnode.levels != 1 {
+            return Err(FsError::Corrupt(format!(
+                "{}: object {id} is not an xattr object",
+                self.name
+            )));
+        }
+        Ok(object)
+    }
+
+    /// The extended attributes of the object whose attributes are `znode`.
+    async fn xattr_list(&self, znode: &Znode) -> Result<Vec<Xattr>, FsError> {
+        if znode.xattr_object == 0 {
+            return Ok(Vec::new());
+        }
+        let object = self.load_xattr_object(znode.xattr_object).await?;
+        let length = object.dnode().length_bytes as usize;
+        if length > XATTR_LIST_BYTES_MAX {
+            return Err(FsError::Corrupt(format!(
+                "{}: xattr object {} of {length} bytes",
+                self.name, object.id
+            )));
+        }
+        let usage = self.settings.get().data_cache_use();
+        let bytes = self.read_locked(&object, 0, length, usage).await?;
+        xattr::decode(&bytes).map_err(|error| {
+            FsError::Corrupt(format!("{} xattr object {}: {error}", self.name, object.id))
+        })
+    }
+
+    /// The value of attribute `name` of object `ino`.
+    pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>, FsError> {
+        self.check_xattrs_on()?;
+        let _shared = self.lock.acquire(1).await;
+        let (_, znode) = self.load(ino).await?;
+        self.xattr_list(&znode)
+            .await?
+            .into_iter()
+            .find(|xattr| xattr.name == name)
+            .map(|xattr| xattr.value)
+            .ok_or(FsError::NoAttribute)
+    }
+
+    /// The names of the attributes of object `ino`, in order.
+    pub async fn listxattr(&self, ino: u64) -> Result<Vec<Vec<u8>>, FsError> {
+        self.check_xattrs_on()?;
+        let _shared = self.lock.acquire(1).await;
+        let (_, znode) = self.load(ino).await?;
+        Ok(self
+            .xattr_list(&znode)
+            .await?
+            .into_iter()
+            .map(|xattr| xattr.name)
+            .collect())
+    }
+
+    /// Sets attribute `name` of object `ino` to `value`; `flags` as
+    /// `setxattr(2)`'s ([`XATTR_CREATE`], [`XATTR_REPLACE`]).
+    pub async fn setxattr(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        name: &[u8],
+        value: &[u8],
+        flags: u32,
+    ) -> Result<(), FsError> {
+        self.check_xattrs_on()?;
+        if !xattr::valid_name(name) {
+            return Err(FsError::Invalid("extended attribute name".into()));
+        }
+        if value.len() > XATTR_VALUE_BYTES_MAX {
+            return Err(FsError::TooBig);
+        }
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        let (object, znode) = self.load(ino).await?;
+        let mut list = self.xattr_list(&znode).await?;
+        match list.binary_search_by(|xattr| xattr.name.as_slice().cmp(name)) {
+            Ok(_) if flags & XATTR_CREATE != 0 => return Err(FsError::Exists),
+            Ok(at) => list[at].value = value.to_vec(),
+            Err(_) if flags & XATTR_REPLACE != 0 => return Err(FsError::NoAttribute),
+            Err(at) => list.insert(
+                at,
+                Xattr {
+                    name: name.to_vec(),
+                    value: value.to_vec(),
+                },
+            ),
+        }
+        if xattr::encoded_len(&list) > XATTR_LIST_BYTES_MAX {
+            return Err(FsError::NoSpace);
+        }
+        self.store_xattrs(pool, &object, znode, &list).await
+    }
+
+    /// Removes attribute `name` of object `ino`.
+    pub async fn removexattr(&self, pool: &Rc<Pool>, ino: u64, name: &[u8]) -> Result<(), FsError> {
+        self.check_xattrs_on()?;
+        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        self.check_writable(pool)?;
+        let (object, znode) = self.load(ino).await?;
+        let mut list = self.xattr_list(&znode).await?;
+        let at = list
+            .binary_search_by(|xattr| xattr.name.as_slice().cmp(name))
+            .map_err(|_| FsError::NoAttribute)?;
+        list.remove(at);
+        self.store_xattrs(pool, &object, znode, &list).await
+    }
+
+    /// Makes `list` the attributes of `owner` (whose attributes are
+    /// `znode`): one new block, swapped in with builds held off; an empty
+    /// list frees the xattr object. The caller holds the filesystem's lock.
+    async fn store_xattrs(
+        &self,
+        pool: &Rc<Pool>,
+        owner: &Rc<Object>,
+        mut znode: Znode,
+        list: &[Xattr],
+    ) -> Result<(), FsError> {
+        let bytes = xattr::encode(list);
+        let pointer = if bytes.is_empty() {
+            None
+        } else {
+            Some(
+                self.write_block(pool, &padded_to_block(&bytes), ObjectType::FsXattr)
+                    .await?,
+            )
+        };
+        let release = |pointer: Option<BlockPointer>| {
+            if let Some(pointer) = pointer.filter(|pointer| !pointer.is_hole()) {
+                pool.store.release(&pointer.dvas);
+            }
+        };
+        let _hold = pool.txg.hold_builds();
+        let time = now();
+        match pointer {
+            None => {
+                if znode.xattr_object != 0 {
+                    let object = self.load_xattr_object(znode.xattr_object).await?;
+                    self.free_object(pool, &object).await?;
+                    znode.xattr_object = 0;
+                }
+            }
+            Some(pointer) => {
+                let object = if znode.xattr_object == 0 {
+                    let mut header = self.header.get();
+                    let id = header.next_object;
+                    header.next_object += 1;
+                    header.objects += 1;
+                    self.set_header(header);
+                    let attributes = Znode {
+                        mode: S_IFREG,
+                        nlink: 1,
+                        parent: owner.id,
+                        generation: id,
+                        atime: time,
+                        mtime: time,
+                        ctime: time,
+                        birth: time,
+                        ..Znode::default()
+                    };
+                    let object = self.new_object(pool, id, false, &attributes);
+                    object.dnode.borrow_mut().object_type = ObjectType::FsXattr;
+                    znode.xattr_object = id;
+                    object
+                } else {
+                    match self.load_xattr_object(znode.xattr_object).await {
+                        Ok(object) => object,
+                        Err(error) => {
+                            release(Some(pointer));
+                            return Err(error);
+                        }
+                    }
+                };
+                // No await from here: the old block goes and the new one is
+                // linked in one step of one txg.
+                let current = object.dnode();
+                self.objects.kill(&object, &current.root);
+                let mut fresh = current;
+                fresh.data_block_shift = block_shift_for(bytes.len() as u64);
+                fresh.root = BlockPointer::hole(0, ObjectType::FsXattr, 0);
+                fresh.length_bytes = bytes.len() as u64;
+                fresh.used_bytes = 0;
+                fresh.logical_bytes = 0;
+                fresh.physical_bytes = 0;
+                self.objects.reset_tree(&object, fresh);
+                self.link_cached(pool, &object, 0, pointer)?;
+            }
+        }
+        znode.ctime = time;
+        Self::save(owner, &znode);
+        Ok(())
+    }
+}

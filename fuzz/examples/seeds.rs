@@ -34,6 +34,7 @@ fn main() {
     directory_seeds(&mut writer);
     send_stream_seeds(&mut writer);
     intent_log_seeds(&mut writer);
+    fuse_request_seeds(&mut writer);
     println!("wrote {} seeds, {} bytes, under {}", writer.written_count, writer.written_bytes, writer.root.display());
 }
 
@@ -74,6 +75,10 @@ fn accepted(target: &str, data: &[u8]) -> bool {
         "directory" => Directory::decode(data).is_ok(),
         "send_stream" => ironpool::format::stream::check_stream(data).is_ok(),
         "intent_log" => ironpool::format::intent_log::decode_block(data, 0x5eed, 3).is_ok(),
+        "fuse_request" => {
+            let fuse = ironpool::fuse::proto::header(data).expect("a header");
+            ironpool::fuse::proto::request(&fuse, data).is_ok()
+        }
         _ => panic!("unknown target {target}"),
     }
 }
@@ -415,4 +420,48 @@ fn intent_log_seeds(writer: &mut SeedWriter) {
     let mut empty = vec![0u8; 4096];
     encode_block(&header, &[], &mut empty);
     writer.write("intent_log", "no-records", &empty);
+}
+
+// ---- FUSE ----
+
+/// One request of each kind the server decodes, in the kernel's layout.
+fn fuse_request_seeds(writer: &mut SeedWriter) {
+    use ironpool::fuse::proto::{self as fuse, InHeader, Request, SetattrIn};
+    let header = |opcode: u32| InHeader { len: 0, opcode, unique: 42, nodeid: 1, uid: 1000, gid: 1000, pid: 7 };
+    let requests: Vec<(&str, u32, Request)> = vec![
+        ("init", fuse::INIT, Request::Init { major: 7, minor: 45, max_readahead: 131072, flags: 0x7fff_ffff }),
+        ("lookup", fuse::LOOKUP, Request::Lookup { name: b"file.txt" }),
+        ("getattr", fuse::GETATTR, Request::Getattr),
+        (
+            "setattr",
+            fuse::SETATTR,
+            Request::Setattr(SetattrIn { valid: 0x1ff, size: 4096, atime: (1, 2), mtime: (3, 4), mode: 0o644, uid: 1, gid: 2 }),
+        ),
+        ("symlink", fuse::SYMLINK, Request::Symlink { name: b"link", target: b"../target" }),
+        ("mknod", fuse::MKNOD, Request::Mknod { name: b"fifo", mode: 0o10644, rdev: 0, umask: 0o22 }),
+        ("mkdir", fuse::MKDIR, Request::Mkdir { name: b"dir", mode: 0o755, umask: 0o22 }),
+        ("unlink", fuse::UNLINK, Request::Unlink { name: b"gone" }),
+        ("rename", fuse::RENAME, Request::Rename { new_dir: 5, name: b"a", new_name: b"b", flags: 0 }),
+        ("rename2-exchange", fuse::RENAME2, Request::Rename { new_dir: 5, name: b"a", new_name: b"b", flags: 2 }),
+        ("link", fuse::LINK, Request::Link { old_node: 9, name: b"hard" }),
+        ("open-direct", fuse::OPEN, Request::Open { flags: libc_o_direct() | 2 }),
+        ("create", fuse::CREATE, Request::Create { name: b"new", flags: 0o101, mode: 0o100644, umask: 0o22 }),
+        ("read", fuse::READ, Request::Read { fh: 0, offset: 1 << 20, size: 65536, flags: libc_o_direct() }),
+        ("write", fuse::WRITE, Request::Write { fh: 0, offset: 4096, data: &[0xa5; 512] }),
+        ("fsync", fuse::FSYNC, Request::Fsync { datasync: true }),
+        ("readdir", fuse::READDIR, Request::Readdir { offset: 3, size: 4096 }),
+        ("setxattr", fuse::SETXATTR, Request::Setxattr { name: b"user.mime_type", value: b"text/plain", flags: 1 }),
+        ("getxattr-size", fuse::GETXATTR, Request::Getxattr { name: b"user.mime_type", size: 0 }),
+        ("listxattr", fuse::LISTXATTR, Request::Listxattr { size: 4096 }),
+        ("removexattr", fuse::REMOVEXATTR, Request::Removexattr { name: b"user.mime_type" }),
+        ("unknown-opcode", 99, Request::Unsupported(99)),
+    ];
+    for (name, opcode, request) in requests {
+        writer.write("fuse_request", name, &ironpool_fuzz::fuse_request::encode_request(&header(opcode), &request));
+    }
+}
+
+/// Linux's `O_DIRECT` on x86-64 and arm64 (the fuzz crate has no libc).
+fn libc_o_direct() -> u32 {
+    0o40000
 }

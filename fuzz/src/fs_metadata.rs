@@ -1,7 +1,8 @@
 //! Target `fs_metadata`: a filesystem's attributes (`format::znode::Znode`,
 //! `FsHeader`) and directory leaves (`format::fsdir::Leaf`).
 //!
-//! Input: a selector byte, then the bytes. Selector even: a 304-byte dnode
+//! Input: a selector byte, then the bytes. Selector 2 mod 4: an extended
+//! attribute list (`format::xattr`). Other even selectors: a 304-byte dnode
 //! bonus (zero-padded or cut), decoded as attributes and as a header. Odd: a
 //! directory leaf (zero-padded or cut to 16 KiB), expected at level
 //! `selector >> 1 & 7`, prefix 0 or 1.
@@ -12,7 +13,13 @@ use ironpool::format::znode::{FsHeader, Znode};
 
 pub fn check(data: &[u8]) {
     let Some((&selector, rest)) = data.split_first() else { return };
-    if selector % 2 == 0 {
+    if selector % 4 == 2 {
+        if let Ok(list) = ironpool::format::xattr::decode(rest) {
+            let bytes = ironpool::format::xattr::encode(&list);
+            assert_eq!(bytes, rest, "an xattr list re-encodes to other bytes");
+            assert_eq!(bytes.len(), ironpool::format::xattr::encoded_len(&list));
+        }
+    } else if selector % 2 == 0 {
         let mut bonus = Bonus::default();
         let length = rest.len().min(BONUS_BYTES);
         bonus.0[..length].copy_from_slice(&rest[..length]);

@@ -5,7 +5,7 @@
 //! - on-disk structures: whatever decodes re-encodes, and the re-encoding decodes
 //!   to the same value (round trip); the accessors the engine calls on a decoded
 //!   value do not panic either;
-//! - NBD parsers: what parses is exactly what the wire bytes say (re-encoding the
+//! - NBD and FUSE parsers: what parses is exactly what the wire bytes say (re-encoding the
 //!   parsed request gives back the bytes), and a refusal is the expected kind.
 //!
 //! A failed assertion panics; libFuzzer reports the panic as a crash and saves
@@ -21,6 +21,7 @@ pub mod block_pointer;
 pub mod directory;
 pub mod dnode;
 pub mod fs_metadata;
+pub mod fuse_request;
 pub mod intent_log;
 pub mod label;
 pub mod nbd_handshake;
@@ -35,7 +36,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 12] = [
+pub const TARGETS: [(&str, Check); 13] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -48,6 +49,7 @@ pub const TARGETS: [(&str, Check); 12] = [
     ("send_stream", send_stream::check),
     ("intent_log", intent_log::check),
     ("fs_metadata", fs_metadata::check),
+    ("fuse_request", fuse_request::check),
 ];
 
 #[cfg(test)]

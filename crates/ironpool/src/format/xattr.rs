@@ -53,6 +53,9 @@ pub fn valid_name(name: &[u8]) -> bool {
 
 /// The encoded length of `list`.
 pub fn encoded_len(list: &[Xattr]) -> usize {
+    if list.is_empty() {
+        return 0;
+    }
     HEADER_BYTES
         + list
             .iter()

@@ -34,7 +34,7 @@ pub struct BenchArgs {
     pub suites: Vec<Suite>,
 
     /// Target to measure; repeat for several [default: ironpool:mirror:2x2G, nbdkit, and raw].
-    /// raw[:PATH] | file:PATH | dir:PATH | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT:NxSIZE[:prop=val,...]
+    /// raw[:PATH] | file:PATH | dir:PATH | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse)
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
 

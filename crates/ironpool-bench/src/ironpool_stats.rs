@@ -24,6 +24,9 @@ pub struct IostatSnapshot {
     /// Volumes.
     #[serde(default)]
     pub volumes: Vec<VolumeCounters>,
+    /// Filesystems: their file I/O, with a volume's counter names.
+    #[serde(default)]
+    pub filesystems: Vec<VolumeCounters>,
 }
 
 /// Cumulative counters of one leaf device.
@@ -230,13 +233,16 @@ pub fn volume_delta(
     after: &IostatSnapshot,
     volume: &str,
 ) -> Option<VolumeDelta> {
-    let new = after.volumes.iter().find(|v| v.name == volume)?;
-    let zero = VolumeCounters::default();
-    let old = before
-        .volumes
-        .iter()
-        .find(|v| v.name == volume)
-        .unwrap_or(&zero);
+    let find = |snapshot: &'_ IostatSnapshot| {
+        snapshot
+            .volumes
+            .iter()
+            .chain(&snapshot.filesystems)
+            .find(|v| v.name == volume)
+            .cloned()
+    };
+    let new = find(after)?;
+    let old = find(before).unwrap_or_default();
     Some(VolumeDelta {
         read_ops: new.read_ops.saturating_sub(old.read_ops),
         write_ops: new.write_ops.saturating_sub(old.write_ops),

@@ -143,3 +143,80 @@ fn ironpool_layouts_and_properties() {
         .iter()
         .any(|f| f.check == "alignment" && f.message.contains("16K I/O on a 64K")));
 }
+
+#[test]
+fn ironpool_filesystem_over_fuse_beside_raw() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    assert!(
+        std::path::Path::new("/dev/fuse").exists(),
+        "ironpool-fs targets need /dev/fuse (the FUSE module) and root"
+    );
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-fs").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool-fs:mirror:2x1G",
+        "--suite",
+        "qd-scaling",
+        "--qd",
+        "1,16",
+        "--jobs",
+        "1",
+        "--runtime",
+        "1",
+        "--size",
+        "128M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let labels: Vec<&str> = results.targets.iter().map(|t| t.label.as_str()).collect();
+    assert_eq!(labels, ["raw", "ironpool-fs:mirror:2x1G"]);
+    let fs = &results.targets[1];
+    assert_eq!(fs.record_size_bytes, Some(16 * 1024));
+    assert!(
+        fs.setup_commands
+            .iter()
+            .any(|command| command.contains(&"fs".to_string())
+                && command.contains(&"bench/fs".to_string())),
+        "{:?}",
+        fs.setup_commands
+    );
+    for test in &fs.tests {
+        let name = test.label();
+        assert!(test.is_ok(), "{name} failed");
+        // The filesystem's own counters, from iostat: every read fio made
+        // with O_DIRECT bypassed the cache, and the prefill left no holes.
+        let counters = test
+            .volume
+            .unwrap_or_else(|| panic!("{name}: no filesystem counters from iostat"));
+        assert!(
+            counters.read_ops + counters.write_ops > 0,
+            "{name}: the filesystem saw no I/O"
+        );
+        assert_eq!(
+            counters.direct_read_ops, counters.read_ops,
+            "{name}: O_DIRECT reads that went through the cache"
+        );
+        assert_eq!(
+            counters.hole_read_ops, 0,
+            "{name}: reads of holes after the prefill"
+        );
+    }
+    assert!(
+        !fs.pitfalls.iter().any(|f| f.check == "direct-io"),
+        "{:#?}",
+        fs.pitfalls
+    );
+    let dir = out.join("ironpool-fs-mirror-2x1G");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(
+        !mounts.contains(&dir.join("mnt").display().to_string()),
+        "the filesystem is still mounted after the run"
+    );
+    for leftover in ["ctl.sock", "d0.img", "d1.img"] {
+        assert!(!dir.join(leftover).exists(), "{leftover} left behind");
+    }
+}

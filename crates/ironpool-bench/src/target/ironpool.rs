@@ -13,6 +13,13 @@
 //! ```
 //! The volume is `nbd+unix:///bench/vol?socket=OUT/SLUG/nbd.sock`; the server
 //! stops (exporting the pool) on SIGTERM.
+//!
+//! An `ironpool-fs` target makes a filesystem instead of the volume, which the
+//! server mounts over FUSE, and fio runs on a file of it (io_uring,
+//! `direct=1`); that needs root and `/dev/fuse`:
+//! ```text
+//! ironpool fs create --control OUT/SLUG/ctl.sock bench/fs -o mountpoint=OUT/SLUG/mnt -o recordsize=16K [-o prop=val]
+//! ```
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -30,6 +37,9 @@ use crate::units::{bytes_human, parse_size, size_short, KIB, MIB};
 pub const POOL_NAME: &str = "bench";
 /// The benchmarked volume.
 pub const VOLUME_NAME: &str = "vol";
+/// The benchmarked filesystem (`ironpool-fs`) and the file fio uses in it.
+pub const FILESYSTEM_NAME: &str = "fs";
+const FILESYSTEM_FILE: &str = "bench.dat";
 /// volblocksize unless the spec sets one: the 16K of the qd-scaling writes,
 /// and OpenZFS's default for volumes.
 pub const DEFAULT_VOLBLOCKSIZE_BYTES: u64 = 16 * KIB;
@@ -42,7 +52,8 @@ pub const FILL_WORKING_SET_PERCENT: u64 = 5;
 /// `ironpool create`, `volume create`, `list` and `iostat` are local and
 /// quick; a minute means something is stuck.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
-/// Import of a fresh pool and binding two sockets.
+/// Import of a fresh pool and binding two sockets; also the wait for a new
+/// filesystem's mount.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// A running ironpool pool we can query.
@@ -55,7 +66,10 @@ pub struct IronpoolPool {
     control: PathBuf,
     nbd_socket: PathBuf,
     disks: Vec<PathBuf>,
-    /// Volume block size of the benchmarked volume.
+    /// `pool/volume` or `pool/filesystem`: the dataset fio drives.
+    dataset: String,
+    /// Block size of the benchmarked volume (volblocksize) or filesystem
+    /// (recordsize).
     pub volblocksize_bytes: u64,
 }
 
@@ -96,9 +110,9 @@ impl IronpoolPool {
         parse_list(&self.run(&argv)?, POOL_NAME)
     }
 
-    /// `pool/volume`, the name `iostat` reports.
+    /// `pool/volume` (or `pool/filesystem`), the name `iostat` reports.
     pub fn volume_name(&self) -> String {
-        format!("{POOL_NAME}/{VOLUME_NAME}")
+        self.dataset.clone()
     }
 
     /// The disk images, removed at teardown.
@@ -217,6 +231,11 @@ pub fn setup(
     server.wait_ready(&[&pidfile, &control, &nbd_socket], SERVER_START_TIMEOUT)?;
 
     let mut properties = spec.properties.clone();
+    if spec.filesystem {
+        return setup_filesystem(
+            spec, label, &dir, server, commands, exe, control, nbd_socket, disks, context,
+        );
+    }
     if !properties.iter().any(|(k, _)| k == "volblocksize") {
         properties.insert(
             0,
@@ -245,6 +264,7 @@ pub fn setup(
         control,
         nbd_socket,
         disks,
+        dataset: format!("{POOL_NAME}/{VOLUME_NAME}"),
         volblocksize_bytes,
     };
     let capacity = pool.space()?.size_bytes;
@@ -269,6 +289,125 @@ pub fn setup(
         POOL_NAME,
         bytes_human(size_bytes as f64),
         size_short(volblocksize_bytes)
+    );
+    instance.pool = Some(pool);
+    Ok(instance)
+}
+
+/// The rest of an `ironpool-fs` target's setup, once the server runs:
+/// creates the filesystem, waits for its mount and makes fio's file.
+#[allow(clippy::too_many_arguments)]
+fn setup_filesystem(
+    spec: &IronpoolSpec,
+    label: &str,
+    dir: &Path,
+    server: super::process::ServerProcess,
+    mut commands: Vec<Vec<String>>,
+    exe: PathBuf,
+    control: PathBuf,
+    nbd_socket: PathBuf,
+    disks: Vec<PathBuf>,
+    context: &SetupContext<'_>,
+) -> Result<Instance> {
+    let mut properties = spec.properties.clone();
+    if properties
+        .iter()
+        .any(|(k, _)| k == "volblocksize" || k == "mountpoint")
+    {
+        bail!(
+            "{label}: volblocksize and mountpoint are not for ironpool-fs targets (recordsize is)"
+        );
+    }
+    if !properties.iter().any(|(k, _)| k == "recordsize") {
+        properties.insert(
+            0,
+            (
+                "recordsize".to_string(),
+                size_short(DEFAULT_VOLBLOCKSIZE_BYTES),
+            ),
+        );
+    }
+    let record_bytes = properties
+        .iter()
+        .find(|(k, _)| k == "recordsize")
+        .map(|(_, v)| parse_size(v))
+        .transpose()
+        .context("recordsize property")?
+        .unwrap_or(DEFAULT_VOLBLOCKSIZE_BYTES);
+    let mountpoint = dir.join("mnt");
+    let dataset = format!("{POOL_NAME}/{FILESYSTEM_NAME}");
+    let mut create = vec![
+        exe.display().to_string(),
+        "fs".into(),
+        "create".into(),
+        "--control".into(),
+        control.display().to_string(),
+        dataset.clone(),
+        "-o".into(),
+        format!("mountpoint={}", mountpoint.display()),
+    ];
+    for (key, value) in &properties {
+        create.extend(["-o".into(), format!("{key}={value}")]);
+    }
+    run_isolated(&create, dir).with_context(|| format!("creating filesystem {dataset}"))?;
+    commands.push(create);
+    let deadline = std::time::Instant::now() + SERVER_START_TIMEOUT;
+    let mount = loop {
+        let entry = files::mount_of(&mountpoint)?;
+        if let Some(entry) = entry.filter(|entry| {
+            entry.fs_type == "fuse.ironpool" && Path::new(&entry.mount_point) == mountpoint
+        }) {
+            break entry;
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "{dataset} was not mounted at {} (the server needs root and /dev/fuse; see {})",
+                mountpoint.display(),
+                dir.join("serve.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let pool = IronpoolPool {
+        exe,
+        dir: dir.to_path_buf(),
+        control: control.clone(),
+        nbd_socket: nbd_socket.clone(),
+        disks,
+        dataset: dataset.clone(),
+        volblocksize_bytes: record_bytes,
+    };
+    let capacity = pool.space()?.size_bytes;
+    let size_bytes = working_set_bytes(context, capacity, record_bytes)?;
+    let file = mountpoint.join(FILESYSTEM_FILE);
+    files::create_sparse(&file, size_bytes)?;
+    let mut instance = Instance::new(
+        label.to_string(),
+        "ironpool-fs",
+        Access::File(file.clone()),
+        size_bytes,
+    );
+    instance.setup_commands = commands;
+    instance.owned_files = vec![
+        control,
+        nbd_socket,
+        dir.join("serve.pid"),
+        dir.join("pools.json"),
+    ];
+    instance.server = Some(server);
+    instance.record_size_bytes = Some(record_bytes);
+    instance.fill = FillMethod::Pool;
+    instance.filesystem = Some(mount);
+    instance.description = format!(
+        "ironpool {} of {} x {} images in {} ({} usable), file {} of {} on filesystem          {dataset} (recordsize {}) mounted over FUSE; io_uring, direct=1",
+        spec.layout.name(),
+        spec.disk_count,
+        bytes_human(spec.disk_size_bytes as f64),
+        dir.display(),
+        bytes_human(capacity as f64),
+        file.display(),
+        bytes_human(size_bytes as f64),
+        size_short(record_bytes)
     );
     instance.pool = Some(pool);
     Ok(instance)

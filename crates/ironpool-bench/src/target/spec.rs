@@ -8,6 +8,7 @@
 //! | `nbd:URI` | any NBD URI |
 //! | `nbdkit[:PATH]` | nbdkit's file plugin over a unix socket: the transport baseline |
 //! | `ironpool:LAYOUT:NxSIZE[:prop=val,...]` | a pool and volume the tool creates |
+//! | `ironpool-fs:LAYOUT:NxSIZE[:prop=val,...]` | a pool and filesystem the tool creates, mounted over FUSE; fio on a file of it |
 
 use std::fmt;
 use std::path::PathBuf;
@@ -21,7 +22,7 @@ use crate::units::{parse_size, size_short, SizeError};
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
     /// The word before the first `:` is not a target kind.
-    #[error("unknown target kind in {0:?} (expected raw, file, dir, nbd, nbdkit or ironpool)")]
+    #[error("unknown target kind in {0:?} (expected raw, file, dir, nbd, nbdkit, ironpool or ironpool-fs)")]
     UnknownKind(String),
     /// A kind that needs a path or URI got none.
     #[error("target {0:?} needs a value after the colon")]
@@ -66,9 +67,12 @@ impl Layout {
     }
 }
 
-/// An ironpool pool and volume to create.
+/// An ironpool pool and volume (or filesystem) to create.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct IronpoolSpec {
+    /// A filesystem mounted over FUSE (`ironpool-fs:`) rather than a volume
+    /// over NBD.
+    pub filesystem: bool,
     /// The vdev layout.
     pub layout: Layout,
     /// Number of disk images.
@@ -105,6 +109,7 @@ impl TargetSpec {
             TargetSpec::Dir(_) => "dir",
             TargetSpec::Nbd(_) => "nbd",
             TargetSpec::Nbdkit(_) => "nbdkit",
+            TargetSpec::Ironpool(spec) if spec.filesystem => "ironpool-fs",
             TargetSpec::Ironpool(_) => "ironpool",
         }
     }
@@ -142,7 +147,12 @@ impl fmt::Display for TargetSpec {
             TargetSpec::Ironpool(spec) => {
                 write!(
                     f,
-                    "ironpool:{}:{}x{}",
+                    "{}:{}:{}x{}",
+                    if spec.filesystem {
+                        "ironpool-fs"
+                    } else {
+                        "ironpool"
+                    },
                     spec.layout.name(),
                     spec.disk_count,
                     size_short(spec.disk_size_bytes)
@@ -182,6 +192,12 @@ impl FromStr for TargetSpec {
             "nbd" => Ok(TargetSpec::Nbd(required()?.to_string())),
             "nbdkit" => Ok(TargetSpec::Nbdkit(optional_path())),
             "ironpool" => parse_ironpool(text, required()?).map(TargetSpec::Ironpool),
+            "ironpool-fs" => parse_ironpool(text, required()?).map(|spec| {
+                TargetSpec::Ironpool(IronpoolSpec {
+                    filesystem: true,
+                    ..spec
+                })
+            }),
             _ => Err(SpecError::UnknownKind(text.to_string())),
         }
     }
@@ -240,6 +256,7 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
         properties.push((key.to_string(), val.to_string()));
     }
     Ok(IronpoolSpec {
+        filesystem: false,
         layout,
         disk_count,
         disk_size_bytes,
@@ -283,6 +300,13 @@ mod tests {
             spec.slug(),
             "ironpool-raidz2-6x1G-compression-off-volblocksize-64K"
         );
+        let fs: TargetSpec = "ironpool-fs:mirror:2x1G:recordsize=16K".parse().unwrap();
+        assert_eq!(fs.kind(), "ironpool-fs");
+        assert_eq!(fs.to_string(), "ironpool-fs:mirror:2x1G:recordsize=16K");
+        let TargetSpec::Ironpool(fs) = fs else {
+            panic!("not ironpool")
+        };
+        assert!(fs.filesystem);
         let stripe: TargetSpec = "ironpool:stripe:1x512M".parse().unwrap();
         let TargetSpec::Ironpool(stripe) = stripe else {
             panic!("not ironpool")

@@ -994,11 +994,24 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
             value
         })
         .collect();
+    let filesystems: Vec<Value> = pool
+        .filesystems()
+        .iter()
+        .map(|(short, fs)| {
+            let mut value = serde_json::to_value(fs.io_stats()).unwrap_or(Value::Null);
+            if let Value::Object(map) = &mut value {
+                map.insert("name".into(), json!(fs.name));
+                map.insert("mounted".into(), json!(pool.mounted_at(short)));
+            }
+            value
+        })
+        .collect();
     json!({
         "pool": pool.name(),
         "timestamp_ns": crate::rt::now().0,
         "devices": devices,
         "volumes": volumes,
+        "filesystems": filesystems,
         "txg": pool.txg().stats(),
         "blocks": pool.store().stats(),
         "server": server,

@@ -409,6 +409,7 @@ async fn serve(
         }
         Request::Fsync { .. } | Request::Fsyncdir => {
             pool.commit().await?;
+            fs.count_flush();
             Ok(Vec::new())
         }
         Request::Readdir { offset, size } => {

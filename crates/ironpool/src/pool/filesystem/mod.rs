@@ -334,6 +334,27 @@ impl Drop for FileGuard<'_> {
     }
 }
 
+/// What a filesystem's file I/O did since import (`iostat`), with the
+/// names and meanings of a volume's counters so tools read both alike.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct FsIoStats {
+    pub read_ops: u64,
+    pub write_ops: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    /// Reads that bypassed the read cache (`O_DIRECT` with
+    /// `direct=standard`, or `direct=always`), and writes (all of them:
+    /// written blocks never enter the read cache).
+    pub direct_read_ops: u64,
+    pub direct_write_ops: u64,
+    /// Writes that covered part of a block and read the old block first.
+    pub rmw_write_ops: u64,
+    /// Blocks read that were holes (answered with zeros, no device I/O).
+    pub hole_read_ops: u64,
+    /// `fsync`, `fdatasync` and `fsync` of directories.
+    pub flush_ops: u64,
+}
+
 /// An open filesystem.
 pub struct Filesystem {
     /// `POOL/NAME`.
@@ -360,6 +381,7 @@ pub struct Filesystem {
     /// last name goes while it is open lives on, with no links, until its
     /// last handle closes (or, after a crash, until the next import).
     open_handles: RefCell<FxHashMap<u64, u64>>,
+    io_stats: Cell<FsIoStats>,
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -463,6 +485,7 @@ impl Filesystem {
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
             files: FileLocks::default(),
             open_handles: RefCell::default(),
+            io_stats: Cell::default(),
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
@@ -1289,6 +1312,12 @@ impl Filesystem {
         };
         let data = self.read_locked(&object, offset, length, usage).await?;
         self.touch_atime(pool, &object);
+        let bypassed = usage == CacheUse::data(false, false);
+        self.count(|stats| {
+            stats.read_ops += 1;
+            stats.read_bytes += data.len() as u64;
+            stats.direct_read_ops += u64::from(bypassed);
+        });
         Ok(data)
     }
 
@@ -1338,7 +1367,10 @@ impl Filesystem {
             let chunk = ((block - within as u64).min(end - position)) as usize;
             match self.read_block(object, blkid, usage).await? {
                 Some(data) => out.extend_from_slice(&data[within..within + chunk]),
-                None => out.resize(out.len() + chunk, 0),
+                None => {
+                    self.count(|stats| stats.hole_read_ops += 1);
+                    out.resize(out.len() + chunk, 0);
+                }
             }
             position += chunk as u64;
         }
@@ -1414,6 +1446,11 @@ impl Filesystem {
             }
         };
         self.write_locked(pool, &object, offset, data).await?;
+        self.count(|stats| {
+            stats.write_ops += 1;
+            stats.write_bytes += data.len() as u64;
+            stats.direct_write_ops += 1;
+        });
         // Decoded again: a read's access time set while this wrote is kept.
         znode = Znode::decode(&object.dnode().bonus)
             .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name)))?;
@@ -1446,6 +1483,7 @@ impl Filesystem {
             let mut bytes = if chunk as u64 == block {
                 source.to_vec()
             } else {
+                self.count(|stats| stats.rmw_write_ops += 1);
                 let mut old = match self
                     .read_block(object, blkid, self.settings.get().data_cache_use())
                     .await?
@@ -1707,6 +1745,22 @@ impl Filesystem {
                 logical as f64 / physical as f64
             },
         })
+    }
+
+    /// What its file I/O did since import.
+    pub fn io_stats(&self) -> FsIoStats {
+        self.io_stats.get()
+    }
+
+    fn count(&self, change: impl FnOnce(&mut FsIoStats)) {
+        let mut stats = self.io_stats.get();
+        change(&mut stats);
+        self.io_stats.set(stats);
+    }
+
+    /// An `fsync` was made durable (counted as a volume's FLUSH is).
+    pub fn count_flush(&self) {
+        self.count(|stats| stats.flush_ops += 1);
     }
 
     /// Space and objects for `statfs`.

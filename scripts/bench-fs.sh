@@ -1,0 +1,103 @@
+#!/usr/bin/env bash
+# The filesystem table of issue 19 in one run, against baselines of the same
+# run. Needs root, /dev/fuse, fio, mkfs.ext4 and a release build
+# (cargo build --release).
+#
+#   metadata    create, stat and remove FILES empty files in one directory
+#               (the bench crate's `metadata` example: a compiled loop of
+#               system calls; fio's file engines cost more than ext4 does):
+#               ext4 on a loop device (a file beside the pool's, loop
+#               direct I/O on) against an ironpool filesystem (a mirror of
+#               two files); files per second and the ratio, per phase
+#   data        fio io_uring direct=1 on a 1 GiB file: 16K random writes at
+#               QD1 and QD64, 4K random reads at QD64, 1 MiB sequential
+#               writes and reads at QD16, on the raw file and on a file of
+#               the ironpool filesystem (recordsize 16K); IOPS and the ratio
+#
+# Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN]
+#   default: 100000 files, 8 s, target/release/ironpool
+set -euo pipefail
+files=${1:-100000}
+runtime=${2:-8}
+bin=${3:-$PWD/target/release/ironpool}
+metadata=$PWD/target/release/examples/metadata
+[ "$(id -u)" -eq 0 ] || { echo "bench-fs: run as root (FUSE mounts, loop devices)" >&2; exit 1; }
+[ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --examples" >&2; exit 1; }
+work=$(mktemp -d "$PWD/target/bench-fs.XXXXXX")
+loop=""
+server=""
+cleanup() {
+    [ -n "$server" ] && kill "$server" 2>/dev/null && sleep 2
+    mountpoint -q "$work/ext4" && umount "$work/ext4"
+    [ -n "$loop" ] && losetup -d "$loop"
+    rm -rf "$work"
+}
+trap cleanup EXIT
+export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
+
+# fio_iops LABEL FIO-ARGS...: runs one fio job, prints its IOPS (reads and
+# writes; for the file engines, files per second).
+fio_iops() {
+    local label=$1
+    shift
+    fio --name=t --output-format=json "$@" >"$work/$label.json" 2>"$work/$label.err" || {
+        echo "bench-fs: fio $label failed: $(cat "$work/$label.err")" >&2
+        echo 0
+        return
+    }
+    python3 - "$work/$label.json" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+job = json.loads(text[text.index("{"):])["jobs"][0]
+print(int(job["read"]["iops"] + job["write"]["iops"]))
+PY
+}
+
+ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{a / b:.2f}x' if b else '-')" "$1" "$2"; }
+
+echo "# bench-fs $(date -u +%FT%TZ) files=$files runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true) $(uname -r)"
+
+# The ext4 baseline on a loop device over a file of the same disk.
+truncate -s 4G "$work/ext4.img"
+loop=$(losetup --find --show --direct-io=on "$work/ext4.img")
+mkfs.ext4 -q "$loop"
+mkdir -p "$work/ext4"
+mount "$loop" "$work/ext4"
+
+# The ironpool filesystem.
+"$bin" create --size 4G -f bench mirror "$work/d0.img" "$work/d1.img" >/dev/null
+"$bin" serve -d "$work" --nbd "unix:$work/nbd.sock" --control "$work/ctl.sock" \
+    --pidfile "$work/serve.pid" bench >"$work/serve.log" 2>&1 &
+server=$!
+for _ in $(seq 600); do [ -S "$work/ctl.sock" ] && break; sleep 0.05; done
+"$bin" fs create --control "$work/ctl.sock" bench/fs -o "mountpoint=$work/ipfs" -o recordsize=16K >/dev/null
+for _ in $(seq 600); do grep -q " $work/ipfs fuse.ironpool" /proc/self/mounts && break; sleep 0.05; done
+grep -q " $work/ipfs fuse.ironpool" /proc/self/mounts || { echo "bench-fs: not mounted: $(cat "$work/serve.log")" >&2; exit 1; }
+
+echo "## metadata: $files empty files in one directory, files/s"
+"$metadata" "$work/ext4" "$files" >"$work/meta-ext4.txt"
+"$metadata" "$work/ipfs" "$files" >"$work/meta-ipfs.txt"
+printf "%-8s %12s %12s %8s\n" phase ext4 ironpool ratio
+for phase in create stat delete; do
+    ext4=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ext4.txt")
+    ip=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ipfs.txt")
+    printf "%-8s %12s %12s %8s\n" "$phase" "$ext4" "$ip" "$(ratio "$ip" "$ext4")"
+done
+
+echo "## data: a 1 GiB file, fio io_uring direct=1, IOPS"
+printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
+common="--ioengine=io_uring --direct=1 --size=1G --runtime=$runtime --time_based"
+fio --name=prefill --filename="$work/raw.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
+fio --name=prefill --filename="$work/ipfs/f.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
+for test in "w16k_qd1 --rw=randwrite --bs=16k --iodepth=1" \
+            "w16k_qd64 --rw=randwrite --bs=16k --iodepth=64" \
+            "r4k_qd64 --rw=randread --bs=4k --iodepth=64" \
+            "seqw_1m_qd16 --rw=write --bs=1M --iodepth=16" \
+            "seqr_1m_qd16 --rw=read --bs=1M --iodepth=16"; do
+    set -- $test
+    label=$1
+    shift
+    raw=$(fio_iops "$label-raw" --filename="$work/raw.img" $common "$@")
+    ip=$(fio_iops "$label-ip" --filename="$work/ipfs/f.img" $common "$@")
+    printf "%-20s %10s %10s %8s\n" "$label" "$raw" "$ip" "$(ratio "$ip" "$raw")"
+done

@@ -49,8 +49,9 @@ fn main() {
     rate("create", start);
     let start = Instant::now();
     for name in &names {
-        // SAFETY: a NUL-terminated path and a stat buffer of the right type.
+        // SAFETY: all zeros is a valid `struct stat`.
         let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+        // SAFETY: a NUL-terminated path and a stat buffer of the right type.
         let done = unsafe { libc::stat(name.as_ptr(), &mut stat) };
         assert!(
             done == 0,

@@ -786,3 +786,94 @@ fn filesystem_properties_mounts_listing_and_destroy() {
     assert!(!listed.contains(&target), "{listed}");
     stop_and_check(&mut pool);
 }
+
+/// Every entry under `root`, sorted: its path, type, permissions, mtime and
+/// the BLAKE3 of its contents (a link: its target).
+fn digest(root: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            let meta = std::fs::symlink_metadata(&path).unwrap();
+            let content = if meta.file_type().is_dir() {
+                stack.push(path.clone());
+                "dir".to_string()
+            } else if meta.file_type().is_symlink() {
+                format!("-> {}", std::fs::read_link(&path).unwrap().display())
+            } else {
+                let bytes = std::fs::read(&path).unwrap();
+                let sum = ironpool::format::ChecksumAlgo::Blake3.compute(&bytes);
+                format!("{} bytes {sum:?}", bytes.len())
+            };
+            out.push(format!(
+                "{} {:o} {}.{} {content}",
+                path.strip_prefix(root).unwrap().display(),
+                meta.mode(),
+                meta.mtime(),
+                meta.mtime_nsec()
+            ));
+        }
+    }
+    out.sort();
+    out
+}
+
+/// Fails naming the first entries that differ.
+fn assert_same(copy: &[String], original: &[String], what: &str) {
+    let differ: Vec<(&String, &String)> = copy
+        .iter()
+        .zip(original)
+        .filter(|(a, b)| a != b)
+        .take(5)
+        .collect();
+    assert!(
+        copy.len() == original.len() && differ.is_empty(),
+        "{what}: {} entries against {}; first differences (copy, original): {differ:#?}",
+        copy.len(),
+        original.len()
+    );
+}
+
+#[test]
+fn thousands_of_real_files_copied_in_are_the_same_before_and_after_a_restart() {
+    let sources: Vec<&Path> = ["/usr/share/doc", "/usr/lib/python3"]
+        .iter()
+        .map(Path::new)
+        .filter(|path| path.is_dir())
+        .collect();
+    let before: Vec<Vec<String>> = sources.iter().map(|source| digest(source)).collect();
+    let entries: usize = before.iter().map(Vec::len).sum();
+    assert!(entries > 2000, "only {entries} files to copy: {sources:?}");
+    let (mut pool, mnt) = filesystem_pool("fstree");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    for (index, source) in sources.iter().enumerate() {
+        let copy = mnt.join(format!("tree{index}"));
+        let status = std::process::Command::new("cp")
+            .arg("-a")
+            .arg(source)
+            .arg(&copy)
+            .status()
+            .unwrap();
+        assert!(status.success(), "cp -a {} failed", source.display());
+        assert_same(
+            &digest(&copy),
+            &before[index],
+            &format!("{} copied", source.display()),
+        );
+    }
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    for (index, source) in sources.iter().enumerate() {
+        let copy = mnt.join(format!("tree{index}"));
+        assert_same(
+            &digest(&copy),
+            &before[index],
+            &format!("{} after a restart", source.display()),
+        );
+    }
+    stop_and_check(&mut pool);
+}

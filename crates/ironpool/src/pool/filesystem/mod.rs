@@ -126,7 +126,8 @@ pub enum FsError {
     NotSupported,
     #[error("no such extended attribute")]
     NoAttribute,
-    #[error("extended attributes are off (xattr=off)")]
+    /// `xattr=off`, or a POSIX ACL (not supported).
+    #[error("operation not supported (xattr=off, or a POSIX ACL)")]
     XattrsOff,
     #[error("result larger than the caller's buffer")]
     Range,

@@ -7,6 +7,14 @@
 //! owner's attributes with builds held off: a txg holds the old list or the
 //! new one. The `xattr` property (on by default) turns them off: every call
 //! then fails with `EOPNOTSUPP`, as on a filesystem without them.
+//!
+//! POSIX ACLs (`system.posix_acl_access`, `system.posix_acl_default`) are
+//! not extended attributes to keep as they come: setting one must change
+//! the mode and the access checks, which this filesystem does not do. They
+//! are refused with `EOPNOTSUPP` (as by a filesystem mounted `noacl`), so
+//! that tools fall back to `chmod`: `cp -a` would otherwise store the ACL,
+//! believe the mode set, and leave the file with the mode it was created
+//! with.
 
 use std::rc::Rc;
 
@@ -22,12 +30,24 @@ pub const XATTR_CREATE: u32 = 1;
 /// ...or if it does not.
 pub const XATTR_REPLACE: u32 = 2;
 
+/// The prefix of the POSIX ACL attributes' names.
+const POSIX_ACL_PREFIX: &[u8] = b"system.posix_acl_";
+
 impl Filesystem {
     fn check_xattrs_on(&self) -> Result<(), FsError> {
         if self.xattrs.get() {
             Ok(())
         } else {
             Err(FsError::XattrsOff)
+        }
+    }
+
+    /// Refuses the POSIX ACL attributes (see the module's documentation).
+    fn check_not_acl(name: &[u8]) -> Result<(), FsError> {
+        if name.starts_with(POSIX_ACL_PREFIX) {
+            Err(FsError::XattrsOff)
+        } else {
+            Ok(())
         }
     }
 
@@ -76,6 +96,7 @@ impl Filesystem {
     /// The value of attribute `name` of object `ino`.
     pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>, FsError> {
         self.check_xattrs_on()?;
+        Self::check_not_acl(name)?;
         let _shared = self.lock.acquire(1).await;
         let (_, znode) = self.load(ino).await?;
         self.xattr_list(&znode)
@@ -110,6 +131,7 @@ impl Filesystem {
         flags: u32,
     ) -> Result<(), FsError> {
         self.check_xattrs_on()?;
+        Self::check_not_acl(name)?;
         if !xattr::valid_name(name) {
             return Err(FsError::Invalid("extended attribute name".into()));
         }
@@ -141,6 +163,7 @@ impl Filesystem {
     /// Removes attribute `name` of object `ino`.
     pub async fn removexattr(&self, pool: &Rc<Pool>, ino: u64, name: &[u8]) -> Result<(), FsError> {
         self.check_xattrs_on()?;
+        Self::check_not_acl(name)?;
         let _exclusive = self.lock.acquire(LOCK_UNITS).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;

@@ -877,3 +877,91 @@ fn thousands_of_real_files_copied_in_are_the_same_before_and_after_a_restart() {
     }
     stop_and_check(&mut pool);
 }
+
+const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
+
+/// The mount's front end, from `fs list --json`.
+fn front_end(pool: &TestPool) -> serde_json::Value {
+    let text = pool.admin(&["--json", "fs", "list", &pool.name]);
+    let list: serde_json::Value = serde_json::from_str(&text).expect("fs list JSON");
+    list["filesystems"][0]["front_end"].clone()
+}
+
+/// Sets `enable_uring` and puts the old value back when dropped (other
+/// tests mounting meanwhile get one transport or the other; both serve).
+struct UringSetting(Option<String>);
+
+impl UringSetting {
+    fn set(value: &str) -> UringSetting {
+        let old = std::fs::read_to_string(ENABLE_URING).ok();
+        if old.is_some() {
+            std::fs::write(ENABLE_URING, value).expect("enable_uring is writable by root");
+        }
+        UringSetting(old)
+    }
+}
+
+impl Drop for UringSetting {
+    fn drop(&mut self) {
+        if let Some(old) = &self.0 {
+            let _ = std::fs::write(ENABLE_URING, old.trim());
+        }
+    }
+}
+
+#[test]
+fn fuse_over_io_uring_is_used_when_the_kernel_offers_it_and_keeps_the_queue_depth() {
+    let (mut pool, mnt) = filesystem_pool("fsuring");
+    let _unmount = Unmount(mnt.clone());
+    let setting = UringSetting::set("Y");
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    std::fs::write(mnt.join("first"), b"x").unwrap();
+    let transport = front_end(&pool)["transport"].as_str().unwrap().to_string();
+    if setting.0.is_none() {
+        // No FUSE over io_uring in this kernel: the fallback says so.
+        assert!(transport.contains("no FUSE over io_uring"), "{transport}");
+    } else {
+        assert!(transport.starts_with("io_uring ("), "{transport}");
+    }
+    // fio at queue depth 64 with O_DIRECT, four jobs each on a file of its
+    // own: every block verified, and (the server answering as requests
+    // come) most of a job's 64 in flight at the server at once.
+    tool(
+        "fio",
+        &[
+            "--name=verify",
+            &format!("--directory={}", mnt.display()),
+            "--size=32M",
+            "--rw=randwrite",
+            "--bs=16k",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--iodepth=64",
+            "--numjobs=4",
+            "--group_reporting",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    let stats = front_end(&pool);
+    let most = stats["in_flight_max"].as_u64().unwrap();
+    assert!(
+        most >= 32,
+        "at most {most} requests in flight at the server: {stats}"
+    );
+    assert!(stats["requests"].as_u64().unwrap() > 4 * 2048, "{stats}");
+
+    // Off again: the next mount keeps to /dev/fuse and says why.
+    if setting.0.is_some() {
+        std::fs::write(ENABLE_URING, "N").unwrap();
+        pool.stop();
+        pool.serve();
+        wait_mounted(&pool, &mnt);
+        std::fs::read(mnt.join("first")).unwrap();
+        let transport = front_end(&pool)["transport"].as_str().unwrap().to_string();
+        assert!(transport.contains("enable_uring is N"), "{transport}");
+    }
+    drop(setting);
+    stop_and_check(&mut pool);
+}

@@ -414,16 +414,22 @@ pub fn fs_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), St
         return Ok(());
     }
     println!(
-        "{:<30} {:>10} {:>10}  MOUNTPOINT",
-        "NAME", "RECORDSIZE", "OBJECTS"
+        "{:<30} {:>10} {:>10}  {:<30} TRANSPORT",
+        "NAME", "RECORDSIZE", "OBJECTS", "MOUNTPOINT"
     );
     for fs in result["filesystems"].as_array().into_iter().flatten() {
+        let transport = fs["front_end"]["transport"].as_str().unwrap_or_default();
         println!(
-            "{:<30} {:>10} {:>10}  {}",
+            "{:<30} {:>10} {:>10}  {:<30} {}",
             fs["name"].as_str().unwrap_or_default(),
             format::bytes(fs["recordsize"].as_u64().unwrap_or(0)),
             fs["objects"].as_u64().unwrap_or(0),
             fs["mountpoint"].as_str().unwrap_or("none"),
+            if fs["mounted"].is_null() {
+                "-"
+            } else {
+                transport
+            },
         );
     }
     Ok(())

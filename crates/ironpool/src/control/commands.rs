@@ -602,6 +602,7 @@ async fn run(
                     "recordsize": fs.record_bytes(),
                     "objects": stats.objects,
                     "properties": properties,
+                    "front_end": fs.front_end(),
                 });
                 let space = fs
                     .space()
@@ -1002,6 +1003,7 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
             if let Value::Object(map) = &mut value {
                 map.insert("name".into(), json!(fs.name));
                 map.insert("mounted".into(), json!(pool.mounted_at(short)));
+                map.insert("front_end".into(), json!(fs.front_end()));
             }
             value
         })

@@ -8,12 +8,21 @@
 //! requests one at a time) and 1 MiB writes; files opened with `O_DIRECT`
 //! get `FOPEN_DIRECT_IO` and `FOPEN_PARALLEL_DIRECT_WRITES`.
 //!
+//! When the kernel offers FUSE over io_uring (`enable_uring`), INIT asks
+//! for it and the mount registers slots on the engine's ring once INIT is
+//! answered ([`uring`]); requests then come as ring completions, and only
+//! INIT, FORGET and INTERRUPT still come through `/dev/fuse`. `fs list`
+//! reports the transport and the most requests served at once.
+//!
 //! Reads and writes of different blocks of a file run concurrently in the
 //! filesystem layer; `fsync` commits a txg.
 
 pub mod proto;
+mod uring;
 
-use std::cell::Cell;
+pub use uring::{Transport, SLOTS_MAX};
+
+use std::cell::{Cell, RefCell};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -24,7 +33,7 @@ use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
-use crate::rt::{self, uring};
+use crate::rt::{self, uring as rt_uring};
 
 /// Largest write the kernel sends (and read it asks for): 1 MiB.
 pub const MAX_WRITE_BYTES: u32 = 1 << 20;
@@ -59,6 +68,15 @@ struct Session {
     fd: RawFd,
     /// Requests answered (for status).
     requests: Cell<u64>,
+    /// Requests being served now.
+    in_flight: Cell<u64>,
+    /// Whether INIT asks for FUSE over io_uring (the kernel offers it), or
+    /// why not.
+    uring_offered: Result<(), String>,
+    /// Set by the INIT reply that asked for it: register the ring's slots
+    /// once that reply is written.
+    start_uring: Cell<bool>,
+    uring: RefCell<Option<Rc<uring::UringTransport>>>,
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
@@ -122,11 +140,23 @@ impl Mount {
         if mounted != 0 {
             return Err(io::Error::last_os_error());
         }
+        let uring_offered = uring::kernel_offers();
+        fs.note_front_end(|stats| {
+            *stats = Default::default();
+            stats.transport = match &uring_offered {
+                Ok(()) => "/dev/fuse (until INIT sets up io_uring)".into(),
+                Err(why) => format!("/dev/fuse ({why})"),
+            };
+        });
         let session = Rc::new(Session {
             pool,
             fs,
             fd: device.as_raw_fd(),
             requests: Cell::new(0),
+            in_flight: Cell::new(0),
+            uring_offered,
+            start_uring: Cell::new(false),
+            uring: RefCell::new(None),
         });
         let readers = (0..READERS)
             .map(|_| rt::spawn(reader(session.clone())))
@@ -153,6 +183,17 @@ impl Mount {
         self.session.requests.get()
     }
 
+    /// How requests reach the server.
+    pub fn transport(&self) -> Transport {
+        match &*self.session.uring.borrow() {
+            Some(transport) => transport.transport(),
+            None => Transport::DevFuse(match &self.session.uring_offered {
+                Ok(()) => "io_uring not set up".into(),
+                Err(why) => why.clone(),
+            }),
+        }
+    }
+
     /// Unmounts (lazily: open files keep working until closed, then the
     /// kernel lets go) and waits for the readers, which end when the kernel
     /// ends the session.
@@ -164,6 +205,13 @@ impl Mount {
         for reader in self.readers {
             reader.await;
         }
+        let transport = self.session.uring.borrow_mut().take();
+        if let Some(transport) = transport {
+            transport.stop().await;
+        }
+        self.session
+            .fs
+            .note_front_end(|stats| *stats = Default::default());
         drop(self.device);
     }
 }
@@ -172,7 +220,7 @@ impl Mount {
 async fn reader(session: Rc<Session>) {
     let mut buffer = AlignedBuf::zeroed(REQUEST_BUFFER_BYTES);
     loop {
-        let (result, returned) = uring::read_blocking_into(session.fd, buffer).await;
+        let (result, returned) = rt_uring::read_blocking_into(session.fd, buffer).await;
         buffer = returned;
         match result {
             Ok(length) => {
@@ -180,13 +228,16 @@ async fn reader(session: Rc<Session>) {
                 if let Some(reply) = reply {
                     let bytes = BufSlice::whole(AlignedBuf::copy_from(&reply).into_shared());
                     // ENOENT: the request was interrupted and is gone.
-                    if let Err(error) = uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
+                    if let Err(error) = rt_uring::writev_at(session.fd, vec![bytes], u64::MAX).await
+                    {
                         if error.raw_os_error() != Some(libc::ENOENT) {
                             eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name);
                         }
                     }
                 }
-                session.requests.set(session.requests.get() + 1);
+                if session.start_uring.take() {
+                    start_uring(&session);
+                }
             }
             Err(error)
                 if matches!(
@@ -226,8 +277,49 @@ fn entry(attr: &Attr) -> Vec<u8> {
     proto::entry_out(&to_fuse(attr), attr.znode.generation, ATTR_VALID_SECONDS)
 }
 
-/// Serves one request; returns the reply (None: the kernel expects none).
+/// Registers the io_uring transport's slots (after the INIT reply that
+/// asked for it); on failure the kernel goes on with `/dev/fuse`.
+fn start_uring(session: &Rc<Session>) {
+    match uring::UringTransport::start(session) {
+        Ok(transport) => {
+            let name = transport.transport().to_string();
+            eprintln!("ironpool: {}: serving over {name}", session.fs.name);
+            session.fs.note_front_end(|stats| stats.transport = name);
+            *session.uring.borrow_mut() = Some(transport);
+        }
+        Err(error) => {
+            eprintln!(
+                "ironpool: {}: FUSE over io_uring not set up ({error}); using /dev/fuse",
+                session.fs.name
+            );
+            session.fs.note_front_end(|stats| {
+                stats.transport = format!("/dev/fuse (io_uring not set up: {error})")
+            });
+        }
+    }
+}
+
+/// Serves one request, counting it; returns the reply (None: the kernel
+/// expects none).
 async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
+    session.in_flight.set(session.in_flight.get() + 1);
+    let in_flight = session.in_flight.get();
+    session.fs.note_front_end(|stats| {
+        stats.in_flight = in_flight;
+        stats.in_flight_max = stats.in_flight_max.max(in_flight);
+    });
+    let reply = handle_counted(session, bytes).await;
+    session.in_flight.set(session.in_flight.get() - 1);
+    session.requests.set(session.requests.get() + 1);
+    let (in_flight, requests) = (session.in_flight.get(), session.requests.get());
+    session.fs.note_front_end(|stats| {
+        stats.in_flight = in_flight;
+        stats.requests = requests;
+    });
+    reply
+}
+
+async fn handle_counted(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
     let header = match proto::header(bytes) {
         Ok(header) => header,
         Err(proto::Malformed(why)) => {
@@ -277,9 +369,19 @@ async fn serve(
                 | proto::ASYNC_DIO
                 | proto::PARALLEL_DIROPS
                 | proto::MAX_PAGES;
+            // FUSE over io_uring: asked for in flags2, behind INIT_EXT,
+            // when the kernel offers it (it sets INIT_EXT itself then).
+            let uring = session.uring_offered.is_ok() && flags & proto::INIT_EXT != 0;
+            session.start_uring.set(uring);
+            let (ext, flags2) = if uring {
+                (proto::INIT_EXT, proto::OVER_IO_URING_FLAGS2)
+            } else {
+                (0, 0)
+            };
             Ok(proto::init_out(
                 minor.min(proto::KERNEL_MINOR_VERSION),
-                flags & wanted,
+                (flags & wanted) | ext,
+                flags2,
                 MAX_BACKGROUND,
                 MAX_WRITE_BYTES,
                 MAX_PAGES,
@@ -289,9 +391,11 @@ async fn serve(
             fs.release(pool, node).await?;
             Ok(Vec::new())
         }
-        Request::Destroy | Request::Releasedir | Request::Flush | Request::Access { .. } => {
-            Ok(Vec::new())
-        }
+        // A write's error is its own reply, so a close has nothing to
+        // report: ENOSYS tells the kernel never to send FLUSH again, which
+        // saves a round trip on every close (a quarter of a file create).
+        Request::Flush => Err(FsError::NotSupported),
+        Request::Destroy | Request::Releasedir | Request::Access { .. } => Ok(Vec::new()),
         Request::Forget | Request::Interrupt => Ok(Vec::new()),
         Request::Lookup { name } => Ok(entry(&fs.lookup(node, name).await?)),
         Request::Getattr => Ok(proto::attr_out(

@@ -56,6 +56,11 @@ pub const DONT_MASK: u32 = 1 << 6;
 pub const ASYNC_DIO: u32 = 1 << 15;
 pub const PARALLEL_DIROPS: u32 = 1 << 18;
 pub const MAX_PAGES: u32 = 1 << 22;
+/// The reply's `flags2` holds flags 32 and up.
+pub const INIT_EXT: u32 = 1 << 30;
+// INIT flags2 (flags 32 and up).
+/// FUSE over io_uring (flag 41).
+pub const OVER_IO_URING_FLAGS2: u32 = 1 << 9;
 
 // OPEN reply flags.
 pub const FOPEN_DIRECT_IO: u32 = 1 << 0;
@@ -500,6 +505,7 @@ pub fn write_out(size: u32) -> Vec<u8> {
 pub fn init_out(
     minor: u32,
     flags: u32,
+    flags2: u32,
     max_background: u16,
     max_write: u32,
     max_pages: u16,
@@ -514,6 +520,8 @@ pub fn init_out(
     out.extend_from_slice(&max_write.to_le_bytes());
     out.extend_from_slice(&1u32.to_le_bytes()); // time granularity: 1 ns
     out.extend_from_slice(&max_pages.to_le_bytes());
+    out.extend_from_slice(&0u16.to_le_bytes()); // map_alignment
+    out.extend_from_slice(&flags2.to_le_bytes());
     out.resize(64, 0);
     out
 }
@@ -648,7 +656,7 @@ mod tests {
         assert_eq!(entry_out(&attr, 1, 1).len(), 128);
         assert_eq!(attr_out(&attr, 1).len(), 104);
         assert_eq!(open_out(0, 0).len(), 16);
-        assert_eq!(init_out(31, 0, 256, 1 << 20, 256).len(), 64);
+        assert_eq!(init_out(31, 0, 0, 256, 1 << 20, 256).len(), 64);
         assert_eq!(statfs_out(1, 1, 1, 1, 4096).len(), 80);
         let reply = reply(9, -2, &[1, 2]);
         assert_eq!(reply.len(), 18);

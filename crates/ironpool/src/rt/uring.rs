@@ -7,6 +7,11 @@
 //! when the completion arrives, never earlier. Submissions are batched: pushing an
 //! SQE does not enter the kernel; the loop submits once per turn and reaps every
 //! completion, waking the tasks, which then run from the loop.
+//!
+//! The ring has 128-byte SQEs (`IORING_SETUP_SQE128`): FUSE over io_uring's
+//! commands need them, and on this ring the kernel delivers a FUSE request
+//! as a completion of the engine's own loop, with no second ring between.
+//! Ordinary operations fill the first 64 bytes.
 
 use std::any::Any;
 use std::cell::{Cell, RefCell};
@@ -18,7 +23,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use io_uring::{opcode, squeue, types, IoUring};
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+/// The engine's ring: 128-byte submission entries (see the module's notes).
+type Ring = IoUring<squeue::Entry128, cqueue::Entry>;
 
 use super::buf::{AlignedBuf, BufSlice};
 use super::sim::Rng;
@@ -39,7 +47,7 @@ enum Slot {
 }
 
 pub(crate) struct UringDriver {
-    ring: RefCell<IoUring>,
+    ring: RefCell<Ring>,
     slots: RefCell<Vec<Slot>>,
     free_slots: RefCell<Vec<u32>>,
     in_flight: Cell<usize>,
@@ -120,6 +128,15 @@ impl UringDriver {
     /// # Safety
     /// Every pointer in `entry` must stay valid until its completion is reaped.
     unsafe fn push(&self, entry: squeue::Entry) {
+        // SAFETY: forwarded from the caller.
+        unsafe { self.push128(squeue::Entry128::from(entry)) }
+    }
+
+    /// [`Self::push`] for a 128-byte entry.
+    ///
+    /// # Safety
+    /// Every pointer in `entry` must stay valid until its completion is reaped.
+    unsafe fn push128(&self, entry: squeue::Entry128) {
         let mut ring = self.ring.borrow_mut();
         loop {
             // SAFETY: forwarded from the caller.
@@ -218,7 +235,7 @@ impl UringDriver {
     }
 }
 
-fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
+fn build_ring(ring_entries: u32) -> io::Result<Ring> {
     // The completion queue is four times the submission queue so bursts of
     // completions (an aggregated I/O's many children) never overflow it.
     let completion_entries = ring_entries.saturating_mul(4);
@@ -226,7 +243,7 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
     // "defer" (default: completions are processed only when the loop asks,
     // in batches), "coop", "plain", "sqpoll".
     let mode = std::env::var("IRONPOOL_URING_MODE").unwrap_or_else(|_| "defer".to_string());
-    let mut builder = IoUring::builder();
+    let mut builder = Ring::builder();
     builder.setup_cqsize(completion_entries);
     match mode.as_str() {
         "coop" => {
@@ -251,7 +268,7 @@ fn build_ring(ring_entries: u32) -> io::Result<IoUring> {
     match builder.build(ring_entries) {
         Ok(ring) => Ok(ring),
         // An older kernel without these flags: the plain ring is correct, only slower.
-        Err(_) => IoUring::builder()
+        Err(_) => Ring::builder()
             .setup_cqsize(completion_entries)
             .build(ring_entries),
     }
@@ -289,6 +306,26 @@ impl<T: 'static> Op<T> {
             // SAFETY: forwarded from the caller; the memory lives in the Op or,
             // if the Op is dropped early, in the slot until completion.
             unsafe { driver.push(entry.user_data(slot as u64)) };
+            Op {
+                slot,
+                memory: Some(memory),
+            }
+        })
+    }
+}
+
+impl<T: 'static> Op<T> {
+    /// [`Op::submit`] for a 128-byte entry (an `IORING_OP_URING_CMD` with
+    /// 80 bytes of command).
+    ///
+    /// # Safety
+    /// As [`Op::submit`].
+    pub(crate) unsafe fn submit128(entry: squeue::Entry128, memory: T) -> Op<T> {
+        with_driver(|driver| {
+            let slot = driver.allocate_slot();
+            driver.in_flight.set(driver.in_flight.get() + 1);
+            // SAFETY: as in `submit`.
+            unsafe { driver.push128(entry.user_data(slot as u64)) };
             Op {
                 slot,
                 memory: Some(memory),
@@ -728,6 +765,16 @@ pub async fn read_blocking_into(
     // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)
+}
+
+/// Waits until `fd` is readable (`POLLIN`): for a descriptor whose readiness
+/// is all that is wanted, such as another io_uring's, readable when its
+/// completion queue holds entries.
+pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
+    let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
+    // SAFETY: the entry points at no memory.
+    let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
+    to_result(result).map(|_| ())
 }
 
 /// Fills `buffer` from a stream descriptor. Returns the bytes read: fewer than

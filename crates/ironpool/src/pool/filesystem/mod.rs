@@ -356,6 +356,21 @@ pub struct FsIoStats {
     pub flush_ops: u64,
 }
 
+/// What the front end serving a filesystem (FUSE) reports about itself,
+/// for `fs list` and `iostat`: how requests reach it, and how many it
+/// serves at once (an application's queue depth should reach it whole).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FrontEndStats {
+    /// How requests come (e.g. `io_uring (2 queues x 64 slots)`); empty
+    /// when nothing serves the filesystem.
+    pub transport: String,
+    /// Requests answered since it was mounted.
+    pub requests: u64,
+    /// Requests being served now, and the most at once since mounted.
+    pub in_flight: u64,
+    pub in_flight_max: u64,
+}
+
 /// An open filesystem.
 pub struct Filesystem {
     /// `POOL/NAME`.
@@ -383,6 +398,7 @@ pub struct Filesystem {
     /// last handle closes (or, after a crash, until the next import).
     open_handles: RefCell<FxHashMap<u64, u64>>,
     io_stats: Cell<FsIoStats>,
+    front_end: RefCell<FrontEndStats>,
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -487,6 +503,7 @@ impl Filesystem {
             files: FileLocks::default(),
             open_handles: RefCell::default(),
             io_stats: Cell::default(),
+            front_end: RefCell::default(),
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
@@ -1757,6 +1774,16 @@ impl Filesystem {
         let mut stats = self.io_stats.get();
         change(&mut stats);
         self.io_stats.set(stats);
+    }
+
+    /// What its front end last reported.
+    pub fn front_end(&self) -> FrontEndStats {
+        self.front_end.borrow().clone()
+    }
+
+    /// The front end reports a change (its transport, a request).
+    pub fn note_front_end(&self, change: impl FnOnce(&mut FrontEndStats)) {
+        change(&mut self.front_end.borrow_mut());
     }
 
     /// An `fsync` was made durable (counted as a volume's FLUSH is).

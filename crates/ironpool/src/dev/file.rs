@@ -240,6 +240,7 @@ impl Device for FileDevice {
                 Ok(total) => total as usize,
                 Err(error) => return (Err(error), buffers),
             };
+            let _io = uring::DeviceIo::start();
             let (result, buffers) = if buffers.len() == 1 {
                 let mut buffers = buffers;
                 let buffer = buffers.pop().expect("one buffer");
@@ -265,6 +266,7 @@ impl Device for FileDevice {
         Box::pin(async move {
             let wanted =
                 check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))? as usize;
+            let _io = uring::DeviceIo::start();
             let done = uring::writev_at(self.fd.as_raw_fd(), slices, offset)
                 .await
                 .map_err(|error| DeviceError::from_io(&self.info.path, error))?;
@@ -277,6 +279,7 @@ impl Device for FileDevice {
 
     fn flush(&self) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
+            let _io = uring::DeviceIo::start();
             uring::fsync(self.fd.as_raw_fd(), true)
                 .await
                 .map_err(|error| DeviceError::from_io(&self.info.path, error))?;

@@ -35,6 +35,38 @@ use super::{with_current, Driver, Instant};
 /// `user_data` of the eventfd read that lets other threads wake the loop.
 const EVENTFD_TOKEN: u64 = u64::MAX - 1;
 
+/// How long (microseconds) the loop, with nothing to run and no device I/O
+/// in flight, keeps looking for completions before it sleeps in the
+/// kernel: a request from a client that waits for each answer (a FUSE
+/// `stat`, `create` or `unlink` after another, an NBD client at queue depth
+/// 1) then finds the loop awake instead of paying a thread wake-up. It
+/// costs a core while it looks; while device I/O is in flight the loop
+/// sleeps at once (the kernel may need that core to finish the I/O). 0
+/// (the default) never polls. Measured on this project's 2-core machine, 50
+/// doubles FUSE creates and triples stats of files in one directory.
+pub const POLL_ENV: &str = "IRONPOOL_POLL_US";
+
+thread_local! {
+    /// Device reads, writes and flushes in flight on this thread's ring.
+    static DEVICE_IO: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Counts a device operation in flight while it lives (see [`POLL_ENV`]).
+pub struct DeviceIo(());
+
+impl DeviceIo {
+    pub fn start() -> DeviceIo {
+        DEVICE_IO.with(|count| count.set(count.get() + 1));
+        DeviceIo(())
+    }
+}
+
+impl Drop for DeviceIo {
+    fn drop(&mut self) {
+        DEVICE_IO.with(|count| count.set(count.get() - 1));
+    }
+}
+
 /// Largest iovec count in one vectored operation (the kernel's UIO_MAXIOV).
 pub const IOVEC_COUNT_MAX: usize = 1024;
 
@@ -55,6 +87,7 @@ pub(crate) struct UringDriver {
     rng: RefCell<Rng>,
     eventfd: Arc<OwnedFd>,
     eventfd_buffer: RefCell<Box<[u8; 8]>>,
+    spin_ns: u64,
 }
 
 impl UringDriver {
@@ -93,6 +126,11 @@ impl UringDriver {
             rng: RefCell::new(Rng::new(seed)),
             eventfd,
             eventfd_buffer: RefCell::new(Box::new([0; 8])),
+            spin_ns: std::env::var(POLL_ENV)
+                .ok()
+                .and_then(|text| text.parse::<u64>().ok())
+                .unwrap_or(0)
+                * 1000,
         };
         driver.arm_eventfd();
         Ok((driver, notify))
@@ -179,6 +217,24 @@ impl UringDriver {
     /// One loop turn: submit what is queued, wait for a completion when `wait` is
     /// set, then reap every completion that is there.
     pub(crate) fn turn(&self, wait: bool) {
+        if wait && self.spin_ns > 0 && DEVICE_IO.with(Cell::get) == 0 {
+            // Nothing but requests from outside can complete: look for the
+            // next one for a while before sleeping (see `POLL_ENV`).
+            let start = std::time::Instant::now();
+            loop {
+                {
+                    let mut ring = self.ring.borrow_mut();
+                    let _ = ring.submit();
+                    if !ring.completion().is_empty() {
+                        break;
+                    }
+                }
+                if start.elapsed().as_nanos() as u64 > self.spin_ns {
+                    break;
+                }
+                std::hint::spin_loop();
+            }
+        }
         {
             let ring = self.ring.borrow();
             let result = if wait {

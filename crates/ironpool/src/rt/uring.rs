@@ -39,9 +39,9 @@ const EVENTFD_TOKEN: u64 = u64::MAX - 1;
 /// in flight, keeps looking for completions before it sleeps in the
 /// kernel: a request from a client that waits for each answer (a FUSE
 /// `stat`, `create` or `unlink` after another, an NBD client at queue depth
-/// 1) then finds the loop awake instead of paying a thread wake-up. It
+/// one) then finds the loop awake instead of paying a thread wake-up. It
 /// costs a core while it looks; while device I/O is in flight the loop
-/// sleeps at once (the kernel may need that core to finish the I/O). 0
+/// sleeps at once (the kernel may need that core to finish the I/O). Zero
 /// (the default) never polls. Measured on this project's 2-core machine, 50
 /// doubles FUSE creates and triples stats of files in one directory.
 pub const POLL_ENV: &str = "IRONPOOL_POLL_US";

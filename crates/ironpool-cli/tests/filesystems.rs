@@ -918,6 +918,11 @@ fn fuse_over_io_uring_is_used_when_the_kernel_offers_it_and_keeps_the_queue_dept
     wait_mounted(&pool, &mnt);
     std::fs::write(mnt.join("first"), b"x").unwrap();
     let transport = front_end(&pool)["transport"].as_str().unwrap().to_string();
+    let status = pool.admin(&["status", &pool.name]);
+    assert!(
+        status.contains(&format!("mounted at {} over {transport}", mnt.display())),
+        "{status}"
+    );
     if setting.0.is_none() {
         // No FUSE over io_uring in this kernel: the fallback says so.
         assert!(transport.contains("no FUSE over io_uring"), "{transport}");

@@ -359,6 +359,28 @@ pub fn status(status: &Value) -> String {
             );
         }
     }
+    let filesystems = status["filesystems"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    if !filesystems.is_empty() {
+        out += "filesystems:\n";
+        for fs in filesystems {
+            let name = fs["name"].as_str().unwrap_or("?");
+            let front_end = &fs["front_end"];
+            match fs["mounted"].as_str() {
+                Some(path) => {
+                    out += &format!(
+                        "\t{name:<40} mounted at {path} over {}, {} requests, at most {} at once\n",
+                        front_end["transport"].as_str().unwrap_or("?"),
+                        number(&front_end["requests"]),
+                        number(&front_end["in_flight_max"])
+                    )
+                }
+                None => out += &format!("\t{name:<40} not mounted\n"),
+            }
+        }
+    }
     out
 }
 

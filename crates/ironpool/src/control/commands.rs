@@ -954,6 +954,17 @@ fn status(pool: &Pool) -> Value {
         "healed_reads": pool.store().stats().healed_reads,
         "notes": pool.notes(),
         "volumes": volume_list(pool),
+        "filesystems": pool
+            .filesystems()
+            .iter()
+            .map(|(short, fs)| {
+                json!({
+                    "name": fs.name,
+                    "mounted": pool.mounted_at(short),
+                    "front_end": fs.front_end(),
+                })
+            })
+            .collect::<Vec<Value>>(),
     })
 }
 

@@ -954,11 +954,25 @@ impl ObjectSet {
         for pointer in &pointers {
             self.store.free(pointer);
         }
+        self.clear_dnode_cached(object.id)
+    }
+
+    /// Clears object `id`'s dnode in the table (free at the next commit)
+    /// and forgets the object; its blocks are the caller's business.
+    pub async fn clear_dnode(&self, id: u64) -> Result<(), ObjectError> {
+        let table = self.dnode_table();
+        self.prefetch(&table, id * DNODE_BYTES as u64, DNODE_BYTES as u64)
+            .await?;
+        self.clear_dnode_cached(id)
+    }
+
+    /// [`Self::clear_dnode`] when the table's block holding it is cached.
+    pub fn clear_dnode_cached(&self, id: u64) -> Result<(), ObjectError> {
         let table = self.dnode_table();
         let mut zero = [0u8; DNODE_BYTES];
         Dnode::default().encode(&mut zero);
-        self.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &zero)?;
-        self.forget(object.id);
+        self.write_bytes_cached(&table, id * DNODE_BYTES as u64, &zero)?;
+        self.forget(id);
         Ok(())
     }
 

@@ -34,7 +34,7 @@ use crate::format::dnode::DNODE_BYTES;
 use crate::format::label::{LeafConfig, PoolConfig, PoolState, TopVdevConfig, TopVdevKind};
 use crate::format::spacemap::decode_records;
 use crate::format::{
-    data_area_bytes, new_guid, Dnode, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION,
+    data_area_bytes, new_guid, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION,
 };
 use crate::object::{new_dnode, ObjectError, ObjectSet};
 use crate::queue::QueueTunables;
@@ -1237,13 +1237,7 @@ impl Pool {
         }
         volume.object.dead.borrow_mut().clear();
         self.drop_dead_list(volume.object.dead_list.replace(0))?;
-        let table = self.objects.dnode_table();
-        let mut zero = [0u8; DNODE_BYTES];
-        Dnode::default().encode(&mut zero);
-        self.objects
-            .write_bytes(&table, volume.object.id * DNODE_BYTES as u64, &zero)
-            .await?;
-        self.objects.forget(volume.object.id);
+        self.objects.clear_dnode(volume.object.id).await?;
         self.volumes.borrow_mut().remove(&short);
         {
             let mut directory = self.directory.borrow_mut();

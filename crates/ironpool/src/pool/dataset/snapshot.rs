@@ -22,8 +22,8 @@ use std::rc::Rc;
 use serde::Serialize;
 
 use crate::format::bp::BLOCK_POINTER_BYTES;
-use crate::format::dnode::{DNODE_BYTES, DNODE_FLAG_READ_ONLY};
-use crate::format::{BlockPointer, Dnode, ObjectType};
+use crate::format::dnode::DNODE_FLAG_READ_ONLY;
+use crate::format::{BlockPointer, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError};
 use crate::pool::dataset::directory::{valid_name, SnapshotName, SnapshotRecord, VolumeRecord};
 use crate::pool::volume::Volume;
@@ -349,14 +349,7 @@ impl Pool {
 
     /// Clears a dnode slot and forgets the object, without freeing its blocks.
     pub(crate) fn drop_dnode(&self, object_id: u64) -> Result<(), PoolError> {
-        let table = self.objects.dnode_table();
-        let mut zero = [0u8; DNODE_BYTES];
-        Dnode::default().encode(&mut zero);
-        self.objects
-            .write_bytes_cached(&table, object_id * DNODE_BYTES as u64, &zero)
-            .map_err(corrupt)?;
-        self.objects.forget(object_id);
-        Ok(())
+        self.objects.clear_dnode_cached(object_id).map_err(corrupt)
     }
 
     /// Creates volume `clone` from snapshot `origin`, sharing its blocks.

@@ -1014,12 +1014,7 @@ impl Filesystem {
         for pointer in &pointers {
             self.objects.store.free(pointer);
         }
-        let mut zero = [0u8; DNODE_BYTES];
-        Dnode::default().encode(&mut zero);
-        self.objects
-            .write_bytes(&self.table, object.id * DNODE_BYTES as u64, &zero)
-            .await?;
-        self.objects.forget(object.id);
+        self.objects.clear_dnode(object.id).await?;
         let mut header = self.header.get();
         header.objects -= 1;
         self.set_header(header);
@@ -2031,13 +2026,7 @@ impl Pool {
         for pointer in &pointers {
             self.store.free(pointer);
         }
-        let table = self.objects.dnode_table();
-        let mut zero = [0u8; DNODE_BYTES];
-        Dnode::default().encode(&mut zero);
-        self.objects
-            .write_bytes(&table, fs.table.id * DNODE_BYTES as u64, &zero)
-            .await?;
-        self.objects.forget(fs.table.id);
+        self.objects.clear_dnode(fs.table.id).await?;
         self.filesystems.borrow_mut().remove(&short);
         self.directory.borrow_mut().filesystems.remove(&short);
         self.directory_dirty.set(true);

@@ -20,7 +20,7 @@
 pub mod proto;
 mod uring;
 
-pub use uring::{Transport, SLOTS_MAX};
+pub use uring::SLOTS_MAX;
 
 use std::cell::{Cell, RefCell};
 use std::ffi::CString;
@@ -66,10 +66,6 @@ struct Session {
     pool: Rc<Pool>,
     fs: Rc<Filesystem>,
     fd: RawFd,
-    /// Requests answered (for status).
-    requests: Cell<u64>,
-    /// Requests being served now.
-    in_flight: Cell<u64>,
     /// Whether INIT asks for FUSE over io_uring (the kernel offers it), or
     /// why not.
     uring_offered: Result<(), String>,
@@ -152,8 +148,6 @@ impl Mount {
             pool,
             fs,
             fd: device.as_raw_fd(),
-            requests: Cell::new(0),
-            in_flight: Cell::new(0),
             uring_offered,
             start_uring: Cell::new(false),
             uring: RefCell::new(None),
@@ -176,22 +170,6 @@ impl Mount {
     /// Whether this mount serves `fs` (not an older filesystem of its name).
     pub fn serves(&self, fs: &Rc<Filesystem>) -> bool {
         Rc::ptr_eq(&self.session.fs, fs)
-    }
-
-    /// Requests answered so far.
-    pub fn requests(&self) -> u64 {
-        self.session.requests.get()
-    }
-
-    /// How requests reach the server.
-    pub fn transport(&self) -> Transport {
-        match &*self.session.uring.borrow() {
-            Some(transport) => transport.transport(),
-            None => Transport::DevFuse(match &self.session.uring_offered {
-                Ok(()) => "io_uring not set up".into(),
-                Err(why) => why.clone(),
-            }),
-        }
     }
 
     /// Unmounts (lazily: open files keep working until closed, then the
@@ -282,7 +260,7 @@ fn entry(attr: &Attr) -> Vec<u8> {
 fn start_uring(session: &Rc<Session>) {
     match uring::UringTransport::start(session) {
         Ok(transport) => {
-            let name = transport.transport().to_string();
+            let name = transport.description();
             eprintln!("ironpool: {}: serving over {name}", session.fs.name);
             session.fs.note_front_end(|stats| stats.transport = name);
             *session.uring.borrow_mut() = Some(transport);
@@ -299,22 +277,17 @@ fn start_uring(session: &Rc<Session>) {
     }
 }
 
-/// Serves one request, counting it; returns the reply (None: the kernel
-/// expects none).
+/// Serves one request, counting it in the filesystem's front-end figures;
+/// returns the reply (None: the kernel expects none).
 async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
-    session.in_flight.set(session.in_flight.get() + 1);
-    let in_flight = session.in_flight.get();
     session.fs.note_front_end(|stats| {
-        stats.in_flight = in_flight;
-        stats.in_flight_max = stats.in_flight_max.max(in_flight);
+        stats.in_flight += 1;
+        stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
     });
     let reply = handle_counted(session, bytes).await;
-    session.in_flight.set(session.in_flight.get() - 1);
-    session.requests.set(session.requests.get() + 1);
-    let (in_flight, requests) = (session.in_flight.get(), session.requests.get());
     session.fs.note_front_end(|stats| {
-        stats.in_flight = in_flight;
-        stats.requests = requests;
+        stats.in_flight = stats.in_flight.saturating_sub(1);
+        stats.requests += 1;
     });
     reply
 }

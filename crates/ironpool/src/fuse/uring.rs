@@ -22,9 +22,10 @@
 //! through `/dev/fuse`, whose readers stay.
 //!
 //! A kernel or setting without it refuses the first registration and the
-//! kernel goes on with `/dev/fuse` alone; [`Transport`] says which is used.
+//! kernel goes on with `/dev/fuse` alone; the filesystem's front-end figures
+//! (`fs list`, `status`) say which is used.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::os::fd::RawFd;
 use std::rc::Rc;
@@ -70,30 +71,6 @@ const STOP_WAIT: Duration = Duration::from_secs(5);
 
 /// Where `enable_uring` lives (Y: the kernel offers FUSE over io_uring).
 const ENABLE_PARAMETER: &str = "/sys/module/fuse/parameters/enable_uring";
-
-/// Which transport a mount uses, for `status` and `fs list`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Transport {
-    /// `/dev/fuse` reads and writes; why not io_uring.
-    DevFuse(String),
-    /// io_uring: queues, slots per queue.
-    Uring {
-        queues: usize,
-        slots_per_queue: usize,
-    },
-}
-
-impl std::fmt::Display for Transport {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Transport::DevFuse(why) => write!(f, "/dev/fuse ({why})"),
-            Transport::Uring {
-                queues,
-                slots_per_queue,
-            } => write!(f, "io_uring ({queues} queues x {slots_per_queue} slots)"),
-        }
-    }
-}
 
 /// Whether the kernel offers FUSE over io_uring now (checked at mount: the
 /// kernel decides at INIT).
@@ -170,8 +147,8 @@ pub(super) struct UringTransport {
     fd: RawFd,
     slots: Vec<Slot>,
     queues: usize,
-    /// Why the kernel refused the slots, if it did.
-    refused: RefCell<Option<io::Error>>,
+    /// The kernel refused a slot (said once).
+    refused: Cell<bool>,
     tasks: RefCell<Vec<rt::JoinHandle<()>>>,
 }
 
@@ -193,7 +170,7 @@ impl UringTransport {
                 .map(|index| Slot::new((index / per_queue) as u16))
                 .collect(),
             queues,
-            refused: RefCell::new(None),
+            refused: Cell::new(false),
             tasks: RefCell::new(Vec::new()),
         });
         let tasks = (0..count)
@@ -203,15 +180,13 @@ impl UringTransport {
         Ok(transport)
     }
 
-    /// What the transport is (or why the kernel refused it).
-    pub(super) fn transport(&self) -> Transport {
-        match &*self.refused.borrow() {
-            Some(error) => Transport::DevFuse(format!("io_uring refused: {error}")),
-            None => Transport::Uring {
-                queues: self.queues,
-                slots_per_queue: self.slots.len() / self.queues,
-            },
-        }
+    /// What the transport is, for the front-end figures.
+    pub(super) fn description(&self) -> String {
+        format!(
+            "io_uring ({} queues x {} slots)",
+            self.queues,
+            self.slots.len() / self.queues
+        )
     }
 
     /// The REGISTER command of slot `index`.
@@ -267,8 +242,7 @@ async fn run_slot(session: Rc<Session>, transport: Rc<UringTransport>, index: us
             // Refused: the kernel goes on with /dev/fuse.
             errno => {
                 let error = io::Error::from_raw_os_error(errno);
-                let mut refused = transport.refused.borrow_mut();
-                if refused.is_none() {
+                if !transport.refused.replace(true) {
                     eprintln!(
                         "ironpool: {}: FUSE over io_uring refused ({error}); using /dev/fuse",
                         session.fs.name
@@ -276,7 +250,6 @@ async fn run_slot(session: Rc<Session>, transport: Rc<UringTransport>, index: us
                     session.fs.note_front_end(|stats| {
                         stats.transport = format!("/dev/fuse (io_uring refused: {error})")
                     });
-                    *refused = Some(error);
                 }
                 return;
             }

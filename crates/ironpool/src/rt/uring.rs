@@ -157,24 +157,15 @@ impl UringDriver {
         // SAFETY: the buffer is a Box owned by the driver, which outlives the ring's
         // use of it: the driver (and ring) are dropped together, and the kernel
         // cancels the read when the ring closes.
-        unsafe { self.push(entry) };
+        unsafe { self.push(entry.into()) };
     }
 
-    /// Queues an SQE; when the submission queue is full, hands the queued entries
-    /// to the kernel first.
+    /// Queues an SQE (an ordinary 64-byte one fills the first half); when the
+    /// submission queue is full, hands the queued entries to the kernel first.
     ///
     /// # Safety
     /// Every pointer in `entry` must stay valid until its completion is reaped.
-    unsafe fn push(&self, entry: squeue::Entry) {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.push128(squeue::Entry128::from(entry)) }
-    }
-
-    /// [`Self::push`] for a 128-byte entry.
-    ///
-    /// # Safety
-    /// Every pointer in `entry` must stay valid until its completion is reaped.
-    unsafe fn push128(&self, entry: squeue::Entry128) {
+    unsafe fn push(&self, entry: squeue::Entry128) {
         let mut ring = self.ring.borrow_mut();
         loop {
             // SAFETY: forwarded from the caller.
@@ -356,21 +347,10 @@ impl<T: 'static> Op<T> {
     /// Every pointer in `entry` must point into heap allocations owned by `memory`
     /// (moving `memory` must not move them), valid for the whole operation.
     pub(crate) unsafe fn submit(entry: squeue::Entry, memory: T) -> Op<T> {
-        with_driver(|driver| {
-            let slot = driver.allocate_slot();
-            driver.in_flight.set(driver.in_flight.get() + 1);
-            // SAFETY: forwarded from the caller; the memory lives in the Op or,
-            // if the Op is dropped early, in the slot until completion.
-            unsafe { driver.push(entry.user_data(slot as u64)) };
-            Op {
-                slot,
-                memory: Some(memory),
-            }
-        })
+        // SAFETY: forwarded from the caller.
+        unsafe { Self::submit128(entry.into(), memory) }
     }
-}
 
-impl<T: 'static> Op<T> {
     /// [`Op::submit`] for a 128-byte entry (an `IORING_OP_URING_CMD` with
     /// 80 bytes of command).
     ///
@@ -380,8 +360,9 @@ impl<T: 'static> Op<T> {
         with_driver(|driver| {
             let slot = driver.allocate_slot();
             driver.in_flight.set(driver.in_flight.get() + 1);
-            // SAFETY: as in `submit`.
-            unsafe { driver.push128(entry.user_data(slot as u64)) };
+            // SAFETY: forwarded from the caller; the memory lives in the Op or,
+            // if the Op is dropped early, in the slot until completion.
+            unsafe { driver.push(entry.user_data(slot as u64)) };
             Op {
                 slot,
                 memory: Some(memory),

@@ -32,7 +32,7 @@ use serde::Serialize;
 
 use crate::block::compress::CompressionSetting;
 use crate::format::ChecksumAlgo;
-use crate::pool::{Pool, PoolError};
+use crate::pool::{filesystem, Pool, PoolError};
 
 /// Longest user property value (names and values live in the directory, which
 /// is bounded; ZFS allows 8 KiB too).
@@ -176,15 +176,6 @@ impl Default for VolumeSettings {
         }
     }
 }
-
-/// A filesystem's own properties with their defaults (not inherited from
-/// the pool; `mountpoint`'s default is `/POOL/NAME`).
-const FILESYSTEM_OWN: [(&str, &str); 4] = [
-    ("recordsize", "131072"),
-    ("mountpoint", "-"),
-    ("atime", "on"),
-    ("xattr", "on"),
-];
 
 /// Checks a property assignment on a filesystem: its own properties, and
 /// those volumes have but the volume-only ones.
@@ -493,7 +484,7 @@ impl Pool {
         // their defaults.
         let to_default = match kind {
             Target::Pool => name == "autotrim",
-            Target::Filesystem(_) => FILESYSTEM_OWN.iter().any(|(key, _)| *key == name),
+            Target::Filesystem(_) => filesystem::OWN_PROPERTIES.contains(&name),
             Target::Volume(_) => false,
         };
         if !INHERITABLE.iter().any(|(key, _)| *key == name)
@@ -598,13 +589,13 @@ impl Pool {
                 .await
                 .map_err(|error| PoolError::Io(format!("{target}: {error}")))?;
             values.extend(space_values(&space));
-            for (name, default) in FILESYSTEM_OWN {
+            for name in filesystem::OWN_PROPERTIES {
                 let (value, source) = match record.properties.get(name) {
                     Some(value) => (value.clone(), "local".to_string()),
-                    None if name == "mountpoint" => {
-                        (format!("/{}/{short}", self.name), "default".to_string())
-                    }
-                    None => (default.to_string(), "default".to_string()),
+                    None => (
+                        filesystem::own_property_default(&self.name, &short, name),
+                        "default".to_string(),
+                    ),
                 };
                 values.push((name.into(), value, source));
             }
@@ -614,13 +605,9 @@ impl Pool {
                 "no"
             };
             values.push(("mounted".into(), mounted.into(), "-".into()));
-            values.push(("guid".into(), format!("{:#x}", record.guid), "-".into()));
-            values.push((
-                "createtxg".into(),
-                record.created_txg.to_string(),
-                "-".into(),
-            ));
             values.extend(dataset_values(
+                record.guid,
+                record.created_txg,
                 &record.properties,
                 &pool_properties,
                 &self.name,
@@ -654,13 +641,9 @@ impl Pool {
                 .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
                 .unwrap_or_else(|| "-".into());
             values.push(("origin".into(), origin, "-".into()));
-            values.push(("guid".into(), format!("{:#x}", record.guid), "-".into()));
-            values.push((
-                "createtxg".into(),
-                record.created_txg.to_string(),
-                "-".into(),
-            ));
             values.extend(dataset_values(
+                record.guid,
+                record.created_txg,
                 &record.properties,
                 &pool_properties,
                 &self.name,
@@ -764,14 +747,19 @@ impl Pool {
     }
 }
 
-/// The inheritable settings and user properties of a dataset with `local`
-/// properties, with their sources.
+/// A dataset's guid and creation txg, then its inheritable settings and
+/// user properties (it has `local` ones), with their sources.
 fn dataset_values(
+    guid: u64,
+    created_txg: u64,
     local: &BTreeMap<String, String>,
     pool: &BTreeMap<String, String>,
     pool_name: &str,
 ) -> Vec<(String, String, String)> {
-    let mut values = Vec::new();
+    let mut values = vec![
+        ("guid".into(), format!("{guid:#x}"), "-".into()),
+        ("createtxg".into(), created_txg.to_string(), "-".into()),
+    ];
     for (name, _) in INHERITABLE {
         if let Some((value, source)) = lookup(local, pool, pool_name, name) {
             values.push((name.into(), value, source));

@@ -436,7 +436,26 @@ pub fn mountpoint(
     match properties.get("mountpoint").map(String::as_str) {
         Some("none" | "legacy") => None,
         Some(path) => Some(path.to_string()),
-        None => Some(format!("/{pool}/{short}")),
+        None => Some(default_mountpoint(pool, short)),
+    }
+}
+
+/// Where a filesystem mounts without a `mountpoint` property (OpenZFS's
+/// rule).
+pub fn default_mountpoint(pool: &str, short: &str) -> String {
+    format!("/{pool}/{short}")
+}
+
+/// A filesystem's own properties (not inherited from the pool).
+pub const OWN_PROPERTIES: [&str; 4] = ["recordsize", "mountpoint", "atime", "xattr"];
+
+/// The value of own property `name` of filesystem `short` of pool `pool`
+/// when it is not set.
+pub fn own_property_default(pool: &str, short: &str, name: &str) -> String {
+    match name {
+        "recordsize" => RECORD_BYTES_DEFAULT.to_string(),
+        "mountpoint" => default_mountpoint(pool, short),
+        _ => "on".to_string(),
     }
 }
 
@@ -699,10 +718,8 @@ impl Filesystem {
             }
         };
         let is_dir = mode & S_IFMT == S_IFDIR;
-        let mut header = self.header.get();
-        let ino = header.next_object;
-        header.next_object += 1;
-        header.objects += 1;
+        // The object counts from here: a failure below frees it again.
+        let ino = self.allocate_ino();
         let time = now();
         let znode = Znode {
             mode,
@@ -720,8 +737,6 @@ impl Filesystem {
             hash_salt: if is_dir { crate::format::new_guid() } else { 0 },
             xattr_object: 0,
         };
-        // The object counts from here: a failure below frees it again.
-        self.set_header(header);
         let object = self.new_object(pool, ino, is_dir, &znode);
         // Set once the link's target block is handed to the tree (or, on a
         // failed link, released by it).
@@ -789,6 +804,17 @@ impl Filesystem {
             return Err(FsError::TooManyLinks);
         }
         Ok((dir_object, dir_znode))
+    }
+
+    /// Hands out the next object number and counts the object in the
+    /// header (numbers are not reused).
+    fn allocate_ino(&self) -> u64 {
+        let mut header = self.header.get();
+        let ino = header.next_object;
+        header.next_object += 1;
+        header.objects += 1;
+        self.set_header(header);
+        ino
     }
 
     /// A new object numbered `ino` (written at the next txg).
@@ -1563,14 +1589,30 @@ impl Filesystem {
             self.objects.store.release(&pointer.dvas);
             return Err(FsError::Corrupt("file changed while its block grew".into()));
         }
-        self.objects.kill(object, &current.root);
-        let mut grown = current;
-        grown.data_block_shift = shift;
-        grown.root = BlockPointer::hole(0, ObjectType::FsFile, 0);
-        grown.used_bytes = 0;
-        grown.logical_bytes = 0;
-        grown.physical_bytes = 0;
-        self.objects.reset_tree(object, grown);
+        self.replace_only_block(pool, object, shift, current.length_bytes, pointer)
+    }
+
+    /// Makes `pointer` (a written block of `1 << shift` bytes, or a hole)
+    /// the one block of `object`, a one-block object, whose length becomes
+    /// `length`: the old block is let go and the tree switched in one step,
+    /// with no await, so one txg holds the old block or the new one.
+    fn replace_only_block(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        shift: u8,
+        length: u64,
+        pointer: BlockPointer,
+    ) -> Result<(), FsError> {
+        let mut fresh = object.dnode();
+        self.objects.kill(object, &fresh.root);
+        fresh.data_block_shift = shift;
+        fresh.root = BlockPointer::hole(0, fresh.object_type, 0);
+        fresh.length_bytes = length;
+        fresh.used_bytes = 0;
+        fresh.logical_bytes = 0;
+        fresh.physical_bytes = 0;
+        self.objects.reset_tree(object, fresh);
         if !pointer.is_hole() {
             self.link_cached(pool, object, 0, pointer)?;
         }

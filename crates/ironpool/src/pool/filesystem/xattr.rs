@@ -211,11 +211,7 @@ impl Filesystem {
             }
             Some(pointer) => {
                 let object = if znode.xattr_object == 0 {
-                    let mut header = self.header.get();
-                    let id = header.next_object;
-                    header.next_object += 1;
-                    header.objects += 1;
-                    self.set_header(header);
+                    let id = self.allocate_ino();
                     let attributes = Znode {
                         mode: S_IFREG,
                         nlink: 1,
@@ -240,19 +236,8 @@ impl Filesystem {
                         }
                     }
                 };
-                // No await from here: the old block goes and the new one is
-                // linked in one step of one txg.
-                let current = object.dnode();
-                self.objects.kill(&object, &current.root);
-                let mut fresh = current;
-                fresh.data_block_shift = block_shift_for(bytes.len() as u64);
-                fresh.root = BlockPointer::hole(0, ObjectType::FsXattr, 0);
-                fresh.length_bytes = bytes.len() as u64;
-                fresh.used_bytes = 0;
-                fresh.logical_bytes = 0;
-                fresh.physical_bytes = 0;
-                self.objects.reset_tree(&object, fresh);
-                self.link_cached(pool, &object, 0, pointer)?;
+                let length = bytes.len() as u64;
+                self.replace_only_block(pool, &object, block_shift_for(length), length, pointer)?;
             }
         }
         znode.ctime = time;

@@ -230,28 +230,13 @@ pub fn setup(
     let mut server = ServerProcess::spawn("ironpool serve", &mut serve, &dir.join("serve.log"))?;
     server.wait_ready(&[&pidfile, &control, &nbd_socket], SERVER_START_TIMEOUT)?;
 
-    let mut properties = spec.properties.clone();
     if spec.filesystem {
         return setup_filesystem(
             spec, label, &dir, server, commands, exe, control, nbd_socket, disks, context,
         );
     }
-    if !properties.iter().any(|(k, _)| k == "volblocksize") {
-        properties.insert(
-            0,
-            (
-                "volblocksize".to_string(),
-                size_short(DEFAULT_VOLBLOCKSIZE_BYTES),
-            ),
-        );
-    }
-    let volblocksize_bytes = properties
-        .iter()
-        .find(|(k, _)| k == "volblocksize")
-        .map(|(_, v)| parse_size(v))
-        .transpose()
-        .context("volblocksize property")?
-        .unwrap_or(DEFAULT_VOLBLOCKSIZE_BYTES);
+    let mut properties = spec.properties.clone();
+    let volblocksize_bytes = block_size_property(&mut properties, "volblocksize")?;
     let runtime_files = vec![
         control.clone(),
         nbd_socket.clone(),
@@ -294,6 +279,22 @@ pub fn setup(
     Ok(instance)
 }
 
+/// The block size property `key` (volblocksize, recordsize) of the
+/// dataset's properties, set first to [`DEFAULT_VOLBLOCKSIZE_BYTES`] when
+/// the spec does not set it.
+fn block_size_property(properties: &mut Vec<(String, String)>, key: &str) -> Result<u64> {
+    if !properties.iter().any(|(k, _)| k == key) {
+        properties.insert(0, (key.to_string(), size_short(DEFAULT_VOLBLOCKSIZE_BYTES)));
+    }
+    properties
+        .iter()
+        .find(|(k, _)| k == key)
+        .map(|(_, v)| parse_size(v))
+        .transpose()
+        .with_context(|| format!("{key} property"))
+        .map(|bytes| bytes.unwrap_or(DEFAULT_VOLBLOCKSIZE_BYTES))
+}
+
 /// The rest of an `ironpool-fs` target's setup, once the server runs:
 /// creates the filesystem, waits for its mount and makes fio's file.
 #[allow(clippy::too_many_arguments)]
@@ -318,22 +319,7 @@ fn setup_filesystem(
             "{label}: volblocksize and mountpoint are not for ironpool-fs targets (recordsize is)"
         );
     }
-    if !properties.iter().any(|(k, _)| k == "recordsize") {
-        properties.insert(
-            0,
-            (
-                "recordsize".to_string(),
-                size_short(DEFAULT_VOLBLOCKSIZE_BYTES),
-            ),
-        );
-    }
-    let record_bytes = properties
-        .iter()
-        .find(|(k, _)| k == "recordsize")
-        .map(|(_, v)| parse_size(v))
-        .transpose()
-        .context("recordsize property")?
-        .unwrap_or(DEFAULT_VOLBLOCKSIZE_BYTES);
+    let record_bytes = block_size_property(&mut properties, "recordsize")?;
     let mountpoint = dir.join("mnt");
     let dataset = format!("{POOL_NAME}/{FILESYSTEM_NAME}");
     let mut create = vec![

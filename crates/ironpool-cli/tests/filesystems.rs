@@ -48,6 +48,26 @@ impl Drop for Unmount {
     }
 }
 
+/// A served mirrored pool with filesystem `fs` mounted (as
+/// `filesystem_pool` makes it), and the guard that unmounts it at the end.
+fn served_filesystem(name: &str) -> (TestPool, PathBuf, Unmount) {
+    let (mut pool, mnt) = filesystem_pool(name);
+    let unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    (pool, mnt, unmount)
+}
+
+/// Waits (10 s at most, else fails saying `what`) until nothing is
+/// mounted at `path`.
+fn wait_unmounted(path: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted(path) {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn filesystem_pool(name: &str) -> (TestPool, PathBuf) {
     let pool = TestPool::new(name);
     let mountpoint = pool.path("mnt");
@@ -113,10 +133,7 @@ fn tree(root: &Path) -> Vec<(String, Option<Vec<u8>>)> {
 
 #[test]
 fn files_and_directories_work_through_a_real_mount_and_survive_a_restart() {
-    let (mut pool, mnt) = filesystem_pool("fsbasic");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsbasic");
     // Files, directories, renames, links, truncation.
     std::fs::create_dir_all(mnt.join("a/b/c")).unwrap();
     std::fs::write(mnt.join("a/hello.txt"), b"hello, world\n").unwrap();
@@ -191,10 +208,7 @@ fn files_and_directories_work_through_a_real_mount_and_survive_a_restart() {
 
 #[test]
 fn a_mount_left_dead_by_a_killed_server_is_replaced_and_fsynced_data_is_there() {
-    let (mut pool, mnt) = filesystem_pool("fsdead");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsdead");
     let data = distinct_bytes(1 << 20, 3);
     let mut file = std::fs::File::create(mnt.join("durable.bin")).unwrap();
     file.write_all(&data).unwrap();
@@ -227,10 +241,7 @@ fn cached_data_bytes(pool: &TestPool) -> u64 {
 
 #[test]
 fn o_direct_reads_bypass_the_read_cache_and_buffered_reads_fill_it() {
-    let (mut pool, mnt) = filesystem_pool("fsdirect");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsdirect");
     let file = mnt.join("data.bin");
     let file_arg = format!("of={}", file.display());
     tool(
@@ -281,10 +292,7 @@ fn wait_objects(pool: &TestPool, wanted: u64) {
 
 #[test]
 fn a_file_removed_while_open_lives_until_closed_and_a_crash_frees_it() {
-    let (mut pool, mnt) = filesystem_pool("fsunlinked");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsunlinked");
     assert_eq!(fs_objects(&pool), 1, "the root directory alone");
     let data = distinct_bytes(1 << 20, 5);
     let file = std::fs::OpenOptions::new()
@@ -344,10 +352,7 @@ fn run_in(cwd: &Path, program: &str, args: &[&str]) -> String {
 
 #[test]
 fn sqlite_commits_survive_kill_9_and_git_works() {
-    let (mut pool, mnt) = filesystem_pool("fsapps");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsapps");
     // 200 transactions, each committed; the server is killed the moment the
     // last one returns. In its default rollback-journal mode sqlite's commit
     // point is the journal's deletion, which it makes durable (a directory
@@ -561,10 +566,7 @@ fn property(pool: &TestPool, target: &str, name: &str) -> (String, String) {
 
 #[test]
 fn extended_attributes_are_kept_replaced_removed_and_bounded() {
-    let (mut pool, mnt) = filesystem_pool("fsxattr");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsxattr");
     let file = mnt.join("tagged");
     std::fs::write(&file, b"data").unwrap();
     let dir = mnt.join("dir");
@@ -637,10 +639,7 @@ fn extended_attributes_are_kept_replaced_removed_and_bounded() {
 
 #[test]
 fn filesystem_properties_mounts_listing_and_destroy() {
-    let (mut pool, mnt) = filesystem_pool("fsprops");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fsprops");
     let target = format!("{}/fs", pool.name);
 
     assert_eq!(property(&pool, &target, "type").0, "filesystem");
@@ -750,14 +749,7 @@ fn filesystem_properties_mounts_listing_and_destroy() {
     let _unmount_moved = Unmount(moved.clone());
     pool.admin(&["set", &format!("mountpoint={}", moved.display()), &target]);
     wait_mounted(&pool, &moved);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mounted(&mnt) {
-        assert!(
-            Instant::now() < deadline,
-            "still mounted at the old mountpoint"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_unmounted(&mnt, "still mounted at the old mountpoint");
     assert!(std::fs::read(moved.join("old")).unwrap() == data);
 
     // Listed with volumes; destroyed by the generic destroy.
@@ -774,14 +766,7 @@ fn filesystem_properties_mounts_listing_and_destroy() {
     assert_eq!(only["datasets"].as_array().map(Vec::len), Some(1), "{only}");
     let out = pool.admin(&["destroy", &target]);
     assert!(out.contains("destroyed filesystem"), "{out}");
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while mounted(&moved) {
-        assert!(
-            Instant::now() < deadline,
-            "a destroyed filesystem stays mounted"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_unmounted(&moved, "a destroyed filesystem stays mounted");
     let listed = pool.admin(&["list", "-t", "filesystem", &pool.name]);
     assert!(!listed.contains(&target), "{listed}");
     stop_and_check(&mut pool);
@@ -845,10 +830,7 @@ fn thousands_of_real_files_copied_in_are_the_same_before_and_after_a_restart() {
     let before: Vec<Vec<String>> = sources.iter().map(|source| digest(source)).collect();
     let entries: usize = before.iter().map(Vec::len).sum();
     assert!(entries > 2000, "only {entries} files to copy: {sources:?}");
-    let (mut pool, mnt) = filesystem_pool("fstree");
-    let _unmount = Unmount(mnt.clone());
-    pool.serve();
-    wait_mounted(&pool, &mnt);
+    let (mut pool, mnt, _unmount) = served_filesystem("fstree");
     for (index, source) in sources.iter().enumerate() {
         let copy = mnt.join(format!("tree{index}"));
         let status = std::process::Command::new("cp")

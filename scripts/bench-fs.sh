@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The filesystem table of issue 19 in one run, against baselines of the same
 # run. Needs root, /dev/fuse, fio, mkfs.ext4 and a release build
-# (cargo build --release).
+# (cargo build --release --workspace --bins --examples).
 #
 #   metadata    create, stat and remove FILES empty files in one directory
 #               (the bench crate's `metadata` example: a compiled loop of
@@ -14,15 +14,16 @@
 #               writes and reads at QD16, on the raw file and on a file of
 #               the ironpool filesystem (recordsize 16K); IOPS and the ratio
 #
-# Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN]
-#   default: 100000 files, 8 s, target/release/ironpool
+# Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
+#   default: 100000 files, 8 s, target/release/ironpool, "metadata data"
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
 bin=${3:-$PWD/target/release/ironpool}
+parts=${4:-metadata data}
 metadata=$PWD/target/release/examples/metadata
 [ "$(id -u)" -eq 0 ] || { echo "bench-fs: run as root (FUSE mounts, loop devices)" >&2; exit 1; }
-[ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --examples" >&2; exit 1; }
+[ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --bins --examples" >&2; exit 1; }
 work=$(mktemp -d "$PWD/target/bench-fs.XXXXXX")
 loop=""
 server=""
@@ -74,6 +75,7 @@ for _ in $(seq 600); do [ -S "$work/ctl.sock" ] && break; sleep 0.05; done
 for _ in $(seq 600); do grep -q " $work/ipfs fuse.ironpool" /proc/self/mounts && break; sleep 0.05; done
 grep -q " $work/ipfs fuse.ironpool" /proc/self/mounts || { echo "bench-fs: not mounted: $(cat "$work/serve.log")" >&2; exit 1; }
 
+if [[ " $parts " == *" metadata "* ]]; then
 echo "## metadata: $files empty files in one directory, files/s"
 "$metadata" "$work/ext4" "$files" >"$work/meta-ext4.txt"
 "$metadata" "$work/ipfs" "$files" >"$work/meta-ipfs.txt"
@@ -83,7 +85,9 @@ for phase in create stat delete; do
     ip=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ipfs.txt")
     printf "%-8s %12s %12s %8s\n" "$phase" "$ext4" "$ip" "$(ratio "$ip" "$ext4")"
 done
+fi
 
+[[ " $parts " == *" data "* ]] || exit 0
 echo "## data: a 1 GiB file, fio io_uring direct=1, IOPS"
 printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
 common="--ioengine=io_uring --direct=1 --size=1G --runtime=$runtime --time_based"

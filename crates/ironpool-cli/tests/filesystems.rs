@@ -952,3 +952,78 @@ fn fuse_over_io_uring_is_used_when_the_kernel_offers_it_and_keeps_the_queue_dept
     drop(setting);
     stop_and_check(&mut pool);
 }
+
+/// Requests the server has answered for the pool's filesystem.
+fn requests_served(pool: &TestPool) -> u64 {
+    front_end(pool)["requests"].as_u64().unwrap()
+}
+
+#[test]
+fn the_kernel_caches_names_absent_names_and_attributes_and_the_queue_depth_holds() {
+    let (mut pool, mnt, _unmount) = served_filesystem("fscache");
+    std::fs::write(mnt.join("present"), b"x").unwrap();
+    std::fs::metadata(mnt.join("absent")).unwrap_err();
+    std::fs::metadata(mnt.join("present")).unwrap();
+    // Once looked up, a name, an absent name and attributes are the
+    // kernel's to answer: a thousand stats cost (almost) no request.
+    let before = requests_served(&pool);
+    for _ in 0..1000 {
+        assert_eq!(std::fs::metadata(mnt.join("present")).unwrap().len(), 1);
+        let absent = std::fs::metadata(mnt.join("absent")).unwrap_err();
+        assert_eq!(absent.kind(), std::io::ErrorKind::NotFound);
+    }
+    let asked = requests_served(&pool) - before;
+    assert!(asked < 10, "{asked} requests for 2,000 cached stats");
+    // What the kernel cached follows every change made through it: a
+    // cached absent name is created, a write changes size and mtime, a
+    // rename moves the name, a chmod the mode, an unlink the name.
+    let mtime = std::fs::metadata(mnt.join("present")).unwrap().mtime_nsec();
+    std::fs::write(mnt.join("absent"), b"now here").unwrap();
+    assert_eq!(std::fs::metadata(mnt.join("absent")).unwrap().len(), 8);
+    std::thread::sleep(Duration::from_millis(20));
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(mnt.join("present"))
+        .unwrap()
+        .write_all(b"yz")
+        .unwrap();
+    let grown = std::fs::metadata(mnt.join("present")).unwrap();
+    assert_eq!(grown.len(), 3);
+    assert_ne!(grown.mtime_nsec(), mtime);
+    std::fs::rename(mnt.join("absent"), mnt.join("moved")).unwrap();
+    std::fs::metadata(mnt.join("absent")).unwrap_err();
+    assert_eq!(std::fs::read(mnt.join("moved")).unwrap(), b"now here");
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(mnt.join("moved"), std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(
+        std::fs::metadata(mnt.join("moved")).unwrap().mode() & 0o777,
+        0o600
+    );
+    std::fs::remove_file(mnt.join("moved")).unwrap();
+    std::fs::metadata(mnt.join("moved")).unwrap_err();
+
+    // fio at queue depth 64 with O_DIRECT on one file: the server keeps
+    // most of the 64 in flight at once, over whichever transport serves.
+    tool(
+        "fio",
+        &[
+            "--name=depth",
+            &format!("--filename={}", mnt.join("depth").display()),
+            "--size=32M",
+            "--rw=randwrite",
+            "--bs=16k",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--iodepth=64",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+    );
+    let stats = front_end(&pool);
+    let most = stats["in_flight_max"].as_u64().unwrap();
+    assert!(
+        most >= 32,
+        "at most {most} requests in flight at the server: {stats}"
+    );
+    stop_and_check(&mut pool);
+}

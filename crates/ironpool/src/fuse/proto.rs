@@ -468,6 +468,12 @@ pub fn entry_out(attr: &Attr, generation: u64, valid_seconds: u64) -> Vec<u8> {
     out
 }
 
+/// `fuse_entry_out` of an absent name: node 0, cached as absent for
+/// `valid_seconds`.
+pub fn negative_entry_out(valid_seconds: u64) -> Vec<u8> {
+    entry_out(&Attr::default(), 0, valid_seconds)
+}
+
 /// `fuse_attr_out`.
 pub fn attr_out(attr: &Attr, valid_seconds: u64) -> Vec<u8> {
     let mut out = Vec::with_capacity(104);

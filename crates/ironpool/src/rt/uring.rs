@@ -786,19 +786,17 @@ pub async fn read_stream_into(
     (to_result(result), buffer)
 }
 
-/// Reads from a descriptor whose reads block in the kernel however they are
-/// asked (`/dev/fuse`: it waits for the next request), into `buffer`. The
-/// read goes straight to io_uring's worker threads (`IOSQE_ASYNC`): tried
-/// inline, it would block this thread, and every task on it, until a
-/// request came.
-pub async fn read_blocking_into(
+/// Reads from a non-blocking descriptor that can be polled (`/dev/fuse`
+/// opened `O_NONBLOCK`) into `buffer`: the ring tries the read at once and,
+/// when nothing is there to read, waits for the descriptor to be readable
+/// and reads then, without blocking this thread or one of its workers.
+pub async fn read_pollable_into(
     fd: RawFd,
     mut buffer: AlignedBuf,
 ) -> (io::Result<usize>, AlignedBuf) {
     let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32)
         .offset(u64::MAX)
-        .build()
-        .flags(squeue::Flags::ASYNC);
+        .build();
     // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)

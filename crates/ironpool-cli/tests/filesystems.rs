@@ -21,6 +21,33 @@ fn mounted(path: &Path) -> bool {
     })
 }
 
+/// The options of the mount at `path` (from /proc/self/mounts).
+fn mount_options(path: &Path) -> Vec<String> {
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
+    let wanted = path.display().to_string();
+    mounts
+        .lines()
+        .map(|line| line.split(' ').collect::<Vec<_>>())
+        .find(|fields| fields.get(1) == Some(&wanted.as_str()))
+        .and_then(|fields| fields.get(3).map(|options| options.to_string()))
+        .map(|options| options.split(',').map(str::to_string).collect())
+        .unwrap_or_default()
+}
+
+/// Waits (10 s at most) until the mount at `path` has option `option`.
+fn wait_mount_option(path: &Path, option: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !mount_options(path).iter().any(|have| have == option) {
+        assert!(
+            Instant::now() < deadline,
+            "{} has not {option}: {:?}",
+            path.display(),
+            mount_options(path)
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn wait_mounted(pool: &TestPool, path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
     while !mounted(path) {
@@ -764,7 +791,9 @@ fn filesystem_properties_mounts_listing_and_destroy() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    assert!(mount_options(&mnt).contains(&"relatime".to_string()));
     pool.admin(&["set", "atime=off", &target]);
+    wait_mount_option(&mnt, "noatime");
     std::fs::OpenOptions::new()
         .append(true)
         .open(&file)
@@ -779,6 +808,19 @@ fn filesystem_properties_mounts_listing_and_destroy() {
         (atime, atime_ns) < (mtime, mtime_ns),
         "atime=off: a read moved the access time"
     );
+
+    // readonly=on makes the mount read-only (the kernel refuses writes
+    // before they reach the server), and back.
+    pool.admin(&["set", "readonly=on", &target]);
+    wait_mount_option(&mnt, "ro");
+    let refused = std::fs::write(mnt.join("refused"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS));
+    pool.admin(&["inherit", "readonly", &target]);
+    pool.admin(&["inherit", "atime", &target]);
+    wait_mount_option(&mnt, "rw");
+    wait_mount_option(&mnt, "relatime");
+    std::fs::write(mnt.join("accepted"), b"x").unwrap();
+    std::fs::remove_file(mnt.join("accepted")).unwrap();
 
     // unmount and mount.
     pool.admin(&["unmount", &target]);

@@ -303,8 +303,9 @@ pub fn serve(
 }
 
 /// Mounts the pool's filesystems that are not mounted (at their
-/// mountpoints), moves those whose mountpoint changed, and unmounts those
-/// destroyed, unmounted by `ironpool unmount` or set to `mountpoint=none`.
+/// mountpoints), moves those whose mountpoint changed, remounts those
+/// whose `atime` or `readonly` changed, and unmounts those destroyed,
+/// unmounted by `ironpool unmount` or set to `mountpoint=none`.
 /// A filesystem that cannot be mounted (no `/dev/fuse`, not root) is
 /// reported; volumes are served regardless.
 fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>>>) {
@@ -344,7 +345,13 @@ fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>
         }
     }
     for (short, (fs, path)) in wanted {
-        if mounts.borrow().contains_key(&short) {
+        if let Some(mount) = mounts.borrow().get(&short) {
+            if let Err(error) = mount.follow_properties() {
+                eprintln!(
+                    "ironpool: cannot change the mount flags of {} at {path}: {error}",
+                    fs.name
+                );
+            }
             continue;
         }
         match Mount::start(pool.clone(), fs.clone(), Path::new(&path)) {

@@ -70,6 +70,9 @@ const READDIR_BYTES_MAX: usize = 64 * 1024;
 
 /// One mounted filesystem.
 pub struct Mount {
+    /// The mount flags it has ([`mount_flags`] when mounted or last
+    /// changed).
+    flags: Cell<libc::c_ulong>,
     mountpoint: PathBuf,
     device: OwnedFd,
     session: Rc<Session>,
@@ -91,6 +94,25 @@ struct Session {
     buffers: RefCell<Vec<AlignedBuf>>,
     /// Requests being served: one unit each, [`SERVED_MAX`] in all.
     serving: Rc<Semaphore>,
+}
+
+/// The flags a mount of `fs` has: no set-user-id programs, no device
+/// files; relatime, or no access times with `atime=off` (so the kernel
+/// does not ask for them after each read either; a remount keeps the
+/// old access-time flag unless given one, so one is always given); and
+/// read-only with `readonly=on`. `mount` then shows what the filesystem
+/// does.
+fn mount_flags(fs: &Filesystem) -> libc::c_ulong {
+    let mut flags = libc::MS_NOSUID | libc::MS_NODEV;
+    flags |= if fs.access_times() {
+        libc::MS_RELATIME
+    } else {
+        libc::MS_NOATIME
+    };
+    if fs.settings().read_only {
+        flags |= libc::MS_RDONLY;
+    }
+    flags
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
@@ -154,7 +176,7 @@ impl Mount {
                 source.as_ptr(),
                 target.as_ptr(),
                 fstype.as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV,
+                mount_flags(&fs),
                 options.as_ptr() as *const libc::c_void,
             )
         };
@@ -183,6 +205,7 @@ impl Mount {
             .map(|_| rt::spawn(reader(session.clone())))
             .collect();
         Ok(Mount {
+            flags: Cell::new(mount_flags(&session.fs)),
             mountpoint: mountpoint.to_path_buf(),
             device,
             session,
@@ -192,6 +215,35 @@ impl Mount {
 
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
+    }
+
+    /// Changes the mount's flags when the filesystem's properties changed
+    /// them (`atime`, `readonly`): a remount of this mount only, as
+    /// `mount -o remount,bind` does. The kernel refuses to make a mount
+    /// read-only while a file on it is open for writing (EBUSY); the
+    /// server refuses the writes either way.
+    pub fn follow_properties(&self) -> io::Result<()> {
+        let wanted = mount_flags(&self.session.fs);
+        if wanted == self.flags.get() {
+            return Ok(());
+        }
+        let target = c_path(&self.mountpoint)?;
+        // SAFETY: a NUL-terminated path; the other pointers may be null
+        // for a remount.
+        let done = unsafe {
+            libc::mount(
+                std::ptr::null(),
+                target.as_ptr(),
+                std::ptr::null(),
+                libc::MS_REMOUNT | libc::MS_BIND | wanted,
+                std::ptr::null(),
+            )
+        };
+        if done != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        self.flags.set(wanted);
+        Ok(())
     }
 
     /// Whether this mount serves `fs` (not an older filesystem of its name).

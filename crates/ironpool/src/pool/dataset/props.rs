@@ -417,14 +417,12 @@ impl Pool {
                 )?;
             }
         }
-        let moved = normalised.contains_key("mountpoint");
         self.properties_of(&kind, target, |properties| properties.extend(normalised))?;
         self.refresh_settings();
         self.directory_dirty.set(true);
         let committed = self.commit().await;
-        if moved {
-            self.filesystems_changed.notify_all();
-        }
+        // A mount follows its filesystem's mountpoint, atime and readonly.
+        self.filesystems_changed.notify_all();
         committed
     }
 
@@ -501,9 +499,7 @@ impl Pool {
         self.refresh_settings();
         self.directory_dirty.set(true);
         let committed = self.commit().await;
-        if name == "mountpoint" {
-            self.filesystems_changed.notify_all();
-        }
+        self.filesystems_changed.notify_all();
         committed
     }
 

@@ -554,6 +554,11 @@ impl Filesystem {
         self.header.get().root
     }
 
+    /// Whether reads update access times (`atime=on`).
+    pub fn access_times(&self) -> bool {
+        self.atime.get()
+    }
+
     pub fn settings(&self) -> VolumeSettings {
         self.settings.get()
     }

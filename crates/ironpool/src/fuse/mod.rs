@@ -436,6 +436,14 @@ async fn serve(
             if major != proto::KERNEL_VERSION {
                 return Err(FsError::Invalid(format!("FUSE major version {major}")));
             }
+            // Not asked for: the kernel's writeback cache
+            // (FUSE_WRITEBACK_CACHE). Measured with fio psync on a 1 GiB
+            // file, one run: buffered 4K random writes 1.75x, 4K
+            // sequential writes 5x, 1M sequential writes 1.1x. But with it
+            // the kernel keeps a regular file's ctime and mtime itself,
+            // and four pjdfstest cases fail (the ctime of an unlink and of
+            // a rename, utimensat's UTIME_NOW, O_TRUNC's times): off until
+            // the server follows those rules.
             let wanted = proto::ASYNC_READ
                 | proto::BIG_WRITES
                 | proto::ASYNC_DIO

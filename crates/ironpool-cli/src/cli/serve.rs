@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ironpool::control::metrics::MetricsServer;
 use ironpool::control::server::ControlServer;
-use ironpool::fuse::Mount;
+use ironpool::fuse::{Mount, UNMOUNT_PATIENCE};
 use ironpool::nbd::engine::{self, SharedStats};
 use ironpool::nbd::server::{BoundListener, Listen, NbdServer};
 use ironpool::pool::filesystem::mountpoint;
@@ -263,7 +263,7 @@ pub fn serve(
             for (name, mount) in mounted {
                 pool.note_mount(&name, None);
                 let path = mount.mountpoint().display().to_string();
-                mount.stop().await;
+                mount.stop(Some(UNMOUNT_PATIENCE)).await;
                 eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
             }
             notify_service_manager("STOPPING=1\nSTATUS=finishing requests and exporting");
@@ -339,7 +339,7 @@ fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>
             // closes, which need not hold up the other mounts.
             let pool_name = pool.name().to_string();
             rt::spawn(async move {
-                mount.stop().await;
+                mount.stop(None).await;
                 eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
             });
         }

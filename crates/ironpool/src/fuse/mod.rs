@@ -28,6 +28,7 @@ use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
+use std::time::Duration;
 
 use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
@@ -65,11 +66,17 @@ pub const MAX_BACKGROUND: u16 = 256;
 /// stale behind its back. Cached attributes are what make `stat` cost no
 /// round trip, and a cached name what makes `unlink` one request.
 const ATTR_VALID_SECONDS: u64 = 24 * 60 * 60;
+/// How long a server that stops waits for files still open on a
+/// filesystem it unmounted before it aborts the connection.
+pub const UNMOUNT_PATIENCE: Duration = Duration::from_secs(5);
 /// Largest directory listing reply (the kernel asks for a page at a time).
 const READDIR_BYTES_MAX: usize = 64 * 1024;
 
 /// One mounted filesystem.
 pub struct Mount {
+    /// The kernel's number for the session (its device minor), under
+    /// `/sys/fs/fuse/connections`; None if it could not be found.
+    connection: Option<u32>,
     /// The mount flags it has ([`mount_flags`] when mounted or last
     /// changed).
     flags: Cell<libc::c_ulong>,
@@ -113,6 +120,50 @@ fn mount_flags(fs: &Filesystem) -> libc::c_ulong {
         flags |= libc::MS_RDONLY;
     }
     flags
+}
+
+/// The FUSE connection number of the mount at `mountpoint`: the minor
+/// of its device number, from `/proc/self/mountinfo` (a `stat` would wait
+/// for the server, which is not serving yet when this is asked).
+fn connection_of(mountpoint: &Path) -> Option<u32> {
+    let mountinfo = std::fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let wanted = mountpoint.to_str()?;
+    // The last mount at the path is the one just made.
+    mountinfo.lines().rev().find_map(|line| {
+        let fields: Vec<&str> = line.split(' ').collect();
+        let fstype = fields.iter().skip_while(|field| **field != "-").nth(1)?;
+        if fields.get(4) != Some(&wanted) || *fstype != "fuse.ironpool" {
+            return None;
+        }
+        fields.get(2)?.split_once(':')?.1.parse().ok()
+    })
+}
+
+/// Where the kernel's FUSE control filesystem is (`fusectl`).
+const FUSE_CONNECTIONS: &str = "/sys/fs/fuse/connections";
+
+/// Aborts FUSE connection `connection` (its requests fail, the session
+/// ends), through the control filesystem, mounted here if it is not.
+fn abort_connection(connection: u32) -> io::Result<()> {
+    let abort = Path::new(FUSE_CONNECTIONS)
+        .join(connection.to_string())
+        .join("abort");
+    if !abort.exists() {
+        // SAFETY: constant NUL-terminated strings.
+        let done = unsafe {
+            libc::mount(
+                c"fusectl".as_ptr(),
+                c"/sys/fs/fuse/connections".as_ptr(),
+                c"fusectl".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        if done != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    std::fs::write(abort, b"1")
 }
 
 fn c_path(path: &Path) -> io::Result<CString> {
@@ -205,6 +256,7 @@ impl Mount {
             .map(|_| rt::spawn(reader(session.clone())))
             .collect();
         Ok(Mount {
+            connection: connection_of(mountpoint),
             flags: Cell::new(mount_flags(&session.fs)),
             mountpoint: mountpoint.to_path_buf(),
             device,
@@ -253,15 +305,35 @@ impl Mount {
 
     /// Unmounts (lazily: open files keep working until closed, then the
     /// kernel lets go) and waits for the readers, which end when the kernel
-    /// ends the session.
-    pub async fn stop(self) {
+    /// ends the session. With `patience`, a session that files still open
+    /// (or a process's working directory) keep alive longer than that is
+    /// aborted: a server that stops does not wait on its users forever,
+    /// and they get `ENOTCONN` from then on.
+    pub async fn stop(self, patience: Option<Duration>) {
         if let Ok(target) = c_path(&self.mountpoint) {
             // SAFETY: a NUL-terminated path; umount2 reads it only.
             unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
         }
-        for reader in self.readers {
-            reader.await;
+        let readers = futures_util::future::join_all(self.readers);
+        let mut readers = std::pin::pin!(readers);
+        if let Some(patience) = patience {
+            if rt::timeout(patience, readers.as_mut()).await.is_none() {
+                let name = &self.session.fs.name;
+                match self.connection.map(abort_connection) {
+                    Some(Ok(())) => eprintln!(
+                        "ironpool: {name}: files still open after {} s: connection aborted",
+                        patience.as_secs()
+                    ),
+                    Some(Err(error)) => eprintln!(
+                        "ironpool: {name}: files still open; cannot abort the connection: {error}"
+                    ),
+                    None => {
+                        eprintln!("ironpool: {name}: files still open; waiting for them to close")
+                    }
+                }
+            }
         }
+        readers.await;
         // Requests still being served finish before the session is let go.
         let _all = self.session.serving.acquire(SERVED_MAX as u64).await;
         self.session.buffers.borrow_mut().clear();

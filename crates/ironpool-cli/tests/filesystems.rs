@@ -978,6 +978,33 @@ impl Drop for UringSetting {
     }
 }
 
+/// fio with io_uring and `O_DIRECT` at queue depth 64 on `target` (its
+/// file or directory arguments), 16K random writes of 32 MiB verified
+/// with crc32c: the server must have had at least 32 of the 64 in flight
+/// at once. Returns the filesystem's front-end figures.
+fn verify_at_depth_64(pool: &TestPool, target: &[&str]) -> serde_json::Value {
+    let mut args = vec![
+        "--name=depth",
+        "--size=32M",
+        "--rw=randwrite",
+        "--bs=16k",
+        "--ioengine=io_uring",
+        "--direct=1",
+        "--iodepth=64",
+        "--verify=crc32c",
+        "--do_verify=1",
+    ];
+    args.extend_from_slice(target);
+    tool("fio", &args);
+    let stats = front_end(pool);
+    let most = stats["in_flight_max"].as_u64().unwrap();
+    assert!(
+        most >= 32,
+        "at most {most} requests in flight at the server: {stats}"
+    );
+    stats
+}
+
 #[test]
 fn fuse_over_io_uring_is_used_when_the_kernel_offers_it_and_keeps_the_queue_depth() {
     let (mut pool, mnt) = filesystem_pool("fsuring");
@@ -1001,28 +1028,13 @@ fn fuse_over_io_uring_is_used_when_the_kernel_offers_it_and_keeps_the_queue_dept
     // fio at queue depth 64 with O_DIRECT, four jobs each on a file of its
     // own: every block verified, and (the server answering as requests
     // come) most of a job's 64 in flight at the server at once.
-    tool(
-        "fio",
+    let stats = verify_at_depth_64(
+        &pool,
         &[
-            "--name=verify",
             &format!("--directory={}", mnt.display()),
-            "--size=32M",
-            "--rw=randwrite",
-            "--bs=16k",
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--iodepth=64",
             "--numjobs=4",
             "--group_reporting",
-            "--verify=crc32c",
-            "--do_verify=1",
         ],
-    );
-    let stats = front_end(&pool);
-    let most = stats["in_flight_max"].as_u64().unwrap();
-    assert!(
-        most >= 32,
-        "at most {most} requests in flight at the server: {stats}"
     );
     assert!(stats["requests"].as_u64().unwrap() > 4 * 2048, "{stats}");
 
@@ -1091,26 +1103,9 @@ fn the_kernel_caches_names_absent_names_and_attributes_and_the_queue_depth_holds
 
     // fio at queue depth 64 with O_DIRECT on one file: the server keeps
     // most of the 64 in flight at once, over whichever transport serves.
-    tool(
-        "fio",
-        &[
-            "--name=depth",
-            &format!("--filename={}", mnt.join("depth").display()),
-            "--size=32M",
-            "--rw=randwrite",
-            "--bs=16k",
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--iodepth=64",
-            "--verify=crc32c",
-            "--do_verify=1",
-        ],
-    );
-    let stats = front_end(&pool);
-    let most = stats["in_flight_max"].as_u64().unwrap();
-    assert!(
-        most >= 32,
-        "at most {most} requests in flight at the server: {stats}"
+    verify_at_depth_64(
+        &pool,
+        &[&format!("--filename={}", mnt.join("depth").display())],
     );
     stop_and_check(&mut pool);
 }

@@ -461,6 +461,24 @@ fn tunables() -> ironpool::pool::PoolTunables {
     manual_commits()
 }
 
+/// Pool "tank" of `disks` laid out as `kind`, with filesystem "tank/fs" of
+/// `properties`.
+async fn pool_with_filesystem(
+    disks: &[Rc<ironpool::dev::sim::SimDevice>],
+    kind: TopVdevKind,
+    properties: &[(&str, &str)],
+) -> (Rc<Pool>, Rc<Filesystem>) {
+    let pool = Pool::create_on_devices("tank", layout(disks, kind), false, tunables())
+        .await
+        .unwrap();
+    let properties = properties
+        .iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+    let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+    (pool, fs)
+}
+
 fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
     let disks = devices(width, DEVICE_BYTES, seed);
     let model = Rc::new(RefCell::new(Model::default()));
@@ -470,15 +488,11 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
         let record = record.to_string();
         async move {
             let mut rng = Rng::new(seed);
-            let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, tunables())
-                .await
-                .unwrap();
-            let mut properties = BTreeMap::new();
-            properties.insert("recordsize".to_string(), record);
+            let mut properties = vec![("recordsize", record.as_str())];
             if seed.is_multiple_of(2) {
-                properties.insert("compression".to_string(), "lz4".to_string());
+                properties.push(("compression", "lz4"));
             }
-            let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+            let (pool, fs) = pool_with_filesystem(&disks, kind, &properties).await;
             *model.borrow_mut() = Model::new(fs.root());
             for index in 0..1500 {
                 step(&pool, &fs, &model, &mut rng).await;
@@ -550,14 +564,7 @@ fn a_random_tree_on_raidz_matches_its_model() {
 fn a_directory_of_many_entries_splits_and_lists_each_name_once() {
     let disks = devices(1, 1 << 30, 21);
     Runtime::new_sim(21).block_on(async move {
-        let pool =
-            Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Disk), false, tunables())
-                .await
-                .unwrap();
-        let fs = pool
-            .create_filesystem("tank/fs", BTreeMap::new())
-            .await
-            .unwrap();
+        let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
         let root = fs.root();
         const COUNT: usize = 20_000;
         for index in 0..COUNT {
@@ -664,18 +671,7 @@ fn a_directory_of_a_million_names_finds_each_in_a_few_block_reads() {
     Runtime::new_sim(23).block_on({
         let disks = disks.clone();
         async move {
-            let pool = Pool::create_on_devices(
-                "tank",
-                layout(&disks, TopVdevKind::Disk),
-                false,
-                tunables(),
-            )
-            .await
-            .unwrap();
-            let fs = pool
-                .create_filesystem("tank/fs", BTreeMap::new())
-                .await
-                .unwrap();
+            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
             let root = fs.root();
             let dir = fs
                 .create(
@@ -795,18 +791,7 @@ fn crash_run(seed: u64) {
             async move {
                 let mut rng = Rng::new(seed);
                 let crash_after = Duration::from_millis(20 + rng.below(300));
-                let pool = Pool::create_on_devices(
-                    "tank",
-                    layout(&disks, TopVdevKind::Mirror),
-                    false,
-                    tunables(),
-                )
-                .await
-                .unwrap();
-                let fs = pool
-                    .create_filesystem("tank/fs", BTreeMap::new())
-                    .await
-                    .unwrap();
+                let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
                 *pool_holder.borrow_mut() = Some(pool.clone());
                 let model = Rc::new(RefCell::new(Model::new(fs.root())));
                 committed.borrow_mut().push(model.borrow().clone());
@@ -932,17 +917,8 @@ fn a_crash_keeps_the_last_committed_tree() {
 fn files_grow_their_block_shrink_and_extend_with_zeros() {
     let disks = devices(2, DEVICE_BYTES, 41);
     Runtime::new_sim(41).block_on(async move {
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            tunables(),
-        )
-        .await
-        .unwrap();
-        let mut properties = BTreeMap::new();
-        properties.insert("recordsize".to_string(), "16K".to_string());
-        let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+        let (pool, fs) =
+            pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "16K")]).await;
         let root = fs.root();
         let file = fs
             .create(&pool, root, b"f", &NewObject::owned(S_IFREG | 0o644, 0, 0))

@@ -201,20 +201,9 @@ fn files_and_directories_work_through_a_real_mount_and_survive_a_restart() {
         1 + 500 - 167
     );
     // fio: io_uring, O_DIRECT, queue depth 64, every block verified.
-    tool(
-        "fio",
-        &[
-            "--name=verify",
-            &format!("--filename={}", mnt.join("fio.dat").display()),
-            "--size=32M",
-            "--rw=randwrite",
-            "--bs=16k",
-            "--ioengine=io_uring",
-            "--direct=1",
-            "--iodepth=64",
-            "--verify=crc32c",
-            "--do_verify=1",
-        ],
+    verify_at_depth_64(
+        &pool,
+        &[&format!("--filename={}", mnt.join("fio.dat").display())],
     );
     let before = tree(&mnt);
     assert!(before.len() > 300);

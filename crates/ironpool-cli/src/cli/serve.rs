@@ -258,14 +258,20 @@ pub fn serve(
                 std::pin::pin!(watcher),
             )
             .await;
-            // Filesystems first: their requests finish, then the kernel lets go.
+            // Filesystems first, all at once (each may wait out its
+            // patience for open files): their requests finish, then the
+            // kernel lets go.
             let mounted = std::mem::take(&mut *mounts.borrow_mut());
-            for (name, mount) in mounted {
+            let stops = mounted.into_iter().map(|(name, mount)| {
                 pool.note_mount(&name, None);
                 let path = mount.mountpoint().display().to_string();
-                mount.stop(Some(UNMOUNT_PATIENCE)).await;
-                eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
-            }
+                let pool_name = &pool_name;
+                async move {
+                    mount.stop(Some(UNMOUNT_PATIENCE)).await;
+                    eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
+                }
+            });
+            futures_util::future::join_all(stops).await;
             notify_service_manager("STOPPING=1\nSTATUS=finishing requests and exporting");
             eprintln!("ironpool: shutting down: finishing requests in flight");
         }

@@ -140,20 +140,19 @@ fn connection_of(mountpoint: &Path) -> Option<u32> {
 }
 
 /// Where the kernel's FUSE control filesystem is (`fusectl`).
-const FUSE_CONNECTIONS: &str = "/sys/fs/fuse/connections";
+const FUSE_CONNECTIONS: &std::ffi::CStr = c"/sys/fs/fuse/connections";
 
 /// Aborts FUSE connection `connection` (its requests fail, the session
 /// ends), through the control filesystem, mounted here if it is not.
 fn abort_connection(connection: u32) -> io::Result<()> {
-    let abort = Path::new(FUSE_CONNECTIONS)
-        .join(connection.to_string())
-        .join("abort");
+    let connections = Path::new(FUSE_CONNECTIONS.to_str().expect("an ASCII path"));
+    let abort = connections.join(connection.to_string()).join("abort");
     if !abort.exists() {
         // SAFETY: constant NUL-terminated strings.
         let done = unsafe {
             libc::mount(
                 c"fusectl".as_ptr(),
-                c"/sys/fs/fuse/connections".as_ptr(),
+                FUSE_CONNECTIONS.as_ptr(),
                 c"fusectl".as_ptr(),
                 0,
                 std::ptr::null(),
@@ -360,7 +359,8 @@ async fn reader(session: Rc<Session>) {
             .borrow_mut()
             .pop()
             .unwrap_or_else(|| AlignedBuf::zeroed(REQUEST_BUFFER_BYTES));
-        let (result, buffer) = rt_uring::read_pollable_into(session.fd, buffer).await;
+        // Non-blocking: with no request queued the ring polls for one.
+        let (result, buffer) = rt_uring::read_stream_into(session.fd, buffer, 0).await;
         match result {
             Ok(length) => {
                 let session = session.clone();

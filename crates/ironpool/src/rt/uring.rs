@@ -769,7 +769,10 @@ pub async fn read_bytes(fd: RawFd, mut buffer: Vec<u8>) -> (io::Result<usize>, V
 }
 
 /// Reads from a stream descriptor (a pipe, a file at its current position, a
-/// socket) into `buffer[start..]`.
+/// socket, `/dev/fuse`) into `buffer[start..]`. On a non-blocking descriptor
+/// that can be polled, the ring tries the read at once and, when nothing is
+/// there, waits for the descriptor to be readable and reads then, without
+/// blocking this thread or one of its workers.
 pub async fn read_stream_into(
     fd: RawFd,
     mut buffer: AlignedBuf,
@@ -784,32 +787,6 @@ pub async fn read_stream_into(
     // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
     let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
     (to_result(result), buffer)
-}
-
-/// Reads from a non-blocking descriptor that can be polled (`/dev/fuse`
-/// opened `O_NONBLOCK`) into `buffer`: the ring tries the read at once and,
-/// when nothing is there to read, waits for the descriptor to be readable
-/// and reads then, without blocking this thread or one of its workers.
-pub async fn read_pollable_into(
-    fd: RawFd,
-    mut buffer: AlignedBuf,
-) -> (io::Result<usize>, AlignedBuf) {
-    let entry = opcode::Read::new(types::Fd(fd), buffer.as_mut_ptr(), buffer.len() as u32)
-        .offset(u64::MAX)
-        .build();
-    // SAFETY: the pointer is into buffer's heap allocation, owned by the op.
-    let (result, buffer) = unsafe { Op::submit(entry, buffer) }.await;
-    (to_result(result), buffer)
-}
-
-/// Waits until `fd` is readable (`POLLIN`): for a descriptor whose readiness
-/// is all that is wanted, such as another io_uring's, readable when its
-/// completion queue holds entries.
-pub async fn poll_readable(fd: RawFd) -> io::Result<()> {
-    let entry = opcode::PollAdd::new(types::Fd(fd), libc::POLLIN as u32).build();
-    // SAFETY: the entry points at no memory.
-    let (result, ()) = unsafe { Op::submit(entry, ()) }.await;
-    to_result(result).map(|_| ())
 }
 
 /// Fills `buffer` from a stream descriptor. Returns the bytes read: fewer than

@@ -13,23 +13,29 @@ use std::time::{Duration, Instant};
 
 use common::*;
 
-fn mounted(path: &Path) -> bool {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let wanted = path.display().to_string();
-    mounts.lines().any(|line| {
-        line.split(' ').nth(1) == Some(wanted.as_str()) && line.contains("fuse.ironpool")
-    })
-}
-
-/// The options of the mount at `path` (from /proc/self/mounts).
-fn mount_options(path: &Path) -> Vec<String> {
+/// The fields of the line of /proc/self/mounts for the ironpool mount at
+/// `path` (the newest, if several), if there is one.
+fn ironpool_mount(path: &Path) -> Option<Vec<String>> {
     let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
     let wanted = path.display().to_string();
     mounts
         .lines()
-        .map(|line| line.split(' ').collect::<Vec<_>>())
-        .find(|fields| fields.get(1) == Some(&wanted.as_str()))
-        .and_then(|fields| fields.get(3).map(|options| options.to_string()))
+        .rev()
+        .map(|line| line.split(' ').map(str::to_string).collect::<Vec<_>>())
+        .find(|fields| {
+            fields.get(1) == Some(&wanted)
+                && fields.get(2).map(String::as_str) == Some("fuse.ironpool")
+        })
+}
+
+fn mounted(path: &Path) -> bool {
+    ironpool_mount(path).is_some()
+}
+
+/// The options of the ironpool mount at `path`.
+fn mount_options(path: &Path) -> Vec<String> {
+    ironpool_mount(path)
+        .and_then(|fields| fields.get(3).cloned())
         .map(|options| options.split(',').map(str::to_string).collect())
         .unwrap_or_default()
 }

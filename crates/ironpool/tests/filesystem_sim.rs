@@ -10,6 +10,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
 use std::time::Duration;
 
+use ironpool::format::fsdir::DirEntry;
 use ironpool::format::label::TopVdevKind;
 use ironpool::format::znode::{S_IFDIR, S_IFLNK, S_IFREG};
 use ironpool::pool::filesystem::{
@@ -404,23 +405,15 @@ async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) 
         );
         // Read in small pages, so that cookies carry the listing.
         let mut listed = BTreeMap::new();
-        let mut cookie = 0;
-        loop {
-            let page = fs.readdir(dir, cookie, 5).await.unwrap();
-            if page.is_empty() {
-                break;
-            }
-            for (next, entry) in page {
-                cookie = next;
-                match entry.name.as_slice() {
-                    b"." => assert_eq!(entry.object, dir),
-                    b".." => assert_eq!(entry.object, parent, "{context}: .. of {dir}"),
-                    name => {
-                        assert!(
-                            listed.insert(name.to_vec(), entry.object).is_none(),
-                            "{context}: listed twice"
-                        );
-                    }
+        for entry in list_all(fs, dir, 5).await {
+            match entry.name.as_slice() {
+                b"." => assert_eq!(entry.object, dir),
+                b".." => assert_eq!(entry.object, parent, "{context}: .. of {dir}"),
+                name => {
+                    assert!(
+                        listed.insert(name.to_vec(), entry.object).is_none(),
+                        "{context}: listed twice"
+                    );
                 }
             }
         }
@@ -459,6 +452,23 @@ async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) 
 
 fn tunables() -> ironpool::pool::PoolTunables {
     manual_commits()
+}
+
+/// Every entry of directory `dir` (`.` and `..` included), read `page`
+/// entries at a time, so that cookies carry the listing from page to page.
+async fn list_all(fs: &Filesystem, dir: u64, page: usize) -> Vec<DirEntry> {
+    let mut entries = Vec::new();
+    let mut cookie = 0;
+    loop {
+        let got = fs.readdir(dir, cookie, page).await.unwrap();
+        if got.is_empty() {
+            return entries;
+        }
+        for (next, entry) in got {
+            cookie = next;
+            entries.push(entry);
+        }
+    }
 }
 
 /// Pool "tank" of `disks` laid out as `kind`, with filesystem "tank/fs" of
@@ -628,17 +638,9 @@ fn a_directory_of_many_entries_splits_and_lists_each_name_once() {
         pool.commit().await.unwrap();
         // A full listing has exactly the names left.
         let mut left = std::collections::BTreeSet::new();
-        let mut cookie = 0;
-        loop {
-            let page = fs.readdir(root, cookie, 1000).await.unwrap();
-            if page.is_empty() {
-                break;
-            }
-            for (next, entry) in page {
-                cookie = next;
-                if entry.name.starts_with(b"a-") {
-                    assert!(left.insert(entry.name), "listed twice");
-                }
+        for entry in list_all(&fs, root, 1000).await {
+            if entry.name.starts_with(b"a-") {
+                assert!(left.insert(entry.name), "listed twice");
             }
         }
         let expected: std::collections::BTreeSet<Vec<u8>> = (0..COUNT)
@@ -732,22 +734,14 @@ fn a_directory_of_a_million_names_finds_each_in_a_few_block_reads() {
             );
 
             let mut listed = vec![false; NAMES];
-            let mut cookie = 0;
-            loop {
-                let page = fs.readdir(dir, cookie, 4096).await.unwrap();
-                if page.is_empty() {
-                    break;
+            for entry in list_all(&fs, dir, 4096).await {
+                if entry.name == b"." || entry.name == b".." {
+                    continue;
                 }
-                for (next, entry) in page {
-                    cookie = next;
-                    if entry.name == b"." || entry.name == b".." {
-                        continue;
-                    }
-                    let text = std::str::from_utf8(&entry.name).unwrap();
-                    let index: usize = text["name-".len()..].parse().unwrap();
-                    assert!(!listed[index], "{text} listed twice");
-                    listed[index] = true;
-                }
+                let text = std::str::from_utf8(&entry.name).unwrap();
+                let index: usize = text["name-".len()..].parse().unwrap();
+                assert!(!listed[index], "{text} listed twice");
+                listed[index] = true;
             }
             assert!(listed.iter().all(|seen| *seen), "a name is not listed");
 

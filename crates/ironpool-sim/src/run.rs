@@ -768,6 +768,7 @@ impl Sim {
             listed.push(volume.clone());
             listed.extend(
                 record
+                    .lineage
                     .snapshots
                     .iter()
                     .map(|snapshot| format!("{volume}@{}", snapshot.name)),

@@ -216,7 +216,7 @@ async fn walked_space(
     let origin_txg = head.object.dnode().origin_txg;
     let head_tree = tree(pool, &head.object).await;
     let mut snapshot_trees = Vec::new();
-    for snapshot in &record.snapshots {
+    for snapshot in &record.lineage.snapshots {
         let object = pool.objects().open(snapshot.object).await.unwrap();
         snapshot_trees.push((
             snapshot.name.clone(),
@@ -244,6 +244,7 @@ async fn walked_space(
         .map(BlockPointer::allocated_bytes)
         .sum();
     let latest = record
+        .lineage
         .snapshots
         .last()
         .map(|snapshot| snapshot.txg)

@@ -520,6 +520,7 @@ fn check_token_guids(
         pool.directory()
             .volumes
             .get(volume)?
+            .lineage
             .snapshots
             .iter()
             .find(|existing| existing.name == snapshot)
@@ -585,18 +586,27 @@ async fn run(
             Ok(json!({ "name": fs.name, "recordsize": fs.record_bytes() }))
         }
         Command::FsDestroy { name } => {
-            pool.destroy_filesystem(&name).await?;
+            pool.destroy_filesystem(&name, false).await?;
             Ok(json!({ "name": name }))
         }
         Command::FsList => {
             let mut filesystems = Vec::new();
             for (short, fs) in pool.filesystems() {
-                let record = pool.filesystem_record(&short);
-                let properties = record.map(|record| record.properties).unwrap_or_default();
+                let Some(record) = pool.filesystem_record(&short) else {
+                    continue;
+                };
+                let origin =
+                    record.lineage.origin.as_ref().map(|origin| {
+                        format!("{}/{}@{}", pool.name(), origin.volume, origin.snapshot)
+                    });
+                let snapshots = record.lineage.snapshots.len();
+                let properties = record.properties;
                 let stats = fs.stats(pool);
                 let mut entry = json!({
                     "name": fs.name,
                     "type": "filesystem",
+                    "origin": origin,
+                    "snapshots": snapshots,
                     "mountpoint": crate::pool::filesystem::mountpoint(pool.name(), &short, &properties),
                     "mounted": pool.mounted_at(&short),
                     "recordsize": fs.record_bytes(),
@@ -604,10 +614,7 @@ async fn run(
                     "properties": properties,
                     "front_end": fs.front_end(),
                 });
-                let space = fs
-                    .space()
-                    .await
-                    .map_err(|error| PoolError::Io(format!("{}: {error}", fs.name)))?;
+                let space = pool.volume_space(&short).await?;
                 if let (Value::Object(map), Ok(Value::Object(figures))) =
                     (&mut entry, serde_json::to_value(space))
                 {
@@ -651,6 +658,7 @@ async fn run(
                         .visible_volumes()
                         .iter()
                         .map(|volume| volume.name.clone())
+                        .chain(pool.filesystems().into_iter().map(|(_, fs)| fs.name.clone()))
                         .collect();
                     targets.extend(
                         all.into_iter()
@@ -666,7 +674,9 @@ async fn run(
                 }
             }
             if targets.is_empty() {
-                return Err(PoolError::InvalidArgument("no volume to snapshot".into()));
+                return Err(PoolError::InvalidArgument(
+                    "no volume or filesystem to snapshot".into(),
+                ));
             }
             pool.snapshot(&targets).await?;
             Ok(json!({ "snapshots": targets }))
@@ -678,6 +688,11 @@ async fn run(
                     .visible_volumes()
                     .iter()
                     .map(|volume| volume.name.clone())
+                    .chain(
+                        pool.filesystems()
+                            .into_iter()
+                            .map(|(_, fs)| fs.name.clone()),
+                    )
                     .collect(),
             };
             let mut snapshots = Vec::new();
@@ -691,8 +706,15 @@ async fn run(
             Ok(json!({ "destroyed": name }))
         }
         Command::Clone { origin, name } => {
-            let volume = pool.clone_snapshot(&origin, &name).await?;
-            Ok(json!({ "name": volume.name, "origin": origin }))
+            let of_filesystem =
+                crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), &origin)
+                    .is_some_and(|(dataset, _)| pool.filesystem(dataset).is_ok());
+            let made = if of_filesystem {
+                pool.clone_filesystem(&origin, &name).await?.name.clone()
+            } else {
+                pool.clone_snapshot(&origin, &name).await?.name.clone()
+            };
+            Ok(json!({ "name": made, "origin": origin }))
         }
         Command::Promote { name } => {
             pool.promote(&name).await?;
@@ -706,8 +728,7 @@ async fn run(
         Command::VolumeDestroy { name, recursive }
             if !name.contains('@') && pool.filesystem(&name).is_ok() =>
         {
-            let _ = recursive; // a filesystem has no snapshots to take along yet
-            pool.destroy_filesystem(&name).await?;
+            pool.destroy_filesystem(&name, recursive).await?;
             Ok(json!({ "destroyed": name, "type": "filesystem" }))
         }
         Command::VolumeDestroy { name, recursive } => {
@@ -872,9 +893,11 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
                 .map(|record| record.properties.clone())
                 .unwrap_or_default();
             let origin = record
-                .and_then(|record| record.origin.as_ref())
+                .and_then(|record| record.lineage.origin.as_ref())
                 .map(|origin| format!("{}/{}@{}", pool.name(), origin.volume, origin.snapshot));
-            let snapshots = record.map(|record| record.snapshots.len()).unwrap_or(0);
+            let snapshots = record
+                .map(|record| record.lineage.snapshots.len())
+                .unwrap_or(0);
             json!({
                 "origin": origin,
                 "snapshots": snapshots,

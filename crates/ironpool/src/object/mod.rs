@@ -197,6 +197,9 @@ pub struct ObjectSet {
     /// Bytes of nodes dirtied since the last txg build (drives early commits and
     /// the write throttle).
     dirty_bytes: Cell<u64>,
+    /// A filesystem's set: its table is a dataset whose snapshots may hold
+    /// any block of any of its objects ([`ObjectSet::kill`]).
+    nested: bool,
 }
 
 impl ObjectSet {
@@ -205,7 +208,12 @@ impl ObjectSet {
         dnode_table: Dnode,
         cache_budget_bytes: usize,
     ) -> Rc<ObjectSet> {
-        ObjectSet::nested(store, Object::new(0, dnode_table), cache_budget_bytes)
+        ObjectSet::with_table(
+            store,
+            Object::new(0, dnode_table),
+            cache_budget_bytes,
+            false,
+        )
     }
 
     /// An object set whose dnode table is `table`, an object of another set:
@@ -217,6 +225,15 @@ impl ObjectSet {
         table: Rc<Object>,
         cache_budget_bytes: usize,
     ) -> Rc<ObjectSet> {
+        ObjectSet::with_table(store, table, cache_budget_bytes, true)
+    }
+
+    fn with_table(
+        store: Rc<BlockStore>,
+        table: Rc<Object>,
+        cache_budget_bytes: usize,
+        nested: bool,
+    ) -> Rc<ObjectSet> {
         let set = Rc::new(ObjectSet {
             store,
             objects: RefCell::default(),
@@ -224,6 +241,7 @@ impl ObjectSet {
             cached_bytes: Cell::new(0),
             durable_txg: Cell::new(0),
             dirty_bytes: Cell::new(0),
+            nested,
         });
         set.objects.borrow_mut().insert(0, table);
         set
@@ -639,9 +657,7 @@ impl ObjectSet {
             blkid,
             BlockPointer::hole(0, object.dnode().object_type, 0),
         )?;
-        if !old.is_hole() {
-            self.store.free(&old);
-        }
+        self.kill(object, &old);
         Ok(())
     }
 
@@ -896,9 +912,7 @@ impl ObjectSet {
                 blkid,
                 BlockPointer::hole(0, dnode.object_type, 0),
             )?;
-            if !old.is_hole() {
-                self.store.free(&old);
-            }
+            self.kill(object, &old);
         }
         if !length.is_multiple_of(block_bytes) && length < dnode.length_bytes {
             // Zero the tail of the last kept block so a later extension reads zeros.
@@ -912,18 +926,32 @@ impl ObjectSet {
 
     /// Lets go of a block the object no longer points at: it is freed, unless a
     /// snapshot (or, for a clone, the origin) still points at it — born at or
-    /// before the latest snapshot's txg — in which case it goes on the object's
-    /// dead list at the next commit.
+    /// before the latest snapshot's txg — in which case it goes on the dead
+    /// list of the dataset at the next commit. The dataset is the object
+    /// itself for a volume or a filesystem's table, and the table for every
+    /// object of a filesystem's own set (a snapshot of a filesystem holds
+    /// the blocks of all its objects).
     pub fn kill(&self, object: &Object, pointer: &BlockPointer) {
         if pointer.is_hole() {
             return;
         }
-        let dnode = object.dnode.borrow();
-        if dnode.object_type == ObjectType::VolumeData
-            && pointer.birth_txg <= dnode.prev_snapshot_txg
-        {
-            object.dead.borrow_mut().push(*pointer);
-            object.dirty.set(true);
+        let table;
+        let dataset = if self.nested {
+            table = self.dnode_table();
+            &*table
+        } else {
+            object
+        };
+        let held = {
+            let dnode = dataset.dnode.borrow();
+            matches!(
+                dnode.object_type,
+                ObjectType::VolumeData | ObjectType::FsObjects
+            ) && pointer.birth_txg <= dnode.prev_snapshot_txg
+        };
+        if held {
+            dataset.dead.borrow_mut().push(*pointer);
+            dataset.dirty.set(true);
         } else {
             self.store.free(pointer);
         }
@@ -952,7 +980,7 @@ impl ObjectSet {
             }
         }
         for pointer in &pointers {
-            self.store.free(pointer);
+            self.kill(object, pointer);
         }
         self.clear_dnode_cached(object.id)
     }

@@ -281,6 +281,9 @@ pub struct Pool {
     pending_snapshots: RefCell<Vec<dataset::snapshot::SnapshotRequest>>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
     snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
+    /// Read-only filesystems opened for snapshots (`.zfs/snapshot`), by
+    /// full name.
+    snapshot_filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
     /// Notified when a volume or a snapshot is destroyed: NBD ends the
     /// connections that served it.
     exports_gone: Notify,
@@ -515,6 +518,7 @@ impl Pool {
             missing_at_import: Vec::new(),
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
+            snapshot_filesystems: RefCell::new(BTreeMap::new()),
             exports_gone: Notify::new(),
             export_asked: Notify::new(),
             trims_ended: Notify::new(),
@@ -928,6 +932,7 @@ impl Pool {
             missing_at_import: missing,
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
+            snapshot_filesystems: RefCell::new(BTreeMap::new()),
             exports_gone: Notify::new(),
             export_asked: Notify::new(),
             trims_ended: Notify::new(),
@@ -942,11 +947,15 @@ impl Pool {
         pool.load_history().await;
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
-            object.dead_list.set(record.dead_list);
+            object.dead_list.set(record.lineage.dead_list);
             // Dead lists are metadata: they stay cached, loaded whole here.
-            for list in std::iter::once(record.dead_list)
-                .chain(record.snapshots.iter().map(|snapshot| snapshot.dead_list))
-            {
+            for list in std::iter::once(record.lineage.dead_list).chain(
+                record
+                    .lineage
+                    .snapshots
+                    .iter()
+                    .map(|snapshot| snapshot.dead_list),
+            ) {
                 if list != 0 {
                     let list_object = pool.objects.open(list).await?;
                     let length = list_object.dnode().length_bytes;
@@ -1181,9 +1190,10 @@ impl Pool {
             .get(&short)
             .cloned()
             .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))?;
-        if !record.snapshots.is_empty() {
+        if !record.lineage.snapshots.is_empty() {
             if !recursive {
                 let names: Vec<String> = record
+                    .lineage
                     .snapshots
                     .iter()
                     .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
@@ -1194,6 +1204,7 @@ impl Pool {
                 )));
             }
             if let Some(cloned) = record
+                .lineage
                 .snapshots
                 .iter()
                 .find(|snapshot| !snapshot.clones.is_empty())
@@ -1206,7 +1217,7 @@ impl Pool {
                 )));
             }
         }
-        for snapshot in &record.snapshots {
+        for snapshot in &record.lineage.snapshots {
             self.check_not_held(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }
         let _writers = self.exclusive(&volume).await?;
@@ -1219,7 +1230,7 @@ impl Pool {
         let hold = self.txg.hold_builds();
         volume.begin_destroy();
         self.exports_gone.notify_all();
-        for snapshot in record.snapshots.iter().rev() {
+        for snapshot in record.lineage.snapshots.iter().rev() {
             self.destroy_snapshot_locked(&format!("{}/{short}@{}", self.name, snapshot.name))?;
         }
         // Blocks born after the origin are the volume's own (all of them when it
@@ -1242,9 +1253,9 @@ impl Pool {
         {
             let mut directory = self.directory.borrow_mut();
             directory.volumes.remove(&short);
-            if let Some(origin) = &record.origin {
+            if let Some(origin) = &record.lineage.origin {
                 if let Some(origin_record) = directory.volumes.get_mut(&origin.volume) {
-                    for snapshot in origin_record.snapshots.iter_mut() {
+                    for snapshot in origin_record.lineage.snapshots.iter_mut() {
                         snapshot.clones.retain(|clone| clone != &short);
                     }
                 }

@@ -33,16 +33,9 @@ pub struct VolumeRecord {
     /// Identity across pools (send/receive match snapshots by guid).
     #[serde(default)]
     pub guid: u64,
-    /// The object listing blocks the head stopped using that its latest
-    /// snapshot still uses (0: none yet).
-    #[serde(default)]
-    pub dead_list: u64,
-    /// For a clone: the snapshot it was cloned from.
-    #[serde(default)]
-    pub origin: Option<SnapshotName>,
-    /// Snapshots, oldest first.
-    #[serde(default)]
-    pub snapshots: Vec<SnapshotRecord>,
+    /// Its snapshots, dead list and origin.
+    #[serde(flatten)]
+    pub lineage: Lineage,
     /// A receive in progress into this (hidden) volume, resumable.
     #[serde(default)]
     pub receive: Option<ReceiveRecord>,
@@ -51,6 +44,22 @@ pub struct VolumeRecord {
     /// before the log existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_log: Option<LogHead>,
+}
+
+/// What a dataset (a volume or a filesystem) has of snapshots: the same
+/// for both, stored flattened into its record.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Lineage {
+    /// The object listing blocks the head stopped using that its latest
+    /// snapshot still uses (0: none yet).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub dead_list: u64,
+    /// For a clone: the snapshot it was cloned from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub origin: Option<SnapshotName>,
+    /// Snapshots, oldest first.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub snapshots: Vec<SnapshotRecord>,
 }
 
 /// The head of a dataset's intent log chain: the first block replay reads
@@ -230,11 +239,42 @@ impl Directory {
     /// The record of snapshot `name` (volume and snapshot), if it exists:
     /// a clone's origin, a send's source.
     pub fn snapshot(&self, name: &SnapshotName) -> Option<&SnapshotRecord> {
-        self.volumes
-            .get(&name.volume)?
+        self.lineage(&name.volume)?
             .snapshots
             .iter()
             .find(|snapshot| snapshot.name == name.snapshot)
+    }
+
+    /// The snapshots, dead list and origin of dataset `short` (a volume or
+    /// a filesystem).
+    pub fn lineage(&self, short: &str) -> Option<&Lineage> {
+        match self.volumes.get(short) {
+            Some(record) => Some(&record.lineage),
+            None => self.filesystems.get(short).map(|record| &record.lineage),
+        }
+    }
+
+    /// [`Directory::lineage`], to change.
+    pub fn lineage_mut(&mut self, short: &str) -> Option<&mut Lineage> {
+        match self.volumes.get_mut(short) {
+            Some(record) => Some(&mut record.lineage),
+            None => self
+                .filesystems
+                .get_mut(short)
+                .map(|record| &mut record.lineage),
+        }
+    }
+
+    /// Every dataset's lineage, volumes first, by short name.
+    pub fn lineages(&self) -> impl Iterator<Item = (&String, &Lineage)> {
+        self.volumes
+            .iter()
+            .map(|(name, record)| (name, &record.lineage))
+            .chain(
+                self.filesystems
+                    .iter()
+                    .map(|(name, record)| (name, &record.lineage)),
+            )
     }
 
     pub fn encode(&self) -> Vec<u8> {

@@ -575,15 +575,11 @@ impl Pool {
         } else if target.contains('@') {
             values.extend(self.snapshot_properties(target).await?);
         } else if let Target::Filesystem(short) = self.property_target(target)? {
-            let fs = self.filesystem(&short)?;
             let record = self
                 .filesystem_record(&short)
                 .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{target}'")))?;
             values.push(("type".into(), "filesystem".into(), "-".into()));
-            let space = fs
-                .space()
-                .await
-                .map_err(|error| PoolError::Io(format!("{target}: {error}")))?;
+            let space = self.volume_space(&short).await?;
             values.extend(space_values(&space));
             for name in filesystem::OWN_PROPERTIES {
                 let (value, source) = match record.properties.get(name) {
@@ -601,6 +597,13 @@ impl Pool {
                 "no"
             };
             values.push(("mounted".into(), mounted.into(), "-".into()));
+            let origin = record
+                .lineage
+                .origin
+                .as_ref()
+                .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
+                .unwrap_or_else(|| "-".into());
+            values.push(("origin".into(), origin, "-".into()));
             values.extend(dataset_values(
                 record.guid,
                 record.created_txg,
@@ -632,6 +635,7 @@ impl Pool {
                 "-".into(),
             ));
             let origin = record
+                .lineage
                 .origin
                 .as_ref()
                 .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
@@ -694,44 +698,53 @@ impl Pool {
             .iter()
             .find(|info| info.name.ends_with(&format!("@{snapshot}")))
             .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
-        let record = self
-            .directory
-            .borrow()
-            .volumes
-            .get(volume)
-            .cloned()
-            .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
-        let snapshot_volume = self.snapshot_volume(target).await?;
-        let dnode = snapshot_volume.object.dnode();
-        let ratio = if dnode.physical_bytes == 0 {
-            1.0
-        } else {
-            dnode.logical_bytes as f64 / dnode.physical_bytes as f64
+        let common = |logical: u64, physical: u64| -> Vec<(String, String, String)> {
+            let ratio = if physical == 0 {
+                1.0
+            } else {
+                logical as f64 / physical as f64
+            };
+            vec![
+                ("type".into(), "snapshot".into(), "-".into()),
+                ("used".into(), info.used_bytes.to_string(), "-".into()),
+                (
+                    "referenced".into(),
+                    info.referenced_bytes.to_string(),
+                    "-".into(),
+                ),
+                ("logicalreferenced".into(), logical.to_string(), "-".into()),
+                ("compressratio".into(), format!("{ratio:.2}x"), "-".into()),
+            ]
         };
-        Ok(vec![
-            ("type".into(), "snapshot".into(), "-".into()),
-            ("used".into(), info.used_bytes.to_string(), "-".into()),
-            (
-                "referenced".into(),
-                info.referenced_bytes.to_string(),
-                "-".into(),
-            ),
-            (
-                "logicalreferenced".into(),
-                dnode.logical_bytes.to_string(),
-                "-".into(),
-            ),
-            ("compressratio".into(), format!("{ratio:.2}x"), "-".into()),
-            (
+        let mut values = if self.filesystem(volume).is_ok() {
+            let fs = self.snapshot_filesystem(target).await?;
+            let _shared = fs.shared().await;
+            let (_, logical, physical) = fs.referenced_locked().await?;
+            common(logical, physical)
+        } else {
+            let record = self
+                .directory
+                .borrow()
+                .volumes
+                .get(volume)
+                .cloned()
+                .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+            let snapshot_volume = self.snapshot_volume(target).await?;
+            let dnode = snapshot_volume.object.dnode();
+            let mut values = common(dnode.logical_bytes, dnode.physical_bytes);
+            values.push((
                 "volsize".into(),
                 snapshot_volume.size_bytes.get().to_string(),
                 "-".into(),
-            ),
-            (
+            ));
+            values.push((
                 "volblocksize".into(),
                 record.block_bytes.to_string(),
                 "-".into(),
-            ),
+            ));
+            values
+        };
+        values.extend([
             ("guid".into(), info.guid.clone(), "-".into()),
             ("createtxg".into(), info.txg.to_string(), "-".into()),
             (
@@ -739,7 +752,8 @@ impl Pool {
                 info.created_unix_seconds.to_string(),
                 "-".into(),
             ),
-        ])
+        ]);
+        Ok(values)
     }
 }
 

@@ -447,6 +447,7 @@ impl Pool {
             PoolError::InvalidArgument(format!("the stream is incremental from {}, but {}/{short} does not exist: receive a full stream first", begin.from.clone().unwrap_or_default(), self.name))
         })?;
         let index = record
+            .lineage
             .snapshots
             .iter()
             .position(|snapshot| snapshot.guid == begin.from_guid)
@@ -460,6 +461,7 @@ impl Pool {
             })?;
         let (_, wanted) = begin.snapshot.split_once('@').unwrap_or_default();
         if record
+            .lineage
             .snapshots
             .iter()
             .any(|snapshot| snapshot.name == wanted)
@@ -476,20 +478,20 @@ impl Pool {
             )));
         }
         if !force {
-            if index + 1 != record.snapshots.len() {
+            if index + 1 != record.lineage.snapshots.len() {
                 return Err(PoolError::InvalidArgument(format!(
                     "{}/{short} has snapshots newer than {}; use -F to roll back to it (destroying them)",
-                    self.name, record.snapshots[index].name
+                    self.name, record.lineage.snapshots[index].name
                 )));
             }
             if self.changed_since_latest_snapshot(short)? {
                 return Err(PoolError::InvalidArgument(format!(
                     "{}/{short} was written since @{}; use -F to roll back those changes",
-                    self.name, record.snapshots[index].name
+                    self.name, record.lineage.snapshots[index].name
                 )));
             }
         }
-        Ok(record.snapshots[index].name.clone())
+        Ok(record.lineage.snapshots[index].name.clone())
     }
 
     /// True when a volume holds writes made after its latest snapshot.
@@ -699,6 +701,7 @@ impl Pool {
                     .cloned()
                     .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
                 record
+                    .lineage
                     .snapshots
                     .last()
                     .is_some_and(|latest| latest.name != from)
@@ -738,13 +741,14 @@ impl Pool {
             {
                 let mut directory = self.directory.borrow_mut();
                 let removed = directory.volumes.remove(hidden_short);
-                if let Some(origin) = removed.and_then(|record| record.origin) {
+                if let Some(origin) = removed.and_then(|record| record.lineage.origin) {
                     if let Some(snapshot) =
                         directory
                             .volumes
                             .get_mut(&origin.volume)
                             .and_then(|record| {
                                 record
+                                    .lineage
                                     .snapshots
                                     .iter_mut()
                                     .find(|snapshot| snapshot.name == origin.snapshot)
@@ -757,7 +761,7 @@ impl Pool {
                     .volumes
                     .get_mut(short)
                     .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
-                record.dead_list = dead_list;
+                record.lineage.dead_list = dead_list;
                 record.size_bytes = head.size_bytes.get();
             }
             self.volumes.borrow_mut().remove(hidden_short);

@@ -248,6 +248,7 @@ impl Pool {
             .cloned()
             .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
         let to = record
+            .lineage
             .snapshots
             .iter()
             .find(|existing| existing.name == snapshot)
@@ -258,7 +259,7 @@ impl Pool {
             None => (0, None, 0),
             Some(from) => {
                 let (from_volume, from_snapshot) = self.resolve_from(volume, from)?;
-                let is_origin = record.origin.as_ref().is_some_and(|origin| {
+                let is_origin = record.lineage.origin.as_ref().is_some_and(|origin| {
                     origin.volume == from_volume && origin.snapshot == from_snapshot
                 });
                 if from_volume != volume && !is_origin {
@@ -274,6 +275,7 @@ impl Pool {
                         .get(&from_volume)
                         .and_then(|owner| {
                             owner
+                                .lineage
                                 .snapshots
                                 .iter()
                                 .find(|existing| existing.name == from_snapshot)

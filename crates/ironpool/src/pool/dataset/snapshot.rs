@@ -1,5 +1,7 @@
 //! Snapshots, clones, rollback and promote, on the birth txgs of block pointers
-//! (as ZFS does it).
+//! (as ZFS does it), for volumes and filesystems alike: a dataset's head is
+//! one pool-level object (a volume's data tree, a filesystem's dnode table,
+//! under which all its objects live), and a snapshot is a copy of its dnode.
 //!
 //! - A **snapshot** is made inside a txg commit: the volume's tree at that txg,
 //!   kept as a read-only copy of its dnode. O(1): no block is copied.
@@ -25,12 +27,14 @@ use crate::format::bp::BLOCK_POINTER_BYTES;
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError};
-use crate::pool::dataset::directory::{valid_name, SnapshotName, SnapshotRecord, VolumeRecord};
+use crate::pool::dataset::directory::{valid_name, Lineage, SnapshotName, SnapshotRecord};
+use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 
 /// A snapshot to take at the next commit.
 pub struct SnapshotRequest {
+    /// The dataset (volume or filesystem), by short name.
     pub volume: String,
     pub name: String,
     pub guid: u64,
@@ -86,17 +90,34 @@ pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'
 }
 
 impl Pool {
-    /// The record of a volume (by short name).
-    fn record(&self, volume: &str) -> Result<VolumeRecord, PoolError> {
+    /// The snapshots, dead list and origin of a dataset (by short name).
+    fn record(&self, dataset: &str) -> Result<Lineage, PoolError> {
         self.directory
             .borrow()
-            .volumes
-            .get(volume)
+            .lineage(dataset)
             .cloned()
-            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))
     }
 
-    /// Takes snapshots of several volumes atomically (in one txg).
+    /// The pool-level object a dataset's snapshots copy: a volume's data
+    /// tree, a filesystem's dnode table.
+    fn head_object(&self, dataset: &str) -> Result<Rc<Object>, PoolError> {
+        if let Some(volume) = self.volumes.borrow().get(dataset) {
+            return Ok(volume.object.clone());
+        }
+        if let Some(fs) = self.filesystems.borrow().get(dataset) {
+            return Ok(fs.table.clone());
+        }
+        Err(PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))
+    }
+
+    /// Whether dataset `short` is a filesystem.
+    fn is_filesystem(&self, short: &str) -> bool {
+        self.filesystems.borrow().contains_key(short)
+    }
+
+    /// Takes snapshots of several datasets (volumes, filesystems) atomically
+    /// (in one txg).
     pub async fn snapshot(self: &Rc<Self>, names: &[String]) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
@@ -138,7 +159,8 @@ impl Pool {
         self.txg.wait_durable(self, target).await
     }
 
-    /// The snapshots of a volume, oldest first, with their space.
+    /// The snapshots of a dataset (volume or filesystem), oldest first,
+    /// with their space.
     pub async fn snapshots(self: &Rc<Self>, volume: &str) -> Result<Vec<SnapshotInfo>, PoolError> {
         let short = volume
             .strip_prefix(&format!("{}/", self.name))
@@ -158,22 +180,29 @@ impl Pool {
                 .unwrap_or(record.dead_list);
             let mut unique = self.dead_list_entries(next_list)?;
             if index + 1 == record.snapshots.len() {
-                let head = self.volume(short)?;
-                unique.extend(head.object.dead.borrow().iter().copied());
+                let head = self.head_object(short)?;
+                unique.extend(head.dead.borrow().iter().copied());
             }
             let used = unique
                 .iter()
                 .filter(|pointer| pointer.birth_txg > previous_txg)
                 .map(BlockPointer::allocated_bytes)
                 .sum();
-            let object = self.objects.open(snapshot.object).await?;
+            let referenced = if self.is_filesystem(short) {
+                let full = format!("{}/{short}@{}", self.name, snapshot.name);
+                let fs = self.snapshot_filesystem(&full).await?;
+                let _shared = fs.shared().await;
+                fs.referenced_locked().await?.0
+            } else {
+                self.objects.open(snapshot.object).await?.dnode().used_bytes
+            };
             out.push(SnapshotInfo {
                 name: format!("{}/{short}@{}", self.name, snapshot.name),
                 txg: snapshot.txg,
                 guid: format!("{:#x}", snapshot.guid),
                 created_unix_seconds: snapshot.created_unix_seconds,
                 used_bytes: used,
-                referenced_bytes: object.dnode().used_bytes,
+                referenced_bytes: referenced,
                 clones: snapshot
                     .clones
                     .iter()
@@ -184,7 +213,7 @@ impl Pool {
         Ok(out)
     }
 
-    fn origin_txg(&self, record: &VolumeRecord) -> u64 {
+    fn origin_txg(&self, record: &Lineage) -> u64 {
         let Some(origin) = &record.origin else {
             return 0;
         };
@@ -289,7 +318,7 @@ impl Pool {
         } else {
             record.snapshots[index - 1].txg
         };
-        let head = self.volume(volume)?;
+        let head = self.head_object(volume)?;
         let is_latest = index + 1 == record.snapshots.len();
         let next_list = if is_latest {
             record.dead_list
@@ -305,13 +334,13 @@ impl Pool {
             }
         }
         if is_latest {
-            // Blocks the volume let go of in the open txg: same rule.
-            let pending = std::mem::take(&mut *head.object.dead.borrow_mut());
+            // Blocks the dataset let go of in the open txg: same rule.
+            let pending = std::mem::take(&mut *head.dead.borrow_mut());
             for pointer in pending {
                 if pointer.birth_txg > previous_txg {
                     self.store.free(&pointer);
                 } else {
-                    head.object.dead.borrow_mut().push(pointer);
+                    head.dead.borrow_mut().push(pointer);
                 }
             }
         }
@@ -328,9 +357,16 @@ impl Pool {
             volume_object.begin_destroy();
             self.exports_gone.notify_all();
         }
+        if let Some(fs) = self
+            .snapshot_filesystems
+            .borrow_mut()
+            .remove(&format!("{}/{volume}@{snapshot}", self.name))
+        {
+            fs.retire();
+        }
         {
             let mut directory = self.directory.borrow_mut();
-            let record = directory.volumes.get_mut(volume).expect("checked above");
+            let record = directory.lineage_mut(volume).expect("checked above");
             record.snapshots.remove(index);
             if is_latest {
                 record.dead_list = new_next;
@@ -339,9 +375,9 @@ impl Pool {
             }
         }
         if is_latest {
-            head.object.dead_list.set(new_next);
-            head.object.dnode.borrow_mut().prev_snapshot_txg = previous_txg;
-            head.object.dirty.set(true);
+            head.dead_list.set(new_next);
+            head.dnode.borrow_mut().prev_snapshot_txg = previous_txg;
+            head.dirty.set(true);
         }
         self.directory_dirty.set(true);
         Ok(())
@@ -360,34 +396,37 @@ impl Pool {
     ) -> Result<Rc<Volume>, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let clone_short = clone
-            .strip_prefix(&format!("{}/", self.name))
-            .unwrap_or(clone)
-            .to_string();
-        if !valid_name(&clone_short) {
-            return Err(PoolError::InvalidName(clone_short));
-        }
+        let clone_short = self.new_dataset_name(clone)?;
         let clone_volume = self.clone_locked(origin, &clone_short).await?;
         self.commit().await?;
         Ok(clone_volume)
     }
 
-    /// Creates the clone in the open txg (the caller holds the admin lock).
-    pub(crate) async fn clone_locked(
-        self: &Rc<Self>,
+    /// The short name of a dataset about to be made: valid and not taken.
+    fn new_dataset_name(&self, name: &str) -> Result<String, PoolError> {
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name)
+            .to_string();
+        if !valid_name(&short) {
+            return Err(PoolError::InvalidName(short));
+        }
+        if self.directory.borrow().lineage(&short).is_some() {
+            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
+        }
+        Ok(short)
+    }
+
+    /// The snapshot `origin` names, and a new head object for a clone of
+    /// it: a copy of its dnode, writable, whose blocks born at or before
+    /// the snapshot stay the origin's.
+    async fn clone_head(
+        &self,
         origin: &str,
-        clone_short: &str,
-    ) -> Result<Rc<Volume>, PoolError> {
-        let clone_short = clone_short.to_string();
+    ) -> Result<(SnapshotName, Lineage, Rc<Object>), PoolError> {
         let (volume, snapshot) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
             PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
         })?;
-        if self.directory.borrow().volumes.contains_key(&clone_short) {
-            return Err(PoolError::VolumeExists(format!(
-                "{}/{clone_short}",
-                self.name
-            )));
-        }
         let record = self.record(volume)?;
         let source = record
             .snapshots
@@ -402,44 +441,114 @@ impl Pool {
         dnode.prev_snapshot_txg = source.txg;
         dnode.origin_txg = source.txg;
         let object = self.objects.create(id, dnode);
+        let name = SnapshotName {
+            volume: volume.to_string(),
+            snapshot: snapshot.to_string(),
+        };
+        let lineage = Lineage {
+            origin: Some(name.clone()),
+            ..Lineage::default()
+        };
+        Ok((name, lineage, object))
+    }
+
+    /// Lists `clone` among the dependents of snapshot `origin`.
+    fn note_clone(&self, origin: &SnapshotName, clone: &str) {
+        let mut directory = self.directory.borrow_mut();
+        if let Some(source) = directory.lineage_mut(&origin.volume).and_then(|lineage| {
+            lineage
+                .snapshots
+                .iter_mut()
+                .find(|existing| existing.name == origin.snapshot)
+        }) {
+            source.clones.push(clone.to_string());
+        }
+        drop(directory);
+        self.directory_dirty.set(true);
+    }
+
+    /// Creates the clone in the open txg (the caller holds the admin lock).
+    pub(crate) async fn clone_locked(
+        self: &Rc<Self>,
+        origin: &str,
+        clone_short: &str,
+    ) -> Result<Rc<Volume>, PoolError> {
+        let clone_short = clone_short.to_string();
+        let (volume, _) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
+        })?;
+        let record = self
+            .directory
+            .borrow()
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
+        if self.directory.borrow().lineage(&clone_short).is_some() {
+            return Err(PoolError::VolumeExists(format!(
+                "{}/{clone_short}",
+                self.name
+            )));
+        }
+        let (origin_name, lineage, object) = self.clone_head(origin).await?;
         let mut clone_record = crate::pool::volume::record(
-            id,
+            object.id,
             record.size_bytes,
             record.block_bytes,
             self.txg.open(),
             record.properties.clone(),
         );
-        clone_record.origin = Some(SnapshotName {
-            volume: volume.to_string(),
-            snapshot: snapshot.to_string(),
-        });
+        clone_record.lineage = lineage;
         let clone_volume = Volume::new(
             format!("{}/{clone_short}", self.name),
             object,
             &clone_record,
             self.volume_settings(&clone_record.properties),
         );
-        {
-            let mut directory = self.directory.borrow_mut();
-            directory.volumes.insert(clone_short.clone(), clone_record);
-            let origin_record = directory.volumes.get_mut(volume).expect("checked above");
-            if let Some(source) = origin_record
-                .snapshots
-                .iter_mut()
-                .find(|existing| existing.name == snapshot)
-            {
-                source.clones.push(clone_short.clone());
-            }
-        }
+        self.directory
+            .borrow_mut()
+            .volumes
+            .insert(clone_short.clone(), clone_record);
+        self.note_clone(&origin_name, &clone_short);
         self.volumes
             .borrow_mut()
             .insert(clone_short, clone_volume.clone());
-        self.directory_dirty.set(true);
         Ok(clone_volume)
     }
 
-    /// Rolls volume back to `snapshot` (the latest, or with `recursive` an older
-    /// one: the later snapshots are destroyed).
+    /// Creates filesystem `clone` from snapshot `origin` of a filesystem,
+    /// sharing its blocks. It takes the origin's properties but its
+    /// mountpoint (its own default, `/POOL/CLONE`).
+    pub async fn clone_filesystem(
+        self: &Rc<Self>,
+        origin: &str,
+        clone: &str,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let clone_short = self.new_dataset_name(clone)?;
+        let (source, _) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
+        })?;
+        let mut properties = self
+            .filesystem_record(source)
+            .ok_or_else(|| PoolError::InvalidArgument(format!("{origin}: not a filesystem's")))?
+            .properties;
+        properties.remove("mountpoint");
+        let (origin_name, lineage, table) = self.clone_head(origin).await?;
+        let fs = self
+            .add_filesystem(&clone_short, table, properties, lineage)
+            .await?;
+        self.note_clone(&origin_name, &clone_short);
+        self.commit().await?;
+        self.notify_filesystems_changed();
+        Ok(fs)
+    }
+
+    /// Rolls a volume or a filesystem back to `snapshot` (the latest, or
+    /// with `recursive` an older one: the later snapshots are destroyed).
+    /// A mounted filesystem is mounted again by the server: files open in
+    /// it fail from then on, as after a forced unmount.
     pub async fn rollback(
         self: &Rc<Self>,
         full_name: &str,
@@ -448,7 +557,9 @@ impl Pool {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         self.rollback_locked(full_name, recursive).await?;
-        self.commit().await
+        let committed = self.commit().await;
+        self.notify_filesystems_changed();
+        committed
     }
 
     /// Rolls back in the open txg (the caller holds the admin lock).
@@ -491,56 +602,88 @@ impl Pool {
                 cloned.clones.join(", ")
             )));
         }
-        let head = self.volume(volume)?;
-        // No writes while the tree is swapped.
-        let _writers = self.exclusive(&head).await?;
+        let fs = self.filesystems.borrow().get(volume).cloned();
+        let head_volume = match &fs {
+            Some(_) => None,
+            None => Some(self.volume(volume)?),
+        };
+        let head = self.head_object(volume)?;
+        // No writes (or any other change) while the tree is swapped.
+        let _writers = match &head_volume {
+            Some(head) => Some(self.exclusive(head).await?),
+            None => None,
+        };
+        let _changes = match &fs {
+            Some(fs) => Some(fs.exclusive().await),
+            None => None,
+        };
         // Nor txg builds: the walk below awaits reads, and a build meanwhile
-        // would sync the volume's dirty nodes (freeing their old copies) under
-        // the pointers already collected, which would then be freed twice.
+        // would sync the dataset's dirty nodes (freeing their old copies)
+        // under the pointers already collected, which would then be freed
+        // twice.
         let hold = self.txg.hold_builds();
         for name in later.iter().rev() {
             self.destroy_snapshot_locked(name)?;
         }
         let target = self.record(volume)?.snapshots[index].clone();
         let snapshot_object = self.objects.open(target.object).await?;
-        // Blocks born after the snapshot belong to the volume alone: free them.
+        // Blocks born after the snapshot belong to the dataset alone: free
+        // them (for a filesystem, those of its table and of every object).
         let mut born_after = Vec::new();
         self.objects
-            .visit_pointers_born_after(&head.object, target.txg, &mut |pointer| {
-                born_after.push(*pointer)
-            })
+            .visit_pointers_born_after(&head, target.txg, &mut |pointer| born_after.push(*pointer))
             .await?;
+        if let Some(fs) = &fs {
+            for object in fs.live_objects().await? {
+                fs.objects
+                    .visit_pointers_born_after(&object, target.txg, &mut |pointer| {
+                        born_after.push(*pointer)
+                    })
+                    .await?;
+            }
+        }
         for pointer in &born_after {
             self.store.free(pointer);
         }
-        // What the volume let go of since the snapshot is the snapshot's again.
-        head.object.dead.borrow_mut().clear();
-        let dead_list = head.object.dead_list.replace(0);
+        // What the dataset let go of since the snapshot is the snapshot's again.
+        head.dead.borrow_mut().clear();
+        let dead_list = head.dead_list.replace(0);
         self.drop_dead_list(dead_list)?;
         let mut dnode = snapshot_object.dnode();
         dnode.flags &= !DNODE_FLAG_READ_ONLY;
-        let current = head.object.dnode();
+        let current = head.dnode();
         dnode.creation_txg = current.creation_txg;
         dnode.prev_snapshot_txg = target.txg;
         dnode.origin_txg = current.origin_txg;
-        self.objects.reset_tree(&head.object, dnode);
+        self.objects.reset_tree(&head, dnode);
         {
             let mut directory = self.directory.borrow_mut();
-            let record = directory.volumes.get_mut(volume).expect("checked above");
-            record.dead_list = 0;
+            directory
+                .lineage_mut(volume)
+                .expect("checked above")
+                .dead_list = 0;
             // The volume takes back the size it had then (it may have grown since).
-            if dnode.length_bytes > 0 {
-                record.size_bytes = dnode.length_bytes;
-                head.size_bytes.set(dnode.length_bytes);
+            if let (Some(head_volume), Some(record)) =
+                (&head_volume, directory.volumes.get_mut(volume))
+            {
+                if dnode.length_bytes > 0 {
+                    record.size_bytes = dnode.length_bytes;
+                    head_volume.size_bytes.set(dnode.length_bytes);
+                }
             }
         }
         self.directory_dirty.set(true);
+        if let Some(fs) = fs {
+            // The filesystem's objects are the snapshot's now: a new set
+            // over the table, and the old one serves no more requests.
+            self.reopen_filesystem(volume, &fs).await?;
+        }
         drop(hold);
         Ok(())
     }
 
     /// Makes clone `clone` independent of its origin: the origin snapshot and the
-    /// ones before it move to the clone; the former origin volume becomes a clone.
+    /// ones before it move to the clone; the former origin dataset becomes a clone.
     pub async fn promote(self: &Rc<Self>, clone: &str) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
@@ -576,16 +719,15 @@ impl Pool {
                 )));
             }
         }
-        let origin_head = self.volume(&origin.volume)?;
-        let clone_head = self.volume(&clone_short)?;
+        let origin_head = self.head_object(&origin.volume)?;
+        let clone_head = self.head_object(&clone_short)?;
         let origin_txg = origin_record.snapshots[split].txg;
         let clone_origin_txg = self.origin_txg(&origin_record);
         {
             let mut directory = self.directory.borrow_mut();
             let moved: Vec<SnapshotRecord> = {
                 let origin_record = directory
-                    .volumes
-                    .get_mut(&origin.volume)
+                    .lineage_mut(&origin.volume)
                     .expect("checked above");
                 let mut moved: Vec<SnapshotRecord> =
                     origin_record.snapshots.drain(..=split).collect();
@@ -603,7 +745,7 @@ impl Pool {
                 // snapshot now lists the clone among its dependents instead.
                 if let Some(grand) = &new_origin {
                     if let Some(grand_snapshot) =
-                        directory.volumes.get_mut(&grand.volume).and_then(|record| {
+                        directory.lineage_mut(&grand.volume).and_then(|record| {
                             record
                                 .snapshots
                                 .iter_mut()
@@ -617,10 +759,7 @@ impl Pool {
                         }
                     }
                 }
-                let clone_record = directory
-                    .volumes
-                    .get_mut(&clone_short)
-                    .expect("checked above");
+                let clone_record = directory.lineage_mut(&clone_short).expect("checked above");
                 clone_record.origin = new_origin;
                 let own = std::mem::take(&mut clone_record.snapshots);
                 clone_record.snapshots = moved.clone();
@@ -633,7 +772,7 @@ impl Pool {
                     if dependent == &origin.volume {
                         continue;
                     }
-                    if let Some(dependent_record) = directory.volumes.get_mut(dependent) {
+                    if let Some(dependent_record) = directory.lineage_mut(dependent) {
                         if let Some(origin_name) = dependent_record.origin.as_mut() {
                             origin_name.volume = clone_short.clone();
                         }
@@ -641,26 +780,41 @@ impl Pool {
                 }
             }
         }
-        origin_head.object.dnode.borrow_mut().origin_txg = origin_txg;
-        origin_head.object.dirty.set(true);
-        clone_head.object.dnode.borrow_mut().origin_txg = clone_origin_txg;
-        clone_head.object.dirty.set(true);
+        origin_head.dnode.borrow_mut().origin_txg = origin_txg;
+        origin_head.dirty.set(true);
+        clone_head.dnode.borrow_mut().origin_txg = clone_origin_txg;
+        clone_head.dirty.set(true);
         // Cached snapshot exports keep working: only their names moved.
         self.snapshot_volumes.borrow_mut().clear();
+        // Snapshots of filesystems are opened again under their new names.
+        for (_, fs) in std::mem::take(&mut *self.snapshot_filesystems.borrow_mut()) {
+            fs.retire();
+        }
         self.directory_dirty.set(true);
         self.commit().await
     }
 
-    /// Space figures of a volume (walks the blocks born after its latest
-    /// snapshot, and after its origin for a clone).
+    /// Space figures of a volume or a filesystem (walks the blocks born
+    /// after its latest snapshot, and after its origin for a clone; for a
+    /// filesystem, the attributes of all its objects).
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
         let short = volume
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(volume)
             .to_string();
         let record = self.record(&short)?;
-        let head = self.volume(&short)?;
-        let dnode = head.object.dnode();
+        let head = self.head_object(&short)?;
+        let fs = self.filesystems.borrow().get(&short).cloned();
+        let _shared = match &fs {
+            Some(fs) => Some(fs.shared().await),
+            None => None,
+        };
+        let dnode = head.dnode();
+        // Bytes allocated, logical and physical, of everything it refers to.
+        let (referenced, referenced_logical, referenced_physical) = match &fs {
+            Some(fs) => fs.referenced_locked().await?,
+            None => (dnode.used_bytes, dnode.logical_bytes, dnode.physical_bytes),
+        };
         let origin_txg = dnode.origin_txg;
         // Blocks born after the origin (all of them for a volume that is not a
         // clone, whose figures the dnode keeps) and after the latest snapshot.
@@ -671,17 +825,24 @@ impl Pool {
         };
         let mut born_after = Vec::new();
         self.objects
-            .visit_pointers_born_after(&head.object, threshold, &mut |pointer| {
-                born_after.push(*pointer)
-            })
+            .visit_pointers_born_after(&head, threshold, &mut |pointer| born_after.push(*pointer))
             .await?;
+        if let Some(fs) = &fs {
+            for object in fs.live_objects().await? {
+                fs.objects
+                    .visit_pointers_born_after(&object, threshold, &mut |pointer| {
+                        born_after.push(*pointer)
+                    })
+                    .await?;
+            }
+        }
         let written: u64 = born_after
             .iter()
             .filter(|pointer| pointer.birth_txg > dnode.prev_snapshot_txg)
             .map(BlockPointer::allocated_bytes)
             .sum();
         let (own_allocated, own_logical) = if origin_txg == 0 {
-            (dnode.used_bytes, dnode.logical_bytes)
+            (referenced, referenced_logical)
         } else {
             (
                 born_after.iter().map(BlockPointer::allocated_bytes).sum(),
@@ -692,7 +853,7 @@ impl Pool {
                     .sum(),
             )
         };
-        let mut dead: Vec<BlockPointer> = head.object.dead.borrow().clone();
+        let mut dead: Vec<BlockPointer> = head.dead.borrow().clone();
         dead.extend(self.dead_list_entries(record.dead_list)?);
         for snapshot in &record.snapshots {
             dead.extend(self.dead_list_entries(snapshot.dead_list)?);
@@ -707,19 +868,19 @@ impl Pool {
             .filter(|pointer| pointer.birth_txg > origin_txg && pointer.level == 0)
             .map(|pointer| pointer.logical_size as u64)
             .sum();
-        let compress_ratio = if dnode.physical_bytes == 0 {
+        let compress_ratio = if referenced_physical == 0 {
             1.0
         } else {
-            dnode.logical_bytes as f64 / dnode.physical_bytes as f64
+            referenced_logical as f64 / referenced_physical as f64
         };
         Ok(VolumeSpace {
-            referenced_bytes: dnode.used_bytes,
+            referenced_bytes: referenced,
             used_bytes: own_allocated + snapshot_space,
             used_by_dataset_bytes: own_allocated,
             used_by_snapshots_bytes: snapshot_space,
             written_bytes: written,
             logical_used_bytes: own_logical + snapshot_logical,
-            logical_referenced_bytes: dnode.logical_bytes,
+            logical_referenced_bytes: referenced_logical,
             compress_ratio: (compress_ratio * 100.0).round() / 100.0,
         })
     }
@@ -735,8 +896,15 @@ impl Pool {
         if let Some(existing) = self.snapshot_volumes.borrow().get(&canonical) {
             return Ok(existing.clone());
         }
-        let record = self.record(volume)?;
+        let record = self
+            .directory
+            .borrow()
+            .volumes
+            .get(volume)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
         let snapshot_record = record
+            .lineage
             .snapshots
             .iter()
             .find(|existing| existing.name == snapshot)
@@ -819,7 +987,13 @@ fn append_dead(
             .values_mut()
             .find(|record| record.object == object.id)
         {
-            record.dead_list = list_id;
+            record.lineage.dead_list = list_id;
+        } else if let Some(record) = directory
+            .filesystems
+            .values_mut()
+            .find(|record| record.object == object.id)
+        {
+            record.lineage.dead_list = list_id;
         }
         drop(directory);
         pool.directory_dirty.set(true);
@@ -834,23 +1008,23 @@ fn append_dead(
 }
 
 fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(), ObjectError> {
-    let Some(head) = pool.volumes.borrow().get(&request.volume).cloned() else {
+    let Ok(head) = pool.head_object(&request.volume) else {
         return Ok(());
     };
     let id = pool.allocate_object_id();
-    let mut dnode = head.object.dnode();
+    let mut dnode = head.dnode();
     dnode.flags |= DNODE_FLAG_READ_ONLY;
     dnode.creation_txg = txg;
     pool.objects.create(id, dnode);
-    let dead_list = head.object.dead_list.replace(0);
+    let dead_list = head.dead_list.replace(0);
     {
-        let mut head_dnode = head.object.dnode.borrow_mut();
+        let mut head_dnode = head.dnode.borrow_mut();
         head_dnode.prev_snapshot_txg = txg;
     }
-    head.object.dirty.set(true);
+    head.dirty.set(true);
     let created = crate::rt::wall_clock_ns() / 1_000_000_000;
     let mut directory = pool.directory.borrow_mut();
-    if let Some(record) = directory.volumes.get_mut(&request.volume) {
+    if let Some(record) = directory.lineage_mut(&request.volume) {
         record.snapshots.push(SnapshotRecord {
             name: request.name.clone(),
             object: id,

@@ -76,6 +76,10 @@ const RELATIME_SECONDS: i64 = 24 * 60 * 60;
 /// Block size of a filesystem's dnode table (32 dnodes a block).
 const TABLE_BLOCK_SHIFT: u8 = 14;
 
+/// Snapshots of filesystems open at once for `.zfs/snapshot` (each keeps
+/// a cache of its nodes): beyond this, one of them is let go.
+const SNAPSHOT_FILESYSTEMS_OPEN_MAX: usize = 16;
+
 /// How long `mount` and `unmount` wait for the server to do it (a mount
 /// takes milliseconds; an unmount waits for nothing, being lazy).
 pub const MOUNT_WAIT_SECONDS: u64 = 10;
@@ -133,6 +137,10 @@ pub enum FsError {
     Range,
     #[error("damaged filesystem metadata: {0}")]
     Corrupt(String),
+    /// The filesystem was rolled back or destroyed (or its snapshot
+    /// destroyed) under a file still open or a request in flight.
+    #[error("stale file handle: the filesystem was rolled back or destroyed")]
+    Stale,
     #[error(transparent)]
     Pool(PoolError),
 }
@@ -157,6 +165,7 @@ impl FsError {
             FsError::NoAttribute => libc::ENODATA,
             FsError::XattrsOff => libc::EOPNOTSUPP,
             FsError::Range => libc::ERANGE,
+            FsError::Stale => libc::ESTALE,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
         }
     }
@@ -185,6 +194,9 @@ pub struct FilesystemRecord {
     /// properties volumes have, `org:key` user properties).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Its snapshots, dead list and origin (a clone's).
+    #[serde(flatten)]
+    pub lineage: crate::pool::dataset::directory::Lineage,
 }
 
 /// What `stat` reports about an object.
@@ -399,6 +411,11 @@ pub struct Filesystem {
     open_handles: RefCell<FxHashMap<u64, u64>>,
     io_stats: Cell<FsIoStats>,
     front_end: RefCell<FrontEndStats>,
+    /// Rolled back or destroyed: another `Filesystem` (or none) serves its
+    /// name now, and this one answers every request with `ESTALE`.
+    retired: Cell<bool>,
+    /// A snapshot's (read-only; its `.zfs/snapshot` directory).
+    snapshot: bool,
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -493,13 +510,15 @@ pub fn validate_own_property(name: &str, value: &str) -> Result<Option<String>, 
 }
 
 impl Filesystem {
-    /// Opens the filesystem whose table is `table` (its nodes loaded).
+    /// Opens the filesystem whose table is `table` (its nodes loaded, for
+    /// a head: its txg build writes dnodes into them with no I/O).
     fn open(
         pool: &Pool,
         name: String,
         table: Rc<Object>,
         record: &FilesystemRecord,
         settings: VolumeSettings,
+        snapshot: bool,
     ) -> Result<Rc<Filesystem>, PoolError> {
         let header = FsHeader::decode(&table.dnode().bonus)
             .map_err(|error| PoolError::Corrupt(format!("filesystem {name}: {error}")))?;
@@ -523,9 +542,23 @@ impl Filesystem {
             open_handles: RefCell::default(),
             io_stats: Cell::default(),
             front_end: RefCell::default(),
+            retired: Cell::new(false),
+            snapshot,
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
+    }
+
+    /// Takes the filesystem out of service: a rollback or a destroy
+    /// replaced or removed it. The caller holds it exclusively (no request
+    /// is half done); later requests get `ESTALE`.
+    pub(in crate::pool) fn retire(&self) {
+        self.retired.set(true);
+    }
+
+    /// Whether this is a snapshot's read-only view.
+    pub fn is_snapshot(&self) -> bool {
+        self.snapshot
     }
 
     /// Follows the filesystem's properties (at open, and after `set` or
@@ -536,12 +569,16 @@ impl Filesystem {
         settings: VolumeSettings,
         properties: &BTreeMap<String, String>,
     ) {
+        let mut settings = settings;
+        if self.snapshot {
+            settings.read_only = true;
+        }
         self.settings.set(settings);
         self.record_shift
             .set(record_bytes(properties).trailing_zeros() as u8);
         let on = |name: &str| properties.get(name).map(String::as_str) != Some("off");
         self.xattrs.set(on("xattr"));
-        self.atime.set(on("atime"));
+        self.atime.set(on("atime") && !self.snapshot);
     }
 
     /// Holds every operation of the filesystem off (a space check walks
@@ -574,6 +611,9 @@ impl Filesystem {
     }
 
     fn check_writable(&self, pool: &Pool) -> Result<(), FsError> {
+        if self.retired.get() {
+            return Err(FsError::Stale);
+        }
         if self.settings.get().read_only {
             return Err(FsError::ReadOnly);
         }
@@ -583,6 +623,9 @@ impl Filesystem {
 
     /// Loads object `ino` and its attributes.
     async fn load(&self, ino: u64) -> Result<(Rc<Object>, Znode), FsError> {
+        if self.retired.get() {
+            return Err(FsError::Stale);
+        }
         if ino == 0 {
             return Err(FsError::NotFound);
         }
@@ -1043,7 +1086,7 @@ impl Filesystem {
             .visit_pointers(object, &mut |_, _, pointer| pointers.push(*pointer))
             .await?;
         for pointer in &pointers {
-            self.objects.store.free(pointer);
+            self.objects.kill(object, pointer);
         }
         self.objects.clear_dnode(object.id).await?;
         let mut header = self.header.get();
@@ -1777,11 +1820,15 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Space figures (`get`, `list`): every block of every object and of
-    /// the dnode table. A filesystem has no snapshots yet, so all of it is
-    /// its own and written since its creation.
-    pub async fn space(&self) -> Result<crate::pool::dataset::snapshot::VolumeSpace, FsError> {
-        let _shared = self.lock.acquire(1).await;
+    /// Holds changes to names and attributes off (as a lookup does).
+    pub(in crate::pool) async fn shared(&self) -> crate::rt::sync::Permit {
+        self.lock.acquire(1).await
+    }
+
+    /// Bytes allocated, logical and physical, of every block of every
+    /// object and of the dnode table: what the filesystem refers to. The
+    /// caller holds the lock ([`Filesystem::shared`]).
+    pub(in crate::pool) async fn referenced_locked(&self) -> Result<(u64, u64, u64), ObjectError> {
         let table = self.table.dnode();
         let (mut used, mut logical, mut physical) =
             (table.used_bytes, table.logical_bytes, table.physical_bytes);
@@ -1791,20 +1838,7 @@ impl Filesystem {
             logical += dnode.logical_bytes;
             physical += dnode.physical_bytes;
         }
-        Ok(crate::pool::dataset::snapshot::VolumeSpace {
-            referenced_bytes: used,
-            used_bytes: used,
-            used_by_dataset_bytes: used,
-            used_by_snapshots_bytes: 0,
-            written_bytes: used,
-            logical_used_bytes: logical,
-            logical_referenced_bytes: logical,
-            compress_ratio: if physical == 0 {
-                1.0
-            } else {
-                logical as f64 / physical as f64
-            },
-        })
+        Ok((used, logical, physical))
     }
 
     /// What its file I/O did since import.
@@ -1899,26 +1933,148 @@ impl Pool {
             .collect();
         for (short, record) in records {
             let table = self.objects.open(record.object).await?;
-            if table.dnode().object_type != ObjectType::FsObjects {
-                return Err(PoolError::Corrupt(format!(
-                    "filesystem {short}: object {} is not a filesystem",
-                    record.object
-                )));
-            }
-            // The table is metadata: it stays cached, loaded whole here.
-            let length = table.dnode().length_bytes;
-            self.objects.prefetch(&table, 0, length).await?;
-            let settings = self.volume_settings(&record.properties);
-            let fs = Filesystem::open(
-                self,
-                format!("{}/{short}", self.name),
-                table,
-                &record,
-                settings,
-            )?;
+            let fs = self.open_head_filesystem(&short, table, &record).await?;
             self.filesystems.borrow_mut().insert(short, fs);
         }
         Ok(())
+    }
+
+    /// Opens filesystem `short` (a head, writable) over `table`: loads the
+    /// whole table (the txg build writes dnodes into it with no I/O) and
+    /// its dead lists (metadata, kept cached as a volume's are).
+    async fn open_head_filesystem(
+        &self,
+        short: &str,
+        table: Rc<Object>,
+        record: &FilesystemRecord,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        if table.dnode().object_type != ObjectType::FsObjects {
+            return Err(PoolError::Corrupt(format!(
+                "filesystem {short}: object {} is not a filesystem",
+                record.object
+            )));
+        }
+        let length = table.dnode().length_bytes;
+        self.objects.prefetch(&table, 0, length).await?;
+        table.dead_list.set(record.lineage.dead_list);
+        for list in std::iter::once(record.lineage.dead_list)
+            .chain(
+                record
+                    .lineage
+                    .snapshots
+                    .iter()
+                    .map(|snapshot| snapshot.dead_list),
+            )
+            .filter(|list| *list != 0)
+        {
+            let list_object = self.objects.open(list).await?;
+            let length = list_object.dnode().length_bytes;
+            self.objects.prefetch(&list_object, 0, length).await?;
+        }
+        let settings = self.volume_settings(&record.properties);
+        Filesystem::open(
+            self,
+            format!("{}/{short}", self.name),
+            table,
+            record,
+            settings,
+            false,
+        )
+    }
+
+    /// Adds filesystem `short` over `table` (a new object of the open txg)
+    /// to the directory and opens it.
+    pub(in crate::pool) async fn add_filesystem(
+        &self,
+        short: &str,
+        table: Rc<Object>,
+        properties: BTreeMap<String, String>,
+        lineage: crate::pool::dataset::directory::Lineage,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        let record = FilesystemRecord {
+            object: table.id,
+            created_txg: self.txg.open(),
+            guid: crate::format::new_guid(),
+            properties,
+            lineage,
+        };
+        let fs = self.open_head_filesystem(short, table, &record).await?;
+        self.directory
+            .borrow_mut()
+            .filesystems
+            .insert(short.to_string(), record);
+        self.directory_dirty.set(true);
+        self.filesystems
+            .borrow_mut()
+            .insert(short.to_string(), fs.clone());
+        Ok(fs)
+    }
+
+    /// A rollback gave filesystem `short` another tree: `old` serves no
+    /// more requests, and a new `Filesystem` over the same table takes its
+    /// place (the server mounts it again).
+    pub(in crate::pool) async fn reopen_filesystem(
+        &self,
+        short: &str,
+        old: &Filesystem,
+    ) -> Result<(), PoolError> {
+        old.retire();
+        let record = self
+            .filesystem_record(short)
+            .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
+        let fs = self
+            .open_head_filesystem(short, old.table.clone(), &record)
+            .await?;
+        self.filesystems.borrow_mut().insert(short.to_string(), fs);
+        Ok(())
+    }
+
+    /// The read-only filesystem of snapshot `POOL/FS@SNAP` (what
+    /// `.zfs/snapshot/SNAP` shows), opened on first use and kept (at most
+    /// [`SNAPSHOT_FILESYSTEMS_OPEN_MAX`] at once).
+    pub async fn snapshot_filesystem(
+        self: &Rc<Self>,
+        full_name: &str,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        let (short, snapshot) =
+            crate::pool::dataset::snapshot::split_snapshot_name(&self.name, full_name)
+                .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
+        let canonical = format!("{}/{short}@{snapshot}", self.name);
+        if let Some(fs) = self.snapshot_filesystems.borrow().get(&canonical) {
+            return Ok(fs.clone());
+        }
+        let record = self
+            .filesystem_record(short)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
+        let object = record
+            .lineage
+            .snapshots
+            .iter()
+            .find(|existing| existing.name == snapshot)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?
+            .object;
+        let table = self.objects.open(object).await?;
+        let settings = self.volume_settings(&record.properties);
+        let fs = Filesystem::open(self, canonical.clone(), table, &record, settings, true)?;
+        let mut open = self.snapshot_filesystems.borrow_mut();
+        if let Some(fs) = open.get(&canonical) {
+            // Another request opened it while this one read.
+            return Ok(fs.clone());
+        }
+        if open.len() >= SNAPSHOT_FILESYSTEMS_OPEN_MAX {
+            // Only a cache: a request still using the one let go keeps it.
+            if let Some(first) = open.keys().next().cloned() {
+                open.remove(&first);
+            }
+        }
+        open.insert(canonical, fs.clone());
+        Ok(fs)
+    }
+
+    /// Wakes the server's mount keeper: a filesystem was made, destroyed,
+    /// cloned or rolled back.
+    pub(in crate::pool) fn notify_filesystems_changed(&self) {
+        self.filesystems_changed.notify_all();
     }
 
     /// Frees every filesystem's files left unlinked while open by a crash
@@ -2008,19 +2164,9 @@ impl Pool {
         }
         .encode();
         let table = self.objects.create(id, dnode);
-        let record = FilesystemRecord {
-            object: id,
-            created_txg: open_txg,
-            guid: crate::format::new_guid(),
-            properties: checked,
-        };
-        let fs = Filesystem::open(
-            self,
-            format!("{}/{short}", self.name),
-            table,
-            &record,
-            settings,
-        )?;
+        let fs = self
+            .add_filesystem(&short, table, checked, Default::default())
+            .await?;
         let time = now();
         let root = Znode {
             mode: S_IFDIR | 0o755,
@@ -2042,40 +2188,94 @@ impl Pool {
         dir::init(&fs.objects, &root_object)
             .await
             .map_err(|error| PoolError::Io(error.to_string()))?;
-        self.directory
-            .borrow_mut()
-            .filesystems
-            .insert(short.clone(), record);
-        self.directory_dirty.set(true);
-        self.filesystems.borrow_mut().insert(short, fs.clone());
         self.commit().await?;
         self.filesystems_changed.notify_all();
         Ok(fs)
     }
 
-    /// Destroys a filesystem and frees all its blocks.
-    pub async fn destroy_filesystem(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+    /// Destroys a filesystem and frees its blocks; with `recursive`, its
+    /// snapshots too (which it refuses without). A snapshot with clones
+    /// keeps it: destroy or promote the clones first.
+    pub async fn destroy_filesystem(
+        self: &Rc<Self>,
+        name: &str,
+        recursive: bool,
+    ) -> Result<(), PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let fs = self.filesystem(name)?;
         let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
+        let record = self
+            .filesystem_record(&short)
+            .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
+        let snapshots: Vec<String> = record
+            .lineage
+            .snapshots
+            .iter()
+            .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
+            .collect();
+        if !snapshots.is_empty() && !recursive {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} has snapshots ({}); use -r to destroy them too",
+                snapshots.join(", ")
+            )));
+        }
+        if let Some(cloned) = record
+            .lineage
+            .snapshots
+            .iter()
+            .find(|snapshot| !snapshot.clones.is_empty())
+        {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
+                self.name,
+                cloned.name,
+                cloned.clones.join(", ")
+            )));
+        }
+        for snapshot in &snapshots {
+            self.check_not_held(snapshot)?;
+        }
         let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
         let hold = self.txg.hold_builds();
+        for snapshot in snapshots.iter().rev() {
+            self.destroy_snapshot_locked(snapshot)?;
+        }
+        // Blocks born after the origin are its own (all of them when it is
+        // not a clone); older ones, and its dead list, are the origin's.
+        let origin_txg = fs.table.dnode().origin_txg;
         let mut pointers = Vec::new();
         for object in fs.live_objects().await? {
             fs.objects
-                .visit_pointers(&object, &mut |_, _, pointer| pointers.push(*pointer))
+                .visit_pointers_born_after(&object, origin_txg, &mut |pointer| {
+                    pointers.push(*pointer)
+                })
                 .await?;
         }
         self.objects
-            .visit_pointers(&fs.table, &mut |_, _, pointer| pointers.push(*pointer))
+            .visit_pointers_born_after(&fs.table, origin_txg, &mut |pointer| {
+                pointers.push(*pointer)
+            })
             .await?;
         for pointer in &pointers {
             self.store.free(pointer);
         }
+        fs.table.dead.borrow_mut().clear();
+        self.drop_dead_list(fs.table.dead_list.replace(0))?;
         self.objects.clear_dnode(fs.table.id).await?;
+        fs.retire();
         self.filesystems.borrow_mut().remove(&short);
-        self.directory.borrow_mut().filesystems.remove(&short);
+        {
+            let mut directory = self.directory.borrow_mut();
+            directory.filesystems.remove(&short);
+            if let Some(origin) = &record.lineage.origin {
+                if let Some(lineage) = directory.lineage_mut(&origin.volume) {
+                    for snapshot in lineage.snapshots.iter_mut() {
+                        snapshot.clones.retain(|clone| clone != &short);
+                    }
+                }
+            }
+        }
         self.directory_dirty.set(true);
         drop(hold);
         let committed = self.commit().await;

@@ -113,7 +113,26 @@ impl Pool {
                 )
             })
             .collect();
-        for (_, fs) in self.filesystems() {
+        // Heads and the snapshots of each filesystem: every tree of theirs.
+        let mut filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> =
+            self.filesystems().into_iter().map(|(_, fs)| fs).collect();
+        let snapshot_names: Vec<String> = self
+            .directory
+            .borrow()
+            .filesystems
+            .iter()
+            .flat_map(|(short, record)| {
+                record
+                    .lineage
+                    .snapshots
+                    .iter()
+                    .map(move |snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
+            })
+            .collect();
+        for name in &snapshot_names {
+            filesystems.push(self.snapshot_filesystem(name).await?);
+        }
+        for fs in &filesystems {
             for object in fs.live_objects().await? {
                 let id = object.id;
                 report.objects += 1;
@@ -177,22 +196,28 @@ impl Pool {
             }
         }
         // Every block on a dead list is still some snapshot's (or origin's).
-        for (list, pointer) in dead_entries.iter().chain(
-            self.volumes
-                .borrow()
-                .values()
-                .flat_map(|volume| {
-                    volume
-                        .object
-                        .dead
-                        .borrow()
-                        .iter()
-                        .map(|pointer| (volume.object.id, *pointer))
-                        .collect::<Vec<_>>()
-                })
-                .collect::<Vec<_>>()
-                .iter(),
-        ) {
+        let heads: Vec<Rc<crate::object::Object>> = self
+            .volumes
+            .borrow()
+            .values()
+            .map(|volume| volume.object.clone())
+            .chain(
+                self.filesystems()
+                    .into_iter()
+                    .map(|(_, fs)| fs.table.clone()),
+            )
+            .collect();
+        let pending: Vec<(u64, crate::format::BlockPointer)> = heads
+            .iter()
+            .flat_map(|head| {
+                head.dead
+                    .borrow()
+                    .iter()
+                    .map(|pointer| (head.id, *pointer))
+                    .collect::<Vec<_>>()
+            })
+            .collect();
+        for (list, pointer) in dead_entries.iter().chain(pending.iter()) {
             for dva in pointer.copies() {
                 match owners.get(&(dva.vdev, dva.offset)) {
                     Some((birth, checksum, _))
@@ -207,7 +232,7 @@ impl Pool {
         // Origins and clone lists agree.
         {
             let directory = self.directory.borrow();
-            for (name, record) in &directory.volumes {
+            for (name, record) in directory.lineages() {
                 if let Some(origin) = &record.origin {
                     let listed = directory
                         .snapshot(origin)
@@ -222,8 +247,7 @@ impl Pool {
                 for snapshot in &record.snapshots {
                     for clone in &snapshot.clones {
                         let back = directory
-                            .volumes
-                            .get(clone)
+                            .lineage(clone)
                             .and_then(|clone_record| clone_record.origin.as_ref())
                             .is_some_and(|origin| {
                                 origin.volume == *name && origin.snapshot == snapshot.name

@@ -194,10 +194,15 @@ impl Pool {
             {
                 scan.error(self, format!("object {}: {error}", object.id));
             }
-            if let Some(fs) = self.filesystem_of_table(&object) {
-                if let Err(error) = self.scan_filesystem(&fs, scan).await {
-                    scan.error(self, format!("{}: {error}", fs.name));
+            match self.filesystem_of_table(&object).await {
+                Ok(Some(fs)) => {
+                    let floor = self.scan_floor_txg(object.id);
+                    if let Err(error) = self.scan_filesystem(&fs, scan, floor).await {
+                        scan.error(self, format!("{}: {error}", fs.name));
+                    }
                 }
+                Ok(None) => {}
+                Err(error) => scan.error(self, format!("object {}: {error}", object.id)),
             }
             if scan.cancelled(self) {
                 return WalkEnd::Stopped;
@@ -243,7 +248,7 @@ impl Pool {
     /// begins.
     pub(in crate::pool) fn scan_floor_txg(&self, object_id: u64) -> u64 {
         let directory = self.directory.borrow();
-        let origin_txg = |record: &crate::pool::dataset::directory::VolumeRecord| -> u64 {
+        let origin_txg = |record: &crate::pool::dataset::directory::Lineage| -> u64 {
             let Some(origin) = &record.origin else {
                 return 0;
             };
@@ -251,8 +256,18 @@ impl Pool {
                 .snapshot(origin)
                 .map_or(0, |snapshot| snapshot.txg)
         };
-        for record in directory.volumes.values() {
-            if record.object == object_id {
+        let heads = directory
+            .volumes
+            .values()
+            .map(|record| (record.object, &record.lineage))
+            .chain(
+                directory
+                    .filesystems
+                    .values()
+                    .map(|record| (record.object, &record.lineage)),
+            );
+        for (head, record) in heads {
+            if head == object_id {
                 return record
                     .snapshots
                     .last()
@@ -273,27 +288,52 @@ impl Pool {
         0
     }
 
-    /// The open filesystem whose dnode table is `object`, if it is one.
-    fn filesystem_of_table(
-        &self,
+    /// The filesystem whose dnode table is `object`, if it is one: a head,
+    /// or a snapshot's (opened read-only).
+    async fn filesystem_of_table(
+        self: &Rc<Self>,
         object: &Rc<Object>,
-    ) -> Option<Rc<crate::pool::filesystem::Filesystem>> {
+    ) -> Result<Option<Rc<crate::pool::filesystem::Filesystem>>, PoolError> {
         if object.dnode().object_type != crate::format::ObjectType::FsObjects {
-            return None;
+            return Ok(None);
         }
-        self.filesystems
+        let head = self
+            .filesystems
             .borrow()
             .values()
             .find(|fs| Rc::ptr_eq(&fs.table, object))
-            .cloned()
+            .cloned();
+        if head.is_some() {
+            return Ok(head);
+        }
+        let snapshot = self
+            .directory
+            .borrow()
+            .filesystems
+            .iter()
+            .find_map(|(short, record)| {
+                record
+                    .lineage
+                    .snapshots
+                    .iter()
+                    .find(|snapshot| snapshot.object == object.id)
+                    .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
+            });
+        match snapshot {
+            Some(name) => Ok(Some(self.snapshot_filesystem(&name).await?)),
+            None => Ok(None),
+        }
     }
 
     /// Walks every object of a filesystem (its table was walked as a pool
-    /// object). A file removed meanwhile is skipped: its blocks are free.
+    /// object), below pointers born after `floor_txg` (older ones belong
+    /// to an earlier snapshot, walked through it). A file removed
+    /// meanwhile is skipped: its blocks are free.
     async fn scan_filesystem(
         self: &Rc<Self>,
         fs: &crate::pool::filesystem::Filesystem,
         scan: &Scan,
+        floor_txg: u64,
     ) -> Result<(), PoolError> {
         let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
         for id in 1..count {
@@ -305,7 +345,8 @@ impl Pool {
                 Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
                 Err(error) => return Err(error.into()),
             };
-            self.scan_object(&fs.objects, &object, scan, 0).await?;
+            self.scan_object(&fs.objects, &object, scan, floor_txg)
+                .await?;
         }
         Ok(())
     }

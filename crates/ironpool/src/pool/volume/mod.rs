@@ -172,9 +172,7 @@ pub fn record(
         created_txg,
         properties,
         guid: crate::format::new_guid(),
-        dead_list: 0,
-        origin: None,
-        snapshots: Vec::new(),
+        lineage: Default::default(),
         receive: None,
         intent_log: None,
     }

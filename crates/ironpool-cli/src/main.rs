@@ -136,12 +136,15 @@ enum Command {
         dirs: Vec<PathBuf>,
         name: String,
     },
-    /// Create a writable volume from a snapshot, sharing its blocks: `clone POOL/VOL@SNAP POOL/NEW`.
+    /// Create a writable volume or filesystem from a snapshot, sharing its blocks: `clone POOL/DATASET@SNAP POOL/NEW [-o key=value]`. A filesystem clone mounts at /POOL/NEW unless given a mountpoint.
     Clone {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         origin: String,
         name: String,
+        /// Properties of the clone, as `set` takes them (mountpoint=DIR for a filesystem).
+        #[arg(short = 'o')]
+        options: Vec<String>,
     },
     /// Make a clone independent of its origin volume.
     Promote {
@@ -536,9 +539,12 @@ fn main() -> ExitCode {
         } => cli::datasets::destroy(&context, &name, recursive, &dirs),
         Command::Mount { dirs, name } => cli::datasets::mount(&context, &name, true, &dirs),
         Command::Unmount { dirs, name } => cli::datasets::mount(&context, &name, false, &dirs),
-        Command::Clone { dirs, origin, name } => {
-            cli::datasets::clone(&context, &origin, &name, &dirs)
-        }
+        Command::Clone {
+            dirs,
+            origin,
+            name,
+            options,
+        } => cli::datasets::clone(&context, &origin, &name, &options, &dirs),
         Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
         Command::Rollback {
             recursive,

@@ -1237,3 +1237,158 @@ fn buffered_and_direct_io_on_one_file_agree_and_fio_verifies_both() {
     let gone = direct.read_at(block.bytes(), 0).unwrap_err();
     assert_eq!(gone.raw_os_error(), Some(libc::ENOTCONN), "{gone}");
 }
+
+/// The names in directory `dir`, sorted.
+fn names_in(dir: &Path) -> Vec<String> {
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    names
+}
+
+/// Waits (10 s at most) until the tree at `root` is `expected` (a mount
+/// replaced by the server takes a moment).
+fn wait_tree(root: &Path, expected: &[(String, Option<Vec<u8>>)], what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let now = std::panic::catch_unwind(|| tree(root));
+        if now.as_deref().ok() == Some(expected) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: the tree is not as expected"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn snapshots_show_under_dot_zfs_and_rollback_and_clone_are_mounted() {
+    let (mut pool, mnt, _unmount) = served_filesystem("fssnap");
+    let name = pool.name.clone();
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    std::fs::write(mnt.join("d/a"), b"first").unwrap();
+    std::fs::write(mnt.join("big"), distinct_bytes(3 << 20, 9)).unwrap();
+    std::os::unix::fs::symlink("d/a", mnt.join("link")).unwrap();
+    std::fs::hard_link(mnt.join("d/a"), mnt.join("hard")).unwrap();
+    // A file fio writes with checksums, read back from the snapshot later.
+    tool(
+        "fio",
+        &[
+            "--name=snap",
+            &format!("--filename={}", mnt.join("fio.bin").display()),
+            "--size=8M",
+            "--rw=randwrite",
+            "--bs=16k",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--iodepth=64",
+            "--verify=crc32c",
+            "--do_verify=0",
+            "--randseed=7",
+        ],
+    );
+    let one = tree(&mnt);
+    pool.admin(&["snapshot", &format!("{name}/fs@one")]);
+    std::fs::write(mnt.join("d/a"), b"second").unwrap();
+    std::fs::remove_file(mnt.join("big")).unwrap();
+    std::fs::write(mnt.join("new"), b"new").unwrap();
+    std::fs::rename(mnt.join("link"), mnt.join("d/moved")).unwrap();
+    std::fs::write(mnt.join("fio.bin"), distinct_bytes(1 << 20, 3)).unwrap();
+    let two = tree(&mnt);
+    pool.admin(&["snapshot", &format!("{name}/fs@two")]);
+    std::fs::write(mnt.join("after"), b"after").unwrap();
+
+    // `.zfs` is found by name, not listed; each snapshot is as it was.
+    assert!(!names_in(&mnt).contains(&".zfs".to_string()));
+    let snapshots = mnt.join(".zfs/snapshot");
+    assert_eq!(names_in(&mnt.join(".zfs")), ["snapshot"]);
+    assert_eq!(names_in(&snapshots), ["one", "two"]);
+    assert_eq!(tree(&snapshots.join("one")), one, "@one");
+    assert_eq!(tree(&snapshots.join("two")), two, "@two");
+    tool(
+        "fio",
+        &[
+            "--name=snap",
+            &format!("--filename={}", snapshots.join("one/fio.bin").display()),
+            "--size=8M",
+            "--rw=randread",
+            "--bs=16k",
+            "--ioengine=io_uring",
+            "--direct=1",
+            "--iodepth=64",
+            "--verify=crc32c",
+            "--readonly",
+        ],
+    );
+    // Read-only, and nothing crosses between a snapshot and the head.
+    let refused = std::fs::write(snapshots.join("one/x"), b"x").unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EROFS), "{refused}");
+    let refused = std::fs::create_dir(mnt.join(".zfs")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EEXIST), "{refused}");
+    let refused = std::fs::hard_link(snapshots.join("one/d/a"), mnt.join("x")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EXDEV), "{refused}");
+    let listed = pool.admin(&["list", "-t", "snapshot", &name]);
+    assert!(
+        listed.contains("fs@one") && listed.contains("fs@two"),
+        "{listed}"
+    );
+
+    // A rollback past @two needs -r; then the server mounts @one's tree,
+    // and a file open in the old tree fails instead of reading stale data.
+    let open = std::fs::File::open(mnt.join("new")).unwrap();
+    let control = pool.control().display().to_string();
+    let refused = pool.fails(&["--control", &control, "rollback", &format!("{name}/fs@one")]);
+    assert!(refused.contains("use -r"), "{refused}");
+    pool.admin(&["rollback", "-r", &format!("{name}/fs@one")]);
+    wait_tree(&mnt, &one, "after rollback");
+    let mut buffer = [0u8; 3];
+    assert!(
+        open.read_at(&mut buffer, 0).is_err(),
+        "stale read after rollback"
+    );
+    drop(open);
+    assert_eq!(names_in(&snapshots), ["one"]);
+
+    // A clone of @one mounts where it is told, and changes on its own.
+    let clone_mnt = pool.path("clone");
+    let _unmount_clone = Unmount(clone_mnt.clone());
+    pool.admin(&[
+        "clone",
+        &format!("{name}/fs@one"),
+        &format!("{name}/c"),
+        "-o",
+        &format!("mountpoint={}", clone_mnt.display()),
+    ]);
+    wait_mounted(&pool, &clone_mnt);
+    assert_eq!(tree(&clone_mnt), one, "clone");
+    std::fs::write(clone_mnt.join("d/a"), b"clone's").unwrap();
+    assert_eq!(std::fs::read(mnt.join("d/a")).unwrap(), b"first");
+    assert_eq!(std::fs::read(snapshots.join("one/d/a")).unwrap(), b"first");
+    assert_check_clean(&pool);
+
+    // After a restart, all of it is still there.
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    wait_mounted(&pool, &clone_mnt);
+    assert_eq!(tree(&snapshots.join("one")), one, "@one after a restart");
+    assert_eq!(std::fs::read(clone_mnt.join("d/a")).unwrap(), b"clone's");
+    // The clone holds @one, and so the filesystem, until it goes.
+    let refused = pool.fails(&[
+        "--control",
+        &control,
+        "destroy",
+        "-r",
+        &format!("{name}/fs"),
+    ]);
+    assert!(refused.contains("dependent clones"), "{refused}");
+    pool.admin(&["destroy", &format!("{name}/c")]);
+    wait_unmounted(&clone_mnt, "the destroyed clone is still mounted");
+    pool.admin(&["destroy", "-r", &format!("{name}/fs")]);
+    wait_unmounted(&mnt, "the destroyed filesystem is still mounted");
+    stop_and_check(&mut pool);
+}

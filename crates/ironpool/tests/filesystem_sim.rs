@@ -1020,7 +1020,10 @@ fn snapshot_run(seed: u64) {
             );
 
             // A clone of s1 starts as s1 and then goes its own way.
-            let clone = pool.clone_filesystem("tank/fs@s1", "tank/c").await.unwrap();
+            let clone = pool
+                .clone_filesystem("tank/fs@s1", "tank/c", Default::default())
+                .await
+                .unwrap();
             verify(&pool, &clone, &taken[1], &format!("seed {seed} clone")).await;
             let clone_model = RefCell::new(taken[1].clone());
             for _ in 0..150 {

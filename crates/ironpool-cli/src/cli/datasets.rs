@@ -196,11 +196,18 @@ pub fn mount(context: &Context, name: &str, wanted: bool, dirs: &[PathBuf]) -> R
     Ok(())
 }
 
-pub fn clone(context: &Context, origin: &str, name: &str, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn clone(
+    context: &Context,
+    origin: &str,
+    name: &str,
+    options: &[String],
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     let pool = pool_of(origin);
     if pool_of(name) != pool {
         return Err("a clone lives in its origin's pool".into());
     }
+    let properties = super::assignments(options)?;
     let result = admin(
         context,
         pool,
@@ -208,6 +215,7 @@ pub fn clone(context: &Context, origin: &str, name: &str, dirs: &[PathBuf]) -> R
         Command::Clone {
             origin: origin.to_string(),
             name: name.to_string(),
+            properties,
         },
     )?;
     done(

@@ -380,13 +380,7 @@ pub fn fs_create(
     let (pool, _) = name
         .split_once('/')
         .ok_or_else(|| format!("'{name}': filesystems are named POOL/NAME"))?;
-    let mut properties = BTreeMap::new();
-    for option in options {
-        let (key, value) = option
-            .split_once('=')
-            .ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
-        properties.insert(key.to_string(), value.to_string());
-    }
+    let properties = assignments(options)?;
     let result = admin(
         context,
         pool,
@@ -405,6 +399,18 @@ pub fn fs_create(
         );
     }
     Ok(())
+}
+
+/// `-o key=value` options as properties.
+pub fn assignments(options: &[String]) -> Result<BTreeMap<String, String>, String> {
+    let mut properties = BTreeMap::new();
+    for option in options {
+        let (key, value) = option
+            .split_once('=')
+            .ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
+        properties.insert(key.to_string(), value.to_string());
+    }
+    Ok(properties)
 }
 
 pub fn fs_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), String> {

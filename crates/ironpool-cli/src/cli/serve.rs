@@ -15,7 +15,7 @@ use std::sync::Arc;
 
 use ironpool::control::metrics::MetricsServer;
 use ironpool::control::server::ControlServer;
-use ironpool::fuse::{Mount, UNMOUNT_PATIENCE};
+use ironpool::fuse::{Mount, RETIRED_PATIENCE, UNMOUNT_PATIENCE};
 use ironpool::nbd::engine::{self, SharedStats};
 use ironpool::nbd::server::{BoundListener, Listen, NbdServer};
 use ironpool::pool::filesystem::mountpoint;
@@ -341,11 +341,16 @@ fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>
         if let Some(mount) = mount {
             pool.note_mount(&name, None);
             let path = mount.mountpoint().display().to_string();
-            // Detached at once; the session ends when its last open file
-            // closes, which need not hold up the other mounts.
+            // Detached now, before a replacement (a rolled-back filesystem)
+            // is mounted on the same path; the session ends when its last
+            // open file closes, which need not hold up the other mounts.
+            // Files open in a filesystem rolled back or destroyed get only
+            // ESTALE: their session is aborted after a second.
+            mount.detach();
+            let patience = mount.serves_retired().then_some(RETIRED_PATIENCE);
             let pool_name = pool.name().to_string();
             rt::spawn(async move {
-                mount.stop(None).await;
+                mount.stop(patience).await;
                 eprintln!("ironpool: unmounted {pool_name}/{name} from {path}");
             });
         }

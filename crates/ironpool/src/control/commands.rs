@@ -75,6 +75,9 @@ pub enum Command {
     Clone {
         origin: String,
         name: String,
+        /// Properties of the clone (`clone -o key=value`).
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
     },
     Promote {
         name: String,
@@ -248,10 +251,18 @@ impl Command {
                 push("destroy");
                 push(name);
             }
-            Command::Clone { origin, name } => {
+            Command::Clone {
+                origin,
+                name,
+                properties,
+            } => {
                 push("clone");
                 push(origin);
                 push(name);
+                for (key, value) in properties {
+                    push("-o");
+                    push(&format!("{key}={value}"));
+                }
             }
             Command::Promote { name } => {
                 push("promote");
@@ -658,7 +669,11 @@ async fn run(
                         .visible_volumes()
                         .iter()
                         .map(|volume| volume.name.clone())
-                        .chain(pool.filesystems().into_iter().map(|(_, fs)| fs.name.clone()))
+                        .chain(
+                            pool.filesystems()
+                                .into_iter()
+                                .map(|(_, fs)| fs.name.clone()),
+                        )
                         .collect();
                     targets.extend(
                         all.into_iter()
@@ -705,14 +720,25 @@ async fn run(
             pool.destroy_snapshot(&name).await?;
             Ok(json!({ "destroyed": name }))
         }
-        Command::Clone { origin, name } => {
+        Command::Clone {
+            origin,
+            name,
+            properties,
+        } => {
             let of_filesystem =
                 crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), &origin)
                     .is_some_and(|(dataset, _)| pool.filesystem(dataset).is_ok());
             let made = if of_filesystem {
-                pool.clone_filesystem(&origin, &name).await?.name.clone()
+                pool.clone_filesystem(&origin, &name, properties)
+                    .await?
+                    .name
+                    .clone()
             } else {
-                pool.clone_snapshot(&origin, &name).await?.name.clone()
+                let made = pool.clone_snapshot(&origin, &name).await?.name.clone();
+                if !properties.is_empty() {
+                    pool.set_properties(&made, &properties).await?;
+                }
+                made
             };
             Ok(json!({ "name": made, "origin": origin }))
         }

@@ -18,6 +18,7 @@
 //! filesystem layer; `fsync` commits a txg.
 
 pub mod proto;
+mod snapdir;
 mod uring;
 
 pub use uring::SLOTS_MAX;
@@ -69,6 +70,10 @@ const ATTR_VALID_SECONDS: u64 = 24 * 60 * 60;
 /// How long a server that stops waits for files still open on a
 /// filesystem it unmounted before it aborts the connection.
 pub const UNMOUNT_PATIENCE: Duration = Duration::from_secs(5);
+/// How long a mount of a filesystem rolled back or destroyed waits for
+/// the kernel to end its session (at once when no file is open in it)
+/// before it aborts it: the files still open only get `ESTALE`.
+pub const RETIRED_PATIENCE: Duration = Duration::from_secs(1);
 /// Largest directory listing reply (the kernel asks for a page at a time).
 const READDIR_BYTES_MAX: usize = 64 * 1024;
 
@@ -81,6 +86,8 @@ pub struct Mount {
     /// changed).
     flags: Cell<libc::c_ulong>,
     mountpoint: PathBuf,
+    /// Unmounted from its path already ([`Mount::detach`]).
+    detached: Cell<bool>,
     device: OwnedFd,
     session: Rc<Session>,
     readers: Vec<rt::JoinHandle<()>>,
@@ -101,6 +108,8 @@ struct Session {
     buffers: RefCell<Vec<AlignedBuf>>,
     /// Requests being served: one unit each, [`SERVED_MAX`] in all.
     serving: Rc<Semaphore>,
+    /// The snapshots `.zfs/snapshot` gave node-id slots to.
+    snapshot_slots: RefCell<snapdir::Slots>,
 }
 
 /// The flags a mount of `fs` has: no set-user-id programs, no device
@@ -250,6 +259,7 @@ impl Mount {
             uring: RefCell::new(None),
             buffers: RefCell::default(),
             serving: Semaphore::new(SERVED_MAX as u64),
+            snapshot_slots: RefCell::default(),
         });
         let readers = (0..READS_POSTED)
             .map(|_| rt::spawn(reader(session.clone())))
@@ -258,6 +268,7 @@ impl Mount {
             connection: connection_of(mountpoint),
             flags: Cell::new(mount_flags(&session.fs)),
             mountpoint: mountpoint.to_path_buf(),
+            detached: Cell::new(false),
             device,
             session,
             readers,
@@ -302,6 +313,25 @@ impl Mount {
         Rc::ptr_eq(&self.session.fs, fs)
     }
 
+    /// Whether the filesystem it serves was rolled back or destroyed: its
+    /// open files only get `ESTALE` from now on.
+    pub fn serves_retired(&self) -> bool {
+        self.session.fs.is_retired()
+    }
+
+    /// Takes the mount off its path (lazily: open files keep it alive), at
+    /// once and only once. A replacement may be mounted on the same path
+    /// right after: the unmount must not reach that one.
+    pub fn detach(&self) {
+        if self.detached.replace(true) {
+            return;
+        }
+        if let Ok(target) = c_path(&self.mountpoint) {
+            // SAFETY: a NUL-terminated path; umount2 reads it only.
+            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+
     /// Unmounts (lazily: open files keep working until closed, then the
     /// kernel lets go) and waits for the readers, which end when the kernel
     /// ends the session. With `patience`, a session that files still open
@@ -309,10 +339,7 @@ impl Mount {
     /// aborted: a server that stops does not wait on its users forever,
     /// and they get `ENOTCONN` from then on.
     pub async fn stop(self, patience: Option<Duration>) {
-        if let Ok(target) = c_path(&self.mountpoint) {
-            // SAFETY: a NUL-terminated path; umount2 reads it only.
-            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-        }
+        self.detach();
         let readers = futures_util::future::join_all(self.readers);
         let mut readers = std::pin::pin!(readers);
         if let Some(patience) = patience {
@@ -422,8 +449,34 @@ fn to_fuse(attr: &Attr) -> proto::Attr {
     }
 }
 
-fn entry(attr: &Attr) -> Vec<u8> {
-    proto::entry_out(&to_fuse(attr), attr.znode.generation, ATTR_VALID_SECONDS)
+/// The entry of `attr`, an object of the filesystem in node-id slot `slot`.
+fn entry(slot: u64, attr: &Attr) -> Vec<u8> {
+    proto::entry_out(
+        &to_fuse(&in_slot(slot, attr)),
+        attr.znode.generation,
+        ATTR_VALID_SECONDS,
+    )
+}
+
+/// `attr` with its node id for slot `slot` ([`snapdir`]).
+fn in_slot(slot: u64, attr: &Attr) -> Attr {
+    Attr {
+        ino: snapdir::node_id(slot, attr.ino),
+        ..*attr
+    }
+}
+
+/// The reply to STATFS: the pool's space, the mounted filesystem's objects.
+fn statfs(session: &Session) -> Result<Vec<u8>, FsError> {
+    let stats = session.fs.stats(&session.pool);
+    let block = 4096u64;
+    Ok(proto::statfs_out(
+        stats.total_bytes / block,
+        stats.free_bytes / block,
+        stats.objects + stats.free_bytes / block,
+        stats.free_bytes / block,
+        block as u32,
+    ))
 }
 
 /// Registers the io_uring transport's slots (after the INIT reply that
@@ -494,51 +547,39 @@ async fn serve(
     request: proto::Request<'_>,
 ) -> Result<Vec<u8>, FsError> {
     use proto::Request;
-    let fs = &session.fs;
+    let (fs, node, slot) = match snapdir::route(session, header.nodeid).await? {
+        snapdir::Route::Control(node) => return snapdir::serve(session, node, request).await,
+        snapdir::Route::Fs { fs, ino, slot } => (fs, ino, slot),
+    };
+    let fs = &fs;
     let pool = &session.pool;
-    let node = header.nodeid;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
+    let entry = |attr: &Attr| entry(slot, attr);
+    // `.zfs` in the root is the control directory: no file takes its name.
+    let reserved = |parent: u64, name: &[u8]| {
+        if slot == 0 && parent == fs.root() && name == snapdir::CONTROL_NAME {
+            Err(FsError::Exists)
+        } else {
+            Ok(())
+        }
+    };
+    // A link or a rename stays within one filesystem (the head, or one
+    // snapshot, which refuses it anyway).
+    let same_slot = |other: u64| -> Result<u64, FsError> {
+        let (other_slot, ino) = snapdir::split(other);
+        if other_slot == slot {
+            Ok(ino)
+        } else {
+            Err(FsError::CrossDevice)
+        }
+    };
     match request {
         Request::Init {
             major,
             minor,
             flags,
             ..
-        } => {
-            if major != proto::KERNEL_VERSION {
-                return Err(FsError::Invalid(format!("FUSE major version {major}")));
-            }
-            // Not asked for: the kernel's writeback cache
-            // (FUSE_WRITEBACK_CACHE). Measured with fio psync on a 1 GiB
-            // file, one run: buffered 4K random writes 1.75x, 4K
-            // sequential writes 5x, 1M sequential writes 1.1x. But with it
-            // the kernel keeps a regular file's ctime and mtime itself,
-            // and four pjdfstest cases fail (the ctime of an unlink and of
-            // a rename, utimensat's UTIME_NOW, O_TRUNC's times): off until
-            // the server follows those rules.
-            let wanted = proto::ASYNC_READ
-                | proto::BIG_WRITES
-                | proto::ASYNC_DIO
-                | proto::PARALLEL_DIROPS
-                | proto::MAX_PAGES;
-            // FUSE over io_uring: asked for in flags2, behind INIT_EXT,
-            // when the kernel offers it (it sets INIT_EXT itself then).
-            let uring = session.uring_offered.is_ok() && flags & proto::INIT_EXT != 0;
-            session.start_uring.set(uring);
-            let (ext, flags2) = if uring {
-                (proto::INIT_EXT, proto::OVER_IO_URING_FLAGS2)
-            } else {
-                (0, 0)
-            };
-            Ok(proto::init_out(
-                minor.min(proto::KERNEL_MINOR_VERSION),
-                (flags & wanted) | ext,
-                flags2,
-                MAX_BACKGROUND,
-                MAX_WRITE_BYTES,
-                MAX_PAGES,
-            ))
-        }
+        } => init(session, major, minor, flags),
         Request::Release => {
             fs.release(pool, node).await?;
             Ok(Vec::new())
@@ -551,13 +592,16 @@ async fn serve(
         Request::Forget | Request::Interrupt => Ok(Vec::new()),
         // An absent name is answered with node 0 and a timeout, which the
         // kernel caches as a negative entry (an error it would ask again).
+        Request::Lookup { name } if reserved(node, name).is_err() => {
+            snapdir::control_entry(session, snapdir::ZFS_DIR).await
+        }
         Request::Lookup { name } => match fs.lookup(node, name).await {
             Ok(attr) => Ok(entry(&attr)),
             Err(FsError::NotFound) => Ok(proto::negative_entry_out(ATTR_VALID_SECONDS)),
             Err(error) => Err(error),
         },
         Request::Getattr => Ok(proto::attr_out(
-            &to_fuse(&fs.getattr(node).await?),
+            &to_fuse(&in_slot(slot, &fs.getattr(node).await?)),
             ATTR_VALID_SECONDS,
         )),
         Request::Setattr(change) => {
@@ -583,10 +627,14 @@ async fn serve(
                 mtime: time(change.mtime, proto::FATTR_MTIME_NOW, proto::FATTR_MTIME),
             };
             let attr = fs.setattr(pool, node, set).await?;
-            Ok(proto::attr_out(&to_fuse(&attr), ATTR_VALID_SECONDS))
+            Ok(proto::attr_out(
+                &to_fuse(&in_slot(slot, &attr)),
+                ATTR_VALID_SECONDS,
+            ))
         }
         Request::Readlink => fs.readlink(node).await,
         Request::Symlink { name, target } => {
+            reserved(node, name)?;
             let new = NewObject {
                 target: Some(target),
                 ..owned(S_IFLNK | 0o777)
@@ -596,6 +644,7 @@ async fn serve(
         Request::Mknod {
             name, mode, rdev, ..
         } => {
+            reserved(node, name)?;
             let new = NewObject {
                 rdev: u64::from(rdev),
                 ..owned(mode)
@@ -603,6 +652,7 @@ async fn serve(
             Ok(entry(&fs.create(pool, node, name, &new).await?))
         }
         Request::Mkdir { name, mode, .. } => {
+            reserved(node, name)?;
             let mode = S_IFDIR | (mode & 0o7777);
             Ok(entry(&fs.create(pool, node, name, &owned(mode)).await?))
         }
@@ -616,11 +666,18 @@ async fn serve(
             name,
             new_name,
             flags,
-        } => fs
-            .rename(pool, node, name, new_dir, new_name, flags)
-            .await
-            .map(|()| Vec::new()),
-        Request::Link { old_node, name } => Ok(entry(&fs.link(pool, old_node, node, name).await?)),
+        } => {
+            let new_dir = same_slot(new_dir)?;
+            reserved(new_dir, new_name)?;
+            fs.rename(pool, node, name, new_dir, new_name, flags)
+                .await
+                .map(|()| Vec::new())
+        }
+        Request::Link { old_node, name } => {
+            let old_node = same_slot(old_node)?;
+            reserved(node, name)?;
+            Ok(entry(&fs.link(pool, old_node, node, name).await?))
+        }
         Request::Open { flags } => {
             let attr = fs.getattr(node).await?;
             if attr.znode.is_dir() {
@@ -633,6 +690,7 @@ async fn serve(
         Request::Create {
             name, flags, mode, ..
         } => {
+            reserved(node, name)?;
             let mode = if mode & S_IFMT == 0 {
                 mode | S_IFREG
             } else {
@@ -658,17 +716,7 @@ async fn serve(
             let written = fs.write(pool, node, offset, data).await?;
             Ok(proto::write_out(written as u32))
         }
-        Request::Statfs => {
-            let stats = fs.stats(pool);
-            let block = 4096u64;
-            Ok(proto::statfs_out(
-                stats.total_bytes / block,
-                stats.free_bytes / block,
-                stats.objects + stats.free_bytes / block,
-                stats.free_bytes / block,
-                block as u32,
-            ))
-        }
+        Request::Statfs => statfs(session),
         Request::Fsync { .. } | Request::Fsyncdir => {
             pool.commit().await?;
             fs.count_flush();
@@ -680,8 +728,8 @@ async fn serve(
             // Each entry takes at least 32 bytes: ask for no more than fit.
             let entries = fs.readdir(node, offset, limit / 32 + 1).await?;
             for (next, entry) in entries {
-                if !proto::push_dirent(&mut out, limit, entry.object, next, entry.kind, &entry.name)
-                {
+                let ino = snapdir::node_id(slot, entry.object);
+                if !proto::push_dirent(&mut out, limit, ino, next, entry.kind, &entry.name) {
                     break;
                 }
             }
@@ -705,6 +753,43 @@ async fn serve(
         }
         Request::Unsupported(_) => Err(FsError::NotSupported),
     }
+}
+
+/// The reply to INIT: what the server asks of the kernel.
+fn init(session: &Session, major: u32, minor: u32, flags: u32) -> Result<Vec<u8>, FsError> {
+    if major != proto::KERNEL_VERSION {
+        return Err(FsError::Invalid(format!("FUSE major version {major}")));
+    }
+    // Not asked for: the kernel's writeback cache
+    // (FUSE_WRITEBACK_CACHE). Measured with fio psync on a 1 GiB
+    // file, one run: buffered 4K random writes 1.75x, 4K
+    // sequential writes 5x, 1M sequential writes 1.1x. But with it
+    // the kernel keeps a regular file's ctime and mtime itself,
+    // and four pjdfstest cases fail (the ctime of an unlink and of
+    // a rename, utimensat's UTIME_NOW, O_TRUNC's times): off until
+    // the server follows those rules.
+    let wanted = proto::ASYNC_READ
+        | proto::BIG_WRITES
+        | proto::ASYNC_DIO
+        | proto::PARALLEL_DIROPS
+        | proto::MAX_PAGES;
+    // FUSE over io_uring: asked for in flags2, behind INIT_EXT,
+    // when the kernel offers it (it sets INIT_EXT itself then).
+    let uring = session.uring_offered.is_ok() && flags & proto::INIT_EXT != 0;
+    session.start_uring.set(uring);
+    let (ext, flags2) = if uring {
+        (proto::INIT_EXT, proto::OVER_IO_URING_FLAGS2)
+    } else {
+        (0, 0)
+    };
+    Ok(proto::init_out(
+        minor.min(proto::KERNEL_MINOR_VERSION),
+        (flags & wanted) | ext,
+        flags2,
+        MAX_BACKGROUND,
+        MAX_WRITE_BYTES,
+        MAX_PAGES,
+    ))
 }
 
 /// The reply to a GETXATTR or LISTXATTR whose caller has `size` bytes for

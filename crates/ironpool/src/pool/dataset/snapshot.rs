@@ -19,6 +19,7 @@
 //! - **Rollback** frees the volume's blocks born after the snapshot and takes the
 //!   snapshot's tree back.
 
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde::Serialize;
@@ -518,12 +519,18 @@ impl Pool {
 
     /// Creates filesystem `clone` from snapshot `origin` of a filesystem,
     /// sharing its blocks. It takes the origin's properties but its
-    /// mountpoint (its own default, `/POOL/CLONE`).
+    /// mountpoint (its own default, `/POOL/CLONE`), then `properties`.
     pub async fn clone_filesystem(
         self: &Rc<Self>,
         origin: &str,
         clone: &str,
+        properties: BTreeMap<String, String>,
     ) -> Result<Rc<Filesystem>, PoolError> {
+        let mut checked = BTreeMap::new();
+        for (key, value) in &properties {
+            let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
+            checked.insert(key.clone(), value);
+        }
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let clone_short = self.new_dataset_name(clone)?;
@@ -535,6 +542,7 @@ impl Pool {
             .ok_or_else(|| PoolError::InvalidArgument(format!("{origin}: not a filesystem's")))?
             .properties;
         properties.remove("mountpoint");
+        properties.extend(checked);
         let (origin_name, lineage, table) = self.clone_head(origin).await?;
         let fs = self
             .add_filesystem(&clone_short, table, properties, lineage)
@@ -676,7 +684,12 @@ impl Pool {
         if let Some(fs) = fs {
             // The filesystem's objects are the snapshot's now: a new set
             // over the table, and the old one serves no more requests.
-            self.reopen_filesystem(volume, &fs).await?;
+            let fs = self.reopen_filesystem(volume, &fs).await?;
+            // Files the snapshot holds open with no names left are freed
+            // now, as an import would.
+            fs.reclaim_unlinked(self)
+                .await
+                .map_err(|error| PoolError::Io(format!("{}: {error}", fs.name)))?;
         }
         drop(hold);
         Ok(())

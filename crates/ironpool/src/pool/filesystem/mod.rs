@@ -64,6 +64,10 @@ pub const RECORD_BYTES_MAX: u32 = 1 << 20;
 const FILE_BLOCK_SHIFT_MIN: u8 = 9;
 /// Largest file: 2^50 bytes (1 PiB); within what block trees address.
 pub const FILE_SIZE_MAX_BYTES: u64 = 1 << 50;
+/// Objects one filesystem numbers (2^48): FUSE names an inode by 64 bits,
+/// and the mount keeps the top 16 for the snapshots it shows (`.zfs`).
+/// At a million files a second, nine years of creates.
+pub const OBJECTS_MAX: u64 = 1 << 48;
 /// Most links to one file (as ext4's 65,000).
 pub const LINK_MAX: u64 = 65_000;
 /// Longest symbolic link target (Linux's PATH_MAX).
@@ -128,6 +132,9 @@ pub enum FsError {
     ReadOnly,
     #[error("operation not supported")]
     NotSupported,
+    /// A link or a rename between a filesystem and one of its snapshots.
+    #[error("cross-device link")]
+    CrossDevice,
     #[error("no such extended attribute")]
     NoAttribute,
     /// `xattr=off`, or a POSIX ACL (not supported).
@@ -162,6 +169,7 @@ impl FsError {
             FsError::TooBig => libc::EFBIG,
             FsError::ReadOnly | FsError::Pool(PoolError::ReadOnly(_)) => libc::EROFS,
             FsError::NotSupported => libc::ENOSYS,
+            FsError::CrossDevice => libc::EXDEV,
             FsError::NoAttribute => libc::ENODATA,
             FsError::XattrsOff => libc::EOPNOTSUPP,
             FsError::Range => libc::ERANGE,
@@ -556,6 +564,11 @@ impl Filesystem {
         self.retired.set(true);
     }
 
+    /// Whether it was rolled back or destroyed ([`Filesystem::retire`]).
+    pub fn is_retired(&self) -> bool {
+        self.retired.get()
+    }
+
     /// Whether this is a snapshot's read-only view.
     pub fn is_snapshot(&self) -> bool {
         self.snapshot
@@ -732,6 +745,9 @@ impl Filesystem {
         let _exclusive = self.lock.acquire(LOCK_UNITS).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
+        if self.header.get().next_object >= OBJECTS_MAX {
+            return Err(FsError::NoSpace);
+        }
         let kind = mode & S_IFMT;
         let mode = if kind == 0 { mode | S_IFREG } else { mode };
         if (mode & S_IFMT == S_IFLNK) != target.is_some() {
@@ -1001,6 +1017,10 @@ impl Filesystem {
     /// A handle to file `ino` was released; the last one of a file with no
     /// names left frees it.
     pub async fn release(&self, pool: &Rc<Pool>, ino: u64) -> Result<(), FsError> {
+        if self.snapshot {
+            // Read-only: a snapshot's file with no names is freed with it.
+            return Ok(());
+        }
         {
             let mut handles = self.open_handles.borrow_mut();
             let Some(count) = handles.get_mut(&ino) else {
@@ -1048,8 +1068,10 @@ impl Filesystem {
     }
 
     /// Frees the files a crash left unlinked but not yet freed (open when
-    /// their last name went). Run at import, before anything is served.
-    async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
+    /// their last name went). Run at import, before anything is served,
+    /// and by a rollback (to a snapshot taken while one was open), which
+    /// holds txg builds off meanwhile.
+    pub(in crate::pool) async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
         let mut freed = 0;
         for object in self.live_objects().await? {
             let dnode = object.dnode();
@@ -2017,7 +2039,7 @@ impl Pool {
         &self,
         short: &str,
         old: &Filesystem,
-    ) -> Result<(), PoolError> {
+    ) -> Result<Rc<Filesystem>, PoolError> {
         old.retire();
         let record = self
             .filesystem_record(short)
@@ -2025,8 +2047,10 @@ impl Pool {
         let fs = self
             .open_head_filesystem(short, old.table.clone(), &record)
             .await?;
-        self.filesystems.borrow_mut().insert(short.to_string(), fs);
-        Ok(())
+        self.filesystems
+            .borrow_mut()
+            .insert(short.to_string(), fs.clone());
+        Ok(fs)
     }
 
     /// The read-only filesystem of snapshot `POOL/FS@SNAP` (what

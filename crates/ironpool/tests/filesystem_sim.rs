@@ -1109,3 +1109,59 @@ fn snapshots_clones_and_rollback_of_a_filesystem_keep_every_tree() {
         snapshot_run(seed);
     }
 }
+
+/// Small writes far apart in a sparse file, with no commit asked for: each
+/// dirties an indirect block of its own, 16 KiB of metadata for 4 KiB of
+/// data. The filesystem's dirty metadata counts toward the write throttle,
+/// which holds it at the limit by committing, instead of letting it grow
+/// until the timed commit (the data alone would not start one).
+#[test]
+fn a_filesystem_s_dirty_metadata_is_throttled() {
+    const LIMIT: u64 = 1 << 20;
+    let disks = devices(2, DEVICE_BYTES, 5);
+    Runtime::new_sim(5).block_on(async move {
+        let tunables = ironpool::pool::PoolTunables {
+            dirty_sync_bytes: LIMIT / 2,
+            dirty_max_bytes: LIMIT,
+            ..manual_commits()
+        };
+        let pool =
+            Pool::create_on_devices("tank", layout(&disks, TopVdevKind::Mirror), false, tunables)
+                .await
+                .unwrap();
+        let properties = [("recordsize".to_string(), "4K".to_string())].into();
+        let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+        let attr = fs
+            .create(
+                &pool,
+                fs.root(),
+                b"sparse",
+                &NewObject::owned(S_IFREG | 0o644, 0, 0),
+            )
+            .await
+            .unwrap();
+        // Grown past one block first, so later writes use 4 KiB records.
+        fs.write(&pool, attr.ino, 0, &[1u8; 8192]).await.unwrap();
+        let start = pool.txg().durable();
+        let mut most = 0;
+        for index in 1..1000u64 {
+            let block = index.to_le_bytes().repeat(512);
+            fs.write(&pool, attr.ino, index * (4096 * 1024), &block)
+                .await
+                .unwrap();
+            most = most.max(pool.dirty_metadata_bytes());
+        }
+        // One write's nodes past the limit at most.
+        assert!(most <= LIMIT + (64 << 10), "{most} bytes of dirty metadata");
+        assert!(pool.txg().durable() > start + 2, "no commit made room");
+        for index in [1u64, 500, 999] {
+            let read = fs
+                .read(&pool, attr.ino, index * (4096 * 1024), 4096, false)
+                .await
+                .unwrap();
+            assert_eq!(read, index.to_le_bytes().repeat(512));
+        }
+        space_is_clean(&pool, "after the writes").await;
+        pool.export().await.unwrap();
+    });
+}

@@ -227,11 +227,11 @@ impl TxgState {
     /// The write throttle: holds a writer while dirty metadata is over the limit.
     pub async fn throttle(&self, pool: &Pool) {
         let limit = pool.tunables.borrow().dirty_max_bytes;
-        while pool.objects.dirty_bytes() > limit && !self.failed() && !self.stopping.get() {
+        while pool.dirty_metadata_bytes() > limit && !self.failed() && !self.stopping.get() {
             self.request(self.open.get());
             self.done.notified().await;
         }
-        if pool.objects.dirty_bytes() > pool.tunables.borrow().dirty_sync_bytes {
+        if pool.dirty_metadata_bytes() > pool.tunables.borrow().dirty_sync_bytes {
             self.request(self.open.get());
         }
     }
@@ -280,7 +280,7 @@ async fn sync_loop(pool: Rc<Pool>) {
         let timeout = pool.tunables.borrow().txg_timeout;
         let since = rt::now().duration_since(state.last_commit.get());
         let requested = state.requested.get() >= state.open.get();
-        let dirty = pool.objects.dirty_bytes() >= pool.tunables.borrow().dirty_sync_bytes
+        let dirty = pool.dirty_metadata_bytes() >= pool.tunables.borrow().dirty_sync_bytes
             || state.data_bytes_open.get() >= data_sync_bytes(&pool);
         if state.stopping.get() && retry.is_none() && !pool.has_changes() {
             break;
@@ -374,7 +374,7 @@ pub fn update_dirty_percent(pool: &Pool) {
             limit => pool.dirty_data_bytes() * 100 / limit,
         };
         (
-            pool.objects.dirty_bytes() * 100 / tunables.dirty_sync_bytes.max(1),
+            pool.dirty_metadata_bytes() * 100 / tunables.dirty_sync_bytes.max(1),
             held,
         )
     };
@@ -407,7 +407,7 @@ pub fn data_sync_bytes(pool: &Pool) -> u64 {
 /// its copies (twice over, for blocks freed in this txg that are not reusable
 /// yet), plus room for space map growth. Data allocations leave this free.
 pub fn update_metadata_reserve(pool: &Pool) {
-    let dirty = pool.objects.dirty_bytes();
+    let dirty = pool.dirty_metadata_bytes();
     let metaslabs: u64 = pool
         .store
         .allocator

@@ -742,6 +742,7 @@ impl Filesystem {
             rdev,
             target,
         } = *new;
+        pool.txg.throttle(pool).await;
         let _exclusive = self.lock.acquire(LOCK_UNITS).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
@@ -1526,6 +1527,9 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<usize, FsError> {
+        // Dirty metadata stays bounded: a writer waits for a commit past
+        // the limit (before taking any lock a commit could need).
+        pool.txg.throttle(pool).await;
         let _shared = self.lock.acquire(1).await;
         self.check_writable(pool)?;
         let (object, mut znode) = self.load(ino).await?;
@@ -1924,6 +1928,21 @@ pub(in crate::pool) fn build_step(
         set.reset_dirty_bytes();
     }
     Ok(changed)
+}
+
+impl Pool {
+    /// Bytes of metadata nodes dirtied since the last txg build, the pool's
+    /// and every filesystem's: what the next commit rewrites, so what the
+    /// write throttle, early commits and the metadata reserve count.
+    pub fn dirty_metadata_bytes(&self) -> u64 {
+        self.objects.dirty_bytes()
+            + self
+                .filesystems
+                .borrow()
+                .values()
+                .map(|fs| fs.objects.dirty_bytes())
+                .sum::<u64>()
+    }
 }
 
 /// True when no filesystem object has a change a txg build left out.

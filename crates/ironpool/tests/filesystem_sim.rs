@@ -1006,7 +1006,8 @@ fn snapshot_run(seed: u64) {
                     .await;
                 assert!(matches!(refused, Err(FsError::ReadOnly)), "{refused:?}");
             }
-            verify(&pool, &fs, &model.borrow(), &format!("seed {seed} head")).await;
+            let expected = model.borrow().clone();
+            verify(&pool, &fs, &expected, &format!("seed {seed} head")).await;
             space_is_clean(&pool, &format!("seed {seed} with snapshots")).await;
             let listed = pool.snapshots("tank/fs").await.unwrap();
             assert_eq!(listed.len(), 4);
@@ -1030,7 +1031,8 @@ fn snapshot_run(seed: u64) {
                 step(&pool, &clone, &clone_model, &mut rng).await;
             }
             pool.commit().await.unwrap();
-            verify(&pool, &clone, &clone_model.borrow(), &format!("seed {seed} clone changed")).await;
+            let expected = clone_model.borrow().clone();
+            verify(&pool, &clone, &expected, &format!("seed {seed} clone changed")).await;
             let view = pool.snapshot_filesystem("tank/fs@s1").await.unwrap();
             verify(&pool, &view, &taken[1], &format!("seed {seed} s1 under its clone")).await;
             space_is_clean(&pool, &format!("seed {seed} with a clone")).await;
@@ -1067,14 +1069,16 @@ fn snapshot_run(seed: u64) {
                 .await
                 .unwrap();
             let fs = pool.filesystem("tank/fs").unwrap();
-            verify(&pool, &fs, &model.borrow(), &format!("seed {seed} head after import")).await;
+            let expected = model.borrow().clone();
+            verify(&pool, &fs, &expected, &format!("seed {seed} head after import")).await;
             for index in [0, 1] {
                 let name = format!("tank/fs@s{index}");
                 let view = pool.snapshot_filesystem(&name).await.unwrap();
                 verify(&pool, &view, &taken[index], &format!("seed {seed} {name} after import")).await;
             }
             let clone = pool.filesystem("tank/c").unwrap();
-            verify(&pool, &clone, &clone_model.borrow(), &format!("seed {seed} clone after import")).await;
+            let expected = clone_model.borrow().clone();
+            verify(&pool, &clone, &expected, &format!("seed {seed} clone after import")).await;
             space_is_clean(&pool, &format!("seed {seed} after import")).await;
             let referenced = pool.check_space().await.unwrap().referenced_bytes;
             pool.scrub_start().unwrap();

@@ -341,13 +341,7 @@ pub fn volume_create(
 ) -> Result<(), String> {
     let (pool, _) = split_volume_name(name)?;
     let size_bytes = parse_size(size)?;
-    let mut properties = BTreeMap::new();
-    for option in options {
-        let (key, value) = option
-            .split_once('=')
-            .ok_or_else(|| format!("'-o {option}': use -o key=value"))?;
-        properties.insert(key.to_string(), value.to_string());
-    }
+    let properties = assignments(options)?;
     let result = admin(
         context,
         pool,

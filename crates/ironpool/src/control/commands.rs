@@ -532,9 +532,7 @@ fn check_token_guids(
             .volumes
             .get(volume)?
             .lineage
-            .snapshots
-            .iter()
-            .find(|existing| existing.name == snapshot)
+            .snapshot(snapshot)
             .map(|existing| existing.guid)
     };
     if guid_of(&token.snapshot) != Some(token.to_guid) {
@@ -606,10 +604,7 @@ async fn run(
                 let Some(record) = pool.filesystem_record(&short) else {
                     continue;
                 };
-                let origin =
-                    record.lineage.origin.as_ref().map(|origin| {
-                        format!("{}/{}@{}", pool.name(), origin.volume, origin.snapshot)
-                    });
+                let origin = pool.origin_name(&record.lineage);
                 let snapshots = record.lineage.snapshots.len();
                 let properties = record.properties;
                 let stats = fs.stats(pool);
@@ -918,9 +913,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
             let properties = record
                 .map(|record| record.properties.clone())
                 .unwrap_or_default();
-            let origin = record
-                .and_then(|record| record.lineage.origin.as_ref())
-                .map(|origin| format!("{}/{}@{}", pool.name(), origin.volume, origin.snapshot));
+            let origin = record.and_then(|record| pool.origin_name(&record.lineage));
             let snapshots = record
                 .map(|record| record.lineage.snapshots.len())
                 .unwrap_or(0);

@@ -1183,43 +1183,8 @@ impl Pool {
         self.txg.ensure_writable()?;
         let volume = self.volume(name)?;
         let short = volume.short_name().to_string();
-        let record = self
-            .directory
-            .borrow()
-            .volumes
-            .get(&short)
-            .cloned()
-            .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))?;
-        if !record.lineage.snapshots.is_empty() {
-            if !recursive {
-                let names: Vec<String> = record
-                    .lineage
-                    .snapshots
-                    .iter()
-                    .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
-                    .collect();
-                return Err(PoolError::InvalidArgument(format!(
-                    "{name} has snapshots ({}); use -r to destroy them too",
-                    names.join(", ")
-                )));
-            }
-            if let Some(cloned) = record
-                .lineage
-                .snapshots
-                .iter()
-                .find(|snapshot| !snapshot.clones.is_empty())
-            {
-                return Err(PoolError::InvalidArgument(format!(
-                    "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
-                    self.name,
-                    cloned.name,
-                    cloned.clones.join(", ")
-                )));
-            }
-        }
-        for snapshot in &record.lineage.snapshots {
-            self.check_not_held(&format!("{}/{short}@{}", self.name, snapshot.name))?;
-        }
+        let record = self.volume_record(&short)?;
+        let snapshots = self.snapshots_to_destroy(name, &short, &record.lineage, recursive)?;
         let _writers = self.exclusive(&volume).await?;
         // A log commit in flight finishes first; the chain goes with the volume.
         let _log = self.discard_log(&volume).await;
@@ -1230,8 +1195,8 @@ impl Pool {
         let hold = self.txg.hold_builds();
         volume.begin_destroy();
         self.exports_gone.notify_all();
-        for snapshot in record.lineage.snapshots.iter().rev() {
-            self.destroy_snapshot_locked(&format!("{}/{short}@{}", self.name, snapshot.name))?;
+        for snapshot in snapshots.iter().rev() {
+            self.destroy_snapshot_locked(snapshot)?;
         }
         // Blocks born after the origin are the volume's own (all of them when it
         // is not a clone); older ones, and whatever is on its dead list, belong to

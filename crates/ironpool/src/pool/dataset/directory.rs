@@ -62,6 +62,13 @@ pub struct Lineage {
     pub snapshots: Vec<SnapshotRecord>,
 }
 
+impl Lineage {
+    /// Snapshot `name` of the dataset.
+    pub fn snapshot(&self, name: &str) -> Option<&SnapshotRecord> {
+        self.snapshots.iter().find(|snapshot| snapshot.name == name)
+    }
+}
+
 /// The head of a dataset's intent log chain: the first block replay reads
 /// (written or not yet), the chain it belongs to and its sequence number.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -239,10 +246,7 @@ impl Directory {
     /// The record of snapshot `name` (volume and snapshot), if it exists:
     /// a clone's origin, a send's source.
     pub fn snapshot(&self, name: &SnapshotName) -> Option<&SnapshotRecord> {
-        self.lineage(&name.volume)?
-            .snapshots
-            .iter()
-            .find(|snapshot| snapshot.name == name.snapshot)
+        self.lineage(&name.volume)?.snapshot(&name.snapshot)
     }
 
     /// The snapshots, dead list and origin of dataset `short` (a volume or

@@ -597,11 +597,8 @@ impl Pool {
                 "no"
             };
             values.push(("mounted".into(), mounted.into(), "-".into()));
-            let origin = record
-                .lineage
-                .origin
-                .as_ref()
-                .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
+            let origin = self
+                .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
             values.push(("origin".into(), origin, "-".into()));
             values.extend(dataset_values(
@@ -614,13 +611,7 @@ impl Pool {
         } else {
             let volume = self.volume(target)?;
             let short = volume.short_name().to_string();
-            let record = self
-                .directory
-                .borrow()
-                .volumes
-                .get(&short)
-                .cloned()
-                .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+            let record = self.volume_record(&short)?;
             let space = self.volume_space(&short).await?;
             values.push(("type".into(), "volume".into(), "-".into()));
             values.extend(space_values(&space));
@@ -634,11 +625,8 @@ impl Pool {
                 volume.block_bytes.to_string(),
                 "-".into(),
             ));
-            let origin = record
-                .lineage
-                .origin
-                .as_ref()
-                .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
+            let origin = self
+                .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
             values.push(("origin".into(), origin, "-".into()));
             values.extend(dataset_values(
@@ -722,13 +710,7 @@ impl Pool {
             let (_, logical, physical) = fs.referenced_locked().await?;
             common(logical, physical)
         } else {
-            let record = self
-                .directory
-                .borrow()
-                .volumes
-                .get(volume)
-                .cloned()
-                .ok_or_else(|| PoolError::NoSuchVolume(target.to_string()))?;
+            let record = self.volume_record(volume)?;
             let snapshot_volume = self.snapshot_volume(target).await?;
             let dnode = snapshot_volume.object.dnode();
             let mut values = common(dnode.logical_bytes, dnode.physical_bytes);

@@ -240,18 +240,10 @@ impl Pool {
                     request.snapshot
                 ))
             })?;
-        let record = self
-            .directory
-            .borrow()
-            .volumes
-            .get(volume)
-            .cloned()
-            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
+        let record = self.volume_record(volume)?;
         let to = record
             .lineage
-            .snapshots
-            .iter()
-            .find(|existing| existing.name == snapshot)
+            .snapshot(snapshot)
             .cloned()
             .ok_or_else(|| PoolError::NoSuchVolume(request.snapshot.clone()))?;
         let to_name = format!("{}/{volume}@{snapshot}", self.name);
@@ -268,19 +260,12 @@ impl Pool {
                         self.name
                     )));
                 }
-                let from_record =
-                    self.directory
-                        .borrow()
-                        .volumes
-                        .get(&from_volume)
-                        .and_then(|owner| {
-                            owner
-                                .lineage
-                                .snapshots
-                                .iter()
-                                .find(|existing| existing.name == from_snapshot)
-                                .cloned()
-                        });
+                let from_record = self
+                    .directory
+                    .borrow()
+                    .volumes
+                    .get(&from_volume)
+                    .and_then(|owner| owner.lineage.snapshot(&from_snapshot).cloned());
                 let from_record = from_record.ok_or_else(|| {
                     PoolError::NoSuchVolume(format!("{}/{from_volume}@{from_snapshot}", self.name))
                 })?;

@@ -100,6 +100,66 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))
     }
 
+    /// The directory record of volume `short`.
+    pub(crate) fn volume_record(
+        &self,
+        short: &str,
+    ) -> Result<crate::pool::dataset::directory::VolumeRecord, PoolError> {
+        self.directory
+            .borrow()
+            .volumes
+            .get(short)
+            .cloned()
+            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{short}", self.name)))
+    }
+
+    /// "POOL/DATASET@SNAP" of a clone's origin, if it is one.
+    pub fn origin_name(&self, lineage: &Lineage) -> Option<String> {
+        lineage
+            .origin
+            .as_ref()
+            .map(|origin| format!("{}/{}@{}", self.name, origin.volume, origin.snapshot))
+    }
+
+    /// The snapshots a destroy of dataset `short` (named `name`) takes
+    /// along, by full name, newest last: refused unless `recursive` when
+    /// there are any, and while one has clones or is being sent.
+    pub(crate) fn snapshots_to_destroy(
+        &self,
+        name: &str,
+        short: &str,
+        lineage: &Lineage,
+        recursive: bool,
+    ) -> Result<Vec<String>, PoolError> {
+        let snapshots: Vec<String> = lineage
+            .snapshots
+            .iter()
+            .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
+            .collect();
+        if !snapshots.is_empty() && !recursive {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} has snapshots ({}); use -r to destroy them too",
+                snapshots.join(", ")
+            )));
+        }
+        if let Some(cloned) = lineage
+            .snapshots
+            .iter()
+            .find(|snapshot| !snapshot.clones.is_empty())
+        {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
+                self.name,
+                cloned.name,
+                cloned.clones.join(", ")
+            )));
+        }
+        for snapshot in &snapshots {
+            self.check_not_held(snapshot)?;
+        }
+        Ok(snapshots)
+    }
+
     /// The pool-level object a dataset's snapshots copy: a volume's data
     /// tree, a filesystem's dnode table.
     fn head_object(&self, dataset: &str) -> Result<Rc<Object>, PoolError> {
@@ -430,9 +490,7 @@ impl Pool {
         })?;
         let record = self.record(volume)?;
         let source = record
-            .snapshots
-            .iter()
-            .find(|existing| existing.name == snapshot)
+            .snapshot(snapshot)
             .ok_or_else(|| PoolError::NoSuchSnapshot(origin.to_string()))?;
         let snapshot_object = self.objects.open(source.object).await?;
         let id = self.allocate_object_id();
@@ -478,13 +536,7 @@ impl Pool {
         let (volume, _) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
             PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
         })?;
-        let record = self
-            .directory
-            .borrow()
-            .volumes
-            .get(volume)
-            .cloned()
-            .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{volume}", self.name)))?;
+        let record = self.volume_record(volume)?;
         if self.directory.borrow().lineage(&clone_short).is_some() {
             return Err(PoolError::VolumeExists(format!(
                 "{}/{clone_short}",
@@ -910,17 +962,11 @@ impl Pool {
             return Ok(existing.clone());
         }
         let record = self
-            .directory
-            .borrow()
-            .volumes
-            .get(volume)
-            .cloned()
-            .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
+            .volume_record(volume)
+            .map_err(|_| PoolError::NoSuchSnapshot(canonical.clone()))?;
         let snapshot_record = record
             .lineage
-            .snapshots
-            .iter()
-            .find(|existing| existing.name == snapshot)
+            .snapshot(snapshot)
             .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
         let object = self.objects.open(snapshot_record.object).await?;
         let mut view = record.clone();

@@ -2091,9 +2091,7 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?;
         let object = record
             .lineage
-            .snapshots
-            .iter()
-            .find(|existing| existing.name == snapshot)
+            .snapshot(snapshot)
             .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?
             .object;
         let table = self.objects.open(object).await?;
@@ -2251,34 +2249,7 @@ impl Pool {
         let record = self
             .filesystem_record(&short)
             .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
-        let snapshots: Vec<String> = record
-            .lineage
-            .snapshots
-            .iter()
-            .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
-            .collect();
-        if !snapshots.is_empty() && !recursive {
-            return Err(PoolError::InvalidArgument(format!(
-                "{name} has snapshots ({}); use -r to destroy them too",
-                snapshots.join(", ")
-            )));
-        }
-        if let Some(cloned) = record
-            .lineage
-            .snapshots
-            .iter()
-            .find(|snapshot| !snapshot.clones.is_empty())
-        {
-            return Err(PoolError::InvalidArgument(format!(
-                "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
-                self.name,
-                cloned.name,
-                cloned.clones.join(", ")
-            )));
-        }
-        for snapshot in &snapshots {
-            self.check_not_held(snapshot)?;
-        }
+        let snapshots = self.snapshots_to_destroy(name, &short, &record.lineage, recursive)?;
         let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
         let hold = self.txg.hold_builds();
         for snapshot in snapshots.iter().rev() {

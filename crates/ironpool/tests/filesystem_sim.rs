@@ -1169,3 +1169,102 @@ fn a_filesystem_s_dirty_metadata_is_throttled() {
         pool.export().await.unwrap();
     });
 }
+
+/// Random operations with commits and snapshots; power fails at a random
+/// instant. Every snapshot whose command returned is there after import,
+/// holding exactly the tree it was taken of; one in flight is there whole
+/// or not at all; the head is the last committed tree (or the one being
+/// committed), and the space check is clean.
+fn snapshot_crash_run(seed: u64) {
+    let disks = devices(2, DEVICE_BYTES, seed);
+    let committed: Rc<RefCell<Vec<Model>>> = Rc::default();
+    // Snapshots asked for, with the tree each holds, and whether the
+    // command returned.
+    let snapshots: Rc<RefCell<Vec<(String, Model, bool)>>> = Rc::default();
+    {
+        let runtime = Runtime::new_sim(seed);
+        let pool_holder: Rc<RefCell<Option<Rc<Pool>>>> = Rc::default();
+        runtime.block_on({
+            let disks = disks.clone();
+            let committed = committed.clone();
+            let snapshots = snapshots.clone();
+            let pool_holder = pool_holder.clone();
+            async move {
+                let mut rng = Rng::new(seed);
+                let crash_after = Duration::from_millis(50 + rng.below(400));
+                let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+                *pool_holder.borrow_mut() = Some(pool.clone());
+                let model = Rc::new(RefCell::new(Model::new(fs.root())));
+                committed.borrow_mut().push(model.borrow().clone());
+                rt::spawn(async move {
+                    for round in 0.. {
+                        step(&pool, &fs, &model, &mut rng).await;
+                        let snapshot = rng.chance(1, 30);
+                        if !snapshot && !rng.chance(1, 10) {
+                            continue;
+                        }
+                        // Either this state or the last one is on disk.
+                        committed.borrow_mut().push(model.borrow().clone());
+                        if snapshot {
+                            let name = format!("tank/fs@r{round}");
+                            let index = snapshots.borrow().len();
+                            snapshots.borrow_mut().push((
+                                name.clone(),
+                                model.borrow().clone(),
+                                false,
+                            ));
+                            pool.snapshot(&[name]).await.unwrap();
+                            snapshots.borrow_mut()[index].2 = true;
+                        } else {
+                            pool.commit().await.unwrap();
+                        }
+                        let mut list = committed.borrow_mut();
+                        let last = list.len() - 1;
+                        list.drain(..last);
+                    }
+                });
+                rt::sleep(crash_after).await;
+            }
+        });
+        runtime.drop_all_tasks();
+        pool_holder.borrow_mut().take();
+        let mut crash_rng = Rng::new(seed ^ 0x5a5a);
+        for disk in &disks {
+            disk.crash(&mut crash_rng);
+        }
+    }
+    let candidates = committed.borrow().clone();
+    let snapshots = snapshots.borrow().clone();
+    assert!(
+        snapshots.iter().any(|(_, _, acknowledged)| *acknowledged),
+        "seed {seed}: no snapshot was taken before the crash"
+    );
+    Runtime::new_sim(seed + 1).block_on(async move {
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+            .await
+            .unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
+        space_is_clean(&pool, &format!("seed {seed} after crash")).await;
+        for (name, expected, acknowledged) in &snapshots {
+            match pool.snapshot_filesystem(name).await {
+                Ok(view) => verify(&pool, &view, expected, &format!("seed {seed} {name}")).await,
+                Err(error) => assert!(!acknowledged, "seed {seed}: {name} is lost: {error}"),
+            }
+        }
+        let fs = pool.filesystem("tank/fs").unwrap();
+        let mut matched = false;
+        for candidate in candidates.iter().rev() {
+            if matches_model(&pool, &fs, candidate).await {
+                matched = true;
+                break;
+            }
+        }
+        assert!(matched, "seed {seed}: the head is no committed state");
+    });
+}
+
+#[test]
+fn a_crash_keeps_every_snapshot_taken_and_the_last_committed_tree() {
+    for seed in 51..=58 {
+        snapshot_crash_run(seed);
+    }
+}

@@ -1336,6 +1336,19 @@ fn snapshots_show_under_dot_zfs_and_rollback_and_clone_are_mounted() {
         listed.contains("fs@one") && listed.contains("fs@two"),
         "{listed}"
     );
+    // Root's mkdir in .zfs/snapshot takes a snapshot, rmdir destroys it.
+    let now = tree(&mnt);
+    std::fs::create_dir(snapshots.join("three")).unwrap();
+    assert_eq!(names_in(&snapshots), ["one", "three", "two"]);
+    assert_eq!(tree(&snapshots.join("three")), now, "@three");
+    let listed = pool.admin(&["list", "-t", "snapshot", &name]);
+    assert!(listed.contains("fs@three"), "{listed}");
+    let refused = std::fs::create_dir(snapshots.join("three")).unwrap_err();
+    assert_eq!(refused.raw_os_error(), Some(libc::EEXIST), "{refused}");
+    std::fs::remove_dir(snapshots.join("three")).unwrap();
+    assert_eq!(names_in(&snapshots), ["one", "two"]);
+    let listed = pool.admin(&["list", "-t", "snapshot", &name]);
+    assert!(!listed.contains("fs@three"), "{listed}");
 
     // A rollback past @two needs -r; then the server mounts @one's tree,
     // and a file open in the old tree fails instead of reading stale data.

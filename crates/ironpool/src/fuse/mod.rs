@@ -548,7 +548,9 @@ async fn serve(
 ) -> Result<Vec<u8>, FsError> {
     use proto::Request;
     let (fs, node, slot) = match snapdir::route(session, header.nodeid).await? {
-        snapdir::Route::Control(node) => return snapdir::serve(session, node, request).await,
+        snapdir::Route::Control(node) => {
+            return snapdir::serve(session, header, node, request).await
+        }
         snapdir::Route::Fs { fs, ino, slot } => (fs, ino, slot),
     };
     let fs = &fs;

@@ -2,6 +2,8 @@
 //! `snapdir=hidden`: found by name, not listed. `.zfs/snapshot` lists the
 //! filesystem's snapshots, and `.zfs/snapshot/NAME/` is snapshot NAME,
 //! read-only (writes get `EROFS`, links and renames out of it `EXDEV`).
+//! As in OpenZFS, root's `mkdir .zfs/snapshot/NAME` takes snapshot NAME and
+//! `rmdir` destroys it (as `ironpool snapshot` and `destroy` would).
 //!
 //! FUSE names every inode by a 64-bit node id, and a snapshot's objects
 //! have the numbers of the head's. So node ids carry a slot in their top
@@ -16,6 +18,7 @@ use std::rc::Rc;
 use super::{proto, Session};
 use crate::format::znode::S_IFDIR;
 use crate::pool::filesystem::{Attr, Filesystem, FsError, OBJECTS_MAX, ROOT_OBJECT};
+use crate::pool::PoolError;
 
 /// Bits of a node id below the slot.
 const SLOT_SHIFT: u32 = OBJECTS_MAX.trailing_zeros();
@@ -168,37 +171,89 @@ pub(super) async fn control_entry(session: &Session, node: u64) -> Result<Vec<u8
     ))
 }
 
+/// The entry of snapshot `name` (`guid`) in `.zfs/snapshot`: its root.
+async fn snapshot_entry(session: &Session, name: &str, guid: u64) -> Result<Vec<u8>, FsError> {
+    let fs = snapshot(session, name, Some(guid)).await?;
+    let slot = slot_of(session, name, guid)?;
+    let mut attr = fs.getattr(fs.root()).await?;
+    attr.ino = node_id(slot, attr.ino);
+    Ok(proto::entry_out(
+        &super::to_fuse(&attr),
+        attr.znode.generation,
+        CONTROL_VALID_SECONDS,
+    ))
+}
+
+/// The guid of snapshot `name` of the mounted filesystem, if it has one.
+fn guid_of(session: &Session, name: &str) -> Option<u64> {
+    snapshots(session)
+        .into_iter()
+        .find(|(existing, _)| existing == name)
+        .map(|(_, guid)| guid)
+}
+
 /// Serves a request to `.zfs` or `.zfs/snapshot`.
 pub(super) async fn serve(
     session: &Session,
+    header: &proto::InHeader,
     node: u64,
     request: proto::Request<'_>,
 ) -> Result<Vec<u8>, FsError> {
     use proto::Request;
+    let full = |name: &[u8]| -> Result<String, FsError> {
+        let name = std::str::from_utf8(name)
+            .map_err(|_| FsError::Invalid("a snapshot name is UTF-8".into()))?;
+        Ok(format!("{}@{name}", session.fs.name))
+    };
     match request {
+        // Root only, as the administrator's commands are.
+        Request::Mkdir { .. } | Request::Rmdir { .. }
+            if node == SNAPSHOT_DIR && header.uid != 0 =>
+        {
+            Err(FsError::NotPermitted(
+                "only root takes or destroys snapshots".into(),
+            ))
+        }
+        Request::Mkdir { name, .. } if node == SNAPSHOT_DIR => {
+            let full = full(name)?;
+            session
+                .pool
+                .snapshot(&[full])
+                .await
+                .map_err(|error| match error {
+                    PoolError::VolumeExists(_) => FsError::Exists,
+                    PoolError::InvalidName(name) => {
+                        FsError::Invalid(format!("snapshot name {name}"))
+                    }
+                    error => error.into(),
+                })?;
+            let name = std::str::from_utf8(name).unwrap_or_default();
+            let guid = guid_of(session, name).ok_or(FsError::NotFound)?;
+            snapshot_entry(session, name, guid).await
+        }
+        Request::Rmdir { name } if node == SNAPSHOT_DIR => {
+            let full = full(name)?;
+            session
+                .pool
+                .destroy_snapshot(&full)
+                .await
+                .map_err(|error| match error {
+                    PoolError::NoSuchSnapshot(_) => FsError::NotFound,
+                    // Clones, or a send in flight, keep it.
+                    PoolError::InvalidArgument(why) => FsError::NotPermitted(why),
+                    error => error.into(),
+                })?;
+            Ok(Vec::new())
+        }
         Request::Lookup { name } => {
             let name = std::str::from_utf8(name).map_err(|_| FsError::NotFound);
             match (node, name) {
                 (_, Ok(".")) => control_entry(session, node).await,
                 (ZFS_DIR, Ok("snapshot")) => control_entry(session, SNAPSHOT_DIR).await,
-                (SNAPSHOT_DIR, Ok(name)) => {
-                    let guid = snapshots(session)
-                        .into_iter()
-                        .find(|(existing, _)| existing == name)
-                        .map(|(_, guid)| guid);
-                    let Some(guid) = guid else {
-                        return Ok(proto::negative_entry_out(CONTROL_VALID_SECONDS));
-                    };
-                    let fs = snapshot(session, name, Some(guid)).await?;
-                    let slot = slot_of(session, name, guid)?;
-                    let mut attr = fs.getattr(fs.root()).await?;
-                    attr.ino = node_id(slot, attr.ino);
-                    Ok(proto::entry_out(
-                        &super::to_fuse(&attr),
-                        attr.znode.generation,
-                        CONTROL_VALID_SECONDS,
-                    ))
-                }
+                (SNAPSHOT_DIR, Ok(name)) => match guid_of(session, name) {
+                    Some(guid) => snapshot_entry(session, name, guid).await,
+                    None => Ok(proto::negative_entry_out(CONTROL_VALID_SECONDS)),
+                },
                 _ => Ok(proto::negative_entry_out(CONTROL_VALID_SECONDS)),
             }
         }
@@ -236,8 +291,6 @@ pub(super) async fn serve(
         Request::Flush => Err(FsError::NotSupported),
         Request::Getxattr { .. } => Err(FsError::NoAttribute),
         Request::Listxattr { size } => super::sized(Vec::new(), size),
-        // Making or destroying a snapshot is the administrator's
-        // (`ironpool snapshot`, `destroy`), not a mkdir's.
         _ => Err(FsError::ReadOnly),
     }
 }

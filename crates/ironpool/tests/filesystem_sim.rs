@@ -983,6 +983,7 @@ fn snapshot_run(seed: u64) {
             let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
             let model = RefCell::new(Model::new(fs.root()));
             let mut taken: Vec<Model> = Vec::new();
+            let mut referenced = Vec::new();
             for round in 0..4 {
                 for _ in 0..250 {
                     step(&pool, &fs, &model, &mut rng).await;
@@ -992,6 +993,11 @@ fn snapshot_run(seed: u64) {
                 }
                 pool.snapshot(&[format!("tank/fs@s{round}")]).await.unwrap();
                 taken.push(model.borrow().clone());
+                // A snapshot refers to what the head did when it was taken.
+                let head = pool.volume_space("tank/fs").await.unwrap().referenced_bytes;
+                referenced.push(head);
+                let listed = pool.snapshots("tank/fs").await.unwrap();
+                assert_eq!(listed[round].referenced_bytes, head, "seed {seed} s{round}");
             }
             // Changes after the last snapshot, not committed on purpose.
             for _ in 0..100 {
@@ -1011,7 +1017,9 @@ fn snapshot_run(seed: u64) {
             space_is_clean(&pool, &format!("seed {seed} with snapshots")).await;
             let listed = pool.snapshots("tank/fs").await.unwrap();
             assert_eq!(listed.len(), 4);
-            assert!(listed.iter().all(|info| info.referenced_bytes > 0));
+            let listed_referenced: Vec<u64> =
+                listed.iter().map(|info| info.referenced_bytes).collect();
+            assert_eq!(listed_referenced, referenced, "seed {seed}");
             let space = pool.volume_space("tank/fs").await.unwrap();
             eprintln!("seed {seed}: {space:?}");
             assert!(space.used_by_snapshots_bytes > 0, "{space:?}");
@@ -1076,6 +1084,14 @@ fn snapshot_run(seed: u64) {
                 let view = pool.snapshot_filesystem(&name).await.unwrap();
                 verify(&pool, &view, &taken[index], &format!("seed {seed} {name} after import")).await;
             }
+            let listed: Vec<u64> = pool
+                .snapshots("tank/fs")
+                .await
+                .unwrap()
+                .iter()
+                .map(|info| info.referenced_bytes)
+                .collect();
+            assert_eq!(listed, referenced[..2], "seed {seed} after import");
             let clone = pool.filesystem("tank/c").unwrap();
             let expected = clone_model.borrow().clone();
             verify(&pool, &clone, &expected, &format!("seed {seed} clone after import")).await;

@@ -284,6 +284,9 @@ pub struct Pool {
     /// Read-only filesystems opened for snapshots (`.zfs/snapshot`), by
     /// full name.
     snapshot_filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
+    /// What each filesystem snapshot refers to (bytes allocated, logical,
+    /// physical), by its table's object, once walked.
+    snapshot_referenced: RefCell<rustc_hash::FxHashMap<u64, (u64, u64, u64)>>,
     /// Notified when a volume or a snapshot is destroyed: NBD ends the
     /// connections that served it.
     exports_gone: Notify,
@@ -519,6 +522,7 @@ impl Pool {
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_filesystems: RefCell::new(BTreeMap::new()),
+            snapshot_referenced: RefCell::default(),
             exports_gone: Notify::new(),
             export_asked: Notify::new(),
             trims_ended: Notify::new(),
@@ -933,6 +937,7 @@ impl Pool {
             pending_snapshots: RefCell::new(Vec::new()),
             snapshot_volumes: RefCell::new(BTreeMap::new()),
             snapshot_filesystems: RefCell::new(BTreeMap::new()),
+            snapshot_referenced: RefCell::default(),
             exports_gone: Notify::new(),
             export_asked: Notify::new(),
             trims_ended: Notify::new(),

@@ -705,9 +705,7 @@ impl Pool {
             ]
         };
         let mut values = if self.filesystem(volume).is_ok() {
-            let fs = self.snapshot_filesystem(target).await?;
-            let _shared = fs.shared().await;
-            let (_, logical, physical) = fs.referenced_locked().await?;
+            let (_, logical, physical) = self.snapshot_referenced(target).await?;
             common(logical, physical)
         } else {
             let record = self.volume_record(volume)?;

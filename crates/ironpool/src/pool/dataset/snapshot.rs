@@ -172,6 +172,26 @@ impl Pool {
         Err(PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))
     }
 
+    /// Bytes allocated, logical and physical, of everything snapshot
+    /// `POOL/FS@SNAP` of a filesystem refers to. A walk of all its objects
+    /// the first time; a snapshot never changes, so then remembered (24
+    /// bytes a snapshot, until it is destroyed).
+    pub(crate) async fn snapshot_referenced(
+        self: &Rc<Self>,
+        full_name: &str,
+    ) -> Result<(u64, u64, u64), PoolError> {
+        let fs = self.snapshot_filesystem(full_name).await?;
+        if let Some(known) = self.snapshot_referenced.borrow().get(&fs.table.id) {
+            return Ok(*known);
+        }
+        let _shared = fs.shared().await;
+        let figures = fs.referenced_locked().await?;
+        self.snapshot_referenced
+            .borrow_mut()
+            .insert(fs.table.id, figures);
+        Ok(figures)
+    }
+
     /// Whether dataset `short` is a filesystem.
     fn is_filesystem(&self, short: &str) -> bool {
         self.filesystems.borrow().contains_key(short)
@@ -251,9 +271,7 @@ impl Pool {
                 .sum();
             let referenced = if self.is_filesystem(short) {
                 let full = format!("{}/{short}@{}", self.name, snapshot.name);
-                let fs = self.snapshot_filesystem(&full).await?;
-                let _shared = fs.shared().await;
-                fs.referenced_locked().await?.0
+                self.snapshot_referenced(&full).await?.0
             } else {
                 self.objects.open(snapshot.object).await?.dnode().used_bytes
             };
@@ -410,6 +428,7 @@ impl Pool {
         // The snapshot's tree belongs to others now (or was freed above): drop
         // only its dnode.
         self.drop_dnode(target.object)?;
+        self.snapshot_referenced.borrow_mut().remove(&target.object);
         if let Some(volume_object) = self
             .snapshot_volumes
             .borrow_mut()

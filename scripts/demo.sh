@@ -4,7 +4,9 @@
 # at ./demo/fs), and has real clients use them: nbdinfo shows the export,
 # qemu-io writes and verifies patterns, fio runs a verified random-write load
 # at queue depth 64 and a short throughput run on the volume, then a verified
-# O_DIRECT io_uring run at queue depth 64 on a file of the filesystem.
+# O_DIRECT io_uring run at queue depth 64 on a file of the filesystem, whose
+# snapshot is then read back verified under .zfs/snapshot after the file was
+# overwritten.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -57,6 +59,15 @@ mkdir -p "$demo/fs/docs" && cp -r /etc/apt "$demo/fs/docs/" && diff -r /etc/apt 
 echo "== fio on a file of the filesystem: io_uring, O_DIRECT, queue depth 64, crc32c verification"
 fio --name=fsverify --filename="$demo/fs/fio.dat" --ioengine=io_uring --direct=1 --rw=randwrite \
     --bs=16k --iodepth=64 --size=128M --verify=crc32c --verify_fatal=1 | grep -E "IOPS|err="
+
+echo "== a snapshot of the filesystem, read back under .zfs/snapshot"
+"$bin" snapshot demo/fs@demo
+echo "overwritten after the snapshot" > "$demo/fs/fio.dat"
+ls "$demo/fs/.zfs/snapshot"
+fio --name=fsverify --filename="$demo/fs/.zfs/snapshot/demo/fio.dat" --ioengine=io_uring \
+    --direct=1 --rw=randread --bs=16k --iodepth=64 --size=128M --verify=crc32c \
+    --verify_fatal=1 --readonly | grep -E "IOPS|err="
+"$bin" list -t snapshot demo
 
 echo "== pool status and device statistics"
 "$bin" status demo

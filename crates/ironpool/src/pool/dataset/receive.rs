@@ -401,7 +401,8 @@ impl Pool {
             resumable: options.save_partial,
         };
         let hidden = if begin.from_guid == 0 {
-            if self.directory.borrow().volumes.contains_key(short) {
+            // A volume or a filesystem: names are shared.
+            if self.directory.borrow().lineage(short).is_some() {
                 return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new volume; receive into another name, or send incrementally)", self.name)));
             }
             drop(_admin);
@@ -443,6 +444,12 @@ impl Pool {
         begin: &StreamBegin,
         force: bool,
     ) -> Result<String, PoolError> {
+        if self.filesystem(short).is_ok() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}/{short} is a filesystem: a volume's stream cannot be received into it",
+                self.name
+            )));
+        }
         let record = self.directory.borrow().volumes.get(short).cloned().ok_or_else(|| {
             PoolError::InvalidArgument(format!("the stream is incremental from {}, but {}/{short} does not exist: receive a full stream first", begin.from.clone().unwrap_or_default(), self.name))
         })?;
@@ -663,7 +670,7 @@ impl Pool {
         let hidden = self.volume(hidden_short)?;
         let _hidden_writers = self.exclusive(&hidden).await?;
         if begin.from_guid == 0 {
-            if self.directory.borrow().volumes.contains_key(short) {
+            if self.directory.borrow().lineage(short).is_some() {
                 return Err(PoolError::VolumeExists(format!(
                     "{}/{short} was created while receiving",
                     self.name

@@ -240,6 +240,12 @@ impl Pool {
                     request.snapshot
                 ))
             })?;
+        if self.filesystem(volume).is_ok() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}/{volume} is a filesystem: send and receive of filesystems are not built yet (volumes only)",
+                self.name
+            )));
+        }
         let record = self.volume_record(volume)?;
         let to = record
             .lineage

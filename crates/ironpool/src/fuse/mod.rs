@@ -16,6 +16,10 @@
 //!
 //! Reads and writes of different blocks of a file run concurrently in the
 //! filesystem layer; `fsync` commits a txg.
+//!
+//! `.zfs/snapshot/NAME` in the root shows snapshot NAME read-only
+//! ([`snapdir`], which also says how node ids tell a snapshot's objects
+//! from the head's).
 
 pub mod proto;
 mod snapdir;

@@ -514,12 +514,7 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
                     verify(&pool, &fs, &snapshot, &format!("seed {seed} step {index}")).await;
                 }
             }
-            let report = pool.check_space().await.unwrap();
-            assert!(
-                report.problems.is_empty(),
-                "seed {seed}: {:?}",
-                report.problems
-            );
+            space_is_clean(&pool, &format!("seed {seed}")).await;
             pool.export().await.unwrap();
         }
     });
@@ -530,20 +525,10 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
         let fs = pool.filesystem("tank/fs").unwrap();
         let snapshot = model.borrow().clone();
         verify(&pool, &fs, &snapshot, &format!("seed {seed} after import")).await;
-        let report = pool.check_space().await.unwrap();
-        assert!(
-            report.problems.is_empty(),
-            "seed {seed} after import: {:?}",
-            report.problems
-        );
+        space_is_clean(&pool, &format!("seed {seed} after import")).await;
         // Destroying gives every block back.
         pool.destroy_filesystem("tank/fs", false).await.unwrap();
-        let report = pool.check_space().await.unwrap();
-        assert!(
-            report.problems.is_empty(),
-            "seed {seed} after destroy: {:?}",
-            report.problems
-        );
+        space_is_clean(&pool, &format!("seed {seed} after destroy")).await;
         pool.export().await.unwrap();
     });
 }
@@ -769,61 +754,69 @@ fn a_directory_of_a_million_names_finds_each_in_a_few_block_reads() {
     });
 }
 
+/// Runs `body` on a simulated runtime of `seed`, then fails the power of
+/// `disks`: each loses its unflushed writes at random (drawn from `seed ^
+/// salt`). `body` is given a holder for the pool it starts, so that the
+/// pool goes with the runtime's tasks before the crash.
+fn run_then_crash<Body, Run>(
+    seed: u64,
+    disks: &[Rc<ironpool::dev::sim::SimDevice>],
+    salt: u64,
+    body: Body,
+) where
+    Body: FnOnce(Rc<RefCell<Option<Rc<Pool>>>>) -> Run,
+    Run: std::future::Future<Output = ()>,
+{
+    let runtime = Runtime::new_sim(seed);
+    let pool_holder: Rc<RefCell<Option<Rc<Pool>>>> = Rc::default();
+    runtime.block_on(body(pool_holder.clone()));
+    runtime.drop_all_tasks();
+    pool_holder.borrow_mut().take();
+    let mut crash_rng = Rng::new(seed ^ salt);
+    for disk in disks {
+        disk.crash(&mut crash_rng);
+    }
+}
+
 /// Random operations with commits; power fails at a random instant. The
 /// imported tree is the model as of the last commit that returned, or of
 /// the one in flight.
 fn crash_run(seed: u64) {
     let disks = devices(2, DEVICE_BYTES, seed);
     let committed: Rc<RefCell<Vec<Model>>> = Rc::default();
-    {
-        let runtime = Runtime::new_sim(seed);
-        let pool_holder: Rc<RefCell<Option<Rc<Pool>>>> = Rc::default();
-        runtime.block_on({
-            let disks = disks.clone();
-            let committed = committed.clone();
-            let pool_holder = pool_holder.clone();
-            async move {
-                let mut rng = Rng::new(seed);
-                let crash_after = Duration::from_millis(20 + rng.below(300));
-                let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-                *pool_holder.borrow_mut() = Some(pool.clone());
-                let model = Rc::new(RefCell::new(Model::new(fs.root())));
-                committed.borrow_mut().push(model.borrow().clone());
-                rt::spawn(async move {
-                    loop {
-                        step(&pool, &fs, &model, &mut rng).await;
-                        if rng.chance(1, 8) {
-                            // Either this state or the last one is on disk.
-                            committed.borrow_mut().push(model.borrow().clone());
-                            pool.commit().await.unwrap();
-                            let mut list = committed.borrow_mut();
-                            let last = list.len() - 1;
-                            list.drain(..last);
-                        }
+    run_then_crash(seed, &disks, 0xc0ffee, {
+        let disks = disks.clone();
+        let committed = committed.clone();
+        move |pool_holder| async move {
+            let mut rng = Rng::new(seed);
+            let crash_after = Duration::from_millis(20 + rng.below(300));
+            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+            *pool_holder.borrow_mut() = Some(pool.clone());
+            let model = Rc::new(RefCell::new(Model::new(fs.root())));
+            committed.borrow_mut().push(model.borrow().clone());
+            rt::spawn(async move {
+                loop {
+                    step(&pool, &fs, &model, &mut rng).await;
+                    if rng.chance(1, 8) {
+                        // Either this state or the last one is on disk.
+                        committed.borrow_mut().push(model.borrow().clone());
+                        pool.commit().await.unwrap();
+                        let mut list = committed.borrow_mut();
+                        let last = list.len() - 1;
+                        list.drain(..last);
                     }
-                });
-                rt::sleep(crash_after).await;
-            }
-        });
-        runtime.drop_all_tasks();
-        pool_holder.borrow_mut().take();
-        let mut crash_rng = Rng::new(seed ^ 0xc0ffee);
-        for disk in &disks {
-            disk.crash(&mut crash_rng);
+                }
+            });
+            rt::sleep(crash_after).await;
         }
-    }
+    });
     let candidates = committed.borrow().clone();
     Runtime::new_sim(seed + 1).block_on(async move {
         let pool = Pool::import_from_devices("tank", named(&disks), tunables())
             .await
             .unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
         let fs = pool.filesystem("tank/fs").unwrap();
-        let report = pool.check_space().await.unwrap();
-        assert!(
-            report.problems.is_empty(),
-            "seed {seed}: {:?}",
-            report.problems
-        );
+        space_is_clean(&pool, &format!("seed {seed}")).await;
         // The newest candidate first; the one before it if that commit was
         // cut short. `verify` panics on a mismatch, so find the match first.
         let mut matched = None;
@@ -1197,58 +1190,45 @@ fn snapshot_crash_run(seed: u64) {
     // Snapshots asked for, with the tree each holds, and whether the
     // command returned.
     let snapshots: Rc<RefCell<Vec<(String, Model, bool)>>> = Rc::default();
-    {
-        let runtime = Runtime::new_sim(seed);
-        let pool_holder: Rc<RefCell<Option<Rc<Pool>>>> = Rc::default();
-        runtime.block_on({
-            let disks = disks.clone();
-            let committed = committed.clone();
-            let snapshots = snapshots.clone();
-            let pool_holder = pool_holder.clone();
-            async move {
-                let mut rng = Rng::new(seed);
-                let crash_after = Duration::from_millis(50 + rng.below(400));
-                let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-                *pool_holder.borrow_mut() = Some(pool.clone());
-                let model = Rc::new(RefCell::new(Model::new(fs.root())));
-                committed.borrow_mut().push(model.borrow().clone());
-                rt::spawn(async move {
-                    for round in 0.. {
-                        step(&pool, &fs, &model, &mut rng).await;
-                        let snapshot = rng.chance(1, 30);
-                        if !snapshot && !rng.chance(1, 10) {
-                            continue;
-                        }
-                        // Either this state or the last one is on disk.
-                        committed.borrow_mut().push(model.borrow().clone());
-                        if snapshot {
-                            let name = format!("tank/fs@r{round}");
-                            let index = snapshots.borrow().len();
-                            snapshots.borrow_mut().push((
-                                name.clone(),
-                                model.borrow().clone(),
-                                false,
-                            ));
-                            pool.snapshot(&[name]).await.unwrap();
-                            snapshots.borrow_mut()[index].2 = true;
-                        } else {
-                            pool.commit().await.unwrap();
-                        }
-                        let mut list = committed.borrow_mut();
-                        let last = list.len() - 1;
-                        list.drain(..last);
+    run_then_crash(seed, &disks, 0x5a5a, {
+        let disks = disks.clone();
+        let committed = committed.clone();
+        let snapshots = snapshots.clone();
+        move |pool_holder| async move {
+            let mut rng = Rng::new(seed);
+            let crash_after = Duration::from_millis(50 + rng.below(400));
+            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+            *pool_holder.borrow_mut() = Some(pool.clone());
+            let model = Rc::new(RefCell::new(Model::new(fs.root())));
+            committed.borrow_mut().push(model.borrow().clone());
+            rt::spawn(async move {
+                for round in 0.. {
+                    step(&pool, &fs, &model, &mut rng).await;
+                    let snapshot = rng.chance(1, 30);
+                    if !snapshot && !rng.chance(1, 10) {
+                        continue;
                     }
-                });
-                rt::sleep(crash_after).await;
-            }
-        });
-        runtime.drop_all_tasks();
-        pool_holder.borrow_mut().take();
-        let mut crash_rng = Rng::new(seed ^ 0x5a5a);
-        for disk in &disks {
-            disk.crash(&mut crash_rng);
+                    // Either this state or the last one is on disk.
+                    committed.borrow_mut().push(model.borrow().clone());
+                    if snapshot {
+                        let name = format!("tank/fs@r{round}");
+                        let index = snapshots.borrow().len();
+                        snapshots
+                            .borrow_mut()
+                            .push((name.clone(), model.borrow().clone(), false));
+                        pool.snapshot(&[name]).await.unwrap();
+                        snapshots.borrow_mut()[index].2 = true;
+                    } else {
+                        pool.commit().await.unwrap();
+                    }
+                    let mut list = committed.borrow_mut();
+                    let last = list.len() - 1;
+                    list.drain(..last);
+                }
+            });
+            rt::sleep(crash_after).await;
         }
-    }
+    });
     let candidates = committed.borrow().clone();
     let snapshots = snapshots.borrow().clone();
     assert!(
@@ -1291,42 +1271,31 @@ fn a_crash_keeps_every_snapshot_taken_and_the_last_committed_tree() {
 fn rollback_crash_run(seed: u64) {
     let disks = devices(2, DEVICE_BYTES, seed);
     let before: Rc<RefCell<Option<(Model, Model)>>> = Rc::default();
-    {
-        let runtime = Runtime::new_sim(seed);
-        let pool_holder: Rc<RefCell<Option<Rc<Pool>>>> = Rc::default();
-        runtime.block_on({
-            let disks = disks.clone();
-            let before = before.clone();
-            let pool_holder = pool_holder.clone();
-            async move {
-                let mut rng = Rng::new(seed);
-                let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-                *pool_holder.borrow_mut() = Some(pool.clone());
-                let model = RefCell::new(Model::new(fs.root()));
-                for _ in 0..300 {
-                    step(&pool, &fs, &model, &mut rng).await;
-                }
-                pool.snapshot(&["tank/fs@s".to_string()]).await.unwrap();
-                let snapshot = model.borrow().clone();
-                for _ in 0..300 {
-                    step(&pool, &fs, &model, &mut rng).await;
-                }
-                pool.commit().await.unwrap();
-                *before.borrow_mut() = Some((model.borrow().clone(), snapshot));
-                let crash_after = Duration::from_micros(rng.below(3_000));
-                rt::spawn(async move {
-                    pool.rollback("tank/fs@s", false).await.unwrap();
-                });
-                rt::sleep(crash_after).await;
+    run_then_crash(seed, &disks, 0x7e7e, {
+        let disks = disks.clone();
+        let before = before.clone();
+        move |pool_holder| async move {
+            let mut rng = Rng::new(seed);
+            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+            *pool_holder.borrow_mut() = Some(pool.clone());
+            let model = RefCell::new(Model::new(fs.root()));
+            for _ in 0..300 {
+                step(&pool, &fs, &model, &mut rng).await;
             }
-        });
-        runtime.drop_all_tasks();
-        pool_holder.borrow_mut().take();
-        let mut crash_rng = Rng::new(seed ^ 0x7e7e);
-        for disk in &disks {
-            disk.crash(&mut crash_rng);
+            pool.snapshot(&["tank/fs@s".to_string()]).await.unwrap();
+            let snapshot = model.borrow().clone();
+            for _ in 0..300 {
+                step(&pool, &fs, &model, &mut rng).await;
+            }
+            pool.commit().await.unwrap();
+            *before.borrow_mut() = Some((model.borrow().clone(), snapshot));
+            let crash_after = Duration::from_micros(rng.below(3_000));
+            rt::spawn(async move {
+                pool.rollback("tank/fs@s", false).await.unwrap();
+            });
+            rt::sleep(crash_after).await;
         }
-    }
+    });
     let (changed, snapshot) = before
         .borrow()
         .clone()

@@ -660,16 +660,7 @@ async fn run(
                             "'{name}': use POOL@NAME or POOL/VOL@NAME"
                         ))
                     })?;
-                    let all: Vec<String> = pool
-                        .visible_volumes()
-                        .iter()
-                        .map(|volume| volume.name.clone())
-                        .chain(
-                            pool.filesystems()
-                                .into_iter()
-                                .map(|(_, fs)| fs.name.clone()),
-                        )
-                        .collect();
+                    let all = dataset_names(pool);
                     targets.extend(
                         all.into_iter()
                             .filter(|volume| {
@@ -694,16 +685,7 @@ async fn run(
         Command::SnapshotList { volume } => {
             let volumes: Vec<String> = match volume {
                 Some(volume) => vec![volume],
-                None => pool
-                    .visible_volumes()
-                    .iter()
-                    .map(|volume| volume.name.clone())
-                    .chain(
-                        pool.filesystems()
-                            .into_iter()
-                            .map(|(_, fs)| fs.name.clone()),
-                    )
-                    .collect(),
+                None => dataset_names(pool),
             };
             let mut snapshots = Vec::new();
             for volume in volumes {
@@ -900,6 +882,20 @@ fn list_entry(pool: &Pool) -> Value {
         "health": pool.health(),
         "volumes": pool.visible_volumes().len(),
     })
+}
+
+/// The full names of every volume users see and every filesystem: what a
+/// snapshot can be taken of.
+fn dataset_names(pool: &Pool) -> Vec<String> {
+    pool.visible_volumes()
+        .iter()
+        .map(|volume| volume.name.clone())
+        .chain(
+            pool.filesystems()
+                .into_iter()
+                .map(|(_, fs)| fs.name.clone()),
+        )
+        .collect()
 }
 
 fn volume_list(pool: &Pool) -> Vec<Value> {

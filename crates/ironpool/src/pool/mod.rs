@@ -1077,6 +1077,28 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
     }
 
+    /// The short name of a dataset about to be made ("POOL/NAME" or
+    /// "NAME"), if it is a valid one.
+    pub(crate) fn new_dataset_short_name(&self, name: &str) -> Result<String, PoolError> {
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name)
+            .to_string();
+        if !valid_name(&short) {
+            return Err(PoolError::InvalidName(short));
+        }
+        Ok(short)
+    }
+
+    /// Refuses `short` when a volume (hidden ones included) or a filesystem
+    /// has it: the two share names.
+    pub(crate) fn check_name_free(&self, short: &str) -> Result<(), PoolError> {
+        if self.directory.borrow().lineage(short).is_some() {
+            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
+        }
+        Ok(())
+    }
+
     /// Creates a volume of `size_bytes` with blocks of `block_bytes`.
     pub async fn create_volume(
         self: &Rc<Self>,
@@ -1085,13 +1107,7 @@ impl Pool {
         block_bytes: u32,
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Volume>, PoolError> {
-        let short = name
-            .strip_prefix(&format!("{}/", self.name))
-            .unwrap_or(name)
-            .to_string();
-        if !valid_name(&short) {
-            return Err(PoolError::InvalidName(short));
-        }
+        let short = self.new_dataset_short_name(name)?;
         // A volume appearing during `check` would take writes the walk
         // never sees: creation waits for it like other administrative changes.
         let _admin = self.admin_lock.acquire(1).await;
@@ -1108,11 +1124,7 @@ impl Pool {
         block_bytes: u32,
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Volume>, PoolError> {
-        if self.volumes.borrow().contains_key(&short)
-            || self.filesystems.borrow().contains_key(&short)
-        {
-            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
-        }
+        self.check_name_free(&short)?;
         let max_sector = self
             .store
             .vdevs()

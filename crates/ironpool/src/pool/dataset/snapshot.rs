@@ -142,22 +142,28 @@ impl Pool {
                 snapshots.join(", ")
             )));
         }
-        if let Some(cloned) = lineage
-            .snapshots
-            .iter()
-            .find(|snapshot| !snapshot.clones.is_empty())
-        {
-            return Err(PoolError::InvalidArgument(format!(
-                "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
-                self.name,
-                cloned.name,
-                cloned.clones.join(", ")
-            )));
-        }
+        self.check_no_clones(short, &lineage.snapshots)?;
         for snapshot in &snapshots {
             self.check_not_held(snapshot)?;
         }
         Ok(snapshots)
+    }
+
+    /// Refuses to go on while one of `snapshots` (of dataset `short`) has
+    /// clones: they depend on its blocks.
+    fn check_no_clones(&self, short: &str, snapshots: &[SnapshotRecord]) -> Result<(), PoolError> {
+        match snapshots
+            .iter()
+            .find(|snapshot| !snapshot.clones.is_empty())
+        {
+            Some(cloned) => Err(PoolError::InvalidArgument(format!(
+                "{}/{short}@{} has dependent clones ({}); destroy or promote them first",
+                self.name,
+                cloned.name,
+                cloned.clones.join(", ")
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// The pool-level object a dataset's snapshots copy: a volume's data
@@ -476,25 +482,10 @@ impl Pool {
     ) -> Result<Rc<Volume>, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let clone_short = self.new_dataset_name(clone)?;
+        let clone_short = self.new_dataset_short_name(clone)?;
         let clone_volume = self.clone_locked(origin, &clone_short).await?;
         self.commit().await?;
         Ok(clone_volume)
-    }
-
-    /// The short name of a dataset about to be made: valid and not taken.
-    fn new_dataset_name(&self, name: &str) -> Result<String, PoolError> {
-        let short = name
-            .strip_prefix(&format!("{}/", self.name))
-            .unwrap_or(name)
-            .to_string();
-        if !valid_name(&short) {
-            return Err(PoolError::InvalidName(short));
-        }
-        if self.directory.borrow().lineage(&short).is_some() {
-            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
-        }
-        Ok(short)
     }
 
     /// The snapshot `origin` names, and a new head object for a clone of
@@ -556,12 +547,7 @@ impl Pool {
             PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
         })?;
         let record = self.volume_record(volume)?;
-        if self.directory.borrow().lineage(&clone_short).is_some() {
-            return Err(PoolError::VolumeExists(format!(
-                "{}/{clone_short}",
-                self.name
-            )));
-        }
+        self.check_name_free(&clone_short)?;
         let (origin_name, lineage, object) = self.clone_head(origin).await?;
         let mut clone_record = crate::pool::volume::record(
             object.id,
@@ -604,7 +590,8 @@ impl Pool {
         }
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        let clone_short = self.new_dataset_name(clone)?;
+        let clone_short = self.new_dataset_short_name(clone)?;
+        self.check_name_free(&clone_short)?;
         let (source, _) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
             PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
         })?;
@@ -670,17 +657,7 @@ impl Pool {
         for name in &later {
             self.check_not_held(name)?;
         }
-        if let Some(cloned) = record.snapshots[index + 1..]
-            .iter()
-            .find(|later| !later.clones.is_empty())
-        {
-            return Err(PoolError::InvalidArgument(format!(
-                "{}/{volume}@{} has dependent clones ({}); destroy or promote them first",
-                self.name,
-                cloned.name,
-                cloned.clones.join(", ")
-            )));
-        }
+        self.check_no_clones(volume, &record.snapshots[index + 1..])?;
         let fs = self.filesystems.borrow().get(volume).cloned();
         let head_volume = match &fs {
             Some(_) => None,

@@ -44,7 +44,6 @@ use crate::format::fsdir::{self, DirEntry};
 use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
-use crate::pool::dataset::directory::valid_name;
 use crate::pool::dataset::props::{DirectMode, VolumeSettings};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
@@ -2167,19 +2166,9 @@ impl Pool {
         name: &str,
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Filesystem>, PoolError> {
-        let short = name
-            .strip_prefix(&format!("{}/", self.name))
-            .unwrap_or(name)
-            .to_string();
-        if !valid_name(&short) {
-            return Err(PoolError::InvalidName(short));
-        }
+        let short = self.new_dataset_short_name(name)?;
         let _admin = self.admin_lock.acquire(1).await;
-        if self.filesystems.borrow().contains_key(&short)
-            || self.directory.borrow().volumes.contains_key(&short)
-        {
-            return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
-        }
+        self.check_name_free(&short)?;
         let mut checked = BTreeMap::new();
         for (key, value) in &properties {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;

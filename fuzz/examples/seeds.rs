@@ -380,6 +380,8 @@ fn send_stream_seeds(writer: &mut SeedWriter) {
         block_bytes: 4096,
         resume_block,
         properties: [("compression".to_string(), "lz4".to_string())].into_iter().collect(),
+        filesystem: None,
+        resume_object: None,
     };
     let mut full = StreamWriter::new();
     full.begin(&begin(None, None));
@@ -399,6 +401,49 @@ fn send_stream_seeds(writer: &mut SeedWriter) {
     resumed.write(40, 1, &[0x44u8; 4096]);
     resumed.end();
     writer.write("send_stream", "resumed", &resumed.bytes);
+
+    // A filesystem's: objects, their blocks and holes, freed slots.
+    use ironpool::format::dnode::{ObjectType, BONUS_BYTES};
+    use ironpool::format::stream::{FsStreamInfo, StreamObject};
+    let fs_begin = |from: Option<&str>, resume: Option<(u64, u64)>| StreamBegin {
+        snapshot: "tank/fs@b".into(),
+        size_bytes: 0,
+        block_bytes: 128 * 1024,
+        resume_block: resume.map(|(_, block)| block),
+        resume_object: resume.map(|(object, _)| object),
+        filesystem: Some(FsStreamInfo { root: 1, next_object: 40 }),
+        ..begin(from, None)
+    };
+    let object = |object: u64, object_type: ObjectType, block_shift: u8| StreamObject {
+        object,
+        object_type,
+        block_shift,
+        length: 3 << block_shift,
+        bonus: vec![0x01; BONUS_BYTES],
+    };
+    let mut fs_full = StreamWriter::new();
+    fs_full.begin(&fs_begin(None, None));
+    fs_full.object(&object(1, ObjectType::FsDirectory, 10));
+    fs_full.object_write(1, 1, 1, &[0x55u8; 1024]);
+    fs_full.object(&object(2, ObjectType::FsFile, 9));
+    fs_full.object_write(2, 0, 2, &[0x66u8; 1024]);
+    fs_full.object(&object(3, ObjectType::FsXattr, 9));
+    fs_full.object_write(3, 0, 1, &[0x77u8; 512]);
+    fs_full.end();
+    writer.write("send_stream", "fs_full", &fs_full.bytes);
+    let mut fs_incremental = StreamWriter::new();
+    fs_incremental.begin(&fs_begin(Some("tank/fs@a"), None));
+    fs_incremental.object(&object(2, ObjectType::FsFile, 12));
+    fs_incremental.object_free(2, 1, 7);
+    fs_incremental.free_objects(3, 29);
+    fs_incremental.end();
+    writer.write("send_stream", "fs_incremental", &fs_incremental.bytes);
+    let mut fs_resumed = StreamWriter::new();
+    fs_resumed.begin(&fs_begin(None, Some((2, 1))));
+    fs_resumed.object(&object(2, ObjectType::FsFile, 9));
+    fs_resumed.object_write(2, 1, 1, &[0x66u8; 512]);
+    fs_resumed.end();
+    writer.write("send_stream", "fs_resumed", &fs_resumed.bytes);
 }
 
 fn intent_log_seeds(writer: &mut SeedWriter) {

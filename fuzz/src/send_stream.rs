@@ -22,8 +22,20 @@ fn check_accepted(data: &[u8]) {
     assert!(matches!(records.first(), Some(Record::Begin(_))), "accepted stream without BEGIN first: {records:?}");
     let Some(Record::End(end)) = records.last() else { panic!("accepted stream without END last: {records:?}") };
     assert_eq!(end.records as usize, records.len() - 1);
-    let written: u64 = records.iter().map(|record| if let Record::Write { count, .. } = record { *count as u64 } else { 0 }).sum();
-    let freed: u64 = records.iter().map(|record| if let Record::Free { count, .. } = record { *count } else { 0 }).sum();
+    let written: u64 = records
+        .iter()
+        .map(|record| match record {
+            Record::Write { count, .. } | Record::ObjectWrite { count, .. } => *count as u64,
+            _ => 0,
+        })
+        .sum();
+    let freed: u64 = records
+        .iter()
+        .map(|record| match record {
+            Record::Free { count, .. } | Record::ObjectFree { count, .. } => *count,
+            _ => 0,
+        })
+        .sum();
     assert_eq!((end.written_blocks, end.freed_blocks), (written, freed));
 }
 
@@ -39,6 +51,10 @@ pub fn reseal(data: &[u8]) -> Option<Vec<u8>> {
             2 => RecordKind::Write,
             3 => RecordKind::Free,
             4 => RecordKind::End,
+            5 => RecordKind::Object,
+            6 => RecordKind::FreeObjects,
+            7 => RecordKind::ObjectWrite,
+            8 => RecordKind::ObjectFree,
             _ => return None,
         };
         let length = u64::from_le_bytes(out[position + 8..position + 16].try_into().ok()?);

@@ -1010,6 +1010,7 @@ impl Sim {
             snapshot: format!("{POOL}/{snapshot}"),
             from: None,
             resume_block: None,
+            resume_object: None,
         };
         pool.send(request, &stream)
             .await

@@ -161,10 +161,15 @@ pub fn receive(
         result["snapshot"].as_str().unwrap_or("?"),
         result["written_blocks"],
         result["freed_blocks"],
-        result["resumed_from_block"]
-            .as_u64()
-            .map(|block| format!(" (resumed at block {block})"))
-            .unwrap_or_default()
+        match (
+            result["resumed_from_object"].as_u64(),
+            result["resumed_from_block"].as_u64()
+        ) {
+            (Some(object), block) =>
+                format!(" (resumed at object {object} block {})", block.unwrap_or(0)),
+            (None, Some(block)) => format!(" (resumed at block {block})"),
+            (None, None) => String::new(),
+        }
     );
     super::datasets::done(context, result, message);
     Ok(())

@@ -484,6 +484,7 @@ async fn run_stream(
                         snapshot: token.snapshot.clone(),
                         from,
                         resume_block: Some(token.next_block),
+                        resume_object: (token.next_object != 0).then_some(token.next_object),
                     };
                     check_token_guids(pool, &token)?;
                     request
@@ -494,6 +495,7 @@ async fn run_stream(
                     })?,
                     from,
                     resume_block: None,
+                    resume_object: None,
                 },
             };
             let summary = pool.send(request, stream).await?;
@@ -529,9 +531,7 @@ fn check_token_guids(
         let (volume, snapshot) =
             crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), name)?;
         pool.directory()
-            .volumes
-            .get(volume)?
-            .lineage
+            .lineage(volume)?
             .snapshot(snapshot)
             .map(|existing| existing.guid)
     };

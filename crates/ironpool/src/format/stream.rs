@@ -7,7 +7,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `IPSR` (0x52535049 little-endian) |
-//! | 4 | 4 | kind: 1 BEGIN, 2 WRITE, 3 FREE, 4 END |
+//! | 4 | 4 | kind: 1 BEGIN, 2 WRITE, 3 FREE, 4 END; for filesystems 5 OBJECT, 6 FREEOBJECTS, 7 OBJECT_WRITE, 8 OBJECT_FREE |
 //! | 8 | 8 | payload length in bytes |
 //! | 16 | 16 | XXH3-128 of: the previous record's checksum (zeros for BEGIN), header bytes 0..16, the payload |
 //!
@@ -23,10 +23,22 @@
 //!   (uncompressed) bytes, `count × block_bytes`. Blocks ascend through a stream.
 //! - FREE: first block u64, block count u64: these blocks read as zeros.
 //! - END: records before it u64, blocks written u64, blocks freed u64.
+//!
+//! A filesystem's stream (BEGIN's `filesystem` is set) carries objects
+//! instead of a volume's blocks, in ascending object number:
+//! - OBJECT: object u64, type u8, data block shift u8, zero u16 + u32, length
+//!   u64, then the dnode's 304-byte bonus (the attributes). The object's
+//!   WRITE and FREE records follow it, blocks ascending.
+//! - FREEOBJECTS: first object u64, count u64: these objects do not exist.
+//! - OBJECT_WRITE: object u64, first block u64, block count u32, zero u32, then
+//!   `count × 2^shift` bytes (the object's blocks, logical contents).
+//! - OBJECT_FREE: object u64, first block u64, block count u64: holes.
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+use crate::format::dnode::{ObjectType, BONUS_BYTES};
 
 /// "IPSR" as bytes on the wire.
 pub const STREAM_MAGIC: u32 = u32::from_le_bytes(*b"IPSR");
@@ -42,7 +54,21 @@ pub const WRITE_DATA_BYTES_MAX: u64 = 1024 * 1024;
 /// Fixed part of a WRITE payload.
 pub const WRITE_HEADER_BYTES: usize = 16;
 /// Largest payload of any record.
-pub const RECORD_PAYLOAD_BYTES_MAX: u64 = WRITE_HEADER_BYTES as u64 + WRITE_DATA_BYTES_MAX;
+pub const RECORD_PAYLOAD_BYTES_MAX: u64 = OBJECT_WRITE_HEADER_BYTES as u64 + WRITE_DATA_BYTES_MAX;
+/// Fixed part of an OBJECT payload (the bonus follows).
+pub const OBJECT_HEADER_BYTES: usize = 24;
+/// An OBJECT payload: the fixed part and a dnode's bonus.
+pub const OBJECT_PAYLOAD_BYTES: usize = OBJECT_HEADER_BYTES + BONUS_BYTES;
+/// Fixed part of an OBJECT_WRITE payload.
+pub const OBJECT_WRITE_HEADER_BYTES: usize = 24;
+/// Object numbers a filesystem stream may name: a filesystem's own limit.
+pub const STREAM_OBJECTS_MAX: u64 = 1 << 48;
+/// A filesystem object's data block shift: 512 bytes to 1 MiB.
+pub const OBJECT_BLOCK_SHIFT_MIN: u8 = 9;
+pub const OBJECT_BLOCK_SHIFT_MAX: u8 = 20;
+/// Blocks an object may have: files end at 2^50 bytes, so 2^41 blocks of
+/// the smallest size.
+pub const OBJECT_BLOCKS_MAX: u64 = 1 << 41;
 
 /// Kinds of records.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -51,6 +77,10 @@ pub enum RecordKind {
     Write = 2,
     Free = 3,
     End = 4,
+    Object = 5,
+    FreeObjects = 6,
+    ObjectWrite = 7,
+    ObjectFree = 8,
 }
 
 impl RecordKind {
@@ -60,6 +90,10 @@ impl RecordKind {
             2 => Some(RecordKind::Write),
             3 => Some(RecordKind::Free),
             4 => Some(RecordKind::End),
+            5 => Some(RecordKind::Object),
+            6 => Some(RecordKind::FreeObjects),
+            7 => Some(RecordKind::ObjectWrite),
+            8 => Some(RecordKind::ObjectFree),
             _ => None,
         }
     }
@@ -107,6 +141,32 @@ pub struct StreamBegin {
     /// The sender's settings, for information (a receiver follows its own).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Set for a filesystem's stream: its header. Absent for a volume.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub filesystem: Option<FsStreamInfo>,
+    /// Resuming a filesystem's receive: the first object this stream carries
+    /// (with `resume_block`, the first block of that object).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resume_object: Option<u64>,
+}
+
+/// A filesystem stream's header (in BEGIN).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FsStreamInfo {
+    /// The root directory's object.
+    pub root: u64,
+    /// The sender's next object number: every object of the stream is below.
+    pub next_object: u64,
+}
+
+/// A filesystem object as an OBJECT record describes it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StreamObject {
+    pub object: u64,
+    pub object_type: ObjectType,
+    pub block_shift: u8,
+    pub length: u64,
+    pub bonus: Vec<u8>,
 }
 
 /// The END record's counts.
@@ -121,9 +181,30 @@ pub struct StreamEnd {
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Record {
     Begin(StreamBegin),
-    Write { first_block: u64, count: u32 },
-    Free { first_block: u64, count: u64 },
+    Write {
+        first_block: u64,
+        count: u32,
+    },
+    Free {
+        first_block: u64,
+        count: u64,
+    },
     End(StreamEnd),
+    Object(StreamObject),
+    FreeObjects {
+        first: u64,
+        count: u64,
+    },
+    ObjectWrite {
+        object: u64,
+        first_block: u64,
+        count: u32,
+    },
+    ObjectFree {
+        object: u64,
+        first_block: u64,
+        count: u64,
+    },
 }
 
 /// A parsed header (before its payload is read).
@@ -177,8 +258,9 @@ pub fn decode_header(
     let payload_bytes = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let limit = match kind {
         RecordKind::Begin => BEGIN_PAYLOAD_BYTES_MAX,
-        RecordKind::Write => RECORD_PAYLOAD_BYTES_MAX,
-        RecordKind::Free | RecordKind::End => 24,
+        RecordKind::Write | RecordKind::ObjectWrite => RECORD_PAYLOAD_BYTES_MAX,
+        RecordKind::Free | RecordKind::End | RecordKind::FreeObjects | RecordKind::ObjectFree => 24,
+        RecordKind::Object => OBJECT_PAYLOAD_BYTES as u64,
     };
     if payload_bytes > limit {
         return Err(StreamError::TooLarge {
@@ -226,7 +308,9 @@ pub fn decode_payload(
         u64::from_le_bytes(payload[offset..offset + 8].try_into().expect("8 bytes"))
     };
     match header.kind {
-        kind if kind != RecordKind::Write && !tail.is_empty() => {
+        kind if !matches!(kind, RecordKind::Write | RecordKind::ObjectWrite)
+            && !tail.is_empty() =>
+        {
             Err(malformed("only WRITE records carry data"))
         }
         RecordKind::Begin => {
@@ -241,10 +325,27 @@ pub fn decode_payload(
             {
                 return Err(malformed("BEGIN: bad block size"));
             }
-            if begin.size_bytes == 0 || !begin.size_bytes.is_multiple_of(begin.block_bytes as u64) {
-                return Err(malformed(
-                    "BEGIN: size is not a positive multiple of the block size",
-                ));
+            match begin.filesystem {
+                Some(info) => {
+                    if info.root == 0
+                        || info.root >= info.next_object
+                        || info.next_object > STREAM_OBJECTS_MAX
+                    {
+                        return Err(malformed("BEGIN: bad filesystem header"));
+                    }
+                }
+                None => {
+                    if begin.resume_object.is_some() {
+                        return Err(malformed("BEGIN: a volume's stream resumes at a block"));
+                    }
+                    if begin.size_bytes == 0
+                        || !begin.size_bytes.is_multiple_of(begin.block_bytes as u64)
+                    {
+                        return Err(malformed(
+                            "BEGIN: size is not a positive multiple of the block size",
+                        ));
+                    }
+                }
             }
             Ok(Record::Begin(begin))
         }
@@ -282,6 +383,67 @@ pub fn decode_payload(
                 freed_blocks: u64_at(16),
             }))
         }
+        RecordKind::Object => {
+            if payload.len() != OBJECT_PAYLOAD_BYTES {
+                return Err(malformed("OBJECT payload is not 328 bytes"));
+            }
+            let object_type = match ObjectType::from_code(payload[8]) {
+                Some(
+                    kind @ (ObjectType::FsFile | ObjectType::FsDirectory | ObjectType::FsXattr),
+                ) => kind,
+                _ => return Err(malformed("OBJECT: not a filesystem object's type")),
+            };
+            let block_shift = payload[9];
+            if !(OBJECT_BLOCK_SHIFT_MIN..=OBJECT_BLOCK_SHIFT_MAX).contains(&block_shift) {
+                return Err(malformed("OBJECT: bad block size"));
+            }
+            let length = u64_at(16);
+            if length > OBJECT_BLOCKS_MAX << OBJECT_BLOCK_SHIFT_MIN {
+                return Err(malformed("OBJECT: length past a file's limit"));
+            }
+            Ok(Record::Object(StreamObject {
+                object: u64_at(0),
+                object_type,
+                block_shift,
+                length,
+                bonus: payload[OBJECT_HEADER_BYTES..].to_vec(),
+            }))
+        }
+        RecordKind::FreeObjects => {
+            if payload.len() != 16 || u64_at(8) == 0 {
+                return Err(malformed("FREEOBJECTS payload is not 16 bytes of a range"));
+            }
+            Ok(Record::FreeObjects {
+                first: u64_at(0),
+                count: u64_at(8),
+            })
+        }
+        RecordKind::ObjectWrite => {
+            if payload.len() != OBJECT_WRITE_HEADER_BYTES || block_bytes == 0 {
+                return Err(malformed("OBJECT_WRITE too short or before its OBJECT"));
+            }
+            let count = u32::from_le_bytes(payload[16..20].try_into().expect("4 bytes"));
+            if count == 0 || tail.len() as u64 != count as u64 * block_bytes as u64 {
+                return Err(malformed(
+                    "OBJECT_WRITE length does not match its block count",
+                ));
+            }
+            Ok(Record::ObjectWrite {
+                object: u64_at(0),
+                first_block: u64_at(8),
+                count,
+            })
+        }
+        RecordKind::ObjectFree => {
+            if payload.len() != 24 || u64_at(16) == 0 {
+                return Err(malformed("OBJECT_FREE payload is not 24 bytes of a range"));
+            }
+            Ok(Record::ObjectFree {
+                object: u64_at(0),
+                first_block: u64_at(8),
+                count: u64_at(16),
+            })
+        }
     }
 }
 
@@ -298,6 +460,36 @@ pub fn free_payload(first_block: u64, count: u64) -> [u8; 16] {
     let mut out = [0u8; 16];
     out[0..8].copy_from_slice(&first_block.to_le_bytes());
     out[8..16].copy_from_slice(&count.to_le_bytes());
+    out
+}
+
+/// An OBJECT payload.
+pub fn object_payload(object: &StreamObject) -> Vec<u8> {
+    let mut out = vec![0u8; OBJECT_PAYLOAD_BYTES];
+    out[0..8].copy_from_slice(&object.object.to_le_bytes());
+    out[8] = object.object_type.code();
+    out[9] = object.block_shift;
+    out[16..24].copy_from_slice(&object.length.to_le_bytes());
+    let bonus = object.bonus.len().min(BONUS_BYTES);
+    out[OBJECT_HEADER_BYTES..OBJECT_HEADER_BYTES + bonus].copy_from_slice(&object.bonus[..bonus]);
+    out
+}
+
+/// The fixed part of an OBJECT_WRITE payload.
+pub fn object_write_header(object: u64, first_block: u64, count: u32) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    out[0..8].copy_from_slice(&object.to_le_bytes());
+    out[8..16].copy_from_slice(&first_block.to_le_bytes());
+    out[16..20].copy_from_slice(&count.to_le_bytes());
+    out
+}
+
+/// An OBJECT_FREE payload.
+pub fn object_free_payload(object: u64, first_block: u64, count: u64) -> [u8; 24] {
+    let mut out = [0u8; 24];
+    out[0..8].copy_from_slice(&object.to_le_bytes());
+    out[8..16].copy_from_slice(&first_block.to_le_bytes());
+    out[16..24].copy_from_slice(&count.to_le_bytes());
     out
 }
 
@@ -322,6 +514,13 @@ pub struct StreamChecker {
     written_blocks: u64,
     freed_blocks: u64,
     ended: bool,
+    /// Filesystem streams: the object whose records may follow (its
+    /// number and block shift), and the lowest number a later OBJECT or
+    /// FREEOBJECTS may name.
+    object: Option<(u64, u8)>,
+    next_object: u64,
+    /// A resumed filesystem stream: its first object and block.
+    resume: Option<(u64, u64)>,
 }
 
 impl StreamChecker {
@@ -342,6 +541,20 @@ impl StreamChecker {
     /// The first block a later record may touch.
     pub fn next_block(&self) -> u64 {
         self.next_block
+    }
+
+    /// The stream's position: everything before (object, block) was
+    /// carried by the records so far (a volume's: object 0).
+    pub fn position(&self) -> (u64, u64) {
+        let filesystem = self
+            .begin
+            .as_ref()
+            .is_some_and(|begin| begin.filesystem.is_some());
+        match (filesystem, self.object) {
+            (false, _) => (0, self.next_block),
+            (true, Some((object, _))) => (object, self.next_block),
+            (true, None) => (self.next_object, 0),
+        }
     }
 
     /// Blocks written and freed by the records so far.
@@ -376,6 +589,7 @@ impl StreamChecker {
     pub fn head_bytes(header: &RecordHeader) -> usize {
         match header.kind {
             RecordKind::Write => WRITE_HEADER_BYTES.min(header.payload_bytes as usize),
+            RecordKind::ObjectWrite => OBJECT_WRITE_HEADER_BYTES.min(header.payload_bytes as usize),
             _ => header.payload_bytes as usize,
         }
     }
@@ -389,13 +603,40 @@ impl StreamChecker {
         tail: &[u8],
     ) -> Result<Record, StreamError> {
         let record = self.records;
-        let block_bytes = self
+        let filesystem = self
             .begin
             .as_ref()
-            .map(|begin| begin.block_bytes)
-            .unwrap_or(0);
+            .is_some_and(|begin| begin.filesystem.is_some());
+        let block_bytes = match (filesystem, self.object) {
+            (false, _) => self
+                .begin
+                .as_ref()
+                .map(|begin| begin.block_bytes)
+                .unwrap_or(0),
+            (true, Some((_, shift))) => 1 << shift,
+            (true, None) => 0,
+        };
         let parsed = decode_payload(header, head, tail, &self.previous, record, block_bytes)?;
         let malformed = |detail: String| StreamError::Malformed { record, detail };
+        let volume_kind = matches!(header.kind, RecordKind::Write | RecordKind::Free);
+        let filesystem_kind = matches!(
+            header.kind,
+            RecordKind::Object
+                | RecordKind::FreeObjects
+                | RecordKind::ObjectWrite
+                | RecordKind::ObjectFree
+        );
+        if (volume_kind && filesystem) || (filesystem_kind && !filesystem) {
+            return Err(malformed(format!(
+                "a {:?} record does not belong in a {} stream",
+                header.kind,
+                if filesystem {
+                    "filesystem's"
+                } else {
+                    "volume's"
+                }
+            )));
+        }
         let volume_blocks = self
             .begin
             .as_ref()
@@ -419,10 +660,85 @@ impl StreamChecker {
             *next = end;
             Ok(())
         };
+        // A filesystem object's blocks: ascending, inside its limit.
+        let object_extent = |checker: &mut StreamChecker,
+                             object: u64,
+                             first: u64,
+                             count: u64|
+         -> Result<(), StreamError> {
+            if checker.object.map(|(current, _)| current) != Some(object) {
+                return Err(malformed(format!(
+                    "blocks of object {object} outside its OBJECT's records"
+                )));
+            }
+            let end = first
+                .checked_add(count)
+                .filter(|end| *end <= OBJECT_BLOCKS_MAX)
+                .ok_or_else(|| malformed(format!("object {object}: block range too large")))?;
+            if first < checker.next_block {
+                return Err(malformed(format!(
+                    "object {object}: block {first} is out of order (expected {} or later)",
+                    checker.next_block
+                )));
+            }
+            checker.next_block = end;
+            Ok(())
+        };
+        // The next object named: ascending, above the root's parent slot 0.
+        let next_object = |checker: &mut StreamChecker, first: u64, count: u64| {
+            let end = first
+                .checked_add(count)
+                .filter(|end| *end <= STREAM_OBJECTS_MAX)
+                .ok_or_else(|| malformed(format!("objects {first}+{count} past the limit")))?;
+            if first == 0 || first < checker.next_object {
+                return Err(malformed(format!(
+                    "object {first} is out of order (expected {} or later)",
+                    checker.next_object
+                )));
+            }
+            checker.next_object = end;
+            Ok(())
+        };
         match &parsed {
             Record::Begin(begin) => {
                 self.next_block = begin.resume_block.unwrap_or(0);
+                if begin.filesystem.is_some() {
+                    self.next_object = begin.resume_object.unwrap_or(1).max(1);
+                    self.resume = begin
+                        .resume_object
+                        .map(|object| (object, begin.resume_block.unwrap_or(0)));
+                    self.next_block = 0;
+                }
                 self.begin = Some(begin.clone());
+            }
+            Record::Object(object) => {
+                next_object(self, object.object, 1)?;
+                self.object = Some((object.object, object.block_shift));
+                self.next_block = match self.resume.take() {
+                    Some((first, block)) if first == object.object => block,
+                    _ => 0,
+                };
+            }
+            Record::FreeObjects { first, count } => {
+                next_object(self, *first, *count)?;
+                self.object = None;
+                self.resume = None;
+            }
+            Record::ObjectWrite {
+                object,
+                first_block,
+                count,
+            } => {
+                object_extent(self, *object, *first_block, *count as u64)?;
+                self.written_blocks += *count as u64;
+            }
+            Record::ObjectFree {
+                object,
+                first_block,
+                count,
+            } => {
+                object_extent(self, *object, *first_block, *count)?;
+                self.freed_blocks += count;
             }
             Record::Write { first_block, count } => {
                 extent(*first_block, *count as u64, &mut self.next_block)?;
@@ -525,6 +841,30 @@ impl StreamWriter {
         self.freed_blocks += count;
     }
 
+    pub fn object(&mut self, object: &StreamObject) {
+        self.push(RecordKind::Object, &[&object_payload(object)]);
+    }
+
+    pub fn free_objects(&mut self, first: u64, count: u64) {
+        self.push(RecordKind::FreeObjects, &[&free_payload(first, count)]);
+    }
+
+    pub fn object_write(&mut self, object: u64, first_block: u64, count: u32, data: &[u8]) {
+        self.push(
+            RecordKind::ObjectWrite,
+            &[&object_write_header(object, first_block, count), data],
+        );
+        self.written_blocks += count as u64;
+    }
+
+    pub fn object_free(&mut self, object: u64, first_block: u64, count: u64) {
+        self.push(
+            RecordKind::ObjectFree,
+            &[&object_free_payload(object, first_block, count)],
+        );
+        self.freed_blocks += count;
+    }
+
     pub fn end(&mut self) {
         let end = StreamEnd {
             records: self.records,
@@ -550,6 +890,169 @@ mod tests {
             block_bytes: 4096,
             resume_block: None,
             properties: BTreeMap::new(),
+            filesystem: None,
+            resume_object: None,
+        }
+    }
+
+    fn fs_begin() -> StreamBegin {
+        StreamBegin {
+            filesystem: Some(FsStreamInfo {
+                root: 1,
+                next_object: 10,
+            }),
+            size_bytes: 0,
+            block_bytes: 128 * 1024,
+            ..begin()
+        }
+    }
+
+    fn file(object: u64, shift: u8) -> StreamObject {
+        StreamObject {
+            object,
+            object_type: ObjectType::FsFile,
+            block_shift: shift,
+            length: 3 << shift,
+            bonus: vec![7u8; BONUS_BYTES],
+        }
+    }
+
+    #[test]
+    fn filesystem_streams_round_trip_and_keep_their_rules() {
+        let mut writer = StreamWriter::new();
+        writer.begin(&fs_begin());
+        writer.object(&file(1, 12));
+        writer.object_write(1, 0, 2, &vec![3u8; 8192]);
+        writer.object_free(1, 2, 1);
+        writer.free_objects(2, 3);
+        writer.object(&file(5, 9));
+        writer.object_write(5, 1, 1, &vec![4u8; 512]);
+        writer.end();
+        let records = check_stream(&writer.bytes).unwrap();
+        assert_eq!(records[1], Record::Object(file(1, 12)));
+        assert_eq!(records[4], Record::FreeObjects { first: 2, count: 3 });
+        assert_eq!(
+            records[7],
+            Record::End(StreamEnd {
+                records: 7,
+                written_blocks: 3,
+                freed_blocks: 1
+            })
+        );
+        for position in (0..writer.bytes.len()).step_by(89) {
+            let mut damaged = writer.bytes.clone();
+            damaged[position] ^= 0x04;
+            assert!(check_stream(&damaged).is_err(), "flip at {position} passed");
+        }
+
+        type Case = (&'static str, Box<dyn Fn(&mut StreamWriter)>);
+        let cases: Vec<Case> = vec![
+            (
+                "objects out of order",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.object(&file(3, 12));
+                }),
+            ),
+            (
+                "an object twice",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.object(&file(4, 12));
+                }),
+            ),
+            ("object 0", Box::new(|w| w.object(&file(0, 12)))),
+            (
+                "blocks of another object",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.object_write(5, 0, 1, &vec![0u8; 4096]);
+                }),
+            ),
+            (
+                "blocks after a FREEOBJECTS",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.free_objects(5, 1);
+                    w.object_write(4, 0, 1, &vec![0u8; 4096]);
+                }),
+            ),
+            (
+                "blocks out of order",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.object_write(4, 3, 1, &vec![0u8; 4096]);
+                    w.object_free(4, 2, 1);
+                }),
+            ),
+            (
+                "a length that is not the object's blocks",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.object_write(4, 0, 1, &vec![0u8; 8192]);
+                }),
+            ),
+            (
+                "a volume's record",
+                Box::new(|w| {
+                    w.object(&file(4, 12));
+                    w.write(0, 1, &vec![0u8; 128 * 1024]);
+                }),
+            ),
+            (
+                "objects past the limit",
+                Box::new(|w| w.free_objects(2, STREAM_OBJECTS_MAX)),
+            ),
+        ];
+        for (name, build) in cases {
+            let mut writer = StreamWriter::new();
+            writer.begin(&fs_begin());
+            build(&mut writer);
+            writer.end();
+            assert!(check_stream(&writer.bytes).is_err(), "{name} passed");
+        }
+        // A volume's stream takes no filesystem records.
+        let mut writer = StreamWriter::new();
+        writer.begin(&begin());
+        writer.object(&file(1, 12));
+        writer.end();
+        assert!(check_stream(&writer.bytes).is_err());
+        // A bad object type is refused.
+        let mut writer = StreamWriter::new();
+        writer.begin(&fs_begin());
+        writer.object(&StreamObject {
+            object_type: ObjectType::Directory,
+            ..file(1, 12)
+        });
+        writer.end();
+        assert!(check_stream(&writer.bytes).is_err());
+    }
+
+    #[test]
+    fn a_resumed_filesystem_stream_starts_at_its_object_and_block() {
+        let resumed = StreamBegin {
+            resume_object: Some(4),
+            resume_block: Some(2),
+            ..fs_begin()
+        };
+        let mut writer = StreamWriter::new();
+        writer.begin(&resumed);
+        writer.object(&file(4, 12));
+        writer.object_write(4, 2, 1, &vec![1u8; 4096]);
+        writer.object(&file(6, 12));
+        writer.object_write(6, 0, 1, &vec![1u8; 4096]);
+        writer.end();
+        check_stream(&writer.bytes).unwrap();
+        for (object, block) in [(3, 0), (4, 1)] {
+            let mut writer = StreamWriter::new();
+            writer.begin(&resumed);
+            writer.object(&file(object, 12));
+            writer.object_write(object, block, 1, &vec![1u8; 4096]);
+            writer.end();
+            assert!(
+                check_stream(&writer.bytes).is_err(),
+                "object {object} block {block} before the resume point passed"
+            );
         }
     }
 

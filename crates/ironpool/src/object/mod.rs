@@ -1118,12 +1118,19 @@ impl ObjectSet {
     /// most about `limit` changes and, when it stopped early, the block to
     /// continue from. Used by send (incremental with `since_txg` of the earlier
     /// snapshot; full with 0).
+    ///
+    /// `stamped_holes`: whether a hole made by the object's writers carries
+    /// the txg that made it (a volume's do). Without it (a filesystem's
+    /// objects), every hole under a node changed since `since_txg`, and a
+    /// hole root, is reported: it may have held data then. That costs a few
+    /// FREE records of holes that were holes already, never a stale block.
     pub async fn changed_blocks(
         &self,
         object: &Object,
         since_txg: u64,
         start: u64,
         limit: usize,
+        stamped_holes: bool,
     ) -> Result<(Vec<BlockChange>, Option<u64>), ObjectError> {
         let dnode = object.dnode();
         let shift = object.pointer_shift() as u64;
@@ -1154,7 +1161,7 @@ impl ObjectSet {
                 && (object.dirty_nodes.borrow().contains(&(level, index))
                     || (pointer.is_hole() && object.nodes.borrow().contains_key(&(level, index))));
             if !look_inside {
-                if pointer.birth_txg <= since_txg {
+                if pointer.birth_txg <= since_txg && (stamped_holes || !pointer.is_hole()) {
                     continue;
                 }
                 if pointer.is_hole() {

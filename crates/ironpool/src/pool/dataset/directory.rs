@@ -258,6 +258,30 @@ impl Directory {
         }
     }
 
+    /// The receive record of a hidden dataset (a volume's or a
+    /// filesystem's): None if there is no such dataset; Some(None) if it
+    /// has no record (left before its record was written).
+    pub fn receive(&self, short: &str) -> Option<Option<&ReceiveRecord>> {
+        match self.volumes.get(short) {
+            Some(record) => Some(record.receive.as_ref()),
+            None => self
+                .filesystems
+                .get(short)
+                .map(|record| record.receive.as_ref()),
+        }
+    }
+
+    /// [`Directory::receive`], to change.
+    pub fn receive_mut(&mut self, short: &str) -> Option<&mut Option<ReceiveRecord>> {
+        match self.volumes.get_mut(short) {
+            Some(record) => Some(&mut record.receive),
+            None => self
+                .filesystems
+                .get_mut(short)
+                .map(|record| &mut record.receive),
+        }
+    }
+
     /// [`Directory::lineage`], to change.
     pub fn lineage_mut(&mut self, short: &str) -> Option<&mut Lineage> {
         match self.volumes.get_mut(short) {

@@ -14,6 +14,7 @@
 //! volume.
 
 use std::cell::RefCell;
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use serde::Serialize;
@@ -22,10 +23,13 @@ use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::stream::{
     Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES,
 };
+use crate::format::ObjectType;
+use crate::object::Object;
 use crate::pool::dataset::directory::{valid_name, ReceiveRecord};
 use crate::pool::dataset::send::ResumeToken;
 use crate::pool::dataset::snapshot::SnapshotRequest;
 use crate::pool::dataset::stream_io::StreamSource;
+use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -62,11 +66,30 @@ pub struct ReceiveSummary {
     pub written_blocks: u64,
     pub freed_blocks: u64,
     pub resumed_from_block: Option<u64>,
+    /// A filesystem's resumed receive: the object it resumed at.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub resumed_from_object: Option<u64>,
+}
+
+/// A receive's position for messages: a volume's block, a filesystem's
+/// object and block.
+fn position_text((object, block): (u64, u64)) -> String {
+    if object == 0 {
+        format!("block {block}")
+    } else {
+        format!("object {object} block {block}")
+    }
+}
+
+/// The hidden dataset a receive writes into.
+enum Hidden {
+    Volume(Rc<Volume>),
+    Filesystem(Rc<crate::pool::filesystem::Filesystem>),
 }
 
 /// Whether an error came from the stream (the sender's side: a partial receive
 /// may be kept) or from this pool.
-enum Failure {
+pub(in crate::pool) enum Failure {
     Stream(String),
     Pool(PoolError),
 }
@@ -74,6 +97,18 @@ enum Failure {
 impl From<PoolError> for Failure {
     fn from(error: PoolError) -> Failure {
         Failure::Pool(error)
+    }
+}
+
+impl From<crate::pool::filesystem::FsError> for Failure {
+    fn from(error: crate::pool::filesystem::FsError) -> Failure {
+        Failure::Pool(PoolError::Io(error.to_string()))
+    }
+}
+
+impl From<crate::object::ObjectError> for Failure {
+    fn from(error: crate::object::ObjectError) -> Failure {
+        Failure::Pool(error.into())
     }
 }
 
@@ -172,12 +207,17 @@ impl Pool {
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(target);
         let directory = self.directory.borrow();
-        let record = directory
-            .volumes
-            .get(&Self::hidden_name(short))?
-            .receive
-            .clone()?;
+        let record = directory.receive(&Self::hidden_name(short))??;
         record.resumable.then(|| record.position.encode())
+    }
+
+    /// Destroys the hidden dataset of a receive (a volume or a filesystem).
+    async fn destroy_hidden(self: &Rc<Self>, hidden_short: &str) -> Result<(), PoolError> {
+        if self.filesystems.borrow().contains_key(hidden_short) {
+            self.destroy_filesystem(hidden_short, true).await
+        } else {
+            self.destroy_volume(hidden_short, true).await
+        }
     }
 
     /// The hidden volumes of receives that cannot be resumed (started
@@ -185,18 +225,22 @@ impl Pool {
     /// import discards. Short names, with the target each was for.
     pub(crate) fn unresumable_receives(&self) -> Vec<(String, String)> {
         let directory = self.directory.borrow();
-        directory
+        let volumes = directory
             .volumes
             .iter()
-            .filter(|(short, record)| {
+            .map(|(short, record)| (short, record.receive.as_ref()));
+        let filesystems = directory
+            .filesystems
+            .iter()
+            .map(|(short, record)| (short, record.receive.as_ref()));
+        volumes
+            .chain(filesystems)
+            .filter(|(short, receive)| {
                 crate::pool::is_hidden_volume(short)
-                    && record
-                        .receive
-                        .as_ref()
-                        .is_none_or(|receive| !receive.resumable)
+                    && receive.is_none_or(|receive| !receive.resumable)
             })
-            .map(|(short, record)| {
-                let target = record.receive.as_ref().map_or_else(
+            .map(|(short, receive)| {
+                let target = receive.map_or_else(
                     || short.trim_end_matches(RECEIVE_SUFFIX).to_string(),
                     |receive| receive.target.clone(),
                 );
@@ -212,7 +256,7 @@ impl Pool {
     pub(crate) async fn discard_unresumable_receives(self: &Rc<Self>) -> Vec<String> {
         let mut notes = Vec::new();
         for (hidden, target) in self.unresumable_receives() {
-            match self.destroy_volume(&hidden, true).await {
+            match self.destroy_hidden(&hidden).await {
                 Ok(()) => notes.push(format!("discarded the interrupted receive into {}/{target} (it was not started with -s, so it could not be resumed)", self.name)),
                 Err(error) => notes.push(format!(
                     "could not discard the interrupted receive into {}/{target}: {error}; retry with `ironpool receive -A {}/{target}`",
@@ -230,13 +274,13 @@ impl Pool {
             .unwrap_or(target)
             .to_string();
         let hidden = Self::hidden_name(&short);
-        if !self.directory.borrow().volumes.contains_key(&hidden) {
+        if self.directory.borrow().receive(&hidden).is_none() {
             return Err(PoolError::InvalidArgument(format!(
                 "no interrupted receive into {}/{short}",
                 self.name
             )));
         }
-        self.destroy_volume(&hidden, true).await
+        self.destroy_hidden(&hidden).await
     }
 
     /// Receives a stream from `input` (see the module documentation).
@@ -277,15 +321,29 @@ impl Pool {
             .prepare_receive(&short, &hidden_short, &begin, &options)
             .await?;
         let resumed_from_block = begin.resume_block;
-        let applied = self
-            .apply_stream(
-                &hidden,
-                &hidden_short,
-                input,
-                &mut checker,
-                options.save_partial,
-            )
-            .await;
+        let applied = match &hidden {
+            Hidden::Volume(volume) => {
+                self.apply_stream(
+                    volume,
+                    &hidden_short,
+                    input,
+                    &mut checker,
+                    options.save_partial,
+                )
+                .await
+            }
+            Hidden::Filesystem(fs) => {
+                self.apply_fs_stream(
+                    fs,
+                    &hidden_short,
+                    &begin,
+                    input,
+                    &mut checker,
+                    options.save_partial,
+                )
+                .await
+            }
+        };
         match applied {
             Ok(()) => {}
             Err(failure) => {
@@ -318,22 +376,35 @@ impl Pool {
             written_blocks,
             freed_blocks,
             resumed_from_block,
+            resumed_from_object: begin.resume_object,
         })
     }
 
-    /// Checks that the stream applies here and sets up the hidden volume.
+    /// Checks that the stream applies here and sets up the hidden dataset.
     async fn prepare_receive(
         self: &Rc<Self>,
         short: &str,
         hidden_short: &str,
         begin: &StreamBegin,
         options: &ReceiveOptions,
-    ) -> Result<Rc<Volume>, PoolError> {
+    ) -> Result<Hidden, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
-        let existing_hidden = self.directory.borrow().volumes.get(hidden_short).cloned();
-        if let Some(resume_block) = begin.resume_block {
+        let filesystem = begin.filesystem.is_some();
+        let existing_hidden = self
+            .directory
+            .borrow()
+            .receive(hidden_short)
+            .map(|receive| receive.cloned());
+        let hidden_of = |pool: &Pool| -> Result<Hidden, PoolError> {
+            if filesystem {
+                pool.filesystem(hidden_short).map(Hidden::Filesystem)
+            } else {
+                pool.volume(hidden_short).map(Hidden::Volume)
+            }
+        };
+        if begin.resume_block.is_some() || begin.resume_object.is_some() {
             let record = existing_hidden
-                .and_then(|record| record.receive)
+                .flatten()
                 .filter(|receive| receive.resumable)
                 .ok_or_else(|| {
                     PoolError::InvalidArgument(format!(
@@ -349,39 +420,37 @@ impl Pool {
                     begin.snapshot, record.position.snapshot
                 )));
             }
-            if resume_block > record.position.next_block {
-                return Err(PoolError::InvalidArgument(format!("the stream resumes at block {resume_block}, but only blocks before {} were received", record.position.next_block)));
+            let resumes_at = (
+                begin.resume_object.unwrap_or(0),
+                begin.resume_block.unwrap_or(0),
+            );
+            let received = (record.position.next_object, record.position.next_block);
+            if resumes_at > received {
+                return Err(PoolError::InvalidArgument(format!(
+                    "the stream resumes at {}, but only what comes before {} was received",
+                    position_text(resumes_at),
+                    position_text(received)
+                )));
             }
             // Resumed without -s, a failure discards it (`fail_receive`), and
             // so does the import after a crash.
             if record.resumable != options.save_partial {
-                if let Some(receive) = self
-                    .directory
-                    .borrow_mut()
-                    .volumes
-                    .get_mut(hidden_short)
-                    .and_then(|record| record.receive.as_mut())
-                {
+                if let Some(Some(receive)) = self.directory.borrow_mut().receive_mut(hidden_short) {
                     receive.resumable = options.save_partial;
                 }
                 self.directory_dirty.set(true);
             }
-            return self.volume(hidden_short);
+            return hidden_of(self);
         }
-        if let Some(record) = existing_hidden {
-            if !record
-                .receive
-                .as_ref()
-                .is_some_and(|receive| receive.resumable)
-            {
+        if let Some(receive) = existing_hidden {
+            if !receive.as_ref().is_some_and(|receive| receive.resumable) {
                 return Err(PoolError::InvalidArgument(format!(
                     "a receive into {}/{short} is in progress; wait for it to end",
                     self.name
                 )));
             }
             let token = self.receive_resume_token(short).unwrap_or_default();
-            let what = record
-                .receive
+            let what = receive
                 .map(|receive| receive.position.snapshot)
                 .unwrap_or_default();
             return Err(PoolError::InvalidArgument(format!(
@@ -397,39 +466,56 @@ impl Pool {
                 from: begin.from.clone(),
                 from_guid: begin.from_guid,
                 next_block: 0,
+                next_object: if filesystem { 1 } else { 0 },
             },
             resumable: options.save_partial,
         };
         let hidden = if begin.from_guid == 0 {
             // A volume or a filesystem: names are shared.
             if self.directory.borrow().lineage(short).is_some() {
-                return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new volume; receive into another name, or send incrementally)", self.name)));
+                return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new dataset; receive into another name, or send incrementally)", self.name)));
             }
-            drop(_admin);
-            self.create_volume_named(
-                hidden_short.to_string(),
-                begin.size_bytes,
-                begin.block_bytes,
-                Default::default(),
-            )
-            .await?
-        } else {
-            let from = self.incremental_source(short, begin, options.force)?;
-            let hidden = self
-                .clone_locked(&format!("{}/{short}@{from}", self.name), hidden_short)
-                .await?;
-            if begin.size_bytes > hidden.size_bytes.get() {
-                hidden.size_bytes.set(begin.size_bytes);
-                hidden.object.dnode.borrow_mut().length_bytes = begin.size_bytes;
-                hidden.object.dirty.set(true);
-                if let Some(record) = self.directory.borrow_mut().volumes.get_mut(hidden_short) {
-                    record.size_bytes = begin.size_bytes;
+            match &begin.filesystem {
+                Some(info) => {
+                    Hidden::Filesystem(self.create_receive_filesystem(hidden_short, info).await?)
+                }
+                None => {
+                    drop(_admin);
+                    Hidden::Volume(
+                        self.create_volume_named(
+                            hidden_short.to_string(),
+                            begin.size_bytes,
+                            begin.block_bytes,
+                            Default::default(),
+                        )
+                        .await?,
+                    )
                 }
             }
-            hidden
+        } else {
+            let from = self.incremental_source(short, begin, options.force)?;
+            let origin = format!("{}/{short}@{from}", self.name);
+            if filesystem {
+                Hidden::Filesystem(
+                    self.clone_filesystem_locked(&origin, hidden_short, BTreeMap::new())
+                        .await?,
+                )
+            } else {
+                let hidden = self.clone_locked(&origin, hidden_short).await?;
+                if begin.size_bytes > hidden.size_bytes.get() {
+                    hidden.size_bytes.set(begin.size_bytes);
+                    hidden.object.dnode.borrow_mut().length_bytes = begin.size_bytes;
+                    hidden.object.dirty.set(true);
+                    if let Some(record) = self.directory.borrow_mut().volumes.get_mut(hidden_short)
+                    {
+                        record.size_bytes = begin.size_bytes;
+                    }
+                }
+                Hidden::Volume(hidden)
+            }
         };
-        if let Some(record) = self.directory.borrow_mut().volumes.get_mut(hidden_short) {
-            record.receive = Some(receive);
+        if let Some(slot) = self.directory.borrow_mut().receive_mut(hidden_short) {
+            *slot = Some(receive);
         }
         self.directory_dirty.set(true);
         Ok(hidden)
@@ -444,17 +530,23 @@ impl Pool {
         begin: &StreamBegin,
         force: bool,
     ) -> Result<String, PoolError> {
-        if self.filesystem(short).is_ok() {
+        let is_filesystem = self.filesystems.borrow().contains_key(short);
+        let exists = self.directory.borrow().lineage(short).is_some();
+        if exists && is_filesystem != begin.filesystem.is_some() {
+            let (what, stream) = if is_filesystem {
+                ("a filesystem", "a volume's")
+            } else {
+                ("a volume", "a filesystem's")
+            };
             return Err(PoolError::InvalidArgument(format!(
-                "{}/{short} is a filesystem: a volume's stream cannot be received into it",
+                "{}/{short} is {what}: {stream} stream cannot be received into it",
                 self.name
             )));
         }
-        let record = self.directory.borrow().volumes.get(short).cloned().ok_or_else(|| {
+        let lineage = self.directory.borrow().lineage(short).cloned().ok_or_else(|| {
             PoolError::InvalidArgument(format!("the stream is incremental from {}, but {}/{short} does not exist: receive a full stream first", begin.from.clone().unwrap_or_default(), self.name))
         })?;
-        let index = record
-            .lineage
+        let index = lineage
             .snapshots
             .iter()
             .position(|snapshot| snapshot.guid == begin.from_guid)
@@ -467,42 +559,56 @@ impl Pool {
             ))
             })?;
         let (_, wanted) = begin.snapshot.split_once('@').unwrap_or_default();
-        if record
-            .lineage
-            .snapshots
-            .iter()
-            .any(|snapshot| snapshot.name == wanted)
-        {
+        if lineage.snapshot(wanted).is_some() {
             return Err(PoolError::VolumeExists(format!(
                 "{}/{short}@{wanted}",
                 self.name
             )));
         }
-        if record.block_bytes != begin.block_bytes {
-            return Err(PoolError::InvalidArgument(format!(
-                "the stream's block size {} differs from {}/{short}'s {}",
-                begin.block_bytes, self.name, record.block_bytes
-            )));
+        if let Some(record) = self.directory.borrow().volumes.get(short) {
+            if record.block_bytes != begin.block_bytes {
+                return Err(PoolError::InvalidArgument(format!(
+                    "the stream's block size {} differs from {}/{short}'s {}",
+                    begin.block_bytes, self.name, record.block_bytes
+                )));
+            }
         }
         if !force {
-            if index + 1 != record.lineage.snapshots.len() {
+            if index + 1 != lineage.snapshots.len() {
                 return Err(PoolError::InvalidArgument(format!(
                     "{}/{short} has snapshots newer than {}; use -F to roll back to it (destroying them)",
-                    self.name, record.lineage.snapshots[index].name
+                    self.name, lineage.snapshots[index].name
                 )));
             }
             if self.changed_since_latest_snapshot(short)? {
                 return Err(PoolError::InvalidArgument(format!(
-                    "{}/{short} was written since @{}; use -F to roll back those changes",
-                    self.name, record.lineage.snapshots[index].name
+                    "{}/{short} was written since @{}; use -F to roll back those changes (set atime=off or readonly=on on a filesystem that only receives: reading it updates access times)",
+                    self.name, lineage.snapshots[index].name
                 )));
             }
         }
-        Ok(record.lineage.snapshots[index].name.clone())
+        Ok(lineage.snapshots[index].name.clone())
     }
 
-    /// True when a volume holds writes made after its latest snapshot.
+    /// True when a volume or a filesystem holds changes made after its
+    /// latest snapshot.
     fn changed_since_latest_snapshot(&self, short: &str) -> Result<bool, PoolError> {
+        if let Some(fs) = self.filesystems.borrow().get(short) {
+            let dnode = fs.table.dnode();
+            // (The table's own dnode is marked dirty by a rollback to the
+            // latest snapshot, which changes nothing: its nodes and objects
+            // tell.)
+            return Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg
+                || fs.table.has_dirty_nodes()
+                || fs.objects.dirty_bytes() > 0
+                || fs
+                    .objects
+                    .open_objects()
+                    .iter()
+                    .any(|object| object.dirty.get() && !Rc::ptr_eq(object, &fs.table))
+                || !fs.table.dead.borrow().is_empty()
+                || fs.table.dead_list.get() != 0);
+        }
         let head = self.volume(short)?;
         let dnode = head.object.dnode();
         Ok(dnode.root.birth_txg > dnode.prev_snapshot_txg
@@ -531,7 +637,7 @@ impl Pool {
                 Ok(None) => {
                     applier.drain().await?;
                     if save_partial {
-                        self.save_receive_position(hidden_short, checker.next_block())
+                        self.save_receive_position(hidden_short, checker.position())
                             .await?;
                     }
                     return Err(StreamError::Truncated {
@@ -544,7 +650,7 @@ impl Pool {
                     if save_partial {
                         // A refused record was not accepted: the position is
                         // still the end of the last good one.
-                        self.save_receive_position(hidden_short, checker.next_block())
+                        self.save_receive_position(hidden_short, checker.position())
                             .await?;
                     }
                     return Err(failure);
@@ -595,7 +701,119 @@ impl Pool {
                 // The position is committed with the next txg: the data before
                 // it must be linked by then.
                 self.drain_volume(hidden).await?;
-                self.note_receive_position(hidden_short, checker.next_block());
+                self.note_receive_position(hidden_short, checker.position());
+                since_checkpoint = 0;
+            }
+        }
+    }
+
+    /// Applies the records after BEGIN to a receive's hidden filesystem, up
+    /// to END. File blocks are written many at once (as a volume's are);
+    /// objects, frees and directory leaves in stream order.
+    async fn apply_fs_stream(
+        self: &Rc<Self>,
+        hidden: &Rc<Filesystem>,
+        hidden_short: &str,
+        begin: &StreamBegin,
+        input: &dyn StreamSource,
+        checker: &mut StreamChecker,
+        save_partial: bool,
+    ) -> Result<(), Failure> {
+        let info = begin
+            .filesystem
+            .ok_or_else(|| Failure::Stream("not a filesystem's stream".into()))?;
+        let applier = Applier::new();
+        let mut since_checkpoint = 0u64;
+        let mut current: Option<Rc<Object>> = None;
+        loop {
+            applier.failed()?;
+            let (record, tail) = match next_record(input, checker).await {
+                Ok(Some((_, record, tail))) => (record, tail),
+                Ok(None) => {
+                    applier.drain().await?;
+                    if save_partial {
+                        self.save_receive_position(hidden_short, checker.position())
+                            .await?;
+                    }
+                    return Err(StreamError::Truncated {
+                        records: checker.records(),
+                    }
+                    .into());
+                }
+                Err(failure) => {
+                    applier.drain().await?;
+                    if save_partial {
+                        self.save_receive_position(hidden_short, checker.position())
+                            .await?;
+                    }
+                    return Err(failure);
+                }
+            };
+            // Dirty metadata stays bounded, as for a writer.
+            self.txg.throttle(self).await;
+            match (record, tail) {
+                (Record::Object(object), _) => {
+                    current = Some(hidden.receive_object(self, &info, &object).await?);
+                }
+                (Record::FreeObjects { first, count }, _) => {
+                    current = None;
+                    hidden.receive_free_objects(self, first, count).await?;
+                }
+                (Record::ObjectWrite { first_block, .. }, Some(data)) => {
+                    let object = current
+                        .clone()
+                        .ok_or_else(|| Failure::Stream("blocks before their OBJECT".into()))?;
+                    since_checkpoint += data.len() as u64;
+                    if object.dnode().object_type == ObjectType::FsDirectory {
+                        hidden
+                            .receive_blocks(self, &object, first_block, &data)
+                            .await?;
+                    } else {
+                        let permit = applier.slots.acquire(1).await;
+                        let pool = self.clone();
+                        let fs = hidden.clone();
+                        let error = applier.error.clone();
+                        crate::rt::spawn(async move {
+                            if let Err(failure) =
+                                fs.receive_blocks(&pool, &object, first_block, &data).await
+                            {
+                                let failure = match failure {
+                                    Failure::Pool(error) => error,
+                                    Failure::Stream(message) => PoolError::InvalidArgument(message),
+                                };
+                                error.borrow_mut().get_or_insert(failure);
+                            }
+                            drop(permit);
+                        });
+                    }
+                }
+                (
+                    Record::ObjectFree {
+                        first_block, count, ..
+                    },
+                    _,
+                ) => {
+                    let object = current
+                        .clone()
+                        .ok_or_else(|| Failure::Stream("blocks before their OBJECT".into()))?;
+                    hidden
+                        .receive_free_blocks(self, &object, first_block, count)
+                        .await?;
+                }
+                (Record::End(_), _) => {
+                    applier.drain().await?;
+                    hidden.receive_end(&info).await?;
+                    return Ok(());
+                }
+                (record, _) => {
+                    return Err(Failure::Stream(format!("unexpected record {record:?}")))
+                }
+            }
+            if save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
+                // The position is committed with the next txg: the blocks
+                // before it must be linked by then.
+                applier.drain().await?;
+                self.note_receive_position(hidden_short, checker.position());
                 since_checkpoint = 0;
             }
         }
@@ -603,14 +821,9 @@ impl Pool {
 
     /// Records how far a receive got (committed with the next txg, after the
     /// data before it).
-    fn note_receive_position(&self, hidden_short: &str, next_block: u64) {
-        if let Some(receive) = self
-            .directory
-            .borrow_mut()
-            .volumes
-            .get_mut(hidden_short)
-            .and_then(|record| record.receive.as_mut())
-        {
+    fn note_receive_position(&self, hidden_short: &str, (next_object, next_block): (u64, u64)) {
+        if let Some(Some(receive)) = self.directory.borrow_mut().receive_mut(hidden_short) {
+            receive.position.next_object = next_object;
             receive.position.next_block = next_block;
         }
         self.directory_dirty.set(true);
@@ -620,11 +833,12 @@ impl Pool {
     async fn save_receive_position(
         self: &Rc<Self>,
         hidden_short: &str,
-        next_block: u64,
+        position: (u64, u64),
     ) -> Result<(), PoolError> {
-        let hidden = self.volume(hidden_short)?;
-        self.drain_volume(&hidden).await?;
-        self.note_receive_position(hidden_short, next_block);
+        if let Ok(hidden) = self.volume(hidden_short) {
+            self.drain_volume(&hidden).await?;
+        }
+        self.note_receive_position(hidden_short, position);
         self.txg.wait_durable(self, self.txg.open()).await
     }
 
@@ -645,7 +859,7 @@ impl Pool {
                 ));
             }
         }
-        let cleanup = self.destroy_volume(hidden_short, true).await;
+        let cleanup = self.destroy_hidden(hidden_short).await;
         match cleanup {
             Ok(()) => PoolError::InvalidArgument(format!("{message}\nnothing was received; {}/{short} is unchanged", self.name)),
             Err(error) => PoolError::InvalidArgument(format!("{message}\n(discarding the partial receive also failed: {error}; retry with `ironpool receive -A {}/{short}`)", self.name)),
@@ -661,6 +875,11 @@ impl Pool {
         snapshot_name: &str,
         force: bool,
     ) -> Result<(), PoolError> {
+        if begin.filesystem.is_some() {
+            return self
+                .finish_fs_receive(short, hidden_short, begin, snapshot_name, force)
+                .await;
+        }
         // Everything received is committed first: the hidden tree is then clean
         // on disk and can change hands as a whole.
         self.drain_volume(&self.volume(hidden_short)?).await?;
@@ -782,5 +1001,134 @@ impl Pool {
         });
         self.directory_dirty.set(true);
         self.commit().await
+    }
+}
+
+impl Pool {
+    /// Makes a receive's hidden filesystem the target, with the stream's
+    /// snapshot, in one txg: renamed for a full stream; for an incremental
+    /// one, its dnode table takes the place of the target's (as a rollback
+    /// does), and the target is mounted again by the server.
+    async fn finish_fs_receive(
+        self: &Rc<Self>,
+        short: &str,
+        hidden_short: &str,
+        begin: &StreamBegin,
+        snapshot_name: &str,
+        force: bool,
+    ) -> Result<(), PoolError> {
+        // Everything received is committed first: the hidden tree is then
+        // clean on disk and can change hands as a whole.
+        self.txg.wait_durable(self, self.txg.open()).await?;
+        let _admin = self.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let hidden = self.filesystem(hidden_short)?;
+        let _hidden_exclusive = hidden.exclusive().await;
+        if begin.from_guid == 0 {
+            if self.directory.borrow().lineage(short).is_some() {
+                return Err(PoolError::VolumeExists(format!(
+                    "{}/{short} was created while receiving",
+                    self.name
+                )));
+            }
+            let mut record = self
+                .directory
+                .borrow_mut()
+                .filesystems
+                .remove(hidden_short)
+                .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
+            record.receive = None;
+            self.filesystems.borrow_mut().remove(hidden_short);
+            hidden.retire();
+            self.directory
+                .borrow_mut()
+                .filesystems
+                .insert(short.to_string(), record.clone());
+            let fs = self
+                .open_head_filesystem(short, hidden.table.clone(), &record)
+                .await?;
+            self.filesystems.borrow_mut().insert(short.to_string(), fs);
+        } else {
+            let from = self.incremental_source(short, begin, force)?;
+            let needs_rollback = {
+                let lineage = self
+                    .directory
+                    .borrow()
+                    .lineage(short)
+                    .cloned()
+                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
+                lineage
+                    .snapshots
+                    .last()
+                    .is_some_and(|latest| latest.name != from)
+                    || self.changed_since_latest_snapshot(short)?
+            };
+            if needs_rollback {
+                self.rollback_locked(&format!("{}/{short}@{from}", self.name), true)
+                    .await?;
+            }
+            let head = self.filesystem(short)?;
+            let _head_exclusive = head.exclusive().await;
+            // A client may have changed it between the rollback and this
+            // point: the head's own blocks would leak under the swap.
+            // Refuse; nothing is lost (the received objects stay in the
+            // hidden filesystem until the failure path discards or keeps it).
+            if self.changed_since_latest_snapshot(short)? {
+                return Err(PoolError::InvalidArgument(format!("{}/{short} was changed while the receive finished; stop its writers and receive again", self.name)));
+            }
+            if hidden.table.has_dirty_nodes() || hidden.table.dirty.get() {
+                return Err(PoolError::Corrupt(format!(
+                    "{hidden_short} changed while it was being received"
+                )));
+            }
+            // No txg build between the swap and the new filesystem over it.
+            let hold = self.txg.hold_builds();
+            let current = head.table.dnode();
+            let mut dnode = hidden.table.dnode();
+            dnode.flags &= !DNODE_FLAG_READ_ONLY;
+            dnode.creation_txg = current.creation_txg;
+            dnode.origin_txg = current.origin_txg;
+            // The head takes the received table; what the received objects
+            // replaced of the source snapshot is the head's dead list now.
+            self.objects.reset_tree(&head.table, dnode);
+            let pending_dead = std::mem::take(&mut *hidden.table.dead.borrow_mut());
+            head.table.dead.borrow_mut().extend(pending_dead);
+            let dead_list = hidden.table.dead_list.replace(0);
+            head.table.dead_list.set(dead_list);
+            {
+                let mut directory = self.directory.borrow_mut();
+                let removed = directory.filesystems.remove(hidden_short);
+                if let Some(origin) = removed.and_then(|record| record.lineage.origin) {
+                    if let Some(snapshot) =
+                        directory.lineage_mut(&origin.volume).and_then(|lineage| {
+                            lineage
+                                .snapshots
+                                .iter_mut()
+                                .find(|snapshot| snapshot.name == origin.snapshot)
+                        })
+                    {
+                        snapshot.clones.retain(|clone| clone != hidden_short);
+                    }
+                }
+                directory
+                    .lineage_mut(short)
+                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?
+                    .dead_list = dead_list;
+            }
+            self.filesystems.borrow_mut().remove(hidden_short);
+            hidden.retire();
+            self.drop_dnode(hidden.table.id)?;
+            self.reopen_filesystem(short, &head).await?;
+            drop(hold);
+        }
+        self.pending_snapshots.borrow_mut().push(SnapshotRequest {
+            volume: short.to_string(),
+            name: snapshot_name.to_string(),
+            guid: begin.to_guid,
+        });
+        self.directory_dirty.set(true);
+        let committed = self.commit().await;
+        self.notify_filesystems_changed();
+        committed
     }
 }

@@ -29,7 +29,7 @@ use crate::rt::executor::JoinHandle;
 /// queue's aggregation of neighbours), bounded memory (64 × 128 KiB at most).
 pub const SEND_READS_IN_FLIGHT: usize = 64;
 /// Changes found per walk of the tree (the walk resumes where it stopped).
-const CHANGES_PER_WALK: usize = 4096;
+pub(in crate::pool) const CHANGES_PER_WALK: usize = 4096;
 
 /// Where an interrupted receive stopped: what `send -t` needs to continue.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -41,8 +41,17 @@ pub struct ResumeToken {
     pub from: Option<String>,
     #[serde(default)]
     pub from_guid: u64,
-    /// The first block not yet received.
+    /// The first block not yet received (of a filesystem: of object
+    /// `next_object`).
     pub next_block: u64,
+    /// A filesystem's receive: the first object not yet wholly received
+    /// (0 for a volume's).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub next_object: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Version tag of the token's text form.
@@ -99,6 +108,8 @@ pub struct SendRequest {
     pub from: Option<String>,
     /// Continue an interrupted stream from this block.
     pub resume_block: Option<u64>,
+    /// A filesystem's: continue from this object (and `resume_block` of it).
+    pub resume_object: Option<u64>,
 }
 
 /// One entry of the in-order pipeline between reads and the output.
@@ -114,12 +125,12 @@ enum Pending {
 }
 
 /// Builds records from blocks in order and writes them out.
-struct StreamOut<'a> {
+pub(in crate::pool) struct StreamOut<'a> {
     out: &'a dyn StreamSink,
     block_bytes: u64,
     previous: [u8; 16],
-    end: StreamEnd,
-    bytes: u64,
+    pub(in crate::pool) end: StreamEnd,
+    pub(in crate::pool) bytes: u64,
     incremental: bool,
     /// Data blocks waiting to become a WRITE record: first block and the blocks.
     run: Option<(u64, Vec<BufSlice>)>,
@@ -127,8 +138,28 @@ struct StreamOut<'a> {
     holes: Option<(u64, u64)>,
 }
 
-impl StreamOut<'_> {
-    async fn record(
+impl<'a> StreamOut<'a> {
+    /// Output to `out`; `block_bytes` for a volume's WRITE runs (0 for a
+    /// filesystem's stream).
+    pub(in crate::pool) fn new(
+        out: &'a dyn StreamSink,
+        block_bytes: u64,
+        incremental: bool,
+    ) -> StreamOut<'a> {
+        StreamOut {
+            out,
+            block_bytes,
+            previous: [0; 16],
+            end: StreamEnd::default(),
+            bytes: 0,
+            incremental,
+            run: None,
+            holes: None,
+        }
+    }
+
+    /// Writes one record: `head` then `data` as its payload.
+    pub(in crate::pool) async fn record(
         &mut self,
         kind: RecordKind,
         head: &[u8],
@@ -213,7 +244,11 @@ impl StreamOut<'_> {
 
 impl Pool {
     /// Resolves "@SNAP", "VOL@SNAP" or "POOL/VOL@SNAP" against `volume`.
-    fn resolve_from(&self, volume: &str, from: &str) -> Result<(String, String), PoolError> {
+    pub(in crate::pool) fn resolve_from(
+        &self,
+        volume: &str,
+        from: &str,
+    ) -> Result<(String, String), PoolError> {
         let (from_volume, from_snapshot) = match from.strip_prefix('@') {
             Some(snapshot) => (volume.to_string(), snapshot.to_string()),
             None => {
@@ -225,6 +260,51 @@ impl Pool {
             }
         };
         Ok((from_volume, from_snapshot))
+    }
+
+    /// The earlier snapshot an incremental send of `to` (snapshot of
+    /// `dataset`, `to_name` in full) starts from: its txg, full name and
+    /// guid; (0, None, 0) for a full send. It must be a snapshot of the
+    /// same dataset, or its origin, and older than `to`.
+    pub(in crate::pool) fn send_source(
+        &self,
+        dataset: &str,
+        lineage: &crate::pool::dataset::directory::Lineage,
+        to: &crate::pool::dataset::directory::SnapshotRecord,
+        to_name: &str,
+        from: &Option<String>,
+    ) -> Result<(u64, Option<String>, u64), PoolError> {
+        let Some(from) = from else {
+            return Ok((0, None, 0));
+        };
+        let (from_dataset, from_snapshot) = self.resolve_from(dataset, from)?;
+        let is_origin = lineage.origin.as_ref().is_some_and(|origin| {
+            origin.volume == from_dataset && origin.snapshot == from_snapshot
+        });
+        if from_dataset != dataset && !is_origin {
+            return Err(PoolError::InvalidArgument(format!(
+                "{from} is neither a snapshot of {}/{dataset} nor its origin",
+                self.name
+            )));
+        }
+        let from_record = self
+            .directory
+            .borrow()
+            .lineage(&from_dataset)
+            .and_then(|owner| owner.snapshot(&from_snapshot).cloned())
+            .ok_or_else(|| {
+                PoolError::NoSuchSnapshot(format!("{}/{from_dataset}@{from_snapshot}", self.name))
+            })?;
+        if from_record.txg >= to.txg {
+            return Err(PoolError::InvalidArgument(format!(
+                "{from} is not earlier than {to_name}"
+            )));
+        }
+        Ok((
+            from_record.txg,
+            Some(format!("{}/{from_dataset}@{from_snapshot}", self.name)),
+            from_record.guid,
+        ))
     }
 
     /// Writes `request`'s stream to `out`.
@@ -241,10 +321,7 @@ impl Pool {
                 ))
             })?;
         if self.filesystem(volume).is_ok() {
-            return Err(PoolError::InvalidArgument(format!(
-                "{}/{volume} is a filesystem: send and receive of filesystems are not built yet (volumes only)",
-                self.name
-            )));
+            return self.send_filesystem(request, out).await;
         }
         let record = self.volume_record(volume)?;
         let to = record
@@ -253,40 +330,8 @@ impl Pool {
             .cloned()
             .ok_or_else(|| PoolError::NoSuchVolume(request.snapshot.clone()))?;
         let to_name = format!("{}/{volume}@{snapshot}", self.name);
-        let (since_txg, from_name, from_guid) = match &request.from {
-            None => (0, None, 0),
-            Some(from) => {
-                let (from_volume, from_snapshot) = self.resolve_from(volume, from)?;
-                let is_origin = record.lineage.origin.as_ref().is_some_and(|origin| {
-                    origin.volume == from_volume && origin.snapshot == from_snapshot
-                });
-                if from_volume != volume && !is_origin {
-                    return Err(PoolError::InvalidArgument(format!(
-                        "{from} is neither a snapshot of {}/{volume} nor its origin",
-                        self.name
-                    )));
-                }
-                let from_record = self
-                    .directory
-                    .borrow()
-                    .volumes
-                    .get(&from_volume)
-                    .and_then(|owner| owner.lineage.snapshot(&from_snapshot).cloned());
-                let from_record = from_record.ok_or_else(|| {
-                    PoolError::NoSuchVolume(format!("{}/{from_volume}@{from_snapshot}", self.name))
-                })?;
-                if from_record.txg >= to.txg {
-                    return Err(PoolError::InvalidArgument(format!(
-                        "{from} is not earlier than {to_name}"
-                    )));
-                }
-                (
-                    from_record.txg,
-                    Some(format!("{}/{from_volume}@{from_snapshot}", self.name)),
-                    from_record.guid,
-                )
-            }
-        };
+        let (since_txg, from_name, from_guid) =
+            self.send_source(volume, &record.lineage, &to, &to_name, &request.from)?;
         let _hold = self.hold_snapshot(&to_name);
         let _from_hold = from_name.as_ref().map(|name| self.hold_snapshot(name));
         let view = self.snapshot_volume(&to_name).await?;
@@ -303,17 +348,10 @@ impl Pool {
             block_bytes: block_bytes as u32,
             resume_block: request.resume_block,
             properties: record.properties.clone(),
+            filesystem: None,
+            resume_object: None,
         };
-        let mut output = StreamOut {
-            out,
-            block_bytes,
-            previous: [0; 16],
-            end: StreamEnd::default(),
-            bytes: 0,
-            incremental: from_name.is_some(),
-            run: None,
-            holes: None,
-        };
+        let mut output = StreamOut::new(out, block_bytes, from_name.is_some());
         let json = serde_json::to_vec(&begin).expect("BEGIN serialises");
         output.record(RecordKind::Begin, &json, Vec::new()).await?;
         let mut pending: VecDeque<Pending> = VecDeque::new();
@@ -329,7 +367,7 @@ impl Pool {
         loop {
             let (changes, next) = self
                 .objects
-                .changed_blocks(&view.object, since_txg, cursor, CHANGES_PER_WALK)
+                .changed_blocks(&view.object, since_txg, cursor, CHANGES_PER_WALK, true)
                 .await?;
             for change in changes {
                 match change {

@@ -591,23 +591,37 @@ impl Pool {
         let _admin = self.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let clone_short = self.new_dataset_short_name(clone)?;
-        self.check_name_free(&clone_short)?;
+        let fs = self
+            .clone_filesystem_locked(origin, &clone_short, checked)
+            .await?;
+        self.commit().await?;
+        self.notify_filesystems_changed();
+        Ok(fs)
+    }
+
+    /// Creates the clone in the open txg (the caller holds the admin lock
+    /// and checked `properties`).
+    pub(crate) async fn clone_filesystem_locked(
+        self: &Rc<Self>,
+        origin: &str,
+        clone_short: &str,
+        properties: BTreeMap<String, String>,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        self.check_name_free(clone_short)?;
         let (source, _) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
             PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
         })?;
-        let mut properties = self
+        let mut inherited = self
             .filesystem_record(source)
             .ok_or_else(|| PoolError::InvalidArgument(format!("{origin}: not a filesystem's")))?
             .properties;
-        properties.remove("mountpoint");
-        properties.extend(checked);
+        inherited.remove("mountpoint");
+        inherited.extend(properties);
         let (origin_name, lineage, table) = self.clone_head(origin).await?;
         let fs = self
-            .add_filesystem(&clone_short, table, properties, lineage)
+            .add_filesystem(clone_short, table, inherited, lineage)
             .await?;
-        self.note_clone(&origin_name, &clone_short);
-        self.commit().await?;
-        self.notify_filesystems_changed();
+        self.note_clone(&origin_name, clone_short);
         Ok(fs)
     }
 

@@ -29,6 +29,7 @@
 //! file. `fsync` commits a txg.
 
 pub mod dir;
+mod stream;
 pub mod xattr;
 
 use std::cell::{Cell, RefCell};
@@ -204,6 +205,9 @@ pub struct FilesystemRecord {
     /// Its snapshots, dead list and origin (a clone's).
     #[serde(flatten)]
     pub lineage: crate::pool::dataset::directory::Lineage,
+    /// A receive in progress into this (hidden) filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive: Option<crate::pool::dataset::directory::ReceiveRecord>,
 }
 
 /// What `stat` reports about an object.
@@ -398,7 +402,7 @@ pub struct Filesystem {
     pub table: Rc<Object>,
     /// Its own objects.
     pub objects: Rc<ObjectSet>,
-    header: Cell<FsHeader>,
+    pub(in crate::pool) header: Cell<FsHeader>,
     settings: Cell<VolumeSettings>,
     /// `xattr=on` (the default): extended attributes are served.
     xattrs: Cell<bool>,
@@ -1982,7 +1986,7 @@ impl Pool {
     /// Opens filesystem `short` (a head, writable) over `table`: loads the
     /// whole table (the txg build writes dnodes into it with no I/O) and
     /// its dead lists (metadata, kept cached as a volume's are).
-    async fn open_head_filesystem(
+    pub(in crate::pool) async fn open_head_filesystem(
         &self,
         short: &str,
         table: Rc<Object>,
@@ -2037,6 +2041,7 @@ impl Pool {
             guid: crate::format::new_guid(),
             properties,
             lineage,
+            receive: None,
         };
         let fs = self.open_head_filesystem(short, table, &record).await?;
         self.directory
@@ -2146,8 +2151,20 @@ impl Pool {
             .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{name}'")))
     }
 
-    /// Every filesystem, by short name.
+    /// Every filesystem users see, by short name (not the hidden ones of
+    /// receives in progress: see [`Pool::all_filesystems`]).
     pub fn filesystems(&self) -> Vec<(String, Rc<Filesystem>)> {
+        self.filesystems
+            .borrow()
+            .iter()
+            .filter(|(name, _)| !crate::pool::is_hidden_volume(name))
+            .map(|(name, fs)| (name.clone(), fs.clone()))
+            .collect()
+    }
+
+    /// Every filesystem, the hidden ones of receives in progress too (they
+    /// hold space a check must account for).
+    pub fn all_filesystems(&self) -> Vec<(String, Rc<Filesystem>)> {
         self.filesystems
             .borrow()
             .iter()
@@ -2221,6 +2238,30 @@ impl Pool {
         self.commit().await?;
         self.filesystems_changed.notify_all();
         Ok(fs)
+    }
+
+    /// Creates the hidden filesystem a full stream is received into
+    /// (`TARGET%recv`): a dnode table with the stream's header and no
+    /// objects yet. The caller holds the admin lock.
+    pub(in crate::pool) async fn create_receive_filesystem(
+        &self,
+        hidden_short: &str,
+        info: &crate::format::stream::FsStreamInfo,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        self.txg.ensure_writable()?;
+        let id = self.allocate_object_id();
+        let mut dnode = new_dnode(
+            ObjectType::FsObjects,
+            TABLE_BLOCK_SHIFT,
+            INDIRECT_BLOCK_SHIFT,
+            0,
+            self.txg.open(),
+        );
+        dnode.checksum_algo = self.volume_settings(&BTreeMap::new()).checksum;
+        dnode.bonus = Filesystem::receive_header(info).encode();
+        let table = self.objects.create(id, dnode);
+        self.add_filesystem(hidden_short, table, BTreeMap::new(), Default::default())
+            .await
     }
 
     /// Destroys a filesystem and frees its blocks; with `recursive`, its

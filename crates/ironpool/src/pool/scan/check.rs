@@ -60,7 +60,7 @@ impl Pool {
         for volume in &volumes {
             _writers.push(self.exclusive(volume).await?);
         }
-        for (_, fs) in self.filesystems() {
+        for (_, fs) in self.all_filesystems() {
             _writers_fs.push(fs.exclusive().await);
         }
         self.commit().await?;
@@ -114,8 +114,11 @@ impl Pool {
             })
             .collect();
         // Heads and the snapshots of each filesystem: every tree of theirs.
-        let mut filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> =
-            self.filesystems().into_iter().map(|(_, fs)| fs).collect();
+        let mut filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> = self
+            .all_filesystems()
+            .into_iter()
+            .map(|(_, fs)| fs)
+            .collect();
         let snapshot_names: Vec<String> = self
             .directory
             .borrow()
@@ -202,7 +205,7 @@ impl Pool {
             .values()
             .map(|volume| volume.object.clone())
             .chain(
-                self.filesystems()
+                self.all_filesystems()
                     .into_iter()
                     .map(|(_, fs)| fs.table.clone()),
             )

@@ -184,7 +184,7 @@ enum Command {
         property: String,
         name: String,
     },
-    /// Write a snapshot as a stream to stdout: `send [-i @EARLIER] POOL/VOL@SNAP`, or `send -t TOKEN`.
+    /// Write a snapshot of a volume or a filesystem as a stream to stdout: `send [-i @EARLIER] POOL/DATASET@SNAP`, or `send -t TOKEN`.
     Send {
         /// Incremental from this earlier snapshot (@SNAP, or the origin of a clone).
         #[arg(short = 'i')]
@@ -196,15 +196,15 @@ enum Command {
         dirs: Vec<PathBuf>,
         snapshot: Option<String>,
     },
-    /// Apply a stream from stdin to POOL/VOL: a full stream creates it, an incremental one updates it.
+    /// Apply a stream from stdin to POOL/DATASET (a volume or a filesystem): a full stream creates it, an incremental one updates it.
     Receive {
-        /// Roll the volume back to the stream's source snapshot first (destroying later changes and snapshots).
+        /// Roll the target back to the stream's source snapshot first (destroying later changes and snapshots).
         #[arg(short = 'F')]
         force: bool,
         /// Keep a partial receive if the stream breaks, so it can be resumed (see `send -t`).
         #[arg(short = 's')]
         save_partial: bool,
-        /// Discard an interrupted receive into POOL/VOL.
+        /// Discard an interrupted receive into POOL/DATASET.
         #[arg(short = 'A')]
         abort: bool,
         #[arg(short = 'd', long = "dir")]

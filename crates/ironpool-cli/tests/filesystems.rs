@@ -11,26 +11,8 @@ use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use common::fuse::*;
 use common::*;
-
-/// The fields of the line of /proc/self/mounts for the ironpool mount at
-/// `path` (the newest, if several), if there is one.
-fn ironpool_mount(path: &Path) -> Option<Vec<String>> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let wanted = path.display().to_string();
-    mounts
-        .lines()
-        .rev()
-        .map(|line| line.split(' ').map(str::to_string).collect::<Vec<_>>())
-        .find(|fields| {
-            fields.get(1) == Some(&wanted)
-                && fields.get(2).map(String::as_str) == Some("fuse.ironpool")
-        })
-}
-
-fn mounted(path: &Path) -> bool {
-    ironpool_mount(path).is_some()
-}
 
 /// The options of the ironpool mount at `path`.
 fn mount_options(path: &Path) -> Vec<String> {
@@ -49,19 +31,6 @@ fn wait_mount_option(path: &Path, option: &str) {
             "{} has not {option}: {:?}",
             path.display(),
             mount_options(path)
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-fn wait_mounted(pool: &TestPool, path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !mounted(path) {
-        assert!(
-            Instant::now() < deadline,
-            "{} not mounted: {}",
-            path.display(),
-            pool.log()
         );
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -537,83 +506,6 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     stop_and_check(&mut pool);
     let _ = std::fs::remove_dir(&mnt);
     let _ = std::fs::remove_dir(&secondary);
-}
-
-fn c_string(text: &str) -> std::ffi::CString {
-    std::ffi::CString::new(text).unwrap()
-}
-
-fn errno() -> i32 {
-    std::io::Error::last_os_error().raw_os_error().unwrap_or(0)
-}
-
-fn set_xattr(path: &Path, name: &str, value: &[u8], flags: i32) -> Result<(), i32> {
-    let (path, name) = (c_string(&path.display().to_string()), c_string(name));
-    // SAFETY: NUL-terminated strings and a buffer of the length given.
-    let result = unsafe {
-        libc::setxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            flags,
-        )
-    };
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(errno())
-    }
-}
-
-fn get_xattr(path: &Path, name: &str) -> Result<Vec<u8>, i32> {
-    let (path, name) = (c_string(&path.display().to_string()), c_string(name));
-    // SAFETY: a size of 0 asks for the length and writes nothing.
-    let length = unsafe { libc::getxattr(path.as_ptr(), name.as_ptr(), std::ptr::null_mut(), 0) };
-    if length < 0 {
-        return Err(errno());
-    }
-    let mut value = vec![0u8; length as usize];
-    // SAFETY: the buffer is as long as the length passed.
-    let read = unsafe {
-        libc::getxattr(
-            path.as_ptr(),
-            name.as_ptr(),
-            value.as_mut_ptr().cast(),
-            value.len(),
-        )
-    };
-    if read < 0 {
-        return Err(errno());
-    }
-    value.truncate(read as usize);
-    Ok(value)
-}
-
-fn list_xattrs(path: &Path) -> Result<Vec<String>, i32> {
-    let path = c_string(&path.display().to_string());
-    let mut names = vec![0u8; 65536];
-    // SAFETY: the buffer is as long as the length passed.
-    let length = unsafe { libc::listxattr(path.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
-    if length < 0 {
-        return Err(errno());
-    }
-    names.truncate(length as usize);
-    Ok(names
-        .split(|byte| *byte == 0)
-        .filter(|name| !name.is_empty())
-        .map(|name| String::from_utf8_lossy(name).into_owned())
-        .collect())
-}
-
-fn remove_xattr(path: &Path, name: &str) -> Result<(), i32> {
-    let (path, name) = (c_string(&path.display().to_string()), c_string(name));
-    // SAFETY: NUL-terminated strings.
-    if unsafe { libc::removexattr(path.as_ptr(), name.as_ptr()) } == 0 {
-        Ok(())
-    } else {
-        Err(errno())
-    }
 }
 
 /// `get -H`-like: the value of property `name` of `target`.

@@ -22,39 +22,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::time::{Duration, Instant, SystemTime};
 
+use common::fuse::*;
 use common::*;
-
-/// The fields of the line of /proc/self/mounts for the ironpool mount at
-/// `path` (the newest, if several), if there is one.
-fn ironpool_mount(path: &Path) -> Option<Vec<String>> {
-    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap_or_default();
-    let wanted = path.display().to_string();
-    mounts
-        .lines()
-        .rev()
-        .map(|line| line.split(' ').map(str::to_string).collect::<Vec<_>>())
-        .find(|fields| {
-            fields.get(1) == Some(&wanted)
-                && fields.get(2).map(String::as_str) == Some("fuse.ironpool")
-        })
-}
-
-fn mounted(path: &Path) -> bool {
-    ironpool_mount(path).is_some()
-}
-
-fn wait_mounted(pool: &TestPool, path: &Path) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while !mounted(path) {
-        assert!(
-            Instant::now() < deadline,
-            "{} not mounted: {}",
-            path.display(),
-            pool.log()
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
 
 /// Detaches the test's mounts when the test ends, passed or not (a mount
 /// left by a dead server answers ENOTCONN), then removes the directories
@@ -151,48 +120,20 @@ fn mount_received(
     mountpoint.to_path_buf()
 }
 
-fn c_path(path: &Path) -> std::ffi::CString {
-    std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap()
+fn xattr_set(path: &Path, name: &str, value: &[u8]) {
+    set_xattr(path, name, value, 0)
+        .unwrap_or_else(|errno| panic!("setxattr {name} on {}: errno {errno}", path.display()));
 }
 
-fn set_xattr(path: &Path, name: &str, value: &[u8]) {
-    let (c_path, c_name) = (c_path(path), std::ffi::CString::new(name).unwrap());
-    // SAFETY: NUL-terminated strings and a buffer of the length given.
-    let result = unsafe {
-        libc::setxattr(
-            c_path.as_ptr(),
-            c_name.as_ptr(),
-            value.as_ptr().cast(),
-            value.len(),
-            0,
-        )
-    };
-    assert_eq!(
-        result,
-        0,
-        "setxattr {name} on {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
-}
-
-fn remove_xattr(path: &Path, name: &str) {
-    let (c_path, c_name) = (c_path(path), std::ffi::CString::new(name).unwrap());
-    // SAFETY: NUL-terminated strings.
-    let result = unsafe { libc::removexattr(c_path.as_ptr(), c_name.as_ptr()) };
-    assert_eq!(
-        result,
-        0,
-        "removexattr {name} on {}: {}",
-        path.display(),
-        std::io::Error::last_os_error()
-    );
+fn xattr_remove(path: &Path, name: &str) {
+    remove_xattr(path, name)
+        .unwrap_or_else(|errno| panic!("removexattr {name} on {}: errno {errno}", path.display()));
 }
 
 /// The extended attributes of `path` (not following a symlink), sorted by
 /// name: name and value.
 fn xattrs(path: &Path) -> std::io::Result<Vec<(String, Vec<u8>)>> {
-    let c_path = c_path(path);
+    let c_path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
     let mut names = vec![0u8; 65536];
     // SAFETY: the buffer is as long as the length passed.
     let length =
@@ -442,7 +383,7 @@ fn populate(root: &Path) {
         root.join("nested/a/shared-link"),
     )
     .unwrap();
-    let fifo = c_path(&root.join("data/fifo"));
+    let fifo = c_string(&root.join("data/fifo").display().to_string());
     // SAFETY: a NUL-terminated path.
     assert_eq!(unsafe { libc::mkfifo(fifo.as_ptr(), 0o640) }, 0, "mkfifo");
     // The big directory, with long and non-ASCII names among the many.
@@ -463,15 +404,15 @@ fn populate(root: &Path) {
     }
     // Extended attributes: small, large (its own object), on a directory
     // and on the root.
-    set_xattr(&root.join("docs/readme.txt"), "user.comment", b"first");
-    set_xattr(&root.join("docs/readme.txt"), "user.removed", b"gone in b");
-    set_xattr(
+    xattr_set(&root.join("docs/readme.txt"), "user.comment", b"first");
+    xattr_set(&root.join("docs/readme.txt"), "user.removed", b"gone in b");
+    xattr_set(
         &root.join("data/random.bin"),
         "user.big",
         &random_bytes(60_000, 6),
     );
-    set_xattr(&root.join("nested"), "user.dir", b"yes");
-    set_xattr(root, "user.root", b"top");
+    xattr_set(&root.join("nested"), "user.dir", b"yes");
+    xattr_set(root, "user.root", b"top");
     // Owners, modes (setuid after chown, which clears it), times.
     std::os::unix::fs::chown(root.join("docs/owned.txt"), Some(1234), Some(5678)).unwrap();
     std::os::unix::fs::chown(root.join("nested/x"), Some(4321), Some(8765)).unwrap();
@@ -543,9 +484,9 @@ fn modify(root: &Path) {
     }
     // Attributes changed, removed, added.
     let readme = root.join("nested/a/b/readme.txt");
-    set_xattr(&readme, "user.comment", b"second, and longer");
-    remove_xattr(&readme, "user.removed");
-    set_xattr(&root.join("data/shrinks.bin"), "user.new", b"new in b");
+    xattr_set(&readme, "user.comment", b"second, and longer");
+    xattr_remove(&readme, "user.removed");
+    xattr_set(&root.join("data/shrinks.bin"), "user.new", b"new in b");
     // New directories, a new link to an old file, new modes and times.
     std::fs::create_dir_all(root.join("fresh/deep/er")).unwrap();
     write_synced(&root.join("fresh/deep/er/leaf.txt"), b"leaf\n");
@@ -564,32 +505,6 @@ fn snapshot_digest(pool: &TestPool, fs: &str, mnt: &Path, name: &str) -> BTreeMa
     let snapshot = mnt.join(".zfs/snapshot").join(name);
     wait_same_tree(&snapshot, &live, &format!("{fs}@{name} against its head"));
     live
-}
-
-fn receive_ok(pool: &TestPool, target: &str, stream: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["receive"];
-    args.extend_from_slice(extra);
-    args.push(target);
-    let output = pool.receive_from_file(&args, stream);
-    assert!(
-        output.status.success(),
-        "receive {extra:?} {target} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).to_string()
-}
-
-fn receive_fails(pool: &TestPool, target: &str, stream: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["receive"];
-    args.extend_from_slice(extra);
-    args.push(target);
-    let output = pool.receive_from_file(&args, stream);
-    assert!(
-        !output.status.success(),
-        "receive {extra:?} {target} should have failed: {}",
-        String::from_utf8_lossy(&output.stdout)
-    );
-    String::from_utf8_lossy(&output.stderr).to_string()
 }
 
 /// Runs `line` in bash with pipefail, SRC and DST standing for the binary
@@ -712,6 +627,9 @@ fn full_incremental_and_resumed_filesystem_streams_give_identical_trees() {
         sparse.blocks() * 512
     );
     assert_eq!(snapshots_of(&source, "fsrepl/copy"), ["fsrepl/copy@a"]);
+    // Listed by the filesystem's own name too.
+    let listed = source.admin(&["list", "-t", "snapshot", "fsrepl/copy"]);
+    assert!(listed.contains("fsrepl/copy@a"), "{listed}");
 
     // Full, into another pool through a pipe.
     pipe_ok(
@@ -876,7 +794,7 @@ fn a_damaged_filesystem_stream_changes_nothing() {
     for index in 0..50 {
         std::fs::write(src_mnt.join(format!("d/f{index}")), index.to_string()).unwrap();
     }
-    set_xattr(&src_mnt.join("d"), "user.tag", b"kept");
+    xattr_set(&src_mnt.join("d"), "user.tag", b"kept");
     sync_dir(&src_mnt);
     let at_a = snapshot_digest(&pool, "fsdamage/src", &src_mnt, "a");
     write_synced(&src_mnt.join("d/e/random.bin"), &random_bytes(1 << 20, 22));

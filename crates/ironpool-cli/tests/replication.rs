@@ -4,10 +4,9 @@
 
 mod common;
 
-use std::path::Path;
 use std::process::Command;
 
-use common::{ironpool_binary, tool, TestPool};
+use common::{ironpool_binary, receive_fails, receive_ok, tool, TestPool};
 
 fn compare(first: &str, second: &str) {
     let output = tool(
@@ -84,31 +83,6 @@ fn source_pool() -> TestPool {
     );
     pool.admin(&["snapshot", "tank/vol@c"]);
     pool
-}
-
-fn receive_ok(pool: &TestPool, target: &str, stream: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["receive"];
-    args.extend_from_slice(extra);
-    args.push(target);
-    let output = pool.receive_from_file(&args, stream);
-    assert!(
-        output.status.success(),
-        "receive {target} failed: {}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    String::from_utf8_lossy(&output.stdout).to_string()
-}
-
-fn receive_fails(pool: &TestPool, target: &str, stream: &Path, extra: &[&str]) -> String {
-    let mut args = vec!["receive"];
-    args.extend_from_slice(extra);
-    args.push(target);
-    let output = pool.receive_from_file(&args, stream);
-    assert!(
-        !output.status.success(),
-        "receive {target} should have failed"
-    );
-    String::from_utf8_lossy(&output.stderr).to_string()
 }
 
 fn snapshots_of(pool: &TestPool, volume: &str) -> Vec<String> {

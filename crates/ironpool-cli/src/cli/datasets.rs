@@ -56,11 +56,7 @@ pub fn list(
                         }),
                 );
             }
-            let is_filesystem = rows
-                .iter()
-                .any(|row| row["type"] == "filesystem" && row["name"] == target);
-            // Filesystems have no snapshots yet.
-            if (kind == "snapshot" || kind == "all") && !is_filesystem {
+            if kind == "snapshot" || kind == "all" {
                 let volume = (target != pool).then(|| target.to_string());
                 let result = admin(context, pool, dirs, Command::SnapshotList { volume })?;
                 rows.extend(result["snapshots"].as_array().cloned().unwrap_or_default());

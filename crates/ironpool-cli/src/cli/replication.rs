@@ -72,7 +72,7 @@ pub fn send(
         }
         (None, Some(snapshot)) => {
             if !snapshot.contains('@') {
-                return Err(format!("'{snapshot}': send takes POOL/VOL@SNAP"));
+                return Err(format!("'{snapshot}': send takes POOL/DATASET@SNAP"));
             }
             (
                 pool_of(snapshot).to_string(),
@@ -84,7 +84,7 @@ pub fn send(
             )
         }
         (None, None) => {
-            return Err("name a snapshot to send (POOL/VOL@SNAP), or -t TOKEN to resume".into())
+            return Err("name a snapshot to send (POOL/DATASET@SNAP), or -t TOKEN to resume".into())
         }
     };
     let result = admin_stream(context, &pool, dirs, command, STDOUT)?;

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)]
 
+pub mod fuse;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -557,4 +559,32 @@ impl Drop for SmallFilesystem {
             .arg(&self.mount_point)
             .status();
     }
+}
+
+/// `receive EXTRA... TARGET < stream`, which must succeed: its output.
+pub fn receive_ok(pool: &TestPool, target: &str, stream: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["receive"];
+    args.extend_from_slice(extra);
+    args.push(target);
+    let output = pool.receive_from_file(&args, stream);
+    assert!(
+        output.status.success(),
+        "receive {extra:?} {target} failed: {}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    String::from_utf8_lossy(&output.stdout).to_string()
+}
+
+/// `receive EXTRA... TARGET < stream`, which must fail: its error.
+pub fn receive_fails(pool: &TestPool, target: &str, stream: &Path, extra: &[&str]) -> String {
+    let mut args = vec!["receive"];
+    args.extend_from_slice(extra);
+    args.push(target);
+    let output = pool.receive_from_file(&args, stream);
+    assert!(
+        !output.status.success(),
+        "receive {extra:?} {target} should have failed: {}",
+        String::from_utf8_lossy(&output.stdout)
+    );
+    String::from_utf8_lossy(&output.stderr).to_string()
 }

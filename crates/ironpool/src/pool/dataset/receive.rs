@@ -618,6 +618,34 @@ impl Pool {
             || head.object.dead_list.get() != 0)
     }
 
+    /// The next record to apply. When the stream ends early or a record is
+    /// refused, the writes in flight finish and, with `save_partial`, the
+    /// position reached is made durable (a refused record was not
+    /// accepted: the position is still the end of the last good one).
+    async fn next_applied(
+        self: &Rc<Self>,
+        input: &dyn StreamSource,
+        checker: &mut StreamChecker,
+        applier: &Applier,
+        hidden_short: &str,
+        save_partial: bool,
+    ) -> Result<(Record, Option<AlignedBuf>), Failure> {
+        let failure = match next_record(input, checker).await {
+            Ok(Some((_, record, tail))) => return Ok((record, tail)),
+            Ok(None) => StreamError::Truncated {
+                records: checker.records(),
+            }
+            .into(),
+            Err(failure) => failure,
+        };
+        applier.drain().await?;
+        if save_partial {
+            self.save_receive_position(hidden_short, checker.position())
+                .await?;
+        }
+        Err(failure)
+    }
+
     /// Applies the records after BEGIN to the hidden volume, up to END.
     async fn apply_stream(
         self: &Rc<Self>,
@@ -632,30 +660,9 @@ impl Pool {
         let mut since_checkpoint = 0u64;
         loop {
             applier.failed()?;
-            let record = match next_record(input, checker).await {
-                Ok(Some((_, record, tail))) => (record, tail),
-                Ok(None) => {
-                    applier.drain().await?;
-                    if save_partial {
-                        self.save_receive_position(hidden_short, checker.position())
-                            .await?;
-                    }
-                    return Err(StreamError::Truncated {
-                        records: checker.records(),
-                    }
-                    .into());
-                }
-                Err(failure) => {
-                    applier.drain().await?;
-                    if save_partial {
-                        // A refused record was not accepted: the position is
-                        // still the end of the last good one.
-                        self.save_receive_position(hidden_short, checker.position())
-                            .await?;
-                    }
-                    return Err(failure);
-                }
-            };
+            let record = self
+                .next_applied(input, checker, &applier, hidden_short, save_partial)
+                .await?;
             match record {
                 (Record::Write { first_block, count }, Some(data)) => {
                     let permit = applier.slots.acquire(1).await;
@@ -727,28 +734,9 @@ impl Pool {
         let mut current: Option<Rc<Object>> = None;
         loop {
             applier.failed()?;
-            let (record, tail) = match next_record(input, checker).await {
-                Ok(Some((_, record, tail))) => (record, tail),
-                Ok(None) => {
-                    applier.drain().await?;
-                    if save_partial {
-                        self.save_receive_position(hidden_short, checker.position())
-                            .await?;
-                    }
-                    return Err(StreamError::Truncated {
-                        records: checker.records(),
-                    }
-                    .into());
-                }
-                Err(failure) => {
-                    applier.drain().await?;
-                    if save_partial {
-                        self.save_receive_position(hidden_short, checker.position())
-                            .await?;
-                    }
-                    return Err(failure);
-                }
-            };
+            let (record, tail) = self
+                .next_applied(input, checker, &applier, hidden_short, save_partial)
+                .await?;
             // Dirty metadata stays bounded, as for a writer.
             self.txg.throttle(self).await;
             match (record, tail) {
@@ -889,12 +877,7 @@ impl Pool {
         let hidden = self.volume(hidden_short)?;
         let _hidden_writers = self.exclusive(&hidden).await?;
         if begin.from_guid == 0 {
-            if self.directory.borrow().lineage(short).is_some() {
-                return Err(PoolError::VolumeExists(format!(
-                    "{}/{short} was created while receiving",
-                    self.name
-                )));
-            }
+            self.check_not_created_meanwhile(short)?;
             let mut record = self
                 .directory
                 .borrow_mut()
@@ -916,27 +899,8 @@ impl Pool {
             self.volumes.borrow_mut().remove(hidden_short);
             self.volumes.borrow_mut().insert(short.to_string(), volume);
         } else {
-            let from = self.incremental_source(short, begin, force)?;
             let head = self.volume(short)?;
-            let needs_rollback = {
-                let record = self
-                    .directory
-                    .borrow()
-                    .volumes
-                    .get(short)
-                    .cloned()
-                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
-                record
-                    .lineage
-                    .snapshots
-                    .last()
-                    .is_some_and(|latest| latest.name != from)
-                    || self.changed_since_latest_snapshot(short)?
-            };
-            if needs_rollback {
-                self.rollback_locked(&format!("{}/{short}@{from}", self.name), true)
-                    .await?;
-            }
+            self.roll_back_for_receive(short, begin, force).await?;
             let _head_writers = self.exclusive(&head).await?;
             // A client may have written between the rollback and this point:
             // the head's own blocks would leak under the swap. Refuse; nothing
@@ -950,44 +914,15 @@ impl Pool {
                     "{hidden_short} changed while it was being received"
                 )));
             }
-            let current = head.object.dnode();
-            let mut dnode = hidden.object.dnode();
-            dnode.flags &= !DNODE_FLAG_READ_ONLY;
-            dnode.creation_txg = current.creation_txg;
-            dnode.origin_txg = current.origin_txg;
-            // The head takes the received tree; the blocks of the source snapshot
-            // the received data replaced are the head's dead blocks now.
-            self.objects.reset_tree(&head.object, dnode);
-            let pending_dead = std::mem::take(&mut *hidden.object.dead.borrow_mut());
-            head.object.dead.borrow_mut().extend(pending_dead);
-            let dead_list = hidden.object.dead_list.replace(0);
-            head.object.dead_list.set(dead_list);
+            self.take_received_tree(short, &head.object, hidden_short, &hidden.object)?;
             head.size_bytes
                 .set(begin.size_bytes.max(head.size_bytes.get()));
             {
                 let mut directory = self.directory.borrow_mut();
-                let removed = directory.volumes.remove(hidden_short);
-                if let Some(origin) = removed.and_then(|record| record.lineage.origin) {
-                    if let Some(snapshot) =
-                        directory
-                            .volumes
-                            .get_mut(&origin.volume)
-                            .and_then(|record| {
-                                record
-                                    .lineage
-                                    .snapshots
-                                    .iter_mut()
-                                    .find(|snapshot| snapshot.name == origin.snapshot)
-                            })
-                    {
-                        snapshot.clones.retain(|clone| clone != hidden_short);
-                    }
-                }
                 let record = directory
                     .volumes
                     .get_mut(short)
                     .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
-                record.lineage.dead_list = dead_list;
                 record.size_bytes = head.size_bytes.get();
             }
             self.volumes.borrow_mut().remove(hidden_short);
@@ -1025,12 +960,7 @@ impl Pool {
         let hidden = self.filesystem(hidden_short)?;
         let _hidden_exclusive = hidden.exclusive().await;
         if begin.from_guid == 0 {
-            if self.directory.borrow().lineage(short).is_some() {
-                return Err(PoolError::VolumeExists(format!(
-                    "{}/{short} was created while receiving",
-                    self.name
-                )));
-            }
+            self.check_not_created_meanwhile(short)?;
             let mut record = self
                 .directory
                 .borrow_mut()
@@ -1049,24 +979,7 @@ impl Pool {
                 .await?;
             self.filesystems.borrow_mut().insert(short.to_string(), fs);
         } else {
-            let from = self.incremental_source(short, begin, force)?;
-            let needs_rollback = {
-                let lineage = self
-                    .directory
-                    .borrow()
-                    .lineage(short)
-                    .cloned()
-                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
-                lineage
-                    .snapshots
-                    .last()
-                    .is_some_and(|latest| latest.name != from)
-                    || self.changed_since_latest_snapshot(short)?
-            };
-            if needs_rollback {
-                self.rollback_locked(&format!("{}/{short}@{from}", self.name), true)
-                    .await?;
-            }
+            self.roll_back_for_receive(short, begin, force).await?;
             let head = self.filesystem(short)?;
             let _head_exclusive = head.exclusive().await;
             // A client may have changed it between the rollback and this
@@ -1083,38 +996,7 @@ impl Pool {
             }
             // No txg build between the swap and the new filesystem over it.
             let hold = self.txg.hold_builds();
-            let current = head.table.dnode();
-            let mut dnode = hidden.table.dnode();
-            dnode.flags &= !DNODE_FLAG_READ_ONLY;
-            dnode.creation_txg = current.creation_txg;
-            dnode.origin_txg = current.origin_txg;
-            // The head takes the received table; what the received objects
-            // replaced of the source snapshot is the head's dead list now.
-            self.objects.reset_tree(&head.table, dnode);
-            let pending_dead = std::mem::take(&mut *hidden.table.dead.borrow_mut());
-            head.table.dead.borrow_mut().extend(pending_dead);
-            let dead_list = hidden.table.dead_list.replace(0);
-            head.table.dead_list.set(dead_list);
-            {
-                let mut directory = self.directory.borrow_mut();
-                let removed = directory.filesystems.remove(hidden_short);
-                if let Some(origin) = removed.and_then(|record| record.lineage.origin) {
-                    if let Some(snapshot) =
-                        directory.lineage_mut(&origin.volume).and_then(|lineage| {
-                            lineage
-                                .snapshots
-                                .iter_mut()
-                                .find(|snapshot| snapshot.name == origin.snapshot)
-                        })
-                    {
-                        snapshot.clones.retain(|clone| clone != hidden_short);
-                    }
-                }
-                directory
-                    .lineage_mut(short)
-                    .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?
-                    .dead_list = dead_list;
-            }
+            self.take_received_tree(short, &head.table, hidden_short, &hidden.table)?;
             self.filesystems.borrow_mut().remove(hidden_short);
             hidden.retire();
             self.drop_dnode(hidden.table.id)?;
@@ -1130,5 +1012,86 @@ impl Pool {
         let committed = self.commit().await;
         self.notify_filesystems_changed();
         committed
+    }
+
+    /// Before an incremental stream's tree takes the target's place: rolls
+    /// the target back to the stream's source snapshot when it has later
+    /// snapshots or changes (`force` allowing: see `incremental_source`).
+    async fn roll_back_for_receive(
+        self: &Rc<Self>,
+        short: &str,
+        begin: &StreamBegin,
+        force: bool,
+    ) -> Result<(), PoolError> {
+        let from = self.incremental_source(short, begin, force)?;
+        let latest_is_source = self
+            .directory
+            .borrow()
+            .lineage(short)
+            .and_then(|lineage| lineage.snapshots.last())
+            .is_some_and(|latest| latest.name == from);
+        if !latest_is_source || self.changed_since_latest_snapshot(short)? {
+            self.rollback_locked(&format!("{}/{short}@{from}", self.name), true)
+                .await?;
+        }
+        Ok(())
+    }
+
+    /// The head of dataset `short` (`head`: a volume's tree, a
+    /// filesystem's table) takes the received tree of hidden dataset
+    /// `hidden_short` (`hidden`), whose record leaves the directory; what
+    /// the received data replaced of the source snapshot is the head's
+    /// dead list now. No await: one txg sees the swap whole.
+    fn take_received_tree(
+        &self,
+        short: &str,
+        head: &Object,
+        hidden_short: &str,
+        hidden: &Object,
+    ) -> Result<(), PoolError> {
+        let current = head.dnode();
+        let mut dnode = hidden.dnode();
+        dnode.flags &= !DNODE_FLAG_READ_ONLY;
+        dnode.creation_txg = current.creation_txg;
+        dnode.origin_txg = current.origin_txg;
+        self.objects.reset_tree(head, dnode);
+        let pending_dead = std::mem::take(&mut *hidden.dead.borrow_mut());
+        head.dead.borrow_mut().extend(pending_dead);
+        let dead_list = hidden.dead_list.replace(0);
+        head.dead_list.set(dead_list);
+        let mut directory = self.directory.borrow_mut();
+        let origin = match directory.volumes.remove(hidden_short) {
+            Some(record) => record.lineage.origin,
+            None => directory
+                .filesystems
+                .remove(hidden_short)
+                .and_then(|record| record.lineage.origin),
+        };
+        if let Some(origin) = origin {
+            if let Some(snapshot) = directory.lineage_mut(&origin.volume).and_then(|lineage| {
+                lineage
+                    .snapshots
+                    .iter_mut()
+                    .find(|snapshot| snapshot.name == origin.snapshot)
+            }) {
+                snapshot.clones.retain(|clone| clone != hidden_short);
+            }
+        }
+        directory
+            .lineage_mut(short)
+            .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?
+            .dead_list = dead_list;
+        Ok(())
+    }
+
+    /// A full stream's target must still be free when the receive ends.
+    fn check_not_created_meanwhile(&self, short: &str) -> Result<(), PoolError> {
+        if self.directory.borrow().lineage(short).is_some() {
+            return Err(PoolError::VolumeExists(format!(
+                "{}/{short} was created while receiving",
+                self.name
+            )));
+        }
+        Ok(())
     }
 }

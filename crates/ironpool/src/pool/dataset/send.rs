@@ -321,7 +321,8 @@ impl Pool {
                 ))
             })?;
         if self.filesystem(volume).is_ok() {
-            return self.send_filesystem(request, out).await;
+            let (volume, snapshot) = (volume.to_string(), snapshot.to_string());
+            return self.send_filesystem(&volume, &snapshot, request, out).await;
         }
         let record = self.volume_record(volume)?;
         let to = record

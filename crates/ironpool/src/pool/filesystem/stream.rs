@@ -35,7 +35,6 @@ use crate::pool::dataset::receive::Failure;
 use crate::pool::dataset::send::{
     SendRequest, SendSummary, StreamOut, CHANGES_PER_WALK, SEND_READS_IN_FLIGHT,
 };
-use crate::pool::dataset::snapshot::split_snapshot_name;
 use crate::pool::dataset::stream_io::StreamSink;
 use crate::pool::filesystem::{Filesystem, FsError, TABLE_BLOCK_SHIFT};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
@@ -234,16 +233,11 @@ impl Pool {
     /// (see the module documentation).
     pub(in crate::pool) async fn send_filesystem(
         self: &Rc<Self>,
+        short: &str,
+        snapshot: &str,
         request: SendRequest,
         out: &dyn StreamSink,
     ) -> Result<SendSummary, PoolError> {
-        let (short, snapshot) =
-            split_snapshot_name(&self.name, &request.snapshot).ok_or_else(|| {
-                PoolError::InvalidArgument(format!(
-                    "'{}': send takes POOL/FS@SNAP",
-                    request.snapshot
-                ))
-            })?;
         let record = self
             .filesystem_record(short)
             .ok_or_else(|| PoolError::NoSuchSnapshot(request.snapshot.clone()))?;

@@ -207,6 +207,9 @@ enum Command {
         /// Discard an interrupted receive into POOL/DATASET.
         #[arg(short = 'A')]
         abort: bool,
+        /// Set a property of the received dataset: `-o mountpoint=DIR` (repeatable).
+        #[arg(short = 'o')]
+        options: Vec<String>,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         target: String,
@@ -582,9 +585,20 @@ fn main() -> ExitCode {
             force,
             save_partial,
             abort,
+            options,
             dirs,
             target,
-        } => cli::replication::receive(&context, &target, force, save_partial, abort, &dirs),
+        } => cli::replication::receive(
+            &context,
+            &target,
+            cli::replication::ReceiveFlags {
+                force,
+                save_partial,
+                abort,
+            },
+            &options,
+            &dirs,
+        ),
         Command::Scrub {
             wait,
             stop,

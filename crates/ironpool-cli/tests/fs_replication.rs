@@ -611,13 +611,23 @@ fn full_incremental_and_resumed_filesystem_streams_give_identical_trees() {
         "the full stream is {full_bytes} bytes: it holds 5 MiB of random data, \
          and the sparse file's 64 MiB hole travels as a hole"
     );
-    receive_ok(&source, "fsrepl/copy", &full, &[]);
-    let copy_mnt = mount_received(
+    // Mounted where -o says from the start (the other receives below move
+    // theirs with `set` after the fact).
+    let copy_mnt = source.path("copy-mnt");
+    cleanup.mounts.push(copy_mnt.clone());
+    receive_ok(
         &source,
         "fsrepl/copy",
-        &source.path("copy-mnt"),
-        &mut cleanup,
+        &full,
+        &[
+            "-o",
+            &format!("mountpoint={}", copy_mnt.display()),
+            "-o",
+            "atime=off",
+        ],
     );
+    assert_eq!(property(&source, "fsrepl/copy", "atime"), "off");
+    wait_mounted(&source, &copy_mnt);
     wait_same_tree(&copy_mnt, &at_a, "fsrepl/copy");
     wait_same_tree(&copy_mnt.join(".zfs/snapshot/a"), &at_a, "fsrepl/copy@a");
     let sparse = std::fs::symlink_metadata(copy_mnt.join("data/sparse.bin")).unwrap();
@@ -824,6 +834,12 @@ fn a_damaged_filesystem_stream_changes_nothing() {
         "a receive without -s left something to resume"
     );
     assert_check_clean(&pool);
+    // A bad -o property is refused before anything is received.
+    let error = receive_fails(&pool, "fsdamage/target", &full, &["-o", "recordsize=3"]);
+    assert!(error.contains("recordsize"), "{error}");
+    assert!(!dataset_names(&pool)
+        .iter()
+        .any(|name| name.contains("target")));
 
     // The intact stream is received; then a damaged incremental one
     // leaves the target as it was.

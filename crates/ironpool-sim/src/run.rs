@@ -1033,6 +1033,7 @@ impl Sim {
             target: format!("{POOL}/{target}"),
             force: false,
             save_partial: false,
+            properties: Default::default(),
         };
         let received = pool.receive(options, &input).await;
         let mut touched = Vec::new();

@@ -1409,6 +1409,7 @@ async fn receive_with(
         target: target.to_string(),
         force,
         save_partial,
+        properties: Default::default(),
     };
     pool.receive(options, &stream).await.map(|_| ())
 }

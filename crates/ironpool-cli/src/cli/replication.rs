@@ -108,18 +108,30 @@ pub fn send(
     Ok(())
 }
 
+/// `receive`'s switches: -F, -s, -A.
+pub struct ReceiveFlags {
+    pub force: bool,
+    pub save_partial: bool,
+    pub abort: bool,
+}
+
 pub fn receive(
     context: &Context,
     target: &str,
-    force: bool,
-    save_partial: bool,
-    abort: bool,
+    flags: ReceiveFlags,
+    options: &[String],
     dirs: &[PathBuf],
 ) -> Result<(), String> {
+    let ReceiveFlags {
+        force,
+        save_partial,
+        abort,
+    } = flags;
+    let properties = super::assignments(options)?;
     const STDIN: RawFd = 0;
     if !target.contains('/') || target.contains('@') {
         return Err(format!(
-            "'{target}': receive into POOL/VOL (the snapshot name comes from the stream)"
+            "'{target}': receive into POOL/DATASET (the snapshot name comes from the stream)"
         ));
     }
     let pool = pool_of(target);
@@ -153,6 +165,7 @@ pub fn receive(
             target: target.to_string(),
             force,
             save_partial,
+            properties,
         },
         STDIN,
     )?;

@@ -104,6 +104,9 @@ pub enum Command {
         force: bool,
         #[serde(default)]
         save_partial: bool,
+        /// Properties to set on the received dataset (`-o`).
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
     },
     /// Discards an interrupted receive.
     ReceiveAbort {
@@ -279,6 +282,7 @@ impl Command {
                 target,
                 force,
                 save_partial,
+                properties,
             } => {
                 push("receive");
                 if *force {
@@ -286,6 +290,10 @@ impl Command {
                 }
                 if *save_partial {
                     push("-s");
+                }
+                for (key, value) in properties {
+                    push("-o");
+                    push(&format!("{key}={value}"));
                 }
                 push(target);
             }
@@ -505,6 +513,7 @@ async fn run_stream(
             target,
             force,
             save_partial,
+            properties,
         } => {
             let summary = pool
                 .receive(
@@ -512,6 +521,7 @@ async fn run_stream(
                         target,
                         force,
                         save_partial,
+                        properties,
                     },
                     stream,
                 )

@@ -56,6 +56,10 @@ pub struct ReceiveOptions {
     pub force: bool,
     /// Keep a partial receive for resuming when the stream breaks.
     pub save_partial: bool,
+    /// Properties to set on the target (`receive -o`): a full stream's
+    /// dataset is created with them; an incremental one's target takes
+    /// them when the stream is in.
+    pub properties: BTreeMap<String, String>,
 }
 
 /// What a receive did.
@@ -317,8 +321,9 @@ impl Pool {
         if !valid_name(snapshot_name) {
             return Err(PoolError::InvalidName(snapshot_name.to_string()));
         }
+        let properties = self.receive_properties(&begin, &options.properties)?;
         let hidden = self
-            .prepare_receive(&short, &hidden_short, &begin, &options)
+            .prepare_receive(&short, &hidden_short, &begin, &options, &properties)
             .await?;
         let resumed_from_block = begin.resume_block;
         let applied = match &hidden {
@@ -369,6 +374,10 @@ impl Pool {
                 )
                 .await);
         }
+        if begin.from_guid != 0 && !properties.is_empty() {
+            self.set_properties(&format!("{}/{short}", self.name), &properties)
+                .await?;
+        }
         let (written_blocks, freed_blocks) = checker.counts();
         Ok(ReceiveSummary {
             snapshot: format!("{}/{short}@{snapshot_name}", self.name),
@@ -387,6 +396,7 @@ impl Pool {
         hidden_short: &str,
         begin: &StreamBegin,
         options: &ReceiveOptions,
+        properties: &BTreeMap<String, String>,
     ) -> Result<Hidden, PoolError> {
         let _admin = self.admin_lock.acquire(1).await;
         let filesystem = begin.filesystem.is_some();
@@ -476,9 +486,10 @@ impl Pool {
                 return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new dataset; receive into another name, or send incrementally)", self.name)));
             }
             match &begin.filesystem {
-                Some(info) => {
-                    Hidden::Filesystem(self.create_receive_filesystem(hidden_short, info).await?)
-                }
+                Some(info) => Hidden::Filesystem(
+                    self.create_receive_filesystem(hidden_short, info, properties.clone())
+                        .await?,
+                ),
                 None => {
                     drop(_admin);
                     Hidden::Volume(
@@ -486,7 +497,7 @@ impl Pool {
                             hidden_short.to_string(),
                             begin.size_bytes,
                             begin.block_bytes,
-                            Default::default(),
+                            properties.clone(),
                         )
                         .await?,
                     )
@@ -1093,5 +1104,24 @@ impl Pool {
             )));
         }
         Ok(())
+    }
+
+    /// `receive -o`'s properties, checked (and normalised) before anything
+    /// is received, as the dataset the stream makes or updates takes them.
+    fn receive_properties(
+        &self,
+        begin: &StreamBegin,
+        properties: &BTreeMap<String, String>,
+    ) -> Result<BTreeMap<String, String>, PoolError> {
+        let mut checked = BTreeMap::new();
+        for (key, value) in properties {
+            let value = if begin.filesystem.is_some() {
+                crate::pool::dataset::props::validate_filesystem(key, value)?
+            } else {
+                crate::pool::dataset::props::validate(key, value, false)?
+            };
+            checked.insert(key.clone(), value);
+        }
+        Ok(checked)
     }
 }

@@ -2242,11 +2242,13 @@ impl Pool {
 
     /// Creates the hidden filesystem a full stream is received into
     /// (`TARGET%recv`): a dnode table with the stream's header and no
-    /// objects yet. The caller holds the admin lock.
+    /// objects yet, with `properties` (checked). The caller holds the
+    /// admin lock.
     pub(in crate::pool) async fn create_receive_filesystem(
         &self,
         hidden_short: &str,
         info: &crate::format::stream::FsStreamInfo,
+        properties: BTreeMap<String, String>,
     ) -> Result<Rc<Filesystem>, PoolError> {
         self.txg.ensure_writable()?;
         let id = self.allocate_object_id();
@@ -2257,10 +2259,10 @@ impl Pool {
             0,
             self.txg.open(),
         );
-        dnode.checksum_algo = self.volume_settings(&BTreeMap::new()).checksum;
+        dnode.checksum_algo = self.volume_settings(&properties).checksum;
         dnode.bonus = Filesystem::receive_header(info).encode();
         let table = self.objects.create(id, dnode);
-        self.add_filesystem(hidden_short, table, BTreeMap::new(), Default::default())
+        self.add_filesystem(hidden_short, table, properties, Default::default())
             .await
     }
 

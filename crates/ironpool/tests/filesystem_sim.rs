@@ -1751,3 +1751,204 @@ fn a_receive_cut_by_a_crash_leaves_the_target_whole_and_resumes_when_kept() {
         receive_crash_run(seed);
     }
 }
+
+/// A walk of whatever a received filesystem holds, through the calls the
+/// FUSE server makes, ignoring their errors: what it must survive.
+async fn walk_anything(pool: &Rc<Pool>, fs: &Rc<Filesystem>) -> usize {
+    let mut seen = 0;
+    let mut stack = vec![fs.root()];
+    let mut visited = std::collections::HashSet::new();
+    while let Some(ino) = stack.pop() {
+        if !visited.insert(ino) || visited.len() > 200 {
+            continue;
+        }
+        seen += 1;
+        let _ = fs.listxattr(ino).await;
+        let Ok(attr) = fs.getattr(ino).await else {
+            continue;
+        };
+        if attr.znode.is_dir() {
+            let mut cookie = 0;
+            for _ in 0..20 {
+                let Ok(page) = fs.readdir(ino, cookie, 16).await else {
+                    break;
+                };
+                if page.is_empty() {
+                    break;
+                }
+                for (next, entry) in page {
+                    cookie = next;
+                    let _ = fs.lookup(ino, &entry.name).await;
+                    stack.push(entry.object);
+                }
+            }
+        } else {
+            let _ = fs.read(pool, ino, 0, 256 << 10, false).await;
+            let _ = fs.readlink(ino).await;
+        }
+    }
+    seen
+}
+
+/// Streams that pass every check of the format (records, order, counts,
+/// checksums) but whose contents are nonsense: random attributes, types,
+/// sizes, directory leaves naming random objects, random bytes. A receive
+/// may refuse one; what it accepts may answer errors when read; nothing
+/// panics, and the space check stays clean after every receive and
+/// destroy.
+fn nonsense_stream_run(seed: u64) {
+    use ironpool::format::dnode::{ObjectType, BONUS_BYTES};
+    use ironpool::format::fsdir::{DirEntry as LeafEntry, Leaf};
+    use ironpool::format::stream::{FsStreamInfo, StreamBegin, StreamObject, StreamWriter};
+    use ironpool::format::znode::{Timestamp, Znode};
+    let disks = devices(2, DEVICE_BYTES, seed);
+    Runtime::new_sim(seed).block_on(async move {
+        let mut rng = Rng::new(seed);
+        let (pool, _fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+        let (mut accepted, mut walked) = (0, 0);
+        for round in 0..24 {
+            let next_object = 2 + rng.below(40);
+            let mut writer = StreamWriter::new();
+            writer.begin(&StreamBegin {
+                version: ironpool::format::stream::STREAM_VERSION,
+                snapshot: format!("elsewhere/fs@r{round}"),
+                to_guid: 1000 + round,
+                from: None,
+                from_guid: 0,
+                size_bytes: 0,
+                block_bytes: 128 << 10,
+                resume_block: None,
+                properties: Default::default(),
+                filesystem: Some(FsStreamInfo {
+                    root: 1,
+                    next_object,
+                }),
+                resume_object: None,
+            });
+            let mut id = 1;
+            while id < next_object {
+                if rng.chance(1, 5) {
+                    let count = 1 + rng.below(next_object - id);
+                    writer.free_objects(id, count.min(next_object - id));
+                    id += count;
+                    continue;
+                }
+                let object_type = match (id, rng.below(4)) {
+                    (1, _) | (_, 0) => ObjectType::FsDirectory,
+                    (_, 1) => ObjectType::FsXattr,
+                    _ => ObjectType::FsFile,
+                };
+                let is_dir = object_type == ObjectType::FsDirectory;
+                let block_shift = if is_dir && rng.chance(3, 4) {
+                    14
+                } else {
+                    9 + rng.below(6) as u8
+                };
+                let blocks = rng.below(6);
+                let bonus = if rng.chance(1, 40) {
+                    let mut bytes = vec![0u8; BONUS_BYTES];
+                    rng.fill(&mut bytes);
+                    bytes
+                } else {
+                    let kind = if is_dir {
+                        S_IFDIR
+                    } else {
+                        [S_IFREG, S_IFLNK][rng.below(2) as usize]
+                    };
+                    let time = Timestamp {
+                        seconds: rng.below(1 << 40) as i64,
+                        nanos: rng.below(1_000_000_000) as u32,
+                    };
+                    Znode {
+                        mode: kind | (rng.below(0o7777) as u32),
+                        uid: rng.below(3) as u32,
+                        gid: rng.below(3) as u32,
+                        nlink: rng.below(4),
+                        parent: rng.below(next_object + 2),
+                        generation: rng.below(100),
+                        atime: time,
+                        mtime: time,
+                        ctime: time,
+                        birth: time,
+                        rdev: 0,
+                        entries: rng.below(50),
+                        hash_salt: rng.below(1 << 30),
+                        xattr_object: if rng.chance(1, 4) {
+                            rng.below(next_object + 2)
+                        } else {
+                            0
+                        },
+                    }
+                    .encode()
+                    .0
+                    .to_vec()
+                };
+                writer.object(&StreamObject {
+                    object: id,
+                    object_type,
+                    block_shift,
+                    length: rng.below((blocks + 1) << block_shift),
+                    bonus,
+                });
+                let block_bytes = 1usize << block_shift;
+                // A directory's lookups start at block 1, a leaf of level 0.
+                let mut blkid = u64::from(is_dir);
+                for block in 0..blocks {
+                    if !is_dir || block > 0 {
+                        blkid += rng.below(3);
+                    }
+                    if rng.chance(1, 4) {
+                        writer.object_free(id, blkid, 1 + rng.below(4));
+                        blkid += 5;
+                        continue;
+                    }
+                    let mut data = vec![0u8; block_bytes];
+                    if is_dir && (block == 0 || rng.chance(2, 3)) {
+                        let level = if block == 0 { 0 } else { rng.below(3) as u8 };
+                        let mut leaf = Leaf::new(level, 0);
+                        for index in 0..rng.below(12) {
+                            leaf.entries.push(LeafEntry {
+                                cookie: ((rng.below(1 << 32) + 1) << 32) | index,
+                                object: rng.below(next_object + 2),
+                                kind: [4u8, 8, 10][rng.below(3) as usize],
+                                name: format!("e{}", rng.below(1000)).into_bytes(),
+                            });
+                        }
+                        leaf.entries.sort_by_key(|entry| entry.cookie);
+                        let encoded = leaf.encode();
+                        let length = encoded.len().min(block_bytes);
+                        data[..length].copy_from_slice(&encoded[..length]);
+                    } else {
+                        rng.fill(&mut data);
+                    }
+                    writer.object_write(id, blkid, 1, &data);
+                    blkid += 1;
+                }
+                id += 1;
+            }
+            writer.end();
+            let target = format!("tank/n{round}");
+            let received = receive_from_memory(&pool, &target, writer.bytes, false).await;
+            if received.is_ok() {
+                accepted += 1;
+                let fs = pool.filesystem(&target).unwrap();
+                walked += walk_anything(&pool, &fs).await;
+                let _ = pool.commit().await;
+                space_is_clean(&pool, &format!("seed {seed} round {round} received")).await;
+                pool.destroy_filesystem(&target, true).await.unwrap();
+            }
+            space_is_clean(&pool, &format!("seed {seed} round {round}")).await;
+        }
+        eprintln!(
+            "seed {seed}: {accepted} of 24 nonsense streams accepted, {walked} objects walked"
+        );
+        assert!(accepted > 0, "seed {seed}: every stream was refused");
+    });
+}
+
+#[test]
+fn nonsense_filesystem_streams_are_refused_or_survived() {
+    for seed in 81..=88 {
+        nonsense_stream_run(seed);
+    }
+}

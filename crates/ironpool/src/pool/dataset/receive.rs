@@ -1,17 +1,18 @@
 //! `receive`: applies a send stream, all or nothing.
 //!
-//! The stream is written into a hidden volume (`TARGET%recv`, a name no user
-//! volume can have): a new volume for a full stream, a clone of the earlier
-//! snapshot for an incremental one. Only when the END record has checked out
-//! does the hidden volume become the target in one txg — renamed for a full
-//! stream; for an incremental one, its tree takes the place of the target's —
-//! and the stream's snapshot is taken in that same txg. A damaged, truncated or
-//! mismatched stream therefore never changes the target.
+//! The stream is written into a hidden dataset (`TARGET%recv`, a name no user
+//! dataset can have) of the stream's kind, volume or filesystem: a new one for
+//! a full stream, a clone of the earlier snapshot for an incremental one. Only
+//! when the END record has checked out does the hidden dataset become the
+//! target in one txg — renamed for a full stream; for an incremental one, its
+//! tree (a volume's data, a filesystem's dnode table) takes the place of the
+//! target's — and the stream's snapshot is taken in that same txg. A damaged,
+//! truncated or mismatched stream therefore never changes the target.
 //!
 //! With `-s`, an interrupted receive keeps what it applied (committed together
-//! with the position reached), and its resume token lets `send -t` continue
-//! the stream from there. Without it, a failed receive discards the hidden
-//! volume.
+//! with the position reached: a block, or a filesystem's object and block),
+//! and its resume token lets `send -t` continue the stream from there.
+//! Without it, a failed receive discards the hidden dataset.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -21,7 +22,7 @@ use serde::Serialize;
 
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::stream::{
-    Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES,
+    self, Record, RecordHeader, StreamBegin, StreamChecker, StreamError, RECORD_HEADER_BYTES,
 };
 use crate::format::ObjectType;
 use crate::object::Object;
@@ -171,15 +172,20 @@ async fn next_record(
     Ok(Some((header, record, tail)))
 }
 
-/// Writes in flight and the first error among them.
+/// A receive being applied: its hidden dataset, whether it is kept for
+/// resuming (`-s`), its writes in flight and the first error among them.
 struct Applier {
+    hidden_short: String,
+    save_partial: bool,
     slots: Rc<Semaphore>,
     error: Rc<RefCell<Option<PoolError>>>,
 }
 
 impl Applier {
-    fn new() -> Applier {
+    fn new(hidden_short: &str, save_partial: bool) -> Applier {
         Applier {
+            hidden_short: hidden_short.to_string(),
+            save_partial,
             slots: Semaphore::new(RECEIVE_RECORDS_IN_FLIGHT),
             error: Rc::new(RefCell::new(None)),
         }
@@ -326,29 +332,22 @@ impl Pool {
             .prepare_receive(&short, &hidden_short, &begin, &options, &properties)
             .await?;
         let resumed_from_block = begin.resume_block;
+        let applier = Applier::new(&hidden_short, options.save_partial);
         let applied = match &hidden {
             Hidden::Volume(volume) => {
-                self.apply_stream(
-                    volume,
-                    &hidden_short,
-                    input,
-                    &mut checker,
-                    options.save_partial,
-                )
-                .await
+                self.apply_stream(volume, input, &mut checker, &applier)
+                    .await
             }
             Hidden::Filesystem(fs) => {
-                self.apply_fs_stream(
-                    fs,
-                    &hidden_short,
-                    &begin,
-                    input,
-                    &mut checker,
-                    options.save_partial,
-                )
-                .await
+                self.apply_fs_stream(fs, &begin, input, &mut checker, &applier)
+                    .await
             }
         };
+        if applied.is_err() {
+            // Writes still in flight would link blocks into the hidden
+            // dataset after the failure path destroyed it: they end first.
+            let _ = applier.drain().await;
+        }
         match applied {
             Ok(()) => {}
             Err(failure) => {
@@ -638,8 +637,6 @@ impl Pool {
         input: &dyn StreamSource,
         checker: &mut StreamChecker,
         applier: &Applier,
-        hidden_short: &str,
-        save_partial: bool,
     ) -> Result<(Record, Option<AlignedBuf>), Failure> {
         let failure = match next_record(input, checker).await {
             Ok(Some((_, record, tail))) => return Ok((record, tail)),
@@ -650,8 +647,8 @@ impl Pool {
             Err(failure) => failure,
         };
         applier.drain().await?;
-        if save_partial {
-            self.save_receive_position(hidden_short, checker.position())
+        if applier.save_partial {
+            self.save_receive_position(&applier.hidden_short, checker.position())
                 .await?;
         }
         Err(failure)
@@ -661,19 +658,15 @@ impl Pool {
     async fn apply_stream(
         self: &Rc<Self>,
         hidden: &Rc<Volume>,
-        hidden_short: &str,
         input: &dyn StreamSource,
         checker: &mut StreamChecker,
-        save_partial: bool,
+        applier: &Applier,
     ) -> Result<(), Failure> {
-        let applier = Applier::new();
         let block_bytes = hidden.block_bytes;
         let mut since_checkpoint = 0u64;
         loop {
             applier.failed()?;
-            let record = self
-                .next_applied(input, checker, &applier, hidden_short, save_partial)
-                .await?;
+            let record = self.next_applied(input, checker, applier).await?;
             match record {
                 (Record::Write { first_block, count }, Some(data)) => {
                     let permit = applier.slots.acquire(1).await;
@@ -714,12 +707,12 @@ impl Pool {
                     return Err(Failure::Stream(format!("unexpected record {record:?}")))
                 }
             }
-            if save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
+            if applier.save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
                 applier.drain().await?;
                 // The position is committed with the next txg: the data before
                 // it must be linked by then.
                 self.drain_volume(hidden).await?;
-                self.note_receive_position(hidden_short, checker.position());
+                self.note_receive_position(&applier.hidden_short, checker.position());
                 since_checkpoint = 0;
             }
         }
@@ -731,27 +724,26 @@ impl Pool {
     async fn apply_fs_stream(
         self: &Rc<Self>,
         hidden: &Rc<Filesystem>,
-        hidden_short: &str,
         begin: &StreamBegin,
         input: &dyn StreamSource,
         checker: &mut StreamChecker,
-        save_partial: bool,
+        applier: &Applier,
     ) -> Result<(), Failure> {
         let info = begin
             .filesystem
             .ok_or_else(|| Failure::Stream("not a filesystem's stream".into()))?;
-        let applier = Applier::new();
+        // Record bytes, not data alone: a stream of empty files also moves
+        // its resume position on.
         let mut since_checkpoint = 0u64;
         let mut current: Option<Rc<Object>> = None;
         loop {
             applier.failed()?;
-            let (record, tail) = self
-                .next_applied(input, checker, &applier, hidden_short, save_partial)
-                .await?;
+            let (record, tail) = self.next_applied(input, checker, applier).await?;
             // Dirty metadata stays bounded, as for a writer.
             self.txg.throttle(self).await;
             match (record, tail) {
                 (Record::Object(object), _) => {
+                    since_checkpoint += stream::OBJECT_PAYLOAD_BYTES as u64;
                     current = Some(hidden.receive_object(self, &info, &object).await?);
                 }
                 (Record::FreeObjects { first, count }, _) => {
@@ -808,11 +800,11 @@ impl Pool {
                     return Err(Failure::Stream(format!("unexpected record {record:?}")))
                 }
             }
-            if save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
+            if applier.save_partial && since_checkpoint >= RECEIVE_CHECKPOINT_BYTES {
                 // The position is committed with the next txg: the blocks
                 // before it must be linked by then.
                 applier.drain().await?;
-                self.note_receive_position(hidden_short, checker.position());
+                self.note_receive_position(&applier.hidden_short, checker.position());
                 since_checkpoint = 0;
             }
         }

@@ -1472,13 +1472,20 @@ impl Filesystem {
         }
         let end = (offset + length as u64).min(size);
         let block = object.dnode().data_block_bytes();
+        // The request's blocks are read all at once (as its writes are
+        // written: see `write_locked`), then copied out in order.
+        let first = offset / block;
+        let last = (end - 1) / block;
+        let reads = futures_util::future::join_all(
+            (first..=last).map(|blkid| self.read_block(object, blkid, usage)),
+        )
+        .await;
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut position = offset;
-        while position < end {
-            let blkid = position / block;
+        for read in reads {
             let within = (position % block) as usize;
             let chunk = ((block - within as u64).min(end - position)) as usize;
-            match self.read_block(object, blkid, usage).await? {
+            match read? {
                 Some(data) => out.extend_from_slice(&data[within..within + chunk]),
                 None => {
                     self.count(|stats| stats.hole_read_ops += 1);
@@ -1590,6 +1597,7 @@ impl Filesystem {
             .ok_or(FsError::TooBig)?;
         self.grow_block(pool, object, end).await?;
         let block = object.dnode().data_block_bytes();
+        let mut blocks = Vec::new();
         let mut position = offset;
         while position < end {
             let blkid = position / block;
@@ -1611,9 +1619,46 @@ impl Filesystem {
                 old
             };
             bytes.resize(block as usize, 0);
-            let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
-            self.link_block(pool, object, blkid, pointer).await?;
+            blocks.push((blkid, bytes));
             position += chunk as u64;
+        }
+        // The request's blocks go to the devices all at once (one request
+        // of 1 MiB is 8 blocks of 128 KiB: written one after another, a
+        // queue depth of 16 requests reached the devices as 16), then are
+        // linked in order. At most a request's bytes are held: max_write
+        // over the smallest record size, 256 blocks.
+        let written = futures_util::future::join_all(
+            blocks
+                .iter()
+                .map(|(_, bytes)| self.write_block(pool, bytes, ObjectType::FsFile)),
+        )
+        .await;
+        let mut pointers = Vec::with_capacity(written.len());
+        let mut failure = None;
+        for result in written {
+            match result {
+                Ok(pointer) => pointers.push(pointer),
+                Err(error) => {
+                    failure.get_or_insert(error);
+                }
+            }
+        }
+        if let Some(error) = failure {
+            for pointer in pointers.iter().filter(|pointer| !pointer.is_hole()) {
+                pool.store.release(&pointer.dvas);
+            }
+            return Err(error);
+        }
+        let mut pointers = pointers.into_iter();
+        for (blkid, _) in &blocks {
+            let pointer = pointers.next().expect("a pointer per block");
+            if let Err(error) = self.link_block(pool, object, *blkid, pointer).await {
+                // (link_block let go of its own block.)
+                for pointer in pointers.filter(|pointer| !pointer.is_hole()) {
+                    pool.store.release(&pointer.dvas);
+                }
+                return Err(error);
+            }
         }
         let mut dnode = object.dnode.borrow_mut();
         if end > dnode.length_bytes {

@@ -46,6 +46,7 @@ use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT,
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
 use crate::pool::dataset::props::{DirectMode, VolumeSettings};
+use crate::pool::volume::BLOCKS_IN_FLIGHT_PER_REQUEST;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -1472,14 +1473,20 @@ impl Filesystem {
         }
         let end = (offset + length as u64).min(size);
         let block = object.dnode().data_block_bytes();
-        // The request's blocks are read all at once (as its writes are
+        // The request's blocks are read many at once (as its writes are
         // written: see `write_locked`), then copied out in order.
-        let first = offset / block;
-        let last = (end - 1) / block;
-        let reads = futures_util::future::join_all(
-            (first..=last).map(|blkid| self.read_block(object, blkid, usage)),
-        )
-        .await;
+        let blkids: Vec<u64> = (offset / block..=(end - 1) / block).collect();
+        let mut reads = Vec::with_capacity(blkids.len());
+        for batch in blkids.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
+            reads.extend(
+                futures_util::future::join_all(
+                    batch
+                        .iter()
+                        .map(|blkid| self.read_block(object, *blkid, usage)),
+                )
+                .await,
+            );
+        }
         let mut out = Vec::with_capacity((end - offset) as usize);
         let mut position = offset;
         for read in reads {
@@ -1622,25 +1629,29 @@ impl Filesystem {
             blocks.push((blkid, bytes));
             position += chunk as u64;
         }
-        // The request's blocks go to the devices all at once (one request
+        // The request's blocks go to the devices many at once (one request
         // of 1 MiB is 8 blocks of 128 KiB: written one after another, a
         // queue depth of 16 requests reached the devices as 16), then are
-        // linked in order. At most a request's bytes are held: max_write
-        // over the smallest record size, 256 blocks.
-        let written = futures_util::future::join_all(
-            blocks
-                .iter()
-                .map(|(_, bytes)| self.write_block(pool, bytes, ObjectType::FsFile)),
-        )
-        .await;
-        let mut pointers = Vec::with_capacity(written.len());
+        // linked in order.
+        let mut pointers = Vec::with_capacity(blocks.len());
         let mut failure = None;
-        for result in written {
-            match result {
-                Ok(pointer) => pointers.push(pointer),
-                Err(error) => {
-                    failure.get_or_insert(error);
+        for batch in blocks.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
+            let written = futures_util::future::join_all(
+                batch
+                    .iter()
+                    .map(|(_, bytes)| self.write_block(pool, bytes, ObjectType::FsFile)),
+            )
+            .await;
+            for result in written {
+                match result {
+                    Ok(pointer) => pointers.push(pointer),
+                    Err(error) => {
+                        failure.get_or_insert(error);
+                    }
                 }
+            }
+            if failure.is_some() {
+                break;
             }
         }
         if let Some(error) = failure {

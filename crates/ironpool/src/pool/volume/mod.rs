@@ -48,8 +48,9 @@ pub const VOLUME_SIZE_MAX_BYTES: u64 = 1 << 56;
 /// block size advertised to clients; a 512-byte sector, like any disk).
 pub const IO_ALIGNMENT_BYTES: u64 = 512;
 /// Blocks of one request processed at once: bounds the tasks and memory a single
-/// large request (up to 32 MiB) holds, while keeping many I/Os in flight.
-const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
+/// large request (up to 32 MiB) holds, while keeping many I/Os in flight. A
+/// filesystem's reads and writes (up to 1 MiB) use it too.
+pub(crate) const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
 /// Times a read retries when its block changed under it (a concurrent overwrite).
 const READ_RETRIES: usize = 3;
 /// Writers a volume admits at once before an operation that needs it alone

@@ -1629,17 +1629,40 @@ impl Filesystem {
             blocks.push((blkid, bytes));
             position += chunk as u64;
         }
-        // The request's blocks go to the devices many at once (one request
-        // of 1 MiB is 8 blocks of 128 KiB: written one after another, a
-        // queue depth of 16 requests reached the devices as 16), then are
-        // linked in order.
+        let slices: Vec<(u64, &[u8])> = blocks
+            .iter()
+            .map(|(blkid, bytes)| (*blkid, bytes.as_slice()))
+            .collect();
+        self.store_blocks(pool, object, &slices, ObjectType::FsFile)
+            .await?;
+        let mut dnode = object.dnode.borrow_mut();
+        if end > dnode.length_bytes {
+            dnode.length_bytes = end;
+        }
+        drop(dnode);
+        object.dirty.set(true);
+        Ok(())
+    }
+
+    /// Writes `blocks` (block number, whole block's bytes) of `object`, of
+    /// `object_type`, to new space many at once (one request of 1 MiB is 8
+    /// blocks of 128 KiB: written one after another, a queue depth of 16
+    /// requests reached the devices as 16), then links them in order. A
+    /// failure lets go of the blocks written and not linked.
+    async fn store_blocks(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blocks: &[(u64, &[u8])],
+        object_type: ObjectType,
+    ) -> Result<(), FsError> {
         let mut pointers = Vec::with_capacity(blocks.len());
         let mut failure = None;
         for batch in blocks.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
             let written = futures_util::future::join_all(
                 batch
                     .iter()
-                    .map(|(_, bytes)| self.write_block(pool, bytes, ObjectType::FsFile)),
+                    .map(|(_, bytes)| self.write_block(pool, bytes, object_type)),
             )
             .await;
             for result in written {
@@ -1661,7 +1684,7 @@ impl Filesystem {
             return Err(error);
         }
         let mut pointers = pointers.into_iter();
-        for (blkid, _) in &blocks {
+        for (blkid, _) in blocks {
             let pointer = pointers.next().expect("a pointer per block");
             if let Err(error) = self.link_block(pool, object, *blkid, pointer).await {
                 // (link_block let go of its own block.)
@@ -1671,12 +1694,6 @@ impl Filesystem {
                 return Err(error);
             }
         }
-        let mut dnode = object.dnode.borrow_mut();
-        if end > dnode.length_bytes {
-            dnode.length_bytes = end;
-        }
-        drop(dnode);
-        object.dirty.set(true);
         Ok(())
     }
 

@@ -611,16 +611,20 @@ impl Filesystem {
     ) -> Result<(), Failure> {
         let dnode = object.dnode();
         let block_bytes = dnode.data_block_bytes() as usize;
-        for (index, bytes) in data.chunks(block_bytes).enumerate() {
-            let blkid = first + index as u64;
-            if dnode.object_type == ObjectType::FsDirectory {
-                self.objects
-                    .write_bytes(object, blkid * block_bytes as u64, bytes)
-                    .await?;
-            } else {
-                let pointer = self.write_block(pool, bytes, dnode.object_type).await?;
-                self.link_block(pool, object, blkid, pointer).await?;
-            }
+        let blocks: Vec<(u64, &[u8])> = data
+            .chunks(block_bytes)
+            .enumerate()
+            .map(|(index, bytes)| (first + index as u64, bytes))
+            .collect();
+        if dnode.object_type != ObjectType::FsDirectory {
+            return Ok(self
+                .store_blocks(pool, object, &blocks, dnode.object_type)
+                .await?);
+        }
+        for (blkid, bytes) in blocks {
+            self.objects
+                .write_bytes(object, blkid * block_bytes as u64, bytes)
+                .await?;
         }
         Ok(())
     }

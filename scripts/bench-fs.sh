@@ -13,14 +13,18 @@
 #               QD1 and QD64, 4K random reads at QD64, 1 MiB sequential
 #               writes and reads at QD16, on the raw file and on a file of
 #               the ironpool filesystem (recordsize 16K); IOPS and the ratio
+#   seq         1 MiB sequential writes and reads at QD16 on a file of a
+#               filesystem of the default recordsize (128K), fio io_uring
+#               direct=1, against an ironpool volume of the same pool over
+#               NBD (fio's nbd engine): the issue's 0.8x comparison
 #
 # Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
-#   default: 100000 files, 8 s, target/release/ironpool, "metadata data"
+#   default: 100000 files, 8 s, target/release/ironpool, "metadata data seq"
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
 bin=${3:-$PWD/target/release/ironpool}
-parts=${4:-metadata data}
+parts=${4:-metadata data seq}
 metadata=$PWD/target/release/examples/metadata
 [ "$(id -u)" -eq 0 ] || { echo "bench-fs: run as root (FUSE mounts, loop devices)" >&2; exit 1; }
 [ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --bins --examples" >&2; exit 1; }
@@ -84,6 +88,21 @@ for phase in create stat delete; do
     ext4=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ext4.txt")
     ip=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ipfs.txt")
     printf "%-8s %12s %12s %8s\n" "$phase" "$ext4" "$ip" "$(ratio "$ip" "$ext4")"
+done
+fi
+
+if [[ " $parts " == *" seq "* ]]; then
+echo "## seq: 1 MiB at QD16, IOPS: a volume over NBD against a file (recordsize 128K)"
+"$bin" fs create --control "$work/ctl.sock" bench/fs128 -o "mountpoint=$work/ip128" >/dev/null
+"$bin" volume create --control "$work/ctl.sock" bench/vol 1G >/dev/null
+for _ in $(seq 600); do grep -q " $work/ip128 fuse.ironpool" /proc/self/mounts && break; sleep 0.05; done
+printf "%-20s %10s %10s %8s\n" test volume file ratio
+for rw in write read; do
+    vol=$(fio_iops "seq-$rw-vol" --ioengine=nbd --uri="nbd+unix:///bench/vol?socket=$work/nbd.sock" \
+        --size=1G --rw=$rw --bs=1M --iodepth=16 --runtime="$runtime" --time_based)
+    file=$(fio_iops "seq-$rw-file" --filename="$work/ip128/f.img" --ioengine=io_uring --direct=1 \
+        --size=1G --rw=$rw --bs=1M --iodepth=16 --runtime="$runtime" --time_based)
+    printf "%-20s %10s %10s %8s\n" "seq${rw}_1m_qd16" "$vol" "$file" "$(ratio "$file" "$vol")"
 done
 fi
 

@@ -14,21 +14,9 @@
 set -euo pipefail
 files=${1:-20000}
 bin=${2:-$PWD/target/release/ironpool}
-[ "$(id -u)" -eq 0 ] || { echo "bench-send: run as root (FUSE mounts)" >&2; exit 1; }
-[ -x "$bin" ] || { echo "bench-send: build first: cargo build --release --workspace --bins" >&2; exit 1; }
-work=$(mktemp -d "$PWD/target/bench-send.XXXXXX")
-server=""
-cleanup() {
-    [ -n "$server" ] && kill "$server" 2>/dev/null && sleep 2
-    rm -rf "$work"
-}
-trap cleanup EXIT
-export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
-"$bin" create --size 8G -f sendb mirror "$work/d0.img" "$work/d1.img" >/dev/null
-"$bin" serve -d "$work" --nbd "unix:$work/nbd.sock" --control "$work/ctl.sock" \
-    sendb >"$work/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 100); do [ -S "$work/ctl.sock" ] && break; sleep 0.1; done
+source "$(dirname "$0")/bench-lib.sh"
+bench_start bench-send "$bin"
+bench_serve sendb 8G
 "$bin" fs create sendb/fs -o "mountpoint=$work/mnt" >/dev/null
 "$bin" fs create sendb/small -o "mountpoint=$work/small" -o atime=off >/dev/null
 "$bin" volume create sendb/vol 1G >/dev/null

@@ -12,21 +12,9 @@ set -euo pipefail
 files=${1:-20000}
 runtime=${2:-8}
 bin=${3:-$PWD/target/release/ironpool}
-[ "$(id -u)" -eq 0 ] || { echo "bench-snapshot: run as root (FUSE mounts)" >&2; exit 1; }
-[ -x "$bin" ] || { echo "bench-snapshot: build first: cargo build --release --workspace --bins" >&2; exit 1; }
-work=$(mktemp -d "$PWD/target/bench-snapshot.XXXXXX")
-server=""
-cleanup() {
-    [ -n "$server" ] && kill "$server" 2>/dev/null && sleep 2
-    rm -rf "$work"
-}
-trap cleanup EXIT
-export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
-"$bin" create --size 4G -f snap mirror "$work/d0.img" "$work/d1.img" >/dev/null
-"$bin" serve -d "$work" --nbd "unix:$work/nbd.sock" --control "$work/ctl.sock" \
-    snap >"$work/serve.log" 2>&1 &
-server=$!
-for _ in $(seq 100); do [ -S "$work/ctl.sock" ] && break; sleep 0.1; done
+source "$(dirname "$0")/bench-lib.sh"
+bench_start bench-snapshot "$bin"
+bench_serve snap 4G
 "$bin" fs create snap/fs -o "mountpoint=$work/mnt" -o recordsize=16K >/dev/null
 grep -q " $work/mnt fuse.ironpool" /proc/self/mounts || { echo "bench-snapshot: not mounted: $(cat "$work/serve.log")" >&2; exit 1; }
 fio --name=fill --filename="$work/mnt/file" --size=1G --rw=write --bs=1M \

@@ -6,7 +6,7 @@
 # at queue depth 64 and a short throughput run on the volume, then a verified
 # O_DIRECT io_uring run at queue depth 64 on a file of the filesystem, whose
 # snapshot is then read back verified under .zfs/snapshot after the file was
-# overwritten.
+# overwritten, and sent and received as a new filesystem, compared.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
@@ -19,7 +19,9 @@ if [ -f "$demo/pid" ] && kill -0 "$(cat "$demo/pid")" 2>/dev/null; then
     kill -TERM "$(cat "$demo/pid")"; sleep 1
 fi
 # A mount left by an earlier run whose server was killed.
-if grep -q " $demo/fs fuse.ironpool" /proc/self/mounts; then umount -l "$demo/fs"; fi
+for mount in fs copy; do
+    if grep -q " $demo/$mount fuse.ironpool" /proc/self/mounts; then umount -l "$demo/$mount"; fi
+done
 rm -rf "$demo"; mkdir -p "$demo"
 socket="$demo/nbd.sock"
 uri="nbd+unix:///demo/vol?socket=$socket"
@@ -68,6 +70,11 @@ fio --name=fsverify --filename="$demo/fs/.zfs/snapshot/demo/fio.dat" --ioengine=
     --direct=1 --rw=randread --bs=16k --iodepth=64 --size=128M --verify=crc32c \
     --verify_fatal=1 --readonly | grep -E "IOPS|err="
 "$bin" list -t snapshot demo
+
+echo "== the snapshot sent and received as a new filesystem, compared"
+"$bin" send demo/fs@demo | "$bin" receive -o mountpoint="$demo/copy" -o atime=off demo/copy
+for _ in $(seq 100); do grep -q " $demo/copy fuse.ironpool" /proc/self/mounts && break; sleep 0.1; done
+cmp "$demo/fs/.zfs/snapshot/demo/fio.dat" "$demo/copy/fio.dat" && echo "demo/copy/fio.dat is identical to demo/fs@demo's"
 
 echo "== pool status and device statistics"
 "$bin" status demo

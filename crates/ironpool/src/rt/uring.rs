@@ -35,20 +35,85 @@ use super::{with_current, Driver, Instant};
 /// `user_data` of the eventfd read that lets other threads wake the loop.
 const EVENTFD_TOKEN: u64 = u64::MAX - 1;
 
-/// How long (microseconds) the loop, with nothing to run and no device I/O
-/// in flight, keeps looking for completions before it sleeps in the
-/// kernel: a request from a client that waits for each answer (a FUSE
+/// The longest (microseconds) the loop, with nothing to run and no device
+/// I/O in flight, keeps looking for completions before it sleeps in the
+/// kernel ([`PollWindow`]): a client that waits for each answer (a FUSE
 /// `stat`, `create` or `unlink` after another, an NBD client at queue depth
-/// one) then finds the loop awake instead of paying a thread wake-up. It
-/// costs a core while it looks; while device I/O is in flight the loop
-/// sleeps at once (the kernel may need that core to finish the I/O). Zero
-/// (the default) never polls. Measured on this project's 2-core machine, 50
-/// doubles FUSE creates and triples stats of files in one directory.
+/// one) then finds the loop awake instead of paying a thread wake-up, which
+/// on a virtual machine is an inter-processor interrupt through the host
+/// (about 20 us each way on this project's 2-core machine, against 1-2 us
+/// for the request's own work). Unset: [`POLL_WINDOW_MAX_US`]; `0` never
+/// polls. While device I/O is in flight, and after a busy period that
+/// started some, the loop sleeps at once (see [`UringDriver::turn`]).
 pub const POLL_ENV: &str = "IRONPOOL_POLL_US";
+
+/// The default ceiling of the poll window: above the round trip of a
+/// waiting client on this machine (FUSE: 20-50 us from reply to the next
+/// request), so a client one request at a time finds the loop polling, and
+/// short enough that an idle loop wastes at most this much per wake-up.
+pub const POLL_WINDOW_MAX_US: u64 = 50;
+
+/// The window a poll starts from when idle periods turn short: the loop
+/// polls again after a few requests of a waiting client.
+const POLL_WINDOW_GROW_START_NS: u64 = 10_000;
+
+/// An idle period this many times the window's ceiling means nobody is
+/// waiting on the loop. Not the ceiling itself: an idle period the loop
+/// slept through includes its own wake-up (about 20 us here), so a client
+/// at a 30 us round trip shows idle periods near 50 us until the loop polls.
+const POLL_IDLE_LONG_FACTOR: u64 = 4;
+
+/// How long the loop polls before it sleeps, adapted to the idle periods it
+/// sees, as the kernel's `haltpoll` governor adapts a guest's idle polling:
+/// a long idle period ([`POLL_IDLE_LONG_FACTOR`] times the ceiling: nobody
+/// is waiting on the loop) halves the window, down to none; a shorter one
+/// that ended after the window (polling longer would have caught it)
+/// doubles it, up to the ceiling. So
+/// a client that waits for each answer gets a polling loop, and an idle
+/// server polls only briefly after each wake-up, less each time.
+#[derive(Debug)]
+pub(crate) struct PollWindow {
+    ns: Cell<u64>,
+    max_ns: u64,
+}
+
+impl PollWindow {
+    pub(crate) fn new(max_ns: u64) -> PollWindow {
+        PollWindow {
+            ns: Cell::new(0),
+            max_ns,
+        }
+    }
+
+    /// The window now, in nanoseconds (0: sleep at once).
+    pub(crate) fn ns(&self) -> u64 {
+        self.ns.get()
+    }
+
+    /// Adapts the window to an idle period of `idle_ns` that just ended.
+    pub(crate) fn adapt(&self, idle_ns: u64) {
+        let window = self.ns.get();
+        let next = if idle_ns > self.max_ns.saturating_mul(POLL_IDLE_LONG_FACTOR) {
+            let half = window / 2;
+            if half < POLL_WINDOW_GROW_START_NS {
+                0
+            } else {
+                half
+            }
+        } else if idle_ns > window {
+            (window * 2).max(POLL_WINDOW_GROW_START_NS).min(self.max_ns)
+        } else {
+            window
+        };
+        self.ns.set(next);
+    }
+}
 
 thread_local! {
     /// Device reads, writes and flushes in flight on this thread's ring.
     static DEVICE_IO: Cell<usize> = const { Cell::new(0) };
+    /// Device operations started on this thread's ring, ever.
+    static DEVICE_IO_STARTED: Cell<u64> = const { Cell::new(0) };
 }
 
 /// Counts a device operation in flight while it lives (see [`POLL_ENV`]).
@@ -57,6 +122,7 @@ pub struct DeviceIo(());
 impl DeviceIo {
     pub fn start() -> DeviceIo {
         DEVICE_IO.with(|count| count.set(count.get() + 1));
+        DEVICE_IO_STARTED.with(|count| count.set(count.get() + 1));
         DeviceIo(())
     }
 }
@@ -87,7 +153,10 @@ pub(crate) struct UringDriver {
     rng: RefCell<Rng>,
     eventfd: Arc<OwnedFd>,
     eventfd_buffer: RefCell<Box<[u8; 8]>>,
-    spin_ns: u64,
+    poll: PollWindow,
+    /// `DEVICE_IO_STARTED` when the loop last went idle: the loop polls
+    /// only after busy periods that started no device I/O.
+    device_io_seen: Cell<u64>,
 }
 
 impl UringDriver {
@@ -126,11 +195,14 @@ impl UringDriver {
             rng: RefCell::new(Rng::new(seed)),
             eventfd,
             eventfd_buffer: RefCell::new(Box::new([0; 8])),
-            spin_ns: std::env::var(POLL_ENV)
-                .ok()
-                .and_then(|text| text.parse::<u64>().ok())
-                .unwrap_or(0)
-                * 1000,
+            device_io_seen: Cell::new(0),
+            poll: PollWindow::new(
+                std::env::var(POLL_ENV)
+                    .ok()
+                    .and_then(|text| text.parse::<u64>().ok())
+                    .unwrap_or(POLL_WINDOW_MAX_US)
+                    .saturating_mul(1000),
+            ),
         };
         driver.arm_eventfd();
         Ok((driver, notify))
@@ -208,19 +280,32 @@ impl UringDriver {
     /// One loop turn: submit what is queued, wait for a completion when `wait` is
     /// set, then reap every completion that is there.
     pub(crate) fn turn(&self, wait: bool) {
-        if wait && self.spin_ns > 0 && DEVICE_IO.with(Cell::get) == 0 {
+        let idle = wait && DEVICE_IO.with(Cell::get) == 0;
+        // Not after device I/O either: a client whose every request waits
+        // on the devices gains nothing (the device completion wakes the loop
+        // anyway), and on a virtual machine the polling core slows the
+        // host's own device work: 4K QD1 reads of the devices took 86 us
+        // each polling after none and 101 us polling after them.
+        let polling = idle && self.poll.max_ns > 0 && {
+            let started = DEVICE_IO_STARTED.with(Cell::get);
+            started == self.device_io_seen.replace(started)
+        };
+        let idle_start = polling.then(std::time::Instant::now);
+        let mut found = false;
+        if polling && self.poll.ns() > 0 {
             // Nothing but requests from outside can complete: look for the
-            // next one for a while before sleeping (see `POLL_ENV`).
+            // next one for a while before sleeping (see `PollWindow`).
             let start = std::time::Instant::now();
             loop {
                 {
                     let mut ring = self.ring.borrow_mut();
                     let _ = ring.submit();
                     if !ring.completion().is_empty() {
+                        found = true;
                         break;
                     }
                 }
-                if start.elapsed().as_nanos() as u64 > self.spin_ns {
+                if start.elapsed().as_nanos() as u64 > self.poll.ns() {
                     break;
                 }
                 std::hint::spin_loop();
@@ -228,7 +313,7 @@ impl UringDriver {
         }
         {
             let ring = self.ring.borrow();
-            let result = if wait {
+            let result = if wait && !found {
                 ring.submit_and_wait(1)
             } else {
                 ring.submit()
@@ -242,6 +327,9 @@ impl UringDriver {
                     ) => {}
                 Err(error) => panic!("io_uring enter failed: {error}"),
             }
+        }
+        if let Some(start) = idle_start {
+            self.poll.adapt(start.elapsed().as_nanos() as u64);
         }
         self.reap();
     }
@@ -839,4 +927,58 @@ pub async fn write_stream_all(fd: RawFd, mut slices: Vec<BufSlice>) -> io::Resul
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAX: u64 = POLL_WINDOW_MAX_US * 1000;
+
+    #[test]
+    fn a_waiting_client_grows_the_poll_window_to_its_ceiling_and_no_further() {
+        let window = PollWindow::new(MAX);
+        assert_eq!(window.ns(), 0, "a new loop sleeps at once");
+        // A client at a 40 us round trip: slept-through idle periods of 60 us
+        // (its round trip and the loop's own wake-up), then caught ones.
+        window.adapt(60_000);
+        assert_eq!(window.ns(), POLL_WINDOW_GROW_START_NS);
+        let mut steps = 1;
+        while window.ns() < MAX {
+            window.adapt(window.ns() + 1);
+            steps += 1;
+            assert!(steps < 16, "the window reaches its ceiling in a few steps");
+        }
+        assert_eq!(window.ns(), MAX);
+        window.adapt(MAX * 2);
+        assert_eq!(window.ns(), MAX, "never past the ceiling");
+        // Periods the poll caught leave the window as it is.
+        window.adapt(20_000);
+        assert_eq!(window.ns(), MAX);
+    }
+
+    #[test]
+    fn long_idle_periods_shrink_the_poll_window_to_nothing() {
+        let window = PollWindow::new(MAX);
+        window.adapt(1);
+        while window.ns() < MAX {
+            window.adapt(window.ns() + 1);
+        }
+        let long = MAX * POLL_IDLE_LONG_FACTOR + 1;
+        window.adapt(long);
+        assert_eq!(window.ns(), MAX / 2);
+        for _ in 0..8 {
+            window.adapt(long);
+        }
+        assert_eq!(window.ns(), 0, "an idle server stops polling");
+    }
+
+    #[test]
+    fn a_zero_ceiling_never_polls() {
+        let window = PollWindow::new(0);
+        for idle in [1, 1_000, 60_000, 1_000_000] {
+            window.adapt(idle);
+            assert_eq!(window.ns(), 0);
+        }
+    }
 }

@@ -912,7 +912,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
     let directory = pool.directory();
     pool.open_volumes()
         .iter()
-        .filter(|(short, _)| !crate::pool::is_hidden_volume(short))
+        .filter(|(short, _)| !crate::pool::is_hidden_dataset(short))
         .map(|(short, volume)| {
             let dnode = volume.object.dnode();
             let record = directory.volumes.get(short);

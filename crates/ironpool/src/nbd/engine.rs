@@ -276,7 +276,7 @@ async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     // Volumes being received are not exported.
     pool.volume(name)
         .ok()
-        .filter(|volume| !crate::pool::is_hidden_volume(volume.short_name()))
+        .filter(|volume| !crate::pool::is_hidden_dataset(volume.short_name()))
 }
 
 /// Runs one request and builds its reply.

@@ -1110,6 +1110,27 @@ impl ObjectSet {
         Ok(())
     }
 
+    /// A walk of `object`'s blocks changed after `since_txg` from block
+    /// `start`, a batch of about `limit` at a time ([`ChangedBlocksWalk`];
+    /// see [`ObjectSet::changed_blocks`] for what is reported).
+    pub fn walk_changed_blocks<'a>(
+        &'a self,
+        object: &'a Object,
+        since_txg: u64,
+        start: u64,
+        limit: usize,
+        stamped_holes: bool,
+    ) -> ChangedBlocksWalk<'a> {
+        ChangedBlocksWalk {
+            set: self,
+            object,
+            since_txg,
+            next: Some(start),
+            limit,
+            stamped_holes,
+        }
+    }
+
     /// Level-0 blocks of the object's tree changed after `since_txg`, in
     /// ascending order from block `start`: blocks with data born after it, and
     /// runs of blocks that became holes after it (a hole remembers the txg that
@@ -1271,6 +1292,41 @@ impl ObjectSet {
     /// Bytes of cached nodes (dirty and clean).
     pub fn cached_bytes(&self) -> usize {
         self.cached_bytes.get()
+    }
+}
+
+/// Pages through [`ObjectSet::changed_blocks`]: each batch starts where the
+/// last one stopped, so a caller (a send) holds one batch of changes at a
+/// time however large the object.
+pub struct ChangedBlocksWalk<'a> {
+    set: &'a ObjectSet,
+    object: &'a Object,
+    since_txg: u64,
+    /// The block the next batch starts from; None once the walk is done.
+    next: Option<u64>,
+    limit: usize,
+    stamped_holes: bool,
+}
+
+impl ChangedBlocksWalk<'_> {
+    /// The next batch of changes, in ascending block order; None when the
+    /// walk has reached the end of the object.
+    pub async fn next_batch(&mut self) -> Result<Option<Vec<BlockChange>>, ObjectError> {
+        let Some(start) = self.next else {
+            return Ok(None);
+        };
+        let (changes, next) = self
+            .set
+            .changed_blocks(
+                self.object,
+                self.since_txg,
+                start,
+                self.limit,
+                self.stamped_holes,
+            )
+            .await?;
+        self.next = next;
+        Ok(Some(changes))
     }
 }
 

@@ -1061,7 +1061,7 @@ impl Pool {
         self.volumes
             .borrow()
             .iter()
-            .filter(|(short, _)| !is_hidden_volume(short))
+            .filter(|(short, _)| !is_hidden_dataset(short))
             .map(|(_, volume)| volume.clone())
             .collect()
     }
@@ -1686,8 +1686,9 @@ pub(crate) fn vdev_space(top: &TopVdev) -> VdevSpace {
     }
 }
 
-/// True for the hidden volume of a receive in progress (see `receive`).
-pub fn is_hidden_volume(short_name: &str) -> bool {
+/// True for the hidden dataset (volume or filesystem) of a receive in
+/// progress, `TARGET%recv` (see `receive`): not listed, mounted or served.
+pub fn is_hidden_dataset(short_name: &str) -> bool {
     short_name.contains('%')
 }
 

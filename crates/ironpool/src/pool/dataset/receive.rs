@@ -246,7 +246,7 @@ impl Pool {
         volumes
             .chain(filesystems)
             .filter(|(short, receive)| {
-                crate::pool::is_hidden_volume(short)
+                crate::pool::is_hidden_dataset(short)
                     && receive.is_none_or(|receive| !receive.resumable)
             })
             .map(|(short, receive)| {

@@ -356,7 +356,7 @@ impl Pool {
         let json = serde_json::to_vec(&begin).expect("BEGIN serialises");
         output.record(RecordKind::Begin, &json, Vec::new()).await?;
         let mut pending: VecDeque<Pending> = VecDeque::new();
-        let mut cursor = request.resume_block.unwrap_or(0);
+        let start = request.resume_block.unwrap_or(0);
         // The stream's reads run ahead of it (SEND_READS_IN_FLIGHT): its
         // prefetch. A block already cached is sent from the cache; what is
         // read is not kept: a send is one pass over the whole snapshot,
@@ -365,11 +365,14 @@ impl Pool {
         // in one run) and push out what readers use once it is full.
         let usage = view.settings().data_cache_use();
         let usage = crate::cache::CacheUse::data(usage.lookup, false);
-        loop {
-            let (changes, next) = self
-                .objects
-                .changed_blocks(&view.object, since_txg, cursor, CHANGES_PER_WALK, true)
-                .await?;
+        let mut walk = self.objects.walk_changed_blocks(
+            &view.object,
+            since_txg,
+            start,
+            CHANGES_PER_WALK,
+            true,
+        );
+        while let Some(changes) = walk.next_batch().await? {
             for change in changes {
                 match change {
                     BlockChange::Data { blkid, pointer } if blkid < blocks => {
@@ -396,10 +399,6 @@ impl Pool {
                 if reads >= SEND_READS_IN_FLIGHT {
                     drain_front(&mut pending, &mut output, reads / 2).await?;
                 }
-            }
-            match next {
-                Some(next) => cursor = next,
-                None => break,
             }
         }
         drain_front(&mut pending, &mut output, usize::MAX).await?;

@@ -2230,7 +2230,7 @@ impl Pool {
         self.filesystems
             .borrow()
             .iter()
-            .filter(|(name, _)| !crate::pool::is_hidden_volume(name))
+            .filter(|(name, _)| !crate::pool::is_hidden_dataset(name))
             .map(|(name, fs)| (name.clone(), fs.clone()))
             .collect()
     }

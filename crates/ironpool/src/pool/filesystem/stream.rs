@@ -303,13 +303,15 @@ impl Pool {
             .await?;
         let first_object = request.resume_object.unwrap_or(1).max(1);
         let end_object = header.next_object;
-        let mut cursor = first_object / DNODES_PER_TABLE_BLOCK;
-        loop {
-            // The table's holes carry no txg: report them all (conservative).
-            let (changes, next) = self
-                .objects
-                .changed_blocks(&fs.table, since_txg, cursor, CHANGES_PER_WALK, false)
-                .await?;
+        // The table's holes carry no txg: report them all (conservative).
+        let mut walk = self.objects.walk_changed_blocks(
+            &fs.table,
+            since_txg,
+            first_object / DNODES_PER_TABLE_BLOCK,
+            CHANGES_PER_WALK,
+            false,
+        );
+        while let Some(changes) = walk.next_batch().await? {
             for change in changes {
                 let (first, count) = match change {
                     BlockChange::Data { blkid, .. } => (blkid, 1),
@@ -336,10 +338,6 @@ impl Pool {
                         }
                     }
                 }
-            }
-            match next {
-                Some(next) => cursor = next,
-                None => break,
             }
         }
         output.drain(usize::MAX).await?;
@@ -404,15 +402,14 @@ impl Pool {
         let new = dnode.creation_txg > since_txg;
         let block_bytes = dnode.data_block_bytes();
         let usage = crate::cache::CacheUse::data(fs.settings().data_cache_use().lookup, false);
-        let mut cursor = match request.resume_object {
+        let start = match request.resume_object {
             Some(first) if first == id => request.resume_block.unwrap_or(0),
             _ => 0,
         };
-        loop {
-            let (changes, next) = fs
-                .objects
-                .changed_blocks(&object, since_txg, cursor, CHANGES_PER_WALK, false)
-                .await?;
+        let mut walk =
+            fs.objects
+                .walk_changed_blocks(&object, since_txg, start, CHANGES_PER_WALK, false);
+        while let Some(changes) = walk.next_batch().await? {
             for change in changes {
                 match change {
                     BlockChange::Data { blkid, pointer } => {
@@ -437,10 +434,6 @@ impl Pool {
                     }
                 }
                 output.bound().await?;
-            }
-            match next {
-                Some(next) => cursor = next,
-                None => break,
             }
         }
         Ok(())

@@ -9,10 +9,12 @@
 #               ext4 on a loop device (a file beside the pool's, loop
 #               direct I/O on) against an ironpool filesystem (a mirror of
 #               two files); files per second and the ratio, per phase
-#   data        fio io_uring direct=1 on a 1 GiB file: 16K random writes at
-#               QD1 and QD64, 4K random reads at QD64, 1 MiB sequential
-#               writes and reads at QD16, on the raw file and on a file of
-#               the ironpool filesystem (recordsize 16K); IOPS and the ratio
+#   data        fio direct=1 on a 1 GiB file: 16K random writes at QD1 and
+#               QD64 (io_uring, then libaio), 4K random reads at QD64, 1 MiB
+#               sequential writes and reads at QD16 (io_uring), on the raw
+#               file and on a file of the ironpool filesystem (recordsize
+#               16K); IOPS and the ratio, QD64 over QD1, and the transport
+#               and requests in flight at the server
 #   seq         1 MiB sequential writes and reads at QD16 on a file of a
 #               filesystem of the default recordsize (128K), fio io_uring
 #               direct=1, against an ironpool volume of the same pool over
@@ -107,20 +109,35 @@ done
 fi
 
 [[ " $parts " == *" data "* ]] || exit 0
-echo "## data: a 1 GiB file, fio io_uring direct=1, IOPS"
+echo "## data: a 1 GiB file, fio direct=1 (io_uring unless _aio: libaio), IOPS"
 printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
-common="--ioengine=io_uring --direct=1 --size=1G --runtime=$runtime --time_based"
+common="--direct=1 --size=1G --runtime=$runtime --time_based"
 fio --name=prefill --filename="$work/raw.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
 fio --name=prefill --filename="$work/ipfs/f.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
-for test in "w16k_qd1 --rw=randwrite --bs=16k --iodepth=1" \
-            "w16k_qd64 --rw=randwrite --bs=16k --iodepth=64" \
-            "r4k_qd64 --rw=randread --bs=4k --iodepth=64" \
-            "seqw_1m_qd16 --rw=write --bs=1M --iodepth=16" \
-            "seqr_1m_qd16 --rw=read --bs=1M --iodepth=16"; do
+declare -A iops
+for test in "w16k_qd1 --ioengine=io_uring --rw=randwrite --bs=16k --iodepth=1" \
+            "w16k_qd64 --ioengine=io_uring --rw=randwrite --bs=16k --iodepth=64" \
+            "w16k_qd1_aio --ioengine=libaio --rw=randwrite --bs=16k --iodepth=1" \
+            "w16k_qd64_aio --ioengine=libaio --rw=randwrite --bs=16k --iodepth=64" \
+            "r4k_qd64 --ioengine=io_uring --rw=randread --bs=4k --iodepth=64" \
+            "seqw_1m_qd16 --ioengine=io_uring --rw=write --bs=1M --iodepth=16" \
+            "seqr_1m_qd16 --ioengine=io_uring --rw=read --bs=1M --iodepth=16"; do
     set -- $test
     label=$1
     shift
     raw=$(fio_iops "$label-raw" --filename="$work/raw.img" $common "$@")
     ip=$(fio_iops "$label-ip" --filename="$work/ipfs/f.img" $common "$@")
+    iops[$label]=$ip
     printf "%-20s %10s %10s %8s\n" "$label" "$raw" "$ip" "$(ratio "$ip" "$raw")"
 done
+# The issue asks QD64 to reach at least 4x QD1 (OpenZFS: about 1x).
+echo "ironpool 16K write QD64/QD1: io_uring $(ratio "${iops[w16k_qd64]}" "${iops[w16k_qd1]}"), libaio $(ratio "${iops[w16k_qd64_aio]}" "${iops[w16k_qd1_aio]}")"
+# The transport and the most requests the server had in flight at once
+# (since the mount: the QD64 jobs above set it).
+"$bin" fs list --json --control "$work/ctl.sock" bench | python3 -c '
+import json, sys
+for fs in json.load(sys.stdin)["filesystems"]:
+    if fs["name"] == "bench/fs":
+        front = fs["front_end"]
+        print("server:", front.get("transport"), "; at most", front.get("in_flight_max"), "requests in flight at once")
+'

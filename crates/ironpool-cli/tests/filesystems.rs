@@ -224,6 +224,62 @@ fn a_mount_left_dead_by_a_killed_server_is_replaced_and_fsynced_data_is_there() 
     stop_and_check(&mut pool);
 }
 
+fn durable_txg(pool: &TestPool) -> u64 {
+    pool.status_json()["durable_txg"]
+        .as_u64()
+        .expect("status has durable_txg")
+}
+
+/// A change of attributes alone (no data written, no object made), after
+/// the pool went idle, is committed by the txg timer as any change is, and
+/// survives kill -9 without an fsync once the timer has run. The timer
+/// used to look at the pool's own objects only and left such a change in
+/// memory until some other change came (a chmod made after an idle
+/// minute was lost to a kill -9 twelve seconds later).
+#[test]
+fn an_attribute_change_alone_is_committed_by_the_txg_timer() {
+    let (mut pool, mnt) = filesystem_pool("fsidle");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve_with(&["-o", "txg_timeout_ms=500"]);
+    wait_mounted(&pool, &mnt);
+    let file = mnt.join("f");
+    std::fs::write(&file, b"data").unwrap();
+    let set_mode = |mode: u32| {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    };
+    set_mode(0o644);
+    // Idle: the durable txg has stopped moving for 3 s (six timeouts; the
+    // empty txgs that release earlier frees come first).
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut last = durable_txg(&pool);
+    let mut still_since = Instant::now();
+    while still_since.elapsed() < Duration::from_secs(3) {
+        assert!(Instant::now() < deadline, "the pool never went idle");
+        std::thread::sleep(Duration::from_millis(200));
+        let now = durable_txg(&pool);
+        if now != last {
+            last = now;
+            still_since = Instant::now();
+        }
+    }
+    set_mode(0o600);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while durable_txg(&pool) <= last {
+        assert!(
+            Instant::now() < deadline,
+            "the chmod was not committed in 10 s (20 txg timeouts): durable txg stays {last}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    pool.kill9();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let mode = std::fs::metadata(&file).unwrap().mode() & 0o7777;
+    assert_eq!(mode, 0o600, "the committed chmod is there after kill -9");
+    stop_and_check(&mut pool);
+}
+
 fn cached_data_bytes(pool: &TestPool) -> u64 {
     let text = pool.admin(&["--json", "arcstat", &pool.name]);
     let stats: serde_json::Value = serde_json::from_str(&text).expect("arcstat JSON");

@@ -260,6 +260,16 @@ impl ObjectSet {
         self.objects.borrow().get(&id).cloned()
     }
 
+    /// Whether a loaded object has changes no txg build has taken yet (as
+    /// [`ObjectSet::open_objects`] and their `dirty` flags would say,
+    /// without collecting them).
+    pub fn any_dirty(&self) -> bool {
+        self.objects
+            .borrow()
+            .values()
+            .any(|object| object.dirty.get())
+    }
+
     pub fn open_objects(&self) -> Vec<Rc<Object>> {
         let mut objects: Vec<Rc<Object>> = self.objects.borrow().values().cloned().collect();
         objects.sort_by_key(|object| object.id);

@@ -1296,16 +1296,21 @@ impl Pool {
         self.txg.wait_durable(self, target).await
     }
 
-    /// True when the open txg holds any change.
+    /// True when the open txg holds any change. A filesystem's own objects
+    /// count too: a change of names or attributes alone (a `chmod`, a
+    /// `rename`) dirties them and nothing of the pool's until the txg build
+    /// writes their dnodes into the table, and without them here the txg
+    /// timer let such a change wait in memory for the next other change.
     pub fn has_changes(&self) -> bool {
         self.config_dirty.get()
             || self.directory_dirty.get()
             || self.history.borrow().is_dirty()
+            || self.objects.any_dirty()
             || self
-                .objects
-                .open_objects()
-                .iter()
-                .any(|object| object.dirty.get())
+                .filesystems
+                .borrow()
+                .values()
+                .any(|fs| fs.objects.any_dirty())
             || self.store.allocator.borrow().has_pending()
     }
 

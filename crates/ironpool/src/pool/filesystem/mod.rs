@@ -2023,12 +2023,10 @@ impl Pool {
 
 /// True when no filesystem object has a change a txg build left out.
 pub(in crate::pool) fn all_synced(pool: &Pool) -> bool {
-    pool.filesystems.borrow().values().all(|fs| {
-        fs.objects
-            .open_objects()
-            .iter()
-            .all(|object| !object.dirty.get())
-    })
+    pool.filesystems
+        .borrow()
+        .values()
+        .all(|fs| !fs.objects.any_dirty())
 }
 
 /// A txg is durable: nodes it wrote may now be evicted.

@@ -280,6 +280,114 @@ fn an_attribute_change_alone_is_committed_by_the_txg_timer() {
     stop_and_check(&mut pool);
 }
 
+fn loaded_objects(pool: &TestPool) -> u64 {
+    let listing: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "fs", "list", &pool.name])).unwrap();
+    listing["filesystems"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|fs| fs["name"] == format!("{}/fs", pool.name))
+        .expect("the filesystem is listed")["loaded_objects"]
+        .as_u64()
+        .expect("loaded_objects")
+}
+
+/// With `fs_objects_loaded_max` far below the files a workload touches,
+/// the objects in memory come back under the bound after each txg, and
+/// every file dropped from memory is loaded again the same: contents,
+/// names, renames, removals and links, before and after kill -9.
+#[test]
+fn loaded_objects_stay_bounded_and_dropped_ones_load_back_the_same() {
+    let (mut pool, mnt) = filesystem_pool("fsevict");
+    let _unmount = Unmount(mnt.clone());
+    pool.serve_with(&["-o", "fs_objects_loaded_max=64", "-o", "txg_timeout_ms=200"]);
+    wait_mounted(&pool, &mnt);
+    let mut expected = std::collections::BTreeMap::new();
+    for dir in 0..3 {
+        std::fs::create_dir(mnt.join(format!("d{dir}"))).unwrap();
+        for file in 0..400 {
+            let name = format!("d{dir}/f{file}");
+            // The name first: no two files hold the same bytes.
+            let mut data = name.clone().into_bytes();
+            data.extend(distinct_bytes(100 + file * 37, (dir * 7 + file) as u8));
+            std::fs::write(mnt.join(&name), &data).unwrap();
+            expected.insert(name, data);
+        }
+    }
+    // Renames, removals and hard links over files that may have left memory.
+    for file in (0..400).step_by(7) {
+        let from = format!("d0/f{file}");
+        let to = format!("d1/moved{file}");
+        std::fs::rename(mnt.join(&from), mnt.join(&to)).unwrap();
+        let data = expected.remove(&from).unwrap();
+        expected.insert(to, data);
+    }
+    for file in (1..400).step_by(11) {
+        let name = format!("d2/f{file}");
+        std::fs::remove_file(mnt.join(&name)).unwrap();
+        expected.remove(&name);
+    }
+    for file in (2..400).step_by(13) {
+        let from = format!("d1/f{file}");
+        let to = format!("d0/link{file}");
+        std::fs::hard_link(mnt.join(&from), mnt.join(&to)).unwrap();
+        let data = expected[&from].clone();
+        expected.insert(to, data);
+    }
+    // After a few txgs with nothing in flight, memory is back under the
+    // bound (plus the root and the table, which always stay).
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let loaded = loaded_objects(&pool);
+        if loaded <= 64 + 2 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{loaded} objects still loaded with a bound of 64"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let check = |what: &str| {
+        for (name, data) in &expected {
+            let read = std::fs::read(mnt.join(name))
+                .unwrap_or_else(|error| panic!("{what}: {name}: {error}"));
+            assert!(read == *data, "{what}: {name} differs");
+        }
+        for dir in 0..3 {
+            let mut names: Vec<String> = std::fs::read_dir(mnt.join(format!("d{dir}")))
+                .unwrap()
+                .map(|entry| format!("d{dir}/{}", entry.unwrap().file_name().to_string_lossy()))
+                .collect();
+            names.sort();
+            let wanted: Vec<String> = expected
+                .keys()
+                .filter(|name| name.starts_with(&format!("d{dir}/")))
+                .cloned()
+                .collect();
+            let mut wanted = wanted;
+            wanted.sort();
+            assert_eq!(names, wanted, "{what}: the names in d{dir}");
+        }
+    };
+    check("read back after eviction");
+    let link = std::fs::metadata(mnt.join("d0/link2")).unwrap();
+    assert_eq!(link.nlink(), 2, "a hard link's count survives eviction");
+    // Everything was committed by the timer: a kill -9 loses nothing.
+    let committed = durable_txg(&pool);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while durable_txg(&pool) <= committed + 1 {
+        assert!(Instant::now() < deadline, "no txg committed");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    pool.kill9();
+    pool.serve_with(&["-o", "fs_objects_loaded_max=64", "-o", "txg_timeout_ms=200"]);
+    wait_mounted(&pool, &mnt);
+    check("after kill -9");
+    stop_and_check(&mut pool);
+}
+
 fn cached_data_bytes(pool: &TestPool) -> u64 {
     let text = pool.admin(&["--json", "arcstat", &pool.name]);
     let stats: serde_json::Value = serde_json::from_str(&text).expect("arcstat JSON");

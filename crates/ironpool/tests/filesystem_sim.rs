@@ -450,8 +450,14 @@ async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) 
     assert!(seen > 0);
 }
 
+/// Manual commits, and few objects kept loaded: every txg drops most of
+/// them, so each test also checks that a dropped object loads back the
+/// same (the default bound is far above these trees).
 fn tunables() -> ironpool::pool::PoolTunables {
-    manual_commits()
+    ironpool::pool::PoolTunables {
+        fs_objects_loaded_max: 8,
+        ..manual_commits()
+    }
 }
 
 /// Every entry of directory `dir` (`.` and `..` included), read `page`

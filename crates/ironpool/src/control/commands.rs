@@ -627,6 +627,9 @@ async fn run(
                     "mounted": pool.mounted_at(&short),
                     "recordsize": fs.record_bytes(),
                     "objects": stats.objects,
+                    // Objects in memory now (bounded by the
+                    // fs_objects_loaded_max tunable after each txg).
+                    "loaded_objects": fs.objects.loaded_objects(),
                     "properties": properties,
                     "front_end": fs.front_end(),
                 });

@@ -312,6 +312,53 @@ impl ObjectSet {
         object
     }
 
+    /// Objects loaded now (the dnode table included).
+    pub fn loaded_objects(&self) -> usize {
+        self.objects.borrow().len()
+    }
+
+    /// Drops loaded objects until at most `keep` are left, or none more
+    /// may go, and returns how many went. Only an object that a later
+    /// [`ObjectSet::open`] loads back the same may go: not the table, not
+    /// one with a change no txg build has taken (its dnode or a node), not
+    /// one with a cached node written by a txg that is not durable yet (its
+    /// tree on disk may not be readable yet), and not one that anybody but
+    /// this set holds (a request in flight works on it). Called once a txg
+    /// is durable; which objects go is the map's order, not recency.
+    pub fn evict_objects(&self, keep: usize) -> usize {
+        let durable = self.durable_txg.get();
+        let mut objects = self.objects.borrow_mut();
+        if objects.len() <= keep {
+            return 0;
+        }
+        let excess = objects.len() - keep;
+        let victims: Vec<u64> = objects
+            .iter()
+            .filter(|(id, object)| {
+                **id != 0
+                    && Rc::strong_count(object) == 1
+                    && !object.dirty.get()
+                    && !object.has_dirty_nodes()
+                    && object.dead.borrow().is_empty()
+                    && object
+                        .nodes
+                        .borrow()
+                        .values()
+                        .all(|node| node.synced_txg.get() <= durable)
+            })
+            .map(|(id, _)| *id)
+            .take(excess)
+            .collect();
+        for id in &victims {
+            if let Some(object) = objects.remove(id) {
+                let (_, bytes) = object.cached();
+                self.cached_bytes
+                    .set(self.cached_bytes.get().saturating_sub(bytes));
+            }
+        }
+        victims.len()
+    }
+
     /// Forgets an object (after its blocks were freed and its dnode cleared).
     pub fn forget(&self, id: u64) {
         if let Some(object) = self.objects.borrow_mut().remove(&id) {

@@ -16,7 +16,7 @@ impl Pool {
     /// `aggregation_limit_bytes`, `read_gap_limit_bytes`,
     /// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
     /// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`,
-    /// `scrub_rate_bytes` (0: no limit), `arc_max_bytes` (the read cache's
+    /// `scrub_rate_bytes` (0: no limit), `fs_objects_loaded_max`, `arc_max_bytes` (the read cache's
     /// size; 0 turns it off), `arc_drop` (any value: empties the read cache).
     pub fn set_tunable(&self, name: &str, value: &str) -> Result<(), PoolError> {
         if name == "classes" {
@@ -58,6 +58,7 @@ impl Pool {
             "dirty_max_bytes" => tunables.dirty_max_bytes = number,
             "dirty_data_max_bytes" => tunables.dirty_data_max_bytes = number,
             "scrub_rate_bytes" => tunables.scrub_rate_bytes = number,
+            "fs_objects_loaded_max" => tunables.fs_objects_loaded_max = number.max(1),
             "aggregation_limit_bytes" => {
                 queue.aggregation_limit_bytes = number.min(16 << 20) as u32
             }

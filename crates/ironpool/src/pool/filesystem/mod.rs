@@ -2029,10 +2029,13 @@ pub(in crate::pool) fn all_synced(pool: &Pool) -> bool {
         .all(|fs| !fs.objects.any_dirty())
 }
 
-/// A txg is durable: nodes it wrote may now be evicted.
+/// A txg is durable: nodes it wrote may now be evicted, and objects past
+/// the `fs_objects_loaded_max` tunable are let go.
 pub(in crate::pool) fn txg_durable(pool: &Pool, txg: u64) {
+    let keep = pool.tunables.borrow().fs_objects_loaded_max as usize;
     for fs in pool.filesystems.borrow().values() {
         fs.objects.set_durable_txg(txg);
+        fs.objects.evict_objects(keep);
     }
 }
 

@@ -276,6 +276,23 @@ impl ObjectSet {
         objects
     }
 
+    /// Object `id`'s dnode as it is now, without loading the object: the
+    /// loaded object's when there is one, else read from the dnode table
+    /// and not kept (a walk over every object, such as the referenced-bytes
+    /// sum, then leaves memory as it found it). None for a free slot.
+    pub async fn peek_dnode(&self, id: u64) -> Result<Option<Dnode>, ObjectError> {
+        if let Some(object) = self.get(id) {
+            return Ok(Some(object.dnode()));
+        }
+        let table = self.dnode_table();
+        let bytes = self
+            .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
+            .await?;
+        let dnode =
+            Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
+        Ok((!dnode.is_free()).then_some(dnode))
+    }
+
     /// Loads object `id`'s dnode from the dnode table.
     pub async fn open(&self, id: u64) -> Result<Rc<Object>, ObjectError> {
         if let Some(object) = self.get(id) {

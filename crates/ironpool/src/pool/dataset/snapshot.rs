@@ -910,6 +910,10 @@ impl Pool {
                     })
                     .await?;
             }
+            // The walk loaded every object: those past the bound go again
+            // now, not at the next commit (an idle pool makes none).
+            fs.objects
+                .evict_objects(self.tunables.borrow().fs_objects_loaded_max as usize);
         }
         let written: u64 = born_after
             .iter()

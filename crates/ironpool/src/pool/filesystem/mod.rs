@@ -1934,11 +1934,14 @@ impl Filesystem {
         let table = self.table.dnode();
         let (mut used, mut logical, mut physical) =
             (table.used_bytes, table.logical_bytes, table.physical_bytes);
-        for object in self.live_objects().await? {
-            let dnode = object.dnode();
-            used += dnode.used_bytes;
-            logical += dnode.logical_bytes;
-            physical += dnode.physical_bytes;
+        // Dnodes peeked, not loaded: this walk must not undo the bound on
+        // loaded objects (`fs_objects_loaded_max`) on every `list`.
+        for ino in 1..self.header.get().next_object {
+            if let Some(dnode) = self.objects.peek_dnode(ino).await? {
+                used += dnode.used_bytes;
+                logical += dnode.logical_bytes;
+                physical += dnode.physical_bytes;
+            }
         }
         Ok((used, logical, physical))
     }

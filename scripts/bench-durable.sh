@@ -10,7 +10,8 @@
 # Usage: scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
 #   default: 8 s, target/release/ironpool
 # Prints one line per test: label, IOPS, p99 latency (us), and for ironpool
-# the device flushes per client flush (all devices; a mirror flushes two) and
+# the device syncs per client flush (flushes and durable FUA writes, all
+# devices; a mirror's log block is two) and
 # the log bytes written per client byte.
 set -euo pipefail
 runtime=${1:-8}
@@ -63,12 +64,12 @@ run nbdkit_qd64_fsync32 $kit --iodepth=64 --fsync=32
 kill "${pids[-1]}" 2>/dev/null || true
 rm -f "$work/raw.img"
 
-# counters POOL: "device_flushes log_bytes client_flushes client_bytes" now.
+# counters POOL: "device_syncs log_bytes client_flushes client_bytes" now.
 counters() {
     "$binary" --json iostat "$1" | python3 -c '
 import json, sys
 stats = json.load(sys.stdin)
-flushes = sum(device.get("flush_ops", 0) for device in stats["devices"])
+flushes = sum(device.get("flush_ops", 0) + device.get("durable_write_ops", 0) for device in stats["devices"])
 log = sum(v.get("intent_log", {}).get("bytes_written", 0) for v in stats["volumes"])
 client_flushes = sum(v.get("flush_ops", 0) for v in stats["volumes"])
 client_bytes = sum(v.get("write_bytes", 0) for v in stats["volumes"])
@@ -93,7 +94,7 @@ a = [int(x) for x in sys.argv[3].split()]
 flushes, log, client_flushes, client_bytes = (a[i] - b[i] for i in range(4))
 per_flush = f"{flushes / client_flushes:.2f}" if client_flushes else "-"
 per_byte = f"{log / client_bytes:.2f}" if client_bytes else "-"
-print(f"{line} dev_flushes/flush={per_flush} log_bytes/byte={per_byte}")
+print(f"{line} dev_syncs/flush={per_flush} log_bytes/byte={per_byte}")
 PY
 }
 

@@ -103,7 +103,7 @@ pub struct VolumeCounters {
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
 #[allow(missing_docs)]
 pub struct LogCounters {
-    /// Log commits that wrote blocks (one device flush each).
+    /// Log commits that wrote blocks (each one durable write per log device).
     #[serde(default)]
     pub commits: u64,
     /// Commits that found their writes logged by the one before.

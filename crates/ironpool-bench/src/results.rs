@@ -270,7 +270,7 @@ pub struct VolumeDelta {
     /// Client FLUSHes.
     #[serde(default)]
     pub flush_ops: u64,
-    /// Intent log commits that wrote blocks (each one device flush).
+    /// Intent log commits that wrote blocks (each one durable write per log device).
     #[serde(default)]
     pub log_commits: u64,
     /// FLUSHes whose writes the commit before had logged (group commit).

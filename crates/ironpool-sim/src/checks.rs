@@ -145,7 +145,11 @@ async fn erase_newer_uberblocks(device: &Rc<SimDevice>, txg: u64) -> Result<(), 
         }
         if changed {
             device
-                .write(ring_offset, vec![BufSlice::whole(ring.into_shared())])
+                .write(
+                    ring_offset,
+                    vec![BufSlice::whole(ring.into_shared())],
+                    false,
+                )
                 .await
                 .map_err(|error| format!("erasing uberblocks of label {index}: {error}"))?;
         }

@@ -389,11 +389,36 @@ impl BlockStore {
         data: BufSlice,
         class: IoClass,
     ) -> Result<(), BlockError> {
+        self.write_with(dvas, data, class, IoFlags::default()).await
+    }
+
+    /// `write`, durable when it returns (FUA on every device written): an
+    /// intent-log block, which a commit then need not flush.
+    pub async fn write_durable(
+        &self,
+        dvas: &[Dva],
+        data: BufSlice,
+        class: IoClass,
+    ) -> Result<(), BlockError> {
+        let flags = IoFlags {
+            durable: true,
+            ..IoFlags::default()
+        };
+        self.write_with(dvas, data, class, flags).await
+    }
+
+    async fn write_with(
+        &self,
+        dvas: &[Dva],
+        data: BufSlice,
+        class: IoClass,
+        flags: IoFlags,
+    ) -> Result<(), BlockError> {
         if dvas.len() > 1 && dvas[1].is_empty() || dvas.len() == 1 {
             // One copy (data blocks): no join machinery on the hot path.
             let dva = dvas[0];
             let outcome = self.vdevs()[dva.vdev as usize]
-                .write(class, dva.offset, data, IoFlags::default())
+                .write(class, dva.offset, data, flags)
                 .await;
             return self.settle_write(&dva, outcome);
         }
@@ -401,7 +426,7 @@ impl BlockStore {
             let top = self.vdevs()[dva.vdev as usize].clone();
             let data = data.clone();
             let offset = dva.offset;
-            async move { top.write(class, offset, data, IoFlags::default()).await }
+            async move { top.write(class, offset, data, flags).await }
         });
         let results = futures_util::future::join_all(writes).await;
         for (result, dva) in results.into_iter().zip(dvas.iter()) {

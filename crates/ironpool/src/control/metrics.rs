@@ -620,7 +620,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         &'static str,
         fn(&crate::queue::stats::LeafStats) -> u64,
     );
-    let device_counters: [Figure; 10] = [
+    let device_counters: [Figure; 11] = [
         (
             "ironpool_device_read_ops_total",
             "Reads issued to the device (after aggregation).",
@@ -645,6 +645,11 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
             "ironpool_device_flush_ops_total",
             "Cache flushes issued to the device.",
             |stats| stats.flush_ops,
+        ),
+        (
+            "ironpool_device_durable_write_ops_total",
+            "Writes durable on completion (FUA: intent-log blocks), which need no flush.",
+            |stats| stats.durable_write_ops,
         ),
         (
             "ironpool_device_flushes_skipped_total",

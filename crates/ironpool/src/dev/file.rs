@@ -262,12 +262,14 @@ impl Device for FileDevice {
         &self,
         offset: u64,
         slices: Vec<BufSlice>,
+        durable: bool,
     ) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
             let wanted =
                 check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))? as usize;
             let _io = uring::DeviceIo::start();
-            let done = uring::writev_at(self.fd.as_raw_fd(), slices, offset)
+            let flags = if durable { libc::RWF_DSYNC } else { 0 };
+            let done = uring::writev_at_with(self.fd.as_raw_fd(), slices, offset, flags)
                 .await
                 .map_err(|error| DeviceError::from_io(&self.info.path, error))?;
             if done != wanted {

@@ -94,10 +94,16 @@ pub trait Device {
     ) -> DeviceFuture<'_, (Result<(), DeviceError>, Vec<AlignedBuf>)>;
 
     /// Writes `slices`, in order, starting at `offset` (one vectored I/O).
+    /// With `durable`, the bytes are durable when it completes (a FUA write,
+    /// `RWF_DSYNC`): no flush is needed for them. A log commit writes its
+    /// blocks so, and the kernel makes them durable on its own way back
+    /// instead of the engine waking once for the write and once more for a
+    /// flush.
     fn write(
         &self,
         offset: u64,
         slices: Vec<BufSlice>,
+        durable: bool,
     ) -> DeviceFuture<'_, Result<(), DeviceError>>;
 
     /// Makes every write completed before this call durable.

@@ -111,6 +111,8 @@ impl Clone for PendingWrite {
 pub struct SimCounters {
     pub reads: u64,
     pub writes: u64,
+    /// Writes durable on completion (FUA), counted in `writes` too.
+    pub durable_writes: u64,
     pub flushes: u64,
     /// Discards (each a write of zeros into the volatile cache).
     pub trims: u64,
@@ -518,11 +520,15 @@ impl Device for SimDevice {
         &self,
         offset: u64,
         slices: Vec<BufSlice>,
+        durable: bool,
     ) -> DeviceFuture<'_, Result<(), DeviceError>> {
         Box::pin(async move {
             check_range(&self.info, offset, slices.iter().map(|slice| slice.len()))?;
             self.spend_latency().await;
-            self.count(|counters| counters.writes += 1);
+            self.count(|counters| {
+                counters.writes += 1;
+                counters.durable_writes += durable as u64;
+            });
             let faults = self.faults.borrow().clone();
             if faults.offline {
                 self.count(|counters| counters.offline_errors += 1);
@@ -553,10 +559,28 @@ impl Device for SimDevice {
             {
                 landing = self.misdirect(offset, data.len() as u64);
             }
-            self.media.borrow_mut().pending.push(PendingWrite {
-                offset: landing,
-                data,
-            });
+            let mut media = self.media.borrow_mut();
+            if durable {
+                // On the media now. Older writes still in the cache hold these
+                // bytes too where they overlap, so that neither a later flush
+                // nor a crash that keeps them brings back what this replaced.
+                for older in media.pending.iter_mut() {
+                    let start = landing.max(older.offset);
+                    let end =
+                        (landing + data.len() as u64).min(older.offset + older.data.len() as u64);
+                    if start < end {
+                        let length = (end - start) as usize;
+                        older.data[(start - older.offset) as usize..][..length]
+                            .copy_from_slice(&data[(start - landing) as usize..][..length]);
+                    }
+                }
+                apply(&mut media.durable, landing, &data);
+            } else {
+                media.pending.push(PendingWrite {
+                    offset: landing,
+                    data,
+                });
+            }
             // The write reports success wherever it landed: that is the fault.
             Ok(())
         })

@@ -305,7 +305,7 @@ pub async fn clear_labels(device: &dyn Device) -> Result<(), crate::dev::DeviceE
             continue;
         }
         let zeros = BufSlice::whole(AlignedBuf::zeroed(LABEL_SIZE_BYTES as usize).into_shared());
-        device.write(offset, vec![zeros]).await?;
+        device.write(offset, vec![zeros], false).await?;
     }
     device.flush().await
 }

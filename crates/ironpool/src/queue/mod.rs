@@ -186,6 +186,11 @@ pub struct IoFlags {
     pub repair: bool,
     /// A scrub read (reads one specific copy).
     pub scrub: bool,
+    /// A write durable when it completes (FUA, `RWF_DSYNC`): it needs no
+    /// flush after it, so it does not count toward the next one. Only
+    /// aggregated with other durable writes (a FUA aggregate would make a
+    /// batch of ordinary writes pay for it).
+    pub durable: bool,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -762,6 +767,8 @@ async fn run_device_io(
             (result, children)
         }
         Direction::Write => {
+            // Aggregates hold durable writes only or none (see `compatible`).
+            let durable = children.iter().any(|child| child.flags.durable);
             let mut slices: Vec<BufSlice> =
                 Vec::with_capacity(children.iter().map(Pending::iovecs).sum());
             for child in &children {
@@ -773,7 +780,7 @@ async fn run_device_io(
                     }
                 }
             }
-            let result = device.write(offset, slices).await;
+            let result = device.write(offset, slices, durable).await;
             (result, children)
         }
         Direction::Read => {
@@ -867,7 +874,12 @@ fn complete(child: Pending, result: Result<(), DeviceError>, queue: &VdevQueue, 
             .record(now.saturating_sub(issued_ns));
     }
     if child.direction == Direction::Write {
-        queue.writes_completed.set(queue.writes_completed.get() + 1);
+        if child.flags.durable {
+            queue.stats.borrow_mut().durable_write_ops += 1;
+        } else {
+            // A flush from now on has this write to make durable.
+            queue.writes_completed.set(queue.writes_completed.get() + 1);
+        }
     }
     if let Some((class, detail)) = event {
         queue.post_event(class, child.offset, child.length, detail);
@@ -972,6 +984,7 @@ fn compatible(a: &Pending, b: &Pending) -> bool {
         && a.direction != Direction::Trim
         && a.flags.repair == b.flags.repair
         && a.flags.scrub == b.flags.scrub
+        && a.flags.durable == b.flags.durable
 }
 
 /// Grows an aggregate around `head` and removes its members from the queue.

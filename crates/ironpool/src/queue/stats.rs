@@ -82,6 +82,9 @@ pub struct LeafStats {
     pub write_bytes: u64,
     /// Cache flushes sent to the device.
     pub flush_ops: u64,
+    /// Writes durable on completion (FUA: a log commit's blocks), which
+    /// need no flush; counted in `write_ops` too.
+    pub durable_write_ops: u64,
     /// Flushes asked for that the device did not need: no write had
     /// completed on it since the last flush was sent (a commit that wrote
     /// to other devices only).

@@ -452,3 +452,54 @@ fn a_flush_reaches_the_device_only_when_a_write_completed_since_the_last() {
         assert_eq!(device.counters().flushes, before + 1);
     });
 }
+
+#[test]
+fn a_durable_write_survives_a_crash_without_a_flush_and_needs_none() {
+    let runtime = Runtime::new_sim(10);
+    runtime.block_on(async {
+        let durable = IoFlags {
+            durable: true,
+            ..IoFlags::default()
+        };
+        for seed in 0..16u64 {
+            let (device, queue) = setup(10 + seed);
+            // An ordinary write left in the cache, then a durable one over
+            // half of it and a durable one beside it (not merged with it).
+            queue
+                .write(IoClass::AsyncWrite, 0, pattern(8192, 1), IoFlags::default())
+                .await
+                .unwrap();
+            let over = queue.write(IoClass::SyncWrite, 4096, pattern(4096, 2), durable);
+            let beside = queue.write(
+                IoClass::AsyncWrite,
+                8192,
+                pattern(4096, 3),
+                IoFlags::default(),
+            );
+            let (over, beside) = futures_util::future::join(over, beside).await;
+            over.unwrap();
+            beside.unwrap();
+            assert_eq!(
+                device.counters().writes,
+                3,
+                "a durable write merged with another"
+            );
+            assert_eq!(queue.stats().durable_write_ops, 1);
+            let mut rng = crate::rt::sim::Rng::new(seed);
+            device.crash(&mut rng);
+            // Whatever the crash kept of the older write, the durable bytes
+            // are on the media.
+            assert_eq!(&device.peek(4096, 4096)[..], &pattern(4096, 2)[..]);
+        }
+        // A flush after durable writes only has nothing to send.
+        let (device, queue) = setup(40);
+        queue
+            .write(IoClass::SyncWrite, 0, pattern(4096, 4), durable)
+            .await
+            .unwrap();
+        queue.flush().await.unwrap();
+        assert_eq!(device.counters().flushes, 0);
+        assert_eq!(device.pending_bytes(), 0);
+        assert_eq!(queue.stats().flushes_skipped, 1);
+    });
+}

@@ -566,6 +566,16 @@ pub async fn readv_at(
 
 /// Writes the slices at `offset`, in order (one device I/O).
 pub async fn writev_at(fd: RawFd, slices: Vec<BufSlice>, offset: u64) -> io::Result<usize> {
+    writev_at_with(fd, slices, offset, 0).await
+}
+
+/// `writev_at` with `pwritev2` flags (`RWF_DSYNC`: durable on completion).
+pub async fn writev_at_with(
+    fd: RawFd,
+    slices: Vec<BufSlice>,
+    offset: u64,
+    rw_flags: i32,
+) -> io::Result<usize> {
     assert!(slices.len() <= IOVEC_COUNT_MAX);
     let iovecs: Vec<libc::iovec> = slices
         .iter()
@@ -576,6 +586,7 @@ pub async fn writev_at(fd: RawFd, slices: Vec<BufSlice>, offset: u64) -> io::Res
         .collect();
     let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
         .offset(offset)
+        .rw_flags(rw_flags)
         .build();
     // SAFETY: the iovec array and the Rc'd buffers are owned by the op.
     let (result, _) = unsafe { Op::submit(entry, (iovecs, slices)) }.await;

@@ -11,9 +11,10 @@
 //! hole. A FLUSH also logs the blocks held in memory by the write-back: by
 //! OpenZFS's size rule (`logbias=latency`, blocks of up to 32 KiB) their bytes
 //! are copied into the log, so a FLUSH costs one write; otherwise they are
-//! written in place first and logged as pointers. The records go into the pre-allocated next block of the chain (more
-//! blocks chained behind it when they do not fit), every device is flushed,
-//! and the FLUSH is answered. Commits of one dataset are serialised: FLUSHes
+//! written in place first and logged as pointers. The records go into the
+//! pre-allocated next block of the chain (more blocks chained behind it when
+//! they do not fit), written durable (FUA); the devices holding blocks the
+//! pointer records name are flushed, and the FLUSH is answered. Commits of one dataset are serialised: FLUSHes
 //! that arrive while one is in flight share the next (group commit).
 //!
 //! When txg T is built, every log block whose records are all of txgs up to T
@@ -81,7 +82,7 @@ pub const COPY_BYTES_PER_COMMIT_MAX: u64 = 64 << 10;
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LogStats {
-    /// Log commits that wrote blocks (each one device flush).
+    /// Log commits that wrote blocks (each one durable write per device holding its blocks).
     pub commits: u64,
     /// Commits that found everything already logged (a FLUSH that shared the
     /// previous one's write).
@@ -621,7 +622,7 @@ impl Pool {
                 let store = self.store.clone();
                 async move {
                     store
-                        .write(
+                        .write_durable(
                             &[dva],
                             BufSlice::whole(buffer.into_shared()),
                             IoClass::SyncWrite,
@@ -635,25 +636,25 @@ impl Pool {
                 return Err(error.into());
             }
         }
-        // What the commit needs durable: its log blocks, and the blocks its
-        // pointer records name (written in place before it). Copies carry
-        // their bytes; holes have none. Devices holding neither are not
-        // flushed (write-back's batches keep the main devices busy, and a
-        // commit on a log device need not wait for their caches).
-        let mut needed: Vec<u32> = blocks
+        // What the commit needs durable besides its log blocks (written
+        // durable: FUA, so the kernel makes them durable before they
+        // complete, and the engine waits once instead of for a write and then
+        // a flush): the blocks its pointer records name, written in place
+        // before it. Copies carry their bytes; holes have none. Devices
+        // holding none are not flushed (write-back's batches keep the main
+        // devices busy, and a commit on a log device need not wait for their
+        // caches).
+        let mut needed: Vec<u32> = records
             .iter()
-            .map(|(_, pointer, _)| pointer.dva.vdev)
-            .chain(records.iter().flat_map(|record| {
-                match record {
-                    LogRecord::Block { pointer, .. } => pointer
-                        .dvas
-                        .iter()
-                        .filter(|dva| !dva.is_empty())
-                        .map(|dva| dva.vdev)
-                        .collect::<Vec<u32>>(),
-                    _ => Vec::new(),
-                }
-            }))
+            .flat_map(|record| match record {
+                LogRecord::Block { pointer, .. } => pointer
+                    .dvas
+                    .iter()
+                    .filter(|dva| !dva.is_empty())
+                    .map(|dva| dva.vdev)
+                    .collect::<Vec<u32>>(),
+                _ => Vec::new(),
+            })
             .collect();
         needed.sort_unstable();
         needed.dedup();

@@ -7,8 +7,13 @@
 # volume, fio's nbd engine), with one or more ironpool binaries so that before
 # and after are measured side by side.
 #
-# Usage: scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
+# Usage: [WRITTEN_OUT=1] scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
 #   default: 8 s, target/release/ironpool
+# WRITTEN_OUT=1 writes the pool's device files out (zeros, as the raw file
+# is) before `create`, instead of leaving the data devices sparse: a sparse
+# file makes the host filesystem allocate (and journal) on the first write of
+# every block, which a log block at a fresh address pays on each durable
+# write, and a real device does not.
 # Prints one line per test: label, IOPS, p99 latency (us), and for ironpool
 # the device syncs per client flush (flushes and durable FUA writes, all
 # devices; a mirror's log block is two) and
@@ -47,7 +52,7 @@ print(f"{sys.argv[2]} {int(job['iops'])} {int(p99)}")
 PY
 }
 
-echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true)"
+echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s written_out=${WRITTEN_OUT:-0} $(git rev-parse --short HEAD 2>/dev/null || true)"
 dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 oflag=direct status=none
 raw="--ioengine=io_uring --direct=1 --filename=$work/raw.img --size=1G"
 run raw_qd1_fsync1 $raw --iodepth=1 --fsync=1
@@ -105,6 +110,14 @@ for binary in "${binaries[@]}"; do
         pool=d$index$variant
         layout=(mirror "$work/$pool-a.img" "$work/$pool-b.img")
         [ "$variant" = slog ] && layout+=(log "$work/$pool-c.img")
+        if [ "${WRITTEN_OUT:-0}" = 1 ]; then
+            for device in "${layout[@]}"; do
+                case $device in
+                /*) dd if=/dev/zero of="$device" bs=1M count=4096 conv=fsync status=none ;;
+                esac
+            done
+            sleep 5 # the host's write-back of those gigabytes settles first
+        fi
         "$binary" create --size 4G "$pool" "${layout[@]}" >/dev/null
         "$binary" serve -d "$work" --nbd "unix:$work/$pool.sock" "$pool" >"$work/$pool.log" 2>&1 &
         server=$!
@@ -122,6 +135,7 @@ for binary in "${binaries[@]}"; do
         measured "${label}_qd64_plain" "$pool" $uri --iodepth=64
         kill "$server"
         wait "$server" 2>/dev/null || true
+        rm -f "$work/$pool"-*.img # written out, each pool's files take 8-12 GB
     done
     echo "# ironpool$index = $binary"
 done

@@ -630,20 +630,17 @@ impl Pool {
                         .await
                 }
             });
-        for result in futures_util::future::join_all(writes).await {
-            if let Err(error) = result {
-                self.release_log_blocks(&allocated);
-                return Err(error.into());
-            }
-        }
         // What the commit needs durable besides its log blocks (written
         // durable: FUA, so the kernel makes them durable before they
         // complete, and the engine waits once instead of for a write and then
         // a flush): the blocks its pointer records name, written in place
-        // before it. Copies carry their bytes; holes have none. Devices
-        // holding none are not flushed (write-back's batches keep the main
-        // devices busy, and a commit on a log device need not wait for their
-        // caches).
+        // and linked before it, so a flush sent now covers them. It runs
+        // while the log blocks are written: replay verifies every block a
+        // pointer record names and stops at the first that does not, so the
+        // two need no order. Copies carry their bytes; holes have none.
+        // Devices holding none are not flushed (write-back's batches keep the
+        // main devices busy, and a commit on a log device need not wait for
+        // their caches).
         let mut needed: Vec<u32> = records
             .iter()
             .flat_map(|record| match record {
@@ -658,9 +655,19 @@ impl Pool {
             .collect();
         needed.sort_unstable();
         needed.dedup();
-        if let Err(error) = self.store.flush_for_log(&needed).await {
+        let (written, flushed) = futures_util::future::join(
+            futures_util::future::join_all(writes),
+            self.store.flush_for_log(&needed),
+        )
+        .await;
+        let failed = written
+            .into_iter()
+            .find_map(Result::err)
+            .map(PoolError::from)
+            .or(flushed.err().map(PoolError::from));
+        if let Some(error) = failed {
             self.release_log_blocks(&allocated);
-            return Err(error.into());
+            return Err(error);
         }
         let mut state = volume.log.state.borrow_mut();
         for (seq, pointer, block_records) in &blocks {

@@ -284,6 +284,11 @@ impl ObjectSet {
         if let Some(object) = self.get(id) {
             return Ok(Some(object.dnode()));
         }
+        self.read_table_dnode(id).await
+    }
+
+    /// Object `id`'s dnode as the dnode table holds it (None: a free slot).
+    async fn read_table_dnode(&self, id: u64) -> Result<Option<Dnode>, ObjectError> {
         let table = self.dnode_table();
         let bytes = self
             .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
@@ -298,15 +303,10 @@ impl ObjectSet {
         if let Some(object) = self.get(id) {
             return Ok(object);
         }
-        let table = self.dnode_table();
-        let bytes = self
-            .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
-            .await?;
-        let dnode =
-            Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
-        if dnode.is_free() {
-            return Err(ObjectError::NoSuchObject(id));
-        }
+        let dnode = self
+            .read_table_dnode(id)
+            .await?
+            .ok_or(ObjectError::NoSuchObject(id))?;
         let object = Object::new(id, dnode);
         // Another task may have opened it while we read.
         Ok(self

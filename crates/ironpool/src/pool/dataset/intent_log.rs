@@ -14,8 +14,9 @@
 //! written in place first and logged as pointers. The records go into the
 //! pre-allocated next block of the chain (more blocks chained behind it when
 //! they do not fit), written durable (FUA); the devices holding blocks the
-//! pointer records name are flushed, and the FLUSH is answered. Commits of one dataset are serialised: FLUSHes
-//! that arrive while one is in flight share the next (group commit).
+//! pointer records name are flushed, and the FLUSH is answered. Commits of
+//! one dataset are serialised: FLUSHes that arrive while one is in flight
+//! share the next (group commit).
 //!
 //! When txg T is built, every log block whose records are all of txgs up to T
 //! is obsolete once T is durable: the head moves past them in T's directory
@@ -82,7 +83,8 @@ pub const COPY_BYTES_PER_COMMIT_MAX: u64 = 64 << 10;
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LogStats {
-    /// Log commits that wrote blocks (each one durable write per device holding its blocks).
+    /// Log commits that wrote blocks (each one durable write per device
+    /// holding its blocks).
     pub commits: u64,
     /// Commits that found everything already logged (a FLUSH that shared the
     /// previous one's write).

@@ -32,7 +32,8 @@ use crate::format::bp::Compression;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
 use crate::pool::dataset::directory::VolumeRecord;
-use crate::pool::dataset::props::{SyncMode, VolumeSettings};
+use crate::pool::dataset::intent_log::COPY_BLOCK_BYTES_MAX;
+use crate::pool::dataset::props::{LogBias, SyncMode, VolumeSettings};
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -553,16 +554,25 @@ impl Pool {
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
-        let admission =
-            if durable || length >= crate::pool::volume::writeback::WRITE_THROUGH_MIN_BYTES {
-                None
-            } else {
-                self.admit_dirty(self.hold_bytes(volume, last - first + 1))
-                    .await
-            };
+        // A small durable write (small blocks, `logbias=latency`) is held and
+        // its commit copies it into the log, as OpenZFS copies small sync
+        // writes into its log records: one durable log write, where writing
+        // it through first costs a device write and then the commit.
+        let copied = durable
+            && volume.settings().log_bias == LogBias::Latency
+            && block <= COPY_BLOCK_BYTES_MAX
+            && length <= COPY_BLOCK_BYTES_MAX;
+        let admission = if durable && !copied
+            || length >= crate::pool::volume::writeback::WRITE_THROUGH_MIN_BYTES
+        {
+            None
+        } else {
+            self.admit_dirty(self.hold_bytes(volume, last - first + 1))
+                .await
+        };
         let hold = admission.is_some();
-        let _writer = volume.writer().await?;
-        let _locks = volume.lock(first, last).await;
+        let writer = volume.writer().await?;
+        let locks = volume.lock(first, last).await;
         let mut contents = Vec::with_capacity((last - first + 1) as usize);
         for (blkid, within, chunk, position) in block_pieces(offset, offset + length, block) {
             let start = (position - offset) as usize;
@@ -583,7 +593,13 @@ impl Pool {
             stats.direct_write_ops += 1;
             stats.write_bytes += length;
         });
-        if durable {
+        if durable && hold {
+            // As a FLUSH does: the commit may write held blocks out, which
+            // takes their locks, so this write's are let go first.
+            drop(locks);
+            drop(writer);
+            self.log_commit(volume, true).await?;
+        } else if durable {
             self.log_commit(volume, false).await?;
         }
         Ok(())

@@ -13,9 +13,12 @@
 //! - A write that returns is readable at once: reads look at the dirty blocks
 //!   first (the client's own buffer, no copy).
 //! - FLUSH writes out and links every block dirtied before it, then commits;
-//!   an error writing any of them fails the flush. FUA writes, every write
-//!   under `sync=always`, and requests of `WRITE_THROUGH_MIN_BYTES` or more
-//!   are written through (never held in memory).
+//!   an error writing any of them fails the flush. FUA writes and every
+//!   write under `sync=always` are held and committed as a FLUSH is when
+//!   their copy goes into the log (`logbias=latency`, blocks and the write of
+//!   at most 32 KiB), else written through; requests of
+//!   `WRITE_THROUGH_MIN_BYTES` or more are written through (never held in
+//!   memory).
 //! - Snapshots, rollback, destroy, receive, block status and every commit
 //!   (administrative changes, `sync`, export) write dirty blocks out first, so
 //!   they see every acknowledged write.

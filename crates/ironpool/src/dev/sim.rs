@@ -565,14 +565,7 @@ impl Device for SimDevice {
                 // bytes too where they overlap, so that neither a later flush
                 // nor a crash that keeps them brings back what this replaced.
                 for older in media.pending.iter_mut() {
-                    let start = landing.max(older.offset);
-                    let end =
-                        (landing + data.len() as u64).min(older.offset + older.data.len() as u64);
-                    if start < end {
-                        let length = (end - start) as usize;
-                        older.data[(start - older.offset) as usize..][..length]
-                            .copy_from_slice(&data[(start - landing) as usize..][..length]);
-                    }
+                    overlay(&mut older.data, older.offset, landing, &data);
                 }
                 apply(&mut media.durable, landing, &data);
             } else {

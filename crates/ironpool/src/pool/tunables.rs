@@ -16,8 +16,9 @@ impl Pool {
     /// `aggregation_limit_bytes`, `read_gap_limit_bytes`,
     /// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
     /// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`,
-    /// `scrub_rate_bytes` (0: no limit), `fs_objects_loaded_max`, `arc_max_bytes` (the read cache's
-    /// size; 0 turns it off), `arc_drop` (any value: empties the read cache).
+    /// `scrub_rate_bytes` (0: no limit), `fs_objects_loaded_max`,
+    /// `arc_max_bytes` (the read cache's size; 0 turns it off), `arc_drop`
+    /// (any value: empties the read cache).
     pub fn set_tunable(&self, name: &str, value: &str) -> Result<(), PoolError> {
         if name == "classes" {
             let on = match value {

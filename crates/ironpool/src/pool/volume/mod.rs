@@ -593,14 +593,14 @@ impl Pool {
             stats.direct_write_ops += 1;
             stats.write_bytes += length;
         });
-        if durable && hold {
-            // As a FLUSH does: the commit may write held blocks out, which
-            // takes their locks, so this write's are let go first.
-            drop(locks);
-            drop(writer);
-            self.log_commit(volume, true).await?;
-        } else if durable {
-            self.log_commit(volume, false).await?;
+        if durable {
+            if hold {
+                // As a FLUSH does: the commit may write held blocks out,
+                // which takes their locks, so this write's are let go first.
+                drop(locks);
+                drop(writer);
+            }
+            self.log_commit(volume, hold).await?;
         }
         Ok(())
     }

@@ -280,15 +280,21 @@ fn an_attribute_change_alone_is_committed_by_the_txg_timer() {
     stop_and_check(&mut pool);
 }
 
-fn loaded_objects(pool: &TestPool) -> u64 {
-    let listing: serde_json::Value =
-        serde_json::from_str(&pool.admin(&["--json", "fs", "list", &pool.name])).unwrap();
-    listing["filesystems"]
+/// The test filesystem's entry in `fs list --json`.
+fn listed_filesystem(pool: &TestPool) -> serde_json::Value {
+    let text = pool.admin(&["--json", "fs", "list", &pool.name]);
+    let list: serde_json::Value = serde_json::from_str(&text).expect("fs list JSON");
+    list["filesystems"]
         .as_array()
-        .unwrap()
+        .expect("filesystems")
         .iter()
         .find(|fs| fs["name"] == format!("{}/fs", pool.name))
-        .expect("the filesystem is listed")["loaded_objects"]
+        .expect("the filesystem is listed")
+        .clone()
+}
+
+fn loaded_objects(pool: &TestPool) -> u64 {
+    listed_filesystem(pool)["loaded_objects"]
         .as_u64()
         .expect("loaded_objects")
 }
@@ -361,13 +367,12 @@ fn loaded_objects_stay_bounded_and_dropped_ones_load_back_the_same() {
                 .map(|entry| format!("d{dir}/{}", entry.unwrap().file_name().to_string_lossy()))
                 .collect();
             names.sort();
+            // (A BTreeMap's keys come sorted.)
             let wanted: Vec<String> = expected
                 .keys()
                 .filter(|name| name.starts_with(&format!("d{dir}/")))
                 .cloned()
                 .collect();
-            let mut wanted = wanted;
-            wanted.sort();
             assert_eq!(names, wanted, "{what}: the names in d{dir}");
         }
     };
@@ -428,9 +433,9 @@ fn o_direct_reads_bypass_the_read_cache_and_buffered_reads_fill_it() {
 }
 
 fn fs_objects(pool: &TestPool) -> u64 {
-    let text = pool.admin(&["--json", "fs", "list", &pool.name]);
-    let list: serde_json::Value = serde_json::from_str(&text).expect("fs list JSON");
-    list["filesystems"][0]["objects"].as_u64().expect("objects")
+    listed_filesystem(pool)["objects"]
+        .as_u64()
+        .expect("objects")
 }
 
 fn wait_objects(pool: &TestPool, wanted: u64) {
@@ -1002,9 +1007,7 @@ const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// The mount's front end, from `fs list --json`.
 fn front_end(pool: &TestPool) -> serde_json::Value {
-    let text = pool.admin(&["--json", "fs", "list", &pool.name]);
-    let list: serde_json::Value = serde_json::from_str(&text).expect("fs list JSON");
-    list["filesystems"][0]["front_end"].clone()
+    listed_filesystem(pool)["front_end"].clone()
 }
 
 /// Sets `enable_uring` and puts the old value back when dropped (other

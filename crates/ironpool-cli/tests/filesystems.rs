@@ -1464,3 +1464,214 @@ fn snapshots_show_under_dot_zfs_and_rollback_and_clone_are_mounted() {
     wait_unmounted(&mnt, "the destroyed filesystem is still mounted");
     stop_and_check(&mut pool);
 }
+
+/// Writers of the intent-log test at once (concurrent fsyncs share commits).
+const LOG_WRITERS: u64 = 4;
+/// The test's block: the filesystem's record size, so every write replaces
+/// whole blocks and a block holds exactly one write's bytes.
+const LOG_BLOCK: usize = 16 << 10;
+/// Blocks of each file before the writers start, and at most after appends.
+const LOG_PREFILLED_BLOCKS: u64 = 64;
+const LOG_BLOCKS_MAX: u64 = 160;
+
+/// Block bytes that say who wrote them: (writer, sequence) repeated.
+fn stamp(writer: u64, seq: u64) -> Vec<u8> {
+    let mut unit = writer.to_le_bytes().to_vec();
+    unit.extend_from_slice(&seq.to_le_bytes());
+    unit.repeat(LOG_BLOCK / unit.len())
+}
+
+/// The (writer, sequence) a block's bytes were stamped with, if they were.
+fn unstamp(bytes: &[u8]) -> Option<(u64, u64)> {
+    let unit = bytes.get(..16)?;
+    (bytes.len() == LOG_BLOCK && bytes.chunks(16).all(|chunk| chunk == unit)).then(|| {
+        (
+            u64::from_le_bytes(unit[..8].try_into().unwrap()),
+            u64::from_le_bytes(unit[8..].try_into().unwrap()),
+        )
+    })
+}
+
+/// What one writer did: every sequence written into each block, the last
+/// one acknowledged durable, and the size last acknowledged.
+struct WriterLog {
+    written: Vec<Vec<u64>>,
+    acked: Vec<u64>,
+    acked_bytes: u64,
+    acknowledgements: u64,
+}
+
+/// One writer: random blocks of its file, overwrites and appends, each
+/// made durable by `fdatasync` (writer 0), `fsync` (1) or `O_DSYNC` (the
+/// others), until the server goes.
+fn log_writer(path: PathBuf, writer: u64) -> WriterLog {
+    use std::os::unix::fs::OpenOptionsExt;
+    let dsync = writer >= 2;
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(if dsync { libc::O_DSYNC } else { 0 })
+        .open(&path)
+        .unwrap();
+    let mut log = WriterLog {
+        written: vec![vec![0]; LOG_BLOCKS_MAX as usize],
+        acked: vec![0; LOG_BLOCKS_MAX as usize],
+        acked_bytes: LOG_PREFILLED_BLOCKS * LOG_BLOCK as u64,
+        acknowledgements: 0,
+    };
+    let mut blocks = LOG_PREFILLED_BLOCKS;
+    let mut random = 0x9e37_79b9_7f4a_7c15u64.wrapping_mul(writer + 1);
+    for seq in 1.. {
+        random ^= random << 13;
+        random ^= random >> 7;
+        random ^= random << 17;
+        // One write in eight appends (while there is room).
+        let block = if random.is_multiple_of(8) && blocks < LOG_BLOCKS_MAX {
+            blocks += 1;
+            blocks - 1
+        } else {
+            random % blocks
+        };
+        log.written[block as usize].push(seq);
+        if file
+            .write_all_at(&stamp(writer, seq), block * LOG_BLOCK as u64)
+            .is_err()
+        {
+            break;
+        }
+        let synced = match writer {
+            0 => file.sync_data(),
+            1 => file.sync_all(),
+            _ => Ok(()),
+        };
+        if synced.is_err() {
+            break;
+        }
+        log.acked[block as usize] = seq;
+        log.acked_bytes = log.acked_bytes.max((block + 1) * LOG_BLOCK as u64);
+        log.acknowledgements += 1;
+    }
+    log
+}
+
+/// One round of the intent-log test on the served pool mounted at `mnt`:
+/// files `w*-ROUND.bin` made and made durable, writers that `fsync`,
+/// `fdatasync` or write `O_DSYNC` started, `during` run while they write,
+/// then kill -9 and a restart; every block must hold the bytes of its last
+/// acknowledged write or of a later one, and every file be at least as long
+/// as its last acknowledged size.
+fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&TestPool)) {
+    let paths: Vec<PathBuf> = (0..LOG_WRITERS)
+        .map(|writer| mnt.join(format!("w{writer}-{round}.bin")))
+        .collect();
+    for (writer, path) in paths.iter().enumerate() {
+        let file = std::fs::File::create(path).unwrap();
+        for block in 0..LOG_PREFILLED_BLOCKS {
+            file.write_all_at(&stamp(writer as u64, 0), block * LOG_BLOCK as u64)
+                .unwrap();
+        }
+        // Made durable through a txg: a new file is not the log's until its
+        // creation is durable.
+        file.sync_all().unwrap();
+    }
+    let writers: Vec<_> = paths
+        .iter()
+        .cloned()
+        .enumerate()
+        .map(|(writer, path)| std::thread::spawn(move || log_writer(path, writer as u64)))
+        .collect();
+    std::thread::sleep(Duration::from_millis(700));
+    during(pool);
+    std::thread::sleep(Duration::from_millis(700));
+    let stats: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+    let log = &stats["filesystems"][0]["intent_log"];
+    let commits = log["commits"].as_u64().unwrap_or(0);
+    assert!(
+        commits > 100,
+        "{round}: fsync did not go through the intent log: {log}"
+    );
+    pool.kill9();
+    let logs: Vec<WriterLog> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    pool.serve();
+    wait_mounted(pool, mnt);
+    let notes = pool.status_json()["notes"].to_string();
+    assert!(notes.contains("intent log: replayed"), "{round}: {notes}");
+    for (writer, (path, log)) in paths.iter().zip(&logs).enumerate() {
+        assert!(
+            log.acknowledgements > 10,
+            "{round}: writer {writer} wrote little"
+        );
+        let data = std::fs::read(path).unwrap();
+        assert!(
+            data.len() as u64 >= log.acked_bytes,
+            "{round}: writer {writer}'s file is {} bytes, {} were acknowledged",
+            data.len(),
+            log.acked_bytes
+        );
+        for (block, bytes) in data.chunks(LOG_BLOCK).enumerate() {
+            let Some((owner, seq)) = unstamp(bytes) else {
+                // Past the last acknowledged size, an append in flight may
+                // have left its size without its bytes (zeros).
+                assert!(
+                    (block as u64 + 1) * LOG_BLOCK as u64 > log.acked_bytes
+                        && bytes.iter().all(|byte| *byte == 0),
+                    "{round}: writer {writer} block {block} holds no write"
+                );
+                continue;
+            };
+            assert!(
+                owner == writer as u64
+                    && seq >= log.acked[block]
+                    && log.written[block].contains(&seq),
+                "{round}: writer {writer} block {block} holds write {seq} of writer {owner}; \
+                 the last acknowledged was {}",
+                log.acked[block]
+            );
+        }
+    }
+}
+
+/// `fsync`, `fdatasync` and `O_DSYNC` writes by several writers at once,
+/// then kill -9 while they write ([`log_round`]). The acknowledgements went
+/// through the filesystem's intent log (its commits counted before the
+/// kill; the import replayed it), in the main devices and on a log device;
+/// a log device removed while the writers write moves the log back to the
+/// main devices and loses nothing.
+#[test]
+fn fsynced_writes_survive_kill_9_through_the_intent_log() {
+    let layouts: [&[&str]; 2] = [
+        &["mirror", "a.img", "b.img"],
+        &["mirror", "a.img", "b.img", "log", "c.img"],
+    ];
+    for layout in layouts {
+        let mut pool = TestPool::new("fslog");
+        pool.create("2G", layout);
+        let mnt = pool.path("mnt");
+        pool.ok(&[
+            "fs",
+            "create",
+            "fslog/fs",
+            "-o",
+            &format!("mountpoint={}", mnt.display()),
+            "-o",
+            "recordsize=16K",
+            "-d",
+            &dir(&pool),
+        ]);
+        let _unmount = Unmount(mnt.clone());
+        pool.serve();
+        wait_mounted(&pool, &mnt);
+        let with_log = layout.contains(&"log");
+        log_round(&mut pool, &mnt, &format!("{layout:?}"), |_| {});
+        if with_log {
+            log_round(&mut pool, &mnt, "log device removed", |pool| {
+                let removed = pool.admin(&["remove", "fslog", "c.img"]);
+                assert!(removed.contains("ONLINE"), "{removed}");
+            });
+            let status = pool.status_json();
+            assert_eq!(status["health"], "ONLINE", "{status}");
+            assert!(!status.to_string().contains("c.img"), "{status}");
+        }
+        stop_and_check(&mut pool);
+    }
+}

@@ -1066,6 +1066,7 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
                 map.insert("name".into(), json!(fs.name));
                 map.insert("mounted".into(), json!(pool.mounted_at(short)));
                 map.insert("front_end".into(), json!(fs.front_end()));
+                map.insert("intent_log".into(), json!(fs.log_stats()));
             }
             value
         })

@@ -13,6 +13,7 @@
 
 use super::bp::{BlockPointer, Dva, BLOCK_POINTER_BYTES};
 use super::checksum::embedded;
+use super::znode::Timestamp;
 use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError};
 
 /// "IPLOGBLK", little-endian.
@@ -32,6 +33,9 @@ pub const COPY_BYTES_MAX: usize = LOG_BLOCK_BYTES_MAX - LOG_HEADER_BYTES - RECOR
 const KIND_BLOCK: u8 = 1;
 const KIND_HOLE: u8 = 2;
 const KIND_COPY: u8 = 3;
+const KIND_ATTR: u8 = 4;
+/// Bytes of an attribute record's body: length, then the two times.
+const ATTR_BODY_BYTES: usize = 32;
 
 /// Where a log block is: its one copy, and how many bytes to read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -59,6 +63,15 @@ pub enum LogRecord {
         blkid: u64,
         data: Vec<u8>,
     },
+    /// A file's size and modification times after writes of txg `txg` (a
+    /// filesystem's log): replay sets them unless that txg is durable.
+    Attr {
+        object: u64,
+        txg: u64,
+        length: u64,
+        mtime: Timestamp,
+        ctime: Timestamp,
+    },
 }
 
 impl LogRecord {
@@ -69,15 +82,18 @@ impl LogRecord {
                 LogRecord::Block { .. } => BLOCK_POINTER_BYTES,
                 LogRecord::Hole { .. } => 0,
                 LogRecord::Copy { data, .. } => data.len().next_multiple_of(8),
+                LogRecord::Attr { .. } => ATTR_BODY_BYTES,
             }
     }
 
-    /// The object and block the record changes.
+    /// The object and block the record changes (an attribute record: its
+    /// object, and block 0).
     pub fn target(&self) -> (u64, u64) {
         match self {
             LogRecord::Block { object, blkid, .. }
             | LogRecord::Hole { object, blkid, .. }
             | LogRecord::Copy { object, blkid, .. } => (*object, *blkid),
+            LogRecord::Attr { object, .. } => (*object, 0),
         }
     }
 
@@ -102,6 +118,22 @@ impl LogRecord {
                 put_u32(out, 4, data.len() as u32);
                 out[RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + data.len()].copy_from_slice(data);
             }
+            LogRecord::Attr {
+                txg,
+                length,
+                mtime,
+                ctime,
+                ..
+            } => {
+                out[0] = KIND_ATTR;
+                put_u64(out, 24, *txg);
+                let body = RECORD_HEAD_BYTES;
+                put_u64(out, body, *length);
+                put_u64(out, body + 8, mtime.seconds as u64);
+                put_u64(out, body + 16, ctime.seconds as u64);
+                put_u32(out, body + 24, mtime.nanos);
+                put_u32(out, body + 28, ctime.nanos);
+            }
         }
     }
 }
@@ -116,7 +148,14 @@ pub struct LogBlockHeader {
     /// The commit (FLUSH) that wrote it: the head's cancellations name
     /// copies by commit and block.
     pub commit: u64,
+    /// The last block of its commit: a chain that ends at a block without
+    /// it ends inside a commit (blocks written before this flag existed
+    /// have it clear).
+    pub ends_commit: bool,
 }
+
+/// Header flag: the block is the last of its commit.
+const FLAG_ENDS_COMMIT: u32 = 1;
 
 /// Bytes a block needs for `records` (header included), before rounding.
 pub fn block_bytes_for(records: &[LogRecord]) -> usize {
@@ -143,6 +182,15 @@ pub fn encode_block(header: &LogBlockHeader, records: &[LogRecord], out: &mut [u
     put_u32(out, 36, header.next.dva.asize);
     put_u64(out, 40, header.next.dva.offset);
     put_u32(out, 48, header.next.bytes);
+    put_u32(
+        out,
+        52,
+        if header.ends_commit {
+            FLAG_ENDS_COMMIT
+        } else {
+            0
+        },
+    );
     put_u64(out, 56, header.commit);
     let mut at = LOG_HEADER_BYTES;
     for record in records {
@@ -203,6 +251,7 @@ pub fn decode_block(
             bytes: get_u32(bytes, 48),
         },
         commit: get_u64(bytes, 56),
+        ends_commit: get_u32(bytes, 52) & FLAG_ENDS_COMMIT != 0,
     };
     if header.chain_guid != chain_guid {
         return Err(invalid(
@@ -262,6 +311,25 @@ pub fn decode_block(
                     length.next_multiple_of(8),
                 )
             }
+            KIND_ATTR => {
+                if body + ATTR_BODY_BYTES > used {
+                    return Err(invalid(WHAT, "an attribute record runs past the block"));
+                }
+                let time = |seconds: usize, nanos: usize| Timestamp {
+                    seconds: get_u64(bytes, body + seconds) as i64,
+                    nanos: get_u32(bytes, body + nanos),
+                };
+                (
+                    LogRecord::Attr {
+                        object,
+                        txg,
+                        length: get_u64(bytes, body),
+                        mtime: time(8, 24),
+                        ctime: time(16, 28),
+                    },
+                    ATTR_BODY_BYTES,
+                )
+            }
             kind => return Err(invalid(WHAT, format!("record kind {kind}"))),
         };
         records.push(record);
@@ -310,6 +378,7 @@ mod tests {
                 bytes: 8192,
             },
             commit: 77,
+            ends_commit: true,
         };
         let records = vec![
             LogRecord::Block {
@@ -331,6 +400,19 @@ mod tests {
                 object: 5,
                 blkid: 7,
                 data: vec![0xcd; 512],
+            },
+            LogRecord::Attr {
+                object: 9,
+                txg: 12,
+                length: (1 << 40) + 3,
+                mtime: Timestamp {
+                    seconds: -5,
+                    nanos: 999_999_999,
+                },
+                ctime: Timestamp {
+                    seconds: 1 << 33,
+                    nanos: 1,
+                },
             },
         ];
         (header, records)
@@ -374,7 +456,10 @@ mod tests {
     fn block_bytes_count_every_record() {
         let (header, records) = sample();
         let needed = block_bytes_for(&records);
-        assert_eq!(needed, 80 + (32 + 128) + 32 + (32 + 1008) + (32 + 512));
+        assert_eq!(
+            needed,
+            80 + (32 + 128) + 32 + (32 + 1008) + (32 + 512) + (32 + 32)
+        );
         let mut exact = vec![0u8; needed];
         encode_block(&header, &records, &mut exact);
         assert!(decode_block(&exact, 0xfeed, 9).is_ok());

@@ -15,7 +15,7 @@
 //! reports the transport and the most requests served at once.
 //!
 //! Reads and writes of different blocks of a file run concurrently in the
-//! filesystem layer; `fsync` commits a txg.
+//! filesystem layer; `fsync` commits the intent log (or a txg).
 //!
 //! `.zfs/snapshot/NAME` in the root shows snapshot NAME read-only
 //! ([`snapdir`], which also says how node ids tell a snapshot's objects
@@ -36,6 +36,7 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::pool::dataset::props::SyncMode;
 use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -559,6 +560,48 @@ async fn serve(
     };
     let fs = &fs;
     let pool = &session.pool;
+    // What must be durable when answered: a write under `O_SYNC` or
+    // `O_DSYNC` (`sync=disabled` aside), and under `sync=always` every
+    // change. FSYNC itself is answered below.
+    let sync = fs.settings().sync;
+    let durable = match &request {
+        Request::Write { flags, .. } => {
+            sync == SyncMode::Always
+                || (sync == SyncMode::Standard && flags & libc::O_DSYNC as u32 != 0)
+        }
+        Request::Setattr(_)
+        | Request::Symlink { .. }
+        | Request::Mknod { .. }
+        | Request::Mkdir { .. }
+        | Request::Unlink { .. }
+        | Request::Rmdir { .. }
+        | Request::Rename { .. }
+        | Request::Link { .. }
+        | Request::Create { .. }
+        | Request::Setxattr { .. }
+        | Request::Removexattr { .. } => sync == SyncMode::Always,
+        _ => false,
+    };
+    let reply = serve_fs(session, header, request, fs, node, slot).await?;
+    if durable {
+        pool.fs_log_commit(fs).await?;
+        fs.count_flush();
+    }
+    Ok(reply)
+}
+
+/// [`serve`] for a request to a filesystem's node `node` (of the head, or
+/// of the snapshot in `slot`).
+async fn serve_fs(
+    session: &Session,
+    header: &proto::InHeader,
+    request: proto::Request<'_>,
+    fs: &Rc<Filesystem>,
+    node: u64,
+    slot: u64,
+) -> Result<Vec<u8>, FsError> {
+    use proto::Request;
+    let pool = &session.pool;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
     let entry = |attr: &Attr| entry(slot, attr);
     // `.zfs` in the root is the control directory: no file takes its name.
@@ -723,9 +766,14 @@ async fn serve(
             Ok(proto::write_out(written as u32))
         }
         Request::Statfs => statfs(session),
+        // `fsync` and `fdatasync` of a file or a directory: through the
+        // intent log when it carries every change since the last durable
+        // txg, else a txg (`sync=disabled`: nothing, as OpenZFS).
         Request::Fsync { .. } | Request::Fsyncdir => {
-            pool.commit().await?;
-            fs.count_flush();
+            if fs.settings().sync != SyncMode::Disabled {
+                pool.fs_log_commit(fs).await?;
+                fs.count_flush();
+            }
             Ok(Vec::new())
         }
         Request::Readdir { offset, size } => {

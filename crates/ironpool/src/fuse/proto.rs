@@ -167,6 +167,9 @@ pub enum Request<'a> {
     Write {
         fh: u64,
         offset: u64,
+        /// The file's open flags, with `O_DSYNC`/`O_SYNC` set for a write
+        /// that must be durable when answered (`RWF_DSYNC` too).
+        flags: u32,
         data: &'a [u8],
     },
     Statfs,
@@ -344,6 +347,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             Request::Write {
                 fh: u64_at(body, 0)?,
                 offset: u64_at(body, 8)?,
+                flags: u32_at(body, 32)?,
                 data,
             }
         }
@@ -611,6 +615,7 @@ mod tests {
         let mut body = vec![0u8; 40];
         body[8..16].copy_from_slice(&4096u64.to_le_bytes());
         body[16..20].copy_from_slice(&3u32.to_le_bytes());
+        body[32..36].copy_from_slice(&0o10002u32.to_le_bytes());
         body.extend_from_slice(b"xyz");
         let bytes = request_bytes(WRITE, &body);
         assert_eq!(
@@ -618,6 +623,7 @@ mod tests {
             Request::Write {
                 fh: 0,
                 offset: 4096,
+                flags: 0o10002,
                 data: b"xyz"
             }
         );

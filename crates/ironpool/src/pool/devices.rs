@@ -498,7 +498,7 @@ impl Pool {
 }
 
 impl Pool {
-    /// Moves every open volume's intent-log chain off log vdev `top` (marked
+    /// Moves every open dataset's intent-log chain off log vdev `top` (marked
     /// `removing`, so no new log block lands there): each chain is ended by a
     /// txg and restarted elsewhere. Fails if a chain still uses it after.
     async fn evacuate_log_vdev(
@@ -508,6 +508,9 @@ impl Pool {
     ) -> Result<(), PoolError> {
         for (_, volume) in self.open_volumes() {
             self.move_log_off(&volume).await?;
+        }
+        for (_, fs) in self.all_filesystems() {
+            self.move_fs_log_off(&fs).await?;
         }
         if self.log_chains_use(top.id) {
             return Err(PoolError::InvalidArgument(format!(

@@ -18,6 +18,13 @@
 //! one dataset are serialised: FLUSHes that arrive while one is in flight
 //! share the next (group commit).
 //!
+//! A filesystem's `fsync` ([`Pool::fs_log_commit`]) uses the same chain
+//! machinery: its writes are in place before they are answered, so its
+//! records are pointers and holes keyed by (file, block), and each written
+//! file's size and times. It logs only while every change since the last
+//! durable txg is such a write; otherwise it commits a txg. Its replay takes
+//! whole commits only (a write's blocks and size come back together).
+//!
 //! When txg T is built, every log block whose records are all of txgs up to T
 //! is obsolete once T is durable: the head moves past them in T's directory
 //! and they are freed in T (so the head that is durable never points at
@@ -47,9 +54,11 @@ use std::rc::Rc;
 use crate::format::intent_log::{
     self as format, LogBlockHeader, LogPointer, LogRecord, LOG_BLOCK_BYTES_MAX, LOG_BLOCK_BYTES_MIN,
 };
+use crate::format::znode::Timestamp;
 use crate::format::{BlockPointer, Dva, ObjectType};
 use crate::pool::dataset::directory::LogHead;
 use crate::pool::dataset::props::LogBias;
+use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
@@ -164,10 +173,45 @@ struct LogState {
     /// FLUSH having written its held blocks out before the lock).
     covered_linked: u64,
     covered_held: u64,
-    /// Blocks linked since the last durable txg and not yet logged, with the
-    /// txg they were linked in (non-decreasing: txgs only move forward).
-    unlogged: Vec<(u64, u64)>,
+    /// Blocks linked since the last durable txg and not yet logged, as
+    /// (object, block number, the txg they were linked in); txgs are
+    /// non-decreasing (they only move forward).
+    unlogged: Vec<(u64, u64, u64)>,
+    /// A filesystem's files whose size or times changed by writes since the
+    /// last durable txg and not yet logged: their newest values.
+    attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+    /// The newest txg holding a change of a filesystem the log does not
+    /// carry (names, other attributes, a file's block growing): a commit
+    /// goes through a txg until that one is durable.
+    unloggable_since: u64,
     stats: LogStats,
+}
+
+/// A file's size and times after a write, as an attribute record carries
+/// them, and the txg of the write.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct FileAttr {
+    pub txg: u64,
+    pub length: u64,
+    pub mtime: Timestamp,
+    pub ctime: Timestamp,
+}
+
+/// Whose intent log: a volume's or a filesystem's. The head of each chain is
+/// in that dataset's directory record.
+#[derive(Clone, Copy)]
+pub(crate) enum Owner<'a> {
+    Volume(&'a Volume),
+    Filesystem(&'a Filesystem),
+}
+
+impl<'a> Owner<'a> {
+    fn log(self) -> &'a IntentLog {
+        match self {
+            Owner::Volume(volume) => &volume.log,
+            Owner::Filesystem(fs) => &fs.log,
+        }
+    }
 }
 
 /// What a commit's log blocks wait for before they can be freed: the txg
@@ -197,21 +241,55 @@ impl IntentLog {
         }
     }
 
+    /// Counts a commit that wrote blocks, started at `started`.
+    fn note_commit_time(&self, started: crate::rt::Instant) {
+        let micros = crate::rt::now().duration_since(started).as_micros() as u64;
+        let bucket = (63 - micros.max(1).leading_zeros()) as usize;
+        let mut state = self.state.borrow_mut();
+        state.stats.last_commit_us = micros;
+        state.stats.commit_time_us += micros;
+        state.stats.commit_latency_us_log2[bucket.min(COMMIT_LATENCY_BUCKETS - 1)] += 1;
+    }
+
+    /// Puts attribute changes taken for a commit that did not happen back,
+    /// unless a newer one of the same file came meanwhile.
+    fn requeue_attrs(&self, taken: rustc_hash::FxHashMap<u64, FileAttr>) {
+        let mut state = self.state.borrow_mut();
+        for (object, attr) in taken {
+            state.attrs.entry(object).or_insert(attr);
+        }
+    }
+
     /// The log's counters.
     pub fn stats(&self) -> LogStats {
         self.state.borrow().stats
     }
 
-    /// Notes that block `blkid` was linked in txg `txg`.
-    pub(crate) fn note_linked(&self, blkid: u64, txg: u64) {
-        self.state.borrow_mut().unlogged.push((blkid, txg));
+    /// Notes that block `blkid` of `object` was linked in txg `txg`.
+    pub(crate) fn note_linked(&self, object: u64, blkid: u64, txg: u64) {
+        self.state.borrow_mut().unlogged.push((object, blkid, txg));
+    }
+
+    /// Notes a file's size and times after a write (a filesystem's log).
+    pub(crate) fn note_attr(&self, object: u64, attr: FileAttr) {
+        self.state.borrow_mut().attrs.insert(object, attr);
+    }
+
+    /// Notes a change the log does not carry, made in txg `txg` or before:
+    /// commits go through a txg until `txg` is durable.
+    pub(crate) fn note_unloggable(&self, txg: u64) {
+        let mut state = self.state.borrow_mut();
+        state.unloggable_since = state.unloggable_since.max(txg);
     }
 
     /// Drops what txg `durable` made durable.
     fn forget_durable(&self, durable: u64) {
         let mut state = self.state.borrow_mut();
-        let keep_from = state.unlogged.partition_point(|(_, txg)| *txg <= durable);
+        let keep_from = state
+            .unlogged
+            .partition_point(|(_, _, txg)| *txg <= durable);
         state.unlogged.drain(..keep_from);
+        state.attrs.retain(|_, attr| attr.txg > durable);
     }
 
     /// Block `blkid` got bytes newer than its copy in the log (if it has
@@ -250,33 +328,40 @@ impl Pool {
         releases.extend(blocks.into_iter().map(|pointer| (txg, pointer)));
     }
 
-    /// Starts a new chain for `volume`: its head block is allocated and named
+    /// Starts a new chain for `owner`: its head block is allocated and named
     /// in the directory, usable once the open txg is durable.
-    fn start_log_chain(&self, volume: &Volume) -> Result<(), PoolError> {
+    fn start_log_chain(&self, owner: Owner) -> Result<(), PoolError> {
         let head = self.allocate_log_block(LOG_BLOCK_BYTES_MIN as u32)?;
         let guid = crate::format::new_guid();
         {
-            let mut state = volume.log.state.borrow_mut();
+            let mut state = owner.log().state.borrow_mut();
             debug_assert!(state.written.is_empty(), "a chain restarts only when empty");
             state.chain_guid = guid;
             state.next = Some((1, head));
             state.head_txg = self.txg.open();
         }
-        self.set_log_head(volume, Some(LogHead::at(guid, 1, head)));
+        self.set_log_head(owner, Some(LogHead::at(guid, 1, head)));
         Ok(())
     }
 
-    /// Names `head` as where `volume`'s log starts (None: it has none), in
+    /// Names `head` as where `owner`'s log starts (None: it has none), in
     /// the directory the open or building txg writes.
-    fn set_log_head(&self, volume: &Volume, head: Option<LogHead>) {
-        if let Some(record) = self
-            .directory
-            .borrow_mut()
-            .volumes
-            .get_mut(volume.short_name())
-        {
-            record.intent_log = head;
+    fn set_log_head(&self, owner: Owner, head: Option<LogHead>) {
+        let mut directory = self.directory.borrow_mut();
+        let slot = match owner {
+            Owner::Volume(volume) => directory
+                .volumes
+                .get_mut(volume.short_name())
+                .map(|record| &mut record.intent_log),
+            Owner::Filesystem(fs) => directory
+                .filesystems
+                .get_mut(fs.short_name())
+                .map(|record| &mut record.intent_log),
+        };
+        if let Some(slot) = slot {
+            *slot = head;
         }
+        drop(directory);
         self.directory_dirty.set(true);
     }
 
@@ -345,7 +430,7 @@ impl Pool {
         if !usable {
             if volume.log.state.borrow().next.is_none() {
                 // Allocation may fail on a full pool: the txg still commits.
-                let _ = self.start_log_chain(volume);
+                let _ = self.start_log_chain(Owner::Volume(volume));
             }
             volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
             return self.commit_through_txg(volume, held).await;
@@ -380,8 +465,8 @@ impl Pool {
         let mut blocks: Vec<(u64, u64)> = unlogged
             .iter()
             .rev()
-            .filter(|(blkid, txg)| *txg > durable && seen.insert(*blkid))
-            .copied()
+            .filter(|(_, blkid, txg)| *txg > durable && seen.insert(*blkid))
+            .map(|(_, blkid, txg)| (*blkid, *txg))
             .collect();
         blocks.reverse();
         let mut records = Vec::with_capacity(blocks.len() + copies.len());
@@ -390,7 +475,7 @@ impl Pool {
             let pointer = match self.objects.block_pointer(&volume.object, blkid).await {
                 Ok(pointer) => pointer,
                 Err(error) => {
-                    self.requeue_unlogged(volume, &unlogged);
+                    self.requeue_unlogged(Owner::Volume(volume), &unlogged);
                     self.forget_commit(volume, commit, &copies);
                     return Err(error.into());
                 }
@@ -439,16 +524,13 @@ impl Pool {
         if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
             wait.max_txg = wait.max_txg.max(max_txg);
         }
-        match self.write_log_blocks(volume, &records, commit).await {
+        match self
+            .write_log_blocks(Owner::Volume(volume), &records, commit)
+            .await
+        {
             Ok(()) => {
-                let elapsed = crate::rt::now().duration_since(started);
-                let micros = elapsed.as_micros() as u64;
-                let bucket = (63 - micros.max(1).leading_zeros()) as usize;
-                let mut state = volume.log.state.borrow_mut();
-                state.stats.last_commit_us = micros;
-                state.stats.commit_time_us += micros;
-                state.stats.commit_latency_us_log2[bucket.min(COMMIT_LATENCY_BUCKETS - 1)] += 1;
-                state.stats.copied_blocks += copied as u64;
+                volume.log.note_commit_time(started);
+                volume.log.state.borrow_mut().stats.copied_blocks += copied as u64;
                 Ok(())
             }
             Err(error) => {
@@ -458,12 +540,184 @@ impl Pool {
                     "ironpool: {}: intent log write failed ({error}); committing a txg instead",
                     volume.name
                 );
-                self.requeue_unlogged(volume, &unlogged);
+                self.requeue_unlogged(Owner::Volume(volume), &unlogged);
                 self.forget_commit(volume, commit, &copies);
-                self.abandon_log_chain(volume);
-                let _ = self.start_log_chain(volume);
+                self.abandon_log_chain(Owner::Volume(volume));
+                let _ = self.start_log_chain(Owner::Volume(volume));
                 volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
                 self.commit_through_txg(volume, held).await
+            }
+        }
+    }
+
+    /// Makes every change to `fs` so far durable (`fsync`, `fdatasync`, a
+    /// write under `O_SYNC`, `O_DSYNC` or `sync=always`): through its intent
+    /// log when every change since the last durable txg is a data write (the
+    /// records: each block's pointer or hole, each file's size and times),
+    /// else through a txg. Commits of one filesystem are serialised, and
+    /// `fsync`s that arrive during one share the next, as a volume's FLUSHes.
+    pub async fn fs_log_commit(self: &Rc<Self>, fs: &Rc<Filesystem>) -> Result<(), PoolError> {
+        let arrived = fs.log.state.borrow().commits_started;
+        let _commit = fs.log.commit_lock.acquire(1).await;
+        {
+            let mut state = fs.log.state.borrow_mut();
+            if state.covered_linked > arrived {
+                state.stats.shared_commits += 1;
+                return Ok(());
+            }
+            state.commits_started += 1;
+        }
+        let number = fs.log.state.borrow().commits_started;
+        self.txg.ensure_writable()?;
+        let logged = {
+            // No change of names or attributes runs meanwhile, and a
+            // rollback, destroy or receive waits for the log write to end.
+            let _shared = fs.shared().await;
+            !fs.is_retired() && self.fs_log_write(fs).await?
+        };
+        if !logged {
+            fs.log.state.borrow_mut().stats.txg_fallbacks += 1;
+            self.commit_linked().await?;
+        }
+        let mut state = fs.log.state.borrow_mut();
+        state.covered_linked = state.covered_linked.max(number);
+        Ok(())
+    }
+
+    /// Writes the changes of `fs` not yet logged into its chain. False when
+    /// they must go through a txg instead: no usable chain yet, a change the
+    /// log does not carry since the last durable txg, or a failed log write.
+    /// The caller holds the commit lock and the filesystem's lock shared.
+    async fn fs_log_write(self: &Rc<Self>, fs: &Filesystem) -> Result<bool, PoolError> {
+        let owner = Owner::Filesystem(fs);
+        let log = &fs.log;
+        {
+            let state = log.state.borrow();
+            let usable = state.next.is_some() && state.head_txg <= self.txg.durable();
+            let unloggable = state.unloggable_since > self.txg.durable();
+            let missing = state.next.is_none();
+            drop(state);
+            if missing {
+                // Allocation may fail on a full pool: the txg still commits.
+                let _ = self.start_log_chain(owner);
+            }
+            if !usable || unloggable {
+                return Ok(false);
+            }
+        }
+        let started = crate::rt::now();
+        let durable = self.txg.durable();
+        log.forget_durable(durable);
+        let (unlogged, attrs) = {
+            let mut state = log.state.borrow_mut();
+            (
+                std::mem::take(&mut state.unlogged),
+                std::mem::take(&mut state.attrs),
+            )
+        };
+        let give_back = |unlogged: &[(u64, u64, u64)], attrs| {
+            self.requeue_unlogged(owner, unlogged);
+            log.requeue_attrs(attrs);
+        };
+        // The newest change of each block only, in the order they were linked.
+        let mut seen = rustc_hash::FxHashSet::default();
+        let mut blocks: Vec<(u64, u64, u64)> = unlogged
+            .iter()
+            .rev()
+            .filter(|(object, blkid, txg)| *txg > durable && seen.insert((*object, *blkid)))
+            .copied()
+            .collect();
+        blocks.reverse();
+        let mut records = Vec::with_capacity(blocks.len() + attrs.len());
+        let mut max_txg = 0;
+        for (object, blkid, linked_txg) in blocks {
+            let looked_up = match fs.objects.open(object).await {
+                Ok(opened) => fs.objects.block_pointer(&opened, blkid).await,
+                Err(error) => Err(error),
+            };
+            let pointer = match looked_up {
+                Ok(pointer) => pointer,
+                // Freed since: that is a change the log does not carry, and
+                // the check below sends this commit through a txg.
+                Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
+                Err(error) => {
+                    give_back(&unlogged, attrs);
+                    return Err(error.into());
+                }
+            };
+            let txg = if pointer.is_hole() {
+                linked_txg
+            } else {
+                pointer.birth_txg
+            };
+            if txg <= self.txg.durable() {
+                continue;
+            }
+            max_txg = max_txg.max(txg);
+            records.push(if pointer.is_hole() {
+                LogRecord::Hole { object, blkid, txg }
+            } else {
+                LogRecord::Block {
+                    object,
+                    blkid,
+                    pointer,
+                }
+            });
+        }
+        let mut files: Vec<(&u64, &FileAttr)> = attrs.iter().collect();
+        files.sort_unstable_by_key(|(object, _)| **object);
+        for (object, attr) in files {
+            if attr.txg > self.txg.durable() {
+                max_txg = max_txg.max(attr.txg);
+                records.push(LogRecord::Attr {
+                    object: *object,
+                    txg: attr.txg,
+                    length: attr.length,
+                    mtime: attr.mtime,
+                    ctime: attr.ctime,
+                });
+            }
+        }
+        // A change the log does not carry made while the pointers were read
+        // (a file's block growing, a file freed): the records may describe
+        // blocks of a shape replay could not link. No await from this check
+        // to the records being fixed.
+        if log.state.borrow().unloggable_since > self.txg.durable() {
+            give_back(&unlogged, attrs);
+            return Ok(false);
+        }
+        if records.is_empty() {
+            log.state.borrow_mut().stats.shared_commits += 1;
+            return Ok(true);
+        }
+        let commit = {
+            let mut state = log.state.borrow_mut();
+            state.next_commit += 1;
+            let commit = state.next_commit;
+            state.commits.insert(
+                commit,
+                CommitWait {
+                    copies_pending: 0,
+                    max_txg,
+                },
+            );
+            commit
+        };
+        match self.write_log_blocks(owner, &records, commit).await {
+            Ok(()) => {
+                log.note_commit_time(started);
+                Ok(true)
+            }
+            Err(error) => {
+                eprintln!(
+                    "ironpool: {}: intent log write failed ({error}); committing a txg instead",
+                    fs.name
+                );
+                give_back(&unlogged, attrs);
+                log.state.borrow_mut().commits.remove(&commit);
+                self.abandon_log_chain(owner);
+                let _ = self.start_log_chain(owner);
+                Ok(false)
             }
         }
     }
@@ -536,22 +790,22 @@ impl Pool {
     }
 
     /// Puts changes taken for a commit that did not happen back in front.
-    fn requeue_unlogged(&self, volume: &Volume, taken: &[(u64, u64)]) {
-        let mut state = volume.log.state.borrow_mut();
+    fn requeue_unlogged(&self, owner: Owner, taken: &[(u64, u64, u64)]) {
+        let mut state = owner.log().state.borrow_mut();
         let newer = std::mem::take(&mut state.unlogged);
         state.unlogged = taken.iter().copied().chain(newer).collect();
     }
 
-    /// Writes `records` into the next blocks of `volume`'s chain and flushes
+    /// Writes `records` into the next blocks of `owner`'s chain and flushes
     /// every device; on success the blocks join the chain.
     async fn write_log_blocks(
         self: &Rc<Self>,
-        volume: &Rc<Volume>,
+        owner: Owner<'_>,
         records: &[LogRecord],
         commit: u64,
     ) -> Result<(), PoolError> {
         let (guid, first) = {
-            let state = volume.log.state.borrow();
+            let state = owner.log().state.borrow();
             (
                 state.chain_guid,
                 state.next.expect("a usable chain has a next block"),
@@ -616,6 +870,7 @@ impl Pool {
                         seq: *seq,
                         next: next.1,
                         commit,
+                        ends_commit: index + 1 == blocks.len(),
                     },
                     records,
                     &mut buffer,
@@ -671,7 +926,7 @@ impl Pool {
             self.release_log_blocks(&allocated);
             return Err(error);
         }
-        let mut state = volume.log.state.borrow_mut();
+        let mut state = owner.log().state.borrow_mut();
         for (seq, pointer, block_records) in &blocks {
             state.written.push_back((*seq, *pointer, commit));
             state.stats.blocks_written += 1;
@@ -703,10 +958,23 @@ impl Pool {
         let _commit = volume.log.commit_lock.acquire(1).await;
         self.drain_volume(volume).await?;
         self.commit_linked().await?;
-        self.abandon_log_chain(volume);
+        self.abandon_log_chain(Owner::Volume(volume));
         // Without space for a head the volume commits through txgs, and a
         // later commit starts the chain.
-        let _ = self.start_log_chain(volume);
+        let _ = self.start_log_chain(Owner::Volume(volume));
+        Ok(())
+    }
+
+    /// [`Pool::move_log_off`] for a filesystem's log.
+    pub(crate) async fn move_fs_log_off(
+        self: &Rc<Self>,
+        fs: &Rc<Filesystem>,
+    ) -> Result<(), PoolError> {
+        let _commit = fs.log.commit_lock.acquire(1).await;
+        let _shared = fs.shared().await;
+        self.commit_linked().await?;
+        self.abandon_log_chain(Owner::Filesystem(fs));
+        let _ = self.start_log_chain(Owner::Filesystem(fs));
         Ok(())
     }
 
@@ -719,10 +987,10 @@ impl Pool {
             .retain(|(_, pointer)| pointer.dva.vdev != vdev);
     }
 
-    /// True when some volume's chain has a block on top-level vdev `vdev`.
+    /// True when some dataset's chain has a block on top-level vdev `vdev`.
     pub(crate) fn log_chains_use(&self, vdev: u32) -> bool {
-        self.volumes.borrow().values().any(|volume| {
-            let state = volume.log.state.borrow();
+        let uses = |log: &IntentLog| {
+            let state = log.state.borrow();
             state
                 .next
                 .is_some_and(|(_, pointer)| pointer.dva.vdev == vdev)
@@ -730,23 +998,29 @@ impl Pool {
                     .written
                     .iter()
                     .any(|(_, pointer, _)| pointer.dva.vdev == vdev)
-        })
+        };
+        self.volumes
+            .borrow()
+            .values()
+            .any(|volume| uses(&volume.log))
+            || self.filesystems.borrow().values().any(|fs| uses(&fs.log))
     }
 
     /// Waits for `volume`'s log commit in flight, then frees its chain; the
     /// returned permit keeps new commits out (the volume is being destroyed).
     pub(crate) async fn discard_log(&self, volume: &Volume) -> crate::rt::sync::Permit {
         let permit = volume.log.commit_lock.acquire(1).await;
-        self.abandon_log_chain(volume);
+        self.abandon_log_chain(Owner::Volume(volume));
         permit
     }
 
-    /// Frees `volume`'s whole chain (written blocks and the next one) and
-    /// forgets it: the volume is destroyed, or its chain is broken. The
-    /// directory's head is cleared in the open txg.
-    pub(crate) fn abandon_log_chain(&self, volume: &Volume) {
+    /// Frees `owner`'s whole chain (written blocks and the next one) and
+    /// forgets it: the dataset is destroyed, rolled back or received over,
+    /// or its chain is broken. The directory's head is cleared in the open
+    /// txg.
+    pub(crate) fn abandon_log_chain(&self, owner: Owner) {
         let txg = self.txg.open();
-        let mut state = volume.log.state.borrow_mut();
+        let mut state = owner.log().state.borrow_mut();
         let written: Vec<LogPointer> = state
             .written
             .drain(..)
@@ -759,7 +1033,7 @@ impl Pool {
         let next = state.next.take().map(|(_, pointer)| pointer);
         drop(state);
         self.release_log_blocks_after(txg, written.into_iter().chain(next));
-        self.set_log_head(volume, None);
+        self.set_log_head(owner, None);
     }
 }
 
@@ -768,68 +1042,76 @@ impl Pool {
 /// directory.
 pub(crate) fn build_step(pool: &Pool, txg: u64) {
     for volume in pool.volumes.borrow().values() {
-        let mut state = volume.log.state.borrow_mut();
-        let state = &mut *state;
-        // Copies superseded by changes this txg holds are cancelled in it.
-        let before = state.cancelled.len();
-        let mut later = Vec::new();
-        for (linked_txg, commit, blkid) in state.pending_cancels.drain(..) {
-            if linked_txg <= txg {
-                state.cancelled.push((commit, blkid));
-            } else {
-                later.push((linked_txg, commit, blkid));
-            }
-        }
-        state.pending_cancels = later;
-        let mut cancels_changed = state.cancelled.len() != before;
-        let mut obsolete = Vec::new();
-        while let Some(&(_, pointer, commit)) = state.written.front() {
-            let done = state
-                .commits
-                .get(&commit)
-                .is_none_or(|wait| wait.copies_pending == 0 && wait.max_txg <= txg);
-            if !done {
-                break;
-            }
-            state.written.pop_front();
-            obsolete.push(pointer);
-            if state
-                .written
-                .front()
-                .is_none_or(|(_, _, next)| *next != commit)
-            {
-                // The commit's last block: what named its copies goes too.
-                state.commits.remove(&commit);
-                state
-                    .live_copies
-                    .retain(|_, copied_in| *copied_in != commit);
-                state
-                    .pending_cancels
-                    .retain(|(_, copied_in, _)| *copied_in != commit);
-                let cancelled = state.cancelled.len();
-                state
-                    .cancelled
-                    .retain(|(copied_in, _)| *copied_in != commit);
-                cancels_changed |= state.cancelled.len() != cancelled;
-            }
-        }
-        if obsolete.is_empty() && !cancels_changed {
-            continue;
-        }
-        pool.release_log_blocks_after(txg, obsolete);
-        let head = match (state.written.front(), state.next) {
-            (Some((seq, pointer, _)), _) => Some((*seq, *pointer)),
-            (None, Some(next)) => Some(next),
-            (None, None) => None,
-        };
-        let guid = state.chain_guid;
-        let cancelled = state.cancelled.clone();
-        let head = head.map(|(seq, pointer)| LogHead {
-            cancelled,
-            ..LogHead::at(guid, seq, pointer)
-        });
-        pool.set_log_head(volume, head);
+        build_step_of(pool, Owner::Volume(volume), txg);
     }
+    for fs in pool.filesystems.borrow().values() {
+        build_step_of(pool, Owner::Filesystem(fs), txg);
+    }
+}
+
+/// [`build_step`] for one dataset's log.
+fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
+    let mut state = owner.log().state.borrow_mut();
+    let state = &mut *state;
+    // Copies superseded by changes this txg holds are cancelled in it.
+    let before = state.cancelled.len();
+    let mut later = Vec::new();
+    for (linked_txg, commit, blkid) in state.pending_cancels.drain(..) {
+        if linked_txg <= txg {
+            state.cancelled.push((commit, blkid));
+        } else {
+            later.push((linked_txg, commit, blkid));
+        }
+    }
+    state.pending_cancels = later;
+    let mut cancels_changed = state.cancelled.len() != before;
+    let mut obsolete = Vec::new();
+    while let Some(&(_, pointer, commit)) = state.written.front() {
+        let done = state
+            .commits
+            .get(&commit)
+            .is_none_or(|wait| wait.copies_pending == 0 && wait.max_txg <= txg);
+        if !done {
+            break;
+        }
+        state.written.pop_front();
+        obsolete.push(pointer);
+        if state
+            .written
+            .front()
+            .is_none_or(|(_, _, next)| *next != commit)
+        {
+            // The commit's last block: what named its copies goes too.
+            state.commits.remove(&commit);
+            state
+                .live_copies
+                .retain(|_, copied_in| *copied_in != commit);
+            state
+                .pending_cancels
+                .retain(|(_, copied_in, _)| *copied_in != commit);
+            let cancelled = state.cancelled.len();
+            state
+                .cancelled
+                .retain(|(copied_in, _)| *copied_in != commit);
+            cancels_changed |= state.cancelled.len() != cancelled;
+        }
+    }
+    if obsolete.is_empty() && !cancels_changed {
+        return;
+    }
+    pool.release_log_blocks_after(txg, obsolete);
+    let head = match (state.written.front(), state.next) {
+        (Some((seq, pointer, _)), _) => Some((*seq, *pointer)),
+        (None, Some(next)) => Some(next),
+        (None, None) => None,
+    };
+    let guid = state.chain_guid;
+    let cancelled = state.cancelled.clone();
+    let head = head.map(|(seq, pointer)| LogHead {
+        cancelled,
+        ..LogHead::at(guid, seq, pointer)
+    });
+    pool.set_log_head(owner, head);
 }
 
 /// Txg `txg` is durable: changes linked up to it need no log record, and
@@ -837,6 +1119,9 @@ pub(crate) fn build_step(pool: &Pool, txg: u64) {
 pub(crate) fn txg_durable(pool: &Pool, txg: u64) {
     for volume in pool.volumes.borrow().values() {
         volume.log.forget_durable(txg);
+    }
+    for fs in pool.filesystems.borrow().values() {
+        fs.log.forget_durable(txg);
     }
     let mut releases = pool.log_releases.0.borrow_mut();
     let due: Vec<Dva> = releases
@@ -860,6 +1145,10 @@ pub(crate) struct LogReleases(RefCell<Vec<(u64, LogPointer)>>);
 struct Chain {
     /// Each record with the commit that wrote it.
     records: Vec<(u64, LogRecord)>,
+    /// Records up to the end of the last block that ends its commit: the
+    /// rest belong to a commit whose last block was not read (torn, or
+    /// never written).
+    complete: usize,
     /// Why the walk ended, when it was not at a block never written.
     damage: Option<String>,
 }
@@ -868,6 +1157,7 @@ struct Chain {
 async fn read_chain(pool: &Pool, head: LogHead) -> Chain {
     let mut chain = Chain {
         records: Vec::new(),
+        complete: 0,
         damage: None,
     };
     let mut pointer = head.pointer();
@@ -932,6 +1222,9 @@ async fn read_chain(pool: &Pool, head: LogHead) -> Chain {
         chain
             .records
             .extend(records.into_iter().map(|record| (header.commit, record)));
+        if header.ends_commit {
+            chain.complete = chain.records.len();
+        }
         pointer = header.next;
     }
     chain
@@ -950,10 +1243,78 @@ enum Apply {
 /// What replay does to a volume, block by block.
 type BlockChanges = Vec<(u64, Apply)>;
 
+/// What replay does to a filesystem: blocks by (object, block number),
+/// then files' sizes and times.
+#[derive(Default)]
+struct FsChanges {
+    blocks: Vec<((u64, u64), Apply)>,
+    attrs: Vec<(u64, FileAttr)>,
+}
+
 /// Intent logs read and their blocks claimed, to apply once the pool runs.
 pub(crate) struct PreparedReplay {
     notes: Vec<String>,
     volumes: Vec<(Rc<Volume>, BlockChanges)>,
+    filesystems: Vec<(Rc<Filesystem>, FsChanges)>,
+}
+
+/// The records of the chain at `head` of dataset `name` that replay may
+/// apply: up to the first block that does not verify, and before the first
+/// record whose block does not hold its data (notes say why it ended).
+async fn read_records(
+    pool: &Rc<Pool>,
+    name: &str,
+    head: LogHead,
+    durable: u64,
+    whole_commits: bool,
+    notes: &mut Vec<String>,
+) -> Vec<(u64, LogRecord)> {
+    let chain = read_chain(pool, head).await;
+    if let Some(damage) = &chain.damage {
+        notes.push(format!("{name}: intent log: {damage}"));
+    }
+    let mut records = chain.records;
+    if whole_commits && chain.complete < records.len() {
+        notes.push(format!(
+            "{name}: intent log: the last commit did not finish ({} of its records not replayed)",
+            records.len() - chain.complete
+        ));
+        records.truncate(chain.complete);
+    }
+    // A commit is answered only after a device flush that covers its
+    // blocks' data: a record whose data does not verify belongs to a
+    // commit that never finished (its log block landed, its data did
+    // not), and no later commit was started. Replay ends there (at the
+    // start of that commit, with `whole_commits`).
+    if let Some(mut unwritten) = first_unwritten(pool, &records, durable).await {
+        if whole_commits {
+            let commit = records[unwritten].0;
+            while unwritten > 0 && records[unwritten - 1].0 == commit {
+                unwritten -= 1;
+            }
+        }
+        notes.push(format!(
+            "{name}: intent log: the last commit did not finish ({} of its records not replayed)",
+            records.len() - unwritten
+        ));
+        records.truncate(unwritten);
+    }
+    records
+}
+
+/// Claims the space of a block a record names (before anything allocates);
+/// false, claiming nothing, when some of it is in use.
+fn claim_block(pool: &Pool, pointer: &BlockPointer) -> bool {
+    let mut claimed = Vec::new();
+    for dva in pointer.copies() {
+        if !pool.store.claim(*dva) {
+            // Give back what was taken: the allocator's own view.
+            pool.store.release(&claimed);
+            return false;
+        }
+        claimed.push(*dva);
+    }
+    true
 }
 
 /// Reads every volume's intent log and claims the blocks its records name
@@ -975,23 +1336,9 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
             continue;
         };
         let cancelled: rustc_hash::FxHashSet<(u64, u64)> = head.cancelled.iter().copied().collect();
-        let chain = read_chain(pool, head).await;
-        if let Some(damage) = &chain.damage {
-            notes.push(format!("{}: intent log: {damage}", volume.name));
-        }
-        // A commit is answered only after a device flush that covers its
-        // blocks' data: a record whose data does not verify belongs to a
-        // commit that never finished (its log block landed, its data did
-        // not), and no later commit was started. Replay ends there.
-        let mut records = chain.records;
-        if let Some(unwritten) = first_unwritten(pool, &records, durable).await {
-            notes.push(format!(
-                "{}: intent log: the last commit did not finish ({} of its records not replayed)",
-                volume.name,
-                records.len() - unwritten
-            ));
-            records.truncate(unwritten);
-        }
+        // A volume's blocks are independent: a commit cut short (never
+        // answered) may apply in part.
+        let records = read_records(pool, &volume.name, head, durable, false, &mut notes).await;
         // The last record of each block decides. A pointer or hole of a txg
         // that is durable means the tree holds that change or a newer one
         // (and an older copy before it must not come back). A copy applies
@@ -1018,6 +1365,10 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
                     }
                     cancelled.contains(&(commit, blkid))
                 }
+                LogRecord::Attr { .. } => {
+                    malformed += 1;
+                    continue;
+                }
             };
             last.insert(blkid, (!keep).then_some(record));
         }
@@ -1033,24 +1384,15 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
         for (blkid, record) in last {
             match record {
                 Some(LogRecord::Block { pointer, .. }) => {
-                    let mut claimed = Vec::new();
-                    for dva in pointer.copies() {
-                        if !pool.store.claim(*dva) {
-                            break;
-                        }
-                        claimed.push(*dva);
-                    }
-                    if claimed.len() == pointer.copies().count() {
+                    if claim_block(pool, &pointer) {
                         apply.push((blkid, Apply::Link(pointer)));
                     } else {
-                        // Give back what was taken: the allocator's own view.
-                        pool.store.release(&claimed);
                         refused += 1;
                     }
                 }
                 Some(LogRecord::Hole { .. }) => apply.push((blkid, Apply::Hole)),
                 Some(LogRecord::Copy { data, .. }) => apply.push((blkid, Apply::Write(data))),
-                None => {}
+                None | Some(LogRecord::Attr { .. }) => {}
             }
         }
         if refused > 0 {
@@ -1061,15 +1403,119 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
         }
         volumes.push((volume, apply));
     }
-    PreparedReplay { notes, volumes }
+    let filesystems = prepare_fs_replay(pool, durable, &mut notes).await;
+    PreparedReplay {
+        notes,
+        volumes,
+        filesystems,
+    }
+}
+
+/// [`prepare_replay`] for filesystems: each file's blocks and its size and
+/// times, as of the last record of each (records of txgs that are durable
+/// apply nothing: the tree holds that change or a newer one).
+async fn prepare_fs_replay(
+    pool: &Rc<Pool>,
+    durable: u64,
+    notes: &mut Vec<String>,
+) -> Vec<(Rc<Filesystem>, FsChanges)> {
+    let heads: Vec<(String, LogHead)> = pool
+        .directory
+        .borrow()
+        .filesystems
+        .iter()
+        .filter_map(|(name, record)| record.intent_log.clone().map(|head| (name.clone(), head)))
+        .collect();
+    let mut filesystems = Vec::new();
+    for (short, head) in heads {
+        let Some(fs) = pool.filesystems.borrow().get(&short).cloned() else {
+            continue;
+        };
+        // A commit of a filesystem applies whole or not at all: a write's
+        // blocks and the file size it set go together.
+        let records = read_records(pool, &fs.name, head, durable, true, notes).await;
+        let mut blocks: std::collections::BTreeMap<(u64, u64), Option<LogRecord>> =
+            Default::default();
+        let mut attrs: std::collections::BTreeMap<u64, Option<FileAttr>> = Default::default();
+        let mut malformed = 0u64;
+        for (_, record) in records {
+            match record {
+                LogRecord::Block {
+                    object,
+                    blkid,
+                    pointer,
+                } => {
+                    let apply = pointer.birth_txg > durable;
+                    blocks.insert((object, blkid), apply.then_some(record));
+                }
+                LogRecord::Hole { object, blkid, txg } => {
+                    blocks.insert((object, blkid), (txg > durable).then_some(record));
+                }
+                LogRecord::Attr {
+                    object,
+                    txg,
+                    length,
+                    mtime,
+                    ctime,
+                } => {
+                    let attr = FileAttr {
+                        txg,
+                        length,
+                        mtime,
+                        ctime,
+                    };
+                    attrs.insert(object, (txg > durable).then_some(attr));
+                }
+                LogRecord::Copy { .. } => malformed += 1,
+            }
+        }
+        if malformed > 0 {
+            notes.push(format!(
+                "{}: intent log: {malformed} records a filesystem does not write; not replayed",
+                fs.name
+            ));
+        }
+        let mut changes = FsChanges::default();
+        let mut refused = 0u64;
+        for (target, record) in blocks {
+            match record {
+                Some(LogRecord::Block { pointer, .. }) => {
+                    if claim_block(pool, &pointer) {
+                        changes.blocks.push((target, Apply::Link(pointer)));
+                    } else {
+                        refused += 1;
+                    }
+                }
+                Some(LogRecord::Hole { .. }) => changes.blocks.push((target, Apply::Hole)),
+                _ => {}
+            }
+        }
+        if refused > 0 {
+            notes.push(format!(
+                "{}: intent log: {refused} records point at space in use; not replayed",
+                fs.name
+            ));
+        }
+        changes.attrs = attrs
+            .into_iter()
+            .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
+            .collect();
+        filesystems.push((fs, changes));
+    }
+    filesystems
 }
 
 /// Applies what [`prepare_replay`] found: links the claimed blocks, writes
 /// the copies, drops each chain (a new one starts with the volume's first
 /// FLUSH). The caller commits before anything is served.
 pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> Replayed {
-    let PreparedReplay { mut notes, volumes } = prepared;
+    let PreparedReplay {
+        mut notes,
+        volumes,
+        filesystems,
+    } = prepared;
     let mut done = vec![(0usize, Vec::new()); volumes.len()];
+    let mut fs_done = Vec::with_capacity(filesystems.len());
     // Pointers and holes are skipped by a later replay once their txg is
     // durable: all of them go into one txg (no build meanwhile), so a crash
     // never leaves some applied and the rest skipped. Copies are applied
@@ -1093,6 +1539,9 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
                     failed.push(format!("block {blkid}: {error}"));
                 }
             }
+        }
+        for (fs, changes) in &filesystems {
+            fs_done.push(apply_fs_changes(pool, fs, changes).await);
         }
     }
     for ((volume, apply), (count, failed)) in volumes.iter().zip(done.iter_mut()) {
@@ -1132,9 +1581,83 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
                 failed.join("; ")
             ));
         }
-        pool.set_log_head(volume, None);
+        pool.set_log_head(Owner::Volume(volume), None);
+    }
+    for ((fs, _), done) in filesystems.iter().zip(fs_done) {
+        changes += done.applied;
+        if done.applied > 0 {
+            notes.push(format!(
+                "{}: intent log: replayed {} changes of files",
+                fs.name, done.applied
+            ));
+        }
+        if done.gone > 0 {
+            notes.push(format!(
+                "{}: intent log: {} records of files freed since (unlinked while open) not replayed",
+                fs.name, done.gone
+            ));
+        }
+        if !done.failed.is_empty() {
+            let shown = done.failed.len().min(REPLAY_FAILURES_SHOWN);
+            notes.push(format!(
+                "{}: intent log: {} records could not be replayed: {}{}",
+                fs.name,
+                done.failed.len(),
+                done.failed[..shown].join("; "),
+                if shown < done.failed.len() {
+                    "; ..."
+                } else {
+                    ""
+                }
+            ));
+        }
+        pool.set_log_head(Owner::Filesystem(fs), None);
     }
     Replayed { notes, changes }
+}
+
+/// Failures of one filesystem's replay named in its note (the rest are
+/// counted): the note goes into `status`, which must stay readable.
+const REPLAY_FAILURES_SHOWN: usize = 8;
+
+/// What replay did to one filesystem.
+struct FsReplayed {
+    applied: usize,
+    /// Records of files that no longer exist (freed at import: unlinked
+    /// while open).
+    gone: usize,
+    failed: Vec<String>,
+}
+
+/// Links a filesystem's replayed blocks and sets its files' sizes and
+/// times (the caller holds txg builds off).
+async fn apply_fs_changes(pool: &Rc<Pool>, fs: &Filesystem, changes: &FsChanges) -> FsReplayed {
+    use crate::pool::filesystem::FsError;
+    let mut done = FsReplayed {
+        applied: 0,
+        gone: 0,
+        failed: Vec::new(),
+    };
+    let mut count = |result: Result<(), FsError>, what: String| match result {
+        Ok(()) => done.applied += 1,
+        Err(FsError::NotFound) => done.gone += 1,
+        Err(error) => done.failed.push(format!("{what}: {error}")),
+    };
+    for ((object, blkid), change) in &changes.blocks {
+        let pointer = match change {
+            Apply::Link(pointer) => *pointer,
+            Apply::Hole => BlockPointer::hole(0, ObjectType::FsFile, 0),
+            Apply::Write(_) => continue,
+        };
+        // A failed link releases the block it was given.
+        let result = fs.replay_block(pool, *object, *blkid, pointer).await;
+        count(result, format!("file {object} block {blkid}"));
+    }
+    for (object, attr) in &changes.attrs {
+        let result = fs.replay_attr(*object, attr).await;
+        count(result, format!("file {object} size"));
+    }
+    done
 }
 
 /// Records read at once while checking that the blocks of a chain's records

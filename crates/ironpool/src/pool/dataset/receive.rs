@@ -971,8 +971,10 @@ impl Pool {
                 .remove(hidden_short)
                 .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
             record.receive = None;
+            record.intent_log = None;
             self.filesystems.borrow_mut().remove(hidden_short);
             hidden.retire();
+            self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(&hidden));
             self.directory
                 .borrow_mut()
                 .filesystems

@@ -26,7 +26,15 @@
 //! Changes to names and attributes of one filesystem are serialised by a
 //! reader-writer lock (lookups, reads and writes share it); reads and writes
 //! lock only the blocks of the file they touch, so many run at once on one
-//! file. `fsync` commits a txg.
+//! file.
+//!
+//! `fsync` goes through the filesystem's intent log
+//! (`pool::dataset::intent_log`) when every change since the last durable
+//! txg is a data write: a write notes each block it links and the file's
+//! new size and times, and the log records them. A change the log does not
+//! carry (anything under the lock taken exclusively, [`Change`]; a file's
+//! one block growing; a file freed) is noted with its txg, and an `fsync`
+//! until that txg is durable commits a txg instead.
 
 pub mod dir;
 mod stream;
@@ -45,6 +53,7 @@ use crate::format::fsdir::{self, DirEntry};
 use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
+use crate::pool::dataset::intent_log::{FileAttr, IntentLog};
 use crate::pool::dataset::props::{DirectMode, VolumeSettings};
 use crate::pool::volume::BLOCKS_IN_FLIGHT_PER_REQUEST;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
@@ -209,6 +218,11 @@ pub struct FilesystemRecord {
     /// A receive in progress into this (hidden) filesystem.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub receive: Option<crate::pool::dataset::directory::ReceiveRecord>,
+    /// Where the filesystem's intent log starts (`fsync` writes it): absent
+    /// until its first `fsync` through the log, and in pools written before
+    /// filesystems had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent_log: Option<crate::pool::dataset::directory::LogHead>,
 }
 
 /// What `stat` reports about an object.
@@ -428,6 +442,26 @@ pub struct Filesystem {
     retired: Cell<bool>,
     /// A snapshot's (read-only; its `.zfs/snapshot` directory).
     snapshot: bool,
+    /// Its intent log: what `fsync` writes when every change since the last
+    /// durable txg is a data write (see `pool::dataset::intent_log`).
+    pub(in crate::pool) log: IntentLog,
+}
+
+/// The exclusive hold of a filesystem's lock by a change the intent log does
+/// not carry (names, attributes, extended attributes, freeing a file): when
+/// it ends, the change is noted as unloggable in the txg open then (which
+/// holds every part of it), so an `fsync` until that txg is durable commits
+/// a txg.
+pub(in crate::pool) struct Change<'a> {
+    fs: &'a Filesystem,
+    pool: &'a Pool,
+    _permit: crate::rt::sync::Permit,
+}
+
+impl Drop for Change<'_> {
+    fn drop(&mut self) {
+        self.fs.log.note_unloggable(self.pool.txg.open());
+    }
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -556,6 +590,7 @@ impl Filesystem {
             front_end: RefCell::default(),
             retired: Cell::new(false),
             snapshot,
+            log: IntentLog::default(),
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
@@ -569,6 +604,21 @@ impl Filesystem {
     }
 
     /// Whether it was rolled back or destroyed ([`Filesystem::retire`]).
+    /// `NAME` of `POOL/NAME`: its key in the directory.
+    pub fn short_name(&self) -> &str {
+        self.name.rsplit('/').next().unwrap_or_default()
+    }
+
+    /// Takes the filesystem's lock for a change the intent log does not
+    /// carry (see [`Change`]).
+    pub(in crate::pool) async fn change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
+        Change {
+            fs: self,
+            pool,
+            _permit: self.lock.acquire(LOCK_UNITS).await,
+        }
+    }
+
     pub fn is_retired(&self) -> bool {
         self.retired.get()
     }
@@ -747,7 +797,7 @@ impl Filesystem {
             target,
         } = *new;
         pool.txg.throttle(pool).await;
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
         if self.header.get().next_object >= OBJECTS_MAX {
@@ -907,7 +957,7 @@ impl Filesystem {
         parent: u64,
         name: &[u8],
     ) -> Result<Attr, FsError> {
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
         let _hold = pool.txg.hold_builds();
@@ -957,7 +1007,7 @@ impl Filesystem {
         name: &[u8],
         want_dir: bool,
     ) -> Result<(), FsError> {
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         if name == b"." {
             return Err(FsError::Invalid("rmdir of .".into()));
@@ -1037,7 +1087,7 @@ impl Filesystem {
             }
             handles.remove(&ino);
         }
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         // Opened again while this waited: the new handle keeps it.
         if self.is_open(ino) {
             return Ok(());
@@ -1119,6 +1169,7 @@ impl Filesystem {
         let mut header = self.header.get();
         header.objects -= 1;
         self.set_header(header);
+        self.log.note_unloggable(pool.txg.open());
         Ok(())
     }
 
@@ -1134,7 +1185,7 @@ impl Filesystem {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), FsError> {
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
@@ -1337,7 +1388,7 @@ impl Filesystem {
         ino: u64,
         change: SetAttr,
     ) -> Result<Attr, FsError> {
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         let (object, mut znode) = self.load(ino).await?;
         let time = now();
@@ -1588,6 +1639,15 @@ impl Filesystem {
         znode.mtime = time;
         znode.ctime = time;
         Self::save(&object, &znode);
+        self.log.note_attr(
+            ino,
+            FileAttr {
+                txg: pool.txg.open(),
+                length: object.dnode().length_bytes,
+                mtime: time,
+                ctime: time,
+            },
+        );
         Ok(data.len())
     }
 
@@ -1754,6 +1814,9 @@ impl Filesystem {
         length: u64,
         pointer: BlockPointer,
     ) -> Result<(), FsError> {
+        // A file's block size is not in the log's records: until this txg is
+        // durable, an fsync commits a txg.
+        self.log.note_unloggable(pool.txg.open());
         let mut fresh = object.dnode();
         self.objects.kill(object, &fresh.root);
         fresh.data_block_shift = shift;
@@ -1832,6 +1895,58 @@ impl Filesystem {
         Ok(pointer)
     }
 
+    /// Replay of the intent log: links `pointer` (its space claimed by
+    /// replay), or a hole, as block `blkid` of file `ino`. Refused, the space
+    /// let go, when the file is not a regular file or its blocks are not
+    /// that size (the log never carries a change of block size).
+    pub(in crate::pool) async fn replay_block(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<(), FsError> {
+        let release = |error: FsError| {
+            if !pointer.is_hole() {
+                pool.store.release(&pointer.dvas);
+            }
+            Err(error)
+        };
+        let object = match self.load(ino).await {
+            Ok((object, znode)) if znode.is_regular() => object,
+            Ok(_) => return release(FsError::Corrupt("not a regular file".into())),
+            Err(error) => return release(error),
+        };
+        let block = object.dnode().data_block_bytes();
+        if (!pointer.is_hole() && u64::from(pointer.logical_size) != block)
+            || blkid.saturating_mul(block) >= FILE_SIZE_MAX_BYTES
+        {
+            return release(FsError::Corrupt(format!(
+                "a block of {} bytes at {blkid}, the file's are {block}",
+                pointer.logical_size
+            )));
+        }
+        self.link_block(pool, &object, blkid, pointer).await
+    }
+
+    /// Replay of the intent log: sets file `ino`'s size and times as a
+    /// logged write left them.
+    pub(in crate::pool) async fn replay_attr(
+        &self,
+        ino: u64,
+        attr: &FileAttr,
+    ) -> Result<(), FsError> {
+        let (object, mut znode) = self.load(ino).await?;
+        if !znode.is_regular() || attr.length > FILE_SIZE_MAX_BYTES {
+            return Err(FsError::Corrupt("not a regular file, or too large".into()));
+        }
+        object.dnode.borrow_mut().length_bytes = attr.length;
+        znode.mtime = attr.mtime;
+        znode.ctime = attr.ctime;
+        Self::save(&object, &znode);
+        Ok(())
+    }
+
     /// Links a written block (or a hole) as block `blkid` of `object`.
     async fn link_block(
         &self,
@@ -1856,8 +1971,9 @@ impl Filesystem {
         blkid: u64,
         mut pointer: BlockPointer,
     ) -> Result<(), FsError> {
+        let txg = pool.txg.open();
         if !pointer.is_hole() {
-            pointer.birth_txg = pool.txg.open();
+            pointer.birth_txg = txg;
         }
         let old = match self
             .objects
@@ -1876,6 +1992,7 @@ impl Filesystem {
             pool.txg.add_data(pool, pointer.allocated_bytes());
         }
         self.objects.kill(object, &old);
+        self.log.note_linked(object.id, blkid, txg);
         Ok(())
     }
 
@@ -1947,6 +2064,11 @@ impl Filesystem {
     }
 
     /// What its file I/O did since import.
+    /// The counters of the filesystem's intent log (`fsync`).
+    pub fn log_stats(&self) -> crate::pool::dataset::intent_log::LogStats {
+        self.log.stats()
+    }
+
     pub fn io_stats(&self) -> FsIoStats {
         self.io_stats.get()
     }
@@ -2119,6 +2241,7 @@ impl Pool {
             properties,
             lineage,
             receive: None,
+            intent_log: None,
         };
         let fs = self.open_head_filesystem(short, table, &record).await?;
         self.directory
@@ -2141,6 +2264,10 @@ impl Pool {
         old: &Filesystem,
     ) -> Result<Rc<Filesystem>, PoolError> {
         old.retire();
+        // The old tree's log describes changes to it, not to the one opened
+        // in its place (the caller holds the old one exclusively: no commit
+        // is writing).
+        self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(old));
         let record = self
             .filesystem_record(short)
             .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
@@ -2387,6 +2514,7 @@ impl Pool {
         self.drop_dead_list(fs.table.dead_list.replace(0))?;
         self.objects.clear_dnode(fs.table.id).await?;
         fs.retire();
+        self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(&fs));
         self.filesystems.borrow_mut().remove(&short);
         {
             let mut directory = self.directory.borrow_mut();

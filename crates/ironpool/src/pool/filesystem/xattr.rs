@@ -18,7 +18,7 @@
 
 use std::rc::Rc;
 
-use super::{block_shift_for, now, padded_to_block, Filesystem, FsError, LOCK_UNITS};
+use super::{block_shift_for, now, padded_to_block, Filesystem, FsError};
 use crate::format::xattr::{self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
 use crate::format::znode::{Znode, S_IFREG};
 use crate::format::{BlockPointer, ObjectType};
@@ -138,7 +138,7 @@ impl Filesystem {
         if value.len() > XATTR_VALUE_BYTES_MAX {
             return Err(FsError::TooBig);
         }
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
         let mut list = self.xattr_list(&znode).await?;
@@ -164,7 +164,7 @@ impl Filesystem {
     pub async fn removexattr(&self, pool: &Rc<Pool>, ino: u64, name: &[u8]) -> Result<(), FsError> {
         self.check_xattrs_on()?;
         Self::check_not_acl(name)?;
-        let _exclusive = self.lock.acquire(LOCK_UNITS).await;
+        let _change = self.change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
         let mut list = self.xattr_list(&znode).await?;

@@ -992,7 +992,7 @@ impl Pool {
                 volume.log.resolve_copies(&forgotten.log_commits, txg);
                 volume.log.note_superseded(blkid, txg);
                 if !forgotten.log_commits.is_empty() {
-                    volume.log.note_linked(blkid, txg);
+                    volume.log.note_linked(volume.object.id, blkid, txg);
                 }
             }
             return Ok(());
@@ -1030,7 +1030,9 @@ impl Pool {
         }
         if !logged {
             volume.log.note_superseded(blkid, pointer.birth_txg);
-            volume.log.note_linked(blkid, pointer.birth_txg);
+            volume
+                .log
+                .note_linked(volume.object.id, blkid, pointer.birth_txg);
         }
         if !pointer.is_hole() {
             self.store.commit(&pointer);

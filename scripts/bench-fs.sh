@@ -15,18 +15,23 @@
 #               file and on a file of the ironpool filesystem (recordsize
 #               16K); IOPS and the ratio, QD64 over QD1, and the transport
 #               and requests in flight at the server
+#   sync        16K random writes made durable, fio io_uring direct=1 on a
+#               1 GiB file: fsync after every write at QD1, after every 32
+#               at QD64, and O_DSYNC at QD1 (psync), on the raw file and on
+#               a file of the ironpool filesystem; IOPS, the ratio, and the
+#               filesystem's intent log commits against txg fallbacks
 #   seq         1 MiB sequential writes and reads at QD16 on a file of a
 #               filesystem of the default recordsize (128K), fio io_uring
 #               direct=1, against an ironpool volume of the same pool over
 #               NBD (fio's nbd engine): the issue's 0.8x comparison
 #
 # Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
-#   default: 100000 files, 8 s, target/release/ironpool, "metadata data seq"
+#   default: 100000 files, 8 s, target/release/ironpool, "metadata data seq sync"
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
 bin=${3:-$PWD/target/release/ironpool}
-parts=${4:-metadata data seq}
+parts=${4:-metadata data seq sync}
 metadata=$PWD/target/release/examples/metadata
 [ "$(id -u)" -eq 0 ] || { echo "bench-fs: run as root (FUSE mounts, loop devices)" >&2; exit 1; }
 [ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --bins --examples" >&2; exit 1; }
@@ -108,12 +113,39 @@ for rw in write read; do
 done
 fi
 
-[[ " $parts " == *" data "* ]] || exit 0
-echo "## data: a 1 GiB file, fio direct=1 (io_uring unless _aio: libaio), IOPS"
-printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
+[[ " $parts " == *" data "* || " $parts " == *" sync "* ]] || exit 0
 common="--direct=1 --size=1G --runtime=$runtime --time_based"
 fio --name=prefill --filename="$work/raw.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
 fio --name=prefill --filename="$work/ipfs/f.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
+
+if [[ " $parts " == *" sync "* ]]; then
+# The prefilled file is not the intent log's until a txg holds its
+# creation: the first fsync commits one.
+python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDWR); os.fsync(fd)' "$work/ipfs/f.img"
+echo "## sync: 16K random writes made durable on a 1 GiB file, fio direct=1, IOPS"
+printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
+for test in "fsync1_qd1 --ioengine=io_uring --iodepth=1 --fsync=1" \
+            "fsync32_qd64 --ioengine=io_uring --iodepth=64 --fsync=32" \
+            "dsync_qd1 --ioengine=psync --sync=dsync"; do
+    set -- $test
+    label=$1
+    shift
+    raw=$(fio_iops "$label-raw" --filename="$work/raw.img" $common --rw=randwrite --bs=16k "$@")
+    ip=$(fio_iops "$label-ip" --filename="$work/ipfs/f.img" $common --rw=randwrite --bs=16k "$@")
+    printf "%-20s %10s %10s %8s\n" "$label" "$raw" "$ip" "$(ratio "$ip" "$raw")"
+done
+"$bin" iostat --json --control "$work/ctl.sock" bench | python3 -c '
+import json, sys
+for fs in json.load(sys.stdin)["filesystems"]:
+    if fs["name"] == "bench/fs" and "intent_log" in fs:
+        log = fs["intent_log"]
+        print("intent log: %d commits, %d shared, %d through a txg" % (log["commits"], log["shared_commits"], log["txg_fallbacks"]))
+'
+fi
+
+[[ " $parts " == *" data "* ]] || exit 0
+echo "## data: a 1 GiB file, fio direct=1 (io_uring unless _aio: libaio), IOPS"
+printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
 declare -A iops
 for test in "w16k_qd1 --ioengine=io_uring --rw=randwrite --bs=16k --iodepth=1" \
             "w16k_qd64 --ioengine=io_uring --rw=randwrite --bs=16k --iodepth=64" \

@@ -1502,16 +1502,24 @@ struct WriterLog {
 }
 
 /// One writer: random blocks of its file, overwrites and appends, each
-/// made durable by `fdatasync` (writer 0), `fsync` (1) or `O_DSYNC` (the
-/// others), until the server goes.
+/// made durable by `fdatasync` (writer 0), `fsync` (1), `O_DSYNC` (2) or
+/// `O_DSYNC` with `O_DIRECT` (3: the kernel sends no FSYNC then, only the
+/// flag in the write), until the server goes.
 fn log_writer(path: PathBuf, writer: u64) -> WriterLog {
     use std::os::unix::fs::OpenOptionsExt;
-    let dsync = writer >= 2;
+    let flags = match writer {
+        0 | 1 => 0,
+        2 => libc::O_DSYNC,
+        _ => libc::O_DSYNC | libc::O_DIRECT,
+    };
     let file = std::fs::OpenOptions::new()
         .write(true)
-        .custom_flags(if dsync { libc::O_DSYNC } else { 0 })
+        .custom_flags(flags)
         .open(&path)
         .unwrap();
+    // O_DIRECT needs an aligned buffer.
+    let mut buffer = vec![0u8; 2 * LOG_BLOCK];
+    let aligned = buffer.as_ptr().align_offset(4096);
     let mut log = WriterLog {
         written: vec![vec![0]; LOG_BLOCKS_MAX as usize],
         acked: vec![0; LOG_BLOCKS_MAX as usize],
@@ -1532,10 +1540,9 @@ fn log_writer(path: PathBuf, writer: u64) -> WriterLog {
             random % blocks
         };
         log.written[block as usize].push(seq);
-        if file
-            .write_all_at(&stamp(writer, seq), block * LOG_BLOCK as u64)
-            .is_err()
-        {
+        let bytes = &mut buffer[aligned..aligned + LOG_BLOCK];
+        bytes.copy_from_slice(&stamp(writer, seq));
+        if file.write_all_at(bytes, block * LOG_BLOCK as u64).is_err() {
             break;
         }
         let synced = match writer {

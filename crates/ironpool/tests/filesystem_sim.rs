@@ -788,11 +788,25 @@ fn run_then_crash<Body, Run>(
 /// imported tree is the model as of the last commit that returned, or of
 /// the one in flight.
 fn crash_run(seed: u64) {
+    crash_run_with(seed, false);
+}
+
+/// [`crash_run`]; `through_log`: every commit is an `fsync` through the
+/// filesystem's intent log (a txg when a change of names or attributes
+/// since the last durable one needs it), and most operations are writes,
+/// so that most fsyncs find only data: the imported tree is the model as
+/// of the last `fsync` that returned, or of the one in flight, whole.
+/// Returns the commits that went through the log and whether the import
+/// replayed it.
+fn crash_run_with(seed: u64, through_log: bool) -> (u64, bool) {
     let disks = devices(2, DEVICE_BYTES, seed);
     let committed: Rc<RefCell<Vec<Model>>> = Rc::default();
-    run_then_crash(seed, &disks, 0xc0ffee, {
+    let log_commits = Rc::new(Cell::new(0));
+    let salt = if through_log { 0x10c } else { 0xc0ffee };
+    run_then_crash(seed, &disks, salt, {
         let disks = disks.clone();
         let committed = committed.clone();
+        let log_commits = log_commits.clone();
         move |pool_holder| async move {
             let mut rng = Rng::new(seed);
             let crash_after = Duration::from_millis(20 + rng.below(300));
@@ -802,11 +816,20 @@ fn crash_run(seed: u64) {
             committed.borrow_mut().push(model.borrow().clone());
             rt::spawn(async move {
                 loop {
-                    step(&pool, &fs, &model, &mut rng).await;
-                    if rng.chance(1, 8) {
+                    if through_log && rng.chance(3, 4) {
+                        step_write(&pool, &fs, &model, &mut rng).await;
+                    } else {
+                        step(&pool, &fs, &model, &mut rng).await;
+                    }
+                    if rng.chance(1, if through_log { 4 } else { 8 }) {
                         // Either this state or the last one is on disk.
                         committed.borrow_mut().push(model.borrow().clone());
-                        pool.commit().await.unwrap();
+                        if through_log {
+                            pool.fs_log_commit(&fs).await.unwrap();
+                            log_commits.set(fs.log_stats().commits);
+                        } else {
+                            pool.commit().await.unwrap();
+                        }
                         let mut list = committed.borrow_mut();
                         let last = list.len() - 1;
                         list.drain(..last);
@@ -817,12 +840,16 @@ fn crash_run(seed: u64) {
         }
     });
     let candidates = committed.borrow().clone();
-    Runtime::new_sim(seed + 1).block_on(async move {
+    let replayed = Runtime::new_sim(seed + 1).block_on(async move {
         let pool = Pool::import_from_devices("tank", named(&disks), tunables())
             .await
             .unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
         let fs = pool.filesystem("tank/fs").unwrap();
         space_is_clean(&pool, &format!("seed {seed}")).await;
+        let replayed = pool
+            .notes()
+            .iter()
+            .any(|note| note.contains("intent log: replayed"));
         // The newest candidate first; the one before it if that commit was
         // cut short. `verify` panics on a mismatch, so find the match first.
         let mut matched = None;
@@ -834,8 +861,9 @@ fn crash_run(seed: u64) {
         }
         let index = matched.unwrap_or_else(|| {
             panic!(
-                "seed {seed}: the imported tree is no committed state ({} candidates)",
-                candidates.len()
+                "seed {seed}: the imported tree is no committed state ({} candidates; import notes {:?})",
+                candidates.len(),
+                pool.notes()
             )
         });
         verify(
@@ -845,7 +873,9 @@ fn crash_run(seed: u64) {
             &format!("seed {seed} after crash"),
         )
         .await;
+        replayed
     });
+    (log_commits.get(), replayed)
 }
 
 /// Whether the names and file sizes match `model` (contents are compared by
@@ -899,83 +929,6 @@ async fn matches_model(pool: &Pool, fs: &Rc<Filesystem>, model: &Model) -> bool 
     true
 }
 
-/// As [`crash_run`], with every commit an `fsync` through the
-/// filesystem's intent log (a txg when a change of names or attributes
-/// since the last durable one needs it): the imported tree is the model as
-/// of the last `fsync` that returned, or of the one in flight, whole.
-fn log_crash_run(seed: u64) -> (u64, bool) {
-    let disks = devices(2, DEVICE_BYTES, seed);
-    let committed: Rc<RefCell<Vec<Model>>> = Rc::default();
-    let log_commits = Rc::new(Cell::new(0));
-    run_then_crash(seed, &disks, 0x10c, {
-        let disks = disks.clone();
-        let committed = committed.clone();
-        let log_commits = log_commits.clone();
-        move |pool_holder| async move {
-            let mut rng = Rng::new(seed);
-            let crash_after = Duration::from_millis(20 + rng.below(300));
-            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-            *pool_holder.borrow_mut() = Some(pool.clone());
-            let model = Rc::new(RefCell::new(Model::new(fs.root())));
-            committed.borrow_mut().push(model.borrow().clone());
-            rt::spawn(async move {
-                loop {
-                    // Mostly writes, so that most fsyncs find only data.
-                    if rng.chance(3, 4) {
-                        step_write(&pool, &fs, &model, &mut rng).await;
-                    } else {
-                        step(&pool, &fs, &model, &mut rng).await;
-                    }
-                    if rng.chance(1, 4) {
-                        committed.borrow_mut().push(model.borrow().clone());
-                        pool.fs_log_commit(&fs).await.unwrap();
-                        log_commits.set(fs.log_stats().commits);
-                        let mut list = committed.borrow_mut();
-                        let last = list.len() - 1;
-                        list.drain(..last);
-                    }
-                }
-            });
-            rt::sleep(crash_after).await;
-        }
-    });
-    let candidates = committed.borrow().clone();
-    let replayed = Runtime::new_sim(seed + 1).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-            .await
-            .unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
-        let fs = pool.filesystem("tank/fs").unwrap();
-        space_is_clean(&pool, &format!("seed {seed}")).await;
-        let replayed = pool
-            .notes()
-            .iter()
-            .any(|note| note.contains("intent log: replayed"));
-        let mut matched = None;
-        for (index, candidate) in candidates.iter().enumerate().rev() {
-            if matches_model(&pool, &fs, candidate).await {
-                matched = Some(index);
-                break;
-            }
-        }
-        let index = matched.unwrap_or_else(|| {
-            panic!(
-                "seed {seed}: the imported tree is no fsynced state ({} candidates; import notes {:?})",
-                candidates.len(),
-                pool.notes()
-            )
-        });
-        verify(
-            &pool,
-            &fs,
-            &candidates[index],
-            &format!("seed {seed} after crash"),
-        )
-        .await;
-        replayed
-    });
-    (log_commits.get(), replayed)
-}
-
 /// A write of a random file (as [`step`]'s), or nothing when there is none.
 async fn step_write(pool: &Rc<Pool>, fs: &Rc<Filesystem>, model: &RefCell<Model>, rng: &mut Rng) {
     let Some(ino) = any_file(&model.borrow(), rng) else {
@@ -1006,7 +959,7 @@ async fn step_write(pool: &Rc<Pool>, fs: &Rc<Filesystem>, model: &RefCell<Model>
 fn a_crash_keeps_every_fsync_made_through_the_intent_log() {
     let (mut logged, mut replays) = (0, 0);
     for seed in 131..=142 {
-        let (commits, replayed) = log_crash_run(seed);
+        let (commits, replayed) = crash_run_with(seed, true);
         logged += commits;
         replays += u64::from(replayed);
     }

@@ -187,6 +187,17 @@ struct LogState {
     stats: LogStats,
 }
 
+impl LogState {
+    /// Forgets commit `commit` and what names its copies (its blocks are
+    /// freed, or it was never written).
+    fn forget_commit(&mut self, commit: u64) {
+        self.commits.remove(&commit);
+        self.live_copies.retain(|_, copied_in| *copied_in != commit);
+        self.pending_cancels
+            .retain(|(_, copied_in, _)| *copied_in != commit);
+    }
+}
+
 /// A file's size and times after a write, as an attribute record carries
 /// them, and the txg of the write.
 #[derive(Clone, Copy, Debug)]
@@ -300,6 +311,41 @@ impl IntentLog {
         if let Some(commit) = state.live_copies.remove(&blkid) {
             state.pending_cancels.push((txg, commit, blkid));
         }
+    }
+}
+
+/// The record of block `blkid` of `object`, linked in `linked_txg` and now
+/// `pointer` in the tree, unless its change is durable already (or it was
+/// relinked since, and that is).
+fn block_record(
+    object: u64,
+    blkid: u64,
+    linked_txg: u64,
+    pointer: BlockPointer,
+    durable: u64,
+) -> Option<LogRecord> {
+    // A hole keeps no birth in the tree: the link's txg stands for it.
+    if pointer.is_hole() {
+        (linked_txg > durable).then_some(LogRecord::Hole {
+            object,
+            blkid,
+            txg: linked_txg,
+        })
+    } else {
+        (pointer.birth_txg > durable).then_some(LogRecord::Block {
+            object,
+            blkid,
+            pointer,
+        })
+    }
+}
+
+/// The txg of a pointer or hole record (others: 0).
+fn record_txg(record: &LogRecord) -> u64 {
+    match record {
+        LogRecord::Block { pointer, .. } => pointer.birth_txg,
+        LogRecord::Hole { txg, .. } | LogRecord::Attr { txg, .. } => *txg,
+        LogRecord::Copy { .. } => 0,
     }
 }
 
@@ -480,29 +526,13 @@ impl Pool {
                     return Err(error.into());
                 }
             };
-            // A hole keeps no birth in the tree: the link's txg stands for it.
-            let txg = if pointer.is_hole() {
-                linked_txg
-            } else {
-                pointer.birth_txg
-            };
-            if txg <= self.txg.durable() {
-                continue; // durable already (or relinked since, and that is)
+            let object = volume.object.id;
+            if let Some(record) =
+                block_record(object, blkid, linked_txg, pointer, self.txg.durable())
+            {
+                max_txg = max_txg.max(record_txg(&record));
+                records.push(record);
             }
-            max_txg = max_txg.max(txg);
-            records.push(if pointer.is_hole() {
-                LogRecord::Hole {
-                    object: volume.object.id,
-                    blkid,
-                    txg,
-                }
-            } else {
-                LogRecord::Block {
-                    object: volume.object.id,
-                    blkid,
-                    pointer,
-                }
-            });
         }
         // Copies after the pointers: a held block's bytes are newer than
         // whatever its pointer held when they were taken (replay takes the
@@ -645,24 +675,12 @@ impl Pool {
                     return Err(error.into());
                 }
             };
-            let txg = if pointer.is_hole() {
-                linked_txg
-            } else {
-                pointer.birth_txg
-            };
-            if txg <= self.txg.durable() {
-                continue;
+            if let Some(record) =
+                block_record(object, blkid, linked_txg, pointer, self.txg.durable())
+            {
+                max_txg = max_txg.max(record_txg(&record));
+                records.push(record);
             }
-            max_txg = max_txg.max(txg);
-            records.push(if pointer.is_hole() {
-                LogRecord::Hole { object, blkid, txg }
-            } else {
-                LogRecord::Block {
-                    object,
-                    blkid,
-                    pointer,
-                }
-            });
         }
         let mut files: Vec<(&u64, &FileAttr)> = attrs.iter().collect();
         files.sort_unstable_by_key(|(object, _)| **object);
@@ -779,14 +797,7 @@ impl Pool {
         for (blkid, _) in copies {
             volume.writeback.unmark_logged(*blkid, commit);
         }
-        let mut state = volume.log.state.borrow_mut();
-        state.commits.remove(&commit);
-        state
-            .live_copies
-            .retain(|_, copied_in| *copied_in != commit);
-        state
-            .pending_cancels
-            .retain(|(_, copied_in, _)| *copied_in != commit);
+        volume.log.state.borrow_mut().forget_commit(commit);
     }
 
     /// Puts changes taken for a commit that did not happen back in front.
@@ -1082,13 +1093,7 @@ fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
             .is_none_or(|(_, _, next)| *next != commit)
         {
             // The commit's last block: what named its copies goes too.
-            state.commits.remove(&commit);
-            state
-                .live_copies
-                .retain(|_, copied_in| *copied_in != commit);
-            state
-                .pending_cancels
-                .retain(|(_, copied_in, _)| *copied_in != commit);
+            state.forget_commit(commit);
             let cancelled = state.cancelled.len();
             state
                 .cancelled
@@ -1302,6 +1307,40 @@ async fn read_records(
     records
 }
 
+/// What replay does for each block's deciding record (None: nothing), the
+/// space of every block to link claimed before anything allocates; records
+/// whose space is in use are not replayed (a note of dataset `name` says
+/// how many).
+fn claim_changes<K>(
+    pool: &Pool,
+    name: &str,
+    last: impl IntoIterator<Item = (K, Option<LogRecord>)>,
+    notes: &mut Vec<String>,
+) -> Vec<(K, Apply)> {
+    let mut apply = Vec::new();
+    let mut refused = 0u64;
+    for (target, record) in last {
+        match record {
+            Some(LogRecord::Block { pointer, .. }) => {
+                if claim_block(pool, &pointer) {
+                    apply.push((target, Apply::Link(pointer)));
+                } else {
+                    refused += 1;
+                }
+            }
+            Some(LogRecord::Hole { .. }) => apply.push((target, Apply::Hole)),
+            Some(LogRecord::Copy { data, .. }) => apply.push((target, Apply::Write(data))),
+            None | Some(LogRecord::Attr { .. }) => {}
+        }
+    }
+    if refused > 0 {
+        notes.push(format!(
+            "{name}: intent log: {refused} records point at space in use; not replayed"
+        ));
+    }
+    apply
+}
+
 /// Claims the space of a block a record names (before anything allocates);
 /// false, claiming nothing, when some of it is in use.
 fn claim_block(pool: &Pool, pointer: &BlockPointer) -> bool {
@@ -1323,13 +1362,9 @@ fn claim_block(pool: &Pool, pointer: &BlockPointer) -> bool {
 pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
     let durable = pool.txg.durable();
     let mut notes = Vec::new();
-    let heads: Vec<(String, LogHead)> = pool
-        .directory
-        .borrow()
-        .volumes
-        .iter()
-        .filter_map(|(name, record)| record.intent_log.clone().map(|head| (name.clone(), head)))
-        .collect();
+    let heads = log_heads(&pool.directory.borrow().volumes, |record| {
+        &record.intent_log
+    });
     let mut volumes = Vec::new();
     for (name, head) in heads {
         let Some(volume) = pool.volumes.borrow().get(&name).cloned() else {
@@ -1378,29 +1413,7 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
                 volume.name
             ));
         }
-        // Claim every block to link before anything allocates.
-        let mut apply = Vec::new();
-        let mut refused = 0u64;
-        for (blkid, record) in last {
-            match record {
-                Some(LogRecord::Block { pointer, .. }) => {
-                    if claim_block(pool, &pointer) {
-                        apply.push((blkid, Apply::Link(pointer)));
-                    } else {
-                        refused += 1;
-                    }
-                }
-                Some(LogRecord::Hole { .. }) => apply.push((blkid, Apply::Hole)),
-                Some(LogRecord::Copy { data, .. }) => apply.push((blkid, Apply::Write(data))),
-                None | Some(LogRecord::Attr { .. }) => {}
-            }
-        }
-        if refused > 0 {
-            notes.push(format!(
-                "{}: intent log: {refused} records point at space in use; not replayed",
-                volume.name
-            ));
-        }
+        let apply = claim_changes(pool, &volume.name, last, &mut notes);
         volumes.push((volume, apply));
     }
     let filesystems = prepare_fs_replay(pool, durable, &mut notes).await;
@@ -1411,6 +1424,18 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
     }
 }
 
+/// The datasets of `records` (a directory's volumes or filesystems) that
+/// have an intent log, with its head.
+fn log_heads<R>(
+    records: &std::collections::BTreeMap<String, R>,
+    head: impl Fn(&R) -> &Option<LogHead>,
+) -> Vec<(String, LogHead)> {
+    records
+        .iter()
+        .filter_map(|(name, record)| head(record).clone().map(|head| (name.clone(), head)))
+        .collect()
+}
+
 /// [`prepare_replay`] for filesystems: each file's blocks and its size and
 /// times, as of the last record of each (records of txgs that are durable
 /// apply nothing: the tree holds that change or a newer one).
@@ -1419,13 +1444,9 @@ async fn prepare_fs_replay(
     durable: u64,
     notes: &mut Vec<String>,
 ) -> Vec<(Rc<Filesystem>, FsChanges)> {
-    let heads: Vec<(String, LogHead)> = pool
-        .directory
-        .borrow()
-        .filesystems
-        .iter()
-        .filter_map(|(name, record)| record.intent_log.clone().map(|head| (name.clone(), head)))
-        .collect();
+    let heads = log_heads(&pool.directory.borrow().filesystems, |record| {
+        &record.intent_log
+    });
     let mut filesystems = Vec::new();
     for (short, head) in heads {
         let Some(fs) = pool.filesystems.borrow().get(&short).cloned() else {
@@ -1475,27 +1496,10 @@ async fn prepare_fs_replay(
                 fs.name
             ));
         }
-        let mut changes = FsChanges::default();
-        let mut refused = 0u64;
-        for (target, record) in blocks {
-            match record {
-                Some(LogRecord::Block { pointer, .. }) => {
-                    if claim_block(pool, &pointer) {
-                        changes.blocks.push((target, Apply::Link(pointer)));
-                    } else {
-                        refused += 1;
-                    }
-                }
-                Some(LogRecord::Hole { .. }) => changes.blocks.push((target, Apply::Hole)),
-                _ => {}
-            }
-        }
-        if refused > 0 {
-            notes.push(format!(
-                "{}: intent log: {refused} records point at space in use; not replayed",
-                fs.name
-            ));
-        }
+        let mut changes = FsChanges {
+            blocks: claim_changes(pool, &fs.name, blocks, notes),
+            ..FsChanges::default()
+        };
         changes.attrs = attrs
             .into_iter()
             .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))

@@ -1597,6 +1597,12 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
         commits > 100,
         "{round}: fsync did not go through the intent log: {log}"
     );
+    // 16K blocks written one at a time before each fsync: their bytes go
+    // into the log (no flush of the devices holding them).
+    assert!(
+        log["copied_blocks"].as_u64().unwrap_or(0) > 100,
+        "{round}: no small write was copied into the log: {log}"
+    );
     pool.kill9();
     let logs: Vec<WriterLog> = writers.into_iter().map(|w| w.join().unwrap()).collect();
     pool.serve();

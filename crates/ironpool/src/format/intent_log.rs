@@ -34,6 +34,7 @@ const KIND_BLOCK: u8 = 1;
 const KIND_HOLE: u8 = 2;
 const KIND_COPY: u8 = 3;
 const KIND_ATTR: u8 = 4;
+const KIND_WRITTEN: u8 = 5;
 /// Bytes of an attribute record's body: length, then the two times.
 const ATTR_BODY_BYTES: usize = 32;
 
@@ -63,6 +64,16 @@ pub enum LogRecord {
         blkid: u64,
         data: Vec<u8>,
     },
+    /// Block `blkid` of `object` was linked in txg `txg` holding `data` (a
+    /// filesystem's small write, its bytes copied into the log so that the
+    /// commit need not flush the devices it was written to): replay writes
+    /// the data again unless that txg is durable.
+    Written {
+        object: u64,
+        blkid: u64,
+        txg: u64,
+        data: Vec<u8>,
+    },
     /// A file's size and modification times after writes of txg `txg` (a
     /// filesystem's log): replay sets them unless that txg is durable.
     Attr {
@@ -81,7 +92,9 @@ impl LogRecord {
             + match self {
                 LogRecord::Block { .. } => BLOCK_POINTER_BYTES,
                 LogRecord::Hole { .. } => 0,
-                LogRecord::Copy { data, .. } => data.len().next_multiple_of(8),
+                LogRecord::Copy { data, .. } | LogRecord::Written { data, .. } => {
+                    data.len().next_multiple_of(8)
+                }
                 LogRecord::Attr { .. } => ATTR_BODY_BYTES,
             }
     }
@@ -92,7 +105,8 @@ impl LogRecord {
         match self {
             LogRecord::Block { object, blkid, .. }
             | LogRecord::Hole { object, blkid, .. }
-            | LogRecord::Copy { object, blkid, .. } => (*object, *blkid),
+            | LogRecord::Copy { object, blkid, .. }
+            | LogRecord::Written { object, blkid, .. } => (*object, *blkid),
             LogRecord::Attr { object, .. } => (*object, 0),
         }
     }
@@ -116,6 +130,12 @@ impl LogRecord {
             LogRecord::Copy { data, .. } => {
                 out[0] = KIND_COPY;
                 put_u32(out, 4, data.len() as u32);
+                out[RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + data.len()].copy_from_slice(data);
+            }
+            LogRecord::Written { txg, data, .. } => {
+                out[0] = KIND_WRITTEN;
+                put_u32(out, 4, data.len() as u32);
+                put_u64(out, 24, *txg);
                 out[RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + data.len()].copy_from_slice(data);
             }
             LogRecord::Attr {
@@ -296,20 +316,27 @@ pub fn decode_block(
                 )
             }
             KIND_HOLE => (LogRecord::Hole { object, blkid, txg }, 0),
-            KIND_COPY => {
+            KIND_COPY | KIND_WRITTEN => {
                 let length = get_u32(head, 4) as usize;
                 if body + length.next_multiple_of(8) > used {
                     return Err(invalid(WHAT, "a copied record runs past the block"));
                 }
                 let data = bytes[body..body + length].to_vec();
-                (
+                let record = if head[0] == KIND_COPY {
                     LogRecord::Copy {
                         object,
                         blkid,
                         data,
-                    },
-                    length.next_multiple_of(8),
-                )
+                    }
+                } else {
+                    LogRecord::Written {
+                        object,
+                        blkid,
+                        txg,
+                        data,
+                    }
+                };
+                (record, length.next_multiple_of(8))
             }
             KIND_ATTR => {
                 if body + ATTR_BODY_BYTES > used {
@@ -401,6 +428,12 @@ mod tests {
                 blkid: 7,
                 data: vec![0xcd; 512],
             },
+            LogRecord::Written {
+                object: 9,
+                blkid: 2,
+                txg: 12,
+                data: vec![0x5a; 256],
+            },
             LogRecord::Attr {
                 object: 9,
                 txg: 12,
@@ -458,7 +491,7 @@ mod tests {
         let needed = block_bytes_for(&records);
         assert_eq!(
             needed,
-            80 + (32 + 128) + 32 + (32 + 1008) + (32 + 512) + (32 + 32)
+            80 + (32 + 128) + 32 + (32 + 1008) + (32 + 512) + (32 + 256) + (32 + 32)
         );
         let mut exact = vec![0u8; needed];
         encode_block(&header, &records, &mut exact);

@@ -21,7 +21,9 @@
 //! A filesystem's `fsync` ([`Pool::fs_log_commit`]) uses the same chain
 //! machinery: its writes are in place before they are answered, so its
 //! records are pointers and holes keyed by (file, block), and each written
-//! file's size and times. It logs only while every change since the last
+//! file's size and times. A small block's bytes, kept from its write, go
+//! into the log instead of its pointer while the tree still points there
+//! (so its devices need no flush for the commit). It logs only while every change since the last
 //! durable txg is such a write; otherwise it commits a txg. Its replay takes
 //! whole commits only (a write's blocks and size come back together).
 //!
@@ -104,7 +106,9 @@ pub struct LogStats {
     pub blocks_written: u64,
     pub bytes_written: u64,
     pub records_written: u64,
-    /// Held blocks copied into the log (each written again in place later).
+    /// Blocks whose bytes went into the log: a volume's held blocks (each
+    /// written in place later), a filesystem's small writes (already in
+    /// place, their devices not flushed for the commit).
     pub copied_blocks: u64,
     /// Microseconds the last commit took (write and flush).
     pub last_commit_us: u64,
@@ -180,6 +184,13 @@ struct LogState {
     /// A filesystem's files whose size or times changed by writes since the
     /// last durable txg and not yet logged: their newest values.
     attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+    /// A filesystem's small writes since the last durable txg, by (file,
+    /// block): where each went, its txg and its bytes, so that a commit can
+    /// copy them into the log (and not flush the devices holding them) while
+    /// the tree still points at that block. At most
+    /// `COPY_BYTES_PER_COMMIT_MAX` bytes.
+    small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+    small_write_bytes: u64,
     /// The newest txg holding a change of a filesystem the log does not
     /// carry (names, other attributes, a file's block growing): a commit
     /// goes through a txg until that one is durable.
@@ -196,6 +207,15 @@ impl LogState {
         self.pending_cancels
             .retain(|(_, copied_in, _)| *copied_in != commit);
     }
+}
+
+/// A filesystem's written block kept for its next commit (see
+/// `LogState::small_writes`).
+#[derive(Clone, Debug)]
+struct WrittenCopy {
+    dva: Dva,
+    txg: u64,
+    data: Vec<u8>,
 }
 
 /// A file's size and times after a write, as an attribute record carries
@@ -262,12 +282,25 @@ impl IntentLog {
         state.stats.commit_latency_us_log2[bucket.min(COMMIT_LATENCY_BUCKETS - 1)] += 1;
     }
 
-    /// Puts attribute changes taken for a commit that did not happen back,
-    /// unless a newer one of the same file came meanwhile.
-    fn requeue_attrs(&self, taken: rustc_hash::FxHashMap<u64, FileAttr>) {
+    /// Puts attribute changes and written copies taken for a commit that
+    /// did not happen back, unless newer ones of the same file or block came
+    /// meanwhile.
+    fn requeue_attrs(
+        &self,
+        attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+        written: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+    ) {
         let mut state = self.state.borrow_mut();
-        for (object, attr) in taken {
+        for (object, attr) in attrs {
             state.attrs.entry(object).or_insert(attr);
+        }
+        for (target, copy) in written {
+            if !state.small_writes.contains_key(&target)
+                && state.small_write_bytes + copy.data.len() as u64 <= COPY_BYTES_PER_COMMIT_MAX
+            {
+                state.small_write_bytes += copy.data.len() as u64;
+                state.small_writes.insert(target, copy);
+            }
         }
     }
 
@@ -279,6 +312,42 @@ impl IntentLog {
     /// Notes that block `blkid` of `object` was linked in txg `txg`.
     pub(crate) fn note_linked(&self, object: u64, blkid: u64, txg: u64) {
         self.state.borrow_mut().unlogged.push((object, blkid, txg));
+    }
+
+    /// Notes that block `blkid` of a filesystem's file `object` was linked as
+    /// `pointer` holding `data` (None: not to be copied, `logbias=throughput`
+    /// or too large): a commit copies the bytes into the log while the tree
+    /// still points there, as long as the copies fit their bound.
+    pub(crate) fn note_written(
+        &self,
+        object: u64,
+        blkid: u64,
+        pointer: &BlockPointer,
+        data: Option<&[u8]>,
+    ) {
+        let mut state = self.state.borrow_mut();
+        if let Some(old) = state.small_writes.remove(&(object, blkid)) {
+            state.small_write_bytes -= old.data.len() as u64;
+        }
+        let Some(data) = data else {
+            return;
+        };
+        let bytes = data.len() as u64;
+        if pointer.is_hole()
+            || bytes > COPY_BLOCK_BYTES_MAX
+            || state.small_write_bytes + bytes > COPY_BYTES_PER_COMMIT_MAX
+        {
+            return;
+        }
+        state.small_write_bytes += bytes;
+        state.small_writes.insert(
+            (object, blkid),
+            WrittenCopy {
+                dva: pointer.dvas[0],
+                txg: pointer.birth_txg,
+                data: data.to_vec(),
+            },
+        );
     }
 
     /// Notes a file's size and times after a write (a filesystem's log).
@@ -301,6 +370,12 @@ impl IntentLog {
             .partition_point(|(_, _, txg)| *txg <= durable);
         state.unlogged.drain(..keep_from);
         state.attrs.retain(|_, attr| attr.txg > durable);
+        state.small_writes.retain(|_, copy| copy.txg > durable);
+        state.small_write_bytes = state
+            .small_writes
+            .values()
+            .map(|copy| copy.data.len() as u64)
+            .sum();
     }
 
     /// Block `blkid` got bytes newer than its copy in the log (if it has
@@ -344,7 +419,9 @@ fn block_record(
 fn record_txg(record: &LogRecord) -> u64 {
     match record {
         LogRecord::Block { pointer, .. } => pointer.birth_txg,
-        LogRecord::Hole { txg, .. } | LogRecord::Attr { txg, .. } => *txg,
+        LogRecord::Hole { txg, .. }
+        | LogRecord::Attr { txg, .. }
+        | LogRecord::Written { txg, .. } => *txg,
         LogRecord::Copy { .. } => 0,
     }
 }
@@ -638,16 +715,18 @@ impl Pool {
         let started = crate::rt::now();
         let durable = self.txg.durable();
         log.forget_durable(durable);
-        let (unlogged, attrs) = {
+        let (unlogged, attrs, mut written) = {
             let mut state = log.state.borrow_mut();
+            state.small_write_bytes = 0;
             (
                 std::mem::take(&mut state.unlogged),
                 std::mem::take(&mut state.attrs),
+                std::mem::take(&mut state.small_writes),
             )
         };
-        let give_back = |unlogged: &[(u64, u64, u64)], attrs| {
+        let give_back = |unlogged: &[(u64, u64, u64)], attrs, written| {
             self.requeue_unlogged(owner, unlogged);
-            log.requeue_attrs(attrs);
+            log.requeue_attrs(attrs, written);
         };
         // The newest change of each block only, in the order they were linked.
         let mut seen = rustc_hash::FxHashSet::default();
@@ -671,16 +750,29 @@ impl Pool {
                 // the check below sends this commit through a txg.
                 Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
                 Err(error) => {
-                    give_back(&unlogged, attrs);
+                    give_back(&unlogged, attrs, written);
                     return Err(error.into());
                 }
             };
-            if let Some(record) =
+            let Some(mut record) =
                 block_record(object, blkid, linked_txg, pointer, self.txg.durable())
-            {
-                max_txg = max_txg.max(record_txg(&record));
-                records.push(record);
+            else {
+                continue;
+            };
+            // The tree still points where the kept bytes went: they go into
+            // the log, and the devices holding the block need no flush.
+            if let Some(copy) = written.get(&(object, blkid)) {
+                if copy.dva == pointer.dvas[0] && copy.txg == pointer.birth_txg {
+                    record = LogRecord::Written {
+                        object,
+                        blkid,
+                        txg: copy.txg,
+                        data: copy.data.clone(),
+                    };
+                }
             }
+            max_txg = max_txg.max(record_txg(&record));
+            records.push(record);
         }
         let mut files: Vec<(&u64, &FileAttr)> = attrs.iter().collect();
         files.sort_unstable_by_key(|(object, _)| **object);
@@ -701,7 +793,7 @@ impl Pool {
         // blocks of a shape replay could not link. No await from this check
         // to the records being fixed.
         if log.state.borrow().unloggable_since > self.txg.durable() {
-            give_back(&unlogged, attrs);
+            give_back(&unlogged, attrs, written);
             return Ok(false);
         }
         if records.is_empty() {
@@ -724,6 +816,11 @@ impl Pool {
         match self.write_log_blocks(owner, &records, commit).await {
             Ok(()) => {
                 log.note_commit_time(started);
+                let copied = records
+                    .iter()
+                    .filter(|record| matches!(record, LogRecord::Written { .. }))
+                    .count();
+                log.state.borrow_mut().stats.copied_blocks += copied as u64;
                 Ok(true)
             }
             Err(error) => {
@@ -731,7 +828,7 @@ impl Pool {
                     "ironpool: {}: intent log write failed ({error}); committing a txg instead",
                     fs.name
                 );
-                give_back(&unlogged, attrs);
+                give_back(&unlogged, attrs, std::mem::take(&mut written));
                 log.state.borrow_mut().commits.remove(&commit);
                 self.abandon_log_chain(owner);
                 let _ = self.start_log_chain(owner);
@@ -1329,7 +1426,9 @@ fn claim_changes<K>(
                 }
             }
             Some(LogRecord::Hole { .. }) => apply.push((target, Apply::Hole)),
-            Some(LogRecord::Copy { data, .. }) => apply.push((target, Apply::Write(data))),
+            Some(LogRecord::Copy { data, .. } | LogRecord::Written { data, .. }) => {
+                apply.push((target, Apply::Write(data)))
+            }
             None | Some(LogRecord::Attr { .. }) => {}
         }
     }
@@ -1400,7 +1499,7 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
                     }
                     cancelled.contains(&(commit, blkid))
                 }
-                LogRecord::Attr { .. } => {
+                LogRecord::Attr { .. } | LogRecord::Written { .. } => {
                     malformed += 1;
                     continue;
                 }
@@ -1469,7 +1568,10 @@ async fn prepare_fs_replay(
                     let apply = pointer.birth_txg > durable;
                     blocks.insert((object, blkid), apply.then_some(record));
                 }
-                LogRecord::Hole { object, blkid, txg } => {
+                LogRecord::Hole { object, blkid, txg }
+                | LogRecord::Written {
+                    object, blkid, txg, ..
+                } => {
                     blocks.insert((object, blkid), (txg > durable).then_some(record));
                 }
                 LogRecord::Attr {
@@ -1516,10 +1618,15 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
     let PreparedReplay {
         mut notes,
         volumes,
-        filesystems,
+        mut filesystems,
     } = prepared;
     let mut done = vec![(0usize, Vec::new()); volumes.len()];
+    // A filesystem's copied writes are written to new blocks first, outside
+    // the txg of the links (writing may wait for space), and linked in it.
     let mut fs_done = Vec::with_capacity(filesystems.len());
+    for (fs, changes) in filesystems.iter_mut() {
+        fs_done.push(write_fs_copies(pool, fs, changes).await);
+    }
     // Pointers and holes are skipped by a later replay once their txg is
     // durable: all of them go into one txg (no build meanwhile), so a crash
     // never leaves some applied and the rest skipped. Copies are applied
@@ -1544,8 +1651,8 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
                 }
             }
         }
-        for (fs, changes) in &filesystems {
-            fs_done.push(apply_fs_changes(pool, fs, changes).await);
+        for ((fs, changes), done) in filesystems.iter().zip(fs_done.iter_mut()) {
+            apply_fs_changes(pool, fs, changes, done).await;
         }
     }
     for ((volume, apply), (count, failed)) in volumes.iter().zip(done.iter_mut()) {
@@ -1635,18 +1742,13 @@ struct FsReplayed {
 
 /// Links a filesystem's replayed blocks and sets its files' sizes and
 /// times (the caller holds txg builds off).
-async fn apply_fs_changes(pool: &Rc<Pool>, fs: &Filesystem, changes: &FsChanges) -> FsReplayed {
-    use crate::pool::filesystem::FsError;
-    let mut done = FsReplayed {
-        applied: 0,
-        gone: 0,
-        failed: Vec::new(),
-    };
-    let mut count = |result: Result<(), FsError>, what: String| match result {
-        Ok(()) => done.applied += 1,
-        Err(FsError::NotFound) => done.gone += 1,
-        Err(error) => done.failed.push(format!("{what}: {error}")),
-    };
+async fn apply_fs_changes(
+    pool: &Rc<Pool>,
+    fs: &Filesystem,
+    changes: &FsChanges,
+    done: &mut FsReplayed,
+) {
+    let mut count = |result, what: String| done.count(result, what);
     for ((object, blkid), change) in &changes.blocks {
         let pointer = match change {
             Apply::Link(pointer) => *pointer,
@@ -1661,6 +1763,41 @@ async fn apply_fs_changes(pool: &Rc<Pool>, fs: &Filesystem, changes: &FsChanges)
         let result = fs.replay_attr(*object, attr).await;
         count(result, format!("file {object} size"));
     }
+}
+
+impl FsReplayed {
+    fn count(&mut self, result: Result<(), crate::pool::filesystem::FsError>, what: String) {
+        match result {
+            Ok(()) => self.applied += 1,
+            Err(crate::pool::filesystem::FsError::NotFound) => self.gone += 1,
+            Err(error) => self.failed.push(format!("{what}: {error}")),
+        }
+    }
+}
+
+/// Writes the bytes of a filesystem's copied writes to new blocks, each
+/// change becoming a link of its block (linked by [`apply_fs_changes`]);
+/// one that cannot be written is counted as failed and dropped.
+async fn write_fs_copies(pool: &Rc<Pool>, fs: &Filesystem, changes: &mut FsChanges) -> FsReplayed {
+    let mut done = FsReplayed {
+        applied: 0,
+        gone: 0,
+        failed: Vec::new(),
+    };
+    let mut kept = Vec::with_capacity(changes.blocks.len());
+    for ((object, blkid), change) in std::mem::take(&mut changes.blocks) {
+        let Apply::Write(data) = change else {
+            kept.push(((object, blkid), change));
+            continue;
+        };
+        match fs.replay_store(pool, &data).await {
+            Ok(pointer) => kept.push(((object, blkid), Apply::Link(pointer))),
+            Err(error) => done
+                .failed
+                .push(format!("file {object} block {blkid}: {error}")),
+        }
+    }
+    changes.blocks = kept;
     done
 }
 

@@ -54,7 +54,7 @@ use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT,
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
 use crate::pool::dataset::intent_log::{FileAttr, IntentLog};
-use crate::pool::dataset::props::{DirectMode, VolumeSettings};
+use crate::pool::dataset::props::{DirectMode, LogBias, VolumeSettings};
 use crate::pool::volume::BLOCKS_IN_FLIGHT_PER_REQUEST;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
@@ -1743,8 +1743,12 @@ impl Filesystem {
             }
             return Err(error);
         }
+        // A file's small blocks are kept for the next fsync to copy into the
+        // log (logbias=latency), as OpenZFS copies small synchronous writes.
+        let copy =
+            object_type == ObjectType::FsFile && self.settings.get().log_bias == LogBias::Latency;
         let mut pointers = pointers.into_iter();
-        for (blkid, _) in blocks {
+        for (blkid, bytes) in blocks {
             let pointer = pointers.next().expect("a pointer per block");
             if let Err(error) = self.link_block(pool, object, *blkid, pointer).await {
                 // (link_block let go of its own block.)
@@ -1753,6 +1757,13 @@ impl Filesystem {
                 }
                 return Err(error);
             }
+            // No await since the link: the txg open is the one it went into.
+            let linked = BlockPointer {
+                birth_txg: pool.txg.open(),
+                ..pointer
+            };
+            self.log
+                .note_written(object.id, *blkid, &linked, copy.then_some(*bytes));
         }
         Ok(())
     }
@@ -1927,6 +1938,16 @@ impl Filesystem {
             )));
         }
         self.link_block(pool, &object, blkid, pointer).await
+    }
+
+    /// Replay of the intent log: writes a copied block's bytes to new space
+    /// (a hole for zeros), to be linked by [`Filesystem::replay_block`].
+    pub(in crate::pool) async fn replay_store(
+        &self,
+        pool: &Rc<Pool>,
+        data: &[u8],
+    ) -> Result<BlockPointer, FsError> {
+        self.write_block(pool, data, ObjectType::FsFile).await
     }
 
     /// Replay of the intent log: sets file `ino`'s size and times as a

@@ -664,6 +664,11 @@ impl Pool {
     /// else through a txg. Commits of one filesystem are serialised, and
     /// `fsync`s that arrive during one share the next, as a volume's FLUSHes.
     pub async fn fs_log_commit(self: &Rc<Self>, fs: &Rc<Filesystem>) -> Result<(), PoolError> {
+        if fs.is_snapshot() {
+            // Read-only and durable since it was taken: nothing to log, and
+            // no chain to start (its name has no directory record).
+            return Ok(());
+        }
         let arrived = fs.log.state.borrow().commits_started;
         let _commit = fs.log.commit_lock.acquire(1).await;
         {

@@ -23,9 +23,10 @@
 //! records are pointers and holes keyed by (file, block), and each written
 //! file's size and times. A small block's bytes, kept from its write, go
 //! into the log instead of its pointer while the tree still points there
-//! (so its devices need no flush for the commit). It logs only while every change since the last
-//! durable txg is such a write; otherwise it commits a txg. Its replay takes
-//! whole commits only (a write's blocks and size come back together).
+//! (so its devices need no flush for the commit). It logs only while every
+//! change since the last durable txg is such a write; otherwise it commits
+//! a txg. Its replay takes whole commits only (a write's blocks and size
+//! come back together).
 //!
 //! When txg T is built, every log block whose records are all of txgs up to T
 //! is obsolete once T is durable: the head moves past them in T's directory
@@ -272,6 +273,38 @@ impl IntentLog {
         }
     }
 
+    /// Takes the commit lock for a caller whose changes are linked (and with
+    /// `held`, whose blocks are held and will be copied) by now. None when a
+    /// commit that started after it arrived has covered them (counted as
+    /// shared); else the lock and this commit's number, for
+    /// [`IntentLog::covered`] once it succeeds.
+    async fn begin_commit(&self, held: bool) -> Option<(crate::rt::sync::Permit, u64)> {
+        let arrived = self.state.borrow().commits_started;
+        let permit = self.commit_lock.acquire(1).await;
+        let mut state = self.state.borrow_mut();
+        let covered = if held {
+            state.covered_held
+        } else {
+            state.covered_linked
+        };
+        if covered > arrived {
+            state.stats.shared_commits += 1;
+            return None;
+        }
+        state.commits_started += 1;
+        Some((permit, state.commits_started))
+    }
+
+    /// Commit `number` succeeded: it covers every caller that arrived before
+    /// it started (with `held`, their held blocks too).
+    fn covered(&self, number: u64, held: bool) {
+        let mut state = self.state.borrow_mut();
+        state.covered_linked = state.covered_linked.max(number);
+        if held {
+            state.covered_held = state.covered_held.max(number);
+        }
+    }
+
     /// Counts a commit that wrote blocks, started at `started`.
     fn note_commit_time(&self, started: crate::rt::Instant) {
         let micros = crate::rt::now().duration_since(started).as_micros() as u64;
@@ -285,16 +318,16 @@ impl IntentLog {
     /// Puts attribute changes and written copies taken for a commit that
     /// did not happen back, unless newer ones of the same file or block came
     /// meanwhile.
-    fn requeue_attrs(
+    fn requeue_file_changes(
         &self,
         attrs: rustc_hash::FxHashMap<u64, FileAttr>,
-        written: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+        small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
     ) {
         let mut state = self.state.borrow_mut();
         for (object, attr) in attrs {
             state.attrs.entry(object).or_insert(attr);
         }
-        for (target, copy) in written {
+        for (target, copy) in small_writes {
             if !state.small_writes.contains_key(&target)
                 && state.small_write_bytes + copy.data.len() as u64 <= COPY_BYTES_PER_COMMIT_MAX
             {
@@ -467,6 +500,24 @@ impl Pool {
         Ok(())
     }
 
+    /// Whether `owner`'s chain can take a commit now: it has one, and the
+    /// txg naming its head is durable. A dataset without one starts it here
+    /// (usable once the open txg is durable); until then, and on a pool too
+    /// full for its head block, commits go through a txg.
+    fn chain_usable(&self, owner: Owner) -> bool {
+        let (usable, missing) = {
+            let state = owner.log().state.borrow();
+            (
+                state.next.is_some() && state.head_txg <= self.txg.durable(),
+                state.next.is_none(),
+            )
+        };
+        if missing {
+            let _ = self.start_log_chain(owner);
+        }
+        usable
+    }
+
     /// Names `head` as where `owner`'s log starts (None: it has none), in
     /// the directory the open or building txg writes.
     fn set_log_head(&self, owner: Owner, head: Option<LogHead>) {
@@ -510,29 +561,12 @@ impl Pool {
         // at its start, and for held blocks, if it also took every block
         // held at its start under the lock (a copying commit does; one whose
         // caller wrote its held blocks out before the lock does not).
-        let arrived = volume.log.state.borrow().commits_started;
-        let _commit = volume.log.commit_lock.acquire(1).await;
-        {
-            let mut state = volume.log.state.borrow_mut();
-            let covered = if copy {
-                state.covered_held
-            } else {
-                state.covered_linked
-            };
-            if covered > arrived {
-                state.stats.shared_commits += 1;
-                return Ok(());
-            }
-            state.commits_started += 1;
-        }
-        let number = volume.log.state.borrow().commits_started;
+        let Some((_commit, number)) = volume.log.begin_commit(copy).await else {
+            return Ok(());
+        };
         let result = self.commit_locked(volume, held, copy).await;
         if result.is_ok() {
-            let mut state = volume.log.state.borrow_mut();
-            state.covered_linked = state.covered_linked.max(number);
-            if copy {
-                state.covered_held = state.covered_held.max(number);
-            }
+            volume.log.covered(number, copy);
         }
         result
     }
@@ -546,15 +580,7 @@ impl Pool {
         copy: bool,
     ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        let usable = {
-            let state = volume.log.state.borrow();
-            state.next.is_some() && state.head_txg <= self.txg.durable()
-        };
-        if !usable {
-            if volume.log.state.borrow().next.is_none() {
-                // Allocation may fail on a full pool: the txg still commits.
-                let _ = self.start_log_chain(Owner::Volume(volume));
-            }
+        if !self.chain_usable(Owner::Volume(volume)) {
             volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
             return self.commit_through_txg(volume, held).await;
         }
@@ -669,17 +695,9 @@ impl Pool {
             // no chain to start (its name has no directory record).
             return Ok(());
         }
-        let arrived = fs.log.state.borrow().commits_started;
-        let _commit = fs.log.commit_lock.acquire(1).await;
-        {
-            let mut state = fs.log.state.borrow_mut();
-            if state.covered_linked > arrived {
-                state.stats.shared_commits += 1;
-                return Ok(());
-            }
-            state.commits_started += 1;
-        }
-        let number = fs.log.state.borrow().commits_started;
+        let Some((_commit, number)) = fs.log.begin_commit(false).await else {
+            return Ok(());
+        };
         self.txg.ensure_writable()?;
         let logged = {
             // No change of names or attributes runs meanwhile, and a
@@ -691,8 +709,7 @@ impl Pool {
             fs.log.state.borrow_mut().stats.txg_fallbacks += 1;
             self.commit_linked().await?;
         }
-        let mut state = fs.log.state.borrow_mut();
-        state.covered_linked = state.covered_linked.max(number);
+        fs.log.covered(number, false);
         Ok(())
     }
 
@@ -703,24 +720,14 @@ impl Pool {
     async fn fs_log_write(self: &Rc<Self>, fs: &Filesystem) -> Result<bool, PoolError> {
         let owner = Owner::Filesystem(fs);
         let log = &fs.log;
-        {
-            let state = log.state.borrow();
-            let usable = state.next.is_some() && state.head_txg <= self.txg.durable();
-            let unloggable = state.unloggable_since > self.txg.durable();
-            let missing = state.next.is_none();
-            drop(state);
-            if missing {
-                // Allocation may fail on a full pool: the txg still commits.
-                let _ = self.start_log_chain(owner);
-            }
-            if !usable || unloggable {
-                return Ok(false);
-            }
+        let unloggable = log.state.borrow().unloggable_since > self.txg.durable();
+        if !self.chain_usable(owner) || unloggable {
+            return Ok(false);
         }
         let started = crate::rt::now();
         let durable = self.txg.durable();
         log.forget_durable(durable);
-        let (unlogged, attrs, mut written) = {
+        let (unlogged, attrs, mut small_writes) = {
             let mut state = log.state.borrow_mut();
             state.small_write_bytes = 0;
             (
@@ -729,9 +736,9 @@ impl Pool {
                 std::mem::take(&mut state.small_writes),
             )
         };
-        let give_back = |unlogged: &[(u64, u64, u64)], attrs, written| {
+        let give_back = |unlogged: &[(u64, u64, u64)], attrs, small_writes| {
             self.requeue_unlogged(owner, unlogged);
-            log.requeue_attrs(attrs, written);
+            log.requeue_file_changes(attrs, small_writes);
         };
         // The newest change of each block only, in the order they were linked.
         let mut seen = rustc_hash::FxHashSet::default();
@@ -755,7 +762,7 @@ impl Pool {
                 // the check below sends this commit through a txg.
                 Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
                 Err(error) => {
-                    give_back(&unlogged, attrs, written);
+                    give_back(&unlogged, attrs, small_writes);
                     return Err(error.into());
                 }
             };
@@ -766,7 +773,7 @@ impl Pool {
             };
             // The tree still points where the kept bytes went: they go into
             // the log, and the devices holding the block need no flush.
-            if let Some(copy) = written.get(&(object, blkid)) {
+            if let Some(copy) = small_writes.get(&(object, blkid)) {
                 if copy.dva == pointer.dvas[0] && copy.txg == pointer.birth_txg {
                     record = LogRecord::Written {
                         object,
@@ -798,7 +805,7 @@ impl Pool {
         // blocks of a shape replay could not link. No await from this check
         // to the records being fixed.
         if log.state.borrow().unloggable_since > self.txg.durable() {
-            give_back(&unlogged, attrs, written);
+            give_back(&unlogged, attrs, small_writes);
             return Ok(false);
         }
         if records.is_empty() {
@@ -833,8 +840,8 @@ impl Pool {
                     "ironpool: {}: intent log write failed ({error}); committing a txg instead",
                     fs.name
                 );
-                give_back(&unlogged, attrs, std::mem::take(&mut written));
-                log.state.borrow_mut().commits.remove(&commit);
+                give_back(&unlogged, attrs, std::mem::take(&mut small_writes));
+                // (Abandoning the chain forgets this commit with the rest.)
                 self.abandon_log_chain(owner);
                 let _ = self.start_log_chain(owner);
                 Ok(false)
@@ -1352,7 +1359,6 @@ type BlockChanges = Vec<(u64, Apply)>;
 
 /// What replay does to a filesystem: blocks by (object, block number),
 /// then files' sizes and times.
-#[derive(Default)]
 struct FsChanges {
     blocks: Vec<((u64, u64), Apply)>,
     attrs: Vec<(u64, FileAttr)>,
@@ -1603,14 +1609,13 @@ async fn prepare_fs_replay(
                 fs.name
             ));
         }
-        let mut changes = FsChanges {
+        let changes = FsChanges {
             blocks: claim_changes(pool, &fs.name, blocks, notes),
-            ..FsChanges::default()
+            attrs: attrs
+                .into_iter()
+                .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
+                .collect(),
         };
-        changes.attrs = attrs
-            .into_iter()
-            .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
-            .collect();
         filesystems.push((fs, changes));
     }
     filesystems
@@ -1737,6 +1742,7 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
 const REPLAY_FAILURES_SHOWN: usize = 8;
 
 /// What replay did to one filesystem.
+#[derive(Default)]
 struct FsReplayed {
     applied: usize,
     /// Records of files that no longer exist (freed at import: unlinked
@@ -1784,11 +1790,7 @@ impl FsReplayed {
 /// change becoming a link of its block (linked by [`apply_fs_changes`]);
 /// one that cannot be written is counted as failed and dropped.
 async fn write_fs_copies(pool: &Rc<Pool>, fs: &Filesystem, changes: &mut FsChanges) -> FsReplayed {
-    let mut done = FsReplayed {
-        applied: 0,
-        gone: 0,
-        failed: Vec::new(),
-    };
+    let mut done = FsReplayed::default();
     let mut kept = Vec::with_capacity(changes.blocks.len());
     for ((object, blkid), change) in std::mem::take(&mut changes.blocks) {
         let Apply::Write(data) = change else {

@@ -603,7 +603,6 @@ impl Filesystem {
         self.retired.set(true);
     }
 
-    /// Whether it was rolled back or destroyed ([`Filesystem::retire`]).
     /// `NAME` of `POOL/NAME`: its key in the directory.
     pub fn short_name(&self) -> &str {
         self.name.rsplit('/').next().unwrap_or_default()
@@ -619,6 +618,7 @@ impl Filesystem {
         }
     }
 
+    /// Whether it was rolled back or destroyed ([`Filesystem::retire`]).
     pub fn is_retired(&self) -> bool {
         self.retired.get()
     }
@@ -1750,17 +1750,15 @@ impl Filesystem {
         let mut pointers = pointers.into_iter();
         for (blkid, bytes) in blocks {
             let pointer = pointers.next().expect("a pointer per block");
-            if let Err(error) = self.link_block(pool, object, *blkid, pointer).await {
-                // (link_block let go of its own block.)
-                for pointer in pointers.filter(|pointer| !pointer.is_hole()) {
-                    pool.store.release(&pointer.dvas);
+            let linked = match self.link_block(pool, object, *blkid, pointer).await {
+                Ok(linked) => linked,
+                Err(error) => {
+                    // (link_block let go of its own block.)
+                    for pointer in pointers.filter(|pointer| !pointer.is_hole()) {
+                        pool.store.release(&pointer.dvas);
+                    }
+                    return Err(error);
                 }
-                return Err(error);
-            }
-            // No await since the link: the txg open is the one it went into.
-            let linked = BlockPointer {
-                birth_txg: pool.txg.open(),
-                ..pointer
             };
             self.log
                 .note_written(object.id, *blkid, &linked, copy.then_some(*bytes));
@@ -1937,7 +1935,8 @@ impl Filesystem {
                 pointer.logical_size
             )));
         }
-        self.link_block(pool, &object, blkid, pointer).await
+        self.link_block(pool, &object, blkid, pointer).await?;
+        Ok(())
     }
 
     /// Replay of the intent log: writes a copied block's bytes to new space
@@ -1968,14 +1967,15 @@ impl Filesystem {
         Ok(())
     }
 
-    /// Links a written block (or a hole) as block `blkid` of `object`.
+    /// Links a written block (or a hole) as block `blkid` of `object`;
+    /// returns it as linked (born in the open txg).
     async fn link_block(
         &self,
         pool: &Rc<Pool>,
         object: &Rc<Object>,
         blkid: u64,
         pointer: BlockPointer,
-    ) -> Result<(), FsError> {
+    ) -> Result<BlockPointer, FsError> {
         if let Err(error) = self.objects.prepare_link(object, blkid).await {
             if !pointer.is_hole() {
                 pool.store.release(&pointer.dvas);
@@ -1991,7 +1991,7 @@ impl Filesystem {
         object: &Rc<Object>,
         blkid: u64,
         mut pointer: BlockPointer,
-    ) -> Result<(), FsError> {
+    ) -> Result<BlockPointer, FsError> {
         let txg = pool.txg.open();
         if !pointer.is_hole() {
             pointer.birth_txg = txg;
@@ -2014,7 +2014,7 @@ impl Filesystem {
         }
         self.objects.kill(object, &old);
         self.log.note_linked(object.id, blkid, txg);
-        Ok(())
+        Ok(pointer)
     }
 
     /// Cuts or extends `object` to `size` bytes. Blocks past the end become
@@ -2084,12 +2084,12 @@ impl Filesystem {
         Ok((used, logical, physical))
     }
 
-    /// What its file I/O did since import.
     /// The counters of the filesystem's intent log (`fsync`).
     pub fn log_stats(&self) -> crate::pool::dataset::intent_log::LogStats {
         self.log.stats()
     }
 
+    /// What its file I/O did since import.
     pub fn io_stats(&self) -> FsIoStats {
         self.io_stats.get()
     }

@@ -20,18 +20,28 @@
 #               at QD64, and O_DSYNC at QD1 (psync), on the raw file and on
 #               a file of the ironpool filesystem; IOPS, the ratio, and the
 #               filesystem's intent log commits against txg fallbacks
+#   names       durable changes of names, each for RUNTIME_S on ext4 (as
+#               above) and on the ironpool filesystem: sqlite transactions
+#               (python's sqlite3, default rollback journal, synchronous=
+#               FULL: the journal is created, fsynced and deleted per
+#               commit), new files (create, write 4 KiB, fsync the file and
+#               the directory) and atomic replaces (write a temporary file,
+#               fsync, rename over the target, fsync the directory); per
+#               second and the ratio, and the intent log's commits against
+#               txg fallbacks
 #   seq         1 MiB sequential writes and reads at QD16 on a file of a
 #               filesystem of the default recordsize (128K), fio io_uring
 #               direct=1, against an ironpool volume of the same pool over
 #               NBD (fio's nbd engine): the issue's 0.8x comparison
 #
 # Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
-#   default: 100000 files, 8 s, target/release/ironpool, "metadata data seq sync"
+#   default: 100000 files, 8 s, target/release/ironpool,
+#   "metadata data seq sync names"
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
 bin=${3:-$PWD/target/release/ironpool}
-parts=${4:-metadata data seq sync}
+parts=${4:-metadata data seq sync names}
 metadata=$PWD/target/release/examples/metadata
 [ "$(id -u)" -eq 0 ] || { echo "bench-fs: run as root (FUSE mounts, loop devices)" >&2; exit 1; }
 [ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --bins --examples" >&2; exit 1; }
@@ -98,6 +108,65 @@ for phase in create stat delete; do
 done
 fi
 
+# log_counts: the filesystem bench/fs's intent log commits and txg fallbacks.
+log_counts() {
+    "$bin" iostat --json --control "$work/ctl.sock" bench | python3 -c '
+import json, sys
+for fs in json.load(sys.stdin)["filesystems"]:
+    if fs["name"] == "bench/fs" and "intent_log" in fs:
+        log = fs["intent_log"]
+        print("intent log: %d commits, %d shared, %d through a txg" % (log["commits"], log["shared_commits"], log["txg_fallbacks"]))
+'
+}
+
+if [[ " $parts " == *" names "* ]]; then
+echo "## names: durable changes of names for ${runtime}s each, per second"
+# names.py DIR TEST SECONDS: how many of TEST it completes per second in DIR.
+cat >"$work/names.py" <<'PY'
+import os, sqlite3, sys, time
+root, test, seconds = sys.argv[1], sys.argv[2], float(sys.argv[3])
+work = os.path.join(root, "names-" + test)
+os.mkdir(work)
+dfd = os.open(work, os.O_RDONLY | os.O_DIRECTORY)
+block = os.urandom(4096)
+done = 0
+if test == "sqlite":
+    db = sqlite3.connect(os.path.join(work, "t.db"), isolation_level=None)
+    db.execute("pragma journal_mode=delete")
+    db.execute("pragma synchronous=full")
+    db.execute("create table t(id integer primary key, v blob)")
+start = time.monotonic()
+while time.monotonic() - start < seconds:
+    if test == "sqlite":
+        db.execute("begin")
+        db.execute("insert into t(v) values (?)", (block[:100],))
+        db.execute("commit")
+    elif test == "create":
+        fd = os.open(os.path.join(work, "f%d" % done), os.O_CREAT | os.O_WRONLY, 0o644)
+        os.write(fd, block)
+        os.fsync(fd)
+        os.close(fd)
+        os.fsync(dfd)
+    else:
+        tmp = os.path.join(work, "target.tmp")
+        fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        os.write(fd, block)
+        os.fsync(fd)
+        os.close(fd)
+        os.rename(tmp, os.path.join(work, "target"))
+        os.fsync(dfd)
+    done += 1
+print("%.0f" % (done / (time.monotonic() - start)))
+PY
+printf "%-20s %10s %10s %8s\n" test ext4 ironpool ratio
+for test in sqlite create replace; do
+    ext4=$(python3 "$work/names.py" "$work/ext4" "$test" "$runtime")
+    ip=$(python3 "$work/names.py" "$work/ipfs" "$test" "$runtime")
+    printf "%-20s %10s %10s %8s\n" "$test" "$ext4" "$ip" "$(ratio "$ip" "$ext4")"
+done
+log_counts
+fi
+
 if [[ " $parts " == *" seq "* ]]; then
 echo "## seq: 1 MiB at QD16, IOPS: a volume over NBD against a file (recordsize 128K)"
 "$bin" fs create --control "$work/ctl.sock" bench/fs128 -o "mountpoint=$work/ip128" >/dev/null
@@ -119,8 +188,7 @@ fio --name=prefill --filename="$work/raw.img" --rw=write --bs=1M --size=1G --dir
 fio --name=prefill --filename="$work/ipfs/f.img" --rw=write --bs=1M --size=1G --direct=1 >/dev/null
 
 if [[ " $parts " == *" sync "* ]]; then
-# The prefilled file is not the intent log's until a txg holds its
-# creation: the first fsync commits one.
+# The prefill's data is made durable before the timed jobs.
 python3 -c 'import os, sys; fd = os.open(sys.argv[1], os.O_RDWR); os.fsync(fd)' "$work/ipfs/f.img"
 echo "## sync: 16K random writes made durable on a 1 GiB file, fio direct=1, IOPS"
 printf "%-20s %10s %10s %8s\n" test raw ironpool ratio
@@ -134,13 +202,7 @@ for test in "fsync1_qd1 --ioengine=io_uring --iodepth=1 --fsync=1" \
     ip=$(fio_iops "$label-ip" --filename="$work/ipfs/f.img" $common --rw=randwrite --bs=16k "$@")
     printf "%-20s %10s %10s %8s\n" "$label" "$raw" "$ip" "$(ratio "$ip" "$raw")"
 done
-"$bin" iostat --json --control "$work/ctl.sock" bench | python3 -c '
-import json, sys
-for fs in json.load(sys.stdin)["filesystems"]:
-    if fs["name"] == "bench/fs" and "intent_log" in fs:
-        log = fs["intent_log"]
-        print("intent log: %d commits, %d shared, %d through a txg" % (log["commits"], log["shared_commits"], log["txg_fallbacks"]))
-'
+log_counts
 fi
 
 [[ " $parts " == *" data "* ]] || exit 0

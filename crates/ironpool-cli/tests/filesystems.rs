@@ -530,6 +530,16 @@ fn sqlite_commits_survive_kill_9_and_git_works() {
             "begin; insert into t(v) values ('row {index}'); commit;\n"
         ));
     }
+    let log_stats = |pool: &TestPool| {
+        let stats: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+        let log = &stats["filesystems"][0]["intent_log"];
+        (
+            log["commits"].as_u64().unwrap(),
+            log["txg_fallbacks"].as_u64().unwrap(),
+        )
+    };
+    let before = log_stats(&pool);
     let mut child = std::process::Command::new("sqlite3")
         .arg(&db)
         .stdin(std::process::Stdio::piped())
@@ -542,6 +552,14 @@ fn sqlite_commits_survive_kill_9_and_git_works() {
         .write_all(script.as_bytes())
         .unwrap();
     assert!(child.wait().unwrap().success());
+    // Each transaction creates, writes and deletes its journal, and fsyncs
+    // the file and the directory: all through the intent log (at most the
+    // first fsync, before the chain's head is durable, commits a txg).
+    let after = log_stats(&pool);
+    assert!(
+        after.0 - before.0 >= 400 && after.1 - before.1 <= 1,
+        "log commits and txg fallbacks {before:?} -> {after:?}"
+    );
     pool.kill9();
     pool.serve();
     wait_mounted(&pool, &mnt);
@@ -1566,12 +1584,82 @@ fn log_writer(path: PathBuf, writer: u64) -> WriterLog {
     log
 }
 
+/// The stamp's writer number of the names writer.
+const NAMES_WRITER: u64 = 99;
+
+/// What the names writer did: each name it made durable with the stamp its
+/// file holds, the names whose removal it made durable, and the names the
+/// operation in flight when the server went may or may not have changed.
+#[derive(Default)]
+struct NamesLog {
+    present: std::collections::BTreeMap<String, u64>,
+    removed: std::collections::BTreeSet<String>,
+    in_flight: Vec<String>,
+    acknowledgements: u64,
+}
+
+/// Changes names in `dir`, each made durable by an `fsync` of the file and
+/// of the directory: creates `fN` (one stamped block), renames every other
+/// one over `current` (the atomic-replace idiom), unlinks the oldest `f`
+/// name every fifth time; until the server goes.
+fn names_writer(dir: PathBuf) -> NamesLog {
+    let mut log = NamesLog::default();
+    let Ok(directory) = std::fs::File::open(&dir) else {
+        return log;
+    };
+    for seq in 1.. {
+        let name = format!("f{seq}");
+        log.in_flight = vec![name.clone()];
+        let made = std::fs::File::create(dir.join(&name)).and_then(|file| {
+            file.write_all_at(&stamp(NAMES_WRITER, seq), 0)?;
+            file.sync_all()?;
+            directory.sync_all()
+        });
+        if made.is_err() {
+            return log;
+        }
+        log.present.insert(name.clone(), seq);
+        if seq % 2 == 1 {
+            log.in_flight = vec![name.clone(), "current".into()];
+            let renamed = std::fs::rename(dir.join(&name), dir.join("current"))
+                .and_then(|()| directory.sync_all());
+            if renamed.is_err() {
+                return log;
+            }
+            log.present.remove(&name);
+            log.removed.insert(name);
+            log.present.insert("current".into(), seq);
+        }
+        if seq % 5 == 0 {
+            let oldest = log
+                .present
+                .keys()
+                .find(|name| name.starts_with('f'))
+                .cloned();
+            if let Some(oldest) = oldest {
+                log.in_flight = vec![oldest.clone()];
+                let removed =
+                    std::fs::remove_file(dir.join(&oldest)).and_then(|()| directory.sync_all());
+                if removed.is_err() {
+                    return log;
+                }
+                log.present.remove(&oldest);
+                log.removed.insert(oldest);
+            }
+        }
+        log.in_flight.clear();
+        log.acknowledgements += 1;
+    }
+    log
+}
+
 /// One round of the intent-log test on the served pool mounted at `mnt`:
 /// files `w*-ROUND.bin` made and made durable, writers that `fsync`,
-/// `fdatasync` or write `O_DSYNC` started, `during` run while they write,
-/// then kill -9 and a restart; every block must hold the bytes of its last
-/// acknowledged write or of a later one, and every file be at least as long
-/// as its last acknowledged size.
+/// `fdatasync` or write `O_DSYNC` started with a [`names_writer`], `during`
+/// run while they write, then kill -9 and a restart; every block must hold
+/// the bytes of its last acknowledged write or of a later one, every file be
+/// at least as long as its last acknowledged size, and every name made
+/// durable be there (every removal made durable hold).
 fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&TestPool)) {
     let paths: Vec<PathBuf> = (0..LOG_WRITERS)
         .map(|writer| mnt.join(format!("w{writer}-{round}.bin")))
@@ -1582,8 +1670,6 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
             file.write_all_at(&stamp(writer as u64, 0), block * LOG_BLOCK as u64)
                 .unwrap();
         }
-        // Made durable through a txg: a new file is not the log's until its
-        // creation is durable.
         file.sync_all().unwrap();
     }
     let writers: Vec<_> = paths
@@ -1592,6 +1678,12 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
         .enumerate()
         .map(|(writer, path)| std::thread::spawn(move || log_writer(path, writer as u64)))
         .collect();
+    let names_dir = mnt.join(format!("names-{round}"));
+    std::fs::create_dir(&names_dir).unwrap();
+    let names = std::thread::spawn({
+        let names_dir = names_dir.clone();
+        move || names_writer(names_dir)
+    });
     std::thread::sleep(Duration::from_millis(700));
     during(pool);
     std::thread::sleep(Duration::from_millis(700));
@@ -1609,12 +1701,46 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
         log["copied_blocks"].as_u64().unwrap_or(0) > 100,
         "{round}: no small write was copied into the log: {log}"
     );
+    // The names writer's creates, renames and unlinks (hundreds, each with
+    // two fsyncs) go through the log too: a txg only for the first fsync
+    // after each start (and, rarely, one that saw a block grow as it read).
+    assert!(
+        log["txg_fallbacks"].as_u64().unwrap_or(u64::MAX) <= 5,
+        "{round}: changes of names went through txgs: {log}"
+    );
     pool.kill9();
     let logs: Vec<WriterLog> = writers.into_iter().map(|w| w.join().unwrap()).collect();
+    let names = names.join().unwrap();
     pool.serve();
     wait_mounted(pool, mnt);
     let notes = pool.status_json()["notes"].to_string();
     assert!(notes.contains("intent log: replayed"), "{round}: {notes}");
+    // Every name made durable is there with its bytes; every removal made
+    // durable holds (but for the operation in flight).
+    assert!(
+        names.acknowledgements > 50,
+        "{round}: the names writer did little ({})",
+        names.acknowledgements
+    );
+    for (name, seq) in &names.present {
+        if names.in_flight.contains(name) {
+            continue;
+        }
+        let data = std::fs::read(names_dir.join(name))
+            .unwrap_or_else(|error| panic!("{round}: durable name {name}: {error}"));
+        assert!(
+            data == stamp(NAMES_WRITER, *seq),
+            "{round}: {name} does not hold write {seq}"
+        );
+    }
+    for name in &names.removed {
+        if !names.in_flight.contains(name) {
+            assert!(
+                !names_dir.join(name).exists(),
+                "{round}: {name} was removed durably, and is back"
+            );
+        }
+    }
     for (writer, (path, log)) in paths.iter().zip(&logs).enumerate() {
         assert!(
             log.acknowledgements > 10,
@@ -1651,7 +1777,8 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
 }
 
 /// `fsync`, `fdatasync` and `O_DSYNC` writes by several writers at once,
-/// then kill -9 while they write ([`log_round`]). The acknowledgements went
+/// and creates, renames and unlinks made durable by `fsync`s of their
+/// directory, then kill -9 while they write ([`log_round`]). The acknowledgements went
 /// through the filesystem's intent log (its commits counted before the
 /// kill; the import replayed it), in the main devices and on a log device;
 /// a log device removed while the writers write moves the log back to the

@@ -13,7 +13,9 @@
 
 use super::bp::{BlockPointer, Dva, BLOCK_POINTER_BYTES};
 use super::checksum::embedded;
-use super::znode::Timestamp;
+use super::dnode::Bonus;
+use super::fsdir::valid_entry_name;
+use super::znode::{Timestamp, Znode, ZNODE_BYTES};
 use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError};
 
 /// "IPLOGBLK", little-endian.
@@ -35,8 +37,13 @@ const KIND_HOLE: u8 = 2;
 const KIND_COPY: u8 = 3;
 const KIND_ATTR: u8 = 4;
 const KIND_WRITTEN: u8 = 5;
+const KIND_OBJECT: u8 = 6;
+const KIND_FREED: u8 = 7;
+const KIND_ENTRY: u8 = 8;
 /// Bytes of an attribute record's body: length, then the two times.
 const ATTR_BODY_BYTES: usize = 32;
+/// Bytes of an object record's body: length, then the znode.
+const OBJECT_BODY_BYTES: usize = 8 + ZNODE_BYTES;
 
 /// Where a log block is: its one copy, and how many bytes to read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -83,6 +90,44 @@ pub enum LogRecord {
         mtime: Timestamp,
         ctime: Timestamp,
     },
+    /// A filesystem's object (file, directory, link) as a change of names
+    /// or attributes of txg `txg` left it: replay makes it so (creating it
+    /// if it does not exist) unless that txg is durable.
+    Object {
+        object: u64,
+        txg: u64,
+        state: ObjectState,
+    },
+    /// A filesystem's object was freed in txg `txg` (its last name gone,
+    /// and not open).
+    Freed { object: u64, txg: u64 },
+    /// Entry `name` of directory `dir` names `target` after a change of
+    /// txg `txg` (None: the name is gone).
+    Entry {
+        dir: u64,
+        txg: u64,
+        name: Vec<u8>,
+        target: Option<EntryTarget>,
+    },
+}
+
+/// What an object record says of a filesystem's object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ObjectState {
+    /// Its data block size (a file of one block grows it up to the record
+    /// size).
+    pub block_shift: u8,
+    pub length: u64,
+    pub znode: Znode,
+}
+
+/// What a directory entry names: the object, its `DT_*` type and the
+/// entry's `readdir` cookie.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryTarget {
+    pub object: u64,
+    pub kind: u8,
+    pub cookie: u64,
 }
 
 impl LogRecord {
@@ -96,18 +141,27 @@ impl LogRecord {
                     data.len().next_multiple_of(8)
                 }
                 LogRecord::Attr { .. } => ATTR_BODY_BYTES,
+                LogRecord::Object { .. } => OBJECT_BODY_BYTES,
+                LogRecord::Freed { .. } => 0,
+                LogRecord::Entry { name, .. } => 8 + name.len().next_multiple_of(8),
             }
     }
 
-    /// The object and block the record changes (an attribute record: its
-    /// object, and block 0).
+    /// The object and block the record changes (an attribute, object or
+    /// freed record: its object, and block 0; an entry: its directory, and
+    /// the object it names or 0).
     pub fn target(&self) -> (u64, u64) {
         match self {
             LogRecord::Block { object, blkid, .. }
             | LogRecord::Hole { object, blkid, .. }
             | LogRecord::Copy { object, blkid, .. }
             | LogRecord::Written { object, blkid, .. } => (*object, *blkid),
-            LogRecord::Attr { object, .. } => (*object, 0),
+            LogRecord::Attr { object, .. }
+            | LogRecord::Object { object, .. }
+            | LogRecord::Freed { object, .. } => (*object, 0),
+            LogRecord::Entry { dir, target, .. } => {
+                (*dir, target.map_or(0, |target| target.object))
+            }
         }
     }
 
@@ -153,6 +207,30 @@ impl LogRecord {
                 put_u64(out, body + 16, ctime.seconds as u64);
                 put_u32(out, body + 24, mtime.nanos);
                 put_u32(out, body + 28, ctime.nanos);
+            }
+            LogRecord::Object { txg, state, .. } => {
+                out[0] = KIND_OBJECT;
+                out[1] = state.block_shift;
+                put_u64(out, 24, *txg);
+                let body = RECORD_HEAD_BYTES;
+                put_u64(out, body, state.length);
+                out[body + 8..body + 8 + ZNODE_BYTES]
+                    .copy_from_slice(&state.znode.encode().0[..ZNODE_BYTES]);
+            }
+            LogRecord::Freed { txg, .. } => {
+                out[0] = KIND_FREED;
+                put_u64(out, 24, *txg);
+            }
+            LogRecord::Entry {
+                txg, name, target, ..
+            } => {
+                out[0] = KIND_ENTRY;
+                out[1] = target.map_or(0, |target| target.kind);
+                out[2] = name.len() as u8;
+                put_u64(out, 24, *txg);
+                let body = RECORD_HEAD_BYTES;
+                put_u64(out, body, target.map_or(0, |target| target.cookie));
+                out[body + 8..body + 8 + name.len()].copy_from_slice(name);
             }
         }
     }
@@ -357,6 +435,45 @@ pub fn decode_block(
                     ATTR_BODY_BYTES,
                 )
             }
+            KIND_OBJECT => {
+                if body + OBJECT_BODY_BYTES > used {
+                    return Err(invalid(WHAT, "an object record runs past the block"));
+                }
+                let mut bonus = Bonus::default();
+                bonus.0[..ZNODE_BYTES].copy_from_slice(&bytes[body + 8..body + 8 + ZNODE_BYTES]);
+                let state = ObjectState {
+                    block_shift: head[1],
+                    length: get_u64(bytes, body),
+                    znode: Znode::decode(&bonus)?,
+                };
+                (LogRecord::Object { object, txg, state }, OBJECT_BODY_BYTES)
+            }
+            KIND_FREED => (LogRecord::Freed { object, txg }, 0),
+            KIND_ENTRY => {
+                let length = head[2] as usize;
+                let padded = 8 + length.next_multiple_of(8);
+                if body + padded > used {
+                    return Err(invalid(WHAT, "an entry record runs past the block"));
+                }
+                let name = bytes[body + 8..body + 8 + length].to_vec();
+                if !valid_entry_name(&name) {
+                    return Err(invalid(WHAT, "an entry record with an invalid name"));
+                }
+                let target = (head[1] != 0).then(|| EntryTarget {
+                    object: blkid,
+                    kind: head[1],
+                    cookie: get_u64(bytes, body),
+                });
+                (
+                    LogRecord::Entry {
+                        dir: object,
+                        txg,
+                        name,
+                        target,
+                    },
+                    padded,
+                )
+            }
             kind => return Err(invalid(WHAT, format!("record kind {kind}"))),
         };
         records.push(record);
@@ -447,6 +564,42 @@ mod tests {
                     nanos: 1,
                 },
             },
+            LogRecord::Object {
+                object: 10,
+                txg: 13,
+                state: ObjectState {
+                    block_shift: 13,
+                    length: 5000,
+                    znode: Znode {
+                        mode: crate::format::znode::S_IFREG | 0o640,
+                        uid: 7,
+                        nlink: 2,
+                        parent: 1,
+                        generation: 10,
+                        ..Znode::default()
+                    },
+                },
+            },
+            LogRecord::Freed {
+                object: 11,
+                txg: 13,
+            },
+            LogRecord::Entry {
+                dir: 1,
+                txg: 13,
+                name: b"a name".to_vec(),
+                target: Some(EntryTarget {
+                    object: 10,
+                    kind: 8,
+                    cookie: (0x1234 << 32) | 1,
+                }),
+            },
+            LogRecord::Entry {
+                dir: 1,
+                txg: 13,
+                name: vec![b'x'; 255],
+                target: None,
+            },
         ];
         (header, records)
     }
@@ -491,7 +644,16 @@ mod tests {
         let needed = block_bytes_for(&records);
         assert_eq!(
             needed,
-            80 + (32 + 128) + 32 + (32 + 1008) + (32 + 512) + (32 + 256) + (32 + 32)
+            80 + (32 + 128)
+                + 32
+                + (32 + 1008)
+                + (32 + 512)
+                + (32 + 256)
+                + (32 + 32)
+                + (32 + 128)
+                + 32
+                + (32 + 16)
+                + (32 + 8 + 256)
         );
         let mut exact = vec![0u8; needed];
         encode_block(&header, &records, &mut exact);

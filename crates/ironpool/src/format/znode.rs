@@ -31,6 +31,9 @@ use super::dnode::{Bonus, BONUS_BYTES};
 use super::{get_u32, get_u64, invalid, put_u64, FormatError};
 
 const ZNODE_VERSION: u8 = 1;
+/// Bytes of the bonus a znode uses (the rest is zero): what an intent log
+/// record copies of it.
+pub const ZNODE_BYTES: usize = 120;
 const FS_HEADER_VERSION: u8 = 1;
 
 /// `st_mode` file type bits (as Linux defines them; they are on-disk values).

@@ -861,6 +861,9 @@ impl Pool {
                     let replayed = dataset::intent_log::apply_replay(&pool, prepared).await;
                     pool.import_notes.borrow_mut().extend(replayed.notes);
                     if replayed.changes > 0 {
+                        // A file the log left with no names (unlinked while
+                        // open) goes, as at any import.
+                        pool.reclaim_unlinked().await?;
                         // Replayed writes are durable before anything is served.
                         pool.commit().await?;
                     }

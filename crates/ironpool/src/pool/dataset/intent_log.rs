@@ -23,10 +23,14 @@
 //! records are pointers and holes keyed by (file, block), and each written
 //! file's size and times. A small block's bytes, kept from its write, go
 //! into the log instead of its pointer while the tree still points there
-//! (so its devices need no flush for the commit). It logs only while every
-//! change since the last durable txg is such a write; otherwise it commits
-//! a txg. Its replay takes whole commits only (a write's blocks and size
-//! come back together).
+//! (so its devices need no flush for the commit). Changes of names and
+//! attributes are logged as the state they left: each object changed (its
+//! attributes, size and block size, or that it was freed) and each
+//! directory entry changed, so replay makes them so whatever it finds, in
+//! a fixed order (objects, entries, blocks, sizes, frees). Extended
+//! attributes are not logged: after a change of them, `fsync` commits a
+//! txg. Its replay takes whole commits only (a write's blocks and size, a
+//! rename's two entries, come back together).
 //!
 //! When txg T is built, every log block whose records are all of txgs up to T
 //! is obsolete once T is durable: the head moves past them in T's directory
@@ -57,6 +61,7 @@ use std::rc::Rc;
 use crate::format::intent_log::{
     self as format, LogBlockHeader, LogPointer, LogRecord, LOG_BLOCK_BYTES_MAX, LOG_BLOCK_BYTES_MIN,
 };
+use crate::format::intent_log::{EntryTarget, ObjectState};
 use crate::format::znode::Timestamp;
 use crate::format::{BlockPointer, Dva, ObjectType};
 use crate::pool::dataset::directory::LogHead;
@@ -91,6 +96,12 @@ pub const COPY_BLOCK_BYTES_MAX: u64 = 32 * 1024;
 /// slower; this limit (with the blocks over it written out before the
 /// commit lock) made them 20% and 5% faster.
 pub const COPY_BYTES_PER_COMMIT_MAX: u64 = 64 << 10;
+
+/// Objects and directory entries a filesystem keeps for its next commit at
+/// most (their records take at most 16,384 x 296 bytes, under half of what
+/// `COMMIT_BLOCKS_MAX` blocks hold): past it, an `fsync` commits a txg,
+/// which is as fast per change when this many are waiting.
+pub const NAMESPACE_CHANGES_MAX: usize = 16_384;
 
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -192,9 +203,23 @@ struct LogState {
     /// `COPY_BYTES_PER_COMMIT_MAX` bytes.
     small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
     small_write_bytes: u64,
+    /// A filesystem's objects changed by a change of names or attributes
+    /// (or a file's block growing) since the last durable txg and not yet
+    /// logged: their state at the end of the change (None: freed, for
+    /// good: numbers are not reused), with its txg.
+    objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
+    /// A filesystem's directory entries changed since the last durable txg
+    /// and not yet logged, by (directory, name): what each names now (None:
+    /// gone), with its txg.
+    entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
+    /// Changes of a file's block size and frees so far: a commit that sees
+    /// one happen while it reads block pointers (which may then not fit the
+    /// object states it took) goes through a txg.
+    reshapes: u64,
     /// The newest txg holding a change of a filesystem the log does not
-    /// carry (names, other attributes, a file's block growing): a commit
-    /// goes through a txg until that one is durable.
+    /// carry (extended attributes; more names and objects changed than
+    /// `NAMESPACE_CHANGES_MAX`): a commit goes through a txg until that one
+    /// is durable.
     unloggable_since: u64,
     stats: LogStats,
 }
@@ -208,6 +233,19 @@ impl LogState {
         self.pending_cancels
             .retain(|(_, copied_in, _)| *copied_in != commit);
     }
+}
+
+/// A directory entry: the directory's object and the name.
+type EntryKey = (u64, Vec<u8>);
+
+/// What a filesystem's commit takes from its log state (and gives back if
+/// it does not happen).
+#[derive(Default)]
+struct FileChanges {
+    attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+    small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+    objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
+    entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
 }
 
 /// A filesystem's written block kept for its next commit (see
@@ -318,14 +356,26 @@ impl IntentLog {
     /// Puts attribute changes and written copies taken for a commit that
     /// did not happen back, unless newer ones of the same file or block came
     /// meanwhile.
-    fn requeue_file_changes(
-        &self,
-        attrs: rustc_hash::FxHashMap<u64, FileAttr>,
-        small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
-    ) {
+    fn requeue_file_changes(&self, taken: FileChanges) {
+        let FileChanges {
+            attrs,
+            small_writes,
+            objects,
+            entries,
+        } = taken;
         let mut state = self.state.borrow_mut();
+        // An object's state noted since supersedes the attributes taken (a
+        // write's attributes are newer than its state taken with them).
         for (object, attr) in attrs {
-            state.attrs.entry(object).or_insert(attr);
+            if !state.objects.contains_key(&object) {
+                state.attrs.entry(object).or_insert(attr);
+            }
+        }
+        for (object, change) in objects {
+            state.objects.entry(object).or_insert(change);
+        }
+        for (key, change) in entries {
+            state.entries.entry(key).or_insert(change);
         }
         for (target, copy) in small_writes {
             if !state.small_writes.contains_key(&target)
@@ -395,6 +445,49 @@ impl IntentLog {
         state.unloggable_since = state.unloggable_since.max(txg);
     }
 
+    /// Notes a filesystem's object as a change of txg `txg` left it (None:
+    /// freed). Its size and times supersede any a write noted before.
+    pub(crate) fn note_object(&self, object: u64, txg: u64, state: Option<ObjectState>) {
+        let mut log = self.state.borrow_mut();
+        // Freed is for good: an object changed in the same change before it
+        // was freed is not brought back.
+        if matches!(log.objects.get(&object), Some((_, None))) {
+            return;
+        }
+        log.attrs.remove(&object);
+        log.objects.insert(object, (txg, state));
+        Self::bound_namespace(&mut log, txg);
+    }
+
+    /// Whether a filesystem's object was noted as freed (and its txg is not
+    /// durable yet).
+    pub(crate) fn freed(&self, object: u64) -> bool {
+        matches!(self.state.borrow().objects.get(&object), Some((_, None)))
+    }
+
+    /// Notes that directory `dir`'s entry `name` names `target` (None: is
+    /// gone) after a change of txg `txg`.
+    pub(crate) fn note_entry(&self, dir: u64, name: &[u8], txg: u64, target: Option<EntryTarget>) {
+        let mut log = self.state.borrow_mut();
+        log.entries.insert((dir, name.to_vec()), (txg, target));
+        Self::bound_namespace(&mut log, txg);
+    }
+
+    /// Notes a change of a file's block size, or a free.
+    pub(crate) fn note_reshaped(&self) {
+        self.state.borrow_mut().reshapes += 1;
+    }
+
+    /// Past `NAMESPACE_CHANGES_MAX` changes kept, drops them and sends
+    /// commits through a txg until `txg` is durable.
+    fn bound_namespace(log: &mut LogState, txg: u64) {
+        if log.objects.len() + log.entries.len() > NAMESPACE_CHANGES_MAX {
+            log.objects.clear();
+            log.entries.clear();
+            log.unloggable_since = log.unloggable_since.max(txg);
+        }
+    }
+
     /// Drops what txg `durable` made durable.
     fn forget_durable(&self, durable: u64) {
         let mut state = self.state.borrow_mut();
@@ -403,6 +496,8 @@ impl IntentLog {
             .partition_point(|(_, _, txg)| *txg <= durable);
         state.unlogged.drain(..keep_from);
         state.attrs.retain(|_, attr| attr.txg > durable);
+        state.objects.retain(|_, (txg, _)| *txg > durable);
+        state.entries.retain(|_, (txg, _)| *txg > durable);
         state.small_writes.retain(|_, copy| copy.txg > durable);
         state.small_write_bytes = state
             .small_writes
@@ -454,7 +549,10 @@ fn record_txg(record: &LogRecord) -> u64 {
         LogRecord::Block { pointer, .. } => pointer.birth_txg,
         LogRecord::Hole { txg, .. }
         | LogRecord::Attr { txg, .. }
-        | LogRecord::Written { txg, .. } => *txg,
+        | LogRecord::Written { txg, .. }
+        | LogRecord::Object { txg, .. }
+        | LogRecord::Freed { txg, .. }
+        | LogRecord::Entry { txg, .. } => *txg,
         LogRecord::Copy { .. } => 0,
     }
 }
@@ -685,8 +783,9 @@ impl Pool {
 
     /// Makes every change to `fs` so far durable (`fsync`, `fdatasync`, a
     /// write under `O_SYNC`, `O_DSYNC` or `sync=always`): through its intent
-    /// log when every change since the last durable txg is a data write (the
-    /// records: each block's pointer or hole, each file's size and times),
+    /// log (the records: each changed object's state and entry, each block's
+    /// pointer, hole or bytes, each written file's size and times) unless a
+    /// change of extended attributes is newer than the last durable txg,
     /// else through a txg. Commits of one filesystem are serialised, and
     /// `fsync`s that arrive during one share the next, as a volume's FLUSHes.
     pub async fn fs_log_commit(self: &Rc<Self>, fs: &Rc<Filesystem>) -> Result<(), PoolError> {
@@ -715,7 +814,9 @@ impl Pool {
 
     /// Writes the changes of `fs` not yet logged into its chain. False when
     /// they must go through a txg instead: no usable chain yet, a change the
-    /// log does not carry since the last durable txg, or a failed log write.
+    /// log does not carry since the last durable txg, a file's block size
+    /// changed or a file freed while the pointers were read, or a failed log
+    /// write.
     /// The caller holds the commit lock and the filesystem's lock shared.
     async fn fs_log_write(self: &Rc<Self>, fs: &Filesystem) -> Result<bool, PoolError> {
         let owner = Owner::Filesystem(fs);
@@ -727,19 +828,55 @@ impl Pool {
         let started = crate::rt::now();
         let durable = self.txg.durable();
         log.forget_durable(durable);
-        let (unlogged, attrs, mut small_writes) = {
+        let (unlogged, mut taken, reshapes) = {
             let mut state = log.state.borrow_mut();
             state.small_write_bytes = 0;
-            (
-                std::mem::take(&mut state.unlogged),
-                std::mem::take(&mut state.attrs),
-                std::mem::take(&mut state.small_writes),
-            )
+            let taken = FileChanges {
+                attrs: std::mem::take(&mut state.attrs),
+                small_writes: std::mem::take(&mut state.small_writes),
+                objects: std::mem::take(&mut state.objects),
+                entries: std::mem::take(&mut state.entries),
+            };
+            (std::mem::take(&mut state.unlogged), taken, state.reshapes)
         };
-        let give_back = |unlogged: &[(u64, u64, u64)], attrs, small_writes| {
+        let give_back = |unlogged: &[(u64, u64, u64)], taken| {
             self.requeue_unlogged(owner, unlogged);
-            log.requeue_file_changes(attrs, small_writes);
+            log.requeue_file_changes(taken);
         };
+        // Objects first, then names (which may name them), then blocks, then
+        // the sizes and times writes set after the objects' states were
+        // taken: replay applies them in that order.
+        let mut records = Vec::with_capacity(
+            unlogged.len() + taken.attrs.len() + taken.objects.len() + taken.entries.len(),
+        );
+        let mut max_txg = 0;
+        let mut objects: Vec<_> = taken.objects.iter().collect();
+        objects.sort_unstable_by_key(|(object, _)| **object);
+        for (object, (txg, state)) in objects {
+            max_txg = max_txg.max(*txg);
+            records.push(match state {
+                Some(state) => LogRecord::Object {
+                    object: *object,
+                    txg: *txg,
+                    state: *state,
+                },
+                None => LogRecord::Freed {
+                    object: *object,
+                    txg: *txg,
+                },
+            });
+        }
+        let mut entries: Vec<_> = taken.entries.iter().collect();
+        entries.sort_unstable_by_key(|(key, _)| *key);
+        for ((dir, name), (txg, target)) in entries {
+            max_txg = max_txg.max(*txg);
+            records.push(LogRecord::Entry {
+                dir: *dir,
+                txg: *txg,
+                name: name.clone(),
+                target: *target,
+            });
+        }
         // The newest change of each block only, in the order they were linked.
         let mut seen = rustc_hash::FxHashSet::default();
         let mut blocks: Vec<(u64, u64, u64)> = unlogged
@@ -749,8 +886,6 @@ impl Pool {
             .copied()
             .collect();
         blocks.reverse();
-        let mut records = Vec::with_capacity(blocks.len() + attrs.len());
-        let mut max_txg = 0;
         for (object, blkid, linked_txg) in blocks {
             let looked_up = match fs.objects.open(object).await {
                 Ok(opened) => fs.objects.block_pointer(&opened, blkid).await,
@@ -758,11 +893,11 @@ impl Pool {
             };
             let pointer = match looked_up {
                 Ok(pointer) => pointer,
-                // Freed since: that is a change the log does not carry, and
-                // the check below sends this commit through a txg.
+                // Freed since: its freed record says so (this commit's, or
+                // the next one's).
                 Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
                 Err(error) => {
-                    give_back(&unlogged, attrs, small_writes);
+                    give_back(&unlogged, taken);
                     return Err(error.into());
                 }
             };
@@ -773,7 +908,7 @@ impl Pool {
             };
             // The tree still points where the kept bytes went: they go into
             // the log, and the devices holding the block need no flush.
-            if let Some(copy) = small_writes.get(&(object, blkid)) {
+            if let Some(copy) = taken.small_writes.get(&(object, blkid)) {
                 if copy.dva == pointer.dvas[0] && copy.txg == pointer.birth_txg {
                     record = LogRecord::Written {
                         object,
@@ -786,7 +921,7 @@ impl Pool {
             max_txg = max_txg.max(record_txg(&record));
             records.push(record);
         }
-        let mut files: Vec<(&u64, &FileAttr)> = attrs.iter().collect();
+        let mut files: Vec<(&u64, &FileAttr)> = taken.attrs.iter().collect();
         files.sort_unstable_by_key(|(object, _)| **object);
         for (object, attr) in files {
             if attr.txg > self.txg.durable() {
@@ -800,12 +935,16 @@ impl Pool {
                 });
             }
         }
-        // A change the log does not carry made while the pointers were read
-        // (a file's block growing, a file freed): the records may describe
-        // blocks of a shape replay could not link. No await from this check
-        // to the records being fixed.
-        if log.state.borrow().unloggable_since > self.txg.durable() {
-            give_back(&unlogged, attrs, small_writes);
+        // A file's block grew, or a file was freed, while the pointers were
+        // read: they may not fit the object states taken before, and a
+        // change the log does not carry may have come too. No await from
+        // this check to the records being fixed.
+        let changed = {
+            let state = log.state.borrow();
+            state.reshapes != reshapes || state.unloggable_since > self.txg.durable()
+        };
+        if changed {
+            give_back(&unlogged, taken);
             return Ok(false);
         }
         if records.is_empty() {
@@ -840,7 +979,7 @@ impl Pool {
                     "ironpool: {}: intent log write failed ({error}); committing a txg instead",
                     fs.name
                 );
-                give_back(&unlogged, attrs, std::mem::take(&mut small_writes));
+                give_back(&unlogged, std::mem::take(&mut taken));
                 // (Abandoning the chain forgets this commit with the rest.)
                 self.abandon_log_chain(owner);
                 let _ = self.start_log_chain(owner);
@@ -1357,11 +1496,21 @@ enum Apply {
 /// What replay does to a volume, block by block.
 type BlockChanges = Vec<(u64, Apply)>;
 
-/// What replay does to a filesystem: blocks by (object, block number),
-/// then files' sizes and times.
+/// What replay does to a filesystem, in this order: objects' states,
+/// directory entries, blocks by (object, block number), files' sizes and
+/// times, objects freed.
 struct FsChanges {
+    objects: Vec<(u64, ObjectState)>,
+    entries: Vec<(EntryKey, Option<EntryTarget>)>,
     blocks: Vec<((u64, u64), Apply)>,
     attrs: Vec<(u64, FileAttr)>,
+    freed: Vec<u64>,
+}
+
+/// What a filesystem's records leave an object as.
+enum ObjectChange {
+    State(ObjectState),
+    Freed,
 }
 
 /// Intent logs read and their blocks claimed, to apply once the pool runs.
@@ -1440,7 +1589,13 @@ fn claim_changes<K>(
             Some(LogRecord::Copy { data, .. } | LogRecord::Written { data, .. }) => {
                 apply.push((target, Apply::Write(data)))
             }
-            None | Some(LogRecord::Attr { .. }) => {}
+            None
+            | Some(
+                LogRecord::Attr { .. }
+                | LogRecord::Object { .. }
+                | LogRecord::Freed { .. }
+                | LogRecord::Entry { .. },
+            ) => {}
         }
     }
     if refused > 0 {
@@ -1510,7 +1665,11 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
                     }
                     cancelled.contains(&(commit, blkid))
                 }
-                LogRecord::Attr { .. } | LogRecord::Written { .. } => {
+                LogRecord::Attr { .. }
+                | LogRecord::Written { .. }
+                | LogRecord::Object { .. }
+                | LogRecord::Freed { .. }
+                | LogRecord::Entry { .. } => {
                     malformed += 1;
                     continue;
                 }
@@ -1565,9 +1724,16 @@ async fn prepare_fs_replay(
         // A commit of a filesystem applies whole or not at all: a write's
         // blocks and the file size it set go together.
         let records = read_records(pool, &fs.name, head, durable, true, notes).await;
+        // The last record of each object, entry and block decides; one of a
+        // durable txg applies nothing (the tree holds it or newer). An
+        // object's state supersedes the sizes and times of writes logged
+        // before it; a free, everything logged of the object before it.
         let mut blocks: std::collections::BTreeMap<(u64, u64), Option<LogRecord>> =
             Default::default();
         let mut attrs: std::collections::BTreeMap<u64, Option<FileAttr>> = Default::default();
+        let mut objects: std::collections::BTreeMap<u64, Option<ObjectChange>> = Default::default();
+        let mut entries: std::collections::BTreeMap<EntryKey, Option<Option<EntryTarget>>> =
+            Default::default();
         let mut malformed = 0u64;
         for (_, record) in records {
             match record {
@@ -1600,6 +1766,32 @@ async fn prepare_fs_replay(
                     };
                     attrs.insert(object, (txg > durable).then_some(attr));
                 }
+                LogRecord::Object { object, txg, state } => {
+                    attrs.remove(&object);
+                    objects.insert(
+                        object,
+                        (txg > durable).then_some(ObjectChange::State(state)),
+                    );
+                }
+                LogRecord::Freed { object, txg } => {
+                    attrs.remove(&object);
+                    let ours: Vec<(u64, u64)> = blocks
+                        .range((object, 0)..=(object, u64::MAX))
+                        .map(|(key, _)| *key)
+                        .collect();
+                    for key in ours {
+                        blocks.remove(&key);
+                    }
+                    objects.insert(object, (txg > durable).then_some(ObjectChange::Freed));
+                }
+                LogRecord::Entry {
+                    dir,
+                    txg,
+                    name,
+                    target,
+                } => {
+                    entries.insert((dir, name), (txg > durable).then_some(target));
+                }
                 LogRecord::Copy { .. } => malformed += 1,
             }
         }
@@ -1609,12 +1801,27 @@ async fn prepare_fs_replay(
                 fs.name
             ));
         }
+        let mut states = Vec::new();
+        let mut freed = Vec::new();
+        for (object, change) in objects {
+            match change {
+                Some(ObjectChange::State(state)) => states.push((object, state)),
+                Some(ObjectChange::Freed) => freed.push(object),
+                None => {}
+            }
+        }
         let changes = FsChanges {
+            objects: states,
+            entries: entries
+                .into_iter()
+                .filter_map(|(key, target)| target.map(|target| (key, target)))
+                .collect(),
             blocks: claim_changes(pool, &fs.name, blocks, notes),
             attrs: attrs
                 .into_iter()
                 .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
                 .collect(),
+            freed,
         };
         filesystems.push((fs, changes));
     }
@@ -1760,6 +1967,17 @@ async fn apply_fs_changes(
     done: &mut FsReplayed,
 ) {
     let mut count = |result, what: String| done.count(result, what);
+    for (object, state) in &changes.objects {
+        let result = fs.replay_object(pool, *object, state).await;
+        count(result, format!("object {object}"));
+    }
+    for ((dir, name), target) in &changes.entries {
+        let result = fs.replay_entry(*dir, name, *target).await;
+        count(
+            result,
+            format!("directory {dir} entry {:?}", String::from_utf8_lossy(name)),
+        );
+    }
     for ((object, blkid), change) in &changes.blocks {
         let pointer = match change {
             Apply::Link(pointer) => *pointer,
@@ -1773,6 +1991,10 @@ async fn apply_fs_changes(
     for (object, attr) in &changes.attrs {
         let result = fs.replay_attr(*object, attr).await;
         count(result, format!("file {object} size"));
+    }
+    for object in &changes.freed {
+        let result = fs.replay_free(pool, *object).await;
+        count(result, format!("object {object} freed"));
     }
 }
 

@@ -58,30 +58,35 @@ pub async fn lookup(
     Ok(leaf.find(hash, name).cloned())
 }
 
-/// Adds `name` → `object` (the caller checked it is not there). Splits the
-/// leaf, as often as needed, when it no longer fits; refuses (no space)
-/// when a leaf at the deepest level would have to split, before changing
-/// anything.
+/// Adds `name` → `object` (the caller checked it is not there); returns
+/// its cookie: `cookie` if given, of this name's hash and free (replay
+/// gives the one the entry had), else the first free one. Splits the leaf,
+/// as often as needed, when it no longer fits; refuses (no space) when a
+/// leaf at the deepest level would have to split, before changing anything.
 pub async fn insert(
     objects: &ObjectSet,
     dir: &Object,
     salt: u64,
     name: &[u8],
-    object: u64,
-    kind: u8,
-) -> Result<(), FsError> {
+    target: (u64, u8),
+    cookie: Option<u64>,
+) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
     let mut leaf = find_leaf(objects, dir, hash).await?;
+    let cookie = cookie
+        .filter(|cookie| (cookie >> 32) as u32 == hash && leaf.position(*cookie).is_err())
+        .unwrap_or_else(|| leaf.free_cookie(hash));
     let entry = DirEntry {
-        cookie: leaf.free_cookie(hash),
-        object,
-        kind,
+        cookie,
+        object: target.0,
+        kind: target.1,
         name: name.to_vec(),
     };
     let at = leaf.position(entry.cookie).unwrap_or_else(|at| at);
     leaf.entries.insert(at, entry);
     if leaf.fits() {
-        return write_leaf(objects, dir, &leaf).await;
+        write_leaf(objects, dir, &leaf).await?;
+        return Ok(cookie);
     }
     let old = (leaf.level, leaf.prefix);
     let mut pending = vec![leaf];
@@ -101,7 +106,7 @@ pub async fn insert(
         write_leaf(objects, dir, leaf).await?;
     }
     objects.punch(dir, leaf_blkid(old.0, old.1)).await?;
-    Ok(())
+    Ok(cookie)
 }
 
 /// Removes `name`; returns its entry (None: not there).
@@ -126,7 +131,7 @@ pub async fn remove(
 }
 
 /// Points an existing entry `name` at `object` of type `kind` (keeps its
-/// cookie): the target of a rename that replaces, or an exchange.
+/// cookie, returned): the target of a rename that replaces, or an exchange.
 pub async fn repoint(
     objects: &ObjectSet,
     dir: &Object,
@@ -134,7 +139,7 @@ pub async fn repoint(
     name: &[u8],
     object: u64,
     kind: u8,
-) -> Result<(), FsError> {
+) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
     let mut leaf = find_leaf(objects, dir, hash).await?;
     let Some(entry) = leaf
@@ -146,7 +151,9 @@ pub async fn repoint(
     };
     entry.object = object;
     entry.kind = kind;
-    write_leaf(objects, dir, &leaf).await
+    let cookie = entry.cookie;
+    write_leaf(objects, dir, &leaf).await?;
+    Ok(cookie)
 }
 
 /// Up to `max` entries with cookies at or after `from`, in cookie order.

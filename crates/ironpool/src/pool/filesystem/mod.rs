@@ -29,11 +29,11 @@
 //! file.
 //!
 //! `fsync` goes through the filesystem's intent log
-//! (`pool::dataset::intent_log`) when every change since the last durable
-//! txg is a data write: a write notes each block it links and the file's
-//! new size and times, and the log records them. A change the log does not
-//! carry (anything under the lock taken exclusively, [`Change`]; a file's
-//! one block growing; a file freed) is noted with its txg, and an `fsync`
+//! (`pool::dataset::intent_log`): a write notes each block it links and the
+//! file's new size and times; a change of names or attributes ([`Change`])
+//! notes the state it left each object it saved and each entry it changed;
+//! a free and a file's one block growing note theirs. A change the log does
+//! not carry (extended attributes) is noted with its txg, and an `fsync`
 //! until that txg is durable commits a txg instead.
 
 pub mod dir;
@@ -50,6 +50,7 @@ use crate::cache::CacheUse;
 use crate::format::bp::Compression;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::fsdir::{self, DirEntry};
+use crate::format::intent_log::{EntryTarget, ObjectState};
 use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
@@ -442,26 +443,78 @@ pub struct Filesystem {
     retired: Cell<bool>,
     /// A snapshot's (read-only; its `.zfs/snapshot` directory).
     snapshot: bool,
-    /// Its intent log: what `fsync` writes when every change since the last
-    /// durable txg is a data write (see `pool::dataset::intent_log`).
+    /// Its intent log: what `fsync` writes (see `pool::dataset::intent_log`).
     pub(in crate::pool) log: IntentLog,
 }
 
-/// The exclusive hold of a filesystem's lock by a change the intent log does
-/// not carry (names, attributes, extended attributes, freeing a file): when
-/// it ends, the change is noted as unloggable in the txg open then (which
-/// holds every part of it), so an `fsync` until that txg is durable commits
-/// a txg.
+/// The exclusive hold of a filesystem's lock by a change of names or
+/// attributes. A change the intent log carries (create, link, remove,
+/// rename, setattr, a last close) notes, when it ends, the state of every
+/// object it saved (entries and frees are noted as they happen), in the txg
+/// open then. Any other (extended attributes) is noted as unloggable in
+/// that txg (which holds every part of it), so an `fsync` until that txg is
+/// durable commits a txg.
 pub(in crate::pool) struct Change<'a> {
     fs: &'a Filesystem,
     pool: &'a Pool,
+    logged: bool,
+    /// Objects whose state changed (noted at the end).
+    touched: RefCell<Vec<Rc<Object>>>,
     _permit: crate::rt::sync::Permit,
+}
+
+impl Change<'_> {
+    /// Saves `object`'s attributes, noting it for the log.
+    fn save(&self, object: &Rc<Object>, znode: &Znode) {
+        Filesystem::save(object, znode);
+        self.touch(object);
+    }
+
+    /// Notes that `object`'s state changed (other than its attributes).
+    fn touch(&self, object: &Rc<Object>) {
+        let mut touched = self.touched.borrow_mut();
+        if !touched.iter().any(|seen| Rc::ptr_eq(seen, object)) {
+            touched.push(object.clone());
+        }
+    }
+
+    /// Notes that directory `dir`'s entry `name` names `target` now (None:
+    /// is gone).
+    fn note_entry(&self, dir: &Object, name: &[u8], target: Option<EntryTarget>) {
+        self.fs
+            .log
+            .note_entry(dir.id, name, self.pool.txg.open(), target);
+    }
 }
 
 impl Drop for Change<'_> {
     fn drop(&mut self) {
-        self.fs.log.note_unloggable(self.pool.txg.open());
+        let txg = self.pool.txg.open();
+        if !self.logged {
+            self.fs.log.note_unloggable(txg);
+            return;
+        }
+        for object in self.touched.take() {
+            // A freed object's record says so (freed for good).
+            if !self.fs.log.freed(object.id) {
+                self.fs.note_state(&object, txg);
+            }
+        }
     }
+}
+
+/// An object's state as the intent log records it; None when its bonus
+/// holds no attributes (freed, or not a file's).
+fn object_state(object: &Object) -> Option<ObjectState> {
+    let dnode = object.dnode();
+    if dnode.object_type != ObjectType::FsFile && dnode.object_type != ObjectType::FsDirectory {
+        return None;
+    }
+    Some(ObjectState {
+        block_shift: dnode.data_block_shift,
+        length: dnode.length_bytes,
+        znode: Znode::decode(&dnode.bonus).ok()?,
+    })
 }
 
 /// The block shift of a one-block file of `size` bytes.
@@ -611,9 +664,22 @@ impl Filesystem {
     /// Takes the filesystem's lock for a change the intent log does not
     /// carry (see [`Change`]).
     pub(in crate::pool) async fn change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
+        self.change_of(pool, false).await
+    }
+
+    /// Takes the filesystem's lock for a change the intent log carries:
+    /// the caller saves attributes with [`Change::save`] and notes entries
+    /// with [`Change::note_entry`].
+    async fn logged_change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
+        self.change_of(pool, true).await
+    }
+
+    async fn change_of<'a>(&'a self, pool: &'a Pool, logged: bool) -> Change<'a> {
         Change {
             fs: self,
             pool,
+            logged,
+            touched: RefCell::default(),
             _permit: self.lock.acquire(LOCK_UNITS).await,
         }
     }
@@ -797,7 +863,7 @@ impl Filesystem {
             target,
         } = *new;
         pool.txg.throttle(pool).await;
-        let _change = self.change(pool).await;
+        let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
         if self.header.get().next_object >= OBJECTS_MAX {
@@ -857,6 +923,7 @@ impl Filesystem {
             xattr_object: 0,
         };
         let object = self.new_object(pool, ino, is_dir, &znode);
+        change.touch(&object);
         // Set once the link's target block is handed to the tree (or, on a
         // failed link, released by it).
         let mut target_taken = false;
@@ -872,15 +939,26 @@ impl Filesystem {
                 target_taken = true;
                 self.link_cached(pool, &object, 0, pointer)?;
             }
-            dir::insert(
+            let kind = fsdir::dirent_type(mode);
+            let cookie = dir::insert(
                 &self.objects,
                 &dir_object,
                 dir_znode.hash_salt,
                 name,
-                ino,
-                fsdir::dirent_type(mode),
+                (ino, kind),
+                None,
             )
-            .await
+            .await?;
+            change.note_entry(
+                &dir_object,
+                name,
+                Some(EntryTarget {
+                    object: ino,
+                    kind,
+                    cookie,
+                }),
+            );
+            Ok(())
         }
         .await;
         if let Err(error) = made {
@@ -897,7 +975,7 @@ impl Filesystem {
         }
         dir_znode.mtime = time;
         dir_znode.ctime = time;
-        Self::save(&dir_object, &dir_znode);
+        change.save(&dir_object, &dir_znode);
         let znode = Znode::decode(&object.dnode().bonus).expect("written just now");
         Ok(Self::attr(&object, znode))
     }
@@ -957,7 +1035,7 @@ impl Filesystem {
         parent: u64,
         name: &[u8],
     ) -> Result<Attr, FsError> {
-        let _change = self.change(pool).await;
+        let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
         let _hold = pool.txg.hold_builds();
@@ -978,23 +1056,33 @@ impl Filesystem {
         {
             return Err(FsError::Exists);
         }
-        dir::insert(
+        let kind = fsdir::dirent_type(znode.mode);
+        let cookie = dir::insert(
             &self.objects,
             &dir_object,
             dir_znode.hash_salt,
             name,
-            ino,
-            fsdir::dirent_type(znode.mode),
+            (ino, kind),
+            None,
         )
         .await?;
+        change.note_entry(
+            &dir_object,
+            name,
+            Some(EntryTarget {
+                object: ino,
+                kind,
+                cookie,
+            }),
+        );
         let time = now();
         znode.nlink += 1;
         znode.ctime = time;
-        Self::save(&object, &znode);
+        change.save(&object, &znode);
         dir_znode.entries += 1;
         dir_znode.mtime = time;
         dir_znode.ctime = time;
-        Self::save(&dir_object, &dir_znode);
+        change.save(&dir_object, &dir_znode);
         Ok(Self::attr(&object, znode))
     }
 
@@ -1007,7 +1095,7 @@ impl Filesystem {
         name: &[u8],
         want_dir: bool,
     ) -> Result<(), FsError> {
-        let _change = self.change(pool).await;
+        let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         if name == b"." {
             return Err(FsError::Invalid("rmdir of .".into()));
@@ -1029,6 +1117,7 @@ impl Filesystem {
             _ => {}
         }
         dir::remove(&self.objects, &dir_object, dir_znode.hash_salt, name).await?;
+        change.note_entry(&dir_object, name, None);
         let time = now();
         dir_znode.entries -= 1;
         if znode.is_dir() {
@@ -1036,8 +1125,8 @@ impl Filesystem {
         }
         dir_znode.mtime = time;
         dir_znode.ctime = time;
-        Self::save(&dir_object, &dir_znode);
-        self.drop_link(pool, &object, znode, time).await
+        change.save(&dir_object, &dir_znode);
+        self.drop_link(&change, pool, &object, znode, time).await
     }
 
     /// One name of `object` is gone: its link count drops, and at zero it
@@ -1046,6 +1135,7 @@ impl Filesystem {
     /// what a crash left so ([`Filesystem::reclaim_unlinked`]).
     async fn drop_link(
         &self,
+        change: &Change<'_>,
         pool: &Rc<Pool>,
         object: &Rc<Object>,
         mut znode: Znode,
@@ -1054,7 +1144,7 @@ impl Filesystem {
         znode.nlink = if znode.is_dir() { 0 } else { znode.nlink - 1 };
         znode.ctime = time;
         if znode.nlink > 0 || (!znode.is_dir() && self.is_open(object.id)) {
-            Self::save(object, &znode);
+            change.save(object, &znode);
             return Ok(());
         }
         self.free_object(pool, object).await
@@ -1087,7 +1177,7 @@ impl Filesystem {
             }
             handles.remove(&ino);
         }
-        let _change = self.change(pool).await;
+        let _change = self.logged_change(pool).await;
         // Opened again while this waited: the new handle keeps it.
         if self.is_open(ino) {
             return Ok(());
@@ -1169,7 +1259,11 @@ impl Filesystem {
         let mut header = self.header.get();
         header.objects -= 1;
         self.set_header(header);
-        self.log.note_unloggable(pool.txg.open());
+        self.log.note_reshaped();
+        // Freeing a file frees the object holding its extended attributes.
+        if dnode.object_type != ObjectType::FsXattr {
+            self.log.note_object(object.id, pool.txg.open(), None);
+        }
         Ok(())
     }
 
@@ -1185,7 +1279,7 @@ impl Filesystem {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), FsError> {
-        let _change = self.change(pool).await;
+        let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0
             || flags == RENAME_NOREPLACE | RENAME_EXCHANGE
@@ -1220,7 +1314,7 @@ impl Filesystem {
             if target_znode.is_dir() && parent != new_parent {
                 self.check_not_ancestor(target.object, parent).await?;
             }
-            dir::repoint(
+            let cookie = dir::repoint(
                 &self.objects,
                 &from_dir,
                 from_znode.hash_salt,
@@ -1229,7 +1323,16 @@ impl Filesystem {
                 target.kind,
             )
             .await?;
-            dir::repoint(
+            change.note_entry(
+                &from_dir,
+                name,
+                Some(EntryTarget {
+                    object: target.object,
+                    kind: target.kind,
+                    cookie,
+                }),
+            );
+            let cookie = dir::repoint(
                 &self.objects,
                 &to_dir,
                 to_znode.hash_salt,
@@ -1238,6 +1341,15 @@ impl Filesystem {
                 source.kind,
             )
             .await?;
+            change.note_entry(
+                &to_dir,
+                new_name,
+                Some(EntryTarget {
+                    object: source.object,
+                    kind: source.kind,
+                    cookie,
+                }),
+            );
             if parent != new_parent {
                 if source_znode.is_dir() {
                     source_znode.parent = new_parent;
@@ -1252,8 +1364,8 @@ impl Filesystem {
             }
             source_znode.ctime = time;
             target_znode.ctime = time;
-            Self::save(&source_object, &source_znode);
-            Self::save(&target_object, &target_znode);
+            change.save(&source_object, &source_znode);
+            change.save(&target_object, &target_znode);
         } else {
             if let Some(target) = &target {
                 if flags & RENAME_NOREPLACE != 0 {
@@ -1270,7 +1382,7 @@ impl Filesystem {
                     (true, true) if target_znode.entries > 0 => return Err(FsError::NotEmpty),
                     _ => {}
                 }
-                dir::repoint(
+                let cookie = dir::repoint(
                     &self.objects,
                     &to_dir,
                     to_znode.hash_salt,
@@ -1279,24 +1391,43 @@ impl Filesystem {
                     source.kind,
                 )
                 .await?;
+                change.note_entry(
+                    &to_dir,
+                    new_name,
+                    Some(EntryTarget {
+                        object: source.object,
+                        kind: source.kind,
+                        cookie,
+                    }),
+                );
                 if target_znode.is_dir() {
                     to_znode.nlink -= 1;
                 }
                 to_znode.entries -= 1;
-                self.drop_link(pool, &target_object, target_znode, time)
+                self.drop_link(&change, pool, &target_object, target_znode, time)
                     .await?;
             } else {
-                dir::insert(
+                let cookie = dir::insert(
                     &self.objects,
                     &to_dir,
                     to_znode.hash_salt,
                     new_name,
-                    source.object,
-                    source.kind,
+                    (source.object, source.kind),
+                    None,
                 )
                 .await?;
+                change.note_entry(
+                    &to_dir,
+                    new_name,
+                    Some(EntryTarget {
+                        object: source.object,
+                        kind: source.kind,
+                        cookie,
+                    }),
+                );
             }
             dir::remove(&self.objects, &from_dir, from_znode.hash_salt, name).await?;
+            change.note_entry(&from_dir, name, None);
             // In one directory the name moved (replacing a target already
             // counted above); between two, an entry moves across.
             if parent != new_parent {
@@ -1309,7 +1440,7 @@ impl Filesystem {
                 }
             }
             source_znode.ctime = time;
-            Self::save(&source_object, &source_znode);
+            change.save(&source_object, &source_znode);
         }
         from_znode.mtime = time;
         from_znode.ctime = time;
@@ -1317,10 +1448,10 @@ impl Filesystem {
         to_znode.ctime = time;
         if parent == new_parent {
             // `to_znode` carries every change made to the one directory.
-            Self::save(&to_dir, &to_znode);
+            change.save(&to_dir, &to_znode);
         } else {
-            Self::save(&from_dir, &from_znode);
-            Self::save(&to_dir, &to_znode);
+            change.save(&from_dir, &from_znode);
+            change.save(&to_dir, &to_znode);
         }
         Ok(())
     }
@@ -1388,7 +1519,7 @@ impl Filesystem {
         ino: u64,
         change: SetAttr,
     ) -> Result<Attr, FsError> {
-        let _change = self.change(pool).await;
+        let guard = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, mut znode) = self.load(ino).await?;
         let time = now();
@@ -1421,7 +1552,7 @@ impl Filesystem {
             znode.mtime = mtime;
         }
         znode.ctime = time;
-        Self::save(&object, &znode);
+        guard.save(&object, &znode);
         Ok(Self::attr(&object, znode))
     }
 
@@ -1808,7 +1939,25 @@ impl Filesystem {
             self.objects.store.release(&pointer.dvas);
             return Err(FsError::Corrupt("file changed while its block grew".into()));
         }
-        self.replace_only_block(pool, object, shift, current.length_bytes, pointer)
+        self.replace_only_block(pool, object, shift, current.length_bytes, pointer)?;
+        // The log records the new block size in the file's state, and the
+        // new block (a hole too: an older record may name the old one).
+        let txg = pool.txg.open();
+        self.log.note_reshaped();
+        if pointer.is_hole() {
+            self.log.note_linked(object.id, 0, txg);
+        }
+        self.note_state(object, txg);
+        Ok(())
+    }
+
+    /// Notes `object`'s state, as a change of txg `txg` left it, for the
+    /// log (one whose attributes do not decode goes through a txg).
+    fn note_state(&self, object: &Object, txg: u64) {
+        match object_state(object) {
+            Some(state) => self.log.note_object(object.id, txg, Some(state)),
+            None => self.log.note_unloggable(txg),
+        }
     }
 
     /// Makes `pointer` (a written block of `1 << shift` bytes, or a hole)
@@ -1823,9 +1972,6 @@ impl Filesystem {
         length: u64,
         pointer: BlockPointer,
     ) -> Result<(), FsError> {
-        // A file's block size is not in the log's records: until this txg is
-        // durable, an fsync commits a txg.
-        self.log.note_unloggable(pool.txg.open());
         let mut fresh = object.dnode();
         self.objects.kill(object, &fresh.root);
         fresh.data_block_shift = shift;
@@ -1905,9 +2051,9 @@ impl Filesystem {
     }
 
     /// Replay of the intent log: links `pointer` (its space claimed by
-    /// replay), or a hole, as block `blkid` of file `ino`. Refused, the space
-    /// let go, when the file is not a regular file or its blocks are not
-    /// that size (the log never carries a change of block size).
+    /// replay), or a hole, as block `blkid` of file (or link) `ino`.
+    /// Refused, the space let go, when it is neither or its blocks are not
+    /// that size (an object record set the block size first).
     pub(in crate::pool) async fn replay_block(
         &self,
         pool: &Rc<Pool>,
@@ -1922,8 +2068,9 @@ impl Filesystem {
             Err(error)
         };
         let object = match self.load(ino).await {
-            Ok((object, znode)) if znode.is_regular() => object,
-            Ok(_) => return release(FsError::Corrupt("not a regular file".into())),
+            // A symbolic link's target is its one block.
+            Ok((object, znode)) if znode.is_regular() || znode.is_symlink() => object,
+            Ok(_) => return release(FsError::Corrupt("not a file or link".into())),
             Err(error) => return release(error),
         };
         let block = object.dnode().data_block_bytes();
@@ -1965,6 +2112,132 @@ impl Filesystem {
         znode.ctime = attr.ctime;
         Self::save(&object, &znode);
         Ok(())
+    }
+
+    /// Replay of the intent log: makes object `ino` (a file, directory or
+    /// link) what a logged change of names or attributes left it: created
+    /// if it does not exist (a new directory with no entries: its entries
+    /// have records of their own), with its attributes, size and block
+    /// size. The object holding its extended attributes stays as it is
+    /// (their changes are never logged).
+    pub(in crate::pool) async fn replay_object(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        state: &ObjectState,
+    ) -> Result<(), FsError> {
+        let is_dir = state.znode.is_dir();
+        let shift_max = RECORD_BYTES_MAX.trailing_zeros() as u8;
+        if ino == 0
+            || ino >= OBJECTS_MAX
+            || ino == self.root() && !is_dir
+            || !(FILE_BLOCK_SHIFT_MIN..=shift_max).contains(&state.block_shift)
+            || state.length > FILE_SIZE_MAX_BYTES
+        {
+            return Err(FsError::Corrupt("an object state out of range".into()));
+        }
+        let (object, xattr_object) = match self.objects.open(ino).await {
+            Ok(object) => {
+                let dnode = object.dnode();
+                let kind = if is_dir {
+                    ObjectType::FsDirectory
+                } else {
+                    ObjectType::FsFile
+                };
+                if dnode.object_type != kind {
+                    return Err(FsError::Corrupt(format!(
+                        "a {kind:?} state for a {:?} object",
+                        dnode.object_type
+                    )));
+                }
+                let xattr_object = Znode::decode(&dnode.bonus).map_or(0, |old| old.xattr_object);
+                (object, xattr_object)
+            }
+            Err(ObjectError::NoSuchObject(_)) => {
+                let mut header = self.header.get();
+                header.next_object = header.next_object.max(ino + 1);
+                header.objects += 1;
+                self.set_header(header);
+                let object = self.new_object(pool, ino, is_dir, &state.znode);
+                if is_dir {
+                    dir::init(&self.objects, &object).await?;
+                } else {
+                    object.dnode.borrow_mut().data_block_shift = state.block_shift;
+                }
+                (object, 0)
+            }
+            Err(error) => return Err(error.into()),
+        };
+        if !is_dir {
+            let dnode = object.dnode();
+            if dnode.data_block_shift != state.block_shift {
+                // The file's one block grew: the new block has a record.
+                if dnode.levels != 1 || dnode.data_block_shift > state.block_shift {
+                    return Err(FsError::Corrupt(format!(
+                        "blocks of {} bytes for a file of {}",
+                        1u64 << state.block_shift,
+                        dnode.data_block_bytes()
+                    )));
+                }
+                let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
+                self.replace_only_block(pool, &object, state.block_shift, state.length, hole)?;
+            }
+            object.dnode.borrow_mut().length_bytes = state.length;
+        }
+        let mut znode = state.znode;
+        znode.xattr_object = xattr_object;
+        Self::save(&object, &znode);
+        Ok(())
+    }
+
+    /// Replay of the intent log: makes entry `name` of directory `dir` name
+    /// `target` (None: removes it), with the cookie it had.
+    pub(in crate::pool) async fn replay_entry(
+        &self,
+        dir: u64,
+        name: &[u8],
+        target: Option<EntryTarget>,
+    ) -> Result<(), FsError> {
+        let (dir_object, dir_znode) = match self.load_dir(dir).await {
+            Ok(loaded) => loaded,
+            // Removed from a directory freed since.
+            Err(FsError::NotFound) if target.is_none() => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        let salt = dir_znode.hash_salt;
+        dir::remove(&self.objects, &dir_object, salt, name).await?;
+        if let Some(target) = target {
+            dir::insert(
+                &self.objects,
+                &dir_object,
+                salt,
+                name,
+                (target.object, target.kind),
+                Some(target.cookie),
+            )
+            .await?;
+        }
+        Ok(())
+    }
+
+    /// Replay of the intent log: frees object `ino` (if it exists), as its
+    /// last name going did. Its number is not handed out again.
+    pub(in crate::pool) async fn replay_free(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+    ) -> Result<(), FsError> {
+        let mut header = self.header.get();
+        if ino < OBJECTS_MAX && header.next_object <= ino {
+            header.next_object = ino + 1;
+            self.set_header(header);
+        }
+        match self.objects.open(ino).await {
+            Ok(object) if ino != self.root() => self.free_object(pool, &object).await,
+            Ok(_) => Err(FsError::Corrupt("the root freed".into())),
+            Err(ObjectError::NoSuchObject(_)) => Ok(()),
+            Err(error) => Err(error.into()),
+        }
     }
 
     /// Links a written block (or a hole) as block `blkid` of `object`;

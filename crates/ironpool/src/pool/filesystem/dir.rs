@@ -130,15 +130,14 @@ pub async fn remove(
     Ok(Some(entry))
 }
 
-/// Points an existing entry `name` at `object` of type `kind` (keeps its
+/// Points an existing entry `name` at `target` (object, type; keeps its
 /// cookie, returned): the target of a rename that replaces, or an exchange.
 pub async fn repoint(
     objects: &ObjectSet,
     dir: &Object,
     salt: u64,
     name: &[u8],
-    object: u64,
-    kind: u8,
+    target: (u64, u8),
 ) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
     let mut leaf = find_leaf(objects, dir, hash).await?;
@@ -149,8 +148,7 @@ pub async fn repoint(
     else {
         return Err(FsError::NotFound);
     };
-    entry.object = object;
-    entry.kind = kind;
+    (entry.object, entry.kind) = target;
     let cookie = entry.cookie;
     write_leaf(objects, dir, &leaf).await?;
     Ok(cookie)

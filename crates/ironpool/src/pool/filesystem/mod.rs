@@ -485,6 +485,39 @@ impl Change<'_> {
             .log
             .note_entry(dir.id, name, self.pool.txg.open(), target);
     }
+
+    /// Makes entry `name` of directory `dir` (names hashed with `salt`) name
+    /// `target` (object, `DT_*` type), noted for the log: a new entry, or
+    /// with `existing` the one there (which keeps its cookie).
+    async fn set_entry(
+        &self,
+        dir: &Object,
+        (salt, name): (u64, &[u8]),
+        target: (u64, u8),
+        existing: bool,
+    ) -> Result<(), FsError> {
+        let objects = &self.fs.objects;
+        let cookie = if existing {
+            dir::repoint(objects, dir, salt, name, target).await?
+        } else {
+            dir::insert(objects, dir, salt, name, target, None).await?
+        };
+        let (object, kind) = target;
+        let entry = EntryTarget {
+            object,
+            kind,
+            cookie,
+        };
+        self.note_entry(dir, name, Some(entry));
+        Ok(())
+    }
+
+    /// Removes entry `name` of directory `dir`, noted for the log.
+    async fn remove_entry(&self, dir: &Object, salt: u64, name: &[u8]) -> Result<(), FsError> {
+        dir::remove(&self.fs.objects, dir, salt, name).await?;
+        self.note_entry(dir, name, None);
+        Ok(())
+    }
 }
 
 impl Drop for Change<'_> {
@@ -939,26 +972,10 @@ impl Filesystem {
                 target_taken = true;
                 self.link_cached(pool, &object, 0, pointer)?;
             }
-            let kind = fsdir::dirent_type(mode);
-            let cookie = dir::insert(
-                &self.objects,
-                &dir_object,
-                dir_znode.hash_salt,
-                name,
-                (ino, kind),
-                None,
-            )
-            .await?;
-            change.note_entry(
-                &dir_object,
-                name,
-                Some(EntryTarget {
-                    object: ino,
-                    kind,
-                    cookie,
-                }),
-            );
-            Ok(())
+            let target = (ino, fsdir::dirent_type(mode));
+            change
+                .set_entry(&dir_object, (dir_znode.hash_salt, name), target, false)
+                .await
         }
         .await;
         if let Err(error) = made {
@@ -1056,25 +1073,10 @@ impl Filesystem {
         {
             return Err(FsError::Exists);
         }
-        let kind = fsdir::dirent_type(znode.mode);
-        let cookie = dir::insert(
-            &self.objects,
-            &dir_object,
-            dir_znode.hash_salt,
-            name,
-            (ino, kind),
-            None,
-        )
-        .await?;
-        change.note_entry(
-            &dir_object,
-            name,
-            Some(EntryTarget {
-                object: ino,
-                kind,
-                cookie,
-            }),
-        );
+        let target = (ino, fsdir::dirent_type(znode.mode));
+        change
+            .set_entry(&dir_object, (dir_znode.hash_salt, name), target, false)
+            .await?;
         let time = now();
         znode.nlink += 1;
         znode.ctime = time;
@@ -1116,8 +1118,9 @@ impl Filesystem {
             (true, true) if znode.entries > 0 => return Err(FsError::NotEmpty),
             _ => {}
         }
-        dir::remove(&self.objects, &dir_object, dir_znode.hash_salt, name).await?;
-        change.note_entry(&dir_object, name, None);
+        change
+            .remove_entry(&dir_object, dir_znode.hash_salt, name)
+            .await?;
         let time = now();
         dir_znode.entries -= 1;
         if znode.is_dir() {
@@ -1314,42 +1317,14 @@ impl Filesystem {
             if target_znode.is_dir() && parent != new_parent {
                 self.check_not_ancestor(target.object, parent).await?;
             }
-            let cookie = dir::repoint(
-                &self.objects,
-                &from_dir,
-                from_znode.hash_salt,
-                name,
-                target.object,
-                target.kind,
-            )
-            .await?;
-            change.note_entry(
-                &from_dir,
-                name,
-                Some(EntryTarget {
-                    object: target.object,
-                    kind: target.kind,
-                    cookie,
-                }),
-            );
-            let cookie = dir::repoint(
-                &self.objects,
-                &to_dir,
-                to_znode.hash_salt,
-                new_name,
-                source.object,
-                source.kind,
-            )
-            .await?;
-            change.note_entry(
-                &to_dir,
-                new_name,
-                Some(EntryTarget {
-                    object: source.object,
-                    kind: source.kind,
-                    cookie,
-                }),
-            );
+            let (source_target, target_target) =
+                ((source.object, source.kind), (target.object, target.kind));
+            change
+                .set_entry(&from_dir, (from_znode.hash_salt, name), target_target, true)
+                .await?;
+            change
+                .set_entry(&to_dir, (to_znode.hash_salt, new_name), source_target, true)
+                .await?;
             if parent != new_parent {
                 if source_znode.is_dir() {
                     source_znode.parent = new_parent;
@@ -1367,6 +1342,7 @@ impl Filesystem {
             change.save(&source_object, &source_znode);
             change.save(&target_object, &target_znode);
         } else {
+            let moving = (source.object, source.kind);
             if let Some(target) = &target {
                 if flags & RENAME_NOREPLACE != 0 {
                     return Err(FsError::Exists);
@@ -1382,24 +1358,10 @@ impl Filesystem {
                     (true, true) if target_znode.entries > 0 => return Err(FsError::NotEmpty),
                     _ => {}
                 }
-                let cookie = dir::repoint(
-                    &self.objects,
-                    &to_dir,
-                    to_znode.hash_salt,
-                    new_name,
-                    source.object,
-                    source.kind,
-                )
-                .await?;
-                change.note_entry(
-                    &to_dir,
-                    new_name,
-                    Some(EntryTarget {
-                        object: source.object,
-                        kind: source.kind,
-                        cookie,
-                    }),
-                );
+                let salt = to_znode.hash_salt;
+                change
+                    .set_entry(&to_dir, (salt, new_name), moving, true)
+                    .await?;
                 if target_znode.is_dir() {
                     to_znode.nlink -= 1;
                 }
@@ -1407,27 +1369,14 @@ impl Filesystem {
                 self.drop_link(&change, pool, &target_object, target_znode, time)
                     .await?;
             } else {
-                let cookie = dir::insert(
-                    &self.objects,
-                    &to_dir,
-                    to_znode.hash_salt,
-                    new_name,
-                    (source.object, source.kind),
-                    None,
-                )
-                .await?;
-                change.note_entry(
-                    &to_dir,
-                    new_name,
-                    Some(EntryTarget {
-                        object: source.object,
-                        kind: source.kind,
-                        cookie,
-                    }),
-                );
+                let salt = to_znode.hash_salt;
+                change
+                    .set_entry(&to_dir, (salt, new_name), moving, false)
+                    .await?;
             }
-            dir::remove(&self.objects, &from_dir, from_znode.hash_salt, name).await?;
-            change.note_entry(&from_dir, name, None);
+            change
+                .remove_entry(&from_dir, from_znode.hash_salt, name)
+                .await?;
             // In one directory the name moved (replacing a target already
             // counted above); between two, an entry moves across.
             if parent != new_parent {

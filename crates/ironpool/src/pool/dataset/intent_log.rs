@@ -225,6 +225,11 @@ struct LogState {
 }
 
 impl LogState {
+    /// Whether a filesystem's object is noted as freed.
+    fn is_freed(&self, object: u64) -> bool {
+        matches!(self.objects.get(&object), Some((_, None)))
+    }
+
     /// Forgets commit `commit` and what names its copies (its blocks are
     /// freed, or it was never written).
     fn forget_commit(&mut self, commit: u64) {
@@ -451,7 +456,7 @@ impl IntentLog {
         let mut log = self.state.borrow_mut();
         // Freed is for good: an object changed in the same change before it
         // was freed is not brought back.
-        if matches!(log.objects.get(&object), Some((_, None))) {
+        if log.is_freed(object) {
             return;
         }
         log.attrs.remove(&object);
@@ -462,7 +467,7 @@ impl IntentLog {
     /// Whether a filesystem's object was noted as freed (and its txg is not
     /// durable yet).
     pub(crate) fn freed(&self, object: u64) -> bool {
-        matches!(self.state.borrow().objects.get(&object), Some((_, None)))
+        self.state.borrow().is_freed(object)
     }
 
     /// Notes that directory `dir`'s entry `name` names `target` (None: is

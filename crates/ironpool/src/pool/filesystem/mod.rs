@@ -2103,8 +2103,8 @@ impl Filesystem {
                 (object, xattr_object)
             }
             Err(ObjectError::NoSuchObject(_)) => {
+                self.keep_number(ino);
                 let mut header = self.header.get();
-                header.next_object = header.next_object.max(ino + 1);
                 header.objects += 1;
                 self.set_header(header);
                 let object = self.new_object(pool, ino, is_dir, &state.znode);
@@ -2137,6 +2137,16 @@ impl Filesystem {
         znode.xattr_object = xattr_object;
         Self::save(&object, &znode);
         Ok(())
+    }
+
+    /// Replay met object number `ino`: the header's counter passes it, so it
+    /// is not handed out again.
+    fn keep_number(&self, ino: u64) {
+        let mut header = self.header.get();
+        if ino < OBJECTS_MAX && header.next_object <= ino {
+            header.next_object = ino + 1;
+            self.set_header(header);
+        }
     }
 
     /// Replay of the intent log: makes entry `name` of directory `dir` name
@@ -2176,11 +2186,7 @@ impl Filesystem {
         pool: &Rc<Pool>,
         ino: u64,
     ) -> Result<(), FsError> {
-        let mut header = self.header.get();
-        if ino < OBJECTS_MAX && header.next_object <= ino {
-            header.next_object = ino + 1;
-            self.set_header(header);
-        }
+        self.keep_number(ino);
         match self.objects.open(ino).await {
             Ok(object) if ino != self.root() => self.free_object(pool, &object).await,
             Ok(_) => Err(FsError::Corrupt("the root freed".into())),

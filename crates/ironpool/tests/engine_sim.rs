@@ -632,3 +632,104 @@ fn a_slow_node_read_does_not_cache_an_outdated_node() {
         pool.export().await.unwrap();
     });
 }
+
+/// A sequential stream of reads on a two-way mirror reads each block once:
+/// the sides used to take turns block by block, and each side's queue then
+/// aggregated across the blocks the other side took, reading the whole
+/// stream from both. Both sides still share a long stream, and random
+/// reads go to both.
+#[test]
+fn a_mirror_reads_a_sequential_stream_once_and_shares_it() {
+    const BLOCK: u64 = 16384;
+    const BLOCKS: u64 = 1024;
+    let disks = devices(2, DEVICE_BYTES, 31);
+    Runtime::new_sim(31).block_on(async {
+        let pool = Pool::create_on_devices(
+            "tank",
+            layout(&disks, TopVdevKind::Mirror),
+            false,
+            tunables(),
+        )
+        .await
+        .unwrap();
+        let volume = pool
+            .create_volume("tank/vol", BLOCKS * BLOCK, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        for first in (0..BLOCKS).step_by(64) {
+            pool.write(
+                &volume,
+                first * BLOCK,
+                pattern(64 * BLOCK as usize, first),
+                false,
+            )
+            .await
+            .unwrap();
+        }
+        pool.flush_all().await.unwrap();
+        let leaves = pool.store().vdevs()[0].children.clone();
+        let read_bytes = || -> Vec<u64> {
+            leaves
+                .iter()
+                .map(|leaf| leaf.queue.stats().read_bytes)
+                .collect()
+        };
+
+        // 64 block reads in flight, in order, as `send` issues them.
+        pool.store().cache.clear();
+        let before = read_bytes();
+        for first in (0..BLOCKS).step_by(64) {
+            let reads = (first..first + 64).map(|block| {
+                let pool = pool.clone();
+                let volume = volume.clone();
+                rt::spawn(async move { pool.read(&volume, block * BLOCK, BLOCK).await })
+            });
+            let reads: Vec<_> = reads.collect();
+            for (index, read) in reads.into_iter().enumerate() {
+                let data = ReadPiece::concat(read.await.unwrap());
+                let block = first + index as u64;
+                let tag = block - block % 64;
+                let offset = ((block % 64) * BLOCK) as usize;
+                assert_eq!(
+                    &data[..],
+                    &pattern(64 * BLOCK as usize, tag)[offset..offset + BLOCK as usize],
+                    "block {block}"
+                );
+            }
+        }
+        let sides: Vec<u64> = read_bytes()
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a - b)
+            .collect();
+        let total: u64 = sides.iter().sum();
+        assert!(
+            total <= BLOCKS * BLOCK * 11 / 10,
+            "{total} bytes read from the devices for a {} byte stream (per side {sides:?})",
+            BLOCKS * BLOCK
+        );
+        assert!(
+            sides.iter().all(|side| *side >= BLOCKS * BLOCK / 8),
+            "both sides share the stream: {sides:?}"
+        );
+
+        // Random single reads (no run to continue) go to both sides.
+        pool.store().cache.clear();
+        let before = read_bytes();
+        let mut rng = Rng::new(31);
+        for _ in 0..256 {
+            let block = rng.below(BLOCKS);
+            pool.read(&volume, block * BLOCK, BLOCK).await.unwrap();
+        }
+        let sides: Vec<u64> = read_bytes()
+            .iter()
+            .zip(&before)
+            .map(|(a, b)| a - b)
+            .collect();
+        assert!(
+            sides.iter().all(|side| *side >= 64 * BLOCK),
+            "random reads are shared: {sides:?}"
+        );
+        pool.export().await.unwrap();
+    });
+}

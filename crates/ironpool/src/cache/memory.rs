@@ -4,22 +4,20 @@
 //! (v1) is killed when it crosses the limit, whatever holds the memory; one
 //! without shares the machine's RAM. Either way the cache is the one large
 //! consumer that can give memory back, so a watcher ([`next_limit`], run
-//! every [`MEMORY_WATCH_INTERVAL`] by the pool) bounds it when headroom
-//! runs low and lifts the bound again as headroom returns.
+//! every [`MEMORY_WATCH_INTERVAL`] by the pool) lets it grow only into the
+//! headroom left, shrinks it when headroom runs low, and lifts the bound as
+//! headroom returns.
 
 use std::time::Duration;
 
 /// How often the pool checks memory: often enough to yield before a burst
 /// of writes (whose buffers are bounded by write-back) meets the limit.
 pub const MEMORY_WATCH_INTERVAL: Duration = Duration::from_secs(1);
-/// Headroom kept below the limit, as a share of it (1/10): below this the
-/// cache shrinks by the shortfall.
+/// Headroom kept below the limit, as a share of it (1/10): the cache may
+/// grow only into the headroom above this mark, and below it shrinks by
+/// the shortfall. The mark is what other memory (write-back's held blocks,
+/// I/O buffers) may take between two checks.
 pub const HEADROOM_LOW_DIVISOR: u64 = 10;
-/// Headroom above which the bound is lifted again (1/5 of the limit), by
-/// [`LIFT_STEP_DIVISOR`] of the limit per check: growth is gradual, so the
-/// cache does not oscillate around the low mark.
-pub const HEADROOM_HIGH_DIVISOR: u64 = 5;
-pub const LIFT_STEP_DIVISOR: u64 = 20;
 /// A cgroup "limit" at or above this is no limit (v1 reports "unlimited" as
 /// a number near 2^63).
 const NO_LIMIT_BYTES: u64 = 1 << 60;
@@ -98,25 +96,24 @@ pub fn current() -> Option<MemoryState> {
 }
 
 /// The cache's next bound, given memory now, the cache's size and its bound
-/// so far (`u64::MAX`: none): below the low headroom mark it shrinks the
-/// cache by the shortfall (never under `floor`); above the high mark it
-/// lifts the bound a step (to none once past `max`); between, it keeps it.
+/// so far (`u64::MAX`: none): the cache may grow by the headroom above the
+/// low mark and no more, so that it cannot outgrow the limit between two
+/// checks (a reader at 1 GiB/s would otherwise fill a second's worth past
+/// it, and a cgroup's limit kills); below the low mark it shrinks by the
+/// shortfall (never under `floor`). A bound at or past `max` (the cache's
+/// own size limit) is no bound.
 pub fn next_limit(memory: MemoryState, cache_bytes: u64, limit: u64, floor: u64, max: u64) -> u64 {
     let headroom = memory.max_bytes.saturating_sub(memory.used_bytes);
     let low = memory.max_bytes / HEADROOM_LOW_DIVISOR;
-    let high = memory.max_bytes / HEADROOM_HIGH_DIVISOR;
     if headroom < low {
         let shrunk = cache_bytes.saturating_sub(low - headroom).max(floor);
-        shrunk.min(limit)
-    } else if headroom > high && limit != u64::MAX {
-        let lifted = limit.saturating_add(memory.max_bytes / LIFT_STEP_DIVISOR);
-        if lifted >= max {
-            u64::MAX
-        } else {
-            lifted
-        }
+        return shrunk.min(limit);
+    }
+    let allowed = cache_bytes.saturating_add(headroom - low);
+    if allowed >= max {
+        u64::MAX
     } else {
-        limit
+        allowed.max(floor)
     }
 }
 
@@ -144,23 +141,24 @@ mod tests {
     }
 
     #[test]
-    fn ample_headroom_lifts_the_bound_step_by_step_then_removes_it() {
+    fn the_cache_may_grow_by_the_headroom_above_the_low_mark_and_no_more() {
         let memory = MemoryState {
             max_bytes: 10 * GIB,
             used_bytes: 5 * GIB,
         };
-        assert_eq!(next_limit(memory, GIB, GIB, 0, 8 * GIB), GIB + GIB / 2);
-        assert_eq!(
-            next_limit(memory, GIB, 7 * GIB + GIB / 2, 0, 8 * GIB),
-            u64::MAX
-        );
-        assert_eq!(next_limit(memory, GIB, u64::MAX, 0, 8 * GIB), u64::MAX);
-        // Between the marks nothing moves.
-        let middle = MemoryState {
+        // 5 GiB free, 1 GiB kept: a 1 GiB cache may reach 5 GiB.
+        assert_eq!(next_limit(memory, GIB, GIB, 0, 8 * GIB), 5 * GIB);
+        assert_eq!(next_limit(memory, GIB, u64::MAX, 0, 8 * GIB), 5 * GIB);
+        // Room past the cache's own maximum: no bound.
+        assert_eq!(next_limit(memory, 4 * GIB, 5 * GIB, 0, 8 * GIB), u64::MAX);
+        // At the low mark the cache keeps its size.
+        let full = MemoryState {
             max_bytes: 10 * GIB,
-            used_bytes: 8 * GIB + GIB / 2,
+            used_bytes: 9 * GIB,
         };
-        assert_eq!(next_limit(middle, GIB, 2 * GIB, 0, 8 * GIB), 2 * GIB);
+        assert_eq!(next_limit(full, 3 * GIB, u64::MAX, 0, 8 * GIB), 3 * GIB);
+        // A small cache is never bound under the floor.
+        assert_eq!(next_limit(full, 0, u64::MAX, 64 << 20, 8 * GIB), 64 << 20);
     }
 
     #[test]

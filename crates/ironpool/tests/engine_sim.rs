@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 use std::time::Duration;
 
-use ironpool::dev::sim::SimLatency;
+use ironpool::dev::sim::{SimDevice, SimLatency};
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::{Pool, PoolTunables};
@@ -23,6 +23,18 @@ fn tunables() -> PoolTunables {
         txg_timeout: Duration::from_millis(50),
         ..PoolTunables::default()
     }
+}
+
+/// A pool named "tank" of one mirror of `disks`, with [`tunables`].
+async fn mirror_pool(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
+    Pool::create_on_devices(
+        "tank",
+        layout(disks, TopVdevKind::Mirror),
+        false,
+        tunables(),
+    )
+    .await
+    .unwrap()
 }
 
 fn pattern(length: usize, tag: u64) -> BufSlice {
@@ -42,14 +54,7 @@ fn write_read_export_import_round_trip() {
     {
         let runtime = Runtime::new_sim(1);
         runtime.block_on(async {
-            let pool = Pool::create_on_devices(
-                "tank",
-                layout(&disks, TopVdevKind::Mirror),
-                false,
-                tunables(),
-            )
-            .await
-            .unwrap();
+            let pool = mirror_pool(&disks).await;
             let volume = pool
                 .create_volume("tank/vol", 64 << 20, 16384, BTreeMap::new())
                 .await
@@ -359,14 +364,7 @@ fn writes_under_a_tiny_metadata_cache_keep_their_paths() {
     {
         let runtime = Runtime::new_sim(77);
         runtime.block_on(async {
-            let pool = Pool::create_on_devices(
-                "tank",
-                layout(&disks, TopVdevKind::Mirror),
-                false,
-                tunables(),
-            )
-            .await
-            .unwrap();
+            let pool = mirror_pool(&disks).await;
             // 4 KiB blocks: 256 per level-1 block, so 64 MiB has a level 2.
             let volume = pool
                 .create_volume("tank/vol", 64 << 20, 4096, BTreeMap::new())
@@ -438,14 +436,7 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
     let disks = devices(2, DEVICE_BYTES, 7);
     let runtime = Runtime::new_sim(7);
     runtime.block_on(async {
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            tunables(),
-        )
-        .await
-        .unwrap();
+        let pool = mirror_pool(&disks).await;
         let volume = pool
             .create_volume("tank/vol", 16 << 20, 16384, BTreeMap::new())
             .await
@@ -506,14 +497,7 @@ fn the_space_check_finds_a_leak_and_a_freed_block_still_referenced() {
 fn a_scrub_reads_copies_every_side_is_marked_as_missing() {
     let disks = devices(2, DEVICE_BYTES, 12);
     Runtime::new_sim(12).block_on(async {
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            tunables(),
-        )
-        .await
-        .unwrap();
+        let pool = mirror_pool(&disks).await;
         let volume = pool
             .create_volume("tank/vol", 16 << 20, 16384, BTreeMap::new())
             .await
@@ -644,14 +628,7 @@ fn a_mirror_reads_a_sequential_stream_once_and_shares_it() {
     const BLOCKS: u64 = 1024;
     let disks = devices(2, DEVICE_BYTES, 31);
     Runtime::new_sim(31).block_on(async {
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            tunables(),
-        )
-        .await
-        .unwrap();
+        let pool = mirror_pool(&disks).await;
         let volume = pool
             .create_volume("tank/vol", BLOCKS * BLOCK, BLOCK as u32, BTreeMap::new())
             .await

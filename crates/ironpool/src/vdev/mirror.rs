@@ -9,21 +9,15 @@ use crate::format::DATA_START_BYTES;
 use crate::queue::{IoClass, IoFlags};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 
-/// A mirror reads each region of this many bytes (1 MiB, as a power of two)
-/// from one preferred side, the regions taking turns among the sides. Why:
-/// sides chosen block by block (least busy first) each read every other
-/// block of a sequential stream, and each side's queue then aggregated
-/// across the blocks the other side took: a 1 GiB send of 16K blocks read
-/// 1 GiB from each side of a two-way mirror. Whole regions keep a side's
-/// reads contiguous (1 MiB is the queue's aggregation limit) while a long
-/// stream still reads from every side at once, and random reads spread
-/// evenly. OpenZFS's mirror once chose its preferred child the same way,
-/// by 2 MiB of offset (`vdev_mirror_shift`).
-pub const MIRROR_REGION_SHIFT: u32 = 20;
-/// Queued reads by which a region's preferred side may be busier than
-/// another before a read goes to the other side: a slow or overloaded side
-/// sheds reads, but a stream of up to 64 blocks in flight in one region
-/// (1 MiB of 16K blocks) stays on its side.
+/// Queued reads by which a mirror side continuing a sequential run may be
+/// busier than another side before a read goes elsewhere. Why: sides taking
+/// turns block by block each read every other block, and each queue's
+/// aggregation then fills the gaps between them: a 1 GiB send of 16K
+/// blocks read 2 GiB from each side of a two-way mirror. Kept on one side
+/// for up to 64 reads (1 MiB of 16K blocks, the aggregation limit), a run
+/// is read once, and both sides still share a long stream and random reads
+/// (which continue no run) go to the least busy. OpenZFS's mirror does the
+/// same with a seek penalty on reads that do not follow a child's last one.
 pub const MIRROR_SEEK_PENALTY: u64 = 64;
 
 /// Writing a block puts it whole on every online child; a mirror keeps
@@ -104,6 +98,7 @@ pub(super) async fn read_verified(
         let leaf = &top.children[child];
         let stale = !leaf.is_readable_for(birth_txg);
         let generation = leaf.generation();
+        leaf.read_end.set(offset + length);
         let result = leaf
             .queue
             .read(class, DATA_START_BYTES + offset, length, IoFlags::default())
@@ -205,10 +200,10 @@ pub(super) async fn scrub_read(
 }
 
 /// Children to try: online ones, those that hold the block first, then least
-/// busy first, the side preferred for `offset`'s region counted
-/// [`MIRROR_SEEK_PENALTY`] less busy; ties broken at random.
+/// busy first, a side whose last read ended at `offset` counted
+/// [`MIRROR_SEEK_PENALTY`] less busy; ties broken at random so both sides of
+/// a mirror share the reads.
 fn read_order(top: &TopVdev, birth_txg: u64, offset: u64) -> Vec<usize> {
-    let preferred = (offset >> MIRROR_REGION_SHIFT) % top.children.len().max(1) as u64;
     let mut order: Vec<(bool, u64, u64, usize)> = top
         .children
         .iter()
@@ -218,7 +213,7 @@ fn read_order(top: &TopVdev, birth_txg: u64, offset: u64) -> Vec<usize> {
             (
                 !child.is_readable_for(birth_txg),
                 child.load()
-                    + if index as u64 == preferred {
+                    + if child.read_end.get() == offset {
                         0
                     } else {
                         MIRROR_SEEK_PENALTY

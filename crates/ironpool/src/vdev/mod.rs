@@ -81,6 +81,10 @@ pub struct LeafVdev {
     /// The state last reported as an event (None until the first report,
     /// which only sets it: the import's notes say how the pool came up).
     reported_state: Cell<Option<LeafState>>,
+    /// Where the last read a mirror sent to this leaf ended: a read that
+    /// starts there continues a sequential run on this side (see
+    /// `mirror::read_order`).
+    read_end: Cell<u64>,
 }
 
 impl LeafVdev {
@@ -104,6 +108,7 @@ impl LeafVdev {
             dtl: RefCell::new(Dtl::default()),
             trim_unsupported: Cell::new(false),
             reported_state: Cell::new(None),
+            read_end: Cell::new(u64::MAX),
         })
     }
 

@@ -23,7 +23,9 @@ const LIMIT_BYTES: u64 = 640 << 20;
 /// A memory cgroup made for the test, removed when dropped.
 struct MemoryGroup {
     dir: PathBuf,
-    /// v1 names its files memory.limit_in_bytes / usage_in_bytes / failcnt.
+    /// Cgroup v1's memory controller, whose files have v1's names
+    /// (`memory.limit_in_bytes`, `memory.oom_control`,
+    /// `memory.max_usage_in_bytes`) rather than v2's.
     v1: bool,
 }
 

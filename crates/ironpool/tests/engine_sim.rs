@@ -651,6 +651,14 @@ fn a_mirror_reads_a_sequential_stream_once_and_shares_it() {
                 .map(|leaf| leaf.queue.stats().read_bytes)
                 .collect()
         };
+        // Bytes each side read from its device since `before`.
+        let read_since = |before: &[u64]| -> Vec<u64> {
+            read_bytes()
+                .iter()
+                .zip(before)
+                .map(|(now, then)| now - then)
+                .collect()
+        };
 
         // 64 block reads in flight, in order, as `send` issues them.
         pool.store().cache.clear();
@@ -674,11 +682,7 @@ fn a_mirror_reads_a_sequential_stream_once_and_shares_it() {
                 );
             }
         }
-        let sides: Vec<u64> = read_bytes()
-            .iter()
-            .zip(&before)
-            .map(|(a, b)| a - b)
-            .collect();
+        let sides = read_since(&before);
         let total: u64 = sides.iter().sum();
         assert!(
             total <= BLOCKS * BLOCK * 11 / 10,
@@ -698,11 +702,7 @@ fn a_mirror_reads_a_sequential_stream_once_and_shares_it() {
             let block = rng.below(BLOCKS);
             pool.read(&volume, block * BLOCK, BLOCK).await.unwrap();
         }
-        let sides: Vec<u64> = read_bytes()
-            .iter()
-            .zip(&before)
-            .map(|(a, b)| a - b)
-            .collect();
+        let sides = read_since(&before);
         assert!(
             sides.iter().all(|side| *side >= 64 * BLOCK),
             "random reads are shared: {sides:?}"

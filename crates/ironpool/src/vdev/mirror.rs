@@ -13,7 +13,8 @@ use crate::rt::buf::{AlignedBuf, BufSlice};
 /// busier than another side before a read goes elsewhere. Why: sides taking
 /// turns block by block each read every other block, and each queue's
 /// aggregation then fills the gaps between them: a 1 GiB send of 16K
-/// blocks read 2 GiB from each side of a two-way mirror. Kept on one side
+/// blocks read 1 GiB from each side of a two-way mirror, twice the stream
+/// in all. Kept on one side
 /// for up to 64 reads (1 MiB of 16K blocks, the aggregation limit), a run
 /// is read once, and both sides still share a long stream and random reads
 /// (which continue no run) go to the least busy. OpenZFS's mirror does the

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{corrupt_file, tool, TestPool};
+use common::{corrupt_file, random_reads, tool, TestPool};
 
 #[test]
 fn nbdinfo_shows_the_export_and_its_flags() {
@@ -378,7 +378,9 @@ fn corruption_of_one_mirror_side_is_detected_returned_correct_and_repaired() {
     // Damage most of side a's data area (labels at the ends are left alone).
     corrupt_file(&pool.path("a.img"), 1 << 20, 200 << 20);
     pool.serve();
-    // Reads return correct data from side b...
+    // Reads (at random, so that they go to both sides) find the damage, and
+    // return correct data from side b...
+    random_reads(&uri, "64M", 1024);
     tool("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x42 0 64M"]);
     let status = pool.status_json();
     let side_a = &status["vdevs"][0]["children"][0];

@@ -51,9 +51,10 @@ fn a_cached_block_is_served_over_damage_and_healed_from_the_other_side_once_drop
         0,
         "a cached read went to the devices"
     );
-    // Dropped from the cache: read from the devices, the bad side found and
-    // the data still right.
+    // Dropped from the cache: read from the devices (at random, so that
+    // reads go to both sides), the bad side found and the data still right.
     pool.admin(&["tune", &pool.name, "arc_drop", "1"]);
+    random_reads(&uri, "32M", 1024);
     tool("qemu-io", &["-f", "raw", &uri, "-c", "read -P 0x42 0 32M"]);
     assert!(
         checksum_errors(&pool, 0) > 0,

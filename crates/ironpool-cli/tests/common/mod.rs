@@ -291,6 +291,27 @@ pub fn dir(pool: &TestPool) -> String {
     pool.dir.path().display().to_string()
 }
 
+/// Reads `reads` distinct 16K blocks of the first `size` of the export at
+/// `uri` in random order, one at a time (fio's nbd engine). Why: a mirror
+/// keeps a sequential read on one side, so a test that damages one side
+/// and wants a read to meet the damage reads at random, where each read
+/// takes a side afresh.
+pub fn random_reads(uri: &str, size: &str, reads: u64) {
+    tool(
+        "fio",
+        &[
+            "--name=random-reads",
+            "--ioengine=nbd",
+            &format!("--uri={uri}"),
+            "--rw=randread",
+            "--bs=16k",
+            &format!("--size={size}"),
+            &format!("--number_ios={reads}"),
+            "--iodepth=1",
+        ],
+    );
+}
+
 /// Runs `qemu-io -f raw URI -c COMMAND...`, failing the test if it fails.
 pub fn qemu_io(uri: &str, commands: &[&str]) -> String {
     let mut args = vec!["-f", "raw", uri];

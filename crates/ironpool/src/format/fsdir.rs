@@ -209,43 +209,91 @@ impl Leaf {
         put_u32(&mut out, 8, self.prefix);
         let mut at = LEAF_HEADER_BYTES;
         for entry in &self.entries {
-            put_u64(&mut out, at, entry.cookie);
-            put_u64(&mut out, at + 8, entry.object);
-            out[at + 16] = entry.kind;
-            out[at + 17] = entry.name.len() as u8;
-            out[at + ENTRY_FIXED_BYTES..at + ENTRY_FIXED_BYTES + entry.name.len()]
-                .copy_from_slice(&entry.name);
+            assert!(at + entry.encoded_bytes() <= LEAF_BYTES, "leaf overfull");
+            put_entry(&mut out, at, entry);
             at += entry.encoded_bytes();
         }
-        assert!(at <= LEAF_BYTES, "leaf of {at} bytes encoded");
         put_u32(&mut out, 12, (at - LEAF_HEADER_BYTES) as u32);
         out
     }
 
     /// Decodes the leaf expected at (`level`, `prefix`).
     pub fn decode(bytes: &[u8], level: u8, prefix: u32) -> Result<Leaf, FormatError> {
+        Ok(LeafBlock::parse(bytes.to_vec(), level, prefix)?.to_leaf())
+    }
+}
+
+/// One entry of an encoded leaf, read where it lies.
+#[derive(Clone, Copy, Debug)]
+pub struct EntryRef<'a> {
+    /// Its first byte in the leaf.
+    at: usize,
+    pub cookie: u64,
+    pub object: u64,
+    pub kind: u8,
+    pub name: &'a [u8],
+}
+
+impl EntryRef<'_> {
+    pub fn hash(&self) -> u32 {
+        (self.cookie >> 32) as u32
+    }
+
+    fn encoded_bytes(&self) -> usize {
+        ENTRY_FIXED_BYTES + self.name.len()
+    }
+
+    pub fn to_entry(&self) -> DirEntry {
+        DirEntry {
+            cookie: self.cookie,
+            object: self.object,
+            kind: self.kind,
+            name: self.name.to_vec(),
+        }
+    }
+}
+
+/// A leaf kept encoded, checked once when read and changed in place. A
+/// leaf holds hundreds of entries; a lookup, insert or remove touches one,
+/// so decoding every name into a [`Leaf`] (an allocation each) cost most
+/// of a file create's time in the server. A [`Leaf`] is made only to split.
+#[derive(Clone, Debug)]
+pub struct LeafBlock {
+    bytes: Vec<u8>,
+    level: u8,
+    prefix: u32,
+    count: usize,
+    /// End of the entries (the header's bytes used, plus the header).
+    end: usize,
+}
+
+impl LeafBlock {
+    /// Checks the leaf expected at (`level`, `prefix`): magic, place, and
+    /// every entry (in bounds, a valid name, cookies ascending and of this
+    /// leaf's prefix). Every method after relies on these checks.
+    pub fn parse(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
         const WHAT: &str = "directory leaf";
         if bytes.len() != LEAF_BYTES || &bytes[0..4] != LEAF_MAGIC {
             return Err(invalid(WHAT, "bad magic or size"));
         }
-        if bytes[4] != level || get_u32(bytes, 8) != prefix {
+        if bytes[4] != level || get_u32(&bytes, 8) != prefix {
             return Err(invalid(
                 WHAT,
                 format!(
                     "leaf {}/{:#x} found where {level}/{prefix:#x} belongs",
                     bytes[4],
-                    get_u32(bytes, 8)
+                    get_u32(&bytes, 8)
                 ),
             ));
         }
         let count = u16::from_le_bytes([bytes[6], bytes[7]]) as usize;
-        let used = get_u32(bytes, 12) as usize;
+        let used = get_u32(&bytes, 12) as usize;
         if used > LEAF_BYTES - LEAF_HEADER_BYTES {
             return Err(invalid(WHAT, format!("{used} bytes of entries")));
         }
         let end = LEAF_HEADER_BYTES + used;
-        let mut entries = Vec::with_capacity(count);
         let mut at = LEAF_HEADER_BYTES;
+        let mut last_cookie = None;
         for _ in 0..count {
             if at + ENTRY_FIXED_BYTES > end {
                 return Err(invalid(WHAT, "entries overrun the leaf"));
@@ -254,34 +302,166 @@ impl Leaf {
             if at + ENTRY_FIXED_BYTES + length > end {
                 return Err(invalid(WHAT, "entries overrun the leaf"));
             }
-            let entry = DirEntry {
-                cookie: get_u64(bytes, at),
-                object: get_u64(bytes, at + 8),
-                kind: bytes[at + 16],
-                name: bytes[at + ENTRY_FIXED_BYTES..at + ENTRY_FIXED_BYTES + length].to_vec(),
-            };
-            if !valid_entry_name(&entry.name)
+            let entry = entry_at(&bytes, at);
+            if !valid_entry_name(entry.name)
                 || entry.object == 0
                 || entry.cookie < COOKIE_FIRST
                 || prefix_of(entry.hash(), level) != prefix
-                || entries
-                    .last()
-                    .is_some_and(|last: &DirEntry| last.cookie >= entry.cookie)
+                || last_cookie.is_some_and(|last| last >= entry.cookie)
             {
                 return Err(invalid(WHAT, format!("bad entry at byte {at}")));
             }
+            last_cookie = Some(entry.cookie);
             at += entry.encoded_bytes();
-            entries.push(entry);
         }
         if at != end {
             return Err(invalid(WHAT, "entry bytes do not add up"));
         }
-        Ok(Leaf {
+        Ok(LeafBlock {
+            bytes,
             level,
             prefix,
-            entries,
+            count,
+            end,
         })
     }
+
+    pub fn level(&self) -> u8 {
+        self.level
+    }
+
+    pub fn prefix(&self) -> u32 {
+        self.prefix
+    }
+
+    /// The encoded leaf, `LEAF_BYTES` long.
+    pub fn bytes(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    /// The entries in cookie order.
+    pub fn entries(&self) -> impl Iterator<Item = EntryRef<'_>> {
+        let mut at = LEAF_HEADER_BYTES;
+        (0..self.count).map(move |_| {
+            let entry = entry_at(&self.bytes, at);
+            at += entry.encoded_bytes();
+            entry
+        })
+    }
+
+    /// The entries from the first whose cookie is at or after `cookie`.
+    pub fn entries_from(&self, cookie: u64) -> impl Iterator<Item = EntryRef<'_>> {
+        self.entries()
+            .skip_while(move |entry| entry.cookie < cookie)
+    }
+
+    /// The entries with hash `hash` (in cookie order).
+    fn with_hash(&self, hash: u32) -> impl Iterator<Item = EntryRef<'_>> {
+        self.entries_from((hash as u64) << 32)
+            .take_while(move |entry| entry.hash() == hash)
+    }
+
+    /// The entry named `name` with hash `hash`.
+    pub fn find(&self, hash: u32, name: &[u8]) -> Option<EntryRef<'_>> {
+        self.with_hash(hash).find(|entry| entry.name == name)
+    }
+
+    /// Whether an entry has `cookie`.
+    pub fn has_cookie(&self, cookie: u64) -> bool {
+        self.entries_from(cookie)
+            .next()
+            .is_some_and(|entry| entry.cookie == cookie)
+    }
+
+    /// As [`Leaf::free_cookie`].
+    pub fn free_cookie(&self, hash: u32) -> u64 {
+        let mut cookie = (hash as u64) << 32;
+        for entry in self.with_hash(hash) {
+            if entry.cookie != cookie {
+                break;
+            }
+            cookie += 1;
+        }
+        cookie
+    }
+
+    /// Adds `entry` in cookie order (its cookie is free and of this leaf's
+    /// prefix, its name valid: the caller's checks); false, and nothing
+    /// changed, when it does not fit (the leaf must split).
+    pub fn insert(&mut self, entry: &DirEntry) -> bool {
+        debug_assert!(!self.has_cookie(entry.cookie));
+        debug_assert_eq!(prefix_of(entry.hash(), self.level), self.prefix);
+        let size = entry.encoded_bytes();
+        if self.end + size > LEAF_BYTES {
+            return false;
+        }
+        let at = self
+            .entries_from(entry.cookie)
+            .next()
+            .map_or(self.end, |next| next.at);
+        self.bytes.copy_within(at..self.end, at + size);
+        put_entry(&mut self.bytes, at, entry);
+        self.set_shape(self.count + 1, self.end + size);
+        true
+    }
+
+    /// Removes the entry named `name` with hash `hash`; returns it.
+    pub fn remove(&mut self, hash: u32, name: &[u8]) -> Option<DirEntry> {
+        let found = self.find(hash, name)?;
+        let (at, size, entry) = (found.at, found.encoded_bytes(), found.to_entry());
+        self.bytes.copy_within(at + size..self.end, at);
+        // The freed tail is zero again, as `Leaf::encode` leaves it.
+        self.bytes[self.end - size..self.end].fill(0);
+        self.set_shape(self.count - 1, self.end - size);
+        Some(entry)
+    }
+
+    /// Points the entry named `name` with hash `hash` at `target` (object,
+    /// type); returns its cookie.
+    pub fn repoint(&mut self, hash: u32, name: &[u8], target: (u64, u8)) -> Option<u64> {
+        let found = self.find(hash, name)?;
+        let (at, cookie) = (found.at, found.cookie);
+        put_u64(&mut self.bytes, at + 8, target.0);
+        self.bytes[at + 16] = target.1;
+        Some(cookie)
+    }
+
+    fn set_shape(&mut self, count: usize, end: usize) {
+        self.count = count;
+        self.end = end;
+        self.bytes[6..8].copy_from_slice(&(count as u16).to_le_bytes());
+        put_u32(&mut self.bytes, 12, (end - LEAF_HEADER_BYTES) as u32);
+    }
+
+    /// The leaf decoded (to split it).
+    pub fn to_leaf(&self) -> Leaf {
+        Leaf {
+            level: self.level,
+            prefix: self.prefix,
+            entries: self.entries().map(|entry| entry.to_entry()).collect(),
+        }
+    }
+}
+
+/// The entry at byte `at` of a leaf (in bounds: `LeafBlock::parse` checked).
+fn entry_at(bytes: &[u8], at: usize) -> EntryRef<'_> {
+    let length = bytes[at + 17] as usize;
+    EntryRef {
+        at,
+        cookie: get_u64(bytes, at),
+        object: get_u64(bytes, at + 8),
+        kind: bytes[at + 16],
+        name: &bytes[at + ENTRY_FIXED_BYTES..at + ENTRY_FIXED_BYTES + length],
+    }
+}
+
+fn put_entry(bytes: &mut [u8], at: usize, entry: &DirEntry) {
+    put_u64(bytes, at, entry.cookie);
+    put_u64(bytes, at + 8, entry.object);
+    bytes[at + 16] = entry.kind;
+    bytes[at + 17] = entry.name.len() as u8;
+    bytes[at + ENTRY_FIXED_BYTES..at + ENTRY_FIXED_BYTES + entry.name.len()]
+        .copy_from_slice(&entry.name);
 }
 
 #[cfg(test)]
@@ -359,6 +539,77 @@ mod tests {
         assert_eq!(dirent_type(0o040755), DT_DIR);
         assert_eq!(dirent_type(0o100644), DT_REG);
         assert_eq!(dirent_type(0o120777), DT_LNK);
+    }
+
+    /// Inserts, removes and repoints on a `LeafBlock` leave the bytes a
+    /// `Leaf` with the same changes encodes to, and find what it finds.
+    #[test]
+    fn a_leaf_changed_in_place_matches_the_decoded_one() {
+        let salt = 9;
+        let mut model = Leaf::new(1, 1);
+        let mut block = LeafBlock::parse(model.encode(), 1, 1).unwrap();
+        let names: Vec<String> = (0..2000)
+            .map(|index| format!("name-{index}"))
+            .filter(|name| name_hash(salt, name.as_bytes()) >> 31 == 1)
+            .collect();
+        let mut inserted = 0;
+        for (index, name) in names.iter().enumerate() {
+            let hash = name_hash(salt, name.as_bytes());
+            assert_eq!(block.free_cookie(hash), model.free_cookie(hash));
+            let new = entry(salt, &model, name, index as u64 + 1);
+            let cookie = new.cookie;
+            if !block.insert(&new) {
+                let mut grown = model.clone();
+                grown.entries.push(new);
+                assert!(!grown.fits(), "{name} fits a leaf but was refused");
+                break;
+            }
+            let at = model.position(new.cookie).unwrap_err();
+            model.entries.insert(at, new);
+            inserted += 1;
+            if index % 3 == 2 {
+                let gone = &names[index - 1];
+                let hash = name_hash(salt, gone.as_bytes());
+                let expected = model.find(hash, gone.as_bytes()).cloned().unwrap();
+                model.entries.retain(|entry| entry != &expected);
+                assert_eq!(block.remove(hash, gone.as_bytes()), Some(expected));
+                assert!(block.remove(hash, gone.as_bytes()).is_none());
+            }
+            if index % 7 == 0 {
+                let at = model.position(cookie).unwrap();
+                model.entries[at].object += 1000;
+                let repointed = block.repoint(hash, name.as_bytes(), (index as u64 + 1001, DT_REG));
+                assert_eq!(repointed, Some(cookie));
+            }
+            assert_eq!(block.bytes(), &model.encode()[..], "after {name}");
+        }
+        assert!(inserted > 300, "only {inserted} entries fit");
+        let reparsed = LeafBlock::parse(block.bytes().to_vec(), 1, 1).unwrap();
+        assert_eq!(reparsed.to_leaf(), model);
+        for name in &names[..inserted] {
+            let hash = name_hash(salt, name.as_bytes());
+            let found = block
+                .find(hash, name.as_bytes())
+                .map(|entry| entry.to_entry());
+            assert_eq!(found.as_ref(), model.find(hash, name.as_bytes()));
+        }
+        let middle = model.entries[model.entries.len() / 2].cookie;
+        let listed: Vec<u64> = block
+            .entries_from(middle)
+            .map(|entry| entry.cookie)
+            .collect();
+        let expected: Vec<u64> = model
+            .entries
+            .iter()
+            .map(|entry| entry.cookie)
+            .filter(|c| *c >= middle)
+            .collect();
+        assert_eq!(listed, expected);
+        assert!(block.has_cookie(middle));
+        assert_eq!(
+            block.has_cookie(middle + 1),
+            model.position(middle + 1).is_ok()
+        );
     }
 
     proptest! {

@@ -7,14 +7,15 @@
 //! is a hole (a leaf that split) until the leaf that holds the hash.
 
 use crate::format::fsdir::{
-    leaf_blkid, name_hash, next_hash_after, prefix_of, DirEntry, Leaf, LEAF_BYTES, LEVEL_MAX,
+    leaf_blkid, name_hash, next_hash_after, prefix_of, DirEntry, Leaf, LeafBlock, LEAF_BYTES,
+    LEVEL_MAX,
 };
 use crate::object::{Object, ObjectSet};
 
 use super::FsError;
 
 /// The leaf that holds `hash`.
-async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<Leaf, FsError> {
+async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<LeafBlock, FsError> {
     for level in 0..=LEVEL_MAX {
         let prefix = prefix_of(hash, level);
         let blkid = leaf_blkid(level, prefix);
@@ -24,7 +25,7 @@ async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<Leaf,
         let bytes = objects
             .read_bytes(dir, blkid * LEAF_BYTES as u64, LEAF_BYTES)
             .await?;
-        return Leaf::decode(&bytes, level, prefix)
+        return LeafBlock::parse(bytes, level, prefix)
             .map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)));
     }
     Err(FsError::Corrupt(format!(
@@ -33,17 +34,26 @@ async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<Leaf,
     )))
 }
 
-async fn write_leaf(objects: &ObjectSet, dir: &Object, leaf: &Leaf) -> Result<(), FsError> {
-    let blkid = leaf_blkid(leaf.level, leaf.prefix);
+async fn write_leaf(
+    objects: &ObjectSet,
+    dir: &Object,
+    (level, prefix): (u8, u32),
+    bytes: &[u8],
+) -> Result<(), FsError> {
+    let blkid = leaf_blkid(level, prefix);
     objects
-        .write_bytes(dir, blkid * LEAF_BYTES as u64, &leaf.encode())
+        .write_bytes(dir, blkid * LEAF_BYTES as u64, bytes)
         .await?;
     Ok(())
 }
 
+async fn write_block(objects: &ObjectSet, dir: &Object, leaf: &LeafBlock) -> Result<(), FsError> {
+    write_leaf(objects, dir, (leaf.level(), leaf.prefix()), leaf.bytes()).await
+}
+
 /// The empty directory's one leaf, written into a new directory object.
 pub async fn init(objects: &ObjectSet, dir: &Object) -> Result<(), FsError> {
-    write_leaf(objects, dir, &Leaf::new(0, 0)).await
+    write_leaf(objects, dir, (0, 0), &Leaf::new(0, 0).encode()).await
 }
 
 /// The entry named `name`, if any.
@@ -55,7 +65,7 @@ pub async fn lookup(
 ) -> Result<Option<DirEntry>, FsError> {
     let hash = name_hash(salt, name);
     let leaf = find_leaf(objects, dir, hash).await?;
-    Ok(leaf.find(hash, name).cloned())
+    Ok(leaf.find(hash, name).map(|entry| entry.to_entry()))
 }
 
 /// Adds `name` → `object` (the caller checked it is not there); returns
@@ -72,22 +82,23 @@ pub async fn insert(
     cookie: Option<u64>,
 ) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
-    let mut leaf = find_leaf(objects, dir, hash).await?;
+    let mut block = find_leaf(objects, dir, hash).await?;
     let cookie = cookie
-        .filter(|cookie| (cookie >> 32) as u32 == hash && leaf.position(*cookie).is_err())
-        .unwrap_or_else(|| leaf.free_cookie(hash));
+        .filter(|cookie| (cookie >> 32) as u32 == hash && !block.has_cookie(*cookie))
+        .unwrap_or_else(|| block.free_cookie(hash));
     let entry = DirEntry {
         cookie,
         object: target.0,
         kind: target.1,
         name: name.to_vec(),
     };
-    let at = leaf.position(entry.cookie).unwrap_or_else(|at| at);
-    leaf.entries.insert(at, entry);
-    if leaf.fits() {
-        write_leaf(objects, dir, &leaf).await?;
+    if block.insert(&entry) {
+        write_block(objects, dir, &block).await?;
         return Ok(cookie);
     }
+    let mut leaf = block.to_leaf();
+    let at = leaf.position(entry.cookie).unwrap_or_else(|at| at);
+    leaf.entries.insert(at, entry);
     let old = (leaf.level, leaf.prefix);
     let mut pending = vec![leaf];
     let mut done = Vec::new();
@@ -103,7 +114,7 @@ pub async fn insert(
         }
     }
     for leaf in &done {
-        write_leaf(objects, dir, leaf).await?;
+        write_leaf(objects, dir, (leaf.level, leaf.prefix), &leaf.encode()).await?;
     }
     objects.punch(dir, leaf_blkid(old.0, old.1)).await?;
     Ok(cookie)
@@ -118,15 +129,10 @@ pub async fn remove(
 ) -> Result<Option<DirEntry>, FsError> {
     let hash = name_hash(salt, name);
     let mut leaf = find_leaf(objects, dir, hash).await?;
-    let Some(index) = leaf
-        .entries
-        .iter()
-        .position(|entry| entry.hash() == hash && entry.name == name)
-    else {
+    let Some(entry) = leaf.remove(hash, name) else {
         return Ok(None);
     };
-    let entry = leaf.entries.remove(index);
-    write_leaf(objects, dir, &leaf).await?;
+    write_block(objects, dir, &leaf).await?;
     Ok(Some(entry))
 }
 
@@ -141,16 +147,8 @@ pub async fn repoint(
 ) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
     let mut leaf = find_leaf(objects, dir, hash).await?;
-    let Some(entry) = leaf
-        .entries
-        .iter_mut()
-        .find(|entry| entry.hash() == hash && entry.name == name)
-    else {
-        return Err(FsError::NotFound);
-    };
-    (entry.object, entry.kind) = target;
-    let cookie = entry.cookie;
-    write_leaf(objects, dir, &leaf).await?;
+    let cookie = leaf.repoint(hash, name, target).ok_or(FsError::NotFound)?;
+    write_block(objects, dir, &leaf).await?;
     Ok(cookie)
 }
 
@@ -165,14 +163,13 @@ pub async fn list(
     let mut hash = (from >> 32) as u32;
     loop {
         let leaf = find_leaf(objects, dir, hash).await?;
-        let start = leaf.position(from).unwrap_or_else(|at| at);
-        for entry in &leaf.entries[start..] {
+        for entry in leaf.entries_from(from) {
             if out.len() == max {
                 return Ok(out);
             }
-            out.push(entry.clone());
+            out.push(entry.to_entry());
         }
-        match next_hash_after(leaf.level, leaf.prefix) {
+        match next_hash_after(leaf.level(), leaf.prefix()) {
             Some(next) => hash = next,
             None => return Ok(out),
         }

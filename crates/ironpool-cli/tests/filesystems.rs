@@ -783,6 +783,121 @@ fn extended_attributes_are_kept_replaced_removed_and_bounded() {
     stop_and_check(&mut pool);
 }
 
+/// The permission bits of `path` from `statx` asked for the mode alone
+/// (so a FUSE mount answers from the kernel's cache when it holds it).
+fn statx_mode(path: &Path) -> u32 {
+    let path = std::ffi::CString::new(path.display().to_string()).unwrap();
+    // SAFETY: all zeros is a valid `struct statx`.
+    let mut out: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a statx buffer of the right type.
+    let done = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            path.as_ptr(),
+            libc::AT_STATX_SYNC_AS_STAT,
+            libc::STATX_MODE,
+            &mut out,
+        )
+    };
+    assert_eq!(done, 0, "statx: {}", std::io::Error::last_os_error());
+    u32::from(out.stx_mode) & 0o7777
+}
+
+/// Runs `sh -c script` as root without `CAP_FSETID` (as a user's writes
+/// are: the kernel then asks the server to drop set-id bits).
+fn without_fsetid(script: &str) {
+    let status = std::process::Command::new("setpriv")
+        .args(["--bounding-set=-fsetid", "sh", "-c", script])
+        .status()
+        .expect("setpriv (util-linux)");
+    assert!(status.success(), "{script}: {status}");
+}
+
+#[test]
+fn writes_truncates_and_chown_drop_set_id_bits_and_capabilities() {
+    // The server asks for FUSE_HANDLE_KILLPRIV_V2 (so the kernel does not
+    // ask for security.capability before every buffered write): dropping
+    // set-user-id, set-group-id and capabilities is then its job, by
+    // Linux's rules, and the kernel's cached mode must follow at once.
+    use std::os::unix::fs::PermissionsExt;
+    let (mut pool, mnt, _unmount) = served_filesystem("fskillpriv");
+    let file = mnt.join("set-id");
+    std::fs::write(&file, b"data").unwrap();
+    let path = file.display().to_string();
+    let mode = || std::fs::metadata(&file).unwrap().mode() & 0o7777;
+    let chmod =
+        |mode: u32| std::fs::set_permissions(&file, std::fs::Permissions::from_mode(mode)).unwrap();
+    let append = || {
+        let mut out = std::fs::OpenOptions::new()
+            .append(true)
+            .open(&file)
+            .unwrap();
+        out.write_all(b"more").unwrap();
+    };
+
+    chmod(0o6777);
+    without_fsetid(&format!("printf x >> {path}"));
+    // Asked alone, the mode comes from the kernel's cache: the server
+    // told the kernel it changed.
+    assert_eq!(statx_mode(&file), 0o777, "the kernel's cached mode");
+    assert_eq!(mode(), 0o777, "a write without CAP_FSETID drops both bits");
+    chmod(0o6777);
+    append();
+    assert_eq!(mode(), 0o6777, "a write with CAP_FSETID keeps them");
+    // Without group execute, set-group-id marks mandatory locking: kept.
+    chmod(0o6767);
+    without_fsetid(&format!("printf x >> {path}"));
+    assert_eq!(mode(), 0o2767);
+    chmod(0o6777);
+    without_fsetid(&format!("truncate -s 1 {path}"));
+    assert_eq!(mode(), 0o777, "a truncate without CAP_FSETID drops both");
+    chmod(0o6777);
+    std::os::unix::fs::chown(&file, Some(1), Some(1)).unwrap();
+    assert_eq!(mode(), 0o777, "a chown drops both, even by root");
+
+    // A capability goes with any write, truncate or chown; other
+    // attributes stay.
+    std::os::unix::fs::chown(&file, Some(0), Some(0)).unwrap();
+    // struct vfs_cap_data, revision 2: effective, CAP_NET_BIND_SERVICE.
+    let mut capability = Vec::new();
+    for word in [0x0200_0001u32, 1 << 10, 0, 0, 0] {
+        capability.extend_from_slice(&word.to_le_bytes());
+    }
+    set_xattr(&file, "user.kept", b"yes", 0).unwrap();
+    let capable = || set_xattr(&file, "security.capability", &capability, 0).unwrap();
+    capable();
+    assert_eq!(
+        list_xattrs(&file).unwrap(),
+        ["security.capability", "user.kept"]
+    );
+    append();
+    assert_eq!(list_xattrs(&file).unwrap(), ["user.kept"], "after a write");
+    capable();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&file)
+        .unwrap()
+        .set_len(2)
+        .unwrap();
+    assert_eq!(
+        list_xattrs(&file).unwrap(),
+        ["user.kept"],
+        "after a truncate"
+    );
+    capable();
+    std::os::unix::fs::chown(&file, Some(2), Some(2)).unwrap();
+    assert_eq!(list_xattrs(&file).unwrap(), ["user.kept"], "after a chown");
+
+    // What the server changed is what a restart finds.
+    chmod(0o6777);
+    without_fsetid(&format!("printf x >> {path}"));
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_eq!(mode(), 0o777);
+    stop_and_check(&mut pool);
+}
+
 #[test]
 fn filesystem_properties_mounts_listing_and_destroy() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsprops");

@@ -6,7 +6,11 @@
 //! At INIT the server asks for `FUSE_ASYNC_DIO` and a `max_background` of
 //! [`MAX_BACKGROUND`] (without them the kernel sends a direct-I/O file's
 //! requests one at a time) and 1 MiB writes; files opened with `O_DIRECT`
-//! get `FOPEN_DIRECT_IO` and `FOPEN_PARALLEL_DIRECT_WRITES`.
+//! get `FOPEN_DIRECT_IO` and `FOPEN_PARALLEL_DIRECT_WRITES`. It also asks
+//! for `FUSE_HANDLE_KILLPRIV_V2`: the server drops set-user-id, set-group-id
+//! and `security.capability` on write, truncate and chown
+//! (`Filesystem::drop_privileges`), so the kernel no longer asks for
+//! `security.capability` before every buffered write (a round trip each).
 //!
 //! When the kernel offers FUSE over io_uring (`enable_uring`), INIT asks
 //! for it and the mount registers slots on the engine's ring once INIT is
@@ -37,6 +41,7 @@ use std::time::Duration;
 
 use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::pool::dataset::props::SyncMode;
+use crate::pool::filesystem::xattr::without_setid;
 use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -435,6 +440,20 @@ async fn serve_request(session: &Rc<Session>, request: &[u8]) {
     }
 }
 
+/// Tells the kernel the attributes of node `nodeid` changed without a
+/// request that returns them (a write that dropped set-user-id). Its
+/// cached ones would otherwise hold for [`ATTR_VALID_SECONDS`].
+async fn notify_inval_attributes(session: &Session, nodeid: u64) {
+    let bytes = proto::notify_inval_attributes(nodeid);
+    let bytes = BufSlice::whole(AlignedBuf::copy_from(&bytes).into_shared());
+    // ENOENT: the kernel no longer knows the node.
+    if let Err(error) = rt_uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
+        if error.raw_os_error() != Some(libc::ENOENT) {
+            eprintln!("ironpool: {}: fuse notification: {error}", session.fs.name);
+        }
+    }
+}
+
 fn to_fuse(attr: &Attr) -> proto::Attr {
     let time = |time: Timestamp| (time.seconds, time.nanos);
     let znode = &attr.znode;
@@ -667,8 +686,19 @@ async fn serve_fs(
                     None
                 }
             };
+            // A truncate or chown drops capabilities, and set-user-id and
+            // set-group-id when the kernel says so (`HANDLE_KILLPRIV_V2`).
+            let kill_setid = change.valid & proto::FATTR_KILL_SUIDGID != 0;
+            let mut mode = (change.valid & proto::FATTR_MODE != 0).then_some(change.mode);
+            if change.valid & (proto::FATTR_SIZE | proto::FATTR_UID | proto::FATTR_GID) != 0 {
+                fs.drop_privileges(pool, node, false).await?;
+                if kill_setid {
+                    let current = mode.unwrap_or(fs.getattr(node).await?.znode.mode);
+                    mode = Some(without_setid(current) & 0o7777);
+                }
+            }
             let set = SetAttr {
-                mode: (change.valid & proto::FATTR_MODE != 0).then_some(change.mode),
+                mode,
                 uid: (change.valid & proto::FATTR_UID != 0).then_some(change.uid),
                 gid: (change.valid & proto::FATTR_GID != 0).then_some(change.gid),
                 size: (change.valid & proto::FATTR_SIZE != 0).then_some(change.size),
@@ -761,7 +791,16 @@ async fn serve_fs(
             let direct = flags & libc::O_DIRECT as u32 != 0;
             fs.read(pool, node, offset, size, direct).await
         }
-        Request::Write { offset, data, .. } => {
+        Request::Write {
+            offset,
+            data,
+            write_flags,
+            ..
+        } => {
+            let kill_setid = write_flags & proto::WRITE_KILL_SUIDGID != 0;
+            if fs.drop_privileges(pool, node, kill_setid).await? {
+                notify_inval_attributes(session, header.nodeid).await;
+            }
             let written = fs.write(pool, node, offset, data).await?;
             Ok(proto::write_out(written as u32))
         }
@@ -826,7 +865,8 @@ fn init(session: &Session, major: u32, minor: u32, flags: u32) -> Result<Vec<u8>
         | proto::BIG_WRITES
         | proto::ASYNC_DIO
         | proto::PARALLEL_DIROPS
-        | proto::MAX_PAGES;
+        | proto::MAX_PAGES
+        | proto::HANDLE_KILLPRIV_V2;
     // FUSE over io_uring: asked for in flags2, behind INIT_EXT,
     // when the kernel offers it (it sets INIT_EXT itself then).
     let uring = session.uring_offered.is_ok() && flags & proto::INIT_EXT != 0;

@@ -56,6 +56,10 @@ pub const DONT_MASK: u32 = 1 << 6;
 pub const ASYNC_DIO: u32 = 1 << 15;
 pub const PARALLEL_DIROPS: u32 = 1 << 18;
 pub const MAX_PAGES: u32 = 1 << 22;
+/// The server, not the kernel, drops set-user-id, set-group-id and
+/// `security.capability` on write, truncate and chown (so the kernel need
+/// not ask for `security.capability` before every buffered write).
+pub const HANDLE_KILLPRIV_V2: u32 = 1 << 28;
 /// The reply's `flags2` holds flags 32 and up.
 pub const INIT_EXT: u32 = 1 << 30;
 // INIT flags2 (flags 32 and up).
@@ -75,6 +79,17 @@ pub const FATTR_ATIME: u32 = 1 << 4;
 pub const FATTR_MTIME: u32 = 1 << 5;
 pub const FATTR_ATIME_NOW: u32 = 1 << 7;
 pub const FATTR_MTIME_NOW: u32 = 1 << 8;
+/// Drop set-user-id and set-group-id (`HANDLE_KILLPRIV_V2`): a truncate by
+/// a caller without `CAP_FSETID`, or a chown.
+pub const FATTR_KILL_SUIDGID: u32 = 1 << 11;
+
+// WRITE flags (`write_flags`).
+/// Drop set-user-id and set-group-id (`HANDLE_KILLPRIV_V2`): the writer
+/// has no `CAP_FSETID`.
+pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+
+// Notifications (written with unique 0, the code in the error field).
+pub const NOTIFY_INVAL_INODE: i32 = 2;
 
 /// The header of every request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -167,6 +182,8 @@ pub enum Request<'a> {
     Write {
         fh: u64,
         offset: u64,
+        /// `WRITE_KILL_SUIDGID`...
+        write_flags: u32,
         /// The file's open flags, with `O_DSYNC`/`O_SYNC` set for a write
         /// that must be durable when answered (`RWF_DSYNC` too).
         flags: u32,
@@ -347,6 +364,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             Request::Write {
                 fh: u64_at(body, 0)?,
                 offset: u64_at(body, 8)?,
+                write_flags: u32_at(body, 20)?,
                 flags: u32_at(body, 32)?,
                 data,
             }
@@ -402,6 +420,18 @@ pub fn reply(unique: u64, error: i32, body: &[u8]) -> Vec<u8> {
     out.extend_from_slice(&unique.to_le_bytes());
     out.extend_from_slice(body);
     out
+}
+
+/// A notification that the attributes of node `nodeid` changed behind
+/// the kernel's back (`FUSE_NOTIFY_INVAL_INODE`, attributes only): it asks
+/// for them again.
+pub fn notify_inval_attributes(nodeid: u64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24);
+    body.extend_from_slice(&nodeid.to_le_bytes());
+    // Offset -1: no cached data is dropped.
+    body.extend_from_slice(&(-1i64).to_le_bytes());
+    body.extend_from_slice(&0i64.to_le_bytes());
+    reply(0, NOTIFY_INVAL_INODE, &body)
 }
 
 /// The reply header alone, for a reply whose body (`body_bytes` of it) is
@@ -615,6 +645,7 @@ mod tests {
         let mut body = vec![0u8; 40];
         body[8..16].copy_from_slice(&4096u64.to_le_bytes());
         body[16..20].copy_from_slice(&3u32.to_le_bytes());
+        body[20..24].copy_from_slice(&WRITE_KILL_SUIDGID.to_le_bytes());
         body[32..36].copy_from_slice(&0o10002u32.to_le_bytes());
         body.extend_from_slice(b"xyz");
         let bytes = request_bytes(WRITE, &body);
@@ -623,6 +654,7 @@ mod tests {
             Request::Write {
                 fh: 0,
                 offset: 4096,
+                write_flags: WRITE_KILL_SUIDGID,
                 flags: 0o10002,
                 data: b"xyz"
             }

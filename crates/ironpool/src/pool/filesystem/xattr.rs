@@ -30,6 +30,26 @@ pub const XATTR_CREATE: u32 = 1;
 /// ...or if it does not.
 pub const XATTR_REPLACE: u32 = 2;
 
+/// The attribute holding a file's capabilities (`setcap`), dropped when
+/// the file is written, truncated or changes owner.
+const CAPABILITY: &[u8] = b"security.capability";
+
+/// `mode` without set-user-id, and without set-group-id when the group may
+/// execute (without that bit, set-group-id marks mandatory locking and
+/// stays), as Linux drops them when a caller without `CAP_FSETID` writes
+/// or truncates a file, or anyone changes its owner.
+pub fn without_setid(mode: u32) -> u32 {
+    let mut mode = mode & !S_ISUID;
+    if mode & S_IXGRP != 0 {
+        mode &= !S_ISGID;
+    }
+    mode
+}
+
+const S_ISUID: u32 = 0o4000;
+const S_ISGID: u32 = 0o2000;
+const S_IXGRP: u32 = 0o010;
+
 /// The prefix of the POSIX ACL attributes' names.
 const POSIX_ACL_PREFIX: &[u8] = b"system.posix_acl_";
 
@@ -49,6 +69,39 @@ impl Filesystem {
         } else {
             Ok(())
         }
+    }
+
+    /// Drops what a write (or truncate, or chown) of `ino` takes away
+    /// (the server's job under FUSE's `HANDLE_KILLPRIV_V2`): its
+    /// `security.capability`, and with `kill_setid` its set-user-id and
+    /// set-group-id bits ([`without_setid`]). Returns whether anything
+    /// changed (the kernel's cached attributes are then stale). A file
+    /// with neither costs one attribute lookup.
+    pub async fn drop_privileges(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        kill_setid: bool,
+    ) -> Result<bool, FsError> {
+        let znode = self.getattr(ino).await?.znode;
+        let mut changed = false;
+        if znode.xattr_object != 0 && self.xattrs.get() {
+            match self.removexattr(pool, ino, CAPABILITY).await {
+                Ok(()) => changed = true,
+                Err(FsError::NoAttribute) => {}
+                Err(error) => return Err(error),
+            }
+        }
+        let mode = without_setid(znode.mode);
+        if kill_setid && mode != znode.mode {
+            let change = super::SetAttr {
+                mode: Some(mode & 0o7777),
+                ..Default::default()
+            };
+            self.setattr(pool, ino, change).await?;
+            changed = true;
+        }
+        Ok(changed)
     }
 
     /// The object holding extended attributes numbered `id`.

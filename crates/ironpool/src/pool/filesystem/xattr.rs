@@ -76,7 +76,7 @@ impl Filesystem {
     /// `security.capability`, and with `kill_setid` its set-user-id and
     /// set-group-id bits ([`without_setid`]). Returns whether anything
     /// changed (the kernel's cached attributes are then stale). A file
-    /// with neither costs one attribute lookup.
+    /// with neither costs one attribute lookup, under the shared lock.
     pub async fn drop_privileges(
         &self,
         pool: &Rc<Pool>,
@@ -85,9 +85,18 @@ impl Filesystem {
     ) -> Result<bool, FsError> {
         let znode = self.getattr(ino).await?.znode;
         let mut changed = false;
+        // Looked up first (under the shared lock): removing takes the
+        // filesystem's change lock, which would hold up every other
+        // request on each write of a file with attributes of its own.
         if znode.xattr_object != 0 && self.xattrs.get() {
-            match self.removexattr(pool, ino, CAPABILITY).await {
-                Ok(()) => changed = true,
+            match self.getxattr(ino, CAPABILITY).await {
+                Ok(_) => {
+                    match self.removexattr(pool, ino, CAPABILITY).await {
+                        Ok(()) | Err(FsError::NoAttribute) => {}
+                        Err(error) => return Err(error),
+                    }
+                    changed = true;
+                }
                 Err(FsError::NoAttribute) => {}
                 Err(error) => return Err(error),
             }

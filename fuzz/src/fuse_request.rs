@@ -129,10 +129,10 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             u64s(&mut body, &[0]);
             u32s(&mut body, &[flags, 0]);
         }
-        Request::Write { fh, offset, flags, data } => {
+        Request::Write { fh, offset, write_flags, flags, data } => {
             // fh, offset, size, write_flags, lock_owner, flags, padding.
             u64s(&mut body, &[fh, offset]);
-            u32s(&mut body, &[data.len() as u32, 0]);
+            u32s(&mut body, &[data.len() as u32, write_flags]);
             u64s(&mut body, &[0]);
             u32s(&mut body, &[flags, 0]);
             body.extend_from_slice(data);

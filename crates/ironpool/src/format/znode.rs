@@ -45,6 +45,10 @@ pub const S_IFIFO: u32 = 0o010000;
 pub const S_IFCHR: u32 = 0o020000;
 pub const S_IFBLK: u32 = 0o060000;
 pub const S_IFSOCK: u32 = 0o140000;
+/// `st_mode` permission bits that a write, truncate or chown may drop.
+pub const S_ISUID: u32 = 0o4000;
+pub const S_ISGID: u32 = 0o2000;
+pub const S_IXGRP: u32 = 0o010;
 
 /// A point in time: seconds and nanoseconds since the Unix epoch.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord)]

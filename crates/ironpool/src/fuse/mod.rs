@@ -41,7 +41,6 @@ use std::time::Duration;
 
 use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::pool::dataset::props::SyncMode;
-use crate::pool::filesystem::xattr::without_setid;
 use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -688,22 +687,19 @@ async fn serve_fs(
             };
             // A truncate or chown drops capabilities, and set-user-id and
             // set-group-id when the kernel says so (`HANDLE_KILLPRIV_V2`).
-            let kill_setid = change.valid & proto::FATTR_KILL_SUIDGID != 0;
-            let mut mode = (change.valid & proto::FATTR_MODE != 0).then_some(change.mode);
-            if change.valid & (proto::FATTR_SIZE | proto::FATTR_UID | proto::FATTR_GID) != 0 {
+            let owner_or_size =
+                change.valid & (proto::FATTR_SIZE | proto::FATTR_UID | proto::FATTR_GID) != 0;
+            if owner_or_size {
                 fs.drop_privileges(pool, node, false).await?;
-                if kill_setid {
-                    let current = mode.unwrap_or(fs.getattr(node).await?.znode.mode);
-                    mode = Some(without_setid(current) & 0o7777);
-                }
             }
             let set = SetAttr {
-                mode,
+                mode: (change.valid & proto::FATTR_MODE != 0).then_some(change.mode),
                 uid: (change.valid & proto::FATTR_UID != 0).then_some(change.uid),
                 gid: (change.valid & proto::FATTR_GID != 0).then_some(change.gid),
                 size: (change.valid & proto::FATTR_SIZE != 0).then_some(change.size),
                 atime: time(change.atime, proto::FATTR_ATIME_NOW, proto::FATTR_ATIME),
                 mtime: time(change.mtime, proto::FATTR_MTIME_NOW, proto::FATTR_MTIME),
+                drop_setid: owner_or_size && change.valid & proto::FATTR_KILL_SUIDGID != 0,
             };
             let attr = fs.setattr(pool, node, set).await?;
             Ok(proto::attr_out(

@@ -51,7 +51,9 @@ use crate::format::bp::Compression;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::fsdir::{self, DirEntry};
 use crate::format::intent_log::{EntryTarget, ObjectState};
-use crate::format::znode::{FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::format::znode::{
+    FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID, S_ISUID, S_IXGRP,
+};
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
 use crate::pool::dataset::intent_log::{FileAttr, IntentLog};
@@ -248,6 +250,22 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<Timestamp>,
     pub mtime: Option<Timestamp>,
+    /// Drop set-user-id and set-group-id ([`without_setid`]) from the mode
+    /// this change leaves, under the same lock (FUSE's `HANDLE_KILLPRIV_V2`:
+    /// a write or truncate by a caller without `CAP_FSETID`, a chown).
+    pub drop_setid: bool,
+}
+
+/// `mode` without set-user-id, and without set-group-id when the group may
+/// execute (without that bit, set-group-id marks mandatory locking and
+/// stays), as Linux drops them when a caller without `CAP_FSETID` writes
+/// or truncates a file, or anyone changes its owner.
+pub fn without_setid(mode: u32) -> u32 {
+    let mut mode = mode & !S_ISUID;
+    if mode & S_IXGRP != 0 {
+        mode &= !S_ISGID;
+    }
+    mode
 }
 
 /// What a new object is (`create`): its type and permissions in `mode`
@@ -1493,6 +1511,9 @@ impl Filesystem {
         }
         if let Some(gid) = change.gid {
             znode.gid = gid;
+        }
+        if change.drop_setid {
+            znode.mode = without_setid(znode.mode);
         }
         if let Some(atime) = change.atime {
             znode.atime = atime;

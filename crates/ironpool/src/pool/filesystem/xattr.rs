@@ -18,7 +18,7 @@
 
 use std::rc::Rc;
 
-use super::{block_shift_for, now, padded_to_block, Filesystem, FsError};
+use super::{block_shift_for, now, padded_to_block, without_setid, Filesystem, FsError};
 use crate::format::xattr::{self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
 use crate::format::znode::{Znode, S_IFREG};
 use crate::format::{BlockPointer, ObjectType};
@@ -33,22 +33,6 @@ pub const XATTR_REPLACE: u32 = 2;
 /// The attribute holding a file's capabilities (`setcap`), dropped when
 /// the file is written, truncated or changes owner.
 const CAPABILITY: &[u8] = b"security.capability";
-
-/// `mode` without set-user-id, and without set-group-id when the group may
-/// execute (without that bit, set-group-id marks mandatory locking and
-/// stays), as Linux drops them when a caller without `CAP_FSETID` writes
-/// or truncates a file, or anyone changes its owner.
-pub fn without_setid(mode: u32) -> u32 {
-    let mut mode = mode & !S_ISUID;
-    if mode & S_IXGRP != 0 {
-        mode &= !S_ISGID;
-    }
-    mode
-}
-
-const S_ISUID: u32 = 0o4000;
-const S_ISGID: u32 = 0o2000;
-const S_IXGRP: u32 = 0o010;
 
 /// The prefix of the POSIX ACL attributes' names.
 const POSIX_ACL_PREFIX: &[u8] = b"system.posix_acl_";
@@ -74,7 +58,7 @@ impl Filesystem {
     /// Drops what a write (or truncate, or chown) of `ino` takes away
     /// (the server's job under FUSE's `HANDLE_KILLPRIV_V2`): its
     /// `security.capability`, and with `kill_setid` its set-user-id and
-    /// set-group-id bits ([`without_setid`]). Returns whether anything
+    /// set-group-id bits ([`SetAttr::drop_setid`]). Returns whether anything
     /// changed (the kernel's cached attributes are then stale). A file
     /// with neither costs one attribute lookup, under the shared lock.
     pub async fn drop_privileges(
@@ -101,10 +85,9 @@ impl Filesystem {
                 Err(error) => return Err(error),
             }
         }
-        let mode = without_setid(znode.mode);
-        if kill_setid && mode != znode.mode {
+        if kill_setid && without_setid(znode.mode) != znode.mode {
             let change = super::SetAttr {
-                mode: Some(mode & 0o7777),
+                drop_setid: true,
                 ..Default::default()
             };
             self.setattr(pool, ino, change).await?;

@@ -120,6 +120,23 @@ impl Model {
     }
 }
 
+thread_local! {
+    /// Writes of `step` and `step_write` are written behind
+    /// (`Filesystem::write_behind`): answered before their blocks are
+    /// linked, and read back, truncated, fsynced and committed meanwhile.
+    static WRITE_BEHIND: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Writes `data` at `offset` of `ino`, behind when [`WRITE_BEHIND`] says so.
+async fn write(pool: &Rc<Pool>, fs: &Rc<Filesystem>, ino: u64, offset: u64, data: &[u8]) -> usize {
+    let written = if WRITE_BEHIND.get() {
+        fs.write_behind(pool, ino, offset, data).await
+    } else {
+        fs.write(pool, ino, offset, data).await
+    };
+    written.unwrap()
+}
+
 fn name(rng: &mut Rng) -> Vec<u8> {
     // Few names, so that operations meet existing ones often.
     format!("n{}", rng.below(12)).into_bytes()
@@ -234,7 +251,7 @@ async fn step(pool: &Rc<Pool>, fs: &Rc<Filesystem>, model: &RefCell<Model>, rng:
             };
             let length = 1 + rng.below(150_000) as usize;
             let data = bytes(rng, length);
-            let written = fs.write(pool, ino, offset, &data).await.unwrap();
+            let written = write(pool, fs, ino, offset, &data).await;
             assert_eq!(written, data.len());
             let mut new = old;
             let end = offset as usize + data.len();
@@ -522,6 +539,15 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
                 }
             }
             space_is_clean(&pool, &format!("seed {seed}")).await;
+            if WRITE_BEHIND.get() {
+                let stats = fs.io_stats();
+                assert!(
+                    stats.behind_write_ops > stats.write_ops / 2,
+                    "seed {seed}: {} of {} writes written behind",
+                    stats.behind_write_ops,
+                    stats.write_ops
+                );
+            }
             pool.export().await.unwrap();
         }
     });
@@ -543,6 +569,23 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
 #[test]
 fn a_random_tree_matches_its_model_across_commits_and_imports() {
     for seed in 1..=4 {
+        random_tree_run(
+            seed,
+            TopVdevKind::Mirror,
+            2,
+            if seed.is_multiple_of(2) {
+                "16K"
+            } else {
+                "128K"
+            },
+        );
+    }
+}
+
+#[test]
+fn a_random_tree_written_behind_matches_its_model() {
+    WRITE_BEHIND.set(true);
+    for seed in 41..=44 {
         random_tree_run(
             seed,
             TopVdevKind::Mirror,
@@ -966,10 +1009,7 @@ async fn step_write(pool: &Rc<Pool>, fs: &Rc<Filesystem>, model: &RefCell<Model>
     } as usize;
     let length = 1 + rng.below(40_000) as usize;
     let new = bytes(rng, length);
-    assert_eq!(
-        fs.write(pool, ino, offset as u64, &new).await.unwrap(),
-        length
-    );
+    assert_eq!(write(pool, fs, ino, offset as u64, &new).await, length);
     if data.len() < offset + length {
         data.resize(offset + length, 0);
     }
@@ -1015,6 +1055,167 @@ fn a_crash_keeps_every_fsync_made_through_the_intent_log() {
     );
     assert!(logged > 100, "{logged} fsyncs went through the intent log");
     assert!(replays >= 6, "{replays} imports replayed an intent log");
+}
+
+#[test]
+fn a_crash_keeps_every_fsync_of_writes_written_behind() {
+    WRITE_BEHIND.set(true);
+    let (mut logged, mut replays) = (0, 0);
+    for seed in 151..=158 {
+        let (stats, replayed) = crash_run_with(seed, true);
+        logged += stats.commits;
+        replays += u64::from(replayed);
+    }
+    eprintln!("{logged} log commits, {replays} replays");
+    assert!(logged > 50, "{logged} fsyncs went through the intent log");
+    assert!(replays >= 4, "{replays} imports replayed an intent log");
+}
+
+/// Small writes written behind into record-size blocks, each read back at
+/// once (buffered and direct) while its version is in memory: whole
+/// versions, versions of parts merged over the block in the tree, over
+/// holes, and replaced before their write-out; then through a commit and
+/// an import.
+#[test]
+fn reads_see_writes_written_behind_before_they_are_linked() {
+    let seed = 171;
+    let disks = devices(2, DEVICE_BYTES, seed);
+    let model = Rc::new(RefCell::new(Vec::new()));
+    Runtime::new_sim(seed).block_on({
+        let disks = disks.clone();
+        let model = model.clone();
+        async move {
+            let mut rng = Rng::new(seed);
+            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+            let file = fs
+                .create(
+                    &pool,
+                    fs.root(),
+                    b"f",
+                    &NewObject::owned(S_IFREG | 0o644, 0, 0),
+                )
+                .await
+                .unwrap();
+            // Two records written through, then a hole, then a third.
+            let mut data = bytes(&mut rng, 256 << 10);
+            fs.write(&pool, file.ino, 0, &data).await.unwrap();
+            let third = bytes(&mut rng, 128 << 10);
+            fs.write(&pool, file.ino, 384 << 10, &third).await.unwrap();
+            data.resize(384 << 10, 0);
+            data.extend_from_slice(&third);
+            pool.commit().await.unwrap();
+            let mut held_reads = 0;
+            for round in 0..400 {
+                let length = 1 + rng.below(if round % 10 == 0 { 200_000 } else { 9000 }) as usize;
+                let offset = rng.below(data.len() as u64 + 4096) as usize;
+                let piece = bytes(&mut rng, length);
+                let written = fs
+                    .write_behind(&pool, file.ino, offset as u64, &piece)
+                    .await;
+                assert_eq!(written.unwrap(), length);
+                if data.len() < offset + length {
+                    data.resize(offset + length, 0);
+                }
+                data[offset..offset + length].copy_from_slice(&piece);
+                held_reads += u64::from(fs.held_behind_blocks() > 0);
+                let at = offset.saturating_sub(rng.below(70_000) as usize);
+                let span = length + rng.below(140_000) as usize;
+                let direct = rng.chance(1, 3);
+                let read = fs
+                    .read(&pool, file.ino, at as u64, span, direct)
+                    .await
+                    .unwrap();
+                let end = (at + span).min(data.len());
+                assert!(read == data[at..end], "round {round}: {span} bytes at {at}");
+                if rng.chance(1, 40) {
+                    pool.commit().await.unwrap();
+                }
+            }
+            assert!(
+                held_reads > 300,
+                "{held_reads} reads while blocks were held"
+            );
+            assert!(
+                fs.read(&pool, file.ino, 0, data.len(), false)
+                    .await
+                    .unwrap()
+                    == data
+            );
+            pool.export().await.unwrap();
+            *model.borrow_mut() = data;
+        }
+    });
+    Runtime::new_sim(seed + 1).block_on(async move {
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+            .await
+            .unwrap();
+        let fs = pool.filesystem("tank/fs").unwrap();
+        let ino = fs.lookup(fs.root(), b"f").await.unwrap().ino;
+        let data = model.borrow().clone();
+        assert_eq!(fs.getattr(ino).await.unwrap().size, data.len() as u64);
+        assert!(fs.read(&pool, ino, 0, data.len(), false).await.unwrap() == data);
+        space_is_clean(&pool, "after import").await;
+        pool.export().await.unwrap();
+    });
+}
+
+/// A write-out that fails after its write was answered is reported by
+/// the file's next fsync (once), and writes go through until one succeeds.
+#[test]
+fn a_failed_write_out_is_reported_by_the_next_fsync() {
+    let disks = devices(1, DEVICE_BYTES, 181);
+    Runtime::new_sim(181).block_on(async move {
+        let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let file = fs
+            .create(
+                &pool,
+                fs.root(),
+                b"f",
+                &NewObject::owned(S_IFREG | 0o644, 0, 0),
+            )
+            .await
+            .unwrap();
+        fs.write(&pool, file.ino, 0, &[1; 128 << 10]).await.unwrap();
+        fs.write_behind(&pool, file.ino, 4096, &[2; 4096])
+            .await
+            .unwrap();
+        fs.settle_writes(Some(file.ino)).await;
+        assert!(fs.take_write_error(file.ino).is_none());
+        disks[0].set_faults(ironpool::dev::sim::SimFaults {
+            write_error_ppm: 1_000_000,
+            ..Default::default()
+        });
+        fs.write_behind(&pool, file.ino, 8192, &[3; 4096])
+            .await
+            .unwrap();
+        fs.settle_writes(Some(file.ino)).await;
+        assert_eq!(fs.io_stats().behind_failures, 1);
+        let error = fs
+            .take_write_error(file.ino)
+            .expect("the failure is reported");
+        assert_eq!(error.errno(), libc::EIO, "{error}");
+        assert!(fs.take_write_error(file.ino).is_none(), "reported once");
+        // Failing: the next write goes through and meets the error itself.
+        let behind = fs.io_stats().behind_write_ops;
+        assert!(fs
+            .write_behind(&pool, file.ino, 8192, &[4; 4096])
+            .await
+            .is_err());
+        assert_eq!(fs.io_stats().behind_write_ops, behind);
+        disks[0].set_faults(ironpool::dev::sim::SimFaults::default());
+        fs.write_behind(&pool, file.ino, 8192, &[5; 4096])
+            .await
+            .unwrap();
+        fs.write_behind(&pool, file.ino, 12288, &[6; 4096])
+            .await
+            .unwrap();
+        assert_eq!(fs.io_stats().behind_write_ops, behind + 1);
+        fs.settle_writes(None).await;
+        let read = fs.read(&pool, file.ino, 0, 16384, false).await.unwrap();
+        assert_eq!(&read[4096..8192], &[2; 4096][..]);
+        assert_eq!(&read[8192..12288], &[5; 4096][..]);
+        assert_eq!(&read[12288..], &[6; 4096][..]);
+    });
 }
 
 #[test]

@@ -791,13 +791,18 @@ async fn serve_fs(
             offset,
             data,
             write_flags,
+            flags,
             ..
         } => {
             let kill_setid = write_flags & proto::WRITE_KILL_SUIDGID != 0;
             if fs.drop_privileges(pool, node, kill_setid).await? {
                 notify_inval_attributes(session, header.nodeid).await;
             }
-            let written = fs.write(pool, node, offset, data).await?;
+            let written = if fs.may_write_behind(flags) {
+                fs.write_behind(pool, node, offset, data).await?
+            } else {
+                fs.write(pool, node, offset, data).await?
+            };
             Ok(proto::write_out(written as u32))
         }
         Request::Statfs => statfs(session),
@@ -805,6 +810,11 @@ async fn serve_fs(
         // intent log when it carries every change since the last durable
         // txg, else a txg (`sync=disabled`: nothing, as OpenZFS).
         Request::Fsync { .. } | Request::Fsyncdir => {
+            // A write answered before and lost since is reported here.
+            fs.settle_writes(Some(node)).await;
+            if let Some(error) = fs.take_write_error(node) {
+                return Err(error);
+            }
             if fs.settings().sync != SyncMode::Disabled {
                 pool.fs_log_commit(fs).await?;
                 fs.count_flush();

@@ -799,6 +799,8 @@ impl Pool {
             // no chain to start (its name has no directory record).
             return Ok(());
         }
+        // Writes answered before this are linked (and noted) first.
+        fs.settle_writes(None).await;
         let Some((_commit, number)) = fs.log.begin_commit(false).await else {
             return Ok(());
         };

@@ -36,6 +36,7 @@
 //! not carry (extended attributes) is noted with its txg, and an `fsync`
 //! until that txg is durable commits a txg instead.
 
+mod behind;
 pub mod dir;
 mod stream;
 pub mod xattr;
@@ -63,6 +64,7 @@ use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
+use behind::HeldBlock;
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// The root directory's object number.
@@ -401,10 +403,15 @@ pub struct FsIoStats {
     pub read_bytes: u64,
     pub write_bytes: u64,
     /// Reads that bypassed the read cache (`O_DIRECT` with
-    /// `direct=standard`, or `direct=always`), and writes (all of them:
-    /// written blocks never enter the read cache).
+    /// `direct=standard`, or `direct=always`), and writes that went to the
+    /// devices before they were answered (written blocks never enter the
+    /// read cache).
     pub direct_read_ops: u64,
     pub direct_write_ops: u64,
+    /// Buffered writes answered once in memory, their blocks written out
+    /// after (`behind.rs`), and write-outs of theirs that failed.
+    pub behind_write_ops: u64,
+    pub behind_failures: u64,
     /// Writes that covered part of a block and read the old block first.
     pub rmw_write_ops: u64,
     /// Blocks read that were holes (answered with zeros, no device I/O).
@@ -463,6 +470,8 @@ pub struct Filesystem {
     snapshot: bool,
     /// Its intent log: what `fsync` writes (see `pool::dataset::intent_log`).
     pub(in crate::pool) log: IntentLog,
+    /// Buffered writes answered and not yet linked (`behind.rs`).
+    behind: behind::WrittenBehind,
 }
 
 /// The exclusive hold of a filesystem's lock by a change of names or
@@ -695,6 +704,7 @@ impl Filesystem {
             retired: Cell::new(false),
             snapshot,
             log: IntentLog::default(),
+            behind: behind::WrittenBehind::default(),
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
@@ -1277,6 +1287,7 @@ impl Filesystem {
             self.objects.kill(object, pointer);
         }
         self.objects.clear_dnode(object.id).await?;
+        self.behind.forget(object.id);
         let mut header = self.header.get();
         header.objects -= 1;
         self.set_header(header);
@@ -1663,6 +1674,28 @@ impl Filesystem {
         blkid: u64,
         usage: CacheUse,
     ) -> Result<Option<BufSlice>, FsError> {
+        // A buffered write's newest version, not yet linked: whole, or
+        // the parts written over the block in the tree.
+        match self.behind.lookup(object.id, blkid) {
+            Some(HeldBlock { bytes, parts: None }) => Ok(Some(bytes)),
+            Some(HeldBlock {
+                bytes,
+                parts: Some(parts),
+            }) => {
+                let old = self.read_linked_block(object, blkid, usage).await?;
+                Ok(Some(behind::merged(old.as_deref(), &bytes, &parts)))
+            }
+            None => self.read_linked_block(object, blkid, usage).await,
+        }
+    }
+
+    /// One whole data block as the tree has it (None: a hole).
+    async fn read_linked_block(
+        &self,
+        object: &Object,
+        blkid: u64,
+        usage: CacheUse,
+    ) -> Result<Option<BufSlice>, FsError> {
         let pointer = self.objects.block_pointer(object, blkid).await?;
         if pointer.is_hole() {
             return Ok(None);
@@ -1701,7 +1734,7 @@ impl Filesystem {
         pool.txg.throttle(pool).await;
         let _shared = self.lock.acquire(1).await;
         self.check_writable(pool)?;
-        let (object, mut znode) = self.load(ino).await?;
+        let (object, znode) = self.load(ino).await?;
         if znode.is_dir() {
             return Err(FsError::IsDir);
         }
@@ -1712,43 +1745,29 @@ impl Filesystem {
             .checked_add(data.len() as u64)
             .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
             .ok_or(FsError::TooBig)?;
-        let _file = loop {
+        let (_file, blocks) = loop {
             let dnode = object.dnode();
             let block = dnode.data_block_bytes();
             if self.grows(&dnode, end) {
-                break self.files.whole(ino).await;
+                break (self.files.whole(ino).await, None);
             }
-            let guard = self
-                .files
-                .blocks(ino, offset / block..=(end - 1) / block)
-                .await;
+            let blocks = offset / block..=(end - 1) / block;
+            let guard = self.files.blocks(ino, blocks.clone()).await;
             let now = object.dnode();
             if now.data_block_bytes() == block && !self.grows(&now, end) {
-                break guard;
+                break (guard, Some(blocks));
             }
         };
+        // Versions written behind before this are linked first.
+        self.behind.settle_blocks(ino, blocks).await;
         self.write_locked(pool, &object, offset, data).await?;
+        self.behind.wrote_through();
         self.count(|stats| {
             stats.write_ops += 1;
             stats.write_bytes += data.len() as u64;
             stats.direct_write_ops += 1;
         });
-        // Decoded again: a read's access time set while this wrote is kept.
-        znode = Znode::decode(&object.dnode().bonus)
-            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name)))?;
-        let time = now();
-        znode.mtime = time;
-        znode.ctime = time;
-        Self::save(&object, &znode);
-        self.log.note_attr(
-            ino,
-            FileAttr {
-                txg: pool.txg.open(),
-                length: object.dnode().length_bytes,
-                mtime: time,
-                ctime: time,
-            },
-        );
+        self.stamp_write(pool, &object)?;
         Ok(data.len())
     }
 

@@ -422,13 +422,7 @@ impl Pool {
         if volume.writeback.dirty.borrow().phase == WritebackPhase::Failing {
             return false;
         }
-        let reserved = self
-            .store
-            .vdevs()
-            .iter()
-            .map(|top| top.allocated_size(data.len() as u64))
-            .max()
-            .unwrap_or(data.len() as u64);
+        let reserved = self.held_space_bytes(data.len() as u64);
         let previous_reserve = volume
             .writeback
             .dirty
@@ -436,15 +430,8 @@ impl Pool {
             .blocks
             .get(&blkid)
             .map_or(0, |block| block.reserved_bytes);
-        {
-            let allocator = self.store.allocator.borrow();
-            let needed = self.writeback.reserved_bytes.get() - previous_reserve
-                + reserved
-                + allocator.metadata_reserve_bytes
-                + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
-            if allocator.free_bytes() < needed {
-                return false;
-            }
+        if !self.has_room_to_hold(reserved, previous_reserve) {
+            return false;
         }
         let length = data.len() as u64;
         let settings = volume.settings();
@@ -510,6 +497,41 @@ impl Pool {
         true
     }
 
+    /// Space a held block of `bytes` may take once written: its allocated
+    /// size uncompressed, on the widest-parity vdev.
+    pub(crate) fn held_space_bytes(&self, bytes: u64) -> u64 {
+        self.store
+            .vdevs()
+            .iter()
+            .map(|top| top.allocated_size(bytes))
+            .max()
+            .unwrap_or(bytes)
+    }
+
+    /// Whether the pool has room to hold `reserved` more bytes of space (in
+    /// place of `replaced`, held for the same block before) beside what is
+    /// held already, the metadata reserve and the margin.
+    pub(crate) fn has_room_to_hold(&self, reserved: u64, replaced: u64) -> bool {
+        let allocator = self.store.allocator.borrow();
+        let needed = self.writeback.reserved_bytes.get() - replaced
+            + reserved
+            + allocator.metadata_reserve_bytes
+            + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
+        allocator.free_bytes() >= needed
+    }
+
+    /// Counts `memory` bytes and `reserved` bytes of space held by a
+    /// filesystem's written-behind block against the limits volumes'
+    /// dirty blocks count against (`pool::filesystem::behind`).
+    pub(crate) fn hold_behind(&self, memory: u64, reserved: u64) {
+        let state = &self.writeback;
+        state.dirty_bytes.set(state.dirty_bytes.get() + memory);
+        state
+            .reserved_bytes
+            .set(state.reserved_bytes.get() + reserved);
+        crate::pool::txg::update_dirty_percent(self);
+    }
+
     /// Starts `volume`'s write-back task unless it is running; true if started.
     fn start_writeback(self: &Rc<Self>, volume: &Rc<Volume>) -> bool {
         {
@@ -525,7 +547,8 @@ impl Pool {
         true
     }
 
-    fn release_dirty(&self, bytes: u64, reserved: u64) {
+    /// Gives back what [`Pool::hold_behind`] or a held block counted.
+    pub(crate) fn release_dirty(&self, bytes: u64, reserved: u64) {
         let state = &self.writeback;
         state.dirty_bytes.set(state.dirty_bytes.get() - bytes);
         state
@@ -579,12 +602,17 @@ impl Pool {
         }
     }
 
-    /// Drains every volume (FLUSH of the pool, export).
+    /// Drains every volume, and waits for the writes every filesystem
+    /// answered before now to be linked (FLUSH of the pool, snapshots,
+    /// export).
     pub async fn drain_all(self: &Rc<Self>) -> Result<(), PoolError> {
         let volumes = self.all_volumes();
         let drains = volumes.iter().map(|volume| self.drain_volume(volume));
         for result in futures_util::future::join_all(drains).await {
             result?;
+        }
+        for (_, fs) in self.all_filesystems() {
+            fs.settle_writes(None).await;
         }
         Ok(())
     }

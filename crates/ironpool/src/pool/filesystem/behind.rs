@@ -1,0 +1,546 @@
+//! Buffered writes written behind: a write to a file that is neither direct
+//! nor synchronous is answered once its blocks are merged in memory, and
+//! its blocks go to the devices afterwards, in a task of their own.
+//!
+//! Why: a buffered `write(2)` on FUSE (without the kernel's writeback
+//! cache) waits for the server's answer, and a write to part of a record
+//! rewrites the whole record: answered only once that record was on the
+//! devices, a 4 KiB write of a database page cost a device write of up to
+//! 128 KiB in the caller's latency. OpenZFS answers such writes from its
+//! dirty data too and writes them at the txg sync.
+//!
+//! What it guarantees:
+//! - A write that returned is read back at once: a read (buffered or
+//!   direct) of a block with a version in memory gets those bytes; a
+//!   partial write merges into the newest version. A version made of
+//!   partial writes alone keeps the parts written, and is merged over the
+//!   block in the tree when read or written out: the write itself reads
+//!   nothing (a 4 KiB write into a 128 KiB record that is not cached cost
+//!   a 128 KiB device read in the caller's latency).
+//! - Versions of one block reach the tree in the order they were written:
+//!   one write-out of a block at a time, and a version replaced before its
+//!   write-out began is never written (two writes to one record cost one
+//!   device write when they come faster than the devices).
+//! - `fsync` and `fdatasync` (every commit of the intent log, see
+//!   `Pool::fs_log_commit`), snapshots, and every pool commit (`sync`,
+//!   export) first wait for the writes answered before them to be linked;
+//!   a change of names or attributes (truncate, unlink, a last close,
+//!   rename, rollback) waits for all of them, as each write-out holds the
+//!   filesystem's lock shared until its blocks are linked.
+//! - A write-out that fails is reported by the file's next `fsync` (as
+//!   Linux reports a writeback error), and the filesystem writes through
+//!   until a write succeeds again. Short of space (the margin volumes'
+//!   write-back keeps), or above the pool's dirty data limit
+//!   (`dirty_data_max_bytes`, shared with volumes), writes wait or go
+//!   through, so a full pool is reported to the write that meets it.
+//! - Writes that grow a file's single block, direct writes and synchronous
+//!   ones go through as before; a write through waits for the versions in
+//!   memory of the blocks it touches first.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+
+use super::{Filesystem, FsError, FILE_SIZE_MAX_BYTES};
+use crate::format::znode::Znode;
+use crate::format::ObjectType;
+use crate::object::Object;
+use crate::pool::dataset::intent_log::FileAttr;
+use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
+use crate::pool::Pool;
+use crate::rt::buf::{AlignedBuf, BufSlice};
+use crate::rt::sync::{Notify, Permit};
+use crate::rt::{self};
+
+/// Byte ranges of a block, sorted, apart and not touching.
+pub(super) type Parts = Vec<std::ops::Range<usize>>;
+
+/// A block's newest version in memory, as reads and write-outs take it.
+pub(super) struct HeldBlock {
+    /// The block's bytes; with `parts`, only those ranges are written.
+    pub bytes: BufSlice,
+    /// None: the whole block. Some: the ranges written, to be merged over
+    /// the block in the tree.
+    pub parts: Option<Parts>,
+}
+
+/// A block's newest version in memory, and the write-outs that still
+/// refer to it.
+struct Version {
+    /// The block as the newest write left it (see `parts`).
+    bytes: BufSlice,
+    parts: Option<Parts>,
+    /// Its number (from [`WrittenBehind::next`]): a write-out whose number
+    /// is no longer the newest was replaced.
+    number: u64,
+    /// Write-outs of this block not yet ended (replaced ones included).
+    tails: u32,
+    /// One of them is writing the block now.
+    writing: bool,
+    /// What the block counts against the pool (memory, space).
+    memory: u64,
+    reserved: u64,
+}
+
+/// The written-behind state of one filesystem.
+#[derive(Default)]
+pub(super) struct WrittenBehind {
+    /// Block versions by (object, block).
+    blocks: RefCell<FxHashMap<(u64, u64), Version>>,
+    /// Write-outs not yet ended, by number, with their object: what a
+    /// `fsync` or a commit waits for.
+    in_flight: RefCell<BTreeMap<u64, u64>>,
+    next: Cell<u64>,
+    /// A write-out failed, per object: the error the next `fsync` returns.
+    errors: RefCell<FxHashMap<u64, FsError>>,
+    /// The last write-out failed: writes go through until one succeeds.
+    failing: Cell<bool>,
+    /// A write-out ended or a block's write began.
+    changed: Notify,
+}
+
+impl WrittenBehind {
+    /// The newest version in memory of block `blkid` of object `ino`.
+    pub(super) fn lookup(&self, ino: u64, blkid: u64) -> Option<HeldBlock> {
+        self.blocks
+            .borrow()
+            .get(&(ino, blkid))
+            .map(|version| HeldBlock {
+                bytes: version.bytes.clone(),
+                parts: version.parts.clone(),
+            })
+    }
+
+    /// Waits until no block of `ino` in `blocks` (all of them: None) has a
+    /// version in memory: for a write through, which then links its own
+    /// after them. The caller holds those blocks' locks, so no new version
+    /// comes meanwhile.
+    pub(super) async fn settle_blocks(
+        &self,
+        ino: u64,
+        blocks: Option<std::ops::RangeInclusive<u64>>,
+    ) {
+        loop {
+            let changed = self.changed.notified();
+            let pending = self.blocks.borrow().keys().any(|(object, blkid)| {
+                *object == ino && blocks.as_ref().is_none_or(|range| range.contains(blkid))
+            });
+            if !pending {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// Waits until every write-out begun before now (of `ino` only, with
+    /// Some) has ended: the writes answered so far are then linked, or
+    /// failed.
+    pub(super) async fn settle(&self, ino: Option<u64>) {
+        let target = self.next.get();
+        loop {
+            let changed = self.changed.notified();
+            let pending = self
+                .in_flight
+                .borrow()
+                .range(..target)
+                .any(|(_, object)| ino.is_none_or(|ino| *object == ino));
+            if !pending {
+                return;
+            }
+            changed.await;
+        }
+    }
+
+    /// A write went through to the devices: writing behind may resume.
+    pub(super) fn wrote_through(&self) {
+        self.failing.set(false);
+    }
+
+    /// Forgets a freed object's failed write-out (no `fsync` can ask).
+    pub(super) fn forget(&self, ino: u64) {
+        self.errors.borrow_mut().remove(&ino);
+    }
+
+    /// Takes the error a failed write-out of `ino` left (reported once).
+    pub(super) fn take_error(&self, ino: u64) -> Option<FsError> {
+        self.errors.borrow_mut().remove(&ino)
+    }
+}
+
+impl Filesystem {
+    /// Whether a write by a file opened with `flags` (`open(2)` flags, as
+    /// FUSE gives them with each write) may be written behind: neither
+    /// direct (`O_DIRECT` under `direct=standard`, or `direct=always`) nor
+    /// synchronous (`O_SYNC`/`O_DSYNC` under `sync=standard`, or
+    /// `sync=always`).
+    pub fn may_write_behind(&self, flags: u32) -> bool {
+        let settings = self.settings.get();
+        let direct = match settings.direct {
+            DirectMode::Always => true,
+            DirectMode::Standard => flags & libc::O_DIRECT as u32 != 0,
+            DirectMode::Disabled => false,
+        };
+        let sync = match settings.sync {
+            SyncMode::Always => true,
+            SyncMode::Standard => flags & libc::O_DSYNC as u32 != 0,
+            SyncMode::Disabled => false,
+        };
+        !direct && !sync && !self.snapshot
+    }
+
+    /// Writes `data` at `offset` of file `ino` and answers once its blocks
+    /// are merged in memory; a task writes them out and links them (see the
+    /// module's guarantees). Goes through ([`Filesystem::write`]) when it
+    /// cannot: a growing single block, no room, a failing write-out.
+    pub async fn write_behind(
+        self: &Rc<Self>,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
+        if self.behind.failing.get() || data.is_empty() {
+            return self.write(pool, ino, offset, data).await;
+        }
+        // Room under the dirty data limit, for as many records as the
+        // write may touch, before any lock is taken.
+        let record = 1u64 << self.record_shift.get();
+        let estimate = (data.len() as u64).div_ceil(record).saturating_add(1) * record;
+        let Some(admission) = pool.admit_dirty(estimate).await else {
+            return self.write(pool, ino, offset, data).await;
+        };
+        pool.txg.throttle(pool).await;
+        let shared = self.lock.acquire(1).await;
+        self.check_writable(pool)?;
+        let (object, znode) = self.load(ino).await?;
+        if znode.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let end = offset
+            .checked_add(data.len() as u64)
+            .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
+            .ok_or(FsError::TooBig)?;
+        let dnode = object.dnode();
+        let block = dnode.data_block_bytes();
+        if self.grows(&dnode, end) {
+            drop((shared, admission));
+            return self.write(pool, ino, offset, data).await;
+        }
+        let first = offset / block;
+        let last = (end - 1) / block;
+        let guard = self.files.blocks(ino, first..=last).await;
+        let now = object.dnode();
+        let reserved = pool.held_space_bytes(block) * (last - first + 1);
+        if now.data_block_bytes() != block
+            || self.grows(&now, end)
+            || !pool.has_room_to_hold(reserved, 0)
+        {
+            drop((guard, shared, admission));
+            return self.write(pool, ino, offset, data).await;
+        }
+        let mut numbers = Vec::with_capacity((last - first + 1) as usize);
+        let mut position = offset;
+        while position < end {
+            let blkid = position / block;
+            let within = (position % block) as usize;
+            let chunk = ((block - within as u64).min(end - position)) as usize;
+            let source = &data[(position - offset) as usize..][..chunk];
+            // Merged into the newest version, or the parts of a new one.
+            let (mut bytes, mut parts) = match self.behind.lookup(ino, blkid) {
+                _ if chunk as u64 == block => (AlignedBuf::for_overwrite(chunk), None),
+                Some(held) => (AlignedBuf::copy_from(&held.bytes), held.parts),
+                None => (AlignedBuf::zeroed(block as usize), Some(Parts::new())),
+            };
+            bytes[within..within + chunk].copy_from_slice(source);
+            if let Some(written) = parts.as_mut() {
+                add_part(written, within..within + chunk);
+            }
+            let whole = |parts: &Parts| parts.len() == 1 && parts[0] == (0..block as usize);
+            let parts = parts.filter(|parts| !whole(parts));
+            numbers.push((blkid, self.hold_version(pool, ino, blkid, bytes, parts)));
+            position += chunk as u64;
+        }
+        {
+            let mut dnode = object.dnode.borrow_mut();
+            if end > dnode.length_bytes {
+                dnode.length_bytes = end;
+            }
+        }
+        object.dirty.set(true);
+        self.count(|stats| {
+            stats.write_ops += 1;
+            stats.write_bytes += data.len() as u64;
+            stats.behind_write_ops += 1;
+        });
+        self.stamp_write(pool, &object)?;
+        drop((guard, admission));
+        let fs = self.clone();
+        let pool = pool.clone();
+        rt::spawn(async move { fs.write_out(&pool, &object, numbers, shared).await });
+        Ok(data.len())
+    }
+
+    /// Sets a written file's modification and change times, noted for the
+    /// log with its size.
+    pub(super) fn stamp_write(&self, pool: &Pool, object: &Object) -> Result<(), FsError> {
+        // Decoded again: a read's access time set meanwhile is kept.
+        let mut znode = Znode::decode(&object.dnode().bonus).map_err(|error| {
+            FsError::Corrupt(format!("{} object {}: {error}", self.name, object.id))
+        })?;
+        let time = super::now();
+        znode.mtime = time;
+        znode.ctime = time;
+        Self::save(object, &znode);
+        self.log.note_attr(
+            object.id,
+            FileAttr {
+                txg: pool.txg.open(),
+                length: object.dnode().length_bytes,
+                mtime: time,
+                ctime: time,
+            },
+        );
+        Ok(())
+    }
+
+    /// Makes `bytes` the newest version of block `blkid` of `ino` (the
+    /// caller holds the block's lock); returns its number, counted in
+    /// flight for a write-out.
+    fn hold_version(
+        &self,
+        pool: &Pool,
+        ino: u64,
+        blkid: u64,
+        bytes: AlignedBuf,
+        parts: Option<Parts>,
+    ) -> u64 {
+        let behind = &self.behind;
+        let number = behind.next.get();
+        behind.next.set(number + 1);
+        behind.in_flight.borrow_mut().insert(number, ino);
+        let memory = bytes.len() as u64;
+        let reserved = pool.held_space_bytes(memory);
+        let bytes = BufSlice::whole(bytes.into_shared());
+        let mut blocks = behind.blocks.borrow_mut();
+        let version = blocks.entry((ino, blkid)).or_insert(Version {
+            bytes: bytes.clone(),
+            parts: None,
+            number,
+            tails: 0,
+            writing: false,
+            memory: 0,
+            reserved: 0,
+        });
+        version.bytes = bytes;
+        version.parts = parts;
+        version.number = number;
+        version.tails += 1;
+        // A version replaced gives its memory back at once; its space is
+        // counted once per block.
+        pool.release_dirty(version.memory, version.reserved);
+        pool.hold_behind(memory, reserved);
+        version.memory = memory;
+        version.reserved = reserved;
+        number
+    }
+
+    /// Writes out and links the versions `numbers` (block, number) of
+    /// `object`, each unless replaced meanwhile; `_shared` (the
+    /// filesystem's lock, shared) keeps changes of names and attributes off
+    /// until they are linked.
+    async fn write_out(
+        self: Rc<Self>,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        numbers: Vec<(u64, u64)>,
+        _shared: Permit,
+    ) {
+        for batch in numbers.chunks(crate::pool::volume::BLOCKS_IN_FLIGHT_PER_REQUEST) {
+            futures_util::future::join_all(
+                batch
+                    .iter()
+                    .map(|(blkid, number)| self.write_out_block(pool, object, *blkid, *number)),
+            )
+            .await;
+        }
+    }
+
+    /// One block's write-out: waits for the block's write-out in progress,
+    /// then, unless a newer version replaced this one, writes the newest
+    /// bytes and links them.
+    async fn write_out_block(&self, pool: &Rc<Pool>, object: &Rc<Object>, blkid: u64, number: u64) {
+        let behind = &self.behind;
+        let key = (object.id, blkid);
+        let bytes = loop {
+            let changed = behind.changed.notified();
+            {
+                let mut blocks = behind.blocks.borrow_mut();
+                let version = blocks.get_mut(&key).expect("a version per write-out");
+                if version.number != number {
+                    // Replaced: the newer version's write-out carries it.
+                    break None;
+                }
+                if !version.writing {
+                    version.writing = true;
+                    break Some(HeldBlock {
+                        bytes: version.bytes.clone(),
+                        parts: version.parts.clone(),
+                    });
+                }
+            }
+            changed.await;
+        };
+        let mut failed = None;
+        let wrote = bytes.is_some();
+        if let Some(held) = bytes {
+            let copy = self.settings.get().log_bias == LogBias::Latency;
+            let linked = match self.whole_block(object, blkid, held).await {
+                Ok(bytes) => match self.write_block(pool, &bytes, ObjectType::FsFile).await {
+                    Ok(pointer) => self
+                        .link_block(pool, object, blkid, pointer)
+                        .await
+                        .map(|linked| (linked, bytes)),
+                    Err(error) => Err(error),
+                },
+                Err(error) => Err(error),
+            };
+            match linked {
+                Ok((linked, bytes)) => {
+                    self.log
+                        .note_written(object.id, blkid, &linked, copy.then_some(&bytes[..]));
+                    behind.failing.set(false);
+                }
+                Err(error) => failed = Some(error),
+            }
+        }
+        {
+            let mut blocks = behind.blocks.borrow_mut();
+            let version = blocks.get_mut(&key).expect("a version per write-out");
+            if wrote {
+                version.writing = false;
+            }
+            version.tails -= 1;
+            if let Some(error) = failed {
+                eprintln!(
+                    "ironpool: {}: writing block {blkid} of object {}: {error}",
+                    self.name, object.id
+                );
+                self.count(|stats| stats.behind_failures += 1);
+                behind.failing.set(true);
+                // Not replaced since: the newest bytes are lost, and the
+                // file's next fsync says so.
+                if version.number == number {
+                    behind.errors.borrow_mut().insert(object.id, error);
+                }
+            }
+            if version.tails == 0 {
+                let (memory, reserved) = (version.memory, version.reserved);
+                blocks.remove(&key);
+                pool.release_dirty(memory, reserved);
+            }
+        }
+        behind.in_flight.borrow_mut().remove(&number);
+        behind.changed.notify_all();
+    }
+
+    /// The whole block a version being written out stands for: its parts
+    /// merged over the block in the tree (read now, while this write-out
+    /// is the block's only one).
+    async fn whole_block(
+        &self,
+        object: &Object,
+        blkid: u64,
+        held: HeldBlock,
+    ) -> Result<BufSlice, FsError> {
+        let Some(parts) = held.parts else {
+            return Ok(held.bytes);
+        };
+        self.count(|stats| stats.rmw_write_ops += 1);
+        let usage = self.settings.get().data_cache_use();
+        let old = self.read_linked_block(object, blkid, usage).await?;
+        Ok(merged(old.as_deref(), &held.bytes, &parts))
+    }
+
+    /// Waits until every write answered before now (of file `ino` only,
+    /// with Some) is linked or has failed.
+    pub async fn settle_writes(&self, ino: Option<u64>) {
+        self.behind.settle(ino).await;
+    }
+
+    /// Blocks whose newest version is in memory, not yet linked.
+    pub fn held_behind_blocks(&self) -> usize {
+        self.behind.blocks.borrow().len()
+    }
+
+    /// The error a failed write-out of file `ino` left, if any (once): what
+    /// its `fsync` returns.
+    pub fn take_write_error(&self, ino: u64) -> Option<FsError> {
+        self.behind.take_error(ino)
+    }
+}
+
+/// Adds `part` to `parts`, keeping them sorted and merged.
+fn add_part(parts: &mut Parts, part: std::ops::Range<usize>) {
+    parts.push(part);
+    parts.sort_unstable_by_key(|part| part.start);
+    let mut merged: Parts = Vec::with_capacity(parts.len());
+    for part in parts.drain(..) {
+        match merged.last_mut() {
+            Some(last) if part.start <= last.end => last.end = last.end.max(part.end),
+            _ => merged.push(part),
+        }
+    }
+    *parts = merged;
+}
+
+/// `parts` of `bytes` over `old` (None: a hole, zeros), a block of
+/// `bytes.len()`.
+pub(super) fn merged(old: Option<&[u8]>, bytes: &[u8], parts: &Parts) -> BufSlice {
+    let mut out = match old {
+        Some(old) if old.len() == bytes.len() => AlignedBuf::copy_from(old),
+        // A block of another size is not this file's block any more (its
+        // block grows only with nothing written behind): zeros.
+        _ => AlignedBuf::zeroed(bytes.len()),
+    };
+    for part in parts {
+        out[part.clone()].copy_from_slice(&bytes[part.clone()]);
+    }
+    BufSlice::whole(out.into_shared())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parts_stay_sorted_and_merged() {
+        let mut parts = Parts::new();
+        add_part(&mut parts, 8..12);
+        add_part(&mut parts, 0..4);
+        assert_eq!(parts, vec![0..4, 8..12]);
+        add_part(&mut parts, 4..8);
+        assert_eq!(parts, vec![0..12]);
+        add_part(&mut parts, 20..30);
+        add_part(&mut parts, 10..22);
+        assert_eq!(parts, vec![0..30]);
+        let old = [1u8; 32];
+        let bytes = [2u8; 32];
+        let out = merged(Some(&old), &bytes, &Parts::from([4..8, 16..20]));
+        let want: Vec<u8> = (0..32)
+            .map(|index| {
+                if (4..8).contains(&index) || (16..20).contains(&index) {
+                    2
+                } else {
+                    1
+                }
+            })
+            .collect();
+        assert_eq!(&out[..], &want[..]);
+        assert_eq!(
+            &merged(None, &bytes, &Parts::from([0..2, 3..3]))[..4],
+            &[2, 2, 0, 0]
+        );
+    }
+}

@@ -29,6 +29,10 @@
 #               fsync, rename over the target, fsync the directory); per
 #               second and the ratio, and the intent log's commits against
 #               txg fallbacks
+#   buffered    writes through the page cache (not O_DIRECT) to a 256 MiB
+#               file of a filesystem of the default recordsize, fsync at
+#               the end: 4K random at QD1 (psync) and QD64 (io_uring), 128K
+#               sequential; against ext4 (as above), IOPS and the ratio
 #   seq         1 MiB sequential writes and reads at QD16 on a file of a
 #               filesystem of the default recordsize (128K), fio io_uring
 #               direct=1, against an ironpool volume of the same pool over
@@ -180,6 +184,31 @@ for rw in write read; do
         --size=1G --rw=$rw --bs=1M --iodepth=16 --runtime="$runtime" --time_based)
     printf "%-20s %10s %10s %8s\n" "seq${rw}_1m_qd16" "$vol" "$file" "$(ratio "$file" "$vol")"
 done
+fi
+
+if [[ " $parts " == *" buffered "* ]]; then
+echo "## buffered: writes through the page cache to a 256 MiB file (recordsize 128K), fsync at the end, IOPS"
+mountpoint -q "$work/ip128" || "$bin" fs create --control "$work/ctl.sock" bench/fs128 -o "mountpoint=$work/ip128" >/dev/null
+for _ in $(seq 600); do grep -q " $work/ip128 fuse.ironpool" /proc/self/mounts && break; sleep 0.05; done
+printf "%-20s %10s %10s %8s\n" test ext4 ironpool ratio
+for test in "w4k_rand_qd1 --ioengine=psync --rw=randwrite --bs=4k" \
+            "w4k_rand_qd64 --ioengine=io_uring --iodepth=64 --rw=randwrite --bs=4k" \
+            "w128k_seq_qd1 --ioengine=psync --rw=write --bs=128k"; do
+    set -- $test
+    label=$1
+    shift
+    ext4=$(fio_iops "$label-ext4" --filename="$work/ext4/b.img" --size=256M --end_fsync=1 \
+        --runtime="$runtime" "$@")
+    ip=$(fio_iops "$label-ip" --filename="$work/ip128/b.img" --size=256M --end_fsync=1 \
+        --runtime="$runtime" "$@")
+    printf "%-20s %10s %10s %8s\n" "$label" "$ext4" "$ip" "$(ratio "$ip" "$ext4")"
+done
+"$bin" iostat --json --control "$work/ctl.sock" bench | python3 -c '
+import json, sys
+for fs in json.load(sys.stdin)["filesystems"]:
+    if fs["name"] == "bench/fs128":
+        print("bench/fs128: %d writes, %d answered from memory, %d write-outs failed" % (fs["write_ops"], fs.get("behind_write_ops", 0), fs.get("behind_failures", 0)))
+'
 fi
 
 [[ " $parts " == *" data "* || " $parts " == *" sync "* ]] || exit 0

@@ -566,37 +566,28 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
     });
 }
 
+/// [`random_tree_run`] on a mirror for each of `seeds`, records of 16K
+/// (even seeds) and 128K.
+fn random_tree_runs(seeds: std::ops::RangeInclusive<u64>) {
+    for seed in seeds {
+        let record = if seed.is_multiple_of(2) {
+            "16K"
+        } else {
+            "128K"
+        };
+        random_tree_run(seed, TopVdevKind::Mirror, 2, record);
+    }
+}
+
 #[test]
 fn a_random_tree_matches_its_model_across_commits_and_imports() {
-    for seed in 1..=4 {
-        random_tree_run(
-            seed,
-            TopVdevKind::Mirror,
-            2,
-            if seed.is_multiple_of(2) {
-                "16K"
-            } else {
-                "128K"
-            },
-        );
-    }
+    random_tree_runs(1..=4);
 }
 
 #[test]
 fn a_random_tree_written_behind_matches_its_model() {
     WRITE_BEHIND.set(true);
-    for seed in 41..=44 {
-        random_tree_run(
-            seed,
-            TopVdevKind::Mirror,
-            2,
-            if seed.is_multiple_of(2) {
-                "16K"
-            } else {
-                "128K"
-            },
-        );
-    }
+    random_tree_runs(41..=44);
 }
 
 #[test]
@@ -1071,6 +1062,12 @@ fn a_crash_keeps_every_fsync_of_writes_written_behind() {
     assert!(replays >= 4, "{replays} imports replayed an intent log");
 }
 
+/// A new empty file `f` in the root.
+async fn new_file(pool: &Rc<Pool>, fs: &Rc<Filesystem>) -> ironpool::pool::filesystem::Attr {
+    let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+    fs.create(pool, fs.root(), b"f", &mode).await.unwrap()
+}
+
 /// Small writes written behind into record-size blocks, each read back at
 /// once (buffered and direct) while its version is in memory: whole
 /// versions, versions of parts merged over the block in the tree, over
@@ -1087,15 +1084,7 @@ fn reads_see_writes_written_behind_before_they_are_linked() {
         async move {
             let mut rng = Rng::new(seed);
             let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-            let file = fs
-                .create(
-                    &pool,
-                    fs.root(),
-                    b"f",
-                    &NewObject::owned(S_IFREG | 0o644, 0, 0),
-                )
-                .await
-                .unwrap();
+            let file = new_file(&pool, &fs).await;
             // Two records written through, then a hole, then a third.
             let mut data = bytes(&mut rng, 256 << 10);
             fs.write(&pool, file.ino, 0, &data).await.unwrap();
@@ -1166,15 +1155,7 @@ fn a_failed_write_out_is_reported_by_the_next_fsync() {
     let disks = devices(1, DEVICE_BYTES, 181);
     Runtime::new_sim(181).block_on(async move {
         let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
-        let file = fs
-            .create(
-                &pool,
-                fs.root(),
-                b"f",
-                &NewObject::owned(S_IFREG | 0o644, 0, 0),
-            )
-            .await
-            .unwrap();
+        let file = new_file(&pool, &fs).await;
         fs.write(&pool, file.ino, 0, &[1; 128 << 10]).await.unwrap();
         fs.write_behind(&pool, file.ino, 4096, &[2; 4096])
             .await

@@ -43,7 +43,7 @@ use std::rc::Rc;
 
 use rustc_hash::FxHashMap;
 
-use super::{Filesystem, FsError, FILE_SIZE_MAX_BYTES};
+use super::{Filesystem, FsError};
 use crate::format::znode::Znode;
 use crate::format::ObjectType;
 use crate::object::Object;
@@ -211,17 +211,8 @@ impl Filesystem {
         let Some(admission) = pool.admit_dirty(estimate).await else {
             return self.write(pool, ino, offset, data).await;
         };
-        pool.txg.throttle(pool).await;
-        let shared = self.lock.acquire(1).await;
-        self.check_writable(pool)?;
-        let (object, znode) = self.load(ino).await?;
-        if znode.is_dir() {
-            return Err(FsError::IsDir);
-        }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
-            .ok_or(FsError::TooBig)?;
+        let (shared, object) = self.begin_write(pool, ino).await?;
+        let end = super::write_end(offset, data.len())?;
         let dnode = object.dnode();
         let block = dnode.data_block_bytes();
         if self.grows(&dnode, end) {
@@ -241,12 +232,8 @@ impl Filesystem {
             return self.write(pool, ino, offset, data).await;
         }
         let mut numbers = Vec::with_capacity((last - first + 1) as usize);
-        let mut position = offset;
-        while position < end {
-            let blkid = position / block;
-            let within = (position % block) as usize;
-            let chunk = ((block - within as u64).min(end - position)) as usize;
-            let source = &data[(position - offset) as usize..][..chunk];
+        for (blkid, within, source) in super::block_pieces(offset, data, block) {
+            let chunk = source.len();
             // Merged into the newest version, or the parts of a new one.
             let (mut bytes, mut parts) = match self.behind.lookup(ino, blkid) {
                 _ if chunk as u64 == block => (AlignedBuf::for_overwrite(chunk), None),
@@ -260,7 +247,6 @@ impl Filesystem {
             let whole = |parts: &Parts| parts.len() == 1 && parts[0] == (0..block as usize);
             let parts = parts.filter(|parts| !whole(parts));
             numbers.push((blkid, self.hold_version(pool, ino, blkid, bytes, parts)));
-            position += chunk as u64;
         }
         {
             let mut dnode = object.dnode.borrow_mut();

@@ -589,6 +589,33 @@ fn padded_to_block(data: &[u8]) -> Vec<u8> {
     bytes
 }
 
+/// Where a write of `length` bytes at `offset` ends, if a file may be
+/// that large.
+fn write_end(offset: u64, length: usize) -> Result<u64, FsError> {
+    offset
+        .checked_add(length as u64)
+        .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
+        .ok_or(FsError::TooBig)
+}
+
+/// The pieces of a write of `data` at `offset` in blocks of `block`
+/// bytes: (block number, offset in the block, the bytes for it).
+fn block_pieces(offset: u64, data: &[u8], block: u64) -> impl Iterator<Item = (u64, usize, &[u8])> {
+    let end = offset + data.len() as u64;
+    let mut position = offset;
+    std::iter::from_fn(move || {
+        if position >= end {
+            return None;
+        }
+        let within = position % block;
+        let chunk = (block - within).min(end - position) as usize;
+        let piece = &data[(position - offset) as usize..][..chunk];
+        let blkid = position / block;
+        position += chunk as u64;
+        Some((blkid, within as usize, piece))
+    })
+}
+
 fn now() -> Timestamp {
     Timestamp::from_ns(crate::rt::wall_clock_ns())
 }
@@ -1729,22 +1756,11 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<usize, FsError> {
-        // Dirty metadata stays bounded: a writer waits for a commit past
-        // the limit (before taking any lock a commit could need).
-        pool.txg.throttle(pool).await;
-        let _shared = self.lock.acquire(1).await;
-        self.check_writable(pool)?;
-        let (object, znode) = self.load(ino).await?;
-        if znode.is_dir() {
-            return Err(FsError::IsDir);
-        }
+        let (_shared, object) = self.begin_write(pool, ino).await?;
         if data.is_empty() {
             return Ok(0);
         }
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
-            .ok_or(FsError::TooBig)?;
+        let end = write_end(offset, data.len())?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();
             let block = dnode.data_block_bytes();
@@ -1771,6 +1787,24 @@ impl Filesystem {
         Ok(data.len())
     }
 
+    /// What every write does first: waits under the dirty metadata limit
+    /// (for a commit past it, before taking any lock a commit could need),
+    /// takes the filesystem's lock shared and loads file `ino`.
+    async fn begin_write(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+    ) -> Result<(crate::rt::sync::Permit, Rc<Object>), FsError> {
+        pool.txg.throttle(pool).await;
+        let shared = self.lock.acquire(1).await;
+        self.check_writable(pool)?;
+        let (object, znode) = self.load(ino).await?;
+        if znode.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        Ok((shared, object))
+    }
+
     async fn write_locked(
         &self,
         pool: &Rc<Pool>,
@@ -1778,19 +1812,12 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<(), FsError> {
-        let end = offset
-            .checked_add(data.len() as u64)
-            .filter(|end| *end <= FILE_SIZE_MAX_BYTES)
-            .ok_or(FsError::TooBig)?;
+        let end = write_end(offset, data.len())?;
         self.grow_block(pool, object, end).await?;
         let block = object.dnode().data_block_bytes();
         let mut blocks = Vec::new();
-        let mut position = offset;
-        while position < end {
-            let blkid = position / block;
-            let within = (position % block) as usize;
-            let chunk = ((block - within as u64).min(end - position)) as usize;
-            let source = &data[(position - offset) as usize..][..chunk];
+        for (blkid, within, source) in block_pieces(offset, data, block) {
+            let chunk = source.len();
             let mut bytes = if chunk as u64 == block {
                 source.to_vec()
             } else {
@@ -1807,7 +1834,6 @@ impl Filesystem {
             };
             bytes.resize(block as usize, 0);
             blocks.push((blkid, bytes));
-            position += chunk as u64;
         }
         let slices: Vec<(u64, &[u8])> = blocks
             .iter()

@@ -8,11 +8,13 @@
 //! `selector >> 1 & 7`, prefix 0 or 1.
 
 use ironpool::format::dnode::{Bonus, BONUS_BYTES};
-use ironpool::format::fsdir::{prefix_of, Leaf, LEAF_BYTES};
+use ironpool::format::fsdir::{prefix_of, Leaf, LeafBlock, LEAF_BYTES};
 use ironpool::format::znode::{FsHeader, Znode};
 
 pub fn check(data: &[u8]) {
-    let Some((&selector, rest)) = data.split_first() else { return };
+    let Some((&selector, rest)) = data.split_first() else {
+        return;
+    };
     if selector % 4 == 2 {
         if let Ok(list) = ironpool::format::xattr::decode(rest) {
             let bytes = ironpool::format::xattr::encode(&list);
@@ -37,13 +39,19 @@ pub fn check(data: &[u8]) {
         bytes[..length].copy_from_slice(&rest[..length]);
         let level = (selector >> 1) & 7;
         let prefix = u32::from(selector >> 4 & 1).min((1u32 << level) - 1);
-        if let Ok(leaf) = Leaf::decode(&bytes, level, prefix) {
+        if let Ok(block) = LeafBlock::parse(bytes, level, prefix) {
+            let leaf = block.to_leaf();
             assert!(leaf.fits(), "a decoded leaf fits its block");
             for entry in &leaf.entries {
                 assert_eq!(prefix_of(entry.hash(), level), prefix);
-                let _ = leaf.find(entry.hash(), &entry.name).expect("every entry is found");
+                let found = block
+                    .find(entry.hash(), &entry.name)
+                    .expect("every entry is found");
+                assert_eq!(found.name, &entry.name[..]);
+                assert!(block.has_cookie(entry.cookie));
             }
-            let again = Leaf::decode(&leaf.encode(), level, prefix).expect("re-encoded leaf decodes");
+            let again =
+                Leaf::decode(&leaf.encode(), level, prefix).expect("re-encoded leaf decodes");
             assert_eq!(again, leaf, "leaf does not round trip");
         }
     }

@@ -160,32 +160,6 @@ impl Leaf {
             .binary_search_by_key(&cookie, |entry| entry.cookie)
     }
 
-    /// The entry named `name` with hash `hash`.
-    pub fn find(&self, hash: u32, name: &[u8]) -> Option<&DirEntry> {
-        let start = self.position((hash as u64) << 32).unwrap_or_else(|at| at);
-        self.entries[start..]
-            .iter()
-            .take_while(|entry| entry.hash() == hash)
-            .find(|entry| entry.name == name)
-    }
-
-    /// The cookie a new entry with `hash` gets: the smallest collision number
-    /// free among the entries with that hash.
-    pub fn free_cookie(&self, hash: u32) -> u64 {
-        let mut cookie = (hash as u64) << 32;
-        let start = self.position(cookie).unwrap_or_else(|at| at);
-        for entry in self.entries[start..]
-            .iter()
-            .take_while(|entry| entry.hash() == hash)
-        {
-            if entry.cookie != cookie {
-                break;
-            }
-            cookie += 1;
-        }
-        cookie
-    }
-
     /// Splits into the two leaves one level down.
     pub fn split(self) -> (Leaf, Leaf) {
         let level = self.level + 1;
@@ -373,7 +347,8 @@ impl LeafBlock {
             .is_some_and(|entry| entry.cookie == cookie)
     }
 
-    /// As [`Leaf::free_cookie`].
+    /// The cookie a new entry with `hash` gets: the smallest collision number
+    /// free among the entries with that hash.
     pub fn free_cookie(&self, hash: u32) -> u64 {
         let mut cookie = (hash as u64) << 32;
         for entry in self.with_hash(hash) {
@@ -468,6 +443,35 @@ fn put_entry(bytes: &mut [u8], at: usize, entry: &DirEntry) {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// The decoded leaf's lookups, written plainly: the model `LeafBlock`'s
+    /// in-place ones are checked against.
+    impl Leaf {
+        fn find(&self, hash: u32, name: &[u8]) -> Option<&DirEntry> {
+            let start = self.position((hash as u64) << 32).unwrap_or_else(|at| at);
+            self.entries[start..]
+                .iter()
+                .take_while(|entry| entry.hash() == hash)
+                .find(|entry| entry.name == name)
+        }
+
+        /// The cookie a new entry with `hash` gets: the smallest collision number
+        /// free among the entries with that hash.
+        fn free_cookie(&self, hash: u32) -> u64 {
+            let mut cookie = (hash as u64) << 32;
+            let start = self.position(cookie).unwrap_or_else(|at| at);
+            for entry in self.entries[start..]
+                .iter()
+                .take_while(|entry| entry.hash() == hash)
+            {
+                if entry.cookie != cookie {
+                    break;
+                }
+                cookie += 1;
+            }
+            cookie
+        }
+    }
 
     fn entry(salt: u64, leaf: &Leaf, name: &str, object: u64) -> DirEntry {
         let hash = name_hash(salt, name.as_bytes());

@@ -260,12 +260,18 @@ impl Filesystem {
             stats.write_bytes += data.len() as u64;
             stats.behind_write_ops += 1;
         });
-        self.stamp_write(pool, &object)?;
+        let stamped = self.stamp_write(pool, &object);
         drop((guard, admission));
+        // The versions held are written out whatever happens here: each is
+        // counted in flight until its write-out ends.
         let fs = self.clone();
-        let pool = pool.clone();
-        rt::spawn(async move { fs.write_out(&pool, &object, numbers, shared).await });
-        Ok(data.len())
+        let task_pool = pool.clone();
+        let task_object = object.clone();
+        rt::spawn(async move {
+            fs.write_out(&task_pool, &task_object, numbers, shared)
+                .await
+        });
+        stamped.map(|()| data.len())
     }
 
     /// Sets a written file's modification and change times, noted for the

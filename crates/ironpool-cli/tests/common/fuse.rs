@@ -25,9 +25,24 @@ pub fn mounted(path: &Path) -> bool {
     ironpool_mount(path).is_some()
 }
 
+/// Whether the filesystem mounted at `path` answers a `statfs` (which the
+/// kernel always asks the server, where a `stat` may be answered from
+/// its cache).
+fn answers(path: &Path) -> bool {
+    let path = c_string(&path.display().to_string());
+    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
+    unsafe {
+        let mut stats: libc::statvfs = std::mem::zeroed();
+        libc::statvfs(path.as_ptr(), &mut stats) == 0
+    }
+}
+
+/// Waits until `path` is an ironpool mount that answers: a mount left dead
+/// by a killed server is listed too until the next server replaces it, and
+/// answers `ENOTCONN` meanwhile.
 pub fn wait_mounted(pool: &TestPool, path: &Path) {
     let deadline = Instant::now() + Duration::from_secs(30);
-    while !mounted(path) {
+    while !mounted(path) || !answers(path) {
         assert!(
             Instant::now() < deadline,
             "{} not mounted: {}",

@@ -552,10 +552,7 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
         }
     });
     Runtime::new_sim(seed + 1).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-            .await
-            .unwrap();
-        let fs = pool.filesystem("tank/fs").unwrap();
+        let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
         let snapshot = model.borrow().clone();
         verify(&pool, &fs, &snapshot, &format!("seed {seed} after import")).await;
         space_is_clean(&pool, &format!("seed {seed} after import")).await;
@@ -737,10 +734,7 @@ fn a_directory_of_a_million_names_finds_each_in_a_few_block_reads() {
             assert_eq!(fs.getattr(dir).await.unwrap().znode.entries, NAMES as u64);
             pool.export().await.unwrap();
 
-            let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-                .await
-                .unwrap();
-            let fs = pool.filesystem("tank/fs").unwrap();
+            let (pool, fs) = import_filesystem(&disks, "import").await;
             let dir = fs.lookup(fs.root(), b"big").await.unwrap().ino;
             let mut rng = Rng::new(23);
             let before = disks[0].counters().reads;
@@ -886,10 +880,7 @@ fn crash_run_with(seed: u64, through_log: bool) -> (LogStats, bool) {
     });
     let candidates = committed.borrow().clone();
     let replayed = Runtime::new_sim(seed + 1).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-            .await
-            .unwrap_or_else(|error| panic!("seed {seed}: import failed: {error}"));
-        let fs = pool.filesystem("tank/fs").unwrap();
+        let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
         space_is_clean(&pool, &format!("seed {seed}")).await;
         let replayed = pool
             .notes()
@@ -1062,6 +1053,19 @@ fn a_crash_keeps_every_fsync_of_writes_written_behind() {
     assert!(replays >= 4, "{replays} imports replayed an intent log");
 }
 
+/// Imports the pool `tank` from `disks` and opens `tank/fs`; panics,
+/// saying `context`, if the import fails.
+async fn import_filesystem(
+    disks: &[Rc<ironpool::dev::sim::SimDevice>],
+    context: &str,
+) -> (Rc<Pool>, Rc<Filesystem>) {
+    let pool = Pool::import_from_devices("tank", named(disks), tunables())
+        .await
+        .unwrap_or_else(|error| panic!("{context}: import failed: {error}"));
+    let fs = pool.filesystem("tank/fs").unwrap();
+    (pool, fs)
+}
+
 /// A new empty file `f` in the root.
 async fn new_file(pool: &Rc<Pool>, fs: &Rc<Filesystem>) -> ironpool::pool::filesystem::Attr {
     let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
@@ -1135,10 +1139,7 @@ fn reads_see_writes_written_behind_before_they_are_linked() {
         }
     });
     Runtime::new_sim(seed + 1).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-            .await
-            .unwrap();
-        let fs = pool.filesystem("tank/fs").unwrap();
+        let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
         let ino = fs.lookup(fs.root(), b"f").await.unwrap().ino;
         let data = model.borrow().clone();
         assert_eq!(fs.getattr(ino).await.unwrap().size, data.len() as u64);
@@ -1372,10 +1373,7 @@ fn snapshot_run(seed: u64) {
             pool.export().await.unwrap();
 
             // Import: the head, the snapshots and the clone are all there.
-            let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-                .await
-                .unwrap();
-            let fs = pool.filesystem("tank/fs").unwrap();
+            let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
             let expected = model.borrow().clone();
             verify(&pool, &fs, &expected, &format!("seed {seed} head after import")).await;
             for index in [0, 1] {

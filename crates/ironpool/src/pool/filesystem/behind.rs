@@ -84,6 +84,16 @@ struct Version {
     reserved: u64,
 }
 
+impl Version {
+    /// What a read or a write-out takes of it.
+    fn held(&self) -> HeldBlock {
+        HeldBlock {
+            bytes: self.bytes.clone(),
+            parts: self.parts.clone(),
+        }
+    }
+}
+
 /// The written-behind state of one filesystem.
 #[derive(Default)]
 pub(super) struct WrittenBehind {
@@ -104,13 +114,7 @@ pub(super) struct WrittenBehind {
 impl WrittenBehind {
     /// The newest version in memory of block `blkid` of object `ino`.
     pub(super) fn lookup(&self, ino: u64, blkid: u64) -> Option<HeldBlock> {
-        self.blocks
-            .borrow()
-            .get(&(ino, blkid))
-            .map(|version| HeldBlock {
-                bytes: version.bytes.clone(),
-                parts: version.parts.clone(),
-            })
+        self.blocks.borrow().get(&(ino, blkid)).map(Version::held)
     }
 
     /// Waits until no block of `ino` in `blocks` (all of them: None) has a
@@ -124,9 +128,15 @@ impl WrittenBehind {
     ) {
         loop {
             let changed = self.changed.notified();
-            let pending = self.blocks.borrow().keys().any(|(object, blkid)| {
-                *object == ino && blocks.as_ref().is_none_or(|range| range.contains(blkid))
-            });
+            // A write's own blocks are looked up one by one (direct writes
+            // on a hot path); only a whole file needs a scan of them all.
+            let pending = {
+                let held = self.blocks.borrow();
+                match &blocks {
+                    Some(range) => range.clone().any(|blkid| held.contains_key(&(ino, blkid))),
+                    None => held.keys().any(|(object, _)| *object == ino),
+                }
+            };
             if !pending {
                 return;
             }
@@ -244,8 +254,7 @@ impl Filesystem {
             if let Some(written) = parts.as_mut() {
                 add_part(written, within..within + chunk);
             }
-            let whole = |parts: &Parts| parts.len() == 1 && parts[0] == (0..block as usize);
-            let parts = parts.filter(|parts| !whole(parts));
+            let parts = parts.filter(|parts| parts.len() != 1 || parts[0] != (0..block as usize));
             numbers.push((blkid, self.hold_version(pool, ino, blkid, bytes, parts)));
         }
         {
@@ -331,8 +340,7 @@ impl Filesystem {
         version.tails += 1;
         // A version replaced gives its memory back at once; its space is
         // counted once per block.
-        pool.release_dirty(version.memory, version.reserved);
-        pool.hold_behind(memory, reserved);
+        pool.replace_held((version.memory, version.reserved), (memory, reserved));
         version.memory = memory;
         version.reserved = reserved;
         number
@@ -376,37 +384,16 @@ impl Filesystem {
                 }
                 if !version.writing {
                     version.writing = true;
-                    break Some(HeldBlock {
-                        bytes: version.bytes.clone(),
-                        parts: version.parts.clone(),
-                    });
+                    break Some(version.held());
                 }
             }
             changed.await;
         };
-        let mut failed = None;
         let wrote = bytes.is_some();
-        if let Some(held) = bytes {
-            let copy = self.settings.get().log_bias == LogBias::Latency;
-            let linked = match self.whole_block(object, blkid, held).await {
-                Ok(bytes) => match self.write_block(pool, &bytes, ObjectType::FsFile).await {
-                    Ok(pointer) => self
-                        .link_block(pool, object, blkid, pointer)
-                        .await
-                        .map(|linked| (linked, bytes)),
-                    Err(error) => Err(error),
-                },
-                Err(error) => Err(error),
-            };
-            match linked {
-                Ok((linked, bytes)) => {
-                    self.log
-                        .note_written(object.id, blkid, &linked, copy.then_some(&bytes[..]));
-                    behind.failing.set(false);
-                }
-                Err(error) => failed = Some(error),
-            }
-        }
+        let failed = match bytes {
+            Some(held) => self.write_and_link(pool, object, blkid, held).await.err(),
+            None => None,
+        };
         {
             let mut blocks = behind.blocks.borrow_mut();
             let version = blocks.get_mut(&key).expect("a version per write-out");
@@ -435,6 +422,25 @@ impl Filesystem {
         }
         behind.in_flight.borrow_mut().remove(&number);
         behind.changed.notify_all();
+    }
+
+    /// Writes version `held` of block `blkid` of `object` (the block's only
+    /// write-out now) and links it, noted for the log.
+    async fn write_and_link(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        held: HeldBlock,
+    ) -> Result<(), FsError> {
+        let bytes = self.whole_block(object, blkid, held).await?;
+        let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
+        let linked = self.link_block(pool, object, blkid, pointer).await?;
+        let copy = self.settings.get().log_bias == LogBias::Latency;
+        self.log
+            .note_written(object.id, blkid, &linked, copy.then_some(&bytes[..]));
+        self.behind.wrote_through();
+        Ok(())
     }
 
     /// The whole block a version being written out stands for: its parts

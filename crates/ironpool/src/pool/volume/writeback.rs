@@ -483,14 +483,7 @@ impl Pool {
         dirty.bytes += length;
         let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES;
         drop(dirty);
-        let state = &self.writeback;
-        state
-            .dirty_bytes
-            .set(state.dirty_bytes.get() - old_memory + memory);
-        state
-            .reserved_bytes
-            .set(state.reserved_bytes.get() - old_reserved + reserved);
-        crate::pool::txg::update_dirty_percent(self);
+        self.replace_held((old_memory, old_reserved), (memory, reserved));
         if !self.start_writeback(volume) && urgent {
             volume.writeback.kick.notify_all();
         }
@@ -520,15 +513,18 @@ impl Pool {
         allocator.free_bytes() >= needed
     }
 
-    /// Counts `memory` bytes and `reserved` bytes of space held by a
-    /// filesystem's written-behind block against the limits volumes'
-    /// dirty blocks count against (`pool::filesystem::behind`).
-    pub(crate) fn hold_behind(&self, memory: u64, reserved: u64) {
+    /// Counts a held block's (memory, space) `new` in place of `old`, what
+    /// the block held before (zeros for a new one): a volume's dirty block
+    /// or a filesystem's written-behind version (`pool::filesystem::behind`)
+    /// against the same limits.
+    pub(crate) fn replace_held(&self, old: (u64, u64), new: (u64, u64)) {
         let state = &self.writeback;
-        state.dirty_bytes.set(state.dirty_bytes.get() + memory);
+        state
+            .dirty_bytes
+            .set(state.dirty_bytes.get() - old.0 + new.0);
         state
             .reserved_bytes
-            .set(state.reserved_bytes.get() + reserved);
+            .set(state.reserved_bytes.get() - old.1 + new.1);
         crate::pool::txg::update_dirty_percent(self);
     }
 
@@ -547,7 +543,7 @@ impl Pool {
         true
     }
 
-    /// Gives back what [`Pool::hold_behind`] or a held block counted.
+    /// Gives back what a held block counted ([`Pool::replace_held`]).
     pub(crate) fn release_dirty(&self, bytes: u64, reserved: u64) {
         let state = &self.writeback;
         state.dirty_bytes.set(state.dirty_bytes.get() - bytes);

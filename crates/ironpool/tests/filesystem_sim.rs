@@ -513,6 +513,57 @@ async fn pool_with_filesystem(
     (pool, fs)
 }
 
+/// A walk that reads many files and makes no txg (a backup read from
+/// `.zfs/snapshot`, `find` and `cat` on an idle pool) keeps the objects
+/// loaded under the bound, in the head and in a snapshot alike, and reads
+/// every file right: before, only a durable txg let objects go.
+#[test]
+fn a_walk_without_txgs_keeps_the_objects_loaded_bounded() {
+    let disks = devices(2, DEVICE_BYTES, 7);
+    Runtime::new_sim(7).block_on(async move {
+        // No access times: a read of the head would change each file.
+        let (pool, fs) =
+            pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("atime", "off")]).await;
+        let mut names = Vec::new();
+        for index in 0..300 {
+            let name = format!("file{index}").into_bytes();
+            let attr = fs
+                .create(
+                    &pool,
+                    fs.root(),
+                    &name,
+                    &NewObject::owned(S_IFREG | 0o644, 0, 0),
+                )
+                .await
+                .unwrap();
+            fs.write(&pool, attr.ino, 0, &name).await.unwrap();
+            names.push(name);
+        }
+        pool.commit().await.unwrap();
+        pool.snapshot(&["tank/fs@walk".to_string()]).await.unwrap();
+        let view = pool.snapshot_filesystem("tank/fs@walk").await.unwrap();
+        let durable = pool.txg().durable();
+        // `tunables()` keeps 8; a load evicts a quarter past it (11), and
+        // the dnode table always stays.
+        let bound = 8 + 8 / 4 + 1 + 1;
+        for (what, walked) in [("head", &fs), ("snapshot", &view)] {
+            let mut most = 0;
+            for name in &names {
+                let attr = walked.lookup(walked.root(), name).await.unwrap();
+                let read = walked.read(&pool, attr.ino, 0, 64, false).await.unwrap();
+                assert!(read == *name, "{what}: {}", String::from_utf8_lossy(name));
+                most = most.max(walked.objects.loaded_objects());
+            }
+            assert!(
+                most <= bound,
+                "{what}: {most} objects loaded during the walk, bound {bound}"
+            );
+        }
+        assert_eq!(pool.txg().durable(), durable, "the walks made no txg");
+        pool.export().await.unwrap();
+    });
+}
+
 fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
     let disks = devices(width, DEVICE_BYTES, seed);
     let model = Rc::new(RefCell::new(Model::default()));

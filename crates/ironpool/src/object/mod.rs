@@ -185,6 +185,13 @@ impl Object {
     }
 }
 
+/// Loaded objects past which a load evicts, when `left` stayed after the
+/// last eviction and the bound is `max`: a quarter above the larger.
+fn evict_threshold(left: usize, max: usize) -> usize {
+    let base = left.max(max);
+    base.saturating_add(base / 4 + 1)
+}
+
 /// All objects of the pool and the cache of their nodes.
 pub struct ObjectSet {
     pub store: Rc<BlockStore>,
@@ -200,6 +207,13 @@ pub struct ObjectSet {
     /// A filesystem's set: its table is a dataset whose snapshots may hold
     /// any block of any of its objects ([`ObjectSet::kill`]).
     nested: bool,
+    /// Objects to keep loaded at most ([`ObjectSet::set_loaded_max`];
+    /// `usize::MAX`: no bound).
+    loaded_max: Cell<usize>,
+    /// Loaded objects past which [`ObjectSet::open`] evicts: a quarter
+    /// above what the last eviction left (or the bound), so a set whose
+    /// objects cannot go (changed, in use) is not scanned on every load.
+    evict_at: Cell<usize>,
 }
 
 impl ObjectSet {
@@ -242,6 +256,8 @@ impl ObjectSet {
             durable_txg: Cell::new(0),
             dirty_bytes: Cell::new(0),
             nested,
+            loaded_max: Cell::new(usize::MAX),
+            evict_at: Cell::new(usize::MAX),
         });
         set.objects.borrow_mut().insert(0, table);
         set
@@ -249,6 +265,16 @@ impl ObjectSet {
 
     pub fn set_durable_txg(&self, txg: u64) {
         self.durable_txg.set(txg);
+    }
+
+    /// Bounds the objects kept loaded: past the bound (and a quarter more),
+    /// loading one evicts those that may go ([`ObjectSet::evict_objects`]).
+    /// Why at load and not only after a txg: a walk that reads a million
+    /// files (a backup from `.zfs/snapshot`, `find` on an idle pool) makes
+    /// no txg, and would keep every object it met.
+    pub fn set_loaded_max(&self, max: usize) {
+        self.loaded_max.set(max);
+        self.evict_at.set(evict_threshold(max, max));
     }
 
     pub fn dnode_table(&self) -> Rc<Object> {
@@ -309,12 +335,17 @@ impl ObjectSet {
             .ok_or(ObjectError::NoSuchObject(id))?;
         let object = Object::new(id, dnode);
         // Another task may have opened it while we read.
-        Ok(self
+        let object = self
             .objects
             .borrow_mut()
             .entry(id)
             .or_insert(object)
-            .clone())
+            .clone();
+        // The object returned is held here, so it stays.
+        if self.loaded_objects() > self.evict_at.get() {
+            self.evict_objects(self.loaded_max.get());
+        }
+        Ok(object)
     }
 
     /// Creates object `id` with `dnode` (it is written at the next sync).
@@ -341,7 +372,8 @@ impl ObjectSet {
     /// one with a cached node written by a txg that is not durable yet (its
     /// tree on disk may not be readable yet), and not one that anybody but
     /// this set holds (a request in flight works on it). Called once a txg
-    /// is durable; which objects go is the map's order, not recency.
+    /// is durable, and by a load past the bound; which objects go is the
+    /// map's order, not recency.
     pub fn evict_objects(&self, keep: usize) -> usize {
         let durable = self.durable_txg.get();
         let mut objects = self.objects.borrow_mut();
@@ -373,6 +405,8 @@ impl ObjectSet {
                     .set(self.cached_bytes.get().saturating_sub(bytes));
             }
         }
+        self.evict_at
+            .set(evict_threshold(objects.len(), self.loaded_max.get()));
         victims.len()
     }
 

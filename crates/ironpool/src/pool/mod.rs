@@ -172,8 +172,9 @@ pub struct PoolTunables {
     /// Bytes a scrub examines per second at most (0: as fast as the queues
     /// let it; its I/O class already yields to client I/O).
     pub scrub_rate_bytes: u64,
-    /// Objects (files, directories) each filesystem keeps loaded past a
-    /// durable txg, at most ([`FS_OBJECTS_LOADED_MAX`] by default).
+    /// Objects (files, directories) each filesystem and each snapshot open
+    /// for reading keeps loaded, at most ([`FS_OBJECTS_LOADED_MAX`] by
+    /// default).
     pub fs_objects_loaded_max: u64,
     /// Import a pool that was not exported cleanly although a log device is
     /// missing (`serve -m`, `import -m`): flushed writes whose txg had not
@@ -182,12 +183,13 @@ pub struct PoolTunables {
     pub discard_missing_log: bool,
 }
 
-/// Objects a filesystem keeps loaded after each durable txg, at most: a
-/// loaded object costs about 1.4 KB (its dnode, its cached nodes' index,
-/// the map entry), so 65,536 are about 90 MB per filesystem. Without a
-/// bound every file ever touched stayed in memory (100,000 created files
-/// took 135 MB). Past it, clean objects nobody holds are dropped and
-/// loaded again from the dnode table when next used.
+/// Objects a filesystem (a head, or a snapshot open for reading) keeps
+/// loaded, at most: a loaded object costs about 1.4 KB (its dnode, its
+/// cached nodes' index, the map entry), so 65,536 are about 90 MB per
+/// filesystem. Without a bound every file ever touched stayed in memory
+/// (100,000 created files took 135 MB). Past it, clean objects nobody
+/// holds are dropped after each durable txg, and by a load a quarter past
+/// it, and loaded again from the dnode table when next used.
 pub const FS_OBJECTS_LOADED_MAX: u64 = 65_536;
 
 impl Default for PoolTunables {

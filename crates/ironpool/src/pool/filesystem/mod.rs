@@ -714,6 +714,7 @@ impl Filesystem {
             pool.tunables.borrow().cache_budget_bytes,
         );
         objects.set_durable_txg(pool.txg.durable());
+        objects.set_loaded_max(pool.tunables.borrow().fs_objects_loaded_max as usize);
         let fs = Rc::new(Filesystem {
             name,
             table,
@@ -2470,11 +2471,18 @@ pub(in crate::pool) fn all_synced(pool: &Pool) -> bool {
 }
 
 /// A txg is durable: nodes it wrote may now be evicted, and objects past
-/// the `fs_objects_loaded_max` tunable are let go.
+/// the `fs_objects_loaded_max` tunable (read again: `tune` may change it)
+/// are let go, of heads and of the snapshots open (their objects in use
+/// when they were loaded may go now).
 pub(in crate::pool) fn txg_durable(pool: &Pool, txg: u64) {
     let keep = pool.tunables.borrow().fs_objects_loaded_max as usize;
     for fs in pool.filesystems.borrow().values() {
         fs.objects.set_durable_txg(txg);
+        fs.objects.set_loaded_max(keep);
+        fs.objects.evict_objects(keep);
+    }
+    for fs in pool.snapshot_filesystems.borrow().values() {
+        fs.objects.set_loaded_max(keep);
         fs.objects.evict_objects(keep);
     }
 }

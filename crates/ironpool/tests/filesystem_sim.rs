@@ -586,7 +586,13 @@ fn random_tree_run(seed: u64, kind: TopVdevKind, width: usize, record: &str) {
                 }
                 if index % 300 == 299 {
                     let snapshot = model.borrow().clone();
-                    verify(&pool, &fs, &snapshot, &format!("seed {seed} step {index}")).await;
+                    let context = format!("seed {seed} step {index}");
+                    verify(&pool, &fs, &snapshot, &context).await;
+                    if !WRITE_BEHIND.get() {
+                        // (Write-outs in flight would move the figures
+                        // between the two looks.)
+                        space_figures_match_a_walk(&pool, &fs, &context).await;
+                    }
                 }
             }
             space_is_clean(&pool, &format!("seed {seed}")).await;
@@ -1310,6 +1316,19 @@ fn files_grow_their_block_shrink_and_extend_with_zeros() {
 }
 
 /// `check_space` finds every allocated block in some tree, once.
+/// The figures `list` shows of a filesystem (the sums its header keeps,
+/// with the changes no txg wrote yet) are what a walk of every object
+/// finds.
+async fn space_figures_match_a_walk(pool: &Rc<Pool>, fs: &Filesystem, context: &str) {
+    let space = pool.volume_space(&fs.name).await.unwrap();
+    let (used, logical, _) = fs.referenced_walked().await.unwrap();
+    assert_eq!(
+        (space.referenced_bytes, space.logical_referenced_bytes),
+        (used, logical),
+        "{context}: referenced bytes, allocated and logical"
+    );
+}
+
 async fn space_is_clean(pool: &Rc<Pool>, context: &str) {
     let report = pool.check_space().await.unwrap();
     assert!(

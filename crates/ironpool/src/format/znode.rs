@@ -34,7 +34,9 @@ const ZNODE_VERSION: u8 = 1;
 /// Bytes of the bonus a znode uses (the rest is zero): what an intent log
 /// record copies of it.
 pub const ZNODE_BYTES: usize = 120;
-const FS_HEADER_VERSION: u8 = 1;
+/// Version 1 headers have no space sums; version 2 adds them.
+const FS_HEADER_VERSION_NO_SPACE: u8 = 1;
+const FS_HEADER_VERSION: u8 = 2;
 
 /// `st_mode` file type bits (as Linux defines them; they are on-disk values).
 pub const S_IFMT: u32 = 0o170000;
@@ -170,44 +172,89 @@ impl Znode {
 ///
 /// | offset | size | field |
 /// |---|---|---|
-/// | 0 | 1 | version (1) |
+/// | 0 | 1 | version (2; 1: no space sums) |
 /// | 8 | 8 | the root directory's object |
 /// | 16 | 8 | the next object number to hand out |
 /// | 24 | 8 | the unlinked set: objects unlinked while open, freed at last close or at import (0: none) |
 /// | 32 | 8 | objects in use (files, directories, links) |
+/// | 40 | 8 | version 2: bytes allocated by the objects in the table (the sum of their dnodes' `used_bytes`) |
+/// | 48 | 8 | version 2: their logical bytes |
+/// | 56 | 8 | version 2: their physical bytes |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FsHeader {
     pub root: u64,
     pub next_object: u64,
     pub unlinked_object: u64,
     pub objects: u64,
+    /// The sums of the space of every object the table holds, as the last
+    /// txg wrote them: a filesystem's `referenced` without a walk of its
+    /// objects. None in a version 1 header (written before the sums were
+    /// kept), whose filesystem is walked instead.
+    pub space: Option<FsSpace>,
+}
+
+/// Bytes allocated, logical and physical (as a dnode counts them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct FsSpace {
+    pub used: u64,
+    pub logical: u64,
+    pub physical: u64,
+}
+
+impl FsSpace {
+    /// Replaces an object's `old` figures with its `new` ones. Wrapping:
+    /// the sum of what the table holds is never negative, so adding the
+    /// new before taking the old away gives it exactly in any order.
+    pub fn replace(&mut self, old: FsSpace, new: FsSpace) {
+        self.used = self.used.wrapping_add(new.used).wrapping_sub(old.used);
+        self.logical = self
+            .logical
+            .wrapping_add(new.logical)
+            .wrapping_sub(old.logical);
+        self.physical = self
+            .physical
+            .wrapping_add(new.physical)
+            .wrapping_sub(old.physical);
+    }
 }
 
 impl FsHeader {
     pub fn encode(&self) -> Bonus {
         let mut bonus = Bonus::default();
         let out = &mut bonus.0;
-        out[0] = FS_HEADER_VERSION;
         put_u64(out, 8, self.root);
         put_u64(out, 16, self.next_object);
         put_u64(out, 24, self.unlinked_object);
         put_u64(out, 32, self.objects);
+        match self.space {
+            Some(space) => {
+                out[0] = FS_HEADER_VERSION;
+                put_u64(out, 40, space.used);
+                put_u64(out, 48, space.logical);
+                put_u64(out, 56, space.physical);
+            }
+            None => out[0] = FS_HEADER_VERSION_NO_SPACE,
+        }
         bonus
     }
 
     pub fn decode(bonus: &Bonus) -> Result<FsHeader, FormatError> {
         let bytes = &bonus.0;
-        if bytes[0] != FS_HEADER_VERSION {
-            return Err(invalid(
-                "filesystem header",
-                format!("version {}", bytes[0]),
-            ));
-        }
+        let space = match bytes[0] {
+            FS_HEADER_VERSION_NO_SPACE => None,
+            FS_HEADER_VERSION => Some(FsSpace {
+                used: get_u64(bytes, 40),
+                logical: get_u64(bytes, 48),
+                physical: get_u64(bytes, 56),
+            }),
+            version => return Err(invalid("filesystem header", format!("version {version}"))),
+        };
         let header = FsHeader {
             root: get_u64(bytes, 8),
             next_object: get_u64(bytes, 16),
             unlinked_object: get_u64(bytes, 24),
             objects: get_u64(bytes, 32),
+            space,
         };
         if header.root == 0 || header.next_object <= header.root {
             return Err(invalid(
@@ -255,14 +302,51 @@ mod tests {
         };
         assert_eq!(Znode::decode(&znode.encode()).unwrap(), znode);
         assert!(Znode::decode(&Bonus::default()).is_err());
-        let header = FsHeader {
+        let old = FsHeader {
             root: 1,
             next_object: 40,
             unlinked_object: 2,
             objects: 30,
+            space: None,
         };
+        // A version 1 header (no sums) still reads, and is written back as
+        // it was.
+        assert_eq!(old.encode().0[0], 1);
+        assert_eq!(FsHeader::decode(&old.encode()).unwrap(), old);
+        let header = FsHeader {
+            space: Some(FsSpace {
+                used: 1 << 40,
+                logical: 3 << 30,
+                physical: 5,
+            }),
+            ..old
+        };
+        assert_eq!(header.encode().0[0], 2);
         assert_eq!(FsHeader::decode(&header.encode()).unwrap(), header);
         assert!(FsHeader::decode(&FsHeader::default().encode()).is_err());
+        let mut bonus = header.encode();
+        bonus.0[0] = 3;
+        assert!(FsHeader::decode(&bonus).is_err(), "an unknown version");
+    }
+
+    #[test]
+    fn space_sums_replace_in_any_order() {
+        let mut sum = FsSpace::default();
+        let a = FsSpace {
+            used: 100,
+            logical: 200,
+            physical: 50,
+        };
+        let b = FsSpace {
+            used: 30,
+            logical: 10,
+            physical: 7,
+        };
+        // Freed before it was counted (wraps below zero), then counted.
+        sum.replace(a, FsSpace::default());
+        sum.replace(FsSpace::default(), b);
+        sum.replace(FsSpace::default(), a);
+        assert_eq!(sum, b);
     }
 
     proptest! {

@@ -191,7 +191,7 @@ impl Pool {
             return Ok(*known);
         }
         let _shared = fs.shared().await;
-        let figures = fs.referenced_locked().await?;
+        let figures = fs.referenced_locked(self).await?;
         self.snapshot_referenced
             .borrow_mut()
             .insert(fs.table.id, figures);
@@ -870,8 +870,8 @@ impl Pool {
     }
 
     /// Space figures of a volume or a filesystem (walks the blocks born
-    /// after its latest snapshot, and after its origin for a clone; for a
-    /// filesystem, the attributes of all its objects).
+    /// after its latest snapshot, and after its origin for a clone; a
+    /// filesystem's referenced bytes come from its header's sums).
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
         let short = volume
             .strip_prefix(&format!("{}/", self.name))
@@ -887,7 +887,7 @@ impl Pool {
         let dnode = head.dnode();
         // Bytes allocated, logical and physical, of everything it refers to.
         let (referenced, referenced_logical, referenced_physical) = match &fs {
-            Some(fs) => fs.referenced_locked().await?,
+            Some(fs) => fs.referenced_locked(self).await?,
             None => (dnode.used_bytes, dnode.logical_bytes, dnode.physical_bytes),
         };
         let origin_txg = dnode.origin_txg;

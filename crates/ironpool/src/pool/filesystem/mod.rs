@@ -53,7 +53,8 @@ use crate::format::dnode::DNODE_BYTES;
 use crate::format::fsdir::{self, DirEntry};
 use crate::format::intent_log::{EntryTarget, ObjectState};
 use crate::format::znode::{
-    FsHeader, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID, S_ISUID, S_IXGRP,
+    FsHeader, FsSpace, Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, S_ISGID, S_ISUID,
+    S_IXGRP,
 };
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
@@ -826,7 +827,25 @@ impl Filesystem {
         1 << self.record_shift.get()
     }
 
+    /// Sets the header but its space sums, which stay as the txg builds
+    /// and frees left them ([`Filesystem::set_space`]): a caller that read
+    /// the header before a wait may not undo a build's sums.
     fn set_header(&self, header: FsHeader) {
+        self.write_header(FsHeader {
+            space: self.header.get().space,
+            ..header
+        });
+    }
+
+    /// Sets the header's space sums (a txg build, a freed object).
+    fn set_space(&self, space: Option<FsSpace>) {
+        self.write_header(FsHeader {
+            space,
+            ..self.header.get()
+        });
+    }
+
+    fn write_header(&self, header: FsHeader) {
         self.header.set(header);
         self.table.dnode.borrow_mut().bonus = header.encode();
         self.table.dirty.set(true);
@@ -1314,7 +1333,20 @@ impl Filesystem {
         for pointer in &pointers {
             self.objects.kill(object, pointer);
         }
-        self.objects.clear_dnode(object.id).await?;
+        // Its dnode leaves the table now, with the figures the table held
+        // for it (the sums are of the table, not of objects in memory): read
+        // and cleared with no wait between, so no txg build comes between.
+        let offset = object.id * DNODE_BYTES as u64;
+        self.objects
+            .prefetch(&self.table, offset, DNODE_BYTES as u64)
+            .await?;
+        let mut space = self.header.get().space;
+        if let Some(space) = space.as_mut() {
+            let old = table_dnode_space(&self.objects, &self.table, object.id)?;
+            space.replace(old, FsSpace::default());
+        }
+        self.objects.clear_dnode_cached(object.id)?;
+        self.set_space(space);
         self.behind.forget(object.id);
         let mut header = self.header.get();
         header.objects -= 1;
@@ -2361,9 +2393,49 @@ impl Filesystem {
     }
 
     /// Bytes allocated, logical and physical, of every block of every
-    /// object and of the dnode table: what the filesystem refers to. The
-    /// caller holds the lock ([`Filesystem::shared`]).
-    pub(in crate::pool) async fn referenced_locked(&self) -> Result<(u64, u64, u64), ObjectError> {
+    /// object and of the dnode table: what the filesystem refers to, with
+    /// the changes no txg has written yet. The caller holds the lock
+    /// ([`Filesystem::shared`]), so no object is made or freed meanwhile.
+    /// O(objects loaded): the sums of the header (the table as the last
+    /// build wrote it), with each changed object's figures in place of the
+    /// table's; a header without sums (version 1, a snapshot taken before
+    /// them) is walked.
+    pub(in crate::pool) async fn referenced_locked(
+        &self,
+        pool: &Pool,
+    ) -> Result<(u64, u64, u64), ObjectError> {
+        if self.header.get().space.is_none() {
+            return self.referenced_walked().await;
+        }
+        // No build moves changed objects into the table and the sums while
+        // the table's figures are read.
+        let _hold = pool.txg.hold_builds();
+        let mut space = self.header.get().space.unwrap_or_default();
+        let changed: Vec<Rc<Object>> = self
+            .objects
+            .open_objects()
+            .into_iter()
+            .filter(|object| !Rc::ptr_eq(object, &self.table) && object.dirty.get())
+            .collect();
+        for object in changed {
+            let offset = object.id * DNODE_BYTES as u64;
+            self.objects
+                .prefetch(&self.table, offset, DNODE_BYTES as u64)
+                .await?;
+            let old = table_dnode_space(&self.objects, &self.table, object.id)?;
+            space.replace(old, dnode_space(&object.dnode()));
+        }
+        let table = self.table.dnode();
+        Ok((
+            table.used_bytes.wrapping_add(space.used),
+            table.logical_bytes.wrapping_add(space.logical),
+            table.physical_bytes.wrapping_add(space.physical),
+        ))
+    }
+
+    /// [`Filesystem::referenced_locked`] by a walk of every object (a
+    /// filesystem whose header predates the sums, and the check of them).
+    pub async fn referenced_walked(&self) -> Result<(u64, u64, u64), ObjectError> {
         let table = self.table.dnode();
         let (mut used, mut logical, mut physical) =
             (table.used_bytes, table.logical_bytes, table.physical_bytes);
@@ -2431,20 +2503,49 @@ pub(in crate::pool) fn build_step(
     let mut changed = false;
     for fs in pool.filesystems.borrow().values() {
         let set = &fs.objects;
+        let mut space = fs.header.get().space;
         for object in set.open_objects() {
             if Rc::ptr_eq(&object, &fs.table) || !object.dirty.get() {
                 continue;
             }
             set.sync_object(&object, context)?;
             object.dirty.set(false);
+            let dnode = object.dnode();
+            let offset = object.id * DNODE_BYTES as u64;
+            if let Some(space) = space.as_mut() {
+                // What the table held for it (zeros for a new object).
+                let old = table_dnode_space(&fs.objects, &fs.table, object.id)?;
+                space.replace(old, dnode_space(&dnode));
+            }
             let mut bytes = [0u8; DNODE_BYTES];
-            object.dnode().encode(&mut bytes);
-            set.write_bytes_cached(&fs.table, object.id * DNODE_BYTES as u64, &bytes)?;
+            dnode.encode(&mut bytes);
+            set.write_bytes_cached(&fs.table, offset, &bytes)?;
             changed = true;
+        }
+        if space != fs.header.get().space {
+            fs.set_space(space);
         }
         set.reset_dirty_bytes();
     }
     Ok(changed)
+}
+
+/// The space figures a dnode counts.
+pub(in crate::pool) fn dnode_space(dnode: &Dnode) -> FsSpace {
+    FsSpace {
+        used: dnode.used_bytes,
+        logical: dnode.logical_bytes,
+        physical: dnode.physical_bytes,
+    }
+}
+
+/// The space of object `id` as filesystem table `table` holds it now (its
+/// block cached: the caller writes it next).
+fn table_dnode_space(objects: &ObjectSet, table: &Object, id: u64) -> Result<FsSpace, ObjectError> {
+    let bytes = objects.read_bytes_cached(table, id * DNODE_BYTES as u64, DNODE_BYTES)?;
+    let dnode =
+        Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
+    Ok(dnode_space(&dnode))
 }
 
 impl Pool {
@@ -2538,14 +2639,26 @@ impl Pool {
             self.objects.prefetch(&list_object, 0, length).await?;
         }
         let settings = self.volume_settings(&record.properties);
-        Filesystem::open(
+        let fs = Filesystem::open(
             self,
             format!("{}/{short}", self.name),
             table,
             record,
             settings,
             false,
-        )
+        )?;
+        if fs.header.get().space.is_none() {
+            // A header from before the sums (version 1): they are taken
+            // once from the table, cached above and nothing changed in it
+            // yet, and kept by the txg builds from now on.
+            let mut space = FsSpace::default();
+            for ino in 1..fs.header.get().next_object {
+                let object = table_dnode_space(&fs.objects, &fs.table, ino)?;
+                space.replace(FsSpace::default(), object);
+            }
+            fs.set_space(Some(space));
+        }
+        Ok(fs)
     }
 
     /// Adds filesystem `short` over `table` (a new object of the open txg)
@@ -2735,6 +2848,9 @@ impl Pool {
             next_object: ROOT_OBJECT + 1,
             unlinked_object: 0,
             objects: 1,
+            // An empty table: the sums start at zero, and each txg build
+            // adds what it writes into the table.
+            space: Some(FsSpace::default()),
         }
         .encode();
         let table = self.objects.create(id, dnode);
@@ -2927,5 +3043,117 @@ impl Pool {
     /// (the server mounts and unmounts them).
     pub fn filesystems_changed(&self) -> crate::rt::sync::Notified<'_> {
         self.filesystems_changed.notified()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::sim::SimDevice;
+    use crate::dev::Device;
+    use crate::format::label::TopVdevKind;
+    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::rt::Runtime;
+
+    fn named(disks: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
+        disks
+            .iter()
+            .enumerate()
+            .map(|(index, disk)| (format!("sim:d{index}"), disk.clone() as Rc<dyn Device>))
+            .collect()
+    }
+
+    /// A filesystem whose header predates the space sums (version 1) is
+    /// walked once at import, and from then on keeps sums equal to a walk
+    /// (which the space check compares), written as a version 2 header.
+    #[test]
+    fn a_header_without_space_sums_gets_them_at_import() {
+        let disks: Vec<Rc<SimDevice>> = (0..2)
+            .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 40 + index))
+            .collect();
+        let tunables = || PoolTunables {
+            txg_timeout: std::time::Duration::from_secs(60),
+            ..PoolTunables::default()
+        };
+        let walked = Runtime::new_sim(40).block_on({
+            let disks = disks.clone();
+            async move {
+                let layout = vec![NewTopVdev {
+                    log: false,
+                    kind: TopVdevKind::Mirror,
+                    devices: named(&disks)
+                        .into_iter()
+                        .map(|(path, device)| NewDevice { path, device })
+                        .collect(),
+                }];
+                let pool = Pool::create_on_devices("tank", layout, false, tunables())
+                    .await
+                    .unwrap();
+                let fs = pool
+                    .create_filesystem("tank/fs", BTreeMap::new())
+                    .await
+                    .unwrap();
+                for index in 0..40u32 {
+                    let name = format!("f{index}");
+                    let attr = fs
+                        .create(
+                            &pool,
+                            fs.root(),
+                            name.as_bytes(),
+                            &NewObject::owned(S_IFREG | 0o644, 0, 0),
+                        )
+                        .await
+                        .unwrap();
+                    let data = vec![index as u8; 1000 * index as usize + 1];
+                    fs.write(&pool, attr.ino, 0, &data).await.unwrap();
+                }
+                pool.commit().await.unwrap();
+                // As a header of an older ironpool left it.
+                fs.write_header(FsHeader {
+                    space: None,
+                    ..fs.header.get()
+                });
+                pool.commit().await.unwrap();
+                assert_eq!(fs.table.dnode().bonus.0[0], 1, "a version 1 header");
+                let walked = fs.referenced_walked().await.unwrap();
+                assert_eq!(fs.referenced_locked(&pool).await.unwrap(), walked);
+                pool.export().await.unwrap();
+                walked
+            }
+        });
+        Runtime::new_sim(41).block_on(async move {
+            let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+                .await
+                .unwrap();
+            let fs = pool.filesystem("tank/fs").unwrap();
+            let space = fs.header.get().space.expect("sums taken at import");
+            assert_eq!(
+                (
+                    fs.table.dnode().used_bytes + space.used,
+                    fs.table.dnode().logical_bytes + space.logical,
+                    fs.table.dnode().physical_bytes + space.physical
+                ),
+                walked
+            );
+            // Kept from now on: a file removed, one grown.
+            fs.remove(&pool, fs.root(), b"f3", false).await.unwrap();
+            let grown = fs.lookup(fs.root(), b"f7").await.unwrap();
+            fs.write(&pool, grown.ino, 0, &vec![9u8; 300_000])
+                .await
+                .unwrap();
+            // Before a txg writes them, the figures count the changes too.
+            assert_eq!(
+                fs.referenced_locked(&pool).await.unwrap(),
+                fs.referenced_walked().await.unwrap()
+            );
+            assert!(fs.referenced_locked(&pool).await.unwrap().0 > walked.0);
+            let report = pool.check_space().await.unwrap();
+            assert!(report.problems.is_empty(), "{:?}", report.problems);
+            assert_eq!(fs.table.dnode().bonus.0[0], 2, "a version 2 header");
+            assert_eq!(
+                fs.referenced_locked(&pool).await.unwrap(),
+                fs.referenced_walked().await.unwrap()
+            );
+        });
     }
 }

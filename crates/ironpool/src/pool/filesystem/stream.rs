@@ -449,6 +449,7 @@ impl Filesystem {
             next_object: info.root + 1,
             unlinked_object: 0,
             objects: 0,
+            space: Some(Default::default()),
         }
     }
 

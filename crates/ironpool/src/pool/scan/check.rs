@@ -8,7 +8,9 @@ use serde::Serialize;
 
 use crate::alloc::RangeSet;
 use crate::format::dnode::DNODE_BYTES;
+use crate::format::znode::FsSpace;
 use crate::format::Dnode;
+use crate::pool::filesystem::dnode_space;
 use crate::pool::Pool;
 
 /// What the check found.
@@ -136,7 +138,11 @@ impl Pool {
             filesystems.push(self.snapshot_filesystem(name).await?);
         }
         for fs in &filesystems {
+            // The space sums its header keeps must be those of its objects
+            // (everything is committed, so those are the table's).
+            let mut walked = FsSpace::default();
             for object in fs.live_objects().await? {
+                walked.replace(FsSpace::default(), dnode_space(&object.dnode()));
                 let id = object.id;
                 report.objects += 1;
                 trees.push((
@@ -145,6 +151,14 @@ impl Pool {
                     (1 << 63) | (fs.table.id << 32) | id,
                     format!("{}/{id}", fs.table.id),
                 ));
+            }
+            if let Some(kept) = fs.header.get().space {
+                if kept != walked {
+                    report.problem(format!(
+                        "filesystem {}: its header counts {kept:?}, its objects hold {walked:?}",
+                        fs.name
+                    ));
+                }
             }
         }
         for (set, object, owner, label) in &trees {

@@ -92,7 +92,7 @@ pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'
 
 impl Pool {
     /// The snapshots, dead list and origin of a dataset (by short name).
-    fn record(&self, dataset: &str) -> Result<Lineage, PoolError> {
+    pub(in crate::pool) fn record(&self, dataset: &str) -> Result<Lineage, PoolError> {
         self.directory
             .borrow()
             .lineage(dataset)
@@ -869,9 +869,11 @@ impl Pool {
         self.commit().await
     }
 
-    /// Space figures of a volume or a filesystem (walks the blocks born
-    /// after its latest snapshot, and after its origin for a clone; a
-    /// filesystem's referenced bytes come from its header's sums).
+    /// Space figures of a volume or a filesystem. A volume's come from its
+    /// dnode and a walk of the blocks born after its latest snapshot (or its
+    /// origin), pruned by birth. A filesystem's come from its header's sums
+    /// and its dead list, with no walk of its objects, unless it is a clone
+    /// or its header predates the sums (then the walk covers every object).
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
         let short = volume
             .strip_prefix(&format!("{}/", self.name))
@@ -891,46 +893,23 @@ impl Pool {
             None => (dnode.used_bytes, dnode.logical_bytes, dnode.physical_bytes),
         };
         let origin_txg = dnode.origin_txg;
-        // Blocks born after the origin (all of them for a volume that is not a
-        // clone, whose figures the dnode keeps) and after the latest snapshot.
-        let threshold = if origin_txg == 0 {
-            dnode.prev_snapshot_txg
-        } else {
-            origin_txg
-        };
-        let mut born_after = Vec::new();
-        self.objects
-            .visit_pointers_born_after(&head, threshold, &mut |pointer| born_after.push(*pointer))
-            .await?;
-        if let Some(fs) = &fs {
-            for object in fs.live_objects().await? {
-                fs.objects
-                    .visit_pointers_born_after(&object, threshold, &mut |pointer| {
-                        born_after.push(*pointer)
-                    })
-                    .await?;
+        let fast = match &fs {
+            Some(fs) if origin_txg == 0 && fs.header.get().space.is_some() => {
+                self.written_by_sums(&short, &record, &head, referenced)
+                    .await?
             }
-            // The walk loaded every object: those past the bound go again
-            // now, not at the next commit (an idle pool makes none).
-            fs.objects
-                .evict_objects(self.tunables.borrow().fs_objects_loaded_max as usize);
-        }
-        let written: u64 = born_after
-            .iter()
-            .filter(|pointer| pointer.birth_txg > dnode.prev_snapshot_txg)
-            .map(BlockPointer::allocated_bytes)
-            .sum();
-        let (own_allocated, own_logical) = if origin_txg == 0 {
-            (referenced, referenced_logical)
-        } else {
-            (
-                born_after.iter().map(BlockPointer::allocated_bytes).sum(),
-                born_after
-                    .iter()
-                    .filter(|pointer| pointer.level == 0)
-                    .map(|pointer| pointer.logical_size as u64)
-                    .sum(),
-            )
+            _ => None,
+        };
+        let (written, own_allocated, own_logical) = match fast {
+            // Not a clone: it owns all it refers to.
+            Some(written) => (written, referenced, referenced_logical),
+            None => {
+                let walked = self.written_walked(&head, fs.as_deref()).await?;
+                match origin_txg {
+                    0 => (walked.0, referenced, referenced_logical),
+                    _ => walked,
+                }
+            }
         };
         let mut dead: Vec<BlockPointer> = head.dead.borrow().clone();
         dead.extend(self.dead_list_entries(record.dead_list)?);
@@ -962,6 +941,95 @@ impl Pool {
             logical_referenced_bytes: referenced_logical,
             compress_ratio: (compress_ratio * 100.0).round() / 100.0,
         })
+    }
+
+    /// Bytes of `head` (a volume or a filesystem's table, with `fs` its
+    /// filesystem) born after its latest snapshot, and, born after its
+    /// origin, allocated and logical: a walk of the blocks born after the
+    /// origin (or the latest snapshot), pruned by birth; for a filesystem,
+    /// of every object too (O(objects)).
+    pub(in crate::pool) async fn written_walked(
+        &self,
+        head: &Object,
+        fs: Option<&crate::pool::filesystem::Filesystem>,
+    ) -> Result<(u64, u64, u64), PoolError> {
+        let dnode = head.dnode();
+        let threshold = if dnode.origin_txg == 0 {
+            dnode.prev_snapshot_txg
+        } else {
+            dnode.origin_txg
+        };
+        let mut born_after = Vec::new();
+        self.objects
+            .visit_pointers_born_after(head, threshold, &mut |pointer| born_after.push(*pointer))
+            .await?;
+        if let Some(fs) = fs {
+            for object in fs.live_objects().await? {
+                fs.objects
+                    .visit_pointers_born_after(&object, threshold, &mut |pointer| {
+                        born_after.push(*pointer)
+                    })
+                    .await?;
+            }
+            // The walk loaded every object: those past the bound go again
+            // now, not at the next commit (an idle pool makes none).
+            fs.objects
+                .evict_objects(self.tunables.borrow().fs_objects_loaded_max as usize);
+        }
+        let written = born_after
+            .iter()
+            .filter(|pointer| pointer.birth_txg > dnode.prev_snapshot_txg)
+            .map(BlockPointer::allocated_bytes)
+            .sum();
+        let allocated = born_after.iter().map(BlockPointer::allocated_bytes).sum();
+        let logical = born_after
+            .iter()
+            .filter(|pointer| pointer.level == 0)
+            .map(|pointer| pointer.logical_size as u64)
+            .sum();
+        Ok((written, allocated, logical))
+    }
+
+    /// The bytes filesystem `short` (not a clone; `head` its table,
+    /// `referenced` its figure) wrote since its latest snapshot, without a
+    /// walk: what it refers to, less what the snapshot refers to, plus what
+    /// it let go since that the snapshot still holds (its dead list). Each
+    /// block it refers to born at or before the snapshot is the snapshot's,
+    /// and each of the snapshot's it let go is on that list. None when the
+    /// figures do not fit that (the caller walks).
+    pub(in crate::pool) async fn written_by_sums(
+        self: &Rc<Self>,
+        short: &str,
+        record: &Lineage,
+        head: &Object,
+        referenced: u64,
+    ) -> Result<Option<u64>, PoolError> {
+        let since = head.dnode().prev_snapshot_txg;
+        if since == 0 {
+            return Ok(Some(referenced));
+        }
+        let Some(latest) = record
+            .snapshots
+            .iter()
+            .find(|snapshot| snapshot.txg == since)
+        else {
+            return Ok(None);
+        };
+        let (snapshot_referenced, _, _) = self
+            .snapshot_referenced(&format!("{}/{short}@{}", self.name, latest.name))
+            .await?;
+        let mut let_go: u64 = head
+            .dead
+            .borrow()
+            .iter()
+            .map(BlockPointer::allocated_bytes)
+            .sum();
+        let_go += self
+            .dead_list_entries(record.dead_list)?
+            .iter()
+            .map(BlockPointer::allocated_bytes)
+            .sum::<u64>();
+        Ok((referenced + let_go).checked_sub(snapshot_referenced))
     }
 
     /// A read-only volume for snapshot "POOL/VOL@SNAP" (for reading and export).

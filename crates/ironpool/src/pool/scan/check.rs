@@ -137,6 +137,25 @@ impl Pool {
         for name in &snapshot_names {
             filesystems.push(self.snapshot_filesystem(name).await?);
         }
+        // The written figure `list` shows of a filesystem (from the sums and
+        // the dead list) must be the one a walk of its blocks finds.
+        for (short, fs) in self.all_filesystems() {
+            if fs.table.dnode().origin_txg != 0 || fs.header.get().space.is_none() {
+                continue;
+            }
+            let record = self.record(&short)?;
+            let (referenced, _, _) = fs.referenced_locked(self).await?;
+            let summed = self
+                .written_by_sums(&short, &record, &fs.table, referenced)
+                .await?;
+            let (walked, _, _) = self.written_walked(&fs.table, Some(&fs)).await?;
+            if summed != Some(walked) {
+                report.problem(format!(
+                    "filesystem {}: written is {summed:?} by its sums, {walked} by a walk",
+                    fs.name
+                ));
+            }
+        }
         for fs in &filesystems {
             // The space sums its header keeps must be those of its objects
             // (everything is committed, so those are the table's).

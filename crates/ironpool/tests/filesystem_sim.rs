@@ -520,47 +520,57 @@ async fn pool_with_filesystem(
 #[test]
 fn a_walk_without_txgs_keeps_the_objects_loaded_bounded() {
     let disks = devices(2, DEVICE_BYTES, 7);
-    Runtime::new_sim(7).block_on(async move {
-        // No access times: a read of the head would change each file.
-        let (pool, fs) =
-            pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("atime", "off")]).await;
-        let mut names = Vec::new();
-        for index in 0..300 {
-            let name = format!("file{index}").into_bytes();
-            let attr = fs
-                .create(
-                    &pool,
-                    fs.root(),
-                    &name,
-                    &NewObject::owned(S_IFREG | 0o644, 0, 0),
-                )
-                .await
-                .unwrap();
-            fs.write(&pool, attr.ino, 0, &name).await.unwrap();
-            names.push(name);
-        }
-        pool.commit().await.unwrap();
-        pool.snapshot(&["tank/fs@walk".to_string()]).await.unwrap();
-        let view = pool.snapshot_filesystem("tank/fs@walk").await.unwrap();
-        let durable = pool.txg().durable();
-        // `tunables()` keeps 8; a load evicts a quarter past it (11), and
-        // the dnode table always stays.
-        let bound = 8 + 8 / 4 + 1 + 1;
-        for (what, walked) in [("head", &fs), ("snapshot", &view)] {
-            let mut most = 0;
-            for name in &names {
-                let attr = walked.lookup(walked.root(), name).await.unwrap();
-                let read = walked.read(&pool, attr.ino, 0, 64, false).await.unwrap();
-                assert!(read == *name, "{what}: {}", String::from_utf8_lossy(name));
-                most = most.max(walked.objects.loaded_objects());
+    Runtime::new_sim(7).block_on({
+        let disks = disks.clone();
+        async move {
+            // No access times: a read of the head would change each file.
+            let (pool, fs) =
+                pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("atime", "off")]).await;
+            let mut names = Vec::new();
+            for index in 0..300 {
+                let name = format!("file{index}").into_bytes();
+                let attr = fs
+                    .create(
+                        &pool,
+                        fs.root(),
+                        &name,
+                        &NewObject::owned(S_IFREG | 0o644, 0, 0),
+                    )
+                    .await
+                    .unwrap();
+                fs.write(&pool, attr.ino, 0, &name).await.unwrap();
+                names.push(name);
             }
-            assert!(
-                most <= bound,
-                "{what}: {most} objects loaded during the walk, bound {bound}"
-            );
+            pool.commit().await.unwrap();
+            pool.snapshot(&["tank/fs@walk".to_string()]).await.unwrap();
+            let view = pool.snapshot_filesystem("tank/fs@walk").await.unwrap();
+            let durable = pool.txg().durable();
+            // `tunables()` keeps 8; a load evicts a quarter past it (11), and
+            // the dnode table always stays.
+            let bound = 8 + 8 / 4 + 1 + 1;
+            for (what, walked) in [("head", &fs), ("snapshot", &view)] {
+                let mut most = 0;
+                for name in &names {
+                    let attr = walked.lookup(walked.root(), name).await.unwrap();
+                    let read = walked.read(&pool, attr.ino, 0, 64, false).await.unwrap();
+                    assert!(read == *name, "{what}: {}", String::from_utf8_lossy(name));
+                    most = most.max(walked.objects.loaded_objects());
+                }
+                assert!(
+                    most <= bound,
+                    "{what}: {most} objects loaded during the walk, bound {bound}"
+                );
+            }
+            assert_eq!(pool.txg().durable(), durable, "the walks made no txg");
+            pool.export().await.unwrap();
         }
-        assert_eq!(pool.txg().durable(), durable, "the walks made no txg");
-        pool.export().await.unwrap();
+    });
+    // An import looks for files removed while open without loading every
+    // file (it loaded them all, past the bound, until the next txg).
+    Runtime::new_sim(8).block_on(async move {
+        let (_pool, fs) = import_filesystem(&disks, "import").await;
+        let loaded = fs.objects.loaded_objects();
+        assert!(loaded <= 4, "{loaded} objects loaded by the import");
     });
 }
 

@@ -699,19 +699,9 @@ impl Pool {
         let snapshot_object = self.objects.open(target.object).await?;
         // Blocks born after the snapshot belong to the dataset alone: free
         // them (for a filesystem, those of its table and of every object).
-        let mut born_after = Vec::new();
-        self.objects
-            .visit_pointers_born_after(&head, target.txg, &mut |pointer| born_after.push(*pointer))
+        let born_after = self
+            .pointers_born_after(&head, fs.as_deref(), target.txg)
             .await?;
-        if let Some(fs) = &fs {
-            for object in fs.live_objects().await? {
-                fs.objects
-                    .visit_pointers_born_after(&object, target.txg, &mut |pointer| {
-                        born_after.push(*pointer)
-                    })
-                    .await?;
-            }
-        }
         for pointer in &born_after {
             self.store.free(pointer);
         }
@@ -893,9 +883,10 @@ impl Pool {
             None => (dnode.used_bytes, dnode.logical_bytes, dnode.physical_bytes),
         };
         let origin_txg = dnode.origin_txg;
+        let mut dead = self.head_dead(&head, &record)?;
         let fast = match &fs {
             Some(fs) if origin_txg == 0 && fs.header.get().space.is_some() => {
-                self.written_by_sums(&short, &record, &head, referenced)
+                self.written_by_sums(&short, &record, &head, &dead, referenced)
                     .await?
             }
             _ => None,
@@ -911,8 +902,6 @@ impl Pool {
                 }
             }
         };
-        let mut dead: Vec<BlockPointer> = head.dead.borrow().clone();
-        dead.extend(self.dead_list_entries(record.dead_list)?);
         for snapshot in &record.snapshots {
             dead.extend(self.dead_list_entries(snapshot.dead_list)?);
         }
@@ -943,6 +932,33 @@ impl Pool {
         })
     }
 
+    /// Every block pointer of `head` (a volume or a filesystem's table) born
+    /// after `txg`, and with `fs` (its filesystem), of every object of it:
+    /// the blocks only the dataset holds since then (a rollback and a
+    /// destroy free them, the space figures count them). The walk of each
+    /// tree is pruned by birth; a filesystem's loads every object.
+    pub(in crate::pool) async fn pointers_born_after(
+        &self,
+        head: &Object,
+        fs: Option<&Filesystem>,
+        txg: u64,
+    ) -> Result<Vec<BlockPointer>, PoolError> {
+        let mut born_after = Vec::new();
+        self.objects
+            .visit_pointers_born_after(head, txg, &mut |pointer| born_after.push(*pointer))
+            .await?;
+        if let Some(fs) = fs {
+            for object in fs.live_objects().await? {
+                fs.objects
+                    .visit_pointers_born_after(&object, txg, &mut |pointer| {
+                        born_after.push(*pointer)
+                    })
+                    .await?;
+            }
+        }
+        Ok(born_after)
+    }
+
     /// Bytes of `head` (a volume or a filesystem's table, with `fs` its
     /// filesystem) born after its latest snapshot, and, born after its
     /// origin, allocated and logical: a walk of the blocks born after the
@@ -951,7 +967,7 @@ impl Pool {
     pub(in crate::pool) async fn written_walked(
         &self,
         head: &Object,
-        fs: Option<&crate::pool::filesystem::Filesystem>,
+        fs: Option<&Filesystem>,
     ) -> Result<(u64, u64, u64), PoolError> {
         let dnode = head.dnode();
         let threshold = if dnode.origin_txg == 0 {
@@ -959,18 +975,8 @@ impl Pool {
         } else {
             dnode.origin_txg
         };
-        let mut born_after = Vec::new();
-        self.objects
-            .visit_pointers_born_after(head, threshold, &mut |pointer| born_after.push(*pointer))
-            .await?;
+        let born_after = self.pointers_born_after(head, fs, threshold).await?;
         if let Some(fs) = fs {
-            for object in fs.live_objects().await? {
-                fs.objects
-                    .visit_pointers_born_after(&object, threshold, &mut |pointer| {
-                        born_after.push(*pointer)
-                    })
-                    .await?;
-            }
             // The walk loaded every object: those past the bound go again
             // now, not at the next commit (an idle pool makes none).
             fs.objects
@@ -990,18 +996,32 @@ impl Pool {
         Ok((written, allocated, logical))
     }
 
+    /// What dataset `head` (of `record`) let go since its latest snapshot
+    /// that the snapshot still holds: its dead list, in memory and written.
+    pub(in crate::pool) fn head_dead(
+        &self,
+        head: &Object,
+        record: &Lineage,
+    ) -> Result<Vec<BlockPointer>, PoolError> {
+        let mut dead = head.dead.borrow().clone();
+        dead.extend(self.dead_list_entries(record.dead_list)?);
+        Ok(dead)
+    }
+
     /// The bytes filesystem `short` (not a clone; `head` its table,
     /// `referenced` its figure) wrote since its latest snapshot, without a
     /// walk: what it refers to, less what the snapshot refers to, plus what
     /// it let go since that the snapshot still holds (its dead list). Each
     /// block it refers to born at or before the snapshot is the snapshot's,
-    /// and each of the snapshot's it let go is on that list. None when the
-    /// figures do not fit that (the caller walks).
+    /// and each of the snapshot's it let go is on that list (`head_dead`,
+    /// [`Pool::head_dead`]). None when the figures do not fit that (the
+    /// caller walks).
     pub(in crate::pool) async fn written_by_sums(
         self: &Rc<Self>,
         short: &str,
         record: &Lineage,
         head: &Object,
+        head_dead: &[BlockPointer],
         referenced: u64,
     ) -> Result<Option<u64>, PoolError> {
         let since = head.dnode().prev_snapshot_txg;
@@ -1018,17 +1038,7 @@ impl Pool {
         let (snapshot_referenced, _, _) = self
             .snapshot_referenced(&format!("{}/{short}@{}", self.name, latest.name))
             .await?;
-        let mut let_go: u64 = head
-            .dead
-            .borrow()
-            .iter()
-            .map(BlockPointer::allocated_bytes)
-            .sum();
-        let_go += self
-            .dead_list_entries(record.dead_list)?
-            .iter()
-            .map(BlockPointer::allocated_bytes)
-            .sum::<u64>();
+        let let_go: u64 = head_dead.iter().map(BlockPointer::allocated_bytes).sum();
         Ok((referenced + let_go).checked_sub(snapshot_referenced))
     }
 

@@ -2431,30 +2431,38 @@ impl Filesystem {
             let old = table_dnode_space(&self.objects, &self.table, object.id)?;
             space.replace(old, dnode_space(&object.dnode()));
         }
-        let table = self.table.dnode();
-        Ok((
-            table.used_bytes.wrapping_add(space.used),
-            table.logical_bytes.wrapping_add(space.logical),
-            table.physical_bytes.wrapping_add(space.physical),
-        ))
+        Ok(self.with_table_space(space))
     }
 
     /// [`Filesystem::referenced_locked`] by a walk of every object (a
     /// filesystem whose header predates the sums, and the check of them).
     pub async fn referenced_walked(&self) -> Result<(u64, u64, u64), ObjectError> {
-        let table = self.table.dnode();
-        let (mut used, mut logical, mut physical) =
-            (table.used_bytes, table.logical_bytes, table.physical_bytes);
-        // Dnodes peeked, not loaded: this walk must not undo the bound on
-        // loaded objects (`fs_objects_loaded_max`) on every `list`.
+        let space = self.objects_space_walked().await?;
+        Ok(self.with_table_space(space))
+    }
+
+    /// The sums of the space of every object (not the table), walked:
+    /// dnodes peeked, not loaded, so the walk does not undo the bound on
+    /// loaded objects (`fs_objects_loaded_max`).
+    async fn objects_space_walked(&self) -> Result<FsSpace, ObjectError> {
+        let mut space = FsSpace::default();
         for ino in 1..self.header.get().next_object {
             if let Some(dnode) = self.objects.peek_dnode(ino).await? {
-                used += dnode.used_bytes;
-                logical += dnode.logical_bytes;
-                physical += dnode.physical_bytes;
+                space.replace(FsSpace::default(), dnode_space(&dnode));
             }
         }
-        Ok((used, logical, physical))
+        Ok(space)
+    }
+
+    /// Objects' space `space` with the table's own added: what the
+    /// filesystem refers to, allocated, logical and physical.
+    fn with_table_space(&self, space: FsSpace) -> (u64, u64, u64) {
+        let table = self.table.dnode();
+        (
+            table.used_bytes.wrapping_add(space.used),
+            table.logical_bytes.wrapping_add(space.logical),
+            table.physical_bytes.wrapping_add(space.physical),
+        )
     }
 
     /// The counters of the filesystem's intent log (`fsync`).
@@ -2655,13 +2663,9 @@ impl Pool {
         )?;
         if fs.header.get().space.is_none() {
             // A header from before the sums (version 1): they are taken
-            // once from the table, cached above and nothing changed in it
-            // yet, and kept by the txg builds from now on.
-            let mut space = FsSpace::default();
-            for ino in 1..fs.header.get().next_object {
-                let object = table_dnode_space(&fs.objects, &fs.table, ino)?;
-                space.replace(FsSpace::default(), object);
-            }
+            // once, from the table (no object is loaded yet, nothing changed
+            // in it), and kept by the txg builds from now on.
+            let space = fs.objects_space_walked().await?;
             fs.set_space(Some(space));
         }
         Ok(fs)
@@ -2939,18 +2943,8 @@ impl Pool {
         // Blocks born after the origin are its own (all of them when it is
         // not a clone); older ones, and its dead list, are the origin's.
         let origin_txg = fs.table.dnode().origin_txg;
-        let mut pointers = Vec::new();
-        for object in fs.live_objects().await? {
-            fs.objects
-                .visit_pointers_born_after(&object, origin_txg, &mut |pointer| {
-                    pointers.push(*pointer)
-                })
-                .await?;
-        }
-        self.objects
-            .visit_pointers_born_after(&fs.table, origin_txg, &mut |pointer| {
-                pointers.push(*pointer)
-            })
+        let pointers = self
+            .pointers_born_after(&fs.table, Some(&fs), origin_txg)
             .await?;
         for pointer in &pointers {
             self.store.free(pointer);

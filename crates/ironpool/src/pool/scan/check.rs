@@ -145,8 +145,9 @@ impl Pool {
             }
             let record = self.record(&short)?;
             let (referenced, _, _) = fs.referenced_locked(self).await?;
+            let dead = self.head_dead(&fs.table, &record)?;
             let summed = self
-                .written_by_sums(&short, &record, &fs.table, referenced)
+                .written_by_sums(&short, &record, &fs.table, &dead, referenced)
                 .await?;
             let (walked, _, _) = self.written_walked(&fs.table, Some(&fs)).await?;
             if summed != Some(walked) {

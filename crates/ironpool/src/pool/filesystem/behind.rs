@@ -33,9 +33,15 @@
 //!   write-back keeps), or above the pool's dirty data limit
 //!   (`dirty_data_max_bytes`, shared with volumes), writes wait or go
 //!   through, so a full pool is reported to the write that meets it.
-//! - Writes that grow a file's single block, direct writes and synchronous
-//!   ones go through as before; a write through waits for the versions in
-//!   memory of the blocks it touches first.
+//! - A write that grows a file's one block (a small file written in
+//!   pieces, as `tar` and `cp` write) is written behind too while that
+//!   block has never been linked: the block grows in memory, and a smaller
+//!   version still being written out links nothing. Once the block is in
+//!   the tree, a write that grows it goes through (letting its bytes go
+//!   before the larger block is on the devices would risk them).
+//! - Direct writes and synchronous ones go through as before; a write
+//!   through waits for the versions in memory of the blocks it touches
+//!   first.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -226,7 +232,15 @@ impl Filesystem {
         let dnode = object.dnode();
         let block = dnode.data_block_bytes();
         if self.grows(&dnode, end) {
-            drop((shared, admission));
+            let guard = self.files.whole(ino).await;
+            if self.may_grow_behind(pool, &object, end) {
+                let number = self.grow_behind(pool, &object, offset, data)?;
+                let stamped = self.stamp_write(pool, &object);
+                drop((guard, admission));
+                self.spawn_write_out(pool, &object, vec![(0, number)], shared);
+                return stamped.map(|()| data.len());
+            }
+            drop((guard, shared, admission));
             return self.write(pool, ino, offset, data).await;
         }
         let first = offset / block;
@@ -271,8 +285,21 @@ impl Filesystem {
         });
         let stamped = self.stamp_write(pool, &object);
         drop((guard, admission));
-        // The versions held are written out whatever happens here: each is
-        // counted in flight until its write-out ends.
+        self.spawn_write_out(pool, &object, numbers, shared);
+        stamped.map(|()| data.len())
+    }
+
+    /// Starts the write-out of versions `numbers` (block, number) of
+    /// `object`. The versions held are written out whatever happens to the
+    /// write that made them: each is counted in flight until its write-out
+    /// ends.
+    fn spawn_write_out(
+        self: &Rc<Self>,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        numbers: Vec<(u64, u64)>,
+        shared: Permit,
+    ) {
         let fs = self.clone();
         let task_pool = pool.clone();
         let task_object = object.clone();
@@ -280,7 +307,71 @@ impl Filesystem {
             fs.write_out(&task_pool, &task_object, numbers, shared)
                 .await
         });
-        stamped.map(|()| data.len())
+    }
+
+    /// Whether a write ending at `end` that grows `object`'s one block may
+    /// grow it in memory (the caller holds the whole file): the new block
+    /// holds the whole write (the write does not cross the record size),
+    /// there is room to hold it, and the tree's block is a hole, so that
+    /// what the file held is all in memory (the versions written behind
+    /// since it was created or emptied) or zeros. A block already linked
+    /// goes through instead: its bytes would be let go before the grown
+    /// block is on the devices, and a write-out that failed would lose them.
+    fn may_grow_behind(&self, pool: &Pool, object: &Object, end: u64) -> bool {
+        let dnode = object.dnode();
+        let record = 1u64 << self.record_shift.get();
+        self.grows(&dnode, end)
+            && end <= record
+            && dnode.root.is_hole()
+            && pool.has_room_to_hold(pool.held_space_bytes(record), 0)
+    }
+
+    /// Grows `object`'s one block in memory for a write of `data` at
+    /// `offset` (after [`Filesystem::may_grow_behind`], with no await
+    /// between): the tree gets the larger block size with a hole, and a
+    /// whole version of the new size holds what the file held and the
+    /// write, to be written out (its number is returned). A write-out of
+    /// a smaller version still in progress finds the block size changed and
+    /// links nothing (see `write_and_link`): this version carries its
+    /// bytes.
+    fn grow_behind(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<u64, FsError> {
+        let end = offset + data.len() as u64;
+        let dnode = object.dnode();
+        let shift = super::block_shift_for(end).min(self.record_shift.get());
+        let mut bytes = AlignedBuf::zeroed(1 << shift);
+        // The tree's block is a hole: the newest version in memory, or its
+        // parts over zeros, is all the file held.
+        if let Some(held) = self.behind.lookup(object.id, 0) {
+            let old = match held.parts {
+                None => held.bytes,
+                Some(parts) => merged(None, &held.bytes, &parts),
+            };
+            let kept = old.len().min(dnode.length_bytes as usize);
+            bytes[..kept].copy_from_slice(&old[..kept]);
+        }
+        bytes[offset as usize..end as usize].copy_from_slice(data);
+        let length = dnode.length_bytes.max(end);
+        let hole = crate::format::BlockPointer::hole(0, ObjectType::FsFile, 0);
+        self.replace_only_block(pool, object, shift, length, hole)?;
+        let txg = pool.txg.open();
+        self.log.note_reshaped();
+        self.log.note_linked(object.id, 0, txg);
+        self.note_state(object, txg);
+        let number = self.hold_version(pool, object.id, 0, bytes, None);
+        object.dirty.set(true);
+        self.count(|stats| {
+            stats.write_ops += 1;
+            stats.write_bytes += data.len() as u64;
+            stats.behind_write_ops += 1;
+            stats.behind_grow_ops += 1;
+        });
+        Ok(number)
     }
 
     /// Sets a written file's modification and change times, noted for the
@@ -433,9 +524,30 @@ impl Filesystem {
         blkid: u64,
         held: HeldBlock,
     ) -> Result<(), FsError> {
+        // A one-block file whose block grew in memory since this version
+        // was taken (`grow_behind`): the newer version carries these bytes.
+        let size = held.bytes.len() as u64;
+        if object.dnode().data_block_bytes() != size {
+            self.count(|stats| stats.behind_superseded += 1);
+            return Ok(());
+        }
         let bytes = self.whole_block(object, blkid, held).await?;
         let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
-        let linked = self.link_block(pool, object, blkid, pointer).await?;
+        if let Err(error) = self.objects.prepare_link(object, blkid).await {
+            if !pointer.is_hole() {
+                pool.store.release(&pointer.dvas);
+            }
+            return Err(error.into());
+        }
+        // No await from this check to the link.
+        if object.dnode().data_block_bytes() != size {
+            if !pointer.is_hole() {
+                pool.store.release(&pointer.dvas);
+            }
+            self.count(|stats| stats.behind_superseded += 1);
+            return Ok(());
+        }
+        let linked = self.link_cached(pool, object, blkid, pointer)?;
         let copy = self.settings.get().log_bias == LogBias::Latency;
         self.log
             .note_written(object.id, blkid, &linked, copy.then_some(&bytes[..]));

@@ -413,6 +413,12 @@ pub struct FsIoStats {
     /// after (`behind.rs`), and write-outs of theirs that failed.
     pub behind_write_ops: u64,
     pub behind_failures: u64,
+    /// Of `behind_write_ops`, those that grew a file's one block in memory
+    /// (a small file written in pieces).
+    pub behind_grow_ops: u64,
+    /// Write-outs that linked nothing: their file's one block grew in
+    /// memory meanwhile, and the newer version carries their bytes.
+    pub behind_superseded: u64,
     /// Writes that covered part of a block and read the old block first.
     pub rmw_write_ops: u64,
     /// Blocks read that were holes (answered with zeros, no device I/O).
@@ -2325,6 +2331,18 @@ impl Filesystem {
         blkid: u64,
         mut pointer: BlockPointer,
     ) -> Result<BlockPointer, FsError> {
+        // A file's blocks are all of its block size: a block of another
+        // size would be read back short or long after a txg wrote it.
+        debug_assert!(
+            pointer.is_hole()
+                || pointer.object_type != ObjectType::FsFile
+                || u64::from(pointer.logical_size) == object.dnode().data_block_bytes(),
+            "{} object {}: a block of {} bytes linked where blocks are {}",
+            self.name,
+            object.id,
+            pointer.logical_size,
+            object.dnode().data_block_bytes()
+        );
         let txg = pool.txg.open();
         if !pointer.is_hole() {
             pointer.birth_txg = txg;

@@ -1146,71 +1146,83 @@ async fn new_file(pool: &Rc<Pool>, fs: &Rc<Filesystem>) -> ironpool::pool::files
 /// an import.
 #[test]
 fn reads_see_writes_written_behind_before_they_are_linked() {
-    let seed = 171;
-    let disks = devices(2, DEVICE_BYTES, seed);
-    let model = Rc::new(RefCell::new(Vec::new()));
-    Runtime::new_sim(seed).block_on({
-        let disks = disks.clone();
-        let model = model.clone();
-        async move {
-            let mut rng = Rng::new(seed);
-            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-            let file = new_file(&pool, &fs).await;
-            // Two records written through, then a hole, then a third.
-            let mut data = bytes(&mut rng, 256 << 10);
-            fs.write(&pool, file.ino, 0, &data).await.unwrap();
-            let third = bytes(&mut rng, 128 << 10);
-            fs.write(&pool, file.ino, 384 << 10, &third).await.unwrap();
-            data.resize(384 << 10, 0);
-            data.extend_from_slice(&third);
-            pool.commit().await.unwrap();
-            let mut held_reads = 0;
-            for round in 0..400 {
-                let length = 1 + rng.below(if round % 10 == 0 { 200_000 } else { 9000 }) as usize;
-                let offset = rng.below(data.len() as u64 + 4096) as usize;
-                let piece = bytes(&mut rng, length);
-                let written = fs
-                    .write_behind(&pool, file.ino, offset as u64, &piece)
-                    .await;
-                assert_eq!(written.unwrap(), length);
-                if data.len() < offset + length {
-                    data.resize(offset + length, 0);
-                }
-                data[offset..offset + length].copy_from_slice(&piece);
-                held_reads += u64::from(fs.held_behind_blocks() > 0);
-                let at = offset.saturating_sub(rng.below(70_000) as usize);
-                let span = length + rng.below(140_000) as usize;
-                let direct = rng.chance(1, 3);
-                let read = fs
-                    .read(&pool, file.ino, at as u64, span, direct)
-                    .await
-                    .unwrap();
-                let end = (at + span).min(data.len());
-                assert!(read == data[at..end], "round {round}: {span} bytes at {at}");
-                if rng.chance(1, 40) {
-                    pool.commit().await.unwrap();
-                }
+    write_then_import(171, |pool, fs, mut rng| async move {
+        let file = new_file(&pool, &fs).await;
+        // Two records written through, then a hole, then a third.
+        let mut data = bytes(&mut rng, 256 << 10);
+        fs.write(&pool, file.ino, 0, &data).await.unwrap();
+        let third = bytes(&mut rng, 128 << 10);
+        fs.write(&pool, file.ino, 384 << 10, &third).await.unwrap();
+        data.resize(384 << 10, 0);
+        data.extend_from_slice(&third);
+        pool.commit().await.unwrap();
+        let mut held_reads = 0;
+        for round in 0..400 {
+            let length = 1 + rng.below(if round % 10 == 0 { 200_000 } else { 9000 }) as usize;
+            let offset = rng.below(data.len() as u64 + 4096) as usize;
+            let piece = bytes(&mut rng, length);
+            let written = fs
+                .write_behind(&pool, file.ino, offset as u64, &piece)
+                .await;
+            assert_eq!(written.unwrap(), length);
+            if data.len() < offset + length {
+                data.resize(offset + length, 0);
             }
-            assert!(
-                held_reads > 300,
-                "{held_reads} reads while blocks were held"
-            );
-            assert!(
-                fs.read(&pool, file.ino, 0, data.len(), false)
-                    .await
-                    .unwrap()
-                    == data
-            );
+            data[offset..offset + length].copy_from_slice(&piece);
+            held_reads += u64::from(fs.held_behind_blocks() > 0);
+            let at = offset.saturating_sub(rng.below(70_000) as usize);
+            let span = length + rng.below(140_000) as usize;
+            let direct = rng.chance(1, 3);
+            let read = fs
+                .read(&pool, file.ino, at as u64, span, direct)
+                .await
+                .unwrap();
+            let end = (at + span).min(data.len());
+            assert!(read == data[at..end], "round {round}: {span} bytes at {at}");
+            if rng.chance(1, 40) {
+                pool.commit().await.unwrap();
+            }
+        }
+        assert!(
+            held_reads > 300,
+            "{held_reads} reads while blocks were held"
+        );
+        assert!(
+            fs.read(&pool, file.ino, 0, data.len(), false)
+                .await
+                .unwrap()
+                == data
+        );
+        vec![(file.ino, data)]
+    });
+}
+
+/// Runs `write` (given a new pool of two mirrored devices with `tank/fs`,
+/// and a generator seeded with `seed`), exports the pool, and imports it in
+/// a new runtime: every file `write` returns (its number and content) reads
+/// back the same, and the space is clean.
+fn write_then_import<W, F>(seed: u64, write: W)
+where
+    W: FnOnce(Rc<Pool>, Rc<Filesystem>, Rng) -> F,
+    F: std::future::Future<Output = Vec<(u64, Vec<u8>)>>,
+{
+    let disks = devices(2, DEVICE_BYTES, seed);
+    let files = Runtime::new_sim(seed).block_on({
+        let disks = disks.clone();
+        async move {
+            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
+            let files = write(pool.clone(), fs, Rng::new(seed)).await;
             pool.export().await.unwrap();
-            *model.borrow_mut() = data;
+            files
         }
     });
     Runtime::new_sim(seed + 1).block_on(async move {
         let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
-        let ino = fs.lookup(fs.root(), b"f").await.unwrap().ino;
-        let data = model.borrow().clone();
-        assert_eq!(fs.getattr(ino).await.unwrap().size, data.len() as u64);
-        assert!(fs.read(&pool, ino, 0, data.len(), false).await.unwrap() == data);
+        for (ino, data) in &files {
+            assert_eq!(fs.getattr(*ino).await.unwrap().size, data.len() as u64);
+            let read = fs.read(&pool, *ino, 0, data.len() + 1, false).await;
+            assert!(read.unwrap() == *data, "file {ino} after import");
+        }
         space_is_clean(&pool, "after import").await;
         pool.export().await.unwrap();
     });
@@ -1223,125 +1235,100 @@ fn reads_see_writes_written_behind_before_they_are_linked() {
 /// commits, fsyncs, truncations to zero and an import.
 #[test]
 fn small_files_written_in_pieces_grow_their_block_in_memory() {
-    let seed = 191;
-    let disks = devices(2, DEVICE_BYTES, seed);
-    let model = Rc::new(RefCell::new(Vec::new()));
-    Runtime::new_sim(seed).block_on({
-        let disks = disks.clone();
-        let model = model.clone();
-        async move {
-            let mut rng = Rng::new(seed);
-            let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, &[]).await;
-            let mut files = Vec::new();
-            // Files truncated to zero keep their block size.
-            let mut was_cut = Vec::new();
-            for index in 0..24 {
-                let name = format!("f{index}");
-                let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-                let attr = fs
-                    .create(&pool, fs.root(), name.as_bytes(), &mode)
+    write_then_import(191, |pool, fs, mut rng| async move {
+        let mut files = Vec::new();
+        // Files truncated to zero keep their block size.
+        let mut was_cut = Vec::new();
+        for index in 0..24 {
+            let name = format!("f{index}");
+            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+            let attr = fs
+                .create(&pool, fs.root(), name.as_bytes(), &mode)
+                .await
+                .unwrap();
+            files.push((attr.ino, Vec::<u8>::new()));
+            was_cut.push(false);
+        }
+        let mut index = 0;
+        for round in 0..900 {
+            // Bursts of pieces to one file (mostly appends of up to 12
+            // KiB, some rewrites inside), now and then one to another.
+            if rng.chance(1, 8) {
+                index = rng.below(files.len() as u64) as usize;
+            }
+            let (ino, data) = &mut files[index];
+            let offset = if rng.chance(4, 5) || data.is_empty() {
+                data.len()
+            } else {
+                rng.below(data.len() as u64) as usize
+            };
+            let length = 1 + rng.below(12_000) as usize;
+            let piece = bytes(&mut rng, length);
+            let written = fs.write_behind(&pool, *ino, offset as u64, &piece).await;
+            assert_eq!(written.unwrap(), piece.len(), "round {round}");
+            if data.len() < offset + piece.len() {
+                data.resize(offset + piece.len(), 0);
+            }
+            data[offset..offset + piece.len()].copy_from_slice(&piece);
+            // The next piece comes a client's round trip later: the
+            // last one's write-out may be on its way to the devices.
+            ironpool::rt::sleep(Duration::from_micros(rng.below(150))).await;
+            if rng.chance(1, 4) {
+                let direct = rng.chance(1, 3);
+                let read = fs
+                    .read(&pool, *ino, 0, data.len() + 1000, direct)
                     .await
                     .unwrap();
-                files.push((attr.ino, Vec::<u8>::new()));
-                was_cut.push(false);
-            }
-            let mut index = 0;
-            for round in 0..900 {
-                // Bursts of pieces to one file (mostly appends of up to 12
-                // KiB, some rewrites inside), now and then one to another.
-                if rng.chance(1, 8) {
-                    index = rng.below(files.len() as u64) as usize;
-                }
-                let (ino, data) = &mut files[index];
-                let offset = if rng.chance(4, 5) || data.is_empty() {
+                assert!(
+                    read == *data,
+                    "round {round}: file {index} of {} bytes",
                     data.len()
-                } else {
-                    rng.below(data.len() as u64) as usize
+                );
+            }
+            if rng.chance(1, 60) {
+                pool.commit().await.unwrap();
+            }
+            if rng.chance(1, 40) {
+                let fsynced = fs.clone();
+                pool.fs_log_commit(&fsynced).await.unwrap();
+            }
+            if rng.chance(1, 50) {
+                let cut = SetAttr {
+                    size: Some(0),
+                    ..SetAttr::default()
                 };
-                let length = 1 + rng.below(12_000) as usize;
-                let piece = bytes(&mut rng, length);
-                let written = fs.write_behind(&pool, *ino, offset as u64, &piece).await;
-                assert_eq!(written.unwrap(), piece.len(), "round {round}");
-                if data.len() < offset + piece.len() {
-                    data.resize(offset + piece.len(), 0);
-                }
-                data[offset..offset + piece.len()].copy_from_slice(&piece);
-                // The next piece comes a client's round trip later: the
-                // last one's write-out may be on its way to the devices.
-                ironpool::rt::sleep(Duration::from_micros(rng.below(150))).await;
-                if rng.chance(1, 4) {
-                    let direct = rng.chance(1, 3);
-                    let read = fs
-                        .read(&pool, *ino, 0, data.len() + 1000, direct)
-                        .await
-                        .unwrap();
-                    assert!(
-                        read == *data,
-                        "round {round}: file {index} of {} bytes",
-                        data.len()
-                    );
-                }
-                if rng.chance(1, 60) {
-                    pool.commit().await.unwrap();
-                }
-                if rng.chance(1, 40) {
-                    let fsynced = fs.clone();
-                    pool.fs_log_commit(&fsynced).await.unwrap();
-                }
-                if rng.chance(1, 50) {
-                    let cut = SetAttr {
-                        size: Some(0),
-                        ..SetAttr::default()
-                    };
-                    fs.setattr(&pool, *ino, cut).await.unwrap();
-                    data.clear();
-                    was_cut[index] = true;
-                }
+                fs.setattr(&pool, *ino, cut).await.unwrap();
+                data.clear();
+                was_cut[index] = true;
             }
-            fs.settle_writes(None).await;
-            let stats = fs.io_stats();
-            // (Seed 191: 52 of 104 growths in memory, 24 write-outs
-            // superseded; the rest grew a block already linked.)
-            assert!(
-                stats.behind_grow_ops >= 30,
-                "{} blocks grew in memory",
-                stats.behind_grow_ops
-            );
-            assert!(
-                stats.behind_superseded >= 5,
-                "{} write-outs were superseded",
-                stats.behind_superseded
-            );
-            assert_eq!(stats.behind_failures, 0);
-            for ((ino, data), was_cut) in files.iter().zip(&was_cut) {
-                let attr = fs.getattr(*ino).await.unwrap();
-                assert_eq!(attr.size, data.len() as u64);
-                if data.len() <= 128 << 10 && !was_cut {
-                    // One block, as large as the file needs.
-                    let want = (data.len().max(1).next_power_of_two() as u32).max(512);
-                    assert_eq!(attr.block_bytes, want, "a file of {} bytes", data.len());
-                }
+        }
+        fs.settle_writes(None).await;
+        let stats = fs.io_stats();
+        // (Seed 191: 52 of 104 growths in memory, 24 write-outs
+        // superseded; the rest grew a block already linked.)
+        assert!(
+            stats.behind_grow_ops >= 30,
+            "{} blocks grew in memory",
+            stats.behind_grow_ops
+        );
+        assert!(
+            stats.behind_superseded >= 5,
+            "{} write-outs were superseded",
+            stats.behind_superseded
+        );
+        assert_eq!(stats.behind_failures, 0);
+        for ((ino, data), was_cut) in files.iter().zip(&was_cut) {
+            let attr = fs.getattr(*ino).await.unwrap();
+            assert_eq!(attr.size, data.len() as u64);
+            if data.len() <= 128 << 10 && !was_cut {
+                // One block, as large as the file needs.
+                let want = (data.len().max(1).next_power_of_two() as u32).max(512);
+                assert_eq!(attr.block_bytes, want, "a file of {} bytes", data.len());
             }
-            pool.commit().await.unwrap();
-            space_is_clean(&pool, "after the writes").await;
-            pool.export().await.unwrap();
-            *model.borrow_mut() = files;
         }
-    });
-    Runtime::new_sim(seed + 1).block_on(async move {
-        let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
-        let files = model.borrow().clone();
-        for (ino, data) in &files {
-            assert_eq!(fs.getattr(*ino).await.unwrap().size, data.len() as u64);
-            assert!(
-                fs.read(&pool, *ino, 0, data.len() + 1, false)
-                    .await
-                    .unwrap()
-                    == *data
-            );
-        }
-        space_is_clean(&pool, "after import").await;
-        pool.export().await.unwrap();
+        pool.commit().await.unwrap();
+        space_is_clean(&pool, "after the writes").await;
+        files
     });
 }
 

@@ -394,13 +394,23 @@ fn loaded_objects_stay_bounded_and_dropped_ones_load_back_the_same() {
 }
 
 fn cached_data_bytes(pool: &TestPool) -> u64 {
-    let text = pool.admin(&["--json", "arcstat", &pool.name]);
-    let stats: serde_json::Value = serde_json::from_str(&text).expect("arcstat JSON");
-    stats["cache"]["data_bytes"].as_u64().expect("data_bytes")
+    cache_stats(pool)["data_bytes"]
+        .as_u64()
+        .expect("data_bytes")
 }
 
+/// The read cache's counters (`arcstat --json`).
+fn cache_stats(pool: &TestPool) -> serde_json::Value {
+    let text = pool.admin(&["--json", "arcstat", &pool.name]);
+    let stats: serde_json::Value = serde_json::from_str(&text).expect("arcstat JSON");
+    stats["cache"].clone()
+}
+
+/// `O_DIRECT` reads keep nothing in the cache; buffered reads fill it; then
+/// `O_DIRECT` reads take the blocks it holds (OpenZFS 2.3's rule) and still
+/// keep nothing more.
 #[test]
-fn o_direct_reads_bypass_the_read_cache_and_buffered_reads_fill_it() {
+fn o_direct_reads_do_not_fill_the_read_cache_but_take_what_it_holds() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsdirect");
     let file = mnt.join("data.bin");
     let file_arg = format!("of={}", file.display());
@@ -428,6 +438,19 @@ fn o_direct_reads_bypass_the_read_cache_and_buffered_reads_fill_it() {
     assert!(
         after_buffered >= after_direct + (8 << 20),
         "buffered reads did not fill the cache: {after_direct} -> {after_buffered} bytes"
+    );
+    let hits = |pool: &TestPool| cache_stats(pool)["demand_data"]["hits"].as_u64().unwrap();
+    let before_hits = hits(&pool);
+    tool("dd", &[&input, "of=/dev/null", "bs=1M", "iflag=direct"]);
+    // 16 MiB in 128 KiB records: 128 blocks, most of them cached.
+    let taken = hits(&pool) - before_hits;
+    assert!(
+        taken >= 64,
+        "O_DIRECT reads took {taken} blocks from the cache"
+    );
+    assert!(
+        cached_data_bytes(&pool) <= after_buffered,
+        "O_DIRECT reads added to the cache"
     );
     stop_and_check(&mut pool);
 }

@@ -403,10 +403,11 @@ pub struct FsIoStats {
     pub write_ops: u64,
     pub read_bytes: u64,
     pub write_bytes: u64,
-    /// Reads that bypassed the read cache (`O_DIRECT` with
-    /// `direct=standard`, or `direct=always`), and writes that went to the
-    /// devices before they were answered (written blocks never enter the
-    /// read cache).
+    /// Direct reads, which keep nothing in the read cache (`O_DIRECT` with
+    /// `direct=standard`, taking a block from it when it is there; every
+    /// read with `direct=always`), and writes that went to the devices
+    /// before they were answered (written blocks never enter the read
+    /// cache).
     pub direct_read_ops: u64,
     pub direct_write_ops: u64,
     /// Buffered writes answered once in memory, their blocks written out
@@ -1622,11 +1623,13 @@ impl Filesystem {
     }
 
     /// Reads up to `length` bytes at `offset` of file `ino` (fewer at its
-    /// end). A `direct` read (`O_DIRECT`) bypasses the read cache, as OpenZFS
-    /// 2.3's direct I/O does, unless the filesystem's `direct` property is
-    /// `disabled`; with `direct=always` every read does. The cache stays
-    /// coherent: it is keyed by block pointer, and a block rewritten is a
-    /// new block.
+    /// end). A `direct` read (`O_DIRECT`, unless the filesystem's `direct`
+    /// property is `disabled`) keeps nothing in the read cache and takes a
+    /// block from it only when it is there, as OpenZFS 2.3's direct reads
+    /// copy out cached blocks: data another reader brought in costs no
+    /// device read. With `direct=always` every read goes to the devices and
+    /// keeps nothing. The cache stays coherent: it is keyed by block
+    /// pointer, and a block rewritten is a new block.
     pub async fn read(
         &self,
         pool: &Pool,
@@ -1654,18 +1657,17 @@ impl Filesystem {
             }
         };
         let settings = self.settings.get();
-        let usage = match settings.direct {
-            DirectMode::Always => CacheUse::data(false, false),
-            DirectMode::Standard if direct => CacheUse::data(false, false),
-            _ => settings.data_cache_use(),
+        let (usage, direct) = match settings.direct {
+            DirectMode::Always => (CacheUse::data(false, false), true),
+            DirectMode::Standard if direct => (CacheUse::data(true, false), true),
+            _ => (settings.data_cache_use(), false),
         };
         let data = self.read_locked(&object, offset, length, usage).await?;
         self.touch_atime(pool, &object);
-        let bypassed = usage == CacheUse::data(false, false);
         self.count(|stats| {
             stats.read_ops += 1;
             stats.read_bytes += data.len() as u64;
-            stats.direct_read_ops += u64::from(bypassed);
+            stats.direct_read_ops += u64::from(direct);
         });
         Ok(data)
     }

@@ -533,21 +533,13 @@ impl Filesystem {
         }
         let bytes = self.whole_block(object, blkid, held).await?;
         let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
-        if let Err(error) = self.objects.prepare_link(object, blkid).await {
-            if !pointer.is_hole() {
-                pool.store.release(&pointer.dvas);
-            }
-            return Err(error.into());
-        }
-        // No await from this check to the link.
-        if object.dnode().data_block_bytes() != size {
-            if !pointer.is_hole() {
-                pool.store.release(&pointer.dvas);
-            }
+        let Some(linked) = self
+            .link_block_of_size(pool, object, blkid, pointer, size)
+            .await?
+        else {
             self.count(|stats| stats.behind_superseded += 1);
             return Ok(());
-        }
-        let linked = self.link_cached(pool, object, blkid, pointer)?;
+        };
         let copy = self.settings.get().log_bias == LogBias::Latency;
         self.log
             .note_written(object.id, blkid, &linked, copy.then_some(&bytes[..]));

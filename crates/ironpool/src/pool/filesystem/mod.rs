@@ -2317,13 +2317,51 @@ impl Filesystem {
         blkid: u64,
         pointer: BlockPointer,
     ) -> Result<BlockPointer, FsError> {
+        self.prepare_link_or_release(pool, object, blkid, &pointer)
+            .await?;
+        self.link_cached(pool, object, blkid, pointer)
+    }
+
+    /// [`Filesystem::link_block`] for a written block of `size` bytes,
+    /// unless the file's block size is no longer `size` when the link can
+    /// be made (its one block grew in memory meanwhile, see `behind.rs`):
+    /// then the block is let go and None returned. No await from the check
+    /// to the link.
+    async fn link_block_of_size(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        pointer: BlockPointer,
+        size: u64,
+    ) -> Result<Option<BlockPointer>, FsError> {
+        self.prepare_link_or_release(pool, object, blkid, &pointer)
+            .await?;
+        if object.dnode().data_block_bytes() != size {
+            if !pointer.is_hole() {
+                pool.store.release(&pointer.dvas);
+            }
+            return Ok(None);
+        }
+        self.link_cached(pool, object, blkid, pointer).map(Some)
+    }
+
+    /// Loads what linking block `blkid` of `object` needs; on failure lets
+    /// go of `pointer`'s block (written, never linked).
+    async fn prepare_link_or_release(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        pointer: &BlockPointer,
+    ) -> Result<(), FsError> {
         if let Err(error) = self.objects.prepare_link(object, blkid).await {
             if !pointer.is_hole() {
                 pool.store.release(&pointer.dvas);
             }
             return Err(error.into());
         }
-        self.link_cached(pool, object, blkid, pointer)
+        Ok(())
     }
 
     fn link_cached(

@@ -1301,6 +1301,7 @@ impl Filesystem {
     /// their last name went). Run at import, before anything is served,
     /// and by a rollback (to a snapshot taken while one was open), which
     /// holds txg builds off meanwhile.
+    ///
     /// Dnodes are peeked, not loaded: an import loads only the files it
     /// frees, not every file (which held them all in memory at once, past
     /// the `fs_objects_loaded_max` bound: about 1.4 GB for a million).

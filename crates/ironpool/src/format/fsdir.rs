@@ -244,7 +244,8 @@ pub struct LeafBlock {
 impl LeafBlock {
     /// Checks the leaf expected at (`level`, `prefix`): magic, place, and
     /// every entry (in bounds, a valid name, cookies ascending and of this
-    /// leaf's prefix). Every method after relies on these checks.
+    /// leaf's prefix, no name twice). Every method after relies on these
+    /// checks.
     pub fn parse(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
         const WHAT: &str = "directory leaf";
         if bytes.len() != LEAF_BYTES || &bytes[0..4] != LEAF_MAGIC {
@@ -268,6 +269,9 @@ impl LeafBlock {
         let end = LEAF_HEADER_BYTES + used;
         let mut at = LEAF_HEADER_BYTES;
         let mut last_cookie = None;
+        // Where the entries of the current hash begin: a name twice would
+        // have its hash twice, and entries of one hash are neighbours.
+        let mut same_hash_from = at;
         for _ in 0..count {
             if at + ENTRY_FIXED_BYTES > end {
                 return Err(invalid(WHAT, "entries overrun the leaf"));
@@ -284,6 +288,17 @@ impl LeafBlock {
                 || last_cookie.is_some_and(|last| last >= entry.cookie)
             {
                 return Err(invalid(WHAT, format!("bad entry at byte {at}")));
+            }
+            if last_cookie.is_some_and(|last| last >> 32 != entry.cookie >> 32) {
+                same_hash_from = at;
+            }
+            let mut earlier = same_hash_from;
+            while earlier < at {
+                let other = entry_at(&bytes, earlier);
+                if other.name == entry.name {
+                    return Err(invalid(WHAT, format!("name twice at byte {at}")));
+                }
+                earlier += other.encoded_bytes();
             }
             last_cookie = Some(entry.cookie);
             at += entry.encoded_bytes();
@@ -526,6 +541,13 @@ mod tests {
         let cookies: Vec<u64> = leaf.entries.iter().map(|e| e.cookie).collect();
         assert_eq!(cookies, vec![7 << 32, (7 << 32) + 1, (7 << 32) + 2]);
         assert_eq!(leaf.find(7, b"b").unwrap().object, 2);
+        assert_eq!(Leaf::decode(&leaf.encode(), 0, 0).unwrap(), leaf);
+        // A name twice among the entries of its hash is refused, even
+        // with another name between.
+        let mut twice = leaf.clone();
+        twice.entries[2].name = b"a".to_vec();
+        let error = Leaf::decode(&twice.encode(), 0, 0).unwrap_err();
+        assert!(error.to_string().contains("name twice"), "{error}");
         leaf.entries.remove(1);
         assert_eq!(leaf.free_cookie(7), (7 << 32) + 1);
     }

@@ -158,8 +158,16 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             c_str(&mut body, name);
         }
         Request::Listxattr { size } => u32s(&mut body, &[size, 0]),
+        // FORGET: the node is the header's, its count the body; BATCH_FORGET:
+        // a count, then each node and count.
+        Request::Forget(ref nodes) if header.opcode == FORGET => u64s(&mut body, &[nodes[0].1]),
+        Request::Forget(ref nodes) => {
+            u32s(&mut body, &[nodes.len() as u32, 0]);
+            for &(node, count) in nodes {
+                u64s(&mut body, &[node, count]);
+            }
+        }
         Request::Destroy
-        | Request::Forget
         | Request::Getattr
         | Request::Readlink
         | Request::Statfs

@@ -509,7 +509,71 @@ fn a_file_removed_while_open_lives_until_closed_and_a_crash_frees_it() {
     wait_mounted(&pool, &mnt);
     assert_eq!(fs_objects(&pool), 1, "the orphan was not freed at import");
     assert!(
-        pool.log().contains("freed 1 files removed while open"),
+        pool.log().contains("freed 1 objects removed while in use"),
+        "{}",
+        pool.log()
+    );
+    stop_and_check(&mut pool);
+}
+
+#[test]
+fn a_removed_file_or_directory_the_kernel_holds_answers_until_it_is_forgotten() {
+    use std::os::unix::fs::OpenOptionsExt;
+    let (mut pool, mnt, _unmount) = served_filesystem("fsforget");
+    assert_eq!(fs_objects(&pool), 1, "the root directory alone");
+    // An `O_PATH` descriptor holds the kernel's node but opens no handle.
+    std::fs::write(mnt.join("path.bin"), b"hello").unwrap();
+    let path_only = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_PATH)
+        .open(mnt.join("path.bin"))
+        .unwrap();
+    std::fs::remove_file(mnt.join("path.bin")).unwrap();
+    let attributes = path_only
+        .metadata()
+        .expect("fstat of a removed file the kernel holds");
+    assert_eq!((attributes.nlink(), attributes.len()), (0, 5));
+    // A directory removed while a process works in it.
+    std::fs::create_dir(mnt.join("gone")).unwrap();
+    let inside = run_in(
+        &mnt.join("gone"),
+        "sh",
+        &[
+            "-c",
+            "rmdir ../gone && stat -c %h . && ls -A . && ! touch new 2>/dev/null && echo refused",
+        ],
+    );
+    assert_eq!(inside, "0\nrefused\n", "in the removed directory");
+    assert!(!mnt.join("gone").exists());
+    // The directory goes once the shell is gone; the file stays.
+    wait_objects(&pool, 2);
+    assert_eq!(path_only.metadata().unwrap().len(), 5);
+    // The kernel forgets the file once the descriptor closes: it is freed.
+    drop(path_only);
+    wait_objects(&pool, 1);
+    // A directory removed while a process works in it, when the server
+    // dies: the next import frees it.
+    std::fs::create_dir(mnt.join("held")).unwrap();
+    let mut sleeper = std::process::Command::new("sleep")
+        .arg("60")
+        .current_dir(mnt.join("held"))
+        .spawn()
+        .unwrap();
+    std::fs::remove_dir(mnt.join("held")).unwrap();
+    std::fs::File::open(&mnt).unwrap().sync_all().unwrap();
+    assert_eq!(fs_objects(&pool), 2, "the held directory was freed");
+    pool.kill9();
+    sleeper.kill().unwrap();
+    sleeper.wait().unwrap();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_eq!(
+        fs_objects(&pool),
+        1,
+        "the removed directory was not freed at import"
+    );
+    assert!(
+        pool.log().contains("freed 1 objects removed while in use"),
         "{}",
         pool.log()
     );

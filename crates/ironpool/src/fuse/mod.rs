@@ -376,9 +376,12 @@ impl Mount {
         if let Some(transport) = transport {
             transport.stop().await;
         }
-        self.session
-            .fs
-            .note_front_end(|stats| *stats = Default::default());
+        // The kernel holds nothing of this session any more.
+        let fs = &self.session.fs;
+        if let Err(error) = fs.session_ended(&self.session.pool).await {
+            eprintln!("ironpool: {}: freeing removed objects: {error}", fs.name);
+        }
+        fs.note_front_end(|stats| *stats = Default::default());
         drop(self.device);
     }
 }
@@ -427,15 +430,39 @@ async fn reader(session: Rc<Session>) {
 async fn serve_request(session: &Rc<Session>, request: &[u8]) {
     if let Some(reply) = handle(session, request).await {
         let bytes = BufSlice::whole(AlignedBuf::copy_from(&reply).into_shared());
-        // ENOENT: the request was interrupted and is gone.
-        if let Err(error) = rt_uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
-            if error.raw_os_error() != Some(libc::ENOENT) {
-                eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name);
+        // ENOENT: the request was interrupted and is gone, and with it the
+        // reference an entry reply would have handed the kernel.
+        match rt_uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {
+                if let Some(node) = proto::header(request)
+                    .ok()
+                    .and_then(|header| proto::entry_node(header.opcode, &reply))
+                {
+                    forget(session, node, 1).await;
+                }
             }
+            Err(error) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name),
+            Ok(_) => {}
         }
     }
     if session.start_uring.take() {
         start_uring(session);
+    }
+}
+
+/// The kernel let go of `count` references to node `node`: a node of the
+/// mounted filesystem (not of a snapshot, which frees nothing) may be
+/// freed if that was the last hold on an object with no names.
+async fn forget(session: &Session, node: u64, count: u64) {
+    let (slot, ino) = snapdir::split(node);
+    if slot != 0 {
+        return;
+    }
+    if let Err(error) = session.fs.forgotten(&session.pool, ino, count).await {
+        eprintln!(
+            "ironpool: {}: freeing removed object {ino}: {error}",
+            session.fs.name
+        );
     }
 }
 
@@ -552,8 +579,21 @@ async fn handle_counted(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
     };
     let request = match proto::request(&header, bytes) {
         Ok(request) => request,
+        Err(proto::Malformed(why)) if proto::no_reply(header.opcode) => {
+            eprintln!(
+                "ironpool: {}: malformed fuse request {}: {why}",
+                session.fs.name, header.opcode
+            );
+            return None;
+        }
         Err(_) => return Some(proto::reply(header.unique, -libc::EINVAL, &[])),
     };
+    if let proto::Request::Forget(nodes) = &request {
+        for &(node, count) in nodes {
+            forget(session, node, count).await;
+        }
+        return None;
+    }
     if proto::no_reply(header.opcode) {
         return None;
     }
@@ -621,7 +661,13 @@ async fn serve_fs(
     use proto::Request;
     let pool = &session.pool;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
-    let entry = |attr: &Attr| entry(slot, attr);
+    // Every entry reply hands the kernel a reference to its node.
+    let entry = |attr: &Attr| {
+        if slot == 0 {
+            fs.remembered(attr.ino);
+        }
+        entry(slot, attr)
+    };
     // `.zfs` in the root is the control directory: no file takes its name.
     let reserved = |parent: u64, name: &[u8]| {
         if slot == 0 && parent == fs.root() && name == snapdir::CONTROL_NAME {
@@ -656,7 +702,7 @@ async fn serve_fs(
         // saves a round trip on every close (a quarter of a file create).
         Request::Flush => Err(FsError::NotSupported),
         Request::Destroy | Request::Releasedir | Request::Access { .. } => Ok(Vec::new()),
-        Request::Forget | Request::Interrupt => Ok(Vec::new()),
+        Request::Forget(_) | Request::Interrupt => Ok(Vec::new()),
         // An absent name is answered with node 0 and a timeout, which the
         // kernel caches as a negative entry (an error it would ask again).
         Request::Lookup { name } if reserved(node, name).is_err() => {

@@ -46,6 +46,8 @@ pub const CREATE: u32 = 35;
 pub const INTERRUPT: u32 = 36;
 pub const DESTROY: u32 = 38;
 pub const BATCH_FORGET: u32 = 42;
+/// One node of a BATCH_FORGET (`fuse_forget_one`: nodeid, nlookup).
+const FORGET_ONE_BYTES: usize = 16;
 pub const RENAME2: u32 = 45;
 
 // INIT flags.
@@ -128,7 +130,9 @@ pub enum Request<'a> {
     Lookup {
         name: &'a [u8],
     },
-    Forget,
+    /// FORGET or BATCH_FORGET: the kernel lets go of `(node, count)`
+    /// references it was given by entry replies (its lookup counts).
+    Forget(Vec<(u64, u64)>),
     Getattr,
     Setattr(SetattrIn),
     Readlink,
@@ -289,7 +293,24 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
         },
         DESTROY => Request::Destroy,
         LOOKUP => Request::Lookup { name: name_at(0)? },
-        FORGET | BATCH_FORGET => Request::Forget,
+        // fuse_forget_in: nlookup.
+        FORGET => Request::Forget(vec![(header.nodeid, u64_at(body, 0)?)]),
+        // fuse_batch_forget_in: count, dummy; then `count` fuse_forget_one:
+        // nodeid, nlookup.
+        BATCH_FORGET => {
+            let count = u32_at(body, 0)? as usize;
+            let ones = body.get(8..).unwrap_or_default();
+            if ones.len() / FORGET_ONE_BYTES < count {
+                return Err(Malformed("batch forget shorter than its count"));
+            }
+            let nodes = (0..count)
+                .map(|i| {
+                    let at = i * FORGET_ONE_BYTES;
+                    Ok((u64_at(ones, at)?, u64_at(ones, at + 8)?))
+                })
+                .collect::<Result<_, _>>()?;
+            Request::Forget(nodes)
+        }
         GETATTR => Request::Getattr,
         // fuse_setattr_in: valid, padding, fh, size, lock_owner, atime,
         // mtime, ctime, atimensec, mtimensec, ctimensec, mode, unused, uid,
@@ -405,6 +426,22 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
         INTERRUPT => Request::Interrupt,
         other => Request::Unsupported(other),
     })
+}
+
+/// The node a successful reply `reply` to an `opcode` request handed the
+/// kernel (an entry reply: its `fuse_entry_out` starts with the node id;
+/// 0, a negative LOOKUP, hands nothing).
+pub fn entry_node(opcode: u32, reply: &[u8]) -> Option<u64> {
+    if !matches!(opcode, LOOKUP | CREATE | MKNOD | MKDIR | SYMLINK | LINK) {
+        return None;
+    }
+    let error = reply.get(4..8)?;
+    if error != [0; 4] {
+        return None;
+    }
+    u64_at(reply, OUT_HEADER_BYTES)
+        .ok()
+        .filter(|node| *node != 0)
 }
 
 /// Whether the kernel expects no reply to this opcode.
@@ -685,6 +722,33 @@ mod tests {
             (change.size, change.mode, change.uid, change.gid),
             (1_000_000, 0o600, 1000, 100)
         );
+    }
+
+    #[test]
+    fn decodes_forgets_single_and_batched() {
+        let bytes = request_bytes(FORGET, &3u64.to_le_bytes());
+        assert_eq!(
+            request(&header_of(&bytes), &bytes).unwrap(),
+            Request::Forget(vec![(1, 3)])
+        );
+        let mut body = 2u32.to_le_bytes().to_vec();
+        body.extend_from_slice(&[0; 4]);
+        for (node, count) in [(9u64, 1u64), (12, 4)] {
+            body.extend_from_slice(&node.to_le_bytes());
+            body.extend_from_slice(&count.to_le_bytes());
+        }
+        let bytes = request_bytes(BATCH_FORGET, &body);
+        assert_eq!(
+            request(&header_of(&bytes), &bytes).unwrap(),
+            Request::Forget(vec![(9, 1), (12, 4)])
+        );
+        // A count past what the request carries.
+        body[0..4].copy_from_slice(&3u32.to_le_bytes());
+        let bytes = request_bytes(BATCH_FORGET, &body);
+        assert!(request(&header_of(&bytes), &bytes).is_err());
+        body[0..4].copy_from_slice(&u32::MAX.to_le_bytes());
+        let bytes = request_bytes(BATCH_FORGET, &body);
+        assert!(request(&header_of(&bytes), &bytes).is_err());
     }
 
     fn header_of(bytes: &[u8]) -> InHeader {

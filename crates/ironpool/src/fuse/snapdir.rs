@@ -286,7 +286,7 @@ pub(super) async fn serve(
         Request::Releasedir
         | Request::Release
         | Request::Access { .. }
-        | Request::Forget
+        | Request::Forget(_)
         | Request::Interrupt => Ok(Vec::new()),
         Request::Flush => Err(FsError::NotSupported),
         Request::Getxattr { .. } => Err(FsError::NoAttribute),

@@ -469,6 +469,20 @@ pub struct Filesystem {
     /// last name goes while it is open lives on, with no links, until its
     /// last handle closes (or, after a crash, until the next import).
     open_handles: RefCell<FxHashMap<u64, u64>>,
+    /// The kernel's references per node (FUSE's lookup count: every entry
+    /// reply gives it one, FORGET takes them back). An object whose last
+    /// name goes while the kernel holds its node lives on, with no links,
+    /// until the kernel forgets it: a process may still `fstat` an
+    /// `O_PATH` descriptor of a removed file or `stat` the removed
+    /// directory it works in, and the kernel may still send a removed
+    /// file's attributes. One entry per node the kernel holds, about 32
+    /// bytes each: the kernel's inode cache bounds it, as it bounds
+    /// libfuse's node table.
+    kernel_refs: RefCell<FxHashMap<u64, u64>>,
+    /// Objects with no names left that an open handle or the kernel still
+    /// holds: freed when the last one lets go ([`Filesystem::free_if_orphan`]),
+    /// at the session's end, or at the next import after a crash.
+    orphans: RefCell<FxHashSet<u64>>,
     io_stats: Cell<FsIoStats>,
     front_end: RefCell<FrontEndStats>,
     /// Rolled back or destroyed: another `Filesystem` (or none) serves its
@@ -735,6 +749,8 @@ impl Filesystem {
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
             files: FileLocks::default(),
             open_handles: RefCell::default(),
+            kernel_refs: RefCell::default(),
+            orphans: RefCell::default(),
             io_stats: Cell::default(),
             front_end: RefCell::default(),
             retired: Cell::new(false),
@@ -1215,9 +1231,10 @@ impl Filesystem {
     }
 
     /// One name of `object` is gone: its link count drops, and at zero it
-    /// is freed, unless it is open: then it stays, with no links, until its
-    /// last handle is released ([`Filesystem::release`]); an import frees
-    /// what a crash left so ([`Filesystem::reclaim_unlinked`]).
+    /// is freed, unless an open handle or the kernel holds it: then it
+    /// stays, with no links, until the last one lets go
+    /// ([`Filesystem::release`], [`Filesystem::forgotten`]); an import
+    /// frees what a crash left so ([`Filesystem::reclaim_unlinked`]).
     async fn drop_link(
         &self,
         change: &Change<'_>,
@@ -1228,15 +1245,89 @@ impl Filesystem {
     ) -> Result<(), FsError> {
         znode.nlink = if znode.is_dir() { 0 } else { znode.nlink - 1 };
         znode.ctime = time;
-        if znode.nlink > 0 || (!znode.is_dir() && self.is_open(object.id)) {
+        if znode.nlink > 0 {
             change.save(object, &znode);
+            return Ok(());
+        }
+        if self.is_held(object.id) {
+            change.save(object, &znode);
+            self.orphans.borrow_mut().insert(object.id);
             return Ok(());
         }
         self.free_object(pool, object).await
     }
 
-    fn is_open(&self, ino: u64) -> bool {
+    /// Whether an open handle or the kernel holds object `ino`.
+    fn is_held(&self, ino: u64) -> bool {
         self.open_handles.borrow().contains_key(&ino)
+            || self.kernel_refs.borrow().contains_key(&ino)
+    }
+
+    /// The kernel was handed node `ino` once more (an entry reply: LOOKUP,
+    /// CREATE, MKNOD, MKDIR, SYMLINK, LINK).
+    pub fn remembered(&self, ino: u64) {
+        if !self.snapshot {
+            *self.kernel_refs.borrow_mut().entry(ino).or_default() += 1;
+        }
+    }
+
+    /// The kernel let go of `count` of its references to node `ino`
+    /// (FORGET, or an entry reply it never took); the last one of an
+    /// object with no names left and no open handle frees it.
+    pub async fn forgotten(&self, pool: &Rc<Pool>, ino: u64, count: u64) -> Result<(), FsError> {
+        {
+            let mut refs = self.kernel_refs.borrow_mut();
+            let Some(held) = refs.get_mut(&ino) else {
+                return Ok(());
+            };
+            *held = held.saturating_sub(count);
+            if *held > 0 {
+                return Ok(());
+            }
+            refs.remove(&ino);
+        }
+        self.free_if_orphan(pool, ino).await
+    }
+
+    /// The kernel's session ended (unmounted, or the server stops): the
+    /// nodes it held and the handles it had open are let go, and the
+    /// objects among them with no names left are freed now rather than at
+    /// the next import.
+    pub async fn session_ended(&self, pool: &Rc<Pool>) -> Result<(), FsError> {
+        self.kernel_refs.borrow_mut().clear();
+        self.open_handles.borrow_mut().clear();
+        let mut orphans: Vec<u64> = self.orphans.borrow().iter().copied().collect();
+        orphans.sort_unstable();
+        for ino in orphans {
+            self.free_if_orphan(pool, ino).await?;
+        }
+        Ok(())
+    }
+
+    /// Frees object `ino` if it has no names left and nothing holds it any
+    /// more; anything else returns at once, without the lock.
+    async fn free_if_orphan(&self, pool: &Rc<Pool>, ino: u64) -> Result<(), FsError> {
+        if self.snapshot || !self.orphans.borrow().contains(&ino) {
+            return Ok(());
+        }
+        let _change = self.logged_change(pool).await;
+        // Opened or handed to the kernel again while this waited.
+        if self.is_held(ino) || !self.orphans.borrow_mut().remove(&ino) {
+            return Ok(());
+        }
+        if self.is_retired() {
+            return Ok(());
+        }
+        let _hold = pool.txg.hold_builds();
+        let (object, znode) = match self.load(ino).await {
+            Ok(loaded) => loaded,
+            Err(FsError::NotFound) => return Ok(()),
+            Err(error) => return Err(error),
+        };
+        if znode.nlink == 0 {
+            self.free_object(pool, &object).await?;
+        }
+        Ok(())
     }
 
     /// A handle to file `ino` was opened.
@@ -1262,21 +1353,7 @@ impl Filesystem {
             }
             handles.remove(&ino);
         }
-        let _change = self.logged_change(pool).await;
-        // Opened again while this waited: the new handle keeps it.
-        if self.is_open(ino) {
-            return Ok(());
-        }
-        let _hold = pool.txg.hold_builds();
-        let (object, znode) = match self.load(ino).await {
-            Ok(loaded) => loaded,
-            Err(FsError::NotFound) => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        if znode.nlink == 0 && !znode.is_dir() {
-            self.free_object(pool, &object).await?;
-        }
-        Ok(())
+        self.free_if_orphan(pool, ino).await
     }
 
     /// Every object of the filesystem in use (its dnode table excluded), in
@@ -1311,7 +1388,11 @@ impl Filesystem {
             let Some(dnode) = self.objects.peek_dnode(ino).await? else {
                 continue;
             };
-            if dnode.object_type != ObjectType::FsFile {
+            // A directory too: removed while the kernel held it.
+            if !matches!(
+                dnode.object_type,
+                ObjectType::FsFile | ObjectType::FsDirectory
+            ) {
                 continue;
             }
             match Znode::decode(&dnode.bonus) {
@@ -2841,7 +2922,7 @@ impl Pool {
                 .map_err(|error| PoolError::Corrupt(format!("filesystem {short}: {error}")))?;
             if freed > 0 {
                 self.import_notes.borrow_mut().push(format!(
-                    "filesystem {short}: freed {freed} files removed while open before the last shutdown"
+                    "filesystem {short}: freed {freed} objects removed while in use before the last shutdown"
                 ));
             }
         }

@@ -218,8 +218,8 @@ impl FsStreamOut<'_> {
     }
 }
 
-/// Whether `object` is a file removed while open (no names left) or the
-/// extended attributes of one: the receiver must not get it.
+/// Whether `object` is a file or directory removed while in use (no names
+/// left) or the extended attributes of one: the receiver must not get it.
 async fn unlinked(fs: &Filesystem, object: &Object) -> Result<bool, PoolError> {
     let dnode = object.dnode();
     let corrupt = |error: crate::format::FormatError| {
@@ -227,7 +227,7 @@ async fn unlinked(fs: &Filesystem, object: &Object) -> Result<bool, PoolError> {
     };
     let znode = Znode::decode(&dnode.bonus).map_err(corrupt)?;
     match dnode.object_type {
-        ObjectType::FsFile => Ok(znode.nlink == 0),
+        ObjectType::FsFile | ObjectType::FsDirectory => Ok(znode.nlink == 0),
         ObjectType::FsXattr => {
             let owner = match fs.objects.open(znode.parent).await {
                 Ok(owner) => owner,
@@ -236,7 +236,10 @@ async fn unlinked(fs: &Filesystem, object: &Object) -> Result<bool, PoolError> {
             };
             let owner_dnode = owner.dnode();
             let owner_znode = Znode::decode(&owner_dnode.bonus).map_err(corrupt)?;
-            Ok(owner_dnode.object_type == ObjectType::FsFile && owner_znode.nlink == 0)
+            Ok(matches!(
+                owner_dnode.object_type,
+                ObjectType::FsFile | ObjectType::FsDirectory
+            ) && owner_znode.nlink == 0)
         }
         _ => Ok(false),
     }

@@ -870,6 +870,65 @@ fn extended_attributes_are_kept_replaced_removed_and_bounded() {
     stop_and_check(&mut pool);
 }
 
+#[test]
+fn extended_attributes_fsynced_go_through_the_intent_log_and_survive_kill_9() {
+    let (mut pool, mnt, _unmount) = served_filesystem("fsxlog");
+    let file = mnt.join("tagged");
+    std::fs::write(&file, b"data").unwrap();
+    let dir = mnt.join("dir");
+    std::fs::create_dir(&dir).unwrap();
+    let fsync = |path: &Path| std::fs::File::open(path).unwrap().sync_all().unwrap();
+    // The first fsync after a start goes through a txg (the chain's head).
+    fsync(&mnt);
+    let log_stats = |pool: &TestPool| {
+        let stats: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+        let log = &stats["filesystems"][0]["intent_log"];
+        (
+            log["commits"].as_u64().unwrap(),
+            log["txg_fallbacks"].as_u64().unwrap(),
+        )
+    };
+    let before = log_stats(&pool);
+    for round in 0..20u8 {
+        set_xattr(&file, &format!("user.n{round}"), &[round; 100], 0).unwrap();
+        set_xattr(&dir, "user.round", &[round], 0).unwrap();
+        fsync(&file);
+        fsync(&dir);
+    }
+    remove_xattr(&file, "user.n7").unwrap();
+    fsync(&file);
+    let after = log_stats(&pool);
+    assert!(
+        after.0 >= before.0 + 20,
+        "fsyncs after changes of extended attributes: log commits {before:?} -> {after:?}"
+    );
+    assert_eq!(
+        after.1, before.1,
+        "fsyncs after changes of extended attributes went through txgs"
+    );
+    // A list past what a log record carries (32 KiB) goes through a txg.
+    let big = distinct_bytes(40_000, 3);
+    set_xattr(&file, "user.big", &big, 0).unwrap();
+    fsync(&file);
+    assert_eq!(log_stats(&pool).1, after.1 + 1, "a 40 KB list was logged");
+    pool.kill9();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    for round in 0..20u8 {
+        let got = get_xattr(&file, &format!("user.n{round}"));
+        if round == 7 {
+            assert_eq!(got, Err(libc::ENODATA), "removed before the crash");
+        } else {
+            assert_eq!(got.unwrap(), [round; 100], "user.n{round} after the crash");
+        }
+    }
+    assert_eq!(get_xattr(&dir, "user.round").unwrap(), [19]);
+    assert!(get_xattr(&file, "user.big").unwrap() == big);
+    assert_check_clean(&pool);
+    stop_and_check(&mut pool);
+}
+
 /// The permission bits of `path` from `statx` asked for the mode alone
 /// (so a FUSE mount answers from the kernel's cache when it holds it).
 fn statx_mode(path: &Path) -> u32 {

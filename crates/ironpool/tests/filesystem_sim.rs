@@ -31,17 +31,42 @@ enum Node {
     Dir(BTreeMap<Vec<u8>, u64>),
 }
 
-/// What the filesystem should hold: nodes by inode number.
+/// What the filesystem should hold: nodes by inode number, and (when the
+/// test changes them, `tracks_xattrs`) their extended attributes.
 #[derive(Clone, Debug, Default, PartialEq)]
 struct Model {
     nodes: HashMap<u64, Node>,
+    xattrs: HashMap<u64, BTreeMap<Vec<u8>, Vec<u8>>>,
+    tracks_xattrs: bool,
 }
 
 impl Model {
     fn new(root: u64) -> Model {
         let mut nodes = HashMap::new();
         nodes.insert(root, Node::Dir(BTreeMap::new()));
-        Model { nodes }
+        Model {
+            nodes,
+            ..Model::default()
+        }
+    }
+
+    /// Whether `fs` holds the extended attributes the model says of `ino`
+    /// (always, when the model does not track them).
+    async fn xattrs_match(&self, fs: &Filesystem, ino: u64) -> bool {
+        if !self.tracks_xattrs {
+            return true;
+        }
+        let mut held = BTreeMap::new();
+        let Ok(names) = fs.listxattr(ino).await else {
+            return false;
+        };
+        for name in names {
+            let Ok(value) = fs.getxattr(ino, &name).await else {
+                return false;
+            };
+            held.insert(name, value);
+        }
+        held == self.xattrs.get(&ino).cloned().unwrap_or_default()
     }
 
     fn dirs(&self) -> Vec<u64> {
@@ -115,6 +140,7 @@ impl Model {
             }
             for ino in orphans {
                 self.nodes.remove(&ino);
+                self.xattrs.remove(&ino);
             }
         }
     }
@@ -405,6 +431,10 @@ async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) 
     let mut seen = 0;
     while let Some((dir, parent)) = stack.pop() {
         seen += 1;
+        assert!(
+            model.xattrs_match(fs, dir).await,
+            "{context}: extended attributes of directory {dir}"
+        );
         let attr = fs.getattr(dir).await.unwrap();
         let entries = model.entries(dir);
         let subdirs = entries
@@ -443,6 +473,10 @@ async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) 
                 Node::Dir(_) => stack.push((*ino, dir)),
                 Node::File(data) => {
                     seen += 1;
+                    assert!(
+                        model.xattrs_match(fs, *ino).await,
+                        "{context}: extended attributes of file {ino}"
+                    );
                     assert_eq!(
                         looked_up.size,
                         data.len() as u64,
@@ -919,10 +953,13 @@ fn crash_run_with(seed: u64, through_log: bool) -> (LogStats, bool) {
             let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Mirror, properties).await;
             *pool_holder.borrow_mut() = Some(pool.clone());
             let model = Rc::new(RefCell::new(Model::new(fs.root())));
+            model.borrow_mut().tracks_xattrs = through_log;
             committed.borrow_mut().push(model.borrow().clone());
             rt::spawn(async move {
                 loop {
-                    if through_log && rng.chance(3, 4) {
+                    if through_log && rng.chance(1, 10) {
+                        step_xattr(&pool, &fs, &model, &mut rng).await;
+                    } else if through_log && rng.chance(3, 4) {
                         step_write(&pool, &fs, &model, &mut rng).await;
                     } else {
                         step(&pool, &fs, &model, &mut rng).await;
@@ -981,10 +1018,11 @@ fn crash_run_with(seed: u64, through_log: bool) -> (LogStats, bool) {
             &format!("seed {seed} after crash"),
         )
         .await;
-        // Every object removed is freed (none is left with no name).
+        // Every object removed is freed (none is left with no name), and
+        // so is every xattr object of a list emptied.
         assert_eq!(
             fs.stats(&pool).objects,
-            candidates[index].nodes.len() as u64,
+            (candidates[index].nodes.len() + candidates[index].xattrs.len()) as u64,
             "seed {seed}: objects after crash"
         );
         replayed
@@ -1016,12 +1054,13 @@ async fn matches_model(pool: &Pool, fs: &Rc<Filesystem>, model: &Model) -> bool 
         let Some(Node::Dir(entries)) = model.nodes.get(&dir) else {
             return false;
         };
-        if &listed != entries {
+        if &listed != entries || !model.xattrs_match(fs, dir).await {
             return false;
         }
         for ino in entries.values() {
             match &model.nodes[ino] {
                 Node::Dir(_) => stack.push(*ino),
+                Node::File(_) if !model.xattrs_match(fs, *ino).await => return false,
                 Node::File(data) => match fs.getattr(*ino).await {
                     Ok(attr) if attr.size == data.len() as u64 => {
                         if fs
@@ -1041,6 +1080,50 @@ async fn matches_model(pool: &Pool, fs: &Rc<Filesystem>, model: &Model) -> bool 
         }
     }
     true
+}
+
+/// Sets or removes an extended attribute of a random file or directory:
+/// the intent log carries the object's whole list (one now and then over
+/// the 32 KiB the log takes, which sends `fsync`s through a txg).
+async fn step_xattr(pool: &Rc<Pool>, fs: &Rc<Filesystem>, model: &RefCell<Model>, rng: &mut Rng) {
+    let mut inos: Vec<u64> = model
+        .borrow()
+        .nodes
+        .iter()
+        .filter(|(_, node)| !matches!(node, Node::Link(_)))
+        .map(|(ino, _)| *ino)
+        .collect();
+    inos.sort_unstable();
+    let ino = inos[rng.below(inos.len() as u64) as usize];
+    let name = format!("user.a{}", rng.below(4)).into_bytes();
+    let present = model
+        .borrow()
+        .xattrs
+        .get(&ino)
+        .is_some_and(|list| list.contains_key(&name));
+    if present && rng.chance(1, 3) {
+        fs.removexattr(pool, ino, &name).await.unwrap();
+        let mut model = model.borrow_mut();
+        let list = model.xattrs.get_mut(&ino).unwrap();
+        list.remove(&name);
+        if list.is_empty() {
+            model.xattrs.remove(&ino);
+        }
+    } else {
+        let length = if rng.chance(1, 30) {
+            33_000 + rng.below(8_000)
+        } else {
+            rng.below(600)
+        };
+        let value = bytes(rng, length as usize);
+        fs.setxattr(pool, ino, &name, &value, 0).await.unwrap();
+        model
+            .borrow_mut()
+            .xattrs
+            .entry(ino)
+            .or_default()
+            .insert(name, value);
+    }
 }
 
 /// A write of a random file (as [`step`]'s), or nothing when there is none.

@@ -40,6 +40,7 @@ const KIND_WRITTEN: u8 = 5;
 const KIND_OBJECT: u8 = 6;
 const KIND_FREED: u8 = 7;
 const KIND_ENTRY: u8 = 8;
+const KIND_XATTRS: u8 = 9;
 /// Bytes of an attribute record's body: length, then the two times.
 const ATTR_BODY_BYTES: usize = 32;
 /// Bytes of an object record's body: length, then the znode.
@@ -109,6 +110,14 @@ pub enum LogRecord {
         name: Vec<u8>,
         target: Option<EntryTarget>,
     },
+    /// A filesystem's object has the extended attributes `list` (encoded
+    /// as its xattr object holds them, `format::xattr`; empty: none) after
+    /// a change of txg `txg`: replay makes it so unless that txg is durable.
+    Xattrs {
+        object: u64,
+        txg: u64,
+        list: Vec<u8>,
+    },
 }
 
 /// What an object record says of a filesystem's object.
@@ -137,9 +146,9 @@ impl LogRecord {
             + match self {
                 LogRecord::Block { .. } => BLOCK_POINTER_BYTES,
                 LogRecord::Hole { .. } => 0,
-                LogRecord::Copy { data, .. } | LogRecord::Written { data, .. } => {
-                    data.len().next_multiple_of(8)
-                }
+                LogRecord::Copy { data, .. }
+                | LogRecord::Written { data, .. }
+                | LogRecord::Xattrs { list: data, .. } => data.len().next_multiple_of(8),
                 LogRecord::Attr { .. } => ATTR_BODY_BYTES,
                 LogRecord::Object { .. } => OBJECT_BODY_BYTES,
                 LogRecord::Freed { .. } => 0,
@@ -158,7 +167,8 @@ impl LogRecord {
             | LogRecord::Written { object, blkid, .. } => (*object, *blkid),
             LogRecord::Attr { object, .. }
             | LogRecord::Object { object, .. }
-            | LogRecord::Freed { object, .. } => (*object, 0),
+            | LogRecord::Freed { object, .. }
+            | LogRecord::Xattrs { object, .. } => (*object, 0),
             LogRecord::Entry { dir, target, .. } => {
                 (*dir, target.map_or(0, |target| target.object))
             }
@@ -231,6 +241,12 @@ impl LogRecord {
                 let body = RECORD_HEAD_BYTES;
                 put_u64(out, body, target.map_or(0, |target| target.cookie));
                 out[body + 8..body + 8 + name.len()].copy_from_slice(name);
+            }
+            LogRecord::Xattrs { txg, list, .. } => {
+                out[0] = KIND_XATTRS;
+                put_u32(out, 4, list.len() as u32);
+                put_u64(out, 24, *txg);
+                out[RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + list.len()].copy_from_slice(list);
             }
         }
     }
@@ -474,6 +490,20 @@ pub fn decode_block(
                     padded,
                 )
             }
+            KIND_XATTRS => {
+                let length = get_u32(head, 4) as usize;
+                if body + length.next_multiple_of(8) > used {
+                    return Err(invalid(WHAT, "an xattr record runs past the block"));
+                }
+                let list = bytes[body..body + length].to_vec();
+                if !list.is_empty() {
+                    super::xattr::decode(&list)?;
+                }
+                (
+                    LogRecord::Xattrs { object, txg, list },
+                    length.next_multiple_of(8),
+                )
+            }
             kind => return Err(invalid(WHAT, format!("record kind {kind}"))),
         };
         records.push(record);
@@ -600,6 +630,19 @@ mod tests {
                 name: vec![b'x'; 255],
                 target: None,
             },
+            LogRecord::Xattrs {
+                object: 10,
+                txg: 13,
+                list: crate::format::xattr::encode(&[crate::format::xattr::Xattr {
+                    name: b"user.colour".to_vec(),
+                    value: b"blue".to_vec(),
+                }]),
+            },
+            LogRecord::Xattrs {
+                object: 12,
+                txg: 13,
+                list: Vec::new(),
+            },
         ];
         (header, records)
     }
@@ -654,6 +697,8 @@ mod tests {
                 + 32
                 + (32 + 16)
                 + (32 + 8 + 256)
+                + (32 + 32)
+                + 32
         );
         let mut exact = vec![0u8; needed];
         encode_block(&header, &records, &mut exact);

@@ -26,11 +26,11 @@
 //! (so its devices need no flush for the commit). Changes of names and
 //! attributes are logged as the state they left: each object changed (its
 //! attributes, size and block size, or that it was freed) and each
-//! directory entry changed, so replay makes them so whatever it finds, in
-//! a fixed order (objects, entries, blocks, sizes, frees). Extended
-//! attributes are not logged: after a change of them, `fsync` commits a
-//! txg. Its replay takes whole commits only (a write's blocks and size, a
-//! rename's two entries, come back together).
+//! directory entry changed, and each object's whole list of extended
+//! attributes after a change of one, so replay makes them so whatever it
+//! finds, in a fixed order (objects, entries, extended attributes, blocks,
+//! sizes, frees). Its replay takes whole commits only (a write's blocks
+//! and size, a rename's two entries, come back together).
 //!
 //! When txg T is built, every log block whose records are all of txgs up to T
 //! is obsolete once T is durable: the head moves past them in T's directory
@@ -102,6 +102,18 @@ pub const COPY_BYTES_PER_COMMIT_MAX: u64 = 64 << 10;
 /// `COMMIT_BLOCKS_MAX` blocks hold): past it, an `fsync` commits a txg,
 /// which is as fast per change when this many are waiting.
 pub const NAMESPACE_CHANGES_MAX: usize = 16_384;
+
+/// The largest list of an object's extended attributes the log carries
+/// (encoded, `format::xattr`): a record holds the whole list, so one as
+/// large as an xattr block may be (128 KiB) would not fit a log block with
+/// its header. Larger lists are rare (a few values near the 64 KiB limit)
+/// and go through a txg.
+pub const XATTRS_LOGGED_BYTES_MAX: usize = 32 << 10;
+
+/// Lists of extended attributes kept for the next commit, at most (their
+/// bytes): past it, changes of extended attributes go through a txg until
+/// it is durable, so memory stays bounded between two txgs.
+pub const XATTRS_PENDING_BYTES_MAX: u64 = 1 << 20;
 
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -212,14 +224,20 @@ struct LogState {
     /// and not yet logged, by (directory, name): what each names now (None:
     /// gone), with its txg.
     entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
+    /// A filesystem's objects whose extended attributes changed since the
+    /// last durable txg and not yet logged: the whole list after the
+    /// change (encoded; empty: none), with its txg. At most
+    /// [`XATTRS_PENDING_BYTES_MAX`] bytes (`xattr_bytes`).
+    xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
+    xattr_bytes: u64,
     /// Changes of a file's block size and frees so far: a commit that sees
     /// one happen while it reads block pointers (which may then not fit the
     /// object states it took) goes through a txg.
     reshapes: u64,
     /// The newest txg holding a change of a filesystem the log does not
-    /// carry (extended attributes; more names and objects changed than
-    /// `NAMESPACE_CHANGES_MAX`): a commit goes through a txg until that one
-    /// is durable.
+    /// carry (a list of extended attributes past its bounds; more names and
+    /// objects changed than `NAMESPACE_CHANGES_MAX`): a commit goes through
+    /// a txg until that one is durable.
     unloggable_since: u64,
     stats: LogStats,
 }
@@ -251,6 +269,7 @@ struct FileChanges {
     small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
     objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
     entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
+    xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
 }
 
 /// A filesystem's written block kept for its next commit (see
@@ -367,8 +386,16 @@ impl IntentLog {
             small_writes,
             objects,
             entries,
+            xattrs,
         } = taken;
         let mut state = self.state.borrow_mut();
+        // A list noted since is newer than the one taken.
+        for (object, change) in xattrs {
+            if !state.xattrs.contains_key(&object) {
+                state.xattr_bytes += change.1.len() as u64;
+                state.xattrs.insert(object, change);
+            }
+        }
         // An object's state noted since supersedes the attributes taken (a
         // write's attributes are newer than its state taken with them).
         for (object, attr) in attrs {
@@ -460,6 +487,12 @@ impl IntentLog {
             return;
         }
         log.attrs.remove(&object);
+        if state.is_none() {
+            // Its attributes go with it.
+            if let Some((_, list)) = log.xattrs.remove(&object) {
+                log.xattr_bytes -= list.len() as u64;
+            }
+        }
         log.objects.insert(object, (txg, state));
         Self::bound_namespace(&mut log, txg);
     }
@@ -476,6 +509,26 @@ impl IntentLog {
         let mut log = self.state.borrow_mut();
         log.entries.insert((dir, name.to_vec()), (txg, target));
         Self::bound_namespace(&mut log, txg);
+    }
+
+    /// Notes that `object`'s extended attributes are `list` (encoded;
+    /// empty: none) after a change of txg `txg`; a list past
+    /// [`XATTRS_LOGGED_BYTES_MAX`], or past [`XATTRS_PENDING_BYTES_MAX`] in
+    /// all, is not carried: commits go through a txg until `txg` is durable.
+    pub(crate) fn note_xattrs(&self, object: u64, txg: u64, list: Vec<u8>) {
+        let mut log = self.state.borrow_mut();
+        if let Some((_, old)) = log.xattrs.remove(&object) {
+            log.xattr_bytes -= old.len() as u64;
+        }
+        let bytes = list.len() as u64;
+        if list.len() > XATTRS_LOGGED_BYTES_MAX
+            || log.xattr_bytes + bytes > XATTRS_PENDING_BYTES_MAX
+        {
+            log.unloggable_since = log.unloggable_since.max(txg);
+            return;
+        }
+        log.xattr_bytes += bytes;
+        log.xattrs.insert(object, (txg, list));
     }
 
     /// Notes a change of a file's block size, or a free.
@@ -503,6 +556,12 @@ impl IntentLog {
         state.attrs.retain(|_, attr| attr.txg > durable);
         state.objects.retain(|_, (txg, _)| *txg > durable);
         state.entries.retain(|_, (txg, _)| *txg > durable);
+        state.xattrs.retain(|_, (txg, _)| *txg > durable);
+        state.xattr_bytes = state
+            .xattrs
+            .values()
+            .map(|(_, list)| list.len() as u64)
+            .sum();
         state.small_writes.retain(|_, copy| copy.txg > durable);
         state.small_write_bytes = state
             .small_writes
@@ -557,7 +616,8 @@ fn record_txg(record: &LogRecord) -> u64 {
         | LogRecord::Written { txg, .. }
         | LogRecord::Object { txg, .. }
         | LogRecord::Freed { txg, .. }
-        | LogRecord::Entry { txg, .. } => *txg,
+        | LogRecord::Entry { txg, .. }
+        | LogRecord::Xattrs { txg, .. } => *txg,
         LogRecord::Copy { .. } => 0,
     }
 }
@@ -789,10 +849,11 @@ impl Pool {
     /// Makes every change to `fs` so far durable (`fsync`, `fdatasync`, a
     /// write under `O_SYNC`, `O_DSYNC` or `sync=always`): through its intent
     /// log (the records: each changed object's state and entry, each block's
-    /// pointer, hole or bytes, each written file's size and times) unless a
-    /// change of extended attributes is newer than the last durable txg,
-    /// else through a txg. Commits of one filesystem are serialised, and
-    /// `fsync`s that arrive during one share the next, as a volume's FLUSHes.
+    /// pointer, hole or bytes, each written file's size and times, each
+    /// changed list of extended attributes) unless a change it does not
+    /// carry is newer than the last durable txg, else through a txg.
+    /// Commits of one filesystem are serialised, and `fsync`s that arrive
+    /// during one share the next, as a volume's FLUSHes.
     pub async fn fs_log_commit(self: &Rc<Self>, fs: &Rc<Filesystem>) -> Result<(), PoolError> {
         if fs.is_snapshot() {
             // Read-only and durable since it was taken: nothing to log, and
@@ -843,16 +904,18 @@ impl Pool {
                 small_writes: std::mem::take(&mut state.small_writes),
                 objects: std::mem::take(&mut state.objects),
                 entries: std::mem::take(&mut state.entries),
+                xattrs: std::mem::take(&mut state.xattrs),
             };
+            state.xattr_bytes = 0;
             (std::mem::take(&mut state.unlogged), taken, state.reshapes)
         };
         let give_back = |unlogged: &[(u64, u64, u64)], taken| {
             self.requeue_unlogged(owner, unlogged);
             log.requeue_file_changes(taken);
         };
-        // Objects first, then names (which may name them), then blocks, then
-        // the sizes and times writes set after the objects' states were
-        // taken: replay applies them in that order.
+        // Objects first, then names (which may name them), then extended
+        // attributes, then blocks, then the sizes and times writes set after
+        // the objects' states were taken: replay applies them in that order.
         let mut records = Vec::with_capacity(
             unlogged.len() + taken.attrs.len() + taken.objects.len() + taken.entries.len(),
         );
@@ -882,6 +945,16 @@ impl Pool {
                 txg: *txg,
                 name: name.clone(),
                 target: *target,
+            });
+        }
+        let mut xattrs: Vec<_> = taken.xattrs.iter().collect();
+        xattrs.sort_unstable_by_key(|(object, _)| **object);
+        for (object, (txg, list)) in xattrs {
+            max_txg = max_txg.max(*txg);
+            records.push(LogRecord::Xattrs {
+                object: *object,
+                txg: *txg,
+                list: list.clone(),
             });
         }
         // The newest change of each block only, in the order they were linked.
@@ -1504,14 +1577,26 @@ enum Apply {
 type BlockChanges = Vec<(u64, Apply)>;
 
 /// What replay does to a filesystem, in this order: objects' states,
-/// directory entries, blocks by (object, block number), files' sizes and
-/// times, objects freed.
+/// directory entries, extended attributes (lists written to new blocks
+/// first, then swapped in), blocks by (object, block number), files' sizes
+/// and times, objects freed.
 struct FsChanges {
     objects: Vec<(u64, ObjectState)>,
     entries: Vec<(EntryKey, Option<EntryTarget>)>,
+    xattrs: Vec<(u64, XattrsApply)>,
     blocks: Vec<((u64, u64), Apply)>,
     attrs: Vec<(u64, FileAttr)>,
     freed: Vec<u64>,
+}
+
+/// An object's extended attributes as replay sets them: the list's bytes,
+/// then (once written to new space, before the txg of the links) where.
+enum XattrsApply {
+    List(Vec<u8>),
+    /// The list's length and block (None: no attributes).
+    Written(Option<(u64, BlockPointer)>),
+    /// Its block could not be written (counted as failed).
+    Failed,
 }
 
 /// What a filesystem's records leave an object as.
@@ -1601,7 +1686,8 @@ fn claim_changes<K>(
                 LogRecord::Attr { .. }
                 | LogRecord::Object { .. }
                 | LogRecord::Freed { .. }
-                | LogRecord::Entry { .. },
+                | LogRecord::Entry { .. }
+                | LogRecord::Xattrs { .. },
             ) => {}
         }
     }
@@ -1676,7 +1762,8 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
                 | LogRecord::Written { .. }
                 | LogRecord::Object { .. }
                 | LogRecord::Freed { .. }
-                | LogRecord::Entry { .. } => {
+                | LogRecord::Entry { .. }
+                | LogRecord::Xattrs { .. } => {
                     malformed += 1;
                     continue;
                 }
@@ -1741,6 +1828,7 @@ async fn prepare_fs_replay(
         let mut objects: std::collections::BTreeMap<u64, Option<ObjectChange>> = Default::default();
         let mut entries: std::collections::BTreeMap<EntryKey, Option<Option<EntryTarget>>> =
             Default::default();
+        let mut xattrs: std::collections::BTreeMap<u64, Option<Vec<u8>>> = Default::default();
         let mut malformed = 0u64;
         for (_, record) in records {
             match record {
@@ -1782,6 +1870,7 @@ async fn prepare_fs_replay(
                 }
                 LogRecord::Freed { object, txg } => {
                     attrs.remove(&object);
+                    xattrs.remove(&object);
                     let ours: Vec<(u64, u64)> = blocks
                         .range((object, 0)..=(object, u64::MAX))
                         .map(|(key, _)| *key)
@@ -1798,6 +1887,9 @@ async fn prepare_fs_replay(
                     target,
                 } => {
                     entries.insert((dir, name), (txg > durable).then_some(target));
+                }
+                LogRecord::Xattrs { object, txg, list } => {
+                    xattrs.insert(object, (txg > durable).then_some(list));
                 }
                 LogRecord::Copy { .. } => malformed += 1,
             }
@@ -1822,6 +1914,10 @@ async fn prepare_fs_replay(
             entries: entries
                 .into_iter()
                 .filter_map(|(key, target)| target.map(|target| (key, target)))
+                .collect(),
+            xattrs: xattrs
+                .into_iter()
+                .filter_map(|(object, list)| list.map(|list| (object, XattrsApply::List(list))))
                 .collect(),
             blocks: claim_changes(pool, &fs.name, blocks, notes),
             attrs: attrs
@@ -1973,6 +2069,15 @@ async fn apply_fs_changes(
     changes: &FsChanges,
     done: &mut FsReplayed,
 ) {
+    // Numbers the records name are not handed out again, before replay
+    // makes xattr objects: one freed by a record applied last must not be
+    // a number given to a list swapped in before it.
+    let named = changes.objects.iter().map(|(object, _)| *object);
+    let targets = changes
+        .entries
+        .iter()
+        .filter_map(|(_, target)| target.map(|target| target.object));
+    fs.replay_keep_numbers(named.chain(targets).chain(changes.freed.iter().copied()));
     let mut count = |result, what: String| done.count(result, what);
     for (object, state) in &changes.objects {
         let result = fs.replay_object(pool, *object, state).await;
@@ -1984,6 +2089,13 @@ async fn apply_fs_changes(
             result,
             format!("directory {dir} entry {:?}", String::from_utf8_lossy(name)),
         );
+    }
+    for (object, apply) in &changes.xattrs {
+        let XattrsApply::Written(written) = apply else {
+            continue;
+        };
+        let result = fs.replay_xattrs(pool, *object, *written).await;
+        count(result, format!("object {object} extended attributes"));
     }
     for ((object, blkid), change) in &changes.blocks {
         let pointer = match change {
@@ -2034,6 +2146,21 @@ async fn write_fs_copies(pool: &Rc<Pool>, fs: &Filesystem, changes: &mut FsChang
         }
     }
     changes.blocks = kept;
+    for (object, apply) in changes.xattrs.iter_mut() {
+        let XattrsApply::List(list) = apply else {
+            continue;
+        };
+        *apply = match fs.replay_store_xattrs(pool, list).await {
+            Ok(pointer) => {
+                XattrsApply::Written(pointer.map(|pointer| (list.len() as u64, pointer)))
+            }
+            Err(error) => {
+                done.failed
+                    .push(format!("object {object} extended attributes: {error}"));
+                XattrsApply::Failed
+            }
+        };
+    }
     done
 }
 

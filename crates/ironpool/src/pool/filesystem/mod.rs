@@ -31,10 +31,11 @@
 //! `fsync` goes through the filesystem's intent log
 //! (`pool::dataset::intent_log`): a write notes each block it links and the
 //! file's new size and times; a change of names or attributes ([`Change`])
-//! notes the state it left each object it saved and each entry it changed;
-//! a free and a file's one block growing note theirs. A change the log does
-//! not carry (extended attributes) is noted with its txg, and an `fsync`
-//! until that txg is durable commits a txg instead.
+//! notes the state it left each object it saved and each entry it changed,
+//! and a change of extended attributes the object's whole new list; a free
+//! and a file's one block growing note theirs. A change the log does not
+//! carry (past its bounds) is noted with its txg, and an `fsync` until
+//! that txg is durable commits a txg instead.
 
 mod behind;
 pub mod dir;
@@ -497,16 +498,13 @@ pub struct Filesystem {
 }
 
 /// The exclusive hold of a filesystem's lock by a change of names or
-/// attributes. A change the intent log carries (create, link, remove,
-/// rename, setattr, a last close) notes, when it ends, the state of every
-/// object it saved (entries and frees are noted as they happen), in the txg
-/// open then. Any other (extended attributes) is noted as unloggable in
-/// that txg (which holds every part of it), so an `fsync` until that txg is
-/// durable commits a txg.
+/// attributes (create, link, remove, rename, setattr, extended attributes,
+/// a last hold let go): when it ends it notes, for the intent log, the
+/// state of every object it saved (entries, frees and lists of extended
+/// attributes are noted as they happen), in the txg open then.
 pub(in crate::pool) struct Change<'a> {
     fs: &'a Filesystem,
     pool: &'a Pool,
-    logged: bool,
     /// Objects whose state changed (noted at the end).
     touched: RefCell<Vec<Rc<Object>>>,
     _permit: crate::rt::sync::Permit,
@@ -572,10 +570,6 @@ impl Change<'_> {
 impl Drop for Change<'_> {
     fn drop(&mut self) {
         let txg = self.pool.txg.open();
-        if !self.logged {
-            self.fs.log.note_unloggable(txg);
-            return;
-        }
         for object in self.touched.take() {
             // A freed object's record says so (freed for good).
             if !self.fs.log.freed(object.id) {
@@ -774,24 +768,13 @@ impl Filesystem {
         self.name.rsplit('/').next().unwrap_or_default()
     }
 
-    /// Takes the filesystem's lock for a change the intent log does not
-    /// carry (see [`Change`]).
-    pub(in crate::pool) async fn change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
-        self.change_of(pool, false).await
-    }
-
     /// Takes the filesystem's lock for a change the intent log carries:
     /// the caller saves attributes with [`Change::save`] and notes entries
     /// with [`Change::note_entry`].
     async fn logged_change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
-        self.change_of(pool, true).await
-    }
-
-    async fn change_of<'a>(&'a self, pool: &'a Pool, logged: bool) -> Change<'a> {
         Change {
             fs: self,
             pool,
-            logged,
             touched: RefCell::default(),
             _permit: self.lock.acquire(LOCK_UNITS).await,
         }
@@ -2263,7 +2246,7 @@ impl Filesystem {
     /// if it does not exist (a new directory with no entries: its entries
     /// have records of their own), with its attributes, size and block
     /// size. The object holding its extended attributes stays as it is
-    /// (their changes are never logged).
+    /// (their changes have records of their own).
     pub(in crate::pool) async fn replay_object(
         &self,
         pool: &Rc<Pool>,
@@ -2332,6 +2315,13 @@ impl Filesystem {
         znode.xattr_object = xattr_object;
         Self::save(&object, &znode);
         Ok(())
+    }
+
+    /// Replay met these object numbers: the header's counter passes them.
+    pub(in crate::pool) fn replay_keep_numbers(&self, numbers: impl Iterator<Item = u64>) {
+        for ino in numbers {
+            self.keep_number(ino);
+        }
     }
 
     /// Replay met object number `ino`: the header's counter passes it, so it
@@ -2486,7 +2476,10 @@ impl Filesystem {
             pool.txg.add_data(pool, pointer.allocated_bytes());
         }
         self.objects.kill(object, &old);
-        self.log.note_linked(object.id, blkid, txg);
+        // An xattr object's block is logged as its owner's whole list.
+        if object.dnode().object_type != ObjectType::FsXattr {
+            self.log.note_linked(object.id, blkid, txg);
+        }
         Ok(pointer)
     }
 

@@ -5,8 +5,11 @@
 //! new block before txg builds are held off (an allocation may wait for a
 //! txg on a nearly full pool), then swaps the block pointer and updates the
 //! owner's attributes with builds held off: a txg holds the old list or the
-//! new one. The `xattr` property (on by default) turns them off: every call
-//! then fails with `EOPNOTSUPP`, as on a filesystem without them.
+//! new one. The intent log carries the whole new list (up to
+//! `XATTRS_LOGGED_BYTES_MAX`), so an `fsync` after a change is one log
+//! write, and replay swaps the list in the same way. The `xattr` property
+//! (on by default) turns them off: every call then fails with
+//! `EOPNOTSUPP`, as on a filesystem without them.
 //!
 //! POSIX ACLs (`system.posix_acl_access`, `system.posix_acl_default`) are
 //! not extended attributes to keep as they come: setting one must change
@@ -183,7 +186,7 @@ impl Filesystem {
         if value.len() > XATTR_VALUE_BYTES_MAX {
             return Err(FsError::TooBig);
         }
-        let _change = self.change(pool).await;
+        let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
         let mut list = self.xattr_list(&znode).await?;
@@ -202,14 +205,15 @@ impl Filesystem {
         if xattr::encoded_len(&list) > XATTR_LIST_BYTES_MAX {
             return Err(FsError::NoSpace);
         }
-        self.store_xattrs(pool, &object, znode, &list).await
+        self.store_xattrs(&change, pool, &object, znode, &list)
+            .await
     }
 
     /// Removes attribute `name` of object `ino`.
     pub async fn removexattr(&self, pool: &Rc<Pool>, ino: u64, name: &[u8]) -> Result<(), FsError> {
         self.check_xattrs_on()?;
         Self::check_not_acl(name)?;
-        let _change = self.change(pool).await;
+        let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
         let mut list = self.xattr_list(&znode).await?;
@@ -217,76 +221,136 @@ impl Filesystem {
             .binary_search_by(|xattr| xattr.name.as_slice().cmp(name))
             .map_err(|_| FsError::NoAttribute)?;
         list.remove(at);
-        self.store_xattrs(pool, &object, znode, &list).await
+        self.store_xattrs(&change, pool, &object, znode, &list)
+            .await
     }
 
     /// Makes `list` the attributes of `owner` (whose attributes are
-    /// `znode`): one new block, swapped in with builds held off; an empty
-    /// list frees the xattr object. The caller holds the filesystem's lock.
+    /// `znode`), noted for the intent log: one new block, swapped in with
+    /// builds held off; an empty list frees the xattr object. The caller
+    /// holds the filesystem's lock (`change`).
     async fn store_xattrs(
         &self,
+        change: &super::Change<'_>,
         pool: &Rc<Pool>,
         owner: &Rc<Object>,
         mut znode: Znode,
         list: &[Xattr],
     ) -> Result<(), FsError> {
         let bytes = xattr::encode(list);
-        let pointer = if bytes.is_empty() {
-            None
-        } else {
-            Some(
-                self.write_block(pool, &padded_to_block(&bytes), ObjectType::FsXattr)
-                    .await?,
-            )
+        let written = self.write_xattr_block(pool, &bytes).await?;
+        let _hold = pool.txg.hold_builds();
+        let written = written.map(|pointer| (bytes.len() as u64, pointer));
+        self.swap_xattrs(pool, owner, &mut znode, written).await?;
+        znode.ctime = now();
+        change.save(owner, &znode);
+        self.log.note_xattrs(owner.id, pool.txg.open(), bytes);
+        Ok(())
+    }
+
+    /// Writes an encoded list of extended attributes as a new block (None:
+    /// the list is empty), before txg builds are held off.
+    async fn write_xattr_block(
+        &self,
+        pool: &Rc<Pool>,
+        bytes: &[u8],
+    ) -> Result<Option<BlockPointer>, FsError> {
+        if bytes.is_empty() {
+            return Ok(None);
+        }
+        let pointer = self
+            .write_block(pool, &padded_to_block(bytes), ObjectType::FsXattr)
+            .await?;
+        Ok(Some(pointer))
+    }
+
+    /// Makes the written list (its length and block; None: no attributes)
+    /// the attributes of `owner`, whose attributes `znode` then names its
+    /// xattr object: the block pointer swapped into the xattr object (made
+    /// if there is none), or the object freed. The caller holds builds off
+    /// and saves `znode`. A block it does not take is released.
+    async fn swap_xattrs(
+        &self,
+        pool: &Rc<Pool>,
+        owner: &Rc<Object>,
+        znode: &mut Znode,
+        written: Option<(u64, BlockPointer)>,
+    ) -> Result<(), FsError> {
+        let Some((length, pointer)) = written else {
+            if znode.xattr_object != 0 {
+                let object = self.load_xattr_object(znode.xattr_object).await?;
+                self.free_object(pool, &object).await?;
+                znode.xattr_object = 0;
+            }
+            return Ok(());
         };
-        let release = |pointer: Option<BlockPointer>| {
-            if let Some(pointer) = pointer.filter(|pointer| !pointer.is_hole()) {
+        let object = if znode.xattr_object == 0 {
+            let id = self.allocate_ino();
+            let time = now();
+            let attributes = Znode {
+                mode: S_IFREG,
+                nlink: 1,
+                parent: owner.id,
+                generation: id,
+                atime: time,
+                mtime: time,
+                ctime: time,
+                birth: time,
+                ..Znode::default()
+            };
+            let object = self.new_object(pool, id, false, &attributes);
+            object.dnode.borrow_mut().object_type = ObjectType::FsXattr;
+            znode.xattr_object = id;
+            object
+        } else {
+            match self.load_xattr_object(znode.xattr_object).await {
+                Ok(object) => object,
+                Err(error) => {
+                    if !pointer.is_hole() {
+                        pool.store.release(&pointer.dvas);
+                    }
+                    return Err(error);
+                }
+            }
+        };
+        self.replace_only_block(pool, &object, block_shift_for(length), length, pointer)
+    }
+
+    /// Replay of the intent log: writes a logged list of extended
+    /// attributes (encoded; empty: none) to new space, to be swapped in by
+    /// [`Filesystem::replay_xattrs`].
+    pub(in crate::pool) async fn replay_store_xattrs(
+        &self,
+        pool: &Rc<Pool>,
+        list: &[u8],
+    ) -> Result<Option<BlockPointer>, FsError> {
+        self.write_xattr_block(pool, list).await
+    }
+
+    /// Replay of the intent log: makes the written list (its length and
+    /// block; None: no attributes) the extended attributes of object `ino`
+    /// (the caller holds builds off). Its attributes' times come from its
+    /// own object record.
+    pub(in crate::pool) async fn replay_xattrs(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        written: Option<(u64, BlockPointer)>,
+    ) -> Result<(), FsError> {
+        let release = || {
+            if let Some((_, pointer)) = written.filter(|(_, pointer)| !pointer.is_hole()) {
                 pool.store.release(&pointer.dvas);
             }
         };
-        let _hold = pool.txg.hold_builds();
-        let time = now();
-        match pointer {
-            None => {
-                if znode.xattr_object != 0 {
-                    let object = self.load_xattr_object(znode.xattr_object).await?;
-                    self.free_object(pool, &object).await?;
-                    znode.xattr_object = 0;
-                }
+        let (owner, mut znode) = match self.load(ino).await {
+            Ok(loaded) => loaded,
+            Err(error) => {
+                release();
+                return Err(error);
             }
-            Some(pointer) => {
-                let object = if znode.xattr_object == 0 {
-                    let id = self.allocate_ino();
-                    let attributes = Znode {
-                        mode: S_IFREG,
-                        nlink: 1,
-                        parent: owner.id,
-                        generation: id,
-                        atime: time,
-                        mtime: time,
-                        ctime: time,
-                        birth: time,
-                        ..Znode::default()
-                    };
-                    let object = self.new_object(pool, id, false, &attributes);
-                    object.dnode.borrow_mut().object_type = ObjectType::FsXattr;
-                    znode.xattr_object = id;
-                    object
-                } else {
-                    match self.load_xattr_object(znode.xattr_object).await {
-                        Ok(object) => object,
-                        Err(error) => {
-                            release(Some(pointer));
-                            return Err(error);
-                        }
-                    }
-                };
-                let length = bytes.len() as u64;
-                self.replace_only_block(pool, &object, block_shift_for(length), length, pointer)?;
-            }
-        }
-        znode.ctime = time;
-        Self::save(owner, &znode);
+        };
+        self.swap_xattrs(pool, &owner, &mut znode, written).await?;
+        Self::save(&owner, &znode);
         Ok(())
     }
 }

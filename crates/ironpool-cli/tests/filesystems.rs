@@ -597,6 +597,18 @@ fn run_in(cwd: &Path, program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).to_string()
 }
 
+/// The first filesystem's intent log commits and txg fallbacks
+/// (`iostat --json`).
+fn fs_log_stats(pool: &TestPool) -> (u64, u64) {
+    let stats: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+    let log = &stats["filesystems"][0]["intent_log"];
+    (
+        log["commits"].as_u64().unwrap(),
+        log["txg_fallbacks"].as_u64().unwrap(),
+    )
+}
+
 #[test]
 fn sqlite_commits_survive_kill_9_and_git_works() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsapps");
@@ -617,16 +629,7 @@ fn sqlite_commits_survive_kill_9_and_git_works() {
             "begin; insert into t(v) values ('row {index}'); commit;\n"
         ));
     }
-    let log_stats = |pool: &TestPool| {
-        let stats: serde_json::Value =
-            serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
-        let log = &stats["filesystems"][0]["intent_log"];
-        (
-            log["commits"].as_u64().unwrap(),
-            log["txg_fallbacks"].as_u64().unwrap(),
-        )
-    };
-    let before = log_stats(&pool);
+    let before = fs_log_stats(&pool);
     let mut child = std::process::Command::new("sqlite3")
         .arg(&db)
         .stdin(std::process::Stdio::piped())
@@ -642,7 +645,7 @@ fn sqlite_commits_survive_kill_9_and_git_works() {
     // Each transaction creates, writes and deletes its journal, and fsyncs
     // the file and the directory: all through the intent log (at most the
     // first fsync, before the chain's head is durable, commits a txg).
-    let after = log_stats(&pool);
+    let after = fs_log_stats(&pool);
     assert!(
         after.0 - before.0 >= 400 && after.1 - before.1 <= 1,
         "log commits and txg fallbacks {before:?} -> {after:?}"
@@ -880,16 +883,7 @@ fn extended_attributes_fsynced_go_through_the_intent_log_and_survive_kill_9() {
     let fsync = |path: &Path| std::fs::File::open(path).unwrap().sync_all().unwrap();
     // The first fsync after a start goes through a txg (the chain's head).
     fsync(&mnt);
-    let log_stats = |pool: &TestPool| {
-        let stats: serde_json::Value =
-            serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
-        let log = &stats["filesystems"][0]["intent_log"];
-        (
-            log["commits"].as_u64().unwrap(),
-            log["txg_fallbacks"].as_u64().unwrap(),
-        )
-    };
-    let before = log_stats(&pool);
+    let before = fs_log_stats(&pool);
     for round in 0..20u8 {
         set_xattr(&file, &format!("user.n{round}"), &[round; 100], 0).unwrap();
         set_xattr(&dir, "user.round", &[round], 0).unwrap();
@@ -898,7 +892,7 @@ fn extended_attributes_fsynced_go_through_the_intent_log_and_survive_kill_9() {
     }
     remove_xattr(&file, "user.n7").unwrap();
     fsync(&file);
-    let after = log_stats(&pool);
+    let after = fs_log_stats(&pool);
     assert!(
         after.0 >= before.0 + 20,
         "fsyncs after changes of extended attributes: log commits {before:?} -> {after:?}"
@@ -911,7 +905,11 @@ fn extended_attributes_fsynced_go_through_the_intent_log_and_survive_kill_9() {
     let big = distinct_bytes(40_000, 3);
     set_xattr(&file, "user.big", &big, 0).unwrap();
     fsync(&file);
-    assert_eq!(log_stats(&pool).1, after.1 + 1, "a 40 KB list was logged");
+    assert_eq!(
+        fs_log_stats(&pool).1,
+        after.1 + 1,
+        "a 40 KB list was logged"
+    );
     pool.kill9();
     pool.serve();
     wait_mounted(&pool, &mnt);

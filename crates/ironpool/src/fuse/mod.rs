@@ -661,7 +661,11 @@ async fn serve_fs(
     use proto::Request;
     let pool = &session.pool;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
-    // Every entry reply hands the kernel a reference to its node.
+    // Every entry reply hands the kernel a reference to its node, counted
+    // as the reply is made, with no await since the object was found or
+    // made (so nothing frees it between). Should the request fail after
+    // (a `sync=always` commit), the count stays: the object, if removed,
+    // is then freed at the session's end rather than at FORGET.
     let entry = |attr: &Attr| {
         if slot == 0 {
             fs.remembered(attr.ino);

@@ -2150,7 +2150,7 @@ async fn write_fs_copies(pool: &Rc<Pool>, fs: &Filesystem, changes: &mut FsChang
         let XattrsApply::List(list) = apply else {
             continue;
         };
-        *apply = match fs.replay_store_xattrs(pool, list).await {
+        *apply = match fs.write_xattr_block(pool, list).await {
             Ok(pointer) => {
                 XattrsApply::Written(pointer.map(|pointer| (list.len() as u64, pointer)))
             }

@@ -579,6 +579,30 @@ impl Drop for Change<'_> {
     }
 }
 
+/// Takes `count` of the holds `holds` counts on `ino`; true when that was
+/// the last (the entry is gone then), false when some are left or there
+/// were none.
+fn let_go(holds: &RefCell<FxHashMap<u64, u64>>, ino: u64, count: u64) -> bool {
+    let mut holds = holds.borrow_mut();
+    let Some(held) = holds.get_mut(&ino) else {
+        return false;
+    };
+    *held = held.saturating_sub(count);
+    if *held > 0 {
+        return false;
+    }
+    holds.remove(&ino);
+    true
+}
+
+/// Lets go of the space of `pointer`, a block written and never linked (a
+/// hole has none).
+fn release_unlinked(pool: &Pool, pointer: &BlockPointer) {
+    if !pointer.is_hole() {
+        pool.store.release(&pointer.dvas);
+    }
+}
+
 /// An object's state as the intent log records it; None when its bonus
 /// holds no attributes (freed, or not a file's).
 fn object_state(object: &Object) -> Option<ObjectState> {
@@ -1003,8 +1027,8 @@ impl Filesystem {
             None => None,
         };
         let release = |pointer: &Option<BlockPointer>| {
-            if let Some(pointer) = pointer.filter(|pointer| !pointer.is_hole()) {
-                pool.store.release(&pointer.dvas);
+            if let Some(pointer) = pointer {
+                release_unlinked(pool, pointer);
             }
         };
         let _hold = pool.txg.hold_builds();
@@ -1258,16 +1282,8 @@ impl Filesystem {
     /// (FORGET, or an entry reply it never took); the last one of an
     /// object with no names left and no open handle frees it.
     pub async fn forgotten(&self, pool: &Rc<Pool>, ino: u64, count: u64) -> Result<(), FsError> {
-        {
-            let mut refs = self.kernel_refs.borrow_mut();
-            let Some(held) = refs.get_mut(&ino) else {
-                return Ok(());
-            };
-            *held = held.saturating_sub(count);
-            if *held > 0 {
-                return Ok(());
-            }
-            refs.remove(&ino);
+        if !let_go(&self.kernel_refs, ino, count) {
+            return Ok(());
         }
         self.free_if_orphan(pool, ino).await
     }
@@ -1325,16 +1341,8 @@ impl Filesystem {
             // Read-only: a snapshot's file with no names is freed with it.
             return Ok(());
         }
-        {
-            let mut handles = self.open_handles.borrow_mut();
-            let Some(count) = handles.get_mut(&ino) else {
-                return Ok(());
-            };
-            *count -= 1;
-            if *count > 0 {
-                return Ok(());
-            }
-            handles.remove(&ino);
+        if !let_go(&self.open_handles, ino, 1) {
+            return Ok(());
         }
         self.free_if_orphan(pool, ino).await
     }
@@ -1996,8 +2004,8 @@ impl Filesystem {
             }
         }
         if let Some(error) = failure {
-            for pointer in pointers.iter().filter(|pointer| !pointer.is_hole()) {
-                pool.store.release(&pointer.dvas);
+            for pointer in &pointers {
+                release_unlinked(pool, pointer);
             }
             return Err(error);
         }
@@ -2012,8 +2020,8 @@ impl Filesystem {
                 Ok(linked) => linked,
                 Err(error) => {
                     // (link_block let go of its own block.)
-                    for pointer in pointers.filter(|pointer| !pointer.is_hole()) {
-                        pool.store.release(&pointer.dvas);
+                    for pointer in pointers {
+                        release_unlinked(pool, &pointer);
                     }
                     return Err(error);
                 }
@@ -2189,9 +2197,7 @@ impl Filesystem {
         pointer: BlockPointer,
     ) -> Result<(), FsError> {
         let release = |error: FsError| {
-            if !pointer.is_hole() {
-                pool.store.release(&pointer.dvas);
-            }
+            release_unlinked(pool, &pointer);
             Err(error)
         };
         let object = match self.load(ino).await {
@@ -2410,9 +2416,7 @@ impl Filesystem {
         self.prepare_link_or_release(pool, object, blkid, &pointer)
             .await?;
         if object.dnode().data_block_bytes() != size {
-            if !pointer.is_hole() {
-                pool.store.release(&pointer.dvas);
-            }
+            release_unlinked(pool, &pointer);
             return Ok(None);
         }
         self.link_cached(pool, object, blkid, pointer).map(Some)
@@ -2428,9 +2432,7 @@ impl Filesystem {
         pointer: &BlockPointer,
     ) -> Result<(), FsError> {
         if let Err(error) = self.objects.prepare_link(object, blkid).await {
-            if !pointer.is_hole() {
-                pool.store.release(&pointer.dvas);
-            }
+            release_unlinked(pool, pointer);
             return Err(error.into());
         }
         Ok(())
@@ -2465,9 +2467,7 @@ impl Filesystem {
         {
             Ok(old) => old,
             Err(error) => {
-                if !pointer.is_hole() {
-                    pool.store.release(&pointer.dvas);
-                }
+                release_unlinked(pool, &pointer);
                 return Err(error.into());
             }
         };

@@ -21,7 +21,9 @@
 
 use std::rc::Rc;
 
-use super::{block_shift_for, now, padded_to_block, without_setid, Filesystem, FsError};
+use super::{
+    block_shift_for, now, padded_to_block, release_unlinked, without_setid, Filesystem, FsError,
+};
 use crate::format::xattr::{self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
 use crate::format::znode::{Znode, S_IFREG};
 use crate::format::{BlockPointer, ObjectType};
@@ -249,8 +251,9 @@ impl Filesystem {
     }
 
     /// Writes an encoded list of extended attributes as a new block (None:
-    /// the list is empty), before txg builds are held off.
-    async fn write_xattr_block(
+    /// the list is empty), before txg builds are held off (a change, or
+    /// replay before [`Filesystem::replay_xattrs`] swaps it in).
+    pub(in crate::pool) async fn write_xattr_block(
         &self,
         pool: &Rc<Pool>,
         bytes: &[u8],
@@ -306,25 +309,12 @@ impl Filesystem {
             match self.load_xattr_object(znode.xattr_object).await {
                 Ok(object) => object,
                 Err(error) => {
-                    if !pointer.is_hole() {
-                        pool.store.release(&pointer.dvas);
-                    }
+                    release_unlinked(pool, &pointer);
                     return Err(error);
                 }
             }
         };
         self.replace_only_block(pool, &object, block_shift_for(length), length, pointer)
-    }
-
-    /// Replay of the intent log: writes a logged list of extended
-    /// attributes (encoded; empty: none) to new space, to be swapped in by
-    /// [`Filesystem::replay_xattrs`].
-    pub(in crate::pool) async fn replay_store_xattrs(
-        &self,
-        pool: &Rc<Pool>,
-        list: &[u8],
-    ) -> Result<Option<BlockPointer>, FsError> {
-        self.write_xattr_block(pool, list).await
     }
 
     /// Replay of the intent log: makes the written list (its length and
@@ -338,8 +328,8 @@ impl Filesystem {
         written: Option<(u64, BlockPointer)>,
     ) -> Result<(), FsError> {
         let release = || {
-            if let Some((_, pointer)) = written.filter(|(_, pointer)| !pointer.is_hole()) {
-                pool.store.release(&pointer.dvas);
+            if let Some((_, pointer)) = &written {
+                release_unlinked(pool, pointer);
             }
         };
         let (owner, mut znode) = match self.load(ino).await {

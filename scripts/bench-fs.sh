@@ -4,6 +4,7 @@
 # (cargo build --release --workspace --bins --examples).
 #
 #   metadata    create, stat and remove FILES empty files in one directory
+#               (and stat FILES names that do not exist: a round trip each)
 #               (the bench crate's `metadata` example: a compiled loop of
 #               system calls; fio's file engines cost more than ext4 does):
 #               ext4 on a loop device (a file beside the pool's, loop
@@ -104,14 +105,55 @@ grep -q " $work/ipfs fuse.ironpool" /proc/self/mounts || { echo "bench-fs: not m
 
 if [[ " $parts " == *" metadata "* ]]; then
 echo "## metadata: $files empty files in one directory, files/s"
-"$metadata" "$work/ext4" "$files" >"$work/meta-ext4.txt"
-"$metadata" "$work/ipfs" "$files" >"$work/meta-ipfs.txt"
-printf "%-8s %12s %12s %8s\n" phase ext4 ironpool ratio
-for phase in create stat delete; do
-    ext4=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ext4.txt")
-    ip=$(awk -v p="$phase" '$1 == p { print $2 }' "$work/meta-ipfs.txt")
-    printf "%-8s %12s %12s %8s\n" "$phase" "$ext4" "$ip" "$(ratio "$ip" "$ext4")"
+# fs_ops: bench/fs's FUSE requests by kind so far, as JSON.
+fs_ops() {
+    "$bin" iostat --json --control "$work/ctl.sock" bench | python3 -c '
+import json, sys
+for fs in json.load(sys.stdin)["filesystems"]:
+    if fs["name"] == "bench/fs":
+        print(json.dumps(fs["front_end"].get("ops", {})))
+'
+}
+fs_ops >"$work/ops-start.json"
+for phase in create stat absent delete; do
+    "$metadata" "$work/ext4" "$files" "$phase" >>"$work/meta-ext4.txt"
+    "$metadata" "$work/ipfs" "$files" "$phase" >>"$work/meta-ipfs.txt"
+    fs_ops >"$work/ops-$phase.json"
 done
+# Per phase: the rates and their ratio, then the requests each file cost
+# the ironpool filesystem (those the application waits on are round
+# trips; RELEASE and FORGET go in the background) and the server's mean
+# time for each. `absent` (a stat of a name that does not exist: one
+# LOOKUP) measures a round trip.
+python3 - "$work" "$files" <<'PY'
+import json, sys
+work, files = sys.argv[1], int(sys.argv[2])
+def rates(name):
+    return {line.split()[0]: float(line.split()[1]) for line in open(f"{work}/{name}")}
+ext4, ipfs = rates("meta-ext4.txt"), rates("meta-ipfs.txt")
+background = {"RELEASE", "RELEASEDIR", "FORGET", "BATCH_FORGET", "INTERRUPT"}
+before = json.load(open(f"{work}/ops-start.json"))
+phases = {}
+for phase in ["create", "stat", "absent", "delete"]:
+    after = json.load(open(f"{work}/ops-{phase}.json"))
+    phases[phase] = {op: (v["count"] - before.get(op, {}).get("count", 0),
+                          v["service_us"] - before.get(op, {}).get("service_us", 0))
+                     for op, v in after.items()}
+    before = after
+print(f"{'phase':<8} {'ext4':>10} {'ironpool':>10} {'ratio':>7}   requests per file (server us each)")
+for phase, ops in phases.items():
+    shown = ", ".join(f"{op} {n / files:.2f} ({us / n:.1f})" for op, (n, us) in
+                      sorted(ops.items(), key=lambda kv: -kv[1][0]) if n >= files / 100)
+    print(f"{phase:<8} {ext4[phase]:>10.0f} {ipfs[phase]:>10.0f} {ipfs[phase] / ext4[phase]:>6.2f}x   {shown or '-'}")
+absent = phases["absent"].get("LOOKUP", (0, 0))
+print(f"one round trip (an absent-name stat): {1e6 / ipfs['absent']:.1f} us, the server's LOOKUP "
+      f"{absent[1] / absent[0] if absent[0] else 0:.1f} us of it, ext4's whole stat {1e6 / ext4['absent']:.1f} us")
+for phase in ["create", "delete"]:
+    trips = sum(n for op, (n, _) in phases[phase].items() if op not in background) / files
+    served = sum(us for op, (_, us) in phases[phase].items()) / files
+    print(f"{phase}: {trips:.2f} round trips per file, {1e6 / ipfs[phase]:.1f} us per file, "
+          f"{served:.1f} us of it in the server's requests")
+PY
 fi
 
 # log_counts: the filesystem bench/fs's intent log commits and txg fallbacks.

@@ -4,10 +4,13 @@
 //! and not an interpreter's (fio's file engines spend more time on their own
 //! bookkeeping than ext4 spends on a create).
 //!
-//!     cargo run --release -p ironpool-bench --example metadata -- DIR [FILES]
+//!     cargo run --release -p ironpool-bench --example metadata -- DIR [FILES [PHASE...]]
 //!
-//! Prints `create FILES/S`, `stat FILES/S` and `delete FILES/S`, one per line.
-
+//! PHASE is `create`, `stat`, `absent` (a `stat` of N names that do not
+//! exist: on FUSE, one LOOKUP round trip each, which is what a round trip
+//! costs) or `delete`; by default `create stat delete`. Phases may run in
+//! separate invocations (a script reads the server's counters between
+//! them). Prints `PHASE FILES/S`, one line per phase.
 use std::ffi::CString;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
@@ -15,21 +18,48 @@ use std::time::Instant;
 
 fn main() {
     let mut args = std::env::args().skip(1);
-    let dir = args.next().expect("usage: metadata DIR [FILES]");
+    let dir = args.next().expect("usage: metadata DIR [FILES [PHASE...]]");
     let files: usize = args
         .next()
         .map_or(100_000, |n| n.parse().expect("FILES is a number"));
+    let phases: Vec<String> = args.collect();
+    let phases = if phases.is_empty() {
+        vec!["create".to_string(), "stat".into(), "delete".into()]
+    } else {
+        phases
+    };
     let dir = Path::new(&dir).join("metadata");
     std::fs::create_dir_all(&dir).expect("the directory can be made");
-    let names: Vec<CString> = (0..files)
-        .map(|i| CString::new(dir.join(format!("f{i:08}")).as_os_str().as_bytes()).expect("no NUL"))
-        .collect();
-    let rate = |phase: &str, start: Instant| {
-        let seconds = start.elapsed().as_secs_f64();
-        println!("{phase} {:.0}", files as f64 / seconds);
+    let paths = |prefix: &str| -> Vec<CString> {
+        (0..files)
+            .map(|i| {
+                CString::new(dir.join(format!("{prefix}{i:08}")).as_os_str().as_bytes())
+                    .expect("no NUL")
+            })
+            .collect()
     };
-    let start = Instant::now();
-    for name in &names {
+    let names = paths("f");
+    for phase in phases {
+        let start = Instant::now();
+        match phase.as_str() {
+            "create" => create(&names),
+            "stat" => stat(&names, true),
+            "absent" => stat(&paths("absent"), false),
+            "delete" => {
+                delete(&names);
+                std::fs::remove_dir(&dir).expect("the directory is empty again");
+            }
+            other => panic!("unknown phase {other}: create, stat, absent or delete"),
+        }
+        println!(
+            "{phase} {:.0}",
+            files as f64 / start.elapsed().as_secs_f64()
+        );
+    }
+}
+
+fn create(names: &[CString]) {
+    for name in names {
         // SAFETY: a NUL-terminated path.
         let fd = unsafe {
             libc::open(
@@ -46,22 +76,29 @@ fn main() {
         // SAFETY: fd was just opened here.
         unsafe { libc::close(fd) };
     }
-    rate("create", start);
-    let start = Instant::now();
-    for name in &names {
+}
+
+/// `stat` of every name: each exists (`exist`), or none does.
+fn stat(names: &[CString], exist: bool) {
+    for name in names {
         // SAFETY: all zeros is a valid `struct stat`.
         let mut stat: libc::stat = unsafe { std::mem::zeroed() };
         // SAFETY: a NUL-terminated path and a stat buffer of the right type.
         let done = unsafe { libc::stat(name.as_ptr(), &mut stat) };
-        assert!(
-            done == 0,
-            "stat {name:?}: {}",
-            std::io::Error::last_os_error()
-        );
+        let error = std::io::Error::last_os_error();
+        if exist {
+            assert!(done == 0, "stat {name:?}: {error}");
+        } else {
+            assert!(
+                done != 0 && error.raw_os_error() == Some(libc::ENOENT),
+                "stat {name:?} of a name never made: {done} {error}"
+            );
+        }
     }
-    rate("stat", start);
-    let start = Instant::now();
-    for name in &names {
+}
+
+fn delete(names: &[CString]) {
+    for name in names {
         // SAFETY: a NUL-terminated path.
         let done = unsafe { libc::unlink(name.as_ptr()) };
         assert!(
@@ -70,6 +107,4 @@ fn main() {
             std::io::Error::last_os_error()
         );
     }
-    rate("delete", start);
-    std::fs::remove_dir(&dir).expect("the directory is empty again");
 }

@@ -1388,6 +1388,51 @@ fn requests_served(pool: &TestPool) -> u64 {
     front_end(pool)["requests"].as_u64().unwrap()
 }
 
+/// How many requests of kind `op` the server has answered, and the
+/// microseconds it spent on them.
+fn requests_of(pool: &TestPool, op: &str) -> (u64, u64) {
+    let ops = &front_end(pool)["ops"][op];
+    (
+        ops["count"].as_u64().unwrap_or(0),
+        ops["service_us"].as_u64().unwrap_or(0),
+    )
+}
+
+#[test]
+fn the_server_counts_its_requests_by_kind_and_iostat_shows_them() {
+    let (mut pool, mnt, _unmount) = served_filesystem("fsops");
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    let (creates, lookups) = (requests_of(&pool, "CREATE"), requests_of(&pool, "LOOKUP"));
+    for i in 0..100 {
+        std::fs::File::create(mnt.join(format!("d/f{i}"))).unwrap();
+    }
+    // Each new name is looked up (absent) and then created: one of each,
+    // and the kernel asks for nothing else by those names.
+    let created = requests_of(&pool, "CREATE");
+    assert_eq!(created.0 - creates.0, 100, "{}", front_end(&pool));
+    assert!(
+        created.1 > creates.1,
+        "no time counted: {}",
+        front_end(&pool)
+    );
+    let looked = requests_of(&pool, "LOOKUP").0 - lookups.0;
+    assert!(
+        (100..=102).contains(&looked),
+        "{looked} lookups for 100 creates"
+    );
+    let (unlinks, _) = requests_of(&pool, "UNLINK");
+    for i in 0..100 {
+        std::fs::remove_file(mnt.join(format!("d/f{i}"))).unwrap();
+    }
+    assert_eq!(requests_of(&pool, "UNLINK").0 - unlinks, 100);
+    let report = pool.admin(&["iostat", &pool.name]);
+    assert!(
+        report.contains("filesystem requests") && report.contains("CREATE"),
+        "{report}"
+    );
+    stop_and_check(&mut pool);
+}
+
 #[test]
 fn the_kernel_caches_names_absent_names_and_attributes_and_the_queue_depth_holds() {
     let (mut pool, mnt, _unmount) = served_filesystem("fscache");

@@ -2,7 +2,7 @@
 //! active (aqd) and client requests inside them (areq: the depth that reaches the
 //! device whatever the aggregation), and with -q the queued
 //! and active I/Os per priority class, -l latencies, -r request sizes — like
-//! `zpool iostat`. With `--json`, every report is the cumulative counters as one
+//! `zpool iostat` — and each mounted filesystem's FUSE requests by kind. With `--json`, every report is the cumulative counters as one
 //! JSON document (consumers take differences).
 
 use std::path::PathBuf;
@@ -150,6 +150,7 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
         println!("{line}");
     }
     print_intent_logs(now, before, seconds, options.latency);
+    print_fs_requests(now, before, seconds);
     if options.sizes {
         for device in &devices {
             println!(
@@ -255,6 +256,65 @@ fn print_intent_logs(now: &Value, before: Option<&Value>, seconds: f64, latency:
         header += &format!(" {:>9} {:>9}", "commit_us", "p99_us");
     }
     println!("{header}");
+    for line in lines {
+        println!("{line}");
+    }
+}
+
+/// The FUSE requests of every filesystem that served any in the interval,
+/// by kind, busiest first: per second, and the mean microseconds the server
+/// held one (a kind the kernel sends synchronously costs the application a
+/// round trip besides).
+fn print_fs_requests(now: &Value, before: Option<&Value>, seconds: f64) {
+    let filesystems = now["filesystems"].as_array().cloned().unwrap_or_default();
+    let previous = before
+        .and_then(|before| before["filesystems"].as_array().cloned())
+        .unwrap_or_default();
+    let mut lines = Vec::new();
+    for fs in &filesystems {
+        let name = fs["name"].as_str().unwrap_or("?");
+        let old = previous
+            .iter()
+            .find(|old| old["name"].as_str() == Some(name))
+            .map(|old| &old["front_end"]["ops"]);
+        let Some(ops) = fs["front_end"]["ops"].as_object() else {
+            continue;
+        };
+        let mut rows: Vec<(String, f64, f64)> = ops
+            .iter()
+            .map(|(op, stats)| {
+                let old = old.map(|old| &old[op]);
+                (
+                    op.clone(),
+                    delta(stats, old, "count"),
+                    delta(stats, old, "service_us"),
+                )
+            })
+            .filter(|(_, count, _)| *count > 0.0)
+            .collect();
+        rows.sort_by(|a, b| b.1.total_cmp(&a.1));
+        for (index, (op, requests, micros)) in rows.into_iter().enumerate() {
+            let shown = if index == 0 {
+                shorten(name, 24)
+            } else {
+                String::new()
+            };
+            lines.push(format!(
+                "{:<24} {:<12} {:>9} {:>9.1}",
+                shown,
+                op,
+                count(requests / seconds),
+                micros / requests
+            ));
+        }
+    }
+    if lines.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<24} {:<12} {:>9} {:>9}",
+        "filesystem requests", "kind", "req/s", "serve_us"
+    );
     for line in lines {
         println!("{line}");
     }

@@ -554,14 +554,20 @@ fn start_uring(session: &Rc<Session>) {
 /// Serves one request, counting it in the filesystem's front-end figures;
 /// returns the reply (None: the kernel expects none).
 async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
+    let arrived = rt::now();
     session.fs.note_front_end(|stats| {
         stats.in_flight += 1;
         stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
     });
     let reply = handle_counted(session, bytes).await;
+    let opcode = proto::header(bytes).map_or(0, |header| header.opcode);
+    let micros = rt::now().duration_since(arrived).as_micros() as u64;
     session.fs.note_front_end(|stats| {
         stats.in_flight = stats.in_flight.saturating_sub(1);
         stats.requests += 1;
+        let op = stats.ops.entry(proto::opcode_name(opcode)).or_default();
+        op.count += 1;
+        op.service_us += micros;
     });
     reply
 }

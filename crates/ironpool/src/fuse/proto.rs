@@ -444,6 +444,49 @@ pub fn entry_node(opcode: u32, reply: &[u8]) -> Option<u64> {
         .filter(|node| *node != 0)
 }
 
+/// The kernel's name of `opcode` (`FUSE_LOOKUP` is `LOOKUP`), for the
+/// per-request counts `iostat` shows; `OTHER` for one this server does not
+/// serve (the kernel gets `ENOSYS` and stops asking for most of them).
+pub fn opcode_name(opcode: u32) -> &'static str {
+    match opcode {
+        LOOKUP => "LOOKUP",
+        FORGET => "FORGET",
+        GETATTR => "GETATTR",
+        SETATTR => "SETATTR",
+        READLINK => "READLINK",
+        SYMLINK => "SYMLINK",
+        MKNOD => "MKNOD",
+        MKDIR => "MKDIR",
+        UNLINK => "UNLINK",
+        RMDIR => "RMDIR",
+        RENAME => "RENAME",
+        LINK => "LINK",
+        OPEN => "OPEN",
+        READ => "READ",
+        WRITE => "WRITE",
+        STATFS => "STATFS",
+        RELEASE => "RELEASE",
+        FSYNC => "FSYNC",
+        SETXATTR => "SETXATTR",
+        GETXATTR => "GETXATTR",
+        LISTXATTR => "LISTXATTR",
+        REMOVEXATTR => "REMOVEXATTR",
+        FLUSH => "FLUSH",
+        INIT => "INIT",
+        OPENDIR => "OPENDIR",
+        READDIR => "READDIR",
+        RELEASEDIR => "RELEASEDIR",
+        FSYNCDIR => "FSYNCDIR",
+        ACCESS => "ACCESS",
+        CREATE => "CREATE",
+        INTERRUPT => "INTERRUPT",
+        DESTROY => "DESTROY",
+        BATCH_FORGET => "BATCH_FORGET",
+        RENAME2 => "RENAME2",
+        _ => "OTHER",
+    }
+}
+
 /// Whether the kernel expects no reply to this opcode.
 pub fn no_reply(opcode: u32) -> bool {
     matches!(opcode, FORGET | BATCH_FORGET | INTERRUPT)

@@ -442,6 +442,22 @@ pub struct FrontEndStats {
     /// Requests being served now, and the most at once since mounted.
     pub in_flight: u64,
     pub in_flight_max: u64,
+    /// Requests by kind (the kernel's opcode name) since mounted: how many
+    /// an application's calls cost (a create is a LOOKUP, a CREATE and a
+    /// GETATTR of its directory, each a round trip), and how long the
+    /// server held each kind.
+    pub ops: std::collections::BTreeMap<&'static str, OpStats>,
+}
+
+/// One kind of FUSE request served by a filesystem's front end.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct OpStats {
+    /// Requests of the kind (those the kernel expects no reply to as well).
+    pub count: u64,
+    /// Microseconds from each request's arrival at the server to its reply,
+    /// summed: the server's share of the round trip (with the devices' for
+    /// a request that waits on them).
+    pub service_us: u64,
 }
 
 /// An open filesystem.

@@ -547,6 +547,42 @@ async fn pool_with_filesystem(
     (pool, fs)
 }
 
+/// A directory leaf is checked whole once (when read in, or by the first
+/// lookup after a change made other than through the directory code), not
+/// on every lookup: bytes changed behind the directory code's back are
+/// still found damaged by the next lookup, and lookups between see every
+/// name.
+#[test]
+fn a_leaf_changed_behind_the_directory_code_is_checked_again() {
+    let disks = devices(1, DEVICE_BYTES, 31);
+    Runtime::new_sim(31).block_on(async move {
+        let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let root = fs.root();
+        for name in [&b"one"[..], b"two", b"three"] {
+            fs.create(&pool, root, name, &NewObject::owned(S_IFREG | 0o644, 0, 0))
+                .await
+                .unwrap();
+        }
+        for name in [&b"one"[..], b"two", b"three"] {
+            fs.lookup(root, name).await.unwrap();
+        }
+        assert!(matches!(
+            fs.lookup(root, b"four").await,
+            Err(FsError::NotFound)
+        ));
+        // The root's one leaf is block 1 (level 0); its first entry's name
+        // starts after the 16-byte header and the entry's 18 fixed bytes. A
+        // slash in a name is damage the check finds.
+        let dir = fs.objects.get(root).unwrap();
+        fs.objects
+            .write_bytes(&dir, (1 << 14) + 16 + 18, b"/")
+            .await
+            .unwrap();
+        let damaged = fs.lookup(root, b"two").await;
+        assert!(matches!(damaged, Err(FsError::Corrupt(_))), "{damaged:?}");
+    });
+}
+
 /// A walk that reads many files and makes no txg (a backup read from
 /// `.zfs/snapshot`, `find` and `cat` on an idle pool) keeps the objects
 /// loaded under the bound, in the head and in a snapshot alike, and reads

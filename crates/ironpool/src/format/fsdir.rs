@@ -247,6 +247,21 @@ impl LeafBlock {
     /// leaf's prefix, no name twice). Every method after relies on these
     /// checks.
     pub fn parse(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
+        let leaf = LeafBlock::parse_header(bytes, level, prefix)?;
+        leaf.check_entries()?;
+        Ok(leaf)
+    }
+
+    /// A leaf whose bytes [`LeafBlock::parse`] accepted before and that
+    /// changed since only through this type's own methods (which keep every
+    /// check true): only its header is read again. The object layer says
+    /// which bytes those are (`ObjectSet::read_block_checked`).
+    pub fn parse_checked(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
+        LeafBlock::parse_header(bytes, level, prefix)
+    }
+
+    /// The magic, place and size fields, checked; the entries not yet.
+    fn parse_header(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
         const WHAT: &str = "directory leaf";
         if bytes.len() != LEAF_BYTES || &bytes[0..4] != LEAF_MAGIC {
             return Err(invalid(WHAT, "bad magic or size"));
@@ -266,7 +281,21 @@ impl LeafBlock {
         if used > LEAF_BYTES - LEAF_HEADER_BYTES {
             return Err(invalid(WHAT, format!("{used} bytes of entries")));
         }
-        let end = LEAF_HEADER_BYTES + used;
+        Ok(LeafBlock {
+            bytes,
+            level,
+            prefix,
+            count,
+            end: LEAF_HEADER_BYTES + used,
+        })
+    }
+
+    /// Every entry in bounds, a valid name, cookies ascending and of this
+    /// leaf's prefix, no name twice.
+    fn check_entries(&self) -> Result<(), FormatError> {
+        const WHAT: &str = "directory leaf";
+        let (bytes, level, prefix, count, end) =
+            (&self.bytes, self.level, self.prefix, self.count, self.end);
         let mut at = LEAF_HEADER_BYTES;
         let mut last_cookie = None;
         // Where the entries of the current hash begin: a name twice would
@@ -280,7 +309,7 @@ impl LeafBlock {
             if at + ENTRY_FIXED_BYTES + length > end {
                 return Err(invalid(WHAT, "entries overrun the leaf"));
             }
-            let entry = entry_at(&bytes, at);
+            let entry = entry_at(bytes, at);
             if !valid_entry_name(entry.name)
                 || entry.object == 0
                 || entry.cookie < COOKIE_FIRST
@@ -294,7 +323,7 @@ impl LeafBlock {
             }
             let mut earlier = same_hash_from;
             while earlier < at {
-                let other = entry_at(&bytes, earlier);
+                let other = entry_at(bytes, earlier);
                 if other.name == entry.name {
                     return Err(invalid(WHAT, format!("name twice at byte {at}")));
                 }
@@ -306,13 +335,7 @@ impl LeafBlock {
         if at != end {
             return Err(invalid(WHAT, "entry bytes do not add up"));
         }
-        Ok(LeafBlock {
-            bytes,
-            level,
-            prefix,
-            count,
-            end,
-        })
+        Ok(())
     }
 
     pub fn level(&self) -> u8 {

@@ -90,6 +90,12 @@ pub struct Node {
     /// The last txg that wrote this node; it may not be evicted before that txg is
     /// durable (its new location may not be written yet).
     synced_txg: Cell<u64>,
+    /// A data node whose bytes a reader checked as a structure (a directory
+    /// leaf: every entry) since they last changed, or that a writer wrote
+    /// whole from a structure it had checked: the next reader need not check
+    /// them again ([`ObjectSet::read_block_checked`]). Any other write clears
+    /// it, and a node read in from the devices starts without it.
+    checked: Cell<bool>,
 }
 
 impl Node {
@@ -100,6 +106,7 @@ impl Node {
             body: RefCell::new(body),
             referenced: Cell::new(true),
             synced_txg: Cell::new(0),
+            checked: Cell::new(false),
         })
     }
 
@@ -939,6 +946,54 @@ impl ObjectSet {
         Ok(out)
     }
 
+    /// Reads data block `blkid` of a metadata object whole, and whether its
+    /// bytes are ones [`ObjectSet::note_checked`] or
+    /// [`ObjectSet::write_block_checked`] vouched for since they last
+    /// changed: a structure checked once when read in (a directory leaf)
+    /// is not checked again on every lookup. Nothing else runs between this
+    /// read and the caller's next await, so a `note_checked` before that
+    /// vouches for exactly these bytes.
+    pub async fn read_block_checked(
+        &self,
+        object: &Object,
+        blkid: u64,
+    ) -> Result<(Vec<u8>, bool), ObjectError> {
+        let block_bytes = object.dnode().data_block_bytes();
+        let bytes = self
+            .read_bytes(object, blkid * block_bytes, block_bytes as usize)
+            .await?;
+        let checked = blkid < object.dnode().capacity_blocks()
+            && self.node_cached(object, 0, blkid)?.checked.get();
+        Ok((bytes, checked))
+    }
+
+    /// The caller checked the bytes [`ObjectSet::read_block_checked`] just
+    /// gave it: later readers of the block need not (until it changes).
+    pub fn note_checked(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
+        if blkid < object.dnode().capacity_blocks() {
+            self.node_cached(object, 0, blkid)?.checked.set(true);
+        }
+        Ok(())
+    }
+
+    /// Writes `data` at data block `blkid`, which the caller made from a
+    /// checked structure by changes that keep it sound (see
+    /// [`ObjectSet::read_block_checked`]); vouched for only when it is the
+    /// whole block.
+    pub async fn write_block_checked(
+        &self,
+        object: &Object,
+        blkid: u64,
+        data: &[u8],
+    ) -> Result<(), ObjectError> {
+        let block_bytes = object.dnode().data_block_bytes();
+        self.write_bytes(object, blkid * block_bytes, data).await?;
+        if data.len() as u64 == block_bytes {
+            self.node_cached(object, 0, blkid)?.checked.set(true);
+        }
+        Ok(())
+    }
+
     /// Writes `data` at `offset` of a metadata object (in memory; written at sync).
     /// Extends the object's length if the write ends past it.
     pub async fn write_bytes(
@@ -978,6 +1033,7 @@ impl ObjectSet {
                 };
                 bytes[within..within + chunk].copy_from_slice(&data[done..done + chunk]);
             }
+            path[0].checked.set(false);
             self.mark_dirty(object, &path);
             done += chunk;
         }

@@ -22,11 +22,19 @@ async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<LeafB
         if !objects.data_block_present(dir, blkid).await? {
             continue;
         }
-        let bytes = objects
-            .read_bytes(dir, blkid * LEAF_BYTES as u64, LEAF_BYTES)
-            .await?;
-        return LeafBlock::parse(bytes, level, prefix)
-            .map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)));
+        // A leaf is checked whole once: when read in, or by the first lookup
+        // after a change made some other way than through `LeafBlock`.
+        let (bytes, checked) = objects.read_block_checked(dir, blkid).await?;
+        let leaf = if checked {
+            LeafBlock::parse_checked(bytes, level, prefix)
+        } else {
+            LeafBlock::parse(bytes, level, prefix)
+        }
+        .map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)))?;
+        if !checked {
+            objects.note_checked(dir, blkid)?;
+        }
+        return Ok(leaf);
     }
     Err(FsError::Corrupt(format!(
         "directory object {}: no leaf holds hash {hash:#x}",
@@ -47,8 +55,14 @@ async fn write_leaf(
     Ok(())
 }
 
+/// Writes a leaf changed through `LeafBlock` (checked when read, and kept
+/// sound by its methods): the next lookup need not check it again.
 async fn write_block(objects: &ObjectSet, dir: &Object, leaf: &LeafBlock) -> Result<(), FsError> {
-    write_leaf(objects, dir, (leaf.level(), leaf.prefix()), leaf.bytes()).await
+    let blkid = leaf_blkid(leaf.level(), leaf.prefix());
+    objects
+        .write_block_checked(dir, blkid, leaf.bytes())
+        .await?;
+    Ok(())
 }
 
 /// The empty directory's one leaf, written into a new directory object.

@@ -615,8 +615,16 @@ async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
         stats.in_flight += 1;
         stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
     });
-    let reply = handle_counted(session, bytes).await;
-    let opcode = proto::header(bytes).map_or(0, |header| header.opcode);
+    let (opcode, reply) = match proto::header(bytes) {
+        Ok(header) => (header.opcode, handle_counted(session, &header, bytes).await),
+        Err(proto::Malformed(why)) => {
+            eprintln!(
+                "ironpool: {}: malformed fuse request: {why}",
+                session.fs.name
+            );
+            (0, None)
+        }
+    };
     let micros = rt::now().duration_since(arrived).as_micros() as u64;
     session.fs.note_front_end(|stats| {
         stats.in_flight = stats.in_flight.saturating_sub(1);
@@ -628,18 +636,12 @@ async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
     reply
 }
 
-async fn handle_counted(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
-    let header = match proto::header(bytes) {
-        Ok(header) => header,
-        Err(proto::Malformed(why)) => {
-            eprintln!(
-                "ironpool: {}: malformed fuse request: {why}",
-                session.fs.name
-            );
-            return None;
-        }
-    };
-    let request = match proto::request(&header, bytes) {
+async fn handle_counted(
+    session: &Session,
+    header: &proto::InHeader,
+    bytes: &[u8],
+) -> Option<Vec<u8>> {
+    let request = match proto::request(header, bytes) {
         Ok(request) => request,
         Err(proto::Malformed(why)) if proto::no_reply(header.opcode) => {
             eprintln!(
@@ -659,7 +661,7 @@ async fn handle_counted(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
     if proto::no_reply(header.opcode) {
         return None;
     }
-    let result = serve(session, &header, request).await;
+    let result = serve(session, header, request).await;
     Some(match result {
         Ok(body) => proto::reply(header.unique, 0, &body),
         Err(error) => proto::reply(header.unique, -error.errno(), &[]),

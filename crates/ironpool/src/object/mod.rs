@@ -959,12 +959,18 @@ impl ObjectSet {
         blkid: u64,
     ) -> Result<(Vec<u8>, bool), ObjectError> {
         let block_bytes = object.dnode().data_block_bytes();
-        let bytes = self
-            .read_bytes(object, blkid * block_bytes, block_bytes as usize)
+        if blkid >= object.dnode().capacity_blocks() {
+            return Ok((vec![0; block_bytes as usize], false));
+        }
+        self.prefetch(object, blkid * block_bytes, block_bytes)
             .await?;
-        let checked = blkid < object.dnode().capacity_blocks()
-            && self.node_cached(object, 0, blkid)?.checked.get();
-        Ok((bytes, checked))
+        // One node: the flag is about the very bytes copied.
+        let node = self.node_cached(object, 0, blkid)?;
+        let body = node.body.borrow();
+        let NodeBody::Data(bytes) = &*body else {
+            unreachable!("level 0 holds data")
+        };
+        Ok((bytes.clone(), node.checked.get()))
     }
 
     /// The caller checked the bytes [`ObjectSet::read_block_checked`] just
@@ -986,12 +992,9 @@ impl ObjectSet {
         blkid: u64,
         data: &[u8],
     ) -> Result<(), ObjectError> {
-        let block_bytes = object.dnode().data_block_bytes();
-        self.write_bytes(object, blkid * block_bytes, data).await?;
-        if data.len() as u64 == block_bytes {
-            self.node_cached(object, 0, blkid)?.checked.set(true);
-        }
-        Ok(())
+        let offset = blkid * object.dnode().data_block_bytes();
+        self.prefetch(object, offset, data.len() as u64).await?;
+        self.write_cached(object, offset, data, true)
     }
 
     /// Writes `data` at `offset` of a metadata object (in memory; written at sync).
@@ -1013,6 +1016,19 @@ impl ObjectSet {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ObjectError> {
+        self.write_cached(object, offset, data, false)
+    }
+
+    /// Writes `data` at `offset` on cached nodes; each data node written
+    /// whole keeps `checked` as its flag (the node's `checked`), any other
+    /// loses it.
+    fn write_cached(
+        &self,
+        object: &Object,
+        offset: u64,
+        data: &[u8],
+        checked: bool,
+    ) -> Result<(), ObjectError> {
         let block_bytes = object.dnode().data_block_bytes();
         let mut done = 0usize;
         while done < data.len() {
@@ -1033,7 +1049,7 @@ impl ObjectSet {
                 };
                 bytes[within..within + chunk].copy_from_slice(&data[done..done + chunk]);
             }
-            path[0].checked.set(false);
+            path[0].checked.set(checked && chunk as u64 == block_bytes);
             self.mark_dirty(object, &path);
             done += chunk;
         }

@@ -189,23 +189,35 @@ fn print_report(now: &Value, before: Option<&Value>, options: &Options) {
     println!();
 }
 
+/// Each entry of the report's `key` list (volumes, filesystems) with the
+/// entry of the same name in the report before, if any.
+fn with_previous(now: &Value, before: Option<&Value>, key: &str) -> Vec<(Value, Option<Value>)> {
+    let previous = before
+        .and_then(|before| before[key].as_array().cloned())
+        .unwrap_or_default();
+    let entries = now[key].as_array().cloned().unwrap_or_default();
+    entries
+        .into_iter()
+        .map(|entry| {
+            let old = previous
+                .iter()
+                .find(|old| old["name"] == entry["name"])
+                .cloned();
+            (entry, old)
+        })
+        .collect()
+}
+
 /// The intent log of every volume whose log did anything in the interval:
 /// commits that wrote log blocks, FLUSHes that shared an earlier commit, and
 /// those that fell back to a txg, per second; log bytes written; with -l the
 /// mean and 99th percentile of a commit's write and device flush.
 fn print_intent_logs(now: &Value, before: Option<&Value>, seconds: f64, latency: bool) {
-    let volumes = now["volumes"].as_array().cloned().unwrap_or_default();
-    let previous = before
-        .and_then(|before| before["volumes"].as_array().cloned())
-        .unwrap_or_default();
     let mut lines = Vec::new();
-    for volume in &volumes {
+    for (volume, old) in with_previous(now, before, "volumes") {
         let name = volume["name"].as_str().unwrap_or("?");
         let log = &volume["intent_log"];
-        let old = previous
-            .iter()
-            .find(|old| old["name"].as_str() == Some(name))
-            .map(|old| &old["intent_log"]);
+        let old = old.as_ref().map(|old| &old["intent_log"]);
         let commits = delta(log, old, "commits");
         let shared = delta(log, old, "shared_commits");
         let fallbacks = delta(log, old, "txg_fallbacks");
@@ -266,17 +278,10 @@ fn print_intent_logs(now: &Value, before: Option<&Value>, seconds: f64, latency:
 /// held one (a kind the kernel sends synchronously costs the application a
 /// round trip besides).
 fn print_fs_requests(now: &Value, before: Option<&Value>, seconds: f64) {
-    let filesystems = now["filesystems"].as_array().cloned().unwrap_or_default();
-    let previous = before
-        .and_then(|before| before["filesystems"].as_array().cloned())
-        .unwrap_or_default();
     let mut lines = Vec::new();
-    for fs in &filesystems {
+    for (fs, old) in with_previous(now, before, "filesystems") {
         let name = fs["name"].as_str().unwrap_or("?");
-        let old = previous
-            .iter()
-            .find(|old| old["name"].as_str() == Some(name))
-            .map(|old| &old["front_end"]["ops"]);
+        let old = old.as_ref().map(|old| &old["front_end"]["ops"]);
         let Some(ops) = fs["front_end"]["ops"].as_object() else {
             continue;
         };

@@ -7,13 +7,15 @@
 # volume, fio's nbd engine), with one or more ironpool binaries so that before
 # and after are measured side by side.
 #
-# Usage: [WRITTEN_OUT=1] scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
+# Usage: [WRITTEN_OUT=1] [HALT_POLL_NS=N] scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
 #   default: 8 s, target/release/ironpool
 # WRITTEN_OUT=1 writes the pool's device files out (zeros, as the raw file
 # is) before `create`, instead of leaving the data devices sparse: a sparse
 # file makes the host filesystem allocate (and journal) on the first write of
 # every block, which a log block at a fresh address pays on each durable
-# write, and a real device does not.
+# write, and a real device does not. HALT_POLL_NS=N runs with a virtual
+# machine's guest halt polling at N ns (see scripts/halt-poll.sh: the QD1
+# rows wait for each answer).
 # Prints one line per test: label, IOPS, p99 latency (us), and for ironpool
 # the device syncs per client flush (flushes and durable FUA writes, all
 # devices; a mirror's log block is two) and
@@ -29,8 +31,11 @@ cleanup() {
     for pid in "${pids[@]:-}"; do [ -n "$pid" ] && kill "$pid" 2>/dev/null || true; done
     sleep 1
     rm -rf "$work"
+    halt_poll_restore
 }
+source "$(dirname "$0")/halt-poll.sh"
 trap cleanup EXIT
+halt_poll_apply
 export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
 
 # run LABEL FIO-ARGS...: one fio job, prints "LABEL IOPS P99_US"
@@ -52,7 +57,7 @@ print(f"{sys.argv[2]} {int(job['iops'])} {int(p99)}")
 PY
 }
 
-echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s written_out=${WRITTEN_OUT:-0} $(git rev-parse --short HEAD 2>/dev/null || true)"
+echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s written_out=${WRITTEN_OUT:-0} $(git rev-parse --short HEAD 2>/dev/null || true) $(halt_poll_describe)"
 dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 oflag=direct status=none
 raw="--ioengine=io_uring --direct=1 --filename=$work/raw.img --size=1G"
 run raw_qd1_fsync1 $raw --iodepth=1 --fsync=1

@@ -41,9 +41,11 @@
 #               direct=1, against an ironpool volume of the same pool over
 #               NBD (fio's nbd engine): the issue's 0.8x comparison
 #
-# Usage: scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
+# Usage: [HALT_POLL_NS=N] scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
 #   default: 100000 files, 8 s, target/release/ironpool,
 #   "metadata data seq sync names"
+# HALT_POLL_NS=N runs with a virtual machine's guest halt polling at N ns
+# (see scripts/halt-poll.sh: the metadata rows wait for each answer).
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
@@ -55,13 +57,16 @@ metadata=$PWD/target/release/examples/metadata
 work=$(mktemp -d "$PWD/target/bench-fs.XXXXXX")
 loop=""
 server=""
+source "$(dirname "$0")/halt-poll.sh"
 cleanup() {
     [ -n "$server" ] && kill "$server" 2>/dev/null && sleep 2
     mountpoint -q "$work/ext4" && umount "$work/ext4"
     [ -n "$loop" ] && losetup -d "$loop"
     rm -rf "$work"
+    halt_poll_restore
 }
 trap cleanup EXIT
+halt_poll_apply
 export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
 
 # fio_iops LABEL FIO-ARGS...: runs one fio job, prints its IOPS (reads and
@@ -84,7 +89,7 @@ PY
 
 ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{a / b:.2f}x' if b else '-')" "$1" "$2"; }
 
-echo "# bench-fs $(date -u +%FT%TZ) files=$files runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true) $(uname -r)"
+echo "# bench-fs $(date -u +%FT%TZ) files=$files runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true) $(uname -r) $(halt_poll_describe)"
 
 # The ext4 baseline on a loop device over a file of the same disk.
 truncate -s 4G "$work/ext4.img"
@@ -228,6 +233,9 @@ for rw in write read; do
         --size=1G --rw=$rw --bs=1M --iodepth=16 --runtime="$runtime" --time_based)
     printf "%-20s %10s %10s %8s\n" "seq${rw}_1m_qd16" "$vol" "$file" "$(ratio "$file" "$vol")"
 done
+# Their gigabytes go back to the pool (4G): the data part writes two more.
+rm -f "$work/ip128/f.img"
+"$bin" destroy --control "$work/ctl.sock" bench/vol >/dev/null
 fi
 
 if [[ " $parts " == *" buffered "* ]]; then

@@ -485,11 +485,15 @@ async fn serve_request(session: &Rc<Session>, request: &[u8]) {
     let reply = handle(session, request).await;
     session.handling.set(session.handling.get() - 1);
     if let Some(reply) = reply {
-        let bytes = BufSlice::whole(AlignedBuf::copy_from(&reply).into_shared());
+        let pieces = vec![reply.header.to_vec(), reply.body];
         // ENOENT: the request was interrupted and is gone, and with it the
         // reference an entry reply would have handed the kernel.
-        match rt_uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
-            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {
+        match rt_uring::writev_owned(session.fd, pieces).await {
+            (Err(error), mut pieces) if error.raw_os_error() == Some(libc::ENOENT) => {
+                let reply = proto::Reply {
+                    header: reply.header,
+                    body: pieces.pop().unwrap_or_default(),
+                };
                 if let Some(node) = proto::header(request)
                     .ok()
                     .and_then(|header| proto::entry_node(header.opcode, &reply))
@@ -497,8 +501,8 @@ async fn serve_request(session: &Rc<Session>, request: &[u8]) {
                     forget(session, node, 1).await;
                 }
             }
-            Err(error) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name),
-            Ok(_) => {}
+            (Err(error), _) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name),
+            (Ok(_), _) => {}
         }
     }
     if session.start_uring.take() {
@@ -609,7 +613,7 @@ fn start_uring(session: &Rc<Session>) {
 
 /// Serves one request, counting it in the filesystem's front-end figures;
 /// returns the reply (None: the kernel expects none).
-async fn handle(session: &Session, bytes: &[u8]) -> Option<Vec<u8>> {
+async fn handle(session: &Session, bytes: &[u8]) -> Option<proto::Reply> {
     let arrived = rt::now();
     session.fs.note_front_end(|stats| {
         stats.in_flight += 1;
@@ -640,7 +644,7 @@ async fn handle_counted(
     session: &Session,
     header: &proto::InHeader,
     bytes: &[u8],
-) -> Option<Vec<u8>> {
+) -> Option<proto::Reply> {
     let request = match proto::request(header, bytes) {
         Ok(request) => request,
         Err(proto::Malformed(why)) if proto::no_reply(header.opcode) => {
@@ -650,7 +654,7 @@ async fn handle_counted(
             );
             return None;
         }
-        Err(_) => return Some(proto::reply(header.unique, -libc::EINVAL, &[])),
+        Err(_) => return Some(proto::Reply::new(header.unique, -libc::EINVAL, Vec::new())),
     };
     if let proto::Request::Forget(nodes) = &request {
         for &(node, count) in nodes {
@@ -663,8 +667,8 @@ async fn handle_counted(
     }
     let result = serve(session, header, request).await;
     Some(match result {
-        Ok(body) => proto::reply(header.unique, 0, &body),
-        Err(error) => proto::reply(header.unique, -error.errno(), &[]),
+        Ok(body) => proto::Reply::new(header.unique, 0, body),
+        Err(error) => proto::Reply::new(header.unique, -error.errno(), Vec::new()),
     })
 }
 

@@ -431,17 +431,14 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
 /// The node a successful reply `reply` to an `opcode` request handed the
 /// kernel (an entry reply: its `fuse_entry_out` starts with the node id;
 /// 0, a negative LOOKUP, hands nothing).
-pub fn entry_node(opcode: u32, reply: &[u8]) -> Option<u64> {
+pub fn entry_node(opcode: u32, reply: &Reply) -> Option<u64> {
     if !matches!(opcode, LOOKUP | CREATE | MKNOD | MKDIR | SYMLINK | LINK) {
         return None;
     }
-    let error = reply.get(4..8)?;
-    if error != [0; 4] {
+    if reply.header[4..8] != [0; 4] {
         return None;
     }
-    u64_at(reply, OUT_HEADER_BYTES)
-        .ok()
-        .filter(|node| *node != 0)
+    u64_at(&reply.body, 0).ok().filter(|node| *node != 0)
 }
 
 /// The kernel's name of `opcode` (`FUSE_LOOKUP` is `LOOKUP`), for the
@@ -492,14 +489,43 @@ pub fn no_reply(opcode: u32) -> bool {
     matches!(opcode, FORGET | BATCH_FORGET | INTERRUPT)
 }
 
+/// The header of a reply (`struct fuse_out_header`) whose body is
+/// `body_bytes` long, with `error` (a negative errno or 0).
+fn out_header(unique: u64, error: i32, body_bytes: usize) -> [u8; OUT_HEADER_BYTES] {
+    let mut header = [0u8; OUT_HEADER_BYTES];
+    header[0..4].copy_from_slice(&((OUT_HEADER_BYTES + body_bytes) as u32).to_le_bytes());
+    header[4..8].copy_from_slice(&error.to_le_bytes());
+    header[8..16].copy_from_slice(&unique.to_le_bytes());
+    header
+}
+
 /// A reply: the header (with `error`, a negative errno or 0) and the body.
 pub fn reply(unique: u64, error: i32, body: &[u8]) -> Vec<u8> {
     let mut out = Vec::with_capacity(OUT_HEADER_BYTES + body.len());
-    out.extend_from_slice(&((OUT_HEADER_BYTES + body.len()) as u32).to_le_bytes());
-    out.extend_from_slice(&error.to_le_bytes());
-    out.extend_from_slice(&unique.to_le_bytes());
+    out.extend_from_slice(&out_header(unique, error, body.len()));
     out.extend_from_slice(body);
     out
+}
+
+/// A reply to a request, kept as its header and its body: the transports
+/// write the two together (`writev`, or each into its place in a ring
+/// slot), so a body of up to a megabyte (a READ's data) is never copied
+/// only to sit behind its 16-byte header.
+#[derive(Debug)]
+pub struct Reply {
+    pub header: [u8; OUT_HEADER_BYTES],
+    pub body: Vec<u8>,
+}
+
+impl Reply {
+    /// `body` as the reply to request `unique`, with `error` (a negative
+    /// errno or 0).
+    pub fn new(unique: u64, error: i32, body: Vec<u8>) -> Reply {
+        Reply {
+            header: out_header(unique, error, body.len()),
+            body,
+        }
+    }
 }
 
 /// A notification that the attributes of node `nodeid` changed behind
@@ -512,16 +538,6 @@ pub fn notify_inval_attributes(nodeid: u64) -> Vec<u8> {
     body.extend_from_slice(&(-1i64).to_le_bytes());
     body.extend_from_slice(&0i64.to_le_bytes());
     reply(0, NOTIFY_INVAL_INODE, &body)
-}
-
-/// The reply header alone, for a reply whose body (`body_bytes` of it) is
-/// sent as separate pieces.
-pub fn reply_header(unique: u64, body_bytes: usize) -> Vec<u8> {
-    let mut out = Vec::with_capacity(OUT_HEADER_BYTES);
-    out.extend_from_slice(&((OUT_HEADER_BYTES + body_bytes) as u32).to_le_bytes());
-    out.extend_from_slice(&0i32.to_le_bytes());
-    out.extend_from_slice(&unique.to_le_bytes());
-    out
 }
 
 /// The attributes the kernel caches (`struct fuse_attr`, 88 bytes).
@@ -813,7 +829,14 @@ mod tests {
         assert_eq!(reply.len(), 18);
         assert_eq!(&reply[0..4], &18u32.to_le_bytes());
         assert_eq!(&reply[4..8], &(-2i32).to_le_bytes());
-        assert_eq!(&reply_header(9, 100)[0..4], &116u32.to_le_bytes());
+        let split = Reply::new(9, -2, vec![1, 2]);
+        assert_eq!(split.header[..], reply[..OUT_HEADER_BYTES]);
+        assert_eq!(split.body, [1, 2]);
+        let mut entry = Reply::new(9, 0, 7u64.to_le_bytes().to_vec());
+        assert_eq!(entry_node(LOOKUP, &entry), Some(7));
+        assert_eq!(entry_node(READ, &entry), None);
+        entry.header[4..8].copy_from_slice(&(-2i32).to_le_bytes());
+        assert_eq!(entry_node(LOOKUP, &entry), None);
         let mut out = Vec::new();
         assert!(push_dirent(&mut out, 64, 2, 3, 8, b"abc"));
         assert_eq!(out.len(), 32);

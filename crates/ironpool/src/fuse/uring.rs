@@ -302,12 +302,14 @@ async fn serve(session: &Session, transport: &UringTransport, index: usize) -> s
     // Every request on the ring is committed, one without a reply too (as
     // an empty success), or its slot would be lost.
     let reply = reply
-        .filter(|reply| reply.len() - OUT_HEADER_BYTES <= PAYLOAD_BYTES)
-        .unwrap_or_else(|| proto::reply(unique, if unique == 0 { 0 } else { -libc::EIO }, &[]));
+        .filter(|reply| reply.body.len() <= PAYLOAD_BYTES)
+        .unwrap_or_else(|| {
+            proto::Reply::new(unique, if unique == 0 { 0 } else { -libc::EIO }, Vec::new())
+        });
     {
         let mut header = slot.header.borrow_mut();
-        let body = &reply[OUT_HEADER_BYTES..];
-        header[..OUT_HEADER_BYTES].copy_from_slice(&reply[..OUT_HEADER_BYTES]);
+        let body = &reply.body;
+        header[..OUT_HEADER_BYTES].copy_from_slice(&reply.header);
         header[PAYLOAD_BYTES_AT..PAYLOAD_BYTES_AT + 4]
             .copy_from_slice(&(body.len() as u32).to_le_bytes());
         buffer[FRONT_BYTES..FRONT_BYTES + body.len()].copy_from_slice(body);

@@ -593,6 +593,29 @@ pub async fn writev_at_with(
     to_result(result)
 }
 
+/// Writes `pieces` in order, at the file's position (a `/dev/fuse` reply:
+/// its header and a body of up to a megabyte), from vectors the operation
+/// owns until it completes and then hands back: unlike [`writev_at`], no
+/// aligned buffer is needed, so the caller's bytes are not copied into
+/// one. For files that take any address (not `O_DIRECT`).
+pub async fn writev_owned(fd: RawFd, pieces: Vec<Vec<u8>>) -> (io::Result<usize>, Vec<Vec<u8>>) {
+    assert!(pieces.len() <= IOVEC_COUNT_MAX);
+    let iovecs: Vec<libc::iovec> = pieces
+        .iter()
+        .map(|piece| libc::iovec {
+            iov_base: piece.as_ptr() as *mut libc::c_void,
+            iov_len: piece.len(),
+        })
+        .collect();
+    let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
+        .offset(u64::MAX)
+        .build();
+    // SAFETY: the iovec array and the vectors' heap memory (which moving
+    // the vectors does not move) are owned by the op until it completes.
+    let (result, (_, pieces)) = unsafe { Op::submit(entry, (iovecs, pieces)) }.await;
+    (to_result(result), pieces)
+}
+
 /// Flushes the device's (or file's) volatile write cache.
 pub async fn fsync(fd: RawFd, data_only: bool) -> io::Result<()> {
     let flags = if data_only {

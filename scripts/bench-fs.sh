@@ -40,17 +40,23 @@
 #               filesystem of the default recordsize (128K), fio io_uring
 #               direct=1, against an ironpool volume of the same pool over
 #               NBD (fio's nbd engine): the issue's 0.8x comparison
+#   cached      random reads of 1 MiB, 128K and 4K at QD16, fio io_uring
+#               direct=1, of a 256 MiB file the read cache holds
+#               (recordsize 128K), against the same reads of a 256 MiB
+#               volume of the same pool over NBD, also cached: the FUSE
+#               path's own cost (request, copies, reply) with no device
+#               in the way; IOPS and the ratio
 #
 # Usage: [HALT_POLL_NS=N] scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
 #   default: 100000 files, 8 s, target/release/ironpool,
-#   "metadata data seq sync names"
+#   "metadata data seq cached sync names"
 # HALT_POLL_NS=N runs with a virtual machine's guest halt polling at N ns
 # (see scripts/halt-poll.sh: the metadata rows wait for each answer).
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
 bin=${3:-$PWD/target/release/ironpool}
-parts=${4:-metadata data seq sync names}
+parts=${4:-metadata data seq cached sync names}
 metadata=$PWD/target/release/examples/metadata
 [ "$(id -u)" -eq 0 ] || { echo "bench-fs: run as root (FUSE mounts, loop devices)" >&2; exit 1; }
 [ -x "$bin" ] && [ -x "$metadata" ] || { echo "bench-fs: build first: cargo build --release --workspace --bins --examples" >&2; exit 1; }
@@ -236,6 +242,35 @@ done
 # Their gigabytes go back to the pool (4G): the data part writes two more.
 rm -f "$work/ip128/f.img"
 "$bin" destroy --control "$work/ctl.sock" bench/vol >/dev/null
+fi
+
+if [[ " $parts " == *" cached "* ]]; then
+echo "## cached: random reads at QD16 of 256 MiB the read cache holds, direct=1, IOPS"
+"$bin" fs create --control "$work/ctl.sock" bench/fscache -o "mountpoint=$work/ipc" >/dev/null
+"$bin" volume create --control "$work/ctl.sock" bench/volcache 256M >/dev/null
+for _ in $(seq 600); do grep -q " $work/ipc fuse.ironpool" /proc/self/mounts && break; sleep 0.05; done
+cache_uri="nbd+unix:///bench/volcache?socket=$work/nbd.sock"
+fio --name=fill --filename="$work/ipc/f.img" --rw=write --bs=1M --size=256M --direct=1 >/dev/null
+# O_DIRECT reads take what the cache holds but do not fill it: one
+# buffered read of the file fills it.
+fio --name=warm --filename="$work/ipc/f.img" --rw=read --bs=1M --size=256M >/dev/null
+fio --name=fill --ioengine=nbd --uri="$cache_uri" --rw=write --bs=1M --size=256M >/dev/null
+printf "%-20s %10s %10s %8s\n" test volume file ratio
+for bs in 1M 128k 4k; do
+    vol=$(fio_iops "cached-$bs-vol" --ioengine=nbd --uri="$cache_uri" --size=256M \
+        --rw=randread --bs=$bs --iodepth=16 --runtime="$runtime" --time_based)
+    file=$(fio_iops "cached-$bs-file" --filename="$work/ipc/f.img" --ioengine=io_uring --direct=1 \
+        --size=256M --rw=randread --bs=$bs --iodepth=16 --runtime="$runtime" --time_based)
+    printf "%-20s %10s %10s %8s\n" "randread_${bs}_qd16" "$vol" "$file" "$(ratio "$file" "$vol")"
+done
+"$bin" iostat --json --control "$work/ctl.sock" bench | python3 -c '
+import json, sys
+cache = json.load(sys.stdin)["cache"]["cache"]
+data = cache.get("demand_data", {})
+print("read cache, data read on demand since the start: %d hits, %d misses" % (data.get("hits", 0), data.get("misses", 0)))
+'
+rm -f "$work/ipc/f.img"
+"$bin" destroy --control "$work/ctl.sock" bench/volcache >/dev/null
 fi
 
 if [[ " $parts " == *" buffered "* ]]; then

@@ -576,21 +576,7 @@ pub async fn writev_at_with(
     offset: u64,
     rw_flags: i32,
 ) -> io::Result<usize> {
-    assert!(slices.len() <= IOVEC_COUNT_MAX);
-    let iovecs: Vec<libc::iovec> = slices
-        .iter()
-        .map(|slice| libc::iovec {
-            iov_base: slice.as_ptr() as *mut libc::c_void,
-            iov_len: slice.len(),
-        })
-        .collect();
-    let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
-        .offset(offset)
-        .rw_flags(rw_flags)
-        .build();
-    // SAFETY: the iovec array and the Rc'd buffers are owned by the op.
-    let (result, _) = unsafe { Op::submit(entry, (iovecs, slices)) }.await;
-    to_result(result)
+    writev_pieces(fd, slices, offset, rw_flags).await.0
 }
 
 /// Writes `pieces` in order, at the file's position (a `/dev/fuse` reply:
@@ -599,19 +585,51 @@ pub async fn writev_at_with(
 /// aligned buffer is needed, so the caller's bytes are not copied into
 /// one. For files that take any address (not `O_DIRECT`).
 pub async fn writev_owned(fd: RawFd, pieces: Vec<Vec<u8>>) -> (io::Result<usize>, Vec<Vec<u8>>) {
+    writev_pieces(fd, pieces, u64::MAX, 0).await
+}
+
+/// Bytes whose memory stays where it is when the value holding them moves
+/// (heap memory), so an operation may own the value while the kernel reads
+/// the bytes.
+trait HeapBytes: 'static {
+    fn bytes(&self) -> &[u8];
+}
+
+impl HeapBytes for Vec<u8> {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+impl HeapBytes for BufSlice {
+    fn bytes(&self) -> &[u8] {
+        self
+    }
+}
+
+/// One `writev` of `pieces` at `offset` (`u64::MAX`: the file's position),
+/// which it owns until the write completes and then hands back.
+async fn writev_pieces<P: HeapBytes>(
+    fd: RawFd,
+    pieces: Vec<P>,
+    offset: u64,
+    rw_flags: i32,
+) -> (io::Result<usize>, Vec<P>) {
     assert!(pieces.len() <= IOVEC_COUNT_MAX);
     let iovecs: Vec<libc::iovec> = pieces
         .iter()
         .map(|piece| libc::iovec {
-            iov_base: piece.as_ptr() as *mut libc::c_void,
-            iov_len: piece.len(),
+            iov_base: piece.bytes().as_ptr() as *mut libc::c_void,
+            iov_len: piece.bytes().len(),
         })
         .collect();
     let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
-        .offset(u64::MAX)
+        .offset(offset)
+        .rw_flags(rw_flags)
         .build();
-    // SAFETY: the iovec array and the vectors' heap memory (which moving
-    // the vectors does not move) are owned by the op until it completes.
+    // SAFETY: the iovec array and the pieces' heap memory (which moving
+    // the pieces does not move: `HeapBytes`) are owned by the op until it
+    // completes.
     let (result, (_, pieces)) = unsafe { Op::submit(entry, (iovecs, pieces)) }.await;
     (to_result(result), pieces)
 }

@@ -484,7 +484,23 @@ async fn reader(session: Rc<Session>, index: usize) {
 async fn serve_request(session: &Rc<Session>, request: &[u8]) {
     let reply = handle(session, request).await;
     session.handling.set(session.handling.get() - 1);
-    if let Some(reply) = reply {
+    let Some(reply) = reply else {
+        return start_uring_if_asked(session);
+    };
+    if !reply.data.is_empty() {
+        // A READ's data: the pieces of the blocks read, behind the header.
+        let mut pieces = Vec::with_capacity(reply.data.len() + 1);
+        pieces.push(BufSlice::whole(
+            AlignedBuf::copy_from(&reply.header).into_shared(),
+        ));
+        pieces.extend(reply.data);
+        if let Err(error) = rt_uring::writev_slices(session.fd, pieces).await {
+            // ENOENT: the request was interrupted and is gone.
+            if error.raw_os_error() != Some(libc::ENOENT) {
+                eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name);
+            }
+        }
+    } else {
         let pieces = vec![reply.header.to_vec(), reply.body];
         // ENOENT: the request was interrupted and is gone, and with it the
         // reference an entry reply would have handed the kernel.
@@ -493,6 +509,7 @@ async fn serve_request(session: &Rc<Session>, request: &[u8]) {
                 let reply = proto::Reply {
                     header: reply.header,
                     body: pieces.pop().unwrap_or_default(),
+                    data: Vec::new(),
                 };
                 if let Some(node) = proto::header(request)
                     .ok()
@@ -505,6 +522,11 @@ async fn serve_request(session: &Rc<Session>, request: &[u8]) {
             (Ok(_), _) => {}
         }
     }
+    start_uring_if_asked(session);
+}
+
+/// Starts FUSE over io_uring once the INIT reply that offered it is out.
+fn start_uring_if_asked(session: &Rc<Session>) {
     if session.start_uring.take() {
         start_uring(session);
     }
@@ -667,25 +689,47 @@ async fn handle_counted(
     }
     let result = serve(session, header, request).await;
     Some(match result {
-        Ok(body) => proto::Reply::new(header.unique, 0, body),
+        Ok(Answer::Bytes(body)) => proto::Reply::new(header.unique, 0, body),
+        Ok(Answer::Data(data)) => proto::Reply::data(header.unique, data),
         Err(error) => proto::Reply::new(header.unique, -error.errno(), Vec::new()),
     })
+}
+
+/// What a request is answered with: bytes, or a READ's data as the pieces
+/// of the blocks it read.
+enum Answer {
+    Bytes(Vec<u8>),
+    Data(Vec<BufSlice>),
 }
 
 async fn serve(
     session: &Session,
     header: &proto::InHeader,
     request: proto::Request<'_>,
-) -> Result<Vec<u8>, FsError> {
+) -> Result<Answer, FsError> {
     use proto::Request;
     let (fs, node, slot) = match snapdir::route(session, header.nodeid).await? {
         snapdir::Route::Control(node) => {
-            return snapdir::serve(session, header, node, request).await
+            return snapdir::serve(session, header, node, request)
+                .await
+                .map(Answer::Bytes)
         }
         snapdir::Route::Fs { fs, ino, slot } => (fs, ino, slot),
     };
     let fs = &fs;
     let pool = &session.pool;
+    if let Request::Read {
+        offset,
+        size,
+        flags,
+        ..
+    } = request
+    {
+        let size = size.min(MAX_WRITE_BYTES) as usize;
+        let direct = flags & libc::O_DIRECT as u32 != 0;
+        let data = fs.read_pieces(pool, node, offset, size, direct).await?;
+        return Ok(Answer::Data(data));
+    }
     // What must be durable when answered: a write under `O_SYNC` or
     // `O_DSYNC` (`sync=disabled` aside), and under `sync=always` every
     // change. FSYNC itself is answered below.
@@ -713,7 +757,7 @@ async fn serve(
         pool.fs_log_commit(fs).await?;
         fs.count_flush();
     }
-    Ok(reply)
+    Ok(Answer::Bytes(reply))
 }
 
 /// [`serve`] for a request to a filesystem's node `node` (of the head, or
@@ -895,6 +939,7 @@ async fn serve_fs(
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
             Ok(body)
         }
+        // Served as the blocks' pieces by `serve`: here as bytes.
         Request::Read {
             offset,
             size,

@@ -3,6 +3,8 @@
 //! for it. Pure; no I/O. Every length is checked against the request's
 //! own, so a malformed request is refused with `EINVAL`, never a panic.
 
+use crate::rt::buf::BufSlice;
+
 /// The protocol version this server speaks (it accepts any 7.x kernel).
 pub const KERNEL_VERSION: u32 = 7;
 pub const KERNEL_MINOR_VERSION: u32 = 31;
@@ -507,14 +509,16 @@ pub fn reply(unique: u64, error: i32, body: &[u8]) -> Vec<u8> {
     out
 }
 
-/// A reply to a request, kept as its header and its body: the transports
-/// write the two together (`writev`, or each into its place in a ring
-/// slot), so a body of up to a megabyte (a READ's data) is never copied
-/// only to sit behind its 16-byte header.
+/// A reply to a request, kept as its header, its body and its data: the
+/// transports write them together (`writev`, or each into its place in a
+/// ring slot), so a READ's data (up to a megabyte) goes from the blocks
+/// read to the kernel without a copy of its own behind the 16-byte header.
 #[derive(Debug)]
 pub struct Reply {
     pub header: [u8; OUT_HEADER_BYTES],
     pub body: Vec<u8>,
+    /// After the body: pieces of the blocks a READ read, in order.
+    pub data: Vec<BufSlice>,
 }
 
 impl Reply {
@@ -524,7 +528,23 @@ impl Reply {
         Reply {
             header: out_header(unique, error, body.len()),
             body,
+            data: Vec::new(),
         }
+    }
+
+    /// A successful reply to request `unique` whose body is `data`.
+    pub fn data(unique: u64, data: Vec<BufSlice>) -> Reply {
+        let bytes = data.iter().map(|piece| piece.len()).sum();
+        Reply {
+            header: out_header(unique, 0, bytes),
+            body: Vec::new(),
+            data,
+        }
+    }
+
+    /// The bytes after the header.
+    pub fn body_len(&self) -> usize {
+        self.body.len() + self.data.iter().map(|piece| piece.len()).sum::<usize>()
     }
 }
 
@@ -832,6 +852,11 @@ mod tests {
         let split = Reply::new(9, -2, vec![1, 2]);
         assert_eq!(split.header[..], reply[..OUT_HEADER_BYTES]);
         assert_eq!(split.body, [1, 2]);
+        assert_eq!(split.body_len(), 2);
+        let piece = BufSlice::whole(crate::rt::buf::AlignedBuf::copy_from(&[5; 10]).into_shared());
+        let data = Reply::data(4, vec![piece.slice(0..3), piece.slice(5..10)]);
+        assert_eq!(&data.header[0..4], &24u32.to_le_bytes());
+        assert_eq!(data.body_len(), 8);
         let mut entry = Reply::new(9, 0, 7u64.to_le_bytes().to_vec());
         assert_eq!(entry_node(LOOKUP, &entry), Some(7));
         assert_eq!(entry_node(READ, &entry), None);

@@ -302,17 +302,21 @@ async fn serve(session: &Session, transport: &UringTransport, index: usize) -> s
     // Every request on the ring is committed, one without a reply too (as
     // an empty success), or its slot would be lost.
     let reply = reply
-        .filter(|reply| reply.body.len() <= PAYLOAD_BYTES)
+        .filter(|reply| reply.body_len() <= PAYLOAD_BYTES)
         .unwrap_or_else(|| {
             proto::Reply::new(unique, if unique == 0 { 0 } else { -libc::EIO }, Vec::new())
         });
     {
         let mut header = slot.header.borrow_mut();
-        let body = &reply.body;
         header[..OUT_HEADER_BYTES].copy_from_slice(&reply.header);
         header[PAYLOAD_BYTES_AT..PAYLOAD_BYTES_AT + 4]
-            .copy_from_slice(&(body.len() as u32).to_le_bytes());
-        buffer[FRONT_BYTES..FRONT_BYTES + body.len()].copy_from_slice(body);
+            .copy_from_slice(&(reply.body_len() as u32).to_le_bytes());
+        // The body, then a READ's data, each copied once into the slot.
+        let mut at = FRONT_BYTES;
+        for piece in std::iter::once(&reply.body[..]).chain(reply.data.iter().map(|p| &p[..])) {
+            buffer[at..at + piece.len()].copy_from_slice(piece);
+            at += piece.len();
+        }
     }
     *slot.buffer.borrow_mut() = buffer;
     opcode::UringCmd80::new(types::Fd(transport.fd), CMD_COMMIT_AND_FETCH)

@@ -588,6 +588,13 @@ pub async fn writev_owned(fd: RawFd, pieces: Vec<Vec<u8>>) -> (io::Result<usize>
     writev_pieces(fd, pieces, u64::MAX, 0).await
 }
 
+/// Writes `slices` in order, at the file's position (a `/dev/fuse` reply
+/// with a READ's data: its header and the pieces of the blocks read), with
+/// no alignment asked of them and no copy.
+pub async fn writev_slices(fd: RawFd, slices: Vec<BufSlice>) -> io::Result<usize> {
+    writev_pieces(fd, slices, u64::MAX, 0).await.0
+}
+
 /// Bytes whose memory stays where it is when the value holding them moves
 /// (heap memory), so an operation may own the value while the kernel reads
 /// the bytes.

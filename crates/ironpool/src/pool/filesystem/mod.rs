@@ -1727,6 +1727,22 @@ impl Filesystem {
         length: usize,
         direct: bool,
     ) -> Result<Vec<u8>, FsError> {
+        let pieces = self.read_pieces(pool, ino, offset, length, direct).await?;
+        Ok(concat(&pieces))
+    }
+
+    /// [`Filesystem::read`] as the pieces of the blocks it read, in order
+    /// (holes as zeroed buffers), not copied into one: FUSE writes them to
+    /// the kernel as they are. The blocks are shared and never changed in
+    /// place (a write makes new ones), so the pieces hold what was read.
+    pub async fn read_pieces(
+        &self,
+        pool: &Pool,
+        ino: u64,
+        offset: u64,
+        length: usize,
+        direct: bool,
+    ) -> Result<Vec<BufSlice>, FsError> {
         let _shared = self.lock.acquire(1).await;
         let (object, znode) = self.load(ino).await?;
         if znode.is_dir() {
@@ -1751,11 +1767,13 @@ impl Filesystem {
             DirectMode::Standard if direct => (CacheUse::data(true, false), true),
             _ => (settings.data_cache_use(), false),
         };
-        let data = self.read_locked(&object, offset, length, usage).await?;
+        let data = self
+            .read_locked_pieces(&object, offset, length, usage)
+            .await?;
         self.touch_atime(pool, &object);
         self.count(|stats| {
             stats.read_ops += 1;
-            stats.read_bytes += data.len() as u64;
+            stats.read_bytes += data.iter().map(|piece| piece.len() as u64).sum::<u64>();
             stats.direct_read_ops += u64::from(direct);
         });
         Ok(data)
@@ -1793,6 +1811,20 @@ impl Filesystem {
         length: usize,
         usage: CacheUse,
     ) -> Result<Vec<u8>, FsError> {
+        let pieces = self
+            .read_locked_pieces(object, offset, length, usage)
+            .await?;
+        Ok(concat(&pieces))
+    }
+
+    /// [`Filesystem::read_locked`] as the pieces of the blocks read.
+    async fn read_locked_pieces(
+        &self,
+        object: &Rc<Object>,
+        offset: u64,
+        length: usize,
+        usage: CacheUse,
+    ) -> Result<Vec<BufSlice>, FsError> {
         let size = object.dnode().length_bytes;
         if offset >= size {
             return Ok(Vec::new());
@@ -1813,16 +1845,16 @@ impl Filesystem {
                 .await,
             );
         }
-        let mut out = Vec::with_capacity((end - offset) as usize);
+        let mut out = Vec::with_capacity(reads.len());
         let mut position = offset;
         for read in reads {
             let within = (position % block) as usize;
             let chunk = ((block - within as u64).min(end - position)) as usize;
             match read? {
-                Some(data) => out.extend_from_slice(&data[within..within + chunk]),
+                Some(data) => out.push(data.slice(within..within + chunk)),
                 None => {
                     self.count(|stats| stats.hole_read_ops += 1);
-                    out.resize(out.len() + chunk, 0);
+                    out.push(BufSlice::whole(AlignedBuf::zeroed(chunk).into_shared()));
                 }
             }
             position += chunk as u64;
@@ -3193,6 +3225,15 @@ impl Pool {
     pub fn filesystems_changed(&self) -> crate::rt::sync::Notified<'_> {
         self.filesystems_changed.notified()
     }
+}
+
+/// The bytes of `pieces`, in order, in one vector.
+fn concat(pieces: &[BufSlice]) -> Vec<u8> {
+    let mut out = Vec::with_capacity(pieces.iter().map(|piece| piece.len()).sum());
+    for piece in pieces {
+        out.extend_from_slice(piece);
+    }
+    out
 }
 
 #[cfg(test)]

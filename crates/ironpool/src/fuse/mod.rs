@@ -45,6 +45,7 @@ use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Semaphore;
+use crate::rt::uring::WriteBytes;
 use crate::rt::{self, uring as rt_uring};
 
 /// Largest write the kernel sends (and read it asks for): 1 MiB.
@@ -482,51 +483,29 @@ async fn reader(session: Rc<Session>, index: usize) {
 
 /// Serves one request read from `/dev/fuse` and writes its reply.
 async fn serve_request(session: &Rc<Session>, request: &[u8]) {
-    let reply = handle(session, request).await;
+    let (opcode, reply) = handle(session, request).await;
     session.handling.set(session.handling.get() - 1);
-    let Some(reply) = reply else {
-        return start_uring_if_asked(session);
-    };
-    if !reply.data.is_empty() {
-        // A READ's data: the pieces of the blocks read, behind the header.
-        let mut pieces = Vec::with_capacity(reply.data.len() + 1);
-        pieces.push(BufSlice::whole(
-            AlignedBuf::copy_from(&reply.header).into_shared(),
-        ));
-        pieces.extend(reply.data);
-        if let Err(error) = rt_uring::writev_slices(session.fd, pieces).await {
-            // ENOENT: the request was interrupted and is gone.
-            if error.raw_os_error() != Some(libc::ENOENT) {
-                eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name);
-            }
+    if let Some(reply) = reply {
+        // The header, the body, and a READ's data as the pieces of the
+        // blocks read, in one write with no copy.
+        let handed = proto::entry_node(opcode, &reply);
+        let mut pieces = vec![WriteBytes::Owned(reply.header.to_vec())];
+        if !reply.body.is_empty() {
+            pieces.push(WriteBytes::Owned(reply.body));
         }
-    } else {
-        let pieces = vec![reply.header.to_vec(), reply.body];
+        pieces.extend(reply.data.into_iter().map(WriteBytes::Shared));
         // ENOENT: the request was interrupted and is gone, and with it the
         // reference an entry reply would have handed the kernel.
-        match rt_uring::writev_owned(session.fd, pieces).await {
-            (Err(error), mut pieces) if error.raw_os_error() == Some(libc::ENOENT) => {
-                let reply = proto::Reply {
-                    header: reply.header,
-                    body: pieces.pop().unwrap_or_default(),
-                    data: Vec::new(),
-                };
-                if let Some(node) = proto::header(request)
-                    .ok()
-                    .and_then(|header| proto::entry_node(header.opcode, &reply))
-                {
+        match rt_uring::writev_bytes(session.fd, pieces).await {
+            Err(error) if error.raw_os_error() == Some(libc::ENOENT) => {
+                if let Some(node) = handed {
                     forget(session, node, 1).await;
                 }
             }
-            (Err(error), _) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name),
-            (Ok(_), _) => {}
+            Err(error) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name),
+            Ok(_) => {}
         }
     }
-    start_uring_if_asked(session);
-}
-
-/// Starts FUSE over io_uring once the INIT reply that offered it is out.
-fn start_uring_if_asked(session: &Rc<Session>) {
     if session.start_uring.take() {
         start_uring(session);
     }
@@ -634,8 +613,9 @@ fn start_uring(session: &Rc<Session>) {
 }
 
 /// Serves one request, counting it in the filesystem's front-end figures;
-/// returns the reply (None: the kernel expects none).
-async fn handle(session: &Session, bytes: &[u8]) -> Option<proto::Reply> {
+/// returns its opcode (0: malformed) and the reply (None: the kernel
+/// expects none).
+async fn handle(session: &Session, bytes: &[u8]) -> (u32, Option<proto::Reply>) {
     let arrived = rt::now();
     session.fs.note_front_end(|stats| {
         stats.in_flight += 1;
@@ -659,7 +639,7 @@ async fn handle(session: &Session, bytes: &[u8]) -> Option<proto::Reply> {
         op.count += 1;
         op.service_us += micros;
     });
-    reply
+    (opcode, reply)
 }
 
 async fn handle_counted(
@@ -718,18 +698,6 @@ async fn serve(
     };
     let fs = &fs;
     let pool = &session.pool;
-    if let Request::Read {
-        offset,
-        size,
-        flags,
-        ..
-    } = request
-    {
-        let size = size.min(MAX_WRITE_BYTES) as usize;
-        let direct = flags & libc::O_DIRECT as u32 != 0;
-        let data = fs.read_pieces(pool, node, offset, size, direct).await?;
-        return Ok(Answer::Data(data));
-    }
     // What must be durable when answered: a write under `O_SYNC` or
     // `O_DSYNC` (`sync=disabled` aside), and under `sync=always` every
     // change. FSYNC itself is answered below.
@@ -752,12 +720,12 @@ async fn serve(
         | Request::Removexattr { .. } => sync == SyncMode::Always,
         _ => false,
     };
-    let reply = serve_fs(session, header, request, fs, node, slot).await?;
+    let answer = serve_fs(session, header, request, fs, node, slot).await?;
     if durable {
         pool.fs_log_commit(fs).await?;
         fs.count_flush();
     }
-    Ok(Answer::Bytes(reply))
+    Ok(answer)
 }
 
 /// [`serve`] for a request to a filesystem's node `node` (of the head, or
@@ -769,7 +737,7 @@ async fn serve_fs(
     fs: &Rc<Filesystem>,
     node: u64,
     slot: u64,
-) -> Result<Vec<u8>, FsError> {
+) -> Result<Answer, FsError> {
     use proto::Request;
     let pool = &session.pool;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
@@ -802,7 +770,7 @@ async fn serve_fs(
             Err(FsError::CrossDevice)
         }
     };
-    match request {
+    let bytes = match request {
         Request::Init {
             major,
             minor,
@@ -939,7 +907,8 @@ async fn serve_fs(
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
             Ok(body)
         }
-        // Served as the blocks' pieces by `serve`: here as bytes.
+        // The pieces of the blocks read, for the transport to write as
+        // they are.
         Request::Read {
             offset,
             size,
@@ -948,7 +917,10 @@ async fn serve_fs(
         } => {
             let size = size.min(MAX_WRITE_BYTES) as usize;
             let direct = flags & libc::O_DIRECT as u32 != 0;
-            fs.read(pool, node, offset, size, direct).await
+            return fs
+                .read_pieces(pool, node, offset, size, direct)
+                .await
+                .map(Answer::Data);
         }
         Request::Write {
             offset,
@@ -1014,7 +986,8 @@ async fn serve_fs(
             fs.removexattr(pool, node, name).await.map(|()| Vec::new())
         }
         Request::Unsupported(_) => Err(FsError::NotSupported),
-    }
+    };
+    bytes.map(Answer::Bytes)
 }
 
 /// The reply to INIT: what the server asks of the kernel.

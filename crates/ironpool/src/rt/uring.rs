@@ -576,23 +576,22 @@ pub async fn writev_at_with(
     offset: u64,
     rw_flags: i32,
 ) -> io::Result<usize> {
-    writev_pieces(fd, slices, offset, rw_flags).await.0
+    writev_pieces(fd, slices, offset, rw_flags).await
+}
+
+/// Bytes a write takes over: a vector of the caller's, or a slice of a
+/// shared buffer (a block read), neither copied.
+pub enum WriteBytes {
+    Owned(Vec<u8>),
+    Shared(BufSlice),
 }
 
 /// Writes `pieces` in order, at the file's position (a `/dev/fuse` reply:
-/// its header and a body of up to a megabyte), from vectors the operation
-/// owns until it completes and then hands back: unlike [`writev_at`], no
-/// aligned buffer is needed, so the caller's bytes are not copied into
-/// one. For files that take any address (not `O_DIRECT`).
-pub async fn writev_owned(fd: RawFd, pieces: Vec<Vec<u8>>) -> (io::Result<usize>, Vec<Vec<u8>>) {
+/// its header, its body, a READ's blocks): unlike [`writev_at`], no
+/// aligned buffer is needed, so nothing is copied into one. For files that
+/// take any address (not `O_DIRECT`).
+pub async fn writev_bytes(fd: RawFd, pieces: Vec<WriteBytes>) -> io::Result<usize> {
     writev_pieces(fd, pieces, u64::MAX, 0).await
-}
-
-/// Writes `slices` in order, at the file's position (a `/dev/fuse` reply
-/// with a READ's data: its header and the pieces of the blocks read), with
-/// no alignment asked of them and no copy.
-pub async fn writev_slices(fd: RawFd, slices: Vec<BufSlice>) -> io::Result<usize> {
-    writev_pieces(fd, slices, u64::MAX, 0).await.0
 }
 
 /// Bytes whose memory stays where it is when the value holding them moves
@@ -602,26 +601,29 @@ trait HeapBytes: 'static {
     fn bytes(&self) -> &[u8];
 }
 
-impl HeapBytes for Vec<u8> {
-    fn bytes(&self) -> &[u8] {
-        self
-    }
-}
-
 impl HeapBytes for BufSlice {
     fn bytes(&self) -> &[u8] {
         self
     }
 }
 
+impl HeapBytes for WriteBytes {
+    fn bytes(&self) -> &[u8] {
+        match self {
+            WriteBytes::Owned(bytes) => bytes,
+            WriteBytes::Shared(slice) => slice,
+        }
+    }
+}
+
 /// One `writev` of `pieces` at `offset` (`u64::MAX`: the file's position),
-/// which it owns until the write completes and then hands back.
+/// which it owns until the write completes.
 async fn writev_pieces<P: HeapBytes>(
     fd: RawFd,
     pieces: Vec<P>,
     offset: u64,
     rw_flags: i32,
-) -> (io::Result<usize>, Vec<P>) {
+) -> io::Result<usize> {
     assert!(pieces.len() <= IOVEC_COUNT_MAX);
     let iovecs: Vec<libc::iovec> = pieces
         .iter()
@@ -637,8 +639,8 @@ async fn writev_pieces<P: HeapBytes>(
     // SAFETY: the iovec array and the pieces' heap memory (which moving
     // the pieces does not move: `HeapBytes`) are owned by the op until it
     // completes.
-    let (result, (_, pieces)) = unsafe { Op::submit(entry, (iovecs, pieces)) }.await;
-    (to_result(result), pieces)
+    let (result, _) = unsafe { Op::submit(entry, (iovecs, pieces)) }.await;
+    to_result(result)
 }
 
 /// Flushes the device's (or file's) volatile write cache.

@@ -633,9 +633,8 @@ impl Pool {
         };
         self.store.remove_last_vdev();
         self.config.borrow_mut().vdevs.pop();
-        self.directory.borrow_mut().metaslab_arrays.pop();
+        self.datasets.directory.edit().metaslab_arrays.pop();
         self.drop_dead_list(array_id)?;
-        self.directory_dirty.set(true);
         self.config_dirty.set(true);
         for leaf in &top.children {
             self.events.post(

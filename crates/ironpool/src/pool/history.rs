@@ -176,7 +176,7 @@ impl Pool {
     /// starts a new object (the damaged one is left as it is: its blocks may
     /// not be readable, so it cannot be rewritten in place).
     pub(in crate::pool) async fn load_history(&self) {
-        let id = self.directory.borrow().history_object;
+        let id = self.datasets.directory.read().history_object;
         if id == 0 {
             return;
         }
@@ -187,8 +187,7 @@ impl Pool {
                     "the command history could not be read ({error}): it starts over"
                 ));
                 *self.history.borrow_mut() = History::default();
-                self.directory.borrow_mut().history_object = 0;
-                self.directory_dirty.set(true);
+                self.datasets.directory.edit().history_object = 0;
             }
         }
     }
@@ -214,7 +213,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
     if !history.is_dirty() {
         return Ok(false);
     }
-    let mut id = pool.directory.borrow().history_object;
+    let mut id = pool.datasets.directory.read().history_object;
     if id == 0 {
         id = pool.allocate_object_id();
         pool.objects.create(
@@ -227,8 +226,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
                 txg,
             ),
         );
-        pool.directory.borrow_mut().history_object = id;
-        pool.directory_dirty.set(true);
+        pool.datasets.directory.edit().history_object = id;
         // A new object holds nothing yet.
         history.written = 0;
     }

@@ -257,7 +257,9 @@ impl std::fmt::Display for PoolSelector<'_> {
     }
 }
 
-/// An open pool.
+/// An open pool: the owner of its rooms' components (the txg engine, the
+/// datasets, the scans, write-back; see docs/ARCHITECTURE.md, "Who owns
+/// which state"). Its fields are private: front ends use its methods.
 pub struct Pool {
     name: String,
     guid: u64,
@@ -266,23 +268,16 @@ pub struct Pool {
     config_dirty: Cell<bool>,
     store: Rc<BlockStore>,
     objects: Rc<ObjectSet>,
-    directory: RefCell<Directory>,
-    directory_dirty: Cell<bool>,
     txg: TxgState,
-    volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
-    /// Open filesystems by short name (all of the directory's).
-    filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
-    /// Notified when a filesystem is created or destroyed.
-    filesystems_changed: Notify,
+    /// The directory and the datasets open (see `dataset`).
+    datasets: dataset::Datasets,
     /// Filesystems the server mounted, and those an administrator unmounted.
     mounts: RefCell<filesystem::MountState>,
     /// Raised when the server mounted or unmounted a filesystem.
     mounts_noted: Notify,
     tunables: RefCell<PoolTunables>,
-    scrub: RefCell<scan::scrub::ScrubState>,
-    resilver: RefCell<scan::resilver::ResilverState>,
-    /// Autotrim's queue and `ironpool trim` (see `scan::trim`).
-    trim: RefCell<scan::trim::TrimState>,
+    /// The scrub, the resilver and trimming (see `scan`).
+    scans: scan::Scans,
     /// Uberblock txg the pool was imported at (0 for a new pool).
     imported_txg: u64,
     /// Notes from import (damaged labels, unclean export, stale devices,
@@ -291,31 +286,9 @@ pub struct Pool {
     /// Devices unavailable at import: guid and what was wrong. [`Pool::notes`]
     /// names those still out of service.
     missing_at_import: Vec<(u64, String)>,
-    /// Snapshots to take at the next commit.
-    pending_snapshots: RefCell<Vec<dataset::snapshot::SnapshotRequest>>,
-    /// Read-only volumes opened for snapshots (exports, reads), by full name.
-    snapshot_volumes: RefCell<BTreeMap<String, Rc<Volume>>>,
-    /// Read-only filesystems opened for snapshots (`.zfs/snapshot`), by
-    /// full name.
-    snapshot_filesystems: RefCell<BTreeMap<String, Rc<filesystem::Filesystem>>>,
-    /// What each filesystem snapshot refers to (bytes allocated, logical,
-    /// physical), by its table's object, once walked.
-    snapshot_referenced: RefCell<rustc_hash::FxHashMap<u64, (u64, u64, u64)>>,
-    /// Notified when a volume or a snapshot is destroyed: NBD ends the
-    /// connections that served it.
-    exports_gone: Notify,
     /// An operator asked for the pool to be exported (`ironpool export` of
     /// a served pool): the server stops serving, as on SIGTERM.
     export_asked: Notify,
-    /// Discards of free space ended, giving it back to allocation: a write
-    /// that found the pool full waits for it.
-    trims_ended: Notify,
-    /// Serialises administrative changes to datasets (snapshot, destroy, clone,
-    /// rollback, promote, receive).
-    admin_lock: Rc<crate::rt::sync::Semaphore>,
-    /// Snapshots being sent (by full name, with the number of sends): they
-    /// cannot be destroyed meanwhile.
-    snapshot_holds: RefCell<BTreeMap<String, usize>>,
     /// Dirty volume data held in memory (see `writeback`).
     writeback: volume::writeback::PoolWriteback,
     /// Intent log blocks no longer needed, with the txg that stopped naming
@@ -411,8 +384,7 @@ impl Pool {
                 1,
             ),
         );
-        self.directory.borrow_mut().metaslab_arrays.push(id);
-        self.directory_dirty.set(true);
+        self.datasets.directory.edit().metaslab_arrays.push(id);
         id
     }
 
@@ -427,16 +399,12 @@ impl Pool {
 
     /// A read-only view of the pool directory (datasets, properties).
     pub fn directory(&self) -> std::cell::Ref<'_, Directory> {
-        self.directory.borrow()
+        self.datasets.directory.read()
     }
 
     /// The open volumes by short name, hidden ones (receives) included.
     pub fn open_volumes(&self) -> Vec<(String, Rc<Volume>)> {
-        self.volumes
-            .borrow()
-            .iter()
-            .map(|(name, volume)| (name.clone(), volume.clone()))
-            .collect()
+        self.datasets.volumes.named()
     }
 
     /// The uberblock txg the pool was imported at (0 for a new pool).
@@ -515,33 +483,22 @@ impl Pool {
             config_dirty: Cell::new(true),
             store,
             objects,
-            directory: RefCell::new(Directory {
-                version: 1,
-                ..Directory::default()
-            }),
-            directory_dirty: Cell::new(true),
+            datasets: dataset::Datasets::new(
+                Directory {
+                    version: 1,
+                    ..Directory::default()
+                },
+                true,
+            ),
             txg: TxgState::new(1, 0),
-            volumes: RefCell::new(BTreeMap::new()),
-            filesystems: RefCell::new(BTreeMap::new()),
-            filesystems_changed: Notify::new(),
             mounts: RefCell::default(),
             mounts_noted: Notify::new(),
             tunables: RefCell::new(tunables),
-            scrub: RefCell::new(scan::scrub::ScrubState::default()),
-            resilver: RefCell::new(scan::resilver::ResilverState::default()),
-            trim: RefCell::new(scan::trim::TrimState::default()),
+            scans: scan::Scans::default(),
             imported_txg: 0,
             import_notes: RefCell::new(Vec::new()),
             missing_at_import: Vec::new(),
-            pending_snapshots: RefCell::new(Vec::new()),
-            snapshot_volumes: RefCell::new(BTreeMap::new()),
-            snapshot_filesystems: RefCell::new(BTreeMap::new()),
-            snapshot_referenced: RefCell::default(),
-            exports_gone: Notify::new(),
             export_asked: Notify::new(),
-            trims_ended: Notify::new(),
-            snapshot_holds: RefCell::new(BTreeMap::new()),
-            admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
             log_releases: Default::default(),
             events: Rc::new(EventLog::new()),
@@ -936,30 +893,16 @@ impl Pool {
             config_dirty: Cell::new(true),
             store,
             objects,
-            directory: RefCell::new(directory.clone()),
-            directory_dirty: Cell::new(false),
+            datasets: dataset::Datasets::new(directory.clone(), false),
             txg: TxgState::new(uberblock.txg + 1, uberblock.txg),
-            volumes: RefCell::new(BTreeMap::new()),
-            filesystems: RefCell::new(BTreeMap::new()),
-            filesystems_changed: Notify::new(),
             mounts: RefCell::default(),
             mounts_noted: Notify::new(),
             tunables: RefCell::new(tunables),
-            scrub: RefCell::new(scan::scrub::ScrubState::default()),
-            resilver: RefCell::new(scan::resilver::ResilverState::default()),
-            trim: RefCell::new(scan::trim::TrimState::default()),
+            scans: scan::Scans::default(),
             imported_txg: uberblock.txg,
             import_notes: RefCell::new(notes),
             missing_at_import: missing,
-            pending_snapshots: RefCell::new(Vec::new()),
-            snapshot_volumes: RefCell::new(BTreeMap::new()),
-            snapshot_filesystems: RefCell::new(BTreeMap::new()),
-            snapshot_referenced: RefCell::default(),
-            exports_gone: Notify::new(),
             export_asked: Notify::new(),
-            trims_ended: Notify::new(),
-            snapshot_holds: RefCell::new(BTreeMap::new()),
-            admin_lock: crate::rt::sync::Semaphore::new(1),
             writeback: Default::default(),
             log_releases: Default::default(),
             events: Rc::new(EventLog::new()),
@@ -990,9 +933,7 @@ impl Pool {
                 record,
                 dataset::props::settings(&record.properties, &directory.properties),
             );
-            pool.volumes
-                .borrow_mut()
-                .insert(volume_name.clone(), volume);
+            pool.datasets.volumes.insert(volume_name.clone(), volume);
         }
         pool.open_filesystems().await?;
         pool.reclaim_unlinked().await?;
@@ -1060,7 +1001,7 @@ impl Pool {
     /// Completes once a volume or snapshot is destroyed after the call (a
     /// future made before the destroy and polled after it completes too).
     pub fn export_destroyed(&self) -> crate::rt::sync::Notified<'_> {
-        self.exports_gone.notified()
+        self.datasets.exports_gone.notified()
     }
 
     /// Asks whoever serves the pool to export it (`ironpool export`).
@@ -1075,11 +1016,12 @@ impl Pool {
 
     /// Volumes users see (not the hidden volumes of receives in progress).
     pub fn visible_volumes(&self) -> Vec<Rc<Volume>> {
-        self.volumes
-            .borrow()
-            .iter()
+        self.datasets
+            .volumes
+            .named()
+            .into_iter()
             .filter(|(short, _)| !is_hidden_dataset(short))
-            .map(|(_, volume)| volume.clone())
+            .map(|(_, volume)| volume)
             .collect()
     }
 
@@ -1087,10 +1029,9 @@ impl Pool {
         let short = name
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(name);
-        self.volumes
-            .borrow()
+        self.datasets
+            .volumes
             .get(short)
-            .cloned()
             .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
     }
 
@@ -1110,7 +1051,7 @@ impl Pool {
     /// Refuses `short` when a volume (hidden ones included) or a filesystem
     /// has it: the two share names.
     pub(crate) fn check_name_free(&self, short: &str) -> Result<(), PoolError> {
-        if self.directory.borrow().lineage(short).is_some() {
+        if self.datasets.directory.read().lineage(short).is_some() {
             return Err(PoolError::VolumeExists(format!("{}/{short}", self.name)));
         }
         Ok(())
@@ -1127,7 +1068,7 @@ impl Pool {
         let short = self.new_dataset_short_name(name)?;
         // A volume appearing during `check` would take writes the walk
         // never sees: creation waits for it like other administrative changes.
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.create_volume_named(short, size_bytes, block_bytes, properties)
             .await
     }
@@ -1197,12 +1138,12 @@ impl Pool {
             &record,
             self.volume_settings(&record.properties),
         );
-        self.directory
-            .borrow_mut()
+        self.datasets
+            .directory
+            .edit()
             .volumes
             .insert(short.clone(), record);
-        self.directory_dirty.set(true);
-        self.volumes.borrow_mut().insert(short, volume.clone());
+        self.datasets.volumes.insert(short, volume.clone());
         self.commit().await?;
         Ok(volume)
     }
@@ -1213,7 +1154,7 @@ impl Pool {
         name: &str,
         recursive: bool,
     ) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let volume = self.volume(name)?;
         let short = volume.short_name().to_string();
@@ -1228,7 +1169,7 @@ impl Pool {
         // were then freed twice (found by ironpool-sim seed 15, mirror).
         let hold = self.txg.hold_builds();
         volume.begin_destroy();
-        self.exports_gone.notify_all();
+        self.datasets.exports_gone.notify_all();
         for snapshot in snapshots.iter().rev() {
             self.destroy_snapshot_locked(snapshot)?;
         }
@@ -1248,9 +1189,9 @@ impl Pool {
         volume.object.dead.borrow_mut().clear();
         self.drop_dead_list(volume.object.dead_list.replace(0))?;
         self.objects.clear_dnode(volume.object.id).await?;
-        self.volumes.borrow_mut().remove(&short);
+        self.datasets.volumes.remove(&short);
         {
-            let mut directory = self.directory.borrow_mut();
+            let mut directory = self.datasets.directory.edit();
             directory.volumes.remove(&short);
             if let Some(origin) = &record.lineage.origin {
                 if let Some(origin_record) = directory.volumes.get_mut(&origin.volume) {
@@ -1260,7 +1201,6 @@ impl Pool {
                 }
             }
         }
-        self.directory_dirty.set(true);
         drop(hold);
         self.commit().await
     }
@@ -1320,14 +1260,10 @@ impl Pool {
     /// timer let such a change wait in memory for the next other change.
     pub fn has_changes(&self) -> bool {
         self.config_dirty.get()
-            || self.directory_dirty.get()
+            || self.datasets.directory.is_dirty()
             || self.history.borrow().is_dirty()
             || self.objects.any_dirty()
-            || self
-                .filesystems
-                .borrow()
-                .values()
-                .any(|fs| fs.objects.any_dirty())
+            || self.datasets.filesystems.any(|fs| fs.objects.any_dirty())
             || self.store.allocator.borrow().has_pending()
     }
 

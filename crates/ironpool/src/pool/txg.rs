@@ -457,7 +457,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
         if crate::pool::history::build_step(pool, txg)? {
             changed = true;
         }
-        if pool.directory_dirty.replace(false) {
+        if pool.datasets.directory.take_dirty() {
             write_directory(pool)?;
             changed = true;
         }
@@ -496,7 +496,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     }
     // The txg holds every change made to it: nothing it would leave out.
     assert!(
-        !pool.directory_dirty.get()
+        !pool.datasets.directory.is_dirty()
             && crate::pool::filesystem::all_synced(pool)
             && objects
                 .open_objects()
@@ -539,7 +539,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
 }
 
 fn write_directory(pool: &Pool) -> Result<(), ObjectError> {
-    let bytes = pool.directory.borrow().encode();
+    let bytes = pool.datasets.directory.read().encode();
     let directory = pool
         .objects
         .get(DIRECTORY_OBJECT)
@@ -636,8 +636,9 @@ fn checkpoint_metaslabs(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
 /// the objects every metaslab has been checkpointed past.
 fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
     let needs_new = pool
+        .datasets
         .directory
-        .borrow()
+        .read()
         .space_logs
         .last()
         .is_none_or(|current| current.first_txg + LOG_TXGS_PER_OBJECT <= txg);
@@ -653,11 +654,14 @@ fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
                 txg,
             ),
         );
-        pool.directory.borrow_mut().space_logs.push(SpaceLogRecord {
-            object: id,
-            first_txg: txg,
-        });
-        pool.directory_dirty.set(true);
+        pool.datasets
+            .directory
+            .edit()
+            .space_logs
+            .push(SpaceLogRecord {
+                object: id,
+                first_txg: txg,
+            });
     }
     // The oldest txg whose changes exist only in the log.
     let oldest_needed = {
@@ -673,7 +677,7 @@ fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
     };
     loop {
         let obsolete = {
-            let directory = pool.directory.borrow();
+            let directory = pool.datasets.directory.read();
             let logs = &directory.space_logs;
             // A log object ends where the next one begins.
             (logs.len() >= 2 && logs[1].first_txg <= oldest_needed).then(|| logs[0].object)
@@ -685,8 +689,7 @@ fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
             .ok_or(ObjectError::NoSuchObject(object_id))?;
         pool.objects.truncate_cached(&object, 0)?;
         pool.objects.free_object_cached(&object)?;
-        pool.directory.borrow_mut().space_logs.remove(0);
-        pool.directory_dirty.set(true);
+        pool.datasets.directory.edit().space_logs.remove(0);
     }
     Ok(())
 }
@@ -698,8 +701,9 @@ fn append_space_log(
     txg: u64,
 ) -> Result<(), ObjectError> {
     let log_id = pool
+        .datasets
         .directory
-        .borrow()
+        .read()
         .space_logs
         .last()
         .map(|log| log.object)

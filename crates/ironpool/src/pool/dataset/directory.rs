@@ -318,6 +318,47 @@ impl Directory {
     }
 }
 
+/// The directory held in memory, and whether it changed since the txg build
+/// last wrote it. Every change goes through [`DirectoryCell::edit`], which
+/// marks it, so no room of the pool (datasets, scans, the txg build, device
+/// changes, history) can change the directory and leave the change unwritten.
+pub struct DirectoryCell {
+    document: std::cell::RefCell<Directory>,
+    dirty: std::cell::Cell<bool>,
+}
+
+impl DirectoryCell {
+    /// `dirty`: a new pool's directory must be written by its first commit;
+    /// an imported one is already on disk.
+    pub fn new(directory: Directory, dirty: bool) -> DirectoryCell {
+        DirectoryCell {
+            document: std::cell::RefCell::new(directory),
+            dirty: std::cell::Cell::new(dirty),
+        }
+    }
+
+    /// The directory, to read (not across an await).
+    pub fn read(&self) -> std::cell::Ref<'_, Directory> {
+        self.document.borrow()
+    }
+
+    /// The directory, to change: marked for the next txg build's write.
+    pub fn edit(&self) -> std::cell::RefMut<'_, Directory> {
+        self.dirty.set(true);
+        self.document.borrow_mut()
+    }
+
+    /// Whether a change waits for the next txg build.
+    pub fn is_dirty(&self) -> bool {
+        self.dirty.get()
+    }
+
+    /// For the txg build: whether a change waited (the build writes it now).
+    pub fn take_dirty(&self) -> bool {
+        self.dirty.replace(false)
+    }
+}
+
 /// Checks a pool or volume name component: letters, digits, `-`, `_`, `.`,
 /// starting with a letter or digit, at most 200 bytes.
 pub fn valid_name(name: &str) -> bool {

@@ -684,7 +684,7 @@ impl Pool {
     /// Names `head` as where `owner`'s log starts (None: it has none), in
     /// the directory the open or building txg writes.
     fn set_log_head(&self, owner: Owner, head: Option<LogHead>) {
-        let mut directory = self.directory.borrow_mut();
+        let mut directory = self.datasets.directory.edit();
         let slot = match owner {
             Owner::Volume(volume) => directory
                 .volumes
@@ -699,7 +699,6 @@ impl Pool {
             *slot = head;
         }
         drop(directory);
-        self.directory_dirty.set(true);
     }
 
     /// Makes every change linked into `volume`'s tree so far durable, and
@@ -1338,11 +1337,8 @@ impl Pool {
                     .iter()
                     .any(|(_, pointer, _)| pointer.dva.vdev == vdev)
         };
-        self.volumes
-            .borrow()
-            .values()
-            .any(|volume| uses(&volume.log))
-            || self.filesystems.borrow().values().any(|fs| uses(&fs.log))
+        self.datasets.volumes.any(|volume| uses(&volume.log))
+            || self.datasets.filesystems.any(|fs| uses(&fs.log))
     }
 
     /// Waits for `volume`'s log commit in flight, then frees its chain; the
@@ -1380,11 +1376,11 @@ impl Pool {
 /// up to `txg` is freed in it, and each chain's head moves past them in its
 /// directory.
 pub(crate) fn build_step(pool: &Pool, txg: u64) {
-    for volume in pool.volumes.borrow().values() {
-        build_step_of(pool, Owner::Volume(volume), txg);
+    for volume in pool.datasets.volumes.all() {
+        build_step_of(pool, Owner::Volume(&volume), txg);
     }
-    for fs in pool.filesystems.borrow().values() {
-        build_step_of(pool, Owner::Filesystem(fs), txg);
+    for fs in pool.datasets.filesystems.all() {
+        build_step_of(pool, Owner::Filesystem(&fs), txg);
     }
 }
 
@@ -1450,10 +1446,10 @@ fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
 /// Txg `txg` is durable: changes linked up to it need no log record, and
 /// log blocks the txgs past the defer depth stopped naming are free again.
 pub(crate) fn txg_durable(pool: &Pool, txg: u64) {
-    for volume in pool.volumes.borrow().values() {
+    for volume in pool.datasets.volumes.all() {
         volume.log.forget_durable(txg);
     }
-    for fs in pool.filesystems.borrow().values() {
+    for fs in pool.datasets.filesystems.all() {
         fs.log.forget_durable(txg);
     }
     let mut releases = pool.log_releases.0.borrow_mut();
@@ -1720,12 +1716,12 @@ fn claim_block(pool: &Pool, pointer: &BlockPointer) -> bool {
 pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
     let durable = pool.txg.durable();
     let mut notes = Vec::new();
-    let heads = log_heads(&pool.directory.borrow().volumes, |record| {
+    let heads = log_heads(&pool.datasets.directory.read().volumes, |record| {
         &record.intent_log
     });
     let mut volumes = Vec::new();
     for (name, head) in heads {
-        let Some(volume) = pool.volumes.borrow().get(&name).cloned() else {
+        let Some(volume) = pool.datasets.volumes.get(&name) else {
             continue;
         };
         let cancelled: rustc_hash::FxHashSet<(u64, u64)> = head.cancelled.iter().copied().collect();
@@ -1807,12 +1803,12 @@ async fn prepare_fs_replay(
     durable: u64,
     notes: &mut Vec<String>,
 ) -> Vec<(Rc<Filesystem>, FsChanges)> {
-    let heads = log_heads(&pool.directory.borrow().filesystems, |record| {
+    let heads = log_heads(&pool.datasets.directory.read().filesystems, |record| {
         &record.intent_log
     });
     let mut filesystems = Vec::new();
     for (short, head) in heads {
-        let Some(fs) = pool.filesystems.borrow().get(&short).cloned() else {
+        let Some(fs) = pool.datasets.filesystems.get(&short) else {
             continue;
         };
         // A commit of a filesystem applies whole or not at all: a write's

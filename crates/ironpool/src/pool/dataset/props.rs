@@ -362,20 +362,20 @@ pub struct PropertyValue {
 impl Pool {
     /// The settings a volume with `local` properties follows.
     pub fn volume_settings(&self, local: &BTreeMap<String, String>) -> VolumeSettings {
-        settings(local, &self.directory.borrow().properties)
+        settings(local, &self.datasets.directory.read().properties)
     }
 
     /// Recomputes every open volume's and filesystem's settings (after a
     /// property change).
     fn refresh_settings(&self) {
-        let directory = self.directory.borrow();
-        for (short, volume) in self.volumes.borrow().iter() {
-            if let Some(record) = directory.volumes.get(short) {
+        let directory = self.datasets.directory.read();
+        for (short, volume) in self.datasets.volumes.named() {
+            if let Some(record) = directory.volumes.get(&short) {
                 volume.apply_settings(settings(&record.properties, &directory.properties));
             }
         }
-        for (short, fs) in self.filesystems.borrow().iter() {
-            if let Some(record) = directory.filesystems.get(short) {
+        for (short, fs) in self.datasets.filesystems.named() {
+            if let Some(record) = directory.filesystems.get(&short) {
                 fs.apply_properties(
                     settings(&record.properties, &directory.properties),
                     &record.properties,
@@ -391,7 +391,7 @@ impl Pool {
         target: &str,
         assignments: &BTreeMap<String, String>,
     ) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         if target.contains('@') {
             return Err(PoolError::InvalidArgument(format!(
@@ -419,10 +419,9 @@ impl Pool {
         }
         self.properties_of(&kind, target, |properties| properties.extend(normalised))?;
         self.refresh_settings();
-        self.directory_dirty.set(true);
         let committed = self.commit().await;
         // A mount follows its filesystem's mountpoint, atime and readonly.
-        self.filesystems_changed.notify_all();
+        self.datasets.filesystems_changed.notify_all();
         committed
     }
 
@@ -447,7 +446,7 @@ impl Pool {
         target: &str,
         change: impl FnOnce(&mut BTreeMap<String, String>),
     ) -> Result<(), PoolError> {
-        let mut directory = self.directory.borrow_mut();
+        let mut directory = self.datasets.directory.edit();
         let properties = match kind {
             Target::Pool => &mut directory.properties,
             Target::Volume(short) => {
@@ -475,7 +474,7 @@ impl Pool {
         target: &str,
         name: &str,
     ) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let kind = self.property_target(target)?;
         // A pool's autotrim and a filesystem's own properties return to
@@ -497,9 +496,8 @@ impl Pool {
             properties.remove(name);
         })?;
         self.refresh_settings();
-        self.directory_dirty.set(true);
         let committed = self.commit().await;
-        self.filesystems_changed.notify_all();
+        self.datasets.filesystems_changed.notify_all();
         committed
     }
 
@@ -522,8 +520,9 @@ impl Pool {
             )));
         }
         volume.size_bytes.set(size_bytes);
-        self.directory
-            .borrow_mut()
+        self.datasets
+            .directory
+            .edit()
             .volumes
             .get_mut(short)
             .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?
@@ -540,7 +539,7 @@ impl Pool {
         names: &[String],
     ) -> Result<Vec<PropertyValue>, PoolError> {
         let mut values: Vec<(String, String, String)> = Vec::new();
-        let pool_properties = self.directory.borrow().properties.clone();
+        let pool_properties = self.datasets.directory.read().properties.clone();
         if target == self.name {
             let (size, free) = self.space();
             values.push(("type".into(), "pool".into(), "-".into()));

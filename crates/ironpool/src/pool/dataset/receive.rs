@@ -28,7 +28,6 @@ use crate::format::ObjectType;
 use crate::object::Object;
 use crate::pool::dataset::directory::{valid_name, ReceiveRecord};
 use crate::pool::dataset::send::ResumeToken;
-use crate::pool::dataset::snapshot::SnapshotRequest;
 use crate::pool::dataset::stream_io::StreamSource;
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
@@ -216,14 +215,14 @@ impl Pool {
         let short = target
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(target);
-        let directory = self.directory.borrow();
+        let directory = self.datasets.directory.read();
         let record = directory.receive(&Self::hidden_name(short))??;
         record.resumable.then(|| record.position.encode())
     }
 
     /// Destroys the hidden dataset of a receive (a volume or a filesystem).
     async fn destroy_hidden(self: &Rc<Self>, hidden_short: &str) -> Result<(), PoolError> {
-        if self.filesystems.borrow().contains_key(hidden_short) {
+        if self.datasets.filesystems.contains(hidden_short) {
             self.destroy_filesystem(hidden_short, true).await
         } else {
             self.destroy_volume(hidden_short, true).await
@@ -234,7 +233,7 @@ impl Pool {
     /// without `-s`, or left before their receive record was written): what
     /// import discards. Short names, with the target each was for.
     pub(crate) fn unresumable_receives(&self) -> Vec<(String, String)> {
-        let directory = self.directory.borrow();
+        let directory = self.datasets.directory.read();
         let volumes = directory
             .volumes
             .iter()
@@ -284,7 +283,7 @@ impl Pool {
             .unwrap_or(target)
             .to_string();
         let hidden = Self::hidden_name(&short);
-        if self.directory.borrow().receive(&hidden).is_none() {
+        if self.datasets.directory.read().receive(&hidden).is_none() {
             return Err(PoolError::InvalidArgument(format!(
                 "no interrupted receive into {}/{short}",
                 self.name
@@ -397,11 +396,12 @@ impl Pool {
         options: &ReceiveOptions,
         properties: &BTreeMap<String, String>,
     ) -> Result<Hidden, PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         let filesystem = begin.filesystem.is_some();
         let existing_hidden = self
+            .datasets
             .directory
-            .borrow()
+            .read()
             .receive(hidden_short)
             .map(|receive| receive.cloned());
         let hidden_of = |pool: &Pool| -> Result<Hidden, PoolError> {
@@ -444,10 +444,11 @@ impl Pool {
             // Resumed without -s, a failure discards it (`fail_receive`), and
             // so does the import after a crash.
             if record.resumable != options.save_partial {
-                if let Some(Some(receive)) = self.directory.borrow_mut().receive_mut(hidden_short) {
+                if let Some(Some(receive)) =
+                    self.datasets.directory.edit().receive_mut(hidden_short)
+                {
                     receive.resumable = options.save_partial;
                 }
-                self.directory_dirty.set(true);
             }
             return hidden_of(self);
         }
@@ -481,7 +482,7 @@ impl Pool {
         };
         let hidden = if begin.from_guid == 0 {
             // A volume or a filesystem: names are shared.
-            if self.directory.borrow().lineage(short).is_some() {
+            if self.datasets.directory.read().lineage(short).is_some() {
                 return Err(PoolError::VolumeExists(format!("{}/{short} (a full stream creates a new dataset; receive into another name, or send incrementally)", self.name)));
             }
             match &begin.filesystem {
@@ -516,7 +517,8 @@ impl Pool {
                     hidden.size_bytes.set(begin.size_bytes);
                     hidden.object.dnode.borrow_mut().length_bytes = begin.size_bytes;
                     hidden.object.dirty.set(true);
-                    if let Some(record) = self.directory.borrow_mut().volumes.get_mut(hidden_short)
+                    if let Some(record) =
+                        self.datasets.directory.edit().volumes.get_mut(hidden_short)
                     {
                         record.size_bytes = begin.size_bytes;
                     }
@@ -524,10 +526,9 @@ impl Pool {
                 Hidden::Volume(hidden)
             }
         };
-        if let Some(slot) = self.directory.borrow_mut().receive_mut(hidden_short) {
+        if let Some(slot) = self.datasets.directory.edit().receive_mut(hidden_short) {
             *slot = Some(receive);
         }
-        self.directory_dirty.set(true);
         Ok(hidden)
     }
 
@@ -540,8 +541,8 @@ impl Pool {
         begin: &StreamBegin,
         force: bool,
     ) -> Result<String, PoolError> {
-        let is_filesystem = self.filesystems.borrow().contains_key(short);
-        let exists = self.directory.borrow().lineage(short).is_some();
+        let is_filesystem = self.datasets.filesystems.contains(short);
+        let exists = self.datasets.directory.read().lineage(short).is_some();
         if exists && is_filesystem != begin.filesystem.is_some() {
             let (what, stream) = if is_filesystem {
                 ("a filesystem", "a volume's")
@@ -553,7 +554,7 @@ impl Pool {
                 self.name
             )));
         }
-        let lineage = self.directory.borrow().lineage(short).cloned().ok_or_else(|| {
+        let lineage = self.datasets.directory.read().lineage(short).cloned().ok_or_else(|| {
             PoolError::InvalidArgument(format!("the stream is incremental from {}, but {}/{short} does not exist: receive a full stream first", begin.from.clone().unwrap_or_default(), self.name))
         })?;
         let index = lineage
@@ -575,7 +576,7 @@ impl Pool {
                 self.name
             )));
         }
-        if let Some(record) = self.directory.borrow().volumes.get(short) {
+        if let Some(record) = self.datasets.directory.read().volumes.get(short) {
             if record.block_bytes != begin.block_bytes {
                 return Err(PoolError::InvalidArgument(format!(
                     "the stream's block size {} differs from {}/{short}'s {}",
@@ -603,7 +604,7 @@ impl Pool {
     /// True when a volume or a filesystem holds changes made after its
     /// latest snapshot.
     fn changed_since_latest_snapshot(&self, short: &str) -> Result<bool, PoolError> {
-        if let Some(fs) = self.filesystems.borrow().get(short) {
+        if let Some(fs) = self.datasets.filesystems.get(short) {
             let dnode = fs.table.dnode();
             // (The table's own dnode is marked dirty by a rollback to the
             // latest snapshot, which changes nothing: its nodes and objects
@@ -813,11 +814,10 @@ impl Pool {
     /// Records how far a receive got (committed with the next txg, after the
     /// data before it).
     fn note_receive_position(&self, hidden_short: &str, (next_object, next_block): (u64, u64)) {
-        if let Some(Some(receive)) = self.directory.borrow_mut().receive_mut(hidden_short) {
+        if let Some(Some(receive)) = self.datasets.directory.edit().receive_mut(hidden_short) {
             receive.position.next_object = next_object;
             receive.position.next_block = next_block;
         }
-        self.directory_dirty.set(true);
     }
 
     /// Records how far a receive got and makes it durable.
@@ -875,15 +875,16 @@ impl Pool {
         // on disk and can change hands as a whole.
         self.drain_volume(&self.volume(hidden_short)?).await?;
         self.txg.wait_durable(self, self.txg.open()).await?;
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let hidden = self.volume(hidden_short)?;
         let _hidden_writers = self.exclusive(&hidden).await?;
         if begin.from_guid == 0 {
             self.check_not_created_meanwhile(short)?;
             let mut record = self
+                .datasets
                 .directory
-                .borrow_mut()
+                .edit()
                 .volumes
                 .remove(hidden_short)
                 .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
@@ -895,12 +896,13 @@ impl Pool {
                 &record,
                 settings,
             );
-            self.directory
-                .borrow_mut()
+            self.datasets
+                .directory
+                .edit()
                 .volumes
                 .insert(short.to_string(), record);
-            self.volumes.borrow_mut().remove(hidden_short);
-            self.volumes.borrow_mut().insert(short.to_string(), volume);
+            self.datasets.volumes.remove(hidden_short);
+            self.datasets.volumes.insert(short.to_string(), volume);
         } else {
             let head = self.volume(short)?;
             self.roll_back_for_receive(short, begin, force).await?;
@@ -921,23 +923,19 @@ impl Pool {
             head.size_bytes
                 .set(begin.size_bytes.max(head.size_bytes.get()));
             {
-                let mut directory = self.directory.borrow_mut();
+                let mut directory = self.datasets.directory.edit();
                 let record = directory
                     .volumes
                     .get_mut(short)
                     .ok_or_else(|| PoolError::NoSuchVolume(short.to_string()))?;
                 record.size_bytes = head.size_bytes.get();
             }
-            self.volumes.borrow_mut().remove(hidden_short);
+            self.datasets.volumes.remove(hidden_short);
             hidden.begin_destroy();
             self.drop_dnode(hidden.object.id)?;
         }
-        self.pending_snapshots.borrow_mut().push(SnapshotRequest {
-            volume: short.to_string(),
-            name: snapshot_name.to_string(),
-            guid: begin.to_guid,
-        });
-        self.directory_dirty.set(true);
+        self.datasets
+            .request_snapshot(short, snapshot_name, begin.to_guid);
         self.commit().await
     }
 }
@@ -958,31 +956,33 @@ impl Pool {
         // Everything received is committed first: the hidden tree is then
         // clean on disk and can change hands as a whole.
         self.txg.wait_durable(self, self.txg.open()).await?;
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let hidden = self.filesystem(hidden_short)?;
         let _hidden_exclusive = hidden.exclusive().await;
         if begin.from_guid == 0 {
             self.check_not_created_meanwhile(short)?;
             let mut record = self
+                .datasets
                 .directory
-                .borrow_mut()
+                .edit()
                 .filesystems
                 .remove(hidden_short)
                 .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
             record.receive = None;
             record.intent_log = None;
-            self.filesystems.borrow_mut().remove(hidden_short);
+            self.datasets.filesystems.remove(hidden_short);
             hidden.retire();
             self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(&hidden));
-            self.directory
-                .borrow_mut()
+            self.datasets
+                .directory
+                .edit()
                 .filesystems
                 .insert(short.to_string(), record.clone());
             let fs = self
                 .open_head_filesystem(short, hidden.table.clone(), &record)
                 .await?;
-            self.filesystems.borrow_mut().insert(short.to_string(), fs);
+            self.datasets.filesystems.insert(short.to_string(), fs);
         } else {
             self.roll_back_for_receive(short, begin, force).await?;
             let head = self.filesystem(short)?;
@@ -1002,18 +1002,14 @@ impl Pool {
             // No txg build between the swap and the new filesystem over it.
             let hold = self.txg.hold_builds();
             self.take_received_tree(short, &head.table, hidden_short, &hidden.table)?;
-            self.filesystems.borrow_mut().remove(hidden_short);
+            self.datasets.filesystems.remove(hidden_short);
             hidden.retire();
             self.drop_dnode(hidden.table.id)?;
             self.reopen_filesystem(short, &head).await?;
             drop(hold);
         }
-        self.pending_snapshots.borrow_mut().push(SnapshotRequest {
-            volume: short.to_string(),
-            name: snapshot_name.to_string(),
-            guid: begin.to_guid,
-        });
-        self.directory_dirty.set(true);
+        self.datasets
+            .request_snapshot(short, snapshot_name, begin.to_guid);
         let committed = self.commit().await;
         self.notify_filesystems_changed();
         committed
@@ -1030,8 +1026,9 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let from = self.incremental_source(short, begin, force)?;
         let latest_is_source = self
+            .datasets
             .directory
-            .borrow()
+            .read()
             .lineage(short)
             .and_then(|lineage| lineage.snapshots.last())
             .is_some_and(|latest| latest.name == from);
@@ -1064,7 +1061,7 @@ impl Pool {
         head.dead.borrow_mut().extend(pending_dead);
         let dead_list = hidden.dead_list.replace(0);
         head.dead_list.set(dead_list);
-        let mut directory = self.directory.borrow_mut();
+        let mut directory = self.datasets.directory.edit();
         let origin = match directory.volumes.remove(hidden_short) {
             Some(record) => record.lineage.origin,
             None => directory
@@ -1091,7 +1088,7 @@ impl Pool {
 
     /// A full stream's target must still be free when the receive ends.
     fn check_not_created_meanwhile(&self, short: &str) -> Result<(), PoolError> {
-        if self.directory.borrow().lineage(short).is_some() {
+        if self.datasets.directory.read().lineage(short).is_some() {
             return Err(PoolError::VolumeExists(format!(
                 "{}/{short} was created while receiving",
                 self.name

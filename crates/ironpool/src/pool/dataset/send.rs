@@ -288,8 +288,9 @@ impl Pool {
             )));
         }
         let from_record = self
+            .datasets
             .directory
-            .borrow()
+            .read()
             .lineage(&from_dataset)
             .and_then(|owner| owner.snapshot(&from_snapshot).cloned())
             .ok_or_else(|| {
@@ -445,6 +446,7 @@ impl Pool {
     /// Keeps snapshot `full_name` from being destroyed while the guard lives.
     pub(crate) fn hold_snapshot(self: &Rc<Self>, full_name: &str) -> SnapshotHold {
         *self
+            .datasets
             .snapshot_holds
             .borrow_mut()
             .entry(full_name.to_string())
@@ -458,6 +460,7 @@ impl Pool {
     /// Refuses to destroy a snapshot that is being sent.
     pub(crate) fn check_not_held(&self, full_name: &str) -> Result<(), PoolError> {
         if self
+            .datasets
             .snapshot_holds
             .borrow()
             .get(full_name)
@@ -479,7 +482,7 @@ pub struct SnapshotHold {
 
 impl Drop for SnapshotHold {
     fn drop(&mut self) {
-        let mut holds = self.pool.snapshot_holds.borrow_mut();
+        let mut holds = self.pool.datasets.snapshot_holds.borrow_mut();
         if let Some(count) = holds.get_mut(&self.name) {
             *count -= 1;
             if *count == 0 {

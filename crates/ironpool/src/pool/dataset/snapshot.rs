@@ -93,8 +93,9 @@ pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'
 impl Pool {
     /// The snapshots, dead list and origin of a dataset (by short name).
     pub(in crate::pool) fn record(&self, dataset: &str) -> Result<Lineage, PoolError> {
-        self.directory
-            .borrow()
+        self.datasets
+            .directory
+            .read()
             .lineage(dataset)
             .cloned()
             .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))
@@ -105,8 +106,9 @@ impl Pool {
         &self,
         short: &str,
     ) -> Result<crate::pool::dataset::directory::VolumeRecord, PoolError> {
-        self.directory
-            .borrow()
+        self.datasets
+            .directory
+            .read()
             .volumes
             .get(short)
             .cloned()
@@ -169,10 +171,10 @@ impl Pool {
     /// The pool-level object a dataset's snapshots copy: a volume's data
     /// tree, a filesystem's dnode table.
     fn head_object(&self, dataset: &str) -> Result<Rc<Object>, PoolError> {
-        if let Some(volume) = self.volumes.borrow().get(dataset) {
+        if let Some(volume) = self.datasets.volumes.get(dataset) {
             return Ok(volume.object.clone());
         }
-        if let Some(fs) = self.filesystems.borrow().get(dataset) {
+        if let Some(fs) = self.datasets.filesystems.get(dataset) {
             return Ok(fs.table.clone());
         }
         Err(PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))
@@ -187,12 +189,13 @@ impl Pool {
         full_name: &str,
     ) -> Result<(u64, u64, u64), PoolError> {
         let fs = self.snapshot_filesystem(full_name).await?;
-        if let Some(known) = self.snapshot_referenced.borrow().get(&fs.table.id) {
+        if let Some(known) = self.datasets.snapshot_referenced.borrow().get(&fs.table.id) {
             return Ok(*known);
         }
         let _shared = fs.shared().await;
         let figures = fs.referenced_locked(self).await?;
-        self.snapshot_referenced
+        self.datasets
+            .snapshot_referenced
             .borrow_mut()
             .insert(fs.table.id, figures);
         Ok(figures)
@@ -200,13 +203,13 @@ impl Pool {
 
     /// Whether dataset `short` is a filesystem.
     fn is_filesystem(&self, short: &str) -> bool {
-        self.filesystems.borrow().contains_key(short)
+        self.datasets.filesystems.contains(short)
     }
 
     /// Takes snapshots of several datasets (volumes, filesystems) atomically
     /// (in one txg).
     pub async fn snapshot(self: &Rc<Self>, names: &[String]) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let mut requests = Vec::new();
         for full in names {
@@ -241,7 +244,10 @@ impl Pool {
         // Every write acknowledged before the snapshot is in it, and on disk
         // with it (the commit writes out every volume, as `commit` does).
         self.drain_all().await?;
-        self.pending_snapshots.borrow_mut().extend(requests);
+        self.datasets
+            .pending_snapshots
+            .borrow_mut()
+            .extend(requests);
         let target = self.txg.open();
         self.txg.wait_durable(self, target).await
     }
@@ -302,8 +308,9 @@ impl Pool {
         let Some(origin) = &record.origin else {
             return 0;
         };
-        self.directory
-            .borrow()
+        self.datasets
+            .directory
+            .read()
             .snapshot(origin)
             .map_or(0, |snapshot| snapshot.txg)
     }
@@ -369,7 +376,7 @@ impl Pool {
 
     /// Destroys one snapshot.
     pub async fn destroy_snapshot(self: &Rc<Self>, full_name: &str) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         self.destroy_snapshot_locked(full_name)?;
         self.commit().await
@@ -434,24 +441,27 @@ impl Pool {
         // The snapshot's tree belongs to others now (or was freed above): drop
         // only its dnode.
         self.drop_dnode(target.object)?;
-        self.snapshot_referenced.borrow_mut().remove(&target.object);
-        if let Some(volume_object) = self
-            .snapshot_volumes
+        self.datasets
+            .snapshot_referenced
             .borrow_mut()
+            .remove(&target.object);
+        if let Some(volume_object) = self
+            .datasets
+            .snapshot_volumes
             .remove(&format!("{}/{volume}@{snapshot}", self.name))
         {
             volume_object.begin_destroy();
-            self.exports_gone.notify_all();
+            self.datasets.exports_gone.notify_all();
         }
         if let Some(fs) = self
+            .datasets
             .snapshot_filesystems
-            .borrow_mut()
             .remove(&format!("{}/{volume}@{snapshot}", self.name))
         {
             fs.retire();
         }
         {
-            let mut directory = self.directory.borrow_mut();
+            let mut directory = self.datasets.directory.edit();
             let record = directory.lineage_mut(volume).expect("checked above");
             record.snapshots.remove(index);
             if is_latest {
@@ -465,7 +475,6 @@ impl Pool {
             head.dnode.borrow_mut().prev_snapshot_txg = previous_txg;
             head.dirty.set(true);
         }
-        self.directory_dirty.set(true);
         Ok(())
     }
 
@@ -480,7 +489,7 @@ impl Pool {
         origin: &str,
         clone: &str,
     ) -> Result<Rc<Volume>, PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let clone_short = self.new_dataset_short_name(clone)?;
         let clone_volume = self.clone_locked(origin, &clone_short).await?;
@@ -523,7 +532,7 @@ impl Pool {
 
     /// Lists `clone` among the dependents of snapshot `origin`.
     fn note_clone(&self, origin: &SnapshotName, clone: &str) {
-        let mut directory = self.directory.borrow_mut();
+        let mut directory = self.datasets.directory.edit();
         if let Some(source) = directory.lineage_mut(&origin.volume).and_then(|lineage| {
             lineage
                 .snapshots
@@ -533,7 +542,6 @@ impl Pool {
             source.clones.push(clone.to_string());
         }
         drop(directory);
-        self.directory_dirty.set(true);
     }
 
     /// Creates the clone in the open txg (the caller holds the admin lock).
@@ -563,13 +571,14 @@ impl Pool {
             &clone_record,
             self.volume_settings(&clone_record.properties),
         );
-        self.directory
-            .borrow_mut()
+        self.datasets
+            .directory
+            .edit()
             .volumes
             .insert(clone_short.clone(), clone_record);
         self.note_clone(&origin_name, &clone_short);
-        self.volumes
-            .borrow_mut()
+        self.datasets
+            .volumes
             .insert(clone_short, clone_volume.clone());
         Ok(clone_volume)
     }
@@ -588,7 +597,7 @@ impl Pool {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
             checked.insert(key.clone(), value);
         }
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let clone_short = self.new_dataset_short_name(clone)?;
         let fs = self
@@ -634,7 +643,7 @@ impl Pool {
         full_name: &str,
         recursive: bool,
     ) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         self.rollback_locked(full_name, recursive).await?;
         let committed = self.commit().await;
@@ -672,7 +681,7 @@ impl Pool {
             self.check_not_held(name)?;
         }
         self.check_no_clones(volume, &record.snapshots[index + 1..])?;
-        let fs = self.filesystems.borrow().get(volume).cloned();
+        let fs = self.datasets.filesystems.get(volume);
         let head_volume = match &fs {
             Some(_) => None,
             None => Some(self.volume(volume)?),
@@ -717,7 +726,7 @@ impl Pool {
         dnode.origin_txg = current.origin_txg;
         self.objects.reset_tree(&head, dnode);
         {
-            let mut directory = self.directory.borrow_mut();
+            let mut directory = self.datasets.directory.edit();
             directory
                 .lineage_mut(volume)
                 .expect("checked above")
@@ -732,7 +741,6 @@ impl Pool {
                 }
             }
         }
-        self.directory_dirty.set(true);
         if let Some(fs) = fs {
             // The filesystem's objects are the snapshot's now: a new set
             // over the table, and the old one serves no more requests.
@@ -750,7 +758,7 @@ impl Pool {
     /// Makes clone `clone` independent of its origin: the origin snapshot and the
     /// ones before it move to the clone; the former origin dataset becomes a clone.
     pub async fn promote(self: &Rc<Self>, clone: &str) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let clone_short = clone
             .strip_prefix(&format!("{}/", self.name))
@@ -789,7 +797,7 @@ impl Pool {
         let origin_txg = origin_record.snapshots[split].txg;
         let clone_origin_txg = self.origin_txg(&origin_record);
         {
-            let mut directory = self.directory.borrow_mut();
+            let mut directory = self.datasets.directory.edit();
             let moved: Vec<SnapshotRecord> = {
                 let origin_record = directory
                     .lineage_mut(&origin.volume)
@@ -850,12 +858,11 @@ impl Pool {
         clone_head.dnode.borrow_mut().origin_txg = clone_origin_txg;
         clone_head.dirty.set(true);
         // Cached snapshot exports keep working: only their names moved.
-        self.snapshot_volumes.borrow_mut().clear();
+        self.datasets.snapshot_volumes.take();
         // Snapshots of filesystems are opened again under their new names.
-        for (_, fs) in std::mem::take(&mut *self.snapshot_filesystems.borrow_mut()) {
+        for fs in self.datasets.snapshot_filesystems.take().into_values() {
             fs.retire();
         }
-        self.directory_dirty.set(true);
         self.commit().await
     }
 
@@ -871,7 +878,7 @@ impl Pool {
             .to_string();
         let record = self.record(&short)?;
         let head = self.head_object(&short)?;
-        let fs = self.filesystems.borrow().get(&short).cloned();
+        let fs = self.datasets.filesystems.get(&short);
         let _shared = match &fs {
             Some(fs) => Some(fs.shared().await),
             None => None,
@@ -1050,8 +1057,8 @@ impl Pool {
         let (volume, snapshot) = split_snapshot_name(&self.name, full_name)
             .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let canonical = format!("{}/{volume}@{snapshot}", self.name);
-        if let Some(existing) = self.snapshot_volumes.borrow().get(&canonical) {
-            return Ok(existing.clone());
+        if let Some(existing) = self.datasets.snapshot_volumes.get(&canonical) {
+            return Ok(existing);
         }
         let record = self
             .volume_record(volume)
@@ -1075,8 +1082,8 @@ impl Pool {
             self.volume_settings(&view.properties),
         );
         opened.read_only.set(true);
-        self.snapshot_volumes
-            .borrow_mut()
+        self.datasets
+            .snapshot_volumes
             .insert(canonical, opened.clone());
         Ok(opened)
     }
@@ -1104,7 +1111,7 @@ pub(crate) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectError> {
         append_dead(pool, &object, &entries, txg)?;
         changed = true;
     }
-    let requests = std::mem::take(&mut *pool.pending_snapshots.borrow_mut());
+    let requests = std::mem::take(&mut *pool.datasets.pending_snapshots.borrow_mut());
     for request in requests {
         take_snapshot(pool, &request, txg)?;
         changed = true;
@@ -1132,7 +1139,7 @@ fn append_dead(
             ),
         );
         object.dead_list.set(list_id);
-        let mut directory = pool.directory.borrow_mut();
+        let mut directory = pool.datasets.directory.edit();
         if let Some(record) = directory
             .volumes
             .values_mut()
@@ -1147,7 +1154,6 @@ fn append_dead(
             record.lineage.dead_list = list_id;
         }
         drop(directory);
-        pool.directory_dirty.set(true);
     }
     let list = pool
         .objects
@@ -1174,7 +1180,7 @@ fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(),
     }
     head.dirty.set(true);
     let created = crate::rt::wall_clock_ns() / 1_000_000_000;
-    let mut directory = pool.directory.borrow_mut();
+    let mut directory = pool.datasets.directory.edit();
     if let Some(record) = directory.lineage_mut(&request.volume) {
         record.snapshots.push(SnapshotRecord {
             name: request.name.clone(),
@@ -1188,6 +1194,5 @@ fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(),
         record.dead_list = 0;
     }
     drop(directory);
-    pool.directory_dirty.set(true);
     Ok(())
 }

@@ -2696,7 +2696,7 @@ pub(in crate::pool) fn build_step(
     context: &mut crate::object::sync::SyncContext,
 ) -> Result<bool, ObjectError> {
     let mut changed = false;
-    for fs in pool.filesystems.borrow().values() {
+    for fs in pool.datasets.filesystems.all() {
         let set = &fs.objects;
         let mut space = fs.header.get().space;
         for object in set.open_objects() {
@@ -2748,22 +2748,15 @@ impl Pool {
     /// and every filesystem's: what the next commit rewrites, so what the
     /// write throttle, early commits and the metadata reserve count.
     pub fn dirty_metadata_bytes(&self) -> u64 {
-        self.objects.dirty_bytes()
-            + self
-                .filesystems
-                .borrow()
-                .values()
-                .map(|fs| fs.objects.dirty_bytes())
-                .sum::<u64>()
+        self.objects.dirty_bytes() + self.datasets.filesystems.sum(|fs| fs.objects.dirty_bytes())
     }
 }
 
 /// True when no filesystem object has a change a txg build left out.
 pub(in crate::pool) fn all_synced(pool: &Pool) -> bool {
-    pool.filesystems
-        .borrow()
-        .values()
-        .all(|fs| !fs.objects.any_dirty())
+    pool.datasets
+        .filesystems
+        .every(|fs| !fs.objects.any_dirty())
 }
 
 /// A txg is durable: nodes it wrote may now be evicted, and objects past
@@ -2772,12 +2765,12 @@ pub(in crate::pool) fn all_synced(pool: &Pool) -> bool {
 /// when they were loaded may go now).
 pub(in crate::pool) fn txg_durable(pool: &Pool, txg: u64) {
     let keep = pool.tunables.borrow().fs_objects_loaded_max as usize;
-    for fs in pool.filesystems.borrow().values() {
+    for fs in pool.datasets.filesystems.all() {
         fs.objects.set_durable_txg(txg);
         fs.objects.set_loaded_max(keep);
         fs.objects.evict_objects(keep);
     }
-    for fs in pool.snapshot_filesystems.borrow().values() {
+    for fs in pool.datasets.snapshot_filesystems.all() {
         fs.objects.set_loaded_max(keep);
         fs.objects.evict_objects(keep);
     }
@@ -2787,8 +2780,9 @@ impl Pool {
     /// Opens the filesystems of the directory (at import).
     pub(in crate::pool) async fn open_filesystems(&self) -> Result<(), PoolError> {
         let records: Vec<(String, FilesystemRecord)> = self
+            .datasets
             .directory
-            .borrow()
+            .read()
             .filesystems
             .iter()
             .map(|(name, record)| (name.clone(), record.clone()))
@@ -2796,7 +2790,7 @@ impl Pool {
         for (short, record) in records {
             let table = self.objects.open(record.object).await?;
             let fs = self.open_head_filesystem(&short, table, &record).await?;
-            self.filesystems.borrow_mut().insert(short, fs);
+            self.datasets.filesystems.insert(short, fs);
         }
         Ok(())
     }
@@ -2871,13 +2865,13 @@ impl Pool {
             intent_log: None,
         };
         let fs = self.open_head_filesystem(short, table, &record).await?;
-        self.directory
-            .borrow_mut()
+        self.datasets
+            .directory
+            .edit()
             .filesystems
             .insert(short.to_string(), record);
-        self.directory_dirty.set(true);
-        self.filesystems
-            .borrow_mut()
+        self.datasets
+            .filesystems
             .insert(short.to_string(), fs.clone());
         Ok(fs)
     }
@@ -2901,8 +2895,8 @@ impl Pool {
         let fs = self
             .open_head_filesystem(short, old.table.clone(), &record)
             .await?;
-        self.filesystems
-            .borrow_mut()
+        self.datasets
+            .filesystems
             .insert(short.to_string(), fs.clone());
         Ok(fs)
     }
@@ -2918,8 +2912,8 @@ impl Pool {
             crate::pool::dataset::snapshot::split_snapshot_name(&self.name, full_name)
                 .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let canonical = format!("{}/{short}@{snapshot}", self.name);
-        if let Some(fs) = self.snapshot_filesystems.borrow().get(&canonical) {
-            return Ok(fs.clone());
+        if let Some(fs) = self.datasets.snapshot_filesystems.get(&canonical) {
+            return Ok(fs);
         }
         let record = self
             .filesystem_record(short)
@@ -2932,25 +2926,19 @@ impl Pool {
         let table = self.objects.open(object).await?;
         let settings = self.volume_settings(&record.properties);
         let fs = Filesystem::open(self, canonical.clone(), table, &record, settings, true)?;
-        let mut open = self.snapshot_filesystems.borrow_mut();
-        if let Some(fs) = open.get(&canonical) {
-            // Another request opened it while this one read.
-            return Ok(fs.clone());
-        }
-        if open.len() >= SNAPSHOT_FILESYSTEMS_OPEN_MAX {
-            // Only a cache: a request still using the one let go keeps it.
-            if let Some(first) = open.keys().next().cloned() {
-                open.remove(&first);
-            }
-        }
-        open.insert(canonical, fs.clone());
-        Ok(fs)
+        // Another request may have opened it while this one read: that one
+        // is kept. Only a cache: a request still using one let go keeps it.
+        Ok(self.datasets.snapshot_filesystems.insert_bounded(
+            canonical,
+            fs,
+            SNAPSHOT_FILESYSTEMS_OPEN_MAX,
+        ))
     }
 
     /// Wakes the server's mount keeper: a filesystem was made, destroyed,
     /// cloned or rolled back.
     pub(in crate::pool) fn notify_filesystems_changed(&self) {
-        self.filesystems_changed.notify_all();
+        self.datasets.filesystems_changed.notify_all();
     }
 
     /// Frees every filesystem's files left unlinked while open by a crash
@@ -2975,37 +2963,37 @@ impl Pool {
         let short = name
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(name);
-        self.filesystems
-            .borrow()
+        self.datasets
+            .filesystems
             .get(short)
-            .cloned()
             .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{name}'")))
     }
 
     /// Every filesystem users see, by short name (not the hidden ones of
     /// receives in progress: see [`Pool::all_filesystems`]).
     pub fn filesystems(&self) -> Vec<(String, Rc<Filesystem>)> {
-        self.filesystems
-            .borrow()
-            .iter()
+        self.datasets
+            .filesystems
+            .named()
+            .into_iter()
             .filter(|(name, _)| !crate::pool::is_hidden_dataset(name))
-            .map(|(name, fs)| (name.clone(), fs.clone()))
             .collect()
     }
 
     /// Every filesystem, the hidden ones of receives in progress too (they
     /// hold space a check must account for).
     pub fn all_filesystems(&self) -> Vec<(String, Rc<Filesystem>)> {
-        self.filesystems
-            .borrow()
-            .iter()
-            .map(|(name, fs)| (name.clone(), fs.clone()))
-            .collect()
+        self.datasets.filesystems.named()
     }
 
     /// The directory record of filesystem `short`.
     pub fn filesystem_record(&self, short: &str) -> Option<FilesystemRecord> {
-        self.directory.borrow().filesystems.get(short).cloned()
+        self.datasets
+            .directory
+            .read()
+            .filesystems
+            .get(short)
+            .cloned()
     }
 
     /// Creates a filesystem with an empty root directory.
@@ -3015,7 +3003,7 @@ impl Pool {
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Filesystem>, PoolError> {
         let short = self.new_dataset_short_name(name)?;
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.check_name_free(&short)?;
         let mut checked = BTreeMap::new();
         for (key, value) in &properties {
@@ -3070,7 +3058,7 @@ impl Pool {
             .await
             .map_err(|error| PoolError::Io(error.to_string()))?;
         self.commit().await?;
-        self.filesystems_changed.notify_all();
+        self.datasets.filesystems_changed.notify_all();
         Ok(fs)
     }
 
@@ -3108,7 +3096,7 @@ impl Pool {
         name: &str,
         recursive: bool,
     ) -> Result<(), PoolError> {
-        let _admin = self.admin_lock.acquire(1).await;
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let fs = self.filesystem(name)?;
         let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
@@ -3135,9 +3123,9 @@ impl Pool {
         self.objects.clear_dnode(fs.table.id).await?;
         fs.retire();
         self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(&fs));
-        self.filesystems.borrow_mut().remove(&short);
+        self.datasets.filesystems.remove(&short);
         {
-            let mut directory = self.directory.borrow_mut();
+            let mut directory = self.datasets.directory.edit();
             directory.filesystems.remove(&short);
             if let Some(origin) = &record.lineage.origin {
                 if let Some(lineage) = directory.lineage_mut(&origin.volume) {
@@ -3147,10 +3135,9 @@ impl Pool {
                 }
             }
         }
-        self.directory_dirty.set(true);
         drop(hold);
         let committed = self.commit().await;
-        self.filesystems_changed.notify_all();
+        self.datasets.filesystems_changed.notify_all();
         committed
     }
 
@@ -3201,7 +3188,7 @@ impl Pool {
                 mounts.held_off.insert(short.clone());
             }
         }
-        self.filesystems_changed.notify_all();
+        self.datasets.filesystems_changed.notify_all();
         let deadline =
             crate::rt::now().saturating_add(std::time::Duration::from_secs(MOUNT_WAIT_SECONDS));
         loop {
@@ -3223,7 +3210,7 @@ impl Pool {
     /// Completes once a filesystem is created or destroyed after the call
     /// (the server mounts and unmounts them).
     pub fn filesystems_changed(&self) -> crate::rt::sync::Notified<'_> {
-        self.filesystems_changed.notified()
+        self.datasets.filesystems_changed.notified()
     }
 }
 

@@ -54,9 +54,8 @@ impl Pool {
         //   its dirty blocks written out first;
         // - the sync task builds txgs on its own (an idle pool still commits
         //   to release deferred frees): builds wait while the walk runs.
-        let _admin = self.admin_lock.acquire(1).await;
-        let volumes: Vec<Rc<crate::pool::Volume>> =
-            self.volumes.borrow().values().cloned().collect();
+        let _admin = self.datasets.admin_lock.acquire(1).await;
+        let volumes: Vec<Rc<crate::pool::Volume>> = self.datasets.volumes.all();
         let mut _writers = Vec::with_capacity(volumes.len());
         let mut _writers_fs = Vec::new();
         for volume in &volumes {
@@ -122,8 +121,9 @@ impl Pool {
             .map(|(_, fs)| fs)
             .collect();
         let snapshot_names: Vec<String> = self
+            .datasets
             .directory
-            .borrow()
+            .read()
             .filesystems
             .iter()
             .flat_map(|(short, record)| {
@@ -234,9 +234,10 @@ impl Pool {
         }
         // Every block on a dead list is still some snapshot's (or origin's).
         let heads: Vec<Rc<crate::object::Object>> = self
+            .datasets
             .volumes
-            .borrow()
-            .values()
+            .all()
+            .into_iter()
             .map(|volume| volume.object.clone())
             .chain(
                 self.all_filesystems()
@@ -268,7 +269,7 @@ impl Pool {
         }
         // Origins and clone lists agree.
         {
-            let directory = self.directory.borrow();
+            let directory = self.datasets.directory.read();
             for (name, record) in directory.lineages() {
                 if let Some(origin) = &record.origin {
                     let listed = directory

@@ -39,6 +39,21 @@ use crate::pool::scan::resilver::ResilverTargets;
 use crate::pool::{Pool, PoolError};
 use crate::rt::JoinHandle;
 
+/// The background scans' state: the scrub, the resilver and trimming. Its
+/// fields are private to this room (`scan/`): the pool holds it, and every
+/// other room reaches a scan through the methods on [`Pool`] that scrub.rs,
+/// resilver.rs and trim.rs define.
+#[derive(Default)]
+pub struct Scans {
+    scrub: std::cell::RefCell<scrub::ScrubState>,
+    resilver: std::cell::RefCell<resilver::ResilverState>,
+    /// Autotrim's queue and `ironpool trim` (see [`trim`]).
+    trim: std::cell::RefCell<trim::TrimState>,
+    /// Discards of free space ended, giving it back to allocation: a write
+    /// that found the pool full waits for it.
+    trims_ended: crate::rt::sync::Notify,
+}
+
 /// Most error descriptions a scan keeps for `status`: enough to find the
 /// damaged objects, bounded so a dying device cannot grow memory without end.
 const ERROR_DETAILS_MAX: usize = 32;
@@ -110,8 +125,8 @@ impl Scan {
 
     fn cancelled(&self, pool: &Pool) -> bool {
         match self {
-            Scan::Scrub => pool.scrub.borrow().stopping(),
-            Scan::Resilver(_) => pool.resilver.borrow().cancelled(),
+            Scan::Scrub => pool.scans.scrub.borrow().stopping(),
+            Scan::Resilver(_) => pool.scans.resilver.borrow().cancelled(),
         }
     }
 
@@ -133,7 +148,7 @@ impl Scan {
     /// The walk stopped at an object destroyed under it (see the module).
     fn vanished(&self, pool: &Pool) {
         match self {
-            Scan::Scrub => pool.scrub.borrow_mut().walk_incomplete = true,
+            Scan::Scrub => pool.scans.scrub.borrow_mut().walk_incomplete = true,
             Scan::Resilver(_) => pool.resilver_walk_incomplete(),
         }
     }
@@ -159,7 +174,7 @@ impl Scan {
                 .iter()
                 .map(|pointer| pointer.allocated_bytes() + beneath(pointer))
                 .sum();
-            pool.resilver.borrow_mut().examined_bytes += bytes;
+            pool.scans.resilver.borrow_mut().examined_bytes += bytes;
         }
     }
 }
@@ -247,7 +262,7 @@ impl Pool {
     /// clone's first. Read from the directory as it is when the object's walk
     /// begins.
     pub(in crate::pool) fn scan_floor_txg(&self, object_id: u64) -> u64 {
-        let directory = self.directory.borrow();
+        let directory = self.datasets.directory.read();
         let origin_txg = |record: &crate::pool::dataset::directory::Lineage| -> u64 {
             let Some(origin) = &record.origin else {
                 return 0;
@@ -298,27 +313,28 @@ impl Pool {
             return Ok(None);
         }
         let head = self
+            .datasets
             .filesystems
-            .borrow()
-            .values()
-            .find(|fs| Rc::ptr_eq(&fs.table, object))
-            .cloned();
+            .all()
+            .into_iter()
+            .find(|fs| Rc::ptr_eq(&fs.table, object));
         if head.is_some() {
             return Ok(head);
         }
-        let snapshot = self
-            .directory
-            .borrow()
-            .filesystems
-            .iter()
-            .find_map(|(short, record)| {
-                record
-                    .lineage
-                    .snapshots
-                    .iter()
-                    .find(|snapshot| snapshot.object == object.id)
-                    .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
-            });
+        let snapshot =
+            self.datasets
+                .directory
+                .read()
+                .filesystems
+                .iter()
+                .find_map(|(short, record)| {
+                    record
+                        .lineage
+                        .snapshots
+                        .iter()
+                        .find(|snapshot| snapshot.object == object.id)
+                        .map(|snapshot| format!("{}/{short}@{}", self.name, snapshot.name))
+                });
         match snapshot {
             Some(name) => Ok(Some(self.snapshot_filesystem(&name).await?)),
             None => Ok(None),

@@ -180,7 +180,7 @@ impl Pool {
         if self.txg.ensure_writable().is_err() {
             return;
         }
-        let mut state = self.resilver.borrow_mut();
+        let mut state = self.scans.resilver.borrow_mut();
         match state.phase {
             ResilverPhase::Shut | ResilverPhase::Stopping => return,
             ResilverPhase::Running { .. } => {
@@ -213,7 +213,7 @@ impl Pool {
     /// `replace`), rather than retried at every commit.
     pub(in crate::pool) fn resilver_if_needed(self: &Rc<Self>) {
         let quiet = {
-            let state = self.resilver.borrow();
+            let state = self.scans.resilver.borrow();
             !state.running() && state.errors == 0
         };
         if quiet {
@@ -226,7 +226,7 @@ impl Pool {
     /// over.
     pub async fn resilver_stop(&self) {
         {
-            let mut state = self.resilver.borrow_mut();
+            let mut state = self.scans.resilver.borrow_mut();
             state.phase = match state.phase {
                 ResilverPhase::Running { .. } | ResilverPhase::Stopping => ResilverPhase::Stopping,
                 ResilverPhase::Idle | ResilverPhase::Shut => ResilverPhase::Shut,
@@ -237,12 +237,12 @@ impl Pool {
 
     /// Waits for the running resilver (if any) to end.
     pub async fn resilver_wait(&self) {
-        let task = self.resilver.borrow_mut().task.take();
+        let task = self.scans.resilver.borrow_mut().task.take();
         wait_task(task).await;
     }
 
     pub fn resilver_status(&self) -> ResilverStatus {
-        let state = self.resilver.borrow();
+        let state = self.scans.resilver.borrow();
         let progress = progress_percent(state.examined_bytes, state.total_bytes, state.running());
         let eta_seconds = eta_seconds(
             state.started.filter(|_| state.running()),
@@ -310,16 +310,16 @@ impl Pool {
         // Pass until no device in service misses anything; after a failed pass
         // only when asked again (a device came back since).
         while let Some(targets) = self.resilver_targets() {
-            if self.resilver.borrow().cancelled() {
+            if self.scans.resilver.borrow().cancelled() {
                 break;
             }
             let completed = self.resilver_pass(targets).await;
-            let again = self.resilver.borrow_mut().take_again();
+            let again = self.scans.resilver.borrow_mut().take_again();
             if !completed && !again {
                 break;
             }
         }
-        let mut state = self.resilver.borrow_mut();
+        let mut state = self.scans.resilver.borrow_mut();
         state.phase = match state.phase {
             ResilverPhase::Stopping | ResilverPhase::Shut => ResilverPhase::Shut,
             ResilverPhase::Running { .. } | ResilverPhase::Idle => ResilverPhase::Idle,
@@ -345,7 +345,7 @@ impl Pool {
     async fn resilver_pass(self: &Rc<Self>, targets: ResilverTargets) -> bool {
         {
             let (size, free) = self.space();
-            let mut state = self.resilver.borrow_mut();
+            let mut state = self.scans.resilver.borrow_mut();
             state.devices = self.target_paths(&targets);
             state.passes += 1;
             state.total_bytes = size - free;
@@ -357,12 +357,12 @@ impl Pool {
             self.resilver_error(format!("waiting for txg {}: {error}", targets.max_txg()));
             return false;
         }
-        let errors_before = self.resilver.borrow().errors;
-        self.resilver.borrow_mut().walk_incomplete = false;
+        let errors_before = self.scans.resilver.borrow().errors;
+        self.scans.resilver.borrow_mut().walk_incomplete = false;
         let targets = Rc::new(targets);
         let walked = self.walk_objects(&Scan::Resilver(targets.clone()), 0).await;
         let incomplete = {
-            let state = self.resilver.borrow();
+            let state = self.scans.resilver.borrow();
             state.cancelled() || state.errors > errors_before || state.walk_incomplete
         };
         if walked == WalkEnd::Stopped || incomplete {
@@ -375,7 +375,7 @@ impl Pool {
     /// service the whole pass, and commits the config that says so.
     async fn resilver_finish(self: &Rc<Self>, targets: &ResilverTargets) -> bool {
         {
-            let mut state = self.resilver.borrow_mut();
+            let mut state = self.scans.resilver.borrow_mut();
             state.examined_bytes = state.total_bytes;
         }
         self.drop_resilvered_ranges(targets);
@@ -404,7 +404,7 @@ impl Pool {
     /// The pass stopped at an object destroyed under it: it does not
     /// complete, and another pass walks the pool as it is now.
     pub(super) fn resilver_walk_incomplete(&self) {
-        let mut state = self.resilver.borrow_mut();
+        let mut state = self.scans.resilver.borrow_mut();
         state.walk_incomplete = true;
         if let ResilverPhase::Running { .. } = state.phase {
             state.phase = ResilverPhase::Running { again: true };
@@ -412,7 +412,7 @@ impl Pool {
     }
 
     pub(super) fn resilver_error(&self, detail: String) {
-        let mut state = self.resilver.borrow_mut();
+        let mut state = self.scans.resilver.borrow_mut();
         state.errors += 1;
         keep_error_detail(&mut state.error_details, detail);
     }
@@ -438,7 +438,7 @@ impl Pool {
             });
             let results = futures_util::future::join_all(work).await;
             for (pointer, result) in batch.iter().zip(results) {
-                let mut state = self.resilver.borrow_mut();
+                let mut state = self.scans.resilver.borrow_mut();
                 state.examined_bytes += pointer.allocated_bytes();
                 match result {
                     Ok(rewritten) => {

@@ -109,7 +109,7 @@ impl Pool {
     /// Starts a scrub in the background.
     pub fn scrub_start(self: &Rc<Self>) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        if self.scrub.borrow().running() {
+        if self.scans.scrub.borrow().running() {
             return Err(PoolError::InvalidArgument(
                 "a scrub is already running".into(),
             ));
@@ -127,10 +127,10 @@ impl Pool {
     /// At import: resumes the scrub the directory says was running, from its
     /// bookmark. True when one was resumed.
     pub(in crate::pool) fn scrub_resume(self: &Rc<Self>) -> bool {
-        let Some(progress) = self.directory.borrow().scrub_in_progress.clone() else {
+        let Some(progress) = self.datasets.directory.read().scrub_in_progress.clone() else {
             return false;
         };
-        if self.txg.ensure_writable().is_err() || self.scrub.borrow().running() {
+        if self.txg.ensure_writable().is_err() || self.scans.scrub.borrow().running() {
             return false;
         }
         self.scrub_launch(progress, true);
@@ -139,7 +139,7 @@ impl Pool {
 
     /// Records the scrub in the directory and starts its task.
     fn scrub_launch(self: &Rc<Self>, progress: ScrubProgress, resumed: bool) {
-        let mut scrub = self.scrub.borrow_mut();
+        let mut scrub = self.scans.scrub.borrow_mut();
         *scrub = ScrubState {
             phase: ScrubPhase::Running,
             resumed,
@@ -159,8 +159,7 @@ impl Pool {
                 format!("{} bytes to examine", progress.total_bytes)
             }),
         );
-        self.directory.borrow_mut().scrub_in_progress = Some(progress);
-        self.directory_dirty.set(true);
+        self.datasets.directory.edit().scrub_in_progress = Some(progress);
         let pool = self.clone();
         scrub.task = Some(rt::spawn(async move { pool.scrub_run(resumed).await }));
     }
@@ -168,7 +167,7 @@ impl Pool {
     /// Asks a running scrub to stop (`scrub -s`): it ends, recorded as not
     /// completed, and is not resumed.
     pub fn scrub_cancel(&self) {
-        let mut scrub = self.scrub.borrow_mut();
+        let mut scrub = self.scans.scrub.borrow_mut();
         if scrub.phase == ScrubPhase::Running {
             scrub.phase = ScrubPhase::Cancelling;
         }
@@ -179,7 +178,7 @@ impl Pool {
     /// resumes it.
     pub async fn scrub_pause(&self) {
         {
-            let mut scrub = self.scrub.borrow_mut();
+            let mut scrub = self.scans.scrub.borrow_mut();
             if scrub.running() {
                 scrub.phase = ScrubPhase::Pausing;
             }
@@ -189,13 +188,13 @@ impl Pool {
 
     /// Waits for the running scrub (if any) to end.
     pub async fn scrub_wait(&self) {
-        let task = self.scrub.borrow_mut().task.take();
+        let task = self.scans.scrub.borrow_mut().task.take();
         wait_task(task).await;
     }
 
     /// The running or last scrub, for `status`.
     pub fn scrub_status(&self) -> ScrubStatus {
-        let scrub = self.scrub.borrow();
+        let scrub = self.scans.scrub.borrow();
         let progress = progress_percent(
             scrub.progress.examined_bytes,
             scrub.progress.total_bytes,
@@ -219,7 +218,7 @@ impl Pool {
             repaired_bytes: scrub.progress.repaired_bytes,
             errors: scrub.progress.errors,
             error_details: scrub.error_details.clone(),
-            last: self.directory.borrow().last_scrub.clone(),
+            last: self.datasets.directory.read().last_scrub.clone(),
         }
     }
 
@@ -251,10 +250,10 @@ impl Pool {
                 caught_up = None;
             }
         }
-        let first = self.scrub.borrow().progress.next_object;
+        let first = self.scans.scrub.borrow().progress.next_object;
         let walked = self.walk_objects(&Scan::Scrub, first).await;
         let (record, shut) = {
-            let scrub = self.scrub.borrow();
+            let scrub = self.scans.scrub.borrow();
             let record = ScrubRecord {
                 started_unix_seconds: scrub.progress.started_unix_seconds,
                 finished_unix_seconds: unix_seconds(),
@@ -269,7 +268,7 @@ impl Pool {
             // Export: the directory keeps the scrub as of its last bookmark
             // (the object cut short is walked again, and counted again, from
             // its start), to resume at the next import.
-            self.scrub.borrow_mut().phase = ScrubPhase::Idle;
+            self.scans.scrub.borrow_mut().phase = ScrubPhase::Idle;
             return;
         }
         self.events.post(
@@ -287,16 +286,15 @@ impl Pool {
             )),
         );
         let clean = record.completed && record.errors == 0 && {
-            let scrub = self.scrub.borrow();
+            let scrub = self.scans.scrub.borrow();
             scrub.progress.repaired_copies == scrub.progress.bad_copies
         };
         {
-            let mut directory = self.directory.borrow_mut();
+            let mut directory = self.datasets.directory.edit();
             directory.last_scrub = Some(record);
             directory.scrub_in_progress = None;
         }
-        self.directory_dirty.set(true);
-        let caught_up = caught_up.filter(|_| !self.scrub.borrow().walk_incomplete);
+        let caught_up = caught_up.filter(|_| !self.scans.scrub.borrow().walk_incomplete);
         if let (true, Some(targets)) = (clean, caught_up) {
             self.drop_resilvered_ranges(&targets);
             if let Err(error) = self.commit().await {
@@ -307,19 +305,18 @@ impl Pool {
         }
         // Shown as ended once the end is on disk: a crash after this does not
         // resume it.
-        self.scrub.borrow_mut().phase = ScrubPhase::Idle;
+        self.scans.scrub.borrow_mut().phase = ScrubPhase::Idle;
     }
 
     /// Records that every object below `next_object` is scrubbed: the
     /// directory carries it from the next commit.
     pub(super) fn scrub_bookmark(&self, next_object: u64) {
         let progress = {
-            let mut scrub = self.scrub.borrow_mut();
+            let mut scrub = self.scans.scrub.borrow_mut();
             scrub.progress.next_object = next_object;
             scrub.progress.clone()
         };
-        self.directory.borrow_mut().scrub_in_progress = Some(progress);
-        self.directory_dirty.set(true);
+        self.datasets.directory.edit().scrub_in_progress = Some(progress);
     }
 
     /// Waits as long as needed to keep the scrub at the `scrub_rate_bytes`
@@ -330,7 +327,7 @@ impl Pool {
             return;
         }
         let (started, examined) = {
-            let scrub = self.scrub.borrow();
+            let scrub = self.scans.scrub.borrow();
             (
                 scrub.started,
                 scrub
@@ -348,7 +345,7 @@ impl Pool {
     }
 
     pub(super) fn scrub_error(&self, detail: String) {
-        let mut scrub = self.scrub.borrow_mut();
+        let mut scrub = self.scans.scrub.borrow_mut();
         scrub.progress.errors += 1;
         keep_error_detail(&mut scrub.error_details, detail);
     }
@@ -373,7 +370,7 @@ impl Pool {
                 batch.iter().map(|pointer| self.store.scrub(pointer)),
             )
             .await;
-            let mut scrub = self.scrub.borrow_mut();
+            let mut scrub = self.scans.scrub.borrow_mut();
             for (pointer, result) in batch.iter().zip(results) {
                 scrub.progress.examined_bytes += pointer.allocated_bytes();
                 match result {

@@ -98,8 +98,9 @@ impl Pool {
     /// the discards cost random 16K overwrites 20% (write-back on) to 40%
     /// (write-back off) of their IOPS, against the raw file in the same run.
     pub fn autotrim(&self) -> bool {
-        self.directory
-            .borrow()
+        self.datasets
+            .directory
+            .read()
             .properties
             .get("autotrim")
             .is_some_and(|value| value == "on")
@@ -112,7 +113,7 @@ impl Pool {
             self.store.allocator.borrow_mut().clear_pending_trims();
             return;
         }
-        let mut state = self.trim.borrow_mut();
+        let mut state = self.scans.trim.borrow_mut();
         if state.shut
             || state.autotrim_task.is_some()
             || !self.store.allocator.borrow().has_pending_trims()
@@ -125,7 +126,7 @@ impl Pool {
 
     async fn autotrim_run(self: Rc<Self>) {
         loop {
-            let batch = if self.trim.borrow().shut || !self.autotrim() {
+            let batch = if self.scans.trim.borrow().shut || !self.autotrim() {
                 Vec::new()
             } else {
                 self.store
@@ -136,12 +137,12 @@ impl Pool {
             if batch.is_empty() {
                 // Done, or no room to hold anything out now (a pool nearly
                 // full): the notes stay for the next commit to try.
-                self.trim.borrow_mut().autotrim_task = None;
+                self.scans.trim.borrow_mut().autotrim_task = None;
                 return;
             }
             let count = batch.len() as u64;
             let bytes = self.trim_extents(batch).await;
-            let mut state = self.trim.borrow_mut();
+            let mut state = self.scans.trim.borrow_mut();
             state.autotrim_extents += count;
             state.autotrim_bytes += bytes;
         }
@@ -155,7 +156,7 @@ impl Pool {
             let top = &self.store.vdevs()[extent.vdev as usize];
             let bytes = top.trim(extent.start, extent.end - extent.start).await;
             self.store.allocator.borrow_mut().trim_done(*extent);
-            self.trims_ended.notify_all();
+            self.scans.trims_ended.notify_all();
             bytes
         });
         futures_util::future::join_all(discards)
@@ -167,13 +168,13 @@ impl Pool {
     /// Completes once a discard of free space ends after the call (its
     /// space allocatable again).
     pub(in crate::pool) fn trim_ended(&self) -> crate::rt::sync::Notified<'_> {
-        self.trims_ended.notified()
+        self.scans.trims_ended.notified()
     }
 
     /// Starts a trim of all free space in the background (`ironpool trim`).
     pub fn trim_start(self: &Rc<Self>) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        let mut state = self.trim.borrow_mut();
+        let mut state = self.scans.trim.borrow_mut();
         if state.phase != TrimPhase::Idle {
             return Err(PoolError::InvalidArgument(
                 "a trim is already running".into(),
@@ -209,7 +210,7 @@ impl Pool {
                 let mut trimmed = 0;
                 let mut pieces = pieces.into_iter().peekable();
                 while pieces.peek().is_some() {
-                    if self.trim.borrow().phase != TrimPhase::Running {
+                    if self.scans.trim.borrow().phase != TrimPhase::Running {
                         break 'walk;
                     }
                     // A batch held out of allocation at a time, within the
@@ -233,12 +234,12 @@ impl Pool {
                     }
                     trimmed += self.trim_extents(batch).await;
                 }
-                let mut state = self.trim.borrow_mut();
+                let mut state = self.scans.trim.borrow_mut();
                 state.examined_bytes += free;
                 state.trimmed_bytes += trimmed;
             }
         }
-        let mut state = self.trim.borrow_mut();
+        let mut state = self.scans.trim.borrow_mut();
         state.completed = state.phase == TrimPhase::Running;
         state.phase = TrimPhase::Idle;
         state.finished_unix_seconds = unix_seconds();
@@ -260,7 +261,7 @@ impl Pool {
 
     /// Asks a running trim of all free space to stop (`trim -s`).
     pub fn trim_cancel(&self) {
-        let mut state = self.trim.borrow_mut();
+        let mut state = self.scans.trim.borrow_mut();
         if state.phase == TrimPhase::Running {
             state.phase = TrimPhase::Stopping;
         }
@@ -268,7 +269,7 @@ impl Pool {
 
     /// Waits for the running trim of all free space (if any) to end.
     pub async fn trim_wait(&self) {
-        let task = self.trim.borrow_mut().task.take();
+        let task = self.scans.trim.borrow_mut().task.take();
         super::wait_task(task).await;
     }
 
@@ -277,7 +278,7 @@ impl Pool {
         self.trim_cancel();
         self.trim_wait().await;
         let task = {
-            let mut state = self.trim.borrow_mut();
+            let mut state = self.scans.trim.borrow_mut();
             state.shut = true;
             state.autotrim_task.take()
         };
@@ -286,7 +287,7 @@ impl Pool {
 
     /// Trims, for `status`.
     pub fn trim_status(&self) -> TrimStatus {
-        let state = self.trim.borrow();
+        let state = self.scans.trim.borrow();
         let running = state.phase != TrimPhase::Idle;
         let eta_seconds = eta_seconds(
             state.started.filter(|_| running),

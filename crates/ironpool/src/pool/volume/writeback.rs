@@ -615,7 +615,7 @@ impl Pool {
 
     /// Every open volume that can take writes, hidden ones included.
     fn all_volumes(&self) -> Vec<Rc<Volume>> {
-        self.volumes.borrow().values().cloned().collect()
+        self.datasets.volumes.all()
     }
 }
 

@@ -31,7 +31,10 @@ use crate::rt::sync::{Notify, Semaphore};
 /// commit or held by sends, and the lock and notices of administrative
 /// changes. Each part is its own small owner (a [`directory::DirectoryCell`]
 /// marks its changes for the txg build, an [`OpenMap`] never lends its map
-/// across an await); the pool's other rooms reach them through this.
+/// across an await). The pool's other rooms reach the directory, the open
+/// heads and snapshot filesystems, the lock and the notices; the snapshot
+/// bookkeeping (requests, holds, opened snapshot volumes, referenced
+/// figures) is private to this room.
 pub struct Datasets {
     /// The dataset directory and whether it changed since the last build.
     pub(in crate::pool) directory: directory::DirectoryCell,
@@ -40,18 +43,18 @@ pub struct Datasets {
     /// Open filesystems by short name (all of the directory's).
     pub(in crate::pool) filesystems: OpenMap<Filesystem>,
     /// Read-only volumes opened for snapshots (exports, reads), by full name.
-    pub(in crate::pool) snapshot_volumes: OpenMap<Volume>,
+    snapshot_volumes: OpenMap<Volume>,
     /// Read-only filesystems opened for snapshots (`.zfs/snapshot`), by
     /// full name.
     pub(in crate::pool) snapshot_filesystems: OpenMap<Filesystem>,
     /// What each filesystem snapshot refers to (bytes allocated, logical,
     /// physical), by its table's object, once walked.
-    pub(in crate::pool) snapshot_referenced: RefCell<rustc_hash::FxHashMap<u64, (u64, u64, u64)>>,
+    snapshot_referenced: RefCell<rustc_hash::FxHashMap<u64, (u64, u64, u64)>>,
     /// Snapshots to take at the next commit.
-    pub(in crate::pool) pending_snapshots: RefCell<Vec<snapshot::SnapshotRequest>>,
+    pending_snapshots: RefCell<Vec<snapshot::SnapshotRequest>>,
     /// Snapshots being sent (by full name, with the number of sends): they
     /// cannot be destroyed meanwhile.
-    pub(in crate::pool) snapshot_holds: RefCell<BTreeMap<String, usize>>,
+    snapshot_holds: RefCell<BTreeMap<String, usize>>,
     /// Serialises administrative changes to datasets (snapshot, destroy,
     /// clone, rollback, promote, receive).
     pub(in crate::pool) admin_lock: Rc<Semaphore>,

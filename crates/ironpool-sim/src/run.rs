@@ -317,6 +317,20 @@ impl Sim {
                     pool.notes()
                 )
             });
+            // A crash in a commit can leave a device whose labels missed the
+            // last txg: the import marks it behind (its missed txgs in its
+            // dirty time log) and resilvers it. Until that is healed, a scrub
+            // (one resumed at import runs beside the resilver) finds its
+            // stale copies and repairs them, as it must.
+            let behind = pool
+                .store()
+                .vdevs()
+                .iter()
+                .flat_map(|top| top.children.iter())
+                .any(|leaf| !leaf.dtl.borrow().is_empty());
+            if behind {
+                self.damage_possible = true;
+            }
             self.full_check(&pool).await?;
             pool
         };

@@ -168,8 +168,32 @@ fn the_cache_stays_inside_a_cgroup_memory_limit_and_the_server_lives() {
         largest >= 128 << 20,
         "the cache held only {largest} bytes: the reads did not fill it"
     );
-    // Every read still right, after the cache gave memory back.
-    qemu_io(&uri, &["read -P 0x5a 0 1G"]);
+    // Every read still right, after the cache gave memory back. A failure
+    // says whether the kernel killed the server meanwhile, with its log (CI
+    // saw this read fail once with EIO, and never again in four runs).
+    let read = std::process::Command::new("qemu-io")
+        .args(["-f", "raw", &uri, "-c", "read -P 0x5a 0 1G"])
+        .output()
+        .expect("cannot run qemu-io");
+    let alive = pool.server.as_mut().unwrap().try_wait().unwrap().is_none();
+    assert!(
+        read.status.success(),
+        "the read back failed ({}): {}; out-of-memory kills in the group: {}; server alive: {alive}; its log:\n{}",
+        read.status,
+        String::from_utf8_lossy(&read.stdout).trim(),
+        group.oom_kills(),
+        pool.log()
+    );
+    assert_eq!(
+        group.oom_kills(),
+        0,
+        "the kernel killed in the group during the read back"
+    );
+    assert!(
+        alive,
+        "the server died during the read back: {}",
+        pool.log()
+    );
     eprintln!(
         "cache peak {largest} bytes, group peak {} bytes, limit {LIMIT_BYTES}",
         group.peak_bytes()

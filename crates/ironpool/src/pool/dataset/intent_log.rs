@@ -713,18 +713,33 @@ impl Pool {
         // Held blocks too many or too large to copy are written out before
         // the commit lock is taken, so that FLUSHes waiting for their blocks
         // wait together and share the commit that follows.
-        let copy = held && self.copy_fits(volume);
-        if held && !copy {
-            self.drain_volume(volume).await?;
-        }
-        // Everything this caller needs is linked now, or (when its held
-        // blocks are to be copied) held: a commit that starts after this
-        // point covers it, whoever asked for it, if it logs what is linked
-        // at its start, and for held blocks, if it also took every block
-        // held at its start under the lock (a copying commit does; one whose
-        // caller wrote its held blocks out before the lock does not).
-        let Some((_commit, number)) = volume.log.begin_commit(copy).await else {
-            return Ok(());
+        let mut copy = held && self.copy_fits(volume);
+        let (_commit, number) = loop {
+            if held && !copy {
+                self.drain_volume(volume).await?;
+            }
+            // Everything this caller needs is linked now, or (when its held
+            // blocks are to be copied) held: a commit that starts after this
+            // point covers it, whoever asked for it, if it logs what is
+            // linked at its start, and for held blocks, if it also took
+            // every block held at its start under the lock (a copying commit
+            // does; one whose caller wrote its held blocks out before the
+            // lock does not).
+            let Some((permit, number)) = volume.log.begin_commit(copy).await else {
+                return Ok(());
+            };
+            if copy && !self.copy_fits(volume) {
+                // More blocks were held while this caller waited for the
+                // lock than a commit copies: they are written out after the
+                // lock is let go, as above, not under it, where every
+                // commit behind this one would wait for those writes too
+                // (under `sync=always` at QD64, that wait was half of each
+                // commit).
+                drop(permit);
+                copy = false;
+                continue;
+            }
+            break (permit, number);
         };
         let result = self.commit_locked(volume, held, copy).await;
         if result.is_ok() {

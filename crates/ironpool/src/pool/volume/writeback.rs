@@ -141,6 +141,11 @@ pub struct DirtyBlocks {
     order: BTreeMap<u64, u64>,
     next_seq: u64,
     bytes: u64,
+    /// Of `bytes`, those of blocks not copied into the intent log: what a
+    /// FLUSH would copy (kept here, not summed over the blocks, because it
+    /// is asked at every durable write and the logged blocks a txg has not
+    /// yet written out may number tens of thousands).
+    unlogged_bytes: u64,
     /// Of `bytes`, those in batches being written now.
     in_flight_bytes: u64,
     phase: WritebackPhase,
@@ -179,6 +184,9 @@ impl DirtyBlocks {
         let old = self.blocks.remove(&blkid)?;
         self.order.remove(&old.seq);
         self.bytes -= old.data.len() as u64;
+        if !old.logged {
+            self.unlogged_bytes -= old.data.len() as u64;
+        }
         Some(old)
     }
 }
@@ -259,13 +267,7 @@ impl VolumeWriteback {
 
     /// Bytes of the blocks `unlogged` would return.
     pub(crate) fn unlogged_bytes(&self) -> u64 {
-        self.dirty
-            .borrow()
-            .blocks
-            .values()
-            .filter(|block| !block.logged)
-            .map(|block| block.data.len() as u64)
-            .sum()
+        self.dirty.borrow().unlogged_bytes
     }
 
     /// Notes that log commit `commit` holds a copy of block `blkid` as
@@ -278,18 +280,28 @@ impl VolumeWriteback {
         if !block.data.same_bytes_as(data) {
             return false;
         }
+        let newly = !block.logged;
         block.logged = true;
         block.log_commits.push(commit);
+        let bytes = block.data.len() as u64;
+        if newly {
+            dirty.unlogged_bytes -= bytes;
+        }
         true
     }
 
     /// Forgets that `blkid`'s bytes are in the log (the commit that copied
     /// them failed): the next FLUSH copies them again.
     pub(crate) fn unmark_logged(&self, blkid: u64, commit: u64) {
-        if let Some(block) = self.dirty.borrow_mut().blocks.get_mut(&blkid) {
+        let mut dirty = self.dirty.borrow_mut();
+        if let Some(block) = dirty.blocks.get_mut(&blkid) {
             if block.log_commits.last() == Some(&commit) {
                 block.log_commits.pop();
-                block.logged = false;
+                let was_logged = std::mem::replace(&mut block.logged, false);
+                let bytes = block.data.len() as u64;
+                if was_logged {
+                    dirty.unlogged_bytes += bytes;
+                }
             }
         }
     }
@@ -481,6 +493,7 @@ impl Pool {
         );
         dirty.order.insert(seq, blkid);
         dirty.bytes += length;
+        dirty.unlogged_bytes += length;
         let urgent = dirty.bytes.saturating_sub(dirty.in_flight_bytes) >= WRITEBACK_BATCH_BYTES;
         drop(dirty);
         self.replace_held((old_memory, old_reserved), (memory, reserved));

@@ -1250,7 +1250,12 @@ impl Pool {
         // two need no order. Copies carry their bytes; holes have none.
         // Devices holding none are not flushed (write-back's batches keep the
         // main devices busy, and a commit on a log device need not wait for
-        // their caches).
+        // their caches). Where the log lives beside the data, writing its
+        // blocks plainly and flushing once after them (one sync per device,
+        // not two) measured slower: the write and the flush in turn wait
+        // longer than the FUA write and the flush side by side (mirror of
+        // two files, fio nbd 16K QD64: --fsync=32 33.6k -> 29.8k IOPS,
+        // sync=always 27.2k -> 20.0k).
         let mut needed: Vec<u32> = records
             .iter()
             .flat_map(|record| match record {

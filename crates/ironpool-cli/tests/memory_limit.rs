@@ -178,9 +178,10 @@ fn the_cache_stays_inside_a_cgroup_memory_limit_and_the_server_lives() {
     let alive = pool.server.as_mut().unwrap().try_wait().unwrap().is_none();
     assert!(
         read.status.success(),
-        "the read back failed ({}): {}; out-of-memory kills in the group: {}; server alive: {alive}; its log:\n{}",
+        "the read back failed ({}): {} {}; out-of-memory kills in the group: {}; server alive: {alive}; its log:\n{}",
         read.status,
         String::from_utf8_lossy(&read.stdout).trim(),
+        String::from_utf8_lossy(&read.stderr).trim(),
         group.oom_kills(),
         pool.log()
     );

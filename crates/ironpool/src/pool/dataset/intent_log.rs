@@ -769,20 +769,13 @@ impl Pool {
             state.commits.insert(commit, CommitWait::default());
             commit
         };
-        // Held blocks first: copied, or written in place (then linked, and
-        // logged below as pointers).
-        let mut copies = Vec::new();
-        if copy {
-            match self.copy_held_blocks(volume, commit) {
-                Some(taken) => copies = taken,
-                None => {
-                    if let Err(error) = self.drain_volume(volume).await {
-                        volume.log.state.borrow_mut().commits.remove(&commit);
-                        return Err(error);
-                    }
-                }
-            }
-        }
+        // Held blocks first: copied (the caller found they fit, under the
+        // lock, with nothing awaited since), or written in place before the
+        // lock (then linked, and logged below as pointers).
+        let copies = match copy {
+            true => self.copy_held_blocks(volume, commit),
+            false => Vec::new(),
+        };
         let durable = self.txg.durable();
         volume.log.forget_durable(durable);
         let unlogged = std::mem::take(&mut volume.log.state.borrow_mut().unlogged);
@@ -1096,14 +1089,13 @@ impl Pool {
     }
 
     /// Takes a copy of every block the write-back holds for `volume` and has
-    /// not logged, for commit `commit` (each is marked as logged there).
-    /// None when they are not to be copied (`logbias=throughput`, blocks
-    /// over 32 KiB, or more than `COPY_BYTES_PER_COMMIT_MAX`): the caller
-    /// writes them in place.
-    fn copy_held_blocks(&self, volume: &Rc<Volume>, commit: u64) -> Option<Vec<(u64, BufSlice)>> {
-        if !self.copy_fits(volume) {
-            return None;
-        }
+    /// not logged, for commit `commit` (each is marked as logged there). The
+    /// caller has checked that they are to be copied ([`Pool::copy_fits`]).
+    fn copy_held_blocks(&self, volume: &Rc<Volume>, commit: u64) -> Vec<(u64, BufSlice)> {
+        debug_assert!(
+            self.copy_fits(volume),
+            "held blocks copied past what a commit copies"
+        );
         let held = volume.writeback.unlogged();
         let mut copies = Vec::with_capacity(held.len());
         // Nothing awaits from the look-up to the marks: each block's bytes
@@ -1122,7 +1114,7 @@ impl Pool {
         if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
             wait.copies_pending += copies.len() as u64;
         }
-        Some(copies)
+        copies
     }
 
     /// Whether a FLUSH now would copy `volume`'s held blocks into the log

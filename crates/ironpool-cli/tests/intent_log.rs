@@ -87,7 +87,12 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
         let mut pool = TestPool::new("zl");
         pool.create("512M", &layout);
         pool.create_volume("vol", "64M");
-        pool.serve_with(&["-o", "txg_timeout_ms=600000"]);
+        pool.serve_with(&[
+            "-o",
+            "txg_timeout_ms=600000",
+            "-o",
+            "log_group_wait_percent=10",
+        ]);
         pool.admin(&["set", &format!("logbias={log_bias}"), "zl/vol"]);
         let mut client = NbdClient::connect(&pool.socket(), "zl/vol");
         // The first FLUSH of a volume starts its chain through a txg.
@@ -129,6 +134,13 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
             stats["records_written"].as_u64().unwrap_or(0) >= 26,
             "{stats}"
         );
+        // One client waiting for each answer: no commit waits for company,
+        // though the server would let one (`log_group_wait_percent`).
+        assert_eq!(
+            stats["group_commit_waits"].as_u64(),
+            Some(0),
+            "a lone writer's commit waited for others: {stats}"
+        );
         let copied = stats["copied_blocks"].as_u64().unwrap_or(0);
         match log_bias {
             "latency" => assert!(copied >= 24, "held blocks were not copied: {stats}"),
@@ -161,7 +173,9 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
 }
 
 /// Four fio jobs on four connections, each flushing after every write and
-/// verifying what it wrote: every FLUSH is accounted for as a log commit,
+/// verifying what it wrote: with `log_group_wait_percent` set, commits wait
+/// for company (group commit); every
+/// FLUSH is accounted for as a log commit,
 /// one that found its writes logged by the commit before (group commit), or
 /// one through a txg (the volume's first), and the data is intact. (How many
 /// share a commit depends on timing; `scripts/bench-durable.sh` reports it.)
@@ -170,7 +184,7 @@ fn concurrent_flushing_connections_keep_their_data_and_every_flush_is_accounted_
     let mut pool = TestPool::new("gc");
     pool.create("512M", &["mirror", "a.img", "b.img"]);
     pool.create_volume("vol", "64M");
-    pool.serve();
+    pool.serve_with(&["-o", "log_group_wait_percent=10"]);
     let uri = pool.uri("vol");
     let mut client = NbdClient::connect(&pool.socket(), "gc/vol");
     assert_eq!(flush(&mut client), 0);
@@ -205,6 +219,11 @@ fn concurrent_flushing_connections_keep_their_data_and_every_flush_is_accounted_
     let fallbacks = stats["txg_fallbacks"].as_u64().unwrap_or(0);
     assert!(flushes >= 2000, "fio sent {flushes} flushes: {stats}");
     assert!(commits > 0, "no log commit: {stats}");
+    // FLUSHes of four connections meet at the commit lock: commits wait for
+    // more of them (group commit, turned on for this server), which a lone
+    // writer never does (above).
+    let waits = stats["group_commit_waits"].as_u64().unwrap_or(0);
+    assert!(waits > 0, "no commit waited for company: {stats}");
     assert_eq!(
         commits + shared + fallbacks,
         flushes,

@@ -1109,6 +1109,7 @@ fn tunables(pool: &Pool) -> Value {
         "cache_budget_bytes": tunables.cache_budget_bytes,
         "arc_max_bytes": tunables.arc_max_bytes,
         "scrub_rate_bytes": tunables.scrub_rate_bytes,
+        "log_group_wait_percent": tunables.log_group_wait_percent,
         "queue": tunables.queue,
     })
 }

@@ -846,7 +846,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         &'static str,
         fn(&crate::pool::dataset::intent_log::LogStats) -> u64,
     );
-    let log_figures: [LogFigure; 4] = [
+    let log_figures: [LogFigure; 5] = [
         (
             "ironpool_volume_log_commits_total",
             "Intent log commits that wrote log blocks (each one device flush).",
@@ -856,6 +856,11 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
             "ironpool_volume_log_shared_commits_total",
             "FLUSHes whose writes an earlier log commit had logged (group commit).",
             |stats| stats.shared_commits,
+        ),
+        (
+            "ironpool_volume_log_group_commit_waits_total",
+            "Log commits that first waited for more FLUSHes to share them.",
+            |stats| stats.group_commit_waits,
         ),
         (
             "ironpool_volume_log_txg_fallbacks_total",

@@ -97,6 +97,17 @@ pub const COPY_BLOCK_BYTES_MAX: u64 = 32 * 1024;
 /// commit lock) made them 20% and 5% faster.
 pub const COPY_BYTES_PER_COMMIT_MAX: u64 = 64 << 10;
 
+/// The longest wait of a commit for more callers (tunable
+/// `log_group_wait_percent`, see `PoolTunables`), whatever the last commit
+/// took: one that stalled on a failing device must not make the next wait
+/// long.
+pub const GROUP_COMMIT_WAIT_MAX: std::time::Duration = std::time::Duration::from_millis(2);
+/// Callers count as parallel (and commits wait for company) while one of
+/// them found the commit lock taken within this many commits (OpenZFS 2.3
+/// stops waiting for a single-threaded writer likewise): a lone writer
+/// with a FLUSH per write never waits.
+pub const GROUP_COMMIT_BURST_COMMITS: u64 = 8;
+
 /// Objects and directory entries a filesystem keeps for its next commit at
 /// most (their records take at most 16,384 x 296 bytes, under half of what
 /// `COMMIT_BLOCKS_MAX` blocks hold): past it, an `fsync` commits a txg,
@@ -136,6 +147,9 @@ pub struct LogStats {
     pub copied_blocks: u64,
     /// Microseconds the last commit took (write and flush).
     pub last_commit_us: u64,
+    /// Commits that first waited for more callers to share them (group
+    /// commit, tunable `log_group_wait_percent`).
+    pub group_commit_waits: u64,
     /// Microseconds all commits that wrote blocks took, summed: with
     /// `commits`, the mean over any interval (`iostat -l`).
     pub commit_time_us: u64,
@@ -195,6 +209,9 @@ struct LogState {
     /// caller notes the count when it arrives, and any commit numbered
     /// above it started after its changes were linked or held.
     commits_started: u64,
+    /// `commits_started` when a caller last found the commit lock taken:
+    /// callers arrive in parallel, and a commit waits for more of them.
+    contended_at: Option<u64>,
     /// The newest commit (by `commits_started`) that succeeded, and the
     /// newest that also made every block held at its start durable (a
     /// FLUSH's copying commit; other commits log linked blocks only, their
@@ -340,19 +357,51 @@ impl IntentLog {
     /// commit that started after it arrived has covered them (counted as
     /// shared); else the lock and this commit's number, for
     /// [`IntentLog::covered`] once it succeeds.
-    async fn begin_commit(&self, held: bool) -> Option<(crate::rt::sync::Permit, u64)> {
+    ///
+    /// A commit of a dataset whose callers arrive in parallel (one found the
+    /// lock taken during the last [`GROUP_COMMIT_BURST_COMMITS`] commits)
+    /// first waits `wait_percent` of the last commit's time for more
+    /// callers, as OpenZFS's open log block does: each one arriving
+    /// meanwhile shares it instead of paying its own device syncs. A lone
+    /// caller (QD1 with a FLUSH per write) never waits.
+    async fn begin_commit(
+        &self,
+        held: bool,
+        wait_percent: u64,
+    ) -> Option<(crate::rt::sync::Permit, u64)> {
         let arrived = self.state.borrow().commits_started;
-        let permit = self.commit_lock.acquire(1).await;
-        let mut state = self.state.borrow_mut();
-        let covered = if held {
-            state.covered_held
-        } else {
-            state.covered_linked
+        let permit = match self.commit_lock.try_acquire(1) {
+            Some(permit) => permit,
+            None => {
+                self.state.borrow_mut().contended_at = Some(arrived);
+                self.commit_lock.acquire(1).await
+            }
         };
-        if covered > arrived {
-            state.stats.shared_commits += 1;
-            return None;
+        let wait = {
+            let mut state = self.state.borrow_mut();
+            let covered = if held {
+                state.covered_held
+            } else {
+                state.covered_linked
+            };
+            if covered > arrived {
+                state.stats.shared_commits += 1;
+                return None;
+            }
+            let parallel = state.contended_at.is_some_and(|contended| {
+                state.commits_started - contended < GROUP_COMMIT_BURST_COMMITS
+            });
+            let wait_us = (state.stats.last_commit_us * wait_percent / 100)
+                .min(GROUP_COMMIT_WAIT_MAX.as_micros() as u64);
+            (parallel && wait_us > 0).then(|| std::time::Duration::from_micros(wait_us))
+        };
+        if let Some(wait) = wait {
+            self.state.borrow_mut().stats.group_commit_waits += 1;
+            crate::rt::sleep(wait).await;
         }
+        // Numbered only now: a caller that arrived while this commit waited
+        // is covered by it (nothing else commits while the lock is held).
+        let mut state = self.state.borrow_mut();
         state.commits_started += 1;
         Some((permit, state.commits_started))
     }
@@ -725,7 +774,8 @@ impl Pool {
             // every block held at its start under the lock (a copying commit
             // does; one whose caller wrote its held blocks out before the
             // lock does not).
-            let Some((permit, number)) = volume.log.begin_commit(copy).await else {
+            let wait_percent = self.tunables.borrow().log_group_wait_percent;
+            let Some((permit, number)) = volume.log.begin_commit(copy, wait_percent).await else {
                 return Ok(());
             };
             if copy && !self.copy_fits(volume) {
@@ -869,7 +919,8 @@ impl Pool {
         }
         // Writes answered before this are linked (and noted) first.
         fs.settle_writes(None).await;
-        let Some((_commit, number)) = fs.log.begin_commit(false).await else {
+        let wait_percent = self.tunables.borrow().log_group_wait_percent;
+        let Some((_commit, number)) = fs.log.begin_commit(false, wait_percent).await else {
             return Ok(());
         };
         self.txg.ensure_writable()?;

@@ -174,11 +174,11 @@ fn flushes_and_fua_writes_survive_kill_9_through_the_log_without_a_txg() {
 
 /// Four fio jobs on four connections, each flushing after every write and
 /// verifying what it wrote: with `log_group_wait_percent` set, commits wait
-/// for company (group commit); every
-/// FLUSH is accounted for as a log commit,
-/// one that found its writes logged by the commit before (group commit), or
-/// one through a txg (the volume's first), and the data is intact. (How many
-/// share a commit depends on timing; `scripts/bench-durable.sh` reports it.)
+/// for company (group commit); every FLUSH is accounted for as a log
+/// commit, one that found its writes logged by the commit before (group
+/// commit), or one through a txg (the volume's first), and the data is
+/// intact. (How many share a commit depends on timing;
+/// `scripts/bench-durable.sh` reports it.)
 #[test]
 fn concurrent_flushing_connections_keep_their_data_and_every_flush_is_accounted_for() {
     let mut pool = TestPool::new("gc");

@@ -11,13 +11,25 @@
 use std::time::Duration;
 
 /// How often the pool checks memory: often enough to yield before a burst
-/// of writes (whose buffers are bounded by write-back) meets the limit.
-pub const MEMORY_WATCH_INTERVAL: Duration = Duration::from_secs(1);
+/// of writes (whose buffers are bounded by write-back) meets the limit. A
+/// check reads two small cgroup files (tens of microseconds), so four a
+/// second cost nothing measurable.
+pub const MEMORY_WATCH_INTERVAL: Duration = Duration::from_millis(250);
 /// Headroom kept below the limit, as a share of it (1/10): the cache may
 /// grow only into the headroom above this mark, and below it shrinks by
 /// the shortfall. The mark is what other memory (write-back's held blocks,
 /// I/O buffers) may take between two checks.
 pub const HEADROOM_LOW_DIVISOR: u64 = 10;
+/// Least headroom kept below the limit, whatever its size: the memory one
+/// client reading at device speed takes at once besides the cache, its
+/// payload in flight and the pool's read-ahead in flight (128 MiB). Under a
+/// 640 MiB cgroup limit a tenth (64 MiB) was not enough: a 1 GiB sequential
+/// read with qemu-io (32 MiB requests) grew the server's memory by 45 to 60
+/// MB within 100 ms, while the cache's shrinking gave nothing back that fast
+/// (the allocator keeps freed blocks in partly used pages), and the kernel
+/// killed the server in one run of four.
+pub const HEADROOM_RESERVE_BYTES: u64 = crate::nbd::server::PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION
+    + crate::pool::volume::prefetch::PREFETCH_IN_FLIGHT_BYTES_MAX;
 /// A cgroup "limit" at or above this is no limit (v1 reports "unlimited" as
 /// a number near 2^63).
 const NO_LIMIT_BYTES: u64 = 1 << 60;
@@ -95,6 +107,15 @@ pub fn current() -> Option<MemoryState> {
     cgroup_limit().or_else(machine_memory)
 }
 
+/// The headroom kept below a limit of `max_bytes`: a tenth of it, at least
+/// [`HEADROOM_RESERVE_BYTES`], and never more than half of it (a limit that
+/// small leaves the cache its floor).
+pub fn headroom_low_mark(max_bytes: u64) -> u64 {
+    (max_bytes / HEADROOM_LOW_DIVISOR)
+        .max(HEADROOM_RESERVE_BYTES)
+        .min(max_bytes / 2)
+}
+
 /// The cache's next bound, given memory now, the cache's size and its bound
 /// so far (`u64::MAX`: none): the cache may grow by the headroom above the
 /// low mark and no more, so that it cannot outgrow the limit between two
@@ -104,7 +125,7 @@ pub fn current() -> Option<MemoryState> {
 /// own size limit) is no bound.
 pub fn next_limit(memory: MemoryState, cache_bytes: u64, limit: u64, floor: u64, max: u64) -> u64 {
     let headroom = memory.max_bytes.saturating_sub(memory.used_bytes);
-    let low = memory.max_bytes / HEADROOM_LOW_DIVISOR;
+    let low = headroom_low_mark(memory.max_bytes);
     if headroom < low {
         let shrunk = cache_bytes.saturating_sub(low - headroom).max(floor);
         return shrunk.min(limit);
@@ -159,6 +180,24 @@ mod tests {
         assert_eq!(next_limit(full, 3 * GIB, u64::MAX, 0, 8 * GIB), 3 * GIB);
         // A small cache is never bound under the floor.
         assert_eq!(next_limit(full, 0, u64::MAX, 64 << 20, 8 * GIB), 64 << 20);
+    }
+
+    #[test]
+    fn a_small_limit_keeps_the_reserve_free_not_a_tenth() {
+        const MIB: u64 = 1 << 20;
+        assert_eq!(headroom_low_mark(10 * GIB), GIB);
+        assert_eq!(headroom_low_mark(640 * MIB), HEADROOM_RESERVE_BYTES);
+        assert_eq!(headroom_low_mark(128 * MIB), 64 * MIB);
+        // 640 MiB with 600 used: 40 MiB free is short of the 128 MiB
+        // reserve, so a 400 MiB cache gives back the 88 MiB shortfall.
+        let memory = MemoryState {
+            max_bytes: 640 * MIB,
+            used_bytes: 600 * MIB,
+        };
+        assert_eq!(
+            next_limit(memory, 400 * MIB, u64::MAX, 64 * MIB, 8 * GIB),
+            312 * MIB
+        );
     }
 
     #[test]

@@ -22,14 +22,14 @@ pub const MEMORY_WATCH_INTERVAL: Duration = Duration::from_millis(250);
 pub const HEADROOM_LOW_DIVISOR: u64 = 10;
 /// Least headroom kept below the limit, whatever its size: the memory one
 /// client reading at device speed takes at once besides the cache, its
-/// payload in flight and the pool's read-ahead in flight (128 MiB). Under a
+/// payload in flight and the pool's read-ahead in flight, 64 MiB each (the
+/// NBD server, a layer above, checks at build time that they fit). Under a
 /// 640 MiB cgroup limit a tenth (64 MiB) was not enough: a 1 GiB sequential
 /// read with qemu-io (32 MiB requests) grew the server's memory by 45 to 60
 /// MB within 100 ms, while the cache's shrinking gave nothing back that fast
 /// (the allocator keeps freed blocks in partly used pages), and the kernel
 /// killed the server in one run of four.
-pub const HEADROOM_RESERVE_BYTES: u64 = crate::nbd::server::PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION
-    + crate::pool::volume::prefetch::PREFETCH_IN_FLIGHT_BYTES_MAX;
+pub const HEADROOM_RESERVE_BYTES: u64 = 128 << 20;
 /// A cgroup "limit" at or above this is no limit (v1 reports "unlimited" as
 /// a number near 2^63).
 const NO_LIMIT_BYTES: u64 = 1 << 60;

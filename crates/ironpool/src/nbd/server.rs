@@ -40,6 +40,13 @@ pub const PAYLOAD_BYTES_IN_FLIGHT_MAX: u64 = 256 * 1024 * 1024;
 /// keeps the rest. Two of the largest requests (`PAYLOAD_BYTES_MAX`), and
 /// 1 MiB sequential I/O at queue depth 64, fit.
 pub const PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION: u64 = 64 * 1024 * 1024;
+// The read cache keeps one connection's payload and the read-ahead in flight
+// free below a memory limit (see `cache::memory`).
+const _: () = assert!(
+    PAYLOAD_BYTES_IN_FLIGHT_PER_CONNECTION
+        + crate::pool::volume::prefetch::PREFETCH_IN_FLIGHT_BYTES_MAX
+        <= crate::cache::memory::HEADROOM_RESERVE_BYTES
+);
 /// Longest a connection's replies may wait on a socket that accepts no bytes,
 /// by default (`serve --nbd-reply-timeout`): a client that stops reading its
 /// replies holds its share of the payload budget until then, and is

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 /// How often the pool checks memory: often enough to yield before a burst
 /// of writes (whose buffers are bounded by write-back) meets the limit. A
-/// check reads two small cgroup files (tens of microseconds), so four a
-/// second cost nothing measurable.
+/// check reads `/proc/self/cgroup` and two small cgroup files, and touches
+/// no device.
 pub const MEMORY_WATCH_INTERVAL: Duration = Duration::from_millis(250);
 /// Headroom kept below the limit, as a share of it (1/10): the cache may
 /// grow only into the headroom above this mark, and below it shrinks by
@@ -110,7 +110,7 @@ pub fn current() -> Option<MemoryState> {
 /// The headroom kept below a limit of `max_bytes`: a tenth of it, at least
 /// [`HEADROOM_RESERVE_BYTES`], and never more than half of it (a limit that
 /// small leaves the cache its floor).
-pub fn headroom_low_mark(max_bytes: u64) -> u64 {
+fn headroom_low_mark(max_bytes: u64) -> u64 {
     (max_bytes / HEADROOM_LOW_DIVISOR)
         .max(HEADROOM_RESERVE_BYTES)
         .min(max_bytes / 2)

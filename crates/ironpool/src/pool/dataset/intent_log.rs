@@ -2017,10 +2017,10 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
             for (blkid, change) in apply {
                 let result = match change {
                     // A failed link releases the block it was given.
-                    Apply::Link(pointer) => pool.link_block(volume, *blkid, *pointer).await,
+                    Apply::Link(pointer) => pool.link_block(volume, *blkid, *pointer, false).await,
                     Apply::Hole => {
                         let hole = BlockPointer::hole(0, ObjectType::VolumeData, 0);
-                        pool.link_block(volume, *blkid, hole).await
+                        pool.link_block(volume, *blkid, hole, false).await
                     }
                     Apply::Write(_) => continue,
                 };

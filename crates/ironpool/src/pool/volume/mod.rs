@@ -752,7 +752,7 @@ impl Pool {
                     .map(|(blkid, content)| self.write_block(volume, blkid, content, hold)),
             );
             let (run_results, single_results) = futures_util::future::join(
-                self.store_blocks(volume, run, IoClass::SyncWrite),
+                self.store_blocks(volume, run, IoClass::SyncWrite, false),
                 singles,
             )
             .await;
@@ -845,7 +845,7 @@ impl Pool {
                 pointer
             }
         };
-        self.link_block(volume, blkid, pointer).await
+        self.link_block(volume, blkid, pointer, false).await
     }
 
     /// Writes and links several blocks (the caller holds their locks), each
@@ -855,11 +855,14 @@ impl Pool {
     /// the free space has one), written as one run (each child's consecutive
     /// pieces become one queue request), then linked concurrently (a link may
     /// wait for a tree node to be read). Returns each block's result, in order.
+    /// `writes_out`: the blocks are the write-back's dirty copies (see
+    /// [`Pool::link_block`]).
     pub(crate) async fn store_blocks(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
         blocks: Vec<(u64, BufSlice, crate::pool::volume::writeback::Prepared)>,
         class: IoClass,
+        writes_out: bool,
     ) -> Vec<Result<(), PoolError>> {
         let settings = volume.settings();
         let compressed = futures_util::future::join_all(
@@ -913,7 +916,7 @@ impl Pool {
                 async move {
                     match (block, written) {
                         (Ok((pointer, _, _)), Some(Ok(()))) => {
-                            self.link_block(volume, blkid, pointer).await
+                            self.link_block(volume, blkid, pointer, writes_out).await
                         }
                         (Ok((pointer, _, _)), Some(Err(error))) => {
                             self.store.release(&pointer.dvas);
@@ -966,11 +969,21 @@ impl Pool {
     /// allocation and frees the block it replaces, all in one step. Drops the
     /// block's dirty copy. On failure the new block's space is released. The
     /// caller holds the block's lock.
+    ///
+    /// `writes_out`: `pointer` holds the bytes of the block's dirty copy (the
+    /// write-back writing it out). If a log commit copied those bytes, the
+    /// link needs no record of its own. Any other link (new bytes written
+    /// through over a held block, replay) is a newer change than a copy in
+    /// the log, and is noted for the next commit like any link (found by
+    /// ironpool-sim seed 5, mirror3: a FUA write too large to copy, written
+    /// through over a block whose earlier bytes a commit had copied, was
+    /// answered without a record, and a crash brought the copy back).
     pub(crate) async fn link_block(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
         blkid: u64,
         mut pointer: BlockPointer,
+        writes_out: bool,
     ) -> Result<(), PoolError> {
         if let Err(error) = self.objects.load_path(&volume.object, blkid).await {
             if !pointer.is_hole() {
@@ -1022,7 +1035,7 @@ impl Pool {
         // Bytes the intent log holds a copy of need no record of their link;
         // the log's copies are freed once this link is durable.
         let forgotten = self.forget_dirty(volume, blkid);
-        let logged = forgotten.as_ref().is_some_and(|forgotten| forgotten.logged);
+        let logged = writes_out && forgotten.as_ref().is_some_and(|forgotten| forgotten.logged);
         if let Some(forgotten) = forgotten {
             volume
                 .log

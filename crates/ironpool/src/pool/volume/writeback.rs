@@ -734,7 +734,9 @@ async fn write_batch(pool: Rc<Pool>, volume: Rc<Volume>, batch: Vec<(u64, BufSli
         .map(|(blkid, _, _)| volume.held_lock(*blkid))
         .collect();
     let bytes: u64 = batch.iter().map(|(_, data, _)| data.len() as u64).sum();
-    let results = pool.store_blocks(&volume, batch, IoClass::AsyncWrite).await;
+    let results = pool
+        .store_blocks(&volume, batch, IoClass::AsyncWrite, true)
+        .await;
     volume.writeback.dirty.borrow_mut().in_flight_bytes -= bytes;
     drop(locks);
     let written = results.iter().filter(|result| result.is_ok()).count() as u64;

@@ -163,6 +163,9 @@ impl Sim {
             // The read cache from tiny (evicting all the time) to roomy, on
             // the metadata cache's draw so the seeds' other draws stay put.
             arc_max_bytes: [256u64 << 10, 4 << 20, 64 << 20][cache_draw],
+            // Log commits in flight: one at a time (the default), two, and
+            // the most, on the same draw.
+            log_commits_in_flight: [1, 2, 8][cache_draw],
             ..PoolTunables::default()
         };
         Sim {
@@ -881,6 +884,10 @@ impl Sim {
                 (first * block, count * block)
             };
             let zero = self.rng.chance(1, 8);
+            // Some writes of a burst are FUA: their log commits run side by
+            // side (several in flight, answered in chain order), and a crash
+            // window's burst cuts them anywhere.
+            let fua = self.rng.chance(1, 4);
             let tag = if zero {
                 0
             } else {
@@ -899,17 +906,17 @@ impl Sim {
                 }
             }
             touched.push((first, count));
-            self.trace(|| format!("burst {name} {offset}+{length} tag {tag}"));
+            self.trace(|| format!("burst {name} {offset}+{length} tag {tag} fua {fua}"));
             let task_pool = pool.clone();
             let task_volume = volume.clone();
             let model = self.model.clone();
             let task_name = name.clone();
             handles.push(rt::spawn(async move {
                 let result = match buffer {
-                    Some(buffer) => task_pool.write(&task_volume, offset, buffer, false).await,
+                    Some(buffer) => task_pool.write(&task_volume, offset, buffer, fua).await,
                     None => {
                         task_pool
-                            .zero(&task_volume, offset, length, false, true)
+                            .zero(&task_volume, offset, length, fua, true)
                             .await
                     }
                 };
@@ -921,6 +928,9 @@ impl Sim {
                     Ok(()) => {
                         for (blkid, values) in &changes {
                             target.acknowledged(*blkid, values);
+                            if fua {
+                                target.flushed_block(*blkid);
+                            }
                         }
                         Ok(())
                     }

@@ -12,7 +12,7 @@ use std::time::Duration;
 use ironpool::dev::sim::{SimDevice, SimLatency};
 use ironpool::format::label::TopVdevKind;
 use ironpool::pool::volume::{ReadPiece, Volume};
-use ironpool::pool::Pool;
+use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
 use sim_support::{devices, layout, manual_commits, named, random_pattern};
@@ -192,6 +192,102 @@ fn streams_of_fua_writes_share_commits_and_survive_a_crash() {
             assert!(
                 read == random_pattern(BLOCK as usize, 100 + blkid).to_vec(),
                 "FUA write {blkid} lost"
+            );
+        }
+        pool.export().await.unwrap();
+    });
+}
+
+/// Four FUA writes a quarter step apart on a pool with a log device: their
+/// commits are in flight together (`log_commits_in_flight` 4). The log
+/// device fails for the moment the second commit's block completes, and is
+/// back before the third's and fourth's: their own blocks are written, but
+/// the chain has a gap before them, so they must not be answered through
+/// it. They fall back to a txg; the first is answered through the log.
+/// Every write is there after the power goes.
+#[test]
+fn a_failed_log_write_fails_the_commits_in_flight_behind_it() {
+    let disks = devices(3, DEVICE_BYTES, 15);
+    let first = disks.clone();
+    Runtime::new_sim(15).block_on(async move {
+        let disks = first;
+        let mut tops = layout(&disks[..2], TopVdevKind::Mirror);
+        let mut log = layout(&disks[2..], TopVdevKind::Disk);
+        log[0].log = true;
+        tops.extend(log);
+        let tunables = PoolTunables {
+            log_commits_in_flight: 4,
+            ..manual_commits()
+        };
+        let pool = Pool::create_on_devices("tank", tops, false, tunables)
+            .await
+            .unwrap();
+        pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        let volume = pool.volume("tank/vol").unwrap();
+        // The volume's first FLUSH starts its log chain through a txg.
+        pool.write(&volume, 0, random_pattern(BLOCK as usize, 1), true)
+            .await
+            .unwrap();
+        set_latency(&disks, IO_US, IO_US);
+        let before = volume.log_stats();
+        let log_device = disks[2].counters();
+        let writers: Vec<_> = (0..4u64)
+            .map(|index| {
+                let (pool, volume) = (pool.clone(), volume.clone());
+                rt::spawn(async move {
+                    rt::sleep(steps(index) / 4).await;
+                    let data = random_pattern(BLOCK as usize, 200 + index);
+                    pool.write(&volume, (10 + index) * BLOCK, data, true).await
+                })
+            })
+            .collect();
+        // Commit 1's block completes at step 1, commit 2's at 1.25, commit
+        // 3's at 1.5 and commit 4's at 1.75.
+        rt::sleep(steps(1) + steps(1) / 10).await;
+        disks[2].set_offline(true);
+        rt::sleep(steps(1) / 4).await;
+        disks[2].set_offline(false);
+        for writer in writers {
+            writer.await.unwrap();
+        }
+        let after = volume.log_stats();
+        let log_after = disks[2].counters();
+        assert_eq!(
+            log_after.offline_errors - log_device.offline_errors,
+            1,
+            "only the second commit's log block fails"
+        );
+        assert!(
+            log_after.durable_writes - log_device.durable_writes >= 4,
+            "the four commits' log blocks were written side by side"
+        );
+        assert_eq!(after.commits - before.commits, 1, "the first commit");
+        assert!(
+            after.txg_fallbacks - before.txg_fallbacks >= 3,
+            "the second commit and the two behind it went through a txg ({:?})",
+            after
+        );
+        let mut rng = Rng::new(7);
+        for disk in &disks {
+            disk.crash(&mut rng);
+        }
+    });
+    Runtime::new_sim(16).block_on(async move {
+        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
+            .await
+            .unwrap();
+        let volume = pool.volume("tank/vol").unwrap();
+        for index in 0..4u64 {
+            let read = ReadPiece::concat(
+                pool.read(&volume, (10 + index) * BLOCK, BLOCK)
+                    .await
+                    .unwrap(),
+            );
+            assert!(
+                read == random_pattern(BLOCK as usize, 200 + index).to_vec(),
+                "FUA write {index} lost"
             );
         }
         pool.export().await.unwrap();

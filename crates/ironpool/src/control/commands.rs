@@ -1110,6 +1110,7 @@ fn tunables(pool: &Pool) -> Value {
         "arc_max_bytes": tunables.arc_max_bytes,
         "scrub_rate_bytes": tunables.scrub_rate_bytes,
         "log_group_wait_percent": tunables.log_group_wait_percent,
+        "log_commits_in_flight": tunables.log_commits_in_flight,
         "queue": tunables.queue,
     })
 }

@@ -191,6 +191,13 @@ pub struct PoolTunables {
     /// wait costing more than the device syncs it saves. It can pay where a
     /// commit's syncs are dear and many writers flush at once.
     pub log_group_wait_percent: u64,
+    /// Intent log commits of one volume written at once, at most (1 to
+    /// [`dataset::intent_log::LOG_COMMITS_IN_FLIGHT_MAX`]): a FLUSH that
+    /// arrives while commits are being written starts the next one beside
+    /// them instead of waiting for them (OpenZFS's log blocks in flight),
+    /// and they are answered in order. 1 by default: see
+    /// `DEFAULT_LOG_COMMITS_IN_FLIGHT` for what more measured.
+    pub log_commits_in_flight: u64,
 }
 
 /// Objects a filesystem (a head, or a snapshot open for reading) keeps
@@ -216,6 +223,7 @@ impl Default for PoolTunables {
             fs_objects_loaded_max: FS_OBJECTS_LOADED_MAX,
             discard_missing_log: false,
             log_group_wait_percent: 0,
+            log_commits_in_flight: dataset::intent_log::DEFAULT_LOG_COMMITS_IN_FLIGHT,
         }
     }
 }

@@ -1587,21 +1587,10 @@ impl Pool {
             .find_map(Result::err)
             .map(PoolError::from)
             .or(flushed.err().map(PoolError::from));
-        // Its turn: every commit before it in the chain has ended.
+        // Its turn: every commit before it in the chain has ended (this one
+        // is still in flight, so the front is now this one).
         let log = owner.log();
-        loop {
-            let turn = log.turns.notified();
-            let first = log
-                .state
-                .borrow()
-                .in_flight
-                .front()
-                .map(|entry| entry.commit);
-            if first.is_none_or(|first| first == write.commit) {
-                break;
-            }
-            turn.await;
-        }
+        log.wait_ended(write.commit.saturating_sub(1)).await;
         let failed = failed.or_else(|| {
             (log.state.borrow().chain_guid != write.chain_guid)
                 .then(|| PoolError::Io("a log commit before this one failed".to_string()))

@@ -1983,29 +1983,30 @@ impl Filesystem {
         let end = write_end(offset, data.len())?;
         self.grow_block(pool, object, end).await?;
         let block = object.dnode().data_block_bytes();
-        let mut blocks = Vec::new();
+        // A whole block is the request's own bytes, not a copy of them:
+        // `write_block` copies them once, into the buffer the devices write.
+        let mut blocks: Vec<(u64, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         for (blkid, within, source) in block_pieces(offset, data, block) {
             let chunk = source.len();
-            let mut bytes = if chunk as u64 == block {
-                source.to_vec()
-            } else {
-                self.count(|stats| stats.rmw_write_ops += 1);
-                let mut old = match self
-                    .read_block(object, blkid, self.settings.get().data_cache_use())
-                    .await?
-                {
-                    Some(old) => old.to_vec(),
-                    None => vec![0u8; block as usize],
-                };
-                old[within..within + chunk].copy_from_slice(source);
-                old
+            if chunk as u64 == block {
+                blocks.push((blkid, std::borrow::Cow::Borrowed(source)));
+                continue;
+            }
+            self.count(|stats| stats.rmw_write_ops += 1);
+            let mut old = match self
+                .read_block(object, blkid, self.settings.get().data_cache_use())
+                .await?
+            {
+                Some(old) => old.to_vec(),
+                None => vec![0u8; block as usize],
             };
-            bytes.resize(block as usize, 0);
-            blocks.push((blkid, bytes));
+            old.resize(block as usize, 0);
+            old[within..within + chunk].copy_from_slice(source);
+            blocks.push((blkid, std::borrow::Cow::Owned(old)));
         }
         let slices: Vec<(u64, &[u8])> = blocks
             .iter()
-            .map(|(blkid, bytes)| (*blkid, bytes.as_slice()))
+            .map(|(blkid, bytes)| (*blkid, bytes.as_ref()))
             .collect();
         self.store_blocks(pool, object, &slices, ObjectType::FsFile)
             .await?;
@@ -2190,8 +2191,10 @@ impl Filesystem {
             .map(|top| top.sector_bytes())
             .max()
             .unwrap_or(4096) as usize;
-        let mut padded = AlignedBuf::zeroed(bytes.len().next_multiple_of(sector));
+        // Every byte is written below: the data, then zeros to the sector.
+        let mut padded = AlignedBuf::for_overwrite(bytes.len().next_multiple_of(sector));
         padded[..bytes.len()].copy_from_slice(bytes);
+        padded[bytes.len()..].fill(0);
         let whole = BufSlice::whole(padded.into_shared());
         let (payload, physical, compression) = if settings.compression.algo == Compression::Off {
             (whole, bytes.len(), Compression::Off)

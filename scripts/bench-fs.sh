@@ -49,11 +49,15 @@
 #               path's own cost (request, copies, reply) with no device
 #               in the way; IOPS and the ratio
 #
-# Usage: [HALT_POLL_NS=N] scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
+# Usage: [HALT_POLL_NS=N] [FUSE_URING=Y|N] scripts/bench-fs.sh [FILES] [RUNTIME_S] [IRONPOOL_BIN] [PARTS]
 #   default: 100000 files, 8 s, target/release/ironpool,
 #   "metadata data seq cached sync names"
 # HALT_POLL_NS=N runs with a virtual machine's guest halt polling at N ns
 # (see scripts/halt-poll.sh: the metadata rows wait for each answer).
+# FUSE_URING=Y (or N) sets /sys/module/fuse/parameters/enable_uring for the
+# run, so the filesystem is mounted with FUSE over io_uring (or /dev/fuse),
+# and puts the old value back at exit; unset, the machine's setting stands.
+# The last line of the data part says which transport served.
 set -euo pipefail
 files=${1:-100000}
 runtime=${2:-8}
@@ -66,15 +70,23 @@ work=$(mktemp -d "$PWD/target/bench-fs.XXXXXX")
 loop=""
 server=""
 source "$(dirname "$0")/halt-poll.sh"
+uring_knob=/sys/module/fuse/parameters/enable_uring
+uring_saved=""
 cleanup() {
     [ -n "$server" ] && kill "$server" 2>/dev/null && sleep 2
     mountpoint -q "$work/ext4" && umount "$work/ext4"
     [ -n "$loop" ] && losetup -d "$loop"
     rm -rf "$work"
     halt_poll_restore
+    [ -n "$uring_saved" ] && echo "$uring_saved" >"$uring_knob"
 }
 trap cleanup EXIT
 halt_poll_apply
+if [ -n "${FUSE_URING:-}" ]; then
+    [ -w "$uring_knob" ] || { echo "FUSE_URING: $uring_knob is not writable (no FUSE over io_uring, or not root)" >&2; exit 1; }
+    uring_saved=$(cat "$uring_knob")
+    echo "$FUSE_URING" >"$uring_knob"
+fi
 export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
 
 # fio_iops LABEL FIO-ARGS...: runs one fio job, prints its IOPS (reads and
@@ -97,7 +109,7 @@ PY
 
 ratio() { python3 -c "import sys; a, b = float(sys.argv[1]), float(sys.argv[2]); print(f'{a / b:.2f}x' if b else '-')" "$1" "$2"; }
 
-echo "# bench-fs $(date -u +%FT%TZ) files=$files runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true) $(uname -r) $(halt_poll_describe)"
+echo "# bench-fs $(date -u +%FT%TZ) files=$files runtime=${runtime}s $(git rev-parse --short HEAD 2>/dev/null || true) $(uname -r) $(halt_poll_describe) enable_uring=$(cat "$uring_knob" 2>/dev/null || echo absent)"
 
 # The ext4 baseline on a loop device over a file of the same disk.
 truncate -s 4G "$work/ext4.img"

@@ -14,7 +14,7 @@ use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
-use sim_support::{devices, layout, named};
+use sim_support::{crash_all, devices, layout, named};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 
@@ -258,10 +258,7 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         // Power fails: tasks vanish, unflushed writes are partly lost.
         runtime.drop_all_tasks();
         pool_holder.borrow_mut().take();
-        let mut crash_rng = Rng::new(seed ^ 0xc0ffee);
-        for disk in &disks {
-            disk.crash(&mut crash_rng);
-        }
+        crash_all(&disks, &mut Rng::new(seed ^ 0xc0ffee));
     }
     let runtime = Runtime::new_sim(seed + 1);
     let disks = disks.clone();

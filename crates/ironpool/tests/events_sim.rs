@@ -19,7 +19,7 @@ use ironpool::pool::history::HISTORY_BYTES_MAX;
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{devices, layout, manual_commits, named, random_pattern};
+use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 8 << 20;
@@ -237,9 +237,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
         .await
         .is_err());
         // No export: the devices lose whatever was not flushed.
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut rng);
     });
     Runtime::new_sim(42).block_on(async {
         let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())

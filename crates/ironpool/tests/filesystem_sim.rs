@@ -20,7 +20,7 @@ use ironpool::pool::filesystem::{
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
-use sim_support::{devices, layout, manual_commits, named};
+use sim_support::{crash_all, devices, layout, manual_commits, named};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 
@@ -944,10 +944,7 @@ fn run_then_crash<Body, Run>(
     runtime.block_on(body(pool_holder.clone()));
     runtime.drop_all_tasks();
     pool_holder.borrow_mut().take();
-    let mut crash_rng = Rng::new(seed ^ salt);
-    for disk in disks {
-        disk.crash(&mut crash_rng);
-    }
+    crash_all(disks, &mut Rng::new(seed ^ salt));
 }
 
 /// Random operations with commits; power fails at a random instant. The

@@ -15,7 +15,7 @@ use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
-use sim_support::{devices, layout, manual_commits, named, random_pattern};
+use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 128 << 20;
 const VOLUME_BYTES: u64 = 32 << 20;
@@ -38,6 +38,16 @@ async fn mirror_with_volume(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
     .await
     .unwrap();
     pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+        .await
+        .unwrap();
+    let volume = pool.volume("tank/vol").unwrap();
+    (pool, volume)
+}
+
+/// The mirror on `disks` imported after a crash, commits only when asked,
+/// and its volume.
+async fn import_crashed(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
+    let pool = Pool::import_from_devices("tank", named(disks), manual_commits())
         .await
         .unwrap();
     let volume = pool.volume("tank/vol").unwrap();
@@ -114,17 +124,11 @@ fn a_flush_does_not_return_on_a_later_commit_that_left_its_held_block_out() {
             .unwrap();
         pool.flush_volume(&volume).await.unwrap();
         // The power goes the moment the small FLUSH returns.
-        let mut rng = Rng::new(5);
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut Rng::new(5));
         drop((fua, big_flush));
     });
     Runtime::new_sim(12).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = import_crashed(&disks).await;
         let read = ReadPiece::concat(pool.read(&volume, 50 * BLOCK, BLOCK).await.unwrap());
         assert!(
             read == expected,
@@ -177,16 +181,10 @@ fn streams_of_fua_writes_share_commits_and_survive_a_crash() {
             commits <= total / 4,
             "{total} FUA writes from {WRITERS} writers took {commits} log commits"
         );
-        let mut rng = Rng::new(6);
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut Rng::new(6));
     });
     Runtime::new_sim(14).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = import_crashed(&disks).await;
         for blkid in 1..=WRITERS * WRITES_EACH {
             let read = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
             assert!(
@@ -269,16 +267,10 @@ fn a_failed_log_write_fails_the_commits_in_flight_behind_it() {
             "the second commit and the two behind it went through a txg ({:?})",
             after
         );
-        let mut rng = Rng::new(7);
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut Rng::new(7));
     });
     Runtime::new_sim(16).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = import_crashed(&disks).await;
         for index in 0..4u64 {
             let read = ReadPiece::concat(
                 pool.read(&volume, (10 + index) * BLOCK, BLOCK)
@@ -333,16 +325,10 @@ fn a_write_through_over_a_copied_block_is_logged() {
         pool.write(&volume, 20 * BLOCK, newer.clone(), true)
             .await
             .unwrap();
-        let mut rng = Rng::new(8);
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut Rng::new(8));
     });
     Runtime::new_sim(18).block_on(async move {
-        let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = import_crashed(&disks).await;
         let read = ReadPiece::concat(pool.read(&volume, 20 * BLOCK, 3 * BLOCK).await.unwrap());
         assert!(
             read == expected,

@@ -15,7 +15,7 @@ use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{devices, layout, manual_commits, named, random_pattern};
+use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 16 << 20;
@@ -106,9 +106,7 @@ fn destroy_trim_crash_and_read_back(kind: TopVdevKind, count: usize, seed: u64) 
         let report = pool.check_space().await.unwrap();
         assert!(report.problems.is_empty(), "{:?}", report.problems);
         // Discards the devices took but did not flush may or may not stay.
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut rng);
     });
     Runtime::new_sim(seed + 1).block_on(async {
         let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())

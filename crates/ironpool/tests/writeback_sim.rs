@@ -14,7 +14,7 @@ use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{devices, layout, manual_commits, named, random_pattern};
+use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 128 << 20;
 const VOLUME_BYTES: u64 = 32 << 20;
@@ -92,9 +92,7 @@ fn writes_are_held_read_back_from_memory_and_a_flush_makes_them_survive_a_crash(
         assert_eq!(stats.writeback_blocks, 65, "{stats:?}");
         assert!(device_writes(&disks) > before);
         // The power goes: whatever the devices had not flushed is lost.
-        for disk in &disks {
-            disk.crash(&mut rng);
-        }
+        crash_all(&disks, &mut rng);
     });
     Runtime::new_sim(2).block_on(async {
         let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())

@@ -22,6 +22,14 @@ pub fn devices(count: usize, size_bytes: u64, seed: u64) -> Vec<Rc<SimDevice>> {
         .collect()
 }
 
+/// The power goes on every one of `disks` at once: each loses the writes it
+/// took but did not flush, as `rng` draws (so a test's seed fixes the loss).
+pub fn crash_all(disks: &[Rc<SimDevice>], rng: &mut Rng) {
+    for disk in disks {
+        disk.crash(rng);
+    }
+}
+
 /// The devices as an import finds them: `sim:dN` and the device.
 pub fn named(devices: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
     devices

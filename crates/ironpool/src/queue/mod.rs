@@ -619,13 +619,15 @@ impl VdevQueue {
         }
     }
 
-    /// Schedules a dispatch for the next loop turn.
+    /// Schedules a dispatch for the end of this round of the loop: after every
+    /// task of the round has queued its I/Os (so that neighbours aggregate),
+    /// before the loop's turn submits (so that they reach the devices now).
     fn kick(self: &Rc<Self>) {
         if self.dispatch_scheduled.replace(true) {
             return;
         }
         let queue = self.clone();
-        rt::spawn(async move {
+        rt::spawn_at_round_end(async move {
             queue.dispatch_scheduled.set(false);
             queue.dispatch();
         });
@@ -674,7 +676,8 @@ impl VdevQueue {
             }
         }
         let queue = self.clone();
-        rt::spawn(async move {
+        // Polled in this round too: its first poll hands the I/O to the device.
+        rt::spawn_at_round_end(async move {
             let class = aggregate.class;
             let requests = aggregate.children.len() as u64;
             queue.execute(aggregate, now).await;

@@ -5,6 +5,12 @@
 //! completion, so the stack stays bounded and there is no re-entrancy. The ready
 //! queue is FIFO, which together with a deterministic driver (the simulator) makes a
 //! whole run reproducible from one seed.
+//!
+//! A task may also be spawned to run at the end of the current round, before the
+//! driver's turn (`spawn_at_round_end`): the device queue's dispatch is one. It sees
+//! every I/O the round's tasks queued (so neighbours still aggregate), and the device
+//! operations it starts reach the kernel in the same turn, instead of one round later
+//! each for the dispatch and for the first poll of the I/O's task.
 
 use std::cell::{Cell, RefCell};
 use std::collections::VecDeque;
@@ -16,6 +22,12 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll, Wake, Waker};
 
 type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
+
+/// Passes over the tasks spawned for the end of a round, at most, before the driver's
+/// turn: a dispatch spawns device I/O tasks for the same round (two passes); a
+/// device I/O that fails at once queues another dispatch. Past this many, the rest
+/// wait for the next round: a round always ends and the driver gets its turn.
+const ROUND_END_PASSES_MAX: usize = 4;
 
 /// Wakes that arrive from another thread (rare: only helper threads) are queued
 /// here and the loop is told through `remote_pending`.
@@ -50,6 +62,8 @@ thread_local! {
     /// The executor running on this thread (0: none) and its local ready queue.
     static LOCAL_EXECUTOR_ID: Cell<usize> = const { Cell::new(0) };
     static LOCAL_READY: RefCell<VecDeque<usize>> = const { RefCell::new(VecDeque::new()) };
+    /// Tasks spawned to run at the end of the current round.
+    static LOCAL_ROUND_END: RefCell<VecDeque<usize>> = const { RefCell::new(VecDeque::new()) };
 }
 
 impl Wake for TaskHeader {
@@ -119,6 +133,7 @@ impl Executor {
     pub(crate) fn enter(&self) {
         LOCAL_EXECUTOR_ID.with(|id| id.set(self.id));
         LOCAL_READY.with(|ready| ready.borrow_mut().clear());
+        LOCAL_ROUND_END.with(|ready| ready.borrow_mut().clear());
     }
 
     pub(crate) fn leave(&self) {
@@ -130,7 +145,9 @@ impl Executor {
         self.live_tasks.get()
     }
 
-    pub(crate) fn spawn_boxed(&self, future: LocalFuture) {
+    /// Adds a task; with `round_end`, it is first polled at the end of the current
+    /// round (see the module's comment), else in the next round.
+    pub(crate) fn spawn_boxed(&self, future: LocalFuture, round_end: bool) {
         let slot_index = match self.free_slots.borrow_mut().pop() {
             Some(index) => index,
             None => {
@@ -151,7 +168,16 @@ impl Executor {
             waker: waker.clone(),
         });
         self.live_tasks.set(self.live_tasks.get() + 1);
-        waker.wake();
+        if round_end && LOCAL_EXECUTOR_ID.with(|id| id.get() == self.id) {
+            // Scheduled, as a wake would mark it: a wake before its first poll
+            // must not queue it twice.
+            if let Some(Some(slot)) = self.tasks.borrow().get(slot_index) {
+                slot.header.scheduled.store(true, Ordering::Release);
+            }
+            LOCAL_ROUND_END.with(|ready| ready.borrow_mut().push_back(slot_index));
+        } else {
+            waker.wake();
+        }
     }
 
     fn drain_remote(&self) {
@@ -172,11 +198,12 @@ impl Executor {
     pub(crate) fn has_ready(&self) -> bool {
         self.drain_remote();
         LOCAL_READY.with(|ready| !ready.borrow().is_empty())
+            || LOCAL_ROUND_END.with(|ready| !ready.borrow().is_empty())
     }
 
     /// Polls every task that is ready now (not those made ready while doing so,
-    /// so the driver gets a turn to submit and reap between rounds).
-    /// Returns the number of tasks polled.
+    /// so the driver gets a turn to submit and reap between rounds), then those
+    /// spawned for the end of this round. Returns the number of tasks polled.
     pub(crate) fn run_ready(&self) -> usize {
         self.drain_remote();
         let count = LOCAL_READY.with(|ready| ready.borrow().len());
@@ -188,6 +215,24 @@ impl Executor {
             self.poll_task(task_id);
             polled += 1;
         }
+        for _ in 0..ROUND_END_PASSES_MAX {
+            let batch = LOCAL_ROUND_END.with(|ready| std::mem::take(&mut *ready.borrow_mut()));
+            if batch.is_empty() {
+                break;
+            }
+            for task_id in batch {
+                self.poll_task(task_id);
+                polled += 1;
+            }
+        }
+        // Those left run first in the next round.
+        let left = LOCAL_ROUND_END.with(|ready| std::mem::take(&mut *ready.borrow_mut()));
+        LOCAL_READY.with(|ready| {
+            let mut ready = ready.borrow_mut();
+            for task_id in left.into_iter().rev() {
+                ready.push_front(task_id);
+            }
+        });
         polled
     }
 
@@ -228,6 +273,7 @@ impl Executor {
         self.live_tasks.set(0);
         drop(tasks);
         LOCAL_READY.with(|ready| ready.borrow_mut().clear());
+        LOCAL_ROUND_END.with(|ready| ready.borrow_mut().clear());
     }
 }
 
@@ -257,5 +303,46 @@ impl<T> Future for JoinHandle<T> {
         }
         crate::rt::register_waker(&mut self.state.waker.borrow_mut(), context.waker());
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::cell::RefCell;
+    use std::rc::Rc;
+
+    use crate::rt::{self, Runtime};
+
+    /// A task spawned for the end of a round runs after every task of that
+    /// round (so a dispatch sees the I/O all of them queued) and before the
+    /// next round (so the I/O it starts goes out in this turn), also when
+    /// those tasks were made ready later than it was spawned.
+    #[test]
+    fn a_round_end_task_runs_after_the_round_and_before_the_next() {
+        Runtime::new_sim(1).block_on(async {
+            let order = Rc::new(RefCell::new(Vec::new()));
+            let log = |name: &'static str| {
+                let order = order.clone();
+                move || order.borrow_mut().push(name)
+            };
+            let (first, second) = (log("first"), log("second"));
+            let (round_end, next_round) = (log("round end"), log("next round"));
+            let first_task = rt::spawn(async move {
+                first();
+                // Spawned first, yet it runs second: in the next round.
+                rt::spawn(async move { next_round() });
+                rt::spawn_at_round_end(async move { round_end() });
+            });
+            let second_task = rt::spawn(async move { second() });
+            first_task.await;
+            second_task.await;
+            // Both spawned tasks have run once the next round is over.
+            rt::yield_now().await;
+            rt::yield_now().await;
+            assert_eq!(
+                *order.borrow(),
+                ["first", "second", "round end", "next round"]
+            );
+        });
     }
 }

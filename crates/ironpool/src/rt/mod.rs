@@ -252,6 +252,26 @@ where
     F: Future + 'static,
     F::Output: 'static,
 {
+    spawn_with(future, false)
+}
+
+/// Spawns a task first polled at the end of the current round of the loop,
+/// before the driver's turn, rather than in the next round: for work that
+/// gathers what this round's tasks queued and starts device I/O (the vdev
+/// queue's dispatch), so that the I/O reaches the kernel in this turn.
+pub fn spawn_at_round_end<F>(future: F) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
+    spawn_with(future, true)
+}
+
+fn spawn_with<F>(future: F, round_end: bool) -> JoinHandle<F::Output>
+where
+    F: Future + 'static,
+    F::Output: 'static,
+{
     let state = Rc::new(JoinState {
         result: RefCell::new(None),
         waker: RefCell::new(None),
@@ -266,7 +286,7 @@ where
             waker.wake();
         }
     };
-    with_current(|inner| inner.executor.spawn_boxed(Box::pin(task)));
+    with_current(|inner| inner.executor.spawn_boxed(Box::pin(task), round_end));
     JoinHandle { state }
 }
 

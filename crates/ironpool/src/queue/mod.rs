@@ -15,8 +15,9 @@
 //!   repair or scrub semantics differ never merge.
 //! - Optional I/Os (RAID-Z pad sectors) join an aggregate past the size limit,
 //!   never start or end one, and are dropped when nothing needs them.
-//! - Dispatch is deferred to the next loop turn (like a block-layer plug), so all
-//!   I/Os queued in one turn are seen together and can aggregate.
+//! - Dispatch is deferred to the end of the loop's round (like a block-layer
+//!   plug), so all I/Os queued in one round are seen together and can
+//!   aggregate, and the device I/Os it starts are submitted in the same turn.
 
 pub mod stats;
 

@@ -156,9 +156,13 @@ impl Executor {
                 tasks.len() - 1
             }
         };
+        // A task for the round's end goes in its queue already scheduled, as a
+        // wake would mark it: a wake before its first poll must not queue it
+        // twice. (Spawned from another thread, it is woken as any other.)
+        let round_end = round_end && LOCAL_EXECUTOR_ID.with(|id| id.get() == self.id);
         let header = Arc::new(TaskHeader {
             task_id: slot_index,
-            scheduled: AtomicBool::new(false),
+            scheduled: AtomicBool::new(round_end),
             remote: self.remote.clone(),
         });
         let waker = Waker::from(header.clone());
@@ -168,12 +172,7 @@ impl Executor {
             waker: waker.clone(),
         });
         self.live_tasks.set(self.live_tasks.get() + 1);
-        if round_end && LOCAL_EXECUTOR_ID.with(|id| id.get() == self.id) {
-            // Scheduled, as a wake would mark it: a wake before its first poll
-            // must not queue it twice.
-            if let Some(Some(slot)) = self.tasks.borrow().get(slot_index) {
-                slot.header.scheduled.store(true, Ordering::Release);
-            }
+        if round_end {
             LOCAL_ROUND_END.with(|ready| ready.borrow_mut().push_back(slot_index));
         } else {
             waker.wake();

@@ -299,10 +299,26 @@ impl LogState {
     /// Forgets commit `commit` and what names its copies (its blocks are
     /// freed, or it was never written).
     fn forget_commit(&mut self, commit: u64) {
-        self.commits.remove(&commit);
-        self.live_copies.retain(|_, copied_in| *copied_in != commit);
+        self.forget_commits(&rustc_hash::FxHashSet::from_iter([commit]));
+    }
+
+    /// Forgets `commits` and what names their copies, in one pass over the
+    /// copies however many commits go: a txg frees every commit it made
+    /// durable at once (tens of thousands after a few seconds of a FLUSH per
+    /// write), and a pass per commit over tens of thousands of copies held
+    /// the loop for up to half a second (fio nbd 16K QD1 `--fsync=1` with a
+    /// log device: FLUSH latency max 534 ms, p99.5 3.3 ms).
+    fn forget_commits(&mut self, commits: &rustc_hash::FxHashSet<u64>) {
+        if commits.is_empty() {
+            return;
+        }
+        for commit in commits {
+            self.commits.remove(commit);
+        }
+        self.live_copies
+            .retain(|_, copied_in| !commits.contains(copied_in));
         self.pending_cancels
-            .retain(|(_, copied_in, _)| *copied_in != commit);
+            .retain(|(_, copied_in, _)| !commits.contains(copied_in));
     }
 }
 
@@ -1737,8 +1753,8 @@ fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
         }
     }
     state.pending_cancels = later;
-    let mut cancels_changed = state.cancelled.len() != before;
     let mut obsolete = Vec::new();
+    let mut freed = rustc_hash::FxHashSet::default();
     while let Some(&(_, pointer, commit)) = state.written.front() {
         let done = state
             .commits
@@ -1755,13 +1771,17 @@ fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
             .is_none_or(|(_, _, next)| *next != commit)
         {
             // The commit's last block: what named its copies goes too.
-            state.forget_commit(commit);
-            let cancelled = state.cancelled.len();
-            state
-                .cancelled
-                .retain(|(copied_in, _)| *copied_in != commit);
-            cancels_changed |= state.cancelled.len() != cancelled;
+            freed.insert(commit);
         }
+    }
+    let mut cancels_changed = state.cancelled.len() != before;
+    if !freed.is_empty() {
+        state.forget_commits(&freed);
+        let cancelled = state.cancelled.len();
+        state
+            .cancelled
+            .retain(|(copied_in, _)| !freed.contains(copied_in));
+        cancels_changed |= state.cancelled.len() != cancelled;
     }
     if obsolete.is_empty() && !cancels_changed {
         return;

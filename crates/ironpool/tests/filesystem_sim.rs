@@ -2568,3 +2568,139 @@ fn nonsense_filesystem_streams_are_refused_or_survived() {
         nonsense_stream_run(seed);
     }
 }
+
+/// Writes `blocks` blocks of 4 KiB (random: none compresses) to a new file
+/// `name` in the root.
+async fn big_file(pool: &Rc<Pool>, fs: &Rc<Filesystem>, name: &[u8], blocks: u64) -> u64 {
+    let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+    let file = fs.create(pool, fs.root(), name, &mode).await.unwrap();
+    let mut piece = vec![0; 64 * 4096];
+    Rng::new(blocks).fill(&mut piece);
+    let end = blocks * 4096;
+    let mut offset = 0;
+    while offset < end {
+        let length = piece.len().min((end - offset) as usize);
+        fs.write(pool, file.ino, offset, &piece[..length])
+            .await
+            .unwrap();
+        offset += length as u64;
+    }
+    file.ino
+}
+
+/// A large file removed while the kernel held it is freed when the kernel
+/// lets go, a slice of blocks at a time with the filesystem's lock let go
+/// between: reads of another file are answered while the free goes on
+/// (a free in one go kept them waiting to its end), and every block comes
+/// back. Power fails part way through a second such free: the import
+/// frees the rest of the file with no links.
+#[test]
+fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
+    use ironpool::pool::filesystem::FREE_BLOCKS_PER_TURN;
+    let blocks = FREE_BLOCKS_PER_TURN * 4 + 10;
+    let disks = devices(2, DEVICE_BYTES, 45);
+    let free_before = Rc::new(Cell::new(0));
+    run_then_crash(45, &disks, 1, |holder| {
+        let free_before = free_before.clone();
+        let disks = disks.clone();
+        async move {
+            let (pool, fs) =
+                pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "4K")]).await;
+            *holder.borrow_mut() = Some(pool.clone());
+            let root = fs.root();
+            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+            let small = fs.create(&pool, root, b"small", &mode).await.unwrap();
+            fs.write(&pool, small.ino, 0, &[7; 4096]).await.unwrap();
+            pool.commit().await.unwrap();
+            free_before.set(pool.space().1);
+
+            let big = big_file(&pool, &fs, b"big", blocks).await;
+            pool.commit().await.unwrap();
+            // (A mirror's space counts each block once.)
+            assert!(
+                pool.space().1 + blocks * 4096 <= free_before.get(),
+                "free {} with the file, {} before it",
+                pool.space().1,
+                free_before.get()
+            );
+            fs.remembered(big);
+            fs.remove(&pool, root, b"big", false).await.unwrap();
+            let freed = Cell::new(false);
+            let reads_meanwhile = Cell::new(0);
+            let free = async {
+                fs.forgotten(&pool, big, 1).await.unwrap();
+                freed.set(true);
+            };
+            let reads = async {
+                while !freed.get() {
+                    let data = fs.read(&pool, small.ino, 0, 4096, false).await.unwrap();
+                    assert!(data == [7; 4096]);
+                    if !freed.get() {
+                        reads_meanwhile.set(reads_meanwhile.get() + 1);
+                    }
+                    rt::yield_now().await;
+                }
+            };
+            futures_util::future::join(free, reads).await;
+            assert!(
+                reads_meanwhile.get() >= 4,
+                "{} reads answered while {blocks} blocks were freed",
+                reads_meanwhile.get()
+            );
+            assert!(fs.lookup(root, b"big").await.is_err());
+            // Freed space is reused only after `DEFER_TXGS` more txgs.
+            for _ in 0..=ironpool::alloc::DEFER_TXGS {
+                pool.commit().await.unwrap();
+            }
+            // Every block of the file is back (what a commit's own
+            // metadata moves is far less than one slice of the file).
+            let free_after = pool.space().1;
+            assert!(
+                free_after + FREE_BLOCKS_PER_TURN * 4096 > free_before.get(),
+                "free {free_after} after the file went, {} before it came",
+                free_before.get()
+            );
+            space_is_clean(&pool, "after the free").await;
+            space_figures_match_a_walk(&pool, &fs, "after the free").await;
+
+            // The second: its free stops after two slices (as a crash stops
+            // every task), a commit makes that durable, then power fails.
+            let big = big_file(&pool, &fs, b"big2", blocks).await;
+            pool.commit().await.unwrap();
+            fs.remembered(big);
+            fs.remove(&pool, root, b"big2", false).await.unwrap();
+            let free = async {
+                fs.forgotten(&pool, big, 1).await.unwrap();
+                unreachable!("the free is stopped part way");
+            };
+            let stop = async {
+                for _ in 0..2 {
+                    rt::yield_now().await;
+                }
+            };
+            futures_util::future::select(Box::pin(free), Box::pin(stop)).await;
+            pool.commit().await.unwrap();
+            let free_now = pool.space().1;
+            assert!(
+                free_now + 2 * FREE_BLOCKS_PER_TURN * 4096 < free_before.get(),
+                "most of the file is still allocated at the crash"
+            );
+        }
+    });
+    Runtime::new_sim(46).block_on(async move {
+        let (pool, fs) = import_filesystem(&disks, "after a crash in a free").await;
+        assert!(fs.lookup(fs.root(), b"big2").await.is_err());
+        for _ in 0..=ironpool::alloc::DEFER_TXGS {
+            pool.commit().await.unwrap();
+        }
+        let free_after = pool.space().1;
+        assert!(
+            free_after + FREE_BLOCKS_PER_TURN * 4096 > free_before.get(),
+            "free {free_after} after the import, {} before the files came",
+            free_before.get()
+        );
+        space_is_clean(&pool, "after the import").await;
+        space_figures_match_a_walk(&pool, &fs, "after the import").await;
+        pool.export().await.unwrap();
+    });
+}

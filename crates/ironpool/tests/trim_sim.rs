@@ -198,3 +198,68 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
         pool.export().await.unwrap();
     });
 }
+
+/// A TRIM of a whole volume (as mkfs or blkdiscard send) is linked a slice
+/// of blocks at a time, with the engine's other requests served between:
+/// reads of another volume are answered while it goes on (holes link
+/// without waiting on a device, so it used to run to its end in one
+/// turn), and the range reads as zeros after it.
+#[test]
+fn a_volume_wide_trim_lets_other_volumes_be_served_meanwhile() {
+    let disks = devices(2, DEVICE_BYTES, 23);
+    Runtime::new_sim(23).block_on(async {
+        let pool = Pool::create_on_devices(
+            "tank",
+            layout(&disks, TopVdevKind::Mirror),
+            false,
+            manual_commits(),
+        )
+        .await
+        .unwrap();
+        for name in ["tank/big", "tank/other"] {
+            pool.create_volume(name, VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+                .await
+                .unwrap();
+        }
+        fill(&pool, "tank/big", 1).await;
+        fill(&pool, "tank/other", 2 << 20).await;
+        pool.commit().await.unwrap();
+        let big = pool.volume("tank/big").unwrap();
+        let other = pool.volume("tank/other").unwrap();
+        // Its block is read into the cache first: the reads below wait on
+        // no device (simulated time stands still while a task is ready).
+        pool.read(&other, 0, BLOCK).await.unwrap();
+        let trimmed = std::cell::Cell::new(false);
+        let reads_meanwhile = std::cell::Cell::new(0);
+        let trim = async {
+            pool.zero(&big, 0, VOLUME_BYTES, false, true).await.unwrap();
+            trimmed.set(true);
+        };
+        let reads = async {
+            while !trimmed.get() {
+                let bytes = ReadPiece::concat(pool.read(&other, 0, BLOCK).await.unwrap());
+                assert!(bytes == *random_pattern(BLOCK as usize, 2 << 20));
+                if !trimmed.get() {
+                    reads_meanwhile.set(reads_meanwhile.get() + 1);
+                }
+                ironpool::rt::yield_now().await;
+            }
+        };
+        futures_util::future::join(trim, reads).await;
+        assert!(
+            reads_meanwhile.get() >= 4,
+            "{} reads answered during a trim of {} blocks",
+            reads_meanwhile.get(),
+            VOLUME_BYTES / BLOCK
+        );
+        for blkid in 0..VOLUME_BYTES / BLOCK {
+            let bytes = ReadPiece::concat(pool.read(&big, blkid * BLOCK, BLOCK).await.unwrap());
+            assert!(
+                bytes.iter().all(|byte| *byte == 0),
+                "block {blkid} after the trim"
+            );
+        }
+        assert_filled(&pool, "tank/other", 2 << 20).await;
+        pool.export().await.unwrap();
+    });
+}

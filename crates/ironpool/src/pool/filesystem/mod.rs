@@ -92,6 +92,13 @@ pub const SYMLINK_BYTES_MAX: usize = 4096;
 /// Units of a filesystem's lock: a reader takes one, a writer all of them,
 /// far above any number of concurrent readers.
 const LOCK_UNITS: u64 = 1 << 20;
+/// Blocks a truncate (or the free of a removed file) turns into holes
+/// between two turns of the engine's loop. Each costs about a microsecond
+/// (3 GiB of 16 KiB blocks, 196,608 of them, took 0.22 s in one go, and
+/// every client of the pool waited); 1024 keep a turn near a millisecond.
+/// A removed file is freed this many blocks at a time with the filesystem's
+/// lock let go between, so its other files are served meanwhile.
+pub const FREE_BLOCKS_PER_TURN: u64 = 1024;
 /// relatime's day: an access time older than this is updated by a read.
 const RELATIME_SECONDS: i64 = 24 * 60 * 60;
 /// Block size of a filesystem's dnode table (32 dnodes a block).
@@ -1321,28 +1328,79 @@ impl Filesystem {
 
     /// Frees object `ino` if it has no names left and nothing holds it any
     /// more; anything else returns at once, without the lock.
+    ///
+    /// A file's blocks become holes [`FREE_BLOCKS_PER_TURN`] at a time,
+    /// each slice under the lock and with builds held off, and the lock let
+    /// go between slices: nothing else can reach the object (no name, no
+    /// handle, no node the kernel holds, and the mount offers no handles to
+    /// open by), so only the filesystem's other files gain. A crash part
+    /// way leaves a file with no links, which the next import frees
+    /// ([`Filesystem::reclaim_unlinked`]).
     async fn free_if_orphan(&self, pool: &Rc<Pool>, ino: u64) -> Result<(), FsError> {
         if self.snapshot || !self.orphans.borrow().contains(&ino) {
             return Ok(());
         }
-        let _change = self.logged_change(pool).await;
-        // Opened or handed to the kernel again while this waited.
-        if self.is_held(ino) || !self.orphans.borrow_mut().remove(&ino) {
-            return Ok(());
+        let mut claimed = false;
+        // Blocks below this are holes already.
+        let mut next = 0;
+        loop {
+            let change = self.logged_change(pool).await;
+            // Opened or handed to the kernel again while this waited (only
+            // before it is claimed: a claimed orphan is this task's alone).
+            if !claimed && (self.is_held(ino) || !self.orphans.borrow_mut().remove(&ino)) {
+                return Ok(());
+            }
+            claimed = true;
+            if self.is_retired() {
+                return Ok(());
+            }
+            let hold = pool.txg.hold_builds();
+            let (object, znode) = match self.load(ino).await {
+                Ok(loaded) => loaded,
+                Err(FsError::NotFound) => return Ok(()),
+                Err(error) => return Err(error),
+            };
+            if znode.nlink != 0 {
+                return Ok(());
+            }
+            let dnode = object.dnode();
+            let end = dnode.length_bytes.div_ceil(dnode.data_block_bytes());
+            if znode.is_regular() && next < end {
+                next = self.punch_slice(pool, &object, next, end).await?;
+                drop(hold);
+                drop(change);
+                crate::rt::yield_now().await;
+                continue;
+            }
+            return self.free_object(pool, &object).await;
         }
-        if self.is_retired() {
-            return Ok(());
+    }
+
+    /// Turns the blocks of file `object` from `first` on into holes, up to
+    /// [`FREE_BLOCKS_PER_TURN`] of them (holes met on the way cost little:
+    /// a hole high in the tree is passed whole). Returns the block after
+    /// the last one looked at: `end` once none is left before it.
+    async fn punch_slice(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        first: u64,
+        end: u64,
+    ) -> Result<u64, FsError> {
+        let mut blkid = first;
+        let mut punched = 0;
+        while blkid < end && punched < FREE_BLOCKS_PER_TURN {
+            let span = self.objects.hole_span(object, blkid).await?;
+            if span > 0 {
+                blkid = blkid.saturating_add(span);
+                continue;
+            }
+            let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
+            self.link_block(pool, object, blkid, hole).await?;
+            punched += 1;
+            blkid += 1;
         }
-        let _hold = pool.txg.hold_builds();
-        let (object, znode) = match self.load(ino).await {
-            Ok(loaded) => loaded,
-            Err(FsError::NotFound) => return Ok(()),
-            Err(error) => return Err(error),
-        };
-        if znode.nlink == 0 {
-            self.free_object(pool, &object).await?;
-        }
-        Ok(())
+        Ok(blkid.min(end))
     }
 
     /// A handle to file `ino` was opened.
@@ -2561,14 +2619,21 @@ impl Filesystem {
             }
             let mut blkid = size.div_ceil(block);
             let end = old_size.div_ceil(block);
+            let mut punched = 0u64;
             while blkid < end {
                 let span = self.objects.hole_span(object, blkid).await?;
                 if span > 0 {
                     blkid = blkid.saturating_add(span);
                     continue;
                 }
+                // Other datasets' requests are served meanwhile (this
+                // filesystem's wait for its lock).
+                if punched > 0 && punched.is_multiple_of(FREE_BLOCKS_PER_TURN) {
+                    crate::rt::yield_now().await;
+                }
                 let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
                 self.link_block(pool, object, blkid, hole).await?;
+                punched += 1;
                 blkid += 1;
             }
         }

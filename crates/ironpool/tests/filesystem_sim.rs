@@ -2588,6 +2588,24 @@ async fn big_file(pool: &Rc<Pool>, fs: &Rc<Filesystem>, name: &[u8], blocks: u64
     file.ino
 }
 
+/// After the commits that let freed space be reused (`DEFER_TXGS` more),
+/// the pool's free space is what it was before the removed files came
+/// (what a commit's own metadata moves is far less than one slice of a
+/// file), and the space figures are clean.
+async fn space_is_back(pool: &Rc<Pool>, fs: &Filesystem, free_before: u64, context: &str) {
+    for _ in 0..=ironpool::alloc::DEFER_TXGS {
+        pool.commit().await.unwrap();
+    }
+    let free_after = pool.space().1;
+    let slice = ironpool::pool::filesystem::FREE_BLOCKS_PER_TURN * 4096;
+    assert!(
+        free_after + slice > free_before,
+        "{context}: free {free_after}, {free_before} before the files came"
+    );
+    space_is_clean(pool, context).await;
+    space_figures_match_a_walk(pool, fs, context).await;
+}
+
 /// A large file removed while the kernel held it is freed when the kernel
 /// lets go, a slice of blocks at a time with the filesystem's lock let go
 /// between: reads of another file are answered while the free goes on
@@ -2648,20 +2666,7 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
                 reads_meanwhile.get()
             );
             assert!(fs.lookup(root, b"big").await.is_err());
-            // Freed space is reused only after `DEFER_TXGS` more txgs.
-            for _ in 0..=ironpool::alloc::DEFER_TXGS {
-                pool.commit().await.unwrap();
-            }
-            // Every block of the file is back (what a commit's own
-            // metadata moves is far less than one slice of the file).
-            let free_after = pool.space().1;
-            assert!(
-                free_after + FREE_BLOCKS_PER_TURN * 4096 > free_before.get(),
-                "free {free_after} after the file went, {} before it came",
-                free_before.get()
-            );
-            space_is_clean(&pool, "after the free").await;
-            space_figures_match_a_walk(&pool, &fs, "after the free").await;
+            space_is_back(&pool, &fs, free_before.get(), "after the free").await;
 
             // The second: its free stops after two slices (as a crash stops
             // every task), a commit makes that durable, then power fails.
@@ -2690,17 +2695,7 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
     Runtime::new_sim(46).block_on(async move {
         let (pool, fs) = import_filesystem(&disks, "after a crash in a free").await;
         assert!(fs.lookup(fs.root(), b"big2").await.is_err());
-        for _ in 0..=ironpool::alloc::DEFER_TXGS {
-            pool.commit().await.unwrap();
-        }
-        let free_after = pool.space().1;
-        assert!(
-            free_after + FREE_BLOCKS_PER_TURN * 4096 > free_before.get(),
-            "free {free_after} after the import, {} before the files came",
-            free_before.get()
-        );
-        space_is_clean(&pool, "after the import").await;
-        space_figures_match_a_walk(&pool, &fs, "after the import").await;
+        space_is_back(&pool, &fs, free_before.get(), "after the import").await;
         pool.export().await.unwrap();
     });
 }

@@ -47,6 +47,18 @@ async fn assert_filled(pool: &Rc<Pool>, name: &str, tag: u64) {
     }
 }
 
+/// A mirror of `disks` that commits only when asked.
+async fn mirror_pool(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
+    Pool::create_on_devices(
+        "tank",
+        layout(disks, TopVdevKind::Mirror),
+        false,
+        manual_commits(),
+    )
+    .await
+    .unwrap()
+}
+
 /// Autotrim runs in the background: lets it finish (a second of virtual
 /// time at most).
 async fn wait_for_autotrim(pool: &Rc<Pool>) {
@@ -136,14 +148,7 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
     let disks = devices(2, DEVICE_BYTES, 21);
     disks[1].set_discard(false);
     Runtime::new_sim(21).block_on(async {
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            manual_commits(),
-        )
-        .await
-        .unwrap();
+        let pool = mirror_pool(&disks).await;
         let on = BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
         pool.set_properties("tank", &on).await.unwrap();
         let mut refused_after_first_round = 0;
@@ -208,14 +213,7 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
 fn a_volume_wide_trim_lets_other_volumes_be_served_meanwhile() {
     let disks = devices(2, DEVICE_BYTES, 23);
     Runtime::new_sim(23).block_on(async {
-        let pool = Pool::create_on_devices(
-            "tank",
-            layout(&disks, TopVdevKind::Mirror),
-            false,
-            manual_commits(),
-        )
-        .await
-        .unwrap();
+        let pool = mirror_pool(&disks).await;
         for name in ["tank/big", "tank/other"] {
             pool.create_volume(name, VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
                 .await

@@ -2619,22 +2619,13 @@ impl Filesystem {
             }
             let mut blkid = size.div_ceil(block);
             let end = old_size.div_ceil(block);
-            let mut punched = 0u64;
             while blkid < end {
-                let span = self.objects.hole_span(object, blkid).await?;
-                if span > 0 {
-                    blkid = blkid.saturating_add(span);
-                    continue;
-                }
+                blkid = self.punch_slice(pool, object, blkid, end).await?;
                 // Other datasets' requests are served meanwhile (this
                 // filesystem's wait for its lock).
-                if punched > 0 && punched.is_multiple_of(FREE_BLOCKS_PER_TURN) {
+                if blkid < end {
                     crate::rt::yield_now().await;
                 }
-                let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
-                self.link_block(pool, object, blkid, hole).await?;
-                punched += 1;
-                blkid += 1;
             }
         }
         object.dnode.borrow_mut().length_bytes = size;

@@ -12,29 +12,17 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use ironpool::control::commands::{execute, Command};
-use ironpool::dev::sim::{SimDevice, SimFaults};
+use ironpool::dev::sim::SimFaults;
 use ironpool::events::{Event, EventClass, DEVICE_EVENTS_PER_SECOND};
-use ironpool::format::label::TopVdevKind;
 use ironpool::pool::history::HISTORY_BYTES_MAX;
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
+use sim_support::{crash_all, devices, manual_commits, manual_mirror, named, random_pattern};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 8 << 20;
 const BLOCK: u64 = 16384;
-
-async fn mirror(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
-    Pool::create_on_devices(
-        "tank",
-        layout(disks, TopVdevKind::Mirror),
-        false,
-        manual_commits(),
-    )
-    .await
-    .unwrap()
-}
 
 async fn fill(pool: &Rc<Pool>, name: &str) {
     let volume = pool.volume(name).unwrap();
@@ -90,7 +78,7 @@ fn assert_rate_limited(events: &[&Event]) {
 fn device_errors_state_changes_lost_blocks_and_scrubs_are_posted() {
     let disks = devices(2, DEVICE_BYTES, 31);
     Runtime::new_sim(31).block_on(async {
-        let pool = mirror(&disks).await;
+        let pool = manual_mirror(&disks).await;
         pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
             .await
             .unwrap();
@@ -205,7 +193,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
     let disks = devices(2, DEVICE_BYTES, 41);
     let mut rng = Rng::new(41);
     Runtime::new_sim(41).block_on(async {
-        let pool = mirror(&disks).await;
+        let pool = manual_mirror(&disks).await;
         for command in [
             Command::VolumeCreate {
                 name: "tank/db".into(),
@@ -299,7 +287,7 @@ fn an_unreadable_history_is_reported_and_started_over() {
     let disks = devices(2, DEVICE_BYTES, 51);
     let mut rng = Rng::new(51);
     let damaged = Runtime::new_sim(51).block_on(async {
-        let pool = mirror(&disks).await;
+        let pool = manual_mirror(&disks).await;
         execute(
             &pool,
             Command::VolumeCreate {

@@ -15,7 +15,9 @@ use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
+use sim_support::{
+    crash_all, devices, layout, manual_commits, manual_mirror, named, random_pattern,
+};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 16 << 20;
@@ -45,18 +47,6 @@ async fn assert_filled(pool: &Rc<Pool>, name: &str, tag: u64) {
             "{name} block {blkid} changed"
         );
     }
-}
-
-/// A mirror of `disks` that commits only when asked.
-async fn mirror_pool(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
-    Pool::create_on_devices(
-        "tank",
-        layout(disks, TopVdevKind::Mirror),
-        false,
-        manual_commits(),
-    )
-    .await
-    .unwrap()
 }
 
 /// Autotrim runs in the background: lets it finish (a second of virtual
@@ -148,7 +138,7 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
     let disks = devices(2, DEVICE_BYTES, 21);
     disks[1].set_discard(false);
     Runtime::new_sim(21).block_on(async {
-        let pool = mirror_pool(&disks).await;
+        let pool = manual_mirror(&disks).await;
         let on = BTreeMap::from([("autotrim".to_string(), "on".to_string())]);
         pool.set_properties("tank", &on).await.unwrap();
         let mut refused_after_first_round = 0;
@@ -213,7 +203,7 @@ fn a_device_without_discard_is_reported_once_and_stays_healthy() {
 fn a_volume_wide_trim_lets_other_volumes_be_served_meanwhile() {
     let disks = devices(2, DEVICE_BYTES, 23);
     Runtime::new_sim(23).block_on(async {
-        let pool = mirror_pool(&disks).await;
+        let pool = manual_mirror(&disks).await;
         for name in ["tank/big", "tank/other"] {
             pool.create_volume(name, VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
                 .await

@@ -1,6 +1,6 @@
 //! What the engine's simulator tests share: seeded simulated devices, their
 //! names in a pool, a one-vdev layout, tunables for tests that commit when
-//! they ask, and seeded data.
+//! they ask (and a mirror made with them), and seeded data.
 
 #![allow(dead_code)]
 
@@ -58,6 +58,19 @@ pub fn manual_commits() -> PoolTunables {
         txg_timeout: Duration::from_secs(60),
         ..PoolTunables::default()
     }
+}
+
+/// A pool named "tank" of one mirror of `disks` that commits only when
+/// asked ([`manual_commits`]).
+pub async fn manual_mirror(disks: &[Rc<SimDevice>]) -> Rc<ironpool::pool::Pool> {
+    ironpool::pool::Pool::create_on_devices(
+        "tank",
+        layout(disks, TopVdevKind::Mirror),
+        false,
+        manual_commits(),
+    )
+    .await
+    .unwrap()
 }
 
 /// `length` bytes drawn from a generator seeded by `tag`: distinct tags give

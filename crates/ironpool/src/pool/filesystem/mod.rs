@@ -1376,10 +1376,33 @@ impl Filesystem {
         }
     }
 
-    /// Turns the blocks of file `object` from `first` on into holes, up to
+    /// Turns blocks `first..end` of `object` into holes, a slice at a time
+    /// ([`Filesystem::punch_slice`]), turning the engine's loop between
+    /// slices: other datasets' requests are served meanwhile (this
+    /// filesystem's, when the caller holds its lock, wait for it).
+    pub(super) async fn punch_range(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        first: u64,
+        end: u64,
+    ) -> Result<(), FsError> {
+        let mut blkid = first;
+        while blkid < end {
+            blkid = self.punch_slice(pool, object, blkid, end).await?;
+            if blkid < end {
+                crate::rt::yield_now().await;
+            }
+        }
+        Ok(())
+    }
+
+    /// Turns the blocks of `object` from `first` on into holes, up to
     /// [`FREE_BLOCKS_PER_TURN`] of them (holes met on the way cost little:
-    /// a hole high in the tree is passed whole). Returns the block after
-    /// the last one looked at: `end` once none is left before it.
+    /// a hole high in the tree is passed whole). A directory's blocks are
+    /// punched as its own code does; a file's, or an extended attribute
+    /// object's, get a hole linked. Returns the block after the last one
+    /// looked at: `end` once none is left before it.
     async fn punch_slice(
         &self,
         pool: &Rc<Pool>,
@@ -1395,8 +1418,12 @@ impl Filesystem {
                 blkid = blkid.saturating_add(span);
                 continue;
             }
-            let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
-            self.link_block(pool, object, blkid, hole).await?;
+            if object.dnode().object_type == ObjectType::FsDirectory {
+                self.objects.punch(object, blkid).await?;
+            } else {
+                let hole = BlockPointer::hole(0, object.dnode().object_type, 0);
+                self.link_block(pool, object, blkid, hole).await?;
+            }
             punched += 1;
             blkid += 1;
         }
@@ -2617,16 +2644,8 @@ impl Filesystem {
                     self.link_block(pool, object, blkid, pointer).await?;
                 }
             }
-            let mut blkid = size.div_ceil(block);
-            let end = old_size.div_ceil(block);
-            while blkid < end {
-                blkid = self.punch_slice(pool, object, blkid, end).await?;
-                // Other datasets' requests are served meanwhile (this
-                // filesystem's wait for its lock).
-                if blkid < end {
-                    crate::rt::yield_now().await;
-                }
-            }
+            self.punch_range(pool, object, size.div_ceil(block), old_size.div_ceil(block))
+                .await?;
         }
         object.dnode.borrow_mut().length_bytes = size;
         object.dirty.set(true);

@@ -578,28 +578,8 @@ impl Filesystem {
         let end = first
             .saturating_add(count)
             .min(object.dnode().capacity_blocks());
-        let mut blkid = first;
-        let mut punched = 0u64;
-        while blkid < end {
-            let span = self.objects.hole_span(object, blkid).await?;
-            if span > 0 {
-                blkid = blkid.saturating_add(span);
-                continue;
-            }
-            // A stream's free record may span a whole file: other requests
-            // are served meanwhile, as a truncate lets them.
-            if punched > 0 && punched.is_multiple_of(super::FREE_BLOCKS_PER_TURN) {
-                crate::rt::yield_now().await;
-            }
-            punched += 1;
-            if object.dnode().object_type == ObjectType::FsDirectory {
-                self.objects.punch(object, blkid).await?;
-            } else {
-                let hole = crate::format::BlockPointer::hole(0, object.dnode().object_type, 0);
-                self.link_block(pool, object, blkid, hole).await?;
-            }
-            blkid += 1;
-        }
+        // A stream's free record may span a whole file.
+        self.punch_range(pool, object, first, end).await?;
         Ok(())
     }
 

@@ -696,7 +696,9 @@ impl Pool {
             // of a whole disk (mkfs, blkdiscard) would hold the engine's
             // loop from every other client until it ended (a GiB of 16 KiB
             // blocks, 60-90 ms) without this turn between slices.
-            crate::rt::yield_now().await;
+            if position < end {
+                crate::rt::yield_now().await;
+            }
         }
         Ok(true)
     }

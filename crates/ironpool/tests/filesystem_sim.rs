@@ -751,6 +751,17 @@ fn a_directory_of_many_entries_splits_and_lists_each_name_once() {
                 pool.commit().await.unwrap();
             }
         }
+        // A lookup starts at the level its directory's last one found a
+        // leaf at: wherever that hint points, every name is found.
+        let dir = fs.objects.open(root).await.unwrap();
+        for hint in [0, 1, 5, ironpool::format::fsdir::LEVEL_MAX] {
+            dir.leaf_level_hint.set(hint);
+            for index in (0..COUNT).step_by(97) {
+                let name = format!("a-rather-long-file-name-to-fill-leaves-{index:06}");
+                fs.lookup(root, name.as_bytes()).await.unwrap();
+                dir.leaf_level_hint.set(hint);
+            }
+        }
         // List in pages while names are removed and added between pages: every
         // name present throughout is listed exactly once.
         let mut listed = std::collections::HashSet::new();

@@ -247,47 +247,74 @@ impl LeafBlock {
     /// leaf's prefix, no name twice). Every method after relies on these
     /// checks.
     pub fn parse(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
-        let leaf = LeafBlock::parse_header(bytes, level, prefix)?;
-        leaf.check_entries()?;
-        Ok(leaf)
+        LeafBlock::open(bytes, level, prefix, false).map_err(|(_, error)| error)
     }
 
     /// A leaf whose bytes [`LeafBlock::parse`] accepted before and that
     /// changed since only through this type's own methods (which keep every
     /// check true): only its header is read again. The object layer says
-    /// which bytes those are (`ObjectSet::read_block_checked`).
+    /// which bytes those are (`ObjectSet::lend_block`).
     pub fn parse_checked(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
-        LeafBlock::parse_header(bytes, level, prefix)
+        LeafBlock::open(bytes, level, prefix, true).map_err(|(_, error)| error)
+    }
+
+    /// [`LeafBlock::parse`], or with `checked` [`LeafBlock::parse_checked`],
+    /// handing the bytes back with the error: a leaf lent in place by the
+    /// object layer (`ObjectSet::lend_block`) must go back whole even when
+    /// it is found corrupt.
+    pub fn open(
+        bytes: Vec<u8>,
+        level: u8,
+        prefix: u32,
+        checked: bool,
+    ) -> Result<LeafBlock, (Vec<u8>, FormatError)> {
+        let (count, end) = match LeafBlock::check_header(&bytes, level, prefix) {
+            Ok(shape) => shape,
+            Err(error) => return Err((bytes, error)),
+        };
+        let leaf = LeafBlock {
+            bytes,
+            level,
+            prefix,
+            count,
+            end,
+        };
+        if !checked {
+            if let Err(error) = leaf.check_entries() {
+                return Err((leaf.bytes, error));
+            }
+        }
+        Ok(leaf)
     }
 
     /// The magic, place and size fields, checked; the entries not yet.
-    fn parse_header(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
+    /// Returns the entry count and where the entries end.
+    fn check_header(bytes: &[u8], level: u8, prefix: u32) -> Result<(usize, usize), FormatError> {
         const WHAT: &str = "directory leaf";
         if bytes.len() != LEAF_BYTES || &bytes[0..4] != LEAF_MAGIC {
             return Err(invalid(WHAT, "bad magic or size"));
         }
-        if bytes[4] != level || get_u32(&bytes, 8) != prefix {
+        if bytes[4] != level || get_u32(bytes, 8) != prefix {
             return Err(invalid(
                 WHAT,
                 format!(
                     "leaf {}/{:#x} found where {level}/{prefix:#x} belongs",
                     bytes[4],
-                    get_u32(&bytes, 8)
+                    get_u32(bytes, 8)
                 ),
             ));
         }
         let count = u16::from_le_bytes([bytes[6], bytes[7]]) as usize;
-        let used = get_u32(&bytes, 12) as usize;
+        let used = get_u32(bytes, 12) as usize;
         if used > LEAF_BYTES - LEAF_HEADER_BYTES {
             return Err(invalid(WHAT, format!("{used} bytes of entries")));
         }
-        Ok(LeafBlock {
-            bytes,
-            level,
-            prefix,
-            count,
-            end: LEAF_HEADER_BYTES + used,
-        })
+        Ok((count, LEAF_HEADER_BYTES + used))
+    }
+
+    /// The encoded leaf back, to be stored (`LEAF_BYTES` long).
+    pub fn into_bytes(self) -> Vec<u8> {
+        self.bytes
     }
 
     /// Every entry in bounds, a valid name, cookies ascending and of this
@@ -353,18 +380,35 @@ impl LeafBlock {
 
     /// The entries in cookie order.
     pub fn entries(&self) -> impl Iterator<Item = EntryRef<'_>> {
-        let mut at = LEAF_HEADER_BYTES;
-        (0..self.count).map(move |_| {
-            let entry = entry_at(&self.bytes, at);
-            at += entry.encoded_bytes();
-            entry
-        })
+        self.entries_at(LEAF_HEADER_BYTES)
     }
 
     /// The entries from the first whose cookie is at or after `cookie`.
     pub fn entries_from(&self, cookie: u64) -> impl Iterator<Item = EntryRef<'_>> {
-        self.entries()
-            .skip_while(move |entry| entry.cookie < cookie)
+        self.entries_at(self.seek(cookie))
+    }
+
+    /// The entries from byte `at` (where one begins) to the end.
+    fn entries_at(&self, mut at: usize) -> impl Iterator<Item = EntryRef<'_>> {
+        std::iter::from_fn(move || {
+            (at < self.end).then(|| {
+                let entry = entry_at(&self.bytes, at);
+                at += entry.encoded_bytes();
+                entry
+            })
+        })
+    }
+
+    /// Where the first entry whose cookie is at or after `cookie` begins
+    /// (the end if none). Entries vary in length, so this walks them; it
+    /// reads only each one's cookie and name length, as every lookup,
+    /// insert and remove starts here and a leaf holds hundreds.
+    fn seek(&self, cookie: u64) -> usize {
+        let mut at = LEAF_HEADER_BYTES;
+        while at < self.end && get_u64(&self.bytes, at) < cookie {
+            at += ENTRY_FIXED_BYTES + self.bytes[at + 17] as usize;
+        }
+        at
     }
 
     /// The entries with hash `hash` (in cookie order).
@@ -408,10 +452,7 @@ impl LeafBlock {
         if self.end + size > LEAF_BYTES {
             return false;
         }
-        let at = self
-            .entries_from(entry.cookie)
-            .next()
-            .map_or(self.end, |next| next.at);
+        let at = self.seek(entry.cookie);
         self.bytes.copy_within(at..self.end, at + size);
         put_entry(&mut self.bytes, at, entry);
         self.set_shape(self.count + 1, self.end + size);

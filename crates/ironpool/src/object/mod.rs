@@ -80,6 +80,20 @@ pub enum NodeBody {
     Data(Vec<u8>),
 }
 
+/// A block handed back to [`ObjectSet::lend_block`] by its borrower.
+pub struct Lent<R> {
+    /// The block's bytes, as long as they were lent.
+    pub bytes: Vec<u8>,
+    /// Whether the borrower changed them: the block is dirty then.
+    pub changed: bool,
+    /// Whether they are sound as the structure the borrower keeps in them
+    /// (it checked them, or changed checked bytes by sound changes): the
+    /// next reader need not check them again.
+    pub checked: bool,
+    /// What the borrower found or did.
+    pub result: R,
+}
+
 /// One cached block of an object's tree.
 pub struct Node {
     pub level: u8,
@@ -93,7 +107,7 @@ pub struct Node {
     /// A data node whose bytes a reader checked as a structure (a directory
     /// leaf: every entry) since they last changed, or that a writer wrote
     /// whole from a structure it had checked: the next reader need not check
-    /// them again ([`ObjectSet::read_block_checked`]). Any other write clears
+    /// them again ([`ObjectSet::lend_block`]). Any other write clears
     /// it, and a node read in from the devices starts without it.
     checked: Cell<bool>,
 }
@@ -131,6 +145,12 @@ pub struct Object {
     pub dead: RefCell<Vec<BlockPointer>>,
     /// The object holding this volume's dead list (0: none yet).
     pub dead_list: Cell<u64>,
+    /// A directory's: the level its last lookup found a leaf at, where the
+    /// next starts looking (memory only; any value is correct, only
+    /// slower). Names hash evenly, so a directory's leaves sit at one or
+    /// two levels, and a lookup that walked down from level 0 read a dozen
+    /// holes first in a directory of 100k names.
+    pub leaf_level_hint: Cell<u8>,
 }
 
 impl Object {
@@ -143,6 +163,7 @@ impl Object {
             dirty_nodes: RefCell::default(),
             dead: RefCell::default(),
             dead_list: Cell::new(0),
+            leaf_level_hint: Cell::new(0),
         })
     }
 
@@ -158,6 +179,24 @@ impl Object {
 
     pub fn dnode(&self) -> Dnode {
         *self.dnode.borrow()
+    }
+
+    // The dnode's shape, read in place: `dnode()` copies all 512 bytes of
+    // it, and a directory lookup asks for the shape a dozen times.
+
+    /// Levels of the object's block tree.
+    pub fn levels(&self) -> u8 {
+        self.dnode.borrow().levels
+    }
+
+    /// Level-0 blocks the tree's height can address.
+    pub fn capacity_blocks(&self) -> u64 {
+        self.dnode.borrow().capacity_blocks()
+    }
+
+    /// Bytes of one data block.
+    pub fn data_block_bytes(&self) -> u64 {
+        self.dnode.borrow().data_block_bytes()
     }
 
     fn pointer_shift(&self) -> u32 {
@@ -541,7 +580,7 @@ impl ObjectSet {
 
     /// Whether every ancestor of (`level`, `blkid_at_level`) is cached.
     fn ancestors_cached(&self, object: &Object, level: u8, blkid_at_level: u64) -> bool {
-        let levels = object.dnode().levels;
+        let levels = object.levels();
         let shift = object.pointer_shift();
         let nodes = object.nodes.borrow();
         (level + 1..levels).all(|ancestor| {
@@ -745,7 +784,7 @@ impl ObjectSet {
         object: &Object,
         blkid: u64,
     ) -> Result<bool, ObjectError> {
-        if blkid >= object.dnode().capacity_blocks() {
+        if blkid >= object.capacity_blocks() {
             return Ok(false);
         }
         self.load_path(object, blkid).await?;
@@ -758,7 +797,7 @@ impl ObjectSet {
     /// Makes level-0 block `blkid` of a metadata object a hole: its cached
     /// copy is dropped and its old block freed.
     pub async fn punch(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
-        if blkid >= object.dnode().capacity_blocks() {
+        if blkid >= object.capacity_blocks() {
             return Ok(());
         }
         self.load_path(object, blkid).await?;
@@ -779,8 +818,7 @@ impl ObjectSet {
     /// Loads the nodes above level-0 block `blkid`, so that the `_cached` calls
     /// that follow (with no await in between) find them.
     pub async fn load_path(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
-        let dnode = object.dnode();
-        if dnode.levels > 1 && blkid < dnode.capacity_blocks() {
+        if object.levels() > 1 && blkid < object.capacity_blocks() {
             self.node(object, 1, object.ancestor(blkid, 1)).await?;
         }
         Ok(())
@@ -792,12 +830,14 @@ impl ObjectSet {
         object: &Object,
         blkid: u64,
     ) -> Result<BlockPointer, ObjectError> {
-        let dnode = object.dnode();
-        if blkid >= dnode.capacity_blocks() {
-            return Ok(BlockPointer::hole(0, dnode.object_type, 0));
-        }
-        if dnode.levels == 1 {
-            return Ok(dnode.root);
+        {
+            let dnode = object.dnode.borrow();
+            if blkid >= dnode.capacity_blocks() {
+                return Ok(BlockPointer::hole(0, dnode.object_type, 0));
+            }
+            if dnode.levels == 1 {
+                return Ok(dnode.root);
+            }
         }
         let node = self.node_cached(object, 1, object.ancestor(blkid, 1))?;
         let body = node.body.borrow();
@@ -815,7 +855,7 @@ impl ObjectSet {
         pointer: BlockPointer,
     ) -> Result<BlockPointer, ObjectError> {
         self.ensure_capacity(object, blkid)?;
-        let levels = object.dnode().levels;
+        let levels = object.levels();
         if levels == 1 {
             let old = std::mem::replace(&mut object.dnode.borrow_mut().root, pointer);
             account(object, &old, &pointer);
@@ -896,8 +936,8 @@ impl ObjectSet {
         offset: u64,
         length: u64,
     ) -> Result<(), ObjectError> {
-        let block_bytes = object.dnode().data_block_bytes();
-        let capacity = object.dnode().capacity_blocks();
+        let block_bytes = object.data_block_bytes();
+        let capacity = object.capacity_blocks();
         let first = offset / block_bytes;
         let end = (offset + length).div_ceil(block_bytes).min(capacity);
         for blkid in first..end {
@@ -924,8 +964,8 @@ impl ObjectSet {
         offset: u64,
         length: usize,
     ) -> Result<Vec<u8>, ObjectError> {
-        let block_bytes = object.dnode().data_block_bytes();
-        let capacity = object.dnode().capacity_blocks();
+        let block_bytes = object.data_block_bytes();
+        let capacity = object.capacity_blocks();
         let mut out = vec![0u8; length];
         let mut done = 0usize;
         while done < length {
@@ -946,55 +986,65 @@ impl ObjectSet {
         Ok(out)
     }
 
-    /// Reads data block `blkid` of a metadata object whole, and whether its
-    /// bytes are ones [`ObjectSet::note_checked`] or
-    /// [`ObjectSet::write_block_checked`] vouched for since they last
-    /// changed: a structure checked once when read in (a directory leaf)
-    /// is not checked again on every lookup. Nothing else runs between this
-    /// read and the caller's next await, so a `note_checked` before that
-    /// vouches for exactly these bytes.
-    pub async fn read_block_checked(
+    /// Lends data block `blkid` of a metadata object to `borrower` by
+    /// value, without a copy: the bytes and whether they are vouched for
+    /// (checked as a structure since they last
+    /// changed, so a leaf is not checked on every lookup). A directory leaf is
+    /// 16 KiB, and copying it out for a lookup and in again for a change
+    /// cost a file's `unlink` more than its search did. The borrower hands
+    /// the bytes back in a [`Lent`]: changed ones are dirty (written at the
+    /// next txg); vouched-for ones need no check by the next reader. The
+    /// borrower is not async, so nothing else sees the block while it is
+    /// lent.
+    pub async fn lend_block<R>(
         &self,
         object: &Object,
         blkid: u64,
-    ) -> Result<(Vec<u8>, bool), ObjectError> {
-        let block_bytes = object.dnode().data_block_bytes();
-        if blkid >= object.dnode().capacity_blocks() {
-            return Ok((vec![0; block_bytes as usize], false));
+        borrower: impl FnOnce(Vec<u8>, bool) -> Lent<R>,
+    ) -> Result<R, ObjectError> {
+        let block_bytes = object.data_block_bytes();
+        if blkid >= object.capacity_blocks() {
+            // Past the tree: zeros, as a read gives; a change grows the tree.
+            let lent = borrower(vec![0; block_bytes as usize], false);
+            if lent.changed {
+                self.write_cached(object, blkid * block_bytes, &lent.bytes, lent.checked)?;
+            }
+            return Ok(lent.result);
         }
         self.prefetch(object, blkid * block_bytes, block_bytes)
             .await?;
-        // One node: the flag is about the very bytes copied.
-        let node = self.node_cached(object, 0, blkid)?;
-        let body = node.body.borrow();
-        let NodeBody::Data(bytes) = &*body else {
-            unreachable!("level 0 holds data")
-        };
-        Ok((bytes.clone(), node.checked.get()))
-    }
-
-    /// The caller checked the bytes [`ObjectSet::read_block_checked`] just
-    /// gave it: later readers of the block need not (until it changes).
-    pub fn note_checked(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
-        if blkid < object.dnode().capacity_blocks() {
-            self.node_cached(object, 0, blkid)?.checked.set(true);
+        let levels = object.levels();
+        let mut path = Vec::with_capacity(levels as usize);
+        for level in 0..levels {
+            path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);
         }
-        Ok(())
-    }
-
-    /// Writes `data` at data block `blkid`, which the caller made from a
-    /// checked structure by changes that keep it sound (see
-    /// [`ObjectSet::read_block_checked`]); vouched for only when it is the
-    /// whole block.
-    pub async fn write_block_checked(
-        &self,
-        object: &Object,
-        blkid: u64,
-        data: &[u8],
-    ) -> Result<(), ObjectError> {
-        let offset = blkid * object.dnode().data_block_bytes();
-        self.prefetch(object, offset, data.len() as u64).await?;
-        self.write_cached(object, offset, data, true)
+        let lent = {
+            let mut body = path[0].body.borrow_mut();
+            let NodeBody::Data(bytes) = &mut *body else {
+                unreachable!("level 0 holds data")
+            };
+            let lent = borrower(std::mem::take(bytes), path[0].checked.get());
+            assert_eq!(
+                lent.bytes.len() as u64,
+                block_bytes,
+                "a lent block comes back whole"
+            );
+            *bytes = lent.bytes;
+            Lent {
+                bytes: Vec::new(),
+                ..lent
+            }
+        };
+        path[0].checked.set(lent.checked);
+        if lent.changed {
+            self.mark_dirty(object, &path);
+            let end = (blkid + 1) * block_bytes;
+            let mut dnode = object.dnode.borrow_mut();
+            if end > dnode.length_bytes {
+                dnode.length_bytes = end;
+            }
+        }
+        Ok(lent.result)
     }
 
     /// Writes `data` at `offset` of a metadata object (in memory; written at sync).
@@ -1029,7 +1079,7 @@ impl ObjectSet {
         data: &[u8],
         checked: bool,
     ) -> Result<(), ObjectError> {
-        let block_bytes = object.dnode().data_block_bytes();
+        let block_bytes = object.data_block_bytes();
         let mut done = 0usize;
         while done < data.len() {
             let position = offset + done as u64;
@@ -1037,7 +1087,7 @@ impl ObjectSet {
             let within = (position % block_bytes) as usize;
             let chunk = (block_bytes as usize - within).min(data.len() - done);
             self.ensure_capacity(object, blkid)?;
-            let levels = object.dnode().levels;
+            let levels = object.levels();
             let mut path = Vec::with_capacity(levels as usize);
             for level in 0..levels {
                 path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);

@@ -10,36 +10,70 @@ use crate::format::fsdir::{
     leaf_blkid, name_hash, next_hash_after, prefix_of, DirEntry, Leaf, LeafBlock, LEAF_BYTES,
     LEVEL_MAX,
 };
-use crate::object::{Object, ObjectSet};
+use crate::object::{Lent, Object, ObjectSet};
 
 use super::FsError;
 
-/// The leaf that holds `hash`.
-async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<LeafBlock, FsError> {
-    for level in 0..=LEVEL_MAX {
+/// Where the leaf that holds `hash` is: its (level, prefix). A hash's
+/// path has a leaf at exactly one level (a split writes the halves one
+/// level down and punches the leaf it replaces), so the levels beside the
+/// last one found (`Object::leaf_level_hint`) are tried first, then every
+/// level from the top.
+async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<(u8, u32), FsError> {
+    let hint = dir.leaf_level_hint.get().min(LEVEL_MAX);
+    let near = [hint, (hint + 1).min(LEVEL_MAX), hint.saturating_sub(1)];
+    for level in near.into_iter().chain(0..=LEVEL_MAX) {
         let prefix = prefix_of(hash, level);
-        let blkid = leaf_blkid(level, prefix);
-        if !objects.data_block_present(dir, blkid).await? {
-            continue;
+        if objects
+            .data_block_present(dir, leaf_blkid(level, prefix))
+            .await?
+        {
+            dir.leaf_level_hint.set(level);
+            return Ok((level, prefix));
         }
-        // A leaf is checked whole once: when read in, or by the first lookup
-        // after a change made some other way than through `LeafBlock`.
-        let (bytes, checked) = objects.read_block_checked(dir, blkid).await?;
-        let leaf = if checked {
-            LeafBlock::parse_checked(bytes, level, prefix)
-        } else {
-            LeafBlock::parse(bytes, level, prefix)
-        }
-        .map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)))?;
-        if !checked {
-            objects.note_checked(dir, blkid)?;
-        }
-        return Ok(leaf);
     }
     Err(FsError::Corrupt(format!(
         "directory object {}: no leaf holds hash {hash:#x}",
         dir.id
     )))
+}
+
+/// Runs `visit` on the leaf that holds `hash`, lent in place (no copy:
+/// `ObjectSet::lend_block`); `visit` returns its result and whether it
+/// changed the leaf (then written at the next txg). A leaf is checked
+/// whole once: when read in, or by the first visit after a change made
+/// some other way than through `LeafBlock`.
+async fn with_leaf<R>(
+    objects: &ObjectSet,
+    dir: &Object,
+    hash: u32,
+    visit: impl FnOnce(&mut LeafBlock) -> (R, bool),
+) -> Result<R, FsError> {
+    let (level, prefix) = find_leaf(objects, dir, hash).await?;
+    let found = objects
+        .lend_block(
+            dir,
+            leaf_blkid(level, prefix),
+            |bytes, checked| match LeafBlock::open(bytes, level, prefix, checked) {
+                Ok(mut leaf) => {
+                    let (result, changed) = visit(&mut leaf);
+                    Lent {
+                        bytes: leaf.into_bytes(),
+                        changed,
+                        checked: true,
+                        result: Ok(result),
+                    }
+                }
+                Err((bytes, error)) => Lent {
+                    bytes,
+                    changed: false,
+                    checked: false,
+                    result: Err(error),
+                },
+            },
+        )
+        .await?;
+    found.map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)))
 }
 
 async fn write_leaf(
@@ -51,16 +85,6 @@ async fn write_leaf(
     let blkid = leaf_blkid(level, prefix);
     objects
         .write_bytes(dir, blkid * LEAF_BYTES as u64, bytes)
-        .await?;
-    Ok(())
-}
-
-/// Writes a leaf changed through `LeafBlock` (checked when read, and kept
-/// sound by its methods): the next lookup need not check it again.
-async fn write_block(objects: &ObjectSet, dir: &Object, leaf: &LeafBlock) -> Result<(), FsError> {
-    let blkid = leaf_blkid(leaf.level(), leaf.prefix());
-    objects
-        .write_block_checked(dir, blkid, leaf.bytes())
         .await?;
     Ok(())
 }
@@ -78,8 +102,10 @@ pub async fn lookup(
     name: &[u8],
 ) -> Result<Option<DirEntry>, FsError> {
     let hash = name_hash(salt, name);
-    let leaf = find_leaf(objects, dir, hash).await?;
-    Ok(leaf.find(hash, name).map(|entry| entry.to_entry()))
+    with_leaf(objects, dir, hash, |leaf| {
+        (leaf.find(hash, name).map(|entry| entry.to_entry()), false)
+    })
+    .await
 }
 
 /// Adds `name` → `object` (the caller checked it is not there); returns
@@ -96,21 +122,29 @@ pub async fn insert(
     cookie: Option<u64>,
 ) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
-    let mut block = find_leaf(objects, dir, hash).await?;
-    let cookie = cookie
-        .filter(|cookie| (cookie >> 32) as u32 == hash && !block.has_cookie(*cookie))
-        .unwrap_or_else(|| block.free_cookie(hash));
-    let entry = DirEntry {
-        cookie,
-        object: target.0,
-        kind: target.1,
-        name: name.to_vec(),
+    let placed = with_leaf(objects, dir, hash, |block| {
+        let cookie = cookie
+            .filter(|cookie| (cookie >> 32) as u32 == hash && !block.has_cookie(*cookie))
+            .unwrap_or_else(|| block.free_cookie(hash));
+        let entry = DirEntry {
+            cookie,
+            object: target.0,
+            kind: target.1,
+            name: name.to_vec(),
+        };
+        if block.insert(&entry) {
+            (Ok(cookie), true)
+        } else {
+            // It must split: decoded, the leaf is written again as two.
+            (Err((block.to_leaf(), entry)), false)
+        }
+    })
+    .await?;
+    let (mut leaf, entry) = match placed {
+        Ok(cookie) => return Ok(cookie),
+        Err(split) => split,
     };
-    if block.insert(&entry) {
-        write_block(objects, dir, &block).await?;
-        return Ok(cookie);
-    }
-    let mut leaf = block.to_leaf();
+    let cookie = entry.cookie;
     let at = leaf.position(entry.cookie).unwrap_or_else(|at| at);
     leaf.entries.insert(at, entry);
     let old = (leaf.level, leaf.prefix);
@@ -142,12 +176,12 @@ pub async fn remove(
     name: &[u8],
 ) -> Result<Option<DirEntry>, FsError> {
     let hash = name_hash(salt, name);
-    let mut leaf = find_leaf(objects, dir, hash).await?;
-    let Some(entry) = leaf.remove(hash, name) else {
-        return Ok(None);
-    };
-    write_block(objects, dir, &leaf).await?;
-    Ok(Some(entry))
+    with_leaf(objects, dir, hash, |leaf| {
+        let entry = leaf.remove(hash, name);
+        let changed = entry.is_some();
+        (entry, changed)
+    })
+    .await
 }
 
 /// Points an existing entry `name` at `target` (object, type; keeps its
@@ -160,10 +194,13 @@ pub async fn repoint(
     target: (u64, u8),
 ) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
-    let mut leaf = find_leaf(objects, dir, hash).await?;
-    let cookie = leaf.repoint(hash, name, target).ok_or(FsError::NotFound)?;
-    write_block(objects, dir, &leaf).await?;
-    Ok(cookie)
+    with_leaf(objects, dir, hash, |leaf| {
+        let cookie = leaf.repoint(hash, name, target);
+        let changed = cookie.is_some();
+        (cookie, changed)
+    })
+    .await?
+    .ok_or(FsError::NotFound)
 }
 
 /// Up to `max` entries with cookies at or after `from`, in cookie order.
@@ -176,14 +213,17 @@ pub async fn list(
     let mut out = Vec::new();
     let mut hash = (from >> 32) as u32;
     loop {
-        let leaf = find_leaf(objects, dir, hash).await?;
-        for entry in leaf.entries_from(from) {
-            if out.len() == max {
-                return Ok(out);
+        let next = with_leaf(objects, dir, hash, |leaf| {
+            for entry in leaf.entries_from(from) {
+                if out.len() == max {
+                    return (None, false);
+                }
+                out.push(entry.to_entry());
             }
-            out.push(entry.to_entry());
-        }
-        match next_hash_after(leaf.level(), leaf.prefix()) {
+            (next_hash_after(leaf.level(), leaf.prefix()), false)
+        })
+        .await?;
+        match next {
             Some(next) => hash = next,
             None => return Ok(out),
         }

@@ -2710,3 +2710,111 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
         pool.export().await.unwrap();
     });
 }
+
+/// A truncate of a large file frees its blocks a slice at a time before it
+/// takes the filesystem's lock exclusively: reads of another file of the
+/// same filesystem are answered while it goes on (the truncate held them
+/// to its end), the file keeps what is before the new size, and the space
+/// figures are clean. Power fails part way through a second truncate: the
+/// import finds the file whole in size, its last block still there, and
+/// the space figures clean.
+#[test]
+fn a_large_truncate_lets_the_filesystems_other_files_be_served_meanwhile() {
+    use ironpool::pool::filesystem::FREE_BLOCKS_PER_TURN;
+    let blocks = FREE_BLOCKS_PER_TURN * 4 + 10;
+    let cut_to = 3 * 4096 + 100;
+    let mut piece = vec![0; 64 * 4096];
+    Rng::new(blocks).fill(&mut piece);
+    let piece = Rc::new(piece);
+    let disks = devices(2, DEVICE_BYTES, 47);
+    let big2 = Rc::new(Cell::new(0));
+    run_then_crash(47, &disks, 2, |holder| {
+        let (disks, piece, big2) = (disks.clone(), piece.clone(), big2.clone());
+        async move {
+            let (pool, fs) =
+                pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "4K")]).await;
+            *holder.borrow_mut() = Some(pool.clone());
+            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+            let small = fs.create(&pool, fs.root(), b"small", &mode).await.unwrap();
+            fs.write(&pool, small.ino, 0, &[7; 4096]).await.unwrap();
+            let big = big_file(&pool, &fs, b"big", blocks).await;
+            pool.commit().await.unwrap();
+            // Read once so the reads below are cached: a simulated device
+            // completes only when simulated time moves, which it does only
+            // when no task can run, and the truncate can between slices.
+            fs.read(&pool, small.ino, 0, 4096, false).await.unwrap();
+            let cut = SetAttr {
+                size: Some(cut_to),
+                ..SetAttr::default()
+            };
+            let done = Cell::new(false);
+            let reads_meanwhile = Cell::new(0);
+            let truncate = async {
+                let attr = fs.setattr(&pool, big, cut).await.unwrap();
+                assert_eq!(attr.size, cut_to);
+                done.set(true);
+            };
+            let reads = async {
+                while !done.get() {
+                    let data = fs.read(&pool, small.ino, 0, 4096, false).await.unwrap();
+                    assert!(data == [7; 4096]);
+                    if !done.get() {
+                        reads_meanwhile.set(reads_meanwhile.get() + 1);
+                    }
+                    rt::yield_now().await;
+                }
+            };
+            futures_util::future::join(truncate, reads).await;
+            assert!(
+                reads_meanwhile.get() >= 4,
+                "{} reads answered while {blocks} blocks were cut",
+                reads_meanwhile.get()
+            );
+            let kept = fs
+                .read(&pool, big, 0, cut_to as usize + 4096, false)
+                .await
+                .unwrap();
+            assert!(kept[..] == piece[..cut_to as usize], "the kept part");
+            for _ in 0..=ironpool::alloc::DEFER_TXGS {
+                pool.commit().await.unwrap();
+            }
+            space_is_clean(&pool, "after the truncate").await;
+            space_figures_match_a_walk(&pool, &fs, "after the truncate").await;
+
+            // The second stops after two slices (as a crash stops every
+            // task), a commit makes that durable, then power fails.
+            big2.set(big_file(&pool, &fs, b"big2", blocks).await);
+            pool.commit().await.unwrap();
+            let cut = SetAttr {
+                size: Some(0),
+                ..SetAttr::default()
+            };
+            let truncate = async {
+                fs.setattr(&pool, big2.get(), cut).await.unwrap();
+                unreachable!("the truncate is stopped part way");
+            };
+            let stop = async {
+                for _ in 0..2 {
+                    rt::yield_now().await;
+                }
+            };
+            futures_util::future::select(Box::pin(truncate), Box::pin(stop)).await;
+            pool.commit().await.unwrap();
+        }
+    });
+    Runtime::new_sim(48).block_on(async move {
+        let (pool, fs) = import_filesystem(&disks, "after a crash in a truncate").await;
+        let attr = fs.getattr(big2.get()).await.unwrap();
+        assert_eq!(attr.size, blocks * 4096, "the truncate had not returned");
+        let last = blocks - 1;
+        let tail = fs
+            .read(&pool, big2.get(), last * 4096, 4096, false)
+            .await
+            .unwrap();
+        let at = (last % 64) as usize * 4096;
+        assert!(tail[..] == piece[at..at + 4096], "the last block");
+        space_is_clean(&pool, "after the import").await;
+        space_figures_match_a_walk(&pool, &fs, "after the import").await;
+        pool.export().await.unwrap();
+    });
+}

@@ -2617,6 +2617,45 @@ async fn space_is_back(pool: &Rc<Pool>, fs: &Filesystem, free_before: u64, conte
     space_figures_match_a_walk(pool, fs, context).await;
 }
 
+/// Runs `work` while reading the first 4 KiB of file `ino` (all 7s) over
+/// and over; returns how many reads were answered before `work` ended.
+async fn reads_meanwhile(
+    pool: &Rc<Pool>,
+    fs: &Filesystem,
+    ino: u64,
+    work: impl std::future::Future<Output = ()>,
+) -> u64 {
+    let done = Cell::new(false);
+    let answered = Cell::new(0);
+    let work = async {
+        work.await;
+        done.set(true);
+    };
+    let reads = async {
+        while !done.get() {
+            let data = fs.read(pool, ino, 0, 4096, false).await.unwrap();
+            assert!(data == [7; 4096]);
+            if !done.get() {
+                answered.set(answered.get() + 1);
+            }
+            rt::yield_now().await;
+        }
+    };
+    futures_util::future::join(work, reads).await;
+    answered.get()
+}
+
+/// Runs `work` for two turns of the loop and drops it there, as a crash
+/// stops every task (a slice of a free is done by then, not all of it).
+async fn stopped_after_two_turns(work: impl std::future::Future<Output = ()>) {
+    let stop = async {
+        for _ in 0..2 {
+            rt::yield_now().await;
+        }
+    };
+    futures_util::future::select(Box::pin(work), Box::pin(stop)).await;
+}
+
 /// A large file removed while the kernel held it is freed when the kernel
 /// lets go, a slice of blocks at a time with the filesystem's lock let go
 /// between: reads of another file are answered while the free goes on
@@ -2654,27 +2693,13 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
             );
             fs.remembered(big);
             fs.remove(&pool, root, b"big", false).await.unwrap();
-            let freed = Cell::new(false);
-            let reads_meanwhile = Cell::new(0);
             let free = async {
                 fs.forgotten(&pool, big, 1).await.unwrap();
-                freed.set(true);
             };
-            let reads = async {
-                while !freed.get() {
-                    let data = fs.read(&pool, small.ino, 0, 4096, false).await.unwrap();
-                    assert!(data == [7; 4096]);
-                    if !freed.get() {
-                        reads_meanwhile.set(reads_meanwhile.get() + 1);
-                    }
-                    rt::yield_now().await;
-                }
-            };
-            futures_util::future::join(free, reads).await;
+            let reads = reads_meanwhile(&pool, &fs, small.ino, free).await;
             assert!(
-                reads_meanwhile.get() >= 4,
-                "{} reads answered while {blocks} blocks were freed",
-                reads_meanwhile.get()
+                reads >= 4,
+                "{reads} reads answered while {blocks} blocks were freed"
             );
             assert!(fs.lookup(root, b"big").await.is_err());
             space_is_back(&pool, &fs, free_before.get(), "after the free").await;
@@ -2685,16 +2710,11 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
             pool.commit().await.unwrap();
             fs.remembered(big);
             fs.remove(&pool, root, b"big2", false).await.unwrap();
-            let free = async {
+            stopped_after_two_turns(async {
                 fs.forgotten(&pool, big, 1).await.unwrap();
                 unreachable!("the free is stopped part way");
-            };
-            let stop = async {
-                for _ in 0..2 {
-                    rt::yield_now().await;
-                }
-            };
-            futures_util::future::select(Box::pin(free), Box::pin(stop)).await;
+            })
+            .await;
             pool.commit().await.unwrap();
             let free_now = pool.space().1;
             assert!(
@@ -2747,28 +2767,14 @@ fn a_large_truncate_lets_the_filesystems_other_files_be_served_meanwhile() {
                 size: Some(cut_to),
                 ..SetAttr::default()
             };
-            let done = Cell::new(false);
-            let reads_meanwhile = Cell::new(0);
             let truncate = async {
                 let attr = fs.setattr(&pool, big, cut).await.unwrap();
                 assert_eq!(attr.size, cut_to);
-                done.set(true);
             };
-            let reads = async {
-                while !done.get() {
-                    let data = fs.read(&pool, small.ino, 0, 4096, false).await.unwrap();
-                    assert!(data == [7; 4096]);
-                    if !done.get() {
-                        reads_meanwhile.set(reads_meanwhile.get() + 1);
-                    }
-                    rt::yield_now().await;
-                }
-            };
-            futures_util::future::join(truncate, reads).await;
+            let reads = reads_meanwhile(&pool, &fs, small.ino, truncate).await;
             assert!(
-                reads_meanwhile.get() >= 4,
-                "{} reads answered while {blocks} blocks were cut",
-                reads_meanwhile.get()
+                reads >= 4,
+                "{reads} reads answered while {blocks} blocks were cut"
             );
             let kept = fs
                 .read(&pool, big, 0, cut_to as usize + 4096, false)
@@ -2789,16 +2795,11 @@ fn a_large_truncate_lets_the_filesystems_other_files_be_served_meanwhile() {
                 size: Some(0),
                 ..SetAttr::default()
             };
-            let truncate = async {
+            stopped_after_two_turns(async {
                 fs.setattr(&pool, big2.get(), cut).await.unwrap();
                 unreachable!("the truncate is stopped part way");
-            };
-            let stop = async {
-                for _ in 0..2 {
-                    rt::yield_now().await;
-                }
-            };
-            futures_util::future::select(Box::pin(truncate), Box::pin(stop)).await;
+            })
+            .await;
             pool.commit().await.unwrap();
         }
     });

@@ -824,6 +824,19 @@ impl ObjectSet {
         Ok(())
     }
 
+    /// The cached nodes over level-0 block `blkid`, from level `from` up
+    /// to the root (no I/O: the caller loaded the path).
+    fn cached_path(
+        &self,
+        object: &Object,
+        blkid: u64,
+        from: u8,
+    ) -> Result<Vec<Rc<Node>>, ObjectError> {
+        (from..object.levels())
+            .map(|level| self.node_cached(object, level, object.ancestor(blkid, level)))
+            .collect()
+    }
+
     /// The level-0 pointer of `blkid` from cached nodes (no I/O).
     pub fn block_pointer_cached(
         &self,
@@ -862,10 +875,7 @@ impl ObjectSet {
             object.dirty.set(true);
             return Ok(old);
         }
-        let mut path = Vec::with_capacity(levels as usize);
-        for level in 1..levels {
-            path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);
-        }
+        let path = self.cached_path(object, blkid, 1)?;
         let old = {
             let mut body = path[0].body.borrow_mut();
             let NodeBody::Indirect(pointers) = &mut *body else {
@@ -1013,11 +1023,7 @@ impl ObjectSet {
         }
         self.prefetch(object, blkid * block_bytes, block_bytes)
             .await?;
-        let levels = object.levels();
-        let mut path = Vec::with_capacity(levels as usize);
-        for level in 0..levels {
-            path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);
-        }
+        let path = self.cached_path(object, blkid, 0)?;
         let lent = {
             let mut body = path[0].body.borrow_mut();
             let NodeBody::Data(bytes) = &mut *body else {
@@ -1087,11 +1093,7 @@ impl ObjectSet {
             let within = (position % block_bytes) as usize;
             let chunk = (block_bytes as usize - within).min(data.len() - done);
             self.ensure_capacity(object, blkid)?;
-            let levels = object.levels();
-            let mut path = Vec::with_capacity(levels as usize);
-            for level in 0..levels {
-                path.push(self.node_cached(object, level, object.ancestor(blkid, level))?);
-            }
+            let path = self.cached_path(object, blkid, 0)?;
             {
                 let mut body = path[0].body.borrow_mut();
                 let NodeBody::Data(bytes) = &mut *body else {

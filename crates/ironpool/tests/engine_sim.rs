@@ -27,14 +27,7 @@ fn tunables() -> PoolTunables {
 
 /// A pool named "tank" of one mirror of `disks`, with [`tunables`].
 async fn mirror_pool(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
-    Pool::create_on_devices(
-        "tank",
-        layout(disks, TopVdevKind::Mirror),
-        false,
-        tunables(),
-    )
-    .await
-    .unwrap()
+    sim_support::mirror_with(disks, tunables()).await
 }
 
 fn pattern(length: usize, tag: u64) -> BufSlice {

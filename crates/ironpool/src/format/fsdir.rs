@@ -250,18 +250,12 @@ impl LeafBlock {
         LeafBlock::open(bytes, level, prefix, false).map_err(|(_, error)| error)
     }
 
-    /// A leaf whose bytes [`LeafBlock::parse`] accepted before and that
-    /// changed since only through this type's own methods (which keep every
-    /// check true): only its header is read again. The object layer says
-    /// which bytes those are (`ObjectSet::lend_block`).
-    pub fn parse_checked(bytes: Vec<u8>, level: u8, prefix: u32) -> Result<LeafBlock, FormatError> {
-        LeafBlock::open(bytes, level, prefix, true).map_err(|(_, error)| error)
-    }
-
-    /// [`LeafBlock::parse`], or with `checked` [`LeafBlock::parse_checked`],
-    /// handing the bytes back with the error: a leaf lent in place by the
-    /// object layer (`ObjectSet::lend_block`) must go back whole even when
-    /// it is found corrupt.
+    /// [`LeafBlock::parse`], handing the bytes back with the error: a leaf
+    /// lent in place by the object layer (`ObjectSet::lend_block`) must go
+    /// back whole even when it is found corrupt. With `checked`, the bytes
+    /// are ones `parse` accepted before and that changed since only through
+    /// this type's own methods (which keep every check true): only the
+    /// header is read again. The object layer says which bytes those are.
     pub fn open(
         bytes: Vec<u8>,
         level: u8,

@@ -996,11 +996,11 @@ impl ObjectSet {
         Ok(out)
     }
 
-    /// Lends data block `blkid` of a metadata object to `borrower` by
-    /// value, without a copy: the bytes and whether they are vouched for
-    /// (checked as a structure since they last
-    /// changed, so a leaf is not checked on every lookup). A directory leaf is
-    /// 16 KiB, and copying it out for a lookup and in again for a change
+    /// Lends data block `blkid` of a metadata object, a block within its
+    /// tree, to `borrower` by value, without a copy: the bytes and whether
+    /// they are vouched for (checked as a structure since they last
+    /// changed, so a leaf is not checked on every lookup). A directory leaf
+    /// is 16 KiB, and copying it out for a lookup and in again for a change
     /// cost a file's `unlink` more than its search did. The borrower hands
     /// the bytes back in a [`Lent`]: changed ones are dirty (written at the
     /// next txg); vouched-for ones need no check by the next reader. The
@@ -1013,36 +1013,31 @@ impl ObjectSet {
         borrower: impl FnOnce(Vec<u8>, bool) -> Lent<R>,
     ) -> Result<R, ObjectError> {
         let block_bytes = object.data_block_bytes();
-        if blkid >= object.capacity_blocks() {
-            // Past the tree: zeros, as a read gives; a change grows the tree.
-            let lent = borrower(vec![0; block_bytes as usize], false);
-            if lent.changed {
-                self.write_cached(object, blkid * block_bytes, &lent.bytes, lent.checked)?;
-            }
-            return Ok(lent.result);
-        }
         self.prefetch(object, blkid * block_bytes, block_bytes)
             .await?;
+        // Past the tree this is an error (`TooLarge`), before anything is lent.
         let path = self.cached_path(object, blkid, 0)?;
-        let lent = {
+        let (changed, checked, result) = {
             let mut body = path[0].body.borrow_mut();
             let NodeBody::Data(bytes) = &mut *body else {
                 unreachable!("level 0 holds data")
             };
-            let lent = borrower(std::mem::take(bytes), path[0].checked.get());
+            let Lent {
+                bytes: returned,
+                changed,
+                checked,
+                result,
+            } = borrower(std::mem::take(bytes), path[0].checked.get());
             assert_eq!(
-                lent.bytes.len() as u64,
+                returned.len() as u64,
                 block_bytes,
                 "a lent block comes back whole"
             );
-            *bytes = lent.bytes;
-            Lent {
-                bytes: Vec::new(),
-                ..lent
-            }
+            *bytes = returned;
+            (changed, checked, result)
         };
-        path[0].checked.set(lent.checked);
-        if lent.changed {
+        path[0].checked.set(checked);
+        if changed {
             self.mark_dirty(object, &path);
             let end = (blkid + 1) * block_bytes;
             let mut dnode = object.dnode.borrow_mut();
@@ -1050,7 +1045,7 @@ impl ObjectSet {
                 dnode.length_bytes = end;
             }
         }
-        Ok(lent.result)
+        Ok(result)
     }
 
     /// Writes `data` at `offset` of a metadata object (in memory; written at sync).
@@ -1065,25 +1060,14 @@ impl ObjectSet {
         self.write_bytes_cached(object, offset, data)
     }
 
-    /// `write_bytes` on cached nodes (no I/O).
+    /// `write_bytes` on cached nodes (no I/O). A node written so is no
+    /// longer vouched for (its `checked` flag): only a borrower of
+    /// [`ObjectSet::lend_block`] says its changes keep a structure sound.
     pub fn write_bytes_cached(
         &self,
         object: &Object,
         offset: u64,
         data: &[u8],
-    ) -> Result<(), ObjectError> {
-        self.write_cached(object, offset, data, false)
-    }
-
-    /// Writes `data` at `offset` on cached nodes; each data node written
-    /// whole keeps `checked` as its flag (the node's `checked`), any other
-    /// loses it.
-    fn write_cached(
-        &self,
-        object: &Object,
-        offset: u64,
-        data: &[u8],
-        checked: bool,
     ) -> Result<(), ObjectError> {
         let block_bytes = object.data_block_bytes();
         let mut done = 0usize;
@@ -1101,7 +1085,7 @@ impl ObjectSet {
                 };
                 bytes[within..within + chunk].copy_from_slice(&data[done..done + chunk]);
             }
-            path[0].checked.set(checked && chunk as u64 == block_bytes);
+            path[0].checked.set(false);
             self.mark_dirty(object, &path);
             done += chunk;
         }

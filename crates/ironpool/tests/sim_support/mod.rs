@@ -60,17 +60,25 @@ pub fn manual_commits() -> PoolTunables {
     }
 }
 
-/// A pool named "tank" of one mirror of `disks` that commits only when
-/// asked ([`manual_commits`]).
-pub async fn manual_mirror(disks: &[Rc<SimDevice>]) -> Rc<ironpool::pool::Pool> {
+/// A pool named "tank" of one mirror of `disks`, with `tunables`.
+pub async fn mirror_with(
+    disks: &[Rc<SimDevice>],
+    tunables: PoolTunables,
+) -> Rc<ironpool::pool::Pool> {
     ironpool::pool::Pool::create_on_devices(
         "tank",
         layout(disks, TopVdevKind::Mirror),
         false,
-        manual_commits(),
+        tunables,
     )
     .await
     .unwrap()
+}
+
+/// A pool named "tank" of one mirror of `disks` that commits only when
+/// asked ([`manual_commits`]).
+pub async fn manual_mirror(disks: &[Rc<SimDevice>]) -> Rc<ironpool::pool::Pool> {
+    mirror_with(disks, manual_commits()).await
 }
 
 /// `length` bytes drawn from a generator seeded by `tag`: distinct tags give

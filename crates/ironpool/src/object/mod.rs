@@ -715,42 +715,56 @@ impl ObjectSet {
     }
 
     /// How many level-0 blocks from `blkid` on are known holes without reading
-    /// further (0 if `blkid` itself may hold data). Lets block-status and reads skip
-    /// large unwritten ranges in one step.
+    /// further (0 if `blkid` itself may hold data). Lets block-status, reads
+    /// and frees skip large unwritten ranges in one step: the run of hole
+    /// pointers that follows the first in the same indirect node is passed
+    /// with it, so a range freed in this txg (its indirect nodes full of
+    /// holes, still linked above) costs a call per node, not per block.
     pub async fn hole_span(&self, object: &Object, blkid: u64) -> Result<u64, ObjectError> {
-        let dnode = object.dnode();
-        if blkid >= dnode.capacity_blocks() {
+        let capacity = object.capacity_blocks();
+        if blkid >= capacity {
             return Ok(u64::MAX);
         }
-        if dnode.root.is_hole() && object.nodes.borrow().get(&(dnode.levels - 1, 0)).is_none() {
-            return Ok(dnode.capacity_blocks() - blkid);
+        let levels = object.levels();
+        if object.dnode.borrow().root.is_hole()
+            && object.nodes.borrow().get(&(levels - 1, 0)).is_none()
+        {
+            return Ok(capacity - blkid);
         }
         let shift = object.pointer_shift();
-        for level in (1..dnode.levels).rev() {
+        for level in (1..levels).rev() {
             let node = self
                 .node(object, level, object.ancestor(blkid, level))
                 .await?;
             let child_blkid = object.ancestor(blkid, level - 1);
-            if object
-                .nodes
-                .borrow()
-                .contains_key(&(level - 1, child_blkid))
-            {
+            let nodes = object.nodes.borrow();
+            if nodes.contains_key(&(level - 1, child_blkid)) {
                 continue;
             }
-            let pointer = match &*node.body.borrow() {
-                NodeBody::Indirect(pointers) => pointers[object.index_in_parent(child_blkid)],
-                NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
+            let NodeBody::Indirect(pointers) = &*node.body.borrow() else {
+                unreachable!("indirect level holds pointers")
             };
-            if pointer.is_hole() {
-                let span_shift = shift * (level as u32 - 1);
-                let span = 1u64 << span_shift;
-                let start = child_blkid << span_shift;
-                return Ok(start + span - blkid);
+            let first = object.index_in_parent(child_blkid);
+            if !pointers[first].is_hole() {
+                if level == 1 {
+                    return Ok(0);
+                }
+                continue;
             }
-            if level == 1 {
-                return Ok(0);
-            }
+            // The children from `first` on that are holes with nothing
+            // of theirs in memory (a child in memory may hold what a
+            // write put there since).
+            let children = 1 + pointers[first + 1..]
+                .iter()
+                .zip(child_blkid + 1..)
+                .take_while(|(pointer, child)| {
+                    pointer.is_hole() && !nodes.contains_key(&(level - 1, *child))
+                })
+                .count() as u64;
+            let span_shift = shift * (level as u32 - 1);
+            let start = child_blkid << span_shift;
+            let end = start.saturating_add(children.saturating_mul(1 << span_shift));
+            return Ok(end - blkid);
         }
         Ok(0)
     }

@@ -1412,16 +1412,17 @@ impl Filesystem {
     ) -> Result<u64, FsError> {
         let mut blkid = first;
         let mut punched = 0;
+        let object_type = object.dnode.borrow().object_type;
         while blkid < end && punched < FREE_BLOCKS_PER_TURN {
             let span = self.objects.hole_span(object, blkid).await?;
             if span > 0 {
                 blkid = blkid.saturating_add(span);
                 continue;
             }
-            if object.dnode().object_type == ObjectType::FsDirectory {
+            if object_type == ObjectType::FsDirectory {
                 self.objects.punch(object, blkid).await?;
             } else {
-                let hole = BlockPointer::hole(0, object.dnode().object_type, 0);
+                let hole = BlockPointer::hole(0, object_type, 0);
                 self.link_block(pool, object, blkid, hole).await?;
             }
             punched += 1;
@@ -3374,6 +3375,71 @@ mod tests {
             .collect()
     }
 
+    async fn mirror_pool(disks: &[Rc<SimDevice>], tunables: PoolTunables) -> Rc<Pool> {
+        let layout = vec![NewTopVdev {
+            log: false,
+            kind: TopVdevKind::Mirror,
+            devices: named(disks)
+                .into_iter()
+                .map(|(path, device)| NewDevice { path, device })
+                .collect(),
+        }];
+        Pool::create_on_devices("tank", layout, false, tunables)
+            .await
+            .unwrap()
+    }
+
+    /// The blocks a truncate freed ahead are passed a run at a time when
+    /// its exclusive step walks them again: a run of hole pointers in one
+    /// indirect node is one span, up to the node's end or to a block that
+    /// holds data. (Passed a block at a time, a 3 GiB file of 16K records
+    /// held its filesystem for 30 ms.)
+    #[test]
+    fn a_run_of_holes_in_an_indirect_node_is_one_span() {
+        let disks: Vec<Rc<SimDevice>> = (0..2)
+            .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 42 + index))
+            .collect();
+        Runtime::new_sim(42).block_on(async move {
+            let pool = mirror_pool(&disks, PoolTunables::default()).await;
+            let properties = BTreeMap::from([("recordsize".to_string(), "4K".to_string())]);
+            let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+            let file = fs.create(&pool, fs.root(), b"f", &mode).await.unwrap();
+            let (object, _) = fs.load(file.ino).await.unwrap();
+            let per_node = 1u64 << object.dnode().pointers_per_indirect_shift();
+            let blocks = per_node * 2 + 52;
+            fs.write(&pool, file.ino, 0, &vec![5; blocks as usize * 4096])
+                .await
+                .unwrap();
+            pool.commit().await.unwrap();
+            let span = |blkid| {
+                let (fs, object) = (fs.clone(), object.clone());
+                async move { fs.objects.hole_span(&object, blkid).await.unwrap() }
+            };
+            assert_eq!(span(0).await, 0, "written");
+
+            // Freed in the open txg: the indirect nodes are in memory, full
+            // of holes, and still linked above.
+            fs.punch_range(&pool, &object, 0, blocks).await.unwrap();
+            assert_eq!(span(0).await, per_node, "the first node's run");
+            assert_eq!(span(per_node - 10).await, 10, "the rest of the run");
+            assert_eq!(span(per_node).await, per_node, "the second node's run");
+
+            // A block written since ends the run before it.
+            let written = per_node + 100;
+            fs.write(&pool, file.ino, written * 4096, &[6; 4096])
+                .await
+                .unwrap();
+            pool.commit().await.unwrap();
+            assert_eq!(span(per_node).await, 100, "up to the written block");
+            assert_eq!(span(written).await, 0, "the written block");
+            assert_eq!(span(written + 1).await, per_node - 101, "after it");
+            assert!(span(0).await >= per_node, "committed holes");
+            let read = fs.read(&pool, file.ino, written * 4096, 4096, false);
+            assert_eq!(read.await.unwrap(), vec![6; 4096]);
+        });
+    }
+
     /// A filesystem whose header predates the space sums (version 1) is
     /// walked once at import, and from then on keeps sums equal to a walk
     /// (which the space check compares), written as a version 2 header.
@@ -3389,17 +3455,7 @@ mod tests {
         let walked = Runtime::new_sim(40).block_on({
             let disks = disks.clone();
             async move {
-                let layout = vec![NewTopVdev {
-                    log: false,
-                    kind: TopVdevKind::Mirror,
-                    devices: named(&disks)
-                        .into_iter()
-                        .map(|(path, device)| NewDevice { path, device })
-                        .collect(),
-                }];
-                let pool = Pool::create_on_devices("tank", layout, false, tunables())
-                    .await
-                    .unwrap();
+                let pool = mirror_pool(&disks, tunables()).await;
                 let fs = pool
                     .create_filesystem("tank/fs", BTreeMap::new())
                     .await

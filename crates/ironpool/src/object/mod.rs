@@ -132,6 +132,12 @@ impl Node {
     }
 }
 
+/// Block pointers [`ObjectSet::visit_pointers_born_after`] looks at between
+/// two turns of the engine's loop: a few nodes' worth, a fraction of a
+/// millisecond (the 196k pointers of a 3 GiB volume of 16 KiB blocks,
+/// cached, were one 60 ms step of its destroy).
+pub const VISIT_POINTERS_PER_TURN: usize = 4096;
+
 /// An object in memory.
 pub struct Object {
     pub id: u64,
@@ -1289,7 +1295,10 @@ impl ObjectSet {
     /// `txg`, descending only where such pointers can be: a clean subtree under
     /// a pointer born at or before `txg` is entirely that old (copy-on-write),
     /// while a node changed since (dirty, cached) is looked into whatever its
-    /// parent says. Used by rollback, space figures and incremental send.
+    /// parent says. Used by destroy, rollback, space figures and incremental
+    /// send. Turns the engine's loop every [`VISIT_POINTERS_PER_TURN`]
+    /// pointers looked at, so that a large cached tree does not hold off
+    /// every other client of the pool for its whole walk.
     pub async fn visit_pointers_born_after(
         &self,
         object: &Object,
@@ -1303,9 +1312,14 @@ impl ObjectSet {
         }
         let shift = object.pointer_shift();
         let mut frontier: Vec<u64> = vec![0];
+        let mut looked_at = 0;
         for level in (1..=top).rev() {
             let mut next = Vec::new();
             for blkid in frontier {
+                if looked_at >= VISIT_POINTERS_PER_TURN {
+                    looked_at = 0;
+                    crate::rt::yield_now().await;
+                }
                 let dirty = object.dirty_nodes.borrow().contains(&(level, blkid));
                 if !dirty {
                     let pointer = self.pointer_to(object, level, blkid).await?;
@@ -1326,6 +1340,7 @@ impl ObjectSet {
                         .collect(),
                     NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
                 };
+                looked_at += children.len();
                 for (child_blkid, pointer) in children {
                     if !pointer.is_hole() && pointer.birth_txg > txg {
                         visit(&pointer);

@@ -1190,21 +1190,19 @@ impl Pool {
         volume.begin_destroy();
         self.datasets.exports_gone.notify_all();
         for snapshot in snapshots.iter().rev() {
-            self.destroy_snapshot_locked(snapshot)?;
+            self.destroy_snapshot_locked(snapshot).await?;
         }
         // Blocks born after the origin are the volume's own (all of them when it
         // is not a clone); older ones, and whatever is on its dead list, belong to
         // the origin snapshot.
         let origin_txg = volume.object.dnode().origin_txg;
-        let mut pointers = Vec::new();
+        // Freed as the walk finds them (the walk turns the loop now and
+        // then; builds are held off, so they are one txg all the same).
         self.objects
             .visit_pointers_born_after(&volume.object, origin_txg, &mut |pointer| {
-                pointers.push(*pointer)
+                self.store.free(pointer)
             })
             .await?;
-        for pointer in &pointers {
-            self.store.free(pointer);
-        }
         volume.object.dead.borrow_mut().clear();
         self.drop_dead_list(volume.object.dead_list.replace(0))?;
         self.objects.clear_dnode(volume.object.id).await?;

@@ -33,6 +33,13 @@ use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 
+/// Block pointers a destroy or a rollback frees (and, for a snapshot's
+/// destroy, reads from a dead list) between two turns of the engine's loop:
+/// 512 KiB of list, about half a millisecond of work (decoding and freeing
+/// take 0.1-0.2 us a pointer; the 196k of a 3 GiB overwrite, in one go,
+/// held every client of the pool for 0.15-0.2 s).
+pub const DEAD_LIST_POINTERS_PER_TURN: usize = 4096;
+
 /// A snapshot to take at the next commit.
 pub struct SnapshotRequest {
     /// The dataset (volume or filesystem), by short name.
@@ -329,13 +336,55 @@ impl Pool {
             .objects
             .read_bytes_cached(&object, 0, length)
             .map_err(corrupt)?;
-        bytes
-            .chunks_exact(BLOCK_POINTER_BYTES)
-            .map(|chunk| {
-                BlockPointer::decode(chunk)
-                    .map_err(|error| PoolError::Corrupt(format!("dead list {object_id}: {error}")))
-            })
-            .collect()
+        decode_dead_list(object_id, &bytes)
+    }
+
+    /// Up to [`DEAD_LIST_POINTERS_PER_TURN`] pointers of a dead list object
+    /// from byte `offset` on; None past its end (or for no list, 0).
+    fn dead_list_slice(
+        &self,
+        object_id: u64,
+        offset: u64,
+    ) -> Result<Option<Vec<BlockPointer>>, PoolError> {
+        if object_id == 0 {
+            return Ok(None);
+        }
+        let object = self
+            .objects
+            .get(object_id)
+            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        // Whole pointers only (a torn tail is not a pointer).
+        let pointer = BLOCK_POINTER_BYTES as u64;
+        let left = object.dnode.borrow().length_bytes.saturating_sub(offset) / pointer;
+        let bytes = left.min(DEAD_LIST_POINTERS_PER_TURN as u64) * pointer;
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let bytes = self
+            .objects
+            .read_bytes_cached(&object, offset, bytes as usize)
+            .map_err(corrupt)?;
+        decode_dead_list(object_id, &bytes).map(Some)
+    }
+
+    /// Adds `entries` at the end of a dead list object (created when `object_id`
+    /// is 0 and there is anything to add). Returns the list's object id.
+    fn append_dead_list(&self, object_id: u64, entries: &[BlockPointer]) -> Result<u64, PoolError> {
+        if entries.is_empty() {
+            return Ok(object_id);
+        }
+        if object_id == 0 {
+            return self.write_dead_list(0, entries);
+        }
+        let object = self
+            .objects
+            .get(object_id)
+            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let end = object.dnode.borrow().length_bytes;
+        self.objects
+            .write_bytes_cached(&object, end, &encode_pointers(entries))
+            .map_err(corrupt)?;
+        Ok(object_id)
     }
 
     /// Replaces a dead list's contents (creating or freeing the object as needed).
@@ -378,13 +427,22 @@ impl Pool {
     pub async fn destroy_snapshot(self: &Rc<Self>, full_name: &str) -> Result<(), PoolError> {
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
-        self.destroy_snapshot_locked(full_name)?;
+        self.destroy_snapshot_locked(full_name).await?;
         self.commit().await
     }
 
-    /// The synchronous part of destroying a snapshot: everything it touches is
-    /// cached metadata, so it happens in one step of the open txg.
-    pub(crate) fn destroy_snapshot_locked(
+    /// Destroying a snapshot, in the open txg, with the admin lock held:
+    /// the blocks born after the previous snapshot that the next one (or
+    /// the dataset) no longer uses are freed, and the rest of the next
+    /// dead list joins the snapshot's own, which becomes the next one's.
+    ///
+    /// The next list is read, and its blocks freed, a slice at a time
+    /// ([`DEAD_LIST_POINTERS_PER_TURN`]) with a turn of the engine's loop
+    /// between, txg builds held off throughout: the change is one txg
+    /// (a crash leaves the snapshot whole), and the pool's clients are
+    /// served meanwhile (the list of a 3 GiB overwrite, 196k pointers,
+    /// held every client for 0.2 s read in one go).
+    pub(crate) async fn destroy_snapshot_locked(
         self: &Rc<Self>,
         full_name: &str,
     ) -> Result<(), PoolError> {
@@ -405,6 +463,7 @@ impl Pool {
                 target.clones.join(", ")
             )));
         }
+        let _hold = self.txg.hold_builds();
         let previous_txg = if index == 0 {
             self.origin_txg(&record)
         } else {
@@ -417,13 +476,22 @@ impl Pool {
         } else {
             record.snapshots[index + 1].dead_list
         };
-        let mut kept = self.dead_list_entries(target.dead_list)?;
-        for pointer in self.dead_list_entries(next_list)? {
-            if pointer.birth_txg > previous_txg {
-                self.store.free(&pointer);
-            } else {
-                kept.push(pointer);
+        // The snapshot's own list, with what the next keeps appended, is
+        // the next one's.
+        let mut new_next = target.dead_list;
+        let mut offset = 0;
+        while let Some(slice) = self.dead_list_slice(next_list, offset)? {
+            offset += slice.len() as u64 * BLOCK_POINTER_BYTES as u64;
+            let mut kept = Vec::new();
+            for pointer in slice {
+                if pointer.birth_txg > previous_txg {
+                    self.store.free(&pointer);
+                } else {
+                    kept.push(pointer);
+                }
             }
+            new_next = self.append_dead_list(new_next, &kept)?;
+            crate::rt::yield_now().await;
         }
         if is_latest {
             // Blocks the dataset let go of in the open txg: same rule.
@@ -436,8 +504,7 @@ impl Pool {
                 }
             }
         }
-        let new_next = self.write_dead_list(next_list, &kept)?;
-        self.drop_dead_list(target.dead_list)?;
+        self.drop_dead_list(next_list)?;
         // The snapshot's tree belongs to others now (or was freed above): drop
         // only its dnode.
         self.drop_dnode(target.object)?;
@@ -476,6 +543,19 @@ impl Pool {
             head.dirty.set(true);
         }
         Ok(())
+    }
+
+    /// Frees `pointers`, [`DEAD_LIST_POINTERS_PER_TURN`] at a time with a
+    /// turn of the engine's loop between, so that the pool's clients are
+    /// served meanwhile. The caller holds txg builds off: the frees are one
+    /// txg with the rest of its change.
+    pub(crate) async fn free_in_slices(&self, pointers: &[BlockPointer]) {
+        for slice in pointers.chunks(DEAD_LIST_POINTERS_PER_TURN) {
+            for pointer in slice {
+                self.store.free(pointer);
+            }
+            crate::rt::yield_now().await;
+        }
     }
 
     /// Clears a dnode slot and forgets the object, without freeing its blocks.
@@ -702,7 +782,7 @@ impl Pool {
         // twice.
         let hold = self.txg.hold_builds();
         for name in later.iter().rev() {
-            self.destroy_snapshot_locked(name)?;
+            self.destroy_snapshot_locked(name).await?;
         }
         let target = self.record(volume)?.snapshots[index].clone();
         let snapshot_object = self.objects.open(target.object).await?;
@@ -711,9 +791,7 @@ impl Pool {
         let born_after = self
             .pointers_born_after(&head, fs.as_deref(), target.txg)
             .await?;
-        for pointer in &born_after {
-            self.store.free(pointer);
-        }
+        self.free_in_slices(&born_after).await;
         // What the dataset let go of since the snapshot is the snapshot's again.
         head.dead.borrow_mut().clear();
         let dead_list = head.dead_list.replace(0);
@@ -1090,6 +1168,17 @@ impl Pool {
 }
 
 /// Encodes block pointers back to back.
+/// The pointers of dead list `object_id` in `bytes`.
+fn decode_dead_list(object_id: u64, bytes: &[u8]) -> Result<Vec<BlockPointer>, PoolError> {
+    bytes
+        .chunks_exact(BLOCK_POINTER_BYTES)
+        .map(|chunk| {
+            BlockPointer::decode(chunk)
+                .map_err(|error| PoolError::Corrupt(format!("dead list {object_id}: {error}")))
+        })
+        .collect()
+}
+
 fn encode_pointers(pointers: &[BlockPointer]) -> Vec<u8> {
     let mut bytes = vec![0u8; pointers.len() * BLOCK_POINTER_BYTES];
     for (index, pointer) in pointers.iter().enumerate() {

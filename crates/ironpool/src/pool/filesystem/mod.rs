@@ -3242,7 +3242,7 @@ impl Pool {
         let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
         let hold = self.txg.hold_builds();
         for snapshot in snapshots.iter().rev() {
-            self.destroy_snapshot_locked(snapshot)?;
+            self.destroy_snapshot_locked(snapshot).await?;
         }
         // Blocks born after the origin are its own (all of them when it is
         // not a clone); older ones, and its dead list, are the origin's.
@@ -3250,9 +3250,7 @@ impl Pool {
         let pointers = self
             .pointers_born_after(&fs.table, Some(&fs), origin_txg)
             .await?;
-        for pointer in &pointers {
-            self.store.free(pointer);
-        }
+        self.free_in_slices(&pointers).await;
         fs.table.dead.borrow_mut().clear();
         self.drop_dead_list(fs.table.dead_list.replace(0))?;
         self.objects.clear_dnode(fs.table.id).await?;

@@ -2617,6 +2617,23 @@ async fn space_is_back(pool: &Rc<Pool>, fs: &Filesystem, free_before: u64, conte
     space_figures_match_a_walk(pool, fs, context).await;
 }
 
+/// The slice tests' pool: a mirror with a filesystem of 4K records (handed
+/// to `holder`, for the crash that ends the run) holding `small`, one block
+/// of 7s, which they read while their long operation runs. Returns its
+/// inode number.
+async fn pool_with_small_file(
+    disks: &[Rc<ironpool::dev::sim::SimDevice>],
+    holder: &RefCell<Option<Rc<Pool>>>,
+) -> (Rc<Pool>, Rc<Filesystem>, u64) {
+    let (pool, fs) =
+        pool_with_filesystem(disks, TopVdevKind::Mirror, &[("recordsize", "4K")]).await;
+    *holder.borrow_mut() = Some(pool.clone());
+    let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+    let small = fs.create(&pool, fs.root(), b"small", &mode).await.unwrap();
+    fs.write(&pool, small.ino, 0, &[7; 4096]).await.unwrap();
+    (pool, fs, small.ino)
+}
+
 /// Runs `work` while reading the first 4 KiB of file `ino` (all 7s) over
 /// and over; returns how many reads were answered before `work` ended.
 async fn reads_meanwhile(
@@ -2672,13 +2689,8 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
         let free_before = free_before.clone();
         let disks = disks.clone();
         async move {
-            let (pool, fs) =
-                pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "4K")]).await;
-            *holder.borrow_mut() = Some(pool.clone());
+            let (pool, fs, small) = pool_with_small_file(&disks, &holder).await;
             let root = fs.root();
-            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-            let small = fs.create(&pool, root, b"small", &mode).await.unwrap();
-            fs.write(&pool, small.ino, 0, &[7; 4096]).await.unwrap();
             pool.commit().await.unwrap();
             free_before.set(pool.space().1);
 
@@ -2696,7 +2708,7 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
             let free = async {
                 fs.forgotten(&pool, big, 1).await.unwrap();
             };
-            let reads = reads_meanwhile(&pool, &fs, small.ino, free).await;
+            let reads = reads_meanwhile(&pool, &fs, small, free).await;
             assert!(
                 reads >= 4,
                 "{reads} reads answered while {blocks} blocks were freed"
@@ -2752,12 +2764,7 @@ fn a_large_snapshots_destroy_lets_the_pools_other_requests_be_served_meanwhile()
     run_then_crash(49, &disks, 3, |holder| {
         let disks = disks.clone();
         async move {
-            let (pool, fs) =
-                pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "4K")]).await;
-            *holder.borrow_mut() = Some(pool.clone());
-            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-            let small = fs.create(&pool, fs.root(), b"small", &mode).await.unwrap();
-            fs.write(&pool, small.ino, 0, &[7; 4096]).await.unwrap();
+            let (pool, fs, _) = pool_with_small_file(&disks, &holder).await;
             for (name, snapshot) in [(&b"big"[..], "tank/fs@s1"), (b"big2", "tank/fs@s2")] {
                 big_file(&pool, &fs, name, blocks).await;
                 pool.commit().await.unwrap();
@@ -2844,18 +2851,13 @@ fn a_large_truncate_lets_the_filesystems_other_files_be_served_meanwhile() {
     run_then_crash(47, &disks, 2, |holder| {
         let (disks, piece, big2) = (disks.clone(), piece.clone(), big2.clone());
         async move {
-            let (pool, fs) =
-                pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "4K")]).await;
-            *holder.borrow_mut() = Some(pool.clone());
-            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-            let small = fs.create(&pool, fs.root(), b"small", &mode).await.unwrap();
-            fs.write(&pool, small.ino, 0, &[7; 4096]).await.unwrap();
+            let (pool, fs, small) = pool_with_small_file(&disks, &holder).await;
             let big = big_file(&pool, &fs, b"big", blocks).await;
             pool.commit().await.unwrap();
             // Read once so the reads below are cached: a simulated device
             // completes only when simulated time moves, which it does only
             // when no task can run, and the truncate can between slices.
-            fs.read(&pool, small.ino, 0, 4096, false).await.unwrap();
+            fs.read(&pool, small, 0, 4096, false).await.unwrap();
             let cut = SetAttr {
                 size: Some(cut_to),
                 ..SetAttr::default()
@@ -2864,7 +2866,7 @@ fn a_large_truncate_lets_the_filesystems_other_files_be_served_meanwhile() {
                 let attr = fs.setattr(&pool, big, cut).await.unwrap();
                 assert_eq!(attr.size, cut_to);
             };
-            let reads = reads_meanwhile(&pool, &fs, small.ino, truncate).await;
+            let reads = reads_meanwhile(&pool, &fs, small, truncate).await;
             assert!(
                 reads >= 4,
                 "{reads} reads answered while {blocks} blocks were cut"

@@ -1196,13 +1196,15 @@ impl Pool {
         // is not a clone); older ones, and whatever is on its dead list, belong to
         // the origin snapshot.
         let origin_txg = volume.object.dnode().origin_txg;
-        // Freed as the walk finds them (the walk turns the loop now and
-        // then; builds are held off, so they are one txg all the same).
+        // Collected first, then freed: a read that fails part way through
+        // the walk must leave nothing freed for the next build to commit.
+        let mut pointers = Vec::new();
         self.objects
             .visit_pointers_born_after(&volume.object, origin_txg, &mut |pointer| {
-                self.store.free(pointer)
+                pointers.push(*pointer)
             })
             .await?;
+        self.free_in_slices(&pointers).await;
         volume.object.dead.borrow_mut().clear();
         self.drop_dead_list(volume.object.dead_list.replace(0))?;
         self.objects.clear_dnode(volume.object.id).await?;

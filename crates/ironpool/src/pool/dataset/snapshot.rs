@@ -476,6 +476,14 @@ impl Pool {
         } else {
             record.snapshots[index + 1].dead_list
         };
+        // The whole next list decodes before anything is freed: an error
+        // part way would leave the frees before it in the open txg, for
+        // the next build to commit, with the list still naming them.
+        let mut offset = 0;
+        while let Some(slice) = self.dead_list_slice(next_list, offset)? {
+            offset += slice.len() as u64 * BLOCK_POINTER_BYTES as u64;
+            crate::rt::yield_now().await;
+        }
         // The snapshot's own list, with what the next keeps appended, is
         // the next one's.
         let mut new_next = target.dead_list;
@@ -1167,7 +1175,6 @@ impl Pool {
     }
 }
 
-/// Encodes block pointers back to back.
 /// The pointers of dead list `object_id` in `bytes`.
 fn decode_dead_list(object_id: u64, bytes: &[u8]) -> Result<Vec<BlockPointer>, PoolError> {
     bytes
@@ -1179,6 +1186,7 @@ fn decode_dead_list(object_id: u64, bytes: &[u8]) -> Result<Vec<BlockPointer>, P
         .collect()
 }
 
+/// Encodes block pointers back to back.
 fn encode_pointers(pointers: &[BlockPointer]) -> Vec<u8> {
     let mut bytes = vec![0u8; pointers.len() * BLOCK_POINTER_BYTES];
     for (index, pointer) in pointers.iter().enumerate() {

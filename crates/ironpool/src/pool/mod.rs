@@ -36,7 +36,7 @@ use crate::format::spacemap::decode_records;
 use crate::format::{
     data_area_bytes, new_guid, ObjectType, Uberblock, DEVICE_SIZE_MIN_BYTES, FORMAT_VERSION,
 };
-use crate::object::{new_dnode, ObjectError, ObjectSet};
+use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
 use crate::queue::QueueTunables;
 use crate::rt::sync::Notify;
 use crate::vdev::{LeafVdev, TopVdev, VdevHealth};
@@ -1198,11 +1198,8 @@ impl Pool {
         let origin_txg = volume.object.dnode().origin_txg;
         // Collected first, then freed: a read that fails part way through
         // the walk must leave nothing freed for the next build to commit.
-        let mut pointers = Vec::new();
-        self.objects
-            .visit_pointers_born_after(&volume.object, origin_txg, &mut |pointer| {
-                pointers.push(*pointer)
-            })
+        let pointers = self
+            .pointers_born_after(&volume.object, None, origin_txg)
             .await?;
         self.free_in_slices(&pointers).await;
         volume.object.dead.borrow_mut().clear();
@@ -1224,15 +1221,20 @@ impl Pool {
         self.commit().await
     }
 
+    /// The open object of dead list `object_id`: every dead list a dataset
+    /// or snapshot names is opened at import, so a missing one is damage.
+    pub(crate) fn dead_list_object(&self, object_id: u64) -> Result<Rc<Object>, PoolError> {
+        self.objects
+            .get(object_id)
+            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))
+    }
+
     /// Frees a dead list object (not the blocks it lists).
     pub(crate) fn drop_dead_list(&self, object_id: u64) -> Result<(), PoolError> {
         if object_id == 0 {
             return Ok(());
         }
-        let object = self
-            .objects
-            .get(object_id)
-            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let object = self.dead_list_object(object_id)?;
         self.objects.truncate_cached(&object, 0)?;
         self.objects.free_object_cached(&object)?;
         Ok(())

@@ -40,6 +40,40 @@ use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 /// held every client of the pool for 0.15-0.2 s).
 pub const DEAD_LIST_POINTERS_PER_TURN: usize = 4096;
 
+/// Block pointers collected by a walk, to free later: slices of at most
+/// [`DEAD_LIST_POINTERS_PER_TURN`], each allocated once at its full size.
+/// One growing vector would copy everything it held at each doubling, in
+/// one step of the engine's loop: the 25 MB of a 3 GiB volume's 196k
+/// pointers held the pool's clients for 20-25 ms.
+#[derive(Default)]
+pub(crate) struct PointerSlices {
+    slices: Vec<Vec<BlockPointer>>,
+}
+
+impl PointerSlices {
+    /// Adds one pointer at the end.
+    pub(crate) fn push(&mut self, pointer: BlockPointer) {
+        match self.slices.last_mut() {
+            Some(slice) if slice.len() < DEAD_LIST_POINTERS_PER_TURN => slice.push(pointer),
+            _ => {
+                let mut slice = Vec::with_capacity(DEAD_LIST_POINTERS_PER_TURN);
+                slice.push(pointer);
+                self.slices.push(slice);
+            }
+        }
+    }
+
+    /// The slices, in the order pushed.
+    pub(crate) fn slices(&self) -> impl Iterator<Item = &[BlockPointer]> {
+        self.slices.iter().map(Vec::as_slice)
+    }
+
+    /// Every pointer, in the order pushed.
+    pub(crate) fn iter(&self) -> impl Iterator<Item = &BlockPointer> {
+        self.slices.iter().flatten()
+    }
+}
+
 /// A snapshot to take at the next commit.
 pub struct SnapshotRequest {
     /// The dataset (volume or filesystem), by short name.
@@ -327,10 +361,7 @@ impl Pool {
         if object_id == 0 {
             return Ok(Vec::new());
         }
-        let object = self
-            .objects
-            .get(object_id)
-            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let object = self.dead_list_object(object_id)?;
         let length = object.dnode().length_bytes as usize;
         let bytes = self
             .objects
@@ -349,10 +380,7 @@ impl Pool {
         if object_id == 0 {
             return Ok(None);
         }
-        let object = self
-            .objects
-            .get(object_id)
-            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let object = self.dead_list_object(object_id)?;
         // Whole pointers only (a torn tail is not a pointer).
         let pointer = BLOCK_POINTER_BYTES as u64;
         let left = object.dnode.borrow().length_bytes.saturating_sub(offset) / pointer;
@@ -376,10 +404,7 @@ impl Pool {
         if object_id == 0 {
             return self.write_dead_list(0, entries);
         }
-        let object = self
-            .objects
-            .get(object_id)
-            .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?;
+        let object = self.dead_list_object(object_id)?;
         let end = object.dnode.borrow().length_bytes;
         self.objects
             .write_bytes_cached(&object, end, &encode_pointers(entries))
@@ -407,9 +432,7 @@ impl Pool {
                 ),
             )
         } else {
-            self.objects
-                .get(object_id)
-                .ok_or_else(|| PoolError::Corrupt(format!("dead list {object_id} is not open")))?
+            self.dead_list_object(object_id)?
         };
         let bytes = encode_pointers(entries);
         self.objects
@@ -557,8 +580,8 @@ impl Pool {
     /// turn of the engine's loop between, so that the pool's clients are
     /// served meanwhile. The caller holds txg builds off: the frees are one
     /// txg with the rest of its change.
-    pub(crate) async fn free_in_slices(&self, pointers: &[BlockPointer]) {
-        for slice in pointers.chunks(DEAD_LIST_POINTERS_PER_TURN) {
+    pub(crate) async fn free_in_slices(&self, pointers: &PointerSlices) {
+        for slice in pointers.slices() {
             for pointer in slice {
                 self.store.free(pointer);
             }
@@ -1035,8 +1058,8 @@ impl Pool {
         head: &Object,
         fs: Option<&Filesystem>,
         txg: u64,
-    ) -> Result<Vec<BlockPointer>, PoolError> {
-        let mut born_after = Vec::new();
+    ) -> Result<PointerSlices, PoolError> {
+        let mut born_after = PointerSlices::default();
         self.objects
             .visit_pointers_born_after(head, txg, &mut |pointer| born_after.push(*pointer))
             .await?;

@@ -1234,6 +1234,7 @@ impl Pool {
         if object_id == 0 {
             return Ok(());
         }
+        self.datasets.dead_space.forget(object_id);
         let object = self.dead_list_object(object_id)?;
         self.objects.truncate_cached(&object, 0)?;
         self.objects.free_object_cached(&object)?;

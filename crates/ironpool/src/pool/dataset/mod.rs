@@ -1,6 +1,7 @@
 //! Datasets: what the pool stores for its users, and how it is named and moved.
 //!
 //! - [`directory`]: the pool directory (object 1) naming every dataset.
+//! - [`dead_space`]: the space on dead lists, summed by birth txg.
 //! - [`intent_log`]: the log that makes a FLUSH one log write.
 //! - [`props`]: properties, set on a dataset or inherited from the pool.
 //! - [`snapshot`]: snapshots, clones, rollback and promote.
@@ -10,6 +11,7 @@
 //! Each dataset kind's data path has its own module beside this one
 //! ([`super::volume`] for volumes).
 
+pub mod dead_space;
 pub mod directory;
 pub mod intent_log;
 pub mod props;
@@ -50,6 +52,8 @@ pub struct Datasets {
     /// What each filesystem snapshot refers to (bytes allocated, logical,
     /// physical), by its table's object, once walked.
     snapshot_referenced: RefCell<rustc_hash::FxHashMap<u64, (u64, u64, u64)>>,
+    /// The space on each dead list by birth txg, once summed.
+    pub(in crate::pool) dead_space: dead_space::DeadSpaceCache,
     /// Snapshots to take at the next commit.
     pending_snapshots: RefCell<Vec<snapshot::SnapshotRequest>>,
     /// Snapshots being sent (by full name, with the number of sends): they
@@ -76,6 +80,7 @@ impl Datasets {
             snapshot_volumes: OpenMap::default(),
             snapshot_filesystems: OpenMap::default(),
             snapshot_referenced: RefCell::default(),
+            dead_space: dead_space::DeadSpaceCache::default(),
             pending_snapshots: RefCell::default(),
             snapshot_holds: RefCell::default(),
             admin_lock: Semaphore::new(1),

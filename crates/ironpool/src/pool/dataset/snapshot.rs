@@ -28,6 +28,7 @@ use crate::format::bp::BLOCK_POINTER_BYTES;
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError};
+use crate::pool::dataset::dead_space::{DeadSpace, SPACE_QUERY_ATTEMPTS};
 use crate::pool::dataset::directory::{valid_name, Lineage, SnapshotName, SnapshotRecord};
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
@@ -295,7 +296,29 @@ impl Pool {
 
     /// The snapshots of a dataset (volume or filesystem), oldest first,
     /// with their space.
+    /// Each one's `used` comes from the next dead list's cached summary
+    /// ([`super::dead_space`]); a destroy that drops one meanwhile starts
+    /// the listing again.
     pub async fn snapshots(self: &Rc<Self>, volume: &str) -> Result<Vec<SnapshotInfo>, PoolError> {
+        for _ in 0..SPACE_QUERY_ATTEMPTS {
+            let epoch = Some(self.datasets.dead_space.epoch());
+            if let Some(snapshots) = self.snapshots_in(volume, epoch).await? {
+                return Ok(snapshots);
+            }
+        }
+        let _admin = self.datasets.admin_lock.acquire(1).await;
+        self.snapshots_in(volume, None).await?.ok_or_else(|| {
+            PoolError::Corrupt(format!("{volume}: a dead list went under the admin lock"))
+        })
+    }
+
+    /// [`Pool::snapshots`] in `epoch` of the dead-list drops (as
+    /// [`Pool::volume_space_in`] is).
+    async fn snapshots_in(
+        self: &Rc<Self>,
+        volume: &str,
+        epoch: Option<u64>,
+    ) -> Result<Option<Vec<SnapshotInfo>>, PoolError> {
         let short = volume
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(volume);
@@ -312,16 +335,19 @@ impl Pool {
                 .get(index + 1)
                 .map(|next| next.dead_list)
                 .unwrap_or(record.dead_list);
-            let mut unique = self.dead_list_entries(next_list)?;
-            if index + 1 == record.snapshots.len() {
-                let head = self.head_object(short)?;
-                unique.extend(head.dead.borrow().iter().copied());
-            }
-            let used = unique
-                .iter()
-                .filter(|pointer| pointer.birth_txg > previous_txg)
-                .map(BlockPointer::allocated_bytes)
-                .sum();
+            let used = {
+                let _hold = self.txg.hold_builds();
+                let unique = if index + 1 == record.snapshots.len() {
+                    let head = self.head_object(short)?;
+                    self.head_dead_space(&head, &record, epoch).await?
+                } else {
+                    self.dead_list_space(next_list, epoch).await?
+                };
+                let Some(unique) = unique else {
+                    return Ok(None);
+                };
+                unique.allocated_after(previous_txg)
+            };
             let referenced = if self.is_filesystem(short) {
                 let full = format!("{}/{short}@{}", self.name, snapshot.name);
                 self.snapshot_referenced(&full).await?.0
@@ -342,7 +368,7 @@ impl Pool {
                     .collect(),
             });
         }
-        Ok(out)
+        Ok(Some(out))
     }
 
     fn origin_txg(&self, record: &Lineage) -> u64 {
@@ -357,7 +383,10 @@ impl Pool {
     }
 
     /// The block pointers listed in a dead list object (dead lists stay cached).
-    fn dead_list_entries(&self, object_id: u64) -> Result<Vec<BlockPointer>, PoolError> {
+    pub(in crate::pool) fn dead_list_entries(
+        &self,
+        object_id: u64,
+    ) -> Result<Vec<BlockPointer>, PoolError> {
         if object_id == 0 {
             return Ok(Vec::new());
         }
@@ -372,7 +401,7 @@ impl Pool {
 
     /// Up to [`DEAD_LIST_POINTERS_PER_TURN`] pointers of a dead list object
     /// from byte `offset` on; None past its end (or for no list, 0).
-    fn dead_list_slice(
+    pub(in crate::pool) fn dead_list_slice(
         &self,
         object_id: u64,
         offset: u64,
@@ -415,6 +444,7 @@ impl Pool {
     /// Replaces a dead list's contents (creating or freeing the object as needed).
     /// Returns the object id (0 when the list is empty).
     fn write_dead_list(&self, object_id: u64, entries: &[BlockPointer]) -> Result<u64, PoolError> {
+        self.datasets.dead_space.forget(object_id);
         if entries.is_empty() {
             self.drop_dead_list(object_id)?;
             return Ok(0);
@@ -980,7 +1010,30 @@ impl Pool {
     /// origin), pruned by birth. A filesystem's come from its header's sums
     /// and its dead list, with no walk of its objects, unless it is a clone
     /// or its header predates the sums (then the walk covers every object).
+    /// The dead lists are read through their cached summaries
+    /// ([`super::dead_space`]); a destroy that drops one meanwhile starts
+    /// the figures again.
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
+        for _ in 0..SPACE_QUERY_ATTEMPTS {
+            let epoch = Some(self.datasets.dead_space.epoch());
+            if let Some(space) = self.volume_space_in(volume, epoch).await? {
+                return Ok(space);
+            }
+        }
+        let _admin = self.datasets.admin_lock.acquire(1).await;
+        self.volume_space_in(volume, None).await?.ok_or_else(|| {
+            PoolError::Corrupt(format!("{volume}: a dead list went under the admin lock"))
+        })
+    }
+
+    /// [`Pool::volume_space`] in `epoch` of the dead-list drops (None: under
+    /// the admin lock, where no dataset's list is dropped); None when a
+    /// drop meanwhile restarts it.
+    async fn volume_space_in(
+        self: &Rc<Self>,
+        volume: &str,
+        epoch: Option<u64>,
+    ) -> Result<Option<VolumeSpace>, PoolError> {
         let short = volume
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(volume)
@@ -999,10 +1052,23 @@ impl Pool {
             None => (dnode.used_bytes, dnode.logical_bytes, dnode.physical_bytes),
         };
         let origin_txg = dnode.origin_txg;
-        let mut dead = self.head_dead(&head, &record)?;
+        // What the head let go of, then all it and its snapshots did: no
+        // build meanwhile moves the head's pending part onto its list.
+        let hold = self.txg.hold_builds();
+        let Some(head_dead) = self.head_dead_space(&head, &record, epoch).await? else {
+            return Ok(None);
+        };
+        let mut dead = head_dead.clone();
+        for snapshot in &record.snapshots {
+            let Some(space) = self.dead_list_space(snapshot.dead_list, epoch).await? else {
+                return Ok(None);
+            };
+            dead.merge(&space);
+        }
+        drop(hold);
         let fast = match &fs {
             Some(fs) if origin_txg == 0 && fs.header.get().space.is_some() => {
-                self.written_by_sums(&short, &record, &head, &dead, referenced)
+                self.written_by_sums(&short, &record, &head, head_dead.allocated(), referenced)
                     .await?
             }
             _ => None,
@@ -1018,25 +1084,14 @@ impl Pool {
                 }
             }
         };
-        for snapshot in &record.snapshots {
-            dead.extend(self.dead_list_entries(snapshot.dead_list)?);
-        }
-        let snapshot_space: u64 = dead
-            .iter()
-            .filter(|pointer| pointer.birth_txg > origin_txg)
-            .map(BlockPointer::allocated_bytes)
-            .sum();
-        let snapshot_logical: u64 = dead
-            .iter()
-            .filter(|pointer| pointer.birth_txg > origin_txg && pointer.level == 0)
-            .map(|pointer| pointer.logical_size as u64)
-            .sum();
+        let snapshot_space = dead.allocated_after(origin_txg);
+        let snapshot_logical = dead.logical_after(origin_txg);
         let compress_ratio = if referenced_physical == 0 {
             1.0
         } else {
             referenced_logical as f64 / referenced_physical as f64
         };
-        Ok(VolumeSpace {
+        Ok(Some(VolumeSpace {
             referenced_bytes: referenced,
             used_bytes: own_allocated + snapshot_space,
             used_by_dataset_bytes: own_allocated,
@@ -1045,7 +1100,7 @@ impl Pool {
             logical_used_bytes: own_logical + snapshot_logical,
             logical_referenced_bytes: referenced_logical,
             compress_ratio: (compress_ratio * 100.0).round() / 100.0,
-        })
+        }))
     }
 
     /// Every block pointer of `head` (a volume or a filesystem's table) born
@@ -1124,20 +1179,38 @@ impl Pool {
         Ok(dead)
     }
 
+    /// The space of [`Pool::head_dead`], from its list's summary
+    /// ([`Pool::dead_list_space`], `epoch` as there). The caller holds txg
+    /// builds off, which move the pending part onto the list.
+    pub(in crate::pool) async fn head_dead_space(
+        &self,
+        head: &Object,
+        record: &Lineage,
+        epoch: Option<u64>,
+    ) -> Result<Option<DeadSpace>, PoolError> {
+        let Some(mut space) = self.dead_list_space(record.dead_list, epoch).await? else {
+            return Ok(None);
+        };
+        for pointer in head.dead.borrow().iter() {
+            space.add(pointer);
+        }
+        Ok(Some(space))
+    }
+
     /// The bytes filesystem `short` (not a clone; `head` its table,
     /// `referenced` its figure) wrote since its latest snapshot, without a
     /// walk: what it refers to, less what the snapshot refers to, plus what
     /// it let go since that the snapshot still holds (its dead list). Each
     /// block it refers to born at or before the snapshot is the snapshot's,
-    /// and each of the snapshot's it let go is on that list (`head_dead`,
-    /// [`Pool::head_dead`]). None when the figures do not fit that (the
+    /// and each of the snapshot's it let go is on that list (`let_go`, the
+    /// bytes of [`Pool::head_dead`]). None when the figures do not fit that (the
     /// caller walks).
     pub(in crate::pool) async fn written_by_sums(
         self: &Rc<Self>,
         short: &str,
         record: &Lineage,
         head: &Object,
-        head_dead: &[BlockPointer],
+        let_go: u64,
         referenced: u64,
     ) -> Result<Option<u64>, PoolError> {
         let since = head.dnode().prev_snapshot_txg;
@@ -1154,7 +1227,6 @@ impl Pool {
         let (snapshot_referenced, _, _) = self
             .snapshot_referenced(&format!("{}/{short}@{}", self.name, latest.name))
             .await?;
-        let let_go: u64 = head_dead.iter().map(BlockPointer::allocated_bytes).sum();
         Ok((referenced + let_go).checked_sub(snapshot_referenced))
     }
 

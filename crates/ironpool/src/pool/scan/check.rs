@@ -137,7 +137,38 @@ impl Pool {
         for name in &snapshot_names {
             filesystems.push(self.snapshot_filesystem(name).await?);
         }
-        // The written figure `list` shows of a filesystem (from the sums and
+        // The space `list` shows of dead lists (cached summaries, extended
+        // by what was appended since) must be what their pointers add up to.
+        let lists: Vec<u64> = {
+            let directory = self.datasets.directory.read();
+            let lineages = directory
+                .volumes
+                .values()
+                .map(|record| &record.lineage)
+                .chain(directory.filesystems.values().map(|record| &record.lineage));
+            lineages
+                .flat_map(|lineage| {
+                    std::iter::once(lineage.dead_list)
+                        .chain(lineage.snapshots.iter().map(|snapshot| snapshot.dead_list))
+                })
+                .filter(|&list| list != 0)
+                .collect()
+        };
+        for list in lists {
+            let summary = self.dead_list_space(list, None).await?;
+            let mut fresh = crate::pool::dataset::dead_space::DeadSpace::default();
+            for pointer in self.dead_list_entries(list)? {
+                fresh.add(&pointer);
+            }
+            if summary.as_ref() != Some(&fresh) {
+                report.problem(format!(
+                    "dead list {list}: its space summary ({:?} bytes allocated) is not what its pointers add up to ({} bytes)",
+                    summary.map(|summary| summary.allocated()),
+                    fresh.allocated()
+                ));
+            }
+        }
+
         // the dead list) must be the one a walk of its blocks finds.
         for (short, fs) in self.all_filesystems() {
             if fs.table.dnode().origin_txg != 0 || fs.header.get().space.is_none() {
@@ -146,8 +177,12 @@ impl Pool {
             let record = self.record(&short)?;
             let (referenced, _, _) = fs.referenced_locked(self).await?;
             let dead = self.head_dead(&fs.table, &record)?;
+            let let_go = dead
+                .iter()
+                .map(crate::format::BlockPointer::allocated_bytes)
+                .sum();
             let summed = self
-                .written_by_sums(&short, &record, &fs.table, &dead, referenced)
+                .written_by_sums(&short, &record, &fs.table, let_go, referenced)
                 .await?;
             let (walked, _, _) = self.written_walked(&fs.table, Some(&fs)).await?;
             if summed != Some(walked) {

@@ -40,7 +40,7 @@ pub const DEAD_SPACE_LISTS_MAX: usize = 256;
 /// Attempts at a space query that concurrent drops of dead lists restart,
 /// before one more under the admin lock (which every drop of a dataset's
 /// list holds).
-pub(in crate::pool) const SPACE_QUERY_ATTEMPTS: usize = 3;
+const SPACE_QUERY_ATTEMPTS: usize = 3;
 
 /// The space of one birth txg's blocks on a dead list.
 #[derive(Clone, Copy, Default, Debug, PartialEq, Eq)]
@@ -128,6 +128,29 @@ impl DeadSpaceCache {
 }
 
 impl Pool {
+    /// Runs `query` (of `dataset`'s space) until no dead list is dropped
+    /// while it reads: [`SPACE_QUERY_ATTEMPTS`] times in the epoch it
+    /// starts in, then once under the admin lock (with no epoch).
+    pub(in crate::pool) async fn restarting_space_query<T, Query, Answer>(
+        &self,
+        dataset: &str,
+        query: Query,
+    ) -> Result<T, PoolError>
+    where
+        Query: Fn(Option<u64>) -> Answer,
+        Answer: std::future::Future<Output = Result<Option<T>, PoolError>>,
+    {
+        for _ in 0..SPACE_QUERY_ATTEMPTS {
+            if let Some(answer) = query(Some(self.datasets.dead_space.epoch())).await? {
+                return Ok(answer);
+            }
+        }
+        let _admin = self.datasets.admin_lock.acquire(1).await;
+        query(None).await?.ok_or_else(|| {
+            PoolError::Corrupt(format!("{dataset}: a dead list went under the admin lock"))
+        })
+    }
+
     /// The space on dead list `object_id` (0: none), from its cached summary
     /// and the pointers appended since, read a slice at a time. None when a
     /// list was dropped since the query began in `epoch` (it starts again);

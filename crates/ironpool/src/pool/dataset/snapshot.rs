@@ -28,7 +28,7 @@ use crate::format::bp::BLOCK_POINTER_BYTES;
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError};
-use crate::pool::dataset::dead_space::{DeadSpace, SPACE_QUERY_ATTEMPTS};
+use crate::pool::dataset::dead_space::DeadSpace;
 use crate::pool::dataset::directory::{valid_name, Lineage, SnapshotName, SnapshotRecord};
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
@@ -296,20 +296,13 @@ impl Pool {
 
     /// The snapshots of a dataset (volume or filesystem), oldest first,
     /// with their space.
+    ///
     /// Each one's `used` comes from the next dead list's cached summary
     /// ([`super::dead_space`]); a destroy that drops one meanwhile starts
     /// the listing again.
     pub async fn snapshots(self: &Rc<Self>, volume: &str) -> Result<Vec<SnapshotInfo>, PoolError> {
-        for _ in 0..SPACE_QUERY_ATTEMPTS {
-            let epoch = Some(self.datasets.dead_space.epoch());
-            if let Some(snapshots) = self.snapshots_in(volume, epoch).await? {
-                return Ok(snapshots);
-            }
-        }
-        let _admin = self.datasets.admin_lock.acquire(1).await;
-        self.snapshots_in(volume, None).await?.ok_or_else(|| {
-            PoolError::Corrupt(format!("{volume}: a dead list went under the admin lock"))
-        })
+        self.restarting_space_query(volume, |epoch| self.snapshots_in(volume, epoch))
+            .await
     }
 
     /// [`Pool::snapshots`] in `epoch` of the dead-list drops (as
@@ -1010,20 +1003,13 @@ impl Pool {
     /// origin), pruned by birth. A filesystem's come from its header's sums
     /// and its dead list, with no walk of its objects, unless it is a clone
     /// or its header predates the sums (then the walk covers every object).
+    ///
     /// The dead lists are read through their cached summaries
     /// ([`super::dead_space`]); a destroy that drops one meanwhile starts
     /// the figures again.
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
-        for _ in 0..SPACE_QUERY_ATTEMPTS {
-            let epoch = Some(self.datasets.dead_space.epoch());
-            if let Some(space) = self.volume_space_in(volume, epoch).await? {
-                return Ok(space);
-            }
-        }
-        let _admin = self.datasets.admin_lock.acquire(1).await;
-        self.volume_space_in(volume, None).await?.ok_or_else(|| {
-            PoolError::Corrupt(format!("{volume}: a dead list went under the admin lock"))
-        })
+        self.restarting_space_query(volume, |epoch| self.volume_space_in(volume, epoch))
+            .await
     }
 
     /// [`Pool::volume_space`] in `epoch` of the dead-list drops (None: under

@@ -589,3 +589,56 @@ fn random_dataset_operations_match_a_model_in_content_and_space() {
         runtime.block_on(model_run(seed, 60));
     }
 }
+
+/// The space of a dataset's snapshots listed while one of them is
+/// destroyed: the destroy drops the dead list the listing is reading (its
+/// 8192 pointers take two slices, with a turn of the loop between), and
+/// the listing starts again. It never fails on the list that went, and it
+/// gives the figures the pool has once the destroy is done.
+#[test]
+fn snapshots_listed_while_one_is_destroyed_start_again_and_are_exact() {
+    let devices: Vec<Rc<SimDevice>> = (0..2)
+        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, 50 + index))
+        .collect();
+    let runtime = Runtime::new_sim(50);
+    runtime.block_on(async {
+        let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables())
+            .await
+            .unwrap();
+        let bytes: u64 = 32 << 20;
+        let volume = pool
+            .create_volume("tank/vol", bytes, 4096, BTreeMap::new())
+            .await
+            .unwrap();
+        for (value, snapshot) in [(0xa1, "tank/vol@a"), (0xa2, "tank/vol@b")] {
+            pool.write(&volume, 0, filled(bytes as usize, value), false)
+                .await
+                .unwrap();
+            pool.snapshot(&[snapshot.to_string()]).await.unwrap();
+        }
+        pool.write(&volume, 0, filled(bytes as usize, 0xa3), false)
+            .await
+            .unwrap();
+        pool.commit().await.unwrap();
+        // Destroying @a drops @b's list, the first the listing reads.
+        let ((), listed) = futures_util::future::join(
+            async { pool.destroy_snapshot("tank/vol@a").await.unwrap() },
+            pool.snapshots("tank/vol"),
+        )
+        .await;
+        let figures = |infos: &[ironpool::pool::dataset::snapshot::SnapshotInfo]| {
+            infos
+                .iter()
+                .map(|info| (info.name.clone(), info.used_bytes, info.referenced_bytes))
+                .collect::<Vec<_>>()
+        };
+        let listed = figures(&listed.expect("a listing while a snapshot is destroyed"));
+        let after = figures(&pool.snapshots("tank/vol").await.unwrap());
+        assert_eq!(listed, after, "the listing started again after the drop");
+        // @b alone holds the second overwrite's 32 MiB now (and @a's first).
+        assert_eq!(after.len(), 1);
+        assert!(after[0].1 >= bytes, "{after:?}");
+        checked(&pool).await;
+        pool.export().await.unwrap();
+    });
+}

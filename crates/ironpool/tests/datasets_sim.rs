@@ -33,6 +33,20 @@ fn layout(devices: &[Rc<SimDevice>]) -> Vec<NewTopVdev> {
     }]
 }
 
+/// The two devices of a mirror, their faults seeded from `seed` on.
+fn sim_devices(seed: u64) -> Vec<Rc<SimDevice>> {
+    (0..2)
+        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed + index))
+        .collect()
+}
+
+/// Pool "tank", a mirror of `devices`.
+async fn create_pool(devices: &[Rc<SimDevice>]) -> Rc<Pool> {
+    Pool::create_on_devices("tank", layout(devices), false, tunables())
+        .await
+        .unwrap()
+}
+
 fn tunables() -> PoolTunables {
     PoolTunables {
         txg_timeout: Duration::from_millis(50),
@@ -62,14 +76,10 @@ async fn checked(pool: &Rc<Pool>) {
 
 #[test]
 fn snapshots_clones_rollback_and_promote_keep_every_view_and_the_space_exact() {
-    let devices: Vec<Rc<SimDevice>> = (0..2)
-        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, 40 + index))
-        .collect();
+    let devices = sim_devices(40);
     let runtime = Runtime::new_sim(40);
     runtime.block_on(async {
-        let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables())
-            .await
-            .unwrap();
+        let pool = create_pool(&devices).await;
         let volume = pool
             .create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
             .await
@@ -347,12 +357,8 @@ fn random_volume(model: &Model, rng: &mut Rng) -> Option<String> {
 
 async fn model_run(seed: u64, steps: usize) {
     let mut rng = Rng::new(seed);
-    let devices: Vec<Rc<SimDevice>> = (0..2)
-        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, seed * 10 + index))
-        .collect();
-    let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables())
-        .await
-        .unwrap();
+    let devices = sim_devices(seed * 10);
+    let pool = create_pool(&devices).await;
     let mut model = Model::default();
     // Odd seeds compress (the pool's setting, inherited by every volume and
     // clone): accounting must hold with compressed blocks too.
@@ -597,14 +603,10 @@ fn random_dataset_operations_match_a_model_in_content_and_space() {
 /// gives the figures the pool has once the destroy is done.
 #[test]
 fn snapshots_listed_while_one_is_destroyed_start_again_and_are_exact() {
-    let devices: Vec<Rc<SimDevice>> = (0..2)
-        .map(|index| SimDevice::new(&format!("d{index}"), DEVICE_BYTES, 50 + index))
-        .collect();
+    let devices = sim_devices(50);
     let runtime = Runtime::new_sim(50);
     runtime.block_on(async {
-        let pool = Pool::create_on_devices("tank", layout(&devices), false, tunables())
-            .await
-            .unwrap();
+        let pool = create_pool(&devices).await;
         let bytes: u64 = 32 << 20;
         let volume = pool
             .create_volume("tank/vol", bytes, 4096, BTreeMap::new())

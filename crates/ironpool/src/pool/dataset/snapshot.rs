@@ -423,50 +423,29 @@ impl Pool {
         if entries.is_empty() {
             return Ok(object_id);
         }
-        if object_id == 0 {
-            return self.write_dead_list(0, entries);
-        }
-        let object = self.dead_list_object(object_id)?;
+        let object = match object_id {
+            0 => self.create_dead_list(self.txg.open()),
+            _ => self.dead_list_object(object_id)?,
+        };
         let end = object.dnode.borrow().length_bytes;
         self.objects
             .write_bytes_cached(&object, end, &encode_pointers(entries))
             .map_err(corrupt)?;
-        Ok(object_id)
+        Ok(object.id)
     }
 
-    /// Replaces a dead list's contents (creating or freeing the object as needed).
-    /// Returns the object id (0 when the list is empty).
-    fn write_dead_list(&self, object_id: u64, entries: &[BlockPointer]) -> Result<u64, PoolError> {
-        self.datasets.dead_space.forget(object_id);
-        if entries.is_empty() {
-            self.drop_dead_list(object_id)?;
-            return Ok(0);
-        }
-        let object = if object_id == 0 {
-            let id = self.allocate_object_id();
-            self.objects.create(
-                id,
-                new_dnode(
-                    ObjectType::DeadList,
-                    METADATA_BLOCK_SHIFT,
-                    INDIRECT_BLOCK_SHIFT,
-                    0,
-                    self.txg.open(),
-                ),
-            )
-        } else {
-            self.dead_list_object(object_id)?
-        };
-        let bytes = encode_pointers(entries);
-        self.objects
-            .write_bytes_cached(&object, 0, &bytes)
-            .map_err(corrupt)?;
-        if object.dnode().length_bytes > bytes.len() as u64 {
-            self.objects
-                .truncate_cached(&object, bytes.len() as u64)
-                .map_err(corrupt)?;
-        }
-        Ok(object.id)
+    /// A new, empty dead list object, created in `txg`.
+    fn create_dead_list(&self, txg: u64) -> Rc<Object> {
+        self.objects.create(
+            self.allocate_object_id(),
+            new_dnode(
+                ObjectType::DeadList,
+                METADATA_BLOCK_SHIFT,
+                INDIRECT_BLOCK_SHIFT,
+                0,
+                txg,
+            ),
+        )
     }
 
     /// Destroys one snapshot.
@@ -1044,7 +1023,8 @@ impl Pool {
         let Some(head_dead) = self.head_dead_space(&head, &record, epoch).await? else {
             return Ok(None);
         };
-        let mut dead = head_dead.clone();
+        let head_let_go = head_dead.allocated();
+        let mut dead = head_dead;
         for snapshot in &record.snapshots {
             let Some(space) = self.dead_list_space(snapshot.dead_list, epoch).await? else {
                 return Ok(None);
@@ -1054,7 +1034,7 @@ impl Pool {
         drop(hold);
         let fast = match &fs {
             Some(fs) if origin_txg == 0 && fs.header.get().space.is_some() => {
-                self.written_by_sums(&short, &record, &head, head_dead.allocated(), referenced)
+                self.written_by_sums(&short, &record, &head, head_let_go, referenced)
                     .await?
             }
             _ => None,
@@ -1303,40 +1283,31 @@ fn append_dead(
     entries: &[BlockPointer],
     txg: u64,
 ) -> Result<(), ObjectError> {
-    let mut list_id = object.dead_list.get();
-    if list_id == 0 {
-        list_id = pool.allocate_object_id();
-        pool.objects.create(
-            list_id,
-            new_dnode(
-                ObjectType::DeadList,
-                METADATA_BLOCK_SHIFT,
-                INDIRECT_BLOCK_SHIFT,
-                0,
-                txg,
-            ),
-        );
-        object.dead_list.set(list_id);
+    let list_id = object.dead_list.get();
+    let list = if list_id == 0 {
+        let list = pool.create_dead_list(txg);
+        object.dead_list.set(list.id);
         let mut directory = pool.datasets.directory.edit();
         if let Some(record) = directory
             .volumes
             .values_mut()
             .find(|record| record.object == object.id)
         {
-            record.lineage.dead_list = list_id;
+            record.lineage.dead_list = list.id;
         } else if let Some(record) = directory
             .filesystems
             .values_mut()
             .find(|record| record.object == object.id)
         {
-            record.lineage.dead_list = list_id;
+            record.lineage.dead_list = list.id;
         }
         drop(directory);
-    }
-    let list = pool
-        .objects
-        .get(list_id)
-        .ok_or(ObjectError::NoSuchObject(list_id))?;
+        list
+    } else {
+        pool.objects
+            .get(list_id)
+            .ok_or(ObjectError::NoSuchObject(list_id))?
+    };
     let end = list.dnode().length_bytes;
     pool.objects
         .write_bytes_cached(&list, end, &encode_pointers(entries))

@@ -168,7 +168,7 @@ impl Pool {
                 ));
             }
         }
-
+        // The written figure `list` shows of a filesystem (from the sums and
         // the dead list) must be the one a walk of its blocks finds.
         for (short, fs) in self.all_filesystems() {
             if fs.table.dnode().origin_txg != 0 || fs.header.get().space.is_none() {

@@ -504,10 +504,13 @@ async fn verify(pool: &Pool, fs: &Rc<Filesystem>, model: &Model, context: &str) 
 
 /// Manual commits, and few objects kept loaded: every txg drops most of
 /// them, so each test also checks that a dropped object loads back the
-/// same (the default bound is far above these trees).
+/// same (the default bound is far above these trees). Blocks a snapshot
+/// holds go onto its dead list two at a time as they are let go
+/// (`Pool::spill_dead`), not only at the build.
 fn tunables() -> ironpool::pool::PoolTunables {
     ironpool::pool::PoolTunables {
         fs_objects_loaded_max: 8,
+        dead_spill_pointers: 2,
         ..manual_commits()
     }
 }

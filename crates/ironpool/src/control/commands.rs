@@ -1109,6 +1109,8 @@ fn tunables(pool: &Pool) -> Value {
         "cache_budget_bytes": tunables.cache_budget_bytes,
         "arc_max_bytes": tunables.arc_max_bytes,
         "scrub_rate_bytes": tunables.scrub_rate_bytes,
+        "fs_objects_loaded_max": tunables.fs_objects_loaded_max,
+        "dead_spill_pointers": tunables.dead_spill_pointers,
         "log_group_wait_percent": tunables.log_group_wait_percent,
         "log_commits_in_flight": tunables.log_commits_in_flight,
         "queue": tunables.queue,

@@ -176,6 +176,11 @@ pub struct PoolTunables {
     /// for reading keeps loaded, at most ([`FS_OBJECTS_LOADED_MAX`] by
     /// default).
     pub fs_objects_loaded_max: u64,
+    /// Blocks a dataset let go of in the open txg that a snapshot still
+    /// holds, past which they go onto its dead list at once rather than
+    /// at the txg build ([`dataset::snapshot::DEAD_SPILL_POINTERS`] by
+    /// default; see [`Pool::spill_dead`]).
+    pub dead_spill_pointers: u64,
     /// Import a pool that was not exported cleanly although a log device is
     /// missing (`serve -m`, `import -m`): flushed writes whose txg had not
     /// committed may be on that device and are lost. Off, such an import is
@@ -221,6 +226,7 @@ impl Default for PoolTunables {
             queue: QueueTunables::default(),
             scrub_rate_bytes: 0,
             fs_objects_loaded_max: FS_OBJECTS_LOADED_MAX,
+            dead_spill_pointers: dataset::snapshot::DEAD_SPILL_POINTERS as u64,
             discard_missing_log: false,
             log_group_wait_percent: 0,
             log_commits_in_flight: dataset::intent_log::DEFAULT_LOG_COMMITS_IN_FLIGHT,

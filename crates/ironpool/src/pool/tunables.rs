@@ -17,6 +17,7 @@ impl Pool {
     /// `max_active_total`, `CLASS_min_active`, `CLASS_max_active`, `classes`
     /// (on/off), `async_write_dirty_low_percent`, `async_write_dirty_high_percent`,
     /// `scrub_rate_bytes` (0: no limit), `fs_objects_loaded_max`,
+    /// `dead_spill_pointers`,
     /// `log_group_wait_percent` (0..100), `log_commits_in_flight` (1 to
     /// `LOG_COMMITS_IN_FLIGHT_MAX`),
     /// `arc_max_bytes` (the read cache's size; 0 turns it off), `arc_drop`
@@ -62,6 +63,7 @@ impl Pool {
             "dirty_data_max_bytes" => tunables.dirty_data_max_bytes = number,
             "scrub_rate_bytes" => tunables.scrub_rate_bytes = number,
             "fs_objects_loaded_max" => tunables.fs_objects_loaded_max = number.max(1),
+            "dead_spill_pointers" => tunables.dead_spill_pointers = number.max(1),
             "log_group_wait_percent" => tunables.log_group_wait_percent = number.min(100),
             "log_commits_in_flight" => {
                 tunables.log_commits_in_flight = number.clamp(

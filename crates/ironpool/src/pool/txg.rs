@@ -138,6 +138,12 @@ impl TxgState {
         BuildHold { state: self }
     }
 
+    /// Whether something holds txg builds off now: it counts on the open
+    /// txg's pending changes staying where they are until it lets go.
+    pub fn builds_held(&self) -> bool {
+        self.build_holds.get() > 0
+    }
+
     /// Counts data linked in the open txg and starts a commit when it is time
     /// (see `data_sync_bytes`).
     pub fn add_data(&self, pool: &Pool, bytes: u64) {

@@ -41,6 +41,15 @@ use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 /// held every client of the pool for 0.15-0.2 s).
 pub const DEAD_LIST_POINTERS_PER_TURN: usize = 4096;
 
+/// Blocks a dataset let go of in the open txg that a snapshot still holds
+/// (its pending dead pointers), past which they go onto its dead list at
+/// once ([`Pool::spill_dead`]) instead of at the txg build: a slice of list
+/// each time, about 2 ms of work. Left to the build, the 196k pointers of a
+/// 3 GiB file of 16K records removed after a snapshot took 0.16 s of it in
+/// one step of the engine's loop (every client of the pool waited), and a
+/// vector of them that size is copied whole each time it doubles.
+pub const DEAD_SPILL_POINTERS: usize = DEAD_LIST_POINTERS_PER_TURN;
+
 /// Block pointers collected by a walk, to free later: slices of at most
 /// [`DEAD_LIST_POINTERS_PER_TURN`], each allocated once at its full size.
 /// One growing vector would copy everything it held at each doubling, in
@@ -432,6 +441,36 @@ impl Pool {
             .write_bytes_cached(&object, end, &encode_pointers(entries))
             .map_err(corrupt)?;
         Ok(object.id)
+    }
+
+    /// Appends `object`'s pending dead pointers (a volume's, or a
+    /// filesystem's table's) to its dead list now, in the open txg, when
+    /// there are at least `dead_spill_pointers` of them (the tunable,
+    /// [`DEAD_SPILL_POINTERS`] by default) and nothing holds txg builds
+    /// off: what the build's step would do with them, spread over the
+    /// changes that let them go. Called by the paths that let go of blocks
+    /// at a client's rate (a link over an old block, a punch), after the
+    /// change and with nothing borrowed.
+    ///
+    /// A holder of builds (a snapshot's destroy, a rollback, a space
+    /// query) counts on pending pointers staying pending meanwhile, as a
+    /// build would move them too. The same txg commits the list's new
+    /// tail and the changes that let go of the blocks on it. On an error
+    /// (the list's tail not in memory) the pointers stay pending, for the
+    /// build, which reports it.
+    pub(in crate::pool) fn spill_dead(&self, object: &Object) {
+        let threshold = self.tunables.borrow().dead_spill_pointers as usize;
+        if object.dead.borrow().len() < threshold.max(1) || self.txg.builds_held() {
+            return;
+        }
+        let entries = std::mem::take(&mut *object.dead.borrow_mut());
+        if append_dead(self, object, &entries, self.txg.open()).is_err() {
+            // The write sets the list's length last: a part written is past
+            // its end, and the next append writes over it.
+            let mut dead = object.dead.borrow_mut();
+            let later = std::mem::replace(&mut *dead, entries);
+            dead.extend(later);
+        }
     }
 
     /// A new, empty dead list object, created in `txg`.

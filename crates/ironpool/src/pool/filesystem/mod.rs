@@ -1369,6 +1369,7 @@ impl Filesystem {
                 next = self.punch_slice(pool, &object, next, end).await?;
                 drop(hold);
                 drop(change);
+                pool.spill_dead(&self.table);
                 crate::rt::yield_now().await;
                 continue;
             }
@@ -1390,6 +1391,7 @@ impl Filesystem {
         let mut blkid = first;
         while blkid < end {
             blkid = self.punch_slice(pool, object, blkid, end).await?;
+            pool.spill_dead(&self.table);
             if blkid < end {
                 crate::rt::yield_now().await;
             }
@@ -2616,6 +2618,7 @@ impl Filesystem {
             pool.txg.add_data(pool, pointer.allocated_bytes());
         }
         self.objects.kill(object, &old);
+        pool.spill_dead(&self.table);
         // An xattr object's block is logged as its owner's whole list.
         if object.dnode().object_type != ObjectType::FsXattr {
             self.log.note_linked(object.id, blkid, txg);
@@ -2672,6 +2675,7 @@ impl Filesystem {
             }
             next = self.punch_slice(pool, &object, next, end).await?;
             drop((hold, file, shared));
+            pool.spill_dead(&self.table);
             crate::rt::yield_now().await;
         }
     }

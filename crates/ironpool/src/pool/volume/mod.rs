@@ -1059,6 +1059,7 @@ impl Pool {
             self.txg.add_data(self, pointer.allocated_bytes());
         }
         self.objects.kill(&volume.object, &old);
+        self.spill_dead(&volume.object);
         Ok(())
     }
 

@@ -30,7 +30,7 @@ use crate::format::{BlockPointer, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError};
 use crate::pool::dataset::dead_space::DeadSpace;
 use crate::pool::dataset::directory::{valid_name, Lineage, SnapshotName, SnapshotRecord};
-use crate::pool::filesystem::Filesystem;
+use crate::pool::filesystem::{Filesystem, ObjectWalk};
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 
@@ -1112,7 +1112,8 @@ impl Pool {
     /// after `txg`, and with `fs` (its filesystem), of every object of it:
     /// the blocks only the dataset holds since then (a rollback and a
     /// destroy free them, the space figures count them). The walk of each
-    /// tree is pruned by birth; a filesystem's loads every object.
+    /// tree is pruned by birth; a filesystem's loads every object, one at a
+    /// time.
     pub(in crate::pool) async fn pointers_born_after(
         &self,
         head: &Object,
@@ -1124,7 +1125,8 @@ impl Pool {
             .visit_pointers_born_after(head, txg, &mut |pointer| born_after.push(*pointer))
             .await?;
         if let Some(fs) = fs {
-            for object in fs.live_objects().await? {
+            let mut walk = ObjectWalk::default();
+            while let Some(object) = fs.next_object(&mut walk).await? {
                 fs.objects
                     .visit_pointers_born_after(&object, txg, &mut |pointer| {
                         born_after.push(*pointer)

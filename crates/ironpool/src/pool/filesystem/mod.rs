@@ -100,8 +100,9 @@ const LOCK_UNITS: u64 = 1 << 20;
 /// lock let go between, so its other files are served meanwhile.
 pub const FREE_BLOCKS_PER_TURN: u64 = 1024;
 
-/// Object numbers a walk of a filesystem's objects ([`Filesystem::next_object`])
-/// looks at between two turns of the engine's loop: about a millisecond of
+/// Object numbers a walk of a filesystem's objects ([`Filesystem::next_object`],
+/// and the walks of dnodes by a rollback or a check) looks at between two
+/// turns of the engine's loop: about a millisecond of
 /// opening dnodes (1-1.5 us each when cached).
 pub const OBJECTS_PER_TURN: u64 = 1024;
 
@@ -1526,6 +1527,9 @@ impl Filesystem {
     pub(in crate::pool) async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
         let mut freed = 0;
         for ino in 1..self.header.get().next_object {
+            if ino % OBJECTS_PER_TURN == 0 {
+                crate::rt::yield_now().await;
+            }
             let Some(dnode) = self.objects.peek_dnode(ino).await? else {
                 continue;
             };
@@ -2813,6 +2817,9 @@ impl Filesystem {
     async fn objects_space_walked(&self) -> Result<FsSpace, ObjectError> {
         let mut space = FsSpace::default();
         for ino in 1..self.header.get().next_object {
+            if ino % OBJECTS_PER_TURN == 0 {
+                crate::rt::yield_now().await;
+            }
             if let Some(dnode) = self.objects.peek_dnode(ino).await? {
                 space.replace(FsSpace::default(), dnode_space(&dnode));
             }

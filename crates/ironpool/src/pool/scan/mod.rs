@@ -35,6 +35,7 @@ use std::rc::Rc;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::{BlockPointer, Dnode};
 use crate::object::{NodeBody, Object, ObjectSet};
+use crate::pool::filesystem::OBJECTS_PER_TURN;
 use crate::pool::scan::resilver::ResilverTargets;
 use crate::pool::{Pool, PoolError};
 use crate::rt::JoinHandle;
@@ -233,6 +234,9 @@ impl Pool {
         let count = table.dnode().length_bytes / DNODE_BYTES as u64;
         let mut objects = vec![table.clone()];
         for id in 1..count {
+            if id % OBJECTS_PER_TURN == 0 {
+                crate::rt::yield_now().await;
+            }
             if let Some(object) = self.objects.get(id) {
                 objects.push(object);
                 continue;
@@ -355,6 +359,12 @@ impl Pool {
         for id in 1..count {
             if scan.cancelled(self) {
                 return Ok(());
+            }
+            // A filesystem of small files is mostly objects whose blocks
+            // are in memory or few: without a turn now and then, their
+            // walk held every client of the pool (0.2 s for 100k files).
+            if id % OBJECTS_PER_TURN == 0 {
+                crate::rt::yield_now().await;
             }
             let object = match fs.objects.open(id).await {
                 Ok(object) => object,

@@ -348,8 +348,26 @@ impl ObjectSet {
             .any(|object| object.dirty.get())
     }
 
+    /// Every loaded object, in object order.
     pub fn open_objects(&self) -> Vec<Rc<Object>> {
         let mut objects: Vec<Rc<Object>> = self.objects.borrow().values().cloned().collect();
+        objects.sort_by_key(|object| object.id);
+        objects
+    }
+
+    /// The loaded objects with changes no txg build has taken yet (their
+    /// `dirty` flag), in object order: what a build syncs, without
+    /// collecting and sorting every loaded object (a filesystem keeps up to
+    /// `fs_objects_loaded_max` of them, 65,536 by default; collecting them
+    /// all took a build 25 ms after a scrub had loaded that many).
+    pub fn dirty_objects(&self) -> Vec<Rc<Object>> {
+        let mut objects: Vec<Rc<Object>> = self
+            .objects
+            .borrow()
+            .values()
+            .filter(|object| object.dirty.get())
+            .cloned()
+            .collect();
         objects.sort_by_key(|object| object.id);
         objects
     }

@@ -2789,9 +2789,9 @@ impl Filesystem {
         let mut space = self.header.get().space.unwrap_or_default();
         let changed: Vec<Rc<Object>> = self
             .objects
-            .open_objects()
+            .dirty_objects()
             .into_iter()
-            .filter(|object| !Rc::ptr_eq(object, &self.table) && object.dirty.get())
+            .filter(|object| !Rc::ptr_eq(object, &self.table))
             .collect();
         for object in changed {
             let offset = object.id * DNODE_BYTES as u64;
@@ -2891,7 +2891,7 @@ pub(in crate::pool) fn build_step(
     for fs in pool.datasets.filesystems.all() {
         let set = &fs.objects;
         let mut space = fs.header.get().space;
-        for object in set.open_objects() {
+        for object in set.dirty_objects() {
             if Rc::ptr_eq(&object, &fs.table) || !object.dirty.get() {
                 continue;
             }

@@ -16,7 +16,9 @@
 #   of another filesystem (O_DIRECT, psync). Actions: fs-none, fs-rm (of
 #   the 3 GiB file), fs-truncate (of it, to 0), fs-rmrf (of the 100k
 #   files), fs-destroy-snap (rm, then the snapshot's destroy), fs-rollback
-#   (rm, then a rollback), fs-destroy (`destroy -r`), fs-list.
+#   (rm, then a rollback), fs-destroy (`destroy -r`), fs-list, fs-scrub
+#   (the scrub runs on after the command returns), fs-send (of the
+#   snapshot, to /dev/null).
 #
 # Usage: [ACTIONS="vol-none fs-rm ..."] scripts/bench-stall.sh [IRONPOOL_BIN...]
 #   default: every action, target/release/ironpool
@@ -26,7 +28,7 @@
 set -euo pipefail
 binaries=("$@")
 [ ${#binaries[@]} -gt 0 ] || binaries=("$PWD/target/release/ironpool")
-actions=${ACTIONS:-"vol-none vol-list vol-destroy-snap vol-destroy fs-none fs-rm fs-truncate fs-rmrf fs-destroy-snap fs-rollback fs-destroy fs-list"}
+actions=${ACTIONS:-"vol-none vol-list vol-destroy-snap vol-destroy fs-none fs-rm fs-truncate fs-rmrf fs-destroy-snap fs-rollback fs-destroy fs-list fs-scrub fs-send"}
 metadata=$PWD/target/release/examples/metadata
 [ -x "$metadata" ] || { echo "build the metadata example first: cargo build --release -p ironpool-bench --examples" >&2; exit 1; }
 # Under the repository's target directory, not /tmp: the pools' files are
@@ -140,6 +142,8 @@ run_filesystem() {
     fs-rollback) rm "$work/fs/big" && "$bin" rollback st/fs@s1 >/dev/null ;;
     fs-destroy) "$bin" destroy -r st/fs >/dev/null ;;
     fs-list) "$bin" list -t all st >/dev/null ;;
+    fs-scrub) "$bin" scrub st >/dev/null ;;
+    fs-send) "$bin" send st/fs@s1 >/dev/null 2>&1 ;;
     fs-none) ;;
     esac
     end=$(date +%s.%N)

@@ -28,7 +28,11 @@
 set -euo pipefail
 binaries=("$@")
 [ ${#binaries[@]} -gt 0 ] || binaries=("$PWD/target/release/ironpool")
-actions=${ACTIONS:-"vol-none vol-list vol-destroy-snap vol-destroy fs-none fs-rm fs-truncate fs-rmrf fs-destroy-snap fs-rollback fs-destroy fs-list fs-scrub fs-send"}
+known=" vol-none vol-list vol-destroy-snap vol-destroy fs-none fs-rm fs-truncate fs-rmrf fs-destroy-snap fs-rollback fs-destroy fs-list fs-scrub fs-send "
+actions=${ACTIONS:-$known}
+for action in $actions; do
+    [[ $known == *" $action "* ]] || { echo "unknown action $action (known:$known)" >&2; exit 1; }
+done
 metadata=$PWD/target/release/examples/metadata
 [ -x "$metadata" ] || { echo "build the metadata example first: cargo build --release -p ironpool-bench --examples" >&2; exit 1; }
 # Under the repository's target directory, not /tmp: the pools' files are
@@ -69,6 +73,43 @@ wait_for() {
 
 mounted() { grep -q " $1 fuse.ironpool" /proc/self/mounts; }
 
+# act BIN ACTION: the action itself (see the header), on the pool set up.
+act() {
+    local bin=$1 action=$2
+    case $action in
+    vol-list) "$bin" list -t all p >/dev/null ;;
+    vol-destroy-snap) "$bin" destroy p/v@s1 >/dev/null ;;
+    vol-destroy) "$bin" destroy -r p/v >/dev/null ;;
+    fs-rm) rm "$work/fs/big" ;;
+    fs-truncate) truncate -s 0 "$work/fs/big" ;;
+    fs-rmrf) rm -rf "$work/fs/metadata" ;;
+    fs-destroy-snap) rm "$work/fs/big" && "$bin" destroy st/fs@s1 >/dev/null ;;
+    fs-rollback) rm "$work/fs/big" && "$bin" rollback st/fs@s1 >/dev/null ;;
+    fs-destroy) "$bin" destroy -r st/fs >/dev/null ;;
+    fs-list) "$bin" list -t all st >/dev/null ;;
+    fs-scrub) "$bin" scrub st >/dev/null ;;
+    fs-send) "$bin" send st/fs@s1 >/dev/null 2>&1 ;;
+    vol-none | fs-none) ;;
+    *) echo "unknown action $action" >&2; return 1 ;;
+    esac
+}
+
+# probe_during BIN ACTION FIO-ARGS...: a 12 s QD1 4K random read probe
+# (FIO-ARGS say where), the action 3 s into it; prints the run's line.
+probe_during() {
+    local bin=$1 action=$2
+    shift 2
+    fio --name=probe "$@" --rw=randread --bs=4k --iodepth=1 --runtime=12 --time_based \
+        --output-format=json >"$work/probe.json" &
+    local fio_pid=$! start end
+    sleep 3
+    start=$(date +%s.%N)
+    act "$bin" "$action"
+    end=$(date +%s.%N)
+    wait "$fio_pid"
+    probe_result "$work/probe.json" "$action" "$(awk "BEGIN {print $end - $start}")" "$(basename "$bin")"
+}
+
 run_volume() {
     local bin=$1 action=$2
     export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
@@ -85,21 +126,7 @@ run_volume() {
     fio --name=over $uri --rw=write --bs=1M --iodepth=16 --size=3G >/dev/null
     fio --name=probefill $probe --rw=write --bs=1M >/dev/null
     sleep 6 # the overwrite's txgs commit first
-    fio --name=probe $probe --rw=randread --bs=4k --iodepth=1 --runtime=10 --time_based \
-        --output-format=json >"$work/probe.json" &
-    local fio_pid=$!
-    sleep 4
-    local start end
-    start=$(date +%s.%N)
-    case $action in
-    vol-list) "$bin" list -t all p >/dev/null ;;
-    vol-destroy-snap) "$bin" destroy p/v@s1 >/dev/null ;;
-    vol-destroy) "$bin" destroy -r p/v >/dev/null ;;
-    vol-none) ;;
-    esac
-    end=$(date +%s.%N)
-    wait "$fio_pid"
-    probe_result "$work/probe.json" "$action" "$(awk "BEGIN {print $end - $start}")" "$(basename "$bin")"
+    probe_during "$bin" "$action" $probe
 }
 
 run_filesystem() {
@@ -127,28 +154,7 @@ run_filesystem() {
     server=""
     start_fs_server
     sleep 2
-    fio --name=probe --filename="$work/other/probe" --rw=randread --bs=4k --iodepth=1 \
-        --ioengine=psync --direct=1 --size=64M --runtime=12 --time_based \
-        --output-format=json >"$work/probe.json" &
-    local fio_pid=$!
-    sleep 3
-    local start end
-    start=$(date +%s.%N)
-    case $action in
-    fs-rm) rm "$work/fs/big" ;;
-    fs-truncate) truncate -s 0 "$work/fs/big" ;;
-    fs-rmrf) rm -rf "$work/fs/metadata" ;;
-    fs-destroy-snap) rm "$work/fs/big" && "$bin" destroy st/fs@s1 >/dev/null ;;
-    fs-rollback) rm "$work/fs/big" && "$bin" rollback st/fs@s1 >/dev/null ;;
-    fs-destroy) "$bin" destroy -r st/fs >/dev/null ;;
-    fs-list) "$bin" list -t all st >/dev/null ;;
-    fs-scrub) "$bin" scrub st >/dev/null ;;
-    fs-send) "$bin" send st/fs@s1 >/dev/null 2>&1 ;;
-    fs-none) ;;
-    esac
-    end=$(date +%s.%N)
-    wait "$fio_pid"
-    probe_result "$work/probe.json" "$action" "$(awk "BEGIN {print $end - $start}")" "$(basename "$bin")"
+    probe_during "$bin" "$action" --filename="$work/other/probe" --ioengine=psync --direct=1 --size=64M
 }
 
 echo "# bench-stall $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null || true)"

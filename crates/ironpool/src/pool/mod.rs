@@ -156,7 +156,8 @@ pub struct PoolTunables {
     /// OpenZFS, 5 s: long enough to batch metadata rewrites, short enough to bound
     /// what a crash can lose of unflushed, acknowledged writes).
     pub txg_timeout: Duration,
-    /// Dirty metadata that starts a commit early.
+    /// Dirty metadata that starts a commit early ([`DIRTY_SYNC_BYTES`] by
+    /// default).
     pub dirty_sync_bytes: u64,
     /// Dirty metadata at which writers wait for a commit (the write throttle).
     pub dirty_max_bytes: u64,
@@ -214,11 +215,24 @@ pub struct PoolTunables {
 /// it, and loaded again from the dnode table when next used.
 pub const FS_OBJECTS_LOADED_MAX: u64 = 65_536;
 
+/// Dirty metadata (bytes of changed nodes and dnodes) that starts a commit
+/// before the txg timer, by default: 16 MiB. The txg build encodes every
+/// dirty node in one step of the engine's loop, so this bounds how long a
+/// build holds the pool's clients. At 64 MiB, `rm -rf` of 100k files (51 MB
+/// of dnode table dirtied) held a QD1 read probe on another filesystem for
+/// 151-168 ms; at 16 MiB for 28-46 ms, the rm as fast (9.6-10.6 s). It cost
+/// nothing measured elsewhere: 100k creates ran at 14.7k-16.0k/s against
+/// 13.6k-14.3k/s, and 16K random writes at QD64 over a 16 GiB volume (one
+/// 32 KiB indirect block dirtied per write) at 33.6k-35.9k IOPS against
+/// 26.9k-31.4k, with fewer device bytes per byte written (2.2 against
+/// 2.6-3.0).
+pub const DIRTY_SYNC_BYTES: u64 = 16 << 20;
+
 impl Default for PoolTunables {
     fn default() -> PoolTunables {
         PoolTunables {
             txg_timeout: Duration::from_secs(5),
-            dirty_sync_bytes: 64 << 20,
+            dirty_sync_bytes: DIRTY_SYNC_BYTES,
             dirty_max_bytes: 512 << 20,
             cache_budget_bytes: 256 << 20,
             arc_max_bytes: crate::cache::default_max_bytes(),

@@ -106,22 +106,20 @@ pub const FREE_BLOCKS_PER_TURN: u64 = 1024;
 /// opening dnodes (1-1.5 us each when cached).
 pub const OBJECTS_PER_TURN: u64 = 1024;
 
-/// Where a walk of a filesystem's objects is ([`Filesystem::next_object`]).
+/// Where a walk of a filesystem's objects is ([`Filesystem::next_object`]):
+/// the next object number to look at.
 #[derive(Debug)]
 pub(in crate::pool) struct ObjectWalk {
     next: u64,
-    since_turn: u64,
 }
 
 impl Default for ObjectWalk {
     /// A walk from the first object (0 is the filesystem's header).
     fn default() -> Self {
-        ObjectWalk {
-            next: 1,
-            since_turn: 0,
-        }
+        ObjectWalk { next: 1 }
     }
 }
+
 /// relatime's day: an access time older than this is updated by a read.
 const RELATIME_SECONDS: i64 = 24 * 60 * 60;
 /// Block size of a filesystem's dnode table (32 dnodes a block).
@@ -1414,7 +1412,6 @@ impl Filesystem {
         let mut blkid = first;
         while blkid < end {
             blkid = self.punch_slice(pool, object, blkid, end).await?;
-            pool.spill_dead(&self.table);
             if blkid < end {
                 crate::rt::yield_now().await;
             }
@@ -1492,9 +1489,7 @@ impl Filesystem {
             }
             let ino = walk.next;
             walk.next += 1;
-            walk.since_turn += 1;
-            if walk.since_turn >= OBJECTS_PER_TURN {
-                walk.since_turn = 0;
+            if ino.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
             }
             match self.objects.open(ino).await {
@@ -1527,7 +1522,7 @@ impl Filesystem {
     pub(in crate::pool) async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
         let mut freed = 0;
         for ino in 1..self.header.get().next_object {
-            if ino % OBJECTS_PER_TURN == 0 {
+            if ino.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
             }
             let Some(dnode) = self.objects.peek_dnode(ino).await? else {
@@ -2817,7 +2812,7 @@ impl Filesystem {
     async fn objects_space_walked(&self) -> Result<FsSpace, ObjectError> {
         let mut space = FsSpace::default();
         for ino in 1..self.header.get().next_object {
-            if ino % OBJECTS_PER_TURN == 0 {
+            if ino.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
             }
             if let Some(dnode) = self.objects.peek_dnode(ino).await? {

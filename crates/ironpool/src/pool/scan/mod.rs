@@ -234,7 +234,7 @@ impl Pool {
         let count = table.dnode().length_bytes / DNODE_BYTES as u64;
         let mut objects = vec![table.clone()];
         for id in 1..count {
-            if id % OBJECTS_PER_TURN == 0 {
+            if id.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
             }
             if let Some(object) = self.objects.get(id) {
@@ -363,7 +363,7 @@ impl Pool {
             // A filesystem of small files is mostly objects whose blocks
             // are in memory or few: without a turn now and then, their
             // walk held every client of the pool (0.2 s for 100k files).
-            if id % OBJECTS_PER_TURN == 0 {
+            if id.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
             }
             let object = match fs.objects.open(id).await {

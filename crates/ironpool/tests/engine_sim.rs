@@ -127,11 +127,18 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
 
 /// Random writes and flushes from several tasks; crash at a random instant; import
 /// and check that every flushed write is there and nothing else is invented.
-fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
+/// One seed in three has a single client that flushes after nearly every
+/// write and is answered as the NBD engine answers it, with the commit that
+/// FLUSH is expected to ask for started as each write is answered
+/// (`Pool::log_ahead`), so crashes land in those commits and in the FLUSHes
+/// waiting on them. Returns how many such commits started before the crash.
+fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
+    let lone = seed.is_multiple_of(3);
     let mut rng = Rng::new(seed);
     let disks = devices(width, DEVICE_BYTES, seed);
     let volume_bytes: u64 = 32 << 20;
     let model = Rc::new(RefCell::new(Model::default()));
+    let ahead_commits;
     {
         let runtime = Runtime::new_sim(seed);
         let crash_after = Duration::from_millis(50 + rng.below(400));
@@ -153,7 +160,7 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
             // writes in flight (as a well-behaved client).
             let busy = Rc::new(RefCell::new(std::collections::BTreeSet::new()));
             let next_id = Rc::new(std::cell::Cell::new(1u64));
-            for worker in 0..8u64 {
+            for worker in 0..if lone { 1 } else { 8u64 } {
                 let pool = pool.clone();
                 let model = model_for_run.clone();
                 let busy = busy.clone();
@@ -161,8 +168,13 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
                 rt::spawn(async move {
                     let mut rng = Rng::new(worker_seed ^ worker);
                     let volume = pool.volume("tank/vol").unwrap();
+                    let mut flush_next = false;
                     loop {
-                        if rng.chance(1, 12) {
+                        let flush = match lone {
+                            true => std::mem::take(&mut flush_next),
+                            false => rng.chance(1, 12),
+                        };
+                        if flush {
                             // Flush: everything acknowledged before it must survive.
                             let acked_snapshot: Vec<(u64, usize)> = {
                                 let model = model.borrow();
@@ -243,11 +255,20 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
                             }
                         }
                         busy.borrow_mut().remove(&region);
+                        if lone {
+                            pool.log_ahead(&volume).await;
+                            flush_next = rng.chance(9, 10);
+                        }
                     }
                 });
             }
             rt::sleep(crash_after).await;
         });
+        ahead_commits = pool_holder
+            .borrow()
+            .as_ref()
+            .and_then(|pool| pool.volume("tank/vol").ok())
+            .map_or(0, |volume| volume.log_stats().ahead_commits);
         // Power fails: tasks vanish, unflushed writes are partly lost.
         runtime.drop_all_tasks();
         pool_holder.borrow_mut().take();
@@ -311,6 +332,7 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) {
         }
         pool.export().await.unwrap();
     });
+    ahead_commits
 }
 
 #[test]
@@ -319,8 +341,17 @@ fn crash_at_random_points_keeps_every_flushed_write() {
         .ok()
         .and_then(|value| value.parse().ok())
         .unwrap_or(24);
+    let mut ahead_commits = 0;
     for seed in 1..=seeds {
-        crash_run(seed, TopVdevKind::Mirror, 2);
+        ahead_commits += crash_run(seed, TopVdevKind::Mirror, 2);
+    }
+    // The lone client's seeds crashed with commits started ahead of its
+    // FLUSHes, not only with FLUSHes' own.
+    if seeds >= 3 {
+        assert!(
+            ahead_commits > 0,
+            "no seed's client was logged ahead of its FLUSH"
+        );
     }
 }
 
@@ -337,7 +368,7 @@ fn crash_at_random_points_on_raidz_keeps_every_flushed_write() {
             (TopVdevKind::Raidz2, 5),
             (TopVdevKind::Raidz3, 6),
         ] {
-            crash_run(1000 + seed * 10 + kind.parity() as u64, kind, width);
+            let _ = crash_run(1000 + seed * 10 + kind.parity() as u64, kind, width);
         }
     }
 }

@@ -846,7 +846,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         &'static str,
         fn(&crate::pool::dataset::intent_log::LogStats) -> u64,
     );
-    let log_figures: [LogFigure; 5] = [
+    let log_figures: [LogFigure; 6] = [
         (
             "ironpool_volume_log_commits_total",
             "Intent log commits that wrote log blocks (each one device flush).",
@@ -856,6 +856,11 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
             "ironpool_volume_log_shared_commits_total",
             "FLUSHes whose writes an earlier log commit had logged (group commit).",
             |stats| stats.shared_commits,
+        ),
+        (
+            "ironpool_volume_log_ahead_commits_total",
+            "Log commits started as a WRITE was answered, ahead of the FLUSH its client sends after each write.",
+            |stats| stats.ahead_commits,
         ),
         (
             "ironpool_volume_log_group_commit_waits_total",

@@ -226,6 +226,7 @@ pub async fn serve(
                     let stats = stats.clone();
                     rt::spawn(async move {
                         let (connection, token) = (request.connection, request.token);
+                        let write = request.request.command == CMD_WRITE;
                         let pieces = execute(&pool, &volume, *request, &stats).await;
                         let _ = replies.send(FromEngine {
                             connection,
@@ -233,6 +234,11 @@ pub async fn serve(
                             pieces,
                             end: volume.is_destroyed(),
                         });
+                        if write {
+                            // Answered: the FLUSH this client sends after each
+                            // write may be started now (see `Pool::log_ahead`).
+                            pool.log_ahead(&volume).await;
+                        }
                     });
                 }
             }

@@ -142,6 +142,13 @@ pub const XATTRS_LOGGED_BYTES_MAX: usize = 32 << 10;
 /// it is durable, so memory stays bounded between two txgs.
 pub const XATTRS_PENDING_BYTES_MAX: u64 = 1 << 20;
 
+/// FLUSHes in a row, each the first request after exactly one WRITE, after
+/// which a volume logs each lone WRITE as soon as it is answered (see
+/// [`Pool::log_ahead`]): enough that a client flushing after every write
+/// is told from one that flushed once after a single write, few enough
+/// that the pattern pays from its first second.
+pub const LOG_AHEAD_STREAK: u32 = 4;
+
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LogStats {
@@ -166,6 +173,9 @@ pub struct LogStats {
     /// Commits that first waited for more callers to share them (group
     /// commit, tunable `log_group_wait_percent`).
     pub group_commit_waits: u64,
+    /// Commits started by a WRITE as it was answered, ahead of the FLUSH
+    /// its client's pattern says comes next ([`Pool::log_ahead`]).
+    pub ahead_commits: u64,
     /// Microseconds all commits that wrote blocks took, summed: with
     /// `commits`, the mean over any interval (`iostat -l`).
     pub commit_time_us: u64,
@@ -190,6 +200,16 @@ pub struct IntentLog {
     /// Woken when a commit in flight ends: the next one in chain order may
     /// be answered, and a commit waiting for room in flight may start.
     turns: crate::rt::sync::Notify,
+    /// How the dataset's client flushes, for [`Pool::log_ahead`].
+    cadence: std::cell::Cell<Cadence>,
+}
+
+/// A volume's recent FLUSH pattern: WRITEs since the last FLUSH, and how
+/// many FLUSHes in a row came after exactly one.
+#[derive(Clone, Copy, Default)]
+struct Cadence {
+    writes_since_flush: u32,
+    streak: u32,
 }
 
 impl Default for IntentLog {
@@ -198,6 +218,7 @@ impl Default for IntentLog {
             state: RefCell::new(LogState::default()),
             commit_lock: Semaphore::new(1),
             turns: crate::rt::sync::Notify::new(),
+            cadence: Default::default(),
         }
     }
 }
@@ -647,6 +668,31 @@ impl IntentLog {
         }
     }
 
+    /// Notes a WRITE (or a zeroing) arriving, for [`Pool::log_ahead`].
+    pub(crate) fn note_write_arrived(&self) {
+        let mut cadence = self.cadence.get();
+        cadence.writes_since_flush = cadence.writes_since_flush.saturating_add(1);
+        self.cadence.set(cadence);
+    }
+
+    /// Notes a FLUSH arriving, for [`Pool::log_ahead`].
+    pub(crate) fn note_flush_arrived(&self) {
+        let mut cadence = self.cadence.get();
+        cadence.streak = match cadence.writes_since_flush {
+            1 => cadence.streak.saturating_add(1),
+            _ => 0,
+        };
+        cadence.writes_since_flush = 0;
+        self.cadence.set(cadence);
+    }
+
+    /// Whether the client flushes after every write, and the write just
+    /// answered is the only one since its last FLUSH.
+    fn flush_expected(&self) -> bool {
+        let cadence = self.cadence.get();
+        cadence.streak >= LOG_AHEAD_STREAK && cadence.writes_since_flush == 1
+    }
+
     /// The log's counters.
     pub fn stats(&self) -> LogStats {
         self.state.borrow().stats
@@ -927,6 +973,33 @@ impl Pool {
             *slot = head;
         }
         drop(directory);
+    }
+
+    /// Starts the FLUSH that `volume`'s client is about to send, once its
+    /// WRITE is answered: when the client has flushed after every single
+    /// write lately ([`LOG_AHEAD_STREAK`] times) and this write's blocks
+    /// would be copied into the log, the commit copying them starts now.
+    /// Its log write then runs while the answer travels to the client and
+    /// the FLUSH comes back, and the FLUSH finds its write logged and waits
+    /// only for that commit to end. Without it, each write then FLUSH at
+    /// QD1 pays the round trip and the durable log write one after the
+    /// other. A client whose FLUSH does not come costs one log write of
+    /// its held blocks (the streak ends at its next FLUSH), which a txg
+    /// frees as it does any log block. An error is left to the FLUSH,
+    /// which commits again (through a txg if the chain failed).
+    pub async fn log_ahead(self: &Rc<Self>, volume: &Rc<Volume>) {
+        if !volume.log.flush_expected()
+            || volume.is_destroyed()
+            || volume.settings().sync != crate::pool::dataset::props::SyncMode::Standard
+            || volume.writeback.unlogged_bytes() == 0
+            || !self.copy_fits(volume)
+            || !self.chain_usable(Owner::Volume(volume))
+            || self.txg.ensure_writable().is_err()
+        {
+            return;
+        }
+        volume.log.state.borrow_mut().stats.ahead_commits += 1;
+        let _ = self.log_commit(volume, true).await;
     }
 
     /// Makes every change linked into `volume`'s tree so far durable, and

@@ -549,6 +549,7 @@ impl Pool {
         if length == 0 {
             return Ok(());
         }
+        volume.log.note_write_arrived();
         self.txg.throttle(self).await;
         let durable = volume.durable(fua);
         let block = volume.block_bytes;
@@ -1174,6 +1175,7 @@ impl Pool {
     /// the next commit).
     pub async fn flush_volume(self: &Rc<Self>, volume: &Rc<Volume>) -> Result<(), PoolError> {
         self.count_flush(volume);
+        volume.log.note_flush_arrived();
         if volume.settings().sync == SyncMode::Disabled {
             return Ok(());
         }

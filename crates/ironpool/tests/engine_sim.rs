@@ -131,7 +131,8 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
 /// write and is answered as the NBD engine answers it, with the commit that
 /// FLUSH is expected to ask for started as each write is answered
 /// (`Pool::log_ahead`), so crashes land in those commits and in the FLUSHes
-/// waiting on them. Returns how many such commits started before the crash.
+/// waiting on them (half of those seeds with two commits in flight at most,
+/// so that a FLUSH finds its write in one still in flight). Returns how many such commits started before the crash.
 fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
     let lone = seed.is_multiple_of(3);
     let mut rng = Rng::new(seed);
@@ -141,7 +142,12 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
     let ahead_commits;
     {
         let runtime = Runtime::new_sim(seed);
-        let crash_after = Duration::from_millis(50 + rng.below(400));
+        // The lone client waits for each FLUSH: it runs longer for as many
+        // commits as the others make.
+        let crash_after = match lone {
+            true => Duration::from_millis(100 + rng.below(1900)),
+            false => Duration::from_millis(50 + rng.below(400)),
+        };
         let worker_seed = rng.next_u64();
         let pool_holder: Rc<RefCell<Option<Rc<Pool>>>> = Rc::new(RefCell::new(None));
         let holder = pool_holder.clone();
@@ -149,7 +155,14 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
         let run_disks = disks.clone();
         runtime.block_on(async move {
             let disks = run_disks;
-            let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, tunables())
+            // Half the lone client's seeds let two commits be in flight, so
+            // that its FLUSH finds its write logged by the commit started
+            // ahead, still in flight, and must wait for that one to end.
+            let mut run_tunables = tunables();
+            if lone && seed.is_multiple_of(2) {
+                run_tunables.log_commits_in_flight = 2;
+            }
+            let pool = Pool::create_on_devices("tank", layout(&disks, kind), false, run_tunables)
                 .await
                 .unwrap();
             pool.create_volume("tank/vol", volume_bytes, 16384, BTreeMap::new())
@@ -256,7 +269,12 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
                         }
                         busy.borrow_mut().remove(&region);
                         if lone {
-                            pool.log_ahead(&volume).await;
+                            // As the NBD engine does after the answer: the
+                            // commit runs on while the client goes on, and
+                            // its FLUSH (or next write) meets it in flight.
+                            let (pool, volume) = (pool.clone(), volume.clone());
+                            rt::spawn(async move { pool.log_ahead(&volume).await });
+                            rt::yield_now().await;
                             flush_next = rng.chance(9, 10);
                         }
                     }

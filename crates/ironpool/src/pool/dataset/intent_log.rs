@@ -174,7 +174,11 @@ pub struct LogStats {
     /// commit, tunable `log_group_wait_percent`).
     pub group_commit_waits: u64,
     /// Commits started by a WRITE as it was answered, ahead of the FLUSH
-    /// its client's pattern says comes next ([`Pool::log_ahead`]).
+    /// its client's pattern says comes next ([`Pool::log_ahead`]), that
+    /// wrote log blocks. Each is also in `commits`, and the FLUSH that
+    /// finds its write logged by one counts as shared: `commits` +
+    /// `shared_commits` + `txg_fallbacks` is the FLUSHes and durable
+    /// writes plus `ahead_commits`.
     pub ahead_commits: u64,
     /// Microseconds all commits that wrote blocks took, summed: with
     /// `commits`, the mean over any interval (`iostat -l`).
@@ -463,6 +467,15 @@ pub(crate) struct FileAttr {
     pub length: u64,
     pub mtime: Timestamp,
     pub ctime: Timestamp,
+}
+
+/// Why a volume's log commit runs: a caller asked for it (a FLUSH, a FUA
+/// write, a write under `sync=always`), or it was started ahead of a FLUSH
+/// the client's pattern says is coming ([`Pool::log_ahead`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Commit {
+    Asked,
+    Ahead,
 }
 
 /// Whose intent log: a volume's or a filesystem's. The head of each chain is
@@ -985,21 +998,43 @@ impl Pool {
     /// QD1 pays the round trip and the durable log write one after the
     /// other. A client whose FLUSH does not come costs one log write of
     /// its held blocks (the streak ends at its next FLUSH), which a txg
-    /// frees as it does any log block. An error is left to the FLUSH,
-    /// which commits again (through a txg if the chain failed).
+    /// frees as it does any log block.
+    ///
+    /// Nothing is promised by it, so it never waits and never does more
+    /// than that one log write: when the commit lock is taken or a commit
+    /// is in flight, the chain is not usable or the blocks would not be
+    /// copied, it does nothing; it never writes held blocks out or commits
+    /// a txg, and when its log write fails, what it took goes back for the
+    /// FLUSH, which commits again (through a txg if the chain failed).
     pub async fn log_ahead(self: &Rc<Self>, volume: &Rc<Volume>) {
         if !volume.log.flush_expected()
             || volume.is_destroyed()
             || volume.settings().sync != crate::pool::dataset::props::SyncMode::Standard
             || volume.writeback.unlogged_bytes() == 0
             || !self.copy_fits(volume)
-            || !self.chain_usable(Owner::Volume(volume))
             || self.txg.ensure_writable().is_err()
+            || !self.chain_usable(Owner::Volume(volume))
         {
             return;
         }
-        volume.log.state.borrow_mut().stats.ahead_commits += 1;
-        let _ = self.log_commit(volume, true).await;
+        let in_flight_max = self.tunables.borrow().log_commits_in_flight.max(1);
+        let Some(permit) = volume.log.commit_lock.try_acquire(1) else {
+            return;
+        };
+        let number = {
+            let mut state = volume.log.state.borrow_mut();
+            if state.in_flight.len() as u64 >= in_flight_max {
+                return;
+            }
+            state.commits_started += 1;
+            state.commits_started
+        };
+        if let Ok(true) = self
+            .commit_locked(volume, true, true, permit, Commit::Ahead)
+            .await
+        {
+            volume.log.covered(number, true);
+        }
     }
 
     /// Makes every change linked into `volume`'s tree so far durable, and
@@ -1053,29 +1088,39 @@ impl Pool {
             }
             break (permit, number);
         };
-        let result = self.commit_locked(volume, held, copy, _commit).await;
+        let result = self
+            .commit_locked(volume, held, copy, _commit, Commit::Asked)
+            .await;
         if result.is_ok() {
             volume.log.covered(number, copy);
         }
-        result
+        result.map(|_| ())
     }
 
     /// A commit, under the volume's commit lock (`lock`): through the log
     /// when its chain is usable, else (or when writing the log fails)
     /// through a txg. The lock is let go once the commit's blocks are
     /// reserved in the chain, so the next commit can be prepared and
-    /// written while this one's are.
+    /// written while this one's are. Returns whether everything linked
+    /// (and with `copy`, held) at its start is durable: always, when it
+    /// succeeds, for a commit that was asked for; for one started ahead
+    /// ([`Commit::Ahead`]), only when it wrote its blocks (it neither waits
+    /// on commits in flight nor falls back to a txg).
     async fn commit_locked(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
         held: bool,
         copy: bool,
         lock: crate::rt::sync::Permit,
-    ) -> Result<(), PoolError> {
+        kind: Commit,
+    ) -> Result<bool, PoolError> {
         self.txg.ensure_writable()?;
         if !self.chain_usable(Owner::Volume(volume)) {
+            if kind == Commit::Ahead {
+                return Ok(false);
+            }
             volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-            return self.commit_through_txg(volume, held).await;
+            return self.commit_through_txg(volume, held).await.map(|()| true);
         }
         let started = crate::rt::now();
         let commit = {
@@ -1146,16 +1191,20 @@ impl Pool {
                     state.failed_commits,
                 )
             };
+            if kind == Commit::Ahead {
+                // Nothing of its own to write: the FLUSH will wait.
+                return Ok(false);
+            }
             if let Some(last) = last {
                 drop(lock);
                 volume.log.wait_ended(last).await;
                 if volume.log.state.borrow().failed_commits != failures {
                     volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-                    return self.commit_through_txg(volume, held).await;
+                    return self.commit_through_txg(volume, held).await.map(|()| true);
                 }
             }
             volume.log.state.borrow_mut().stats.shared_commits += 1;
-            return Ok(());
+            return Ok(true);
         }
         if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
             wait.max_txg = wait.max_txg.max(max_txg);
@@ -1170,22 +1219,33 @@ impl Pool {
         match written {
             Ok(()) => {
                 volume.log.note_commit_time(started);
-                volume.log.state.borrow_mut().stats.copied_blocks += copied as u64;
-                Ok(())
+                let mut state = volume.log.state.borrow_mut();
+                state.stats.copied_blocks += copied as u64;
+                if kind == Commit::Ahead {
+                    state.stats.ahead_commits += 1;
+                }
+                Ok(true)
             }
             Err(error) => {
                 // A write that failed abandoned the chain (a new one starts):
                 // a txg makes everything durable instead. Nothing awaits
                 // until what this commit took is given back, so a commit
                 // after it that failed with it finds its copies held again.
+                self.requeue_unlogged(Owner::Volume(volume), &unlogged);
+                self.forget_commit(volume, commit, &copies);
+                if kind == Commit::Ahead {
+                    eprintln!(
+                        "ironpool: {}: intent log write failed ({error}); the next FLUSH commits again",
+                        volume.name
+                    );
+                    return Err(error);
+                }
                 eprintln!(
                     "ironpool: {}: intent log write failed ({error}); committing a txg instead",
                     volume.name
                 );
-                self.requeue_unlogged(Owner::Volume(volume), &unlogged);
-                self.forget_commit(volume, commit, &copies);
                 volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-                self.commit_through_txg(volume, held).await
+                self.commit_through_txg(volume, held).await.map(|()| true)
             }
         }
     }

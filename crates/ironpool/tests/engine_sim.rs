@@ -132,7 +132,8 @@ fn sector_pattern(write_id: u64, sector: u64) -> [u8; 512] {
 /// FLUSH is expected to ask for started as each write is answered
 /// (`Pool::log_ahead`), so crashes land in those commits and in the FLUSHes
 /// waiting on them (half of those seeds with two commits in flight at most,
-/// so that a FLUSH finds its write in one still in flight). Returns how many such commits started before the crash.
+/// so that a FLUSH finds its write in one still in flight). Returns how
+/// many such commits wrote their blocks before the crash.
 fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
     let lone = seed.is_multiple_of(3);
     let mut rng = Rng::new(seed);

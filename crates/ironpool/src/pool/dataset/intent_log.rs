@@ -582,6 +582,20 @@ impl IntentLog {
         Some((permit, state.commits_started))
     }
 
+    /// [`IntentLog::begin_commit`] for a commit nobody waits on
+    /// ([`Pool::log_ahead`]): the lock and a number only if the lock is
+    /// free and fewer than `in_flight_max` commits are in flight now, else
+    /// None, and never a wait for company.
+    fn try_begin_commit(&self, in_flight_max: u64) -> Option<(crate::rt::sync::Permit, u64)> {
+        let permit = self.commit_lock.try_acquire(1)?;
+        let mut state = self.state.borrow_mut();
+        if state.in_flight.len() as u64 >= in_flight_max.max(1) {
+            return None;
+        }
+        state.commits_started += 1;
+        Some((permit, state.commits_started))
+    }
+
     /// Waits until fewer than `max` commits are in flight.
     async fn wait_in_flight_below(&self, max: u64) {
         loop {
@@ -681,7 +695,7 @@ impl IntentLog {
         }
     }
 
-    /// Notes a WRITE (or a zeroing) arriving, for [`Pool::log_ahead`].
+    /// Notes a WRITE arriving, for [`Pool::log_ahead`].
     pub(crate) fn note_write_arrived(&self) {
         let mut cadence = self.cadence.get();
         cadence.writes_since_flush = cadence.writes_since_flush.saturating_add(1);
@@ -1012,23 +1026,15 @@ impl Pool {
             || volume.settings().sync != crate::pool::dataset::props::SyncMode::Standard
             || volume.writeback.unlogged_bytes() == 0
             || !self.copy_fits(volume)
-            || self.txg.ensure_writable().is_err()
-            || !self.chain_usable(Owner::Volume(volume))
         {
             return;
         }
-        let in_flight_max = self.tunables.borrow().log_commits_in_flight.max(1);
-        let Some(permit) = volume.log.commit_lock.try_acquire(1) else {
+        let in_flight_max = self.tunables.borrow().log_commits_in_flight;
+        let Some((permit, number)) = volume.log.try_begin_commit(in_flight_max) else {
             return;
         };
-        let number = {
-            let mut state = volume.log.state.borrow_mut();
-            if state.in_flight.len() as u64 >= in_flight_max {
-                return;
-            }
-            state.commits_started += 1;
-            state.commits_started
-        };
+        // `commit_locked` checks that the pool takes writes and the chain is
+        // usable, as for any commit, and returns at once if not.
         if let Ok(true) = self
             .commit_locked(volume, true, true, permit, Commit::Ahead)
             .await

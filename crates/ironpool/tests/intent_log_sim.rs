@@ -11,8 +11,10 @@ use std::time::Duration;
 
 use ironpool::dev::sim::{SimDevice, SimLatency};
 use ironpool::format::label::TopVdevKind;
+
+use ironpool::pool::dataset::intent_log::LOG_AHEAD_STREAK;
 use ironpool::pool::volume::{ReadPiece, Volume};
-use ironpool::pool::{Pool, PoolTunables};
+use ironpool::pool::{NewTopVdev, Pool, PoolTunables};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
 use sim_support::{crash_all, devices, layout, manual_commits, named, random_pattern};
@@ -27,21 +29,30 @@ fn steps(count: u64) -> Duration {
     Duration::from_micros(count * IO_US)
 }
 
-/// A mirror of `disks` with one volume, commits only when asked.
-async fn mirror_with_volume(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
-    let pool = Pool::create_on_devices(
-        "tank",
-        layout(disks, TopVdevKind::Mirror),
-        false,
-        manual_commits(),
-    )
-    .await
-    .unwrap();
+/// A pool of `tops` with one volume.
+async fn pool_with_volume(tops: Vec<NewTopVdev>, tunables: PoolTunables) -> (Rc<Pool>, Rc<Volume>) {
+    let pool = Pool::create_on_devices("tank", tops, false, tunables)
+        .await
+        .unwrap();
     pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
         .await
         .unwrap();
     let volume = pool.volume("tank/vol").unwrap();
     (pool, volume)
+}
+
+/// A mirror of `disks` with one volume, commits only when asked.
+async fn mirror_with_volume(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
+    pool_with_volume(layout(disks, TopVdevKind::Mirror), manual_commits()).await
+}
+
+/// A mirror of the first two of `disks` and a log device on the third.
+fn mirror_and_log(disks: &[Rc<SimDevice>]) -> Vec<NewTopVdev> {
+    let mut tops = layout(&disks[..2], TopVdevKind::Mirror);
+    let mut log = layout(&disks[2..], TopVdevKind::Disk);
+    log[0].log = true;
+    tops.extend(log);
+    tops
 }
 
 /// The mirror on `disks` imported after a crash, commits only when asked,
@@ -209,21 +220,11 @@ fn a_failed_log_write_fails_the_commits_in_flight_behind_it() {
     let first = disks.clone();
     Runtime::new_sim(15).block_on(async move {
         let disks = first;
-        let mut tops = layout(&disks[..2], TopVdevKind::Mirror);
-        let mut log = layout(&disks[2..], TopVdevKind::Disk);
-        log[0].log = true;
-        tops.extend(log);
         let tunables = PoolTunables {
             log_commits_in_flight: 4,
             ..manual_commits()
         };
-        let pool = Pool::create_on_devices("tank", tops, false, tunables)
-            .await
-            .unwrap();
-        pool.create_volume("tank/vol", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
-            .await
-            .unwrap();
-        let volume = pool.volume("tank/vol").unwrap();
+        let (pool, volume) = pool_with_volume(mirror_and_log(&disks), tunables).await;
         // The volume's first FLUSH starts its log chain through a txg.
         pool.write(&volume, 0, random_pattern(BLOCK as usize, 1), true)
             .await
@@ -336,4 +337,98 @@ fn a_write_through_over_a_copied_block_is_logged() {
         );
         pool.export().await.unwrap();
     });
+}
+
+/// The pool of `disks` ([`mirror_and_log`]) with a volume whose client has flushed after each single write
+/// lately: its next lone write is logged ahead of its FLUSH. Blocks
+/// `0..LOG_AHEAD_STREAK + 1` hold `random_pattern(BLOCK, 500 + blkid)`.
+async fn flushing_after_each_write(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
+    let (pool, volume) = pool_with_volume(mirror_and_log(disks), manual_commits()).await;
+    for blkid in 0..LOG_AHEAD_STREAK as u64 + 1 {
+        let data = random_pattern(BLOCK as usize, 500 + blkid);
+        pool.write(&volume, blkid * BLOCK, data, false)
+            .await
+            .unwrap();
+        pool.flush_volume(&volume).await.unwrap();
+    }
+    (pool, volume)
+}
+
+/// Such a client's next write is answered and its commit started ahead of
+/// its FLUSH (`Pool::log_ahead`, as the NBD engine does), with the log
+/// device 50 times slower than the mirror; then the pool is exported: one
+/// pool for each moment from the write to past the end of that log write,
+/// a step apart. However far the commit got, the export waits for it: it
+/// has ended when the export returns, no device completes a write after
+/// that, and a write sent during the export is refused (before, one taken
+/// late in an export was lost: its block was written out after the final
+/// txg). At the next import every answered write is there. (The export's
+/// own writes to the log device queue behind the log write as well; its
+/// wait for the logs' commits does not rest on that.)
+#[test]
+fn an_export_waits_for_a_commit_started_ahead() {
+    const SLOW_LOG_STEPS: u64 = 50;
+    const MOMENTS: u64 = 60;
+    for moment in 0..MOMENTS {
+        let seed = 1000 + moment;
+        let disks = devices(3, DEVICE_BYTES, seed);
+        let first = disks.clone();
+        let last = LOG_AHEAD_STREAK as u64 + 1;
+        Runtime::new_sim(seed).block_on(async move {
+            let disks = first;
+            let (pool, volume) = flushing_after_each_write(&disks).await;
+            set_latency(&disks[..2], IO_US, IO_US);
+            set_latency(&disks[2..], IO_US * SLOW_LOG_STEPS, IO_US * SLOW_LOG_STEPS);
+            let before = volume.log_stats().ahead_commits;
+            let data = random_pattern(BLOCK as usize, 500 + last);
+            pool.write(&volume, last * BLOCK, data, false)
+                .await
+                .unwrap();
+            {
+                let (pool, volume) = (pool.clone(), volume.clone());
+                rt::spawn(async move { pool.log_ahead(&volume).await });
+            }
+            rt::sleep(steps(moment)).await;
+            let export = {
+                let pool = pool.clone();
+                rt::spawn(async move { pool.export().await })
+            };
+            rt::yield_now().await;
+            let late = pool
+                .write(&volume, 0, random_pattern(BLOCK as usize, 1), false)
+                .await;
+            assert!(
+                matches!(late, Err(ironpool::pool::PoolError::Closing)),
+                "a write during the export: {late:?}"
+            );
+            export.await.unwrap();
+            assert_eq!(
+                volume.log_stats().ahead_commits - before,
+                1,
+                "the commit started ahead had ended when the export {moment} steps later returned"
+            );
+            let written: Vec<_> = disks.iter().map(|disk| disk.counters().writes).collect();
+            rt::sleep(steps(2 * SLOW_LOG_STEPS)).await;
+            let later: Vec<_> = disks.iter().map(|disk| disk.counters().writes).collect();
+            assert_eq!(
+                written, later,
+                "a device completed a write after the export {moment} steps later"
+            );
+        });
+        Runtime::new_sim(seed + 1).block_on(async move {
+            let pool = Pool::import_from_devices("tank", named(&disks), manual_commits())
+                .await
+                .unwrap();
+            let volume = pool.volume("tank/vol").unwrap();
+            for blkid in 0..=last {
+                let read =
+                    ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
+                assert!(
+                    read == random_pattern(BLOCK as usize, 500 + blkid).to_vec(),
+                    "write {blkid} lost (export {moment} steps after the last)"
+                );
+            }
+            pool.export().await.unwrap();
+        });
+    }
 }

@@ -155,7 +155,6 @@ pub async fn serve(
     stats: Arc<SharedStats>,
 ) {
     let mut connections: HashMap<u64, Rc<Volume>> = HashMap::new();
-    let ahead = Rc::new(AheadCommits::default());
     // Made before each wait and kept across the batch's work: a destroy
     // while a batch is handled is seen at the next wait.
     let mut destroyed = pool.export_destroyed();
@@ -169,8 +168,8 @@ pub async fn serve(
             }
         };
         if batch.is_empty() {
-            // The pool is exported next: no commit of its logs may run on.
-            ahead.all_ended().await;
+            // The pool is exported next: its export waits for the log
+            // commits still running (`Pool::quiesce_logs`).
             return;
         }
         for message in batch {
@@ -227,7 +226,6 @@ pub async fn serve(
                     let pool = pool.clone();
                     let replies = replies.clone();
                     let stats = stats.clone();
-                    let ahead = ahead.clone();
                     rt::spawn(async move {
                         let (connection, token) = (request.connection, request.token);
                         let write = request.request.command == CMD_WRITE;
@@ -241,35 +239,11 @@ pub async fn serve(
                         if write {
                             // Answered: the FLUSH this client sends after each
                             // write may be started now (see `Pool::log_ahead`).
-                            ahead.running.set(ahead.running.get() + 1);
                             pool.log_ahead(&volume).await;
-                            ahead.running.set(ahead.running.get() - 1);
-                            ahead.ended.notify_all();
                         }
                     });
                 }
             }
-        }
-    }
-}
-
-/// Log commits started ahead of a FLUSH (`Pool::log_ahead`) still running:
-/// they outlive their request's answer, so the engine waits for them before
-/// it ends and the pool is exported.
-#[derive(Default)]
-struct AheadCommits {
-    running: std::cell::Cell<usize>,
-    ended: rt::sync::Notify,
-}
-
-impl AheadCommits {
-    async fn all_ended(&self) {
-        loop {
-            let ended = self.ended.notified();
-            if self.running.get() == 0 {
-                return;
-            }
-            ended.await;
         }
     }
 }

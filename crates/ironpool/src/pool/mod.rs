@@ -1324,13 +1324,21 @@ impl Pool {
         Ok(())
     }
 
-    /// Commits everything, marks the pool exported in its labels and releases the
+    /// Stops taking changes, waits for every log commit in flight, commits
+    /// everything, marks the pool exported in its labels and releases the
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
         self.prefetch.stop().await;
         self.scrub_pause().await;
         self.resilver_stop().await;
         self.trim_stop().await;
+        // No write, FLUSH or other change is taken from here on: one taken
+        // after the final txg below would be lost as the devices close.
+        self.txg.close();
+        // The log commits in flight end first (one started ahead of a FLUSH
+        // outlives its request), and the permits keep the logs idle to the
+        // end.
+        let _logs = self.quiesce_logs().await;
         self.config.borrow_mut().state = PoolState::Exported;
         self.config_dirty.set(true);
         self.commit().await?;

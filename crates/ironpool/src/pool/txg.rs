@@ -69,6 +69,9 @@ pub struct TxgState {
     health: RefCell<TxgHealth>,
     /// `stop` was called: no change is accepted, the task ends once idle.
     stopping: Cell<bool>,
+    /// `close` was called (an export began): no new change is accepted,
+    /// while the sync task goes on committing what was.
+    closing: Cell<bool>,
     task: RefCell<Option<JoinHandle<()>>>,
     last_commit: Cell<Instant>,
     stats: Cell<TxgStats>,
@@ -122,6 +125,7 @@ impl TxgState {
             done: Notify::new(),
             health: RefCell::new(TxgHealth::Committing),
             stopping: Cell::new(false),
+            closing: Cell::new(false),
             task: RefCell::new(None),
             last_commit: Cell::new(Instant(0)),
             stats: Cell::new(TxgStats::default()),
@@ -184,13 +188,20 @@ impl TxgState {
 
     /// Refuses changes when the pool cannot commit them.
     pub fn ensure_writable(&self) -> Result<(), PoolError> {
-        if self.stopping.get() {
+        if self.stopping.get() || self.closing.get() {
             return Err(PoolError::Closing);
         }
         if self.failed() {
             return Err(PoolError::Suspended(self.suspended().unwrap_or_default()));
         }
         Ok(())
+    }
+
+    /// Refuses every change from now on (an export's first step): what was
+    /// taken before is committed by the export, and a change taken after
+    /// its final txg would be lost with the devices closing under it.
+    pub fn close(&self) {
+        self.closing.set(true);
     }
 
     /// Retries a txg whose write failed now, not at the end of its delay

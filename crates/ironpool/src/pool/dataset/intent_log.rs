@@ -1020,6 +1020,7 @@ impl Pool {
     /// copied, it does nothing; it never writes held blocks out or commits
     /// a txg, and when its log write fails, what it took goes back for the
     /// FLUSH, which commits again (through a txg if the chain failed).
+    /// It outlives its WRITE's answer; [`Pool::export`] waits for it.
     pub async fn log_ahead(self: &Rc<Self>, volume: &Rc<Volume>) {
         if !volume.log.flush_expected()
             || volume.is_destroyed()
@@ -1839,6 +1840,22 @@ impl Pool {
         };
         self.datasets.volumes.any(|volume| uses(&volume.log))
             || self.datasets.filesystems.any(|fs| uses(&fs.log))
+    }
+
+    /// Waits for the log commits in flight of every open dataset and keeps
+    /// new ones out while the returned permits live (an export, whose final
+    /// txg and the closing of the devices must come after the last log
+    /// write). A commit may outlive whoever started it: one started ahead of
+    /// a FLUSH ([`Pool::log_ahead`]) runs on after its WRITE is answered.
+    pub(crate) async fn quiesce_logs(&self) -> Vec<crate::rt::sync::Permit> {
+        let mut permits = Vec::new();
+        for volume in self.datasets.volumes.all() {
+            permits.push(volume.log.quiesce().await);
+        }
+        for fs in self.datasets.filesystems.all() {
+            permits.push(fs.log.quiesce().await);
+        }
+        permits
     }
 
     /// Waits for `volume`'s log commits in flight, then frees its chain; the

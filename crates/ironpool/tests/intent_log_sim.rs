@@ -65,6 +65,24 @@ async fn import_crashed(disks: &[Rc<SimDevice>]) -> (Rc<Pool>, Rc<Volume>) {
     (pool, volume)
 }
 
+/// Asserts that each of `blocks` of `volume` holds
+/// `random_pattern(BLOCK, tag + blkid)`; `lost` says which write a failure is.
+async fn assert_blocks(
+    pool: &Rc<Pool>,
+    volume: &Rc<Volume>,
+    blocks: impl IntoIterator<Item = u64>,
+    tag: u64,
+    lost: &str,
+) {
+    for blkid in blocks {
+        let read = ReadPiece::concat(pool.read(volume, blkid * BLOCK, BLOCK).await.unwrap());
+        assert!(
+            read == random_pattern(BLOCK as usize, tag + blkid).to_vec(),
+            "{lost} {blkid} lost"
+        );
+    }
+}
+
 /// Every I/O of `disks` takes between `minimum_us` and `maximum_us`, no spikes.
 fn set_latency(disks: &[Rc<SimDevice>], minimum_us: u64, maximum_us: u64) {
     for disk in disks {
@@ -196,13 +214,7 @@ fn streams_of_fua_writes_share_commits_and_survive_a_crash() {
     });
     Runtime::new_sim(14).block_on(async move {
         let (pool, volume) = import_crashed(&disks).await;
-        for blkid in 1..=WRITERS * WRITES_EACH {
-            let read = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
-            assert!(
-                read == random_pattern(BLOCK as usize, 100 + blkid).to_vec(),
-                "FUA write {blkid} lost"
-            );
-        }
+        assert_blocks(&pool, &volume, 1..=WRITERS * WRITES_EACH, 100, "FUA write").await;
         pool.export().await.unwrap();
     });
 }
@@ -357,6 +369,25 @@ async fn flushing_after_each_write(
     (pool, volume)
 }
 
+/// Sends the next write of [`flushing_after_each_write`]'s client, block
+/// `LOG_AHEAD_STREAK + 1`, and starts its commit ahead of the FLUSH as the
+/// NBD engine does once the WRITE is answered (`Pool::log_ahead`, spawned),
+/// with the log device `slow_log_steps` times slower than the mirror.
+async fn write_and_log_ahead(
+    pool: &Rc<Pool>,
+    volume: &Rc<Volume>,
+    disks: &[Rc<SimDevice>],
+    slow_log_steps: u64,
+) {
+    set_latency(&disks[..2], IO_US, IO_US);
+    set_latency(&disks[2..], IO_US * slow_log_steps, IO_US * slow_log_steps);
+    let last = LOG_AHEAD_STREAK as u64 + 1;
+    let data = random_pattern(BLOCK as usize, 500 + last);
+    pool.write(volume, last * BLOCK, data, false).await.unwrap();
+    let (pool, volume) = (pool.clone(), volume.clone());
+    rt::spawn(async move { pool.log_ahead(&volume).await });
+}
+
 /// Such a client's next write is answered and its commit started ahead of
 /// its FLUSH (`Pool::log_ahead`, as the NBD engine does), with the log
 /// device 50 times slower than the mirror; then the pool is exported: one
@@ -380,17 +411,8 @@ fn an_export_waits_for_a_commit_started_ahead() {
         Runtime::new_sim(seed).block_on(async move {
             let disks = first;
             let (pool, volume) = flushing_after_each_write(&disks, manual_commits()).await;
-            set_latency(&disks[..2], IO_US, IO_US);
-            set_latency(&disks[2..], IO_US * SLOW_LOG_STEPS, IO_US * SLOW_LOG_STEPS);
             let before = volume.log_stats().ahead_commits;
-            let data = random_pattern(BLOCK as usize, 500 + last);
-            pool.write(&volume, last * BLOCK, data, false)
-                .await
-                .unwrap();
-            {
-                let (pool, volume) = (pool.clone(), volume.clone());
-                rt::spawn(async move { pool.log_ahead(&volume).await });
-            }
+            write_and_log_ahead(&pool, &volume, &disks, SLOW_LOG_STEPS).await;
             rt::sleep(steps(moment)).await;
             let export = {
                 let pool = pool.clone();
@@ -423,14 +445,8 @@ fn an_export_waits_for_a_commit_started_ahead() {
                 .await
                 .unwrap();
             let volume = pool.volume("tank/vol").unwrap();
-            for blkid in 0..=last {
-                let read =
-                    ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
-                assert!(
-                    read == random_pattern(BLOCK as usize, 500 + blkid).to_vec(),
-                    "write {blkid} lost (export {moment} steps after the last)"
-                );
-            }
+            let lost = format!("(export {moment} steps after the last) write");
+            assert_blocks(&pool, &volume, 0..=last, 500, &lost).await;
             pool.export().await.unwrap();
         });
     }
@@ -455,17 +471,8 @@ fn a_flush_waits_for_the_commit_started_ahead_of_it() {
             ..manual_commits()
         };
         let (pool, volume) = flushing_after_each_write(&disks, tunables).await;
-        set_latency(&disks[..2], IO_US, IO_US);
-        set_latency(&disks[2..], IO_US * SLOW_LOG_STEPS, IO_US * SLOW_LOG_STEPS);
         let before = volume.log_stats();
-        let data = random_pattern(BLOCK as usize, 500 + last);
-        pool.write(&volume, last * BLOCK, data, false)
-            .await
-            .unwrap();
-        {
-            let (pool, volume) = (pool.clone(), volume.clone());
-            rt::spawn(async move { pool.log_ahead(&volume).await });
-        }
+        write_and_log_ahead(&pool, &volume, &disks, SLOW_LOG_STEPS).await;
         // The commit takes the held block and sends its log block.
         rt::yield_now().await;
         let flushed_at = rt::now();
@@ -486,13 +493,7 @@ fn a_flush_waits_for_the_commit_started_ahead_of_it() {
     });
     Runtime::new_sim(22).block_on(async move {
         let (pool, volume) = import_crashed(&disks).await;
-        for blkid in 0..=last {
-            let read = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
-            assert!(
-                read == random_pattern(BLOCK as usize, 500 + blkid).to_vec(),
-                "flushed write {blkid} lost"
-            );
-        }
+        assert_blocks(&pool, &volume, 0..=last, 500, "flushed write").await;
         pool.export().await.unwrap();
     });
 }

@@ -1332,8 +1332,11 @@ impl Pool {
         self.scrub_pause().await;
         self.resilver_stop().await;
         self.trim_stop().await;
-        // No write, FLUSH or other change is taken from here on: one taken
-        // after the final txg below would be lost as the devices close.
+        // Every write, FLUSH or other change that checks `ensure_writable`
+        // from here on is refused: one taken after the final txg below
+        // would be lost as the devices close. One already past its check
+        // goes on: linked before the sync task stops, a txg of `stop`
+        // commits it; a FUA write's or FLUSH's commit checks again.
         self.txg.close();
         // The log commits in flight end first (one started ahead of a FLUSH
         // outlives its request), and the permits keep the logs idle to the

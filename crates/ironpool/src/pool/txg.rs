@@ -86,8 +86,8 @@ pub struct TxgState {
 }
 
 /// Whether txgs can be committed: one state machine for the sync task's
-/// outcome (the lifecycle, `stopping`, is separate: a suspended pool can be
-/// stopping too).
+/// outcome (the lifecycle, `closing` then `stopping`, is separate: a
+/// suspended pool can be closing and stopping too).
 #[derive(Clone, Debug, Default)]
 enum TxgHealth {
     /// The last commit landed (or none failed yet).
@@ -186,7 +186,8 @@ impl TxgState {
         matches!(*self.health.borrow(), TxgHealth::Failed(_))
     }
 
-    /// Refuses changes when the pool cannot commit them.
+    /// Refuses changes when the pool cannot commit them, or is being
+    /// exported (`close`: the export commits only what came before).
     pub fn ensure_writable(&self) -> Result<(), PoolError> {
         if self.stopping.get() || self.closing.get() {
             return Err(PoolError::Closing);
@@ -253,12 +254,14 @@ impl TxgState {
         }
     }
 
-    /// Stops the sync task after it finishes what it is doing.
-    /// True once the pool began to stop (export): background tasks end.
+    /// True once the export stops the sync task (after its final commit;
+    /// `close` came before it): background tasks end.
     pub fn is_stopping(&self) -> bool {
         self.stopping.get()
     }
 
+    /// Stops the sync task after it finishes what it is doing, and commits
+    /// what is left to commit.
     pub async fn stop(&self, _pool: &Pool) {
         self.stopping.set(true);
         self.wake.notify_all();

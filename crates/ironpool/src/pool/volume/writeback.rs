@@ -357,7 +357,7 @@ impl Pool {
     /// is never refused). Called before a write takes its block locks. None
     /// when the write must go through instead: write-back is off, a
     /// write-back is failing (dirty data may not drain), or the pool cannot
-    /// commit.
+    /// commit or is being exported (`ensure_writable`).
     pub(crate) async fn admit_dirty(self: &Rc<Self>, bytes: u64) -> Option<Admission<'_>> {
         let state = &self.writeback;
         loop {

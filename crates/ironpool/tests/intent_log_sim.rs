@@ -11,7 +11,6 @@ use std::time::Duration;
 
 use ironpool::dev::sim::{SimDevice, SimLatency};
 use ironpool::format::label::TopVdevKind;
-
 use ironpool::pool::dataset::intent_log::LOG_AHEAD_STREAK;
 use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::{NewTopVdev, Pool, PoolTunables};
@@ -351,15 +350,21 @@ fn a_write_through_over_a_copied_block_is_logged() {
     });
 }
 
-/// The pool of `disks` ([`mirror_and_log`]) with a volume whose client has flushed after each single write
-/// lately: its next lone write is logged ahead of its FLUSH. Blocks
-/// `0..LOG_AHEAD_STREAK + 1` hold `random_pattern(BLOCK, 500 + blkid)`.
+/// The block of the write logged ahead by the tests below: blocks
+/// `0..AHEAD_BLKID` are those of the writes, each followed by a FLUSH,
+/// that set up the pattern.
+const AHEAD_BLKID: u64 = LOG_AHEAD_STREAK as u64 + 1;
+
+/// The pool of `disks` ([`mirror_and_log`]) with a volume whose client has
+/// flushed after each single write lately: its next lone write is logged
+/// ahead of its FLUSH. Blocks `0..AHEAD_BLKID` hold
+/// `random_pattern(BLOCK, 500 + blkid)`.
 async fn flushing_after_each_write(
     disks: &[Rc<SimDevice>],
     tunables: PoolTunables,
 ) -> (Rc<Pool>, Rc<Volume>) {
     let (pool, volume) = pool_with_volume(mirror_and_log(disks), tunables).await;
-    for blkid in 0..LOG_AHEAD_STREAK as u64 + 1 {
+    for blkid in 0..AHEAD_BLKID {
         let data = random_pattern(BLOCK as usize, 500 + blkid);
         pool.write(&volume, blkid * BLOCK, data, false)
             .await
@@ -370,7 +375,7 @@ async fn flushing_after_each_write(
 }
 
 /// Sends the next write of [`flushing_after_each_write`]'s client, block
-/// `LOG_AHEAD_STREAK + 1`, and starts its commit ahead of the FLUSH as the
+/// [`AHEAD_BLKID`], and starts its commit ahead of the FLUSH as the
 /// NBD engine does once the WRITE is answered (`Pool::log_ahead`, spawned),
 /// with the log device `slow_log_steps` times slower than the mirror.
 async fn write_and_log_ahead(
@@ -381,9 +386,10 @@ async fn write_and_log_ahead(
 ) {
     set_latency(&disks[..2], IO_US, IO_US);
     set_latency(&disks[2..], IO_US * slow_log_steps, IO_US * slow_log_steps);
-    let last = LOG_AHEAD_STREAK as u64 + 1;
-    let data = random_pattern(BLOCK as usize, 500 + last);
-    pool.write(volume, last * BLOCK, data, false).await.unwrap();
+    let data = random_pattern(BLOCK as usize, 500 + AHEAD_BLKID);
+    pool.write(volume, AHEAD_BLKID * BLOCK, data, false)
+        .await
+        .unwrap();
     let (pool, volume) = (pool.clone(), volume.clone());
     rt::spawn(async move { pool.log_ahead(&volume).await });
 }
@@ -407,7 +413,6 @@ fn an_export_waits_for_a_commit_started_ahead() {
         let seed = 1000 + moment;
         let disks = devices(3, DEVICE_BYTES, seed);
         let first = disks.clone();
-        let last = LOG_AHEAD_STREAK as u64 + 1;
         Runtime::new_sim(seed).block_on(async move {
             let disks = first;
             let (pool, volume) = flushing_after_each_write(&disks, manual_commits()).await;
@@ -446,7 +451,7 @@ fn an_export_waits_for_a_commit_started_ahead() {
                 .unwrap();
             let volume = pool.volume("tank/vol").unwrap();
             let lost = format!("(export {moment} steps after the last) write");
-            assert_blocks(&pool, &volume, 0..=last, 500, &lost).await;
+            assert_blocks(&pool, &volume, 0..=AHEAD_BLKID, 500, &lost).await;
             pool.export().await.unwrap();
         });
     }
@@ -463,7 +468,6 @@ fn a_flush_waits_for_the_commit_started_ahead_of_it() {
     const SLOW_LOG_STEPS: u64 = 10;
     let disks = devices(3, DEVICE_BYTES, 21);
     let first = disks.clone();
-    let last = LOG_AHEAD_STREAK as u64 + 1;
     Runtime::new_sim(21).block_on(async move {
         let disks = first;
         let tunables = PoolTunables {
@@ -493,7 +497,7 @@ fn a_flush_waits_for_the_commit_started_ahead_of_it() {
     });
     Runtime::new_sim(22).block_on(async move {
         let (pool, volume) = import_crashed(&disks).await;
-        assert_blocks(&pool, &volume, 0..=last, 500, "flushed write").await;
+        assert_blocks(&pool, &volume, 0..=AHEAD_BLKID, 500, "flushed write").await;
         pool.export().await.unwrap();
     });
 }

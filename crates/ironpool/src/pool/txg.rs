@@ -67,10 +67,10 @@ pub struct TxgState {
     retry_wake: Notify,
     done: Notify,
     health: RefCell<TxgHealth>,
-    /// `stop` was called: no change is accepted, the task ends once idle.
+    /// `stop` was called: the task ends once idle.
     stopping: Cell<bool>,
-    /// `close` was called (an export began): no new change is accepted,
-    /// while the sync task goes on committing what was.
+    /// `close` (an export began) or `stop` was called: no new change is
+    /// accepted, while the sync task goes on committing what was.
     closing: Cell<bool>,
     task: RefCell<Option<JoinHandle<()>>>,
     last_commit: Cell<Instant>,
@@ -189,7 +189,7 @@ impl TxgState {
     /// Refuses changes when the pool cannot commit them, or is being
     /// exported (`close`: the export commits only what came before).
     pub fn ensure_writable(&self) -> Result<(), PoolError> {
-        if self.stopping.get() || self.closing.get() {
+        if self.closing.get() {
             return Err(PoolError::Closing);
         }
         if self.failed() {
@@ -263,6 +263,7 @@ impl TxgState {
     /// Stops the sync task after it finishes what it is doing, and commits
     /// what is left to commit.
     pub async fn stop(&self, _pool: &Pool) {
+        self.close();
         self.stopping.set(true);
         self.wake.notify_all();
         let task = self.task.borrow_mut().take();

@@ -1240,17 +1240,17 @@ impl Pool {
                 // after it that failed with it finds its copies held again.
                 self.requeue_unlogged(Owner::Volume(volume), &unlogged);
                 self.forget_commit(volume, commit, &copies);
-                if kind == Commit::Ahead {
-                    eprintln!(
-                        "ironpool: {}: intent log write failed ({error}); the next FLUSH commits again",
-                        volume.name
-                    );
-                    return Err(error);
-                }
+                let instead = match kind {
+                    Commit::Ahead => "the next FLUSH commits again",
+                    Commit::Asked => "committing a txg instead",
+                };
                 eprintln!(
-                    "ironpool: {}: intent log write failed ({error}); committing a txg instead",
+                    "ironpool: {}: intent log write failed ({error}); {instead}",
                     volume.name
                 );
+                if kind == Commit::Ahead {
+                    return Err(error);
+                }
                 volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
                 self.commit_through_txg(volume, held).await.map(|()| true)
             }

@@ -402,9 +402,12 @@ async fn write_and_log_ahead(
 /// has ended when the export returns, no device completes a write after
 /// that, and a write sent during the export is refused (before, one taken
 /// late in an export was lost: its block was written out after the final
-/// txg). At the next import every answered write is there. (The export's
-/// own writes to the log device queue behind the log write as well; its
-/// wait for the logs' commits does not rest on that.)
+/// txg). At the next import every answered write is there. Only that log
+/// write is slow: the log device answers the export's own I/O at once, so
+/// the export cannot wait for the commit by queueing behind its write.
+/// Without `Pool::quiesce_logs` the export returns first and the log device
+/// completes the commit's write after it (found so: the test had let the
+/// export's writes queue behind the slow one, and passed without it).
 #[test]
 fn an_export_waits_for_a_commit_started_ahead() {
     const SLOW_LOG_STEPS: u64 = 50;
@@ -418,6 +421,11 @@ fn an_export_waits_for_a_commit_started_ahead() {
             let (pool, volume) = flushing_after_each_write(&disks, manual_commits()).await;
             let before = volume.log_stats().ahead_commits;
             write_and_log_ahead(&pool, &volume, &disks, SLOW_LOG_STEPS).await;
+            // The commit's log write is sent with the slow latency; what the
+            // export sends the log device after it completes at once, so
+            // the export's own I/O does not queue behind that write.
+            rt::sleep(steps(1)).await;
+            set_latency(&disks[2..], IO_US, IO_US);
             rt::sleep(steps(moment)).await;
             let export = {
                 let pool = pool.clone();

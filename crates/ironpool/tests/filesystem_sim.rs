@@ -965,15 +965,18 @@ fn run_then_crash<Body, Run>(
 /// imported tree is the model as of the last commit that returned, or of
 /// the one in flight.
 fn crash_run(seed: u64) {
-    crash_run_with(seed, false);
+    crash_run_with(seed, false, false);
 }
 
 /// [`crash_run`]; `through_log`: every commit is an `fsync` through the
 /// filesystem's intent log (changes of names and attributes too), and most
 /// operations are writes: the imported tree is the model as of the last
 /// `fsync` that returned, or of the one in flight, whole. Returns the log's
-/// counters and whether the import replayed it.
-fn crash_run_with(seed: u64, through_log: bool) -> (LogStats, bool) {
+/// counters and whether the import replayed it. `ahead` (with
+/// `through_log`): every operation is a direct write followed by an
+/// `fsync`, whose commit starts ahead of it (see
+/// [`a_crash_keeps_every_fsync_whose_commit_started_ahead`]).
+fn crash_run_with(seed: u64, through_log: bool, ahead: bool) -> (LogStats, bool) {
     // Through the log, txgs are committed only when an fsync falls back to
     // one, or when the data linked in the open txg reaches an eighth of the
     // free space: large devices keep that from happening between two
@@ -1002,6 +1005,27 @@ fn crash_run_with(seed: u64, through_log: bool) -> (LogStats, bool) {
             let model = Rc::new(RefCell::new(Model::new(fs.root())));
             model.borrow_mut().tracks_xattrs = through_log;
             committed.borrow_mut().push(model.borrow().clone());
+            if ahead {
+                // The power fails as the last `fsync` returns: whatever
+                // that `fsync` waited for must be durable by then.
+                for _ in 0..AHEAD_RUN_FSYNCS_MIN + rng.below(AHEAD_RUN_FSYNCS_MIN * 4) {
+                    step_write(&pool, &fs, &model, &mut rng).await;
+                    // The write may be logged from here on (ahead).
+                    committed.borrow_mut().push(model.borrow().clone());
+                    {
+                        let (pool, fs) = (pool.clone(), fs.clone());
+                        rt::spawn(async move { pool.fs_log_ahead(&fs).await });
+                    }
+                    rt::sleep(Duration::from_micros(rng.below(AHEAD_FSYNC_LATE_US))).await;
+                    fs.note_fsync_arrived();
+                    pool.fs_log_commit(&fs).await.unwrap();
+                    log_commits.set(fs.log_stats());
+                    let mut list = committed.borrow_mut();
+                    let last = list.len() - 1;
+                    list.drain(..last);
+                }
+                return;
+            }
             rt::spawn(async move {
                 loop {
                     if through_log && rng.chance(1, 10) {
@@ -1208,7 +1232,7 @@ fn a_crash_keeps_every_fsync_made_through_the_intent_log() {
         })
         .unwrap_or(131..=142);
     for seed in seeds {
-        let (stats, replayed) = crash_run_with(seed, true);
+        let (stats, replayed) = crash_run_with(seed, true, false);
         logged += stats.commits;
         copied += stats.copied_blocks;
         fallbacks += stats.txg_fallbacks;
@@ -1236,12 +1260,48 @@ fn a_crash_keeps_every_fsync_made_through_the_intent_log() {
     assert!(replays >= 6, "{replays} imports replayed an intent log");
 }
 
+/// The longest an `fsync` comes after its write's answer in
+/// [`a_crash_keeps_every_fsync_whose_commit_started_ahead`]: past a log
+/// write of the simulated devices (20-200 us, with spikes), so the `fsync`
+/// comes before the commit started ahead takes the lock, during its log
+/// write, or after it.
+const AHEAD_FSYNC_LATE_US: u64 = 400;
+/// Fewest writes and `fsync`s of a run of
+/// [`a_crash_keeps_every_fsync_whose_commit_started_ahead`]: past the
+/// streak (`LOG_AHEAD_STREAK`) after which commits start ahead.
+const AHEAD_RUN_FSYNCS_MIN: u64 = 8;
+
+/// A client that calls `fsync` after every direct write (a database's
+/// pattern): once the client has done so a few times, each write's commit
+/// starts ahead of its `fsync` (`Pool::fs_log_ahead`, spawned as the FUSE
+/// front end does when the write is answered), and the `fsync` comes a
+/// random moment later: before that commit takes the lock, during its
+/// log write, or after it. Power fails as the last `fsync` returns: the
+/// imported tree is the state that `fsync` made durable. (An `fsync` that
+/// did not wait for the commit started ahead of it loses its write.)
+#[test]
+fn a_crash_keeps_every_fsync_whose_commit_started_ahead() {
+    let (mut ahead, mut commits, mut replays) = (0, 0, 0);
+    for seed in 151..=190 {
+        let (stats, replayed) = crash_run_with(seed, true, true);
+        ahead += stats.ahead_commits;
+        commits += stats.commits;
+        replays += u64::from(replayed);
+    }
+    eprintln!("{commits} log commits, {ahead} of them started ahead, {replays} replays");
+    assert!(
+        ahead * 2 > commits,
+        "{ahead} of {commits} log commits were started ahead"
+    );
+    assert!(replays >= 20, "{replays} imports replayed an intent log");
+}
+
 #[test]
 fn a_crash_keeps_every_fsync_of_writes_written_behind() {
     WRITE_BEHIND.set(true);
     let (mut logged, mut replays) = (0, 0);
     for seed in 151..=158 {
-        let (stats, replayed) = crash_run_with(seed, true);
+        let (stats, replayed) = crash_run_with(seed, true, false);
         logged += stats.commits;
         replays += u64::from(replayed);
     }

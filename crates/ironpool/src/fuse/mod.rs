@@ -720,10 +720,24 @@ async fn serve(
         | Request::Removexattr { .. } => sync == SyncMode::Always,
         _ => false,
     };
+    // A direct write (not held behind) whose client calls `fsync` after
+    // every write: that commit starts as this one is answered.
+    let ahead = !durable
+        && matches!(&request, Request::Write { flags, .. } if !fs.may_write_behind(*flags));
     let answer = serve_fs(session, header, request, fs, node, slot).await?;
     if durable {
         pool.fs_log_commit(fs).await?;
         fs.count_flush();
+    }
+    if ahead && fs.fsync_expected() {
+        let (pool, fs) = (pool.clone(), fs.clone());
+        rt::spawn(async move {
+            // The answer leaves first: a timer of no time completes after
+            // the loop's next turn, which submits it. Started in this turn,
+            // the commit's preparation and log writes went before it.
+            rt::sleep(std::time::Duration::ZERO).await;
+            pool.fs_log_ahead(&fs).await
+        });
     }
     Ok(answer)
 }
@@ -945,6 +959,7 @@ async fn serve_fs(
         // intent log when it carries every change since the last durable
         // txg, else a txg (`sync=disabled`: nothing, as OpenZFS).
         Request::Fsync { .. } | Request::Fsyncdir => {
+            fs.note_fsync_arrived();
             // A write answered before and lost since is reported here.
             fs.settle_writes(Some(node)).await;
             if let Some(error) = fs.take_write_error(node) {

@@ -174,11 +174,12 @@ pub struct LogStats {
     /// commit, tunable `log_group_wait_percent`).
     pub group_commit_waits: u64,
     /// Commits started by a WRITE as it was answered, ahead of the FLUSH
-    /// its client's pattern says comes next ([`Pool::log_ahead`]), that
-    /// wrote log blocks. Each is also in `commits`, and the FLUSH that
-    /// finds its write logged by one counts as shared: `commits` +
-    /// `shared_commits` + `txg_fallbacks` is the FLUSHes and durable
-    /// writes plus `ahead_commits`.
+    /// (a filesystem's: `fsync`) its client's pattern says comes next
+    /// ([`Pool::log_ahead`], [`Pool::fs_log_ahead`]), that wrote log
+    /// blocks. Each is also in `commits`, and the FLUSH that finds its
+    /// write logged by one counts as shared: `commits` + `shared_commits` +
+    /// `txg_fallbacks` is the FLUSHes and durable writes plus
+    /// `ahead_commits`.
     pub ahead_commits: u64,
     /// Microseconds all commits that wrote blocks took, summed: with
     /// `commits`, the mean over any interval (`iostat -l`).
@@ -695,14 +696,14 @@ impl IntentLog {
         }
     }
 
-    /// Notes a WRITE arriving, for [`Pool::log_ahead`].
+    /// Notes a WRITE arriving, for [`Pool::log_ahead`] and [`Pool::fs_log_ahead`].
     pub(crate) fn note_write_arrived(&self) {
         let mut cadence = self.cadence.get();
         cadence.writes_since_flush = cadence.writes_since_flush.saturating_add(1);
         self.cadence.set(cadence);
     }
 
-    /// Notes a FLUSH arriving, for [`Pool::log_ahead`].
+    /// Notes a FLUSH arriving, for [`Pool::log_ahead`] and [`Pool::fs_log_ahead`].
     pub(crate) fn note_flush_arrived(&self) {
         let mut cadence = self.cadence.get();
         cadence.streak = match cadence.writes_since_flush {
@@ -715,7 +716,7 @@ impl IntentLog {
 
     /// Whether the client flushes after every write, and the write just
     /// answered is the only one since its last FLUSH.
-    fn flush_expected(&self) -> bool {
+    pub(crate) fn flush_expected(&self) -> bool {
         let cadence = self.cadence.get();
         cadence.streak >= LOG_AHEAD_STREAK && cadence.writes_since_flush == 1
     }
@@ -1254,6 +1255,46 @@ impl Pool {
                 volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
                 self.commit_through_txg(volume, held).await.map(|()| true)
             }
+        }
+    }
+
+    /// [`Pool::log_ahead`] for a filesystem: once a direct WRITE is
+    /// answered, when its client has called `fsync` after every single
+    /// write lately ([`LOG_AHEAD_STREAK`] times), the commit that `fsync`
+    /// will ask for starts now. Its log write then runs while the answer
+    /// travels and the FSYNC comes back; the FSYNC's own commit waits for
+    /// the commit lock, which this one holds until its log write has ended
+    /// (a filesystem writes one commit at a time), and finds nothing left
+    /// to log. At QD1 that hides the commit's preparation and part of its
+    /// log write behind the round trip.
+    ///
+    /// Nothing is promised by it, so it never waits for the lock and never
+    /// commits a txg: when the lock is taken, the pool closing, or the
+    /// changes cannot be logged (no chain yet, a change the log does not
+    /// carry, a failed log write), it does nothing, or gives back what it
+    /// took, and the FSYNC's commit does the work as it would have. It
+    /// outlives its WRITE's answer; [`Pool::export`] waits for it.
+    pub async fn fs_log_ahead(self: &Rc<Self>, fs: &Rc<Filesystem>) {
+        if !fs.log.flush_expected()
+            || fs.is_snapshot()
+            || fs.is_retired()
+            || fs.settings().sync != crate::pool::dataset::props::SyncMode::Standard
+            || self.txg.ensure_writable().is_err()
+        {
+            return;
+        }
+        let Some((_commit, number)) = fs.log.try_begin_commit(1) else {
+            return;
+        };
+        let logged = {
+            // As `fs_log_commit`: no change of names or attributes runs
+            // meanwhile, and a rollback, destroy or receive waits.
+            let _shared = fs.shared().await;
+            !fs.is_retired() && matches!(self.fs_log_write(fs).await, Ok(true))
+        };
+        if logged {
+            fs.log.covered(number, false);
+            fs.log.state.borrow_mut().stats.ahead_commits += 1;
         }
     }
 

@@ -2060,6 +2060,7 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<usize, FsError> {
+        self.log.note_write_arrived();
         let (_shared, object) = self.begin_write(pool, ino).await?;
         if data.is_empty() {
             return Ok(0);
@@ -2857,6 +2858,20 @@ impl Filesystem {
     /// The front end reports a change (its transport, a request).
     pub fn note_front_end(&self, change: impl FnOnce(&mut FrontEndStats)) {
         change(&mut self.front_end.borrow_mut());
+    }
+
+    /// Notes an `fsync` (or `fdatasync`) arriving: with the direct writes
+    /// [`Filesystem::write`] notes, the cadence that tells
+    /// [`Pool::fs_log_ahead`] whether the next `fsync` is expected.
+    pub fn note_fsync_arrived(&self) {
+        self.log.note_flush_arrived();
+    }
+
+    /// Whether this filesystem's client has called `fsync` after every
+    /// single direct write lately, and the write just answered is the only
+    /// one since its last `fsync`: [`Pool::fs_log_ahead`] would start.
+    pub fn fsync_expected(&self) -> bool {
+        self.log.flush_expected()
     }
 
     /// An `fsync` was made durable (counted as a volume's FLUSH is).

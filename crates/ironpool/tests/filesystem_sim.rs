@@ -1020,9 +1020,7 @@ fn crash_run_with(seed: u64, through_log: bool, ahead: bool) -> (LogStats, bool)
                     fs.note_fsync_arrived();
                     pool.fs_log_commit(&fs).await.unwrap();
                     log_commits.set(fs.log_stats());
-                    let mut list = committed.borrow_mut();
-                    let last = list.len() - 1;
-                    list.drain(..last);
+                    keep_newest(&committed);
                 }
                 return;
             }
@@ -1044,9 +1042,7 @@ fn crash_run_with(seed: u64, through_log: bool, ahead: bool) -> (LogStats, bool)
                         } else {
                             pool.commit().await.unwrap();
                         }
-                        let mut list = committed.borrow_mut();
-                        let last = list.len() - 1;
-                        list.drain(..last);
+                        keep_newest(&committed);
                     }
                 }
             });
@@ -1099,6 +1095,14 @@ fn crash_run_with(seed: u64, through_log: bool, ahead: bool) -> (LogStats, bool)
         replayed
     });
     (log_commits.get(), replayed)
+}
+
+/// The commit just made returned: the state it made durable (the newest
+/// candidate) is the oldest the import may find from now on.
+fn keep_newest(committed: &RefCell<Vec<Model>>) {
+    let mut list = committed.borrow_mut();
+    let last = list.len() - 1;
+    list.drain(..last);
 }
 
 /// Whether the names and file sizes match `model` (contents are compared by
@@ -1911,9 +1915,7 @@ fn snapshot_crash_run(seed: u64) {
                     } else {
                         pool.commit().await.unwrap();
                     }
-                    let mut list = committed.borrow_mut();
-                    let last = list.len() - 1;
-                    list.drain(..last);
+                    keep_newest(&committed);
                 }
             });
             rt::sleep(crash_after).await;

@@ -1286,13 +1286,7 @@ impl Pool {
         let Some((_commit, number)) = fs.log.try_begin_commit(1) else {
             return;
         };
-        let logged = {
-            // As `fs_log_commit`: no change of names or attributes runs
-            // meanwhile, and a rollback, destroy or receive waits.
-            let _shared = fs.shared().await;
-            !fs.is_retired() && matches!(self.fs_log_write(fs).await, Ok(true))
-        };
-        if logged {
+        if let Ok(true) = self.fs_log_shared(fs).await {
             fs.log.covered(number, false);
             fs.log.state.borrow_mut().stats.ahead_commits += 1;
         }
@@ -1320,18 +1314,26 @@ impl Pool {
             return Ok(());
         };
         self.txg.ensure_writable()?;
-        let logged = {
-            // No change of names or attributes runs meanwhile, and a
-            // rollback, destroy or receive waits for the log write to end.
-            let _shared = fs.shared().await;
-            !fs.is_retired() && self.fs_log_write(fs).await?
-        };
-        if !logged {
+        if !self.fs_log_shared(fs).await? {
             fs.log.state.borrow_mut().stats.txg_fallbacks += 1;
             self.commit_linked().await?;
         }
         fs.log.covered(number, false);
         Ok(())
+    }
+
+    /// [`Pool::fs_log_write`] under the filesystem's lock taken shared, so
+    /// that no change of names or attributes runs meanwhile and a rollback,
+    /// destroy or receive waits for the log write to end; false, logging
+    /// nothing, when the filesystem was retired (destroyed, rolled back or
+    /// received over) before the lock was had.
+    /// The caller holds the commit lock.
+    async fn fs_log_shared(self: &Rc<Self>, fs: &Filesystem) -> Result<bool, PoolError> {
+        let _shared = fs.shared().await;
+        if fs.is_retired() {
+            return Ok(false);
+        }
+        self.fs_log_write(fs).await
     }
 
     /// Writes the changes of `fs` not yet logged into its chain. False when

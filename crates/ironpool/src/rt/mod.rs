@@ -299,9 +299,9 @@ pub fn now() -> Instant {
 }
 
 /// Completes after `duration` (virtual time under the simulator).
-pub fn sleep(duration: Duration) -> Pin<Box<dyn Future<Output = ()>>> {
+pub fn sleep(duration: Duration) -> Sleep {
     with_current(|inner| match &inner.driver {
-        Driver::Uring(_) => Box::pin(uring::timeout(duration)) as Pin<Box<dyn Future<Output = ()>>>,
+        Driver::Uring(_) => Box::pin(uring::timeout(duration)) as Sleep,
         Driver::Sim(driver) => Box::pin(driver.sleep(duration)),
     })
 }
@@ -329,6 +329,82 @@ pub fn random_u64() -> u64 {
         Driver::Uring(driver) => driver.random_u64(),
         Driver::Sim(driver) => driver.random_u64(),
     })
+}
+
+/// A timer kept armed across waits. A loop that waits for "an event or a
+/// deadline" and sees events often would, with [`timeout`], arm a kernel
+/// timeout at every wait; each stays armed (or is removed, one more
+/// operation) after the event wins. The txg sync loop, woken by every
+/// filesystem change, armed a 5 s timeout per change (30,000 a second while
+/// files were created); the NBD front end armed a 60 s one per reply.
+/// This keeps one armed for as long as its deadline fits.
+#[derive(Default)]
+pub struct Timer {
+    armed: Option<(Instant, Sleep)>,
+}
+
+/// What [`sleep`] returns.
+pub type Sleep = Pin<Box<dyn Future<Output = ()>>>;
+
+impl Timer {
+    /// A timer with nothing armed.
+    pub fn new() -> Timer {
+        Timer::default()
+    }
+
+    /// Races `future` against `deadline`; `None` when the deadline passes
+    /// first. The timer stays armed when `future` wins, for the next call
+    /// with the same deadline; another deadline arms a new one.
+    pub async fn timeout_at<F: Future>(
+        &mut self,
+        deadline: Instant,
+        future: F,
+    ) -> Option<F::Output> {
+        self.race(deadline, deadline, future).await
+    }
+
+    /// Races `future` against a deadline between `duration` and `duration +
+    /// slack` from now; `None` when it passes first. The timer armed by an
+    /// earlier call is kept while its deadline is in that range, so a loop
+    /// calling this at any rate arms at most one timer per `slack`.
+    pub async fn timeout_within<F: Future>(
+        &mut self,
+        duration: Duration,
+        slack: Duration,
+        future: F,
+    ) -> Option<F::Output> {
+        let earliest = now().saturating_add(duration);
+        self.race(earliest, earliest.saturating_add(slack), future)
+            .await
+    }
+
+    /// Races `future` against the armed deadline if it is in `earliest..=
+    /// latest`, else against a new one at `latest`.
+    async fn race<F: Future>(
+        &mut self,
+        earliest: Instant,
+        latest: Instant,
+        future: F,
+    ) -> Option<F::Output> {
+        use futures_util::future::{select, Either};
+        let now = now();
+        if latest <= now {
+            self.armed = None;
+            return None;
+        }
+        let sleeping = match &mut self.armed {
+            Some((at, sleeping)) if (earliest..=latest).contains(at) => sleeping,
+            armed => &mut armed.insert((latest, sleep(latest.duration_since(now)))).1,
+        };
+        let future = std::pin::pin!(future);
+        match select(future, sleeping.as_mut()).await {
+            Either::Left((output, _)) => Some(output),
+            Either::Right(((), _)) => {
+                self.armed = None;
+                None
+            }
+        }
+    }
 }
 
 /// Races `future` against a timer; `None` when the timer wins.

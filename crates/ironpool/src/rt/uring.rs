@@ -34,6 +34,9 @@ use super::{with_current, Driver, Instant};
 
 /// `user_data` of the eventfd read that lets other threads wake the loop.
 const EVENTFD_TOKEN: u64 = u64::MAX - 1;
+/// `user_data` of a timeout's removal ([`Timeout`]'s drop): its completion
+/// says only whether the timer was still armed, which nobody waits for.
+const TIMEOUT_REMOVE_TOKEN: u64 = u64::MAX - 2;
 
 /// The longest (microseconds) the loop, with nothing to run and no device
 /// I/O in flight, keeps looking for completions before it sleeps in the
@@ -345,6 +348,9 @@ impl UringDriver {
         for (user_data, result) in completed {
             if user_data == EVENTFD_TOKEN {
                 self.arm_eventfd();
+                continue;
+            }
+            if user_data == TIMEOUT_REMOVE_TOKEN {
                 continue;
             }
             let index = user_data as u32;
@@ -689,16 +695,65 @@ pub async fn block_discard(fd: RawFd, offset: u64, length: u64) -> io::Result<()
 }
 
 /// Completes after `duration`.
-pub async fn timeout(duration: Duration) {
+pub fn timeout(duration: Duration) -> Timeout {
     let timespec = Box::new(
         types::Timespec::new()
             .sec(duration.as_secs())
             .nsec(duration.subsec_nanos()),
     );
     let entry = opcode::Timeout::new(&*timespec as *const types::Timespec).build();
-    // SAFETY: the timespec is boxed and owned by the op. The result is -ETIME on
-    // expiry (or -ECANCELED); either way the time is up.
-    let _ = unsafe { Op::submit(entry, timespec) }.await;
+    Timeout {
+        // SAFETY: the timespec is boxed and owned by the op.
+        op: unsafe { Op::submit(entry, timespec) },
+    }
+}
+
+/// A kernel timer ([`timeout`]). Dropped before it fires (the other side of
+/// a race won), it removes the timer from the kernel: an abandoned timeout
+/// would stay armed until it expires, holding a kernel request and a slot.
+/// The NBD front end races every reply's send against a 60 s stall timeout:
+/// at 200k replies a second that left over a million requests armed
+/// (`io_kiocb` in /proc/slabinfo) after 20 s.
+pub struct Timeout {
+    op: Op<Box<types::Timespec>>,
+}
+
+impl Future for Timeout {
+    type Output = ();
+    fn poll(mut self: Pin<&mut Self>, context: &mut Context<'_>) -> Poll<()> {
+        // The result is -ETIME on expiry (or -ECANCELED); either way the
+        // time is up.
+        Pin::new(&mut self.op).poll(context).map(|_| ())
+    }
+}
+
+impl Drop for Timeout {
+    fn drop(&mut self) {
+        if self.op.memory.is_none() {
+            return; // Completed and polled: the slot is released.
+        }
+        let slot = self.op.slot;
+        // As `Op`'s drop: at process exit the ring may be gone with its timers.
+        let _ = super::CURRENT.try_with(|current| {
+            let current = current.borrow();
+            let Some(inner) = current.as_ref() else {
+                return;
+            };
+            let Driver::Uring(driver) = &inner.driver else {
+                return;
+            };
+            if !matches!(driver.slots.borrow()[slot as usize], Slot::Waiting(_)) {
+                return; // Fired already; its completion is reaped.
+            }
+            let entry = opcode::TimeoutRemove::new(slot as u64)
+                .build()
+                .user_data(TIMEOUT_REMOVE_TOKEN);
+            // SAFETY: the removal refers to no memory. The timer's own
+            // completion (-ECANCELED) then frees the slot `Op`'s drop
+            // abandons, with the timespec kept until then.
+            unsafe { driver.push(entry.into()) };
+        });
+    }
 }
 
 /// Accepts a connection on a listening socket.
@@ -1032,6 +1087,70 @@ mod tests {
             window.adapt(long);
         }
         assert_eq!(window.ns(), 0, "an idle server stops polling");
+    }
+
+    /// Ops in flight on the ring once the loop has had a few turns to reap
+    /// what completed.
+    async fn in_flight_after_turns() -> usize {
+        for _ in 0..4 {
+            crate::rt::sleep(Duration::from_millis(1)).await;
+        }
+        in_flight()
+    }
+
+    #[test]
+    fn a_timeout_that_loses_its_race_leaves_no_timer_armed() {
+        let runtime = crate::rt::Runtime::new_uring(64).unwrap();
+        runtime.block_on(async {
+            let before = in_flight_after_turns().await;
+            for round in 0..1000 {
+                // A reply sent at once, raced against a minute-long stall
+                // timeout, as the NBD front end did for every reply.
+                let won = crate::rt::timeout(Duration::from_secs(60), async { round }).await;
+                assert_eq!(won, Some(round));
+            }
+            assert_eq!(
+                in_flight_after_turns().await,
+                before,
+                "the 1000 abandoned timeouts were removed from the kernel, not left armed"
+            );
+            // A timeout that fires still completes.
+            let started = std::time::Instant::now();
+            crate::rt::sleep(Duration::from_millis(20)).await;
+            assert!(started.elapsed() >= Duration::from_millis(20));
+        });
+    }
+
+    #[test]
+    fn a_timer_arms_one_timeout_per_deadline_not_per_wait() {
+        let runtime = crate::rt::Runtime::new_uring(64).unwrap();
+        runtime.block_on(async {
+            let before = in_flight_after_turns().await;
+            let mut timer = crate::rt::Timer::new();
+            let deadline = crate::rt::now().saturating_add(Duration::from_secs(60));
+            for round in 0..1000 {
+                assert_eq!(
+                    timer.timeout_at(deadline, async { round }).await,
+                    Some(round)
+                );
+                let within = timer
+                    .timeout_within(Duration::from_secs(59), Duration::from_secs(2), async {
+                        round
+                    })
+                    .await;
+                assert_eq!(within, Some(round));
+            }
+            assert_eq!(
+                in_flight(),
+                before + 1,
+                "2000 waits on one timer: one timeout armed"
+            );
+            // Past its deadline, the timer wins.
+            let soon = crate::rt::now().saturating_add(Duration::from_millis(10));
+            let never = std::future::pending::<()>();
+            assert_eq!(timer.timeout_at(soon, never).await, None);
+            assert_eq!(in_flight_after_turns().await, before);
+        });
     }
 
     #[test]

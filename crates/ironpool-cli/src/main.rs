@@ -68,7 +68,10 @@ enum Command {
         /// Close an NBD connection whose replies have waited this many seconds
         /// on a socket that accepts no bytes (a client that stopped reading
         /// them holds its share of the server's payload budget until then).
-        #[arg(long, default_value_t = ironpool::nbd::server::REPLY_STALL_TIMEOUT.as_secs())]
+        /// At least 1: with none, a reply the socket does not take at once
+        /// would close its connection.
+        #[arg(long, default_value_t = ironpool::nbd::server::REPLY_STALL_TIMEOUT.as_secs(),
+              value_parser = clap::value_parser!(u64).range(1..))]
         nbd_reply_timeout: u64,
         /// Serve Prometheus metrics over HTTP at /metrics: tcp:HOST:PORT
         /// (tcp:PORT means 127.0.0.1) or unix:PATH.

@@ -53,6 +53,12 @@ const _: () = assert!(
 /// disconnected after (so a few such clients cannot hold the whole budget for
 /// good). Generous: a live client reads within ms.
 pub const REPLY_STALL_TIMEOUT: Duration = Duration::from_secs(60);
+/// A stalled client is dropped between the reply timeout and this fraction
+/// of it more (at most [`STALL_SLACK_MAX`] more): the timer is re-armed once
+/// per that slack, not once per reply.
+const STALL_SLACK_DIVISOR: u32 = 4;
+/// See [`STALL_SLACK_DIVISOR`]: a second past 60 s is as good as 60 s.
+const STALL_SLACK_MAX: Duration = Duration::from_secs(1);
 /// Connections served at once; more are closed on accept.
 pub const CONNECTIONS_MAX: usize = 1024;
 /// Time a client has to finish the handshake.
@@ -949,6 +955,11 @@ impl Connection {
     }
 
     async fn send_loop(self: Rc<Self>) {
+        // One stall timer for many sends: re-armed at most once per slack,
+        // not per reply.
+        let mut stall_timer = rt::Timer::new();
+        let stall_slack =
+            (self.server.reply_stall_timeout / STALL_SLACK_DIVISOR).min(STALL_SLACK_MAX);
         loop {
             let batch: Vec<Outgoing> = {
                 let mut outbox = self.outbox.borrow_mut();
@@ -980,13 +991,15 @@ impl Connection {
             let mut sent = 0;
             while sent < total {
                 // A client that reads none of its replies for the server's
-                // reply stall timeout is dropped, which releases what its
-                // replies hold.
-                let Some((result, returned)) = rt::timeout(
-                    self.server.reply_stall_timeout,
-                    uring::send_pieces(self.raw(), pieces, sent),
-                )
-                .await
+                // reply stall timeout (up to a quarter more) is dropped,
+                // which releases what its replies hold.
+                let Some((result, returned)) = stall_timer
+                    .timeout_within(
+                        self.server.reply_stall_timeout,
+                        stall_slack,
+                        uring::send_pieces(self.raw(), pieces, sent),
+                    )
+                    .await
                 else {
                     self.broken.set(true);
                     self.outbox.borrow_mut().clear();

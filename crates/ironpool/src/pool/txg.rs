@@ -297,6 +297,9 @@ async fn sync_loop(pool: Rc<Pool>) {
     // Empty commits in a row made only to release deferred frees: each commit
     // frees a little of its own metadata, so this must stop by count.
     let mut idle_commits = 0u64;
+    // The timeout's timer, armed once per commit (its deadline moves only
+    // when a commit ends), not at every wake-up.
+    let mut timer = rt::Timer::new();
     loop {
         let timeout = pool.tunables.borrow().txg_timeout;
         let since = rt::now().duration_since(state.last_commit.get());
@@ -311,7 +314,8 @@ async fn sync_loop(pool: Rc<Pool>) {
             continue;
         }
         if retry.is_none() && !requested && !dirty && since < timeout && !state.stopping.get() {
-            rt::timeout(timeout - since, state.wake.notified()).await;
+            let deadline = state.last_commit.get().saturating_add(timeout);
+            timer.timeout_at(deadline, state.wake.notified()).await;
             continue;
         }
         // An idle pool still commits (empty txgs) while frees wait in the defer

@@ -360,7 +360,7 @@ impl Timer {
         deadline: Instant,
         future: F,
     ) -> Option<F::Output> {
-        self.race(deadline, deadline, future).await
+        self.race(now(), deadline, deadline, future).await
     }
 
     /// Races `future` against a deadline between `duration` and `duration +
@@ -373,8 +373,9 @@ impl Timer {
         slack: Duration,
         future: F,
     ) -> Option<F::Output> {
-        let earliest = now().saturating_add(duration);
-        self.race(earliest, earliest.saturating_add(slack), future)
+        let now = now();
+        let earliest = now.saturating_add(duration);
+        self.race(now, earliest, earliest.saturating_add(slack), future)
             .await
     }
 
@@ -382,12 +383,11 @@ impl Timer {
     /// latest`, else against a new one at `latest`.
     async fn race<F: Future>(
         &mut self,
+        now: Instant,
         earliest: Instant,
         latest: Instant,
         future: F,
     ) -> Option<F::Output> {
-        use futures_util::future::{select, Either};
-        let now = now();
         if latest <= now {
             self.armed = None;
             return None;
@@ -396,22 +396,26 @@ impl Timer {
             Some((at, sleeping)) if (earliest..=latest).contains(at) => sleeping,
             armed => &mut armed.insert((latest, sleep(latest.duration_since(now)))).1,
         };
-        let future = std::pin::pin!(future);
-        match select(future, sleeping.as_mut()).await {
-            Either::Left((output, _)) => Some(output),
-            Either::Right(((), _)) => {
-                self.armed = None;
-                None
-            }
+        let output = before(future, sleeping.as_mut()).await;
+        if output.is_none() {
+            self.armed = None;
         }
+        output
     }
 }
 
 /// Races `future` against a timer; `None` when the timer wins.
 pub async fn timeout<F: Future>(duration: Duration, future: F) -> Option<F::Output> {
+    before(future, sleep(duration).as_mut()).await
+}
+
+/// `future`'s output if it completes before `timer`, else `None`.
+async fn before<F: Future>(
+    future: F,
+    timer: Pin<&mut (dyn Future<Output = ()> + 'static)>,
+) -> Option<F::Output> {
     use futures_util::future::{select, Either};
-    let future = std::pin::pin!(future);
-    match select(future, sleep(duration)).await {
+    match select(std::pin::pin!(future), timer).await {
         Either::Left((output, _)) => Some(output),
         Either::Right(((), _)) => None,
     }

@@ -506,16 +506,9 @@ impl<T: 'static> Drop for Op<T> {
             return;
         };
         let slot = self.slot;
-        // The runtime may already be gone at process exit; then the ring is gone too
-        // and nothing refers to the memory any more.
-        let _ = super::CURRENT.try_with(|current| {
-            let current = current.borrow();
-            let Some(inner) = current.as_ref() else {
-                return;
-            };
-            let Driver::Uring(driver) = &inner.driver else {
-                return;
-            };
+        // At process exit the ring is gone too and nothing refers to the
+        // memory any more.
+        with_live_driver(|driver| {
             let done = matches!(driver.slots.borrow()[slot as usize], Slot::Done(_));
             if done {
                 driver.release_slot(slot);
@@ -524,6 +517,17 @@ impl<T: 'static> Drop for Op<T> {
             }
         });
     }
+}
+
+/// [`with_driver`] for a drop: runs `f` with this thread's driver if its
+/// runtime still exists, and does nothing if not (at process exit the
+/// runtime, and its ring, may be gone before the last operations).
+fn with_live_driver(f: impl FnOnce(&UringDriver)) {
+    let _ = super::CURRENT.try_with(|current| {
+        if let Some(Driver::Uring(driver)) = current.borrow().as_ref().map(|inner| &inner.driver) {
+            f(driver);
+        }
+    });
 }
 
 fn to_result(result: i32) -> io::Result<usize> {
@@ -733,15 +737,8 @@ impl Drop for Timeout {
             return; // Completed and polled: the slot is released.
         }
         let slot = self.op.slot;
-        // As `Op`'s drop: at process exit the ring may be gone with its timers.
-        let _ = super::CURRENT.try_with(|current| {
-            let current = current.borrow();
-            let Some(inner) = current.as_ref() else {
-                return;
-            };
-            let Driver::Uring(driver) = &inner.driver else {
-                return;
-            };
+        // At process exit the ring may be gone with its timers.
+        with_live_driver(|driver| {
             if !matches!(driver.slots.borrow()[slot as usize], Slot::Waiting(_)) {
                 return; // Fired already; its completion is reaped.
             }

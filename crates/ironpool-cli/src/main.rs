@@ -81,6 +81,14 @@ enum Command {
         /// exported: flushed writes not yet in a txg that were on it are lost.
         #[arg(short = 'm')]
         missing_log: bool,
+        /// Run without transparent huge pages (the system's setting is kept
+        /// by default). Each first touch of fresh heap memory then zeroes
+        /// 4 KiB instead of 2 MiB while the engine's loop waits: fewer and
+        /// shorter stalls of every client when a large file is freed, and
+        /// about half the memory; random 16K writes at QD64 measured about
+        /// 5% slower. See README, "Memory and latency: `--no-huge-pages`".
+        #[arg(long)]
+        no_huge_pages: bool,
         pool: String,
     },
     /// Manage volumes.
@@ -491,6 +499,7 @@ fn main() -> ExitCode {
             nbd_reply_timeout,
             metrics,
             missing_log,
+            no_huge_pages,
             pool,
         } => cli::serve::serve(
             &context,
@@ -502,6 +511,7 @@ fn main() -> ExitCode {
                 reply_timeout: std::time::Duration::from_secs(nbd_reply_timeout),
                 metrics,
                 missing_log,
+                no_huge_pages,
             },
             pidfile.as_deref(),
             &tunables,

@@ -29,6 +29,14 @@ type LocalFuture = Pin<Box<dyn Future<Output = ()>>>;
 /// wait for the next round: a round always ends and the driver gets its turn.
 const ROUND_END_PASSES_MAX: usize = 4;
 
+/// Passes over the ready tasks in one round, at most: the first polls those
+/// ready when the round starts, each later one those the passes before made
+/// ready (an NBD reply goes from the engine's channel to the connection's
+/// outbox to its send in three tasks, which one pass would spread over three
+/// rounds, each with a driver turn). Bounded so the driver still gets a turn
+/// to submit and reap after a bounded amount of work.
+const READY_PASSES_MAX: usize = 3;
+
 /// Wakes that arrive from another thread (rare: only helper threads) are queued
 /// here and the loop is told through `remote_pending`.
 pub(crate) struct Remote {
@@ -200,28 +208,37 @@ impl Executor {
             || LOCAL_ROUND_END.with(|ready| !ready.borrow().is_empty())
     }
 
-    /// Polls every task that is ready now (not those made ready while doing so,
-    /// so the driver gets a turn to submit and reap between rounds), then those
-    /// spawned for the end of this round. Returns the number of tasks polled.
+    /// Polls every task that is ready now, then those spawned for the end of
+    /// this round; then, up to [`READY_PASSES_MAX`] passes in all, the tasks
+    /// made ready while doing so, so the driver gets its turn after a bounded
+    /// amount of work. Returns the number of tasks polled.
     pub(crate) fn run_ready(&self) -> usize {
-        self.drain_remote();
-        let count = LOCAL_READY.with(|ready| ready.borrow().len());
         let mut polled = 0;
-        for _ in 0..count {
-            let Some(task_id) = LOCAL_READY.with(|ready| ready.borrow_mut().pop_front()) else {
-                break;
-            };
-            self.poll_task(task_id);
-            polled += 1;
-        }
-        for _ in 0..ROUND_END_PASSES_MAX {
-            let batch = LOCAL_ROUND_END.with(|ready| std::mem::take(&mut *ready.borrow_mut()));
-            if batch.is_empty() {
+        for _ in 0..READY_PASSES_MAX {
+            self.drain_remote();
+            let count = LOCAL_READY.with(|ready| ready.borrow().len());
+            if count == 0 && polled > 0 {
                 break;
             }
-            for task_id in batch {
+            for _ in 0..count {
+                let Some(task_id) = LOCAL_READY.with(|ready| ready.borrow_mut().pop_front()) else {
+                    break;
+                };
                 self.poll_task(task_id);
                 polled += 1;
+            }
+            for _ in 0..ROUND_END_PASSES_MAX {
+                let batch = LOCAL_ROUND_END.with(|ready| std::mem::take(&mut *ready.borrow_mut()));
+                if batch.is_empty() {
+                    break;
+                }
+                for task_id in batch {
+                    self.poll_task(task_id);
+                    polled += 1;
+                }
+            }
+            if LOCAL_ROUND_END.with(|ready| !ready.borrow().is_empty()) {
+                break;
             }
         }
         // Those left run first in the next round.

@@ -214,10 +214,11 @@ impl Executor {
     /// amount of work. Returns the number of tasks polled.
     pub(crate) fn run_ready(&self) -> usize {
         let mut polled = 0;
-        for _ in 0..READY_PASSES_MAX {
+        for pass in 0..READY_PASSES_MAX {
             self.drain_remote();
             let count = LOCAL_READY.with(|ready| ready.borrow().len());
-            if count == 0 && polled > 0 {
+            // Only the first pass has the round's spawned tasks to run too.
+            if pass > 0 && count == 0 {
                 break;
             }
             for _ in 0..count {

@@ -3,6 +3,12 @@
 //! When no task can run, the clock jumps to the earliest pending timer and fires
 //! it. Timers at the same instant fire in the order they were set. Together with
 //! the FIFO executor this makes every run a pure function of its seed.
+//!
+//! A timer dropped before it fires (the losing side of every `timeout` whose
+//! future won) is marked dropped and leaves the queue: at once when it is the
+//! earliest, else when the queue is rebuilt. Nothing was waiting at its
+//! deadline, so skipping it changes no run; keeping it let a long run's queue
+//! grow by one entry per won race.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;
@@ -68,8 +74,13 @@ impl Rng {
     }
 }
 
+/// Queued timers below which dropped ones are only removed when they reach
+/// the front: rebuilding a small queue costs more than it saves.
+const TIMER_QUEUE_REBUILD_MIN: usize = 1024;
+
 struct TimerState {
     fired: Cell<bool>,
+    dropped: Cell<bool>,
     waker: RefCell<Option<Waker>>,
 }
 
@@ -78,6 +89,8 @@ pub(crate) struct SimDriver {
     sequence: Cell<u64>,
     timers: RefCell<BinaryHeap<Reverse<(u64, u64)>>>,
     states: RefCell<rustc_hash::FxHashMap<u64, Rc<TimerState>>>,
+    /// Timers in the queue whose [`SimSleep`] was dropped before they fired.
+    dropped: Rc<Cell<usize>>,
     rng: RefCell<Rng>,
 }
 
@@ -88,6 +101,7 @@ impl SimDriver {
             sequence: Cell::new(0),
             timers: RefCell::new(BinaryHeap::new()),
             states: RefCell::new(Default::default()),
+            dropped: Rc::new(Cell::new(0)),
             rng: RefCell::new(Rng::new(seed ^ 0x5151_0000_0000_0001)),
         }
     }
@@ -109,17 +123,62 @@ impl SimDriver {
         self.sequence.set(sequence + 1);
         let state = Rc::new(TimerState {
             fired: Cell::new(false),
+            dropped: Cell::new(false),
             waker: RefCell::new(None),
         });
+        self.rebuild_if_mostly_dropped();
         self.states.borrow_mut().insert(sequence, state.clone());
         self.timers.borrow_mut().push(Reverse((deadline, sequence)));
-        SimSleep { state }
+        SimSleep {
+            state,
+            dropped: self.dropped.clone(),
+        }
+    }
+
+    /// Timers in the queue, dropped ones included (for tests of its bound).
+    #[cfg(test)]
+    pub(crate) fn queued_timers(&self) -> usize {
+        self.timers.borrow().len()
+    }
+
+    /// Rebuilds the queue without its dropped timers once they are more than
+    /// half of it, so it stays within twice the live timers.
+    fn rebuild_if_mostly_dropped(&self) {
+        let queued = self.timers.borrow().len();
+        if queued < TIMER_QUEUE_REBUILD_MIN || self.dropped.get() * 2 <= queued {
+            return;
+        }
+        let mut states = self.states.borrow_mut();
+        states.retain(|_, state| !state.dropped.get());
+        self.timers
+            .borrow_mut()
+            .retain(|Reverse((_, sequence))| states.contains_key(sequence));
+        self.dropped.set(0);
+    }
+
+    /// Removes dropped timers from the front of the queue; returns the
+    /// earliest live deadline.
+    fn next_live_deadline(&self) -> Option<u64> {
+        loop {
+            let Reverse((deadline, sequence)) = self.timers.borrow().peek().copied()?;
+            let dropped = self
+                .states
+                .borrow()
+                .get(&sequence)
+                .is_some_and(|state| state.dropped.get());
+            if !dropped {
+                return Some(deadline);
+            }
+            self.timers.borrow_mut().pop();
+            self.states.borrow_mut().remove(&sequence);
+            self.dropped.set(self.dropped.get() - 1);
+        }
     }
 
     /// Jumps the clock to the next timer and fires every timer due then.
     /// Returns false when there is no timer at all.
     pub(crate) fn advance(&self) -> bool {
-        let Some(Reverse((deadline, _))) = self.timers.borrow().peek().copied() else {
+        let Some(deadline) = self.next_live_deadline() else {
             return false;
         };
         if deadline > self.now_ns.get() {
@@ -136,6 +195,10 @@ impl SimDriver {
             self.timers.borrow_mut().pop();
             let state = self.states.borrow_mut().remove(&sequence);
             if let Some(state) = state {
+                if state.dropped.get() {
+                    self.dropped.set(self.dropped.get() - 1);
+                    continue;
+                }
                 state.fired.set(true);
                 if let Some(waker) = state.waker.borrow_mut().take() {
                     waker.wake();
@@ -149,6 +212,17 @@ impl SimDriver {
 /// A virtual-time sleep.
 pub(crate) struct SimSleep {
     state: Rc<TimerState>,
+    /// The driver's count of dropped timers, which this one joins if it is
+    /// dropped before it fires.
+    dropped: Rc<Cell<usize>>,
+}
+
+impl Drop for SimSleep {
+    fn drop(&mut self) {
+        if !self.state.fired.get() && !self.state.dropped.replace(true) {
+            self.dropped.set(self.dropped.get() + 1);
+        }
+    }
 }
 
 impl Future for SimSleep {
@@ -160,5 +234,50 @@ impl Future for SimSleep {
             crate::rt::register_waker(&mut self.state.waker.borrow_mut(), context.waker());
             Poll::Pending
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use crate::rt::{self, Driver, Runtime};
+
+    fn queued_timers() -> usize {
+        rt::with_current(|inner| match &inner.driver {
+            Driver::Sim(driver) => driver.queued_timers(),
+            Driver::Uring(_) => unreachable!("a simulated runtime"),
+        })
+    }
+
+    /// Races won by their future leave no timer behind for long: the queue
+    /// stays within twice its live timers however many races a run has, and
+    /// the clock never stops at a deadline nobody waits for.
+    #[test]
+    fn dropped_timers_leave_the_queue() {
+        Runtime::new_sim(7).block_on(async {
+            // One live timer far out, so the queue is never empty.
+            let far = rt::spawn(rt::sleep(Duration::from_secs(3600)));
+            let mut largest = 0;
+            for round in 0..20_000u64 {
+                // The future wins: the 60 s timer is dropped unfired.
+                let won = rt::timeout(Duration::from_secs(60), async { round }).await;
+                assert_eq!(won, Some(round));
+                largest = largest.max(queued_timers());
+            }
+            assert!(
+                largest <= 2 * super::TIMER_QUEUE_REBUILD_MIN,
+                "the timer queue grew to {largest} entries"
+            );
+            // The next stop of the clock is the live 1 ms sleep, not a
+            // dropped 60 s deadline before it was set.
+            let start = rt::now();
+            rt::sleep(Duration::from_millis(1)).await;
+            assert_eq!(rt::now().duration_since(start), Duration::from_millis(1));
+            // Dropped timers at the front go as the clock reaches them.
+            rt::sleep(Duration::from_secs(61)).await;
+            assert_eq!(queued_timers(), 1, "only the live timer is left");
+            drop(far);
+        });
     }
 }

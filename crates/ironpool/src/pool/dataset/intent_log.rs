@@ -1124,11 +1124,7 @@ impl Pool {
     ) -> Result<bool, PoolError> {
         self.txg.ensure_writable()?;
         if !self.chain_usable(Owner::Volume(volume)) {
-            if kind == Commit::Ahead {
-                return Ok(false);
-            }
-            volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-            return self.commit_through_txg(volume, held).await.map(|()| true);
+            return self.commit_instead(volume, held, kind).await;
         }
         let started = crate::rt::now();
         let commit = {
@@ -1207,8 +1203,7 @@ impl Pool {
                 drop(lock);
                 volume.log.wait_ended(last).await;
                 if volume.log.state.borrow().failed_commits != failures {
-                    volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
-                    return self.commit_through_txg(volume, held).await.map(|()| true);
+                    return self.commit_instead(volume, held, kind).await;
                 }
             }
             volume.log.state.borrow_mut().stats.shared_commits += 1;
@@ -1249,9 +1244,25 @@ impl Pool {
                     "ironpool: {}: intent log write failed ({error}); {instead}",
                     volume.name
                 );
-                if kind == Commit::Ahead {
-                    return Err(error);
-                }
+                self.commit_instead(volume, held, kind).await
+            }
+        }
+    }
+
+    /// What a volume's commit does when its log cannot carry it (no usable
+    /// chain, a failed log write, or a failed commit it was waiting on): one
+    /// that was asked for makes everything durable through a txg and
+    /// returns true; one started ahead ([`Commit::Ahead`]) promised nothing,
+    /// so it returns false at once and the FLUSH's own commit does the work.
+    async fn commit_instead(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        held: bool,
+        kind: Commit,
+    ) -> Result<bool, PoolError> {
+        match kind {
+            Commit::Ahead => Ok(false),
+            Commit::Asked => {
                 volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
                 self.commit_through_txg(volume, held).await.map(|()| true)
             }

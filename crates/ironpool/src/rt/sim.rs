@@ -91,6 +91,8 @@ pub(crate) struct SimDriver {
     states: RefCell<rustc_hash::FxHashMap<u64, Rc<TimerState>>>,
     /// Timers in the queue whose [`SimSleep`] was dropped before they fired.
     dropped: Rc<Cell<usize>>,
+    /// Times [`SimDriver::advance`] found a timer to move the clock to.
+    clock_stops: Cell<u64>,
     rng: RefCell<Rng>,
 }
 
@@ -102,6 +104,7 @@ impl SimDriver {
             timers: RefCell::new(BinaryHeap::new()),
             states: RefCell::new(Default::default()),
             dropped: Rc::new(Cell::new(0)),
+            clock_stops: Cell::new(0),
             rng: RefCell::new(Rng::new(seed ^ 0x5151_0000_0000_0001)),
         }
     }
@@ -139,6 +142,12 @@ impl SimDriver {
     #[cfg(test)]
     pub(crate) fn queued_timers(&self) -> usize {
         self.timers.borrow().len()
+    }
+
+    /// Times the clock was moved to a timer (for tests).
+    #[cfg(test)]
+    pub(crate) fn clock_stops(&self) -> u64 {
+        self.clock_stops.get()
     }
 
     /// Rebuilds the queue without its dropped timers once they are more than
@@ -181,6 +190,7 @@ impl SimDriver {
         let Some(deadline) = self.next_live_deadline() else {
             return false;
         };
+        self.clock_stops.set(self.clock_stops.get() + 1);
         if deadline > self.now_ns.get() {
             self.now_ns.set(deadline);
         }
@@ -243,16 +253,16 @@ mod tests {
 
     use crate::rt::{self, Driver, Runtime};
 
-    fn queued_timers() -> usize {
+    fn driver<R>(f: impl FnOnce(&super::SimDriver) -> R) -> R {
         rt::with_current(|inner| match &inner.driver {
-            Driver::Sim(driver) => driver.queued_timers(),
+            Driver::Sim(driver) => f(driver),
             Driver::Uring(_) => unreachable!("a simulated runtime"),
         })
     }
 
     /// Races won by their future leave no timer behind for long: the queue
     /// stays within twice its live timers however many races a run has, and
-    /// the clock never stops at a deadline nobody waits for.
+    /// the clock does not stop at the deadlines of dropped timers.
     #[test]
     fn dropped_timers_leave_the_queue() {
         Runtime::new_sim(7).block_on(async {
@@ -263,20 +273,28 @@ mod tests {
                 // The future wins: the 60 s timer is dropped unfired.
                 let won = rt::timeout(Duration::from_secs(60), async { round }).await;
                 assert_eq!(won, Some(round));
-                largest = largest.max(queued_timers());
+                largest = largest.max(driver(|driver| driver.queued_timers()));
             }
             assert!(
                 largest <= 2 * super::TIMER_QUEUE_REBUILD_MIN,
                 "the timer queue grew to {largest} entries"
             );
-            // The next stop of the clock is the live 1 ms sleep, not a
-            // dropped 60 s deadline before it was set.
+            // Every dropped timer is due at 60 s, before this sleep ends:
+            // the clock goes straight to 61 s, one stop, not two.
             let start = rt::now();
-            rt::sleep(Duration::from_millis(1)).await;
-            assert_eq!(rt::now().duration_since(start), Duration::from_millis(1));
-            // Dropped timers at the front go as the clock reaches them.
+            let stops = driver(|driver| driver.clock_stops());
             rt::sleep(Duration::from_secs(61)).await;
-            assert_eq!(queued_timers(), 1, "only the live timer is left");
+            assert_eq!(rt::now().duration_since(start), Duration::from_secs(61));
+            assert_eq!(
+                driver(|driver| driver.clock_stops()) - stops,
+                1,
+                "the clock stopped at a dropped timer's deadline"
+            );
+            assert_eq!(
+                driver(|driver| driver.queued_timers()),
+                1,
+                "only the live timer is left"
+            );
             drop(far);
         });
     }

@@ -5,8 +5,8 @@
 //! the FIFO executor this makes every run a pure function of its seed.
 //!
 //! A timer dropped before it fires (the losing side of every `timeout` whose
-//! future won) is marked dropped and leaves the queue: at once when it is the
-//! earliest, else when the queue is rebuilt. Nothing was waiting at its
+//! future won) gives up its state at once, and its queue entry, left without
+//! one, goes when it reaches the front or when the queue is rebuilt. Nothing was waiting at its
 //! deadline, so skipping it changes no run; keeping it let a long run's queue
 //! grow by one entry per won race.
 
@@ -80,17 +80,18 @@ const TIMER_QUEUE_REBUILD_MIN: usize = 1024;
 
 struct TimerState {
     fired: Cell<bool>,
-    dropped: Cell<bool>,
     waker: RefCell<Option<Waker>>,
 }
+
+/// The state of every timer that may still fire, by sequence number. A queue
+/// entry whose sequence is not here was dropped.
+type TimerStates = Rc<RefCell<rustc_hash::FxHashMap<u64, Rc<TimerState>>>>;
 
 pub(crate) struct SimDriver {
     now_ns: Cell<u64>,
     sequence: Cell<u64>,
     timers: RefCell<BinaryHeap<Reverse<(u64, u64)>>>,
-    states: RefCell<rustc_hash::FxHashMap<u64, Rc<TimerState>>>,
-    /// Timers in the queue whose [`SimSleep`] was dropped before they fired.
-    dropped: Rc<Cell<usize>>,
+    states: TimerStates,
     /// Times [`SimDriver::advance`] found a timer to move the clock to.
     clock_stops: Cell<u64>,
     rng: RefCell<Rng>,
@@ -102,8 +103,7 @@ impl SimDriver {
             now_ns: Cell::new(0),
             sequence: Cell::new(0),
             timers: RefCell::new(BinaryHeap::new()),
-            states: RefCell::new(Default::default()),
-            dropped: Rc::new(Cell::new(0)),
+            states: Rc::default(),
             clock_stops: Cell::new(0),
             rng: RefCell::new(Rng::new(seed ^ 0x5151_0000_0000_0001)),
         }
@@ -126,7 +126,6 @@ impl SimDriver {
         self.sequence.set(sequence + 1);
         let state = Rc::new(TimerState {
             fired: Cell::new(false),
-            dropped: Cell::new(false),
             waker: RefCell::new(None),
         });
         self.rebuild_if_mostly_dropped();
@@ -134,7 +133,8 @@ impl SimDriver {
         self.timers.borrow_mut().push(Reverse((deadline, sequence)));
         SimSleep {
             state,
-            dropped: self.dropped.clone(),
+            sequence,
+            states: self.states.clone(),
         }
     }
 
@@ -154,15 +154,14 @@ impl SimDriver {
     /// half of it, so it stays within twice the live timers.
     fn rebuild_if_mostly_dropped(&self) {
         let queued = self.timers.borrow().len();
-        if queued < TIMER_QUEUE_REBUILD_MIN || self.dropped.get() * 2 <= queued {
+        let live = self.states.borrow().len();
+        if queued < TIMER_QUEUE_REBUILD_MIN || (queued - live) * 2 <= queued {
             return;
         }
-        let mut states = self.states.borrow_mut();
-        states.retain(|_, state| !state.dropped.get());
+        let states = self.states.borrow();
         self.timers
             .borrow_mut()
             .retain(|Reverse((_, sequence))| states.contains_key(sequence));
-        self.dropped.set(0);
     }
 
     /// Removes dropped timers from the front of the queue; returns the
@@ -170,17 +169,10 @@ impl SimDriver {
     fn next_live_deadline(&self) -> Option<u64> {
         loop {
             let Reverse((deadline, sequence)) = self.timers.borrow().peek().copied()?;
-            let dropped = self
-                .states
-                .borrow()
-                .get(&sequence)
-                .is_some_and(|state| state.dropped.get());
-            if !dropped {
+            if self.states.borrow().contains_key(&sequence) {
                 return Some(deadline);
             }
             self.timers.borrow_mut().pop();
-            self.states.borrow_mut().remove(&sequence);
-            self.dropped.set(self.dropped.get() - 1);
         }
     }
 
@@ -205,10 +197,6 @@ impl SimDriver {
             self.timers.borrow_mut().pop();
             let state = self.states.borrow_mut().remove(&sequence);
             if let Some(state) = state {
-                if state.dropped.get() {
-                    self.dropped.set(self.dropped.get() - 1);
-                    continue;
-                }
                 state.fired.set(true);
                 if let Some(waker) = state.waker.borrow_mut().take() {
                     waker.wake();
@@ -222,16 +210,15 @@ impl SimDriver {
 /// A virtual-time sleep.
 pub(crate) struct SimSleep {
     state: Rc<TimerState>,
-    /// The driver's count of dropped timers, which this one joins if it is
-    /// dropped before it fires.
-    dropped: Rc<Cell<usize>>,
+    /// Its key in `states`, the driver's map it leaves when dropped (a fired
+    /// timer has left it already).
+    sequence: u64,
+    states: TimerStates,
 }
 
 impl Drop for SimSleep {
     fn drop(&mut self) {
-        if !self.state.fired.get() && !self.state.dropped.replace(true) {
-            self.dropped.set(self.dropped.get() + 1);
-        }
+        self.states.borrow_mut().remove(&self.sequence);
     }
 }
 

@@ -2,10 +2,12 @@
 # The table of issue 17 in one run: 16K random writes with a FLUSH after every
 # write at QD1 and after every 32 at QD64, every write synchronous at QD64
 # (raw: O_DSYNC; ironpool: sync=always), and plain writes at QD64, on the raw
-# file (fio io_uring direct=1), nbdkit's file plugin and ironpool (mirror of
-# two files, and the same with a log device, a third file; 1 GiB prefilled
-# volume, fio's nbd engine), with one or more ironpool binaries so that before
-# and after are measured side by side.
+# file (fio io_uring direct=1), on two raw files at once (raw_mirror_*: the
+# most a mirror of two files can do on this one disk, every byte written and
+# made durable twice), nbdkit's file plugin and ironpool (mirror of two files,
+# and the same with a log device, a third file; 1 GiB prefilled volume, fio's
+# nbd engine), with one or more ironpool binaries so that before and after are
+# measured side by side.
 #
 # Usage: [WRITTEN_OUT=1] [HALT_POLL_NS=N] scripts/bench-durable.sh [RUNTIME_S] [IRONPOOL_BIN...]
 #   default: 8 s, target/release/ironpool
@@ -61,6 +63,30 @@ print(f"{sys.argv[2]} {int(job['iops'])} {int(p99)}")
 PY
 }
 
+# run_pair LABEL FIO-ARGS...: the job on raw.img and raw2.img at once, prints
+# "LABEL IOPS P99_US" of the slower of the two (a mirror's write waits for
+# both of its copies).
+run_pair() {
+    local label=$1
+    shift
+    fio --numjobs=1 --output-format=json --lat_percentiles=1 \
+        --runtime="$runtime" --time_based --rw=randwrite --bs=16k "$@" \
+        --name=a --filename="$work/raw.img" --name=b --filename="$work/raw2.img" \
+        >"$work/$label.json" 2>"$work/$label.err" || true
+    python3 - "$work/$label.json" "$label" <<'PY'
+import json, sys
+text = open(sys.argv[1]).read()
+try:
+    jobs = [job["write"] for job in json.loads(text[text.index("{"):])["jobs"]]
+except Exception:
+    print(sys.argv[2], 0, 0)
+    sys.exit()
+iops = min(job["iops"] for job in jobs)
+p99 = max(job["clat_ns"].get("percentile", {}).get("99.000000", 0) for job in jobs) / 1000
+print(f"{sys.argv[2]} {int(iops)} {int(p99)}")
+PY
+}
+
 echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s written_out=${WRITTEN_OUT:-0} $(git rev-parse --short HEAD 2>/dev/null || true) $(halt_poll_describe)"
 dd if=/dev/zero of="$work/raw.img" bs=1M count=1024 oflag=direct status=none
 raw="--ioengine=io_uring --direct=1 --filename=$work/raw.img --size=1G"
@@ -77,7 +103,16 @@ kit="--ioengine=nbd --uri=nbd+unix:///?socket=$work/k.sock --size=1G"
 run nbdkit_qd1_fsync1 $kit --iodepth=1 --fsync=1
 run nbdkit_qd64_fsync32 $kit --iodepth=64 --fsync=32
 kill "${pids[-1]}" 2>/dev/null || true
-rm -f "$work/raw.img"
+
+# The most a mirror of two files can do on this one disk: the same job on two
+# raw files at once (every client byte written, and made durable, on both).
+dd if=/dev/zero of="$work/raw2.img" bs=1M count=1024 oflag=direct status=none
+pair="--ioengine=io_uring --direct=1 --size=1G"
+run_pair raw_mirror_qd1_fsync1 $pair --iodepth=1 --fsync=1
+run_pair raw_mirror_qd64_fsync32 $pair --iodepth=64 --fsync=32
+run_pair raw_mirror_qd64_dsync $pair --iodepth=64 --sync=dsync
+run_pair raw_mirror_qd64_plain $pair --iodepth=64
+rm -f "$work/raw.img" "$work/raw2.img"
 
 # counters POOL: "device_syncs log_bytes client_flushes client_bytes
 # device_write_bytes" now.

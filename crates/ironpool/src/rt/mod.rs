@@ -178,7 +178,11 @@ impl Runtime {
                     break output;
                 }
             }
-            self.inner.executor.run_ready();
+            match &self.inner.driver {
+                Driver::Uring(driver) => self.inner.executor.run_ready(&|| driver.submit_queued()),
+                // The simulator starts queued I/O when its clock moves.
+                Driver::Sim(_) => self.inner.executor.run_ready(&|| {}),
+            };
             let runnable =
                 main_wake.woken.load(Ordering::Acquire) || self.inner.executor.has_ready();
             match &self.inner.driver {

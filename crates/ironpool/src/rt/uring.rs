@@ -280,6 +280,15 @@ impl UringDriver {
         self.in_flight.set(self.in_flight.get() - 1);
     }
 
+    /// Hands the queued entries to the kernel now, without waiting.
+    pub(crate) fn submit_queued(&self) {
+        let mut ring = self.ring.borrow_mut();
+        if ring.submission().is_empty() {
+            return;
+        }
+        let _ = ring.submit();
+    }
+
     /// One loop turn: submit what is queued, wait for a completion when `wait` is
     /// set, then reap every completion that is there.
     pub(crate) fn turn(&self, wait: bool) {

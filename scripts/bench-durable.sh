@@ -44,34 +44,17 @@ trap cleanup EXIT
 halt_poll_apply
 export IRONPOOL_CONTROL=$work/ctl.sock IRONPOOL_RUN_DIR=$work/run IRONPOOL_CACHE=$work/pools.json
 
-# run LABEL FIO-ARGS...: one fio job, prints "LABEL IOPS P99_US"
+# run LABEL FIO-ARGS... [--name=JOB --filename=FILE]...: prints "LABEL IOPS
+# P99_US". The arguments apply to every job; without jobs of its own the run
+# is one job. With several (run_pair), the slowest job's IOPS and the worst
+# p99: a mirror's write waits for both of its copies.
 run() {
     local label=$1
     shift
-    fio --name=t --numjobs=1 --output-format=json --lat_percentiles=1 \
-        --runtime="$runtime" --time_based --rw=randwrite --bs=16k "$@" >"$work/$label.json" 2>"$work/$label.err" || true
-    python3 - "$work/$label.json" "$label" <<'PY'
-import json, sys
-text = open(sys.argv[1]).read()
-try:
-    job = json.loads(text[text.index("{"):])["jobs"][0]["write"]
-except Exception:
-    print(sys.argv[2], 0, 0)
-    sys.exit()
-p99 = job["clat_ns"].get("percentile", {}).get("99.000000", 0) / 1000
-print(f"{sys.argv[2]} {int(job['iops'])} {int(p99)}")
-PY
-}
-
-# run_pair LABEL FIO-ARGS...: the job on raw.img and raw2.img at once, prints
-# "LABEL IOPS P99_US" of the slower of the two (a mirror's write waits for
-# both of its copies).
-run_pair() {
-    local label=$1
-    shift
-    fio --numjobs=1 --output-format=json --lat_percentiles=1 \
-        --runtime="$runtime" --time_based --rw=randwrite --bs=16k "$@" \
-        --name=a --filename="$work/raw.img" --name=b --filename="$work/raw2.img" \
+    local job=(--name=t)
+    [[ " $* " == *" --name="* ]] && job=()
+    fio --output-format=json --lat_percentiles=1 \
+        --runtime="$runtime" --time_based --rw=randwrite --bs=16k "$@" "${job[@]}" \
         >"$work/$label.json" 2>"$work/$label.err" || true
     python3 - "$work/$label.json" "$label" <<'PY'
 import json, sys
@@ -85,6 +68,11 @@ iops = min(job["iops"] for job in jobs)
 p99 = max(job["clat_ns"].get("percentile", {}).get("99.000000", 0) for job in jobs) / 1000
 print(f"{sys.argv[2]} {int(iops)} {int(p99)}")
 PY
+}
+
+# run_pair LABEL FIO-ARGS...: the job on raw.img and raw2.img at once.
+run_pair() {
+    run "$@" --name=a --filename="$work/raw.img" --name=b --filename="$work/raw2.img"
 }
 
 echo "# bench-durable $(date -u +%FT%TZ) runtime=${runtime}s written_out=${WRITTEN_OUT:-0} $(git rev-parse --short HEAD 2>/dev/null || true) $(halt_poll_describe)"

@@ -6,9 +6,9 @@
 //!
 //! A timer dropped before it fires (the losing side of every `timeout` whose
 //! future won) gives up its state at once, and its queue entry, left without
-//! one, goes when it reaches the front or when the queue is rebuilt. Nothing was waiting at its
-//! deadline, so skipping it changes no run; keeping it let a long run's queue
-//! grow by one entry per won race.
+//! one, goes when it reaches the front or when the queue is rebuilt. Nothing
+//! was waiting at its deadline, so skipping it changes no run; keeping it let
+//! a long run's queue grow by one entry per won race.
 
 use std::cell::{Cell, RefCell};
 use std::cmp::Reverse;

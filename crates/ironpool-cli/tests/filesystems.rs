@@ -1284,12 +1284,13 @@ fn thousands_of_real_files_copied_in_are_the_same_before_and_after_a_restart() {
 /// `copy_file_range` (`tests/scripts/fsx.py`, after xfstests' fsx), several
 /// files at once on filesystems of 4K, 16K and 128K compressed records and
 /// one with `direct=always`: every read agrees with the script's model of
-/// the file; after kill -9 and a new `serve`, every file (fsynced at its
-/// end) holds the model's bytes, and the pool checks clean.
+/// the file, and so does every snapshot taken between two operations, read
+/// under `.zfs/snapshot`; after kill -9 and a new `serve`, every file
+/// (fsynced at its end) holds the model's bytes, and the pool checks clean.
 #[test]
 fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9() {
     /// Operations per file: a few seconds each, thousands of requests.
-    const OPS: &str = "3000";
+    const OPS: &str = "2000";
     /// Bytes a file may grow to: hundreds of records of every size here.
     const MAX_BYTES: &str = "6291456";
     const FILES_PER_FILESYSTEM: u64 = 2;
@@ -1299,7 +1300,7 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
         ("fsz", vec!["compression=lz4"]),
         ("fsd", vec!["recordsize=8K", "direct=always"]),
     ];
-    let mut mounts = vec![mnt];
+    let mut mounts = vec![(mnt, format!("{}/fs", pool.name))];
     let directory = dir(&pool);
     for (name, properties) in &others {
         let mountpoint = pool.path(&format!("mnt-{name}"));
@@ -1311,25 +1312,32 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
         }
         args.extend(["-d", &directory]);
         pool.ok(&args);
-        mounts.push(mountpoint);
+        mounts.push((mountpoint, target));
     }
-    let _unmount: Vec<Unmount> = mounts.iter().cloned().map(Unmount).collect();
+    let _unmount: Vec<Unmount> = mounts
+        .iter()
+        .map(|(path, _)| Unmount(path.clone()))
+        .collect();
     pool.serve();
-    for mount in &mounts {
+    for (mount, _) in &mounts {
         wait_mounted(&pool, mount);
     }
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/scripts/fsx.py");
+    let control = pool.control();
     let runs: Vec<(PathBuf, std::process::Child)> = mounts
         .iter()
         .flat_map(|mount| (0..FILES_PER_FILESYSTEM).map(move |index| (mount, index)))
         .enumerate()
-        .map(|(seed, (mount, index))| {
+        .map(|(seed, ((mount, dataset), index))| {
             let file = mount.join(format!("fsx{index}"));
             let child = std::process::Command::new("/usr/bin/python3")
                 .arg(script)
                 .arg(&file)
                 .arg(seed.to_string())
                 .args([OPS, MAX_BYTES])
+                .arg(ironpool_binary())
+                .arg(&control)
+                .arg(dataset)
                 .stdout(std::process::Stdio::piped())
                 .stderr(std::process::Stdio::piped())
                 .spawn()
@@ -1356,7 +1364,7 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
     }
     pool.kill9();
     pool.serve();
-    for mount in &mounts {
+    for (mount, _) in &mounts {
         wait_mounted(&pool, mount);
     }
     for (file, digest) in &digests {

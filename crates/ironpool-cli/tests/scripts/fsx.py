@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """Random I/O on one file of a mounted filesystem, checked against a model.
 
-fsx.py FILE SEED OPS MAX_BYTES
+fsx.py FILE SEED OPS MAX_BYTES [IRONPOOL CONTROL_SOCKET DATASET]
 
     Creates FILE and runs OPS operations chosen by SEED, keeping the bytes
     the file must hold in memory (the model), in the manner of xfstests'
@@ -14,6 +14,12 @@ fsx.py FILE SEED OPS MAX_BYTES
     operation, so buffered, direct and mapped I/O must agree on one file
     whatever the record size. The file never grows past MAX_BYTES.
 
+    Given the ironpool binary, the server's control socket and the dataset
+    FILE is in (FILE in the root of its mount), it also takes snapshots at
+    random points and reads the file back from the snapshot directory
+    (`.zfs/snapshot/NAME/`): it must hold what the model held then, every
+    write that returned before the snapshot and none after it.
+
     At the end it fsyncs the file, reads it whole once more and prints
     "ok SEED SIZE SHA256" (the model's digest, for a check after the
     server restarts). On a mismatch it prints the operation, the first byte
@@ -24,6 +30,7 @@ import hashlib
 import mmap
 import os
 import random
+import subprocess
 import sys
 
 # Largest buffered read or write, copy or mapped write: large enough to
@@ -38,6 +45,7 @@ HISTORY = 30
 
 def main():
     path, seed, ops, max_bytes = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+    snapshots = sys.argv[5:8] if len(sys.argv) >= 8 else None
     rng = random.Random(seed)
     model = bytearray()
     history = []
@@ -67,7 +75,8 @@ def main():
     # Anonymous memory is page-aligned, as O_DIRECT wants its buffer.
     aligned = mmap.mmap(-1, DIRECT_PAGES_MAX * PAGE)
     kinds = ["write", "write", "dwrite", "dwrite", "read", "dread", "truncate",
-             "mwrite", "fsync", "reopen", "drop", "copy"]
+             "mwrite", "fsync", "reopen", "drop", "copy"] + (["snapshot"] if snapshots else [])
+    taken = 0
     for n in range(ops):
         kind = rng.choice(kinds)
         size = len(model)
@@ -123,6 +132,21 @@ def main():
                 if synced:
                     mapped.flush()
             store(offset, data)
+        elif kind == "snapshot":
+            taken += 1
+            binary, control, dataset = snapshots
+            name = f"fsx-{seed}-{taken}"
+            history.append(f"{n} snapshot {name}")
+            subprocess.run([binary, "--control", control, "snapshot", f"{dataset}@{name}"],
+                           check=True, stdout=subprocess.DEVNULL)
+            directory = os.path.join(os.path.dirname(path), ".zfs", "snapshot", name)
+            with open(os.path.join(directory, os.path.basename(path)), "rb") as snapshot:
+                held = snapshot.read()
+            if held != bytes(model):
+                at = next((i for i in range(min(len(held), len(model))) if held[i] != model[i]),
+                          min(len(held), len(model)))
+                fail(f"snapshot {name} holds {len(held)} bytes, the model {len(model)}; "
+                     f"they differ first at byte {at}")
         elif kind == "fsync":
             history.append(f"{n} fsync")
             os.fsync(fd if rng.random() < 0.5 else direct)

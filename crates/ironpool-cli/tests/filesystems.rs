@@ -1379,6 +1379,91 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
     stop_and_check(&mut pool);
 }
 
+/// `statvfs` of `path`: (size, available) in bytes.
+fn space_of(path: &Path) -> (u64, u64) {
+    let name = c_string(&path.display().to_string());
+    // SAFETY: statvfs is plain data, for which all zeroes is a value.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: a NUL-terminated path and a struct the call fills.
+    let result = unsafe { libc::statvfs(name.as_ptr(), &mut stats) };
+    assert_eq!(result, 0, "statvfs {}", path.display());
+    let fragment = stats.f_frsize;
+    (stats.f_blocks * fragment, stats.f_bavail * fragment)
+}
+
+/// Writes 1 MiB pieces of distinct bytes to `path` until the filesystem
+/// refuses one with ENOSPC (any other error fails); returns the bytes
+/// written.
+fn fill_until_enospc(path: &Path) -> u64 {
+    let mut file = std::fs::File::create(path).unwrap();
+    let mut written = 0u64;
+    loop {
+        let piece = distinct_bytes(1 << 20, (written >> 20) as u8);
+        match file.write_all(&piece).and_then(|()| file.sync_data()) {
+            Ok(()) => written += piece.len() as u64,
+            Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => return written,
+            Err(error) => panic!("{}: {error} after {written} bytes", path.display()),
+        }
+    }
+}
+
+/// What `df` says is what a write gets: a filesystem reports as available
+/// the space data may still take (not the slop kept for metadata), fills
+/// to within a few records of that figure, reads 0 available when writes
+/// get ENOSPC, and has the space back after the file is removed.
+#[test]
+fn df_reports_the_space_writes_get_and_a_full_filesystem_recovers() {
+    let mut pool = TestPool::new("fsfull");
+    pool.create("256M", &["mirror", "a.img", "b.img"]);
+    let mnt = pool.path("mnt");
+    pool.ok(&[
+        "fs",
+        "create",
+        &format!("{}/fs", pool.name),
+        "-o",
+        &format!("mountpoint={}", mnt.display()),
+        "-d",
+        &dir(&pool),
+    ]);
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let (size, available) = space_of(&mnt);
+    // The slop (16 MiB at least) is neither used nor available.
+    assert!(
+        size <= (256 << 20) - (16 << 20) && available <= size,
+        "size {size}, available {available}"
+    );
+    let written = fill_until_enospc(&mnt.join("big"));
+    assert!(
+        written + (8 << 20) >= available && written <= available,
+        "df said {available} bytes were available; {written} were written"
+    );
+    let (_, left) = space_of(&mnt);
+    assert!(
+        left < (1 << 20),
+        "writes get ENOSPC, yet df says {left} bytes are available"
+    );
+    // Names still come and go on a full filesystem (metadata may use the
+    // slop), so the file can be removed and the space comes back.
+    std::fs::write(mnt.join("small"), b"x").unwrap();
+    std::fs::remove_file(mnt.join("big")).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while space_of(&mnt).1 < available / 2 {
+        assert!(
+            Instant::now() < deadline,
+            "the removed file's space is not back"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let again = fill_until_enospc(&mnt.join("again"));
+    assert!(
+        again + (8 << 20) >= available,
+        "{again} bytes written after the removal"
+    );
+    stop_and_check(&mut pool);
+}
+
 const ENABLE_URING: &str = "/sys/module/fuse/parameters/enable_uring";
 
 /// The mount's front end, from `fs list --json`.

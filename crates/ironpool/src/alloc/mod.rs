@@ -619,6 +619,16 @@ impl Allocator {
             .sum()
     }
 
+    /// Bytes data may still take: the free space less the slop and the
+    /// metadata reserve, which only metadata may use. A data allocation
+    /// fails when its block does not fit in this, and it is what a mounted
+    /// filesystem reports as available, so that `df` showing room means a
+    /// write has room (OpenZFS's `avail` leaves out its slop the same way).
+    pub fn data_available_bytes(&self) -> u64 {
+        self.free_bytes()
+            .saturating_sub(self.slop_bytes() + self.metadata_reserve_bytes)
+    }
+
     /// Bytes held back from data allocations for metadata.
     pub fn slop_bytes(&self) -> u64 {
         (self.size_bytes() >> SLOP_SHIFT)
@@ -643,7 +653,7 @@ impl Allocator {
                 .map(|vdev| vdev.asize(physical_bytes) + vdev.sector_bytes)
                 .max()
                 .unwrap_or(physical_bytes);
-            if self.free_bytes() < self.slop_bytes() + self.metadata_reserve_bytes + largest {
+            if self.data_available_bytes() < largest {
                 return Err(NoSpace);
             }
         }

@@ -578,14 +578,17 @@ fn in_slot(slot: u64, attr: &Attr) -> Attr {
 }
 
 /// The reply to STATFS: the pool's space, the mounted filesystem's objects.
+/// Free and available are both the space data may still take, so `df`
+/// reads zero when writes get ENOSPC, not the slop kept for metadata.
 fn statfs(session: &Session) -> Result<Vec<u8>, FsError> {
     let stats = session.fs.stats(&session.pool);
     let block = 4096u64;
+    let available = stats.available_bytes / block;
     Ok(proto::statfs_out(
         stats.total_bytes / block,
-        stats.free_bytes / block,
-        stats.objects + stats.free_bytes / block,
-        stats.free_bytes / block,
+        available,
+        stats.objects + available,
+        available,
         block as u32,
     ))
 }

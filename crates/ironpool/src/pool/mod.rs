@@ -1361,6 +1361,12 @@ impl Pool {
         (size, allocator.free_bytes())
     }
 
+    /// Bytes of data that still fit: the free space less what only
+    /// metadata may use (see `Allocator::data_available_bytes`).
+    pub fn data_available_bytes(&self) -> u64 {
+        self.store.allocator.borrow().data_available_bytes()
+    }
+
     /// ONLINE, DEGRADED (some vdev serves with less redundancy than it
     /// should, or has devices to resilver, or a log device is lost), UNAVAIL (some vdev lost more
     /// devices than it can), or SUSPENDED.

@@ -328,8 +328,11 @@ impl NewObject<'_> {
 /// What `statfs` reports.
 #[derive(Clone, Copy, Debug)]
 pub struct FsStats {
+    /// Allocated and available bytes together, as OpenZFS reports a
+    /// filesystem's size: the space held for metadata is neither.
     pub total_bytes: u64,
-    pub free_bytes: u64,
+    /// Bytes of data that still fit in the pool.
+    pub available_bytes: u64,
     pub objects: u64,
 }
 
@@ -2881,10 +2884,11 @@ impl Filesystem {
 
     /// Space and objects for `statfs`.
     pub fn stats(&self, pool: &Pool) -> FsStats {
-        let (total_bytes, free_bytes) = pool.space();
+        let (size_bytes, free_bytes) = pool.space();
+        let available_bytes = pool.data_available_bytes();
         FsStats {
-            total_bytes,
-            free_bytes,
+            total_bytes: size_bytes - free_bytes + available_bytes,
+            available_bytes,
             objects: self.header.get().objects,
         }
     }

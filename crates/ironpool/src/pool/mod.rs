@@ -228,6 +228,12 @@ pub const FS_OBJECTS_LOADED_MAX: u64 = 65_536;
 /// 2.6-3.0).
 pub const DIRTY_SYNC_BYTES: u64 = 16 << 20;
 
+/// Commits a write that found no room waits through for freed space: the
+/// txg that frees, the one syncing it and the `DEFER_TXGS` after them. It
+/// bounds the wait (a few commits, milliseconds each on an idle pool) when
+/// frees keep coming, as on a full pool being overwritten.
+pub const FREE_WAIT_COMMITS: u64 = crate::alloc::DEFER_TXGS + 2;
+
 impl Default for PoolTunables {
     fn default() -> PoolTunables {
         PoolTunables {
@@ -1361,10 +1367,38 @@ impl Pool {
         (size, allocator.free_bytes())
     }
 
-    /// Bytes of data that still fit: the free space less what only
-    /// metadata may use (see `Allocator::data_available_bytes`).
+    /// Bytes of data a new write may still take: the free space less what
+    /// only metadata may use (see `Allocator::data_available_bytes`) and
+    /// less the space promised to blocks held for writing out (volume
+    /// write-back, filesystem write-behind), which must find it when they
+    /// go out: a write acknowledged is never lost to a later one.
     pub fn data_available_bytes(&self) -> u64 {
-        self.store.allocator.borrow().data_available_bytes()
+        self.store
+            .allocator
+            .borrow()
+            .data_available_bytes()
+            .saturating_sub(self.held_reserved_bytes())
+    }
+
+    /// Waits until space being freed can be allocated again, when it would
+    /// make room for `bytes` of data: freed blocks come back only once their
+    /// txg and the `DEFER_TXGS` after it are durable, so right after a large
+    /// file is removed a write would get ENOSPC for that long although the
+    /// space is as good as free. Commits (at most [`FREE_WAIT_COMMITS`]
+    /// txgs) until nothing is on its way back; returns whether it waited,
+    /// that is whether a retry may now fit.
+    pub async fn wait_for_freed_space(self: &Rc<Self>, bytes: u64) -> Result<bool, PoolError> {
+        let freeing = self.store.allocator.borrow().deferred_bytes();
+        if freeing == 0 || self.data_available_bytes().saturating_add(freeing) < bytes {
+            return Ok(false);
+        }
+        for _ in 0..FREE_WAIT_COMMITS {
+            self.commit().await?;
+            if self.store.allocator.borrow().deferred_bytes() == 0 {
+                break;
+            }
+        }
+        Ok(true)
     }
 
     /// ONLINE, DEGRADED (some vdev serves with less redundancy than it

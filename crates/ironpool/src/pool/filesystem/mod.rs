@@ -2056,7 +2056,31 @@ impl Filesystem {
     }
 
     /// Writes `data` at `offset` of file `ino`; returns the bytes written.
+    /// A write that finds no room while space is being freed (a large file
+    /// was just removed) waits for the frees to come back and tries again,
+    /// as OpenZFS's writers wait for the syncing txg, rather than failing
+    /// with ENOSPC for the few txgs the frees take.
     pub async fn write(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
+        match self.write_once(pool, ino, offset, data).await {
+            Err(error) if error.errno() == libc::ENOSPC => {
+                if pool.wait_for_freed_space(data.len() as u64).await? {
+                    self.write_once(pool, ino, offset, data).await
+                } else {
+                    Err(error)
+                }
+            }
+            result => result,
+        }
+    }
+
+    /// [`Filesystem::write`] without the wait for freed space.
+    async fn write_once(
         &self,
         pool: &Rc<Pool>,
         ino: u64,
@@ -2067,6 +2091,10 @@ impl Filesystem {
         let (_shared, object) = self.begin_write(pool, ino).await?;
         if data.is_empty() {
             return Ok(0);
+        }
+        // All or nothing, and never into the space held writes will take.
+        if pool.held_space_bytes(data.len() as u64) > pool.data_available_bytes() {
+            return Err(FsError::NoSpace);
         }
         let end = write_end(offset, data.len())?;
         let (_file, blocks) = loop {

@@ -75,9 +75,10 @@ pub const WRITE_THROUGH_MIN_BYTES: u64 = 512 << 10;
 /// bounds what an idle client leaves in memory (OpenZFS's txg timeout is 5 s).
 pub const WRITEBACK_DELAY: Duration = Duration::from_millis(100);
 /// Blocks are held only while the pool keeps this share (1/16) of its size free
-/// beyond them and the metadata reserve: free space that close to full is
-/// fragmented, and a held block must still find room when written out. Past
-/// it writes go through and meet the space limit themselves.
+/// beyond them, the metadata reserve and the slop (what data allocations may
+/// not take): free space that close to full is fragmented, and a held block
+/// must still find room when written out. Past it writes go through and meet
+/// the space limit themselves.
 const WRITEBACK_SPACE_MARGIN_DIVISOR: u64 = 16;
 /// Writers held back by the limit are let in again once 1/8 of it is free: in
 /// batches, rather than one wake-up of every waiter per block written out.
@@ -514,16 +515,22 @@ impl Pool {
             .unwrap_or(bytes)
     }
 
+    /// Space promised to the blocks held now, for when they are written out.
+    pub(crate) fn held_reserved_bytes(&self) -> u64 {
+        self.writeback.reserved_bytes.get()
+    }
+
     /// Whether the pool has room to hold `reserved` more bytes of space (in
     /// place of `replaced`, held for the same block before) beside what is
-    /// held already, the metadata reserve and the margin.
+    /// held already, the margin and what data may not take (the metadata
+    /// reserve and the slop: without the slop, a pool whose margin was
+    /// under it held blocks that then found no room).
     pub(crate) fn has_room_to_hold(&self, reserved: u64, replaced: u64) -> bool {
         let allocator = self.store.allocator.borrow();
         let needed = self.writeback.reserved_bytes.get() - replaced
             + reserved
-            + allocator.metadata_reserve_bytes
             + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
-        allocator.free_bytes() >= needed
+        allocator.data_available_bytes() >= needed
     }
 
     /// Counts a held block's (memory, space) `new` in place of `old`, what

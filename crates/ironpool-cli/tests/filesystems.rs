@@ -83,18 +83,22 @@ fn filesystem_pool_at(pool: TestPool, mountpoint: PathBuf) -> (TestPool, PathBuf
         "these tests need /dev/fuse (the FUSE module) and root"
     );
     pool.create("2G", &["mirror", "a.img", "b.img"]);
-    pool.ok(&[
-        "fs",
-        "create",
-        &format!("{}/fs", pool.name),
-        "-o",
-        &format!("mountpoint={}", mountpoint.display()),
-        "-o",
-        "recordsize=16K",
-        "-d",
-        &dir(&pool),
-    ]);
+    create_filesystem(&pool, "fs", &mountpoint, &["recordsize=16K"]);
     (pool, mountpoint)
+}
+
+/// Creates filesystem `POOL/name` of the pool (not being served), mounting
+/// at `mountpoint`, with `properties` (`NAME=VALUE` each).
+fn create_filesystem(pool: &TestPool, name: &str, mountpoint: &Path, properties: &[&str]) {
+    let target = format!("{}/{name}", pool.name);
+    let mountpoint = format!("mountpoint={}", mountpoint.display());
+    let directory = dir(pool);
+    let mut args = vec!["fs", "create", &target, "-o", &mountpoint];
+    for property in properties {
+        args.extend(["-o", property]);
+    }
+    args.extend(["-d", &directory]);
+    pool.ok(&args);
 }
 
 /// What the tree should hold: path → contents (None: a directory).
@@ -700,15 +704,7 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     // A second filesystem of the pool, for the tests that link and rename
     // across filesystems (EXDEV).
     let secondary = PathBuf::from(format!("/tmp/ironpool-pjd2.{}", std::process::id()));
-    pool.ok(&[
-        "fs",
-        "create",
-        &format!("{}/other", pool.name),
-        "-o",
-        &format!("mountpoint={}", secondary.display()),
-        "-d",
-        &dir(&pool),
-    ]);
+    create_filesystem(&pool, "other", &secondary, &[]);
     let _unmount = Unmount(mnt.clone());
     let _unmount_secondary = Unmount(secondary.clone());
     pool.serve();
@@ -1301,18 +1297,10 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
         ("fsd", vec!["recordsize=8K", "direct=always"]),
     ];
     let mut mounts = vec![(mnt, format!("{}/fs", pool.name))];
-    let directory = dir(&pool);
     for (name, properties) in &others {
         let mountpoint = pool.path(&format!("mnt-{name}"));
-        let mountpoint_property = format!("mountpoint={}", mountpoint.display());
-        let target = format!("{}/{name}", pool.name);
-        let mut args = vec!["fs", "create", &target, "-o", &mountpoint_property];
-        for property in properties {
-            args.extend(["-o", property]);
-        }
-        args.extend(["-d", &directory]);
-        pool.ok(&args);
-        mounts.push((mountpoint, target));
+        create_filesystem(&pool, name, &mountpoint, properties);
+        mounts.push((mountpoint, format!("{}/{name}", pool.name)));
     }
     let _unmount: Vec<Unmount> = mounts
         .iter()
@@ -1430,15 +1418,7 @@ fn df_reports_the_space_writes_get_and_a_full_filesystem_recovers() {
     let mut pool = TestPool::new("fsfull");
     pool.create("256M", &["mirror", "a.img", "b.img"]);
     let mnt = pool.path("mnt");
-    pool.ok(&[
-        "fs",
-        "create",
-        &format!("{}/fs", pool.name),
-        "-o",
-        &format!("mountpoint={}", mnt.display()),
-        "-d",
-        &dir(&pool),
-    ]);
+    create_filesystem(&pool, "fs", &mnt, &[]);
     let _unmount = Unmount(mnt.clone());
     pool.serve();
     wait_mounted(&pool, &mnt);
@@ -2290,17 +2270,7 @@ fn fsynced_writes_survive_kill_9_through_the_intent_log() {
         let mut pool = TestPool::new("fslog");
         pool.create("2G", layout);
         let mnt = pool.path("mnt");
-        pool.ok(&[
-            "fs",
-            "create",
-            "fslog/fs",
-            "-o",
-            &format!("mountpoint={}", mnt.display()),
-            "-o",
-            "recordsize=16K",
-            "-d",
-            &dir(&pool),
-        ]);
+        create_filesystem(&pool, "fs", &mnt, &["recordsize=16K"]);
         let _unmount = Unmount(mnt.clone());
         pool.serve();
         wait_mounted(&pool, &mnt);

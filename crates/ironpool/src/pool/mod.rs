@@ -1380,6 +1380,16 @@ impl Pool {
             .saturating_sub(self.held_reserved_bytes())
     }
 
+    /// Bytes of data writes may take, counting the space being freed: freed
+    /// blocks come back to the allocator only a few txgs later, but a write
+    /// that needs them waits for them ([`Pool::wait_for_freed_space`]), so
+    /// `df` shows a removed file's space at once, as ext4's does, not when
+    /// the timer's commits have passed (15 s after the removal).
+    pub fn writable_bytes(&self) -> u64 {
+        let freeing = self.store.allocator.borrow().deferred_bytes();
+        self.data_available_bytes().saturating_add(freeing)
+    }
+
     /// Waits until space being freed can be allocated again, when it would
     /// make room for `bytes` of data: freed blocks come back only once their
     /// txg and the `DEFER_TXGS` after it are durable, so right after a large
@@ -1389,7 +1399,7 @@ impl Pool {
     /// that is whether a retry may now fit.
     pub async fn wait_for_freed_space(self: &Rc<Self>, bytes: u64) -> Result<bool, PoolError> {
         let freeing = self.store.allocator.borrow().deferred_bytes();
-        if freeing == 0 || self.data_available_bytes().saturating_add(freeing) < bytes {
+        if freeing == 0 || self.writable_bytes() < bytes {
             return Ok(false);
         }
         for _ in 0..FREE_WAIT_COMMITS {

@@ -331,7 +331,8 @@ pub struct FsStats {
     /// Allocated and available bytes together, as OpenZFS reports a
     /// filesystem's size: the space held for metadata is neither.
     pub total_bytes: u64,
-    /// Bytes of data that still fit in the pool.
+    /// Bytes of data that still fit in the pool, counting the space of
+    /// removed files on its way back (see `Pool::writable_bytes`).
     pub available_bytes: u64,
     pub objects: u64,
 }
@@ -2913,10 +2914,11 @@ impl Filesystem {
     /// Space and objects for `statfs`.
     pub fn stats(&self, pool: &Pool) -> FsStats {
         let (size_bytes, free_bytes) = pool.space();
-        let available_bytes = pool.data_available_bytes();
+        // The size leaves out what metadata may take; what is being freed
+        // is available (a write waits for it), so it is no longer used.
         FsStats {
-            total_bytes: size_bytes - free_bytes + available_bytes,
-            available_bytes,
+            total_bytes: size_bytes - free_bytes + pool.data_available_bytes(),
+            available_bytes: pool.writable_bytes(),
             objects: self.header.get().objects,
         }
     }

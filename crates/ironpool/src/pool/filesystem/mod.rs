@@ -2094,9 +2094,9 @@ impl Filesystem {
             return Ok(0);
         }
         // All or nothing, and never into the space held writes will take.
-        if pool.held_space_bytes(data.len() as u64) > pool.data_available_bytes() {
-            return Err(FsError::NoSpace);
-        }
+        // (`Filesystem::write` waits for frees and retries: a commit must
+        // not wait for this write's locks.)
+        let _space = pool.try_claim_space(data.len() as u64)?;
         let end = write_end(offset, data.len())?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();

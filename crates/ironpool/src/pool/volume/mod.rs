@@ -551,6 +551,9 @@ impl Pool {
         }
         volume.log.note_write_arrived();
         self.txg.throttle(self).await;
+        // All or nothing, and never into the space held writes will take
+        // (claimed before any lock: the claim may wait for commits).
+        let _space = self.claim_space(length).await?;
         let durable = volume.durable(fua);
         let block = volume.block_bytes;
         let first = offset / block;

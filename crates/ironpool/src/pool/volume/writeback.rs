@@ -197,6 +197,9 @@ impl DirtyBlocks {
 pub struct PoolWriteback {
     dirty_bytes: Cell<u64>,
     reserved_bytes: Cell<u64>,
+    /// Space claimed by writes going through now ([`SpaceClaim`]), until
+    /// their blocks are allocated and the write returns.
+    claimed_bytes: Cell<u64>,
     /// Bytes of writes admitted and not yet returned (they may become dirty).
     admitted_bytes: Cell<u64>,
     /// Writers waiting for dirty data to drop below the limit.
@@ -207,6 +210,24 @@ pub struct PoolWriteback {
     /// so writers do not wait for room and write through instead.
     failing_volumes: Cell<u32>,
     space: Notify,
+}
+
+/// Space a write going through (not held) claimed before it allocates
+/// ([`Pool::claim_space`]): counted out of what other writes may take, and
+/// out of what blocks may be held against, until dropped when the write
+/// returns. Without it, writes in flight at once each saw the same free
+/// space, and one could take the space promised to a held block, whose
+/// write-out then failed: an acknowledged write lost to a full pool.
+pub(crate) struct SpaceClaim<'a> {
+    state: &'a PoolWriteback,
+    bytes: u64,
+}
+
+impl Drop for SpaceClaim<'_> {
+    fn drop(&mut self) {
+        let claimed = &self.state.claimed_bytes;
+        claimed.set(claimed.get() - self.bytes);
+    }
 }
 
 /// A write admitted by `admit_dirty`: its bytes count against the limit until
@@ -515,19 +536,52 @@ impl Pool {
             .unwrap_or(bytes)
     }
 
-    /// Space promised to the blocks held now, for when they are written out.
+    /// Space promised to the blocks held now, for when they are written out,
+    /// and claimed by writes going through now ([`SpaceClaim`]).
     pub(crate) fn held_reserved_bytes(&self) -> u64 {
-        self.writeback.reserved_bytes.get()
+        self.writeback.reserved_bytes.get() + self.writeback.claimed_bytes.get()
+    }
+
+    /// Claims the space a write of `bytes` going through may take, all or
+    /// nothing, before it allocates: never the space held blocks were
+    /// promised or other writes in flight claimed. ENOSPC when it is not
+    /// there; see [`Pool::claim_space`] for the claim that waits for frees.
+    pub(crate) fn try_claim_space(&self, bytes: u64) -> Result<SpaceClaim<'_>, PoolError> {
+        let needed = self.held_space_bytes(bytes);
+        if needed > self.data_available_bytes() {
+            return Err(PoolError::NoSpace);
+        }
+        let claimed = &self.writeback.claimed_bytes;
+        claimed.set(claimed.get() + needed);
+        Ok(SpaceClaim {
+            state: &self.writeback,
+            bytes: needed,
+        })
+    }
+
+    /// [`Pool::try_claim_space`], which, when the space is missing but frees
+    /// are on their way back, waits for them ([`Pool::wait_for_freed_space`])
+    /// and tries once more. The caller must hold no lock a commit takes.
+    pub(crate) async fn claim_space(
+        self: &Rc<Self>,
+        bytes: u64,
+    ) -> Result<SpaceClaim<'_>, PoolError> {
+        match self.try_claim_space(bytes) {
+            Err(PoolError::NoSpace) if self.wait_for_freed_space(bytes).await? => {
+                self.try_claim_space(bytes)
+            }
+            result => result,
+        }
     }
 
     /// Whether the pool has room to hold `reserved` more bytes of space (in
     /// place of `replaced`, held for the same block before) beside what is
-    /// held already, the margin and what data may not take (the metadata
+    /// held or claimed already, the margin and what data may not take (the metadata
     /// reserve and the slop: without the slop, a pool whose margin was
     /// under it held blocks that then found no room).
     pub(crate) fn has_room_to_hold(&self, reserved: u64, replaced: u64) -> bool {
         let allocator = self.store.allocator.borrow();
-        let needed = self.writeback.reserved_bytes.get() - replaced
+        let needed = self.held_reserved_bytes() - replaced
             + reserved
             + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
         allocator.data_available_bytes() >= needed

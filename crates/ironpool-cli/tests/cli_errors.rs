@@ -252,6 +252,10 @@ fn a_full_pool_says_enospc_and_loses_nothing() {
         &["-f", "raw", &uri, "-c", "write -P 0x62 64M 256M"],
     );
     assert!(output.contains("No space left on device"), "{output}");
+    // Zeros written as data (WRITE_ZEROES with NO_HOLE: qemu-io's `-z`
+    // without `-u`) take space as data does.
+    let output = tool_fails("qemu-io", &["-f", "raw", &uri, "-c", "write -z 64M 256M"]);
+    assert!(output.contains("No space left on device"), "{output}");
     tool(
         "qemu-io",
         &["-f", "raw", &uri, "-c", "read -P 0x61 0 16M", "-c", "flush"],

@@ -676,10 +676,20 @@ impl Pool {
         let _writer = volume.writer().await?;
         let block = volume.block_bytes;
         let end = offset + length;
+        let whole_allocates = matches!(whole(), BlockContent::FullAllocated(_));
         let mut position = offset;
         while position < end {
             let slice_end =
                 end.min((position / block + BLOCKS_IN_FLIGHT_PER_REQUEST as u64) * block);
+            // Zeros written as data (WRITE_ZEROES with NO_HOLE) claim their
+            // space before the slice's locks, as a write does. Holes take
+            // none: a TRIM on a full pool must go on (parts of blocks zeroed
+            // in place, two at most per request, are left unclaimed for it).
+            let _space = if whole_allocates {
+                Some(self.claim_space(slice_end - position).await?)
+            } else {
+                None
+            };
             let _locks = volume.lock(position / block, (slice_end - 1) / block).await;
             let contents = block_pieces(position, slice_end, block)
                 .map(|(blkid, within, chunk, _)| {

@@ -1383,8 +1383,9 @@ impl Pool {
     /// Bytes of data writes may take, counting the space being freed: freed
     /// blocks come back to the allocator only a few txgs later, but a write
     /// that needs them waits for them ([`Pool::wait_for_freed_space`]), so
-    /// `df` shows a removed file's space at once, as ext4's does, not when
-    /// the timer's commits have passed (15 s after the removal).
+    /// `df` shows a removed file's space as soon as its blocks are freed,
+    /// as ext4's does, not when the timer's commits have passed (15 s
+    /// after the removal).
     pub fn writable_bytes(&self) -> u64 {
         let freeing = self.store.allocator.borrow().deferred_bytes();
         self.data_available_bytes().saturating_add(freeing)

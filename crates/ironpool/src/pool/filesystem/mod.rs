@@ -2093,11 +2093,14 @@ impl Filesystem {
         if data.is_empty() {
             return Ok(0);
         }
-        // All or nothing, and never into the space held writes will take.
-        // (`Filesystem::write` waits for frees and retries: a commit must
-        // not wait for this write's locks.)
-        let _space = pool.try_claim_space(data.len() as u64)?;
         let end = write_end(offset, data.len())?;
+        // All or nothing, and never into the space held writes will take:
+        // the whole records it touches (a part of one is written as a new
+        // whole record). `Filesystem::write` waits for frees and retries,
+        // as a commit must not wait for this write's locks.
+        let block = object.dnode().data_block_bytes();
+        let records = (end - 1) / block - offset / block + 1;
+        let _space = pool.try_claim_space((records * block).max(data.len() as u64))?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();
             let block = dnode.data_block_bytes();

@@ -551,13 +551,15 @@ impl Pool {
         }
         volume.log.note_write_arrived();
         self.txg.throttle(self).await;
-        // All or nothing, and never into the space held writes will take
-        // (claimed before any lock: the claim may wait for commits).
-        let _space = self.claim_space(length).await?;
         let durable = volume.durable(fua);
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
+        // All or nothing, and never into the space held writes will take:
+        // the whole blocks it touches (a part of one is written as a new
+        // whole block). Claimed before any lock: the claim may wait for
+        // commits.
+        let _space = self.claim_space((last - first + 1) * block).await?;
         // A small durable write (small blocks, `logbias=latency`) is held and
         // its commit copies it into the log, as OpenZFS copies small sync
         // writes into its log records: one durable log write, where writing

@@ -576,9 +576,9 @@ impl Pool {
 
     /// Whether the pool has room to hold `reserved` more bytes of space (in
     /// place of `replaced`, held for the same block before) beside what is
-    /// held or claimed already, the margin and what data may not take (the metadata
-    /// reserve and the slop: without the slop, a pool whose margin was
-    /// under it held blocks that then found no room).
+    /// held or claimed already, the margin and what data may not take (the
+    /// metadata reserve and the slop: without the slop, a pool whose margin
+    /// was under it held blocks that then found no room).
     pub(crate) fn has_room_to_hold(&self, reserved: u64, replaced: u64) -> bool {
         let allocator = self.store.allocator.borrow();
         let needed = self.held_reserved_bytes() - replaced

@@ -1367,18 +1367,6 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
     stop_and_check(&mut pool);
 }
 
-/// `statvfs` of `path`: (size, available) in bytes.
-fn space_of(path: &Path) -> (u64, u64) {
-    let name = c_string(&path.display().to_string());
-    // SAFETY: statvfs is plain data, for which all zeroes is a value.
-    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-    // SAFETY: a NUL-terminated path and a struct the call fills.
-    let result = unsafe { libc::statvfs(name.as_ptr(), &mut stats) };
-    assert_eq!(result, 0, "statvfs {}", path.display());
-    let fragment = stats.f_frsize;
-    (stats.f_blocks * fragment, stats.f_bavail * fragment)
-}
-
 /// Writes 1 MiB pieces of distinct bytes to `path` until the filesystem
 /// refuses one with ENOSPC (any other error fails), each made durable
 /// with `fdatasync` when `sync_each`; then `fdatasync` must succeed: every

@@ -552,13 +552,23 @@ impl SmallFilesystem {
     }
 
     pub fn available_bytes(&self) -> u64 {
-        let path = std::ffi::CString::new(self.mount_point.to_str().unwrap()).unwrap();
-        // SAFETY: statvfs is plain old data; all zeroes is a valid value.
-        let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
-        // SAFETY: statvfs fills the struct for a NUL-terminated path.
-        assert_eq!(unsafe { libc::statvfs(path.as_ptr(), &mut stats) }, 0);
-        stats.f_bavail as u64 * stats.f_frsize as u64
+        space_of(&self.mount_point).1
     }
+}
+
+/// `statvfs` of `path`: (size, available to an unprivileged writer) in bytes.
+pub fn space_of(path: &Path) -> (u64, u64) {
+    let name = std::ffi::CString::new(path.to_str().unwrap()).unwrap();
+    // SAFETY: statvfs is plain old data; all zeroes is a valid value.
+    let mut stats: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: statvfs fills the struct for a NUL-terminated path.
+    let result = unsafe { libc::statvfs(name.as_ptr(), &mut stats) };
+    assert_eq!(result, 0, "statvfs {}", path.display());
+    let fragment = stats.f_frsize as u64;
+    (
+        stats.f_blocks as u64 * fragment,
+        stats.f_bavail as u64 * fragment,
+    )
 }
 
 impl SmallFilesystem {

@@ -1377,7 +1377,7 @@ impl Pool {
             .allocator
             .borrow()
             .data_available_bytes()
-            .saturating_sub(self.held_reserved_bytes())
+            .saturating_sub(self.promised_bytes())
     }
 
     /// Bytes of data writes may take, counting the space being freed: freed

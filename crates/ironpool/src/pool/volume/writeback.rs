@@ -538,7 +538,7 @@ impl Pool {
 
     /// Space promised to the blocks held now, for when they are written out,
     /// and claimed by writes going through now ([`SpaceClaim`]).
-    pub(crate) fn held_reserved_bytes(&self) -> u64 {
+    pub(crate) fn promised_bytes(&self) -> u64 {
         self.writeback.reserved_bytes.get() + self.writeback.claimed_bytes.get()
     }
 
@@ -581,7 +581,7 @@ impl Pool {
     /// was under it held blocks that then found no room).
     pub(crate) fn has_room_to_hold(&self, reserved: u64, replaced: u64) -> bool {
         let allocator = self.store.allocator.borrow();
-        let needed = self.held_reserved_bytes() - replaced
+        let needed = self.promised_bytes() - replaced
             + reserved
             + allocator.size_bytes() / WRITEBACK_SPACE_MARGIN_DIVISOR;
         allocator.data_available_bytes() >= needed

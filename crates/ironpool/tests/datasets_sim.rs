@@ -8,6 +8,7 @@ use std::time::Duration;
 use ironpool::dev::sim::SimDevice;
 use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
+use ironpool::format::ObjectType;
 use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
@@ -42,7 +43,22 @@ fn sim_devices(seed: u64) -> Vec<Rc<SimDevice>> {
 
 /// Pool "tank", a mirror of `devices`.
 async fn create_pool(devices: &[Rc<SimDevice>]) -> Rc<Pool> {
-    Pool::create_on_devices("tank", layout(devices), false, tunables())
+    create_pool_with(devices, tunables()).await
+}
+
+async fn create_pool_with(devices: &[Rc<SimDevice>], tunables: PoolTunables) -> Rc<Pool> {
+    Pool::create_on_devices("tank", layout(devices), false, tunables)
+        .await
+        .unwrap()
+}
+
+async fn import_pool(devices: &[Rc<SimDevice>], tunables: PoolTunables) -> Rc<Pool> {
+    let runtime_devices: Vec<(String, Rc<dyn Device>)> = devices
+        .iter()
+        .enumerate()
+        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
+        .collect();
+    Pool::import_from_devices("tank", runtime_devices, tunables)
         .await
         .unwrap()
 }
@@ -51,6 +67,16 @@ fn tunables() -> PoolTunables {
     PoolTunables {
         txg_timeout: Duration::from_millis(50),
         ..PoolTunables::default()
+    }
+}
+
+/// [`tunables`] with a cache of one byte: every load evicts every clean,
+/// durable node that may go (a volume's, a dead list's data blocks but its
+/// last), so what is read after is read from the devices.
+fn tiny_cache_tunables() -> PoolTunables {
+    PoolTunables {
+        cache_budget_bytes: 1,
+        ..tunables()
     }
 }
 
@@ -358,7 +384,14 @@ fn random_volume(model: &Model, rng: &mut Rng) -> Option<String> {
 async fn model_run(seed: u64, steps: usize) {
     let mut rng = Rng::new(seed);
     let devices = sim_devices(seed * 10);
-    let pool = create_pool(&devices).await;
+    // Seeds 4 to 7 (of each 8) run with a cache of one byte: the dead
+    // lists' blocks are read from the devices each time they are read.
+    let tunables = if (seed / 4) % 2 == 1 {
+        tiny_cache_tunables()
+    } else {
+        tunables()
+    };
+    let pool = create_pool_with(&devices, tunables.clone()).await;
     let mut model = Model::default();
     // Odd seeds compress (the pool's setting, inherited by every volume and
     // clone): accounting must hold with compressed blocks too.
@@ -574,14 +607,7 @@ async fn model_run(seed: u64, steps: usize) {
     );
     pool.export().await.unwrap();
     // And after an import.
-    let runtime_devices: Vec<(String, Rc<dyn Device>)> = devices
-        .iter()
-        .enumerate()
-        .map(|(index, device)| (format!("sim:d{index}"), device.clone() as Rc<dyn Device>))
-        .collect();
-    let pool = Pool::import_from_devices("tank", runtime_devices, tunables())
-        .await
-        .unwrap();
+    let pool = import_pool(&devices, tunables).await;
     verify(&pool, &model, &mut rng, steps, seed).await;
     pool.export().await.unwrap();
 }
@@ -648,6 +674,132 @@ fn snapshots_listed_while_one_is_destroyed_start_again_and_are_exact() {
         assert_eq!(after.len(), 1);
         assert!(after[0].1 >= bytes, "{after:?}");
         checked(&pool).await;
+        pool.export().await.unwrap();
+    });
+}
+
+/// Dead-list bytes of `pool` as (listed, cached): the pointers its dead
+/// lists hold and the bytes of their blocks in memory.
+fn dead_list_bytes(pool: &Rc<Pool>) -> Vec<(u64, usize)> {
+    pool.objects()
+        .open_objects()
+        .iter()
+        .filter(|object| object.dnode().object_type == ObjectType::DeadList)
+        .map(|object| (object.dnode().length_bytes, object.cached().1))
+        .collect()
+}
+
+/// A dead list is not kept whole in memory: only what the txg build
+/// changes without I/O (its indirect blocks and its last data block) stays;
+/// the rest is read when a space query, a destroy or a check asks, and its
+/// figures and the snapshots' contents are what they were, before and
+/// after an import. Kept whole, the lists of a volume overwritten under
+/// snapshots took 128 bytes of memory per block let go, without bound.
+#[test]
+fn dead_lists_are_read_when_asked_not_kept_whole_in_memory() {
+    // 8192 blocks of 4 KiB: each overwrite lets go of a list of 1 MiB (64
+    // data blocks of 16 KiB under one indirect block of 32 KiB).
+    const BYTES: u64 = 32 << 20;
+    const LIST_BYTES: u64 = (BYTES / 4096) * 128;
+    // Its indirect block, its last data block and the one read last
+    // (evicted by the next load).
+    const KEPT_MAX: usize = 64 << 10;
+    let devices = sim_devices(60);
+    let runtime = Runtime::new_sim(60);
+    runtime.block_on(async {
+        let assert_not_whole = |pool: &Rc<Pool>, when: &str| {
+            let lists = dead_list_bytes(pool);
+            // (The volume's indirect blocks are on the lists too.)
+            assert_eq!(
+                lists
+                    .iter()
+                    .filter(|(listed, _)| *listed >= LIST_BYTES)
+                    .count(),
+                2,
+                "{when}: {lists:?}"
+            );
+            for (listed, cached) in &lists {
+                assert!(
+                    *cached <= KEPT_MAX,
+                    "{when}: a dead list of {listed} bytes keeps {cached} bytes in memory"
+                );
+            }
+        };
+        let pool = create_pool_with(&devices, tiny_cache_tunables()).await;
+        let volume = pool
+            .create_volume("tank/vol", BYTES, 4096, BTreeMap::new())
+            .await
+            .unwrap();
+        for (value, snapshot) in [(0xb1, "tank/vol@a"), (0xb2, "tank/vol@b")] {
+            pool.write(&volume, 0, filled(BYTES as usize, value), false)
+                .await
+                .unwrap();
+            pool.snapshot(&[snapshot.to_string()]).await.unwrap();
+        }
+        pool.write(&volume, 0, filled(BYTES as usize, 0xb3), false)
+            .await
+            .unwrap();
+        pool.commit().await.unwrap();
+        pool.commit().await.unwrap();
+        // Loads (here of the snapshot's tree, which nothing cached) evict
+        // what may go.
+        assert!(read_all(&pool, "tank/vol")
+            .await
+            .iter()
+            .all(|byte| *byte == 0xb3));
+        assert!(read_all(&pool, "tank/vol@a")
+            .await
+            .iter()
+            .all(|byte| *byte == 0xb1));
+        assert_not_whole(&pool, "after the writes and a read");
+        let figures = |infos: Vec<ironpool::pool::dataset::snapshot::SnapshotInfo>| {
+            infos
+                .into_iter()
+                .map(|info| (info.name, info.used_bytes, info.referenced_bytes))
+                .collect::<Vec<_>>()
+        };
+        let before = figures(pool.snapshots("tank/vol").await.unwrap());
+        // Each snapshot alone holds one overwritten copy.
+        assert_eq!(before.len(), 2);
+        assert!(
+            before.iter().all(|(_, used, _)| *used >= BYTES),
+            "{before:?}"
+        );
+        checked(&pool).await;
+        assert_not_whole(&pool, "after a space query and a check");
+        pool.export().await.unwrap();
+
+        let pool = import_pool(&devices, tiny_cache_tunables()).await;
+        assert_not_whole(&pool, "after the import");
+        assert_eq!(figures(pool.snapshots("tank/vol").await.unwrap()), before);
+        assert!(read_all(&pool, "tank/vol@a")
+            .await
+            .iter()
+            .all(|byte| *byte == 0xb1));
+        assert!(read_all(&pool, "tank/vol@b")
+            .await
+            .iter()
+            .all(|byte| *byte == 0xb2));
+        checked(&pool).await;
+        // Destroying @a reads @b's list, frees what only @a held, and
+        // appends the rest to @a's list, which becomes @b's.
+        pool.destroy_snapshot("tank/vol@a").await.unwrap();
+        pool.commit().await.unwrap();
+        checked(&pool).await;
+        let after = figures(pool.snapshots("tank/vol").await.unwrap());
+        assert_eq!(after.len(), 1);
+        assert_eq!(after[0].0, "tank/vol@b");
+        assert!(after[0].1 >= BYTES, "{after:?}");
+        assert!(read_all(&pool, "tank/vol@b")
+            .await
+            .iter()
+            .all(|byte| *byte == 0xb2));
+        for (listed, cached) in dead_list_bytes(&pool) {
+            assert!(
+                cached <= KEPT_MAX,
+                "a dead list of {listed} bytes keeps {cached} bytes"
+            );
+        }
         pool.export().await.unwrap();
     });
 }

@@ -958,7 +958,8 @@ impl Pool {
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
             object.dead_list.set(record.lineage.dead_list);
-            // Dead lists are metadata: they stay cached, loaded whole here.
+            // Dead lists are opened here, with what the txg build needs of
+            // them (`ObjectSet::load_dead_list`); the rest is read when asked.
             for list in std::iter::once(record.lineage.dead_list).chain(
                 record
                     .lineage
@@ -968,8 +969,7 @@ impl Pool {
             ) {
                 if list != 0 {
                     let list_object = pool.objects.open(list).await?;
-                    let length = list_object.dnode().length_bytes;
-                    pool.objects.prefetch(&list_object, 0, length).await?;
+                    pool.objects.load_dead_list(&list_object).await?;
                 }
             }
             let volume = Volume::new(

@@ -178,7 +178,13 @@ impl Pool {
             _ => (0, DeadSpace::default()),
         };
         while offset < end {
-            let Some(slice) = self.dead_list_slice(object_id, offset)? else {
+            // The read may wait for the devices, and the list be dropped
+            // meanwhile: then what it read (or its error) means nothing.
+            let slice = self.dead_list_slice(object_id, offset).await;
+            if moved() {
+                return Ok(None);
+            }
+            let Some(slice) = slice? else {
                 break;
             };
             offset += slice.len() as u64 * pointer;

@@ -384,8 +384,9 @@ impl Pool {
             .map_or(0, |snapshot| snapshot.txg)
     }
 
-    /// The block pointers listed in a dead list object (dead lists stay cached).
-    pub(in crate::pool) fn dead_list_entries(
+    /// The block pointers listed in a dead list object, read in whole (for
+    /// a check, which holds them all anyway).
+    pub(in crate::pool) async fn dead_list_entries(
         &self,
         object_id: u64,
     ) -> Result<Vec<BlockPointer>, PoolError> {
@@ -394,16 +395,15 @@ impl Pool {
         }
         let object = self.dead_list_object(object_id)?;
         let length = object.dnode().length_bytes as usize;
-        let bytes = self
-            .objects
-            .read_bytes_cached(&object, 0, length)
-            .map_err(corrupt)?;
+        let bytes = self.objects.read_bytes(&object, 0, length).await?;
         decode_dead_list(object_id, &bytes)
     }
 
     /// Up to [`DEAD_LIST_POINTERS_PER_TURN`] pointers of a dead list object
-    /// from byte `offset` on; None past its end (or for no list, 0).
-    pub(in crate::pool) fn dead_list_slice(
+    /// from byte `offset` on; None past its end (or for no list, 0). Its
+    /// blocks are read from the devices if they are not cached (a dead
+    /// list's blocks are evicted like a file's, `ObjectSet::load_dead_list`).
+    pub(in crate::pool) async fn dead_list_slice(
         &self,
         object_id: u64,
         offset: u64,
@@ -413,6 +413,30 @@ impl Pool {
         }
         let object = self.dead_list_object(object_id)?;
         // Whole pointers only (a torn tail is not a pointer).
+        let pointer = BLOCK_POINTER_BYTES as u64;
+        let left = object.dnode.borrow().length_bytes.saturating_sub(offset) / pointer;
+        let bytes = left.min(DEAD_LIST_POINTERS_PER_TURN as u64) * pointer;
+        if bytes == 0 {
+            return Ok(None);
+        }
+        let bytes = self
+            .objects
+            .read_bytes(&object, offset, bytes as usize)
+            .await?;
+        decode_dead_list(object_id, &bytes).map(Some)
+    }
+
+    /// [`Pool::dead_list_slice`] without I/O, of a list whose blocks the
+    /// caller holds (`ObjectSet::hold_blocks`).
+    fn dead_list_slice_held(
+        &self,
+        object_id: u64,
+        offset: u64,
+    ) -> Result<Option<Vec<BlockPointer>>, PoolError> {
+        if object_id == 0 {
+            return Ok(None);
+        }
+        let object = self.dead_list_object(object_id)?;
         let pointer = BLOCK_POINTER_BYTES as u64;
         let left = object.dnode.borrow().length_bytes.saturating_sub(offset) / pointer;
         let bytes = left.min(DEAD_LIST_POINTERS_PER_TURN as u64) * pointer;
@@ -540,11 +564,23 @@ impl Pool {
         } else {
             record.snapshots[index + 1].dead_list
         };
-        // The whole next list decodes before anything is freed: an error
-        // part way would leave the frees before it in the open txg, for
-        // the next build to commit, with the list still naming them.
+        // The whole next list is read and decodes before anything is
+        // freed: an error part way would leave the frees before it in the
+        // open txg, for the next build to commit, with the list still
+        // naming them. Its blocks are held meanwhile, so the second pass
+        // reads them without I/O and cannot fail where the first did not
+        // (a dead list's blocks are otherwise evicted: this is the one time
+        // a list is in memory whole, until the destroy is done).
+        let _held = match next_list {
+            0 => Vec::new(),
+            list => {
+                let object = self.dead_list_object(list)?;
+                let length = object.dnode().length_bytes;
+                self.objects.hold_blocks(&object, 0, length).await?
+            }
+        };
         let mut offset = 0;
-        while let Some(slice) = self.dead_list_slice(next_list, offset)? {
+        while let Some(slice) = self.dead_list_slice_held(next_list, offset)? {
             offset += slice.len() as u64 * BLOCK_POINTER_BYTES as u64;
             crate::rt::yield_now().await;
         }
@@ -552,7 +588,7 @@ impl Pool {
         // the next one's.
         let mut new_next = target.dead_list;
         let mut offset = 0;
-        while let Some(slice) = self.dead_list_slice(next_list, offset)? {
+        while let Some(slice) = self.dead_list_slice_held(next_list, offset)? {
             offset += slice.len() as u64 * BLOCK_POINTER_BYTES as u64;
             let mut kept = Vec::new();
             for pointer in slice {
@@ -1176,13 +1212,13 @@ impl Pool {
 
     /// What dataset `head` (of `record`) let go since its latest snapshot
     /// that the snapshot still holds: its dead list, in memory and written.
-    pub(in crate::pool) fn head_dead(
+    pub(in crate::pool) async fn head_dead(
         &self,
         head: &Object,
         record: &Lineage,
     ) -> Result<Vec<BlockPointer>, PoolError> {
         let mut dead = head.dead.borrow().clone();
-        dead.extend(self.dead_list_entries(record.dead_list)?);
+        dead.extend(self.dead_list_entries(record.dead_list).await?);
         Ok(dead)
     }
 

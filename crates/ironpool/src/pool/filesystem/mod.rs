@@ -3063,8 +3063,7 @@ impl Pool {
             .filter(|list| *list != 0)
         {
             let list_object = self.objects.open(list).await?;
-            let length = list_object.dnode().length_bytes;
-            self.objects.prefetch(&list_object, 0, length).await?;
+            self.objects.load_dead_list(&list_object).await?;
         }
         let settings = self.volume_settings(&record.properties);
         let fs = Filesystem::open(

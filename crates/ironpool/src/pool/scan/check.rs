@@ -157,7 +157,7 @@ impl Pool {
         for list in lists {
             let summary = self.dead_list_space(list, None).await?;
             let mut fresh = crate::pool::dataset::dead_space::DeadSpace::default();
-            for pointer in self.dead_list_entries(list)? {
+            for pointer in self.dead_list_entries(list).await? {
                 fresh.add(&pointer);
             }
             if summary.as_ref() != Some(&fresh) {
@@ -176,7 +176,7 @@ impl Pool {
             }
             let record = self.record(&short)?;
             let (referenced, _, _) = fs.referenced_locked(self).await?;
-            let dead = self.head_dead(&fs.table, &record)?;
+            let dead = self.head_dead(&fs.table, &record).await?;
             let let_go = dead
                 .iter()
                 .map(crate::format::BlockPointer::allocated_bytes)

@@ -9,6 +9,7 @@ use ironpool::dev::sim::SimDevice;
 use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
 use ironpool::format::ObjectType;
+use ironpool::pool::dataset::snapshot::SnapshotInfo;
 use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
@@ -98,6 +99,35 @@ async fn read_all(pool: &Rc<Pool>, name: &str) -> Vec<u8> {
 async fn checked(pool: &Rc<Pool>) {
     let report = pool.check_space().await.unwrap();
     assert!(report.problems.is_empty(), "{:#?}", report.problems);
+}
+
+/// Volume "tank/vol" of `bytes` in 4 KiB blocks, written whole with
+/// `values[0]`, snapshot @a, with `values[1]`, snapshot @b, then with
+/// `values[2]` and committed: each snapshot alone holds one copy, on a
+/// dead list of a pointer per block.
+async fn volume_overwritten_under_two_snapshots(pool: &Rc<Pool>, bytes: u64, values: [u8; 3]) {
+    let volume = pool
+        .create_volume("tank/vol", bytes, 4096, BTreeMap::new())
+        .await
+        .unwrap();
+    for (value, snapshot) in [(values[0], "tank/vol@a"), (values[1], "tank/vol@b")] {
+        pool.write(&volume, 0, filled(bytes as usize, value), false)
+            .await
+            .unwrap();
+        pool.snapshot(&[snapshot.to_string()]).await.unwrap();
+    }
+    pool.write(&volume, 0, filled(bytes as usize, values[2]), false)
+        .await
+        .unwrap();
+    pool.commit().await.unwrap();
+}
+
+/// A snapshot listing's (name, used, referenced) figures.
+fn figures(infos: &[SnapshotInfo]) -> Vec<(String, u64, u64)> {
+    infos
+        .iter()
+        .map(|info| (info.name.clone(), info.used_bytes, info.referenced_bytes))
+        .collect()
 }
 
 #[test]
@@ -641,32 +671,13 @@ fn snapshots_listed_while_one_is_destroyed_start_again_and_are_exact() {
     runtime.block_on(async {
         let pool = create_pool(&devices).await;
         let bytes: u64 = 32 << 20;
-        let volume = pool
-            .create_volume("tank/vol", bytes, 4096, BTreeMap::new())
-            .await
-            .unwrap();
-        for (value, snapshot) in [(0xa1, "tank/vol@a"), (0xa2, "tank/vol@b")] {
-            pool.write(&volume, 0, filled(bytes as usize, value), false)
-                .await
-                .unwrap();
-            pool.snapshot(&[snapshot.to_string()]).await.unwrap();
-        }
-        pool.write(&volume, 0, filled(bytes as usize, 0xa3), false)
-            .await
-            .unwrap();
-        pool.commit().await.unwrap();
+        volume_overwritten_under_two_snapshots(&pool, bytes, [0xa1, 0xa2, 0xa3]).await;
         // Destroying @a drops @b's list, the first the listing reads.
         let ((), listed) = futures_util::future::join(
             async { pool.destroy_snapshot("tank/vol@a").await.unwrap() },
             pool.snapshots("tank/vol"),
         )
         .await;
-        let figures = |infos: &[ironpool::pool::dataset::snapshot::SnapshotInfo]| {
-            infos
-                .iter()
-                .map(|info| (info.name.clone(), info.used_bytes, info.referenced_bytes))
-                .collect::<Vec<_>>()
-        };
         let listed = figures(&listed.expect("a listing while a snapshot is destroyed"));
         let after = figures(&pool.snapshots("tank/vol").await.unwrap());
         assert_eq!(listed, after, "the listing started again after the drop");
@@ -726,20 +737,7 @@ fn dead_lists_are_read_when_asked_not_kept_whole_in_memory() {
             }
         };
         let pool = create_pool_with(&devices, tiny_cache_tunables()).await;
-        let volume = pool
-            .create_volume("tank/vol", BYTES, 4096, BTreeMap::new())
-            .await
-            .unwrap();
-        for (value, snapshot) in [(0xb1, "tank/vol@a"), (0xb2, "tank/vol@b")] {
-            pool.write(&volume, 0, filled(BYTES as usize, value), false)
-                .await
-                .unwrap();
-            pool.snapshot(&[snapshot.to_string()]).await.unwrap();
-        }
-        pool.write(&volume, 0, filled(BYTES as usize, 0xb3), false)
-            .await
-            .unwrap();
-        pool.commit().await.unwrap();
+        volume_overwritten_under_two_snapshots(&pool, BYTES, [0xb1, 0xb2, 0xb3]).await;
         pool.commit().await.unwrap();
         // Loads (here of the snapshot's tree, which nothing cached) evict
         // what may go.
@@ -752,13 +750,7 @@ fn dead_lists_are_read_when_asked_not_kept_whole_in_memory() {
             .iter()
             .all(|byte| *byte == 0xb1));
         assert_not_whole(&pool, "after the writes and a read");
-        let figures = |infos: Vec<ironpool::pool::dataset::snapshot::SnapshotInfo>| {
-            infos
-                .into_iter()
-                .map(|info| (info.name, info.used_bytes, info.referenced_bytes))
-                .collect::<Vec<_>>()
-        };
-        let before = figures(pool.snapshots("tank/vol").await.unwrap());
+        let before = figures(&pool.snapshots("tank/vol").await.unwrap());
         // Each snapshot alone holds one overwritten copy.
         assert_eq!(before.len(), 2);
         assert!(
@@ -771,7 +763,7 @@ fn dead_lists_are_read_when_asked_not_kept_whole_in_memory() {
 
         let pool = import_pool(&devices, tiny_cache_tunables()).await;
         assert_not_whole(&pool, "after the import");
-        assert_eq!(figures(pool.snapshots("tank/vol").await.unwrap()), before);
+        assert_eq!(figures(&pool.snapshots("tank/vol").await.unwrap()), before);
         assert!(read_all(&pool, "tank/vol@a")
             .await
             .iter()
@@ -786,7 +778,7 @@ fn dead_lists_are_read_when_asked_not_kept_whole_in_memory() {
         pool.destroy_snapshot("tank/vol@a").await.unwrap();
         pool.commit().await.unwrap();
         checked(&pool).await;
-        let after = figures(pool.snapshots("tank/vol").await.unwrap());
+        let after = figures(&pool.snapshots("tank/vol").await.unwrap());
         assert_eq!(after.len(), 1);
         assert_eq!(after[0].0, "tank/vol@b");
         assert!(after[0].1 >= BYTES, "{after:?}");

@@ -124,6 +124,15 @@ impl Node {
         })
     }
 
+    /// Copies `out.len()` bytes of this data node from `within` on.
+    fn copy_data(&self, within: usize, out: &mut [u8]) {
+        let body = self.body.borrow();
+        let NodeBody::Data(bytes) = &*body else {
+            unreachable!("level 0 holds data")
+        };
+        out.copy_from_slice(&bytes[within..within + out.len()]);
+    }
+
     fn size_bytes(&self) -> usize {
         match &*self.body.borrow() {
             NodeBody::Indirect(pointers) => pointers.len() * BLOCK_POINTER_BYTES,
@@ -235,6 +244,26 @@ impl Object {
     pub fn has_dirty_nodes(&self) -> bool {
         !self.dirty_nodes.borrow().is_empty()
     }
+}
+
+/// `offset..end` cut at block boundaries: for each piece, its block id, its
+/// offset within the block, its length and its offset in the object (a
+/// volume's, or a metadata object's bytes).
+pub(crate) fn block_pieces(
+    offset: u64,
+    end: u64,
+    block: u64,
+) -> impl Iterator<Item = (u64, usize, usize, u64)> {
+    let mut position = offset;
+    std::iter::from_fn(move || {
+        (position < end).then(|| {
+            let within = (position % block) as usize;
+            let chunk = (block as usize - within).min((end - position) as usize);
+            let piece = (position / block, within, chunk, position);
+            position += chunk as u64;
+            piece
+        })
+    })
 }
 
 /// Loaded objects past which a load evicts, when `left` stayed after the
@@ -996,34 +1025,26 @@ impl ObjectSet {
 
     /// Reads `length` bytes at `offset` of a metadata object, a block at a
     /// time, each copied out while it is held: the blocks of a dead list
-    /// may be evicted ([`ObjectSet::load_dead_list`]), so a long range
-    /// loaded first and copied after could lose its first blocks to the
-    /// loads of its last.
+    /// may be evicted ([`ObjectSet::load_dead_list`]): a long range loaded
+    /// whole and copied after could lose its first blocks to the loads of
+    /// its last, and one held whole (`hold_blocks`) would keep all of it in
+    /// memory until the next load evicts.
     pub async fn read_bytes(
         &self,
         object: &Object,
         offset: u64,
         length: usize,
     ) -> Result<Vec<u8>, ObjectError> {
-        let block_bytes = object.data_block_bytes();
         let mut out = vec![0u8; length];
-        let mut done = 0usize;
-        while done < length {
-            let position = offset + done as u64;
-            let blkid = position / block_bytes;
-            let within = (position % block_bytes) as usize;
-            let chunk = (block_bytes as usize - within).min(length - done);
-            // Past the tree's height there is nothing: zeros, as the
-            // cached read gives (the height is read again after each load).
+        let end = offset + length as u64;
+        for (blkid, within, chunk, position) in block_pieces(offset, end, object.data_block_bytes())
+        {
+            // Past the tree's height there is nothing: zeros.
             if blkid < object.capacity_blocks() {
                 let node = self.node(object, 0, blkid).await?;
-                let body = node.body.borrow();
-                let NodeBody::Data(bytes) = &*body else {
-                    unreachable!("level 0 holds data")
-                };
-                out[done..done + chunk].copy_from_slice(&bytes[within..within + chunk]);
+                let done = (position - offset) as usize;
+                node.copy_data(within, &mut out[done..done + chunk]);
             }
-            done += chunk;
         }
         Ok(out)
     }
@@ -1085,24 +1106,16 @@ impl ObjectSet {
         offset: u64,
         length: usize,
     ) -> Result<Vec<u8>, ObjectError> {
-        let block_bytes = object.data_block_bytes();
         let capacity = object.capacity_blocks();
         let mut out = vec![0u8; length];
-        let mut done = 0usize;
-        while done < length {
-            let position = offset + done as u64;
-            let blkid = position / block_bytes;
-            let within = (position % block_bytes) as usize;
-            let chunk = (block_bytes as usize - within).min(length - done);
+        let end = offset + length as u64;
+        for (blkid, within, chunk, position) in block_pieces(offset, end, object.data_block_bytes())
+        {
             if blkid < capacity {
                 let node = self.node_cached(object, 0, blkid)?;
-                let body = node.body.borrow();
-                let NodeBody::Data(bytes) = &*body else {
-                    unreachable!("level 0 holds data")
-                };
-                out[done..done + chunk].copy_from_slice(&bytes[within..within + chunk]);
+                let done = (position - offset) as usize;
+                node.copy_data(within, &mut out[done..done + chunk]);
             }
-            done += chunk;
         }
         Ok(out)
     }
@@ -1180,13 +1193,10 @@ impl ObjectSet {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ObjectError> {
-        let block_bytes = object.data_block_bytes();
-        let mut done = 0usize;
-        while done < data.len() {
-            let position = offset + done as u64;
-            let blkid = position / block_bytes;
-            let within = (position % block_bytes) as usize;
-            let chunk = (block_bytes as usize - within).min(data.len() - done);
+        let end = offset + data.len() as u64;
+        for (blkid, within, chunk, position) in block_pieces(offset, end, object.data_block_bytes())
+        {
+            let done = (position - offset) as usize;
             self.ensure_capacity(object, blkid)?;
             let path = self.cached_path(object, blkid, 0)?;
             {
@@ -1198,9 +1208,7 @@ impl ObjectSet {
             }
             path[0].checked.set(false);
             self.mark_dirty(object, &path);
-            done += chunk;
         }
-        let end = offset + data.len() as u64;
         let mut dnode = object.dnode.borrow_mut();
         if end > dnode.length_bytes {
             dnode.length_bytes = end;
@@ -1589,10 +1597,8 @@ impl ObjectSet {
                 if dnode.object_type.is_metadata() && !dead_list {
                     continue;
                 }
-                let dead_list_tail = match dnode.length_bytes {
-                    0 => None,
-                    length => Some((length - 1) / dnode.data_block_bytes()),
-                };
+                let dead_list_tail = (dead_list && dnode.length_bytes > 0)
+                    .then(|| (dnode.length_bytes - 1) / dnode.data_block_bytes());
                 let dirty = object.dirty_nodes.borrow();
                 let mut nodes = object.nodes.borrow_mut();
                 // Nodes with a cached child stay: callers load a path (`node`,
@@ -1739,4 +1745,23 @@ pub fn new_dnode(
     }
     dnode.root.level = dnode.levels - 1;
     dnode
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_pieces_cut_at_block_boundaries() {
+        let pieces: Vec<_> = block_pieces(4096 + 512, 3 * 4096 + 1024, 4096).collect();
+        assert_eq!(
+            pieces,
+            [
+                (1, 512, 3584, 4608),
+                (2, 0, 4096, 8192),
+                (3, 0, 1024, 12288)
+            ]
+        );
+        assert_eq!(block_pieces(8192, 8192, 4096).count(), 0);
+    }
 }

@@ -408,21 +408,10 @@ impl Pool {
         object_id: u64,
         offset: u64,
     ) -> Result<Option<Vec<BlockPointer>>, PoolError> {
-        if object_id == 0 {
+        let Some((object, bytes)) = self.dead_list_slice_span(object_id, offset)? else {
             return Ok(None);
-        }
-        let object = self.dead_list_object(object_id)?;
-        // Whole pointers only (a torn tail is not a pointer).
-        let pointer = BLOCK_POINTER_BYTES as u64;
-        let left = object.dnode.borrow().length_bytes.saturating_sub(offset) / pointer;
-        let bytes = left.min(DEAD_LIST_POINTERS_PER_TURN as u64) * pointer;
-        if bytes == 0 {
-            return Ok(None);
-        }
-        let bytes = self
-            .objects
-            .read_bytes(&object, offset, bytes as usize)
-            .await?;
+        };
+        let bytes = self.objects.read_bytes(&object, offset, bytes).await?;
         decode_dead_list(object_id, &bytes).map(Some)
     }
 
@@ -433,21 +422,32 @@ impl Pool {
         object_id: u64,
         offset: u64,
     ) -> Result<Option<Vec<BlockPointer>>, PoolError> {
+        let Some((object, bytes)) = self.dead_list_slice_span(object_id, offset)? else {
+            return Ok(None);
+        };
+        let bytes = self
+            .objects
+            .read_bytes_cached(&object, offset, bytes)
+            .map_err(corrupt)?;
+        decode_dead_list(object_id, &bytes).map(Some)
+    }
+
+    /// The list and the bytes of its slice from `offset` (whole pointers,
+    /// at most [`DEAD_LIST_POINTERS_PER_TURN`]); None when there are none.
+    fn dead_list_slice_span(
+        &self,
+        object_id: u64,
+        offset: u64,
+    ) -> Result<Option<(Rc<Object>, usize)>, PoolError> {
         if object_id == 0 {
             return Ok(None);
         }
         let object = self.dead_list_object(object_id)?;
+        // Whole pointers only (a torn tail is not a pointer).
         let pointer = BLOCK_POINTER_BYTES as u64;
         let left = object.dnode.borrow().length_bytes.saturating_sub(offset) / pointer;
         let bytes = left.min(DEAD_LIST_POINTERS_PER_TURN as u64) * pointer;
-        if bytes == 0 {
-            return Ok(None);
-        }
-        let bytes = self
-            .objects
-            .read_bytes_cached(&object, offset, bytes as usize)
-            .map_err(corrupt)?;
-        decode_dead_list(object_id, &bytes).map(Some)
+        Ok((bytes != 0).then_some((object, bytes as usize)))
     }
 
     /// Adds `entries` at the end of a dead list object (created when `object_id`

@@ -30,7 +30,7 @@ use serde::Serialize;
 use crate::block::BlockError;
 use crate::format::bp::Compression;
 use crate::format::{BlockPointer, ObjectType};
-use crate::object::Object;
+use crate::object::{block_pieces, Object};
 use crate::pool::dataset::directory::VolumeRecord;
 use crate::pool::dataset::intent_log::COPY_BLOCK_BYTES_MAX;
 use crate::pool::dataset::props::{LogBias, SyncMode, VolumeSettings};
@@ -1218,43 +1218,5 @@ fn mutable_copy(data: BufSlice) -> AlignedBuf {
         buffer
     } else {
         AlignedBuf::copy_from(&buffer[range])
-    }
-}
-
-/// `offset..end` cut at block boundaries: for each piece, its block id, its
-/// offset within the block, its length and its offset in the volume.
-fn block_pieces(
-    offset: u64,
-    end: u64,
-    block: u64,
-) -> impl Iterator<Item = (u64, usize, usize, u64)> {
-    let mut position = offset;
-    std::iter::from_fn(move || {
-        (position < end).then(|| {
-            let within = (position % block) as usize;
-            let chunk = (block as usize - within).min((end - position) as usize);
-            let piece = (position / block, within, chunk, position);
-            position += chunk as u64;
-            piece
-        })
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn block_pieces_cut_at_block_boundaries() {
-        let pieces: Vec<_> = block_pieces(4096 + 512, 3 * 4096 + 1024, 4096).collect();
-        assert_eq!(
-            pieces,
-            [
-                (1, 512, 3584, 4608),
-                (2, 0, 4096, 8192),
-                (3, 0, 1024, 12288)
-            ]
-        );
-        assert_eq!(block_pieces(8192, 8192, 4096).count(), 0);
     }
 }

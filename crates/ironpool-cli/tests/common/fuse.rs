@@ -1,10 +1,10 @@
 //! Helpers for tests of mounted filesystems: the server's FUSE mounts and
 //! extended attributes through the kernel.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::TestPool;
+use super::{dir, TestPool};
 
 /// The fields of the line of /proc/self/mounts for the ironpool mount at
 /// `path` (the newest, if several), if there is one.
@@ -127,5 +127,100 @@ pub fn remove_xattr(path: &Path, name: &str) -> Result<(), i32> {
         Ok(())
     } else {
         Err(errno())
+    }
+}
+
+/// Detaches the test's mount when the test ends, passed or not, so that a
+/// failed test leaves no mount behind (a dead one answers ENOTCONN).
+pub struct Unmount(pub PathBuf);
+
+impl Drop for Unmount {
+    fn drop(&mut self) {
+        if mounted(&self.0) {
+            let path = std::ffi::CString::new(self.0.display().to_string()).unwrap();
+            // SAFETY: a NUL-terminated path; umount2 reads it only.
+            unsafe { libc::umount2(path.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// A served mirrored pool with filesystem `fs` mounted (as
+/// `filesystem_pool` makes it), and the guard that unmounts it at the end.
+pub fn served_filesystem(name: &str) -> (TestPool, PathBuf, Unmount) {
+    let (mut pool, mnt) = filesystem_pool(name);
+    let unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    (pool, mnt, unmount)
+}
+
+/// Waits (10 s at most, else fails saying `what`) until nothing is
+/// mounted at `path`.
+pub fn wait_unmounted(path: &Path, what: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while mounted(path) {
+        assert!(Instant::now() < deadline, "{what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+pub fn filesystem_pool(name: &str) -> (TestPool, PathBuf) {
+    let pool = TestPool::new(name);
+    let mountpoint = pool.path("mnt");
+    filesystem_pool_at(pool, mountpoint)
+}
+
+/// A mirrored pool with filesystem `fs` mounting at `mountpoint`.
+pub fn filesystem_pool_at(pool: TestPool, mountpoint: PathBuf) -> (TestPool, PathBuf) {
+    assert!(
+        Path::new("/dev/fuse").exists(),
+        "these tests need /dev/fuse (the FUSE module) and root"
+    );
+    pool.create("2G", &["mirror", "a.img", "b.img"]);
+    create_filesystem(&pool, "fs", &mountpoint, &["recordsize=16K"]);
+    (pool, mountpoint)
+}
+
+/// Creates filesystem `POOL/name` of the pool (not being served), mounting
+/// at `mountpoint`, with `properties` (`NAME=VALUE` each).
+pub fn create_filesystem(pool: &TestPool, name: &str, mountpoint: &Path, properties: &[&str]) {
+    let target = format!("{}/{name}", pool.name);
+    let mountpoint = format!("mountpoint={}", mountpoint.display());
+    let directory = dir(pool);
+    let mut args = vec!["fs", "create", &target, "-o", &mountpoint];
+    for property in properties {
+        args.extend(["-o", property]);
+    }
+    args.extend(["-d", &directory]);
+    pool.ok(&args);
+}
+
+pub fn listed_filesystem(pool: &TestPool) -> serde_json::Value {
+    let text = pool.admin(&["--json", "fs", "list", &pool.name]);
+    let list: serde_json::Value = serde_json::from_str(&text).expect("fs list JSON");
+    list["filesystems"]
+        .as_array()
+        .expect("filesystems")
+        .iter()
+        .find(|fs| fs["name"] == format!("{}/fs", pool.name))
+        .expect("the filesystem is listed")
+        .clone()
+}
+
+pub fn fs_objects(pool: &TestPool) -> u64 {
+    listed_filesystem(pool)["objects"]
+        .as_u64()
+        .expect("objects")
+}
+
+pub fn wait_objects(pool: &TestPool, wanted: u64) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while fs_objects(pool) != wanted {
+        assert!(
+            Instant::now() < deadline,
+            "{} objects, waited for {wanted}",
+            fs_objects(pool)
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }

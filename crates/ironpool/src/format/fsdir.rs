@@ -44,6 +44,33 @@ pub const LEVEL_MAX: u8 = 24;
 /// and `..`. Every entry's cookie has a nonzero hash in its top half.
 pub const COOKIE_FIRST: u64 = 1 << 32;
 
+/// Bits of a cookie's collision number a directory offset keeps: an offset
+/// ([`offset_of_cookie`]) must be a positive `loff_t` (`telldir` returns
+/// it, `lseek`/`seekdir` refuse a negative one), so the 32-bit hash and
+/// the collision number share 63 bits. Entries with one hash all sit in
+/// one leaf (a split cannot part them), at most `LEAF_BYTES / 19` of them,
+/// far below 2^31.
+const OFFSET_COLLISION_BITS: u32 = 31;
+
+/// The directory offset (what `readdir` hands the kernel, `telldir`
+/// returns and `seekdir` takes) of a position in cookie order: the hash in
+/// bits 62..31, the collision number below, so offsets keep cookie order
+/// and fit a positive 63-bit `loff_t`. Positions below [`COOKIE_FIRST`]
+/// (the start, `.` and `..`) are their own offsets.
+pub fn offset_of_cookie(cookie: u64) -> u64 {
+    let collision_max = (1u64 << OFFSET_COLLISION_BITS) - 1;
+    debug_assert!(cookie & 0xffff_ffff <= collision_max, "cookie {cookie:#x}");
+    ((cookie >> 32) << OFFSET_COLLISION_BITS) | (cookie & 0xffff_ffff).min(collision_max)
+}
+
+/// The position in cookie order of directory offset `offset`
+/// ([`offset_of_cookie`]'s inverse); any offset a caller makes up is a
+/// position too (`seekdir` to it lists from there).
+pub fn cookie_of_offset(offset: u64) -> u64 {
+    let collision_mask = (1u64 << OFFSET_COLLISION_BITS) - 1;
+    ((offset >> OFFSET_COLLISION_BITS) << 32) | (offset & collision_mask)
+}
+
 const LEAF_MAGIC: &[u8; 4] = b"IPDL";
 const LEAF_HEADER_BYTES: usize = 16;
 const ENTRY_FIXED_BYTES: usize = 18;
@@ -582,6 +609,35 @@ mod tests {
         assert_eq!(next_hash_after(1, 0), Some(1 << 31));
         assert_eq!(next_hash_after(1, 1), None);
         assert_eq!(next_hash_after(0, 0), None);
+    }
+
+    /// Directory offsets are positive 63-bit values in cookie order, and
+    /// give back the cookie they were made of: `telldir` returned negative
+    /// offsets for every hash with its top bit set, which `seekdir` (an
+    /// `lseek` of the directory) refused.
+    #[test]
+    fn directory_offsets_fit_a_positive_loff_t_and_keep_cookie_order() {
+        let cookies = [
+            0,
+            1,
+            2,
+            COOKIE_FIRST,
+            COOKIE_FIRST + 7,
+            0x7fff_ffff_0000_0003,
+            0x8120_39b7_0000_0000,
+            0x8120_39b7_0000_0001,
+            0xffff_ffff_0000_0000,
+            0xffff_ffff_0000_0400,
+        ];
+        let mut last = None;
+        for cookie in cookies {
+            let offset = offset_of_cookie(cookie);
+            assert!(offset <= i64::MAX as u64, "{cookie:#x} -> {offset:#x}");
+            assert_eq!(cookie_of_offset(offset), cookie);
+            assert!(last.is_none_or(|last| last < offset), "order kept");
+            last = Some(offset);
+        }
+        assert_eq!(offset_of_cookie(2), 2);
     }
 
     #[test]

@@ -1755,15 +1755,18 @@ impl Filesystem {
         )))
     }
 
-    /// Entries of directory `ino` from `cookie` on (0: from the start, with
-    /// `.` and `..` as cookies 1 and 2), at most `max`. Each comes with the
-    /// cookie to continue after it.
+    /// Entries of directory `ino` from directory offset `offset` on (0:
+    /// from the start, with `.` and `..` at 1 and 2), at most `max`. Each
+    /// comes with the offset to continue after it: a positive 63-bit value
+    /// (`fsdir::offset_of_cookie`), as `telldir` and `seekdir` need, that
+    /// stays valid across changes to the directory.
     pub async fn readdir(
         &self,
         ino: u64,
-        cookie: u64,
+        offset: u64,
         max: usize,
     ) -> Result<Vec<(u64, DirEntry)>, FsError> {
+        let cookie = fsdir::cookie_of_offset(offset);
         let _shared = self.lock.acquire(1).await;
         let (object, znode) = self.load_dir(ino).await?;
         let mut out = Vec::new();
@@ -1783,7 +1786,7 @@ impl Filesystem {
         let room = max - out.len();
         if room > 0 {
             for entry in dir::list(&self.objects, &object, from, room).await? {
-                out.push((entry.cookie + 1, entry));
+                out.push((fsdir::offset_of_cookie(entry.cookie + 1), entry));
             }
         }
         Ok(out)

@@ -39,6 +39,18 @@ pub const XATTR_VALUE_BYTES_MAX: usize = 65536;
 /// as there).
 pub const XATTR_LIST_BYTES_MAX: usize = 128 * 1024;
 
+/// Longest list of names (each followed by a NUL) one object's attributes
+/// may have: Linux's `XATTR_LIST_MAX`, the most `listxattr(2)` can return.
+/// A name past it would make the list unreadable (`E2BIG`), and `cp -a`,
+/// `tar` and `rsync -X` could not copy the file, so it is refused (`ENOSPC`,
+/// as ext4 refuses one past its block).
+pub const XATTR_NAMES_LIST_BYTES_MAX: usize = 65536;
+
+/// The bytes `listxattr(2)` returns for `list`: every name and its NUL.
+pub fn names_list_len(list: &[Xattr]) -> usize {
+    list.iter().map(|xattr| xattr.name.len() + 1).sum()
+}
+
 /// One extended attribute.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Xattr {

@@ -24,7 +24,9 @@ use std::rc::Rc;
 use super::{
     block_shift_for, now, padded_to_block, release_unlinked, without_setid, Filesystem, FsError,
 };
-use crate::format::xattr::{self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX};
+use crate::format::xattr::{
+    self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_NAMES_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX,
+};
 use crate::format::znode::{Znode, S_IFREG};
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{Object, ObjectError};
@@ -204,7 +206,9 @@ impl Filesystem {
                 },
             ),
         }
-        if xattr::encoded_len(&list) > XATTR_LIST_BYTES_MAX {
+        if xattr::encoded_len(&list) > XATTR_LIST_BYTES_MAX
+            || xattr::names_list_len(&list) > XATTR_NAMES_LIST_BYTES_MAX
+        {
             return Err(FsError::NoSpace);
         }
         self.store_xattrs(&change, pool, &object, znode, &list)

@@ -15,7 +15,7 @@ use ironpool::format::label::TopVdevKind;
 use ironpool::format::znode::{S_IFDIR, S_IFLNK, S_IFREG};
 use ironpool::pool::dataset::intent_log::LogStats;
 use ironpool::pool::filesystem::{
-    Filesystem, FsError, NewObject, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    Filesystem, FsError, NewObject, SessionId, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE,
 };
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
@@ -2768,10 +2768,12 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
                 pool.space().1,
                 free_before.get()
             );
-            fs.remembered(big);
+            fs.remembered(SessionId::default(), big);
             fs.remove(&pool, root, b"big", false).await.unwrap();
             let free = async {
-                fs.forgotten(&pool, big, 1).await.unwrap();
+                fs.forgotten(&pool, SessionId::default(), big, 1)
+                    .await
+                    .unwrap();
             };
             let reads = reads_meanwhile(&pool, &fs, small, free).await;
             assert!(
@@ -2785,10 +2787,12 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
             // every task), a commit makes that durable, then power fails.
             let big = big_file(&pool, &fs, b"big2", blocks).await;
             pool.commit().await.unwrap();
-            fs.remembered(big);
+            fs.remembered(SessionId::default(), big);
             fs.remove(&pool, root, b"big2", false).await.unwrap();
             stopped_after_two_turns(async {
-                fs.forgotten(&pool, big, 1).await.unwrap();
+                fs.forgotten(&pool, SessionId::default(), big, 1)
+                    .await
+                    .unwrap();
                 unreachable!("the free is stopped part way");
             })
             .await;

@@ -25,6 +25,7 @@
 //! ([`snapdir`], which also says how node ids tell a snapshot's objects
 //! from the head's).
 
+mod peers;
 pub mod proto;
 mod snapdir;
 mod uring;
@@ -41,7 +42,7 @@ use std::time::Duration;
 
 use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
 use crate::pool::dataset::props::SyncMode;
-use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SetAttr};
+use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SessionId, SetAttr};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Semaphore;
@@ -114,6 +115,9 @@ pub struct Mount {
 struct Session {
     pool: Rc<Pool>,
     fs: Rc<Filesystem>,
+    /// This session's holds on the filesystem's objects (another mount of
+    /// it may be alive beside this one).
+    id: SessionId,
     fd: RawFd,
     /// Whether INIT asks for FUSE over io_uring (the kernel offers it), or
     /// why not.
@@ -280,6 +284,7 @@ impl Mount {
         });
         let session = Rc::new(Session {
             pool,
+            id: fs.begin_session(),
             fs,
             fd: device.as_raw_fd(),
             uring_offered,
@@ -293,6 +298,7 @@ impl Mount {
             ended: Cell::new(false),
             snapshot_slots: RefCell::default(),
         });
+        peers::register(&session);
         let readers = (0..READS_POSTED)
             .map(|index| rt::spawn(reader(session.clone(), index)))
             .collect();
@@ -400,8 +406,9 @@ impl Mount {
             transport.stop().await;
         }
         // The kernel holds nothing of this session any more.
+        peers::unregister(&self.session);
         let fs = &self.session.fs;
-        if let Err(error) = fs.session_ended(&self.session.pool).await {
+        if let Err(error) = fs.session_ended(&self.session.pool, self.session.id).await {
             eprintln!("ironpool: {}: freeing removed objects: {error}", fs.name);
         }
         fs.note_front_end(|stats| *stats = Default::default());
@@ -519,7 +526,11 @@ async fn forget(session: &Session, node: u64, count: u64) {
     if slot != 0 {
         return;
     }
-    if let Err(error) = session.fs.forgotten(&session.pool, ino, count).await {
+    if let Err(error) = session
+        .fs
+        .forgotten(&session.pool, session.id, ino, count)
+        .await
+    {
         eprintln!(
             "ironpool: {}: freeing removed object {ino}: {error}",
             session.fs.name
@@ -727,7 +738,22 @@ async fn serve(
     // every write: that commit starts as this one is answered.
     let ahead = !durable
         && matches!(&request, Request::Write { flags, .. } if !fs.may_write_behind(*flags));
+    // Another mount of this filesystem alive beside this one: what the
+    // request changes is told to its kernel.
+    let peers = if slot == 0 {
+        peers::of(session)
+    } else {
+        Vec::new()
+    };
+    let stale = if peers.is_empty() {
+        Vec::new()
+    } else {
+        peers::stale_after(fs, node, &request).await
+    };
     let answer = serve_fs(session, header, request, fs, node, slot).await?;
+    if !stale.is_empty() {
+        peers::tell(&peers, &stale).await;
+    }
     if durable {
         pool.fs_log_commit(fs).await?;
         fs.count_flush();
@@ -764,7 +790,7 @@ async fn serve_fs(
     // is then freed at the session's end rather than at FORGET.
     let entry = |attr: &Attr| {
         if slot == 0 {
-            fs.remembered(attr.ino);
+            fs.remembered(session.id, attr.ino);
         }
         entry(slot, attr)
     };
@@ -794,7 +820,7 @@ async fn serve_fs(
             ..
         } => init(session, major, minor, flags),
         Request::Release => {
-            fs.release(pool, node).await?;
+            fs.release(pool, session.id, node).await?;
             Ok(Vec::new())
         }
         // A write's error is its own reply, so a close has nothing to
@@ -904,7 +930,7 @@ async fn serve_fs(
             if attr.znode.is_dir() {
                 return Err(FsError::IsDir);
             }
-            fs.opened(node);
+            fs.opened(session.id, node);
             Ok(proto::open_out(0, open_flags(flags)))
         }
         Request::Opendir => Ok(proto::open_out(0, 0)),
@@ -918,7 +944,7 @@ async fn serve_fs(
                 mode
             };
             let attr = fs.create(pool, node, name, &owned(mode)).await?;
-            fs.opened(attr.ino);
+            fs.opened(session.id, attr.ino);
             let mut body = entry(&attr);
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
             Ok(body)

@@ -94,6 +94,7 @@ pub const WRITE_KILL_SUIDGID: u32 = 1 << 2;
 
 // Notifications (written with unique 0, the code in the error field).
 pub const NOTIFY_INVAL_INODE: i32 = 2;
+pub const NOTIFY_INVAL_ENTRY: i32 = 3;
 
 /// The header of every request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -558,6 +559,32 @@ pub fn notify_inval_attributes(nodeid: u64) -> Vec<u8> {
     body.extend_from_slice(&(-1i64).to_le_bytes());
     body.extend_from_slice(&0i64.to_le_bytes());
     reply(0, NOTIFY_INVAL_INODE, &body)
+}
+
+/// A notification that node `nodeid` changed behind the kernel's back,
+/// attributes and data (`FUSE_NOTIFY_INVAL_INODE` from offset 0 to the
+/// end): it asks for its attributes again and drops its cached pages.
+pub fn notify_inval_inode(nodeid: u64) -> Vec<u8> {
+    let mut body = Vec::with_capacity(24);
+    body.extend_from_slice(&nodeid.to_le_bytes());
+    body.extend_from_slice(&0i64.to_le_bytes());
+    // Length 0: to the end.
+    body.extend_from_slice(&0i64.to_le_bytes());
+    reply(0, NOTIFY_INVAL_INODE, &body)
+}
+
+/// A notification that entry `name` of directory `parent` changed behind
+/// the kernel's back (`FUSE_NOTIFY_INVAL_ENTRY`): it drops the name, or
+/// the absence of it, that it cached, and the directory's attributes.
+pub fn notify_inval_entry(parent: u64, name: &[u8]) -> Vec<u8> {
+    let mut body = Vec::with_capacity(16 + name.len() + 1);
+    body.extend_from_slice(&parent.to_le_bytes());
+    body.extend_from_slice(&(name.len() as u32).to_le_bytes());
+    // Flags 0: invalidate (not only expire) the entry.
+    body.extend_from_slice(&0u32.to_le_bytes());
+    body.extend_from_slice(name);
+    body.push(0);
+    reply(0, NOTIFY_INVAL_ENTRY, &body)
 }
 
 /// The attributes the kernel caches (`struct fuse_attr`, 88 bytes).

@@ -39,6 +39,7 @@
 
 mod behind;
 pub mod dir;
+mod holds;
 mod stream;
 pub mod xattr;
 
@@ -67,6 +68,8 @@ use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 use behind::HeldBlock;
+pub use holds::SessionId;
+use holds::{Hold, Holds};
 use rustc_hash::{FxHashMap, FxHashSet};
 
 /// The root directory's object number.
@@ -514,20 +517,18 @@ pub struct Filesystem {
     /// operations one unit (they lock their files' blocks in `files`).
     lock: Rc<crate::rt::sync::Semaphore>,
     files: FileLocks,
-    /// Open handles per file (FUSE OPEN/CREATE to RELEASE): a file whose
-    /// last name goes while it is open lives on, with no links, until its
-    /// last handle closes (or, after a crash, until the next import).
-    open_handles: RefCell<FxHashMap<u64, u64>>,
-    /// The kernel's references per node (FUSE's lookup count: every entry
-    /// reply gives it one, FORGET takes them back). An object whose last
-    /// name goes while the kernel holds its node lives on, with no links,
-    /// until the kernel forgets it: a process may still `fstat` an
-    /// `O_PATH` descriptor of a removed file or `stat` the removed
-    /// directory it works in, and the kernel may still send a removed
-    /// file's attributes. One entry per node the kernel holds, about 32
-    /// bytes each: the kernel's inode cache bounds it, as it bounds
-    /// libfuse's node table.
-    kernel_refs: RefCell<FxHashMap<u64, u64>>,
+    /// Per mount session: open handles per file (FUSE OPEN/CREATE to
+    /// RELEASE), and the kernel's references per node (FUSE's lookup count:
+    /// every entry reply gives it one, FORGET takes them back). A file
+    /// whose last name goes while it is open lives on, with no links, until
+    /// its last handle closes (or, after a crash, until the next import);
+    /// an object whose last name goes while a kernel holds its node lives
+    /// on until it is forgotten: a process may still `fstat` an `O_PATH`
+    /// descriptor of a removed file or `stat` the removed directory it
+    /// works in. One entry per node a kernel holds, about 32 bytes each:
+    /// the kernel's inode cache bounds it, as it bounds libfuse's node
+    /// table.
+    holds: Holds,
     /// Objects with no names left that an open handle or the kernel still
     /// holds: freed when the last one lets go ([`Filesystem::free_if_orphan`]),
     /// at the session's end, or at the next import after a crash.
@@ -625,22 +626,6 @@ impl Drop for Change<'_> {
             }
         }
     }
-}
-
-/// Takes `count` of the holds `holds` counts on `ino`; true when that was
-/// the last (the entry is gone then), false when some are left or there
-/// were none.
-fn let_go(holds: &RefCell<FxHashMap<u64, u64>>, ino: u64, count: u64) -> bool {
-    let mut holds = holds.borrow_mut();
-    let Some(held) = holds.get_mut(&ino) else {
-        return false;
-    };
-    *held = held.saturating_sub(count);
-    if *held > 0 {
-        return false;
-    }
-    holds.remove(&ino);
-    true
 }
 
 /// Lets go of the space of `pointer`, a block written and never linked (a
@@ -814,8 +799,7 @@ impl Filesystem {
             record_shift: Cell::new(0),
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
             files: FileLocks::default(),
-            open_handles: RefCell::default(),
-            kernel_refs: RefCell::default(),
+            holds: Holds::default(),
             orphans: RefCell::default(),
             io_stats: Cell::default(),
             front_end: RefCell::default(),
@@ -1312,37 +1296,48 @@ impl Filesystem {
         self.free_object(pool, object).await
     }
 
-    /// Whether an open handle or the kernel holds object `ino`.
+    /// Whether an open handle or a kernel holds object `ino`, in any mount
+    /// session.
     fn is_held(&self, ino: u64) -> bool {
-        self.open_handles.borrow().contains_key(&ino)
-            || self.kernel_refs.borrow().contains_key(&ino)
+        self.holds.is_held(ino)
     }
 
-    /// The kernel was handed node `ino` once more (an entry reply: LOOKUP,
-    /// CREATE, MKNOD, MKDIR, SYMLINK, LINK).
-    pub fn remembered(&self, ino: u64) {
+    /// A mount session begins (a FUSE connection): the holds it takes are
+    /// its own, and its end lets go of them alone.
+    pub fn begin_session(&self) -> SessionId {
+        self.holds.begin()
+    }
+
+    /// `session`'s kernel was handed node `ino` once more (an entry reply:
+    /// LOOKUP, CREATE, MKNOD, MKDIR, SYMLINK, LINK).
+    pub fn remembered(&self, session: SessionId, ino: u64) {
         if !self.snapshot {
-            *self.kernel_refs.borrow_mut().entry(ino).or_default() += 1;
+            self.holds.take(session, Hold::Kernel, ino);
         }
     }
 
-    /// The kernel let go of `count` of its references to node `ino`
-    /// (FORGET, or an entry reply it never took); the last one of an
-    /// object with no names left and no open handle frees it.
-    pub async fn forgotten(&self, pool: &Rc<Pool>, ino: u64, count: u64) -> Result<(), FsError> {
-        if !let_go(&self.kernel_refs, ino, count) {
+    /// `session`'s kernel let go of `count` of its references to node `ino`
+    /// (FORGET, or an entry reply it never took); the last hold of any
+    /// session on an object with no names left frees it.
+    pub async fn forgotten(
+        &self,
+        pool: &Rc<Pool>,
+        session: SessionId,
+        ino: u64,
+        count: u64,
+    ) -> Result<(), FsError> {
+        if !self.holds.let_go(session, Hold::Kernel, ino, count) {
             return Ok(());
         }
         self.free_if_orphan(pool, ino).await
     }
 
-    /// The kernel's session ended (unmounted, or the server stops): the
-    /// nodes it held and the handles it had open are let go, and the
-    /// objects among them with no names left are freed now rather than at
-    /// the next import.
-    pub async fn session_ended(&self, pool: &Rc<Pool>) -> Result<(), FsError> {
-        self.kernel_refs.borrow_mut().clear();
-        self.open_handles.borrow_mut().clear();
+    /// Mount session `session` ended (unmounted, or the server stops): the
+    /// nodes its kernel held and the handles it had open are let go, and
+    /// the objects among them with no names left that no other session
+    /// holds are freed now rather than at the next import.
+    pub async fn session_ended(&self, pool: &Rc<Pool>, session: SessionId) -> Result<(), FsError> {
+        self.holds.end(session);
         let mut orphans: Vec<u64> = self.orphans.borrow().iter().copied().collect();
         orphans.sort_unstable();
         for ino in orphans {
@@ -1457,19 +1452,27 @@ impl Filesystem {
         Ok(blkid.min(end))
     }
 
-    /// A handle to file `ino` was opened.
-    pub fn opened(&self, ino: u64) {
-        *self.open_handles.borrow_mut().entry(ino).or_default() += 1;
+    /// `session` opened a handle to file `ino`.
+    pub fn opened(&self, session: SessionId, ino: u64) {
+        // A snapshot's files are read-only and freed with it.
+        if !self.snapshot {
+            self.holds.take(session, Hold::Open, ino);
+        }
     }
 
-    /// A handle to file `ino` was released; the last one of a file with no
-    /// names left frees it.
-    pub async fn release(&self, pool: &Rc<Pool>, ino: u64) -> Result<(), FsError> {
+    /// `session` released a handle to file `ino`; the last hold of any
+    /// session on a file with no names left frees it.
+    pub async fn release(
+        &self,
+        pool: &Rc<Pool>,
+        session: SessionId,
+        ino: u64,
+    ) -> Result<(), FsError> {
         if self.snapshot {
             // Read-only: a snapshot's file with no names is freed with it.
             return Ok(());
         }
-        if !let_go(&self.open_handles, ino, 1) {
+        if !self.holds.let_go(session, Hold::Open, ino, 1) {
             return Ok(());
         }
         self.free_if_orphan(pool, ino).await

@@ -310,6 +310,18 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
+    /// Make every change answered so far durable, as `zpool sync`: `sync
+    /// POOL|POOL/NAME...` (a pool through a transaction group; a filesystem
+    /// through its intent log, as an `fsync` of all of it; a volume as a
+    /// client's FLUSH). Linux's `sync` and `syncfs` do not reach a FUSE
+    /// server, so this is what makes a mounted filesystem's changes durable
+    /// without `fsync`.
+    Sync {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        #[arg(required = true)]
+        names: Vec<String>,
+    },
     /// Take a device out of service: `offline POOL DEV` (DEV: path, file name or guid).
     Offline {
         #[arg(short = 'd', long = "dir")]
@@ -678,6 +690,7 @@ fn main() -> ExitCode {
             ironpool::control::commands::Command::Clear,
             false,
         ),
+        Command::Sync { dirs, names } => cli::sync(&context, &dirs, &names),
         Command::Offline { dirs, pool, device } => cli::device_command(
             &context,
             &pool,

@@ -874,6 +874,22 @@ pub fn tune(
     Ok(())
 }
 
+/// `ironpool sync POOL|POOL/NAME...`: each pool, filesystem or volume
+/// named, in order; returns once each is durable.
+pub fn sync(context: &Context, dirs: &[PathBuf], names: &[String]) -> Result<(), String> {
+    for name in names {
+        let (pool, dataset) = match name.split_once('/') {
+            Some((pool, _)) => (pool, Some(name.clone())),
+            None => (name.as_str(), None),
+        };
+        let result = admin(context, pool, dirs, Command::Sync { name: dataset })?;
+        if context.json {
+            println!("{result}");
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -170,7 +170,14 @@ pub enum Command {
     /// Clears device error streaks and faults, and retries failed writes now.
     Clear,
     Check,
-    Sync,
+    /// Makes every change answered so far durable (`ironpool sync`, as
+    /// `zpool sync`): of the whole pool through a txg, or with `name`, of
+    /// one filesystem (through its intent log, as an `fsync` of all of it)
+    /// or one volume (as a client's FLUSH).
+    Sync {
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        name: Option<String>,
+    },
     GetTunables,
     SetTunable {
         name: String,
@@ -400,7 +407,7 @@ impl Command {
             | Command::TrimStatus
             | Command::ResilverStatus
             | Command::Check
-            | Command::Sync
+            | Command::Sync { .. }
             | Command::GetTunables
             | Command::SetTunable { .. }
             | Command::Events { .. }
@@ -860,9 +867,31 @@ async fn run(
             let report = pool.check_space().await?;
             Ok(serde_json::to_value(report).unwrap_or(Value::Null))
         }
-        Command::Sync => {
+        Command::Sync { name: None } => {
             pool.commit().await?;
             Ok(json!({ "durable_txg": pool.txg().durable() }))
+        }
+        Command::Sync { name: Some(name) } => {
+            if let Ok(fs) = pool.filesystem(&name) {
+                // Buffered writes answered before are linked first; then
+                // the log (or a txg) carries every change, as `fsync`.
+                fs.settle_writes(None).await;
+                if fs.settings().sync == crate::pool::dataset::props::SyncMode::Disabled {
+                    pool.commit().await?;
+                } else {
+                    pool.fs_log_commit(&fs).await?;
+                }
+            } else {
+                let volume = pool.volume(&name)?;
+                if volume.settings().sync == crate::pool::dataset::props::SyncMode::Disabled {
+                    // Its FLUSH promises nothing: an administrator's sync does.
+                    pool.drain_volume(&volume).await?;
+                    pool.commit_linked().await?;
+                } else {
+                    pool.flush_volume(&volume).await?;
+                }
+            }
+            Ok(json!({ "synced": name, "durable_txg": pool.txg().durable() }))
         }
         Command::GetTunables => Ok(tunables(pool)),
         Command::SetTunable { name, value } => {

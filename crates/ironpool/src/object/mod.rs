@@ -1330,10 +1330,12 @@ impl ObjectSet {
     }
 
     /// [`Self::clear_dnode`] when the table's block holding it is cached.
+    /// A free slot is all zeros (object type 0 decodes as free), so a table
+    /// block whose objects are all freed is zeros and the next sync makes
+    /// it a hole: its space comes back.
     pub fn clear_dnode_cached(&self, id: u64) -> Result<(), ObjectError> {
         let table = self.dnode_table();
-        let mut zero = [0u8; DNODE_BYTES];
-        Dnode::default().encode(&mut zero);
+        let zero = [0u8; DNODE_BYTES];
         self.write_bytes_cached(&table, id * DNODE_BYTES as u64, &zero)?;
         self.forget(id);
         Ok(())

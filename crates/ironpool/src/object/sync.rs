@@ -82,9 +82,9 @@ impl ObjectSet {
                 .get(&(level, blkid))
                 .cloned()
                 .expect("a dirty node is cached");
-            let (buffer, fill, all_holes) = encode_node(&node.body.borrow(), level);
+            let (buffer, fill, hole) = encode_node(&node.body.borrow(), level);
             let old = self.pointer_in_parent(object, level, blkid)?;
-            let new = if all_holes {
+            let new = if hole {
                 BlockPointer::hole(level, dnode.object_type, context.txg)
             } else {
                 let physical = buffer.len() as u32;
@@ -181,8 +181,12 @@ impl ObjectSet {
     }
 }
 
-/// Serialises a node. Returns the buffer, the fill count and whether an indirect
-/// node holds only holes (then it is not written at all: its pointer becomes a hole).
+/// Serialises a node. Returns the buffer, the fill count and whether the node
+/// is written at all: an indirect node of holes only, or a data block of a
+/// metadata object that is all zeros (a dnode table block whose objects were
+/// all freed, a dead list emptied), becomes a hole and gives its space back,
+/// as OpenZFS writes a block of zeros as a hole. A hole reads as zeros, so
+/// every reader sees the same bytes.
 fn encode_node(body: &NodeBody, level: u8) -> (AlignedBuf, u64, bool) {
     match body {
         NodeBody::Indirect(pointers) => {
@@ -201,6 +205,9 @@ fn encode_node(body: &NodeBody, level: u8) -> (AlignedBuf, u64, bool) {
             }
             (buffer, fill, all_holes)
         }
-        NodeBody::Data(bytes) => (AlignedBuf::copy_from(bytes), 1, false),
+        NodeBody::Data(bytes) => {
+            let zeros = bytes.iter().all(|byte| *byte == 0);
+            (AlignedBuf::copy_from(bytes), 1, zeros)
+        }
     }
 }

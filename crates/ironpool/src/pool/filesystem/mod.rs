@@ -109,6 +109,19 @@ pub const FREE_BLOCKS_PER_TURN: u64 = 1024;
 /// opening dnodes (1-1.5 us each when cached).
 pub const OBJECTS_PER_TURN: u64 = 1024;
 
+/// Pool space a change that adds a name or an object claims before it runs
+/// (create, mkdir, symlink, mknod, link, rename, setxattr): the most
+/// metadata it can add, a new directory's leaf, two leaves of a split of
+/// the parent's, a dnode table block and two indirect blocks, each with its
+/// metadata copies. Claimed as a data write claims its blocks (against what
+/// data may take, beyond the slop and the metadata reserve) and let go when
+/// the change ends (its dirty metadata is counted in the reserve from then
+/// on), so metadata growth meets ENOSPC where data does, and the slop stays
+/// for what frees space: a loop of `mkdir` by any user suspended a full
+/// pool, whose next txg found no room for the metadata made.
+const NAME_CHANGE_CLAIM_BYTES: u64 = crate::object::sync::METADATA_COPIES as u64
+    * (3 * fsdir::LEAF_BYTES as u64 + (1 << TABLE_BLOCK_SHIFT) + (2 << INDIRECT_BLOCK_SHIFT));
+
 /// Where a walk of a filesystem's objects is ([`Filesystem::next_object`]):
 /// the next object number to look at.
 #[derive(Debug)]
@@ -1033,6 +1046,7 @@ impl Filesystem {
             target,
         } = *new;
         pool.txg.throttle(pool).await;
+        let _room = self.claim_name_room(pool).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
@@ -1134,6 +1148,19 @@ impl Filesystem {
         Ok(Self::attr(&object, znode))
     }
 
+    /// Claims room for the metadata a change that adds a name or an object
+    /// may add ([`NAME_CHANGE_CLAIM_BYTES`]): ENOSPC when data could not
+    /// have it either, after waiting for space being freed. The caller holds
+    /// no lock yet (a commit may be waited for).
+    async fn claim_name_room<'a>(
+        &self,
+        pool: &'a Rc<Pool>,
+    ) -> Result<crate::pool::volume::writeback::SpaceClaim<'a>, FsError> {
+        self.check_writable(pool)?;
+        crate::pool::txg::update_metadata_reserve(pool);
+        Ok(pool.claim_space(NAME_CHANGE_CLAIM_BYTES).await?)
+    }
+
     /// Checks that `name` can be created in `parent`; returns the directory.
     async fn check_new_name(
         &self,
@@ -1189,6 +1216,7 @@ impl Filesystem {
         parent: u64,
         name: &[u8],
     ) -> Result<Attr, FsError> {
+        let _room = self.claim_name_room(pool).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
@@ -1613,6 +1641,7 @@ impl Filesystem {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), FsError> {
+        let _room = self.claim_name_room(pool).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0

@@ -5,18 +5,30 @@
 //! Every entry has a 64-bit cookie: the top 32 bits of a salted XXH3 hash
 //! of its name (never 0), and below them a collision number, the smallest
 //! not taken by another entry with the same hash. A leaf holds every entry
-//! whose hash starts with its `level`-bit prefix; leaf (level L, prefix p)
-//! is data block `2^L + p` of the directory object. A leaf that fills splits
-//! into its two children (the next hash bit) and its own block becomes a
-//! hole. So along the path of a hash, from block 1 down, every block is a
-//! hole until the one leaf that holds the hash: lookup, insert and remove
-//! read O(log n) blocks, and no table needs rewriting as the directory grows.
+//! whose hash starts with its `level`-bit prefix; leaf (level L >= 1,
+//! prefix p) is data block `2^L + p` of the directory object. The root leaf
+//! (level 0) is block 0 ([`ROOT_LEAF_BLKID`]); directories made before
+//! version 2 of this layout have it at block 1 (`2^0 + 0`), which readers
+//! still look at. A leaf that fills splits into its two children (the next
+//! hash bit) and its own block becomes a hole. So along the path of a hash,
+//! from the root down, every block is a hole until the one leaf that holds
+//! the hash: lookup, insert and remove read O(log n) blocks, and no table
+//! needs rewriting as the directory grows.
+//!
+//! A new directory's root leaf is small ([`ROOT_LEAF_BYTES_MIN`]), the
+//! directory object's only block, with no indirect block above it: an
+//! empty directory costs one sector per copy, as OpenZFS's micro-ZAP fits
+//! a small directory in one block. When it fills, it grows to
+//! [`LEAF_BYTES`] (the object's block size changes with it, as a one-block
+//! file's does); only a full leaf of that size splits. Every other leaf is
+//! [`LEAF_BYTES`].
 //!
 //! `readdir` walks entries in cookie order; a cookie says where to go on no
 //! matter what was inserted or removed since (entries keep their cookies
 //! for life), so offsets stay valid across concurrent changes.
 //!
-//! Leaf layout (`LEAF_BYTES`, little-endian):
+//! Leaf layout (the leaf's size: [`LEAF_BYTES`], or a power of two from
+//! [`ROOT_LEAF_BYTES_MIN`] for a root leaf; little-endian):
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -34,6 +46,15 @@ use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError};
 /// room for about 270 entries of 40-byte names.
 pub const LEAF_BYTES: usize = 16 * 1024;
 pub const LEAF_SHIFT: u8 = 14;
+/// Bytes of a new directory's root leaf: one 4 KiB sector, the smallest
+/// block the pool's devices write (room for about 70 entries of 40-byte
+/// names). It grows to [`LEAF_BYTES`] before it splits.
+pub const ROOT_LEAF_SHIFT_MIN: u8 = 12;
+pub const ROOT_LEAF_BYTES_MIN: usize = 1 << ROOT_LEAF_SHIFT_MIN;
+/// The root leaf's block in directories of this layout's version 2.
+pub const ROOT_LEAF_BLKID: u64 = 0;
+/// The root leaf's block in directories made before version 2.
+pub const ROOT_LEAF_BLKID_V1: u64 = 1;
 /// Longest entry name (Linux's NAME_MAX).
 pub const NAME_BYTES_MAX: usize = 255;
 /// Deepest leaf: 2^24 leaves of at least 60 entries each is far beyond any
@@ -132,9 +153,20 @@ pub fn prefix_of(hash: u32, level: u8) -> u32 {
     }
 }
 
-/// The data block of leaf (`level`, `prefix`).
+/// The data block of leaf (`level`, `prefix`) below the root (level 1 and
+/// deeper); the root is [`ROOT_LEAF_BLKID`] (or [`ROOT_LEAF_BLKID_V1`]).
 pub fn leaf_blkid(level: u8, prefix: u32) -> u64 {
+    debug_assert!(level > 0, "the root leaf's block is the directory's own");
     (1u64 << level) + prefix as u64
+}
+
+/// Whether `bytes` is a size a leaf at `level` may have: [`LEAF_BYTES`],
+/// or for the root a power of two from [`ROOT_LEAF_BYTES_MIN`] up to it.
+pub fn valid_leaf_bytes(bytes: usize, level: u8) -> bool {
+    bytes == LEAF_BYTES
+        || (level == 0
+            && bytes.is_power_of_two()
+            && (ROOT_LEAF_BYTES_MIN..LEAF_BYTES).contains(&bytes))
 }
 
 /// The first hash after every hash of leaf (`level`, `prefix`), if any.
@@ -156,14 +188,24 @@ pub struct Leaf {
     pub level: u8,
     pub prefix: u32,
     pub entries: Vec<DirEntry>,
+    /// Its size encoded ([`valid_leaf_bytes`]).
+    pub bytes: usize,
 }
 
 impl Leaf {
+    /// An empty leaf of [`LEAF_BYTES`].
     pub fn new(level: u8, prefix: u32) -> Leaf {
+        Leaf::of_size(level, prefix, LEAF_BYTES)
+    }
+
+    /// An empty leaf of `bytes` ([`valid_leaf_bytes`]).
+    pub fn of_size(level: u8, prefix: u32, bytes: usize) -> Leaf {
+        debug_assert!(valid_leaf_bytes(bytes, level), "{bytes} at level {level}");
         Leaf {
             level,
             prefix,
             entries: Vec::new(),
+            bytes,
         }
     }
 
@@ -178,7 +220,7 @@ impl Leaf {
     }
 
     pub fn fits(&self) -> bool {
-        self.encoded_bytes() <= LEAF_BYTES
+        self.encoded_bytes() <= self.bytes
     }
 
     /// Where `cookie` is, or would go, in the entries.
@@ -187,7 +229,7 @@ impl Leaf {
             .binary_search_by_key(&cookie, |entry| entry.cookie)
     }
 
-    /// Splits into the two leaves one level down.
+    /// Splits into the two leaves one level down (of [`LEAF_BYTES`]).
     pub fn split(self) -> (Leaf, Leaf) {
         let level = self.level + 1;
         let mut low = Leaf::new(level, self.prefix << 1);
@@ -203,14 +245,14 @@ impl Leaf {
     }
 
     pub fn encode(&self) -> Vec<u8> {
-        let mut out = vec![0u8; LEAF_BYTES];
+        let mut out = vec![0u8; self.bytes];
         out[0..4].copy_from_slice(LEAF_MAGIC);
         out[4] = self.level;
         out[6..8].copy_from_slice(&(self.entries.len() as u16).to_le_bytes());
         put_u32(&mut out, 8, self.prefix);
         let mut at = LEAF_HEADER_BYTES;
         for entry in &self.entries {
-            assert!(at + entry.encoded_bytes() <= LEAF_BYTES, "leaf overfull");
+            assert!(at + entry.encoded_bytes() <= self.bytes, "leaf overfull");
             put_entry(&mut out, at, entry);
             at += entry.encoded_bytes();
         }
@@ -312,7 +354,7 @@ impl LeafBlock {
     /// Returns the entry count and where the entries end.
     fn check_header(bytes: &[u8], level: u8, prefix: u32) -> Result<(usize, usize), FormatError> {
         const WHAT: &str = "directory leaf";
-        if bytes.len() != LEAF_BYTES || &bytes[0..4] != LEAF_MAGIC {
+        if !valid_leaf_bytes(bytes.len(), level) || &bytes[0..4] != LEAF_MAGIC {
             return Err(invalid(WHAT, "bad magic or size"));
         }
         if bytes[4] != level || get_u32(bytes, 8) != prefix {
@@ -327,13 +369,13 @@ impl LeafBlock {
         }
         let count = u16::from_le_bytes([bytes[6], bytes[7]]) as usize;
         let used = get_u32(bytes, 12) as usize;
-        if used > LEAF_BYTES - LEAF_HEADER_BYTES {
+        if used > bytes.len() - LEAF_HEADER_BYTES {
             return Err(invalid(WHAT, format!("{used} bytes of entries")));
         }
         Ok((count, LEAF_HEADER_BYTES + used))
     }
 
-    /// The encoded leaf back, to be stored (`LEAF_BYTES` long).
+    /// The encoded leaf back, to be stored (as long as it came).
     pub fn into_bytes(self) -> Vec<u8> {
         self.bytes
     }
@@ -394,7 +436,7 @@ impl LeafBlock {
         self.prefix
     }
 
-    /// The encoded leaf, `LEAF_BYTES` long.
+    /// The encoded leaf.
     pub fn bytes(&self) -> &[u8] {
         &self.bytes
     }
@@ -470,7 +512,7 @@ impl LeafBlock {
         debug_assert!(!self.has_cookie(entry.cookie));
         debug_assert_eq!(prefix_of(entry.hash(), self.level), self.prefix);
         let size = entry.encoded_bytes();
-        if self.end + size > LEAF_BYTES {
+        if self.end + size > self.bytes.len() {
             return false;
         }
         let at = self.seek(entry.cookie);
@@ -514,6 +556,7 @@ impl LeafBlock {
             level: self.level,
             prefix: self.prefix,
             entries: self.entries().map(|entry| entry.to_entry()).collect(),
+            bytes: self.bytes.len(),
         }
     }
 }
@@ -604,8 +647,36 @@ mod tests {
         assert!(high.entries.iter().all(|e| e.hash() >> 31 == 1));
         assert_eq!(Leaf::decode(&high.encode(), 1, 1).unwrap(), high);
         assert!(Leaf::decode(&high.encode(), 1, 0).is_err());
-        assert_eq!(leaf_blkid(0, 0), 1);
+        assert_eq!(leaf_blkid(1, 0), 2);
         assert_eq!(leaf_blkid(1, 1), 3);
+        assert_eq!(leaf_blkid(2, 3), 7);
+        // Only the root may be small, and it fits fewer entries.
+        assert!(valid_leaf_bytes(ROOT_LEAF_BYTES_MIN, 0));
+        assert!(!valid_leaf_bytes(ROOT_LEAF_BYTES_MIN, 1));
+        assert!(!valid_leaf_bytes(ROOT_LEAF_BYTES_MIN / 2, 0));
+        let mut small = Leaf::of_size(0, 0, ROOT_LEAF_BYTES_MIN);
+        small.entries = leaf.entries.clone();
+        assert!(!small.fits());
+        small.entries.truncate(10);
+        assert!(small.fits());
+        let encoded = small.encode();
+        assert_eq!(encoded.len(), ROOT_LEAF_BYTES_MIN);
+        assert_eq!(Leaf::decode(&encoded, 0, 0).unwrap(), small);
+        let mut block = LeafBlock::parse(encoded, 0, 0).unwrap();
+        let big = DirEntry {
+            cookie: (name_hash(salt, &[b'x'; 200]) as u64) << 32,
+            object: 99,
+            kind: DT_REG,
+            name: vec![b'x'; 200],
+        };
+        let mut inserted = 0;
+        while block.insert(&DirEntry {
+            cookie: big.cookie + inserted,
+            ..big.clone()
+        }) {
+            inserted += 1;
+        }
+        assert!(inserted < 20, "a 4 KiB leaf fills: {inserted} more");
         assert_eq!(next_hash_after(1, 0), Some(1 << 31));
         assert_eq!(next_hash_after(1, 1), None);
         assert_eq!(next_hash_after(0, 0), None);

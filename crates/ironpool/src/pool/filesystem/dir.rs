@@ -2,34 +2,66 @@
 //! added and removed in O(log n) leaf lookups, listed in cookie order.
 //!
 //! A directory's leaves are the data blocks of a metadata object of the
-//! filesystem's object set; leaf (level L, prefix p) is block `2^L + p`.
-//! Looking up a hash walks the levels from 0 down: every block on the way
-//! is a hole (a leaf that split) until the leaf that holds the hash.
+//! filesystem's object set; leaf (level L >= 1, prefix p) is block
+//! `2^L + p`, the root leaf block 0 (block 1 in directories made before
+//! version 2 of the layout, see `format::fsdir`). Looking up a hash walks
+//! the levels from 0 down: every block on the way is a hole (a leaf that
+//! split) until the leaf that holds the hash. A new directory's root leaf
+//! is small and grows to the full leaf size before it splits.
 
 use crate::format::fsdir::{
     leaf_blkid, name_hash, next_hash_after, prefix_of, DirEntry, Leaf, LeafBlock, LEAF_BYTES,
-    LEVEL_MAX,
+    LEAF_SHIFT, LEVEL_MAX, ROOT_LEAF_BLKID, ROOT_LEAF_BLKID_V1, ROOT_LEAF_BYTES_MIN,
 };
+use crate::format::BlockPointer;
 use crate::object::{Lent, Object, ObjectSet};
 
 use super::FsError;
 
-/// Where the leaf that holds `hash` is: its (level, prefix). A hash's
-/// path has a leaf at exactly one level (a split writes the halves one
-/// level down and punches the leaf it replaces), so the levels beside the
-/// last one found (`Object::leaf_level_hint`) are tried first, then every
-/// level from the top.
-async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<(u8, u32), FsError> {
+/// Where a leaf is: its level, prefix and block.
+#[derive(Clone, Copy, Debug)]
+struct LeafAt {
+    level: u8,
+    prefix: u32,
+    blkid: u64,
+}
+
+/// The block of the root leaf of `dir`, if it has one (None: it split).
+async fn root_blkid(objects: &ObjectSet, dir: &Object) -> Result<Option<u64>, FsError> {
+    for blkid in [ROOT_LEAF_BLKID, ROOT_LEAF_BLKID_V1] {
+        if objects.data_block_present(dir, blkid).await? {
+            return Ok(Some(blkid));
+        }
+    }
+    Ok(None)
+}
+
+/// Where the leaf that holds `hash` is. A hash's path has a leaf at
+/// exactly one level (a split writes the halves one level down and punches
+/// the leaf it replaces), so the levels beside the last one found
+/// (`Object::leaf_level_hint`) are tried first, then every level from the
+/// top.
+async fn find_leaf(objects: &ObjectSet, dir: &Object, hash: u32) -> Result<LeafAt, FsError> {
     let hint = dir.leaf_level_hint.get().min(LEVEL_MAX);
     let near = [hint, (hint + 1).min(LEVEL_MAX), hint.saturating_sub(1)];
     for level in near.into_iter().chain(0..=LEVEL_MAX) {
         let prefix = prefix_of(hash, level);
-        if objects
-            .data_block_present(dir, leaf_blkid(level, prefix))
-            .await?
-        {
+        let blkid = if level == 0 {
+            root_blkid(objects, dir).await?
+        } else {
+            let blkid = leaf_blkid(level, prefix);
+            objects
+                .data_block_present(dir, blkid)
+                .await?
+                .then_some(blkid)
+        };
+        if let Some(blkid) = blkid {
             dir.leaf_level_hint.set(level);
-            return Ok((level, prefix));
+            return Ok(LeafAt {
+                level,
+                prefix,
+                blkid,
+            });
         }
     }
     Err(FsError::Corrupt(format!(
@@ -49,12 +81,14 @@ async fn with_leaf<R>(
     hash: u32,
     visit: impl FnOnce(&mut LeafBlock) -> (R, bool),
 ) -> Result<R, FsError> {
-    let (level, prefix) = find_leaf(objects, dir, hash).await?;
+    let LeafAt {
+        level,
+        prefix,
+        blkid,
+    } = find_leaf(objects, dir, hash).await?;
     let found = objects
-        .lend_block(
-            dir,
-            leaf_blkid(level, prefix),
-            |bytes, checked| match LeafBlock::open(bytes, level, prefix, checked) {
+        .lend_block(dir, blkid, |bytes, checked| {
+            match LeafBlock::open(bytes, level, prefix, checked) {
                 Ok(mut leaf) => {
                     let (result, changed) = visit(&mut leaf);
                     Lent {
@@ -70,28 +104,59 @@ async fn with_leaf<R>(
                     checked: false,
                     result: Err(error),
                 },
-            },
-        )
+            }
+        })
         .await?;
     found.map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)))
 }
 
+/// Writes leaf `bytes` as block `blkid` of `dir` (of the directory's block
+/// size).
 async fn write_leaf(
     objects: &ObjectSet,
     dir: &Object,
-    (level, prefix): (u8, u32),
+    blkid: u64,
     bytes: &[u8],
 ) -> Result<(), FsError> {
-    let blkid = leaf_blkid(level, prefix);
+    debug_assert_eq!(bytes.len() as u64, dir.data_block_bytes());
     objects
-        .write_bytes(dir, blkid * LEAF_BYTES as u64, bytes)
+        .write_bytes(dir, blkid * bytes.len() as u64, bytes)
         .await?;
     Ok(())
 }
 
-/// The empty directory's one leaf, written into a new directory object.
+/// The block size (shift) of a new directory object: its root leaf's.
+pub const NEW_DIRECTORY_BLOCK_SHIFT: u8 = crate::format::fsdir::ROOT_LEAF_SHIFT_MIN;
+
+/// The empty directory's one leaf, written into a new directory object
+/// (made with [`NEW_DIRECTORY_BLOCK_SHIFT`]): a small root leaf, block 0.
 pub async fn init(objects: &ObjectSet, dir: &Object) -> Result<(), FsError> {
-    write_leaf(objects, dir, (0, 0), &Leaf::new(0, 0).encode()).await
+    let leaf = Leaf::of_size(0, 0, ROOT_LEAF_BYTES_MIN);
+    write_leaf(objects, dir, ROOT_LEAF_BLKID, &leaf.encode()).await
+}
+
+/// Grows the root leaf of `dir`, block 0 and the object's only block, to
+/// [`LEAF_BYTES`] holding `leaf`'s entries: the object's block size changes
+/// with it, its old block let go and the new one written in one step, with
+/// no await between (the caller holds txg builds off).
+fn grow_root(objects: &ObjectSet, dir: &Object, mut leaf: Leaf) -> Result<(), FsError> {
+    let mut dnode = dir.dnode();
+    assert!(
+        dnode.levels == 1 && dnode.data_block_shift < LEAF_SHIFT,
+        "directory object {}: a root leaf grows while it is the only block",
+        dir.id
+    );
+    objects.kill(dir, &dnode.root);
+    dnode.data_block_shift = LEAF_SHIFT;
+    dnode.root = BlockPointer::hole(0, dnode.object_type, 0);
+    dnode.length_bytes = 0;
+    dnode.used_bytes = 0;
+    dnode.logical_bytes = 0;
+    dnode.physical_bytes = 0;
+    objects.reset_tree(dir, dnode);
+    leaf.bytes = LEAF_BYTES;
+    objects.write_bytes_cached(dir, ROOT_LEAF_BLKID, &leaf.encode())?;
+    Ok(())
 }
 
 /// The entry named `name`, if any.
@@ -135,7 +200,7 @@ pub async fn insert(
         if block.insert(&entry) {
             (Ok(cookie), true)
         } else {
-            // It must split: decoded, the leaf is written again as two.
+            // It must grow or split: decoded, it is written again.
             (Err((block.to_leaf(), entry)), false)
         }
     })
@@ -147,7 +212,14 @@ pub async fn insert(
     let cookie = entry.cookie;
     let at = leaf.position(entry.cookie).unwrap_or_else(|at| at);
     leaf.entries.insert(at, entry);
-    let old = (leaf.level, leaf.prefix);
+    if leaf.bytes < LEAF_BYTES {
+        // A small root leaf grows to the full size first (it holds one
+        // entry more than it did, far less than a full leaf).
+        grow_root(objects, dir, leaf)?;
+        return Ok(cookie);
+    }
+    // The leaf splitting: where it is now.
+    let old = find_leaf(objects, dir, (cookie >> 32) as u32).await?;
     let mut pending = vec![leaf];
     let mut done = Vec::new();
     while let Some(leaf) = pending.pop() {
@@ -162,9 +234,10 @@ pub async fn insert(
         }
     }
     for leaf in &done {
-        write_leaf(objects, dir, (leaf.level, leaf.prefix), &leaf.encode()).await?;
+        let blkid = leaf_blkid(leaf.level, leaf.prefix);
+        write_leaf(objects, dir, blkid, &leaf.encode()).await?;
     }
-    objects.punch(dir, leaf_blkid(old.0, old.1)).await?;
+    objects.punch(dir, old.blkid).await?;
     Ok(cookie)
 }
 

@@ -1198,7 +1198,7 @@ impl Filesystem {
     /// A new object numbered `ino` (written at the next txg).
     fn new_object(&self, pool: &Pool, ino: u64, is_dir: bool, znode: &Znode) -> Rc<Object> {
         let (object_type, shift) = if is_dir {
-            (ObjectType::FsDirectory, fsdir::LEAF_SHIFT)
+            (ObjectType::FsDirectory, dir::NEW_DIRECTORY_BLOCK_SHIFT)
         } else {
             (ObjectType::FsFile, FILE_BLOCK_SHIFT_MIN)
         };

@@ -17,6 +17,8 @@ command -v systemd-analyze >/dev/null || need+=(systemd)
 command -v python3 >/dev/null || need+=(python3)
 # The filesystem tests run real applications on a mounted filesystem.
 command -v sqlite3 >/dev/null || need+=(sqlite3)
+# The compatibility test unpacks a pool made by an older build (tar -J).
+command -v xz >/dev/null || need+=(xz-utils)
 command -v git >/dev/null || need+=(git)
 # The kill -9 after FLUSH/FUA tests drive a volume at queue depth 64 with
 # libnbd's Python binding (Debian's own python3, whatever else is on PATH).

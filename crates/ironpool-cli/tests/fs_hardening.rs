@@ -121,6 +121,48 @@ fn two_mount_sessions_of_one_filesystem_keep_their_files_and_see_each_others_cha
     std::fs::remove_file(moved.join("late.txt")).unwrap();
     assert!(!through(&old_dir, "late.txt").exists());
 
+    // Both mounts changing one directory and one file at once: each
+    // change is told to the other kernel, which takes the directory's lock
+    // (or the file's pages) to apply it while its own requests wait on
+    // this server. Told before the reply, the two waited on each other.
+    std::fs::write(moved.join("shared.bin"), [0u8; 800]).unwrap();
+    let busy = |root: PathBuf, tag: &'static str, parity: u64| {
+        std::thread::spawn(move || {
+            let shared = std::fs::OpenOptions::new()
+                .write(true)
+                .open(root.join("shared.bin"))
+                .unwrap();
+            for index in 0..400u64 {
+                let path = root.join(format!("busy-{tag}-{index}"));
+                std::fs::write(&path, tag).unwrap();
+                std::fs::remove_file(&path).unwrap();
+                shared
+                    .write_all_at(&tag.as_bytes()[..1], index * 2 + parity)
+                    .unwrap();
+            }
+        })
+    };
+    let threads = [
+        busy(through(&old_dir, ""), "old", 0),
+        busy(moved.clone(), "new", 1),
+    ];
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while threads.iter().any(|thread| !thread.is_finished()) {
+        assert!(
+            Instant::now() < deadline,
+            "the two mounts hung on each other"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    let shared = std::fs::read(moved.join("shared.bin")).unwrap();
+    assert!(
+        shared.chunks(2).all(|pair| pair == b"on"),
+        "each mount's writes to one file are all there"
+    );
+
     // On the new mount: a file open and removed, a second open.
     let removed_data = distinct_bytes(64 << 10, 3);
     let removed = written(&moved.join("removed.bin"), &removed_data);

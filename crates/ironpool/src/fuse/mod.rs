@@ -107,7 +107,6 @@ pub struct Mount {
     mountpoint: PathBuf,
     /// Unmounted from its path already ([`Mount::detach`]).
     detached: Cell<bool>,
-    device: OwnedFd,
     session: Rc<Session>,
     readers: Vec<rt::JoinHandle<()>>,
 }
@@ -118,6 +117,11 @@ struct Session {
     /// This session's holds on the filesystem's objects (another mount of
     /// it may be alive beside this one).
     id: SessionId,
+    /// `/dev/fuse` for this session (`fd` is its number), closed when the
+    /// last holder of the session lets go (the mount once stopped, a task
+    /// telling it of another mount's changes), so no write reaches a
+    /// reused number.
+    _device: OwnedFd,
     fd: RawFd,
     /// Whether INIT asks for FUSE over io_uring (the kernel offers it), or
     /// why not.
@@ -287,6 +291,7 @@ impl Mount {
             id: fs.begin_session(),
             fs,
             fd: device.as_raw_fd(),
+            _device: device,
             uring_offered,
             start_uring: Cell::new(false),
             uring: RefCell::new(None),
@@ -307,7 +312,6 @@ impl Mount {
             flags: Cell::new(mount_flags(&session.fs)),
             mountpoint: mountpoint.to_path_buf(),
             detached: Cell::new(false),
-            device,
             session,
             readers,
         })
@@ -412,7 +416,9 @@ impl Mount {
             eprintln!("ironpool: {}: freeing removed objects: {error}", fs.name);
         }
         fs.note_front_end(|stats| *stats = Default::default());
-        drop(self.device);
+        // The device closes with the session (this is its last holder
+        // unless a notification task still has it, for a moment).
+        drop(self.session);
     }
 }
 
@@ -571,13 +577,27 @@ fn to_fuse(attr: &Attr) -> proto::Attr {
     }
 }
 
-/// The entry of `attr`, an object of the filesystem in node-id slot `slot`.
-fn entry(slot: u64, attr: &Attr) -> Vec<u8> {
+/// The entry of `attr`, an object of the filesystem in node-id slot `slot`,
+/// valid in the kernel's cache for `valid_seconds`.
+fn entry(slot: u64, attr: &Attr, valid_seconds: u64) -> Vec<u8> {
     proto::entry_out(
         &to_fuse(&in_slot(slot, attr)),
         attr.znode.generation,
-        ATTR_VALID_SECONDS,
+        valid_seconds,
     )
+}
+
+/// How long `session`'s kernel may cache names, absent names and
+/// attributes: [`ATTR_VALID_SECONDS`] while it is the filesystem's only
+/// mount session, nothing while another is alive beside it (a change
+/// through either could race the other's caching of what it changed; the
+/// notifications of `peers` cover what was cached before).
+fn valid_seconds(session: &Session) -> u64 {
+    if peers::alone(session) {
+        ATTR_VALID_SECONDS
+    } else {
+        0
+    }
 }
 
 /// `attr` with its node id for slot `slot` ([`snapdir`]).
@@ -752,7 +772,7 @@ async fn serve(
     };
     let answer = serve_fs(session, header, request, fs, node, slot).await?;
     if !stale.is_empty() {
-        peers::tell(&peers, &stale).await;
+        peers::tell(peers, stale);
     }
     if durable {
         pool.fs_log_commit(fs).await?;
@@ -792,7 +812,7 @@ async fn serve_fs(
         if slot == 0 {
             fs.remembered(session.id, attr.ino);
         }
-        entry(slot, attr)
+        entry(slot, attr, valid_seconds(session))
     };
     // `.zfs` in the root is the control directory: no file takes its name.
     let reserved = |parent: u64, name: &[u8]| {
@@ -836,12 +856,12 @@ async fn serve_fs(
         }
         Request::Lookup { name } => match fs.lookup(node, name).await {
             Ok(attr) => Ok(entry(&attr)),
-            Err(FsError::NotFound) => Ok(proto::negative_entry_out(ATTR_VALID_SECONDS)),
+            Err(FsError::NotFound) => Ok(proto::negative_entry_out(valid_seconds(session))),
             Err(error) => Err(error),
         },
         Request::Getattr => Ok(proto::attr_out(
             &to_fuse(&in_slot(slot, &fs.getattr(node).await?)),
-            ATTR_VALID_SECONDS,
+            valid_seconds(session),
         )),
         Request::Setattr(change) => {
             let now = Timestamp::from_ns(rt::wall_clock_ns());
@@ -876,7 +896,7 @@ async fn serve_fs(
             let attr = fs.setattr(pool, node, set).await?;
             Ok(proto::attr_out(
                 &to_fuse(&in_slot(slot, &attr)),
-                ATTR_VALID_SECONDS,
+                valid_seconds(session),
             ))
         }
         Request::Readlink => fs.readlink(node).await,

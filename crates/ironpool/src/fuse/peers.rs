@@ -9,8 +9,18 @@
 //! through that kernel. So a change made through one session is told to
 //! the kernels of the others: the entries it changed (`FUSE_NOTIFY_INVAL_
 //! ENTRY`) and the nodes whose attributes or data it changed
-//! (`FUSE_NOTIFY_INVAL_INODE`). With one session (the usual case) nothing
-//! is sent and nothing is looked up.
+//! (`FUSE_NOTIFY_INVAL_INODE`). While another session is alive, replies
+//! give the kernel nothing to cache (`valid_seconds`), so these
+//! notifications cover what was cached before. With one session (the usual
+//! case) nothing is sent and nothing is looked up.
+//!
+//! The notifications go after the request's reply, from a task of their
+//! own, each written by an io_uring worker thread, not the loop: the other
+//! kernel takes the directory's lock (an entry) or the file's page locks (a
+//! node) to apply one, and may hold them while it waits for a reply of this
+//! server, so a request that waited for its notifications before replying,
+//! or a loop that wrote one itself, would wait for itself through the other
+//! mount.
 
 use std::cell::RefCell;
 use std::rc::{Rc, Weak};
@@ -18,7 +28,6 @@ use std::rc::{Rc, Weak};
 use super::proto::{self, Request};
 use super::Session;
 use crate::pool::filesystem::Filesystem;
-use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::uring as rt_uring;
 
 thread_local! {
@@ -46,6 +55,21 @@ pub(super) fn unregister(session: &Session) {
     });
 }
 
+/// Whether `session` is its filesystem's only live session.
+pub(super) fn alone(session: &Session) -> bool {
+    SESSIONS.with(|sessions| {
+        !sessions
+            .borrow()
+            .iter()
+            .filter_map(Weak::upgrade)
+            .any(|other| {
+                !std::ptr::eq(&*other, session)
+                    && Rc::ptr_eq(&other.fs, &session.fs)
+                    && !other.ended.get()
+            })
+    })
+}
+
 /// The other live sessions of `session`'s filesystem.
 pub(super) fn of(session: &Session) -> Vec<Rc<Session>> {
     SESSIONS.with(|sessions| {
@@ -63,22 +87,18 @@ pub(super) fn of(session: &Session) -> Vec<Rc<Session>> {
 }
 
 /// What a request left stale in another kernel's cache.
-pub(super) enum Stale<'a> {
+pub(super) enum Stale {
     /// A node's attributes or data.
     Node(u64),
     /// A name in a directory (there now, or gone).
-    Entry(u64, &'a [u8]),
+    Entry(u64, Vec<u8>),
 }
 
 /// What `request` to node `node` of `fs` (the head, not a snapshot) will
 /// leave stale in other kernels, if it succeeds. A removal or a rename
 /// over a name looks up the node it takes the name from first (its link
 /// count changes).
-pub(super) async fn stale_after<'a>(
-    fs: &Filesystem,
-    node: u64,
-    request: &Request<'a>,
-) -> Vec<Stale<'a>> {
+pub(super) async fn stale_after(fs: &Filesystem, node: u64, request: &Request<'_>) -> Vec<Stale> {
     match *request {
         Request::Setattr(_)
         | Request::Write { .. }
@@ -87,14 +107,16 @@ pub(super) async fn stale_after<'a>(
         Request::Symlink { name, .. }
         | Request::Mknod { name, .. }
         | Request::Mkdir { name, .. }
-        | Request::Create { name, .. } => vec![Stale::Entry(node, name), Stale::Node(node)],
+        | Request::Create { name, .. } => {
+            vec![Stale::Entry(node, name.to_vec()), Stale::Node(node)]
+        }
         Request::Link { old_node, name } => vec![
-            Stale::Entry(node, name),
+            Stale::Entry(node, name.to_vec()),
             Stale::Node(node),
             Stale::Node(crate::fuse::snapdir::split(old_node).1),
         ],
         Request::Unlink { name } | Request::Rmdir { name } => {
-            let mut stale = vec![Stale::Entry(node, name), Stale::Node(node)];
+            let mut stale = vec![Stale::Entry(node, name.to_vec()), Stale::Node(node)];
             stale.extend(named(fs, node, name).await);
             stale
         }
@@ -106,8 +128,8 @@ pub(super) async fn stale_after<'a>(
         } => {
             let new_dir = crate::fuse::snapdir::split(new_dir).1;
             let mut stale = vec![
-                Stale::Entry(node, name),
-                Stale::Entry(new_dir, new_name),
+                Stale::Entry(node, name.to_vec()),
+                Stale::Entry(new_dir, new_name.to_vec()),
                 Stale::Node(node),
                 Stale::Node(new_dir),
             ];
@@ -121,25 +143,38 @@ pub(super) async fn stale_after<'a>(
 
 /// The node `name` in `parent` names now, as something other kernels may
 /// cache the attributes of.
-async fn named<'a>(fs: &Filesystem, parent: u64, name: &[u8]) -> Option<Stale<'a>> {
+async fn named(fs: &Filesystem, parent: u64, name: &[u8]) -> Option<Stale> {
     let attr = fs.lookup(parent, name).await.ok()?;
     Some(Stale::Node(attr.ino))
 }
 
-/// Tells each of `peers` what `stale` says changed. A node or directory a
-/// kernel does not know (`ENOENT`) had nothing cached.
-pub(super) async fn tell(peers: &[Rc<Session>], stale: &[Stale<'_>]) {
-    for peer in peers {
-        for what in stale {
-            let bytes = match what {
-                Stale::Node(node) => proto::notify_inval_inode(*node),
-                Stale::Entry(parent, name) => proto::notify_inval_entry(*parent, name),
-            };
-            let bytes = BufSlice::whole(AlignedBuf::copy_from(&bytes).into_shared());
-            if let Err(error) = rt_uring::writev_at(peer.fd, vec![bytes], u64::MAX).await {
-                if error.raw_os_error() != Some(libc::ENOENT) {
-                    eprintln!("ironpool: {}: fuse notification: {error}", peer.fs.name);
-                }
+/// Tells each of `peers` what `stale` says changed, in a task of its own
+/// (see the module's comment on why not before the reply). A node or
+/// directory a kernel does not know (`ENOENT`) had nothing cached. A peer
+/// whose session ended meanwhile is skipped: its device is closed once no
+/// task holds its session (the session owns it), so no write can reach a
+/// descriptor number reused since.
+pub(super) fn tell(peers: Vec<Rc<Session>>, stale: Vec<Stale>) {
+    crate::rt::spawn(async move {
+        for peer in &peers {
+            tell_one(peer, &stale).await;
+        }
+    });
+}
+
+async fn tell_one(peer: &Session, stale: &[Stale]) {
+    for what in stale {
+        if peer.ended.get() {
+            return;
+        }
+        let bytes = match what {
+            Stale::Node(node) => proto::notify_inval_inode(*node),
+            Stale::Entry(parent, name) => proto::notify_inval_entry(*parent, name),
+        };
+        let pieces = vec![rt_uring::WriteBytes::Owned(bytes)];
+        if let Err(error) = rt_uring::writev_bytes_from_worker(peer.fd, pieces).await {
+            if error.raw_os_error() != Some(libc::ENOENT) {
+                eprintln!("ironpool: {}: fuse notification: {error}", peer.fs.name);
             }
         }
     }

@@ -595,7 +595,7 @@ pub async fn writev_at_with(
     offset: u64,
     rw_flags: i32,
 ) -> io::Result<usize> {
-    writev_pieces(fd, slices, offset, rw_flags).await
+    writev_pieces(fd, slices, offset, rw_flags, false).await
 }
 
 /// Bytes a write takes over: a vector of the caller's, or a slice of a
@@ -610,7 +610,18 @@ pub enum WriteBytes {
 /// aligned buffer is needed, so nothing is copied into one. For files that
 /// take any address (not `O_DIRECT`).
 pub async fn writev_bytes(fd: RawFd, pieces: Vec<WriteBytes>) -> io::Result<usize> {
-    writev_pieces(fd, pieces, u64::MAX, 0).await
+    writev_pieces(fd, pieces, u64::MAX, 0, false).await
+}
+
+/// [`writev_bytes`] issued from one of the kernel's io_uring worker threads
+/// (`IOSQE_ASYNC`), never inline in the loop's own `io_uring_enter`: for a
+/// write that may block in the kernel on a lock whose holder waits for this
+/// loop. A FUSE notification is one: the other mount's kernel takes a
+/// directory's lock or a file's pages to apply it, which one of its
+/// requests to this server may hold. Written inline, it stopped the loop
+/// and with it the reply that lock waited for.
+pub async fn writev_bytes_from_worker(fd: RawFd, pieces: Vec<WriteBytes>) -> io::Result<usize> {
+    writev_pieces(fd, pieces, u64::MAX, 0, true).await
 }
 
 /// Bytes whose memory stays where it is when the value holding them moves
@@ -636,12 +647,14 @@ impl HeapBytes for WriteBytes {
 }
 
 /// One `writev` of `pieces` at `offset` (`u64::MAX`: the file's position),
-/// which it owns until the write completes.
+/// which it owns until the write completes; `from_worker`: issued from an
+/// io_uring worker thread (see [`writev_bytes_from_worker`]).
 async fn writev_pieces<P: HeapBytes>(
     fd: RawFd,
     pieces: Vec<P>,
     offset: u64,
     rw_flags: i32,
+    from_worker: bool,
 ) -> io::Result<usize> {
     assert!(pieces.len() <= IOVEC_COUNT_MAX);
     let iovecs: Vec<libc::iovec> = pieces
@@ -651,10 +664,13 @@ async fn writev_pieces<P: HeapBytes>(
             iov_len: piece.bytes().len(),
         })
         .collect();
-    let entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
+    let mut entry = opcode::Writev::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
         .offset(offset)
         .rw_flags(rw_flags)
         .build();
+    if from_worker {
+        entry = entry.flags(io_uring::squeue::Flags::ASYNC);
+    }
     // SAFETY: the iovec array and the pieces' heap memory (which moving
     // the pieces does not move: `HeapBytes`) are owned by the op until it
     // completes.

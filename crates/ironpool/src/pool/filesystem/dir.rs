@@ -141,11 +141,17 @@ pub async fn init(objects: &ObjectSet, dir: &Object) -> Result<(), FsError> {
 /// no await between (the caller holds txg builds off).
 fn grow_root(objects: &ObjectSet, dir: &Object, mut leaf: Leaf) -> Result<(), FsError> {
     let mut dnode = dir.dnode();
-    assert!(
-        dnode.levels == 1 && dnode.data_block_shift < LEAF_SHIFT,
-        "directory object {}: a root leaf grows while it is the only block",
-        dir.id
-    );
+    // A small root leaf is the object's only block (this code makes no
+    // other); damage, or a received directory that says otherwise, is
+    // refused rather than grown over.
+    if dnode.levels != 1 || dnode.data_block_shift >= LEAF_SHIFT {
+        return Err(FsError::Corrupt(format!(
+            "directory object {}: a small root leaf with blocks of {} bytes in {} levels",
+            dir.id,
+            dnode.data_block_bytes(),
+            dnode.levels
+        )));
+    }
     objects.kill(dir, &dnode.root);
     dnode.data_block_shift = LEAF_SHIFT;
     dnode.root = BlockPointer::hole(0, dnode.object_type, 0);

@@ -129,3 +129,53 @@ fn a_pool_made_by_6093ca7_imports_and_its_old_directories_keep_working() {
     qemu_io(&pool.uri("vol"), &["read -P 0x5a 0 1M"]);
     stop_and_check(&mut pool);
 }
+
+/// Send streams written by 6093ca7 (stream version 1, its directory
+/// layout) are received by this build, which writes version 2 streams: the
+/// received filesystem and volume hold what was sent, take changes, and
+/// are sent on again (version 2) and received as a second copy.
+#[test]
+fn streams_sent_by_6093ca7_are_received_and_sent_on() {
+    let mut pool = TestPool::new("recv");
+    let mnt = pool.path("mnt");
+    let copy = pool.path("copy");
+    let _unmount = (Unmount(mnt.clone()), Unmount(copy.clone()));
+    pool.create("256M", &["mirror", "a.img", "b.img"]);
+    pool.serve();
+    let fixtures = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let unpacked = |name: &str| {
+        let target = pool.path(name);
+        let script = format!(
+            "xz -dc {} > {}",
+            fixtures.join(format!("stream-6093ca7-{name}.xz")).display(),
+            target.display()
+        );
+        tool("sh", &["-c", &script]);
+        target
+    };
+    let mountpoint = format!("mountpoint={}", mnt.display());
+    receive_ok(&pool, "recv/fs", &unpacked("fs"), &["-o", &mountpoint]);
+    receive_ok(&pool, "recv/vol", &unpacked("vol"), &[]);
+    wait_mounted(&pool, &mnt);
+    check_fixture_tree(&mnt);
+    qemu_io(&pool.uri("vol"), &["read -P 0x5a 0 1M"]);
+    // Changed here, then sent with this build's stream version.
+    std::fs::create_dir(mnt.join("added")).unwrap();
+    std::fs::write(mnt.join("added/file"), b"added here").unwrap();
+    for index in 0..200 {
+        std::fs::write(mnt.join(format!("small/more{index}")), b"m").unwrap();
+    }
+    pool.admin(&["snapshot", "recv/fs@here"]);
+    let stream = pool.path("here.stream");
+    pool.send_to_file(&["send", "recv/fs@here"], &stream);
+    let mountpoint = format!("mountpoint={}", copy.display());
+    receive_ok(&pool, "recv/copy", &stream, &["-o", &mountpoint]);
+    wait_mounted(&pool, &copy);
+    check_fixture_tree(&copy);
+    assert_eq!(
+        std::fs::read(copy.join("added/file")).unwrap(),
+        b"added here"
+    );
+    assert_eq!(std::fs::read_dir(copy.join("small")).unwrap().count(), 205);
+    stop_and_check(&mut pool);
+}

@@ -24,8 +24,21 @@ pub use checksum::{Checksum, ChecksumAlgo};
 pub use dnode::{Dnode, ObjectType};
 pub use uberblock::Uberblock;
 
-/// The on-disk format version this build writes and reads.
-pub const FORMAT_VERSION: u32 = 1;
+/// The on-disk format version this build writes. Version 2 (directories
+/// whose root leaf is block 0 and may be small, see `fsdir`) is read by no
+/// build before it; a version 1 pool is read as it is and written as
+/// version 2 from its first commit here (a one-way upgrade: older builds
+/// then refuse it with a clear error instead of misreading new
+/// directories).
+pub const FORMAT_VERSION: u32 = 2;
+/// The oldest on-disk format version this build reads (6093ca7 and before
+/// wrote 1, which is a subset of 2).
+pub const FORMAT_VERSION_MIN: u32 = 1;
+
+/// Whether this build reads structures of format version `version`.
+pub fn format_version_readable(version: u32) -> bool {
+    (FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version)
+}
 
 /// Size of one label: a config area and an uberblock ring.
 pub const LABEL_SIZE_BYTES: u64 = 256 * 1024;
@@ -83,7 +96,7 @@ pub fn data_area_bytes(device_size_bytes: u64) -> u64 {
 pub enum FormatError {
     #[error("bad magic number in {0}")]
     BadMagic(&'static str),
-    #[error("{what} has format version {found}, this build reads version {FORMAT_VERSION}")]
+    #[error("{what} has format version {found}, this build reads versions {FORMAT_VERSION_MIN} to {FORMAT_VERSION}")]
     UnsupportedVersion { what: &'static str, found: u32 },
     #[error("checksum mismatch in {0}")]
     ChecksumMismatch(&'static str),

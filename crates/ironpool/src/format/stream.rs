@@ -42,8 +42,13 @@ use crate::format::dnode::{ObjectType, BONUS_BYTES};
 
 /// "IPSR" as bytes on the wire.
 pub const STREAM_MAGIC: u32 = u32::from_le_bytes(*b"IPSR");
-/// Version of the stream format this build writes; it reads this one only.
-pub const STREAM_VERSION: u32 = 1;
+/// Version of the stream format this build writes. Version 2 streams may
+/// carry directories in the layout of format version 2 (root leaf at block
+/// 0, maybe small), which no receiver before it reads; this build reads
+/// version 1 streams (of older senders) too.
+pub const STREAM_VERSION: u32 = 2;
+/// The oldest stream version this build reads.
+pub const STREAM_VERSION_MIN: u32 = 1;
 /// Size of a record header.
 pub const RECORD_HEADER_BYTES: usize = 32;
 /// Largest BEGIN payload (a few hundred bytes of JSON in practice).
@@ -115,7 +120,7 @@ pub enum StreamError {
     #[error("the stream ends after {records} records without its END record (truncated)")]
     Truncated { records: u64 },
     #[error(
-        "stream format version {0} is not supported (this build reads version {STREAM_VERSION})"
+        "stream format version {0} is not supported (this build reads versions {STREAM_VERSION_MIN} to {STREAM_VERSION})"
     )]
     Version(u32),
 }
@@ -316,7 +321,7 @@ pub fn decode_payload(
         RecordKind::Begin => {
             let begin: StreamBegin = serde_json::from_slice(payload)
                 .map_err(|error| malformed(&format!("BEGIN: {error}")))?;
-            if begin.version != STREAM_VERSION {
+            if !(STREAM_VERSION_MIN..=STREAM_VERSION).contains(&begin.version) {
                 return Err(StreamError::Version(begin.version));
             }
             if !begin.block_bytes.is_power_of_two()

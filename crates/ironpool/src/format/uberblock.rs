@@ -70,7 +70,7 @@ impl Uberblock {
             return Err(FormatError::ChecksumMismatch(WHAT));
         }
         let version = get_u32(bytes, 8);
-        if version != FORMAT_VERSION {
+        if !super::format_version_readable(version) {
             return Err(FormatError::UnsupportedVersion {
                 what: WHAT,
                 found: version,

@@ -931,6 +931,9 @@ impl Pool {
         store.allocator.borrow_mut().recount();
         let mut imported_config = config.clone();
         imported_config.state = PoolState::Active;
+        // A pool of an older format version is written in this one from
+        // its first commit (labels and uberblocks): see FORMAT_VERSION.
+        imported_config.version = FORMAT_VERSION;
         let pool = Rc::new(Pool {
             name: name.to_string(),
             guid: config.pool_guid,

@@ -35,6 +35,14 @@ fn wait_log(pool: &TestPool, line: &str) {
     }
 }
 
+/// Waits until the server says the mount of filesystem `name` at `path` it
+/// replaced has ended (its last open file closed), then 2 s more: the time
+/// within which the old session's end freed the new one's files.
+fn wait_session_ended(pool: &TestPool, name: &str, path: &Path) {
+    wait_log(pool, &format!("unmounted {name} from {}", path.display()));
+    std::thread::sleep(Duration::from_secs(2));
+}
+
 /// Opens `path` for reading and writing, creating it, and writes `data`.
 fn written(path: &Path, data: &[u8]) -> std::fs::File {
     let file = std::fs::OpenOptions::new()
@@ -174,8 +182,7 @@ fn two_mount_sessions_of_one_filesystem_keep_their_files_and_see_each_others_cha
     assert_eq!(read_all(&held), b"held open on the old mount");
     drop(held);
     drop(old_dir);
-    wait_log(&pool, &format!("unmounted {name} from {}", old.display()));
-    std::thread::sleep(Duration::from_secs(2));
+    wait_session_ended(&pool, &name, &old);
     assert_eq!(
         fs_objects(&pool),
         objects - 1,
@@ -205,8 +212,7 @@ fn two_mount_sessions_of_one_filesystem_keep_their_files_and_see_each_others_cha
     drop(kept);
     drop(gone);
     drop(second);
-    wait_log(&pool, &format!("unmounted {name} from {}", moved.display()));
-    std::thread::sleep(Duration::from_secs(2));
+    wait_session_ended(&pool, &name, &moved);
     assert_eq!(
         fs_objects(&pool),
         objects - 1,

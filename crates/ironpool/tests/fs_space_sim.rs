@@ -27,6 +27,26 @@ async fn settle(pool: &Rc<Pool>) {
     }
 }
 
+/// A pool of a mirror of `disks` that commits when asked, with filesystem
+/// `tank/fs`, committed and settled.
+async fn settled_filesystem(
+    disks: &[Rc<ironpool::dev::sim::SimDevice>],
+) -> (Rc<Pool>, Rc<Filesystem>) {
+    let pool = manual_mirror(disks).await;
+    let fs = pool
+        .create_filesystem("tank/fs", BTreeMap::new())
+        .await
+        .unwrap();
+    settle(&pool).await;
+    (pool, fs)
+}
+
+/// `check`'s walk of every block finds no problem with space accounting.
+async fn assert_space_checks_clean(pool: &Rc<Pool>) {
+    let report = pool.check_space().await.unwrap();
+    assert!(report.problems.is_empty(), "{:?}", report.problems);
+}
+
 /// Creates `count` empty files in a new directory `name` of the root, then
 /// removes them and the directory.
 async fn churn(pool: &Rc<Pool>, fs: &Filesystem, name: &[u8], count: u32) {
@@ -64,12 +84,7 @@ async fn churn(pool: &Rc<Pool>, fs: &Filesystem, name: &[u8], count: u32) {
 fn create_and_delete_churn_gives_the_space_back() {
     let disks = devices(2, 512 << 20, 91);
     Runtime::new_sim(91).block_on(async move {
-        let pool = manual_mirror(&disks).await;
-        let fs = pool
-            .create_filesystem("tank/fs", BTreeMap::new())
-            .await
-            .unwrap();
-        settle(&pool).await;
+        let (pool, fs) = settled_filesystem(&disks).await;
         let start = used_bytes(&pool);
         let mut after = Vec::new();
         for round in 0..3u8 {
@@ -84,8 +99,7 @@ fn create_and_delete_churn_gives_the_space_back() {
                 "round {round}: {used} bytes used, {start} at the start ({after:?})"
             );
         }
-        let report = pool.check_space().await.unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_space_checks_clean(&pool).await;
         // Still a working filesystem.
         let file = NewObject::owned(S_IFREG | 0o644, 0, 0);
         let made = fs.create(&pool, fs.root(), b"after", &file).await.unwrap();
@@ -103,12 +117,7 @@ fn create_and_delete_churn_gives_the_space_back() {
 fn directories_made_until_the_pool_is_full_meet_enospc_and_the_pool_stays_writable() {
     let disks = devices(2, 96 << 20, 92);
     Runtime::new_sim(92).block_on(async move {
-        let pool = manual_mirror(&disks).await;
-        let fs = pool
-            .create_filesystem("tank/fs", BTreeMap::new())
-            .await
-            .unwrap();
-        settle(&pool).await;
+        let (pool, fs) = settled_filesystem(&disks).await;
         let start = used_bytes(&pool);
         let (fs_start, _, _) = fs.referenced_walked().await.unwrap();
         let dir = NewObject::owned(S_IFDIR | 0o755, 0, 0);
@@ -183,8 +192,7 @@ fn directories_made_until_the_pool_is_full_meet_enospc_and_the_pool_stays_writab
             "{used} bytes used after the removal, {start} before"
         );
         fs.create(&pool, fs.root(), b"again", &dir).await.unwrap();
-        let report = pool.check_space().await.unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_space_checks_clean(&pool).await;
         pool.export().await.unwrap();
     });
 }
@@ -198,12 +206,7 @@ fn directories_made_until_the_pool_is_full_meet_enospc_and_the_pool_stays_writab
 fn an_empty_directory_costs_one_small_block_per_copy() {
     let disks = devices(2, 256 << 20, 93);
     Runtime::new_sim(93).block_on(async move {
-        let pool = manual_mirror(&disks).await;
-        let fs = pool
-            .create_filesystem("tank/fs", BTreeMap::new())
-            .await
-            .unwrap();
-        settle(&pool).await;
+        let (pool, fs) = settled_filesystem(&disks).await;
         let start = used_bytes(&pool);
         let dir = NewObject::owned(S_IFDIR | 0o755, 0, 0);
         let count = 512u64;
@@ -249,8 +252,7 @@ fn an_empty_directory_costs_one_small_block_per_copy() {
         }
         assert_eq!(listed, 2002, "every name, . and ..");
         settle(&pool).await;
-        let report = pool.check_space().await.unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_space_checks_clean(&pool).await;
         pool.export().await.unwrap();
     });
 }
@@ -267,11 +269,7 @@ fn files_held_by_two_mount_sessions_live_until_the_last_hold_goes() {
     use std::collections::{BTreeSet, HashMap};
     let disks = devices(2, 256 << 20, 94);
     Runtime::new_sim(94).block_on(async move {
-        let pool = manual_mirror(&disks).await;
-        let fs = pool
-            .create_filesystem("tank/fs", BTreeMap::new())
-            .await
-            .unwrap();
+        let (pool, fs) = settled_filesystem(&disks).await;
         let mut rng = Rng::new(94);
         let mut sessions = [fs.begin_session(), fs.begin_session()];
         // Per file: its name (if it has one) and the handles each session
@@ -364,7 +362,6 @@ fn files_held_by_two_mount_sessions_live_until_the_last_hold_goes() {
         }
         assert_eq!(fs.stats(&pool).objects, 1 + named.len() as u64);
         pool.commit().await.unwrap();
-        let report = pool.check_space().await.unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_space_checks_clean(&pool).await;
     });
 }

@@ -872,18 +872,18 @@ async fn run(
             Ok(json!({ "durable_txg": pool.txg().durable() }))
         }
         Command::Sync { name: Some(name) } => {
+            use crate::pool::dataset::props::SyncMode;
             if let Ok(fs) = pool.filesystem(&name) {
-                // Buffered writes answered before are linked first; then
+                // Both first link the buffered writes answered before; then
                 // the log (or a txg) carries every change, as `fsync`.
-                fs.settle_writes(None).await;
-                if fs.settings().sync == crate::pool::dataset::props::SyncMode::Disabled {
+                if fs.settings().sync == SyncMode::Disabled {
                     pool.commit().await?;
                 } else {
                     pool.fs_log_commit(&fs).await?;
                 }
             } else {
                 let volume = pool.volume(&name)?;
-                if volume.settings().sync == crate::pool::dataset::props::SyncMode::Disabled {
+                if volume.settings().sync == SyncMode::Disabled {
                     // Its FLUSH promises nothing: an administrator's sync does.
                     pool.drain_volume(&volume).await?;
                     pool.commit_linked().await?;

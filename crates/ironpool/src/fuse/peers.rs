@@ -55,18 +55,20 @@ pub(super) fn unregister(session: &Session) {
     });
 }
 
-/// Whether `session` is its filesystem's only live session.
+/// Whether `other` is another live session of `session`'s filesystem.
+fn is_peer(session: &Session, other: &Session) -> bool {
+    !std::ptr::eq(other, session) && Rc::ptr_eq(&other.fs, &session.fs) && !other.ended.get()
+}
+
+/// Whether `session` is its filesystem's only live session (asked for
+/// every reply: nothing is collected).
 pub(super) fn alone(session: &Session) -> bool {
     SESSIONS.with(|sessions| {
         !sessions
             .borrow()
             .iter()
             .filter_map(Weak::upgrade)
-            .any(|other| {
-                !std::ptr::eq(&*other, session)
-                    && Rc::ptr_eq(&other.fs, &session.fs)
-                    && !other.ended.get()
-            })
+            .any(|other| is_peer(session, &other))
     })
 }
 
@@ -77,11 +79,7 @@ pub(super) fn of(session: &Session) -> Vec<Rc<Session>> {
             .borrow()
             .iter()
             .filter_map(Weak::upgrade)
-            .filter(|other| {
-                !std::ptr::eq(&**other, session)
-                    && Rc::ptr_eq(&other.fs, &session.fs)
-                    && !other.ended.get()
-            })
+            .filter(|other| is_peer(session, other))
             .collect()
     })
 }

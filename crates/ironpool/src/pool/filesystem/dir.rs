@@ -81,11 +81,23 @@ async fn with_leaf<R>(
     hash: u32,
     visit: impl FnOnce(&mut LeafBlock) -> (R, bool),
 ) -> Result<R, FsError> {
+    Ok(with_leaf_at(objects, dir, hash, visit).await?.1)
+}
+
+/// [`with_leaf`], which also says where the leaf it visited is (a split
+/// punches that block).
+async fn with_leaf_at<R>(
+    objects: &ObjectSet,
+    dir: &Object,
+    hash: u32,
+    visit: impl FnOnce(&mut LeafBlock) -> (R, bool),
+) -> Result<(LeafAt, R), FsError> {
+    let at = find_leaf(objects, dir, hash).await?;
     let LeafAt {
         level,
         prefix,
         blkid,
-    } = find_leaf(objects, dir, hash).await?;
+    } = at;
     let found = objects
         .lend_block(dir, blkid, |bytes, checked| {
             match LeafBlock::open(bytes, level, prefix, checked) {
@@ -107,7 +119,9 @@ async fn with_leaf<R>(
             }
         })
         .await?;
-    found.map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)))
+    found
+        .map(|result| (at, result))
+        .map_err(|error| FsError::Corrupt(format!("directory object {}: {error}", dir.id)))
 }
 
 /// Writes leaf `bytes` as block `blkid` of `dir` (of the directory's block
@@ -193,7 +207,7 @@ pub async fn insert(
     cookie: Option<u64>,
 ) -> Result<u64, FsError> {
     let hash = name_hash(salt, name);
-    let placed = with_leaf(objects, dir, hash, |block| {
+    let (old, placed) = with_leaf_at(objects, dir, hash, |block| {
         let cookie = cookie
             .filter(|cookie| (cookie >> 32) as u32 == hash && !block.has_cookie(*cookie))
             .unwrap_or_else(|| block.free_cookie(hash));
@@ -224,8 +238,6 @@ pub async fn insert(
         grow_root(objects, dir, leaf)?;
         return Ok(cookie);
     }
-    // The leaf splitting: where it is now.
-    let old = find_leaf(objects, dir, (cookie >> 32) as u32).await?;
     let mut pending = vec![leaf];
     let mut done = Vec::new();
     while let Some(leaf) = pending.pop() {

@@ -1354,7 +1354,21 @@ impl Filesystem {
         ino: u64,
         count: u64,
     ) -> Result<(), FsError> {
-        if !self.holds.let_go(session, Hold::Kernel, ino, count) {
+        self.let_go(pool, session, Hold::Kernel, ino, count).await
+    }
+
+    /// `session` lets go of `count` holds of `kind` on `ino`; when they
+    /// were its last, the object is freed if it has no names left and no
+    /// other hold.
+    async fn let_go(
+        &self,
+        pool: &Rc<Pool>,
+        session: SessionId,
+        kind: Hold,
+        ino: u64,
+        count: u64,
+    ) -> Result<(), FsError> {
+        if !self.holds.let_go(session, kind, ino, count) {
             return Ok(());
         }
         self.free_if_orphan(pool, ino).await
@@ -1500,10 +1514,7 @@ impl Filesystem {
             // Read-only: a snapshot's file with no names is freed with it.
             return Ok(());
         }
-        if !self.holds.let_go(session, Hold::Open, ino, 1) {
-            return Ok(());
-        }
-        self.free_if_orphan(pool, ino).await
+        self.let_go(pool, session, Hold::Open, ino, 1).await
     }
 
     /// The next object in use of a walk of the filesystem's objects (its

@@ -9,6 +9,7 @@
 //!   them: data, then the metadata tree, then uberblocks, with flushes in between.
 //! - [`volume`] serves reads and writes; [`scrub`] verifies and repairs everything.
 
+pub(crate) mod data;
 pub mod dataset;
 pub mod devices;
 pub mod filesystem;

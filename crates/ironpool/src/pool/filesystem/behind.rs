@@ -51,14 +51,26 @@ use rustc_hash::FxHashMap;
 
 use super::{Filesystem, FsError};
 use crate::format::znode::Znode;
-use crate::format::ObjectType;
+use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
 use crate::pool::dataset::intent_log::FileAttr;
 use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
+use crate::pool::volume::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::Pool;
+use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::{Notify, Permit};
 use crate::rt::{self};
+
+/// What a write-out finds of its version.
+enum Claim {
+    /// A newer version replaced it: nothing to write.
+    Replaced,
+    /// An earlier version's write-out is in progress.
+    Busy,
+    /// Its bytes, now this block's one write-out.
+    Claimed(HeldBlock),
+}
 
 /// Byte ranges of a block, sorted, apart and not touching.
 pub(super) type Parts = Vec<std::ops::Range<usize>>;
@@ -440,7 +452,11 @@ impl Filesystem {
     /// Writes out and links the versions `numbers` (block, number) of
     /// `object`, each unless replaced meanwhile; `_shared` (the
     /// filesystem's lock, shared) keeps changes of names and attributes off
-    /// until they are linked.
+    /// until they are linked. Up to [`BLOCKS_IN_FLIGHT_PER_REQUEST`] blocks
+    /// at a time: those free to write now go out as one run (neighbours on
+    /// a device become one request, as a volume's write-back does); a block
+    /// whose earlier version is still being written waits for it on its
+    /// own, so no write-out holds one block while it waits for another.
     async fn write_out(
         self: Rc<Self>,
         pool: &Rc<Pool>,
@@ -448,47 +464,187 @@ impl Filesystem {
         numbers: Vec<(u64, u64)>,
         _shared: Permit,
     ) {
-        for batch in numbers.chunks(crate::pool::volume::BLOCKS_IN_FLIGHT_PER_REQUEST) {
-            futures_util::future::join_all(
-                batch
-                    .iter()
-                    .map(|(blkid, number)| self.write_out_block(pool, object, *blkid, *number)),
+        for batch in numbers.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
+            let mut ready = Vec::with_capacity(batch.len());
+            let mut busy = Vec::new();
+            for &(blkid, number) in batch {
+                match self.claim(object, blkid, number) {
+                    Claim::Replaced => self.end_write_out(pool, object, blkid, number, false, None),
+                    Claim::Claimed(held) => ready.push((blkid, number, held)),
+                    Claim::Busy => busy.push((blkid, number)),
+                }
+            }
+            let waiting = busy
+                .into_iter()
+                .map(|(blkid, number)| self.write_out_block(pool, object, blkid, number));
+            futures_util::future::join(
+                self.write_out_run(pool, object, ready),
+                futures_util::future::join_all(waiting),
             )
             .await;
         }
     }
 
-    /// One block's write-out: waits for the block's write-out in progress,
-    /// then, unless a newer version replaced this one, writes the newest
-    /// bytes and links them.
+    /// Takes version `number` of block `blkid` for its write-out, unless it
+    /// was replaced or an earlier one is being written.
+    fn claim(&self, object: &Object, blkid: u64, number: u64) -> Claim {
+        let mut blocks = self.behind.blocks.borrow_mut();
+        let version = blocks
+            .get_mut(&(object.id, blkid))
+            .expect("a version per write-out");
+        if version.number != number {
+            // Replaced: the newer version's write-out carries it.
+            return Claim::Replaced;
+        }
+        if version.writing {
+            return Claim::Busy;
+        }
+        version.writing = true;
+        Claim::Claimed(version.held())
+    }
+
+    /// One block's write-out, once the one in progress ended: unless a newer
+    /// version replaced this one, writes the newest bytes and links them.
     async fn write_out_block(&self, pool: &Rc<Pool>, object: &Rc<Object>, blkid: u64, number: u64) {
-        let behind = &self.behind;
-        let key = (object.id, blkid);
-        let bytes = loop {
-            let changed = behind.changed.notified();
-            {
-                let mut blocks = behind.blocks.borrow_mut();
-                let version = blocks.get_mut(&key).expect("a version per write-out");
-                if version.number != number {
-                    // Replaced: the newer version's write-out carries it.
-                    break None;
+        loop {
+            let changed = self.behind.changed.notified();
+            match self.claim(object, blkid, number) {
+                Claim::Replaced => {
+                    return self.end_write_out(pool, object, blkid, number, false, None)
                 }
-                if !version.writing {
-                    version.writing = true;
-                    break Some(version.held());
+                Claim::Claimed(held) => {
+                    return self
+                        .write_out_run(pool, object, vec![(blkid, number, held)])
+                        .await
                 }
+                Claim::Busy => changed.await,
             }
-            changed.await;
+        }
+    }
+
+    /// Writes the claimed versions `ready` (block, number, bytes) of
+    /// `object` through the write pipeline as one run, links each (noted
+    /// for the log), and ends their write-outs.
+    async fn write_out_run(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        ready: Vec<(u64, u64, HeldBlock)>,
+    ) {
+        if ready.is_empty() {
+            return;
+        }
+        // The whole block each stands for (a version of parts is merged
+        // over the block in the tree), unless superseded: a one-block file
+        // whose block grew in memory since this version was taken
+        // (`grow_behind`), where the newer version carries these bytes.
+        let wholes = futures_util::future::join_all(ready.into_iter().map(
+            |(blkid, number, held)| async move {
+                let size = held.bytes.len() as u64;
+                let whole = if object.dnode().data_block_bytes() != size {
+                    self.count(|stats| stats.behind_superseded += 1);
+                    Ok(None)
+                } else {
+                    self.whole_block(object, blkid, held).await.map(Some)
+                };
+                (blkid, number, size, whole)
+            },
+        ))
+        .await;
+        let new: Vec<_> = wholes
+            .iter()
+            .filter_map(|(_, _, _, whole)| match whole {
+                Ok(Some(bytes)) if !is_zero(bytes) => {
+                    Some(crate::pool::data::NewBlock::of(pool, bytes.clone()))
+                }
+                _ => None,
+            })
+            .collect();
+        let format = self.block_format(ObjectType::FsFile);
+        let mut written = crate::pool::data::write_blocks(pool, format, new, IoClass::AsyncWrite)
+            .await
+            .into_iter();
+        let mut links = Vec::with_capacity(wholes.len());
+        for (blkid, number, size, whole) in wholes {
+            // Some(pointer, bytes): a block to link; None: superseded.
+            let step = whole.and_then(|whole| {
+                whole
+                    .map(|bytes| {
+                        let pointer = if is_zero(&bytes) {
+                            BlockPointer::hole(0, ObjectType::FsFile, 0)
+                        } else {
+                            written.next().expect("a result per block written")?
+                        };
+                        Ok((pointer, bytes))
+                    })
+                    .transpose()
+            });
+            links.push(async move {
+                let linked = match step {
+                    Ok(Some((pointer, bytes))) => {
+                        self.link_written_behind(pool, object, blkid, pointer, size, &bytes)
+                            .await
+                    }
+                    Ok(None) => Ok(()),
+                    Err(error) => Err(error),
+                };
+                (blkid, number, linked)
+            });
+        }
+        debug_assert!(written.next().is_none(), "every block written is linked");
+        for (blkid, number, linked) in futures_util::future::join_all(links).await {
+            self.end_write_out(pool, object, blkid, number, true, linked.err());
+        }
+    }
+
+    /// Links block `blkid` of `object`, written at `size` from `bytes`,
+    /// noted for the log, unless the file's block size changed meanwhile.
+    async fn link_written_behind(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        pointer: BlockPointer,
+        size: u64,
+        bytes: &[u8],
+    ) -> Result<(), FsError> {
+        let Some(linked) = self
+            .link_block_of_size(pool, object, blkid, pointer, size)
+            .await?
+        else {
+            self.count(|stats| stats.behind_superseded += 1);
+            return Ok(());
         };
-        let wrote = bytes.is_some();
-        let failed = match bytes {
-            Some(held) => self.write_and_link(pool, object, blkid, held).await.err(),
-            None => None,
-        };
+        let copy = self.settings.get().log_bias == LogBias::Latency;
+        self.log
+            .note_written(object.id, blkid, &linked, copy.then_some(bytes));
+        self.behind.wrote_through();
+        Ok(())
+    }
+
+    /// Ends version `number`'s write-out of block `blkid` (`wrote`: it was
+    /// the block's write-out in progress), with its failure if any: the
+    /// block's version goes once no write-out refers to it.
+    fn end_write_out(
+        &self,
+        pool: &Pool,
+        object: &Object,
+        blkid: u64,
+        number: u64,
+        wrote: bool,
+        failed: Option<FsError>,
+    ) {
+        let behind = &self.behind;
         {
             let mut blocks = behind.blocks.borrow_mut();
-            let version = blocks.get_mut(&key).expect("a version per write-out");
+            let version = blocks
+                .get_mut(&(object.id, blkid))
+                .expect("a version per write-out");
             if wrote {
+                debug_assert!(
+                    version.writing,
+                    "only the write-out in progress ends writing"
+                );
                 version.writing = false;
             }
             version.tails -= 1;
@@ -507,44 +663,12 @@ impl Filesystem {
             }
             if version.tails == 0 {
                 let (memory, reserved) = (version.memory, version.reserved);
-                blocks.remove(&key);
+                blocks.remove(&(object.id, blkid));
                 pool.release_dirty(memory, reserved);
             }
         }
         behind.in_flight.borrow_mut().remove(&number);
         behind.changed.notify_all();
-    }
-
-    /// Writes version `held` of block `blkid` of `object` (the block's only
-    /// write-out now) and links it, noted for the log.
-    async fn write_and_link(
-        &self,
-        pool: &Rc<Pool>,
-        object: &Rc<Object>,
-        blkid: u64,
-        held: HeldBlock,
-    ) -> Result<(), FsError> {
-        // A one-block file whose block grew in memory since this version
-        // was taken (`grow_behind`): the newer version carries these bytes.
-        let size = held.bytes.len() as u64;
-        if object.dnode().data_block_bytes() != size {
-            self.count(|stats| stats.behind_superseded += 1);
-            return Ok(());
-        }
-        let bytes = self.whole_block(object, blkid, held).await?;
-        let pointer = self.write_block(pool, &bytes, ObjectType::FsFile).await?;
-        let Some(linked) = self
-            .link_block_of_size(pool, object, blkid, pointer, size)
-            .await?
-        else {
-            self.count(|stats| stats.behind_superseded += 1);
-            return Ok(());
-        };
-        let copy = self.settings.get().log_bias == LogBias::Latency;
-        self.log
-            .note_written(object.id, blkid, &linked, copy.then_some(&bytes[..]));
-        self.behind.wrote_through();
-        Ok(())
     }
 
     /// The whole block a version being written out stands for: its parts

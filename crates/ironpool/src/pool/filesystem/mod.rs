@@ -2238,10 +2238,11 @@ impl Filesystem {
     }
 
     /// Writes `blocks` (block number, whole block's bytes) of `object`, of
-    /// `object_type`, to new space many at once (one request of 1 MiB is 8
-    /// blocks of 128 KiB: written one after another, a queue depth of 16
-    /// requests reached the devices as 16), then links them in order. A
-    /// failure lets go of the blocks written and not linked.
+    /// `object_type`, to new space through the write pipeline of data
+    /// blocks, up to [`BLOCKS_IN_FLIGHT_PER_REQUEST`] as one run (one
+    /// request of 1 MiB is 8 blocks of 128 KiB: neighbours on a device
+    /// become one queue request), then links them in order. Blocks of zeros
+    /// are holes. A failure lets go of the blocks written and not linked.
     async fn store_blocks(
         &self,
         pool: &Rc<Pool>,
@@ -2252,17 +2253,31 @@ impl Filesystem {
         let mut pointers = Vec::with_capacity(blocks.len());
         let mut failure = None;
         for batch in blocks.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
-            let written = futures_util::future::join_all(
-                batch
-                    .iter()
-                    .map(|(_, bytes)| self.write_block(pool, bytes, object_type)),
-            )
-            .await;
-            for result in written {
+            let zero: Vec<bool> = batch
+                .iter()
+                .map(|(_, bytes)| bytes.iter().all(|byte| *byte == 0))
+                .collect();
+            let new = batch
+                .iter()
+                .zip(&zero)
+                .filter(|(_, zero)| !**zero)
+                .map(|((_, bytes), _)| crate::pool::data::NewBlock::copied(pool, bytes))
+                .collect();
+            let format = self.block_format(object_type);
+            let mut written =
+                crate::pool::data::write_blocks(pool, format, new, IoClass::AsyncWrite)
+                    .await
+                    .into_iter();
+            for zero in zero {
+                let result = if zero {
+                    Ok(BlockPointer::hole(0, object_type, 0))
+                } else {
+                    written.next().expect("a result per block written")
+                };
                 match result {
                     Ok(pointer) => pointers.push(pointer),
                     Err(error) => {
-                        failure.get_or_insert(error);
+                        failure.get_or_insert(FsError::from(error));
                     }
                 }
             }
@@ -2389,9 +2404,19 @@ impl Filesystem {
         Ok(())
     }
 
+    /// How the filesystem's blocks of `object_type` are stored now.
+    pub(super) fn block_format(&self, object_type: ObjectType) -> crate::pool::data::BlockFormat {
+        let settings = self.settings.get();
+        crate::pool::data::BlockFormat {
+            checksum: settings.checksum,
+            compression: settings.compression,
+            object_type,
+        }
+    }
+
     /// Writes one block's bytes of an object of `object_type` to new space
-    /// (compressed if the filesystem says so); a block of zeros is a hole
-    /// and writes nothing.
+    /// through the write pipeline of data blocks; a block of zeros is a
+    /// hole and writes nothing.
     async fn write_block(
         &self,
         pool: &Rc<Pool>,
@@ -2401,57 +2426,9 @@ impl Filesystem {
         if bytes.iter().all(|byte| *byte == 0) {
             return Ok(BlockPointer::hole(0, object_type, 0));
         }
-        let settings = self.settings.get();
-        let sector = pool
-            .store
-            .vdevs()
-            .iter()
-            .map(|top| top.sector_bytes())
-            .max()
-            .unwrap_or(4096) as usize;
-        // Every byte is written below: the data, then zeros to the sector.
-        let mut padded = AlignedBuf::for_overwrite(bytes.len().next_multiple_of(sector));
-        padded[..bytes.len()].copy_from_slice(bytes);
-        padded[bytes.len()..].fill(0);
-        let whole = BufSlice::whole(padded.into_shared());
-        let (payload, physical, compression) = if settings.compression.algo == Compression::Off {
-            (whole, bytes.len(), Compression::Off)
-        } else {
-            let data = whole.slice(0..bytes.len());
-            match crate::block::compress::compress_offloaded(settings.compression, &data, sector)
-                .await
-            {
-                Some((compressed, exact)) => (
-                    BufSlice::whole(compressed.into_shared()),
-                    exact,
-                    settings.compression.algo,
-                ),
-                None => (whole, bytes.len(), Compression::Off),
-            }
-        };
-        let checksum = settings.checksum.compute(&payload[..physical]);
-        let dvas = pool.allocate_data(payload.len() as u64).await?;
-        let pointer = BlockPointer {
-            dvas,
-            birth_txg: 0,
-            logical_size: bytes.len() as u32,
-            physical_size: physical as u32,
-            level: 0,
-            object_type,
-            checksum_algo: settings.checksum,
-            compression,
-            fill: 1,
-            checksum,
-        };
-        if let Err(error) = pool
-            .store
-            .write(&pointer.dvas, payload, IoClass::AsyncWrite)
-            .await
-        {
-            pool.store.release(&pointer.dvas);
-            return Err(PoolError::from(error).into());
-        }
-        Ok(pointer)
+        let block = crate::pool::data::NewBlock::copied(pool, bytes);
+        let format = self.block_format(object_type);
+        Ok(crate::pool::data::write_block(pool, format, block, IoClass::AsyncWrite).await?)
     }
 
     /// Replay of the intent log: links `pointer` (its space claimed by

@@ -253,6 +253,47 @@ impl Volume {
         self.stats.set(stats);
     }
 
+    /// How the volume's data blocks are stored now (its properties).
+    pub(crate) fn block_format(&self) -> crate::pool::data::BlockFormat {
+        let settings = self.settings();
+        crate::pool::data::BlockFormat {
+            checksum: settings.checksum,
+            compression: settings.compression,
+            object_type: ObjectType::VolumeData,
+        }
+    }
+
+    /// Block `data` (a whole block) for the write pipeline, with the work
+    /// `prepared` from it when it was received.
+    pub(crate) fn new_block(
+        &self,
+        data: BufSlice,
+        prepared: crate::pool::volume::writeback::Prepared,
+    ) -> crate::pool::data::NewBlock {
+        debug_assert_eq!(
+            data.len() as u64,
+            self.block_bytes,
+            "a volume block is whole"
+        );
+        crate::pool::data::NewBlock {
+            checksum: prepared.checksum,
+            prep: prepared.store,
+            ..crate::pool::data::NewBlock::whole(data)
+        }
+    }
+
+    /// Counts a stored block as compressed or not, when the volume compresses.
+    pub(crate) fn count_stored(&self, pointer: &BlockPointer) {
+        if self.settings().compression.algo == Compression::Off {
+            return;
+        }
+        if pointer.compression == Compression::Off {
+            self.count(|stats| stats.incompressible_blocks += 1);
+        } else {
+            self.count(|stats| stats.compressed_blocks += 1);
+        }
+    }
+
     /// Waits until no write is in progress and keeps writes out while held
     /// (dirty blocks may remain: see [`Pool::exclusive`]).
     async fn exclusive_writers(&self) -> crate::rt::sync::Permit {
@@ -848,23 +889,11 @@ impl Pool {
                 BlockPointer::hole(0, ObjectType::VolumeData, 0)
             }
             Some(data) => {
-                let settings = volume.settings();
-                let (payload, physical_size, compression) =
-                    self.compress_block(volume, settings, &data).await;
-                let pointer = self
-                    .allocate_block(
-                        volume,
-                        settings,
-                        &payload,
-                        physical_size,
-                        compression,
-                        &prepared,
-                    )
-                    .await?;
-                if let Err(error) = self.store.write(&pointer.dvas, payload, class).await {
-                    self.store.release(&pointer.dvas);
-                    return Err(error.into());
-                }
+                let block = volume.new_block(data, prepared);
+                let pointer =
+                    crate::pool::data::write_block(self, volume.block_format(), block, class)
+                        .await?;
+                volume.count_stored(&pointer);
                 pointer
             }
         };
@@ -872,14 +901,12 @@ impl Pool {
     }
 
     /// Writes and links several blocks (the caller holds their locks), each
-    /// as `store_block` would, but together: compressed concurrently (the
-    /// work is offloaded), then checksummed and allocated in block order with
-    /// nothing in between (consecutive allocations: one contiguous run where
-    /// the free space has one), written as one run (each child's consecutive
-    /// pieces become one queue request), then linked concurrently (a link may
-    /// wait for a tree node to be read). Returns each block's result, in order.
-    /// `writes_out`: the blocks are the write-back's dirty copies (see
-    /// [`Pool::link_block`]).
+    /// as `store_block` would, but together, through the one write pipeline
+    /// of data blocks ([`crate::pool::data::write_blocks`]: compressed
+    /// concurrently, allocated in order, written as one run), then linked
+    /// concurrently (a link may wait for a tree node to be read). Returns
+    /// each block's result, in order. `writes_out`: the blocks are the
+    /// write-back's dirty copies (see [`Pool::link_block`]).
     pub(crate) async fn store_blocks(
         self: &Rc<Self>,
         volume: &Rc<Volume>,
@@ -887,104 +914,21 @@ impl Pool {
         class: IoClass,
         writes_out: bool,
     ) -> Vec<Result<(), PoolError>> {
-        let settings = volume.settings();
-        let compressed = futures_util::future::join_all(
-            blocks
-                .iter()
-                .map(|(_, data, _)| self.compress_block(volume, settings, data)),
-        )
-        .await;
-        let mut allocated = Vec::with_capacity(blocks.len());
-        for ((_, _, prepared), (payload, physical_size, compression)) in
-            blocks.iter().zip(compressed)
-        {
-            let pointer = self
-                .allocate_block(
-                    volume,
-                    settings,
-                    &payload,
-                    physical_size,
-                    compression,
-                    prepared,
-                )
-                .await;
-            // Work prepared from the block's bytes fits only if those are what is stored.
-            let store_prep = prepared
-                .store
-                .clone()
-                .if_stored_as_prepared(compression == Compression::Off);
-            allocated.push(pointer.map(|pointer| (pointer, payload, store_prep)));
-        }
-        debug_assert!(
-            allocated
-                .iter()
-                .flatten()
-                .all(|(pointer, _, _)| pointer.copies().count() == 1),
-            "volume data has one copy"
-        );
-        let run: Vec<_> = allocated
-            .iter()
-            .flatten()
-            .map(|(pointer, payload, prep)| (pointer.dvas[0], payload.clone(), prep.clone()))
-            .collect();
-        let mut writes = self.store.write_run(run, class).await.into_iter();
-        let links = blocks
+        let (blkids, new): (Vec<u64>, Vec<_>) = blocks
             .into_iter()
-            .zip(allocated)
-            .map(|((blkid, _, _), block)| {
-                let written = block
-                    .as_ref()
-                    .ok()
-                    .map(|_| writes.next().expect("a result per block written"));
-                async move {
-                    match (block, written) {
-                        (Ok((pointer, _, _)), Some(Ok(()))) => {
-                            self.link_block(volume, blkid, pointer, writes_out).await
-                        }
-                        (Ok((pointer, _, _)), Some(Err(error))) => {
-                            self.store.release(&pointer.dvas);
-                            Err(error.into())
-                        }
-                        (Err(error), _) => Err(error),
-                        (Ok(_), None) => unreachable!("every allocated block was written"),
-                    }
-                }
+            .map(|(blkid, data, prepared)| (blkid, volume.new_block(data, prepared)))
+            .unzip();
+        let written =
+            crate::pool::data::write_blocks(self, volume.block_format(), new, class).await;
+        let links = blkids
+            .into_iter()
+            .zip(written)
+            .map(|(blkid, written)| async move {
+                let pointer = written?;
+                volume.count_stored(&pointer);
+                self.link_block(volume, blkid, pointer, writes_out).await
             });
         futures_util::future::join_all(links.collect::<Vec<_>>()).await
-    }
-
-    /// The pointer of a data block about to be written: its checksum (the one
-    /// `prepared` when it still applies) and its space, allocated now.
-    pub(crate) async fn allocate_block(
-        self: &Rc<Self>,
-        volume: &Volume,
-        settings: VolumeSettings,
-        payload: &BufSlice,
-        physical_size: usize,
-        compression: Compression,
-        prepared: &crate::pool::volume::writeback::Prepared,
-    ) -> Result<BlockPointer, PoolError> {
-        let checksum = match prepared.checksum {
-            Some((algo, checksum))
-                if algo == settings.checksum && compression == Compression::Off =>
-            {
-                checksum
-            }
-            _ => settings.checksum.compute(&payload[..physical_size]),
-        };
-        let dvas = self.allocate_data(payload.len() as u64).await?;
-        Ok(BlockPointer {
-            dvas,
-            birth_txg: 0,
-            logical_size: volume.block_bytes as u32,
-            physical_size: physical_size as u32,
-            level: 0,
-            object_type: ObjectType::VolumeData,
-            checksum_algo: settings.checksum,
-            compression,
-            fill: 1,
-            checksum,
-        })
     }
 
     /// Links a written block (or a hole) into the volume's tree, in the txg
@@ -1077,41 +1021,6 @@ impl Pool {
         self.objects.kill(&volume.object, &old);
         self.spill_dead(&volume.object);
         Ok(())
-    }
-
-    /// What to store for a block: its bytes compressed when the volume compresses
-    /// and that saves enough, else as they are. Returns (bytes to write, rounded to
-    /// the sector; exact physical size; compression).
-    pub(crate) async fn compress_block(
-        &self,
-        volume: &Volume,
-        settings: VolumeSettings,
-        data: &BufSlice,
-    ) -> (BufSlice, usize, Compression) {
-        if settings.compression.algo == Compression::Off {
-            return (data.clone(), data.len(), Compression::Off);
-        }
-        let sector = self
-            .store
-            .vdevs()
-            .iter()
-            .map(|top| top.sector_bytes())
-            .max()
-            .unwrap_or(4096) as usize;
-        match crate::block::compress::compress_offloaded(settings.compression, data, sector).await {
-            Some((compressed, exact)) => {
-                volume.count(|stats| stats.compressed_blocks += 1);
-                (
-                    BufSlice::whole(compressed.into_shared()),
-                    exact,
-                    settings.compression.algo,
-                )
-            }
-            None => {
-                volume.count(|stats| stats.incompressible_blocks += 1);
-                (data.clone(), data.len(), Compression::Off)
-            }
-        }
     }
 
     /// Allocates a data block. When the pool is full but frees are waiting for

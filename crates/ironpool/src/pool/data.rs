@@ -153,6 +153,23 @@ pub(crate) async fn write_blocks(
             .all(|(pointer, _, _)| pointer.copies().count() == 1),
         "data blocks have one copy"
     );
+    if let [Ok((pointer, payload, prep))] = allocated.as_slice() {
+        if prep.bytes() == 0 {
+            // One block with no work prepared (a file's direct write, most
+            // often): the store's single write, without the run's grouping.
+            let written = pool
+                .store
+                .write(&pointer.dvas, payload.clone(), class)
+                .await;
+            return vec![match written {
+                Ok(()) => Ok(*pointer),
+                Err(error) => {
+                    pool.store.release(&pointer.dvas);
+                    Err(error.into())
+                }
+            }];
+        }
+    }
     let run: Vec<_> = allocated
         .iter()
         .flatten()

@@ -46,9 +46,16 @@ pub const DEFAULT_VOLBLOCKSIZE_BYTES: u64 = 16 * KIB;
 /// The largest working set as a share of usable capacity: a copy-on-write
 /// pool needs free space to write into, and over 80% full is a pitfall.
 pub const VOLUME_MAX_PERCENT: u64 = 80;
-/// The fill suite's working set as a share of capacity: small enough that
-/// the 10% level is reachable with the volume prefilled.
-pub const FILL_WORKING_SET_PERCENT: u64 = 5;
+/// What the fill suite's volume or filesystem caches of its data: nothing,
+/// so that its reads at every level go to the devices (a working set the
+/// read cache held would measure the cache, not the fragmentation the
+/// suite is about), unless the target's spec sets `primarycache` itself.
+pub const FILL_PRIMARYCACHE: &str = "metadata";
+/// Commits in a row that make a pool's freed blocks count as free: a freed
+/// block waits two transaction groups before reuse (ironpool's
+/// `alloc::DEFER_TXGS`, as OpenZFS defers frees), and each `ironpool sync`
+/// commits one, empty or not.
+const SETTLE_COMMITS: usize = 3;
 /// `ironpool create`, `volume create`, `list` and `iostat` are local and
 /// quick; a minute means something is stuck.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
@@ -108,6 +115,28 @@ impl IronpoolPool {
             POOL_NAME.into(),
         ]);
         parse_list(&self.run(&argv)?, POOL_NAME)
+    }
+
+    /// The pool's space once every change answered so far is committed and
+    /// the blocks the last writes replaced are free again
+    /// ([`SETTLE_COMMITS`] × `ironpool sync`): what the fill suite
+    /// measures. Without it, blocks still held in memory and frees not yet
+    /// usable make the level read lower or higher than the live data (a
+    /// sequential rewrite of a 192 MiB working set read 49% on a pool at
+    /// 40%), and the fillers of the next level miss it.
+    pub fn settled_space(&self) -> Result<PoolSpace> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "sync".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            POOL_NAME.into(),
+        ]);
+        for _ in 0..SETTLE_COMMITS {
+            self.run(&argv)
+                .context("committing the pool before measuring its fill")?;
+        }
+        self.space()
     }
 
     /// `pool/volume` (or `pool/filesystem`), the name `iostat` reports.
@@ -237,6 +266,7 @@ pub fn setup(
     }
     let mut properties = spec.properties.clone();
     let volblocksize_bytes = block_size_property(&mut properties, "volblocksize")?;
+    let cache = fill_cache_property(&mut properties, context);
     let runtime_files = vec![
         control.clone(),
         nbd_socket.clone(),
@@ -265,7 +295,7 @@ pub fn setup(
     instance.fill = FillMethod::Pool;
     instance.description = format!(
         "ironpool {} of {} x {} images in {} ({} usable), volume {}/{VOLUME_NAME} of {} \
-         (volblocksize {}) over NBD on a unix socket; fio nbd engine",
+         (volblocksize {}{cache}) over NBD on a unix socket; fio nbd engine",
         spec.layout.name(),
         spec.disk_count,
         bytes_human(spec.disk_size_bytes as f64),
@@ -320,6 +350,7 @@ fn setup_filesystem(
         );
     }
     let record_bytes = block_size_property(&mut properties, "recordsize")?;
+    let cache = fill_cache_property(&mut properties, context);
     let mountpoint = dir.join("mnt");
     let dataset = format!("{POOL_NAME}/{FILESYSTEM_NAME}");
     let mut create = vec![
@@ -385,7 +416,7 @@ fn setup_filesystem(
     instance.fill = FillMethod::Pool;
     instance.filesystem = Some(mount);
     instance.description = format!(
-        "ironpool {} of {} x {} images in {} ({} usable), file {} of {} on filesystem          {dataset} (recordsize {}) mounted over FUSE; io_uring, direct=1",
+        "ironpool {} of {} x {} images in {} ({} usable), file {} of {} on filesystem          {dataset} (recordsize {}{cache}) mounted over FUSE; io_uring, direct=1",
         spec.layout.name(),
         spec.disk_count,
         bytes_human(spec.disk_size_bytes as f64),
@@ -399,19 +430,31 @@ fn setup_filesystem(
     Ok(instance)
 }
 
-/// The volume size: `--size` for the ordinary suites, a small share of the
-/// pool for the fill suite; whole MiB and whole blocks.
+/// For the fill suite, sets `primarycache` to [`FILL_PRIMARYCACHE`] unless
+/// the spec sets it; returns what the target's description says of it.
+fn fill_cache_property(
+    properties: &mut Vec<(String, String)>,
+    context: &SetupContext<'_>,
+) -> String {
+    if context.purpose != Purpose::Fill {
+        return String::new();
+    }
+    if let Some((_, value)) = properties.iter().find(|(k, _)| k == "primarycache") {
+        return format!(", primarycache={value} as the spec sets");
+    }
+    properties.push(("primarycache".into(), FILL_PRIMARYCACHE.into()));
+    format!(", primarycache={FILL_PRIMARYCACHE}: its data reads go to the devices")
+}
+
+/// The volume size: `--size` (the fill suite's too: its fillers raise the
+/// fill level around it); whole MiB and whole blocks. Refused, with the
+/// reason, when the pool cannot hold it with room to write.
 fn working_set_bytes(
     context: &SetupContext<'_>,
     capacity_bytes: u64,
     volblocksize_bytes: u64,
 ) -> Result<u64> {
-    let wanted = match context.purpose {
-        Purpose::Main => context.size_bytes,
-        Purpose::Fill => context
-            .size_bytes
-            .min(capacity_bytes * FILL_WORKING_SET_PERCENT / 100),
-    };
+    let wanted = context.size_bytes;
     let granule = MIB.max(volblocksize_bytes);
     let size = wanted / granule * granule;
     if size == 0 {

@@ -139,7 +139,7 @@ impl Instance {
     /// `None` for block devices and NBD exports of unknown servers.
     pub fn fill_percent(&self) -> Result<Option<f64>> {
         if let Some(pool) = &self.pool {
-            return Ok(Some(pool.space()?.fill_percent()));
+            return Ok(Some(pool.settled_space()?.fill_percent()));
         }
         match &self.access {
             Access::File(path) if !files::is_block_device(path) => {
@@ -163,7 +163,7 @@ impl Instance {
     pub fn fill_shortfall_bytes(&self, percent: u32) -> Result<u64> {
         let (used, capacity) = match (&self.fill, &self.pool) {
             (FillMethod::Pool, Some(pool)) => {
-                let space = pool.space()?;
+                let space = pool.settled_space()?;
                 (space.allocated_bytes, space.size_bytes)
             }
             (FillMethod::Filesystem(dir), _) => {

@@ -9,6 +9,7 @@
 #   list --json --control CTL                     capacity from the disk sizes,
 #                                                 allocation from du
 #   iostat --json --control CTL POOL              counters that grow per call
+#   sync --control CTL POOL                       nothing to commit (nbdkit)
 # Figures measured through it are nbdkit's, not ironpool's.
 set -euo pipefail
 
@@ -55,6 +56,9 @@ volume)
     [ "${1:-}" = "create" ] || die "volume $1?"
     dir=$(control_dir "$@")
     echo "$*" >> "$dir/fake-volumes"
+    ;;
+sync)
+    control_dir "$@" >/dev/null
     ;;
 list)
     dir=$(control_dir "$@")

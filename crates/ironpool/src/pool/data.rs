@@ -29,6 +29,23 @@ use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 
+/// Blocks of one request processed at once: bounds the tasks and memory a single
+/// large request (up to 32 MiB) holds, while keeping many I/Os in flight. A
+/// filesystem's reads and writes (up to 1 MiB) use it too.
+pub(crate) const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
+
+/// True when every byte is zero (fast on random data: stops at the first non-zero).
+pub(crate) fn is_zero(bytes: &[u8]) -> bool {
+    let (head, words, tail) = unsafe {
+        // SAFETY: u128 has no invalid bit patterns; align_to only reinterprets
+        // the aligned middle of the slice.
+        bytes.align_to::<u128>()
+    };
+    head.iter().all(|byte| *byte == 0)
+        && words.iter().all(|word| *word == 0)
+        && tail.iter().all(|byte| *byte == 0)
+}
+
 /// How the blocks of one batch are stored: what their pointers say.
 #[derive(Clone, Copy)]
 pub(crate) struct BlockFormat {

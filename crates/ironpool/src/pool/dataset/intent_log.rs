@@ -2554,7 +2554,7 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
             let Apply::Write(data) = change else {
                 continue;
             };
-            let data = (!crate::pool::volume::is_zero(data)).then(|| {
+            let data = (!crate::pool::data::is_zero(data)).then(|| {
                 let mut buffer = AlignedBuf::zeroed(data.len());
                 buffer.copy_from_slice(data);
                 BufSlice::whole(buffer.into_shared())

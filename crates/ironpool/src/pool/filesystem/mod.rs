@@ -60,9 +60,9 @@ use crate::format::znode::{
 };
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
+use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::intent_log::{FileAttr, IntentLog};
 use crate::pool::dataset::props::{DirectMode, LogBias, VolumeSettings};
-use crate::pool::volume::BLOCKS_IN_FLIGHT_PER_REQUEST;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -2253,10 +2253,7 @@ impl Filesystem {
         let mut pointers = Vec::with_capacity(blocks.len());
         let mut failure = None;
         for batch in blocks.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
-            let zero: Vec<bool> = batch
-                .iter()
-                .map(|(_, bytes)| bytes.iter().all(|byte| *byte == 0))
-                .collect();
+            let zero: Vec<bool> = batch.iter().map(|(_, bytes)| is_zero(bytes)).collect();
             let new = batch
                 .iter()
                 .zip(&zero)
@@ -2423,7 +2420,7 @@ impl Filesystem {
         bytes: &[u8],
         object_type: ObjectType,
     ) -> Result<BlockPointer, FsError> {
-        if bytes.iter().all(|byte| *byte == 0) {
+        if is_zero(bytes) {
             return Ok(BlockPointer::hole(0, object_type, 0));
         }
         let block = crate::pool::data::NewBlock::copied(pool, bytes);

@@ -31,6 +31,7 @@ use crate::block::BlockError;
 use crate::format::bp::Compression;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{block_pieces, Object};
+use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::directory::VolumeRecord;
 use crate::pool::dataset::intent_log::COPY_BLOCK_BYTES_MAX;
 use crate::pool::dataset::props::{LogBias, SyncMode, VolumeSettings};
@@ -48,10 +49,6 @@ pub const VOLUME_SIZE_MAX_BYTES: u64 = 1 << 56;
 /// Offsets and lengths of volume I/O must be multiples of this (the NBD minimum
 /// block size advertised to clients; a 512-byte sector, like any disk).
 pub const IO_ALIGNMENT_BYTES: u64 = 512;
-/// Blocks of one request processed at once: bounds the tasks and memory a single
-/// large request (up to 32 MiB) holds, while keeping many I/Os in flight. A
-/// filesystem's reads and writes (up to 1 MiB) use it too.
-pub(crate) const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
 /// Times a read retries when its block changed under it (a concurrent overwrite).
 const READ_RETRIES: usize = 3;
 /// Writers a volume admits at once before an operation that needs it alone
@@ -424,18 +421,6 @@ enum BlockContent {
     Zero,
     /// Zeros over part of the block.
     PartialZero { within: usize, length: usize },
-}
-
-/// True when every byte is zero (fast on random data: stops at the first non-zero).
-pub fn is_zero(bytes: &[u8]) -> bool {
-    let (head, words, tail) = unsafe {
-        // SAFETY: u128 has no invalid bit patterns; align_to only reinterprets
-        // the aligned middle of the slice.
-        bytes.align_to::<u128>()
-    };
-    head.iter().all(|byte| *byte == 0)
-        && words.iter().all(|word| *word == 0)
-        && tail.iter().all(|byte| *byte == 0)
 }
 
 impl Pool {

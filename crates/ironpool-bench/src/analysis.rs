@@ -263,8 +263,9 @@ fn jobs_scaling(target: &TargetResult) -> Vec<Finding> {
     out
 }
 
-/// Ratios to the raw baseline: the qd-scaling 16K random-write points at the
-/// shallowest and deepest queue, and the weakest and strongest test.
+/// Ratios to the raw baseline (or the target's own limit, the raw pair for a
+/// mirror): the qd-scaling 16K random-write points at the shallowest and
+/// deepest queue, and the weakest and strongest test.
 fn ratios(results: &Results, target: &TargetResult) -> Vec<Finding> {
     let mut out = Vec::new();
     let Some(baseline) = results.baseline() else {
@@ -273,12 +274,18 @@ fn ratios(results: &Results, target: &TargetResult) -> Vec<Finding> {
     if target.baseline {
         return out;
     }
+    // The label the ratios are to: the limit when it ran, else the baseline.
+    let limit_label = target
+        .limit
+        .as_ref()
+        .filter(|label| results.targets.iter().any(|t| &&t.label == label))
+        .unwrap_or(&baseline.label);
     let mut rated: Vec<(&TestResult, &TestResult, f64)> = target
         .tests
         .iter()
         .filter(|t| t.is_ok())
         .filter_map(|t| {
-            let base = results.baseline_for(t)?;
+            let base = results.limit_for(target, t)?;
             (base.headline() > 0.0).then(|| (t, base, t.headline() / base.headline()))
         })
         .collect();
@@ -291,7 +298,7 @@ fn ratios(results: &Results, target: &TargetResult) -> Vec<Finding> {
             target.label,
             test.label(),
             ratio_human(ratio),
-            baseline.label,
+            limit_label,
             headline_words(test),
             headline_words(base)
         )
@@ -391,11 +398,24 @@ fn flushes(target: &TargetResult) -> Vec<Finding> {
                 && t.workload.block_size_bytes == 16 * crate::units::KIB
         })
     };
-    let (plain, fsync1, fsync16) = (
-        find(Durability::None, 1),
-        find(Durability::Fsync, 1),
-        find(Durability::Fsync, 16),
-    );
+    let (plain, fsync1) = (find(Durability::None, 1), find(Durability::Fsync, 1));
+    // The deepest test that flushes after each write or every few: the
+    // durable suite's `--fsync=32` at QD64 (older results: `--fsync=1` at QD16).
+    let deep = target
+        .tests
+        .iter()
+        .filter(|t| {
+            t.is_ok()
+                && t.workload.pattern == Pattern::RandWrite
+                && t.workload.numjobs == 1
+                && t.workload.iodepth > 1
+                && matches!(
+                    t.workload.durability,
+                    Durability::Fsync | Durability::FsyncEvery(_)
+                )
+                && t.workload.block_size_bytes == 16 * crate::units::KIB
+        })
+        .max_by_key(|t| t.workload.iodepth);
     if let (Some(plain), Some(fsync1)) = (plain, fsync1) {
         if plain.total_iops() > 0.0 {
             out.push(finding(
@@ -412,9 +432,16 @@ fn flushes(target: &TargetResult) -> Vec<Finding> {
             ));
         }
     }
-    if let (Some(fsync1), Some(fsync16)) = (fsync1, fsync16) {
+    if let (Some(fsync1), Some(deep)) = (fsync1, deep) {
         if fsync1.total_iops() > 0.0 {
-            let gain = fsync16.total_iops() / fsync1.total_iops();
+            let gain = deep.total_iops() / fsync1.total_iops();
+            let (every, against) = match deep.workload.durability {
+                Durability::FsyncEvery(writes) => (
+                    format!("every {writes} writes"),
+                    " with a flush after each write",
+                ),
+                _ => ("each write".to_string(), ""),
+            };
             let (severity, verdict) = if gain >= GROUP_COMMIT_MIN_GAIN {
                 (Severity::Info, "flushes are batched (group commit)")
             } else {
@@ -424,8 +451,11 @@ fn flushes(target: &TargetResult) -> Vec<Finding> {
                 severity,
                 "flush-batching",
                 target,
-                Some(&fsync16.label()),
-                format!("with a flush after each write, QD16 gives {gain:.1}x QD1: {verdict}"),
+                Some(&deep.label()),
+                format!(
+                    "with a flush after {every}, QD{} gives {gain:.1}x QD1{against}: {verdict}",
+                    deep.workload.iodepth
+                ),
             ));
         }
     }

@@ -5,7 +5,7 @@ use std::path::PathBuf;
 use anyhow::{bail, Context, Result};
 
 use crate::suites::{Suite, SuiteOptions, FILL_LEVELS_PERCENT, QD_SCALING_DEPTHS, QD_SCALING_JOBS};
-use crate::target::TargetSpec;
+use crate::target::{Layout, TargetSpec};
 use crate::units::{parse_size, GIB, MIB};
 use crate::zfs_kstat::DEFAULT_KSTAT_DIR;
 
@@ -33,8 +33,9 @@ pub struct BenchArgs {
     #[arg(long = "suite", value_name = "NAME", value_enum)]
     pub suites: Vec<Suite>,
 
-    /// Target to measure; repeat for several [default: ironpool:mirror:2x2G, nbdkit, and raw].
-    /// raw[:PATH] | file:PATH | dir:PATH | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse)
+    /// Target to measure; repeat for several [default: ironpool:mirror:2x2G, nbdkit, and raw;
+    /// raw-pair too for the durable suite of a mirror].
+    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
 
@@ -85,6 +86,11 @@ pub struct BenchArgs {
     /// Keep the images and files the run created
     #[arg(long)]
     pub keep: bool,
+
+    /// Write ironpool's disk images out with zeros before creating the pool, as a real
+    /// device's blocks all exist (sparse images make the host allocate on first write)
+    #[arg(long)]
+    pub write_out: bool,
 
     /// Re-render report.md and charts from this results.json without running fio
     #[arg(long, value_name = "FILE")]
@@ -214,6 +220,17 @@ impl BenchArgs {
                     .with_context(|| format!("--target {text}"))?,
             );
         }
+        // The durable suite holds a mirror to two raw files written at once.
+        let mirror = specs
+            .iter()
+            .any(|s| matches!(s, TargetSpec::Ironpool(pool) if pool.layout == Layout::Mirror));
+        if mirror
+            && !self.no_raw
+            && self.suites.contains(&Suite::Durable)
+            && !specs.contains(&TargetSpec::RawPair)
+        {
+            specs.insert(0, TargetSpec::RawPair);
+        }
         let raw_index = specs.iter().position(|s| matches!(s, TargetSpec::Raw(_)));
         match raw_index {
             Some(index) => {
@@ -285,6 +302,19 @@ mod tests {
         assert_eq!(plan.targets.len(), 1);
         assert_eq!(plan.suite_options.depths, [1, 8]);
         assert_eq!(plan.suites, [Suite::Durable]);
+        let plan = plan_of(&[
+            "--target",
+            "ironpool:mirror+log:2x1G",
+            "--target",
+            "nbdkit",
+            "--suite",
+            "durable",
+        ]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(
+            labels,
+            ["raw", "raw-pair", "ironpool:mirror+log:2x1G", "nbdkit"]
+        );
     }
 
     #[test]

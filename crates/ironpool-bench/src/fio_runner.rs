@@ -41,21 +41,26 @@ pub struct FioSettings {
     pub ramp_seconds: u64,
 }
 
-/// The fio options that address a target; `None` with a reason when fio
+/// The fio options that address a target (for a pair of files, the engine
+/// only: [`pair_jobs`] names the files); an error with a reason when fio
 /// cannot run this workload there.
 fn access_args(
     access: &Access,
     durability: Durability,
 ) -> std::result::Result<Vec<String>, String> {
+    let file_engine = |filename: Option<&Path>| {
+        let engine = if durability == Durability::PsyncFdatasync {
+            "psync"
+        } else {
+            "io_uring"
+        };
+        let mut args = vec![format!("--ioengine={engine}"), "--direct=1".to_string()];
+        args.extend(filename.map(|path| format!("--filename={}", path.display())));
+        args
+    };
     match access {
-        Access::File(path) => {
-            let engine = if durability == Durability::PsyncFdatasync { "psync" } else { "io_uring" };
-            Ok(vec![
-                format!("--ioengine={engine}"),
-                "--direct=1".to_string(),
-                format!("--filename={}", path.display()),
-            ])
-        }
+        Access::File(path) => Ok(file_engine(Some(path))),
+        Access::FilePair(..) => Ok(file_engine(None)),
         Access::Nbd(uri) => match durability {
             Durability::Dsync => Err("fio's nbd engine cannot send FUA writes".to_string()),
             Durability::PsyncFdatasync => Err(
@@ -68,19 +73,49 @@ fn access_args(
     }
 }
 
+/// For a pair of files, one job per file named `NAME-a` and `NAME-b`. They
+/// come last on the command line: every option before the first `--name`
+/// is global, so both jobs run the same workload at once.
+fn pair_jobs(access: &Access, name: &str) -> Vec<String> {
+    match access {
+        Access::FilePair(first, second) => vec![
+            format!("--name={name}-a"),
+            format!("--filename={}", first.display()),
+            format!("--name={name}-b"),
+            format!("--filename={}", second.display()),
+        ],
+        _ => Vec::new(),
+    }
+}
+
+/// The job's name first for one target; nothing yet for a pair (its jobs
+/// come last, see [`pair_jobs`]).
+fn leading_name(access: &Access, name: &str) -> Vec<String> {
+    match access {
+        Access::FilePair(..) => Vec::new(),
+        _ => vec![format!("--name={name}")],
+    }
+}
+
 /// The fio command of a test, or why it cannot run on this target.
+/// `durable_by_target`: the target itself makes every write durable (an
+/// ironpool volume with `sync=always`), so a `-dsync` test writes plainly.
 pub fn test_command(
     settings: &FioSettings,
     access: &Access,
     workload: &Workload,
     size_bytes: u64,
+    durable_by_target: bool,
 ) -> std::result::Result<Vec<String>, String> {
-    let mut argv = vec![
-        settings.exe.display().to_string(),
-        format!("--name={}", workload.name()),
-    ];
-    argv.extend(access_args(access, workload.durability)?);
-    let iodepth = if workload.durability == Durability::PsyncFdatasync {
+    let name = workload.name();
+    let durability = match workload.durability {
+        Durability::Dsync if durable_by_target => Durability::None,
+        durability => durability,
+    };
+    let mut argv = vec![settings.exe.display().to_string()];
+    argv.extend(leading_name(access, &name));
+    argv.extend(access_args(access, durability)?);
+    let iodepth = if durability == Durability::PsyncFdatasync {
         1
     } else {
         workload.iodepth
@@ -103,27 +138,30 @@ pub fn test_command(
     if let Some(mix) = workload.read_mix_percent {
         argv.push(format!("--rwmixread={mix}"));
     }
-    match workload.durability {
+    match durability {
         Durability::None => {}
         Durability::Fsync => argv.push("--fsync=1".to_string()),
+        Durability::FsyncEvery(writes) => argv.push(format!("--fsync={writes}")),
         Durability::Dsync => argv.push("--sync=dsync".to_string()),
         Durability::PsyncFdatasync => argv.push("--fdatasync=1".to_string()),
     }
+    // A pair reports each job: the slower file is what a mirror waits for.
+    if !matches!(access, Access::FilePair(..)) {
+        argv.push("--group_reporting".to_string());
+    }
     argv.extend([
-        "--group_reporting".to_string(),
         "--lat_percentiles=1".to_string(),
         "--output-format=json".to_string(),
     ]);
+    argv.extend(pair_jobs(access, &name));
     Ok(argv)
 }
 
 /// The fio command that writes a whole target (or filler) once with real
 /// data, sequentially, so that no read hits never-written space.
 pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64) -> Vec<String> {
-    let mut argv = vec![
-        settings.exe.display().to_string(),
-        "--name=prefill".to_string(),
-    ];
+    let mut argv = vec![settings.exe.display().to_string()];
+    argv.extend(leading_name(access, "prefill"));
     // Durability::None always has access options.
     argv.extend(access_args(access, Durability::None).unwrap_or_default());
     argv.extend([
@@ -138,6 +176,7 @@ pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64)
         "--end_fsync=1".to_string(),
         "--output-format=json".to_string(),
     ]);
+    argv.extend(pair_jobs(access, "prefill"));
     argv
 }
 
@@ -309,6 +348,7 @@ mod tests {
             &Access::File("/p/raw.img".into()),
             &workload,
             2 * GIB,
+            false,
         )
         .unwrap();
         assert_eq!(
@@ -320,18 +360,49 @@ mod tests {
     }
 
     #[test]
+    fn runs_a_pair_of_files_as_two_jobs_of_one_workload() {
+        let mut workload = Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1);
+        workload.durability = Durability::FsyncEvery(32);
+        let pair = Access::FilePair("/p/a.img".into(), "/p/b.img".into());
+        let argv = test_command(&settings(), &pair, &workload, GIB, false).unwrap();
+        assert_eq!(
+            argv.join(" "),
+            "fio --ioengine=io_uring --direct=1 --rw=randwrite --bs=16k --iodepth=64 --numjobs=1 \
+             --size=1G --runtime=10 --time_based --fsync=32 --lat_percentiles=1 --output-format=json \
+             --name=randwrite-16k-qd64-1j-fsync32-a --filename=/p/a.img \
+             --name=randwrite-16k-qd64-1j-fsync32-b --filename=/p/b.img"
+        );
+        let prefill = prefill_command(&settings(), &pair, GIB).join(" ");
+        assert!(prefill.starts_with("fio --ioengine=io_uring --direct=1 --rw=write"));
+        assert!(prefill.ends_with(
+            "--name=prefill-a --filename=/p/a.img --name=prefill-b --filename=/p/b.img"
+        ));
+    }
+
+    #[test]
     fn nbd_cannot_do_fua_or_fdatasync() {
         let nbd = Access::Nbd("nbd+unix:///?socket=/s".into());
         let mut workload = Workload::new(Pattern::RandWrite, 16 * KIB, 1, 1);
         workload.durability = Durability::Dsync;
-        assert!(test_command(&settings(), &nbd, &workload, GIB).is_err());
+        assert!(test_command(&settings(), &nbd, &workload, GIB, false).is_err());
+        // A volume with sync=always makes every write durable: fio writes plainly.
+        let by_volume = test_command(&settings(), &nbd, &workload, GIB, true).unwrap();
+        assert!(by_volume.contains(&"--name=randwrite-16k-qd1-1j-dsync".to_string()));
+        assert!(!by_volume.iter().any(|a| a.starts_with("--sync")));
         workload.durability = Durability::Fsync;
-        let argv = test_command(&settings(), &nbd, &workload, GIB).unwrap();
+        let argv = test_command(&settings(), &nbd, &workload, GIB, false).unwrap();
         assert!(
             argv.contains(&"--ioengine=nbd".to_string()) && argv.contains(&"--fsync=1".to_string())
         );
         workload.durability = Durability::PsyncFdatasync;
-        let file = test_command(&settings(), &Access::File("/f".into()), &workload, GIB).unwrap();
+        let file = test_command(
+            &settings(),
+            &Access::File("/f".into()),
+            &workload,
+            GIB,
+            false,
+        )
+        .unwrap();
         assert!(
             file.contains(&"--ioengine=psync".to_string())
                 && file.contains(&"--fdatasync=1".to_string())

@@ -66,6 +66,12 @@ pub struct DeviceCounters {
     pub write_errors: u64,
     #[serde(default)]
     pub checksum_errors: u64,
+    /// Cache flushes sent to the device.
+    #[serde(default)]
+    pub flush_ops: u64,
+    /// Writes sent durable (FUA, or O_DSYNC on a file).
+    #[serde(default)]
+    pub durable_write_ops: u64,
 }
 
 /// Cumulative counters of one volume.
@@ -194,6 +200,10 @@ pub fn device_delta(
         sum.read_errors += device.read_errors.saturating_sub(old.read_errors);
         sum.write_errors += device.write_errors.saturating_sub(old.write_errors);
         sum.checksum_errors += device.checksum_errors.saturating_sub(old.checksum_errors);
+        sum.flush_ops += device.flush_ops.saturating_sub(old.flush_ops);
+        sum.durable_write_ops += device
+            .durable_write_ops
+            .saturating_sub(old.durable_write_ops);
         if elapsed_ns > 0 {
             let weighted = device
                 .active_time_weighted_ns
@@ -224,6 +234,7 @@ pub fn device_delta(
         },
         write_amplification: per(sum.write_bytes, client_write_bytes),
         errors: sum.read_errors + sum.write_errors + sum.checksum_errors,
+        syncs: sum.flush_ops + sum.durable_write_ops,
     }
 }
 

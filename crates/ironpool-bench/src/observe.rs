@@ -84,10 +84,17 @@ pub fn compare(
         } else {
             0.0
         };
+        let ops = result.read.map_or(0, |r| r.ops) + result.write.map_or(0, |w| w.ops);
+        let cpu_us_per_op = if ops > 0 {
+            cpu_seconds * 1e6 / ops as f64
+        } else {
+            0.0
+        };
         result.server = Some(ServerUsage {
             cpu_seconds,
             cores_used,
             iops_per_core,
+            cpu_us_per_op,
         });
     }
 

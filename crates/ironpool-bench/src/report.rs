@@ -120,8 +120,26 @@ fn summary(out: &mut String, results: &Results) {
     emit!(out);
     let baseline = results.baseline().map(|b| b.label.clone());
     match &baseline {
-        Some(label) => emit!(out, "Random tests in IOPS, sequential tests in bandwidth; in parentheses the ratio to `{label}`."),
-        None => emit!(out, "Random tests in IOPS, sequential tests in bandwidth (no raw baseline in this run)."),
+        Some(label) => {
+            let mut limits: Vec<&String> = results
+                .targets
+                .iter()
+                .filter_map(|t| t.limit.as_ref())
+                .collect();
+            limits.dedup();
+            let also = match limits.as_slice() {
+                [] => String::new(),
+                [limit] => format!(
+                    "; a mirror's to `{limit}` (two raw files written at once: its physical limit)"
+                ),
+                _ => "; a mirror's to its limit (see its table)".to_string(),
+            };
+            emit!(out, "Random tests in IOPS, sequential tests in bandwidth; in parentheses the ratio to `{label}`{also}.")
+        }
+        None => emit!(
+            out,
+            "Random tests in IOPS, sequential tests in bandwidth (no raw baseline in this run)."
+        ),
     }
     emit!(out);
     let labels: Vec<String> = results
@@ -140,9 +158,8 @@ fn summary(out: &mut String, results: &Results) {
                 Some(test) => match outcome_word(test) {
                     Some(word) => word.to_string(),
                     None => {
-                        let ratio = (!target.baseline)
-                            .then(|| results.baseline_for(test))
-                            .flatten()
+                        let ratio = results
+                            .limit_for(target, test)
                             .filter(|b| b.headline() > 0.0)
                             .map(|b| format!(" ({})", ratio_human(test.headline() / b.headline())))
                             .unwrap_or_default();
@@ -275,26 +292,70 @@ fn capitalise(text: &str) -> String {
 struct Columns {
     flush: bool,
     server: bool,
+    /// Server CPU per operation (results older than the figure lack it).
+    cpu_per_op: bool,
     device: bool,
+    /// Device syncs per client flush and log bytes per client byte: the
+    /// cost of durability, for targets that count their flushes.
+    durability: bool,
+}
+
+/// Device syncs per client flush, log bytes per client byte and device
+/// write bandwidth of one test (`scripts/bench-durable.sh`'s figures).
+fn durability_cells(test: &TestResult) -> String {
+    let (Some(device), Some(volume)) = (test.device, test.volume) else {
+        return " — | — | — |".to_string();
+    };
+    let client_bytes = test.write.map_or(0, |w| w.io_bytes);
+    let per_flush = if volume.flush_ops > 0 {
+        format!("{:.2}", device.syncs as f64 / volume.flush_ops as f64)
+    } else {
+        "—".to_string()
+    };
+    let per_byte = if client_bytes > 0 {
+        format!("{:.2}", volume.log_bytes as f64 / client_bytes as f64)
+    } else {
+        "—".to_string()
+    };
+    let seconds = test.wall_seconds.max(f64::MIN_POSITIVE);
+    format!(
+        " {per_flush} | {per_byte} | {:.0} |",
+        device.write_bytes as f64 / seconds / 1e6
+    )
 }
 
 fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests: &[&TestResult]) {
     let columns = Columns {
         flush: tests.iter().any(|t| t.sync.is_some()),
         server: tests.iter().any(|t| t.server.is_some()),
+        cpu_per_op: tests
+            .iter()
+            .any(|t| t.server.is_some_and(|s| s.cpu_us_per_op > 0.0)),
         device: tests.iter().any(|t| t.device.is_some()),
+        durability: tests
+            .iter()
+            .any(|t| t.device.is_some() && t.volume.is_some_and(|v| v.flush_ops > 0)),
     };
-    let mut head = String::from(
-        "| test | IOPS | bandwidth | avg lat | p50 | p95 | p99 | total I/O | vs raw |",
-    );
+    let versus = match &target.limit {
+        Some(limit) => format!("vs {limit}"),
+        None => "vs raw".to_string(),
+    };
+    let mut head =
+        format!("| test | IOPS | bandwidth | avg lat | p50 | p95 | p99 | total I/O | {versus} |");
     if columns.flush {
         head.push_str(" flush p99 |");
     }
     if columns.server {
         head.push_str(" server CPU s | server cores | IOPS/core |");
     }
+    if columns.cpu_per_op {
+        head.push_str(" server CPU/op | 1-core ceiling |");
+    }
     if columns.device {
         head.push_str(" dev I/O size | dev aggregation | dev QD |");
+    }
+    if columns.durability {
+        head.push_str(" dev syncs/flush | log B/client B | dev write MB/s |");
     }
     emit!(out, "{head}");
     emit!(
@@ -312,11 +373,7 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
             }
         }
         let directions: Vec<(&str, bool, DirectionSummary, Option<DirectionSummary>)> = {
-            let base = if target.baseline {
-                None
-            } else {
-                results.baseline_for(test)
-            };
+            let base = results.limit_for(target, test);
             let mut list = Vec::new();
             let both = test.read.is_some() && test.write.is_some();
             if let Some(read) = test.read {
@@ -393,6 +450,16 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
                     None => row.push_str(" — | — | — |"),
                 }
             }
+            if columns.cpu_per_op {
+                match test.server.filter(|s| s.cpu_us_per_op > 0.0) {
+                    Some(s) => row.push_str(&format!(
+                        " {} | {} IOPS |",
+                        latency_human(s.cpu_us_per_op * 1e3),
+                        count_human(1e6 / s.cpu_us_per_op)
+                    )),
+                    None => row.push_str(" — | — |"),
+                }
+            }
             if columns.device {
                 match test.device {
                     Some(d) => {
@@ -411,6 +478,9 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
                     }
                     None => row.push_str(" — | — | — |"),
                 }
+            }
+            if columns.durability {
+                row.push_str(&durability_cells(test));
             }
             emit!(out, "{row}");
         }

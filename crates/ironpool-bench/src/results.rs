@@ -96,6 +96,11 @@ pub struct TargetResult {
     /// True for the raw baseline the ratios divide by.
     #[serde(default)]
     pub baseline: bool,
+    /// The target whose figures are this one's physical limit, when not the
+    /// raw baseline: a mirror of two files is held to two raw files written
+    /// at once (`raw-pair`), every byte written twice on the one disk.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub limit: Option<String>,
     /// A sentence for people: what this target is.
     pub description: String,
     /// Working-set size.
@@ -222,6 +227,10 @@ pub struct ServerUsage {
     pub cores_used: f64,
     /// The test's IOPS over cores_used: the efficiency figure.
     pub iops_per_core: f64,
+    /// Server CPU microseconds per operation (cpu_seconds over fio's I/Os):
+    /// 1 / this is the most one core of the server can serve.
+    #[serde(default)]
+    pub cpu_us_per_op: f64,
 }
 
 /// Device-side figures of an ironpool target over one test.
@@ -250,6 +259,10 @@ pub struct DeviceSummary {
     pub write_amplification: f64,
     /// Read, write and checksum errors the devices reported.
     pub errors: u64,
+    /// Device cache flushes plus durable (FUA) writes, all devices: what
+    /// making data durable cost (a mirror's log block is two).
+    #[serde(default)]
+    pub syncs: u64,
 }
 
 /// Volume counters of an ironpool target over one test.
@@ -404,6 +417,29 @@ impl Results {
     /// The raw baseline, when one ran.
     pub fn baseline(&self) -> Option<&TargetResult> {
         self.targets.iter().find(|t| t.baseline)
+    }
+
+    /// The result a target's test is held to: the same workload on its
+    /// limit target (`raw-pair` for a mirror) when that ran it, else on the
+    /// raw baseline ([`Results::baseline_for`]).
+    pub fn limit_for(&self, target: &TargetResult, test: &TestResult) -> Option<&TestResult> {
+        if target.baseline {
+            return None;
+        }
+        let limit = target
+            .limit
+            .as_ref()
+            .and_then(|label| self.targets.iter().find(|t| &t.label == label))
+            .and_then(|limit| {
+                let ok = |t: &&TestResult| t.is_ok() && t.workload == test.workload;
+                limit
+                    .tests
+                    .iter()
+                    .filter(ok)
+                    .find(|t| t.suite == test.suite)
+                    .or_else(|| limit.tests.iter().find(ok))
+            });
+        limit.or_else(|| self.baseline_for(test))
     }
 
     /// The baseline's result for the same workload: the same suite first,

@@ -24,7 +24,7 @@ use crate::results::{
     Finding, Outcome, PrefillResult, Results, Settings, TargetResult, TestResult,
     RESULTS_SCHEMA_VERSION,
 };
-use crate::suites::{self, Suite, TestSpec};
+use crate::suites::{self, Durability, Suite, TestSpec};
 use crate::target::{self, Access, FillMethod, Instance, Purpose, SetupContext, TargetSpec};
 use crate::units::{bytes_human, count_human, latency_human, rate_human};
 use crate::{interrupt, target::files};
@@ -48,6 +48,8 @@ struct Runner<'a> {
     progress: Progress,
     page_size_bytes: u64,
     interrupted: bool,
+    /// Output directory names of the targets so far, kept unique.
+    used_slugs: Vec<String>,
 }
 
 /// Runs the plan and returns the results (partial when interrupted).
@@ -74,6 +76,7 @@ pub fn execute(
         progress: Progress::new(steps, planned_seconds),
         page_size_bytes: machine.page_size_bytes,
         interrupted: false,
+        used_slugs: Vec::new(),
     };
     runner.progress.log(&format!(
         "{} targets, {} steps planned, about {} (results in {})",
@@ -156,6 +159,21 @@ fn planned_work(plan: &Plan) -> (usize, f64) {
     (steps, seconds)
 }
 
+/// The label of the target that is `spec`'s physical limit when it is not
+/// the raw baseline: the raw pair for an ironpool mirror (both copies of
+/// every write land on the one disk), if the plan has one.
+fn limit_of(plan: &Plan, spec: &TargetSpec) -> Option<String> {
+    let mirror =
+        matches!(spec, TargetSpec::Ironpool(pool) if pool.layout == target::Layout::Mirror);
+    if !mirror {
+        return None;
+    }
+    plan.targets
+        .iter()
+        .find(|(_, s)| *s == TargetSpec::RawPair)
+        .map(|(label, _)| label.clone())
+}
+
 /// The tests of a target, grouped by set-up: the ordinary suites, then the
 /// fill suite. Targets that cannot be filled get no fill tests, except the
 /// raw baseline, which runs the pool report once (unless that suite already
@@ -214,6 +232,7 @@ impl Runner<'_> {
             label: label.to_string(),
             kind: spec.kind().to_string(),
             baseline,
+            limit: limit_of(self.plan, spec),
             size_bytes: self.plan.size_bytes,
             ..TargetResult::default()
         };
@@ -231,6 +250,14 @@ impl Runner<'_> {
         if label.contains('#') {
             slug = format!("{slug}-{}", label.rsplit('#').next().unwrap_or_default());
         }
+        // Slugs are cut to a length: two long specs (`bin=` paths) may meet.
+        let base = slug.clone();
+        let mut copy = 1;
+        while self.used_slugs.contains(&slug) {
+            copy += 1;
+            slug = format!("{base}-{copy}");
+        }
+        self.used_slugs.push(slug.clone());
         let mut static_checks_done = false;
         let mut remaining: Vec<(Purpose, Vec<TestSpec>)> = groups;
         remaining.reverse();
@@ -285,6 +312,7 @@ impl Runner<'_> {
             ironpool: &self.ironpool_exe,
             assume_zfs_pool: self.args.assume_zfs_pool.as_deref(),
             purpose,
+            write_out_disks: self.args.write_out,
         };
         let planned = self.planned_prefill_seconds();
         self.progress
@@ -524,16 +552,17 @@ impl Runner<'_> {
         let report = run
             .report()
             .map_err(|e| anyhow::anyhow!("prefill ({}) failed: {e}", argv.join(" ")))?;
-        let write = report
+        // One job, or one per file of a pair: what all of them wrote.
+        let writes: Vec<_> = report
             .report
             .jobs
-            .first()
-            .and_then(|j| j.write.summary())
-            .unwrap_or_default();
+            .iter()
+            .filter_map(|j| j.write.summary())
+            .collect();
         Ok(PrefillResult {
             purpose: purpose.to_string(),
-            bytes: write.io_bytes,
-            bandwidth_bytes_per_second: write.bandwidth_bytes_per_second,
+            bytes: writes.iter().map(|w| w.io_bytes).sum(),
+            bandwidth_bytes_per_second: writes.iter().map(|w| w.bandwidth_bytes_per_second).sum(),
             wall_seconds: run.wall_seconds,
             command: argv,
         })
@@ -589,10 +618,50 @@ impl Runner<'_> {
         Ok(dir.join(format!("{name}.json")))
     }
 
+    /// Runs one test. A test whose every write must be durable runs on an
+    /// ironpool volume with `sync=always` set for its duration (fio's nbd
+    /// engine sends no FUA), as plain writes from fio's side.
     fn run_test(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let by_property =
+            test.workload.durability == Durability::Dsync && instance.dsync_by_property();
+        if !by_property {
+            return self.run_fio_test(instance, test, false, slug, target);
+        }
+        let note = "every write durable on the volume: sync=always for the -dsync tests \
+                    (fio's nbd engine sends no FUA), fio writing without flushes";
+        if !target.notes.iter().any(|n| n == note) {
+            target.notes.push(note.to_string());
+        }
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        if let Err(error) = instance.set_sync("always") {
+            self.progress.skip(self.planned_test_seconds());
+            result.outcome = Outcome::Failed {
+                error: format!("{error:#}"),
+            };
+            return result;
+        }
+        let mut result = self.run_fio_test(instance, test, true, slug, target);
+        if let Err(error) = instance.set_sync("standard") {
+            result.outcome = Outcome::Failed {
+                error: format!("{error:#}"),
+            };
+        }
+        result
+    }
+
+    /// Runs fio for a test and observes the target around it;
+    /// `durable_by_target` as in [`fio_runner::test_command`].
+    fn run_fio_test(
         &mut self,
         instance: &Instance,
         test: &TestSpec,
+        durable_by_target: bool,
         slug: &str,
         target: &mut TargetResult,
     ) -> TestResult {
@@ -603,6 +672,7 @@ impl Runner<'_> {
             &instance.access,
             &test.workload,
             instance.size_bytes,
+            durable_by_target,
         ) {
             Ok(argv) => argv,
             Err(reason) => {
@@ -649,7 +719,16 @@ impl Runner<'_> {
         result.wall_seconds = run.wall_seconds;
         match run.report() {
             Ok(output) => {
-                if let Some(job) = output.report.jobs.first() {
+                // One job (group_reporting), or one per file of a pair: the
+                // slower one, which a mirror's write waits for.
+                let slowest = output.report.jobs.iter().min_by(|a, b| {
+                    let iops = |j: &crate::fio_json::FioJobReport| {
+                        j.read.summary().map_or(0.0, |r| r.iops)
+                            + j.write.summary().map_or(0.0, |w| w.iops)
+                    };
+                    iops(a).total_cmp(&iops(b))
+                });
+                if let Some(job) = slowest {
                     result.read = job.read.summary();
                     result.write = job.write.summary();
                     result.sync = job.sync.summary();

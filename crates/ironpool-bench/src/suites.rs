@@ -13,6 +13,12 @@ pub const QD_SCALING_DEPTHS: [u32; 4] = [1, 4, 16, 64];
 /// Job counts of the qd-scaling suite: one submitter, and four (more
 /// submitters than this machine's 2 cores, to show contention).
 pub const QD_SCALING_JOBS: [u32; 2] = [1, 4];
+/// Writes per flush of the durable suite's batched row: a database's group
+/// commit keeps many writes in flight per flush, and 32 at QD64 is the row
+/// the issues and `scripts/bench-durable.sh` have quoted since issue 17.
+pub const DURABLE_WRITES_PER_FLUSH: u32 = 32;
+/// Queue depth of the durable suite's deep rows: the seeds' QD64.
+pub const DURABLE_DEEP_IODEPTH: u32 = 64;
 /// Fill levels of the fill suite, percent of the pool or filesystem.
 pub const FILL_LEVELS_PERCENT: [u32; 4] = [10, 50, 80, 90];
 
@@ -110,7 +116,12 @@ pub enum Durability {
     None,
     /// A flush after each write (`--fsync=1`; NBD_CMD_FLUSH over NBD).
     Fsync,
-    /// Writes opened O_DSYNC (`--sync=dsync`): FUA writes on a block device.
+    /// A flush after every N writes (`--fsync=N`): a database's group
+    /// commit, many writes in flight per flush.
+    FsyncEvery(u32),
+    /// Every write durable when it completes: files opened O_DSYNC
+    /// (`--sync=dsync`, FUA writes on a block device); an ironpool volume
+    /// with `sync=always` (fio's nbd engine sends no FUA).
     Dsync,
     /// The classic durable baseline: `psync` with `--fdatasync=1`.
     PsyncFdatasync,
@@ -118,12 +129,13 @@ pub enum Durability {
 
 impl Durability {
     /// The suffix of test names.
-    fn suffix(self) -> &'static str {
+    fn suffix(self) -> String {
         match self {
-            Durability::None => "",
-            Durability::Fsync => "-fsync",
-            Durability::Dsync => "-dsync",
-            Durability::PsyncFdatasync => "-psync-fdatasync",
+            Durability::None => String::new(),
+            Durability::Fsync => "-fsync".to_string(),
+            Durability::FsyncEvery(writes) => format!("-fsync{writes}"),
+            Durability::Dsync => "-dsync".to_string(),
+            Durability::PsyncFdatasync => "-psync-fdatasync".to_string(),
         }
     }
 }
@@ -268,9 +280,12 @@ pub fn pool_report_workloads() -> Vec<Workload> {
     ]
 }
 
-/// The durable-write tests (BENCHMARKS.md suite 3): the qd-scaling random
-/// writes with a flush after each write at QD1 and QD16 (does the target
-/// batch flushes?), with FUA, and the raw psync + fdatasync baseline.
+/// The durable-write tests (BENCHMARKS.md suite 3, the table of
+/// `scripts/bench-durable.sh`): 16K random writes with a flush after each
+/// write at QD1 (the latency of one durable write), a flush after every 32
+/// at QD64 (does the target batch flushes?), every write durable at QD64
+/// (O_DSYNC, or `sync=always` on a volume), the same writes with no flush
+/// (what durability costs), and the raw psync + fdatasync baseline.
 pub fn durable_workloads() -> Vec<Workload> {
     let with = |iodepth, durability| Workload {
         durability,
@@ -278,8 +293,12 @@ pub fn durable_workloads() -> Vec<Workload> {
     };
     vec![
         with(1, Durability::Fsync),
-        with(16, Durability::Fsync),
-        with(1, Durability::Dsync),
+        with(
+            DURABLE_DEEP_IODEPTH,
+            Durability::FsyncEvery(DURABLE_WRITES_PER_FLUSH),
+        ),
+        with(DURABLE_DEEP_IODEPTH, Durability::Dsync),
+        with(DURABLE_DEEP_IODEPTH, Durability::None),
         with(1, Durability::PsyncFdatasync),
     ]
 }
@@ -316,7 +335,16 @@ mod tests {
             .iter()
             .map(TestSpec::name)
             .collect();
-        assert_eq!(durable[3], "randwrite-16k-qd1-1j-psync-fdatasync");
+        assert_eq!(
+            durable,
+            [
+                "randwrite-16k-qd1-1j-fsync",
+                "randwrite-16k-qd64-1j-fsync32",
+                "randwrite-16k-qd64-1j-dsync",
+                "randwrite-16k-qd64-1j",
+                "randwrite-16k-qd1-1j-psync-fdatasync"
+            ]
+        );
     }
 
     #[test]

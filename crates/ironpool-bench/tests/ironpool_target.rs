@@ -291,3 +291,93 @@ fn ironpool_fill_suite_reads_the_devices_at_each_level() {
     }
     assert_eq!(levels.into_iter().collect::<Vec<_>>(), [40, 70]);
 }
+
+/// The durable suite on a real mirror with a log device, held to two raw
+/// files written at once (`scripts/bench-durable.sh`'s table in one run):
+/// the raw pair runs each test on both files, the mirror's ratios are to
+/// it, its flush tests count device syncs and log bytes, and its every-write
+/// -durable test runs with `sync=always` (fio's nbd engine sends no FUA)
+/// and puts `sync` back after.
+#[test]
+fn ironpool_durable_suite_beside_the_raw_pair() {
+    use ironpool_bench::suites::Durability;
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-durable").join("out");
+    let args = bench_args(&[
+        "--target",
+        "raw-pair",
+        "--target",
+        "ironpool:mirror+log:2x256M",
+        "--no-raw",
+        "--suite",
+        "durable",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--write-out",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let [pair, pool] = &results.targets[..] else {
+        panic!("two targets: {:?}", results.targets.len())
+    };
+    assert_eq!(pair.kind, "raw-pair");
+    assert!(pair.tests.iter().all(|t| t.is_ok()), "{:#?}", pair.tests);
+    assert_eq!(pair.prefills[0].bytes, 2 * (64 << 20), "both files written");
+    assert!(pair.tests[0]
+        .command
+        .iter()
+        .any(|a| a.ends_with("raw-pair-b.img")));
+
+    assert_eq!(pool.limit.as_deref(), Some("raw-pair"));
+    assert!(
+        pool.description.contains("log device"),
+        "{}",
+        pool.description
+    );
+    let test = |durability: Durability| {
+        pool.tests
+            .iter()
+            .find(|t| t.workload.durability == durability)
+            .unwrap_or_else(|| panic!("no {durability:?} test"))
+    };
+    for durability in [Durability::Fsync, Durability::FsyncEvery(32)] {
+        let flushed = test(durability);
+        assert!(flushed.is_ok(), "{:?}", flushed.outcome);
+        let device = flushed.device.expect("device counters");
+        let volume = flushed.volume.expect("volume counters");
+        assert!(
+            volume.flush_ops > 0 && device.syncs > 0 && volume.log_bytes > 0,
+            "{durability:?}: {volume:?} {device:?}"
+        );
+        assert!(results.limit_for(pool, flushed).is_some());
+    }
+    let dsync = test(Durability::Dsync);
+    assert!(dsync.is_ok(), "{:?}", dsync.outcome);
+    assert!(!dsync.command.iter().any(|a| a.starts_with("--sync")));
+    assert!(
+        dsync.volume.is_some_and(|v| v.log_bytes > 0),
+        "sync=always logs every write: {:?}",
+        dsync.volume
+    );
+    let set: Vec<String> = pool
+        .setup_commands
+        .iter()
+        .filter(|c| c.get(1).is_some_and(|w| w == "set"))
+        .map(|c| c[c.len() - 2].clone())
+        .collect();
+    assert_eq!(set, ["sync=always", "sync=standard"]);
+    assert!(
+        pool.tests
+            .iter()
+            .any(|t| t.server.is_some_and(|s| s.cpu_us_per_op > 0.0)),
+        "server CPU per operation"
+    );
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("| vs raw-pair |") && report.contains("dev syncs/flush"));
+}

@@ -4,12 +4,13 @@
 //!
 //! The CLI contract this code relies on (OUT/SLUG is the target's directory):
 //! ```text
-//! ironpool create --size 2G -f bench [mirror|raidzN] OUT/SLUG/d0.img OUT/SLUG/d1.img
+//! ironpool create --size 2G -f bench [mirror|raidzN] OUT/SLUG/d0.img OUT/SLUG/d1.img [log OUT/SLUG/log.img]
 //! ironpool serve -d OUT/SLUG --nbd unix:OUT/SLUG/nbd.sock --control OUT/SLUG/ctl.sock \
 //!     --pidfile OUT/SLUG/serve.pid bench
 //! ironpool volume create --control OUT/SLUG/ctl.sock bench/vol 1024M -o volblocksize=16K [-o prop=val]
 //! ironpool list --json --control OUT/SLUG/ctl.sock
 //! ironpool iostat --json --control OUT/SLUG/ctl.sock bench
+//! ironpool set --control OUT/SLUG/ctl.sock sync=always bench/vol
 //! ```
 //! The volume is `nbd+unix:///bench/vol?socket=OUT/SLUG/nbd.sock`; the server
 //! stops (exporting the pool) on SIGTERM.
@@ -62,6 +63,9 @@ const COMMAND_TIMEOUT: Duration = Duration::from_secs(60);
 /// Import of a fresh pool and binding two sockets; also the wait for a new
 /// filesystem's mount.
 const SERVER_START_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Size of the zero buffer that writes disk images out (`--write-out`).
+const WRITE_OUT_CHUNK_BYTES: usize = MIB as usize;
 
 /// A running ironpool pool we can query.
 #[derive(Debug, Clone)]
@@ -137,6 +141,22 @@ impl IronpoolPool {
                 .context("committing the pool before measuring its fill")?;
         }
         self.space()
+    }
+
+    /// `ironpool set KEY=VALUE` on the benchmarked dataset; returns the
+    /// command.
+    pub fn set_property(&self, key: &str, value: &str) -> Result<Vec<String>> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "set".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            format!("{key}={value}"),
+            self.dataset.clone(),
+        ]);
+        self.run(&argv)
+            .with_context(|| format!("setting {key}={value} on {}", self.dataset))?;
+        Ok(argv)
     }
 
     /// `pool/volume` (or `pool/filesystem`), the name `iostat` reports.
@@ -220,13 +240,21 @@ pub fn setup(
     for stale in [&control, &nbd_socket, &pidfile] {
         files::remove_if_present(stale)?;
     }
-    let disks: Vec<PathBuf> = (0..spec.disk_count)
+    let mut disks: Vec<PathBuf> = (0..spec.disk_count)
         .map(|i| dir.join(format!("d{i}.img")))
         .collect();
+    let log = spec.log.then(|| dir.join("log.img"));
+    disks.extend(log.clone());
     for disk in &disks {
         files::create_sparse(disk, spec.disk_size_bytes)?;
+        if context.write_out_disks {
+            write_out(disk, spec.disk_size_bytes)?;
+        }
     }
-    let exe = context.ironpool.to_path_buf();
+    let exe = spec
+        .bin
+        .clone()
+        .unwrap_or_else(|| context.ironpool.to_path_buf());
     let mut commands = Vec::new();
 
     let mut create = vec![
@@ -238,7 +266,15 @@ pub fn setup(
         POOL_NAME.into(),
     ];
     create.extend(spec.layout.create_word());
-    create.extend(disks.iter().map(|d| d.display().to_string()));
+    create.extend(
+        disks
+            .iter()
+            .filter(|d| Some(*d) != log.as_ref())
+            .map(|d| d.display().to_string()),
+    );
+    if let Some(log) = &log {
+        create.extend(["log".to_string(), log.display().to_string()]);
+    }
     run_isolated(&create, &dir).context("creating the ironpool pool")?;
     commands.push(create);
 
@@ -294,11 +330,12 @@ pub fn setup(
     instance.record_size_bytes = Some(volblocksize_bytes);
     instance.fill = FillMethod::Pool;
     instance.description = format!(
-        "ironpool {} of {} x {} images in {} ({} usable), volume {}/{VOLUME_NAME} of {} \
+        "ironpool {} of {} x {} images{} in {} ({} usable), volume {}/{VOLUME_NAME} of {} \
          (volblocksize {}{cache}) over NBD on a unix socket; fio nbd engine",
         spec.layout.name(),
         spec.disk_count,
         bytes_human(spec.disk_size_bytes as f64),
+        images_note(spec, context),
         dir.display(),
         bytes_human(capacity as f64),
         POOL_NAME,
@@ -416,10 +453,12 @@ fn setup_filesystem(
     instance.fill = FillMethod::Pool;
     instance.filesystem = Some(mount);
     instance.description = format!(
-        "ironpool {} of {} x {} images in {} ({} usable), file {} of {} on filesystem          {dataset} (recordsize {}{cache}) mounted over FUSE; io_uring, direct=1",
+        "ironpool {} of {} x {} images{} in {} ({} usable), file {} of {} on filesystem \
+         {dataset} (recordsize {}{cache}) mounted over FUSE; io_uring, direct=1",
         spec.layout.name(),
         spec.disk_count,
         bytes_human(spec.disk_size_bytes as f64),
+        images_note(spec, context),
         dir.display(),
         bytes_human(capacity as f64),
         file.display(),
@@ -428,6 +467,41 @@ fn setup_filesystem(
     );
     instance.pool = Some(pool);
     Ok(instance)
+}
+
+/// What the description says of the images beyond their layout: a log
+/// device, written out.
+fn images_note(spec: &IronpoolSpec, context: &SetupContext<'_>) -> String {
+    let mut note = String::new();
+    if spec.log {
+        note.push_str(" and a log device of the same size");
+    }
+    if context.write_out_disks {
+        note.push_str(", written out with zeros before create");
+    }
+    note
+}
+
+/// Writes a disk image out with zeros and syncs it: a sparse image makes
+/// the host filesystem allocate (and journal) on the first write of every
+/// block, which a real device does not (BENCHMARKS.md: 16K O_DIRECT writes
+/// fell from 49k to 6k IOPS on sparse files).
+fn write_out(path: &Path, size_bytes: u64) -> Result<()> {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .with_context(|| format!("opening {} to write it out", path.display()))?;
+    let zeros = vec![0u8; WRITE_OUT_CHUNK_BYTES];
+    let mut left = size_bytes;
+    while left > 0 {
+        let length = left.min(WRITE_OUT_CHUNK_BYTES as u64) as usize;
+        file.write_all(&zeros[..length])
+            .with_context(|| format!("writing {} out", path.display()))?;
+        left -= length as u64;
+    }
+    file.sync_all()
+        .with_context(|| format!("syncing {}", path.display()))
 }
 
 /// For the fill suite, sets `primarycache` to [`FILL_PRIMARYCACHE`] unless

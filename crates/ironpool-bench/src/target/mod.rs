@@ -29,6 +29,9 @@ pub enum Access {
     File(PathBuf),
     /// An NBD export, through fio's nbd engine.
     Nbd(String),
+    /// Two files written at once, one fio job each (io_uring, direct=1):
+    /// the most a mirror of two files on the same disk can do.
+    FilePair(PathBuf, PathBuf),
 }
 
 /// What a target set-up is for.
@@ -60,6 +63,9 @@ pub struct SetupContext<'a> {
     pub assume_zfs_pool: Option<&'a str>,
     /// Ordinary or fill suite.
     pub purpose: Purpose,
+    /// Write ironpool's disk images out with zeros before `create`
+    /// (`--write-out`), as a real device's blocks all exist.
+    pub write_out_disks: bool,
 }
 
 /// How the fill suite raises a target's fill level.
@@ -210,6 +216,22 @@ impl Instance {
         Ok(())
     }
 
+    /// Whether the target makes every write durable by a property rather
+    /// than by O_DSYNC: an ironpool volume over NBD, whose client (fio's
+    /// nbd engine) sends no FUA, gets `sync=always` for those tests.
+    pub fn dsync_by_property(&self) -> bool {
+        self.pool.is_some() && matches!(self.access, Access::Nbd(_))
+    }
+
+    /// Sets the benchmarked dataset's `sync` property (see
+    /// [`Instance::dsync_by_property`]).
+    pub fn set_sync(&mut self, value: &str) -> Result<()> {
+        let pool = self.pool.as_ref().context("not an ironpool target")?;
+        let command = pool.set_property("sync", value)?;
+        self.setup_commands.push(command);
+        Ok(())
+    }
+
     /// Server CPU seconds so far, for targets with a server we started.
     pub fn server_cpu_seconds(&self) -> Result<Option<f64>> {
         self.server
@@ -254,6 +276,7 @@ pub fn setup(
 ) -> Result<Instance> {
     match spec {
         TargetSpec::Raw(path) => setup_raw(path.as_deref(), label, context),
+        TargetSpec::RawPair => setup_raw_pair(label, context),
         TargetSpec::File(path) => {
             let owned = !path.exists();
             setup_file(path, owned, label, "file", context)
@@ -303,6 +326,37 @@ fn setup_raw(path: Option<&Path>, label: &str, context: &SetupContext<'_>) -> Re
         bytes_human(size_bytes as f64)
     );
     instance.fill = FillMethod::Unsupported("a block device has no fill level".to_string());
+    Ok(instance)
+}
+
+/// Two raw files in the output directory, written at once: a mirror's limit.
+fn setup_raw_pair(label: &str, context: &SetupContext<'_>) -> Result<Instance> {
+    let paths = ["raw-pair-a.img", "raw-pair-b.img"].map(|name| context.out_dir.join(name));
+    for path in &paths {
+        files::create_sparse(path, context.size_bytes)?;
+    }
+    let [first, second] = paths;
+    let mut instance = Instance::new(
+        label.to_string(),
+        "raw-pair",
+        Access::FilePair(first.clone(), second.clone()),
+        context.size_bytes,
+    );
+    instance.owned_files = vec![first.clone(), second.clone()];
+    let mount = files::mount_of(&first)?;
+    let fs = mount
+        .as_ref()
+        .map(|m| format!("{} ({})", m.fs_type, m.source))
+        .unwrap_or_else(|| "an unknown filesystem".to_string());
+    instance.filesystem = mount;
+    instance.record_size_bytes = Some(files::preferred_block_size(&first)?);
+    instance.fill = FillMethod::Unsupported("the raw pair is not filled".to_string());
+    instance.description = format!(
+        "raw files {} and {} on {fs}, the same job on both at once (the slower one counts, \
+         as a mirror's write waits for both copies); io_uring, direct=1",
+        first.display(),
+        second.display()
+    );
     Ok(instance)
 }
 

@@ -3,11 +3,12 @@
 //! | spec | target |
 //! |---|---|
 //! | `raw[:PATH]` | a raw file (created in `--out` without PATH) or block device |
+//! | `raw-pair` | two raw files in `--out` written at once: a mirror's limit on one disk |
 //! | `file:PATH` | a file on any filesystem |
 //! | `dir:PATH` | a directory on any filesystem (the tool makes a file in it) |
 //! | `nbd:URI` | any NBD URI |
 //! | `nbdkit[:PATH]` | nbdkit's file plugin over a unix socket: the transport baseline |
-//! | `ironpool:LAYOUT:NxSIZE[:prop=val,...]` | a pool and volume the tool creates |
+//! | `ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...]` | a pool and volume the tool creates (`+log`: and a log device of SIZE; `bin=PATH` among the properties: this ironpool executable, to compare builds in one run) |
 //! | `ironpool-fs:LAYOUT:NxSIZE[:prop=val,...]` | a pool and filesystem the tool creates, mounted over FUSE; fio on a file of it |
 
 use std::fmt;
@@ -22,7 +23,7 @@ use crate::units::{parse_size, size_short, SizeError};
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
     /// The word before the first `:` is not a target kind.
-    #[error("unknown target kind in {0:?} (expected raw, file, dir, nbd, nbdkit, ironpool or ironpool-fs)")]
+    #[error("unknown target kind in {0:?} (expected raw, raw-pair, file, dir, nbd, nbdkit, ironpool or ironpool-fs)")]
     UnknownKind(String),
     /// A kind that needs a path or URI got none.
     #[error("target {0:?} needs a value after the colon")]
@@ -79,6 +80,12 @@ pub struct IronpoolSpec {
     pub disk_count: u32,
     /// Size of each disk image.
     pub disk_size_bytes: u64,
+    /// A separate log device (an image of the disks' size) beside the data
+    /// disks: `LAYOUT+log`.
+    pub log: bool,
+    /// The ironpool executable for this target (`bin=PATH`), so that two
+    /// builds are measured side by side in one run; `None`: the run's.
+    pub bin: Option<PathBuf>,
     /// Volume properties (`-o prop=val`), in order.
     pub properties: Vec<(String, String)>,
 }
@@ -88,6 +95,9 @@ pub struct IronpoolSpec {
 pub enum TargetSpec {
     /// A raw file or block device; `None` creates `raw.img` in `--out`.
     Raw(Option<PathBuf>),
+    /// Two raw files in `--out`, the same job on both at once: what a
+    /// mirror of two files on this disk can do at most.
+    RawPair,
     /// A file on a filesystem.
     File(PathBuf),
     /// A directory on a filesystem.
@@ -105,6 +115,7 @@ impl TargetSpec {
     pub fn kind(&self) -> &'static str {
         match self {
             TargetSpec::Raw(_) => "raw",
+            TargetSpec::RawPair => "raw-pair",
             TargetSpec::File(_) => "file",
             TargetSpec::Dir(_) => "dir",
             TargetSpec::Nbd(_) => "nbd",
@@ -139,6 +150,7 @@ impl fmt::Display for TargetSpec {
         match self {
             TargetSpec::Raw(None) => write!(f, "raw"),
             TargetSpec::Raw(Some(path)) => write!(f, "raw:{}", path.display()),
+            TargetSpec::RawPair => write!(f, "raw-pair"),
             TargetSpec::File(path) => write!(f, "file:{}", path.display()),
             TargetSpec::Dir(path) => write!(f, "dir:{}", path.display()),
             TargetSpec::Nbd(uri) => write!(f, "nbd:{uri}"),
@@ -147,22 +159,24 @@ impl fmt::Display for TargetSpec {
             TargetSpec::Ironpool(spec) => {
                 write!(
                     f,
-                    "{}:{}:{}x{}",
+                    "{}:{}{}:{}x{}",
                     if spec.filesystem {
                         "ironpool-fs"
                     } else {
                         "ironpool"
                     },
                     spec.layout.name(),
+                    if spec.log { "+log" } else { "" },
                     spec.disk_count,
                     size_short(spec.disk_size_bytes)
                 )?;
-                if !spec.properties.is_empty() {
-                    let props: Vec<String> = spec
-                        .properties
-                        .iter()
-                        .map(|(k, v)| format!("{k}={v}"))
-                        .collect();
+                let props: Vec<String> = spec
+                    .bin
+                    .iter()
+                    .map(|bin| format!("bin={}", bin.display()))
+                    .chain(spec.properties.iter().map(|(k, v)| format!("{k}={v}")))
+                    .collect();
+                if !props.is_empty() {
                     write!(f, ":{}", props.join(","))?;
                 }
                 Ok(())
@@ -187,6 +201,7 @@ impl FromStr for TargetSpec {
         let optional_path = || value.filter(|v| !v.is_empty()).map(PathBuf::from);
         match kind {
             "raw" => Ok(TargetSpec::Raw(optional_path())),
+            "raw-pair" if value.is_none() => Ok(TargetSpec::RawPair),
             "file" => Ok(TargetSpec::File(PathBuf::from(required()?))),
             "dir" => Ok(TargetSpec::Dir(PathBuf::from(required()?))),
             "nbd" => Ok(TargetSpec::Nbd(required()?.to_string())),
@@ -210,7 +225,12 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
         reason: reason.to_string(),
     };
     let mut parts = value.splitn(3, ':');
-    let layout = match parts.next().unwrap_or_default() {
+    let layout_word = parts.next().unwrap_or_default();
+    let (layout_word, log) = match layout_word.strip_suffix("+log") {
+        Some(word) => (word, true),
+        None => (layout_word, false),
+    };
+    let layout = match layout_word {
         "stripe" => Layout::Stripe,
         "mirror" => Layout::Mirror,
         "raidz" | "raidz1" => Layout::Raidz(1),
@@ -244,6 +264,7 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
         )));
     }
     let mut properties = Vec::new();
+    let mut bin = None;
     for pair in parts
         .next()
         .unwrap_or_default()
@@ -253,13 +274,19 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
         let (key, val) = pair
             .split_once('=')
             .ok_or_else(|| error("properties must be prop=val,prop=val"))?;
-        properties.push((key.to_string(), val.to_string()));
+        if key == "bin" {
+            bin = Some(PathBuf::from(val));
+        } else {
+            properties.push((key.to_string(), val.to_string()));
+        }
     }
     Ok(IronpoolSpec {
         filesystem: false,
         layout,
         disk_count,
         disk_size_bytes,
+        log,
+        bin,
         properties,
     })
 }
@@ -307,6 +334,23 @@ mod tests {
             panic!("not ironpool")
         };
         assert!(fs.filesystem);
+        let logged: TargetSpec = "ironpool:mirror+log:2x4G:bin=/old/ironpool,sync=always"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            logged.to_string(),
+            "ironpool:mirror+log:2x4G:bin=/old/ironpool,sync=always"
+        );
+        let TargetSpec::Ironpool(logged) = logged else {
+            panic!("not ironpool")
+        };
+        assert!(logged.log);
+        assert_eq!(logged.bin, Some(PathBuf::from("/old/ironpool")));
+        assert_eq!(logged.properties, [("sync".into(), "always".into())]);
+        assert_eq!(
+            "raw-pair".parse::<TargetSpec>().unwrap(),
+            TargetSpec::RawPair
+        );
         let stripe: TargetSpec = "ironpool:stripe:1x512M".parse().unwrap();
         let TargetSpec::Ironpool(stripe) = stripe else {
             panic!("not ironpool")

@@ -10,6 +10,7 @@
 #                                                 allocation from du
 #   iostat --json --control CTL POOL              counters that grow per call
 #   sync --control CTL POOL                       nothing to commit (nbdkit)
+#   set --control CTL PROP=VALUE DATASET          records the setting
 # Figures measured through it are nbdkit's, not ironpool's.
 set -euo pipefail
 
@@ -59,6 +60,10 @@ volume)
     ;;
 sync)
     control_dir "$@" >/dev/null
+    ;;
+set)
+    dir=$(control_dir "$@")
+    echo "$*" >> "$dir/fake-settings"
     ;;
 list)
     dir=$(control_dir "$@")

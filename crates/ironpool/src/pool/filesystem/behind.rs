@@ -551,10 +551,16 @@ impl Filesystem {
             },
         ))
         .await;
+        // Zero blocks become holes: tested once, here.
+        let zero: Vec<bool> = wholes
+            .iter()
+            .map(|(_, _, _, whole)| matches!(whole, Ok(Some(bytes)) if is_zero(bytes)))
+            .collect();
         let new: Vec<_> = wholes
             .iter()
-            .filter_map(|(_, _, _, whole)| match whole {
-                Ok(Some(bytes)) if !is_zero(bytes) => {
+            .zip(&zero)
+            .filter_map(|((_, _, _, whole), zero)| match whole {
+                Ok(Some(bytes)) if !zero => {
                     Some(crate::pool::data::NewBlock::of(pool, bytes.clone()))
                 }
                 _ => None,
@@ -565,12 +571,12 @@ impl Filesystem {
             .await
             .into_iter();
         let mut links = Vec::with_capacity(wholes.len());
-        for (blkid, number, size, whole) in wholes {
+        for ((blkid, number, size, whole), zero) in wholes.into_iter().zip(zero) {
             // Some(pointer, bytes): a block to link; None: superseded.
             let step = whole.and_then(|whole| {
                 whole
                     .map(|bytes| {
-                        let pointer = if is_zero(&bytes) {
+                        let pointer = if zero {
                             BlockPointer::hole(0, ObjectType::FsFile, 0)
                         } else {
                             written.next().expect("a result per block written")?

@@ -132,6 +132,19 @@ pub struct TargetResult {
     pub pitfalls: Vec<Finding>,
 }
 
+impl TargetResult {
+    /// This target's passed test of `test`'s workload: of the same suite
+    /// first, then of any suite.
+    pub fn same_workload(&self, test: &TestResult) -> Option<&TestResult> {
+        let ok = |t: &&TestResult| t.is_ok() && t.workload == test.workload;
+        self.tests
+            .iter()
+            .filter(ok)
+            .find(|t| t.suite == test.suite)
+            .or_else(|| self.tests.iter().find(ok))
+    }
+}
+
 /// A sequential write that filled a target or a filler.
 #[derive(Debug, Clone, Default, Serialize, Deserialize, PartialEq)]
 pub struct PrefillResult {
@@ -426,33 +439,18 @@ impl Results {
         if target.baseline {
             return None;
         }
-        let limit = target
+        target
             .limit
             .as_ref()
             .and_then(|label| self.targets.iter().find(|t| &t.label == label))
-            .and_then(|limit| {
-                let ok = |t: &&TestResult| t.is_ok() && t.workload == test.workload;
-                limit
-                    .tests
-                    .iter()
-                    .filter(ok)
-                    .find(|t| t.suite == test.suite)
-                    .or_else(|| limit.tests.iter().find(ok))
-            });
-        limit.or_else(|| self.baseline_for(test))
+            .and_then(|limit| limit.same_workload(test))
+            .or_else(|| self.baseline_for(test))
     }
 
     /// The baseline's result for the same workload: the same suite first,
     /// then any suite (the fill suite compares with the raw pool report).
     pub fn baseline_for(&self, test: &TestResult) -> Option<&TestResult> {
-        let baseline = self.baseline()?;
-        let ok = |t: &&TestResult| t.is_ok() && t.workload == test.workload;
-        baseline
-            .tests
-            .iter()
-            .filter(ok)
-            .find(|t| t.suite == test.suite)
-            .or_else(|| baseline.tests.iter().find(ok))
+        self.baseline()?.same_workload(test)
     }
 
     /// Reads a results.json.

@@ -2,9 +2,11 @@
 //! socket, and shut down cleanly on SIGINT or SIGTERM (finish requests in flight,
 //! commit, mark the pool exported).
 //!
-//! Two threads: this one owns the pool (the engine: devices, trees, txgs, the
-//! control socket); a second runs the NBD front end (sockets, parsing, replies).
-//! They exchange requests and replies through channels.
+//! One thread owns the pool (the engine: devices, trees, txgs, the control
+//! socket) and, by default, runs the NBD front end on the same loop (sockets,
+//! parsing, replies): two threads cost a wake-up each way per request.
+//! `--nbd-thread` gives the front end a thread of its own, exchanging requests
+//! and replies with the engine through channels.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;

@@ -25,6 +25,18 @@ pub struct FioReport {
     pub disk_util: Vec<FioDiskUtil>,
 }
 
+impl FioReport {
+    /// The job with the fewest I/Os per second (reads plus writes): the one
+    /// job of a `--group_reporting` run, or the slower file of a pair, which
+    /// a mirror's write waits for.
+    pub fn slowest_job(&self) -> Option<&FioJobReport> {
+        let iops = |job: &FioJobReport| {
+            job.read.summary().map_or(0.0, |r| r.iops) + job.write.summary().map_or(0.0, |w| w.iops)
+        };
+        self.jobs.iter().min_by(|a, b| iops(a).total_cmp(&iops(b)))
+    }
+}
+
 /// One job's (or one reporting group's) figures.
 #[derive(Debug, Clone, Deserialize)]
 pub struct FioJobReport {

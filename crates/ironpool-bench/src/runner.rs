@@ -719,16 +719,7 @@ impl Runner<'_> {
         result.wall_seconds = run.wall_seconds;
         match run.report() {
             Ok(output) => {
-                // One job (group_reporting), or one per file of a pair: the
-                // slower one, which a mirror's write waits for.
-                let slowest = output.report.jobs.iter().min_by(|a, b| {
-                    let iops = |j: &crate::fio_json::FioJobReport| {
-                        j.read.summary().map_or(0.0, |r| r.iops)
-                            + j.write.summary().map_or(0.0, |w| w.iops)
-                    };
-                    iops(a).total_cmp(&iops(b))
-                });
-                if let Some(job) = slowest {
+                if let Some(job) = output.report.slowest_job() {
                     result.read = job.read.summary();
                     result.write = job.write.summary();
                     result.sync = job.sync.summary();

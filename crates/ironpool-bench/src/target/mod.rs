@@ -329,6 +329,14 @@ fn setup_raw(path: Option<&Path>, label: &str, context: &SetupContext<'_>) -> Re
     Ok(instance)
 }
 
+/// The filesystem a target file lives on, for its description:
+/// `ext4 (/dev/vda)`.
+fn describe_mount(mount: Option<&MountEntry>) -> String {
+    mount
+        .map(|m| format!("{} ({})", m.fs_type, m.source))
+        .unwrap_or_else(|| "an unknown filesystem".to_string())
+}
+
 /// Two raw files in the output directory, written at once: a mirror's limit.
 fn setup_raw_pair(label: &str, context: &SetupContext<'_>) -> Result<Instance> {
     let paths = ["raw-pair-a.img", "raw-pair-b.img"].map(|name| context.out_dir.join(name));
@@ -344,10 +352,7 @@ fn setup_raw_pair(label: &str, context: &SetupContext<'_>) -> Result<Instance> {
     );
     instance.owned_files = vec![first.clone(), second.clone()];
     let mount = files::mount_of(&first)?;
-    let fs = mount
-        .as_ref()
-        .map(|m| format!("{} ({})", m.fs_type, m.source))
-        .unwrap_or_else(|| "an unknown filesystem".to_string());
+    let fs = describe_mount(mount.as_ref());
     instance.filesystem = mount;
     instance.record_size_bytes = Some(files::preferred_block_size(&first)?);
     instance.fill = FillMethod::Unsupported("the raw pair is not filled".to_string());
@@ -386,10 +391,7 @@ fn setup_file(
         instance.owned_files.push(path.to_path_buf());
     }
     let mount = files::mount_of(path)?;
-    let fs = mount
-        .as_ref()
-        .map(|m| format!("{} ({})", m.fs_type, m.source))
-        .unwrap_or_else(|| "an unknown filesystem".to_string());
+    let fs = describe_mount(mount.as_ref());
     let assumed = context
         .assume_zfs_pool
         .filter(|_| kind != "raw")

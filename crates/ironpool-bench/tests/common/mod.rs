@@ -89,16 +89,7 @@ pub fn check_outputs(out: &Path) -> Results {
             // one job, or the slower of a pair's two.
             let fio_path = out.join(test.fio_output.as_ref().expect("fio output recorded"));
             let output = fio_json::parse(&std::fs::read_to_string(&fio_path).unwrap()).unwrap();
-            let iops = |job: &&fio_json::FioJobReport| {
-                job.read.summary().map_or(0.0, |r| r.iops)
-                    + job.write.summary().map_or(0.0, |w| w.iops)
-            };
-            let job = output
-                .report
-                .jobs
-                .iter()
-                .min_by(|a, b| iops(a).total_cmp(&iops(b)))
-                .expect("a job");
+            let job = output.report.slowest_job().expect("a job");
             assert_eq!(
                 test.read,
                 job.read.summary(),

@@ -13,18 +13,23 @@
 //! 3. write them as one run ([`crate::block::BlockStore::write_run`]): the
 //!    pieces that follow each other on a device become one queue request.
 //!
-//! Linking the written blocks into their object's tree stays with the
-//! caller, which knows the object's locks and what the intent log needs.
-//! A block whose write failed has its space let go here; a caller that
-//! cannot link a written block lets go of it itself.
+//! A written block is linked into its object's tree by [`link`] (after
+//! [`prepare_link`] loaded its path), and a linked block read back by
+//! [`read_linked`], for any object alike; the caller keeps what only it
+//! knows: the object's locks, the dirty copies it holds, and what the intent
+//! log needs. A block whose write failed has its space let go here; a
+//! caller that cannot link a written block lets go of it itself
+//! ([`release_unlinked`]).
 
 use std::rc::Rc;
 
 use crate::block::compress::CompressionSetting;
-use crate::block::StorePrep;
+use crate::block::{BlockError, StorePrep};
+use crate::cache::CacheUse;
 use crate::format::bp::Compression;
 use crate::format::checksum::{Checksum, ChecksumAlgo};
 use crate::format::{BlockPointer, ObjectType};
+use crate::object::{Object, ObjectSet};
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -33,6 +38,12 @@ use crate::rt::buf::{AlignedBuf, BufSlice};
 /// large request (up to 32 MiB) holds, while keeping many I/Os in flight. A
 /// filesystem's reads and writes (up to 1 MiB) use it too.
 pub(crate) const BLOCKS_IN_FLIGHT_PER_REQUEST: usize = 64;
+
+/// Reads of a block that failed on every copy, tried again when its
+/// pointer changed meanwhile: the block was rewritten and its old space
+/// freed and reused while the read was in flight, which is a race, not a
+/// damaged block. A few are plenty: each retry follows a new write.
+const READ_RETRIES: usize = 3;
 
 /// True when every byte is zero (fast on random data: stops at the first non-zero).
 pub(crate) fn is_zero(bytes: &[u8]) -> bool {
@@ -242,5 +253,148 @@ async fn compress(
             setting.algo,
         ),
         None => (block.payload.clone(), block.logical, Compression::Off),
+    }
+}
+
+/// Lets go of the space of `pointer`, a block written and never linked (a
+/// hole has none).
+pub(crate) fn release_unlinked(pool: &Pool, pointer: &BlockPointer) {
+    if !pointer.is_hole() {
+        pool.store.release(&pointer.dvas);
+    }
+}
+
+/// Loads what linking block `blkid` of `object` needs (the tree nodes on
+/// its path, the tree grown to reach it); on failure lets go of
+/// `pointer`'s block (written, never linked), so no space leaks.
+pub(crate) async fn prepare_link(
+    pool: &Pool,
+    objects: &ObjectSet,
+    object: &Object,
+    blkid: u64,
+    pointer: &BlockPointer,
+) -> Result<(), PoolError> {
+    if let Err(error) = objects.prepare_link(object, blkid).await {
+        release_unlinked(pool, pointer);
+        return Err(error.into());
+    }
+    Ok(())
+}
+
+/// Links `pointer` (a block written by [`write_blocks`], or a hole) as
+/// level-0 block `blkid` of `object` in the open txg, with no await, once
+/// [`prepare_link`] loaded the path: the tree changes, the block's
+/// allocation is committed and counted toward the txg, and the block it
+/// replaces is killed (freed, or kept on the dead list of the dataset
+/// `dead_owner` when a snapshot holds it). Returns the replaced pointer.
+/// On failure the new block's space is let go.
+///
+/// A written block's birth must be the open txg: a txg writes only the
+/// blocks it built, and copy-on-write never links one block twice.
+pub(crate) fn link(
+    pool: &Rc<Pool>,
+    objects: &ObjectSet,
+    object: &Object,
+    dead_owner: &Object,
+    blkid: u64,
+    pointer: BlockPointer,
+) -> Result<BlockPointer, PoolError> {
+    let txg = pool.txg.open();
+    assert!(
+        pointer.is_hole() || (pointer.birth_txg == txg && pointer.level == 0),
+        "object {} block {blkid}: linking {pointer:?} in txg {txg}",
+        object.id
+    );
+    let old = match objects.set_block_pointer_cached(object, blkid, pointer) {
+        Ok(old) => old,
+        Err(error) => {
+            release_unlinked(pool, &pointer);
+            return Err(error.into());
+        }
+    };
+    // Copy-on-write: the block replaced was born in this txg or before,
+    // and a block is written once, never linked over itself.
+    assert!(
+        pointer.is_hole()
+            || old.is_hole()
+            || (old.birth_txg <= txg && old.dvas[0] != pointer.dvas[0]),
+        "object {} block {blkid}: linking {pointer:?} over {old:?}",
+        object.id
+    );
+    if !pointer.is_hole() {
+        pool.store.commit(&pointer);
+        pool.txg.add_data(pool, pointer.allocated_bytes());
+    }
+    objects.kill(object, &old);
+    pool.spill_dead(dead_owner);
+    Ok(old)
+}
+
+/// What [`read_linked`] found for a block.
+pub(crate) enum Linked {
+    /// A hole: the block reads as zeros.
+    Hole,
+    /// The caller's own dirty copy, found when the tree was looked at.
+    Held(BufSlice),
+    /// The block's bytes as linked (decompressed); `hit`: served from the
+    /// read cache.
+    Read { data: BufSlice, hit: bool },
+}
+
+/// Reads level-0 block `blkid` of `object` as its tree links it, for any
+/// object of any dataset: its pointer, the block through the read cache
+/// (verified, healed from another copy), decompressed. `held` is asked
+/// after each look at the tree for a dirty copy the caller keeps, which is
+/// newer than the tree (a write acknowledged while the pointer was being
+/// looked up). A read that finds no valid copy is tried again if the
+/// pointer changed meanwhile (the old block was rewritten, freed and its
+/// space reused: see [`READ_RETRIES`]). `name` names the object in errors.
+pub(crate) async fn read_linked(
+    objects: &ObjectSet,
+    object: &Object,
+    blkid: u64,
+    usage: CacheUse,
+    held: impl Fn() -> Option<BufSlice>,
+    name: &dyn std::fmt::Display,
+) -> Result<Linked, PoolError> {
+    let mut attempt = 0;
+    loop {
+        let pointer = objects.block_pointer(object, blkid).await?;
+        if let Some(data) = held() {
+            return Ok(Linked::Held(data));
+        }
+        if pointer.is_hole() {
+            return Ok(Linked::Hole);
+        }
+        match objects
+            .store
+            .read_cached_hit(&pointer, IoClass::SyncRead, usage)
+            .await
+        {
+            Ok((data, hit)) if pointer.compression == Compression::Off => {
+                return Ok(Linked::Read { data, hit })
+            }
+            Ok((physical, hit)) => {
+                let data = crate::block::compress::decompress_offloaded(
+                    pointer.compression,
+                    &physical,
+                    pointer.logical_size as usize,
+                )
+                .await
+                .map_err(|error| PoolError::Corrupt(format!("{name} block {blkid}: {error}")))?;
+                let data = BufSlice::whole(data.into_shared());
+                return Ok(Linked::Read { data, hit });
+            }
+            Err(BlockError::Unreadable { location, detail }) => {
+                let now = objects.block_pointer(object, blkid).await?;
+                attempt += 1;
+                if now == pointer || attempt > READ_RETRIES {
+                    return Err(PoolError::Io(format!(
+                        "{name} block {blkid}: no valid copy at {location}: {detail}"
+                    )));
+                }
+            }
+            Err(other) => return Err(other.into()),
+        }
     }
 }

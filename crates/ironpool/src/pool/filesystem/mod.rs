@@ -50,7 +50,6 @@ use std::rc::Rc;
 use serde::{Deserialize, Serialize};
 
 use crate::cache::CacheUse;
-use crate::format::bp::Compression;
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::fsdir::{self, DirEntry};
 use crate::format::intent_log::{EntryTarget, ObjectState};
@@ -60,7 +59,7 @@ use crate::format::znode::{
 };
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
-use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
+use crate::pool::data::{is_zero, release_unlinked, Linked, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::intent_log::{FileAttr, IntentLog};
 use crate::pool::dataset::props::{DirectMode, LogBias, VolumeSettings};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
@@ -638,14 +637,6 @@ impl Drop for Change<'_> {
                 self.fs.note_state(&object, txg);
             }
         }
-    }
-}
-
-/// Lets go of the space of `pointer`, a block written and never linked (a
-/// hole has none).
-fn release_unlinked(pool: &Pool, pointer: &BlockPointer) {
-    if !pointer.is_hole() {
-        pool.store.release(&pointer.dvas);
     }
 }
 
@@ -2077,29 +2068,14 @@ impl Filesystem {
         blkid: u64,
         usage: CacheUse,
     ) -> Result<Option<BufSlice>, FsError> {
-        let pointer = self.objects.block_pointer(object, blkid).await?;
-        if pointer.is_hole() {
-            return Ok(None);
-        }
-        let physical = self
-            .objects
-            .store
-            .read_cached(&pointer, IoClass::SyncRead, usage)
-            .await
-            .map_err(PoolError::from)?;
-        if pointer.compression == Compression::Off {
-            return Ok(Some(physical));
-        }
-        let data = crate::block::compress::decompress_offloaded(
-            pointer.compression,
-            &physical,
-            pointer.logical_size as usize,
-        )
-        .await
-        .map_err(|error| {
-            FsError::Corrupt(format!("{} object {}: {error}", self.name, object.id))
-        })?;
-        Ok(Some(BufSlice::whole(data.into_shared())))
+        let name = format_args!("{} object {}", self.name, object.id);
+        let read =
+            crate::pool::data::read_linked(&self.objects, object, blkid, usage, || None, &name)
+                .await?;
+        Ok(match read {
+            Linked::Hole => None,
+            Linked::Held(data) | Linked::Read { data, .. } => Some(data),
+        })
     }
 
     /// Writes `data` at `offset` of file `ino`; returns the bytes written.
@@ -2674,10 +2650,7 @@ impl Filesystem {
         blkid: u64,
         pointer: &BlockPointer,
     ) -> Result<(), FsError> {
-        if let Err(error) = self.objects.prepare_link(object, blkid).await {
-            release_unlinked(pool, pointer);
-            return Err(error.into());
-        }
+        crate::pool::data::prepare_link(pool, &self.objects, object, blkid, pointer).await?;
         Ok(())
     }
 
@@ -2704,22 +2677,7 @@ impl Filesystem {
         if !pointer.is_hole() {
             pointer.birth_txg = txg;
         }
-        let old = match self
-            .objects
-            .set_block_pointer_cached(object, blkid, pointer)
-        {
-            Ok(old) => old,
-            Err(error) => {
-                release_unlinked(pool, &pointer);
-                return Err(error.into());
-            }
-        };
-        if !pointer.is_hole() {
-            pool.store.commit(&pointer);
-            pool.txg.add_data(pool, pointer.allocated_bytes());
-        }
-        self.objects.kill(object, &old);
-        pool.spill_dead(&self.table);
+        crate::pool::data::link(pool, &self.objects, object, &self.table, blkid, pointer)?;
         // An xattr object's block is logged as its owner's whole list.
         if object.dnode().object_type != ObjectType::FsXattr {
             self.log.note_linked(object.id, blkid, txg);

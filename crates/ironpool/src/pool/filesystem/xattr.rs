@@ -21,15 +21,14 @@
 
 use std::rc::Rc;
 
-use super::{
-    block_shift_for, now, padded_to_block, release_unlinked, without_setid, Filesystem, FsError,
-};
+use super::{block_shift_for, now, padded_to_block, without_setid, Filesystem, FsError};
 use crate::format::xattr::{
     self, Xattr, XATTR_LIST_BYTES_MAX, XATTR_NAMES_LIST_BYTES_MAX, XATTR_VALUE_BYTES_MAX,
 };
 use crate::format::znode::{Znode, S_IFREG};
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{Object, ObjectError};
+use crate::pool::data::release_unlinked;
 use crate::pool::Pool;
 
 /// `setxattr` flags (Linux's): fail if the attribute exists...

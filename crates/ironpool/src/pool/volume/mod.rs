@@ -27,11 +27,10 @@ use std::rc::Rc;
 
 use serde::Serialize;
 
-use crate::block::BlockError;
 use crate::format::bp::Compression;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{block_pieces, Object};
-use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
+use crate::pool::data::{is_zero, Linked, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::directory::VolumeRecord;
 use crate::pool::dataset::intent_log::COPY_BLOCK_BYTES_MAX;
 use crate::pool::dataset::props::{LogBias, SyncMode, VolumeSettings};
@@ -49,8 +48,6 @@ pub const VOLUME_SIZE_MAX_BYTES: u64 = 1 << 56;
 /// Offsets and lengths of volume I/O must be multiples of this (the NBD minimum
 /// block size advertised to clients; a 512-byte sector, like any disk).
 pub const IO_ALIGNMENT_BYTES: u64 = 512;
-/// Times a read retries when its block changed under it (a concurrent overwrite).
-const READ_RETRIES: usize = 3;
 /// Writers a volume admits at once before an operation that needs it alone
 /// (rollback, receive) can take it: far above any client's queue depth.
 const VOLUME_WRITERS_MAX: u64 = 1 << 20;
@@ -501,64 +498,35 @@ impl Pool {
         blkid: u64,
         finishes: bool,
     ) -> Result<Option<BufSlice>, PoolError> {
-        let held = |volume: &Volume| {
+        let held = || {
             let data = volume.writeback.lookup(blkid)?;
             volume.count(|stats| stats.dirty_read_blocks += 1);
             Some(data)
         };
-        if let Some(data) = held(volume) {
+        if let Some(data) = held() {
             return Ok(Some(data));
         }
-        let mut attempt = 0;
-        loop {
-            let pointer = self.objects.block_pointer(&volume.object, blkid).await?;
-            // Written and acknowledged while the pointer was looked up.
-            if let Some(data) = held(volume) {
-                return Ok(Some(data));
-            }
-            if pointer.is_hole() {
-                return Ok(None);
-            }
-            let usage = volume.settings().data_cache_use().finishing(finishes);
-            let read = self
-                .store
-                .read_cached_hit(&pointer, IoClass::SyncRead, usage)
-                .await
-                .map(|(data, hit)| {
-                    volume.count(|stats| match hit {
-                        true => stats.cache_hit_blocks += 1,
-                        false => stats.cache_miss_blocks += 1,
-                    });
-                    data
+        let usage = volume.settings().data_cache_use().finishing(finishes);
+        let read = crate::pool::data::read_linked(
+            &self.objects,
+            &volume.object,
+            blkid,
+            usage,
+            held,
+            &volume.name,
+        )
+        .await?;
+        Ok(match read {
+            Linked::Hole => None,
+            Linked::Held(data) => Some(data),
+            Linked::Read { data, hit } => {
+                volume.count(|stats| match hit {
+                    true => stats.cache_hit_blocks += 1,
+                    false => stats.cache_miss_blocks += 1,
                 });
-            match read {
-                Ok(data) if pointer.compression == Compression::Off => return Ok(Some(data)),
-                Ok(physical) => {
-                    let logical = pointer.logical_size as usize;
-                    let data = crate::block::compress::decompress_offloaded(
-                        pointer.compression,
-                        &physical,
-                        logical,
-                    )
-                    .await
-                    .map_err(|error| {
-                        PoolError::Corrupt(format!("{} block {blkid}: {error}", volume.name))
-                    })?;
-                    return Ok(Some(BufSlice::whole(data.into_shared())));
-                }
-                Err(BlockError::Unreadable { location, detail }) => {
-                    let now = self.objects.block_pointer(&volume.object, blkid).await?;
-                    attempt += 1;
-                    if now == pointer || attempt > READ_RETRIES {
-                        return Err(PoolError::Io(format!(
-                            "{} block {blkid}: no valid copy at {location}: {detail}",
-                            volume.name
-                        )));
-                    }
-                }
-                Err(other) => return Err(other.into()),
+                Some(data)
             }
-        }
+        })
     }
 
     /// Writes `data` at `offset` of `volume`; with `fua`, returns once it is durable.
@@ -937,12 +905,8 @@ impl Pool {
         mut pointer: BlockPointer,
         writes_out: bool,
     ) -> Result<(), PoolError> {
-        if let Err(error) = self.objects.load_path(&volume.object, blkid).await {
-            if !pointer.is_hole() {
-                self.store.release(&pointer.dvas);
-            }
-            return Err(error.into());
-        }
+        crate::pool::data::prepare_link(self, &self.objects, &volume.object, blkid, &pointer)
+            .await?;
         if pointer.is_hole()
             && self
                 .objects
@@ -963,27 +927,14 @@ impl Pool {
             return Ok(());
         }
         pointer.birth_txg = self.txg.open();
-        let old = match self
-            .objects
-            .set_block_pointer_cached(&volume.object, blkid, pointer)
-        {
-            Ok(old) => {
-                // Copy-on-write: the block replaced was born in this txg or
-                // before, and a block is written once, never linked twice.
-                assert!(
-                    old.birth_txg <= pointer.birth_txg
-                        && (pointer.is_hole() || old.is_hole() || old.dvas[0] != pointer.dvas[0]),
-                    "volume block {blkid}: linking {pointer:?} over {old:?}"
-                );
-                old
-            }
-            Err(error) => {
-                if !pointer.is_hole() {
-                    self.store.release(&pointer.dvas);
-                }
-                return Err(error.into());
-            }
-        };
+        crate::pool::data::link(
+            self,
+            &self.objects,
+            &volume.object,
+            &volume.object,
+            blkid,
+            pointer,
+        )?;
         // Bytes the intent log holds a copy of need no record of their link;
         // the log's copies are freed once this link is durable.
         let forgotten = self.forget_dirty(volume, blkid);
@@ -999,12 +950,6 @@ impl Pool {
                 .log
                 .note_linked(volume.object.id, blkid, pointer.birth_txg);
         }
-        if !pointer.is_hole() {
-            self.store.commit(&pointer);
-            self.txg.add_data(self, pointer.allocated_bytes());
-        }
-        self.objects.kill(&volume.object, &old);
-        self.spill_dead(&volume.object);
         Ok(())
     }
 

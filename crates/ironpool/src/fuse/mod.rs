@@ -55,6 +55,16 @@ pub const MAX_WRITE_BYTES: u32 = 1 << 20;
 const MAX_PAGES: u16 = 256;
 /// Bytes of one request buffer: the largest write and its headers.
 const REQUEST_BUFFER_BYTES: usize = MAX_WRITE_BYTES as usize + 4096;
+/// Where in its buffer a request from `/dev/fuse` is read: a WRITE's
+/// payload follows its two headers and so lands on a 4 KiB boundary, from
+/// where its whole blocks are written to the devices (O_DIRECT) with no
+/// copy ([`Filesystem::write_lent`]). The kernel needs room for the
+/// largest write and those headers after it.
+const REQUEST_READ_AT: usize = 4096 - proto::IN_HEADER_BYTES - proto::WRITE_IN_BYTES;
+const _: () = assert!(
+    REQUEST_BUFFER_BYTES - REQUEST_READ_AT
+        >= MAX_WRITE_BYTES as usize + proto::IN_HEADER_BYTES + proto::WRITE_IN_BYTES
+);
 /// Requests of one mount served at once over `/dev/fuse`. Each holds a
 /// request buffer, so this bounds a mount's memory (64 MiB) and its queue
 /// depth at the server; the kernel queues the rest.
@@ -463,14 +473,20 @@ async fn reader(session: Rc<Session>, index: usize) {
             .pop()
             .unwrap_or_else(|| AlignedBuf::zeroed(REQUEST_BUFFER_BYTES));
         // Non-blocking: with no request queued the ring polls for one.
-        let (result, buffer) = rt_uring::read_stream_into(session.fd, buffer, 0).await;
+        let (result, buffer) =
+            rt_uring::read_stream_into(session.fd, buffer, REQUEST_READ_AT).await;
         match result {
             Ok(length) => {
                 session.note_arrival();
                 let session = session.clone();
+                let request =
+                    BufSlice::new(buffer.into_shared(), REQUEST_READ_AT..REQUEST_READ_AT + length);
                 rt::spawn(async move {
-                    serve_request(&session, &buffer[..length]).await;
-                    session.buffers.borrow_mut().push(buffer);
+                    serve_request(&session, &request).await;
+                    // Nothing keeps a request's bytes past its answer.
+                    if let Some(buffer) = request.try_into_buffer() {
+                        session.buffers.borrow_mut().push(buffer);
+                    }
                     drop(permit);
                 });
                 continue;
@@ -495,8 +511,8 @@ async fn reader(session: Rc<Session>, index: usize) {
 }
 
 /// Serves one request read from `/dev/fuse` and writes its reply.
-async fn serve_request(session: &Rc<Session>, request: &[u8]) {
-    let (opcode, reply) = handle(session, request).await;
+async fn serve_request(session: &Rc<Session>, request: &BufSlice) {
+    let (opcode, reply) = handle(session, request, Some(request)).await;
     session.handling.set(session.handling.get() - 1);
     if let Some(reply) = reply {
         // The header, the body, and a READ's data as the pieces of the
@@ -648,15 +664,20 @@ fn start_uring(session: &Rc<Session>) {
 
 /// Serves one request, counting it in the filesystem's front-end figures;
 /// returns its opcode (0: malformed) and the reply (None: the kernel
-/// expects none).
-async fn handle(session: &Session, bytes: &[u8]) -> (u32, Option<proto::Reply>) {
+/// expects none). `lent`: the buffer `bytes` lie in, when it can be kept
+/// (a WRITE's whole blocks are written from it).
+async fn handle(
+    session: &Session,
+    bytes: &[u8],
+    lent: Option<&BufSlice>,
+) -> (u32, Option<proto::Reply>) {
     let arrived = rt::now();
     session.fs.note_front_end(|stats| {
         stats.in_flight += 1;
         stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
     });
     let (opcode, reply) = match proto::header(bytes) {
-        Ok(header) => (header.opcode, handle_counted(session, &header, bytes).await),
+        Ok(header) => (header.opcode, handle_counted(session, &header, bytes, lent).await),
         Err(proto::Malformed(why)) => {
             eprintln!(
                 "ironpool: {}: malformed fuse request: {why}",
@@ -680,6 +701,7 @@ async fn handle_counted(
     session: &Session,
     header: &proto::InHeader,
     bytes: &[u8],
+    lent: Option<&BufSlice>,
 ) -> Option<proto::Reply> {
     let request = match proto::request(header, bytes) {
         Ok(request) => request,
@@ -701,7 +723,7 @@ async fn handle_counted(
     if proto::no_reply(header.opcode) {
         return None;
     }
-    let result = serve(session, header, request).await;
+    let result = serve(session, header, request, lent).await;
     Some(match result {
         Ok(Answer::Bytes(body)) => proto::Reply::new(header.unique, 0, body),
         Ok(Answer::Data(data)) => proto::Reply::data(header.unique, data),
@@ -720,6 +742,7 @@ async fn serve(
     session: &Session,
     header: &proto::InHeader,
     request: proto::Request<'_>,
+    lent: Option<&BufSlice>,
 ) -> Result<Answer, FsError> {
     use proto::Request;
     let (fs, node, slot) = match snapdir::route(session, header.nodeid).await? {
@@ -770,7 +793,7 @@ async fn serve(
     } else {
         peers::stale_after(fs, node, &request).await
     };
-    let answer = serve_fs(session, header, request, fs, node, slot).await?;
+    let answer = serve_fs(session, header, request, lent, fs, node, slot).await?;
     if !stale.is_empty() {
         peers::tell(peers, stale);
     }
@@ -796,6 +819,7 @@ async fn serve_fs(
     session: &Session,
     header: &proto::InHeader,
     request: proto::Request<'_>,
+    lent: Option<&BufSlice>,
     fs: &Rc<Filesystem>,
     node: u64,
     slot: u64,
@@ -998,7 +1022,7 @@ async fn serve_fs(
             let written = if fs.may_write_behind(flags) {
                 fs.write_behind(pool, node, offset, data).await?
             } else {
-                fs.write(pool, node, offset, data).await?
+                fs.write_lent(pool, node, offset, data, lent).await?
             };
             Ok(proto::write_out(written as u32))
         }

@@ -13,6 +13,8 @@ pub const ROOT_ID: u64 = 1;
 
 pub const IN_HEADER_BYTES: usize = 40;
 pub const OUT_HEADER_BYTES: usize = 16;
+/// Bytes of a WRITE's own header (`fuse_write_in`), before its payload.
+pub const WRITE_IN_BYTES: usize = 40;
 
 // Opcodes.
 pub const LOOKUP: u32 = 1;
@@ -383,7 +385,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
         WRITE => {
             let size = u32_at(body, 16)? as usize;
             let data = body
-                .get(40..40 + size)
+                .get(WRITE_IN_BYTES..WRITE_IN_BYTES + size)
                 .ok_or(Malformed("write shorter than its size"))?;
             Request::Write {
                 fh: u64_at(body, 0)?,

@@ -94,10 +94,12 @@ impl NewBlock {
         }
     }
 
-    /// A block of `bytes`: their own buffer when it is whole sectors, else
-    /// a copy padded to the sector.
+    /// A block of `bytes`: their own buffer when it is whole sectors that
+    /// start at a sector boundary in memory (what a device opened with
+    /// O_DIRECT can write), else a copy padded to the sector.
     pub fn of(pool: &Pool, bytes: BufSlice) -> NewBlock {
-        if bytes.len().is_multiple_of(sector_bytes(pool)) {
+        let sector = sector_bytes(pool);
+        if bytes.len().is_multiple_of(sector) && (bytes.as_ptr() as usize).is_multiple_of(sector) {
             NewBlock::whole(bytes)
         } else {
             NewBlock::copied(pool, &bytes)

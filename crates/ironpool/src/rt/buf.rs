@@ -413,6 +413,23 @@ impl BufSlice {
         unsafe { self.buffer.as_ptr().add(self.range.start) }
     }
 
+    /// `bytes` as a slice of this one, when they lie inside it (a request's
+    /// payload, parsed as plain bytes, found again in the buffer the request
+    /// was read into, so it can be kept or written without a copy).
+    pub fn slice_holding(&self, bytes: &[u8]) -> Option<BufSlice> {
+        let start = (bytes.as_ptr() as usize).checked_sub(self.as_ptr() as usize)?;
+        let end = start.checked_add(bytes.len())?;
+        (end <= self.len()).then(|| self.slice(start..end))
+    }
+
+    /// The whole buffer back, when this slice holds its only reference: a
+    /// request buffer lent to the requests it carried (their blocks were
+    /// written from it without a copy) returns to its pool for the next
+    /// read. None when something still holds a slice of it.
+    pub fn try_into_buffer(self) -> Option<AlignedBuf> {
+        Rc::try_unwrap(self.buffer).ok()
+    }
+
     /// The buffer and range, owned (to hand to another thread): the buffer itself
     /// when this slice holds the only reference, else a copy of the range.
     pub fn into_owned(self) -> (AlignedBuf, Range<usize>) {

@@ -2090,10 +2090,25 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<usize, FsError> {
-        match self.write_once(pool, ino, offset, data).await {
+        self.write_lent(pool, ino, offset, data, None).await
+    }
+
+    /// [`Filesystem::write`] of bytes that lie in `lent`, an aligned buffer
+    /// the front end read them into (a FUSE WRITE's payload lands on a
+    /// 4 KiB boundary): the whole blocks of the write are written from it
+    /// without a copy. The buffer is held only until the write returns.
+    pub async fn write_lent(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        lent: Option<&BufSlice>,
+    ) -> Result<usize, FsError> {
+        match self.write_once(pool, ino, offset, data, lent).await {
             Err(error) if error.errno() == libc::ENOSPC => {
                 if pool.wait_for_freed_space(data.len() as u64).await? {
-                    self.write_once(pool, ino, offset, data).await
+                    self.write_once(pool, ino, offset, data, lent).await
                 } else {
                     Err(error)
                 }
@@ -2109,6 +2124,7 @@ impl Filesystem {
         ino: u64,
         offset: u64,
         data: &[u8],
+        lent: Option<&BufSlice>,
     ) -> Result<usize, FsError> {
         self.log.note_write_arrived();
         let (_shared, object) = self.begin_write(pool, ino).await?;
@@ -2138,7 +2154,7 @@ impl Filesystem {
         };
         // Versions written behind before this are linked first.
         self.behind.settle_blocks(ino, blocks).await;
-        self.write_locked(pool, &object, offset, data).await?;
+        self.write_locked(pool, &object, offset, data, lent).await?;
         self.behind.wrote_through();
         self.count(|stats| {
             stats.write_ops += 1;
@@ -2173,12 +2189,14 @@ impl Filesystem {
         object: &Rc<Object>,
         offset: u64,
         data: &[u8],
+        lent: Option<&BufSlice>,
     ) -> Result<(), FsError> {
         let end = write_end(offset, data.len())?;
         self.grow_block(pool, object, end).await?;
         let block = object.dnode().data_block_bytes();
         // A whole block is the request's own bytes, not a copy of them:
-        // `write_block` copies them once, into the buffer the devices write.
+        // written from the buffer `lent` when they lie in it, else copied
+        // once, into the buffer the devices write.
         let mut blocks: Vec<(u64, std::borrow::Cow<'_, [u8]>)> = Vec::new();
         for (blkid, within, source) in block_pieces(offset, data, block) {
             let chunk = source.len();
@@ -2202,7 +2220,7 @@ impl Filesystem {
             .iter()
             .map(|(blkid, bytes)| (*blkid, bytes.as_ref()))
             .collect();
-        self.store_blocks(pool, object, &slices, ObjectType::FsFile)
+        self.store_blocks(pool, object, &slices, ObjectType::FsFile, lent)
             .await?;
         let mut dnode = object.dnode.borrow_mut();
         if end > dnode.length_bytes {
@@ -2218,13 +2236,16 @@ impl Filesystem {
     /// blocks, up to [`BLOCKS_IN_FLIGHT_PER_REQUEST`] as one run (one
     /// request of 1 MiB is 8 blocks of 128 KiB: neighbours on a device
     /// become one queue request), then links them in order. Blocks of zeros
-    /// are holes. A failure lets go of the blocks written and not linked.
+    /// are holes. A block whose bytes lie in `lent` (an aligned buffer the
+    /// front end read them into) is written from it, others are copied.
+    /// A failure lets go of the blocks written and not linked.
     async fn store_blocks(
         &self,
         pool: &Rc<Pool>,
         object: &Rc<Object>,
         blocks: &[(u64, &[u8])],
         object_type: ObjectType,
+        lent: Option<&BufSlice>,
     ) -> Result<(), FsError> {
         let mut pointers = Vec::with_capacity(blocks.len());
         let mut failure = None;
@@ -2234,7 +2255,12 @@ impl Filesystem {
                 .iter()
                 .zip(&zero)
                 .filter(|(_, zero)| !**zero)
-                .map(|((_, bytes), _)| crate::pool::data::NewBlock::copied(pool, bytes))
+                .map(
+                    |((_, bytes), _)| match lent.and_then(|lent| lent.slice_holding(bytes)) {
+                        Some(bytes) => crate::pool::data::NewBlock::of(pool, bytes),
+                        None => crate::pool::data::NewBlock::copied(pool, bytes),
+                    },
+                )
                 .collect();
             let format = self.block_format(object_type);
             let mut written =

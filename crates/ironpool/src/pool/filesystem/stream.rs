@@ -602,7 +602,7 @@ impl Filesystem {
             .collect();
         if dnode.object_type != ObjectType::FsDirectory {
             return Ok(self
-                .store_blocks(pool, object, &blocks, dnode.object_type)
+                .store_blocks(pool, object, &blocks, dnode.object_type, None)
                 .await?);
         }
         for (blkid, bytes) in blocks {

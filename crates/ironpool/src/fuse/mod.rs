@@ -479,8 +479,10 @@ async fn reader(session: Rc<Session>, index: usize) {
             Ok(length) => {
                 session.note_arrival();
                 let session = session.clone();
-                let request =
-                    BufSlice::new(buffer.into_shared(), REQUEST_READ_AT..REQUEST_READ_AT + length);
+                let request = BufSlice::new(
+                    buffer.into_shared(),
+                    REQUEST_READ_AT..REQUEST_READ_AT + length,
+                );
                 rt::spawn(async move {
                     serve_request(&session, &request).await;
                     // Nothing keeps a request's bytes past its answer.
@@ -677,7 +679,10 @@ async fn handle(
         stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
     });
     let (opcode, reply) = match proto::header(bytes) {
-        Ok(header) => (header.opcode, handle_counted(session, &header, bytes, lent).await),
+        Ok(header) => (
+            header.opcode,
+            handle_counted(session, &header, bytes, lent).await,
+        ),
         Err(proto::Malformed(why)) => {
             eprintln!(
                 "ironpool: {}: malformed fuse request: {why}",

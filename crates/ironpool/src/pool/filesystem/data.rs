@@ -571,8 +571,7 @@ impl Filesystem {
         blkid: u64,
         pointer: BlockPointer,
     ) -> Result<BlockPointer, FsError> {
-        self.prepare_link_or_release(pool, object, blkid, &pointer)
-            .await?;
+        crate::pool::data::prepare_link(pool, &self.objects, object, blkid, &pointer).await?;
         self.link_cached(pool, object, blkid, pointer)
     }
 
@@ -589,26 +588,12 @@ impl Filesystem {
         pointer: BlockPointer,
         size: u64,
     ) -> Result<Option<BlockPointer>, FsError> {
-        self.prepare_link_or_release(pool, object, blkid, &pointer)
-            .await?;
+        crate::pool::data::prepare_link(pool, &self.objects, object, blkid, &pointer).await?;
         if object.dnode().data_block_bytes() != size {
             release_unlinked(pool, &pointer);
             return Ok(None);
         }
         self.link_cached(pool, object, blkid, pointer).map(Some)
-    }
-
-    /// Loads what linking block `blkid` of `object` needs; on failure lets
-    /// go of `pointer`'s block (written, never linked).
-    async fn prepare_link_or_release(
-        &self,
-        pool: &Rc<Pool>,
-        object: &Rc<Object>,
-        blkid: u64,
-        pointer: &BlockPointer,
-    ) -> Result<(), FsError> {
-        crate::pool::data::prepare_link(pool, &self.objects, object, blkid, pointer).await?;
-        Ok(())
     }
 
     pub(super) fn link_cached(

@@ -1311,6 +1311,129 @@ fn a_crash_keeps_every_fsync_of_writes_written_behind() {
     assert!(replays >= 4, "{replays} imports replayed an intent log");
 }
 
+/// Writers of one filesystem side by side, each writing whole 16K
+/// records of its own file and calling `fsync` after each, with commits
+/// written side by side (`log_commits_in_flight`): a commit lets go of its
+/// lock once its log blocks are reserved, the next is prepared while they
+/// are written, and one that finds nothing new waits for those in flight.
+/// Power fails as the Nth `fsync` returns (N random): every record an
+/// `fsync` returned for holds that write or a later one of its writer,
+/// whole. (An `fsync` that found its write taken by a commit still in
+/// flight and returned without waiting for it loses that write here.)
+#[test]
+fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
+    const WRITERS: u64 = 4;
+    const RECORD: u64 = 16 << 10;
+    const RECORDS_PER_FILE: u64 = 16;
+    let (mut commits, mut fsyncs) = (0, 0);
+    for seed in 201..=212u64 {
+        let disks = devices(2, 8 << 30, seed);
+        // (writer, record) -> the sequence number an fsync returned for.
+        let durable: Rc<RefCell<BTreeMap<(u64, u64), u64>>> = Rc::default();
+        let inos: Rc<RefCell<Vec<u64>>> = Rc::default();
+        let stats = Rc::new(Cell::new(LogStats::default()));
+        let done_fsyncs = Rc::new(Cell::new(0u64));
+        let last_fsync = Rc::new(ironpool::rt::sync::Notify::default());
+        run_then_crash(seed, &disks, 0x51de, {
+            let (disks, durable, inos) = (disks.clone(), durable.clone(), inos.clone());
+            let (stats, done_fsyncs) = (stats.clone(), done_fsyncs.clone());
+            let last_fsync = last_fsync.clone();
+            move |pool_holder| async move {
+                let mut rng = Rng::new(seed);
+                let fsyncs_before_crash = 20 + rng.below(400);
+                let (pool, fs) =
+                    pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "16K")])
+                        .await;
+                pool.set_tunable("log_commits_in_flight", "4").unwrap();
+                *pool_holder.borrow_mut() = Some(pool.clone());
+                for writer in 0..WRITERS {
+                    let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+                    let name = format!("w{writer}").into_bytes();
+                    let attr = fs.create(&pool, fs.root(), &name, &mode).await.unwrap();
+                    inos.borrow_mut().push(attr.ino);
+                }
+                pool.commit().await.unwrap();
+                for writer in 0..WRITERS {
+                    let (pool, fs, durable) = (pool.clone(), fs.clone(), durable.clone());
+                    let (stats, done_fsyncs) = (stats.clone(), done_fsyncs.clone());
+                    let last_fsync = last_fsync.clone();
+                    let ino = inos.borrow()[writer as usize];
+                    let mut rng = Rng::new(seed * 31 + writer);
+                    rt::spawn(async move {
+                        for sequence in 1u64.. {
+                            let record = rng.below(RECORDS_PER_FILE);
+                            let data = stamped(writer, record, sequence, RECORD as usize);
+                            fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
+                            if rng.chance(1, 3) {
+                                rt::sleep(Duration::from_micros(rng.below(100))).await;
+                            }
+                            // This write is durable once the fsync returns
+                            // (and noted only then).
+                            fs.note_fsync_arrived();
+                            pool.fs_log_commit(&fs).await.unwrap();
+                            durable.borrow_mut().insert((writer, record), sequence);
+                            done_fsyncs.set(done_fsyncs.get() + 1);
+                            stats.set(fs.log_stats());
+                            if done_fsyncs.get() == fsyncs_before_crash {
+                                last_fsync.notify_all();
+                            }
+                        }
+                    });
+                }
+                last_fsync.notified().await;
+            }
+        });
+        commits += stats.get().commits;
+        fsyncs += done_fsyncs.get();
+        let durable = durable.borrow().clone();
+        let inos = inos.borrow().clone();
+        Runtime::new_sim(seed + 1).block_on(async move {
+            let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
+            for ((writer, record), sequence) in durable {
+                let ino = inos[writer as usize];
+                let got = fs
+                    .read(&pool, ino, record * RECORD, RECORD as usize, true)
+                    .await
+                    .unwrap();
+                let (found_writer, found_record, found) = unstamp(&got)
+                    .unwrap_or_else(|| panic!("seed {seed}: writer {writer} record {record} torn or lost (fsynced sequence {sequence})"));
+                assert_eq!((found_writer, found_record), (writer, record), "seed {seed}");
+                assert!(
+                    found >= sequence,
+                    "seed {seed}: writer {writer} record {record} holds sequence {found}, an fsync returned for {sequence}"
+                );
+            }
+        });
+    }
+    eprintln!("{fsyncs} fsyncs returned, {commits} log commits");
+    assert!(fsyncs > 100, "{fsyncs} fsyncs returned before the crashes");
+    assert!(commits > 20, "{commits} log commits");
+    assert!(
+        commits < fsyncs,
+        "no fsync shared a commit ({commits} for {fsyncs})"
+    );
+}
+
+/// A record of `bytes` that says who wrote it: writer, record and sequence
+/// number, repeated through it so that a torn record does not decode.
+fn stamped(writer: u64, record: u64, sequence: u64, bytes: usize) -> Vec<u8> {
+    let mut stamp = [0u8; 24];
+    stamp[..8].copy_from_slice(&writer.to_le_bytes());
+    stamp[8..16].copy_from_slice(&record.to_le_bytes());
+    stamp[16..].copy_from_slice(&sequence.to_le_bytes());
+    stamp.iter().copied().cycle().take(bytes).collect()
+}
+
+/// What [`stamped`] wrote into `data`, if all of it is one stamp.
+fn unstamp(data: &[u8]) -> Option<(u64, u64, u64)> {
+    let stamp = data.get(..24)?;
+    if data.chunks(24).any(|chunk| chunk != &stamp[..chunk.len()]) {
+        return None;
+    }
+    let word = |at: usize| u64::from_le_bytes(stamp[at..at + 8].try_into().unwrap());
+    Some((word(0), word(8), word(16)))
+}
+
 /// Imports the pool `tank` from `disks` and opens `tank/fs`; panics,
 /// saying `context`, if the import fails.
 async fn import_filesystem(

@@ -387,10 +387,11 @@ impl Pool {
         {
             return;
         }
-        let Some((_commit, number)) = fs.log.try_begin_commit(1) else {
+        let in_flight_max = self.tunables.borrow().log_commits_in_flight;
+        let Some((permit, number)) = fs.log.try_begin_commit(in_flight_max) else {
             return;
         };
-        if let Ok(true) = self.fs_log_shared(fs).await {
+        if let Ok(true) = self.fs_log_shared(fs, permit, Commit::Ahead).await {
             fs.log.covered(number, false);
             fs.log.state.borrow_mut().stats.ahead_commits += 1;
         }
@@ -402,8 +403,10 @@ impl Pool {
     /// pointer, hole or bytes, each written file's size and times, each
     /// changed list of extended attributes) unless a change it does not
     /// carry is newer than the last durable txg, else through a txg.
-    /// Commits of one filesystem are serialised, and `fsync`s that arrive
-    /// during one share the next, as a volume's FLUSHes.
+    /// Commits of one filesystem are prepared one at a time and written
+    /// side by side (up to the `log_commits_in_flight` tunable), and
+    /// `fsync`s that arrive during one share the next, as a volume's
+    /// FLUSHes.
     pub async fn fs_log_commit(self: &Rc<Self>, fs: &Rc<Filesystem>) -> Result<(), PoolError> {
         if fs.is_snapshot() {
             // Read-only and durable since it was taken: nothing to log, and
@@ -412,13 +415,22 @@ impl Pool {
         }
         // Writes answered before this are linked (and noted) first.
         fs.settle_writes(None).await;
-        let wait_percent = self.tunables.borrow().log_group_wait_percent;
-        // Its lock is kept while its blocks are written: one in flight.
-        let Some((_commit, number)) = fs.log.begin_commit(false, wait_percent, 1).await else {
+        let (wait_percent, in_flight_max) = {
+            let tunables = self.tunables.borrow();
+            (
+                tunables.log_group_wait_percent,
+                tunables.log_commits_in_flight,
+            )
+        };
+        let Some((permit, number)) = fs
+            .log
+            .begin_commit(false, wait_percent, in_flight_max)
+            .await
+        else {
             return Ok(());
         };
         self.txg.ensure_writable()?;
-        if !self.fs_log_shared(fs).await? {
+        if !self.fs_log_shared(fs, permit, Commit::Asked).await? {
             fs.log.state.borrow_mut().stats.txg_fallbacks += 1;
             self.commit_linked().await?;
         }
@@ -431,22 +443,37 @@ impl Pool {
     /// destroy or receive waits for the log write to end; false, logging
     /// nothing, when the filesystem was retired (destroyed, rolled back or
     /// received over) before the lock was had.
-    /// The caller holds the commit lock.
-    async fn fs_log_shared(self: &Rc<Self>, fs: &Filesystem) -> Result<bool, PoolError> {
+    /// `lock` is the commit lock, let go once the commit's place in the
+    /// chain is reserved.
+    async fn fs_log_shared(
+        self: &Rc<Self>,
+        fs: &Filesystem,
+        lock: crate::rt::sync::Permit,
+        kind: Commit,
+    ) -> Result<bool, PoolError> {
         let _shared = fs.shared().await;
         if fs.is_retired() {
             return Ok(false);
         }
-        self.fs_log_write(fs).await
+        self.fs_log_write(fs, lock, kind).await
     }
 
     /// Writes the changes of `fs` not yet logged into its chain. False when
     /// they must go through a txg instead: no usable chain yet, a change the
     /// log does not carry since the last durable txg, a file's block size
     /// changed or a file freed while the pointers were read, or a failed log
-    /// write.
-    /// The caller holds the commit lock and the filesystem's lock shared.
-    async fn fs_log_write(self: &Rc<Self>, fs: &Filesystem) -> Result<bool, PoolError> {
+    /// write, or a commit in flight before it that failed.
+    /// The caller holds the filesystem's lock shared; `lock` (the commit
+    /// lock) is let go once the log blocks are reserved, so the next commit
+    /// is prepared while this one's blocks are written (as a volume's,
+    /// `commit_locked`): with one commit in flight, each `fsync` at QD64
+    /// waited for the whole log write of the one before it.
+    async fn fs_log_write(
+        self: &Rc<Self>,
+        fs: &Filesystem,
+        lock: crate::rt::sync::Permit,
+        kind: Commit,
+    ) -> Result<bool, PoolError> {
         let owner = Owner::Filesystem(fs);
         let log = &fs.log;
         let unloggable = log.state.borrow().unloggable_since > self.txg.durable();
@@ -588,6 +615,26 @@ impl Pool {
             return Ok(false);
         }
         if records.is_empty() {
+            // Everything is durable, or was taken by commits in flight:
+            // those must succeed before the caller is answered (a failed
+            // one leaves it to a txg).
+            let (last, failures) = {
+                let state = log.state.borrow();
+                (
+                    state.in_flight.back().map(|entry| entry.commit),
+                    state.failed_commits,
+                )
+            };
+            if kind == Commit::Ahead {
+                return Ok(false);
+            }
+            if let Some(last) = last {
+                drop(lock);
+                log.wait_ended(last).await;
+                if log.state.borrow().failed_commits != failures {
+                    return Ok(false);
+                }
+            }
             log.state.borrow_mut().stats.shared_commits += 1;
             return Ok(true);
         }
@@ -604,7 +651,14 @@ impl Pool {
             );
             commit
         };
-        match self.write_log_blocks(owner, &records, commit).await {
+        let written = match self.reserve_log_blocks(owner, &records, commit) {
+            Ok(write) => {
+                drop(lock);
+                self.write_reserved(owner, write).await
+            }
+            Err(error) => Err(error),
+        };
+        match written {
             Ok(()) => {
                 log.note_commit_time(started);
                 let copied = records
@@ -696,19 +750,6 @@ impl Pool {
         state.unlogged = taken.iter().copied().chain(newer).collect();
         // Stable: of one txg, the order linked stays.
         state.unlogged.sort_by_key(|(_, _, txg)| *txg);
-    }
-
-    /// Writes `records` into the next blocks of `owner`'s chain, with the
-    /// devices holding what they name flushed; on success the blocks join
-    /// the chain. The caller holds the commit lock throughout.
-    async fn write_log_blocks(
-        self: &Rc<Self>,
-        owner: Owner<'_>,
-        records: &[LogRecord],
-        commit: u64,
-    ) -> Result<(), PoolError> {
-        let write = self.reserve_log_blocks(owner, records, commit)?;
-        self.write_reserved(owner, write).await
     }
 
     /// Cuts `records` into blocks of `owner`'s chain (the pre-allocated next

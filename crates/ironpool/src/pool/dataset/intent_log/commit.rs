@@ -391,7 +391,10 @@ impl Pool {
         let Some((permit, number)) = fs.log.try_begin_commit(in_flight_max) else {
             return;
         };
-        if let Ok(true) = self.fs_log_shared(fs, permit, Commit::Ahead).await {
+        if let Ok(true) = self
+            .fs_log_shared(fs, &mut Some(permit), Commit::Ahead)
+            .await
+        {
             fs.log.covered(number, false);
             fs.log.state.borrow_mut().stats.ahead_commits += 1;
         }
@@ -430,10 +433,15 @@ impl Pool {
             return Ok(());
         };
         self.txg.ensure_writable()?;
-        if !self.fs_log_shared(fs, permit, Commit::Asked).await? {
+        // Kept through a txg that commits instead (unless the log write
+        // let it go): `fsync`s arriving meanwhile share that txg rather
+        // than each finding the chain unusable and committing its own.
+        let mut lock = Some(permit);
+        if !self.fs_log_shared(fs, &mut lock, Commit::Asked).await? {
             fs.log.state.borrow_mut().stats.txg_fallbacks += 1;
             self.commit_linked().await?;
         }
+        drop(lock);
         fs.log.covered(number, false);
         Ok(())
     }
@@ -443,12 +451,13 @@ impl Pool {
     /// destroy or receive waits for the log write to end; false, logging
     /// nothing, when the filesystem was retired (destroyed, rolled back or
     /// received over) before the lock was had.
-    /// `lock` is the commit lock, let go once the commit's place in the
-    /// chain is reserved.
+    /// `lock` holds the commit lock, taken out and let go once the
+    /// commit's place in the chain is reserved (or while it waits for
+    /// commits in flight).
     async fn fs_log_shared(
         self: &Rc<Self>,
         fs: &Filesystem,
-        lock: crate::rt::sync::Permit,
+        lock: &mut Option<crate::rt::sync::Permit>,
         kind: Commit,
     ) -> Result<bool, PoolError> {
         let _shared = fs.shared().await;
@@ -471,7 +480,7 @@ impl Pool {
     async fn fs_log_write(
         self: &Rc<Self>,
         fs: &Filesystem,
-        lock: crate::rt::sync::Permit,
+        lock: &mut Option<crate::rt::sync::Permit>,
         kind: Commit,
     ) -> Result<bool, PoolError> {
         let owner = Owner::Filesystem(fs);
@@ -629,7 +638,7 @@ impl Pool {
                 return Ok(false);
             }
             if let Some(last) = last {
-                drop(lock);
+                drop(lock.take());
                 log.wait_ended(last).await;
                 if log.state.borrow().failed_commits != failures {
                     return Ok(false);
@@ -653,7 +662,7 @@ impl Pool {
         };
         let written = match self.reserve_log_blocks(owner, &records, commit) {
             Ok(write) => {
-                drop(lock);
+                drop(lock.take());
                 self.write_reserved(owner, write).await
             }
             Err(error) => Err(error),

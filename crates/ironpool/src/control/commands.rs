@@ -800,6 +800,7 @@ async fn run(
             Ok(serde_json::to_value(pool.scrub_status()).unwrap_or(Value::Null))
         }
         Command::TrimStart => {
+            pool.settle_frees().await?;
             pool.trim_start()?;
             Ok(serde_json::to_value(pool.trim_status()).unwrap_or(Value::Null))
         }

@@ -171,7 +171,26 @@ impl Pool {
         self.scans.trims_ended.notified()
     }
 
-    /// Starts a trim of all free space in the background (`ironpool trim`).
+    /// Commits until what was freed before now is allocatable again, so
+    /// that a trim of all free space covers it (`ironpool trim` right after
+    /// a destroy: its frees wait out the defer window first, and a trim
+    /// begun at once left the device files as full as before). At most
+    /// [`DEFER_TXGS`](crate::alloc::DEFER_TXGS) + 1 commits: each frees a
+    /// little of its own metadata, so waiting for none deferred would not
+    /// end.
+    pub async fn settle_frees(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        for _ in 0..=crate::alloc::DEFER_TXGS {
+            if self.store.allocator.borrow().deferred_bytes() == 0 {
+                break;
+            }
+            self.commit().await?;
+        }
+        Ok(())
+    }
+
+    /// Starts a trim of all free space in the background (`ironpool trim`;
+    /// [`Pool::settle_frees`] first, to include what was just freed).
     pub fn trim_start(self: &Rc<Self>) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
         let mut state = self.scans.trim.borrow_mut();

@@ -107,7 +107,7 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
     },
-    /// List pools (default), volumes, filesystems or snapshots: `list [-t pool|volume|filesystem|snapshot|all] [POOL[/NAME]]`.
+    /// List pools (default), volumes, filesystems, snapshots or bookmarks: `list [-t pool|volume|filesystem|snapshot|bookmark|all] [POOL[/NAME]]`.
     List {
         /// What to list.
         #[arg(short = 't', default_value = "pool")]
@@ -125,13 +125,53 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         names: Vec<String>,
     },
-    /// Destroy a snapshot (POOL/VOL@NAME), a volume (POOL/VOL; -r with its snapshots) or a filesystem (POOL/FS).
+    /// Destroy a snapshot (POOL/VOL@NAME), a bookmark (POOL/VOL#NAME), a volume (POOL/VOL; -r with its snapshots) or a filesystem (POOL/FS).
     Destroy {
         #[arg(short = 'r')]
         recursive: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         name: String,
+    },
+    /// Place a user hold on snapshots, so they cannot be destroyed until
+    /// released: `hold [-r] TAG POOL/DATASET@SNAP...` (-r with POOL@SNAP:
+    /// that snapshot of every dataset that has it).
+    Hold {
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        tag: String,
+        #[arg(required = true, num_args = 1..)]
+        snapshots: Vec<String>,
+    },
+    /// Take a user hold off snapshots: `release [-r] TAG POOL/DATASET@SNAP...`.
+    Release {
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        tag: String,
+        #[arg(required = true, num_args = 1..)]
+        snapshots: Vec<String>,
+    },
+    /// List the user holds of snapshots: `holds [-r] POOL/DATASET@SNAP...`.
+    Holds {
+        #[arg(short = 'r')]
+        recursive: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        #[arg(required = true, num_args = 1..)]
+        snapshots: Vec<String>,
+    },
+    /// Bookmark a snapshot, so that incrementals can be sent from it after it
+    /// is destroyed: `bookmark POOL/DATASET@SNAP POOL/DATASET#NAME` (or #NAME).
+    Bookmark {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// The snapshot (or another bookmark, POOL/DATASET#NAME).
+        source: String,
+        bookmark: String,
     },
     /// Mount a filesystem the running server unmounted (`unmount`): `mount POOL/FS`.
     Mount {
@@ -195,9 +235,9 @@ enum Command {
         property: String,
         name: String,
     },
-    /// Write a snapshot of a volume or a filesystem as a stream to stdout: `send [-i @EARLIER] POOL/DATASET@SNAP`, or `send -t TOKEN`.
+    /// Write a snapshot of a volume or a filesystem as a stream to stdout: `send [-i @EARLIER|#BOOKMARK] POOL/DATASET@SNAP`, or `send -t TOKEN`.
     Send {
-        /// Incremental from this earlier snapshot (@SNAP, or the origin of a clone).
+        /// Incremental from this earlier snapshot (@SNAP, or the origin of a clone), or from a bookmark (#NAME) of one.
         #[arg(short = 'i')]
         from: Option<String>,
         /// Resume an interrupted stream with the receiver's resume token.
@@ -565,6 +605,28 @@ fn main() -> ExitCode {
             dirs,
             name,
         } => cli::datasets::destroy(&context, &name, recursive, &dirs),
+        Command::Hold {
+            recursive,
+            dirs,
+            tag,
+            snapshots,
+        } => cli::datasets::hold(&context, &tag, &snapshots, recursive, true, &dirs),
+        Command::Release {
+            recursive,
+            dirs,
+            tag,
+            snapshots,
+        } => cli::datasets::hold(&context, &tag, &snapshots, recursive, false, &dirs),
+        Command::Holds {
+            recursive,
+            dirs,
+            snapshots,
+        } => cli::datasets::holds(&context, &snapshots, recursive, &dirs),
+        Command::Bookmark {
+            dirs,
+            source,
+            bookmark,
+        } => cli::datasets::bookmark(&context, &source, &bookmark, &dirs),
         Command::Mount { dirs, name } => cli::datasets::mount(&context, &name, true, &dirs),
         Command::Unmount { dirs, name } => cli::datasets::mount(&context, &name, false, &dirs),
         Command::Clone {

@@ -646,3 +646,120 @@ fn properties_inherit_persist_and_take_effect() {
     pool.stop();
     check(&pool);
 }
+
+/// `ironpool ARGS` against the running server, which must fail: its error.
+fn admin_fails(pool: &TestPool, args: &[&str]) -> String {
+    let control = pool.control().display().to_string();
+    let mut full = vec!["--control", control.as_str()];
+    full.extend_from_slice(args);
+    pool.fails(&full)
+}
+
+/// The tags `holds --json` lists for `snapshot`.
+fn hold_tags(pool: &TestPool, snapshot: &str) -> Vec<String> {
+    let listing: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "holds", snapshot])).expect("holds JSON");
+    listing["holds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|hold| {
+            assert_eq!(hold["snapshot"], snapshot, "{listing}");
+            assert!(hold["created_unix_seconds"].as_u64().unwrap() > 0);
+            hold["tag"].as_str().unwrap().to_string()
+        })
+        .collect()
+}
+
+/// User holds keep snapshots from every kind of destroy, persist across a
+/// restart, and are placed and released all or nothing; a bookmark of a
+/// snapshot sends the next incremental after the snapshot is destroyed, and
+/// the receiver ends up with the same bytes.
+#[test]
+fn holds_keep_snapshots_and_bookmarks_send_after_their_snapshot_is_gone() {
+    let mut source = source_pool();
+    let full = source.path("full.stream");
+    source.send_to_file(&["send", "tank/vol@a"], &full);
+    let mut backup = TestPool::new("backup");
+    backup.create("1G", &["a.img"]);
+    backup.serve();
+    receive_ok(&backup, "backup/vol", &full, &[]);
+
+    // A hold stops a destroy of the snapshot, of its dataset, and a
+    // rollback past it; nothing changes.
+    source.admin(&["hold", "keep", "tank/vol@a"]);
+    source.admin(&["hold", "-r", "replica", "tank@b"]);
+    assert_eq!(hold_tags(&source, "tank/vol@a"), ["keep"]);
+    assert_eq!(hold_tags(&source, "tank/vol@b"), ["replica"]);
+    let error = admin_fails(&source, &["destroy", "tank/vol@a"]);
+    assert!(error.contains("is held (tags: keep)"), "{error}");
+    let error = admin_fails(&source, &["destroy", "-r", "tank/vol"]);
+    assert!(error.contains("is held"), "{error}");
+    let error = admin_fails(&source, &["rollback", "-r", "tank/vol@a"]);
+    assert!(error.contains("tank/vol@b is held"), "{error}");
+    assert_eq!(
+        snapshots_of(&source, "tank/vol"),
+        ["tank/vol@a", "tank/vol@b", "tank/vol@c"]
+    );
+    let userrefs = source.admin(&["get", "userrefs", "tank/vol@a"]);
+    assert!(
+        userrefs.contains("userrefs") && userrefs.contains(" 1 "),
+        "{userrefs}"
+    );
+
+    // All or nothing, with clear errors.
+    let error = admin_fails(&source, &["hold", "keep", "tank/vol@a"]);
+    assert!(
+        error.contains("already has a hold tagged 'keep'"),
+        "{error}"
+    );
+    let error = admin_fails(&source, &["hold", "more", "tank/vol@c", "tank/vol@nope"]);
+    assert!(error.contains("no snapshot 'tank/vol@nope'"), "{error}");
+    assert!(hold_tags(&source, "tank/vol@c").is_empty());
+    let error = admin_fails(&source, &["release", "other", "tank/vol@a"]);
+    assert!(error.contains("has no hold tagged 'other'"), "{error}");
+    let error = admin_fails(&source, &["hold", "", "tank/vol@a"]);
+    assert!(error.contains("not a hold tag"), "{error}");
+
+    // Holds are on disk: a restart keeps them.
+    source.stop();
+    source.serve();
+    assert_eq!(hold_tags(&source, "tank/vol@a"), ["keep"]);
+    let error = admin_fails(&source, &["destroy", "tank/vol@a"]);
+    assert!(error.contains("is held"), "{error}");
+
+    // A bookmark of @a outlives it: the incremental to @b is sent from the
+    // bookmark and received onto the backup's @a.
+    source.admin(&["bookmark", "tank/vol@a", "#a-sent"]);
+    source.admin(&["bookmark", "tank/vol#a-sent", "tank/vol#copy"]);
+    let error = admin_fails(&source, &["bookmark", "tank/vol@a", "tank/vol#copy"]);
+    assert!(error.contains("already exists"), "{error}");
+    let error = admin_fails(&source, &["bookmark", "tank/vol@nope", "#x"]);
+    assert!(error.contains("no snapshot"), "{error}");
+    source.admin(&["release", "keep", "tank/vol@a"]);
+    source.admin(&["release", "-r", "replica", "tank@b"]);
+    source.admin(&["destroy", "tank/vol@a"]);
+    source.admin(&["destroy", "tank/vol#copy"]);
+    let listing: serde_json::Value =
+        serde_json::from_str(&source.admin(&["--json", "list", "-t", "bookmark", "tank/vol"]))
+            .unwrap();
+    let rows = listing["datasets"].as_array().unwrap();
+    assert_eq!(rows.len(), 1, "{listing}");
+    assert_eq!(rows[0]["name"], "tank/vol#a-sent", "{listing}");
+    let incremental = source.path("bookmark-b.stream");
+    let summary = source.send_to_file(&["send", "-i", "#a-sent", "tank/vol@b"], &incremental);
+    assert!(summary.contains("from tank/vol#a-sent"), "{summary}");
+    let full_bytes = std::fs::metadata(&full).unwrap().len();
+    assert!(std::fs::metadata(&incremental).unwrap().len() < full_bytes / 2);
+    receive_ok(&backup, "backup/vol", &incremental, &[]);
+    compare(&snapshot_uri(&source, "vol@b"), &backup.uri("vol"));
+    assert_eq!(
+        snapshots_of(&backup, "backup/vol"),
+        ["backup/vol@a", "backup/vol@b"]
+    );
+
+    source.stop();
+    backup.stop();
+    check(&source);
+    check(&backup);
+}

@@ -8,9 +8,18 @@ use serde_json::Value;
 use super::format::bytes;
 use super::{admin, Context};
 
-/// The pool part of "POOL", "POOL/VOL" or "POOL/VOL@SNAP".
+/// The pool part of "POOL", "POOL/VOL", "POOL/VOL@SNAP" or "POOL/VOL#MARK".
 fn pool_of(name: &str) -> &str {
-    name.split(['/', '@']).next().unwrap_or(name)
+    name.split(['/', '@', '#']).next().unwrap_or(name)
+}
+
+/// The one pool of `names` (commands act on one pool at a time).
+fn one_pool<'a>(names: &'a [String], what: &str) -> Result<&'a str, String> {
+    let pool = pool_of(names.first().ok_or("name a snapshot")?);
+    if names.iter().any(|name| pool_of(name) != pool) {
+        return Err(format!("{what} must be in one pool"));
+    }
+    Ok(pool)
 }
 
 pub fn list(
@@ -21,7 +30,7 @@ pub fn list(
 ) -> Result<(), String> {
     match kind {
         "pool" => super::list(context, target, dirs),
-        "volume" | "filesystem" | "snapshot" | "all" => {
+        "volume" | "filesystem" | "snapshot" | "bookmark" | "all" => {
             let target = target.ok_or("name the pool (or POOL/NAME) to list")?;
             let pool = pool_of(target);
             let mut rows = Vec::new();
@@ -61,6 +70,11 @@ pub fn list(
                 let result = admin(context, pool, dirs, Command::SnapshotList { volume })?;
                 rows.extend(result["snapshots"].as_array().cloned().unwrap_or_default());
             }
+            if kind == "bookmark" || kind == "all" {
+                let dataset = (target != pool).then(|| target.to_string());
+                let result = admin(context, pool, dirs, Command::BookmarkList { dataset })?;
+                rows.extend(result["bookmarks"].as_array().cloned().unwrap_or_default());
+            }
             if context.json {
                 println!("{}", serde_json::json!({ "datasets": rows }));
                 return Ok(());
@@ -91,7 +105,7 @@ pub fn list(
             Ok(())
         }
         other => Err(format!(
-            "-t {other}: use pool, volume, filesystem, snapshot or all"
+            "-t {other}: use pool, volume, filesystem, snapshot, bookmark or all"
         )),
     }
 }
@@ -110,13 +124,10 @@ pub fn snapshot(
     recursive: bool,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
-    let pool = pool_of(&names[0]).to_string();
-    if names.iter().any(|name| pool_of(name) != pool) {
-        return Err("snapshots taken together must be in one pool".into());
-    }
+    let pool = one_pool(names, "snapshots taken together")?;
     let result = admin(
         context,
-        &pool,
+        pool,
         dirs,
         Command::Snapshot {
             names: names.to_vec(),
@@ -141,7 +152,14 @@ pub fn destroy(
     dirs: &[PathBuf],
 ) -> Result<(), String> {
     let pool = pool_of(name);
-    let (command, what) = if name.contains('@') {
+    let (command, what) = if name.contains('#') {
+        (
+            Command::BookmarkDestroy {
+                name: name.to_string(),
+            },
+            "bookmark",
+        )
+    } else if name.contains('@') {
         (
             Command::SnapshotDestroy {
                 name: name.to_string(),
@@ -158,7 +176,7 @@ pub fn destroy(
         )
     } else {
         return Err(format!(
-            "'{name}': destroy takes POOL/VOL, POOL/FS or POOL/VOL@SNAP"
+            "'{name}': destroy takes POOL/VOL, POOL/FS, POOL/VOL@SNAP or POOL/VOL#BOOKMARK"
         ));
     };
     let result = admin(context, pool, dirs, command)?;
@@ -251,5 +269,104 @@ pub fn rollback(
         },
     )?;
     done(context, result, format!("rolled back to '{name}'"));
+    Ok(())
+}
+
+/// `hold TAG SNAP...` (`place`) or `release TAG SNAP...`.
+pub fn hold(
+    context: &Context,
+    tag: &str,
+    snapshots: &[String],
+    recursive: bool,
+    place: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let pool = one_pool(snapshots, "the snapshots")?;
+    let (command, key, verb) = if place {
+        (
+            Command::Hold {
+                tag: tag.to_string(),
+                snapshots: snapshots.to_vec(),
+                recursive,
+            },
+            "held",
+            "placed hold",
+        )
+    } else {
+        (
+            Command::Release {
+                tag: tag.to_string(),
+                snapshots: snapshots.to_vec(),
+                recursive,
+            },
+            "released",
+            "released hold",
+        )
+    };
+    let result = admin(context, pool, dirs, command)?;
+    let names: Vec<&str> = result[key]
+        .as_array()
+        .map(|names| names.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    let message = format!("{verb} '{tag}' on {}", names.join(", "));
+    done(context, result, message);
+    Ok(())
+}
+
+/// `holds SNAP...`: NAME, TAG, TIMESTAMP as `zfs holds` prints them.
+pub fn holds(
+    context: &Context,
+    snapshots: &[String],
+    recursive: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let pool = one_pool(snapshots, "the snapshots")?;
+    let result = admin(
+        context,
+        pool,
+        dirs,
+        Command::Holds {
+            snapshots: snapshots.to_vec(),
+            recursive,
+        },
+    )?;
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    println!("{:<40} {:<24} TIMESTAMP", "NAME", "TAG");
+    for hold in result["holds"].as_array().cloned().unwrap_or_default() {
+        println!(
+            "{:<40} {:<24} {}",
+            hold["snapshot"].as_str().unwrap_or("?"),
+            hold["tag"].as_str().unwrap_or("?"),
+            super::format::utc(hold["created_unix_seconds"].as_u64().unwrap_or(0))
+        );
+    }
+    Ok(())
+}
+
+/// `bookmark SNAP BOOKMARK`.
+pub fn bookmark(
+    context: &Context,
+    source: &str,
+    bookmark: &str,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let result = admin(
+        context,
+        pool_of(source),
+        dirs,
+        Command::Bookmark {
+            source: source.to_string(),
+            bookmark: bookmark.to_string(),
+        },
+    )?;
+    let made = result["bookmark"].as_str().unwrap_or(bookmark).to_string();
+    done(
+        context,
+        result,
+        format!("created bookmark '{made}' of '{source}'"),
+    );
     Ok(())
 }

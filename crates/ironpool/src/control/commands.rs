@@ -72,6 +72,42 @@ pub enum Command {
     SnapshotDestroy {
         name: String,
     },
+    /// Places user hold `tag` on snapshots (`ironpool hold TAG SNAP...`);
+    /// `recursive` with POOL@NAME or POOL/DS@NAME: that snapshot of every
+    /// dataset under the name that has it.
+    Hold {
+        tag: String,
+        snapshots: Vec<String>,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Takes user hold `tag` off snapshots (`ironpool release`).
+    Release {
+        tag: String,
+        snapshots: Vec<String>,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Lists the user holds of snapshots (`ironpool holds`).
+    Holds {
+        snapshots: Vec<String>,
+        #[serde(default)]
+        recursive: bool,
+    },
+    /// Makes bookmark `bookmark` (POOL/DS#NAME or #NAME) of `source`, a
+    /// snapshot or a bookmark (`ironpool bookmark`).
+    Bookmark {
+        source: String,
+        bookmark: String,
+    },
+    /// Lists bookmarks (of one dataset, or all).
+    BookmarkList {
+        #[serde(default)]
+        dataset: Option<String>,
+    },
+    BookmarkDestroy {
+        name: String,
+    },
     Clone {
         origin: String,
         name: String,
@@ -257,9 +293,37 @@ impl Command {
                     push(name);
                 }
             }
-            Command::SnapshotDestroy { name } => {
+            Command::SnapshotDestroy { name } | Command::BookmarkDestroy { name } => {
                 push("destroy");
                 push(name);
+            }
+            Command::Hold {
+                tag,
+                snapshots,
+                recursive,
+            }
+            | Command::Release {
+                tag,
+                snapshots,
+                recursive,
+            } => {
+                push(if matches!(self, Command::Hold { .. }) {
+                    "hold"
+                } else {
+                    "release"
+                });
+                if *recursive {
+                    push("-r");
+                }
+                push(tag);
+                for snapshot in snapshots {
+                    push(snapshot);
+                }
+            }
+            Command::Bookmark { source, bookmark } => {
+                push("bookmark");
+                push(source);
+                push(bookmark);
             }
             Command::Clone {
                 origin,
@@ -401,6 +465,8 @@ impl Command {
             | Command::FsMount { .. }
             | Command::FsUnmount { .. }
             | Command::SnapshotList { .. }
+            | Command::Holds { .. }
+            | Command::BookmarkList { .. }
             | Command::Send { .. }
             | Command::GetProperties { .. }
             | Command::ScrubStatus
@@ -672,28 +738,7 @@ async fn run(
             Ok(json!({ "volumes": volumes }))
         }
         Command::Snapshot { names, recursive } => {
-            let mut targets = Vec::new();
-            for name in names {
-                if recursive {
-                    let (prefix, snapshot) = name.split_once('@').ok_or_else(|| {
-                        PoolError::InvalidArgument(format!(
-                            "'{name}': use POOL@NAME or POOL/VOL@NAME"
-                        ))
-                    })?;
-                    let all = dataset_names(pool);
-                    targets.extend(
-                        all.into_iter()
-                            .filter(|volume| {
-                                volume == prefix
-                                    || volume.starts_with(&format!("{prefix}/"))
-                                    || prefix == pool.name()
-                            })
-                            .map(|volume| format!("{volume}@{snapshot}")),
-                    );
-                } else {
-                    targets.push(name);
-                }
-            }
+            let targets = snapshot_targets(pool, names, recursive)?;
             if targets.is_empty() {
                 return Err(PoolError::InvalidArgument(
                     "no volume or filesystem to snapshot".into(),
@@ -716,6 +761,42 @@ async fn run(
         Command::SnapshotDestroy { name } => {
             pool.destroy_snapshot(&name).await?;
             Ok(json!({ "destroyed": name }))
+        }
+        Command::Hold {
+            tag,
+            snapshots,
+            recursive,
+        } => {
+            let targets = existing_snapshots(pool, snapshots, recursive)?;
+            pool.hold(&tag, &targets).await?;
+            Ok(json!({ "held": targets, "tag": tag }))
+        }
+        Command::Release {
+            tag,
+            snapshots,
+            recursive,
+        } => {
+            let targets = existing_snapshots(pool, snapshots, recursive)?;
+            pool.release(&tag, &targets).await?;
+            Ok(json!({ "released": targets, "tag": tag }))
+        }
+        Command::Holds {
+            snapshots,
+            recursive,
+        } => {
+            let targets = existing_snapshots(pool, snapshots, recursive)?;
+            Ok(json!({ "holds": pool.holds(&targets)? }))
+        }
+        Command::Bookmark { source, bookmark } => {
+            let made = pool.bookmark(&source, &bookmark).await?;
+            Ok(json!({ "bookmark": made, "source": source }))
+        }
+        Command::BookmarkList { dataset } => {
+            Ok(json!({ "bookmarks": pool.bookmarks(dataset.as_deref())? }))
+        }
+        Command::BookmarkDestroy { name } => {
+            pool.destroy_bookmark(&name).await?;
+            Ok(json!({ "destroyed": name, "type": "bookmark" }))
         }
         Command::Clone {
             origin,
@@ -929,6 +1010,67 @@ fn list_entry(pool: &Pool) -> Value {
 
 /// The full names of every volume users see and every filesystem: what a
 /// snapshot can be taken of.
+/// The snapshots `names` stand for: each name itself; with `recursive`,
+/// POOL@NAME or POOL/DS@NAME stands for snapshot NAME of every dataset
+/// named so or under it (the pool: all of them).
+fn snapshot_targets(
+    pool: &Pool,
+    names: Vec<String>,
+    recursive: bool,
+) -> Result<Vec<String>, PoolError> {
+    let mut targets = Vec::new();
+    for name in names {
+        if !recursive {
+            targets.push(name);
+            continue;
+        }
+        let (prefix, snapshot) = name.split_once('@').ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{name}': use POOL@NAME or POOL/DATASET@NAME"))
+        })?;
+        targets.extend(
+            dataset_names(pool)
+                .into_iter()
+                .filter(|dataset| {
+                    dataset == prefix
+                        || dataset.starts_with(&format!("{prefix}/"))
+                        || prefix == pool.name()
+                })
+                .map(|dataset| format!("{dataset}@{snapshot}")),
+        );
+    }
+    Ok(targets)
+}
+
+/// [`snapshot_targets`] for commands on existing snapshots (holds): with
+/// `recursive`, the datasets that have no snapshot of the name are left
+/// out, as `zfs hold -r` does; none at all is an error.
+fn existing_snapshots(
+    pool: &Pool,
+    names: Vec<String>,
+    recursive: bool,
+) -> Result<Vec<String>, PoolError> {
+    if !recursive {
+        return Ok(names);
+    }
+    let asked = names.join(", ");
+    let targets: Vec<String> = snapshot_targets(pool, names, true)?
+        .into_iter()
+        .filter(|name| {
+            crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), name).is_some_and(
+                |(dataset, snapshot)| {
+                    pool.directory()
+                        .lineage(dataset)
+                        .is_some_and(|lineage| lineage.snapshot(snapshot).is_some())
+                },
+            )
+        })
+        .collect();
+    if targets.is_empty() {
+        return Err(PoolError::NoSuchSnapshot(asked));
+    }
+    Ok(targets)
+}
+
 fn dataset_names(pool: &Pool) -> Vec<String> {
     pool.visible_volumes()
         .iter()

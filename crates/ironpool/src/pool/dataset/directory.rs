@@ -60,12 +60,22 @@ pub struct Lineage {
     /// Snapshots, oldest first.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub snapshots: Vec<SnapshotRecord>,
+    /// Bookmarks (`ironpool bookmark`), oldest first: what an incremental
+    /// send needs of a snapshot (its txg and guid) kept after the snapshot
+    /// itself is destroyed. They hold no blocks.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub bookmarks: Vec<BookmarkRecord>,
 }
 
 impl Lineage {
     /// Snapshot `name` of the dataset.
     pub fn snapshot(&self, name: &str) -> Option<&SnapshotRecord> {
         self.snapshots.iter().find(|snapshot| snapshot.name == name)
+    }
+
+    /// Bookmark `name` of the dataset.
+    pub fn bookmark(&self, name: &str) -> Option<&BookmarkRecord> {
+        self.bookmarks.iter().find(|bookmark| bookmark.name == name)
     }
 }
 
@@ -143,6 +153,24 @@ pub struct SnapshotRecord {
     /// Volumes cloned from this snapshot.
     #[serde(default)]
     pub clones: Vec<String>,
+    /// User holds (`ironpool hold TAG SNAP`), by tag, with when each was
+    /// placed (unix seconds): a held snapshot cannot be destroyed, so a
+    /// replication tool can keep the base of its next incremental. Absent
+    /// when there is none (and in directories written before holds).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub holds: BTreeMap<String, u64>,
+}
+
+/// A bookmark of a dataset: the snapshot it was made from, as an
+/// incremental send starts from it (blocks born after `txg`; the receiver
+/// matches `guid` against its own snapshot of the same guid).
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BookmarkRecord {
+    pub name: String,
+    /// The snapshot's txg and guid, and when the snapshot was made.
+    pub txg: u64,
+    pub guid: u64,
+    pub created_unix_seconds: u64,
 }
 
 /// A receive in progress into a hidden volume (see `pool::receive`): what the

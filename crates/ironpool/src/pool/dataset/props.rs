@@ -290,6 +290,7 @@ fn is_read_only(name: &str) -> bool {
             | "guid"
             | "createtxg"
             | "creation"
+            | "userrefs"
             | "size"
             | "allocated"
             | "free"
@@ -731,6 +732,7 @@ impl Pool {
                 info.created_unix_seconds.to_string(),
                 "-".into(),
             ),
+            ("userrefs".into(), info.userrefs.to_string(), "-".into()),
         ]);
         Ok(values)
     }

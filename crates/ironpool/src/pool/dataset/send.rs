@@ -277,6 +277,9 @@ impl Pool {
         let Some(from) = from else {
             return Ok((0, None, 0));
         };
+        if from.contains('#') {
+            return self.send_source_bookmark(dataset, lineage, to, to_name, from);
+        }
         let (from_dataset, from_snapshot) = self.resolve_from(dataset, from)?;
         let is_origin = lineage.origin.as_ref().is_some_and(|origin| {
             origin.volume == from_dataset && origin.snapshot == from_snapshot
@@ -305,6 +308,43 @@ impl Pool {
             from_record.txg,
             Some(format!("{}/{from_dataset}@{from_snapshot}", self.name)),
             from_record.guid,
+        ))
+    }
+
+    /// [`Pool::send_source`] from bookmark `from` (#NAME, or
+    /// POOL/DATASET#NAME) of `dataset`: the txg and guid of the snapshot it
+    /// was made of, which may be gone.
+    fn send_source_bookmark(
+        &self,
+        dataset: &str,
+        lineage: &crate::pool::dataset::directory::Lineage,
+        to: &crate::pool::dataset::directory::SnapshotRecord,
+        to_name: &str,
+        from: &str,
+    ) -> Result<(u64, Option<String>, u64), PoolError> {
+        let (owner, name) =
+            crate::pool::dataset::snapshot::split_bookmark_name(&self.name, from, Some(dataset))
+                .ok_or_else(|| {
+                    PoolError::InvalidArgument(format!("'{from}' is not a bookmark name"))
+                })?;
+        if owner != dataset {
+            return Err(PoolError::InvalidArgument(format!(
+                "{from} is not a bookmark of {}/{dataset}",
+                self.name
+            )));
+        }
+        let bookmark = lineage
+            .bookmark(name)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(format!("{}/{dataset}#{name}", self.name)))?;
+        if bookmark.txg >= to.txg {
+            return Err(PoolError::InvalidArgument(format!(
+                "{from} is not earlier than {to_name}"
+            )));
+        }
+        Ok((
+            bookmark.txg,
+            Some(format!("{}/{dataset}#{name}", self.name)),
+            bookmark.guid,
         ))
     }
 
@@ -468,6 +508,13 @@ impl Pool {
         {
             return Err(PoolError::InvalidArgument(format!(
                 "{full_name} is being sent; try again when the send ends"
+            )));
+        }
+        let tags = self.user_holds(full_name);
+        if !tags.is_empty() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{full_name} is held (tags: {}); release the holds first (`ironpool release TAG {full_name}`)",
+                tags.join(", ")
             )));
         }
         Ok(())

@@ -33,7 +33,12 @@ use crate::pool::filesystem::{Filesystem, ObjectWalk};
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
 
+mod bookmarks;
 mod clones;
+mod holds;
+
+pub use bookmarks::{split_bookmark_name, BookmarkInfo};
+pub use holds::HoldInfo;
 
 /// Block pointers a destroy or a rollback frees (and, for a snapshot's
 /// destroy, reads from a dead list) between two turns of the engine's loop:
@@ -126,6 +131,8 @@ pub struct SnapshotInfo {
     pub used_bytes: u64,
     pub referenced_bytes: u64,
     pub clones: Vec<String>,
+    /// User holds on it (`userrefs`): while any, it cannot be destroyed.
+    pub userrefs: u64,
 }
 
 fn corrupt(error: ObjectError) -> PoolError {
@@ -369,6 +376,7 @@ impl Pool {
                     .iter()
                     .map(|clone| format!("{}/{clone}", self.name))
                     .collect(),
+                userrefs: snapshot.holds.len() as u64,
             });
         }
         Ok(Some(out))
@@ -1036,6 +1044,7 @@ fn take_snapshot(pool: &Pool, request: &SnapshotRequest, txg: u64) -> Result<(),
             dead_list,
             created_unix_seconds: created,
             clones: Vec::new(),
+            holds: std::collections::BTreeMap::new(),
         });
         record.dead_list = 0;
     }

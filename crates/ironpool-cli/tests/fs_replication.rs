@@ -684,6 +684,24 @@ fn full_incremental_and_resumed_filesystem_streams_give_identical_trees() {
     // A receive into the source's pool leaves the source as it was.
     wait_same_tree(&src_mnt.join(".zfs/snapshot/a"), &at_a, "fsrepl/src@a");
 
+    // The same incremental sent from a bookmark of @a lands on another
+    // copy of @a (replication.rs sends one after the snapshot is gone).
+    source.admin(&["bookmark", "fsrepl/src@a", "#a-mark"]);
+    let mark_mnt = source.path("mark-mnt");
+    cleanup.mounts.push(mark_mnt.clone());
+    receive_ok(
+        &source,
+        "fsrepl/marked",
+        &full,
+        &["-o", &format!("mountpoint={}", mark_mnt.display())],
+    );
+    let from_mark = source.path("mark-b.stream");
+    let summary = source.send_to_file(&["send", "-i", "#a-mark", "fsrepl/src@b"], &from_mark);
+    assert!(summary.contains("from fsrepl/src#a-mark"), "{summary}");
+    receive_ok(&source, "fsrepl/marked", &from_mark, &[]);
+    wait_mounted(&source, &mark_mnt);
+    wait_same_tree(&mark_mnt, &at_b, "fsrepl/marked from the bookmark");
+
     // A target written since its latest snapshot needs -F; without it,
     // nothing changes.
     write_synced(&backup_mnt.join("written-since-a"), b"local change\n");

@@ -173,6 +173,20 @@ enum Command {
         source: String,
         bookmark: String,
     },
+    /// What changed in a filesystem since a snapshot, as `zfs diff`:
+    /// `diff [-F] POOL/FS@SNAP [POOL/FS@LATER|POOL/FS]` prints `+` created,
+    /// `-` removed, `M` modified, `R` renamed (`R OLD -> NEW`), with paths
+    /// under the mountpoint.
+    Diff {
+        /// Show each file's type (F file, / directory, @ link, | FIFO, = socket, B/C devices).
+        #[arg(short = 'F')]
+        types: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        from: String,
+        /// A later snapshot, or the filesystem (the default).
+        to: Option<String>,
+    },
     /// Mount a filesystem the running server unmounted (`unmount`): `mount POOL/FS`.
     Mount {
         #[arg(short = 'd', long = "dir")]
@@ -627,6 +641,12 @@ fn main() -> ExitCode {
             source,
             bookmark,
         } => cli::datasets::bookmark(&context, &source, &bookmark, &dirs),
+        Command::Diff {
+            types,
+            dirs,
+            from,
+            to,
+        } => cli::datasets::diff(&context, &from, to.as_deref(), types, &dirs),
         Command::Mount { dirs, name } => cli::datasets::mount(&context, &name, true, &dirs),
         Command::Unmount { dirs, name } => cli::datasets::mount(&context, &name, false, &dirs),
         Command::Clone {

@@ -889,3 +889,103 @@ fn a_damaged_filesystem_stream_changes_nothing() {
     wait_same_tree(&target_mnt, &at_b, "fsdamage/target after @b");
     stop_and_check(&mut pool);
 }
+
+/// `diff` lines of `from` to `to` (None: the filesystem now), as
+/// (change, path, new path).
+fn diff_lines(pool: &TestPool, from: &str, to: Option<&str>) -> Vec<(String, String, String)> {
+    let mut args = vec!["--json", "diff", from];
+    args.extend(to);
+    let report: serde_json::Value = serde_json::from_str(&pool.admin(&args)).expect("diff JSON");
+    assert_eq!(report["truncated"], false, "{report}");
+    let text = |value: &serde_json::Value| value.as_str().unwrap_or("").to_string();
+    let mut lines: Vec<_> = report["entries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|entry| {
+            (
+                text(&entry["change"]),
+                text(&entry["path"]),
+                text(&entry["new_path"]),
+            )
+        })
+        .collect();
+    lines.sort();
+    lines
+}
+
+/// `diff` names what was created, removed, modified and renamed between
+/// two snapshots, and up to the filesystem now (through a temporary
+/// snapshot it leaves no trace of), with paths under the mountpoint;
+/// objects untouched beside changed ones, and children of a renamed
+/// directory that did not change themselves, are not listed.
+#[test]
+fn diff_names_what_changed_between_snapshots_and_since_one() {
+    let (mut pool, mnt, _unmount) = served_filesystem("fsdiff");
+    let at = |path: &str| mnt.join(path).display().to_string();
+    std::fs::create_dir_all(mnt.join("dir/sub")).unwrap();
+    for name in ["dir/sub/kept", "dir/edited", "moved", "removed", "same"] {
+        std::fs::write(mnt.join(name), name.as_bytes()).unwrap();
+    }
+    std::fs::write(mnt.join("odd\tname"), b"x").unwrap();
+    pool.admin(&["snapshot", "fsdiff/fs@one"]);
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(mnt.join("dir/edited"))
+        .unwrap()
+        .write_all(b" and more")
+        .unwrap();
+    std::fs::rename(mnt.join("moved"), mnt.join("dir/sub/arrived")).unwrap();
+    std::fs::remove_file(mnt.join("removed")).unwrap();
+    std::fs::write(mnt.join("created"), b"new").unwrap();
+    std::fs::rename(mnt.join("odd\tname"), mnt.join("odd\tnamed")).unwrap();
+    pool.admin(&["snapshot", "fsdiff/fs@two"]);
+    let s = String::new;
+    let two = vec![
+        ("+".to_string(), at("created"), s()),
+        ("-".to_string(), at("removed"), s()),
+        ("M".to_string(), at("dir/edited"), s()),
+        ("M".to_string(), at("dir/sub"), s()),
+        ("M".to_string(), mnt.display().to_string(), s()),
+        ("R".to_string(), at("moved"), at("dir/sub/arrived")),
+        ("R".to_string(), at("odd\\011name"), at("odd\\011named")),
+    ];
+    let mut expected = two.clone();
+    expected.sort();
+    assert_eq!(
+        diff_lines(&pool, "fsdiff/fs@one", Some("fsdiff/fs@two")),
+        expected
+    );
+
+    // Up to now: a renamed directory is listed, its unchanged children
+    // are not; the temporary snapshot is gone afterwards.
+    std::fs::rename(mnt.join("dir"), mnt.join("folder")).unwrap();
+    let now = diff_lines(&pool, "fsdiff/fs@two", None);
+    let mut want = vec![
+        ("M".to_string(), mnt.display().to_string(), s()),
+        ("R".to_string(), at("dir"), at("folder")),
+    ];
+    want.sort();
+    assert_eq!(now, want);
+    let snapshots = pool.admin(&["list", "-t", "snapshot", "fsdiff/fs"]);
+    assert!(!snapshots.contains("ironpool-diff"), "{snapshots}");
+    let text = pool.admin(&["diff", "-F", "fsdiff/fs@one", "fsdiff/fs@two"]);
+    assert!(
+        text.contains(&format!("+\tF\t{}\n", at("created"))),
+        "{text}"
+    );
+
+    // Bad input: a clear error.
+    let control = pool.control().display().to_string();
+    let error = pool.fails(&[
+        "--control",
+        &control,
+        "diff",
+        "fsdiff/fs@two",
+        "fsdiff/fs@one",
+    ]);
+    assert!(error.contains("is not earlier than"), "{error}");
+    let error = pool.fails(&["--control", &control, "diff", "fsdiff/fs@nope"]);
+    assert!(error.contains("no snapshot"), "{error}");
+    stop_and_check(&mut pool);
+}

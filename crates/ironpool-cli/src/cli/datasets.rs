@@ -370,3 +370,55 @@ pub fn bookmark(
     );
     Ok(())
 }
+
+/// `diff [-F] SNAP [SNAP|FS]`: one line per change, tab-separated as
+/// `zfs diff` prints them.
+pub fn diff(
+    context: &Context,
+    from: &str,
+    to: Option<&str>,
+    types: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let to = match to {
+        Some(to) => to.to_string(),
+        None => from
+            .split_once('@')
+            .map(|(filesystem, _)| filesystem.to_string())
+            .ok_or_else(|| format!("'{from}': diff starts from a snapshot, POOL/FS@SNAP"))?,
+    };
+    let result = admin(
+        context,
+        pool_of(from),
+        dirs,
+        Command::Diff {
+            from: from.to_string(),
+            to,
+        },
+    )?;
+    if result["truncated"].as_bool() == Some(true) {
+        eprintln!(
+            "ironpool: more than {} changes: the rest are left out; diff a narrower pair of snapshots",
+            ironpool::pool::filesystem::DIFF_ENTRIES_MAX
+        );
+    }
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    for entry in result["entries"].as_array().cloned().unwrap_or_default() {
+        let mut line = entry["change"].as_str().unwrap_or("?").to_string();
+        line.push('\t');
+        if types {
+            line.push_str(entry["file_type"].as_str().unwrap_or("?"));
+            line.push('\t');
+        }
+        line.push_str(entry["path"].as_str().unwrap_or("?"));
+        if let Some(new_path) = entry["new_path"].as_str() {
+            line.push_str(" -> ");
+            line.push_str(new_path);
+        }
+        println!("{line}");
+    }
+    Ok(())
+}

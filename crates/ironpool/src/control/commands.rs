@@ -108,6 +108,12 @@ pub enum Command {
     BookmarkDestroy {
         name: String,
     },
+    /// What changed in a filesystem from snapshot `from` to a later one
+    /// or the filesystem itself (`ironpool diff`).
+    Diff {
+        from: String,
+        to: String,
+    },
     Clone {
         origin: String,
         name: String,
@@ -467,6 +473,7 @@ impl Command {
             | Command::SnapshotList { .. }
             | Command::Holds { .. }
             | Command::BookmarkList { .. }
+            | Command::Diff { .. }
             | Command::Send { .. }
             | Command::GetProperties { .. }
             | Command::ScrubStatus
@@ -793,6 +800,10 @@ async fn run(
         }
         Command::BookmarkList { dataset } => {
             Ok(json!({ "bookmarks": pool.bookmarks(dataset.as_deref())? }))
+        }
+        Command::Diff { from, to } => {
+            let report = pool.diff(&from, &to).await?;
+            Ok(serde_json::to_value(report).unwrap_or(Value::Null))
         }
         Command::BookmarkDestroy { name } => {
             pool.destroy_bookmark(&name).await?;

@@ -12,7 +12,7 @@
 //! | 8 | 4 | uid |
 //! | 12 | 4 | gid |
 //! | 16 | 8 | link count |
-//! | 24 | 8 | parent directory's object (a directory's `..`; for a file, the directory it was created in) |
+//! | 24 | 8 | parent directory's object (a directory's `..`; for a file, the directory it was created or last renamed into) |
 //! | 32 | 8 | generation: the filesystem's object counter when created, so an object number reused later has a new handle |
 //! | 40 | 12 | atime: seconds (i64), nanoseconds (u32) |
 //! | 52 | 12 | mtime |

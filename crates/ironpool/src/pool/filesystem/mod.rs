@@ -49,6 +49,7 @@
 
 mod behind;
 mod data;
+mod diff;
 pub mod dir;
 mod holds;
 mod lives;
@@ -75,6 +76,7 @@ use crate::pool::dataset::props::VolumeSettings;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
+pub use diff::{DiffEntry, DiffReport, DIFF_ENTRIES_MAX};
 use holds::Holds;
 pub use holds::SessionId;
 use rustc_hash::{FxHashMap, FxHashSet};

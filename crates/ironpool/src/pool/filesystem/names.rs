@@ -394,13 +394,16 @@ impl Filesystem {
                 .set_entry(&to_dir, (to_znode.hash_salt, new_name), source_target, true)
                 .await?;
             if parent != new_parent {
+                // Every object records the directory it was last named in,
+                // as OpenZFS's SA parent: a directory's `..`, and the path
+                // `diff` shows for any of them.
+                source_znode.parent = new_parent;
+                target_znode.parent = parent;
                 if source_znode.is_dir() {
-                    source_znode.parent = new_parent;
                     from_znode.nlink -= 1;
                     to_znode.nlink += 1;
                 }
                 if target_znode.is_dir() {
-                    target_znode.parent = parent;
                     to_znode.nlink -= 1;
                     from_znode.nlink += 1;
                 }
@@ -450,8 +453,8 @@ impl Filesystem {
             if parent != new_parent {
                 from_znode.entries -= 1;
                 to_znode.entries += 1;
+                source_znode.parent = new_parent;
                 if source_znode.is_dir() {
-                    source_znode.parent = new_parent;
                     from_znode.nlink -= 1;
                     to_znode.nlink += 1;
                 }

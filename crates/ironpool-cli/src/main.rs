@@ -423,7 +423,8 @@ enum Command {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         pool: String,
-        /// `log` then the devices: disks, or `mirror` and its sides.
+        /// The vdevs, as at `create`: disks, `mirror`, `raidzN` groups;
+        /// after `log`, log devices.
         #[arg(required = true, num_args = 1..)]
         devices: Vec<String>,
     },

@@ -560,6 +560,105 @@ fn freed_space_goes_back_to_the_host_filesystem_by_autotrim_or_trim() {
 }
 
 // ---------------------------------------------------------------------------
+// Pool shape
+
+/// The vdevs of `status --json`: (name, log, size, allocated).
+fn vdev_space(pool: &TestPool) -> Vec<(String, bool, u64, u64)> {
+    pool.status_json()["vdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|vdev| {
+            (
+                vdev["name"].as_str().unwrap().to_string(),
+                vdev["log"] == true,
+                vdev["size_bytes"].as_u64().unwrap(),
+                vdev["allocated_bytes"].as_u64().unwrap(),
+            )
+        })
+        .collect()
+}
+
+/// Reads `length` at `offset` of `uri`, which must all be `pattern`.
+fn verify(uri: &str, pattern: u8, offset: &str, length: &str) {
+    let output = qemu_io(uri, &[&format!("read -P {pattern:#x} {offset} {length}")]);
+    assert!(!output.contains("verification failed"), "{output}");
+}
+
+/// `add` grows a served pool by a data vdev: new writes go mostly, not
+/// only, to the empty vdev; everything written before and after reads
+/// back, across a restart, and scrub and check find nothing wrong. A log
+/// device added before a data vdev cannot be removed (vdevs are numbered
+/// by position), and says so.
+#[test]
+fn a_data_vdev_added_to_a_served_pool_takes_most_new_writes() {
+    let mut pool = TestPool::new("grow");
+    pool.create("256M", &["a.img"]);
+    pool.serve();
+    pool.admin(&["volume", "create", "grow/v", "400M"]);
+    let uri = pool.uri("v");
+    qemu_io(&uri, &["write -P 0x11 0 96M", "flush"]);
+    let before = vdev_space(&pool);
+    assert_eq!(before.len(), 1, "{before:?}");
+    let size_before = pool.status_json()["size_bytes"].as_u64().unwrap();
+
+    let new_device = pool.path("b.img").display().to_string();
+    pool.admin(&["add", "--size", "256M", "grow", &new_device]);
+    let size_after = pool.status_json()["size_bytes"].as_u64().unwrap();
+    assert!(
+        size_after > size_before * 19 / 10,
+        "{size_before} -> {size_after}"
+    );
+    qemu_io(&uri, &["write -P 0x22 96M 144M", "flush"]);
+    let after = vdev_space(&pool);
+    assert_eq!(after.len(), 2, "{after:?}");
+    let old_took = after[0].3 - before[0].3;
+    let new_took = after[1].3;
+    assert!(
+        new_took > old_took && old_took > 16 << 20,
+        "of the writes after the add, the old vdev took {old_took}, the new one {new_took}"
+    );
+    let text = pool.admin(&["status", "grow"]);
+    assert!(text.contains("FRAG") && text.contains("disk-1"), "{text}");
+    verify(&uri, 0x11, "0", "96M");
+    verify(&uri, 0x22, "96M", "144M");
+
+    // Bad input changes nothing.
+    let control = pool.control().display().to_string();
+    let error = pool.fails(&["--control", &control, "add", "grow", &new_device]);
+    assert!(error.contains("b.img"), "{error}");
+    let missing = pool.path("missing.img").display().to_string();
+    let error = pool.fails(&["--control", &control, "add", "grow", &missing]);
+    assert!(error.contains("missing.img"), "{error}");
+    assert_eq!(vdev_space(&pool).len(), 2);
+
+    // A log device added before a data vdev stays: ids are positions.
+    let log = pool.path("log.img").display().to_string();
+    pool.admin(&["add", "--size", "64M", "grow", "log", &log]);
+    let third = pool.path("c.img").display().to_string();
+    pool.admin(&["add", "--size", "256M", "grow", &third]);
+    let error = pool.fails(&["--control", &control, "remove", "grow", &log]);
+    assert!(error.contains("was added before data vdevs"), "{error}");
+    let shape: Vec<bool> = vdev_space(&pool).iter().map(|vdev| vdev.1).collect();
+    assert_eq!(shape, [false, false, true, false]);
+    qemu_io(&uri, &["write -P 0x33 240M 64M", "flush"]);
+
+    pool.stop();
+    pool.serve();
+    verify(&uri, 0x11, "0", "96M");
+    verify(&uri, 0x22, "96M", "144M");
+    verify(&uri, 0x33, "240M", "64M");
+    let scrub = pool.admin(&["scrub", "-w", "grow"]);
+    assert!(scrub.contains("with 0 errors"), "{scrub}");
+    let history = pool.admin(&["history", "grow"]);
+    assert!(
+        history.contains(&format!("add grow {new_device}")),
+        "{history}"
+    );
+    stop_and_check(&mut pool);
+}
+
+// ---------------------------------------------------------------------------
 // Events and history
 
 /// Reads lines a child prints on stdout, on a thread, into a channel.

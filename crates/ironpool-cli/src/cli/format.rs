@@ -332,6 +332,28 @@ pub fn status(status: &Value) -> String {
             );
         }
     }
+    // Space per vdev, as `zpool list -v` gives it.
+    out += &format!(
+        "\n\t{:<20} {:>9} {:>9} {:>9} {:>5}\n",
+        "VDEV", "SIZE", "ALLOC", "FREE", "FRAG"
+    );
+    for vdev in &vdevs {
+        let (size, allocated) = (
+            number(&vdev["size_bytes"]),
+            number(&vdev["allocated_bytes"]),
+        );
+        out += &format!(
+            "\t{:<20} {:>9} {:>9} {:>9} {:>5}\n",
+            vdev["name"].as_str().unwrap_or("?"),
+            bytes(size),
+            bytes(allocated),
+            bytes(size.saturating_sub(allocated)),
+            vdev["fragmentation_percent"]
+                .as_u64()
+                .map(|percent| format!("{percent}%"))
+                .unwrap_or_else(|| "-".into())
+        );
+    }
     let unrecoverable = number(&status["unrecoverable_reads"]) + number(&status["scrub"]["errors"]);
     out += "\n";
     if unrecoverable == 0 {

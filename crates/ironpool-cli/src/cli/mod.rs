@@ -789,16 +789,19 @@ pub fn add(
     force: bool,
     size: Option<&str>,
 ) -> Result<(), String> {
-    if words.first().map(String::as_str) != Some("log") {
-        return Err("only log devices can be added: add POOL log [mirror] DEV...".into());
-    }
     let mut groups = parse_layout(words)?;
     for group in &mut groups {
         for path in &mut group.paths {
             if let Some(size) = size {
                 if !path.exists() {
-                    ironpool::pool::create_written_file(path, parse_size(size)?)
-                        .map_err(|error| error.to_string())?;
+                    // As at create: data devices sparse, log devices written
+                    // out (their writes are the latency of every FLUSH).
+                    let made = if group.log {
+                        ironpool::pool::create_written_file(path, parse_size(size)?)
+                    } else {
+                        ironpool::pool::create_sparse_file(path, parse_size(size)?)
+                    };
+                    made.map_err(|error| error.to_string())?;
                 }
             }
             *path = std::fs::canonicalize(&*path)

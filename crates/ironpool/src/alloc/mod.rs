@@ -325,6 +325,27 @@ impl VdevSpace {
         self.metaslabs.iter().map(|metaslab| metaslab.size).sum()
     }
 
+    /// How broken up the free space is, percent, as OpenZFS's
+    /// `fragmentation`: each free extent weighted by its size's share of
+    /// [`FRAGMENTATION_BY_SIZE`] (a 16 MiB extent counts 0%, 8 KiB and less
+    /// about 100%). None when nothing is free. Walks every free extent: for
+    /// `status`, not for a hot path.
+    pub fn fragmentation_percent(&self) -> Option<u64> {
+        let mut weighted = 0u128;
+        let mut free = 0u128;
+        for metaslab in &self.metaslabs {
+            for (start, end) in metaslab.free.iter() {
+                let length = end - start;
+                let bucket = (63 - length.max(1).leading_zeros() as usize)
+                    .saturating_sub(9)
+                    .min(FRAGMENTATION_BY_SIZE.len() - 1);
+                weighted += u128::from(length) * u128::from(FRAGMENTATION_BY_SIZE[bucket]);
+                free += u128::from(length);
+            }
+        }
+        (free > 0).then(|| (weighted / free) as u64)
+    }
+
     fn metaslab_of(&mut self, offset: u64) -> &mut Metaslab {
         let index = (offset >> self.metaslab_shift) as usize;
         &mut self.metaslabs[index]
@@ -500,11 +521,35 @@ pub enum BlockClass {
 #[error("out of space")]
 pub struct NoSpace;
 
+/// Fragmentation percent of a free extent by its size, from 512 bytes
+/// (index 0) doubling up to 16 MiB and more (the last): OpenZFS's
+/// `zfs_frag_table`, so `fragmentation` reads the same on both.
+const FRAGMENTATION_BY_SIZE: [u8; 17] = [
+    100, 100, 98, 95, 90, 80, 70, 60, 50, 40, 30, 20, 15, 10, 5, 0, 0,
+];
+
+/// Data one top-level vdev takes before the next one's turn, for a vdev as
+/// free as the pool (OpenZFS's metaslab aliquot, 1 MiB): long enough that a
+/// run of consecutive blocks stays one device write, short enough that the
+/// pool's writes stripe over every vdev.
+pub const DATA_ALIQUOT_BYTES: u64 = 1 << 20;
+/// Bounds of a vdev's share of turns against its free space: a vdev twice
+/// as free as the pool takes twice the data per turn (an empty vdev added
+/// to a full pool fills first, as OpenZFS's metaslab group bias makes it,
+/// without taking every write), within 1/8 and 8 times the aliquot, so
+/// every vdev keeps some of the writes and none all of them.
+const ALIQUOT_BIAS_MIN: f64 = 0.125;
+const ALIQUOT_BIAS_MAX: f64 = 8.0;
+
 /// The pool's allocator: every top-level vdev's space.
 #[derive(Debug, Default)]
 pub struct Allocator {
     pub vdevs: Vec<VdevSpace>,
+    /// The data vdev whose turn it is, the data it took this turn, and how
+    /// much it may take ([`Allocator::aliquot_bytes`]).
     rotor: usize,
+    rotor_bytes: u64,
+    rotor_quota: u64,
     /// Space data allocations must leave for the metadata the open txg will write
     /// at commit (kept up to date by the pool), on top of the slop.
     pub metadata_reserve_bytes: u64,
@@ -519,6 +564,8 @@ impl Allocator {
         let mut allocator = Allocator {
             vdevs,
             rotor: 0,
+            rotor_bytes: 0,
+            rotor_quota: 0,
             metadata_reserve_bytes: 0,
             free_total_bytes: 0,
             size_total_bytes: 0,
@@ -697,12 +744,8 @@ impl Allocator {
                     .free_total_bytes
                     .checked_sub(size)
                     .expect("space accounting invariant broken: more allocated than free");
-                if class == BlockClass::Data {
-                    // Spread data over top-level vdevs a megabyte-ish at a time by
-                    // moving the rotor when the cursor crosses into a new metaslab.
-                    if next_cursor.0 != cursor.0 {
-                        self.rotor = (vdev_index + 1) % count;
-                    }
+                if class == BlockClass::Data && normal_count > 1 {
+                    self.turn(vdev_index, size);
                 }
                 return Ok(Dva {
                     vdev: vdev_index as u32,
@@ -712,6 +755,44 @@ impl Allocator {
             }
         }
         Err(NoSpace)
+    }
+
+    /// Counts `size` bytes of data allocated on `vdev_index` against its
+    /// turn, and passes the turn on to the next data vdev once it took its
+    /// share: data stripes over the vdevs an aliquot at a time, each
+    /// weighted by its free space.
+    fn turn(&mut self, vdev_index: usize, size: u64) {
+        if vdev_index != self.rotor || self.rotor_quota == 0 {
+            // The rotor's vdev was full, or this is the first allocation.
+            self.rotor = vdev_index;
+            self.rotor_bytes = 0;
+            self.rotor_quota = self.aliquot_bytes(vdev_index);
+        }
+        self.rotor_bytes += size;
+        if self.rotor_bytes < self.rotor_quota {
+            return;
+        }
+        let count = self.vdevs.len();
+        let next = (1..=count)
+            .map(|step| (vdev_index + step) % count)
+            .find(|&index| !self.vdevs[index].log)
+            .unwrap_or(vdev_index);
+        self.rotor = next;
+        self.rotor_bytes = 0;
+        self.rotor_quota = self.aliquot_bytes(next);
+    }
+
+    /// The data vdev `index` takes per turn: [`DATA_ALIQUOT_BYTES`] times
+    /// its free share against the pool's, within the bias bounds.
+    pub fn aliquot_bytes(&self, index: usize) -> u64 {
+        let vdev = &self.vdevs[index];
+        let (free, size) = (vdev.free_bytes(), vdev.size_bytes());
+        let (pool_free, pool_size) = (self.free_bytes(), self.size_bytes());
+        if size == 0 || pool_free == 0 || pool_size == 0 {
+            return DATA_ALIQUOT_BYTES;
+        }
+        let bias = (free as f64 / size as f64) / (pool_free as f64 / pool_size as f64);
+        (DATA_ALIQUOT_BYTES as f64 * bias.clamp(ALIQUOT_BIAS_MIN, ALIQUOT_BIAS_MAX)) as u64
     }
 
     /// Returns a range that was allocated but never committed (its write failed or
@@ -1183,6 +1264,46 @@ mod tests {
             txg += 1;
         }
         allocator.verify().unwrap();
+    }
+
+    /// Data stripes over the vdevs an aliquot at a time, weighted by free
+    /// space: two equal vdevs share writes evenly; a vdev added empty beside
+    /// a half-full one takes about twice the other's share (it fills first)
+    /// but not all of it.
+    #[test]
+    fn data_stripes_by_free_space() {
+        let written = |allocator: &mut Allocator, megabytes: u64| {
+            let mut per_vdev = [0u64; 2];
+            for _ in 0..megabytes * 16 {
+                let dva = allocator.allocate(65536, BlockClass::Data, None).unwrap();
+                per_vdev[dva.vdev as usize] += 65536;
+            }
+            per_vdev
+        };
+        let mut even = Allocator::new(vec![
+            VdevSpace::new(0, 512 << 20, 24, 4096),
+            VdevSpace::new(1, 512 << 20, 24, 4096),
+        ]);
+        let [first, second] = written(&mut even, 64);
+        assert!(
+            first.abs_diff(second) <= 2 * DATA_ALIQUOT_BYTES,
+            "{first} {second}"
+        );
+        // Vdev 0 half full, vdev 1 just added.
+        let mut grown = Allocator::new(vec![
+            VdevSpace::new(0, 512 << 20, 24, 4096),
+            VdevSpace::new(1, 512 << 20, 24, 4096),
+        ]);
+        for metaslab in grown.vdevs[0].metaslabs.iter_mut().take(16) {
+            metaslab.free.clear();
+        }
+        grown.recount();
+        let [old, new] = written(&mut grown, 96);
+        let share = new as f64 / (old + new) as f64;
+        assert!(
+            (0.6..0.8).contains(&share),
+            "the new vdev took {share:.2} ({old} {new})"
+        );
     }
 
     #[test]

@@ -181,7 +181,7 @@ pub enum Command {
     /// pool): the server finishes requests in flight, commits, marks the
     /// pool exported and exits, as on SIGTERM.
     Export,
-    /// Adds top-level vdevs (today log devices only), by absolute path.
+    /// Adds top-level vdevs (data vdevs, or log devices), by absolute path.
     Add {
         vdevs: Vec<crate::pool::LayoutGroup>,
         #[serde(default)]
@@ -1154,6 +1154,19 @@ fn status(pool: &Pool) -> Value {
                 "trim_supported": leaf.trim_supported(),
             }));
         }
+        let (allocated, fragmentation) = {
+            let allocator = pool.store().allocator.borrow();
+            allocator
+                .vdevs
+                .get(top.id as usize)
+                .map(|space| {
+                    (
+                        space.size_bytes() - space.free_bytes(),
+                        space.fragmentation_percent(),
+                    )
+                })
+                .unwrap_or((0, None))
+        };
         vdevs.push(json!({
             "name": top.kind.vdev_name(top.id),
             "kind": top.kind,
@@ -1162,6 +1175,8 @@ fn status(pool: &Pool) -> Value {
             "state": top.health(),
             "ashift": top.ashift,
             "size_bytes": top.asize_bytes,
+            "allocated_bytes": allocated,
+            "fragmentation_percent": fragmentation,
             "read_errors": read_errors,
             "write_errors": write_errors,
             "checksum_errors": checksum_errors,

@@ -520,10 +520,13 @@ impl Pool {
         Ok(())
     }
 
-    /// Adds top-level vdevs (`ironpool add POOL log [mirror] DEV...`): today
-    /// log devices only, which take the intent logs' blocks from the next
-    /// commit on. Every device is checked before anything changes; the
-    /// command returns once the txg naming them is durable.
+    /// Adds top-level vdevs (`ironpool add POOL [mirror|raidzN] DEV...`,
+    /// `add POOL log [mirror] DEV...`): data vdevs grow the pool, and the
+    /// allocator's turns, weighted by free space, send most new data to
+    /// the empty vdev until it is as full as the others; log vdevs take the
+    /// intent logs' blocks from the next commit on. Every device is checked
+    /// before anything changes; the command returns once the txg naming
+    /// them is durable.
     pub async fn add_vdevs(
         self: &Rc<Self>,
         layout: Vec<crate::pool::NewTopVdev>,
@@ -532,11 +535,6 @@ impl Pool {
         self.txg.ensure_writable()?;
         if layout.is_empty() {
             return Err(PoolError::InvalidArgument("no devices given".into()));
-        }
-        if layout.iter().any(|top| !top.log) {
-            return Err(PoolError::InvalidArgument(
-                "only log devices can be added (`add POOL log [mirror] DEV...`); data vdevs cannot yet".into(),
-            ));
         }
         for new in layout.iter().flat_map(|top| top.devices.iter()) {
             let in_pool = self
@@ -560,11 +558,16 @@ impl Pool {
         }
         for (top_vdev, config) in built {
             let top = Rc::new(top_vdev);
+            let role = if top.log {
+                "added as a log device"
+            } else {
+                "added: new data goes to it first, as it is the emptiest"
+            };
             for leaf in &top.children {
                 leaf.queue.set_events(self.events.clone());
                 self.events.post(
                     EventClass::DeviceState,
-                    NewEvent::device(leaf.path.borrow().clone(), "added as a log device"),
+                    NewEvent::device(leaf.path.borrow().clone(), role),
                 );
             }
             let mut space = crate::pool::vdev_space(&top);
@@ -596,6 +599,17 @@ impl Pool {
             return Err(PoolError::InvalidArgument(format!(
                 "{name} is in {}, which holds pool data: only log devices can be removed",
                 top.kind.vdev_name(top.id)
+            )));
+        }
+        if vdevs[top.id as usize + 1..].iter().any(|later| !later.log) {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} was added before data vdevs ({}): vdevs are numbered by position, so it cannot leave; replace it instead",
+                vdevs[top.id as usize + 1..]
+                    .iter()
+                    .filter(|later| !later.log)
+                    .map(|later| later.kind.vdev_name(later.id))
+                    .collect::<Vec<_>>()
+                    .join(", ")
             )));
         }
         if top.id as usize + 1 != vdevs.len() {

@@ -410,9 +410,33 @@ enum Command {
         old: String,
         new: String,
     },
-    /// Add log devices to a pool: `add [-f] [--size SIZE] POOL log [mirror] DEV...`.
-    /// Flushes then write their intent-log blocks there; data stays on the
-    /// pool's devices.
+    /// Attach NEW beside EXISTING, resilvering it: a disk becomes a mirror, a
+    /// mirror one side wider: `attach [-f] [-w] [--size SIZE] POOL EXISTING NEW`.
+    Attach {
+        /// Overwrite a device that belongs to another pool.
+        #[arg(short, long)]
+        force: bool,
+        /// Wait until the resilver ends, showing progress.
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Create NEW as a sparse file of this size when it does not exist.
+        #[arg(long)]
+        size: Option<String>,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        existing: String,
+        new: String,
+    },
+    /// Detach a side of a mirror (another side must hold every block): `detach POOL DEV`.
+    Detach {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        device: String,
+    },
+    /// Add data vdevs or log devices to a pool: `add [-f] [--size SIZE] POOL
+    /// [mirror|raidzN] DEV...`, `add POOL log [mirror] DEV...`.
     Add {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -811,6 +835,25 @@ fn main() -> ExitCode {
             wait,
             size.as_deref(),
         ),
+        Command::Attach {
+            force,
+            wait,
+            size,
+            dirs,
+            pool,
+            existing,
+            new,
+        } => cli::attach(
+            &context,
+            &pool,
+            &dirs,
+            &existing,
+            &new,
+            force,
+            wait,
+            size.as_deref(),
+        ),
+        Command::Detach { dirs, pool, device } => cli::detach(&context, &pool, &dirs, &device),
         Command::Add {
             force,
             size,

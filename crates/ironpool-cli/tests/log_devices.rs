@@ -307,7 +307,7 @@ fn log_devices_are_added_to_and_removed_from_a_served_pool() {
     pool.serve_with(&["-o", "txg_timeout_ms=600000"]);
     let path = |name: &str| pool.path(name).display().to_string();
     let (c, d, e) = (path("c.img"), path("d.img"), path("e.img"));
-    // Only log devices can be added; a log is a disk or a mirror.
+    // A group of the wrong shape is refused; a log is a disk or a mirror.
     let message = pool.fails(&[
         "--control",
         &pool.control().display().to_string(),
@@ -315,11 +315,11 @@ fn log_devices_are_added_to_and_removed_from_a_served_pool() {
         "--size",
         "256M",
         "sa",
-        "mirror",
+        "raidz1",
         &c,
-        &d,
     ]);
-    assert!(message.contains("only log devices"), "{message}");
+    assert!(message.contains("takes 2 to"), "{message}");
+    assert_eq!(pool.status_json()["vdevs"].as_array().unwrap().len(), 1);
     let control = pool.control().display().to_string();
     let message = pool.fails(&[
         "--control",

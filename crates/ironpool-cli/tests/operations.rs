@@ -658,6 +658,150 @@ fn a_data_vdev_added_to_a_served_pool_takes_most_new_writes() {
     stop_and_check(&mut pool);
 }
 
+/// The vdevs of `status --json` as (name, [device file names]).
+fn vdev_shape(pool: &TestPool) -> Vec<(String, Vec<String>)> {
+    pool.status_json()["vdevs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|vdev| {
+            let children = vdev["children"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|child| {
+                    let path = child["path"].as_str().unwrap();
+                    path.rsplit('/').next().unwrap().to_string()
+                })
+                .collect();
+            (vdev["name"].as_str().unwrap().to_string(), children)
+        })
+        .collect()
+}
+
+/// `attach` makes a disk a mirror (resilvering the new side, which takes
+/// writes at once) and `detach` takes a side out, turning a lone side back
+/// into a disk; every byte written before, during and after reads back from
+/// what is left, across a kill -9, and the detached device is no longer the
+/// pool's. Bad requests change nothing.
+#[test]
+fn attach_makes_a_mirror_and_detach_takes_a_side_out() {
+    let mut pool = TestPool::new("att");
+    pool.create("256M", &["a.img"]);
+    pool.serve();
+    pool.admin(&["volume", "create", "att/v", "200M"]);
+    let uri = pool.uri("v");
+    qemu_io(&uri, &["write -P 0x41 0 64M", "flush"]);
+    let dir = pool.dir.path().to_path_buf();
+    let path = |name: &str| dir.join(name).display().to_string();
+
+    let output = pool.admin(&[
+        "attach",
+        "-w",
+        "--size",
+        "256M",
+        "att",
+        "a.img",
+        &path("b.img"),
+    ]);
+    assert!(output.contains("mirror-0"), "{output}");
+    assert_eq!(
+        vdev_shape(&pool),
+        [(
+            "mirror-0".to_string(),
+            vec!["a.img".to_string(), "b.img".to_string()]
+        )]
+    );
+    let status = pool.status_json();
+    assert_eq!(status["resilver"]["state"], "finished", "{status}");
+    assert!(
+        status["resilver"]["rewritten_bytes"].as_u64().unwrap_or(0) >= 64 << 20,
+        "{}",
+        status["resilver"]
+    );
+
+    // The first side leaves: everything is read from the new one alone.
+    pool.admin(&["detach", "att", "a.img"]);
+    assert_eq!(
+        vdev_shape(&pool),
+        [("disk-0".to_string(), vec!["b.img".to_string()])]
+    );
+    verify(&uri, 0x41, "0", "64M");
+
+    // A third device attached, written while it resilvers, then a kill -9
+    // before anything else: the import resumes the resilver, and the last
+    // original side can leave.
+    pool.admin(&["attach", "--size", "256M", "att", "b.img", &path("c.img")]);
+    qemu_io(&uri, &["write -P 0x42 64M 32M", "flush"]);
+    pool.kill9();
+    pool.serve();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while pool.status_json()["resilver"]["state"] == "resilvering" {
+        assert!(Instant::now() < deadline, "the resilver never ended");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    pool.admin(&["detach", "att", "b.img"]);
+    assert_eq!(
+        vdev_shape(&pool),
+        [("disk-0".to_string(), vec!["c.img".to_string()])]
+    );
+    verify(&uri, 0x41, "0", "64M");
+    verify(&uri, 0x42, "64M", "32M");
+    let scrub = pool.admin(&["scrub", "-w", "att"]);
+    assert!(scrub.contains("with 0 errors"), "{scrub}");
+
+    // Bad requests: a clear error, the shape unchanged.
+    let control = pool.control().display().to_string();
+    let error = pool.fails(&["--control", &control, "detach", "att", "c.img"]);
+    assert!(
+        error.contains("only a mirror's side can be detached"),
+        "{error}"
+    );
+    let error = pool.fails(&[
+        "--control",
+        &control,
+        "attach",
+        "att",
+        "c.img",
+        &path("c.img"),
+    ]);
+    // The server holds its devices open exclusively: the new one is found
+    // in use before it is found to be the pool's.
+    assert!(error.contains("in use"), "{error}");
+    let error = pool.fails(&[
+        "--control",
+        &control,
+        "attach",
+        "att",
+        "nope.img",
+        &path("b.img"),
+    ]);
+    assert!(error.contains("nope.img"), "{error}");
+    std::fs::write(pool.path("tiny.img"), vec![0u8; 64 << 20]).unwrap();
+    let error = pool.fails(&[
+        "--control",
+        &control,
+        "attach",
+        "att",
+        "c.img",
+        &path("tiny.img"),
+    ]);
+    assert!(error.contains("too small"), "{error}");
+    assert_eq!(
+        vdev_shape(&pool),
+        [("disk-0".to_string(), vec!["c.img".to_string()])]
+    );
+    let history = pool.admin(&["history", "att"]);
+    assert!(
+        history.contains("attach att a.img") && history.contains("detach att b.img"),
+        "{history}"
+    );
+    stop_and_check(&mut pool);
+    // The detached devices hold no label of the pool any more.
+    let error = pool.fails(&["labelclear", &path("a.img")]);
+    assert!(error.contains("no ironpool label"), "{error}");
+}
+
 // ---------------------------------------------------------------------------
 // Events and history
 

@@ -778,9 +778,45 @@ pub fn replace(
     device_command(context, pool, dirs, command, wait)
 }
 
-/// `add`: only log devices can be added (data vdevs would need the pool's
-/// space to grow, which `create` sizes once). Paths are made absolute and
-/// created sparse at `size` when asked and missing, as in `create`.
+/// `attach POOL EXISTING NEW`: NEW made absolute (created sparse at `size`
+/// when asked and missing, as `replace` does); `wait` follows the resilver.
+#[allow(clippy::too_many_arguments)]
+pub fn attach(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    existing: &str,
+    new: &str,
+    force: bool,
+    wait: bool,
+    size: Option<&str>,
+) -> Result<(), String> {
+    let path = Path::new(new);
+    if let Some(size) = size {
+        if !path.exists() {
+            ironpool::pool::create_sparse_file(path, parse_size(size)?)
+                .map_err(|error| error.to_string())?;
+        }
+    }
+    let canonical = std::fs::canonicalize(path).map_err(|error| format!("{new}: {error}"))?;
+    let command = Command::Attach {
+        existing: existing.to_string(),
+        new: canonical.display().to_string(),
+        force,
+    };
+    device_command(context, pool, dirs, command, wait)
+}
+
+/// `detach POOL DEV`.
+pub fn detach(context: &Context, pool: &str, dirs: &[PathBuf], device: &str) -> Result<(), String> {
+    let command = Command::Detach {
+        device: device.to_string(),
+    };
+    device_command(context, pool, dirs, command, false)
+}
+
+/// `add`: data vdevs or log devices. Paths are made absolute and created
+/// at `size` when asked and missing, as in `create`.
 pub fn add(
     context: &Context,
     pool: &str,

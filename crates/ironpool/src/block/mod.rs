@@ -255,6 +255,16 @@ impl BlockStore {
     }
 
     /// Adds a top-level vdev (its id is the next one) with its space.
+    /// Puts `top` in the place of the vdev of its id (`attach`, `detach`):
+    /// I/O issued before goes on with the vdev it was issued to.
+    pub fn replace_vdev(&self, top: Rc<TopVdev>) {
+        let mut vdevs = self.vdevs.borrow().to_vec();
+        let slot = &mut vdevs[top.id as usize];
+        assert_eq!(slot.guid, top.guid, "the same vdev, reshaped");
+        *slot = top;
+        *self.vdevs.borrow_mut() = vdevs.into();
+    }
+
     pub fn add_vdev(&self, top: Rc<TopVdev>, space: VdevSpace) {
         let mut vdevs = self.vdevs.borrow().to_vec();
         assert_eq!(top.id as usize, vdevs.len(), "vdev ids are dense");

@@ -208,6 +208,18 @@ pub enum Command {
         #[serde(default)]
         force: bool,
     },
+    /// Attaches device `new` beside `existing`: a disk becomes a mirror, a
+    /// mirror one side wider (`ironpool attach`).
+    Attach {
+        existing: String,
+        new: String,
+        #[serde(default)]
+        force: bool,
+    },
+    /// Detaches a side of a mirror (`ironpool detach`).
+    Detach {
+        device: String,
+    },
     ResilverStatus,
     /// Clears device error streaks and faults, and retries failed writes now.
     Clear,
@@ -435,6 +447,24 @@ impl Command {
             Command::Clear => {
                 push("clear");
                 push(pool);
+            }
+            Command::Attach {
+                existing,
+                new,
+                force,
+            } => {
+                push("attach");
+                if *force {
+                    push("-f");
+                }
+                push(pool);
+                push(existing);
+                push(new);
+            }
+            Command::Detach { device } => {
+                push("detach");
+                push(pool);
+                push(device);
             }
             Command::Add { vdevs, force } => {
                 push("add");
@@ -951,6 +981,19 @@ async fn run(
         Command::Replace { old, new, force } => {
             let new = open_new_device(&new)?;
             pool.replace_device(&old, new, force).await?;
+            Ok(status(pool))
+        }
+        Command::Attach {
+            existing,
+            new,
+            force,
+        } => {
+            let new = open_new_device(&new)?;
+            pool.attach_device(&existing, new, force).await?;
+            Ok(status(pool))
+        }
+        Command::Detach { device } => {
+            pool.detach_device(&device).await?;
             Ok(status(pool))
         }
         Command::ResilverStatus => {

@@ -498,6 +498,181 @@ impl Pool {
 }
 
 impl Pool {
+    /// Attaches device `new` beside `existing` (`ironpool attach POOL
+    /// EXISTING NEW`): a disk becomes a two-way mirror, a mirror one side
+    /// wider (at most [`MIRROR_CHILDREN_MAX`]). The new side misses every
+    /// txg up to the open one, so reads avoid it until the resilver started
+    /// here has copied what the vdev holds onto it; writes go to it at once.
+    /// A log vdev's intent logs move off it first (as for `replace`), so
+    /// nothing on it needs copying. RAID-Z groups take no attached device.
+    pub async fn attach_device(
+        self: &Rc<Self>,
+        existing: &str,
+        new: crate::pool::NewDevice,
+        force: bool,
+    ) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let (top, _) = self.find_leaf(existing)?;
+        let name = top.kind.vdev_name(top.id);
+        if top.kind.is_raidz() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{existing} is in {name}: only a disk or a mirror takes an attached device"
+            )));
+        }
+        if top.children.len() >= crate::format::label::MIRROR_CHILDREN_MAX {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} has {} sides, the most a mirror may have",
+                top.children.len()
+            )));
+        }
+        if !top.is_available() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} cannot serve every block now: bring its devices back first"
+            )));
+        }
+        let in_pool = self
+            .store
+            .vdevs()
+            .iter()
+            .flat_map(|top| top.children.iter())
+            .any(|leaf| *leaf.path.borrow() == new.path);
+        if in_pool {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is already a device of pool '{}'",
+                new.path, self.name
+            )));
+        }
+        let info = new.device.info().clone();
+        let needed = child_data_bytes_needed(&top);
+        if data_area_bytes(info.size_bytes) < needed {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is too small: it needs a data area of {needed} bytes, it has {}",
+                new.path,
+                data_area_bytes(info.size_bytes)
+            )));
+        }
+        let sector = u64::from(info.physical_sector_bytes.max(info.logical_sector_bytes));
+        if sector > top.sector_bytes() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} has {sector}-byte sectors; {name} writes {}-byte ones",
+                new.path,
+                top.sector_bytes()
+            )));
+        }
+        let probe = crate::pool::labels::probe_device(&*new.device, Path::new(&new.path)).await;
+        if let Some(label) = probe.label {
+            if !force {
+                return Err(PoolError::DeviceInUseByPool {
+                    path: new.path,
+                    pool: label.config.name,
+                    guid: label.pool_guid,
+                });
+            }
+        }
+        if top.log {
+            top.removing.set(true);
+            let moved = self.evacuate_log_vdev(&top, existing).await;
+            top.removing.set(false);
+            moved?;
+        }
+        // Looked up again: the evacuation awaited.
+        let (top, _) = self.find_leaf(existing)?;
+        let guid = new_guid();
+        let leaf = LeafVdev::new(
+            guid,
+            new.path.clone(),
+            Some(new.device),
+            self.tunables.borrow().queue.clone(),
+        );
+        leaf.queue.set_events(self.events.clone());
+        leaf.dtl
+            .borrow_mut()
+            .reset_to_everything_before(self.txg.open());
+        let mut children = top.children.clone();
+        children.push(leaf.clone());
+        let reshaped = Rc::new(top.reshaped(TopVdevKind::Mirror, children));
+        self.store.replace_vdev(reshaped.clone());
+        {
+            let mut config = self.config.borrow_mut();
+            let slot = &mut config.vdevs[top.id as usize];
+            slot.kind = TopVdevKind::Mirror;
+            slot.children.push(LeafConfig {
+                dtl: leaf.dtl.borrow().to_config(),
+                ..LeafConfig::new(guid, new.path.clone(), info.size_bytes)
+            });
+        }
+        self.events.post(
+            EventClass::DeviceState,
+            NewEvent::device(
+                new.path,
+                format!(
+                    "attached to {existing}: {}",
+                    reshaped.kind.vdev_name(reshaped.id)
+                ),
+            ),
+        );
+        maintain(self, self.txg.open());
+        self.config_dirty.set(true);
+        self.commit().await?;
+        self.resilver_start();
+        Ok(())
+    }
+
+    /// Detaches a mirror's side (`ironpool detach POOL DEV`): refused unless
+    /// another side holds every block (online, nothing left to resilver); a
+    /// mirror left with one side becomes a disk. The device's labels are
+    /// cleared once the txg without it is durable.
+    pub async fn detach_device(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        self.txg.ensure_writable()?;
+        let (top, index) = self.find_leaf(name)?;
+        if top.kind != TopVdevKind::Mirror {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} is in {}: only a mirror's side can be detached",
+                top.kind.vdev_name(top.id)
+            )));
+        }
+        let complete = top.children.iter().enumerate().any(|(other, child)| {
+            other != index && child.is_online() && child.dtl.borrow().is_empty()
+        });
+        if !complete {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot detach {name}: no other side of {} holds every block (away, or still to be resilvered)",
+                top.kind.vdev_name(top.id)
+            )));
+        }
+        let mut children = top.children.clone();
+        let leaf = children.remove(index);
+        let kind = if children.len() == 1 {
+            TopVdevKind::Disk
+        } else {
+            TopVdevKind::Mirror
+        };
+        self.store
+            .replace_vdev(Rc::new(top.reshaped(kind, children)));
+        {
+            let mut config = self.config.borrow_mut();
+            let slot = &mut config.vdevs[top.id as usize];
+            slot.kind = kind;
+            slot.children.remove(index);
+        }
+        let path = leaf.path.borrow().clone();
+        self.events.post(
+            EventClass::DeviceState,
+            NewEvent::device(path.clone(), "detached"),
+        );
+        self.config_dirty.set(true);
+        self.commit().await?;
+        if let Some(device) = leaf.device() {
+            if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
+                eprintln!(
+                    "ironpool: {}: clearing the labels of detached {path}: {error}",
+                    self.name
+                );
+            }
+        }
+        Ok(())
+    }
+
     /// Moves every open dataset's intent-log chain off log vdev `top` (marked
     /// `removing`, so no new log block lands there): each chain is ended by a
     /// txg and restarted elsewhere. Fails if a chain still uses it after.

@@ -321,6 +321,28 @@ impl TopVdev {
         })
     }
 
+    /// The same vdev (id, guid, size) as `kind` with `children`: a disk
+    /// made a mirror by `attach`, a mirror that lost a side to `detach`.
+    /// Disks and mirrors only: a RAID-Z group's layout depends on its width.
+    pub fn reshaped(&self, kind: TopVdevKind, children: Vec<Rc<LeafVdev>>) -> TopVdev {
+        assert!(
+            !kind.is_raidz() && self.raidz.is_none(),
+            "only disks and mirrors are reshaped"
+        );
+        TopVdev {
+            id: self.id,
+            guid: self.guid,
+            kind,
+            ashift: self.ashift,
+            asize_bytes: self.asize_bytes,
+            metaslab_shift: self.metaslab_shift,
+            children,
+            log: self.log,
+            removing: Cell::new(self.removing.get()),
+            raidz: None,
+        }
+    }
+
     /// This vdev as a log device (see [`TopVdev::log`]).
     pub fn into_log(mut self) -> TopVdev {
         self.log = true;

@@ -112,6 +112,9 @@ enum Command {
         /// What to list.
         #[arg(short = 't', default_value = "pool")]
         kind: String,
+        /// With pools: each vdev's size, allocated, free and fragmentation too.
+        #[arg(short = 'v')]
+        verbose: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         pool: Option<String>,
@@ -631,9 +634,12 @@ fn main() -> ExitCode {
             } => cli::volume_destroy(&context, &name, &dirs, recursive),
         },
         Command::Status { dirs, pool } => cli::status(&context, &pool, &dirs),
-        Command::List { kind, dirs, pool } => {
-            cli::datasets::list(&context, &kind, pool.as_deref(), &dirs)
-        }
+        Command::List {
+            kind,
+            verbose,
+            dirs,
+            pool,
+        } => cli::datasets::list(&context, &kind, verbose, pool.as_deref(), &dirs),
         Command::Snapshot {
             recursive,
             dirs,

@@ -620,6 +620,11 @@ fn a_data_vdev_added_to_a_served_pool_takes_most_new_writes() {
     );
     let text = pool.admin(&["status", "grow"]);
     assert!(text.contains("FRAG") && text.contains("disk-1"), "{text}");
+    let listed = pool.admin(&["list", "-v", "grow"]);
+    assert!(
+        listed.contains("  disk-0") && listed.contains("  disk-1") && listed.contains("frag"),
+        "{listed}"
+    );
     verify(&uri, 0x11, "0", "96M");
     verify(&uri, 0x22, "96M", "144M");
 

@@ -25,11 +25,12 @@ fn one_pool<'a>(names: &'a [String], what: &str) -> Result<&'a str, String> {
 pub fn list(
     context: &Context,
     kind: &str,
+    verbose: bool,
     target: Option<&str>,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
     match kind {
-        "pool" => super::list(context, target, dirs),
+        "pool" => super::list(context, target, verbose, dirs),
         "volume" | "filesystem" | "snapshot" | "bookmark" | "all" => {
             let target = target.ok_or("name the pool (or POOL/NAME) to list")?;
             let pool = pool_of(target);

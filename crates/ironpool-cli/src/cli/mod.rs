@@ -509,7 +509,12 @@ pub fn status(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), Str
     Ok(())
 }
 
-pub fn list(context: &Context, pool: Option<&str>, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn list(
+    context: &Context,
+    pool: Option<&str>,
+    verbose: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     let names: Vec<String> = match pool {
         Some(pool) => vec![pool.to_string()],
         None => read_cache().keys().cloned().collect(),
@@ -549,6 +554,30 @@ pub fn list(context: &Context, pool: Option<&str>, dirs: &[PathBuf]) -> Result<(
                 capacity,
                 entry["health"].as_str().unwrap_or("?")
             );
+            if !verbose {
+                continue;
+            }
+            // As `zpool list -v`: a row per vdev, FRAG in the CAP column.
+            for vdev in entry["vdevs"].as_array().into_iter().flatten() {
+                let size = vdev["size_bytes"].as_u64().unwrap_or(0);
+                let allocated = vdev["allocated_bytes"].as_u64().unwrap_or(0);
+                let name = match vdev["log"].as_bool() {
+                    Some(true) => format!("  {} (log)", vdev["name"].as_str().unwrap_or("?")),
+                    _ => format!("  {}", vdev["name"].as_str().unwrap_or("?")),
+                };
+                println!(
+                    "{:<20} {:>10} {:>10} {:>10} {:>8}  {}",
+                    name,
+                    format::bytes(size),
+                    format::bytes(allocated),
+                    format::bytes(size.saturating_sub(allocated)),
+                    vdev["fragmentation_percent"]
+                        .as_u64()
+                        .map(|percent| format!("{percent}% frag"))
+                        .unwrap_or_else(|| "-".into()),
+                    vdev["state"].as_str().unwrap_or("?")
+                );
+            }
         }
         for error in &errors {
             eprintln!("ironpool: {error}");

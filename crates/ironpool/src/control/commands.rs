@@ -1051,6 +1051,22 @@ fn open_new_device(path: &str) -> Result<crate::pool::NewDevice, PoolError> {
 
 fn list_entry(pool: &Pool) -> Value {
     let (size, free) = pool.space();
+    let vdevs: Vec<Value> = pool
+        .store()
+        .vdevs()
+        .iter()
+        .map(|top| {
+            let (allocated, fragmentation) = vdev_space(pool, top);
+            json!({
+                "name": top.kind.vdev_name(top.id),
+                "log": top.log,
+                "state": top.health(),
+                "size_bytes": top.asize_bytes,
+                "allocated_bytes": allocated,
+                "fragmentation_percent": fragmentation,
+            })
+        })
+        .collect();
     json!({
         "name": pool.name(),
         "guid": format!("{:#x}", pool.guid()),
@@ -1059,11 +1075,26 @@ fn list_entry(pool: &Pool) -> Value {
         "free_bytes": free,
         "health": pool.health(),
         "volumes": pool.visible_volumes().len(),
+        "vdevs": vdevs,
     })
 }
 
-/// The full names of every volume users see and every filesystem: what a
-/// snapshot can be taken of.
+/// A top-level vdev's allocated bytes and fragmentation percent (None
+/// when nothing is free).
+fn vdev_space(pool: &Pool, top: &crate::vdev::TopVdev) -> (u64, Option<u64>) {
+    let allocator = pool.store().allocator.borrow();
+    allocator
+        .vdevs
+        .get(top.id as usize)
+        .map(|space| {
+            (
+                space.size_bytes() - space.free_bytes(),
+                space.fragmentation_percent(),
+            )
+        })
+        .unwrap_or((0, None))
+}
+
 /// The snapshots `names` stand for: each name itself; with `recursive`,
 /// POOL@NAME or POOL/DS@NAME stands for snapshot NAME of every dataset
 /// named so or under it (the pool: all of them).
@@ -1125,6 +1156,8 @@ fn existing_snapshots(
     Ok(targets)
 }
 
+/// The full names of every volume users see and every filesystem: what a
+/// snapshot can be taken of.
 fn dataset_names(pool: &Pool) -> Vec<String> {
     pool.visible_volumes()
         .iter()
@@ -1197,19 +1230,7 @@ fn status(pool: &Pool) -> Value {
                 "trim_supported": leaf.trim_supported(),
             }));
         }
-        let (allocated, fragmentation) = {
-            let allocator = pool.store().allocator.borrow();
-            allocator
-                .vdevs
-                .get(top.id as usize)
-                .map(|space| {
-                    (
-                        space.size_bytes() - space.free_bytes(),
-                        space.fragmentation_percent(),
-                    )
-                })
-                .unwrap_or((0, None))
-        };
+        let (allocated, fragmentation) = vdev_space(pool, top);
         vdevs.push(json!({
             "name": top.kind.vdev_name(top.id),
             "kind": top.kind,

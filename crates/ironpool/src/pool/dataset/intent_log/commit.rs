@@ -216,17 +216,13 @@ impl Pool {
         kind: Commit,
     ) -> Result<bool, PoolError> {
         self.txg.ensure_writable()?;
-        if !self.chain_usable(Owner::Volume(volume)) {
+        let owner = Owner::Volume(volume);
+        if !self.chain_usable(owner) {
             return self.commit_instead(volume, held, kind).await;
         }
+        let mut lock = Some(lock);
         let started = crate::rt::now();
-        let commit = {
-            let mut state = volume.log.state.borrow_mut();
-            state.next_commit += 1;
-            let commit = state.next_commit;
-            state.commits.insert(commit, CommitWait::default());
-            commit
-        };
+        let commit = open_commit(owner);
         // Held blocks first: copied (the caller found they fit, under the
         // lock, with nothing awaited since), or written in place before the
         // lock (then linked, and logged below as pointers).
@@ -237,27 +233,18 @@ impl Pool {
         let durable = self.txg.durable();
         volume.log.forget_durable(durable);
         let unlogged = std::mem::take(&mut volume.log.state.borrow_mut().unlogged);
-        // The newest change of each block only, in the order they were linked.
-        let mut seen = rustc_hash::FxHashSet::default();
-        let mut blocks: Vec<(u64, u64)> = unlogged
-            .iter()
-            .rev()
-            .filter(|(_, blkid, txg)| *txg > durable && seen.insert(*blkid))
-            .map(|(_, blkid, txg)| (*blkid, *txg))
-            .collect();
-        blocks.reverse();
-        let mut records = Vec::with_capacity(blocks.len() + copies.len());
+        let mut records = Vec::with_capacity(unlogged.len() + copies.len());
         let mut max_txg = 0;
-        for (blkid, linked_txg) in blocks {
-            let pointer = match self.objects.block_pointer(&volume.object, blkid).await {
-                Ok(pointer) => pointer,
+        for (object, blkid, linked_txg) in newest_changes(&unlogged, durable) {
+            let pointer = match self.logged_pointer(owner, object, blkid).await {
+                Ok(Some(pointer)) => pointer,
+                Ok(None) => continue,
                 Err(error) => {
-                    self.requeue_unlogged(Owner::Volume(volume), &unlogged);
+                    self.requeue_unlogged(owner, &unlogged);
                     self.forget_commit(volume, commit, &copies);
                     return Err(error.into());
                 }
             };
-            let object = volume.object.id;
             if let Some(record) =
                 block_record(object, blkid, linked_txg, pointer, self.txg.durable())
             {
@@ -268,20 +255,56 @@ impl Pool {
         // Copies after the pointers: a held block's bytes are newer than
         // whatever its pointer held when they were taken (replay takes the
         // last record of a block).
-        let copied = copies.len();
+        let copied = copies.len() as u64;
         records.extend(copies.iter().map(|(blkid, data)| LogRecord::Copy {
             object: volume.object.id,
             blkid: *blkid,
             data: data.to_vec(),
         }));
+        let finished = self
+            .finish_commit(
+                owner, &mut lock, kind, commit, records, max_txg, copied, started,
+            )
+            .await;
+        match finished {
+            Finished::Durable => Ok(true),
+            Finished::NotCarried => self.commit_instead(volume, held, kind).await,
+            Finished::WriteFailed => {
+                // Nothing awaited since the write failed: a commit after it
+                // that failed with it finds these copies held again.
+                self.requeue_unlogged(owner, &unlogged);
+                self.forget_commit(volume, commit, &copies);
+                self.commit_instead(volume, held, kind).await
+            }
+        }
+    }
+
+    /// The part of every commit, a volume's or a filesystem's, once its
+    /// records are gathered (commit `commit`, opened by [`open_commit`],
+    /// under the commit lock `lock`). With no record of its own, the
+    /// commits in flight before it must end well (found by engine_sim's
+    /// crash test, seed 16: a FLUSH answered at once lost a write whose
+    /// record was in flight), and one started ahead promised nothing. Else
+    /// its place in the chain is reserved, the commit lock let go (so the
+    /// next commit is prepared while this one's blocks are written) and its
+    /// blocks written. Nothing awaits from a failed write to the return, so
+    /// the caller gives back what it took before any other commit runs.
+    #[allow(clippy::too_many_arguments)]
+    async fn finish_commit(
+        self: &Rc<Self>,
+        owner: Owner<'_>,
+        lock: &mut Option<crate::rt::sync::Permit>,
+        kind: Commit,
+        commit: u64,
+        records: Vec<LogRecord>,
+        max_txg: u64,
+        copied: u64,
+        started: crate::rt::Instant,
+    ) -> Finished {
+        let log = owner.log();
         if records.is_empty() {
-            // Everything is durable, or was logged by commits that began
-            // before this one: those still in flight must succeed before
-            // the caller is answered (found by engine_sim's crash test,
-            // seed 16: a FLUSH answered here lost a write whose record was
-            // in flight). If one fails, a txg makes everything durable.
             let (last, failures) = {
-                let mut state = volume.log.state.borrow_mut();
+                let mut state = log.state.borrow_mut();
                 state.commits.remove(&commit);
                 (
                     state.in_flight.back().map(|entry| entry.commit),
@@ -289,56 +312,79 @@ impl Pool {
                 )
             };
             if kind == Commit::Ahead {
-                // Nothing of its own to write: the FLUSH will wait.
-                return Ok(false);
+                // Nothing of its own to write: the FLUSH or fsync will wait.
+                return Finished::NotCarried;
             }
             if let Some(last) = last {
-                drop(lock);
-                volume.log.wait_ended(last).await;
-                if volume.log.state.borrow().failed_commits != failures {
-                    return self.commit_instead(volume, held, kind).await;
+                drop(lock.take());
+                log.wait_ended(last).await;
+                if log.state.borrow().failed_commits != failures {
+                    return Finished::NotCarried;
                 }
             }
-            volume.log.state.borrow_mut().stats.shared_commits += 1;
-            return Ok(true);
+            log.state.borrow_mut().stats.shared_commits += 1;
+            return Finished::Durable;
         }
-        if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
+        if let Some(wait) = log.state.borrow_mut().commits.get_mut(&commit) {
             wait.max_txg = wait.max_txg.max(max_txg);
         }
-        let written = match self.reserve_log_blocks(Owner::Volume(volume), &records, commit) {
+        let written = match self.reserve_log_blocks(owner, &records, commit) {
             Ok(write) => {
-                drop(lock);
-                self.write_reserved(Owner::Volume(volume), write).await
+                drop(lock.take());
+                self.write_reserved(owner, write).await
             }
             Err(error) => Err(error),
         };
         match written {
             Ok(()) => {
-                volume.log.note_commit_time(started);
-                let mut state = volume.log.state.borrow_mut();
-                state.stats.copied_blocks += copied as u64;
+                log.note_commit_time(started);
+                let mut state = log.state.borrow_mut();
+                state.stats.copied_blocks += copied;
                 if kind == Commit::Ahead {
                     state.stats.ahead_commits += 1;
                 }
-                Ok(true)
+                Finished::Durable
             }
             Err(error) => {
-                // A write that failed abandoned the chain (a new one starts):
-                // a txg makes everything durable instead. Nothing awaits
-                // until what this commit took is given back, so a commit
-                // after it that failed with it finds its copies held again.
-                self.requeue_unlogged(Owner::Volume(volume), &unlogged);
-                self.forget_commit(volume, commit, &copies);
+                // A write that failed abandoned the chain (a new one
+                // starts): a txg makes everything durable instead.
                 let instead = match kind {
-                    Commit::Ahead => "the next FLUSH commits again",
+                    Commit::Ahead => "the next FLUSH or fsync commits again",
                     Commit::Asked => "committing a txg instead",
                 };
                 eprintln!(
                     "ironpool: {}: intent log write failed ({error}); {instead}",
-                    volume.name
+                    owner.name()
                 );
-                self.commit_instead(volume, held, kind).await
+                Finished::WriteFailed
             }
+        }
+    }
+
+    /// The pointer of block `blkid` of `owner`'s object `object`, as a
+    /// commit logs it; None for a filesystem's object freed since (its
+    /// freed record says so, in this commit or the next).
+    async fn logged_pointer(
+        &self,
+        owner: Owner<'_>,
+        object: u64,
+        blkid: u64,
+    ) -> Result<Option<crate::format::BlockPointer>, crate::object::ObjectError> {
+        let looked_up = match owner {
+            Owner::Volume(volume) => self.objects.block_pointer(&volume.object, blkid).await,
+            Owner::Filesystem(fs) => match fs.objects.open(object).await {
+                Ok(opened) => fs.objects.block_pointer(&opened, blkid).await,
+                Err(error) => Err(error),
+            },
+        };
+        match looked_up {
+            Ok(pointer) => Ok(Some(pointer)),
+            Err(crate::object::ObjectError::NoSuchObject(_))
+                if matches!(owner, Owner::Filesystem(_)) =>
+            {
+                Ok(None)
+            }
+            Err(error) => Err(error),
         }
     }
 
@@ -396,7 +442,6 @@ impl Pool {
             .await
         {
             fs.log.covered(number, false);
-            fs.log.state.borrow_mut().stats.ahead_commits += 1;
         }
     }
 
@@ -490,6 +535,7 @@ impl Pool {
             return Ok(false);
         }
         let started = crate::rt::now();
+        let commit = open_commit(owner);
         let durable = self.txg.durable();
         log.forget_durable(durable);
         let (unlogged, mut taken, reshapes) = {
@@ -508,6 +554,7 @@ impl Pool {
         let give_back = |unlogged: &[(u64, u64, u64)], taken| {
             self.requeue_unlogged(owner, unlogged);
             log.requeue_file_changes(taken);
+            log.state.borrow_mut().forget_commit(commit);
         };
         // Objects first, then names (which may name them), then extended
         // attributes, then blocks, then the sizes and times writes set after
@@ -553,25 +600,10 @@ impl Pool {
                 list: list.clone(),
             });
         }
-        // The newest change of each block only, in the order they were linked.
-        let mut seen = rustc_hash::FxHashSet::default();
-        let mut blocks: Vec<(u64, u64, u64)> = unlogged
-            .iter()
-            .rev()
-            .filter(|(object, blkid, txg)| *txg > durable && seen.insert((*object, *blkid)))
-            .copied()
-            .collect();
-        blocks.reverse();
-        for (object, blkid, linked_txg) in blocks {
-            let looked_up = match fs.objects.open(object).await {
-                Ok(opened) => fs.objects.block_pointer(&opened, blkid).await,
-                Err(error) => Err(error),
-            };
-            let pointer = match looked_up {
-                Ok(pointer) => pointer,
-                // Freed since: its freed record says so (this commit's, or
-                // the next one's).
-                Err(crate::object::ObjectError::NoSuchObject(_)) => continue,
+        for (object, blkid, linked_txg) in newest_changes(&unlogged, durable) {
+            let pointer = match self.logged_pointer(owner, object, blkid).await {
+                Ok(Some(pointer)) => pointer,
+                Ok(None) => continue,
                 Err(error) => {
                     give_back(&unlogged, taken);
                     return Err(error.into());
@@ -623,69 +655,20 @@ impl Pool {
             give_back(&unlogged, taken);
             return Ok(false);
         }
-        if records.is_empty() {
-            // Everything is durable, or was taken by commits in flight:
-            // those must succeed before the caller is answered (a failed
-            // one leaves it to a txg).
-            let (last, failures) = {
-                let state = log.state.borrow();
-                (
-                    state.in_flight.back().map(|entry| entry.commit),
-                    state.failed_commits,
-                )
-            };
-            if kind == Commit::Ahead {
-                return Ok(false);
-            }
-            if let Some(last) = last {
-                drop(lock.take());
-                log.wait_ended(last).await;
-                if log.state.borrow().failed_commits != failures {
-                    return Ok(false);
-                }
-            }
-            log.state.borrow_mut().stats.shared_commits += 1;
-            return Ok(true);
-        }
-        let commit = {
-            let mut state = log.state.borrow_mut();
-            state.next_commit += 1;
-            let commit = state.next_commit;
-            state.commits.insert(
-                commit,
-                CommitWait {
-                    copies_pending: 0,
-                    max_txg,
-                },
-            );
-            commit
-        };
-        let written = match self.reserve_log_blocks(owner, &records, commit) {
-            Ok(write) => {
-                drop(lock.take());
-                self.write_reserved(owner, write).await
-            }
-            Err(error) => Err(error),
-        };
-        match written {
-            Ok(()) => {
-                log.note_commit_time(started);
-                let copied = records
-                    .iter()
-                    .filter(|record| matches!(record, LogRecord::Written { .. }))
-                    .count();
-                log.state.borrow_mut().stats.copied_blocks += copied as u64;
-                Ok(true)
-            }
-            Err(error) => {
-                eprintln!(
-                    "ironpool: {}: intent log write failed ({error}); committing a txg instead",
-                    fs.name
-                );
-                give_back(&unlogged, std::mem::take(&mut taken));
+        let copied = records
+            .iter()
+            .filter(|record| matches!(record, LogRecord::Written { .. }))
+            .count() as u64;
+        let finished = self
+            .finish_commit(owner, lock, kind, commit, records, max_txg, copied, started)
+            .await;
+        match finished {
+            Finished::Durable => Ok(true),
+            Finished::NotCarried => Ok(false),
+            Finished::WriteFailed => {
                 // (A write that failed abandoned the chain, which forgets
                 // this commit with the rest.)
-                log.state.borrow_mut().forget_commit(commit);
+                give_back(&unlogged, std::mem::take(&mut taken));
                 Ok(false)
             }
         }
@@ -1084,4 +1067,42 @@ impl Pool {
         self.release_log_blocks_after(txg, written.into_iter().chain(next));
         self.set_log_head(owner, None);
     }
+}
+
+/// How the part of a commit both front ends share ended
+/// ([`Pool::finish_commit`]).
+enum Finished {
+    /// What the commit gathered, and every commit before it, is durable.
+    Durable,
+    /// It had nothing of its own and promised nothing (started ahead), or
+    /// a commit in flight before it failed: the caller falls back.
+    NotCarried,
+    /// Its log write failed (the chain was abandoned): the caller gives
+    /// back what it took, then falls back.
+    WriteFailed,
+}
+
+/// Opens the next commit of `owner`'s log: from here until its blocks are
+/// freed, the txg its changes need is kept with it ([`CommitWait`]).
+fn open_commit(owner: Owner<'_>) -> u64 {
+    let mut state = owner.log().state.borrow_mut();
+    state.next_commit += 1;
+    let commit = state.next_commit;
+    state.commits.insert(commit, CommitWait::default());
+    commit
+}
+
+/// The newest change of each block in `unlogged` (object, block, txg
+/// linked) linked after `durable`, in the order they were linked: what a
+/// commit logs of blocks linked into the tree.
+fn newest_changes(unlogged: &[(u64, u64, u64)], durable: u64) -> Vec<(u64, u64, u64)> {
+    let mut seen = rustc_hash::FxHashSet::default();
+    let mut blocks: Vec<(u64, u64, u64)> = unlogged
+        .iter()
+        .rev()
+        .filter(|(object, blkid, txg)| *txg > durable && seen.insert((*object, *blkid)))
+        .copied()
+        .collect();
+    blocks.reverse();
+    blocks
 }

@@ -502,6 +502,14 @@ impl<'a> Owner<'a> {
             Owner::Filesystem(fs) => &fs.log,
         }
     }
+
+    /// The dataset's full name, for messages.
+    fn name(self) -> &'a str {
+        match self {
+            Owner::Volume(volume) => &volume.name,
+            Owner::Filesystem(fs) => &fs.name,
+        }
+    }
 }
 
 /// What a commit's log blocks wait for before they can be freed: the txg

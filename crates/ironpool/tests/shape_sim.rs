@@ -1,0 +1,184 @@
+//! A pool's shape changed while it is written, on simulated devices:
+//! `attach` makes a disk a mirror with writes in flight (the vdev is swapped
+//! under them), a crash lands right after an attach, before its resilver,
+//! and `detach` leaves one side; at each step every flushed write reads back
+//! from the device left alone, and the space accounting is whole.
+
+mod sim_support;
+
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use ironpool::dev::sim::SimDevice;
+use ironpool::dev::Device;
+use ironpool::format::label::TopVdevKind;
+use ironpool::pool::volume::ReadPiece;
+use ironpool::pool::{NewDevice, NewTopVdev, Pool};
+use ironpool::rt::sim::Rng;
+use ironpool::rt::{self, Runtime};
+use sim_support::{crash_all, devices, manual_commits, random_pattern};
+
+const DEVICE_BYTES: u64 = 256 << 20;
+const VOLUME_BYTES: u64 = 16 << 20;
+const BLOCK: u64 = 16384;
+const BLOCKS: u64 = VOLUME_BYTES / BLOCK;
+
+/// Device `index` as the pool names it.
+fn device(disks: &[Rc<SimDevice>], index: usize) -> NewDevice {
+    NewDevice {
+        path: format!("sim:d{index}"),
+        device: disks[index].clone() as Rc<dyn Device>,
+    }
+}
+
+/// Devices `indices` as an import finds them.
+fn only(disks: &[Rc<SimDevice>], indices: &[usize]) -> Vec<(String, Rc<dyn Device>)> {
+    indices
+        .iter()
+        .map(|&index| {
+            let new = device(disks, index);
+            (new.path, new.device)
+        })
+        .collect()
+}
+
+/// The tag block `blkid` holds: `tags` is the block's write history.
+fn expected(tags: &BTreeMap<u64, u64>, blkid: u64) -> u64 {
+    tags.get(&blkid).copied().unwrap_or(1) * 1_000_000 + blkid
+}
+
+async fn write_tagged(pool: &Rc<Pool>, blocks: impl Iterator<Item = u64>, tag: u64) {
+    let volume = pool.volume("tank/v").unwrap();
+    for blkid in blocks {
+        let bytes = random_pattern(BLOCK as usize, tag * 1_000_000 + blkid);
+        pool.write(&volume, blkid * BLOCK, bytes, false)
+            .await
+            .unwrap();
+    }
+}
+
+async fn assert_tagged(pool: &Rc<Pool>, tags: &BTreeMap<u64, u64>, what: &str) {
+    let volume = pool.volume("tank/v").unwrap();
+    for blkid in 0..BLOCKS {
+        let bytes = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
+        assert!(
+            bytes == *random_pattern(BLOCK as usize, expected(tags, blkid)),
+            "{what}: block {blkid} is not what was flushed"
+        );
+    }
+    let report = pool.check_space().await.unwrap();
+    assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+}
+
+fn shape(pool: &Pool) -> Vec<(TopVdevKind, Vec<String>)> {
+    pool.store()
+        .vdevs()
+        .iter()
+        .map(|top| {
+            let paths = top
+                .children
+                .iter()
+                .map(|leaf| leaf.path.borrow().clone())
+                .collect();
+            (top.kind, paths)
+        })
+        .collect()
+}
+
+fn attach_write_crash_detach(seed: u64) {
+    let disks = devices(3, DEVICE_BYTES, seed);
+    let mut rng = Rng::new(seed);
+    let mut tags = BTreeMap::new();
+    // A disk; an attach while a writer runs; flushed; a crash.
+    Runtime::new_sim(seed).block_on(async {
+        let layout = vec![NewTopVdev {
+            log: false,
+            kind: TopVdevKind::Disk,
+            devices: vec![device(&disks, 0)],
+        }];
+        let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
+            .await
+            .unwrap();
+        pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        write_tagged(&pool, 0..BLOCKS, 1).await;
+        pool.flush_all().await.unwrap();
+        let first = rng.below(BLOCKS / 2);
+        let writer = {
+            let pool = pool.clone();
+            rt::spawn(async move { write_tagged(&pool, first..first + BLOCKS / 2, 2).await })
+        };
+        rt::sleep(std::time::Duration::from_micros(rng.below(2000))).await;
+        pool.attach_device("sim:d0", device(&disks, 1), false)
+            .await
+            .unwrap();
+        writer.await;
+        for blkid in first..first + BLOCKS / 2 {
+            tags.insert(blkid, 2);
+        }
+        pool.flush_all().await.unwrap();
+        assert_eq!(
+            shape(&pool),
+            [(TopVdevKind::Mirror, vec!["sim:d0".into(), "sim:d1".into()])]
+        );
+        crash_all(&disks, &mut rng);
+    });
+    // Imported, resilvered, d0 detached: everything is on d1.
+    Runtime::new_sim(seed + 1).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[0, 1]), manual_commits())
+            .await
+            .unwrap();
+        pool.resilver_wait().await;
+        assert_tagged(&pool, &tags, "after the attach and a crash").await;
+        pool.detach_device("sim:d0").await.unwrap();
+        pool.export().await.unwrap();
+    });
+    Runtime::new_sim(seed + 2).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[1]), manual_commits())
+            .await
+            .unwrap();
+        assert_eq!(shape(&pool), [(TopVdevKind::Disk, vec!["sim:d1".into()])]);
+        assert_tagged(&pool, &tags, "d1 alone").await;
+        // d2 attached, written to, and a crash before its resilver ends.
+        pool.attach_device("sim:d1", device(&disks, 2), false)
+            .await
+            .unwrap();
+        let first = rng.below(BLOCKS / 2);
+        write_tagged(&pool, first..first + BLOCKS / 4, 3).await;
+        for blkid in first..first + BLOCKS / 4 {
+            tags.insert(blkid, 3);
+        }
+        pool.flush_all().await.unwrap();
+        crash_all(&disks, &mut rng);
+    });
+    Runtime::new_sim(seed + 3).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[1, 2]), manual_commits())
+            .await
+            .unwrap();
+        pool.resilver_wait().await;
+        pool.detach_device("sim:d1").await.unwrap();
+        assert_tagged(&pool, &tags, "after the second attach and a crash").await;
+        pool.export().await.unwrap();
+    });
+    Runtime::new_sim(seed + 4).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[2]), manual_commits())
+            .await
+            .unwrap();
+        assert_tagged(&pool, &tags, "d2 alone").await;
+        // The last side cannot leave.
+        let error = pool.detach_device("sim:d2").await.unwrap_err();
+        assert!(
+            error.to_string().contains("only a mirror's side"),
+            "{error}"
+        );
+        pool.export().await.unwrap();
+    });
+}
+
+#[test]
+fn attach_under_writes_and_crashes_then_detach_keeps_every_flushed_write() {
+    for seed in 1..=6 {
+        attach_write_crash_detach(seed);
+    }
+}

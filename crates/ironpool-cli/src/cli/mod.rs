@@ -778,8 +778,8 @@ pub fn device_command(
     Ok(())
 }
 
-/// `replace`: NEW is made absolute (a server resolves paths from its own
-/// directory) and created sparse at `size` when asked and missing.
+/// `replace`: NEW made absolute, and created when asked
+/// ([`new_device_path`]).
 #[allow(clippy::too_many_arguments)]
 pub fn replace(
     context: &Context,
@@ -791,6 +791,19 @@ pub fn replace(
     wait: bool,
     size: Option<&str>,
 ) -> Result<(), String> {
+    let new = new_device_path(new, size)?;
+    let command = Command::Replace {
+        old: old.to_string(),
+        new,
+        force,
+    };
+    device_command(context, pool, dirs, command, wait)
+}
+
+/// The absolute path of a device `replace` or `attach` puts in (a server
+/// resolves paths from its own directory), created sparse at `size` when
+/// asked and missing.
+fn new_device_path(new: &str, size: Option<&str>) -> Result<String, String> {
     let path = Path::new(new);
     if let Some(size) = size {
         if !path.exists() {
@@ -799,16 +812,11 @@ pub fn replace(
         }
     }
     let canonical = std::fs::canonicalize(path).map_err(|error| format!("{new}: {error}"))?;
-    let command = Command::Replace {
-        old: old.to_string(),
-        new: canonical.display().to_string(),
-        force,
-    };
-    device_command(context, pool, dirs, command, wait)
+    Ok(canonical.display().to_string())
 }
 
-/// `attach POOL EXISTING NEW`: NEW made absolute (created sparse at `size`
-/// when asked and missing, as `replace` does); `wait` follows the resilver.
+/// `attach POOL EXISTING NEW`: NEW made absolute, and created when asked
+/// ([`new_device_path`]); `wait` follows the resilver.
 #[allow(clippy::too_many_arguments)]
 pub fn attach(
     context: &Context,
@@ -820,17 +828,10 @@ pub fn attach(
     wait: bool,
     size: Option<&str>,
 ) -> Result<(), String> {
-    let path = Path::new(new);
-    if let Some(size) = size {
-        if !path.exists() {
-            ironpool::pool::create_sparse_file(path, parse_size(size)?)
-                .map_err(|error| error.to_string())?;
-        }
-    }
-    let canonical = std::fs::canonicalize(path).map_err(|error| format!("{new}: {error}"))?;
+    let new = new_device_path(new, size)?;
     let command = Command::Attach {
         existing: existing.to_string(),
-        new: canonical.display().to_string(),
+        new,
         force,
     };
     device_command(context, pool, dirs, command, wait)

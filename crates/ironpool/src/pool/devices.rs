@@ -441,38 +441,9 @@ impl Pool {
         }
         // The new device may sit at the old one's path (a disk swapped in the
         // same slot, `zpool replace pool sdb` in ZFS), never at another's.
-        let replaced = &top.children[index];
-        let in_pool = self
-            .store
-            .vdevs()
-            .iter()
-            .flat_map(|top| top.children.iter())
-            .any(|leaf| !Rc::ptr_eq(leaf, replaced) && *leaf.path.borrow() == new.path);
-        if in_pool {
-            return Err(PoolError::InvalidArgument(format!(
-                "{} is already a device of pool '{}'",
-                new.path, self.name
-            )));
-        }
+        self.check_new_side(&top, &new, Some(&top.children[index]), force)
+            .await?;
         let size_bytes = new.device.info().size_bytes;
-        let needed = child_data_bytes_needed(&top);
-        if data_area_bytes(size_bytes) < needed {
-            return Err(PoolError::InvalidArgument(format!(
-                "{} is too small: it needs a data area of {needed} bytes, it has {}",
-                new.path,
-                data_area_bytes(size_bytes)
-            )));
-        }
-        let probe = crate::pool::labels::probe_device(&*new.device, Path::new(&new.path)).await;
-        if let Some(label) = probe.label {
-            if !force {
-                return Err(PoolError::DeviceInUseByPool {
-                    path: new.path,
-                    pool: label.config.name,
-                    guid: label.pool_guid,
-                });
-            }
-        }
         let guid = new_guid();
         let leaf = top.children[index].clone();
         let old_path = leaf.path.borrow().clone();
@@ -498,6 +469,62 @@ impl Pool {
 }
 
 impl Pool {
+    /// Refuses `path` if a device of the pool other than `except` (the leaf
+    /// a replacement takes the place of) is there.
+    fn check_not_in_pool(
+        &self,
+        path: &str,
+        except: Option<&Rc<LeafVdev>>,
+    ) -> Result<(), PoolError> {
+        let in_pool = self
+            .store
+            .vdevs()
+            .iter()
+            .flat_map(|top| top.children.iter())
+            .any(|leaf| {
+                except.is_none_or(|except| !Rc::ptr_eq(leaf, except)) && *leaf.path.borrow() == path
+            });
+        if in_pool {
+            return Err(PoolError::InvalidArgument(format!(
+                "{path} is already a device of pool '{}'",
+                self.name
+            )));
+        }
+        Ok(())
+    }
+
+    /// The checks a device put into `top` as a side (`replace` in the place
+    /// of `replacing`, `attach` beside the others) passes: not the pool's
+    /// already, large enough for a child of `top`, and of no other pool
+    /// unless `force`.
+    async fn check_new_side(
+        &self,
+        top: &TopVdev,
+        new: &crate::pool::NewDevice,
+        replacing: Option<&Rc<LeafVdev>>,
+        force: bool,
+    ) -> Result<(), PoolError> {
+        self.check_not_in_pool(&new.path, replacing)?;
+        let size_bytes = new.device.info().size_bytes;
+        let needed = child_data_bytes_needed(top);
+        if data_area_bytes(size_bytes) < needed {
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is too small: it needs a data area of {needed} bytes, it has {}",
+                new.path,
+                data_area_bytes(size_bytes)
+            )));
+        }
+        let probe = crate::pool::labels::probe_device(&*new.device, Path::new(&new.path)).await;
+        match probe.label {
+            Some(label) if !force => Err(PoolError::DeviceInUseByPool {
+                path: new.path.clone(),
+                pool: label.config.name,
+                guid: label.pool_guid,
+            }),
+            _ => Ok(()),
+        }
+    }
+
     /// Attaches device `new` beside `existing` (`ironpool attach POOL
     /// EXISTING NEW`): a disk becomes a two-way mirror, a mirror one side
     /// wider (at most [`MIRROR_CHILDREN_MAX`]). The new side misses every
@@ -530,27 +557,7 @@ impl Pool {
                 "{name} cannot serve every block now: bring its devices back first"
             )));
         }
-        let in_pool = self
-            .store
-            .vdevs()
-            .iter()
-            .flat_map(|top| top.children.iter())
-            .any(|leaf| *leaf.path.borrow() == new.path);
-        if in_pool {
-            return Err(PoolError::InvalidArgument(format!(
-                "{} is already a device of pool '{}'",
-                new.path, self.name
-            )));
-        }
         let info = new.device.info().clone();
-        let needed = child_data_bytes_needed(&top);
-        if data_area_bytes(info.size_bytes) < needed {
-            return Err(PoolError::InvalidArgument(format!(
-                "{} is too small: it needs a data area of {needed} bytes, it has {}",
-                new.path,
-                data_area_bytes(info.size_bytes)
-            )));
-        }
         let sector = u64::from(info.physical_sector_bytes.max(info.logical_sector_bytes));
         if sector > top.sector_bytes() {
             return Err(PoolError::InvalidArgument(format!(
@@ -559,16 +566,7 @@ impl Pool {
                 top.sector_bytes()
             )));
         }
-        let probe = crate::pool::labels::probe_device(&*new.device, Path::new(&new.path)).await;
-        if let Some(label) = probe.label {
-            if !force {
-                return Err(PoolError::DeviceInUseByPool {
-                    path: new.path,
-                    pool: label.config.name,
-                    guid: label.pool_guid,
-                });
-            }
-        }
+        self.check_new_side(&top, &new, None, force).await?;
         if top.log {
             top.removing.set(true);
             let moved = self.evacuate_log_vdev(&top, existing).await;
@@ -712,18 +710,7 @@ impl Pool {
             return Err(PoolError::InvalidArgument("no devices given".into()));
         }
         for new in layout.iter().flat_map(|top| top.devices.iter()) {
-            let in_pool = self
-                .store
-                .vdevs()
-                .iter()
-                .flat_map(|top| top.children.iter())
-                .any(|leaf| *leaf.path.borrow() == new.path);
-            if in_pool {
-                return Err(PoolError::InvalidArgument(format!(
-                    "{} is already a device of pool '{}'",
-                    new.path, self.name
-                )));
-            }
+            self.check_not_in_pool(&new.path, None)?;
         }
         let first_id = self.store.vdevs().len();
         let tunables = self.tunables.borrow().clone();

@@ -522,7 +522,7 @@ pub fn list(
     let mut pools = Vec::new();
     let mut errors = Vec::new();
     for name in names {
-        match admin(context, &name, dirs, Command::List) {
+        match admin(context, &name, dirs, Command::List { verbose }) {
             Ok(result) => pools.extend(result["pools"].as_array().cloned().unwrap_or_default()),
             Err(error) => errors.push(format!("{name}: {error}")),
         }

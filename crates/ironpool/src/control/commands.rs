@@ -22,7 +22,13 @@ use crate::units::parse_size;
 #[serde(tag = "command", rename_all = "snake_case")]
 pub enum Command {
     Status,
-    List,
+    /// The pool's space and health; with `verbose` (`list -v`), each
+    /// vdev's too (a walk of its free extents for fragmentation, so not by
+    /// default: scripts and the bench poll `list`).
+    List {
+        #[serde(default)]
+        verbose: bool,
+    },
     Iostat,
     /// The read cache's counters (`ironpool arcstat`).
     Arcstat,
@@ -493,7 +499,7 @@ impl Command {
                 push(device);
             }
             Command::Status
-            | Command::List
+            | Command::List { .. }
             | Command::Iostat
             | Command::Arcstat
             | Command::VolumeList
@@ -691,7 +697,7 @@ async fn run(
 ) -> Result<Value, PoolError> {
     match command {
         Command::Status => Ok(status(pool)),
-        Command::List => Ok(json!({ "pools": [list_entry(pool)] })),
+        Command::List { verbose } => Ok(json!({ "pools": [list_entry(pool, verbose)] })),
         Command::Iostat => Ok(iostat(pool, server)),
         Command::Arcstat => Ok(arcstat(pool)),
         Command::VolumeCreate {
@@ -1049,25 +1055,9 @@ fn open_new_device(path: &str) -> Result<crate::pool::NewDevice, PoolError> {
     })
 }
 
-fn list_entry(pool: &Pool) -> Value {
+fn list_entry(pool: &Pool, verbose: bool) -> Value {
     let (size, free) = pool.space();
-    let vdevs: Vec<Value> = pool
-        .store()
-        .vdevs()
-        .iter()
-        .map(|top| {
-            let (allocated, fragmentation) = vdev_space(pool, top);
-            json!({
-                "name": top.kind.vdev_name(top.id),
-                "log": top.log,
-                "state": top.health(),
-                "size_bytes": top.asize_bytes,
-                "allocated_bytes": allocated,
-                "fragmentation_percent": fragmentation,
-            })
-        })
-        .collect();
-    json!({
+    let mut entry = json!({
         "name": pool.name(),
         "guid": format!("{:#x}", pool.guid()),
         "size_bytes": size,
@@ -1075,8 +1065,27 @@ fn list_entry(pool: &Pool) -> Value {
         "free_bytes": free,
         "health": pool.health(),
         "volumes": pool.visible_volumes().len(),
-        "vdevs": vdevs,
-    })
+    });
+    if verbose {
+        let vdevs: Vec<Value> = pool
+            .store()
+            .vdevs()
+            .iter()
+            .map(|top| {
+                let (allocated, fragmentation) = vdev_space(pool, top);
+                json!({
+                    "name": top.kind.vdev_name(top.id),
+                    "log": top.log,
+                    "state": top.health(),
+                    "size_bytes": top.asize_bytes,
+                    "allocated_bytes": allocated,
+                    "fragmentation_percent": fragmentation,
+                })
+            })
+            .collect();
+        entry["vdevs"] = Value::Array(vdevs);
+    }
+    entry
 }
 
 /// A top-level vdev's allocated bytes and fragmentation percent (None

@@ -438,6 +438,16 @@ enum Command {
         pool: String,
         device: String,
     },
+    /// Split one side of every mirror off into a new pool, left exported:
+    /// `split POOL NEWPOOL [DEV...]` (DEV: the side to take of its mirror;
+    /// the last side of a mirror not named). Then `import NEWPOOL`.
+    Split {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        pool: String,
+        new_pool: String,
+        devices: Vec<String>,
+    },
     /// Add data vdevs or log devices to a pool: `add [-f] [--size SIZE] POOL
     /// [mirror|raidzN] DEV...`, `add POOL log [mirror] DEV...`.
     Add {
@@ -860,6 +870,12 @@ fn main() -> ExitCode {
             size.as_deref(),
         ),
         Command::Detach { dirs, pool, device } => cli::detach(&context, &pool, &dirs, &device),
+        Command::Split {
+            dirs,
+            pool,
+            new_pool,
+            devices,
+        } => cli::split(&context, &pool, &dirs, &new_pool, &devices),
         Command::Add {
             force,
             size,

@@ -807,6 +807,108 @@ fn attach_makes_a_mirror_and_detach_takes_a_side_out() {
     assert!(error.contains("no ironpool label"), "{error}");
 }
 
+/// `split` makes a new pool of one side of every mirror: the original
+/// keeps the other sides and goes on taking writes; the new pool is left
+/// exported, imports by its name with the data acknowledged before the
+/// split (a snapshot included) and none written after, and scrubs clean.
+/// Pools it cannot split, and bad names, are refused with nothing changed.
+#[test]
+fn split_makes_a_new_pool_of_one_side_of_every_mirror() {
+    let mut pool = TestPool::new("spl");
+    pool.create(
+        "256M",
+        &["mirror", "a.img", "b.img", "mirror", "c.img", "d.img"],
+    );
+    pool.serve();
+    pool.admin(&["volume", "create", "spl/v", "200M"]);
+    let uri = pool.uri("v");
+    qemu_io(&uri, &["write -P 0x41 0 96M", "flush"]);
+    pool.admin(&["snapshot", "spl/v@before"]);
+    // Acknowledged by a FLUSH only: the split's first commit takes it.
+    qemu_io(&uri, &["write -P 0x42 96M 16M", "flush"]);
+    let control = pool.control().display().to_string();
+    let split_fails = |args: &[&str]| {
+        let mut all = vec!["--control", control.as_str(), "split", "spl"];
+        all.extend_from_slice(args);
+        pool.fails(&all)
+    };
+    assert!(split_fails(&["spl"]).contains("a name other than"));
+    assert!(split_fails(&["b@d"]).contains("not a valid pool name"));
+    let error = split_fails(&["spl2", "a.img", "b.img"]);
+    assert!(error.contains("another device of mirror-0"), "{error}");
+    assert!(split_fails(&["spl2", "nope.img"]).contains("nope.img"));
+    let whole = vec![
+        (
+            "mirror-0".to_string(),
+            vec!["a.img".to_string(), "b.img".to_string()],
+        ),
+        (
+            "mirror-1".to_string(),
+            vec!["c.img".to_string(), "d.img".to_string()],
+        ),
+    ];
+    assert_eq!(vdev_shape(&pool), whole);
+
+    // a.img named; mirror-1 gives its last side.
+    let output = pool.admin(&["split", "spl", "spl2", "a.img"]);
+    assert!(output.contains("split off: pool 'spl2'"), "{output}");
+    assert!(
+        output.contains("a.img") && output.contains("d.img"),
+        "{output}"
+    );
+    assert_eq!(
+        vdev_shape(&pool),
+        [
+            ("disk-0".to_string(), vec!["b.img".to_string()]),
+            ("disk-1".to_string(), vec!["c.img".to_string()]),
+        ]
+    );
+    // The original goes on; what it takes now is not the new pool's.
+    qemu_io(&uri, &["write -P 0x43 0 8M", "flush"]);
+    let error = split_fails(&["spl3"]);
+    assert!(error.contains("is not a mirror"), "{error}");
+    let history = pool.admin(&["history", "spl"]);
+    assert!(history.contains("split spl spl2 a.img"), "{history}");
+    stop_and_check(&mut pool);
+    // A name taken by a pool beside this one's devices is refused.
+    let dir = pool.dir.path().display().to_string();
+    let error = pool.fails(&["split", "-d", &dir, "spl", "spl2"]);
+    assert!(error.contains("already exists"), "{error}");
+
+    // The new pool, by its name: the data as of the split.
+    pool.name = "spl2".to_string();
+    pool.serve();
+    let uri2 = pool.uri("v");
+    verify(&uri2, 0x41, "8M", "88M");
+    verify(&uri2, 0x41, "0", "8M");
+    verify(&uri2, 0x42, "96M", "16M");
+    let snapshots = pool.admin(&["list", "-t", "snapshot", "spl2"]);
+    assert!(snapshots.contains("spl2/v@before"), "{snapshots}");
+    assert_eq!(
+        vdev_shape(&pool),
+        [
+            ("disk-0".to_string(), vec!["a.img".to_string()]),
+            ("disk-1".to_string(), vec!["d.img".to_string()]),
+        ]
+    );
+    let scrub = pool.admin(&["scrub", "-w", "spl2"]);
+    assert!(scrub.contains("with 0 errors"), "{scrub}");
+    qemu_io(&uri2, &["write -P 0x44 112M 8M", "flush"]);
+    stop_and_check(&mut pool);
+
+    // The original, imported again: its writes after the split, not the
+    // new pool's.
+    pool.name = "spl".to_string();
+    pool.serve();
+    verify(&uri, 0x43, "0", "8M");
+    verify(&uri, 0x41, "8M", "88M");
+    verify(&uri, 0x42, "96M", "16M");
+    verify(&uri, 0, "112M", "8M");
+    let scrub = pool.admin(&["scrub", "-w", "spl"]);
+    assert!(scrub.contains("with 0 errors"), "{scrub}");
+    stop_and_check(&mut pool);
+}
+
 // ---------------------------------------------------------------------------
 // Events and history
 

@@ -2,7 +2,9 @@
 //! `attach` makes a disk a mirror with writes in flight (the vdev is swapped
 //! under them), a crash lands right after an attach, before its resilver,
 //! and `detach` leaves one side; at each step every flushed write reads back
-//! from the device left alone, and the space accounting is whole.
+//! from the device left alone, and the space accounting is whole. `split`
+//! under writes and with a crash at any point leaves the original pool
+//! whole and the new one, when it was made, a consistent copy.
 
 mod sim_support;
 
@@ -180,5 +182,135 @@ fn attach_write_crash_detach(seed: u64) {
 fn attach_under_writes_and_crashes_then_detach_keeps_every_flushed_write() {
     for seed in 1..=6 {
         attach_write_crash_detach(seed);
+    }
+}
+
+/// Block `blkid` as read, against the versions it may hold: `Some(tag)` of
+/// the first that matches.
+async fn tag_of(pool: &Rc<Pool>, blkid: u64, candidates: &[u64]) -> Option<u64> {
+    let volume = pool.volume(&format!("{}/v", pool.name())).unwrap();
+    let bytes = ReadPiece::concat(pool.read(&volume, blkid * BLOCK, BLOCK).await.unwrap());
+    candidates
+        .iter()
+        .copied()
+        .find(|tag| bytes == *random_pattern(BLOCK as usize, tag * 1_000_000 + blkid))
+}
+
+/// The versions block `blkid` may hold: 2 only where the writer racing the
+/// split wrote.
+fn versions(racing: &std::ops::Range<u64>, blkid: u64) -> &'static [u64] {
+    if racing.contains(&blkid) {
+        &[1, 2]
+    } else {
+        &[1]
+    }
+}
+
+/// A mirror written, split while a writer runs, the writes flushed after
+/// the split; then a crash, either at the end or at a random point inside
+/// the split (`crash_inside`). The original imports from the side it kept
+/// (both sides when the split did not get as far as leaving it) with every
+/// flushed write; the new pool, when its devices hold it, imports alone
+/// with every write flushed before the split and, for each block written
+/// during it, one whole version.
+fn split_under_writes(seed: u64, crash_inside: bool) {
+    let disks = devices(2, DEVICE_BYTES, seed);
+    let mut rng = Rng::new(seed);
+    let mut tags = BTreeMap::new();
+    let racing_first = rng.below(BLOCKS / 2);
+    let racing = racing_first..racing_first + BLOCKS / 4;
+    let split_ended = Runtime::new_sim(seed).block_on(async {
+        let layout = vec![NewTopVdev {
+            log: false,
+            kind: TopVdevKind::Mirror,
+            devices: vec![device(&disks, 0), device(&disks, 1)],
+        }];
+        let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
+            .await
+            .unwrap();
+        pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        write_tagged(&pool, 0..BLOCKS, 1).await;
+        pool.flush_all().await.unwrap();
+        let writer = {
+            let pool = pool.clone();
+            let racing = racing.clone();
+            rt::spawn(async move { write_tagged(&pool, racing, 2).await })
+        };
+        let split = {
+            let pool = pool.clone();
+            rt::spawn(async move { pool.split("tank2", &[]).await })
+        };
+        if crash_inside {
+            // A split of this pool takes about 3 ms of simulated time.
+            rt::sleep(std::time::Duration::from_micros(rng.below(4_000))).await;
+            crash_all(&disks, &mut rng);
+            return false;
+        }
+        writer.await;
+        let outcome = split.await.unwrap();
+        assert_eq!(outcome.devices, ["sim:d1"]);
+        for blkid in racing.clone() {
+            tags.insert(blkid, 2);
+        }
+        pool.flush_all().await.unwrap();
+        assert_eq!(shape(&pool), [(TopVdevKind::Disk, vec!["sim:d0".into()])]);
+        crash_all(&disks, &mut rng);
+        true
+    });
+    Runtime::new_sim(seed + 1).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[0, 1]), manual_commits())
+            .await
+            .unwrap();
+        if split_ended {
+            assert_eq!(shape(&pool), [(TopVdevKind::Disk, vec!["sim:d0".into()])]);
+            assert_tagged(&pool, &tags, "the original after the split").await;
+        } else {
+            // Whatever the split reached, the writes flushed before it.
+            for blkid in 0..BLOCKS {
+                assert!(
+                    tag_of(&pool, blkid, versions(&racing, blkid))
+                        .await
+                        .is_some(),
+                    "seed {seed}: the original lost block {blkid} in a crash inside the split"
+                );
+            }
+            let report = pool.check_space().await.unwrap();
+            assert!(report.problems.is_empty(), "{:?}", report.problems);
+        }
+        pool.export().await.unwrap();
+    });
+    Runtime::new_sim(seed + 2).block_on(async {
+        let imported =
+            Pool::import_from_devices("tank2", only(&disks, &[1]), manual_commits()).await;
+        let pool = match imported {
+            Ok(pool) => pool,
+            // A crash before the new pool's uberblock: no pool there.
+            Err(_) if !split_ended => return,
+            Err(error) => panic!("seed {seed}: the new pool does not import: {error}"),
+        };
+        assert_eq!(shape(&pool), [(TopVdevKind::Disk, vec!["sim:d1".into()])]);
+        for blkid in 0..BLOCKS {
+            assert!(
+                tag_of(&pool, blkid, versions(&racing, blkid))
+                    .await
+                    .is_some(),
+                "seed {seed}: block {blkid} of the new pool is no version written"
+            );
+        }
+        let report = pool.check_space().await.unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        pool.export().await.unwrap();
+    });
+}
+
+#[test]
+fn split_under_writes_and_crashes_keeps_both_pools_consistent() {
+    for seed in 1..=6 {
+        split_under_writes(seed, false);
+    }
+    for seed in 100..124 {
+        split_under_writes(seed, true);
     }
 }

@@ -845,6 +845,49 @@ pub fn detach(context: &Context, pool: &str, dirs: &[PathBuf], device: &str) -> 
     device_command(context, pool, dirs, command, false)
 }
 
+/// `split POOL NEWPOOL [DEV...]`: the original pool's status, then what
+/// the new pool is made of and how to import it.
+pub fn split(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    new_pool: &str,
+    devices: &[String],
+) -> Result<(), String> {
+    let command = Command::Split {
+        new_pool: new_pool.to_string(),
+        devices: devices.to_vec(),
+    };
+    let served = context.control.is_some() || default_control_path(pool).exists();
+    let result = if served {
+        admin(context, pool, dirs, command)?
+    } else {
+        let dirs = search_dirs(pool, dirs)?;
+        with_pool(pool, &dirs, move |pool| async move {
+            execute(&pool, command, None).await
+        })?
+    };
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    print!("{}", format::status(&result));
+    let split = &result["split"];
+    let devices: Vec<&str> = split["devices"]
+        .as_array()
+        .map(|list| list.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default();
+    println!(
+        "split off: pool '{}' (guid {:#x}, txg {}) of {}; exported: `ironpool import {}` to use it",
+        split["pool"].as_str().unwrap_or(new_pool),
+        split["guid"].as_u64().unwrap_or(0),
+        split["txg"].as_u64().unwrap_or(0),
+        devices.join(", "),
+        split["pool"].as_str().unwrap_or(new_pool),
+    );
+    Ok(())
+}
+
 /// `add`: data vdevs or log devices. Paths are made absolute and created
 /// at `size` when asked and missing, as in `create`.
 pub fn add(

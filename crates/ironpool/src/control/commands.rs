@@ -226,6 +226,14 @@ pub enum Command {
     Detach {
         device: String,
     },
+    /// Splits one side of every mirror off into a new, exported pool
+    /// (`ironpool split`); `devices` names the sides to take, at most one
+    /// per mirror (the last side of a mirror not named).
+    Split {
+        new_pool: String,
+        #[serde(default)]
+        devices: Vec<String>,
+    },
     ResilverStatus,
     /// Clears device error streaks and faults, and retries failed writes now.
     Clear,
@@ -471,6 +479,14 @@ impl Command {
                 push("detach");
                 push(pool);
                 push(device);
+            }
+            Command::Split { new_pool, devices } => {
+                push("split");
+                push(pool);
+                push(new_pool);
+                for device in devices {
+                    push(device);
+                }
             }
             Command::Add { vdevs, force } => {
                 push("add");
@@ -1001,6 +1017,12 @@ async fn run(
         Command::Detach { device } => {
             pool.detach_device(&device).await?;
             Ok(status(pool))
+        }
+        Command::Split { new_pool, devices } => {
+            let outcome = pool.split(&new_pool, &devices).await?;
+            let mut answer = status(pool);
+            answer["split"] = serde_json::to_value(outcome).unwrap_or(Value::Null);
+            Ok(answer)
         }
         Command::ResilverStatus => {
             Ok(serde_json::to_value(pool.resilver_status()).unwrap_or(Value::Null))

@@ -17,6 +17,7 @@ pub mod history;
 pub mod labels;
 mod open;
 pub mod scan;
+pub mod split;
 pub mod tunables;
 pub mod txg;
 pub mod volume;

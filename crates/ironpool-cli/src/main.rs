@@ -32,7 +32,7 @@ struct Cli {
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror|raidz|raidz2|raidz3] DEV... [mirror|raidzN DEV...] [log [mirror] DEV...]`.
+    /// Create a pool: `create [-f] [--size SIZE] POOL [mirror|raidz|raidz2|raidz3] DEV... [mirror|raidzN DEV...] [log [mirror] DEV...] [spare DEV...]`.
     Create {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -41,7 +41,7 @@ enum Command {
         #[arg(long)]
         size: Option<String>,
         pool: String,
-        /// Devices, each group optionally introduced by `mirror`, `raidz` (= `raidz1`), `raidz2` or `raidz3`; after `log`, log devices (disks or mirrors).
+        /// Devices, each group optionally introduced by `mirror`, `raidz` (= `raidz1`), `raidz2` or `raidz3`; after `log`, log devices (disks or mirrors); after `spare`, hot spares.
         #[arg(required = true, num_args = 1..)]
         devices: Vec<String>,
     },
@@ -448,8 +448,9 @@ enum Command {
         new_pool: String,
         devices: Vec<String>,
     },
-    /// Add data vdevs or log devices to a pool: `add [-f] [--size SIZE] POOL
-    /// [mirror|raidzN] DEV...`, `add POOL log [mirror] DEV...`.
+    /// Add data vdevs, log devices or hot spares to a pool: `add [-f] [--size
+    /// SIZE] POOL [mirror|raidzN] DEV...`, `add POOL log [mirror] DEV...`,
+    /// `add POOL spare DEV...`.
     Add {
         /// Overwrite devices that belong to another pool.
         #[arg(short, long)]
@@ -461,13 +462,14 @@ enum Command {
         dirs: Vec<PathBuf>,
         pool: String,
         /// The vdevs, as at `create`: disks, `mirror`, `raidzN` groups;
-        /// after `log`, log devices.
+        /// after `log`, log devices; after `spare`, hot spares.
         #[arg(required = true, num_args = 1..)]
         devices: Vec<String>,
     },
     /// Remove a log device (a whole log vdev, by its name or one of its
-    /// devices): `remove POOL DEV`. Its log records move to the main devices
-    /// first, so no flushed write depends on it.
+    /// devices) or an available hot spare: `remove POOL DEV`. A log's
+    /// records move to the main devices first, so no flushed write depends
+    /// on it.
     Remove {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,

@@ -909,6 +909,187 @@ fn split_makes_a_new_pool_of_one_side_of_every_mirror() {
     stop_and_check(&mut pool);
 }
 
+/// The spares of a status: (file name, state, file name it stands in for).
+fn spares(pool: &TestPool) -> Vec<(String, String, Option<String>)> {
+    let file = |path: &str| path.rsplit('/').next().unwrap().to_string();
+    pool.status_json()["spares"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|spare| {
+            (
+                file(spare["path"].as_str().unwrap()),
+                spare["state"].as_str().unwrap().to_string(),
+                spare["replacing"].as_str().map(file),
+            )
+        })
+        .collect()
+}
+
+/// Waits for the resilver a spare's activation started, then for the
+/// status to show it.
+fn wait_resilvered(pool: &TestPool) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let status = pool.status_json();
+        let done = status["resilver"]["state"] != "resilvering"
+            && status["vdevs"].as_array().unwrap().iter().all(|vdev| {
+                vdev["children"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .all(|child| child["needs_resilver"] == false)
+            });
+        if done {
+            return;
+        }
+        assert!(Instant::now() < deadline, "never resilvered: {status}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Hot spares: made at `create`, added and removed; a device missing at
+/// import is replaced by a spare without the operator (resilvered, the
+/// data whole), `detach` of the missing device keeps the spare, and
+/// `replace` of it puts a new device in the spare's place and gives the
+/// spare back. Bad spares are refused with nothing changed.
+#[test]
+fn a_hot_spare_takes_the_place_of_a_missing_device() {
+    let mut pool = TestPool::new("hs");
+    pool.create("256M", &["mirror", "a.img", "b.img", "spare", "s.img"]);
+    let dir = pool.dir.path().to_path_buf();
+    let path = |name: &str| dir.join(name).display().to_string();
+    pool.serve();
+    assert_eq!(spares(&pool), [("s.img".into(), "available".into(), None)]);
+    let output = pool.admin(&["status", "hs"]);
+    assert!(
+        output.contains("spares") && output.contains("AVAIL"),
+        "{output}"
+    );
+    pool.admin(&["volume", "create", "hs/v", "200M"]);
+    let uri = pool.uri("v");
+    qemu_io(&uri, &["write -P 0x41 0 64M", "flush"]);
+
+    // Refused: a device of the pool, a small one, a group after spare.
+    let control = pool.control().display().to_string();
+    let error = pool.fails(&["--control", &control, "add", "hs", "spare", &path("a.img")]);
+    assert!(error.contains("a.img"), "{error}");
+    std::fs::write(pool.path("tiny.img"), vec![0u8; 64 << 20]).unwrap();
+    let error = pool.fails(&[
+        "--control",
+        &control,
+        "add",
+        "hs",
+        "spare",
+        &path("tiny.img"),
+    ]);
+    assert!(error.contains("too small"), "{error}");
+    let error = pool.fails(&[
+        "--control",
+        &control,
+        "add",
+        "hs",
+        "spare",
+        "mirror",
+        &path("t.img"),
+    ]);
+    assert!(error.contains("a spare is one device"), "{error}");
+    // Added and removed: its label goes with it.
+    pool.admin(&["add", "--size", "256M", "hs", "spare", &path("t.img")]);
+    assert_eq!(spares(&pool).len(), 2);
+    pool.admin(&["remove", "hs", "t.img"]);
+    assert_eq!(spares(&pool), [("s.img".into(), "available".into(), None)]);
+    let error = pool.fails(&["labelclear", &path("t.img")]);
+    assert!(error.contains("no ironpool label"), "{error}");
+
+    // b.img gone while the server is down: the import puts s.img in its
+    // place and resilvers it.
+    pool.stop();
+    // Out of the directory the import searches.
+    std::fs::create_dir(pool.path("away")).unwrap();
+    std::fs::rename(pool.path("b.img"), pool.path("away/b.img")).unwrap();
+    pool.serve();
+    wait_resilvered(&pool);
+    assert_eq!(
+        vdev_shape(&pool),
+        [(
+            "mirror-0".to_string(),
+            vec!["a.img".to_string(), "s.img".to_string()]
+        )]
+    );
+    assert_eq!(
+        spares(&pool),
+        [("s.img".into(), "in use".into(), Some("b.img".into()))]
+    );
+    let output = pool.admin(&["status", "hs"]);
+    assert!(output.contains("spare in place of"), "{output}");
+    let events = pool.admin(&["events", "hs"]);
+    assert!(
+        events.contains("hot spare activated in place of"),
+        "{events}"
+    );
+    verify(&uri, 0x41, "0", "64M");
+    // a.img alone would not do: the spare holds everything (scrub, then
+    // the data read with a.img taken offline).
+    let scrub = pool.admin(&["scrub", "-w", "hs"]);
+    assert!(scrub.contains("with 0 errors"), "{scrub}");
+    pool.admin(&["offline", "hs", "a.img"]);
+    verify(&uri, 0x41, "0", "64M");
+    pool.admin(&["online", "hs", "a.img"]);
+    wait_resilvered(&pool);
+
+    // Kept: detach of the device it replaced.
+    pool.admin(&["detach", "hs", "b.img"]);
+    assert!(spares(&pool).is_empty());
+    assert_eq!(
+        vdev_shape(&pool),
+        [(
+            "mirror-0".to_string(),
+            vec!["a.img".to_string(), "s.img".to_string()]
+        )]
+    );
+
+    // A second spare stands in for a.img, then `replace a.img c.img`
+    // puts c.img in the spare's place and gives the spare back.
+    pool.admin(&["add", "--size", "256M", "hs", "spare", &path("u.img")]);
+    qemu_io(&uri, &["write -P 0x42 64M 16M", "flush"]);
+    pool.stop();
+    std::fs::rename(pool.path("a.img"), pool.path("away/a.img")).unwrap();
+    pool.serve();
+    wait_resilvered(&pool);
+    assert_eq!(
+        spares(&pool),
+        [("u.img".into(), "in use".into(), Some("a.img".into()))]
+    );
+    pool.admin(&[
+        "replace",
+        "-w",
+        "--size",
+        "256M",
+        "hs",
+        "a.img",
+        &path("c.img"),
+    ]);
+    wait_resilvered(&pool);
+    assert_eq!(
+        vdev_shape(&pool),
+        [(
+            "mirror-0".to_string(),
+            vec!["c.img".to_string(), "s.img".to_string()]
+        )]
+    );
+    assert_eq!(spares(&pool), [("u.img".into(), "available".into(), None)]);
+    verify(&uri, 0x41, "0", "64M");
+    verify(&uri, 0x42, "64M", "16M");
+    stop_and_check(&mut pool);
+    // Across an import the spare is found again, available.
+    pool.serve();
+    assert_eq!(spares(&pool), [("u.img".into(), "available".into(), None)]);
+    let history = pool.admin(&["history", "hs"]);
+    assert!(history.contains("add hs spare"), "{history}");
+    stop_and_check(&mut pool);
+}
+
 // ---------------------------------------------------------------------------
 // Events and history
 

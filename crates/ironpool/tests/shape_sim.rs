@@ -314,3 +314,82 @@ fn split_under_writes_and_crashes_keeps_both_pools_consistent() {
         split_under_writes(seed, true);
     }
 }
+
+/// A mirror with a hot spare; one side stops answering while the pool is
+/// written: the leaf faults, the spare takes its place on its own and is
+/// resilvered, every flushed write reads back from the other side and the
+/// spare, and an import without the failed device finds the spare in use.
+fn spare_replaces_a_failing_side(seed: u64) {
+    let disks = devices(3, DEVICE_BYTES, seed);
+    let mut rng = Rng::new(seed);
+    let mut tags = BTreeMap::new();
+    Runtime::new_sim(seed).block_on(async {
+        let layout = vec![NewTopVdev {
+            log: false,
+            kind: TopVdevKind::Mirror,
+            devices: vec![device(&disks, 0), device(&disks, 1)],
+        }];
+        let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
+            .await
+            .unwrap();
+        pool.add_spares(vec![device(&disks, 2)], false)
+            .await
+            .unwrap();
+        pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        write_tagged(&pool, 0..BLOCKS, 1).await;
+        pool.flush_all().await.unwrap();
+        // d1 goes away under writes: its errors fault it.
+        disks[1].set_offline(true);
+        let first = rng.below(BLOCKS / 2);
+        write_tagged(&pool, first..first + BLOCKS / 2, 2).await;
+        for blkid in first..first + BLOCKS / 2 {
+            tags.insert(blkid, 2);
+        }
+        pool.flush_all().await.unwrap();
+        // The activation runs after a commit; wait for it and its resilver.
+        let mut rounds = 0;
+        let whole = |pool: &Rc<Pool>| {
+            pool.store().vdevs()[0]
+                .children
+                .iter()
+                .all(|leaf| leaf.is_online() && leaf.dtl.borrow().is_empty())
+        };
+        while !whole(&pool) {
+            rounds += 1;
+            assert!(rounds < 3000, "seed {seed}: no spare took d1's place");
+            pool.commit().await.unwrap();
+            pool.resilver_wait().await;
+            rt::sleep(std::time::Duration::from_millis(10)).await;
+        }
+        assert_eq!(
+            shape(&pool),
+            [(TopVdevKind::Mirror, vec!["sim:d0".into(), "sim:d2".into()])]
+        );
+        let spares = pool.spares_status();
+        assert_eq!(spares.len(), 1);
+        assert_eq!(spares[0].state, "in use");
+        assert_eq!(spares[0].replacing.as_deref(), Some("sim:d1"));
+        assert_tagged(&pool, &tags, "with the spare in place").await;
+        pool.export().await.unwrap();
+    });
+    // The spare alone holds everything.
+    Runtime::new_sim(seed + 1).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[2, 0]), manual_commits())
+            .await
+            .unwrap();
+        pool.offline_device("sim:d0").await.unwrap();
+        assert_tagged(&pool, &tags, "the spare alone").await;
+        pool.online_device("sim:d0", None).await.unwrap();
+        assert_eq!(pool.spares_status()[0].state, "in use");
+        pool.export().await.unwrap();
+    });
+}
+
+#[test]
+fn a_spare_replaces_a_failing_side_on_its_own() {
+    for seed in 1..=4 {
+        spare_replaces_a_failing_side(seed);
+    }
+}

@@ -289,7 +289,9 @@ pub fn status(status: &Value) -> String {
         pool_errors("write_errors"),
         pool_errors("checksum_errors")
     );
-    // Data vdevs, then log devices under a `logs` heading (as `zpool status`).
+    let spares = status["spares"].as_array().cloned().unwrap_or_default();
+    // Data vdevs, then log devices under a `logs` heading, then spares (as
+    // `zpool status`).
     let (logs, data): (Vec<&Value>, Vec<&Value>) =
         vdevs.iter().partition(|vdev| vdev["log"] == true);
     for (index, vdev) in data.into_iter().chain(logs.iter().copied()).enumerate() {
@@ -315,13 +317,18 @@ pub fn status(status: &Value) -> String {
                 .as_array()
                 .is_some_and(|devices| devices.contains(&child["path"]))
                 && status["resilver"]["state"] == "resilvering";
-            let note = if resilvering {
+            let mut note = if resilvering {
                 "  (resilvering)"
             } else if child["needs_resilver"] == true {
                 "  (missed writes: to resilver)"
             } else {
                 ""
-            };
+            }
+            .to_string();
+            let spare = spares.iter().find(|spare| spare["guid"] == child["guid"]);
+            if let Some(replacing) = spare.and_then(|spare| spare["replacing"].as_str()) {
+                note += &format!("  (spare in place of {replacing})");
+            }
             out += &format!(
                 "\t{indent}{:<width$} {:<9} {:>5} {:>5} {:>5}{note}\n",
                 child["path"].as_str().unwrap_or("?"),
@@ -331,6 +338,24 @@ pub fn status(status: &Value) -> String {
                 number(&child["checksum_errors"])
             );
         }
+    }
+    if !spares.is_empty() {
+        out += "\tspares\n";
+    }
+    for spare in &spares {
+        let state = match spare["state"].as_str() {
+            Some("available") => "AVAIL",
+            Some("in use") => "INUSE",
+            _ => "MISSING",
+        };
+        let note = spare["replacing"]
+            .as_str()
+            .map(|old| format!("  (in place of {old})"))
+            .unwrap_or_default();
+        out += &format!(
+            "\t  {:<42} {state:<9}{note}\n",
+            spare["path"].as_str().unwrap_or("?")
+        );
     }
     // Space per vdev, as `zpool list -v` gives it.
     out += &format!(

@@ -191,20 +191,43 @@ fn explain_import(pool: &str, error: PoolError) -> String {
 }
 
 /// Splits `DEV... [mirror|raidz|raidz1|raidz2|raidz3 DEV...]... [log [mirror]
-/// DEV...]` into top-level vdevs: devices outside a group are single-disk
-/// vdevs; a keyword starts a group that takes the devices up to the next
-/// keyword; everything after `log` is a log device (a disk or a mirror).
+/// DEV...] [spare DEV...]` into top-level vdevs: devices outside a group are
+/// single-disk vdevs; a keyword starts a group that takes the devices up to
+/// the next keyword; what follows `log` is a log device (a disk or a
+/// mirror), what follows `spare` hot spares (one device each), up to the
+/// other section's keyword.
 pub fn parse_layout(words: &[String]) -> Result<Vec<LayoutGroup>, String> {
     let mut groups: Vec<LayoutGroup> = Vec::new();
     let mut in_group = false;
     let mut log = false;
+    let mut spares = false;
+    let (mut seen_log, mut seen_spare) = (false, false);
     for word in words {
-        if word == "log" {
-            if log {
-                return Err("'log' is given twice".into());
+        if word == "log" || word == "spare" {
+            let seen = if word == "log" {
+                &mut seen_log
+            } else {
+                &mut seen_spare
+            };
+            if *seen {
+                return Err(format!("'{word}' is given twice"));
             }
-            log = true;
+            *seen = true;
+            log = word == "log";
+            spares = word == "spare";
             in_group = false;
+            continue;
+        }
+        if spares {
+            if group_keyword(word).is_some() {
+                return Err(format!("'{word}' after 'spare': a spare is one device"));
+            }
+            groups.push(LayoutGroup {
+                kind: TopVdevKind::Disk,
+                paths: vec![PathBuf::from(word)],
+                log: false,
+                spare: true,
+            });
             continue;
         }
         match group_keyword(word) {
@@ -216,6 +239,7 @@ pub fn parse_layout(words: &[String]) -> Result<Vec<LayoutGroup>, String> {
                     kind,
                     paths: Vec::new(),
                     log,
+                    spare: false,
                 });
                 in_group = true;
             }
@@ -229,6 +253,7 @@ pub fn parse_layout(words: &[String]) -> Result<Vec<LayoutGroup>, String> {
                 kind: TopVdevKind::Disk,
                 paths: vec![PathBuf::from(word)],
                 log,
+                spare: false,
             }),
         }
     }
@@ -250,8 +275,11 @@ pub fn parse_layout(words: &[String]) -> Result<Vec<LayoutGroup>, String> {
             ));
         }
     }
-    if log && !groups.iter().any(|group| group.log) {
+    if seen_log && !groups.iter().any(|group| group.log) {
         return Err("'log' is not followed by a device".into());
+    }
+    if seen_spare && !groups.iter().any(|group| group.spare) {
+        return Err("'spare' is not followed by a device".into());
     }
     if groups.is_empty() {
         return Err("no devices given".into());
@@ -269,8 +297,8 @@ fn group_keyword(word: &str) -> Option<Result<TopVdevKind, String>> {
         keyword if keyword.starts_with("raidz") => Some(Err(format!(
             "'{keyword}': RAID-Z has 1 to 3 parity columns (raidz1, raidz2, raidz3)"
         ))),
-        "draid" | "spare" | "cache" | "special" | "dedup" => Some(Err(format!(
-            "'{word}' vdevs are not supported: use mirror, raidz1-3, log or plain devices"
+        "draid" | "cache" | "special" | "dedup" => Some(Err(format!(
+            "'{word}' vdevs are not supported: use mirror, raidz1-3, log, spare or plain devices"
         ))),
         _ => None,
     }
@@ -284,8 +312,8 @@ pub fn create(
     size: Option<&str>,
 ) -> Result<(), String> {
     let layout = parse_layout(words)?;
-    if layout.iter().all(|group| group.log) {
-        return Err("no devices given (other than log devices)".into());
+    if layout.iter().all(|group| group.log || group.spare) {
+        return Err("no devices given (other than log devices and spares)".into());
     }
     let size_bytes = size.map(parse_size).transpose()?;
     // Absolute before anything is created (the files may not exist yet).

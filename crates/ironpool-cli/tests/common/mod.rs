@@ -104,7 +104,8 @@ impl TestPool {
             self.name.clone(),
         ];
         for word in layout {
-            if *word == "mirror" || *word == "log" || word.starts_with("raidz") {
+            if *word == "mirror" || *word == "log" || *word == "spare" || word.starts_with("raidz")
+            {
                 args.push(word.to_string());
             } else {
                 args.push(self.path(word).display().to_string());

@@ -494,11 +494,15 @@ impl Command {
                     push("-f");
                 }
                 push(pool);
-                let mut logs_named = false;
+                let (mut logs_named, mut spares_named) = (false, false);
                 for group in vdevs {
                     if group.log && !logs_named {
                         push("log");
                         logs_named = true;
+                    }
+                    if group.spare && !spares_named {
+                        push("spare");
+                        spares_named = true;
                     }
                     if group.kind != crate::format::label::TopVdevKind::Disk {
                         let name = group.kind.vdev_name(0);
@@ -982,10 +986,15 @@ async fn run(
         }
         Command::Add { vdevs, force } => {
             let mut layout = Vec::new();
+            let mut spares = Vec::new();
             for group in vdevs {
                 let mut devices = Vec::new();
                 for path in &group.paths {
                     devices.push(open_new_device(&path.display().to_string())?);
+                }
+                if group.spare {
+                    spares.extend(devices);
+                    continue;
                 }
                 layout.push(crate::pool::NewTopVdev {
                     kind: group.kind,
@@ -993,11 +1002,20 @@ async fn run(
                     log: group.log,
                 });
             }
-            pool.add_vdevs(layout, force).await?;
+            if !layout.is_empty() {
+                pool.add_vdevs(layout, force).await?;
+            }
+            if !spares.is_empty() {
+                pool.add_spares(spares, force).await?;
+            }
             Ok(status(pool))
         }
         Command::Remove { device } => {
-            pool.remove_log_vdev(&device).await?;
+            if pool.is_available_spare(&device) {
+                pool.remove_spare(&device).await?;
+            } else {
+                pool.remove_log_vdev(&device).await?;
+            }
             Ok(status(pool))
         }
         Command::Replace { old, new, force } => {
@@ -1291,6 +1309,7 @@ fn status(pool: &Pool) -> Value {
         "suspended": pool.txg().suspended(),
         "host_full_devices": pool.host_full_devices(),
         "vdevs": vdevs,
+        "spares": pool.spares_status(),
         "scrub": pool.scrub_status(),
         "resilver": pool.resilver_status(),
         "trim": pool.trim_status(),

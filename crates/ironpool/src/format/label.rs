@@ -176,6 +176,32 @@ pub struct TopVdevConfig {
     pub log: bool,
 }
 
+/// A hot spare: a device outside the vdev tree, kept ready to take the
+/// place of a leaf that fails. It carries a label of the pool (so import
+/// finds it) but no uberblocks.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SpareConfig {
+    /// Its identity; while it stands in for a leaf, also that leaf's guid
+    /// in the tree.
+    pub guid: u64,
+    /// The path it had when last configured (a hint, as a leaf's).
+    pub path: String,
+    /// Its size when it was added.
+    pub device_size_bytes: u64,
+    /// Set while it stands in the place of a leaf that failed: that leaf,
+    /// until the operator makes the spare permanent (`detach` of the leaf
+    /// it replaced) or replaces it (`replace`, which gives it back).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub replacing: Option<ReplacedLeaf>,
+}
+
+/// The leaf an active spare took the place of.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplacedLeaf {
+    pub guid: u64,
+    pub path: String,
+}
+
 /// The pool's configuration, as stored in every label.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PoolConfig {
@@ -186,6 +212,9 @@ pub struct PoolConfig {
     pub state: PoolState,
     pub hostname: String,
     pub vdevs: Vec<TopVdevConfig>,
+    /// Hot spares, available or in use (absent in configs without any).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub spares: Vec<SpareConfig>,
 }
 
 impl PoolConfig {
@@ -258,7 +287,48 @@ impl PoolConfig {
                 ));
             }
         }
+        for (index, spare) in self.spares.iter().enumerate() {
+            if self.spares[..index]
+                .iter()
+                .any(|other| other.guid == spare.guid)
+            {
+                return Err(invalid(
+                    WHAT,
+                    format!("spare {:#x} listed twice", spare.guid),
+                ));
+            }
+            let in_tree = self.find_leaf(spare.guid).is_some();
+            if in_tree != spare.replacing.is_some() {
+                return Err(invalid(
+                    WHAT,
+                    format!(
+                        "spare {:#x} is {} the vdev tree but {}",
+                        spare.guid,
+                        if in_tree { "in" } else { "not in" },
+                        if spare.replacing.is_some() {
+                            "marked in use"
+                        } else {
+                            "marked available"
+                        }
+                    ),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// The size device `guid` (a leaf of the tree or a spare) had when it
+    /// was added: where its end labels are.
+    pub fn device_size_of(&self, guid: u64) -> Option<u64> {
+        match self.find_leaf(guid) {
+            Some((top, index)) => Some(top.children[index].device_size_bytes),
+            None => self.spare(guid).map(|spare| spare.device_size_bytes),
+        }
+    }
+
+    /// The spare with guid `guid`.
+    pub fn spare(&self, guid: u64) -> Option<&SpareConfig> {
+        self.spares.iter().find(|spare| spare.guid == guid)
     }
 }
 
@@ -333,7 +403,7 @@ impl Label {
         if label.pool_guid != label.config.pool_guid {
             return Err(invalid(WHAT, "header and config disagree on the pool guid"));
         }
-        if label.config.find_leaf(label.leaf_guid).is_none() {
+        if label.config.device_size_of(label.leaf_guid).is_none() {
             return Err(invalid(WHAT, "this device's guid is not in the config"));
         }
         Ok(label)
@@ -359,6 +429,7 @@ mod tests {
             config_txg: 1,
             state: PoolState::Active,
             hostname: "host".into(),
+            spares: Vec::new(),
             vdevs: vec![TopVdevConfig {
                 id: 0,
                 guid: 5,
@@ -441,6 +512,46 @@ mod tests {
             plain,
             "{\"guid\":1,\"path\":\"/x\",\"device_size_bytes\":4096}"
         );
+    }
+
+    #[test]
+    fn spares_label_their_devices_and_keep_their_place_rule() {
+        let mut config = sample_config();
+        let plain = serde_json::to_string(&config).unwrap();
+        assert!(!plain.contains("spares"), "no spares, no field: {plain}");
+        config.spares.push(SpareConfig {
+            guid: 20,
+            path: "/s".into(),
+            device_size_bytes: 3 << 30,
+            replacing: None,
+        });
+        config.validate().unwrap();
+        // A spare's own label decodes, with its size for the end labels.
+        let label = Label {
+            pool_guid: 77,
+            leaf_guid: 20,
+            config_txg: 1,
+            config: config.clone(),
+        };
+        assert_eq!(Label::decode(&label.encode().unwrap()).unwrap(), label);
+        assert_eq!(config.device_size_of(20), Some(3 << 30));
+        assert_eq!(config.guid_sum(), 21, "an available spare is not summed");
+        // In use: it must be the leaf it stands as.
+        config.spares[0].replacing = Some(ReplacedLeaf {
+            guid: 11,
+            path: "/b".into(),
+        });
+        assert!(config.validate().is_err(), "in use but not in the tree");
+        config.vdevs[0].children[1] = LeafConfig::new(20, "/s".into(), 3 << 30);
+        config.validate().unwrap();
+        config.spares[0].replacing = None;
+        assert!(config.validate().is_err(), "available but in the tree");
+        config.spares[0].replacing = Some(ReplacedLeaf {
+            guid: 11,
+            path: "/b".into(),
+        });
+        config.spares.push(config.spares[0].clone());
+        assert!(config.validate().is_err(), "listed twice");
     }
 
     #[test]

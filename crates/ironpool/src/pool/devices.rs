@@ -218,7 +218,7 @@ fn post_state_changes(pool: &Pool) {
 
 /// Children of `top` other than `except` that cannot serve every block now:
 /// away, or holding txgs they missed.
-fn children_lacking(top: &TopVdev, except: usize) -> usize {
+pub(super) fn children_lacking(top: &TopVdev, except: usize) -> usize {
     top.children
         .iter()
         .enumerate()
@@ -417,7 +417,15 @@ impl Pool {
         force: bool,
     ) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        let (top, index) = self.find_leaf(old)?;
+        let (top, index) = match self.find_leaf(old) {
+            Ok(found) => found,
+            // The leaf a spare took the place of: NEW takes the spare's
+            // place, and the spare goes back to the spares.
+            Err(error) => match self.spare_replacing(old) {
+                Some(spare) => self.find_leaf(&spare.guid.to_string())?,
+                None => return Err(error),
+            },
+        };
         if top.log {
             // A log vdev holds nothing a replacement must be rebuilt with:
             // the intent logs leave it first (through a txg), so no flushed
@@ -447,6 +455,7 @@ impl Pool {
         let guid = new_guid();
         let leaf = top.children[index].clone();
         let old_path = leaf.path.borrow().clone();
+        let (old_guid, old_device) = (leaf.guid(), leaf.device());
         leaf.replace_device(guid, new.path.clone(), new.device, self.txg.open());
         self.events.post(
             EventClass::DeviceState,
@@ -460,6 +469,7 @@ impl Pool {
                 ..LeafConfig::new(guid, new.path, size_bytes)
             };
         }
+        self.spare_left_tree(old_guid, old_device);
         maintain(self, self.txg.open());
         self.config_dirty.set(true);
         self.commit().await?;
@@ -471,7 +481,7 @@ impl Pool {
 impl Pool {
     /// Refuses `path` if a device of the pool other than `except` (the leaf
     /// a replacement takes the place of) is there.
-    fn check_not_in_pool(
+    pub(super) fn check_not_in_pool(
         &self,
         path: &str,
         except: Option<&Rc<LeafVdev>>,
@@ -484,7 +494,7 @@ impl Pool {
             .any(|leaf| {
                 except.is_none_or(|except| !Rc::ptr_eq(leaf, except)) && *leaf.path.borrow() == path
             });
-        if in_pool {
+        if in_pool || self.is_spare_path(path) {
             return Err(PoolError::InvalidArgument(format!(
                 "{path} is already a device of pool '{}'",
                 self.name
@@ -622,7 +632,14 @@ impl Pool {
     /// cleared once the txg without it is durable.
     pub async fn detach_device(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
         self.txg.ensure_writable()?;
-        let (top, index) = self.find_leaf(name)?;
+        let (top, index) = match self.find_leaf(name) {
+            Ok(found) => found,
+            // The leaf a spare took the place of: the spare stays.
+            Err(error) => match self.spare_replacing(name) {
+                Some(spare) => return self.keep_spare(spare).await,
+                None => return Err(error),
+            },
+        };
         if top.kind != TopVdevKind::Mirror {
             return Err(PoolError::InvalidArgument(format!(
                 "{name} is in {}: only a mirror's side can be detached",
@@ -658,8 +675,14 @@ impl Pool {
             EventClass::DeviceState,
             NewEvent::device(path.clone(), "detached"),
         );
+        // A spare in use goes back to the spares, its label rewritten by
+        // the commit.
+        let was_spare = self.spare_left_tree(leaf.guid(), leaf.device());
         self.config_dirty.set(true);
         self.commit().await?;
+        if was_spare {
+            return Ok(());
+        }
         if let Some(device) = leaf.device() {
             if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
                 eprintln!(
@@ -837,7 +860,7 @@ impl Pool {
 /// The data area a child of `top` must have: everything for a mirror side;
 /// for RAID-Z, the child's share of the group's sectors (group sector `g` is
 /// sector `g / children` of its child).
-fn child_data_bytes_needed(top: &TopVdev) -> u64 {
+pub(super) fn child_data_bytes_needed(top: &TopVdev) -> u64 {
     match top.raidz_geometry() {
         Some(geometry) => {
             (top.asize_bytes / top.sector_bytes()).div_ceil(geometry.children() as u64)

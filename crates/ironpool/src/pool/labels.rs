@@ -80,8 +80,7 @@ pub async fn probe_device(device: &dyn Device, path: &Path) -> Probe {
     // The end labels sit where the device ended when it joined the pool.
     let recorded_size = buffers.iter().find_map(|(_, buffer)| {
         let label = Label::decode(&buffer[..LABEL_CONFIG_BYTES as usize]).ok()?;
-        let (top, child) = label.config.find_leaf(label.leaf_guid)?;
-        Some(top.children[child].device_size_bytes)
+        label.config.device_size_of(label.leaf_guid)
     });
     let end_size = recorded_size.unwrap_or(size);
     offsets = vec![
@@ -272,7 +271,16 @@ pub async fn discover(directories: &[PathBuf]) -> Vec<FoundPool> {
                 .iter()
                 .map(|probe| probe.path.display().to_string())
                 .collect(),
-            expected_devices: config.vdevs.iter().map(|top| top.children.len()).sum(),
+            expected_devices: config
+                .vdevs
+                .iter()
+                .map(|top| top.children.len())
+                .sum::<usize>()
+                + config
+                    .spares
+                    .iter()
+                    .filter(|spare| spare.replacing.is_none())
+                    .count(),
             importable,
             damaged_labels: mine.iter().map(|probe| probe.damaged_labels.len()).sum(),
         });
@@ -288,10 +296,10 @@ pub async fn clear_labels(device: &dyn Device) -> Result<(), crate::dev::DeviceE
     // The end labels sit where the device ended when it joined its pool
     // (it may have grown since), and where it ends now.
     let probe = probe_device(device, Path::new(&device.info().path)).await;
-    let recorded = probe.label.as_ref().and_then(|label| {
-        let (top, child) = label.config.find_leaf(label.leaf_guid)?;
-        Some(top.children[child].device_size_bytes)
-    });
+    let recorded = probe
+        .label
+        .as_ref()
+        .and_then(|label| label.config.device_size_of(label.leaf_guid));
     let mut offsets: Vec<u64> = Vec::new();
     for end in [Some(size), recorded].into_iter().flatten() {
         for index in 0..LABEL_COUNT {

@@ -17,6 +17,7 @@ pub mod history;
 pub mod labels;
 mod open;
 pub mod scan;
+pub mod spares;
 pub mod split;
 pub mod tunables;
 pub mod txg;
@@ -276,6 +277,9 @@ pub struct LayoutGroup {
     pub paths: Vec<PathBuf>,
     /// A log device (see [`TopVdev::log`]).
     pub log: bool,
+    /// A hot spare (one device; see `spares`).
+    #[serde(default)]
+    pub spare: bool,
 }
 
 /// Which pool an import takes from the devices found.
@@ -346,6 +350,8 @@ pub struct Pool {
     history: RefCell<history::History>,
     /// Read-aheads of sequential readers in flight (see `volume::prefetch`).
     prefetch: volume::prefetch::PrefetchState,
+    /// Hot spares ready to stand in for a failed leaf (see `spares`).
+    spares: spares::Spares,
 }
 
 /// Bounds the read cache while the server's memory runs short (see
@@ -786,6 +792,7 @@ impl Pool {
     /// everything, marks the pool exported in its labels and releases the
     /// devices.
     pub async fn export(self: &Rc<Self>) -> Result<(), PoolError> {
+        self.spares_stop().await;
         self.prefetch.stop().await;
         self.scrub_pause().await;
         self.resilver_stop().await;
@@ -809,6 +816,7 @@ impl Pool {
                 leaf.close();
             }
         }
+        self.close_spares();
         Ok(())
     }
 

@@ -85,6 +85,7 @@ impl Pool {
             state: PoolState::Active,
             hostname: hostname(),
             vdevs: top_configs,
+            spares: Vec::new(),
         };
         let spaces = vdevs.iter().map(|top| vdev_space(top)).collect();
         let store = BlockStore::new(vdevs, Allocator::new(spaces), tunables.arc_max_bytes);
@@ -125,6 +126,7 @@ impl Pool {
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
             prefetch: Default::default(),
+            spares: Default::default(),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -191,7 +193,14 @@ impl Pool {
     ) -> Result<Rc<Pool>, PoolError> {
         let mut seen = std::collections::BTreeSet::new();
         let mut tops = Vec::new();
-        for LayoutGroup { kind, paths, log } in layout {
+        let mut spares = Vec::new();
+        for LayoutGroup {
+            kind,
+            paths,
+            log,
+            spare,
+        } in layout
+        {
             let mut devices = Vec::new();
             for path in paths {
                 if let Some(size) = size_bytes {
@@ -219,9 +228,17 @@ impl Pool {
                     device: Rc::new(device),
                 });
             }
-            tops.push(NewTopVdev { kind, devices, log });
+            if spare {
+                spares.extend(devices);
+            } else {
+                tops.push(NewTopVdev { kind, devices, log });
+            }
         }
-        Pool::create_on_devices(name, tops, force, tunables).await
+        let pool = Pool::create_on_devices(name, tops, force, tunables).await?;
+        if !spares.is_empty() {
+            pool.add_spares(spares, force).await?;
+        }
+        Ok(pool)
     }
 
     /// Imports pool `name` from the devices in `directories`.
@@ -428,6 +445,8 @@ impl Pool {
             .await
             {
                 Ok(pool) => {
+                    let spare_notes = pool.open_spares(&probes);
+                    pool.import_notes.borrow_mut().extend(spare_notes);
                     if uberblock.txg != uberblocks[0].txg {
                         pool.import_notes.borrow_mut().push(format!(
                             "rewound from txg {} to txg {}: the newer one was unreadable",
@@ -462,6 +481,9 @@ impl Pool {
                             notes.join("; ")
                         )),
                     );
+                    // A leaf found missing takes a spare (after replay:
+                    // the activation commits).
+                    pool.start_spare_activation();
                     return Ok(pool);
                 }
                 Err(error) => last_error = Some(error),
@@ -532,6 +554,7 @@ impl Pool {
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
             prefetch: Default::default(),
+            spares: Default::default(),
         });
         pool.load_history().await;
         for (volume_name, record) in &directory.volumes {

@@ -195,6 +195,8 @@ impl Pool {
             state: PoolState::Exported,
             hostname: old_config.hostname.clone(),
             vdevs: leaving.iter().map(|(_, top)| top.clone()).collect(),
+            // Spares stay with the original pool, as in OpenZFS.
+            spares: Vec::new(),
         };
         config
             .validate()
@@ -232,6 +234,16 @@ impl Pool {
                     "{name} is not a mirror: split takes one side of every mirror, from a pool of mirrors only"
                 )));
             }
+        }
+        if let Some(spare) = self
+            .spares_status()
+            .iter()
+            .find(|spare| spare.state == "in use")
+        {
+            return Err(PoolError::InvalidArgument(format!(
+                "spare {} is in use: keep it (detach the device it replaced) or replace it first",
+                spare.path
+            )));
         }
         if self.resilver_status().state == "resilvering" {
             return Err(PoolError::InvalidArgument(

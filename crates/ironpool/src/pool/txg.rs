@@ -810,6 +810,7 @@ async fn write(pool: &Rc<Pool>, built: &BuiltTxg) -> Result<(), PoolError> {
     if let Some(config) = &built.config {
         write_config_labels(&leaves, config, &[1, 3]).await?;
         store.flush_all().await?;
+        pool.write_spare_labels(config).await;
     }
     Ok(())
 }
@@ -881,6 +882,7 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         .borrow_mut()
         .sync_done(built.txg, pool.autotrim());
     pool.start_autotrim();
+    pool.start_spare_activation();
     pool.objects.set_durable_txg(built.txg);
     crate::pool::filesystem::txg_durable(pool, built.txg);
     crate::pool::dataset::intent_log::txg_durable(pool, built.txg);

@@ -328,19 +328,29 @@ impl VdevSpace {
     /// How broken up the free space is, percent, as OpenZFS's
     /// `fragmentation`: each free extent weighted by its size's share of
     /// [`FRAGMENTATION_BY_SIZE`] (a 16 MiB extent counts 0%, 8 KiB and less
-    /// about 100%). None when nothing is free. Walks every free extent: for
-    /// `status`, not for a hot path.
+    /// about 100%). None when nothing is free. From each metaslab's free
+    /// bytes by length class, kept as its free space changes: 64 sums per
+    /// metaslab, not a walk of every free extent.
     pub fn fragmentation_percent(&self) -> Option<u64> {
         let mut weighted = 0u128;
         let mut free = 0u128;
         for metaslab in &self.metaslabs {
-            for (start, end) in metaslab.free.iter() {
-                let length = end - start;
-                let bucket = (63 - length.max(1).leading_zeros() as usize)
-                    .saturating_sub(9)
-                    .min(FRAGMENTATION_BY_SIZE.len() - 1);
-                weighted += u128::from(length) * u128::from(FRAGMENTATION_BY_SIZE[bucket]);
-                free += u128::from(length);
+            let walked;
+            let classes = match metaslab.free.bytes_by_size_class() {
+                Some(classes) => classes,
+                None => {
+                    let mut classes = [0u64; rangeset::SIZE_CLASSES];
+                    for (start, end) in metaslab.free.iter() {
+                        classes[rangeset::size_class(end - start)] += end - start;
+                    }
+                    walked = classes;
+                    &walked
+                }
+            };
+            for (class, &bytes) in classes.iter().enumerate() {
+                let bucket = class.saturating_sub(9).min(FRAGMENTATION_BY_SIZE.len() - 1);
+                weighted += u128::from(bytes) * u128::from(FRAGMENTATION_BY_SIZE[bucket]);
+                free += u128::from(bytes);
             }
         }
         (free > 0).then(|| (weighted / free) as u64)
@@ -1270,6 +1280,42 @@ mod tests {
     /// space: two equal vdevs share writes evenly; a vdev added empty beside
     /// a half-full one takes about twice the other's share (it fills first)
     /// but not all of it.
+    #[test]
+    fn fragmentation_follows_the_free_extents() {
+        let mut space = VdevSpace::new(0, 256 << 20, 24, 4096);
+        assert_eq!(
+            space.fragmentation_percent(),
+            Some(0),
+            "all free: whole metaslabs"
+        );
+        // Every other 8 KiB of the first metaslab taken: 8 KiB holes, about
+        // 100% fragmented there, weighed by their bytes against the rest.
+        let metaslab = &mut space.metaslabs[0];
+        for offset in (0..16u64 << 20).step_by(16 << 10) {
+            metaslab.free.remove(offset, offset + (8 << 10));
+        }
+        let walked = {
+            let mut weighted = 0u128;
+            let mut free = 0u128;
+            for metaslab in &space.metaslabs {
+                for (start, end) in metaslab.free.iter() {
+                    let class = rangeset::size_class(end - start);
+                    let bucket = class.saturating_sub(9).min(FRAGMENTATION_BY_SIZE.len() - 1);
+                    weighted += u128::from(end - start) * u128::from(FRAGMENTATION_BY_SIZE[bucket]);
+                    free += u128::from(end - start);
+                }
+            }
+            (weighted / free) as u64
+        };
+        let percent = space.fragmentation_percent().unwrap();
+        assert_eq!(percent, walked);
+        assert!((1..20).contains(&percent), "{percent}");
+        for metaslab in &mut space.metaslabs {
+            metaslab.free.clear();
+        }
+        assert_eq!(space.fragmentation_percent(), None, "nothing free");
+    }
+
     #[test]
     fn data_stripes_by_free_space() {
         let written = |allocator: &mut Allocator, megabytes: u64| {

@@ -31,6 +31,21 @@ pub struct RangeSet {
     /// under 16K random `O_DIRECT` file writes; this field costs a compare
     /// per range added and a walk only when the largest range goes.
     largest_entry: Option<(u64, u64)>,
+    /// With the size index: bytes in ranges of each power-of-two length
+    /// class (class `c` holds lengths in `2^c..2^(c+1)`), kept as ranges
+    /// come and go, so the fragmentation `status` shows costs 64 sums per
+    /// metaslab instead of a walk over every free extent of the pool (as
+    /// OpenZFS's space map histograms).
+    size_classes: Option<Box<[u64; SIZE_CLASSES]>>,
+}
+
+/// Power-of-two length classes of [`RangeSet::bytes_by_size_class`]: one per
+/// bit of a `u64` length.
+pub const SIZE_CLASSES: usize = 64;
+
+/// The length class of a range `length` bytes long.
+pub fn size_class(length: u64) -> usize {
+    63 - length.max(1).leading_zeros() as usize
 }
 
 impl RangeSet {
@@ -42,6 +57,7 @@ impl RangeSet {
     pub fn by_size() -> RangeSet {
         RangeSet {
             by_size: Some(BTreeSet::new()),
+            size_classes: Some(Box::new([0; SIZE_CLASSES])),
             ..RangeSet::default()
         }
     }
@@ -55,6 +71,9 @@ impl RangeSet {
                 self.largest_entry = Some(entry);
             }
         }
+        if let Some(classes) = &mut self.size_classes {
+            classes[size_class(end - start)] += end - start;
+        }
     }
 
     fn drop_range(&mut self, start: u64, end: u64) {
@@ -65,6 +84,9 @@ impl RangeSet {
             if self.largest_entry == Some(entry) {
                 self.largest_entry = index.last().copied();
             }
+        }
+        if let Some(classes) = &mut self.size_classes {
+            classes[size_class(end - start)] -= end - start;
         }
         debug_assert_eq!(
             self.largest_entry,
@@ -98,7 +120,16 @@ impl RangeSet {
             index.clear();
         }
         self.largest_entry = None;
+        if let Some(classes) = &mut self.size_classes {
+            **classes = [0; SIZE_CLASSES];
+        }
         self.total_bytes = 0;
+    }
+
+    /// Bytes in ranges of each length class (see [`size_class`]), for a set
+    /// made with [`RangeSet::by_size`]; None for others.
+    pub fn bytes_by_size_class(&self) -> Option<&[u64; SIZE_CLASSES]> {
+        self.size_classes.as_deref()
     }
 
     /// True when any byte of `start..end` is in the set.
@@ -359,6 +390,12 @@ mod tests {
                 if let Some((start, end)) = indexed.largest() {
                     prop_assert!(expected.contains(&(start, end)));
                 }
+                let mut classes = [0u64; SIZE_CLASSES];
+                for (start, end) in &expected {
+                    classes[size_class(end - start)] += end - start;
+                }
+                prop_assert_eq!(indexed.bytes_by_size_class(), Some(&classes));
+                prop_assert_eq!(set.bytes_by_size_class(), None);
                 prop_assert_eq!(set.iter().collect::<Vec<_>>(), expected);
                 prop_assert_eq!(set.total_bytes(), model.iter().filter(|held| **held).count() as u64);
             }

@@ -136,6 +136,98 @@ fn files_and_directories_work_through_a_real_mount_and_survive_a_restart() {
     stop_and_check(&mut pool);
 }
 
+/// `lseek(fd, offset, SEEK_DATA or SEEK_HOLE)`: the offset, or the errno.
+fn seek(file: &std::fs::File, offset: u64, whence: i32) -> Result<u64, i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; lseek touches no memory.
+    let found = unsafe { libc::lseek(file.as_raw_fd(), offset as libc::off_t, whence) };
+    if found < 0 {
+        Err(errno())
+    } else {
+        Ok(found as u64)
+    }
+}
+
+/// `SEEK_DATA` and `SEEK_HOLE` find data and holes exact to the record
+/// (16K here), as OpenZFS does: a record never written and one written as
+/// zeros are holes, the end of the file is one, a buffered write not yet on
+/// the devices is data at once, and the answers stay the same after a
+/// restart. `cp --sparse=always` keeps the holes (it asks the same).
+#[test]
+fn seek_data_and_seek_hole_find_records_written_and_holes() {
+    const K: u64 = 1024;
+    let (mut pool, mnt, _unmount) = served_filesystem("fsseek");
+    let path = mnt.join("sparse");
+    let file = std::fs::File::create(&path).unwrap();
+    file.write_all_at(&distinct_bytes(16 << 10, 1), 0).unwrap();
+    file.write_all_at(&distinct_bytes(16 << 10, 2), 64 * K)
+        .unwrap();
+    file.write_all_at(&vec![0u8; 16 << 10], 96 * K).unwrap();
+    file.write_all_at(&distinct_bytes(4 << 10, 3), 130 * K)
+        .unwrap();
+    file.set_len(200 * K).unwrap();
+    file.sync_all().unwrap();
+    let check = |file: &std::fs::File, what: &str| {
+        let expected: [(u64, i32, Result<u64, i32>); 12] = [
+            (0, libc::SEEK_DATA, Ok(0)),
+            (0, libc::SEEK_HOLE, Ok(16 * K)),
+            (5 * K, libc::SEEK_HOLE, Ok(16 * K)),
+            (16 * K, libc::SEEK_DATA, Ok(64 * K)),
+            (20 * K, libc::SEEK_DATA, Ok(64 * K)),
+            (20 * K, libc::SEEK_HOLE, Ok(20 * K)),
+            (64 * K, libc::SEEK_HOLE, Ok(80 * K)),
+            // The record of zeros is a hole.
+            (80 * K, libc::SEEK_DATA, Ok(128 * K)),
+            (129 * K, libc::SEEK_HOLE, Ok(144 * K)),
+            (144 * K, libc::SEEK_DATA, Err(libc::ENXIO)),
+            (199 * K, libc::SEEK_HOLE, Ok(199 * K)),
+            (200 * K, libc::SEEK_HOLE, Err(libc::ENXIO)),
+        ];
+        for (offset, whence, want) in expected {
+            assert_eq!(
+                seek(file, offset, whence),
+                want,
+                "{what}: lseek({offset}, {})",
+                if whence == libc::SEEK_DATA {
+                    "SEEK_DATA"
+                } else {
+                    "SEEK_HOLE"
+                }
+            );
+        }
+    };
+    check(&file, "written and synced");
+    // A buffered write is data as soon as it returns.
+    file.write_all_at(&distinct_bytes(4 << 10, 4), 176 * K)
+        .unwrap();
+    assert_eq!(seek(&file, 150 * K, libc::SEEK_DATA), Ok(176 * K));
+    assert_eq!(seek(&file, 176 * K, libc::SEEK_HOLE), Ok(192 * K));
+    file.set_len(176 * K).unwrap();
+    file.set_len(200 * K).unwrap();
+    drop(file);
+    let copy = mnt.join("copy");
+    let copied = std::process::Command::new("cp")
+        .args(["--sparse=always"])
+        .arg(&path)
+        .arg(&copy)
+        .status()
+        .unwrap();
+    assert!(copied.success());
+    assert!(std::fs::read(&copy).unwrap() == std::fs::read(&path).unwrap());
+    let copy = std::fs::File::open(&copy).unwrap();
+    assert_eq!(
+        seek(&copy, 16 * K, libc::SEEK_DATA),
+        Ok(64 * K),
+        "the copy keeps the holes"
+    );
+    drop(copy);
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    check(&std::fs::File::open(&path).unwrap(), "after a restart");
+    stop_and_check(&mut pool);
+}
+
 #[test]
 fn a_mount_left_dead_by_a_killed_server_is_replaced_and_fsynced_data_is_there() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsdead");

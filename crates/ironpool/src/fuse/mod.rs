@@ -1048,6 +1048,17 @@ async fn serve_fs(
             }
             Ok(Vec::new())
         }
+        Request::Lseek { offset, whence } => {
+            let data = match whence as i32 {
+                libc::SEEK_DATA => true,
+                libc::SEEK_HOLE => false,
+                _ => return Err(FsError::Invalid(format!("lseek whence {whence}"))),
+            };
+            match fs.seek(node, offset, data).await? {
+                Some(found) => Ok(proto::lseek_out(found)),
+                None => Err(FsError::NoData),
+            }
+        }
         Request::Readdir { offset, size } => {
             let limit = (size as usize).min(READDIR_BYTES_MAX);
             let mut out = Vec::with_capacity(limit);

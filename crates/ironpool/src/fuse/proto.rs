@@ -53,6 +53,8 @@ pub const BATCH_FORGET: u32 = 42;
 /// One node of a BATCH_FORGET (`fuse_forget_one`: nodeid, nlookup).
 const FORGET_ONE_BYTES: usize = 16;
 pub const RENAME2: u32 = 45;
+/// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the others).
+pub const LSEEK: u32 = 46;
 
 // INIT flags.
 pub const ASYNC_READ: u32 = 1 << 0;
@@ -211,6 +213,11 @@ pub enum Request<'a> {
     },
     Releasedir,
     Fsyncdir,
+    /// `fuse_lseek_in`: `whence` is `SEEK_DATA` or `SEEK_HOLE`.
+    Lseek {
+        offset: u64,
+        whence: u32,
+    },
     Access {
         mask: u32,
     },
@@ -408,6 +415,10 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
         },
         RELEASEDIR => Request::Releasedir,
         FSYNCDIR => Request::Fsyncdir,
+        LSEEK => Request::Lseek {
+            offset: u64_at(body, 8)?,
+            whence: u32_at(body, 16)?,
+        },
         ACCESS => Request::Access {
             mask: u32_at(body, 0)?,
         },
@@ -485,6 +496,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         DESTROY => "DESTROY",
         BATCH_FORGET => "BATCH_FORGET",
         RENAME2 => "RENAME2",
+        LSEEK => "LSEEK",
         _ => "OTHER",
     }
 }
@@ -680,6 +692,11 @@ pub fn getxattr_out(size: u32) -> Vec<u8> {
 }
 
 /// `fuse_write_out`.
+/// `fuse_lseek_out`: the offset found.
+pub fn lseek_out(offset: u64) -> Vec<u8> {
+    offset.to_le_bytes().to_vec()
+}
+
 pub fn write_out(size: u32) -> Vec<u8> {
     let mut out = size.to_le_bytes().to_vec();
     out.extend_from_slice(&[0; 4]);

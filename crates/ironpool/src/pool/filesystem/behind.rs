@@ -135,6 +135,21 @@ impl WrittenBehind {
         self.blocks.borrow().get(&(ino, blkid)).map(Version::held)
     }
 
+    /// The blocks of `ino` with a version in memory, in order: a walk of
+    /// every held block (at most the dirty data limit's worth), for
+    /// `lseek`, not for a hot path.
+    pub(super) fn held_blocks(&self, ino: u64) -> Vec<u64> {
+        let mut held: Vec<u64> = self
+            .blocks
+            .borrow()
+            .keys()
+            .filter(|(object, _)| *object == ino)
+            .map(|(_, blkid)| *blkid)
+            .collect();
+        held.sort_unstable();
+        held
+    }
+
     /// Waits until no block of `ino` in `blocks` (all of them: None) has a
     /// version in memory: for a write through, which then links its own
     /// after them. The caller holds those blocks' locks, so no new version

@@ -88,6 +88,48 @@ impl Filesystem {
         Ok(data)
     }
 
+    /// `lseek(SEEK_DATA)` (`data`) or `lseek(SEEK_HOLE)`: the first offset
+    /// at or after `offset` in data, or in a hole. Exact to the record, as
+    /// OpenZFS: a record with a write not yet linked is data, a record
+    /// written as zeros is a hole (none is stored), and the end of the file
+    /// is a hole. None (ENXIO) at or past the end, or for data when none
+    /// follows. Records are looked at one by one where data is dense (the
+    /// tree's nodes cached as a read would), holes skipped whole.
+    pub async fn seek(&self, ino: u64, offset: u64, data: bool) -> Result<Option<u64>, FsError> {
+        let _shared = self.lock.acquire(1).await;
+        let (object, znode) = self.load(ino).await?;
+        if znode.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let size = object.dnode().length_bytes;
+        if offset >= size {
+            return Ok(None);
+        }
+        let block = object.dnode().data_block_bytes();
+        let last = (size - 1) / block;
+        // Writes answered and not yet in the tree: data where the tree
+        // has holes.
+        let held = self.behind.held_blocks(object.id);
+        let mut blkid = offset / block;
+        while blkid <= last {
+            let next_held = held[held.partition_point(|&held| held < blkid)..]
+                .first()
+                .copied();
+            let holes = if next_held == Some(blkid) {
+                0
+            } else {
+                let span = self.objects.hole_span(&object, blkid).await?;
+                // A hole up to the next held block at most.
+                next_held.map_or(span, |next| span.min(next - blkid))
+            };
+            if data == (holes == 0) {
+                return Ok(Some(offset.max(blkid * block)));
+            }
+            blkid = blkid.saturating_add(holes.max(1));
+        }
+        Ok((!data).then_some(size))
+    }
+
     /// A read of `object` updates its access time when `atime=on`, by
     /// relatime's rule (Linux's default): only when the access time is not
     /// after the last change or modification, or is a day old, so that a

@@ -212,6 +212,9 @@ pub enum FsError {
     XattrsOff,
     #[error("result larger than the caller's buffer")]
     Range,
+    /// `SEEK_DATA` at or past the last data, `SEEK_HOLE` past the end.
+    #[error("no data or hole at or after the offset")]
+    NoData,
     #[error("damaged filesystem metadata: {0}")]
     Corrupt(String),
     /// The filesystem was rolled back or destroyed (or its snapshot
@@ -243,6 +246,7 @@ impl FsError {
             FsError::NoAttribute => libc::ENODATA,
             FsError::XattrsOff => libc::EOPNOTSUPP,
             FsError::Range => libc::ERANGE,
+            FsError::NoData => libc::ENXIO,
             FsError::Stale => libc::ESTALE,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
         }

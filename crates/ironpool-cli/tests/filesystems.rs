@@ -228,6 +228,105 @@ fn seek_data_and_seek_hole_find_records_written_and_holes() {
     stop_and_check(&mut pool);
 }
 
+/// `fallocate(fd, mode, offset, length)`: Ok, or the errno.
+fn fallocate(file: &std::fs::File, mode: i32, offset: u64, length: u64) -> Result<(), i32> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: a valid descriptor; fallocate touches no memory.
+    let done = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            mode,
+            offset as libc::off_t,
+            length as libc::off_t,
+        )
+    };
+    if done < 0 {
+        Err(errno())
+    } else {
+        Ok(())
+    }
+}
+
+/// `fallocate`: a punched hole reads as zeros, gives whole records' space
+/// back and shows as a hole, the size kept; `ZERO_RANGE` zeroes and may
+/// grow the file; mode 0 grows it and refuses more than the pool has; a
+/// mode OpenZFS does not offer gets EOPNOTSUPP (so callers fall back),
+/// and everything holds after a restart.
+#[test]
+fn fallocate_punches_holes_zeroes_ranges_and_grows_files() {
+    const K: u64 = 1024;
+    let (mut pool, mnt, _unmount) = served_filesystem("fsfalloc");
+    let path = mnt.join("file");
+    let data = distinct_bytes(1 << 20, 5);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(&path)
+        .unwrap();
+    file.write_all_at(&data, 0).unwrap();
+    file.sync_all().unwrap();
+    let blocks_before = file.metadata().unwrap().blocks();
+    let punch = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fallocate(&file, punch, 64 * K, 256 * K).unwrap();
+    // Not on a record boundary: zeros there, the records stay data.
+    fallocate(&file, punch, 5000, 4000).unwrap();
+    file.sync_all().unwrap();
+    let mut expected = data.clone();
+    expected[64 << 10..320 << 10].fill(0);
+    expected[5000..9000].fill(0);
+    let check = |file: &std::fs::File, expected: &[u8], what: &str| {
+        let mut read = vec![0u8; expected.len()];
+        file.read_exact_at(&mut read, 0).unwrap();
+        assert!(read == expected, "{what}: the contents differ");
+        assert_eq!(seek(file, 0, libc::SEEK_HOLE), Ok(64 * K), "{what}");
+        assert_eq!(seek(file, 64 * K, libc::SEEK_DATA), Ok(320 * K), "{what}");
+    };
+    check(&file, &expected, "punched");
+    assert_eq!(file.metadata().unwrap().len(), 1 << 20, "the size is kept");
+    let blocks_after = file.metadata().unwrap().blocks();
+    assert!(
+        blocks_before - blocks_after >= 400,
+        "256 KiB punched gives its space back: {blocks_before} -> {blocks_after} blocks"
+    );
+    // Zeroing past the end grows the file; with KEEP_SIZE it does not.
+    fallocate(&file, libc::FALLOC_FL_ZERO_RANGE, 1000 * K, 48 * K).unwrap();
+    assert_eq!(file.metadata().unwrap().len(), 1048 * K);
+    expected[1000 << 10..].fill(0);
+    expected.resize(1048 << 10, 0);
+    fallocate(
+        &file,
+        libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+        1040 * K,
+        64 * K,
+    )
+    .unwrap();
+    assert_eq!(file.metadata().unwrap().len(), 1048 * K);
+    // Mode 0 grows the file (reading zeros), and refuses what cannot fit.
+    fallocate(&file, 0, 2048 * K, 1024 * K).unwrap();
+    assert_eq!(file.metadata().unwrap().len(), 3072 * K);
+    expected.resize(3072 << 10, 0);
+    assert_eq!(fallocate(&file, 0, 0, 100 << 30), Err(libc::ENOSPC));
+    assert_eq!(
+        fallocate(&file, libc::FALLOC_FL_COLLAPSE_RANGE, 0, 64 * K),
+        Err(libc::EOPNOTSUPP)
+    );
+    assert_eq!(file.metadata().unwrap().len(), 3072 * K);
+    file.sync_all().unwrap();
+    check(&file, &expected, "zeroed and grown");
+    drop(file);
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    check(
+        &std::fs::File::open(&path).unwrap(),
+        &expected,
+        "after a restart",
+    );
+    stop_and_check(&mut pool);
+}
+
 #[test]
 fn a_mount_left_dead_by_a_killed_server_is_replaced_and_fsynced_data_is_there() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsdead");

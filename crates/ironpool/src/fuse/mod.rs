@@ -1048,6 +1048,17 @@ async fn serve_fs(
             }
             Ok(Vec::new())
         }
+        Request::Fallocate {
+            offset,
+            length,
+            mode,
+        } => {
+            if fs.drop_privileges(pool, node, false).await? {
+                notify_inval_attributes(session, header.nodeid).await;
+            }
+            fs.fallocate(pool, node, offset, length, mode).await?;
+            Ok(Vec::new())
+        }
         Request::Lseek { offset, whence } => {
             let data = match whence as i32 {
                 libc::SEEK_DATA => true,

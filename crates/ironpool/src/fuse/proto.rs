@@ -53,6 +53,8 @@ pub const BATCH_FORGET: u32 = 42;
 /// One node of a BATCH_FORGET (`fuse_forget_one`: nodeid, nlookup).
 const FORGET_ONE_BYTES: usize = 16;
 pub const RENAME2: u32 = 45;
+/// `fallocate(2)`: the modes `Filesystem::fallocate` takes.
+pub const FALLOCATE: u32 = 43;
 /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the others).
 pub const LSEEK: u32 = 46;
 
@@ -213,6 +215,12 @@ pub enum Request<'a> {
     },
     Releasedir,
     Fsyncdir,
+    /// `fuse_fallocate_in`.
+    Fallocate {
+        offset: u64,
+        length: u64,
+        mode: u32,
+    },
     /// `fuse_lseek_in`: `whence` is `SEEK_DATA` or `SEEK_HOLE`.
     Lseek {
         offset: u64,
@@ -415,6 +423,11 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
         },
         RELEASEDIR => Request::Releasedir,
         FSYNCDIR => Request::Fsyncdir,
+        FALLOCATE => Request::Fallocate {
+            offset: u64_at(body, 8)?,
+            length: u64_at(body, 16)?,
+            mode: u32_at(body, 24)?,
+        },
         LSEEK => Request::Lseek {
             offset: u64_at(body, 8)?,
             whence: u32_at(body, 16)?,
@@ -497,6 +510,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         BATCH_FORGET => "BATCH_FORGET",
         RENAME2 => "RENAME2",
         LSEEK => "LSEEK",
+        FALLOCATE => "FALLOCATE",
         _ => "OTHER",
     }
 }

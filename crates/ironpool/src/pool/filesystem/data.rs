@@ -19,6 +19,11 @@ use crate::pool::Pool;
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 
+/// Zeros `fallocate` writes per turn when it punches or zeroes a range: a
+/// FUSE write's largest size, so a punch of any length holds at most this
+/// much memory and the files' other requests interleave with it.
+const FALLOCATE_ZERO_CHUNK_BYTES: usize = 1 << 20;
+
 impl Filesystem {
     /// Reads up to `length` bytes at `offset` of file `ino` (fewer at its
     /// end). A `direct` read (`O_DIRECT`, unless the filesystem's `direct`
@@ -86,6 +91,72 @@ impl Filesystem {
             stats.direct_read_ops += u64::from(direct);
         });
         Ok(data)
+    }
+
+    /// `fallocate(2)` in the modes OpenZFS offers: `PUNCH_HOLE` (with
+    /// `KEEP_SIZE`, as Linux requires) and `ZERO_RANGE` write zeros over
+    /// the range, so whole records become holes and give their space back
+    /// (partial ones keep zeros), through the same write path as any write
+    /// (durable at the next `fsync`, in snapshots as written); `ZERO_RANGE`
+    /// without `KEEP_SIZE` may grow the file. Mode 0 and `KEEP_SIZE` alone
+    /// reserve nothing (copy-on-write cannot promise where a later write
+    /// goes, as OpenZFS says): they check that the pool has `length` bytes
+    /// free for data (else ENOSPC) and mode 0 grows the file to the end of
+    /// the range. Other modes get EOPNOTSUPP.
+    pub async fn fallocate(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        length: u64,
+        mode: u32,
+    ) -> Result<(), FsError> {
+        let keep_size = mode & libc::FALLOC_FL_KEEP_SIZE as u32 != 0;
+        let punch = mode & libc::FALLOC_FL_PUNCH_HOLE as u32 != 0;
+        let zero = mode & libc::FALLOC_FL_ZERO_RANGE as u32 != 0;
+        let known = (libc::FALLOC_FL_KEEP_SIZE
+            | libc::FALLOC_FL_PUNCH_HOLE
+            | libc::FALLOC_FL_ZERO_RANGE) as u32;
+        if mode & !known != 0 || (punch && zero) {
+            return Err(FsError::Unsupported(format!("fallocate mode {mode:#x}")));
+        }
+        if punch && !keep_size {
+            return Err(FsError::Invalid("a punched hole keeps the size".into()));
+        }
+        if length == 0 {
+            return Err(FsError::Invalid("fallocate of 0 bytes".into()));
+        }
+        let end = write_end(offset, length.min(usize::MAX as u64) as usize)?;
+        let (object, znode) = {
+            let _shared = self.lock.acquire(1).await;
+            self.load(ino).await?
+        };
+        if znode.is_dir() {
+            return Err(FsError::IsDir);
+        }
+        let size = object.dnode().length_bytes;
+        if punch || zero {
+            let zero_end = if keep_size { end.min(size) } else { end };
+            let zeros = vec![0u8; FALLOCATE_ZERO_CHUNK_BYTES];
+            let mut position = offset;
+            while position < zero_end {
+                let chunk = (zero_end - position).min(FALLOCATE_ZERO_CHUNK_BYTES as u64) as usize;
+                self.write(pool, ino, position, &zeros[..chunk]).await?;
+                position += chunk as u64;
+            }
+            return Ok(());
+        }
+        if pool.data_available_bytes() < length {
+            return Err(FsError::NoSpace);
+        }
+        if !keep_size && end > size {
+            let grow = super::SetAttr {
+                size: Some(end),
+                ..super::SetAttr::default()
+            };
+            self.setattr(pool, ino, grow).await?;
+        }
+        Ok(())
     }
 
     /// `lseek(SEEK_DATA)` (`data`) or `lseek(SEEK_HOLE)`: the first offset

@@ -212,6 +212,10 @@ pub enum FsError {
     XattrsOff,
     #[error("result larger than the caller's buffer")]
     Range,
+    /// An operation this filesystem does not offer in this form (an
+    /// `fallocate` mode), where ENOSYS would make the kernel stop asking.
+    #[error("operation not supported: {0}")]
+    Unsupported(String),
     /// `SEEK_DATA` at or past the last data, `SEEK_HOLE` past the end.
     #[error("no data or hole at or after the offset")]
     NoData,
@@ -247,6 +251,7 @@ impl FsError {
             FsError::XattrsOff => libc::EOPNOTSUPP,
             FsError::Range => libc::ERANGE,
             FsError::NoData => libc::ENXIO,
+            FsError::Unsupported(_) => libc::EOPNOTSUPP,
             FsError::Stale => libc::ESTALE,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
         }

@@ -228,6 +228,59 @@ fn seek_data_and_seek_hole_find_records_written_and_holes() {
     stop_and_check(&mut pool);
 }
 
+/// Requests of kind `op` the filesystem's front end has served.
+fn op_count(pool: &TestPool, op: &str) -> u64 {
+    listed_filesystem(pool)["front_end"]["ops"][op]["count"]
+        .as_u64()
+        .unwrap_or(0)
+}
+
+/// `ls -l` of a directory the kernel has not seen costs no LOOKUP per
+/// entry: READDIRPLUS hands each entry's attributes with the listing.
+/// Every node it hands is counted as a lookup is: once the files are
+/// removed and the kernel forgets them, every object is freed (a node
+/// counted twice would live on, one not counted would be freed while
+/// the kernel holds it).
+#[test]
+fn a_long_listing_takes_the_attributes_with_the_names() {
+    const FILES: usize = 300;
+    let (mut pool, mnt, _unmount) = served_filesystem("fsplus");
+    let base = fs_objects(&pool);
+    std::fs::create_dir(mnt.join("d")).unwrap();
+    for index in 0..FILES {
+        std::fs::write(mnt.join(format!("d/f{index}")), vec![7u8; index]).unwrap();
+    }
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let lookups = op_count(&pool, "LOOKUP");
+    let mut seen = 0;
+    for entry in std::fs::read_dir(mnt.join("d")).unwrap() {
+        let entry = entry.unwrap();
+        let name = entry.file_name().into_string().unwrap();
+        let index: usize = name[1..].parse().unwrap();
+        // What `ls -l` asks of each entry (statx of its path).
+        let metadata = std::fs::symlink_metadata(entry.path()).unwrap();
+        assert_eq!(metadata.len(), index as u64, "{name}");
+        seen += 1;
+    }
+    assert_eq!(seen, FILES);
+    assert!(op_count(&pool, "READDIRPLUS") >= 1);
+    let looked_up = op_count(&pool, "LOOKUP") - lookups;
+    assert!(
+        looked_up < FILES as u64 / 4,
+        "{looked_up} LOOKUPs for a listing of {FILES} entries"
+    );
+    for index in 0..FILES {
+        std::fs::remove_file(mnt.join(format!("d/f{index}"))).unwrap();
+    }
+    std::fs::remove_dir(mnt.join("d")).unwrap();
+    // The kernel lets go of the inodes it cached (each a FORGET).
+    std::fs::write("/proc/sys/vm/drop_caches", "2").unwrap();
+    wait_objects(&pool, base);
+    stop_and_check(&mut pool);
+}
+
 /// `fallocate(fd, mode, offset, length)`: Ok, or the errno.
 fn fallocate(file: &std::fs::File, mode: i32, offset: u64, length: u64) -> Result<(), i32> {
     use std::os::fd::AsRawFd;

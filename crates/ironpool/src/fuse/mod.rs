@@ -1070,7 +1070,11 @@ async fn serve_fs(
                 None => Err(FsError::NoData),
             }
         }
-        Request::Readdir { offset, size } => {
+        Request::Readdir {
+            offset,
+            size,
+            plus: false,
+        } => {
             let limit = (size as usize).min(READDIR_BYTES_MAX);
             let mut out = Vec::with_capacity(limit);
             // Each entry takes at least 32 bytes: ask for no more than fit.
@@ -1080,6 +1084,52 @@ async fn serve_fs(
                 if !proto::push_dirent(&mut out, limit, ino, next, entry.kind, &entry.name) {
                     break;
                 }
+            }
+            Ok(out)
+        }
+        // Each entry with its attributes: the kernel takes a reference to
+        // every node given (not `.` and `..`, which get none), counted as
+        // an entry reply's is, once the entry is known to fit.
+        Request::Readdir {
+            offset,
+            size,
+            plus: true,
+        } => {
+            let limit = (size as usize).min(READDIR_BYTES_MAX);
+            let mut out = Vec::with_capacity(limit);
+            let entries = fs
+                .readdir(node, offset, limit / proto::direntplus_bytes(1) + 1)
+                .await?;
+            for (next, dirent) in entries {
+                let ino = snapdir::node_id(slot, dirent.object);
+                if out.len() + proto::direntplus_bytes(dirent.name.len()) > limit {
+                    break;
+                }
+                let dots = dirent.name == b"." || dirent.name == b"..";
+                let attributes = if dots {
+                    None
+                } else {
+                    match fs.getattr(dirent.object).await {
+                        Ok(attr) => Some(attr),
+                        // Removed since it was listed: a plain entry.
+                        Err(FsError::NotFound | FsError::Stale) => None,
+                        Err(error) => return Err(error),
+                    }
+                };
+                let reply = match &attributes {
+                    Some(attr) => entry(attr),
+                    None => proto::negative_entry_out(0),
+                };
+                let pushed = proto::push_direntplus(
+                    &mut out,
+                    limit,
+                    &reply,
+                    ino,
+                    next,
+                    dirent.kind,
+                    &dirent.name,
+                );
+                assert!(pushed, "a direntplus measured to fit");
             }
             Ok(out)
         }
@@ -1121,6 +1171,8 @@ fn init(session: &Session, major: u32, minor: u32, flags: u32) -> Result<Vec<u8>
         | proto::BIG_WRITES
         | proto::ASYNC_DIO
         | proto::PARALLEL_DIROPS
+        | proto::DO_READDIRPLUS
+        | proto::READDIRPLUS_AUTO
         | proto::MAX_PAGES
         | proto::HANDLE_KILLPRIV_V2;
     // FUSE over io_uring: asked for in flags2, behind INIT_EXT,

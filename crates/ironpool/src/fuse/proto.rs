@@ -53,6 +53,8 @@ pub const BATCH_FORGET: u32 = 42;
 /// One node of a BATCH_FORGET (`fuse_forget_one`: nodeid, nlookup).
 const FORGET_ONE_BYTES: usize = 16;
 pub const RENAME2: u32 = 45;
+/// A directory listing with each entry's attributes (see `DO_READDIRPLUS`).
+pub const READDIRPLUS: u32 = 44;
 /// `fallocate(2)`: the modes `Filesystem::fallocate` takes.
 pub const FALLOCATE: u32 = 43;
 /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the others).
@@ -65,6 +67,11 @@ pub const BIG_WRITES: u32 = 1 << 5;
 pub const DONT_MASK: u32 = 1 << 6;
 pub const ASYNC_DIO: u32 = 1 << 15;
 pub const PARALLEL_DIROPS: u32 = 1 << 18;
+/// READDIRPLUS offered, and left to the kernel to use when it pays
+/// (`READDIRPLUS_AUTO`: the first listing, and while the entries listed
+/// are looked up, as `ls -l` does).
+pub const DO_READDIRPLUS: u32 = 1 << 13;
+pub const READDIRPLUS_AUTO: u32 = 1 << 14;
 pub const MAX_PAGES: u32 = 1 << 22;
 /// The server, not the kernel, drops set-user-id, set-group-id and
 /// `security.capability` on write, truncate and chown (so the kernel need
@@ -212,6 +219,8 @@ pub enum Request<'a> {
     Readdir {
         offset: u64,
         size: u32,
+        /// READDIRPLUS: each entry with its node's attributes.
+        plus: bool,
     },
     Releasedir,
     Fsyncdir,
@@ -417,9 +426,10 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             datasync: u32_at(body, 8)? & 1 != 0,
         },
         OPENDIR => Request::Opendir,
-        READDIR => Request::Readdir {
+        READDIR | READDIRPLUS => Request::Readdir {
             offset: u64_at(body, 8)?,
             size: u32_at(body, 16)?,
+            plus: header.opcode == READDIRPLUS,
         },
         RELEASEDIR => Request::Releasedir,
         FSYNCDIR => Request::Fsyncdir,
@@ -501,6 +511,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         INIT => "INIT",
         OPENDIR => "OPENDIR",
         READDIR => "READDIR",
+        READDIRPLUS => "READDIRPLUS",
         RELEASEDIR => "RELEASEDIR",
         FSYNCDIR => "FSYNCDIR",
         ACCESS => "ACCESS",
@@ -757,6 +768,37 @@ pub fn statfs_out(blocks: u64, free: u64, files: u64, free_files: u64, block_siz
 
 /// Appends one `fuse_dirent` if it fits within `limit` bytes in all;
 /// returns whether it did.
+/// Appends a `fuse_direntplus` (`entry`, a `fuse_entry_out`, then the
+/// dirent) if it fits within `limit` bytes of `out`.
+pub fn push_direntplus(
+    out: &mut Vec<u8>,
+    limit: usize,
+    entry: &[u8],
+    ino: u64,
+    next: u64,
+    kind: u8,
+    name: &[u8],
+) -> bool {
+    if out.len() + entry.len() + direntplus_bytes(name.len()) - ENTRY_OUT_BYTES > limit {
+        return false;
+    }
+    let mark = out.len();
+    out.extend_from_slice(entry);
+    if !push_dirent(out, limit, ino, next, kind, name) {
+        out.truncate(mark);
+        return false;
+    }
+    true
+}
+
+/// Bytes of a `fuse_entry_out`.
+pub const ENTRY_OUT_BYTES: usize = 128;
+
+/// Bytes a `fuse_direntplus` of a `name_len`-byte name takes.
+pub fn direntplus_bytes(name_len: usize) -> usize {
+    ENTRY_OUT_BYTES + (24 + name_len).next_multiple_of(8)
+}
+
 pub fn push_dirent(
     out: &mut Vec<u8>,
     limit: usize,

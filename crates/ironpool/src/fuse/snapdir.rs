@@ -262,7 +262,9 @@ pub(super) async fn serve(
             CONTROL_VALID_SECONDS,
         )),
         Request::Opendir => Ok(proto::open_out(0, 0)),
-        Request::Readdir { offset, size } => {
+        // READDIRPLUS here gives no node (a zero entry): the kernel takes
+        // these entries as a plain listing and looks names up itself.
+        Request::Readdir { offset, size, plus } => {
             let limit = (size as usize).min(super::READDIR_BYTES_MAX);
             let mut names: Vec<(u64, Vec<u8>)> =
                 vec![(node, b".".to_vec()), (session.fs.root(), b"..".to_vec())];
@@ -275,8 +277,15 @@ pub(super) async fn serve(
                 }
             }
             let mut out = Vec::with_capacity(limit);
+            let none = proto::negative_entry_out(0);
             for (index, (ino, name)) in names.iter().enumerate().skip(offset as usize) {
-                if !proto::push_dirent(&mut out, limit, *ino, index as u64 + 1, DT_DIR, name) {
+                let next = index as u64 + 1;
+                let pushed = if plus {
+                    proto::push_direntplus(&mut out, limit, &none, *ino, next, DT_DIR, name)
+                } else {
+                    proto::push_dirent(&mut out, limit, *ino, next, DT_DIR, name)
+                };
+                if !pushed {
                     break;
                 }
             }

@@ -369,6 +369,30 @@ fn fallocate_punches_holes_zeroes_ranges_and_grows_files() {
     file.sync_all().unwrap();
     check(&file, &expected, "zeroed and grown");
     drop(file);
+    // The work follows the data, not the range: a terabyte zeroed past
+    // the end grows the file at once, and a punch over it skips the holes.
+    let big = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(mnt.join("big"))
+        .unwrap();
+    big.write_all_at(&distinct_bytes(4096, 6), 0).unwrap();
+    fallocate(&big, libc::FALLOC_FL_ZERO_RANGE, 4096, 1 << 40).unwrap();
+    assert_eq!(big.metadata().unwrap().len(), (1 << 40) + 4096);
+    big.write_all_at(&distinct_bytes(4096, 7), 1 << 40).unwrap();
+    let started = Instant::now();
+    fallocate(&big, punch, 0, (1 << 40) + 4096).unwrap();
+    assert!(
+        started.elapsed() < Duration::from_secs(20),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(seek(&big, 0, libc::SEEK_DATA), Err(libc::ENXIO));
+    assert_eq!(big.metadata().unwrap().len(), (1 << 40) + 4096);
+    drop(big);
+    std::fs::remove_file(mnt.join("big")).unwrap();
     pool.stop();
     pool.serve();
     wait_mounted(&pool, &mnt);

@@ -956,6 +956,21 @@ fn wait_resilvered(pool: &TestPool) {
 #[test]
 fn a_hot_spare_takes_the_place_of_a_missing_device() {
     let mut pool = TestPool::new("hs");
+    // A spare too small is refused before anything is written: the same
+    // devices then make a pool without -f.
+    std::fs::write(pool.path("tiny.img"), vec![0u8; 64 << 20]).unwrap();
+    let error = pool.fails(&[
+        "create",
+        "--size",
+        "256M",
+        "hs",
+        "mirror",
+        &pool.path("a.img").display().to_string(),
+        &pool.path("b.img").display().to_string(),
+        "spare",
+        &pool.path("tiny.img").display().to_string(),
+    ]);
+    assert!(error.contains("smaller"), "{error}");
     pool.create("256M", &["mirror", "a.img", "b.img", "spare", "s.img"]);
     let dir = pool.dir.path().to_path_buf();
     let path = |name: &str| dir.join(name).display().to_string();

@@ -779,7 +779,8 @@ async fn serve(
         | Request::Link { .. }
         | Request::Create { .. }
         | Request::Setxattr { .. }
-        | Request::Removexattr { .. } => sync == SyncMode::Always,
+        | Request::Removexattr { .. }
+        | Request::Fallocate { .. } => sync == SyncMode::Always,
         _ => false,
     };
     // A direct write (not held behind) whose client calls `fsync` after
@@ -1101,20 +1102,29 @@ async fn serve_fs(
                 .readdir(node, offset, limit / proto::direntplus_bytes(1) + 1)
                 .await?;
             for (next, dirent) in entries {
-                let ino = snapdir::node_id(slot, dirent.object);
                 if out.len() + proto::direntplus_bytes(dirent.name.len()) > limit {
                     break;
                 }
                 let dots = dirent.name == b"." || dirent.name == b"..";
+                // The name looked up again, as a LOOKUP would: the node
+                // it names now (the listing's object may have gone, its
+                // number taken by another file, since).
                 let attributes = if dots {
                     None
                 } else {
-                    match fs.getattr(dirent.object).await {
+                    match fs.lookup(node, &dirent.name).await {
                         Ok(attr) => Some(attr),
                         // Removed since it was listed: a plain entry.
                         Err(FsError::NotFound | FsError::Stale) => None,
+                        // What fits so far is answered (its nodes are
+                        // counted); the error comes again next time.
+                        Err(_) if !out.is_empty() => break,
                         Err(error) => return Err(error),
                     }
+                };
+                let ino = match &attributes {
+                    Some(attr) => snapdir::node_id(slot, attr.ino),
+                    None => snapdir::node_id(slot, dirent.object),
                 };
                 let reply = match &attributes {
                     Some(attr) => entry(attr),

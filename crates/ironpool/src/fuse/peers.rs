@@ -100,6 +100,7 @@ pub(super) async fn stale_after(fs: &Filesystem, node: u64, request: &Request<'_
     match *request {
         Request::Setattr(_)
         | Request::Write { .. }
+        | Request::Fallocate { .. }
         | Request::Setxattr { .. }
         | Request::Removexattr { .. } => vec![Stale::Node(node)],
         Request::Symlink { name, .. }

@@ -234,6 +234,33 @@ impl Pool {
                 tops.push(NewTopVdev { kind, devices, log });
             }
         }
+        // The spares are checked before anything is written, so a bad one
+        // leaves no pool behind: no other pool's label (unless `force`),
+        // and a data area as large as the smallest data device's (what
+        // any child of the new vdevs needs, or more).
+        let smallest = tops
+            .iter()
+            .filter(|top| !top.log)
+            .flat_map(|top| top.devices.iter())
+            .map(|new| data_area_bytes(new.device.info().size_bytes))
+            .min()
+            .unwrap_or(0);
+        for spare in &spares {
+            if data_area_bytes(spare.device.info().size_bytes) < smallest {
+                return Err(PoolError::InvalidArgument(format!(
+                    "spare {} is smaller than the pool's data devices",
+                    spare.path
+                )));
+            }
+            let probe = labels::probe_device(&*spare.device, Path::new(&spare.path)).await;
+            if let (Some(label), false) = (probe.label, force) {
+                return Err(PoolError::DeviceInUseByPool {
+                    path: spare.path.clone(),
+                    pool: label.config.name,
+                    guid: label.pool_guid,
+                });
+            }
+        }
         let pool = Pool::create_on_devices(name, tops, force, tunables).await?;
         if !spares.is_empty() {
             pool.add_spares(spares, force).await?;

@@ -127,7 +127,23 @@ impl Pool {
                     new.path
                 )));
             }
-            let size = new.device.info().size_bytes;
+            let info = new.device.info();
+            let sector = u64::from(info.physical_sector_bytes.max(info.logical_sector_bytes));
+            let finest = self
+                .store
+                .vdevs()
+                .iter()
+                .filter(|top| !top.log)
+                .map(|top| top.sector_bytes())
+                .max()
+                .unwrap_or(512);
+            if sector > finest {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{} has {sector}-byte sectors; the pool's vdevs write {finest}-byte ones",
+                    new.path
+                )));
+            }
+            let size = info.size_bytes;
             if data_area_bytes(size) < smallest_child {
                 return Err(PoolError::InvalidArgument(format!(
                     "{} is too small to stand in for any device of the pool: it needs a data area of {smallest_child} bytes, it has {}",

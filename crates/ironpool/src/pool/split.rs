@@ -189,9 +189,10 @@ impl Pool {
             name: new_name.to_string(),
             pool_guid: guid,
             version: old_config.version,
-            // Above every config the devices hold of this pool (at most
-            // the txg of their newest uberblock), so theirs is the newest.
-            config_txg: newest.txg + 1,
+            // At least every config the devices hold of this pool (none
+            // is newer than their newest uberblock), and below the new
+            // pool's first commit, which writes its config again.
+            config_txg: newest.txg,
             state: PoolState::Exported,
             hostname: old_config.hostname.clone(),
             vdevs: leaving.iter().map(|(_, top)| top.clone()).collect(),

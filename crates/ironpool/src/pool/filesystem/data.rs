@@ -23,6 +23,9 @@ use crate::rt::buf::{AlignedBuf, BufSlice};
 /// FUSE write's largest size, so a punch of any length holds at most this
 /// much memory and the files' other requests interleave with it.
 const FALLOCATE_ZERO_CHUNK_BYTES: usize = 1 << 20;
+/// Records `lseek` looks at between turns of the engine's loop: about a
+/// millisecond of cached tree walks, so other requests wait no longer.
+const SEEK_RECORDS_PER_TURN: u64 = 1024;
 
 impl Filesystem {
     /// Reads up to `length` bytes at `offset` of file `ino` (fewer at its
@@ -136,17 +139,42 @@ impl Filesystem {
         }
         let size = object.dnode().length_bytes;
         if punch || zero {
-            let zero_end = if keep_size { end.min(size) } else { end };
+            // Past the end there is nothing to zero: the file grows (with
+            // holes) below, unless the size is kept.
+            let zero_end = end.min(size);
             let zeros = vec![0u8; FALLOCATE_ZERO_CHUNK_BYTES];
             let mut position = offset;
             while position < zero_end {
-                let chunk = (zero_end - position).min(FALLOCATE_ZERO_CHUNK_BYTES as u64) as usize;
-                self.write(pool, ino, position, &zeros[..chunk]).await?;
+                let block = object.dnode().data_block_bytes();
+                if position.is_multiple_of(block) {
+                    // Holes already: skipped whole, so the work follows
+                    // the data in the range, not its length.
+                    let holes = {
+                        let _shared = self.lock.acquire(1).await;
+                        self.objects.hole_span(&object, position / block).await?
+                    };
+                    if holes > 0 {
+                        position = zero_end.min(
+                            (position / block)
+                                .saturating_add(holes)
+                                .saturating_mul(block),
+                        );
+                        continue;
+                    }
+                }
+                // From inside a record, to its end first: the turns after
+                // start on record boundaries, where holes can be skipped.
+                let limit = if position.is_multiple_of(block) {
+                    FALLOCATE_ZERO_CHUNK_BYTES as u64
+                } else {
+                    block - position % block
+                };
+                let chunk = (zero_end - position).min(limit) as usize;
+                self.write_once(pool, ino, position, &zeros[..chunk], None, true)
+                    .await?;
                 position += chunk as u64;
             }
-            return Ok(());
-        }
-        if pool.data_available_bytes() < length {
+        } else if pool.data_available_bytes() < length {
             return Err(FsError::NoSpace);
         }
         if !keep_size && end > size {
@@ -182,7 +210,15 @@ impl Filesystem {
         // has holes.
         let held = self.behind.held_blocks(object.id);
         let mut blkid = offset / block;
+        let mut looked = 0u64;
         while blkid <= last {
+            // Dense data is looked at a record at a time: turn the engine's
+            // loop now and then, so a seek through a large file does not
+            // hold up every other request.
+            looked += 1;
+            if looked.is_multiple_of(SEEK_RECORDS_PER_TURN) {
+                crate::rt::yield_now().await;
+            }
             let next_held = held[held.partition_point(|&held| held < blkid)..]
                 .first()
                 .copied();
@@ -350,10 +386,10 @@ impl Filesystem {
         data: &[u8],
         lent: Option<&BufSlice>,
     ) -> Result<usize, FsError> {
-        match self.write_once(pool, ino, offset, data, lent).await {
+        match self.write_once(pool, ino, offset, data, lent, false).await {
             Err(error) if error.errno() == libc::ENOSPC => {
                 if pool.wait_for_freed_space(data.len() as u64).await? {
-                    self.write_once(pool, ino, offset, data, lent).await
+                    self.write_once(pool, ino, offset, data, lent, false).await
                 } else {
                     Err(error)
                 }
@@ -362,7 +398,10 @@ impl Filesystem {
         }
     }
 
-    /// [`Filesystem::write`] without the wait for freed space.
+    /// [`Filesystem::write`] without the wait for freed space. `zeros`:
+    /// `data` is all zeros (`fallocate`), so the records it covers whole
+    /// become holes and need no space: only the partial ones at its ends
+    /// are claimed, and a punch on a full pool gives space back.
     async fn write_once(
         &self,
         pool: &Rc<Pool>,
@@ -370,6 +409,7 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
         lent: Option<&BufSlice>,
+        zeros: bool,
     ) -> Result<usize, FsError> {
         self.log.note_write_arrived();
         let (_shared, object) = self.begin_write(pool, ino).await?;
@@ -383,7 +423,14 @@ impl Filesystem {
         // as a commit must not wait for this write's locks.
         let block = object.dnode().data_block_bytes();
         let records = (end - 1) / block - offset / block + 1;
-        let _space = pool.try_claim_space((records * block).max(data.len() as u64))?;
+        let claim = if zeros {
+            let partial =
+                u64::from(!offset.is_multiple_of(block)) + u64::from(!end.is_multiple_of(block));
+            partial.min(records) * block
+        } else {
+            (records * block).max(data.len() as u64)
+        };
+        let _space = pool.try_claim_space(claim)?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();
             let block = dnode.data_block_bytes();

@@ -141,11 +141,20 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             u64s(&mut body, &[0]);
             u32s(&mut body, &[u32::from(datasync), 0]);
         }
-        Request::Readdir { offset, size } => {
+        // READDIR and READDIRPLUS share `fuse_read_in`; the opcode tells.
+        Request::Readdir { offset, size, .. } => {
             u64s(&mut body, &[0, offset]);
             u32s(&mut body, &[size, 0]);
             u64s(&mut body, &[0]);
             u32s(&mut body, &[0, 0]);
+        }
+        Request::Fallocate { offset, length, mode } => {
+            u64s(&mut body, &[0, offset, length]);
+            u32s(&mut body, &[mode, 0]);
+        }
+        Request::Lseek { offset, whence } => {
+            u64s(&mut body, &[0, offset]);
+            u32s(&mut body, &[whence, 0]);
         }
         Request::Access { mask } => u32s(&mut body, &[mask, 0]),
         Request::Setxattr { name, value, flags } => {

@@ -342,6 +342,17 @@ pub struct Label {
 }
 
 impl Label {
+    /// The label of device `leaf_guid` (a leaf of `config`'s tree or one
+    /// of its spares) carrying `config`.
+    pub fn of(config: &PoolConfig, leaf_guid: u64) -> Label {
+        Label {
+            pool_guid: config.pool_guid,
+            leaf_guid,
+            config_txg: config.config_txg,
+            config: config.clone(),
+        }
+    }
+
     /// Encodes the config area (exactly `LABEL_CONFIG_BYTES`).
     pub fn encode(&self) -> Result<Vec<u8>, FormatError> {
         let document = serde_json::to_vec(&self.config)

@@ -228,30 +228,54 @@ pub(super) fn children_lacking(top: &TopVdev, except: usize) -> usize {
         .count()
 }
 
+/// A device as the operator names it: its path as the config or `status`
+/// shows it, its file name, or its guid (hex with 0x, or decimal). Resolved
+/// once, then matched against the devices of the tree, the spares, or the
+/// leaves spares took the place of.
+pub(super) struct DeviceName<'a> {
+    name: &'a str,
+    canonical: Option<String>,
+    guid: Option<u64>,
+}
+
+impl<'a> DeviceName<'a> {
+    pub(super) fn new(name: &'a str) -> DeviceName<'a> {
+        DeviceName {
+            name,
+            canonical: std::fs::canonicalize(name)
+                .ok()
+                .map(|path| path.display().to_string()),
+            guid: name.strip_prefix("0x").map_or_else(
+                || name.parse::<u64>().ok(),
+                |hex| u64::from_str_radix(hex, 16).ok(),
+            ),
+        }
+    }
+
+    /// True when it names the device at `path` with `guid`.
+    pub(super) fn names(&self, path: &str, guid: u64) -> bool {
+        path == self.name
+            || self.canonical.as_deref() == Some(path)
+            || Path::new(path)
+                .file_name()
+                .is_some_and(|file| file == self.name)
+            || self.guid == Some(guid)
+    }
+
+    /// True when it names `leaf`.
+    pub(super) fn names_leaf(&self, leaf: &LeafVdev) -> bool {
+        self.names(&leaf.path.borrow(), leaf.guid())
+    }
+}
+
 impl Pool {
-    /// The leaf named `name`: its path as the config or `status` shows it, its
-    /// file name, or its guid (hex with 0x, or decimal).
+    /// The leaf named `name` (see [`DeviceName`]).
     pub fn find_leaf(&self, name: &str) -> Result<(Rc<TopVdev>, usize), PoolError> {
-        let canonical = std::fs::canonicalize(name)
-            .ok()
-            .map(|path| path.display().to_string());
-        let guid = name.strip_prefix("0x").map_or_else(
-            || name.parse::<u64>().ok(),
-            |hex| u64::from_str_radix(hex, 16).ok(),
-        );
-        let matches = |leaf: &LeafVdev| {
-            let path = leaf.path.borrow();
-            *path == name
-                || canonical.as_deref() == Some(path.as_str())
-                || Path::new(path.as_str())
-                    .file_name()
-                    .is_some_and(|file| file == name)
-                || guid == Some(leaf.guid())
-        };
+        let named = DeviceName::new(name);
         let mut found = Vec::new();
         for top in self.store.vdevs().iter() {
             for (index, leaf) in top.children.iter().enumerate() {
-                if matches(leaf) {
+                if named.names_leaf(leaf) {
                     found.push((top.clone(), index));
                 }
             }
@@ -524,15 +548,7 @@ impl Pool {
                 data_area_bytes(size_bytes)
             )));
         }
-        let probe = crate::pool::labels::probe_device(&*new.device, Path::new(&new.path)).await;
-        match probe.label {
-            Some(label) if !force => Err(PoolError::DeviceInUseByPool {
-                path: new.path.clone(),
-                pool: label.config.name,
-                guid: label.pool_guid,
-            }),
-            _ => Ok(()),
-        }
+        crate::pool::labels::check_unlabelled(new, force).await
     }
 
     /// Attaches device `new` beside `existing` (`ironpool attach POOL
@@ -655,21 +671,7 @@ impl Pool {
                 top.kind.vdev_name(top.id)
             )));
         }
-        let mut children = top.children.clone();
-        let leaf = children.remove(index);
-        let kind = if children.len() == 1 {
-            TopVdevKind::Disk
-        } else {
-            TopVdevKind::Mirror
-        };
-        self.store
-            .replace_vdev(Rc::new(top.reshaped(kind, children)));
-        {
-            let mut config = self.config.borrow_mut();
-            let slot = &mut config.vdevs[top.id as usize];
-            slot.kind = kind;
-            slot.children.remove(index);
-        }
+        let leaf = self.take_side_out(&top, index);
         let path = leaf.path.borrow().clone();
         self.events.post(
             EventClass::DeviceState,
@@ -692,6 +694,33 @@ impl Pool {
             }
         }
         Ok(())
+    }
+
+    /// Takes side `index` out of mirror `top`, in the store's tree and in the
+    /// config (a mirror left with one side becomes a disk), and returns it:
+    /// `detach` and `split`, whose callers checked that another side holds
+    /// every block and commit after.
+    pub(super) fn take_side_out(&self, top: &TopVdev, index: usize) -> Rc<LeafVdev> {
+        assert_eq!(top.kind, TopVdevKind::Mirror, "only a mirror gives a side");
+        let mut children = top.children.clone();
+        let leaf = children.remove(index);
+        let kind = if children.len() == 1 {
+            TopVdevKind::Disk
+        } else {
+            TopVdevKind::Mirror
+        };
+        self.store
+            .replace_vdev(Rc::new(top.reshaped(kind, children)));
+        let mut config = self.config.borrow_mut();
+        let slot = &mut config.vdevs[top.id as usize];
+        assert_eq!(
+            slot.children[index].guid,
+            leaf.guid(),
+            "the config and the tree agree"
+        );
+        slot.kind = kind;
+        slot.children.remove(index);
+        leaf
     }
 
     /// Moves every open dataset's intent-log chain off log vdev `top` (marked

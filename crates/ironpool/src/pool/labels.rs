@@ -288,6 +288,24 @@ pub async fn discover(directories: &[PathBuf]) -> Vec<FoundPool> {
     pools
 }
 
+/// Refuses `new` when it carries a label of some pool, unless `force`:
+/// what every command that puts a device into a pool checks first
+/// (`create`, `add`, `replace`, `attach`, spares).
+pub async fn check_unlabelled(
+    new: &crate::pool::NewDevice,
+    force: bool,
+) -> Result<(), crate::pool::PoolError> {
+    let probe = probe_device(&*new.device, Path::new(&new.path)).await;
+    match probe.label {
+        Some(label) if !force => Err(crate::pool::PoolError::DeviceInUseByPool {
+            path: new.path.clone(),
+            pool: label.config.name,
+            guid: label.pool_guid,
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Erases every label of a device (config areas and uberblock rings, at
 /// the front and at the end) and flushes: it no longer belongs to any pool.
 /// The caller has checked that no pool uses it.

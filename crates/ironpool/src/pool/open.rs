@@ -252,14 +252,7 @@ impl Pool {
                     spare.path
                 )));
             }
-            let probe = labels::probe_device(&*spare.device, Path::new(&spare.path)).await;
-            if let (Some(label), false) = (probe.label, force) {
-                return Err(PoolError::DeviceInUseByPool {
-                    path: spare.path.clone(),
-                    pool: label.config.name,
-                    guid: label.pool_guid,
-                });
-            }
+            labels::check_unlabelled(spare, force).await?;
         }
         let pool = Pool::create_on_devices(name, tops, force, tunables).await?;
         if !spares.is_empty() {
@@ -844,16 +837,7 @@ pub(crate) async fn build_top_vdev(
                 new.path, info.size_bytes, DEVICE_SIZE_MIN_BYTES
             )));
         }
-        let probe = labels::probe_device(&*new.device, Path::new(&new.path)).await;
-        if let Some(label) = probe.label {
-            if !force {
-                return Err(PoolError::DeviceInUseByPool {
-                    path: new.path.clone(),
-                    pool: label.config.name,
-                    guid: label.pool_guid,
-                });
-            }
-        }
+        labels::check_unlabelled(new, force).await?;
     }
     let ashift = top
         .devices

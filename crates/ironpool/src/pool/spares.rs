@@ -18,7 +18,6 @@
 //! that reads, writes, resilvers or scrubs leaves treats it as one.
 
 use std::cell::{Cell, RefCell};
-use std::path::Path;
 use std::rc::Rc;
 
 use serde::Serialize;
@@ -27,7 +26,8 @@ use crate::events::{EventClass, NewEvent};
 use crate::format::data_area_bytes;
 use crate::format::label::{Label, LeafConfig, ReplacedLeaf, SpareConfig, TopVdevKind};
 use crate::format::new_guid;
-use crate::pool::labels::{clear_labels, probe_device, write_labels, Probe};
+use crate::pool::devices::DeviceName;
+use crate::pool::labels::{check_unlabelled, clear_labels, write_labels, Probe};
 use crate::pool::{NewDevice, Pool, PoolError};
 use crate::rt::{self, JoinHandle};
 use crate::vdev::{LeafState, LeafVdev, TopVdev};
@@ -151,16 +151,7 @@ impl Pool {
                     data_area_bytes(size)
                 )));
             }
-            let probe = probe_device(&*new.device, Path::new(&new.path)).await;
-            if let Some(label) = probe.label {
-                if !force {
-                    return Err(PoolError::DeviceInUseByPool {
-                        path: new.path.clone(),
-                        pool: label.config.name,
-                        guid: label.pool_guid,
-                    });
-                }
-            }
+            check_unlabelled(new, force).await?;
         }
         let tunables = self.tunables.borrow().queue.clone();
         for new in devices {
@@ -193,7 +184,7 @@ impl Pool {
             .available
             .borrow()
             .iter()
-            .find(|leaf| names_leaf(leaf, name))
+            .find(|leaf| DeviceName::new(name).names_leaf(leaf))
             .cloned()
     }
 
@@ -248,21 +239,16 @@ impl Pool {
     /// The spare in use that took the place of the leaf named `name` (no
     /// longer in the tree): its config entry.
     pub(super) fn spare_replacing(&self, name: &str) -> Option<SpareConfig> {
-        let guid = parse_guid(name);
+        let named = DeviceName::new(name);
         self.config
             .borrow()
             .spares
             .iter()
             .find(|spare| {
-                spare.replacing.as_ref().is_some_and(|old| {
-                    old.path == name
-                        || Path::new(&old.path)
-                            .file_name()
-                            .is_some_and(|file| file == name)
-                        || std::fs::canonicalize(name)
-                            .is_ok_and(|path| path.display().to_string() == old.path)
-                        || guid == Some(old.guid)
-                })
+                spare
+                    .replacing
+                    .as_ref()
+                    .is_some_and(|old| named.names(&old.path, old.guid))
             })
             .cloned()
     }
@@ -360,12 +346,7 @@ impl Pool {
             let Some(entry) = config.spare(leaf.guid()) else {
                 continue;
             };
-            let label = Label {
-                pool_guid: config.pool_guid,
-                leaf_guid: leaf.guid(),
-                config_txg: config.config_txg,
-                config: config.clone(),
-            };
+            let label = Label::of(config, leaf.guid());
             let written = write_labels(&leaf, &label, entry.device_size_bytes, &[0, 1, 2, 3]).await;
             let flushed = match (written, leaf.device()) {
                 (Ok(()), Some(device)) => device.flush().await.map_err(|error| error.to_string()),
@@ -530,24 +511,4 @@ impl Pool {
         self.resilver_start();
         Ok(())
     }
-}
-
-/// True when `name` names `leaf`: its path, file name or guid.
-fn names_leaf(leaf: &LeafVdev, name: &str) -> bool {
-    let path = leaf.path.borrow();
-    *path == name
-        || Path::new(path.as_str())
-            .file_name()
-            .is_some_and(|file| file == name)
-        || std::fs::canonicalize(name)
-            .is_ok_and(|canonical| canonical.display().to_string() == *path)
-        || parse_guid(name) == Some(leaf.guid())
-}
-
-/// A guid as the CLI takes it: hex with 0x, or decimal.
-fn parse_guid(name: &str) -> Option<u64> {
-    name.strip_prefix("0x").map_or_else(
-        || name.parse::<u64>().ok(),
-        |hex| u64::from_str_radix(hex, 16).ok(),
-    )
 }

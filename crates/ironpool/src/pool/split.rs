@@ -157,19 +157,7 @@ impl Pool {
         }
         for (leaf, _) in &leaving {
             let (top, index) = self.find_leaf(&leaf.guid().to_string())?;
-            let mut children = top.children.clone();
-            children.remove(index);
-            let kind = if children.len() == 1 {
-                TopVdevKind::Disk
-            } else {
-                TopVdevKind::Mirror
-            };
-            self.store
-                .replace_vdev(Rc::new(top.reshaped(kind, children)));
-            let mut config = self.config.borrow_mut();
-            let slot = &mut config.vdevs[top.id as usize];
-            slot.kind = kind;
-            slot.children.remove(index);
+            self.take_side_out(&top, index);
         }
         for (leaf, _) in &leaving {
             self.events.post(
@@ -237,9 +225,11 @@ impl Pool {
             }
         }
         if let Some(spare) = self
-            .spares_status()
+            .config
+            .borrow()
+            .spares
             .iter()
-            .find(|spare| spare.state == "in use")
+            .find(|spare| spare.replacing.is_some())
         {
             return Err(PoolError::InvalidArgument(format!(
                 "spare {} is in use: keep it (detach the device it replaced) or replace it first",
@@ -357,12 +347,7 @@ async fn write_new_pool(
             let size = top.children[0].device_size_bytes;
             let result = match step {
                 0 | 2 => {
-                    let label = Label {
-                        pool_guid: config.pool_guid,
-                        leaf_guid: leaf.guid(),
-                        config_txg: config.config_txg,
-                        config: config.clone(),
-                    };
+                    let label = Label::of(config, leaf.guid());
                     let indexes: &[usize] = if step == 0 { &[0, 2] } else { &[1, 3] };
                     write_labels(leaf, &label, size, indexes).await
                 }

@@ -837,12 +837,7 @@ async fn write_config_labels(
         let Some((top, index)) = config.find_leaf(leaf.guid()) else {
             continue;
         };
-        let label = Label {
-            pool_guid: config.pool_guid,
-            leaf_guid: leaf.guid(),
-            config_txg: config.config_txg,
-            config: config.clone(),
-        };
+        let label = Label::of(config, leaf.guid());
         match write_labels(leaf, &label, top.children[index].device_size_bytes, indexes).await {
             Ok(()) => any_ok = true,
             Err(reason) => reasons.push(reason),

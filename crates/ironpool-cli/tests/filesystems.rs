@@ -136,6 +136,17 @@ fn files_and_directories_work_through_a_real_mount_and_survive_a_restart() {
     stop_and_check(&mut pool);
 }
 
+/// `path` created (or emptied) and opened to read and write.
+fn read_write_new(path: impl AsRef<Path>) -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(path)
+        .unwrap()
+}
+
 /// `lseek(fd, offset, SEEK_DATA or SEEK_HOLE)`: the offset, or the errno.
 fn seek(file: &std::fs::File, offset: u64, whence: i32) -> Result<u64, i32> {
     use std::os::fd::AsRawFd;
@@ -311,13 +322,7 @@ fn fallocate_punches_holes_zeroes_ranges_and_grows_files() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsfalloc");
     let path = mnt.join("file");
     let data = distinct_bytes(1 << 20, 5);
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let file = read_write_new(&path);
     file.write_all_at(&data, 0).unwrap();
     file.sync_all().unwrap();
     let blocks_before = file.metadata().unwrap().blocks();
@@ -371,13 +376,7 @@ fn fallocate_punches_holes_zeroes_ranges_and_grows_files() {
     drop(file);
     // The work follows the data, not the range: a terabyte zeroed past
     // the end grows the file at once, and a punch over it skips the holes.
-    let big = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(mnt.join("big"))
-        .unwrap();
+    let big = read_write_new(mnt.join("big"));
     big.write_all_at(&distinct_bytes(4096, 6), 0).unwrap();
     fallocate(&big, libc::FALLOC_FL_ZERO_RANGE, 4096, 1 << 40).unwrap();
     assert_eq!(big.metadata().unwrap().len(), (1 << 40) + 4096);
@@ -655,13 +654,7 @@ fn a_file_removed_while_open_lives_until_closed_and_a_crash_frees_it() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsunlinked");
     assert_eq!(fs_objects(&pool), 1, "the root directory alone");
     let data = distinct_bytes(1 << 20, 5);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(true)
-        .read(true)
-        .write(true)
-        .open(mnt.join("open.bin"))
-        .unwrap();
+    let file = read_write_new(mnt.join("open.bin"));
     file.write_all_at(&data, 0).unwrap();
     std::fs::remove_file(mnt.join("open.bin")).unwrap();
     assert!(!mnt.join("open.bin").exists());
@@ -1912,13 +1905,7 @@ fn buffered_and_direct_io_on_one_file_agree_and_fio_verifies_both() {
     // reads, never a stale copy.
     use std::os::unix::fs::OpenOptionsExt;
     let path = mnt.join("mixed");
-    let buffered = std::fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .open(&path)
-        .unwrap();
+    let buffered = read_write_new(&path);
     let direct = std::fs::OpenOptions::new()
         .read(true)
         .write(true)

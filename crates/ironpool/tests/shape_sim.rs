@@ -87,25 +87,32 @@ fn shape(pool: &Pool) -> Vec<(TopVdevKind, Vec<String>)> {
         .collect()
 }
 
+/// Pool "tank" of one vdev of `kind` on devices `indices`, with volume
+/// `tank/v` written whole with tag 1 and flushed.
+async fn tank_written(disks: &[Rc<SimDevice>], kind: TopVdevKind, indices: &[usize]) -> Rc<Pool> {
+    let layout = vec![NewTopVdev {
+        log: false,
+        kind,
+        devices: indices.iter().map(|&index| device(disks, index)).collect(),
+    }];
+    let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
+        .await
+        .unwrap();
+    pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+        .await
+        .unwrap();
+    write_tagged(&pool, 0..BLOCKS, 1).await;
+    pool.flush_all().await.unwrap();
+    pool
+}
+
 fn attach_write_crash_detach(seed: u64) {
     let disks = devices(3, DEVICE_BYTES, seed);
     let mut rng = Rng::new(seed);
     let mut tags = BTreeMap::new();
     // A disk; an attach while a writer runs; flushed; a crash.
     Runtime::new_sim(seed).block_on(async {
-        let layout = vec![NewTopVdev {
-            log: false,
-            kind: TopVdevKind::Disk,
-            devices: vec![device(&disks, 0)],
-        }];
-        let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
-            .await
-            .unwrap();
-        pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
-            .await
-            .unwrap();
-        write_tagged(&pool, 0..BLOCKS, 1).await;
-        pool.flush_all().await.unwrap();
+        let pool = tank_written(&disks, TopVdevKind::Disk, &[0]).await;
         let first = rng.below(BLOCKS / 2);
         let writer = {
             let pool = pool.clone();
@@ -206,6 +213,19 @@ fn versions(racing: &std::ops::Range<u64>, blkid: u64) -> &'static [u64] {
     }
 }
 
+/// Every block holds a version written to it ([`versions`]) and the space
+/// accounting is whole.
+async fn assert_versions(pool: &Rc<Pool>, racing: &std::ops::Range<u64>, what: &str) {
+    for blkid in 0..BLOCKS {
+        assert!(
+            tag_of(pool, blkid, versions(racing, blkid)).await.is_some(),
+            "{what}: block {blkid} is no version written"
+        );
+    }
+    let report = pool.check_space().await.unwrap();
+    assert!(report.problems.is_empty(), "{what}: {:?}", report.problems);
+}
+
 /// A mirror written, split while a writer runs, the writes flushed after
 /// the split; then a crash, either at the end or at a random point inside
 /// the split (`crash_inside`). The original imports from the side it kept
@@ -220,19 +240,7 @@ fn split_under_writes(seed: u64, crash_inside: bool) {
     let racing_first = rng.below(BLOCKS / 2);
     let racing = racing_first..racing_first + BLOCKS / 4;
     let split_ended = Runtime::new_sim(seed).block_on(async {
-        let layout = vec![NewTopVdev {
-            log: false,
-            kind: TopVdevKind::Mirror,
-            devices: vec![device(&disks, 0), device(&disks, 1)],
-        }];
-        let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
-            .await
-            .unwrap();
-        pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
-            .await
-            .unwrap();
-        write_tagged(&pool, 0..BLOCKS, 1).await;
-        pool.flush_all().await.unwrap();
+        let pool = tank_written(&disks, TopVdevKind::Mirror, &[0, 1]).await;
         let writer = {
             let pool = pool.clone();
             let racing = racing.clone();
@@ -268,16 +276,8 @@ fn split_under_writes(seed: u64, crash_inside: bool) {
             assert_tagged(&pool, &tags, "the original after the split").await;
         } else {
             // Whatever the split reached, the writes flushed before it.
-            for blkid in 0..BLOCKS {
-                assert!(
-                    tag_of(&pool, blkid, versions(&racing, blkid))
-                        .await
-                        .is_some(),
-                    "seed {seed}: the original lost block {blkid} in a crash inside the split"
-                );
-            }
-            let report = pool.check_space().await.unwrap();
-            assert!(report.problems.is_empty(), "{:?}", report.problems);
+            let what = format!("seed {seed}: the original after a crash inside the split");
+            assert_versions(&pool, &racing, &what).await;
         }
         pool.export().await.unwrap();
     });
@@ -291,16 +291,7 @@ fn split_under_writes(seed: u64, crash_inside: bool) {
             Err(error) => panic!("seed {seed}: the new pool does not import: {error}"),
         };
         assert_eq!(shape(&pool), [(TopVdevKind::Disk, vec!["sim:d1".into()])]);
-        for blkid in 0..BLOCKS {
-            assert!(
-                tag_of(&pool, blkid, versions(&racing, blkid))
-                    .await
-                    .is_some(),
-                "seed {seed}: block {blkid} of the new pool is no version written"
-            );
-        }
-        let report = pool.check_space().await.unwrap();
-        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        assert_versions(&pool, &racing, &format!("seed {seed}: the new pool")).await;
         pool.export().await.unwrap();
     });
 }
@@ -324,22 +315,10 @@ fn spare_replaces_a_failing_side(seed: u64) {
     let mut rng = Rng::new(seed);
     let mut tags = BTreeMap::new();
     Runtime::new_sim(seed).block_on(async {
-        let layout = vec![NewTopVdev {
-            log: false,
-            kind: TopVdevKind::Mirror,
-            devices: vec![device(&disks, 0), device(&disks, 1)],
-        }];
-        let pool = Pool::create_on_devices("tank", layout, false, manual_commits())
-            .await
-            .unwrap();
+        let pool = tank_written(&disks, TopVdevKind::Mirror, &[0, 1]).await;
         pool.add_spares(vec![device(&disks, 2)], false)
             .await
             .unwrap();
-        pool.create_volume("tank/v", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
-            .await
-            .unwrap();
-        write_tagged(&pool, 0..BLOCKS, 1).await;
-        pool.flush_all().await.unwrap();
         // d1 goes away under writes: its errors fault it.
         disks[1].set_offline(true);
         let first = rng.below(BLOCKS / 2);

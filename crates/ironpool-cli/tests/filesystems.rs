@@ -2140,9 +2140,12 @@ const LOG_BLOCK: usize = 16 << 10;
 const LOG_PREFILLED_BLOCKS: u64 = 64;
 const LOG_BLOCKS_MAX: u64 = 160;
 
-/// Block bytes that say who wrote them: (writer, sequence) repeated.
+/// Block bytes that say who wrote them: (writer + 1, sequence) repeated.
+/// Never all zeros (writer 0's prefill, write 0, once read as zeros, so a
+/// hole left by an append in flight passed for another writer's block):
+/// a hole must be told from every write.
 fn stamp(writer: u64, seq: u64) -> Vec<u8> {
-    let mut unit = writer.to_le_bytes().to_vec();
+    let mut unit = (writer + 1).to_le_bytes().to_vec();
     unit.extend_from_slice(&seq.to_le_bytes());
     unit.repeat(LOG_BLOCK / unit.len())
 }
@@ -2150,12 +2153,9 @@ fn stamp(writer: u64, seq: u64) -> Vec<u8> {
 /// The (writer, sequence) a block's bytes were stamped with, if they were.
 fn unstamp(bytes: &[u8]) -> Option<(u64, u64)> {
     let unit = bytes.get(..16)?;
-    (bytes.len() == LOG_BLOCK && bytes.chunks(16).all(|chunk| chunk == unit)).then(|| {
-        (
-            u64::from_le_bytes(unit[..8].try_into().unwrap()),
-            u64::from_le_bytes(unit[8..].try_into().unwrap()),
-        )
-    })
+    let writer = u64::from_le_bytes(unit[..8].try_into().unwrap()).checked_sub(1)?;
+    (bytes.len() == LOG_BLOCK && bytes.chunks(16).all(|chunk| chunk == unit))
+        .then(|| (writer, u64::from_le_bytes(unit[8..].try_into().unwrap())))
 }
 
 /// What one writer did: every sequence written into each block, the last

@@ -1538,7 +1538,19 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
 /// with `fdatasync` when `sync_each`; then `fdatasync` must succeed: every
 /// write that returned was stored. Returns the bytes written.
 fn fill_until_enospc(path: &Path, sync_each: bool) -> u64 {
-    let mut file = std::fs::File::create(path).unwrap();
+    fill_until_refused(path, sync_each, libc::ENOSPC)
+}
+
+/// [`fill_until_enospc`] for the error `errno` (ENOSPC, or EDQUOT at a
+/// quota): appends to `path`, and checks that every byte written reads
+/// back.
+fn fill_until_refused(path: &Path, sync_each: bool, errno: i32) -> u64 {
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    let start = file.metadata().unwrap().len();
     let mut written = 0u64;
     loop {
         let piece = distinct_bytes(1 << 20, (written >> 20) as u8);
@@ -1548,15 +1560,129 @@ fn fill_until_enospc(path: &Path, sync_each: bool) -> u64 {
         }
         match result {
             Ok(()) => written += piece.len() as u64,
-            Err(error) if error.raw_os_error() == Some(libc::ENOSPC) => {
+            Err(error) if error.raw_os_error() == Some(errno) => {
                 if let Err(error) = file.sync_data() {
-                    panic!("{}: fdatasync after ENOSPC: {error}", path.display());
+                    panic!("{}: fdatasync after {error}: {error}", path.display());
                 }
-                return written;
+                break;
             }
             Err(error) => panic!("{}: {error} after {written} bytes", path.display()),
         }
     }
+    // A refused write stored nothing: the file is what was written.
+    let data = std::fs::read(path).unwrap();
+    assert_eq!(data.len() as u64, start + written, "{}", path.display());
+    for (index, piece) in data[start as usize..].chunks(1 << 20).enumerate() {
+        assert!(
+            piece == &distinct_bytes(1 << 20, index as u8)[..piece.len()],
+            "{}: piece {index} does not read back",
+            path.display()
+        );
+    }
+    written
+}
+
+/// Quotas and reservations on a nearly full pool, as OpenZFS's: a
+/// filesystem with `quota=100M` gets EDQUOT at its limit (and `df` shows
+/// the quota's size); its snapshot's blocks count against `quota` but not
+/// against `refquota`; a quota or refquota under what a filesystem uses is
+/// refused; a sibling with `reservation=200M` can still write its 200M
+/// (less the metadata the reservation covers too) after a third
+/// filesystem filled the rest of the pool (ENOSPC, not EDQUOT); nothing
+/// written before a refusal is lost.
+#[test]
+fn quotas_bound_filesystems_and_reservations_keep_space_for_them() {
+    let mut pool = TestPool::new("fsquota");
+    pool.create("512M", &["a.img"]);
+    let name = pool.name.clone();
+    let root = pool.path("");
+    let mount = |fs: &str| root.join(format!("mnt-{fs}"));
+    create_filesystem(&pool, "limited", &mount("limited"), &["quota=100M"]);
+    create_filesystem(&pool, "reserved", &mount("reserved"), &["reservation=200M"]);
+    create_filesystem(&pool, "filler", &mount("filler"), &[]);
+    let _unmount: Vec<Unmount> = ["limited", "reserved", "filler"]
+        .iter()
+        .map(|fs| Unmount(mount(fs)))
+        .collect();
+    pool.serve();
+    for fs in ["limited", "reserved", "filler"] {
+        wait_mounted(&pool, &mount(fs));
+    }
+    let limited = format!("{name}/limited");
+    assert_eq!(
+        property(&pool, &limited, "quota"),
+        ((100u64 << 20).to_string(), "local".to_string())
+    );
+    assert_eq!(
+        property(&pool, &format!("{name}/filler"), "reservation"),
+        ("none".to_string(), "default".to_string())
+    );
+    let (size, available) = space_of(&mount("limited"));
+    assert!(
+        size <= 100 << 20 && available <= size && available > 90 << 20,
+        "df of a 100M quota: size {size}, available {available}"
+    );
+
+    // EDQUOT at the quota, within a few records of it.
+    let file = mount("limited").join("data");
+    let written = fill_until_refused(&file, false, libc::EDQUOT);
+    assert!(
+        (96 << 20..=100 << 20).contains(&written),
+        "{written} bytes written under a 100M quota"
+    );
+    let control = pool.control().display().to_string();
+    let refused = pool.fails(&["--control", &control, "set", "quota=50M", &limited]);
+    assert!(refused.contains("less than"), "{refused}");
+
+    // The snapshot keeps the blocks: the quota still counts them once the
+    // file is gone, a refquota does not.
+    pool.admin(&["snapshot", &format!("{limited}@kept")]);
+    std::fs::remove_file(&file).unwrap();
+    let mut referenced = u64::MAX;
+    for _ in 0..100 {
+        referenced = property(&pool, &limited, "referenced").0.parse().unwrap();
+        if referenced < 8 << 20 {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(referenced < 8 << 20, "{referenced} bytes still referenced");
+    let used: u64 = property(&pool, &limited, "used").0.parse().unwrap();
+    assert!(used >= 96 << 20, "the snapshot holds {used} bytes");
+    let again = mount("limited").join("again");
+    let error = std::fs::write(&again, distinct_bytes(1 << 20, 1)).unwrap_err();
+    assert_eq!(error.raw_os_error(), Some(libc::EDQUOT), "{error}");
+    pool.admin(&["set", "quota=none", &limited]);
+    pool.admin(&["set", "refquota=100M", &limited]);
+    let under_refquota = fill_until_refused(&again, false, libc::EDQUOT);
+    assert!(
+        (90 << 20..=100 << 20).contains(&under_refquota),
+        "{under_refquota} bytes written under a 100M refquota with a 100M snapshot"
+    );
+    let refused = pool.fails(&["--control", &control, "set", "refquota=10M", &limited]);
+    assert!(refused.contains("less than"), "{refused}");
+
+    // The filler takes all but the reservation: ENOSPC, not EDQUOT.
+    let filled = fill_until_enospc(&mount("filler").join("data"), false);
+    let (_, reserved_available) = space_of(&mount("reserved"));
+    assert!(
+        reserved_available >= 200 << 20,
+        "df of the reserved filesystem says {reserved_available} after the pool filled ({filled} bytes)"
+    );
+    let (_, filler_available) = space_of(&mount("filler"));
+    assert!(
+        filler_available < 8 << 20,
+        "df of the filler says {filler_available} once it got ENOSPC"
+    );
+    // The reservation's 200M are there: its data and the metadata that
+    // points at it (as in OpenZFS, a reservation covers both), to within
+    // 1%, read back whole.
+    let kept = fill_until_enospc(&mount("reserved").join("data"), false);
+    assert!(
+        kept >= 198 << 20,
+        "{kept} bytes written under a 200M reservation on a full pool"
+    );
+    stop_and_check(&mut pool);
 }
 
 /// What `df` says is what a write gets: a filesystem reports as available

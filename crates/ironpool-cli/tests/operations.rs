@@ -1330,3 +1330,53 @@ fn serve_no_huge_pages_runs_the_server_without_transparent_huge_pages() {
     qemu_io(&uri, &["write -P 0x3c 0 4M", "flush"]);
     qemu_io(&uri, &["read -P 0x3c 0 4M"]);
 }
+
+/// A volume's `quota` as OpenZFS's: writes past it get ENOSPC over NBD
+/// (NBD has no EDQUOT), within a block of the limit, and what was written
+/// before reads back; `get` shows the limit and `available` what is left
+/// of it; a quota under what the volume uses is refused; raised, writes
+/// go on.
+#[test]
+fn a_volume_quota_refuses_writes_past_it_with_enospc() {
+    let mut pool = TestPool::new("volquota");
+    pool.create("1G", &["a.img"]);
+    pool.create_volume("v", "256M");
+    pool.serve();
+    pool.admin(&["set", "quota=16M", "volquota/v"]);
+    let get = |name: &str| -> String {
+        let rows: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "get", name, "volquota/v"])).unwrap();
+        rows["properties"][0]["value"].as_str().unwrap().to_string()
+    };
+    assert_eq!(get("quota"), (16u64 << 20).to_string());
+    assert!(get("available").parse::<u64>().unwrap() <= 16 << 20);
+    let mut client = NbdClient::connect(&pool.socket(), "volquota/v");
+    let mut written = 0u64;
+    let error = loop {
+        let piece = distinct_bytes(1 << 20, (written >> 20) as u8);
+        match client.write_at(written, &piece) {
+            0 => written += 1 << 20,
+            error => break error,
+        }
+        assert!(written <= 32 << 20, "no quota: {written} bytes written");
+    };
+    assert_eq!(error, libc::ENOSPC as u32, "{written} bytes written");
+    assert!(
+        (14 << 20..=16 << 20).contains(&written),
+        "{written} bytes written under a 16M quota"
+    );
+    assert_eq!(client.flush(), 0);
+    for piece in 0..written >> 20 {
+        assert!(
+            client.read(piece << 20, 1 << 20) == distinct_bytes(1 << 20, piece as u8),
+            "piece {piece}"
+        );
+    }
+    let control = pool.control().display().to_string();
+    let refused = pool.fails(&["--control", &control, "set", "quota=4M", "volquota/v"]);
+    assert!(refused.contains("less than"), "{refused}");
+    pool.admin(&["set", "quota=none", "volquota/v"]);
+    assert_eq!(client.write_at(written, &distinct_bytes(1 << 20, 99)), 0);
+    drop(client);
+    stop_and_check(&mut pool);
+}

@@ -81,15 +81,16 @@ pub fn list(
                 return Ok(());
             }
             println!(
-                "{:<40} {:>9} {:>9} {:>9} {:>9} {:>6}  ORIGIN/MOUNTPOINT",
-                "NAME", "USED", "REFER", "USEDSNAP", "WRITTEN", "RATIO"
+                "{:<40} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}  ORIGIN/MOUNTPOINT",
+                "NAME", "USED", "AVAIL", "REFER", "USEDSNAP", "WRITTEN", "RATIO"
             );
             for row in rows {
                 let figure = |key: &str| row[key].as_u64().map(bytes).unwrap_or_else(|| "-".into());
                 println!(
-                    "{:<40} {:>9} {:>9} {:>9} {:>9} {:>6}  {}",
+                    "{:<40} {:>9} {:>9} {:>9} {:>9} {:>9} {:>6}  {}",
                     row["name"].as_str().unwrap_or("?"),
                     figure("used_bytes"),
+                    figure("available_bytes"),
                     figure("referenced_bytes"),
                     figure("used_by_snapshots_bytes"),
                     figure("written_bytes"),

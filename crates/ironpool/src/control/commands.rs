@@ -775,6 +775,7 @@ async fn run(
                 {
                     map.extend(figures);
                 }
+                entry["available_bytes"] = json!(pool.available_bytes(&short).await?);
                 filesystems.push(entry);
             }
             Ok(json!({ "filesystems": filesystems }))
@@ -793,10 +794,11 @@ async fn run(
                 let name = entry["name"].as_str().unwrap_or_default().to_string();
                 let space = pool.volume_space(&name).await?;
                 if let (Value::Object(map), Ok(Value::Object(figures))) =
-                    (entry, serde_json::to_value(space))
+                    (&mut *entry, serde_json::to_value(space))
                 {
                     map.extend(figures);
                 }
+                entry["available_bytes"] = json!(pool.available_bytes(&name).await?);
             }
             Ok(json!({ "volumes": volumes }))
         }

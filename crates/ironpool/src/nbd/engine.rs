@@ -432,7 +432,7 @@ async fn execute(
 /// The NBD error for an engine error.
 fn errno_of(error: &PoolError) -> u32 {
     match error {
-        PoolError::NoSpace => ENOSPC,
+        PoolError::NoSpace | PoolError::QuotaExceeded(_) => ENOSPC,
         PoolError::ReadOnly(_) => EPERM,
         PoolError::OutOfRange { .. }
         | PoolError::Misaligned { .. }

@@ -94,6 +94,10 @@ pub enum PoolError {
     Io(String),
     #[error("the pool is out of space")]
     NoSpace,
+    /// A write past a dataset's `quota` or `refquota` (EDQUOT for a file,
+    /// ENOSPC for a volume).
+    #[error("quota exceeded: {0}")]
+    QuotaExceeded(String),
     #[error("{0} is read-only")]
     ReadOnly(String),
     #[error("range {offset}+{length} is outside the volume ({size} bytes)")]
@@ -352,6 +356,12 @@ pub struct Pool {
     prefetch: volume::prefetch::PrefetchState,
     /// Hot spares ready to stand in for a failed leaf (see `spares`).
     spares: spares::Spares,
+    /// A refresh of the reserving datasets' figures is running
+    /// (`dataset::quota`).
+    reservations_refreshing: Cell<bool>,
+    /// Some open dataset has a reservation, as of the last refresh: writes
+    /// of the others look at what it holds back only then.
+    reserving: Cell<bool>,
 }
 
 /// Bounds the read cache while the server's memory runs short (see

@@ -127,6 +127,8 @@ impl Pool {
             history: RefCell::new(history::History::default()),
             prefetch: Default::default(),
             spares: Default::default(),
+            reservations_refreshing: Cell::new(false),
+            reserving: Cell::new(false),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -504,6 +506,8 @@ impl Pool {
                     // A leaf found missing takes a spare (after replay:
                     // the activation commits).
                     pool.start_spare_activation();
+                    // Reservations hold space back from the first write.
+                    pool.refresh_reservations();
                     return Ok(pool);
                 }
                 Err(error) => last_error = Some(error),
@@ -575,6 +579,8 @@ impl Pool {
             history: RefCell::new(history::History::default()),
             prefetch: Default::default(),
             spares: Default::default(),
+            reservations_refreshing: Cell::new(false),
+            reserving: Cell::new(false),
         });
         pool.load_history().await;
         for (volume_name, record) in &directory.volumes {

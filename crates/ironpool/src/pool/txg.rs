@@ -878,6 +878,7 @@ async fn finish(pool: &Rc<Pool>, built: &BuiltTxg, started: Instant) {
         .sync_done(built.txg, pool.autotrim());
     pool.start_autotrim();
     pool.start_spare_activation();
+    pool.refresh_reservations();
     pool.objects.set_durable_txg(built.txg);
     crate::pool::filesystem::txg_durable(pool, built.txg);
     crate::pool::dataset::intent_log::txg_durable(pool, built.txg);

@@ -4,6 +4,7 @@
 //! - [`dead_space`]: the space on dead lists, summed by birth txg.
 //! - [`intent_log`]: the log that makes a FLUSH one log write.
 //! - [`props`]: properties, set on a dataset or inherited from the pool.
+//! - [`quota`]: quotas and reservations.
 //! - [`snapshot`]: snapshots, clones, rollback and promote.
 //! - [`send`] and [`receive`]: a snapshot as a stream, and back, through
 //!   [`stream_io`]'s ends (a descriptor or memory).
@@ -15,6 +16,7 @@ pub mod dead_space;
 pub mod directory;
 pub mod intent_log;
 pub mod props;
+pub mod quota;
 pub mod receive;
 pub mod send;
 pub mod snapshot;

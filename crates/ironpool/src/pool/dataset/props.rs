@@ -23,6 +23,8 @@
 //! | mountpoint | a path, none, legacy | /POOL/NAME | filesystems only: where `serve` mounts it |
 //! | atime | on, off | on | filesystems only: reads update access times (relatime's rule) |
 //! | xattr | on, off | on | filesystems only: extended attributes |
+//! | quota, refquota | none, a size | none | not inherited: bound what the dataset and its snapshots use, what it refers to (see `quota`) |
+//! | reservation, refreservation | none, a size | none | not inherited: space held back for the dataset (see `quota`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
 use std::collections::BTreeMap;
@@ -32,6 +34,8 @@ use serde::Serialize;
 
 use crate::block::compress::CompressionSetting;
 use crate::format::ChecksumAlgo;
+use crate::pool::dataset::intent_log::Owner;
+use crate::pool::dataset::quota::SpaceLimits;
 use crate::pool::{filesystem, Pool, PoolError};
 
 /// Longest user property value (names and values live in the directory, which
@@ -153,6 +157,8 @@ pub struct VolumeSettings {
     pub read_only: bool,
     pub primary_cache: PrimaryCache,
     pub direct: DirectMode,
+    /// Its quotas and reservations (its own: never inherited).
+    pub limits: SpaceLimits,
 }
 
 impl VolumeSettings {
@@ -173,7 +179,28 @@ impl Default for VolumeSettings {
             read_only: false,
             primary_cache: PrimaryCache::All,
             direct: DirectMode::Standard,
+            limits: SpaceLimits::default(),
         }
+    }
+}
+
+/// The space properties, none of them inherited (as in OpenZFS).
+pub const SPACE_PROPERTIES: [&str; 4] = ["quota", "refquota", "reservation", "refreservation"];
+
+/// The limits a dataset's `local` properties set (a value stored is bytes,
+/// or `none`).
+fn space_limits(local: &BTreeMap<String, String>) -> SpaceLimits {
+    let bytes = |name: &str| {
+        local
+            .get(name)
+            .and_then(|value| value.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    SpaceLimits {
+        quota: bytes("quota"),
+        refquota: bytes("refquota"),
+        reservation: bytes("reservation"),
+        refreservation: bytes("refreservation"),
     }
 }
 
@@ -248,6 +275,20 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             Some(_) => Ok(value.to_string()),
             None => invalid(format!("direct '{value}': use standard, always or disabled")),
         },
+        _ if SPACE_PROPERTIES.contains(&name) => {
+            if on_pool {
+                return invalid(format!("{name} is a property of volumes and filesystems"));
+            }
+            if value == "none" {
+                return Ok("none".into());
+            }
+            let bytes = crate::units::parse_size(value)
+                .map_err(|error| PoolError::InvalidArgument(format!("{name} '{value}': {error}; or none")))?;
+            Ok(match bytes {
+                0 => "none".into(),
+                bytes => bytes.to_string(),
+            })
+        }
         "volsize" if !on_pool => {
             let bytes = crate::units::parse_size(value).map_err(PoolError::InvalidArgument)?;
             Ok(bytes.to_string())
@@ -298,6 +339,7 @@ fn is_read_only(name: &str) -> bool {
             | "health"
             | "volblocksize"
             | "mounted"
+            | "available"
     )
 }
 
@@ -348,6 +390,7 @@ pub fn settings(
         primary_cache: PrimaryCache::parse(&value("primarycache"))
             .unwrap_or(defaults.primary_cache),
         direct: DirectMode::parse(&value("direct")).unwrap_or(defaults.direct),
+        limits: space_limits(local),
     }
 }
 
@@ -409,6 +452,12 @@ impl Pool {
             };
             normalised.insert(name.clone(), value);
         }
+        if normalised
+            .keys()
+            .any(|name| SPACE_PROPERTIES.contains(&name.as_str()))
+        {
+            self.check_space_properties(&kind, &normalised).await?;
+        }
         if let Target::Volume(short) = &kind {
             if let Some(size) = normalised.remove("volsize") {
                 self.resize_volume(
@@ -420,10 +469,53 @@ impl Pool {
         }
         self.properties_of(&kind, target, |properties| properties.extend(normalised))?;
         self.refresh_settings();
+        self.refresh_reservations();
         let committed = self.commit().await;
         // A mount follows its filesystem's mountpoint, atime and readonly.
         self.datasets.filesystems_changed.notify_all();
         committed
+    }
+
+    /// Checks the quotas and reservations `assignments` give dataset
+    /// `kind` against what it uses ([`Pool::check_space_limits`]).
+    async fn check_space_properties(
+        self: &Rc<Self>,
+        kind: &Target,
+        assignments: &BTreeMap<String, String>,
+    ) -> Result<(), PoolError> {
+        let mut properties = {
+            let directory = self.datasets.directory.read();
+            match kind {
+                Target::Volume(short) => directory
+                    .volumes
+                    .get(short)
+                    .map(|record| record.properties.clone()),
+                Target::Filesystem(short) => directory
+                    .filesystems
+                    .get(short)
+                    .map(|record| record.properties.clone()),
+                Target::Pool => None,
+            }
+            .unwrap_or_default()
+        };
+        properties.extend(assignments.clone());
+        let limits = space_limits(&properties);
+        match kind {
+            Target::Volume(short) => {
+                let volume = self.volume(short)?;
+                self.check_space_limits(Owner::Volume(&volume), limits)
+                    .await
+            }
+            Target::Filesystem(short) => {
+                let fs = self.datasets.filesystems.get(short).ok_or_else(|| {
+                    PoolError::InvalidArgument(format!("no filesystem '{short}'"))
+                })?;
+                let _shared = fs.shared().await;
+                self.check_space_limits(Owner::Filesystem(&fs), limits)
+                    .await
+            }
+            Target::Pool => Ok(()),
+        }
     }
 
     /// What `target` names, for `set`, `inherit` and `get`.
@@ -581,6 +673,8 @@ impl Pool {
             values.push(("type".into(), "filesystem".into(), "-".into()));
             let space = self.volume_space(&short).await?;
             values.extend(space_values(&space));
+            let available = self.available_bytes(&short).await?;
+            values.push(("available".into(), available.to_string(), "-".into()));
             for name in filesystem::OWN_PROPERTIES {
                 let (value, source) = match record.properties.get(name) {
                     Some(value) => (value.clone(), "local".to_string()),
@@ -615,6 +709,8 @@ impl Pool {
             let space = self.volume_space(&short).await?;
             values.push(("type".into(), "volume".into(), "-".into()));
             values.extend(space_values(&space));
+            let available = self.available_bytes(&short).await?;
+            values.push(("available".into(), available.to_string(), "-".into()));
             values.push((
                 "volsize".into(),
                 volume.size_bytes.get().to_string(),
@@ -755,6 +851,12 @@ fn dataset_values(
         if let Some((value, source)) = lookup(local, pool, pool_name, name) {
             values.push((name.into(), value, source));
         }
+    }
+    for name in SPACE_PROPERTIES {
+        values.push(match local.get(name) {
+            Some(value) => (name.into(), value.clone(), "local".into()),
+            None => (name.into(), "none".into(), "default".into()),
+        });
     }
     let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
     for (name, value) in pool.iter().filter(|(name, _)| is_user_property(name)) {

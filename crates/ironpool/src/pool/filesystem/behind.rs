@@ -54,7 +54,7 @@ use crate::format::znode::Znode;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
 use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
-use crate::pool::dataset::intent_log::FileAttr;
+use crate::pool::dataset::intent_log::{FileAttr, Owner};
 use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
 use crate::pool::Pool;
 use crate::queue::IoClass;
@@ -258,6 +258,12 @@ impl Filesystem {
         let end = super::write_end(offset, data.len())?;
         let dnode = object.dnode();
         let block = dnode.data_block_bytes();
+        // Its quota and the others' reservations first: the whole records
+        // it touches, as a write going through claims.
+        let touched = ((end - 1) / block - offset / block + 1) * block;
+        let _admitted = pool
+            .admit_to_dataset(Owner::Filesystem(self), touched)
+            .await?;
         if self.grows(&dnode, end) {
             let guard = self.files.whole(ino).await;
             if self.may_grow_behind(pool, &object, end) {
@@ -719,6 +725,17 @@ impl Filesystem {
     /// Blocks whose newest version is in memory, not yet linked.
     pub fn held_behind_blocks(&self) -> usize {
         self.behind.blocks.borrow().len()
+    }
+
+    /// The space the blocks held in memory will take once linked (what
+    /// they reserved): part of what the filesystem uses, for its quota.
+    pub fn held_behind_bytes(&self) -> u64 {
+        self.behind
+            .blocks
+            .borrow()
+            .values()
+            .map(|version| version.reserved)
+            .sum()
     }
 
     /// The error a failed write-out of file `ino` left, if any (once): what

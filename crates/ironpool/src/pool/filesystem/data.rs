@@ -14,6 +14,7 @@ use crate::format::znode::Znode;
 use crate::format::{BlockPointer, Dnode, ObjectType};
 use crate::object::Object;
 use crate::pool::data::{is_zero, release_unlinked, Linked, BLOCKS_IN_FLIGHT_PER_REQUEST};
+use crate::pool::dataset::intent_log::Owner;
 use crate::pool::dataset::props::{DirectMode, LogBias};
 use crate::pool::Pool;
 use crate::queue::IoClass;
@@ -430,6 +431,9 @@ impl Filesystem {
         } else {
             (records * block).max(data.len() as u64)
         };
+        let _admitted = pool
+            .admit_to_dataset(Owner::Filesystem(self), claim)
+            .await?;
         let _space = pool.try_claim_space(claim)?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();

@@ -242,6 +242,7 @@ impl FsError {
             FsError::Invalid(_) => libc::EINVAL,
             FsError::NotPermitted(_) => libc::EPERM,
             FsError::NoSpace | FsError::Pool(PoolError::NoSpace) => libc::ENOSPC,
+            FsError::Pool(PoolError::QuotaExceeded(_)) => libc::EDQUOT,
             FsError::TooManyLinks => libc::EMLINK,
             FsError::TooBig => libc::EFBIG,
             FsError::ReadOnly | FsError::Pool(PoolError::ReadOnly(_)) => libc::EROFS,
@@ -575,6 +576,8 @@ pub struct Filesystem {
     pub(in crate::pool) log: IntentLog,
     /// Buffered writes answered and not yet linked (`behind.rs`).
     behind: behind::WrittenBehind,
+    /// Its space figures for its quota and reservation (`dataset::quota`).
+    pub(crate) usage: crate::pool::dataset::quota::UsageEstimate,
 }
 
 /// The exclusive hold of a filesystem's lock by a change of names or
@@ -830,6 +833,7 @@ impl Filesystem {
             snapshot,
             log: IntentLog::default(),
             behind: behind::WrittenBehind::default(),
+            usage: Default::default(),
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
@@ -1145,9 +1149,14 @@ impl Filesystem {
         let (size_bytes, free_bytes) = pool.space();
         // The size leaves out what metadata may take; what is being freed
         // is available (a write waits for it), so it is no longer used.
+        let (total_bytes, available_bytes) = pool.limited_space(
+            crate::pool::dataset::intent_log::Owner::Filesystem(self),
+            size_bytes - free_bytes + pool.data_available_bytes(),
+            pool.writable_bytes(),
+        );
         FsStats {
-            total_bytes: size_bytes - free_bytes + pool.data_available_bytes(),
-            available_bytes: pool.writable_bytes(),
+            total_bytes,
+            available_bytes,
             objects: self.header.get().objects,
         }
     }

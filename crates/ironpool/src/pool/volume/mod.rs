@@ -32,7 +32,7 @@ use crate::format::{BlockPointer, ObjectType};
 use crate::object::{block_pieces, Object};
 use crate::pool::data::{is_zero, Linked, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::directory::VolumeRecord;
-use crate::pool::dataset::intent_log::COPY_BLOCK_BYTES_MAX;
+use crate::pool::dataset::intent_log::{Owner, COPY_BLOCK_BYTES_MAX};
 use crate::pool::dataset::props::{LogBias, SyncMode, VolumeSettings};
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
@@ -151,6 +151,8 @@ pub struct Volume {
     pub(crate) log: crate::pool::dataset::intent_log::IntentLog,
     /// Its sequential readers, for prefetch.
     pub(crate) streams: prefetch::Streams,
+    /// Its space figures for its quota and reservation (`dataset::quota`).
+    pub(crate) usage: crate::pool::dataset::quota::UsageEstimate,
 }
 
 /// A new directory record.
@@ -197,6 +199,7 @@ impl Volume {
             writeback: Default::default(),
             log: Default::default(),
             streams: Default::default(),
+            usage: Default::default(),
         })
     }
 
@@ -552,7 +555,11 @@ impl Pool {
         // All or nothing, and never into the space held writes will take:
         // the whole blocks it touches (a part of one is written as a new
         // whole block). Claimed before any lock: the claim may wait for
-        // commits.
+        // commits. The volume's quota and the other datasets' reservations
+        // come first.
+        let _admitted = self
+            .admit_to_dataset(Owner::Volume(volume), (last - first + 1) * block)
+            .await?;
         let _space = self.claim_space((last - first + 1) * block).await?;
         // A small durable write (small blocks, `logbias=latency`) is held and
         // its commit copies it into the log, as OpenZFS copies small sync
@@ -682,7 +689,10 @@ impl Pool {
             // none: a TRIM on a full pool must go on (parts of blocks zeroed
             // in place, two at most per request, are left unclaimed for it).
             let _space = if whole_allocates {
-                Some(self.claim_space(slice_end - position).await?)
+                let admitted = self
+                    .admit_to_dataset(Owner::Volume(volume), slice_end - position)
+                    .await?;
+                Some((admitted, self.claim_space(slice_end - position).await?))
             } else {
                 None
             };

@@ -273,6 +273,17 @@ pub struct VolumeWriteback {
 }
 
 impl VolumeWriteback {
+    /// The space the dirty blocks will take once linked (what they
+    /// reserved): part of what the volume uses, for its quota.
+    pub(crate) fn held_bytes(&self) -> u64 {
+        self.dirty
+            .borrow()
+            .blocks
+            .values()
+            .map(|block| block.reserved_bytes)
+            .sum()
+    }
+
     /// The blocks held dirty whose bytes are not in the intent log yet, in
     /// block order: what a FLUSH copies into the log.
     pub(crate) fn unlogged(&self) -> Vec<(u64, BufSlice)> {

@@ -504,7 +504,7 @@ impl<'a> Owner<'a> {
     }
 
     /// The dataset's full name, for messages.
-    fn name(self) -> &'a str {
+    pub(crate) fn name(self) -> &'a str {
         match self {
             Owner::Volume(volume) => &volume.name,
             Owner::Filesystem(fs) => &fs.name,

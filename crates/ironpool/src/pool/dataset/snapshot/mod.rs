@@ -229,7 +229,7 @@ impl Pool {
 
     /// The pool-level object a dataset's snapshots copy: a volume's data
     /// tree, a filesystem's dnode table.
-    fn head_object(&self, dataset: &str) -> Result<Rc<Object>, PoolError> {
+    pub(in crate::pool) fn head_object(&self, dataset: &str) -> Result<Rc<Object>, PoolError> {
         if let Some(volume) = self.datasets.volumes.get(dataset) {
             return Ok(volume.object.clone());
         }

@@ -1,0 +1,538 @@
+//! Quotas and reservations: OpenZFS's `quota`, `refquota`, `reservation`
+//! and `refreservation` on volumes and filesystems.
+//!
+//! - `refquota` bounds what the dataset refers to (`referenced`);
+//!   `quota` bounds what it and its snapshots use (`used`). A write that
+//!   would take the dataset past either fails before it touches anything:
+//!   `EDQUOT` for a file, `ENOSPC` for a volume (NBD has no other error
+//!   for it), and nothing acknowledged before is lost.
+//! - `reservation` guarantees the dataset space for what it uses,
+//!   `refreservation` for what it refers to: the part not yet used is taken
+//!   out of what every other dataset may write.
+//!
+//! How the figures are kept, as OpenZFS keeps them (`dsl_dir_tempreserve_space`):
+//! each dataset remembers its figures as last computed, exactly, and adds
+//! the space of every write admitted since (an upper bound: an overwrite
+//! counts whole, the block it replaces is freed only later). Only when that
+//! bound would cross a quota are the figures computed again: what the tree
+//! refers to now, what its snapshots alone hold (their dead lists), and the
+//! blocks written but not yet linked into the tree (held in memory). The
+//! check is therefore exact at the limit and costs nothing away from it.
+//! Reservations use the figures of each reserving dataset as of its last
+//! computation, refreshed after every txg: a dataset that frees space under
+//! its reservation gives it back to the others by the next txg.
+//!
+//! For a clone, `used` counts everything it refers to, its origin's blocks
+//! included (OpenZFS counts only the blocks born after the origin): a
+//! clone's quota may bite early, never late.
+
+use std::cell::Cell;
+use std::rc::Rc;
+
+use crate::pool::dataset::intent_log::Owner;
+use crate::pool::{Pool, PoolError};
+use crate::rt::sync::Semaphore;
+
+/// Times the figures of a dataset are computed again when the dead lists
+/// move under the computation (a snapshot destroyed meanwhile) before the
+/// last known figure of its snapshots is used instead: the check runs in a
+/// write, which must not wait for the admin lock that would stop them.
+const USAGE_ATTEMPTS: usize = 3;
+
+/// A dataset's space limits (0: none), from its own properties (they are
+/// not inherited, as in OpenZFS).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SpaceLimits {
+    pub quota: u64,
+    pub refquota: u64,
+    pub reservation: u64,
+    pub refreservation: u64,
+}
+
+impl SpaceLimits {
+    /// Whether a write must be checked against a quota.
+    pub fn has_quota(&self) -> bool {
+        self.quota != 0 || self.refquota != 0
+    }
+
+    /// Whether the dataset holds space back from the others.
+    pub fn has_reservation(&self) -> bool {
+        self.reservation != 0 || self.refreservation != 0
+    }
+
+    /// Space held back for the dataset and not used by it, given its
+    /// figures.
+    pub fn unused_reservation(&self, used: u64, referenced: u64) -> u64 {
+        self.reservation
+            .saturating_sub(used)
+            .max(self.refreservation.saturating_sub(referenced))
+    }
+}
+
+/// A dataset's space as last computed, and what writes admitted since may
+/// add.
+#[derive(Clone, Copy, Debug, Default)]
+struct Usage {
+    /// Whether the figures were ever computed (since open).
+    known: bool,
+    /// `used`: what it refers to and what its snapshots alone hold, with
+    /// the blocks held in memory for it when computed.
+    used: u64,
+    /// `referenced`, with the blocks held in memory for it when computed.
+    referenced: u64,
+    /// The part of `used` its snapshots alone held: kept for when the dead
+    /// lists move under a computation.
+    snapshots: u64,
+    /// Bytes of writes admitted since.
+    since: u64,
+}
+
+/// The space figures one dataset keeps for its quota and reservation
+/// checks.
+pub struct UsageEstimate {
+    usage: Cell<Usage>,
+    /// Bytes of writes admitted whose blocks are neither linked nor held
+    /// yet ([`Admitted`]): a computation counts them, as it cannot see
+    /// them in the tree or in memory.
+    in_flight: Cell<u64>,
+    /// One computation at a time: each starts `since` again, and one
+    /// ending after a later one would drop the writes admitted between
+    /// their starts.
+    computing: Rc<Semaphore>,
+}
+
+impl Default for UsageEstimate {
+    fn default() -> UsageEstimate {
+        UsageEstimate {
+            usage: Cell::default(),
+            in_flight: Cell::new(0),
+            computing: Semaphore::new(1),
+        }
+    }
+}
+
+/// A write admitted to its dataset ([`Pool::admit_to_dataset`]), kept by
+/// the write until its blocks are linked into the tree or held in memory.
+#[must_use]
+pub struct Admitted<'a> {
+    estimate: Option<&'a UsageEstimate>,
+    bytes: u64,
+}
+
+impl Drop for Admitted<'_> {
+    fn drop(&mut self) {
+        if let Some(estimate) = self.estimate {
+            estimate
+                .in_flight
+                .set(estimate.in_flight.get().saturating_sub(self.bytes));
+        }
+    }
+}
+
+impl UsageEstimate {
+    /// `used` and `referenced` at most, now.
+    fn bound(&self) -> (u64, u64) {
+        let usage = self.usage.get();
+        (
+            usage.used.saturating_add(usage.since),
+            usage.referenced.saturating_add(usage.since),
+        )
+    }
+
+    /// Counts a write of `bytes` admitted, in flight until the guard goes.
+    fn admitted(&self, bytes: u64) -> Admitted<'_> {
+        let mut usage = self.usage.get();
+        usage.since = usage.since.saturating_add(bytes);
+        self.usage.set(usage);
+        self.in_flight
+            .set(self.in_flight.get().saturating_add(bytes));
+        Admitted {
+            estimate: Some(self),
+            bytes,
+        }
+    }
+
+    /// Figures as last computed (used, referenced), if ever.
+    pub fn last(&self) -> Option<(u64, u64)> {
+        let usage = self.usage.get();
+        usage.known.then_some((usage.used, usage.referenced))
+    }
+}
+
+/// The ways a write exceeds a limit.
+fn exceeded(
+    name: &str,
+    limits: &SpaceLimits,
+    (used, referenced): (u64, u64),
+    bytes: u64,
+) -> Option<String> {
+    if limits.refquota != 0 && referenced.saturating_add(bytes) > limits.refquota {
+        return Some(format!(
+            "{name}: a write of {bytes} bytes would pass its refquota of {} ({referenced} referenced)",
+            limits.refquota
+        ));
+    }
+    if limits.quota != 0 && used.saturating_add(bytes) > limits.quota {
+        return Some(format!(
+            "{name}: a write of {bytes} bytes would pass its quota of {} ({used} used)",
+            limits.quota
+        ));
+    }
+    None
+}
+
+impl Pool {
+    /// Admits a write of `bytes` of new space to `owner` (a filesystem's:
+    /// the caller holds its lock shared, as a write does): refused with
+    /// [`PoolError::QuotaExceeded`] past its quota or refquota, with
+    /// [`PoolError::NoSpace`] when the space left once other datasets'
+    /// reservations are set aside is short. Nothing is taken: the caller
+    /// claims the space from the pool next, as any write does, and keeps
+    /// the guard until its blocks are linked or held.
+    pub(crate) async fn admit_to_dataset<'a>(
+        self: &Rc<Self>,
+        owner: Owner<'a>,
+        bytes: u64,
+    ) -> Result<Admitted<'a>, PoolError> {
+        if bytes == 0 {
+            return Ok(Admitted {
+                estimate: None,
+                bytes: 0,
+            });
+        }
+        let limits = owner_limits(owner);
+        let estimate = usage_of(owner);
+        let elsewhere = self.reserved_elsewhere(owner);
+        if elsewhere > 0 {
+            let room = self.data_available_bytes().saturating_sub(elsewhere);
+            // (Its own reservation is in the pool's free space already.)
+            if bytes > room {
+                return Err(PoolError::NoSpace);
+            }
+        }
+        if limits.has_quota() {
+            let known = estimate.usage.get().known;
+            if !known || exceeded(owner.name(), &limits, estimate.bound(), bytes).is_some() {
+                self.compute_usage(owner).await?;
+                if let Some(why) = exceeded(owner.name(), &limits, estimate.bound(), bytes) {
+                    return Err(PoolError::QuotaExceeded(why));
+                }
+            }
+        }
+        Ok(estimate.admitted(bytes))
+    }
+
+    /// The space other datasets than `owner` have reserved and not used,
+    /// by their figures as last computed.
+    fn reserved_elsewhere(&self, owner: Owner<'_>) -> u64 {
+        if !self.reserving.get() {
+            return 0;
+        }
+        let mut total = 0u64;
+        let mine = owner.name();
+        let mut add = |name: &str, limits: SpaceLimits, estimate: &UsageEstimate| {
+            if name == mine || !limits.has_reservation() {
+                return;
+            }
+            // Never computed yet (the refresh after the next txg will):
+            // all of it is held back.
+            let (used, referenced) = estimate.last().unwrap_or((0, 0));
+            total = total.saturating_add(limits.unused_reservation(used, referenced));
+        };
+        for volume in self.datasets.volumes.all() {
+            add(&volume.name, volume.settings().limits, &volume.usage);
+        }
+        for fs in self.datasets.filesystems.all() {
+            add(&fs.name, fs.settings().limits, &fs.usage);
+        }
+        total
+    }
+
+    /// Computes `owner`'s figures again: what its tree refers to, what its
+    /// snapshots alone hold, and what is held in memory for it. A
+    /// filesystem's caller holds its lock shared.
+    async fn compute_usage(self: &Rc<Self>, owner: Owner<'_>) -> Result<(), PoolError> {
+        let estimate = usage_of(owner);
+        let _one = estimate.computing.acquire(1).await;
+        let short = owner_short(owner).to_string();
+        // What is in flight and held first, then the tree: a block linked
+        // in between counts twice (an upper bound), never not at all.
+        // Writes admitted from here on count in `since`.
+        let held = match owner {
+            Owner::Volume(volume) => volume.writeback.held_bytes(),
+            Owner::Filesystem(fs) => fs.held_behind_bytes(),
+        }
+        .saturating_add(estimate.in_flight.get());
+        let mut start = estimate.usage.get();
+        start.since = 0;
+        estimate.usage.set(start);
+        let referenced = match owner {
+            Owner::Volume(volume) => volume.object.dnode().used_bytes,
+            Owner::Filesystem(fs) => fs.referenced_locked(self).await?.0,
+        };
+        let record = self.record(&short)?;
+        let head = self.head_object(&short)?;
+        let mut snapshots = None;
+        for _ in 0..USAGE_ATTEMPTS {
+            let epoch = Some(self.datasets.dead_space.epoch());
+            let _hold = self.txg.hold_builds();
+            let Some(mut dead) = self.head_dead_space(&head, &record, epoch).await? else {
+                continue;
+            };
+            let mut moved = false;
+            for snapshot in &record.snapshots {
+                match self.dead_list_space(snapshot.dead_list, epoch).await? {
+                    Some(space) => dead.merge(&space),
+                    None => {
+                        moved = true;
+                        break;
+                    }
+                }
+            }
+            if !moved {
+                snapshots = Some(dead.allocated_after(head.dnode().origin_txg));
+                break;
+            }
+        }
+        let mut usage = estimate.usage.get();
+        let snapshots = snapshots.unwrap_or(usage.snapshots);
+        usage.known = true;
+        usage.snapshots = snapshots;
+        usage.referenced = referenced.saturating_add(held);
+        usage.used = usage.referenced.saturating_add(snapshots);
+        estimate.usage.set(usage);
+        Ok(())
+    }
+
+    /// Computes the figures of every open dataset with a reservation (so
+    /// that what the others may write follows what it uses) or a quota
+    /// (so that `df` follows it), after each txg, at import and when a
+    /// property is set. One refresh runs at a time.
+    pub(crate) fn refresh_reservations(self: &Rc<Self>) {
+        let reserving = self
+            .datasets
+            .volumes
+            .any(|volume| volume.settings().limits.has_reservation())
+            || self
+                .datasets
+                .filesystems
+                .any(|fs| fs.settings().limits.has_reservation());
+        self.reserving.set(reserving);
+        let limited = |limits: SpaceLimits| limits.has_reservation() || limits.has_quota();
+        let any = self
+            .datasets
+            .volumes
+            .any(|volume| limited(volume.settings().limits))
+            || self
+                .datasets
+                .filesystems
+                .any(|fs| limited(fs.settings().limits));
+        if !any || self.txg.is_stopping() || self.reservations_refreshing.replace(true) {
+            return;
+        }
+        let pool = self.clone();
+        crate::rt::spawn(async move {
+            let _ = pool.refresh_reservations_now().await;
+            pool.reservations_refreshing.set(false);
+        });
+    }
+
+    /// [`Pool::refresh_reservations`], awaited.
+    pub(crate) async fn refresh_reservations_now(self: &Rc<Self>) -> Result<(), PoolError> {
+        let limited = |limits: SpaceLimits| limits.has_reservation() || limits.has_quota();
+        for volume in self.datasets.volumes.all() {
+            if limited(volume.settings().limits) {
+                self.compute_usage(Owner::Volume(&volume)).await?;
+            }
+        }
+        for fs in self.datasets.filesystems.all() {
+            if limited(fs.settings().limits) && !fs.is_retired() {
+                let _shared = fs.shared().await;
+                self.compute_usage(Owner::Filesystem(&fs)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `statfs`'s figures for `owner` (a filesystem), given the pool's
+    /// `(total, available)`: the space other datasets reserved is not
+    /// available, and under a quota `df` shows the quota's size and what
+    /// is left of it (by the figures as last computed, with the writes
+    /// admitted since), as OpenZFS's `df` does.
+    pub(crate) fn limited_space(&self, owner: Owner<'_>, total: u64, available: u64) -> (u64, u64) {
+        let limits = owner_limits(owner);
+        let available = available.saturating_sub(self.reserved_elsewhere(owner));
+        if !limits.has_quota() {
+            return (total, available);
+        }
+        let (used, referenced) = usage_of(owner).bound();
+        let mut bounded = (total, available);
+        for (limit, figure) in [(limits.quota, used), (limits.refquota, referenced)] {
+            let room = limit.saturating_sub(figure);
+            if limit != 0 && room < bounded.1 {
+                bounded = (figure.min(limit).saturating_add(room), room);
+            }
+        }
+        bounded
+    }
+
+    /// [`Pool::dataset_available`] of the volume or filesystem named
+    /// `dataset` (`POOL/NAME` or `NAME`).
+    pub async fn available_bytes(self: &Rc<Self>, dataset: &str) -> Result<u64, PoolError> {
+        let short = dataset
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(dataset);
+        if let Some(fs) = self.datasets.filesystems.get(short) {
+            let _shared = fs.shared().await;
+            return self.dataset_available(Owner::Filesystem(&fs)).await;
+        }
+        let volume = self.volume(short)?;
+        self.dataset_available(Owner::Volume(&volume)).await
+    }
+
+    /// The space `owner` may still write: the pool's, less what other
+    /// datasets reserved and do not use, bounded by its quotas (`available`, as OpenZFS shows it).
+    /// A filesystem's caller holds its lock shared.
+    pub(crate) async fn dataset_available(
+        self: &Rc<Self>,
+        owner: Owner<'_>,
+    ) -> Result<u64, PoolError> {
+        let limits = owner_limits(owner);
+        self.compute_usage(owner).await?;
+        let (used, referenced) = usage_of(owner).bound();
+        let mut available = self
+            .data_available_bytes()
+            .saturating_sub(self.reserved_elsewhere(owner));
+        if limits.quota != 0 {
+            available = available.min(limits.quota.saturating_sub(used));
+        }
+        if limits.refquota != 0 {
+            available = available.min(limits.refquota.saturating_sub(referenced));
+        }
+        Ok(available)
+    }
+
+    /// Checks the limits `owner` is to have (set now), as OpenZFS does: a
+    /// quota under what the dataset uses, a refquota under what it refers
+    /// to, a reservation past its quota are refused, and the part of a
+    /// reservation it does not use must fit in what is left once the other
+    /// datasets' reservations are set aside. A filesystem's caller holds
+    /// its lock shared.
+    pub(crate) async fn check_space_limits(
+        self: &Rc<Self>,
+        owner: Owner<'_>,
+        limits: SpaceLimits,
+    ) -> Result<(), PoolError> {
+        self.compute_usage(owner).await?;
+        let (used, referenced) = usage_of(owner).bound();
+        let name = owner.name();
+        let refuse = |why: String| Err(PoolError::InvalidArgument(format!("{name}: {why}")));
+        if limits.quota != 0 && limits.quota < used {
+            return refuse(format!(
+                "quota {} is less than the {used} bytes it uses",
+                limits.quota
+            ));
+        }
+        if limits.refquota != 0 && limits.refquota < referenced {
+            return refuse(format!(
+                "refquota {} is less than the {referenced} bytes it refers to",
+                limits.refquota
+            ));
+        }
+        if limits.quota != 0 && limits.reservation > limits.quota {
+            return refuse(format!(
+                "reservation {} is more than its quota {}",
+                limits.reservation, limits.quota
+            ));
+        }
+        let wanted = limits.unused_reservation(used, referenced);
+        let had = owner_limits(owner).unused_reservation(used, referenced);
+        let room = self
+            .data_available_bytes()
+            .saturating_sub(self.reserved_elsewhere(owner));
+        if wanted > had && wanted > room {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}: cannot reserve {} bytes more: {room} are free once other reservations are set aside",
+                owner.name(),
+                wanted - had
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The limits `owner`'s properties set.
+fn owner_limits(owner: Owner<'_>) -> SpaceLimits {
+    match owner {
+        Owner::Volume(volume) => volume.settings().limits,
+        Owner::Filesystem(fs) => fs.settings().limits,
+    }
+}
+
+/// The figures `owner` keeps.
+fn usage_of<'a>(owner: Owner<'a>) -> &'a UsageEstimate {
+    match owner {
+        Owner::Volume(volume) => &volume.usage,
+        Owner::Filesystem(fs) => &fs.usage,
+    }
+}
+
+/// `owner`'s name in the pool directory.
+fn owner_short<'a>(owner: Owner<'a>) -> &'a str {
+    match owner {
+        Owner::Volume(volume) => volume.short_name(),
+        Owner::Filesystem(fs) => fs.short_name(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_bound_writes_and_hold_space_back() {
+        let limits = SpaceLimits {
+            quota: 100,
+            refquota: 60,
+            reservation: 80,
+            refreservation: 0,
+        };
+        assert!(exceeded("t", &limits, (50, 50), 10).is_none());
+        assert!(exceeded("t", &limits, (50, 50), 11)
+            .unwrap()
+            .contains("refquota"));
+        assert!(exceeded("t", &limits, (95, 10), 6)
+            .unwrap()
+            .contains("quota of 100"));
+        assert_eq!(limits.unused_reservation(30, 30), 50);
+        assert_eq!(limits.unused_reservation(90, 30), 0);
+        let refres = SpaceLimits {
+            refreservation: 40,
+            ..SpaceLimits::default()
+        };
+        assert_eq!(refres.unused_reservation(100, 10), 30);
+        assert!(!SpaceLimits::default().has_quota());
+        assert!(!SpaceLimits::default().has_reservation());
+    }
+
+    #[test]
+    fn the_bound_counts_writes_admitted_since() {
+        let estimate = UsageEstimate::default();
+        assert_eq!(estimate.last(), None);
+        estimate.usage.set(Usage {
+            known: true,
+            used: 10,
+            referenced: 7,
+            snapshots: 3,
+            since: 0,
+        });
+        let admitted = estimate.admitted(5);
+        assert_eq!(estimate.bound(), (15, 12));
+        assert_eq!(estimate.last(), Some((10, 7)));
+        assert_eq!(estimate.in_flight.get(), 5);
+        drop(admitted);
+        assert_eq!(estimate.in_flight.get(), 0);
+        // Linked since: the bound still counts it until computed again.
+        assert_eq!(estimate.bound(), (15, 12));
+    }
+}

@@ -176,6 +176,19 @@ enum Command {
         source: String,
         bookmark: String,
     },
+    /// The space each user owning files of a filesystem uses, and their
+    /// quotas (`userquota@NAME`), as `zfs userspace`: `userspace POOL/FS`.
+    Userspace {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
+    /// The same per group (`groupquota@NAME`): `groupspace POOL/FS`.
+    Groupspace {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
     /// What changed in a filesystem since a snapshot, as `zfs diff`:
     /// `diff [-F] POOL/FS@SNAP [POOL/FS@LATER|POOL/FS]` prints `+` created,
     /// `-` removed, `M` modified, `R` renamed (`R OLD -> NEW`), with paths
@@ -690,6 +703,8 @@ fn main() -> ExitCode {
             from,
             to,
         } => cli::datasets::diff(&context, &from, to.as_deref(), types, &dirs),
+        Command::Userspace { dirs, name } => cli::datasets::id_space(&context, &name, false, &dirs),
+        Command::Groupspace { dirs, name } => cli::datasets::id_space(&context, &name, true, &dirs),
         Command::Mount { dirs, name } => cli::datasets::mount(&context, &name, true, &dirs),
         Command::Unmount { dirs, name } => cli::datasets::mount(&context, &name, false, &dirs),
         Command::Clone {

@@ -1685,6 +1685,103 @@ fn quotas_bound_filesystems_and_reservations_keep_space_for_them() {
     stop_and_check(&mut pool);
 }
 
+/// User and group quotas, as OpenZFS's: a file's space counts against
+/// its owner and its group (whoever writes it), a write past either quota
+/// gets EDQUOT and loses nothing written before, `userspace` and
+/// `groupspace` (and `get userused@ID`) show what each uses, a `chown`
+/// moves the space to the new owner, and a quota for a name this host
+/// does not know, or on a volume, is refused.
+#[test]
+fn user_and_group_quotas_bound_what_owners_write() {
+    use std::os::unix::fs::chown;
+    let mut pool = TestPool::new("fsidq");
+    pool.create("1G", &["a.img"]);
+    let mnt = pool.path("mnt");
+    create_filesystem(&pool, "fs", &mnt, &[]);
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let fs = format!("{}/fs", pool.name);
+    // What the user owned before its quota was set counts.
+    let before = mnt.join("before");
+    std::fs::write(&before, distinct_bytes(4 << 20, 7)).unwrap();
+    chown(&before, Some(12345), Some(12346)).unwrap();
+    pool.admin(&["set", "userquota@12345=16M", "groupquota@12346=64M", &fs]);
+    assert_eq!(
+        property(&pool, &fs, "userquota@12345"),
+        ((16u64 << 20).to_string(), "local".to_string())
+    );
+    assert_eq!(
+        property(&pool, &fs, "userquota@root"),
+        ("none".to_string(), "default".to_string())
+    );
+    let owned = mnt.join("owned");
+    std::fs::File::create(&owned).unwrap();
+    chown(&owned, Some(12345), Some(12346)).unwrap();
+    let written = fill_until_refused(&owned, false, libc::EDQUOT);
+    assert!(
+        (10 << 20..=12 << 20).contains(&written),
+        "{written} bytes written by a user with 4M of a 16M quota used"
+    );
+    let used: u64 = property(&pool, &fs, "userused@12345").0.parse().unwrap();
+    assert!((14 << 20..=17 << 20).contains(&used), "userused {used}");
+    let users: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "userspace", &fs])).unwrap();
+    let row = users["ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|row| row["id"] == 12345)
+        .unwrap_or_else(|| panic!("{users}"))
+        .clone();
+    assert_eq!(row["quota_bytes"], 16u64 << 20, "{users}");
+    assert!(row["used_bytes"].as_u64().unwrap() >= 14 << 20, "{users}");
+    let listed = pool.admin(&["groupspace", &fs]);
+    assert!(
+        listed.contains("12346") && listed.contains("64.0M"),
+        "{listed}"
+    );
+    // Root's files are not bound by the user's quota.
+    std::fs::write(mnt.join("root"), distinct_bytes(8 << 20, 3)).unwrap();
+    // Given away, the file's space is root's: the user writes again.
+    chown(&owned, Some(0), Some(0)).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let more = mnt.join("more");
+    std::fs::File::create(&more).unwrap();
+    chown(&more, Some(12345), Some(12346)).unwrap();
+    std::fs::write(&more, distinct_bytes(8 << 20, 5)).unwrap();
+    // The group's quota binds a file of another user in the group.
+    pool.admin(&["set", "groupquota@12346=20M", &fs]);
+    let grouped = mnt.join("grouped");
+    std::fs::File::create(&grouped).unwrap();
+    chown(&grouped, Some(777), Some(12346)).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    let in_group = fill_until_refused(&grouped, false, libc::EDQUOT);
+    assert!(
+        (6 << 20..=8 << 20).contains(&in_group),
+        "{in_group} bytes written in a group with 12M of a 20M quota used"
+    );
+    let control = pool.control().display().to_string();
+    let refused = pool.fails(&[
+        "--control",
+        &control,
+        "set",
+        "userquota@no-such-user-x=1M",
+        &fs,
+    ]);
+    assert!(refused.contains("no user"), "{refused}");
+    pool.admin(&["volume", "create", &format!("{}/vol", pool.name), "16M"]);
+    let refused = pool.fails(&[
+        "--control",
+        &control,
+        "set",
+        "userquota@0=1M",
+        &format!("{}/vol", pool.name),
+    ]);
+    assert!(refused.contains("filesystem property"), "{refused}");
+    stop_and_check(&mut pool);
+}
+
 /// What `df` says is what a write gets: a filesystem reports as available
 /// the space data may still take (not the slop kept for metadata), fills
 /// to within a few records of that figure and reads 0 available when

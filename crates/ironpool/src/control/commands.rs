@@ -114,6 +114,14 @@ pub enum Command {
     BookmarkDestroy {
         name: String,
     },
+    /// The space each user (or, with `group`, each group) owning objects
+    /// of filesystem `name` uses, and their quotas (`ironpool userspace`,
+    /// `groupspace`).
+    IdSpace {
+        name: String,
+        #[serde(default)]
+        group: bool,
+    },
     /// What changed in a filesystem from snapshot `from` to a later one
     /// or the filesystem itself (`ironpool diff`).
     Diff {
@@ -530,6 +538,7 @@ impl Command {
             | Command::Holds { .. }
             | Command::BookmarkList { .. }
             | Command::Diff { .. }
+            | Command::IdSpace { .. }
             | Command::Send { .. }
             | Command::GetProperties { .. }
             | Command::ScrubStatus
@@ -858,6 +867,11 @@ async fn run(
         }
         Command::BookmarkList { dataset } => {
             Ok(json!({ "bookmarks": pool.bookmarks(dataset.as_deref())? }))
+        }
+        Command::IdSpace { name, group } => {
+            use crate::pool::filesystem::id_space::IdKind;
+            let kind = if group { IdKind::Group } else { IdKind::User };
+            Ok(json!({ "name": name, "ids": pool.id_space(&name, kind).await? }))
         }
         Command::Diff { from, to } => {
             let report = pool.diff(&from, &to).await?;

@@ -362,6 +362,9 @@ pub struct Pool {
     /// Some open dataset has a reservation, as of the last refresh: writes
     /// of the others look at what it holds back only then.
     reserving: Cell<bool>,
+    /// The space every open dataset reserved and does not use, as last
+    /// counted (`dataset::quota`).
+    reserved_unused: Cell<u64>,
 }
 
 /// Bounds the read cache while the server's memory runs short (see
@@ -631,6 +634,7 @@ impl Pool {
                 "the volume's size is given by its size argument".into(),
             ));
         }
+        self.check_new_limits(&short, &properties)?;
         let checksum = self.volume_settings(&properties).checksum;
         self.txg.ensure_writable()?;
         let open_txg = self.txg.open();

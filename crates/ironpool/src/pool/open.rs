@@ -129,6 +129,7 @@ impl Pool {
             spares: Default::default(),
             reservations_refreshing: Cell::new(false),
             reserving: Cell::new(false),
+            reserved_unused: Cell::new(0),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
@@ -581,6 +582,7 @@ impl Pool {
             spares: Default::default(),
             reservations_refreshing: Cell::new(false),
             reserving: Cell::new(false),
+            reserved_unused: Cell::new(0),
         });
         pool.load_history().await;
         for (volume_name, record) in &directory.volumes {

@@ -25,6 +25,7 @@
 //! | xattr | on, off | on | filesystems only: extended attributes |
 //! | quota, refquota | none, a size | none | not inherited: bound what the dataset and its snapshots use, what it refers to (see `quota`) |
 //! | reservation, refreservation | none, a size | none | not inherited: space held back for the dataset (see `quota`) |
+//! | userquota@ID, groupquota@ID | none, a size | none | filesystems only: what a user's (group's) objects may take (see `filesystem::id_space`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
 use std::collections::BTreeMap;
@@ -189,7 +190,7 @@ pub const SPACE_PROPERTIES: [&str; 4] = ["quota", "refquota", "reservation", "re
 
 /// The limits a dataset's `local` properties set (a value stored is bytes,
 /// or `none`).
-fn space_limits(local: &BTreeMap<String, String>) -> SpaceLimits {
+pub(crate) fn space_limits(local: &BTreeMap<String, String>) -> SpaceLimits {
     let bytes = |name: &str| {
         local
             .get(name)
@@ -209,6 +210,15 @@ fn space_limits(local: &BTreeMap<String, String>) -> SpaceLimits {
 pub fn validate_filesystem(name: &str, value: &str) -> Result<String, PoolError> {
     if let Some(value) = crate::pool::filesystem::validate_own_property(name, value)? {
         return Ok(value);
+    }
+    // A user's or group's quota, by numeric id (`set` also takes names).
+    if let Some((_, _, id)) = filesystem::id_space::id_property(name) {
+        return match filesystem::id_space::validate_id_quota(name, value)? {
+            Some((stored, value)) if id.parse::<u32>().is_ok() && stored == name => Ok(value),
+            _ => Err(PoolError::InvalidArgument(format!(
+                "{name}: give the numeric id here, or set it by name once the filesystem exists"
+            ))),
+        };
     }
     match name {
         "volsize" | "volblocksize" => Err(PoolError::InvalidArgument(format!(
@@ -275,6 +285,9 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             Some(_) => Ok(value.to_string()),
             None => invalid(format!("direct '{value}': use standard, always or disabled")),
         },
+        _ if filesystem::id_space::id_property(name).is_some() => {
+            invalid(format!("{name} is a filesystem property"))
+        }
         _ if SPACE_PROPERTIES.contains(&name) => {
             if on_pool {
                 return invalid(format!("{name} is a property of volumes and filesystems"));
@@ -445,6 +458,13 @@ impl Pool {
         let kind = self.property_target(target)?;
         let mut normalised = BTreeMap::new();
         for (name, value) in assignments {
+            if let Target::Filesystem(_) = &kind {
+                // A user's or group's quota is kept under its numeric id.
+                if let Some((name, value)) = filesystem::id_space::validate_id_quota(name, value)? {
+                    normalised.insert(name, value);
+                    continue;
+                }
+            }
             let value = match &kind {
                 Target::Filesystem(_) => validate_filesystem(name, value)?,
                 Target::Pool => validate(name, value, true)?,
@@ -691,6 +711,7 @@ impl Pool {
                 "no"
             };
             values.push(("mounted".into(), mounted.into(), "-".into()));
+            values.extend(self.id_values(&short, &record.properties, names).await?);
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
@@ -768,6 +789,50 @@ impl Pool {
             }
         }
         Ok(rows)
+    }
+
+    /// The rows of the user and group quotas and figures asked for by
+    /// name (`userquota@alice`, `groupused@100`) of filesystem `short`.
+    async fn id_values(
+        self: &Rc<Self>,
+        short: &str,
+        local: &BTreeMap<String, String>,
+        names: &[String],
+    ) -> Result<Vec<(String, String, String)>, PoolError> {
+        use filesystem::id_space::{id_property, resolve_id};
+        let mut values = Vec::new();
+        let mut usage = None;
+        for name in names {
+            let Some((kind, quota, who)) = id_property(name) else {
+                continue;
+            };
+            let id = resolve_id(kind, who)?;
+            if quota {
+                let stored = local.get(&filesystem::id_space::quota_name(kind, id));
+                values.push(match stored {
+                    Some(value) => (name.clone(), value.clone(), "local".into()),
+                    None => (name.clone(), "none".into(), "default".into()),
+                });
+                continue;
+            }
+            if usage.is_none() {
+                let mut all = self
+                    .id_space(short, filesystem::id_space::IdKind::User)
+                    .await?;
+                all.extend(
+                    self.id_space(short, filesystem::id_space::IdKind::Group)
+                        .await?,
+                );
+                usage = Some(all);
+            }
+            let used = usage
+                .iter()
+                .flatten()
+                .find(|row| row.kind == kind && row.id == id)
+                .map_or(0, |row| row.used_bytes);
+            values.push((name.clone(), used.to_string(), "-".into()));
+        }
+        Ok(values)
     }
 
     async fn snapshot_properties(

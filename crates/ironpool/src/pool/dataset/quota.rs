@@ -95,10 +95,13 @@ pub struct UsageEstimate {
     /// yet ([`Admitted`]): a computation counts them, as it cannot see
     /// them in the tree or in memory.
     in_flight: Cell<u64>,
-    /// One computation at a time: each starts `since` again, and one
-    /// ending after a later one would drop the writes admitted between
-    /// their starts.
+    /// One computation at a time: each takes out of `since` what was
+    /// there when it started, and one ending after a later one would take
+    /// it twice.
     computing: Rc<Semaphore>,
+    /// Its reservation's part it does not use, as last counted
+    /// ([`Pool::recount_reservations`]).
+    unused_reserved: Cell<u64>,
 }
 
 impl Default for UsageEstimate {
@@ -107,6 +110,7 @@ impl Default for UsageEstimate {
             usage: Cell::default(),
             in_flight: Cell::new(0),
             computing: Semaphore::new(1),
+            unused_reserved: Cell::new(0),
         }
     }
 }
@@ -117,6 +121,14 @@ impl Default for UsageEstimate {
 pub struct Admitted<'a> {
     estimate: Option<&'a UsageEstimate>,
     bytes: u64,
+}
+
+impl Admitted<'_> {
+    /// The space admitted (allocated size): what its file's owners'
+    /// quotas count too.
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
 }
 
 impl Drop for Admitted<'_> {
@@ -182,70 +194,109 @@ fn exceeded(
 }
 
 impl Pool {
-    /// Admits a write of `bytes` of new space to `owner` (a filesystem's:
-    /// the caller holds its lock shared, as a write does): refused with
+    /// Admits a write of `blocks` blocks of `block_bytes` to `owner` (a
+    /// filesystem's: the caller holds its lock shared, as a write does),
+    /// counted at the space they take once allocated (parity and rounding
+    /// included, as `used` counts them): refused with
     /// [`PoolError::QuotaExceeded`] past its quota or refquota, with
     /// [`PoolError::NoSpace`] when the space left once other datasets'
     /// reservations are set aside is short. Nothing is taken: the caller
     /// claims the space from the pool next, as any write does, and keeps
     /// the guard until its blocks are linked or held.
+    ///
+    /// At a limit, blocks held in memory that the write may replace count
+    /// twice (the held version beside the tree's): they are written out
+    /// and the figures computed again before the write is refused.
     pub(crate) async fn admit_to_dataset<'a>(
         self: &Rc<Self>,
         owner: Owner<'a>,
-        bytes: u64,
+        blocks: u64,
+        block_bytes: u64,
     ) -> Result<Admitted<'a>, PoolError> {
-        if bytes == 0 {
+        if blocks == 0 {
             return Ok(Admitted {
                 estimate: None,
                 bytes: 0,
             });
         }
+        let bytes = self.held_space_bytes(block_bytes).saturating_mul(blocks);
         let limits = owner_limits(owner);
         let estimate = usage_of(owner);
-        let elsewhere = self.reserved_elsewhere(owner);
-        if elsewhere > 0 {
-            let room = self.data_available_bytes().saturating_sub(elsewhere);
-            // (Its own reservation is in the pool's free space already.)
-            if bytes > room {
-                return Err(PoolError::NoSpace);
+        if limits.has_quota() {
+            let over = || exceeded(owner.name(), &limits, estimate.bound(), bytes);
+            if !estimate.usage.get().known || over().is_some() {
+                self.compute_usage(owner).await?;
+            }
+            if over().is_some() && self.held_bytes(owner) > 0 {
+                self.settle_held(owner).await?;
+                self.compute_usage(owner).await?;
+            }
+            if let Some(why) = over() {
+                return Err(PoolError::QuotaExceeded(why));
             }
         }
-        if limits.has_quota() {
-            let known = estimate.usage.get().known;
-            if !known || exceeded(owner.name(), &limits, estimate.bound(), bytes).is_some() {
-                self.compute_usage(owner).await?;
-                if let Some(why) = exceeded(owner.name(), &limits, estimate.bound(), bytes) {
-                    return Err(PoolError::QuotaExceeded(why));
-                }
-            }
+        // After the quota's awaits: what the others reserved, as of now.
+        let elsewhere = self.reserved_elsewhere(owner);
+        // (Its own reservation is in the pool's free space already.)
+        if elsewhere > 0 && bytes > self.data_available_bytes().saturating_sub(elsewhere) {
+            return Err(PoolError::NoSpace);
         }
         Ok(estimate.admitted(bytes))
     }
 
-    /// The space other datasets than `owner` have reserved and not used,
-    /// by their figures as last computed.
+    /// The space of the blocks held in memory for `owner`.
+    fn held_bytes(&self, owner: Owner<'_>) -> u64 {
+        match owner {
+            Owner::Volume(volume) => volume.writeback.held_bytes(),
+            Owner::Filesystem(fs) => fs.held_behind_bytes(),
+        }
+    }
+
+    /// Writes out and links the blocks held in memory for `owner`.
+    async fn settle_held(self: &Rc<Self>, owner: Owner<'_>) -> Result<(), PoolError> {
+        match owner {
+            Owner::Volume(volume) => {
+                let volume = self.volume(volume.short_name())?;
+                self.drain_volume(&volume).await
+            }
+            Owner::Filesystem(fs) => {
+                fs.settle_writes(None).await;
+                Ok(())
+            }
+        }
+    }
+
+    /// The space datasets other than `owner` have reserved and not used,
+    /// by their figures as last computed: the total less its own share,
+    /// both kept by [`Pool::recount_reservations`] (no walk per write).
     fn reserved_elsewhere(&self, owner: Owner<'_>) -> u64 {
         if !self.reserving.get() {
             return 0;
         }
+        self.reserved_unused
+            .get()
+            .saturating_sub(usage_of(owner).unused_reserved.get())
+    }
+
+    /// Counts again the space every open dataset reserved and does not
+    /// use (after its figures or its limits changed).
+    pub(crate) fn recount_reservations(&self) {
         let mut total = 0u64;
-        let mine = owner.name();
-        let mut add = |name: &str, limits: SpaceLimits, estimate: &UsageEstimate| {
-            if name == mine || !limits.has_reservation() {
-                return;
-            }
-            // Never computed yet (the refresh after the next txg will):
-            // all of it is held back.
+        let mut count = |limits: SpaceLimits, estimate: &UsageEstimate| {
+            // Never computed yet (the refresh will): all of it is held back.
             let (used, referenced) = estimate.last().unwrap_or((0, 0));
-            total = total.saturating_add(limits.unused_reservation(used, referenced));
+            let unused = limits.unused_reservation(used, referenced);
+            estimate.unused_reserved.set(unused);
+            total = total.saturating_add(unused);
         };
         for volume in self.datasets.volumes.all() {
-            add(&volume.name, volume.settings().limits, &volume.usage);
+            count(volume.settings().limits, &volume.usage);
         }
         for fs in self.datasets.filesystems.all() {
-            add(&fs.name, fs.settings().limits, &fs.usage);
+            count(fs.settings().limits, &fs.usage);
         }
-        total
+        self.reserved_unused.set(total);
+        self.reserving.set(total > 0);
     }
 
     /// Computes `owner`'s figures again: what its tree refers to, what its
@@ -256,25 +307,23 @@ impl Pool {
         let _one = estimate.computing.acquire(1).await;
         let short = owner_short(owner).to_string();
         // What is in flight and held first, then the tree: a block linked
-        // in between counts twice (an upper bound), never not at all.
-        // Writes admitted from here on count in `since`.
-        let held = match owner {
-            Owner::Volume(volume) => volume.writeback.held_bytes(),
-            Owner::Filesystem(fs) => fs.held_behind_bytes(),
-        }
-        .saturating_add(estimate.in_flight.get());
-        let mut start = estimate.usage.get();
-        start.since = 0;
-        estimate.usage.set(start);
+        // in between counts twice (an upper bound), never not at all. The
+        // writes admitted so far leave `since` only if this succeeds.
+        let held = self
+            .held_bytes(owner)
+            .saturating_add(estimate.in_flight.get());
+        let since_at_start = estimate.usage.get().since;
         let referenced = match owner {
             Owner::Volume(volume) => volume.object.dnode().used_bytes,
             Owner::Filesystem(fs) => fs.referenced_locked(self).await?.0,
         };
-        let record = self.record(&short)?;
-        let head = self.head_object(&short)?;
         let mut snapshots = None;
         for _ in 0..USAGE_ATTEMPTS {
+            // The record and head of this attempt: a snapshot destroyed
+            // meanwhile drops dead lists the last one named.
             let epoch = Some(self.datasets.dead_space.epoch());
+            let record = self.record(&short)?;
+            let head = self.head_object(&short)?;
             let _hold = self.txg.hold_builds();
             let Some(mut dead) = self.head_dead_space(&head, &record, epoch).await? else {
                 continue;
@@ -300,7 +349,11 @@ impl Pool {
         usage.snapshots = snapshots;
         usage.referenced = referenced.saturating_add(held);
         usage.used = usage.referenced.saturating_add(snapshots);
+        usage.since = usage.since.saturating_sub(since_at_start);
         estimate.usage.set(usage);
+        if owner_limits(owner).has_reservation() {
+            self.recount_reservations();
+        }
         Ok(())
     }
 
@@ -309,15 +362,7 @@ impl Pool {
     /// (so that `df` follows it), after each txg, at import and when a
     /// property is set. One refresh runs at a time.
     pub(crate) fn refresh_reservations(self: &Rc<Self>) {
-        let reserving = self
-            .datasets
-            .volumes
-            .any(|volume| volume.settings().limits.has_reservation())
-            || self
-                .datasets
-                .filesystems
-                .any(|fs| fs.settings().limits.has_reservation());
-        self.reserving.set(reserving);
+        self.recount_reservations();
         let limited = |limits: SpaceLimits| limits.has_reservation() || limits.has_quota();
         let any = self
             .datasets
@@ -332,26 +377,35 @@ impl Pool {
         }
         let pool = self.clone();
         crate::rt::spawn(async move {
-            let _ = pool.refresh_reservations_now().await;
+            pool.refresh_reservations_now().await;
             pool.reservations_refreshing.set(false);
         });
     }
 
-    /// [`Pool::refresh_reservations`], awaited.
-    pub(crate) async fn refresh_reservations_now(self: &Rc<Self>) -> Result<(), PoolError> {
+    /// [`Pool::refresh_reservations`], awaited. A dataset whose figures
+    /// cannot be computed (a read failed) keeps its last ones; the others
+    /// are computed still.
+    pub(crate) async fn refresh_reservations_now(self: &Rc<Self>) {
         let limited = |limits: SpaceLimits| limits.has_reservation() || limits.has_quota();
         for volume in self.datasets.volumes.all() {
             if limited(volume.settings().limits) {
-                self.compute_usage(Owner::Volume(&volume)).await?;
+                if let Err(error) = self.compute_usage(Owner::Volume(&volume)).await {
+                    eprintln!("ironpool: {}: space figures: {error}", volume.name);
+                }
             }
         }
         for fs in self.datasets.filesystems.all() {
-            if limited(fs.settings().limits) && !fs.is_retired() {
-                let _shared = fs.shared().await;
-                self.compute_usage(Owner::Filesystem(&fs)).await?;
+            if !limited(fs.settings().limits) {
+                continue;
+            }
+            let _shared = fs.shared().await;
+            if fs.is_retired() {
+                continue;
+            }
+            if let Err(error) = self.compute_usage(Owner::Filesystem(&fs)).await {
+                eprintln!("ironpool: {}: space figures: {error}", fs.name);
             }
         }
-        Ok(())
     }
 
     /// `statfs`'s figures for `owner` (a filesystem), given the pool's
@@ -410,6 +464,37 @@ impl Pool {
             available = available.min(limits.refquota.saturating_sub(referenced));
         }
         Ok(available)
+    }
+
+    /// Checks the limits `properties` give a dataset being made (it uses
+    /// nothing yet): a reservation past its quota, or more than the pool
+    /// can set aside once the others' reservations are, is refused.
+    pub(crate) fn check_new_limits(
+        &self,
+        name: &str,
+        properties: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), PoolError> {
+        let limits = crate::pool::dataset::props::space_limits(properties);
+        if limits.quota != 0 && limits.reservation > limits.quota {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name}: reservation {} is more than its quota {}",
+                limits.reservation, limits.quota
+            )));
+        }
+        let wanted = limits.unused_reservation(0, 0);
+        let room = self
+            .data_available_bytes()
+            .saturating_sub(if self.reserving.get() {
+                self.reserved_unused.get()
+            } else {
+                0
+            });
+        if wanted > room {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name}: cannot reserve {wanted} bytes: {room} are free once other reservations are set aside"
+            )));
+        }
+        Ok(())
     }
 
     /// Checks the limits `owner` is to have (set now), as OpenZFS does: a

@@ -259,11 +259,13 @@ impl Filesystem {
         let dnode = object.dnode();
         let block = dnode.data_block_bytes();
         // Its quota and the others' reservations first: the whole records
-        // it touches, as a write going through claims.
-        let touched = ((end - 1) / block - offset / block + 1) * block;
-        let _admitted = pool
-            .admit_to_dataset(Owner::Filesystem(self), touched)
+        // it touches, as a write going through claims. (Let go before
+        // going through: that write is admitted again.)
+        let (blocks, size) = self.written_shape(&dnode, offset, end);
+        let admitted = pool
+            .admit_to_dataset(Owner::Filesystem(self), blocks, size)
             .await?;
+        let owners = self.admit_to_owners(&object, admitted.bytes()).await?;
         if self.grows(&dnode, end) {
             let guard = self.files.whole(ino).await;
             if self.may_grow_behind(pool, &object, end) {
@@ -273,7 +275,7 @@ impl Filesystem {
                 self.spawn_write_out(pool, &object, vec![(0, number)], shared);
                 return stamped.map(|()| data.len());
             }
-            drop((guard, shared, admission));
+            drop((guard, shared, admission, owners, admitted));
             return self.write(pool, ino, offset, data).await;
         }
         let first = offset / block;
@@ -285,7 +287,7 @@ impl Filesystem {
             || self.grows(&now, end)
             || !pool.has_room_to_hold(reserved, 0)
         {
-            drop((guard, shared, admission));
+            drop((guard, shared, admission, owners, admitted));
             return self.write(pool, ino, offset, data).await;
         }
         let mut numbers = Vec::with_capacity((last - first + 1) as usize);
@@ -725,6 +727,17 @@ impl Filesystem {
     /// Blocks whose newest version is in memory, not yet linked.
     pub fn held_behind_blocks(&self) -> usize {
         self.behind.blocks.borrow().len()
+    }
+
+    /// The space the blocks held in memory will take once linked, per
+    /// file (a file per block held): what its owners use, for their quotas.
+    pub(super) fn held_behind_by_file(&self) -> Vec<(u64, u64)> {
+        self.behind
+            .blocks
+            .borrow()
+            .iter()
+            .map(|((ino, _), version)| (*ino, version.reserved))
+            .collect()
     }
 
     /// The space the blocks held in memory will take once linked (what

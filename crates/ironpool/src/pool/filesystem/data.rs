@@ -431,9 +431,16 @@ impl Filesystem {
         } else {
             (records * block).max(data.len() as u64)
         };
-        let _admitted = pool
-            .admit_to_dataset(Owner::Filesystem(self), claim)
+        // Its quotas and the others' reservations: the blocks it stores
+        // (fallocate's zeros: only the partial records at its ends).
+        let shape = match zeros {
+            true => (claim / block, block),
+            false => self.written_shape(&object.dnode(), offset, end),
+        };
+        let admitted = pool
+            .admit_to_dataset(Owner::Filesystem(self), shape.0, shape.1)
             .await?;
+        let _owners = self.admit_to_owners(&object, admitted.bytes()).await?;
         let _space = pool.try_claim_space(claim)?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();
@@ -607,6 +614,22 @@ impl Filesystem {
                 .note_written(object.id, *blkid, &linked, copy.then_some(*bytes));
         }
         Ok(())
+    }
+
+    /// The blocks a write of `offset..end` will store, and their size, for
+    /// its admission by quotas: the records it touches, or, for a file of
+    /// one block that grows, its block at the new size (one block up to
+    /// the record size; past it, every record up to `end`).
+    pub(super) fn written_shape(&self, dnode: &Dnode, offset: u64, end: u64) -> (u64, u64) {
+        if self.grows(dnode, end) {
+            let record = 1u64 << self.record_shift.get();
+            if end <= record {
+                return (1, 1u64 << super::block_shift_for(end));
+            }
+            return ((end - 1) / record + 1, record);
+        }
+        let block = dnode.data_block_bytes();
+        ((end - 1) / block - offset / block + 1, block)
     }
 
     /// Whether a write ending at `end` makes the file's one block larger.

@@ -247,6 +247,7 @@ impl Pool {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
             checked.insert(key.clone(), value);
         }
+        self.check_new_limits(name, &checked)?;
         self.txg.ensure_writable()?;
         let settings = self.volume_settings(&checked);
         let open_txg = self.txg.open();

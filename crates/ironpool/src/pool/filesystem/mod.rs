@@ -52,6 +52,7 @@ mod data;
 mod diff;
 pub mod dir;
 mod holds;
+pub mod id_space;
 mod lives;
 mod manage;
 mod names;
@@ -578,6 +579,8 @@ pub struct Filesystem {
     behind: behind::WrittenBehind,
     /// Its space figures for its quota and reservation (`dataset::quota`).
     pub(crate) usage: crate::pool::dataset::quota::UsageEstimate,
+    /// Its users' and groups' space and quotas (`id_space`).
+    ids: id_space::IdSpace,
 }
 
 /// The exclusive hold of a filesystem's lock by a change of names or
@@ -834,6 +837,7 @@ impl Filesystem {
             log: IntentLog::default(),
             behind: behind::WrittenBehind::default(),
             usage: Default::default(),
+            ids: Default::default(),
         });
         fs.apply_properties(settings, &record.properties);
         Ok(fs)
@@ -889,6 +893,7 @@ impl Filesystem {
         self.record_shift
             .set(record_bytes(properties).trailing_zeros() as u8);
         let on = |name: &str| properties.get(name).map(String::as_str) != Some("off");
+        self.ids.apply(properties);
         self.xattrs.set(on("xattr"));
         self.atime.set(on("atime") && !self.snapshot);
     }

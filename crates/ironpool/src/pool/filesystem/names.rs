@@ -565,11 +565,19 @@ impl Filesystem {
         if let Some(mode) = change.mode {
             znode.mode = (znode.mode & S_IFMT) | (mode & 0o7777);
         }
+        let owners = (znode.uid, znode.gid);
         if let Some(uid) = change.uid {
             znode.uid = uid;
         }
         if let Some(gid) = change.gid {
             znode.gid = gid;
+        }
+        if owners != (znode.uid, znode.gid) {
+            use super::id_space::IdKind;
+            self.note_owner_change(
+                [(IdKind::User, znode.uid), (IdKind::Group, znode.gid)],
+                object.dnode().used_bytes,
+            );
         }
         if change.drop_setid {
             znode.mode = without_setid(znode.mode);

@@ -558,7 +558,7 @@ impl Pool {
         // commits. The volume's quota and the other datasets' reservations
         // come first.
         let _admitted = self
-            .admit_to_dataset(Owner::Volume(volume), (last - first + 1) * block)
+            .admit_to_dataset(Owner::Volume(volume), last - first + 1, block)
             .await?;
         let _space = self.claim_space((last - first + 1) * block).await?;
         // A small durable write (small blocks, `logbias=latency`) is held and
@@ -690,7 +690,11 @@ impl Pool {
             // in place, two at most per request, are left unclaimed for it).
             let _space = if whole_allocates {
                 let admitted = self
-                    .admit_to_dataset(Owner::Volume(volume), slice_end - position)
+                    .admit_to_dataset(
+                        Owner::Volume(volume),
+                        (slice_end - position).div_ceil(block),
+                        block,
+                    )
                     .await?;
                 Some((admitted, self.claim_space(slice_end - position).await?))
             } else {

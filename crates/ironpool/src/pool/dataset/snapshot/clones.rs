@@ -127,6 +127,7 @@ impl Pool {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
             checked.insert(key.clone(), value);
         }
+        self.check_new_limits(clone, &checked)?;
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let clone_short = self.new_dataset_short_name(clone)?;

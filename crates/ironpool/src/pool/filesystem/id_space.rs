@@ -1,0 +1,469 @@
+//! User and group quotas of a filesystem (OpenZFS's `userquota@NAME`,
+//! `groupquota@NAME`, `userused@NAME`, `groupused@NAME`, `userspace`,
+//! `groupspace`).
+//!
+//! A quota is a property of the filesystem keyed by the numeric id
+//! (`userquota@1000`; a name given is resolved on the server's host when
+//! set). What an id uses is the space of every object it owns: all its
+//! blocks, as the objects' dnodes count them. The figures are kept as the
+//! dataset quotas' are (`dataset::quota`): per id, the space found by the
+//! last walk of the filesystem's objects plus the writes admitted since;
+//! only when that bound would cross the id's quota is the walk done again
+//! (with the blocks held in memory and the writes in flight of its files),
+//! so the check is exact at the limit and costs a lookup of the file's
+//! owner away from it, and nothing at all on a filesystem without user or
+//! group quotas. A walk reads every dnode, so one runs at most every
+//! [`ID_WALK_INTERVAL`] per filesystem; between two, a write over the
+//! bound is refused (a file removed counts from the next walk).
+//!
+//! As in OpenZFS, a `chown` is not refused by the new owner's quota; the
+//! file's space counts against it from then on.
+
+use std::cell::{Cell, RefCell};
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+use super::{Filesystem, FsError, OBJECTS_PER_TURN};
+use crate::format::znode::Znode;
+use crate::object::Object;
+use crate::pool::{Pool, PoolError};
+use crate::rt::sync::Semaphore;
+
+/// The shortest time between two walks of one filesystem's objects for
+/// its user and group quotas: a walk reads every dnode (a million files
+/// take about a second), and a writer retrying at its quota must not
+/// make every retry one.
+pub const ID_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
+
+/// Whose space: a user's or a group's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum IdKind {
+    User,
+    Group,
+}
+
+impl IdKind {
+    /// The prefix of its quota property.
+    fn quota_prefix(self) -> &'static str {
+        match self {
+            IdKind::User => "userquota@",
+            IdKind::Group => "groupquota@",
+        }
+    }
+
+    /// The prefix of its read-only figure.
+    fn used_prefix(self) -> &'static str {
+        match self {
+            IdKind::User => "userused@",
+            IdKind::Group => "groupused@",
+        }
+    }
+}
+
+/// The property holding the quota of `kind` `id`, as stored.
+pub fn quota_name(kind: IdKind, id: u32) -> String {
+    format!("{}{id}", kind.quota_prefix())
+}
+
+/// An id's quota or figure named by a property (`userquota@alice`,
+/// `groupused@100`): its kind, whether it is the quota, and the name.
+pub fn id_property(name: &str) -> Option<(IdKind, bool, &str)> {
+    [IdKind::User, IdKind::Group].into_iter().find_map(|kind| {
+        if let Some(id) = name.strip_prefix(kind.quota_prefix()) {
+            return Some((kind, true, id));
+        }
+        name.strip_prefix(kind.used_prefix())
+            .map(|id| (kind, false, id))
+    })
+}
+
+/// The numeric id of user or group `name` (digits: itself), looked up on
+/// this host.
+pub fn resolve_id(kind: IdKind, name: &str) -> Result<u32, PoolError> {
+    if let Ok(id) = name.parse::<u32>() {
+        return Ok(id);
+    }
+    let unknown = || {
+        PoolError::InvalidArgument(format!(
+            "no {} named '{name}' on this host (give the numeric id)",
+            match kind {
+                IdKind::User => "user",
+                IdKind::Group => "group",
+            }
+        ))
+    };
+    let c_name = std::ffi::CString::new(name).map_err(|_| unknown())?;
+    let mut buffer = vec![0 as libc::c_char; 16 << 10];
+    match kind {
+        IdKind::User => {
+            // SAFETY: passwd is plain old data; all zeroes is a valid value.
+            let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+            let mut found: *mut libc::passwd = std::ptr::null_mut();
+            // SAFETY: every pointer is valid for the call; the strings the
+            // entry points to live in `buffer`, which outlives their use.
+            let result = unsafe {
+                libc::getpwnam_r(
+                    c_name.as_ptr(),
+                    &mut entry,
+                    buffer.as_mut_ptr(),
+                    buffer.len(),
+                    &mut found,
+                )
+            };
+            if result != 0 || found.is_null() {
+                return Err(unknown());
+            }
+            Ok(entry.pw_uid)
+        }
+        IdKind::Group => {
+            // SAFETY: group is plain old data; all zeroes is a valid value.
+            let mut entry: libc::group = unsafe { std::mem::zeroed() };
+            let mut found: *mut libc::group = std::ptr::null_mut();
+            // SAFETY: as above.
+            let result = unsafe {
+                libc::getgrnam_r(
+                    c_name.as_ptr(),
+                    &mut entry,
+                    buffer.as_mut_ptr(),
+                    buffer.len(),
+                    &mut found,
+                )
+            };
+            if result != 0 || found.is_null() {
+                return Err(unknown());
+            }
+            Ok(entry.gr_gid)
+        }
+    }
+}
+
+/// Checks an assignment of `userquota@NAME` or `groupquota@NAME`: the
+/// property as stored (the numeric id) and its value (bytes, or `none`).
+pub fn validate_id_quota(name: &str, value: &str) -> Result<Option<(String, String)>, PoolError> {
+    let Some((kind, true, id)) = id_property(name) else {
+        if id_property(name).is_some() {
+            return Err(PoolError::InvalidArgument(format!("{name} is read-only")));
+        }
+        return Ok(None);
+    };
+    let id = resolve_id(kind, id)?;
+    let value = match value {
+        "none" => "none".to_string(),
+        value => match crate::units::parse_size(value).map_err(|error| {
+            PoolError::InvalidArgument(format!("{name} '{value}': {error}; or none"))
+        })? {
+            0 => "none".to_string(),
+            bytes => bytes.to_string(),
+        },
+    };
+    Ok(Some((quota_name(kind, id), value)))
+}
+
+/// The user and group quotas `properties` set (ids without one, or
+/// `none`, are not there).
+pub fn id_quotas(properties: &BTreeMap<String, String>) -> FxHashMap<(IdKind, u32), u64> {
+    properties
+        .iter()
+        .filter_map(|(name, value)| {
+            let (kind, true, id) = id_property(name)? else {
+                return None;
+            };
+            let bytes = value.parse::<u64>().ok().filter(|bytes| *bytes > 0)?;
+            Some(((kind, id.parse().ok()?), bytes))
+        })
+        .collect()
+}
+
+/// A filesystem's user and group space figures.
+pub(crate) struct IdSpace {
+    /// The quotas its properties set.
+    quotas: RefCell<FxHashMap<(IdKind, u32), u64>>,
+    /// Space per id found by the last walk (with what was held and in
+    /// flight then), and when it ran.
+    walked: RefCell<FxHashMap<(IdKind, u32), u64>>,
+    walked_at: Cell<Option<crate::rt::Instant>>,
+    /// Bytes admitted per id since the last walk began (and chowned to
+    /// it): one entry per owner that wrote since (a walk drops those it
+    /// counted down to nothing).
+    since: RefCell<FxHashMap<(IdKind, u32), u64>>,
+    /// Bytes admitted per id and neither linked nor held yet.
+    in_flight: RefCell<FxHashMap<(IdKind, u32), u64>>,
+    /// One walk at a time (each starts `since` again).
+    walking: Rc<Semaphore>,
+}
+
+impl Default for IdSpace {
+    fn default() -> IdSpace {
+        IdSpace {
+            quotas: RefCell::default(),
+            walked: RefCell::default(),
+            walked_at: Cell::new(None),
+            since: RefCell::default(),
+            in_flight: RefCell::default(),
+            walking: Semaphore::new(1),
+        }
+    }
+}
+
+/// A write admitted by its file's owners' quotas, kept until its blocks
+/// are linked or held.
+#[must_use]
+pub(crate) struct IdAdmitted<'a> {
+    space: Option<&'a IdSpace>,
+    ids: [(IdKind, u32); 2],
+    bytes: u64,
+}
+
+impl Drop for IdAdmitted<'_> {
+    fn drop(&mut self) {
+        if let Some(space) = self.space {
+            let mut in_flight = space.in_flight.borrow_mut();
+            for id in self.ids {
+                if let Some(bytes) = in_flight.get_mut(&id) {
+                    *bytes = bytes.saturating_sub(self.bytes);
+                }
+            }
+        }
+    }
+}
+
+/// One row of `userspace` or `groupspace`.
+#[derive(Clone, Debug, Serialize)]
+pub struct IdUsage {
+    #[serde(rename = "type")]
+    pub kind: IdKind,
+    pub id: u32,
+    pub used_bytes: u64,
+    /// None: no quota.
+    pub quota_bytes: Option<u64>,
+}
+
+impl IdSpace {
+    /// Follows the filesystem's properties.
+    pub(super) fn apply(&self, properties: &BTreeMap<String, String>) {
+        *self.quotas.borrow_mut() = id_quotas(properties);
+    }
+
+    fn bound(&self, id: (IdKind, u32)) -> u64 {
+        let walked = self.walked.borrow().get(&id).copied().unwrap_or(0);
+        walked.saturating_add(self.since.borrow().get(&id).copied().unwrap_or(0))
+    }
+
+    fn add(map: &RefCell<FxHashMap<(IdKind, u32), u64>>, id: (IdKind, u32), bytes: u64) {
+        let mut map = map.borrow_mut();
+        let entry = map.entry(id).or_insert(0);
+        *entry = entry.saturating_add(bytes);
+    }
+}
+
+/// The owners of a file: its user and group.
+fn owners(object: &Object) -> Option<[(IdKind, u32); 2]> {
+    let znode = Znode::decode(&object.dnode().bonus).ok()?;
+    Some([(IdKind::User, znode.uid), (IdKind::Group, znode.gid)])
+}
+
+impl Filesystem {
+    /// Admits a write of `bytes` of new space to file `object`: refused
+    /// with EDQUOT past its owner's or its group's quota. The caller holds
+    /// the filesystem's lock shared (no object is made or freed during a
+    /// walk) and keeps the guard until the blocks are linked or held.
+    pub(super) async fn admit_to_owners(
+        &self,
+        object: &Object,
+        bytes: u64,
+    ) -> Result<IdAdmitted<'_>, FsError> {
+        let space = &self.ids;
+        let nothing = IdAdmitted {
+            space: None,
+            ids: [(IdKind::User, 0), (IdKind::Group, 0)],
+            bytes: 0,
+        };
+        if bytes == 0 || space.quotas.borrow().is_empty() {
+            return Ok(nothing);
+        }
+        let Some(ids) = owners(object) else {
+            return Ok(nothing);
+        };
+        if space.walked_at.get().is_none() {
+            // What each id owned before the first write counts too.
+            self.walk_ids().await?;
+        }
+        let over = |id: (IdKind, u32)| {
+            let quota = space.quotas.borrow().get(&id).copied();
+            quota.filter(|quota| space.bound(id).saturating_add(bytes) > *quota)
+        };
+        if ids.iter().any(|id| over(*id).is_some()) {
+            let due = space
+                .walked_at
+                .get()
+                .is_none_or(|at| crate::rt::now().duration_since(at) >= ID_WALK_INTERVAL);
+            if due {
+                self.walk_ids().await?;
+            }
+            for id in ids {
+                if let Some(quota) = over(id) {
+                    return Err(FsError::Pool(PoolError::QuotaExceeded(format!(
+                        "{}: a write of {bytes} bytes would pass {}{} of {quota} ({} used)",
+                        self.name,
+                        id.0.quota_prefix(),
+                        id.1,
+                        space.bound(id)
+                    ))));
+                }
+            }
+        }
+        for id in ids {
+            IdSpace::add(&space.since, id, bytes);
+            IdSpace::add(&space.in_flight, id, bytes);
+        }
+        Ok(IdAdmitted {
+            space: Some(space),
+            ids,
+            bytes,
+        })
+    }
+
+    /// A file of `used` bytes changed owner (`chown`): its space counts
+    /// against the new owners from now on (not refused by their quotas, as
+    /// in OpenZFS).
+    pub(super) fn note_owner_change(&self, new: [(IdKind, u32); 2], used: u64) {
+        if self.ids.quotas.borrow().is_empty() {
+            return;
+        }
+        for id in new {
+            IdSpace::add(&self.ids.since, id, used);
+        }
+    }
+
+    /// Walks every object for the space each user and group owns, with
+    /// the blocks held in memory and the writes in flight. The caller
+    /// holds the lock shared.
+    async fn walk_ids(&self) -> Result<(), FsError> {
+        let space = &self.ids;
+        let _one = space.walking.acquire(1).await;
+        // In flight and held first, then the objects: a block linked in
+        // between counts twice (an upper bound), never not at all.
+        let mut found: FxHashMap<(IdKind, u32), u64> = space.in_flight.borrow().clone();
+        let held: Vec<(u64, u64)> = self.held_behind_by_file();
+        for (ino, bytes) in held {
+            if let Some(ids) = self.objects.get(ino).as_deref().and_then(owners) {
+                for id in ids {
+                    *found.entry(id).or_insert(0) += bytes;
+                }
+            }
+        }
+        // What was admitted so far leaves `since` only if the walk ends.
+        let since_at_start = space.since.borrow().clone();
+        for ino in 1..self.header.get().next_object {
+            if ino.is_multiple_of(OBJECTS_PER_TURN) {
+                crate::rt::yield_now().await;
+            }
+            let Some(dnode) = self.objects.peek_dnode(ino).await? else {
+                continue;
+            };
+            let Ok(znode) = Znode::decode(&dnode.bonus) else {
+                continue;
+            };
+            for id in [(IdKind::User, znode.uid), (IdKind::Group, znode.gid)] {
+                let entry = found.entry(id).or_insert(0);
+                *entry = entry.saturating_add(dnode.used_bytes);
+            }
+        }
+        *space.walked.borrow_mut() = found;
+        space.walked_at.set(Some(crate::rt::now()));
+        let mut since = space.since.borrow_mut();
+        for (id, bytes) in since_at_start {
+            if let Some(now) = since.get_mut(&id) {
+                *now = now.saturating_sub(bytes);
+            }
+        }
+        since.retain(|_, bytes| *bytes > 0);
+        Ok(())
+    }
+
+    /// `userspace` or `groupspace`: the space every user or group owning
+    /// an object uses, and those with a quota. The caller holds the lock
+    /// shared.
+    pub(in crate::pool) async fn id_usage(&self, kind: IdKind) -> Result<Vec<IdUsage>, FsError> {
+        self.walk_ids().await?;
+        let walked = self.ids.walked.borrow();
+        let quotas = self.ids.quotas.borrow();
+        let mut ids: Vec<u32> = walked
+            .keys()
+            .chain(quotas.keys())
+            .filter(|(of, _)| *of == kind)
+            .map(|(_, id)| *id)
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(ids
+            .into_iter()
+            .map(|id| IdUsage {
+                kind,
+                id,
+                used_bytes: walked.get(&(kind, id)).copied().unwrap_or(0),
+                quota_bytes: quotas.get(&(kind, id)).copied(),
+            })
+            .collect())
+    }
+}
+
+impl Pool {
+    /// [`Filesystem::id_usage`] of filesystem `name`.
+    pub async fn id_space(
+        self: &Rc<Self>,
+        name: &str,
+        kind: IdKind,
+    ) -> Result<Vec<IdUsage>, PoolError> {
+        let fs = self.filesystem(name)?;
+        let _shared = fs.shared().await;
+        fs.id_usage(kind).await.map_err(|error| match error {
+            FsError::Pool(error) => error,
+            other => PoolError::Io(other.to_string()),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quota_properties_name_ids() {
+        assert_eq!(
+            id_property("userquota@1000"),
+            Some((IdKind::User, true, "1000"))
+        );
+        assert_eq!(
+            id_property("groupused@wheel"),
+            Some((IdKind::Group, false, "wheel"))
+        );
+        assert_eq!(id_property("quota"), None);
+        assert_eq!(
+            validate_id_quota("userquota@root", "10M").unwrap(),
+            Some(("userquota@0".to_string(), (10u64 << 20).to_string()))
+        );
+        assert_eq!(
+            validate_id_quota("groupquota@7", "none").unwrap(),
+            Some(("groupquota@7".to_string(), "none".to_string()))
+        );
+        assert!(validate_id_quota("userused@0", "1M").is_err());
+        assert!(validate_id_quota("userquota@no-such-user-here", "1M").is_err());
+        assert_eq!(validate_id_quota("compression", "lz4").unwrap(), None);
+        let properties: BTreeMap<String, String> = [
+            ("userquota@5", "100"),
+            ("groupquota@6", "none"),
+            ("quota", "7"),
+        ]
+        .into_iter()
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect();
+        let quotas = id_quotas(&properties);
+        assert_eq!(quotas.len(), 1);
+        assert_eq!(quotas.get(&(IdKind::User, 5)), Some(&100));
+    }
+}

@@ -871,7 +871,7 @@ async fn run(
         Command::IdSpace { name, group } => {
             use crate::pool::filesystem::id_space::IdKind;
             let kind = if group { IdKind::Group } else { IdKind::User };
-            Ok(json!({ "name": name, "ids": pool.id_space(&name, kind).await? }))
+            Ok(json!({ "name": name, "ids": pool.id_space(&name, &[kind]).await? }))
         }
         Command::Diff { from, to } => {
             let report = pool.diff(&from, &to).await?;

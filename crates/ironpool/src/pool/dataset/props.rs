@@ -816,14 +816,8 @@ impl Pool {
                 continue;
             }
             if usage.is_none() {
-                let mut all = self
-                    .id_space(short, filesystem::id_space::IdKind::User)
-                    .await?;
-                all.extend(
-                    self.id_space(short, filesystem::id_space::IdKind::Group)
-                        .await?,
-                );
-                usage = Some(all);
+                use filesystem::id_space::IdKind;
+                usage = Some(self.id_space(short, &[IdKind::User, IdKind::Group]).await?);
             }
             let used = usage
                 .iter()

@@ -97,49 +97,63 @@ pub fn resolve_id(kind: IdKind, name: &str) -> Result<u32, PoolError> {
         ))
     };
     let c_name = std::ffi::CString::new(name).map_err(|_| unknown())?;
-    let mut buffer = vec![0 as libc::c_char; 16 << 10];
-    match kind {
-        IdKind::User => {
-            // SAFETY: passwd is plain old data; all zeroes is a valid value.
-            let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-            let mut found: *mut libc::passwd = std::ptr::null_mut();
-            // SAFETY: every pointer is valid for the call; the strings the
-            // entry points to live in `buffer`, which outlives their use.
-            let result = unsafe {
-                libc::getpwnam_r(
-                    c_name.as_ptr(),
-                    &mut entry,
-                    buffer.as_mut_ptr(),
-                    buffer.len(),
-                    &mut found,
-                )
-            };
-            if result != 0 || found.is_null() {
-                return Err(unknown());
+    // The entry's strings (a group's members too) go into the buffer:
+    // grown while too small, up to a bound.
+    let mut size = 16 << 10;
+    loop {
+        let mut buffer = vec![0 as libc::c_char; size];
+        let (result, id) = match kind {
+            IdKind::User => {
+                // SAFETY: passwd is plain old data; all zeroes is valid.
+                let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
+                let mut found: *mut libc::passwd = std::ptr::null_mut();
+                // SAFETY: every pointer is valid for the call; only the
+                // id is read from the entry, which needs no buffer.
+                let result = unsafe {
+                    libc::getpwnam_r(
+                        c_name.as_ptr(),
+                        &mut entry,
+                        buffer.as_mut_ptr(),
+                        buffer.len(),
+                        &mut found,
+                    )
+                };
+                (result, (!found.is_null()).then_some(entry.pw_uid))
             }
-            Ok(entry.pw_uid)
-        }
-        IdKind::Group => {
-            // SAFETY: group is plain old data; all zeroes is a valid value.
-            let mut entry: libc::group = unsafe { std::mem::zeroed() };
-            let mut found: *mut libc::group = std::ptr::null_mut();
-            // SAFETY: as above.
-            let result = unsafe {
-                libc::getgrnam_r(
-                    c_name.as_ptr(),
-                    &mut entry,
-                    buffer.as_mut_ptr(),
-                    buffer.len(),
-                    &mut found,
-                )
-            };
-            if result != 0 || found.is_null() {
-                return Err(unknown());
+            IdKind::Group => {
+                // SAFETY: group is plain old data; all zeroes is valid.
+                let mut entry: libc::group = unsafe { std::mem::zeroed() };
+                let mut found: *mut libc::group = std::ptr::null_mut();
+                // SAFETY: as above.
+                let result = unsafe {
+                    libc::getgrnam_r(
+                        c_name.as_ptr(),
+                        &mut entry,
+                        buffer.as_mut_ptr(),
+                        buffer.len(),
+                        &mut found,
+                    )
+                };
+                (result, (!found.is_null()).then_some(entry.gr_gid))
             }
-            Ok(entry.gr_gid)
+        };
+        match (result, id) {
+            (0, Some(id)) => return Ok(id),
+            (0, None) => return Err(unknown()),
+            (libc::ERANGE, _) if size < ID_LOOKUP_BUFFER_MAX => size *= 2,
+            (error, _) => {
+                return Err(PoolError::InvalidArgument(format!(
+                    "looking up '{name}': {}",
+                    std::io::Error::from_raw_os_error(error)
+                )))
+            }
         }
     }
 }
+
+/// The largest buffer a user or group lookup gets (a group's members are
+/// in it): past this, the name is not looked up.
+const ID_LOOKUP_BUFFER_MAX: usize = 1 << 20;
 
 /// Checks an assignment of `userquota@NAME` or `groupquota@NAME`: the
 /// property as stored (the numeric id) and its value (bytes, or `none`).
@@ -244,8 +258,18 @@ pub struct IdUsage {
 
 impl IdSpace {
     /// Follows the filesystem's properties.
+    /// Follows the filesystem's properties. When the first quota comes
+    /// (or the last goes), the figures start again from a walk: nothing
+    /// was counted per id while there was none.
     pub(super) fn apply(&self, properties: &BTreeMap<String, String>) {
-        *self.quotas.borrow_mut() = id_quotas(properties);
+        let quotas = id_quotas(properties);
+        let had_none = self.quotas.borrow().is_empty();
+        if had_none != quotas.is_empty() {
+            self.walked.borrow_mut().clear();
+            self.since.borrow_mut().clear();
+            self.walked_at.set(None);
+        }
+        *self.quotas.borrow_mut() = quotas;
     }
 
     fn bound(&self, id: (IdKind, u32)) -> u64 {
@@ -290,20 +314,27 @@ impl Filesystem {
         };
         if space.walked_at.get().is_none() {
             // What each id owned before the first write counts too.
-            self.walk_ids().await?;
+            self.walk_ids(Some(None)).await?;
         }
         let over = |id: (IdKind, u32)| {
             let quota = space.quotas.borrow().get(&id).copied();
             quota.filter(|quota| space.bound(id).saturating_add(bytes) > *quota)
         };
         if ids.iter().any(|id| over(*id).is_some()) {
-            let due = space
-                .walked_at
-                .get()
-                .is_none_or(|at| crate::rt::now().duration_since(at) >= ID_WALK_INTERVAL);
-            if due {
-                self.walk_ids().await?;
+            // The bound counts rewrites whole and removals not at all: the
+            // blocks held are written out (an overwrite's old and new
+            // versions would both count), and the objects walked again,
+            // after waiting for the walk's interval if need be, before
+            // the write is refused.
+            self.settle_writes(None).await;
+            let seen = space.walked_at.get();
+            if let Some(at) = seen {
+                let waited = crate::rt::now().duration_since(at);
+                if waited < ID_WALK_INTERVAL {
+                    crate::rt::sleep(ID_WALK_INTERVAL - waited).await;
+                }
             }
+            self.walk_ids(Some(seen)).await?;
             for id in ids {
                 if let Some(quota) = over(id) {
                     return Err(FsError::Pool(PoolError::QuotaExceeded(format!(
@@ -340,11 +371,18 @@ impl Filesystem {
     }
 
     /// Walks every object for the space each user and group owns, with
-    /// the blocks held in memory and the writes in flight. The caller
-    /// holds the lock shared.
-    async fn walk_ids(&self) -> Result<(), FsError> {
+    /// the blocks held in memory and the writes in flight. With
+    /// `Some(seen)`, not if a walk ended since the caller last looked
+    /// (`seen`, when the walk it saw ended): writers waiting at a limit
+    /// share one walk. A dnode that cannot be read is left out (and
+    /// reported): the others still count. The caller holds the lock
+    /// shared.
+    async fn walk_ids(&self, seen: Option<Option<crate::rt::Instant>>) -> Result<(), FsError> {
         let space = &self.ids;
         let _one = space.walking.acquire(1).await;
+        if seen.is_some_and(|seen| space.walked_at.get() != seen) {
+            return Ok(());
+        }
         // In flight and held first, then the objects: a block linked in
         // between counts twice (an upper bound), never not at all.
         let mut found: FxHashMap<(IdKind, u32), u64> = space.in_flight.borrow().clone();
@@ -358,12 +396,24 @@ impl Filesystem {
         }
         // What was admitted so far leaves `since` only if the walk ends.
         let since_at_start = space.since.borrow().clone();
+        let mut unreadable = 0u64;
         for ino in 1..self.header.get().next_object {
             if ino.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
             }
-            let Some(dnode) = self.objects.peek_dnode(ino).await? else {
-                continue;
+            let dnode = match self.objects.peek_dnode(ino).await {
+                Ok(Some(dnode)) => dnode,
+                Ok(None) => continue,
+                Err(error) => {
+                    unreadable += 1;
+                    if unreadable == 1 {
+                        eprintln!(
+                            "ironpool: {}: object {ino} left out of the user and group space: {error}",
+                            self.name
+                        );
+                    }
+                    continue;
+                }
             };
             let Ok(znode) = Znode::decode(&dnode.bonus) else {
                 continue;
@@ -385,28 +435,31 @@ impl Filesystem {
         Ok(())
     }
 
-    /// `userspace` or `groupspace`: the space every user or group owning
-    /// an object uses, and those with a quota. The caller holds the lock
-    /// shared.
-    pub(in crate::pool) async fn id_usage(&self, kind: IdKind) -> Result<Vec<IdUsage>, FsError> {
-        self.walk_ids().await?;
+    /// `userspace` and `groupspace`: the space every user and group of
+    /// `kinds` owning an object uses, and those with a quota, from one
+    /// walk. The caller holds the lock shared.
+    pub(in crate::pool) async fn id_usage(
+        &self,
+        kinds: &[IdKind],
+    ) -> Result<Vec<IdUsage>, FsError> {
+        self.walk_ids(None).await?;
         let walked = self.ids.walked.borrow();
         let quotas = self.ids.quotas.borrow();
-        let mut ids: Vec<u32> = walked
+        let mut ids: Vec<(IdKind, u32)> = walked
             .keys()
             .chain(quotas.keys())
-            .filter(|(of, _)| *of == kind)
-            .map(|(_, id)| *id)
+            .filter(|(kind, _)| kinds.contains(kind))
+            .copied()
             .collect();
         ids.sort_unstable();
         ids.dedup();
         Ok(ids
             .into_iter()
             .map(|id| IdUsage {
-                kind,
-                id,
-                used_bytes: walked.get(&(kind, id)).copied().unwrap_or(0),
-                quota_bytes: quotas.get(&(kind, id)).copied(),
+                kind: id.0,
+                id: id.1,
+                used_bytes: walked.get(&id).copied().unwrap_or(0),
+                quota_bytes: quotas.get(&id).copied(),
             })
             .collect())
     }
@@ -417,11 +470,11 @@ impl Pool {
     pub async fn id_space(
         self: &Rc<Self>,
         name: &str,
-        kind: IdKind,
+        kinds: &[IdKind],
     ) -> Result<Vec<IdUsage>, PoolError> {
         let fs = self.filesystem(name)?;
         let _shared = fs.shared().await;
-        fs.id_usage(kind).await.map_err(|error| match error {
+        fs.id_usage(kinds).await.map_err(|error| match error {
             FsError::Pool(error) => error,
             other => PoolError::Io(other.to_string()),
         })

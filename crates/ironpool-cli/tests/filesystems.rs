@@ -1583,10 +1583,10 @@ fn fill_until_refused(path: &Path, sync_each: bool, errno: i32) -> u64 {
 }
 
 /// Quotas and reservations on a nearly full pool, as OpenZFS's: a
-/// filesystem with `quota=100M` gets EDQUOT at its limit (and `df` shows
-/// the quota's size); its snapshot's blocks count against `quota` but not
-/// against `refquota`; a quota or refquota under what a filesystem uses is
-/// refused; a sibling with `reservation=200M` can still write its 200M
+/// filesystem with `quota=100M` gets EDQUOT at its limit, for data and for
+/// new files (and `df` shows the quota's size); its snapshot's blocks count
+/// against `quota` but not against `refquota`; a quota or refquota under
+/// what a filesystem uses is refused; a sibling with `reservation=200M` can still write its 200M
 /// (less the metadata the reservation covers too) after a third
 /// filesystem filled the rest of the pool (ENOSPC, not EDQUOT); nothing
 /// written before a refusal is lost.
@@ -1633,6 +1633,16 @@ fn quotas_bound_filesystems_and_reservations_keep_space_for_them() {
     let control = pool.control().display().to_string();
     let refused = pool.fails(&["--control", &control, "set", "quota=50M", &limited]);
     assert!(refused.contains("less than"), "{refused}");
+    // Metadata counts too: a loop creating empty files stops at the quota.
+    let mut created = 0;
+    let error = loop {
+        match std::fs::File::create(mount("limited").join(format!("empty-{created}"))) {
+            Ok(_) => created += 1,
+            Err(error) => break error,
+        }
+        assert!(created < 20_000, "{created} files made past the quota");
+    };
+    assert_eq!(error.raw_os_error(), Some(libc::EDQUOT), "{error}");
 
     // The snapshot keeps the blocks: the quota still counts them once the
     // file is gone, a refquota does not.

@@ -26,7 +26,7 @@
 //! included (OpenZFS counts only the blocks born after the origin): a
 //! clone's quota may bite early, never late.
 
-use std::cell::Cell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::pool::dataset::intent_log::Owner;
@@ -102,6 +102,12 @@ pub struct UsageEstimate {
     /// Its reservation's part it does not use, as last counted
     /// ([`Pool::recount_reservations`]).
     unused_reserved: Cell<u64>,
+    /// Metadata admitted by changes of names and attributes, by the txg
+    /// they went into: it takes its space when that txg is built, so a
+    /// computation before then counts it (without it, a loop of `touch`
+    /// passed a quota by what one txg's creates add). One entry per txg
+    /// not yet durable.
+    metadata: RefCell<std::collections::BTreeMap<u64, u64>>,
 }
 
 impl Default for UsageEstimate {
@@ -111,6 +117,7 @@ impl Default for UsageEstimate {
             in_flight: Cell::new(0),
             computing: Semaphore::new(1),
             unused_reserved: Cell::new(0),
+            metadata: RefCell::default(),
         }
     }
 }
@@ -244,6 +251,23 @@ impl Pool {
         Ok(estimate.admitted(bytes))
     }
 
+    /// [`Pool::admit_to_dataset`] for the metadata a change of names or
+    /// attributes may add (`bytes`), counted until the txg it goes into is
+    /// durable (its blocks are written, and counted, only when that txg is
+    /// built).
+    pub(crate) async fn admit_metadata<'a>(
+        self: &Rc<Self>,
+        owner: Owner<'a>,
+        bytes: u64,
+    ) -> Result<Admitted<'a>, PoolError> {
+        let admitted = self.admit_to_dataset(owner, 1, bytes).await?;
+        let estimate = usage_of(owner);
+        let mut metadata = estimate.metadata.borrow_mut();
+        let entry = metadata.entry(self.txg.open()).or_insert(0);
+        *entry = entry.saturating_add(admitted.bytes());
+        Ok(admitted)
+    }
+
     /// The space of the blocks held in memory for `owner`.
     fn held_bytes(&self, owner: Owner<'_>) -> u64 {
         match owner {
@@ -309,9 +333,16 @@ impl Pool {
         // What is in flight and held first, then the tree: a block linked
         // in between counts twice (an upper bound), never not at all. The
         // writes admitted so far leave `since` only if this succeeds.
+        let pending_metadata: u64 = {
+            let durable = self.txg.durable();
+            let mut metadata = estimate.metadata.borrow_mut();
+            metadata.retain(|txg, _| *txg > durable);
+            metadata.values().sum()
+        };
         let held = self
             .held_bytes(owner)
-            .saturating_add(estimate.in_flight.get());
+            .saturating_add(estimate.in_flight.get())
+            .saturating_add(pending_metadata);
         let since_at_start = estimate.usage.get().since;
         let referenced = match owner {
             Owner::Volume(volume) => volume.object.dnode().used_bytes,

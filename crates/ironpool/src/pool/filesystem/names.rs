@@ -7,7 +7,8 @@ use std::rc::Rc;
 use super::{
     block_shift_for, dir, now, padded_to_block, without_setid, Attr, Change, Filesystem, FsError,
     NewObject, SetAttr, FILE_BLOCK_SHIFT_MIN, FILE_SIZE_MAX_BYTES, LINK_MAX,
-    NAME_CHANGE_CLAIM_BYTES, OBJECTS_MAX, RENAME_EXCHANGE, RENAME_NOREPLACE, SYMLINK_BYTES_MAX,
+    NAME_CHANGE_CLAIM_BYTES, NAME_CHANGE_QUOTA_BYTES, OBJECTS_MAX, RENAME_EXCHANGE,
+    RENAME_NOREPLACE, SYMLINK_BYTES_MAX,
 };
 use crate::format::fsdir::DirEntry;
 use crate::format::znode::{Timestamp, Znode, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
@@ -53,7 +54,9 @@ impl Filesystem {
             target,
         } = *new;
         pool.txg.throttle(pool).await;
-        let _room = self.claim_name_room(pool).await?;
+        // (A link's target is a block of its own.)
+        let stored = target.map_or(0, |target| target.len() as u64);
+        let _room = self.claim_name_room(pool, stored).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
@@ -157,15 +160,34 @@ impl Filesystem {
 
     /// Claims room for the metadata a change that adds a name or an object
     /// may add ([`NAME_CHANGE_CLAIM_BYTES`]): ENOSPC when data could not
-    /// have it either, after waiting for space being freed. The caller holds
-    /// no lock yet (a commit may be waited for).
+    /// have it either, after waiting for space being freed; EDQUOT past the
+    /// filesystem's quota (metadata counts against it as data does, so a
+    /// loop of `touch` stops at the quota too), counted as
+    /// [`NAME_CHANGE_QUOTA_BYTES`] and the `value_bytes` it stores (an
+    /// extended attribute's). The caller holds no lock yet (a commit may be
+    /// waited for).
     pub(super) async fn claim_name_room<'a>(
-        &self,
+        &'a self,
         pool: &'a Rc<Pool>,
-    ) -> Result<crate::pool::volume::writeback::SpaceClaim<'a>, FsError> {
+        value_bytes: u64,
+    ) -> Result<
+        (
+            crate::pool::volume::writeback::SpaceClaim<'a>,
+            crate::pool::dataset::quota::Admitted<'a>,
+        ),
+        FsError,
+    > {
         self.check_writable(pool)?;
+        let admitted = {
+            let _shared = self.lock.acquire(1).await;
+            pool.admit_metadata(
+                crate::pool::dataset::intent_log::Owner::Filesystem(self),
+                NAME_CHANGE_QUOTA_BYTES + value_bytes,
+            )
+            .await?
+        };
         crate::pool::txg::update_metadata_reserve(pool);
-        Ok(pool.claim_space(NAME_CHANGE_CLAIM_BYTES).await?)
+        Ok((pool.claim_space(NAME_CHANGE_CLAIM_BYTES).await?, admitted))
     }
 
     /// Checks that `name` can be created in `parent`; returns the directory.
@@ -229,7 +251,7 @@ impl Filesystem {
         parent: u64,
         name: &[u8],
     ) -> Result<Attr, FsError> {
-        let _room = self.claim_name_room(pool).await?;
+        let _room = self.claim_name_room(pool, 0).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         Self::check_name(name)?;
@@ -349,7 +371,7 @@ impl Filesystem {
         new_name: &[u8],
         flags: u32,
     ) -> Result<(), FsError> {
-        let _room = self.claim_name_room(pool).await?;
+        let _room = self.claim_name_room(pool, 0).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         if flags & !(RENAME_NOREPLACE | RENAME_EXCHANGE) != 0

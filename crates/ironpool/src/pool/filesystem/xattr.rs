@@ -189,7 +189,7 @@ impl Filesystem {
         if value.len() > XATTR_VALUE_BYTES_MAX {
             return Err(FsError::TooBig);
         }
-        let _room = self.claim_name_room(pool).await?;
+        let _room = self.claim_name_room(pool, value.len() as u64).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;

@@ -433,6 +433,7 @@ pub fn id_space(
     group: bool,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
+    use ironpool::pool::filesystem::id_space::{id_name, IdKind};
     let result = admin(
         context,
         pool_of(name),
@@ -449,7 +450,8 @@ pub fn id_space(
     println!("{:<12} {:<16} {:>9} {:>9}", "TYPE", "NAME", "USED", "QUOTA");
     for row in result["ids"].as_array().cloned().unwrap_or_default() {
         let id = row["id"].as_u64().unwrap_or(0) as u32;
-        let name = if group { group_name(id) } else { user_name(id) };
+        let kind = if group { IdKind::Group } else { IdKind::User };
+        let name = id_name(kind, id).unwrap_or_else(|| id.to_string());
         println!(
             "{:<12} {:<16} {:>9} {:>9}",
             if group { "POSIX Group" } else { "POSIX User" },
@@ -465,55 +467,4 @@ pub fn id_space(
         );
     }
     Ok(())
-}
-
-/// A user's name on this host, or its number.
-fn user_name(uid: u32) -> String {
-    let mut buffer = vec![0 as libc::c_char; 16 << 10];
-    // SAFETY: passwd is plain old data; all zeroes is a valid value.
-    let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::passwd = std::ptr::null_mut();
-    // SAFETY: every pointer is valid for the call; the name lives in
-    // `buffer`, read before it goes.
-    let result = unsafe {
-        libc::getpwuid_r(
-            uid,
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        )
-    };
-    if result != 0 || found.is_null() {
-        return uid.to_string();
-    }
-    // SAFETY: a found entry's name is a NUL-terminated string in `buffer`.
-    unsafe { std::ffi::CStr::from_ptr(entry.pw_name) }
-        .to_string_lossy()
-        .into_owned()
-}
-
-/// A group's name on this host, or its number.
-fn group_name(gid: u32) -> String {
-    let mut buffer = vec![0 as libc::c_char; 16 << 10];
-    // SAFETY: group is plain old data; all zeroes is a valid value.
-    let mut entry: libc::group = unsafe { std::mem::zeroed() };
-    let mut found: *mut libc::group = std::ptr::null_mut();
-    // SAFETY: as in `user_name`.
-    let result = unsafe {
-        libc::getgrgid_r(
-            gid,
-            &mut entry,
-            buffer.as_mut_ptr(),
-            buffer.len(),
-            &mut found,
-        )
-    };
-    if result != 0 || found.is_null() {
-        return gid.to_string();
-    }
-    // SAFETY: as in `user_name`.
-    unsafe { std::ffi::CStr::from_ptr(entry.gr_name) }
-        .to_string_lossy()
-        .into_owned()
 }

@@ -359,9 +359,6 @@ pub struct Pool {
     /// A refresh of the reserving datasets' figures is running
     /// (`dataset::quota`).
     reservations_refreshing: Cell<bool>,
-    /// Some open dataset has a reservation, as of the last refresh: writes
-    /// of the others look at what it holds back only then.
-    reserving: Cell<bool>,
     /// The space every open dataset reserved and does not use, as last
     /// counted (`dataset::quota`).
     reserved_unused: Cell<u64>,

@@ -128,7 +128,6 @@ impl Pool {
             prefetch: Default::default(),
             spares: Default::default(),
             reservations_refreshing: Cell::new(false),
-            reserving: Cell::new(false),
             reserved_unused: Cell::new(0),
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
@@ -581,7 +580,6 @@ impl Pool {
             prefetch: Default::default(),
             spares: Default::default(),
             reservations_refreshing: Cell::new(false),
-            reserving: Cell::new(false),
             reserved_unused: Cell::new(0),
         });
         pool.load_history().await;

@@ -292,15 +292,7 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             if on_pool {
                 return invalid(format!("{name} is a property of volumes and filesystems"));
             }
-            if value == "none" {
-                return Ok("none".into());
-            }
-            let bytes = crate::units::parse_size(value)
-                .map_err(|error| PoolError::InvalidArgument(format!("{name} '{value}': {error}; or none")))?;
-            Ok(match bytes {
-                0 => "none".into(),
-                bytes => bytes.to_string(),
-            })
+            crate::pool::dataset::quota::limit_value(name, value)
         }
         "volsize" if !on_pool => {
             let bytes = crate::units::parse_size(value).map_err(PoolError::InvalidArgument)?;
@@ -809,10 +801,7 @@ impl Pool {
             let id = resolve_id(kind, who)?;
             if quota {
                 let stored = local.get(&filesystem::id_space::quota_name(kind, id));
-                values.push(match stored {
-                    Some(value) => (name.clone(), value.clone(), "local".into()),
-                    None => (name.clone(), "none".into(), "default".into()),
-                });
+                values.push(limit_row(name, stored));
                 continue;
             }
             if usage.is_none() {
@@ -912,10 +901,7 @@ fn dataset_values(
         }
     }
     for name in SPACE_PROPERTIES {
-        values.push(match local.get(name) {
-            Some(value) => (name.into(), value.clone(), "local".into()),
-            None => (name.into(), "none".into(), "default".into()),
-        });
+        values.push(limit_row(name, local.get(name)));
     }
     let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
     for (name, value) in pool.iter().filter(|(name, _)| is_user_property(name)) {
@@ -932,6 +918,15 @@ fn dataset_values(
             .map(|(name, (value, source))| (name, value, source)),
     );
     values
+}
+
+/// The `get` row of quota or reservation `name`, set locally to `stored`
+/// or not set (none, by default: never inherited).
+fn limit_row(name: &str, stored: Option<&String>) -> (String, String, String) {
+    match stored {
+        Some(value) => (name.into(), value.clone(), "local".into()),
+        None => (name.into(), "none".into(), "default".into()),
+    }
 }
 
 fn space_values(

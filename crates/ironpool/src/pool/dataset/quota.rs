@@ -39,6 +39,21 @@ use crate::rt::sync::Semaphore;
 /// write, which must not wait for the admin lock that would stop them.
 const USAGE_ATTEMPTS: usize = 3;
 
+/// A quota's or a reservation's value as stored: its bytes, or `none`
+/// (also for 0), from `value` as given to property `name`.
+pub fn limit_value(name: &str, value: &str) -> Result<String, PoolError> {
+    if value == "none" {
+        return Ok("none".into());
+    }
+    let bytes = crate::units::parse_size(value).map_err(|error| {
+        PoolError::InvalidArgument(format!("{name} '{value}': {error}; or none"))
+    })?;
+    Ok(match bytes {
+        0 => "none".into(),
+        bytes => bytes.to_string(),
+    })
+}
+
 /// A dataset's space limits (0: none), from its own properties (they are
 /// not inherited, as in OpenZFS).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -58,6 +73,12 @@ impl SpaceLimits {
     /// Whether the dataset holds space back from the others.
     pub fn has_reservation(&self) -> bool {
         self.reservation != 0 || self.refreservation != 0
+    }
+
+    /// Whether the dataset's figures are kept fresh after each txg (for
+    /// its reservation, or its quota).
+    pub fn is_limited(&self) -> bool {
+        self.has_reservation() || self.has_quota()
     }
 
     /// Space held back for the dataset and not used by it, given its
@@ -294,9 +315,6 @@ impl Pool {
     /// by their figures as last computed: the total less its own share,
     /// both kept by [`Pool::recount_reservations`] (no walk per write).
     fn reserved_elsewhere(&self, owner: Owner<'_>) -> u64 {
-        if !self.reserving.get() {
-            return 0;
-        }
         self.reserved_unused
             .get()
             .saturating_sub(usage_of(owner).unused_reserved.get())
@@ -320,7 +338,6 @@ impl Pool {
             count(fs.settings().limits, &fs.usage);
         }
         self.reserved_unused.set(total);
-        self.reserving.set(total > 0);
     }
 
     /// Computes `owner`'s figures again: what its tree refers to, what its
@@ -355,21 +372,7 @@ impl Pool {
             let epoch = Some(self.datasets.dead_space.epoch());
             let record = self.record(&short)?;
             let head = self.head_object(&short)?;
-            let _hold = self.txg.hold_builds();
-            let Some(mut dead) = self.head_dead_space(&head, &record, epoch).await? else {
-                continue;
-            };
-            let mut moved = false;
-            for snapshot in &record.snapshots {
-                match self.dead_list_space(snapshot.dead_list, epoch).await? {
-                    Some(space) => dead.merge(&space),
-                    None => {
-                        moved = true;
-                        break;
-                    }
-                }
-            }
-            if !moved {
+            if let Some((_, dead)) = self.all_dead_space(&head, &record, epoch).await? {
                 snapshots = Some(dead.allocated_after(head.dnode().origin_txg));
                 break;
             }
@@ -394,15 +397,14 @@ impl Pool {
     /// property is set. One refresh runs at a time.
     pub(crate) fn refresh_reservations(self: &Rc<Self>) {
         self.recount_reservations();
-        let limited = |limits: SpaceLimits| limits.has_reservation() || limits.has_quota();
         let any = self
             .datasets
             .volumes
-            .any(|volume| limited(volume.settings().limits))
+            .any(|volume| volume.settings().limits.is_limited())
             || self
                 .datasets
                 .filesystems
-                .any(|fs| limited(fs.settings().limits));
+                .any(|fs| fs.settings().limits.is_limited());
         if !any || self.txg.is_stopping() || self.reservations_refreshing.replace(true) {
             return;
         }
@@ -417,16 +419,15 @@ impl Pool {
     /// cannot be computed (a read failed) keeps its last ones; the others
     /// are computed still.
     pub(crate) async fn refresh_reservations_now(self: &Rc<Self>) {
-        let limited = |limits: SpaceLimits| limits.has_reservation() || limits.has_quota();
         for volume in self.datasets.volumes.all() {
-            if limited(volume.settings().limits) {
+            if volume.settings().limits.is_limited() {
                 if let Err(error) = self.compute_usage(Owner::Volume(&volume)).await {
                     eprintln!("ironpool: {}: space figures: {error}", volume.name);
                 }
             }
         }
         for fs in self.datasets.filesystems.all() {
-            if !limited(fs.settings().limits) {
+            if !fs.settings().limits.is_limited() {
                 continue;
             }
             let _shared = fs.shared().await;
@@ -515,11 +516,7 @@ impl Pool {
         let wanted = limits.unused_reservation(0, 0);
         let room = self
             .data_available_bytes()
-            .saturating_sub(if self.reserving.get() {
-                self.reserved_unused.get()
-            } else {
-                0
-            });
+            .saturating_sub(self.reserved_unused.get());
         if wanted > room {
             return Err(PoolError::InvalidArgument(format!(
                 "{name}: cannot reserve {wanted} bytes: {room} are free once other reservations are set aside"

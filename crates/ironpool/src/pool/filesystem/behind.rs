@@ -54,7 +54,7 @@ use crate::format::znode::Znode;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
 use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
-use crate::pool::dataset::intent_log::{FileAttr, Owner};
+use crate::pool::dataset::intent_log::FileAttr;
 use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
 use crate::pool::Pool;
 use crate::queue::IoClass;
@@ -261,11 +261,9 @@ impl Filesystem {
         // Its quota and the others' reservations first: the whole records
         // it touches, as a write going through claims. (Let go before
         // going through: that write is admitted again.)
-        let (blocks, size) = self.written_shape(&dnode, offset, end);
-        let admitted = pool
-            .admit_to_dataset(Owner::Filesystem(self), blocks, size)
+        let admitted = self
+            .admit_write(pool, &object, self.written_shape(&dnode, offset, end))
             .await?;
-        let owners = self.admit_to_owners(&object, admitted.bytes()).await?;
         if self.grows(&dnode, end) {
             let guard = self.files.whole(ino).await;
             if self.may_grow_behind(pool, &object, end) {
@@ -275,7 +273,7 @@ impl Filesystem {
                 self.spawn_write_out(pool, &object, vec![(0, number)], shared);
                 return stamped.map(|()| data.len());
             }
-            drop((guard, shared, admission, owners, admitted));
+            drop((guard, shared, admission, admitted));
             return self.write(pool, ino, offset, data).await;
         }
         let first = offset / block;
@@ -287,7 +285,7 @@ impl Filesystem {
             || self.grows(&now, end)
             || !pool.has_room_to_hold(reserved, 0)
         {
-            drop((guard, shared, admission, owners, admitted));
+            drop((guard, shared, admission, admitted));
             return self.write(pool, ino, offset, data).await;
         }
         let mut numbers = Vec::with_capacity((last - first + 1) as usize);

@@ -5,6 +5,7 @@
 use std::rc::Rc;
 
 use super::behind::HeldBlock;
+use super::id_space::IdAdmitted;
 use super::{
     behind, block_pieces, block_shift_for, concat, now, object_state, write_end, Filesystem,
     FsError, FREE_BLOCKS_PER_TURN, RELATIME_SECONDS,
@@ -16,6 +17,7 @@ use crate::object::Object;
 use crate::pool::data::{is_zero, release_unlinked, Linked, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::intent_log::Owner;
 use crate::pool::dataset::props::{DirectMode, LogBias};
+use crate::pool::dataset::quota::Admitted;
 use crate::pool::Pool;
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -437,10 +439,7 @@ impl Filesystem {
             true => (claim / block, block),
             false => self.written_shape(&object.dnode(), offset, end),
         };
-        let admitted = pool
-            .admit_to_dataset(Owner::Filesystem(self), shape.0, shape.1)
-            .await?;
-        let _owners = self.admit_to_owners(&object, admitted.bytes()).await?;
+        let _admitted = self.admit_write(pool, &object, shape).await?;
         let _space = pool.try_claim_space(claim)?;
         let (_file, blocks) = loop {
             let dnode = object.dnode();
@@ -630,6 +629,23 @@ impl Filesystem {
         }
         let block = dnode.data_block_bytes();
         ((end - 1) / block - offset / block + 1, block)
+    }
+
+    /// Admits a write of `shape` (blocks, and their size) to file `object`:
+    /// its filesystem's quotas and the other datasets' reservations, then
+    /// its owner's and group's quotas. The caller holds the lock shared and
+    /// keeps the guards until the blocks are linked or held.
+    pub(super) async fn admit_write<'a>(
+        &'a self,
+        pool: &Rc<Pool>,
+        object: &Object,
+        (blocks, size): (u64, u64),
+    ) -> Result<(Admitted<'a>, IdAdmitted<'a>), FsError> {
+        let admitted = pool
+            .admit_to_dataset(Owner::Filesystem(self), blocks, size)
+            .await?;
+        let owners = self.admit_to_owners(object, admitted.bytes()).await?;
+        Ok((admitted, owners))
     }
 
     /// Whether a write ending at `end` makes the file's one block larger.

@@ -97,63 +97,93 @@ pub fn resolve_id(kind: IdKind, name: &str) -> Result<u32, PoolError> {
         ))
     };
     let c_name = std::ffi::CString::new(name).map_err(|_| unknown())?;
-    // The entry's strings (a group's members too) go into the buffer:
-    // grown while too small, up to a bound.
-    let mut size = 16 << 10;
-    loop {
-        let mut buffer = vec![0 as libc::c_char; size];
-        let (result, id) = match kind {
-            IdKind::User => {
-                // SAFETY: passwd is plain old data; all zeroes is valid.
-                let mut entry: libc::passwd = unsafe { std::mem::zeroed() };
-                let mut found: *mut libc::passwd = std::ptr::null_mut();
-                // SAFETY: every pointer is valid for the call; only the
-                // id is read from the entry, which needs no buffer.
-                let result = unsafe {
-                    libc::getpwnam_r(
-                        c_name.as_ptr(),
-                        &mut entry,
-                        buffer.as_mut_ptr(),
-                        buffer.len(),
-                        &mut found,
-                    )
-                };
-                (result, (!found.is_null()).then_some(entry.pw_uid))
-            }
-            IdKind::Group => {
-                // SAFETY: group is plain old data; all zeroes is valid.
-                let mut entry: libc::group = unsafe { std::mem::zeroed() };
-                let mut found: *mut libc::group = std::ptr::null_mut();
-                // SAFETY: as above.
-                let result = unsafe {
-                    libc::getgrnam_r(
-                        c_name.as_ptr(),
-                        &mut entry,
-                        buffer.as_mut_ptr(),
-                        buffer.len(),
-                        &mut found,
-                    )
-                };
-                (result, (!found.is_null()).then_some(entry.gr_gid))
-            }
-        };
-        match (result, id) {
-            (0, Some(id)) => return Ok(id),
-            (0, None) => return Err(unknown()),
-            (libc::ERANGE, _) if size < ID_LOOKUP_BUFFER_MAX => size *= 2,
-            (error, _) => {
-                return Err(PoolError::InvalidArgument(format!(
-                    "looking up '{name}': {}",
-                    std::io::Error::from_raw_os_error(error)
-                )))
-            }
-        }
+    let found = match kind {
+        IdKind::User => host_entry(
+            // SAFETY: every pointer is valid for the call.
+            |entry, buffer, size, found| unsafe {
+                libc::getpwnam_r(c_name.as_ptr(), entry, buffer, size, found)
+            },
+            |entry: &libc::passwd| entry.pw_uid,
+        ),
+        IdKind::Group => host_entry(
+            // SAFETY: as above.
+            |entry, buffer, size, found| unsafe {
+                libc::getgrnam_r(c_name.as_ptr(), entry, buffer, size, found)
+            },
+            |entry: &libc::group| entry.gr_gid,
+        ),
+    };
+    match found {
+        Ok(Some(id)) => Ok(id),
+        Ok(None) => Err(unknown()),
+        Err(error) => Err(PoolError::InvalidArgument(format!(
+            "looking up '{name}': {error}"
+        ))),
     }
+}
+
+/// The name of user or group `id` on this host, if it has one (for
+/// `userspace` and `groupspace`).
+pub fn id_name(kind: IdKind, id: u32) -> Option<String> {
+    let name = |name: *const libc::c_char| {
+        // SAFETY: a found entry's name is a NUL-terminated string in the
+        // lookup's buffer, which lives while it is read.
+        unsafe { std::ffi::CStr::from_ptr(name) }
+            .to_string_lossy()
+            .into_owned()
+    };
+    let found = match kind {
+        IdKind::User => host_entry(
+            // SAFETY: every pointer is valid for the call.
+            |entry, buffer, size, found| unsafe {
+                libc::getpwuid_r(id, entry, buffer, size, found)
+            },
+            |entry: &libc::passwd| name(entry.pw_name),
+        ),
+        IdKind::Group => host_entry(
+            // SAFETY: as above.
+            |entry, buffer, size, found| unsafe {
+                libc::getgrgid_r(id, entry, buffer, size, found)
+            },
+            |entry: &libc::group| name(entry.gr_name),
+        ),
+    };
+    found.ok().flatten()
 }
 
 /// The largest buffer a user or group lookup gets (a group's members are
 /// in it): past this, the name is not looked up.
 const ID_LOOKUP_BUFFER_MAX: usize = 1 << 20;
+
+/// An entry of the host's user or group database: plain old data, for
+/// which all zeroes is a valid value.
+trait HostEntry {}
+impl HostEntry for libc::passwd {}
+impl HostEntry for libc::group {}
+
+/// One entry of the host's user or group database, found by `call` (a
+/// `getpw*_r` or `getgr*_r`) and read by `read` while the strings it
+/// points to are valid; None when there is none. The buffer for those
+/// strings (a group's members too) grows while too small, up to
+/// [`ID_LOOKUP_BUFFER_MAX`].
+fn host_entry<E: HostEntry, T>(
+    call: impl Fn(*mut E, *mut libc::c_char, usize, *mut *mut E) -> libc::c_int,
+    read: impl FnOnce(&E) -> T,
+) -> std::io::Result<Option<T>> {
+    let mut size = 16 << 10;
+    loop {
+        let mut buffer = vec![0 as libc::c_char; size];
+        // SAFETY: `E` is a `HostEntry`: all zeroes is a valid value.
+        let mut entry: E = unsafe { std::mem::zeroed() };
+        let mut found: *mut E = std::ptr::null_mut();
+        match call(&mut entry, buffer.as_mut_ptr(), buffer.len(), &mut found) {
+            0 if found.is_null() => return Ok(None),
+            0 => return Ok(Some(read(&entry))),
+            libc::ERANGE if size < ID_LOOKUP_BUFFER_MAX => size *= 2,
+            error => return Err(std::io::Error::from_raw_os_error(error)),
+        }
+    }
+}
 
 /// Checks an assignment of `userquota@NAME` or `groupquota@NAME`: the
 /// property as stored (the numeric id) and its value (bytes, or `none`).
@@ -165,15 +195,7 @@ pub fn validate_id_quota(name: &str, value: &str) -> Result<Option<(String, Stri
         return Ok(None);
     };
     let id = resolve_id(kind, id)?;
-    let value = match value {
-        "none" => "none".to_string(),
-        value => match crate::units::parse_size(value).map_err(|error| {
-            PoolError::InvalidArgument(format!("{name} '{value}': {error}; or none"))
-        })? {
-            0 => "none".to_string(),
-            bytes => bytes.to_string(),
-        },
-    };
+    let value = crate::pool::dataset::quota::limit_value(name, value)?;
     Ok(Some((quota_name(kind, id), value)))
 }
 

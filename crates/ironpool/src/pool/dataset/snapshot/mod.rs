@@ -720,21 +720,9 @@ impl Pool {
             None => (dnode.used_bytes, dnode.logical_bytes, dnode.physical_bytes),
         };
         let origin_txg = dnode.origin_txg;
-        // What the head let go of, then all it and its snapshots did: no
-        // build meanwhile moves the head's pending part onto its list.
-        let hold = self.txg.hold_builds();
-        let Some(head_dead) = self.head_dead_space(&head, &record, epoch).await? else {
+        let Some((head_let_go, dead)) = self.all_dead_space(&head, &record, epoch).await? else {
             return Ok(None);
         };
-        let head_let_go = head_dead.allocated();
-        let mut dead = head_dead;
-        for snapshot in &record.snapshots {
-            let Some(space) = self.dead_list_space(snapshot.dead_list, epoch).await? else {
-                return Ok(None);
-            };
-            dead.merge(&space);
-        }
-        drop(hold);
         let fast = match &fs {
             Some(fs) if origin_txg == 0 && fs.header.get().space.is_some() => {
                 self.written_by_sums(&short, &record, &head, head_let_go, referenced)
@@ -848,6 +836,32 @@ impl Pool {
         let mut dead = head.dead.borrow().clone();
         dead.extend(self.dead_list_entries(record.dead_list).await?);
         Ok(dead)
+    }
+
+    /// The space every block a dataset (its `head`, its `record`) and its
+    /// snapshots let go of holds, by birth, with what the head alone let
+    /// go of (allocated bytes); `epoch` as in [`Pool::dead_list_space`]
+    /// (None: a list was dropped meanwhile). Txg builds are held off while
+    /// the lists are read: no build moves the head's pending part onto its
+    /// list meanwhile.
+    pub(in crate::pool) async fn all_dead_space(
+        &self,
+        head: &Object,
+        record: &Lineage,
+        epoch: Option<u64>,
+    ) -> Result<Option<(u64, DeadSpace)>, PoolError> {
+        let _hold = self.txg.hold_builds();
+        let Some(mut dead) = self.head_dead_space(head, record, epoch).await? else {
+            return Ok(None);
+        };
+        let head_let_go = dead.allocated();
+        for snapshot in &record.snapshots {
+            let Some(space) = self.dead_list_space(snapshot.dead_list, epoch).await? else {
+                return Ok(None);
+            };
+            dead.merge(&space);
+        }
+        Ok(Some((head_let_go, dead)))
     }
 
     /// The space of [`Pool::head_dead`], from its list's summary

@@ -82,7 +82,7 @@ act() {
     vol-destroy) "$bin" destroy -r p/v >/dev/null ;;
     fs-rm) rm "$work/fs/big" ;;
     fs-truncate) truncate -s 0 "$work/fs/big" ;;
-    fs-rmrf) rm -rf "$work/fs/metadata" ;;
+    fs-rmrf) rm -rf "$work/fs/ironpool-bench-metadata" ;;
     fs-destroy-snap) rm "$work/fs/big" && "$bin" destroy st/fs@s1 >/dev/null ;;
     fs-rollback) rm "$work/fs/big" && "$bin" rollback st/fs@s1 >/dev/null ;;
     fs-destroy) "$bin" destroy -r st/fs >/dev/null ;;

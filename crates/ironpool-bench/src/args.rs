@@ -22,6 +22,12 @@ pub const QUICK_SIZE_BYTES: u64 = 256 * MIB;
 /// The most the fill suite writes to fill a filesystem: filling a large
 /// root filesystem to 90% would take hours and break the machine.
 pub const DEFAULT_FILL_MAX: &str = "16G";
+/// Files the fs suite's metadata phases create, stat and delete: enough
+/// that a phase lasts seconds on ext4 (about 100k creates a second here),
+/// few enough to stay far below its inode count.
+pub const DEFAULT_FILES: u64 = 20_000;
+/// `--quick` files.
+pub const QUICK_FILES: u64 = 2_000;
 /// Targets when none are given (the raw baseline is added to any list).
 pub const DEFAULT_TARGETS: [&str; 2] = ["ironpool:mirror:2x2G", "nbdkit"];
 
@@ -34,8 +40,9 @@ pub struct BenchArgs {
     pub suites: Vec<Suite>,
 
     /// Target to measure; repeat for several [default: ironpool:mirror:2x2G, nbdkit, and raw;
-    /// raw-pair too for the durable suite of a mirror].
-    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable
+    /// raw-pair too for the durable and fs suites of a mirror, ext4 for the fs suite of a
+    /// filesystem].
+    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | ext4 (a loop device: root) | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
 
@@ -74,6 +81,11 @@ pub struct BenchArgs {
     /// Most bytes the fill suite may write to fill a filesystem target
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_FILL_MAX)]
     pub fill_max: String,
+
+    /// Files of the fs suite's metadata phases (create, stat, delete) [default: 20000, or 2000
+    /// with --quick]
+    #[arg(long, value_name = "N")]
+    pub files: Option<u64>,
 
     /// A short smoke run: 3 s per test, 256M working set, 1 job in qd-scaling
     #[arg(long)]
@@ -136,6 +148,8 @@ pub struct Plan {
     pub size_bytes: u64,
     /// Fill-suite write limit for filesystems.
     pub fill_max_bytes: u64,
+    /// Files of the fs suite's metadata phases.
+    pub files: u64,
     /// Depths, jobs and fill levels.
     pub suite_options: SuiteOptions,
 }
@@ -163,6 +177,9 @@ impl BenchArgs {
         } else {
             DEFAULT_RUNTIME_SECONDS
         });
+        if self.files == Some(0) {
+            bail!("--files must be at least 1");
+        }
         if runtime_seconds == 0 {
             bail!("--runtime must be at least 1 second");
         }
@@ -201,6 +218,11 @@ impl BenchArgs {
             ramp_seconds: self.ramp,
             size_bytes,
             fill_max_bytes: parse_size(&self.fill_max).context("--fill-max")?,
+            files: self.files.unwrap_or(if self.quick {
+                QUICK_FILES
+            } else {
+                DEFAULT_FILES
+            }),
             suite_options,
         })
     }
@@ -220,16 +242,26 @@ impl BenchArgs {
                     .with_context(|| format!("--target {text}"))?,
             );
         }
-        // The durable suite holds a mirror to two raw files written at once.
+        // The durable and fs suites hold a mirror to two raw files written
+        // at once.
         let mirror = specs
             .iter()
             .any(|s| matches!(s, TargetSpec::Ironpool(pool) if pool.layout == Layout::Mirror));
-        if mirror
-            && !self.no_raw
-            && self.suites.contains(&Suite::Durable)
-            && !specs.contains(&TargetSpec::RawPair)
-        {
+        let pair_suite = self.suites.contains(&Suite::Durable) || self.suites.contains(&Suite::Fs);
+        if mirror && !self.no_raw && pair_suite && !specs.contains(&TargetSpec::RawPair) {
             specs.insert(0, TargetSpec::RawPair);
+        }
+        // The fs suite holds a filesystem's metadata, names and buffered
+        // rows to another filesystem on the same disk: ext4.
+        let filesystem = specs
+            .iter()
+            .any(|s| matches!(s, TargetSpec::Ironpool(pool) if pool.filesystem));
+        if filesystem
+            && !self.no_raw
+            && self.suites.contains(&Suite::Fs)
+            && !specs.iter().any(|s| matches!(s, TargetSpec::Ext4))
+        {
+            specs.insert(0, TargetSpec::Ext4);
         }
         let raw_index = specs.iter().position(|s| matches!(s, TargetSpec::Raw(_)));
         match raw_index {
@@ -280,6 +312,41 @@ mod tests {
         assert_eq!(plan.suites, [Suite::QdScaling, Suite::PoolReport]);
         assert_eq!((plan.runtime_seconds, plan.size_bytes), (10, GIB));
         assert_eq!(plan.suite_options.jobs, [1, 4]);
+    }
+
+    #[test]
+    fn the_fs_suite_brings_its_limits() {
+        let plan = plan_of(&[
+            "--target",
+            "ironpool-fs:mirror:2x1G",
+            "--target",
+            "ironpool:mirror:2x1G",
+            "--suite",
+            "fs",
+        ]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "raw",
+                "ext4",
+                "raw-pair",
+                "ironpool-fs:mirror:2x1G",
+                "ironpool:mirror:2x1G"
+            ]
+        );
+        assert_eq!(plan.files, DEFAULT_FILES);
+        // A volume alone has no filesystem to hold to ext4.
+        let plan = plan_of(&[
+            "--target",
+            "ironpool:stripe:1x1G",
+            "--suite",
+            "fs",
+            "--quick",
+        ]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["raw", "ironpool:stripe:1x1G"]);
+        assert_eq!(plan.files, QUICK_FILES);
     }
 
     #[test]

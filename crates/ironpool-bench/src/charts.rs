@@ -119,6 +119,13 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
             });
         }
     }
+    if tests().any(|t| t.suite == Suite::Fs) {
+        charts.push(ChartPlan {
+            file_name: "fs.png".to_string(),
+            title: "fs: each test's figure (IOPS, MiB/s, or operations per second)".to_string(),
+            kind: ChartKind::Bars { suite: Suite::Fs },
+        });
+    }
     if tests().any(|t| t.fill_target_percent.is_some()) {
         charts.push(ChartPlan {
             file_name: "fill.png".to_string(),
@@ -382,6 +389,21 @@ fn draw_legend<DB: DrawingBackend>(
     Ok(())
 }
 
+/// A bar's height and unit: bandwidth for the pool report and the durable
+/// suite; for the fs suite each test's own figure (IOPS for random I/O,
+/// MiB/s for sequential, operations per second for system calls).
+fn bar_value(suite: Suite, test: &TestResult) -> (f64, &'static str) {
+    let mib = test.total_bandwidth() / (1024.0 * 1024.0);
+    if suite != Suite::Fs {
+        return (mib, "MiB/s");
+    }
+    match test.ops_per_second {
+        Some(rate) => (rate, "ops/s"),
+        None if test.workload.pattern.is_sequential() => (mib, "MiB/s"),
+        None => (test.total_iops(), "IOPS"),
+    }
+}
+
 fn draw_bars(results: &Results, suite: Suite) -> Result<(u32, u32, Vec<u8>)> {
     let in_suite = |t: &&TestResult| t.is_ok() && t.suite == suite;
     let names = test_names(
@@ -418,13 +440,15 @@ fn draw_bars(results: &Results, suite: Suite) -> Result<(u32, u32, Vec<u8>)> {
                         .tests
                         .iter()
                         .find(|t| in_suite(t) && &t.name == name)?;
-                    Some((
-                        i,
-                        test.total_bandwidth() / (1024.0 * 1024.0),
-                        color_of(results, label),
-                    ))
+                    Some((i, bar_value(suite, test).0, color_of(results, label)))
                 })
                 .collect();
+            let unit = results
+                .targets
+                .iter()
+                .flat_map(|t| t.tests.iter())
+                .find(|t| in_suite(t) && &t.name == name)
+                .map_or("MiB/s", |test| bar_value(suite, test).1);
             let y_max = bars.iter().map(|b| b.1).fold(0.0, f64::max).max(1.0) * 1.2;
             let mut chart = ChartBuilder::on(panel)
                 .caption(name.as_str(), (FONT_FAMILY, 17))
@@ -439,7 +463,7 @@ fn draw_bars(results: &Results, suite: Suite) -> Result<(u32, u32, Vec<u8>)> {
                 .x_labels(0)
                 .y_labels(5)
                 .y_label_formatter(&|y: &f64| format!("{y:.0}"))
-                .y_desc("MiB/s")
+                .y_desc(unit)
                 .label_style((FONT_FAMILY, 13))
                 .axis_desc_style((FONT_FAMILY, 14))
                 .draw()

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use crate::fio_json::{self, FioOutput};
 use crate::interrupt;
 use crate::progress::Progress;
-use crate::suites::{Durability, Workload};
+use crate::suites::{Durability, Engine, Workload};
 use crate::target::process::wait_with_deadline;
 use crate::target::Access;
 use crate::units::{size_short, MIB};
@@ -47,20 +47,33 @@ pub struct FioSettings {
 fn access_args(
     access: &Access,
     durability: Durability,
+    engine: Engine,
+    buffered: bool,
 ) -> std::result::Result<Vec<String>, String> {
     let file_engine = |filename: Option<&Path>| {
         let engine = if durability == Durability::PsyncFdatasync {
-            "psync"
+            Engine::Psync
         } else {
-            "io_uring"
+            engine
         };
-        let mut args = vec![format!("--ioengine={engine}"), "--direct=1".to_string()];
+        let direct = if buffered { "--direct=0" } else { "--direct=1" };
+        let mut args = vec![
+            format!("--ioengine={}", engine.fio_name()),
+            direct.to_string(),
+        ];
         args.extend(filename.map(|path| format!("--filename={}", path.display())));
         args
     };
     match access {
         Access::File(path) => Ok(file_engine(Some(path))),
         Access::FilePair(..) => Ok(file_engine(None)),
+        Access::Nbd(_) if buffered => {
+            Err("a volume over NBD has no page cache in front of it (fio's nbd engine)".to_string())
+        }
+        Access::Nbd(_) if engine != Engine::IoUring => Err(format!(
+            "fio's nbd engine stands for the file engines on a volume: {} is a file engine",
+            engine.fio_name()
+        )),
         Access::Nbd(uri) => match durability {
             Durability::Dsync => Err("fio's nbd engine cannot send FUA writes".to_string()),
             Durability::PsyncFdatasync => Err(
@@ -108,18 +121,23 @@ pub fn test_command(
     durable_by_target: bool,
 ) -> std::result::Result<Vec<String>, String> {
     let name = workload.name();
+    if let Some(ops) = workload.ops {
+        return Err(format!("{} is not a fio test", ops.name()));
+    }
     let durability = match workload.durability {
         Durability::Dsync if durable_by_target => Durability::None,
         durability => durability,
     };
     let mut argv = vec![settings.exe.display().to_string()];
     argv.extend(leading_name(access, &name));
-    argv.extend(access_args(access, durability)?);
-    let iodepth = if durability == Durability::PsyncFdatasync {
-        1
-    } else {
-        workload.iodepth
-    };
+    argv.extend(access_args(
+        access,
+        durability,
+        workload.engine,
+        workload.buffered,
+    )?);
+    let synchronous = durability == Durability::PsyncFdatasync || workload.engine == Engine::Psync;
+    let iodepth = if synchronous { 1 } else { workload.iodepth };
     argv.extend([
         format!("--rw={}", workload.pattern.fio_rw()),
         format!(
@@ -145,6 +163,11 @@ pub fn test_command(
         Durability::Dsync => argv.push("--sync=dsync".to_string()),
         Durability::PsyncFdatasync => argv.push("--fdatasync=1".to_string()),
     }
+    if workload.buffered {
+        // The page cache's writes reach the target at the end: the figure
+        // counts them.
+        argv.push("--end_fsync=1".to_string());
+    }
     // A pair reports each job: the slower file is what a mirror waits for.
     if !matches!(access, Access::FilePair(..)) {
         argv.push("--group_reporting".to_string());
@@ -163,7 +186,7 @@ pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64)
     let mut argv = vec![settings.exe.display().to_string()];
     argv.extend(leading_name(access, "prefill"));
     // Durability::None always has access options.
-    argv.extend(access_args(access, Durability::None).unwrap_or_default());
+    argv.extend(access_args(access, Durability::None, Engine::IoUring, false).unwrap_or_default());
     argv.extend([
         "--rw=write".to_string(),
         format!(
@@ -177,6 +200,33 @@ pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64)
         "--output-format=json".to_string(),
     ]);
     argv.extend(pair_jobs(access, "prefill"));
+    argv
+}
+
+/// The fio command that reads a whole target once through its cache before
+/// a `cached` test: buffered from a file (the page cache passes each miss
+/// to the filesystem, whose own cache keeps it), plainly from a volume
+/// over NBD (a volume caches what it serves).
+pub fn warm_command(settings: &FioSettings, access: &Access, size_bytes: u64) -> Vec<String> {
+    let mut argv = vec![settings.exe.display().to_string()];
+    argv.extend(leading_name(access, "warm"));
+    let buffered = !matches!(access, Access::Nbd(_));
+    // Durability::None with the default engine always has access options.
+    argv.extend(
+        access_args(access, Durability::None, Engine::IoUring, buffered).unwrap_or_default(),
+    );
+    argv.extend([
+        "--rw=read".to_string(),
+        format!(
+            "--bs={}",
+            size_short(PREFILL_BLOCK_SIZE_BYTES).to_lowercase()
+        ),
+        format!("--iodepth={PREFILL_IODEPTH}"),
+        "--numjobs=1".to_string(),
+        format!("--size={}", size_short(size_bytes)),
+        "--output-format=json".to_string(),
+    ]);
+    argv.extend(pair_jobs(access, "warm"));
     argv
 }
 
@@ -377,6 +427,44 @@ mod tests {
         assert!(prefill.ends_with(
             "--name=prefill-a --filename=/p/a.img --name=prefill-b --filename=/p/b.img"
         ));
+    }
+
+    #[test]
+    fn builds_the_fs_suite_engines_and_buffered_writes() {
+        use crate::suites::Engine;
+        let file = Access::File("/m/f".into());
+        let mut workload = Workload::new(Pattern::RandWrite, 4 * KIB, 64, 1);
+        workload.buffered = true;
+        let argv = test_command(&settings(), &file, &workload, GIB, false).unwrap();
+        assert!(
+            argv.contains(&"--direct=0".to_string()) && argv.contains(&"--end_fsync=1".to_string())
+        );
+        workload.engine = Engine::Psync;
+        let argv = test_command(&settings(), &file, &workload, GIB, false).unwrap();
+        assert!(
+            argv.contains(&"--ioengine=psync".to_string())
+                && argv.contains(&"--iodepth=1".to_string())
+        );
+        // A volume over NBD has neither a page cache nor file engines.
+        let nbd = Access::Nbd("nbd+unix:///?socket=/s".into());
+        assert!(test_command(&settings(), &nbd, &workload, GIB, false).is_err());
+        workload.buffered = false;
+        assert!(test_command(&settings(), &nbd, &workload, GIB, false).is_err());
+        workload.engine = Engine::Libaio;
+        let argv = test_command(&settings(), &file, &workload, GIB, false).unwrap();
+        assert!(
+            argv.contains(&"--ioengine=libaio".to_string())
+                && argv.contains(&"--direct=1".to_string())
+        );
+        let ops = Workload::ops(crate::suites::OpsTest::FilesCreate);
+        assert!(test_command(&settings(), &file, &ops, GIB, false).is_err());
+        let warm = warm_command(&settings(), &file, GIB).join(" ");
+        assert!(
+            warm.contains("--direct=0") && warm.contains("--rw=read"),
+            "{warm}"
+        );
+        let warm = warm_command(&settings(), &nbd, GIB).join(" ");
+        assert!(warm.contains("--ioengine=nbd"), "{warm}");
     }
 
     #[test]

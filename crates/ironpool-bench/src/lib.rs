@@ -25,6 +25,7 @@ pub mod interrupt;
 pub mod ironpool_stats;
 pub mod machine;
 pub mod observe;
+pub mod ops;
 pub mod pitfalls;
 pub mod progress;
 pub mod report;

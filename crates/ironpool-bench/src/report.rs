@@ -98,8 +98,11 @@ fn find<'a>(target: &'a TargetResult, suite: Suite, label: &str) -> Option<&'a T
         .find(|t| t.suite == suite && t.label() == label)
 }
 
-/// `15.3k IOPS` or `3.50 GiB/s`, by workload.
+/// `15.3k IOPS`, `3.50 GiB/s` or (system calls) `52.1k/s`, by workload.
 fn headline(test: &TestResult) -> String {
+    if let Some(rate) = test.ops_per_second {
+        return format!("{}/s", count_human(rate));
+    }
     if test.workload.pattern.is_sequential() {
         rate_human(test.total_bandwidth())
     } else {
@@ -140,6 +143,14 @@ fn summary(out: &mut String, results: &Results) {
             out,
             "Random tests in IOPS, sequential tests in bandwidth (no raw baseline in this run)."
         ),
+    }
+    if let Some(ext4) = results.targets.iter().find(|t| t.kind == "ext4") {
+        emit!(
+            out,
+            "Tests of system calls (`files-*`, `names-*`) in operations per second; they and the \
+             buffered writes are held to `{}`, a kernel filesystem on the same disk.",
+            ext4.label
+        );
     }
     emit!(out);
     let labels: Vec<String> = results
@@ -394,6 +405,28 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
             }
             list
         };
+        if let (Some(rate), None) = (test.ops_per_second, outcome_word(test)) {
+            // A test of system calls: operations per second, the mean time
+            // of one, and the ratio to its limit.
+            let ratio = results
+                .limit_for(target, test)
+                .and_then(|b| b.ops_per_second)
+                .filter(|b| *b > 0.0)
+                .map(|b| ratio_human(rate / b))
+                .unwrap_or_else(|| "—".to_string());
+            let mean = if rate > 0.0 {
+                latency_human(1e9 / rate)
+            } else {
+                "—".to_string()
+            };
+            let prefix = format!(
+                "| {} | {}/s | — | {mean} | — | — | — | — | {ratio} |",
+                test.label(),
+                count_human(rate)
+            );
+            emit!(out, "{}", prefix + &row_tail(&columns, test, false));
+            continue;
+        }
         if directions.is_empty() {
             let word = outcome_word(test).unwrap_or("no I/O");
             let blanks = head.matches('|').count() - 3;
@@ -432,56 +465,7 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
                 latency_human(latency.p99_ns as f64),
                 bytes_human(figures.io_bytes as f64)
             );
-            if columns.flush {
-                let flush = test
-                    .sync
-                    .map(|s| latency_human(s.p99_ns as f64))
-                    .unwrap_or_else(|| "—".to_string());
-                row.push_str(&format!(" {flush} |"));
-            }
-            if columns.server {
-                match test.server {
-                    Some(s) => row.push_str(&format!(
-                        " {:.2} | {:.2} | {} |",
-                        s.cpu_seconds,
-                        s.cores_used,
-                        count_human(s.iops_per_core)
-                    )),
-                    None => row.push_str(" — | — | — |"),
-                }
-            }
-            if columns.cpu_per_op {
-                match test.server.filter(|s| s.cpu_us_per_op > 0.0) {
-                    Some(s) => row.push_str(&format!(
-                        " {} | {} IOPS |",
-                        latency_human(s.cpu_us_per_op * 1e3),
-                        count_human(1e6 / s.cpu_us_per_op)
-                    )),
-                    None => row.push_str(" — | — |"),
-                }
-            }
-            if columns.device {
-                match test.device {
-                    Some(d) => {
-                        // The device side of this row's direction.
-                        let (size, aggregation) = if is_read {
-                            (d.average_read_size_bytes, d.read_aggregation)
-                        } else {
-                            (d.average_write_size_bytes, d.write_aggregation)
-                        };
-                        row.push_str(&format!(
-                            " {} | {:.1}x | {:.1} |",
-                            bytes_human(size),
-                            aggregation,
-                            d.average_queue_depth
-                        ))
-                    }
-                    None => row.push_str(" — | — | — |"),
-                }
-            }
-            if columns.durability {
-                row.push_str(&durability_cells(test));
-            }
+            row.push_str(&row_tail(&columns, test, is_read));
             emit!(out, "{row}");
         }
     }
@@ -492,6 +476,63 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
     if tests.iter().any(|t| !t.is_ok()) {
         emit!(out);
     }
+}
+
+/// The cells after the ratio: flush, server, CPU per operation, device and
+/// durability columns, as far as the table has them.
+fn row_tail(columns: &Columns, test: &TestResult, is_read: bool) -> String {
+    let mut row = String::new();
+    if columns.flush {
+        let flush = test
+            .sync
+            .map(|s| latency_human(s.p99_ns as f64))
+            .unwrap_or_else(|| "—".to_string());
+        row.push_str(&format!(" {flush} |"));
+    }
+    if columns.server {
+        match test.server {
+            Some(s) => row.push_str(&format!(
+                " {:.2} | {:.2} | {} |",
+                s.cpu_seconds,
+                s.cores_used,
+                count_human(s.iops_per_core)
+            )),
+            None => row.push_str(" — | — | — |"),
+        }
+    }
+    if columns.cpu_per_op {
+        match test.server.filter(|s| s.cpu_us_per_op > 0.0) {
+            Some(s) => row.push_str(&format!(
+                " {} | {} IOPS |",
+                latency_human(s.cpu_us_per_op * 1e3),
+                count_human(1e6 / s.cpu_us_per_op)
+            )),
+            None => row.push_str(" — | — |"),
+        }
+    }
+    if columns.device {
+        match test.device {
+            Some(d) => {
+                // The device side of this row's direction.
+                let (size, aggregation) = if is_read {
+                    (d.average_read_size_bytes, d.read_aggregation)
+                } else {
+                    (d.average_write_size_bytes, d.write_aggregation)
+                };
+                row.push_str(&format!(
+                    " {} | {:.1}x | {:.1} |",
+                    bytes_human(size),
+                    aggregation,
+                    d.average_queue_depth
+                ))
+            }
+            None => row.push_str(" — | — | — |"),
+        }
+    }
+    if columns.durability {
+        row.push_str(&durability_cells(test));
+    }
+    row
 }
 
 fn commands(out: &mut String, target: &TargetResult) {

@@ -84,6 +84,9 @@ pub struct Settings {
     pub jobs: Vec<u32>,
     /// Fill levels of the fill suite.
     pub fill_levels_percent: Vec<u32>,
+    /// Files of the fs suite's metadata phases.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub files: Option<u64>,
 }
 
 /// One target's setup and tests.
@@ -229,6 +232,9 @@ pub struct TestResult {
     /// The kernel's view of the block devices (fio's disk_util).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub disk_util: Vec<FioDiskUtil>,
+    /// For a test of system calls (`ops`): operations per second.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops_per_second: Option<f64>,
 }
 
 /// The server's CPU use during one test.
@@ -377,6 +383,7 @@ impl TestResult {
             device: None,
             volume: None,
             disk_util: Vec::new(),
+            ops_per_second: None,
         }
     }
 
@@ -385,9 +392,22 @@ impl TestResult {
         self.outcome == Outcome::Ok
     }
 
-    /// Read plus write operations per second.
+    /// Read plus write operations per second (for a test of system
+    /// calls, its operations per second).
     pub fn total_iops(&self) -> f64 {
+        if let Some(rate) = self.ops_per_second {
+            return rate;
+        }
         self.read.map_or(0.0, |r| r.iops) + self.write.map_or(0.0, |w| w.iops)
+    }
+
+    /// Operations done: fio's reads and writes, or a test of system calls'
+    /// operations.
+    pub fn operations(&self) -> u64 {
+        if let Some(rate) = self.ops_per_second {
+            return (rate * self.wall_seconds).round() as u64;
+        }
+        self.read.map_or(0, |r| r.ops) + self.write.map_or(0, |w| w.ops)
     }
 
     /// Read plus write bytes per second.
@@ -438,6 +458,15 @@ impl Results {
     pub fn limit_for(&self, target: &TargetResult, test: &TestResult) -> Option<&TestResult> {
         if target.baseline {
             return None;
+        }
+        // What a filesystem answers on its own (system calls, the page
+        // cache) is held to another filesystem on the same disk.
+        if test.workload.is_filesystem_test() {
+            return self
+                .targets
+                .iter()
+                .find(|t| t.kind == "ext4" && t.label != target.label)
+                .and_then(|limit| limit.same_workload(test));
         }
         target
             .limit

@@ -129,6 +129,7 @@ pub fn execute(
             depths: plan.suite_options.depths.clone(),
             jobs: plan.suite_options.jobs.clone(),
             fill_levels_percent: plan.suite_options.fill_levels_percent.clone(),
+            files: plan.suites.contains(&Suite::Fs).then_some(plan.files),
         },
         targets,
         findings: Vec::new(),
@@ -192,7 +193,7 @@ fn test_groups(plan: &Plan, spec: &TargetSpec, baseline: bool) -> Vec<(Purpose, 
     if plan.suites.contains(&Suite::Fill) {
         let fillable = matches!(
             spec,
-            TargetSpec::Ironpool(_) | TargetSpec::File(_) | TargetSpec::Dir(_)
+            TargetSpec::Ironpool(_) | TargetSpec::File(_) | TargetSpec::Dir(_) | TargetSpec::Ext4
         );
         if fillable {
             groups.push((
@@ -493,7 +494,8 @@ impl Runner<'_> {
             .flat_map(|&s| suites::tests_of(s, &self.plan.suite_options))
             .collect();
         let mut named: Vec<(String, u64)> = Vec::new();
-        for test in &planned {
+        // Tests of system calls have no block size.
+        for test in planned.iter().filter(|t| t.workload.ops.is_none()) {
             let entry = (test.name(), test.workload.block_size_bytes);
             if !named.contains(&entry) {
                 named.push(entry);
@@ -568,6 +570,32 @@ impl Runner<'_> {
         })
     }
 
+    /// Reads the working set once through the target's cache before a
+    /// `cached` test (see [`fio_runner::warm_command`]); the command joins
+    /// the target's set-up commands.
+    fn warm(
+        &mut self,
+        instance: &Instance,
+        slug: &str,
+        test_file: &str,
+        target: &mut TargetResult,
+    ) -> Result<()> {
+        let argv = fio_runner::warm_command(&self.fio, &instance.access, instance.size_bytes);
+        let output = self.output_path(slug, &format!("warm-{test_file}"))?;
+        let run = fio_runner::run(
+            &argv,
+            &output,
+            fio_runner::prefill_timeout(instance.size_bytes),
+            &mut self.progress,
+        )?;
+        run.report()
+            .map_err(|e| anyhow::anyhow!("reading the working set into the cache failed: {e}"))?;
+        if !target.setup_commands.contains(&argv) {
+            target.setup_commands.push(argv);
+        }
+        Ok(())
+    }
+
     /// Writes fillers until the pool or filesystem reaches `level` percent.
     fn raise_fill(
         &mut self,
@@ -628,6 +656,9 @@ impl Runner<'_> {
         slug: &str,
         target: &mut TargetResult,
     ) -> TestResult {
+        if let Some(ops) = test.workload.ops {
+            return self.run_ops_test(instance, test, ops, target);
+        }
         let by_property =
             test.workload.durability == Durability::Dsync && instance.dsync_by_property();
         if !by_property {
@@ -683,6 +714,15 @@ impl Runner<'_> {
         };
         result.command = argv.clone();
         let file_name = format!("{}-{}", test.suite.name(), result.label().replace('/', "-"));
+        if test.workload.cached {
+            if let Err(error) = self.warm(instance, slug, &file_name, target) {
+                self.progress.skip(planned);
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                return result;
+            }
+        }
         self.progress.begin(
             &format!(
                 "{} {} {}",
@@ -746,6 +786,83 @@ impl Runner<'_> {
                 "failed"
             };
             self.progress.end(word);
+        }
+        result
+    }
+}
+
+impl Runner<'_> {
+    /// Runs a test of system calls (see [`crate::ops`]) in the directory of
+    /// the target's file, and observes the target around it as a fio test.
+    fn run_ops_test(
+        &mut self,
+        instance: &Instance,
+        test: &TestSpec,
+        ops: suites::OpsTest,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let planned = self.planned_test_seconds();
+        let dir = match (&instance.access, instance.kind) {
+            (Access::File(_), "raw") => {
+                Err("the raw file is a file, not a filesystem: ext4 is the limit of these tests")
+            }
+            (Access::File(path), _) if !files::is_block_device(path) => {
+                Ok(path.parent().unwrap_or(Path::new(".")).to_path_buf())
+            }
+            _ => Err("a test of system calls needs a directory of a filesystem"),
+        };
+        let dir = match dir {
+            Ok(dir) => dir,
+            Err(reason) => {
+                self.progress.skip(planned);
+                result.outcome = crate::results::Outcome::Skipped {
+                    reason: reason.to_string(),
+                };
+                return result;
+            }
+        };
+        let files = self.plan.files;
+        result.command = vec![
+            "ironpool".to_string(),
+            "bench".to_string(),
+            format!("(ops {})", ops.name()),
+            dir.display().to_string(),
+            if ops.counted() {
+                format!("{files} files")
+            } else {
+                format!("{} s", self.plan.runtime_seconds)
+            },
+        ];
+        self.progress.begin(
+            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
+            planned,
+        );
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let runtime = std::time::Duration::from_secs(self.plan.runtime_seconds);
+        let progress = &mut self.progress;
+        let run = crate::ops::run(ops, &dir, files, runtime, &mut || progress.tick());
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        self.interrupted |= interrupt::requested();
+        match run {
+            Ok(run) => {
+                result.wall_seconds = run.seconds;
+                result.ops_per_second = Some(run.rate());
+                target
+                    .pitfalls
+                    .extend(observe::compare(instance, &before, &after, &mut result));
+                self.progress.end(&format!(
+                    "{} operations, {}/s",
+                    run.operations,
+                    count_human(run.rate())
+                ));
+            }
+            Err(error) => {
+                result.outcome = crate::results::Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                self.progress.end("failed");
+            }
         }
         result
     }

@@ -46,6 +46,13 @@ pub enum Suite {
     Durable,
     /// The pool report repeated at rising fill levels.
     Fill,
+    /// A filesystem as programs use it (the table of
+    /// `scripts/bench-fs.sh`): direct data at QD1 and QD64 through io_uring
+    /// and libaio, durable writes, buffered writes, metadata (create, stat,
+    /// absent names, delete) and durable changes of names (sqlite commits,
+    /// new files, atomic replaces). Its limit for the data rows is the raw
+    /// file (or pair), for the others ext4 on a loop device (`ext4`).
+    Fs,
 }
 
 impl Suite {
@@ -56,6 +63,7 @@ impl Suite {
             Suite::PoolReport => "pool-report",
             Suite::Durable => "durable",
             Suite::Fill => "fill",
+            Suite::Fs => "fs",
         }
     }
 }
@@ -140,7 +148,88 @@ impl Durability {
     }
 }
 
-/// One fio workload.
+/// The fio engine of a file target's test (a volume over NBD always uses
+/// fio's nbd engine).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum Engine {
+    /// io_uring: the seeds' engine.
+    #[default]
+    IoUring,
+    /// Linux AIO, which databases and qemu still use: its QD64 must scale
+    /// as io_uring's does.
+    Libaio,
+    /// One synchronous `pwrite`/`pread` at a time.
+    Psync,
+}
+
+impl Engine {
+    /// fio's `--ioengine` value.
+    pub fn fio_name(self) -> &'static str {
+        match self {
+            Engine::IoUring => "io_uring",
+            Engine::Libaio => "libaio",
+            Engine::Psync => "psync",
+        }
+    }
+
+    fn is_default(&self) -> bool {
+        *self == Engine::IoUring
+    }
+}
+
+/// A test that is not fio's: a compiled loop of system calls on a
+/// directory of the target's filesystem (see `ops`), measured in
+/// operations per second.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OpsTest {
+    /// Create empty files in one directory (`open(O_CREAT|O_EXCL)` and
+    /// `close`).
+    FilesCreate,
+    /// `stat` each of them.
+    FilesStat,
+    /// `stat` names that do not exist: on FUSE one LOOKUP each, a round
+    /// trip's cost.
+    FilesAbsent,
+    /// Unlink them all.
+    FilesDelete,
+    /// sqlite transactions with the default rollback journal and
+    /// `synchronous=FULL`: the journal is created, fsynced and deleted per
+    /// commit (python3's sqlite3).
+    NamesSqlite,
+    /// New files: create, write 4 KiB, fsync the file and the directory.
+    NamesCreate,
+    /// Atomic replaces: write a temporary file, fsync, rename it over the
+    /// target, fsync the directory.
+    NamesReplace,
+}
+
+impl OpsTest {
+    /// The test name.
+    pub fn name(self) -> &'static str {
+        match self {
+            OpsTest::FilesCreate => "files-create",
+            OpsTest::FilesStat => "files-stat",
+            OpsTest::FilesAbsent => "files-absent",
+            OpsTest::FilesDelete => "files-delete",
+            OpsTest::NamesSqlite => "names-sqlite",
+            OpsTest::NamesCreate => "names-create",
+            OpsTest::NamesReplace => "names-replace",
+        }
+    }
+
+    /// The metadata phases run over a fixed count of files; the names
+    /// tests for the test's runtime.
+    pub fn counted(self) -> bool {
+        matches!(
+            self,
+            OpsTest::FilesCreate | OpsTest::FilesStat | OpsTest::FilesAbsent | OpsTest::FilesDelete
+        )
+    }
+}
+
+/// One fio workload (or, with `ops`, a test of system calls).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Workload {
     /// Access pattern.
@@ -157,6 +246,22 @@ pub struct Workload {
     /// Flush or FUA behaviour.
     #[serde(default)]
     pub durability: Durability,
+    /// The fio engine on file targets.
+    #[serde(default, skip_serializing_if = "Engine::is_default")]
+    pub engine: Engine,
+    /// Through the page cache (`--direct=0`, an fsync at the end, which
+    /// the figure includes) rather than O_DIRECT.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub buffered: bool,
+    /// Read from the target's cache: the runner reads the working set
+    /// once through the cache first (a buffered read of a file; a volume
+    /// caches what it serves), so the test measures the path to the cache
+    /// (request, copies, reply) with no device in the way.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cached: bool,
+    /// Not fio: a loop of system calls (the other fields are ignored).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ops: Option<OpsTest>,
 }
 
 impl Workload {
@@ -169,18 +274,46 @@ impl Workload {
             numjobs,
             read_mix_percent: None,
             durability: Durability::None,
+            engine: Engine::IoUring,
+            buffered: false,
+            cached: false,
+            ops: None,
         }
+    }
+
+    /// A test of system calls (see [`OpsTest`]).
+    pub fn ops(test: OpsTest) -> Self {
+        Workload {
+            ops: Some(test),
+            ..Workload::new(Pattern::RandWrite, 0, 1, 1)
+        }
+    }
+
+    /// A test a filesystem answers on its own (system calls, or the page
+    /// cache): its limit is another filesystem (ext4), not the raw file.
+    pub fn is_filesystem_test(&self) -> bool {
+        self.ops.is_some() || self.buffered
     }
 
     /// The test name: `randwrite-16k-qd64-4j`, `randrw70-256k-qd16-4j`,
     /// `randwrite-16k-qd1-1j-fsync`.
     pub fn name(&self) -> String {
+        if let Some(ops) = self.ops {
+            return ops.name().to_string();
+        }
+        let engine = match self.engine {
+            Engine::IoUring => "",
+            Engine::Libaio => "-aio",
+            Engine::Psync => "-psync",
+        };
+        let buffered = if self.buffered { "-buffered" } else { "" };
+        let cached = if self.cached { "-cached" } else { "" };
         let mix = self
             .read_mix_percent
             .map(|p| p.to_string())
             .unwrap_or_default();
         format!(
-            "{}{}-{}-qd{}-{}j{}",
+            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}",
             self.pattern.fio_rw(),
             mix,
             size_short(self.block_size_bytes).to_lowercase(),
@@ -251,6 +384,7 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         }
         Suite::PoolReport => pool_report_workloads().into_iter().map(plain).collect(),
         Suite::Durable => durable_workloads().into_iter().map(plain).collect(),
+        Suite::Fs => fs_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
             .iter()
@@ -303,6 +437,79 @@ pub fn durable_workloads() -> Vec<Workload> {
     ]
 }
 
+/// The fs suite (the table of `scripts/bench-fs.sh`), in run order:
+/// - data: 16K random writes at QD1 and QD64 through io_uring and libaio
+///   (QD64 should scale as the seeds' workload asks), 4K random reads at
+///   QD64, 1 MiB sequential writes and reads at QD16;
+/// - sync: 16K random writes with an fsync after each at QD1, after every
+///   32 at QD64, and O_DSYNC at QD1 (psync);
+/// - buffered: through the page cache, an fsync at the end: 4K random at
+///   QD1 (psync) and QD64 (io_uring), 128K sequential (psync);
+/// - cached: random reads of 1 MiB, 128K and 4K at QD16 that the target's
+///   cache holds (the FUSE path's own cost beside a volume's over NBD);
+/// - metadata: create, stat, stat of absent names, delete;
+/// - names: sqlite commits, new files, atomic replaces.
+pub fn fs_workloads() -> Vec<Workload> {
+    let on = |engine, workload: Workload| Workload { engine, ..workload };
+    let buffered = |workload: Workload| Workload {
+        buffered: true,
+        ..workload
+    };
+    let durable = |iodepth, durability, engine| Workload {
+        durability,
+        engine,
+        ..Workload::new(Pattern::RandWrite, 16 * KIB, iodepth, 1)
+    };
+    let mut workloads = vec![
+        Workload::new(Pattern::RandWrite, 16 * KIB, 1, 1),
+        Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1),
+        on(
+            Engine::Libaio,
+            Workload::new(Pattern::RandWrite, 16 * KIB, 1, 1),
+        ),
+        on(
+            Engine::Libaio,
+            Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1),
+        ),
+        Workload::new(Pattern::RandRead, 4 * KIB, 64, 1),
+        Workload::new(Pattern::SeqWrite, MIB, 16, 1),
+        Workload::new(Pattern::SeqRead, MIB, 16, 1),
+        durable(1, Durability::Fsync, Engine::IoUring),
+        durable(
+            DURABLE_DEEP_IODEPTH,
+            Durability::FsyncEvery(DURABLE_WRITES_PER_FLUSH),
+            Engine::IoUring,
+        ),
+        durable(1, Durability::Dsync, Engine::Psync),
+        buffered(on(
+            Engine::Psync,
+            Workload::new(Pattern::RandWrite, 4 * KIB, 1, 1),
+        )),
+        buffered(Workload::new(Pattern::RandWrite, 4 * KIB, 64, 1)),
+        buffered(on(
+            Engine::Psync,
+            Workload::new(Pattern::SeqWrite, 128 * KIB, 1, 1),
+        )),
+    ];
+    workloads.extend([MIB, 128 * KIB, 4 * KIB].map(|block_size_bytes| Workload {
+        cached: true,
+        ..Workload::new(Pattern::RandRead, block_size_bytes, 16, 1)
+    }));
+    workloads.extend(
+        [
+            OpsTest::FilesCreate,
+            OpsTest::FilesStat,
+            OpsTest::FilesAbsent,
+            OpsTest::FilesDelete,
+            OpsTest::NamesSqlite,
+            OpsTest::NamesCreate,
+            OpsTest::NamesReplace,
+        ]
+        .map(Workload::ops),
+    );
+    workloads
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,6 +552,47 @@ mod tests {
                 "randwrite-16k-qd1-1j-psync-fdatasync"
             ]
         );
+    }
+
+    #[test]
+    fn names_the_fs_suite() {
+        let names: Vec<String> = tests_of(Suite::Fs, &options())
+            .iter()
+            .map(TestSpec::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "randwrite-16k-qd1-1j",
+                "randwrite-16k-qd64-1j",
+                "randwrite-16k-qd1-1j-aio",
+                "randwrite-16k-qd64-1j-aio",
+                "randread-4k-qd64-1j",
+                "write-1m-qd16-1j",
+                "read-1m-qd16-1j",
+                "randwrite-16k-qd1-1j-fsync",
+                "randwrite-16k-qd64-1j-fsync32",
+                "randwrite-16k-qd1-1j-dsync-psync",
+                "randwrite-4k-qd1-1j-psync-buffered",
+                "randwrite-4k-qd64-1j-buffered",
+                "write-128k-qd1-1j-psync-buffered",
+                "randread-1m-qd16-1j-cached",
+                "randread-128k-qd16-1j-cached",
+                "randread-4k-qd16-1j-cached",
+                "files-create",
+                "files-stat",
+                "files-absent",
+                "files-delete",
+                "names-sqlite",
+                "names-create",
+                "names-replace"
+            ]
+        );
+        // Names are the results' keys: no two alike.
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len());
     }
 
     #[test]

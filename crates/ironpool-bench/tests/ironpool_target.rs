@@ -381,3 +381,138 @@ fn ironpool_durable_suite_beside_the_raw_pair() {
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("| vs raw-pair |") && report.contains("dev syncs/flush"));
 }
+
+/// The fs suite (`scripts/bench-fs.sh`'s table) in one run: an ironpool
+/// filesystem beside ext4 on a loop device, its limit for what a
+/// filesystem answers on its own. Every row runs on both: direct data
+/// through io_uring and libaio, durable writes, buffered writes, the
+/// metadata phases and the names tests; and the ext4 target leaves no
+/// loop device or mount behind.
+#[test]
+fn fs_suite_beside_ext4_on_a_loop_device() {
+    use ironpool_bench::suites::{Engine, OpsTest, Suite};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    require_tool("mkfs.ext4", "e2fsprogs");
+    require_tool("python3", "python3");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-fs-suite").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool-fs:mirror:2x512M",
+        "--target",
+        "ext4",
+        "--no-raw",
+        "--suite",
+        "fs",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--files",
+        "500",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    assert_eq!(results.settings.files, Some(500));
+    let [fs, ext4] = &results.targets[..] else {
+        panic!("two targets: {:?}", results.targets.len())
+    };
+    assert_eq!(ext4.kind, "ext4");
+    assert_eq!(
+        ext4.filesystem.as_deref(),
+        Some("ext4"),
+        "{}",
+        ext4.description
+    );
+    assert!(
+        ext4.description.contains("/dev/loop"),
+        "{}",
+        ext4.description
+    );
+    let planned = ironpool_bench::suites::fs_workloads().len();
+    for target in [fs, ext4] {
+        assert_eq!(target.tests.len(), planned, "{}", target.label);
+        for test in &target.tests {
+            assert!(
+                test.is_ok(),
+                "{} {}: {:?}",
+                target.label,
+                test.label(),
+                test.outcome
+            );
+            assert_eq!(test.suite, Suite::Fs);
+        }
+    }
+    let find = |name: &str| {
+        fs.tests
+            .iter()
+            .find(|t| t.name == name)
+            .unwrap_or_else(|| panic!("no {name}"))
+    };
+    // The metadata phases count the files asked for.
+    for name in ["files-create", "files-stat", "files-absent", "files-delete"] {
+        let test = find(name);
+        assert_eq!(test.operations(), 500, "{name}");
+        let limit = results.limit_for(fs, test).expect("held to ext4");
+        assert!(limit.ops_per_second.is_some());
+        assert!(std::ptr::eq(
+            limit,
+            ext4.tests.iter().find(|t| t.name == name).unwrap()
+        ));
+    }
+    assert!(find("names-sqlite").operations() > 0);
+    let create = find("files-create");
+    assert!(
+        create.server.is_some_and(|s| s.cpu_us_per_op > 0.0),
+        "server CPU per create: {:?}",
+        create.server
+    );
+    // Buffered writes go through the page cache and end in an fsync; the
+    // direct-I/O check leaves them alone.
+    let buffered: Vec<_> = fs.tests.iter().filter(|t| t.workload.buffered).collect();
+    assert_eq!(buffered.len(), 3);
+    for test in buffered {
+        assert!(test.command.contains(&"--direct=0".to_string()));
+        assert!(test.command.contains(&"--end_fsync=1".to_string()));
+        assert!(results.limit_for(fs, test).is_some());
+    }
+    assert!(
+        !fs.pitfalls.iter().any(|f| f.check == "direct-io"),
+        "{:#?}",
+        fs.pitfalls
+    );
+    let aio = fs
+        .tests
+        .iter()
+        .find(|t| t.workload.engine == Engine::Libaio && t.workload.iodepth == 64)
+        .expect("a libaio QD64 row");
+    assert!(aio.command.contains(&"--ioengine=libaio".to_string()));
+    assert!(fs
+        .tests
+        .iter()
+        .any(|t| t.workload.ops == Some(OpsTest::NamesReplace)));
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(
+        report.contains("held to `ext4`"),
+        "the summary names the limit"
+    );
+    assert!(report.contains("| fs | files-create |"));
+    assert!(out.join("fs.png").is_file());
+    // Nothing of the ext4 target is left: no mount, no loop device.
+    let image = out.join("ext4").join("ext4.img");
+    let mounts = std::fs::read_to_string("/proc/self/mounts").unwrap();
+    assert!(!mounts.contains(&out.join("ext4").join("mnt").display().to_string()));
+    let attached = std::process::Command::new("losetup")
+        .args(["-j", image.to_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(
+        attached.stdout.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&attached.stdout)
+    );
+    assert!(!image.exists(), "the image is removed");
+}

@@ -486,7 +486,7 @@ fn images_note(spec: &IronpoolSpec, context: &SetupContext<'_>) -> String {
 /// the host filesystem allocate (and journal) on the first write of every
 /// block, which a real device does not (BENCHMARKS.md: 16K O_DIRECT writes
 /// fell from 49k to 6k IOPS on sparse files).
-fn write_out(path: &Path, size_bytes: u64) -> Result<()> {
+pub(super) fn write_out(path: &Path, size_bytes: u64) -> Result<()> {
     use std::io::Write;
     let mut file = std::fs::OpenOptions::new()
         .write(true)

@@ -1,6 +1,7 @@
 //! Targets: parsing specs, setting targets up (files, servers, pools),
 //! observing them around each test, filling them, and tearing them down.
 
+pub mod ext4;
 pub mod files;
 pub mod ironpool;
 pub mod nbd;
@@ -84,7 +85,7 @@ pub enum FillMethod {
 pub struct Instance {
     /// The spec as text.
     pub label: String,
-    /// raw, file, dir, nbd, nbdkit, ironpool.
+    /// raw, file, dir, ext4, nbd, nbdkit, ironpool.
     pub kind: &'static str,
     /// How fio reaches it.
     pub access: Access,
@@ -114,6 +115,9 @@ pub struct Instance {
     pub setup_findings: Vec<Finding>,
     /// Files we created and remove at teardown.
     owned_files: Vec<PathBuf>,
+    /// A loop device we attached and mounted, undone at teardown (before
+    /// its image is removed).
+    loop_mount: Option<ext4::LoopMount>,
     /// Filler files and volumes made so far.
     filler_count: u32,
 }
@@ -137,6 +141,7 @@ impl Instance {
             fill: FillMethod::Unsupported("not a pool or filesystem".to_string()),
             setup_findings: Vec::new(),
             owned_files: Vec::new(),
+            loop_mount: None,
             filler_count: 0,
         }
     }
@@ -248,6 +253,11 @@ impl Instance {
                 errors.push(format!("{error:#}"));
             }
         }
+        if let Some(mount) = self.loop_mount.take() {
+            if let Err(error) = mount.undo() {
+                errors.push(format!("{error:#}"));
+            }
+        }
         if !keep {
             let mut owned = std::mem::take(&mut self.owned_files);
             if let Some(pool) = &self.pool {
@@ -287,6 +297,7 @@ pub fn setup(
             }
             setup_file(&dir.join(DIR_TARGET_FILE), true, label, "dir", context)
         }
+        TargetSpec::Ext4 => ext4::setup(label, slug, context),
         TargetSpec::Nbd(uri) => nbd::setup_uri(uri, label, context),
         TargetSpec::Nbdkit(path) => nbd::setup_nbdkit(path.as_deref(), label, slug, context),
         TargetSpec::Ironpool(pool) => ironpool::setup(pool, label, slug, context),

@@ -6,6 +6,7 @@
 //! | `raw-pair` | two raw files in `--out` written at once: a mirror's limit on one disk |
 //! | `file:PATH` | a file on any filesystem |
 //! | `dir:PATH` | a directory on any filesystem (the tool makes a file in it) |
+//! | `ext4` | ext4 on a loop device (direct I/O on) over an image in `--out`: a filesystem's limit on this disk (root) |
 //! | `nbd:URI` | any NBD URI |
 //! | `nbdkit[:PATH]` | nbdkit's file plugin over a unix socket: the transport baseline |
 //! | `ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...]` | a pool and volume the tool creates (`+log`: and a log device of SIZE; `bin=PATH` among the properties: this ironpool executable, to compare builds in one run) |
@@ -23,7 +24,7 @@ use crate::units::{parse_size, size_short, SizeError};
 #[derive(Debug, Error, PartialEq, Eq)]
 pub enum SpecError {
     /// The word before the first `:` is not a target kind.
-    #[error("unknown target kind in {0:?} (expected raw, raw-pair, file, dir, nbd, nbdkit, ironpool or ironpool-fs)")]
+    #[error("unknown target kind in {0:?} (expected raw, raw-pair, file, dir, ext4, nbd, nbdkit, ironpool or ironpool-fs)")]
     UnknownKind(String),
     /// A kind that needs a path or URI got none.
     #[error("target {0:?} needs a value after the colon")]
@@ -102,6 +103,10 @@ pub enum TargetSpec {
     File(PathBuf),
     /// A directory on a filesystem.
     Dir(PathBuf),
+    /// ext4 on a loop device over an image in `--out`, made and removed by
+    /// the tool: what a kernel filesystem does on this disk, the limit of
+    /// a filesystem's own tests (metadata, names, buffered writes).
+    Ext4,
     /// An NBD URI.
     Nbd(String),
     /// nbdkit's file plugin serving a file; `None` creates `nbdkit.img`.
@@ -111,13 +116,14 @@ pub enum TargetSpec {
 }
 
 impl TargetSpec {
-    /// raw, file, dir, nbd, nbdkit or ironpool.
+    /// raw, file, dir, ext4, nbd, nbdkit or ironpool.
     pub fn kind(&self) -> &'static str {
         match self {
             TargetSpec::Raw(_) => "raw",
             TargetSpec::RawPair => "raw-pair",
             TargetSpec::File(_) => "file",
             TargetSpec::Dir(_) => "dir",
+            TargetSpec::Ext4 => "ext4",
             TargetSpec::Nbd(_) => "nbd",
             TargetSpec::Nbdkit(_) => "nbdkit",
             TargetSpec::Ironpool(spec) if spec.filesystem => "ironpool-fs",
@@ -153,6 +159,7 @@ impl fmt::Display for TargetSpec {
             TargetSpec::RawPair => write!(f, "raw-pair"),
             TargetSpec::File(path) => write!(f, "file:{}", path.display()),
             TargetSpec::Dir(path) => write!(f, "dir:{}", path.display()),
+            TargetSpec::Ext4 => write!(f, "ext4"),
             TargetSpec::Nbd(uri) => write!(f, "nbd:{uri}"),
             TargetSpec::Nbdkit(None) => write!(f, "nbdkit"),
             TargetSpec::Nbdkit(Some(path)) => write!(f, "nbdkit:{}", path.display()),
@@ -204,6 +211,7 @@ impl FromStr for TargetSpec {
             "raw-pair" if value.is_none() => Ok(TargetSpec::RawPair),
             "file" => Ok(TargetSpec::File(PathBuf::from(required()?))),
             "dir" => Ok(TargetSpec::Dir(PathBuf::from(required()?))),
+            "ext4" if value.is_none() => Ok(TargetSpec::Ext4),
             "nbd" => Ok(TargetSpec::Nbd(required()?.to_string())),
             "nbdkit" => Ok(TargetSpec::Nbdkit(optional_path())),
             "ironpool" => parse_ironpool(text, required()?).map(TargetSpec::Ironpool),
@@ -299,6 +307,9 @@ mod tests {
     #[test]
     fn parses_specs() {
         assert_eq!("raw".parse::<TargetSpec>().unwrap(), TargetSpec::Raw(None));
+        assert_eq!("ext4".parse::<TargetSpec>().unwrap(), TargetSpec::Ext4);
+        assert_eq!(TargetSpec::Ext4.to_string(), "ext4");
+        assert!("ext4:/x".parse::<TargetSpec>().is_err());
         assert_eq!(
             "raw:/dev/vdb".parse::<TargetSpec>().unwrap(),
             TargetSpec::Raw(Some("/dev/vdb".into()))

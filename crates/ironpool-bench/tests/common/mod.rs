@@ -80,6 +80,17 @@ pub fn check_outputs(out: &Path) -> Results {
             if !test.is_ok() {
                 continue;
             }
+            if let Some(ops) = test.workload.ops {
+                // A test of system calls: no fio, a rate and its count.
+                assert!(
+                    test.ops_per_second.is_some_and(|r| r > 0.0) && test.operations() > 0,
+                    "{}: {:?} did nothing",
+                    test.label(),
+                    ops
+                );
+                assert!(test.fio_output.is_none() && test.read.is_none() && test.write.is_none());
+                continue;
+            }
             assert!(
                 test.command.first().is_some_and(|c| c.ends_with("fio")),
                 "{:?}",

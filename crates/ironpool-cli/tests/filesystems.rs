@@ -1582,6 +1582,42 @@ fn fill_until_refused(path: &Path, sync_each: bool, errno: i32) -> u64 {
     written
 }
 
+/// A filesystem clone's quota bounds what the clone writes, not the 32 MiB
+/// it shares with its origin's snapshot (OpenZFS's `used` of a clone).
+#[test]
+fn a_filesystem_clone_quota_counts_only_its_own_writes() {
+    let mut pool = TestPool::new("fsclonequota");
+    pool.create("512M", &["a.img"]);
+    let name = pool.name.clone();
+    let root = pool.path("");
+    let origin = root.join("mnt-origin");
+    let clone = root.join("mnt-clone");
+    create_filesystem(&pool, "origin", &origin, &[]);
+    let _unmount = [Unmount(origin.clone()), Unmount(clone.clone())];
+    pool.serve();
+    wait_mounted(&pool, &origin);
+    let shared = distinct_bytes(32 << 20, 7);
+    std::fs::write(origin.join("shared"), &shared).unwrap();
+    pool.admin(&["snapshot", &format!("{name}/origin@s")]);
+    pool.admin(&[
+        "clone",
+        &format!("{name}/origin@s"),
+        &format!("{name}/c"),
+        "-o",
+        &format!("mountpoint={}", clone.display()),
+        "-o",
+        "quota=16M",
+    ]);
+    wait_mounted(&pool, &clone);
+    let written = fill_until_refused(&clone.join("own"), false, libc::EDQUOT);
+    assert!(
+        (12 << 20..=16 << 20).contains(&written),
+        "{written} bytes of its own under the clone's 16M quota"
+    );
+    assert!(std::fs::read(clone.join("shared")).unwrap() == shared);
+    stop_and_check(&mut pool);
+}
+
 /// Quotas and reservations on a nearly full pool, as OpenZFS's: a
 /// filesystem with `quota=100M` gets EDQUOT at its limit, for data and for
 /// new files (and `df` shows the quota's size); its snapshot's blocks count

@@ -1381,10 +1381,66 @@ fn a_volume_quota_refuses_writes_past_it_with_enospc() {
     stop_and_check(&mut pool);
 }
 
+/// A clone's quota bounds what the clone itself writes: the blocks it
+/// shares with its origin are the origin snapshot's (OpenZFS's `used` of a
+/// clone). A 32 MiB volume cloned under a 16 MiB quota takes about 16 MiB
+/// of new writes, not none (the quota bit at once when the clone's `used`
+/// counted its origin's blocks).
+#[test]
+fn a_clone_quota_counts_only_what_the_clone_writes() {
+    let mut pool = TestPool::new("clonequota");
+    pool.create("1G", &["a.img"]);
+    pool.create_volume("v", "32M");
+    pool.serve();
+    let mut origin = NbdClient::connect(&pool.socket(), "clonequota/v");
+    for piece in 0..32u64 {
+        assert_eq!(
+            origin.write_at(piece << 20, &distinct_bytes(1 << 20, piece as u8)),
+            0
+        );
+    }
+    assert_eq!(origin.flush(), 0);
+    drop(origin);
+    pool.admin(&["snapshot", "clonequota/v@s"]);
+    pool.admin(&["clone", "clonequota/v@s", "clonequota/c"]);
+    pool.admin(&["set", "quota=16M", "clonequota/c"]);
+    let mut clone = NbdClient::connect(&pool.socket(), "clonequota/c");
+    let mut written = 0u64;
+    let error = loop {
+        let piece = distinct_bytes(1 << 20, 100 + (written >> 20) as u8);
+        match clone.write_at(written, &piece) {
+            0 => written += 1 << 20,
+            error => break error,
+        }
+        assert!(written < 32 << 20, "no quota: {written} bytes written");
+    };
+    assert_eq!(error, libc::ENOSPC as u32, "{written} bytes written");
+    assert!(
+        (14 << 20..=16 << 20).contains(&written),
+        "{written} bytes of new writes under the clone's 16M quota"
+    );
+    assert_eq!(clone.flush(), 0);
+    // What it wrote reads back, and past it the origin's bytes.
+    for piece in 0..32u64 {
+        let expected = if piece < written >> 20 {
+            100 + piece
+        } else {
+            piece
+        };
+        assert!(
+            clone.read(piece << 20, 1 << 20) == distinct_bytes(1 << 20, expected as u8),
+            "piece {piece}"
+        );
+    }
+    drop(clone);
+    stop_and_check(&mut pool);
+}
+
 /// `scripts/operator-day.sh`, the operator's day of issue 71, runs clean
 /// with this build: one disk becomes a mirror, the pool grows by a second
-/// mirror, a side that fails for real (writes to it get ENOSPC from a full
-/// tmpfs) is replaced by the hot spare on its own and detached, and a
+/// mirror, a side that fails for real (its file's XFS is shut down, so
+/// every I/O to it gets EIO) is replaced by the hot spare on its own and
+/// detached, and a
 /// scrub, `check`, fio's verification and the files' checksums find
 /// nothing lost.
 #[test]

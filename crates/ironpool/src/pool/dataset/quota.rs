@@ -365,6 +365,21 @@ impl Pool {
             Owner::Volume(volume) => volume.object.dnode().used_bytes,
             Owner::Filesystem(fs) => fs.referenced_locked(self).await?.0,
         };
+        // A clone refers to its origin's blocks, which are the origin
+        // snapshot's and not its own: its `used` counts only what was born
+        // after the origin (as OpenZFS's does), found by a walk of its
+        // tree. A clone with limits pays that walk at a limit and after a
+        // txg; a dataset that is no clone pays nothing.
+        let head = self.head_object(&short)?;
+        let own = if head.dnode().origin_txg == 0 {
+            referenced
+        } else {
+            let fs = match owner {
+                Owner::Filesystem(fs) => Some(fs),
+                Owner::Volume(_) => None,
+            };
+            self.written_walked(&head, fs).await?.1
+        };
         let mut snapshots = None;
         for _ in 0..USAGE_ATTEMPTS {
             // The record and head of this attempt: a snapshot destroyed
@@ -382,7 +397,7 @@ impl Pool {
         usage.known = true;
         usage.snapshots = snapshots;
         usage.referenced = referenced.saturating_add(held);
-        usage.used = usage.referenced.saturating_add(snapshots);
+        usage.used = own.saturating_add(held).saturating_add(snapshots);
         usage.since = usage.since.saturating_sub(since_at_start);
         estimate.usage.set(usage);
         if owner_limits(owner).has_reservation() {

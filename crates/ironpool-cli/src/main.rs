@@ -564,10 +564,15 @@ enum FsCommand {
 
 #[derive(Subcommand)]
 enum VolumeCommand {
-    /// Create a volume: `volume create POOL/NAME SIZE [-o volblocksize=16K]`.
+    /// Create a volume: `volume create [-s] POOL/NAME SIZE [-o volblocksize=16K]`. A volume is
+    /// thick (its refreservation holds its whole size) unless -s makes it sparse.
     Create {
         name: String,
         size: String,
+        /// Sparse: no refreservation, space is taken as the volume is written (a full pool can
+        /// then refuse its writes).
+        #[arg(short = 's', long = "sparse")]
+        sparse: bool,
         /// Properties: volblocksize=SIZE, compression=off|lz4|zstd[-N], checksum=xxh3|blake3|fletcher4, sync=standard|always|disabled, readonly=on|off, module:key=value.
         #[arg(short = 'o')]
         options: Vec<String>,
@@ -648,9 +653,10 @@ fn main() -> ExitCode {
             VolumeCommand::Create {
                 name,
                 size,
+                sparse,
                 options,
                 dirs,
-            } => cli::volume_create(&context, &name, &size, &options, &dirs),
+            } => cli::volume_create(&context, &name, &size, sparse, &options, &dirs),
             VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),
             VolumeCommand::Destroy {
                 name,

@@ -231,7 +231,11 @@ fn volume_commands_validate_their_arguments() {
 fn a_full_pool_says_enospc_and_loses_nothing() {
     let mut pool = TestPool::new("tank");
     pool.create("128M", &["a.img"]);
-    pool.create_volume("vol", "512M");
+    // A volume is thick unless made sparse: one larger than the pool is
+    // refused with the reason, and nothing is created.
+    let refused = pool.fails(&["volume", "create", "tank/thick", "512M", "-d", &dir(&pool)]);
+    assert!(refused.contains("cannot reserve"), "{refused}");
+    pool.create_sparse_volume("vol", "512M");
     pool.serve();
     let uri = pool.uri("vol");
     tool(
@@ -301,7 +305,7 @@ fn writes_racing_for_a_full_pools_last_space_lose_nothing_acknowledged() {
     for layout in [vec!["a.img"], vec!["mirror", "a.img", "b.img"]] {
         let mut pool = TestPool::new("tank");
         pool.create("256M", &layout);
-        pool.create_volume("vol", "512M");
+        pool.create_sparse_volume("vol", "512M");
         pool.serve();
         let output = std::process::Command::new("/usr/bin/python3")
             .args([script, &pool.uri("vol"), "24"])

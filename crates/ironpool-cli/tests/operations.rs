@@ -595,7 +595,8 @@ fn a_data_vdev_added_to_a_served_pool_takes_most_new_writes() {
     let mut pool = TestPool::new("grow");
     pool.create("256M", &["a.img"]);
     pool.serve();
-    pool.admin(&["volume", "create", "grow/v", "400M"]);
+    // Larger than the pool until a vdev is added: sparse.
+    pool.admin(&["volume", "create", "-s", "grow/v", "400M"]);
     let uri = pool.uri("v");
     qemu_io(&uri, &["write -P 0x11 0 96M", "flush"]);
     let before = vdev_space(&pool);
@@ -1378,6 +1379,76 @@ fn a_volume_quota_refuses_writes_past_it_with_enospc() {
     pool.admin(&["set", "quota=none", "volquota/v"]);
     assert_eq!(client.write_at(written, &distinct_bytes(1 << 20, 99)), 0);
     drop(client);
+    stop_and_check(&mut pool);
+}
+
+/// A volume is thick by default, as in OpenZFS: its refreservation holds
+/// its size and indirect blocks, what it has not written is out of the
+/// other datasets' reach, it follows `volsize` as it grows, and `-s` (or
+/// `refreservation=none`) makes a volume sparse.
+#[test]
+fn volumes_are_thick_unless_made_sparse() {
+    let mut pool = TestPool::new("thick");
+    pool.create("1G", &["a.img"]);
+    pool.create_volume("v", "256M");
+    pool.create_sparse_volume("s", "256M");
+    pool.serve();
+    let get = |name: &str, dataset: &str| -> (String, String) {
+        let rows: serde_json::Value = serde_json::from_str(&pool.admin(&[
+            "--json",
+            "get",
+            name,
+            &format!("thick/{dataset}"),
+        ]))
+        .unwrap();
+        let row = &rows["properties"][0];
+        (
+            row["value"].as_str().unwrap().to_string(),
+            row["source"].as_str().unwrap().to_string(),
+        )
+    };
+    let thick: u64 = get("refreservation", "v").0.parse().unwrap();
+    // 256 MiB of 16K blocks: 64 indirect blocks of 32K under one more,
+    // two copies each.
+    assert_eq!(thick, (256 << 20) + 65 * 2 * (32 << 10));
+    assert_eq!(get("refreservation", "v").1, "local");
+    assert_eq!(get("refreservation", "s").0, "none");
+    // The sparse volume sees the thick one's unwritten space set aside.
+    let available = |dataset: &str| -> u64 { get("available", dataset).0.parse().unwrap() };
+    let pool_free: u64 = {
+        let rows: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "list", "thick"])).unwrap();
+        rows["pools"][0]["free_bytes"].as_u64().unwrap()
+    };
+    assert!(
+        available("s") + thick <= pool_free + (8 << 20),
+        "the sparse volume may write {} of {pool_free} free with {thick} reserved",
+        available("s")
+    );
+    assert!(
+        available("v") >= 256 << 20,
+        "the thick volume can be written in full"
+    );
+    // Growing it grows what it holds; `auto` says the same; none drops it.
+    pool.admin(&["set", "volsize=512M", "thick/v"]);
+    let grown: u64 = get("refreservation", "v").0.parse().unwrap();
+    assert_eq!(grown, (512 << 20) + 129 * 2 * (32 << 10));
+    pool.admin(&["set", "refreservation=none", "thick/v"]);
+    assert_eq!(get("refreservation", "v").0, "none");
+    pool.admin(&["set", "refreservation=auto", "thick/v"]);
+    assert_eq!(get("refreservation", "v").0, grown.to_string());
+    // A thick volume the pool cannot hold beside it is refused.
+    let control = pool.control().display().to_string();
+    let refused = pool.fails(&[
+        "--control",
+        &control,
+        "volume",
+        "create",
+        "thick/big",
+        "700M",
+    ]);
+    assert!(refused.contains("cannot reserve"), "{refused}");
+    pool.admin(&["volume", "create", "-s", "thick/big", "700M"]);
     stop_and_check(&mut pool);
 }
 

@@ -199,6 +199,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
                 name: "tank/db".into(),
                 size_bytes: VOLUME_BYTES,
                 properties: BTreeMap::from([("compression".into(), "lz4".into())]),
+                sparse: false,
             },
             Command::SetProperties {
                 name: "tank/db".into(),
@@ -294,6 +295,7 @@ fn an_unreadable_history_is_reported_and_started_over() {
                 name: "tank/v".into(),
                 size_bytes: VOLUME_BYTES,
                 properties: BTreeMap::new(),
+                sparse: false,
             },
             None,
         )

@@ -7,7 +7,7 @@
 //! ironpool create --size 2G -f bench [mirror|raidzN] OUT/SLUG/d0.img OUT/SLUG/d1.img [log OUT/SLUG/log.img]
 //! ironpool serve -d OUT/SLUG --nbd unix:OUT/SLUG/nbd.sock --control OUT/SLUG/ctl.sock \
 //!     --pidfile OUT/SLUG/serve.pid bench
-//! ironpool volume create --control OUT/SLUG/ctl.sock bench/vol 1024M -o volblocksize=16K [-o prop=val]
+//! ironpool volume create --control OUT/SLUG/ctl.sock bench/vol 1024M [--sparse] -o volblocksize=16K [-o prop=val]
 //! ironpool list --json --control OUT/SLUG/ctl.sock
 //! ironpool iostat --json --control OUT/SLUG/ctl.sock bench
 //! ironpool set --control OUT/SLUG/ctl.sock sync=always bench/vol
@@ -82,6 +82,9 @@ pub struct IronpoolPool {
     /// Block size of the benchmarked volume (volblocksize) or filesystem
     /// (recordsize).
     pub volblocksize_bytes: u64,
+    /// The executable makes volumes sparse on request (`volume create
+    /// --sparse`; older builds made every volume sparse and know no flag).
+    sparse_flag: bool,
 }
 
 impl IronpoolPool {
@@ -169,7 +172,10 @@ impl IronpoolPool {
         &self.disks
     }
 
-    /// Creates a volume; returns its NBD access and the command.
+    /// Creates a volume, sparse: a reservation changes no I/O, and the
+    /// fill suite's fillers take the pool's space by writing it, as the
+    /// volume does (a thick volume's reservation would count its space
+    /// before it is written). Returns its NBD access and the command.
     fn create_volume(
         &self,
         name: &str,
@@ -185,6 +191,9 @@ impl IronpoolPool {
             format!("{POOL_NAME}/{name}"),
             format!("{}M", size_bytes / MIB),
         ]);
+        if self.sparse_flag {
+            argv.push("--sparse".into());
+        }
         for (key, value) in properties {
             argv.extend(["-o".into(), format!("{key}={value}")]);
         }
@@ -309,6 +318,7 @@ pub fn setup(
         pidfile.clone(),
         dir.join("pools.json"),
     ];
+    let sparse_flag = knows_sparse(&exe);
     let pool = IronpoolPool {
         exe,
         dir: dir.clone(),
@@ -317,6 +327,7 @@ pub fn setup(
         disks,
         dataset: format!("{POOL_NAME}/{VOLUME_NAME}"),
         volblocksize_bytes,
+        sparse_flag,
     };
     let capacity = pool.space()?.size_bytes;
     let size_bytes = working_set_bytes(context, capacity, volblocksize_bytes)?;
@@ -422,6 +433,7 @@ fn setup_filesystem(
         }
         std::thread::sleep(Duration::from_millis(50));
     };
+    let sparse_flag = knows_sparse(&exe);
     let pool = IronpoolPool {
         exe,
         dir: dir.to_path_buf(),
@@ -430,6 +442,7 @@ fn setup_filesystem(
         disks,
         dataset: dataset.clone(),
         volblocksize_bytes: record_bytes,
+        sparse_flag,
     };
     let capacity = pool.space()?.size_bytes;
     let size_bytes = working_set_bytes(context, capacity, record_bytes)?;
@@ -480,6 +493,17 @@ fn images_note(spec: &IronpoolSpec, context: &SetupContext<'_>) -> String {
         note.push_str(", written out with zeros before create");
     }
     note
+}
+
+/// Whether `exe volume create` takes `--sparse` (its help says so).
+fn knows_sparse(exe: &Path) -> bool {
+    let argv = [
+        exe.display().to_string(),
+        "volume".to_string(),
+        "create".to_string(),
+        "--help".to_string(),
+    ];
+    run_command(&argv, COMMAND_TIMEOUT).is_ok_and(|help| help.contains("--sparse"))
 }
 
 /// Writes a disk image out with zeros and syncs it: a sparse image makes

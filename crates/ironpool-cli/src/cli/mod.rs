@@ -364,6 +364,7 @@ pub fn volume_create(
     context: &Context,
     name: &str,
     size: &str,
+    sparse: bool,
     options: &[String],
     dirs: &[PathBuf],
 ) -> Result<(), String> {
@@ -378,6 +379,7 @@ pub fn volume_create(
             name: name.to_string(),
             size_bytes,
             properties,
+            sparse,
         },
     )?;
     if context.json {

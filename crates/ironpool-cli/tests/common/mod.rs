@@ -121,6 +121,14 @@ impl TestPool {
         self.ok(&["volume", "create", &name, size, "-d", &dir]);
     }
 
+    /// A sparse volume (`volume create -s`): no reservation, so a test can
+    /// make a volume larger than the pool and fill the pool through it.
+    pub fn create_sparse_volume(&self, volume: &str, size: &str) {
+        let name = format!("{}/{}", self.name, volume);
+        let dir = self.dir.path().display().to_string();
+        self.ok(&["volume", "create", "-s", &name, size, "-d", &dir]);
+    }
+
     /// `ironpool serve` on this pool's directory, NBD socket and control
     /// socket (the caller adds the rest and the pool name).
     pub fn serve_command(&self) -> Command {

@@ -37,6 +37,11 @@ pub enum Command {
         size_bytes: u64,
         #[serde(default)]
         properties: BTreeMap<String, String>,
+        /// No `refreservation` (`volume create -s`): the volume takes space
+        /// as it is written, and a full pool can refuse its writes. Without
+        /// it a volume is thick, as in OpenZFS (`refreservation=auto`).
+        #[serde(default)]
+        sparse: bool,
     },
     VolumeList,
     /// Creates a filesystem (`ironpool fs create POOL/NAME -o ...`).
@@ -293,9 +298,13 @@ impl Command {
                 name,
                 size_bytes,
                 properties,
+                sparse,
             } => {
                 push("volume");
                 push("create");
+                if *sparse {
+                    push("-s");
+                }
                 push(name);
                 push(&size_bytes.to_string());
                 for (key, value) in properties {
@@ -733,11 +742,15 @@ async fn run(
             name,
             size_bytes,
             mut properties,
+            sparse,
         } => {
             let block_bytes = match properties.remove("volblocksize") {
                 Some(text) => parse_size(&text).map_err(PoolError::InvalidArgument)? as u32,
                 None => VOLUME_BLOCK_BYTES_DEFAULT,
             };
+            if !sparse && !properties.contains_key("refreservation") {
+                properties.insert("refreservation".into(), "auto".into());
+            }
             let volume = pool
                 .create_volume(&name, size_bytes, block_bytes, properties)
                 .await?;
@@ -1455,11 +1468,20 @@ mod tests {
             name: "tank/v".into(),
             size_bytes: 1 << 30,
             properties: BTreeMap::new(),
+            sparse: true,
         };
         let text = serde_json::to_string(&command).unwrap();
         assert!(text.contains("\"command\":\"volume_create\""));
         let back: Command = serde_json::from_str(&text).unwrap();
-        assert!(matches!(back, Command::VolumeCreate { size_bytes, .. } if size_bytes == 1 << 30));
+        assert!(
+            matches!(back, Command::VolumeCreate { size_bytes, sparse: true, .. } if size_bytes == 1 << 30)
+        );
+        // A client that predates `-s` asks for a thick volume.
+        let old = r#"{"command":"volume_create","name":"tank/v","size_bytes":4096}"#;
+        assert!(matches!(
+            serde_json::from_str::<Command>(old).unwrap(),
+            Command::VolumeCreate { sparse: false, .. }
+        ));
         assert!(serde_json::from_str::<Command>("{\"command\":\"rm -rf\"}").is_err());
     }
 }

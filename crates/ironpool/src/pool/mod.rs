@@ -623,6 +623,12 @@ impl Pool {
             )));
         }
         let mut properties = properties;
+        if properties.get("refreservation").map(String::as_str) == Some("auto") {
+            properties.insert(
+                "refreservation".into(),
+                volume::thick_reservation(size_bytes, block_bytes).to_string(),
+            );
+        }
         for (key, value) in properties.iter_mut() {
             *value = dataset::props::validate(key, value, false)?;
         }
@@ -631,7 +637,7 @@ impl Pool {
                 "the volume's size is given by its size argument".into(),
             ));
         }
-        self.check_new_limits(&short, &properties)?;
+        self.check_new_limits(&format!("{}/{short}", self.name), &properties)?;
         let checksum = self.volume_settings(&properties).checksum;
         self.txg.ensure_writable()?;
         let open_txg = self.txg.open();

@@ -24,7 +24,7 @@
 //! | atime | on, off | on | filesystems only: reads update access times (relatime's rule) |
 //! | xattr | on, off | on | filesystems only: extended attributes |
 //! | quota, refquota | none, a size | none | not inherited: bound what the dataset and its snapshots use, what it refers to (see `quota`) |
-//! | reservation, refreservation | none, a size | none | not inherited: space held back for the dataset (see `quota`) |
+//! | reservation, refreservation | none, a size | none | not inherited: space held back for the dataset (see `quota`); a volume is made thick (`refreservation` = its size and indirect blocks, `auto`) unless created sparse (`-s`), and a thick volume's refreservation grows with its `volsize` |
 //! | userquota@ID, groupquota@ID | none, a size | none | filesystems only: what a user's (group's) objects may take (see `filesystem::id_space`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
@@ -448,8 +448,12 @@ impl Pool {
             )));
         }
         let kind = self.property_target(target)?;
+        let mut assignments = assignments.clone();
+        if let Target::Volume(short) = &kind {
+            self.follow_volume_size(short, &mut assignments)?;
+        }
         let mut normalised = BTreeMap::new();
-        for (name, value) in assignments {
+        for (name, value) in &assignments {
             if let Target::Filesystem(_) = &kind {
                 // A user's or group's quota is kept under its numeric id.
                 if let Some((name, value)) = filesystem::id_space::validate_id_quota(name, value)? {
@@ -486,6 +490,40 @@ impl Pool {
         // A mount follows its filesystem's mountpoint, atime and readonly.
         self.datasets.filesystems_changed.notify_all();
         committed
+    }
+
+    /// A volume's `refreservation` follows its size where it is thick, as
+    /// in OpenZFS: `auto` becomes the thick value for the size it will
+    /// have, and a `volsize` that grows a volume whose refreservation is
+    /// the thick value of its current size raises it too (unless the same
+    /// `set` gives one).
+    fn follow_volume_size(
+        &self,
+        short: &str,
+        assignments: &mut BTreeMap<String, String>,
+    ) -> Result<(), PoolError> {
+        let record = self.volume_record(short)?;
+        let current = record.size_bytes;
+        let size = match assignments.get("volsize") {
+            Some(text) => crate::units::parse_size(text)
+                .map_err(|error| PoolError::InvalidArgument(format!("volsize {text}: {error}")))?,
+            None => current,
+        };
+        let thick =
+            |size| crate::pool::volume::thick_reservation(size, record.block_bytes).to_string();
+        match assignments.get("refreservation").map(String::as_str) {
+            Some("auto") => {
+                assignments.insert("refreservation".into(), thick(size));
+            }
+            Some(_) => {}
+            None if size != current
+                && record.properties.get("refreservation") == Some(&thick(current)) =>
+            {
+                assignments.insert("refreservation".into(), thick(size));
+            }
+            None => {}
+        }
+        Ok(())
     }
 
     /// Checks the quotas and reservations `assignments` give dataset

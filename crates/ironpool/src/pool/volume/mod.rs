@@ -45,6 +45,29 @@ pub const VOLUME_BLOCK_BYTES_MAX: u32 = 128 * 1024;
 pub const VOLUME_BLOCK_BYTES_DEFAULT: u32 = 16 * 1024;
 /// Largest volume: 2^56 bytes, the reach of space map offsets.
 pub const VOLUME_SIZE_MAX_BYTES: u64 = 1 << 56;
+/// The `refreservation` that makes a volume of `size_bytes` in blocks of
+/// `block_bytes` thick (a volume's default, and `refreservation=auto`):
+/// its data, plus every indirect block that points at it, each kept in
+/// [`crate::object::sync::METADATA_COPIES`] copies and counted
+/// uncompressed, as OpenZFS's `zvol_volsize_to_reservation` counts them
+/// (an upper bound: the volume can always be written in full).
+pub fn thick_reservation(size_bytes: u64, block_bytes: u32) -> u64 {
+    let pointers_per_indirect =
+        (1u64 << crate::pool::INDIRECT_BLOCK_SHIFT) / crate::format::bp::BLOCK_POINTER_BYTES as u64;
+    let mut blocks = size_bytes.div_ceil(u64::from(block_bytes.max(1)));
+    let mut indirect = 0u64;
+    while blocks > 1 {
+        blocks = blocks.div_ceil(pointers_per_indirect);
+        indirect += blocks;
+    }
+    let copies = crate::object::sync::METADATA_COPIES as u64;
+    size_bytes.saturating_add(
+        indirect
+            .saturating_mul(copies)
+            .saturating_mul(1 << crate::pool::INDIRECT_BLOCK_SHIFT),
+    )
+}
+
 /// Offsets and lengths of volume I/O must be multiples of this (the NBD minimum
 /// block size advertised to clients; a 512-byte sector, like any disk).
 pub const IO_ALIGNMENT_BYTES: u64 = 512;
@@ -1071,5 +1094,23 @@ fn mutable_copy(data: BufSlice) -> AlignedBuf {
         buffer
     } else {
         AlignedBuf::copy_from(&buffer[range])
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_thick_volume_reserves_its_data_and_indirect_blocks() {
+        // 1 GiB of 16K blocks: 65536 pointers in 256 indirect blocks of
+        // 32K, under one more; each in two copies.
+        assert_eq!(
+            thick_reservation(1 << 30, 16 << 10),
+            (1 << 30) + 257 * 2 * (32 << 10)
+        );
+        // One block needs no indirect block.
+        assert_eq!(thick_reservation(16 << 10, 16 << 10), 16 << 10);
+        assert!(thick_reservation(VOLUME_SIZE_MAX_BYTES, 4096) > VOLUME_SIZE_MAX_BYTES);
     }
 }

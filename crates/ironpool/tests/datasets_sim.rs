@@ -173,7 +173,9 @@ fn snapshots_clones_rollback_and_promote_keep_every_view_and_the_space_exact() {
         let space = pool.volume_space("tank/vol").await.unwrap();
         assert_eq!(
             space.used_bytes,
-            space.used_by_dataset_bytes + space.used_by_snapshots_bytes
+            space.used_by_dataset_bytes
+                + space.used_by_snapshots_bytes
+                + space.used_by_refreservation_bytes
         );
         assert!(space.used_by_snapshots_bytes > 0);
         // A clone of @one, written to, then promoted.

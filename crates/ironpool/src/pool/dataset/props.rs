@@ -328,6 +328,8 @@ fn is_read_only(name: &str) -> bool {
             | "referenced"
             | "usedbydataset"
             | "usedbysnapshots"
+            | "usedbyrefreservation"
+            | "usedbychildren"
             | "written"
             | "logicalused"
             | "logicalreferenced"
@@ -987,6 +989,13 @@ fn space_values(
             space.used_by_snapshots_bytes.to_string(),
             "-".into(),
         ),
+        (
+            "usedbyrefreservation".into(),
+            space.used_by_refreservation_bytes.to_string(),
+            "-".into(),
+        ),
+        // Datasets have no children in ironpool (names are one level deep).
+        ("usedbychildren".into(), "0".into(), "-".into()),
         (
             "written".into(),
             space.written_bytes.to_string(),

@@ -103,13 +103,18 @@ pub struct SnapshotRequest {
 pub struct VolumeSpace {
     /// Space of every block the volume's tree points at.
     pub referenced_bytes: u64,
-    /// Space this volume and its snapshots use that nothing else does:
-    /// `used_by_dataset + used_by_snapshots`.
+    /// Space this volume and its snapshots use that nothing else does,
+    /// and what its refreservation holds back beyond that:
+    /// `used_by_dataset + used_by_snapshots + used_by_refreservation`.
     pub used_bytes: u64,
     /// Space of the volume's own blocks (for a clone, those born after its origin).
     pub used_by_dataset_bytes: u64,
     /// Space only snapshots hold: freed if every snapshot were destroyed.
     pub used_by_snapshots_bytes: u64,
+    /// What the dataset's `refreservation` sets aside beyond what it
+    /// refers to (a thick volume not yet written): counted in `used`, as
+    /// OpenZFS counts it, since no other dataset may write there.
+    pub used_by_refreservation_bytes: u64,
     /// Space of blocks written since the latest snapshot.
     pub written_bytes: u64,
     /// Logical (uncompressed) bytes of the data counted in `used`.
@@ -748,11 +753,23 @@ impl Pool {
         } else {
             referenced_logical as f64 / referenced_physical as f64
         };
+        let refreservation = {
+            let directory = self.datasets.directory.read();
+            let properties = match directory.volumes.get(&short) {
+                Some(volume) => Some(&volume.properties),
+                None => directory.filesystems.get(&short).map(|fs| &fs.properties),
+            };
+            properties.map_or(0, |properties| {
+                crate::pool::dataset::props::space_limits(properties).refreservation
+            })
+        };
+        let by_refreservation = refreservation.saturating_sub(referenced);
         Ok(Some(VolumeSpace {
             referenced_bytes: referenced,
-            used_bytes: own_allocated + snapshot_space,
+            used_bytes: own_allocated + snapshot_space + by_refreservation,
             used_by_dataset_bytes: own_allocated,
             used_by_snapshots_bytes: snapshot_space,
+            used_by_refreservation_bytes: by_refreservation,
             written_bytes: written,
             logical_used_bytes: own_logical + snapshot_logical,
             logical_referenced_bytes: referenced_logical,

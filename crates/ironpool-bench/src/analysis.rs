@@ -5,7 +5,7 @@
 //! gives the same findings.
 
 use crate::results::{Finding, Outcome, Results, Severity, TargetResult, TestResult};
-use crate::suites::{Durability, Pattern, Suite};
+use crate::suites::{Durability, Engine, Pattern, Suite};
 use crate::units::{bytes_human, count_human, latency_human, ratio_human, size_short};
 
 /// Below this QDmax/QD1 IOPS factor, requests are being serialised: a queue
@@ -135,18 +135,33 @@ fn problems(target: &TargetResult) -> Vec<Finding> {
     out
 }
 
-/// The ok qd-scaling tests of one pattern, block size and job count,
-/// sorted by queue depth.
+/// Whether a test belongs to a queue-depth series: every qd-scaling test,
+/// and the fs suite's plain direct rows (its 16K writes at QD1 and QD64,
+/// through io_uring and through libaio).
+fn in_qd_series(test: &TestResult) -> bool {
+    let workload = &test.workload;
+    test.is_ok()
+        && (test.suite == Suite::QdScaling
+            || (test.suite == Suite::Fs
+                && workload.ops.is_none()
+                && !workload.buffered
+                && !workload.cached
+                && workload.durability == Durability::None))
+}
+
+/// The ok tests of `like`'s series (suite, pattern, block size, job count
+/// and engine), sorted by queue depth.
 fn qd_series<'a>(target: &'a TargetResult, like: &TestResult) -> Vec<&'a TestResult> {
     let mut series: Vec<&TestResult> = target
         .tests
         .iter()
         .filter(|t| {
-            t.is_ok()
-                && t.suite == Suite::QdScaling
+            in_qd_series(t)
+                && t.suite == like.suite
                 && t.workload.pattern == like.workload.pattern
                 && t.workload.block_size_bytes == like.workload.block_size_bytes
                 && t.workload.numjobs == like.workload.numjobs
+                && t.workload.engine == like.workload.engine
         })
         .collect();
     series.sort_by_key(|t| t.workload.iodepth);
@@ -169,16 +184,14 @@ fn scaling_factor(series: &[&TestResult]) -> Option<(u32, u32, f64)> {
 
 fn qd_scaling(results: &Results, target: &TargetResult) -> Vec<Finding> {
     let mut out = Vec::new();
-    let mut seen: Vec<(Pattern, u64, u32)> = Vec::new();
-    for test in target
-        .tests
-        .iter()
-        .filter(|t| t.suite == Suite::QdScaling && t.is_ok())
-    {
+    let mut seen: Vec<(Suite, Pattern, u64, u32, Engine)> = Vec::new();
+    for test in target.tests.iter().filter(|t| in_qd_series(t)) {
         let key = (
+            test.suite,
             test.workload.pattern,
             test.workload.block_size_bytes,
             test.workload.numjobs,
+            test.workload.engine,
         );
         if seen.contains(&key) {
             continue;
@@ -207,9 +220,13 @@ fn qd_scaling(results: &Results, target: &TargetResult) -> Vec<Finding> {
             target,
             None,
             format!(
-                "{}, {}: QD{high} gives {factor:.1}x QD{low}{verdict}{baseline}",
+                "{}, {}{}: QD{high} gives {factor:.1}x QD{low}{verdict}{baseline}",
                 workload_words(test),
-                jobs_words(test.workload.numjobs)
+                jobs_words(test.workload.numjobs),
+                match test.workload.engine {
+                    Engine::IoUring => String::new(),
+                    engine => format!(", {}", engine.fio_name()),
+                }
             ),
         ));
     }

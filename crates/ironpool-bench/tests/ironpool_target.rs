@@ -494,6 +494,17 @@ fn fs_suite_beside_ext4_on_a_loop_device() {
         .tests
         .iter()
         .any(|t| t.workload.ops == Some(OpsTest::NamesReplace)));
+    // The fs rows' queue-depth scaling is judged, per engine.
+    let findings = ironpool_bench::analysis::findings(&results);
+    for engine in ["libaio", ""] {
+        assert!(
+            findings.iter().any(|f| f.check == "qd-scaling"
+                && f.target.as_deref() == Some(fs.label.as_str())
+                && f.message.contains("QD64 gives")
+                && (engine.is_empty() || f.message.contains(engine))),
+            "no qd-scaling finding ({engine}): {findings:#?}"
+        );
+    }
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(
         report.contains("held to `ext4`"),

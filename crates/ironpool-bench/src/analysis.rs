@@ -74,6 +74,9 @@ fn jobs_words(numjobs: u32) -> String {
 
 /// The headline figure with its unit.
 fn headline_words(test: &TestResult) -> String {
+    if let Some(rate) = test.ops_per_second {
+        return format!("{}/s", count_human(rate));
+    }
     if test.workload.pattern.is_sequential() {
         crate::units::rate_human(test.total_bandwidth())
     } else {
@@ -291,18 +294,14 @@ fn ratios(results: &Results, target: &TargetResult) -> Vec<Finding> {
     if target.baseline {
         return out;
     }
-    // The label the ratios are to: the limit when it ran, else the baseline.
-    let limit_label = target
-        .limit
-        .as_ref()
-        .filter(|label| results.targets.iter().any(|t| &&t.label == label))
-        .unwrap_or(&baseline.label);
+    // Each ratio names the target it is to: the limit, the baseline, or
+    // ext4 for what a filesystem answers on its own.
     let mut rated: Vec<(&TestResult, &TestResult, f64)> = target
         .tests
         .iter()
         .filter(|t| t.is_ok())
         .filter_map(|t| {
-            let base = results.limit_for(target, t)?;
+            let (_, base) = results.limit_with_target(target, t)?;
             (base.headline() > 0.0).then(|| (t, base, t.headline() / base.headline()))
         })
         .collect();
@@ -310,6 +309,9 @@ fn ratios(results: &Results, target: &TargetResult) -> Vec<Finding> {
         return out;
     }
     let sentence = |test: &TestResult, base: &TestResult, ratio: f64| {
+        let limit_label = results
+            .limit_with_target(target, test)
+            .map_or(baseline.label.as_str(), |(limit, _)| limit.label.as_str());
         format!(
             "{} {} = {} {} ({} vs {})",
             target.label,

@@ -454,11 +454,28 @@ impl Results {
 
     /// The result a target's test is held to: the same workload on its
     /// limit target (`raw-pair` for a mirror) when that ran it, else on the
-    /// raw baseline ([`Results::baseline_for`]).
+    /// raw baseline ([`Results::baseline_for`]); for what a filesystem
+    /// answers on its own, on the `ext4` target.
     pub fn limit_for(&self, target: &TargetResult, test: &TestResult) -> Option<&TestResult> {
+        self.limit_with_target(target, test).map(|(_, test)| test)
+    }
+
+    /// [`Results::limit_for`] with the target it comes from, to name it.
+    pub fn limit_with_target(
+        &self,
+        target: &TargetResult,
+        test: &TestResult,
+    ) -> Option<(&TargetResult, &TestResult)> {
         if target.baseline {
             return None;
         }
+        fn same<'a>(
+            limit: &'a TargetResult,
+            test: &TestResult,
+        ) -> Option<(&'a TargetResult, &'a TestResult)> {
+            Some((limit, limit.same_workload(test)?))
+        }
+        let same = |limit| same(limit, test);
         // What a filesystem answers on its own (system calls, the page
         // cache) is held to another filesystem on the same disk.
         if test.workload.is_filesystem_test() {
@@ -466,14 +483,14 @@ impl Results {
                 .targets
                 .iter()
                 .find(|t| t.kind == "ext4" && t.label != target.label)
-                .and_then(|limit| limit.same_workload(test));
+                .and_then(same);
         }
         target
             .limit
             .as_ref()
             .and_then(|label| self.targets.iter().find(|t| &t.label == label))
-            .and_then(|limit| limit.same_workload(test))
-            .or_else(|| self.baseline_for(test))
+            .and_then(same)
+            .or_else(|| self.baseline().and_then(same))
     }
 
     /// The baseline's result for the same workload: the same suite first,

@@ -183,24 +183,7 @@ pub fn test_command(
 /// The fio command that writes a whole target (or filler) once with real
 /// data, sequentially, so that no read hits never-written space.
 pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64) -> Vec<String> {
-    let mut argv = vec![settings.exe.display().to_string()];
-    argv.extend(leading_name(access, "prefill"));
-    // Durability::None always has access options.
-    argv.extend(access_args(access, Durability::None, Engine::IoUring, false).unwrap_or_default());
-    argv.extend([
-        "--rw=write".to_string(),
-        format!(
-            "--bs={}",
-            size_short(PREFILL_BLOCK_SIZE_BYTES).to_lowercase()
-        ),
-        format!("--iodepth={PREFILL_IODEPTH}"),
-        "--numjobs=1".to_string(),
-        format!("--size={}", size_short(size_bytes)),
-        "--end_fsync=1".to_string(),
-        "--output-format=json".to_string(),
-    ]);
-    argv.extend(pair_jobs(access, "prefill"));
-    argv
+    whole_pass(settings, access, size_bytes, "prefill", false)
 }
 
 /// The fio command that reads a whole target once through its cache before
@@ -208,15 +191,28 @@ pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64)
 /// to the filesystem, whose own cache keeps it), plainly from a volume
 /// over NBD (a volume caches what it serves).
 pub fn warm_command(settings: &FioSettings, access: &Access, size_bytes: u64) -> Vec<String> {
+    whole_pass(settings, access, size_bytes, "warm", true)
+}
+
+/// One sequential pass over a whole target in large requests: `prefill`
+/// writes it (with an fsync at the end), `warm` reads it, buffered where
+/// the target has a page cache.
+fn whole_pass(
+    settings: &FioSettings,
+    access: &Access,
+    size_bytes: u64,
+    name: &str,
+    read: bool,
+) -> Vec<String> {
     let mut argv = vec![settings.exe.display().to_string()];
-    argv.extend(leading_name(access, "warm"));
-    let buffered = !matches!(access, Access::Nbd(_));
+    argv.extend(leading_name(access, name));
+    let buffered = read && !matches!(access, Access::Nbd(_));
     // Durability::None with the default engine always has access options.
     argv.extend(
         access_args(access, Durability::None, Engine::IoUring, buffered).unwrap_or_default(),
     );
     argv.extend([
-        "--rw=read".to_string(),
+        format!("--rw={}", if read { "read" } else { "write" }),
         format!(
             "--bs={}",
             size_short(PREFILL_BLOCK_SIZE_BYTES).to_lowercase()
@@ -224,9 +220,12 @@ pub fn warm_command(settings: &FioSettings, access: &Access, size_bytes: u64) ->
         format!("--iodepth={PREFILL_IODEPTH}"),
         "--numjobs=1".to_string(),
         format!("--size={}", size_short(size_bytes)),
-        "--output-format=json".to_string(),
     ]);
-    argv.extend(pair_jobs(access, "warm"));
+    if !read {
+        argv.push("--end_fsync=1".to_string());
+    }
+    argv.push("--output-format=json".to_string());
+    argv.extend(pair_jobs(access, name));
     argv
 }
 

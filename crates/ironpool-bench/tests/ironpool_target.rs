@@ -464,11 +464,14 @@ fn fs_suite_beside_ext4_on_a_loop_device() {
         ));
     }
     assert!(find("names-sqlite").operations() > 0);
-    let create = find("files-create");
+    // Server CPU per operation of a test of system calls: one that runs
+    // for the runtime (500 creates take tens of milliseconds, within the
+    // 10 ms tick of /proc/PID/stat's CPU times, and read 0 in CI).
+    let created = find("names-create");
     assert!(
-        create.server.is_some_and(|s| s.cpu_us_per_op > 0.0),
-        "server CPU per create: {:?}",
-        create.server
+        created.server.is_some_and(|s| s.cpu_us_per_op > 0.0),
+        "server CPU per new file: {:?}",
+        created.server
     );
     // Buffered writes go through the page cache and end in an fsync; the
     // direct-I/O check leaves them alone.

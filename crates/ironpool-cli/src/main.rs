@@ -115,6 +115,9 @@ enum Command {
         /// With pools: each vdev's size, allocated, free and fragmentation too.
         #[arg(short = 'v')]
         verbose: bool,
+        /// With POOL/NAME: the datasets (and their snapshots) below it too.
+        #[arg(short = 'r')]
+        recursive: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         pool: Option<String>,
@@ -539,9 +542,13 @@ enum Command {
 
 #[derive(Subcommand)]
 enum FsCommand {
-    /// Create a filesystem: `fs create POOL/NAME [-o mountpoint=DIR] [-o recordsize=SIZE]`.
+    /// Create a filesystem: `fs create [-p] POOL/NAME[/CHILD...] [-o mountpoint=DIR] [-o recordsize=SIZE]`.
+    /// A nested filesystem inherits its parent's properties and mounts under its mountpoint.
     Create {
         name: String,
+        /// Create the missing parent filesystems too.
+        #[arg(short = 'p')]
+        parents: bool,
         /// Properties: mountpoint=DIR|none|legacy (default /POOL/NAME), recordsize=4K..1M (default 128K), atime=on|off, xattr=on|off, and compression, checksum, sync, readonly, primarycache, direct as volumes have.
         #[arg(short = 'o')]
         options: Vec<String>,
@@ -557,6 +564,9 @@ enum FsCommand {
     /// Destroy a filesystem and everything in it.
     Destroy {
         name: String,
+        /// Its snapshots and every dataset below it too.
+        #[arg(short = 'r')]
+        recursive: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
     },
@@ -564,11 +574,14 @@ enum FsCommand {
 
 #[derive(Subcommand)]
 enum VolumeCommand {
-    /// Create a volume: `volume create [-s] POOL/NAME SIZE [-o volblocksize=16K]`. A volume is
+    /// Create a volume: `volume create [-s] [-p] POOL/[FS/...]NAME SIZE [-o volblocksize=16K]`. A volume is
     /// thick (its refreservation holds its whole size) unless -s makes it sparse.
     Create {
         name: String,
         size: String,
+        /// Create the missing parent filesystems too.
+        #[arg(short = 'p')]
+        parents: bool,
         /// Sparse: no refreservation, space is taken as the volume is written (a full pool can
         /// then refuse its writes).
         #[arg(short = 's', long = "sparse")]
@@ -643,20 +656,26 @@ fn main() -> ExitCode {
         Command::Fs { command } => match command {
             FsCommand::Create {
                 name,
+                parents,
                 options,
                 dirs,
-            } => cli::fs_create(&context, &name, &options, &dirs),
+            } => cli::fs_create(&context, &name, parents, &options, &dirs),
             FsCommand::List { pool, dirs } => cli::fs_list(&context, &pool, &dirs),
-            FsCommand::Destroy { name, dirs } => cli::fs_destroy(&context, &name, &dirs),
+            FsCommand::Destroy {
+                name,
+                recursive,
+                dirs,
+            } => cli::fs_destroy(&context, &name, recursive, &dirs),
         },
         Command::Volume { command } => match command {
             VolumeCommand::Create {
                 name,
                 size,
+                parents,
                 sparse,
                 options,
                 dirs,
-            } => cli::volume_create(&context, &name, &size, sparse, &options, &dirs),
+            } => cli::volume_create(&context, &name, &size, sparse, parents, &options, &dirs),
             VolumeCommand::List { pool, dirs } => cli::volume_list(&context, &pool, &dirs),
             VolumeCommand::Destroy {
                 name,
@@ -668,9 +687,10 @@ fn main() -> ExitCode {
         Command::List {
             kind,
             verbose,
+            recursive,
             dirs,
             pool,
-        } => cli::datasets::list(&context, &kind, verbose, pool.as_deref(), &dirs),
+        } => cli::datasets::list(&context, &kind, verbose, recursive, pool.as_deref(), &dirs),
         Command::Snapshot {
             recursive,
             dirs,

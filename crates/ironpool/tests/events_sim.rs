@@ -200,6 +200,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
                 size_bytes: VOLUME_BYTES,
                 properties: BTreeMap::from([("compression".into(), "lz4".into())]),
                 sparse: false,
+                parents: false,
             },
             Command::SetProperties {
                 name: "tank/db".into(),
@@ -296,6 +297,7 @@ fn an_unreadable_history_is_reported_and_started_over() {
                 size_bytes: VOLUME_BYTES,
                 properties: BTreeMap::new(),
                 sparse: false,
+                parents: false,
             },
             None,
         )

@@ -26,6 +26,7 @@ pub fn list(
     context: &Context,
     kind: &str,
     verbose: bool,
+    recursive: bool,
     target: Option<&str>,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
@@ -35,11 +36,18 @@ pub fn list(
             let target = target.ok_or("name the pool (or POOL/NAME) to list")?;
             let pool = pool_of(target);
             let mut rows = Vec::new();
-            let named = |row: &Value| {
-                row["name"]
-                    .as_str()
-                    .is_some_and(|name| name == target || target == pool)
+            // POOL: every dataset; POOL/NAME: that one, and with -r the
+            // ones below it (and their snapshots and bookmarks).
+            let within = |name: &str| {
+                let dataset = name.split(['@', '#']).next().unwrap_or(name);
+                target == pool
+                    || dataset == target
+                    || (recursive
+                        && dataset
+                            .strip_prefix(target)
+                            .is_some_and(|rest| rest.starts_with('/')))
             };
+            let named = |row: &Value| row["name"].as_str().is_some_and(within);
             if kind == "filesystem" || kind == "all" {
                 let result = admin(context, pool, dirs, Command::FsList)?;
                 rows.extend(
@@ -59,23 +67,48 @@ pub fn list(
                         .cloned()
                         .unwrap_or_default()
                         .into_iter()
-                        .filter(|volume| {
-                            volume["name"]
-                                .as_str()
-                                .is_some_and(|name| name == target || target == pool)
-                        }),
+                        .filter(named),
                 );
             }
+            // With -r the whole pool's are asked for and those below kept.
+            let asked = (target != pool && !recursive).then(|| target.to_string());
             if kind == "snapshot" || kind == "all" {
-                let volume = (target != pool).then(|| target.to_string());
+                let volume = asked.clone();
                 let result = admin(context, pool, dirs, Command::SnapshotList { volume })?;
-                rows.extend(result["snapshots"].as_array().cloned().unwrap_or_default());
+                rows.extend(
+                    result["snapshots"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(named),
+                );
             }
             if kind == "bookmark" || kind == "all" {
-                let dataset = (target != pool).then(|| target.to_string());
+                let dataset = asked.clone();
                 let result = admin(context, pool, dirs, Command::BookmarkList { dataset })?;
-                rows.extend(result["bookmarks"].as_array().cloned().unwrap_or_default());
+                rows.extend(
+                    result["bookmarks"]
+                        .as_array()
+                        .cloned()
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(named),
+                );
             }
+            // A tree reads top down: each dataset, then what is below it.
+            rows.sort_by(|a, b| {
+                // `@` and `#` sort before `/`: a dataset's snapshots and
+                // bookmarks come right after it, before its children.
+                let key = |row: &Value| {
+                    row["name"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .replace('@', "\u{1}")
+                        .replace('#', "\u{2}")
+                };
+                key(a).cmp(&key(b))
+            });
             if context.json {
                 println!("{}", serde_json::json!({ "datasets": rows }));
                 return Ok(());

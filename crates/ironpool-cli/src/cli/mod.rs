@@ -365,6 +365,7 @@ pub fn volume_create(
     name: &str,
     size: &str,
     sparse: bool,
+    parents: bool,
     options: &[String],
     dirs: &[PathBuf],
 ) -> Result<(), String> {
@@ -380,6 +381,7 @@ pub fn volume_create(
             size_bytes,
             properties,
             sparse,
+            parents,
         },
     )?;
     if context.json {
@@ -398,6 +400,7 @@ pub fn volume_create(
 pub fn fs_create(
     context: &Context,
     name: &str,
+    parents: bool,
     options: &[String],
     dirs: &[PathBuf],
 ) -> Result<(), String> {
@@ -412,6 +415,7 @@ pub fn fs_create(
         Command::FsCreate {
             name: name.to_string(),
             properties,
+            parents,
         },
     )?;
     if context.json {
@@ -465,20 +469,30 @@ pub fn fs_list(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<(), St
     Ok(())
 }
 
-pub fn fs_destroy(context: &Context, name: &str, dirs: &[PathBuf]) -> Result<(), String> {
+pub fn fs_destroy(
+    context: &Context,
+    name: &str,
+    recursive: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
     let (pool, _) = name
         .split_once('/')
         .ok_or_else(|| format!("'{name}': filesystems are named POOL/NAME"))?;
-    admin(
+    let result = admin(
         context,
         pool,
         dirs,
         Command::FsDestroy {
             name: name.to_string(),
+            recursive,
         },
     )?;
-    if !context.json {
-        println!("destroyed filesystem '{name}'");
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    for destroyed in result["datasets"].as_array().into_iter().flatten() {
+        println!("destroyed '{}'", destroyed.as_str().unwrap_or("?"));
     }
     Ok(())
 }
@@ -523,8 +537,15 @@ pub fn volume_destroy(
     )?;
     if context.json {
         println!("{result}");
+    } else if let Some(datasets) = result["datasets"].as_array() {
+        for destroyed in datasets {
+            println!("destroyed '{}'", destroyed.as_str().unwrap_or("?"));
+        }
     } else {
-        println!("destroyed volume '{name}'");
+        println!(
+            "destroyed {} '{name}'",
+            result["type"].as_str().unwrap_or("volume")
+        );
     }
     Ok(())
 }

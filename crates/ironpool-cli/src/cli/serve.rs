@@ -20,7 +20,6 @@ use ironpool::control::server::ControlServer;
 use ironpool::fuse::{Mount, RETIRED_PATIENCE, UNMOUNT_PATIENCE};
 use ironpool::nbd::engine::{self, SharedStats};
 use ironpool::nbd::server::{BoundListener, Listen, NbdServer};
-use ironpool::pool::filesystem::mountpoint;
 use ironpool::pool::{Pool, PoolTunables};
 use ironpool::rt::channel::channel;
 use ironpool::rt::{self, uring, Runtime};
@@ -271,26 +270,40 @@ pub fn serve(
             // Filesystems are mounted now and whenever one is created or
             // destroyed while the server runs.
             let mounts: Rc<RefCell<BTreeMap<String, Mount>>> = Rc::default();
-            reconcile_mounts(&pool, &mounts);
+            reconcile_mounts(&pool, &mounts).await;
+            // The watcher finishes a reconcile under way before it stops:
+            // cut off between a mount(2) and its record, a mount would be
+            // left with no server.
+            let stopping = Rc::new(rt::sync::Notify::new());
             let watcher = {
                 let pool = pool.clone();
                 let mounts = mounts.clone();
+                let stopping = stopping.clone();
                 async move {
+                    let stopped = stopping.notified();
+                    let mut stopped = std::pin::pin!(stopped);
                     loop {
-                        pool.filesystems_changed().await;
-                        reconcile_mounts(&pool, &mounts);
+                        let changed = pool.filesystems_changed();
+                        let changed = std::pin::pin!(changed);
+                        if let futures_util::future::Either::Right(_) =
+                            futures_util::future::select(changed, stopped.as_mut()).await
+                        {
+                            break;
+                        }
+                        reconcile_mounts(&pool, &mounts).await;
                     }
                 }
             };
             let asked = pool.export_requested();
-            futures_util::future::select(
-                std::pin::pin!(futures_util::future::select(
+            let stop = async {
+                futures_util::future::select(
                     std::pin::pin!(wait_for_signal(&signals)),
                     std::pin::pin!(asked),
-                )),
-                std::pin::pin!(watcher),
-            )
-            .await;
+                )
+                .await;
+                stopping.notify_all();
+            };
+            futures_util::future::join(stop, watcher).await;
             // Filesystems first, all at once (each may wait out its
             // patience for open files): their requests finish, then the
             // kernel lets go.
@@ -347,14 +360,10 @@ pub fn serve(
 /// unmounted by `ironpool unmount` or set to `mountpoint=none`.
 /// A filesystem that cannot be mounted (no `/dev/fuse`, not root) is
 /// reported; volumes are served regardless.
-fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>>>) {
+async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>>>) {
     let mut wanted = BTreeMap::new();
     for (short, fs) in pool.filesystems() {
-        let properties = pool
-            .filesystem_record(&short)
-            .map(|record| record.properties)
-            .unwrap_or_default();
-        if let Some(path) = mountpoint(pool.name(), &short, &properties) {
+        if let Some(path) = pool.filesystem_mountpoint(&short) {
             if pool.mount_wanted(&short) {
                 wanted.insert(short, (fs, path));
             }
@@ -379,7 +388,7 @@ fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>
             // open file closes, which need not hold up the other mounts.
             // Files open in a filesystem rolled back or destroyed get only
             // ESTALE: their session is aborted after a second.
-            mount.detach();
+            mount.detach().await;
             let patience = mount.serves_retired().then_some(RETIRED_PATIENCE);
             let pool_name = pool.name().to_string();
             rt::spawn(async move {
@@ -388,17 +397,23 @@ fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, Mount>
             });
         }
     }
+    // Parents before children: a name sorts after its parent's, and a
+    // child's mountpoint is made inside its parent's mount.
     for (short, (fs, path)) in wanted {
-        if let Some(mount) = mounts.borrow().get(&short) {
-            if let Err(error) = mount.follow_properties() {
+        // Out of the map while the remount runs (the map is not borrowed
+        // across it); reconciles run one at a time.
+        let existing = mounts.borrow_mut().remove(&short);
+        if let Some(mount) = existing {
+            if let Err(error) = mount.follow_properties().await {
                 eprintln!(
                     "ironpool: cannot change the mount flags of {} at {path}: {error}",
                     fs.name
                 );
             }
+            mounts.borrow_mut().insert(short, mount);
             continue;
         }
-        match Mount::start(pool.clone(), fs.clone(), Path::new(&path)) {
+        match Mount::start(pool.clone(), fs.clone(), Path::new(&path)).await {
             Ok(mount) => {
                 eprintln!("ironpool: mounted {} at {path}", fs.name);
                 mounts.borrow_mut().insert(short.clone(), mount);

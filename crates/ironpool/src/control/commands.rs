@@ -42,17 +42,27 @@ pub enum Command {
         /// it a volume is thick, as in OpenZFS (`refreservation=auto`).
         #[serde(default)]
         sparse: bool,
+        /// Create the missing parents as filesystems first (`-p`).
+        #[serde(default)]
+        parents: bool,
     },
     VolumeList,
-    /// Creates a filesystem (`ironpool fs create POOL/NAME -o ...`).
+    /// Creates a filesystem (`ironpool fs create [-p] POOL/A/B -o ...`).
     FsCreate {
         name: String,
         #[serde(default)]
         properties: BTreeMap<String, String>,
+        /// Create the missing parents as filesystems first (`-p`).
+        #[serde(default)]
+        parents: bool,
     },
     FsList,
+    /// Destroys a filesystem; `recursive`: its snapshots and every
+    /// dataset below it too.
     FsDestroy {
         name: String,
+        #[serde(default)]
+        recursive: bool,
     },
     /// Mounts a filesystem the server serves (`ironpool mount POOL/NAME`),
     /// after an `unmount`.
@@ -63,6 +73,8 @@ pub enum Command {
     FsUnmount {
         name: String,
     },
+    /// Destroys a volume or a filesystem; `recursive`: its snapshots and
+    /// every dataset below it too.
     VolumeDestroy {
         name: String,
         #[serde(default)]
@@ -299,11 +311,15 @@ impl Command {
                 size_bytes,
                 properties,
                 sparse,
+                parents,
             } => {
                 push("volume");
                 push("create");
                 if *sparse {
                     push("-s");
+                }
+                if *parents {
+                    push("-p");
                 }
                 push(name);
                 push(&size_bytes.to_string());
@@ -312,18 +328,28 @@ impl Command {
                     push(&format!("{key}={value}"));
                 }
             }
-            Command::FsCreate { name, properties } => {
+            Command::FsCreate {
+                name,
+                properties,
+                parents,
+            } => {
                 push("fs");
                 push("create");
+                if *parents {
+                    push("-p");
+                }
                 push(name);
                 for (key, value) in properties {
                     push("-o");
                     push(&format!("{key}={value}"));
                 }
             }
-            Command::FsDestroy { name } => {
+            Command::FsDestroy { name, recursive } => {
                 push("fs");
                 push("destroy");
+                if *recursive {
+                    push("-r");
+                }
                 push(name);
             }
             Command::VolumeDestroy { name, recursive } => {
@@ -743,7 +769,11 @@ async fn run(
             size_bytes,
             mut properties,
             sparse,
+            parents,
         } => {
+            if parents {
+                create_parents(pool, &name).await?;
+            }
             let block_bytes = match properties.remove("volblocksize") {
                 Some(text) => parse_size(&text).map_err(PoolError::InvalidArgument)? as u32,
                 None => VOLUME_BLOCK_BYTES_DEFAULT,
@@ -758,13 +788,22 @@ async fn run(
                 json!({ "name": volume.name, "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }),
             )
         }
-        Command::FsCreate { name, properties } => {
+        Command::FsCreate {
+            name,
+            properties,
+            parents,
+        } => {
+            if parents {
+                create_parents(pool, &name).await?;
+            }
             let fs = pool.create_filesystem(&name, properties).await?;
             Ok(json!({ "name": fs.name, "recordsize": fs.record_bytes() }))
         }
-        Command::FsDestroy { name } => {
-            pool.destroy_filesystem(&name, false).await?;
-            Ok(json!({ "name": name }))
+        Command::FsDestroy { name, recursive } => {
+            let destroyed = destroy_filesystem_tree(pool, &name, recursive).await?;
+            Ok(
+                json!({ "name": name, "destroyed": name, "type": "filesystem", "datasets": destroyed }),
+            )
         }
         Command::FsList => {
             let mut filesystems = Vec::new();
@@ -781,7 +820,7 @@ async fn run(
                     "type": "filesystem",
                     "origin": origin,
                     "snapshots": snapshots,
-                    "mountpoint": crate::pool::filesystem::mountpoint(pool.name(), &short, &properties),
+                    "mountpoint": pool.filesystem_mountpoint(&short),
                     "mounted": pool.mounted_at(&short),
                     "recordsize": fs.record_bytes(),
                     "objects": stats.objects,
@@ -928,8 +967,8 @@ async fn run(
         Command::VolumeDestroy { name, recursive }
             if !name.contains('@') && pool.filesystem(&name).is_ok() =>
         {
-            pool.destroy_filesystem(&name, recursive).await?;
-            Ok(json!({ "destroyed": name, "type": "filesystem" }))
+            let destroyed = destroy_filesystem_tree(pool, &name, recursive).await?;
+            Ok(json!({ "destroyed": name, "type": "filesystem", "datasets": destroyed }))
         }
         Command::VolumeDestroy { name, recursive } => {
             pool.destroy_volume(&name, recursive).await?;
@@ -1171,6 +1210,42 @@ fn vdev_space(pool: &Pool, top: &crate::vdev::TopVdev) -> (u64, Option<u64>) {
             )
         })
         .unwrap_or((0, None))
+}
+
+/// Destroys filesystem `name`; with `recursive`, its snapshots and the
+/// datasets below it first, children before parents. Returns the names
+/// destroyed, in order. Without `recursive` a filesystem with children is
+/// refused (`Pool::destroy_filesystem`).
+async fn destroy_filesystem_tree(
+    pool: &Rc<Pool>,
+    name: &str,
+    recursive: bool,
+) -> Result<Vec<String>, PoolError> {
+    let mut destroyed = Vec::new();
+    if recursive {
+        let short = pool.filesystem(name)?.short_name().to_string();
+        for child in pool.descendants(&short).into_iter().rev() {
+            let child = format!("{}/{child}", pool.name());
+            if pool.filesystem(&child).is_ok() {
+                pool.destroy_filesystem(&child, true).await?;
+            } else {
+                pool.destroy_volume(&child, true).await?;
+            }
+            destroyed.push(child);
+        }
+    }
+    pool.destroy_filesystem(name, recursive).await?;
+    destroyed.push(name.to_string());
+    Ok(destroyed)
+}
+
+/// Creates the missing parents of dataset `name` as filesystems with
+/// default properties, outermost first (`create -p`).
+async fn create_parents(pool: &Rc<Pool>, name: &str) -> Result<(), PoolError> {
+    for parent in pool.missing_parents(name) {
+        pool.create_filesystem(&parent, BTreeMap::new()).await?;
+    }
+    Ok(())
 }
 
 /// The snapshots `names` stand for: each name itself; with `recursive`,
@@ -1469,6 +1544,7 @@ mod tests {
             size_bytes: 1 << 30,
             properties: BTreeMap::new(),
             sparse: true,
+            parents: false,
         };
         let text = serde_json::to_string(&command).unwrap();
         assert!(text.contains("\"command\":\"volume_create\""));

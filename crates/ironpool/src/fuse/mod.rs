@@ -236,58 +236,98 @@ fn clear_dead_mount(path: &Path) -> io::Result<()> {
                 Some(libc::ENOTCONN | libc::ECONNABORTED)
             ) =>
         {
-            let target = c_path(path)?;
-            // SAFETY: a NUL-terminated path; umount2 reads it only.
-            if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok(())
+            detach_path(path)
         }
         _ => Ok(()),
     }
 }
 
+/// Clears a dead mount at `path`, makes the directory, opens `/dev/fuse`
+/// and mounts it there with `flags`: the path's part of a mount, run on a
+/// thread apart (see [`Mount::start`]). Returns the device, which serves
+/// the mount.
+fn mount_device(path: &Path, source: &CString, flags: libc::c_ulong) -> io::Result<OwnedFd> {
+    clear_dead_mount(path)?;
+    std::fs::create_dir_all(path)?;
+    // Non-blocking, so a read with no request queued makes the ring
+    // wait for one (poll) instead of blocking one of its threads.
+    // SAFETY: a constant NUL-terminated path.
+    let fd = unsafe {
+        libc::open(
+            c"/dev/fuse".as_ptr(),
+            libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
+        )
+    };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: fd was just opened and is owned here.
+    let device = unsafe { OwnedFd::from_raw_fd(fd) };
+    let fstype = c"fuse.ironpool";
+    let options = CString::new(format!(
+        "fd={fd},rootmode={:o},user_id=0,group_id=0,default_permissions,allow_other,max_read={MAX_WRITE_BYTES}",
+        S_IFDIR
+    ))
+    .expect("no NUL in options");
+    let target = c_path(path)?;
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
+    let mounted = unsafe {
+        libc::mount(
+            source.as_ptr(),
+            target.as_ptr(),
+            fstype.as_ptr(),
+            flags,
+            options.as_ptr() as *const libc::c_void,
+        )
+    };
+    if mounted != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(device)
+}
+
+/// Detaches the mount at `path` lazily (open files keep it alive).
+fn detach_path(path: &Path) -> io::Result<()> {
+    let target = c_path(path)?;
+    // SAFETY: a NUL-terminated path; umount2 reads it only.
+    if unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
+/// Changes the flags of the mount at `path` (a remount of it alone).
+fn remount(path: &Path, flags: libc::c_ulong) -> io::Result<()> {
+    let target = c_path(path)?;
+    // SAFETY: a NUL-terminated path; the other pointers may be null
+    // for a remount.
+    let done = unsafe {
+        libc::mount(
+            std::ptr::null(),
+            target.as_ptr(),
+            std::ptr::null(),
+            libc::MS_REMOUNT | libc::MS_BIND | flags,
+            std::ptr::null(),
+        )
+    };
+    if done != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 impl Mount {
     /// Mounts `fs` at `mountpoint` (created if missing) and starts serving
     /// it on the current runtime.
-    pub fn start(pool: Rc<Pool>, fs: Rc<Filesystem>, mountpoint: &Path) -> io::Result<Mount> {
-        clear_dead_mount(mountpoint)?;
-        std::fs::create_dir_all(mountpoint)?;
-        // Non-blocking, so a read with no request queued makes the ring
-        // wait for one (poll) instead of blocking one of its threads.
-        // SAFETY: a constant NUL-terminated path.
-        let fd = unsafe {
-            libc::open(
-                c"/dev/fuse".as_ptr(),
-                libc::O_RDWR | libc::O_CLOEXEC | libc::O_NONBLOCK,
-            )
-        };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: fd was just opened and is owned here.
-        let device = unsafe { OwnedFd::from_raw_fd(fd) };
+    ///
+    /// The path's system calls run on a thread apart: the mountpoint of a
+    /// nested filesystem lies inside its parent's mount, which this engine
+    /// serves, so looking the path up asks the engine itself.
+    pub async fn start(pool: Rc<Pool>, fs: Rc<Filesystem>, mountpoint: &Path) -> io::Result<Mount> {
         let source = CString::new(format!("ironpool:{}", fs.name)).expect("no NUL in names");
-        let fstype = c"fuse.ironpool";
-        let options = CString::new(format!(
-            "fd={fd},rootmode={:o},user_id=0,group_id=0,default_permissions,allow_other,max_read={MAX_WRITE_BYTES}",
-            S_IFDIR
-        ))
-        .expect("no NUL in options");
-        let target = c_path(mountpoint)?;
-        // SAFETY: every pointer is a NUL-terminated string that outlives the call.
-        let mounted = unsafe {
-            libc::mount(
-                source.as_ptr(),
-                target.as_ptr(),
-                fstype.as_ptr(),
-                mount_flags(&fs),
-                options.as_ptr() as *const libc::c_void,
-            )
-        };
-        if mounted != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let flags = mount_flags(&fs);
+        let path = mountpoint.to_path_buf();
+        let device = rt::offload::run_apart(move || mount_device(&path, &source, flags)).await?;
         let uring_offered = uring::kernel_offers();
         fs.note_front_end(|stats| {
             *stats = Default::default();
@@ -336,26 +376,13 @@ impl Mount {
     /// `mount -o remount,bind` does. The kernel refuses to make a mount
     /// read-only while a file on it is open for writing (EBUSY); the
     /// server refuses the writes either way.
-    pub fn follow_properties(&self) -> io::Result<()> {
+    pub async fn follow_properties(&self) -> io::Result<()> {
         let wanted = mount_flags(&self.session.fs);
         if wanted == self.flags.get() {
             return Ok(());
         }
-        let target = c_path(&self.mountpoint)?;
-        // SAFETY: a NUL-terminated path; the other pointers may be null
-        // for a remount.
-        let done = unsafe {
-            libc::mount(
-                std::ptr::null(),
-                target.as_ptr(),
-                std::ptr::null(),
-                libc::MS_REMOUNT | libc::MS_BIND | wanted,
-                std::ptr::null(),
-            )
-        };
-        if done != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let path = self.mountpoint.clone();
+        rt::offload::run_apart(move || remount(&path, wanted)).await?;
         self.flags.set(wanted);
         Ok(())
     }
@@ -374,14 +401,14 @@ impl Mount {
     /// Takes the mount off its path (lazily: open files keep it alive), at
     /// once and only once. A replacement may be mounted on the same path
     /// right after: the unmount must not reach that one.
-    pub fn detach(&self) {
+    pub async fn detach(&self) {
         if self.detached.replace(true) {
             return;
         }
-        if let Ok(target) = c_path(&self.mountpoint) {
-            // SAFETY: a NUL-terminated path; umount2 reads it only.
-            unsafe { libc::umount2(target.as_ptr(), libc::MNT_DETACH) };
-        }
+        let path = self.mountpoint.clone();
+        // An error means it is gone already: a parent's lazy unmount
+        // takes the mounts inside it along.
+        let _ = rt::offload::run_apart(move || detach_path(&path)).await;
     }
 
     /// Unmounts (lazily: open files keep working until closed, then the
@@ -391,7 +418,7 @@ impl Mount {
     /// aborted: a server that stops does not wait on its users forever,
     /// and they get `ENOTCONN` from then on.
     pub async fn stop(self, patience: Option<Duration>) {
-        self.detach();
+        self.detach().await;
         let readers = futures_util::future::join_all(self.readers);
         let mut readers = std::pin::pin!(readers);
         if let Some(patience) = patience {

@@ -41,7 +41,7 @@ use crate::object::{new_dnode, Object, ObjectError, ObjectSet};
 use crate::queue::QueueTunables;
 use crate::rt::sync::Notify;
 use crate::vdev::VdevHealth;
-use dataset::directory::{valid_name, Directory};
+use dataset::directory::{valid_dataset_name, valid_name, Directory};
 pub(crate) use open::{build_top_vdev, vdev_space};
 pub use open::{create_sparse_file, create_written_file};
 pub use txg::TxgState;
@@ -115,7 +115,7 @@ pub enum PoolError {
     NoSuchSnapshot(String),
     #[error("volume '{0}' already exists")]
     VolumeExists(String),
-    #[error("invalid name '{0}': use letters, digits, '-', '_' and '.', starting with a letter or digit")]
+    #[error("invalid name '{0}': use letters, digits, '-', '_' and '.', starting with a letter or digit (a nested dataset: such names joined by '/', fewer than 50 levels deep and at most 255 bytes with the pool's name)")]
     InvalidName(String),
     #[error("{0}")]
     InvalidArgument(String),
@@ -548,17 +548,74 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchVolume(name.to_string()))
     }
 
-    /// The short name of a dataset about to be made ("POOL/NAME" or
-    /// "NAME"), if it is a valid one.
+    /// The short name of a dataset about to be made ("POOL/A/B" or "A/B"),
+    /// if it is a valid one whose parent exists.
     pub(crate) fn new_dataset_short_name(&self, name: &str) -> Result<String, PoolError> {
         let short = name
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(name)
             .to_string();
-        if !valid_name(&short) {
+        if !valid_dataset_name(&self.name, &short) {
             return Err(PoolError::InvalidName(short));
         }
+        self.check_parent(&short)?;
         Ok(short)
+    }
+
+    /// Refuses a dataset `short` whose parent is missing or is not a
+    /// filesystem: as in OpenZFS, only filesystems have children (a
+    /// volume's bytes have nowhere to put a child's mountpoint).
+    pub(crate) fn check_parent(&self, short: &str) -> Result<(), PoolError> {
+        let Some(parent) = dataset::directory::parent_name(short) else {
+            return Ok(());
+        };
+        let directory = self.datasets.directory.read();
+        if directory.filesystems.contains_key(parent) {
+            return Ok(());
+        }
+        let why = if directory.volumes.contains_key(parent) {
+            "is a volume: only filesystems have children"
+        } else {
+            "does not exist: create it first, or give -p to create every missing parent"
+        };
+        Err(PoolError::InvalidArgument(format!(
+            "cannot create {}/{short}: parent {}/{parent} {why}",
+            self.name, self.name
+        )))
+    }
+
+    /// The datasets below `short` (not itself), hidden ones of receives
+    /// in progress too, deepest last: a name sorts after its parent's, so
+    /// destroying them in reverse takes children before parents.
+    pub fn descendants(&self, short: &str) -> Vec<String> {
+        let directory = self.datasets.directory.read();
+        let mut below: Vec<String> = directory
+            .lineages()
+            .map(|(name, _)| name.clone())
+            .filter(|name| name != short && dataset::directory::is_within(name, short))
+            .collect();
+        below.sort();
+        below
+    }
+
+    /// The missing parents of dataset `name` ("POOL/A/B/C": `A` and `A/B`
+    /// if absent), outermost first: what `create -p` makes as filesystems.
+    pub fn missing_parents(&self, name: &str) -> Vec<String> {
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name);
+        let directory = self.datasets.directory.read();
+        let mut missing = Vec::new();
+        let mut parent = dataset::directory::parent_name(short);
+        while let Some(name) = parent {
+            if directory.lineage(name).is_some() {
+                break;
+            }
+            missing.push(format!("{}/{name}", self.name));
+            parent = dataset::directory::parent_name(name);
+        }
+        missing.reverse();
+        missing
     }
 
     /// Refuses `short` when a volume (hidden ones included) or a filesystem
@@ -638,7 +695,7 @@ impl Pool {
             ));
         }
         self.check_new_limits(&format!("{}/{short}", self.name), &properties)?;
-        let checksum = self.volume_settings(&properties).checksum;
+        let checksum = self.volume_settings(&short, &properties).checksum;
         self.txg.ensure_writable()?;
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
@@ -656,7 +713,7 @@ impl Pool {
             format!("{}/{short}", self.name),
             object,
             &record,
-            self.volume_settings(&record.properties),
+            self.volume_settings(&short, &record.properties),
         );
         self.datasets
             .directory

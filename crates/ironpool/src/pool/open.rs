@@ -604,7 +604,7 @@ impl Pool {
                 format!("{name}/{volume_name}"),
                 object,
                 record,
-                dataset::props::settings(&record.properties, &directory.properties),
+                pool.volume_settings(volume_name, &record.properties),
             );
             pool.datasets.volumes.insert(volume_name.clone(), volume);
         }

@@ -93,6 +93,9 @@ struct SlotState<T> {
 pub struct Offloaded<T> {
     slot: Option<Arc<Slot<T>>>,
     inline: Option<T>,
+    /// Whether dropping it waits for the work: work that owns everything it
+    /// touches (see [`run_apart`]) need not be waited for.
+    wait_on_drop: bool,
 }
 
 // The result is only moved, never pinned in place.
@@ -123,6 +126,9 @@ impl<T> Future for Offloaded<T> {
 
 impl<T> Drop for Offloaded<T> {
     fn drop(&mut self) {
+        if !self.wait_on_drop {
+            return;
+        }
         if let Some(slot) = self.slot.take() {
             let mut state = lock(&slot.state);
             while !state.done {
@@ -135,16 +141,10 @@ impl<T> Drop for Offloaded<T> {
     }
 }
 
-/// Runs `work` on a worker thread (inline under the simulator, or when the
-/// workers are saturated) and resolves to its result.
-pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offloaded<T> {
-    if super::is_simulated() {
-        return Offloaded {
-            slot: None,
-            inline: Some(work()),
-        };
-    }
-    let workers = workers();
+/// A slot for the result of one job, and the job that runs `work` into it.
+fn job_with_slot<T: Send + 'static>(
+    work: impl FnOnce() -> T + Send + 'static,
+) -> (Arc<Slot<T>>, Job) {
     let slot = Arc::new(Slot {
         state: Mutex::new(SlotState {
             result: None,
@@ -168,6 +168,21 @@ pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offl
             waker.wake();
         }
     });
+    (slot, job)
+}
+
+/// Runs `work` on a worker thread (inline under the simulator, or when the
+/// workers are saturated) and resolves to its result.
+pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offloaded<T> {
+    if super::is_simulated() {
+        return Offloaded {
+            slot: None,
+            inline: Some(work()),
+            wait_on_drop: true,
+        };
+    }
+    let workers = workers();
+    let (slot, job) = job_with_slot(work);
     let mut queue = lock(&workers.queue);
     if queue.len() >= OFFLOAD_QUEUE_MAX {
         drop(queue);
@@ -181,6 +196,7 @@ pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offl
             Ok(value) => Offloaded {
                 slot: None,
                 inline: Some(value),
+                wait_on_drop: true,
             },
             Err(panic) => std::panic::resume_unwind(panic),
         };
@@ -191,6 +207,34 @@ pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offl
     Offloaded {
         slot: Some(slot),
         inline: None,
+        wait_on_drop: true,
+    }
+}
+
+/// Runs `work` on a thread of its own, never on the engine thread: for
+/// system calls that may wait for this very engine, such as a `mount(2)`,
+/// `mkdir` or `stat` of a path inside one of its own FUSE mounts (a
+/// nested filesystem's mountpoint), which would deadlock inline. They are
+/// rare (administrative), so a thread each costs nothing that matters; an
+/// error spawning it is the work's error. Dropping the result does not wait.
+pub fn run_apart<T: Send + 'static>(
+    work: impl FnOnce() -> std::io::Result<T> + Send + 'static,
+) -> Offloaded<std::io::Result<T>> {
+    let (slot, job) = job_with_slot(work);
+    let spawned = std::thread::Builder::new()
+        .name("ironpool-apart".into())
+        .spawn(job);
+    match spawned {
+        Ok(_) => Offloaded {
+            slot: Some(slot),
+            inline: None,
+            wait_on_drop: false,
+        },
+        Err(error) => Offloaded {
+            slot: None,
+            inline: Some(Err(error)),
+            wait_on_drop: false,
+        },
     }
 }
 

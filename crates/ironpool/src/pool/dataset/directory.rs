@@ -401,6 +401,39 @@ pub fn valid_name(name: &str) -> bool {
         })
 }
 
+/// A dataset's depth (the `/`s in `POOL/A/B`: 2) stays under this, as
+/// OpenZFS's `zfs_max_dataset_nesting`: each level is a lookup on every
+/// walk up the tree (inheritance, mountpoints), so the tree stays shallow
+/// enough to walk on every property change.
+pub const DATASET_DEPTH_MAX: usize = 50;
+/// Longest full dataset name, `POOL/A/B`, in bytes (OpenZFS's
+/// `ZFS_MAX_DATASET_NAME_LEN` less its NUL): mount sources, stream headers
+/// and the control protocol carry it whole.
+pub const DATASET_NAME_BYTES_MAX: usize = 255;
+
+/// Checks the name of a dataset within pool `pool`: `A`, or `A/B/C` for a
+/// nested one, each component a valid name, less than
+/// [`DATASET_DEPTH_MAX`] deep and [`DATASET_NAME_BYTES_MAX`] long in all.
+pub fn valid_dataset_name(pool: &str, short: &str) -> bool {
+    pool.len() + 1 + short.len() <= DATASET_NAME_BYTES_MAX
+        && short.split('/').count() < DATASET_DEPTH_MAX
+        && short.split('/').all(valid_name)
+}
+
+/// The parent of nested dataset `short` within its pool (`A/B` of
+/// `A/B/C`); None for a dataset right under the pool.
+pub fn parent_name(short: &str) -> Option<&str> {
+    short.rsplit_once('/').map(|(parent, _)| parent)
+}
+
+/// Whether `short` is `ancestor` or lies below it.
+pub fn is_within(short: &str, ancestor: &str) -> bool {
+    short == ancestor
+        || short
+            .strip_prefix(ancestor)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -443,5 +476,29 @@ mod tests {
         assert!(!valid_name("a@b"));
         assert!(!valid_name("a b"));
         assert!(!valid_name(&"x".repeat(201)));
+    }
+
+    #[test]
+    fn nested_names() {
+        assert!(valid_dataset_name("tank", "a"));
+        assert!(valid_dataset_name("tank", "a/b-1/c.d"));
+        assert!(!valid_dataset_name("tank", "a//b"));
+        assert!(!valid_dataset_name("tank", "a/"));
+        assert!(!valid_dataset_name("tank", "/a"));
+        assert!(!valid_dataset_name("tank", "a/b@c"));
+        assert!(!valid_dataset_name("tank", "a/%recv"));
+        let deep = vec!["d"; DATASET_DEPTH_MAX - 1].join("/");
+        assert!(valid_dataset_name("tank", &deep));
+        assert!(!valid_dataset_name("tank", &format!("{deep}/d")));
+        assert!(!valid_dataset_name(
+            "tank",
+            &["x".repeat(200), "y".repeat(60)].join("/")
+        ));
+        assert_eq!(parent_name("a/b/c"), Some("a/b"));
+        assert_eq!(parent_name("a"), None);
+        assert!(is_within("a/b", "a"));
+        assert!(is_within("a", "a"));
+        assert!(!is_within("ab", "a"));
+        assert!(!is_within("a", "a/b"));
     }
 }

@@ -1,8 +1,10 @@
 //! Properties, in the manner of `zfs get/set`: settings a user changes on a
 //! volume or on the pool (which volumes inherit), and read-only figures.
 //!
-//! A volume's setting comes from the volume itself (source `local`), else from
-//! the pool (`inherited from POOL`), else the built-in default (`default`).
+//! A dataset's setting comes from the dataset itself (source `local`), else
+//! from the nearest filesystem above it that sets it (`inherited from
+//! POOL/A`), else from the pool (`inherited from POOL`), else the built-in
+//! default (`default`); see [`inherited`].
 //! Settings are stored as text in the pool directory (the volume's record, or the
 //! pool's properties) so that new properties never need a format change; the
 //! engine reads them through [`VolumeSettings`], recomputed whenever one changes.
@@ -20,7 +22,7 @@
 //! | direct | standard, always, disabled | standard | see [`DirectMode`] |
 //! | autotrim | on, off | off | pool only: discard freed space (see `scan::trim`) |
 //! | recordsize | 4K..1M | 128K | filesystems only: block size of files past one block; files that grow later |
-//! | mountpoint | a path, none, legacy | /POOL/NAME | filesystems only: where `serve` mounts it |
+//! | mountpoint | a path, none, legacy | /POOL/NAME | filesystems only: where `serve` mounts it; inherited with the rest of the name appended |
 //! | atime | on, off | on | filesystems only: reads update access times (relatime's rule) |
 //! | xattr | on, off | on | filesystems only: extended attributes |
 //! | quota, refquota | none, a size | none | not inherited: bound what the dataset and its snapshots use, what it refers to (see `quota`) |
@@ -357,18 +359,80 @@ enum Target {
     Filesystem(String),
 }
 
-/// An effective setting and where it came from.
+/// Whether property `name` passes down the dataset tree when a dataset
+/// does not set it: the inheritable settings, a filesystem's own
+/// properties and user properties. Quotas, reservations and per-user
+/// quotas belong to the dataset they are set on.
+fn passes_down(name: &str) -> bool {
+    INHERITABLE.iter().any(|(key, _)| *key == name)
+        || filesystem::OWN_PROPERTIES.contains(&name)
+        || is_user_property(name)
+}
+
+/// What dataset `short` inherits: each property that passes down and is
+/// set on the pool or on a filesystem above it (the nearest wins), as
+/// (value, the full name of the dataset it comes from). A `mountpoint`
+/// path passes down with the rest of the name appended, as in OpenZFS:
+/// `mountpoint=/srv` on `tank/a` puts `tank/a/b/c` at `/srv/b/c`.
+pub fn inherited(
+    directory: &crate::pool::dataset::directory::Directory,
+    pool_name: &str,
+    short: &str,
+) -> BTreeMap<String, (String, String)> {
+    let mut values = BTreeMap::new();
+    for (name, value) in &directory.properties {
+        if passes_down(name) {
+            values.insert(name.clone(), (value.clone(), pool_name.to_string()));
+        }
+    }
+    let mut ancestors = Vec::new();
+    let mut parent = crate::pool::dataset::directory::parent_name(short);
+    while let Some(ancestor) = parent {
+        ancestors.push(ancestor);
+        parent = crate::pool::dataset::directory::parent_name(ancestor);
+    }
+    for ancestor in ancestors.into_iter().rev() {
+        let Some(record) = directory.filesystems.get(ancestor) else {
+            continue;
+        };
+        for (name, value) in &record.properties {
+            if !passes_down(name) {
+                continue;
+            }
+            let value = match (name.as_str(), short.get(ancestor.len() + 1..)) {
+                ("mountpoint", Some(rest)) if value.starts_with('/') => {
+                    format!("{}/{rest}", value.trim_end_matches('/'))
+                }
+                _ => value.clone(),
+            };
+            values.insert(name.clone(), (value, format!("{pool_name}/{ancestor}")));
+        }
+    }
+    values
+}
+
+/// The values of [`inherited`], without where they come from.
+pub fn inherited_values(
+    inherited: &BTreeMap<String, (String, String)>,
+) -> BTreeMap<String, String> {
+    inherited
+        .iter()
+        .map(|(name, (value, _))| (name.clone(), value.clone()))
+        .collect()
+}
+
+/// An effective setting and where it came from: set on the dataset
+/// (`local`), inherited (`inherited from NAME`), or the default.
 fn lookup(
     local: &BTreeMap<String, String>,
-    pool: &BTreeMap<String, String>,
-    pool_name: &str,
+    inherited: &BTreeMap<String, (String, String)>,
     name: &str,
 ) -> Option<(String, String)> {
     if let Some(value) = local.get(name) {
         return Some((value.clone(), "local".into()));
     }
-    if let Some(value) = pool.get(name) {
-        return Some((value.clone(), format!("inherited from {pool_name}")));
+    if let Some((value, from)) = inherited.get(name) {
+        return Some((value.clone(), format!("inherited from {from}")));
     }
     INHERITABLE
         .iter()
@@ -376,14 +440,23 @@ fn lookup(
         .map(|(_, default)| (default.to_string(), "default".into()))
 }
 
-/// The settings of a volume with these local properties in a pool with these.
+/// The settings of a dataset with these local properties that inherits
+/// these (see [`inherited`]).
 pub fn settings(
     local: &BTreeMap<String, String>,
-    pool: &BTreeMap<String, String>,
+    inherited: &BTreeMap<String, String>,
 ) -> VolumeSettings {
     let value = |name: &str| {
-        lookup(local, pool, "", name)
-            .map(|(value, _)| value)
+        local
+            .get(name)
+            .or_else(|| inherited.get(name))
+            .cloned()
+            .or_else(|| {
+                INHERITABLE
+                    .iter()
+                    .find(|(key, _)| *key == name)
+                    .map(|(_, default)| default.to_string())
+            })
             .unwrap_or_default()
     };
     let defaults = VolumeSettings::default();
@@ -411,26 +484,50 @@ pub struct PropertyValue {
 }
 
 impl Pool {
-    /// The settings a volume with `local` properties follows.
-    pub fn volume_settings(&self, local: &BTreeMap<String, String>) -> VolumeSettings {
-        settings(local, &self.datasets.directory.read().properties)
+    /// What dataset `short` inherits, values only (see [`inherited`]).
+    pub fn inherited_values(&self, short: &str) -> BTreeMap<String, String> {
+        let directory = self.datasets.directory.read();
+        inherited_values(&inherited(&directory, &self.name, short))
+    }
+
+    /// The settings dataset `short` follows with `local` properties.
+    pub fn volume_settings(&self, short: &str, local: &BTreeMap<String, String>) -> VolumeSettings {
+        settings(local, &self.inherited_values(short))
+    }
+
+    /// The properties dataset `short` has with `local` ones: what it
+    /// inherits, overridden by its own. A filesystem's own properties
+    /// (`recordsize`, `atime`, `xattr`, `mountpoint`) are read from this.
+    pub fn effective_properties(
+        &self,
+        short: &str,
+        local: &BTreeMap<String, String>,
+    ) -> BTreeMap<String, String> {
+        let mut properties = self.inherited_values(short);
+        properties.extend(
+            local
+                .iter()
+                .map(|(name, value)| (name.clone(), value.clone())),
+        );
+        properties
     }
 
     /// Recomputes every open volume's and filesystem's settings (after a
-    /// property change).
+    /// property change: one on a parent changes its children's too).
     fn refresh_settings(&self) {
         let directory = self.datasets.directory.read();
         for (short, volume) in self.datasets.volumes.named() {
             if let Some(record) = directory.volumes.get(&short) {
-                volume.apply_settings(settings(&record.properties, &directory.properties));
+                let passed = inherited_values(&inherited(&directory, &self.name, &short));
+                volume.apply_settings(settings(&record.properties, &passed));
             }
         }
         for (short, fs) in self.datasets.filesystems.named() {
             if let Some(record) = directory.filesystems.get(&short) {
-                fs.apply_properties(
-                    settings(&record.properties, &directory.properties),
-                    &record.properties,
-                );
+                let passed = inherited_values(&inherited(&directory, &self.name, &short));
+                let mut effective = passed.clone();
+                effective.extend(record.properties.clone());
+                fs.apply_properties(settings(&record.properties, &passed), &effective);
             }
         }
     }
@@ -576,7 +673,7 @@ impl Pool {
             return Ok(Target::Pool);
         }
         if let Ok(fs) = self.filesystem(target) {
-            let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
+            let short = fs.short_name().to_string();
             return Ok(Target::Filesystem(short));
         }
         Ok(Target::Volume(
@@ -727,10 +824,14 @@ impl Pool {
             values.extend(space_values(&space));
             let available = self.available_bytes(&short).await?;
             values.push(("available".into(), available.to_string(), "-".into()));
+            let passed = inherited(&self.datasets.directory.read(), &self.name, &short);
             for name in filesystem::OWN_PROPERTIES {
-                let (value, source) = match record.properties.get(name) {
-                    Some(value) => (value.clone(), "local".to_string()),
-                    None => (
+                let (value, source) = match (record.properties.get(name), passed.get(name)) {
+                    (Some(value), _) => (value.clone(), "local".to_string()),
+                    (None, Some((value, from))) => {
+                        (value.clone(), format!("inherited from {from}"))
+                    }
+                    (None, None) => (
                         filesystem::own_property_default(&self.name, &short, name),
                         "default".to_string(),
                     ),
@@ -752,8 +853,7 @@ impl Pool {
                 record.guid,
                 record.created_txg,
                 &record.properties,
-                &pool_properties,
-                &self.name,
+                &inherited(&self.datasets.directory.read(), &self.name, &short),
             ));
         } else {
             let volume = self.volume(target)?;
@@ -782,8 +882,7 @@ impl Pool {
                 record.guid,
                 record.created_txg,
                 &record.properties,
-                &pool_properties,
-                &self.name,
+                &inherited(&self.datasets.directory.read(), &self.name, &short),
             ));
         }
         let wanted = |name: &str| {
@@ -928,15 +1027,14 @@ fn dataset_values(
     guid: u64,
     created_txg: u64,
     local: &BTreeMap<String, String>,
-    pool: &BTreeMap<String, String>,
-    pool_name: &str,
+    inherited: &BTreeMap<String, (String, String)>,
 ) -> Vec<(String, String, String)> {
     let mut values = vec![
         ("guid".into(), format!("{guid:#x}"), "-".into()),
         ("createtxg".into(), created_txg.to_string(), "-".into()),
     ];
     for (name, _) in INHERITABLE {
-        if let Some((value, source)) = lookup(local, pool, pool_name, name) {
+        if let Some((value, source)) = lookup(local, inherited, name) {
             values.push((name.into(), value, source));
         }
     }
@@ -944,10 +1042,10 @@ fn dataset_values(
         values.push(limit_row(name, local.get(name)));
     }
     let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
-    for (name, value) in pool.iter().filter(|(name, _)| is_user_property(name)) {
+    for (name, (value, from)) in inherited.iter().filter(|(name, _)| is_user_property(name)) {
         user.insert(
             name.clone(),
-            (value.clone(), format!("inherited from {pool_name}")),
+            (value.clone(), format!("inherited from {from}")),
         );
     }
     for (name, value) in local.iter().filter(|(name, _)| is_user_property(name)) {
@@ -1042,18 +1140,68 @@ mod tests {
         assert_eq!(settings.sync, SyncMode::Always);
         assert_eq!(settings.checksum, ChecksumAlgo::default());
         assert!(!settings.read_only);
+        let from_pool: BTreeMap<String, (String, String)> = pool
+            .iter()
+            .map(|(name, value)| (name.clone(), (value.clone(), "tank".to_string())))
+            .collect();
         assert_eq!(
-            lookup(&local, &pool, "tank", "sync").unwrap().1,
+            lookup(&local, &from_pool, "sync").unwrap().1,
             "inherited from tank"
         );
         assert_eq!(
-            lookup(&local, &pool, "tank", "compression").unwrap().1,
+            lookup(&local, &from_pool, "compression").unwrap().1,
             "local"
         );
         assert_eq!(
-            lookup(&local, &pool, "tank", "readonly").unwrap(),
+            lookup(&local, &from_pool, "readonly").unwrap(),
             ("off".into(), "default".into())
         );
+    }
+
+    #[test]
+    fn the_nearest_ancestor_passes_its_settings_down() {
+        use crate::pool::dataset::directory::Directory;
+        use crate::pool::filesystem::FilesystemRecord;
+        let record = |properties: BTreeMap<String, String>| FilesystemRecord {
+            object: 9,
+            created_txg: 1,
+            guid: 1,
+            properties,
+            lineage: Default::default(),
+            receive: None,
+            intent_log: None,
+        };
+        let mut directory = Directory {
+            properties: map(&[
+                ("compression", "zstd"),
+                ("autotrim", "on"),
+                ("org:x", "pool"),
+            ]),
+            ..Directory::default()
+        };
+        directory.filesystems.insert(
+            "a".into(),
+            record(map(&[
+                ("compression", "lz4"),
+                ("mountpoint", "/srv/"),
+                ("quota", "1000000"),
+                ("org:x", "a"),
+            ])),
+        );
+        directory
+            .filesystems
+            .insert("a/b".into(), record(map(&[("atime", "off")])));
+        let passed = inherited(&directory, "tank", "a/b/c");
+        assert_eq!(passed["compression"], ("lz4".into(), "tank/a".into()));
+        assert_eq!(passed["mountpoint"], ("/srv/b/c".into(), "tank/a".into()));
+        assert_eq!(passed["atime"], ("off".into(), "tank/a/b".into()));
+        assert_eq!(passed["org:x"], ("a".into(), "tank/a".into()));
+        // A quota binds the dataset it is set on; autotrim is the pool's.
+        assert!(!passed.contains_key("quota"));
+        assert!(!passed.contains_key("autotrim"));
+        let top = inherited(&directory, "tank", "d");
+        assert_eq!(top["compression"], ("zstd".into(), "tank".into()));
+        assert!(!top.contains_key("mountpoint"));
     }
 
     #[test]

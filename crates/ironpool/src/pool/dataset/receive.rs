@@ -304,9 +304,10 @@ impl Pool {
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(&options.target)
             .to_string();
-        if !valid_name(&short) {
+        if !crate::pool::dataset::directory::valid_dataset_name(&self.name, &short) {
             return Err(PoolError::InvalidName(short));
         }
+        self.check_parent(&short)?;
         let hidden_short = Self::hidden_name(&short);
         let mut checker = StreamChecker::new();
         let begin = match next_record(input, &mut checker).await {
@@ -889,7 +890,7 @@ impl Pool {
                 .remove(hidden_short)
                 .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
             record.receive = None;
-            let settings = self.volume_settings(&record.properties);
+            let settings = self.volume_settings(short, &record.properties);
             let volume = Volume::new(
                 format!("{}/{short}", self.name),
                 hidden.object.clone(),

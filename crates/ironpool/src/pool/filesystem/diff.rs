@@ -279,8 +279,7 @@ impl Pool {
         };
         let _holds = (self.hold_snapshot(&from_name), self.hold_snapshot(&to_name));
         let mountpoint = self
-            .filesystem_record(short)
-            .and_then(|record| super::mountpoint(&self.name, short, &record.properties))
+            .filesystem_mountpoint(short)
             .unwrap_or_else(|| format!("{}/{short}", self.name));
         let side = |fs: Rc<Filesystem>| Side {
             fs,

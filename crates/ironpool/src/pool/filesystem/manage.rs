@@ -64,7 +64,7 @@ impl Pool {
             let list_object = self.objects.open(list).await?;
             self.objects.load_dead_list(&list_object).await?;
         }
-        let settings = self.volume_settings(&record.properties);
+        let settings = self.volume_settings(short, &record.properties);
         let fs = Filesystem::open(
             self,
             format!("{}/{short}", self.name),
@@ -161,7 +161,7 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?
             .object;
         let table = self.objects.open(object).await?;
-        let settings = self.volume_settings(&record.properties);
+        let settings = self.volume_settings(short, &record.properties);
         let fs = Filesystem::open(self, canonical.clone(), table, &record, settings, true)?;
         // Another request may have opened it while this one read: that one
         // is kept. Only a cache: a request still using one let go keeps it.
@@ -233,6 +233,19 @@ impl Pool {
             .cloned()
     }
 
+    /// Where filesystem `short` mounts: its `mountpoint`, set or inherited
+    /// (a parent's path with the rest of the name), by default
+    /// `/POOL/A/B`; None for `none` and `legacy` (not mounted by the
+    /// server), or no such filesystem.
+    pub fn filesystem_mountpoint(&self, short: &str) -> Option<String> {
+        let record = self.filesystem_record(short)?;
+        mountpoint(
+            &self.name,
+            short,
+            &self.effective_properties(short, &record.properties),
+        )
+    }
+
     /// Creates a filesystem with an empty root directory.
     pub async fn create_filesystem(
         self: &Rc<Self>,
@@ -249,7 +262,7 @@ impl Pool {
         }
         self.check_new_limits(name, &checked)?;
         self.txg.ensure_writable()?;
-        let settings = self.volume_settings(&checked);
+        let settings = self.volume_settings(&short, &checked);
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
         let mut dnode = new_dnode(
@@ -319,7 +332,7 @@ impl Pool {
             0,
             self.txg.open(),
         );
-        dnode.checksum_algo = self.volume_settings(&properties).checksum;
+        dnode.checksum_algo = self.volume_settings(hidden_short, &properties).checksum;
         dnode.bonus = Filesystem::receive_header(info).encode();
         let table = self.objects.create(id, dnode);
         self.add_filesystem(hidden_short, table, properties, Default::default())
@@ -337,7 +350,13 @@ impl Pool {
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let fs = self.filesystem(name)?;
-        let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
+        let short = fs.short_name().to_string();
+        if let Some(child) = self.descendants(&short).last() {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot destroy {name}: it has children ({}/{child}): destroy them first, or use destroy -r",
+                self.name
+            )));
+        }
         let record = self
             .filesystem_record(&short)
             .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
@@ -404,17 +423,11 @@ impl Pool {
     /// [`MOUNT_WAIT_SECONDS`]. Returns where it is mounted.
     pub async fn set_mounted(&self, name: &str, wanted: bool) -> Result<Option<String>, PoolError> {
         let fs = self.filesystem(name)?;
-        let short = fs.name.rsplit('/').next().unwrap_or_default().to_string();
-        if wanted {
-            let properties = self
-                .filesystem_record(&short)
-                .map(|record| record.properties)
-                .unwrap_or_default();
-            if mountpoint(&self.name, &short, &properties).is_none() {
-                return Err(PoolError::InvalidArgument(format!(
-                    "{name} has mountpoint=none or legacy: set a mountpoint first"
-                )));
-            }
+        let short = fs.short_name().to_string();
+        if wanted && self.filesystem_mountpoint(&short).is_none() {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} has mountpoint=none or legacy: set a mountpoint first"
+            )));
         }
         {
             let mut mounts = self.mounts.borrow_mut();

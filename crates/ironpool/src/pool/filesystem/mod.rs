@@ -848,7 +848,14 @@ impl Filesystem {
             usage: Default::default(),
             ids: Default::default(),
         });
-        fs.apply_properties(settings, &record.properties);
+        // What it inherits from the filesystems above it counts as its
+        // own where it sets nothing (a snapshot: its dataset's).
+        let dataset = fs.name.split('@').next().unwrap_or_default();
+        let short = dataset.split_once('/').map(|(_, short)| short);
+        fs.apply_properties(
+            settings,
+            &pool.effective_properties(short.unwrap_or_default(), &record.properties),
+        );
         Ok(fs)
     }
 
@@ -859,9 +866,12 @@ impl Filesystem {
         self.retired.set(true);
     }
 
-    /// `NAME` of `POOL/NAME`: its key in the directory.
+    /// `A/B` of `POOL/A/B`: its key in the directory.
     pub fn short_name(&self) -> &str {
-        self.name.rsplit('/').next().unwrap_or_default()
+        self.name
+            .split_once('/')
+            .map(|(_, short)| short)
+            .unwrap_or(&self.name)
     }
 
     /// Takes the filesystem's lock for a change the intent log carries:

@@ -99,7 +99,7 @@ impl Pool {
             format!("{}/{clone_short}", self.name),
             object,
             &clone_record,
-            self.volume_settings(&clone_record.properties),
+            self.volume_settings(&clone_short, &clone_record.properties),
         );
         self.datasets
             .directory

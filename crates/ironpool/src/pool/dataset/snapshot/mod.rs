@@ -962,7 +962,7 @@ impl Pool {
             canonical.clone(),
             object,
             &view,
-            self.volume_settings(&view.properties),
+            self.volume_settings(volume, &view.properties),
         );
         opened.read_only.set(true);
         self.datasets

@@ -230,6 +230,17 @@ enum Command {
         #[arg(short = 'o')]
         options: Vec<String>,
     },
+    /// Rename a volume or a filesystem, moving it and every dataset below it: `rename [-p] POOL/OLD POOL/NEW`.
+    /// A running server mounts moved filesystems at their new mountpoints.
+    Rename {
+        /// Create the missing parents of the new name.
+        #[arg(short = 'p')]
+        parents: bool,
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        from: String,
+        to: String,
+    },
     /// Make a clone independent of its origin volume.
     Promote {
         #[arg(short = 'd', long = "dir")]
@@ -740,6 +751,12 @@ fn main() -> ExitCode {
             options,
         } => cli::datasets::clone(&context, &origin, &name, &options, &dirs),
         Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
+        Command::Rename {
+            parents,
+            dirs,
+            from,
+            to,
+        } => cli::datasets::rename(&context, &from, &to, parents, &dirs),
         Command::Rollback {
             recursive,
             dirs,

@@ -147,6 +147,54 @@ fn nested_datasets_need_a_parent_inherit_from_it_and_go_with_destroy_r() {
     args.extend_from_slice(&d);
     assert_eq!(listed(&pool, &args), ["tree/a/b", "tree/a/b@s1"]);
 
+    // A rename moves the subtree, and what it inherits changes with its
+    // new parent; a clone's origin follows it.
+    run(&["clone", "tree/a/b@s1", "tree/copy"]);
+    run(&["fs", "create", "tree/x"]);
+    run(&["set", "compression=lz4", "tree/x"]);
+    let refused = fail(&["rename", "tree/a", "tree/a/b/z"]);
+    assert!(refused.contains("below itself"), "{refused}");
+    let refused = fail(&["rename", "tree/a", "tree/x/y/a"]);
+    assert!(refused.contains("does not exist"), "{refused}");
+    let refused = fail(&["rename", "tree/a", "tree/vol"]);
+    assert!(refused.contains("exists"), "{refused}");
+    let refused = fail(&["rename", "tree/a", "other/a"]);
+    assert!(refused.contains("stays in its pool"), "{refused}");
+    run(&["rename", "-p", "tree/a", "tree/x/y/a"]);
+    let mut args = vec!["-r", "tree/x"];
+    args.extend_from_slice(&d);
+    assert_eq!(
+        listed(&pool, &args),
+        [
+            "tree/x",
+            "tree/x/y",
+            "tree/x/y/a",
+            "tree/x/y/a/b",
+            "tree/x/y/a/b@s1",
+            "tree/x/y/a/b/c",
+            "tree/x/y/a/b/c@s1",
+            "tree/x/y/a/d",
+            "tree/x/y/a/d/vol"
+        ]
+    );
+    assert_eq!(
+        property(&pool, &d, "tree/x/y/a/b/c", "compression"),
+        ("lz4".into(), "inherited from tree/x".into())
+    );
+    assert_eq!(
+        property(&pool, &d, "tree/x/y/a/b/c", "recordsize"),
+        ("16384".into(), "inherited from tree/x/y/a/b".into())
+    );
+    assert_eq!(
+        property(&pool, &d, "tree/copy", "origin"),
+        ("tree/x/y/a/b@s1".into(), "-".into())
+    );
+    let refused = fail(&["destroy", "tree/x/y/a/b@s1"]);
+    assert!(refused.contains("clone"), "{refused}");
+    run(&["destroy", "tree/copy"]);
+    run(&["rename", "tree/x/y/a", "tree/a"]);
+    run(&["destroy", "-r", "tree/x"]);
+
     // A parent goes only with its children, and they with -r.
     let refused = fail(&["destroy", "tree/a"]);
     assert!(
@@ -223,6 +271,27 @@ fn a_child_filesystem_mounts_inside_its_parent_served_by_the_same_server() {
     };
     assert_eq!(names(&child), ["in-child", "later"]);
     assert_eq!(names(&made_served), ["deep"]);
+    // A rename moves a served filesystem's mount (and its children's) to
+    // the new mountpoint; a volume answers to its new export name.
+    pool.admin(&["volume", "create", "-s", "nest/top/vol", "64M"]);
+    qemu_io(&pool.uri("top/vol"), &["write -P 0x5a 0 1M", "flush"]);
+    pool.admin(&["rename", "nest/top/child", "nest/top/moved"]);
+    let moved = mnt.join("moved");
+    let _moved_guard = Unmount(moved.join("later"));
+    let _moved_top_guard = Unmount(moved.clone());
+    wait_mounted(&pool, &moved);
+    wait_mounted(&pool, &moved.join("later"));
+    wait_unmounted(
+        &child,
+        "the renamed filesystem is still at its old mountpoint",
+    );
+    assert_eq!(std::fs::read(moved.join("in-child")).unwrap(), b"child");
+    assert_eq!(std::fs::read(moved.join("later/deep")).unwrap(), b"deep");
+    pool.admin(&["rename", "nest/top/vol", "nest/vol"]);
+    qemu_io(&pool.uri("vol"), &["read -P 0x5a 0 1M"]);
+    pool.admin(&["rename", "nest/top/moved", "nest/top/child"]);
+    wait_mounted(&pool, &child);
+    wait_mounted(&pool, &made_served);
     // Destroying a served child unmounts it; the others stay.
     let held = pool.fails(&[
         "--control",

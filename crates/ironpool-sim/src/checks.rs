@@ -113,7 +113,7 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
             let length = step.min(size - offset);
             pool.read(&volume, offset, length)
                 .await
-                .map_err(|error| format!("{} unreadable at {offset}: {error}", volume.name))?;
+                .map_err(|error| format!("{} unreadable at {offset}: {error}", volume.name()))?;
             offset += length;
         }
     }

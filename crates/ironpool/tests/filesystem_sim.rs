@@ -1760,7 +1760,7 @@ fn files_grow_their_block_shrink_and_extend_with_zeros() {
 /// with the changes no txg wrote yet) are what a walk of every object
 /// finds.
 async fn space_figures_match_a_walk(pool: &Rc<Pool>, fs: &Filesystem, context: &str) {
-    let space = pool.volume_space(&fs.name).await.unwrap();
+    let space = pool.volume_space(&fs.name()).await.unwrap();
     let (used, logical, _) = fs.referenced_walked().await.unwrap();
     assert_eq!(
         (space.referenced_bytes, space.logical_referenced_bytes),

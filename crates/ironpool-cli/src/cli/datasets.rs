@@ -288,6 +288,43 @@ pub fn promote(context: &Context, name: &str, dirs: &[PathBuf]) -> Result<(), St
     Ok(())
 }
 
+pub fn rename(
+    context: &Context,
+    from: &str,
+    to: &str,
+    parents: bool,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    let pool = pool_of(from);
+    if pool_of(to) != pool {
+        return Err(format!(
+            "cannot rename {from} to {to}: a dataset stays in its pool (send and receive it to move it to another)"
+        ));
+    }
+    let result = admin(
+        context,
+        pool,
+        dirs,
+        Command::Rename {
+            from: from.to_string(),
+            to: to.to_string(),
+            parents,
+        },
+    )?;
+    if context.json {
+        println!("{result}");
+        return Ok(());
+    }
+    for renamed in result["renamed"].as_array().into_iter().flatten() {
+        println!(
+            "renamed '{}' to '{}'",
+            renamed["from"].as_str().unwrap_or("?"),
+            renamed["to"].as_str().unwrap_or("?")
+        );
+    }
+    Ok(())
+}
+
 pub fn rollback(
     context: &Context,
     name: &str,

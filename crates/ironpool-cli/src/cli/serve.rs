@@ -250,7 +250,7 @@ pub fn serve(
             let exports: Vec<String> = pool
                 .visible_volumes()
                 .iter()
-                .map(|volume| volume.name.clone())
+                .map(|volume| volume.name())
                 .collect();
             let serving = format!(
                 "serving pool '{pool_name}' (txg {}) exports [{}] on {} (control {}{})",
@@ -407,7 +407,7 @@ async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, 
             if let Err(error) = mount.follow_properties().await {
                 eprintln!(
                     "ironpool: cannot change the mount flags of {} at {path}: {error}",
-                    fs.name
+                    fs.name()
                 );
             }
             mounts.borrow_mut().insert(short, mount);
@@ -415,11 +415,11 @@ async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, 
         }
         match Mount::start(pool.clone(), fs.clone(), Path::new(&path)).await {
             Ok(mount) => {
-                eprintln!("ironpool: mounted {} at {path}", fs.name);
+                eprintln!("ironpool: mounted {} at {path}", fs.name());
                 mounts.borrow_mut().insert(short.clone(), mount);
                 pool.note_mount(&short, Some(path));
             }
-            Err(error) => eprintln!("ironpool: cannot mount {} at {path}: {error}", fs.name),
+            Err(error) => eprintln!("ironpool: cannot mount {} at {path}: {error}", fs.name()),
         }
     }
 }

@@ -155,6 +155,14 @@ pub enum Command {
     Promote {
         name: String,
     },
+    /// Renames a dataset and everything below it (`ironpool rename`);
+    /// `parents`: create the new name's missing parents first.
+    Rename {
+        from: String,
+        to: String,
+        #[serde(default)]
+        parents: bool,
+    },
     Rollback {
         name: String,
         #[serde(default)]
@@ -416,6 +424,14 @@ impl Command {
             Command::Promote { name } => {
                 push("promote");
                 push(name);
+            }
+            Command::Rename { from, to, parents } => {
+                push("rename");
+                if *parents {
+                    push("-p");
+                }
+                push(from);
+                push(to);
             }
             Command::Rollback { name, recursive } => {
                 push("rollback");
@@ -785,7 +801,7 @@ async fn run(
                 .create_volume(&name, size_bytes, block_bytes, properties)
                 .await?;
             Ok(
-                json!({ "name": volume.name, "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }),
+                json!({ "name": volume.name(), "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }),
             )
         }
         Command::FsCreate {
@@ -797,7 +813,7 @@ async fn run(
                 create_parents(pool, &name).await?;
             }
             let fs = pool.create_filesystem(&name, properties).await?;
-            Ok(json!({ "name": fs.name, "recordsize": fs.record_bytes() }))
+            Ok(json!({ "name": fs.name(), "recordsize": fs.record_bytes() }))
         }
         Command::FsDestroy { name, recursive } => {
             let destroyed = destroy_filesystem_tree(pool, &name, recursive).await?;
@@ -816,7 +832,7 @@ async fn run(
                 let properties = record.properties;
                 let stats = fs.stats(pool);
                 let mut entry = json!({
-                    "name": fs.name,
+                    "name": fs.name(),
                     "type": "filesystem",
                     "origin": origin,
                     "snapshots": snapshots,
@@ -944,10 +960,10 @@ async fn run(
             let made = if of_filesystem {
                 pool.clone_filesystem(&origin, &name, properties)
                     .await?
-                    .name
+                    .name()
                     .clone()
             } else {
-                let made = pool.clone_snapshot(&origin, &name).await?.name.clone();
+                let made = pool.clone_snapshot(&origin, &name).await?.name();
                 if !properties.is_empty() {
                     pool.set_properties(&made, &properties).await?;
                 }
@@ -958,6 +974,18 @@ async fn run(
         Command::Promote { name } => {
             pool.promote(&name).await?;
             Ok(json!({ "promoted": name }))
+        }
+        Command::Rename { from, to, parents } => {
+            if parents {
+                create_parents(pool, &to).await?;
+            }
+            let renamed: Vec<Value> = pool
+                .rename_dataset(&from, &to)
+                .await?
+                .into_iter()
+                .map(|(old, new)| json!({ "from": old, "to": new }))
+                .collect();
+            Ok(json!({ "renamed": renamed }))
         }
         Command::Rollback { name, recursive } => {
             pool.rollback(&name, recursive).await?;
@@ -1314,12 +1342,8 @@ fn existing_snapshots(
 fn dataset_names(pool: &Pool) -> Vec<String> {
     pool.visible_volumes()
         .iter()
-        .map(|volume| volume.name.clone())
-        .chain(
-            pool.filesystems()
-                .into_iter()
-                .map(|(_, fs)| fs.name.clone()),
-        )
+        .map(|volume| volume.name())
+        .chain(pool.filesystems().into_iter().map(|(_, fs)| fs.name()))
         .collect()
 }
 
@@ -1341,7 +1365,7 @@ fn volume_list(pool: &Pool) -> Vec<Value> {
             json!({
                 "origin": origin,
                 "snapshots": snapshots,
-                "name": volume.name,
+                "name": volume.name(),
                 "size_bytes": volume.size_bytes.get(),
                 "block_bytes": volume.block_bytes,
                 "used_bytes": dnode.used_bytes,
@@ -1426,7 +1450,7 @@ fn status(pool: &Pool) -> Value {
             .iter()
             .map(|(short, fs)| {
                 json!({
-                    "name": fs.name,
+                    "name": fs.name(),
                     "mounted": pool.mounted_at(short),
                     "front_end": fs.front_end(),
                 })
@@ -1467,7 +1491,7 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
         .map(|(_, volume)| {
             let mut value = serde_json::to_value(volume.stats()).unwrap_or(Value::Null);
             if let Value::Object(map) = &mut value {
-                map.insert("name".into(), json!(volume.name));
+                map.insert("name".into(), json!(volume.name()));
                 map.insert("intent_log".into(), json!(volume.log_stats()));
             }
             value
@@ -1479,7 +1503,7 @@ fn iostat(pool: &Pool, server: Option<ServerStats>) -> Value {
         .map(|(short, fs)| {
             let mut value = serde_json::to_value(fs.io_stats()).unwrap_or(Value::Null);
             if let Value::Object(map) = &mut value {
-                map.insert("name".into(), json!(fs.name));
+                map.insert("name".into(), json!(fs.name()));
                 map.insert("mounted".into(), json!(pool.mounted_at(short)));
                 map.insert("front_end".into(), json!(fs.front_end()));
                 map.insert("intent_log".into(), json!(fs.log_stats()));

@@ -794,7 +794,7 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
     let volumes: Vec<VolumeRow> = pool
         .open_volumes()
         .iter()
-        .map(|(_, volume)| (volume.name.clone(), volume.stats(), volume.log_stats()))
+        .map(|(_, volume)| (volume.name(), volume.stats(), volume.log_stats()))
         .collect();
     let volume_labels =
         |row: &VolumeRow| -> Labels { vec![("pool", name.clone()), ("volume", row.0.clone())] };

@@ -324,7 +324,7 @@ impl Mount {
     /// nested filesystem lies inside its parent's mount, which this engine
     /// serves, so looking the path up asks the engine itself.
     pub async fn start(pool: Rc<Pool>, fs: Rc<Filesystem>, mountpoint: &Path) -> io::Result<Mount> {
-        let source = CString::new(format!("ironpool:{}", fs.name)).expect("no NUL in names");
+        let source = CString::new(format!("ironpool:{}", fs.name())).expect("no NUL in names");
         let flags = mount_flags(&fs);
         let path = mountpoint.to_path_buf();
         let device = rt::offload::run_apart(move || mount_device(&path, &source, flags)).await?;
@@ -423,7 +423,7 @@ impl Mount {
         let mut readers = std::pin::pin!(readers);
         if let Some(patience) = patience {
             if rt::timeout(patience, readers.as_mut()).await.is_none() {
-                let name = &self.session.fs.name;
+                let name = &self.session.fs.name();
                 match self.connection.map(abort_connection) {
                     Some(Ok(())) => eprintln!(
                         "ironpool: {name}: files still open after {} s: connection aborted",
@@ -450,7 +450,7 @@ impl Mount {
         peers::unregister(&self.session);
         let fs = &self.session.fs;
         if let Err(error) = fs.session_ended(&self.session.pool, self.session.id).await {
-            eprintln!("ironpool: {}: freeing removed objects: {error}", fs.name);
+            eprintln!("ironpool: {}: freeing removed objects: {error}", fs.name());
         }
         fs.note_front_end(|stats| *stats = Default::default());
         // The device closes with the session (this is its last holder
@@ -528,7 +528,10 @@ async fn reader(session: Rc<Session>, index: usize) {
             // The filesystem was unmounted.
             Err(error) if error.raw_os_error() == Some(libc::ENODEV) => break,
             Err(error) => {
-                eprintln!("ironpool: {}: reading /dev/fuse: {error}", session.fs.name);
+                eprintln!(
+                    "ironpool: {}: reading /dev/fuse: {error}",
+                    session.fs.name()
+                );
                 break;
             }
         }
@@ -560,7 +563,7 @@ async fn serve_request(session: &Rc<Session>, request: &BufSlice) {
                     forget(session, node, 1).await;
                 }
             }
-            Err(error) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name),
+            Err(error) => eprintln!("ironpool: {}: fuse reply: {error}", session.fs.name()),
             Ok(_) => {}
         }
     }
@@ -584,7 +587,7 @@ async fn forget(session: &Session, node: u64, count: u64) {
     {
         eprintln!(
             "ironpool: {}: freeing removed object {ino}: {error}",
-            session.fs.name
+            session.fs.name()
         );
     }
 }
@@ -598,7 +601,10 @@ async fn notify_inval_attributes(session: &Session, nodeid: u64) {
     // ENOENT: the kernel no longer knows the node.
     if let Err(error) = rt_uring::writev_at(session.fd, vec![bytes], u64::MAX).await {
         if error.raw_os_error() != Some(libc::ENOENT) {
-            eprintln!("ironpool: {}: fuse notification: {error}", session.fs.name);
+            eprintln!(
+                "ironpool: {}: fuse notification: {error}",
+                session.fs.name()
+            );
         }
     }
 }
@@ -675,14 +681,14 @@ fn start_uring(session: &Rc<Session>) {
     match uring::UringTransport::start(session) {
         Ok(transport) => {
             let name = transport.description();
-            eprintln!("ironpool: {}: serving over {name}", session.fs.name);
+            eprintln!("ironpool: {}: serving over {name}", session.fs.name());
             session.fs.note_front_end(|stats| stats.transport = name);
             *session.uring.borrow_mut() = Some(transport);
         }
         Err(error) => {
             eprintln!(
                 "ironpool: {}: FUSE over io_uring not set up ({error}); using /dev/fuse",
-                session.fs.name
+                session.fs.name()
             );
             session.fs.note_front_end(|stats| {
                 stats.transport = format!("/dev/fuse (io_uring not set up: {error})")
@@ -713,7 +719,7 @@ async fn handle(
         Err(proto::Malformed(why)) => {
             eprintln!(
                 "ironpool: {}: malformed fuse request: {why}",
-                session.fs.name
+                session.fs.name()
             );
             (0, None)
         }
@@ -740,7 +746,8 @@ async fn handle_counted(
         Err(proto::Malformed(why)) if proto::no_reply(header.opcode) => {
             eprintln!(
                 "ironpool: {}: malformed fuse request {}: {why}",
-                session.fs.name, header.opcode
+                session.fs.name(),
+                header.opcode
             );
             return None;
         }

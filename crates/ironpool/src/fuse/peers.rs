@@ -173,7 +173,7 @@ async fn tell_one(peer: &Session, stale: &[Stale]) {
         let pieces = vec![rt_uring::WriteBytes::Owned(bytes)];
         if let Err(error) = rt_uring::writev_bytes_from_worker(peer.fd, pieces).await {
             if error.raw_os_error() != Some(libc::ENOENT) {
-                eprintln!("ironpool: {}: fuse notification: {error}", peer.fs.name);
+                eprintln!("ironpool: {}: fuse notification: {error}", peer.fs.name());
             }
         }
     }

@@ -94,13 +94,9 @@ pub(super) async fn route(session: &Session, node: u64) -> Result<Route, FsError
 /// The snapshots of the mounted filesystem, oldest first: names and guids.
 fn snapshots(session: &Session) -> Vec<(String, u64)> {
     let pool = &session.pool;
-    let short = session
-        .fs
-        .name
-        .strip_prefix(&format!("{}/", pool.name()))
-        .unwrap_or(&session.fs.name);
+    let short = session.fs.short_name();
     pool.directory()
-        .lineage(short)
+        .lineage(&short)
         .map(|lineage| {
             lineage
                 .snapshots
@@ -127,7 +123,7 @@ async fn snapshot(
         (Some((_, current)), Some(guid)) if current != guid => return Err(FsError::Stale),
         _ => {}
     }
-    let full = format!("{}@{name}", session.fs.name);
+    let full = format!("{}@{name}", session.fs.name());
     Ok(session.pool.snapshot_filesystem(&full).await?)
 }
 
@@ -203,7 +199,7 @@ pub(super) async fn serve(
     let full = |name: &[u8]| -> Result<String, FsError> {
         let name = std::str::from_utf8(name)
             .map_err(|_| FsError::Invalid("a snapshot name is UTF-8".into()))?;
-        Ok(format!("{}@{name}", session.fs.name))
+        Ok(format!("{}@{name}", session.fs.name()))
     };
     match request {
         // Root only, as the administrator's commands are.

@@ -245,7 +245,7 @@ async fn run_slot(session: Rc<Session>, transport: Rc<UringTransport>, index: us
                 if !transport.refused.replace(true) {
                     eprintln!(
                         "ironpool: {}: FUSE over io_uring refused ({error}); using /dev/fuse",
-                        session.fs.name
+                        session.fs.name()
                     );
                     session.fs.note_front_end(|stats| {
                         stats.transport = format!("/dev/fuse (io_uring refused: {error})")
@@ -292,7 +292,7 @@ async fn serve(session: &Session, transport: &UringTransport, index: usize) -> s
             None => {
                 eprintln!(
                     "ironpool: {}: malformed FUSE request on the ring: length {length}, payload {payload}",
-                    session.fs.name
+                    session.fs.name()
                 );
                 None
             }

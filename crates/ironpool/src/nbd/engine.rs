@@ -34,7 +34,7 @@ pub struct ExportInfo {
 impl ExportInfo {
     fn of(volume: &Volume) -> ExportInfo {
         ExportInfo {
-            name: volume.name.clone(),
+            name: volume.name(),
             size_bytes: volume.size_bytes.get(),
             block_bytes: volume.block_bytes,
             read_only: volume.read_only.get(),
@@ -284,7 +284,7 @@ async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     // Volumes being received are not exported.
     pool.volume(name)
         .ok()
-        .filter(|volume| !crate::pool::is_hidden_dataset(volume.short_name()))
+        .filter(|volume| !crate::pool::is_hidden_dataset(&volume.short_name()))
 }
 
 /// Runs one request and builds its reply.

@@ -18,6 +18,7 @@ pub mod intent_log;
 pub mod props;
 pub mod quota;
 pub mod receive;
+pub mod rename;
 pub mod send;
 pub mod snapshot;
 pub mod stream_io;
@@ -109,6 +110,44 @@ impl Datasets {
 /// for its own length and hands back shared handles, so no caller can hold
 /// the map across an await (a borrow held there would panic when another
 /// task opens or closes a dataset meanwhile). Listings are in name order.
+impl Datasets {
+    /// A snapshot of `old` or below it that a send or a diff holds
+    /// (`Pool::hold_snapshot`), by full name.
+    pub(in crate::pool) fn held_snapshot_within(&self, pool: &str, old: &str) -> Option<String> {
+        let prefix = format!("{pool}/");
+        self.snapshot_holds
+            .borrow()
+            .keys()
+            .find(|full| {
+                let dataset = full.split('@').next().unwrap_or_default();
+                dataset
+                    .strip_prefix(&prefix)
+                    .is_some_and(|short| directory::is_within(short, old))
+            })
+            .cloned()
+    }
+
+    /// After `old` and what is below it were renamed to `new`: the open
+    /// snapshot views of them go (they carry the old names; one in use
+    /// stays with its user), and snapshots asked for follow the new names.
+    pub(in crate::pool) fn forget_renamed(&self, pool: &str, old: &str, new: &str) {
+        let prefix = format!("{pool}/");
+        let within = |full: &str| {
+            let dataset = full.split('@').next().unwrap_or_default();
+            dataset
+                .strip_prefix(&prefix)
+                .is_some_and(|short| directory::is_within(short, old))
+        };
+        self.snapshot_volumes.retain(|full| !within(full));
+        self.snapshot_filesystems.retain(|full| !within(full));
+        for request in self.pending_snapshots.borrow_mut().iter_mut() {
+            if directory::is_within(&request.volume, old) {
+                request.volume = format!("{new}{}", &request.volume[old.len()..]);
+            }
+        }
+    }
+}
+
 pub struct OpenMap<T> {
     map: RefCell<BTreeMap<String, Rc<T>>>,
 }
@@ -161,6 +200,11 @@ impl<T> OpenMap<T> {
     }
 
     /// Closes every one, returning them by name.
+    /// Keeps only the datasets whose names pass `keep`.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        self.map.borrow_mut().retain(|name, _| keep(name));
+    }
+
     pub fn take(&self) -> BTreeMap<String, Rc<T>> {
         std::mem::take(&mut *self.map.borrow_mut())
     }

@@ -514,7 +514,7 @@ impl Pool {
 
     /// Recomputes every open volume's and filesystem's settings (after a
     /// property change: one on a parent changes its children's too).
-    fn refresh_settings(&self) {
+    pub(in crate::pool) fn refresh_settings(&self) {
         let directory = self.datasets.directory.read();
         for (short, volume) in self.datasets.volumes.named() {
             if let Some(record) = directory.volumes.get(&short) {

@@ -251,7 +251,7 @@ impl Pool {
         let limits = owner_limits(owner);
         let estimate = usage_of(owner);
         if limits.has_quota() {
-            let over = || exceeded(owner.name(), &limits, estimate.bound(), bytes);
+            let over = || exceeded(&owner.name(), &limits, estimate.bound(), bytes);
             if !estimate.usage.get().known || over().is_some() {
                 self.compute_usage(owner).await?;
             }
@@ -301,7 +301,7 @@ impl Pool {
     async fn settle_held(self: &Rc<Self>, owner: Owner<'_>) -> Result<(), PoolError> {
         match owner {
             Owner::Volume(volume) => {
-                let volume = self.volume(volume.short_name())?;
+                let volume = self.volume(&volume.short_name())?;
                 self.drain_volume(&volume).await
             }
             Owner::Filesystem(fs) => {
@@ -437,7 +437,7 @@ impl Pool {
         for volume in self.datasets.volumes.all() {
             if volume.settings().limits.is_limited() {
                 if let Err(error) = self.compute_usage(Owner::Volume(&volume)).await {
-                    eprintln!("ironpool: {}: space figures: {error}", volume.name);
+                    eprintln!("ironpool: {}: space figures: {error}", volume.name());
                 }
             }
         }
@@ -450,7 +450,7 @@ impl Pool {
                 continue;
             }
             if let Err(error) = self.compute_usage(Owner::Filesystem(&fs)).await {
-                eprintln!("ironpool: {}: space figures: {error}", fs.name);
+                eprintln!("ironpool: {}: space figures: {error}", fs.name());
             }
         }
     }
@@ -606,7 +606,7 @@ fn usage_of<'a>(owner: Owner<'a>) -> &'a UsageEstimate {
 }
 
 /// `owner`'s name in the pool directory.
-fn owner_short<'a>(owner: Owner<'a>) -> &'a str {
+fn owner_short(owner: Owner<'_>) -> String {
     match owner {
         Owner::Volume(volume) => volume.short_name(),
         Owner::Filesystem(fs) => fs.short_name(),

@@ -412,7 +412,7 @@ impl Filesystem {
     pub(super) fn stamp_write(&self, pool: &Pool, object: &Object) -> Result<(), FsError> {
         // Decoded again: a read's access time set meanwhile is kept.
         let mut znode = Znode::decode(&object.dnode().bonus).map_err(|error| {
-            FsError::Corrupt(format!("{} object {}: {error}", self.name, object.id))
+            FsError::Corrupt(format!("{} object {}: {error}", self.name(), object.id))
         })?;
         let time = super::now();
         znode.mtime = time;
@@ -678,7 +678,8 @@ impl Filesystem {
             if let Some(error) = failed {
                 eprintln!(
                     "ironpool: {}: writing block {blkid} of object {}: {error}",
-                    self.name, object.id
+                    self.name(),
+                    object.id
                 );
                 self.count(|stats| stats.behind_failures += 1);
                 behind.failing.set(true);

@@ -352,7 +352,7 @@ impl Filesystem {
         blkid: u64,
         usage: CacheUse,
     ) -> Result<Option<BufSlice>, FsError> {
-        let name = format_args!("{} object {}", self.name, object.id);
+        let name = format_args!("{} object {}", self.name(), object.id);
         let read =
             crate::pool::data::read_linked(&self.objects, object, blkid, usage, || None, &name)
                 .await?;
@@ -813,7 +813,7 @@ impl Filesystem {
                 || pointer.object_type != ObjectType::FsFile
                 || u64::from(pointer.logical_size) == object.dnode().data_block_bytes(),
             "{} object {}: a block of {} bytes linked where blocks are {}",
-            self.name,
+            self.name(),
             object.id,
             pointer.logical_size,
             object.dnode().data_block_bytes()

@@ -129,7 +129,7 @@ impl Side {
             return Ok(None);
         }
         let znode = Znode::decode(&dnode.bonus).map_err(|error| {
-            PoolError::Corrupt(format!("{} object {id}: {error}", self.fs.name))
+            PoolError::Corrupt(format!("{} object {id}: {error}", self.fs.name()))
         })?;
         if znode.nlink == 0 {
             return Ok(None);
@@ -146,7 +146,7 @@ impl Side {
             loop {
                 let entries = dir::list(&self.fs.objects, &dir_object, from, DIFF_LIST_CHUNK)
                     .await
-                    .map_err(|error| PoolError::Corrupt(format!("{}: {error}", self.fs.name)))?;
+                    .map_err(|error| PoolError::Corrupt(format!("{}: {error}", self.fs.name())))?;
                 let Some(last) = entries.last() else {
                     break;
                 };
@@ -179,7 +179,7 @@ impl Side {
             if steps.len() >= DIFF_PATH_DEPTH_MAX {
                 return Err(PoolError::Corrupt(format!(
                     "{}: object {id}: its parents loop",
-                    self.fs.name
+                    self.fs.name()
                 )));
             }
             match self.name_in(parent, current).await? {

@@ -361,7 +361,7 @@ impl Filesystem {
                 if let Some(quota) = over(id) {
                     return Err(FsError::Pool(PoolError::QuotaExceeded(format!(
                         "{}: a write of {bytes} bytes would pass {}{} of {quota} ({} used)",
-                        self.name,
+                        self.name(),
                         id.0.quota_prefix(),
                         id.1,
                         space.bound(id)
@@ -431,7 +431,7 @@ impl Filesystem {
                     if unreadable == 1 {
                         eprintln!(
                             "ironpool: {}: object {ino} left out of the user and group space: {error}",
-                            self.name
+                            self.name()
                         );
                     }
                     continue;

@@ -407,6 +407,14 @@ impl Pool {
         !self.mounts.borrow().held_off.contains(short)
     }
 
+    /// Filesystem `old` is now `new`: an `unmount` of it still holds.
+    pub(in crate::pool) fn rename_mount_state(&self, old: &str, new: &str) {
+        let mut mounts = self.mounts.borrow_mut();
+        if mounts.held_off.remove(old) {
+            mounts.held_off.insert(new.to_string());
+        }
+    }
+
     /// The server mounted filesystem `short` at `path` (None: unmounted it).
     pub fn note_mount(&self, short: &str, path: Option<String>) {
         let mut mounts = self.mounts.borrow_mut();

@@ -539,8 +539,8 @@ pub struct OpStats {
 
 /// An open filesystem.
 pub struct Filesystem {
-    /// `POOL/NAME`.
-    pub name: String,
+    /// `POOL/NAME`; `rename` changes it.
+    name_cell: RefCell<String>,
     /// The pool-level object holding the dnode table.
     pub table: Rc<Object>,
     /// Its own objects.
@@ -827,7 +827,7 @@ impl Filesystem {
         objects.set_durable_txg(pool.txg.durable());
         objects.set_loaded_max(pool.tunables.borrow().fs_objects_loaded_max as usize);
         let fs = Rc::new(Filesystem {
-            name,
+            name_cell: RefCell::new(name),
             table,
             objects,
             header: Cell::new(header),
@@ -850,7 +850,8 @@ impl Filesystem {
         });
         // What it inherits from the filesystems above it counts as its
         // own where it sets nothing (a snapshot: its dataset's).
-        let dataset = fs.name.split('@').next().unwrap_or_default();
+        let name = fs.name();
+        let dataset = name.split('@').next().unwrap_or_default();
         let short = dataset.split_once('/').map(|(_, short)| short);
         fs.apply_properties(
             settings,
@@ -866,12 +867,23 @@ impl Filesystem {
         self.retired.set(true);
     }
 
+    /// `POOL/A/B` (a snapshot's: `POOL/A/B@SNAP`): what mounts and
+    /// messages name.
+    pub fn name(&self) -> String {
+        self.name_cell.borrow().clone()
+    }
+
+    /// Gives the filesystem its name after a `rename`.
+    pub(in crate::pool) fn set_name(&self, name: String) {
+        *self.name_cell.borrow_mut() = name;
+    }
+
     /// `A/B` of `POOL/A/B`: its key in the directory.
-    pub fn short_name(&self) -> &str {
-        self.name
-            .split_once('/')
-            .map(|(_, short)| short)
-            .unwrap_or(&self.name)
+    pub fn short_name(&self) -> String {
+        let name = self.name_cell.borrow();
+        name.split_once('/')
+            .map(|(_, short)| short.to_string())
+            .unwrap_or_else(|| name.clone())
     }
 
     /// Takes the filesystem's lock for a change the intent log carries:
@@ -994,7 +1006,7 @@ impl Filesystem {
             return Err(FsError::NotFound);
         }
         let znode = Znode::decode(&object.dnode().bonus)
-            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name)))?;
+            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name())))?;
         Ok((object, znode))
     }
 

@@ -516,7 +516,7 @@ impl Filesystem {
         }
         Err(FsError::Corrupt(format!(
             "{}: directory parents loop",
-            self.name
+            self.name()
         )))
     }
 

@@ -223,7 +223,7 @@ impl FsStreamOut<'_> {
 async fn unlinked(fs: &Filesystem, object: &Object) -> Result<bool, PoolError> {
     let dnode = object.dnode();
     let corrupt = |error: crate::format::FormatError| {
-        PoolError::Corrupt(format!("{} object {}: {error}", fs.name, object.id))
+        PoolError::Corrupt(format!("{} object {}: {error}", fs.name(), object.id))
     };
     let znode = Znode::decode(&dnode.bonus).map_err(corrupt)?;
     match dnode.object_type {
@@ -385,7 +385,8 @@ impl Pool {
         ) {
             return Err(PoolError::Corrupt(format!(
                 "{} object {id}: type {:?} in a filesystem",
-                fs.name, dnode.object_type
+                fs.name(),
+                dnode.object_type
             )));
         }
         if unlinked(fs, &object).await? {

@@ -109,7 +109,7 @@ impl Filesystem {
             Err(ObjectError::NoSuchObject(_)) => {
                 return Err(FsError::Corrupt(format!(
                     "{}: xattr object {id} is missing",
-                    self.name
+                    self.name()
                 )))
             }
             Err(error) => return Err(error.into()),
@@ -118,7 +118,7 @@ impl Filesystem {
         if dnode.object_type != ObjectType::FsXattr || dnode.levels != 1 {
             return Err(FsError::Corrupt(format!(
                 "{}: object {id} is not an xattr object",
-                self.name
+                self.name()
             )));
         }
         Ok(object)
@@ -134,13 +134,18 @@ impl Filesystem {
         if length > XATTR_LIST_BYTES_MAX {
             return Err(FsError::Corrupt(format!(
                 "{}: xattr object {} of {length} bytes",
-                self.name, object.id
+                self.name(),
+                object.id
             )));
         }
         let usage = self.settings.get().data_cache_use();
         let bytes = self.read_locked(&object, 0, length, usage).await?;
         xattr::decode(&bytes).map_err(|error| {
-            FsError::Corrupt(format!("{} xattr object {}: {error}", self.name, object.id))
+            FsError::Corrupt(format!(
+                "{} xattr object {}: {error}",
+                self.name(),
+                object.id
+            ))
         })
     }
 

@@ -188,7 +188,7 @@ impl Pool {
             if summed != Some(walked) {
                 report.problem(format!(
                     "filesystem {}: written is {summed:?} by its sums, {walked} by a walk",
-                    fs.name
+                    fs.name()
                 ));
             }
         }
@@ -211,7 +211,7 @@ impl Pool {
                 if kept != walked {
                     report.problem(format!(
                         "filesystem {}: its header counts {kept:?}, its objects hold {walked:?}",
-                        fs.name
+                        fs.name()
                     ));
                 }
             }

@@ -214,7 +214,7 @@ impl Pool {
                 Ok(Some(fs)) => {
                     let floor = self.scan_floor_txg(object.id);
                     if let Err(error) = self.scan_filesystem(&fs, scan, floor).await {
-                        scan.error(self, format!("{}: {error}", fs.name));
+                        scan.error(self, format!("{}: {error}", fs.name()));
                     }
                 }
                 Ok(None) => {}

@@ -155,7 +155,8 @@ impl ReadPiece {
 
 /// A volume.
 pub struct Volume {
-    pub name: String,
+    /// `POOL/NAME`; `rename` changes it.
+    name_cell: RefCell<String>,
     pub object: Rc<Object>,
     pub size_bytes: Cell<u64>,
     pub block_bytes: u64,
@@ -208,7 +209,7 @@ impl Volume {
         settings: VolumeSettings,
     ) -> Rc<Volume> {
         Rc::new(Volume {
-            name,
+            name_cell: RefCell::new(name),
             object,
             size_bytes: Cell::new(record.size_bytes),
             block_bytes: record.block_bytes as u64,
@@ -224,6 +225,17 @@ impl Volume {
             streams: Default::default(),
             usage: Default::default(),
         })
+    }
+
+    /// `POOL/NAME` (a snapshot's: `POOL/NAME@SNAP`): what NBD clients
+    /// ask for and messages name.
+    pub fn name(&self) -> String {
+        self.name_cell.borrow().clone()
+    }
+
+    /// Gives the volume its name after a `rename`.
+    pub(in crate::pool) fn set_name(&self, name: String) {
+        *self.name_cell.borrow_mut() = name;
     }
 
     /// The settings new writes follow.
@@ -248,11 +260,11 @@ impl Volume {
     }
 
     /// The name within the pool.
-    pub fn short_name(&self) -> &str {
-        self.name
-            .split_once('/')
-            .map(|(_, short)| short)
-            .unwrap_or(&self.name)
+    pub fn short_name(&self) -> String {
+        let name = self.name_cell.borrow();
+        name.split_once('/')
+            .map(|(_, short)| short.to_string())
+            .unwrap_or_else(|| name.clone())
     }
 
     pub fn stats(&self) -> VolumeStats {
@@ -327,7 +339,7 @@ impl Volume {
     async fn writer(&self) -> Result<crate::rt::sync::Permit, PoolError> {
         let permit = self.writers.acquire(1).await;
         if self.destroying.get() {
-            return Err(PoolError::NoSuchVolume(self.name.clone()));
+            return Err(PoolError::NoSuchVolume(self.name()));
         }
         Ok(permit)
     }
@@ -344,7 +356,7 @@ impl Volume {
 
     fn check(&self, offset: u64, length: u64) -> Result<(), PoolError> {
         if self.destroying.get() {
-            return Err(PoolError::NoSuchVolume(self.name.clone()));
+            return Err(PoolError::NoSuchVolume(self.name()));
         }
         let size = self.size_bytes.get();
         if offset.checked_add(length).is_none_or(|end| end > size) {
@@ -368,7 +380,7 @@ impl Volume {
     fn check_writable(&self, offset: u64, length: u64) -> Result<(), PoolError> {
         self.check(offset, length)?;
         if self.read_only.get() {
-            return Err(PoolError::ReadOnly(self.name.clone()));
+            return Err(PoolError::ReadOnly(self.name()));
         }
         Ok(())
     }
@@ -539,7 +551,7 @@ impl Pool {
             blkid,
             usage,
             held,
-            &volume.name,
+            &volume.name(),
         )
         .await?;
         Ok(match read {

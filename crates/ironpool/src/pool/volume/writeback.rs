@@ -672,7 +672,7 @@ impl Pool {
                     let reason = dirty.last_error.clone().unwrap_or_default();
                     return Err(PoolError::Io(format!(
                         "{}: writing out acknowledged data failed: {reason}",
-                        volume.name
+                        volume.name()
                     )));
                 }
                 dirty.drain_target = dirty.drain_target.max(target);

@@ -83,11 +83,11 @@ impl Pool {
         let slot = match owner {
             Owner::Volume(volume) => directory
                 .volumes
-                .get_mut(volume.short_name())
+                .get_mut(&volume.short_name())
                 .map(|record| &mut record.intent_log),
             Owner::Filesystem(fs) => directory
                 .filesystems
-                .get_mut(fs.short_name())
+                .get_mut(&fs.short_name())
                 .map(|record| &mut record.intent_log),
         };
         if let Some(slot) = slot {

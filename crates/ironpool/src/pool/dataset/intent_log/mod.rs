@@ -504,10 +504,10 @@ impl<'a> Owner<'a> {
     }
 
     /// The dataset's full name, for messages.
-    pub(crate) fn name(self) -> &'a str {
+    pub(crate) fn name(self) -> String {
         match self {
-            Owner::Volume(volume) => &volume.name,
-            Owner::Filesystem(fs) => &fs.name,
+            Owner::Volume(volume) => volume.name(),
+            Owner::Filesystem(fs) => fs.name(),
         }
     }
 }

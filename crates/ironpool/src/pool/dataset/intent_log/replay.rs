@@ -271,7 +271,7 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
         let cancelled: rustc_hash::FxHashSet<(u64, u64)> = head.cancelled.iter().copied().collect();
         // A volume's blocks are independent: a commit cut short (never
         // answered) may apply in part.
-        let records = read_records(pool, &volume.name, head, durable, false, &mut notes).await;
+        let records = read_records(pool, &volume.name(), head, durable, false, &mut notes).await;
         // The last record of each block decides. A pointer or hole of a txg
         // that is durable means the tree holds that change or a newer one
         // (and an older copy before it must not come back). A copy applies
@@ -313,10 +313,10 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
         if malformed > 0 {
             notes.push(format!(
                 "{}: intent log: {malformed} records name another object, a block past the end or a wrong size; not replayed",
-                volume.name
+                volume.name()
             ));
         }
-        let apply = claim_changes(pool, &volume.name, last, &mut notes);
+        let apply = claim_changes(pool, &volume.name(), last, &mut notes);
         volumes.push((volume, apply));
     }
     let filesystems = prepare_fs_replay(pool, durable, &mut notes).await;
@@ -357,7 +357,7 @@ async fn prepare_fs_replay(
         };
         // A commit of a filesystem applies whole or not at all: a write's
         // blocks and the file size it set go together.
-        let records = read_records(pool, &fs.name, head, durable, true, notes).await;
+        let records = read_records(pool, &fs.name(), head, durable, true, notes).await;
         // The last record of each object, entry and block decides; one of a
         // durable txg applies nothing (the tree holds it or newer). An
         // object's state supersedes the sizes and times of writes logged
@@ -437,7 +437,7 @@ async fn prepare_fs_replay(
         if malformed > 0 {
             notes.push(format!(
                 "{}: intent log: {malformed} records a filesystem does not write; not replayed",
-                fs.name
+                fs.name()
             ));
         }
         let mut states = Vec::new();
@@ -459,7 +459,7 @@ async fn prepare_fs_replay(
                 .into_iter()
                 .filter_map(|(object, list)| list.map(|list| (object, XattrsApply::List(list))))
                 .collect(),
-            blocks: claim_changes(pool, &fs.name, blocks, notes),
+            blocks: claim_changes(pool, &fs.name(), blocks, notes),
             attrs: attrs
                 .into_iter()
                 .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
@@ -540,14 +540,14 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
         if count > failed.len() {
             notes.push(format!(
                 "{}: intent log: replayed {} block changes",
-                volume.name,
+                volume.name(),
                 count - failed.len()
             ));
         }
         if !failed.is_empty() {
             notes.push(format!(
                 "{}: intent log: {} records could not be replayed: {}",
-                volume.name,
+                volume.name(),
                 failed.len(),
                 failed.join("; ")
             ));
@@ -559,20 +559,21 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
         if done.applied > 0 {
             notes.push(format!(
                 "{}: intent log: replayed {} changes of files",
-                fs.name, done.applied
+                fs.name(),
+                done.applied
             ));
         }
         if done.gone > 0 {
             notes.push(format!(
                 "{}: intent log: {} records of files freed since (unlinked while open) not replayed",
-                fs.name, done.gone
+                fs.name(), done.gone
             ));
         }
         if !done.failed.is_empty() {
             let shown = done.failed.len().min(REPLAY_FAILURES_SHOWN);
             notes.push(format!(
                 "{}: intent log: {} records could not be replayed: {}{}",
-                fs.name,
+                fs.name(),
                 done.failed.len(),
                 done.failed[..shown].join("; "),
                 if shown < done.failed.len() {

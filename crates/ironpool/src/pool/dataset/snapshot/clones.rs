@@ -278,7 +278,7 @@ impl Pool {
             // now, as an import would.
             fs.reclaim_unlinked(self)
                 .await
-                .map_err(|error| PoolError::Io(format!("{}: {error}", fs.name)))?;
+                .map_err(|error| PoolError::Io(format!("{}: {error}", fs.name())))?;
         }
         drop(hold);
         Ok(())

@@ -279,7 +279,7 @@ enum Command {
         property: String,
         name: String,
     },
-    /// Write a snapshot of a volume or a filesystem as a stream to stdout: `send [-i @EARLIER|#BOOKMARK] POOL/DATASET@SNAP`, or `send -t TOKEN`.
+    /// Write a snapshot of a volume or a filesystem as a stream to stdout: `send [-i @EARLIER|#BOOKMARK] POOL/DATASET@SNAP`, `send -t TOKEN`, or `send -R POOL/DATASET@SNAP` for the subtree.
     Send {
         /// Incremental from this earlier snapshot (@SNAP, or the origin of a clone), or from a bookmark (#NAME) of one.
         #[arg(short = 'i')]
@@ -287,11 +287,15 @@ enum Command {
         /// Resume an interrupted stream with the receiver's resume token.
         #[arg(short = 't')]
         token: Option<String>,
+        /// A replication package: the dataset and every one below it, with their properties
+        /// and snapshots up to this one (`receive` recreates the subtree).
+        #[arg(short = 'R', conflicts_with_all = ["from", "token"])]
+        replicate: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         snapshot: Option<String>,
     },
-    /// Apply a stream from stdin to POOL/DATASET (a volume or a filesystem): a full stream creates it, an incremental one updates it.
+    /// Apply a stream from stdin to POOL/DATASET (a volume or a filesystem): a full stream creates it, an incremental one updates it, a package of `send -R` recreates the subtree.
     Receive {
         /// Roll the target back to the stream's source snapshot first (destroying later changes and snapshots).
         #[arg(short = 'F')]
@@ -778,10 +782,20 @@ fn main() -> ExitCode {
             name,
         } => cli::replication::inherit(&context, &property, &name, &dirs),
         Command::Send {
+            replicate: true,
+            dirs,
+            snapshot,
+            ..
+        } => match snapshot {
+            Some(snapshot) => cli::replication::send_replication(&context, &snapshot, &dirs),
+            None => Err("send -R takes POOL/DATASET@SNAP".into()),
+        },
+        Command::Send {
             from,
             token,
             dirs,
             snapshot,
+            ..
         } => cli::replication::send(
             &context,
             snapshot.as_deref(),

@@ -314,3 +314,228 @@ fn a_child_filesystem_mounts_inside_its_parent_served_by_the_same_server() {
     assert_eq!(std::fs::read(mnt.join("in-parent")).unwrap(), b"parent");
     stop_and_check(&mut pool);
 }
+
+/// Appends 1 MiB pieces to `path` until a write fails with `errno`;
+/// returns the bytes written (all of which read back).
+fn fill_until(path: &Path, errno: i32) -> u64 {
+    use std::io::Write;
+    let mut file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(path)
+        .unwrap();
+    let start = file.metadata().unwrap().len();
+    let mut written = 0u64;
+    loop {
+        let piece = distinct_bytes(1 << 20, (written >> 20) as u8);
+        match file.write_all(&piece) {
+            Ok(()) => written += piece.len() as u64,
+            Err(error) if error.raw_os_error() == Some(errno) => break,
+            Err(error) => panic!("{}: {error} after {written} bytes", path.display()),
+        }
+        assert!(written < 1 << 30, "{}: never refused", path.display());
+    }
+    file.sync_data().unwrap();
+    let data = std::fs::read(path).unwrap();
+    assert_eq!(data.len() as u64, start + written, "{}", path.display());
+    written
+}
+
+/// `get PROPERTY NAME` of the served pool, as a number.
+fn figure(pool: &TestPool, name: &str, property: &str) -> u64 {
+    let text = pool.admin(&["--json", "get", property, name]);
+    let rows: serde_json::Value = serde_json::from_str(&text).unwrap();
+    rows["properties"][0]["value"]
+        .as_str()
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("{property} of {name}: {text}"))
+}
+
+#[test]
+fn a_quota_on_a_parent_bounds_its_whole_subtree() {
+    const MIB: u64 = 1 << 20;
+    let mut pool = TestPool::new("treequota");
+    pool.create("1G", &["a.img"]);
+    let mnt = pool.path("mnt");
+    let (a, b) = (mnt.join("a"), mnt.join("b"));
+    let _guards = [Unmount(mnt.clone()), Unmount(a.clone()), Unmount(b.clone())];
+    let directory = dir(&pool);
+    let mountpoint = format!("mountpoint={}", mnt.display());
+    pool.ok(&[
+        "fs",
+        "create",
+        "treequota/home",
+        "-o",
+        &mountpoint,
+        "-o",
+        "quota=100M",
+        "-d",
+        &directory,
+    ]);
+    pool.ok(&["fs", "create", "treequota/home/a", "-d", &directory]);
+    pool.ok(&["fs", "create", "treequota/home/b", "-d", &directory]);
+    pool.serve();
+    for path in [&mnt, &a, &b] {
+        wait_mounted(&pool, path);
+    }
+    // 60 MiB in one child leaves the other what is left of the parent's
+    // 100 MiB, not a quota of its own.
+    let mut file = std::fs::File::create(a.join("big")).unwrap();
+    for index in 0..60 {
+        std::io::Write::write_all(&mut file, &distinct_bytes(MIB as usize, index)).unwrap();
+    }
+    file.sync_all().unwrap();
+    drop(file);
+    let written = fill_until(&b.join("rest"), libc::EDQUOT);
+    assert!(
+        (25 * MIB..=41 * MIB).contains(&written),
+        "the second child wrote {} MiB under a 100 MiB parent quota with 60 MiB used",
+        written / MIB
+    );
+    let used = figure(&pool, "treequota/home", "used");
+    let children = figure(&pool, "treequota/home", "usedbychildren");
+    assert!(
+        children >= 85 * MIB && used >= children && used <= 102 * MIB,
+        "used {used}, usedbychildren {children}"
+    );
+    assert!(figure(&pool, "treequota/home/b", "available") < 5 * MIB);
+    // Space freed below the parent can be written again.
+    std::fs::remove_file(a.join("big")).unwrap();
+    pool.admin(&["sync", "treequota"]);
+    pool.admin(&["sync", "treequota"]);
+    let more = fill_until(&b.join("more"), libc::EDQUOT);
+    assert!(
+        more >= 40 * MIB,
+        "only {} MiB after 60 MiB were freed",
+        more / MIB
+    );
+    stop_and_check(&mut pool);
+}
+
+#[test]
+fn send_r_replicates_a_subtree_with_its_properties_and_snapshots() {
+    const MIB: usize = 1 << 20;
+    let mut source = TestPool::new("src");
+    source.create("1G", &["a.img"]);
+    let mut target = TestPool::new("dst");
+    target.create("1G", &["a.img"]);
+    let src_mnt = source.path("mnt");
+    let (dst_mnt, piped_mnt) = (target.path("copy"), target.path("piped"));
+    let _guards = [
+        Unmount(src_mnt.join("late")),
+        Unmount(src_mnt.join("b")),
+        Unmount(src_mnt.clone()),
+        Unmount(dst_mnt.join("b")),
+        Unmount(dst_mnt.clone()),
+        Unmount(piped_mnt.join("b")),
+        Unmount(piped_mnt.clone()),
+    ];
+    let directory = dir(&source);
+    let mountpoint = format!("mountpoint={}", src_mnt.display());
+    source.ok(&[
+        "fs",
+        "create",
+        "src/a",
+        "-o",
+        &mountpoint,
+        "-o",
+        "atime=off",
+        "-o",
+        "org.example:tier=gold",
+        "-d",
+        &directory,
+    ]);
+    source.ok(&[
+        "fs",
+        "create",
+        "src/a/b",
+        "-o",
+        "recordsize=16K",
+        "-d",
+        &directory,
+    ]);
+    source.ok(&["volume", "create", "-s", "src/a/v", "16M", "-d", &directory]);
+    source.serve();
+    wait_mounted(&source, &src_mnt);
+    wait_mounted(&source, &src_mnt.join("b"));
+    std::fs::write(src_mnt.join("top"), distinct_bytes(3 * MIB, 1)).unwrap();
+    std::fs::write(src_mnt.join("b/first"), distinct_bytes(MIB, 2)).unwrap();
+    qemu_io(&source.uri("a/v"), &["write -P 0x11 0 4M", "flush"]);
+    source.admin(&["snapshot", "-r", "src/a@one"]);
+    std::fs::write(src_mnt.join("b/second"), distinct_bytes(2 * MIB, 3)).unwrap();
+    std::fs::remove_file(src_mnt.join("top")).unwrap();
+    qemu_io(&source.uri("a/v"), &["write -P 0x22 1M 1M", "flush"]);
+    source.admin(&["snapshot", "-r", "src/a@two"]);
+    // A dataset without the snapshot is left out, with what is below it.
+    source.admin(&["fs", "create", "src/a/late"]);
+    let package = source.path("package");
+    let said = source.send_to_file(&["send", "-R", "src/a@two"], &package);
+    assert!(said.contains("src/a/late has no snapshot @two"), "{said}");
+
+    target.serve();
+    // From a file (read where it is without consuming it).
+    let mountpoint = format!("mountpoint={}", dst_mnt.display());
+    receive_ok(&target, "dst/copy", &package, &["-o", &mountpoint]);
+    // And through a pipe, as `send -R | receive` runs.
+    let pipeline = format!(
+        "{bin} --control {src} send -R src/a@two | {bin} --control {dst} receive -o mountpoint={mnt} dst/piped",
+        bin = ironpool_binary().display(),
+        src = source.control().display(),
+        dst = target.control().display(),
+        mnt = piped_mnt.display()
+    );
+    let piped = std::process::Command::new("sh")
+        .args(["-c", &pipeline])
+        .output()
+        .unwrap();
+    assert!(
+        piped.status.success(),
+        "{}",
+        String::from_utf8_lossy(&piped.stderr)
+    );
+    for (top, mnt) in [("dst/copy", &dst_mnt), ("dst/piped", &piped_mnt)] {
+        let mut args = vec!["-r", top];
+        let control = target.control().display().to_string();
+        args.extend(["--control", &control]);
+        assert_eq!(
+            listed(&target, &args),
+            [
+                top.to_string(),
+                format!("{top}@one"),
+                format!("{top}@two"),
+                format!("{top}/b"),
+                format!("{top}/b@one"),
+                format!("{top}/b@two"),
+                format!("{top}/v"),
+                format!("{top}/v@one"),
+                format!("{top}/v@two"),
+            ]
+        );
+        let control = ["--control", control.as_str()];
+        assert_eq!(property(&target, &control, top, "atime").0, "off");
+        assert_eq!(
+            property(&target, &control, top, "org.example:tier").0,
+            "gold"
+        );
+        assert_eq!(
+            property(&target, &control, &format!("{top}/b"), "recordsize"),
+            ("16384".into(), "local".into())
+        );
+        wait_mounted(&target, mnt);
+        wait_mounted(&target, &mnt.join("b"));
+        assert!(!mnt.join("top").exists());
+        assert!(std::fs::read(mnt.join("b/first")).unwrap() == distinct_bytes(MIB, 2));
+        assert!(std::fs::read(mnt.join("b/second")).unwrap() == distinct_bytes(2 * MIB, 3));
+        let volume = target.uri(&format!("{}/v", &top["dst/".len()..]));
+        qemu_io(
+            &volume,
+            &[
+                "read -P 0x11 0 1M",
+                "read -P 0x22 1M 1M",
+                "read -P 0x11 2M 2M",
+            ],
+        );
+    }
+    stop_and_check(&mut target);
+    stop_and_check(&mut source);
+}

@@ -157,6 +157,14 @@ pub fn receive(
                 .into(),
         );
     }
+    if stdin_is_package() {
+        if save_partial {
+            return Err(
+                "a replication package (send -R) cannot be resumed: receive it without -s".into(),
+            );
+        }
+        return receive_replication(context, target, force, properties, dirs);
+    }
     let result = admin_stream(
         context,
         pool,
@@ -286,5 +294,326 @@ pub fn inherit(
         result,
         format!("'{name}' inherits {property} again"),
     );
+    Ok(())
+}
+
+/// The subtree at `top` (`POOL/A`), parents first, that `send -R` sends:
+/// each dataset with its kind and its snapshots up to and including
+/// `snapshot`, oldest first. A dataset without that snapshot is left out
+/// with those below it (they could not be received without it), said on
+/// stderr, as `zfs send -R` skips them.
+fn replication_subtree(
+    context: &Context,
+    pool: &str,
+    top: &str,
+    snapshot: &str,
+    dirs: &[PathBuf],
+) -> Result<Vec<ironpool::format::package::PackageDataset>, String> {
+    let within = |name: &str| {
+        name == top
+            || name
+                .strip_prefix(top)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    let mut datasets: Vec<(String, String)> = Vec::new();
+    let filesystems = super::admin(context, pool, dirs, Command::FsList)?;
+    for fs in filesystems["filesystems"].as_array().into_iter().flatten() {
+        if let Some(name) = fs["name"].as_str().filter(|name| within(name)) {
+            datasets.push((name.to_string(), "filesystem".into()));
+        }
+    }
+    let volumes = super::admin(context, pool, dirs, Command::VolumeList)?;
+    for volume in volumes["volumes"].as_array().into_iter().flatten() {
+        if let Some(name) = volume["name"].as_str().filter(|name| within(name)) {
+            datasets.push((name.to_string(), "volume".into()));
+        }
+    }
+    if datasets.is_empty() {
+        return Err(format!("no dataset '{top}'"));
+    }
+    datasets.sort();
+    let listed = super::admin(context, pool, dirs, Command::SnapshotList { volume: None })?;
+    let mut snapshots: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+    for row in listed["snapshots"].as_array().into_iter().flatten() {
+        let (Some(full), Some(txg)) = (row["name"].as_str(), row["txg"].as_u64()) else {
+            continue;
+        };
+        if let Some((dataset, name)) = full.split_once('@') {
+            snapshots
+                .entry(dataset.to_string())
+                .or_default()
+                .push((txg, name.to_string()));
+        }
+    }
+    let mut chosen = Vec::new();
+    let mut skipped: Vec<String> = Vec::new();
+    for (name, kind) in datasets {
+        if skipped.iter().any(|gone| {
+            name.strip_prefix(gone.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        }) {
+            continue;
+        }
+        let mut own = snapshots.remove(&name).unwrap_or_default();
+        own.sort();
+        let Some(position) = own.iter().position(|(_, snap)| snap == snapshot) else {
+            eprintln!(
+                "ironpool: {name} has no snapshot @{snapshot}: not sent, nor what is below it"
+            );
+            skipped.push(name);
+            continue;
+        };
+        own.truncate(position + 1);
+        let result = super::admin(
+            context,
+            pool,
+            dirs,
+            Command::GetProperties {
+                name: name.clone(),
+                properties: Vec::new(),
+            },
+        )?;
+        // Its own settings; the stream carries the size and block size.
+        let properties = result["properties"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter(|row| row["source"] == "local")
+            .filter_map(|row| Some((row["property"].as_str()?, row["value"].as_str()?)))
+            .filter(|(property, _)| !matches!(*property, "volsize" | "volblocksize"))
+            .map(|(property, value)| (property.to_string(), value.to_string()))
+            .collect();
+        chosen.push(ironpool::format::package::PackageDataset {
+            name: name
+                .strip_prefix(top)
+                .unwrap_or_default()
+                .trim_start_matches('/')
+                .to_string(),
+            kind,
+            properties,
+            snapshots: own.into_iter().map(|(_, snap)| snap).collect(),
+        });
+    }
+    if chosen.is_empty() {
+        return Err(format!("{top} has no snapshot @{snapshot}"));
+    }
+    Ok(chosen)
+}
+
+/// `send -R POOL/A@SNAP`: a replication package (see
+/// `ironpool::format::package`) of `POOL/A` and every dataset below it
+/// with their properties and snapshots up to `@SNAP`: each dataset's
+/// first snapshot as a full stream, each later one incremental from the
+/// one before.
+pub fn send_replication(context: &Context, snapshot: &str, dirs: &[PathBuf]) -> Result<(), String> {
+    use ironpool::format::package::{write_header, Manifest, MANIFEST_VERSION};
+    use std::io::Write;
+    const STDOUT: RawFd = 1;
+    if is_terminal(STDOUT) {
+        return Err("refusing to write a binary stream to a terminal: redirect it to a file or pipe it into `ironpool receive`".into());
+    }
+    let (top, name) = snapshot
+        .split_once('@')
+        .ok_or_else(|| format!("'{snapshot}': send -R takes POOL/DATASET@SNAP"))?;
+    if !top.contains('/') {
+        return Err(format!(
+            "'{snapshot}': send -R takes POOL/DATASET@SNAP (a dataset and what is below it)"
+        ));
+    }
+    let pool = pool_of(top);
+    let manifest = Manifest {
+        version: MANIFEST_VERSION,
+        snapshot: name.to_string(),
+        datasets: replication_subtree(context, pool, top, name, dirs)?,
+    };
+    let mut stdout = std::io::stdout().lock();
+    write_header(&mut stdout, &manifest)
+        .and_then(|()| stdout.flush())
+        .map_err(|error| format!("writing the stream: {error}"))?;
+    drop(stdout);
+    for dataset in &manifest.datasets {
+        let full = match dataset.name.as_str() {
+            "" => top.to_string(),
+            below => format!("{top}/{below}"),
+        };
+        for (index, snap) in dataset.snapshots.iter().enumerate() {
+            let from = (index > 0).then(|| format!("@{}", dataset.snapshots[index - 1]));
+            let command = Command::Send {
+                snapshot: Some(format!("{full}@{snap}")),
+                from: from.clone(),
+                token: None,
+            };
+            let result = admin_stream(context, pool, dirs, command, STDOUT)?;
+            if context.json {
+                eprintln!("{result}");
+            } else {
+                eprintln!(
+                    "sent {full}@{snap}{}: {} bytes",
+                    from.map(|from| format!(" (from {from})"))
+                        .unwrap_or_default(),
+                    result["stream_bytes"]
+                );
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The first 8 bytes of stdin without consuming them, when stdin allows
+/// it: a file is read at its offset, a pipe through `tee(2)` (which copies
+/// what waits in it into a second pipe). Anything else: None.
+fn peek_stdin() -> Option<[u8; 8]> {
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // SAFETY: a stat is plain data, valid zeroed.
+    let mut stat: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: fstat of stdin into `stat`, which outlives the call.
+    if unsafe { libc::fstat(0, &mut stat) } != 0 {
+        return None;
+    }
+    let mut bytes = [0u8; 8];
+    match stat.st_mode & libc::S_IFMT {
+        libc::S_IFREG => {
+            // SAFETY: asks stdin's offset; moves nothing.
+            let offset = unsafe { libc::lseek(0, 0, libc::SEEK_CUR) };
+            // SAFETY: reads at most 8 bytes into `bytes`, 8 bytes long.
+            let read = unsafe { libc::pread(0, bytes.as_mut_ptr().cast(), 8, offset) };
+            (read == 8).then_some(bytes)
+        }
+        libc::S_IFIFO => {
+            let mut ends = [0; 2];
+            // SAFETY: a pipe into `ends`, owned just below.
+            if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                return None;
+            }
+            // SAFETY: both descriptors were just made and are owned here.
+            let (reader, writer) =
+                unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+            // Waits until the writer has put something in (or closed).
+            for _ in 0..PEEK_ATTEMPTS {
+                // SAFETY: tee between two pipes; `bytes` is 8 bytes long.
+                let copied = unsafe { libc::tee(0, writer.as_raw_fd(), 8, 0) };
+                if copied <= 0 {
+                    return None;
+                }
+                // SAFETY: reads at most 8 bytes into `bytes`, 8 bytes long.
+                let read = unsafe { libc::read(reader.as_raw_fd(), bytes.as_mut_ptr().cast(), 8) };
+                if read == 8 {
+                    return Some(bytes);
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            None
+        }
+        _ => None,
+    }
+}
+
+/// Times `peek_stdin` looks again at a pipe holding fewer than 8 bytes
+/// (10 ms apart): a sender writes a stream's first bytes in one go.
+const PEEK_ATTEMPTS: usize = 500;
+
+/// Whether stdin holds a replication package (`send -R`).
+pub fn stdin_is_package() -> bool {
+    peek_stdin() == Some(ironpool::format::package::PACKAGE_MAGIC)
+}
+
+/// `receive POOL/TARGET` of a replication package: every dataset of it
+/// created (or updated, with `-F`) below `target` in turn, parents
+/// first, each stream handed to the server through a pipe of its own.
+/// `properties` (`-o`) are set on the top one, whose children inherit
+/// them.
+pub fn receive_replication(
+    context: &Context,
+    target: &str,
+    force: bool,
+    properties: BTreeMap<String, String>,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    use ironpool::format::package::{copy_one_stream, read_manifest, PACKAGE_MAGIC};
+    use std::io::Read;
+    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    // A server that refuses a stream closes its end: the copy then gets
+    // EPIPE (and stops) instead of the process dying of SIGPIPE.
+    // SAFETY: changing a signal's disposition; no handler runs.
+    unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) };
+    let pool = pool_of(target).to_string();
+    let mut input = std::io::BufReader::with_capacity(1 << 20, std::io::stdin());
+    let mut magic = [0u8; 8];
+    input
+        .read_exact(&mut magic)
+        .map_err(|error| format!("reading the stream: {error}"))?;
+    if magic != PACKAGE_MAGIC {
+        return Err("not a replication package".into());
+    }
+    let manifest = read_manifest(&mut input).map_err(|error| error.to_string())?;
+    let mut received = Vec::new();
+    for dataset in &manifest.datasets {
+        let name = match dataset.name.as_str() {
+            "" => target.to_string(),
+            below => format!("{target}/{below}"),
+        };
+        for (index, snapshot) in dataset.snapshots.iter().enumerate() {
+            let mut ends = [0; 2];
+            // SAFETY: a pipe into `ends`, owned just below.
+            if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+                return Err(format!("pipe: {}", std::io::Error::last_os_error()));
+            }
+            // SAFETY: both descriptors were just made and are owned here.
+            let (reader, writer) =
+                unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+            let mut source = std::mem::replace(
+                &mut input,
+                std::io::BufReader::with_capacity(0, std::io::stdin()),
+            );
+            let copier = std::thread::spawn(move || {
+                let mut sink = std::fs::File::from(writer);
+                let copied = copy_one_stream(&mut source, &mut sink);
+                (source, copied)
+            });
+            let mut wanted = BTreeMap::new();
+            if index == 0 {
+                wanted = dataset.properties.clone();
+                if dataset.name.is_empty() {
+                    wanted.extend(properties.clone());
+                }
+            }
+            let answer = admin_stream(
+                context,
+                &pool,
+                dirs,
+                Command::Receive {
+                    target: name.clone(),
+                    force: force && index == 0,
+                    save_partial: false,
+                    properties: wanted,
+                },
+                reader.as_raw_fd(),
+            );
+            drop(reader);
+            let (source, copied) = copier
+                .join()
+                .map_err(|_| "the stream copy panicked".to_string())?;
+            input = source;
+            let result = answer?;
+            copied.map_err(|error| format!("{name}@{snapshot}: {error}"))?;
+            if !context.json {
+                println!(
+                    "received {}: {} blocks written, {} freed",
+                    result["snapshot"].as_str().unwrap_or("?"),
+                    result["written_blocks"],
+                    result["freed_blocks"]
+                );
+            }
+            received.push(result);
+        }
+    }
+    // Nothing may follow the last stream.
+    let mut rest = [0u8; 1];
+    if input.read(&mut rest).map_err(|error| error.to_string())? != 0 {
+        return Err("bytes follow the package's last stream: the package is damaged".into());
+    }
+    if context.json {
+        println!("{}", serde_json::json!({ "received": received }));
+    }
     Ok(())
 }

@@ -270,28 +270,27 @@ pub fn serve(
             // Filesystems are mounted now and whenever one is created or
             // destroyed while the server runs.
             let mounts: Rc<RefCell<BTreeMap<String, Mount>>> = Rc::default();
+            // Each wait for a change starts before the reconcile it
+            // follows: a change while that reconcile awaits a mount(2) is
+            // seen by the next one, not lost.
+            let mut changed = Box::pin(pool.filesystems_changed());
             reconcile_mounts(&pool, &mounts).await;
             // The watcher finishes a reconcile under way before it stops:
             // cut off between a mount(2) and its record, a mount would be
             // left with no server.
-            let stopping = Rc::new(rt::sync::Notify::new());
-            let watcher = {
-                let pool = pool.clone();
-                let mounts = mounts.clone();
-                let stopping = stopping.clone();
-                async move {
-                    let stopped = stopping.notified();
-                    let mut stopped = std::pin::pin!(stopped);
-                    loop {
-                        let changed = pool.filesystems_changed();
-                        let changed = std::pin::pin!(changed);
-                        if let futures_util::future::Either::Right(_) =
-                            futures_util::future::select(changed, stopped.as_mut()).await
-                        {
-                            break;
-                        }
-                        reconcile_mounts(&pool, &mounts).await;
+            let stopping = rt::sync::Notify::new();
+            // Made before either runs: a stop asked at once is not missed.
+            let stopped = stopping.notified();
+            let watcher = async {
+                let mut stopped = std::pin::pin!(stopped);
+                loop {
+                    if let futures_util::future::Either::Right(_) =
+                        futures_util::future::select(changed.as_mut(), stopped.as_mut()).await
+                    {
+                        break;
                     }
+                    changed = Box::pin(pool.filesystems_changed());
+                    reconcile_mounts(&pool, &mounts).await;
                 }
             };
             let asked = pool.export_requested();

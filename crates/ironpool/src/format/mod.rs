@@ -13,6 +13,7 @@ pub mod dnode;
 pub mod fsdir;
 pub mod intent_log;
 pub mod label;
+pub mod package;
 pub mod spacemap;
 pub mod stream;
 pub mod uberblock;

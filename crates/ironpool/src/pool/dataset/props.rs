@@ -1092,8 +1092,11 @@ fn space_values(
             space.used_by_refreservation_bytes.to_string(),
             "-".into(),
         ),
-        // Datasets have no children in ironpool (names are one level deep).
-        ("usedbychildren".into(), "0".into(), "-".into()),
+        (
+            "usedbychildren".into(),
+            space.used_by_children_bytes.to_string(),
+            "-".into(),
+        ),
         (
             "written".into(),
             space.written_bytes.to_string(),

@@ -22,14 +22,23 @@
 //! computation, refreshed after every txg: a dataset that frees space under
 //! its reservation gives it back to the others by the next txg.
 //!
-//! For a clone, `used` counts everything it refers to, its origin's blocks
-//! included (OpenZFS counts only the blocks born after the origin): a
-//! clone's quota may bite early, never late.
+//! For a clone, `used` counts only the blocks born after its origin, as
+//! OpenZFS counts them.
+//!
+//! In a tree of datasets, as in OpenZFS, a filesystem's `quota` and
+//! `reservation` cover it and every dataset below it: a write to
+//! `tank/home/alice` is checked against the quota of `tank/home` too (the
+//! sum of the figures of the subtree's datasets), and what `tank/home`
+//! reserved is not held back from the datasets below it. `refquota` and
+//! `refreservation` stay the dataset's own.
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
+use crate::pool::dataset::directory::{is_within, parent_name};
 use crate::pool::dataset::intent_log::Owner;
+use crate::pool::filesystem::Filesystem;
+use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
 use crate::rt::sync::Semaphore;
 
@@ -263,6 +272,7 @@ impl Pool {
                 return Err(PoolError::QuotaExceeded(why));
             }
         }
+        self.check_tree_quotas(owner, bytes).await?;
         // After the quota's awaits: what the others reserved, as of now.
         let elsewhere = self.reserved_elsewhere(owner);
         // (Its own reservation is in the pool's free space already.)
@@ -311,31 +321,218 @@ impl Pool {
         }
     }
 
-    /// The space datasets other than `owner` have reserved and not used,
-    /// by their figures as last computed: the total less its own share,
-    /// both kept by [`Pool::recount_reservations`] (no walk per write).
+    /// The space datasets other than `owner` and the filesystems above it
+    /// have reserved and not used, by their figures as last computed: the
+    /// total less those shares, all kept by [`Pool::recount_reservations`]
+    /// (no walk per write; the ancestors are looked at only when something
+    /// else is reserved).
     fn reserved_elsewhere(&self, owner: Owner<'_>) -> u64 {
-        self.reserved_unused
+        let mut elsewhere = self
+            .reserved_unused
             .get()
-            .saturating_sub(usage_of(owner).unused_reserved.get())
+            .saturating_sub(usage_of(owner).unused_reserved.get());
+        if elsewhere == 0 {
+            return 0;
+        }
+        let short = owner_short(owner);
+        let mut parent = parent_name(&short);
+        while let Some(ancestor) = parent {
+            if let Some(fs) = self.datasets.filesystems.get(ancestor) {
+                elsewhere = elsewhere.saturating_sub(fs.usage.unused_reserved.get());
+            }
+            parent = parent_name(ancestor);
+        }
+        elsewhere
+    }
+
+    /// Whether a filesystem above `short` has a quota or a reservation,
+    /// which its figures count towards.
+    fn has_limited_ancestor(&self, short: &str) -> bool {
+        let mut parent = parent_name(short);
+        while let Some(ancestor) = parent {
+            if let Some(fs) = self.datasets.filesystems.get(ancestor) {
+                let limits = fs.settings().limits;
+                if limits.quota != 0 || limits.reservation != 0 {
+                    return true;
+                }
+            }
+            parent = parent_name(ancestor);
+        }
+        false
+    }
+
+    /// The room the quotas of the filesystems above `owner` leave it, by
+    /// their subtrees' figures as last computed (None: no such quota).
+    fn ancestor_quota_room(&self, owner: Owner<'_>) -> Option<u64> {
+        let short = owner_short(owner);
+        let mut room: Option<u64> = None;
+        let mut parent = parent_name(&short);
+        while let Some(ancestor) = parent {
+            if let Some(fs) = self.datasets.filesystems.get(ancestor) {
+                let quota = fs.settings().limits.quota;
+                if quota != 0 {
+                    let left = quota.saturating_sub(self.subtree_used(ancestor).0);
+                    room = Some(room.map_or(left, |room| room.min(left)));
+                }
+            }
+            parent = parent_name(ancestor);
+        }
+        room
+    }
+
+    /// The open volumes and filesystems at and below `short`.
+    fn subtree(&self, short: &str) -> (Vec<Rc<Volume>>, Vec<Rc<Filesystem>>) {
+        let volumes = self
+            .datasets
+            .volumes
+            .named()
+            .into_iter()
+            .filter(|(name, _)| is_within(name, short))
+            .map(|(_, volume)| volume)
+            .collect();
+        let filesystems = self
+            .datasets
+            .filesystems
+            .named()
+            .into_iter()
+            .filter(|(name, _)| is_within(name, short))
+            .map(|(_, fs)| fs)
+            .collect();
+        (volumes, filesystems)
+    }
+
+    /// What `short` and the datasets below it use at most now, by their
+    /// figures as last computed and the writes admitted since; and
+    /// whether every one of them was computed.
+    fn subtree_used(&self, short: &str) -> (u64, bool) {
+        let (volumes, filesystems) = self.subtree(short);
+        let estimates = volumes
+            .iter()
+            .map(|volume| &volume.usage)
+            .chain(filesystems.iter().map(|fs| &fs.usage));
+        let mut used = 0u64;
+        let mut known = true;
+        for estimate in estimates {
+            used = used.saturating_add(estimate.bound().0);
+            known &= estimate.usage.get().known;
+        }
+        (used, known)
+    }
+
+    /// Computes again the figures of `short` and the datasets below it,
+    /// for a check at an ancestor's quota during a write to `writer`
+    /// (whose lock the caller holds). Another filesystem is computed only
+    /// if its lock is free now: a write never waits for another dataset,
+    /// and one skipped keeps its last figures.
+    async fn compute_subtree(
+        self: &Rc<Self>,
+        short: &str,
+        writer: Owner<'_>,
+    ) -> Result<(), PoolError> {
+        let (volumes, filesystems) = self.subtree(short);
+        for volume in &volumes {
+            self.compute_usage(Owner::Volume(volume)).await?;
+        }
+        for fs in &filesystems {
+            let own = matches!(writer, Owner::Filesystem(writing) if std::ptr::eq(writing, &**fs));
+            if own {
+                self.compute_usage(writer).await?;
+                continue;
+            }
+            let Some(_shared) = fs.try_shared() else {
+                continue;
+            };
+            if !fs.is_retired() {
+                self.compute_usage(Owner::Filesystem(fs)).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses a write of `bytes` to `owner` that would take it (a
+    /// filesystem, with what is below it) or a filesystem above it past
+    /// its `quota`, which bounds the whole subtree (see the module
+    /// documentation). Costs a walk up the name only, unless one of them
+    /// has a quota.
+    async fn check_tree_quotas(
+        self: &Rc<Self>,
+        owner: Owner<'_>,
+        bytes: u64,
+    ) -> Result<(), PoolError> {
+        let short = owner_short(owner);
+        let mut parent = match owner {
+            Owner::Filesystem(_) => Some(short.clone()),
+            Owner::Volume(_) => parent_name(&short).map(str::to_string),
+        };
+        while let Some(ancestor) = parent {
+            parent = parent_name(&ancestor).map(str::to_string);
+            let Some(fs) = self.datasets.filesystems.get(&ancestor) else {
+                continue;
+            };
+            let quota = fs.settings().limits.quota;
+            if quota == 0 {
+                continue;
+            }
+            let over = |pool: &Pool| {
+                let (used, known) = pool.subtree_used(&ancestor);
+                (!known || used.saturating_add(bytes) > quota).then_some(used)
+            };
+            if over(self).is_none() {
+                continue;
+            }
+            self.compute_subtree(&ancestor, owner).await?;
+            if over(self).is_some() && self.held_bytes(owner) > 0 {
+                // Blocks held for the writer that it may replace count
+                // twice at the limit, as in its own check.
+                self.settle_held(owner).await?;
+                self.compute_usage(owner).await?;
+            }
+            let (used, _) = self.subtree_used(&ancestor);
+            if used.saturating_add(bytes) > quota {
+                return Err(PoolError::QuotaExceeded(format!(
+                    "{}/{ancestor}: a write of {bytes} bytes to {} would pass its quota of {quota} ({used} used by it and the datasets below it)",
+                    self.name,
+                    owner.name()
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// Counts again the space every open dataset reserved and does not
     /// use (after its figures or its limits changed).
     pub(crate) fn recount_reservations(&self) {
         let mut total = 0u64;
-        let mut count = |limits: SpaceLimits, estimate: &UsageEstimate| {
+        let mut count = |limits: SpaceLimits, estimate: &UsageEstimate, below: u64| {
             // Never computed yet (the refresh will): all of it is held back.
             let (used, referenced) = estimate.last().unwrap_or((0, 0));
-            let unused = limits.unused_reservation(used, referenced);
+            let unused = limits.unused_reservation(used.saturating_add(below), referenced);
             estimate.unused_reserved.set(unused);
             total = total.saturating_add(unused);
         };
         for volume in self.datasets.volumes.all() {
-            count(volume.settings().limits, &volume.usage);
+            count(volume.settings().limits, &volume.usage, 0);
         }
-        for fs in self.datasets.filesystems.all() {
-            count(fs.settings().limits, &fs.usage);
+        for (short, fs) in self.datasets.filesystems.named() {
+            let limits = fs.settings().limits;
+            // A reservation covers what the datasets below it use too.
+            let below = if limits.reservation != 0 {
+                let (volumes, filesystems) = self.subtree(&short);
+                volumes
+                    .iter()
+                    .map(|volume| &volume.usage)
+                    .chain(
+                        filesystems
+                            .iter()
+                            .filter(|other| !Rc::ptr_eq(other, &fs))
+                            .map(|other| &other.usage),
+                    )
+                    .map(|estimate| estimate.last().map_or(0, |(used, _)| used))
+                    .sum()
+            } else {
+                0
+            };
+            count(limits, &fs.usage, below);
         }
         self.reserved_unused.set(total);
     }
@@ -434,15 +631,15 @@ impl Pool {
     /// cannot be computed (a read failed) keeps its last ones; the others
     /// are computed still.
     pub(crate) async fn refresh_reservations_now(self: &Rc<Self>) {
-        for volume in self.datasets.volumes.all() {
-            if volume.settings().limits.is_limited() {
+        for (short, volume) in self.datasets.volumes.named() {
+            if volume.settings().limits.is_limited() || self.has_limited_ancestor(&short) {
                 if let Err(error) = self.compute_usage(Owner::Volume(&volume)).await {
                     eprintln!("ironpool: {}: space figures: {error}", volume.name());
                 }
             }
         }
-        for fs in self.datasets.filesystems.all() {
-            if !fs.settings().limits.is_limited() {
+        for (short, fs) in self.datasets.filesystems.named() {
+            if !fs.settings().limits.is_limited() && !self.has_limited_ancestor(&short) {
                 continue;
             }
             let _shared = fs.shared().await;
@@ -462,11 +659,15 @@ impl Pool {
     /// admitted since), as OpenZFS's `df` does.
     pub(crate) fn limited_space(&self, owner: Owner<'_>, total: u64, available: u64) -> (u64, u64) {
         let limits = owner_limits(owner);
-        let available = available.saturating_sub(self.reserved_elsewhere(owner));
+        let mut available = available.saturating_sub(self.reserved_elsewhere(owner));
+        if let Some(room) = self.ancestor_quota_room(owner) {
+            available = available.min(room);
+        }
         if !limits.has_quota() {
             return (total, available);
         }
-        let (used, referenced) = usage_of(owner).bound();
+        let (_, referenced) = usage_of(owner).bound();
+        let used = self.subtree_used(&owner_short(owner)).0;
         let mut bounded = (total, available);
         for (limit, figure) in [(limits.quota, used), (limits.refquota, referenced)] {
             let room = limit.saturating_sub(figure);
@@ -500,7 +701,8 @@ impl Pool {
     ) -> Result<u64, PoolError> {
         let limits = owner_limits(owner);
         self.compute_usage(owner).await?;
-        let (used, referenced) = usage_of(owner).bound();
+        let (_, referenced) = usage_of(owner).bound();
+        let used = self.subtree_used(&owner_short(owner)).0;
         let mut available = self
             .data_available_bytes()
             .saturating_sub(self.reserved_elsewhere(owner));
@@ -509,6 +711,9 @@ impl Pool {
         }
         if limits.refquota != 0 {
             available = available.min(limits.refquota.saturating_sub(referenced));
+        }
+        if let Some(room) = self.ancestor_quota_room(owner) {
+            available = available.min(room);
         }
         Ok(available)
     }
@@ -551,8 +756,11 @@ impl Pool {
         owner: Owner<'_>,
         limits: SpaceLimits,
     ) -> Result<(), PoolError> {
-        self.compute_usage(owner).await?;
-        let (used, referenced) = usage_of(owner).bound();
+        let short = owner_short(owner);
+        self.compute_subtree(&short, owner).await?;
+        let (_, referenced) = usage_of(owner).bound();
+        // A quota and a reservation cover the datasets below it too.
+        let used = self.subtree_used(&short).0;
         let name = owner.name();
         let refuse = |why: String| Err(PoolError::InvalidArgument(format!("{name}: {why}")));
         if limits.quota != 0 && limits.quota < used {

@@ -1065,6 +1065,14 @@ impl Filesystem {
         self.lock.acquire(1).await
     }
 
+    /// [`Filesystem::shared`] if it is free now (no exclusive holder or
+    /// waiter): for a look at another filesystem from inside one's own
+    /// operation, which must not wait for it (a `check` holding it
+    /// exclusively may be waiting for ours).
+    pub(in crate::pool) fn try_shared(&self) -> Option<crate::rt::sync::Permit> {
+        self.lock.try_acquire(1)
+    }
+
     /// Bytes allocated, logical and physical, of every block of every
     /// object and of the dnode table: what the filesystem refers to, with
     /// the changes no txg has written yet. The caller holds the lock

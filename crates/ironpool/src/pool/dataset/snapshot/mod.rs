@@ -103,9 +103,10 @@ pub struct SnapshotRequest {
 pub struct VolumeSpace {
     /// Space of every block the volume's tree points at.
     pub referenced_bytes: u64,
-    /// Space this volume and its snapshots use that nothing else does,
-    /// and what its refreservation holds back beyond that:
-    /// `used_by_dataset + used_by_snapshots + used_by_refreservation`.
+    /// Space this dataset and its snapshots use that nothing else does,
+    /// what its refreservation holds back beyond that, and what the
+    /// datasets below it use: `used_by_dataset + used_by_snapshots +
+    /// used_by_refreservation + used_by_children`.
     pub used_bytes: u64,
     /// Space of the volume's own blocks (for a clone, those born after its origin).
     pub used_by_dataset_bytes: u64,
@@ -115,6 +116,9 @@ pub struct VolumeSpace {
     /// refers to (a thick volume not yet written): counted in `used`, as
     /// OpenZFS counts it, since no other dataset may write there.
     pub used_by_refreservation_bytes: u64,
+    /// What the datasets right below it use (their `used`, which counts
+    /// theirs in turn): a filesystem's quota and reservation cover it.
+    pub used_by_children_bytes: u64,
     /// Space of blocks written since the latest snapshot.
     pub written_bytes: u64,
     /// Logical (uncompressed) bytes of the data counted in `used`.
@@ -695,8 +699,30 @@ impl Pool {
     /// ([`super::dead_space`]); a destroy that drops one meanwhile starts
     /// the figures again.
     pub async fn volume_space(self: &Rc<Self>, volume: &str) -> Result<VolumeSpace, PoolError> {
-        self.restarting_space_query(volume, |epoch| self.volume_space_in(volume, epoch))
-            .await
+        let mut space = self
+            .restarting_space_query(volume, |epoch| self.volume_space_in(volume, epoch))
+            .await?;
+        let short = volume
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(volume);
+        let children: Vec<String> = self
+            .descendants(short)
+            .into_iter()
+            .filter(|name| {
+                crate::pool::dataset::directory::parent_name(name) == Some(short)
+                    && !crate::pool::is_hidden_dataset(name)
+            })
+            .collect();
+        for child in children {
+            let child_space = Box::pin(self.volume_space(&child)).await?;
+            space.used_by_children_bytes = space
+                .used_by_children_bytes
+                .saturating_add(child_space.used_bytes);
+        }
+        space.used_bytes = space
+            .used_bytes
+            .saturating_add(space.used_by_children_bytes);
+        Ok(space)
     }
 
     /// [`Pool::volume_space`] in `epoch` of the dead-list drops (None: under
@@ -770,6 +796,7 @@ impl Pool {
             used_by_dataset_bytes: own_allocated,
             used_by_snapshots_bytes: snapshot_space,
             used_by_refreservation_bytes: by_refreservation,
+            used_by_children_bytes: 0,
             written_bytes: written,
             logical_used_bytes: own_logical + snapshot_logical,
             logical_referenced_bytes: referenced_logical,

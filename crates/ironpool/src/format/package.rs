@@ -1,0 +1,217 @@
+//! A replication package (`send -R`): a subtree of datasets with their
+//! properties and snapshots, as one byte stream for `receive`.
+//!
+//! | part | bytes | what |
+//! |---|---|---|
+//! | magic | 8 | `IPRPKG01` |
+//! | manifest length | 8 | little-endian, at most [`MANIFEST_BYTES_MAX`] |
+//! | manifest | length | JSON ([`Manifest`]) |
+//! | streams | ... | the send streams the manifest lists, one after another, each whole (BEGIN to END, see [`super::stream`]) |
+//!
+//! A stream's records carry their own lengths and its END closes it, so
+//! the streams need no framing of their own: a reader takes one record at
+//! a time ([`copy_one_stream`]) and knows where the next stream starts.
+//! Each stream keeps its own chained checksums; the manifest is checked
+//! against them as the receiver applies each (a stream names its snapshot).
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+
+use serde::{Deserialize, Serialize};
+
+use super::stream::{decode_header, RecordKind, RECORD_HEADER_BYTES};
+
+/// The first bytes of a package (a lone stream starts with `IPSR`).
+pub const PACKAGE_MAGIC: [u8; 8] = *b"IPRPKG01";
+/// Largest manifest: a few hundred bytes per dataset and snapshot; 16 MiB
+/// is tens of thousands of them, and bounds what a reader allocates
+/// before it has checked anything.
+pub const MANIFEST_BYTES_MAX: u64 = 16 * 1024 * 1024;
+/// Version of the manifest this build writes and reads.
+pub const MANIFEST_VERSION: u32 = 1;
+
+/// What a package holds, in the order its streams come.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub version: u32,
+    /// The snapshot sent (`-R POOL/A@SNAP`): every dataset's streams end
+    /// at its snapshot of this name.
+    pub snapshot: String,
+    /// The subtree, parents before children.
+    pub datasets: Vec<PackageDataset>,
+}
+
+/// One dataset of a package.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PackageDataset {
+    /// Its name below the top of the subtree (`""` for the top itself,
+    /// `b/c` for `POOL/A/b/c` when `POOL/A` was sent).
+    pub name: String,
+    /// `filesystem` or `volume`.
+    pub kind: String,
+    /// Its own properties (source `local`), set on the received dataset.
+    pub properties: BTreeMap<String, String>,
+    /// Its snapshots in the order their streams follow: the first a full
+    /// stream, each next one incremental from the one before.
+    pub snapshots: Vec<String>,
+}
+
+/// Why a package is refused.
+#[derive(Debug, thiserror::Error)]
+pub enum PackageError {
+    #[error("reading the package: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("not a replication package")]
+    NotAPackage,
+    #[error("the package's manifest is {0} bytes, more than the {MANIFEST_BYTES_MAX} allowed")]
+    ManifestTooLarge(u64),
+    #[error("the package's manifest is malformed: {0}")]
+    Manifest(String),
+    #[error("the package's stream is damaged: {0}")]
+    Stream(#[from] super::stream::StreamError),
+}
+
+/// Writes the package's magic and manifest.
+pub fn write_header(output: &mut impl Write, manifest: &Manifest) -> std::io::Result<()> {
+    let json = serde_json::to_vec(manifest).expect("a manifest serializes");
+    output.write_all(&PACKAGE_MAGIC)?;
+    output.write_all(&(json.len() as u64).to_le_bytes())?;
+    output.write_all(&json)
+}
+
+/// Reads the manifest of a package whose magic was read already.
+pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
+    let mut length = [0u8; 8];
+    input.read_exact(&mut length)?;
+    let length = u64::from_le_bytes(length);
+    if length > MANIFEST_BYTES_MAX {
+        return Err(PackageError::ManifestTooLarge(length));
+    }
+    let mut json = vec![0u8; length as usize];
+    input.read_exact(&mut json)?;
+    let manifest: Manifest =
+        serde_json::from_slice(&json).map_err(|error| PackageError::Manifest(error.to_string()))?;
+    if manifest.version != MANIFEST_VERSION {
+        return Err(PackageError::Manifest(format!(
+            "version {} (this build reads {MANIFEST_VERSION})",
+            manifest.version
+        )));
+    }
+    for dataset in &manifest.datasets {
+        let name_ok = dataset.name.is_empty()
+            || dataset
+                .name
+                .split('/')
+                .all(crate::pool::dataset::directory::valid_name);
+        if !name_ok || !matches!(dataset.kind.as_str(), "filesystem" | "volume") {
+            return Err(PackageError::Manifest(format!(
+                "dataset '{}' ({})",
+                dataset.name, dataset.kind
+            )));
+        }
+        if dataset.snapshots.is_empty() {
+            return Err(PackageError::Manifest(format!(
+                "dataset '{}' has no snapshot",
+                dataset.name
+            )));
+        }
+    }
+    Ok(manifest)
+}
+
+/// Copies one whole send stream from `input` to `output`, record by
+/// record, reading nothing past its END: the next stream of a package
+/// starts right after. Returns the bytes copied. The records' checksums
+/// are the receiver's to check; here only their headers are read.
+pub fn copy_one_stream(
+    input: &mut impl Read,
+    output: &mut impl Write,
+) -> Result<u64, PackageError> {
+    let mut copied = 0u64;
+    let mut payload = Vec::new();
+    for record in 0u64.. {
+        let mut header = [0u8; RECORD_HEADER_BYTES];
+        input.read_exact(&mut header)?;
+        let parsed = decode_header(&header, record)?;
+        payload.resize(parsed.payload_bytes as usize, 0);
+        input.read_exact(&mut payload)?;
+        output.write_all(&header)?;
+        output.write_all(&payload)?;
+        copied += (RECORD_HEADER_BYTES + payload.len()) as u64;
+        if parsed.kind == RecordKind::End {
+            break;
+        }
+    }
+    Ok(copied)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_manifest_round_trips_and_bad_ones_are_refused() {
+        let manifest = Manifest {
+            version: MANIFEST_VERSION,
+            snapshot: "s".into(),
+            datasets: vec![PackageDataset {
+                name: "b/c".into(),
+                kind: "filesystem".into(),
+                properties: BTreeMap::from([("atime".into(), "off".into())]),
+                snapshots: vec!["r".into(), "s".into()],
+            }],
+        };
+        let mut bytes = Vec::new();
+        write_header(&mut bytes, &manifest).unwrap();
+        assert_eq!(&bytes[..8], &PACKAGE_MAGIC);
+        assert_eq!(read_manifest(&mut &bytes[8..]).unwrap(), manifest);
+        let mut huge = Vec::new();
+        huge.extend_from_slice(&(MANIFEST_BYTES_MAX + 1).to_le_bytes());
+        assert!(matches!(
+            read_manifest(&mut &huge[..]),
+            Err(PackageError::ManifestTooLarge(_))
+        ));
+        for bad in ["../x", "a//b", "a@b"] {
+            let mut wrong = manifest.clone();
+            wrong.datasets[0].name = bad.into();
+            let mut bytes = Vec::new();
+            write_header(&mut bytes, &wrong).unwrap();
+            assert!(read_manifest(&mut &bytes[8..]).is_err(), "{bad}");
+        }
+        let mut truncated = Vec::new();
+        write_header(&mut truncated, &manifest).unwrap();
+        truncated.truncate(20);
+        assert!(read_manifest(&mut &truncated[8..]).is_err());
+    }
+
+    #[test]
+    fn a_stream_is_copied_up_to_its_end_and_no_further() {
+        let mut stream = Vec::new();
+        let mut previous = [0u8; 16];
+        for (kind, payload) in [
+            (RecordKind::Begin, vec![7u8; 40]),
+            (RecordKind::End, vec![0u8; 24]),
+        ] {
+            let (header, checksum) =
+                super::super::stream::encode_header(kind, &[&payload], &previous);
+            previous = checksum;
+            stream.extend_from_slice(&header);
+            stream.extend_from_slice(&payload);
+        }
+        let mut input = stream.clone();
+        input.extend_from_slice(b"next stream");
+        let mut reader = &input[..];
+        let mut copied = Vec::new();
+        let bytes = copy_one_stream(&mut reader, &mut copied).unwrap();
+        assert_eq!(bytes as usize, stream.len());
+        assert_eq!(copied, stream);
+        assert_eq!(reader, b"next stream");
+        // A stream cut short, or not a stream, is refused.
+        assert!(copy_one_stream(&mut &stream[..50], &mut Vec::new()).is_err());
+        assert!(copy_one_stream(
+            &mut &b"IPRPKG01 and more bytes than a header"[..],
+            &mut Vec::new()
+        )
+        .is_err());
+    }
+}

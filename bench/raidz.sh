@@ -21,7 +21,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out/raidz}; RT=${RT:-15}; SIZE=${SIZE:-1G}; DEVICE=${DEVICE:-768M}
 rm -rf "$OUT"; mkdir -p "$OUT"
-cargo build --release -p ironpool --bins --example raidz_parity_speed >/dev/null 2>&1
+cargo build --release -p ironpool-cli >/dev/null 2>&1
+cargo build --release -p ironpool --example raidz_parity_speed >/dev/null 2>&1
 bin=$PWD/target/release/ironpool
 export IRONPOOL_CACHE=$OUT/cache.json IRONPOOL_RUN_DIR=$OUT/run
 

@@ -13,7 +13,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-$PWD/bench-out/scheduler}; RT=${RT:-10}
 rm -rf "$OUT"; mkdir -p "$OUT"
-cargo build --release -p ironpool >/dev/null
+cargo build --release -p ironpool-cli >/dev/null
 bin=$PWD/target/release/ironpool
 export IRONPOOL_CACHE=$OUT/cache.json IRONPOOL_RUN_DIR=$OUT/run
 "$bin" create --size 4G bench mirror "$OUT/a.img" "$OUT/b.img" >/dev/null

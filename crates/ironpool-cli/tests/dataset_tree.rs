@@ -107,6 +107,11 @@ fn nested_datasets_need_a_parent_inherit_from_it_and_go_with_destroy_r() {
     );
     // Space limits bind the dataset they are set on only.
     run(&["set", "quota=100M", "tree/a"]);
+    let refused = fail(&["set", "refreservation=auto", "tree/a"]);
+    assert!(
+        refused.contains("only a volume's refreservation"),
+        "{refused}"
+    );
     assert_eq!(
         property(&pool, &d, "tree/a/b", "quota"),
         ("none".into(), "default".into())

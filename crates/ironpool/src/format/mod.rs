@@ -36,6 +36,22 @@ pub const FORMAT_VERSION: u32 = 2;
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;
 
+/// Checks a pool, dataset or snapshot name component as the pool directory
+/// and the send streams store it: letters, digits, `-`, `_`, `.`, starting
+/// with a letter or digit, at most 200 bytes (a nested dataset's name is
+/// such components joined by `/`).
+pub fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 200
+        && name
+            .chars()
+            .next()
+            .is_some_and(|first| first.is_ascii_alphanumeric())
+        && name.chars().all(|character| {
+            character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.')
+        })
+}
+
 /// Whether this build reads structures of format version `version`.
 pub fn format_version_readable(version: u32) -> bool {
     (FORMAT_VERSION_MIN..=FORMAT_VERSION).contains(&version)

@@ -98,11 +98,7 @@ pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
         )));
     }
     for dataset in &manifest.datasets {
-        let name_ok = dataset.name.is_empty()
-            || dataset
-                .name
-                .split('/')
-                .all(crate::pool::dataset::directory::valid_name);
+        let name_ok = dataset.name.is_empty() || dataset.name.split('/').all(super::valid_name);
         if !name_ok || !matches!(dataset.kind.as_str(), "filesystem" | "volume") {
             return Err(PackageError::Manifest(format!(
                 "dataset '{}' ({})",

@@ -387,19 +387,7 @@ impl DirectoryCell {
     }
 }
 
-/// Checks a pool or volume name component: letters, digits, `-`, `_`, `.`,
-/// starting with a letter or digit, at most 200 bytes.
-pub fn valid_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 200
-        && name
-            .chars()
-            .next()
-            .is_some_and(|first| first.is_ascii_alphanumeric())
-        && name.chars().all(|character| {
-            character.is_ascii_alphanumeric() || matches!(character, '-' | '_' | '.')
-        })
-}
+pub use crate::format::valid_name;
 
 /// A dataset's depth (the `/`s in `POOL/A/B`: 2) stays under this, as
 /// OpenZFS's `zfs_max_dataset_nesting`: each level is a lookup on every

@@ -54,6 +54,13 @@ pub fn limit_value(name: &str, value: &str) -> Result<String, PoolError> {
     if value == "none" {
         return Ok("none".into());
     }
+    if value == "auto" {
+        // A volume's `auto` is its size, resolved before this (volumes
+        // only: a filesystem has no size to reserve).
+        return Err(PoolError::InvalidArgument(format!(
+            "{name}=auto: only a volume's refreservation can be auto (its size and indirect blocks); give a size or none"
+        )));
+    }
     let bytes = crate::units::parse_size(value).map_err(|error| {
         PoolError::InvalidArgument(format!("{name} '{value}': {error}; or none"))
     })?;

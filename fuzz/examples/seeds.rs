@@ -33,6 +33,7 @@ fn main() {
     spacemap_seeds(&mut writer);
     directory_seeds(&mut writer);
     send_stream_seeds(&mut writer);
+    replication_package_seeds(&mut writer);
     intent_log_seeds(&mut writer);
     fuse_request_seeds(&mut writer);
     println!("wrote {} seeds, {} bytes, under {}", writer.written_count, writer.written_bytes, writer.root.display());
@@ -74,6 +75,13 @@ fn accepted(target: &str, data: &[u8]) -> bool {
         "spacemap" => ironpool::format::spacemap::decode_records(data).is_ok(),
         "directory" => Directory::decode(data).is_ok(),
         "send_stream" => ironpool::format::stream::check_stream(data).is_ok(),
+        "replication_package" => {
+            use ironpool::format::package::{copy_one_stream, read_manifest, PACKAGE_MAGIC};
+            let Some(mut input) = data.strip_prefix(&PACKAGE_MAGIC[..]) else { return false };
+            let Ok(manifest) = read_manifest(&mut input) else { return false };
+            let streams: usize = manifest.datasets.iter().map(|dataset| dataset.snapshots.len()).sum();
+            (0..streams).all(|_| copy_one_stream(&mut input, &mut std::io::sink()).is_ok()) && input.is_empty()
+        }
         "intent_log" => ironpool::format::intent_log::decode_block(data, 0x5eed, 3).is_ok(),
         "fuse_request" => {
             let fuse = ironpool::fuse::proto::header(data).expect("a header");
@@ -168,7 +176,7 @@ fn top(id: u32, guid: u64, kind: TopVdevKind, ashift: u8, children: Vec<LeafConf
 }
 
 fn pool_config(name: &str, state: PoolState, vdevs: Vec<TopVdevConfig>) -> PoolConfig {
-    PoolConfig { name: name.into(), pool_guid: 0x7a11_0001, version: FORMAT_VERSION, config_txg: 5, state, hostname: "host".into(), vdevs }
+    PoolConfig { name: name.into(), pool_guid: 0x7a11_0001, version: FORMAT_VERSION, config_txg: 5, state, hostname: "host".into(), vdevs, spares: Vec::new() }
 }
 
 /// A label's config area cut after its config document (decode reads no further).
@@ -368,6 +376,56 @@ fn directory_seeds(writer: &mut SeedWriter) {
     }
 }
 
+/// A `send -R` package: a filesystem with two snapshots and a volume below
+/// it with one (the streams are empty volume streams, BEGIN and END: the
+/// package reader looks at record headers only).
+fn replication_package_seeds(writer: &mut SeedWriter) {
+    use ironpool::format::package::{write_header, Manifest, PackageDataset, MANIFEST_VERSION};
+    use ironpool::format::stream::{StreamBegin, StreamWriter, STREAM_VERSION};
+    let stream = |snapshot: &str, from: Option<&str>| {
+        let mut stream = StreamWriter::new();
+        stream.begin(&StreamBegin {
+            version: STREAM_VERSION,
+            snapshot: snapshot.into(),
+            to_guid: 0x1234,
+            from: from.map(String::from),
+            from_guid: if from.is_some() { 0x99 } else { 0 },
+            size_bytes: 16 * 4096,
+            block_bytes: 4096,
+            resume_block: None,
+            properties: Default::default(),
+            filesystem: None,
+            resume_object: None,
+        });
+        stream.end();
+        stream.bytes
+    };
+    let manifest = Manifest {
+        version: MANIFEST_VERSION,
+        snapshot: "two".into(),
+        datasets: vec![
+            PackageDataset {
+                name: String::new(),
+                kind: "filesystem".into(),
+                properties: [("atime".to_string(), "off".to_string())].into_iter().collect(),
+                snapshots: vec!["one".into(), "two".into()],
+            },
+            PackageDataset {
+                name: "b/v".into(),
+                kind: "volume".into(),
+                properties: Default::default(),
+                snapshots: vec!["two".into()],
+            },
+        ],
+    };
+    let mut package = Vec::new();
+    write_header(&mut package, &manifest).expect("a header in memory");
+    package.extend(stream("tank/a@one", None));
+    package.extend(stream("tank/a@two", Some("tank/a@one")));
+    package.extend(stream("tank/a/b/v@two", None));
+    writer.write("replication_package", "subtree", &package);
+}
+
 fn send_stream_seeds(writer: &mut SeedWriter) {
     use ironpool::format::stream::{StreamBegin, StreamWriter, STREAM_VERSION};
     let begin = |from: Option<&str>, resume_block: Option<u64>| StreamBegin {
@@ -453,6 +511,7 @@ fn intent_log_seeds(writer: &mut SeedWriter) {
         seq: 3,
         next: LogPointer { dva: Dva { vdev: 0, asize: 4096, offset: 8 << 20 }, bytes: 4096 },
         commit: 12,
+        ends_commit: true,
     };
     let records = vec![
         LogRecord::Block { object: 260, blkid: 7, pointer: pointer(0, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 1) },
@@ -492,9 +551,9 @@ fn fuse_request_seeds(writer: &mut SeedWriter) {
         ("open-direct", fuse::OPEN, Request::Open { flags: libc_o_direct() | 2 }),
         ("create", fuse::CREATE, Request::Create { name: b"new", flags: 0o101, mode: 0o100644, umask: 0o22 }),
         ("read", fuse::READ, Request::Read { fh: 0, offset: 1 << 20, size: 65536, flags: libc_o_direct() }),
-        ("write", fuse::WRITE, Request::Write { fh: 0, offset: 4096, data: &[0xa5; 512] }),
+        ("write", fuse::WRITE, Request::Write { fh: 0, offset: 4096, write_flags: 0, flags: 0, data: &[0xa5; 512] }),
         ("fsync", fuse::FSYNC, Request::Fsync { datasync: true }),
-        ("readdir", fuse::READDIR, Request::Readdir { offset: 3, size: 4096 }),
+        ("readdir", fuse::READDIR, Request::Readdir { offset: 3, size: 4096, plus: false }),
         ("setxattr", fuse::SETXATTR, Request::Setxattr { name: b"user.mime_type", value: b"text/plain", flags: 1 }),
         ("getxattr-size", fuse::GETXATTR, Request::Getxattr { name: b"user.mime_type", size: 0 }),
         ("listxattr", fuse::LISTXATTR, Request::Listxattr { size: 4096 }),

@@ -26,6 +26,7 @@ pub mod intent_log;
 pub mod label;
 pub mod nbd_handshake;
 pub mod nbd_request;
+pub mod replication_package;
 pub mod send_stream;
 pub mod spacemap;
 pub mod tree_node;
@@ -36,7 +37,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 13] = [
+pub const TARGETS: [(&str, Check); 14] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -47,6 +48,7 @@ pub const TARGETS: [(&str, Check); 13] = [
     ("spacemap", spacemap::check),
     ("directory", directory::check),
     ("send_stream", send_stream::check),
+    ("replication_package", replication_package::check),
     ("intent_log", intent_log::check),
     ("fs_metadata", fs_metadata::check),
     ("fuse_request", fuse_request::check),

@@ -105,6 +105,16 @@ pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
                 dataset.name, dataset.kind
             )));
         }
+        if let Some(bad) = dataset
+            .snapshots
+            .iter()
+            .find(|name| !super::valid_name(name))
+        {
+            return Err(PackageError::Manifest(format!(
+                "dataset '{}': snapshot name '{bad}'",
+                dataset.name
+            )));
+        }
         if dataset.snapshots.is_empty() {
             return Err(PackageError::Manifest(format!(
                 "dataset '{}' has no snapshot",

@@ -11,23 +11,6 @@ use std::path::Path;
 use common::fuse::*;
 use common::*;
 
-/// `get PROPERTY NAME` as (value, source).
-fn property(pool: &TestPool, args: &[&str], name: &str, property: &str) -> (String, String) {
-    let mut full = vec!["--json", "get", property, name];
-    full.extend_from_slice(args);
-    let text = pool.ok(&full);
-    let rows: serde_json::Value = serde_json::from_str(&text).expect("get JSON");
-    let row = rows["properties"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|row| row["property"] == property))
-        .unwrap_or_else(|| panic!("no {property} in {text}"))
-        .clone();
-    (
-        row["value"].as_str().unwrap_or_default().to_string(),
-        row["source"].as_str().unwrap_or_default().to_string(),
-    )
-}
-
 /// The names `list -t all [-r] TARGET` prints, in its order.
 fn listed(pool: &TestPool, args: &[&str]) -> Vec<String> {
     let mut full = vec!["--json", "list", "-t", "all"];
@@ -82,27 +65,27 @@ fn nested_datasets_need_a_parent_inherit_from_it_and_go_with_destroy_r() {
     run(&["set", "compression=lz4", "atime=off", "tree/a"]);
     run(&["set", "recordsize=16K", "tree/a/b"]);
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "compression"),
+        pool.property_with(&d, "tree/a/b/c", "compression"),
         ("lz4".into(), "inherited from tree/a".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/a/d/vol", "compression"),
+        pool.property_with(&d, "tree/a/d/vol", "compression"),
         ("lz4".into(), "inherited from tree/a".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/vol", "compression"),
+        pool.property_with(&d, "tree/vol", "compression"),
         ("zstd".into(), "inherited from tree".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "atime"),
+        pool.property_with(&d, "tree/a/b/c", "atime"),
         ("off".into(), "inherited from tree/a".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "recordsize"),
+        pool.property_with(&d, "tree/a/b/c", "recordsize"),
         ("16384".into(), "inherited from tree/a/b".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "org.example:owner"),
+        pool.property_with(&d, "tree/a/b/c", "org.example:owner"),
         ("ops".into(), "inherited from tree".into())
     );
     // Space limits bind the dataset they are set on only.
@@ -113,22 +96,22 @@ fn nested_datasets_need_a_parent_inherit_from_it_and_go_with_destroy_r() {
         "{refused}"
     );
     assert_eq!(
-        property(&pool, &d, "tree/a/b", "quota"),
+        pool.property_with(&d, "tree/a/b", "quota"),
         ("none".into(), "default".into())
     );
     // A mountpoint passes down with the rest of the name appended.
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "mountpoint"),
+        pool.property_with(&d, "tree/a/b/c", "mountpoint"),
         ("/tree/a/b/c".into(), "default".into())
     );
     run(&["set", "mountpoint=/srv/area", "tree/a"]);
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "mountpoint"),
+        pool.property_with(&d, "tree/a/b/c", "mountpoint"),
         ("/srv/area/b/c".into(), "inherited from tree/a".into())
     );
     run(&["inherit", "compression", "tree/a"]);
     assert_eq!(
-        property(&pool, &d, "tree/a/b/c", "compression"),
+        pool.property_with(&d, "tree/a/b/c", "compression"),
         ("zstd".into(), "inherited from tree".into())
     );
 
@@ -183,15 +166,15 @@ fn nested_datasets_need_a_parent_inherit_from_it_and_go_with_destroy_r() {
         ]
     );
     assert_eq!(
-        property(&pool, &d, "tree/x/y/a/b/c", "compression"),
+        pool.property_with(&d, "tree/x/y/a/b/c", "compression"),
         ("lz4".into(), "inherited from tree/x".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/x/y/a/b/c", "recordsize"),
+        pool.property_with(&d, "tree/x/y/a/b/c", "recordsize"),
         ("16384".into(), "inherited from tree/x/y/a/b".into())
     );
     assert_eq!(
-        property(&pool, &d, "tree/copy", "origin"),
+        pool.property_with(&d, "tree/copy", "origin"),
         ("tree/x/y/a/b@s1".into(), "-".into())
     );
     let refused = fail(&["destroy", "tree/x/y/a/b@s1"]);
@@ -346,16 +329,6 @@ fn fill_until(path: &Path, errno: i32) -> u64 {
     written
 }
 
-/// `get PROPERTY NAME` of the served pool, as a number.
-fn figure(pool: &TestPool, name: &str, property: &str) -> u64 {
-    let text = pool.admin(&["--json", "get", property, name]);
-    let rows: serde_json::Value = serde_json::from_str(&text).unwrap();
-    rows["properties"][0]["value"]
-        .as_str()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or_else(|| panic!("{property} of {name}: {text}"))
-}
-
 #[test]
 fn a_quota_on_a_parent_bounds_its_whole_subtree() {
     const MIB: u64 = 1 << 20;
@@ -397,13 +370,27 @@ fn a_quota_on_a_parent_bounds_its_whole_subtree() {
         "the second child wrote {} MiB under a 100 MiB parent quota with 60 MiB used",
         written / MIB
     );
-    let used = figure(&pool, "treequota/home", "used");
-    let children = figure(&pool, "treequota/home", "usedbychildren");
+    let used = pool
+        .property("treequota/home", "used")
+        .0
+        .parse::<u64>()
+        .unwrap();
+    let children = pool
+        .property("treequota/home", "usedbychildren")
+        .0
+        .parse::<u64>()
+        .unwrap();
     assert!(
         children >= 85 * MIB && used >= children && used <= 102 * MIB,
         "used {used}, usedbychildren {children}"
     );
-    assert!(figure(&pool, "treequota/home/b", "available") < 5 * MIB);
+    assert!(
+        pool.property("treequota/home/b", "available")
+            .0
+            .parse::<u64>()
+            .unwrap()
+            < 5 * MIB
+    );
     // Space freed below the parent can be written again.
     std::fs::remove_file(a.join("big")).unwrap();
     pool.admin(&["sync", "treequota"]);
@@ -517,13 +504,13 @@ fn send_r_replicates_a_subtree_with_its_properties_and_snapshots() {
             ]
         );
         let control = ["--control", control.as_str()];
-        assert_eq!(property(&target, &control, top, "atime").0, "off");
+        assert_eq!(target.property_with(&control, top, "atime").0, "off");
         assert_eq!(
-            property(&target, &control, top, "org.example:tier").0,
+            target.property_with(&control, top, "org.example:tier").0,
             "gold"
         );
         assert_eq!(
-            property(&target, &control, &format!("{top}/b"), "recordsize"),
+            target.property_with(&control, &format!("{top}/b"), "recordsize"),
             ("16384".into(), "local".into())
         );
         wait_mounted(&target, mnt);

@@ -947,21 +947,6 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     let _ = std::fs::remove_dir(&secondary);
 }
 
-/// `get -H`-like: the value of property `name` of `target`.
-fn property(pool: &TestPool, target: &str, name: &str) -> (String, String) {
-    let text = pool.admin(&["--json", "get", name, target]);
-    let rows: serde_json::Value = serde_json::from_str(&text).expect("get JSON");
-    let row = rows["properties"]
-        .as_array()
-        .and_then(|rows| rows.iter().find(|row| row["property"] == name))
-        .unwrap_or_else(|| panic!("no {name} in {text}"))
-        .clone();
-    (
-        row["value"].as_str().unwrap().to_string(),
-        row["source"].as_str().unwrap().to_string(),
-    )
-}
-
 #[test]
 fn extended_attributes_are_kept_replaced_removed_and_bounded() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsxattr");
@@ -1012,14 +997,14 @@ fn extended_attributes_are_kept_replaced_removed_and_bounded() {
     let target = format!("{}/fs", pool.name);
     pool.admin(&["set", "xattr=off", &target]);
     assert_eq!(
-        property(&pool, &target, "xattr"),
+        pool.property(&target, "xattr"),
         ("off".into(), "local".into())
     );
     assert_eq!(get_xattr(&file, "user.mime_type"), Err(libc::EOPNOTSUPP));
     assert_eq!(set_xattr(&file, "user.x", b"x", 0), Err(libc::EOPNOTSUPP));
     pool.admin(&["inherit", "xattr", &target]);
     assert_eq!(
-        property(&pool, &target, "xattr"),
+        pool.property(&target, "xattr"),
         ("on".into(), "default".into())
     );
     assert_eq!(get_xattr(&file, "user.mime_type").unwrap(), b"text/x-rust");
@@ -1209,19 +1194,19 @@ fn filesystem_properties_mounts_listing_and_destroy() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsprops");
     let target = format!("{}/fs", pool.name);
 
-    assert_eq!(property(&pool, &target, "type").0, "filesystem");
+    assert_eq!(pool.property(&target, "type").0, "filesystem");
     assert_eq!(
-        property(&pool, &target, "recordsize"),
+        pool.property(&target, "recordsize"),
         ("16384".into(), "local".into())
     );
-    assert_eq!(property(&pool, &target, "mounted").0, "yes");
+    assert_eq!(pool.property(&target, "mounted").0, "yes");
     assert_eq!(
-        property(&pool, &target, "compression"),
+        pool.property(&target, "compression"),
         ("off".into(), "default".into())
     );
     pool.admin(&["set", "compression=lz4", &pool.name]);
     assert_eq!(
-        property(&pool, &target, "compression"),
+        pool.property(&target, "compression"),
         ("lz4".into(), format!("inherited from {}", pool.name))
     );
     let refused = pool.fails(&[
@@ -1250,8 +1235,8 @@ fn filesystem_properties_mounts_listing_and_destroy() {
     assert_eq!(std::fs::metadata(mnt.join("new")).unwrap().blksize(), 65536);
     assert!(std::fs::read(mnt.join("old")).unwrap() == data);
     // lz4 (inherited) shrinks them; their logical size is all there.
-    let logical: u64 = property(&pool, &target, "logicalused").0.parse().unwrap();
-    let used: u64 = property(&pool, &target, "used").0.parse().unwrap();
+    let logical: u64 = pool.property(&target, "logicalused").0.parse().unwrap();
+    let used: u64 = pool.property(&target, "used").0.parse().unwrap();
     assert!(
         logical >= 2 << 20,
         "logicalused {logical} for 2 MiB of files"
@@ -1320,7 +1305,7 @@ fn filesystem_properties_mounts_listing_and_destroy() {
     // unmount and mount.
     pool.admin(&["unmount", &target]);
     assert!(!mounted(&mnt));
-    assert_eq!(property(&pool, &target, "mounted").0, "no");
+    assert_eq!(pool.property(&target, "mounted").0, "no");
     let out = pool.admin(&["mount", &target]);
     assert!(out.contains(&mnt.display().to_string()), "{out}");
     assert!(mounted(&mnt));
@@ -1646,11 +1631,11 @@ fn quotas_bound_filesystems_and_reservations_keep_space_for_them() {
     }
     let limited = format!("{name}/limited");
     assert_eq!(
-        property(&pool, &limited, "quota"),
+        pool.property(&limited, "quota"),
         ((100u64 << 20).to_string(), "local".to_string())
     );
     assert_eq!(
-        property(&pool, &format!("{name}/filler"), "reservation"),
+        pool.property(&format!("{name}/filler"), "reservation"),
         ("none".to_string(), "default".to_string())
     );
     let (size, available) = space_of(&mount("limited"));
@@ -1686,14 +1671,14 @@ fn quotas_bound_filesystems_and_reservations_keep_space_for_them() {
     std::fs::remove_file(&file).unwrap();
     let mut referenced = u64::MAX;
     for _ in 0..100 {
-        referenced = property(&pool, &limited, "referenced").0.parse().unwrap();
+        referenced = pool.property(&limited, "referenced").0.parse().unwrap();
         if referenced < 8 << 20 {
             break;
         }
         std::thread::sleep(Duration::from_millis(100));
     }
     assert!(referenced < 8 << 20, "{referenced} bytes still referenced");
-    let used: u64 = property(&pool, &limited, "used").0.parse().unwrap();
+    let used: u64 = pool.property(&limited, "used").0.parse().unwrap();
     assert!(used >= 96 << 20, "the snapshot holds {used} bytes");
     let again = mount("limited").join("again");
     let error = std::fs::write(&again, distinct_bytes(1 << 20, 1)).unwrap_err();
@@ -1754,11 +1739,11 @@ fn user_and_group_quotas_bound_what_owners_write() {
     chown(&before, Some(12345), Some(12346)).unwrap();
     pool.admin(&["set", "userquota@12345=16M", "groupquota@12346=64M", &fs]);
     assert_eq!(
-        property(&pool, &fs, "userquota@12345"),
+        pool.property(&fs, "userquota@12345"),
         ((16u64 << 20).to_string(), "local".to_string())
     );
     assert_eq!(
-        property(&pool, &fs, "userquota@root"),
+        pool.property(&fs, "userquota@root"),
         ("none".to_string(), "default".to_string())
     );
     let owned = mnt.join("owned");
@@ -1769,7 +1754,7 @@ fn user_and_group_quotas_bound_what_owners_write() {
         (10 << 20..=12 << 20).contains(&written),
         "{written} bytes written by a user with 4M of a 16M quota used"
     );
-    let used: u64 = property(&pool, &fs, "userused@12345").0.parse().unwrap();
+    let used: u64 = pool.property(&fs, "userused@12345").0.parse().unwrap();
     assert!((14 << 20..=17 << 20).contains(&used), "userused {used}");
     let users: serde_json::Value =
         serde_json::from_str(&pool.admin(&["--json", "userspace", &fs])).unwrap();

@@ -463,7 +463,7 @@ pub fn send_replication(context: &Context, snapshot: &str, dirs: &[PathBuf]) -> 
 /// it: a file is read at its offset, a pipe through `tee(2)` (which copies
 /// what waits in it into a second pipe). Anything else: None.
 fn peek_stdin() -> Option<[u8; 8]> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     // SAFETY: a stat is plain data, valid zeroed.
     let mut stat: libc::stat = unsafe { std::mem::zeroed() };
     // SAFETY: fstat of stdin into `stat`, which outlives the call.
@@ -480,14 +480,7 @@ fn peek_stdin() -> Option<[u8; 8]> {
             (read == 8).then_some(bytes)
         }
         libc::S_IFIFO => {
-            let mut ends = [0; 2];
-            // SAFETY: a pipe into `ends`, owned just below.
-            if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-                return None;
-            }
-            // SAFETY: both descriptors were just made and are owned here.
-            let (reader, writer) =
-                unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+            let (reader, writer) = pipe().ok()?;
             // Waits until the writer has put something in (or closed).
             for _ in 0..PEEK_ATTEMPTS {
                 // SAFETY: tee between two pipes; `bytes` is 8 bytes long.
@@ -506,6 +499,18 @@ fn peek_stdin() -> Option<[u8; 8]> {
         }
         _ => None,
     }
+}
+
+/// A pipe, (read end, write end), closed on exec.
+fn pipe() -> std::io::Result<(std::os::fd::OwnedFd, std::os::fd::OwnedFd)> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let mut ends = [0; 2];
+    // SAFETY: pipe2 fills `ends`, two ints.
+    if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    // SAFETY: both descriptors were just made and are owned here alone.
+    Ok(unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) })
 }
 
 /// Times `peek_stdin` looks again at a pipe holding fewer than 8 bytes
@@ -531,7 +536,7 @@ pub fn receive_replication(
 ) -> Result<(), String> {
     use ironpool::format::package::{copy_one_stream, read_manifest, PACKAGE_MAGIC};
     use std::io::Read;
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+    use std::os::fd::AsRawFd;
     // A server that refuses a stream closes its end: the copy then gets
     // EPIPE (and stops) instead of the process dying of SIGPIPE.
     // SAFETY: changing a signal's disposition; no handler runs.
@@ -553,14 +558,7 @@ pub fn receive_replication(
             below => format!("{target}/{below}"),
         };
         for (index, snapshot) in dataset.snapshots.iter().enumerate() {
-            let mut ends = [0; 2];
-            // SAFETY: a pipe into `ends`, owned just below.
-            if unsafe { libc::pipe2(ends.as_mut_ptr(), libc::O_CLOEXEC) } != 0 {
-                return Err(format!("pipe: {}", std::io::Error::last_os_error()));
-            }
-            // SAFETY: both descriptors were just made and are owned here.
-            let (reader, writer) =
-                unsafe { (OwnedFd::from_raw_fd(ends[0]), OwnedFd::from_raw_fd(ends[1])) };
+            let (reader, writer) = pipe().map_err(|error| format!("pipe: {error}"))?;
             let mut source = std::mem::replace(
                 &mut input,
                 std::io::BufReader::with_capacity(0, std::io::stdin()),

@@ -229,6 +229,30 @@ impl TestPool {
         }
     }
 
+    /// `get PROPERTY NAME ARGS...` (ARGS: `-d DIR`, `--control SOCKET`)
+    /// as (value, source).
+    pub fn property_with(&self, args: &[&str], name: &str, property: &str) -> (String, String) {
+        let mut full = vec!["--json", "get", property, name];
+        full.extend_from_slice(args);
+        let text = self.ok(&full);
+        let rows: serde_json::Value = serde_json::from_str(&text).expect("get JSON");
+        let row = rows["properties"]
+            .as_array()
+            .and_then(|rows| rows.iter().find(|row| row["property"] == property))
+            .unwrap_or_else(|| panic!("no {property} in {text}"))
+            .clone();
+        (
+            row["value"].as_str().expect("a value").to_string(),
+            row["source"].as_str().expect("a source").to_string(),
+        )
+    }
+
+    /// [`TestPool::property_with`] of the running server's pool.
+    pub fn property(&self, name: &str, property: &str) -> (String, String) {
+        let control = self.control().display().to_string();
+        self.property_with(&["--control", &control], name, property)
+    }
+
     /// Runs an admin command against the running server's control socket.
     pub fn admin(&self, args: &[&str]) -> String {
         let control = self.control().display().to_string();

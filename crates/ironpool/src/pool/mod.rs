@@ -605,15 +605,10 @@ impl Pool {
             .strip_prefix(&format!("{}/", self.name))
             .unwrap_or(name);
         let directory = self.datasets.directory.read();
-        let mut missing = Vec::new();
-        let mut parent = dataset::directory::parent_name(short);
-        while let Some(name) = parent {
-            if directory.lineage(name).is_some() {
-                break;
-            }
-            missing.push(format!("{}/{name}", self.name));
-            parent = dataset::directory::parent_name(name);
-        }
+        let mut missing: Vec<String> = dataset::directory::ancestors(short)
+            .take_while(|name| directory.lineage(name).is_none())
+            .map(|name| format!("{}/{name}", self.name))
+            .collect();
         missing.reverse();
         missing
     }

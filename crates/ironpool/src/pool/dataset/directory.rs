@@ -414,6 +414,12 @@ pub fn parent_name(short: &str) -> Option<&str> {
     short.rsplit_once('/').map(|(parent, _)| parent)
 }
 
+/// The datasets above `short` within its pool, nearest first (`a/b`, then
+/// `a`, for `a/b/c`).
+pub fn ancestors(short: &str) -> impl Iterator<Item = &str> {
+    std::iter::successors(parent_name(short), |name| parent_name(name))
+}
+
 /// Whether `short` is `ancestor` or lies below it.
 pub fn is_within(short: &str, ancestor: &str) -> bool {
     short == ancestor
@@ -484,6 +490,8 @@ mod tests {
         ));
         assert_eq!(parent_name("a/b/c"), Some("a/b"));
         assert_eq!(parent_name("a"), None);
+        assert_eq!(ancestors("a/b/c").collect::<Vec<_>>(), ["a/b", "a"]);
+        assert_eq!(ancestors("a").count(), 0);
         assert!(is_within("a/b", "a"));
         assert!(is_within("a", "a"));
         assert!(!is_within("ab", "a"));

@@ -114,16 +114,10 @@ impl Datasets {
     /// A snapshot of `old` or below it that a send or a diff holds
     /// (`Pool::hold_snapshot`), by full name.
     pub(in crate::pool) fn held_snapshot_within(&self, pool: &str, old: &str) -> Option<String> {
-        let prefix = format!("{pool}/");
         self.snapshot_holds
             .borrow()
             .keys()
-            .find(|full| {
-                let dataset = full.split('@').next().unwrap_or_default();
-                dataset
-                    .strip_prefix(&prefix)
-                    .is_some_and(|short| directory::is_within(short, old))
-            })
+            .find(|full| snapshot_within(pool, full, old))
             .cloned()
     }
 
@@ -131,21 +125,26 @@ impl Datasets {
     /// snapshot views of them go (they carry the old names; one in use
     /// stays with its user), and snapshots asked for follow the new names.
     pub(in crate::pool) fn forget_renamed(&self, pool: &str, old: &str, new: &str) {
-        let prefix = format!("{pool}/");
-        let within = |full: &str| {
-            let dataset = full.split('@').next().unwrap_or_default();
-            dataset
-                .strip_prefix(&prefix)
-                .is_some_and(|short| directory::is_within(short, old))
-        };
-        self.snapshot_volumes.retain(|full| !within(full));
-        self.snapshot_filesystems.retain(|full| !within(full));
+        self.snapshot_volumes
+            .retain(|full| !snapshot_within(pool, full, old));
+        self.snapshot_filesystems
+            .retain(|full| !snapshot_within(pool, full, old));
         for request in self.pending_snapshots.borrow_mut().iter_mut() {
             if directory::is_within(&request.volume, old) {
                 request.volume = format!("{new}{}", &request.volume[old.len()..]);
             }
         }
     }
+}
+
+/// Whether snapshot `full` (`POOL/A/B@SNAP`) is of a dataset at or below
+/// `short` in pool `pool`.
+fn snapshot_within(pool: &str, full: &str, short: &str) -> bool {
+    let dataset = full.split('@').next().unwrap_or_default();
+    dataset
+        .strip_prefix(pool)
+        .and_then(|rest| rest.strip_prefix('/'))
+        .is_some_and(|name| directory::is_within(name, short))
 }
 
 pub struct OpenMap<T> {
@@ -215,6 +214,16 @@ impl<T> OpenMap<T> {
     }
 
     /// Every open dataset with its name.
+    /// The datasets named `short` or below it (`short/...`).
+    pub fn within(&self, short: &str) -> Vec<Rc<T>> {
+        self.map
+            .borrow()
+            .iter()
+            .filter(|(name, _)| directory::is_within(name, short))
+            .map(|(_, dataset)| dataset.clone())
+            .collect()
+    }
+
     pub fn named(&self) -> Vec<(String, Rc<T>)> {
         self.map
             .borrow()

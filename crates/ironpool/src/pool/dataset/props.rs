@@ -385,12 +385,8 @@ pub fn inherited(
             values.insert(name.clone(), (value.clone(), pool_name.to_string()));
         }
     }
-    let mut ancestors = Vec::new();
-    let mut parent = crate::pool::dataset::directory::parent_name(short);
-    while let Some(ancestor) = parent {
-        ancestors.push(ancestor);
-        parent = crate::pool::dataset::directory::parent_name(ancestor);
-    }
+    // Outermost first, so the nearest one set wins.
+    let ancestors: Vec<&str> = crate::pool::dataset::directory::ancestors(short).collect();
     for ancestor in ancestors.into_iter().rev() {
         let Some(record) = directory.filesystems.get(ancestor) else {
             continue;

@@ -35,7 +35,7 @@
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
-use crate::pool::dataset::directory::{is_within, parent_name};
+use crate::pool::dataset::directory::ancestors;
 use crate::pool::dataset::intent_log::Owner;
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
@@ -341,71 +341,48 @@ impl Pool {
         if elsewhere == 0 {
             return 0;
         }
-        let short = owner_short(owner);
-        let mut parent = parent_name(&short);
-        while let Some(ancestor) = parent {
-            if let Some(fs) = self.datasets.filesystems.get(ancestor) {
-                elsewhere = elsewhere.saturating_sub(fs.usage.unused_reserved.get());
-            }
-            parent = parent_name(ancestor);
+        for (_, fs) in self.filesystems_above(&owner_short(owner)) {
+            elsewhere = elsewhere.saturating_sub(fs.usage.unused_reserved.get());
         }
         elsewhere
+    }
+
+    /// The open filesystems above `short`, nearest first, by short name.
+    fn filesystems_above<'a>(
+        &'a self,
+        short: &'a str,
+    ) -> impl Iterator<Item = (&'a str, Rc<Filesystem>)> + 'a {
+        ancestors(short)
+            .filter_map(|ancestor| Some((ancestor, self.datasets.filesystems.get(ancestor)?)))
     }
 
     /// Whether a filesystem above `short` has a quota or a reservation,
     /// which its figures count towards.
     fn has_limited_ancestor(&self, short: &str) -> bool {
-        let mut parent = parent_name(short);
-        while let Some(ancestor) = parent {
-            if let Some(fs) = self.datasets.filesystems.get(ancestor) {
-                let limits = fs.settings().limits;
-                if limits.quota != 0 || limits.reservation != 0 {
-                    return true;
-                }
-            }
-            parent = parent_name(ancestor);
-        }
-        false
+        self.filesystems_above(short).any(|(_, fs)| {
+            let limits = fs.settings().limits;
+            limits.quota != 0 || limits.reservation != 0
+        })
     }
 
     /// The room the quotas of the filesystems above `owner` leave it, by
     /// their subtrees' figures as last computed (None: no such quota).
     fn ancestor_quota_room(&self, owner: Owner<'_>) -> Option<u64> {
         let short = owner_short(owner);
-        let mut room: Option<u64> = None;
-        let mut parent = parent_name(&short);
-        while let Some(ancestor) = parent {
-            if let Some(fs) = self.datasets.filesystems.get(ancestor) {
+        self.filesystems_above(&short)
+            .filter_map(|(ancestor, fs)| {
                 let quota = fs.settings().limits.quota;
-                if quota != 0 {
-                    let left = quota.saturating_sub(self.subtree_used(ancestor).0);
-                    room = Some(room.map_or(left, |room| room.min(left)));
-                }
-            }
-            parent = parent_name(ancestor);
-        }
-        room
+                (quota != 0).then(|| quota.saturating_sub(self.subtree_used(ancestor).0))
+            })
+            .min()
     }
 
     /// The open volumes and filesystems at and below `short`.
     fn subtree(&self, short: &str) -> (Vec<Rc<Volume>>, Vec<Rc<Filesystem>>) {
-        let volumes = self
-            .datasets
-            .volumes
-            .named()
-            .into_iter()
-            .filter(|(name, _)| is_within(name, short))
-            .map(|(_, volume)| volume)
-            .collect();
-        let filesystems = self
-            .datasets
-            .filesystems
-            .named()
-            .into_iter()
-            .filter(|(name, _)| is_within(name, short))
-            .map(|(_, fs)| fs)
-            .collect();
-        (volumes, filesystems)
+        (
+            self.datasets.volumes.within(short),
+            self.datasets.filesystems.within(short),
+        )
     }
 
     /// What `short` and the datasets below it use at most now, by their
@@ -467,19 +444,18 @@ impl Pool {
         bytes: u64,
     ) -> Result<(), PoolError> {
         let short = owner_short(owner);
-        let mut parent = match owner {
-            Owner::Filesystem(_) => Some(short.clone()),
-            Owner::Volume(_) => parent_name(&short).map(str::to_string),
-        };
-        while let Some(ancestor) = parent {
-            parent = parent_name(&ancestor).map(str::to_string);
-            let Some(fs) = self.datasets.filesystems.get(&ancestor) else {
-                continue;
-            };
-            let quota = fs.settings().limits.quota;
-            if quota == 0 {
-                continue;
-            }
+        // A filesystem's own quota over its subtree first (a volume has
+        // none below it), then those above it; none allocates nothing.
+        let own = matches!(owner, Owner::Filesystem(_)).then_some(short.as_str());
+        let limited: Vec<(String, u64)> = own
+            .into_iter()
+            .chain(ancestors(&short))
+            .filter_map(|name| {
+                let quota = self.datasets.filesystems.get(name)?.settings().limits.quota;
+                (quota != 0).then(|| (name.to_string(), quota))
+            })
+            .collect();
+        for (ancestor, quota) in limited {
             let over = |pool: &Pool| {
                 let (used, known) = pool.subtree_used(&ancestor);
                 (!known || used.saturating_add(bytes) > quota).then_some(used)

@@ -558,6 +558,11 @@ fn fuse_request_seeds(writer: &mut SeedWriter) {
         ("getxattr-size", fuse::GETXATTR, Request::Getxattr { name: b"user.mime_type", size: 0 }),
         ("listxattr", fuse::LISTXATTR, Request::Listxattr { size: 4096 }),
         ("removexattr", fuse::REMOVEXATTR, Request::Removexattr { name: b"user.mime_type" }),
+        (
+            "ioctl-fssetxattr",
+            fuse::IOCTL,
+            Request::Ioctl { flags: 0, cmd: 0x401c_5820, out_size: 0, data: &[0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] },
+        ),
         ("unknown-opcode", 99, Request::Unsupported(99)),
     ];
     for (name, opcode, request) in requests {

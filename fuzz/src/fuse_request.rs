@@ -156,6 +156,14 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             u64s(&mut body, &[0, offset]);
             u32s(&mut body, &[whence, 0]);
         }
+        Request::Ioctl { flags, cmd, out_size, data } => {
+            // fh, flags, cmd, arg, in_size, out_size; then the argument.
+            u64s(&mut body, &[0]);
+            u32s(&mut body, &[flags, cmd]);
+            u64s(&mut body, &[0]);
+            u32s(&mut body, &[data.len() as u32, out_size]);
+            body.extend_from_slice(data);
+        }
         Request::Access { mask } => u32s(&mut body, &[mask, 0]),
         Request::Setxattr { name, value, flags } => {
             u32s(&mut body, &[value.len() as u32, flags]);

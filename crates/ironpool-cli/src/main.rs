@@ -12,6 +12,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use ironpool::pool::filesystem::id_space::IdKind;
 
 /// ironpool: a copy-on-write, checksummed storage pool with an asynchronous
 /// io_uring I/O path, serving volumes over NBD.
@@ -192,6 +193,14 @@ enum Command {
         dirs: Vec<PathBuf>,
         name: String,
     },
+    /// The same per project (`projectquota@ID`; a file's project is set
+    /// with `chattr -p ID`, and `chattr +P` on a directory gives it to
+    /// what is made inside): `projectspace POOL/FS`.
+    Projectspace {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
     /// What changed in a filesystem since a snapshot, as `zfs diff`:
     /// `diff [-F] POOL/FS@SNAP [POOL/FS@LATER|POOL/FS]` prints `+` created,
     /// `-` removed, `M` modified, `R` renamed (`R OLD -> NEW`), with paths
@@ -230,12 +239,16 @@ enum Command {
         #[arg(short = 'o')]
         options: Vec<String>,
     },
-    /// Rename a volume or a filesystem, moving it and every dataset below it: `rename [-p] POOL/OLD POOL/NEW`.
+    /// Rename a volume or a filesystem, moving it and every dataset below it: `rename [-p] POOL/OLD POOL/NEW`;
+    /// or a snapshot: `rename [-r] POOL/DS@OLD POOL/DS@NEW` (or `@NEW`).
     /// A running server mounts moved filesystems at their new mountpoints.
     Rename {
         /// Create the missing parents of the new name.
         #[arg(short = 'p')]
         parents: bool,
+        /// Of a snapshot: rename the snapshot of that name of every dataset below too, in one txg.
+        #[arg(short = 'r')]
+        recursive: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         from: String,
@@ -744,8 +757,15 @@ fn main() -> ExitCode {
             from,
             to,
         } => cli::datasets::diff(&context, &from, to.as_deref(), types, &dirs),
-        Command::Userspace { dirs, name } => cli::datasets::id_space(&context, &name, false, &dirs),
-        Command::Groupspace { dirs, name } => cli::datasets::id_space(&context, &name, true, &dirs),
+        Command::Userspace { dirs, name } => {
+            cli::datasets::id_space(&context, &name, IdKind::User, &dirs)
+        }
+        Command::Groupspace { dirs, name } => {
+            cli::datasets::id_space(&context, &name, IdKind::Group, &dirs)
+        }
+        Command::Projectspace { dirs, name } => {
+            cli::datasets::id_space(&context, &name, IdKind::Project, &dirs)
+        }
         Command::Mount { dirs, name } => cli::datasets::mount(&context, &name, true, &dirs),
         Command::Unmount { dirs, name } => cli::datasets::mount(&context, &name, false, &dirs),
         Command::Clone {
@@ -757,10 +777,11 @@ fn main() -> ExitCode {
         Command::Promote { dirs, name } => cli::datasets::promote(&context, &name, &dirs),
         Command::Rename {
             parents,
+            recursive,
             dirs,
             from,
             to,
-        } => cli::datasets::rename(&context, &from, &to, parents, &dirs),
+        } => cli::datasets::rename(&context, &from, &to, parents, recursive, &dirs),
         Command::Rollback {
             recursive,
             dirs,

@@ -177,6 +177,36 @@ fn nested_datasets_need_a_parent_inherit_from_it_and_go_with_destroy_r() {
         pool.property_with(&d, "tree/copy", "origin"),
         ("tree/x/y/a/b@s1".into(), "-".into())
     );
+    // A snapshot is renamed within its dataset; with -r, the snapshot of
+    // that name of every dataset below too; a clone's origin follows.
+    let refused = fail(&["rename", "tree/x/y/a/b@s1", "tree/x/y/a/b/c@s2"]);
+    assert!(refused.contains("stays with its dataset"), "{refused}");
+    let refused = fail(&["rename", "-r", "tree/x", "tree/z"]);
+    assert!(refused.contains("renames snapshots"), "{refused}");
+    let refused = fail(&["rename", "tree/x/y/a/b@nope", "@s2"]);
+    assert!(refused.contains("nope"), "{refused}");
+    run(&["rename", "-r", "tree/x/y/a/b@s1", "@s2"]);
+    let mut args = vec!["-r", "tree/x/y/a/b"];
+    args.extend_from_slice(&d);
+    assert_eq!(
+        listed(&pool, &args),
+        [
+            "tree/x/y/a/b",
+            "tree/x/y/a/b@s2",
+            "tree/x/y/a/b/c",
+            "tree/x/y/a/b/c@s2"
+        ]
+    );
+    assert_eq!(
+        pool.property_with(&d, "tree/copy", "origin"),
+        ("tree/x/y/a/b@s2".into(), "-".into())
+    );
+    run(&["snapshot", "tree/x/y/a/b/c@s3"]);
+    let refused = fail(&["rename", "tree/x/y/a/b/c@s2", "tree/x/y/a/b/c@s3"]);
+    assert!(refused.contains("exists"), "{refused}");
+    run(&["destroy", "tree/x/y/a/b/c@s3"]);
+    run(&["rename", "tree/x/y/a/b/c@s2", "tree/x/y/a/b/c@s1"]);
+    run(&["rename", "tree/x/y/a/b@s2", "s1"]);
     let refused = fail(&["destroy", "tree/x/y/a/b@s1"]);
     assert!(refused.contains("clone"), "{refused}");
     run(&["destroy", "tree/copy"]);

@@ -767,18 +767,6 @@ fn run_in(cwd: &Path, program: &str, args: &[&str]) -> String {
     String::from_utf8_lossy(&output.stdout).to_string()
 }
 
-/// The first filesystem's intent log commits and txg fallbacks
-/// (`iostat --json`).
-fn fs_log_stats(pool: &TestPool) -> (u64, u64) {
-    let stats: serde_json::Value =
-        serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
-    let log = &stats["filesystems"][0]["intent_log"];
-    (
-        log["commits"].as_u64().unwrap(),
-        log["txg_fallbacks"].as_u64().unwrap(),
-    )
-}
-
 #[test]
 fn sqlite_commits_survive_kill_9_and_git_works() {
     let (mut pool, mnt, _unmount) = served_filesystem("fsapps");

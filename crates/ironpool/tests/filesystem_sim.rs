@@ -2690,6 +2690,8 @@ fn nonsense_stream_run(seed: u64) {
                         } else {
                             0
                         },
+                        project: rng.below(3) as u32,
+                        flags: rng.below(16) as u32,
                     }
                     .encode()
                     .0

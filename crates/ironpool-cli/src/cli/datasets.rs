@@ -293,10 +293,13 @@ pub fn rename(
     from: &str,
     to: &str,
     parents: bool,
+    recursive: bool,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
     let pool = pool_of(from);
-    if pool_of(to) != pool {
+    // A snapshot's new name may be given alone (`@NEW` or `NEW`).
+    let short_snapshot = from.contains('@') && !to.contains('/');
+    if !short_snapshot && pool_of(to) != pool {
         return Err(format!(
             "cannot rename {from} to {to}: a dataset stays in its pool (send and receive it to move it to another)"
         ));
@@ -309,6 +312,7 @@ pub fn rename(
             from: from.to_string(),
             to: to.to_string(),
             parents,
+            recursive,
         },
     )?;
     if context.json {
@@ -500,7 +504,7 @@ pub fn diff(
 pub fn id_space(
     context: &Context,
     name: &str,
-    group: bool,
+    kind: ironpool::pool::filesystem::id_space::IdKind,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
     use ironpool::pool::filesystem::id_space::{id_name, IdKind};
@@ -510,7 +514,8 @@ pub fn id_space(
         dirs,
         Command::IdSpace {
             name: name.to_string(),
-            group,
+            group: kind == IdKind::Group,
+            project: kind == IdKind::Project,
         },
     )?;
     if context.json {
@@ -520,11 +525,14 @@ pub fn id_space(
     println!("{:<12} {:<16} {:>9} {:>9}", "TYPE", "NAME", "USED", "QUOTA");
     for row in result["ids"].as_array().cloned().unwrap_or_default() {
         let id = row["id"].as_u64().unwrap_or(0) as u32;
-        let kind = if group { IdKind::Group } else { IdKind::User };
         let name = id_name(kind, id).unwrap_or_else(|| id.to_string());
         println!(
             "{:<12} {:<16} {:>9} {:>9}",
-            if group { "POSIX Group" } else { "POSIX User" },
+            match kind {
+                IdKind::User => "POSIX User",
+                IdKind::Group => "POSIX Group",
+                IdKind::Project => "Project",
+            },
             name,
             row["used_bytes"]
                 .as_u64()

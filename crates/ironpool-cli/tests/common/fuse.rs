@@ -224,3 +224,15 @@ pub fn wait_objects(pool: &TestPool, wanted: u64) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// The first filesystem's intent log commits and txg fallbacks
+/// (`iostat --json`).
+pub fn fs_log_stats(pool: &TestPool) -> (u64, u64) {
+    let stats: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+    let log = &stats["filesystems"][0]["intent_log"];
+    (
+        log["commits"].as_u64().unwrap(),
+        log["txg_fallbacks"].as_u64().unwrap(),
+    )
+}

@@ -131,13 +131,15 @@ pub enum Command {
     BookmarkDestroy {
         name: String,
     },
-    /// The space each user (or, with `group`, each group) owning objects
-    /// of filesystem `name` uses, and their quotas (`ironpool userspace`,
-    /// `groupspace`).
+    /// The space each user (or, with `group`, each group; with `project`,
+    /// each project) owning objects of filesystem `name` uses, and their
+    /// quotas (`ironpool userspace`, `groupspace`, `projectspace`).
     IdSpace {
         name: String,
         #[serde(default)]
         group: bool,
+        #[serde(default)]
+        project: bool,
     },
     /// What changed in a filesystem from snapshot `from` to a later one
     /// or the filesystem itself (`ironpool diff`).
@@ -156,12 +158,16 @@ pub enum Command {
         name: String,
     },
     /// Renames a dataset and everything below it (`ironpool rename`);
-    /// `parents`: create the new name's missing parents first.
+    /// `parents`: create the new name's missing parents first. Of a
+    /// snapshot (`from` has `@`): renames it, and with `recursive` the
+    /// snapshot of that name of every dataset below.
     Rename {
         from: String,
         to: String,
         #[serde(default)]
         parents: bool,
+        #[serde(default)]
+        recursive: bool,
     },
     Rollback {
         name: String,
@@ -425,10 +431,18 @@ impl Command {
                 push("promote");
                 push(name);
             }
-            Command::Rename { from, to, parents } => {
+            Command::Rename {
+                from,
+                to,
+                parents,
+                recursive,
+            } => {
                 push("rename");
                 if *parents {
                     push("-p");
+                }
+                if *recursive {
+                    push("-r");
                 }
                 push(from);
                 push(to);
@@ -936,9 +950,17 @@ async fn run(
         Command::BookmarkList { dataset } => {
             Ok(json!({ "bookmarks": pool.bookmarks(dataset.as_deref())? }))
         }
-        Command::IdSpace { name, group } => {
+        Command::IdSpace {
+            name,
+            group,
+            project,
+        } => {
             use crate::pool::filesystem::id_space::IdKind;
-            let kind = if group { IdKind::Group } else { IdKind::User };
+            let kind = match (group, project) {
+                (_, true) => IdKind::Project,
+                (true, false) => IdKind::Group,
+                (false, false) => IdKind::User,
+            };
             Ok(json!({ "name": name, "ids": pool.id_space(&name, &[kind]).await? }))
         }
         Command::Diff { from, to } => {
@@ -975,13 +997,25 @@ async fn run(
             pool.promote(&name).await?;
             Ok(json!({ "promoted": name }))
         }
-        Command::Rename { from, to, parents } => {
-            if parents {
-                create_parents(pool, &to).await?;
-            }
-            let renamed: Vec<Value> = pool
-                .rename_dataset(&from, &to)
-                .await?
+        Command::Rename {
+            from,
+            to,
+            parents,
+            recursive,
+        } => {
+            let renamed = if from.contains('@') {
+                pool.rename_snapshot(&from, &to, recursive).await?
+            } else if recursive {
+                return Err(PoolError::InvalidArgument(
+                    "rename -r renames snapshots (POOL/DS@OLD NEW); a dataset's rename always moves everything below it".into(),
+                ));
+            } else {
+                if parents {
+                    create_parents(pool, &to).await?;
+                }
+                pool.rename_dataset(&from, &to).await?
+            };
+            let renamed: Vec<Value> = renamed
                 .into_iter()
                 .map(|(old, new)| json!({ "from": old, "to": new }))
                 .collect();

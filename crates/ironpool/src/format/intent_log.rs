@@ -15,7 +15,7 @@ use super::bp::{BlockPointer, Dva, BLOCK_POINTER_BYTES};
 use super::checksum::embedded;
 use super::dnode::Bonus;
 use super::fsdir::valid_entry_name;
-use super::znode::{Timestamp, Znode, ZNODE_BYTES};
+use super::znode::{Timestamp, Znode, ZNODE_BYTES, ZNODE_EXT_BYTES};
 use super::{get_u32, get_u64, invalid, put_u32, put_u64, FormatError};
 
 /// "IPLOGBLK", little-endian.
@@ -41,10 +41,25 @@ const KIND_OBJECT: u8 = 6;
 const KIND_FREED: u8 = 7;
 const KIND_ENTRY: u8 = 8;
 const KIND_XATTRS: u8 = 9;
+/// An object record whose znode has a project id or flags: the znode's
+/// [`ZNODE_EXT_BYTES`] (a znode with neither is written as `KIND_OBJECT`,
+/// as before they were kept).
+const KIND_OBJECT_EXT: u8 = 10;
 /// Bytes of an attribute record's body: length, then the two times.
 const ATTR_BODY_BYTES: usize = 32;
 /// Bytes of an object record's body: length, then the znode.
 const OBJECT_BODY_BYTES: usize = 8 + ZNODE_BYTES;
+/// Bytes of an extended object record's body.
+const OBJECT_EXT_BODY_BYTES: usize = 8 + ZNODE_EXT_BYTES;
+
+/// The znode bytes an object record of `znode` carries.
+fn object_znode_bytes(znode: &Znode) -> usize {
+    if znode.needs_ext_record() {
+        ZNODE_EXT_BYTES
+    } else {
+        ZNODE_BYTES
+    }
+}
 
 /// Where a log block is: its one copy, and how many bytes to read.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -150,7 +165,7 @@ impl LogRecord {
                 | LogRecord::Written { data, .. }
                 | LogRecord::Xattrs { list: data, .. } => data.len().next_multiple_of(8),
                 LogRecord::Attr { .. } => ATTR_BODY_BYTES,
-                LogRecord::Object { .. } => OBJECT_BODY_BYTES,
+                LogRecord::Object { state, .. } => 8 + object_znode_bytes(&state.znode),
                 LogRecord::Freed { .. } => 0,
                 LogRecord::Entry { name, .. } => 8 + name.len().next_multiple_of(8),
             }
@@ -219,13 +234,18 @@ impl LogRecord {
                 put_u32(out, body + 28, ctime.nanos);
             }
             LogRecord::Object { txg, state, .. } => {
-                out[0] = KIND_OBJECT;
+                let znode_bytes = object_znode_bytes(&state.znode);
+                out[0] = if znode_bytes == ZNODE_BYTES {
+                    KIND_OBJECT
+                } else {
+                    KIND_OBJECT_EXT
+                };
                 out[1] = state.block_shift;
                 put_u64(out, 24, *txg);
                 let body = RECORD_HEAD_BYTES;
                 put_u64(out, body, state.length);
-                out[body + 8..body + 8 + ZNODE_BYTES]
-                    .copy_from_slice(&state.znode.encode().0[..ZNODE_BYTES]);
+                out[body + 8..body + 8 + znode_bytes]
+                    .copy_from_slice(&state.znode.encode().0[..znode_bytes]);
             }
             LogRecord::Freed { txg, .. } => {
                 out[0] = KIND_FREED;
@@ -451,18 +471,23 @@ pub fn decode_block(
                     ATTR_BODY_BYTES,
                 )
             }
-            KIND_OBJECT => {
-                if body + OBJECT_BODY_BYTES > used {
+            KIND_OBJECT | KIND_OBJECT_EXT => {
+                let (body_bytes, znode_bytes) = if head[0] == KIND_OBJECT {
+                    (OBJECT_BODY_BYTES, ZNODE_BYTES)
+                } else {
+                    (OBJECT_EXT_BODY_BYTES, ZNODE_EXT_BYTES)
+                };
+                if body + body_bytes > used {
                     return Err(invalid(WHAT, "an object record runs past the block"));
                 }
                 let mut bonus = Bonus::default();
-                bonus.0[..ZNODE_BYTES].copy_from_slice(&bytes[body + 8..body + 8 + ZNODE_BYTES]);
+                bonus.0[..znode_bytes].copy_from_slice(&bytes[body + 8..body + 8 + znode_bytes]);
                 let state = ObjectState {
                     block_shift: head[1],
                     length: get_u64(bytes, body),
                     znode: Znode::decode(&bonus)?,
                 };
-                (LogRecord::Object { object, txg, state }, OBJECT_BODY_BYTES)
+                (LogRecord::Object { object, txg, state }, body_bytes)
             }
             KIND_FREED => (LogRecord::Freed { object, txg }, 0),
             KIND_ENTRY => {
@@ -610,6 +635,22 @@ mod tests {
                     },
                 },
             },
+            LogRecord::Object {
+                object: 12,
+                txg: 13,
+                state: ObjectState {
+                    block_shift: 12,
+                    length: 0,
+                    znode: Znode {
+                        mode: crate::format::znode::S_IFDIR | 0o755,
+                        nlink: 2,
+                        parent: 1,
+                        project: 77,
+                        flags: crate::format::znode::ZNODE_PROJINHERIT,
+                        ..Znode::default()
+                    },
+                },
+            },
             LogRecord::Freed {
                 object: 11,
                 txg: 13,
@@ -694,6 +735,7 @@ mod tests {
                 + (32 + 256)
                 + (32 + 32)
                 + (32 + 128)
+                + (32 + 136)
                 + 32
                 + (32 + 16)
                 + (32 + 8 + 256)

@@ -22,6 +22,11 @@
 //! | 96 | 8 | directories: entries (without `.` and `..`) |
 //! | 104 | 8 | directories: the salt of the entry-name hash |
 //! | 112 | 8 | the object holding extended attributes (0: none) |
+//! | 120 | 4 | project id (`chattr -p`; project quotas count by it; 0: the default project) |
+//! | 124 | 4 | flags: [`ZNODE_IMMUTABLE`], [`ZNODE_APPEND`], [`ZNODE_NODUMP`], [`ZNODE_PROJINHERIT`] |
+//!
+//! Bytes 120 to 127 were zero before projects and flags were kept, which
+//! reads as the default project and no flags: older znodes need no change.
 //!
 //! The dnode of a filesystem's dnode table (the pool-level `FsObjects`
 //! object) carries the filesystem's header in its bonus instead
@@ -31,9 +36,30 @@ use super::dnode::{Bonus, BONUS_BYTES};
 use super::{get_u32, get_u64, invalid, put_u64, FormatError};
 
 const ZNODE_VERSION: u8 = 1;
-/// Bytes of the bonus a znode uses (the rest is zero): what an intent log
-/// record copies of it.
+/// Bytes of the bonus a znode used before projects and flags: what an
+/// intent log object record of a znode with neither copies of it.
 pub const ZNODE_BYTES: usize = 120;
+/// Bytes of the bonus a znode uses (the rest is zero): what an intent log
+/// extended object record copies of it.
+pub const ZNODE_EXT_BYTES: usize = 128;
+
+/// Flag: nothing changes the object (`chattr +i`): no write, truncate,
+/// attribute change, link, rename or removal; a directory takes no new
+/// entries and loses none. As OpenZFS's `ZFS_IMMUTABLE`.
+pub const ZNODE_IMMUTABLE: u32 = 1 << 0;
+/// Flag: a file is only appended to (`chattr +a`): no overwrite or
+/// truncate, no rename or removal; a directory's entries are only added.
+/// As OpenZFS's `ZFS_APPENDONLY`.
+pub const ZNODE_APPEND: u32 = 1 << 1;
+/// Flag: backup tools skip it (`chattr +d`); the filesystem only keeps it.
+pub const ZNODE_NODUMP: u32 = 1 << 2;
+/// Flag (directories): objects made in it take its project id, and
+/// directories made in it this flag (`chattr +P`); a link or rename into
+/// it from another project is refused (`EXDEV`), as XFS and OpenZFS do.
+pub const ZNODE_PROJINHERIT: u32 = 1 << 3;
+/// Every flag this version knows; others are kept as they are.
+pub const ZNODE_FLAGS_KNOWN: u32 =
+    ZNODE_IMMUTABLE | ZNODE_APPEND | ZNODE_NODUMP | ZNODE_PROJINHERIT;
 /// Version 1 headers have no space sums; version 2 adds them.
 const FS_HEADER_VERSION_NO_SPACE: u8 = 1;
 const FS_HEADER_VERSION: u8 = 2;
@@ -98,9 +124,30 @@ pub struct Znode {
     pub entries: u64,
     pub hash_salt: u64,
     pub xattr_object: u64,
+    /// Project id (project quotas).
+    pub project: u32,
+    /// `ZNODE_*` flags.
+    pub flags: u32,
 }
 
 impl Znode {
+    /// Whether a write, truncate, attribute change, link, rename or
+    /// removal of it is refused by its flags (immutable).
+    pub fn is_immutable(&self) -> bool {
+        self.flags & ZNODE_IMMUTABLE != 0
+    }
+
+    /// Whether it may only grow (append-only) or not change at all.
+    pub fn is_append_only(&self) -> bool {
+        self.flags & ZNODE_APPEND != 0
+    }
+
+    /// Whether its project id and flags need the extended intent log
+    /// record (both zero: the short one carries it whole).
+    pub fn needs_ext_record(&self) -> bool {
+        self.project != 0 || self.flags != 0
+    }
+
     pub fn is_dir(&self) -> bool {
         self.mode & S_IFMT == S_IFDIR
     }
@@ -131,6 +178,8 @@ impl Znode {
         put_u64(out, 96, self.entries);
         put_u64(out, 104, self.hash_salt);
         put_u64(out, 112, self.xattr_object);
+        out[120..124].copy_from_slice(&self.project.to_le_bytes());
+        out[124..128].copy_from_slice(&self.flags.to_le_bytes());
         bonus
     }
 
@@ -154,6 +203,8 @@ impl Znode {
             entries: get_u64(bytes, 96),
             hash_salt: get_u64(bytes, 104),
             xattr_object: get_u64(bytes, 112),
+            project: get_u32(bytes, 120),
+            flags: get_u32(bytes, 124),
         };
         let kind = znode.mode & S_IFMT;
         if ![
@@ -266,7 +317,7 @@ impl FsHeader {
     }
 }
 
-const _: () = assert!(BONUS_BYTES >= 120);
+const _: () = assert!(BONUS_BYTES >= ZNODE_EXT_BYTES);
 
 #[cfg(test)]
 mod tests {
@@ -299,8 +350,15 @@ mod tests {
             entries: 12,
             hash_salt: 0xfeed,
             xattr_object: 9,
+            project: 42,
+            flags: ZNODE_APPEND | ZNODE_PROJINHERIT,
         };
         assert_eq!(Znode::decode(&znode.encode()).unwrap(), znode);
+        // A znode written before projects and flags: zeroes there.
+        let mut old = znode.encode();
+        old.0[120..128].fill(0);
+        let old = Znode::decode(&old).unwrap();
+        assert_eq!((old.project, old.flags), (0, 0));
         assert!(Znode::decode(&Bonus::default()).is_err());
         let old = FsHeader {
             root: 1,

@@ -40,9 +40,14 @@ use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::time::Duration;
 
-use crate::format::znode::{Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG};
+use crate::format::znode::{
+    Timestamp, S_IFDIR, S_IFLNK, S_IFMT, S_IFREG, ZNODE_APPEND, ZNODE_IMMUTABLE, ZNODE_NODUMP,
+    ZNODE_PROJINHERIT,
+};
 use crate::pool::dataset::props::SyncMode;
-use crate::pool::filesystem::{Attr, Filesystem, FsError, NewObject, SessionId, SetAttr};
+use crate::pool::filesystem::{
+    check_open, Attr, DataChange, Filesystem, FsError, NewObject, SessionId, SetAttr,
+};
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Semaphore;
@@ -814,6 +819,7 @@ async fn serve(
         | Request::Create { .. }
         | Request::Setxattr { .. }
         | Request::Removexattr { .. }
+        | Request::Ioctl { .. }
         | Request::Fallocate { .. } => sync == SyncMode::Always,
         _ => false,
     };
@@ -946,7 +952,8 @@ async fn serve_fs(
             let owner_or_size =
                 change.valid & (proto::FATTR_SIZE | proto::FATTR_UID | proto::FATTR_GID) != 0;
             if owner_or_size {
-                fs.drop_privileges(pool, node, false).await?;
+                fs.drop_privileges(pool, node, false, DataChange::Attributes)
+                    .await?;
             }
             let set = SetAttr {
                 mode: (change.valid & proto::FATTR_MODE != 0).then_some(change.mode),
@@ -955,6 +962,13 @@ async fn serve_fs(
                 size: (change.valid & proto::FATTR_SIZE != 0).then_some(change.size),
                 atime: time(change.atime, proto::FATTR_ATIME_NOW, proto::FATTR_ATIME),
                 mtime: time(change.mtime, proto::FATTR_MTIME_NOW, proto::FATTR_MTIME),
+                explicit_times: [
+                    (proto::FATTR_ATIME, proto::FATTR_ATIME_NOW),
+                    (proto::FATTR_MTIME, proto::FATTR_MTIME_NOW),
+                ]
+                .iter()
+                .any(|(set, now)| change.valid & set != 0 && change.valid & now == 0),
+                allocating: false,
                 drop_setid: owner_or_size && change.valid & proto::FATTR_KILL_SUIDGID != 0,
             };
             let attr = fs.setattr(pool, node, set).await?;
@@ -1014,6 +1028,7 @@ async fn serve_fs(
             if attr.znode.is_dir() {
                 return Err(FsError::IsDir);
             }
+            check_open(&attr.znode, flags)?;
             fs.opened(session.id, node);
             Ok(proto::open_out(0, open_flags(flags)))
         }
@@ -1056,7 +1071,11 @@ async fn serve_fs(
             ..
         } => {
             let kill_setid = write_flags & proto::WRITE_KILL_SUIDGID != 0;
-            if fs.drop_privileges(pool, node, kill_setid).await? {
+            let data_change = DataChange::Write { offset };
+            if fs
+                .drop_privileges(pool, node, kill_setid, data_change)
+                .await?
+            {
                 notify_inval_attributes(session, header.nodeid).await;
             }
             let written = if fs.may_write_behind(flags) {
@@ -1088,7 +1107,10 @@ async fn serve_fs(
             length,
             mode,
         } => {
-            if fs.drop_privileges(pool, node, false).await? {
+            if fs
+                .drop_privileges(pool, node, false, DataChange::Allocate { mode })
+                .await?
+            {
                 notify_inval_attributes(session, header.nodeid).await;
             }
             fs.fallocate(pool, node, offset, length, mode).await?;
@@ -1193,9 +1215,117 @@ async fn serve_fs(
         Request::Removexattr { name } => {
             fs.removexattr(pool, node, name).await.map(|()| Vec::new())
         }
+        Request::Ioctl {
+            flags,
+            cmd,
+            out_size,
+            data,
+        } => file_attr_ioctl(fs, pool, node, flags, cmd, out_size, data).await,
         Request::Unsupported(_) => Err(FsError::NotSupported),
     };
     bytes.map(Answer::Bytes)
+}
+
+/// `FS_IOC_GETFLAGS`: `_IOR('f', 1, long)`.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+/// `FS_IOC_SETFLAGS`: `_IOW('f', 2, long)`.
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+/// `FS_IOC_FSGETXATTR`: `_IOR('X', 31, struct fsxattr)`.
+const FS_IOC_FSGETXATTR: u32 = 0x801c_581f;
+/// `FS_IOC_FSSETXATTR`: `_IOW('X', 32, struct fsxattr)`.
+const FS_IOC_FSSETXATTR: u32 = 0x401c_5820;
+/// `struct fsxattr`: xflags, extsize, nextents, projid, cowextsize, pad.
+const FSXATTR_BYTES: usize = 28;
+
+/// The file flags kept, as `FS_IOC_GETFLAGS` (`FS_*_FL`) and
+/// `FS_IOC_FSGETXATTR` (`FS_XFLAG_*`) name them, beside the znode's.
+const FILE_FLAGS: [(u32, u32, u32); 4] = [
+    (ZNODE_IMMUTABLE, 0x0000_0010, 0x0000_0008),
+    (ZNODE_APPEND, 0x0000_0020, 0x0000_0010),
+    (ZNODE_NODUMP, 0x0000_0040, 0x0000_0080),
+    (ZNODE_PROJINHERIT, 0x2000_0000, 0x0000_0200),
+];
+
+/// `flags` of one naming (`pick` 1: `FS_*_FL`, 2: `FS_XFLAG_*`) as the
+/// znode's; None when one is not kept.
+fn znode_flags(flags: u32, pick: fn(&(u32, u32, u32)) -> u32) -> Option<u32> {
+    let known = FILE_FLAGS.iter().fold(0, |all, entry| all | pick(entry));
+    if flags & !known != 0 {
+        return None;
+    }
+    Some(
+        FILE_FLAGS
+            .iter()
+            .filter(|entry| flags & pick(entry) != 0)
+            .fold(0, |all, entry| all | entry.0),
+    )
+}
+
+/// The znode's `flags` in one naming.
+fn linux_flags(flags: u32, pick: fn(&(u32, u32, u32)) -> u32) -> u32 {
+    FILE_FLAGS
+        .iter()
+        .filter(|entry| flags & entry.0 != 0)
+        .fold(0, |all, entry| all | pick(entry))
+}
+
+/// The file-attribute ioctls (`chattr`, `lsattr`, `chattr -p`): the flags
+/// and project id a file keeps ([`crate::pool::filesystem`]'s `attrs`).
+/// Any other ioctl is `ENOTTY`, as on a filesystem without it.
+async fn file_attr_ioctl(
+    fs: &Rc<Filesystem>,
+    pool: &Rc<crate::pool::Pool>,
+    node: u64,
+    flags: u32,
+    cmd: u32,
+    out_size: u32,
+    data: &[u8],
+) -> Result<Vec<u8>, FsError> {
+    let word = |at: usize| -> Result<u32, FsError> {
+        data.get(at..at + 4)
+            .map(|bytes| u32::from_le_bytes(bytes.try_into().expect("4 bytes")))
+            .ok_or_else(|| {
+                FsError::Invalid(format!("ioctl {cmd:#x}: {} bytes of argument", data.len()))
+            })
+    };
+    let unsupported = |flags: u32| {
+        FsError::Unsupported(format!(
+            "file flags {flags:#x}: kept are immutable, append-only, no-dump and project-inherit"
+        ))
+    };
+    let by_name = |entry: &(u32, u32, u32)| entry.1;
+    let by_xflag = |entry: &(u32, u32, u32)| entry.2;
+    if flags & proto::IOCTL_UNRESTRICTED != 0 {
+        return Err(FsError::NotTty);
+    }
+    let out = match cmd {
+        FS_IOC_GETFLAGS => {
+            let (flags, _) = fs.file_flags(node).await?;
+            linux_flags(flags, by_name).to_le_bytes().to_vec()
+        }
+        FS_IOC_SETFLAGS => {
+            let asked = word(0)?;
+            let flags = znode_flags(asked, by_name).ok_or_else(|| unsupported(asked))?;
+            fs.set_file_flags(pool, node, flags, None).await?;
+            Vec::new()
+        }
+        FS_IOC_FSGETXATTR => {
+            let (flags, project) = fs.file_flags(node).await?;
+            let mut out = vec![0u8; FSXATTR_BYTES];
+            out[0..4].copy_from_slice(&linux_flags(flags, by_xflag).to_le_bytes());
+            out[12..16].copy_from_slice(&project.to_le_bytes());
+            out
+        }
+        FS_IOC_FSSETXATTR => {
+            let asked = word(0)?;
+            let project = word(12)?;
+            let flags = znode_flags(asked, by_xflag).ok_or_else(|| unsupported(asked))?;
+            fs.set_file_flags(pool, node, flags, Some(project)).await?;
+            Vec::new()
+        }
+        _ => return Err(FsError::NotTty),
+    };
+    Ok(proto::ioctl_out(&out[..out.len().min(out_size as usize)]))
 }
 
 /// The reply to INIT: what the server asks of the kernel.

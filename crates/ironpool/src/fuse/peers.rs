@@ -101,6 +101,7 @@ pub(super) async fn stale_after(fs: &Filesystem, node: u64, request: &Request<'_
         Request::Setattr(_)
         | Request::Write { .. }
         | Request::Fallocate { .. }
+        | Request::Ioctl { .. }
         | Request::Setxattr { .. }
         | Request::Removexattr { .. } => vec![Stale::Node(node)],
         Request::Symlink { name, .. }

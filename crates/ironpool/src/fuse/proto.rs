@@ -57,6 +57,15 @@ pub const RENAME2: u32 = 45;
 pub const READDIRPLUS: u32 = 44;
 /// `fallocate(2)`: the modes `Filesystem::fallocate` takes.
 pub const FALLOCATE: u32 = 43;
+/// `FUSE_IOCTL`: the kernel passes the file-attribute ioctls
+/// (`FS_IOC_GETFLAGS`, `FS_IOC_FSGETXATTR` and their setters: `chattr`,
+/// `lsattr`) to the server this way.
+pub const IOCTL: u32 = 39;
+/// `fuse_ioctl_in`'s size: the ioctl's data follows.
+const IOCTL_IN_BYTES: usize = 32;
+/// `fuse_ioctl_in.flags`: an ioctl whose data the server must fetch itself
+/// (CUSE only; never answered here).
+pub const IOCTL_UNRESTRICTED: u32 = 1 << 1;
 /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the others).
 pub const LSEEK: u32 = 46;
 
@@ -229,6 +238,14 @@ pub enum Request<'a> {
         offset: u64,
         length: u64,
         mode: u32,
+    },
+    /// `fuse_ioctl_in` and the `in_size` bytes of the ioctl's argument;
+    /// the reply carries at most `out_size` bytes back.
+    Ioctl {
+        flags: u32,
+        cmd: u32,
+        out_size: u32,
+        data: &'a [u8],
     },
     /// `fuse_lseek_in`: `whence` is `SEEK_DATA` or `SEEK_HOLE`.
     Lseek {
@@ -442,6 +459,18 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             offset: u64_at(body, 8)?,
             whence: u32_at(body, 16)?,
         },
+        IOCTL => {
+            let in_size = u32_at(body, 24)? as usize;
+            let data = body
+                .get(IOCTL_IN_BYTES..IOCTL_IN_BYTES + in_size)
+                .ok_or(Malformed("ioctl shorter than its in_size"))?;
+            Request::Ioctl {
+                flags: u32_at(body, 8)?,
+                cmd: u32_at(body, 12)?,
+                out_size: u32_at(body, 28)?,
+                data,
+            }
+        }
         ACCESS => Request::Access {
             mask: u32_at(body, 0)?,
         },
@@ -522,6 +551,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         RENAME2 => "RENAME2",
         LSEEK => "LSEEK",
         FALLOCATE => "FALLOCATE",
+        IOCTL => "IOCTL",
         _ => "OTHER",
     }
 }
@@ -718,6 +748,13 @@ pub fn getxattr_out(size: u32) -> Vec<u8> {
 
 /// `fuse_write_out`.
 /// `fuse_lseek_out`: the offset found.
+/// `fuse_ioctl_out` (result 0, no retry) and the data the ioctl returns.
+pub fn ioctl_out(data: &[u8]) -> Vec<u8> {
+    let mut out = vec![0u8; 16];
+    out.extend_from_slice(data);
+    out
+}
+
 pub fn lseek_out(offset: u64) -> Vec<u8> {
     offset.to_le_bytes().to_vec()
 }

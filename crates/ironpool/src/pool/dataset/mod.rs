@@ -121,6 +121,16 @@ impl Datasets {
             .cloned()
     }
 
+    /// After snapshots `names` (full names) were renamed: their open views
+    /// go (one in use stays with its user); a lookup of the new name opens
+    /// it afresh.
+    pub(in crate::pool) fn forget_snapshots(&self, names: &[String]) {
+        self.snapshot_volumes
+            .retain(|full| !names.iter().any(|name| name == full));
+        self.snapshot_filesystems
+            .retain(|full| !names.iter().any(|name| name == full));
+    }
+
     /// After `old` and what is below it were renamed to `new`: the open
     /// snapshot views of them go (they carry the old names; one in use
     /// stays with its user), and snapshots asked for follow the new names.

@@ -27,7 +27,7 @@
 //! | xattr | on, off | on | filesystems only: extended attributes |
 //! | quota, refquota | none, a size | none | not inherited: bound what the dataset and its snapshots use, what it refers to (see `quota`) |
 //! | reservation, refreservation | none, a size | none | not inherited: space held back for the dataset (see `quota`); a volume is made thick (`refreservation` = its size and indirect blocks, `auto`) unless created sparse (`-s`), and a thick volume's refreservation grows with its `volsize` |
-//! | userquota@ID, groupquota@ID | none, a size | none | filesystems only: what a user's (group's) objects may take (see `filesystem::id_space`) |
+//! | userquota@ID, groupquota@ID, projectquota@ID | none, a size | none | filesystems only: what a user's (group's, project's) objects may take (see `filesystem::id_space`) |
 //! | `module:key` | any text up to 8 KiB | | user properties, inherited too |
 
 use std::collections::BTreeMap;
@@ -918,7 +918,7 @@ impl Pool {
         Ok(rows)
     }
 
-    /// The rows of the user and group quotas and figures asked for by
+    /// The rows of the user, group and project quotas and figures asked for by
     /// name (`userquota@alice`, `groupused@100`) of filesystem `short`.
     async fn id_values(
         self: &Rc<Self>,
@@ -940,8 +940,10 @@ impl Pool {
                 continue;
             }
             if usage.is_none() {
-                use filesystem::id_space::IdKind;
-                usage = Some(self.id_space(short, &[IdKind::User, IdKind::Group]).await?);
+                usage = Some(
+                    self.id_space(short, &filesystem::id_space::ID_KINDS)
+                        .await?,
+                );
             }
             let used = usage
                 .iter()

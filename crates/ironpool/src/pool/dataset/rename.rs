@@ -11,11 +11,19 @@
 //! `set mountpoint`); NBD clients already connected keep their volume,
 //! new ones ask for the new name. Settings inherited from a new parent
 //! apply at once.
+//!
+//! `rename [-r] POOL/DS@OLD POOL/DS@NEW` renames a snapshot (with `-r`, the
+//! snapshot of that name of every dataset below too, in one txg, as
+//! `zfs rename -r` does): its record, and the origin its clones name. A
+//! client reading it over NBD or in `.zfs/snapshot` keeps what it has
+//! open; new lookups find it under the new name.
 
 use std::rc::Rc;
 
+use crate::format::valid_name;
 use crate::pool::dataset::directory::{is_within, valid_dataset_name, Directory};
 use crate::pool::dataset::receive::RECEIVE_SUFFIX;
+use crate::pool::dataset::snapshot::split_snapshot_name;
 use crate::pool::{is_hidden_dataset, Pool, PoolError};
 
 /// `name` (`old` or below it) renamed so that `old` becomes `new`.
@@ -60,7 +68,138 @@ fn rename_in_directory(directory: &mut Directory, names: &[String], old: &str, n
     }
 }
 
+/// Renames snapshot `old` of each dataset in `datasets` to `new`, and the
+/// origin every clone of it names.
+fn rename_snapshots_in_directory(
+    directory: &mut Directory,
+    datasets: &[String],
+    old: &str,
+    new: &str,
+) {
+    for dataset in datasets {
+        if let Some(lineage) = directory.lineage_mut(dataset) {
+            for snapshot in &mut lineage.snapshots {
+                if snapshot.name == old {
+                    snapshot.name = new.to_string();
+                }
+            }
+        }
+    }
+    let lineages = directory
+        .volumes
+        .values_mut()
+        .map(|record| &mut record.lineage)
+        .chain(
+            directory
+                .filesystems
+                .values_mut()
+                .map(|record| &mut record.lineage),
+        );
+    for lineage in lineages {
+        if let Some(origin) = &mut lineage.origin {
+            if origin.snapshot == old && datasets.contains(&origin.volume) {
+                origin.snapshot = new.to_string();
+            }
+        }
+    }
+}
+
 impl Pool {
+    /// Renames snapshot `from` (`POOL/DS@OLD`) to `to` (`POOL/DS@NEW`,
+    /// `@NEW` or `NEW`); with `recursive`, snapshot OLD of every dataset
+    /// below DS that has one too, in one txg. Returns the names given, old
+    /// and new.
+    pub async fn rename_snapshot(
+        self: &Rc<Self>,
+        from: &str,
+        to: &str,
+        recursive: bool,
+    ) -> Result<Vec<(String, String)>, PoolError> {
+        let _admin = self.datasets.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let (dataset, old) = split_snapshot_name(&self.name, from).ok_or_else(|| {
+            PoolError::InvalidArgument(format!("'{from}': snapshots are named POOL/DATASET@NAME"))
+        })?;
+        let new = match to.split_once('@') {
+            Some((to_dataset, new)) => {
+                let to_dataset = to_dataset
+                    .strip_prefix(&self.name)
+                    .and_then(|rest| rest.strip_prefix('/'))
+                    .unwrap_or(to_dataset);
+                if !to_dataset.is_empty() && to_dataset != dataset {
+                    return Err(PoolError::InvalidArgument(format!(
+                        "cannot rename {from} to {to}: a snapshot stays with its dataset (rename the dataset to move it)"
+                    )));
+                }
+                new
+            }
+            None => to,
+        };
+        if !valid_name(new) {
+            return Err(PoolError::InvalidName(new.to_string()));
+        }
+        let datasets: Vec<String> = {
+            let directory = self.datasets.directory.read();
+            let lineage = directory
+                .lineage(dataset)
+                .filter(|_| !is_hidden_dataset(dataset))
+                .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{dataset}", self.name)))?;
+            if lineage.snapshot(old).is_none() {
+                return Err(PoolError::NoSuchVolume(format!(
+                    "{}/{dataset}@{old}",
+                    self.name
+                )));
+            }
+            let mut datasets = vec![dataset.to_string()];
+            if recursive {
+                datasets.extend(self.descendants(dataset).into_iter().filter(|below| {
+                    !is_hidden_dataset(below)
+                        && directory
+                            .lineage(below)
+                            .is_some_and(|lineage| lineage.snapshot(old).is_some())
+                }));
+            }
+            for name in &datasets {
+                if directory
+                    .lineage(name)
+                    .is_some_and(|lineage| lineage.snapshot(new).is_some())
+                {
+                    return Err(PoolError::VolumeExists(format!(
+                        "{}/{name}@{new}",
+                        self.name
+                    )));
+                }
+            }
+            datasets
+        };
+        if old == new {
+            return Ok(Vec::new());
+        }
+        let full = |dataset: &str, snapshot: &str| format!("{}/{dataset}@{snapshot}", self.name);
+        {
+            let holds = self.datasets.snapshot_holds.borrow();
+            if let Some(name) = datasets
+                .iter()
+                .find(|name| holds.contains_key(&full(name, old)))
+            {
+                return Err(PoolError::InvalidArgument(format!(
+                    "cannot rename {}: it is being sent or compared; try again when that ends",
+                    full(name, old)
+                )));
+            }
+        }
+        // From here to the commit nothing awaits.
+        rename_snapshots_in_directory(&mut self.datasets.directory.edit(), &datasets, old, new);
+        let gone: Vec<String> = datasets.iter().map(|name| full(name, old)).collect();
+        self.datasets.forget_snapshots(&gone);
+        self.datasets.filesystems_changed.notify_all();
+        self.commit().await?;
+        Ok(datasets
+            .iter()
+            .map(|name| (full(name, old), full(name, new)))
+            .collect())
+    }
+
     /// Renames dataset `from` (`POOL/A` or `A`) and every dataset below it
     /// to `to`, whose parent must exist (the caller makes missing ones for
     /// `-p`). Returns the names given, old and new, parents first.

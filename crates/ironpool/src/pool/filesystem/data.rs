@@ -183,6 +183,7 @@ impl Filesystem {
         if !keep_size && end > size {
             let grow = super::SetAttr {
                 size: Some(end),
+                allocating: true,
                 ..super::SetAttr::default()
             };
             self.setattr(pool, ino, grow).await?;

@@ -1,6 +1,12 @@
-//! User and group quotas of a filesystem (OpenZFS's `userquota@NAME`,
-//! `groupquota@NAME`, `userused@NAME`, `groupused@NAME`, `userspace`,
-//! `groupspace`).
+//! User, group and project quotas of a filesystem (OpenZFS's
+//! `userquota@NAME`, `groupquota@NAME`, `projectquota@ID`, `userused@NAME`,
+//! `groupused@NAME`, `projectused@ID`, `userspace`, `groupspace`,
+//! `projectspace`).
+//!
+//! A project is a number every object carries (`chattr -p ID`, or taken
+//! from a directory with the project-inherit flag, `chattr +P`): a
+//! directory tree given one counts against that project's quota whoever
+//! owns its files, as on XFS, ext4 and OpenZFS.
 //!
 //! A quota is a property of the filesystem keyed by the numeric id
 //! (`userquota@1000`; a name given is resolved on the server's host when
@@ -38,13 +44,18 @@ use crate::rt::sync::Semaphore;
 /// make every retry one.
 pub const ID_WALK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(1);
 
-/// Whose space: a user's or a group's.
+/// Whose space: a user's, a group's or a project's.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum IdKind {
     User,
     Group,
+    Project,
 }
+
+/// Every kind of id, in the order `userspace`, `groupspace` and
+/// `projectspace` are named.
+pub const ID_KINDS: [IdKind; 3] = [IdKind::User, IdKind::Group, IdKind::Project];
 
 impl IdKind {
     /// The prefix of its quota property.
@@ -52,6 +63,7 @@ impl IdKind {
         match self {
             IdKind::User => "userquota@",
             IdKind::Group => "groupquota@",
+            IdKind::Project => "projectquota@",
         }
     }
 
@@ -60,6 +72,7 @@ impl IdKind {
         match self {
             IdKind::User => "userused@",
             IdKind::Group => "groupused@",
+            IdKind::Project => "projectused@",
         }
     }
 }
@@ -72,7 +85,7 @@ pub fn quota_name(kind: IdKind, id: u32) -> String {
 /// An id's quota or figure named by a property (`userquota@alice`,
 /// `groupused@100`): its kind, whether it is the quota, and the name.
 pub fn id_property(name: &str) -> Option<(IdKind, bool, &str)> {
-    [IdKind::User, IdKind::Group].into_iter().find_map(|kind| {
+    ID_KINDS.into_iter().find_map(|kind| {
         if let Some(id) = name.strip_prefix(kind.quota_prefix()) {
             return Some((kind, true, id));
         }
@@ -82,17 +95,22 @@ pub fn id_property(name: &str) -> Option<(IdKind, bool, &str)> {
 }
 
 /// The numeric id of user or group `name` (digits: itself), looked up on
-/// this host.
+/// this host; a project is named by its number.
 pub fn resolve_id(kind: IdKind, name: &str) -> Result<u32, PoolError> {
     if let Ok(id) = name.parse::<u32>() {
         return Ok(id);
+    }
+    if kind == IdKind::Project {
+        return Err(PoolError::InvalidArgument(format!(
+            "a project is named by its number ('{name}' is not one)"
+        )));
     }
     let unknown = || {
         PoolError::InvalidArgument(format!(
             "no {} named '{name}' on this host (give the numeric id)",
             match kind {
                 IdKind::User => "user",
-                IdKind::Group => "group",
+                IdKind::Group | IdKind::Project => "group",
             }
         ))
     };
@@ -105,7 +123,7 @@ pub fn resolve_id(kind: IdKind, name: &str) -> Result<u32, PoolError> {
             },
             |entry: &libc::passwd| entry.pw_uid,
         ),
-        IdKind::Group => host_entry(
+        IdKind::Group | IdKind::Project => host_entry(
             // SAFETY: as above.
             |entry, buffer, size, found| unsafe {
                 libc::getgrnam_r(c_name.as_ptr(), entry, buffer, size, found)
@@ -125,6 +143,9 @@ pub fn resolve_id(kind: IdKind, name: &str) -> Result<u32, PoolError> {
 /// The name of user or group `id` on this host, if it has one (for
 /// `userspace` and `groupspace`).
 pub fn id_name(kind: IdKind, id: u32) -> Option<String> {
+    if kind == IdKind::Project {
+        return None;
+    }
     let name = |name: *const libc::c_char| {
         // SAFETY: a found entry's name is a NUL-terminated string in the
         // lookup's buffer, which lives while it is read.
@@ -140,7 +161,7 @@ pub fn id_name(kind: IdKind, id: u32) -> Option<String> {
             },
             |entry: &libc::passwd| name(entry.pw_name),
         ),
-        IdKind::Group => host_entry(
+        IdKind::Group | IdKind::Project => host_entry(
             // SAFETY: as above.
             |entry, buffer, size, found| unsafe {
                 libc::getgrgid_r(id, entry, buffer, size, found)
@@ -185,7 +206,8 @@ fn host_entry<E: HostEntry, T>(
     }
 }
 
-/// Checks an assignment of `userquota@NAME` or `groupquota@NAME`: the
+/// Checks an assignment of `userquota@NAME`, `groupquota@NAME` or
+/// `projectquota@ID`: the
 /// property as stored (the numeric id) and its value (bytes, or `none`).
 pub fn validate_id_quota(name: &str, value: &str) -> Result<Option<(String, String)>, PoolError> {
     let Some((kind, true, id)) = id_property(name) else {
@@ -199,7 +221,7 @@ pub fn validate_id_quota(name: &str, value: &str) -> Result<Option<(String, Stri
     Ok(Some((quota_name(kind, id), value)))
 }
 
-/// The user and group quotas `properties` set (ids without one, or
+/// The user, group and project quotas `properties` set (ids without one, or
 /// `none`, are not there).
 pub fn id_quotas(properties: &BTreeMap<String, String>) -> FxHashMap<(IdKind, u32), u64> {
     properties
@@ -214,7 +236,7 @@ pub fn id_quotas(properties: &BTreeMap<String, String>) -> FxHashMap<(IdKind, u3
         .collect()
 }
 
-/// A filesystem's user and group space figures.
+/// A filesystem's user, group and project space figures.
 pub(crate) struct IdSpace {
     /// The quotas its properties set.
     quotas: RefCell<FxHashMap<(IdKind, u32), u64>>,
@@ -245,12 +267,16 @@ impl Default for IdSpace {
     }
 }
 
+/// The ids a file's space counts against: its user, its group and its
+/// project.
+type Owners = [(IdKind, u32); 3];
+
 /// A write admitted by its file's owners' quotas, kept until its blocks
 /// are linked or held.
 #[must_use]
 pub(crate) struct IdAdmitted<'a> {
     space: Option<&'a IdSpace>,
-    ids: [(IdKind, u32); 2],
+    ids: Owners,
     bytes: u64,
 }
 
@@ -267,7 +293,7 @@ impl Drop for IdAdmitted<'_> {
     }
 }
 
-/// One row of `userspace` or `groupspace`.
+/// One row of `userspace`, `groupspace` or `projectspace`.
 #[derive(Clone, Debug, Serialize)]
 pub struct IdUsage {
     #[serde(rename = "type")]
@@ -306,15 +332,25 @@ impl IdSpace {
     }
 }
 
-/// The owners of a file: its user and group.
-fn owners(object: &Object) -> Option<[(IdKind, u32); 2]> {
-    let znode = Znode::decode(&object.dnode().bonus).ok()?;
-    Some([(IdKind::User, znode.uid), (IdKind::Group, znode.gid)])
+/// The ids whose space a znode's object counts in.
+pub(super) fn znode_owners(znode: &Znode) -> Owners {
+    [
+        (IdKind::User, znode.uid),
+        (IdKind::Group, znode.gid),
+        (IdKind::Project, znode.project),
+    ]
+}
+
+/// The owners of a file: its user, group and project.
+fn owners(object: &Object) -> Option<Owners> {
+    Znode::decode(&object.dnode().bonus)
+        .ok()
+        .map(|znode| znode_owners(&znode))
 }
 
 impl Filesystem {
     /// Admits a write of `bytes` of new space to file `object`: refused
-    /// with EDQUOT past its owner's or its group's quota. The caller holds
+    /// with EDQUOT past its owner's, its group's or its project's quota. The caller holds
     /// the filesystem's lock shared (no object is made or freed during a
     /// walk) and keeps the guard until the blocks are linked or held.
     pub(super) async fn admit_to_owners(
@@ -325,7 +361,7 @@ impl Filesystem {
         let space = &self.ids;
         let nothing = IdAdmitted {
             space: None,
-            ids: [(IdKind::User, 0), (IdKind::Group, 0)],
+            ids: [(IdKind::User, 0), (IdKind::Group, 0), (IdKind::Project, 0)],
             bytes: 0,
         };
         if bytes == 0 || space.quotas.borrow().is_empty() {
@@ -380,15 +416,15 @@ impl Filesystem {
         })
     }
 
-    /// A file of `used` bytes changed owner (`chown`): its space counts
-    /// against the new owners from now on (not refused by their quotas, as
-    /// in OpenZFS).
-    pub(super) fn note_owner_change(&self, new: [(IdKind, u32); 2], used: u64) {
+    /// A file of `used` bytes changed owner (`chown`) or project (`chattr
+    /// -p`): its space counts against the new ids from now on (not refused
+    /// by their quotas, as in OpenZFS).
+    pub(super) fn note_owner_change(&self, new: &[(IdKind, u32)], used: u64) {
         if self.ids.quotas.borrow().is_empty() {
             return;
         }
         for id in new {
-            IdSpace::add(&self.ids.since, id, used);
+            IdSpace::add(&self.ids.since, *id, used);
         }
     }
 
@@ -440,7 +476,7 @@ impl Filesystem {
             let Ok(znode) = Znode::decode(&dnode.bonus) else {
                 continue;
             };
-            for id in [(IdKind::User, znode.uid), (IdKind::Group, znode.gid)] {
+            for id in znode_owners(&znode) {
                 let entry = found.entry(id).or_insert(0);
                 *entry = entry.saturating_add(dnode.used_bytes);
             }
@@ -457,8 +493,8 @@ impl Filesystem {
         Ok(())
     }
 
-    /// `userspace` and `groupspace`: the space every user and group of
-    /// `kinds` owning an object uses, and those with a quota, from one
+    /// `userspace`, `groupspace` and `projectspace`: the space every id
+    /// of `kinds` owning an object uses, and those with a quota, from one
     /// walk. The caller holds the lock shared.
     pub(in crate::pool) async fn id_usage(
         &self,
@@ -527,6 +563,15 @@ mod tests {
             Some(("groupquota@7".to_string(), "none".to_string()))
         );
         assert!(validate_id_quota("userused@0", "1M").is_err());
+        assert_eq!(
+            validate_id_quota("projectquota@42", "1G").unwrap(),
+            Some(("projectquota@42".to_string(), (1u64 << 30).to_string()))
+        );
+        assert!(validate_id_quota("projectquota@web", "1G").is_err());
+        assert_eq!(
+            id_property("projectused@7"),
+            Some((IdKind::Project, false, "7"))
+        );
         assert!(validate_id_quota("userquota@no-such-user-here", "1M").is_err());
         assert_eq!(validate_id_quota("compression", "lz4").unwrap(), None);
         let properties: BTreeMap<String, String> = [

@@ -303,6 +303,8 @@ impl Pool {
             entries: 0,
             hash_salt: crate::format::new_guid(),
             xattr_object: 0,
+            project: 0,
+            flags: 0,
         };
         let root_object = fs.new_object(self, ROOT_OBJECT, true, &root);
         dir::init(&fs.objects, &root_object)

@@ -47,6 +47,7 @@
 //! carry (past its bounds) is noted with its txg, and an `fsync` until
 //! that txg is durable commits a txg instead.
 
+mod attrs;
 mod behind;
 mod data;
 mod diff;
@@ -77,6 +78,7 @@ use crate::pool::dataset::props::VolumeSettings;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
+pub use attrs::{check_open, DataChange};
 pub use diff::{DiffEntry, DiffReport, DIFF_ENTRIES_MAX};
 use holds::Holds;
 pub use holds::SessionId;
@@ -229,6 +231,9 @@ pub enum FsError {
     /// `SEEK_DATA` at or past the last data, `SEEK_HOLE` past the end.
     #[error("no data or hole at or after the offset")]
     NoData,
+    /// An ioctl this filesystem does not answer.
+    #[error("inappropriate ioctl for device")]
+    NotTty,
     #[error("damaged filesystem metadata: {0}")]
     Corrupt(String),
     /// The filesystem was rolled back or destroyed (or its snapshot
@@ -264,6 +269,7 @@ impl FsError {
             FsError::NoData => libc::ENXIO,
             FsError::Unsupported(_) => libc::EOPNOTSUPP,
             FsError::Stale => libc::ESTALE,
+            FsError::NotTty => libc::ENOTTY,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
         }
     }
@@ -327,6 +333,12 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<Timestamp>,
     pub mtime: Option<Timestamp>,
+    /// Whether a time was given by the caller (`utimensat` with times),
+    /// not taken as now: an append-only file refuses only the former.
+    pub explicit_times: bool,
+    /// The size change is an `fallocate` growing the file, which an
+    /// append-only file allows (a truncate it refuses).
+    pub allocating: bool,
     /// Drop set-user-id and set-group-id ([`without_setid`]) from the mode
     /// this change leaves, under the same lock (FUSE's `HANDLE_KILLPRIV_V2`:
     /// a write or truncate by a caller without `CAP_FSETID`, a chown).

@@ -4,6 +4,7 @@
 
 use std::rc::Rc;
 
+use super::attrs::{check_project_move, inherited, refuse_if_fixed, refuse_if_immutable};
 use super::{
     block_shift_for, dir, now, padded_to_block, without_setid, Attr, Change, Filesystem, FsError,
     NewObject, SetAttr, FILE_BLOCK_SHIFT_MIN, FILE_SIZE_MAX_BYTES, LINK_MAX,
@@ -97,6 +98,11 @@ impl Filesystem {
             }
         };
         let is_dir = mode & S_IFMT == S_IFDIR;
+        if let Err(error) = refuse_if_immutable(&dir_znode, "a new name in the directory") {
+            release(&target_block);
+            return Err(error);
+        }
+        let (flags, project) = inherited(&dir_znode, is_dir);
         // The object counts from here: a failure below frees it again.
         let ino = self.allocate_ino();
         let time = now();
@@ -115,6 +121,8 @@ impl Filesystem {
             entries: 0,
             hash_salt: if is_dir { crate::format::new_guid() } else { 0 },
             xattr_object: 0,
+            project,
+            flags,
         };
         let object = self.new_object(pool, ino, is_dir, &znode);
         change.touch(&object);
@@ -266,7 +274,10 @@ impl Filesystem {
         if znode.nlink == 0 {
             return Err(FsError::NotFound);
         }
+        refuse_if_fixed(&znode, "a new link to the file")?;
         let (dir_object, mut dir_znode) = self.load_dir(parent).await?;
+        refuse_if_immutable(&dir_znode, "a new name in the directory")?;
+        check_project_move(&dir_znode, &znode)?;
         if dir::lookup(&self.objects, &dir_object, dir_znode.hash_salt, name)
             .await?
             .is_some()
@@ -318,6 +329,8 @@ impl Filesystem {
             (true, true) if znode.entries > 0 => return Err(FsError::NotEmpty),
             _ => {}
         }
+        refuse_if_fixed(&dir_znode, "removal from the directory")?;
+        refuse_if_fixed(&znode, "removal")?;
         change
             .remove_entry(&dir_object, dir_znode.hash_salt, name)
             .await?;
@@ -396,6 +409,12 @@ impl Filesystem {
             return Ok(());
         }
         let (source_object, mut source_znode) = self.load(source.object).await?;
+        refuse_if_fixed(&from_znode, "rename out of the directory")?;
+        refuse_if_immutable(&to_znode, "rename into the directory")?;
+        refuse_if_fixed(&source_znode, "rename")?;
+        if parent != new_parent {
+            check_project_move(&to_znode, &source_znode)?;
+        }
         // A directory may not move under itself.
         if source_znode.is_dir() && parent != new_parent {
             self.check_not_ancestor(source.object, new_parent).await?;
@@ -404,6 +423,11 @@ impl Filesystem {
         if flags & RENAME_EXCHANGE != 0 {
             let target = target.ok_or(FsError::NotFound)?;
             let (target_object, mut target_znode) = self.load(target.object).await?;
+            refuse_if_fixed(&target_znode, "rename")?;
+            refuse_if_fixed(&to_znode, "rename out of the directory")?;
+            if parent != new_parent {
+                check_project_move(&from_znode, &target_znode)?;
+            }
             if target_znode.is_dir() && parent != new_parent {
                 self.check_not_ancestor(target.object, parent).await?;
             }
@@ -445,6 +469,8 @@ impl Filesystem {
                     return Ok(());
                 }
                 let (target_object, target_znode) = self.load(target.object).await?;
+                refuse_if_fixed(&target_znode, "replacing it by a rename")?;
+                refuse_if_fixed(&to_znode, "replacing a name in the directory")?;
                 match (source_znode.is_dir(), target_znode.is_dir()) {
                     (true, false) => return Err(FsError::NotDir),
                     (false, true) => return Err(FsError::IsDir),
@@ -570,6 +596,16 @@ impl Filesystem {
         let guard = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, mut znode) = self.load(ino).await?;
+        refuse_if_immutable(&znode, "change of its attributes")?;
+        // Append-only: only the times may be set to now (`touch`).
+        if change.mode.is_some()
+            || change.uid.is_some()
+            || change.gid.is_some()
+            || (change.size.is_some() && !change.allocating)
+            || change.explicit_times
+        {
+            refuse_if_fixed(&znode, "change of its attributes")?;
+        }
         let time = now();
         if let Some(size) = change.size {
             if znode.is_dir() {
@@ -595,9 +631,8 @@ impl Filesystem {
             znode.gid = gid;
         }
         if owners != (znode.uid, znode.gid) {
-            use super::id_space::IdKind;
             self.note_owner_change(
-                [(IdKind::User, znode.uid), (IdKind::Group, znode.gid)],
+                &super::id_space::znode_owners(&znode)[..2],
                 object.dnode().used_bytes,
             );
         }

@@ -72,8 +72,13 @@ impl Filesystem {
         pool: &Rc<Pool>,
         ino: u64,
         kill_setid: bool,
+        data_change: super::DataChange,
     ) -> Result<bool, FsError> {
-        let znode = self.getattr(ino).await?.znode;
+        let attr = self.getattr(ino).await?;
+        // What the file's flags forbid is refused before anything is taken
+        // away.
+        super::attrs::check_data_change(&attr.znode, attr.size, data_change)?;
+        let znode = attr.znode;
         let mut changed = false;
         // Looked up first (under the shared lock): removing takes the
         // filesystem's change lock, which would hold up every other
@@ -81,7 +86,7 @@ impl Filesystem {
         if znode.xattr_object != 0 && self.xattrs.get() {
             match self.getxattr(ino, CAPABILITY).await {
                 Ok(_) => {
-                    match self.removexattr(pool, ino, CAPABILITY).await {
+                    match self.remove_xattr(pool, ino, CAPABILITY, false).await {
                         Ok(()) | Err(FsError::NoAttribute) => {}
                         Err(error) => return Err(error),
                     }
@@ -198,6 +203,7 @@ impl Filesystem {
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
+        super::attrs::refuse_if_fixed(&znode, "change of its extended attributes")?;
         let mut list = self.xattr_list(&znode).await?;
         match list.binary_search_by(|xattr| xattr.name.as_slice().cmp(name)) {
             Ok(_) if flags & XATTR_CREATE != 0 => return Err(FsError::Exists),
@@ -222,11 +228,27 @@ impl Filesystem {
 
     /// Removes attribute `name` of object `ino`.
     pub async fn removexattr(&self, pool: &Rc<Pool>, ino: u64, name: &[u8]) -> Result<(), FsError> {
+        self.remove_xattr(pool, ino, name, true).await
+    }
+
+    /// [`Filesystem::removexattr`]; `as_caller`: a caller's request, which
+    /// an immutable or append-only object refuses (the server's own
+    /// removal of `security.capability` on a write is not one).
+    async fn remove_xattr(
+        &self,
+        pool: &Rc<Pool>,
+        ino: u64,
+        name: &[u8],
+        as_caller: bool,
+    ) -> Result<(), FsError> {
         self.check_xattrs_on()?;
         Self::check_not_acl(name)?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
+        if as_caller {
+            super::attrs::refuse_if_fixed(&znode, "change of its extended attributes")?;
+        }
         let mut list = self.xattr_list(&znode).await?;
         let at = list
             .binary_search_by(|xattr| xattr.name.as_slice().cmp(name))

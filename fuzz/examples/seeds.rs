@@ -409,14 +409,17 @@ fn replication_package_seeds(writer: &mut SeedWriter) {
                 kind: "filesystem".into(),
                 properties: [("atime".to_string(), "off".to_string())].into_iter().collect(),
                 snapshots: vec!["one".into(), "two".into()],
+                from: None,
             },
             PackageDataset {
                 name: "b/v".into(),
                 kind: "volume".into(),
                 properties: Default::default(),
                 snapshots: vec!["two".into()],
+                from: None,
             },
         ],
+        from: None,
     };
     let mut package = Vec::new();
     write_header(&mut package, &manifest).expect("a header in memory");

@@ -300,9 +300,14 @@ enum Command {
         /// Resume an interrupted stream with the receiver's resume token.
         #[arg(short = 't')]
         token: Option<String>,
+        /// With -R: an incremental package from this snapshot (@SNAP) of every dataset, with
+        /// every snapshot between (-i sends only the last).
+        #[arg(short = 'I', requires = "replicate", conflicts_with = "from")]
+        from_all: Option<String>,
         /// A replication package: the dataset and every one below it, with their properties
-        /// and snapshots up to this one (`receive` recreates the subtree).
-        #[arg(short = 'R', conflicts_with_all = ["from", "token"])]
+        /// and snapshots up to this one (`receive` recreates the subtree; with -i or -I,
+        /// updates a copy that has the base snapshot).
+        #[arg(short = 'R', conflicts_with = "token")]
         replicate: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
@@ -806,11 +811,23 @@ fn main() -> ExitCode {
             replicate: true,
             dirs,
             snapshot,
+            from,
+            from_all,
             ..
-        } => match snapshot {
-            Some(snapshot) => cli::replication::send_replication(&context, &snapshot, &dirs),
-            None => Err("send -R takes POOL/DATASET@SNAP".into()),
-        },
+        } => {
+            use cli::replication::Between;
+            let base = match (&from, &from_all) {
+                (Some(from), _) => Some((from.as_str(), Between::Last)),
+                (None, Some(from)) => Some((from.as_str(), Between::All)),
+                (None, None) => None,
+            };
+            match snapshot {
+                Some(snapshot) => {
+                    cli::replication::send_replication(&context, &snapshot, base, &dirs)
+                }
+                None => Err("send -R takes POOL/DATASET@SNAP".into()),
+            }
+        }
         Command::Send {
             from,
             token,

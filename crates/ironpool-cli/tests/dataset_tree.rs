@@ -447,6 +447,7 @@ fn send_r_replicates_a_subtree_with_its_properties_and_snapshots() {
         Unmount(src_mnt.join("late")),
         Unmount(src_mnt.join("b")),
         Unmount(src_mnt.clone()),
+        Unmount(dst_mnt.join("late")),
         Unmount(dst_mnt.join("b")),
         Unmount(dst_mnt.clone()),
         Unmount(piped_mnt.join("b")),
@@ -539,9 +540,19 @@ fn send_r_replicates_a_subtree_with_its_properties_and_snapshots() {
             target.property_with(&control, top, "org.example:tier").0,
             "gold"
         );
+        // What the package carries is received (a copy's own `set` would
+        // win over it); `-o` is set locally.
         assert_eq!(
             target.property_with(&control, &format!("{top}/b"), "recordsize"),
-            ("16384".into(), "local".into())
+            ("16384".into(), "received".into())
+        );
+        assert_eq!(
+            target.property_with(&control, top, "atime"),
+            ("off".into(), "received".into())
+        );
+        assert_eq!(
+            target.property_with(&control, top, "mountpoint"),
+            (mnt.display().to_string(), "local".into())
         );
         wait_mounted(&target, mnt);
         wait_mounted(&target, &mnt.join("b"));
@@ -558,6 +569,76 @@ fn send_r_replicates_a_subtree_with_its_properties_and_snapshots() {
             ],
         );
     }
+
+    // An incremental package (-i @two) updates the copy that has @two, and
+    // brings the dataset made since whole; -I sends every snapshot between.
+    std::fs::write(src_mnt.join("b/third"), distinct_bytes(MIB, 4)).unwrap();
+    qemu_io(&source.uri("a/v"), &["write -P 0x33 2M 1M", "flush"]);
+    source.admin(&["snapshot", "-r", "src/a@three"]);
+    let incremental = source.path("incremental");
+    let refused = source.fails(&[
+        "--control",
+        &source.control().display().to_string(),
+        "send",
+        "-R",
+        "-i",
+        "@nope",
+        "src/a@three",
+    ]);
+    assert!(refused.contains("no snapshot @nope"), "{refused}");
+    source.send_to_file(&["send", "-R", "-i", "@two", "src/a@three"], &incremental);
+    receive_ok(&target, "dst/copy", &incremental, &[]);
+    std::fs::write(src_mnt.join("b/fourth"), distinct_bytes(MIB, 5)).unwrap();
+    source.admin(&["set", "org.example:tier=silver", "src/a"]);
+    source.admin(&["snapshot", "-r", "src/a@four"]);
+    source.admin(&["snapshot", "-r", "src/a@five"]);
+    let between = source.path("between");
+    source.send_to_file(&["send", "-R", "-I", "@three", "src/a@five"], &between);
+    receive_ok(&target, "dst/copy", &between, &[]);
+    let control = target.control().display().to_string();
+    assert_eq!(
+        listed(&target, &["-r", "dst/copy", "--control", &control]),
+        [
+            "dst/copy",
+            "dst/copy@one",
+            "dst/copy@two",
+            "dst/copy@three",
+            "dst/copy@four",
+            "dst/copy@five",
+            "dst/copy/b",
+            "dst/copy/b@one",
+            "dst/copy/b@two",
+            "dst/copy/b@three",
+            "dst/copy/b@four",
+            "dst/copy/b@five",
+            "dst/copy/late",
+            "dst/copy/late@three",
+            "dst/copy/late@four",
+            "dst/copy/late@five",
+            "dst/copy/v",
+            "dst/copy/v@one",
+            "dst/copy/v@two",
+            "dst/copy/v@three",
+            "dst/copy/v@four",
+            "dst/copy/v@five",
+        ]
+    );
+    // The copy's own mountpoint (-o) stays; what the source changed since
+    // is received again.
+    assert_eq!(
+        target.property_with(&["--control", &control], "dst/copy", "mountpoint"),
+        (dst_mnt.display().to_string(), "local".into())
+    );
+    assert!(std::fs::read(dst_mnt.join("b/third")).unwrap() == distinct_bytes(MIB, 4));
+    assert!(std::fs::read(dst_mnt.join("b/fourth")).unwrap() == distinct_bytes(MIB, 5));
+    assert_eq!(
+        target.property_with(&["--control", &control], "dst/copy", "org.example:tier"),
+        ("silver".into(), "received".into())
+    );
+    qemu_io(
+        &target.uri("copy/v"),
+        &["read -P 0x22 1M 1M", "read -P 0x33 2M 1M"],
+    );
     stop_and_check(&mut target);
     stop_and_check(&mut source);
 }

@@ -1058,6 +1058,7 @@ impl Sim {
             force: false,
             save_partial: false,
             properties: Default::default(),
+            received: None,
         };
         let received = pool.receive(options, &input).await;
         let mut touched = Vec::new();

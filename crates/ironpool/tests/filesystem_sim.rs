@@ -2222,6 +2222,7 @@ async fn receive_with(
         force,
         save_partial,
         properties: Default::default(),
+        received: None,
     };
     pool.receive(options, &stream).await.map(|_| ())
 }

@@ -96,18 +96,18 @@ pub fn list(
                         .filter(named),
                 );
             }
-            // A tree reads top down: each dataset, then what is below it.
-            rows.sort_by(|a, b| {
-                // `@` and `#` sort before `/`: a dataset's snapshots and
-                // bookmarks come right after it, before its children.
-                let key = |row: &Value| {
-                    row["name"]
-                        .as_str()
-                        .unwrap_or_default()
-                        .replace('@', "\u{1}")
-                        .replace('#', "\u{2}")
+            // A tree reads top down: each dataset, its snapshots (oldest
+            // first, as `zfs list` shows them) and bookmarks, then what is
+            // below it.
+            rows.sort_by_cached_key(|row| {
+                let name = row["name"].as_str().unwrap_or_default().to_string();
+                let (dataset, rank) = match name.find(['@', '#']) {
+                    Some(at) if name[at..].starts_with('@') => (&name[..at], 1),
+                    Some(at) => (&name[..at], 2),
+                    None => (name.as_str(), 0),
                 };
-                key(a).cmp(&key(b))
+                let parts: Vec<String> = dataset.split('/').map(str::to_string).collect();
+                (parts, rank, row["txg"].as_u64().unwrap_or(0), name.clone())
             });
             if context.json {
                 println!("{}", serde_json::json!({ "datasets": rows }));

@@ -174,6 +174,7 @@ pub fn receive(
             force,
             save_partial,
             properties,
+            received: None,
         },
         STDIN,
     )?;
@@ -297,16 +298,29 @@ pub fn inherit(
     Ok(())
 }
 
+/// Which snapshots of each dataset an incremental package sends.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Between {
+    /// `-i @FROM`: one stream, FROM to the snapshot sent.
+    Last,
+    /// `-I @FROM`: every snapshot after FROM up to the snapshot sent.
+    All,
+}
+
 /// The subtree at `top` (`POOL/A`), parents first, that `send -R` sends:
 /// each dataset with its kind and its snapshots up to and including
 /// `snapshot`, oldest first. A dataset without that snapshot is left out
 /// with those below it (they could not be received without it), said on
-/// stderr, as `zfs send -R` skips them.
+/// stderr, as `zfs send -R` skips them. With `from` (an incremental
+/// package), a dataset that has snapshot `from` starts from it (the
+/// snapshots after it, per `between`); one made since is sent whole (the
+/// snapshot sent only, with `Between::Last`).
 fn replication_subtree(
     context: &Context,
     pool: &str,
     top: &str,
     snapshot: &str,
+    from: Option<(&str, Between)>,
     dirs: &[PathBuf],
 ) -> Result<Vec<ironpool::format::package::PackageDataset>, String> {
     let within = |name: &str| {
@@ -364,6 +378,29 @@ fn replication_subtree(
             continue;
         };
         own.truncate(position + 1);
+        let mut base = None;
+        if let Some((from, between)) = from {
+            match own.iter().position(|(_, snap)| snap == from) {
+                Some(start) if start == position => {
+                    return Err(format!(
+                        "{name}@{from} is the snapshot sent: nothing to send from it"
+                    ));
+                }
+                Some(start) => {
+                    own.drain(..=start);
+                    base = Some(from.to_string());
+                }
+                None => {}
+            }
+            if between == Between::Last {
+                own.drain(..own.len() - 1);
+            }
+            if name == top && base.is_none() {
+                return Err(format!(
+                    "{top} has no snapshot @{from} before @{snapshot}: send it whole (without -i)"
+                ));
+            }
+        }
         let result = super::admin(
             context,
             pool,
@@ -378,7 +415,7 @@ fn replication_subtree(
             .as_array()
             .into_iter()
             .flatten()
-            .filter(|row| row["source"] == "local")
+            .filter(|row| row["source"] == "local" || row["source"] == "received")
             .filter_map(|row| Some((row["property"].as_str()?, row["value"].as_str()?)))
             .filter(|(property, _)| !matches!(*property, "volsize" | "volblocksize"))
             .map(|(property, value)| (property.to_string(), value.to_string()))
@@ -392,6 +429,7 @@ fn replication_subtree(
             kind,
             properties,
             snapshots: own.into_iter().map(|(_, snap)| snap).collect(),
+            from: base,
         });
     }
     if chosen.is_empty() {
@@ -404,9 +442,17 @@ fn replication_subtree(
 /// `ironpool::format::package`) of `POOL/A` and every dataset below it
 /// with their properties and snapshots up to `@SNAP`: each dataset's
 /// first snapshot as a full stream, each later one incremental from the
-/// one before.
-pub fn send_replication(context: &Context, snapshot: &str, dirs: &[PathBuf]) -> Result<(), String> {
-    use ironpool::format::package::{write_header, Manifest, MANIFEST_VERSION};
+/// one before. With `from` (`-i @FROM`, `-I @FROM`): an incremental
+/// package, for a receiver that has FROM of the subtree.
+pub fn send_replication(
+    context: &Context,
+    snapshot: &str,
+    from: Option<(&str, Between)>,
+    dirs: &[PathBuf],
+) -> Result<(), String> {
+    use ironpool::format::package::{
+        write_header, Manifest, MANIFEST_VERSION, MANIFEST_VERSION_INCREMENTAL,
+    };
     use std::io::Write;
     const STDOUT: RawFd = 1;
     if is_terminal(STDOUT) {
@@ -421,10 +467,30 @@ pub fn send_replication(context: &Context, snapshot: &str, dirs: &[PathBuf]) -> 
         ));
     }
     let pool = pool_of(top);
+    // `-i @FROM`, or `-i POOL/A@FROM` of the top dataset itself.
+    let from = match from {
+        Some((base, between)) => {
+            let (dataset, base_name) = base.split_once('@').ok_or_else(|| {
+                format!("'{base}': send -R -i takes the base as @SNAP (of every dataset sent)")
+            })?;
+            if !dataset.is_empty() && dataset != top {
+                return Err(format!(
+                    "'{base}': the base of send -R is a snapshot of {top} (and of those below it): give @{base_name}"
+                ));
+            }
+            Some((base_name, between))
+        }
+        None => None,
+    };
     let manifest = Manifest {
-        version: MANIFEST_VERSION,
+        version: if from.is_some() {
+            MANIFEST_VERSION_INCREMENTAL
+        } else {
+            MANIFEST_VERSION
+        },
         snapshot: name.to_string(),
-        datasets: replication_subtree(context, pool, top, name, dirs)?,
+        from: from.map(|(base, _)| base.to_string()),
+        datasets: replication_subtree(context, pool, top, name, from, dirs)?,
     };
     let mut stdout = std::io::stdout().lock();
     write_header(&mut stdout, &manifest)
@@ -437,7 +503,10 @@ pub fn send_replication(context: &Context, snapshot: &str, dirs: &[PathBuf]) -> 
             below => format!("{top}/{below}"),
         };
         for (index, snap) in dataset.snapshots.iter().enumerate() {
-            let from = (index > 0).then(|| format!("@{}", dataset.snapshots[index - 1]));
+            let from = match index {
+                0 => dataset.from.as_ref().map(|base| format!("@{base}")),
+                _ => Some(format!("@{}", dataset.snapshots[index - 1])),
+            };
             let command = Command::Send {
                 snapshot: Some(format!("{full}@{snap}")),
                 from: from.clone(),
@@ -524,7 +593,10 @@ pub fn stdin_is_package() -> bool {
 
 /// `receive POOL/TARGET` of a replication package: every dataset of it
 /// created (or updated, with `-F`) below `target` in turn, parents
-/// first, each stream handed to the server through a pipe of its own.
+/// first, each stream handed to the server through a pipe of its own. An
+/// incremental package's datasets that start from its base update the
+/// copies received before (which must have the base; `-F` rolls them
+/// back to it first); those made since are created.
 /// `properties` (`-o`) are set on the top one, whose children inherit
 /// them.
 pub fn receive_replication(
@@ -568,13 +640,13 @@ pub fn receive_replication(
                 let copied = copy_one_stream(&mut source, &mut sink);
                 (source, copied)
             });
-            let mut wanted = BTreeMap::new();
-            if index == 0 {
-                wanted = dataset.properties.clone();
-                if dataset.name.is_empty() {
-                    wanted.extend(properties.clone());
-                }
-            }
+            // The package's properties are received (they apply where the
+            // copy sets none); `-o` sets the top one's locally.
+            let wanted = if index == 0 && dataset.name.is_empty() {
+                properties.clone()
+            } else {
+                BTreeMap::new()
+            };
             let answer = admin_stream(
                 context,
                 &pool,
@@ -584,6 +656,7 @@ pub fn receive_replication(
                     force: force && index == 0,
                     save_partial: false,
                     properties: wanted,
+                    received: (index == 0).then(|| dataset.properties.clone()),
                 },
                 reader.as_raw_fd(),
             );

@@ -194,6 +194,11 @@ pub enum Command {
         /// Properties to set on the received dataset (`-o`).
         #[serde(default)]
         properties: BTreeMap<String, String>,
+        /// Properties received with the stream (a `send -R` package's):
+        /// they replace the dataset's received properties. None: a lone
+        /// stream, which leaves them.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        received: Option<BTreeMap<String, String>>,
     },
     /// Discards an interrupted receive.
     ReceiveAbort {
@@ -459,6 +464,7 @@ impl Command {
                 force,
                 save_partial,
                 properties,
+                ..
             } => {
                 push("receive");
                 if *force {
@@ -724,6 +730,7 @@ async fn run_stream(
             force,
             save_partial,
             properties,
+            received,
         } => {
             let summary = pool
                 .receive(
@@ -732,6 +739,7 @@ async fn run_stream(
                         force,
                         save_partial,
                         properties,
+                        received,
                     },
                     stream,
                 )

@@ -1,5 +1,8 @@
 //! A replication package (`send -R`): a subtree of datasets with their
-//! properties and snapshots, as one byte stream for `receive`.
+//! properties and snapshots, as one byte stream for `receive`. An
+//! incremental package (`send -R -i @FROM` or `-I @FROM`) starts each
+//! dataset that has snapshot FROM with a stream incremental from it (the
+//! receiver must have FROM); a dataset made since starts with a full one.
 //!
 //! | part | bytes | what |
 //! |---|---|---|
@@ -27,8 +30,13 @@ pub const PACKAGE_MAGIC: [u8; 8] = *b"IPRPKG01";
 /// is tens of thousands of them, and bounds what a reader allocates
 /// before it has checked anything.
 pub const MANIFEST_BYTES_MAX: u64 = 16 * 1024 * 1024;
-/// Version of the manifest this build writes and reads.
+/// Version of a full package's manifest (no `from`), which every build
+/// that reads packages reads.
 pub const MANIFEST_VERSION: u32 = 1;
+/// Version of an incremental package's manifest (`from` set): a build
+/// that reads only version 1 refuses it rather than take its first
+/// streams for full ones.
+pub const MANIFEST_VERSION_INCREMENTAL: u32 = 2;
 
 /// What a package holds, in the order its streams come.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -37,6 +45,9 @@ pub struct Manifest {
     /// The snapshot sent (`-R POOL/A@SNAP`): every dataset's streams end
     /// at its snapshot of this name.
     pub snapshot: String,
+    /// An incremental package's base snapshot (`-i @FROM`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
     /// The subtree, parents before children.
     pub datasets: Vec<PackageDataset>,
 }
@@ -52,8 +63,13 @@ pub struct PackageDataset {
     /// Its own properties (source `local`), set on the received dataset.
     pub properties: BTreeMap<String, String>,
     /// Its snapshots in the order their streams follow: the first a full
-    /// stream, each next one incremental from the one before.
+    /// stream (or, with `from`, incremental from it), each next one
+    /// incremental from the one before.
     pub snapshots: Vec<String>,
+    /// The snapshot (the package's `from`) its first stream is
+    /// incremental from; None: its first stream is full.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub from: Option<String>,
 }
 
 /// Why a package is refused.
@@ -91,10 +107,24 @@ pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
     input.read_exact(&mut json)?;
     let manifest: Manifest =
         serde_json::from_slice(&json).map_err(|error| PackageError::Manifest(error.to_string()))?;
-    if manifest.version != MANIFEST_VERSION {
+    let wanted = if manifest.from.is_some() {
+        MANIFEST_VERSION_INCREMENTAL
+    } else {
+        MANIFEST_VERSION
+    };
+    if manifest.version != wanted {
         return Err(PackageError::Manifest(format!(
-            "version {} (this build reads {MANIFEST_VERSION})",
+            "version {} (this build reads {MANIFEST_VERSION} and, with a base snapshot, {MANIFEST_VERSION_INCREMENTAL})",
             manifest.version
+        )));
+    }
+    if let Some(from) = manifest
+        .from
+        .as_deref()
+        .filter(|from| !super::valid_name(from))
+    {
+        return Err(PackageError::Manifest(format!(
+            "base snapshot name '{from}'"
         )));
     }
     for dataset in &manifest.datasets {
@@ -112,6 +142,12 @@ pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
         {
             return Err(PackageError::Manifest(format!(
                 "dataset '{}': snapshot name '{bad}'",
+                dataset.name
+            )));
+        }
+        if dataset.from.is_some() && dataset.from != manifest.from {
+            return Err(PackageError::Manifest(format!(
+                "dataset '{}' starts from a snapshot other than the package's base",
                 dataset.name
             )));
         }
@@ -165,7 +201,9 @@ mod tests {
                 kind: "filesystem".into(),
                 properties: BTreeMap::from([("atime".into(), "off".into())]),
                 snapshots: vec!["r".into(), "s".into()],
+                from: None,
             }],
+            from: None,
         };
         let mut bytes = Vec::new();
         write_header(&mut bytes, &manifest).unwrap();
@@ -183,6 +221,32 @@ mod tests {
             let mut bytes = Vec::new();
             write_header(&mut bytes, &wrong).unwrap();
             assert!(read_manifest(&mut &bytes[8..]).is_err(), "{bad}");
+        }
+        // An incremental package: version 2, its datasets' bases its own.
+        let mut incremental = manifest.clone();
+        incremental.version = MANIFEST_VERSION_INCREMENTAL;
+        incremental.from = Some("q".into());
+        incremental.datasets[0].from = Some("q".into());
+        let mut bytes = Vec::new();
+        write_header(&mut bytes, &incremental).unwrap();
+        assert_eq!(read_manifest(&mut &bytes[8..]).unwrap(), incremental);
+        for wrong in [
+            Manifest {
+                version: MANIFEST_VERSION,
+                ..incremental.clone()
+            },
+            Manifest {
+                from: Some("a/b".into()),
+                ..incremental.clone()
+            },
+            Manifest {
+                from: Some("p".into()),
+                ..incremental.clone()
+            },
+        ] {
+            let mut bytes = Vec::new();
+            write_header(&mut bytes, &wrong).unwrap();
+            assert!(read_manifest(&mut &bytes[8..]).is_err(), "{wrong:?}");
         }
         let mut truncated = Vec::new();
         write_header(&mut truncated, &manifest).unwrap();

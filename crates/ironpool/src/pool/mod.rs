@@ -708,7 +708,7 @@ impl Pool {
             format!("{}/{short}", self.name),
             object,
             &record,
-            self.volume_settings(&short, &record.properties),
+            self.volume_settings(&short, &record.own_properties()),
         );
         self.datasets
             .directory

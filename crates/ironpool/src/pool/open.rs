@@ -604,7 +604,7 @@ impl Pool {
                 format!("{name}/{volume_name}"),
                 object,
                 record,
-                pool.volume_settings(volume_name, &record.properties),
+                pool.volume_settings(volume_name, &record.own_properties()),
             );
             pool.datasets.volumes.insert(volume_name.clone(), volume);
         }

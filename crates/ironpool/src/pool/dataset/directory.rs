@@ -30,6 +30,10 @@ pub struct VolumeRecord {
     /// Properties set on the volume (`org:key` user properties included).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Properties received with it (`receive` of a `send -R` package): in
+    /// force where none is set locally ([`own_properties`]).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub received: BTreeMap<String, String>,
     /// Identity across pools (send/receive match snapshots by guid).
     #[serde(default)]
     pub guid: u64,
@@ -44,6 +48,30 @@ pub struct VolumeRecord {
     /// before the log existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_log: Option<LogHead>,
+}
+
+/// A dataset's own properties: those received with it (`receive` of a
+/// `send -R` package) overridden by those set on it (`set`, `receive -o`),
+/// as OpenZFS ranks `local` above `received`. Its settings follow these,
+/// and its children inherit them.
+pub fn own_properties(
+    local: &BTreeMap<String, String>,
+    received: &BTreeMap<String, String>,
+) -> BTreeMap<String, String> {
+    let mut own = received.clone();
+    own.extend(
+        local
+            .iter()
+            .map(|(name, value)| (name.clone(), value.clone())),
+    );
+    own
+}
+
+impl VolumeRecord {
+    /// [`own_properties`] of the volume.
+    pub fn own_properties(&self) -> BTreeMap<String, String> {
+        own_properties(&self.properties, &self.received)
+    }
 }
 
 /// What a dataset (a volume or a filesystem) has of snapshots: the same

@@ -391,7 +391,7 @@ pub fn inherited(
         let Some(record) = directory.filesystems.get(ancestor) else {
             continue;
         };
-        for (name, value) in &record.properties {
+        for (name, value) in &record.own_properties() {
             if !passes_down(name) {
                 continue;
             }
@@ -417,15 +417,48 @@ pub fn inherited_values(
         .collect()
 }
 
+/// A dataset's own property values with where each came from: set on it
+/// (`local`) or received with it (`received`), the former winning.
+pub(crate) struct Own<'a> {
+    pub local: &'a BTreeMap<String, String>,
+    pub received: &'a BTreeMap<String, String>,
+}
+
+impl Own<'_> {
+    /// Property `name`'s own value and its source, if it has one.
+    fn get(&self, name: &str) -> Option<(String, String)> {
+        if let Some(value) = self.local.get(name) {
+            return Some((value.clone(), "local".into()));
+        }
+        self.received
+            .get(name)
+            .map(|value| (value.clone(), "received".into()))
+    }
+
+    /// Every own property, with its value and source.
+    fn all(&self) -> BTreeMap<String, (String, String)> {
+        let mut all: BTreeMap<String, (String, String)> = self
+            .received
+            .iter()
+            .map(|(name, value)| (name.clone(), (value.clone(), "received".into())))
+            .collect();
+        for (name, value) in self.local {
+            all.insert(name.clone(), (value.clone(), "local".into()));
+        }
+        all
+    }
+}
+
 /// An effective setting and where it came from: set on the dataset
-/// (`local`), inherited (`inherited from NAME`), or the default.
+/// (`local`), received with it (`received`), inherited (`inherited from
+/// NAME`), or the default.
 fn lookup(
-    local: &BTreeMap<String, String>,
+    own: &Own,
     inherited: &BTreeMap<String, (String, String)>,
     name: &str,
 ) -> Option<(String, String)> {
-    if let Some(value) = local.get(name) {
-        return Some((value.clone(), "local".into()));
+    if let Some(found) = own.get(name) {
+        return Some(found);
     }
     if let Some((value, from)) = inherited.get(name) {
         return Some((value.clone(), format!("inherited from {from}")));
@@ -515,15 +548,16 @@ impl Pool {
         for (short, volume) in self.datasets.volumes.named() {
             if let Some(record) = directory.volumes.get(&short) {
                 let passed = inherited_values(&inherited(&directory, &self.name, &short));
-                volume.apply_settings(settings(&record.properties, &passed));
+                volume.apply_settings(settings(&record.own_properties(), &passed));
             }
         }
         for (short, fs) in self.datasets.filesystems.named() {
             if let Some(record) = directory.filesystems.get(&short) {
                 let passed = inherited_values(&inherited(&directory, &self.name, &short));
+                let own = record.own_properties();
                 let mut effective = passed.clone();
-                effective.extend(record.properties.clone());
-                fs.apply_properties(settings(&record.properties, &passed), &effective);
+                effective.extend(own.clone());
+                fs.apply_properties(settings(&own, &passed), &effective);
             }
         }
     }
@@ -634,11 +668,11 @@ impl Pool {
                 Target::Volume(short) => directory
                     .volumes
                     .get(short)
-                    .map(|record| record.properties.clone()),
+                    .map(|record| record.own_properties()),
                 Target::Filesystem(short) => directory
                     .filesystems
                     .get(short)
-                    .map(|record| record.properties.clone()),
+                    .map(|record| record.own_properties()),
                 Target::Pool => None,
             }
             .unwrap_or_default()
@@ -821,9 +855,13 @@ impl Pool {
             let available = self.available_bytes(&short).await?;
             values.push(("available".into(), available.to_string(), "-".into()));
             let passed = inherited(&self.datasets.directory.read(), &self.name, &short);
+            let own = Own {
+                local: &record.properties,
+                received: &record.received,
+            };
             for name in filesystem::OWN_PROPERTIES {
-                let (value, source) = match (record.properties.get(name), passed.get(name)) {
-                    (Some(value), _) => (value.clone(), "local".to_string()),
+                let (value, source) = match (own.get(name), passed.get(name)) {
+                    (Some(found), _) => found,
                     (None, Some((value, from))) => {
                         (value.clone(), format!("inherited from {from}"))
                     }
@@ -840,7 +878,7 @@ impl Pool {
                 "no"
             };
             values.push(("mounted".into(), mounted.into(), "-".into()));
-            values.extend(self.id_values(&short, &record.properties, names).await?);
+            values.extend(self.id_values(&short, &own, names).await?);
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
@@ -848,7 +886,7 @@ impl Pool {
             values.extend(dataset_values(
                 record.guid,
                 record.created_txg,
-                &record.properties,
+                &own,
                 &inherited(&self.datasets.directory.read(), &self.name, &short),
             ));
         } else {
@@ -877,7 +915,10 @@ impl Pool {
             values.extend(dataset_values(
                 record.guid,
                 record.created_txg,
-                &record.properties,
+                &Own {
+                    local: &record.properties,
+                    received: &record.received,
+                },
                 &inherited(&self.datasets.directory.read(), &self.name, &short),
             ));
         }
@@ -923,7 +964,7 @@ impl Pool {
     async fn id_values(
         self: &Rc<Self>,
         short: &str,
-        local: &BTreeMap<String, String>,
+        own: &Own<'_>,
         names: &[String],
     ) -> Result<Vec<(String, String, String)>, PoolError> {
         use filesystem::id_space::{id_property, resolve_id};
@@ -935,7 +976,7 @@ impl Pool {
             };
             let id = resolve_id(kind, who)?;
             if quota {
-                let stored = local.get(&filesystem::id_space::quota_name(kind, id));
+                let stored = own.get(&filesystem::id_space::quota_name(kind, id));
                 values.push(limit_row(name, stored));
                 continue;
             }
@@ -1024,7 +1065,7 @@ impl Pool {
 fn dataset_values(
     guid: u64,
     created_txg: u64,
-    local: &BTreeMap<String, String>,
+    own: &Own<'_>,
     inherited: &BTreeMap<String, (String, String)>,
 ) -> Vec<(String, String, String)> {
     let mut values = vec![
@@ -1032,12 +1073,12 @@ fn dataset_values(
         ("createtxg".into(), created_txg.to_string(), "-".into()),
     ];
     for (name, _) in INHERITABLE {
-        if let Some((value, source)) = lookup(local, inherited, name) {
+        if let Some((value, source)) = lookup(own, inherited, name) {
             values.push((name.into(), value, source));
         }
     }
     for name in SPACE_PROPERTIES {
-        values.push(limit_row(name, local.get(name)));
+        values.push(limit_row(name, own.get(name)));
     }
     let mut user: BTreeMap<String, (String, String)> = BTreeMap::new();
     for (name, (value, from)) in inherited.iter().filter(|(name, _)| is_user_property(name)) {
@@ -1046,8 +1087,12 @@ fn dataset_values(
             (value.clone(), format!("inherited from {from}")),
         );
     }
-    for (name, value) in local.iter().filter(|(name, _)| is_user_property(name)) {
-        user.insert(name.clone(), (value.clone(), "local".into()));
+    for (name, found) in own
+        .all()
+        .into_iter()
+        .filter(|(name, _)| is_user_property(name))
+    {
+        user.insert(name, found);
     }
     values.extend(
         user.into_iter()
@@ -1058,9 +1103,10 @@ fn dataset_values(
 
 /// The `get` row of quota or reservation `name`, set locally to `stored`
 /// or not set (none, by default: never inherited).
-fn limit_row(name: &str, stored: Option<&String>) -> (String, String, String) {
+/// `stored`: its value and source (`local`, `received`), if set.
+fn limit_row(name: &str, stored: Option<(String, String)>) -> (String, String, String) {
     match stored {
-        Some(value) => (name.into(), value.clone(), "local".into()),
+        Some((value, source)) => (name.into(), value, source),
         None => (name.into(), "none".into(), "default".into()),
     }
 }
@@ -1141,20 +1187,22 @@ mod tests {
         assert_eq!(settings.sync, SyncMode::Always);
         assert_eq!(settings.checksum, ChecksumAlgo::default());
         assert!(!settings.read_only);
+        let nothing_received = BTreeMap::new();
+        let own = Own {
+            local: &local,
+            received: &nothing_received,
+        };
         let from_pool: BTreeMap<String, (String, String)> = pool
             .iter()
             .map(|(name, value)| (name.clone(), (value.clone(), "tank".to_string())))
             .collect();
         assert_eq!(
-            lookup(&local, &from_pool, "sync").unwrap().1,
+            lookup(&own, &from_pool, "sync").unwrap().1,
             "inherited from tank"
         );
+        assert_eq!(lookup(&own, &from_pool, "compression").unwrap().1, "local");
         assert_eq!(
-            lookup(&local, &from_pool, "compression").unwrap().1,
-            "local"
-        );
-        assert_eq!(
-            lookup(&local, &from_pool, "readonly").unwrap(),
+            lookup(&own, &from_pool, "readonly").unwrap(),
             ("off".into(), "default".into())
         );
     }
@@ -1168,6 +1216,7 @@ mod tests {
             created_txg: 1,
             guid: 1,
             properties,
+            received: BTreeMap::new(),
             lineage: Default::default(),
             receive: None,
             intent_log: None,

@@ -60,6 +60,11 @@ pub struct ReceiveOptions {
     /// dataset is created with them; an incremental one's target takes
     /// them when the stream is in.
     pub properties: BTreeMap<String, String>,
+    /// Properties received with the stream (a `send -R` package's, of the
+    /// sender's dataset): they become the target's received properties
+    /// (what applies where none is set locally), replacing any it had.
+    /// None: a lone stream, which leaves them as they are.
+    pub received: Option<BTreeMap<String, String>>,
 }
 
 /// What a receive did.
@@ -328,6 +333,10 @@ impl Pool {
             return Err(PoolError::InvalidName(snapshot_name.to_string()));
         }
         let properties = self.receive_properties(&begin, &options.properties)?;
+        let received = match &options.received {
+            Some(received) => Some(self.receive_properties(&begin, received)?),
+            None => None,
+        };
         let hidden = self
             .prepare_receive(&short, &hidden_short, &begin, &options, &properties)
             .await?;
@@ -377,6 +386,9 @@ impl Pool {
             self.set_properties(&format!("{}/{short}", self.name), &properties)
                 .await?;
         }
+        if let Some(received) = received {
+            self.set_received(&short, received).await?;
+        }
         let (written_blocks, freed_blocks) = checker.counts();
         Ok(ReceiveSummary {
             snapshot: format!("{}/{short}@{snapshot_name}", self.name),
@@ -386,6 +398,27 @@ impl Pool {
             resumed_from_block,
             resumed_from_object: begin.resume_object,
         })
+    }
+
+    /// Makes `received` the received properties of dataset `short` (they
+    /// apply where it sets none itself, and pass down to its children),
+    /// durably.
+    async fn set_received(
+        self: &Rc<Self>,
+        short: &str,
+        received: BTreeMap<String, String>,
+    ) -> Result<(), PoolError> {
+        {
+            let mut directory = self.datasets.directory.edit();
+            if let Some(record) = directory.volumes.get_mut(short) {
+                record.received = received;
+            } else if let Some(record) = directory.filesystems.get_mut(short) {
+                record.received = received;
+            }
+        }
+        self.refresh_settings();
+        self.datasets.filesystems_changed.notify_all();
+        self.commit().await
     }
 
     /// Checks that the stream applies here and sets up the hidden dataset.
@@ -890,7 +923,7 @@ impl Pool {
                 .remove(hidden_short)
                 .ok_or_else(|| PoolError::NoSuchVolume(hidden_short.to_string()))?;
             record.receive = None;
-            let settings = self.volume_settings(short, &record.properties);
+            let settings = self.volume_settings(short, &record.own_properties());
             let volume = Volume::new(
                 format!("{}/{short}", self.name),
                 hidden.object.clone(),

@@ -389,7 +389,7 @@ impl Pool {
             size_bytes,
             block_bytes: block_bytes as u32,
             resume_block: request.resume_block,
-            properties: record.properties.clone(),
+            properties: record.own_properties(),
             filesystem: None,
             resume_object: None,
         };

@@ -64,7 +64,7 @@ impl Pool {
             let list_object = self.objects.open(list).await?;
             self.objects.load_dead_list(&list_object).await?;
         }
-        let settings = self.volume_settings(short, &record.properties);
+        let settings = self.volume_settings(short, &record.own_properties());
         let fs = Filesystem::open(
             self,
             format!("{}/{short}", self.name),
@@ -97,6 +97,7 @@ impl Pool {
             created_txg: self.txg.open(),
             guid: crate::format::new_guid(),
             properties,
+            received: BTreeMap::new(),
             lineage,
             receive: None,
             intent_log: None,
@@ -161,7 +162,7 @@ impl Pool {
             .ok_or_else(|| PoolError::NoSuchSnapshot(canonical.clone()))?
             .object;
         let table = self.objects.open(object).await?;
-        let settings = self.volume_settings(short, &record.properties);
+        let settings = self.volume_settings(short, &record.own_properties());
         let fs = Filesystem::open(self, canonical.clone(), table, &record, settings, true)?;
         // Another request may have opened it while this one read: that one
         // is kept. Only a cache: a request still using one let go keeps it.
@@ -242,7 +243,7 @@ impl Pool {
         mountpoint(
             &self.name,
             short,
-            &self.effective_properties(short, &record.properties),
+            &self.effective_properties(short, &record.own_properties()),
         )
     }
 

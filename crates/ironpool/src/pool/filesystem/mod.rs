@@ -298,6 +298,10 @@ pub struct FilesystemRecord {
     /// properties volumes have, `org:key` user properties).
     #[serde(default)]
     pub properties: BTreeMap<String, String>,
+    /// Properties received with it (`receive` of a `send -R` package): in
+    /// force where none is set locally.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub received: BTreeMap<String, String>,
     /// Its snapshots, dead list and origin (a clone's).
     #[serde(flatten)]
     pub lineage: crate::pool::dataset::directory::Lineage,
@@ -309,6 +313,14 @@ pub struct FilesystemRecord {
     /// filesystems had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_log: Option<crate::pool::dataset::directory::LogHead>,
+}
+
+impl FilesystemRecord {
+    /// Its own properties, received ones overridden by local ones
+    /// ([`crate::pool::dataset::directory::own_properties`]).
+    pub fn own_properties(&self) -> BTreeMap<String, String> {
+        crate::pool::dataset::directory::own_properties(&self.properties, &self.received)
+    }
 }
 
 /// What `stat` reports about an object.
@@ -867,7 +879,7 @@ impl Filesystem {
         let short = dataset.split_once('/').map(|(_, short)| short);
         fs.apply_properties(
             settings,
-            &pool.effective_properties(short.unwrap_or_default(), &record.properties),
+            &pool.effective_properties(short.unwrap_or_default(), &record.own_properties()),
         );
         Ok(fs)
     }

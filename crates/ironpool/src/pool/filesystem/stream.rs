@@ -284,7 +284,7 @@ impl Pool {
             size_bytes: 0,
             block_bytes: fs.record_bytes(),
             resume_block: request.resume_block,
-            properties: record.properties.clone(),
+            properties: record.own_properties(),
             filesystem: Some(FsStreamInfo {
                 root: header.root,
                 next_object: header.next_object,

@@ -193,6 +193,7 @@ pub fn record(
         block_bytes,
         created_txg,
         properties,
+        received: BTreeMap::new(),
         guid: crate::format::new_guid(),
         lineage: Default::default(),
         receive: None,

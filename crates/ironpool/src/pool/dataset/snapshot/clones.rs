@@ -92,7 +92,7 @@ impl Pool {
             record.size_bytes,
             record.block_bytes,
             self.txg.open(),
-            record.properties.clone(),
+            record.own_properties(),
         );
         clone_record.lineage = lineage;
         let clone_volume = Volume::new(
@@ -154,7 +154,7 @@ impl Pool {
         let mut inherited = self
             .filesystem_record(source)
             .ok_or_else(|| PoolError::InvalidArgument(format!("{origin}: not a filesystem's")))?
-            .properties;
+            .own_properties();
         inherited.remove("mountpoint");
         inherited.extend(properties);
         let (origin_name, lineage, table) = self.clone_head(origin).await?;

@@ -782,11 +782,14 @@ impl Pool {
         let refreservation = {
             let directory = self.datasets.directory.read();
             let properties = match directory.volumes.get(&short) {
-                Some(volume) => Some(&volume.properties),
-                None => directory.filesystems.get(&short).map(|fs| &fs.properties),
+                Some(volume) => Some(volume.own_properties()),
+                None => directory
+                    .filesystems
+                    .get(&short)
+                    .map(|fs| fs.own_properties()),
             };
             properties.map_or(0, |properties| {
-                crate::pool::dataset::props::space_limits(properties).refreservation
+                crate::pool::dataset::props::space_limits(&properties).refreservation
             })
         };
         let by_refreservation = refreservation.saturating_sub(referenced);
@@ -989,7 +992,7 @@ impl Pool {
             canonical.clone(),
             object,
             &view,
-            self.volume_settings(volume, &view.properties),
+            self.volume_settings(volume, &view.own_properties()),
         );
         opened.read_only.set(true);
         self.datasets

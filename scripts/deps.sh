@@ -20,6 +20,10 @@ command -v sqlite3 >/dev/null || need+=(sqlite3)
 # The compatibility test unpacks a pool made by an older build (tar -J).
 command -v xz >/dev/null || need+=(xz-utils)
 command -v git >/dev/null || need+=(git)
+# The POSIX ACL test sets and reads ACLs with the acl tools; the file-flag
+# test uses chattr and lsattr.
+command -v setfacl >/dev/null || need+=(acl)
+command -v chattr >/dev/null || need+=(e2fsprogs)
 # The kill -9 after FLUSH/FUA tests drive a volume at queue depth 64 with
 # libnbd's Python binding (Debian's own python3, whatever else is on PATH).
 /usr/bin/python3 -c "import nbd" 2>/dev/null || need+=(python3-libnbd)

@@ -855,6 +855,10 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     let pool = TestPool::new("fspjd");
     let short = PathBuf::from(format!("/tmp/ironpool-pjd.{}", std::process::id()));
     let (mut pool, mnt) = filesystem_pool_at(pool, short);
+    // With POSIX ACLs on: the kernel checks them, and leaves the umask to
+    // the server (pjdfstest's creations check it).
+    let fs = format!("{}/fs", pool.name);
+    pool.ok(&["set", "acltype=posix", &fs, "-d", &dir(&pool)]);
     // A second filesystem of the pool, for the tests that link and rename
     // across filesystems (EXDEV).
     let secondary = PathBuf::from(format!("/tmp/ironpool-pjd2.{}", std::process::id()));

@@ -7,6 +7,7 @@
 //! verified — and it still validates every field, because a checksum proves the
 //! bytes are what was written, not that what was written is sane.
 
+pub mod acl;
 pub mod bp;
 pub mod checksum;
 pub mod dnode;

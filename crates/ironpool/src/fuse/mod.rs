@@ -161,6 +161,9 @@ struct Session {
     ended: Cell<bool>,
     /// The snapshots `.zfs/snapshot` gave node-id slots to.
     snapshot_slots: RefCell<snapdir::Slots>,
+    /// Whether INIT asked the kernel to check POSIX ACLs (None: no INIT
+    /// yet). The session keeps it; a change of `acltype` takes a new mount.
+    posix_acl: Cell<Option<bool>>,
 }
 
 /// The flags a mount of `fs` has: no set-user-id programs, no device
@@ -357,6 +360,7 @@ impl Mount {
             burst: crate::rt::sync::Notify::new(),
             ended: Cell::new(false),
             snapshot_slots: RefCell::default(),
+            posix_acl: Cell::new(None),
         });
         peers::register(&session);
         let readers = (0..READS_POSTED)
@@ -392,9 +396,16 @@ impl Mount {
         Ok(())
     }
 
-    /// Whether this mount serves `fs` (not an older filesystem of its name).
+    /// Whether this mount serves `fs` (not an older filesystem of its name)
+    /// as its properties say: with POSIX ACLs checked by the kernel or not
+    /// (fixed at INIT, so a change of `acltype` takes a new mount).
     pub fn serves(&self, fs: &Rc<Filesystem>) -> bool {
-        Rc::ptr_eq(&self.session.fs, fs)
+        let acls_as_set = self
+            .session
+            .posix_acl
+            .get()
+            .is_none_or(|granted| granted == fs.posix_acls());
+        Rc::ptr_eq(&self.session.fs, fs) && acls_as_set
     }
 
     /// Whether the filesystem it serves was rolled back or destroyed: its
@@ -873,6 +884,8 @@ async fn serve_fs(
     use proto::Request;
     let pool = &session.pool;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
+    // On a mount with POSIX ACLs the kernel leaves the umask to the server.
+    let umask_of = |umask: u32| (session.posix_acl.get() == Some(true)).then_some(umask);
     // Every entry reply hands the kernel a reference to its node, counted
     // as the reply is made, with no await since the object was found or
     // made (so nothing frees it between). Should the request fail after
@@ -987,19 +1000,26 @@ async fn serve_fs(
             Ok(entry(&fs.create(pool, node, name, &new).await?))
         }
         Request::Mknod {
-            name, mode, rdev, ..
+            name,
+            mode,
+            rdev,
+            umask,
         } => {
             reserved(node, name)?;
             let new = NewObject {
                 rdev: u64::from(rdev),
+                umask: umask_of(umask),
                 ..owned(mode)
             };
             Ok(entry(&fs.create(pool, node, name, &new).await?))
         }
-        Request::Mkdir { name, mode, .. } => {
+        Request::Mkdir { name, mode, umask } => {
             reserved(node, name)?;
-            let mode = S_IFDIR | (mode & 0o7777);
-            Ok(entry(&fs.create(pool, node, name, &owned(mode)).await?))
+            let new = NewObject {
+                umask: umask_of(umask),
+                ..owned(S_IFDIR | (mode & 0o7777))
+            };
+            Ok(entry(&fs.create(pool, node, name, &new).await?))
         }
         Request::Unlink { name } => fs
             .remove(pool, node, name, false)
@@ -1034,7 +1054,10 @@ async fn serve_fs(
         }
         Request::Opendir => Ok(proto::open_out(0, 0)),
         Request::Create {
-            name, flags, mode, ..
+            name,
+            flags,
+            mode,
+            umask,
         } => {
             reserved(node, name)?;
             let mode = if mode & S_IFMT == 0 {
@@ -1042,7 +1065,11 @@ async fn serve_fs(
             } else {
                 mode
             };
-            let attr = fs.create(pool, node, name, &owned(mode)).await?;
+            let new = NewObject {
+                umask: umask_of(umask),
+                ..owned(mode)
+            };
+            let attr = fs.create(pool, node, name, &new).await?;
             fs.opened(session.id, attr.ino);
             let mut body = entry(&attr);
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
@@ -1349,6 +1376,15 @@ fn init(session: &Session, major: u32, minor: u32, flags: u32) -> Result<Vec<u8>
         | proto::READDIRPLUS_AUTO
         | proto::MAX_PAGES
         | proto::HANDLE_KILLPRIV_V2;
+    // `acltype=posix`: the kernel checks ACLs and leaves the umask to us.
+    let wanted = if session.fs.posix_acls() {
+        wanted | proto::POSIX_ACL | proto::DONT_MASK
+    } else {
+        wanted
+    };
+    session
+        .posix_acl
+        .set(Some(flags & wanted & proto::POSIX_ACL != 0));
     // FUSE over io_uring: asked for in flags2, behind INIT_EXT,
     // when the kernel offers it (it sets INIT_EXT itself then).
     let uring = session.uring_offered.is_ok() && flags & proto::INIT_EXT != 0;

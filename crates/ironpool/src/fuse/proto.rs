@@ -82,6 +82,10 @@ pub const PARALLEL_DIROPS: u32 = 1 << 18;
 pub const DO_READDIRPLUS: u32 = 1 << 13;
 pub const READDIRPLUS_AUTO: u32 = 1 << 14;
 pub const MAX_PAGES: u32 = 1 << 22;
+/// The kernel checks POSIX ACLs, read and set as extended attributes;
+/// creating, it leaves the umask (with `DONT_MASK`) to the server, which
+/// applies a directory's default ACL instead when it has one.
+pub const POSIX_ACL: u32 = 1 << 20;
 /// The server, not the kernel, drops set-user-id, set-group-id and
 /// `security.capability` on write, truncate and chown (so the kernel need
 /// not ask for `security.capability` before every buffered write).

@@ -47,6 +47,7 @@
 //! carry (past its bounds) is noted with its txg, and an `fsync` until
 //! that txg is durable commits a txg instead.
 
+mod acl;
 mod attrs;
 mod behind;
 mod data;
@@ -379,6 +380,11 @@ pub struct NewObject<'a> {
     pub gid: u32,
     pub rdev: u64,
     pub target: Option<&'a [u8]>,
+    /// The creator's umask, when the server applies it (a mount with
+    /// POSIX ACLs: the kernel leaves it to the filesystem, which applies
+    /// the directory's default ACL instead when it has one). None: the
+    /// kernel applied it.
+    pub umask: Option<u32>,
 }
 
 impl NewObject<'_> {
@@ -390,6 +396,7 @@ impl NewObject<'_> {
             gid,
             rdev: 0,
             target: None,
+            umask: None,
         }
     }
 }
@@ -573,6 +580,9 @@ pub struct Filesystem {
     settings: Cell<VolumeSettings>,
     /// `xattr=on` (the default): extended attributes are served.
     xattrs: Cell<bool>,
+    /// `acltype=posix`: POSIX ACLs are kept (as extended attributes the
+    /// kernel checks, see `acl`).
+    acls: Cell<bool>,
     /// `atime=on` (the default): reads update the access time, with
     /// relatime's rule ([`Filesystem::touch_atime`]).
     atime: Cell<bool>,
@@ -785,7 +795,7 @@ pub fn default_mountpoint(pool: &str, short: &str) -> String {
 }
 
 /// A filesystem's own properties (not inherited from the pool).
-pub const OWN_PROPERTIES: [&str; 4] = ["recordsize", "mountpoint", "atime", "xattr"];
+pub const OWN_PROPERTIES: [&str; 5] = ["recordsize", "mountpoint", "atime", "xattr", "acltype"];
 
 /// The value of own property `name` of filesystem `short` of pool `pool`
 /// when it is not set.
@@ -793,6 +803,7 @@ pub fn own_property_default(pool: &str, short: &str, name: &str) -> String {
     match name {
         "recordsize" => RECORD_BYTES_DEFAULT.to_string(),
         "mountpoint" => default_mountpoint(pool, short),
+        "acltype" => "off".to_string(),
         _ => "on".to_string(),
     }
 }
@@ -826,6 +837,14 @@ pub fn validate_own_property(name: &str, value: &str) -> Result<Option<String>, 
             "on" | "off" => Ok(Some(value.to_string())),
             _ => invalid(format!("{name} '{value}': use on or off")),
         },
+        // OpenZFS's names: `posixacl` is `posix`, `noacl` is `off`.
+        "acltype" => match value {
+            "posix" | "posixacl" => Ok(Some("posix".to_string())),
+            "off" | "noacl" => Ok(Some("off".to_string())),
+            _ => invalid(format!(
+                "acltype '{value}': use posix or off (NFSv4 ACLs are not kept)"
+            )),
+        },
         _ => Ok(None),
     }
 }
@@ -857,6 +876,7 @@ impl Filesystem {
             header: Cell::new(header),
             settings: Cell::new(settings),
             xattrs: Cell::new(true),
+            acls: Cell::new(false),
             atime: Cell::new(true),
             record_shift: Cell::new(0),
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
@@ -950,7 +970,15 @@ impl Filesystem {
         let on = |name: &str| properties.get(name).map(String::as_str) != Some("off");
         self.ids.apply(properties);
         self.xattrs.set(on("xattr"));
+        self.acls
+            .set(properties.get("acltype").map(String::as_str) == Some("posix"));
         self.atime.set(on("atime") && !self.snapshot);
+    }
+
+    /// Whether POSIX ACLs are kept (`acltype=posix`, with `xattr=on`): a
+    /// mount then asks the kernel to check them.
+    pub fn posix_acls(&self) -> bool {
+        self.acls.get() && self.xattrs.get()
     }
 
     /// Holds every operation of the filesystem off (a space check walks

@@ -53,6 +53,7 @@ impl Filesystem {
             gid,
             rdev,
             target,
+            umask,
         } = *new;
         pool.txg.throttle(pool).await;
         // (A link's target is a block of its own.)
@@ -74,6 +75,15 @@ impl Filesystem {
                 return Err(FsError::Invalid("symbolic link target".into()));
             }
         }
+        // The mode and ACLs it starts with (the directory's default ACL,
+        // or the umask), their block written before builds are held off.
+        let is_dir = mode & S_IFMT == S_IFDIR;
+        let (_, parent_znode) = self.load_dir(parent).await?;
+        let (mode, acls) = self
+            .new_object_acls(&parent_znode, mode, is_dir, umask)
+            .await?;
+        let acl_bytes = crate::format::xattr::encode(&acls);
+        let acl_block = self.write_xattr_block(pool, &acl_bytes).await?;
         // A link's target is written before builds are held off: allocation
         // may wait for a txg when the pool is nearly full.
         let target_block = match target {
@@ -90,18 +100,18 @@ impl Filesystem {
         };
         let _hold = pool.txg.hold_builds();
         let checked = self.check_new_name(parent, name, mode).await;
+        let checked = checked.and_then(|dir| {
+            refuse_if_immutable(&dir.1, "a new name in the directory")?;
+            Ok(dir)
+        });
         let (dir_object, mut dir_znode) = match checked {
             Ok(dir) => dir,
             Err(error) => {
                 release(&target_block);
+                release(&acl_block);
                 return Err(error);
             }
         };
-        let is_dir = mode & S_IFMT == S_IFDIR;
-        if let Err(error) = refuse_if_immutable(&dir_znode, "a new name in the directory") {
-            release(&target_block);
-            return Err(error);
-        }
         let (flags, project) = inherited(&dir_znode, is_dir);
         // The object counts from here: a failure below frees it again.
         let ino = self.allocate_ino();
@@ -126,6 +136,17 @@ impl Filesystem {
         };
         let object = self.new_object(pool, ino, is_dir, &znode);
         change.touch(&object);
+        if let Some(pointer) = acl_block {
+            let mut znode = znode;
+            let written = Some((acl_bytes.len() as u64, pointer));
+            if let Err(error) = self.swap_xattrs(pool, &object, &mut znode, written).await {
+                release(&target_block);
+                self.free_object(pool, &object).await?;
+                return Err(error);
+            }
+            change.save(&object, &znode);
+            self.log.note_xattrs(object.id, pool.txg.open(), acl_bytes);
+        }
         // Set once the link's target block is handed to the tree (or, on a
         // failed link, released by it).
         let mut target_taken = false;
@@ -596,6 +617,7 @@ impl Filesystem {
         let guard = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, mut znode) = self.load(ino).await?;
+        let old_mode = znode.mode;
         refuse_if_immutable(&znode, "change of its attributes")?;
         // Append-only: only the times may be set to now (`touch`).
         if change.mode.is_some()
@@ -646,6 +668,16 @@ impl Filesystem {
             znode.mtime = mtime;
         }
         znode.ctime = time;
+        // A chmod of a file with an access ACL changes the ACL too.
+        if (old_mode ^ znode.mode) & 0o777 != 0 && self.posix_acls() && znode.xattr_object != 0 {
+            let mut list = self.xattr_list(&znode).await?;
+            if Self::chmod_acl(&mut list, znode.mode)? {
+                let znode = self
+                    .store_xattrs(&guard, pool, &object, znode, &list)
+                    .await?;
+                return Ok(Self::attr(&object, znode));
+            }
+        }
         guard.save(&object, &znode);
         Ok(Self::attr(&object, znode))
     }

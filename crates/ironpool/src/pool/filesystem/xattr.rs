@@ -12,9 +12,9 @@
 //! `EOPNOTSUPP`, as on a filesystem without them.
 //!
 //! POSIX ACLs (`system.posix_acl_access`, `system.posix_acl_default`) are
-//! not extended attributes to keep as they come: setting one must change
-//! the mode and the access checks, which this filesystem does not do. They
-//! are refused with `EOPNOTSUPP` (as by a filesystem mounted `noacl`), so
+//! not extended attributes to keep as they come: setting one changes the
+//! mode too. With `acltype=posix` they are kept by the rules of `acl`;
+//! else refused with `EOPNOTSUPP` (as by a filesystem mounted `noacl`), so
 //! that tools fall back to `chmod`: `cp -a` would otherwise store the ACL,
 //! believe the mode set, and leave the file with the mode it was created
 //! with.
@@ -40,24 +40,12 @@ pub const XATTR_REPLACE: u32 = 2;
 /// the file is written, truncated or changes owner.
 const CAPABILITY: &[u8] = b"security.capability";
 
-/// The prefix of the POSIX ACL attributes' names.
-const POSIX_ACL_PREFIX: &[u8] = b"system.posix_acl_";
-
 impl Filesystem {
     fn check_xattrs_on(&self) -> Result<(), FsError> {
         if self.xattrs.get() {
             Ok(())
         } else {
             Err(FsError::XattrsOff)
-        }
-    }
-
-    /// Refuses the POSIX ACL attributes (see the module's documentation).
-    fn check_not_acl(name: &[u8]) -> Result<(), FsError> {
-        if name.starts_with(POSIX_ACL_PREFIX) {
-            Err(FsError::XattrsOff)
-        } else {
-            Ok(())
         }
     }
 
@@ -130,7 +118,7 @@ impl Filesystem {
     }
 
     /// The extended attributes of the object whose attributes are `znode`.
-    async fn xattr_list(&self, znode: &Znode) -> Result<Vec<Xattr>, FsError> {
+    pub(super) async fn xattr_list(&self, znode: &Znode) -> Result<Vec<Xattr>, FsError> {
         if znode.xattr_object == 0 {
             return Ok(Vec::new());
         }
@@ -157,7 +145,7 @@ impl Filesystem {
     /// The value of attribute `name` of object `ino`.
     pub async fn getxattr(&self, ino: u64, name: &[u8]) -> Result<Vec<u8>, FsError> {
         self.check_xattrs_on()?;
-        Self::check_not_acl(name)?;
+        self.check_acl_name(name)?;
         let _shared = self.lock.acquire(1).await;
         let (_, znode) = self.load(ino).await?;
         self.xattr_list(&znode)
@@ -192,7 +180,7 @@ impl Filesystem {
         flags: u32,
     ) -> Result<(), FsError> {
         self.check_xattrs_on()?;
-        Self::check_not_acl(name)?;
+        self.check_acl_name(name)?;
         if !xattr::valid_name(name) {
             return Err(FsError::Invalid("extended attribute name".into()));
         }
@@ -202,9 +190,15 @@ impl Filesystem {
         let _room = self.claim_name_room(pool, value.len() as u64).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
-        let (object, znode) = self.load(ino).await?;
+        let (object, mut znode) = self.load(ino).await?;
         super::attrs::refuse_if_fixed(&znode, "change of its extended attributes")?;
         let mut list = self.xattr_list(&znode).await?;
+        if self.set_acl(&mut znode, &mut list, name, value)? {
+            return self
+                .store_xattrs(&change, pool, &object, znode, &list)
+                .await
+                .map(drop);
+        }
         match list.binary_search_by(|xattr| xattr.name.as_slice().cmp(name)) {
             Ok(_) if flags & XATTR_CREATE != 0 => return Err(FsError::Exists),
             Ok(at) => list[at].value = value.to_vec(),
@@ -224,6 +218,7 @@ impl Filesystem {
         }
         self.store_xattrs(&change, pool, &object, znode, &list)
             .await
+            .map(drop)
     }
 
     /// Removes attribute `name` of object `ino`.
@@ -242,7 +237,7 @@ impl Filesystem {
         as_caller: bool,
     ) -> Result<(), FsError> {
         self.check_xattrs_on()?;
-        Self::check_not_acl(name)?;
+        self.check_acl_name(name)?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
         let (object, znode) = self.load(ino).await?;
@@ -256,20 +251,22 @@ impl Filesystem {
         list.remove(at);
         self.store_xattrs(&change, pool, &object, znode, &list)
             .await
+            .map(drop)
     }
 
     /// Makes `list` the attributes of `owner` (whose attributes are
     /// `znode`), noted for the intent log: one new block, swapped in with
     /// builds held off; an empty list frees the xattr object. The caller
-    /// holds the filesystem's lock (`change`).
-    async fn store_xattrs(
+    /// holds the filesystem's lock (`change`). Returns the owner's
+    /// attributes as saved.
+    pub(super) async fn store_xattrs(
         &self,
         change: &super::Change<'_>,
         pool: &Rc<Pool>,
         owner: &Rc<Object>,
         mut znode: Znode,
         list: &[Xattr],
-    ) -> Result<(), FsError> {
+    ) -> Result<Znode, FsError> {
         let bytes = xattr::encode(list);
         let written = self.write_xattr_block(pool, &bytes).await?;
         let _hold = pool.txg.hold_builds();
@@ -278,7 +275,7 @@ impl Filesystem {
         znode.ctime = now();
         change.save(owner, &znode);
         self.log.note_xattrs(owner.id, pool.txg.open(), bytes);
-        Ok(())
+        Ok(znode)
     }
 
     /// Writes an encoded list of extended attributes as a new block (None:
@@ -303,7 +300,7 @@ impl Filesystem {
     /// xattr object: the block pointer swapped into the xattr object (made
     /// if there is none), or the object freed. The caller holds builds off
     /// and saves `znode`. A block it does not take is released.
-    async fn swap_xattrs(
+    pub(super) async fn swap_xattrs(
         &self,
         pool: &Rc<Pool>,
         owner: &Rc<Object>,

@@ -122,6 +122,11 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             u32s(&mut body, &[flags, mode, umask, 0]);
             c_str(&mut body, name);
         }
+        // The kernel names the file; the decoder does not keep the name.
+        Request::Tmpfile { flags, mode, umask } => {
+            u32s(&mut body, &[flags, mode, umask, 0]);
+            c_str(&mut body, b"tmpfile");
+        }
         Request::Read { fh, offset, size, flags } => {
             // fh, offset, size, read_flags, lock_owner, flags, padding.
             u64s(&mut body, &[fh, offset]);
@@ -165,6 +170,8 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             body.extend_from_slice(data);
         }
         Request::Access { mask } => u32s(&mut body, &[mask, 0]),
+        // getattr_flags, reserved, fh, sx_flags, sx_mask: none kept.
+        Request::Statx => body.extend_from_slice(&[0; 24]),
         Request::Setxattr { name, value, flags } => {
             u32s(&mut body, &[value.len() as u32, flags]);
             c_str(&mut body, name);

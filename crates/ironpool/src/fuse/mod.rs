@@ -635,6 +635,7 @@ fn to_fuse(attr: &Attr) -> proto::Attr {
         atime: time(znode.atime),
         mtime: time(znode.mtime),
         ctime: time(znode.ctime),
+        btime: time(znode.birth),
         mode: znode.mode,
         nlink: znode.nlink.min(u32::MAX as u64) as u32,
         uid: znode.uid,
@@ -828,6 +829,7 @@ async fn serve(
         | Request::Rename { .. }
         | Request::Link { .. }
         | Request::Create { .. }
+        | Request::Tmpfile { .. }
         | Request::Setxattr { .. }
         | Request::Removexattr { .. }
         | Request::Ioctl { .. }
@@ -943,6 +945,10 @@ async fn serve_fs(
             Err(error) => Err(error),
         },
         Request::Getattr => Ok(proto::attr_out(
+            &to_fuse(&in_slot(slot, &fs.getattr(node).await?)),
+            valid_seconds(session),
+        )),
+        Request::Statx => Ok(proto::statx_out(
             &to_fuse(&in_slot(slot, &fs.getattr(node).await?)),
             valid_seconds(session),
         )),
@@ -1070,6 +1076,17 @@ async fn serve_fs(
                 ..owned(mode)
             };
             let attr = fs.create(pool, node, name, &new).await?;
+            fs.opened(session.id, attr.ino);
+            let mut body = entry(&attr);
+            body.extend_from_slice(&proto::open_out(0, open_flags(flags)));
+            Ok(body)
+        }
+        Request::Tmpfile { flags, mode, umask } => {
+            let new = NewObject {
+                umask: umask_of(umask),
+                ..owned(S_IFREG | (mode & 0o7777))
+            };
+            let attr = fs.create_tmpfile(pool, node, &new).await?;
             fs.opened(session.id, attr.ino);
             let mut body = entry(&attr);
             body.extend_from_slice(&proto::open_out(0, open_flags(flags)));

@@ -61,6 +61,15 @@ pub const FALLOCATE: u32 = 43;
 /// (`FS_IOC_GETFLAGS`, `FS_IOC_FSGETXATTR` and their setters: `chattr`,
 /// `lsattr`) to the server this way.
 pub const IOCTL: u32 = 39;
+/// `FUSE_TMPFILE`: `open(O_TMPFILE)` in a directory, laid out as CREATE.
+pub const TMPFILE: u32 = 51;
+/// `FUSE_STATX`: a `statx` asking for more than `stat` has (the birth
+/// time): answered with the attributes and the birth time.
+pub const STATX: u32 = 52;
+/// `statx` mask bits: what `stat` has (`STATX_BASIC_STATS`), and the
+/// birth time (`STATX_BTIME`).
+const STATX_BASIC_STATS: u32 = 0x7ff;
+const STATX_BTIME: u32 = 0x800;
 /// `fuse_ioctl_in`'s size: the ioctl's data follows.
 const IOCTL_IN_BYTES: usize = 32;
 /// `fuse_ioctl_in.flags`: an ioctl whose data the server must fetch itself
@@ -163,6 +172,8 @@ pub enum Request<'a> {
     /// references it was given by entry replies (its lookup counts).
     Forget(Vec<(u64, u64)>),
     Getattr,
+    /// STATX (`fuse_statx_in`: nothing the answer depends on).
+    Statx,
     Setattr(SetattrIn),
     Readlink,
     Symlink {
@@ -201,6 +212,12 @@ pub enum Request<'a> {
     },
     Create {
         name: &'a [u8],
+        flags: u32,
+        mode: u32,
+        umask: u32,
+    },
+    /// TMPFILE: `fuse_create_in` (the name the kernel gives is not kept).
+    Tmpfile {
         flags: u32,
         mode: u32,
         umask: u32,
@@ -362,6 +379,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             Request::Forget(nodes)
         }
         GETATTR => Request::Getattr,
+        STATX => Request::Statx,
         // fuse_setattr_in: valid, padding, fh, size, lock_owner, atime,
         // mtime, ctime, atimensec, mtimensec, ctimensec, mode, unused, uid,
         // gid, unused.
@@ -420,6 +438,11 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             mode: u32_at(body, 4)?,
             umask: u32_at(body, 8)?,
             name: name_at(16)?,
+        },
+        TMPFILE => Request::Tmpfile {
+            flags: u32_at(body, 0)?,
+            mode: u32_at(body, 4)?,
+            umask: u32_at(body, 8)?,
         },
         READ => Request::Read {
             fh: u64_at(body, 0)?,
@@ -504,7 +527,10 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
 /// kernel (an entry reply: its `fuse_entry_out` starts with the node id;
 /// 0, a negative LOOKUP, hands nothing).
 pub fn entry_node(opcode: u32, reply: &Reply) -> Option<u64> {
-    if !matches!(opcode, LOOKUP | CREATE | MKNOD | MKDIR | SYMLINK | LINK) {
+    if !matches!(
+        opcode,
+        LOOKUP | CREATE | TMPFILE | MKNOD | MKDIR | SYMLINK | LINK
+    ) {
         return None;
     }
     if reply.header[4..8] != [0; 4] {
@@ -556,6 +582,8 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         LSEEK => "LSEEK",
         FALLOCATE => "FALLOCATE",
         IOCTL => "IOCTL",
+        TMPFILE => "TMPFILE",
+        STATX => "STATX",
         _ => "OTHER",
     }
 }
@@ -669,6 +697,8 @@ pub struct Attr {
     pub atime: (i64, u32),
     pub mtime: (i64, u32),
     pub ctime: (i64, u32),
+    /// Birth time (only STATX carries it).
+    pub btime: (i64, u32),
     pub mode: u32,
     pub nlink: u32,
     pub uid: u32,
@@ -732,6 +762,47 @@ pub fn attr_out(attr: &Attr, valid_seconds: u64) -> Vec<u8> {
     attr.encode(&mut out);
     out
 }
+
+/// `fuse_statx_out`: the attributes with the birth time, as a `statx`
+/// gives them, valid for `valid_seconds`.
+pub fn statx_out(attr: &Attr, valid_seconds: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(STATX_OUT_BYTES);
+    // attr_valid, attr_valid_nsec, flags, spare[2].
+    out.extend_from_slice(&valid_seconds.to_le_bytes());
+    out.extend_from_slice(&[0; 24]);
+    // fuse_statx: mask, blksize, attributes, nlink, uid, gid, mode (u16),
+    // a spare u16, ino, size, blocks, attributes_mask.
+    for value in [STATX_BASIC_STATS | STATX_BTIME, attr.blksize] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.extend_from_slice(&0u64.to_le_bytes());
+    for value in [attr.nlink, attr.uid, attr.gid] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.extend_from_slice(&(attr.mode as u16).to_le_bytes());
+    out.extend_from_slice(&[0; 2]);
+    for value in [attr.ino, attr.size, attr.blocks, 0] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    // atime, btime, ctime, mtime: seconds, nanoseconds, a reserved u32.
+    for (seconds, nanos) in [attr.atime, attr.btime, attr.ctime, attr.mtime] {
+        out.extend_from_slice(&seconds.to_le_bytes());
+        out.extend_from_slice(&nanos.to_le_bytes());
+        out.extend_from_slice(&[0; 4]);
+    }
+    // rdev as major and minor (the kernel's `new_encode_dev` in `rdev`);
+    // the device numbers are the kernel's own; then 14 spare u64.
+    let major = (attr.rdev & 0xfff00) >> 8;
+    let minor = (attr.rdev & 0xff) | ((attr.rdev >> 12) & 0xfff00);
+    for value in [major, minor, 0, 0] {
+        out.extend_from_slice(&value.to_le_bytes());
+    }
+    out.resize(STATX_OUT_BYTES, 0);
+    out
+}
+
+/// Bytes of `fuse_statx_out`: 32 before `struct fuse_statx`'s 256.
+const STATX_OUT_BYTES: usize = 32 + 256;
 
 /// `fuse_open_out`.
 pub fn open_out(fh: u64, open_flags: u32) -> Vec<u8> {

@@ -257,6 +257,11 @@ pub(super) async fn serve(
             &super::to_fuse(&control_attr(session, node).await?),
             CONTROL_VALID_SECONDS,
         )),
+        // (ENOSYS here would turn STATX off for the whole mount.)
+        Request::Statx => Ok(proto::statx_out(
+            &super::to_fuse(&control_attr(session, node).await?),
+            CONTROL_VALID_SECONDS,
+        )),
         Request::Opendir => Ok(proto::open_out(0, 0)),
         // READDIRPLUS here gives no node (a zero entry): the kernel takes
         // these entries as a plain listing and looks names up itself.

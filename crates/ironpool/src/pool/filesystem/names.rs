@@ -47,6 +47,36 @@ impl Filesystem {
         name: &[u8],
         new: &NewObject<'_>,
     ) -> Result<Attr, FsError> {
+        self.make_object(pool, parent, Some(name), new).await
+    }
+
+    /// Creates a regular file with no name in directory `parent`
+    /// (`open(O_TMPFILE)`): it lives while it is open, as a file removed
+    /// while open does, unless `linkat` gives it a name
+    /// ([`Filesystem::link`]); a crash meanwhile leaves it for the next
+    /// import to free. It takes the directory's default ACL as a file made
+    /// there would.
+    pub async fn create_tmpfile(
+        &self,
+        pool: &Rc<Pool>,
+        parent: u64,
+        new: &NewObject<'_>,
+    ) -> Result<Attr, FsError> {
+        if new.mode & S_IFMT != S_IFREG {
+            return Err(FsError::Invalid("O_TMPFILE makes regular files".into()));
+        }
+        self.make_object(pool, parent, None, new).await
+    }
+
+    /// [`Filesystem::create`] of `name`, or with None
+    /// [`Filesystem::create_tmpfile`].
+    async fn make_object(
+        &self,
+        pool: &Rc<Pool>,
+        parent: u64,
+        name: Option<&[u8]>,
+        new: &NewObject<'_>,
+    ) -> Result<Attr, FsError> {
         let NewObject {
             mode,
             uid,
@@ -61,7 +91,9 @@ impl Filesystem {
         let _room = self.claim_name_room(pool, stored).await?;
         let change = self.logged_change(pool).await;
         self.check_writable(pool)?;
-        Self::check_name(name)?;
+        if let Some(name) = name {
+            Self::check_name(name)?;
+        }
         if self.header.get().next_object >= OBJECTS_MAX {
             return Err(FsError::NoSpace);
         }
@@ -99,7 +131,16 @@ impl Filesystem {
             }
         };
         let _hold = pool.txg.hold_builds();
-        let checked = self.check_new_name(parent, name, mode).await;
+        let checked = match name {
+            Some(name) => self.check_new_name(parent, name, mode).await,
+            None => self.load_dir(parent).await.and_then(|dir| {
+                if dir.1.nlink == 0 {
+                    Err(FsError::NotFound)
+                } else {
+                    Ok(dir)
+                }
+            }),
+        };
         let checked = checked.and_then(|dir| {
             refuse_if_immutable(&dir.1, "a new name in the directory")?;
             Ok(dir)
@@ -120,7 +161,12 @@ impl Filesystem {
             mode,
             uid,
             gid,
-            nlink: if is_dir { 2 } else { 1 },
+            // A file with no name yet has no link.
+            nlink: match (is_dir, name) {
+                (true, _) => 2,
+                (false, Some(_)) => 1,
+                (false, None) => 0,
+            },
             parent,
             generation: ino,
             atime: time,
@@ -162,6 +208,9 @@ impl Filesystem {
                 target_taken = true;
                 self.link_cached(pool, &object, 0, pointer)?;
             }
+            let Some(name) = name else {
+                return Ok(());
+            };
             let target = (ino, fsdir::dirent_type(mode));
             change
                 .set_entry(&dir_object, (dir_znode.hash_salt, name), target, false)
@@ -176,6 +225,12 @@ impl Filesystem {
             self.free_object(pool, &object).await?;
             return Err(error);
         }
+        let znode = Znode::decode(&object.dnode().bonus).expect("written just now");
+        if name.is_none() {
+            // Held by the open that made it until linked or closed.
+            self.orphans.borrow_mut().insert(ino);
+            return Ok(Self::attr(&object, znode));
+        }
         dir_znode.entries += 1;
         if is_dir {
             dir_znode.nlink += 1;
@@ -183,7 +238,6 @@ impl Filesystem {
         dir_znode.mtime = time;
         dir_znode.ctime = time;
         change.save(&dir_object, &dir_znode);
-        let znode = Znode::decode(&object.dnode().bonus).expect("written just now");
         Ok(Self::attr(&object, znode))
     }
 
@@ -292,7 +346,10 @@ impl Filesystem {
         if znode.nlink >= LINK_MAX {
             return Err(FsError::TooManyLinks);
         }
-        if znode.nlink == 0 {
+        // A file with no name left gets one only if it still lives: the
+        // kernel asks so only for an `O_TMPFILE` file (`linkat`).
+        let named_again = znode.nlink == 0;
+        if named_again && !self.orphans.borrow().contains(&ino) {
             return Err(FsError::NotFound);
         }
         refuse_if_fixed(&znode, "a new link to the file")?;
@@ -312,6 +369,10 @@ impl Filesystem {
         let time = now();
         znode.nlink += 1;
         znode.ctime = time;
+        if named_again {
+            znode.parent = parent;
+            self.orphans.borrow_mut().remove(&ino);
+        }
         change.save(&object, &znode);
         dir_znode.entries += 1;
         dir_znode.mtime = time;

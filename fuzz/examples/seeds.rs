@@ -566,6 +566,8 @@ fn fuse_request_seeds(writer: &mut SeedWriter) {
             fuse::IOCTL,
             Request::Ioctl { flags: 0, cmd: 0x401c_5820, out_size: 0, data: &[0x10, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0] },
         ),
+        ("tmpfile", fuse::TMPFILE, Request::Tmpfile { flags: 0o2, mode: 0o100600, umask: 0o22 }),
+        ("statx", fuse::STATX, Request::Statx),
         ("unknown-opcode", 99, Request::Unsupported(99)),
     ];
     for (name, opcode, request) in requests {

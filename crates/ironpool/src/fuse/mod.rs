@@ -161,9 +161,10 @@ struct Session {
     ended: Cell<bool>,
     /// The snapshots `.zfs/snapshot` gave node-id slots to.
     snapshot_slots: RefCell<snapdir::Slots>,
-    /// Whether INIT asked the kernel to check POSIX ACLs (None: no INIT
-    /// yet). The session keeps it; a change of `acltype` takes a new mount.
-    posix_acl: Cell<Option<bool>>,
+    /// At INIT: whether POSIX ACLs were asked for (`acltype=posix` then),
+    /// and whether the kernel checks them (None: no INIT yet). The session
+    /// keeps them; a change of `acltype` takes a new mount.
+    posix_acl: Cell<Option<(bool, bool)>>,
 }
 
 /// The flags a mount of `fs` has: no set-user-id programs, no device
@@ -400,11 +401,13 @@ impl Mount {
     /// as its properties say: with POSIX ACLs checked by the kernel or not
     /// (fixed at INIT, so a change of `acltype` takes a new mount).
     pub fn serves(&self, fs: &Rc<Filesystem>) -> bool {
+        // Compared with what was asked, not granted: a kernel without
+        // POSIX ACLs would otherwise be remounted over and over.
         let acls_as_set = self
             .session
             .posix_acl
             .get()
-            .is_none_or(|granted| granted == fs.posix_acls());
+            .is_none_or(|(asked, _)| asked == fs.posix_acls());
         Rc::ptr_eq(&self.session.fs, fs) && acls_as_set
     }
 
@@ -887,7 +890,10 @@ async fn serve_fs(
     let pool = &session.pool;
     let owned = |mode: u32| NewObject::owned(mode, header.uid, header.gid);
     // On a mount with POSIX ACLs the kernel leaves the umask to the server.
-    let umask_of = |umask: u32| (session.posix_acl.get() == Some(true)).then_some(umask);
+    let umask_of = |umask: u32| {
+        let granted = session.posix_acl.get().is_some_and(|(_, granted)| granted);
+        granted.then_some(umask)
+    };
     // Every entry reply hands the kernel a reference to its node, counted
     // as the reply is made, with no await since the object was found or
     // made (so nothing frees it between). Should the request fail after
@@ -1394,14 +1400,20 @@ fn init(session: &Session, major: u32, minor: u32, flags: u32) -> Result<Vec<u8>
         | proto::MAX_PAGES
         | proto::HANDLE_KILLPRIV_V2;
     // `acltype=posix`: the kernel checks ACLs and leaves the umask to us.
-    let wanted = if session.fs.posix_acls() {
+    let asked = session.fs.posix_acls();
+    let wanted = if asked {
         wanted | proto::POSIX_ACL | proto::DONT_MASK
     } else {
         wanted
     };
-    session
-        .posix_acl
-        .set(Some(flags & wanted & proto::POSIX_ACL != 0));
+    let granted = flags & wanted & proto::POSIX_ACL != 0;
+    if asked && !granted {
+        eprintln!(
+            "ironpool: {}: the kernel does not offer POSIX ACLs: acltype=posix is not in force on this mount",
+            session.fs.name()
+        );
+    }
+    session.posix_acl.set(Some((asked, granted)));
     // FUSE over io_uring: asked for in flags2, behind INIT_EXT,
     // when the kernel offers it (it sets INIT_EXT itself then).
     let uring = session.uring_offered.is_ok() && flags & proto::INIT_EXT != 0;

@@ -9,6 +9,8 @@ mod common;
 use std::io::{Read, Write};
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use common::fuse::*;
@@ -2581,7 +2583,7 @@ struct NamesLog {
 /// of the directory: creates `fN` (one stamped block), renames every other
 /// one over `current` (the atomic-replace idiom), unlinks the oldest `f`
 /// name every fifth time; until the server goes.
-fn names_writer(dir: PathBuf) -> NamesLog {
+fn names_writer(dir: PathBuf, progress: Arc<AtomicU64>) -> NamesLog {
     let mut log = NamesLog::default();
     let Ok(directory) = std::fs::File::open(&dir) else {
         return log;
@@ -2628,6 +2630,7 @@ fn names_writer(dir: PathBuf) -> NamesLog {
         }
         log.in_flight.clear();
         log.acknowledgements += 1;
+        progress.store(log.acknowledgements, Ordering::Relaxed);
     }
     log
 }
@@ -2659,13 +2662,21 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
         .collect();
     let names_dir = mnt.join(format!("names-{round}"));
     std::fs::create_dir(&names_dir).unwrap();
+    let progress = Arc::new(AtomicU64::new(0));
     let names = std::thread::spawn({
         let names_dir = names_dir.clone();
-        move || names_writer(names_dir)
+        let progress = progress.clone();
+        move || names_writer(names_dir, progress)
     });
     std::thread::sleep(Duration::from_millis(700));
     during(pool);
     std::thread::sleep(Duration::from_millis(700));
+    // On a loaded machine the names writer may need longer for enough
+    // changes to check (each takes two fsyncs): it gets up to 20 s more.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while progress.load(Ordering::Relaxed) <= 50 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     let stats: serde_json::Value =
         serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
     let log = &stats["filesystems"][0]["intent_log"];

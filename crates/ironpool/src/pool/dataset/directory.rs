@@ -361,6 +361,18 @@ impl Directory {
             )
     }
 
+    /// [`Directory::lineages`], to change (without the names).
+    pub fn lineages_mut(&mut self) -> impl Iterator<Item = &mut Lineage> {
+        self.volumes
+            .values_mut()
+            .map(|record| &mut record.lineage)
+            .chain(
+                self.filesystems
+                    .values_mut()
+                    .map(|record| &mut record.lineage),
+            )
+    }
+
     pub fn encode(&self) -> Vec<u8> {
         // Serialising plain owned data to a Vec cannot fail.
         serde_json::to_vec(self).expect("directory serialises")

@@ -42,17 +42,7 @@ fn rename_in_directory(directory: &mut Directory, names: &[String], old: &str, n
             directory.filesystems.insert(renamed, record);
         }
     }
-    let lineages = directory
-        .volumes
-        .values_mut()
-        .map(|record| &mut record.lineage)
-        .chain(
-            directory
-                .filesystems
-                .values_mut()
-                .map(|record| &mut record.lineage),
-        );
-    for lineage in lineages {
+    for lineage in directory.lineages_mut() {
         if let Some(origin) = &mut lineage.origin {
             if is_within(&origin.volume, old) {
                 origin.volume = moved(&origin.volume, old, new);
@@ -85,17 +75,7 @@ fn rename_snapshots_in_directory(
             }
         }
     }
-    let lineages = directory
-        .volumes
-        .values_mut()
-        .map(|record| &mut record.lineage)
-        .chain(
-            directory
-                .filesystems
-                .values_mut()
-                .map(|record| &mut record.lineage),
-        );
-    for lineage in lineages {
+    for lineage in directory.lineages_mut() {
         if let Some(origin) = &mut lineage.origin {
             if origin.snapshot == old && datasets.contains(&origin.volume) {
                 origin.snapshot = new.to_string();

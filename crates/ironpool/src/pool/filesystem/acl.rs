@@ -112,13 +112,14 @@ impl Filesystem {
         Ok(true)
     }
 
-    /// What an object made with `mode` in a directory of attributes `dir`
-    /// starts with: its mode and its ACL attributes (see the module's
-    /// documentation). `umask`: the creator's, when the kernel left it to
-    /// the filesystem.
+    /// What an object made with `mode` in directory `parent` starts with:
+    /// its mode and its ACL attributes (see the module's documentation).
+    /// `umask`: the creator's, when the kernel left it to the filesystem.
+    /// The directory is read only when ACLs are kept (a create then loads
+    /// it again to check the name).
     pub(super) async fn new_object_acls(
         &self,
-        dir: &Znode,
+        parent: u64,
         mode: u32,
         is_dir: bool,
         umask: Option<u32>,
@@ -127,10 +128,14 @@ impl Filesystem {
             return Ok((mode, Vec::new()));
         }
         let umasked = |mode: u32| umask.map_or(mode, |umask| mode & !(umask & 0o777));
-        if !self.posix_acls() || dir.xattr_object == 0 {
+        if !self.posix_acls() {
             return Ok((umasked(mode), Vec::new()));
         }
-        let parent = self.xattr_list(dir).await?;
+        let (_, dir) = self.load_dir(parent).await?;
+        if dir.xattr_object == 0 {
+            return Ok((umasked(mode), Vec::new()));
+        }
+        let parent = self.xattr_list(&dir).await?;
         let Some(default) = parent.iter().find(|xattr| xattr.name == DEFAULT_NAME) else {
             return Ok((umasked(mode), Vec::new()));
         };

@@ -110,10 +110,7 @@ impl Filesystem {
         // The mode and ACLs it starts with (the directory's default ACL,
         // or the umask), their block written before builds are held off.
         let is_dir = mode & S_IFMT == S_IFDIR;
-        let (_, parent_znode) = self.load_dir(parent).await?;
-        let (mode, acls) = self
-            .new_object_acls(&parent_znode, mode, is_dir, umask)
-            .await?;
+        let (mode, acls) = self.new_object_acls(parent, mode, is_dir, umask).await?;
         let acl_bytes = crate::format::xattr::encode(&acls);
         let acl_block = self.write_xattr_block(pool, &acl_bytes).await?;
         // A link's target is written before builds are held off: allocation

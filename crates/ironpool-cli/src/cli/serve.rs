@@ -380,7 +380,6 @@ async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, 
     for name in stale {
         let mount = mounts.borrow_mut().remove(&name);
         if let Some(mount) = mount {
-            pool.note_mount(&name, None);
             let path = mount.mountpoint().display().to_string();
             // Detached now, before a replacement (a rolled-back filesystem)
             // is mounted on the same path; the session ends when its last
@@ -388,6 +387,8 @@ async fn reconcile_mounts(pool: &Rc<Pool>, mounts: &Rc<RefCell<BTreeMap<String, 
             // Files open in a filesystem rolled back or destroyed get only
             // ESTALE: their session is aborted after a second.
             mount.detach().await;
+            // Noted once off its path: `unmount` answers when it is.
+            pool.note_mount(&name, None);
             let patience = mount.serves_retired().then_some(RETIRED_PATIENCE);
             let pool_name = pool.name().to_string();
             rt::spawn(async move {

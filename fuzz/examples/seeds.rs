@@ -410,6 +410,7 @@ fn replication_package_seeds(writer: &mut SeedWriter) {
                 properties: [("atime".to_string(), "off".to_string())].into_iter().collect(),
                 snapshots: vec!["one".into(), "two".into()],
                 from: None,
+                existing: Some(vec!["one".into(), "two".into(), "three".into()]),
             },
             PackageDataset {
                 name: "b/v".into(),
@@ -417,9 +418,11 @@ fn replication_package_seeds(writer: &mut SeedWriter) {
                 properties: Default::default(),
                 snapshots: vec!["two".into()],
                 from: None,
+                existing: Some(vec!["two".into()]),
             },
         ],
         from: None,
+        unsent: Some(vec!["late".into()]),
     };
     let mut package = Vec::new();
     write_header(&mut package, &manifest).expect("a header in memory");

@@ -315,7 +315,7 @@ enum Command {
     },
     /// Apply a stream from stdin to POOL/DATASET (a volume or a filesystem): a full stream creates it, an incremental one updates it, a package of `send -R` recreates the subtree.
     Receive {
-        /// Roll the target back to the stream's source snapshot first (destroying later changes and snapshots).
+        /// Roll the target back to the stream's source snapshot first (destroying later changes and snapshots); with a package of `send -R`, also destroy the copies' snapshots and datasets gone on the sender.
         #[arg(short = 'F')]
         force: bool,
         /// Keep a partial receive if the stream breaks, so it can be resumed (see `send -t`).

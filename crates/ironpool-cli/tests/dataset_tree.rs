@@ -639,6 +639,39 @@ fn send_r_replicates_a_subtree_with_its_properties_and_snapshots() {
         &target.uri("copy/v"),
         &["read -P 0x22 1M 1M", "read -P 0x33 2M 1M"],
     );
+
+    // What the sender destroys, and what only the copy has, stays on the
+    // copy through a plain receive, and goes with `receive -F`, as `zfs
+    // receive -F` of a replication stream mirrors its sender.
+    source.admin(&["destroy", "src/a/b@three"]);
+    source.admin(&["destroy", "-r", "src/a/late"]);
+    source.admin(&["snapshot", "-r", "src/a@six"]);
+    target.admin(&["volume", "create", "-s", "dst/copy/mine", "16M"]);
+    let six = source.path("six");
+    source.send_to_file(&["send", "-R", "-i", "@five", "src/a@six"], &six);
+    receive_ok(&target, "dst/copy", &six, &[]);
+    let kept = listed(&target, &["-r", "dst/copy", "--control", &control]);
+    for still in ["dst/copy/b@three", "dst/copy/late", "dst/copy/mine"] {
+        assert!(kept.iter().any(|name| name == still), "{still}: {kept:?}");
+    }
+    source.admin(&["snapshot", "-r", "src/a@seven"]);
+    let seven = source.path("seven");
+    source.send_to_file(&["send", "-R", "-i", "@six", "src/a@seven"], &seven);
+    let said = receive_ok(&target, "dst/copy", &seven, &["-F"]);
+    for gone in ["dst/copy/b@three", "dst/copy/late", "dst/copy/mine"] {
+        assert!(
+            said.contains(&format!("destroyed {gone} (gone on the sender)")),
+            "{said}"
+        );
+    }
+    let mirrored = listed(&target, &["-r", "dst/copy", "--control", &control]);
+    let source_control = source.control().display().to_string();
+    let expected: Vec<String> = listed(&source, &["-r", "src/a", "--control", &source_control])
+        .iter()
+        .map(|name| name.replacen("src/a", "dst/copy", 1))
+        .collect();
+    assert_eq!(mirrored, expected);
+    assert!(std::fs::read(dst_mnt.join("b/fourth")).unwrap() == distinct_bytes(MIB, 5));
     stop_and_check(&mut target);
     stop_and_check(&mut source);
 }

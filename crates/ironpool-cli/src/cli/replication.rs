@@ -322,58 +322,36 @@ fn replication_subtree(
     snapshot: &str,
     from: Option<(&str, Between)>,
     dirs: &[PathBuf],
-) -> Result<Vec<ironpool::format::package::PackageDataset>, String> {
-    let within = |name: &str| {
-        name == top
-            || name
-                .strip_prefix(top)
-                .is_some_and(|rest| rest.starts_with('/'))
-    };
-    let mut datasets: Vec<(String, String)> = Vec::new();
-    let filesystems = super::admin(context, pool, dirs, Command::FsList)?;
-    for fs in filesystems["filesystems"].as_array().into_iter().flatten() {
-        if let Some(name) = fs["name"].as_str().filter(|name| within(name)) {
-            datasets.push((name.to_string(), "filesystem".into()));
-        }
-    }
-    let volumes = super::admin(context, pool, dirs, Command::VolumeList)?;
-    for volume in volumes["volumes"].as_array().into_iter().flatten() {
-        if let Some(name) = volume["name"].as_str().filter(|name| within(name)) {
-            datasets.push((name.to_string(), "volume".into()));
-        }
-    }
+) -> Result<(Vec<ironpool::format::package::PackageDataset>, Vec<String>), String> {
+    let datasets = subtree_datasets(context, pool, top, dirs)?;
     if datasets.is_empty() {
         return Err(format!("no dataset '{top}'"));
     }
-    datasets.sort();
-    let listed = super::admin(context, pool, dirs, Command::SnapshotList { volume: None })?;
-    let mut snapshots: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
-    for row in listed["snapshots"].as_array().into_iter().flatten() {
-        let (Some(full), Some(txg)) = (row["name"].as_str(), row["txg"].as_u64()) else {
-            continue;
-        };
-        if let Some((dataset, name)) = full.split_once('@') {
-            snapshots
-                .entry(dataset.to_string())
-                .or_default()
-                .push((txg, name.to_string()));
-        }
-    }
+    let mut snapshots = snapshots_by_dataset(context, pool, dirs)?;
+    let below_top = |name: &str| {
+        name.strip_prefix(top)
+            .unwrap_or_default()
+            .trim_start_matches('/')
+            .to_string()
+    };
     let mut chosen = Vec::new();
     let mut skipped: Vec<String> = Vec::new();
+    let mut unsent = Vec::new();
     for (name, kind) in datasets {
         if skipped.iter().any(|gone| {
             name.strip_prefix(gone.as_str())
                 .is_some_and(|rest| rest.starts_with('/'))
         }) {
+            unsent.push(below_top(&name));
             continue;
         }
         let mut own = snapshots.remove(&name).unwrap_or_default();
-        own.sort();
+        let existing: Vec<String> = own.iter().map(|(_, snap)| snap.clone()).collect();
         let Some(position) = own.iter().position(|(_, snap)| snap == snapshot) else {
             eprintln!(
                 "ironpool: {name} has no snapshot @{snapshot}: not sent, nor what is below it"
             );
+            unsent.push(below_top(&name));
             skipped.push(name);
             continue;
         };
@@ -421,21 +399,73 @@ fn replication_subtree(
             .map(|(property, value)| (property.to_string(), value.to_string()))
             .collect();
         chosen.push(ironpool::format::package::PackageDataset {
-            name: name
-                .strip_prefix(top)
-                .unwrap_or_default()
-                .trim_start_matches('/')
-                .to_string(),
+            name: below_top(&name),
             kind,
             properties,
             snapshots: own.into_iter().map(|(_, snap)| snap).collect(),
             from: base,
+            existing: Some(existing),
         });
     }
     if chosen.is_empty() {
         return Err(format!("{top} has no snapshot @{snapshot}"));
     }
-    Ok(chosen)
+    Ok((chosen, unsent))
+}
+
+/// The datasets at and below `top` (`POOL/A`), with their kinds
+/// (`filesystem`, `volume`), sorted by name (a parent before its children).
+fn subtree_datasets(
+    context: &Context,
+    pool: &str,
+    top: &str,
+    dirs: &[PathBuf],
+) -> Result<Vec<(String, String)>, String> {
+    let within = |name: &str| {
+        name == top
+            || name
+                .strip_prefix(top)
+                .is_some_and(|rest| rest.starts_with('/'))
+    };
+    let mut datasets: Vec<(String, String)> = Vec::new();
+    for (command, list, kind) in [
+        (Command::FsList, "filesystems", "filesystem"),
+        (Command::VolumeList, "volumes", "volume"),
+    ] {
+        let listed = super::admin(context, pool, dirs, command)?;
+        for row in listed[list].as_array().into_iter().flatten() {
+            if let Some(name) = row["name"].as_str().filter(|name| within(name)) {
+                datasets.push((name.to_string(), kind.into()));
+            }
+        }
+    }
+    datasets.sort();
+    Ok(datasets)
+}
+
+/// Every snapshot of the pool, by dataset: (txg, name), oldest first.
+fn snapshots_by_dataset(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+) -> Result<BTreeMap<String, Vec<(u64, String)>>, String> {
+    let listed = super::admin(context, pool, dirs, Command::SnapshotList { volume: None })?;
+    let mut snapshots: BTreeMap<String, Vec<(u64, String)>> = BTreeMap::new();
+    for row in listed["snapshots"].as_array().into_iter().flatten() {
+        let (Some(full), Some(txg)) = (row["name"].as_str(), row["txg"].as_u64()) else {
+            continue;
+        };
+        if let Some((dataset, name)) = full.split_once('@') {
+            snapshots
+                .entry(dataset.to_string())
+                .or_default()
+                .push((txg, name.to_string()));
+        }
+    }
+    for own in snapshots.values_mut() {
+        own.sort();
+    }
+    Ok(snapshots)
 }
 
 /// `send -R POOL/A@SNAP`: a replication package (see
@@ -482,6 +512,7 @@ pub fn send_replication(
         }
         None => None,
     };
+    let (datasets, unsent) = replication_subtree(context, pool, top, name, from, dirs)?;
     let manifest = Manifest {
         version: if from.is_some() {
             MANIFEST_VERSION_INCREMENTAL
@@ -490,7 +521,8 @@ pub fn send_replication(
         },
         snapshot: name.to_string(),
         from: from.map(|(base, _)| base.to_string()),
-        datasets: replication_subtree(context, pool, top, name, from, dirs)?,
+        datasets,
+        unsent: Some(unsent),
     };
     let mut stdout = std::io::stdout().lock();
     write_header(&mut stdout, &manifest)
@@ -683,8 +715,94 @@ pub fn receive_replication(
     if input.read(&mut rest).map_err(|error| error.to_string())? != 0 {
         return Err("bytes follow the package's last stream: the package is damaged".into());
     }
+    // Only once every stream is in: a damaged package destroys nothing.
+    let destroyed = if force {
+        destroy_gone_on_sender(context, &pool, target, &manifest, dirs)?
+    } else {
+        Vec::new()
+    };
     if context.json {
-        println!("{}", serde_json::json!({ "received": received }));
+        println!(
+            "{}",
+            serde_json::json!({ "received": received, "destroyed": destroyed })
+        );
+    } else {
+        for name in &destroyed {
+            println!("destroyed {name} (gone on the sender)");
+        }
     }
     Ok(())
+}
+
+/// `receive -F` of a package, once its streams are in: destroys the
+/// snapshots of each received dataset that its sender no longer has, and
+/// the datasets below `target` the sender no longer has (with what is
+/// below them), as `zfs receive -F` of a replication stream does, so the
+/// copy mirrors the sender. A package that does not say what its sender
+/// has (an older build's) destroys nothing. Returns the names destroyed.
+fn destroy_gone_on_sender(
+    context: &Context,
+    pool: &str,
+    target: &str,
+    manifest: &ironpool::format::package::Manifest,
+    dirs: &[PathBuf],
+) -> Result<Vec<String>, String> {
+    let Some(unsent) = &manifest.unsent else {
+        return Ok(Vec::new());
+    };
+    let full_name = |below: &str| match below {
+        "" => target.to_string(),
+        below => format!("{target}/{below}"),
+    };
+    let mut destroyed = Vec::new();
+    let mut snapshots = snapshots_by_dataset(context, pool, dirs)?;
+    for dataset in &manifest.datasets {
+        let Some(existing) = &dataset.existing else {
+            continue;
+        };
+        let name = full_name(&dataset.name);
+        for (_, snapshot) in snapshots.remove(&name).unwrap_or_default() {
+            if existing.contains(&snapshot) {
+                continue;
+            }
+            let gone = format!("{name}@{snapshot}");
+            super::admin(
+                context,
+                pool,
+                dirs,
+                Command::SnapshotDestroy { name: gone.clone() },
+            )
+            .map_err(|error| format!("destroying {gone} (gone on the sender): {error}"))?;
+            destroyed.push(gone);
+        }
+    }
+    let known: Vec<String> = manifest
+        .datasets
+        .iter()
+        .map(|dataset| full_name(&dataset.name))
+        .chain(unsent.iter().map(|below| full_name(below)))
+        .collect();
+    let mut gone: Vec<String> = Vec::new();
+    for (name, _) in subtree_datasets(context, pool, target, dirs)? {
+        let below_gone = gone.iter().any(|parent| {
+            name.strip_prefix(parent.as_str())
+                .is_some_and(|rest| rest.starts_with('/'))
+        });
+        if known.contains(&name) || below_gone {
+            continue;
+        }
+        super::admin(
+            context,
+            pool,
+            dirs,
+            Command::VolumeDestroy {
+                name: name.clone(),
+                recursive: true,
+            },
+        )
+        .map_err(|error| format!("destroying {name} (gone on the sender): {error}"))?;
+        gone.push(name);
+    }
+    destroyed.extend(gone);
+    Ok(destroyed)
 }

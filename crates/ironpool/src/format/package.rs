@@ -50,6 +50,13 @@ pub struct Manifest {
     pub from: Option<String>,
     /// The subtree, parents before children.
     pub datasets: Vec<PackageDataset>,
+    /// The datasets of the subtree the sender has and did not send (they
+    /// lack the snapshot, or lie below one that does), by name below its
+    /// top: `receive -F` keeps their copies, and destroys those of any
+    /// other dataset the package does not name (it is gone on the
+    /// sender). None (a package of an older build): nothing is destroyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unsent: Option<Vec<String>>,
 }
 
 /// One dataset of a package.
@@ -70,6 +77,12 @@ pub struct PackageDataset {
     /// incremental from; None: its first stream is full.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub from: Option<String>,
+    /// Every snapshot the sender's dataset has, sent or not: `receive -F`
+    /// destroys the copy's others (gone on the sender), as `zfs receive
+    /// -F` of a replication stream does. None (a package of an older
+    /// build): no snapshot is destroyed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub existing: Option<Vec<String>>,
 }
 
 /// Why a package is refused.
@@ -138,6 +151,7 @@ pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
         if let Some(bad) = dataset
             .snapshots
             .iter()
+            .chain(dataset.existing.iter().flatten())
             .find(|name| !super::valid_name(name))
         {
             return Err(PackageError::Manifest(format!(
@@ -157,6 +171,26 @@ pub fn read_manifest(input: &mut impl Read) -> Result<Manifest, PackageError> {
                 dataset.name
             )));
         }
+        if let Some(missing) = dataset.existing.as_ref().and_then(|existing| {
+            dataset
+                .snapshots
+                .iter()
+                .find(|sent| !existing.contains(sent))
+        }) {
+            return Err(PackageError::Manifest(format!(
+                "dataset '{}': snapshot '{missing}' is sent but not among those it has",
+                dataset.name
+            )));
+        }
+    }
+    if let Some(bad) = manifest.unsent.iter().flatten().find(|name| {
+        name.is_empty()
+            || !name.split('/').all(super::valid_name)
+            || manifest.datasets.iter().any(|sent| &sent.name == *name)
+    }) {
+        return Err(PackageError::Manifest(format!(
+            "unsent dataset '{bad}' (empty, malformed or also sent)"
+        )));
     }
     Ok(manifest)
 }
@@ -202,8 +236,10 @@ mod tests {
                 properties: BTreeMap::from([("atime".into(), "off".into())]),
                 snapshots: vec!["r".into(), "s".into()],
                 from: None,
+                existing: Some(vec!["p".into(), "r".into(), "s".into()]),
             }],
             from: None,
+            unsent: Some(vec!["late".into()]),
         };
         let mut bytes = Vec::new();
         write_header(&mut bytes, &manifest).unwrap();
@@ -222,6 +258,38 @@ mod tests {
             write_header(&mut bytes, &wrong).unwrap();
             assert!(read_manifest(&mut &bytes[8..]).is_err(), "{bad}");
         }
+        // What `receive -F` destroys by must be well formed: a snapshot
+        // sent is one the dataset has; an unsent dataset is not sent too.
+        for wrong in [
+            {
+                let mut wrong = manifest.clone();
+                wrong.datasets[0].existing = Some(vec!["s".into()]);
+                wrong
+            },
+            {
+                let mut wrong = manifest.clone();
+                wrong.datasets[0].existing = Some(vec!["r".into(), "s".into(), "a@b".into()]);
+                wrong
+            },
+            Manifest {
+                unsent: Some(vec!["b/c".into()]),
+                ..manifest.clone()
+            },
+            Manifest {
+                unsent: Some(vec!["".into()]),
+                ..manifest.clone()
+            },
+        ] {
+            let mut bytes = Vec::new();
+            write_header(&mut bytes, &wrong).unwrap();
+            assert!(read_manifest(&mut &bytes[8..]).is_err(), "{wrong:?}");
+        }
+        // A package of an older build (neither) reads, and destroys nothing.
+        let older = br#"{"version":1,"snapshot":"s","datasets":[{"name":"","kind":"volume","properties":{},"snapshots":["s"]}]}"#;
+        let mut bytes = (older.len() as u64).to_le_bytes().to_vec();
+        bytes.extend_from_slice(older);
+        let read = read_manifest(&mut &bytes[..]).unwrap();
+        assert!(read.unsent.is_none() && read.datasets[0].existing.is_none());
         // An incremental package: version 2, its datasets' bases its own.
         let mut incremental = manifest.clone();
         incremental.version = MANIFEST_VERSION_INCREMENTAL;

@@ -30,6 +30,9 @@ pub const DEFAULT_FILES: u64 = 20_000;
 pub const QUICK_FILES: u64 = 2_000;
 /// Targets when none are given (the raw baseline is added to any list).
 pub const DEFAULT_TARGETS: [&str; 2] = ["ironpool:mirror:2x2G", "nbdkit"];
+/// The default target of a run of suites only a filesystem runs (the
+/// snapshot suite's reads go through `.zfs/snapshot`).
+pub const DEFAULT_FS_TARGETS: [&str; 1] = ["ironpool-fs:mirror:2x2G:recordsize=16K"];
 
 /// `ironpool bench`: run fio suites against storage targets and write a
 /// report with charts (report.md, results.json, PNGs) to --out.
@@ -82,7 +85,8 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_FILL_MAX)]
     pub fill_max: String,
 
-    /// Files of the fs suite's metadata phases (create, stat, delete) [default: 20000, or 2000
+    /// Files of the fs suite's metadata phases (create, stat, delete) and of the snapshot
+    /// suite's snapshot-take and snapshot-list [default: 20000, or 2000
     /// with --quick]
     #[arg(long, value_name = "N")]
     pub files: Option<u64>,
@@ -230,7 +234,11 @@ impl BenchArgs {
     /// The targets: given or default, raw first unless --no-raw, labels
     /// made unique.
     fn target_list(&self) -> Result<Vec<(String, TargetSpec)>> {
-        let texts: Vec<String> = if self.targets.is_empty() {
+        let filesystem_only =
+            !self.suites.is_empty() && self.suites.iter().all(|s| *s == Suite::Snapshot);
+        let texts: Vec<String> = if self.targets.is_empty() && filesystem_only {
+            DEFAULT_FS_TARGETS.iter().map(|s| s.to_string()).collect()
+        } else if self.targets.is_empty() {
             DEFAULT_TARGETS.iter().map(|s| s.to_string()).collect()
         } else {
             self.targets.clone()
@@ -382,6 +390,17 @@ mod tests {
             labels,
             ["raw", "raw-pair", "ironpool:mirror+log:2x1G", "nbdkit"]
         );
+    }
+
+    #[test]
+    fn the_snapshot_suite_defaults_to_a_filesystem() {
+        let plan = plan_of(&["--suite", "snapshot"]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["raw", "ironpool-fs:mirror:2x2G:recordsize=16K"]);
+        // With another suite, the usual targets.
+        let plan = plan_of(&["--suite", "snapshot", "--suite", "durable", "--no-raw"]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, DEFAULT_TARGETS);
     }
 
     #[test]

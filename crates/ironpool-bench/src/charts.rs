@@ -119,12 +119,17 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
             });
         }
     }
-    if tests().any(|t| t.suite == Suite::Fs) {
-        charts.push(ChartPlan {
-            file_name: "fs.png".to_string(),
-            title: "fs: each test's figure (IOPS, MiB/s, or operations per second)".to_string(),
-            kind: ChartKind::Bars { suite: Suite::Fs },
-        });
+    for suite in [Suite::Fs, Suite::Snapshot] {
+        if tests().any(|t| t.suite == suite) {
+            charts.push(ChartPlan {
+                file_name: format!("{}.png", suite.name()),
+                title: format!(
+                    "{}: each test's figure (IOPS, MiB/s, or operations per second)",
+                    suite.name()
+                ),
+                kind: ChartKind::Bars { suite },
+            });
+        }
     }
     if tests().any(|t| t.fill_target_percent.is_some()) {
         charts.push(ChartPlan {
@@ -390,11 +395,11 @@ fn draw_legend<DB: DrawingBackend>(
 }
 
 /// A bar's height and unit: bandwidth for the pool report and the durable
-/// suite; for the fs suite each test's own figure (IOPS for random I/O,
+/// suite; for the fs and snapshot suites each test's own figure (IOPS for random I/O,
 /// MiB/s for sequential, operations per second for system calls).
 fn bar_value(suite: Suite, test: &TestResult) -> (f64, &'static str) {
     let mib = test.total_bandwidth() / (1024.0 * 1024.0);
-    if suite != Suite::Fs {
+    if !matches!(suite, Suite::Fs | Suite::Snapshot) {
         return (mib, "MiB/s");
     }
     match test.ops_per_second {

@@ -134,6 +134,12 @@ pub fn run(
                 sync_dir(dir)
             })
         }),
+        OpsTest::SnapshotTake | OpsTest::SnapshotList => {
+            bail!(
+                "{} needs the pool's commands: the runner runs it (snapshot_take, snapshot_list)",
+                test.name()
+            )
+        }
         OpsTest::NamesReplace => in_fresh_dir(root, test, |work| {
             let target = work.join("target");
             let temporary = work.join("target.tmp");
@@ -145,6 +151,67 @@ pub fn run(
             })
         }),
     }
+}
+
+/// The directory of `root` that `snapshot-take` fills before its
+/// snapshot, and `snapshot-list` lists in the snapshot.
+pub fn snapshot_files_dir(root: &Path) -> PathBuf {
+    root.join("ironpool-bench-snapshot")
+}
+
+/// `snapshot-take`: makes `files` empty files in a fresh
+/// [`snapshot_files_dir`] of `root` (not timed), then times `take` (the
+/// snapshot's command) as one operation.
+pub fn snapshot_take(
+    root: &Path,
+    files: u64,
+    tick: &mut dyn FnMut(),
+    take: &mut dyn FnMut() -> Result<()>,
+) -> Result<OpsRun> {
+    let dir = snapshot_files_dir(root);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)
+            .with_context(|| format!("removing an old {}", dir.display()))?;
+    }
+    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let names = (0..files)
+        .map(|i| {
+            CString::new(dir.join(format!("f{i:08}")).as_os_str().as_bytes())
+                .context("a path with a NUL byte")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    each(&names, tick, create)?;
+    let start = Instant::now();
+    take()?;
+    Ok(OpsRun {
+        operations: 1,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// `snapshot-list`: reads directory `dir` (of a snapshot) and `stat`s each
+/// name in it, as `ls -l` does; one operation per name. A directory with
+/// no names is an error: the listing measured nothing.
+pub fn snapshot_list(dir: &Path, tick: &mut dyn FnMut()) -> Result<OpsRun> {
+    let start = Instant::now();
+    let mut operations = 0;
+    for entry in std::fs::read_dir(dir).with_context(|| format!("listing {}", dir.display()))? {
+        let entry = entry.with_context(|| format!("listing {}", dir.display()))?;
+        entry
+            .metadata()
+            .with_context(|| format!("stat of {}", entry.path().display()))?;
+        operations += 1;
+        if operations % TICK_EVERY == 0 {
+            tick();
+        }
+    }
+    if operations == 0 {
+        bail!("{} lists no names", dir.display());
+    }
+    Ok(OpsRun {
+        operations,
+        seconds: start.elapsed().as_secs_f64(),
+    })
 }
 
 /// Runs `body` in a new directory `root/names-TEST`, removed afterwards.

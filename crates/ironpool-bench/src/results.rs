@@ -476,6 +476,19 @@ impl Results {
             Some((limit, limit.same_workload(test)?))
         }
         let same = |limit| same(limit, test);
+        // A snapshot's reads are held to the same reads of the head.
+        if test.workload.snapshot {
+            let head = crate::suites::Workload {
+                snapshot: false,
+                ..test.workload
+            };
+            let own = self.targets.iter().find(|t| t.label == target.label)?;
+            return own
+                .tests
+                .iter()
+                .find(|t| t.is_ok() && t.workload == head)
+                .map(|head| (own, head));
+        }
         // What a filesystem answers on its own (system calls, the page
         // cache) is held to another filesystem on the same disk.
         if test.workload.is_filesystem_test() {

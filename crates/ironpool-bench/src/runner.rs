@@ -129,7 +129,8 @@ pub fn execute(
             depths: plan.suite_options.depths.clone(),
             jobs: plan.suite_options.jobs.clone(),
             fill_levels_percent: plan.suite_options.fill_levels_percent.clone(),
-            files: plan.suites.contains(&Suite::Fs).then_some(plan.files),
+            files: (plan.suites.contains(&Suite::Fs) || plan.suites.contains(&Suite::Snapshot))
+                .then_some(plan.files),
         },
         targets,
         findings: Vec::new(),
@@ -657,12 +658,19 @@ impl Runner<'_> {
         target: &mut TargetResult,
     ) -> TestResult {
         if let Some(ops) = test.workload.ops {
+            if ops.of_snapshot() {
+                return self.run_snapshot_ops_test(instance, test, ops, target);
+            }
             return self.run_ops_test(instance, test, ops, target);
+        }
+        if test.workload.snapshot {
+            return self.run_snapshot_read(instance, test, slug, target);
         }
         let by_property =
             test.workload.durability == Durability::Dsync && instance.dsync_by_property();
+        let access = instance.access.clone();
         if !by_property {
-            return self.run_fio_test(instance, test, false, slug, target);
+            return self.run_fio_test(instance, &access, test, false, slug, target);
         }
         let note = "every write durable on the volume: sync=always for the -dsync tests \
                     (fio's nbd engine sends no FUA), fio writing without flushes";
@@ -677,7 +685,7 @@ impl Runner<'_> {
             };
             return result;
         }
-        let mut result = self.run_fio_test(instance, test, true, slug, target);
+        let mut result = self.run_fio_test(instance, &access, test, true, slug, target);
         if let Err(error) = instance.set_sync("standard") {
             result.outcome = Outcome::Failed {
                 error: format!("{error:#}"),
@@ -686,11 +694,57 @@ impl Runner<'_> {
         result
     }
 
-    /// Runs fio for a test and observes the target around it;
+    /// Runs a test of the snapshot suite that reads the working set's file
+    /// through snapshot [`suites::SNAPSHOT_READ_NAME`] of the target's
+    /// filesystem, taken before the first such test (skipped on targets
+    /// with no snapshots).
+    fn run_snapshot_read(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let name = suites::SNAPSHOT_READ_NAME;
+        let taken = if instance.has_snapshot(name) {
+            Ok(Ok(()))
+        } else {
+            instance.take_snapshot(name)
+        };
+        let file = match &instance.access {
+            Access::File(path) => path.file_name().map(PathBuf::from),
+            _ => None,
+        };
+        let path = match (taken, file) {
+            (Err(reason), _) => Err(Outcome::Skipped { reason }),
+            (Ok(Err(error)), _) => Err(Outcome::Failed {
+                error: format!("{error:#}"),
+            }),
+            (Ok(Ok(())), None) => Err(Outcome::Skipped {
+                reason: "the working set is not a file".to_string(),
+            }),
+            (Ok(Ok(())), Some(file)) => instance
+                .in_snapshot(name, &file)
+                .map_err(|reason| Outcome::Skipped { reason }),
+        };
+        match path {
+            Ok(path) => self.run_fio_test(instance, &Access::File(path), test, false, slug, target),
+            Err(outcome) => {
+                self.progress.skip(self.planned_test_seconds());
+                result.outcome = outcome;
+                result
+            }
+        }
+    }
+
+    /// Runs fio for a test on `access` (the target's, or another way to
+    /// its working set) and observes the target around it;
     /// `durable_by_target` as in [`fio_runner::test_command`].
     fn run_fio_test(
         &mut self,
         instance: &Instance,
+        access: &Access,
         test: &TestSpec,
         durable_by_target: bool,
         slug: &str,
@@ -700,7 +754,7 @@ impl Runner<'_> {
         let planned = self.planned_test_seconds();
         let argv = match fio_runner::test_command(
             &self.fio,
-            &instance.access,
+            access,
             &test.workload,
             instance.size_bytes,
             durable_by_target,
@@ -859,6 +913,99 @@ impl Runner<'_> {
             }
             Err(error) => {
                 result.outcome = crate::results::Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                self.progress.end("failed");
+            }
+        }
+        result
+    }
+}
+
+impl Runner<'_> {
+    /// Runs `snapshot-take` or `snapshot-list` (see [`suites::OpsTest`]) on
+    /// an `ironpool-fs` target, observed as a test of system calls.
+    fn run_snapshot_ops_test(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        ops: suites::OpsTest,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let planned = self.planned_test_seconds();
+        let name = suites::SNAPSHOT_FILES_NAME;
+        let root = match instance.file_dir() {
+            Some(root) if instance.kind == "ironpool-fs" => root.to_path_buf(),
+            _ => {
+                self.progress.skip(planned);
+                result.outcome = Outcome::Skipped {
+                    reason: format!(
+                        "a snapshot's test needs an ironpool-fs target, not {}",
+                        instance.kind
+                    ),
+                };
+                return result;
+            }
+        };
+        let files = self.plan.files;
+        let listed = crate::ops::snapshot_files_dir(Path::new(""));
+        result.command = vec![
+            "ironpool".to_string(),
+            "bench".to_string(),
+            format!("(ops {})", ops.name()),
+            match ops {
+                suites::OpsTest::SnapshotList => instance
+                    .in_snapshot(name, &listed)
+                    .map(|path| path.display().to_string())
+                    .unwrap_or_default(),
+                _ => root.display().to_string(),
+            },
+            format!("{files} files"),
+        ];
+        self.progress.begin(
+            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
+            planned,
+        );
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let progress = &mut self.progress;
+        let run = match ops {
+            suites::OpsTest::SnapshotTake => {
+                let mut take = || match instance.take_snapshot(name) {
+                    Ok(taken) => taken,
+                    Err(reason) => Err(anyhow::anyhow!(reason)),
+                };
+                crate::ops::snapshot_take(&root, files, &mut || progress.tick(), &mut take)
+            }
+            _ => instance
+                .in_snapshot(name, &listed)
+                .map_err(|reason| anyhow::anyhow!(reason))
+                .and_then(|dir| {
+                    if !dir.is_dir() {
+                        anyhow::bail!(
+                            "{} is missing: snapshot-list lists what snapshot-take left",
+                            dir.display()
+                        );
+                    }
+                    crate::ops::snapshot_list(&dir, &mut || progress.tick())
+                }),
+        };
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        self.interrupted |= interrupt::requested();
+        match run {
+            Ok(run) => {
+                result.wall_seconds = run.seconds;
+                result.ops_per_second = Some(run.rate());
+                target
+                    .pitfalls
+                    .extend(observe::compare(instance, &before, &after, &mut result));
+                self.progress.end(&format!(
+                    "{} operations in {:.3} s",
+                    run.operations, run.seconds
+                ));
+            }
+            Err(error) => {
+                result.outcome = Outcome::Failed {
                     error: format!("{error:#}"),
                 };
                 self.progress.end("failed");

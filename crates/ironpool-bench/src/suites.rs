@@ -53,6 +53,14 @@ pub enum Suite {
     /// new files, atomic replaces). Its limit for the data rows is the raw
     /// file (or pair), for the others ext4 on a loop device (`ext4`).
     Fs,
+    /// A filesystem's snapshot (the table of `scripts/bench-snapshot.sh`):
+    /// 4K random reads at QD64 and 1 MiB sequential reads at QD16 of the
+    /// working set through `MOUNTPOINT/.zfs/snapshot/NAME` beside the same
+    /// reads of the head (the limit of the snapshot's rows), then the time
+    /// `ironpool snapshot` takes once the filesystem holds `--files` more
+    /// files, and a listing of them in that snapshot. Runs on
+    /// `ironpool-fs` targets.
+    Snapshot,
 }
 
 impl Suite {
@@ -64,6 +72,7 @@ impl Suite {
             Suite::Durable => "durable",
             Suite::Fill => "fill",
             Suite::Fs => "fs",
+            Suite::Snapshot => "snapshot",
         }
     }
 }
@@ -203,6 +212,13 @@ pub enum OpsTest {
     /// Atomic replaces: write a temporary file, fsync, rename it over the
     /// target, fsync the directory.
     NamesReplace,
+    /// `ironpool snapshot` of the filesystem once a new directory of it
+    /// holds `--files` empty files (made first, not timed): one operation,
+    /// whose time is the snapshot's.
+    SnapshotTake,
+    /// A listing (`readdir` and `stat` of each name, as `ls -l`) of that
+    /// directory in the snapshot just taken: one operation per name.
+    SnapshotList,
 }
 
 impl OpsTest {
@@ -216,7 +232,15 @@ impl OpsTest {
             OpsTest::NamesSqlite => "names-sqlite",
             OpsTest::NamesCreate => "names-create",
             OpsTest::NamesReplace => "names-replace",
+            OpsTest::SnapshotTake => "snapshot-take",
+            OpsTest::SnapshotList => "snapshot-list",
         }
+    }
+
+    /// Whether the test is about a snapshot of an ironpool filesystem
+    /// (the runner, not `ops`, runs it: it needs the pool's commands).
+    pub fn of_snapshot(self) -> bool {
+        matches!(self, OpsTest::SnapshotTake | OpsTest::SnapshotList)
     }
 
     /// The metadata phases run over a fixed count of files; the names
@@ -224,7 +248,12 @@ impl OpsTest {
     pub fn counted(self) -> bool {
         matches!(
             self,
-            OpsTest::FilesCreate | OpsTest::FilesStat | OpsTest::FilesAbsent | OpsTest::FilesDelete
+            OpsTest::FilesCreate
+                | OpsTest::FilesStat
+                | OpsTest::FilesAbsent
+                | OpsTest::FilesDelete
+                | OpsTest::SnapshotTake
+                | OpsTest::SnapshotList
         )
     }
 }
@@ -259,6 +288,12 @@ pub struct Workload {
     /// (request, copies, reply) with no device in the way.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub cached: bool,
+    /// Read from the snapshot of the target's filesystem
+    /// ([`SNAPSHOT_READ_NAME`], taken before the first such test): the
+    /// working set as it was then, through `.zfs/snapshot`. Its limit is
+    /// the same reads of the head.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshot: bool,
     /// Not fio: a loop of system calls (the other fields are ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops: Option<OpsTest>,
@@ -277,6 +312,7 @@ impl Workload {
             engine: Engine::IoUring,
             buffered: false,
             cached: false,
+            snapshot: false,
             ops: None,
         }
     }
@@ -308,12 +344,13 @@ impl Workload {
         };
         let buffered = if self.buffered { "-buffered" } else { "" };
         let cached = if self.cached { "-cached" } else { "" };
+        let snapshot = if self.snapshot { "-snapshot" } else { "" };
         let mix = self
             .read_mix_percent
             .map(|p| p.to_string())
             .unwrap_or_default();
         format!(
-            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}",
+            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}",
             self.pattern.fio_rw(),
             mix,
             size_short(self.block_size_bytes).to_lowercase(),
@@ -385,6 +422,7 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::PoolReport => pool_report_workloads().into_iter().map(plain).collect(),
         Suite::Durable => durable_workloads().into_iter().map(plain).collect(),
         Suite::Fs => fs_workloads().into_iter().map(plain).collect(),
+        Suite::Snapshot => snapshot_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
             .iter()
@@ -510,6 +548,31 @@ pub fn fs_workloads() -> Vec<Workload> {
     workloads
 }
 
+/// The snapshot the snapshot suite's reads go through.
+pub const SNAPSHOT_READ_NAME: &str = "bench-read";
+/// The snapshot `snapshot-take` makes (and `snapshot-list` lists).
+pub const SNAPSHOT_FILES_NAME: &str = "bench-files";
+
+/// The snapshot suite (the table of `scripts/bench-snapshot.sh`), in run
+/// order: each read of the head, then the same of the snapshot (so the two
+/// are measured minutes apart at most), then the snapshot's cost with
+/// many files.
+pub fn snapshot_workloads() -> Vec<Workload> {
+    let mut workloads = Vec::new();
+    for head in [
+        Workload::new(Pattern::RandRead, 4 * KIB, 64, 1),
+        Workload::new(Pattern::SeqRead, MIB, 16, 1),
+    ] {
+        workloads.push(head);
+        workloads.push(Workload {
+            snapshot: true,
+            ..head
+        });
+    }
+    workloads.extend([OpsTest::SnapshotTake, OpsTest::SnapshotList].map(Workload::ops));
+    workloads
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -593,6 +656,25 @@ mod tests {
         unique.sort();
         unique.dedup();
         assert_eq!(unique.len(), names.len());
+    }
+
+    #[test]
+    fn names_the_snapshot_suite() {
+        let names: Vec<String> = tests_of(Suite::Snapshot, &options())
+            .iter()
+            .map(TestSpec::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "randread-4k-qd64-1j",
+                "randread-4k-qd64-1j-snapshot",
+                "read-1m-qd16-1j",
+                "read-1m-qd16-1j-snapshot",
+                "snapshot-take",
+                "snapshot-list"
+            ]
+        );
     }
 
     #[test]

@@ -530,3 +530,84 @@ fn fs_suite_beside_ext4_on_a_loop_device() {
     );
     assert!(!image.exists(), "the image is removed");
 }
+
+/// The snapshot suite (what `scripts/bench-snapshot.sh` measured): the
+/// reads of the snapshot go through `.zfs/snapshot` and are held to the
+/// same reads of the head; the snapshot with many more files is taken and
+/// its listing counts every file; the raw baseline skips what it has no
+/// snapshot for, with the reason.
+#[test]
+fn snapshot_suite_reads_the_snapshot_beside_the_head() {
+    use ironpool_bench::suites::{OpsTest, Suite, SNAPSHOT_FILES_NAME, SNAPSHOT_READ_NAME};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-snapshot-suite").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool-fs:mirror:2x512M",
+        "--suite",
+        "snapshot",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--files",
+        "300",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    assert_eq!(results.settings.files, Some(300));
+    let [raw, fs] = &results.targets[..] else {
+        panic!("two targets: {:?}", results.targets.len())
+    };
+    let planned = ironpool_bench::suites::snapshot_workloads();
+    for target in [raw, fs] {
+        assert_eq!(target.tests.len(), planned.len(), "{}", target.label);
+    }
+    for test in &raw.tests {
+        let of_snapshot =
+            test.workload.snapshot || test.workload.ops.is_some_and(OpsTest::of_snapshot);
+        match &test.outcome {
+            ironpool_bench::results::Outcome::Skipped { reason } => {
+                assert!(of_snapshot, "raw {} skipped: {reason}", test.label());
+                assert!(reason.contains("ironpool-fs"), "{reason}");
+            }
+            outcome => assert!(!of_snapshot, "raw {}: {outcome:?}", test.label()),
+        }
+    }
+    for test in &fs.tests {
+        assert!(test.is_ok(), "{}: {:?}", test.label(), test.outcome);
+        assert_eq!(test.suite, Suite::Snapshot);
+        if test.workload.snapshot {
+            let path = format!("/.zfs/snapshot/{SNAPSHOT_READ_NAME}/");
+            assert!(
+                test.command.iter().any(|arg| arg.contains(&path)),
+                "{:?}",
+                test.command
+            );
+            assert!(test.total_iops() > 0.0, "{}", test.label());
+            // Held to the head's same reads, on the same target.
+            let (limit_target, limit) = results.limit_with_target(fs, test).expect("a limit");
+            assert_eq!(limit_target.label, fs.label);
+            assert!(!limit.workload.snapshot);
+            assert_eq!(
+                limit.workload.block_size_bytes,
+                test.workload.block_size_bytes
+            );
+        }
+    }
+    let find = |name: &str| fs.tests.iter().find(|t| t.name == name).unwrap();
+    assert_eq!(find("snapshot-take").operations(), 1);
+    assert_eq!(find("snapshot-list").operations(), 300);
+    for name in [SNAPSHOT_READ_NAME, SNAPSHOT_FILES_NAME] {
+        let snapshot = format!("bench/fs@{name}");
+        assert!(
+            fs.setup_commands.iter().any(|c| c.contains(&snapshot)),
+            "{snapshot} not among {:?}",
+            fs.setup_commands
+        );
+    }
+}

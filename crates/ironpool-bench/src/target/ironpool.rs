@@ -162,6 +162,21 @@ impl IronpoolPool {
         Ok(argv)
     }
 
+    /// `ironpool snapshot DATASET@NAME` of the benchmarked dataset; returns
+    /// the command.
+    pub fn snapshot(&self, name: &str) -> Result<Vec<String>> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "snapshot".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            format!("{}@{name}", self.dataset),
+        ]);
+        self.run(&argv)
+            .with_context(|| format!("taking snapshot {}@{name}", self.dataset))?;
+        Ok(argv)
+    }
+
     /// `pool/volume` (or `pool/filesystem`), the name `iostat` reports.
     pub fn volume_name(&self) -> String {
         self.dataset.clone()

@@ -237,6 +237,57 @@ impl Instance {
         Ok(())
     }
 
+    /// The directory the working set's file lies in, on an ironpool
+    /// filesystem target (its mountpoint): where its snapshots appear,
+    /// under `.zfs/snapshot`.
+    fn ironpool_mountpoint(&self) -> std::result::Result<&Path, String> {
+        match (&self.access, self.kind) {
+            (Access::File(path), "ironpool-fs") => path
+                .parent()
+                .ok_or_else(|| format!("{} has no directory", path.display())),
+            _ => Err(format!(
+                "a snapshot's test needs an ironpool-fs target, not {}",
+                self.kind
+            )),
+        }
+    }
+
+    /// Takes snapshot `name` of the benchmarked filesystem (an
+    /// `ironpool-fs` target); the command joins the set-up commands.
+    /// Err(reason) when the target has no snapshots.
+    pub fn take_snapshot(&mut self, name: &str) -> std::result::Result<Result<()>, String> {
+        self.ironpool_mountpoint()?;
+        let pool = self.pool.as_ref().ok_or("not an ironpool target")?;
+        Ok(pool.snapshot(name).map(|command| {
+            self.setup_commands.push(command);
+        }))
+    }
+
+    /// Where snapshot `name` shows `relative` (a path in the filesystem),
+    /// on an `ironpool-fs` target.
+    pub fn in_snapshot(&self, name: &str, relative: &Path) -> std::result::Result<PathBuf, String> {
+        Ok(self
+            .ironpool_mountpoint()?
+            .join(".zfs/snapshot")
+            .join(name)
+            .join(relative))
+    }
+
+    /// The directory of the working set's file, for tests of system calls.
+    pub fn file_dir(&self) -> Option<&Path> {
+        match &self.access {
+            Access::File(path) => path.parent(),
+            _ => None,
+        }
+    }
+
+    /// Whether snapshot `name` of the benchmarked filesystem exists (its
+    /// directory under `.zfs/snapshot` does).
+    pub fn has_snapshot(&self, name: &str) -> bool {
+        self.in_snapshot(name, Path::new(""))
+            .is_ok_and(|path| path.is_dir())
+    }
+
     /// Server CPU seconds so far, for targets with a server we started.
     pub fn server_cpu_seconds(&self) -> Result<Option<f64>> {
         self.server

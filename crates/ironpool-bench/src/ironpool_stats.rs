@@ -72,6 +72,10 @@ pub struct DeviceCounters {
     /// Writes sent durable (FUA, or O_DSYNC on a file).
     #[serde(default)]
     pub durable_write_ops: u64,
+    /// Flushes the device's queue did not send: nothing was written since
+    /// the last.
+    #[serde(default)]
+    pub flushes_skipped: u64,
 }
 
 /// Cumulative counters of one volume.
@@ -204,6 +208,7 @@ pub fn device_delta(
         sum.durable_write_ops += device
             .durable_write_ops
             .saturating_sub(old.durable_write_ops);
+        sum.flushes_skipped += device.flushes_skipped.saturating_sub(old.flushes_skipped);
         if elapsed_ns > 0 {
             let weighted = device
                 .active_time_weighted_ns
@@ -235,6 +240,7 @@ pub fn device_delta(
         write_amplification: per(sum.write_bytes, client_write_bytes),
         errors: sum.read_errors + sum.write_errors + sum.checksum_errors,
         syncs: sum.flush_ops + sum.durable_write_ops,
+        syncs_skipped: sum.flushes_skipped,
     }
 }
 
@@ -293,9 +299,10 @@ mod tests {
       "volumes":[{"name":"bench/vol","read_ops":5,"write_ops":7,"direct_write_ops":7}]}"#;
     const AFTER: &str = r#"{"pool":"bench","timestamp_ns":3000000000,
       "devices":[{"path":"/o/d0.img","top_vdev":"mirror-0","write_ops":110,"write_bytes":53477376,
-        "write_requests":3210,"active_time_weighted_ns":8000000000,"checksum_errors":1},
+        "write_requests":3210,"active_time_weighted_ns":8000000000,"checksum_errors":1,
+        "flush_ops":4,"flushes_skipped":3},
         {"path":"/o/d1.img","top_vdev":"mirror-0","write_ops":110,"write_bytes":53477376,"write_requests":3210,
-        "active_time_weighted_ns":4000000000}],
+        "active_time_weighted_ns":4000000000,"flush_ops":7}],
       "volumes":[{"name":"bench/vol","read_ops":5,"write_ops":3207,"direct_write_ops":3207,"hole_read_ops":2}]}"#;
 
     #[test]
@@ -310,6 +317,7 @@ mod tests {
         assert_eq!(device.average_queue_depth, 3.0);
         assert_eq!(device.write_amplification, 2.0);
         assert_eq!(device.errors, 1);
+        assert_eq!((device.syncs, device.syncs_skipped), (11, 3));
         let volume = volume_delta(&before, &after, "bench/vol").unwrap();
         assert_eq!(volume.write_ops, 3200);
         assert_eq!(volume.direct_write_ops, 3200);

@@ -319,7 +319,15 @@ fn durability_cells(test: &TestResult) -> String {
     };
     let client_bytes = test.write.map_or(0, |w| w.io_bytes);
     let per_flush = if volume.flush_ops > 0 {
-        format!("{:.2}", device.syncs as f64 / volume.flush_ops as f64)
+        let skipped = if device.syncs_skipped > 0 {
+            format!(", {} skipped", device.syncs_skipped)
+        } else {
+            String::new()
+        };
+        format!(
+            "{:.2}{skipped}",
+            device.syncs as f64 / volume.flush_ops as f64
+        )
     } else {
         "—".to_string()
     };

@@ -282,6 +282,15 @@ pub struct DeviceSummary {
     /// making data durable cost (a mirror's log block is two).
     #[serde(default)]
     pub syncs: u64,
+    /// Cache flushes the devices' queues did not send, all devices: a
+    /// flush that found nothing written since the one before (what
+    /// `scripts/compare-flush.sh` printed beside the flushes sent).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub syncs_skipped: u64,
+}
+
+fn is_zero(value: &u64) -> bool {
+    *value == 0
 }
 
 /// Volume counters of an ironpool target over one test.

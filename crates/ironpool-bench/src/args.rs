@@ -30,9 +30,16 @@ pub const DEFAULT_FILES: u64 = 20_000;
 pub const QUICK_FILES: u64 = 2_000;
 /// Targets when none are given (the raw baseline is added to any list).
 pub const DEFAULT_TARGETS: [&str; 2] = ["ironpool:mirror:2x2G", "nbdkit"];
-/// The default target of a run of suites only a filesystem runs (the
-/// snapshot suite's reads go through `.zfs/snapshot`).
+/// The default target of a run of the snapshot suite alone (its reads go
+/// through a filesystem's `.zfs/snapshot`).
 pub const DEFAULT_FS_TARGETS: [&str; 1] = ["ironpool-fs:mirror:2x2G:recordsize=16K"];
+/// The default targets of a run of the send suite (with or without the
+/// snapshot suite): a volume's streams beside a filesystem's.
+/// Their images hold the working set twice (the copy `receive` makes).
+pub const DEFAULT_SEND_TARGETS: [&str; 2] = [
+    "ironpool:mirror:2x4G",
+    "ironpool-fs:mirror:2x4G:recordsize=16K",
+];
 
 /// `ironpool bench`: run fio suites against storage targets and write a
 /// report with charts (report.md, results.json, PNGs) to --out.
@@ -234,10 +241,19 @@ impl BenchArgs {
     /// The targets: given or default, raw first unless --no-raw, labels
     /// made unique.
     fn target_list(&self) -> Result<Vec<(String, TargetSpec)>> {
-        let filesystem_only =
-            !self.suites.is_empty() && self.suites.iter().all(|s| *s == Suite::Snapshot);
-        let texts: Vec<String> = if self.targets.is_empty() && filesystem_only {
-            DEFAULT_FS_TARGETS.iter().map(|s| s.to_string()).collect()
+        // Suites only ironpool datasets run default to such targets.
+        let datasets_only = !self.suites.is_empty()
+            && self
+                .suites
+                .iter()
+                .all(|s| matches!(s, Suite::Snapshot | Suite::Send));
+        let texts: Vec<String> = if self.targets.is_empty() && datasets_only {
+            let defaults: &[&str] = if self.suites.contains(&Suite::Send) {
+                &DEFAULT_SEND_TARGETS
+            } else {
+                &DEFAULT_FS_TARGETS
+            };
+            defaults.iter().map(|s| s.to_string()).collect()
         } else if self.targets.is_empty() {
             DEFAULT_TARGETS.iter().map(|s| s.to_string()).collect()
         } else {
@@ -401,6 +417,16 @@ mod tests {
         let plan = plan_of(&["--suite", "snapshot", "--suite", "durable", "--no-raw"]);
         let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
         assert_eq!(labels, DEFAULT_TARGETS);
+        let plan = plan_of(&["--suite", "send", "--suite", "snapshot"]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(
+            labels,
+            [
+                "raw",
+                "ironpool:mirror:2x4G",
+                "ironpool-fs:mirror:2x4G:recordsize=16K"
+            ]
+        );
     }
 
     #[test]

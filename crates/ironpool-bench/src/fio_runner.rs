@@ -186,6 +186,34 @@ pub fn prefill_command(settings: &FioSettings, access: &Access, size_bytes: u64)
     whole_pass(settings, access, size_bytes, "prefill", false)
 }
 
+/// The fio command that rewrites one record in `every` of a target (of
+/// `record_bytes` each), once, in order: a dataset's change between two
+/// snapshots for an incremental stream.
+pub fn change_command(
+    settings: &FioSettings,
+    access: &Access,
+    size_bytes: u64,
+    record_bytes: u64,
+    every: u64,
+) -> Vec<String> {
+    let mut argv = vec![settings.exe.display().to_string()];
+    argv.extend(leading_name(access, "change"));
+    argv.extend(access_args(access, Durability::None, Engine::IoUring, false).unwrap_or_default());
+    argv.extend([
+        format!(
+            "--rw=write:{}",
+            record_bytes.saturating_mul(every.saturating_sub(1))
+        ),
+        format!("--bs={record_bytes}"),
+        format!("--size={}", size_short(size_bytes)),
+        "--iodepth=16".to_string(),
+        "--end_fsync=1".to_string(),
+        "--output-format=json".to_string(),
+    ]);
+    argv.extend(pair_jobs(access, "change"));
+    argv
+}
+
 /// The fio command that reads a whole target once through its cache before
 /// a `cached` test: buffered from a file (the page cache passes each miss
 /// to the filesystem, whose own cache keeps it), plainly from a volume

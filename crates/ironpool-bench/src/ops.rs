@@ -134,9 +134,12 @@ pub fn run(
                 sync_dir(dir)
             })
         }),
-        OpsTest::SnapshotTake | OpsTest::SnapshotList => {
+        OpsTest::SnapshotTake
+        | OpsTest::SnapshotList
+        | OpsTest::SendReceive
+        | OpsTest::SendIncremental => {
             bail!(
-                "{} needs the pool's commands: the runner runs it (snapshot_take, snapshot_list)",
+                "{} needs the target's commands: the runner runs it",
                 test.name()
             )
         }

@@ -580,10 +580,13 @@ fn commands(out: &mut String, target: &TargetResult) {
 pub fn shell_words(argv: &[String]) -> String {
     argv.iter()
         .map(|word| {
-            let plain = !word.is_empty()
-                && word
-                    .chars()
-                    .all(|c| c.is_ascii_alphanumeric() || "-_=./:,+%@".contains(c));
+            // A lone `|` joins two commands of one line (the send suite's
+            // `send | receive`).
+            let plain = word == "|"
+                || (!word.is_empty()
+                    && word
+                        .chars()
+                        .all(|c| c.is_ascii_alphanumeric() || "-_=./:,+%@".contains(c)));
             if plain {
                 word.clone()
             } else {

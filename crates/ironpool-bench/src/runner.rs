@@ -29,6 +29,10 @@ use crate::target::{self, Access, FillMethod, Instance, Purpose, SetupContext, T
 use crate::units::{bytes_human, count_human, latency_human, rate_human};
 use crate::{interrupt, target::files};
 
+/// The send suite's copy needs the working set's size and this fraction
+/// of it again (1/8: the copy's metadata and the slack allocation leaves)
+/// free in the pool before it starts.
+const SEND_COPY_MARGIN_DIVISOR: u64 = 8;
 /// How far (percentage points) a fill level measured may be from the one
 /// asked before the report says so: fillers are whole MiB and metadata
 /// grows with them, so a level lands near, not on, the one asked.
@@ -661,6 +665,9 @@ impl Runner<'_> {
             if ops.of_snapshot() {
                 return self.run_snapshot_ops_test(instance, test, ops, target);
             }
+            if ops.of_send() {
+                return self.run_send_test(instance, test, ops, slug, target);
+            }
             return self.run_ops_test(instance, test, ops, target);
         }
         if test.workload.snapshot {
@@ -1013,6 +1020,215 @@ impl Runner<'_> {
         }
         result
     }
+}
+
+impl Runner<'_> {
+    /// Runs `send-receive` or `send-incremental` (see [`suites::OpsTest`]):
+    /// on an ironpool target, the streams of its dataset; on a file, the
+    /// copy that is their limit. The figures are a read of the stream's
+    /// bytes, one operation long.
+    fn run_send_test(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        ops: suites::OpsTest,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let planned = self.planned_test_seconds();
+        let file = match &instance.access {
+            Access::File(path) if instance.pool.is_none() && !files::is_block_device(path) => {
+                Some(path.clone())
+            }
+            _ => None,
+        };
+        if instance.pool.is_none() && (file.is_none() || ops != suites::OpsTest::SendReceive) {
+            self.progress.skip(planned);
+            result.outcome = Outcome::Skipped {
+                reason: match ops {
+                    suites::OpsTest::SendReceive => format!(
+                        "a stream needs an ironpool target; a file target's limit is a copy, and {} is no file",
+                        instance.kind
+                    ),
+                    _ => "an incremental stream needs an ironpool target".to_string(),
+                },
+            };
+            return result;
+        }
+        self.progress.begin(
+            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
+            planned,
+        );
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let run = match file {
+            Some(file) => copy_file(&file),
+            None => self.send_streams(instance, ops, slug, target),
+        };
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        self.interrupted |= interrupt::requested();
+        match run {
+            Ok((bytes, seconds, commands)) => {
+                // One line of the shell: `send ... | receive ...`.
+                result.command = commands.join(&"|".to_string());
+                result.wall_seconds = seconds;
+                let nanoseconds = (seconds * 1e9) as u64;
+                result.read = Some(crate::fio_json::DirectionSummary {
+                    iops: if seconds > 0.0 { 1.0 / seconds } else { 0.0 },
+                    bandwidth_bytes_per_second: if seconds > 0.0 {
+                        bytes as f64 / seconds
+                    } else {
+                        0.0
+                    },
+                    io_bytes: bytes,
+                    ops: 1,
+                    latency: crate::fio_json::LatencySummary {
+                        min_ns: nanoseconds,
+                        mean_ns: nanoseconds as f64,
+                        p50_ns: nanoseconds,
+                        p95_ns: nanoseconds,
+                        p99_ns: nanoseconds,
+                        p99_9_ns: nanoseconds,
+                        max_ns: nanoseconds,
+                        samples: 1,
+                    },
+                });
+                target
+                    .pitfalls
+                    .extend(observe::compare(instance, &before, &after, &mut result));
+                self.progress.end(&format!(
+                    "{} in {seconds:.2} s, {}",
+                    bytes_human(bytes as f64),
+                    rate_human(result.total_bandwidth())
+                ));
+            }
+            Err(error) => {
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                self.progress.end("failed");
+            }
+        }
+        result
+    }
+
+    /// The streams of the send suite on an ironpool target: `send-receive`
+    /// snapshots the dataset and receives it whole into a copy;
+    /// `send-incremental` rewrites one record in
+    /// [`suites::SEND_CHANGE_EVERY_RECORDS`], snapshots again, receives
+    /// the difference onto the copy and destroys the copy. Returns the
+    /// stream's bytes, its seconds and the commands.
+    fn send_streams(
+        &mut self,
+        instance: &mut Instance,
+        ops: suites::OpsTest,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> Result<(u64, f64, Vec<Vec<String>>)> {
+        let (first, second, copy) = (
+            suites::SEND_FIRST_NAME,
+            suites::SEND_SECOND_NAME,
+            suites::SEND_COPY_NAME,
+        );
+        let pool = instance.pool.as_ref().context("not an ironpool target")?;
+        if ops == suites::OpsTest::SendReceive {
+            // The copy takes the working set's space again (and a volume's
+            // copy its reservation): refused with the reason, not failed
+            // half way with ENOSPC.
+            let free = pool.settled_space()?.free_bytes;
+            let needed = instance.size_bytes + instance.size_bytes / SEND_COPY_MARGIN_DIVISOR;
+            if free < needed {
+                anyhow::bail!(
+                    "the pool has {} free and its copy of the working set needs about {}: use larger images (e.g. :2x4G) or a smaller --size",
+                    bytes_human(free as f64),
+                    bytes_human(needed as f64)
+                );
+            }
+            target.setup_commands.push(pool.snapshot(first)?);
+            return pool.send_receive(None, first, copy);
+        }
+        if !target
+            .tests
+            .iter()
+            .any(|t| t.is_ok() && t.workload.ops == Some(suites::OpsTest::SendReceive))
+        {
+            anyhow::bail!(
+                "send-incremental updates the copy send-receive made, which failed or did not run"
+            );
+        }
+        let record = instance
+            .record_size_bytes
+            .unwrap_or(pool.volblocksize_bytes)
+            .max(4096);
+        let change = fio_runner::change_command(
+            &self.fio,
+            &instance.access,
+            instance.size_bytes,
+            record,
+            suites::SEND_CHANGE_EVERY_RECORDS,
+        );
+        let output = self.output_path(slug, "send-change")?;
+        let run = fio_runner::run(
+            &change,
+            &output,
+            fio_runner::prefill_timeout(instance.size_bytes),
+            &mut self.progress,
+        )?;
+        run.report()
+            .map_err(|e| anyhow::anyhow!("rewriting 1% of the working set failed: {e}"))?;
+        target.setup_commands.push(change);
+        target.setup_commands.push(pool.snapshot(second)?);
+        let streamed = pool.send_receive(Some(first), second, copy)?;
+        target.setup_commands.push(pool.destroy(copy)?);
+        // The incremental stream beside the full one, in the notes.
+        let full = target
+            .tests
+            .iter()
+            .find(|t| t.workload.ops == Some(suites::OpsTest::SendReceive))
+            .and_then(|t| t.read);
+        if let Some(full) = full.filter(|f| f.io_bytes > 0 && f.latency.mean_ns > 0.0) {
+            target.notes.push(format!(
+                "send-incremental after 1% of the records changed: {} of stream ({:.1}% of the full stream's {}), {:.2} s ({:.1}% of the full one's)",
+                bytes_human(streamed.0 as f64),
+                100.0 * streamed.0 as f64 / full.io_bytes as f64,
+                bytes_human(full.io_bytes as f64),
+                streamed.1,
+                100.0 * streamed.1 * 1e9 / full.latency.mean_ns,
+            ));
+        }
+        Ok(streamed)
+    }
+}
+
+/// The send suite's limit on a file target: `dd` copies the working set
+/// into a second file beside it (O_DIRECT both ways, 1 MiB, synced at the
+/// end), which is then removed: the disk reading and writing the same
+/// bytes once, as `send | receive` within one pool must.
+fn copy_file(file: &Path) -> Result<(u64, f64, Vec<Vec<String>>)> {
+    let copy = file.with_extension("send-copy");
+    let argv: Vec<String> = vec![
+        "dd".into(),
+        format!("if={}", file.display()),
+        format!("of={}", copy.display()),
+        "bs=1M".into(),
+        "iflag=direct".into(),
+        "oflag=direct".into(),
+        "conv=fsync".into(),
+        "status=none".into(),
+    ];
+    let size = std::fs::metadata(file)
+        .with_context(|| format!("reading the size of {}", file.display()))?
+        .len();
+    let start = std::time::Instant::now();
+    // Read and written: twice a prefill's bytes.
+    let copied = target::process::run_command(&argv, fio_runner::prefill_timeout(2 * size));
+    let seconds = start.elapsed().as_secs_f64();
+    let bytes = std::fs::metadata(&copy).map(|m| m.len());
+    let removed = std::fs::remove_file(&copy);
+    copied.with_context(|| format!("copying {}", file.display()))?;
+    let bytes = bytes.with_context(|| format!("reading the size of {}", copy.display()))?;
+    removed.with_context(|| format!("removing {}", copy.display()))?;
+    Ok((bytes, seconds, vec![argv]))
 }
 
 /// `15.3k IOPS, 239 MiB/s, p99 122 us`.

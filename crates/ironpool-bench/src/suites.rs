@@ -61,6 +61,12 @@ pub enum Suite {
     /// files, and a listing of them in that snapshot. Runs on
     /// `ironpool-fs` targets.
     Snapshot,
+    /// Replication (the table of `scripts/bench-send.sh`): `send |
+    /// receive` of the working set's dataset into a copy in the same pool,
+    /// then of an incremental stream after 1% of its records changed, onto
+    /// that copy. Runs on ironpool volumes and filesystems; its limit on
+    /// the raw file is a copy of the working set into a second file.
+    Send,
 }
 
 impl Suite {
@@ -73,6 +79,7 @@ impl Suite {
             Suite::Fill => "fill",
             Suite::Fs => "fs",
             Suite::Snapshot => "snapshot",
+            Suite::Send => "send",
         }
     }
 }
@@ -219,6 +226,16 @@ pub enum OpsTest {
     /// A listing (`readdir` and `stat` of each name, as `ls -l`) of that
     /// directory in the snapshot just taken: one operation per name.
     SnapshotList,
+    /// `ironpool send DATASET@SNAP | ironpool receive COPY` of the working
+    /// set's dataset (a snapshot of it taken first), in bytes of stream per
+    /// second; on a file target, a copy of the working set into a second
+    /// file with `dd` (O_DIRECT, 1 MiB): the disk's cost of reading and
+    /// writing the same bytes once.
+    SendReceive,
+    /// After every 100th record of the working set is rewritten, a second
+    /// snapshot and `send -i @FIRST | receive -F COPY` onto the copy
+    /// `send-receive` made.
+    SendIncremental,
 }
 
 impl OpsTest {
@@ -234,7 +251,15 @@ impl OpsTest {
             OpsTest::NamesReplace => "names-replace",
             OpsTest::SnapshotTake => "snapshot-take",
             OpsTest::SnapshotList => "snapshot-list",
+            OpsTest::SendReceive => "send-receive",
+            OpsTest::SendIncremental => "send-incremental",
         }
+    }
+
+    /// Whether the test moves a stream of `send` (measured in bytes per
+    /// second, reported as a read of that many bytes).
+    pub fn of_send(self) -> bool {
+        matches!(self, OpsTest::SendReceive | OpsTest::SendIncremental)
     }
 
     /// Whether the test is about a snapshot of an ironpool filesystem
@@ -328,7 +353,7 @@ impl Workload {
     /// A test a filesystem answers on its own (system calls, or the page
     /// cache): its limit is another filesystem (ext4), not the raw file.
     pub fn is_filesystem_test(&self) -> bool {
-        self.ops.is_some() || self.buffered
+        self.ops.is_some_and(|ops| !ops.of_send()) || self.buffered
     }
 
     /// The test name: `randwrite-16k-qd64-4j`, `randrw70-256k-qd16-4j`,
@@ -423,6 +448,7 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::Durable => durable_workloads().into_iter().map(plain).collect(),
         Suite::Fs => fs_workloads().into_iter().map(plain).collect(),
         Suite::Snapshot => snapshot_workloads().into_iter().map(plain).collect(),
+        Suite::Send => send_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
             .iter()
@@ -573,6 +599,29 @@ pub fn snapshot_workloads() -> Vec<Workload> {
     workloads
 }
 
+/// The snapshot `send-receive` sends in full.
+pub const SEND_FIRST_NAME: &str = "bench-send";
+/// The snapshot `send-incremental` sends from [`SEND_FIRST_NAME`].
+pub const SEND_SECOND_NAME: &str = "bench-send-2";
+/// The dataset `send-receive` receives into (in the target's pool).
+pub const SEND_COPY_NAME: &str = "send-copy";
+/// `send-incremental` rewrites one record in this many before its
+/// snapshot: 1% of the working set, a day's change of many datasets.
+pub const SEND_CHANGE_EVERY_RECORDS: u64 = 100;
+
+/// The send suite (the table of `scripts/bench-send.sh`): a full stream
+/// and an incremental one, each judged by its bandwidth (a sequential
+/// read of the stream's bytes).
+pub fn send_workloads() -> Vec<Workload> {
+    [OpsTest::SendReceive, OpsTest::SendIncremental]
+        .map(|test| Workload {
+            pattern: Pattern::SeqRead,
+            block_size_bytes: MIB,
+            ..Workload::ops(test)
+        })
+        .to_vec()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -675,6 +724,18 @@ mod tests {
                 "snapshot-list"
             ]
         );
+    }
+
+    #[test]
+    fn names_the_send_suite() {
+        let tests = tests_of(Suite::Send, &options());
+        let names: Vec<String> = tests.iter().map(TestSpec::name).collect();
+        assert_eq!(names, ["send-receive", "send-incremental"]);
+        // Judged by bandwidth, and held to the raw file, not ext4.
+        for test in &tests {
+            assert!(test.workload.pattern.is_sequential());
+            assert!(!test.workload.is_filesystem_test());
+        }
     }
 
     #[test]

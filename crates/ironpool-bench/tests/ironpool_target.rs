@@ -611,3 +611,103 @@ fn snapshot_suite_reads_the_snapshot_beside_the_head() {
         );
     }
 }
+
+/// The send suite (what `scripts/bench-send.sh` measured): the full stream
+/// of a volume and of a filesystem goes whole into a copy in the pool,
+/// the incremental one after 1% of the records changed is about 1% of it,
+/// and the raw file's row is the copy that is their limit.
+#[test]
+fn send_suite_streams_a_volume_and_a_filesystem() {
+    use ironpool_bench::suites::{OpsTest, Suite};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    require_tool("dd", "coreutils");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-send-suite").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:mirror:2x512M",
+        "--target",
+        "ironpool-fs:mirror:2x512M",
+        "--suite",
+        "send",
+        "--size",
+        "64M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let [raw, volume, fs] = &results.targets[..] else {
+        panic!("three targets: {:?}", results.targets.len())
+    };
+    let find = |target: &ironpool_bench::results::TargetResult, test: OpsTest| {
+        target
+            .tests
+            .iter()
+            .find(|t| t.workload.ops == Some(test))
+            .unwrap_or_else(|| panic!("{}: no {}", target.label, test.name()))
+            .clone()
+    };
+    let copy = find(raw, OpsTest::SendReceive);
+    assert!(copy.is_ok(), "{:?}", copy.outcome);
+    assert_eq!(copy.read.unwrap().io_bytes, 64 << 20);
+    assert_eq!(copy.command.first().map(String::as_str), Some("dd"));
+    assert!(!find(raw, OpsTest::SendIncremental).is_ok());
+    for target in [volume, fs] {
+        let full = find(target, OpsTest::SendReceive);
+        let incremental = find(target, OpsTest::SendIncremental);
+        for test in [&full, &incremental] {
+            assert!(
+                test.is_ok(),
+                "{} {}: {:?}",
+                target.label,
+                test.label(),
+                test.outcome
+            );
+            assert_eq!(test.suite, Suite::Send);
+            assert!(
+                test.command.contains(&"|".to_string()),
+                "{:?}",
+                test.command
+            );
+            // Held to the raw file's copy.
+            let limit = results.limit_for(target, test);
+            assert!(
+                test.workload.ops != Some(OpsTest::SendReceive)
+                    || limit.is_some_and(|l| std::ptr::eq(l, &raw.tests[0])),
+                "{}: limit {limit:?}",
+                target.label
+            );
+        }
+        // The full stream carries the working set; the incremental one
+        // about the 1% that changed (records and the stream's own
+        // records), far below the full one.
+        let full_bytes = full.read.unwrap().io_bytes;
+        let incremental_bytes = incremental.read.unwrap().io_bytes;
+        assert!(full_bytes >= 64 << 20, "{}: {full_bytes}", target.label);
+        assert!(
+            incremental_bytes >= (64 << 20) / 100 && incremental_bytes < full_bytes / 20,
+            "{}: {incremental_bytes} of {full_bytes}",
+            target.label
+        );
+        assert!(
+            target
+                .notes
+                .iter()
+                .any(|n| n.starts_with("send-incremental after 1%")),
+            "{:?}",
+            target.notes
+        );
+        // The copy is gone with the incremental row.
+        assert!(
+            target
+                .setup_commands
+                .iter()
+                .any(|c| c.contains(&"destroy".to_string())
+                    && c.contains(&"bench/send-copy".to_string())),
+            "{:?}",
+            target.setup_commands
+        );
+    }
+}

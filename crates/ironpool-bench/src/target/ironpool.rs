@@ -23,8 +23,8 @@
 //! ```
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Duration;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
@@ -177,6 +177,110 @@ impl IronpoolPool {
         Ok(argv)
     }
 
+    /// Whether the benchmarked dataset is a filesystem (else a volume).
+    pub fn is_filesystem(&self) -> bool {
+        self.dataset == format!("{POOL_NAME}/{FILESYSTEM_NAME}")
+    }
+
+    /// `ironpool send [-i @FROM] DATASET@SNAPSHOT | ironpool receive
+    /// POOL/INTO`: a full stream creates the copy (a filesystem's mounted
+    /// under the target's directory), an incremental one updates it
+    /// (`-F`). The stream passes through this process, counted on its way
+    /// as `pv` would. Returns its bytes, the seconds from the start of
+    /// `send` to the end of `receive`, and the two commands.
+    pub fn send_receive(
+        &self,
+        from: Option<&str>,
+        snapshot: &str,
+        into: &str,
+    ) -> Result<(u64, f64, Vec<Vec<String>>)> {
+        let control = self.control.display().to_string();
+        let mut send = self.base_argv();
+        send.extend(["send".into(), "--control".into(), control.clone()]);
+        if let Some(from) = from {
+            send.extend(["-i".into(), format!("@{from}")]);
+        }
+        send.push(format!("{}@{snapshot}", self.dataset));
+        let mut receive = self.base_argv();
+        receive.extend(["receive".into(), "--control".into(), control]);
+        if from.is_some() {
+            receive.push("-F".into());
+        } else if self.is_filesystem() {
+            receive.extend([
+                "-o".into(),
+                format!("mountpoint={}", self.dir.join(into).display()),
+            ]);
+        }
+        receive.push(format!("{POOL_NAME}/{into}"));
+        let spawn = |argv: &[String], stdin: Stdio, stdout: Stdio| {
+            Command::new(&argv[0])
+                .args(&argv[1..])
+                .envs(isolating_env(&self.dir))
+                .stdin(stdin)
+                .stdout(stdout)
+                .stderr(Stdio::piped())
+                .spawn()
+                .with_context(|| format!("starting {}", argv.join(" ")))
+        };
+        let start = Instant::now();
+        let mut sender = spawn(&send, Stdio::null(), Stdio::piped())?;
+        let mut receiver = match spawn(&receive, Stdio::piped(), Stdio::null()) {
+            Ok(receiver) => receiver,
+            Err(error) => {
+                let _ = sender.kill();
+                let _ = sender.wait();
+                return Err(error);
+            }
+        };
+        // A receiver that stops early closes the pipe: the copy then fails
+        // with EPIPE, reported below with the receiver's own error, rather
+        // than killing this process (the ironpool binary, which embeds the
+        // tool, lets SIGPIPE end it, as a command in a shell pipeline).
+        let _pipe = IgnoreSigpipe::new();
+        let copied = match (sender.stdout.take(), receiver.stdin.take()) {
+            (Some(mut from), Some(mut to)) => std::io::copy(&mut from, &mut to),
+            _ => Err(std::io::Error::other("no pipe to the child")),
+        };
+        // The receiver sees the end of the stream once its stdin is gone.
+        let sent = sender.wait_with_output();
+        let received = receiver.wait_with_output();
+        let seconds = start.elapsed().as_secs_f64();
+        let failed = |argv: &[String], output: std::io::Result<std::process::Output>| match output {
+            Ok(output) if output.status.success() => None,
+            Ok(output) => Some(format!(
+                "{} exited with {}: {}",
+                argv.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            )),
+            Err(error) => Some(format!("{}: {error}", argv.join(" "))),
+        };
+        let problems: Vec<String> = [failed(&send, sent), failed(&receive, received)]
+            .into_iter()
+            .flatten()
+            .collect();
+        if !problems.is_empty() {
+            bail!("{}", problems.join("; "));
+        }
+        let bytes = copied.context("passing the stream from send to receive")?;
+        Ok((bytes, seconds, vec![send, receive]))
+    }
+
+    /// `ironpool destroy -r POOL/NAME`; returns the command.
+    pub fn destroy(&self, name: &str) -> Result<Vec<String>> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "destroy".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            "-r".into(),
+            format!("{POOL_NAME}/{name}"),
+        ]);
+        self.run(&argv)
+            .with_context(|| format!("destroying {POOL_NAME}/{name}"))?;
+        Ok(argv)
+    }
+
     /// `pool/volume` (or `pool/filesystem`), the name `iostat` reports.
     pub fn volume_name(&self) -> String {
         self.dataset.clone()
@@ -225,6 +329,26 @@ impl IronpoolPool {
         let rounded = size_bytes.div_ceil(MIB).max(1) * MIB;
         let properties = [("volblocksize".to_string(), "128K".to_string())];
         self.create_volume(name, rounded, &properties)
+    }
+}
+
+/// SIGPIPE ignored while it lives, its former disposition put back after.
+struct IgnoreSigpipe(libc::sighandler_t);
+
+impl IgnoreSigpipe {
+    fn new() -> IgnoreSigpipe {
+        // SAFETY: signal() with a valid signal number and SIG_IGN; the tool
+        // runs its commands from one thread.
+        IgnoreSigpipe(unsafe { libc::signal(libc::SIGPIPE, libc::SIG_IGN) })
+    }
+}
+
+impl Drop for IgnoreSigpipe {
+    fn drop(&mut self) {
+        if self.0 != libc::SIG_ERR {
+            // SAFETY: puts back the disposition signal() returned.
+            unsafe { libc::signal(libc::SIGPIPE, self.0) };
+        }
     }
 }
 

@@ -80,6 +80,20 @@ pub fn check_outputs(out: &Path) -> Results {
             if !test.is_ok() {
                 continue;
             }
+            if let Some(ops) = test.workload.ops.filter(|ops| ops.of_send()) {
+                // A stream (or the copy that is its limit): no fio, one
+                // operation that read the stream's bytes.
+                let read = test
+                    .read
+                    .unwrap_or_else(|| panic!("{}: no figures", test.label()));
+                assert!(
+                    read.io_bytes > 0 && read.ops == 1 && read.bandwidth_bytes_per_second > 0.0,
+                    "{}: {ops:?} moved nothing: {read:?}",
+                    test.label()
+                );
+                assert!(test.fio_output.is_none() && test.ops_per_second.is_none());
+                continue;
+            }
             if let Some(ops) = test.workload.ops {
                 // A test of system calls: no fio, a rate and its count.
                 assert!(

@@ -4,9 +4,12 @@
 # same pool, then an incremental stream after 1% of the records changed,
 # onto that copy (its size and time against the full one in the notes);
 # the raw file's row is a copy of the same bytes with dd, their limit.
+# Then FILES files of 4 KiB: copied with tar through the mount, and sent
+# as a stream (files per second, held to tar).
 #
-# Usage: [OUT=DIR] scripts/bench-send.sh [IRONPOOL_BIN]
-#   default: target/release/ironpool; report in OUT (target/bench-send)
+# Usage: [OUT=DIR] scripts/bench-send.sh [FILES] [IRONPOOL_BIN]
+#   default: 20000 files, target/release/ironpool; report in OUT
+#   (target/bench-send)
 set -euo pipefail
-exec "${1:-$PWD/target/release/ironpool}" bench --suite send --size 1G \
+exec "${2:-$PWD/target/release/ironpool}" bench --suite send --size 1G --files "${1:-20000}" \
     --out "${OUT:-target/bench-send}"

@@ -92,9 +92,9 @@ pub struct BenchArgs {
     #[arg(long, value_name = "SIZE", default_value = DEFAULT_FILL_MAX)]
     pub fill_max: String,
 
-    /// Files of the fs suite's metadata phases (create, stat, delete) and of the snapshot
-    /// suite's snapshot-take and snapshot-list [default: 20000, or 2000
-    /// with --quick]
+    /// Files of the fs suite's metadata phases (create, stat, delete), of the snapshot suite's
+    /// snapshot-take and snapshot-list, and of the send suite's small files [default: 20000,
+    /// or 2000 with --quick]
     #[arg(long, value_name = "N")]
     pub files: Option<u64>,
 

@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 
 use crate::interrupt;
-use crate::suites::OpsTest;
+use crate::suites::{OpsTest, SEND_FILES_BYTES, SEND_FILES_DIRECTORIES};
 
 /// Bytes each names test writes per file: a small file, as a mail spool,
 /// a package manager or an editor's atomic save writes.
@@ -137,7 +137,9 @@ pub fn run(
         OpsTest::SnapshotTake
         | OpsTest::SnapshotList
         | OpsTest::SendReceive
-        | OpsTest::SendIncremental => {
+        | OpsTest::SendIncremental
+        | OpsTest::FilesTar
+        | OpsTest::SendFiles => {
             bail!(
                 "{} needs the target's commands: the runner runs it",
                 test.name()
@@ -215,6 +217,68 @@ pub fn snapshot_list(dir: &Path, tick: &mut dyn FnMut()) -> Result<OpsRun> {
         operations,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Makes `files` files of [`SEND_FILES_BYTES`] in
+/// [`SEND_FILES_DIRECTORIES`] directories of `root`: each a rotation of one
+/// block of pseudo-random bytes, so that no two are alike and none
+/// compresses.
+pub fn make_small_files(root: &Path, files: u64, tick: &mut dyn FnMut()) -> Result<()> {
+    let mut state: u64 = 0x9E37_79B9_7F4A_7C15;
+    let block: Vec<u8> = (0..SEND_FILES_BYTES)
+        .map(|_| {
+            // xorshift64: cheap bytes no compressor shrinks.
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect();
+    for index in 0..files {
+        if interrupt::requested() {
+            bail!("interrupted (Ctrl-C)");
+        }
+        let dir = root.join(format!("d{}", index % SEND_FILES_DIRECTORIES));
+        if index < SEND_FILES_DIRECTORIES {
+            std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+        }
+        let turn = (index as usize) % SEND_FILES_BYTES;
+        let mut bytes = block[turn..].to_vec();
+        bytes.extend_from_slice(&block[..turn]);
+        let path = dir.join(format!("f{index}"));
+        std::fs::write(&path, &bytes).with_context(|| format!("writing {}", path.display()))?;
+        if (index + 1) % TICK_EVERY == 0 {
+            tick();
+        }
+    }
+    Ok(())
+}
+
+/// `tar -C FROM -cf - . | tar -C TO -xf -` (TO made first), timed; returns
+/// the seconds and the command line.
+pub fn tar_copy(from: &Path, to: &Path) -> Result<(f64, Vec<String>)> {
+    std::fs::create_dir_all(to).with_context(|| format!("creating {}", to.display()))?;
+    let line = format!(
+        "set -o pipefail; tar -C '{}' -cf - . | tar -C '{}' -xf -",
+        from.display(),
+        to.display()
+    );
+    let argv = vec!["bash".to_string(), "-c".to_string(), line];
+    let start = Instant::now();
+    let output = Command::new(&argv[0])
+        .args(&argv[1..])
+        .output()
+        .context("running tar")?;
+    let seconds = start.elapsed().as_secs_f64();
+    if !output.status.success() {
+        bail!(
+            "{} exited with {}: {}",
+            argv[2],
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        );
+    }
+    Ok((seconds, argv))
 }
 
 /// Runs `body` in a new directory `root/names-TEST`, removed afterwards.

@@ -485,12 +485,22 @@ impl Results {
             Some((limit, limit.same_workload(test)?))
         }
         let same = |limit| same(limit, test);
-        // A snapshot's reads are held to the same reads of the head.
-        if test.workload.snapshot {
-            let head = crate::suites::Workload {
+        // A snapshot's reads are held to the same reads of the head, and
+        // a stream of many small files to copying them with tar through
+        // the mount, on the same target.
+        let own_limit = if test.workload.snapshot {
+            Some(crate::suites::Workload {
                 snapshot: false,
                 ..test.workload
-            };
+            })
+        } else if test.workload.ops == Some(crate::suites::OpsTest::SendFiles) {
+            Some(crate::suites::Workload::ops(
+                crate::suites::OpsTest::FilesTar,
+            ))
+        } else {
+            None
+        };
+        if let Some(head) = own_limit {
             let own = self.targets.iter().find(|t| t.label == target.label)?;
             return own
                 .tests

@@ -133,7 +133,10 @@ pub fn execute(
             depths: plan.suite_options.depths.clone(),
             jobs: plan.suite_options.jobs.clone(),
             fill_levels_percent: plan.suite_options.fill_levels_percent.clone(),
-            files: (plan.suites.contains(&Suite::Fs) || plan.suites.contains(&Suite::Snapshot))
+            files: plan
+                .suites
+                .iter()
+                .any(|s| matches!(s, Suite::Fs | Suite::Snapshot | Suite::Send))
                 .then_some(plan.files),
         },
         targets,
@@ -668,6 +671,9 @@ impl Runner<'_> {
             if ops.of_send() {
                 return self.run_send_test(instance, test, ops, slug, target);
             }
+            if ops.of_small_files() {
+                return self.run_small_files_test(instance, test, ops, target);
+            }
             return self.run_ops_test(instance, test, ops, target);
         }
         if test.workload.snapshot {
@@ -1197,6 +1203,143 @@ impl Runner<'_> {
             ));
         }
         Ok(streamed)
+    }
+}
+
+impl Runner<'_> {
+    /// Runs `files-tar` or `send-files` (see [`suites::OpsTest`]) in
+    /// files per second: on an ironpool filesystem target the files live
+    /// in a filesystem of their own, which `send-files` sends and then
+    /// destroys with its copy; on another filesystem `files-tar` copies
+    /// them within it (the limit of the first), and `send-files` is
+    /// skipped.
+    fn run_small_files_test(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        ops: suites::OpsTest,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let planned = self.planned_test_seconds();
+        let root = match (&instance.access, instance.kind) {
+            (Access::File(path), kind) if kind != "raw" && !files::is_block_device(path) => {
+                path.parent().map(Path::to_path_buf)
+            }
+            _ => None,
+        };
+        let ironpool_fs = instance.kind == "ironpool-fs";
+        let skip = match (&root, ops) {
+            (None, _) => Some(format!(
+                "copying files needs a directory of a filesystem, not {}",
+                instance.kind
+            )),
+            (Some(_), suites::OpsTest::SendFiles) if !ironpool_fs => Some(format!(
+                "a stream needs an ironpool-fs target, not {}",
+                instance.kind
+            )),
+            _ => None,
+        };
+        let (Some(root), None) = (root, skip.clone()) else {
+            self.progress.skip(planned);
+            result.outcome = Outcome::Skipped {
+                reason: skip.unwrap_or_default(),
+            };
+            return result;
+        };
+        let files = self.plan.files;
+        self.progress.begin(
+            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
+            planned,
+        );
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let progress = &mut self.progress;
+        let run = match ops {
+            suites::OpsTest::FilesTar => (|| {
+                let source = match instance.pool.as_ref().filter(|_| ironpool_fs) {
+                    Some(pool) => {
+                        let (mountpoint, command) = pool
+                            .create_filesystem(suites::SEND_FILES_FS_NAME, &[("atime", "off")])?;
+                        target.setup_commands.push(command);
+                        mountpoint
+                    }
+                    None => root.join("ironpool-bench-tar-source"),
+                };
+                crate::ops::make_small_files(&source, files, &mut || progress.tick())?;
+                let copy = root.join("ironpool-bench-tar-copy");
+                let (seconds, argv) = crate::ops::tar_copy(&source, &copy)?;
+                std::fs::remove_dir_all(&copy)
+                    .with_context(|| format!("removing {}", copy.display()))?;
+                if !ironpool_fs {
+                    std::fs::remove_dir_all(&source)
+                        .with_context(|| format!("removing {}", source.display()))?;
+                }
+                Ok::<_, anyhow::Error>((seconds, vec![argv]))
+            })(),
+            _ => {
+                (|| {
+                    if !target
+                        .tests
+                        .iter()
+                        .any(|t| t.is_ok() && t.workload.ops == Some(suites::OpsTest::FilesTar))
+                    {
+                        anyhow::bail!("send-files sends the files files-tar made, which failed or did not run");
+                    }
+                    let pool = instance.pool.as_ref().context("not an ironpool target")?;
+                    let dataset = format!(
+                        "{}/{}",
+                        crate::target::ironpool::POOL_NAME,
+                        suites::SEND_FILES_FS_NAME
+                    );
+                    target
+                        .setup_commands
+                        .push(pool.snapshot_of(&dataset, suites::SEND_FIRST_NAME)?);
+                    let (bytes, seconds, commands) = pool.send_receive_of(
+                        &dataset,
+                        true,
+                        None,
+                        suites::SEND_FIRST_NAME,
+                        suites::SEND_FILES_COPY_NAME,
+                    )?;
+                    target.notes.push(format!(
+                        "send-files: a stream of {} for {files} files of {} KiB",
+                        bytes_human(bytes as f64),
+                        suites::SEND_FILES_BYTES / 1024
+                    ));
+                    for name in [suites::SEND_FILES_COPY_NAME, suites::SEND_FILES_FS_NAME] {
+                        target.setup_commands.push(pool.destroy(name)?);
+                    }
+                    Ok((seconds, vec![commands.join(&"|".to_string())]))
+                })()
+            }
+        };
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        self.interrupted |= interrupt::requested();
+        match run {
+            Ok((seconds, commands)) => {
+                result.command = commands.into_iter().next().unwrap_or_default();
+                let run = crate::ops::OpsRun {
+                    operations: files,
+                    seconds,
+                };
+                result.wall_seconds = seconds;
+                result.ops_per_second = Some(run.rate());
+                target
+                    .pitfalls
+                    .extend(observe::compare(instance, &before, &after, &mut result));
+                self.progress.end(&format!(
+                    "{files} files in {seconds:.2} s, {}/s",
+                    count_human(run.rate())
+                ));
+            }
+            Err(error) => {
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                self.progress.end("failed");
+            }
+        }
+        result
     }
 }
 

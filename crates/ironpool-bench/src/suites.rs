@@ -236,6 +236,15 @@ pub enum OpsTest {
     /// snapshot and `send -i @FIRST | receive -F COPY` onto the copy
     /// `send-receive` made.
     SendIncremental,
+    /// `--files` files of 4 KiB in 20 directories (made first, not timed:
+    /// on an ironpool filesystem target, in a filesystem of their own),
+    /// copied through the mount with `tar c | tar x` into a directory of
+    /// the target's filesystem: files per second, the limit of
+    /// `send-files`.
+    FilesTar,
+    /// The same files sent as a stream: a snapshot of their filesystem,
+    /// `send | receive` into a copy, in files per second.
+    SendFiles,
 }
 
 impl OpsTest {
@@ -253,7 +262,15 @@ impl OpsTest {
             OpsTest::SnapshotList => "snapshot-list",
             OpsTest::SendReceive => "send-receive",
             OpsTest::SendIncremental => "send-incremental",
+            OpsTest::FilesTar => "files-tar",
+            OpsTest::SendFiles => "send-files",
         }
+    }
+
+    /// Whether the test copies the send suite's many small files (the
+    /// runner, not `ops`, runs it: it needs the pool's commands).
+    pub fn of_small_files(self) -> bool {
+        matches!(self, OpsTest::FilesTar | OpsTest::SendFiles)
     }
 
     /// Whether the test moves a stream of `send` (measured in bytes per
@@ -279,6 +296,8 @@ impl OpsTest {
                 | OpsTest::FilesDelete
                 | OpsTest::SnapshotTake
                 | OpsTest::SnapshotList
+                | OpsTest::FilesTar
+                | OpsTest::SendFiles
         )
     }
 }
@@ -613,14 +632,26 @@ pub const SEND_CHANGE_EVERY_RECORDS: u64 = 100;
 /// and an incremental one, each judged by its bandwidth (a sequential
 /// read of the stream's bytes).
 pub fn send_workloads() -> Vec<Workload> {
-    [OpsTest::SendReceive, OpsTest::SendIncremental]
+    let mut workloads: Vec<Workload> = [OpsTest::SendReceive, OpsTest::SendIncremental]
         .map(|test| Workload {
             pattern: Pattern::SeqRead,
             block_size_bytes: MIB,
             ..Workload::ops(test)
         })
-        .to_vec()
+        .to_vec();
+    workloads.extend([OpsTest::FilesTar, OpsTest::SendFiles].map(Workload::ops));
+    workloads
 }
+
+/// The filesystem `files-tar` makes its files in, on an ironpool
+/// filesystem target (and `send-files` sends).
+pub const SEND_FILES_FS_NAME: &str = "files";
+/// The copy `send-files` receives.
+pub const SEND_FILES_COPY_NAME: &str = "files-copy";
+/// Bytes of each of those files: a mail spool's, a source tree's.
+pub const SEND_FILES_BYTES: usize = 4096;
+/// Directories they are spread over.
+pub const SEND_FILES_DIRECTORIES: u64 = 20;
 
 #[cfg(test)]
 mod tests {
@@ -730,9 +761,18 @@ mod tests {
     fn names_the_send_suite() {
         let tests = tests_of(Suite::Send, &options());
         let names: Vec<String> = tests.iter().map(TestSpec::name).collect();
-        assert_eq!(names, ["send-receive", "send-incremental"]);
-        // Judged by bandwidth, and held to the raw file, not ext4.
-        for test in &tests {
+        assert_eq!(
+            names,
+            [
+                "send-receive",
+                "send-incremental",
+                "files-tar",
+                "send-files"
+            ]
+        );
+        // The streams are judged by bandwidth, and held to the raw file,
+        // not ext4.
+        for test in &tests[..2] {
             assert!(test.workload.pattern.is_sequential());
             assert!(!test.workload.is_filesystem_test());
         }

@@ -633,6 +633,8 @@ fn send_suite_streams_a_volume_and_a_filesystem() {
         "send",
         "--size",
         "64M",
+        "--files",
+        "300",
         "--out",
         out.to_str().unwrap(),
     ]);
@@ -654,6 +656,32 @@ fn send_suite_streams_a_volume_and_a_filesystem() {
     assert_eq!(copy.read.unwrap().io_bytes, 64 << 20);
     assert_eq!(copy.command.first().map(String::as_str), Some("dd"));
     assert!(!find(raw, OpsTest::SendIncremental).is_ok());
+    // Many small files: tar through the mount, then their stream, on the
+    // filesystem only, the stream held to tar.
+    for target in [raw, volume] {
+        for test in [OpsTest::FilesTar, OpsTest::SendFiles] {
+            assert!(
+                !find(target, test).is_ok(),
+                "{} {}",
+                target.label,
+                test.name()
+            );
+        }
+    }
+    let tar = find(fs, OpsTest::FilesTar);
+    let sent = find(fs, OpsTest::SendFiles);
+    for test in [&tar, &sent] {
+        assert!(test.is_ok(), "{}: {:?}", test.label(), test.outcome);
+        assert_eq!(test.operations(), 300, "{}", test.label());
+    }
+    let limit = results
+        .limit_for(fs, &sent)
+        .expect("send-files is held to files-tar");
+    assert_eq!(limit.workload.ops, Some(OpsTest::FilesTar));
+    assert!(fs
+        .notes
+        .iter()
+        .any(|n| n.starts_with("send-files: a stream of")));
     for target in [volume, fs] {
         let full = find(target, OpsTest::SendReceive);
         let incremental = find(target, OpsTest::SendIncremental);

@@ -165,16 +165,50 @@ impl IronpoolPool {
     /// `ironpool snapshot DATASET@NAME` of the benchmarked dataset; returns
     /// the command.
     pub fn snapshot(&self, name: &str) -> Result<Vec<String>> {
+        let dataset = self.dataset.clone();
+        self.snapshot_of(&dataset, name)
+    }
+
+    /// `ironpool snapshot DATASET@NAME` of `dataset` (`POOL/NAME`).
+    pub fn snapshot_of(&self, dataset: &str, name: &str) -> Result<Vec<String>> {
         let mut argv = self.base_argv();
         argv.extend([
             "snapshot".into(),
             "--control".into(),
             self.control.display().to_string(),
-            format!("{}@{name}", self.dataset),
+            format!("{dataset}@{name}"),
         ]);
         self.run(&argv)
-            .with_context(|| format!("taking snapshot {}@{name}", self.dataset))?;
+            .with_context(|| format!("taking snapshot {dataset}@{name}"))?;
         Ok(argv)
+    }
+
+    /// Creates filesystem `POOL/NAME` with `properties`, mounted at
+    /// `TARGET_DIR/NAME`, and waits for its mount; returns the mountpoint
+    /// and the command.
+    pub fn create_filesystem(
+        &self,
+        name: &str,
+        properties: &[(&str, &str)],
+    ) -> Result<(PathBuf, Vec<String>)> {
+        let mountpoint = self.dir.join(name);
+        let mut argv = self.base_argv();
+        argv.extend([
+            "fs".into(),
+            "create".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            format!("{POOL_NAME}/{name}"),
+            "-o".into(),
+            format!("mountpoint={}", mountpoint.display()),
+        ]);
+        for (key, value) in properties {
+            argv.extend(["-o".into(), format!("{key}={value}")]);
+        }
+        self.run(&argv)
+            .with_context(|| format!("creating filesystem {POOL_NAME}/{name}"))?;
+        wait_mounted(&mountpoint, &self.dir)?;
+        Ok((mountpoint, argv))
     }
 
     /// Whether the benchmarked dataset is a filesystem (else a volume).
@@ -194,18 +228,32 @@ impl IronpoolPool {
         snapshot: &str,
         into: &str,
     ) -> Result<(u64, f64, Vec<Vec<String>>)> {
+        let dataset = self.dataset.clone();
+        self.send_receive_of(&dataset, self.is_filesystem(), from, snapshot, into)
+    }
+
+    /// [`IronpoolPool::send_receive`] of `dataset` (`POOL/NAME`), a
+    /// filesystem or not.
+    pub fn send_receive_of(
+        &self,
+        dataset: &str,
+        filesystem: bool,
+        from: Option<&str>,
+        snapshot: &str,
+        into: &str,
+    ) -> Result<(u64, f64, Vec<Vec<String>>)> {
         let control = self.control.display().to_string();
         let mut send = self.base_argv();
         send.extend(["send".into(), "--control".into(), control.clone()]);
         if let Some(from) = from {
             send.extend(["-i".into(), format!("@{from}")]);
         }
-        send.push(format!("{}@{snapshot}", self.dataset));
+        send.push(format!("{dataset}@{snapshot}"));
         let mut receive = self.base_argv();
         receive.extend(["receive".into(), "--control".into(), control]);
         if from.is_some() {
             receive.push("-F".into());
-        } else if self.is_filesystem() {
+        } else if filesystem {
             receive.extend([
                 "-o".into(),
                 format!("mountpoint={}", self.dir.join(into).display()),
@@ -555,23 +603,7 @@ fn setup_filesystem(
     }
     run_isolated(&create, dir).with_context(|| format!("creating filesystem {dataset}"))?;
     commands.push(create);
-    let deadline = std::time::Instant::now() + SERVER_START_TIMEOUT;
-    let mount = loop {
-        let entry = files::mount_of(&mountpoint)?;
-        if let Some(entry) = entry.filter(|entry| {
-            entry.fs_type == "fuse.ironpool" && Path::new(&entry.mount_point) == mountpoint
-        }) {
-            break entry;
-        }
-        if std::time::Instant::now() >= deadline {
-            bail!(
-                "{dataset} was not mounted at {} (the server needs root and /dev/fuse; see {})",
-                mountpoint.display(),
-                dir.join("serve.log").display()
-            );
-        }
-        std::thread::sleep(Duration::from_millis(50));
-    };
+    let mount = wait_mounted(&mountpoint, dir)?;
     let sparse_flag = knows_sparse(&exe);
     let pool = IronpoolPool {
         exe,
@@ -619,6 +651,28 @@ fn setup_filesystem(
     );
     instance.pool = Some(pool);
     Ok(instance)
+}
+
+/// Waits (up to [`SERVER_START_TIMEOUT`]) for an ironpool filesystem to
+/// be mounted at `mountpoint` by the server of target directory `dir`.
+fn wait_mounted(mountpoint: &Path, dir: &Path) -> Result<files::MountEntry> {
+    let deadline = std::time::Instant::now() + SERVER_START_TIMEOUT;
+    loop {
+        let entry = files::mount_of(mountpoint)?;
+        if let Some(entry) = entry.filter(|entry| {
+            entry.fs_type == "fuse.ironpool" && Path::new(&entry.mount_point) == mountpoint
+        }) {
+            return Ok(entry);
+        }
+        if std::time::Instant::now() >= deadline {
+            bail!(
+                "no ironpool filesystem was mounted at {} (the server needs root and /dev/fuse; see {})",
+                mountpoint.display(),
+                dir.join("serve.log").display()
+            );
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
 }
 
 /// What the description says of the images beyond their layout: a log

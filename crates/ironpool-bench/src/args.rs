@@ -33,6 +33,9 @@ pub const DEFAULT_TARGETS: [&str; 2] = ["ironpool:mirror:2x2G", "nbdkit"];
 /// The default target of a run of the snapshot suite alone (its reads go
 /// through a filesystem's `.zfs/snapshot`).
 pub const DEFAULT_FS_TARGETS: [&str; 1] = ["ironpool-fs:mirror:2x2G:recordsize=16K"];
+/// The default targets of a run of the cache suite alone: a volume beside
+/// nbdkit's memory plugin, the ceiling of its cached reads.
+pub const DEFAULT_CACHE_TARGETS: [&str; 2] = ["ironpool:mirror:2x4G", "nbdkit-memory"];
 /// The default targets of a run of the send suite (with or without the
 /// snapshot suite): a volume's streams beside a filesystem's.
 /// Their images hold the working set twice (the copy `receive` makes).
@@ -52,7 +55,7 @@ pub struct BenchArgs {
     /// Target to measure; repeat for several [default: ironpool:mirror:2x2G, nbdkit, and raw;
     /// raw-pair too for the durable and fs suites of a mirror, ext4 for the fs suite of a
     /// filesystem].
-    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | ext4 (a loop device: root) | nbd:URI | nbdkit[:PATH] | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable
+    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | ext4 (a loop device: root) | nbd:URI | nbdkit[:PATH] | nbdkit-memory | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
 
@@ -242,20 +245,20 @@ impl BenchArgs {
     /// made unique.
     fn target_list(&self) -> Result<Vec<(String, TargetSpec)>> {
         // Suites only ironpool datasets run default to such targets.
-        let datasets_only = !self.suites.is_empty()
-            && self
-                .suites
-                .iter()
-                .all(|s| matches!(s, Suite::Snapshot | Suite::Send));
-        let texts: Vec<String> = if self.targets.is_empty() && datasets_only {
-            let defaults: &[&str] = if self.suites.contains(&Suite::Send) {
-                &DEFAULT_SEND_TARGETS
-            } else {
-                &DEFAULT_FS_TARGETS
-            };
+        let only = |allowed: &[Suite]| {
+            !self.suites.is_empty() && self.suites.iter().all(|s| allowed.contains(s))
+        };
+        let defaults: &[&str] = if only(&[Suite::Snapshot]) {
+            &DEFAULT_FS_TARGETS
+        } else if only(&[Suite::Snapshot, Suite::Send]) {
+            &DEFAULT_SEND_TARGETS
+        } else if only(&[Suite::Cache]) {
+            &DEFAULT_CACHE_TARGETS
+        } else {
+            &DEFAULT_TARGETS
+        };
+        let texts: Vec<String> = if self.targets.is_empty() {
             defaults.iter().map(|s| s.to_string()).collect()
-        } else if self.targets.is_empty() {
-            DEFAULT_TARGETS.iter().map(|s| s.to_string()).collect()
         } else {
             self.targets.clone()
         };
@@ -427,6 +430,9 @@ mod tests {
                 "ironpool-fs:mirror:2x4G:recordsize=16K"
             ]
         );
+        let plan = plan_of(&["--suite", "cache"]);
+        let labels: Vec<&str> = plan.targets.iter().map(|(l, _)| l.as_str()).collect();
+        assert_eq!(labels, ["raw", "ironpool:mirror:2x4G", "nbdkit-memory"]);
     }
 
     #[test]

@@ -111,13 +111,23 @@ pub fn compare(
             let checked_reads = if reads_from_devices { 0 } else { fio_reads };
             // Buffered writes go through the page cache by design, and the
             // cached tests read what the cache holds.
-            if !result.workload.buffered && !result.workload.cached {
+            // A cold read fills the cache it reads through.
+            if !result.workload.buffered && !result.workload.cached && !result.workload.cold {
                 findings.extend(pitfalls::direct_ironpool(
                     label,
                     &test,
                     checked_reads,
                     fio_writes,
                     &volume,
+                ));
+            }
+            if result.workload.cached || result.workload.nocache {
+                findings.extend(pitfalls::cache_reads(
+                    label,
+                    &test,
+                    result.workload.cached,
+                    fio_read_bytes,
+                    device.read_bytes,
                 ));
             }
             findings.extend(pitfalls::never_written_ironpool(

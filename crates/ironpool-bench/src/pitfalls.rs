@@ -44,6 +44,52 @@ pub mod check {
     pub const DEBUG_BUILD: &str = "debug-build";
     /// How FLUSHes were made durable (intent log commits, group commit).
     pub const INTENT_LOG: &str = "intent-log";
+    /// A test of the cache whose reads did not come from where it says.
+    pub const CACHE_READS: &str = "cache-reads";
+}
+
+/// The share of a cached test's bytes the devices may read before the
+/// figure stops being one of the cache (a miss now and then, metadata).
+pub const CACHED_DEVICE_READ_MAX_FRACTION: f64 = 0.1;
+/// The share of a `primarycache=none` test's bytes the devices must read
+/// at least (they read whole blocks, so usually more than fio asked).
+pub const NOCACHE_DEVICE_READ_MIN_FRACTION: f64 = 0.5;
+
+/// A test that reads from the cache (`cached`) whose bytes came from the
+/// devices, or one with the cache off (`nocache`) whose bytes did not: the
+/// figure is not what its name says (a working set larger than the
+/// cache; a cache the property did not turn off).
+pub fn cache_reads(
+    target: &str,
+    test: &str,
+    cached: bool,
+    fio_read_bytes: u64,
+    device_read_bytes: u64,
+) -> Option<Finding> {
+    if fio_read_bytes == 0 {
+        return None;
+    }
+    let share = device_read_bytes as f64 / fio_read_bytes as f64;
+    let message = if cached && share > CACHED_DEVICE_READ_MAX_FRACTION {
+        format!(
+            "reads meant to come from the cache came from the devices: they read {:.0}% of the bytes fio read (the working set is larger than the cache?)",
+            100.0 * share
+        )
+    } else if !cached && share < NOCACHE_DEVICE_READ_MIN_FRACTION {
+        format!(
+            "reads meant to go to the devices came from a cache: the devices read {:.0}% of the bytes fio read",
+            100.0 * share
+        )
+    } else {
+        return None;
+    };
+    Some(Finding::new(
+        Severity::Warning,
+        check::CACHE_READS,
+        target,
+        Some(test),
+        message,
+    ))
 }
 
 /// How an ironpool volume made the test's FLUSHes durable: client FLUSHes per

@@ -517,6 +517,18 @@ impl Results {
                 .find(|t| t.kind == "ext4" && t.label != target.label)
                 .and_then(same);
         }
+        // Reads from a cache are held to nbdkit's memory plugin when the
+        // run has it: the same transport with its data in RAM.
+        if test.workload.cached {
+            if let Some(memory) = self
+                .targets
+                .iter()
+                .find(|t| t.kind == "nbdkit-memory" && t.label != target.label)
+                .and_then(same)
+            {
+                return Some(memory);
+            }
+        }
         target
             .limit
             .as_ref()

@@ -102,7 +102,7 @@ pub fn execute(
     if plan
         .targets
         .iter()
-        .any(|(_, s)| matches!(s, TargetSpec::Nbdkit(_)))
+        .any(|(_, s)| matches!(s, TargetSpec::Nbdkit(_) | TargetSpec::NbdkitMemory))
     {
         let argv = vec![args.nbdkit.display().to_string(), "--version".to_string()];
         machine.nbdkit_version =
@@ -679,6 +679,38 @@ impl Runner<'_> {
         if test.workload.snapshot {
             return self.run_snapshot_read(instance, test, slug, target);
         }
+        if test.workload.cold || test.workload.nocache {
+            if test.workload.nocache && instance.kind == "nbdkit-memory" {
+                self.progress.skip(self.planned_test_seconds());
+                let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+                result.outcome = Outcome::Skipped {
+                    reason: "nbdkit-memory's data is in RAM: it has no cache to turn off"
+                        .to_string(),
+                };
+                return result;
+            }
+            // An ironpool target's cache is emptied (a file read with
+            // O_DIRECT has no cache in the way).
+            if let Err(error) = instance.drop_cache() {
+                self.progress.skip(self.planned_test_seconds());
+                let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                return result;
+            }
+        }
+        if test.workload.nocache && instance.pool.is_some() {
+            return self.with_property(
+                instance,
+                test,
+                ("primarycache", "none", "all"),
+                |runner, instance| {
+                    let access = instance.access.clone();
+                    runner.run_fio_test(instance, &access, test, false, slug, target)
+                },
+            );
+        }
         let by_property =
             test.workload.durability == Durability::Dsync && instance.dsync_by_property();
         let access = instance.access.clone();
@@ -700,6 +732,33 @@ impl Runner<'_> {
         }
         let mut result = self.run_fio_test(instance, &access, test, true, slug, target);
         if let Err(error) = instance.set_sync("standard") {
+            result.outcome = Outcome::Failed {
+                error: format!("{error:#}"),
+            };
+        }
+        result
+    }
+
+    /// Runs `run` (test `test`) with property `key=value` set on an
+    /// ironpool target's dataset, and `key=restore` after (both commands
+    /// join the set-up commands); a failure to set either fails the test.
+    fn with_property(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        (key, value, restore): (&str, &str, &str),
+        run: impl FnOnce(&mut Self, &mut Instance) -> TestResult,
+    ) -> TestResult {
+        if let Err(error) = instance.set_property(key, value) {
+            self.progress.skip(self.planned_test_seconds());
+            let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+            result.outcome = Outcome::Failed {
+                error: format!("{error:#}"),
+            };
+            return result;
+        }
+        let mut result = run(self, instance);
+        if let Err(error) = instance.set_property(key, restore) {
             result.outcome = Outcome::Failed {
                 error: format!("{error:#}"),
             };

@@ -67,6 +67,13 @@ pub enum Suite {
     /// that copy. Runs on ironpool volumes and filesystems; its limit on
     /// the raw file is a copy of the working set into a second file.
     Send,
+    /// The read cache (the table of `scripts/bench-cache.sh`): 4K random
+    /// reads at QD64 and QD1 of what the cache holds (held to nbdkit's
+    /// memory plugin, the same transport with its data in RAM), a 1 MiB
+    /// sequential read at QD1 with the cache emptied first, and the same
+    /// three with `primarycache=none` on an ironpool dataset (held to the
+    /// raw file's reads).
+    Cache,
 }
 
 impl Suite {
@@ -80,6 +87,7 @@ impl Suite {
             Suite::Fs => "fs",
             Suite::Snapshot => "snapshot",
             Suite::Send => "send",
+            Suite::Cache => "cache",
         }
     }
 }
@@ -338,6 +346,17 @@ pub struct Workload {
     /// the same reads of the head.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub snapshot: bool,
+    /// Read with the target's cache emptied first (`ironpool tune POOL
+    /// arc_drop 1` on an ironpool target; a file read with O_DIRECT has no
+    /// cache in the way), in one pass over the working set (not for the
+    /// runtime: a second pass would read what the first left cached).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub cold: bool,
+    /// On an ironpool dataset with `primarycache=none` for the test (put
+    /// back after): every read goes to the devices. Held to the limit
+    /// target's same reads without it; skipped on other targets.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub nocache: bool,
     /// Not fio: a loop of system calls (the other fields are ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops: Option<OpsTest>,
@@ -357,6 +376,8 @@ impl Workload {
             buffered: false,
             cached: false,
             snapshot: false,
+            cold: false,
+            nocache: false,
             ops: None,
         }
     }
@@ -389,12 +410,14 @@ impl Workload {
         let buffered = if self.buffered { "-buffered" } else { "" };
         let cached = if self.cached { "-cached" } else { "" };
         let snapshot = if self.snapshot { "-snapshot" } else { "" };
+        let cold = if self.cold { "-cold" } else { "" };
+        let nocache = if self.nocache { "-nocache" } else { "" };
         let mix = self
             .read_mix_percent
             .map(|p| p.to_string())
             .unwrap_or_default();
         format!(
-            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}",
+            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}{cold}{nocache}",
             self.pattern.fio_rw(),
             mix,
             size_short(self.block_size_bytes).to_lowercase(),
@@ -468,6 +491,7 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::Fs => fs_workloads().into_iter().map(plain).collect(),
         Suite::Snapshot => snapshot_workloads().into_iter().map(plain).collect(),
         Suite::Send => send_workloads().into_iter().map(plain).collect(),
+        Suite::Cache => cache_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
             .iter()
@@ -643,6 +667,30 @@ pub fn send_workloads() -> Vec<Workload> {
     workloads
 }
 
+/// The cache suite (the table of `scripts/bench-cache.sh`): 4K random
+/// reads at QD64 and QD1 from the cache (the working set read once first),
+/// a 1 MiB sequential read at QD1 from a cold cache, then the three with
+/// the cache off.
+pub fn cache_workloads() -> Vec<Workload> {
+    let cached = |iodepth| Workload {
+        cached: true,
+        ..Workload::new(Pattern::RandRead, 4 * KIB, iodepth, 1)
+    };
+    let cold = Workload {
+        cold: true,
+        ..Workload::new(Pattern::SeqRead, MIB, 1, 1)
+    };
+    let with_cache = [cached(64), cached(1), cold];
+    let mut workloads = with_cache.to_vec();
+    workloads.extend(with_cache.map(|workload| Workload {
+        cached: false,
+        cold: false,
+        nocache: true,
+        ..workload
+    }));
+    workloads
+}
+
 /// The filesystem `files-tar` makes its files in, on an ironpool
 /// filesystem target (and `send-files` sends).
 pub const SEND_FILES_FS_NAME: &str = "files";
@@ -776,6 +824,25 @@ mod tests {
             assert!(test.workload.pattern.is_sequential());
             assert!(!test.workload.is_filesystem_test());
         }
+    }
+
+    #[test]
+    fn names_the_cache_suite() {
+        let names: Vec<String> = tests_of(Suite::Cache, &options())
+            .iter()
+            .map(TestSpec::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "randread-4k-qd64-1j-cached",
+                "randread-4k-qd1-1j-cached",
+                "read-1m-qd1-1j-cold",
+                "randread-4k-qd64-1j-nocache",
+                "randread-4k-qd1-1j-nocache",
+                "read-1m-qd1-1j-nocache"
+            ]
+        );
     }
 
     #[test]

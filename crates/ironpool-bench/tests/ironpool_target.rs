@@ -739,3 +739,89 @@ fn send_suite_streams_a_volume_and_a_filesystem() {
         );
     }
 }
+
+/// The cache suite (what `scripts/bench-cache.sh` measured): the cached
+/// reads come from the cache and are held to nbdkit's memory plugin, the
+/// cold read is one pass from the devices, and with `primarycache=none`
+/// (put back after) every read goes to the devices.
+#[test]
+fn cache_suite_reads_from_the_cache_and_without_it() {
+    use ironpool_bench::suites::Suite;
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    require_tool("nbdkit", "nbdkit");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-cache-suite").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:mirror:2x512M",
+        "--target",
+        "nbdkit-memory",
+        "--suite",
+        "cache",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let [_raw, volume, memory] = &results.targets[..] else {
+        panic!("three targets: {:?}", results.targets.len())
+    };
+    assert_eq!(memory.kind, "nbdkit-memory");
+    assert!(
+        !volume.pitfalls.iter().any(|f| f.check == "cache-reads"),
+        "{:#?}",
+        volume.pitfalls
+    );
+    for test in &volume.tests {
+        assert!(test.is_ok(), "{}: {:?}", test.label(), test.outcome);
+        assert_eq!(test.suite, Suite::Cache);
+        let read = test.read.expect("reads");
+        let device = test.device.expect("device counters");
+        if test.workload.cached {
+            let limit = results.limit_for(volume, test).expect("a limit");
+            assert!(
+                std::ptr::eq(limit, memory.same_workload(test).unwrap()),
+                "{} is held to nbdkit-memory",
+                test.label()
+            );
+            assert!(
+                device.read_bytes * 10 <= read.io_bytes,
+                "{}: the devices read {} of {}",
+                test.label(),
+                device.read_bytes,
+                read.io_bytes
+            );
+        }
+        if test.workload.cold {
+            assert_eq!(read.io_bytes, 64 << 20, "one pass over the working set");
+            assert!(device.read_bytes >= 64 << 20, "{}", device.read_bytes);
+        }
+        if test.workload.nocache {
+            assert!(
+                device.read_bytes >= read.io_bytes,
+                "{}: the devices read {} of {}",
+                test.label(),
+                device.read_bytes,
+                read.io_bytes
+            );
+        }
+    }
+    for value in ["primarycache=none", "primarycache=all"] {
+        assert!(
+            volume
+                .setup_commands
+                .iter()
+                .any(|c| c.contains(&value.to_string())),
+            "{value} not among {:?}",
+            volume.setup_commands
+        );
+    }
+    for test in memory.tests.iter().filter(|t| t.workload.nocache) {
+        assert!(!test.is_ok(), "{}", test.label());
+    }
+}

@@ -309,3 +309,23 @@ fn debug_builds_of_the_server() {
     assert!(pitfalls::debug_build("ip", Path::new("/work/main/target/release/ironpool")).is_none());
     assert!(pitfalls::debug_build("ip", Path::new("/usr/bin/ironpool")).is_none());
 }
+
+#[test]
+fn reads_of_the_cache_that_were_not() {
+    // From the cache: the devices read little of what fio read.
+    assert!(pitfalls::cache_reads("ip", "t", true, 1 << 30, 1 << 20).is_none());
+    let missed = pitfalls::cache_reads("ip", "t", true, 1 << 30, 600 << 20).unwrap();
+    assert_eq!(missed.check, check::CACHE_READS);
+    assert!(missed.message.contains("59%"), "{}", missed.message);
+    // With the cache off: the devices read at least half of it (whole
+    // blocks, often more).
+    assert!(pitfalls::cache_reads("ip", "t", false, 1 << 30, 4 << 30).is_none());
+    let cached = pitfalls::cache_reads("ip", "t", false, 1 << 30, 0).unwrap();
+    assert!(
+        cached.message.contains("came from a cache"),
+        "{}",
+        cached.message
+    );
+    // Nothing read, nothing to say.
+    assert!(pitfalls::cache_reads("ip", "t", true, 0, 1 << 20).is_none());
+}

@@ -211,6 +211,22 @@ impl IronpoolPool {
         Ok((mountpoint, argv))
     }
 
+    /// `ironpool tune POOL arc_drop 1`: empties the read cache; returns the
+    /// command.
+    pub fn drop_cache(&self) -> Result<Vec<String>> {
+        let mut argv = self.base_argv();
+        argv.extend([
+            "tune".into(),
+            "--control".into(),
+            self.control.display().to_string(),
+            POOL_NAME.into(),
+            "arc_drop".into(),
+            "1".into(),
+        ]);
+        self.run(&argv).context("emptying the read cache")?;
+        Ok(argv)
+    }
+
     /// Whether the benchmarked dataset is a filesystem (else a volume).
     pub fn is_filesystem(&self) -> bool {
         self.dataset == format!("{POOL_NAME}/{FILESYSTEM_NAME}")

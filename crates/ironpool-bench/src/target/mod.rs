@@ -231,9 +231,29 @@ impl Instance {
     /// Sets the benchmarked dataset's `sync` property (see
     /// [`Instance::dsync_by_property`]).
     pub fn set_sync(&mut self, value: &str) -> Result<()> {
+        self.set_property("sync", value)
+    }
+
+    /// Sets a property of the benchmarked dataset of an ironpool target;
+    /// the command joins the set-up commands.
+    pub fn set_property(&mut self, key: &str, value: &str) -> Result<()> {
         let pool = self.pool.as_ref().context("not an ironpool target")?;
-        let command = pool.set_property("sync", value)?;
+        let command = pool.set_property(key, value)?;
         self.setup_commands.push(command);
+        Ok(())
+    }
+
+    /// Empties an ironpool target's read cache (`ironpool tune POOL
+    /// arc_drop 1`); nothing on other targets. The command joins the
+    /// set-up commands the first time.
+    pub fn drop_cache(&mut self) -> Result<()> {
+        let Some(pool) = self.pool.as_ref() else {
+            return Ok(());
+        };
+        let command = pool.drop_cache()?;
+        if !self.setup_commands.contains(&command) {
+            self.setup_commands.push(command);
+        }
         Ok(())
     }
 
@@ -351,6 +371,7 @@ pub fn setup(
         TargetSpec::Ext4 => ext4::setup(label, slug, context),
         TargetSpec::Nbd(uri) => nbd::setup_uri(uri, label, context),
         TargetSpec::Nbdkit(path) => nbd::setup_nbdkit(path.as_deref(), label, slug, context),
+        TargetSpec::NbdkitMemory => nbd::setup_nbdkit_memory(label, slug, context),
         TargetSpec::Ironpool(pool) => ironpool::setup(pool, label, slug, context),
     }
 }

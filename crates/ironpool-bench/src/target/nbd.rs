@@ -184,6 +184,59 @@ pub fn setup_nbdkit(
     Ok(instance)
 }
 
+/// Starts `nbdkit -f -P PIDFILE --unix SOCK memory SIZE`: the NBD
+/// transport with the working set in the server's RAM, so that reads of it
+/// cost the transport and a copy, nothing else: the ceiling of a volume's
+/// reads from its cache.
+pub fn setup_nbdkit_memory(
+    label: &str,
+    slug: &str,
+    context: &SetupContext<'_>,
+) -> Result<Instance> {
+    let dir = context.out_dir.join(slug);
+    std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let socket = dir.join("nbd.sock");
+    let pidfile = dir.join("nbdkit.pid");
+    check_socket_path(&socket)?;
+    files::remove_if_present(&socket)?;
+    files::remove_if_present(&pidfile)?;
+    let mut command = Command::new(context.nbdkit);
+    command
+        .arg("-f")
+        .arg("-P")
+        .arg(&pidfile)
+        .arg("--unix")
+        .arg(&socket)
+        .arg("memory")
+        .arg(context.size_bytes.to_string());
+    let argv = command_argv(&command);
+    let mut server = ServerProcess::spawn("nbdkit", &mut command, &dir.join("nbdkit.log"))
+        .context("starting nbdkit (package nbdkit)")?;
+    server.wait_ready(&[&pidfile, &socket], NBDKIT_START_TIMEOUT)?;
+    let uri = unix_uri("", &socket);
+    let info = nbdinfo(context.nbdinfo, &uri)?;
+    let mut instance = Instance::new(
+        label.to_string(),
+        "nbdkit-memory",
+        Access::Nbd(uri),
+        context.size_bytes,
+    );
+    instance.owned_files.extend([socket, pidfile]);
+    instance.setup_commands.push(argv);
+    instance.server = Some(server);
+    instance.record_size_bytes = info.preferred_block_size_bytes;
+    instance.nbd_multi_conn = info.multi_conn;
+    instance.nbd_cache_note = Some("nbdkit's memory plugin holds its data in RAM".to_string());
+    instance.fill = FillMethod::Unsupported(
+        "nbdkit-memory is the cached-read ceiling; it is not filled".to_string(),
+    );
+    instance.description = format!(
+        "nbdkit memory plugin of {} over a unix socket (data in RAM); fio nbd engine",
+        bytes_human(context.size_bytes as f64)
+    );
+    Ok(instance)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -111,6 +111,9 @@ pub enum TargetSpec {
     Nbd(String),
     /// nbdkit's file plugin serving a file; `None` creates `nbdkit.img`.
     Nbdkit(Option<PathBuf>),
+    /// nbdkit's memory plugin of the working set's size: the same NBD
+    /// transport with its data in RAM, the ceiling of reads from a cache.
+    NbdkitMemory,
     /// An ironpool pool and volume.
     Ironpool(IronpoolSpec),
 }
@@ -126,6 +129,7 @@ impl TargetSpec {
             TargetSpec::Ext4 => "ext4",
             TargetSpec::Nbd(_) => "nbd",
             TargetSpec::Nbdkit(_) => "nbdkit",
+            TargetSpec::NbdkitMemory => "nbdkit-memory",
             TargetSpec::Ironpool(spec) if spec.filesystem => "ironpool-fs",
             TargetSpec::Ironpool(_) => "ironpool",
         }
@@ -163,6 +167,7 @@ impl fmt::Display for TargetSpec {
             TargetSpec::Nbd(uri) => write!(f, "nbd:{uri}"),
             TargetSpec::Nbdkit(None) => write!(f, "nbdkit"),
             TargetSpec::Nbdkit(Some(path)) => write!(f, "nbdkit:{}", path.display()),
+            TargetSpec::NbdkitMemory => write!(f, "nbdkit-memory"),
             TargetSpec::Ironpool(spec) => {
                 write!(
                     f,
@@ -214,6 +219,7 @@ impl FromStr for TargetSpec {
             "ext4" if value.is_none() => Ok(TargetSpec::Ext4),
             "nbd" => Ok(TargetSpec::Nbd(required()?.to_string())),
             "nbdkit" => Ok(TargetSpec::Nbdkit(optional_path())),
+            "nbdkit-memory" if value.is_none() => Ok(TargetSpec::NbdkitMemory),
             "ironpool" => parse_ironpool(text, required()?).map(TargetSpec::Ironpool),
             "ironpool-fs" => parse_ironpool(text, required()?).map(|spec| {
                 TargetSpec::Ironpool(IronpoolSpec {

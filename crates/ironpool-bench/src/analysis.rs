@@ -575,6 +575,8 @@ fn server_cpu(target: &TargetResult) -> Vec<Finding> {
         .tests
         .iter()
         .filter(|t| t.is_ok())
+        // A test with no I/O (`idle`) has no IOPS per core to speak of.
+        .filter(|t| t.operations() > 0)
         .filter_map(|t| Some((t, t.server?)))
         .collect();
     if let Some((test, usage)) = measured

@@ -36,6 +36,15 @@ pub const DEFAULT_FS_TARGETS: [&str; 1] = ["ironpool-fs:mirror:2x2G:recordsize=1
 /// The default targets of a run of the cache suite alone: a volume beside
 /// nbdkit's memory plugin, the ceiling of its cached reads.
 pub const DEFAULT_CACHE_TARGETS: [&str; 2] = ["ironpool:mirror:2x4G", "nbdkit-memory"];
+/// The default targets of a run of the poll suite alone: a filesystem and a
+/// volume, each with the server's poll window off (`poll_us=0`) and at its
+/// default.
+pub const DEFAULT_POLL_TARGETS: [&str; 4] = [
+    "ironpool-fs:mirror:2x4G:poll_us=0,recordsize=16K",
+    "ironpool-fs:mirror:2x4G:recordsize=16K",
+    "ironpool:mirror:2x4G:poll_us=0",
+    "ironpool:mirror:2x4G",
+];
 /// The default targets of a run of the send suite (with or without the
 /// snapshot suite): a volume's streams beside a filesystem's.
 /// Their images hold the working set twice (the copy `receive` makes).
@@ -254,6 +263,8 @@ impl BenchArgs {
             &DEFAULT_SEND_TARGETS
         } else if only(&[Suite::Cache]) {
             &DEFAULT_CACHE_TARGETS
+        } else if only(&[Suite::Poll]) {
+            &DEFAULT_POLL_TARGETS
         } else {
             &DEFAULT_TARGETS
         };

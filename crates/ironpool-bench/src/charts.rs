@@ -119,7 +119,7 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
             });
         }
     }
-    for suite in [Suite::Fs, Suite::Snapshot, Suite::Cache] {
+    for suite in [Suite::Fs, Suite::Snapshot, Suite::Cache, Suite::Poll] {
         if tests().any(|t| t.suite == suite) {
             charts.push(ChartPlan {
                 file_name: format!("{}.png", suite.name()),
@@ -395,11 +395,14 @@ fn draw_legend<DB: DrawingBackend>(
 }
 
 /// A bar's height and unit: bandwidth for the pool report and the durable
-/// suite; for the fs, snapshot and cache suites each test's own figure (IOPS for random I/O,
+/// suite; for the fs, snapshot, cache and poll suites each test's own figure (IOPS for random I/O,
 /// MiB/s for sequential, operations per second for system calls).
 fn bar_value(suite: Suite, test: &TestResult) -> (f64, &'static str) {
     let mib = test.total_bandwidth() / (1024.0 * 1024.0);
-    if !matches!(suite, Suite::Fs | Suite::Snapshot | Suite::Cache) {
+    if !matches!(
+        suite,
+        Suite::Fs | Suite::Snapshot | Suite::Cache | Suite::Poll
+    ) {
         return (mib, "MiB/s");
     }
     match test.ops_per_second {

@@ -139,7 +139,8 @@ pub fn run(
         | OpsTest::SendReceive
         | OpsTest::SendIncremental
         | OpsTest::FilesTar
-        | OpsTest::SendFiles => {
+        | OpsTest::SendFiles
+        | OpsTest::Idle => {
             bail!(
                 "{} needs the target's commands: the runner runs it",
                 test.name()

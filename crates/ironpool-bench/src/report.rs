@@ -100,6 +100,10 @@ fn find<'a>(target: &'a TargetResult, suite: Suite, label: &str) -> Option<&'a T
 
 /// `15.3k IOPS`, `3.50 GiB/s` or (system calls) `52.1k/s`, by workload.
 fn headline(test: &TestResult) -> String {
+    if test.workload.ops == Some(crate::suites::OpsTest::Idle) {
+        let cores = test.server.map_or(0.0, |s| s.cores_used);
+        return format!("{cores:.3} cores");
+    }
     if let Some(rate) = test.ops_per_second {
         return format!("{}/s", count_human(rate));
     }
@@ -437,6 +441,12 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
         }
         if directions.is_empty() {
             let word = outcome_word(test).unwrap_or("no I/O");
+            if word == "no I/O" && test.server.is_some() {
+                // The server's figures of a test with no I/O (`idle`).
+                let prefix = format!("| {} | {word} | — | — | — | — | — | — | — |", test.label());
+                emit!(out, "{}", prefix + &row_tail(&columns, test, true));
+                continue;
+            }
             let blanks = head.matches('|').count() - 3;
             emit!(
                 out,

@@ -674,6 +674,9 @@ impl Runner<'_> {
             if ops.of_small_files() {
                 return self.run_small_files_test(instance, test, ops, target);
             }
+            if ops == suites::OpsTest::Idle {
+                return self.run_idle_test(instance, test, target);
+            }
             return self.run_ops_test(instance, test, ops, target);
         }
         if test.workload.snapshot {
@@ -1394,6 +1397,60 @@ impl Runner<'_> {
             Err(error) => {
                 result.outcome = Outcome::Failed {
                     error: format!("{error:#}"),
+                };
+                self.progress.end("failed");
+            }
+        }
+        result
+    }
+}
+
+impl Runner<'_> {
+    /// Runs `idle`: nothing for [`suites::IDLE_SECONDS`], observed as any
+    /// test, so that the row holds the server's CPU with no client (on a
+    /// target with a server of ours).
+    fn run_idle_test(
+        &mut self,
+        instance: &Instance,
+        test: &TestSpec,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        let seconds = suites::IDLE_SECONDS;
+        if instance.server.is_none() {
+            self.progress.skip(self.planned_test_seconds());
+            result.outcome = Outcome::Skipped {
+                reason: format!("{} has no server of ours to watch", instance.kind),
+            };
+            return result;
+        }
+        self.progress.begin(
+            &format!("{} {} idle", instance.label, test.suite.name()),
+            seconds as f64,
+        );
+        result.command = vec!["sleep".to_string(), seconds.to_string()];
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let start = std::time::Instant::now();
+        while start.elapsed() < std::time::Duration::from_secs(seconds) {
+            if interrupt::requested() {
+                self.interrupted = true;
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+            self.progress.tick();
+        }
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        result.wall_seconds = start.elapsed().as_secs_f64();
+        target
+            .pitfalls
+            .extend(observe::compare(instance, &before, &after, &mut result));
+        match result.server {
+            Some(usage) => self
+                .progress
+                .end(&format!("server used {:.3} cores", usage.cores_used)),
+            None => {
+                result.outcome = Outcome::Failed {
+                    error: "no server CPU figures".to_string(),
                 };
                 self.progress.end("failed");
             }

@@ -74,6 +74,12 @@ pub enum Suite {
     /// three with `primarycache=none` on an ironpool dataset (held to the
     /// raw file's reads).
     Cache,
+    /// The engine's poll window (the table of `scripts/bench-poll.sh`), run
+    /// on targets that differ in `poll_us`: creates, stats and deletes of
+    /// `--files` files, 16K random writes at QD1 and QD64, 4K random reads
+    /// at QD64 and QD1, 16K writes with a flush after each at QD1, and the
+    /// server's CPU while no client asks (`idle`).
+    Poll,
 }
 
 impl Suite {
@@ -88,6 +94,7 @@ impl Suite {
             Suite::Snapshot => "snapshot",
             Suite::Send => "send",
             Suite::Cache => "cache",
+            Suite::Poll => "poll",
         }
     }
 }
@@ -253,6 +260,10 @@ pub enum OpsTest {
     /// The same files sent as a stream: a snapshot of their filesystem,
     /// `send | receive` into a copy, in files per second.
     SendFiles,
+    /// Nothing, for [`IDLE_SECONDS`]: the server's CPU while no client
+    /// asks anything (what a polling loop costs when there is nothing to
+    /// find).
+    Idle,
 }
 
 impl OpsTest {
@@ -272,6 +283,7 @@ impl OpsTest {
             OpsTest::SendIncremental => "send-incremental",
             OpsTest::FilesTar => "files-tar",
             OpsTest::SendFiles => "send-files",
+            OpsTest::Idle => "idle",
         }
     }
 
@@ -492,6 +504,7 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::Snapshot => snapshot_workloads().into_iter().map(plain).collect(),
         Suite::Send => send_workloads().into_iter().map(plain).collect(),
         Suite::Cache => cache_workloads().into_iter().map(plain).collect(),
+        Suite::Poll => poll_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
             .iter()
@@ -691,6 +704,35 @@ pub fn cache_workloads() -> Vec<Workload> {
     workloads
 }
 
+/// Seconds of the poll suite's `idle` test: long enough for the server's
+/// CPU ticks (10 ms each) to say whether it sleeps or spins.
+pub const IDLE_SECONDS: u64 = 5;
+
+/// The poll suite (the table of `scripts/bench-poll.sh`): what a client
+/// that waits for each answer pays (metadata, QD1), what a deep queue
+/// gets, and what the server burns with no client.
+pub fn poll_workloads() -> Vec<Workload> {
+    let mut workloads: Vec<Workload> = [
+        OpsTest::FilesCreate,
+        OpsTest::FilesStat,
+        OpsTest::FilesDelete,
+    ]
+    .map(Workload::ops)
+    .to_vec();
+    workloads.extend([
+        Workload::new(Pattern::RandWrite, 16 * KIB, 1, 1),
+        Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1),
+        Workload::new(Pattern::RandRead, 4 * KIB, 64, 1),
+        Workload::new(Pattern::RandRead, 4 * KIB, 1, 1),
+        Workload {
+            durability: Durability::Fsync,
+            ..Workload::new(Pattern::RandWrite, 16 * KIB, 1, 1)
+        },
+        Workload::ops(OpsTest::Idle),
+    ]);
+    workloads
+}
+
 /// The filesystem `files-tar` makes its files in, on an ironpool
 /// filesystem target (and `send-files` sends).
 pub const SEND_FILES_FS_NAME: &str = "files";
@@ -841,6 +883,28 @@ mod tests {
                 "randread-4k-qd64-1j-nocache",
                 "randread-4k-qd1-1j-nocache",
                 "read-1m-qd1-1j-nocache"
+            ]
+        );
+    }
+
+    #[test]
+    fn names_the_poll_suite() {
+        let names: Vec<String> = tests_of(Suite::Poll, &options())
+            .iter()
+            .map(TestSpec::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "files-create",
+                "files-stat",
+                "files-delete",
+                "randwrite-16k-qd1-1j",
+                "randwrite-16k-qd64-1j",
+                "randread-4k-qd64-1j",
+                "randread-4k-qd1-1j",
+                "randwrite-16k-qd1-1j-fsync",
+                "idle"
             ]
         );
     }

@@ -825,3 +825,74 @@ fn cache_suite_reads_from_the_cache_and_without_it() {
         assert!(!test.is_ok(), "{}", test.label());
     }
 }
+
+/// The poll suite (what `scripts/bench-poll.sh` measured): a target's
+/// `poll_us` reaches the server's environment, a filesystem runs the
+/// metadata rows a volume skips, and `idle` holds the server's CPU with no
+/// client.
+#[test]
+fn poll_suite_beside_a_server_that_never_polls() {
+    use ironpool_bench::suites::{OpsTest, Suite};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-poll-suite").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool-fs:mirror:2x512M:poll_us=0",
+        "--target",
+        "ironpool:mirror:2x512M",
+        "--no-raw",
+        "--suite",
+        "poll",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--files",
+        "200",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let [fs, volume] = &results.targets[..] else {
+        panic!("two targets: {:?}", results.targets.len())
+    };
+    assert!(
+        fs.setup_commands
+            .iter()
+            .any(
+                |c| c.first().map(String::as_str) == Some("IRONPOOL_POLL_US=0")
+                    && c.contains(&"serve".to_string())
+            ),
+        "{:?}",
+        fs.setup_commands
+    );
+    assert!(!volume
+        .setup_commands
+        .iter()
+        .any(|c| c.iter().any(|word| word.contains("IRONPOOL_POLL_US"))));
+    for target in [fs, volume] {
+        for test in &target.tests {
+            assert_eq!(test.suite, Suite::Poll);
+            let metadata = test.workload.ops.is_some_and(|ops| ops != OpsTest::Idle);
+            assert_eq!(
+                test.is_ok(),
+                target.kind == "ironpool-fs" || !metadata,
+                "{} {}: {:?}",
+                target.label,
+                test.label(),
+                test.outcome
+            );
+        }
+        let idle = target
+            .tests
+            .iter()
+            .find(|t| t.workload.ops == Some(OpsTest::Idle))
+            .unwrap();
+        let usage = idle.server.expect("the server's CPU while idle");
+        assert!(idle.wall_seconds >= 4.9, "{}", idle.wall_seconds);
+        assert!(usage.cores_used < 2.0, "{usage:?}");
+    }
+}

@@ -36,6 +36,9 @@ use crate::units::{bytes_human, parse_size, size_short, KIB, MIB};
 
 /// The pool every ironpool target creates (one target runs at a time).
 pub const POOL_NAME: &str = "bench";
+/// The environment variable of the server's poll window (the engine's
+/// `IRONPOOL_POLL_US`), set by a target's `poll_us=N`.
+const POLL_ENV: &str = "IRONPOOL_POLL_US";
 /// The benchmarked volume.
 pub const VOLUME_NAME: &str = "vol";
 /// The benchmarked filesystem (`ironpool-fs`) and the file fio uses in it.
@@ -503,7 +506,14 @@ pub fn setup(
         .arg(&pidfile)
         .arg(POOL_NAME)
         .envs(isolating_env(&dir));
-    commands.push(command_argv(&serve));
+    if let Some(us) = spec.poll_us {
+        serve.env(POLL_ENV, us.to_string());
+    }
+    let mut serve_argv = command_argv(&serve);
+    if let Some(us) = spec.poll_us {
+        serve_argv.insert(0, format!("{POLL_ENV}={us}"));
+    }
+    commands.push(serve_argv);
     let mut server = ServerProcess::spawn("ironpool serve", &mut serve, &dir.join("serve.log"))?;
     server.wait_ready(&[&pidfile, &control, &nbd_socket], SERVER_START_TIMEOUT)?;
 

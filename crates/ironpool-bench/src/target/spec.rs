@@ -87,6 +87,9 @@ pub struct IronpoolSpec {
     /// The ironpool executable for this target (`bin=PATH`), so that two
     /// builds are measured side by side in one run; `None`: the run's.
     pub bin: Option<PathBuf>,
+    /// The server's poll window (`poll_us=N`: `IRONPOOL_POLL_US=N` in the
+    /// environment of `ironpool serve`); `None`: its default.
+    pub poll_us: Option<u64>,
     /// Volume properties (`-o prop=val`), in order.
     pub properties: Vec<(String, String)>,
 }
@@ -186,6 +189,7 @@ impl fmt::Display for TargetSpec {
                     .bin
                     .iter()
                     .map(|bin| format!("bin={}", bin.display()))
+                    .chain(spec.poll_us.iter().map(|us| format!("poll_us={us}")))
                     .chain(spec.properties.iter().map(|(k, v)| format!("{k}={v}")))
                     .collect();
                 if !props.is_empty() {
@@ -279,6 +283,7 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
     }
     let mut properties = Vec::new();
     let mut bin = None;
+    let mut poll_us = None;
     for pair in parts
         .next()
         .unwrap_or_default()
@@ -290,6 +295,11 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
             .ok_or_else(|| error("properties must be prop=val,prop=val"))?;
         if key == "bin" {
             bin = Some(PathBuf::from(val));
+        } else if key == "poll_us" {
+            poll_us = Some(
+                val.parse::<u64>()
+                    .map_err(|_| error("poll_us takes microseconds (0: never poll)"))?,
+            );
         } else {
             properties.push((key.to_string(), val.to_string()));
         }
@@ -301,6 +311,7 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
         disk_size_bytes,
         log,
         bin,
+        poll_us,
         properties,
     })
 }
@@ -363,6 +374,20 @@ mod tests {
         };
         assert!(logged.log);
         assert_eq!(logged.bin, Some(PathBuf::from("/old/ironpool")));
+        let polled: TargetSpec = "ironpool-fs:mirror:2x4G:poll_us=0,recordsize=16K"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            polled.to_string(),
+            "ironpool-fs:mirror:2x4G:poll_us=0,recordsize=16K"
+        );
+        let TargetSpec::Ironpool(polled) = polled else {
+            panic!("an ironpool spec")
+        };
+        assert_eq!(polled.poll_us, Some(0));
+        assert!("ironpool:mirror:2x4G:poll_us=soon"
+            .parse::<TargetSpec>()
+            .is_err());
         assert_eq!(logged.properties, [("sync".into(), "always".into())]);
         assert_eq!(
             "raw-pair".parse::<TargetSpec>().unwrap(),

@@ -80,6 +80,14 @@ pub fn check_outputs(out: &Path) -> Results {
             if !test.is_ok() {
                 continue;
             }
+            if test.workload.ops == Some(ironpool_bench::suites::OpsTest::Idle) {
+                // Nothing done: the server's CPU is the figure.
+                assert!(test.server.is_some(), "idle without server figures");
+                assert!(
+                    test.read.is_none() && test.write.is_none() && test.ops_per_second.is_none()
+                );
+                continue;
+            }
             if let Some(ops) = test.workload.ops.filter(|ops| ops.of_send()) {
                 // A stream (or the copy that is its limit): no fio, one
                 // operation that read the stream's bytes.

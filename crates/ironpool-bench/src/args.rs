@@ -45,8 +45,8 @@ pub const DEFAULT_POLL_TARGETS: [&str; 4] = [
     "ironpool:mirror:2x4G:poll_us=0",
     "ironpool:mirror:2x4G",
 ];
-/// The default targets of a run of the send suite (with or without the
-/// snapshot suite): a volume's streams beside a filesystem's.
+/// The default targets of a run of the send or stall suites (with or
+/// without the snapshot suite): a volume beside a filesystem.
 /// Their images hold the working set twice (the copy `receive` makes).
 pub const DEFAULT_SEND_TARGETS: [&str; 2] = [
     "ironpool:mirror:2x4G",
@@ -259,7 +259,7 @@ impl BenchArgs {
         };
         let defaults: &[&str] = if only(&[Suite::Snapshot]) {
             &DEFAULT_FS_TARGETS
-        } else if only(&[Suite::Snapshot, Suite::Send]) {
+        } else if only(&[Suite::Snapshot, Suite::Send, Suite::Stall]) {
             &DEFAULT_SEND_TARGETS
         } else if only(&[Suite::Cache]) {
             &DEFAULT_CACHE_TARGETS

@@ -119,7 +119,13 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
             });
         }
     }
-    for suite in [Suite::Fs, Suite::Snapshot, Suite::Cache, Suite::Poll] {
+    for suite in [
+        Suite::Fs,
+        Suite::Snapshot,
+        Suite::Cache,
+        Suite::Poll,
+        Suite::Stall,
+    ] {
         if tests().any(|t| t.suite == suite) {
             charts.push(ChartPlan {
                 file_name: format!("{}.png", suite.name()),
@@ -401,7 +407,7 @@ fn bar_value(suite: Suite, test: &TestResult) -> (f64, &'static str) {
     let mib = test.total_bandwidth() / (1024.0 * 1024.0);
     if !matches!(
         suite,
-        Suite::Fs | Suite::Snapshot | Suite::Cache | Suite::Poll
+        Suite::Fs | Suite::Snapshot | Suite::Cache | Suite::Poll | Suite::Stall
     ) {
         return (mib, "MiB/s");
     }

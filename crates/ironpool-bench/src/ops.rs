@@ -140,7 +140,15 @@ pub fn run(
         | OpsTest::SendIncremental
         | OpsTest::FilesTar
         | OpsTest::SendFiles
-        | OpsTest::Idle => {
+        | OpsTest::Idle
+        | OpsTest::StallNone
+        | OpsTest::StallList
+        | OpsTest::StallScrub
+        | OpsTest::StallSend
+        | OpsTest::StallDestroySnapshot
+        | OpsTest::StallRollback
+        | OpsTest::StallRemoveTree
+        | OpsTest::StallRemove => {
             bail!(
                 "{} needs the target's commands: the runner runs it",
                 test.name()
@@ -193,6 +201,20 @@ pub fn snapshot_take(
         operations: 1,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// Makes `files` empty files in a new directory `dir` (not timed: the
+/// stall suite's tree to remove).
+pub fn create_empty_files(dir: &Path, files: u64, tick: &mut dyn FnMut()) -> Result<()> {
+    std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
+    let names = (0..files)
+        .map(|i| {
+            CString::new(dir.join(format!("f{i:08}")).as_os_str().as_bytes())
+                .context("a path with a NUL byte")
+        })
+        .collect::<Result<Vec<_>>>()?;
+    each(&names, tick, create)?;
+    Ok(())
 }
 
 /// `snapshot-list`: reads directory `dir` (of a snapshot) and `stat`s each

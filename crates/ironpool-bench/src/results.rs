@@ -485,9 +485,10 @@ impl Results {
             Some((limit, limit.same_workload(test)?))
         }
         let same = |limit| same(limit, test);
-        // A snapshot's reads are held to the same reads of the head, and
-        // a stream of many small files to copying them with tar through
-        // the mount, on the same target.
+        // A snapshot's reads are held to the same reads of the head, a
+        // stream of many small files to copying them with tar through the
+        // mount, and a stall probe to the probe with no action, on the
+        // same target.
         let own_limit = if test.workload.snapshot {
             Some(crate::suites::Workload {
                 snapshot: false,
@@ -497,6 +498,15 @@ impl Results {
             Some(crate::suites::Workload::ops(
                 crate::suites::OpsTest::FilesTar,
             ))
+        } else if test
+            .workload
+            .ops
+            .is_some_and(|ops| ops.of_stall() && ops != crate::suites::OpsTest::StallNone)
+        {
+            Some(crate::suites::Workload {
+                ops: Some(crate::suites::OpsTest::StallNone),
+                ..test.workload
+            })
         } else {
             None
         };

@@ -677,6 +677,9 @@ impl Runner<'_> {
             if ops == suites::OpsTest::Idle {
                 return self.run_idle_test(instance, test, target);
             }
+            if ops.of_stall() {
+                return self.run_stall_test(instance, test, ops, slug, target);
+            }
             return self.run_ops_test(instance, test, ops, target);
         }
         if test.workload.snapshot {
@@ -827,11 +830,17 @@ impl Runner<'_> {
     ) -> TestResult {
         let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
         let planned = self.planned_test_seconds();
+        // A stall probe reads its own small dataset, not the working set.
+        let size_bytes = if test.workload.ops.is_some_and(suites::OpsTest::of_stall) {
+            suites::STALL_PROBE_BYTES
+        } else {
+            instance.size_bytes
+        };
         let argv = match fio_runner::test_command(
             &self.fio,
             access,
             &test.workload,
-            instance.size_bytes,
+            size_bytes,
             durable_by_target,
         ) {
             Ok(argv) => argv,
@@ -1457,6 +1466,289 @@ impl Runner<'_> {
         }
         result
     }
+}
+
+/// An administrative action of the stall suite, ready to run on a thread
+/// of its own while the probe runs.
+enum StallAction {
+    /// stall-none.
+    Nothing,
+    /// An ironpool command (its stdout discarded: a send's stream).
+    Command(Vec<String>, Vec<(String, PathBuf)>),
+    /// `rm` of the working set's file.
+    Remove(PathBuf),
+    /// `rm -rf` of a directory.
+    RemoveTree(PathBuf),
+}
+
+impl StallAction {
+    /// Runs the action; its command line for the report.
+    fn run(&self) -> Result<String> {
+        match self {
+            StallAction::Nothing => Ok(String::new()),
+            StallAction::Command(argv, env) => {
+                let output = std::process::Command::new(&argv[0])
+                    .args(&argv[1..])
+                    .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_path())))
+                    .stdin(std::process::Stdio::null())
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .output()
+                    .with_context(|| format!("starting {}", argv.join(" ")))?;
+                if !output.status.success() {
+                    anyhow::bail!(
+                        "{} exited with {}: {}",
+                        argv.join(" "),
+                        output.status,
+                        String::from_utf8_lossy(&output.stderr).trim()
+                    );
+                }
+                Ok(crate::report::shell_words(argv))
+            }
+            StallAction::Remove(path) => {
+                std::fs::remove_file(path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+                Ok(format!("rm {}", path.display()))
+            }
+            StallAction::RemoveTree(path) => {
+                std::fs::remove_dir_all(path)
+                    .with_context(|| format!("removing {}", path.display()))?;
+                Ok(format!("rm -rf {}", path.display()))
+            }
+        }
+    }
+}
+
+impl Runner<'_> {
+    /// Runs a probe of the stall suite: the probe dataset made once per
+    /// target (a volume beside a volume, a file in a filesystem of its own
+    /// beside a filesystem), the action prepared (not measured), then fio's
+    /// QD1 reads of the probe for the runtime (at least
+    /// [`suites::STALL_PROBE_MIN_SECONDS`]) with the action started a
+    /// quarter of the way in, on a thread of its own.
+    fn run_stall_test(
+        &mut self,
+        instance: &mut Instance,
+        test: &TestSpec,
+        ops: suites::OpsTest,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> TestResult {
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        if instance.pool.is_none() {
+            self.progress.skip(self.planned_test_seconds());
+            result.outcome = Outcome::Skipped {
+                reason: format!(
+                    "an action on a pool needs an ironpool target, not {}",
+                    instance.kind
+                ),
+            };
+            return result;
+        }
+        let filesystem = instance.pool.as_ref().is_some_and(|p| p.is_filesystem());
+        if ops == suites::OpsTest::StallRemoveTree && !filesystem {
+            self.progress.skip(self.planned_test_seconds());
+            result.outcome = Outcome::Skipped {
+                reason: "rm -rf needs a filesystem: a volume has no tree of files".to_string(),
+            };
+            return result;
+        }
+        let prepared = self
+            .stall_probe(instance, slug, target)
+            .and_then(|probe| Ok((probe, self.prepare_stall(instance, ops, slug, target)?)));
+        let (probe, action) = match prepared {
+            Ok(prepared) => prepared,
+            Err(error) => {
+                self.progress.skip(self.planned_test_seconds());
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                return result;
+            }
+        };
+        let probe_seconds = self
+            .plan
+            .runtime_seconds
+            .max(suites::STALL_PROBE_MIN_SECONDS);
+        let delay = std::time::Duration::from_secs_f64(
+            probe_seconds as f64 / suites::STALL_ACTION_AT_DIVISOR as f64,
+        );
+        let acting = std::thread::spawn(move || {
+            std::thread::sleep(delay);
+            let start = std::time::Instant::now();
+            let outcome = action.run();
+            (outcome, start.elapsed().as_secs_f64())
+        });
+        let runtime = self.fio.runtime_seconds;
+        self.fio.runtime_seconds = probe_seconds;
+        let mut result = self.run_fio_test(instance, &probe, test, false, slug, target);
+        self.fio.runtime_seconds = runtime;
+        let longest = |test: &TestResult| test.read.map(|r| latency_human(r.latency.max_ns as f64));
+        let none = target
+            .tests
+            .iter()
+            .find(|t| t.is_ok() && t.workload.ops == Some(suites::OpsTest::StallNone))
+            .and_then(longest)
+            .map(|none| format!(" (stall-none: {none})"))
+            .unwrap_or_default();
+        match acting.join() {
+            Ok((Ok(line), seconds)) => {
+                let action = if line.is_empty() {
+                    "no action".to_string()
+                } else {
+                    format!("`{line}` took {seconds:.3} s")
+                };
+                if let Some(longest) = longest(&result) {
+                    target.notes.push(format!(
+                        "{}: {action}; the probe's longest read took {longest}{none}",
+                        test.name()
+                    ));
+                }
+            }
+            Ok((Err(error), _)) => {
+                result.outcome = Outcome::Failed {
+                    error: format!("the action failed: {error:#}"),
+                };
+            }
+            Err(_) => {
+                result.outcome = Outcome::Failed {
+                    error: "the action's thread panicked".to_string(),
+                };
+            }
+        }
+        if let Some(finding) = stall_finding(target, &result) {
+            target.pitfalls.push(finding);
+        }
+        result
+    }
+
+    /// The probe's access, made the first time: a 64 MiB volume (or a file
+    /// in a filesystem `POOL/probe`) beside the working set, written once.
+    fn stall_probe(
+        &mut self,
+        instance: &mut Instance,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> Result<Access> {
+        if let Some(probe) = &instance.stall_probe {
+            return Ok(probe.clone());
+        }
+        let pool = instance.pool.as_ref().context("not an ironpool target")?;
+        let (access, command) = if pool.is_filesystem() {
+            let (mountpoint, command) =
+                pool.create_filesystem("probe", &[("recordsize", "16K")])?;
+            let file = mountpoint.join("probe.dat");
+            files::create_sparse(&file, suites::STALL_PROBE_BYTES)?;
+            (Access::File(file), command)
+        } else {
+            pool.create_side_volume("probe", suites::STALL_PROBE_BYTES)?
+        };
+        target.setup_commands.push(command);
+        self.prefill(&access, suites::STALL_PROBE_BYTES, "stall-probe", slug)?;
+        instance.stall_probe = Some(access.clone());
+        Ok(access)
+    }
+
+    /// What an action needs before its probe (a snapshot to send; a
+    /// snapshot whose blocks the working set then no longer shares, and a
+    /// commit), and the action itself.
+    fn prepare_stall(
+        &mut self,
+        instance: &mut Instance,
+        ops: suites::OpsTest,
+        slug: &str,
+        target: &mut TargetResult,
+    ) -> Result<StallAction> {
+        let pool = instance.pool.as_ref().context("not an ironpool target")?;
+        let dataset = pool.dataset().to_string();
+        let command = |subcommand: &str, args: &[&str]| {
+            let args: Vec<String> = args.iter().map(|a| a.to_string()).collect();
+            let (argv, env) = pool.command(subcommand, &args);
+            StallAction::Command(argv, env)
+        };
+        Ok(match ops {
+            suites::OpsTest::StallList => {
+                command("list", &["-t", "all", crate::target::ironpool::POOL_NAME])
+            }
+            suites::OpsTest::StallScrub => command("scrub", &[crate::target::ironpool::POOL_NAME]),
+            suites::OpsTest::StallSend => {
+                target.setup_commands.push(pool.snapshot("stall-send")?);
+                command("send", &[&format!("{dataset}@stall-send")])
+            }
+            suites::OpsTest::StallDestroySnapshot => {
+                target.setup_commands.push(pool.snapshot("stall-old")?);
+                let sync = pool.sync()?;
+                // Written again: the snapshot alone holds the old blocks.
+                let access = instance.access.clone();
+                let size = instance.size_bytes;
+                self.prefill(&access, size, "stall-rewrite", slug)?;
+                let pool = instance.pool.as_ref().context("not an ironpool target")?;
+                target.setup_commands.push(sync);
+                target.setup_commands.push(pool.sync()?);
+                let (argv, env) = pool.command("destroy", &[format!("{dataset}@stall-old")]);
+                StallAction::Command(argv, env)
+            }
+            suites::OpsTest::StallRollback => {
+                target.setup_commands.push(pool.snapshot("stall-rollback")?);
+                let access = instance.access.clone();
+                let size = instance.size_bytes;
+                self.prefill(&access, size, "stall-rewrite-2", slug)?;
+                let pool = instance.pool.as_ref().context("not an ironpool target")?;
+                target.setup_commands.push(pool.sync()?);
+                let (argv, env) = pool.command("rollback", &[format!("{dataset}@stall-rollback")]);
+                StallAction::Command(argv, env)
+            }
+            suites::OpsTest::StallRemoveTree => {
+                let dir = match &instance.access {
+                    Access::File(path) if pool.is_filesystem() => path
+                        .parent()
+                        .context("the working set has no directory")?
+                        .join("ironpool-bench-stall-tree"),
+                    _ => anyhow::bail!("rm -rf needs a filesystem: a volume has no tree of files"),
+                };
+                let files = self.plan.files;
+                let progress = &mut self.progress;
+                crate::ops::create_empty_files(&dir, files, &mut || progress.tick())?;
+                StallAction::RemoveTree(dir)
+            }
+            suites::OpsTest::StallRemove => match &instance.access {
+                Access::File(path) if pool.is_filesystem() => StallAction::Remove(path.clone()),
+                _ => command("destroy", &["-r", &dataset]),
+            },
+            _ => StallAction::Nothing,
+        })
+    }
+}
+
+/// A warning when a probe's longest read is [`suites::STALL_WARN_RATIO`]
+/// times stall-none's on the same target: the action held the pool's other
+/// clients.
+fn stall_finding(target: &TargetResult, test: &TestResult) -> Option<Finding> {
+    if test.workload.ops == Some(suites::OpsTest::StallNone) || !test.is_ok() {
+        return None;
+    }
+    let none = target
+        .tests
+        .iter()
+        .find(|t| t.is_ok() && t.workload.ops == Some(suites::OpsTest::StallNone))?;
+    let longest = test.read?.latency.max_ns;
+    let baseline = none.read?.latency.max_ns;
+    if baseline == 0 || (longest as f64) < suites::STALL_WARN_RATIO * baseline as f64 {
+        return None;
+    }
+    Some(Finding::new(
+        crate::results::Severity::Warning,
+        "stall",
+        &target.label,
+        Some(&test.label()),
+        format!(
+            "{} held the pool's other clients: the probe's longest read took {} ({:.0}x its longest with no action, {})",
+            test.name,
+            latency_human(longest as f64),
+            longest as f64 / baseline as f64,
+            latency_human(baseline as f64)
+        ),
+    ))
 }
 
 /// The send suite's limit on a file target: `dd` copies the working set

@@ -80,6 +80,16 @@ pub enum Suite {
     /// at QD64 and QD1, 16K writes with a flush after each at QD1, and the
     /// server's CPU while no client asks (`idle`).
     Poll,
+    /// How long an administrative action holds the pool's other clients
+    /// (the table of `scripts/bench-stall.sh`): a QD1 4K read probe of
+    /// another dataset of the pool for `--runtime` (at least
+    /// [`STALL_PROBE_MIN_SECONDS`]), the action started a quarter of the
+    /// way into it: none, `list`,
+    /// `scrub`, `send`, the destroy of a snapshot that holds the whole
+    /// working set, and last the working set's removal (`rm` of the file,
+    /// `destroy -r` of the volume). Each row is held to `stall-none`. Runs
+    /// last of the suites: it takes the working set away.
+    Stall,
 }
 
 impl Suite {
@@ -95,6 +105,7 @@ impl Suite {
             Suite::Send => "send",
             Suite::Cache => "cache",
             Suite::Poll => "poll",
+            Suite::Stall => "stall",
         }
     }
 }
@@ -264,6 +275,28 @@ pub enum OpsTest {
     /// asks anything (what a polling loop costs when there is nothing to
     /// find).
     Idle,
+    /// The stall suite's probe with no action: what the others are held to.
+    StallNone,
+    /// `ironpool list -t all POOL` during the probe.
+    StallList,
+    /// `ironpool scrub POOL` (the scrub runs on after the command returns).
+    StallScrub,
+    /// `ironpool send` of a snapshot of the working set's dataset, to
+    /// nowhere.
+    StallSend,
+    /// `ironpool destroy` of a snapshot taken before the working set was
+    /// written again: its destroy frees the whole working set.
+    StallDestroySnapshot,
+    /// `ironpool rollback` to a snapshot taken before the working set was
+    /// written again: the rollback frees the whole working set's new
+    /// blocks.
+    StallRollback,
+    /// `rm -rf` of a directory of `--files` empty files (made first, not
+    /// timed) on a filesystem; skipped on a volume.
+    StallRemoveTree,
+    /// The working set's removal: `rm` of the file on a filesystem,
+    /// `destroy -r` of the volume.
+    StallRemove,
 }
 
 impl OpsTest {
@@ -284,7 +317,31 @@ impl OpsTest {
             OpsTest::FilesTar => "files-tar",
             OpsTest::SendFiles => "send-files",
             OpsTest::Idle => "idle",
+            OpsTest::StallNone => "stall-none",
+            OpsTest::StallList => "stall-list",
+            OpsTest::StallScrub => "stall-scrub",
+            OpsTest::StallSend => "stall-send",
+            OpsTest::StallDestroySnapshot => "stall-destroy-snapshot",
+            OpsTest::StallRollback => "stall-rollback",
+            OpsTest::StallRemoveTree => "stall-remove-tree",
+            OpsTest::StallRemove => "stall-remove",
         }
+    }
+
+    /// Whether the test is a probe of the stall suite (a fio test of the
+    /// probe dataset, with an action beside it).
+    pub fn of_stall(self) -> bool {
+        matches!(
+            self,
+            OpsTest::StallNone
+                | OpsTest::StallList
+                | OpsTest::StallScrub
+                | OpsTest::StallSend
+                | OpsTest::StallDestroySnapshot
+                | OpsTest::StallRollback
+                | OpsTest::StallRemoveTree
+                | OpsTest::StallRemove
+        )
     }
 
     /// Whether the test copies the send suite's many small files (the
@@ -405,7 +462,9 @@ impl Workload {
     /// A test a filesystem answers on its own (system calls, or the page
     /// cache): its limit is another filesystem (ext4), not the raw file.
     pub fn is_filesystem_test(&self) -> bool {
-        self.ops.is_some_and(|ops| !ops.of_send()) || self.buffered
+        self.ops
+            .is_some_and(|ops| !ops.of_send() && !ops.of_stall())
+            || self.buffered
     }
 
     /// The test name: `randwrite-16k-qd64-4j`, `randrw70-256k-qd16-4j`,
@@ -505,6 +564,7 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::Send => send_workloads().into_iter().map(plain).collect(),
         Suite::Cache => cache_workloads().into_iter().map(plain).collect(),
         Suite::Poll => poll_workloads().into_iter().map(plain).collect(),
+        Suite::Stall => stall_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
             .iter()
@@ -702,6 +762,40 @@ pub fn cache_workloads() -> Vec<Workload> {
         ..workload
     }));
     workloads
+}
+
+/// The shortest probe of the stall suite (seconds): each probe runs for
+/// `--runtime`, at least this, so that there is time before the action
+/// and after it.
+pub const STALL_PROBE_MIN_SECONDS: u64 = 2;
+/// The action starts this fraction of the probe in (a quarter: the
+/// probe's reads before it are the row's own baseline).
+pub const STALL_ACTION_AT_DIVISOR: u64 = 4;
+/// Size of the probe's dataset (a volume, or a file in a filesystem of
+/// its own): small, so that it stays in the cache and the probe measures
+/// the engine, not the disk.
+pub const STALL_PROBE_BYTES: u64 = 64 * MIB;
+/// A probe whose longest read is this many times stall-none's longest is
+/// a stall the report warns about.
+pub const STALL_WARN_RATIO: f64 = 10.0;
+
+/// The stall suite, in run order (the removal last).
+pub fn stall_workloads() -> Vec<Workload> {
+    [
+        OpsTest::StallNone,
+        OpsTest::StallList,
+        OpsTest::StallScrub,
+        OpsTest::StallSend,
+        OpsTest::StallDestroySnapshot,
+        OpsTest::StallRollback,
+        OpsTest::StallRemoveTree,
+        OpsTest::StallRemove,
+    ]
+    .map(|test| Workload {
+        ops: Some(test),
+        ..Workload::new(Pattern::RandRead, 4 * KIB, 1, 1)
+    })
+    .to_vec()
 }
 
 /// Seconds of the poll suite's `idle` test: long enough for the server's
@@ -906,6 +1000,31 @@ mod tests {
                 "randwrite-16k-qd1-1j-fsync",
                 "idle"
             ]
+        );
+    }
+
+    #[test]
+    fn names_the_stall_suite() {
+        let tests = tests_of(Suite::Stall, &options());
+        let names: Vec<String> = tests.iter().map(TestSpec::name).collect();
+        assert_eq!(
+            names,
+            [
+                "stall-none",
+                "stall-list",
+                "stall-scrub",
+                "stall-send",
+                "stall-destroy-snapshot",
+                "stall-rollback",
+                "stall-remove-tree",
+                "stall-remove"
+            ]
+        );
+        assert!(tests.iter().all(|t| !t.workload.is_filesystem_test()));
+        // It runs last: its last row takes the working set away.
+        assert_eq!(
+            Suite::Stall,
+            *[Suite::Stall, Suite::Fs, Suite::Poll].iter().max().unwrap()
         );
     }
 

@@ -896,3 +896,84 @@ fn poll_suite_beside_a_server_that_never_polls() {
         assert!(usage.cores_used < 2.0, "{usage:?}");
     }
 }
+
+/// The stall suite (what `scripts/bench-stall.sh` measured): each action
+/// runs during a probe of another dataset of the pool, the probe's rows
+/// are held to stall-none's, and the last action takes the working set
+/// away (`rm` on a filesystem, `destroy -r` of a volume).
+#[test]
+fn stall_suite_probes_while_actions_run() {
+    use ironpool_bench::suites::{OpsTest, Suite};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-stall-suite").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:mirror:2x512M",
+        "--target",
+        "ironpool-fs:mirror:2x512M",
+        "--no-raw",
+        "--suite",
+        "stall",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--files",
+        "500",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let planned = ironpool_bench::suites::stall_workloads();
+    for target in &results.targets {
+        assert_eq!(target.tests.len(), planned.len());
+        let filesystem = target.kind == "ironpool-fs";
+        for test in &target.tests {
+            assert_eq!(test.suite, Suite::Stall);
+            if !filesystem && test.workload.ops == Some(OpsTest::StallRemoveTree) {
+                assert!(!test.is_ok(), "a volume has no tree to remove");
+                continue;
+            }
+            assert!(
+                test.is_ok(),
+                "{} {}: {:?}",
+                target.label,
+                test.label(),
+                test.outcome
+            );
+            // The probe ran its shortest time (the runtime is shorter), on
+            // the probe dataset.
+            assert!(test.wall_seconds >= 1.5, "{}", test.wall_seconds);
+            assert!(
+                test.command.iter().any(|a| a.contains("probe")),
+                "{:?}",
+                test.command
+            );
+            if test.workload.ops != Some(OpsTest::StallNone) {
+                let limit = results.limit_for(target, test).expect("held to stall-none");
+                assert_eq!(limit.workload.ops, Some(OpsTest::StallNone));
+            }
+        }
+        // One note per probe, the action and the probe's longest read.
+        let notes = target
+            .notes
+            .iter()
+            .filter(|n| n.contains("the probe's longest read"))
+            .count();
+        let probes = planned.len() - usize::from(!filesystem);
+        assert_eq!(notes, probes, "{:?}", target.notes);
+        let removal = if target.kind == "ironpool-fs" {
+            "stall-remove: `rm "
+        } else {
+            "-r bench/vol"
+        };
+        assert!(
+            target.notes.iter().any(|n| n.contains(removal)),
+            "{:?}",
+            target.notes
+        );
+    }
+}

@@ -230,6 +230,48 @@ impl IronpoolPool {
         Ok(argv)
     }
 
+    /// The command line of `ironpool SUBCOMMAND --control SOCKET ARGS...`
+    /// for this target, and the environment it runs in ([`isolating_env`]):
+    /// for a command run elsewhere (the stall suite runs its actions on a
+    /// thread of their own).
+    pub fn command(
+        &self,
+        subcommand: &str,
+        args: &[String],
+    ) -> (Vec<String>, Vec<(String, PathBuf)>) {
+        let mut argv = self.base_argv();
+        argv.extend([
+            subcommand.to_string(),
+            "--control".into(),
+            self.control.display().to_string(),
+        ]);
+        argv.extend(args.iter().cloned());
+        let env = isolating_env(&self.dir)
+            .into_iter()
+            .map(|(key, value)| (key.to_string(), value))
+            .collect();
+        (argv, env)
+    }
+
+    /// `ironpool sync POOL`: every change so far durable (a commit).
+    pub fn sync(&self) -> Result<Vec<String>> {
+        let (argv, _) = self.command("sync", &[POOL_NAME.to_string()]);
+        self.run(&argv).context("committing the pool")?;
+        Ok(argv)
+    }
+
+    /// A volume `POOL/NAME` of `size_bytes` beside the benchmarked dataset,
+    /// 16K blocks; its NBD access and the command.
+    pub fn create_side_volume(&self, name: &str, size_bytes: u64) -> Result<(Access, Vec<String>)> {
+        let properties = [("volblocksize".to_string(), "16K".to_string())];
+        self.create_volume(name, size_bytes, &properties)
+    }
+
+    /// The benchmarked dataset, `POOL/NAME`.
+    pub fn dataset(&self) -> &str {
+        &self.dataset
+    }
+
     /// Whether the benchmarked dataset is a filesystem (else a volume).
     pub fn is_filesystem(&self) -> bool {
         self.dataset == format!("{POOL_NAME}/{FILESYSTEM_NAME}")

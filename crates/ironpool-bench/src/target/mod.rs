@@ -120,6 +120,8 @@ pub struct Instance {
     loop_mount: Option<ext4::LoopMount>,
     /// Filler files and volumes made so far.
     filler_count: u32,
+    /// The stall suite's probe dataset, once made.
+    pub stall_probe: Option<Access>,
 }
 
 impl Instance {
@@ -143,6 +145,7 @@ impl Instance {
             owned_files: Vec::new(),
             loop_mount: None,
             filler_count: 0,
+            stall_probe: None,
         }
     }
 

@@ -110,7 +110,7 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
             });
         }
     }
-    for suite in [Suite::PoolReport, Suite::Durable, Suite::Send] {
+    for suite in [Suite::PoolReport, Suite::Durable, Suite::Send, Suite::Raidz] {
         if tests().any(|t| t.suite == suite) {
             charts.push(ChartPlan {
                 file_name: format!("bandwidth-{}.png", suite.name()),

@@ -375,7 +375,7 @@ fn suite_table(out: &mut String, results: &Results, target: &TargetResult, tests
         head.push_str(" server CPU/op | 1-core ceiling |");
     }
     if columns.device {
-        head.push_str(" dev I/O size | dev aggregation | dev QD |");
+        head.push_str(" dev I/O size | dev aggregation | dev QD | dev write amp |");
     }
     if columns.durability {
         head.push_str(" dev syncs/flush | log B/client B | dev write MB/s |");
@@ -537,14 +537,21 @@ fn row_tail(columns: &Columns, test: &TestResult, is_read: bool) -> String {
                 } else {
                     (d.average_write_size_bytes, d.write_aggregation)
                 };
+                // Device bytes written per byte the client wrote (copies,
+                // parity, padding, metadata): only for a row that wrote.
+                let amplification = if is_read || d.write_amplification <= 0.0 {
+                    "—".to_string()
+                } else {
+                    format!("{:.2}x", d.write_amplification)
+                };
                 row.push_str(&format!(
-                    " {} | {:.1}x | {:.1} |",
+                    " {} | {:.1}x | {:.1} | {amplification} |",
                     bytes_human(size),
                     aggregation,
                     d.average_queue_depth
                 ))
             }
-            None => row.push_str(" — | — | — |"),
+            None => row.push_str(" — | — | — | — |"),
         }
     }
     if columns.durability {

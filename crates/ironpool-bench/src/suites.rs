@@ -22,7 +22,7 @@ pub const DURABLE_DEEP_IODEPTH: u32 = 64;
 /// Fill levels of the fill suite, percent of the pool or filesystem.
 pub const FILL_LEVELS_PERCENT: [u32; 4] = [10, 50, 80, 90];
 
-/// A named suite.
+/// A named suite. The order of the variants is the order suites run in.
 #[derive(
     Debug,
     Clone,
@@ -80,6 +80,12 @@ pub enum Suite {
     /// at QD64 and QD1, 16K writes with a flush after each at QD1, and the
     /// server's CPU while no client asks (`idle`).
     Poll,
+    /// Writes through a layout (the table of `bench/raidz.sh`): 16K random
+    /// writes at QD64 over the prefilled working set (overwrites) and 1 MiB
+    /// sequential writes at QD16, with the write amplification and device
+    /// write size the target's counters give (data, parity, padding and
+    /// metadata on the devices per byte written).
+    Raidz,
     /// How long an administrative action holds the pool's other clients
     /// (the table of `scripts/bench-stall.sh`): a QD1 4K read probe of
     /// another dataset of the pool for `--runtime` (at least
@@ -105,6 +111,7 @@ impl Suite {
             Suite::Send => "send",
             Suite::Cache => "cache",
             Suite::Poll => "poll",
+            Suite::Raidz => "raidz",
             Suite::Stall => "stall",
         }
     }
@@ -564,6 +571,12 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::Send => send_workloads().into_iter().map(plain).collect(),
         Suite::Cache => cache_workloads().into_iter().map(plain).collect(),
         Suite::Poll => poll_workloads().into_iter().map(plain).collect(),
+        Suite::Raidz => [
+            Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1),
+            Workload::new(Pattern::SeqWrite, MIB, 16, 1),
+        ]
+        .map(plain)
+        .to_vec(),
         Suite::Stall => stall_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent

@@ -977,3 +977,51 @@ fn stall_suite_probes_while_actions_run() {
         );
     }
 }
+
+/// The raidz suite (what `bench/raidz.sh` measured) on a layout with a
+/// tunable set by the target (`tune.NAME=VALUE`): the writes' device
+/// amplification counts parity.
+#[test]
+fn raidz_suite_with_a_tunable() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("raidz").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:raidz1:3x256M:tune.dirty_data_max_bytes=0",
+        "--no-raw",
+        "--suite",
+        "raidz",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let [target] = &results.targets[..] else {
+        panic!("one target: {:?}", results.targets.len())
+    };
+    assert!(
+        target
+            .setup_commands
+            .iter()
+            .any(|c| c.contains(&"tune".to_string())
+                && c.contains(&"dirty_data_max_bytes".to_string())
+                && c.last().map(String::as_str) == Some("0")),
+        "{:?}",
+        target.setup_commands
+    );
+    assert_eq!(target.tests.len(), 2);
+    for test in &target.tests {
+        assert!(test.is_ok(), "{}: {:?}", test.label(), test.outcome);
+        // Three disks of RAID-Z1: a parity sector for every two of data.
+        let amplification = test.device.expect("device counters").write_amplification;
+        assert!(amplification > 1.3, "{}: {amplification}", test.label());
+    }
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    assert!(report.contains("dev write amp"));
+}

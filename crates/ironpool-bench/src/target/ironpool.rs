@@ -558,6 +558,19 @@ pub fn setup(
     commands.push(serve_argv);
     let mut server = ServerProcess::spawn("ironpool serve", &mut serve, &dir.join("serve.log"))?;
     server.wait_ready(&[&pidfile, &control, &nbd_socket], SERVER_START_TIMEOUT)?;
+    for (name, value) in &spec.tunables {
+        let tune = vec![
+            exe.display().to_string(),
+            "tune".to_string(),
+            "--control".to_string(),
+            control.display().to_string(),
+            POOL_NAME.to_string(),
+            name.clone(),
+            value.clone(),
+        ];
+        run_isolated(&tune, &dir).with_context(|| format!("setting tunable {name}={value}"))?;
+        commands.push(tune);
+    }
 
     if spec.filesystem {
         return setup_filesystem(

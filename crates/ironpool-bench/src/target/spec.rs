@@ -90,6 +90,9 @@ pub struct IronpoolSpec {
     /// The server's poll window (`poll_us=N`: `IRONPOOL_POLL_US=N` in the
     /// environment of `ironpool serve`); `None`: its default.
     pub poll_us: Option<u64>,
+    /// Pool tunables (`tune.NAME=VALUE`: `ironpool tune POOL NAME VALUE`
+    /// once the server is up), in order.
+    pub tunables: Vec<(String, String)>,
     /// Volume properties (`-o prop=val`), in order.
     pub properties: Vec<(String, String)>,
 }
@@ -190,6 +193,11 @@ impl fmt::Display for TargetSpec {
                     .iter()
                     .map(|bin| format!("bin={}", bin.display()))
                     .chain(spec.poll_us.iter().map(|us| format!("poll_us={us}")))
+                    .chain(
+                        spec.tunables
+                            .iter()
+                            .map(|(name, value)| format!("tune.{name}={value}")),
+                    )
                     .chain(spec.properties.iter().map(|(k, v)| format!("{k}={v}")))
                     .collect();
                 if !props.is_empty() {
@@ -284,6 +292,7 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
     let mut properties = Vec::new();
     let mut bin = None;
     let mut poll_us = None;
+    let mut tunables = Vec::new();
     for pair in parts
         .next()
         .unwrap_or_default()
@@ -295,6 +304,13 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
             .ok_or_else(|| error("properties must be prop=val,prop=val"))?;
         if key == "bin" {
             bin = Some(PathBuf::from(val));
+        } else if let Some(name) = key.strip_prefix("tune.") {
+            if name.is_empty() {
+                return Err(error(
+                    "tune.NAME=VALUE names a tunable (see `ironpool tune`)",
+                ));
+            }
+            tunables.push((name.to_string(), val.to_string()));
         } else if key == "poll_us" {
             poll_us = Some(
                 val.parse::<u64>()
@@ -312,6 +328,7 @@ fn parse_ironpool(spec: &str, value: &str) -> Result<IronpoolSpec, SpecError> {
         log,
         bin,
         poll_us,
+        tunables,
         properties,
     })
 }
@@ -385,6 +402,24 @@ mod tests {
             panic!("an ironpool spec")
         };
         assert_eq!(polled.poll_us, Some(0));
+        let tuned: TargetSpec = "ironpool:raidz1:4x768M:tune.dirty_data_max_bytes=0"
+            .parse()
+            .unwrap();
+        assert_eq!(
+            tuned.to_string(),
+            "ironpool:raidz1:4x768M:tune.dirty_data_max_bytes=0"
+        );
+        let TargetSpec::Ironpool(tuned) = tuned else {
+            panic!("an ironpool spec")
+        };
+        assert_eq!(
+            tuned.tunables,
+            [("dirty_data_max_bytes".to_string(), "0".to_string())]
+        );
+        assert!(tuned.properties.is_empty());
+        assert!("ironpool:mirror:2x1G:tune.=1"
+            .parse::<TargetSpec>()
+            .is_err());
         assert!("ironpool:mirror:2x4G:poll_us=soon"
             .parse::<TargetSpec>()
             .is_err());

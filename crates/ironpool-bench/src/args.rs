@@ -45,6 +45,13 @@ pub const DEFAULT_POLL_TARGETS: [&str; 4] = [
     "ironpool:mirror:2x4G:poll_us=0",
     "ironpool:mirror:2x4G",
 ];
+/// The default targets of a run of the scheduler suite alone: a volume as
+/// configured, with aggregation off, and with the priority classes off.
+pub const DEFAULT_SCHEDULER_TARGETS: [&str; 3] = [
+    "ironpool:mirror:2x2G",
+    "ironpool:mirror:2x2G:tune.aggregation_limit_bytes=1",
+    "ironpool:mirror:2x2G:tune.classes=off",
+];
 /// The default targets of a run of the send or stall suites (with or
 /// without the snapshot suite): a volume beside a filesystem.
 /// Their images hold the working set twice (the copy `receive` makes).
@@ -265,6 +272,8 @@ impl BenchArgs {
             &DEFAULT_CACHE_TARGETS
         } else if only(&[Suite::Poll]) {
             &DEFAULT_POLL_TARGETS
+        } else if only(&[Suite::Scheduler]) {
+            &DEFAULT_SCHEDULER_TARGETS
         } else {
             &DEFAULT_TARGETS
         };

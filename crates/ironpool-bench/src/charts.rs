@@ -124,6 +124,7 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
         Suite::Snapshot,
         Suite::Cache,
         Suite::Poll,
+        Suite::Scheduler,
         Suite::Stall,
     ] {
         if tests().any(|t| t.suite == suite) {
@@ -407,7 +408,7 @@ fn bar_value(suite: Suite, test: &TestResult) -> (f64, &'static str) {
     let mib = test.total_bandwidth() / (1024.0 * 1024.0);
     if !matches!(
         suite,
-        Suite::Fs | Suite::Snapshot | Suite::Cache | Suite::Poll | Suite::Stall
+        Suite::Fs | Suite::Snapshot | Suite::Cache | Suite::Poll | Suite::Scheduler | Suite::Stall
     ) {
         return (mib, "MiB/s");
     }

@@ -11,7 +11,7 @@ use anyhow::{Context, Result};
 use crate::fio_json::{self, FioOutput};
 use crate::interrupt;
 use crate::progress::Progress;
-use crate::suites::{Durability, Engine, Workload};
+use crate::suites::{Durability, Engine, Workload, LOAD_BLOCK_BYTES, LOAD_IODEPTH};
 use crate::target::process::wait_with_deadline;
 use crate::target::Access;
 use crate::units::{size_short, MIB};
@@ -175,8 +175,9 @@ pub fn test_command(
         // counts them.
         argv.push("--end_fsync=1".to_string());
     }
-    // A pair reports each job: the slower file is what a mirror waits for.
-    if !matches!(access, Access::FilePair(..)) {
+    // A pair reports each job: the slower file is what a mirror waits for;
+    // a test under load reports its own job apart from the load's.
+    if !matches!(access, Access::FilePair(..)) && !workload.under_load {
         argv.push("--group_reporting".to_string());
     }
     argv.extend([
@@ -184,8 +185,32 @@ pub fn test_command(
         "--output-format=json".to_string(),
     ]);
     argv.extend(pair_jobs(access, &name));
+    if workload.under_load {
+        if matches!(access, Access::FilePair(..)) {
+            return Err("a load beside the test needs one target, not a pair".to_string());
+        }
+        // A job of its own: options after its --name are its alone.
+        argv.push(format!("--name={LOAD_JOB_NAME}"));
+        argv.extend(access_args(
+            access,
+            Durability::None,
+            Engine::IoUring,
+            false,
+        )?);
+        argv.extend([
+            "--rw=randwrite".to_string(),
+            format!("--bs={}", size_short(LOAD_BLOCK_BYTES).to_lowercase()),
+            format!("--iodepth={LOAD_IODEPTH}"),
+            format!("--size={}", size_short(size_bytes)),
+            format!("--runtime={}", settings.runtime_seconds),
+            "--time_based".to_string(),
+        ]);
+    }
     Ok(argv)
 }
+
+/// The job name of an `under_load` test's background load.
+pub const LOAD_JOB_NAME: &str = "load";
 
 /// The fio command that writes a whole target (or filler) once with real
 /// data, sequentially, so that no read hits never-written space.

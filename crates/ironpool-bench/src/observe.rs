@@ -79,12 +79,15 @@ pub fn compare(
         let cpu_seconds = (cpu_after - cpu_before).max(0.0);
         let wall = t1.duration_since(t0).as_secs_f64();
         let cores_used = if wall > 0.0 { cpu_seconds / wall } else { 0.0 };
-        let iops_per_core = if cores_used > 0.0 {
+        // Under a background load the server's CPU served the load too:
+        // no figure per operation of the test's own job.
+        let own = !result.workload.under_load;
+        let iops_per_core = if cores_used > 0.0 && own {
             result.total_iops() / cores_used
         } else {
             0.0
         };
-        let ops = result.operations();
+        let ops = if own { result.operations() } else { 0 };
         let cpu_us_per_op = if ops > 0 {
             cpu_seconds * 1e6 / ops as f64
         } else {

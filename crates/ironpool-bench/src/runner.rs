@@ -897,7 +897,17 @@ impl Runner<'_> {
         result.wall_seconds = run.wall_seconds;
         match run.report() {
             Ok(output) => {
-                if let Some(job) = output.report.slowest_job() {
+                // Under load, the test's own job, not the load's.
+                let job = if test.workload.under_load {
+                    output
+                        .report
+                        .jobs
+                        .iter()
+                        .find(|job| job.jobname != fio_runner::LOAD_JOB_NAME)
+                } else {
+                    output.report.slowest_job()
+                };
+                if let Some(job) = job {
                     result.read = job.read.summary();
                     result.write = job.write.summary();
                     result.sync = job.sync.summary();

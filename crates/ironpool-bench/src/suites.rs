@@ -86,6 +86,13 @@ pub enum Suite {
     /// write size the target's counters give (data, parity, padding and
     /// metadata on the devices per byte written).
     Raidz,
+    /// The I/O scheduler (the table of `bench/scheduler.sh`): 4K random
+    /// reads at QD64 (the device queue depth they reach), 16K random
+    /// writes at QD64 and 4K sequential reads at QD16 (what aggregation
+    /// makes of them), and 4K random reads at QD1 beside a QD64 16K
+    /// random-write load (fairness: their latency). Settings are targets
+    /// (`tune.aggregation_limit_bytes=1`, `tune.classes=off`).
+    Scheduler,
     /// How long an administrative action holds the pool's other clients
     /// (the table of `scripts/bench-stall.sh`): a QD1 4K read probe of
     /// another dataset of the pool for `--runtime` (at least
@@ -112,6 +119,7 @@ impl Suite {
             Suite::Cache => "cache",
             Suite::Poll => "poll",
             Suite::Raidz => "raidz",
+            Suite::Scheduler => "scheduler",
             Suite::Stall => "stall",
         }
     }
@@ -433,6 +441,11 @@ pub struct Workload {
     /// target's same reads without it; skipped on other targets.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub nocache: bool,
+    /// Beside a background job of [`LOAD_BLOCK_BYTES`] random writes at
+    /// [`LOAD_IODEPTH`] on the same target for the whole test (the
+    /// scheduler's fairness): the figures are this job's alone.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub under_load: bool,
     /// Not fio: a loop of system calls (the other fields are ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops: Option<OpsTest>,
@@ -454,6 +467,7 @@ impl Workload {
             snapshot: false,
             cold: false,
             nocache: false,
+            under_load: false,
             ops: None,
         }
     }
@@ -490,12 +504,13 @@ impl Workload {
         let snapshot = if self.snapshot { "-snapshot" } else { "" };
         let cold = if self.cold { "-cold" } else { "" };
         let nocache = if self.nocache { "-nocache" } else { "" };
+        let under_load = if self.under_load { "-underload" } else { "" };
         let mix = self
             .read_mix_percent
             .map(|p| p.to_string())
             .unwrap_or_default();
         format!(
-            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}{cold}{nocache}",
+            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}{cold}{nocache}{under_load}",
             self.pattern.fio_rw(),
             mix,
             size_short(self.block_size_bytes).to_lowercase(),
@@ -571,6 +586,17 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         Suite::Send => send_workloads().into_iter().map(plain).collect(),
         Suite::Cache => cache_workloads().into_iter().map(plain).collect(),
         Suite::Poll => poll_workloads().into_iter().map(plain).collect(),
+        Suite::Scheduler => [
+            Workload::new(Pattern::RandRead, 4 * KIB, 64, 1),
+            Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1),
+            Workload::new(Pattern::SeqRead, 4 * KIB, 16, 1),
+            Workload {
+                under_load: true,
+                ..Workload::new(Pattern::RandRead, 4 * KIB, 1, 1)
+            },
+        ]
+        .map(plain)
+        .to_vec(),
         Suite::Raidz => [
             Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1),
             Workload::new(Pattern::SeqWrite, MIB, 16, 1),
@@ -811,6 +837,11 @@ pub fn stall_workloads() -> Vec<Workload> {
     .to_vec()
 }
 
+/// Block size of the background load of an `under_load` test.
+pub const LOAD_BLOCK_BYTES: u64 = 16 * KIB;
+/// Queue depth of that load: the seeds' QD64.
+pub const LOAD_IODEPTH: u32 = 64;
+
 /// Seconds of the poll suite's `idle` test: long enough for the server's
 /// CPU ticks (10 ms each) to say whether it sleeps or spins.
 pub const IDLE_SECONDS: u64 = 5;
@@ -1038,6 +1069,23 @@ mod tests {
         assert_eq!(
             Suite::Stall,
             *[Suite::Stall, Suite::Fs, Suite::Poll].iter().max().unwrap()
+        );
+    }
+
+    #[test]
+    fn names_the_scheduler_suite() {
+        let names: Vec<String> = tests_of(Suite::Scheduler, &options())
+            .iter()
+            .map(TestSpec::name)
+            .collect();
+        assert_eq!(
+            names,
+            [
+                "randread-4k-qd64-1j",
+                "randwrite-16k-qd64-1j",
+                "read-4k-qd16-1j",
+                "randread-4k-qd1-1j-underload"
+            ]
         );
     }
 

@@ -1025,3 +1025,51 @@ fn raidz_suite_with_a_tunable() {
     let report = std::fs::read_to_string(out.join("report.md")).unwrap();
     assert!(report.contains("dev write amp"));
 }
+
+/// The scheduler suite (what `bench/scheduler.sh` measured): the fairness
+/// row's figures are its own QD1 reads, not the write load beside it.
+#[test]
+fn scheduler_suite_reads_beside_a_write_load() {
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("sched").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:mirror:2x512M:tune.classes=off",
+        "--no-raw",
+        "--suite",
+        "scheduler",
+        "--runtime",
+        "1",
+        "--size",
+        "64M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let [target] = &results.targets[..] else {
+        panic!("one target: {:?}", results.targets.len())
+    };
+    assert_eq!(target.tests.len(), 4);
+    let loaded = target
+        .tests
+        .iter()
+        .find(|t| t.workload.under_load)
+        .expect("the fairness row");
+    assert!(loaded.is_ok(), "{:?}", loaded.outcome);
+    assert!(
+        loaded.write.is_none(),
+        "the load's writes counted as the test's"
+    );
+    assert!(loaded.read.is_some_and(|r| r.iops > 0.0));
+    assert!(
+        loaded.command.contains(&"--name=load".to_string())
+            && !loaded.command.contains(&"--group_reporting".to_string()),
+        "{:?}",
+        loaded.command
+    );
+    // The devices saw the load's writes.
+    assert!(loaded.device.is_some_and(|d| d.write_bytes > 0));
+}

@@ -576,3 +576,23 @@ impl Results {
         std::fs::write(path, text + "\n").with_context(|| format!("writing {}", path.display()))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// Figures read back from results.json are the ones written, to the
+    /// last bit: a re-rendered report prints what the first one printed.
+    #[test]
+    fn floats_survive_a_round_trip() {
+        let mut value = 0.1f64;
+        for step in 0..10_000 {
+            value = value * 1.000_123_456_7 + f64::from(step) / 3.0;
+            let text = serde_json::to_string(&value).unwrap();
+            let back: f64 = serde_json::from_str(&text).unwrap();
+            assert_eq!(back.to_bits(), value.to_bits(), "{text}");
+        }
+        let per_op: f64 = 3.0e-2 * 1e6 / 299.0;
+        let text = serde_json::to_string(&per_op).unwrap();
+        let back: f64 = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.to_bits(), per_op.to_bits());
+    }
+}

@@ -85,14 +85,7 @@ pub fn run(
     tick: &mut dyn FnMut(),
 ) -> Result<OpsRun> {
     let dir = metadata_dir(root);
-    let names = |prefix: &str| -> Result<Vec<CString>> {
-        (0..files)
-            .map(|i| {
-                CString::new(dir.join(format!("{prefix}{i:08}")).as_os_str().as_bytes())
-                    .context("a path with a NUL byte")
-            })
-            .collect()
-    };
+    let names = |prefix: &str| file_names(&dir, prefix, files);
     let timed = |body: &mut dyn FnMut() -> Result<u64>| -> Result<OpsRun> {
         let start = Instant::now();
         let operations = body()?;
@@ -187,14 +180,7 @@ pub fn snapshot_take(
         std::fs::remove_dir_all(&dir)
             .with_context(|| format!("removing an old {}", dir.display()))?;
     }
-    std::fs::create_dir(&dir).with_context(|| format!("creating {}", dir.display()))?;
-    let names = (0..files)
-        .map(|i| {
-            CString::new(dir.join(format!("f{i:08}")).as_os_str().as_bytes())
-                .context("a path with a NUL byte")
-        })
-        .collect::<Result<Vec<_>>>()?;
-    each(&names, tick, create)?;
+    create_empty_files(&dir, files, tick)?;
     let start = Instant::now();
     take()?;
     Ok(OpsRun {
@@ -207,14 +193,19 @@ pub fn snapshot_take(
 /// stall suite's tree to remove).
 pub fn create_empty_files(dir: &Path, files: u64, tick: &mut dyn FnMut()) -> Result<()> {
     std::fs::create_dir_all(dir).with_context(|| format!("creating {}", dir.display()))?;
-    let names = (0..files)
+    each(&file_names(dir, "f", files)?, tick, create)?;
+    Ok(())
+}
+
+/// The paths `dir/PREFIX00000000` to `dir/PREFIX{count - 1}`, for the
+/// system calls of the loops that make, look up and remove them.
+fn file_names(dir: &Path, prefix: &str, count: u64) -> Result<Vec<CString>> {
+    (0..count)
         .map(|i| {
-            CString::new(dir.join(format!("f{i:08}")).as_os_str().as_bytes())
+            CString::new(dir.join(format!("{prefix}{i:08}")).as_os_str().as_bytes())
                 .context("a path with a NUL byte")
         })
-        .collect::<Result<Vec<_>>>()?;
-    each(&names, tick, create)?;
-    Ok(())
+        .collect()
 }
 
 /// `snapshot-list`: reads directory `dir` (of a snapshot) and `stat`s each

@@ -2,6 +2,7 @@
 //! (the transport baseline: the same NBD path as ironpool, with a trivial
 //! server behind it).
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -135,41 +136,11 @@ pub fn setup_nbdkit(
         check_overwrite(&format!("file {}", file.display()), context)?;
     }
     files::create_sparse(&file, context.size_bytes)?;
-    let socket = dir.join("nbd.sock");
-    let pidfile = dir.join("nbdkit.pid");
-    check_socket_path(&socket)?;
-    files::remove_if_present(&socket)?;
-    files::remove_if_present(&pidfile)?;
-    let mut command = Command::new(context.nbdkit);
-    command
-        .arg("-f")
-        .arg("-P")
-        .arg(&pidfile)
-        .arg("--unix")
-        .arg(&socket)
-        .arg("file")
-        .arg(&file);
-    let argv = command_argv(&command);
-    let mut server = ServerProcess::spawn("nbdkit", &mut command, &dir.join("nbdkit.log"))
-        .context("starting nbdkit (package nbdkit)")?;
-    server.wait_ready(&[&pidfile, &socket], NBDKIT_START_TIMEOUT)?;
-    let uri = unix_uri("", &socket);
-    let info = nbdinfo(context.nbdinfo, &uri)?;
-
-    let mut instance = Instance::new(
-        label.to_string(),
-        "nbdkit",
-        Access::Nbd(uri),
-        context.size_bytes,
-    );
+    let plugin = [OsStr::new("file"), file.as_os_str()];
+    let mut instance = start_nbdkit("nbdkit", &plugin, label, &dir, context)?;
     if owned {
         instance.owned_files.push(file.clone());
     }
-    instance.owned_files.extend([socket, pidfile]);
-    instance.setup_commands.push(argv);
-    instance.server = Some(server);
-    instance.record_size_bytes = info.preferred_block_size_bytes;
-    instance.nbd_multi_conn = info.multi_conn;
     instance.nbd_cache_note =
         Some("nbdkit's file plugin serves through the page cache".to_string());
     instance.fill =
@@ -195,6 +166,32 @@ pub fn setup_nbdkit_memory(
 ) -> Result<Instance> {
     let dir = context.out_dir.join(slug);
     std::fs::create_dir_all(&dir).with_context(|| format!("creating {}", dir.display()))?;
+    let size = context.size_bytes.to_string();
+    let plugin = [OsStr::new("memory"), OsStr::new(&size)];
+    let mut instance = start_nbdkit("nbdkit-memory", &plugin, label, &dir, context)?;
+    instance.nbd_cache_note = Some("nbdkit's memory plugin holds its data in RAM".to_string());
+    instance.fill = FillMethod::Unsupported(
+        "nbdkit-memory is the cached-read ceiling; it is not filled".to_string(),
+    );
+    instance.description = format!(
+        "nbdkit memory plugin of {} over a unix socket (data in RAM); fio nbd engine",
+        bytes_human(context.size_bytes as f64)
+    );
+    Ok(instance)
+}
+
+/// Starts `nbdkit -f -P PIDFILE --unix SOCK PLUGIN...` in target
+/// directory `dir` and waits for it: an NBD target of kind `kind`, with
+/// the server, its socket and pidfile (removed at teardown), the command,
+/// and what `nbdinfo` says of the export (preferred block size,
+/// multi-conn). The caller adds what its plugin means.
+fn start_nbdkit(
+    kind: &'static str,
+    plugin: &[&OsStr],
+    label: &str,
+    dir: &Path,
+    context: &SetupContext<'_>,
+) -> Result<Instance> {
     let socket = dir.join("nbd.sock");
     let pidfile = dir.join("nbdkit.pid");
     check_socket_path(&socket)?;
@@ -207,8 +204,7 @@ pub fn setup_nbdkit_memory(
         .arg(&pidfile)
         .arg("--unix")
         .arg(&socket)
-        .arg("memory")
-        .arg(context.size_bytes.to_string());
+        .args(plugin);
     let argv = command_argv(&command);
     let mut server = ServerProcess::spawn("nbdkit", &mut command, &dir.join("nbdkit.log"))
         .context("starting nbdkit (package nbdkit)")?;
@@ -217,7 +213,7 @@ pub fn setup_nbdkit_memory(
     let info = nbdinfo(context.nbdinfo, &uri)?;
     let mut instance = Instance::new(
         label.to_string(),
-        "nbdkit-memory",
+        kind,
         Access::Nbd(uri),
         context.size_bytes,
     );
@@ -226,14 +222,6 @@ pub fn setup_nbdkit_memory(
     instance.server = Some(server);
     instance.record_size_bytes = info.preferred_block_size_bytes;
     instance.nbd_multi_conn = info.multi_conn;
-    instance.nbd_cache_note = Some("nbdkit's memory plugin holds its data in RAM".to_string());
-    instance.fill = FillMethod::Unsupported(
-        "nbdkit-memory is the cached-read ceiling; it is not filled".to_string(),
-    );
-    instance.description = format!(
-        "nbdkit memory plugin of {} over a unix socket (data in RAM); fio nbd engine",
-        bytes_human(context.size_bytes as f64)
-    );
     Ok(instance)
 }
 

@@ -2,9 +2,10 @@
 # How long an administrative action holds the pool's other clients, now
 # `ironpool bench --suite stall`: a QD1 4K read probe of another dataset of
 # the pool while list, scrub, send, a snapshot's destroy, a rollback, rm -rf
-# of FILES files and the working set's removal run, each against the probe
-# with no action (stall-none); a volume and a filesystem, each binary given
-# side by side (bin=). The notes give each action's time and the probe's
+# of FILES files, a truncate and an rm of the working set's file and the
+# destroy of its dataset run (the read cache emptied before each), each
+# against the probe with no action (stall-none); a volume and a filesystem,
+# each binary given side by side (bin=). The notes give each action's time and the probe's
 # longest read; a stall 10x the probe's longest with no action is a warning.
 #
 # Usage: [OUT=DIR] scripts/bench-stall.sh [FILES] [IRONPOOL_BIN...]

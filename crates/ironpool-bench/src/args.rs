@@ -52,7 +52,14 @@ pub const DEFAULT_SCHEDULER_TARGETS: [&str; 3] = [
     "ironpool:mirror:2x2G:tune.aggregation_limit_bytes=1",
     "ironpool:mirror:2x2G:tune.classes=off",
 ];
-/// The default targets of a run of the send or stall suites (with or
+/// The default target of a run of the grow suite alone: a mirror the
+/// default 1 GiB working set fills to two thirds before it grows
+/// (`bench/grow.sh` filled 70%).
+pub const DEFAULT_GROW_TARGETS: [&str; 1] = ["ironpool:mirror:2x1536M"];
+/// The default target of a run of the soak suite alone: a volume on a
+/// mirror, as `bench/soak.sh` ran it.
+pub const DEFAULT_SOAK_TARGETS: [&str; 1] = ["ironpool:mirror:2x4G"];
+/// The default targets of a run of the send, datasets or stall suites (with or
 /// without the snapshot suite): a volume beside a filesystem.
 /// Their images hold the working set twice (the copy `receive` makes).
 pub const DEFAULT_SEND_TARGETS: [&str; 2] = [
@@ -266,7 +273,7 @@ impl BenchArgs {
         };
         let defaults: &[&str] = if only(&[Suite::Snapshot]) {
             &DEFAULT_FS_TARGETS
-        } else if only(&[Suite::Snapshot, Suite::Send, Suite::Stall]) {
+        } else if only(&[Suite::Snapshot, Suite::Send, Suite::Stall, Suite::Datasets]) {
             &DEFAULT_SEND_TARGETS
         } else if only(&[Suite::Cache]) {
             &DEFAULT_CACHE_TARGETS
@@ -274,6 +281,10 @@ impl BenchArgs {
             &DEFAULT_POLL_TARGETS
         } else if only(&[Suite::Scheduler]) {
             &DEFAULT_SCHEDULER_TARGETS
+        } else if only(&[Suite::Grow]) {
+            &DEFAULT_GROW_TARGETS
+        } else if only(&[Suite::Soak]) {
+            &DEFAULT_SOAK_TARGETS
         } else {
             &DEFAULT_TARGETS
         };
@@ -289,12 +300,14 @@ impl BenchArgs {
                     .with_context(|| format!("--target {text}"))?,
             );
         }
-        // The durable and fs suites hold a mirror to two raw files written
-        // at once.
+        // The durable, fs and grow suites hold a mirror to two raw files
+        // written at once.
         let mirror = specs
             .iter()
             .any(|s| matches!(s, TargetSpec::Ironpool(pool) if pool.layout == Layout::Mirror));
-        let pair_suite = self.suites.contains(&Suite::Durable) || self.suites.contains(&Suite::Fs);
+        let pair_suite = [Suite::Durable, Suite::Fs, Suite::Grow]
+            .iter()
+            .any(|suite| self.suites.contains(suite));
         if mirror && !self.no_raw && pair_suite && !specs.contains(&TargetSpec::RawPair) {
             specs.insert(0, TargetSpec::RawPair);
         }

@@ -119,14 +119,7 @@ pub fn plan(results: &Results) -> Vec<ChartPlan> {
             });
         }
     }
-    for suite in [
-        Suite::Fs,
-        Suite::Snapshot,
-        Suite::Cache,
-        Suite::Poll,
-        Suite::Scheduler,
-        Suite::Stall,
-    ] {
+    for suite in OWN_FIGURE_SUITES {
         if tests().any(|t| t.suite == suite) {
             charts.push(ChartPlan {
                 file_name: format!("{}.png", suite.name()),
@@ -401,15 +394,26 @@ fn draw_legend<DB: DrawingBackend>(
     Ok(())
 }
 
-/// A bar's height and unit: bandwidth for the pool report and the durable
-/// suite; for the fs, snapshot, cache and poll suites each test's own figure (IOPS for random I/O,
-/// MiB/s for sequential, operations per second for system calls).
+/// The suites whose bars show each test's own figure (IOPS for random I/O,
+/// MiB/s for sequential, operations per second for system calls) rather
+/// than bandwidth: their tests mix the three.
+const OWN_FIGURE_SUITES: [Suite; 9] = [
+    Suite::Fs,
+    Suite::Snapshot,
+    Suite::Cache,
+    Suite::Poll,
+    Suite::Scheduler,
+    Suite::Datasets,
+    Suite::Soak,
+    Suite::Grow,
+    Suite::Stall,
+];
+
+/// A bar's height and unit: bandwidth for the pool report, the durable,
+/// send and raidz suites; each test's own figure for [`OWN_FIGURE_SUITES`].
 fn bar_value(suite: Suite, test: &TestResult) -> (f64, &'static str) {
     let mib = test.total_bandwidth() / (1024.0 * 1024.0);
-    if !matches!(
-        suite,
-        Suite::Fs | Suite::Snapshot | Suite::Cache | Suite::Poll | Suite::Scheduler | Suite::Stall
-    ) {
+    if !OWN_FIGURE_SUITES.contains(&suite) {
         return (mib, "MiB/s");
     }
     match test.ops_per_second {

@@ -11,7 +11,10 @@ use anyhow::{Context, Result};
 use crate::fio_json::{self, FioOutput};
 use crate::interrupt;
 use crate::progress::Progress;
-use crate::suites::{Durability, Engine, Workload, LOAD_BLOCK_BYTES, LOAD_IODEPTH};
+use crate::suites::{
+    Durability, Engine, Workload, COMPRESSIBLE_CHUNK_BYTES, COMPRESSIBLE_PERCENT, LOAD_BLOCK_BYTES,
+    LOAD_IODEPTH,
+};
 use crate::target::process::wait_with_deadline;
 use crate::target::Access;
 use crate::units::{size_short, MIB};
@@ -139,6 +142,26 @@ pub fn test_command(
     )?);
     let synchronous = durability == Durability::PsyncFdatasync || workload.engine == Engine::Psync;
     let iodepth = if synchronous { 1 } else { workload.iodepth };
+    let size_bytes = workload
+        .region_bytes
+        .map_or(size_bytes, |region| region.min(size_bytes));
+    // Verifying jobs each write a region of their own: two jobs writing one
+    // block would each find the other's crc.
+    let (size_bytes, offset_increment) = if workload.verify && workload.numjobs > 1 {
+        let share = size_bytes / u64::from(workload.numjobs);
+        let share = share - share % workload.block_size_bytes.max(1);
+        if share == 0 {
+            return Err(format!(
+                "a working set of {} has no {} block for each of {} verifying jobs",
+                size_short(size_bytes),
+                size_short(workload.block_size_bytes),
+                workload.numjobs
+            ));
+        }
+        (share, Some(share))
+    } else {
+        (size_bytes, None)
+    };
     argv.extend([
         format!("--rw={}", workload.pattern.fio_rw()),
         format!(
@@ -162,6 +185,25 @@ pub fn test_command(
     }
     if let Some(mix) = workload.read_mix_percent {
         argv.push(format!("--rwmixread={mix}"));
+    }
+    if let Some(increment) = offset_increment {
+        argv.push(format!("--offset_increment={}", size_short(increment)));
+    }
+    if workload.verify {
+        argv.extend([
+            "--verify=crc32c".to_string(),
+            "--verify_fatal=1".to_string(),
+        ]);
+    }
+    if workload.compressible {
+        argv.extend([
+            "--refill_buffers".to_string(),
+            format!("--buffer_compress_percentage={COMPRESSIBLE_PERCENT}"),
+            format!("--buffer_compress_chunk={COMPRESSIBLE_CHUNK_BYTES}"),
+        ]);
+    } else if workload.compression.is_some() {
+        // Random data, new for every write: nothing for lz4 to find.
+        argv.push("--refill_buffers".to_string());
     }
     match durability {
         Durability::None => {}

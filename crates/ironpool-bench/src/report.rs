@@ -156,6 +156,41 @@ fn summary(out: &mut String, results: &Results) {
             ext4.label
         );
     }
+    let cached = results
+        .targets
+        .iter()
+        .flat_map(|t| &t.tests)
+        .any(|t| t.workload.cached);
+    if let Some(memory) = results
+        .targets
+        .iter()
+        .find(|t| t.kind == "nbdkit-memory")
+        .filter(|_| cached)
+    {
+        emit!(
+            out,
+            "Reads from a cache (`-cached`) are held to `{}`: the same transport with its data \
+             in RAM.",
+            memory.label
+        );
+    }
+    // Tests held to another test of their own target, each pair once.
+    let mut own: Vec<String> = Vec::new();
+    for test in results.targets.iter().flat_map(|t| &t.tests) {
+        if let Some(reference) = test.workload.own_limit() {
+            let pair = format!("`{}` to `{}`", test.name, reference.name());
+            if !own.contains(&pair) {
+                own.push(pair);
+            }
+        }
+    }
+    if !own.is_empty() {
+        emit!(
+            out,
+            "These are held to another test of the same target, not to another target: {}.",
+            own.join(", ")
+        );
+    }
     emit!(out);
     let labels: Vec<String> = results
         .targets

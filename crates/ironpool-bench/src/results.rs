@@ -235,6 +235,27 @@ pub struct TestResult {
     /// For a test of system calls (`ops`): operations per second.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops_per_second: Option<f64>,
+    /// For a soak (`verify`): the server and pool sampled through the
+    /// test, in time order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub samples: Vec<Sample>,
+}
+
+/// One sample of a soak: what the server held and used, and the pool's
+/// free space, at a moment of the test.
+#[derive(Debug, Clone, Copy, Default, Serialize, Deserialize, PartialEq)]
+pub struct Sample {
+    /// Seconds since the test started.
+    pub seconds: f64,
+    /// The server's resident memory (`VmRSS`); none without a server.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_rss_bytes: Option<u64>,
+    /// The server's CPU since the sample before, percent of one core.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub server_cpu_percent: Option<f64>,
+    /// The pool's free space (ironpool targets).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pool_free_bytes: Option<u64>,
 }
 
 /// The server's CPU use during one test.
@@ -393,6 +414,7 @@ impl TestResult {
             volume: None,
             disk_util: Vec::new(),
             ops_per_second: None,
+            samples: Vec::new(),
         }
     }
 
@@ -485,32 +507,9 @@ impl Results {
             Some((limit, limit.same_workload(test)?))
         }
         let same = |limit| same(limit, test);
-        // A snapshot's reads are held to the same reads of the head, a
-        // stream of many small files to copying them with tar through the
-        // mount, and a stall probe to the probe with no action, on the
-        // same target.
-        let own_limit = if test.workload.snapshot {
-            Some(crate::suites::Workload {
-                snapshot: false,
-                ..test.workload
-            })
-        } else if test.workload.ops == Some(crate::suites::OpsTest::SendFiles) {
-            Some(crate::suites::Workload::ops(
-                crate::suites::OpsTest::FilesTar,
-            ))
-        } else if test
-            .workload
-            .ops
-            .is_some_and(|ops| ops.of_stall() && ops != crate::suites::OpsTest::StallNone)
-        {
-            Some(crate::suites::Workload {
-                ops: Some(crate::suites::OpsTest::StallNone),
-                ..test.workload
-            })
-        } else {
-            None
-        };
-        if let Some(head) = own_limit {
+        // Some tests are held to another test of the same target (see
+        // `Workload::own_limit`): a snapshot's reads to the head's, and so on.
+        if let Some(head) = test.workload.own_limit() {
             let own = self.targets.iter().find(|t| t.label == target.label)?;
             return own
                 .tests

@@ -29,6 +29,8 @@ use crate::target::{self, Access, FillMethod, Instance, Purpose, SetupContext, T
 use crate::units::{bytes_human, count_human, latency_human, rate_human};
 use crate::{interrupt, target::files};
 
+mod beside;
+
 /// The send suite's copy needs the working set's size and this fraction
 /// of it again (1/8: the copy's metadata and the slack allocation leaves)
 /// free in the pool before it starts.
@@ -588,20 +590,8 @@ impl Runner<'_> {
         test_file: &str,
         target: &mut TargetResult,
     ) -> Result<()> {
-        let argv = fio_runner::warm_command(&self.fio, &instance.access, instance.size_bytes);
-        let output = self.output_path(slug, &format!("warm-{test_file}"))?;
-        let run = fio_runner::run(
-            &argv,
-            &output,
-            fio_runner::prefill_timeout(instance.size_bytes),
-            &mut self.progress,
-        )?;
-        run.report()
-            .map_err(|e| anyhow::anyhow!("reading the working set into the cache failed: {e}"))?;
-        if !target.setup_commands.contains(&argv) {
-            target.setup_commands.push(argv);
-        }
-        Ok(())
+        let access = instance.access.clone();
+        self.warm_access(&access, instance.size_bytes, slug, test_file, target)
     }
 
     /// Writes fillers until the pool or filesystem reaches `level` percent.
@@ -681,6 +671,18 @@ impl Runner<'_> {
                 return self.run_stall_test(instance, test, ops, slug, target);
             }
             return self.run_ops_test(instance, test, ops, target);
+        }
+        if test.workload.snapshots {
+            return self.run_with_snapshots(instance, test, slug, target);
+        }
+        if let Some(compression) = test.workload.compression {
+            return self.run_with_compression(instance, test, compression, slug, target);
+        }
+        if test.workload.grown {
+            return self.run_grown(instance, test, slug, target);
+        }
+        if test.workload.verify {
+            return self.run_soak(instance, test, slug, target);
         }
         if test.workload.snapshot {
             return self.run_snapshot_read(instance, test, slug, target);
@@ -1489,6 +1491,8 @@ enum StallAction {
     Remove(PathBuf),
     /// `rm -rf` of a directory.
     RemoveTree(PathBuf),
+    /// `truncate -s 0` of a file.
+    Truncate(PathBuf),
 }
 
 impl StallAction {
@@ -1519,6 +1523,14 @@ impl StallAction {
                 std::fs::remove_file(path)
                     .with_context(|| format!("removing {}", path.display()))?;
                 Ok(format!("rm {}", path.display()))
+            }
+            StallAction::Truncate(path) => {
+                std::fs::File::options()
+                    .write(true)
+                    .open(path)
+                    .and_then(|file| file.set_len(0))
+                    .with_context(|| format!("truncating {}", path.display()))?;
+                Ok(format!("truncate -s 0 {}", path.display()))
             }
             StallAction::RemoveTree(path) => {
                 std::fs::remove_dir_all(path)
@@ -1556,16 +1568,36 @@ impl Runner<'_> {
             return result;
         }
         let filesystem = instance.pool.as_ref().is_some_and(|p| p.is_filesystem());
-        if ops == suites::OpsTest::StallRemoveTree && !filesystem {
+        let needs_files = match ops {
+            suites::OpsTest::StallRemoveTree => Some("rm -rf"),
+            suites::OpsTest::StallTruncate => Some("truncate"),
+            suites::OpsTest::StallRemove => Some("rm"),
+            _ => None,
+        };
+        if let Some(command) = needs_files.filter(|_| !filesystem) {
             self.progress.skip(self.planned_test_seconds());
             result.outcome = Outcome::Skipped {
-                reason: "rm -rf needs a filesystem: a volume has no tree of files".to_string(),
+                reason: format!(
+                    "{command} needs a filesystem: a volume has no files (stall-destroy destroys it)"
+                ),
             };
             return result;
         }
-        let prepared = self
-            .stall_probe(instance, slug, target)
-            .and_then(|probe| Ok((probe, self.prepare_stall(instance, ops, slug, target)?)));
+        // The action meets its metadata on the devices, as on a pool
+        // imported afresh; the probe is read back into the cache so that
+        // it measures the engine, not the disk.
+        let prepared = self.stall_probe(instance, slug, target).and_then(|probe| {
+            let action = self.prepare_stall(instance, ops, slug, target)?;
+            instance.drop_cache()?;
+            self.warm_access(
+                &probe,
+                suites::STALL_PROBE_BYTES,
+                slug,
+                "stall-probe",
+                target,
+            )?;
+            Ok((probe, action))
+        });
         let (probe, action) = match prepared {
             Ok(prepared) => prepared,
             Err(error) => {
@@ -1721,12 +1753,81 @@ impl Runner<'_> {
                 crate::ops::create_empty_files(&dir, files, &mut || progress.tick())?;
                 StallAction::RemoveTree(dir)
             }
-            suites::OpsTest::StallRemove => match &instance.access {
-                Access::File(path) if pool.is_filesystem() => StallAction::Remove(path.clone()),
-                _ => command("destroy", &["-r", &dataset]),
-            },
+            suites::OpsTest::StallTruncate => {
+                let path = self.rewrite_working_set(instance, "stall-rewrite-3", slug)?;
+                StallAction::Truncate(path)
+            }
+            suites::OpsTest::StallRemove => {
+                let path = self.rewrite_working_set(instance, "stall-rewrite-4", slug)?;
+                StallAction::Remove(path)
+            }
+            suites::OpsTest::StallDestroy => {
+                if pool.is_filesystem() {
+                    self.rewrite_working_set(instance, "stall-rewrite-5", slug)?;
+                }
+                let pool = instance.pool.as_ref().context("not an ironpool target")?;
+                let (argv, env) = pool.command("destroy", &["-r".to_string(), dataset]);
+                StallAction::Command(argv, env)
+            }
             _ => StallAction::Nothing,
         })
+    }
+}
+
+impl Runner<'_> {
+    /// Writes a filesystem target's working-set file afresh (the blocks a
+    /// truncate or `rm` then frees are its own, none shared with a
+    /// snapshot) and commits it; returns its path.
+    fn rewrite_working_set(
+        &mut self,
+        instance: &Instance,
+        name: &str,
+        slug: &str,
+    ) -> Result<PathBuf> {
+        let path = match &instance.access {
+            Access::File(path) => path.clone(),
+            _ => anyhow::bail!("the working set is not a file"),
+        };
+        // Cut to nothing first: a rewrite in place would leave the old
+        // blocks to the snapshots that hold them, and the new ones shared
+        // with none.
+        std::fs::File::options()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&path)
+            .with_context(|| format!("emptying {}", path.display()))?;
+        self.prefill(&instance.access, instance.size_bytes, name, slug)?;
+        let pool = instance.pool.as_ref().context("not an ironpool target")?;
+        pool.sync()?;
+        Ok(path)
+    }
+
+    /// Reads `size_bytes` of `access` once through the target's cache (as
+    /// [`Runner::warm`] does the working set); the command joins the
+    /// target's set-up commands.
+    fn warm_access(
+        &mut self,
+        access: &Access,
+        size_bytes: u64,
+        slug: &str,
+        name: &str,
+        target: &mut TargetResult,
+    ) -> Result<()> {
+        let argv = fio_runner::warm_command(&self.fio, access, size_bytes);
+        let output = self.output_path(slug, &format!("warm-{name}"))?;
+        let run = fio_runner::run(
+            &argv,
+            &output,
+            fio_runner::prefill_timeout(size_bytes),
+            &mut self.progress,
+        )?;
+        run.report()
+            .map_err(|e| anyhow::anyhow!("warming the cache ({name}) failed: {e}"))?;
+        if !target.setup_commands.contains(&argv) {
+            target.setup_commands.push(argv);
+        }
+        Ok(())
     }
 }
 

@@ -93,15 +93,42 @@ pub enum Suite {
     /// random-write load (fairness: their latency). Settings are targets
     /// (`tune.aggregation_limit_bytes=1`, `tune.classes=off`).
     Scheduler,
+    /// Datasets under load (the tables of `bench/datasets.sh` beside the
+    /// send suite's): 16K random writes at QD64 over a region of
+    /// [`SNAPSHOT_LOAD_REGION_BYTES`] with a snapshot every
+    /// [`SNAPSHOT_EVERY_SECONDS`], held to the same writes without, and 16K
+    /// random writes at QD64 with `compression=lz4` held to
+    /// `compression=off`, on random and on compressible data. On other
+    /// targets the same writes (their property ignored) are the limit.
+    Datasets,
+    /// A stress run (the table of `bench/soak.sh`): [`SOAK_JOBS`] clients
+    /// at QD64 doing 16K random reads and writes (70/30) with crc32c
+    /// verification of what they read, each in a region of its own, for
+    /// `--runtime`; the server's memory, CPU and the pool's free space are
+    /// sampled through it, and memory still growing in the second half is
+    /// a warning.
+    Soak,
+    /// A pool grown while in use (the table of `bench/grow.sh`): 16K random
+    /// writes at QD64 on the prefilled working set, then `ironpool add` of
+    /// a vdev like the pool's first (same layout, disk count and size),
+    /// then the same writes again: the new vdev must take its share
+    /// without taking every write. The per-vdev allocation before and
+    /// after is in the notes. Other targets run the writes twice (the
+    /// disk's drift). Runs after the other suites but the stall suite: the
+    /// pool keeps its new shape.
+    Grow,
     /// How long an administrative action holds the pool's other clients
     /// (the table of `scripts/bench-stall.sh`): a QD1 4K read probe of
     /// another dataset of the pool for `--runtime` (at least
     /// [`STALL_PROBE_MIN_SECONDS`]), the action started a quarter of the
-    /// way into it: none, `list`,
-    /// `scrub`, `send`, the destroy of a snapshot that holds the whole
-    /// working set, and last the working set's removal (`rm` of the file,
-    /// `destroy -r` of the volume). Each row is held to `stall-none`. Runs
-    /// last of the suites: it takes the working set away.
+    /// way into it: none, `list`, `scrub`, `send`, the destroy of a
+    /// snapshot that holds the whole working set, a rollback, `rm -rf` of
+    /// many files, a truncate and an `rm` of the working set's file, and
+    /// last the `destroy -r` of its dataset. The read cache is emptied
+    /// before each action (the probe read back in), so that the action
+    /// meets its metadata on the devices as on a pool imported afresh.
+    /// Each row is held to `stall-none`. Runs last of the suites: it takes
+    /// the working set away.
     Stall,
 }
 
@@ -120,6 +147,9 @@ impl Suite {
             Suite::Poll => "poll",
             Suite::Raidz => "raidz",
             Suite::Scheduler => "scheduler",
+            Suite::Datasets => "datasets",
+            Suite::Soak => "soak",
+            Suite::Grow => "grow",
             Suite::Stall => "stall",
         }
     }
@@ -169,6 +199,27 @@ impl Pattern {
     /// Sequential workloads are judged by bandwidth, random ones by IOPS.
     pub fn is_sequential(self) -> bool {
         matches!(self, Pattern::SeqRead | Pattern::SeqWrite)
+    }
+}
+
+/// A setting of an ironpool dataset's `compression` property.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Compression {
+    /// No compression: what `lz4` is held to.
+    Off,
+    /// LZ4, OpenZFS's `compression=on`: cheap, and it gives up early on
+    /// data that does not compress.
+    Lz4,
+}
+
+impl Compression {
+    /// The property's value (and the test name's suffix).
+    pub fn value(self) -> &'static str {
+        match self {
+            Compression::Off => "off",
+            Compression::Lz4 => "lz4",
+        }
     }
 }
 
@@ -309,9 +360,15 @@ pub enum OpsTest {
     /// `rm -rf` of a directory of `--files` empty files (made first, not
     /// timed) on a filesystem; skipped on a volume.
     StallRemoveTree,
-    /// The working set's removal: `rm` of the file on a filesystem,
-    /// `destroy -r` of the volume.
+    /// `truncate` of a file of the working set's size to nothing (written
+    /// afresh first, so its blocks are its own); skipped on a volume.
+    StallTruncate,
+    /// `rm` of the working set's file (written afresh first); skipped on a
+    /// volume.
     StallRemove,
+    /// The working set's dataset destroyed: `destroy -r` of the volume, or
+    /// of the filesystem with the working set's file written afresh first.
+    StallDestroy,
 }
 
 impl OpsTest {
@@ -339,7 +396,9 @@ impl OpsTest {
             OpsTest::StallDestroySnapshot => "stall-destroy-snapshot",
             OpsTest::StallRollback => "stall-rollback",
             OpsTest::StallRemoveTree => "stall-remove-tree",
+            OpsTest::StallTruncate => "stall-truncate",
             OpsTest::StallRemove => "stall-remove",
+            OpsTest::StallDestroy => "stall-destroy",
         }
     }
 
@@ -355,7 +414,24 @@ impl OpsTest {
                 | OpsTest::StallDestroySnapshot
                 | OpsTest::StallRollback
                 | OpsTest::StallRemoveTree
+                | OpsTest::StallTruncate
                 | OpsTest::StallRemove
+                | OpsTest::StallDestroy
+        )
+    }
+
+    /// Whether the runner runs the test itself (it needs the pool's
+    /// commands or fio), not [`crate::ops::run`]'s loops of system calls.
+    pub fn runner_only(self) -> bool {
+        !matches!(
+            self,
+            OpsTest::FilesCreate
+                | OpsTest::FilesStat
+                | OpsTest::FilesAbsent
+                | OpsTest::FilesDelete
+                | OpsTest::NamesSqlite
+                | OpsTest::NamesCreate
+                | OpsTest::NamesReplace
         )
     }
 
@@ -446,6 +522,36 @@ pub struct Workload {
     /// scheduler's fairness): the figures are this job's alone.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub under_load: bool,
+    /// Only the first this many bytes of the working set (fio's `--size`):
+    /// a load whose snapshots the pool must hold (each keeps what the load
+    /// overwrote since the one before).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub region_bytes: Option<u64>,
+    /// A snapshot of the target's dataset every [`SNAPSHOT_EVERY_SECONDS`]
+    /// while the test runs (ironpool targets; destroyed after): what
+    /// taking them costs a writer. Held to the same test without.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub snapshots: bool,
+    /// fio's buffers compress to about [`COMPRESSIBLE_PERCENT`] percent
+    /// (fio's `buffer_compress_percentage`), refilled for every write;
+    /// without it a test with `compression` writes random buffers,
+    /// refilled too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub compressible: bool,
+    /// The `compression` property of an ironpool dataset for the test (put
+    /// back after); other targets ignore it. `lz4` is held to `off`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compression: Option<Compression>,
+    /// Every job writes its own region (the working set split evenly) and
+    /// checks each block it reads back against the crc32c it wrote (fio's
+    /// `verify`): a wrong byte fails the test.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub verify: bool,
+    /// After the target grew: on an ironpool pool, `ironpool add` of a vdev
+    /// like its first before the first such test. Held to the same test
+    /// before.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub grown: bool,
     /// Not fio: a loop of system calls (the other fields are ignored).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ops: Option<OpsTest>,
@@ -468,6 +574,12 @@ impl Workload {
             cold: false,
             nocache: false,
             under_load: false,
+            region_bytes: None,
+            snapshots: false,
+            compressible: false,
+            compression: None,
+            verify: false,
+            grown: false,
             ops: None,
         }
     }
@@ -488,6 +600,47 @@ impl Workload {
             || self.buffered
     }
 
+    /// The test on the same target this one is held to, when that is its
+    /// limit rather than another target's same test: a snapshot's reads to
+    /// the head's, a stream of many small files to copying them with tar
+    /// through the mount, a stall probe to the probe with no action,
+    /// writes beside snapshots to the same writes without, `lz4` to `off`,
+    /// and writes after the pool grew to the same writes before.
+    pub fn own_limit(&self) -> Option<Workload> {
+        if self.snapshot {
+            return Some(Workload {
+                snapshot: false,
+                ..*self
+            });
+        }
+        if self.snapshots {
+            return Some(Workload {
+                snapshots: false,
+                ..*self
+            });
+        }
+        if self.compression == Some(Compression::Lz4) {
+            return Some(Workload {
+                compression: Some(Compression::Off),
+                ..*self
+            });
+        }
+        if self.grown {
+            return Some(Workload {
+                grown: false,
+                ..*self
+            });
+        }
+        match self.ops? {
+            OpsTest::SendFiles => Some(Workload::ops(OpsTest::FilesTar)),
+            ops if ops.of_stall() && ops != OpsTest::StallNone => Some(Workload {
+                ops: Some(OpsTest::StallNone),
+                ..*self
+            }),
+            _ => None,
+        }
+    }
+
     /// The test name: `randwrite-16k-qd64-4j`, `randrw70-256k-qd16-4j`,
     /// `randwrite-16k-qd1-1j-fsync`.
     pub fn name(&self) -> String {
@@ -505,12 +658,29 @@ impl Workload {
         let cold = if self.cold { "-cold" } else { "" };
         let nocache = if self.nocache { "-nocache" } else { "" };
         let under_load = if self.under_load { "-underload" } else { "" };
+        let region = self
+            .region_bytes
+            .map(|bytes| format!("-in{}", size_short(bytes).to_lowercase()))
+            .unwrap_or_default();
+        let snapshots = if self.snapshots { "-snapshots" } else { "" };
+        let compressible = if self.compressible {
+            "-compressible"
+        } else {
+            ""
+        };
+        let compression = self
+            .compression
+            .map(|c| format!("-{}", c.value()))
+            .unwrap_or_default();
+        let verify = if self.verify { "-verify" } else { "" };
+        let grown = if self.grown { "-grown" } else { "" };
         let mix = self
             .read_mix_percent
             .map(|p| p.to_string())
             .unwrap_or_default();
         format!(
-            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}{cold}{nocache}{under_load}",
+            "{}{}-{}-qd{}-{}j{}{engine}{buffered}{cached}{snapshot}{cold}{nocache}{under_load}\
+             {region}{snapshots}{compressible}{compression}{verify}{grown}",
             self.pattern.fio_rw(),
             mix,
             size_short(self.block_size_bytes).to_lowercase(),
@@ -603,6 +773,26 @@ pub fn tests_of(suite: Suite, options: &SuiteOptions) -> Vec<TestSpec> {
         ]
         .map(plain)
         .to_vec(),
+        Suite::Datasets => datasets_workloads().into_iter().map(plain).collect(),
+        Suite::Soak => [Workload {
+            read_mix_percent: Some(SOAK_READ_PERCENT),
+            verify: true,
+            ..Workload::new(Pattern::RandRw, 16 * KIB, 64, SOAK_JOBS)
+        }]
+        .map(plain)
+        .to_vec(),
+        Suite::Grow => {
+            let before = Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1);
+            [
+                before,
+                Workload {
+                    grown: true,
+                    ..before
+                },
+            ]
+            .map(plain)
+            .to_vec()
+        }
         Suite::Stall => stall_workloads().into_iter().map(plain).collect(),
         Suite::Fill => options
             .fill_levels_percent
@@ -828,7 +1018,9 @@ pub fn stall_workloads() -> Vec<Workload> {
         OpsTest::StallDestroySnapshot,
         OpsTest::StallRollback,
         OpsTest::StallRemoveTree,
+        OpsTest::StallTruncate,
         OpsTest::StallRemove,
+        OpsTest::StallDestroy,
     ]
     .map(|test| Workload {
         ops: Some(test),
@@ -836,6 +1028,66 @@ pub fn stall_workloads() -> Vec<Workload> {
     })
     .to_vec()
 }
+
+/// Seconds between the snapshots of a `snapshots` test: `bench/datasets.sh`'s
+/// rhythm, a snapshot schedule far denser than any operator's.
+pub const SNAPSHOT_EVERY_SECONDS: u64 = 2;
+/// The region the datasets suite's snapshot load writes: every snapshot
+/// keeps what the load overwrote since the one before, at most this much,
+/// so a pool of a few GiB holds a snapshot every 2 s of a fast writer.
+pub const SNAPSHOT_LOAD_REGION_BYTES: u64 = 256 * MIB;
+/// Percent to which a `compressible` test's buffers compress (fio's
+/// `buffer_compress_percentage`): `bench/datasets.sh`'s 60, about what
+/// lz4 gets from databases and logs.
+pub const COMPRESSIBLE_PERCENT: u32 = 60;
+/// fio's `buffer_compress_chunk` of those buffers: each 4 KiB is
+/// compressible on its own, as in real files.
+pub const COMPRESSIBLE_CHUNK_BYTES: u64 = 4 * KIB;
+
+/// The datasets suite, in run order: the snapshot load without and with
+/// snapshots, then compression off and lz4 on random data, then on
+/// compressible data.
+pub fn datasets_workloads() -> Vec<Workload> {
+    let load = Workload {
+        region_bytes: Some(SNAPSHOT_LOAD_REGION_BYTES),
+        ..Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1)
+    };
+    let mut workloads = vec![
+        load,
+        Workload {
+            snapshots: true,
+            ..load
+        },
+    ];
+    for compressible in [false, true] {
+        for compression in [Compression::Off, Compression::Lz4] {
+            workloads.push(Workload {
+                compressible,
+                compression: Some(compression),
+                ..Workload::new(Pattern::RandWrite, 16 * KIB, 64, 1)
+            });
+        }
+    }
+    workloads
+}
+
+/// Clients of the soak suite: `bench/soak.sh`'s 8 NBD connections, more
+/// submitters than this machine has cores.
+pub const SOAK_JOBS: u32 = 8;
+/// Percent of the soak's I/Os that are reads (70/30, a database's mix).
+pub const SOAK_READ_PERCENT: u32 = 70;
+/// Samples of the server's memory, CPU and the pool's free space a soak
+/// takes over its runtime (one per second at least apart).
+pub const SOAK_SAMPLES: u64 = 20;
+/// A soak whose server memory grew by more than this percent over the
+/// second half of the run gets a warning: a bounded server levels off
+/// once its caches are full.
+pub const SOAK_RSS_GROWTH_WARN_PERCENT: f64 = 10.0;
+
+/// A grow test on a pool filled less than this (percent) gets a note: the
+/// question is whether writes to a full pool collapse onto the new, empty
+/// vdev, and a pool with room on its first vdev does not ask it.
+pub const GROW_FULL_PERCENT: f64 = 50.0;
 
 /// Block size of the background load of an `under_load` test.
 pub const LOAD_BLOCK_BYTES: u64 = 16 * KIB;
@@ -1061,7 +1313,9 @@ mod tests {
                 "stall-destroy-snapshot",
                 "stall-rollback",
                 "stall-remove-tree",
-                "stall-remove"
+                "stall-truncate",
+                "stall-remove",
+                "stall-destroy"
             ]
         );
         assert!(tests.iter().all(|t| !t.workload.is_filesystem_test()));
@@ -1087,6 +1341,77 @@ mod tests {
                 "randread-4k-qd1-1j-underload"
             ]
         );
+    }
+
+    #[test]
+    fn names_the_datasets_grow_and_soak_suites() {
+        let names = |suite| -> Vec<String> {
+            tests_of(suite, &options())
+                .iter()
+                .map(TestSpec::name)
+                .collect()
+        };
+        assert_eq!(
+            names(Suite::Datasets),
+            [
+                "randwrite-16k-qd64-1j-in256m",
+                "randwrite-16k-qd64-1j-in256m-snapshots",
+                "randwrite-16k-qd64-1j-off",
+                "randwrite-16k-qd64-1j-lz4",
+                "randwrite-16k-qd64-1j-compressible-off",
+                "randwrite-16k-qd64-1j-compressible-lz4"
+            ]
+        );
+        assert_eq!(
+            names(Suite::Grow),
+            ["randwrite-16k-qd64-1j", "randwrite-16k-qd64-1j-grown"]
+        );
+        assert_eq!(names(Suite::Soak), ["randrw70-16k-qd64-8j-verify"]);
+        // The pool keeps its new shape and its working set: the grow suite
+        // runs after all others but the stall suite.
+        let mut order = [
+            Suite::Stall,
+            Suite::Grow,
+            Suite::Soak,
+            Suite::Datasets,
+            Suite::Fs,
+        ];
+        order.sort();
+        assert_eq!(order[3..], [Suite::Grow, Suite::Stall]);
+    }
+
+    #[test]
+    fn holds_tests_to_their_own_reference() {
+        let held = |suite| -> Vec<(String, Option<String>)> {
+            tests_of(suite, &options())
+                .iter()
+                .map(|t| (t.name(), t.workload.own_limit().map(|w| w.name())))
+                .collect()
+        };
+        let datasets = held(Suite::Datasets);
+        assert_eq!(datasets[0].1, None);
+        assert_eq!(
+            datasets[1].1.as_deref(),
+            Some("randwrite-16k-qd64-1j-in256m")
+        );
+        assert_eq!(datasets[2].1, None);
+        assert_eq!(datasets[3].1.as_deref(), Some("randwrite-16k-qd64-1j-off"));
+        assert_eq!(
+            datasets[5].1.as_deref(),
+            Some("randwrite-16k-qd64-1j-compressible-off")
+        );
+        let grow = held(Suite::Grow);
+        assert_eq!(grow[1].1.as_deref(), Some("randwrite-16k-qd64-1j"));
+        let stall = held(Suite::Stall);
+        assert_eq!(stall[0].1, None);
+        assert!(stall[1..]
+            .iter()
+            .all(|(_, held)| held.as_deref() == Some("stall-none")));
+        let snapshot = held(Suite::Snapshot);
+        assert_eq!(snapshot[1].1.as_deref(), Some("randread-4k-qd64-1j"));
+        let send = held(Suite::Send);
+        assert_eq!(send[3].1.as_deref(), Some("files-tar"));
+        assert_eq!(held(Suite::Soak)[0].1, None);
     }
 
     #[test]

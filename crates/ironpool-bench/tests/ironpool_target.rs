@@ -899,8 +899,8 @@ fn poll_suite_beside_a_server_that_never_polls() {
 
 /// The stall suite (what `scripts/bench-stall.sh` measured): each action
 /// runs during a probe of another dataset of the pool, the probe's rows
-/// are held to stall-none's, and the last action takes the working set
-/// away (`rm` on a filesystem, `destroy -r` of a volume).
+/// are held to stall-none's, a filesystem's file is truncated and removed,
+/// and the last action destroys the working set's dataset.
 #[test]
 fn stall_suite_probes_while_actions_run() {
     use ironpool_bench::suites::{OpsTest, Suite};
@@ -933,8 +933,13 @@ fn stall_suite_probes_while_actions_run() {
         let filesystem = target.kind == "ironpool-fs";
         for test in &target.tests {
             assert_eq!(test.suite, Suite::Stall);
-            if !filesystem && test.workload.ops == Some(OpsTest::StallRemoveTree) {
-                assert!(!test.is_ok(), "a volume has no tree to remove");
+            let files_only = [
+                OpsTest::StallRemoveTree,
+                OpsTest::StallTruncate,
+                OpsTest::StallRemove,
+            ];
+            if !filesystem && files_only.contains(&test.workload.ops.unwrap()) {
+                assert!(!test.is_ok(), "a volume has no files");
                 continue;
             }
             assert!(
@@ -963,18 +968,23 @@ fn stall_suite_probes_while_actions_run() {
             .iter()
             .filter(|n| n.contains("the probe's longest read"))
             .count();
-        let probes = planned.len() - usize::from(!filesystem);
+        let probes = planned.len() - if filesystem { 0 } else { 3 };
         assert_eq!(notes, probes, "{:?}", target.notes);
-        let removal = if target.kind == "ironpool-fs" {
-            "stall-remove: `rm "
+        let mut actions = vec![if filesystem {
+            "-r bench/fs`"
         } else {
-            "-r bench/vol"
-        };
-        assert!(
-            target.notes.iter().any(|n| n.contains(removal)),
-            "{:?}",
-            target.notes
-        );
+            "-r bench/vol`"
+        }];
+        if filesystem {
+            actions.extend(["stall-truncate: `truncate -s 0 ", "stall-remove: `rm "]);
+        }
+        for action in actions {
+            assert!(
+                target.notes.iter().any(|n| n.contains(action)),
+                "{action}: {:?}",
+                target.notes
+            );
+        }
     }
 }
 
@@ -1072,4 +1082,119 @@ fn scheduler_suite_reads_beside_a_write_load() {
     );
     // The devices saw the load's writes.
     assert!(loaded.device.is_some_and(|d| d.write_bytes > 0));
+}
+
+/// The datasets, soak and grow suites (what `bench/datasets.sh`,
+/// `bench/soak.sh` and `bench/grow.sh` measured) on one small mirror:
+/// snapshots taken during the writes and destroyed after, lz4 held to
+/// compression off and writing fewer device bytes on compressible data,
+/// a verifying soak sampled through, and a second mirror added between
+/// the grow suite's two rows.
+#[test]
+fn datasets_soak_and_grow_suites() {
+    use ironpool_bench::suites::{Compression, Suite};
+    let _one = ONE_RUN_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
+    require_tool("fio", "fio");
+    let bin = ironpool_bin();
+    let out = scratch("ironpool-dsg").join("out");
+    let args = bench_args(&[
+        "--target",
+        "ironpool:mirror:2x512M",
+        "--no-raw",
+        "--suite",
+        "datasets",
+        "--suite",
+        "soak",
+        "--suite",
+        "grow",
+        "--runtime",
+        "3",
+        "--size",
+        "128M",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    ironpool_bench::run(args, &bin).unwrap();
+    let results = check_outputs(&out);
+    let target = &results.targets[0];
+    let find = |suite: Suite, name: &str| {
+        target
+            .tests
+            .iter()
+            .find(|t| t.suite == suite && t.name == name)
+            .unwrap_or_else(|| panic!("{name} in {:?}", target.tests))
+    };
+    for test in &target.tests {
+        assert!(test.is_ok(), "{}: {:?}", test.label(), test.outcome);
+    }
+    // Snapshots: taken while the writes ran, held to the writes without.
+    let snapshots = find(Suite::Datasets, "randwrite-16k-qd64-1j-in256m-snapshots");
+    let limit = results
+        .limit_for(target, snapshots)
+        .expect("held to its load");
+    assert!(!limit.workload.snapshots);
+    assert!(
+        target
+            .notes
+            .iter()
+            .any(|n| n.contains("taken during the writes, one every 2 s")),
+        "{:?}",
+        target.notes
+    );
+    // lz4 is held to off, and on compressible data writes fewer device
+    // bytes per byte fio wrote.
+    let amp = |name: &str| {
+        let test = find(Suite::Datasets, name);
+        test.device.expect("device counters").write_amplification
+    };
+    let lz4 = find(Suite::Datasets, "randwrite-16k-qd64-1j-compressible-lz4");
+    let limit = results.limit_for(target, lz4).expect("held to off");
+    assert_eq!(limit.workload.compression, Some(Compression::Off));
+    let (off, on) = (
+        amp("randwrite-16k-qd64-1j-compressible-off"),
+        amp("randwrite-16k-qd64-1j-compressible-lz4"),
+    );
+    assert!(on < 0.9 * off, "lz4 wrote {on:.2}x, off {off:.2}x");
+    assert!(lz4
+        .command
+        .iter()
+        .any(|a| a.starts_with("--buffer_compress_percentage")));
+    assert!(
+        target.notes.iter().any(|n| n.contains("compressratio")),
+        "{:?}",
+        target.notes
+    );
+    // The soak verified 8 regions and sampled the server through.
+    let soak = find(Suite::Soak, "randrw70-16k-qd64-8j-verify");
+    assert!(soak.command.iter().any(|a| a == "--verify=crc32c"));
+    assert!(
+        soak.command.iter().any(|a| a == "--offset_increment=16M"),
+        "{:?}",
+        soak.command
+    );
+    assert!(!soak.samples.is_empty());
+    assert!(soak
+        .samples
+        .iter()
+        .all(|s| s.server_rss_bytes.unwrap_or(0) > 0));
+    assert!(soak.samples.iter().any(|s| s.pool_free_bytes.is_some()));
+    // Grow: a second mirror between the two rows, which the writes after
+    // reached; a quarter-full pool gets the notice.
+    let grown = find(Suite::Grow, "randwrite-16k-qd64-1j-grown");
+    let limit = results.limit_for(target, grown).expect("held to before");
+    assert!(!limit.workload.grown && limit.suite == Suite::Grow);
+    let after = target
+        .notes
+        .iter()
+        .find(|n| n.starts_with("randwrite-16k-qd64-1j-grown: allocated"))
+        .unwrap_or_else(|| panic!("{:?}", target.notes));
+    assert!(
+        after.contains("mirror-0") && after.contains("mirror-1"),
+        "{after}"
+    );
+    assert!(
+        target.pitfalls.iter().any(|f| f.check == "grow-fill"),
+        "{:?}",
+        target.pitfalls
+    );
 }

@@ -30,7 +30,7 @@ use anyhow::{bail, Context, Result};
 
 use super::nbd::{check_socket_path, unix_uri};
 use super::process::{command_argv, run_command, run_command_with_env, ServerProcess};
-use super::{files, Access, FillMethod, Instance, IronpoolSpec, Purpose, SetupContext};
+use super::{files, Access, FillMethod, Instance, IronpoolSpec, Layout, Purpose, SetupContext};
 use crate::ironpool_stats::{parse_iostat, parse_list, IostatSnapshot, PoolSpace};
 use crate::units::{bytes_human, parse_size, size_short, KIB, MIB};
 
@@ -88,6 +88,11 @@ pub struct IronpoolPool {
     /// The executable makes volumes sparse on request (`volume create
     /// --sparse`; older builds made every volume sparse and know no flag).
     sparse_flag: bool,
+    /// The shape of the pool's first vdev, which [`IronpoolPool::add_vdev`]
+    /// repeats: layout, data disks, size of each.
+    layout: Layout,
+    disk_count: u32,
+    disk_size_bytes: u64,
 }
 
 impl IronpoolPool {
@@ -163,6 +168,75 @@ impl IronpoolPool {
         self.run(&argv)
             .with_context(|| format!("setting {key}={value} on {}", self.dataset))?;
         Ok(argv)
+    }
+
+    /// The value of property `key` of the benchmarked dataset (`ironpool
+    /// get`).
+    pub fn property(&self, key: &str) -> Result<String> {
+        let (argv, _) = self.command("get", &["--json".into(), key.into(), self.dataset.clone()]);
+        let text = self
+            .run(&argv)
+            .with_context(|| format!("reading {key} of {}", self.dataset))?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("`ironpool get --json` printed no JSON: {text}"))?;
+        json["properties"][0]["value"]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("`ironpool get --json {key}` has no value: {text}"))
+    }
+
+    /// `ironpool add` of a vdev like the pool's first: the same layout
+    /// with as many new disk images of the same size (one disk for a
+    /// stripe), created by `add --size` in the target's directory and
+    /// removed with the others. Returns the command.
+    pub fn add_vdev(&mut self) -> Result<Vec<String>> {
+        let vdev = self.disks.len();
+        let count = if self.layout == Layout::Stripe {
+            1
+        } else {
+            self.disk_count
+        };
+        let new: Vec<PathBuf> = (0..count)
+            .map(|i| self.dir.join(format!("grow{vdev}-{i}.img")))
+            .collect();
+        let mut args = vec![
+            "--size".to_string(),
+            size_short(self.disk_size_bytes),
+            POOL_NAME.to_string(),
+        ];
+        args.extend(self.layout.create_word());
+        args.extend(new.iter().map(|d| d.display().to_string()));
+        let (argv, _) = self.command("add", &args);
+        // Whatever `add` created is ours to remove, even if it failed.
+        self.disks.extend(new);
+        self.run(&argv).context("adding a vdev to the pool")?;
+        Ok(argv)
+    }
+
+    /// Each data vdev's allocation (`ironpool list -v`):
+    /// `mirror-0 1.2 GiB of 2.0 GiB, mirror-1 180 MiB of 2.0 GiB`.
+    pub fn vdev_allocation(&self) -> Result<String> {
+        let (argv, _) = self.command("list", &["--json".into(), "-v".into(), POOL_NAME.into()]);
+        let text = self.run(&argv).context("listing the pool's vdevs")?;
+        let json: serde_json::Value = serde_json::from_str(&text)
+            .with_context(|| format!("`ironpool list --json -v` printed no JSON: {text}"))?;
+        let vdevs = json["pools"][0]["vdevs"]
+            .as_array()
+            .with_context(|| format!("`ironpool list --json -v` has no vdevs: {text}"))?;
+        Ok(vdevs
+            .iter()
+            .filter(|v| !v["log"].as_bool().unwrap_or(false))
+            .map(|v| {
+                let bytes = |key: &str| bytes_human(v[key].as_u64().unwrap_or(0) as f64);
+                format!(
+                    "{} {} of {}",
+                    v["name"].as_str().unwrap_or("?"),
+                    bytes("allocated_bytes"),
+                    bytes("size_bytes")
+                )
+            })
+            .collect::<Vec<_>>()
+            .join(", "))
     }
 
     /// `ironpool snapshot DATASET@NAME` of the benchmarked dataset; returns
@@ -596,6 +670,9 @@ pub fn setup(
         dataset: format!("{POOL_NAME}/{VOLUME_NAME}"),
         volblocksize_bytes,
         sparse_flag,
+        layout: spec.layout,
+        disk_count: spec.disk_count,
+        disk_size_bytes: spec.disk_size_bytes,
     };
     let capacity = pool.space()?.size_bytes;
     let size_bytes = working_set_bytes(context, capacity, volblocksize_bytes)?;
@@ -695,6 +772,9 @@ fn setup_filesystem(
         dataset: dataset.clone(),
         volblocksize_bytes: record_bytes,
         sparse_flag,
+        layout: spec.layout,
+        disk_count: spec.disk_count,
+        disk_size_bytes: spec.disk_size_bytes,
     };
     let capacity = pool.space()?.size_bytes;
     let size_bytes = working_set_bytes(context, capacity, record_bytes)?;

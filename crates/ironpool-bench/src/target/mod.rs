@@ -122,6 +122,8 @@ pub struct Instance {
     filler_count: u32,
     /// The stall suite's probe dataset, once made.
     pub stall_probe: Option<Access>,
+    /// The grow suite added a vdev to the pool (once per set-up).
+    pub grown: bool,
 }
 
 impl Instance {
@@ -146,6 +148,7 @@ impl Instance {
             loop_mount: None,
             filler_count: 0,
             stall_probe: None,
+            grown: false,
         }
     }
 

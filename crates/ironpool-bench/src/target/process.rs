@@ -267,7 +267,7 @@ pub fn cpu_ticks_from_stat(text: &str) -> Result<u64> {
 }
 
 /// The kernel's USER_HZ, for /proc tick counts.
-fn clock_ticks_per_second() -> f64 {
+pub fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf has no preconditions.
     let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if ticks > 0 {

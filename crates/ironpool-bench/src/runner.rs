@@ -446,9 +446,32 @@ impl Runner<'_> {
                 if current_level != Some(level) {
                     current_level = Some(level);
                     if let Err(error) = self.raise_fill(instance, level, slug, result) {
+                        let pool = instance.pool.as_ref().and_then(|pool| {
+                            Some((pool.space().ok()?, pool.vdev_allocation().ok()?))
+                        });
+                        let state = match pool {
+                            Some((space, allocation)) => {
+                                let free = space.free_bytes as f64 / space.size_bytes.max(1) as f64;
+                                let why = if format!("{error:#}").contains("No space left")
+                                    && free > 0.1
+                                {
+                                    " (the pool refused a block with that much free: ironpool has no \
+                                     gang blocks, so a block needs a free extent of its own size, and \
+                                     overwrites leave the free space in smaller pieces)"
+                                } else {
+                                    ""
+                                };
+                                format!(
+                                    "; the pool then: {} free of {}, {allocation}{why}",
+                                    bytes_human(space.free_bytes as f64),
+                                    bytes_human(space.size_bytes as f64)
+                                )
+                            }
+                            None => String::new(),
+                        };
                         result
                             .notes
-                            .push(format!("fill suite stopped at {level}%: {error:#}"));
+                            .push(format!("fill suite stopped at {level}%: {error:#}{state}"));
                         for _ in &tests[index..] {
                             self.progress.skip(self.planned_test_seconds());
                         }

@@ -214,7 +214,8 @@ impl IronpoolPool {
     }
 
     /// Each data vdev's allocation (`ironpool list -v`):
-    /// `mirror-0 1.2 GiB of 2.0 GiB, mirror-1 180 MiB of 2.0 GiB`.
+    /// `mirror-0 1.2 GiB of 2.0 GiB (12% fragmented), mirror-1 180 MiB of
+    /// 2.0 GiB (0% fragmented)`.
     pub fn vdev_allocation(&self) -> Result<String> {
         let (argv, _) = self.command("list", &["--json".into(), "-v".into(), POOL_NAME.into()]);
         let text = self.run(&argv).context("listing the pool's vdevs")?;
@@ -229,10 +230,11 @@ impl IronpoolPool {
             .map(|v| {
                 let bytes = |key: &str| bytes_human(v[key].as_u64().unwrap_or(0) as f64);
                 format!(
-                    "{} {} of {}",
+                    "{} {} of {} ({}% fragmented)",
                     v["name"].as_str().unwrap_or("?"),
                     bytes("allocated_bytes"),
-                    bytes("size_bytes")
+                    bytes("size_bytes"),
+                    v["fragmentation_percent"].as_u64().unwrap_or(0)
                 )
             })
             .collect::<Vec<_>>()
@@ -507,10 +509,17 @@ impl IronpoolPool {
         ))
     }
 
-    /// A filler volume for the fill suite, rounded up to whole MiB.
+    /// A filler volume for the fill suite, rounded up to whole MiB, with
+    /// the working set's block size: the pool fills with blocks like the
+    /// ones the tests then allocate (larger ones find no room in the
+    /// pieces the tests' overwrites free long before the pool is full:
+    /// ironpool has no gang blocks to split them).
     pub fn create_filler(&self, name: &str, size_bytes: u64) -> Result<(Access, Vec<String>)> {
         let rounded = size_bytes.div_ceil(MIB).max(1) * MIB;
-        let properties = [("volblocksize".to_string(), "128K".to_string())];
+        let properties = [(
+            "volblocksize".to_string(),
+            size_short(self.volblocksize_bytes),
+        )];
         self.create_volume(name, rounded, &properties)
     }
 }

@@ -240,7 +240,7 @@ fn ironpool_fill_suite_reads_the_devices_at_each_level() {
         "--suite",
         "fill",
         "--fill-levels",
-        "40,70",
+        "40,90",
         "--runtime",
         "1",
         "--size",
@@ -289,7 +289,10 @@ fn ironpool_fill_suite_reads_the_devices_at_each_level() {
             );
         }
     }
-    assert_eq!(levels.into_iter().collect::<Vec<_>>(), [40, 70]);
+    // 90% too, after the tests' overwrites (at this size and runtime they
+    // fragment too little to show what 2 GiB did: 128K fillers met ENOSPC
+    // with a third of the pool free, as ironpool has no gang blocks).
+    assert_eq!(levels.into_iter().collect::<Vec<_>>(), [40, 90]);
 }
 
 /// The durable suite on a real mirror with a log device, held to two raw

@@ -969,7 +969,7 @@ impl Runner<'_> {
     /// the target's file, and observes the target around it as a fio test.
     fn run_ops_test(
         &mut self,
-        instance: &Instance,
+        instance: &mut Instance,
         test: &TestSpec,
         ops: suites::OpsTest,
         target: &mut TargetResult,
@@ -1007,36 +1007,26 @@ impl Runner<'_> {
                 format!("{} s", self.plan.runtime_seconds)
             },
         ];
-        self.progress.begin(
-            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
-            planned,
-        );
-        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
         let runtime = std::time::Duration::from_secs(self.plan.runtime_seconds);
-        let progress = &mut self.progress;
-        let run = crate::ops::run(ops, &dir, files, runtime, &mut || progress.tick());
-        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        self.interrupted |= interrupt::requested();
-        match run {
-            Ok(run) => {
+        self.observed(
+            instance,
+            (test, ops.name(), planned),
+            &mut result,
+            target,
+            |runner, _, _| {
+                let progress = &mut runner.progress;
+                crate::ops::run(ops, &dir, files, runtime, &mut || progress.tick())
+            },
+            |result, run| {
                 result.wall_seconds = run.seconds;
                 result.ops_per_second = Some(run.rate());
-                target
-                    .pitfalls
-                    .extend(observe::compare(instance, &before, &after, &mut result));
-                self.progress.end(&format!(
+                format!(
                     "{} operations, {}/s",
                     run.operations,
                     count_human(run.rate())
-                ));
-            }
-            Err(error) => {
-                result.outcome = crate::results::Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
-                self.progress.end("failed");
-            }
-        }
+                )
+            },
+        );
         result
     }
 }
@@ -1082,54 +1072,41 @@ impl Runner<'_> {
             },
             format!("{files} files"),
         ];
-        self.progress.begin(
-            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
-            planned,
-        );
-        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        let progress = &mut self.progress;
-        let run = match ops {
-            suites::OpsTest::SnapshotTake => {
-                let mut take = || match instance.take_snapshot(name) {
-                    Ok(taken) => taken,
-                    Err(reason) => Err(anyhow::anyhow!(reason)),
-                };
-                crate::ops::snapshot_take(&root, files, &mut || progress.tick(), &mut take)
-            }
-            _ => instance
-                .in_snapshot(name, &listed)
-                .map_err(|reason| anyhow::anyhow!(reason))
-                .and_then(|dir| {
-                    if !dir.is_dir() {
-                        anyhow::bail!(
-                            "{} is missing: snapshot-list lists what snapshot-take left",
-                            dir.display()
-                        );
+        self.observed(
+            instance,
+            (test, ops.name(), planned),
+            &mut result,
+            target,
+            |runner, instance, _| {
+                let progress = &mut runner.progress;
+                match ops {
+                    suites::OpsTest::SnapshotTake => {
+                        let mut take = || match instance.take_snapshot(name) {
+                            Ok(taken) => taken,
+                            Err(reason) => Err(anyhow::anyhow!(reason)),
+                        };
+                        crate::ops::snapshot_take(&root, files, &mut || progress.tick(), &mut take)
                     }
-                    crate::ops::snapshot_list(&dir, &mut || progress.tick())
-                }),
-        };
-        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        self.interrupted |= interrupt::requested();
-        match run {
-            Ok(run) => {
+                    _ => instance
+                        .in_snapshot(name, &listed)
+                        .map_err(|reason| anyhow::anyhow!(reason))
+                        .and_then(|dir| {
+                            if !dir.is_dir() {
+                                anyhow::bail!(
+                                    "{} is missing: snapshot-list lists what snapshot-take left",
+                                    dir.display()
+                                );
+                            }
+                            crate::ops::snapshot_list(&dir, &mut || progress.tick())
+                        }),
+                }
+            },
+            |result, run| {
                 result.wall_seconds = run.seconds;
                 result.ops_per_second = Some(run.rate());
-                target
-                    .pitfalls
-                    .extend(observe::compare(instance, &before, &after, &mut result));
-                self.progress.end(&format!(
-                    "{} operations in {:.3} s",
-                    run.operations, run.seconds
-                ));
-            }
-            Err(error) => {
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
-                self.progress.end("failed");
-            }
-        }
+                format!("{} operations in {:.3} s", run.operations, run.seconds)
+            },
+        );
         result
     }
 }
@@ -1168,19 +1145,16 @@ impl Runner<'_> {
             };
             return result;
         }
-        self.progress.begin(
-            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
-            planned,
-        );
-        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        let run = match file {
-            Some(file) => copy_file(&file),
-            None => self.send_streams(instance, ops, slug, target),
-        };
-        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        self.interrupted |= interrupt::requested();
-        match run {
-            Ok((bytes, seconds, commands)) => {
+        self.observed(
+            instance,
+            (test, ops.name(), planned),
+            &mut result,
+            target,
+            |runner, instance, target| match file {
+                Some(file) => copy_file(&file),
+                None => runner.send_streams(instance, ops, slug, target),
+            },
+            |result, (bytes, seconds, commands)| {
                 // One line of the shell: `send ... | receive ...`.
                 result.command = commands.join(&"|".to_string());
                 result.wall_seconds = seconds;
@@ -1205,22 +1179,13 @@ impl Runner<'_> {
                         samples: 1,
                     },
                 });
-                target
-                    .pitfalls
-                    .extend(observe::compare(instance, &before, &after, &mut result));
-                self.progress.end(&format!(
+                format!(
                     "{} in {seconds:.2} s, {}",
                     bytes_human(bytes as f64),
                     rate_human(result.total_bandwidth())
-                ));
-            }
-            Err(error) => {
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
-                self.progress.end("failed");
-            }
-        }
+                )
+            },
+        );
         result
     }
 
@@ -1354,36 +1319,33 @@ impl Runner<'_> {
             return result;
         };
         let files = self.plan.files;
-        self.progress.begin(
-            &format!("{} {} {}", instance.label, test.suite.name(), ops.name()),
-            planned,
-        );
-        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        let progress = &mut self.progress;
-        let run = match ops {
-            suites::OpsTest::FilesTar => (|| {
-                let source = match instance.pool.as_ref().filter(|_| ironpool_fs) {
-                    Some(pool) => {
-                        let (mountpoint, command) = pool
-                            .create_filesystem(suites::SEND_FILES_FS_NAME, &[("atime", "off")])?;
-                        target.setup_commands.push(command);
-                        mountpoint
+        let run = |runner: &mut Self, instance: &mut Instance, target: &mut TargetResult| {
+            let progress = &mut runner.progress;
+            match ops {
+                suites::OpsTest::FilesTar => (|| {
+                    let source = match instance.pool.as_ref().filter(|_| ironpool_fs) {
+                        Some(pool) => {
+                            let (mountpoint, command) = pool.create_filesystem(
+                                suites::SEND_FILES_FS_NAME,
+                                &[("atime", "off")],
+                            )?;
+                            target.setup_commands.push(command);
+                            mountpoint
+                        }
+                        None => root.join("ironpool-bench-tar-source"),
+                    };
+                    crate::ops::make_small_files(&source, files, &mut || progress.tick())?;
+                    let copy = root.join("ironpool-bench-tar-copy");
+                    let (seconds, argv) = crate::ops::tar_copy(&source, &copy)?;
+                    std::fs::remove_dir_all(&copy)
+                        .with_context(|| format!("removing {}", copy.display()))?;
+                    if !ironpool_fs {
+                        std::fs::remove_dir_all(&source)
+                            .with_context(|| format!("removing {}", source.display()))?;
                     }
-                    None => root.join("ironpool-bench-tar-source"),
-                };
-                crate::ops::make_small_files(&source, files, &mut || progress.tick())?;
-                let copy = root.join("ironpool-bench-tar-copy");
-                let (seconds, argv) = crate::ops::tar_copy(&source, &copy)?;
-                std::fs::remove_dir_all(&copy)
-                    .with_context(|| format!("removing {}", copy.display()))?;
-                if !ironpool_fs {
-                    std::fs::remove_dir_all(&source)
-                        .with_context(|| format!("removing {}", source.display()))?;
-                }
-                Ok::<_, anyhow::Error>((seconds, vec![argv]))
-            })(),
-            _ => {
-                (|| {
+                    Ok::<_, anyhow::Error>((seconds, vec![argv]))
+                })(),
+                _ => (|| {
                     if !target
                         .tests
                         .iter()
@@ -1416,13 +1378,16 @@ impl Runner<'_> {
                         target.setup_commands.push(pool.destroy(name)?);
                     }
                     Ok((seconds, vec![commands.join(&"|".to_string())]))
-                })()
+                })(),
             }
         };
-        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        self.interrupted |= interrupt::requested();
-        match run {
-            Ok((seconds, commands)) => {
+        self.observed(
+            instance,
+            (test, ops.name(), planned),
+            &mut result,
+            target,
+            run,
+            |result, (seconds, commands)| {
                 result.command = commands.into_iter().next().unwrap_or_default();
                 let run = crate::ops::OpsRun {
                     operations: files,
@@ -1430,21 +1395,12 @@ impl Runner<'_> {
                 };
                 result.wall_seconds = seconds;
                 result.ops_per_second = Some(run.rate());
-                target
-                    .pitfalls
-                    .extend(observe::compare(instance, &before, &after, &mut result));
-                self.progress.end(&format!(
+                format!(
                     "{files} files in {seconds:.2} s, {}/s",
                     count_human(run.rate())
-                ));
-            }
-            Err(error) => {
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
-                self.progress.end("failed");
-            }
-        }
+                )
+            },
+        );
         result
     }
 }
@@ -1455,7 +1411,7 @@ impl Runner<'_> {
     /// target with a server of ours).
     fn run_idle_test(
         &mut self,
-        instance: &Instance,
+        instance: &mut Instance,
         test: &TestSpec,
         target: &mut TargetResult,
     ) -> TestResult {
@@ -1468,35 +1424,42 @@ impl Runner<'_> {
             };
             return result;
         }
-        self.progress.begin(
-            &format!("{} {} idle", instance.label, test.suite.name()),
-            seconds as f64,
-        );
         result.command = vec!["sleep".to_string(), seconds.to_string()];
-        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        let start = std::time::Instant::now();
-        while start.elapsed() < std::time::Duration::from_secs(seconds) {
-            if interrupt::requested() {
-                self.interrupted = true;
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(100));
-            self.progress.tick();
-        }
-        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
-        result.wall_seconds = start.elapsed().as_secs_f64();
-        target
-            .pitfalls
-            .extend(observe::compare(instance, &before, &after, &mut result));
-        match result.server {
-            Some(usage) => self
-                .progress
-                .end(&format!("server used {:.3} cores", usage.cores_used)),
-            None => {
-                result.outcome = Outcome::Failed {
-                    error: "no server CPU figures".to_string(),
-                };
-                self.progress.end("failed");
+        self.observed(
+            instance,
+            (test, "idle", seconds as f64),
+            &mut result,
+            target,
+            |runner, _, _| {
+                let start = std::time::Instant::now();
+                while start.elapsed() < std::time::Duration::from_secs(seconds) {
+                    if interrupt::requested() {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                    runner.progress.tick();
+                }
+                Ok(start.elapsed().as_secs_f64())
+            },
+            |result, elapsed| {
+                result.wall_seconds = elapsed;
+                format!("{elapsed:.1} s with no client")
+            },
+        );
+        // Its figure is the server's CPU, which only the observation gives.
+        if result.is_ok() {
+            match result.server {
+                Some(usage) => self.progress.log(&format!(
+                    "{} {} idle: the server used {:.3} cores",
+                    instance.label,
+                    test.suite.name(),
+                    usage.cores_used
+                )),
+                None => {
+                    result.outcome = Outcome::Failed {
+                        error: "no server CPU figures".to_string(),
+                    };
+                }
             }
         }
         result
@@ -1798,6 +1761,47 @@ impl Runner<'_> {
 }
 
 impl Runner<'_> {
+    /// The frame of a test that is not fio's: its progress step begun
+    /// (`what`: the test, its name in the step, the planned seconds), the
+    /// target observed before and after `run`, then, when it succeeded,
+    /// `record` fills the result in from what it returned (before the
+    /// observations are compared: the server's CPU per operation needs the
+    /// operations) and gives the step's closing line; a failure fails the
+    /// test.
+    fn observed<T>(
+        &mut self,
+        instance: &mut Instance,
+        (test, name, planned): (&TestSpec, &str, f64),
+        result: &mut TestResult,
+        target: &mut TargetResult,
+        run: impl FnOnce(&mut Self, &mut Instance, &mut TargetResult) -> Result<T>,
+        record: impl FnOnce(&mut TestResult, T) -> String,
+    ) {
+        self.progress.begin(
+            &format!("{} {} {name}", instance.label, test.suite.name()),
+            planned,
+        );
+        let before = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        let run = run(self, instance, target);
+        let after = observe::snapshot(instance, &self.args.zfs_kstat_dir, &mut target.notes);
+        self.interrupted |= interrupt::requested();
+        match run {
+            Ok(value) => {
+                let line = record(result, value);
+                target
+                    .pitfalls
+                    .extend(observe::compare(instance, &before, &after, result));
+                self.progress.end(&line);
+            }
+            Err(error) => {
+                result.outcome = Outcome::Failed {
+                    error: format!("{error:#}"),
+                };
+                self.progress.end("failed");
+            }
+        }
+    }
+
     /// Writes a filesystem target's working-set file afresh (the blocks a
     /// truncate or `rm` then frees are its own, none shared with a
     /// snapshot) and commits it; returns its path.

@@ -712,23 +712,18 @@ impl Runner<'_> {
         }
         if test.workload.cold || test.workload.nocache {
             if test.workload.nocache && instance.kind == "nbdkit-memory" {
-                self.progress.skip(self.planned_test_seconds());
-                let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
-                result.outcome = Outcome::Skipped {
-                    reason: "nbdkit-memory's data is in RAM: it has no cache to turn off"
-                        .to_string(),
-                };
-                return result;
+                return self.not_run(
+                    test,
+                    Outcome::Skipped {
+                        reason: "nbdkit-memory's data is in RAM: it has no cache to turn off"
+                            .to_string(),
+                    },
+                );
             }
             // An ironpool target's cache is emptied (a file read with
             // O_DIRECT has no cache in the way).
             if let Err(error) = instance.drop_cache() {
-                self.progress.skip(self.planned_test_seconds());
-                let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
-                return result;
+                return self.not_run(test, failed(&error));
             }
         }
         if test.workload.nocache && instance.pool.is_some() {
@@ -753,20 +748,23 @@ impl Runner<'_> {
         if !target.notes.iter().any(|n| n == note) {
             target.notes.push(note.to_string());
         }
-        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
         if let Err(error) = instance.set_sync("always") {
-            self.progress.skip(self.planned_test_seconds());
-            result.outcome = Outcome::Failed {
-                error: format!("{error:#}"),
-            };
-            return result;
+            return self.not_run(test, failed(&error));
         }
         let mut result = self.run_fio_test(instance, &access, test, true, slug, target);
         if let Err(error) = instance.set_sync("standard") {
-            result.outcome = Outcome::Failed {
-                error: format!("{error:#}"),
-            };
+            result.outcome = failed(&error);
         }
+        result
+    }
+
+    /// A test that does not run (skipped, or failed before it could
+    /// start): its planned time leaves the progress display, and its
+    /// result says why.
+    fn not_run(&mut self, test: &TestSpec, outcome: Outcome) -> TestResult {
+        self.progress.skip(self.planned_test_seconds());
+        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
+        result.outcome = outcome;
         result
     }
 
@@ -781,18 +779,11 @@ impl Runner<'_> {
         run: impl FnOnce(&mut Self, &mut Instance) -> TestResult,
     ) -> TestResult {
         if let Err(error) = instance.set_property(key, value) {
-            self.progress.skip(self.planned_test_seconds());
-            let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
-            result.outcome = Outcome::Failed {
-                error: format!("{error:#}"),
-            };
-            return result;
+            return self.not_run(test, failed(&error));
         }
         let mut result = run(self, instance);
         if let Err(error) = instance.set_property(key, restore) {
-            result.outcome = Outcome::Failed {
-                error: format!("{error:#}"),
-            };
+            result.outcome = failed(&error);
         }
         result
     }
@@ -808,7 +799,6 @@ impl Runner<'_> {
         slug: &str,
         target: &mut TargetResult,
     ) -> TestResult {
-        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
         let name = suites::SNAPSHOT_READ_NAME;
         let taken = if instance.has_snapshot(name) {
             Ok(Ok(()))
@@ -821,9 +811,7 @@ impl Runner<'_> {
         };
         let path = match (taken, file) {
             (Err(reason), _) => Err(Outcome::Skipped { reason }),
-            (Ok(Err(error)), _) => Err(Outcome::Failed {
-                error: format!("{error:#}"),
-            }),
+            (Ok(Err(error)), _) => Err(failed(&error)),
             (Ok(Ok(())), None) => Err(Outcome::Skipped {
                 reason: "the working set is not a file".to_string(),
             }),
@@ -833,11 +821,7 @@ impl Runner<'_> {
         };
         match path {
             Ok(path) => self.run_fio_test(instance, &Access::File(path), test, false, slug, target),
-            Err(outcome) => {
-                self.progress.skip(self.planned_test_seconds());
-                result.outcome = outcome;
-                result
-            }
+            Err(outcome) => self.not_run(test, outcome),
         }
     }
 
@@ -869,20 +853,14 @@ impl Runner<'_> {
             durable_by_target,
         ) {
             Ok(argv) => argv,
-            Err(reason) => {
-                self.progress.skip(planned);
-                result.outcome = Outcome::Skipped { reason };
-                return result;
-            }
+            Err(reason) => return self.not_run(test, Outcome::Skipped { reason }),
         };
         result.command = argv.clone();
         let file_name = format!("{}-{}", test.suite.name(), result.label().replace('/', "-"));
         if test.workload.cached {
             if let Err(error) = self.warm(instance, slug, &file_name, target) {
                 self.progress.skip(planned);
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
+                result.outcome = failed(&error);
                 return result;
             }
         }
@@ -908,9 +886,7 @@ impl Runner<'_> {
         let run = match run {
             Ok(run) => run,
             Err(error) => {
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
+                result.outcome = failed(&error);
                 self.progress.end("failed to run fio");
                 return result;
             }
@@ -988,11 +964,12 @@ impl Runner<'_> {
         let dir = match dir {
             Ok(dir) => dir,
             Err(reason) => {
-                self.progress.skip(planned);
-                result.outcome = crate::results::Outcome::Skipped {
-                    reason: reason.to_string(),
-                };
-                return result;
+                return self.not_run(
+                    test,
+                    Outcome::Skipped {
+                        reason: reason.to_string(),
+                    },
+                )
             }
         };
         let files = self.plan.files;
@@ -1047,14 +1024,15 @@ impl Runner<'_> {
         let root = match instance.file_dir() {
             Some(root) if instance.kind == "ironpool-fs" => root.to_path_buf(),
             _ => {
-                self.progress.skip(planned);
-                result.outcome = Outcome::Skipped {
-                    reason: format!(
-                        "a snapshot's test needs an ironpool-fs target, not {}",
-                        instance.kind
-                    ),
-                };
-                return result;
+                return self.not_run(
+                    test,
+                    Outcome::Skipped {
+                        reason: format!(
+                            "a snapshot's test needs an ironpool-fs target, not {}",
+                            instance.kind
+                        ),
+                    },
+                )
             }
         };
         let files = self.plan.files;
@@ -1133,17 +1111,14 @@ impl Runner<'_> {
             _ => None,
         };
         if instance.pool.is_none() && (file.is_none() || ops != suites::OpsTest::SendReceive) {
-            self.progress.skip(planned);
-            result.outcome = Outcome::Skipped {
-                reason: match ops {
-                    suites::OpsTest::SendReceive => format!(
-                        "a stream needs an ironpool target; a file target's limit is a copy, and {} is no file",
-                        instance.kind
-                    ),
-                    _ => "an incremental stream needs an ironpool target".to_string(),
-                },
+            let reason = match ops {
+                suites::OpsTest::SendReceive => format!(
+                    "a stream needs an ironpool target; a file target's limit is a copy, and {} is no file",
+                    instance.kind
+                ),
+                _ => "an incremental stream needs an ironpool target".to_string(),
             };
-            return result;
+            return self.not_run(test, Outcome::Skipped { reason });
         }
         self.observed(
             instance,
@@ -1312,11 +1287,8 @@ impl Runner<'_> {
             _ => None,
         };
         let (Some(root), None) = (root, skip.clone()) else {
-            self.progress.skip(planned);
-            result.outcome = Outcome::Skipped {
-                reason: skip.unwrap_or_default(),
-            };
-            return result;
+            let reason = skip.unwrap_or_default();
+            return self.not_run(test, Outcome::Skipped { reason });
         };
         let files = self.plan.files;
         let run = |runner: &mut Self, instance: &mut Instance, target: &mut TargetResult| {
@@ -1418,11 +1390,8 @@ impl Runner<'_> {
         let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
         let seconds = suites::IDLE_SECONDS;
         if instance.server.is_none() {
-            self.progress.skip(self.planned_test_seconds());
-            result.outcome = Outcome::Skipped {
-                reason: format!("{} has no server of ours to watch", instance.kind),
-            };
-            return result;
+            let reason = format!("{} has no server of ours to watch", instance.kind);
+            return self.not_run(test, Outcome::Skipped { reason });
         }
         result.command = vec!["sleep".to_string(), seconds.to_string()];
         self.observed(
@@ -1542,16 +1511,12 @@ impl Runner<'_> {
         slug: &str,
         target: &mut TargetResult,
     ) -> TestResult {
-        let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
         if instance.pool.is_none() {
-            self.progress.skip(self.planned_test_seconds());
-            result.outcome = Outcome::Skipped {
-                reason: format!(
-                    "an action on a pool needs an ironpool target, not {}",
-                    instance.kind
-                ),
-            };
-            return result;
+            let reason = format!(
+                "an action on a pool needs an ironpool target, not {}",
+                instance.kind
+            );
+            return self.not_run(test, Outcome::Skipped { reason });
         }
         let filesystem = instance.pool.as_ref().is_some_and(|p| p.is_filesystem());
         let needs_files = match ops {
@@ -1561,13 +1526,10 @@ impl Runner<'_> {
             _ => None,
         };
         if let Some(command) = needs_files.filter(|_| !filesystem) {
-            self.progress.skip(self.planned_test_seconds());
-            result.outcome = Outcome::Skipped {
-                reason: format!(
-                    "{command} needs a filesystem: a volume has no files (stall-destroy destroys it)"
-                ),
-            };
-            return result;
+            let reason = format!(
+                "{command} needs a filesystem: a volume has no files (stall-destroy destroys it)"
+            );
+            return self.not_run(test, Outcome::Skipped { reason });
         }
         // The action meets its metadata on the devices, as on a pool
         // imported afresh; the probe is read back into the cache so that
@@ -1586,13 +1548,7 @@ impl Runner<'_> {
         });
         let (probe, action) = match prepared {
             Ok(prepared) => prepared,
-            Err(error) => {
-                self.progress.skip(self.planned_test_seconds());
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
-                return result;
-            }
+            Err(error) => return self.not_run(test, failed(&error)),
         };
         let probe_seconds = self
             .plan
@@ -1794,9 +1750,7 @@ impl Runner<'_> {
                 self.progress.end(&line);
             }
             Err(error) => {
-                result.outcome = Outcome::Failed {
-                    error: format!("{error:#}"),
-                };
+                result.outcome = failed(&error);
                 self.progress.end("failed");
             }
         }
@@ -1918,6 +1872,13 @@ fn copy_file(file: &Path) -> Result<(u64, f64, Vec<Vec<String>>)> {
     let bytes = bytes.with_context(|| format!("reading the size of {}", copy.display()))?;
     removed.with_context(|| format!("removing {}", copy.display()))?;
     Ok((bytes, seconds, vec![argv]))
+}
+
+/// A test's failure with an error's whole chain of causes.
+fn failed(error: &anyhow::Error) -> Outcome {
+    Outcome::Failed {
+        error: format!("{error:#}"),
+    }
 }
 
 /// `15.3k IOPS, 239 MiB/s, p99 122 us`.

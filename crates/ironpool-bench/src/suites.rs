@@ -1137,6 +1137,14 @@ pub const SEND_FILES_DIRECTORIES: u64 = 20;
 mod tests {
     use super::*;
 
+    /// The test names of `suite` with the default options, in run order.
+    fn names(suite: Suite) -> Vec<String> {
+        tests_of(suite, &options())
+            .iter()
+            .map(TestSpec::name)
+            .collect()
+    }
+
     fn options() -> SuiteOptions {
         SuiteOptions {
             depths: QD_SCALING_DEPTHS.to_vec(),
@@ -1147,12 +1155,9 @@ mod tests {
 
     #[test]
     fn names_tests() {
-        let names: Vec<String> = tests_of(Suite::PoolReport, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let listed = names(Suite::PoolReport);
         assert_eq!(
-            names,
+            listed,
             [
                 "write-1m-qd1-1j",
                 "read-1m-qd1-1j",
@@ -1161,10 +1166,7 @@ mod tests {
                 "randrw70-256k-qd16-4j"
             ]
         );
-        let durable: Vec<String> = tests_of(Suite::Durable, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let durable = names(Suite::Durable);
         assert_eq!(
             durable,
             [
@@ -1179,12 +1181,9 @@ mod tests {
 
     #[test]
     fn names_the_fs_suite() {
-        let names: Vec<String> = tests_of(Suite::Fs, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let listed = names(Suite::Fs);
         assert_eq!(
-            names,
+            listed,
             [
                 "randwrite-16k-qd1-1j",
                 "randwrite-16k-qd64-1j",
@@ -1212,20 +1211,17 @@ mod tests {
             ]
         );
         // Names are the results' keys: no two alike.
-        let mut unique = names.clone();
+        let mut unique = listed.clone();
         unique.sort();
         unique.dedup();
-        assert_eq!(unique.len(), names.len());
+        assert_eq!(unique.len(), listed.len());
     }
 
     #[test]
     fn names_the_snapshot_suite() {
-        let names: Vec<String> = tests_of(Suite::Snapshot, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let listed = names(Suite::Snapshot);
         assert_eq!(
-            names,
+            listed,
             [
                 "randread-4k-qd64-1j",
                 "randread-4k-qd64-1j-snapshot",
@@ -1260,12 +1256,9 @@ mod tests {
 
     #[test]
     fn names_the_cache_suite() {
-        let names: Vec<String> = tests_of(Suite::Cache, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let listed = names(Suite::Cache);
         assert_eq!(
-            names,
+            listed,
             [
                 "randread-4k-qd64-1j-cached",
                 "randread-4k-qd1-1j-cached",
@@ -1279,12 +1272,9 @@ mod tests {
 
     #[test]
     fn names_the_poll_suite() {
-        let names: Vec<String> = tests_of(Suite::Poll, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let listed = names(Suite::Poll);
         assert_eq!(
-            names,
+            listed,
             [
                 "files-create",
                 "files-stat",
@@ -1328,12 +1318,9 @@ mod tests {
 
     #[test]
     fn names_the_scheduler_suite() {
-        let names: Vec<String> = tests_of(Suite::Scheduler, &options())
-            .iter()
-            .map(TestSpec::name)
-            .collect();
+        let listed = names(Suite::Scheduler);
         assert_eq!(
-            names,
+            listed,
             [
                 "randread-4k-qd64-1j",
                 "randwrite-16k-qd64-1j",
@@ -1345,12 +1332,6 @@ mod tests {
 
     #[test]
     fn names_the_datasets_grow_and_soak_suites() {
-        let names = |suite| -> Vec<String> {
-            tests_of(suite, &options())
-                .iter()
-                .map(TestSpec::name)
-                .collect()
-        };
         assert_eq!(
             names(Suite::Datasets),
             [

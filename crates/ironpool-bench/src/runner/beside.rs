@@ -37,13 +37,6 @@ fn sleep_unless(stop: &AtomicBool, duration: Duration) -> bool {
     stop.load(Ordering::Relaxed)
 }
 
-/// A test that did not run, and why.
-fn not_run(test: &TestSpec, outcome: Outcome) -> TestResult {
-    let mut result = TestResult::pending(test.suite, test.workload, test.fill_percent);
-    result.outcome = outcome;
-    result
-}
-
 /// The median of `values` (sorted in place); 0 when empty.
 fn median(values: &mut [f64]) -> f64 {
     values.sort_by(f64::total_cmp);
@@ -62,14 +55,11 @@ impl Runner<'_> {
         slug: &str,
         target: &mut TargetResult,
     ) -> TestResult {
-        let Some(pool) = instance.pool.as_ref() else {
-            self.progress.skip(self.planned_test_seconds());
-            return not_run(
-                test,
-                Outcome::Skipped {
-                    reason: format!("{} targets take no snapshots", instance.kind),
-                },
-            );
+        // A copy of the pool's handle: the thread and the cleanup use it
+        // while the test borrows the instance.
+        let Some(pool) = instance.pool.clone() else {
+            let reason = format!("{} targets take no snapshots", instance.kind);
+            return self.not_run(test, Outcome::Skipped { reason });
         };
         let dataset = pool.dataset().to_string();
         let (snapshot_argv, env) = pool.command("snapshot", &[]);
@@ -101,7 +91,6 @@ impl Runner<'_> {
         let (names, mut seconds, error) = snapshotting
             .join()
             .unwrap_or_else(|_| (Vec::new(), Vec::new(), Some("the thread panicked".into())));
-        let pool = instance.pool.as_ref().expect("checked above");
         for name in &names {
             let (argv, env) = pool.command("destroy", &[format!("{dataset}@{name}")]);
             if let Err(error) = StallAction::Command(argv, env).run() {
@@ -151,20 +140,12 @@ impl Runner<'_> {
         target: &mut TargetResult,
     ) -> TestResult {
         let access = instance.access.clone();
-        let Some(pool) = instance.pool.as_ref() else {
+        let Some(pool) = instance.pool.clone() else {
             return self.run_fio_test(instance, &access, test, false, slug, target);
         };
         let previous = match pool.property("compression") {
             Ok(previous) => previous,
-            Err(error) => {
-                self.progress.skip(self.planned_test_seconds());
-                return not_run(
-                    test,
-                    Outcome::Failed {
-                        error: format!("{error:#}"),
-                    },
-                );
-            }
+            Err(error) => return self.not_run(test, super::failed(&error)),
         };
         let mut result = self.with_property(
             instance,
@@ -173,18 +154,13 @@ impl Runner<'_> {
             |runner, instance| runner.run_fio_test(instance, &access, test, false, slug, target),
         );
         if compression == Compression::Lz4 && result.is_ok() {
-            let pool = instance.pool.as_ref().expect("checked above");
             match pool.property("compressratio") {
                 Ok(ratio) => target.notes.push(format!(
                     "{}: the dataset's compressratio after it: {ratio} (of everything it holds, \
                      the uncompressed prefill too); `dev write amp` is this test's own",
                     test.name()
                 )),
-                Err(error) => {
-                    result.outcome = Outcome::Failed {
-                        error: format!("{error:#}"),
-                    }
-                }
+                Err(error) => result.outcome = super::failed(&error),
             }
         }
         result
@@ -203,13 +179,7 @@ impl Runner<'_> {
     ) -> TestResult {
         if instance.pool.is_some() && !instance.grown {
             if let Err(error) = self.grow(instance, target) {
-                self.progress.skip(self.planned_test_seconds());
-                return not_run(
-                    test,
-                    Outcome::Failed {
-                        error: format!("{error:#}"),
-                    },
-                );
+                return self.not_run(test, super::failed(&error));
             }
         }
         let access = instance.access.clone();
@@ -227,11 +197,7 @@ impl Runner<'_> {
                         self.plan.runtime_seconds
                     ));
                 }
-                Err(error) => {
-                    result.outcome = Outcome::Failed {
-                        error: format!("{error:#}"),
-                    }
-                }
+                Err(error) => result.outcome = super::failed(&error),
             }
         }
         let before = suites::Workload {

@@ -25,15 +25,20 @@ pub fn mounted(path: &Path) -> bool {
     ironpool_mount(path).is_some()
 }
 
-/// Whether the filesystem mounted at `path` answers a `statfs` (which the
+/// Whether a FUSE filesystem at `path` answers a `statfs` (which the
 /// kernel always asks the server, where a `stat` may be answered from
-/// its cache).
+/// its cache). The type is checked because a new server detaches the dead
+/// mount a killed one left: between that and its own mount, `path` is the
+/// bare directory below, which answers too (a test once read its files
+/// there and found none).
 fn answers(path: &Path) -> bool {
+    /// `FUSE_SUPER_MAGIC` of linux/magic.h: the `f_type` of every FUSE mount.
+    const FUSE_SUPER_MAGIC: libc::__fsword_t = 0x6573_5546;
     let path = c_string(&path.display().to_string());
-    // SAFETY: a NUL-terminated path and a zeroed statvfs to fill.
+    // SAFETY: a NUL-terminated path and a zeroed statfs to fill.
     unsafe {
-        let mut stats: libc::statvfs = std::mem::zeroed();
-        libc::statvfs(path.as_ptr(), &mut stats) == 0
+        let mut stats: libc::statfs = std::mem::zeroed();
+        libc::statfs(path.as_ptr(), &mut stats) == 0 && stats.f_type == FUSE_SUPER_MAGIC
     }
 }
 

@@ -390,15 +390,18 @@ impl Filesystem {
         data: &[u8],
         lent: Option<&BufSlice>,
     ) -> Result<usize, FsError> {
-        match self.write_once(pool, ino, offset, data, lent, false).await {
-            Err(error) if error.errno() == libc::ENOSPC => {
-                if pool.wait_for_freed_space(data.len() as u64).await? {
-                    self.write_once(pool, ino, offset, data, lent, false).await
-                } else {
-                    Err(error)
+        let mut waits = 0;
+        loop {
+            match self.write_once(pool, ino, offset, data, lent, false).await {
+                Err(error)
+                    if error.errno() == libc::ENOSPC
+                        && waits < crate::pool::NO_SPACE_WAITS_MAX
+                        && pool.wait_for_freed_space(data.len() as u64).await? =>
+                {
+                    waits += 1;
                 }
+                result => return result,
             }
-            result => result,
         }
     }
 

@@ -570,18 +570,25 @@ impl Pool {
         })
     }
 
-    /// [`Pool::try_claim_space`], which, when the space is missing but frees
-    /// are on their way back, waits for them ([`Pool::wait_for_freed_space`])
-    /// and tries once more. The caller must hold no lock a commit takes.
+    /// [`Pool::try_claim_space`], which, when the space is missing but may
+    /// come back (frees on their way, space other writes hold), waits for
+    /// it ([`Pool::wait_for_freed_space`]) and tries again, up to
+    /// [`crate::pool::NO_SPACE_WAITS_MAX`] times. The caller must hold no lock a commit takes.
     pub(crate) async fn claim_space(
         self: &Rc<Self>,
         bytes: u64,
     ) -> Result<SpaceClaim<'_>, PoolError> {
-        match self.try_claim_space(bytes) {
-            Err(PoolError::NoSpace) if self.wait_for_freed_space(bytes).await? => {
-                self.try_claim_space(bytes)
+        let mut waits = 0;
+        loop {
+            match self.try_claim_space(bytes) {
+                Err(PoolError::NoSpace)
+                    if waits < crate::pool::NO_SPACE_WAITS_MAX
+                        && self.wait_for_freed_space(bytes).await? =>
+                {
+                    waits += 1;
+                }
+                result => return result,
             }
-            result => result,
         }
     }
 

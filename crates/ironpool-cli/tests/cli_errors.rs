@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{corrupt_file, dir, tool, tool_fails, TestPool};
+use common::{corrupt_file, dir, stop_and_check, tool, tool_fails, TestPool};
 
 #[test]
 fn create_refuses_devices_of_another_pool_unless_forced() {
@@ -324,8 +324,8 @@ fn writes_racing_for_a_full_pools_last_space_lose_nothing_acknowledged() {
     }
 }
 
-/// A pool 90% full overwritten at full speed (256 KiB random writes, 64 in
-/// flight, through fio's nbd engine) answers every write: at any moment
+/// A pool 90% full overwritten at full speed (4 KiB, then 256 KiB random
+/// writes, 256 in flight, through fio's nbd engine) answers every write: at any moment
 /// most of its free space is on its way back (blocks freed a txg or two
 /// ago, space claimed by the writes in flight), and a write that finds no
 /// room waits for it, as OpenZFS's writers wait for the syncing txg (here
@@ -344,24 +344,26 @@ fn overwrites_at_full_speed_on_a_nearly_full_pool_get_no_enospc() {
         format!("--uri={}", pool.uri("vol")),
         format!("--uri={}", pool.uri("fill")),
     );
+    // Whether fio succeeded, and what it printed.
     let fio = |uri: &str, args: &[&str]| {
         let mut all = vec!["--name=t", "--ioengine=nbd", uri, "--bs=1m"];
         all.extend_from_slice(args);
-        std::process::Command::new("fio")
+        let output = std::process::Command::new("fio")
             .args(&all)
             .output()
-            .expect("fio runs")
+            .expect("fio runs");
+        let printed = String::from_utf8_lossy(&output.stdout).to_string()
+            + &String::from_utf8_lossy(&output.stderr);
+        (output.status.success(), printed)
     };
-    let written = fio(&vol, &["--rw=write", "--iodepth=8", "--size=192M"]);
-    assert!(written.status.success(), "{written:?}");
+    let (written, printed) = fio(&vol, &["--rw=write", "--iodepth=8", "--size=192M"]);
+    assert!(written, "{printed}");
     // The filler takes the rest (its writes end with ENOSPC), then gives
     // back a tenth of the pool.
-    let filled = fio(&fill, &["--rw=write", "--iodepth=8", "--size=2G"]);
-    let report = String::from_utf8_lossy(&filled.stderr).to_string()
-        + &String::from_utf8_lossy(&filled.stdout);
-    assert!(report.contains("No space left on device"), "{report}");
-    let trimmed = fio(&fill, &["--rw=trim", "--size=100M"]);
-    assert!(trimmed.status.success(), "{trimmed:?}");
+    let (_, printed) = fio(&fill, &["--rw=write", "--iodepth=8", "--size=2G"]);
+    assert!(printed.contains("No space left on device"), "{printed}");
+    let (trimmed, printed) = fio(&fill, &["--rw=trim", "--size=100M"]);
+    assert!(trimmed, "{printed}");
     // Small overwrites (each a whole 16 KiB block) fill the txgs with
     // frees, then large ones race for what comes back.
     for (what, args) in [
@@ -370,16 +372,13 @@ fn overwrites_at_full_speed_on_a_nearly_full_pool_get_no_enospc() {
     ] {
         let mut all = args.to_vec();
         all.extend(["--numjobs=8", "--size=192M", "--time_based", "--runtime=3"]);
-        let overwritten = fio(&vol, &all);
+        let (overwritten, printed) = fio(&vol, &all);
         assert!(
-            overwritten.status.success(),
-            "{what} overwrites: {}{}\nserver log: {}",
-            String::from_utf8_lossy(&overwritten.stdout),
-            String::from_utf8_lossy(&overwritten.stderr),
+            overwritten,
+            "{what} overwrites: {printed}\nserver log: {}",
             pool.log()
         );
     }
     assert_eq!(pool.status_json()["health"], "ONLINE");
-    pool.stop();
-    pool.ok(&["check", "tank", "-d", &dir(&pool)]);
+    stop_and_check(&mut pool);
 }

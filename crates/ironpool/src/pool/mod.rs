@@ -960,6 +960,37 @@ impl Pool {
         Ok(true)
     }
 
+    /// Runs `attempt` (a claim of `bytes`, or a whole write) until it
+    /// succeeds or fails for another reason than room (`no_room` tells),
+    /// waiting for space on its way back ([`Pool::wait_for_freed_space`])
+    /// before each new try, at most [`NO_SPACE_WAITS_MAX`] times: the one
+    /// rule every writer that meets ENOSPC follows. `attempt` must hold no
+    /// lock a commit takes between tries.
+    pub(crate) async fn retry_while_space_returns<T, E, Attempt>(
+        self: &Rc<Self>,
+        bytes: u64,
+        no_room: impl Fn(&E) -> bool,
+        mut attempt: impl FnMut() -> Attempt,
+    ) -> Result<T, E>
+    where
+        Attempt: std::future::Future<Output = Result<T, E>>,
+        E: From<PoolError>,
+    {
+        let mut waits = 0;
+        loop {
+            match attempt().await {
+                Err(error)
+                    if no_room(&error)
+                        && waits < NO_SPACE_WAITS_MAX
+                        && self.wait_for_freed_space(bytes).await? =>
+                {
+                    waits += 1;
+                }
+                result => return result,
+            }
+        }
+    }
+
     /// ONLINE, DEGRADED (some vdev serves with less redundancy than it
     /// should, or has devices to resilver, or a log device is lost), UNAVAIL (some vdev lost more
     /// devices than it can), or SUSPENDED.

@@ -390,19 +390,12 @@ impl Filesystem {
         data: &[u8],
         lent: Option<&BufSlice>,
     ) -> Result<usize, FsError> {
-        let mut waits = 0;
-        loop {
-            match self.write_once(pool, ino, offset, data, lent, false).await {
-                Err(error)
-                    if error.errno() == libc::ENOSPC
-                        && waits < crate::pool::NO_SPACE_WAITS_MAX
-                        && pool.wait_for_freed_space(data.len() as u64).await? =>
-                {
-                    waits += 1;
-                }
-                result => return result,
-            }
-        }
+        pool.retry_while_space_returns(
+            data.len() as u64,
+            |error: &FsError| error.errno() == libc::ENOSPC,
+            || self.write_once(pool, ino, offset, data, lent, false),
+        )
+        .await
     }
 
     /// [`Filesystem::write`] without the wait for freed space. `zeros`:

@@ -578,18 +578,12 @@ impl Pool {
         self: &Rc<Self>,
         bytes: u64,
     ) -> Result<SpaceClaim<'_>, PoolError> {
-        let mut waits = 0;
-        loop {
-            match self.try_claim_space(bytes) {
-                Err(PoolError::NoSpace)
-                    if waits < crate::pool::NO_SPACE_WAITS_MAX
-                        && self.wait_for_freed_space(bytes).await? =>
-                {
-                    waits += 1;
-                }
-                result => return result,
-            }
-        }
+        self.retry_while_space_returns(
+            bytes,
+            |error| matches!(error, PoolError::NoSpace),
+            || std::future::ready(self.try_claim_space(bytes)),
+        )
+        .await
     }
 
     /// Whether the pool has room to hold `reserved` more bytes of space (in

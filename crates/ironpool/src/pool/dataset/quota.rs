@@ -424,12 +424,68 @@ impl Pool {
                 continue;
             }
             let Some(_shared) = fs.try_shared() else {
+                self.bound_busy(fs).await?;
                 continue;
             };
             if !fs.is_retired() {
                 self.compute_usage(Owner::Filesystem(fs)).await?;
             }
         }
+        Ok(())
+    }
+
+    /// What the snapshots of dataset `short` alone hold (their dead lists,
+    /// born after its origin), or None when the dead lists moved under
+    /// every one of [`USAGE_ATTEMPTS`] computations (snapshots destroyed
+    /// meanwhile). Needs no lock of the dataset.
+    async fn snapshots_alone(self: &Rc<Self>, short: &str) -> Result<Option<u64>, PoolError> {
+        for _ in 0..USAGE_ATTEMPTS {
+            // The record and head of this attempt: a snapshot destroyed
+            // meanwhile drops dead lists the last one named.
+            let epoch = Some(self.datasets.dead_space.epoch());
+            let record = self.record(short)?;
+            let head = self.head_object(short)?;
+            if let Some((_, dead)) = self.all_dead_space(&head, &record, epoch).await? {
+                return Ok(Some(dead.allocated_after(head.dnode().origin_txg)));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Gives `fs`, whose lock another holds, figures for a check at an
+    /// ancestor's quota when it has none yet, without its lock: what it
+    /// referred to when the last txg was built (its header's sums) and what
+    /// its snapshots hold, to which [`UsageEstimate::bound`] adds the
+    /// writes admitted to it since import. A filesystem is in that state
+    /// from its import until the refresh after it computes its figures,
+    /// and the refresh waits for the same lock (a rollback, a receive or a
+    /// rename of it holding the lock for long). Counted as nothing there,
+    /// it let the datasets beside it write past their parent's quota.
+    ///
+    /// An upper bound, never less than the truth: what was freed since the
+    /// txg, the blocks a clone shares with its origin, and writes linked
+    /// before the txg count (the last twice). The figures stay unknown, so
+    /// the next check that gets the lock computes them exactly. A header
+    /// without sums (walked at import) gives nothing to bound with, and the
+    /// filesystem keeps counting only what was admitted to it.
+    async fn bound_busy(self: &Rc<Self>, fs: &Filesystem) -> Result<(), PoolError> {
+        if fs.usage.usage.get().known || fs.is_retired() {
+            return Ok(());
+        }
+        let Some(referenced) = fs.referenced_at_last_build() else {
+            return Ok(());
+        };
+        let snapshots = self.snapshots_alone(&fs.short_name()).await?;
+        let mut usage = fs.usage.usage.get();
+        if usage.known {
+            // Computed exactly meanwhile.
+            return Ok(());
+        }
+        let snapshots = snapshots.unwrap_or(usage.snapshots);
+        usage.snapshots = snapshots;
+        usage.referenced = referenced;
+        usage.used = referenced.saturating_add(snapshots);
+        fs.usage.usage.set(usage);
         Ok(())
     }
 
@@ -560,18 +616,7 @@ impl Pool {
             };
             self.written_walked(&head, fs).await?.1
         };
-        let mut snapshots = None;
-        for _ in 0..USAGE_ATTEMPTS {
-            // The record and head of this attempt: a snapshot destroyed
-            // meanwhile drops dead lists the last one named.
-            let epoch = Some(self.datasets.dead_space.epoch());
-            let record = self.record(&short)?;
-            let head = self.head_object(&short)?;
-            if let Some((_, dead)) = self.all_dead_space(&head, &record, epoch).await? {
-                snapshots = Some(dead.allocated_after(head.dnode().origin_txg));
-                break;
-            }
-        }
+        let snapshots = self.snapshots_alone(&short).await?;
         let mut usage = estimate.usage.get();
         let snapshots = snapshots.unwrap_or(usage.snapshots);
         usage.known = true;
@@ -806,7 +851,96 @@ fn owner_short(owner: Owner<'_>) -> String {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
     use super::*;
+    use crate::dev::sim::SimDevice;
+    use crate::dev::Device;
+    use crate::format::label::TopVdevKind;
+    use crate::format::znode::S_IFREG;
+    use crate::pool::filesystem::{FsError, NewObject};
+    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::rt::Runtime;
+
+    const MIB: usize = 1 << 20;
+
+    /// Writes a new file `name` of `bytes` bytes in the root of `fs`.
+    async fn write_file(
+        pool: &Rc<Pool>,
+        fs: &Filesystem,
+        name: &[u8],
+        bytes: usize,
+    ) -> Result<(), FsError> {
+        let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+        let file = fs.create(pool, fs.root(), name, &mode).await?;
+        fs.write(pool, file.ino, 0, &vec![7u8; bytes]).await?;
+        Ok(())
+    }
+
+    /// A filesystem imported a moment ago has no figures until the refresh
+    /// after import computes them, under its lock. While another holds
+    /// that lock, a write beside it under their parent's quota counted it
+    /// as nothing, and passed the quota by what it holds.
+    #[test]
+    fn a_busy_sibling_not_yet_computed_still_counts_at_the_parents_quota() {
+        let disk = SimDevice::new("d0", 256 << 20, 61);
+        let tunables = || PoolTunables {
+            txg_timeout: Duration::from_secs(60),
+            ..PoolTunables::default()
+        };
+        Runtime::new_sim(61).block_on({
+            let device: Rc<dyn Device> = disk.clone();
+            async move {
+                let layout = vec![NewTopVdev {
+                    log: false,
+                    kind: TopVdevKind::Disk,
+                    devices: vec![NewDevice {
+                        path: "sim:d0".into(),
+                        device,
+                    }],
+                }];
+                let pool = Pool::create_on_devices("tank", layout, false, tunables())
+                    .await
+                    .unwrap();
+                let quota = BTreeMap::from([("quota".to_string(), "8M".to_string())]);
+                pool.create_filesystem("tank/p", quota).await.unwrap();
+                for child in ["tank/p/a", "tank/p/b"] {
+                    pool.create_filesystem(child, BTreeMap::new())
+                        .await
+                        .unwrap();
+                }
+                let b = pool.filesystem("tank/p/b").unwrap();
+                write_file(&pool, &b, b"held", 6 * MIB).await.unwrap();
+                pool.export().await.unwrap();
+            }
+        });
+        Runtime::new_sim(62).block_on(async move {
+            let device: Rc<dyn Device> = disk.clone();
+            let pool =
+                Pool::import_from_devices("tank", vec![("sim:d0".into(), device)], tunables())
+                    .await
+                    .unwrap();
+            let b = pool.filesystem("tank/p/b").unwrap();
+            // Taken before the refresh after import reaches it (as a
+            // rollback or a receive of it would).
+            let busy = b.exclusive().await;
+            assert!(b.usage.last().is_none(), "b not computed yet");
+            let a = pool.filesystem("tank/p/a").unwrap();
+            let refused = write_file(&pool, &a, b"past", 4 * MIB).await;
+            assert!(
+                matches!(&refused, Err(error) if error.errno() == libc::EDQUOT),
+                "6 MiB in b and 4 MiB more in a under a quota of 8 MiB: {refused:?}"
+            );
+            // What fits beside b's data is written.
+            write_file(&pool, &a, b"fits", MIB).await.unwrap();
+            drop(busy);
+            pool.refresh_reservations_now().await;
+            let (b_used, _) = b.usage.last().expect("b computed once its lock is free");
+            assert!(b_used >= 6 * MIB as u64, "b uses {b_used}");
+            pool.export().await.unwrap();
+        });
+    }
 
     #[test]
     fn limits_bound_writes_and_hold_space_back() {

@@ -1184,6 +1184,16 @@ impl Filesystem {
         Ok(space)
     }
 
+    /// What the filesystem referred to when the last txg was built (its
+    /// header's sums, with the dnode table's own space as it is now), read
+    /// without its lock: what a quota check counts for it while another
+    /// holds the lock (see `Pool::bound_busy`). None for a header without
+    /// sums.
+    pub(in crate::pool) fn referenced_at_last_build(&self) -> Option<u64> {
+        let space = self.header.get().space?;
+        Some(self.with_table_space(space).0)
+    }
+
     /// Objects' space `space` with the table's own added: what the
     /// filesystem refers to, allocated, logical and physical.
     fn with_table_space(&self, space: FsSpace) -> (u64, u64, u64) {

@@ -58,7 +58,7 @@ pub(crate) fn is_zero(bytes: &[u8]) -> bool {
 }
 
 /// How the blocks of one batch are stored: what their pointers say.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq)]
 pub(crate) struct BlockFormat {
     pub checksum: ChecksumAlgo,
     pub compression: CompressionSetting,
@@ -221,6 +221,136 @@ pub(crate) async fn write_blocks(
         .collect();
     debug_assert!(writes.next().is_none(), "no result without its block");
     results
+}
+
+/// Batches of gathered blocks ([`write_blocks_gathered`]) in flight at
+/// once. A write that finds fewer goes out at once, alone (a QD1 writer
+/// never waits for another); one that finds this many waits for the next
+/// batch, which takes every block that waited meanwhile and writes them as
+/// one run. So concurrent writes reach the devices as few large writes,
+/// as a volume's write-back makes them, while each still waits for its own
+/// blocks to be on the devices. Four: with QD64 of 16K writes that is
+/// about 16 blocks (256 KiB) per batch.
+pub(crate) const GATHER_BATCHES_IN_FLIGHT: usize = 4;
+
+/// Blocks in one gathered batch, at most: the run's size (1 MiB of 16K
+/// blocks, the device queue's aggregation limit) and what a batch holds.
+const GATHER_BLOCKS_MAX: usize = BLOCKS_IN_FLIGHT_PER_REQUEST;
+
+/// One write's blocks waiting for a gathered batch.
+struct Gathered {
+    format: BlockFormat,
+    class: IoClass,
+    blocks: Vec<NewBlock>,
+    reply: crate::rt::sync::OneshotSender<Vec<Result<BlockPointer, PoolError>>>,
+}
+
+/// The state of [`write_blocks_gathered`]: batches in flight and the
+/// writes waiting for the next one.
+/// The writes waiting are bounded by their callers: a mount serves at most
+/// `fuse::SERVED_MAX` requests at once, and write-behind's write-outs hold
+/// dirty data under `dirty_data_max_bytes`.
+#[derive(Default)]
+pub(crate) struct Gather {
+    in_flight: std::cell::Cell<usize>,
+    waiting: std::cell::RefCell<std::collections::VecDeque<Gathered>>,
+    /// Batches of waiting writes started, and the writes they held.
+    batches: std::cell::Cell<u64>,
+    gathered_writes: std::cell::Cell<u64>,
+}
+
+/// [`write_blocks`] for writes that come concurrently (a filesystem's
+/// direct and synchronous writes, its write-behind's write-outs): at most
+/// [`GATHER_BATCHES_IN_FLIGHT`] batches go to the devices at once, and the
+/// writes that come meanwhile are stored together, as one run, in the next
+/// batch (see the constant). Returns this write's results, as
+/// `write_blocks` does.
+pub(crate) async fn write_blocks_gathered(
+    pool: &Rc<Pool>,
+    format: BlockFormat,
+    blocks: Vec<NewBlock>,
+    class: IoClass,
+) -> Vec<Result<BlockPointer, PoolError>> {
+    let gather = &pool.gather;
+    if gather.in_flight.get() < GATHER_BATCHES_IN_FLIGHT && gather.waiting.borrow().is_empty() {
+        gather.in_flight.set(gather.in_flight.get() + 1);
+        debug_assert!(gather.in_flight.get() <= GATHER_BATCHES_IN_FLIGHT);
+        let results = write_blocks(pool, format, blocks, class).await;
+        batch_ended(pool);
+        return results;
+    }
+    let count = blocks.len();
+    let (reply, results) = crate::rt::sync::oneshot();
+    gather.waiting.borrow_mut().push_back(Gathered {
+        format,
+        class,
+        blocks,
+        reply,
+    });
+    match results.await {
+        Some(results) => results,
+        // The batch was dropped with the pool (export, a crash in the
+        // simulator) before it ended.
+        None => (0..count)
+            .map(|_| {
+                Err(PoolError::Io(
+                    "the pool closed before the write ended".into(),
+                ))
+            })
+            .collect(),
+    }
+}
+
+/// A gathered batch ended: the next one starts with the writes that waited,
+/// in their order, as many as fit one run of one format and class.
+fn batch_ended(pool: &Rc<Pool>) {
+    let gather = &pool.gather;
+    let batch: Vec<Gathered> = {
+        let mut waiting = gather.waiting.borrow_mut();
+        let mut batch = Vec::new();
+        let mut blocks = 0;
+        while let Some(next) = waiting.front() {
+            let fits = batch.first().is_none_or(|first: &Gathered| {
+                first.format == next.format && first.class == next.class
+            }) && (batch.is_empty() || blocks + next.blocks.len() <= GATHER_BLOCKS_MAX);
+            if !fits {
+                break;
+            }
+            blocks += next.blocks.len();
+            batch.push(waiting.pop_front().expect("the front is there"));
+        }
+        batch
+    };
+    if batch.is_empty() {
+        gather.in_flight.set(gather.in_flight.get() - 1);
+        return;
+    }
+    assert!(
+        gather.in_flight.get() >= 1,
+        "a batch ended that was not counted"
+    );
+    gather.batches.set(gather.batches.get() + 1);
+    gather
+        .gathered_writes
+        .set(gather.gathered_writes.get() + batch.len() as u64);
+    let pool = pool.clone();
+    crate::rt::spawn(async move {
+        let (format, class) = (batch[0].format, batch[0].class);
+        let mut counts = Vec::with_capacity(batch.len());
+        let mut replies = Vec::with_capacity(batch.len());
+        let mut blocks = Vec::new();
+        for write in batch {
+            counts.push(write.blocks.len());
+            replies.push(write.reply);
+            blocks.extend(write.blocks);
+        }
+        let mut results = write_blocks(&pool, format, blocks, class).await.into_iter();
+        for (reply, count) in replies.into_iter().zip(counts) {
+            reply.send(results.by_ref().take(count).collect());
+        }
+        debug_assert!(results.next().is_none(), "a result per block");
+        batch_ended(&pool);
+    });
 }
 
 /// Stores one block, as [`write_blocks`] does.
@@ -416,5 +546,101 @@ pub(crate) async fn read_linked(
             }
             Err(other) => return Err(other.into()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+    use crate::dev::sim::SimDevice;
+    use crate::dev::Device;
+    use crate::format::label::TopVdevKind;
+    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::rt::Runtime;
+
+    /// Writes that come while [`GATHER_BATCHES_IN_FLIGHT`] batches are on
+    /// the devices wait, and go out together in the next batch; each still
+    /// gets its own block back, stored with its own bytes, and no more
+    /// batches than that are ever in flight.
+    #[test]
+    fn concurrent_writes_are_gathered_and_each_gets_its_own_block() {
+        Runtime::new_sim(71).block_on(async {
+            let devices = (0..2)
+                .map(|index| NewDevice {
+                    path: format!("sim:d{index}"),
+                    device: SimDevice::new(&format!("d{index}"), 128 << 20, 71 + index)
+                        as Rc<dyn Device>,
+                })
+                .collect();
+            let layout = vec![NewTopVdev {
+                log: false,
+                kind: TopVdevKind::Mirror,
+                devices,
+            }];
+            let tunables = PoolTunables {
+                txg_timeout: Duration::from_secs(60),
+                ..PoolTunables::default()
+            };
+            let pool = Pool::create_on_devices("tank", layout, false, tunables)
+                .await
+                .unwrap();
+            let format = BlockFormat {
+                checksum: ChecksumAlgo::default(),
+                compression: CompressionSetting::OFF,
+                object_type: ObjectType::FsFile,
+            };
+            const WRITES: usize = 48;
+            let most_in_flight = Rc::new(std::cell::Cell::new(0));
+            let writes: Vec<_> = (0..WRITES)
+                .map(|index| {
+                    let (pool, most) = (pool.clone(), most_in_flight.clone());
+                    crate::rt::spawn(async move {
+                        let bytes = vec![index as u8 + 1; 16384];
+                        let block = NewBlock::copied(&pool, &bytes);
+                        let written =
+                            write_blocks_gathered(&pool, format, vec![block], IoClass::AsyncWrite);
+                        most.set(most.get().max(pool.gather.in_flight.get()));
+                        let mut results = written.await;
+                        most.set(most.get().max(pool.gather.in_flight.get()));
+                        assert_eq!(results.len(), 1);
+                        (bytes, results.pop().unwrap().unwrap())
+                    })
+                })
+                .collect();
+            let mut pointers = Vec::new();
+            for write in writes {
+                let (bytes, pointer) = write.await;
+                let stored = pool
+                    .store
+                    .read_cached(&pointer, IoClass::SyncRead, CacheUse::data(false, false))
+                    .await
+                    .unwrap();
+                assert_eq!(
+                    &stored[..],
+                    &bytes[..],
+                    "each write reads back its own bytes"
+                );
+                pointers.push(pointer);
+            }
+            let gather = &pool.gather;
+            assert!(most_in_flight.get() <= GATHER_BATCHES_IN_FLIGHT);
+            assert_eq!(gather.in_flight.get(), 0, "every batch ended");
+            assert!(gather.waiting.borrow().is_empty());
+            assert!(
+                gather.batches.get() >= 1 && gather.gathered_writes.get() > gather.batches.get(),
+                "{} writes in {} batches: the waiting writes went out together",
+                gather.gathered_writes.get(),
+                gather.batches.get()
+            );
+            let mut dvas: Vec<_> = pointers.iter().map(|pointer| pointer.dvas[0]).collect();
+            dvas.sort_by_key(|dva| (dva.vdev, dva.offset));
+            dvas.dedup();
+            assert_eq!(dvas.len(), WRITES, "no two writes share space");
+            for pointer in &pointers {
+                release_unlinked(&pool, pointer);
+            }
+        });
     }
 }

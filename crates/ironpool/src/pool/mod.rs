@@ -363,6 +363,9 @@ pub struct Pool {
     prefetch: volume::prefetch::PrefetchState,
     /// Hot spares ready to stand in for a failed leaf (see `spares`).
     spares: spares::Spares,
+    /// Data blocks of concurrent writes gathered into runs (see
+    /// `data::write_blocks_gathered`).
+    gather: data::Gather,
     /// A refresh of the reserving datasets' figures is running
     /// (`dataset::quota`).
     reservations_refreshing: Cell<bool>,

@@ -127,6 +127,7 @@ impl Pool {
             history: RefCell::new(history::History::default()),
             prefetch: Default::default(),
             spares: Default::default(),
+            gather: Default::default(),
             reservations_refreshing: Cell::new(false),
             reserved_unused: Cell::new(0),
         });
@@ -579,6 +580,7 @@ impl Pool {
             history: RefCell::new(history::History::default()),
             prefetch: Default::default(),
             spares: Default::default(),
+            gather: Default::default(),
             reservations_refreshing: Cell::new(false),
             reserved_unused: Cell::new(0),
         });

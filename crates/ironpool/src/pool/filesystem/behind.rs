@@ -588,9 +588,10 @@ impl Filesystem {
             })
             .collect();
         let format = self.block_format(ObjectType::FsFile);
-        let mut written = crate::pool::data::write_blocks(pool, format, new, IoClass::AsyncWrite)
-            .await
-            .into_iter();
+        let mut written =
+            crate::pool::data::write_blocks_gathered(pool, format, new, IoClass::AsyncWrite)
+                .await
+                .into_iter();
         let mut links = Vec::with_capacity(wholes.len());
         for ((blkid, number, size, whole), zero) in wholes.into_iter().zip(zero) {
             // Some(pointer, bytes): a block to link; None: superseded.

@@ -563,7 +563,7 @@ impl Filesystem {
                 .collect();
             let format = self.block_format(object_type);
             let mut written =
-                crate::pool::data::write_blocks(pool, format, new, IoClass::AsyncWrite)
+                crate::pool::data::write_blocks_gathered(pool, format, new, IoClass::AsyncWrite)
                     .await
                     .into_iter();
             for zero in zero {

@@ -287,9 +287,10 @@ pub(crate) async fn write_blocks_gathered(
     if gather.in_flight.get() < GATHER_BATCHES_IN_FLIGHT && gather.waiting.borrow().is_empty() {
         gather.in_flight.set(gather.in_flight.get() + 1);
         debug_assert!(gather.in_flight.get() <= GATHER_BATCHES_IN_FLIGHT);
-        let results = write_blocks(pool, format, blocks, class).await;
-        batch_ended(pool);
-        return results;
+        // Ended by the guard even if this future is dropped part way: a
+        // batch counted and never ended would hold every later write.
+        let _ends = BatchEnds(pool);
+        return write_blocks(pool, format, blocks, class).await;
     }
     let count = blocks.len();
     let (reply, results) = crate::rt::sync::oneshot();
@@ -310,6 +311,15 @@ pub(crate) async fn write_blocks_gathered(
                 ))
             })
             .collect(),
+    }
+}
+
+/// Ends a batch of one write when dropped (see [`batch_ended`]).
+struct BatchEnds<'a>(&'a Rc<Pool>);
+
+impl Drop for BatchEnds<'_> {
+    fn drop(&mut self) {
+        batch_ended(self.0);
     }
 }
 
@@ -653,6 +663,24 @@ mod tests {
             for pointer in &pointers {
                 release_unlinked(&pool, pointer);
             }
+
+            // A write dropped while its batch is in flight still ends it:
+            // a batch counted for ever would hold every later write.
+            let block = NewBlock::copied(&pool, &[9u8; 16384]);
+            let mut dropped = Box::pin(write_blocks_gathered(
+                &pool,
+                format,
+                vec![block],
+                IoClass::AsyncWrite,
+            ));
+            std::future::poll_fn(|context| {
+                let _ = std::future::Future::poll(dropped.as_mut(), context);
+                std::task::Poll::Ready(())
+            })
+            .await;
+            assert_eq!(gather.in_flight.get(), 1, "the write's batch is in flight");
+            drop(dropped);
+            assert_eq!(gather.in_flight.get(), 0, "the dropped write's batch ended");
         });
     }
 }

@@ -573,13 +573,10 @@ pub(crate) async fn read_linked(
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
     use crate::dev::sim::SimDevice;
-    use crate::dev::Device;
     use crate::format::label::TopVdevKind;
-    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::pool::test_pool::{sim_pool, unhurried};
     use crate::rt::Runtime;
 
     /// Writes that come while [`GATHER_BATCHES_IN_FLIGHT`] batches are on
@@ -589,25 +586,10 @@ mod tests {
     #[test]
     fn concurrent_writes_are_gathered_and_each_gets_its_own_block() {
         Runtime::new_sim(71).block_on(async {
-            let devices = (0..2)
-                .map(|index| NewDevice {
-                    path: format!("sim:d{index}"),
-                    device: SimDevice::new(&format!("d{index}"), 128 << 20, 71 + index)
-                        as Rc<dyn Device>,
-                })
+            let disks: Vec<_> = (0..2)
+                .map(|index| SimDevice::new(&format!("d{index}"), 128 << 20, 71 + index))
                 .collect();
-            let layout = vec![NewTopVdev {
-                log: false,
-                kind: TopVdevKind::Mirror,
-                devices,
-            }];
-            let tunables = PoolTunables {
-                txg_timeout: Duration::from_secs(60),
-                ..PoolTunables::default()
-            };
-            let pool = Pool::create_on_devices("tank", layout, false, tunables)
-                .await
-                .unwrap();
+            let pool = sim_pool(&disks, TopVdevKind::Mirror, unhurried()).await;
             let format = BlockFormat {
                 checksum: ChecksumAlgo::default(),
                 compression: CompressionSetting::OFF,

@@ -19,6 +19,8 @@ mod open;
 pub mod scan;
 pub mod spares;
 pub mod split;
+#[cfg(test)]
+pub(crate) mod test_pool;
 pub mod tunables;
 pub mod txg;
 pub mod volume;

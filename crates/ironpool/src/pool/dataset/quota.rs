@@ -852,15 +852,13 @@ fn owner_short(owner: Owner<'_>) -> String {
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
-    use std::time::Duration;
 
     use super::*;
     use crate::dev::sim::SimDevice;
-    use crate::dev::Device;
     use crate::format::label::TopVdevKind;
     use crate::format::znode::S_IFREG;
     use crate::pool::filesystem::{FsError, NewObject};
-    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::pool::test_pool::{named, sim_pool, unhurried};
     use crate::rt::Runtime;
 
     const MIB: usize = 1 << 20;
@@ -884,25 +882,11 @@ mod tests {
     /// as nothing, and passed the quota by what it holds.
     #[test]
     fn a_busy_sibling_not_yet_computed_still_counts_at_the_parents_quota() {
-        let disk = SimDevice::new("d0", 256 << 20, 61);
-        let tunables = || PoolTunables {
-            txg_timeout: Duration::from_secs(60),
-            ..PoolTunables::default()
-        };
+        let disks = [SimDevice::new("d0", 256 << 20, 61)];
         Runtime::new_sim(61).block_on({
-            let device: Rc<dyn Device> = disk.clone();
+            let disks = disks.clone();
             async move {
-                let layout = vec![NewTopVdev {
-                    log: false,
-                    kind: TopVdevKind::Disk,
-                    devices: vec![NewDevice {
-                        path: "sim:d0".into(),
-                        device,
-                    }],
-                }];
-                let pool = Pool::create_on_devices("tank", layout, false, tunables())
-                    .await
-                    .unwrap();
+                let pool = sim_pool(&disks, TopVdevKind::Disk, unhurried()).await;
                 let quota = BTreeMap::from([("quota".to_string(), "8M".to_string())]);
                 pool.create_filesystem("tank/p", quota).await.unwrap();
                 for child in ["tank/p/a", "tank/p/b"] {
@@ -916,11 +900,9 @@ mod tests {
             }
         });
         Runtime::new_sim(62).block_on(async move {
-            let device: Rc<dyn Device> = disk.clone();
-            let pool =
-                Pool::import_from_devices("tank", vec![("sim:d0".into(), device)], tunables())
-                    .await
-                    .unwrap();
+            let pool = Pool::import_from_devices("tank", named(&disks), unhurried())
+                .await
+                .unwrap();
             let b = pool.filesystem("tank/p/b").unwrap();
             // Taken before the refresh after import reaches it (as a
             // rollback or a receive of it would).

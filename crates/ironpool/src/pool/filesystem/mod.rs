@@ -1369,32 +1369,14 @@ fn concat(pieces: &[BufSlice]) -> Vec<u8> {
 mod tests {
     use super::*;
     use crate::dev::sim::SimDevice;
-    use crate::dev::Device;
     use crate::format::label::TopVdevKind;
     use crate::format::znode::S_IFREG;
-    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::pool::test_pool::{named, sim_pool, unhurried};
+    use crate::pool::PoolTunables;
     use crate::rt::Runtime;
 
-    fn named(disks: &[Rc<SimDevice>]) -> Vec<(String, Rc<dyn Device>)> {
-        disks
-            .iter()
-            .enumerate()
-            .map(|(index, disk)| (format!("sim:d{index}"), disk.clone() as Rc<dyn Device>))
-            .collect()
-    }
-
     async fn mirror_pool(disks: &[Rc<SimDevice>], tunables: PoolTunables) -> Rc<Pool> {
-        let layout = vec![NewTopVdev {
-            log: false,
-            kind: TopVdevKind::Mirror,
-            devices: named(disks)
-                .into_iter()
-                .map(|(path, device)| NewDevice { path, device })
-                .collect(),
-        }];
-        Pool::create_on_devices("tank", layout, false, tunables)
-            .await
-            .unwrap()
+        sim_pool(disks, TopVdevKind::Mirror, tunables).await
     }
 
     /// The blocks a truncate freed ahead are passed a run at a time when
@@ -1456,10 +1438,7 @@ mod tests {
         let disks: Vec<Rc<SimDevice>> = (0..2)
             .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 40 + index))
             .collect();
-        let tunables = || PoolTunables {
-            txg_timeout: std::time::Duration::from_secs(60),
-            ..PoolTunables::default()
-        };
+        let tunables = unhurried;
         let walked = Runtime::new_sim(40).block_on({
             let disks = disks.clone();
             async move {

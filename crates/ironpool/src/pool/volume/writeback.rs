@@ -837,9 +837,8 @@ mod tests {
 
     use super::*;
     use crate::dev::sim::SimDevice;
-    use crate::dev::Device;
     use crate::format::label::TopVdevKind;
-    use crate::pool::{NewDevice, NewTopVdev, PoolTunables};
+    use crate::pool::test_pool::{sim_pool, unhurried};
     use crate::rt::buf::AlignedBuf;
     use crate::rt::Runtime;
 
@@ -860,22 +859,8 @@ mod tests {
     #[test]
     fn a_block_rewritten_during_a_drain_is_still_drained() {
         Runtime::new_sim(11).block_on(async {
-            let device: Rc<dyn Device> = SimDevice::new("d0", 128 << 20, 11);
-            let layout = vec![NewTopVdev {
-                log: false,
-                kind: TopVdevKind::Disk,
-                devices: vec![NewDevice {
-                    path: "sim:d0".into(),
-                    device,
-                }],
-            }];
-            let tunables = PoolTunables {
-                txg_timeout: Duration::from_secs(60),
-                ..PoolTunables::default()
-            };
-            let pool = Pool::create_on_devices("tank", layout, false, tunables)
-                .await
-                .unwrap();
+            let disk = SimDevice::new("d0", 128 << 20, 11);
+            let pool = sim_pool(&[disk], TopVdevKind::Disk, unhurried()).await;
             pool.create_volume("tank/vol", 32 << 20, BLOCK as u32, BTreeMap::new())
                 .await
                 .unwrap();

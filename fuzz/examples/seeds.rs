@@ -31,6 +31,7 @@ fn main() {
     tree_node_seeds(&mut writer);
     dnode_seeds(&mut writer);
     spacemap_seeds(&mut writer);
+    clone_table_seeds(&mut writer);
     directory_seeds(&mut writer);
     send_stream_seeds(&mut writer);
     replication_package_seeds(&mut writer);
@@ -73,6 +74,7 @@ fn accepted(target: &str, data: &[u8]) -> bool {
         "tree_node" => data[1..].chunks(BLOCK_POINTER_BYTES).all(|chunk| BlockPointer::decode(chunk).is_ok()),
         "dnode" => Dnode::decode(data).is_ok(),
         "spacemap" => ironpool::format::spacemap::decode_records(data).is_ok(),
+        "clone_table" => ironpool::format::clones::decode_records(data).is_ok(),
         "directory" => Directory::decode(data).is_ok(),
         "send_stream" => ironpool::format::stream::check_stream(data).is_ok(),
         "replication_package" => {
@@ -245,6 +247,7 @@ fn pointer(level: u8, object_type: ObjectType, checksum_algo: ChecksumAlgo, copi
     BlockPointer {
         dvas,
         birth_txg: 42,
+        physical_birth: 0,
         logical_size: 16384,
         physical_size: 16384,
         level,
@@ -321,7 +324,18 @@ fn dnode_seeds(writer: &mut SeedWriter) {
     writer.write("dnode", "free-slot", &encode_dnode(&Dnode::default()));
 }
 
-// ---- space maps and the directory ----
+// ---- space maps, the block reference table and the directory ----
+
+fn clone_table_seeds(writer: &mut SeedWriter) {
+    use ironpool::format::clones::{encode_records, CloneRecord};
+    let block = |vdev, offset, delta| CloneRecord { vdev, asize: 16384, offset, delta };
+    // A log: two clones of one block, one of another, a reference dropped.
+    let log = [block(0, 1 << 20, 2), block(1, 4 << 20, 1), block(0, 1 << 20, -1)];
+    writer.write("clone_table", "log", &encode_records(&log));
+    // A rewritten table: one record per cloned block.
+    let whole = [block(0, 1 << 20, 1), block(1, 4 << 20, 1), block(u32::MAX, u64::MAX - 16384, 7)];
+    writer.write("clone_table", "rewritten", &encode_records(&whole));
+}
 
 fn spacemap_seeds(writer: &mut SeedWriter) {
     let checkpoint = [
@@ -571,6 +585,11 @@ fn fuse_request_seeds(writer: &mut SeedWriter) {
         ),
         ("tmpfile", fuse::TMPFILE, Request::Tmpfile { flags: 0o2, mode: 0o100600, umask: 0o22 }),
         ("statx", fuse::STATX, Request::Statx),
+        (
+            "copy-file-range",
+            fuse::COPY_FILE_RANGE,
+            Request::CopyFileRange { offset_in: 1 << 20, node_out: 9, offset_out: 16384, length: 1 << 30, flags: 0 },
+        ),
         ("unknown-opcode", 99, Request::Unsupported(99)),
     ];
     for (name, opcode, request) in requests {

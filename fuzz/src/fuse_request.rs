@@ -161,6 +161,10 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             u64s(&mut body, &[0, offset]);
             u32s(&mut body, &[whence, 0]);
         }
+        // fh_in, off_in, nodeid_out, fh_out, off_out, len, flags.
+        Request::CopyFileRange { offset_in, node_out, offset_out, length, flags } => {
+            u64s(&mut body, &[0, offset_in, node_out, 0, offset_out, length, flags])
+        }
         Request::Ioctl { flags, cmd, out_size, data } => {
             // fh, flags, cmd, arg, in_size, out_size; then the argument.
             u64s(&mut body, &[0]);

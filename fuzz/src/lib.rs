@@ -18,6 +18,7 @@
 //! exactly what the fuzzer runs, with plain `cargo test` and no libFuzzer.
 
 pub mod block_pointer;
+pub mod clone_table;
 pub mod directory;
 pub mod dnode;
 pub mod fs_metadata;
@@ -37,7 +38,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 14] = [
+pub const TARGETS: [(&str, Check); 15] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -46,6 +47,7 @@ pub const TARGETS: [(&str, Check); 14] = [
     ("tree_node", tree_node::check),
     ("dnode", dnode::check),
     ("spacemap", spacemap::check),
+    ("clone_table", clone_table::check),
     ("directory", directory::check),
     ("send_stream", send_stream::check),
     ("replication_package", replication_package::check),

@@ -2801,3 +2801,135 @@ fn fsynced_writes_survive_kill_9_through_the_intent_log() {
         stop_and_check(&mut pool);
     }
 }
+
+/// `copy_file_range(fd_in, offset_in, fd_out, offset_out, length)`: the
+/// bytes copied, or the errno.
+fn copy_file_range(
+    from: &std::fs::File,
+    offset_in: u64,
+    to: &std::fs::File,
+    offset_out: u64,
+    length: usize,
+) -> Result<usize, i32> {
+    use std::os::fd::AsRawFd;
+    let mut offset_in = offset_in as libc::loff_t;
+    let mut offset_out = offset_out as libc::loff_t;
+    // SAFETY: valid descriptors and offsets that live across the call.
+    let copied = unsafe {
+        libc::copy_file_range(
+            from.as_raw_fd(),
+            &mut offset_in,
+            to.as_raw_fd(),
+            &mut offset_out,
+            length,
+            0,
+        )
+    };
+    if copied < 0 {
+        return Err(std::io::Error::last_os_error().raw_os_error().unwrap_or(0));
+    }
+    Ok(copied as usize)
+}
+
+/// Block cloning: `cp` (which asks `copy_file_range`) of a 256 MiB file
+/// clones its records: the copy reads the same and the pool allocates
+/// nothing for it (how fast it is, is measured outside the tests). A
+/// rewrite of the source leaves the copy as it was; a range that does not
+/// line up with records is copied; a file of a snapshot is copied into the
+/// head. After a restart the copy is the same, and the full check counts
+/// every cloned block's references against the pool's table.
+#[test]
+fn cp_clones_records_and_the_copy_takes_no_space_until_rewritten() {
+    const M: usize = 1 << 20;
+    let (mut pool, mnt, _unmount) = served_filesystem("fsclone");
+    let data = distinct_bytes(256 * M + 5000, 11);
+    let source = mnt.join("source");
+    std::fs::write(&source, &data).unwrap();
+    std::fs::File::open(&source).unwrap().sync_all().unwrap();
+    let allocated = |pool: &TestPool| pool.status_json()["allocated_bytes"].as_u64().unwrap();
+    let before = allocated(&pool);
+    let copy = mnt.join("copy");
+    run_in(
+        &mnt,
+        "cp",
+        &[source.to_str().unwrap(), copy.to_str().unwrap()],
+    );
+    std::fs::File::open(&copy).unwrap().sync_all().unwrap();
+    assert!(std::fs::read(&copy).unwrap() == data, "the copy differs");
+    let status = pool.status_json();
+    let records = (data.len() as u64).div_ceil(16 << 10);
+    assert_eq!(status["cloned_blocks"], records, "{status}");
+    // (The last record, mostly zeros, may be stored compressed.)
+    let saved = status["clone_saved_bytes"].as_u64().unwrap();
+    assert!(saved >= (records - 1) * (16 << 10), "{status}");
+    assert!(
+        allocated(&pool) < before + (8 << 20) as u64,
+        "a clone of {} bytes allocated {} bytes",
+        data.len(),
+        allocated(&pool) - before
+    );
+
+    // The source rewritten: the copy keeps its bytes.
+    let source_file = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&source)
+        .unwrap();
+    source_file
+        .write_all_at(&distinct_bytes(64 << 10, 12), 1 << 20)
+        .unwrap();
+    source_file.sync_all().unwrap();
+    assert!(std::fs::read(&copy).unwrap() == data, "the copy changed");
+
+    // Not on record boundaries: copied, and the same.
+    let partial = read_write_new(mnt.join("partial"));
+    let from = std::fs::File::open(&copy).unwrap();
+    let mut done = 0;
+    while done < 3 * M {
+        done += copy_file_range(
+            &from,
+            1000 + done as u64,
+            &partial,
+            7 + done as u64,
+            3 * M - done,
+        )
+        .unwrap();
+    }
+    let mut read = vec![0u8; 3 * M];
+    partial.read_exact_at(&mut read, 7).unwrap();
+    assert!(
+        read == data[1000..1000 + 3 * M],
+        "the unaligned copy differs"
+    );
+    // A file of a snapshot copied into the head.
+    pool.admin(&["snapshot", &format!("{}/fs@s", pool.name)]);
+    let snapshot_copy = mnt.join(".zfs/snapshot/s/copy");
+    let restored = read_write_new(mnt.join("restored"));
+    let snapshot_file = std::fs::File::open(&snapshot_copy).unwrap();
+    let mut done = 0;
+    while done < 4 * M {
+        done += copy_file_range(
+            &snapshot_file,
+            done as u64,
+            &restored,
+            done as u64,
+            4 * M - done,
+        )
+        .unwrap();
+    }
+    let mut read = vec![0u8; 4 * M];
+    restored.read_exact_at(&mut read, 0).unwrap();
+    assert!(
+        read == data[..4 * M],
+        "the copy out of the snapshot differs"
+    );
+    drop((partial, from, restored, snapshot_file));
+
+    pool.stop();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert!(
+        std::fs::read(&copy).unwrap() == data,
+        "the copy after a restart"
+    );
+    stop_and_check(&mut pool);
+}

@@ -11,6 +11,7 @@
 //! block's birth txg once the block is linked ([`BlockStore::commit`]), so a
 //! resilver knows what to rewrite there.
 
+pub mod clones;
 pub mod compress;
 
 use std::cell::{Cell, RefCell};
@@ -121,6 +122,9 @@ pub struct BlockStore {
     data_error_rate: RateLimit,
     /// Verified blocks kept in memory (the ARC): see [`crate::cache`].
     pub cache: BlockCache,
+    /// Extra references of cloned blocks: [`BlockStore::free`] of one takes
+    /// a reference away instead of its space.
+    pub clones: RefCell<clones::CloneTable>,
 }
 
 /// Held for the duration of a block read. A block looked up during open txg X can
@@ -179,6 +183,7 @@ impl BlockStore {
             events: RefCell::new(None),
             data_error_rate: RateLimit::default(),
             cache: BlockCache::new(cache_bytes),
+            clones: RefCell::new(clones::CloneTable::default()),
         })
     }
 
@@ -381,8 +386,12 @@ impl BlockStore {
     }
 
     /// Records a block's space as freed in the open txg, and drops its
-    /// cached copy (the space may hold another block later).
+    /// cached copy (the space may hold another block later). A cloned block
+    /// with other references loses one reference instead.
     pub fn free(&self, bp: &BlockPointer) {
+        if self.clones.borrow_mut().drop_reference(&bp.dvas[0]) {
+            return;
+        }
         self.cache.forget(bp);
         let mut allocator = self.allocator.borrow_mut();
         for dva in bp.copies() {
@@ -643,7 +652,7 @@ impl BlockStore {
             };
             let length = top.io_bytes(physical as u64);
             match top
-                .read_verified(class, dva.offset, length, bp.birth_txg, &verify)
+                .read_verified(class, dva.offset, length, bp.written_txg(), &verify)
                 .await
             {
                 Ok(read) => {
@@ -696,7 +705,7 @@ impl BlockStore {
             };
             let length = top.io_bytes(physical as u64);
             let (copy, bad_children) = top
-                .scrub_read(dva.offset, length, bp.birth_txg, &verify)
+                .scrub_read(dva.offset, length, bp.written_txg(), &verify)
                 .await;
             match copy {
                 Some(data) => {

@@ -90,7 +90,7 @@ struct CachedBlock {
 
 impl CachedBlock {
     fn matches(&self, bp: &BlockPointer) -> bool {
-        self.birth_txg == bp.birth_txg
+        self.birth_txg == bp.written_txg()
             && self.physical == bp.physical_size
             && self.checksum == bp.checksum
     }
@@ -422,7 +422,7 @@ impl BlockCache {
             return;
         }
         let entry = CachedBlock {
-            birth_txg: bp.birth_txg,
+            birth_txg: bp.written_txg(),
             physical: bp.physical_size,
             logical: bp.logical_size,
             checksum: bp.checksum,

@@ -1473,6 +1473,8 @@ fn status(pool: &Pool) -> Value {
         "size_bytes": size,
         "allocated_bytes": size - free,
         "free_bytes": free,
+        "cloned_blocks": pool.clone_figures().0,
+        "clone_saved_bytes": pool.clone_figures().1,
         "open_txg": pool.txg().open(),
         "durable_txg": pool.txg().durable(),
         "imported_txg": pool.imported_txg(),

@@ -339,6 +339,19 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
         "Space not allocated.",
         free as f64,
     );
+    let (cloned_blocks, clone_saved) = pool.clone_figures();
+    gauge(
+        &mut out,
+        "ironpool_pool_cloned_blocks",
+        "Blocks linked more than once by block cloning (copy_file_range).",
+        cloned_blocks as f64,
+    );
+    gauge(
+        &mut out,
+        "ironpool_pool_clone_saved_bytes",
+        "Space the clones of cloned blocks would have taken as copies.",
+        clone_saved as f64,
+    );
     let txg = pool.txg().stats();
     gauge(
         &mut out,

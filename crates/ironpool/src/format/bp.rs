@@ -17,7 +17,8 @@
 //! | 67 | 1 | compression |
 //! | 68 | 4 | reserved, zero |
 //! | 72 | 8 | fill: number of non-hole level-0 blocks beneath (1 for a data block) |
-//! | 80 | 16 | reserved, zero |
+//! | 80 | 8 | physical birth: the txg that wrote a cloned block's bytes (0: the birth txg; format 3) |
+//! | 88 | 8 | reserved, zero |
 //! | 96 | 32 | checksum of the physical bytes |
 //!
 //! A hole has an empty DVA 0 (asize 0). A DVA's asize is the space allocated on
@@ -89,7 +90,15 @@ impl Dva {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BlockPointer {
     pub dvas: [Dva; DVA_COUNT],
+    /// The txg that linked the block into this tree (its logical birth):
+    /// what snapshots, dead lists, rollback and incremental send compare.
     pub birth_txg: u64,
+    /// The txg whose commit wrote the block's bytes, when earlier than
+    /// `birth_txg`: a block cloned from another file (block cloning) keeps
+    /// the txg its bytes were written in, which is what the devices'
+    /// dirty time logs, resilver and the read cache go by. 0: the same as
+    /// `birth_txg` (every block that was not cloned).
+    pub physical_birth: u64,
     pub logical_size: u32,
     pub physical_size: u32,
     pub level: u8,
@@ -113,6 +122,16 @@ impl BlockPointer {
 
     pub fn is_hole(&self) -> bool {
         self.dvas[0].is_empty()
+    }
+
+    /// The txg the block's bytes were written in: `physical_birth` for a
+    /// cloned block, else its birth.
+    pub fn written_txg(&self) -> u64 {
+        if self.physical_birth == 0 {
+            self.birth_txg
+        } else {
+            self.physical_birth
+        }
     }
 
     /// The copies that exist.
@@ -145,6 +164,7 @@ impl BlockPointer {
         };
         out[67] = self.compression.code();
         put_u64(out, 72, self.fill);
+        put_u64(out, 80, self.physical_birth);
         out[96..128].copy_from_slice(&self.checksum.0);
     }
 
@@ -184,6 +204,7 @@ impl BlockPointer {
         let pointer = BlockPointer {
             dvas,
             birth_txg: get_u64(bytes, 48),
+            physical_birth: get_u64(bytes, 80),
             logical_size: get_u32(bytes, 56),
             physical_size: get_u32(bytes, 60),
             level,
@@ -248,6 +269,15 @@ impl BlockPointer {
                 return Err(invalid(WHAT, "DVA past the end of the address space"));
             }
         }
+        if self.physical_birth != 0 && (self.level != 0 || self.physical_birth >= self.birth_txg) {
+            return Err(invalid(
+                WHAT,
+                format!(
+                    "level {} block written in txg {} and born in {}",
+                    self.level, self.physical_birth, self.birth_txg
+                ),
+            ));
+        }
         if self.level == 0 && self.fill != 1 {
             return Err(invalid(WHAT, format!("data block with fill {}", self.fill)));
         }
@@ -276,6 +306,7 @@ mod tests {
                 Dva::default(),
             ],
             birth_txg: 42,
+            physical_birth: 0,
             logical_size: 16384,
             physical_size: 16384,
             level: 0,
@@ -341,6 +372,7 @@ mod tests {
             let pointer = BlockPointer {
                 dvas: [Dva { vdev, asize: size, offset: offset_sectors * 512 }, Dva::default(), Dva::default()],
                 birth_txg: birth,
+                physical_birth: 0,
                 logical_size: size,
                 physical_size: size,
                 level,

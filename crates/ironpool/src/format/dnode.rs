@@ -91,6 +91,9 @@ pub enum ObjectType {
     FsDirectory,
     /// The extended attributes of one filesystem object (`format::xattr`).
     FsXattr,
+    /// The pool's block reference table: the extra references of cloned
+    /// blocks (`format::clones`; format 3).
+    CloneTable,
 }
 
 impl ObjectType {
@@ -108,6 +111,7 @@ impl ObjectType {
             ObjectType::FsFile => 9,
             ObjectType::FsDirectory => 10,
             ObjectType::FsXattr => 11,
+            ObjectType::CloneTable => 12,
         }
     }
 
@@ -125,6 +129,7 @@ impl ObjectType {
             9 => Some(ObjectType::FsFile),
             10 => Some(ObjectType::FsDirectory),
             11 => Some(ObjectType::FsXattr),
+            12 => Some(ObjectType::CloneTable),
             _ => None,
         }
     }
@@ -328,6 +333,7 @@ mod tests {
                     Dva::default(),
                 ],
                 birth_txg: 7,
+                physical_birth: 0,
                 logical_size: 32768,
                 physical_size: 32768,
                 level: 2,

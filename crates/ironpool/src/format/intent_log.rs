@@ -554,6 +554,7 @@ mod tests {
                 Dva::default(),
             ],
             birth_txg: txg,
+            physical_birth: 0,
             logical_size: 16384,
             physical_size: 16384,
             object_type: ObjectType::VolumeData,

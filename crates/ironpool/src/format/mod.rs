@@ -10,6 +10,7 @@
 pub mod acl;
 pub mod bp;
 pub mod checksum;
+pub mod clones;
 pub mod dnode;
 pub mod fsdir;
 pub mod intent_log;
@@ -31,8 +32,13 @@ pub use uberblock::Uberblock;
 /// build before it; a version 1 pool is read as it is and written as
 /// version 2 from its first commit here (a one-way upgrade: older builds
 /// then refuse it with a clear error instead of misreading new
-/// directories).
-pub const FORMAT_VERSION: u32 = 2;
+/// directories). Version 3 adds block cloning: a block pointer's physical
+/// birth (offset 80) and the pool's block reference table, which counts
+/// the extra references of a cloned block; an older build would free a
+/// cloned block while another file still points at it, so it must refuse
+/// the pool. Versions 1 and 2 are read as they are and written as 3 from
+/// the first commit, as 1 became 2.
+pub const FORMAT_VERSION: u32 = 3;
 /// The oldest on-disk format version this build reads (6093ca7 and before
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;

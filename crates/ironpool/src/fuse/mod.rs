@@ -836,6 +836,7 @@ async fn serve(
         | Request::Setxattr { .. }
         | Request::Removexattr { .. }
         | Request::Ioctl { .. }
+        | Request::CopyFileRange { .. }
         | Request::Fallocate { .. } => sync == SyncMode::Always,
         _ => false,
     };
@@ -1165,6 +1166,41 @@ async fn serve_fs(
             }
             fs.fallocate(pool, node, offset, length, mode).await?;
             Ok(Vec::new())
+        }
+        Request::CopyFileRange {
+            offset_in,
+            node_out,
+            offset_out,
+            length,
+            flags,
+        } => {
+            if flags != 0 {
+                return Err(FsError::Invalid(format!(
+                    "copy_file_range flags {flags:#x}"
+                )));
+            }
+            // The destination is a file of the head: a snapshot's are
+            // read-only. The source may be a snapshot's (its bytes are
+            // copied: a snapshot is another tree).
+            let (head, target) = match snapdir::route(session, node_out).await? {
+                snapdir::Route::Fs { fs, ino, slot: 0 } => (fs, ino),
+                _ => return Err(FsError::ReadOnly),
+            };
+            if head
+                .drop_privileges(
+                    pool,
+                    target,
+                    false,
+                    DataChange::Write { offset: offset_out },
+                )
+                .await?
+            {
+                notify_inval_attributes(session, node_out).await;
+            }
+            let copied = head
+                .copy_range(pool, fs, node, offset_in, target, offset_out, length)
+                .await?;
+            Ok(proto::write_out(copied as u32))
         }
         Request::Lseek { offset, whence } => {
             let data = match whence as i32 {

@@ -104,6 +104,10 @@ pub(super) async fn stale_after(fs: &Filesystem, node: u64, request: &Request<'_
         | Request::Ioctl { .. }
         | Request::Setxattr { .. }
         | Request::Removexattr { .. } => vec![Stale::Node(node)],
+        // (The source is only read.)
+        Request::CopyFileRange { node_out, .. } => {
+            vec![Stale::Node(super::snapdir::split(node_out).1)]
+        }
         Request::Symlink { name, .. }
         | Request::Mknod { name, .. }
         | Request::Mkdir { name, .. }

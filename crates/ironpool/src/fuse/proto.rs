@@ -77,6 +77,10 @@ const IOCTL_IN_BYTES: usize = 32;
 pub const IOCTL_UNRESTRICTED: u32 = 1 << 1;
 /// `lseek` with `SEEK_DATA` or `SEEK_HOLE` (the kernel answers the others).
 pub const LSEEK: u32 = 46;
+/// `copy_file_range(2)` between files of this mount: records are cloned
+/// (`Filesystem::copy_range`). The kernel's newer `COPY_FILE_RANGE_64`
+/// gets ENOSYS, and the kernel then asks with this one.
+pub const COPY_FILE_RANGE: u32 = 47;
 
 // INIT flags.
 pub const ASYNC_READ: u32 = 1 << 0;
@@ -272,6 +276,15 @@ pub enum Request<'a> {
     Lseek {
         offset: u64,
         whence: u32,
+    },
+    /// `fuse_copy_file_range_in`: from the request's node at `offset_in`
+    /// to node `node_out` at `offset_out`.
+    CopyFileRange {
+        offset_in: u64,
+        node_out: u64,
+        offset_out: u64,
+        length: u64,
+        flags: u64,
     },
     Access {
         mask: u32,
@@ -486,6 +499,13 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             offset: u64_at(body, 8)?,
             whence: u32_at(body, 16)?,
         },
+        COPY_FILE_RANGE => Request::CopyFileRange {
+            offset_in: u64_at(body, 8)?,
+            node_out: u64_at(body, 16)?,
+            offset_out: u64_at(body, 32)?,
+            length: u64_at(body, 40)?,
+            flags: u64_at(body, 48)?,
+        },
         IOCTL => {
             let in_size = u32_at(body, 24)? as usize;
             let data = body
@@ -580,6 +600,7 @@ pub fn opcode_name(opcode: u32) -> &'static str {
         BATCH_FORGET => "BATCH_FORGET",
         RENAME2 => "RENAME2",
         LSEEK => "LSEEK",
+        COPY_FILE_RANGE => "COPY_FILE_RANGE",
         FALLOCATE => "FALLOCATE",
         IOCTL => "IOCTL",
         TMPFILE => "TMPFILE",

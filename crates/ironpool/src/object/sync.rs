@@ -88,8 +88,9 @@ impl ObjectSet {
                 BlockPointer::hole(level, dnode.object_type, context.txg)
             } else {
                 let physical = buffer.len() as u32;
-                let in_place =
-                    !old.is_hole() && old.birth_txg == context.txg && old.physical_size == physical;
+                let in_place = !old.is_hole()
+                    && old.written_txg() == context.txg
+                    && old.physical_size == physical;
                 let copies =
                     metadata_copies(dnode.object_type, level, self.store.all_vdevs_redundant());
                 let dvas = if in_place {
@@ -100,6 +101,7 @@ impl ObjectSet {
                 BlockPointer {
                     dvas,
                     birth_txg: context.txg,
+                    physical_birth: 0,
                     logical_size: physical,
                     physical_size: physical,
                     level,

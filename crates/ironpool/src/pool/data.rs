@@ -163,6 +163,7 @@ pub(crate) async fn write_blocks(
             let pointer = BlockPointer {
                 dvas,
                 birth_txg: 0,
+                physical_birth: 0,
                 logical_size: block.logical as u32,
                 physical_size: physical as u32,
                 level: 0,
@@ -500,6 +501,52 @@ pub(crate) fn link(
     objects.kill(object, &old);
     pool.spill_dead(dead_owner);
     Ok(old)
+}
+
+/// Links `source`, a data block another tree links (block cloning), as
+/// level-0 block `blkid` of `object` in the open txg, with no await, once
+/// [`prepare_link`] loaded the path: the block gets one more reference in
+/// the block reference table, its pointer is born in the open txg (so
+/// snapshots, dead lists and incremental sends see a new link) and keeps
+/// the txg its bytes were written in, and the block it replaces is killed.
+/// False, with nothing changed, when the table is full: the caller copies
+/// the bytes instead.
+pub(crate) fn link_clone(
+    pool: &Rc<Pool>,
+    objects: &ObjectSet,
+    object: &Object,
+    dead_owner: &Object,
+    blkid: u64,
+    source: BlockPointer,
+) -> Result<bool, PoolError> {
+    let txg = pool.txg.open();
+    assert!(
+        !source.is_hole() && source.level == 0 && source.birth_txg <= txg,
+        "object {} block {blkid}: cloning {source:?} in txg {txg}",
+        object.id
+    );
+    if !pool.store.clones.borrow_mut().add_reference(&source) {
+        return Ok(false);
+    }
+    let written = source.written_txg();
+    let mut clone = source;
+    clone.birth_txg = txg;
+    clone.physical_birth = if written == txg { 0 } else { written };
+    let old = match objects.set_block_pointer_cached(object, blkid, clone) {
+        Ok(old) => old,
+        Err(error) => {
+            pool.store
+                .clones
+                .borrow_mut()
+                .drop_reference(&source.dvas[0]);
+            return Err(error.into());
+        }
+    };
+    // (Killing the old block after the reference was added: cloning a
+    // block over a link of itself leaves it with the count it had.)
+    objects.kill(object, &old);
+    pool.spill_dead(dead_owner);
+    Ok(true)
 }
 
 /// What [`read_linked`] found for a block.

@@ -9,6 +9,7 @@
 //!   them: data, then the metadata tree, then uberblocks, with flushes in between.
 //! - [`volume`] serves reads and writes; [`scrub`] verifies and repairs everything.
 
+pub(crate) mod clones;
 pub(crate) mod data;
 pub mod dataset;
 pub mod devices;
@@ -361,6 +362,8 @@ pub struct Pool {
     events: Rc<EventLog>,
     /// Commands that changed the pool, kept on disk (`ironpool history`).
     history: RefCell<history::History>,
+    /// The block reference table's object (block cloning).
+    clone_table: clones::CloneTableObject,
     /// Read-aheads of sequential readers in flight (see `volume::prefetch`).
     prefetch: volume::prefetch::PrefetchState,
     /// Hot spares ready to stand in for a failed leaf (see `spares`).

@@ -125,6 +125,7 @@ impl Pool {
             log_releases: Default::default(),
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
+            clone_table: Default::default(),
             prefetch: Default::default(),
             spares: Default::default(),
             gather: Default::default(),
@@ -578,6 +579,7 @@ impl Pool {
             log_releases: Default::default(),
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
+            clone_table: Default::default(),
             prefetch: Default::default(),
             spares: Default::default(),
             gather: Default::default(),
@@ -585,6 +587,7 @@ impl Pool {
             reserved_unused: Cell::new(0),
         });
         pool.load_history().await;
+        pool.load_clone_table().await?;
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
             object.dead_list.set(record.lineage.dead_list);

@@ -482,6 +482,11 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
         if crate::pool::history::build_step(pool, txg)? {
             changed = true;
         }
+        // After the snapshots' step of the pass before, which may free
+        // cloned blocks (the loop runs until nothing changes).
+        if crate::pool::clones::build_step(pool, txg)? {
+            changed = true;
+        }
         if pool.datasets.directory.take_dirty() {
             write_directory(pool)?;
             changed = true;

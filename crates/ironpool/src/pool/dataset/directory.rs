@@ -287,6 +287,10 @@ pub struct Directory {
     /// before the history existed have none).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub history_object: u64,
+    /// The block reference table's object (0: nothing was ever cloned; see
+    /// `pool::clones`).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub clone_table: u64,
     /// Filesystems by name within the pool (names are shared with volumes:
     /// one name is one dataset).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]

@@ -50,6 +50,7 @@
 mod acl;
 mod attrs;
 mod behind;
+mod clone;
 mod data;
 mod diff;
 pub mod dir;
@@ -535,6 +536,8 @@ pub struct FsIoStats {
     pub hole_read_ops: u64,
     /// `fsync`, `fdatasync` and `fsync` of directories.
     pub flush_ops: u64,
+    /// Records `copy_file_range` cloned (linked again, no bytes written).
+    pub cloned_blocks: u64,
 }
 
 /// What the front end serving a filesystem (FUSE) reports about itself,

@@ -24,6 +24,19 @@ pub struct CheckReport {
     pub problems: Vec<String>,
 }
 
+/// What the check knows of a block copy it found in the trees.
+struct Sighting {
+    /// The txg its bytes were written in (a clone keeps it).
+    written: u64,
+    checksum: crate::format::Checksum,
+    /// The tree that pointed at it first (for messages).
+    owner: u64,
+    /// The pointer's first copy: the block reference table's key.
+    first_copy: crate::format::Dva,
+    /// Its distinct links: (object within its dataset, level, block, birth).
+    links: Vec<(u64, u64, u64, u64)>,
+}
+
 /// Most problems listed in a report.
 const PROBLEMS_MAX: usize = 64;
 
@@ -91,9 +104,13 @@ impl Pool {
         }
         report.objects = objects.len() as u64;
         // A block may be shared by several trees (a volume and its snapshots and
-        // clones) — then it is the same block pointer — but never pointed at twice
-        // within one tree, nor by two different pointers.
-        let mut owners: std::collections::HashMap<(u32, u64), (u64, crate::format::Checksum, u64)> =
+        // clones): then it is the same block pointer, one link seen from each.
+        // A cloned block (block cloning) is linked more than once, as many
+        // times as the block reference table says. Any other pointer to the
+        // same place is a double reference. Each copy: the pointer's identity
+        // (the txg its bytes were written in, its checksum), the tree that
+        // saw it first, its first copy (the table's key) and its links.
+        let mut owners: std::collections::HashMap<(u32, u64), Sighting> =
             std::collections::HashMap::new();
         let mut dead_entries = Vec::new();
         // Every tree: the pool's objects, then each filesystem's own (named
@@ -218,26 +235,52 @@ impl Pool {
         }
         for (set, object, owner, label) in &trees {
             let owner = *owner;
+            // A link is told apart by the object within its dataset (a
+            // snapshot or a clone of a dataset shares the links of its
+            // origin: the same object, block and birth), the level and
+            // block, and the birth.
+            let within = if owner & (1 << 63) != 0 {
+                owner & ((1 << 32) - 1) | (1 << 63)
+            } else if matches!(
+                object.dnode().object_type,
+                crate::format::ObjectType::VolumeData | crate::format::ObjectType::FsObjects
+            ) {
+                0
+            } else {
+                owner
+            };
             let mut copies = Vec::new();
             set.visit_pointers(object, &mut |level, blkid, pointer| {
                 for dva in pointer.copies() {
-                    copies.push((level, blkid, *dva, pointer.birth_txg, pointer.checksum));
+                    copies.push((level, blkid, *dva, *pointer));
                 }
             })
             .await?;
-            for (level, blkid, dva, birth, checksum) in copies {
-                match owners.get(&(dva.vdev, dva.offset)) {
-                    Some((other_birth, other_checksum, other_object)) => {
-                        if *other_object == owner
-                            || *other_birth != birth
-                            || *other_checksum != checksum
+            for (level, blkid, dva, pointer) in copies {
+                let link = (within, u64::from(level), blkid, pointer.birth_txg);
+                match owners.get_mut(&(dva.vdev, dva.offset)) {
+                    Some(seen) => {
+                        if seen.written != pointer.written_txg()
+                            || seen.checksum != pointer.checksum
+                            || seen.first_copy != pointer.dvas[0]
                         {
-                            report.problem(format!("object {label} block {level}/{blkid}: {:?} is referenced twice (also by object {other_object:#x})", dva));
+                            report.problem(format!("object {label} block {level}/{blkid}: {:?} is referenced twice (also by object {:#x})", dva, seen.owner));
+                        } else if !seen.links.contains(&link) {
+                            seen.links.push(link);
                         }
                         continue;
                     }
                     None => {
-                        owners.insert((dva.vdev, dva.offset), (birth, checksum, owner));
+                        owners.insert(
+                            (dva.vdev, dva.offset),
+                            Sighting {
+                                written: pointer.written_txg(),
+                                checksum: pointer.checksum,
+                                owner,
+                                first_copy: pointer.dvas[0],
+                                links: vec![link],
+                            },
+                        );
                     }
                 }
                 report.block_copies += 1;
@@ -293,8 +336,9 @@ impl Pool {
         for (list, pointer) in dead_entries.iter().chain(pending.iter()) {
             for dva in pointer.copies() {
                 match owners.get(&(dva.vdev, dva.offset)) {
-                    Some((birth, checksum, _))
-                        if *birth == pointer.birth_txg && *checksum == pointer.checksum => {}
+                    Some(seen)
+                        if seen.written == pointer.written_txg()
+                            && seen.checksum == pointer.checksum => {}
                     _ => report.problem(format!(
                         "dead list {list}: {:?} born {} is not in any snapshot",
                         dva, pointer.birth_txg
@@ -335,6 +379,32 @@ impl Pool {
                 }
             }
         }
+        // Each block is linked once, and a cloned one once more per extra
+        // reference the block reference table counts; the table names only
+        // blocks that are there.
+        {
+            let clones = self.store.clones.borrow();
+            let mut cloned_seen = 0usize;
+            for ((vdev, offset), seen) in &owners {
+                let extra = clones.extra_references(&seen.first_copy);
+                if seen.first_copy.vdev == *vdev && seen.first_copy.offset == *offset && extra > 0 {
+                    cloned_seen += 1;
+                }
+                if seen.links.len() as u64 != extra + 1 {
+                    report.problem(format!(
+                        "vdev {vdev} offset {offset:#x}: linked {} times, the block reference table counts {}",
+                        seen.links.len(),
+                        extra + 1
+                    ));
+                }
+            }
+            if cloned_seen != clones.len() {
+                report.problem(format!(
+                    "the block reference table names {} cloned blocks, {cloned_seen} are in the trees",
+                    clones.len()
+                ));
+            }
+        }
         let allocator = self.store.allocator.borrow();
         if let Err(problem) = allocator.verify() {
             report.problem(problem);
@@ -362,8 +432,11 @@ impl Pool {
                         .filter(|((owner_vdev, offset), _)| {
                             *owner_vdev as usize == vdev && *offset >= start && *offset < end
                         })
-                        .map(|((_, offset), (birth, _, object))| {
-                            format!("object {object} at {offset:#x} born {birth}")
+                        .map(|((_, offset), seen)| {
+                            format!(
+                                "object {} at {offset:#x} written {}",
+                                seen.owner, seen.written
+                            )
                         })
                         .collect();
                     holders.sort();

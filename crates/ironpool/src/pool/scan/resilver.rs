@@ -426,7 +426,7 @@ impl Pool {
         for batch in pointers.chunks(RESILVER_BLOCKS_IN_FLIGHT) {
             let work = batch.iter().map(|pointer| {
                 let needing = |vdev: u32| -> Vec<usize> {
-                    let children = targets.children_needing(vdev, pointer.birth_txg);
+                    let children = targets.children_needing(vdev, pointer.written_txg());
                     children
                         .into_iter()
                         .filter(|child| {

@@ -64,6 +64,10 @@ pub struct ScrubState {
     /// The walk stopped at an object destroyed under it: it does not catch
     /// up the devices' logs (see `scan`).
     pub(super) walk_incomplete: bool,
+    /// Cloned blocks (block cloning) scrubbed so far: a block linked by
+    /// several files is read once. At most the block reference table's
+    /// entries (`CLONED_BLOCKS_MAX`).
+    cloned_done: rustc_hash::FxHashSet<(u32, u64)>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -359,11 +363,22 @@ impl Pool {
         // Blocks of a txg still being written may not be on every device yet:
         // they are the next scrub's.
         let durable = self.txg.durable();
-        let pointers: Vec<BlockPointer> = pointers
-            .iter()
-            .filter(|pointer| pointer.birth_txg <= durable)
-            .copied()
-            .collect();
+        let pointers: Vec<BlockPointer> = {
+            let clones = self.store.clones.borrow();
+            let mut scrub = self.scans.scrub.borrow_mut();
+            pointers
+                .iter()
+                .filter(|pointer| pointer.birth_txg <= durable)
+                // A cloned block once, whichever link comes first.
+                .filter(|pointer| {
+                    clones.extra_references(&pointer.dvas[0]) == 0
+                        || scrub
+                            .cloned_done
+                            .insert((pointer.dvas[0].vdev, pointer.dvas[0].offset))
+                })
+                .copied()
+                .collect()
+        };
         for batch in pointers.chunks(SCRUB_BLOCKS_IN_FLIGHT) {
             self.scrub_throttle().await;
             let results = futures_util::future::join_all(

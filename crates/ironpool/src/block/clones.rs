@@ -30,6 +30,9 @@ pub struct CloneTable {
     extra: BTreeMap<(u32, u64), (u32, u64)>,
     /// Changes since the last build took them, in order.
     pending: Vec<CloneRecord>,
+    /// The space the extra references save, kept as they change (status
+    /// and metrics ask often; the table may hold millions).
+    saved: u64,
 }
 
 impl CloneTable {
@@ -45,6 +48,7 @@ impl CloneTable {
         let entry = self.extra.entry(key).or_insert((dva.asize, 0));
         assert_eq!(entry.0, dva.asize, "{dva:?} cloned with another size");
         entry.1 += 1;
+        self.saved = self.saved.saturating_add(u64::from(dva.asize));
         self.note(dva, 1);
         true
     }
@@ -58,6 +62,7 @@ impl CloneTable {
             return false;
         };
         entry.1 -= 1;
+        self.saved = self.saved.saturating_sub(u64::from(entry.0));
         if entry.1 == 0 {
             self.extra.remove(&key);
         }
@@ -102,10 +107,7 @@ impl CloneTable {
 
     /// Space the clones save: each extra reference's allocated bytes.
     pub fn saved_bytes(&self) -> u64 {
-        self.extra
-            .values()
-            .map(|(asize, count)| u64::from(*asize) * count)
-            .sum()
+        self.saved
     }
 
     /// The changes not yet taken by a build (the build appends them).
@@ -148,6 +150,14 @@ impl CloneTable {
             .and_then(|count| count.checked_add(record.delta))
             .filter(|count| *count >= 0 && asize == record.asize)
             .ok_or_else(|| format!("record {record:?} against count {count}"))?;
+        let before = self.extra.get(&key).map_or(0, |(_, count)| *count);
+        // (Saturating: a damaged table's counts may be absurd; it is
+        // refused as a whole later, or its figure is only shown.)
+        let size = u64::from(asize);
+        self.saved = self
+            .saved
+            .saturating_sub(before.saturating_mul(size))
+            .saturating_add((count as u64).saturating_mul(size));
         if count == 0 {
             self.extra.remove(&key);
         } else {

@@ -1466,6 +1466,7 @@ fn status(pool: &Pool) -> Value {
             "children": children,
         }));
     }
+    let (cloned_blocks, clone_saved) = pool.clone_figures();
     json!({
         "pool": pool.name(),
         "guid": format!("{:#x}", pool.guid()),
@@ -1473,8 +1474,8 @@ fn status(pool: &Pool) -> Value {
         "size_bytes": size,
         "allocated_bytes": size - free,
         "free_bytes": free,
-        "cloned_blocks": pool.clone_figures().0,
-        "clone_saved_bytes": pool.clone_figures().1,
+        "cloned_blocks": cloned_blocks,
+        "clone_saved_bytes": clone_saved,
         "open_txg": pool.txg().open(),
         "durable_txg": pool.txg().durable(),
         "imported_txg": pool.imported_txg(),

@@ -527,6 +527,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     // The txg holds every change made to it: nothing it would leave out.
     assert!(
         !pool.datasets.directory.is_dirty()
+            && !pool.store.clones.borrow().has_pending()
             && crate::pool::filesystem::all_synced(pool)
             && objects
                 .open_objects()

@@ -67,48 +67,77 @@ impl Filesystem {
         }
         let mut done = 0;
         while done < length {
-            let (position_in, position_out) = (offset_in + done, offset_out + done);
-            let cloned = match same {
-                true => {
-                    self.clone_records(
-                        pool,
-                        ino_in,
-                        position_in,
-                        ino_out,
-                        position_out,
-                        length - done,
-                    )
-                    .await?
-                }
-                false => 0,
-            };
-            if cloned > 0 {
-                done += cloned;
-                continue;
+            match self
+                .copy_turn(
+                    pool,
+                    source,
+                    same,
+                    ino_in,
+                    offset_in + done,
+                    ino_out,
+                    offset_out + done,
+                    length - done,
+                )
+                .await
+            {
+                Ok(0) => break,
+                Ok(copied) => done += copied,
+                // What was copied before the failure is answered; the
+                // failure comes again at the next call, if it lasts.
+                Err(_) if done > 0 => break,
+                Err(error) => return Err(error),
             }
-            // Up to the next record boundary, where cloning may start again
-            // (ranges that never line up are copied in chunks).
-            let record = {
-                let _shared = source.lock.acquire(1).await;
-                source.load(ino_in).await?.0.dnode().data_block_bytes()
-            };
-            let chunk = if position_in % record == position_out % record {
-                record - position_in % record
-            } else {
-                COPY_CHUNK_BYTES
-            };
-            let chunk = chunk.min(COPY_CHUNK_BYTES).min(length - done);
-            let data = source
-                .read(pool, ino_in, position_in, chunk as usize, false)
-                .await?;
-            if data.is_empty() {
-                // The source was cut meanwhile.
-                break;
-            }
-            self.write(pool, ino_out, position_out, &data).await?;
-            done += data.len() as u64;
         }
         Ok(done)
+    }
+
+    /// One turn of [`Filesystem::copy_range`]: records cloned, or else
+    /// bytes read and written up to the next record boundary where cloning
+    /// may start (a chunk where it cannot). Returns the bytes copied (0:
+    /// the source ends there).
+    #[allow(clippy::too_many_arguments)]
+    async fn copy_turn(
+        &self,
+        pool: &Rc<Pool>,
+        source: &Filesystem,
+        same: bool,
+        ino_in: u64,
+        position_in: u64,
+        ino_out: u64,
+        position_out: u64,
+        length: u64,
+    ) -> Result<u64, FsError> {
+        if same {
+            let cloned = self
+                .clone_records(pool, ino_in, position_in, ino_out, position_out, length)
+                .await?;
+            if cloned > 0 {
+                return Ok(cloned);
+            }
+        }
+        let record = {
+            let _shared = source.lock.acquire(1).await;
+            source.load(ino_in).await?.0.dnode().data_block_bytes()
+        };
+        // Inside a record of ranges that line up: to its end, where
+        // cloning may start. On a boundary (cloning was refused there:
+        // other record sizes, another tree) or never lining up: a chunk.
+        let within = position_in % record;
+        let chunk = if same && within != 0 && within == position_out % record {
+            record - within
+        } else {
+            COPY_CHUNK_BYTES
+        };
+        let chunk = chunk.min(COPY_CHUNK_BYTES).min(length);
+        let data = source
+            .read(pool, ino_in, position_in, chunk as usize, false)
+            .await?;
+        if data.is_empty() {
+            // The source was cut meanwhile.
+            return Ok(0);
+        }
+        self.write(pool, ino_out, position_out, &data).await?;
+        Ok(data.len() as u64)
     }
 
     /// Clones the records from `position_in` of `ino_in` to `position_out`
@@ -135,7 +164,8 @@ impl Filesystem {
             return Err(FsError::IsDir);
         }
         let record = source.dnode().data_block_bytes();
-        let Some(records) = self.clonable(&source, &target, position_in, position_out, length)
+        let Some((records, length)) =
+            self.clonable(pool, &source, &target, position_in, position_out, length)
         else {
             return Ok(0);
         };
@@ -160,24 +190,36 @@ impl Filesystem {
         self.behind
             .settle_blocks(ino_out, Some(first_out..=first_out + records - 1))
             .await;
-        // The files may have changed while the locks were awaited.
-        if self.clonable(&source, &target, position_in, position_out, length) != Some(records) {
+        // The files may have changed while the locks were awaited (the
+        // source cut, a block grown).
+        let again = self.clonable(pool, &source, &target, position_in, position_out, length);
+        if again != Some((records, length)) {
             return Ok(0);
         }
-        // From here the target changes: a log commit running now must not
-        // carry what it read of it.
-        self.log.note_unloggable(pool.txg.open());
         let shift = source.dnode().data_block_shift;
         if target.dnode().data_block_shift != shift {
-            // An empty file takes the source's record size.
+            // An empty file takes the source's record size. From here the
+            // target changes: a log commit running now must not carry
+            // what it read of it.
+            self.log.note_unloggable(pool.txg.open());
             let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
             self.replace_only_block(pool, &target, shift, 0, hole)?;
         }
         let mut cloned = 0;
         let mut failure = None;
         for index in 0..records {
+            // The target's length covers each record as it is linked, so a
+            // txg built part way has no block past the end.
+            let end = position_out + ((index + 1) * record).min(length);
             match self
-                .clone_record(pool, &source, first_in + index, &target, first_out + index)
+                .clone_record(
+                    pool,
+                    &source,
+                    first_in + index,
+                    &target,
+                    first_out + index,
+                    end,
+                )
                 .await
             {
                 Ok(true) => cloned += 1,
@@ -189,34 +231,23 @@ impl Filesystem {
                 }
             }
         }
-        // What was linked stays, inside the file's length, even when a
-        // later record failed.
         if cloned > 0 {
-            let end = position_out + (cloned * record).min(length);
-            {
-                let mut dnode = target.dnode.borrow_mut();
-                if end > dnode.length_bytes {
-                    dnode.length_bytes = end;
-                }
-            }
-            target.dirty.set(true);
-            // The log cannot replay a clone: until its txg is durable,
-            // `fsync` commits one.
-            self.log.note_unloggable(pool.txg.open());
             self.stamp_write(pool, &target)?;
             self.count(|stats| {
                 stats.write_ops += 1;
                 stats.cloned_blocks += cloned;
             });
         }
-        if let Some(error) = failure {
-            return Err(error);
+        match failure {
+            // What was linked stays: a short count.
+            Some(error) if cloned == 0 => Err(error),
+            _ => Ok((cloned * record).min(length)),
         }
-        Ok((cloned * record).min(length))
     }
 
     /// Links block `from` of `source` as block `to` of `target` (a hole
-    /// as a hole). False when the block reference table is full.
+    /// as a hole), and makes the target at least `end` bytes long. False,
+    /// with nothing changed, when the block reference table is full.
     async fn clone_record(
         &self,
         pool: &Rc<Pool>,
@@ -224,41 +255,52 @@ impl Filesystem {
         from: u64,
         target: &Rc<crate::object::Object>,
         to: u64,
+        end: u64,
     ) -> Result<bool, FsError> {
         let pointer = self.objects.block_pointer(source, from).await?;
         self.objects.prepare_link(target, to).await?;
         // No await from here to the link: the source is locked, so its
-        // pointer still names its block.
-        if pointer.is_hole() {
+        // pointer still names its block. The log cannot replay a clone:
+        // until its txg is durable, `fsync` commits one, and a log commit
+        // running now does not carry what it read of the target.
+        self.log.note_unloggable(pool.txg.open());
+        let linked = if pointer.is_hole() {
             let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
             crate::pool::data::link(pool, &self.objects, target, &self.table, to, hole)?;
-            return Ok(true);
+            true
+        } else {
+            crate::pool::data::link_clone(pool, &self.objects, target, &self.table, to, pointer)?
+        };
+        if linked {
+            let mut dnode = target.dnode.borrow_mut();
+            if end > dnode.length_bytes {
+                dnode.length_bytes = end;
+            }
+            drop(dnode);
+            target.dirty.set(true);
         }
-        Ok(crate::pool::data::link_clone(
-            pool,
-            &self.objects,
-            target,
-            &self.table,
-            to,
-            pointer,
-        )?)
+        Ok(linked)
     }
+
     /// How many records from `position_in` of `source` can be cloned to
-    /// `position_out` of `target` within `length` bytes (None: none). Both
-    /// positions must start records of one size, and the target must not
-    /// be a file whose one block grows (the write path reshapes those); an
-    /// empty target takes the source's record size. A
-    /// record cut by the source's end counts when the copy reaches that end
-    /// and the target holds nothing past the copy (the record's bytes past
-    /// the source's end are zeros, and would be the target's).
+    /// `position_out` of `target` within `length` bytes, and the bytes they
+    /// hold (the source's end cuts `length`); None: none can. Both positions
+    /// must start records of one size, the target must not be a file whose
+    /// one block grows (the write path reshapes those; an empty target
+    /// takes the source's record size), and the block reference table must
+    /// have room. A record cut by the source's end counts when the copy
+    /// reaches that end and the target holds nothing past the copy (the
+    /// record's bytes past the source's end are zeros, and would be the
+    /// target's).
     fn clonable(
         &self,
+        pool: &Pool,
         source: &crate::object::Object,
         target: &crate::object::Object,
         position_in: u64,
         position_out: u64,
         length: u64,
-    ) -> Option<u64> {
+    ) -> Option<(u64, u64)> {
         let (from, to) = (source.dnode(), target.dnode());
         let record = from.data_block_bytes();
         // An empty file (one hole of any size) takes the source's size.
@@ -266,13 +308,15 @@ impl Filesystem {
         if (to.data_block_bytes() != record && !empty)
             || !position_in.is_multiple_of(record)
             || !position_out.is_multiple_of(record)
+            || pool.store.clones.borrow().len() >= crate::block::clones::CLONED_BLOCKS_MAX
         {
             return None;
         }
+        let length = length.min(from.length_bytes.saturating_sub(position_in));
         let end_out = position_out.checked_add(length)?;
         let mut records = length / record;
-        let tail = length % record;
-        if tail != 0 && position_in + length == from.length_bytes && to.length_bytes <= end_out {
+        let source_ends = position_in + length == from.length_bytes;
+        if length % record != 0 && source_ends && to.length_bytes <= end_out {
             records += 1;
         }
         let records = records.min(CLONE_BLOCKS_PER_TURN);
@@ -280,10 +324,9 @@ impl Filesystem {
         if records == 0 || grows {
             return None;
         }
-        Some(records)
+        Some((records, length.min(records * record)))
     }
 }
-
 #[cfg(test)]
 mod tests {
     use std::collections::BTreeMap;
@@ -367,7 +410,31 @@ mod tests {
                     .unwrap();
                 assert_eq!(tail, data[100..100 + 3 * RECORD]);
                 assert_eq!(pool.clone_figures().0, 40, "b's last record was rewritten");
+                // A range ending inside a record of a longer source: its
+                // whole records are cloned, the rest copied, and nothing of
+                // the source shows past the copy's end when it grows.
+                let c = fs.create(&pool, fs.root(), b"c", &mode).await.unwrap().ino;
+                let part = 2 * RECORD as u64 + 1000;
+                let cloned_before = fs.io_stats().cloned_blocks;
+                let copied = fs.copy_range(&pool, &fs, a, 0, c, 0, part).await.unwrap();
+                assert_eq!(copied, part);
+                let grow = crate::pool::filesystem::SetAttr {
+                    size: Some(4 * RECORD as u64),
+                    ..Default::default()
+                };
+                fs.setattr(&pool, c, grow).await.unwrap();
+                let mut want = data[..part as usize].to_vec();
+                want.resize(4 * RECORD, 0);
+                let grown = fs.read(&pool, c, 0, 8 * RECORD, false).await.unwrap();
+                assert!(grown == want, "zeros past the copy's end once it grows");
+                assert_eq!(
+                    fs.io_stats().cloned_blocks - cloned_before,
+                    2,
+                    "c's two whole records"
+                );
+                fs.remove(&pool, fs.root(), b"c", false).await.unwrap();
                 checked(&pool).await;
+                assert_eq!(pool.clone_figures().0, 40);
                 pool.export().await.unwrap();
                 baseline
             }

@@ -24,6 +24,17 @@ pub struct CheckReport {
     pub problems: Vec<String>,
 }
 
+/// A tree the check walks: its object set, its object, its owner (as
+/// `Sighting::owner`), its name in problems, and the origin chain of its
+/// dataset (see `Pool::origin_chain`; empty for the pool's own objects).
+type Tree = (
+    Rc<crate::object::ObjectSet>,
+    Rc<crate::object::Object>,
+    u64,
+    String,
+    Rc<Vec<(u64, u64)>>,
+);
+
 /// What the check knows of a block copy it found in the trees.
 struct Sighting {
     /// The txg its bytes were written in (a clone keeps it).
@@ -33,8 +44,9 @@ struct Sighting {
     owner: u64,
     /// The pointer's first copy: the block reference table's key.
     first_copy: crate::format::Dva,
-    /// Its distinct links: (object within its dataset, level, block, birth).
-    links: Vec<(u64, u64, u64, u64)>,
+    /// Its distinct links: (the dataset that made it, object within its
+    /// dataset, level, block, birth).
+    links: Vec<(u64, u64, u64, u64, u64)>,
 }
 
 /// Most problems listed in a report.
@@ -115,12 +127,7 @@ impl Pool {
         let mut dead_entries = Vec::new();
         // Every tree: the pool's objects, then each filesystem's own (named
         // in problems as `TABLE/ID`; their ids are counted apart).
-        let mut trees: Vec<(
-            Rc<crate::object::ObjectSet>,
-            Rc<crate::object::Object>,
-            u64,
-            String,
-        )> = objects
+        let mut trees: Vec<Tree> = objects
             .iter()
             .map(|object| {
                 (
@@ -128,6 +135,7 @@ impl Pool {
                     object.clone(),
                     object.id,
                     object.id.to_string(),
+                    Rc::new(Vec::new()),
                 )
             })
             .collect();
@@ -209,7 +217,9 @@ impl Pool {
                 ));
             }
         }
+        let mut lineage_ids: std::collections::HashMap<String, u64> = Default::default();
         for fs in &filesystems {
+            let chain = Rc::new(self.origin_chain(&fs.short_name(), &mut lineage_ids));
             // The space sums its header keeps must be those of its objects
             // (everything is committed, so those are the table's).
             let mut walked = FsSpace::default();
@@ -222,6 +232,7 @@ impl Pool {
                     object,
                     (1 << 63) | (fs.table.id << 32) | id,
                     format!("{}/{id}", fs.table.id),
+                    chain.clone(),
                 ));
             }
             if let Some(kept) = fs.header.get().space {
@@ -233,7 +244,7 @@ impl Pool {
                 }
             }
         }
-        for (set, object, owner, label) in &trees {
+        for (set, object, owner, label, chain) in &trees {
             let owner = *owner;
             // A link is told apart by the object within its dataset (a
             // snapshot or a clone of a dataset shares the links of its
@@ -257,7 +268,13 @@ impl Pool {
             })
             .await?;
             for (level, blkid, dva, pointer) in copies {
-                let link = (within, u64::from(level), blkid, pointer.birth_txg);
+                // The dataset a link was made in: its own, or, for a block
+                // born before a clone's origin, the origin's (recursively).
+                let lineage = chain
+                    .iter()
+                    .find(|(_, floor)| pointer.birth_txg > *floor)
+                    .map_or(0, |(id, _)| *id);
+                let link = (lineage, within, u64::from(level), blkid, pointer.birth_txg);
                 match owners.get_mut(&(dva.vdev, dva.offset)) {
                     Some(seen) => {
                         if seen.written != pointer.written_txg()
@@ -456,4 +473,40 @@ impl Pool {
         }
         Ok(report)
     }
+
+    /// The datasets a filesystem's blocks may have been linked in, from
+    /// itself back through its origins: (an id per dataset, the txg of its
+    /// origin snapshot, 0 for one that is not a clone). A block born after
+    /// a dataset's origin was linked in that dataset. `short` may name a
+    /// snapshot (`A/B@S`): its dataset's chain.
+    fn origin_chain(
+        &self,
+        short: &str,
+        ids: &mut std::collections::HashMap<String, u64>,
+    ) -> Vec<(u64, u64)> {
+        let directory = self.datasets.directory.read();
+        let mut name = short.split('@').next().unwrap_or(short).to_string();
+        let mut chain = Vec::new();
+        // Bounded: a loop of origins would be a damaged directory.
+        for _ in 0..ORIGIN_CHAIN_MAX {
+            let next_id = ids.len() as u64 + 1;
+            let id = *ids.entry(name.clone()).or_insert(next_id);
+            let origin = directory
+                .lineage(&name)
+                .and_then(|lineage| lineage.origin.clone());
+            let Some(origin) = origin else {
+                chain.push((id, 0));
+                break;
+            };
+            let txg = directory
+                .snapshot(&origin)
+                .map_or(0, |snapshot| snapshot.txg);
+            chain.push((id, txg));
+            name = origin.volume;
+        }
+        chain
+    }
 }
+
+/// Clones of clones followed back at most, for the check's link counts.
+const ORIGIN_CHAIN_MAX: usize = 1024;

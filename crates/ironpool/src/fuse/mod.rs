@@ -836,7 +836,6 @@ async fn serve(
         | Request::Setxattr { .. }
         | Request::Removexattr { .. }
         | Request::Ioctl { .. }
-        | Request::CopyFileRange { .. }
         | Request::Fallocate { .. } => sync == SyncMode::Always,
         _ => false,
     };
@@ -1200,6 +1199,12 @@ async fn serve_fs(
             let copied = head
                 .copy_range(pool, fs, node, offset_in, target, offset_out, length)
                 .await?;
+            // `sync=always` of the head written to (the source may be a
+            // snapshot's file, whose settings are not the head's).
+            if head.settings().sync == SyncMode::Always {
+                pool.fs_log_commit(&head).await?;
+                head.count_flush();
+            }
             Ok(proto::write_out(copied as u32))
         }
         Request::Lseek { offset, whence } => {

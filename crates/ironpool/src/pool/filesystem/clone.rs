@@ -475,4 +475,44 @@ mod tests {
             );
         });
     }
+
+    /// `cp a b` in a filesystem and in its clone, in one txg: the two links
+    /// of each block differ only by the dataset they were made in, and the
+    /// full check counts both against the table (it once took them for one
+    /// and called a healthy pool damaged).
+    #[test]
+    fn the_same_copy_in_a_filesystem_and_its_clone_is_two_links() {
+        let disks: Vec<Rc<SimDevice>> = (0..2)
+            .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 17 + index))
+            .collect();
+        Runtime::new_sim(17).block_on(async move {
+            let pool = sim_pool(&disks, TopVdevKind::Mirror, unhurried()).await;
+            let properties = BTreeMap::from([
+                ("recordsize".to_string(), "16K".to_string()),
+                ("compression".to_string(), "off".to_string()),
+            ]);
+            let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+            let a = fs.create(&pool, fs.root(), b"a", &mode).await.unwrap().ino;
+            let b = fs.create(&pool, fs.root(), b"b", &mode).await.unwrap().ino;
+            fs.write(&pool, a, 0, &pattern(4 * RECORD, 3))
+                .await
+                .unwrap();
+            pool.snapshot(&["tank/fs@s".to_string()]).await.unwrap();
+            let clone = pool
+                .clone_filesystem("tank/fs@s", "tank/c", Default::default())
+                .await
+                .unwrap();
+            let txg = pool.txg.open();
+            let whole = u64::MAX >> 8;
+            fs.copy_range(&pool, &fs, a, 0, b, 0, whole).await.unwrap();
+            clone
+                .copy_range(&pool, &clone, a, 0, b, 0, whole)
+                .await
+                .unwrap();
+            assert_eq!(pool.txg.open(), txg, "both copies in one txg");
+            assert_eq!(pool.clone_figures(), (4, 8 * RECORD as u64));
+            checked(&pool).await;
+        });
+    }
 }

@@ -123,6 +123,10 @@ pub struct ResilverState {
     /// Blocks that could not be read from anywhere or not written.
     pub errors: u64,
     pub error_details: Vec<String>,
+    /// Cloned blocks (block cloning) this pass resilvered: a block linked
+    /// by several files is rewritten once. At most the block reference
+    /// table's entries (`CLONED_BLOCKS_MAX`); emptied at each pass.
+    cloned_done: rustc_hash::FxHashSet<(u32, u64)>,
     task: Option<JoinHandle<()>>,
 }
 
@@ -351,6 +355,7 @@ impl Pool {
             state.total_bytes = size - free;
             state.examined_bytes = 0;
             state.started = Some(rt::now());
+            state.cloned_done.clear();
         }
         // Every block born in the missed txgs is linked and on disk first.
         if let Err(error) = self.txg.wait_durable(self, targets.max_txg()).await {
@@ -423,6 +428,21 @@ impl Pool {
         targets: &ResilverTargets,
         pointers: &[BlockPointer],
     ) {
+        // A cloned block once, whichever link comes first.
+        let pointers: Vec<BlockPointer> = {
+            let clones = self.store.clones.borrow();
+            let mut state = self.scans.resilver.borrow_mut();
+            pointers
+                .iter()
+                .filter(|pointer| {
+                    clones.extra_references(&pointer.dvas[0]) == 0
+                        || state
+                            .cloned_done
+                            .insert((pointer.dvas[0].vdev, pointer.dvas[0].offset))
+                })
+                .copied()
+                .collect()
+        };
         for batch in pointers.chunks(RESILVER_BLOCKS_IN_FLIGHT) {
             let work = batch.iter().map(|pointer| {
                 let needing = |vdev: u32| -> Vec<usize> {

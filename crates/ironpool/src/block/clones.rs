@@ -96,6 +96,19 @@ impl CloneTable {
             .map_or(0, |(_, count)| *count)
     }
 
+    /// For a walk that reaches a block once per link (scrub, resilver):
+    /// false when `pointer` is a cloned block `seen` already holds, so its
+    /// work is done once; `seen` gathers the cloned blocks met (at most the
+    /// table's entries). An uncloned block is always new.
+    pub fn first_sighting(
+        &self,
+        seen: &mut rustc_hash::FxHashSet<(u32, u64)>,
+        pointer: &BlockPointer,
+    ) -> bool {
+        let dva = pointer.dvas[0];
+        self.extra_references(&dva) == 0 || seen.insert((dva.vdev, dva.offset))
+    }
+
     /// Cloned blocks in the table.
     pub fn len(&self) -> usize {
         self.extra.len()

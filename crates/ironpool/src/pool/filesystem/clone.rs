@@ -335,7 +335,7 @@ mod tests {
     use crate::dev::sim::SimDevice;
     use crate::format::label::TopVdevKind;
     use crate::format::znode::S_IFREG;
-    use crate::pool::filesystem::NewObject;
+    use crate::pool::filesystem::{Filesystem, NewObject};
     use crate::pool::test_pool::{named, sim_pool, unhurried};
     use crate::pool::Pool;
     use crate::rt::Runtime;
@@ -346,6 +346,20 @@ mod tests {
         (0..length)
             .map(|index| (index / 512) as u8 ^ seed.wrapping_mul(31) ^ (index as u8))
             .collect()
+    }
+
+    /// Filesystem `tank/fs` of 16K records, uncompressed (so a record's
+    /// space is its size), with empty files `a` and `b`.
+    async fn fs_with_two_files(pool: &Rc<Pool>) -> (Rc<Filesystem>, u64, u64) {
+        let properties = BTreeMap::from([
+            ("recordsize".to_string(), "16K".to_string()),
+            ("compression".to_string(), "off".to_string()),
+        ]);
+        let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
+        let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+        let a = fs.create(pool, fs.root(), b"a", &mode).await.unwrap().ino;
+        let b = fs.create(pool, fs.root(), b"b", &mode).await.unwrap().ino;
+        (fs, a, b)
     }
 
     async fn checked(pool: &Rc<Pool>) -> u64 {
@@ -371,14 +385,7 @@ mod tests {
             let disks = disks.clone();
             async move {
                 let pool = sim_pool(&disks, TopVdevKind::Mirror, unhurried()).await;
-                let properties = BTreeMap::from([
-                    ("recordsize".to_string(), "16K".to_string()),
-                    ("compression".to_string(), "off".to_string()),
-                ]);
-                let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
-                let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-                let a = fs.create(&pool, fs.root(), b"a", &mode).await.unwrap().ino;
-                let b = fs.create(&pool, fs.root(), b"b", &mode).await.unwrap().ino;
+                let (fs, a, b) = fs_with_two_files(&pool).await;
                 let baseline = checked(&pool).await;
                 fs.write(&pool, a, 0, &data).await.unwrap();
                 let written = checked(&pool).await;
@@ -413,6 +420,7 @@ mod tests {
                 // A range ending inside a record of a longer source: its
                 // whole records are cloned, the rest copied, and nothing of
                 // the source shows past the copy's end when it grows.
+                let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
                 let c = fs.create(&pool, fs.root(), b"c", &mode).await.unwrap().ino;
                 let part = 2 * RECORD as u64 + 1000;
                 let cloned_before = fs.io_stats().cloned_blocks;
@@ -487,14 +495,7 @@ mod tests {
             .collect();
         Runtime::new_sim(17).block_on(async move {
             let pool = sim_pool(&disks, TopVdevKind::Mirror, unhurried()).await;
-            let properties = BTreeMap::from([
-                ("recordsize".to_string(), "16K".to_string()),
-                ("compression".to_string(), "off".to_string()),
-            ]);
-            let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
-            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-            let a = fs.create(&pool, fs.root(), b"a", &mode).await.unwrap().ino;
-            let b = fs.create(&pool, fs.root(), b"b", &mode).await.unwrap().ino;
+            let (fs, a, b) = fs_with_two_files(&pool).await;
             fs.write(&pool, a, 0, &pattern(4 * RECORD, 3))
                 .await
                 .unwrap();

@@ -434,12 +434,7 @@ impl Pool {
             let mut state = self.scans.resilver.borrow_mut();
             pointers
                 .iter()
-                .filter(|pointer| {
-                    clones.extra_references(&pointer.dvas[0]) == 0
-                        || state
-                            .cloned_done
-                            .insert((pointer.dvas[0].vdev, pointer.dvas[0].offset))
-                })
+                .filter(|pointer| clones.first_sighting(&mut state.cloned_done, pointer))
                 .copied()
                 .collect()
         };

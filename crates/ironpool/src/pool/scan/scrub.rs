@@ -370,12 +370,7 @@ impl Pool {
                 .iter()
                 .filter(|pointer| pointer.birth_txg <= durable)
                 // A cloned block once, whichever link comes first.
-                .filter(|pointer| {
-                    clones.extra_references(&pointer.dvas[0]) == 0
-                        || scrub
-                            .cloned_done
-                            .insert((pointer.dvas[0].vdev, pointer.dvas[0].offset))
-                })
+                .filter(|pointer| clones.first_sighting(&mut scrub.cloned_done, pointer))
                 .copied()
                 .collect()
         };

@@ -5,8 +5,11 @@
 # under load (its file lives on a loop-mounted XFS that is shut down: from
 # then on every read, write and flush of it fails with EIO, as a dead disk's
 # would), the server faults it and puts the spare in its place on its own,
-# and `detach` of the dead device makes the spare permanent. Nothing written is lost: `check`, a scrub, fio's verification of
-# the volume and the checksums of the filesystem's files say so.
+# and `detach` of the dead device makes the spare permanent. Then a third
+# mirror is added and the first one removed: its blocks move to the others
+# while the server runs. Nothing written is lost: `check`, a scrub, fio's
+# verification of the volume and the checksums of the filesystem's files
+# say so.
 #
 # Needs root (a loop mount, FUSE), xfsprogs, fio and python3. IRONPOOL_BIN picks the binary
 # (default: target/release/ironpool, built if missing).
@@ -90,6 +93,17 @@ done
 echo "== detach the failed device: the spare stays for good"
 "$bin" detach day "$work/flaky/d3.img"
 [ "$(field "len(s.get('spares', []))")" = 0 ]
+
+echo "== the first mirror retires: a third mirror joins and mirror-0 is removed"
+"$bin" add --size 512M day mirror "$work/d4.img" "$work/d5.img"
+"$bin" remove -w day mirror-0
+[ "$(field "s['removal']['removed'][0]['vdev']")" = indirect-0 ]
+[ "$(field "[v['kind'] for v in s['vdevs']]")" = "['indirect', 'mirror', 'mirror']" ]
+for old in d0 d1; do
+    if head -c 4M "$work/$old.img" | grep -qa IRONLABL; then
+        echo "$old.img still carries the pool's label"; exit 1
+    fi
+done
 
 echo "== a scrub, check, and every byte written before"
 "$bin" scrub -w day

@@ -32,6 +32,7 @@ fn main() {
     dnode_seeds(&mut writer);
     spacemap_seeds(&mut writer);
     clone_table_seeds(&mut writer);
+    indirect_mapping_seeds(&mut writer);
     directory_seeds(&mut writer);
     send_stream_seeds(&mut writer);
     replication_package_seeds(&mut writer);
@@ -75,6 +76,7 @@ fn accepted(target: &str, data: &[u8]) -> bool {
         "dnode" => Dnode::decode(data).is_ok(),
         "spacemap" => ironpool::format::spacemap::decode_records(data).is_ok(),
         "clone_table" => ironpool::format::clones::decode_records(data).is_ok(),
+        "indirect_mapping" => ironpool::format::remap::decode_entries(data).is_ok(),
         "directory" => Directory::decode(data).is_ok(),
         "send_stream" => ironpool::format::stream::check_stream(data).is_ok(),
         "replication_package" => {
@@ -206,6 +208,9 @@ fn label_seeds(writer: &mut SeedWriter) {
     degraded[3].dtl = vec![[2, 4], [6, 6]];
     let raidz = vec![top(0, 5, TopVdevKind::Raidz2, 12, degraded), top(1, 6, TopVdevKind::Mirror, 12, vec![leaf(40, "/m0"), leaf(41, "/m1")])];
     writer.write("label", "raidz2-degraded-and-mirror", &label_bytes(pool_config("tank", PoolState::Active, raidz), 33));
+    // A pool whose first vdev was removed (format 4): no children left.
+    let removed = vec![top(0, 5, TopVdevKind::Indirect, 12, vec![]), top(1, 6, TopVdevKind::Mirror, 12, vec![leaf(50, "/n0"), leaf(51, "/n1")])];
+    writer.write("label", "indirect-and-mirror", &label_bytes(pool_config("tank", PoolState::Active, removed), 51));
 }
 
 fn hole_root(object_type: ObjectType, birth_txg: u64) -> BlockPointer {
@@ -335,6 +340,16 @@ fn clone_table_seeds(writer: &mut SeedWriter) {
     // A rewritten table: one record per cloned block.
     let whole = [block(0, 1 << 20, 1), block(1, 4 << 20, 1), block(u32::MAX, u64::MAX - 16384, 7)];
     writer.write("clone_table", "rewritten", &encode_records(&whole));
+}
+
+fn indirect_mapping_seeds(writer: &mut SeedWriter) {
+    use ironpool::format::remap::{encode_entries, MappingEntry};
+    let moved = |source_offset, source_asize, vdev, offset, asize| MappingEntry { source_offset, source_asize, target: Dva { vdev, asize, offset } };
+    // Blocks of a mirror moved to two vdevs, one to a RAID-Z group (a larger
+    // allocated size there).
+    let entries = [moved(0, 16384, 0, 8 << 20, 16384), moved(16384, 4096, 2, 1 << 20, 4096), moved(1 << 30, 131072, 2, 64 << 20, 172032)];
+    writer.write("indirect_mapping", "moved", &encode_entries(&entries));
+    writer.write("indirect_mapping", "far", &encode_entries(&[moved(u64::MAX - 65536, 65536, u32::MAX, u64::MAX - 512, 512)]));
 }
 
 fn spacemap_seeds(writer: &mut SeedWriter) {

@@ -23,6 +23,7 @@ pub mod directory;
 pub mod dnode;
 pub mod fs_metadata;
 pub mod fuse_request;
+pub mod indirect_mapping;
 pub mod intent_log;
 pub mod label;
 pub mod nbd_handshake;
@@ -38,7 +39,7 @@ pub type Check = fn(data: &[u8]);
 
 /// Every target by name (the name of its binary and of its corpus directory),
 /// with its check.
-pub const TARGETS: [(&str, Check); 15] = [
+pub const TARGETS: [(&str, Check); 16] = [
     ("nbd_handshake", nbd_handshake::check),
     ("nbd_request", nbd_request::check),
     ("label", label::check),
@@ -48,6 +49,7 @@ pub const TARGETS: [(&str, Check); 15] = [
     ("dnode", dnode::check),
     ("spacemap", spacemap::check),
     ("clone_table", clone_table::check),
+    ("indirect_mapping", indirect_mapping::check),
     ("directory", directory::check),
     ("send_stream", send_stream::check),
     ("replication_package", replication_package::check),

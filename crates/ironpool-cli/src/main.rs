@@ -515,15 +515,26 @@ enum Command {
         #[arg(required = true, num_args = 1..)]
         devices: Vec<String>,
     },
-    /// Remove a log device (a whole log vdev, by its name or one of its
-    /// devices) or an available hot spare: `remove POOL DEV`. A log's
-    /// records move to the main devices first, so no flushed write depends
-    /// on it.
+    /// Remove a vdev (by its name, `mirror-1`, or one of its devices) or
+    /// an available hot spare: `remove POOL DEV`. A log device's records
+    /// move to the main devices first, so no flushed write depends on it.
+    /// A data vdev (a disk or a mirror) is emptied in the background: its
+    /// blocks are copied to the other vdevs, and it leaves the pool once
+    /// all are (`status` shows the progress); `-w` waits for that, `-s`
+    /// stops a removal in progress. A pool that is not served waits.
     Remove {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
+        /// Wait until the vdev is removed (or its removal stops).
+        #[arg(short = 'w')]
+        wait: bool,
+        /// Stop the removal in progress: what it copied is freed and the
+        /// vdev stays.
+        #[arg(short = 's', conflicts_with = "wait")]
+        stop: bool,
         pool: String,
-        device: String,
+        #[arg(required_unless_present = "stop")]
+        device: Option<String>,
     },
     /// Per-device I/O statistics: `iostat [-q] [-l] [-r] POOL [INTERVAL [COUNT]]`.
     Iostat {
@@ -995,13 +1006,13 @@ fn main() -> ExitCode {
             pool,
             devices,
         } => cli::add(&context, &pool, &dirs, &devices, force, size.as_deref()),
-        Command::Remove { dirs, pool, device } => cli::device_command(
-            &context,
-            &pool,
-            &dirs,
-            ironpool::control::commands::Command::Remove { device },
-            false,
-        ),
+        Command::Remove {
+            dirs,
+            wait,
+            stop,
+            pool,
+            device,
+        } => cli::remove(&context, &pool, &dirs, device, wait, stop),
         Command::Tune {
             dirs,
             pool,

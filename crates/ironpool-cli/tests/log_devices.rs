@@ -3,7 +3,8 @@
 //! with a crash refuses the import until the operator accepts the loss, a
 //! log device that fails while the server writes moves the log to the main
 //! devices without losing a flushed write, and `add`/`remove` change the
-//! log devices of a served pool.
+//! log devices of a served pool. `remove` of a data vdev moves its blocks
+//! to the other vdevs before it leaves.
 
 mod common;
 
@@ -368,9 +369,9 @@ fn log_devices_are_added_to_and_removed_from_a_served_pool() {
         counter(&before, "a.img", "write_ops")
     );
 
-    // Data devices cannot be removed.
+    // The only data vdev cannot be removed: its blocks have nowhere to go.
     let message = pool.fails(&["--control", &control, "remove", "sa", "a.img"]);
-    assert!(message.contains("only log devices"), "{message}");
+    assert!(message.contains("only data vdev"), "{message}");
     let removed = pool.admin(&["remove", "sa", "c.img"]);
     assert!(removed.contains("ONLINE"), "{removed}");
     assert_eq!(leaf_state(&pool.status_json(), "d.img"), None);
@@ -405,4 +406,65 @@ fn log_devices_are_added_to_and_removed_from_a_served_pool() {
     stop_and_check(&mut pool);
     // The removed devices belong to no pool any more.
     pool.ok(&["create", "np", "mirror", &c, &d]);
+}
+
+/// A data vdev removed from a pool that is not served: `remove` waits for
+/// the move, the vdev becomes `indirect-0` in `status --json` (shown on
+/// the `remove:` line, not in the config), what was written reads back
+/// through a server after it (qemu-io and NBD), and the refusals say why.
+#[test]
+fn a_data_vdev_leaves_a_pool_that_is_not_served_with_its_blocks() {
+    let mut pool = TestPool::new("rd");
+    pool.create("256M", &["a.img"]);
+    pool.create_volume("vol", "64M");
+    pool.serve();
+    let mut client = NbdClient::connect(&pool.socket(), "rd/vol");
+    let mut expected = Vec::new();
+    for round in 0..32u64 {
+        let data = distinct_bytes(65536, round as u8 + 1);
+        assert_eq!(client.write_at(round << 20, &data), 0);
+        expected.push((round << 20, data));
+    }
+    assert_eq!(client.flush(), 0);
+    drop(client);
+    pool.stop();
+    let dir = dir(&pool);
+    let path = |name: &str| pool.path(name).display().to_string();
+    // The only data vdev has nowhere to send its blocks; nothing is running
+    // to stop.
+    let message = pool.fails(&["remove", "rd", &path("a.img"), "-d", &dir]);
+    assert!(message.contains("only data vdev"), "{message}");
+    let message = pool.fails(&["remove", "-s", "rd", "-d", &dir]);
+    assert!(message.contains("no vdev is being removed"), "{message}");
+    pool.ok(&["add", "--size", "256M", "rd", &path("b.img"), "-d", &dir]);
+    let out = pool.ok(&["remove", "rd", "disk-0", "-d", &dir]);
+    assert!(out.contains("remove: removed indirect-0"), "{out}");
+    assert!(!out.contains("a.img"), "{out}");
+    let status: serde_json::Value =
+        serde_json::from_str(&pool.ok(&["--json", "status", "rd", "-d", &dir])).unwrap();
+    assert_eq!(status["vdevs"][0]["kind"], "indirect", "{status}");
+    assert_eq!(status["vdevs"][0]["children"], serde_json::json!([]));
+    assert_eq!(status["removal"]["state"], "none", "{status}");
+    let removed = &status["removal"]["removed"][0];
+    assert!(
+        removed["moved_blocks"].as_u64().unwrap() >= 32
+            && removed["moved_bytes"].as_u64().unwrap() >= 2 << 20,
+        "{status}"
+    );
+    // The removed file is no longer the pool's: a new pool takes it
+    // without -f.
+    pool.ok(&["create", "other", &path("a.img")]);
+    pool.ok(&["export", "other"]);
+    pool.serve();
+    let mut reader = NbdClient::connect(&pool.socket(), "rd/vol");
+    for (offset, data) in &expected {
+        assert!(
+            reader.read(*offset, data.len() as u32) == *data,
+            "the block at {offset:#x} did not move with the vdev"
+        );
+    }
+    drop(reader);
+    let history = pool.admin(&["history", "rd"]);
+    assert!(history.contains("remove rd disk-0"), "{history}");
+    stop_and_check(&mut pool);
 }

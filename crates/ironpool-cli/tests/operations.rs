@@ -1522,9 +1522,9 @@ fn a_clone_quota_counts_only_what_the_clone_writes() {
 /// with this build: one disk becomes a mirror, the pool grows by a second
 /// mirror, a side that fails for real (its file's XFS is shut down, so
 /// every I/O to it gets EIO) is replaced by the hot spare on its own and
-/// detached, and a
-/// scrub, `check`, fio's verification and the files' checksums find
-/// nothing lost.
+/// detached, the first mirror is removed (its blocks move to a third) while
+/// the server runs, and a scrub, `check`, fio's verification and the
+/// files' checksums find nothing lost.
 #[test]
 fn an_operators_day_loses_nothing() {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../scripts/operator-day.sh");

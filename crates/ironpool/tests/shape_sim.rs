@@ -372,3 +372,235 @@ fn a_spare_replaces_a_failing_side_on_its_own() {
         spare_replaces_a_failing_side(seed);
     }
 }
+
+/// A disk of a pool of a disk and a mirror is removed while a writer runs,
+/// with a snapshot and a clone sharing its blocks and a crash at a drawn
+/// moment of the removal: the import resumes it, every flushed write reads
+/// back (the volume, the snapshot and the clone), `check` finds the space
+/// whole, a scrub finds nothing wrong, and the pool then imports without
+/// the removed disk at all.
+fn remove_write_crash(seed: u64) {
+    let disks = devices(3, DEVICE_BYTES, seed);
+    let mut rng = Rng::new(seed);
+    let mut tags = BTreeMap::new();
+    Runtime::new_sim(seed).block_on(async {
+        let pool = tank_written(&disks, TopVdevKind::Disk, &[0]).await;
+        pool.add_vdevs(
+            vec![NewTopVdev {
+                log: false,
+                kind: TopVdevKind::Mirror,
+                devices: vec![device(&disks, 1), device(&disks, 2)],
+            }],
+            false,
+        )
+        .await
+        .unwrap();
+        // Blocks on both vdevs, a snapshot holding the first version and a
+        // clone of it.
+        pool.snapshot(&["tank/v@one".to_string()]).await.unwrap();
+        pool.clone_snapshot("tank/v@one", "tank/c").await.unwrap();
+        write_tagged(&pool, 0..BLOCKS / 2, 2).await;
+        for blkid in 0..BLOCKS / 2 {
+            tags.insert(blkid, 2);
+        }
+        pool.flush_all().await.unwrap();
+        let first = rng.below(BLOCKS / 2);
+        let writer = {
+            let pool = pool.clone();
+            rt::spawn(async move { write_tagged(&pool, first..first + BLOCKS / 4, 3).await })
+        };
+        rt::sleep(std::time::Duration::from_micros(rng.below(2000))).await;
+        pool.remove_vdev("disk-0").await.unwrap();
+        writer.await;
+        for blkid in first..first + BLOCKS / 4 {
+            tags.insert(blkid, 3);
+        }
+        pool.flush_all().await.unwrap();
+        // Commits as the txg timer makes them, so that part of the mapping
+        // is on disk when the crash lands somewhere in the removal (or
+        // after its end).
+        let _committer = {
+            let pool = pool.clone();
+            rt::spawn(async move {
+                while pool.commit().await.is_ok() {
+                    rt::sleep(std::time::Duration::from_millis(1)).await;
+                }
+            })
+        };
+        rt::sleep(std::time::Duration::from_micros(rng.below(40_000))).await;
+        crash_all(&disks, &mut rng);
+    });
+    Runtime::new_sim(seed + 1).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[0, 1, 2]), manual_commits())
+            .await
+            .unwrap();
+
+        pool.removal_wait().await;
+        let status = pool.removal_status();
+        assert_eq!(status.state, "none", "{status:?}");
+        assert_eq!(status.removed.len(), 1, "{status:?}");
+        assert_tagged(&pool, &tags, "after the removal").await;
+        assert_eq!(
+            shape(&pool),
+            [
+                (TopVdevKind::Indirect, vec![]),
+                (TopVdevKind::Mirror, vec!["sim:d1".into(), "sim:d2".into()])
+            ]
+        );
+        pool.scrub_start().unwrap();
+        pool.scrub_wait().await;
+        let scrub = pool.scrub_status();
+        assert!(
+            scrub.errors == 0 && scrub.bad_copies == 0,
+            "scrub after the removal: {scrub:?}"
+        );
+        pool.export().await.unwrap();
+    });
+    // The removed disk is not needed any more (and no longer the pool's).
+    Runtime::new_sim(seed + 2).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[1, 2]), manual_commits())
+            .await
+            .unwrap();
+        assert_tagged(&pool, &tags, "without the removed disk").await;
+        let snapshot = pool.volume("tank/c").unwrap();
+        for blkid in 0..BLOCKS {
+            let bytes =
+                ReadPiece::concat(pool.read(&snapshot, blkid * BLOCK, BLOCK).await.unwrap());
+            assert!(
+                bytes == *random_pattern(BLOCK as usize, expected(&BTreeMap::new(), blkid)),
+                "the clone's block {blkid} is not the snapshot's"
+            );
+        }
+        // Writes go on, and frees of moved blocks give their space back.
+        write_tagged(&pool, 0..BLOCKS, 4).await;
+        pool.destroy_volume("tank/c", false).await.unwrap();
+        pool.flush_all().await.unwrap();
+        let report = pool.check_space().await.unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        pool.export().await.unwrap();
+    });
+    let disk0 = Runtime::new_sim(seed + 3).block_on(async {
+        Pool::import_from_devices("tank", only(&disks, &[0]), manual_commits())
+            .await
+            .map(|_| ())
+    });
+    assert!(disk0.is_err(), "the removed disk still imports as the pool");
+}
+
+#[test]
+fn removing_a_disk_under_writes_and_a_crash_keeps_every_flushed_write() {
+    for seed in 1..=6 {
+        remove_write_crash(seed);
+    }
+}
+
+/// `remove -s` in the middle of a removal gives the moved copies back and
+/// leaves the vdev in use; the refusals change nothing.
+#[test]
+fn a_stopped_removal_leaves_the_vdev_whole_and_the_space_accounted() {
+    let seed = 7;
+    let disks = devices(4, DEVICE_BYTES, seed);
+    Runtime::new_sim(seed).block_on(async {
+        let pool = tank_written(&disks, TopVdevKind::Disk, &[0]).await;
+        // The only data vdev has nowhere to send its blocks.
+        let error = pool.remove_vdev("disk-0").await.unwrap_err();
+        assert!(error.to_string().contains("only data vdev"), "{error}");
+        pool.add_vdevs(
+            vec![NewTopVdev {
+                log: false,
+                kind: TopVdevKind::Raidz1,
+                devices: vec![device(&disks, 1), device(&disks, 2), device(&disks, 3)],
+            }],
+            false,
+        )
+        .await
+        .unwrap();
+        let error = pool.remove_vdev("raidz1-1").await.unwrap_err();
+        assert!(error.to_string().contains("RAID-Z"), "{error}");
+        let mut tags = BTreeMap::new();
+        write_tagged(&pool, 0..BLOCKS / 2, 2).await;
+        for blkid in 0..BLOCKS / 2 {
+            tags.insert(blkid, 2);
+        }
+        pool.flush_all().await.unwrap();
+        pool.remove_vdev("sim:d0").await.unwrap();
+        let error = pool.remove_vdev("raidz1-1").await.unwrap_err();
+        assert!(error.to_string().contains("being removed"), "{error}");
+        // Stopped in the middle: some copies made, not all.
+        while pool.removal_status().moved_blocks < 100 {
+            rt::sleep(std::time::Duration::from_micros(200)).await;
+        }
+        pool.removal_stop().await.unwrap();
+        let status = pool.removal_status();
+        assert_eq!(status.state, "stopped", "{status:?}");
+        assert!(status.removed.is_empty(), "{status:?}");
+        // Copies were made, and given back (`check_space` below).
+        assert!(
+            status.moved_blocks >= 100 && status.progress_percent < 100.0,
+            "{status:?}"
+        );
+        assert_eq!(
+            status.error.as_deref(),
+            Some("stopped by the operator"),
+            "{status:?}"
+        );
+        assert_eq!(shape(&pool)[0].0, TopVdevKind::Disk);
+        pool.commit().await.unwrap();
+        assert_tagged(&pool, &tags, "after a stopped removal").await;
+        // The vdev takes blocks again.
+        write_tagged(&pool, 0..BLOCKS, 3).await;
+        pool.flush_all().await.unwrap();
+        let allocated = pool.store().allocator.borrow().vdevs[0]
+            .live_ranges()
+            .total_bytes();
+        assert!(allocated > 0);
+        pool.export().await.unwrap();
+    });
+    Runtime::new_sim(seed + 1).block_on(async {
+        let pool = Pool::import_from_devices("tank", only(&disks, &[0, 1, 2, 3]), manual_commits())
+            .await
+            .unwrap();
+        assert_eq!(pool.removal_status().state, "none");
+        let report = pool.check_space().await.unwrap();
+        assert!(report.problems.is_empty(), "{:?}", report.problems);
+        pool.export().await.unwrap();
+    });
+}
+
+/// A removal while a writer overwrites the blocks being moved, committing
+/// as it goes: blocks freed before, while and after they are moved give
+/// all their space back (a copy freed in the middle of its move is not
+/// recorded), and what was last written reads back.
+#[test]
+fn blocks_overwritten_while_they_move_leave_no_space_behind() {
+    for seed in 11..=13 {
+        let disks = devices(2, DEVICE_BYTES, seed);
+        Runtime::new_sim(seed).block_on(async {
+            let pool = tank_written(&disks, TopVdevKind::Disk, &[0]).await;
+            pool.add_vdevs(
+                vec![NewTopVdev {
+                    log: false,
+                    kind: TopVdevKind::Disk,
+                    devices: vec![device(&disks, 1)],
+                }],
+                false,
+            )
+            .await
+            .unwrap();
+            pool.remove_vdev("disk-0").await.unwrap();
+            let mut tags = BTreeMap::new();
+            for round in 2..=5 {
+                write_tagged(&pool, 0..BLOCKS, round).await;
+                pool.commit().await.unwrap();
+                for blkid in 0..BLOCKS {
+                    tags.insert(blkid, round);
+                }
+            }
+            pool.removal_wait().await;
+            let status = pool.removal_status();
+            assert_eq!(status.removed.len(), 1, "{status:?}");
+            assert_tagged(&pool, &tags, "after moves under overwrites").await;
+            pool.export().await.unwrap();
+        });
+    }
+}

@@ -216,6 +216,48 @@ pub fn resilver_line(resilver: &Value) -> String {
     }
 }
 
+/// The line about device removal `status` shows, if there is anything to
+/// say: a removal running or stopped, or the vdevs removed.
+pub fn removal_line(removal: &Value) -> Option<String> {
+    let vdev = removal["vdev"].as_str().unwrap_or("?");
+    match removal["state"].as_str().unwrap_or("none") {
+        "removing" => Some(format!(
+            "removing {vdev}: {} of {} moved ({:.1}%), walk {}",
+            bytes(number(&removal["moved_bytes"])),
+            bytes(number(&removal["to_move_bytes"])),
+            removal["progress_percent"].as_f64().unwrap_or(0.0),
+            number(&removal["pass"])
+        )),
+        "stopped" => Some(format!(
+            "the removal of {vdev} stopped: {}",
+            removal["error"].as_str().unwrap_or("?")
+        )),
+        _ => {
+            let removed = removal["removed"].as_array().cloned().unwrap_or_default();
+            if removed.is_empty() {
+                return None;
+            }
+            let each: Vec<String> = removed
+                .iter()
+                .map(|vdev| {
+                    format!(
+                        "{} ({} in {} moved, finished at {})",
+                        vdev["vdev"].as_str().unwrap_or("?"),
+                        bytes(number(&vdev["moved_bytes"])),
+                        plural(number(&vdev["moved_blocks"]), "block", "blocks"),
+                        utc(number(&vdev["finished_unix_seconds"]))
+                    )
+                })
+                .collect();
+            Some(format!(
+                "removed {}; their mappings hold {} in memory",
+                each.join(", "),
+                plural(number(&removal["mapped_blocks"]), "block", "blocks")
+            ))
+        }
+    }
+}
+
 /// The one scan `status` shows: a running resilver, else a running scrub,
 /// else whichever of the two ended last.
 pub fn scan_line(status: &Value) -> String {
@@ -257,6 +299,9 @@ pub fn status(status: &Value) -> String {
     }
     out += &format!("  scan: {}\n", scan_line(status));
     out += &format!("  trim: {}\n", trim_line(&status["trim"]));
+    if let Some(line) = removal_line(&status["removal"]) {
+        out += &format!("remove: {line}\n");
+    }
     for device in status["trim"]["unsupported_devices"]
         .as_array()
         .into_iter()
@@ -292,10 +337,14 @@ pub fn status(status: &Value) -> String {
     let spares = status["spares"].as_array().cloned().unwrap_or_default();
     // Data vdevs, then log devices under a `logs` heading, then spares (as
     // `zpool status`).
-    let (logs, data): (Vec<&Value>, Vec<&Value>) =
-        vdevs.iter().partition(|vdev| vdev["log"] == true);
+    // Removed vdevs have no devices: the `remove` line names them.
+    let (logs, data): (Vec<&Value>, Vec<&Value>) = vdevs
+        .iter()
+        .filter(|vdev| vdev["kind"] != "indirect")
+        .partition(|vdev| vdev["log"] == true);
+    let data_count = data.len();
     for (index, vdev) in data.into_iter().chain(logs.iter().copied()).enumerate() {
-        if vdev["log"] == true && index + logs.len() == vdevs.len() {
+        if vdev["log"] == true && index == data_count {
             out += "\tlogs\n";
         }
         let children = vdev["children"].as_array().cloned().unwrap_or_default();
@@ -362,7 +411,7 @@ pub fn status(status: &Value) -> String {
         "\n\t{:<20} {:>9} {:>9} {:>9} {:>5}\n",
         "VDEV", "SIZE", "ALLOC", "FREE", "FRAG"
     );
-    for vdev in &vdevs {
+    for vdev in vdevs.iter().filter(|vdev| vdev["kind"] != "indirect") {
         let (size, allocated) = (
             number(&vdev["size_bytes"]),
             number(&vdev["allocated_bytes"]),

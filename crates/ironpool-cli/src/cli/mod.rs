@@ -801,6 +801,17 @@ pub fn device_command(
     command: Command,
     wait: bool,
 ) -> Result<(), String> {
+    device_command_status(context, pool, dirs, command, wait).map(|_| ())
+}
+
+/// [`device_command`], returning the status it printed.
+fn device_command_status(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    command: Command,
+    wait: bool,
+) -> Result<Value, String> {
     let served = context.control.is_some() || default_control_path(pool).exists();
     let result = if served {
         let result = admin(context, pool, dirs, command)?;
@@ -814,6 +825,8 @@ pub fn device_command(
         with_pool(pool, &dirs, move |pool| async move {
             execute(&pool, command, None).await?;
             pool.resilver_wait().await;
+            // The process ends after: a removal it started runs to its end.
+            pool.removal_wait().await;
             execute(&pool, Command::Status, None).await
         })?
     };
@@ -826,7 +839,7 @@ pub fn device_command(
     if errors > 0 {
         return Err(format!("the resilver met {errors} errors"));
     }
-    Ok(())
+    Ok(result)
 }
 
 /// `replace`: NEW made absolute, and created when asked
@@ -976,6 +989,67 @@ pub fn add(
 }
 
 /// Polls a served pool until its resilver ends; returns the final status.
+/// `remove [-w|-s] POOL [DEV]`: a device command; with `-w`, polls a
+/// served pool's status until the removal of a data vdev ends. Fails when
+/// the removal it waited for stopped before its end (the reason is in
+/// `status`).
+pub fn remove(
+    context: &Context,
+    pool: &str,
+    dirs: &[PathBuf],
+    device: Option<String>,
+    wait: bool,
+    stop: bool,
+) -> Result<(), String> {
+    let served = context.control.is_some() || default_control_path(pool).exists();
+    let command = Command::Remove {
+        device: device.unwrap_or_default(),
+        stop,
+    };
+    if !(served && wait) {
+        let status = device_command_status(context, pool, dirs, command, false)?;
+        if stop || served {
+            return Ok(());
+        }
+        // Not served: the command waited for the removal.
+        return removal_outcome(&status);
+    }
+    admin(context, pool, dirs, command)?;
+    let status = loop {
+        let status = admin(context, pool, dirs, Command::Status)?;
+        if status["removal"]["state"] != "removing" {
+            break status;
+        }
+        if !context.json {
+            eprintln!(
+                "{pool}: removing {}: {} of {} moved",
+                status["removal"]["vdev"].as_str().unwrap_or("?"),
+                format::bytes(status["removal"]["moved_bytes"].as_u64().unwrap_or(0)),
+                format::bytes(status["removal"]["to_move_bytes"].as_u64().unwrap_or(0))
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(500));
+    };
+    if context.json {
+        println!("{status}");
+    } else {
+        print!("{}", format::status(&status));
+    }
+    removal_outcome(&status)
+}
+
+/// An error when the last removal stopped before its end.
+fn removal_outcome(status: &Value) -> Result<(), String> {
+    if status["removal"]["state"] == "stopped" {
+        return Err(format!(
+            "the removal of {} stopped: {}",
+            status["removal"]["vdev"].as_str().unwrap_or("?"),
+            status["removal"]["error"].as_str().unwrap_or("?")
+        ));
+    }
+    Ok(())
+}
+
 fn wait_for_resilver(context: &Context, pool: &str, dirs: &[PathBuf]) -> Result<Value, String> {
     loop {
         let status = admin(context, pool, dirs, Command::Status)?;

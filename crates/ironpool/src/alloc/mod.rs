@@ -259,6 +259,10 @@ pub struct VdevSpace {
     /// A log device: only intent-log blocks go here (see
     /// [`Allocator::allocate_log`]), and its space is not the pool's.
     pub log: bool,
+    /// Being removed (`pool::removal`): nothing new is allocated here and
+    /// its space is no longer the pool's, as OpenZFS takes a removing
+    /// vdev's space out of the pool at the start.
+    pub removing: bool,
     data_cursor: (usize, u64),
     metadata_cursors: [(usize, u64); 2],
 }
@@ -286,6 +290,7 @@ impl VdevSpace {
             metaslabs,
             array_object: 0,
             log: false,
+            removing: false,
             data_cursor: (0, 0),
             metadata_cursors: [
                 (count.saturating_sub(1) as usize, 0),
@@ -323,6 +328,71 @@ impl VdevSpace {
 
     pub fn size_bytes(&self) -> u64 {
         self.metaslabs.iter().map(|metaslab| metaslab.size).sum()
+    }
+
+    /// True when data and metadata may be placed here: a vdev of the
+    /// pool's space (not a log device, not being removed, not removed).
+    fn takes_blocks(&self) -> bool {
+        !self.log && !self.removing && !self.metaslabs.is_empty()
+    }
+
+    /// Space still in use here: allocated on disk or in the open txg, less
+    /// what the open txg freed (deferred frees are no longer in use).
+    pub fn live_ranges(&self) -> RangeSet {
+        let mut live = RangeSet::new();
+        for metaslab in &self.metaslabs {
+            for (start, end) in metaslab
+                .allocated
+                .iter()
+                .chain(metaslab.pending_allocs.iter())
+            {
+                live.insert(start, end);
+            }
+            for (start, end) in metaslab.pending_frees.iter() {
+                live.remove(start, end);
+            }
+        }
+        live
+    }
+
+    /// Bytes handed out by allocation and not yet recorded as in use or
+    /// freed: blocks being written and not linked, and intent-log blocks
+    /// (never recorded, see [`Allocator::allocate_log`]).
+    pub fn unsettled_bytes(&self) -> u64 {
+        self.metaslabs
+            .iter()
+            .map(|metaslab| {
+                let accounted = [
+                    &metaslab.free,
+                    &metaslab.trimming,
+                    &metaslab.allocated,
+                    &metaslab.pending_allocs,
+                    &metaslab.syncing_frees,
+                    &metaslab.defer[0],
+                    &metaslab.defer[1],
+                ]
+                .iter()
+                .map(|set| set.total_bytes())
+                .sum::<u64>();
+                metaslab.size.saturating_sub(accounted)
+            })
+            .sum()
+    }
+
+    /// True when all of `[offset, offset + length)` is in use (see
+    /// [`VdevSpace::live_ranges`]).
+    pub fn is_live(&self, offset: u64, length: u64) -> bool {
+        let Some(end) = offset.checked_add(length) else {
+            return false;
+        };
+        let index = (offset >> self.metaslab_shift) as usize;
+        let Some(metaslab) = self.metaslabs.get(index) else {
+            return false;
+        };
+        if end > metaslab.start + metaslab.size || metaslab.pending_frees.overlaps(offset, end) {
+            return false;
+        }
+        metaslab.allocated.contains(offset, end) || metaslab.pending_allocs.contains(offset, end)
     }
 
     /// How broken up the free space is, percent, as OpenZFS's
@@ -599,9 +669,10 @@ impl Allocator {
     }
 
     /// The pool's size: log devices hold only intent-log blocks, which are
-    /// not the pool's space (as in OpenZFS).
+    /// not the pool's space (as in OpenZFS), and a vdev being removed is
+    /// no longer the pool's.
     pub fn size_bytes(&self) -> u64 {
-        self.size_total_bytes - self.log_vdevs().map(VdevSpace::size_bytes).sum::<u64>()
+        self.size_total_bytes - self.outside_vdevs().map(VdevSpace::size_bytes).sum::<u64>()
     }
 
     /// Allocatable bytes now (deferred frees not included), log devices not
@@ -611,11 +682,35 @@ impl Allocator {
             self.free_total_bytes,
             self.vdevs.iter().map(VdevSpace::free_bytes).sum::<u64>()
         );
-        self.free_total_bytes - self.log_vdevs().map(VdevSpace::free_bytes).sum::<u64>()
+        self.free_total_bytes - self.outside_vdevs().map(VdevSpace::free_bytes).sum::<u64>()
     }
 
-    fn log_vdevs(&self) -> impl Iterator<Item = &VdevSpace> {
-        self.vdevs.iter().filter(|vdev| vdev.log)
+    /// Vdevs whose space is not the pool's: log devices and a vdev being
+    /// removed.
+    fn outside_vdevs(&self) -> impl Iterator<Item = &VdevSpace> {
+        self.vdevs.iter().filter(|vdev| vdev.log || vdev.removing)
+    }
+
+    /// Marks vdev `vdev` as being removed (or no longer): see
+    /// [`VdevSpace::removing`].
+    pub fn set_removing(&mut self, vdev: u32, removing: bool) {
+        let space = &mut self.vdevs[vdev as usize];
+        assert!(!space.log, "log devices are removed another way");
+        space.removing = removing;
+        if self.rotor == vdev as usize {
+            self.rotor_quota = 0;
+        }
+    }
+
+    /// Vdev `vdev` was removed: it has no space from now on (its blocks
+    /// are elsewhere, see `pool::removal`).
+    pub fn drop_space(&mut self, vdev: u32) {
+        let old = &self.vdevs[vdev as usize];
+        self.vdevs[vdev as usize] = VdevSpace::new(vdev, 0, old.metaslab_shift, old.sector_bytes);
+        if self.rotor == vdev as usize {
+            self.rotor_quota = 0;
+        }
+        self.recount();
     }
 
     /// Allocates an intent-log block of `physical_bytes` on a log device
@@ -706,7 +801,7 @@ impl Allocator {
             let largest = self
                 .vdevs
                 .iter()
-                .filter(|vdev| !vdev.log)
+                .filter(|vdev| vdev.takes_blocks())
                 .map(|vdev| vdev.asize(physical_bytes) + vdev.sector_bytes)
                 .max()
                 .unwrap_or(physical_bytes);
@@ -715,11 +810,16 @@ impl Allocator {
             }
         }
         let count = self.vdevs.len();
-        let normal_count = self.vdevs.iter().filter(|vdev| !vdev.log).count().max(1);
+        let normal_count = self
+            .vdevs
+            .iter()
+            .filter(|vdev| vdev.takes_blocks())
+            .count()
+            .max(1);
         for step in 0..count {
             let vdev_index = (self.rotor + step) % count;
             let vdev = &mut self.vdevs[vdev_index];
-            if vdev.log {
+            if !vdev.takes_blocks() {
                 continue;
             }
             if avoid.is_some_and(|dva| dva.vdev as usize == vdev_index) && normal_count > 1 {
@@ -785,7 +885,7 @@ impl Allocator {
         let count = self.vdevs.len();
         let next = (1..=count)
             .map(|step| (vdev_index + step) % count)
-            .find(|&index| !self.vdevs[index].log)
+            .find(|&index| self.vdevs[index].takes_blocks())
             .unwrap_or(vdev_index);
         self.rotor = next;
         self.rotor_bytes = 0;
@@ -1040,7 +1140,11 @@ impl Allocator {
         let Some(space) = self.vdevs.get_mut(extent.vdev as usize) else {
             return false;
         };
-        let metaslab = space.metaslab_of(extent.start);
+        let index = (extent.start >> space.metaslab_shift) as usize;
+        // A vdev removed meanwhile has no space left.
+        let Some(metaslab) = space.metaslabs.get_mut(index) else {
+            return false;
+        };
         if !metaslab.free.contains(extent.start, extent.end) {
             return false;
         }
@@ -1057,7 +1161,11 @@ impl Allocator {
     /// allocatable again.
     pub fn trim_done(&mut self, extent: TrimExtent) {
         let vdev = &mut self.vdevs[extent.vdev as usize];
-        let metaslab = vdev.metaslab_of(extent.start);
+        let index = (extent.start >> vdev.metaslab_shift) as usize;
+        // A discard that outlived its vdev's removal: the space went with it.
+        let Some(metaslab) = vdev.metaslabs.get_mut(index) else {
+            return;
+        };
         metaslab.trimming.remove(extent.start, extent.end);
         metaslab.free.insert(extent.start, extent.end);
         self.free_total_bytes += extent.end - extent.start;

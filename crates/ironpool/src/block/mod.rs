@@ -13,6 +13,7 @@
 
 pub mod clones;
 pub mod compress;
+pub mod remap;
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
@@ -21,6 +22,7 @@ use crate::alloc::{Allocator, BlockClass, NoSpace, VdevSpace};
 use crate::cache::{BlockCache, CacheUse};
 use crate::events::{EventClass, EventLog, NewEvent, RateLimit};
 use crate::format::bp::DVA_COUNT;
+use crate::format::label::TopVdevKind;
 use crate::format::{BlockPointer, Dva};
 use crate::queue::{IoClass, IoFlags};
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -125,6 +127,9 @@ pub struct BlockStore {
     /// Extra references of cloned blocks: [`BlockStore::free`] of one takes
     /// a reference away instead of its space.
     pub clones: RefCell<clones::CloneTable>,
+    /// Where the blocks of removed vdevs are now, and the mapping of the
+    /// one being removed (see [`remap`]).
+    pub remaps: RefCell<remap::Remaps>,
 }
 
 /// Held for the duration of a block read. A block looked up during open txg X can
@@ -184,6 +189,7 @@ impl BlockStore {
             data_error_rate: RateLimit::default(),
             cache: BlockCache::new(cache_bytes),
             clones: RefCell::new(clones::CloneTable::default()),
+            remaps: RefCell::new(remap::Remaps::default()),
         })
     }
 
@@ -259,6 +265,29 @@ impl BlockStore {
         self.vdevs.borrow().get(id as usize).cloned()
     }
 
+    /// Where copy `dva` is read from, and its vdev: in place, or where a
+    /// removal moved it (see [`remap`]). An error names what is missing.
+    pub fn locate(&self, dva: &Dva) -> Result<(Dva, Rc<TopVdev>), String> {
+        let at = {
+            let remaps = self.remaps.borrow();
+            if remaps.is_empty() {
+                *dva
+            } else {
+                remaps.locate(dva).ok_or_else(|| {
+                    format!(
+                        "copy at {} on removed vdev {} was not moved",
+                        location(dva),
+                        dva.vdev
+                    )
+                })?
+            }
+        };
+        match self.vdev(at.vdev) {
+            Some(top) => Ok((at, top)),
+            None => Err(format!("copy on missing vdev {}", at.vdev)),
+        }
+    }
+
     /// Adds a top-level vdev (its id is the next one) with its space.
     /// Puts `top` in the place of the vdev of its id (`attach`, `detach`):
     /// I/O issued before goes on with the vdev it was issued to.
@@ -295,7 +324,7 @@ impl BlockStore {
     pub fn all_vdevs_redundant(&self) -> bool {
         self.vdevs()
             .iter()
-            .filter(|top| !top.log)
+            .filter(|top| !top.log && top.kind != TopVdevKind::Indirect)
             .all(|top| top.children.len() > 1)
     }
 
@@ -393,8 +422,19 @@ impl BlockStore {
             return;
         }
         self.cache.forget(bp);
+        let remaps = self.remaps.borrow();
         let mut allocator = self.allocator.borrow_mut();
         for dva in bp.copies() {
+            if !remaps.is_empty() && remaps.is_mapped(dva.vdev) {
+                // A copy a removal moved: the moved copy goes too. A removed
+                // vdev has no space of its own to give back.
+                if let Some(target) = remaps.target(dva) {
+                    allocator.free(target);
+                }
+                if remaps.is_indirect(dva.vdev) {
+                    continue;
+                }
+            }
             allocator.free(*dva);
         }
     }
@@ -533,7 +573,9 @@ impl BlockStore {
     /// not), when all are RAID-Z of one.
     fn parity_ahead_geometry(&self) -> Option<RaidzGeometry> {
         let vdevs = self.vdevs();
-        let mut data_vdevs = vdevs.iter().filter(|top| !top.log);
+        let mut data_vdevs = vdevs
+            .iter()
+            .filter(|top| !top.log && top.kind != TopVdevKind::Indirect);
         let first = *data_vdevs.next()?.raidz_geometry()?;
         data_vdevs
             .all(|top| top.raidz_geometry() == Some(&first))
@@ -646,10 +688,14 @@ impl BlockStore {
         let mut bad_copies: Vec<Dva> = Vec::new();
         let mut details = Vec::new();
         for dva in bp.copies() {
-            let Some(top) = self.vdev(dva.vdev) else {
-                details.push(format!("copy on missing vdev {}", dva.vdev));
-                continue;
+            let (dva, top) = match self.locate(dva) {
+                Ok(found) => found,
+                Err(detail) => {
+                    details.push(detail);
+                    continue;
+                }
             };
+            let dva = &dva;
             let length = top.io_bytes(physical as u64);
             match top
                 .read_verified(class, dva.offset, length, bp.written_txg(), &verify)
@@ -700,7 +746,7 @@ impl BlockStore {
         // (vdev, its bad children or None for the whole copy, offset)
         let mut bad: Vec<(Rc<TopVdev>, Option<Vec<usize>>, u64)> = Vec::new();
         for dva in bp.copies() {
-            let Some(top) = self.vdev(dva.vdev) else {
+            let Ok((dva, top)) = self.locate(dva) else {
                 continue;
             };
             let length = top.io_bytes(physical as u64);
@@ -761,7 +807,8 @@ impl BlockStore {
     ) -> Result<Rewritten, BlockError> {
         let wanted: Vec<(Dva, Vec<usize>)> = bp
             .copies()
-            .map(|dva| (*dva, targets(dva.vdev)))
+            .filter_map(|dva| self.locate(dva).ok())
+            .map(|(dva, _)| (dva, targets(dva.vdev)))
             .filter(|(_, children)| !children.is_empty())
             .collect();
         if wanted.is_empty() {
@@ -787,6 +834,64 @@ impl BlockStore {
             rewritten.bytes += bytes;
         }
         Ok(rewritten)
+    }
+
+    /// Copies copy `index` of `bp` into new space on another vdev (device
+    /// removal): the block is read and verified from any copy (bad ones
+    /// repaired, as by any read), then written to space allocated away
+    /// from its other copies, and every child of that vdev must take it
+    /// (a copy some device missed would need a resilver the mapping cannot
+    /// tell it about). Returns the new place, allocated but not committed:
+    /// the caller records it (`Allocator::commit`) or gives it back
+    /// ([`BlockStore::release`]).
+    pub async fn move_copy(
+        self: &Rc<Self>,
+        bp: &BlockPointer,
+        index: usize,
+    ) -> Result<Dva, BlockError> {
+        let (data, _) = self.read_physical(bp, IoClass::Rebuild).await?;
+        let source = bp.dvas[index];
+        let class = if bp.level > 0 || bp.object_type.is_metadata() {
+            BlockClass::Metadata(index.min(1))
+        } else {
+            BlockClass::Data
+        };
+        let avoid = bp
+            .copies()
+            .enumerate()
+            .find(|(other, dva)| *other != index && dva.vdev != source.vdev)
+            .map(|(_, dva)| *dva);
+        let target = self
+            .allocator
+            .borrow_mut()
+            .allocate(bp.physical_size as u64, class, avoid)?;
+        assert_ne!(target.vdev, source.vdev, "a copy moves off its vdev");
+        let failed = |detail: String| BlockError::WriteFailed {
+            location: location(&target),
+            detail,
+        };
+        let Some(top) = self.vdev(target.vdev) else {
+            self.release(&[target]);
+            return Err(failed("no such vdev".into()));
+        };
+        let fitted = fit(&top, &data, bp.physical_size as usize);
+        match top
+            .write(IoClass::Rebuild, target.offset, fitted, IoFlags::default())
+            .await
+        {
+            Ok(outcome) if outcome.missed_children.is_empty() => Ok(target),
+            Ok(outcome) => {
+                self.release(&[target]);
+                Err(failed(format!(
+                    "children {:?} of vdev {} missed the copy",
+                    outcome.missed_children, target.vdev
+                )))
+            }
+            Err(error) => {
+                self.release(&[target]);
+                Err(failed(error.to_string()))
+            }
+        }
     }
 
     fn spawn_repair(
@@ -870,12 +975,10 @@ impl BlockStore {
         verify: &dyn Fn(&[u8]) -> bool,
     ) -> Result<AlignedBuf, BlockError> {
         let _guard = self.read_guard();
-        let Some(top) = self.vdev(dva.vdev) else {
-            return Err(BlockError::Unreadable {
-                location: location(&dva),
-                detail: format!("no vdev {}", dva.vdev),
-            });
-        };
+        let (dva, top) = self.locate(&dva).map_err(|detail| BlockError::Unreadable {
+            location: location(&dva),
+            detail,
+        })?;
         let length = top.io_bytes(length);
         match top
             .read_verified(IoClass::SyncRead, dva.offset, length, u64::MAX, verify)

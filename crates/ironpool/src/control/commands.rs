@@ -241,6 +241,10 @@ pub enum Command {
     /// its vdev's name) after moving the intent logs off it.
     Remove {
         device: String,
+        /// Stop the removal of a data vdev in progress instead (`-s`;
+        /// `device` is then unused).
+        #[serde(default)]
+        stop: bool,
     },
     /// Takes a device out of service.
     Offline {
@@ -592,10 +596,15 @@ impl Command {
                     }
                 }
             }
-            Command::Remove { device } => {
+            Command::Remove { device, stop } => {
                 push("remove");
-                push(pool);
-                push(device);
+                if *stop {
+                    push("-s");
+                    push(pool);
+                } else {
+                    push(pool);
+                    push(device);
+                }
             }
             Command::Status
             | Command::List { .. }
@@ -1148,11 +1157,13 @@ async fn run(
             }
             Ok(status(pool))
         }
-        Command::Remove { device } => {
-            if pool.is_available_spare(&device) {
+        Command::Remove { device, stop } => {
+            if stop {
+                pool.removal_stop().await?;
+            } else if pool.is_available_spare(&device) {
                 pool.remove_spare(&device).await?;
             } else {
-                pool.remove_log_vdev(&device).await?;
+                pool.remove_vdev(&device).await?;
             }
             Ok(status(pool))
         }
@@ -1249,6 +1260,8 @@ fn list_entry(pool: &Pool, verbose: bool) -> Value {
             .store()
             .vdevs()
             .iter()
+            // Removed vdevs hold nothing (`status` names them).
+            .filter(|top| top.kind != crate::format::label::TopVdevKind::Indirect)
             .map(|top| {
                 let (allocated, fragmentation) = vdev_space(pool, top);
                 json!({
@@ -1457,7 +1470,12 @@ fn status(pool: &Pool) -> Value {
             "parity": top.kind.parity(),
             "state": top.health(),
             "ashift": top.ashift,
-            "size_bytes": top.asize_bytes,
+            // A removed vdev has no space left.
+            "size_bytes": if top.kind == crate::format::label::TopVdevKind::Indirect {
+                0
+            } else {
+                top.asize_bytes
+            },
             "allocated_bytes": allocated,
             "fragmentation_percent": fragmentation,
             "read_errors": read_errors,
@@ -1485,6 +1503,7 @@ fn status(pool: &Pool) -> Value {
         "spares": pool.spares_status(),
         "scrub": pool.scrub_status(),
         "resilver": pool.resilver_status(),
+        "removal": pool.removal_status(),
         "trim": pool.trim_status(),
         "unrecoverable_reads": pool.store().stats().unrecoverable_reads,
         "healed_reads": pool.store().stats().healed_reads,

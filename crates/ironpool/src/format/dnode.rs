@@ -94,6 +94,9 @@ pub enum ObjectType {
     /// The pool's block reference table: the extra references of cloned
     /// blocks (`format::clones`; format 3).
     CloneTable,
+    /// Where the blocks of a removed top-level vdev went: its indirect
+    /// mapping (`format::remap`; format 4).
+    IndirectMapping,
 }
 
 impl ObjectType {
@@ -112,6 +115,7 @@ impl ObjectType {
             ObjectType::FsDirectory => 10,
             ObjectType::FsXattr => 11,
             ObjectType::CloneTable => 12,
+            ObjectType::IndirectMapping => 13,
         }
     }
 
@@ -130,6 +134,7 @@ impl ObjectType {
             10 => Some(ObjectType::FsDirectory),
             11 => Some(ObjectType::FsXattr),
             12 => Some(ObjectType::CloneTable),
+            13 => Some(ObjectType::IndirectMapping),
             _ => None,
         }
     }

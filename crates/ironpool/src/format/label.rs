@@ -46,6 +46,11 @@ pub enum TopVdevKind {
     Raidz2,
     /// A RAID-Z group with three parity columns per row (P, Q and R).
     Raidz3,
+    /// A top-level vdev that was removed (format 4): it has no devices and
+    /// no space; its blocks were copied to the other vdevs and are found
+    /// through its mapping (`format::remap`). It keeps its id, because
+    /// block pointers name vdevs by id.
+    Indirect,
 }
 
 /// Most children of a mirror: more copies buy little and cost every write.
@@ -68,7 +73,7 @@ impl TopVdevKind {
     /// Parity columns of a RAID-Z kind; 0 for disks and mirrors.
     pub fn parity(self) -> u32 {
         match self {
-            TopVdevKind::Disk | TopVdevKind::Mirror => 0,
+            TopVdevKind::Disk | TopVdevKind::Mirror | TopVdevKind::Indirect => 0,
             TopVdevKind::Raidz1 => 1,
             TopVdevKind::Raidz2 => 2,
             TopVdevKind::Raidz3 => 3,
@@ -85,6 +90,7 @@ impl TopVdevKind {
     pub fn children_range(self) -> std::ops::RangeInclusive<usize> {
         match self {
             TopVdevKind::Disk => 1..=1,
+            TopVdevKind::Indirect => 0..=0,
             TopVdevKind::Mirror => 2..=MIRROR_CHILDREN_MAX,
             raidz => raidz.parity() as usize + 1..=RAIDZ_CHILDREN_MAX,
         }
@@ -93,7 +99,7 @@ impl TopVdevKind {
     /// How many children may be lost with every block still readable.
     pub fn redundancy(self, children: usize) -> usize {
         match self {
-            TopVdevKind::Disk => 0,
+            TopVdevKind::Disk | TopVdevKind::Indirect => 0,
             TopVdevKind::Mirror => children.saturating_sub(1),
             raidz => raidz.parity() as usize,
         }
@@ -107,6 +113,7 @@ impl TopVdevKind {
             TopVdevKind::Raidz1 => "raidz1",
             TopVdevKind::Raidz2 => "raidz2",
             TopVdevKind::Raidz3 => "raidz3",
+            TopVdevKind::Indirect => "indirect",
         };
         format!("{kind}-{id}")
     }
@@ -240,15 +247,22 @@ impl PoolConfig {
     /// Checks the document's internal consistency.
     pub fn validate(&self) -> Result<(), FormatError> {
         const WHAT: &str = "pool config";
-        if self.vdevs.iter().all(|top| top.log) {
+        if self
+            .vdevs
+            .iter()
+            .all(|top| top.log || top.kind == TopVdevKind::Indirect)
+        {
             return Err(invalid(WHAT, "no data vdevs"));
         }
         for (index, top) in self.vdevs.iter().enumerate() {
             if top.id as usize != index {
                 return Err(invalid(WHAT, format!("vdev {index} has id {}", top.id)));
             }
-            if top.log && top.kind.is_raidz() {
-                return Err(invalid(WHAT, format!("log vdev {} is RAID-Z", top.id)));
+            if top.log && (top.kind.is_raidz() || top.kind == TopVdevKind::Indirect) {
+                return Err(invalid(
+                    WHAT,
+                    format!("log vdev {} is {:?}", top.id, top.kind),
+                ));
             }
             if !top.kind.children_range().contains(&top.children.len()) {
                 return Err(invalid(

@@ -16,6 +16,7 @@ pub mod fsdir;
 pub mod intent_log;
 pub mod label;
 pub mod package;
+pub mod remap;
 pub mod spacemap;
 pub mod stream;
 pub mod uberblock;
@@ -37,8 +38,14 @@ pub use uberblock::Uberblock;
 /// the extra references of a cloned block; an older build would free a
 /// cloned block while another file still points at it, so it must refuse
 /// the pool. Versions 1 and 2 are read as they are and written as 3 from
-/// the first commit, as 1 became 2.
-pub const FORMAT_VERSION: u32 = 3;
+/// the first commit, as 1 became 2. Version 4 adds device removal: a
+/// removed top-level vdev stays in the config as an `indirect` vdev whose
+/// blocks are found through its mapping (`format::remap`), and a removal
+/// in progress is in the directory; an older build would read a removed
+/// vdev's blocks where they no longer are, or allocate on a vdev being
+/// emptied, so it must refuse the pool. Older versions are written as 4
+/// from the first commit.
+pub const FORMAT_VERSION: u32 = 4;
 /// The oldest on-disk format version this build reads (6093ca7 and before
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;

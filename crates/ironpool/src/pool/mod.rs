@@ -17,6 +17,7 @@ pub mod filesystem;
 pub mod history;
 pub mod labels;
 mod open;
+pub mod removal;
 pub mod scan;
 pub mod spares;
 pub mod split;
@@ -364,6 +365,8 @@ pub struct Pool {
     history: RefCell<history::History>,
     /// The block reference table's object (block cloning).
     clone_table: clones::CloneTableObject,
+    /// The removal of a data vdev (see `removal`).
+    removal: removal::Removal,
     /// Read-aheads of sequential readers in flight (see `volume::prefetch`).
     prefetch: volume::prefetch::PrefetchState,
     /// Hot spares ready to stand in for a failed leaf (see `spares`).
@@ -879,6 +882,7 @@ impl Pool {
         self.spares_stop().await;
         self.prefetch.stop().await;
         self.scrub_pause().await;
+        self.removal_pause().await;
         self.resilver_stop().await;
         self.trim_stop().await;
         // Every write, FLUSH or other change that checks `ensure_writable`

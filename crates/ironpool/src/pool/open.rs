@@ -126,6 +126,7 @@ impl Pool {
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
             clone_table: Default::default(),
+            removal: Default::default(),
             prefetch: Default::default(),
             spares: Default::default(),
             gather: Default::default(),
@@ -580,6 +581,7 @@ impl Pool {
             events: Rc::new(EventLog::new()),
             history: RefCell::new(history::History::default()),
             clone_table: Default::default(),
+            removal: Default::default(),
             prefetch: Default::default(),
             spares: Default::default(),
             gather: Default::default(),
@@ -588,6 +590,7 @@ impl Pool {
         });
         pool.load_history().await;
         pool.load_clone_table().await?;
+        pool.load_removals().await?;
         for (volume_name, record) in &directory.volumes {
             let object = pool.objects.open(record.object).await?;
             object.dead_list.set(record.lineage.dead_list);
@@ -637,6 +640,7 @@ impl Pool {
         self.start();
         self.resilver_start();
         self.scrub_resume();
+        self.removal_resume();
     }
 }
 
@@ -673,6 +677,13 @@ async fn load_space(
                                 log.object
                             ))
                         })?;
+                    // The records of a vdev removed since: its space is gone.
+                    if store
+                        .vdev(vdev_index as u32)
+                        .is_some_and(|top| top.kind == TopVdevKind::Indirect)
+                    {
+                        continue;
+                    }
                     let metaslab = (offset >> allocator.vdevs[vdev_index].metaslab_shift) as usize;
                     if metaslab >= allocator.vdevs[vdev_index].metaslabs.len() || txg > imported_txg
                     {
@@ -690,6 +701,18 @@ async fn load_space(
         }
     }
     for (vdev_index, &array_id) in directory.metaslab_arrays.iter().enumerate() {
+        let indirect = store
+            .vdev(vdev_index as u32)
+            .is_some_and(|top| top.kind == TopVdevKind::Indirect);
+        if indirect != (array_id == 0) {
+            return Err(PoolError::Corrupt(format!(
+                "vdev {vdev_index}: metaslab array {array_id} for a {} vdev",
+                if indirect { "removed" } else { "present" }
+            )));
+        }
+        if indirect {
+            continue;
+        }
         let array = objects.open(array_id).await?;
         let count = store.allocator.borrow().vdevs[vdev_index].metaslabs.len();
         let entries = objects
@@ -929,6 +952,10 @@ pub(crate) fn vdev_space(top: &TopVdev) -> VdevSpace {
     );
     if top.log {
         space = space.for_log();
+    }
+    if top.kind == TopVdevKind::Indirect {
+        // A removed vdev has no space (see `removal`).
+        space = VdevSpace::new(top.id, 0, top.metaslab_shift, top.sector_bytes());
     }
     match top.raidz_geometry() {
         Some(geometry) => space.with_raidz(*geometry),

@@ -115,7 +115,7 @@ impl Pool {
             .store
             .vdevs()
             .iter()
-            .filter(|top| !top.log)
+            .filter(|top| !top.log && top.kind != TopVdevKind::Indirect)
             .map(|top| super::devices::child_data_bytes_needed(top))
             .min()
             .unwrap_or(0);

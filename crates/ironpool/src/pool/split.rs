@@ -218,6 +218,11 @@ impl Pool {
                     self.name
                 )));
             }
+            if top.kind == TopVdevKind::Indirect || self.store.remaps.borrow().is_mapped(top.id) {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{name} is removed or being removed: a pool whose blocks moved off a vdev cannot be split"
+                )));
+            }
             if top.kind != TopVdevKind::Mirror {
                 return Err(PoolError::InvalidArgument(format!(
                     "{name} is not a mirror: split takes one side of every mirror, from a pool of mirrors only"

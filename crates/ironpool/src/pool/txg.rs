@@ -487,6 +487,10 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
         if crate::pool::clones::build_step(pool, txg)? {
             changed = true;
         }
+        // Before the directory: the first entry names its object there.
+        if crate::pool::removal::build_step(pool, txg)? {
+            changed = true;
+        }
         if pool.datasets.directory.take_dirty() {
             write_directory(pool)?;
             changed = true;

@@ -563,6 +563,10 @@ impl TopVdev {
     /// Flushes every online child. Succeeds while the children that failed (or
     /// are away) are within the redundancy.
     pub async fn flush(&self) -> Result<(), VdevError> {
+        if self.kind == TopVdevKind::Indirect {
+            // A removed vdev has no devices, and nothing is written to it.
+            return Ok(());
+        }
         let flushes = self
             .children
             .iter()

@@ -295,6 +295,33 @@ pub struct Directory {
     /// one name is one dataset).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub filesystems: BTreeMap<String, crate::pool::filesystem::FilesystemRecord>,
+    /// The removal of a top-level vdev in progress, resumed at import (see
+    /// `pool::removal`; format 4).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub removing: Option<RemovalRecord>,
+    /// Top-level vdevs removed, each with the mapping that finds its
+    /// blocks (format 4).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub indirect: Vec<RemovalRecord>,
+}
+
+/// A top-level vdev being removed or removed, and its mapping.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RemovalRecord {
+    /// The vdev's id.
+    pub vdev: u32,
+    /// The mapping object (`format::remap`; 0 until the first block moves).
+    pub mapping: u64,
+    /// When the removal started and (once done) ended, seconds since the
+    /// Unix epoch, for `status`.
+    pub started_unix_seconds: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub finished_unix_seconds: u64,
+    /// Blocks and bytes moved (once done).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moved_blocks: u64,
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub moved_bytes: u64,
 }
 
 /// `skip_serializing_if` for fields whose zero means absent.

@@ -302,6 +302,35 @@ impl Pool {
                 }
                 report.block_copies += 1;
                 report.referenced_bytes += dva.asize as u64;
+                // A copy a removal moved is where its mapping says (the
+                // one in place too, while the removal runs).
+                let (moved, in_place) = {
+                    let remaps = self.store.remaps.borrow();
+                    if remaps.is_mapped(dva.vdev) {
+                        let target = remaps.target(&dva);
+                        if target.is_none() && remaps.is_indirect(dva.vdev) {
+                            report.problem(format!(
+                                "object {label} block {level}/{blkid}: {dva:?} is on a removed vdev and was never moved"
+                            ));
+                        }
+                        (target, !remaps.is_indirect(dva.vdev))
+                    } else {
+                        (None, true)
+                    }
+                };
+                if let Some(target) = moved {
+                    let overlaps = referenced
+                        .get_mut(target.vdev as usize)
+                        .is_none_or(|set| set.try_insert(target.offset, target.end()).is_err());
+                    if overlaps {
+                        report.problem(format!(
+                            "object {label} block {level}/{blkid}: {dva:?} moved to {target:?}, which overlaps another block"
+                        ));
+                    }
+                }
+                if !in_place {
+                    continue;
+                }
                 let Some(set) = referenced.get_mut(dva.vdev as usize) else {
                     report.problem(format!(
                         "object {label} block {level}/{blkid} on missing vdev {}",

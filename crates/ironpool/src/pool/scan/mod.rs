@@ -113,13 +113,15 @@ pub(in crate::pool) enum Scan {
     Scrub,
     /// Rewrite blocks born in the txgs some devices missed, onto them.
     Resilver(Rc<ResilverTargets>),
+    /// Move the copies on the vdev being removed (see `pool::removal`).
+    Remove,
 }
 
 impl Scan {
     /// Blocks born before this txg are skipped with everything beneath them.
     fn min_birth_txg(&self) -> u64 {
         match self {
-            Scan::Scrub => 0,
+            Scan::Scrub | Scan::Remove => 0,
             Scan::Resilver(targets) => targets.min_birth_txg(),
         }
     }
@@ -128,6 +130,7 @@ impl Scan {
         match self {
             Scan::Scrub => pool.scans.scrub.borrow().stopping(),
             Scan::Resilver(_) => pool.scans.resilver.borrow().cancelled(),
+            Scan::Remove => pool.removal_halting(),
         }
     }
 
@@ -136,6 +139,7 @@ impl Scan {
         match self {
             Scan::Scrub => pool.scrub_error(detail),
             Scan::Resilver(_) => pool.resilver_error(detail),
+            Scan::Remove => pool.removal_error(detail),
         }
     }
 
@@ -151,6 +155,8 @@ impl Scan {
         match self {
             Scan::Scrub => pool.scans.scrub.borrow_mut().walk_incomplete = true,
             Scan::Resilver(_) => pool.resilver_walk_incomplete(),
+            // What it missed is still in use on the vdev: the next walk.
+            Scan::Remove => {}
         }
     }
 
@@ -158,6 +164,7 @@ impl Scan {
         match self {
             Scan::Scrub => pool.scrub_pointers(object, pointers).await,
             Scan::Resilver(targets) => pool.resilver_pointers(targets, pointers).await,
+            Scan::Remove => pool.removal_copy(pointers).await,
         }
     }
 

@@ -604,3 +604,79 @@ fn blocks_overwritten_while_they_move_leave_no_space_behind() {
         });
     }
 }
+
+/// A side of the mirror being removed stops answering in the middle of the
+/// removal: the removal reads the other side, a hot spare takes the failed
+/// side's place (and is resilvered) as it would anywhere, and when the
+/// mirror leaves the pool the spare is available again; nothing written is
+/// lost, and the pool imports from the devices left and the spare.
+#[test]
+fn a_side_failing_during_a_removal_loses_nothing_and_the_spare_comes_back() {
+    for seed in 21..=23 {
+        let disks = devices(4, DEVICE_BYTES, seed);
+        let mut rng = Rng::new(seed);
+        let mut tags = BTreeMap::new();
+        Runtime::new_sim(seed).block_on(async {
+            let pool = tank_written(&disks, TopVdevKind::Mirror, &[0, 1]).await;
+            pool.add_vdevs(
+                vec![NewTopVdev {
+                    log: false,
+                    kind: TopVdevKind::Disk,
+                    devices: vec![device(&disks, 2)],
+                }],
+                false,
+            )
+            .await
+            .unwrap();
+            pool.add_spares(vec![device(&disks, 3)], false)
+                .await
+                .unwrap();
+            pool.remove_vdev("mirror-0").await.unwrap();
+            rt::sleep(std::time::Duration::from_micros(rng.below(3000))).await;
+            disks[1].set_offline(true);
+            write_tagged(&pool, 0..BLOCKS / 2, 2).await;
+            for blkid in 0..BLOCKS / 2 {
+                tags.insert(blkid, 2);
+            }
+            pool.flush_all().await.unwrap();
+            pool.removal_wait().await;
+            let status = pool.removal_status();
+            assert_eq!(status.removed.len(), 1, "seed {seed}: {status:?}");
+            assert_eq!(
+                shape(&pool),
+                [
+                    (TopVdevKind::Indirect, vec![]),
+                    (TopVdevKind::Disk, vec!["sim:d2".into()])
+                ]
+            );
+            let spares = pool.spares_status();
+            assert_eq!(spares.len(), 1);
+            assert_eq!(spares[0].state, "available", "seed {seed}: {spares:?}");
+            // The spare did stand in for d1, and came back with the removal.
+            let events = pool.events().since(0, usize::MAX).events;
+            let said = |device: &str, words: &str| {
+                events.iter().any(|event| {
+                    event.device.as_deref() == Some(device) && event.detail.contains(words)
+                })
+            };
+            assert!(
+                said("sim:d3", "available again"),
+                "seed {seed}: {:?}",
+                events
+                    .iter()
+                    .map(|event| (&event.device, &event.detail))
+                    .collect::<Vec<_>>()
+            );
+            assert_tagged(&pool, &tags, "after the removal with a failed side").await;
+            pool.export().await.unwrap();
+        });
+        Runtime::new_sim(seed + 1).block_on(async {
+            let pool = Pool::import_from_devices("tank", only(&disks, &[2, 3]), manual_commits())
+                .await
+                .unwrap();
+            assert_eq!(pool.spares_status()[0].state, "available");
+            assert_tagged(&pool, &tags, "from the devices left").await;
+            pool.export().await.unwrap();
+        });
+    }
+}

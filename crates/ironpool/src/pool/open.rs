@@ -496,6 +496,9 @@ impl Pool {
                     // the space it holds.
                     let discarded = pool.discard_unresumable_receives().await;
                     pool.import_notes.borrow_mut().extend(discarded);
+                    // A removal the pool was making goes on, once the logs
+                    // are replayed (it moves their chains off the vdev).
+                    pool.removal_resume();
                     let notes = pool.notes();
                     pool.events.post(
                         EventClass::PoolImport,
@@ -640,7 +643,6 @@ impl Pool {
         self.start();
         self.resilver_start();
         self.scrub_resume();
-        self.removal_resume();
     }
 }
 

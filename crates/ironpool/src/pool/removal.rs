@@ -173,9 +173,11 @@ impl Pool {
         self.txg.ensure_writable()?;
         let name = top.kind.vdev_name(top.id);
         let refuse = |reason: String| Err(PoolError::InvalidArgument(reason));
-        if let Some(vdev) = self.removal.state.borrow().vdev {
+        let running = self.removal.state.borrow().vdev;
+        if let Some(vdev) = running.and_then(|vdev| self.store.vdev(vdev)) {
             return refuse(format!(
-                "vdev {vdev} is being removed: wait for it (remove -w) or stop it (remove -s)"
+                "{} is being removed: wait for it (remove -w) or stop it (remove -s)",
+                vdev.kind.vdev_name(vdev.id)
             ));
         }
         assert!(!top.log, "log devices are removed by remove_log_vdev");
@@ -744,6 +746,9 @@ impl Pool {
         for id in maps.iter().copied().chain((array != 0).then_some(array)) {
             objects.push(self.objects.open(id).await?);
         }
+        // A resilver walking toward the vdev's devices ends first: its
+        // targets would name children the vdev no longer has.
+        self.resilver_wait().await;
         if self.removal_left_bytes() != 0 || self.log_chains_use(vdev) {
             return Ok(false);
         }
@@ -752,7 +757,15 @@ impl Pool {
             "every entry is on disk"
         );
         // From here on, synchronously: the vdev becomes indirect.
+        let switch_txg = self.txg.open();
         self.drop_log_releases_on(vdev);
+        // A spare standing in a device of the vdev is available again.
+        let spares: Vec<u64> = top
+            .children
+            .iter()
+            .filter(|leaf| self.spare_left_tree(leaf.guid(), leaf.device()))
+            .map(|leaf| leaf.guid())
+            .collect();
         let indirect = TopVdev::new(
             vdev,
             top.guid,
@@ -826,7 +839,15 @@ impl Pool {
             eprintln!("ironpool: {}: removal of {name}: {error}", self.name);
             return Ok(true);
         }
-        for leaf in &top.children {
+        // Reads and repairs that went to the devices before the change end
+        // before the devices close.
+        self.store.reads_quiesced(switch_txg).await;
+        self.store.repairs_quiesced().await;
+        for leaf in top
+            .children
+            .iter()
+            .filter(|leaf| !spares.contains(&leaf.guid()))
+        {
             if let Some(device) = leaf.device() {
                 if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
                     eprintln!(

@@ -59,10 +59,16 @@ use crate::vdev::TopVdev;
 /// keeps linking old blocks, which is no longer the removal's to chase.
 pub const REMOVAL_PASSES_MAX: u32 = 4;
 
-/// Block copies a removal moves at once: enough to keep the devices busy
-/// (each is a read and a write), few enough that clients' I/O still gets
-/// its share of the queues.
-pub const REMOVAL_COPIES_IN_FLIGHT: usize = 16;
+/// Block copies a removal moves at once: each is a read and a write of one
+/// block, and a pool of 16 KiB blocks moves as fast as a sequential copy of
+/// the same bytes with 64 (measured: 16 in flight moved at 0.4-0.6x of
+/// `dd`'s rate, 64 at 0.96-0.99x). Clients keep their share of the
+/// devices: the moves are the scheduler's rebuild class.
+pub const REMOVAL_COPIES_IN_FLIGHT: usize = 64;
+
+/// Bytes of blocks a removal moves at once, whatever their count: the
+/// buffers they take (OpenZFS's `zfs_remove_max_copy_bytes` is 64 MiB).
+pub const REMOVAL_BYTES_IN_FLIGHT: u64 = 32 << 20;
 
 /// Free space a removal leaves on the other vdevs beyond what it moves, as
 /// a share of that (1/16): the pool must still be writable afterwards.
@@ -616,7 +622,8 @@ impl Pool {
     }
 
     /// Moves the copies on the vdev being removed of `pointers` (a walk's
-    /// batch, under its read guard), [`REMOVAL_COPIES_IN_FLIGHT`] at a time.
+    /// batch, under its read guard), at most [`REMOVAL_COPIES_IN_FLIGHT`] and
+    /// [`REMOVAL_BYTES_IN_FLIGHT`] at a time.
     pub(in crate::pool) async fn removal_copy(self: &Rc<Self>, pointers: &[BlockPointer]) {
         let vdev = self.removal_vdev();
         let mut jobs: Vec<(BlockPointer, usize)> = Vec::new();
@@ -631,7 +638,23 @@ impl Pool {
                 }
             }
         }
-        for batch in jobs.chunks(REMOVAL_COPIES_IN_FLIGHT) {
+        let mut batches: Vec<&[(BlockPointer, usize)]> = Vec::new();
+        let (mut first, mut bytes) = (0, 0u64);
+        for (index, (pointer, _)) in jobs.iter().enumerate() {
+            let size = u64::from(pointer.physical_size);
+            if index > first
+                && (index - first == REMOVAL_COPIES_IN_FLIGHT
+                    || bytes + size > REMOVAL_BYTES_IN_FLIGHT)
+            {
+                batches.push(&jobs[first..index]);
+                (first, bytes) = (index, 0);
+            }
+            bytes += size;
+        }
+        if first < jobs.len() {
+            batches.push(&jobs[first..]);
+        }
+        for batch in batches {
             if self.removal_halting() {
                 return;
             }

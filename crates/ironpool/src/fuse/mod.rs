@@ -236,19 +236,29 @@ fn c_path(path: &Path) -> io::Result<CString> {
 
 /// Detaches whatever is mounted at `path` if it is a FUSE mount whose
 /// server is gone (`ENOTCONN`, or `ECONNABORTED` once the kernel aborted
-/// the connection): left by a server that was killed.
+/// the connection): left by a server that was killed. Asked with
+/// `statfs`, which the kernel always sends to the server: a `stat` of the
+/// mount's root is answered from the kernel's cache while the root's
+/// attributes are still valid (for a day), dead server or not, and a new
+/// mount would then be stacked on the dead one.
 fn clear_dead_mount(path: &Path) -> io::Result<()> {
-    match std::fs::metadata(path) {
-        Err(error)
-            if matches!(
-                error.raw_os_error(),
-                Some(libc::ENOTCONN | libc::ECONNABORTED)
-            ) =>
-        {
-            detach_path(path)
-        }
-        _ => Ok(()),
+    let name = c_path(path)?;
+    // SAFETY: a NUL-terminated path, and a zeroed statfs for the kernel to
+    // fill; both outlive the call.
+    let answered = unsafe {
+        let mut stats: libc::statfs = std::mem::zeroed();
+        libc::statfs(name.as_ptr(), &mut stats) == 0
+    };
+    let error = io::Error::last_os_error();
+    if !answered
+        && matches!(
+            error.raw_os_error(),
+            Some(libc::ENOTCONN | libc::ECONNABORTED)
+        )
+    {
+        return detach_path(path);
     }
+    Ok(())
 }
 
 /// Clears a dead mount at `path`, makes the directory, opens `/dev/fuse`

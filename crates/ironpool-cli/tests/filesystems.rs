@@ -938,13 +938,16 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     let short = PathBuf::from(format!("/tmp/ironpool-pjd.{}", std::process::id()));
     let (mut pool, mnt) = filesystem_pool_at(pool, short);
     // With POSIX ACLs on: the kernel checks them, and leaves the umask to
-    // the server (pjdfstest's creations check it).
+    // the server (pjdfstest's creations check it). And with the kernel's
+    // writeback cache: the kernel keeps a file's mtime and ctime then.
     let fs = format!("{}/fs", pool.name);
     pool.ok(&["set", "acltype=posix", &fs, "-d", &dir(&pool)]);
+    pool.ok(&["set", "writebackcache=on", &fs, "-d", &dir(&pool)]);
     // A second filesystem of the pool, for the tests that link and rename
-    // across filesystems (EXDEV).
+    // across filesystems (EXDEV); the whole suite runs on it too, with
+    // ACLs and without the writeback cache (the default).
     let secondary = PathBuf::from(format!("/tmp/ironpool-pjd2.{}", std::process::id()));
-    create_filesystem(&pool, "other", &secondary, &[]);
+    create_filesystem(&pool, "other", &secondary, &["acltype=posix"]);
     let _unmount = Unmount(mnt.clone());
     let _unmount_secondary = Unmount(secondary.clone());
     pool.serve();
@@ -953,18 +956,21 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
     let config = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/pjdfstest/pjdfstest.toml");
     let work = mnt.join("pjd");
     std::fs::create_dir(&work).unwrap();
-    // Runs pjdfstest with `config` on the tests `patterns` name (all if
-    // none); requires that none fails and returns (summary, skipped).
-    let run = |config: &Path, patterns: &[&str]| -> (String, usize) {
+    let work_secondary = secondary.join("pjd");
+    std::fs::create_dir(&work_secondary).unwrap();
+    // Runs pjdfstest with `config` in `work` (with `other` as the second
+    // filesystem) on the tests `patterns` name (all if none); requires
+    // that none fails and returns (summary, skipped).
+    let run_in = |work: &Path, other: &Path, config: &Path, patterns: &[&str]| -> (String, usize) {
         let output = std::process::Command::new("pjdfstest")
             .arg("-c")
             .arg(config)
             .arg("-p")
-            .arg(&work)
+            .arg(work)
             .arg("-s")
-            .arg(&secondary)
+            .arg(other)
             .args(patterns)
-            .current_dir(&work)
+            .current_dir(work)
             .output()
             .expect("pjdfstest (scripts/deps.sh installs it)");
         let text = String::from_utf8_lossy(&output.stdout);
@@ -993,10 +999,17 @@ fn pjdfstest_passes_on_a_mounted_filesystem() {
             .count();
         (summary, skipped)
     };
+    let run = |config: &Path, patterns: &[&str]| run_in(&work, &secondary, config, patterns);
     // Everything but the read-only tests, which skip without remounts:
     // the skips are those and the ones tests/pjdfstest/README.md lists.
+    // On both filesystems: with and without the writeback cache.
     let (summary, skipped) = run(&config, &[]);
     assert!(skipped <= 14, "{skipped} tests skipped: {summary}");
+    let (summary, skipped) = run_in(&work_secondary, &work, &config, &[]);
+    assert!(
+        skipped <= 14,
+        "{skipped} tests skipped without the writeback cache: {summary}"
+    );
     // The read-only tests on their own, with remounts allowed: they
     // remount the filesystem read-only, which the kernel refuses while
     // a file is open for writing or an unlinked inode is still held, as
@@ -1503,8 +1516,9 @@ fn thousands_of_real_files_copied_in_are_the_same_before_and_after_a_restart() {
 
 /// Random buffered, `O_DIRECT` and mapped I/O with truncates and
 /// `copy_file_range` (`tests/scripts/fsx.py`, after xfstests' fsx), several
-/// files at once on filesystems of 4K, 16K and 128K compressed records and
-/// one with `direct=always`: every read agrees with the script's model of
+/// files at once on filesystems of 4K, 16K and 128K compressed records,
+/// one with `direct=always` and one with the kernel's writeback cache
+/// (`writebackcache=on`): every read agrees with the script's model of
 /// the file, and so does every snapshot taken between two operations, read
 /// under `.zfs/snapshot`; after kill -9 and a new `serve`, every file
 /// (fsynced at its end) holds the model's bytes, and the pool checks clean.
@@ -1520,6 +1534,7 @@ fn random_buffered_direct_and_mapped_io_agrees_with_a_model_and_survives_kill_9(
         ("fs4", vec!["recordsize=4K"]),
         ("fsz", vec!["compression=lz4"]),
         ("fsd", vec!["recordsize=8K", "direct=always"]),
+        ("fswb", vec!["writebackcache=on"]),
     ];
     let mut mounts = vec![(mnt, format!("{}/fs", pool.name))];
     for (name, properties) in &others {
@@ -1639,6 +1654,174 @@ fn fill_until_refused(path: &Path, sync_each: bool, errno: i32) -> u64 {
         );
     }
     written
+}
+
+/// Checks that the server let the kernel hold the mount at `mnt`'s dirty
+/// pages as a local filesystem's: by default the kernel holds a FUSE
+/// mount to a strict 1% share of its dirty limit, and sends every few
+/// pages at once.
+fn assert_dirty_pages_held(mnt: &Path) {
+    let device = std::fs::metadata(mnt).unwrap().dev();
+    let bdi = PathBuf::from(format!(
+        "/sys/class/bdi/{}:{}",
+        libc::major(device),
+        libc::minor(device)
+    ));
+    let strict = std::fs::read_to_string(bdi.join("strict_limit")).unwrap();
+    assert_eq!(strict.trim(), "0", "{}", bdi.display());
+}
+
+/// With `writebackcache=on` the kernel's page cache holds buffered writes
+/// and sends them later; what the server does around that:
+/// - a snapshot holds every `write()` that returned before it, sent or not;
+/// - the kernel's mtime and ctime reach the server exactly;
+/// - `ironpool sync` makes cached writes durable (they survive kill -9), as
+///   `fsync` and `O_DSYNC` do;
+/// - a stopping server has the kernel send a file still open first;
+/// - `O_DIRECT` reads see cached writes, and buffered reads direct ones;
+/// - the kernel holds the mount's dirty pages as a local filesystem's;
+/// - past the quota the write is refused when the kernel sends it:
+///   `fsync` reports EDQUOT, and what was fsynced before reads back.
+#[test]
+fn the_kernels_writeback_cache_is_flushed_for_snapshots_sync_and_stops() {
+    let pool = TestPool::new("fswback");
+    let mnt = pool.path("mnt");
+    pool.create("1G", &["mirror", "a.img", "b.img"]);
+    create_filesystem(&pool, "fs", &mnt, &["writebackcache=on", "quota=48M"]);
+    let mut pool = pool;
+    let _unmount = Unmount(mnt.clone());
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_dirty_pages_held(&mnt);
+    let fs = format!("{}/fs", pool.name);
+
+    // A snapshot has the cached write (the file stays open: a close has
+    // the kernel send the file's pages).
+    let cached = distinct_bytes(1 << 20, 1);
+    let mut open = std::fs::File::create(mnt.join("cached")).unwrap();
+    open.write_all(&cached).unwrap();
+    pool.admin(&["snapshot", &format!("{fs}@s")]);
+    let snapshot = mnt.join(".zfs/snapshot/s/cached");
+    assert!(
+        std::fs::read(&snapshot).unwrap() == cached,
+        "the snapshot misses cached writes"
+    );
+
+    // Direct and buffered I/O of one file agree (dd's O_DIRECT).
+    let mixed = mnt.join("mixed");
+    let mixed_data = distinct_bytes(1 << 20, 2);
+    std::fs::write(&mixed, &mixed_data).unwrap();
+    let read_back = pool.path("direct-read");
+    tool(
+        "dd",
+        &[
+            &format!("if={}", mixed.display()),
+            &format!("of={}", read_back.display()),
+            "bs=64k",
+            "skip=1",
+            "count=1",
+            "iflag=direct",
+        ],
+    );
+    assert!(
+        std::fs::read(&read_back).unwrap() == mixed_data[65536..131072],
+        "an O_DIRECT read misses a cached write"
+    );
+    let pattern = pool.path("pattern");
+    std::fs::write(&pattern, vec![0x5a; 65536]).unwrap();
+    tool(
+        "dd",
+        &[
+            &format!("if={}", pattern.display()),
+            &format!("of={}", mixed.display()),
+            "bs=64k",
+            "count=1",
+            "oflag=direct",
+            "conv=notrunc",
+        ],
+    );
+    let buffered = std::fs::read(&mixed).unwrap();
+    assert!(
+        buffered[..65536].iter().all(|byte| *byte == 0x5a)
+            && buffered[65536..] == mixed_data[65536..],
+        "a buffered read misses an O_DIRECT write"
+    );
+
+    // The kernel's times reach the server, and `ironpool sync` makes
+    // cached writes durable.
+    std::thread::sleep(Duration::from_millis(20));
+    let mut touched = std::fs::OpenOptions::new()
+        .write(true)
+        .open(mnt.join("cached"))
+        .unwrap();
+    touched.write_all(b"rewritten").unwrap();
+    let before = std::fs::metadata(mnt.join("cached")).unwrap();
+    pool.admin(&["sync", &fs]);
+    pool.kill9();
+    drop((open, touched));
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_dirty_pages_held(&mnt);
+    let after = std::fs::metadata(mnt.join("cached")).unwrap();
+    assert_eq!(
+        (
+            after.mtime(),
+            after.mtime_nsec(),
+            after.ctime(),
+            after.ctime_nsec()
+        ),
+        (
+            before.mtime(),
+            before.mtime_nsec(),
+            before.ctime(),
+            before.ctime_nsec()
+        ),
+        "the kernel's times were not kept"
+    );
+    let mut expected = cached.clone();
+    expected[..9].copy_from_slice(b"rewritten");
+    assert!(
+        std::fs::read(mnt.join("cached")).unwrap() == expected,
+        "`sync` lost cached writes"
+    );
+
+    // A file still open when the server stops.
+    let held_data = distinct_bytes(200_000, 3);
+    let mut held = std::fs::File::create(mnt.join("held")).unwrap();
+    held.write_all(&held_data).unwrap();
+    pool.stop();
+    drop(held);
+    wait_unmounted(&mnt, "the stopped server's mount");
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    assert_dirty_pages_held(&mnt);
+    assert!(
+        std::fs::read(mnt.join("held")).unwrap() == held_data,
+        "a stop lost the writes of a file still open"
+    );
+
+    // Past the quota: fsync reports it; what was fsynced reads back.
+    let mut file = std::fs::File::create(mnt.join("fill")).unwrap();
+    let mut synced = 0usize;
+    let refused = loop {
+        let piece = distinct_bytes(1 << 20, synced as u8);
+        let result = file.write_all(&piece).and_then(|()| file.sync_data());
+        match result {
+            Ok(()) => synced += 1,
+            Err(error) => break error,
+        }
+        assert!(synced < 64, "{synced} MiB fsynced under a 48M quota");
+    };
+    assert_eq!(refused.raw_os_error(), Some(libc::EDQUOT), "{refused}");
+    drop(file);
+    let data = std::fs::read(mnt.join("fill")).unwrap();
+    for index in 0..synced {
+        assert!(
+            data[index << 20..(index + 1) << 20] == distinct_bytes(1 << 20, index as u8),
+            "fsynced MiB {index} does not read back"
+        );
+    }
+    stop_and_check(&mut pool);
 }
 
 /// A filesystem clone's quota bounds what the clone writes, not the 32 MiB
@@ -2772,23 +2955,28 @@ fn log_round(pool: &mut TestPool, mnt: &Path, round: &str, during: impl FnOnce(&
 /// through the filesystem's intent log (its commits counted before the
 /// kill; the import replayed it), in the main devices and on a log device;
 /// a log device removed while the writers write moves the log back to the
-/// main devices and loses nothing.
+/// main devices and loses nothing; and the same with the kernel's
+/// writeback cache holding the writes until they are synced.
 #[test]
 fn fsynced_writes_survive_kill_9_through_the_intent_log() {
-    let layouts: [&[&str]; 2] = [
-        &["mirror", "a.img", "b.img"],
-        &["mirror", "a.img", "b.img", "log", "c.img"],
+    let layouts: [(&[&str], &str); 3] = [
+        (&["mirror", "a.img", "b.img"], "writebackcache=off"),
+        (
+            &["mirror", "a.img", "b.img", "log", "c.img"],
+            "writebackcache=off",
+        ),
+        (&["mirror", "a.img", "b.img"], "writebackcache=on"),
     ];
-    for layout in layouts {
+    for (layout, cache) in layouts {
         let mut pool = TestPool::new("fslog");
         pool.create("2G", layout);
         let mnt = pool.path("mnt");
-        create_filesystem(&pool, "fs", &mnt, &["recordsize=16K"]);
+        create_filesystem(&pool, "fs", &mnt, &["recordsize=16K", cache]);
         let _unmount = Unmount(mnt.clone());
         pool.serve();
         wait_mounted(&pool, &mnt);
         let with_log = layout.contains(&"log");
-        log_round(&mut pool, &mnt, &format!("{layout:?}"), |_| {});
+        log_round(&mut pool, &mnt, &format!("{layout:?} {cache}"), |_| {});
         if with_log {
             log_round(&mut pool, &mnt, "log device removed", |pool| {
                 let removed = pool.admin(&["remove", "fslog", "c.img"]);

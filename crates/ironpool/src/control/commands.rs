@@ -1199,12 +1199,17 @@ async fn run(
             Ok(serde_json::to_value(report).unwrap_or(Value::Null))
         }
         Command::Sync { name: None } => {
+            for (_, fs) in pool.filesystems() {
+                fs.flush_kernel_caches().await;
+            }
             pool.commit().await?;
             Ok(json!({ "durable_txg": pool.txg().durable() }))
         }
         Command::Sync { name: Some(name) } => {
             use crate::pool::dataset::props::SyncMode;
             if let Ok(fs) = pool.filesystem(&name) {
+                // What the kernel caches (`writebackcache=on`) first.
+                fs.flush_kernel_caches().await;
                 // Both first link the buffered writes answered before; then
                 // the log (or a txg) carries every change, as `fsync`.
                 if fs.settings().sync == SyncMode::Disabled {

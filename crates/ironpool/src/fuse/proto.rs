@@ -88,6 +88,7 @@ pub const ATOMIC_O_TRUNC: u32 = 1 << 3;
 pub const BIG_WRITES: u32 = 1 << 5;
 pub const DONT_MASK: u32 = 1 << 6;
 pub const ASYNC_DIO: u32 = 1 << 15;
+pub const WRITEBACK_CACHE: u32 = 1 << 16;
 pub const PARALLEL_DIROPS: u32 = 1 << 18;
 /// READDIRPLUS offered, and left to the kernel to use when it pays
 /// (`READDIRPLUS_AUTO`: the first listing, and while the entries listed
@@ -122,6 +123,9 @@ pub const FATTR_ATIME: u32 = 1 << 4;
 pub const FATTR_MTIME: u32 = 1 << 5;
 pub const FATTR_ATIME_NOW: u32 = 1 << 7;
 pub const FATTR_MTIME_NOW: u32 = 1 << 8;
+/// The kernel's own ctime of a regular file (`WRITEBACK_CACHE`: the kernel
+/// keeps its times and hands them over).
+pub const FATTR_CTIME: u32 = 1 << 10;
 /// Drop set-user-id and set-group-id (`HANDLE_KILLPRIV_V2`): a truncate by
 /// a caller without `CAP_FSETID`, or a chown.
 pub const FATTR_KILL_SUIDGID: u32 = 1 << 11;
@@ -154,6 +158,7 @@ pub struct SetattrIn {
     pub size: u64,
     pub atime: (u64, u32),
     pub mtime: (u64, u32),
+    pub ctime: (u64, u32),
     pub mode: u32,
     pub uid: u32,
     pub gid: u32,
@@ -401,6 +406,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             size: u64_at(body, 16)?,
             atime: (u64_at(body, 32)?, u32_at(body, 56)?),
             mtime: (u64_at(body, 40)?, u32_at(body, 60)?),
+            ctime: (u64_at(body, 48)?, u32_at(body, 64)?),
             mode: u32_at(body, 68)?,
             uid: u32_at(body, 76)?,
             gid: u32_at(body, 80)?,
@@ -1028,6 +1034,12 @@ mod tests {
         body[68..72].copy_from_slice(&0o600u32.to_le_bytes());
         body[76..80].copy_from_slice(&1000u32.to_le_bytes());
         body[80..84].copy_from_slice(&100u32.to_le_bytes());
+        // The kernel's times (writeback cache): mtime and ctime, seconds
+        // then nanoseconds.
+        body[40..48].copy_from_slice(&1_700_000_000u64.to_le_bytes());
+        body[48..56].copy_from_slice(&1_700_000_001u64.to_le_bytes());
+        body[60..64].copy_from_slice(&5u32.to_le_bytes());
+        body[64..68].copy_from_slice(&7u32.to_le_bytes());
         let bytes = request_bytes(SETATTR, &body);
         let Request::Setattr(change) = request(&header_of(&bytes), &bytes).unwrap() else {
             panic!("not a setattr")
@@ -1035,6 +1047,10 @@ mod tests {
         assert_eq!(
             (change.size, change.mode, change.uid, change.gid),
             (1_000_000, 0o600, 1000, 100)
+        );
+        assert_eq!(
+            (change.mtime, change.ctime),
+            ((1_700_000_000, 5), (1_700_000_001, 7))
         );
     }
 

@@ -111,6 +111,29 @@ pub fn wall_clock_ns() -> u64 {
         .unwrap_or(0)
 }
 
+/// Nanoseconds since the Unix epoch from the kernel's coarse clock, for a
+/// file's times: the clock the kernel stamps a cached file's mtime and
+/// ctime with (`current_time()`, one tick of `CONFIG_HZ`), as OpenZFS's
+/// znodes are stamped. With the kernel's writeback cache both stamp the
+/// same files, and a finer server clock would let a time the kernel sets
+/// after one the server set be earlier. Virtual under the simulator.
+pub fn file_clock_ns() -> u64 {
+    if let Some(now) = current_sim(|driver| driver.now().0) {
+        return SIM_WALL_CLOCK_EPOCH_NS + now;
+    }
+    let mut time = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: writes only `time`, which outlives the call.
+    if unsafe { libc::clock_gettime(libc::CLOCK_REALTIME_COARSE, &mut time) } != 0 {
+        return wall_clock_ns();
+    }
+    (time.tv_sec as u64)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(time.tv_nsec as u64)
+}
+
 /// A draw from the simulator's seeded generator when running under it (None
 /// otherwise): identities (guids) drawn in a simulation must replay too.
 pub fn simulated_random_u64() -> Option<u64> {

@@ -347,6 +347,9 @@ pub struct SetAttr {
     pub size: Option<u64>,
     pub atime: Option<Timestamp>,
     pub mtime: Option<Timestamp>,
+    /// The kernel's own ctime of a regular file, which it keeps with the
+    /// writeback cache; else the change's time.
+    pub ctime: Option<Timestamp>,
     /// Whether a time was given by the caller (`utimensat` with times),
     /// not taken as now: an append-only file refuses only the former.
     pub explicit_times: bool,
@@ -586,6 +589,13 @@ pub struct Filesystem {
     /// `acltype=posix`: POSIX ACLs are kept (as extended attributes the
     /// kernel checks, see `acl`).
     acls: Cell<bool>,
+    /// `writebackcache=on`: a mount lets the kernel's page cache hold
+    /// buffered writes and send them later, in pages
+    /// (`FUSE_WRITEBACK_CACHE`). Off by default: with it, a write past a
+    /// quota or into a full pool is refused only when the kernel sends
+    /// it, so `write()` succeeds and `fsync` or `close` reports the
+    /// error (as on NFS), where OpenZFS refuses the `write()` itself.
+    writeback_cache: Cell<bool>,
     /// `atime=on` (the default): reads update the access time, with
     /// relatime's rule ([`Filesystem::touch_atime`]).
     atime: Cell<bool>,
@@ -614,6 +624,11 @@ pub struct Filesystem {
     orphans: RefCell<FxHashSet<u64>>,
     io_stats: Cell<FsIoStats>,
     front_end: RefCell<FrontEndStats>,
+    /// Where the kernel may hold writes to this filesystem in its page
+    /// cache, not yet sent (mounts with the kernel's writeback cache): the
+    /// mountpoint of each such session. Few: a mount, and for a while the
+    /// one it replaced.
+    kernel_caches: RefCell<Vec<(SessionId, std::path::PathBuf)>>,
     /// Rolled back or destroyed: another `Filesystem` (or none) serves its
     /// name now, and this one answers every request with `ESTALE`.
     retired: Cell<bool>,
@@ -764,8 +779,28 @@ fn block_pieces(offset: u64, data: &[u8], block: u64) -> impl Iterator<Item = (u
     })
 }
 
+/// How long [`Filesystem::flush_kernel_caches`] waits for one mount's
+/// kernel to write its cached pages back: a pool whose devices stopped
+/// answering must not hold a snapshot command or a stopping server for
+/// ever. The kernel writes a mount's dirty pages (at most a fifth of
+/// memory by its own limits) well within it at any speed this pool
+/// serves.
+const KERNEL_FLUSH_PATIENCE: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// `syncfs(2)` of the filesystem mounted at `path`: the kernel writes its
+/// dirty pages there back, and returns when they are written.
+fn sync_mounted(path: &std::path::Path) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let directory = std::fs::File::open(path)?;
+    // SAFETY: a descriptor this function owns, open for the call.
+    if unsafe { libc::syncfs(directory.as_raw_fd()) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 fn now() -> Timestamp {
-    Timestamp::from_ns(crate::rt::wall_clock_ns())
+    Timestamp::from_ns(crate::rt::file_clock_ns())
 }
 
 /// The record size a filesystem's properties give.
@@ -798,7 +833,14 @@ pub fn default_mountpoint(pool: &str, short: &str) -> String {
 }
 
 /// A filesystem's own properties (not inherited from the pool).
-pub const OWN_PROPERTIES: [&str; 5] = ["recordsize", "mountpoint", "atime", "xattr", "acltype"];
+pub const OWN_PROPERTIES: [&str; 6] = [
+    "recordsize",
+    "mountpoint",
+    "atime",
+    "xattr",
+    "acltype",
+    "writebackcache",
+];
 
 /// The value of own property `name` of filesystem `short` of pool `pool`
 /// when it is not set.
@@ -806,7 +848,7 @@ pub fn own_property_default(pool: &str, short: &str, name: &str) -> String {
     match name {
         "recordsize" => RECORD_BYTES_DEFAULT.to_string(),
         "mountpoint" => default_mountpoint(pool, short),
-        "acltype" => "off".to_string(),
+        "acltype" | "writebackcache" => "off".to_string(),
         _ => "on".to_string(),
     }
 }
@@ -836,7 +878,7 @@ pub fn validate_own_property(name: &str, value: &str) -> Result<Option<String>, 
             }
             Ok(Some(value.to_string()))
         }
-        "atime" | "xattr" => match value {
+        "atime" | "xattr" | "writebackcache" => match value {
             "on" | "off" => Ok(Some(value.to_string())),
             _ => invalid(format!("{name} '{value}': use on or off")),
         },
@@ -880,6 +922,7 @@ impl Filesystem {
             settings: Cell::new(settings),
             xattrs: Cell::new(true),
             acls: Cell::new(false),
+            writeback_cache: Cell::new(false),
             atime: Cell::new(true),
             record_shift: Cell::new(0),
             lock: crate::rt::sync::Semaphore::new(LOCK_UNITS),
@@ -888,6 +931,7 @@ impl Filesystem {
             orphans: RefCell::default(),
             io_stats: Cell::default(),
             front_end: RefCell::default(),
+            kernel_caches: RefCell::default(),
             retired: Cell::new(false),
             snapshot,
             log: IntentLog::default(),
@@ -976,6 +1020,15 @@ impl Filesystem {
         self.acls
             .set(properties.get("acltype").map(String::as_str) == Some("posix"));
         self.atime.set(on("atime") && !self.snapshot);
+        self.writeback_cache.set(
+            properties.get("writebackcache").map(String::as_str) == Some("on") && !self.snapshot,
+        );
+    }
+
+    /// Whether a mount lets the kernel cache buffered writes
+    /// (`writebackcache=on`; fixed for a mount at its start).
+    pub fn writeback_cache(&self) -> bool {
+        self.writeback_cache.get()
     }
 
     /// Whether POSIX ACLs are kept (`acltype=posix`, with `xattr=on`): a
@@ -1232,6 +1285,53 @@ impl Filesystem {
     /// The front end reports a change (its transport, a request).
     pub fn note_front_end(&self, change: impl FnOnce(&mut FrontEndStats)) {
         change(&mut self.front_end.borrow_mut());
+    }
+
+    /// Session `id`, mounted at `mountpoint`, lets the kernel cache
+    /// writes (the writeback cache): [`Filesystem::flush_kernel_caches`]
+    /// has them sent.
+    pub fn add_kernel_cache(&self, id: SessionId, mountpoint: &std::path::Path) {
+        let mut caches = self.kernel_caches.borrow_mut();
+        caches.retain(|(session, _)| *session != id);
+        caches.push((id, mountpoint.to_path_buf()));
+    }
+
+    /// Session `id` is off its mountpoint (or ended): nothing reaches its
+    /// cache by that path any more.
+    pub fn remove_kernel_cache(&self, id: SessionId) {
+        self.kernel_caches
+            .borrow_mut()
+            .retain(|(session, _)| *session != id);
+    }
+
+    /// Has every kernel that caches this filesystem's writes send them
+    /// (`syncfs` of each mountpoint, on a thread of its own: the writes
+    /// it makes the kernel send are served by this thread meanwhile), so
+    /// that what follows sees every `write()` that returned before, as on
+    /// OpenZFS, where a write is in the pool when it returns. A snapshot,
+    /// `ironpool sync` and a stopping mount call it. A mount that cannot
+    /// be reached is told on stderr, and skipped.
+    pub async fn flush_kernel_caches(&self) {
+        let paths: Vec<_> = self
+            .kernel_caches
+            .borrow()
+            .iter()
+            .map(|(_, path)| path.clone())
+            .collect();
+        for path in paths {
+            let at = path.clone();
+            let synced = crate::rt::offload::run_apart(move || sync_mounted(&at));
+            let failed = match crate::rt::timeout(KERNEL_FLUSH_PATIENCE, synced).await {
+                Some(Ok(())) => continue,
+                Some(Err(error)) => error.to_string(),
+                None => format!("not done in {} s", KERNEL_FLUSH_PATIENCE.as_secs()),
+            };
+            eprintln!(
+                "ironpool: {}: cannot flush the kernel's cache at {}: {failed}",
+                self.name(),
+                path.display()
+            );
+        }
     }
 
     /// Notes an `fsync` (or `fdatasync`) arriving: with the direct writes

@@ -725,7 +725,7 @@ impl Filesystem {
         if let Some(mtime) = change.mtime {
             znode.mtime = mtime;
         }
-        znode.ctime = time;
+        znode.ctime = change.ctime.unwrap_or(time);
         // A chmod of a file with an access ACL changes the ACL too.
         if (old_mode ^ znode.mode) & 0o777 != 0 && self.posix_acls() && znode.xattr_object != 0 {
             let mut list = self.xattr_list(&znode).await?;

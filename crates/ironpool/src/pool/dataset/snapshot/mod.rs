@@ -277,6 +277,14 @@ impl Pool {
     /// Takes snapshots of several datasets (volumes, filesystems) atomically
     /// (in one txg).
     pub async fn snapshot(self: &Rc<Self>, names: &[String]) -> Result<(), PoolError> {
+        // A filesystem's writes the kernel still caches are in the snapshot.
+        for full in names {
+            if let Some((dataset, _)) = split_snapshot_name(&self.name, full) {
+                if let Ok(fs) = self.filesystem(dataset) {
+                    fs.flush_kernel_caches().await;
+                }
+            }
+        }
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.txg.ensure_writable()?;
         let mut requests = Vec::new();

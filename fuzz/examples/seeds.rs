@@ -574,7 +574,7 @@ fn fuse_request_seeds(writer: &mut SeedWriter) {
         (
             "setattr",
             fuse::SETATTR,
-            Request::Setattr(SetattrIn { valid: 0x1ff, size: 4096, atime: (1, 2), mtime: (3, 4), mode: 0o644, uid: 1, gid: 2 }),
+            Request::Setattr(SetattrIn { valid: 0x5ff, size: 4096, atime: (1, 2), mtime: (3, 4), ctime: (5, 6), mode: 0o644, uid: 1, gid: 2 }),
         ),
         ("symlink", fuse::SYMLINK, Request::Symlink { name: b"link", target: b"../target" }),
         ("mknod", fuse::MKNOD, Request::Mknod { name: b"fifo", mode: 0o10644, rdev: 0, umask: 0o22 }),

@@ -90,8 +90,8 @@ pub fn encode_request(header: &InHeader, request: &Request) -> Vec<u8> {
             // valid, padding, fh, size, lock_owner, atime, mtime, ctime,
             // atimensec, mtimensec, ctimensec, mode, unused, uid, gid, unused.
             u32s(&mut body, &[change.valid, 0]);
-            u64s(&mut body, &[0, change.size, 0, change.atime.0, change.mtime.0, 0]);
-            u32s(&mut body, &[change.atime.1, change.mtime.1, 0, change.mode, 0, change.uid, change.gid, 0]);
+            u64s(&mut body, &[0, change.size, 0, change.atime.0, change.mtime.0, change.ctime.0]);
+            u32s(&mut body, &[change.atime.1, change.mtime.1, change.ctime.1, change.mode, 0, change.uid, change.gid, 0]);
         }
         Request::Symlink { name, target } => {
             c_str(&mut body, name);

@@ -114,6 +114,21 @@ pub struct Metaslab {
 }
 
 impl Metaslab {
+    /// The states a byte of the metaslab can be in, by name: disjoint, and
+    /// between them every byte but those allocated and not yet linked (or
+    /// intent-log blocks, never recorded).
+    fn states(&self) -> [(&'static str, &RangeSet); 7] {
+        [
+            ("free", &self.free),
+            ("trimming", &self.trimming),
+            ("allocated", &self.allocated),
+            ("pending_allocs", &self.pending_allocs),
+            ("syncing_frees", &self.syncing_frees),
+            ("defer0", &self.defer[0]),
+            ("defer1", &self.defer[1]),
+        ]
+    }
+
     fn new(index: u32, start: u64, size: u64) -> Metaslab {
         let mut free = RangeSet::by_size();
         free.insert(start, start + size);
@@ -362,18 +377,11 @@ impl VdevSpace {
         self.metaslabs
             .iter()
             .map(|metaslab| {
-                let accounted = [
-                    &metaslab.free,
-                    &metaslab.trimming,
-                    &metaslab.allocated,
-                    &metaslab.pending_allocs,
-                    &metaslab.syncing_frees,
-                    &metaslab.defer[0],
-                    &metaslab.defer[1],
-                ]
-                .iter()
-                .map(|set| set.total_bytes())
-                .sum::<u64>();
+                let accounted = metaslab
+                    .states()
+                    .iter()
+                    .map(|(_, set)| set.total_bytes())
+                    .sum::<u64>();
                 metaslab.size.saturating_sub(accounted)
             })
             .sum()
@@ -1180,15 +1188,7 @@ impl Allocator {
     pub fn verify(&self) -> Result<(), String> {
         for vdev in &self.vdevs {
             for metaslab in &vdev.metaslabs {
-                let sets: [(&str, &RangeSet); 7] = [
-                    ("free", &metaslab.free),
-                    ("trimming", &metaslab.trimming),
-                    ("allocated", &metaslab.allocated),
-                    ("pending_allocs", &metaslab.pending_allocs),
-                    ("syncing_frees", &metaslab.syncing_frees),
-                    ("defer0", &metaslab.defer[0]),
-                    ("defer1", &metaslab.defer[1]),
-                ];
+                let sets = metaslab.states();
                 for (index, (name, set)) in sets.iter().enumerate() {
                     for (other_name, other) in sets.iter().skip(index + 1) {
                         for (start, end) in set.iter() {

@@ -268,20 +268,13 @@ impl BlockStore {
     /// Where copy `dva` is read from, and its vdev: in place, or where a
     /// removal moved it (see [`remap`]). An error names what is missing.
     pub fn locate(&self, dva: &Dva) -> Result<(Dva, Rc<TopVdev>), String> {
-        let at = {
-            let remaps = self.remaps.borrow();
-            if remaps.is_empty() {
-                *dva
-            } else {
-                remaps.locate(dva).ok_or_else(|| {
-                    format!(
-                        "copy at {} on removed vdev {} was not moved",
-                        location(dva),
-                        dva.vdev
-                    )
-                })?
-            }
-        };
+        let at = self.remaps.borrow().locate(dva).ok_or_else(|| {
+            format!(
+                "copy at {} on removed vdev {} was not moved",
+                location(dva),
+                dva.vdev
+            )
+        })?;
         match self.vdev(at.vdev) {
             Some(top) => Ok((at, top)),
             None => Err(format!("copy on missing vdev {}", at.vdev)),

@@ -13,8 +13,8 @@ use std::rc::Rc;
 
 use crate::format::clones::{decode_records, encode_records, CLONE_RECORD_BYTES};
 use crate::format::ObjectType;
-use crate::object::{new_dnode, Object, ObjectError};
-use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::object::{Object, ObjectError};
+use crate::pool::{Pool, PoolError};
 
 /// Records the object may hold beyond twice the table's size before a
 /// rewrite: so a table of a few blocks is not rewritten by every commit
@@ -85,17 +85,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
     let object = match held {
         Some(object) => object,
         None => {
-            let id = pool.allocate_object_id();
-            let object = pool.objects.create(
-                id,
-                new_dnode(
-                    ObjectType::CloneTable,
-                    METADATA_BLOCK_SHIFT,
-                    INDIRECT_BLOCK_SHIFT,
-                    0,
-                    txg,
-                ),
-            );
+            let (id, object) = pool.create_metadata_object(ObjectType::CloneTable, txg);
             pool.datasets.directory.edit().clone_table = id;
             pool.clone_table.records.set(0);
             *pool.clone_table.object.borrow_mut() = Some(object.clone());

@@ -685,14 +685,7 @@ impl Pool {
         if was_spare {
             return Ok(());
         }
-        if let Some(device) = leaf.device() {
-            if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
-                eprintln!(
-                    "ironpool: {}: clearing the labels of detached {path}: {error}",
-                    self.name
-                );
-            }
-        }
+        crate::pool::labels::clear_leaf_labels(&self.name, &leaf, "detached").await;
         Ok(())
     }
 
@@ -872,15 +865,7 @@ impl Pool {
         }
         self.commit().await?;
         for leaf in &top.children {
-            if let Some(device) = leaf.device() {
-                if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
-                    eprintln!(
-                        "ironpool: {}: clearing the labels of removed {}: {error}",
-                        self.name,
-                        leaf.path.borrow()
-                    );
-                }
-            }
+            crate::pool::labels::clear_leaf_labels(&self.name, leaf, "removed").await;
         }
         Ok(())
     }

@@ -17,8 +17,8 @@ use std::collections::VecDeque;
 use serde::{Deserialize, Serialize};
 
 use crate::format::dnode::ObjectType;
-use crate::object::{new_dnode, ObjectError};
-use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::object::ObjectError;
+use crate::pool::{Pool, PoolError};
 
 /// Bytes of history kept on disk at most: 1 MiB is thousands of commands (a
 /// record is about 150 bytes), years of an operator's changes; OpenZFS keeps
@@ -215,17 +215,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
     }
     let mut id = pool.datasets.directory.read().history_object;
     if id == 0 {
-        id = pool.allocate_object_id();
-        pool.objects.create(
-            id,
-            new_dnode(
-                ObjectType::History,
-                METADATA_BLOCK_SHIFT,
-                INDIRECT_BLOCK_SHIFT,
-                0,
-                txg,
-            ),
-        );
+        id = pool.create_metadata_object(ObjectType::History, txg).0;
         pool.datasets.directory.edit().history_object = id;
         // A new object holds nothing yet.
         history.written = 0;

@@ -306,6 +306,23 @@ pub async fn check_unlabelled(
     }
 }
 
+/// Erases the labels of `leaf`, a device that has just left pool `pool`
+/// (`how`: "detached", "removed"), so that it no longer imports as part
+/// of it and makes a new pool without `-f`. The pool's change is
+/// committed already, so a failure is only told on stderr: the pool's
+/// guid sum no longer counts the device either way.
+pub async fn clear_leaf_labels(pool: &str, leaf: &LeafVdev, how: &str) {
+    let Some(device) = leaf.device() else {
+        return;
+    };
+    if let Err(error) = clear_labels(&*device).await {
+        eprintln!(
+            "ironpool: {pool}: clearing the labels of {how} {}: {error}",
+            leaf.path.borrow()
+        );
+    }
+}
+
 /// Erases every label of a device (config areas and uberblock rings, at
 /// the front and at the end) and flushes: it no longer belongs to any pool.
 /// The caller has checked that no pool uses it.

@@ -453,17 +453,7 @@ impl Pool {
     /// Creates the (empty) metaslab array of the next top-level vdev and
     /// names it in the directory; returns its object id.
     fn create_metaslab_array(&self) -> u64 {
-        let id = self.allocate_object_id();
-        self.objects.create(
-            id,
-            new_dnode(
-                ObjectType::MetaslabArray,
-                METADATA_BLOCK_SHIFT,
-                INDIRECT_BLOCK_SHIFT,
-                0,
-                1,
-            ),
-        );
+        let (id, _) = self.create_metadata_object(ObjectType::MetaslabArray, 1);
         self.datasets.directory.edit().metaslab_arrays.push(id);
         id
     }
@@ -516,6 +506,21 @@ impl Pool {
             ));
         }
         notes
+    }
+
+    /// Creates an empty pool-level object of `kind` made of metadata blocks
+    /// (the directory, a space map or log, a metaslab array, a dead list,
+    /// the history, the block reference table, a removal's mapping), born
+    /// in `txg`, and returns its number and the object. The caller names
+    /// it where it belongs (the directory, a metaslab).
+    pub(in crate::pool) fn create_metadata_object(
+        &self,
+        kind: ObjectType,
+        txg: u64,
+    ) -> (u64, Rc<crate::object::Object>) {
+        let id = self.allocate_object_id();
+        let dnode = new_dnode(kind, METADATA_BLOCK_SHIFT, INDIRECT_BLOCK_SHIFT, 0, txg);
+        (id, self.objects.create(id, dnode))
     }
 
     /// Hands out a new object number (the dnode table's length is the high-water

@@ -135,18 +135,8 @@ impl Pool {
         });
         // Object 0 is the dnode table, 1 the directory, then one metaslab array per
         // top-level vdev.
-        let directory_id = pool.allocate_object_id();
+        let (directory_id, _) = pool.create_metadata_object(ObjectType::Directory, 1);
         assert_eq!(directory_id, DIRECTORY_OBJECT);
-        pool.objects.create(
-            directory_id,
-            new_dnode(
-                ObjectType::Directory,
-                METADATA_BLOCK_SHIFT,
-                INDIRECT_BLOCK_SHIFT,
-                0,
-                1,
-            ),
-        );
         let vdev_count = pool.store.vdevs().len();
         for vdev in 0..vdev_count {
             let id = pool.create_metaslab_array();

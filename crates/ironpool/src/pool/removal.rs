@@ -45,10 +45,10 @@ use crate::events::{EventClass, NewEvent};
 use crate::format::label::TopVdevKind;
 use crate::format::remap::{decode_entries, encode_entries, MAPPING_ENTRY_BYTES};
 use crate::format::{BlockPointer, ObjectType};
-use crate::object::{new_dnode, Object, ObjectError};
+use crate::object::{Object, ObjectError};
 use crate::pool::dataset::directory::RemovalRecord;
 use crate::pool::scan::{Scan, WalkEnd};
-use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::pool::{Pool, PoolError};
 use crate::rt::{self, JoinHandle};
 use crate::vdev::TopVdev;
 
@@ -105,6 +105,16 @@ struct RemovalState {
     error: Option<String>,
     /// The vdev the last stopped removal was for.
     stopped_vdev: Option<u32>,
+}
+
+impl RemovalState {
+    /// The removal in progress ended: stopped before its end (its vdev,
+    /// and why) or done (None), which `status` shows until the next one.
+    fn end(&mut self, stopped: Option<(u32, String)>) {
+        self.vdev = None;
+        self.stopped_vdev = stopped.as_ref().map(|(vdev, _)| *vdev);
+        self.error = stopped.map(|(_, reason)| reason);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -724,9 +734,7 @@ impl Pool {
         self.datasets.directory.edit().removing = None;
         {
             let mut state = self.removal.state.borrow_mut();
-            state.vdev = None;
-            state.stopped_vdev = Some(vdev);
-            state.error = Some(reason.to_string());
+            state.end(Some((vdev, reason.to_string())));
             state.halt = None;
         }
         if let Some(top) = self.store.vdev(vdev) {
@@ -813,11 +821,9 @@ impl Pool {
             slot.children.clear();
         }
         self.config_dirty.set(true);
+        // What moved over the whole removal (the task's counts start again
+        // when an import resumes it): the mapping's.
         let (moved_blocks, moved_bytes) = {
-            let state = self.removal.state.borrow();
-            (state.moved_blocks, state.moved_bytes)
-        };
-        {
             let mut directory = self.datasets.directory.edit();
             let mut record = directory
                 .removing
@@ -832,17 +838,14 @@ impl Pool {
                 .entries(vdev)
                 .map(|(_, asize, _)| u64::from(asize))
                 .sum();
+            let moved = (record.moved_blocks, record.moved_bytes);
             directory.indirect.push(record);
             directory.metaslab_arrays[vdev as usize] = 0;
-        }
+            moved
+        };
         *self.removal.mapping.borrow_mut() = None;
         self.removal.entries_on_disk.set(0);
-        {
-            let mut state = self.removal.state.borrow_mut();
-            state.vdev = None;
-            state.stopped_vdev = None;
-            state.error = None;
-        }
+        self.removal.state.borrow_mut().end(None);
         let name = top.kind.vdev_name(vdev);
         for leaf in &top.children {
             self.events.post(
@@ -871,15 +874,7 @@ impl Pool {
             .iter()
             .filter(|leaf| !spares.contains(&leaf.guid()))
         {
-            if let Some(device) = leaf.device() {
-                if let Err(error) = crate::pool::labels::clear_labels(&*device).await {
-                    eprintln!(
-                        "ironpool: {}: clearing the labels of removed {}: {error}",
-                        self.name,
-                        leaf.path.borrow()
-                    );
-                }
-            }
+            crate::pool::labels::clear_leaf_labels(&self.name, leaf, "removed").await;
             leaf.close();
         }
         Ok(true)
@@ -898,17 +893,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
     let object = match held {
         Some(object) => object,
         None => {
-            let id = pool.allocate_object_id();
-            let object = pool.objects.create(
-                id,
-                new_dnode(
-                    ObjectType::IndirectMapping,
-                    METADATA_BLOCK_SHIFT,
-                    INDIRECT_BLOCK_SHIFT,
-                    0,
-                    txg,
-                ),
-            );
+            let (id, object) = pool.create_metadata_object(ObjectType::IndirectMapping, txg);
             pool.datasets
                 .directory
                 .edit()

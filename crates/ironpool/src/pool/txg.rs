@@ -29,10 +29,10 @@ use crate::format::label::{Label, PoolConfig};
 use crate::format::spacemap::{encode_records, Record};
 use crate::format::{ObjectType, Uberblock};
 use crate::object::sync::SyncContext;
-use crate::object::{new_dnode, ObjectError};
+use crate::object::ObjectError;
 use crate::pool::dataset::directory::{SpaceLogRecord, DIRECTORY_OBJECT};
 use crate::pool::labels::{write_labels, write_uberblock};
-use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
@@ -629,17 +629,7 @@ fn checkpoint_metaslabs(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
             )
         };
         let map = if map_id == 0 {
-            let id = pool.allocate_object_id();
-            let map = pool.objects.create(
-                id,
-                new_dnode(
-                    ObjectType::SpaceMap,
-                    METADATA_BLOCK_SHIFT,
-                    INDIRECT_BLOCK_SHIFT,
-                    0,
-                    txg,
-                ),
-            );
+            let (id, map) = pool.create_metadata_object(ObjectType::SpaceMap, txg);
             pool.store.allocator.borrow_mut().vdevs[vdev].metaslabs[index].space_map_object = id;
             map
         } else {
@@ -678,17 +668,7 @@ fn rotate_space_log(pool: &Pool, txg: u64) -> Result<(), ObjectError> {
         .last()
         .is_none_or(|current| current.first_txg + LOG_TXGS_PER_OBJECT <= txg);
     if needs_new {
-        let id = pool.allocate_object_id();
-        pool.objects.create(
-            id,
-            new_dnode(
-                ObjectType::SpaceMap,
-                METADATA_BLOCK_SHIFT,
-                INDIRECT_BLOCK_SHIFT,
-                0,
-                txg,
-            ),
-        );
+        let (id, _) = pool.create_metadata_object(ObjectType::SpaceMap, txg);
         pool.datasets
             .directory
             .edit()

@@ -456,19 +456,7 @@ impl Pool {
             report.problem(problem);
         }
         for (vdev, space) in allocator.vdevs.iter().enumerate() {
-            let mut allocated = RangeSet::new();
-            for metaslab in &space.metaslabs {
-                for (start, end) in metaslab
-                    .allocated
-                    .iter()
-                    .chain(metaslab.pending_allocs.iter())
-                {
-                    allocated.insert(start, end);
-                }
-                for (start, end) in metaslab.pending_frees.iter() {
-                    allocated.remove(start, end);
-                }
-            }
+            let allocated = space.live_ranges();
             report.allocated_bytes += allocated.total_bytes();
             for (start, end) in referenced[vdev].iter() {
                 if !allocated.contains(start, end) {

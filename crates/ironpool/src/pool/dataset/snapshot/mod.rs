@@ -26,12 +26,12 @@ use serde::Serialize;
 use crate::format::bp::BLOCK_POINTER_BYTES;
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::format::{BlockPointer, ObjectType};
-use crate::object::{new_dnode, Object, ObjectError};
+use crate::object::{Object, ObjectError};
 use crate::pool::dataset::dead_space::DeadSpace;
 use crate::pool::dataset::directory::{valid_name, Lineage, SnapshotRecord};
 use crate::pool::filesystem::{Filesystem, ObjectWalk};
 use crate::pool::volume::Volume;
-use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT};
+use crate::pool::{Pool, PoolError};
 
 mod bookmarks;
 mod clones;
@@ -525,16 +525,7 @@ impl Pool {
 
     /// A new, empty dead list object, created in `txg`.
     fn create_dead_list(&self, txg: u64) -> Rc<Object> {
-        self.objects.create(
-            self.allocate_object_id(),
-            new_dnode(
-                ObjectType::DeadList,
-                METADATA_BLOCK_SHIFT,
-                INDIRECT_BLOCK_SHIFT,
-                0,
-                txg,
-            ),
-        )
+        self.create_metadata_object(ObjectType::DeadList, txg).1
     }
 
     /// Destroys one snapshot.

@@ -261,6 +261,7 @@ fn pointer(level: u8, object_type: ObjectType, checksum_algo: ChecksumAlgo, copi
         compression: Compression::Off,
         fill: if level == 0 { 1 } else { 32 },
         checksum: checksum_algo.compute(&[level, copies as u8]),
+        crypt: None,
     }
 }
 
@@ -277,6 +278,11 @@ fn block_pointer_seeds(writer: &mut SeedWriter) {
         BlockPointer { physical_size: 4096, compression: Compression::Lz4, ..pointer(0, ObjectType::SpaceMap, ChecksumAlgo::Fletcher4, 1) };
     writer.write("block_pointer", "data-lz4-fletcher4", &encode_pointer(&compressed));
     writer.write("block_pointer", "hole-born-txg-9", &encode_pointer(&BlockPointer::hole(2, ObjectType::VolumeData, 9)));
+    let sealed = BlockPointer {
+        crypt: Some(ironpool::format::bp::BlockCrypt { salt: 0x0123_4567_89ab_cdef, iv: [7; 12], mac: [9; 16] }),
+        ..pointer(0, ObjectType::VolumeData, ChecksumAlgo::Xxh3, 1)
+    };
+    writer.write("block_pointer", "data-encrypted", &encode_pointer(&sealed));
 }
 
 fn tree_node_seeds(writer: &mut SeedWriter) {

@@ -90,6 +90,10 @@ enum Command {
         /// 5% slower. See README, "Memory and latency: `--no-huge-pages`".
         #[arg(long)]
         no_huge_pages: bool,
+        /// Load the key of every encrypted volume whose keylocation is a
+        /// file (file:///PATH) before serving; the others wait for load-key.
+        #[arg(long)]
+        load_keys: bool,
         pool: String,
     },
     /// Manage volumes.
@@ -428,6 +432,40 @@ enum Command {
         #[arg(required = true)]
         names: Vec<String>,
     },
+    /// Load the key of an encrypted volume, so that it can be served:
+    /// `load-key [-L prompt|file:///PATH] POOL/VOL`, or `load-key -a POOL`
+    /// for every key kept in a file. A key at `prompt` is read from the
+    /// terminal, or from standard input. A wrong key is refused.
+    LoadKey {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        /// Every encrypted volume whose keylocation is a file (NAME: the pool)
+        #[arg(short = 'a')]
+        all: bool,
+        /// Where to read the key this time, instead of its keylocation
+        #[arg(short = 'L')]
+        location: Option<String>,
+        name: String,
+    },
+    /// Unload the key of an encrypted volume: its NBD clients are
+    /// disconnected, its held writes written, and the key leaves memory:
+    /// `unload-key POOL/VOL`
+    UnloadKey {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        name: String,
+    },
+    /// Wrap an encrypted volume's master key under a new key (its data is
+    /// not rewritten; the old key no longer opens it): `change-key [-o
+    /// keyformat=raw|hex|passphrase] [-o keylocation=prompt|file:///PATH]
+    /// [-o pbkdf2iters=N] POOL/VOL`. The key must be loaded.
+    ChangeKey {
+        #[arg(short = 'd', long = "dir")]
+        dirs: Vec<PathBuf>,
+        #[arg(short = 'o')]
+        options: Vec<String>,
+        name: String,
+    },
     /// Take a device out of service: `offline POOL DEV` (DEV: path, file name or guid).
     Offline {
         #[arg(short = 'd', long = "dir")]
@@ -681,6 +719,7 @@ fn main() -> ExitCode {
             metrics,
             missing_log,
             no_huge_pages,
+            load_keys,
             pool,
         } => cli::serve::serve(
             &context,
@@ -693,6 +732,7 @@ fn main() -> ExitCode {
                 metrics,
                 missing_log,
                 no_huge_pages,
+                load_keys,
             },
             pidfile.as_deref(),
             &tunables,
@@ -937,6 +977,18 @@ fn main() -> ExitCode {
             false,
         ),
         Command::Sync { dirs, names } => cli::sync(&context, &dirs, &names),
+        Command::LoadKey {
+            dirs,
+            all,
+            location,
+            name,
+        } => cli::keys::load_key(&context, all, location.as_deref(), &name, &dirs),
+        Command::UnloadKey { dirs, name } => cli::keys::unload_key(&context, &name, &dirs),
+        Command::ChangeKey {
+            dirs,
+            options,
+            name,
+        } => cli::keys::change_key(&context, &name, &options, &dirs),
         Command::Offline { dirs, pool, device } => cli::device_command(
             &context,
             &pool,

@@ -25,6 +25,7 @@ pub mod alloc;
 pub mod block;
 pub mod cache;
 pub mod control;
+pub mod crypto;
 pub mod dev;
 pub mod events;
 pub mod format;

@@ -201,6 +201,7 @@ fn history_is_on_disk_when_a_command_returns_and_stays_bounded() {
                 properties: BTreeMap::from([("compression".into(), "lz4".into())]),
                 sparse: false,
                 parents: false,
+                key: None,
             },
             Command::SetProperties {
                 name: "tank/db".into(),
@@ -298,6 +299,7 @@ fn an_unreadable_history_is_reported_and_started_over() {
                 properties: BTreeMap::new(),
                 sparse: false,
                 parents: false,
+                key: None,
             },
             None,
         )

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 /// row and of the rows above it in this list.
 const LAYERS: &[&[&str]] = &[
     &["rt", "units", "events"],
-    &["format"],
+    &["format", "crypto"],
     &["dev"],
     &["queue"],
     &["vdev"],

@@ -8,6 +8,7 @@ pub mod discovery;
 pub mod events;
 pub mod format;
 pub mod iostat;
+pub mod keys;
 pub mod replication;
 pub mod serve;
 
@@ -372,6 +373,7 @@ pub fn volume_create(
     let (pool, _) = split_volume_name(name)?;
     let size_bytes = parse_size(size)?;
     let properties = assignments(options)?;
+    let key = keys::create_key(name, &properties)?;
     let result = admin(
         context,
         pool,
@@ -382,6 +384,7 @@ pub fn volume_create(
             properties,
             sparse,
             parents,
+            key: key.map(|key| key.to_string()),
         },
     )?;
     if context.json {

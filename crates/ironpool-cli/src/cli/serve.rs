@@ -91,6 +91,9 @@ pub struct NbdOptions {
     /// Turn transparent huge pages off for the server
     /// ([`no_transparent_huge_pages`]).
     pub no_huge_pages: bool,
+    /// Load the key of every encrypted volume whose `keylocation` is a
+    /// file before serving (an unattended start).
+    pub load_keys: bool,
 }
 
 pub fn serve(
@@ -161,6 +164,15 @@ pub fn serve(
             if let Err(error) = pool.set_tunable(name, value) {
                 let _ = pool.export().await;
                 return Err(format!("-o {name}={value}: {error}"));
+            }
+        }
+        if nbd.load_keys {
+            // A key that does not load leaves its volume unserved, not the
+            // pool: the others are served, and `load-key` can follow.
+            for (name, result) in pool.load_keys_from_files().await {
+                if let Err(error) = result {
+                    eprintln!("ironpool: {name}: key not loaded: {error}");
+                }
             }
         }
         let mut bound = Vec::new();
@@ -250,6 +262,7 @@ pub fn serve(
             let exports: Vec<String> = pool
                 .visible_volumes()
                 .iter()
+                .filter(|volume| pool.volume_key_available(volume))
                 .map(|volume| volume.name())
                 .collect();
             let serving = format!(

@@ -19,7 +19,7 @@ use std::cell::{Cell, RefCell};
 use std::rc::Rc;
 
 use crate::alloc::{Allocator, BlockClass, NoSpace, VdevSpace};
-use crate::cache::{BlockCache, CacheUse};
+use crate::cache::{BlockCache, CacheUse, Cached};
 use crate::events::{EventClass, EventLog, NewEvent, RateLimit};
 use crate::format::bp::DVA_COUNT;
 use crate::format::label::TopVdevKind;
@@ -623,31 +623,24 @@ impl BlockStore {
     /// there; else read and verified (self-healing bad copies), and kept
     /// when `usage` says so. A read that finds the same block being read for
     /// the cache waits for that read rather than issue its own.
+    /// An encrypted block may come back opened (see [`Cached`]); a block
+    /// that is not comes back as stored.
     pub async fn read_cached(
         self: &Rc<Self>,
         bp: &BlockPointer,
         class: IoClass,
         usage: CacheUse,
-    ) -> Result<BufSlice, BlockError> {
-        self.read_cached_hit(bp, class, usage)
-            .await
-            .map(|(data, _)| data)
-    }
-
-    /// [`BlockStore::read_cached`], and whether the cache served it (a
-    /// volume counts its own hits).
-    pub async fn read_cached_hit(
-        self: &Rc<Self>,
-        bp: &BlockPointer,
-        class: IoClass,
-        usage: CacheUse,
-    ) -> Result<(BufSlice, bool), BlockError> {
+    ) -> Result<Cached, BlockError> {
         assert!(!bp.is_hole(), "read of a hole");
         let physical = bp.physical_size as usize;
         let mut waited = false;
         loop {
-            if let Some(data) = self.cache.lookup(bp, usage) {
-                return Ok((data, true));
+            if let Some((data, opened)) = self.cache.lookup(bp, usage) {
+                return Ok(Cached {
+                    data,
+                    hit: true,
+                    opened,
+                });
             }
             // Wait for a read of the block in flight once; if it left
             // nothing (it failed, or its block was freed), read.
@@ -664,7 +657,11 @@ impl BlockStore {
             if in_flight.is_none() {
                 self.cache.end_read(bp, usage, data.as_ref().ok());
             }
-            return data.map(|data| (data, false));
+            return data.map(|data| Cached {
+                data,
+                hit: false,
+                opened: false,
+            });
         }
     }
 

@@ -201,6 +201,14 @@ impl<K: Hash + Eq + Copy, V: Clone> AdaptiveCache<K, V> {
         self.nodes[slot as usize].value.as_ref()
     }
 
+    /// The value of `key` to change in place, without counting an access.
+    /// The caller keeps its size: the lists are charged what it was
+    /// inserted with.
+    pub fn peek_mut(&mut self, key: &K) -> Option<&mut V> {
+        let slot = *self.map.get(key)?;
+        self.nodes[slot as usize].value.as_mut()
+    }
+
     /// True when `key` holds an entry read ahead that no demand read has
     /// used yet.
     pub fn is_prefetched(&self, key: &K) -> bool {

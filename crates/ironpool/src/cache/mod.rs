@@ -11,7 +11,10 @@
 //!   space reused by a new block never meets an old entry.
 //! - **Kept as stored**: a compressed block is cached compressed (more fits;
 //!   the saving is reported), verified once on its way in, served without
-//!   verifying again.
+//!   verifying again. An encrypted block is cached as read, then, once a
+//!   demand read opened it, as its plaintext ([`BlockCache::open_entry`]),
+//!   as OpenZFS's ARC holds decrypted data: a hit then costs no
+//!   decryption. Unloading a key empties the cache.
 //! - **Bounded in bytes** by [`BlockCache::target_bytes`]: the tunable
 //!   `arc_max_bytes` (default [`default_max_bytes`]), lowered while the
 //!   server's memory limit is near (see [`memory`]). An entry is charged the
@@ -86,6 +89,20 @@ struct CachedBlock {
     logical: u32,
     checksum: Checksum,
     metadata: bool,
+    /// The bytes are an encrypted block's plaintext (opened), not as stored.
+    opened: bool,
+}
+
+/// A block's bytes from the cache or the devices, with how they were found.
+#[derive(Clone)]
+pub struct Cached {
+    /// Its physical bytes: as stored, or opened (`opened`).
+    pub data: BufSlice,
+    /// Served by the cache.
+    pub hit: bool,
+    /// An encrypted block already opened (its MAC checked): `data` is its
+    /// plaintext, compressed if the block is.
+    pub opened: bool,
 }
 
 impl CachedBlock {
@@ -314,9 +331,10 @@ impl BlockCache {
         });
     }
 
-    /// The cached bytes of `bp` (its physical bytes), counting a hit or a
-    /// miss; `None` on a miss or when `usage` does not look.
-    pub fn lookup(&self, bp: &BlockPointer, usage: CacheUse) -> Option<BufSlice> {
+    /// The cached bytes of `bp` (its physical bytes, and whether they are
+    /// opened), counting a hit or a miss; `None` on a miss or when `usage`
+    /// does not look.
+    pub fn lookup(&self, bp: &BlockPointer, usage: CacheUse) -> Option<(BufSlice, bool)> {
         if !usage.lookup {
             self.count(|counters| counters.bypassed += 1);
             return None;
@@ -336,7 +354,9 @@ impl BlockCache {
             }
             // A prefetch that finds the block has nothing to do, and must
             // not count as an access.
-            Some(true) if usage.prefetch => policy.peek(&key).map(|entry| entry.data.clone()),
+            Some(true) if usage.prefetch => policy
+                .peek(&key)
+                .map(|entry| (entry.data.clone(), entry.opened)),
             // Drop-behind: a block read ahead for a sequential reader is
             // its reader's alone. Reads inside it leave it as it is; the one
             // that finishes it takes it out of the cache, so its buffer
@@ -353,13 +373,17 @@ impl BlockCache {
                     entry.map(|entry| {
                         self.released(&entry);
                         self.count(|counters| counters.dropped_behind += 1);
-                        entry.data
+                        (entry.data, entry.opened)
                     })
                 } else {
-                    policy.peek(&key).map(|entry| entry.data.clone())
+                    policy
+                        .peek(&key)
+                        .map(|entry| (entry.data.clone(), entry.opened))
                 }
             }
-            Some(true) => policy.get(&key, crate::rt::now().0).map(|entry| entry.data),
+            Some(true) => policy
+                .get(&key, crate::rt::now().0)
+                .map(|entry| (entry.data, entry.opened)),
             None => None,
         };
         let hit = found.is_some();
@@ -427,6 +451,7 @@ impl BlockCache {
             logical: bp.logical_size,
             checksum: bp.checksum,
             metadata: usage.kind == BlockKind::Metadata,
+            opened: false,
             data,
         };
         let saved = entry.saved();
@@ -454,6 +479,25 @@ impl BlockCache {
             }
         });
         self.note_evicted(evicted);
+    }
+
+    /// Holds `plaintext` for `bp`'s encrypted block in place of its stored
+    /// bytes, when they are cached (and still `bp`'s) and `plaintext`'s
+    /// buffer is as large (the entry stays charged what it was).
+    pub fn open_entry(&self, bp: &BlockPointer, plaintext: &BufSlice) {
+        debug_assert!(bp.crypt.is_some(), "only an encrypted block is opened");
+        let key = BlockKey::of(&bp.dvas[0]);
+        let mut policy = self.policy.borrow_mut();
+        if let Some(entry) = policy.peek_mut(&key) {
+            if entry.matches(bp)
+                && !entry.opened
+                && entry.data.buffer_len() == plaintext.buffer_len()
+                && entry.data.len() == plaintext.len()
+            {
+                entry.data = plaintext.clone();
+                entry.opened = true;
+            }
+        }
     }
 
     /// Drops the entry of a block being freed (its space may be reused).

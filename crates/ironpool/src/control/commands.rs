@@ -45,8 +45,37 @@ pub enum Command {
         /// Create the missing parents as filesystems first (`-p`).
         #[serde(default)]
         parents: bool,
+        /// The user's key of an encrypted volume (`-o encryption=on`), in
+        /// hexadecimal, when the caller read it (`keylocation=prompt`);
+        /// never written to the pool's history.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
     },
     VolumeList,
+    /// Loads the key of an encrypted volume (`load-key`), from `key` (the
+    /// user's key in hexadecimal, as read by the caller) or its
+    /// `keylocation`; with `all`, every key whose `keylocation` is a file.
+    LoadKey {
+        #[serde(default)]
+        name: Option<String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+        #[serde(default)]
+        all: bool,
+    },
+    /// Unloads the key of an encrypted volume (`unload-key`).
+    UnloadKey {
+        name: String,
+    },
+    /// Wraps an encrypted volume's master key under a new user's key
+    /// (`change-key`), optionally in another format or location.
+    ChangeKey {
+        name: String,
+        #[serde(default)]
+        properties: BTreeMap<String, String>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        key: Option<String>,
+    },
     /// Creates a filesystem (`ironpool fs create [-p] POOL/A/B -o ...`).
     FsCreate {
         name: String,
@@ -335,6 +364,7 @@ impl Command {
                 properties,
                 sparse,
                 parents,
+                key: _,
             } => {
                 push("volume");
                 push("create");
@@ -350,6 +380,18 @@ impl Command {
                     push("-o");
                     push(&format!("{key}={value}"));
                 }
+            }
+            Command::ChangeKey {
+                name,
+                properties,
+                key: _,
+            } => {
+                push("change-key");
+                for (key, value) in properties {
+                    push("-o");
+                    push(&format!("{key}={value}"));
+                }
+                push(name);
             }
             Command::FsCreate {
                 name,
@@ -626,6 +668,8 @@ impl Command {
             | Command::ResilverStatus
             | Command::Check
             | Command::Sync { .. }
+            | Command::LoadKey { .. }
+            | Command::UnloadKey { .. }
             | Command::GetTunables
             | Command::SetTunable { .. }
             | Command::Events { .. }
@@ -633,6 +677,17 @@ impl Command {
         }
         Some(words.join(" "))
     }
+}
+
+/// The user's key sent in hexadecimal, as bytes that are zeroed when
+/// dropped.
+fn key_material(key: Option<String>) -> Result<Option<zeroize::Zeroizing<Vec<u8>>>, PoolError> {
+    let Some(key) = key.map(zeroize::Zeroizing::new) else {
+        return Ok(None);
+    };
+    crate::pool::dataset::keys::unhex(&key)
+        .map(|bytes| Some(zeroize::Zeroizing::new(bytes)))
+        .ok_or_else(|| PoolError::InvalidArgument("the key sent is not hexadecimal".into()))
 }
 
 /// A word of a command line as a shell would need it: plain when it has
@@ -817,7 +872,12 @@ async fn run(
             mut properties,
             sparse,
             parents,
+            key,
         } => {
+            let encryption = crate::pool::dataset::keys::NewEncryption::take(
+                &mut properties,
+                key_material(key)?,
+            )?;
             if parents {
                 create_parents(pool, &name).await?;
             }
@@ -829,7 +889,7 @@ async fn run(
                 properties.insert("refreservation".into(), "auto".into());
             }
             let volume = pool
-                .create_volume(&name, size_bytes, block_bytes, properties)
+                .create_volume_with(&name, size_bytes, block_bytes, properties, encryption)
                 .await?;
             Ok(
                 json!({ "name": volume.name(), "size_bytes": volume.size_bytes.get(), "block_bytes": volume.block_bytes }),
@@ -1228,6 +1288,62 @@ async fn run(
                 }
             }
             Ok(json!({ "synced": name, "durable_txg": pool.txg().durable() }))
+        }
+        Command::LoadKey { name, key, all } => {
+            if all {
+                let results = pool.load_keys_from_files().await;
+                let loaded: Vec<&String> = results
+                    .iter()
+                    .filter(|(_, result)| result.is_ok())
+                    .map(|(name, _)| name)
+                    .collect();
+                let failed: Vec<Value> = results
+                    .iter()
+                    .filter_map(|(name, result)| {
+                        let error = result.as_ref().err()?;
+                        Some(json!({ "name": name, "error": error.to_string() }))
+                    })
+                    .collect();
+                return Ok(json!({ "loaded": loaded, "failed": failed }));
+            }
+            let name = name.ok_or_else(|| {
+                PoolError::InvalidArgument("load-key takes a volume, or -a".into())
+            })?;
+            pool.load_key(&name, key_material(key)?).await?;
+            Ok(json!({ "loaded": [name], "failed": [] }))
+        }
+        Command::UnloadKey { name } => {
+            pool.unload_key(&name).await?;
+            Ok(json!({ "unloaded": name }))
+        }
+        Command::ChangeKey {
+            name,
+            mut properties,
+            key,
+        } => {
+            use crate::crypto::KeyFormat;
+            let format = match properties.remove("keyformat") {
+                Some(value) => Some(
+                    KeyFormat::parse(&value)
+                        .map_err(|error| PoolError::InvalidArgument(error.to_string()))?,
+                ),
+                None => None,
+            };
+            let keylocation = properties.remove("keylocation");
+            let iterations = match properties.remove("pbkdf2iters") {
+                Some(value) => Some(value.parse::<u32>().map_err(|_| {
+                    PoolError::InvalidArgument(format!("pbkdf2iters={value}: not a number"))
+                })?),
+                None => None,
+            };
+            if let Some(other) = properties.keys().next() {
+                return Err(PoolError::InvalidArgument(format!(
+                    "change-key takes keyformat, keylocation and pbkdf2iters, not {other}"
+                )));
+            }
+            pool.change_key(&name, format, keylocation, iterations, key_material(key)?)
+                .await?;
+            Ok(json!({ "changed": name }))
         }
         Command::GetTunables => Ok(tunables(pool)),
         Command::SetTunable { name, value } => {
@@ -1638,6 +1754,7 @@ mod tests {
             properties: BTreeMap::new(),
             sparse: true,
             parents: false,
+            key: None,
         };
         let text = serde_json::to_string(&command).unwrap();
         assert!(text.contains("\"command\":\"volume_create\""));

@@ -7,7 +7,7 @@
 //! |---|---|---|
 //! | 0 | 16 | DVA 0: vdev u32, asize u32 (bytes), offset u64 (bytes from the data area start) |
 //! | 16 | 16 | DVA 1 (a second copy: metadata "ditto" blocks) |
-//! | 32 | 16 | DVA 2 (reserved for a third copy) |
+//! | 32 | 16 | DVA 2 (reserved for a third copy); of an encrypted block: its IV (12 bytes), then zeros |
 //! | 48 | 8 | birth txg (for a hole: the txg the hole was made, 0 if never written) |
 //! | 56 | 4 | logical size (bytes) |
 //! | 60 | 4 | physical size (bytes stored, after compression) |
@@ -15,11 +15,12 @@
 //! | 65 | 1 | object type |
 //! | 66 | 1 | checksum algorithm |
 //! | 67 | 1 | compression |
-//! | 68 | 4 | reserved, zero |
+//! | 68 | 1 | flags: bit 0 encrypted (format 5) |
+//! | 69 | 3 | reserved, zero |
 //! | 72 | 8 | fill: number of non-hole level-0 blocks beneath (1 for a data block) |
 //! | 80 | 8 | physical birth: the txg that wrote a cloned block's bytes (0: the birth txg; format 3) |
-//! | 88 | 8 | reserved, zero |
-//! | 96 | 32 | checksum of the physical bytes |
+//! | 88 | 8 | an encrypted block's salt (format 5), else zero |
+//! | 96 | 32 | checksum of the physical bytes; of an encrypted block: 16 bytes (XXH3-128) of the ciphertext, then its MAC |
 //!
 //! A hole has an empty DVA 0 (asize 0). A DVA's asize is the space allocated on
 //! its top-level vdev, a multiple of that vdev's sector size.
@@ -86,6 +87,25 @@ impl Dva {
     }
 }
 
+/// Bytes of an IV (AES-GCM's 96-bit nonce).
+pub const IV_BYTES: usize = 12;
+/// Bytes of a MAC (AES-GCM's tag).
+pub const MAC_BYTES: usize = 16;
+/// Flag bit of offset 68: the block's physical bytes are encrypted.
+const FLAG_ENCRYPTED: u8 = 1;
+
+/// What opening an encrypted block takes besides its key: the salt its
+/// block key was derived with, its IV and its MAC (docs/FORMAT.md,
+/// "Encryption"). An encrypted block has one copy (its IV takes DVA 2's
+/// place) and an XXH3-128 checksum (its MAC takes the checksum's second
+/// half).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Default, Hash)]
+pub struct BlockCrypt {
+    pub salt: u64,
+    pub iv: [u8; IV_BYTES],
+    pub mac: [u8; MAC_BYTES],
+}
+
 /// A pointer to one block, with everything needed to find and verify it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BlockPointer {
@@ -107,6 +127,9 @@ pub struct BlockPointer {
     pub compression: Compression,
     pub fill: u64,
     pub checksum: Checksum,
+    /// Set when the block's physical bytes are encrypted (a data block of
+    /// an encrypted dataset).
+    pub crypt: Option<BlockCrypt>,
 }
 
 impl BlockPointer {
@@ -166,6 +189,16 @@ impl BlockPointer {
         put_u64(out, 72, self.fill);
         put_u64(out, 80, self.physical_birth);
         out[96..128].copy_from_slice(&self.checksum.0);
+        if let Some(crypt) = &self.crypt {
+            assert!(
+                self.dvas[2].is_empty() && self.checksum.0[16..].iter().all(|byte| *byte == 0),
+                "an encrypted block has no third copy and a 16-byte checksum"
+            );
+            out[68] = FLAG_ENCRYPTED;
+            out[32..32 + IV_BYTES].copy_from_slice(&crypt.iv);
+            put_u64(out, 88, crypt.salt);
+            out[112..128].copy_from_slice(&crypt.mac);
+        }
     }
 
     pub fn decode(bytes: &[u8]) -> Result<BlockPointer, FormatError> {
@@ -176,8 +209,15 @@ impl BlockPointer {
                 format!("{} bytes, expected {BLOCK_POINTER_BYTES}", bytes.len()),
             ));
         }
+        let flags = bytes[68];
+        if flags & !FLAG_ENCRYPTED != 0 {
+            return Err(invalid(WHAT, format!("unknown flags {flags:#x}")));
+        }
+        let encrypted = flags & FLAG_ENCRYPTED != 0;
         let mut dvas = [Dva::default(); DVA_COUNT];
-        for (index, dva) in dvas.iter_mut().enumerate() {
+        // An encrypted block's DVA 2 holds its IV, not a copy.
+        let copies = if encrypted { DVA_COUNT - 1 } else { DVA_COUNT };
+        for (index, dva) in dvas.iter_mut().enumerate().take(copies) {
             *dva = Dva {
                 vdev: get_u32(bytes, index * 16),
                 asize: get_u32(bytes, index * 16 + 4),
@@ -194,7 +234,21 @@ impl BlockPointer {
         }
         let mut checksum = Checksum::default();
         checksum.0.copy_from_slice(&bytes[96..128]);
+        let crypt = encrypted.then(|| {
+            checksum.0[16..].fill(0);
+            BlockCrypt {
+                salt: get_u64(bytes, 88),
+                iv: bytes[32..32 + IV_BYTES].try_into().expect("12 bytes"),
+                mac: bytes[112..128].try_into().expect("16 bytes"),
+            }
+        });
         let hole = dvas[0].is_empty();
+        if encrypted && (hole || level != 0 || bytes[66] != ChecksumAlgo::Xxh3.code()) {
+            return Err(invalid(
+                WHAT,
+                "an encrypted pointer must be a data block with an XXH3 checksum",
+            ));
+        }
         let checksum_algo = if hole {
             ChecksumAlgo::default()
         } else {
@@ -213,6 +267,7 @@ impl BlockPointer {
             compression,
             fill: get_u64(bytes, 72),
             checksum,
+            crypt,
         };
         if !hole {
             pointer.validate()?;
@@ -315,6 +370,33 @@ mod tests {
             compression: Compression::Off,
             fill: 1,
             checksum: ChecksumAlgo::Xxh3.compute(b"abc"),
+            crypt: None,
+        }
+    }
+
+    /// An encrypted block's IV, salt and MAC come back; its second copy
+    /// slot and checksum stay as they were, and the format's rules hold.
+    #[test]
+    fn encrypted_pointers_round_trip() {
+        let mut pointer = sample();
+        pointer.dvas[1] = Dva::default();
+        pointer.crypt = Some(BlockCrypt {
+            salt: 0x1122_3344_5566_7788,
+            iv: std::array::from_fn(|index| index as u8 + 1),
+            mac: std::array::from_fn(|index| 0xf0 | index as u8),
+        });
+        let mut bytes = [0u8; BLOCK_POINTER_BYTES];
+        pointer.encode(&mut bytes);
+        assert_eq!(bytes[68], FLAG_ENCRYPTED);
+        let decoded = BlockPointer::decode(&bytes).unwrap();
+        assert_eq!(decoded, pointer);
+        assert_eq!(decoded.copies().count(), 1, "the IV is no copy");
+        // An unknown flag, an encrypted indirect block or another checksum
+        // algorithm is refused.
+        for (at, value) in [(68, 2u8), (64, 1), (66, ChecksumAlgo::Blake3.code())] {
+            let mut bad = bytes;
+            bad[at] = value;
+            assert!(BlockPointer::decode(&bad).is_err(), "byte {at} = {value}");
         }
     }
 
@@ -381,6 +463,7 @@ mod tests {
                 compression: Compression::Off,
                 fill: if level == 0 { 1 } else { fill },
                 checksum: ChecksumAlgo::Blake3.compute(&offset_sectors.to_le_bytes()),
+                crypt: None,
             };
             let mut bytes = [0u8; BLOCK_POINTER_BYTES];
             pointer.encode(&mut bytes);

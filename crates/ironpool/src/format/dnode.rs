@@ -347,6 +347,7 @@ mod tests {
                 compression: Compression::Off,
                 fill: 100,
                 checksum: ChecksumAlgo::Xxh3.compute(b"x"),
+                crypt: None,
             },
         };
         let mut bytes = [0u8; DNODE_BYTES];

@@ -44,8 +44,13 @@ pub use uberblock::Uberblock;
 /// in progress is in the directory; an older build would read a removed
 /// vdev's blocks where they no longer are, or allocate on a vdev being
 /// emptied, so it must refuse the pool. Older versions are written as 4
-/// from the first commit.
-pub const FORMAT_VERSION: u32 = 4;
+/// from the first commit. Version 5 adds encryption: a block pointer's
+/// flags (offset 68), IV (in DVA 2's place), salt (offset 88) and MAC (the
+/// checksum's second half), and a volume record's wrapped key; an older
+/// build would serve an encrypted block's ciphertext as its data (its
+/// checksum, which covers the ciphertext, passes), so it must refuse the
+/// pool. Older versions are written as 5 from the first commit.
+pub const FORMAT_VERSION: u32 = 5;
 /// The oldest on-disk format version this build reads (6093ca7 and before
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;

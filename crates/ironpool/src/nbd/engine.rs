@@ -163,7 +163,7 @@ pub async fn serve(
             Either::Left((batch, _)) => batch,
             Either::Right(((), _)) => {
                 destroyed = pool.export_destroyed();
-                end_destroyed_exports(&mut connections, &replies);
+                end_destroyed_exports(&pool, &mut connections, &replies);
                 continue;
             }
         };
@@ -187,6 +187,7 @@ pub async fn serve(
                     let _ = reply.send(
                         pool.visible_volumes()
                             .iter()
+                            .filter(|volume| pool.volume_key_available(volume))
                             .map(|volume| ExportInfo::of(volume))
                             .collect(),
                     );
@@ -248,13 +249,18 @@ pub async fn serve(
     }
 }
 
-/// Forgets the connections whose volume or snapshot was destroyed and tells
-/// the front end to end them: a client of a destroyed export is disconnected
-/// (after an ESHUTDOWN reply to whatever it had in flight), rather than left
-/// connected to a name that may be created again with other data.
-fn end_destroyed_exports(connections: &mut HashMap<u64, Rc<Volume>>, replies: &Sender<FromEngine>) {
+/// Forgets the connections whose volume or snapshot was destroyed, or whose
+/// key is being unloaded, and tells the front end to end them: a client of
+/// a destroyed export is disconnected (after an ESHUTDOWN reply to whatever
+/// it had in flight), rather than left connected to a name that may be
+/// created again with other data, or to data it can no longer read.
+fn end_destroyed_exports(
+    pool: &Pool,
+    connections: &mut HashMap<u64, Rc<Volume>>,
+    replies: &Sender<FromEngine>,
+) {
     connections.retain(|&connection, volume| {
-        if !volume.is_destroyed() {
+        if !volume.is_destroyed() && pool.volume_key_available(volume) {
             return true;
         }
         let _ = replies.send(FromEngine {
@@ -268,8 +274,15 @@ fn end_destroyed_exports(connections: &mut HashMap<u64, Rc<Volume>>, replies: &S
 }
 
 /// The volume an export name refers to: "POOL/NAME", "NAME", "POOL/NAME@SNAP"
-/// (read-only), or "" when the pool has exactly one volume.
+/// (read-only), or "" when the pool has exactly one volume; not an encrypted
+/// one whose key is not loaded.
 async fn export(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
+    exported(pool, name)
+        .await
+        .filter(|volume| pool.volume_key_available(volume))
+}
+
+async fn exported(pool: &Rc<Pool>, name: &str) -> Option<Rc<Volume>> {
     if name.is_empty() {
         let volumes = pool.visible_volumes();
         return if volumes.len() == 1 {

@@ -695,7 +695,8 @@ impl ObjectSet {
                 IoClass::SyncRead,
                 crate::cache::CacheUse::METADATA,
             )
-            .await?;
+            .await?
+            .data;
         let body = if level > 0 {
             if data.len() as u64 != dnode.indirect_block_bytes() {
                 return Err(corrupt(format!("indirect block of {} bytes", data.len())));

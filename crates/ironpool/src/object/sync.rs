@@ -110,6 +110,7 @@ impl ObjectSet {
                     compression: Compression::Off,
                     fill,
                     checksum: dnode.checksum_algo.compute(&buffer),
+                    crypt: None,
                 }
             };
             let in_place = !new.is_hole() && new.dvas == old.dvas;

@@ -63,6 +63,107 @@ pub(crate) struct BlockFormat {
     pub checksum: ChecksumAlgo,
     pub compression: CompressionSetting,
     pub object_type: ObjectType,
+    /// The key guid blocks are sealed under (an encrypted dataset's), after
+    /// compression and before the checksum, which covers the ciphertext so
+    /// that scrub and resilver need no key.
+    pub key: Option<u64>,
+}
+
+/// Domain of an encrypted block's associated data.
+const BLOCK_AAD_DOMAIN: &[u8; 16] = b"ironpool block 1";
+
+/// What a data block's MAC authenticates besides its bytes: the pointer's
+/// fields that say how to read them (type, level, compression, sizes). Not
+/// where the block is nor when it was born: device removal moves blocks
+/// and block cloning links them again, with the same bytes.
+fn block_aad(
+    object_type: ObjectType,
+    level: u8,
+    compression: Compression,
+    logical: u32,
+    physical: u32,
+) -> [u8; 27] {
+    let mut aad = [0u8; 27];
+    aad[..16].copy_from_slice(BLOCK_AAD_DOMAIN);
+    aad[16] = object_type.code();
+    aad[17] = level;
+    aad[18] = compression.code();
+    aad[19..23].copy_from_slice(&logical.to_le_bytes());
+    aad[23..27].copy_from_slice(&physical.to_le_bytes());
+    aad
+}
+
+/// Seals `physical` bytes of `payload` (a block as it is to be stored,
+/// padded to the sector) into a new buffer: the shared payload may be a
+/// write-back's held copy, which stays plaintext. The pad stays zeros.
+fn seal_block(
+    key: &crate::crypto::DatasetKey,
+    payload: &BufSlice,
+    physical: usize,
+    aad: &[u8],
+) -> Result<(BufSlice, crate::format::bp::BlockCrypt), PoolError> {
+    let mut sealed = AlignedBuf::for_overwrite(payload.len());
+    sealed[..physical].copy_from_slice(&payload[..physical]);
+    sealed[physical..].fill(0);
+    let crypt = key
+        .seal(aad, &mut sealed[..physical])
+        .map_err(|error| PoolError::Io(format!("sealing a block: {error}")))?;
+    Ok((BufSlice::whole(sealed.into_shared()), crypt))
+}
+
+/// The logical bytes of a block `read` (verified by its checksum): opened
+/// with `key` when the pointer says it is encrypted and the cache did not
+/// hold it opened (its MAC checked; the cache then holds the plaintext,
+/// see [`crate::cache::BlockCache::open_entry`]), then decompressed.
+/// `name` and `blkid` name it in errors.
+pub(crate) async fn logical_bytes(
+    store: &crate::block::BlockStore,
+    pointer: &BlockPointer,
+    read: crate::cache::Cached,
+    key: Option<&crate::crypto::DatasetKey>,
+    name: &dyn std::fmt::Display,
+    blkid: u64,
+) -> Result<BufSlice, PoolError> {
+    let physical = match &pointer.crypt {
+        None => read.data,
+        Some(_) if read.opened => read.data,
+        Some(crypt) => {
+            let Some(key) = key else {
+                return Err(PoolError::KeyUnavailable(format!(
+                    "{name} block {blkid} is encrypted"
+                )));
+            };
+            let physical = read.data;
+            let size = pointer.physical_size as usize;
+            // As large a buffer as the one read: the cache's entry is
+            // charged that, and keeps its charge when it takes this one.
+            let mut opened = AlignedBuf::for_overwrite(physical.buffer_len().max(size).max(1));
+            opened[..size].copy_from_slice(&physical[..size]);
+            let aad = block_aad(
+                pointer.object_type,
+                pointer.level,
+                pointer.compression,
+                pointer.logical_size,
+                pointer.physical_size,
+            );
+            key.open(crypt, &aad, &mut opened[..size])
+                .map_err(|error| PoolError::Corrupt(format!("{name} block {blkid}: {error}")))?;
+            let opened = BufSlice::whole(opened.into_shared()).slice(0..size);
+            store.cache.open_entry(pointer, &opened);
+            opened
+        }
+    };
+    if pointer.compression == Compression::Off {
+        return Ok(physical);
+    }
+    let data = crate::block::compress::decompress_offloaded(
+        pointer.compression,
+        &physical,
+        pointer.logical_size as usize,
+    )
+    .await
+    .map_err(|error| PoolError::Corrupt(format!("{name} block {blkid}: {error}")))?;
+    Ok(BufSlice::whole(data.into_shared()))
 }
 
 /// One block to store.
@@ -138,6 +239,15 @@ pub(crate) async fn write_blocks(
     class: IoClass,
 ) -> Vec<Result<BlockPointer, PoolError>> {
     let sector = sector_bytes(pool);
+    let key = match format.key.map(|guid| pool.data_key(guid)).transpose() {
+        Ok(key) => key,
+        Err(error) => {
+            return blocks
+                .iter()
+                .map(|_| Err(PoolError::KeyUnavailable(error.to_string())))
+                .collect()
+        }
+    };
     let compressed = futures_util::future::join_all(
         blocks
             .iter()
@@ -147,18 +257,38 @@ pub(crate) async fn write_blocks(
     let mut allocated = Vec::with_capacity(blocks.len());
     for (block, (payload, physical, compression)) in blocks.into_iter().zip(compressed) {
         debug_assert!(physical <= payload.len() && block.logical <= block.payload.len());
-        let checksum = match block.checksum {
-            Some((algo, checksum))
-                if algo == format.checksum && compression == Compression::Off =>
-            {
-                checksum
+        let (payload, crypt) = match &key {
+            None => (payload, None),
+            Some(key) => {
+                let aad = block_aad(
+                    format.object_type,
+                    0,
+                    compression,
+                    block.logical as u32,
+                    physical as u32,
+                );
+                match seal_block(key, &payload, physical, &aad) {
+                    Ok((sealed, crypt)) => (sealed, Some(crypt)),
+                    Err(error) => {
+                        allocated.push(Err(error));
+                        continue;
+                    }
+                }
             }
+        };
+        // What was computed from the bytes as received (their checksum, a
+        // RAID-Z parity) holds only if they are stored as they are.
+        let as_received = compression == Compression::Off && crypt.is_none();
+        let checksum = match block.checksum {
+            Some((algo, checksum)) if algo == format.checksum && as_received => checksum,
             _ => format.checksum.compute(&payload[..physical]),
         };
+        assert!(
+            crypt.is_none() || format.checksum == ChecksumAlgo::Xxh3,
+            "an encrypted block's MAC shares the place of an XXH3 checksum"
+        );
         let dvas = pool.allocate_data(payload.len() as u64).await;
-        let prep = block
-            .prep
-            .if_stored_as_prepared(compression == Compression::Off);
+        let prep = block.prep.if_stored_as_prepared(as_received);
         allocated.push(dvas.map(|dvas| {
             let pointer = BlockPointer {
                 dvas,
@@ -172,6 +302,7 @@ pub(crate) async fn write_blocks(
                 compression,
                 fill: 1,
                 checksum,
+                crypt,
             };
             (pointer, payload, prep)
         }));
@@ -567,13 +698,15 @@ pub(crate) enum Linked {
 /// newer than the tree (a write acknowledged while the pointer was being
 /// looked up). A read that finds no valid copy is tried again if the
 /// pointer changed meanwhile (the old block was rewritten, freed and its
-/// space reused: see [`READ_RETRIES`]). `name` names the object in errors.
+/// space reused: see [`READ_RETRIES`]). `key` opens an encrypted
+/// dataset's blocks. `name` names the object in errors.
 pub(crate) async fn read_linked(
     objects: &ObjectSet,
     object: &Object,
     blkid: u64,
     usage: CacheUse,
     held: impl Fn() -> Option<BufSlice>,
+    key: Option<&crate::crypto::DatasetKey>,
     name: &dyn std::fmt::Display,
 ) -> Result<Linked, PoolError> {
     let mut attempt = 0;
@@ -587,21 +720,12 @@ pub(crate) async fn read_linked(
         }
         match objects
             .store
-            .read_cached_hit(&pointer, IoClass::SyncRead, usage)
+            .read_cached(&pointer, IoClass::SyncRead, usage)
             .await
         {
-            Ok((data, hit)) if pointer.compression == Compression::Off => {
-                return Ok(Linked::Read { data, hit })
-            }
-            Ok((physical, hit)) => {
-                let data = crate::block::compress::decompress_offloaded(
-                    pointer.compression,
-                    &physical,
-                    pointer.logical_size as usize,
-                )
-                .await
-                .map_err(|error| PoolError::Corrupt(format!("{name} block {blkid}: {error}")))?;
-                let data = BufSlice::whole(data.into_shared());
+            Ok(read) => {
+                let hit = read.hit;
+                let data = logical_bytes(&objects.store, &pointer, read, key, name, blkid).await?;
                 return Ok(Linked::Read { data, hit });
             }
             Err(BlockError::Unreadable { location, detail }) => {
@@ -641,6 +765,7 @@ mod tests {
                 checksum: ChecksumAlgo::default(),
                 compression: CompressionSetting::OFF,
                 object_type: ObjectType::FsFile,
+                key: None,
             };
             const WRITES: usize = 48;
             let most_in_flight = Rc::new(std::cell::Cell::new(0));
@@ -667,7 +792,8 @@ mod tests {
                     .store
                     .read_cached(&pointer, IoClass::SyncRead, CacheUse::data(false, false))
                     .await
-                    .unwrap();
+                    .unwrap()
+                    .data;
                 assert_eq!(
                     &stored[..],
                     &bytes[..],

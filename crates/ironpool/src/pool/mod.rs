@@ -127,6 +127,9 @@ pub enum PoolError {
     Suspended(String),
     #[error("the pool is being exported")]
     Closing,
+    /// An encrypted dataset's data asked for while its key is not loaded.
+    #[error("key not loaded: {0} (ironpool load-key)")]
+    KeyUnavailable(String),
 }
 
 impl From<BlockError> for PoolError {
@@ -653,11 +656,25 @@ impl Pool {
         block_bytes: u32,
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Volume>, PoolError> {
+        self.create_volume_with(name, size_bytes, block_bytes, properties, None)
+            .await
+    }
+
+    /// [`Pool::create_volume`], encrypted when `encryption` says so (a new
+    /// encryption root, its key loaded).
+    pub async fn create_volume_with(
+        self: &Rc<Self>,
+        name: &str,
+        size_bytes: u64,
+        block_bytes: u32,
+        properties: BTreeMap<String, String>,
+        encryption: Option<dataset::keys::NewEncryption>,
+    ) -> Result<Rc<Volume>, PoolError> {
         let short = self.new_dataset_short_name(name)?;
         // A volume appearing during `check` would take writes the walk
         // never sees: creation waits for it like other administrative changes.
         let _admin = self.datasets.admin_lock.acquire(1).await;
-        self.create_volume_named(short, size_bytes, block_bytes, properties)
+        self.create_volume_named(short, size_bytes, block_bytes, properties, encryption)
             .await
     }
 
@@ -669,6 +686,7 @@ impl Pool {
         size_bytes: u64,
         block_bytes: u32,
         properties: BTreeMap<String, String>,
+        encryption: Option<dataset::keys::NewEncryption>,
     ) -> Result<Rc<Volume>, PoolError> {
         self.check_name_free(&short)?;
         let max_sector = self
@@ -715,6 +733,16 @@ impl Pool {
         self.check_new_limits(&format!("{}/{short}", self.name), &properties)?;
         let checksum = self.volume_settings(&short, &properties).checksum;
         self.txg.ensure_writable()?;
+        // The key is made (and a passphrase stretched) before anything is
+        // created: a bad key leaves nothing behind.
+        let crypt = match encryption {
+            Some(encryption) => Some(
+                self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
+                    .await?,
+            ),
+            None => None,
+        };
+        self.check_name_free(&short)?;
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
         let mut dnode = new_dnode(
@@ -726,7 +754,8 @@ impl Pool {
         );
         dnode.checksum_algo = checksum;
         let object = self.objects.create(id, dnode);
-        let record = volume::record(id, size_bytes, block_bytes, open_txg, properties);
+        let mut record = volume::record(id, size_bytes, block_bytes, open_txg, properties);
+        record.crypt = crypt;
         let volume = Volume::new(
             format!("{}/{short}", self.name),
             object,

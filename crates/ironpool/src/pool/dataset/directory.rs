@@ -48,6 +48,22 @@ pub struct VolumeRecord {
     /// before the log existed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_log: Option<LogHead>,
+    /// Its encryption, when it is encrypted (format 5).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crypt: Option<CryptRecord>,
+}
+
+/// An encrypted volume's key, as stored (docs/FORMAT.md, "Encryption").
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CryptRecord {
+    /// Names its master key: volumes that share it (a clone and its
+    /// origin) have the same, and load and unload together.
+    pub key_guid: u64,
+    /// The master key wrapped by the user's key
+    /// (`crypto::WrappedKey::encode`), in hexadecimal.
+    pub wrapped_key: String,
+    /// Where `load-key` finds the user's key: `prompt` or `file:///PATH`.
+    pub keylocation: String,
 }
 
 /// A dataset's own properties: those received with it (`receive` of a

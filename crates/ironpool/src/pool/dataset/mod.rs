@@ -3,6 +3,7 @@
 //! - [`directory`]: the pool directory (object 1) naming every dataset.
 //! - [`dead_space`]: the space on dead lists, summed by birth txg.
 //! - [`intent_log`]: the log that makes a FLUSH one log write.
+//! - [`keys`]: the keys of encrypted volumes (load, unload, change).
 //! - [`props`]: properties, set on a dataset or inherited from the pool.
 //! - [`quota`]: quotas and reservations.
 //! - [`snapshot`]: snapshots, clones, rollback and promote.
@@ -15,6 +16,7 @@
 pub mod dead_space;
 pub mod directory;
 pub mod intent_log;
+pub mod keys;
 pub mod props;
 pub mod quota;
 pub mod receive;
@@ -70,6 +72,8 @@ pub struct Datasets {
     pub(in crate::pool) exports_gone: Notify,
     /// Notified when a filesystem is created or destroyed.
     pub(in crate::pool) filesystems_changed: Notify,
+    /// The keys of encrypted volumes loaded now.
+    pub(in crate::pool) keys: keys::LoadedKeys,
 }
 
 impl Datasets {
@@ -89,6 +93,7 @@ impl Datasets {
             admin_lock: Semaphore::new(1),
             exports_gone: Notify::new(),
             filesystems_changed: Notify::new(),
+            keys: keys::LoadedKeys::default(),
         }
     }
 

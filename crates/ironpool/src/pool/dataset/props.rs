@@ -310,6 +310,11 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             invalid(format!("{name} is a filesystem property"))
         }
         "volblocksize" => invalid("volblocksize is set when a volume is created (volume create POOL/NAME SIZE -o volblocksize=SIZE)".into()),
+        "encryption" | "keyformat" | "pbkdf2iters" => invalid(format!(
+            "{name} is set when a volume is created (volume create -o encryption=on -o keyformat=...), and changed with change-key; filesystems are not encrypted yet"
+        )),
+        "keylocation" => invalid("keylocation is changed with change-key -o keylocation=...".into()),
+        "keystatus" => invalid("keystatus is read-only: load-key and unload-key change it".into()),
         _ if is_user_property(name) => {
             if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
                 return invalid(format!("{name}: values are limited to {USER_PROPERTY_VALUE_BYTES_MAX} bytes"));
@@ -908,6 +913,7 @@ impl Pool {
                 volume.block_bytes.to_string(),
                 "-".into(),
             ));
+            values.extend(self.encryption_values(&record));
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
@@ -1044,6 +1050,7 @@ impl Pool {
                 record.block_bytes.to_string(),
                 "-".into(),
             ));
+            values.extend(self.encryption_values(&record));
             values
         };
         values.extend([

@@ -532,6 +532,7 @@ impl Pool {
                             begin.size_bytes,
                             begin.block_bytes,
                             properties.clone(),
+                            None,
                         )
                         .await?,
                     )

@@ -13,7 +13,6 @@ use std::rc::Rc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::bp::Compression;
 use crate::format::stream::{
     self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX,
 };
@@ -406,6 +405,18 @@ impl Pool {
         // in one run) and push out what readers use once it is full.
         let usage = view.settings().data_cache_use();
         let usage = crate::cache::CacheUse::data(usage.lookup, false);
+        // An encrypted volume is sent as plaintext (raw sends, which keep
+        // the ciphertext, are not built yet): its key must be loaded.
+        let key = view
+            .key_guid()
+            .map(|guid| self.data_key(guid))
+            .transpose()
+            .map_err(|_| {
+                PoolError::KeyUnavailable(format!(
+                    "{} is encrypted: load its key to send it",
+                    request.snapshot
+                ))
+            })?;
         let mut walk = self.objects.walk_changed_blocks(
             &view.object,
             since_txg,
@@ -418,10 +429,12 @@ impl Pool {
                 match change {
                     BlockChange::Data { blkid, pointer } if blkid < blocks => {
                         let pool = self.clone();
+                        let key = key.clone();
                         pending.push_back(Pending::Read {
                             blkid,
                             read: crate::rt::spawn(async move {
-                                pool.read_logical(&pointer, usage).await
+                                pool.read_logical(&pointer, blkid, usage, key.as_deref())
+                                    .await
                             }),
                         });
                     }
@@ -460,27 +473,27 @@ impl Pool {
     }
 
     /// Reads a block (through the cache as `usage` says) and returns its
-    /// logical bytes (decompressed).
+    /// logical bytes (opened with `key` if encrypted, decompressed).
     pub(crate) async fn read_logical(
         self: &Rc<Self>,
         pointer: &crate::format::BlockPointer,
+        blkid: u64,
         usage: crate::cache::CacheUse,
+        key: Option<&crate::crypto::DatasetKey>,
     ) -> Result<BufSlice, PoolError> {
-        let physical = self
+        let read = self
             .store
             .read_cached(pointer, IoClass::AsyncRead, usage)
             .await?;
-        if pointer.compression == Compression::Off {
-            return Ok(physical);
-        }
-        crate::block::compress::decompress_offloaded(
-            pointer.compression,
-            &physical,
-            pointer.logical_size as usize,
+        crate::pool::data::logical_bytes(
+            &self.store,
+            pointer,
+            read,
+            key,
+            &"the snapshot sent",
+            blkid,
         )
         .await
-        .map(|data| BufSlice::whole(data.into_shared()))
-        .map_err(PoolError::Corrupt)
     }
 
     /// Keeps snapshot `full_name` from being destroyed while the guard lives.

@@ -354,9 +354,16 @@ impl Filesystem {
         usage: CacheUse,
     ) -> Result<Option<BufSlice>, FsError> {
         let name = format_args!("{} object {}", self.name(), object.id);
-        let read =
-            crate::pool::data::read_linked(&self.objects, object, blkid, usage, || None, &name)
-                .await?;
+        let read = crate::pool::data::read_linked(
+            &self.objects,
+            object,
+            blkid,
+            usage,
+            || None,
+            None,
+            &name,
+        )
+        .await?;
         Ok(match read {
             Linked::Hole => None,
             Linked::Held(data) | Linked::Read { data, .. } => Some(data),
@@ -742,6 +749,7 @@ impl Filesystem {
             checksum: settings.checksum,
             compression: settings.compression,
             object_type,
+            key: None,
         }
     }
 

@@ -423,7 +423,7 @@ impl Pool {
                             blkid,
                             block_bytes,
                             read: crate::rt::spawn(async move {
-                                pool.read_logical(&pointer, usage).await
+                                pool.read_logical(&pointer, blkid, usage, None).await
                             }),
                         });
                     }

@@ -177,6 +177,9 @@ pub struct Volume {
     pub(crate) streams: prefetch::Streams,
     /// Its space figures for its quota and reservation (`dataset::quota`).
     pub(crate) usage: crate::pool::dataset::quota::UsageEstimate,
+    /// The key guid of its encryption root, when it is encrypted: its data
+    /// blocks are sealed under that key (`dataset::keys`).
+    key_guid: Option<u64>,
 }
 
 /// A new directory record.
@@ -198,6 +201,7 @@ pub fn record(
         lineage: Default::default(),
         receive: None,
         intent_log: None,
+        crypt: None,
     }
 }
 
@@ -225,7 +229,13 @@ impl Volume {
             log: Default::default(),
             streams: Default::default(),
             usage: Default::default(),
+            key_guid: record.crypt.as_ref().map(|crypt| crypt.key_guid),
         })
+    }
+
+    /// The key guid of its encryption root, when it is encrypted.
+    pub fn key_guid(&self) -> Option<u64> {
+        self.key_guid
     }
 
     /// `POOL/NAME` (a snapshot's: `POOL/NAME@SNAP`): what NBD clients
@@ -290,9 +300,15 @@ impl Volume {
     pub(crate) fn block_format(&self) -> crate::pool::data::BlockFormat {
         let settings = self.settings();
         crate::pool::data::BlockFormat {
-            checksum: settings.checksum,
+            // An encrypted block's MAC takes the second half of the
+            // checksum's place: XXH3-128 fills only the first.
+            checksum: match self.key_guid {
+                Some(_) => crate::format::ChecksumAlgo::Xxh3,
+                None => settings.checksum,
+            },
             compression: settings.compression,
             object_type: ObjectType::VolumeData,
+            key: self.key_guid,
         }
     }
 
@@ -546,12 +562,17 @@ impl Pool {
             return Ok(Some(data));
         }
         let usage = volume.settings().data_cache_use().finishing(finishes);
+        let key = volume
+            .key_guid()
+            .map(|guid| self.data_key(guid))
+            .transpose()?;
         let read = crate::pool::data::read_linked(
             &self.objects,
             &volume.object,
             blkid,
             usage,
             held,
+            key.as_deref(),
             &volume.name(),
         )
         .await?;
@@ -601,7 +622,9 @@ impl Pool {
         // its commit copies it into the log, as OpenZFS copies small sync
         // writes into its log records: one durable log write, where writing
         // it through first costs a device write and then the commit.
+        // Never an encrypted volume's: the log's records are not sealed.
         let copied = durable
+            && volume.key_guid().is_none()
             && volume.settings().log_bias == LogBias::Latency
             && block <= COPY_BLOCK_BYTES_MAX
             && length <= COPY_BLOCK_BYTES_MAX;

@@ -480,14 +480,17 @@ impl Pool {
         }
         let length = data.len() as u64;
         let settings = volume.settings();
-        let prepared = if settings.compression.algo == Compression::Off {
-            Prepared {
-                checksum: Some((settings.checksum, settings.checksum.compute(&data))),
-                store: self.store.prepare(&data),
-            }
-        } else {
-            Prepared::default()
-        };
+        // Stored as received, the checksum and parity of these bytes are
+        // the block's: not when compressed or sealed.
+        let prepared =
+            if settings.compression.algo == Compression::Off && volume.key_guid().is_none() {
+                Prepared {
+                    checksum: Some((settings.checksum, settings.checksum.compute(&data))),
+                    store: self.store.prepare(&data),
+                }
+            } else {
+                Prepared::default()
+            };
         let memory = length + prepared.bytes();
         let mut dirty = volume.writeback.dirty.borrow_mut();
         // A block written again keeps its place in the order and its age: it

@@ -719,7 +719,10 @@ impl Pool {
     /// Whether a FLUSH now would copy `volume`'s held blocks into the log
     /// (`logbias=latency`, small blocks, few enough of them).
     fn copy_fits(&self, volume: &Volume) -> bool {
-        volume.settings().log_bias == LogBias::Latency
+        // An encrypted volume's records would hold its data in the clear:
+        // its held blocks are written out (sealed) and logged as pointers.
+        volume.key_guid().is_none()
+            && volume.settings().log_bias == LogBias::Latency
             && volume.block_bytes <= COPY_BLOCK_BYTES_MAX
             && volume.writeback.unlogged_bytes() <= COPY_BYTES_PER_COMMIT_MAX
     }

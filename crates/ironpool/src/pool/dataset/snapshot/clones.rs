@@ -95,6 +95,9 @@ impl Pool {
             record.own_properties(),
         );
         clone_record.lineage = lineage;
+        // The clone shares its origin's blocks, so its key: one encryption
+        // root (`dataset::keys`).
+        clone_record.crypt = record.crypt.clone();
         let clone_volume = Volume::new(
             format!("{}/{clone_short}", self.name),
             object,

@@ -1,0 +1,280 @@
+//! Known answers from an independent implementation (Python's
+//! `cryptography` and `hashlib`, over OpenSSL), and the refusals a wrong key
+//! or an altered block must meet.
+
+use super::*;
+
+fn hex(text: &str) -> Vec<u8> {
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).unwrap())
+        .collect()
+}
+
+fn master(suite: Suite, first: u8) -> MasterKey {
+    let mut bytes = Zeroizing::new([0u8; KEY_BYTES]);
+    for (index, byte) in bytes.iter_mut().enumerate() {
+        *byte = first.wrapping_add(index as u8);
+    }
+    MasterKey { suite, bytes }
+}
+
+/// The GCM specification's test case 16 (AES-256, 60 bytes, 20 bytes of
+/// associated data), opened through this module's `open_with`.
+#[test]
+fn gcm_specification_test_case_16_opens() {
+    let key = LessSafeKey::new(
+        UnboundKey::new(
+            &aead::AES_256_GCM,
+            &hex("feffe9928665731c6d6a8f9467308308feffe9928665731c6d6a8f9467308308"),
+        )
+        .unwrap(),
+    );
+    let plain = hex("d9313225f88406e5a55909c5aff5269a86a7a9531534f7da2e4c303d8a318a721c3c0c95956809532fcf0e2449a6b525b16aedf5aa0de657ba637b39");
+    let mut data = hex("522dc1f099567d07f47f37a32a84427d643a8cdcbfe5c0c97598a2bd2555d1aa8cb08e48590dbb3da7b08b1056828838c5f61e6393ba7a0abcc9f662");
+    let aad = hex("feedfacedeadbeeffeedfacedeadbeefabaddad2");
+    let mut sealed = Sealed {
+        salt: 0,
+        iv: hex("cafebabefacedbaddecaf888").try_into().unwrap(),
+        mac: hex("76fc6ece0f4e1768cddf8853bb2d551b").try_into().unwrap(),
+    };
+    let mut copy = data.clone();
+    open_with(&key, &sealed, &aad, &mut data).unwrap();
+    assert_eq!(data, plain);
+    // One bit of the tag, of the data or of the associated data changed:
+    // refused.
+    sealed.mac[0] ^= 1;
+    assert_eq!(
+        open_with(&key, &sealed, &aad, &mut copy.clone()),
+        Err(CryptoError::Authentication)
+    );
+    sealed.mac[0] ^= 1;
+    copy[59] ^= 0x80;
+    assert_eq!(
+        open_with(&key, &sealed, &aad, &mut copy.clone()),
+        Err(CryptoError::Authentication)
+    );
+    copy[59] ^= 0x80;
+    assert_eq!(
+        open_with(&key, &sealed, &aad[1..], &mut copy),
+        Err(CryptoError::Authentication)
+    );
+}
+
+/// A block key is HKDF-SHA256(salt = the salt's 8 bytes LE, key = the
+/// master key, info = "ironpool block key v1"): the block below was sealed
+/// by Python from that definition, for both key sizes.
+#[test]
+fn block_keys_follow_their_definition() {
+    let plain = b"ironpool encrypts this block.".repeat(4);
+    let aad = b"block pointer fields";
+    let cases = [
+        (
+            Suite::Aes256Gcm,
+            "6955fdbfad3b7c795896cdc30e5e5c0cbc9e2f52d75c73c091e86ebaeddf2087f7d7b679dbe6bc9cf416425c86e5c4781f4ed25273e51ccc53c6073aec21756837e9731889f976f04888318b5ad314c893eee0a4880217826158d56b6c3c9dbd59a6bbe6d8ff2e020ab723b2f3582dd22fd7b208",
+            "b0ecbb46c7073b40f181164e4cd1a9d8",
+        ),
+        (
+            Suite::Aes128Gcm,
+            "4d71cff96bc50c9a47538f247fc0cf9f1524310c30287dd676a9334993ec63411eb9455429fdfa9e3712d0d5f16d5110ad04b3f53fddc25cd25700ee56fad27e4de01b0c1322e8c5633b67cd265b286d7438dd79f1851aabf260818b6305d779e9038920a95ee0b44553c3a2106d478707c7a6ed",
+            "c364fcc082e59e3da2f28abddeb94c79",
+        ),
+    ];
+    for (suite, cipher, mac) in cases {
+        let key = DatasetKey::new(master(suite, 100));
+        let sealed = Sealed {
+            salt: 0x0123_4567_89ab_cdef,
+            iv: std::array::from_fn(|index| index as u8 + 1),
+            mac: hex(mac).try_into().unwrap(),
+        };
+        let mut data = hex(cipher);
+        key.open(&sealed, aad, &mut data).unwrap();
+        assert_eq!(data, plain, "{suite:?}");
+    }
+}
+
+/// What `seal` makes, `open` gives back, with the same master key loaded
+/// anew (keys derived again), and nothing else does.
+#[test]
+fn sealed_blocks_open_only_under_their_master_key() {
+    let writer = DatasetKey::new(master(Suite::Aes256Gcm, 7));
+    let plain: Vec<u8> = (0..16384u32).map(|index| (index * 31) as u8).collect();
+    let mut data = plain.clone();
+    let sealed = writer.seal(b"aad", &mut data).unwrap();
+    assert_ne!(data, plain, "sealing changed nothing");
+    let mut second = plain.clone();
+    let sealed_again = writer.seal(b"aad", &mut second).unwrap();
+    assert_eq!(sealed.salt, sealed_again.salt, "one salt per key load");
+    assert_ne!(sealed.iv, sealed_again.iv, "an IV per block");
+    assert_eq!(sealed.iv[..4], sealed_again.iv[..4], "the salt's prefix");
+    let count = |iv: &[u8; IV_BYTES]| u64::from_le_bytes(iv[4..].try_into().unwrap());
+    assert_eq!(
+        count(&sealed_again.iv),
+        count(&sealed.iv).wrapping_add(1),
+        "a counter"
+    );
+    assert_ne!(data, second, "the same block sealed twice looks the same");
+    assert_eq!(writer.blocks_sealed(), 2);
+
+    let reader = DatasetKey::new(master(Suite::Aes256Gcm, 7));
+    let mut opened = data.clone();
+    reader.open(&sealed, b"aad", &mut opened).unwrap();
+    assert_eq!(opened, plain);
+
+    let other = DatasetKey::new(master(Suite::Aes256Gcm, 8));
+    assert_eq!(
+        other.open(&sealed, b"aad", &mut data.clone()),
+        Err(CryptoError::Authentication)
+    );
+    let mut wrong_salt = sealed;
+    wrong_salt.salt ^= 1;
+    assert_eq!(
+        reader.open(&wrong_salt, b"aad", &mut data),
+        Err(CryptoError::Authentication)
+    );
+}
+
+/// The derived keys of many salts stay bounded, and a key dropped from the
+/// cache is derived again when met.
+#[test]
+fn the_block_key_cache_is_bounded() {
+    let key = DatasetKey::new(master(Suite::Aes128Gcm, 1));
+    let mut blocks = Vec::new();
+    for salt in 0..(BLOCK_KEYS_CACHED as u64 * 2) {
+        let mut data = vec![salt as u8; 512];
+        let sealed = seal_with(
+            &key.opening_key(salt).unwrap(),
+            salt,
+            [1; IV_BYTES],
+            b"",
+            &mut data,
+        )
+        .unwrap();
+        blocks.push((sealed, data));
+    }
+    assert_eq!(key.recent.borrow().len(), BLOCK_KEYS_CACHED);
+    for (sealed, mut data) in blocks {
+        key.open(&sealed, b"", &mut data).unwrap();
+        assert!(data.iter().all(|byte| *byte == sealed.salt as u8));
+    }
+}
+
+/// PBKDF2-HMAC-SHA512 of a passphrase, against Python's `hashlib`; a
+/// trailing newline (a key file written by `echo`) is not part of it.
+#[test]
+fn passphrases_are_stretched_with_pbkdf2_sha512() {
+    let params = KeyParams {
+        format: KeyFormat::Passphrase,
+        iterations: 100_000,
+        salt: std::array::from_fn(|index| index as u8),
+    };
+    let expected = hex("9385cb35db7f2ade8bea34b72a47ef0137f8c55f7ba611f924d7ca2bebfb1b50");
+    for material in [&b"correct horse battery"[..], b"correct horse battery\n"] {
+        let key = WrappingKey::derive(&params, material).unwrap();
+        assert_eq!(&key.0[..], &expected[..]);
+    }
+}
+
+#[test]
+fn key_material_is_checked_against_its_format() {
+    let raw = KeyParams::new(KeyFormat::Raw, None).unwrap();
+    assert!(WrappingKey::derive(&raw, &[1u8; 32]).is_ok());
+    for bad in [&[1u8; 31][..], &[1u8; 33][..], b""] {
+        assert!(matches!(
+            WrappingKey::derive(&raw, bad),
+            Err(CryptoError::BadKeyMaterial(_))
+        ));
+    }
+    let hex_params = KeyParams::new(KeyFormat::Hex, None).unwrap();
+    let digits = "0123456789abcdefABCDEF0123456789abcdef0123456789abcdef0123456789";
+    let key = WrappingKey::derive(&hex_params, format!("{digits}\n").as_bytes()).unwrap();
+    assert_eq!(&key.0[..], &hex(&digits.to_lowercase())[..]);
+    for bad in [
+        &digits[1..],
+        "zz23456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef",
+    ] {
+        assert!(
+            WrappingKey::derive(&hex_params, bad.as_bytes()).is_err(),
+            "{bad}"
+        );
+    }
+    let phrase = KeyParams::new(KeyFormat::Passphrase, Some(PBKDF2_ITERATIONS_MIN)).unwrap();
+    assert!(WrappingKey::derive(&phrase, b"seven!!").is_err(), "7 bytes");
+    assert!(WrappingKey::derive(&phrase, &[b'a'; PASSPHRASE_BYTES_MAX + 1]).is_err());
+    assert!(KeyParams::new(KeyFormat::Passphrase, Some(PBKDF2_ITERATIONS_MIN - 1)).is_err());
+    assert!(KeyParams::new(KeyFormat::Raw, Some(PBKDF2_ITERATIONS_MIN)).is_err());
+    assert!(Suite::parse("aes-256-ccm").is_err());
+    assert_eq!(Suite::parse("on"), Ok(Suite::Aes256Gcm));
+}
+
+/// A master key wrapped, stored and read back opens with the key it was
+/// wrapped with and no other; `change-key` (a rewrap) keeps the master key.
+#[test]
+fn wrapped_keys_open_with_their_key_only() {
+    let params = KeyParams::new(KeyFormat::Passphrase, Some(PBKDF2_ITERATIONS_MIN)).unwrap();
+    let user = WrappingKey::derive(&params, b"first passphrase").unwrap();
+    let master = MasterKey::generate(Suite::Aes128Gcm).unwrap();
+    let stored = master.wrap(&user, &params).unwrap().encode();
+    let wrapped = WrappedKey::decode(&stored).unwrap();
+    assert_eq!(wrapped.suite, Suite::Aes128Gcm);
+    let opened = wrapped.unwrap(&user).unwrap();
+    assert_eq!(opened.bytes, master.bytes);
+
+    let wrong = WrappingKey::derive(&params, b"second passphrase").unwrap();
+    assert!(matches!(wrapped.unwrap(&wrong), Err(CryptoError::WrongKey)));
+
+    // Rewrapped under a raw key: same master key, the old key refused.
+    let raw = KeyParams::new(KeyFormat::Raw, None).unwrap();
+    let new_user = WrappingKey::derive(&raw, &[9u8; 32]).unwrap();
+    let rewrapped = WrappedKey::decode(&opened.wrap(&new_user, &raw).unwrap().encode()).unwrap();
+    assert_eq!(rewrapped.unwrap(&new_user).unwrap().bytes, master.bytes);
+    assert!(matches!(
+        rewrapped.unwrap(&user),
+        Err(CryptoError::WrongKey)
+    ));
+
+    // Parameters stored beside the key are bound to it by the tag: fewer
+    // iterations written over them do not make a guess cheaper, they fail.
+    let mut tampered = stored;
+    tampered[8..12].copy_from_slice(&(PBKDF2_ITERATIONS_MIN + 1).to_le_bytes());
+    let tampered = WrappedKey::decode(&tampered).unwrap();
+    let guess = WrappingKey::derive(&tampered.params, b"first passphrase").unwrap();
+    assert!(matches!(
+        tampered.unwrap(&guess),
+        Err(CryptoError::WrongKey)
+    ));
+}
+
+#[test]
+fn malformed_wrapped_keys_are_refused() {
+    let params = KeyParams::new(KeyFormat::Raw, None).unwrap();
+    let user = WrappingKey::derive(&params, &[3u8; 32]).unwrap();
+    let good = MasterKey::generate(Suite::Aes256Gcm)
+        .unwrap()
+        .wrap(&user, &params)
+        .unwrap()
+        .encode();
+    assert!(WrappedKey::decode(&good[1..]).is_err());
+    for (at, value) in [(0, 2u8), (1, 9), (2, 0), (5, 1), (8, 1)] {
+        let mut bad = good;
+        bad[at] = value;
+        assert!(WrappedKey::decode(&bad).is_err(), "byte {at} = {value}");
+    }
+}
+
+/// A salt that sealed its share of blocks is replaced: a new salt, a new
+/// key, new IVs; what the old one sealed still opens.
+#[test]
+fn a_worn_salt_is_replaced() {
+    let key = DatasetKey::new(master(Suite::Aes256Gcm, 9));
+    let mut first = vec![1u8; 4096];
+    let old = key.seal(b"", &mut first).unwrap();
+    key.current.borrow_mut().as_mut().unwrap().uses = SALT_USES_MAX;
+    let mut second = vec![2u8; 4096];
+    let new = key.seal(b"", &mut second).unwrap();
+    assert_ne!(old.salt, new.salt);
+    assert_eq!(key.current.borrow().as_ref().unwrap().uses, 1);
+    key.open(&old, b"", &mut first).unwrap();
+    key.open(&new, b"", &mut second).unwrap();
+    assert!(first.iter().all(|byte| *byte == 1) && second.iter().all(|byte| *byte == 2));
+}

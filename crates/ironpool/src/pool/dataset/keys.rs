@@ -1,0 +1,471 @@
+//! Keys of encrypted volumes (issue 73): creating an encryption root,
+//! `load-key`, `unload-key` and `change-key`, and which keys are loaded.
+//!
+//! An encrypted volume's directory record holds its master key wrapped by
+//! the user's key ([`CryptRecord`]); the key itself is in memory only while
+//! loaded, in [`LoadedKeys`], by the record's key guid. A clone of an
+//! encrypted volume's snapshot keeps its origin's record, and so its key
+//! guid and master key: the two are one encryption root, loaded, unloaded
+//! and rewrapped together (OpenZFS's clones keep their origin's encryption
+//! root too).
+//!
+//! What needs the key: a volume's reads and writes of data (so it is
+//! exported over NBD only while loaded) and sends. What does not: import,
+//! intent log replay (an encrypted volume logs block pointers, never
+//! copies of its data), scrub, resilver, device removal, trim, snapshots
+//! and destroys, which handle blocks as stored.
+
+use std::cell::RefCell;
+use std::collections::BTreeMap;
+use std::rc::Rc;
+
+use rustc_hash::{FxHashMap, FxHashSet};
+use zeroize::Zeroizing;
+
+use crate::crypto::{
+    CryptoError, DatasetKey, KeyFormat, KeyParams, MasterKey, Suite, WrappedKey, WrappingKey,
+    PASSPHRASE_BYTES_MAX,
+};
+use crate::pool::dataset::directory::CryptRecord;
+use crate::pool::volume::Volume;
+use crate::pool::{Pool, PoolError};
+
+/// Largest key file read (`keylocation=file://`): a passphrase's limit,
+/// with room for a newline; a larger file is not a key.
+const KEY_FILE_BYTES_MAX: u64 = PASSPHRASE_BYTES_MAX as u64 + 2;
+
+/// The properties that make a volume encrypted, given at `volume create`
+/// only: taken out of its properties before the others are checked.
+pub const ENCRYPTION_PROPERTIES: [&str; 4] =
+    ["encryption", "keyformat", "keylocation", "pbkdf2iters"];
+
+/// The keys loaded, by key guid, and those being unloaded.
+#[derive(Default)]
+pub struct LoadedKeys {
+    keys: RefCell<FxHashMap<u64, Rc<DatasetKey>>>,
+    /// Keys whose volumes are no longer exported while their write-back
+    /// drains, before the key goes.
+    unloading: RefCell<FxHashSet<u64>>,
+}
+
+/// What `volume create -o encryption=...` asks for.
+pub struct NewEncryption {
+    pub suite: Suite,
+    pub params: KeyParams,
+    pub keylocation: String,
+    /// The user's key when the caller read it (a prompt); else it is read
+    /// from `keylocation`.
+    pub material: Option<Zeroizing<Vec<u8>>>,
+}
+
+impl NewEncryption {
+    /// Takes the encryption properties out of `properties`: None when
+    /// `encryption` is absent or `off` (and then no other may be given).
+    pub fn take(
+        properties: &mut BTreeMap<String, String>,
+        material: Option<Zeroizing<Vec<u8>>>,
+    ) -> Result<Option<NewEncryption>, PoolError> {
+        let mut given: BTreeMap<&str, String> = BTreeMap::new();
+        for name in ENCRYPTION_PROPERTIES {
+            if let Some(value) = properties.remove(name) {
+                given.insert(name, value);
+            }
+        }
+        let encryption = given.remove("encryption");
+        let Some(suite) = encryption.filter(|value| value != "off") else {
+            if let Some(name) = given.keys().next() {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{name} applies to an encrypted volume only (-o encryption=on)"
+                )));
+            }
+            return Ok(None);
+        };
+        let suite = Suite::parse(&suite).map_err(invalid)?;
+        let format = match given.remove("keyformat") {
+            Some(value) => KeyFormat::parse(&value).map_err(invalid)?,
+            None => {
+                return Err(PoolError::InvalidArgument(
+                    "an encrypted volume needs keyformat=raw|hex|passphrase".into(),
+                ))
+            }
+        };
+        let iterations = match given.remove("pbkdf2iters") {
+            Some(value) => Some(value.parse::<u32>().map_err(|_| {
+                PoolError::InvalidArgument(format!("pbkdf2iters={value}: not a number"))
+            })?),
+            None => None,
+        };
+        let keylocation = given
+            .remove("keylocation")
+            .unwrap_or_else(|| "prompt".into());
+        check_keylocation(&keylocation)?;
+        if let Some(checksum) = properties.get("checksum") {
+            if !matches!(checksum.as_str(), "xxh3" | "on") {
+                return Err(PoolError::InvalidArgument(format!(
+                    "checksum={checksum}: an encrypted volume's blocks use xxh3 (the MAC takes the other half of the checksum's place)"
+                )));
+            }
+        }
+        Ok(Some(NewEncryption {
+            suite,
+            params: KeyParams::new(format, iterations).map_err(invalid)?,
+            keylocation,
+            material,
+        }))
+    }
+}
+
+fn invalid(error: CryptoError) -> PoolError {
+    PoolError::InvalidArgument(error.to_string())
+}
+
+/// Checks a `keylocation`: `prompt` or `file://` and an absolute path.
+pub fn check_keylocation(location: &str) -> Result<(), PoolError> {
+    if location == "prompt" || key_file(location).is_some() {
+        return Ok(());
+    }
+    Err(PoolError::InvalidArgument(format!(
+        "keylocation={location}: expected prompt or file:///ABSOLUTE/PATH"
+    )))
+}
+
+fn key_file(location: &str) -> Option<&str> {
+    location
+        .strip_prefix("file://")
+        .filter(|path| path.starts_with('/'))
+}
+
+/// Reads the user's key from `location` (a `file://` one).
+fn read_key_file(name: &str, location: &str) -> Result<Zeroizing<Vec<u8>>, PoolError> {
+    let Some(path) = key_file(location) else {
+        return Err(PoolError::InvalidArgument(format!(
+            "{name} has keylocation={location}: give the key on standard input (load-key reads it there)"
+        )));
+    };
+    let file = std::fs::File::open(path).map_err(|error| {
+        PoolError::InvalidArgument(format!("{name}: cannot open key file {path}: {error}"))
+    })?;
+    let mut material = Zeroizing::new(Vec::new());
+    use std::io::Read;
+    file.take(KEY_FILE_BYTES_MAX + 1)
+        .read_to_end(&mut material)
+        .map_err(|error| {
+            PoolError::InvalidArgument(format!("{name}: cannot read key file {path}: {error}"))
+        })?;
+    if material.len() as u64 > KEY_FILE_BYTES_MAX {
+        return Err(PoolError::InvalidArgument(format!(
+            "{name}: key file {path} is larger than any key ({KEY_FILE_BYTES_MAX} bytes)"
+        )));
+    }
+    Ok(material)
+}
+
+/// The wrapping key of `material` under `params`. A passphrase's PBKDF2
+/// (a third of a second at the default iterations) runs on a thread of its
+/// own, so the engine goes on serving meanwhile; a raw or hex key is read
+/// inline.
+async fn derive_wrapping(
+    params: KeyParams,
+    material: Zeroizing<Vec<u8>>,
+) -> Result<WrappingKey, PoolError> {
+    if params.format != KeyFormat::Passphrase {
+        return WrappingKey::derive(&params, &material).map_err(invalid);
+    }
+    let derived = crate::rt::offload::run_apart(move || {
+        Ok(WrappingKey::derive(&params, &material).map_err(invalid))
+    })
+    .await;
+    derived.map_err(|error| PoolError::Io(format!("deriving the key: {error}")))?
+}
+
+impl LoadedKeys {
+    /// The loaded key of `guid`, for reading and writing blocks (a key
+    /// being unloaded still writes out its volumes' held blocks).
+    pub fn get(&self, guid: u64) -> Option<Rc<DatasetKey>> {
+        self.keys.borrow().get(&guid).cloned()
+    }
+
+    /// Whether the volumes of `guid` may be served: loaded, and not being
+    /// unloaded.
+    pub fn available(&self, guid: u64) -> bool {
+        self.keys.borrow().contains_key(&guid) && !self.unloading.borrow().contains(&guid)
+    }
+}
+
+impl Pool {
+    /// Whether `volume`'s data can be read and written now: it is not
+    /// encrypted, or its key is loaded. NBD exports only such volumes.
+    pub fn volume_key_available(&self, volume: &Volume) -> bool {
+        volume
+            .key_guid()
+            .is_none_or(|guid| self.datasets.keys.available(guid))
+    }
+
+    /// The key of an encrypted volume's blocks, or why there is none.
+    pub(crate) fn data_key(&self, guid: u64) -> Result<Rc<DatasetKey>, PoolError> {
+        self.datasets.keys.get(guid).ok_or_else(|| {
+            PoolError::KeyUnavailable("an encrypted dataset's key is not loaded".into())
+        })
+    }
+
+    /// A new encryption root for a volume being created: its master key,
+    /// wrapped under the user's key, loaded.
+    pub(crate) async fn new_encryption_root(
+        &self,
+        name: &str,
+        encryption: NewEncryption,
+    ) -> Result<CryptRecord, PoolError> {
+        let material = match encryption.material {
+            Some(material) => material,
+            None => read_key_file(name, &encryption.keylocation)?,
+        };
+        let wrapping = derive_wrapping(encryption.params, material).await?;
+        let master = MasterKey::generate(encryption.suite).map_err(invalid)?;
+        let wrapped = master
+            .wrap(&wrapping, &encryption.params)
+            .map_err(invalid)?;
+        let record = CryptRecord {
+            key_guid: crate::format::new_guid(),
+            wrapped_key: hex(&wrapped.encode()),
+            keylocation: encryption.keylocation,
+        };
+        self.datasets
+            .keys
+            .keys
+            .borrow_mut()
+            .insert(record.key_guid, Rc::new(DatasetKey::new(master)));
+        Ok(record)
+    }
+
+    /// The encryption record of volume `name` (POOL/VOL), refused for one
+    /// that is not encrypted.
+    fn crypt_record(&self, name: &str) -> Result<CryptRecord, PoolError> {
+        let volume = self.volume(name)?;
+        let record = self.volume_record(&volume.short_name())?;
+        record.crypt.ok_or_else(|| {
+            PoolError::InvalidArgument(format!("{} is not encrypted", volume.name()))
+        })
+    }
+
+    /// `load-key`: opens the master key of volume `name` with the user's
+    /// key (`material`, or read from its `keylocation`), so that it and
+    /// every volume sharing its key can be served. A wrong key is refused
+    /// and nothing is opened.
+    pub async fn load_key(
+        self: &Rc<Self>,
+        name: &str,
+        material: Option<Zeroizing<Vec<u8>>>,
+    ) -> Result<(), PoolError> {
+        let record = self.crypt_record(name)?;
+        if self.datasets.keys.get(record.key_guid).is_some() {
+            return Err(PoolError::InvalidArgument(format!(
+                "the key of {name} is already loaded"
+            )));
+        }
+        let wrapped = decode_wrapped(name, &record)?;
+        let material = match material {
+            Some(material) => material,
+            None => read_key_file(name, &record.keylocation)?,
+        };
+        let wrapping = derive_wrapping(wrapped.params, material).await?;
+        let master = wrapped.unwrap(&wrapping).map_err(|error| match error {
+            CryptoError::WrongKey => {
+                PoolError::InvalidArgument(format!("wrong key for {name}: nothing was loaded"))
+            }
+            other => invalid(other),
+        })?;
+        // Another load of the same key may have finished while this one
+        // derived: the first stays.
+        self.datasets
+            .keys
+            .keys
+            .borrow_mut()
+            .entry(record.key_guid)
+            .or_insert_with(|| Rc::new(DatasetKey::new(master)));
+        self.datasets.exports_gone.notify_all();
+        Ok(())
+    }
+
+    /// `load-key -a` and `serve --load-keys`: loads the key of every
+    /// encrypted volume not loaded whose `keylocation` is a file. Returns
+    /// each attempt, by volume name.
+    pub async fn load_keys_from_files(self: &Rc<Self>) -> Vec<(String, Result<(), PoolError>)> {
+        let records: Vec<(String, CryptRecord)> = self
+            .datasets
+            .directory
+            .read()
+            .volumes
+            .iter()
+            .filter(|(short, _)| !crate::pool::is_hidden_dataset(short))
+            .filter_map(|(short, record)| Some((short.clone(), record.crypt.clone()?)))
+            .collect();
+        let mut results = Vec::new();
+        for (short, record) in records {
+            if self.datasets.keys.get(record.key_guid).is_some()
+                || key_file(&record.keylocation).is_none()
+            {
+                continue;
+            }
+            let name = format!("{}/{short}", self.name);
+            let result = self.load_key(&name, None).await;
+            results.push((name, result));
+        }
+        results
+    }
+
+    /// `unload-key`: the volumes of `name`'s key stop being served (their
+    /// NBD clients are disconnected), what their write-back holds is
+    /// written out under the key, and the key leaves memory (zeroed).
+    pub async fn unload_key(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        let record = self.crypt_record(name)?;
+        let guid = record.key_guid;
+        if self.datasets.keys.get(guid).is_none() {
+            return Err(PoolError::InvalidArgument(format!(
+                "the key of {name} is not loaded"
+            )));
+        }
+        if !self.datasets.keys.unloading.borrow_mut().insert(guid) {
+            return Err(PoolError::InvalidArgument(format!(
+                "the key of {name} is being unloaded"
+            )));
+        }
+        self.datasets.exports_gone.notify_all();
+        let sharing: Vec<Rc<Volume>> = self
+            .datasets
+            .volumes
+            .named()
+            .into_iter()
+            .map(|(_, volume)| volume)
+            .filter(|volume| volume.key_guid() == Some(guid))
+            .collect();
+        let mut drained = Ok(());
+        for volume in &sharing {
+            drained = drained.and(self.drain_volume(volume).await);
+        }
+        if let Err(error) = drained {
+            // The key stays: held blocks not written out need it.
+            self.datasets.keys.unloading.borrow_mut().remove(&guid);
+            return Err(error);
+        }
+        // Snapshot views keep no data of their own; the ones opened are
+        // dropped so that a later export opens them afresh.
+        for volume in self.datasets.snapshot_volumes.all() {
+            if volume.key_guid() == Some(guid) {
+                self.datasets.snapshot_volumes.remove(&volume.name());
+            }
+        }
+        self.datasets.keys.keys.borrow_mut().remove(&guid);
+        self.datasets.keys.unloading.borrow_mut().remove(&guid);
+        // The read cache holds opened blocks as plaintext: none stays once
+        // their key is gone (the cache does not know whose they are, so
+        // all of it goes; an unload is rare).
+        self.store.cache.clear();
+        Ok(())
+    }
+
+    /// `change-key`: wraps the master key of `name` (loaded) under a new
+    /// user's key, in every volume that shares it, in one commit. The data
+    /// is not rewritten; the old key opens nothing after the commit.
+    pub async fn change_key(
+        self: &Rc<Self>,
+        name: &str,
+        format: Option<KeyFormat>,
+        keylocation: Option<String>,
+        iterations: Option<u32>,
+        material: Option<Zeroizing<Vec<u8>>>,
+    ) -> Result<(), PoolError> {
+        let _admin = self.datasets.admin_lock.acquire(1).await;
+        self.txg.ensure_writable()?;
+        let record = self.crypt_record(name)?;
+        let Some(key) = self.datasets.keys.get(record.key_guid) else {
+            return Err(PoolError::KeyUnavailable(format!(
+                "{name}: load its key before changing it"
+            )));
+        };
+        let old = decode_wrapped(name, &record)?;
+        let format = format.unwrap_or(old.params.format);
+        let iterations = match (format, iterations) {
+            (KeyFormat::Passphrase, None) if old.params.format == KeyFormat::Passphrase => {
+                Some(old.params.iterations)
+            }
+            (_, iterations) => iterations,
+        };
+        let params = KeyParams::new(format, iterations).map_err(invalid)?;
+        let keylocation = keylocation.unwrap_or(record.keylocation.clone());
+        check_keylocation(&keylocation)?;
+        let material = match material {
+            Some(material) => material,
+            None => read_key_file(name, &keylocation)?,
+        };
+        let wrapping = derive_wrapping(params, material).await?;
+        let wrapped = key.master().wrap(&wrapping, &params).map_err(invalid)?;
+        let wrapped = hex(&wrapped.encode());
+        {
+            let mut directory = self.datasets.directory.edit();
+            for volume in directory.volumes.values_mut() {
+                if let Some(crypt) = volume.crypt.as_mut() {
+                    if crypt.key_guid == record.key_guid {
+                        crypt.wrapped_key = wrapped.clone();
+                        crypt.keylocation = keylocation.clone();
+                    }
+                }
+            }
+        }
+        self.commit().await
+    }
+
+    /// The encryption properties of a volume (`get`): encryption,
+    /// keyformat, keylocation, pbkdf2iters and keystatus, as (name, value,
+    /// source); `off` and `none` for one that is not encrypted.
+    pub(crate) fn encryption_values(
+        &self,
+        record: &crate::pool::dataset::directory::VolumeRecord,
+    ) -> Vec<(String, String, String)> {
+        let value = |name: &str, value: String| (name.to_string(), value, "-".to_string());
+        let Some(crypt) = &record.crypt else {
+            return vec![
+                value("encryption", "off".into()),
+                value("keyformat", "none".into()),
+                value("keylocation", "none".into()),
+                value("pbkdf2iters", "0".into()),
+                value("keystatus", "none".into()),
+            ];
+        };
+        let Ok(wrapped) = decode_wrapped("", crypt) else {
+            return vec![value("keystatus", "damaged".into())];
+        };
+        let status = match self.datasets.keys.available(crypt.key_guid) {
+            true => "available",
+            false => "unavailable",
+        };
+        vec![
+            value("encryption", wrapped.suite.name().into()),
+            value("keyformat", wrapped.params.format.name().into()),
+            value("keylocation", crypt.keylocation.clone()),
+            value("pbkdf2iters", wrapped.params.iterations.to_string()),
+            value("keystatus", status.into()),
+        ]
+    }
+}
+
+fn decode_wrapped(name: &str, record: &CryptRecord) -> Result<WrappedKey, PoolError> {
+    unhex(&record.wrapped_key)
+        .and_then(|bytes| WrappedKey::decode(&bytes).ok())
+        .ok_or_else(|| PoolError::Corrupt(format!("{name}: its wrapped key is damaged")))
+}
+
+/// Lower-case hexadecimal of `bytes` (the directory is JSON).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The bytes of hexadecimal `text`, or None if it is not.
+pub fn unhex(text: &str) -> Option<Vec<u8>> {
+    if !text.len().is_multiple_of(2) || !text.is_ascii() {
+        return None;
+    }
+    (0..text.len())
+        .step_by(2)
+        .map(|at| u8::from_str_radix(&text[at..at + 2], 16).ok())
+        .collect()
+}

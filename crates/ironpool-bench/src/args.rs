@@ -78,7 +78,7 @@ pub struct BenchArgs {
     /// Target to measure; repeat for several [default: ironpool:mirror:2x2G, nbdkit, and raw;
     /// raw-pair too for the durable and fs suites of a mirror, ext4 for the fs suite of a
     /// filesystem].
-    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | ext4 (a loop device: root) | nbd:URI | nbdkit[:PATH] | nbdkit-memory | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable
+    /// raw[:PATH] | raw-pair | file:PATH | dir:PATH | ext4 (a loop device: root) | nbd:URI | nbdkit[:PATH] | nbdkit-memory | ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...] | ironpool-fs:LAYOUT[+log]:NxSIZE[:prop=val,...] (a filesystem over FUSE: root, /dev/fuse); bin=PATH among the props picks the ironpool executable; encryption=on (without keylocation) makes an encrypted volume whose key the tool keeps in the target's directory
     #[arg(long = "target", value_name = "SPEC")]
     pub targets: Vec<String>,
 

@@ -626,6 +626,31 @@ impl DatasetKey {
         let key = self.opening_key(sealed.salt)?;
         open_with(&key, sealed, aad, data)
     }
+
+    /// Opens `ciphertext` (a block as stored, which stays as it is: the
+    /// read cache may share it) into `plaintext`, of the same length, with
+    /// no copy first; [`CryptoError::Authentication`] when its MAC fails
+    /// (`plaintext` is then unspecified).
+    pub fn open_into(
+        &self,
+        sealed: &Sealed,
+        aad: &[u8],
+        ciphertext: &[u8],
+        plaintext: &mut [u8],
+    ) -> Result<(), CryptoError> {
+        if ciphertext.len() != plaintext.len() {
+            return Err(CryptoError::Malformed("plaintext length"));
+        }
+        let key = self.opening_key(sealed.salt)?;
+        key.open_separate_gather(
+            Nonce::assume_unique_for_key(sealed.iv),
+            Aad::from(aad),
+            ciphertext,
+            &sealed.mac,
+            plaintext,
+        )
+        .map_err(|_| CryptoError::Authentication)
+    }
 }
 
 /// Seals `data` in place under `key` (of `salt`) with `iv`, which must

@@ -9,7 +9,7 @@
 //! | `ext4` | ext4 on a loop device (direct I/O on) over an image in `--out`: a filesystem's limit on this disk (root) |
 //! | `nbd:URI` | any NBD URI |
 //! | `nbdkit[:PATH]` | nbdkit's file plugin over a unix socket: the transport baseline |
-//! | `ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...]` | a pool and volume the tool creates (`+log`: and a log device of SIZE; `bin=PATH` among the properties: this ironpool executable, to compare builds in one run) |
+//! | `ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...]` | a pool and volume the tool creates (`+log`: and a log device of SIZE; `bin=PATH` among the properties: this ironpool executable, to compare builds in one run; `encryption=on` without `keylocation`: an encrypted volume whose key the tool makes and keeps in the target's directory) |
 //! | `ironpool-fs:LAYOUT:NxSIZE[:prop=val,...]` | a pool and filesystem the tool creates, mounted over FUSE; fio on a file of it |
 
 use std::fmt;

@@ -278,3 +278,27 @@ fn a_worn_salt_is_replaced() {
     key.open(&new, b"", &mut second).unwrap();
     assert!(first.iter().all(|byte| *byte == 1) && second.iter().all(|byte| *byte == 2));
 }
+
+/// Opening into another buffer gives what opening in place gives, leaves
+/// the ciphertext as it was, and refuses an altered block or a length
+/// that differs.
+#[test]
+fn opening_into_another_buffer_matches_opening_in_place() {
+    let key = DatasetKey::new(master(Suite::Aes256Gcm, 11));
+    let plain: Vec<u8> = (0..8192u32).map(|index| (index * 7) as u8).collect();
+    let mut cipher = plain.clone();
+    let sealed = key.seal(b"aad", &mut cipher).unwrap();
+    let kept = cipher.clone();
+    let mut out = vec![0u8; cipher.len()];
+    key.open_into(&sealed, b"aad", &cipher, &mut out).unwrap();
+    assert_eq!(out, plain);
+    assert_eq!(cipher, kept);
+    cipher[100] ^= 4;
+    assert_eq!(
+        key.open_into(&sealed, b"aad", &cipher, &mut out),
+        Err(CryptoError::Authentication)
+    );
+    assert!(key
+        .open_into(&sealed, b"aad", &kept, &mut out[1..])
+        .is_err());
+}

@@ -431,6 +431,7 @@ fn replication_package_seeds(writer: &mut SeedWriter) {
             properties: Default::default(),
             filesystem: None,
             resume_object: None,
+            raw: None,
         });
         stream.end();
         stream.bytes
@@ -481,6 +482,7 @@ fn send_stream_seeds(writer: &mut SeedWriter) {
         properties: [("compression".to_string(), "lz4".to_string())].into_iter().collect(),
         filesystem: None,
         resume_object: None,
+        raw: None,
     };
     let mut full = StreamWriter::new();
     full.begin(&begin(None, None));
@@ -500,6 +502,34 @@ fn send_stream_seeds(writer: &mut SeedWriter) {
     resumed.write(40, 1, &[0x44u8; 4096]);
     resumed.end();
     writer.write("send_stream", "resumed", &resumed.bytes);
+    // A raw stream (`send -w`): sealed blocks as stored, the key wrapped.
+    use ironpool::format::bp::{BlockCrypt, Compression};
+    use ironpool::format::stream::{RawBlock, RawKey, STREAM_VERSION_RAW};
+    let mut raw = StreamWriter::new();
+    raw.begin(&StreamBegin {
+        version: STREAM_VERSION_RAW,
+        raw: Some(RawKey {
+            key_guid: 0x7e57,
+            wrapped_key: "5a".repeat(104),
+        }),
+        ..begin(Some("tank/vol@a"), None)
+    });
+    let sealed = |block: u64, physical: u32, compression: Compression| RawBlock {
+        block,
+        logical: 4096,
+        physical,
+        compression,
+        crypt: BlockCrypt {
+            salt: 0x5a17,
+            iv: [block as u8; 12],
+            mac: [0xac; 16],
+        },
+    };
+    raw.write_raw(&sealed(0, 4096, Compression::Off), &[0x88u8; 4096]);
+    raw.free(1, 2);
+    raw.write_raw(&sealed(3, 700, Compression::Lz4), &[0x99u8; 700]);
+    raw.end();
+    writer.write("send_stream", "raw", &raw.bytes);
 
     // A filesystem's: objects, their blocks and holes, freed slots.
     use ironpool::format::dnode::{ObjectType, BONUS_BYTES};

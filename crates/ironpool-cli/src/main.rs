@@ -313,6 +313,11 @@ enum Command {
         /// updates a copy that has the base snapshot).
         #[arg(short = 'R', conflicts_with = "token")]
         replicate: bool,
+        /// Raw: an encrypted volume's blocks as stored, still sealed, with its key wrapped as it
+        /// is (the key need not be loaded; the receiver keeps it encrypted, and the same user key
+        /// opens it there). Other datasets are sent as without it.
+        #[arg(short = 'w', conflicts_with = "token")]
+        raw: bool,
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         snapshot: Option<String>,
@@ -864,6 +869,7 @@ fn main() -> ExitCode {
             snapshot,
             from,
             from_all,
+            raw,
             ..
         } => {
             use cli::replication::Between;
@@ -874,7 +880,7 @@ fn main() -> ExitCode {
             };
             match snapshot {
                 Some(snapshot) => {
-                    cli::replication::send_replication(&context, &snapshot, base, &dirs)
+                    cli::replication::send_replication(&context, &snapshot, base, raw, &dirs)
                 }
                 None => Err("send -R takes POOL/DATASET@SNAP".into()),
             }
@@ -884,12 +890,14 @@ fn main() -> ExitCode {
             token,
             dirs,
             snapshot,
+            raw,
             ..
         } => cli::replication::send(
             &context,
             snapshot.as_deref(),
             from.as_deref(),
             token.as_deref(),
+            raw,
             &dirs,
         ),
         Command::Receive {

@@ -1,7 +1,8 @@
 //! Encrypted volumes through the real binary and real NBD clients (issue
 //! 73): the devices hold no plaintext, a served volume is exported only
 //! while its key is loaded, a wrong key is refused, `change-key` rewraps,
-//! `serve --load-keys` starts unattended, and scrub needs no key.
+//! `serve --load-keys` starts unattended, scrub needs no key, and a raw
+//! send (`send -w`) is received still sealed.
 
 mod common;
 
@@ -203,6 +204,37 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     );
     assert_eq!(pool.property("tank/copy", "encryption").0, "off");
     assert_eq!(read_back(&pool, "copy"), std::fs::read(&pattern).unwrap());
+
+    // Sent raw, with the key unloaded (a raw send needs none), and received
+    // still sealed: not served until the same key, found where `receive
+    // -o keylocation` says, opens it.
+    pool.admin(&["unload-key", "tank/secret"]);
+    let raw_stream = pool.path("raw-stream");
+    pool.send_to_file(&["send", "-w", "tank/secret@s"], &raw_stream);
+    assert_eq!(
+        markers_on_devices(&pool, &["raw-stream"]),
+        0,
+        "a raw stream holds plaintext"
+    );
+    let keylocation = format!("keylocation=file://{}", raw.display());
+    let received = pool.receive_from_file(
+        &["receive", "-o", &keylocation, "tank/rawcopy"],
+        &raw_stream,
+    );
+    assert!(
+        received.status.success(),
+        "{}",
+        String::from_utf8_lossy(&received.stderr)
+    );
+    assert_eq!(pool.property("tank/rawcopy", "encryption").0, "aes-256-gcm");
+    assert_eq!(pool.property("tank/rawcopy", "keyformat").0, "raw");
+    assert_eq!(pool.property("tank/rawcopy", "keystatus").0, "unavailable");
+    assert!(!exports(&pool).contains("tank/rawcopy"));
+    pool.admin(&["load-key", "tank/rawcopy"]);
+    assert_eq!(
+        read_back(&pool, "rawcopy"),
+        std::fs::read(&pattern).unwrap()
+    );
 
     // Filesystems are not encrypted yet, and say so.
     let refused = pool.fails(&[

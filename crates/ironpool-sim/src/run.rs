@@ -1035,6 +1035,7 @@ impl Sim {
             from: None,
             resume_block: None,
             resume_object: None,
+            raw: false,
         };
         pool.send(request, &stream)
             .await

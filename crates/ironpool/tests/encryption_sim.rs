@@ -2,7 +2,8 @@
 //! devices sealed and come back as written; a damaged sealed block heals
 //! from its other copy, and scrub verifies every copy without the key; a
 //! key is refused when wrong, needed to read, and rewrapped by change-key;
-//! a FUA write's block survives a crash and replays without the key.
+//! a FUA write's block survives a crash and replays without the key; a
+//! raw send carries sealed blocks to a pool that never had the key.
 
 mod sim_support;
 
@@ -11,9 +12,14 @@ use std::rc::Rc;
 
 use ironpool::crypto::{KeyFormat, KeyParams, Suite};
 use ironpool::dev::sim::SimDevice;
+use ironpool::format::bp::Compression;
 use ironpool::format::label::TopVdevKind;
+use ironpool::format::stream::Record;
 use ironpool::format::DATA_START_BYTES;
 use ironpool::pool::dataset::keys::NewEncryption;
+use ironpool::pool::dataset::receive::ReceiveOptions;
+use ironpool::pool::dataset::send::SendRequest;
+use ironpool::pool::dataset::stream_io::MemoryStream;
 use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::{Pool, PoolError};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
@@ -394,5 +400,168 @@ fn a_durable_write_replays_without_the_key() {
             }
         }
         pool.export().await.unwrap();
+    });
+}
+
+/// Sends `snapshot` (from `from`) raw or not, into memory.
+async fn send_bytes(pool: &Rc<Pool>, snapshot: &str, from: Option<&str>, raw: bool) -> Vec<u8> {
+    let request = SendRequest {
+        snapshot: snapshot.to_string(),
+        from: from.map(str::to_string),
+        resume_block: None,
+        resume_object: None,
+        raw,
+    };
+    let stream = MemoryStream::new();
+    pool.send(request, &stream).await.unwrap();
+    stream.into_bytes()
+}
+
+async fn receive_bytes(pool: &Rc<Pool>, target: &str, bytes: Vec<u8>) -> Result<(), PoolError> {
+    let options = ReceiveOptions {
+        target: target.to_string(),
+        force: false,
+        save_partial: false,
+        properties: BTreeMap::new(),
+        received: None,
+    };
+    pool.receive(options, &MemoryStream::from_bytes(bytes))
+        .await
+        .map(|_| ())
+}
+
+/// A raw send (`send -w`) carries an encrypted volume's blocks sealed and
+/// needs no key; the pool that receives it never had the key, stores the
+/// blocks sealed, scrubs them, and opens them byte for byte once the
+/// sender's user key is loaded, full and incremental (with holes), also
+/// after an import. A raw stream applies only to a volume of the same key.
+#[test]
+fn raw_send_keeps_volumes_sealed_into_a_pool_without_the_key() {
+    let disks = devices(4, DEVICE_BYTES, 79);
+    let expected = Runtime::new_sim(79).block_on(async {
+        let source = mirror(&disks[..2]).await;
+        let backup = Pool::create_on_devices(
+            "backup",
+            layout(&disks[2..], TopVdevKind::Mirror),
+            false,
+            manual_commits(),
+        )
+        .await
+        .unwrap();
+        let properties: BTreeMap<String, String> =
+            [("compression".to_string(), "lz4".to_string())].into();
+        let volume = source
+            .create_volume_with(
+                "tank/v",
+                VOLUME_BYTES,
+                BLOCK as u32,
+                properties,
+                Some(encryption(6, Suite::Aes256Gcm)),
+            )
+            .await
+            .unwrap();
+        let data = marked(32);
+        source.write(&volume, 0, data.clone(), false).await.unwrap();
+        source.snapshot(&["tank/v@a".to_string()]).await.unwrap();
+        // The sender needs no key either.
+        source.unload_key("tank/v").await.unwrap();
+        let full = send_bytes(&source, "tank/v@a", None, true).await;
+        assert!(!holds_marker(&full), "a raw stream holds plaintext");
+        let records = ironpool::format::stream::check_stream(&full).unwrap();
+        let compressed = records
+            .iter()
+            .filter(|record| {
+                matches!(record, Record::WriteRaw(raw)
+                    if raw.compression != Compression::Off && raw.physical < raw.logical)
+            })
+            .count();
+        assert_eq!(compressed, 32, "blocks are sent as stored, compressed");
+        receive_bytes(&backup, "backup/copy", full).await.unwrap();
+        let copy = backup.volume("backup/copy").unwrap();
+        assert!(!backup.volume_key_available(&copy));
+        match backup.read(&copy, 0, BLOCK).await {
+            Err(PoolError::KeyUnavailable(_)) => {}
+            other => panic!("read without the key: {:?}", other.map(|_| ())),
+        }
+        backup.commit().await.unwrap();
+        for disk in &disks[2..] {
+            let (bytes, sealed) = stored(&backup, &copy, disk, 7).await;
+            assert!(sealed && !holds_marker(&bytes), "received in the clear");
+        }
+        backup.scrub_start().unwrap();
+        backup.scrub_wait().await;
+        let scrub = backup.scrub_status();
+        assert_eq!(scrub.errors, 0, "{:?}", scrub.error_details);
+        assert_eq!(scrub.bad_copies, 0);
+        assert!(backup
+            .load_key("backup/copy", Some(raw_key(7)))
+            .await
+            .is_err());
+        backup
+            .load_key("backup/copy", Some(raw_key(6)))
+            .await
+            .unwrap();
+        assert_eq!(read(&backup, &copy, 0, 32 * BLOCK).await, &data[..]);
+
+        // Incremental: new blocks and holes, sent and received without keys.
+        source.load_key("tank/v", Some(raw_key(6))).await.unwrap();
+        let later = marked(40);
+        source
+            .write(
+                &volume,
+                100 * BLOCK,
+                later.slice(32 * BLOCK as usize..40 * BLOCK as usize),
+                false,
+            )
+            .await
+            .unwrap();
+        source
+            .zero(&volume, 0, 4 * BLOCK, false, true)
+            .await
+            .unwrap();
+        source.snapshot(&["tank/v@b".to_string()]).await.unwrap();
+        let expected = read(&source, &volume, 0, VOLUME_BYTES).await;
+        source.unload_key("tank/v").await.unwrap();
+        backup.unload_key("backup/copy").await.unwrap();
+        let incremental = send_bytes(&source, "tank/v@b", Some("@a"), true).await;
+        assert!(!holds_marker(&incremental));
+        receive_bytes(&backup, "backup/copy", incremental.clone())
+            .await
+            .unwrap();
+
+        // Refused: a raw stream into a volume that does not seal its
+        // blocks under the stream's key (here: @a received as plaintext,
+        // which the sender's key must be loaded for).
+        source.load_key("tank/v", Some(raw_key(6))).await.unwrap();
+        let plain = send_bytes(&source, "tank/v@a", None, false).await;
+        assert!(holds_marker(&plain));
+        receive_bytes(&backup, "backup/plain", plain).await.unwrap();
+        match receive_bytes(&backup, "backup/plain", incremental).await {
+            Err(PoolError::InvalidArgument(message)) => {
+                assert!(message.contains("not encrypted"), "{message}")
+            }
+            other => panic!("a raw stream into a plain volume: {other:?}"),
+        }
+        backup.export().await.unwrap();
+        source.export().await.unwrap();
+        expected
+    });
+    Runtime::new_sim(80).block_on(async {
+        let backup = Pool::import_from_devices("backup", named(&disks[2..]), manual_commits())
+            .await
+            .unwrap();
+        let copy = backup.volume("backup/copy").unwrap();
+        assert!(!backup.volume_key_available(&copy));
+        backup
+            .load_key("backup/copy", Some(raw_key(6)))
+            .await
+            .unwrap();
+        assert_eq!(read(&backup, &copy, 0, VOLUME_BYTES).await, expected);
+        let snapshot = backup.snapshot_volume("backup/copy@a").await.unwrap();
+        assert_eq!(
+            read(&backup, &snapshot, 0, 32 * BLOCK).await,
+            &marked(32)[..]
+        );
+        backup.export().await.unwrap();
     });
 }

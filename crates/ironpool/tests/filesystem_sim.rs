@@ -2240,6 +2240,7 @@ async fn send_to_memory(
                 from: token.from,
                 resume_block: Some(token.next_block),
                 resume_object: Some(token.next_object),
+                raw: false,
             }
         }
         None => SendRequest {
@@ -2247,6 +2248,7 @@ async fn send_to_memory(
             from: from.map(str::to_string),
             resume_block: None,
             resume_object: None,
+            raw: false,
         },
     };
     let stream = ironpool::pool::dataset::stream_io::MemoryStream::new();
@@ -2691,6 +2693,7 @@ fn nonsense_stream_run(seed: u64) {
                     next_object,
                 }),
                 resume_object: None,
+                raw: None,
             });
             let mut id = 1;
             while id < next_object {

@@ -51,6 +51,7 @@ pub fn send(
     snapshot: Option<&str>,
     from: Option<&str>,
     token: Option<&str>,
+    raw: bool,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
     const STDOUT: RawFd = 1;
@@ -67,6 +68,7 @@ pub fn send(
                     snapshot: None,
                     from: None,
                     token: Some(token.to_string()),
+                    raw: false,
                 },
             )
         }
@@ -80,6 +82,7 @@ pub fn send(
                     snapshot: Some(snapshot.to_string()),
                     from: from.map(String::from),
                     token: None,
+                    raw,
                 },
             )
         }
@@ -478,6 +481,7 @@ pub fn send_replication(
     context: &Context,
     snapshot: &str,
     from: Option<(&str, Between)>,
+    raw: bool,
     dirs: &[PathBuf],
 ) -> Result<(), String> {
     use ironpool::format::package::{
@@ -543,6 +547,7 @@ pub fn send_replication(
                 snapshot: Some(format!("{full}@{snap}")),
                 from: from.clone(),
                 token: None,
+                raw,
             };
             let result = admin_stream(context, pool, dirs, command, STDOUT)?;
             if context.json {

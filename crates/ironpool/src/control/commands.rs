@@ -212,6 +212,9 @@ pub enum Command {
         from: Option<String>,
         #[serde(default)]
         token: Option<String>,
+        /// `-w`: an encrypted volume's blocks as stored (a raw stream).
+        #[serde(default)]
+        raw: bool,
     },
     /// Applies a send stream read from the descriptor passed with the request.
     Receive {
@@ -763,6 +766,7 @@ async fn run_stream(
             snapshot,
             from,
             token,
+            raw,
         } => {
             let request = match token {
                 Some(token) => {
@@ -773,6 +777,7 @@ async fn run_stream(
                         from,
                         resume_block: Some(token.next_block),
                         resume_object: (token.next_object != 0).then_some(token.next_object),
+                        raw: token.raw,
                     };
                     check_token_guids(pool, &token)?;
                     request
@@ -784,6 +789,7 @@ async fn run_stream(
                     from,
                     resume_block: None,
                     resume_object: None,
+                    raw,
                 },
             };
             let summary = pool.send(request, stream).await?;

@@ -7,7 +7,7 @@
 //! | offset | size | field |
 //! |---|---|---|
 //! | 0 | 4 | magic `IPSR` (0x52535049 little-endian) |
-//! | 4 | 4 | kind: 1 BEGIN, 2 WRITE, 3 FREE, 4 END; for filesystems 5 OBJECT, 6 FREEOBJECTS, 7 OBJECT_WRITE, 8 OBJECT_FREE |
+//! | 4 | 4 | kind: 1 BEGIN, 2 WRITE, 3 FREE, 4 END; for filesystems 5 OBJECT, 6 FREEOBJECTS, 7 OBJECT_WRITE, 8 OBJECT_FREE; for raw streams 9 WRITE_RAW |
 //! | 8 | 8 | payload length in bytes |
 //! | 16 | 16 | XXH3-128 of: the previous record's checksum (zeros for BEGIN), header bytes 0..16, the payload |
 //!
@@ -33,11 +33,23 @@
 //! - OBJECT_WRITE: object u64, first block u64, block count u32, zero u32, then
 //!   `count × 2^shift` bytes (the object's blocks, logical contents).
 //! - OBJECT_FREE: object u64, first block u64, block count u64: holes.
+//!
+//! A raw stream (`send -w`, version 3, BEGIN's `raw` set) carries an
+//! encrypted volume's blocks as they are stored, sealed, so that neither the
+//! stream nor the receiver ever holds the plaintext or the key. BEGIN's
+//! `raw` holds the volume's master key wrapped by the user's key (never
+//! the key itself), so the same user's key opens the received volume. Its
+//! data blocks come one per record, instead of WRITE:
+//! - WRITE_RAW: block u64, logical size u32, stored size u32, compression
+//!   u8, zero u8 × 7, salt u64, IV 12 bytes, zero u32, MAC 16 bytes (64
+//!   bytes in all, the fields of the block's pointer that opening it
+//!   needs), then the stored bytes (`stored size` of them).
 
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::format::bp::{BlockCrypt, Compression, IV_BYTES, MAC_BYTES};
 use crate::format::dnode::{ObjectType, BONUS_BYTES};
 
 /// "IPSR" as bytes on the wire.
@@ -47,6 +59,12 @@ pub const STREAM_MAGIC: u32 = u32::from_le_bytes(*b"IPSR");
 /// 0, maybe small), which no receiver before it reads; this build reads
 /// version 1 streams (of older senders) too.
 pub const STREAM_VERSION: u32 = 2;
+/// Version of a raw stream (`send -w`): WRITE_RAW records, which no
+/// receiver before it reads. Streams that are not raw stay version 2, so
+/// older receivers still take them.
+pub const STREAM_VERSION_RAW: u32 = 3;
+/// The newest stream version this build reads.
+pub const STREAM_VERSION_MAX: u32 = STREAM_VERSION_RAW;
 /// The oldest stream version this build reads.
 pub const STREAM_VERSION_MIN: u32 = 1;
 /// Size of a record header.
@@ -58,6 +76,8 @@ pub const BEGIN_PAYLOAD_BYTES_MAX: u64 = 64 * 1024;
 pub const WRITE_DATA_BYTES_MAX: u64 = 1024 * 1024;
 /// Fixed part of a WRITE payload.
 pub const WRITE_HEADER_BYTES: usize = 16;
+/// Fixed part of a WRITE_RAW payload.
+pub const WRITE_RAW_HEADER_BYTES: usize = 64;
 /// Largest payload of any record.
 pub const RECORD_PAYLOAD_BYTES_MAX: u64 = OBJECT_WRITE_HEADER_BYTES as u64 + WRITE_DATA_BYTES_MAX;
 /// Fixed part of an OBJECT payload (the bonus follows).
@@ -86,6 +106,7 @@ pub enum RecordKind {
     FreeObjects = 6,
     ObjectWrite = 7,
     ObjectFree = 8,
+    WriteRaw = 9,
 }
 
 impl RecordKind {
@@ -99,6 +120,7 @@ impl RecordKind {
             6 => Some(RecordKind::FreeObjects),
             7 => Some(RecordKind::ObjectWrite),
             8 => Some(RecordKind::ObjectFree),
+            9 => Some(RecordKind::WriteRaw),
             _ => None,
         }
     }
@@ -120,7 +142,7 @@ pub enum StreamError {
     #[error("the stream ends after {records} records without its END record (truncated)")]
     Truncated { records: u64 },
     #[error(
-        "stream format version {0} is not supported (this build reads versions {STREAM_VERSION_MIN} to {STREAM_VERSION})"
+        "stream format version {0} is not supported (this build reads versions {STREAM_VERSION_MIN} to {STREAM_VERSION_MAX})"
     )]
     Version(u32),
 }
@@ -153,6 +175,33 @@ pub struct StreamBegin {
     /// (with `resume_block`, the first block of that object).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub resume_object: Option<u64>,
+    /// Set for a raw stream: the key its blocks are sealed under.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub raw: Option<RawKey>,
+}
+
+/// A raw stream's key (in BEGIN): what the receiver keeps so that the
+/// sender's user key opens what it received.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RawKey {
+    /// The sender's key guid: volumes with the same one share the master
+    /// key, so an incremental raw stream applies only to a volume that
+    /// has it.
+    pub key_guid: u64,
+    /// The master key wrapped by the user's key, in hexadecimal
+    /// (`crypto::WrappedKey::encode`).
+    pub wrapped_key: String,
+}
+
+/// A WRITE_RAW record's fields: one stored block and what its pointer
+/// needs to open it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RawBlock {
+    pub block: u64,
+    pub logical: u32,
+    pub physical: u32,
+    pub compression: Compression,
+    pub crypt: BlockCrypt,
 }
 
 /// A filesystem stream's header (in BEGIN).
@@ -210,6 +259,7 @@ pub enum Record {
         first_block: u64,
         count: u64,
     },
+    WriteRaw(RawBlock),
 }
 
 /// A parsed header (before its payload is read).
@@ -263,7 +313,9 @@ pub fn decode_header(
     let payload_bytes = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let limit = match kind {
         RecordKind::Begin => BEGIN_PAYLOAD_BYTES_MAX,
-        RecordKind::Write | RecordKind::ObjectWrite => RECORD_PAYLOAD_BYTES_MAX,
+        RecordKind::Write | RecordKind::ObjectWrite | RecordKind::WriteRaw => {
+            RECORD_PAYLOAD_BYTES_MAX
+        }
         RecordKind::Free | RecordKind::End | RecordKind::FreeObjects | RecordKind::ObjectFree => 24,
         RecordKind::Object => OBJECT_PAYLOAD_BYTES as u64,
     };
@@ -313,16 +365,24 @@ pub fn decode_payload(
         u64::from_le_bytes(payload[offset..offset + 8].try_into().expect("8 bytes"))
     };
     match header.kind {
-        kind if !matches!(kind, RecordKind::Write | RecordKind::ObjectWrite)
-            && !tail.is_empty() =>
+        kind if !matches!(
+            kind,
+            RecordKind::Write | RecordKind::ObjectWrite | RecordKind::WriteRaw
+        ) && !tail.is_empty() =>
         {
             Err(malformed("only WRITE records carry data"))
         }
         RecordKind::Begin => {
             let begin: StreamBegin = serde_json::from_slice(payload)
                 .map_err(|error| malformed(&format!("BEGIN: {error}")))?;
-            if !(STREAM_VERSION_MIN..=STREAM_VERSION).contains(&begin.version) {
+            if !(STREAM_VERSION_MIN..=STREAM_VERSION_MAX).contains(&begin.version) {
                 return Err(StreamError::Version(begin.version));
+            }
+            if begin.raw.is_some() != (begin.version == STREAM_VERSION_RAW) {
+                return Err(malformed("BEGIN: a raw stream is version 3, and only it"));
+            }
+            if begin.raw.is_some() && begin.filesystem.is_some() {
+                return Err(malformed("BEGIN: a filesystem's stream is never raw"));
             }
             if !begin.block_bytes.is_power_of_two()
                 || begin.block_bytes < 512
@@ -439,6 +499,45 @@ pub fn decode_payload(
                 count,
             })
         }
+        RecordKind::WriteRaw => {
+            if payload.len() != WRITE_RAW_HEADER_BYTES || block_bytes == 0 {
+                return Err(malformed("WRITE_RAW too short or before BEGIN"));
+            }
+            let u32_at = |offset: usize| {
+                u32::from_le_bytes(payload[offset..offset + 4].try_into().expect("4 bytes"))
+            };
+            let (logical, physical) = (u32_at(8), u32_at(12));
+            let compression = Compression::from_code(payload[16])
+                .ok_or_else(|| malformed("WRITE_RAW: unknown compression"))?;
+            if logical != block_bytes
+                || physical == 0
+                || physical > logical
+                || tail.len() != physical as usize
+                || (compression == Compression::Off && physical != logical)
+            {
+                return Err(malformed(
+                    "WRITE_RAW sizes do not match the block size and its data",
+                ));
+            }
+            if payload[17..24]
+                .iter()
+                .chain(&payload[44..48])
+                .any(|byte| *byte != 0)
+            {
+                return Err(malformed("WRITE_RAW: reserved bytes are not zero"));
+            }
+            Ok(Record::WriteRaw(RawBlock {
+                block: u64_at(0),
+                logical,
+                physical,
+                compression,
+                crypt: BlockCrypt {
+                    salt: u64_at(24),
+                    iv: payload[32..32 + IV_BYTES].try_into().expect("12 bytes"),
+                    mac: payload[48..48 + MAC_BYTES].try_into().expect("16 bytes"),
+                },
+            }))
+        }
         RecordKind::ObjectFree => {
             if payload.len() != 24 || u64_at(16) == 0 {
                 return Err(malformed("OBJECT_FREE payload is not 24 bytes of a range"));
@@ -465,6 +564,19 @@ pub fn free_payload(first_block: u64, count: u64) -> [u8; 16] {
     let mut out = [0u8; 16];
     out[0..8].copy_from_slice(&first_block.to_le_bytes());
     out[8..16].copy_from_slice(&count.to_le_bytes());
+    out
+}
+
+/// The fixed part of a WRITE_RAW payload.
+pub fn write_raw_header(raw: &RawBlock) -> [u8; WRITE_RAW_HEADER_BYTES] {
+    let mut out = [0u8; WRITE_RAW_HEADER_BYTES];
+    out[0..8].copy_from_slice(&raw.block.to_le_bytes());
+    out[8..12].copy_from_slice(&raw.logical.to_le_bytes());
+    out[12..16].copy_from_slice(&raw.physical.to_le_bytes());
+    out[16] = raw.compression.code();
+    out[24..32].copy_from_slice(&raw.crypt.salt.to_le_bytes());
+    out[32..32 + IV_BYTES].copy_from_slice(&raw.crypt.iv);
+    out[48..48 + MAC_BYTES].copy_from_slice(&raw.crypt.mac);
     out
 }
 
@@ -595,6 +707,7 @@ impl StreamChecker {
         match header.kind {
             RecordKind::Write => WRITE_HEADER_BYTES.min(header.payload_bytes as usize),
             RecordKind::ObjectWrite => OBJECT_WRITE_HEADER_BYTES.min(header.payload_bytes as usize),
+            RecordKind::WriteRaw => WRITE_RAW_HEADER_BYTES.min(header.payload_bytes as usize),
             _ => header.payload_bytes as usize,
         }
     }
@@ -623,7 +736,24 @@ impl StreamChecker {
         };
         let parsed = decode_payload(header, head, tail, &self.previous, record, block_bytes)?;
         let malformed = |detail: String| StreamError::Malformed { record, detail };
-        let volume_kind = matches!(header.kind, RecordKind::Write | RecordKind::Free);
+        let volume_kind = matches!(
+            header.kind,
+            RecordKind::Write | RecordKind::Free | RecordKind::WriteRaw
+        );
+        let raw = self.begin.as_ref().is_some_and(|begin| begin.raw.is_some());
+        match header.kind {
+            RecordKind::Write if raw => {
+                return Err(malformed(
+                    "a raw stream carries its blocks as WRITE_RAW records".into(),
+                ))
+            }
+            RecordKind::WriteRaw if !raw => {
+                return Err(malformed(
+                    "a WRITE_RAW record in a stream that is not raw".into(),
+                ))
+            }
+            _ => {}
+        }
         let filesystem_kind = matches!(
             header.kind,
             RecordKind::Object
@@ -749,6 +879,10 @@ impl StreamChecker {
                 extent(*first_block, *count as u64, &mut self.next_block)?;
                 self.written_blocks += *count as u64;
             }
+            Record::WriteRaw(raw) => {
+                extent(raw.block, 1, &mut self.next_block)?;
+                self.written_blocks += 1;
+            }
             Record::Free { first_block, count } => {
                 extent(*first_block, *count, &mut self.next_block)?;
                 self.freed_blocks += count;
@@ -841,6 +975,11 @@ impl StreamWriter {
         self.written_blocks += count as u64;
     }
 
+    pub fn write_raw(&mut self, raw: &RawBlock, data: &[u8]) {
+        self.push(RecordKind::WriteRaw, &[&write_raw_header(raw), data]);
+        self.written_blocks += 1;
+    }
+
     pub fn free(&mut self, first_block: u64, count: u64) {
         self.push(RecordKind::Free, &[&free_payload(first_block, count)]);
         self.freed_blocks += count;
@@ -897,6 +1036,7 @@ mod tests {
             properties: BTreeMap::new(),
             filesystem: None,
             resume_object: None,
+            raw: None,
         }
     }
 
@@ -1059,6 +1199,155 @@ mod tests {
                 "object {object} block {block} before the resume point passed"
             );
         }
+    }
+
+    fn raw_begin() -> StreamBegin {
+        StreamBegin {
+            version: STREAM_VERSION_RAW,
+            raw: Some(RawKey {
+                key_guid: 9,
+                wrapped_key: "00".repeat(104),
+            }),
+            ..begin()
+        }
+    }
+
+    fn raw_block(block: u64, physical: u32, compression: Compression) -> RawBlock {
+        RawBlock {
+            block,
+            logical: 4096,
+            physical,
+            compression,
+            crypt: BlockCrypt {
+                salt: 0x5a17 + block,
+                iv: [block as u8; IV_BYTES],
+                mac: [0xac; MAC_BYTES],
+            },
+        }
+    }
+
+    #[test]
+    fn raw_streams_round_trip_and_keep_their_rules() {
+        let mut writer = StreamWriter::new();
+        writer.begin(&raw_begin());
+        writer.write_raw(&raw_block(0, 4096, Compression::Off), &[1u8; 4096]);
+        writer.write_raw(&raw_block(1, 1000, Compression::Lz4), &[2u8; 1000]);
+        writer.free(2, 3);
+        writer.write_raw(&raw_block(7, 512, Compression::Zstd), &[3u8; 512]);
+        writer.end();
+        let records = check_stream(&writer.bytes).unwrap();
+        assert_eq!(records[0], Record::Begin(raw_begin()));
+        assert_eq!(
+            records[2],
+            Record::WriteRaw(raw_block(1, 1000, Compression::Lz4))
+        );
+        assert_eq!(
+            records[5],
+            Record::End(StreamEnd {
+                records: 5,
+                written_blocks: 3,
+                freed_blocks: 3
+            })
+        );
+        for position in (0..writer.bytes.len()).step_by(61) {
+            let mut damaged = writer.bytes.clone();
+            damaged[position] ^= 0x10;
+            assert!(check_stream(&damaged).is_err(), "flip at {position} passed");
+        }
+
+        type Case = (&'static str, StreamBegin, Box<dyn Fn(&mut StreamWriter)>);
+        let cases: Vec<Case> = vec![
+            (
+                "a WRITE in a raw stream",
+                raw_begin(),
+                Box::new(|w| w.write(0, 1, &[0u8; 4096])),
+            ),
+            (
+                "a WRITE_RAW in a stream that is not raw",
+                begin(),
+                Box::new(|w| w.write_raw(&raw_block(0, 4096, Compression::Off), &[0u8; 4096])),
+            ),
+            (
+                "a raw stream that is not version 3",
+                StreamBegin {
+                    version: STREAM_VERSION,
+                    ..raw_begin()
+                },
+                Box::new(|_| {}),
+            ),
+            (
+                "version 3 without its key",
+                StreamBegin {
+                    version: STREAM_VERSION_RAW,
+                    ..begin()
+                },
+                Box::new(|_| {}),
+            ),
+            (
+                "a raw filesystem stream",
+                StreamBegin {
+                    filesystem: fs_begin().filesystem,
+                    size_bytes: 0,
+                    ..raw_begin()
+                },
+                Box::new(|_| {}),
+            ),
+            (
+                "stored bytes other than its size says",
+                raw_begin(),
+                Box::new(|w| w.write_raw(&raw_block(0, 1000, Compression::Lz4), &[0u8; 999])),
+            ),
+            (
+                "stored larger than logical",
+                raw_begin(),
+                Box::new(|w| w.write_raw(&raw_block(0, 8192, Compression::Lz4), &[0u8; 8192])),
+            ),
+            (
+                "uncompressed and smaller than its block",
+                raw_begin(),
+                Box::new(|w| w.write_raw(&raw_block(0, 1000, Compression::Off), &[0u8; 1000])),
+            ),
+            (
+                "a logical size other than the block size",
+                raw_begin(),
+                Box::new(|w| {
+                    let block = RawBlock {
+                        logical: 8192,
+                        ..raw_block(0, 4096, Compression::Lz4)
+                    };
+                    w.write_raw(&block, &[0u8; 4096])
+                }),
+            ),
+            (
+                "blocks out of order",
+                raw_begin(),
+                Box::new(|w| {
+                    w.write_raw(&raw_block(3, 512, Compression::Lz4), &[0u8; 512]);
+                    w.write_raw(&raw_block(3, 512, Compression::Lz4), &[0u8; 512]);
+                }),
+            ),
+            (
+                "a block past the volume",
+                raw_begin(),
+                Box::new(|w| w.write_raw(&raw_block(64, 512, Compression::Lz4), &[0u8; 512])),
+            ),
+        ];
+        for (name, begin, build) in cases {
+            let mut writer = StreamWriter::new();
+            writer.begin(&begin);
+            build(&mut writer);
+            writer.end();
+            assert!(check_stream(&writer.bytes).is_err(), "{name} passed");
+        }
+        // Reserved bytes must be zero.
+        let mut writer = StreamWriter::new();
+        writer.begin(&raw_begin());
+        let mut head = write_raw_header(&raw_block(0, 512, Compression::Lz4));
+        head[20] = 1;
+        writer.push(RecordKind::WriteRaw, &[&head, &[0u8; 512]]);
+        writer.written_blocks += 1;
+        writer.end();
+        assert!(check_stream(&writer.bytes).is_err());
     }
 
     fn sample() -> Vec<u8> {

@@ -257,7 +257,7 @@ pub(crate) async fn write_blocks(
             .map(|block| compress(format.compression, block, sector)),
     )
     .await;
-    let mut allocated = Vec::with_capacity(blocks.len());
+    let mut formed = Vec::with_capacity(blocks.len());
     for (block, (payload, physical, compression)) in blocks.into_iter().zip(compressed) {
         debug_assert!(physical <= payload.len() && block.logical <= block.payload.len());
         let (payload, crypt) = match &key {
@@ -273,7 +273,7 @@ pub(crate) async fn write_blocks(
                 match seal_block(key, &payload, physical, &aad) {
                     Ok((sealed, crypt)) => (sealed, Some(crypt)),
                     Err(error) => {
-                        allocated.push(Err(error));
+                        formed.push(Err(error));
                         continue;
                     }
                 }
@@ -290,13 +290,8 @@ pub(crate) async fn write_blocks(
             crypt.is_none() || format.checksum == ChecksumAlgo::Xxh3,
             "an encrypted block's MAC shares the place of an XXH3 checksum"
         );
-        let dvas = pool.allocate_data(payload.len() as u64).await;
-        let prep = block.prep.if_stored_as_prepared(as_received);
-        allocated.push(dvas.map(|dvas| {
-            let pointer = BlockPointer {
-                dvas,
-                birth_txg: 0,
-                physical_birth: 0,
+        formed.push(Ok(Formed {
+            pointer: BlockPointer {
                 logical_size: block.logical as u32,
                 physical_size: physical as u32,
                 level: 0,
@@ -306,7 +301,87 @@ pub(crate) async fn write_blocks(
                 fill: 1,
                 checksum,
                 crypt,
-            };
+                ..BlockPointer::default()
+            },
+            payload,
+            prep: block.prep.if_stored_as_prepared(as_received),
+        }));
+    }
+    write_formed(pool, formed, class).await
+}
+
+/// A data block as it is to be stored (compressed, sealed, checksummed):
+/// its pointer, with no place yet, and the bytes the devices write.
+pub(crate) struct Formed {
+    pub pointer: BlockPointer,
+    /// The stored bytes, padded with zeros to whole sectors.
+    pub payload: BufSlice,
+    pub prep: StorePrep,
+}
+
+impl Formed {
+    /// A block received as it was stored by another pool (a raw send):
+    /// its `physical` bytes, compressed by `compression` from `logical`
+    /// bytes and sealed (`crypt`), kept as they are. Its checksum is
+    /// computed here over what is stored, as for any block; its MAC came
+    /// with it, so the dataset's key opens it.
+    pub fn stored_as_sent(
+        pool: &Pool,
+        object_type: ObjectType,
+        logical: u32,
+        compression: Compression,
+        crypt: crate::format::bp::BlockCrypt,
+        physical: &[u8],
+    ) -> Formed {
+        assert!(
+            !physical.is_empty() && physical.len() <= logical as usize,
+            "a stored block is no larger than its logical bytes"
+        );
+        let block = NewBlock::copied(pool, physical);
+        Formed {
+            pointer: BlockPointer {
+                logical_size: logical,
+                physical_size: physical.len() as u32,
+                level: 0,
+                object_type,
+                checksum_algo: ChecksumAlgo::Xxh3,
+                compression,
+                fill: 1,
+                checksum: ChecksumAlgo::Xxh3.compute(physical),
+                crypt: Some(crypt),
+                ..BlockPointer::default()
+            },
+            payload: block.payload,
+            prep: StorePrep::default(),
+        }
+    }
+}
+
+/// Allocates and writes `formed` blocks (an error stands in for a block
+/// that could not be formed) in order, as one run, and returns each one's
+/// pointer, with its place, or its error. A block that failed holds no space.
+pub(crate) async fn write_formed(
+    pool: &Rc<Pool>,
+    formed: Vec<Result<Formed, PoolError>>,
+    class: IoClass,
+) -> Vec<Result<BlockPointer, PoolError>> {
+    let mut allocated = Vec::with_capacity(formed.len());
+    for block in formed {
+        let Formed {
+            mut pointer,
+            payload,
+            prep,
+        } = match block {
+            Ok(block) => block,
+            Err(error) => {
+                allocated.push(Err(error));
+                continue;
+            }
+        };
+        debug_assert!(pointer.is_hole() && pointer.physical_size as usize <= payload.len());
+        let dvas = pool.allocate_data(payload.len() as u64).await;
+        allocated.push(dvas.map(|dvas| {
+            pointer.dvas = dvas;
             (pointer, payload, prep)
         }));
     }

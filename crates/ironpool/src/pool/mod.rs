@@ -674,8 +674,14 @@ impl Pool {
         // A volume appearing during `check` would take writes the walk
         // never sees: creation waits for it like other administrative changes.
         let _admin = self.datasets.admin_lock.acquire(1).await;
-        self.create_volume_named(short, size_bytes, block_bytes, properties, encryption)
-            .await
+        self.create_volume_named(
+            short,
+            size_bytes,
+            block_bytes,
+            properties,
+            encryption.map(dataset::keys::VolumeKey::New),
+        )
+        .await
     }
 
     /// Creates a volume under a name already checked (receive uses names users
@@ -686,7 +692,7 @@ impl Pool {
         size_bytes: u64,
         block_bytes: u32,
         properties: BTreeMap<String, String>,
-        encryption: Option<dataset::keys::NewEncryption>,
+        encryption: Option<dataset::keys::VolumeKey>,
     ) -> Result<Rc<Volume>, PoolError> {
         self.check_name_free(&short)?;
         let max_sector = self
@@ -736,10 +742,11 @@ impl Pool {
         // The key is made (and a passphrase stretched) before anything is
         // created: a bad key leaves nothing behind.
         let crypt = match encryption {
-            Some(encryption) => Some(
+            Some(dataset::keys::VolumeKey::New(encryption)) => Some(
                 self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
                     .await?,
             ),
+            Some(dataset::keys::VolumeKey::Received(record)) => Some(record),
             None => None,
         };
         self.check_name_free(&short)?;

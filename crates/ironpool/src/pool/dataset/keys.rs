@@ -115,6 +115,40 @@ impl NewEncryption {
     }
 }
 
+/// How a volume being created is encrypted.
+pub enum VolumeKey {
+    /// A new encryption root (`volume create -o encryption=...`).
+    New(NewEncryption),
+    /// The sender's root, as a raw stream carries it (its master key
+    /// wrapped by the sender's user key): see [`received_crypt`].
+    Received(CryptRecord),
+}
+
+/// The encryption record of a volume a raw stream creates: the sender's
+/// key guid and wrapped master key, so the sender's user key loads it;
+/// `keylocation` (`receive -o keylocation=...`) or `prompt`.
+pub fn received_crypt(
+    raw: &crate::format::stream::RawKey,
+    keylocation: Option<String>,
+) -> Result<CryptRecord, PoolError> {
+    let keylocation = keylocation.unwrap_or_else(|| "prompt".into());
+    check_keylocation(&keylocation)?;
+    let record = CryptRecord {
+        key_guid: raw.key_guid,
+        wrapped_key: raw.wrapped_key.clone(),
+        keylocation,
+    };
+    if raw.key_guid == 0 {
+        return Err(PoolError::InvalidArgument(
+            "stream refused: its key guid is 0".into(),
+        ));
+    }
+    decode_wrapped("the stream", &record).map_err(|_| {
+        PoolError::InvalidArgument("stream refused: its wrapped key is damaged".into())
+    })?;
+    Ok(record)
+}
+
 fn invalid(error: CryptoError) -> PoolError {
     PoolError::InvalidArgument(error.to_string())
 }

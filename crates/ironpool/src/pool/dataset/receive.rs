@@ -332,13 +332,43 @@ impl Pool {
         if !valid_name(snapshot_name) {
             return Err(PoolError::InvalidName(snapshot_name.to_string()));
         }
-        let properties = self.receive_properties(&begin, &options.properties)?;
+        // A received volume keeps the sender's encryption: only where its
+        // key is found may be given (for a raw stream's new volume).
+        let mut requested = options.properties.clone();
+        let keylocation = requested.remove("keylocation");
+        if let Some(name) = ["encryption", "keyformat", "pbkdf2iters"]
+            .into_iter()
+            .find(|name| requested.contains_key(*name))
+        {
+            return Err(PoolError::InvalidArgument(format!(
+                "{name} cannot be given to a receive: the received volume is encrypted as its stream says (a raw stream keeps the sender's key; any other is stored as the target is)"
+            )));
+        }
+        let received_key = match (&begin.raw, keylocation) {
+            (Some(raw), keylocation) if begin.from_guid == 0 => Some(
+                crate::pool::dataset::keys::received_crypt(raw, keylocation)?,
+            ),
+            (_, Some(_)) => {
+                return Err(PoolError::InvalidArgument(
+                    "keylocation can be given to the receive of a full raw stream only (send -w); change it later with `ironpool change-key -o keylocation=...`".into(),
+                ))
+            }
+            _ => None,
+        };
+        let properties = self.receive_properties(&begin, &requested)?;
         let received = match &options.received {
             Some(received) => Some(self.receive_properties(&begin, received)?),
             None => None,
         };
         let hidden = self
-            .prepare_receive(&short, &hidden_short, &begin, &options, &properties)
+            .prepare_receive(
+                &short,
+                &hidden_short,
+                &begin,
+                &options,
+                &properties,
+                received_key,
+            )
             .await?;
         let resumed_from_block = begin.resume_block;
         let applier = Applier::new(&hidden_short, options.save_partial);
@@ -429,6 +459,7 @@ impl Pool {
         begin: &StreamBegin,
         options: &ReceiveOptions,
         properties: &BTreeMap<String, String>,
+        received_key: Option<crate::pool::dataset::directory::CryptRecord>,
     ) -> Result<Hidden, PoolError> {
         let _admin = self.datasets.admin_lock.acquire(1).await;
         let filesystem = begin.filesystem.is_some();
@@ -511,6 +542,7 @@ impl Pool {
                 from_guid: begin.from_guid,
                 next_block: 0,
                 next_object: if filesystem { 1 } else { 0 },
+                raw: begin.raw.is_some(),
             },
             resumable: options.save_partial,
         };
@@ -532,7 +564,7 @@ impl Pool {
                             begin.size_bytes,
                             begin.block_bytes,
                             properties.clone(),
-                            None,
+                            received_key.map(crate::pool::dataset::keys::VolumeKey::Received),
                         )
                         .await?,
                     )
@@ -540,6 +572,9 @@ impl Pool {
             }
         } else {
             let from = self.incremental_source(short, begin, options.force)?;
+            if !filesystem {
+                self.check_raw_target(short, begin)?;
+            }
             let origin = format!("{}/{short}@{from}", self.name);
             if filesystem {
                 Hidden::Filesystem(
@@ -636,6 +671,27 @@ impl Pool {
         Ok(lineage.snapshots[index].name.clone())
     }
 
+    /// An incremental stream's blocks must be stored as the target's are:
+    /// a raw one's sealed under the target's own master key (it was
+    /// received raw from the same encryption root, or is that root), and
+    /// one that is not raw into a volume that seals its blocks itself.
+    fn check_raw_target(&self, short: &str, begin: &StreamBegin) -> Result<(), PoolError> {
+        let record = self.volume_record(short)?;
+        let target_key = record.crypt.as_ref().map(|crypt| crypt.key_guid);
+        match (&begin.raw, target_key) {
+            (Some(raw), Some(guid)) if raw.key_guid == guid => Ok(()),
+            (Some(_), Some(_)) => Err(PoolError::InvalidArgument(format!(
+                "the raw stream is sealed under another key than {}/{short}'s: receive it raw into a new volume",
+                self.name
+            ))),
+            (Some(_), None) => Err(PoolError::InvalidArgument(format!(
+                "{}/{short} is not encrypted: a raw stream applies only to a volume received raw from the same encryption root",
+                self.name
+            ))),
+            (None, _) => Ok(()),
+        }
+    }
+
     /// True when a volume or a filesystem holds changes made after its
     /// latest snapshot.
     fn changed_since_latest_snapshot(&self, short: &str) -> Result<bool, PoolError> {
@@ -720,6 +776,19 @@ impl Pool {
                             )
                             .await;
                         if let Err(failure) = result {
+                            error.borrow_mut().get_or_insert(failure);
+                        }
+                        drop(permit);
+                    });
+                }
+                (Record::WriteRaw(raw), Some(data)) => {
+                    let permit = applier.slots.acquire(1).await;
+                    let pool = self.clone();
+                    let volume = hidden.clone();
+                    let error = applier.error.clone();
+                    since_checkpoint += block_bytes;
+                    crate::rt::spawn(async move {
+                        if let Err(failure) = pool.write_stored_block(&volume, &raw, &data).await {
                             error.borrow_mut().get_or_insert(failure);
                         }
                         drop(permit);

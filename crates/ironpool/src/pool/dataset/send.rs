@@ -47,6 +47,9 @@ pub struct ResumeToken {
     /// (0 for a volume's).
     #[serde(default, skip_serializing_if = "is_zero")]
     pub next_object: u64,
+    /// The stream was raw (`send -w`): its rest must be too.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub raw: bool,
 }
 
 fn is_zero(value: &u64) -> bool {
@@ -109,13 +112,22 @@ pub struct SendRequest {
     pub resume_block: Option<u64>,
     /// A filesystem's: continue from this object (and `resume_block` of it).
     pub resume_object: Option<u64>,
+    /// `send -w`: an encrypted volume's blocks as stored, sealed (a raw
+    /// stream). Other datasets are sent as they would be without it.
+    pub raw: bool,
+}
+
+/// A block as the stream carries it: its logical bytes, or (raw) as stored.
+enum Sent {
+    Logical(BufSlice),
+    Raw(stream::RawBlock, BufSlice),
 }
 
 /// One entry of the in-order pipeline between reads and the output.
 enum Pending {
     Read {
         blkid: u64,
-        read: JoinHandle<Result<BufSlice, PoolError>>,
+        read: JoinHandle<Result<Sent, PoolError>>,
     },
     Holes {
         first: u64,
@@ -221,6 +233,20 @@ impl<'a> StreamOut<'a> {
             self.run = Some((blkid, Vec::new()));
         }
         self.run.as_mut().expect("a run").1.push(data);
+        Ok(())
+    }
+
+    /// One block as stored (a raw stream's): a record of its own.
+    async fn raw_block(&mut self, raw: stream::RawBlock, data: BufSlice) -> Result<(), PoolError> {
+        self.flush_holes().await?;
+        self.flush_run().await?;
+        self.record(
+            RecordKind::WriteRaw,
+            &stream::write_raw_header(&raw),
+            vec![data],
+        )
+        .await?;
+        self.end.written_blocks += 1;
         Ok(())
     }
 
@@ -379,8 +405,21 @@ impl Pool {
         let size_bytes = view.size_bytes.get();
         let block_bytes = view.block_bytes;
         let blocks = size_bytes / block_bytes;
+        // A raw stream: the blocks as stored, and the master key as
+        // wrapped, so that neither needs the key here.
+        let raw = match (&record.crypt, request.raw) {
+            (Some(crypt), true) => Some(stream::RawKey {
+                key_guid: crypt.key_guid,
+                wrapped_key: crypt.wrapped_key.clone(),
+            }),
+            _ => None,
+        };
         let begin = StreamBegin {
-            version: STREAM_VERSION,
+            version: if raw.is_some() {
+                stream::STREAM_VERSION_RAW
+            } else {
+                STREAM_VERSION
+            },
             snapshot: to_name.clone(),
             to_guid: to.guid,
             from: from_name.clone(),
@@ -391,6 +430,7 @@ impl Pool {
             properties: record.own_properties(),
             filesystem: None,
             resume_object: None,
+            raw: raw.clone(),
         };
         let mut output = StreamOut::new(out, block_bytes, from_name.is_some());
         let json = serde_json::to_vec(&begin).expect("BEGIN serialises");
@@ -405,18 +445,22 @@ impl Pool {
         // in one run) and push out what readers use once it is full.
         let usage = view.settings().data_cache_use();
         let usage = crate::cache::CacheUse::data(usage.lookup, false);
-        // An encrypted volume is sent as plaintext (raw sends, which keep
-        // the ciphertext, are not built yet): its key must be loaded.
-        let key = view
-            .key_guid()
-            .map(|guid| self.data_key(guid))
-            .transpose()
-            .map_err(|_| {
-                PoolError::KeyUnavailable(format!(
-                    "{} is encrypted: load its key to send it",
-                    request.snapshot
-                ))
-            })?;
+        // An encrypted volume is sent as plaintext unless raw: its key
+        // must be loaded then.
+        let key = match raw {
+            Some(_) => None,
+            None => view
+                .key_guid()
+                .map(|guid| self.data_key(guid))
+                .transpose()
+                .map_err(|_| {
+                    PoolError::KeyUnavailable(format!(
+                        "{} is encrypted: load its key to send it, or send it raw (send -w)",
+                        request.snapshot
+                    ))
+                })?,
+        };
+        let raw = raw.is_some();
         let mut walk = self.objects.walk_changed_blocks(
             &view.object,
             since_txg,
@@ -433,8 +477,12 @@ impl Pool {
                         pending.push_back(Pending::Read {
                             blkid,
                             read: crate::rt::spawn(async move {
+                                if raw {
+                                    return pool.read_stored(&pointer, blkid).await;
+                                }
                                 pool.read_logical(&pointer, blkid, usage, key.as_deref())
                                     .await
+                                    .map(Sent::Logical)
                             }),
                         });
                     }
@@ -494,6 +542,39 @@ impl Pool {
             blkid,
         )
         .await
+    }
+
+    /// Reads an encrypted block as stored (verified by its checksum, healed
+    /// from another copy, never opened) for a raw stream. The read cache
+    /// is passed by: it may hold the block opened.
+    async fn read_stored(
+        self: &Rc<Self>,
+        pointer: &crate::format::BlockPointer,
+        blkid: u64,
+    ) -> Result<Sent, PoolError> {
+        let Some(crypt) = pointer.crypt else {
+            return Err(PoolError::Corrupt(format!(
+                "block {blkid} of an encrypted volume is not sealed"
+            )));
+        };
+        let read = self
+            .store
+            .read_cached(
+                pointer,
+                IoClass::AsyncRead,
+                crate::cache::CacheUse::data(false, false),
+            )
+            .await?;
+        debug_assert!(!read.opened, "a read that passed the cache is as stored");
+        let raw = stream::RawBlock {
+            block: blkid,
+            logical: pointer.logical_size,
+            physical: pointer.physical_size,
+            compression: pointer.compression,
+            crypt,
+        };
+        let size = pointer.physical_size as usize;
+        Ok(Sent::Raw(raw, read.data.slice(0..size)))
     }
 
     /// Keeps snapshot `full_name` from being destroyed while the guard lives.
@@ -562,8 +643,10 @@ async fn drain_front(
     while let Some(entry) = pending.pop_front() {
         match entry {
             Pending::Read { blkid, read } => {
-                let data = read.await?;
-                output.block(blkid, data).await?;
+                match read.await? {
+                    Sent::Logical(data) => output.block(blkid, data).await?,
+                    Sent::Raw(raw, data) => output.raw_block(raw, data).await?,
+                }
                 drained += 1;
                 if drained >= reads {
                     break;

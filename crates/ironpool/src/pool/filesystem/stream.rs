@@ -289,6 +289,7 @@ impl Pool {
                 root: header.root,
                 next_object: header.next_object,
             }),
+            raw: None,
             resume_object: request.resume_object,
         };
         let mut output = FsStreamOut {

@@ -671,6 +671,51 @@ impl Pool {
         Ok(())
     }
 
+    /// Stores block `raw.block` of `volume`, an encrypted volume, as the
+    /// pool that sent it stored it (a raw receive): its bytes stay sealed,
+    /// its pointer takes the fields that open it, and no key is needed.
+    /// Written through and linked, as a large write is.
+    pub(crate) async fn write_stored_block(
+        self: &Rc<Self>,
+        volume: &Rc<Volume>,
+        raw: &crate::format::stream::RawBlock,
+        data: &[u8],
+    ) -> Result<(), PoolError> {
+        let block = volume.block_bytes;
+        assert!(
+            volume.key_guid().is_some() && raw.logical as u64 == block,
+            "{}: a raw block is received into an encrypted volume of its size",
+            volume.name()
+        );
+        volume.check_writable(raw.block * block, block)?;
+        self.txg.ensure_writable()?;
+        self.txg.throttle(self).await;
+        let _admitted = self
+            .admit_to_dataset(Owner::Volume(volume), 1, block)
+            .await?;
+        let _space = self.claim_space(block).await?;
+        let _writer = volume.writer().await?;
+        let _lock = volume.lock(raw.block, raw.block).await;
+        let formed = crate::pool::data::Formed::stored_as_sent(
+            self,
+            volume.block_format().object_type,
+            raw.logical,
+            raw.compression,
+            raw.crypt,
+            data,
+        );
+        let pointer = crate::pool::data::write_formed(self, vec![Ok(formed)], IoClass::AsyncWrite)
+            .await
+            .pop()
+            .expect("a result for the one block")?;
+        volume.count_stored(&pointer);
+        volume.count(|stats| {
+            stats.write_ops += 1;
+            stats.write_bytes += block;
+        });
+        self.link_block(volume, raw.block, pointer, false).await
+    }
+
     /// Makes `offset..offset+length` read as zeros; whole blocks become holes
     /// (TRIM and WRITE_ZEROES both end here: a trimmed range reads as zeros).
     pub async fn zero(

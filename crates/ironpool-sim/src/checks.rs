@@ -86,6 +86,7 @@ async fn check_at(sim: &mut Sim, present: &[usize], txg: u64) -> Result<(), Stri
     let pool = Pool::import_from_devices(POOL, copies, sim.tunables())
         .await
         .map_err(|error| format!("import failed: {error}"))?;
+    crate::run::load_keys(&pool).await?;
     if pool.imported_txg() != txg {
         return Err(format!(
             "import chose txg {} instead ({:?})",

@@ -44,6 +44,9 @@ const BURST_WRITES_MAX: u64 = 24;
 /// Sectors rotted on every device by a sabotage step (testing the checkers):
 /// enough to hit data and metadata on each device.
 const SABOTAGE_SECTORS: usize = 4000;
+/// The raw key of the run's encrypted volumes (a user's key the simulator
+/// holds, as `load-key` would be given it after each import).
+const SIM_KEY: [u8; 32] = *b"ironpool-sim raw key, 32 bytes!!";
 /// Blocks read by a step's random sample check.
 const SAMPLE_BLOCKS_MAX: u64 = 16;
 
@@ -313,6 +316,7 @@ impl Sim {
                     .await
                     .map_err(|error| io_error("import", error))?;
             self.count_check("import");
+            load_keys(&pool).await?;
             self.trace(|| {
                 format!(
                     "imported at txg {}: {:?}",
@@ -1119,11 +1123,26 @@ impl Sim {
         let name = self.model.borrow_mut().name("v");
         let block_bytes = [4096u64, 8192, 16384, 65536][self.rng.below(4) as usize];
         let size_bytes = (4 + self.rng.below(13)) << 20;
-        pool.create_volume(
+        // Every other volume is encrypted (which ones, by the seed and the
+        // name's number: no draw from the workload's generator, so a
+        // seed's workload stays what it was before encryption).
+        let number: u64 = name[1..].parse().expect("a numbered name");
+        let encryption = ((self.options.seed + number) % 2 == 0).then(|| {
+            self.count_operation("encrypted-volume");
+            ironpool::pool::dataset::keys::NewEncryption {
+                suite: ironpool::crypto::Suite::Aes256Gcm,
+                params: ironpool::crypto::KeyParams::new(ironpool::crypto::KeyFormat::Raw, None)
+                    .expect("raw key parameters"),
+                keylocation: "prompt".into(),
+                material: Some(zeroize::Zeroizing::new(SIM_KEY.to_vec())),
+            }
+        });
+        pool.create_volume_with(
             &format!("{POOL}/{name}"),
             size_bytes,
             block_bytes as u32,
             BTreeMap::new(),
+            encryption,
         )
         .await
         .map_err(|error| io_error(&format!("create volume {name}"), error))?;
@@ -1743,4 +1762,18 @@ async fn describe_owners(pool: &Rc<Pool>, problems: &[String]) -> String {
         }
     }
     out
+}
+
+/// Loads the key of every encrypted volume of `pool` (after an import,
+/// none is loaded), as an operator's `load-key -a` would.
+pub(crate) async fn load_keys(pool: &Rc<Pool>) -> Result<(), String> {
+    for (name, volume) in pool.open_volumes() {
+        if volume.key_guid().is_none() || pool.volume_key_available(&volume) {
+            continue;
+        }
+        pool.load_key(&name, Some(zeroize::Zeroizing::new(SIM_KEY.to_vec())))
+            .await
+            .map_err(|error| io_error(&format!("load-key {name}"), error))?;
+    }
+    Ok(())
 }

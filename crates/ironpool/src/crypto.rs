@@ -253,8 +253,18 @@ fn check_iterations(iterations: u32) -> Result<(), CryptoError> {
     Ok(())
 }
 
-/// Fills `out` from AWS-LC's generator (a DRBG seeded from the kernel).
+/// Fills `out` from AWS-LC's generator (a DRBG seeded from the kernel);
+/// under the simulator, from its seeded generator instead, so that a run
+/// with encrypted volumes writes the same bytes each time it replays
+/// (never outside one: a server's keys, salts and IVs are always AWS-LC's).
 pub fn random(out: &mut [u8]) -> Result<(), CryptoError> {
+    if crate::rt::in_simulation() {
+        for chunk in out.chunks_mut(8) {
+            let draw = crate::rt::simulated_random_u64().ok_or(CryptoError::Random)?;
+            chunk.copy_from_slice(&draw.to_le_bytes()[..chunk.len()]);
+        }
+        return Ok(());
+    }
     aws_lc_rs::rand::fill(out).map_err(|_| CryptoError::Random)
 }
 

@@ -236,6 +236,22 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
         std::fs::read(&pattern).unwrap()
     );
 
+    // A replication package sends raw too (-R -w).
+    let package = pool.path("raw-package");
+    pool.send_to_file(&["send", "-R", "-w", "tank/secret@s"], &package);
+    assert_eq!(markers_on_devices(&pool, &["raw-package"]), 0);
+    let received = pool.receive_from_file(&["receive", "tank/rawtree"], &package);
+    assert!(
+        received.status.success(),
+        "{}",
+        String::from_utf8_lossy(&received.stderr)
+    );
+    assert_eq!(pool.property("tank/rawtree", "keystatus").0, "available");
+    assert_eq!(
+        read_back(&pool, "rawtree"),
+        std::fs::read(&pattern).unwrap()
+    );
+
     // Filesystems are not encrypted yet, and say so.
     let refused = pool.fails(&[
         "--control",

@@ -14,12 +14,11 @@ use std::rc::Rc;
 
 use ironpool::dev::sim::SimDevice;
 use ironpool::format::label::TopVdevKind;
-use ironpool::format::DATA_START_BYTES;
 use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{devices, layout, manual_commits, random_pattern};
+use sim_support::{corrupt_block, devices, layout, manual_commits, random_pattern};
 
 const DEVICE_BYTES: u64 = 256 << 20;
 const VOLUME_BYTES: u64 = 32 << 20;
@@ -60,17 +59,7 @@ fn a_cached_block_is_served_over_damage_and_healed_once_evicted() {
         assert_eq!(read(&pool, &volume, 0, 1 << 20).await, &data[..]);
         // Block 3 rots on d0, block 5 on d1: each keeps one good copy.
         for (blkid, disk) in [(3u64, 0usize), (5, 1)] {
-            let pointer = pool
-                .objects()
-                .block_pointer(&volume.object, blkid)
-                .await
-                .unwrap();
-            let dva = pointer.dvas[0];
-            disks[disk].corrupt(
-                DATA_START_BYTES + dva.offset,
-                u64::from(dva.asize),
-                &mut rng,
-            );
+            corrupt_block(&pool, &volume, blkid, &disks[disk], &mut rng).await;
         }
         // Cached: served from memory, no device read, no error seen.
         let before = device_reads(&disks);

@@ -18,14 +18,14 @@ use ironpool::format::stream::Record;
 use ironpool::format::DATA_START_BYTES;
 use ironpool::pool::dataset::keys::NewEncryption;
 use ironpool::pool::dataset::receive::ReceiveOptions;
-use ironpool::pool::dataset::send::SendRequest;
+use ironpool::pool::dataset::send::{ResumeToken, SendRequest};
 use ironpool::pool::dataset::stream_io::MemoryStream;
 use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::{Pool, PoolError};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{crash_all, devices, layout, manual_commits, named};
+use sim_support::{corrupt_block, crash_all, devices, layout, manual_commits, named};
 use zeroize::Zeroizing;
 
 const DEVICE_BYTES: u64 = 128 << 20;
@@ -91,6 +91,20 @@ async fn stored(pool: &Rc<Pool>, volume: &Volume, disk: &SimDevice, blkid: u64) 
         ),
         pointer.crypt.is_some(),
     )
+}
+
+/// `pool`'s volume tank/v of test blocks, encrypted (AES-256-GCM) under
+/// the raw key of `key` bytes.
+async fn encrypted_v(pool: &Rc<Pool>, key: u8, properties: BTreeMap<String, String>) -> Rc<Volume> {
+    pool.create_volume_with(
+        "tank/v",
+        VOLUME_BYTES,
+        BLOCK as u32,
+        properties,
+        Some(encryption(key, Suite::Aes256Gcm)),
+    )
+    .await
+    .unwrap()
 }
 
 fn holds_marker(bytes: &[u8]) -> bool {
@@ -194,32 +208,13 @@ fn damaged_sealed_blocks_heal_and_scrub_needs_no_key() {
     let mut rng = Rng::new(74);
     Runtime::new_sim(74).block_on(async {
         let pool = mirror(&disks).await;
-        let volume = pool
-            .create_volume_with(
-                "tank/v",
-                VOLUME_BYTES,
-                BLOCK as u32,
-                BTreeMap::new(),
-                Some(encryption(2, Suite::Aes256Gcm)),
-            )
-            .await
-            .unwrap();
+        let volume = encrypted_v(&pool, 2, BTreeMap::new()).await;
         let data = marked(16);
         pool.write(&volume, 0, data.clone(), false).await.unwrap();
         pool.commit().await.unwrap();
         pool.set_tunable("arc_max_bytes", "0").unwrap();
         for (blkid, disk) in [(2u64, 0usize), (9, 1)] {
-            let pointer = pool
-                .objects()
-                .block_pointer(&volume.object, blkid)
-                .await
-                .unwrap();
-            let dva = pointer.dvas[0];
-            disks[disk].corrupt(
-                DATA_START_BYTES + dva.offset,
-                u64::from(dva.asize),
-                &mut rng,
-            );
+            corrupt_block(&pool, &volume, blkid, &disks[disk], &mut rng).await;
         }
         // Reads heal what they meet (each takes a side at random).
         for _ in 0..64 {
@@ -236,17 +231,7 @@ fn damaged_sealed_blocks_heal_and_scrub_needs_no_key() {
         );
 
         // Damage again, then scrub without the key: found and repaired.
-        let pointer = pool
-            .objects()
-            .block_pointer(&volume.object, 5)
-            .await
-            .unwrap();
-        let dva = pointer.dvas[0];
-        disks[1].corrupt(
-            DATA_START_BYTES + dva.offset,
-            u64::from(dva.asize),
-            &mut rng,
-        );
+        corrupt_block(&pool, &volume, 5, &disks[1], &mut rng).await;
         pool.unload_key("tank/v").await.unwrap();
         assert!(!pool.volume_key_available(&volume));
         pool.scrub_start().unwrap();
@@ -271,27 +256,31 @@ fn keys_are_needed_checked_and_changed() {
     let disks = devices(2, DEVICE_BYTES, 75);
     Runtime::new_sim(75).block_on(async {
         let pool = mirror(&disks).await;
-        let volume = pool
-            .create_volume_with(
-                "tank/v",
-                VOLUME_BYTES,
-                BLOCK as u32,
-                BTreeMap::new(),
-                Some(encryption(3, Suite::Aes256Gcm)),
-            )
-            .await
-            .unwrap();
+        let volume = encrypted_v(&pool, 3, BTreeMap::new()).await;
         let data = marked(8);
         pool.write(&volume, 0, data.clone(), false).await.unwrap();
         pool.snapshot(&["tank/v@s".to_string()]).await.unwrap();
         let clone = pool.clone_snapshot("tank/v@s", "tank/c").await.unwrap();
         assert_eq!(read(&pool, &volume, 0, 8 * BLOCK).await, &data[..]);
-        assert!(pool.store().cache.stats().size_bytes > 0);
+        let plain = pool
+            .create_volume("tank/plain", VOLUME_BYTES, BLOCK as u32, BTreeMap::new())
+            .await
+            .unwrap();
+        pool.write(&plain, 0, data.clone(), false).await.unwrap();
+        pool.commit().await.unwrap();
+        assert_eq!(read(&pool, &plain, 0, 8 * BLOCK).await, &data[..]);
+        assert!(pool.store().cache.opened_entries() >= 8);
+        let cached = pool.store().cache.stats().size_bytes;
         pool.unload_key("tank/v").await.unwrap();
         assert_eq!(
-            pool.store().cache.stats().size_bytes,
+            pool.store().cache.opened_entries(),
             0,
             "plaintext cached after its key went"
+        );
+        let kept = pool.store().cache.stats().size_bytes;
+        assert!(
+            kept >= 8 * BLOCK && kept < cached,
+            "the plain volume's blocks went with the key ({cached} cached, {kept} kept)"
         );
         pool.set_tunable("arc_max_bytes", "0").unwrap();
         for volume in [&volume, &clone] {
@@ -358,16 +347,7 @@ fn a_durable_write_replays_without_the_key() {
     let expected = data.to_vec();
     Runtime::new_sim(77).block_on(async {
         let pool = mirror(&disks).await;
-        let volume = pool
-            .create_volume_with(
-                "tank/v",
-                VOLUME_BYTES,
-                BLOCK as u32,
-                BTreeMap::new(),
-                Some(encryption(5, Suite::Aes256Gcm)),
-            )
-            .await
-            .unwrap();
+        let volume = encrypted_v(&pool, 5, BTreeMap::new()).await;
         pool.commit().await.unwrap();
         // One block each: small FUA writes are what an unencrypted volume
         // copies into its log.
@@ -418,10 +398,21 @@ async fn send_bytes(pool: &Rc<Pool>, snapshot: &str, from: Option<&str>, raw: bo
 }
 
 async fn receive_bytes(pool: &Rc<Pool>, target: &str, bytes: Vec<u8>) -> Result<(), PoolError> {
+    receive_partial(pool, target, bytes, false).await
+}
+
+/// [`receive_bytes`], kept for resuming when the stream breaks (`-s`) if
+/// `save_partial`.
+async fn receive_partial(
+    pool: &Rc<Pool>,
+    target: &str,
+    bytes: Vec<u8>,
+    save_partial: bool,
+) -> Result<(), PoolError> {
     let options = ReceiveOptions {
         target: target.to_string(),
         force: false,
-        save_partial: false,
+        save_partial,
         properties: BTreeMap::new(),
         received: None,
     };
@@ -450,16 +441,7 @@ fn raw_send_keeps_volumes_sealed_into_a_pool_without_the_key() {
         .unwrap();
         let properties: BTreeMap<String, String> =
             [("compression".to_string(), "lz4".to_string())].into();
-        let volume = source
-            .create_volume_with(
-                "tank/v",
-                VOLUME_BYTES,
-                BLOCK as u32,
-                properties,
-                Some(encryption(6, Suite::Aes256Gcm)),
-            )
-            .await
-            .unwrap();
+        let volume = encrypted_v(&source, 6, properties).await;
         let data = marked(32);
         source.write(&volume, 0, data.clone(), false).await.unwrap();
         source.snapshot(&["tank/v@a".to_string()]).await.unwrap();
@@ -476,7 +458,9 @@ fn raw_send_keeps_volumes_sealed_into_a_pool_without_the_key() {
             })
             .count();
         assert_eq!(compressed, 32, "blocks are sent as stored, compressed");
-        receive_bytes(&backup, "backup/copy", full).await.unwrap();
+        receive_bytes(&backup, "backup/copy", full.clone())
+            .await
+            .unwrap();
         let copy = backup.volume("backup/copy").unwrap();
         assert!(!backup.volume_key_available(&copy));
         match backup.read(&copy, 0, BLOCK).await {
@@ -542,6 +526,41 @@ fn raw_send_keeps_volumes_sealed_into_a_pool_without_the_key() {
             }
             other => panic!("a raw stream into a plain volume: {other:?}"),
         }
+
+        // A raw receive cut short resumes raw, from where it stopped.
+        let mut cut = full.clone();
+        cut.truncate(full.len() * 2 / 3);
+        assert!(receive_partial(&backup, "backup/part", cut, true)
+            .await
+            .is_err());
+        let token =
+            ResumeToken::decode(&backup.receive_resume_token("backup/part").unwrap()).unwrap();
+        assert!(token.raw && token.next_block > 0, "{token:?}");
+        let request = SendRequest {
+            snapshot: token.snapshot,
+            from: token.from,
+            resume_block: Some(token.next_block),
+            resume_object: None,
+            raw: token.raw,
+        };
+        let rest = MemoryStream::new();
+        source.send(request, &rest).await.unwrap();
+        let rest = rest.into_bytes();
+        assert!(rest.len() < full.len() && !holds_marker(&rest));
+        receive_partial(&backup, "backup/part", rest, true)
+            .await
+            .unwrap();
+        let part = backup.volume("backup/part").unwrap();
+        assert!(!backup.volume_key_available(&part));
+        backup
+            .load_key("backup/part", Some(raw_key(6)))
+            .await
+            .unwrap();
+        assert!(
+            backup.volume_key_available(&backup.volume("backup/copy").unwrap()),
+            "copies of one root share its key"
+        );
+        assert_eq!(read(&backup, &part, 0, 32 * BLOCK).await, &data[..]);
         backup.export().await.unwrap();
         source.export().await.unwrap();
         expected

@@ -306,6 +306,20 @@ impl<K: Hash + Eq + Copy, V: Clone> AdaptiveCache<K, V> {
         self.evict_to_target()
     }
 
+    /// The keys of the cached values (ghosts have none) that `select` picks.
+    pub fn keys_where(&self, select: impl Fn(&V) -> bool) -> Vec<K> {
+        self.map
+            .iter()
+            .filter(|(_, slot)| {
+                self.nodes[**slot as usize]
+                    .value
+                    .as_ref()
+                    .is_some_and(&select)
+            })
+            .map(|(key, _)| *key)
+            .collect()
+    }
+
     /// Drops `key` (its block was freed, or its value is stale), ghost or not;
     /// true if a value was cached.
     pub fn remove(&mut self, key: &K) -> Option<V> {

@@ -512,6 +512,26 @@ impl BlockCache {
 
     /// Drops every entry (`ironpool tune POOL arc_drop=1`, and tests that
     /// need the next read to go to the devices).
+    /// Drops every block held opened (an encrypted block's plaintext): when
+    /// a key is unloaded, none of its blocks may stay readable from memory.
+    /// (Which key opened an entry is not kept, so every key's go; blocks
+    /// as stored, and every plain block, stay.)
+    pub fn drop_opened(&self) {
+        let mut policy = self.policy.borrow_mut();
+        let opened = policy.keys_where(|entry| entry.opened);
+        let removed: Vec<CachedBlock> =
+            opened.iter().filter_map(|key| policy.remove(key)).collect();
+        drop(policy);
+        for entry in &removed {
+            self.released(entry);
+        }
+    }
+
+    /// How many cached blocks are held opened (plaintext).
+    pub fn opened_entries(&self) -> usize {
+        self.policy.borrow().keys_where(|entry| entry.opened).len()
+    }
+
     pub fn clear(&self) {
         *self.policy.borrow_mut() = AdaptiveCache::new(self.target_bytes());
         self.count(|counters| {

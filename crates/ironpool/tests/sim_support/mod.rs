@@ -88,3 +88,26 @@ pub fn random_pattern(length: usize, tag: u64) -> BufSlice {
     Rng::new(tag.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1).fill(&mut buffer);
     BufSlice::whole(buffer.into_shared())
 }
+
+/// Damages the copy of `volume`'s block `blkid` on `disk` (data blocks have
+/// one copy per mirror side: the pointer's first DVA, at the same offset
+/// on each side).
+pub async fn corrupt_block(
+    pool: &ironpool::pool::Pool,
+    volume: &ironpool::pool::volume::Volume,
+    blkid: u64,
+    disk: &SimDevice,
+    rng: &mut Rng,
+) {
+    let pointer = pool
+        .objects()
+        .block_pointer(&volume.object, blkid)
+        .await
+        .unwrap();
+    let dva = pointer.dvas[0];
+    disk.corrupt(
+        ironpool::format::DATA_START_BYTES + dva.offset,
+        u64::from(dva.asize),
+        rng,
+    );
+}

@@ -169,8 +169,10 @@ fn key_file(location: &str) -> Option<&str> {
         .filter(|path| path.starts_with('/'))
 }
 
-/// Reads the user's key from `location` (a `file://` one).
-fn read_key_file(name: &str, location: &str) -> Result<Zeroizing<Vec<u8>>, PoolError> {
+/// Reads the user's key from `location` (a `file://` one), at most
+/// [`KEY_FILE_BYTES_MAX`] bytes of it: the server for `keylocation`, the
+/// command line for `load-key -L`.
+pub fn read_key_file(name: &str, location: &str) -> Result<Zeroizing<Vec<u8>>, PoolError> {
     let Some(path) = key_file(location) else {
         return Err(PoolError::InvalidArgument(format!(
             "{name} has keylocation={location}: give the key on standard input (load-key reads it there)"
@@ -392,8 +394,8 @@ impl Pool {
         self.datasets.keys.unloading.borrow_mut().remove(&guid);
         // The read cache holds opened blocks as plaintext: none stays once
         // their key is gone (the cache does not know whose they are, so
-        // all of it goes; an unload is rare).
-        self.store.cache.clear();
+        // every opened block goes; an unload is rare).
+        self.store.cache.drop_opened();
         Ok(())
     }
 

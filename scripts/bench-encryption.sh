@@ -9,8 +9,10 @@
 # on the plain volume, the sealed one, the sealed one and the plain one
 # again, after a sync each (the disk's drift falls on both alike). Prints
 # each row's IOPS, MiB/s and the server's CPU per operation (means of the
-# two runs), and the ratio encrypted / plain. `ironpool bench` cannot make an encrypted volume yet
-# (its targets carry no key); this script is that measurement until it can.
+# two runs), and the ratio encrypted / plain. `ironpool bench` makes
+# encrypted targets (`ironpool:mirror:2x2G:encryption=on`), one pool per
+# target run one after the other; this script puts both volumes on one pool
+# and pairs their rows, so the disk's drift cannot favour either.
 #
 # Usage: scripts/bench-encryption.sh [RUNTIME_S] [VOLUME_SIZE] [IRONPOOL_BIN]
 #   default: 8, 1G, target/release/ironpool

@@ -631,6 +631,35 @@ impl DatasetKey {
         seal_with(&key, salt, iv, aad, data)
     }
 
+    /// Seals `plaintext` into `ciphertext`, of the same length, with a
+    /// fresh IV (as [`DatasetKey::seal`]), leaving `plaintext` as it is:
+    /// a write-back's held copy stays readable, and no copy is made first
+    /// (an in-place seal of a shared block needs one: 0.06-0.13 us per 16
+    /// KiB in a warm loop here, 1.16-1.19 us for the seal itself; more when
+    /// the block is cold in the cache, as a written-out block is).
+    pub fn seal_into(
+        &self,
+        aad: &[u8],
+        plaintext: &[u8],
+        ciphertext: &mut [u8],
+    ) -> Result<Sealed, CryptoError> {
+        if plaintext.len() != ciphertext.len() {
+            return Err(CryptoError::Malformed("ciphertext length"));
+        }
+        let (salt, key, iv) = self.sealing_key()?;
+        let mut mac = [0u8; MAC_BYTES];
+        key.seal_out_of_place_scatter(
+            Nonce::assume_unique_for_key(iv),
+            Aad::from(aad),
+            plaintext,
+            ciphertext,
+            &[],
+            &mut mac,
+        )
+        .map_err(|_| CryptoError::Malformed("block too large to seal"))?;
+        Ok(Sealed { salt, iv, mac })
+    }
+
     /// Opens a block sealed by [`DatasetKey::seal`] in place.
     pub fn open(&self, sealed: &Sealed, aad: &[u8], data: &mut [u8]) -> Result<(), CryptoError> {
         let key = self.opening_key(sealed.salt)?;

@@ -93,6 +93,28 @@ fn block_keys_follow_their_definition() {
     }
 }
 
+/// `seal_into` leaves the plaintext as it is and makes what an in-place
+/// seal with the same IV makes (the same cipher, out of place), which
+/// opens under the key; lengths that differ are refused.
+#[test]
+fn sealing_out_of_place_is_sealing_in_place() {
+    let key = DatasetKey::new(master(Suite::Aes256Gcm, 9));
+    let plain: Vec<u8> = (0..16384u32).map(|index| (index * 7) as u8).collect();
+    let mut cipher = vec![0u8; plain.len()];
+    let sealed = key.seal_into(b"aad", &plain, &mut cipher).unwrap();
+    assert_ne!(cipher, plain);
+    let mut in_place = plain.clone();
+    let block_key = key.opening_key(sealed.salt).unwrap();
+    let again = seal_with(&block_key, sealed.salt, sealed.iv, b"aad", &mut in_place).unwrap();
+    assert_eq!(in_place, cipher, "out of place and in place differ");
+    assert_eq!(again.mac, sealed.mac);
+    let mut opened = vec![0u8; plain.len()];
+    key.open_into(&sealed, b"aad", &cipher, &mut opened)
+        .unwrap();
+    assert_eq!(opened, plain);
+    assert!(key.seal_into(b"aad", &plain, &mut cipher[1..]).is_err());
+}
+
 /// What `seal` makes, `open` gives back, with the same master key loaded
 /// anew (keys derived again), and nothing else does.
 #[test]

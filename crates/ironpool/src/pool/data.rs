@@ -94,8 +94,9 @@ fn block_aad(
 }
 
 /// Seals `physical` bytes of `payload` (a block as it is to be stored,
-/// padded to the sector) into a new buffer: the shared payload may be a
-/// write-back's held copy, which stays plaintext. The pad stays zeros.
+/// padded to the sector) into a new buffer, out of place: the shared
+/// payload may be a write-back's held copy, which stays plaintext. The pad
+/// stays zeros.
 fn seal_block(
     key: &crate::crypto::DatasetKey,
     payload: &BufSlice,
@@ -103,10 +104,9 @@ fn seal_block(
     aad: &[u8],
 ) -> Result<(BufSlice, crate::format::bp::BlockCrypt), PoolError> {
     let mut sealed = AlignedBuf::for_overwrite(payload.len());
-    sealed[..physical].copy_from_slice(&payload[..physical]);
     sealed[physical..].fill(0);
     let crypt = key
-        .seal(aad, &mut sealed[..physical])
+        .seal_into(aad, &payload[..physical], &mut sealed[..physical])
         .map_err(|error| PoolError::Io(format!("sealing a block: {error}")))?;
     Ok((BufSlice::whole(sealed.into_shared()), crypt))
 }

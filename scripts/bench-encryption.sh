@@ -9,7 +9,8 @@
 # on the plain volume, the sealed one, the sealed one and the plain one
 # again, after a sync each (the disk's drift falls on both alike). Prints
 # each row's IOPS, MiB/s and the server's CPU per operation (means of the
-# two runs), and the ratio encrypted / plain. `ironpool bench` makes
+# two runs), and the ratio encrypted / plain; then the speed of a whole
+# snapshot's send, plain, sealed and sealed raw (`send -w`). `ironpool bench` makes
 # encrypted targets (`ironpool:mirror:2x2G:encryption=on`), one pool per
 # target run one after the other; this script puts both volumes on one pool
 # and pairs their rows, so the disk's drift cannot favour either.
@@ -101,6 +102,33 @@ PY
     done
 } >"$work/rows"
 
+# Sends of a snapshot of each volume to /dev/null: the plain one, the
+# sealed one opened (plaintext stream, the key loaded) and the sealed one
+# raw (send -w: blocks as stored, never opened), in the order A B C C B A,
+# each from the devices.
+"$bin" snapshot encb/plain@s encb/sealed@s >/dev/null
+# With no read cache: every send reads the devices (a raw send never uses
+# opened blocks, and the others would find the rows' blocks cached).
+"$bin" tune encb arc_max_bytes 0 >/dev/null
+send_row() {
+    local label=$1
+    shift
+    local start end
+    "$bin" sync encb >/dev/null
+    start=$(date +%s.%N)
+    "$bin" send "$@" >/dev/null 2>"$work/send.err"
+    end=$(date +%s.%N)
+    python3 -c "print('$label', round($(numfmt --from=iec "$size") / 2**20 / ($end - $start), 1))"
+}
+{
+    send_row plain encb/plain@s
+    send_row sealed encb/sealed@s
+    send_row raw -w encb/sealed@s
+    send_row raw -w encb/sealed@s
+    send_row sealed encb/sealed@s
+    send_row plain encb/plain@s
+} >"$work/sends"
+
 echo "# bench-encryption $(date -u +%FT%TZ) $(git rev-parse --short HEAD 2>/dev/null) runtime=${runtime}s size=$size"
 python3 - "$work/rows" <<'PY'
 import sys
@@ -123,4 +151,14 @@ print(f"{'row':18} {'plain IOPS':>11} {'sealed IOPS':>12} {'ratio':>6} {'plain M
 for label in order:
     p, s = rows[(label, "plain")], rows[(label, "sealed")]
     print(f"{label:18} {p[0]:>11} {s[0]:>12} {s[0] / max(p[0], 1):>6.2f} {p[1]:>12} {s[1]:>13} {p[2]:>12} {s[2]:>13}")
+PY
+python3 - "$work/sends" <<'PY'
+import sys
+runs = {}
+for line in open(sys.argv[1]):
+    label, mib = line.split()
+    runs.setdefault(label, []).append(float(mib))
+mean = {label: sum(values) / len(values) for label, values in runs.items()}
+print(f"send of the whole volume, MiB/s: plain {mean['plain']:.0f}, sealed {mean['sealed']:.0f} "
+      f"({mean['sealed'] / mean['plain']:.2f}x), sealed raw (-w) {mean['raw']:.0f} ({mean['raw'] / mean['plain']:.2f}x)")
 PY

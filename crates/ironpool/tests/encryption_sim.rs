@@ -536,6 +536,23 @@ fn raw_send_keeps_volumes_sealed_into_a_pool_without_the_key() {
         let token =
             ResumeToken::decode(&backup.receive_resume_token("backup/part").unwrap()).unwrap();
         assert!(token.raw && token.next_block > 0, "{token:?}");
+        // Its rest sent as plaintext is refused (the blocks received are
+        // stored sealed): nothing changes, and the raw rest still applies.
+        let plain_rest = MemoryStream::new();
+        let request = SendRequest {
+            snapshot: token.snapshot.clone(),
+            from: token.from.clone(),
+            resume_block: Some(token.next_block),
+            resume_object: None,
+            raw: false,
+        };
+        source.send(request, &plain_rest).await.unwrap();
+        match receive_partial(&backup, "backup/part", plain_rest.into_bytes(), true).await {
+            Err(PoolError::InvalidArgument(message)) => {
+                assert!(message.contains("was raw"), "{message}")
+            }
+            other => panic!("a plain stream resuming a raw receive: {other:?}"),
+        }
         let request = SendRequest {
             snapshot: token.snapshot,
             from: token.from,

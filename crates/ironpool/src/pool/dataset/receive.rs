@@ -494,6 +494,17 @@ impl Pool {
                     begin.snapshot, record.position.snapshot
                 )));
             }
+            // The rest of a raw receive is raw, and of a plain one plain:
+            // its blocks are stored as the first part's were.
+            if record.position.raw != begin.raw.is_some() {
+                let kind = |raw: bool| if raw { "raw (send -w)" } else { "not raw" };
+                return Err(PoolError::InvalidArgument(format!(
+                    "the interrupted receive of {} was {}, the stream resuming it is {}: resume it with `ironpool send -t` and its token",
+                    record.position.snapshot,
+                    kind(record.position.raw),
+                    kind(begin.raw.is_some())
+                )));
+            }
             let resumes_at = (
                 begin.resume_object.unwrap_or(0),
                 begin.resume_block.unwrap_or(0),

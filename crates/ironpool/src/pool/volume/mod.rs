@@ -682,11 +682,15 @@ impl Pool {
         data: &[u8],
     ) -> Result<(), PoolError> {
         let block = volume.block_bytes;
-        assert!(
-            volume.key_guid().is_some() && raw.logical as u64 == block,
-            "{}: a raw block is received into an encrypted volume of its size",
-            volume.name()
-        );
+        // The receive's checks (a raw stream creates an encrypted volume,
+        // or applies to one of its key; its blocks are the volume's size)
+        // make this hold; a stream that slipped past them is refused.
+        if volume.key_guid().is_none() || raw.logical as u64 != block {
+            return Err(PoolError::InvalidArgument(format!(
+                "{}: a raw block goes into an encrypted volume of its block size",
+                volume.name()
+            )));
+        }
         volume.check_writable(raw.block * block, block)?;
         self.txg.ensure_writable()?;
         self.txg.throttle(self).await;

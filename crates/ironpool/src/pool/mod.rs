@@ -247,12 +247,33 @@ pub const DIRTY_SYNC_BYTES: u64 = 16 << 20;
 /// frees keep coming, as on a full pool being overwritten.
 pub const FREE_WAIT_COMMITS: u64 = crate::alloc::DEFER_TXGS + 2;
 
-/// Waits for space ([`Pool::wait_for_freed_space`]) a write that found no
-/// room makes before its ENOSPC: other writers take what one wait brought
-/// back, so one is not enough on a pool overwritten at full speed, and a
-/// few bound how long a write on a pool that really is full waits for its
-/// answer (each wait is a few commits).
+/// Waits for space ([`Pool::wait_for_freed_space`]) that brought no freed
+/// space back a write that found no room makes before its ENOSPC: space
+/// other writes only held may go to them, so one such wait is not enough,
+/// and a few bound how long a write on a pool that really is full waits
+/// for its answer (each wait is a few commits).
 pub const NO_SPACE_WAITS_MAX: u32 = 4;
+
+/// Waits for space, of any kind, a write that found no room makes before
+/// its ENOSPC. A wait that brought freed space back does not count against
+/// [`NO_SPACE_WAITS_MAX`] (the pool is being overwritten, and space comes
+/// back every txg, but others may take it first: 256 KiB overwrites by 8
+/// jobs at 90% full met ENOSPC after 4 such waits); this bounds them all,
+/// so that a write's answer comes in at most this many times a few commits.
+pub const SPACE_WAITS_MAX: u32 = 64;
+
+/// What one [`Pool::wait_for_freed_space`] found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SpaceWait {
+    /// Nothing was on its way back, or not enough of it to make room: the
+    /// write has its ENOSPC now.
+    Hopeless,
+    /// Other writes held space, and nothing was freed: they may give some
+    /// back, or take it.
+    HeldByOthers,
+    /// Freed space was on its way back, and the wait's commits returned it.
+    Freed,
+}
 
 impl Default for PoolTunables {
     fn default() -> PoolTunables {
@@ -993,16 +1014,16 @@ impl Pool {
     /// of 256 KiB at 90% full met ENOSPC on a pool with 10% free when the
     /// space others held was counted as gone. Commits (at most
     /// [`FREE_WAIT_COMMITS`] txgs) until nothing is on its way back;
-    /// returns false at once when nothing is, or when even all of it would
-    /// not make room.
-    pub async fn wait_for_freed_space(self: &Rc<Self>, bytes: u64) -> Result<bool, PoolError> {
+    /// returns [`SpaceWait::Hopeless`] at once when nothing is, or when
+    /// even all of it would not make room.
+    pub async fn wait_for_freed_space(self: &Rc<Self>, bytes: u64) -> Result<SpaceWait, PoolError> {
         let (freeing, available) = {
             let allocator = self.store.allocator.borrow();
             (allocator.deferred_bytes(), allocator.data_available_bytes())
         };
         let held = self.promised_bytes();
         if freeing.saturating_add(held) == 0 || available.saturating_add(freeing) < bytes {
-            return Ok(false);
+            return Ok(SpaceWait::Hopeless);
         }
         for _ in 0..FREE_WAIT_COMMITS {
             self.commit().await?;
@@ -1010,15 +1031,22 @@ impl Pool {
                 break;
             }
         }
-        Ok(true)
+        Ok(if freeing > 0 {
+            SpaceWait::Freed
+        } else {
+            SpaceWait::HeldByOthers
+        })
     }
 
     /// Runs `attempt` (a claim of `bytes`, or a whole write) until it
     /// succeeds or fails for another reason than room (`no_room` tells),
     /// waiting for space on its way back ([`Pool::wait_for_freed_space`])
-    /// before each new try, at most [`NO_SPACE_WAITS_MAX`] times: the one
-    /// rule every writer that meets ENOSPC follows. `attempt` must hold no
-    /// lock a commit takes between tries.
+    /// before each new try: the one rule every writer that meets ENOSPC
+    /// follows. It gives up after [`NO_SPACE_WAITS_MAX`] waits that brought
+    /// no freed space back (a full pool answers soon), or
+    /// [`SPACE_WAITS_MAX`] waits in all (a pool overwritten at full speed
+    /// keeps a write trying while frees keep coming). `attempt` must hold
+    /// no lock a commit takes between tries.
     pub(crate) async fn retry_while_space_returns<T, E, Attempt>(
         self: &Rc<Self>,
         bytes: u64,
@@ -1029,14 +1057,19 @@ impl Pool {
         Attempt: std::future::Future<Output = Result<T, E>>,
         E: From<PoolError>,
     {
-        let mut waits = 0;
+        let (mut fruitless, mut waits) = (0, 0);
         loop {
             match attempt().await {
                 Err(error)
                     if no_room(&error)
-                        && waits < NO_SPACE_WAITS_MAX
-                        && self.wait_for_freed_space(bytes).await? =>
+                        && fruitless < NO_SPACE_WAITS_MAX
+                        && waits < SPACE_WAITS_MAX =>
                 {
+                    match self.wait_for_freed_space(bytes).await? {
+                        SpaceWait::Hopeless => return Err(error),
+                        SpaceWait::HeldByOthers => fruitless += 1,
+                        SpaceWait::Freed => {}
+                    }
                     waits += 1;
                 }
                 result => return result,

@@ -575,8 +575,9 @@ impl Pool {
 
     /// [`Pool::try_claim_space`], which, when the space is missing but may
     /// come back (frees on their way, space other writes hold), waits for
-    /// it ([`Pool::wait_for_freed_space`]) and tries again, up to
-    /// [`crate::pool::NO_SPACE_WAITS_MAX`] times. The caller must hold no lock a commit takes.
+    /// it ([`Pool::wait_for_freed_space`]) and tries again, as
+    /// [`Pool::retry_while_space_returns`] bounds. The caller must hold no
+    /// lock a commit takes.
     pub(crate) async fn claim_space(
         self: &Rc<Self>,
         bytes: u64,

@@ -7,7 +7,7 @@ mod common;
 
 use std::path::PathBuf;
 
-use common::{bench_args, check_outputs, require_tool, scratch, ONE_RUN_AT_A_TIME};
+use common::{bench_args, check_outputs, require_tool, run_bench, scratch, ONE_RUN_AT_A_TIME};
 
 fn ironpool_bin() -> PathBuf {
     let bin = std::env::var_os("IRONPOOL_BIN")
@@ -50,7 +50,7 @@ fn ironpool_mirror_beside_raw_and_nbdkit() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
 
     let labels: Vec<&str> = results.targets.iter().map(|t| t.label.as_str()).collect();
@@ -123,7 +123,7 @@ fn ironpool_layouts_and_properties() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let (stripe, mirror) = (&results.targets[0], &results.targets[1]);
     assert_eq!(mirror.record_size_bytes, Some(64 * 1024));
@@ -170,7 +170,7 @@ fn ironpool_filesystem_over_fuse_beside_raw() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let labels: Vec<&str> = results.targets.iter().map(|t| t.label.as_str()).collect();
     assert_eq!(labels, ["raw", "ironpool-fs:mirror:2x1G"]);
@@ -248,7 +248,7 @@ fn ironpool_fill_suite_reads_the_devices_at_each_level() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let pool = &results.targets[0];
     assert_eq!(pool.size_bytes, 192 << 20, "the working set --size asked");
@@ -324,7 +324,7 @@ fn ironpool_durable_suite_beside_the_raw_pair() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let [pair, pool] = &results.targets[..] else {
         panic!("two targets: {:?}", results.targets.len())
@@ -417,7 +417,7 @@ fn fs_suite_beside_ext4_on_a_loop_device() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     assert_eq!(results.settings.files, Some(500));
     let [fs, ext4] = &results.targets[..] else {
@@ -560,7 +560,7 @@ fn snapshot_suite_reads_the_snapshot_beside_the_head() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     assert_eq!(results.settings.files, Some(300));
     let [raw, fs] = &results.targets[..] else {
@@ -641,7 +641,7 @@ fn send_suite_streams_a_volume_and_a_filesystem() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let [raw, volume, fs] = &results.targets[..] else {
         panic!("three targets: {:?}", results.targets.len())
@@ -769,7 +769,7 @@ fn cache_suite_reads_from_the_cache_and_without_it() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let [_raw, volume, memory] = &results.targets[..] else {
         panic!("three targets: {:?}", results.targets.len())
@@ -857,7 +857,7 @@ fn poll_suite_beside_a_server_that_never_polls() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let [fs, volume] = &results.targets[..] else {
         panic!("two targets: {:?}", results.targets.len())
@@ -928,7 +928,7 @@ fn stall_suite_probes_while_actions_run() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let planned = ironpool_bench::suites::stall_workloads();
     for target in &results.targets {
@@ -1013,7 +1013,7 @@ fn raidz_suite_with_a_tunable() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let [target] = &results.targets[..] else {
         panic!("one target: {:?}", results.targets.len())
@@ -1060,7 +1060,7 @@ fn scheduler_suite_reads_beside_a_write_load() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let [target] = &results.targets[..] else {
         panic!("one target: {:?}", results.targets.len())
@@ -1117,7 +1117,7 @@ fn datasets_soak_and_grow_suites() {
         "--out",
         out.to_str().unwrap(),
     ]);
-    ironpool_bench::run(args, &bin).unwrap();
+    run_bench(args, &bin, &out);
     let results = check_outputs(&out);
     let target = &results.targets[0];
     let find = |suite: Suite, name: &str| {

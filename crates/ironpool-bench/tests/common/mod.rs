@@ -25,6 +25,66 @@ pub fn bench_args(args: &[&str]) -> BenchArgs {
         .bench
 }
 
+/// Runs `ironpool bench` with `args` (whose `--out` is `out`); on failure
+/// panics with what a reader needs first, since a CI log keeps only part of
+/// the output: each failed target's and test's error, then the last lines
+/// of every server log under `out`.
+pub fn run_bench(args: BenchArgs, ironpool: &Path, out: &Path) {
+    let Err(error) = ironpool_bench::run(args, ironpool) else {
+        return;
+    };
+    let mut why = format!("ironpool bench failed: {error:#}\n");
+    if let Ok(results) = Results::load(&out.join(RESULTS_FILE)) {
+        for target in &results.targets {
+            if let Some(error) = &target.error {
+                why.push_str(&format!("target {}: {error}\n", target.label));
+            }
+            for test in &target.tests {
+                if let Outcome::Failed { .. } = test.outcome {
+                    why.push_str(&format!(
+                        "test {} {}: {:?}\n",
+                        target.label,
+                        test.label(),
+                        test.outcome
+                    ));
+                }
+            }
+        }
+    }
+    let mut logs = Vec::new();
+    collect_named(out, "serve.log", &mut logs);
+    for log in logs {
+        let text = std::fs::read_to_string(&log).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        let tail = &lines[lines.len().saturating_sub(SERVER_LOG_TAIL_LINES)..];
+        why.push_str(&format!(
+            "{} (last lines):\n{}\n",
+            log.display(),
+            tail.join("\n")
+        ));
+    }
+    panic!("{why}");
+}
+
+/// Lines of each server log a failed run prints: enough for the error that
+/// stopped it and what came just before.
+const SERVER_LOG_TAIL_LINES: usize = 30;
+
+/// Every file named `name` under `dir`, at any depth.
+fn collect_named(dir: &Path, name: &str, found: &mut Vec<PathBuf>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let path = entry.path();
+        if path.is_dir() {
+            collect_named(&path, name, found);
+        } else if path.file_name().is_some_and(|n| n == name) {
+            found.push(path);
+        }
+    }
+}
+
 /// A fresh scratch directory under Cargo's per-target tmp dir.
 pub fn scratch(name: &str) -> PathBuf {
     let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join(format!("{name}-{}", std::process::id()));

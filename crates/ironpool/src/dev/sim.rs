@@ -241,16 +241,17 @@ impl SimDevice {
     /// runs of one seed must end with equal digests.
     pub fn digest(&self) -> u64 {
         let media = self.media.borrow();
-        let mut hash = xxhash_rust::xxh3::Xxh3::new();
+        use std::hash::Hasher as _;
+        let mut hash = twox_hash::XxHash3_64::new();
         for (sector, bytes) in &media.durable {
-            hash.update(&sector.to_le_bytes());
-            hash.update(bytes);
+            hash.write(&sector.to_le_bytes());
+            hash.write(bytes);
         }
         for write in &media.pending {
-            hash.update(&write.offset.to_le_bytes());
-            hash.update(&write.data);
+            hash.write(&write.offset.to_le_bytes());
+            hash.write(&write.data);
         }
-        hash.digest()
+        hash.finish()
     }
 
     /// Bytes of unflushed writes (what a crash now could lose or tear).

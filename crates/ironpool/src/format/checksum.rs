@@ -84,7 +84,7 @@ impl ChecksumAlgo {
                 }
             }
             ChecksumAlgo::Xxh3 => {
-                let digest = xxhash_rust::xxh3::xxh3_128(data);
+                let digest = twox_hash::XxHash3_128::oneshot(data);
                 out[..16].copy_from_slice(&digest.to_le_bytes());
             }
             ChecksumAlgo::Blake3 => {
@@ -129,12 +129,52 @@ pub fn fletcher4(data: &[u8]) -> [u64; 4] {
 /// The checksum embedded in self-checksummed structures (labels, uberblocks):
 /// XXH3-128 of the bytes, little-endian.
 pub fn embedded(data: &[u8]) -> [u8; 16] {
-    xxhash_rust::xxh3::xxh3_128(data).to_le_bytes()
+    twox_hash::XxHash3_128::oneshot(data).to_le_bytes()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// XXH3's answers are on every pool: the crate computing them must give
+    /// the same bits for every length class (up to 16, 128, 240 bytes, then
+    /// the long loop, whose SIMD path is chosen at run time). The expected
+    /// values are xxhash-rust 0.8's, the crate pools were written with; the
+    /// empty input's is the reference implementation's.
+    #[test]
+    fn xxh3_gives_the_answers_pools_were_written_with() {
+        let data: Vec<u8> = (0..16384u32)
+            .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+            .collect();
+        let expected: [(usize, u128, u64); 8] = [
+            (0, 0x99aa06d3014798d86001c324468d497f, 0x8aa56c2c3d8317f6),
+            (3, 0x95c705060a313bf8a1c4a8259b827291, 0x921dfc7680e93768),
+            (100, 0x09386db44501f7e4acedade9575c6f25, 0x73caf1ba7ed6aaf6),
+            (240, 0x4f49ccc8526aa7ad407883ea5ef95b9a, 0x68b34e89d28cc847),
+            (241, 0x50b62ee1ee6455a7bc424a2c480dd281, 0xb4d0db9ae5c32046),
+            (1024, 0x53bd178b75ab292e1fd15e7d36f5e1bc, 0xbb8cf1e29e5adcd5),
+            (4096, 0x0c263f435125451084d9e7ce664c8217, 0x54dee4c5bd9050f2),
+            (
+                16384,
+                0x9b6bf9aa8795f12f7388b93f4bfa5aee,
+                0x683c3edf7764859c,
+            ),
+        ];
+        for (length, xxh3_128, xxh3_64_seeded) in expected {
+            let bytes = &data[..length];
+            assert_eq!(embedded(bytes), xxh3_128.to_le_bytes(), "{length}");
+            assert_eq!(
+                ChecksumAlgo::Xxh3.compute(bytes).0[..16],
+                xxh3_128.to_le_bytes(),
+                "{length}"
+            );
+            assert_eq!(
+                twox_hash::XxHash3_64::oneshot_with_seed(0x1234_5678_9abc_def0, bytes),
+                xxh3_64_seeded,
+                "{length}"
+            );
+        }
+    }
 
     #[test]
     fn every_algorithm_detects_a_flipped_bit() {

@@ -141,7 +141,7 @@ pub fn valid_entry_name(name: &[u8]) -> bool {
 
 /// The hash of `name` in a directory salted with `salt` (never 0).
 pub fn name_hash(salt: u64, name: &[u8]) -> u32 {
-    ((xxhash_rust::xxh3::xxh3_64_with_seed(name, salt) >> 32) as u32).max(1)
+    ((twox_hash::XxHash3_64::oneshot_with_seed(salt, name) >> 32) as u32).max(1)
 }
 
 /// The top `level` bits of `hash`.

@@ -272,13 +272,13 @@ pub struct RecordHeader {
 }
 
 fn chained(previous: &[u8; 16], header_prefix: &[u8], payload: &[&[u8]]) -> [u8; 16] {
-    let mut hasher = xxhash_rust::xxh3::Xxh3::new();
-    hasher.update(previous);
-    hasher.update(header_prefix);
+    let mut hasher = twox_hash::XxHash3_128::new();
+    hasher.write(previous);
+    hasher.write(header_prefix);
     for part in payload {
-        hasher.update(part);
+        hasher.write(part);
     }
-    hasher.digest128().to_le_bytes()
+    hasher.finish_128().to_le_bytes()
 }
 
 /// Encodes a record header for `payload` (given in parts, as written), chained to

@@ -204,6 +204,16 @@ impl Object {
         self.dnode.borrow().levels
     }
 
+    /// The object's length in bytes.
+    pub fn length_bytes(&self) -> u64 {
+        self.dnode.borrow().length_bytes
+    }
+
+    /// The object's type.
+    pub fn object_type(&self) -> ObjectType {
+        self.dnode.borrow().object_type
+    }
+
     /// Level-0 blocks the tree's height can address.
     pub fn capacity_blocks(&self) -> u64 {
         self.dnode.borrow().capacity_blocks()
@@ -753,12 +763,14 @@ impl ObjectSet {
         object: &Object,
         blkid: u64,
     ) -> Result<BlockPointer, ObjectError> {
-        let dnode = object.dnode();
-        if blkid >= dnode.capacity_blocks() {
-            return Ok(BlockPointer::hole(0, dnode.object_type, 0));
-        }
-        if dnode.levels == 1 {
-            return Ok(dnode.root);
+        {
+            let dnode = object.dnode.borrow();
+            if blkid >= dnode.capacity_blocks() {
+                return Ok(BlockPointer::hole(0, dnode.object_type, 0));
+            }
+            if dnode.levels == 1 {
+                return Ok(dnode.root);
+            }
         }
         let node = self.node(object, 1, object.ancestor(blkid, 1)).await?;
         let body = node.body.borrow();
@@ -877,7 +889,7 @@ impl ObjectSet {
         let old = self.set_block_pointer_cached(
             object,
             blkid,
-            BlockPointer::hole(0, object.dnode().object_type, 0),
+            BlockPointer::hole(0, object.object_type(), 0),
         )?;
         self.kill(object, &old);
         Ok(())
@@ -978,11 +990,10 @@ impl ObjectSet {
 
     /// Adds levels until `blkid` fits. The old root becomes child 0 of a new root.
     fn ensure_capacity(&self, object: &Object, blkid: u64) -> Result<(), ObjectError> {
-        loop {
+        // Every link asks; the tree rarely grows: the answer is read in
+        // place, without copying the dnode.
+        while blkid >= object.capacity_blocks() {
             let dnode = object.dnode();
-            if blkid < dnode.capacity_blocks() {
-                return Ok(());
-            }
             if dnode.levels > crate::format::bp::LEVEL_MAX {
                 return Err(ObjectError::TooLarge { offset: blkid });
             }
@@ -1005,6 +1016,7 @@ impl ObjectSet {
             // keeps its own dirty state under it.
             self.mark_dirty(object, &[root]);
         }
+        Ok(())
     }
 
     /// Loads every node a byte range of a metadata object touches.
@@ -1085,7 +1097,7 @@ impl ObjectSet {
     /// every block a snapshot holds that its dataset let go: 800 MiB for a
     /// 100 GiB volume of 16 KiB blocks overwritten once since a snapshot.
     pub async fn load_dead_list(&self, object: &Object) -> Result<(), ObjectError> {
-        let length = object.dnode().length_bytes;
+        let length = object.length_bytes();
         if length == 0 {
             return Ok(());
         }
@@ -1220,7 +1232,7 @@ impl ObjectSet {
 
     /// Cuts a metadata object to `length` bytes, freeing whole blocks past it.
     pub async fn truncate(&self, object: &Object, length: u64) -> Result<(), ObjectError> {
-        let old_length = object.dnode().length_bytes;
+        let old_length = object.length_bytes();
         self.prefetch(
             object,
             length.min(old_length),

@@ -150,7 +150,7 @@ impl ObjectSet {
         level: u8,
         blkid: u64,
     ) -> Result<BlockPointer, ObjectError> {
-        let levels = object.dnode().levels;
+        let levels = object.levels();
         if level == levels - 1 {
             return Ok(object.dnode().root);
         }
@@ -169,7 +169,7 @@ impl ObjectSet {
         blkid: u64,
         pointer: BlockPointer,
     ) -> Result<(), ObjectError> {
-        let levels = object.dnode().levels;
+        let levels = object.levels();
         if level == levels - 1 {
             object.dnode.borrow_mut().root = pointer;
             return Ok(());

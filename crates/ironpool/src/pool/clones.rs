@@ -41,7 +41,7 @@ impl Pool {
             return Ok(());
         }
         let object = self.objects.open(id).await?;
-        let length = object.dnode().length_bytes;
+        let length = object.length_bytes();
         let records = length / CLONE_RECORD_BYTES as u64;
         // A build appends only while the object holds at most twice the
         // live records plus the slack, and the live ones are bounded.
@@ -98,7 +98,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
         let records = pool.store.clones.borrow().records();
         let bytes = encode_records(&records);
         pool.objects.write_bytes_cached(&object, 0, &bytes)?;
-        if object.dnode().length_bytes > bytes.len() as u64 {
+        if object.length_bytes() > bytes.len() as u64 {
             pool.objects.truncate_cached(&object, bytes.len() as u64)?;
         }
         pool.clone_table.records.set(records.len() as u64);

@@ -194,7 +194,7 @@ impl Pool {
 
     async fn read_history(&self, id: u64) -> Result<History, PoolError> {
         let object = self.objects.open(id).await?;
-        let length = object.dnode().length_bytes as usize;
+        let length = object.length_bytes() as usize;
         if length > 2 * HISTORY_BYTES_MAX {
             return Err(PoolError::Corrupt(format!(
                 "history object {id} of {length} bytes"
@@ -228,7 +228,7 @@ pub(in crate::pool) fn build_step(pool: &Pool, txg: u64) -> Result<bool, ObjectE
             .flat_map(|(_, encoded)| encoded.iter().copied())
             .collect();
         pool.objects.write_bytes_cached(&object, 0, &bytes)?;
-        if object.dnode().length_bytes > bytes.len() as u64 {
+        if object.length_bytes() > bytes.len() as u64 {
             pool.objects.truncate_cached(&object, bytes.len() as u64)?;
         }
     } else {

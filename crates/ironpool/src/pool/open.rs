@@ -532,10 +532,10 @@ impl Pool {
         objects.set_durable_txg(uberblock.txg);
         // Metadata objects stay cached: read the whole dnode table and directory.
         let table = objects.dnode_table();
-        let table_length = table.dnode().length_bytes;
+        let table_length = table.length_bytes();
         objects.prefetch(&table, 0, table_length).await?;
         let directory_object = objects.open(DIRECTORY_OBJECT).await?;
-        let length = directory_object.dnode().length_bytes as usize;
+        let length = directory_object.length_bytes() as usize;
         let bytes = objects.read_bytes(&directory_object, 0, length).await?;
         let directory = Directory::decode(&bytes).map_err(PoolError::Corrupt)?;
         if directory.metaslab_arrays.len() != config.vdevs.len() {
@@ -650,7 +650,7 @@ async fn load_space(
     let mut logged: BTreeMap<(usize, usize), Vec<(u64, Record)>> = BTreeMap::new();
     for log in &directory.space_logs {
         let object = objects.open(log.object).await?;
-        let length = object.dnode().length_bytes as usize;
+        let length = object.length_bytes() as usize;
         let bytes = objects.read_bytes(&object, 0, length).await?;
         let records = decode_records(&bytes)
             .map_err(|error| PoolError::Corrupt(format!("space log {}: {error}", log.object)))?;
@@ -719,7 +719,7 @@ async fn load_space(
             let mut records = Vec::new();
             if map_id != 0 {
                 let map = objects.open(map_id).await?;
-                let length = map.dnode().length_bytes as usize;
+                let length = map.length_bytes() as usize;
                 let bytes = objects.read_bytes(&map, 0, length).await?;
                 records = decode_records(&bytes)
                     .map_err(|error| PoolError::Corrupt(format!("space map {map_id}: {error}")))?;

@@ -493,9 +493,9 @@ impl Pool {
             return Ok((None, Vec::new()));
         }
         let object = self.objects.open(record.mapping).await?;
-        let length = object.dnode().length_bytes;
+        let length = object.length_bytes();
         let bound = (crate::block::remap::MAPPED_BLOCKS_MAX * MAPPING_ENTRY_BYTES) as u64;
-        if object.dnode().object_type != ObjectType::IndirectMapping || length > bound {
+        if object.object_type() != ObjectType::IndirectMapping || length > bound {
             return Err(PoolError::Corrupt(format!(
                 "mapping of vdev {}: object {} is not one ({length} bytes)",
                 record.vdev, record.mapping

@@ -580,7 +580,7 @@ fn write_directory(pool: &Pool) -> Result<(), ObjectError> {
         .get(DIRECTORY_OBJECT)
         .ok_or(ObjectError::NoSuchObject(DIRECTORY_OBJECT))?;
     pool.objects.write_bytes_cached(&directory, 0, &bytes)?;
-    if directory.dnode().length_bytes > bytes.len() as u64 {
+    if directory.length_bytes() > bytes.len() as u64 {
         pool.objects
             .truncate_cached(&directory, bytes.len() as u64)?;
     }
@@ -743,7 +743,7 @@ fn append_space_log(
         }
         all.extend(batch);
     }
-    let end = log.dnode().length_bytes;
+    let end = log.length_bytes();
     pool.objects
         .write_bytes_cached(&log, end, &encode_records(&all))
 }

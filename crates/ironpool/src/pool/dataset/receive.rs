@@ -871,7 +871,7 @@ impl Pool {
                         .clone()
                         .ok_or_else(|| Failure::Stream("blocks before their OBJECT".into()))?;
                     since_checkpoint += data.len() as u64;
-                    if object.dnode().object_type == ObjectType::FsDirectory {
+                    if object.object_type() == ObjectType::FsDirectory {
                         hidden
                             .receive_blocks(self, &object, first_block, &data)
                             .await?;

@@ -422,7 +422,7 @@ impl Filesystem {
             object.id,
             FileAttr {
                 txg: pool.txg.open(),
-                length: object.dnode().length_bytes,
+                length: object.length_bytes(),
                 mtime: time,
                 ctime: time,
             },
@@ -562,7 +562,7 @@ impl Filesystem {
         let wholes = futures_util::future::join_all(ready.into_iter().map(
             |(blkid, number, held)| async move {
                 let size = held.bytes.len() as u64;
-                let whole = if object.dnode().data_block_bytes() != size {
+                let whole = if object.data_block_bytes() != size {
                     self.count(|stats| stats.behind_superseded += 1);
                     Ok(None)
                 } else {

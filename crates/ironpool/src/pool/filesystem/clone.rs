@@ -50,7 +50,7 @@ impl Filesystem {
             if znode.is_dir() {
                 return Err(FsError::IsDir);
             }
-            object.dnode().length_bytes
+            object.length_bytes()
         };
         if offset_in >= size_in {
             return Ok(0);
@@ -117,7 +117,7 @@ impl Filesystem {
         }
         let record = {
             let _shared = source.lock.acquire(1).await;
-            source.load(ino_in).await?.0.dnode().data_block_bytes()
+            source.load(ino_in).await?.0.data_block_bytes()
         };
         // Inside a record of ranges that line up: to its end, where
         // cloning may start. On a boundary (cloning was refused there:
@@ -163,7 +163,7 @@ impl Filesystem {
         if znode_out.is_dir() {
             return Err(FsError::IsDir);
         }
-        let record = source.dnode().data_block_bytes();
+        let record = source.data_block_bytes();
         let Some((records, length)) =
             self.clonable(pool, &source, &target, position_in, position_out, length)
         else {

@@ -68,16 +68,16 @@ impl Filesystem {
         if znode.is_dir() {
             return Err(FsError::IsDir);
         }
-        let size = object.dnode().length_bytes;
+        let size = object.length_bytes();
         if length == 0 || offset >= size {
             return Ok(Vec::new());
         }
         let _blocks = loop {
-            let block = object.dnode().data_block_bytes();
+            let block = object.data_block_bytes();
             let last = (offset + length as u64 - 1).min(size - 1) / block;
             let guard = self.files.blocks(ino, offset / block..=last).await;
             // The file's block grew while this waited: lock anew.
-            if object.dnode().data_block_bytes() == block {
+            if object.data_block_bytes() == block {
                 break guard;
             }
         };
@@ -140,7 +140,7 @@ impl Filesystem {
         if znode.is_dir() {
             return Err(FsError::IsDir);
         }
-        let size = object.dnode().length_bytes;
+        let size = object.length_bytes();
         if punch || zero {
             // Past the end there is nothing to zero: the file grows (with
             // holes) below, unless the size is kept.
@@ -148,7 +148,7 @@ impl Filesystem {
             let zeros = vec![0u8; FALLOCATE_ZERO_CHUNK_BYTES];
             let mut position = offset;
             while position < zero_end {
-                let block = object.dnode().data_block_bytes();
+                let block = object.data_block_bytes();
                 if position.is_multiple_of(block) {
                     // Holes already: skipped whole, so the work follows
                     // the data in the range, not its length.
@@ -204,11 +204,11 @@ impl Filesystem {
         if znode.is_dir() {
             return Err(FsError::IsDir);
         }
-        let size = object.dnode().length_bytes;
+        let size = object.length_bytes();
         if offset >= size {
             return Ok(None);
         }
-        let block = object.dnode().data_block_bytes();
+        let block = object.data_block_bytes();
         let last = (size - 1) / block;
         // Writes answered and not yet in the tree: data where the tree
         // has holes.
@@ -287,12 +287,12 @@ impl Filesystem {
         length: usize,
         usage: CacheUse,
     ) -> Result<Vec<BufSlice>, FsError> {
-        let size = object.dnode().length_bytes;
+        let size = object.length_bytes();
         if offset >= size {
             return Ok(Vec::new());
         }
         let end = (offset + length as u64).min(size);
-        let block = object.dnode().data_block_bytes();
+        let block = object.data_block_bytes();
         // The request's blocks are read many at once (as its writes are
         // written: see `write_locked`), then copied out in order.
         let blkids: Vec<u64> = (offset / block..=(end - 1) / block).collect();
@@ -428,7 +428,7 @@ impl Filesystem {
         // the whole records it touches (a part of one is written as a new
         // whole record). `Filesystem::write` waits for frees and retries,
         // as a commit must not wait for this write's locks.
-        let block = object.dnode().data_block_bytes();
+        let block = object.data_block_bytes();
         let records = (end - 1) / block - offset / block + 1;
         let claim = if zeros {
             let partial =
@@ -499,7 +499,7 @@ impl Filesystem {
     ) -> Result<(), FsError> {
         let end = write_end(offset, data.len())?;
         self.grow_block(pool, object, end).await?;
-        let block = object.dnode().data_block_bytes();
+        let block = object.data_block_bytes();
         // A whole block is the request's own bytes, not a copy of them:
         // written from the buffer `lent` when they lie in it, else copied
         // once, into the buffer the devices write.
@@ -797,7 +797,7 @@ impl Filesystem {
         size: u64,
     ) -> Result<Option<BlockPointer>, FsError> {
         crate::pool::data::prepare_link(pool, &self.objects, object, blkid, &pointer).await?;
-        if object.dnode().data_block_bytes() != size {
+        if object.data_block_bytes() != size {
             release_unlinked(pool, &pointer);
             return Ok(None);
         }
@@ -816,12 +816,12 @@ impl Filesystem {
         debug_assert!(
             pointer.is_hole()
                 || pointer.object_type != ObjectType::FsFile
-                || u64::from(pointer.logical_size) == object.dnode().data_block_bytes(),
+                || u64::from(pointer.logical_size) == object.data_block_bytes(),
             "{} object {}: a block of {} bytes linked where blocks are {}",
             self.name(),
             object.id,
             pointer.logical_size,
-            object.dnode().data_block_bytes()
+            object.data_block_bytes()
         );
         let txg = pool.txg.open();
         if !pointer.is_hole() {
@@ -829,7 +829,7 @@ impl Filesystem {
         }
         crate::pool::data::link(pool, &self.objects, object, &self.table, blkid, pointer)?;
         // An xattr object's block is logged as its owner's whole list.
-        if object.dnode().object_type != ObjectType::FsXattr {
+        if object.object_type() != ObjectType::FsXattr {
             self.log.note_linked(object.id, blkid, txg);
         }
         Ok(pointer)
@@ -898,9 +898,9 @@ impl Filesystem {
         object: &Rc<Object>,
         size: u64,
     ) -> Result<(), FsError> {
-        let old_size = object.dnode().length_bytes;
+        let old_size = object.length_bytes();
         if size < old_size {
-            let block = object.dnode().data_block_bytes();
+            let block = object.data_block_bytes();
             let within = size % block;
             if within != 0 {
                 let blkid = size / block;

@@ -42,13 +42,13 @@ impl Pool {
         table: Rc<Object>,
         record: &FilesystemRecord,
     ) -> Result<Rc<Filesystem>, PoolError> {
-        if table.dnode().object_type != ObjectType::FsObjects {
+        if table.object_type() != ObjectType::FsObjects {
             return Err(PoolError::Corrupt(format!(
                 "filesystem {short}: object {} is not a filesystem",
                 record.object
             )));
         }
-        let length = table.dnode().length_bytes;
+        let length = table.length_bytes();
         self.objects.prefetch(&table, 0, length).await?;
         table.dead_list.set(record.lineage.dead_list);
         for list in std::iter::once(record.lineage.dead_list)

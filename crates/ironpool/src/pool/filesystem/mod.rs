@@ -1110,7 +1110,7 @@ impl Filesystem {
         };
         // The table and the objects holding extended attributes have no
         // name and are never handed out.
-        if Rc::ptr_eq(&object, &self.table) || object.dnode().object_type == ObjectType::FsXattr {
+        if Rc::ptr_eq(&object, &self.table) || object.object_type() == ObjectType::FsXattr {
             return Err(FsError::NotFound);
         }
         let znode = Znode::decode(&object.dnode().bonus)

@@ -747,7 +747,7 @@ impl Filesystem {
         if !znode.is_symlink() {
             return Err(FsError::Invalid("not a symbolic link".into()));
         }
-        let size = object.dnode().length_bytes;
+        let size = object.length_bytes();
         let usage = self.settings.get().data_cache_use();
         self.read_locked(&object, 0, size as usize, usage).await
     }

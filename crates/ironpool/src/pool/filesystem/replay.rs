@@ -37,7 +37,7 @@ impl Filesystem {
             Ok(_) => return release(FsError::Corrupt("not a file or link".into())),
             Err(error) => return release(error),
         };
-        let block = object.dnode().data_block_bytes();
+        let block = object.data_block_bytes();
         if (!pointer.is_hole() && u64::from(pointer.logical_size) != block)
             || blkid.saturating_mul(block) >= FILE_SIZE_MAX_BYTES
         {

@@ -123,7 +123,7 @@ impl Filesystem {
             return Ok(Vec::new());
         }
         let object = self.load_xattr_object(znode.xattr_object).await?;
-        let length = object.dnode().length_bytes as usize;
+        let length = object.length_bytes() as usize;
         if length > XATTR_LIST_BYTES_MAX {
             return Err(FsError::Corrupt(format!(
                 "{}: xattr object {} of {length} bytes",

@@ -100,7 +100,7 @@ impl Pool {
         let vdev_count = self.store.vdevs().len();
         let mut referenced: Vec<RangeSet> = (0..vdev_count).map(|_| RangeSet::new()).collect();
         let table = self.objects.dnode_table();
-        let count = table.dnode().length_bytes / DNODE_BYTES as u64;
+        let count = table.length_bytes() / DNODE_BYTES as u64;
         let mut objects = vec![table.clone()];
         for id in 1..count {
             let bytes = self
@@ -253,7 +253,7 @@ impl Pool {
             let within = if owner & (1 << 63) != 0 {
                 owner & ((1 << 32) - 1) | (1 << 63)
             } else if matches!(
-                object.dnode().object_type,
+                object.object_type(),
                 crate::format::ObjectType::VolumeData | crate::format::ObjectType::FsObjects
             ) {
                 0
@@ -345,8 +345,8 @@ impl Pool {
                     ));
                 }
             }
-            if object.dnode().object_type == crate::format::ObjectType::DeadList {
-                let length = object.dnode().length_bytes as usize;
+            if object.object_type() == crate::format::ObjectType::DeadList {
+                let length = object.length_bytes() as usize;
                 let bytes = self.objects.read_bytes(object, 0, length).await?;
                 for chunk in bytes.chunks_exact(crate::format::bp::BLOCK_POINTER_BYTES) {
                     match crate::format::BlockPointer::decode(chunk) {

@@ -238,7 +238,7 @@ impl Pool {
     /// Every object of the pool: the dnode table, then every allocated dnode.
     pub(in crate::pool) async fn all_objects(&self) -> Result<Vec<Rc<Object>>, PoolError> {
         let table = self.objects.dnode_table();
-        let count = table.dnode().length_bytes / DNODE_BYTES as u64;
+        let count = table.length_bytes() / DNODE_BYTES as u64;
         let mut objects = vec![table.clone()];
         for id in 1..count {
             if id.is_multiple_of(OBJECTS_PER_TURN) {
@@ -320,7 +320,7 @@ impl Pool {
         self: &Rc<Self>,
         object: &Rc<Object>,
     ) -> Result<Option<Rc<crate::pool::filesystem::Filesystem>>, PoolError> {
-        if object.dnode().object_type != crate::format::ObjectType::FsObjects {
+        if object.object_type() != crate::format::ObjectType::FsObjects {
             return Ok(None);
         }
         let head = self
@@ -362,7 +362,7 @@ impl Pool {
         scan: &Scan,
         floor_txg: u64,
     ) -> Result<(), PoolError> {
-        let count = fs.table.dnode().length_bytes / DNODE_BYTES as u64;
+        let count = fs.table.length_bytes() / DNODE_BYTES as u64;
         for id in 1..count {
             if scan.cancelled(self) {
                 return Ok(());

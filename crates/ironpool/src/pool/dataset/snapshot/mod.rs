@@ -420,7 +420,7 @@ impl Pool {
             return Ok(Vec::new());
         }
         let object = self.dead_list_object(object_id)?;
-        let length = object.dnode().length_bytes as usize;
+        let length = object.length_bytes() as usize;
         let bytes = self.objects.read_bytes(&object, 0, length).await?;
         decode_dead_list(object_id, &bytes)
     }
@@ -592,7 +592,7 @@ impl Pool {
             0 => Vec::new(),
             list => {
                 let object = self.dead_list_object(list)?;
-                let length = object.dnode().length_bytes;
+                let length = object.length_bytes();
                 self.objects.hold_blocks(&object, 0, length).await?
             }
         };
@@ -983,7 +983,7 @@ impl Pool {
         let mut view = record.clone();
         view.properties.insert("readonly".into(), "on".into());
         // The size the volume had when the snapshot was taken.
-        let length = object.dnode().length_bytes;
+        let length = object.length_bytes();
         if length > 0 {
             view.size_bytes = length;
         }
@@ -1073,7 +1073,7 @@ fn append_dead(
             .get(list_id)
             .ok_or(ObjectError::NoSuchObject(list_id))?
     };
-    let end = list.dnode().length_bytes;
+    let end = list.length_bytes();
     pool.objects
         .write_bytes_cached(&list, end, &encode_pointers(entries))
 }

@@ -15,7 +15,6 @@ use ironpool::dev::sim::SimDevice;
 use ironpool::format::bp::Compression;
 use ironpool::format::label::TopVdevKind;
 use ironpool::format::stream::Record;
-use ironpool::format::DATA_START_BYTES;
 use ironpool::pool::dataset::keys::NewEncryption;
 use ironpool::pool::dataset::receive::ReceiveOptions;
 use ironpool::pool::dataset::send::{ResumeToken, SendRequest};
@@ -25,7 +24,7 @@ use ironpool::pool::{Pool, PoolError};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::Runtime;
-use sim_support::{corrupt_block, crash_all, devices, layout, manual_commits, named};
+use sim_support::{corrupt_block, crash_all, devices, first_copy, layout, manual_commits, named};
 use zeroize::Zeroizing;
 
 const DEVICE_BYTES: u64 = 128 << 20;
@@ -78,17 +77,9 @@ async fn mirror(disks: &[Rc<SimDevice>]) -> Rc<Pool> {
 /// The bytes block `blkid` of `volume` occupies on `disk`, and whether its
 /// pointer says it is sealed.
 async fn stored(pool: &Rc<Pool>, volume: &Volume, disk: &SimDevice, blkid: u64) -> (Vec<u8>, bool) {
-    let pointer = pool
-        .objects()
-        .block_pointer(&volume.object, blkid)
-        .await
-        .unwrap();
-    let dva = pointer.dvas[0];
+    let (pointer, offset) = first_copy(pool, volume, blkid).await;
     (
-        disk.peek(
-            DATA_START_BYTES + dva.offset,
-            pointer.physical_size as usize,
-        ),
+        disk.peek(offset, pointer.physical_size as usize),
         pointer.crypt.is_some(),
     )
 }

@@ -89,9 +89,24 @@ pub fn random_pattern(length: usize, tag: u64) -> BufSlice {
     BufSlice::whole(buffer.into_shared())
 }
 
-/// Damages the copy of `volume`'s block `blkid` on `disk` (data blocks have
-/// one copy per mirror side: the pointer's first DVA, at the same offset
-/// on each side).
+/// The pointer of `volume`'s block `blkid` and where its copy lies on each
+/// side of a mirror: data blocks have one copy per side, the pointer's
+/// first DVA, at the same device offset on each side.
+pub async fn first_copy(
+    pool: &ironpool::pool::Pool,
+    volume: &ironpool::pool::volume::Volume,
+    blkid: u64,
+) -> (ironpool::format::BlockPointer, u64) {
+    let pointer = pool
+        .objects()
+        .block_pointer(&volume.object, blkid)
+        .await
+        .unwrap();
+    let offset = ironpool::format::DATA_START_BYTES + pointer.dvas[0].offset;
+    (pointer, offset)
+}
+
+/// Damages the copy of `volume`'s block `blkid` on `disk` ([`first_copy`]).
 pub async fn corrupt_block(
     pool: &ironpool::pool::Pool,
     volume: &ironpool::pool::volume::Volume,
@@ -99,15 +114,6 @@ pub async fn corrupt_block(
     disk: &SimDevice,
     rng: &mut Rng,
 ) {
-    let pointer = pool
-        .objects()
-        .block_pointer(&volume.object, blkid)
-        .await
-        .unwrap();
-    let dva = pointer.dvas[0];
-    disk.corrupt(
-        ironpool::format::DATA_START_BYTES + dva.offset,
-        u64::from(dva.asize),
-        rng,
-    );
+    let (pointer, offset) = first_copy(pool, volume, blkid).await;
+    disk.corrupt(offset, u64::from(pointer.dvas[0].asize), rng);
 }

@@ -39,6 +39,15 @@ use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::Notify;
 
+/// What a volume write holds from its admission until its blocks are
+/// linked or held ([`Pool::admit_volume_write`]): its place in the
+/// dataset's quota and its claim on the pool's free space.
+#[must_use]
+struct VolumeWriteAdmission<'a> {
+    _admitted: crate::pool::dataset::quota::Admitted<'a>,
+    _space: crate::pool::volume::writeback::SpaceClaim<'a>,
+}
+
 /// Largest volblocksize: 128 KiB (as OpenZFS's default maximum for zvols).
 pub const VOLUME_BLOCK_BYTES_MAX: u32 = 128 * 1024;
 /// Default volblocksize: 16 KiB, OpenZFS's zvol default.
@@ -589,6 +598,32 @@ impl Pool {
         })
     }
 
+    /// Lets a write of blocks `first..=last` of `volume` in, once the
+    /// write throttle does: all or nothing, and never into the space held
+    /// writes will take. It claims the whole blocks it touches (a part of
+    /// one is written as a new whole block), the volume's quota and the
+    /// other datasets' reservations first. The caller takes no lock before
+    /// (the claim may wait for commits) and keeps what this returns until
+    /// its blocks are linked or held.
+    async fn admit_volume_write<'a>(
+        self: &'a Rc<Self>,
+        volume: &'a Rc<Volume>,
+        first: u64,
+        last: u64,
+    ) -> Result<VolumeWriteAdmission<'a>, PoolError> {
+        debug_assert!(first <= last, "a write touches a block");
+        self.txg.throttle(self).await;
+        let blocks = last - first + 1;
+        let admitted = self
+            .admit_to_dataset(Owner::Volume(volume), blocks, volume.block_bytes)
+            .await?;
+        let space = self.claim_space(blocks * volume.block_bytes).await?;
+        Ok(VolumeWriteAdmission {
+            _admitted: admitted,
+            _space: space,
+        })
+    }
+
     /// Writes `data` at `offset` of `volume`; with `fua`, returns once it is durable.
     pub async fn write(
         self: &Rc<Self>,
@@ -604,20 +639,11 @@ impl Pool {
             return Ok(());
         }
         volume.log.note_write_arrived();
-        self.txg.throttle(self).await;
         let durable = volume.durable(fua);
         let block = volume.block_bytes;
         let first = offset / block;
         let last = (offset + length - 1) / block;
-        // All or nothing, and never into the space held writes will take:
-        // the whole blocks it touches (a part of one is written as a new
-        // whole block). Claimed before any lock: the claim may wait for
-        // commits. The volume's quota and the other datasets' reservations
-        // come first.
-        let _admitted = self
-            .admit_to_dataset(Owner::Volume(volume), last - first + 1, block)
-            .await?;
-        let _space = self.claim_space((last - first + 1) * block).await?;
+        let _admitted = self.admit_volume_write(volume, first, last).await?;
         // A small durable write (small blocks, `logbias=latency`) is held and
         // its commit copies it into the log, as OpenZFS copies small sync
         // writes into its log records: one durable log write, where writing
@@ -693,11 +719,9 @@ impl Pool {
         }
         volume.check_writable(raw.block * block, block)?;
         self.txg.ensure_writable()?;
-        self.txg.throttle(self).await;
         let _admitted = self
-            .admit_to_dataset(Owner::Volume(volume), 1, block)
+            .admit_volume_write(volume, raw.block, raw.block)
             .await?;
-        let _space = self.claim_space(block).await?;
         let _writer = volume.writer().await?;
         let _lock = volume.lock(raw.block, raw.block).await;
         let formed = crate::pool::data::Formed::stored_as_sent(

@@ -252,6 +252,43 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
         std::fs::read(&pattern).unwrap()
     );
 
+    // encryptionroot: a clone (and a clone of it) shares its origin's key,
+    // so its root is the volume the chain began with; a raw copy is its
+    // own root, and a plain volume has none.
+    pool.admin(&["clone", "tank/secret@s", "tank/child"]);
+    pool.admin(&["snapshot", "tank/child@c"]);
+    pool.admin(&["clone", "tank/child@c", "tank/grandchild"]);
+    for (volume, root) in [
+        ("tank/secret", "tank/secret"),
+        ("tank/child", "tank/secret"),
+        ("tank/grandchild", "tank/secret"),
+        ("tank/child@c", "tank/secret"),
+        ("tank/rawcopy", "tank/rawcopy"),
+    ] {
+        assert_eq!(pool.property(volume, "encryptionroot").0, root, "{volume}");
+    }
+    pool.admin(&["volume", "create", "tank/unsealed", "16M"]);
+    assert_eq!(pool.property("tank/unsealed", "encryptionroot").0, "-");
+    let refused = pool.fails(&[
+        "--control",
+        &pool.control().display().to_string(),
+        "set",
+        "encryptionroot=tank/unsealed",
+        "tank/child",
+    ]);
+    assert!(refused.contains("read-only"), "{refused}");
+    // Unloading the key through the grandchild closes the whole chain.
+    pool.admin(&["unload-key", "tank/grandchild"]);
+    for volume in ["tank/secret", "tank/child", "tank/grandchild"] {
+        assert_eq!(
+            pool.property(volume, "keystatus").0,
+            "unavailable",
+            "{volume}"
+        );
+    }
+    pool.admin(&["load-key", "tank/secret"]);
+    assert_eq!(pool.property("tank/grandchild", "keystatus").0, "available");
+
     // Filesystems are not encrypted yet, and say so.
     let refused = pool.fails(&[
         "--control",

@@ -450,11 +450,40 @@ impl Pool {
         self.commit().await
     }
 
-    /// The encryption properties of a volume (`get`): encryption,
-    /// keyformat, keylocation, pbkdf2iters and keystatus, as (name, value,
-    /// source); `off` and `none` for one that is not encrypted.
+    /// The volume whose key volume `short` uses, by full name (the
+    /// `encryptionroot` property): up its clones' origins while the origin
+    /// shares its key. A clone shares its origin's key, so its root is
+    /// the volume the chain of clones began with; a volume created with
+    /// its key, or received raw, is its own. None for one that is not
+    /// encrypted.
+    pub(crate) fn encryption_root(&self, short: &str) -> Option<String> {
+        let directory = self.datasets.directory.read();
+        let key_guid = directory.volumes.get(short)?.crypt.as_ref()?.key_guid;
+        let mut root = short;
+        // Each step goes to an older volume; the bound stops a directory
+        // whose origins were damaged into a circle.
+        for _ in 0..directory.volumes.len() {
+            let origin = directory.volumes[root].lineage.origin.as_ref();
+            let Some((name, record)) =
+                origin.and_then(|origin| directory.volumes.get_key_value(&origin.volume))
+            else {
+                break;
+            };
+            if record.crypt.as_ref().map(|crypt| crypt.key_guid) != Some(key_guid) {
+                break;
+            }
+            root = name;
+        }
+        Some(format!("{}/{root}", self.name))
+    }
+
+    /// The encryption properties of volume `short` (`get`): encryption,
+    /// keyformat, keylocation, pbkdf2iters, keystatus and encryptionroot,
+    /// as (name, value, source); `off`, `none` and `-` for one that is not
+    /// encrypted.
     pub(crate) fn encryption_values(
         &self,
+        short: &str,
         record: &crate::pool::dataset::directory::VolumeRecord,
     ) -> Vec<(String, String, String)> {
         let value = |name: &str, value: String| (name.to_string(), value, "-".to_string());
@@ -465,8 +494,12 @@ impl Pool {
                 value("keylocation", "none".into()),
                 value("pbkdf2iters", "0".into()),
                 value("keystatus", "none".into()),
+                value("encryptionroot", "-".into()),
             ];
         };
+        let root = self
+            .encryption_root(short)
+            .unwrap_or_else(|| format!("{}/{short}", self.name));
         let Ok(wrapped) = decode_wrapped("", crypt) else {
             return vec![value("keystatus", "damaged".into())];
         };
@@ -480,6 +513,7 @@ impl Pool {
             value("keylocation", crypt.keylocation.clone()),
             value("pbkdf2iters", wrapped.params.iterations.to_string()),
             value("keystatus", status.into()),
+            value("encryptionroot", root),
         ]
     }
 }

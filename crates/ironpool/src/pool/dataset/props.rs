@@ -315,6 +315,7 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
         )),
         "keylocation" => invalid("keylocation is changed with change-key -o keylocation=...".into()),
         "keystatus" => invalid("keystatus is read-only: load-key and unload-key change it".into()),
+        "encryptionroot" => invalid("encryptionroot is read-only: the volume whose key a volume shares (a clone shares its origin's)".into()),
         _ if is_user_property(name) => {
             if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
                 return invalid(format!("{name}: values are limited to {USER_PROPERTY_VALUE_BYTES_MAX} bytes"));
@@ -913,7 +914,7 @@ impl Pool {
                 volume.block_bytes.to_string(),
                 "-".into(),
             ));
-            values.extend(self.encryption_values(&record));
+            values.extend(self.encryption_values(&short, &record));
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
@@ -1050,7 +1051,7 @@ impl Pool {
                 record.block_bytes.to_string(),
                 "-".into(),
             ));
-            values.extend(self.encryption_values(&record));
+            values.extend(self.encryption_values(volume, &record));
             values
         };
         values.extend([

@@ -289,6 +289,33 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     pool.admin(&["load-key", "tank/secret"]);
     assert_eq!(pool.property("tank/grandchild", "keystatus").0, "available");
 
+    // `set keylocation=` moves where every volume sharing the key finds it,
+    // with no key needed; a bad location or a plain volume is refused.
+    let control = pool.control().display().to_string();
+    let before = pool.property("tank/secret", "keylocation").0;
+    assert!(before.starts_with("file:///"), "{before}");
+    pool.admin(&["set", "keylocation=prompt", "tank/grandchild"]);
+    for volume in ["tank/secret", "tank/child", "tank/grandchild"] {
+        assert_eq!(pool.property(volume, "keylocation").0, "prompt", "{volume}");
+    }
+    for (assignment, volume, reason) in [
+        ("keylocation=file://relative", "tank/secret", "ABSOLUTE"),
+        (
+            "keylocation=https://example.com/key",
+            "tank/secret",
+            "ABSOLUTE",
+        ),
+        ("keylocation=prompt", "tank/unsealed", "encrypted volumes"),
+    ] {
+        let refused = pool.fails(&["--control", &control, "set", assignment, volume]);
+        assert!(refused.contains(reason), "{assignment} {volume}: {refused}");
+    }
+    pool.admin(&["set", &format!("keylocation={before}"), "tank/secret"]);
+    assert_eq!(pool.property("tank/child", "keylocation").0, before);
+    pool.admin(&["unload-key", "tank/secret"]);
+    pool.admin(&["load-key", "tank/child"]);
+    assert_eq!(pool.property("tank/secret", "keystatus").0, "available");
+
     // Filesystems are not encrypted yet, and say so.
     let refused = pool.fails(&[
         "--control",

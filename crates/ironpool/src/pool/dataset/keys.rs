@@ -399,6 +399,30 @@ impl Pool {
         Ok(())
     }
 
+    /// `set keylocation=`: where `load-key` finds the key of volume
+    /// `short` (encrypted; the value checked), for every volume that shares
+    /// the key, as `change-key -o keylocation=` sets it, but without the
+    /// key: only the location changes. Written by the caller's commit.
+    pub(crate) fn set_keylocation(&self, short: &str, location: String) {
+        let mut directory = self.datasets.directory.edit();
+        let Some(key_guid) = directory
+            .volumes
+            .get(short)
+            .and_then(|record| record.crypt.as_ref())
+            .map(|crypt| crypt.key_guid)
+        else {
+            return;
+        };
+        for crypt in directory
+            .volumes
+            .values_mut()
+            .filter_map(|record| record.crypt.as_mut())
+            .filter(|crypt| crypt.key_guid == key_guid)
+        {
+            crypt.keylocation = location.clone();
+        }
+    }
+
     /// `change-key`: wraps the master key of `name` (loaded) under a new
     /// user's key, in every volume that shares it, in one commit. The data
     /// is not rewritten; the old key opens nothing after the commit.

@@ -313,7 +313,11 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
         "encryption" | "keyformat" | "pbkdf2iters" => invalid(format!(
             "{name} is set when a volume is created (volume create -o encryption=on -o keyformat=...), and changed with change-key; filesystems are not encrypted yet"
         )),
-        "keylocation" => invalid("keylocation is changed with change-key -o keylocation=...".into()),
+        "keylocation" if on_pool => invalid("keylocation is a property of encrypted volumes".into()),
+        "keylocation" => {
+            crate::pool::dataset::keys::check_keylocation(value)?;
+            Ok(value.to_string())
+        }
         "keystatus" => invalid("keystatus is read-only: load-key and unload-key change it".into()),
         "encryptionroot" => invalid("encryptionroot is read-only: the volume whose key a volume shares (a clone shares its origin's)".into()),
         _ if is_user_property(name) => {
@@ -609,7 +613,24 @@ impl Pool {
         {
             self.check_space_properties(&kind, &normalised).await?;
         }
+        // Where `load-key` finds the key lives with the key, not among the
+        // dataset's properties: checked before anything changes.
+        let keylocation = normalised.remove("keylocation");
+        if keylocation.is_some() {
+            let encrypted = match &kind {
+                Target::Volume(short) => self.volume_record(short)?.crypt.is_some(),
+                _ => false,
+            };
+            if !encrypted {
+                return Err(PoolError::InvalidArgument(format!(
+                    "{target}: keylocation is a property of encrypted volumes (filesystems are not encrypted yet)"
+                )));
+            }
+        }
         if let Target::Volume(short) = &kind {
+            if let Some(location) = keylocation {
+                self.set_keylocation(short, location);
+            }
             if let Some(size) = normalised.remove("volsize") {
                 self.resize_volume(
                     short,

@@ -165,14 +165,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     ]);
     pool.admin(&["unload-key", "tank/secret"]);
     assert!(!exports(&pool).contains("tank/secret"));
-    let old = pool.fails(&[
-        "--control",
-        &pool.control().display().to_string(),
-        "load-key",
-        "-L",
-        &location,
-        "tank/secret",
-    ]);
+    let old = pool.admin_fails(&["load-key", "-L", &location, "tank/secret"]);
     assert!(old.contains("raw key is exactly 32 bytes"), "{old}");
 
     // Scrub with the key unloaded verifies every copy.
@@ -269,13 +262,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     }
     pool.admin(&["volume", "create", "tank/unsealed", "16M"]);
     assert_eq!(pool.property("tank/unsealed", "encryptionroot").0, "-");
-    let refused = pool.fails(&[
-        "--control",
-        &pool.control().display().to_string(),
-        "set",
-        "encryptionroot=tank/unsealed",
-        "tank/child",
-    ]);
+    let refused = pool.admin_fails(&["set", "encryptionroot=tank/unsealed", "tank/child"]);
     assert!(refused.contains("read-only"), "{refused}");
     // Unloading the key through the grandchild closes the whole chain.
     pool.admin(&["unload-key", "tank/grandchild"]);
@@ -291,7 +278,6 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
 
     // `set keylocation=` moves where every volume sharing the key finds it,
     // with no key needed; a bad location or a plain volume is refused.
-    let control = pool.control().display().to_string();
     let before = pool.property("tank/secret", "keylocation").0;
     assert!(before.starts_with("file:///"), "{before}");
     pool.admin(&["set", "keylocation=prompt", "tank/grandchild"]);
@@ -307,7 +293,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
         ),
         ("keylocation=prompt", "tank/unsealed", "encrypted volumes"),
     ] {
-        let refused = pool.fails(&["--control", &control, "set", assignment, volume]);
+        let refused = pool.admin_fails(&["set", assignment, volume]);
         assert!(refused.contains(reason), "{assignment} {volume}: {refused}");
     }
     pool.admin(&["set", &format!("keylocation={before}"), "tank/secret"]);
@@ -317,15 +303,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     assert_eq!(pool.property("tank/secret", "keystatus").0, "available");
 
     // Filesystems are not encrypted yet, and say so.
-    let refused = pool.fails(&[
-        "--control",
-        &pool.control().display().to_string(),
-        "fs",
-        "create",
-        "tank/fs",
-        "-o",
-        "encryption=on",
-    ]);
+    let refused = pool.admin_fails(&["fs", "create", "tank/fs", "-o", "encryption=on"]);
     assert!(
         refused.contains("filesystems are not encrypted yet"),
         "{refused}"

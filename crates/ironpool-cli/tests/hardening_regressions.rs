@@ -136,14 +136,6 @@ fn assert_server_healthy(pool: &mut TestPool) {
     assert!(!pool.log().contains("panicked"), "{}", pool.log());
 }
 
-/// `ironpool --control ... ARGS` expected to fail: its error output.
-fn admin_fails(pool: &TestPool, args: &[&str]) -> String {
-    let control = pool.control().display().to_string();
-    let mut full = vec!["--control", control.as_str()];
-    full.extend_from_slice(args);
-    pool.fails(&full)
-}
-
 /// The status entry of the device at `path`.
 fn device<'a>(status: &'a serde_json::Value, path: &Path) -> &'a serde_json::Value {
     let path = path.display().to_string();
@@ -464,12 +456,12 @@ fn replace_refuses_another_pools_device_unless_forced_and_a_served_one_always() 
     let b = pool.path("b.img").display().to_string();
 
     other.serve();
-    let error = admin_fails(&pool, &["replace", "-f", "tank", &b, &x]);
+    let error = pool.admin_fails(&["replace", "-f", "tank", &b, &x]);
     assert!(error.contains("in use"), "{error}");
     assert_server_healthy(&mut other);
     other.stop();
 
-    let error = admin_fails(&pool, &["replace", "tank", &b, &x]);
+    let error = pool.admin_fails(&["replace", "tank", &b, &x]);
     assert!(
         error.contains("belongs to pool 'other'") && error.contains("-f"),
         "{error}"

@@ -649,14 +649,6 @@ fn properties_inherit_persist_and_take_effect() {
     check(&pool);
 }
 
-/// `ironpool ARGS` against the running server, which must fail: its error.
-fn admin_fails(pool: &TestPool, args: &[&str]) -> String {
-    let control = pool.control().display().to_string();
-    let mut full = vec!["--control", control.as_str()];
-    full.extend_from_slice(args);
-    pool.fails(&full)
-}
-
 /// The tags `holds --json` lists for `snapshot`.
 fn hold_tags(pool: &TestPool, snapshot: &str) -> Vec<String> {
     let listing: serde_json::Value =
@@ -693,11 +685,11 @@ fn holds_keep_snapshots_and_bookmarks_send_after_their_snapshot_is_gone() {
     source.admin(&["hold", "-r", "replica", "tank@b"]);
     assert_eq!(hold_tags(&source, "tank/vol@a"), ["keep"]);
     assert_eq!(hold_tags(&source, "tank/vol@b"), ["replica"]);
-    let error = admin_fails(&source, &["destroy", "tank/vol@a"]);
+    let error = source.admin_fails(&["destroy", "tank/vol@a"]);
     assert!(error.contains("is held (tags: keep)"), "{error}");
-    let error = admin_fails(&source, &["destroy", "-r", "tank/vol"]);
+    let error = source.admin_fails(&["destroy", "-r", "tank/vol"]);
     assert!(error.contains("is held"), "{error}");
-    let error = admin_fails(&source, &["rollback", "-r", "tank/vol@a"]);
+    let error = source.admin_fails(&["rollback", "-r", "tank/vol@a"]);
     assert!(error.contains("tank/vol@b is held"), "{error}");
     assert_eq!(
         snapshots_of(&source, "tank/vol"),
@@ -710,33 +702,33 @@ fn holds_keep_snapshots_and_bookmarks_send_after_their_snapshot_is_gone() {
     );
 
     // All or nothing, with clear errors.
-    let error = admin_fails(&source, &["hold", "keep", "tank/vol@a"]);
+    let error = source.admin_fails(&["hold", "keep", "tank/vol@a"]);
     assert!(
         error.contains("already has a hold tagged 'keep'"),
         "{error}"
     );
-    let error = admin_fails(&source, &["hold", "more", "tank/vol@c", "tank/vol@nope"]);
+    let error = source.admin_fails(&["hold", "more", "tank/vol@c", "tank/vol@nope"]);
     assert!(error.contains("no snapshot 'tank/vol@nope'"), "{error}");
     assert!(hold_tags(&source, "tank/vol@c").is_empty());
-    let error = admin_fails(&source, &["release", "other", "tank/vol@a"]);
+    let error = source.admin_fails(&["release", "other", "tank/vol@a"]);
     assert!(error.contains("has no hold tagged 'other'"), "{error}");
-    let error = admin_fails(&source, &["hold", "", "tank/vol@a"]);
+    let error = source.admin_fails(&["hold", "", "tank/vol@a"]);
     assert!(error.contains("not a hold tag"), "{error}");
 
     // Holds are on disk: a restart keeps them.
     source.stop();
     source.serve();
     assert_eq!(hold_tags(&source, "tank/vol@a"), ["keep"]);
-    let error = admin_fails(&source, &["destroy", "tank/vol@a"]);
+    let error = source.admin_fails(&["destroy", "tank/vol@a"]);
     assert!(error.contains("is held"), "{error}");
 
     // A bookmark of @a outlives it: the incremental to @b is sent from the
     // bookmark and received onto the backup's @a.
     source.admin(&["bookmark", "tank/vol@a", "#a-sent"]);
     source.admin(&["bookmark", "tank/vol#a-sent", "tank/vol#copy"]);
-    let error = admin_fails(&source, &["bookmark", "tank/vol@a", "tank/vol#copy"]);
+    let error = source.admin_fails(&["bookmark", "tank/vol@a", "tank/vol#copy"]);
     assert!(error.contains("already exists"), "{error}");
-    let error = admin_fails(&source, &["bookmark", "tank/vol@nope", "#x"]);
+    let error = source.admin_fails(&["bookmark", "tank/vol@nope", "#x"]);
     assert!(error.contains("no snapshot"), "{error}");
     source.admin(&["release", "keep", "tank/vol@a"]);
     source.admin(&["release", "-r", "replica", "tank@b"]);

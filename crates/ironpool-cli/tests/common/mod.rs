@@ -261,6 +261,15 @@ impl TestPool {
         self.ok(&full)
     }
 
+    /// `ironpool --control ... ARGS` against the running server, which must
+    /// fail: its error output (the twin of [`TestPool::admin`]).
+    pub fn admin_fails(&self, args: &[&str]) -> String {
+        let control = self.control().display().to_string();
+        let mut full = vec!["--control", control.as_str()];
+        full.extend_from_slice(args);
+        self.fails(&full)
+    }
+
     /// Runs `ironpool ARGS > file` against the running server; returns stderr.
     pub fn send_to_file(&self, args: &[&str], file: &Path) -> String {
         let control = self.control().display().to_string();

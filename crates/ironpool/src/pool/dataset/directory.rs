@@ -346,6 +346,16 @@ fn is_zero(value: &u64) -> bool {
 }
 
 impl Directory {
+    /// The encryption records of every volume whose master key is
+    /// `key_guid` (a volume and its clones, or raw copies of it): what
+    /// `change-key` and `set keylocation=` change together.
+    pub fn crypts_sharing_key(&mut self, key_guid: u64) -> impl Iterator<Item = &mut CryptRecord> {
+        self.volumes
+            .values_mut()
+            .filter_map(|record| record.crypt.as_mut())
+            .filter(move |crypt| crypt.key_guid == key_guid)
+    }
+
     /// The record of snapshot `name` (volume and snapshot), if it exists:
     /// a clone's origin, a send's source.
     pub fn snapshot(&self, name: &SnapshotName) -> Option<&SnapshotRecord> {

@@ -413,12 +413,7 @@ impl Pool {
         else {
             return;
         };
-        for crypt in directory
-            .volumes
-            .values_mut()
-            .filter_map(|record| record.crypt.as_mut())
-            .filter(|crypt| crypt.key_guid == key_guid)
-        {
+        for crypt in directory.crypts_sharing_key(key_guid) {
             crypt.keylocation = location.clone();
         }
     }
@@ -462,13 +457,9 @@ impl Pool {
         let wrapped = hex(&wrapped.encode());
         {
             let mut directory = self.datasets.directory.edit();
-            for volume in directory.volumes.values_mut() {
-                if let Some(crypt) = volume.crypt.as_mut() {
-                    if crypt.key_guid == record.key_guid {
-                        crypt.wrapped_key = wrapped.clone();
-                        crypt.keylocation = keylocation.clone();
-                    }
-                }
+            for crypt in directory.crypts_sharing_key(record.key_guid) {
+                crypt.wrapped_key = wrapped.clone();
+                crypt.keylocation = keylocation.clone();
             }
         }
         self.commit().await
@@ -521,12 +512,12 @@ impl Pool {
                 value("encryptionroot", "-".into()),
             ];
         };
-        let root = self
-            .encryption_root(short)
-            .unwrap_or_else(|| format!("{}/{short}", self.name));
         let Ok(wrapped) = decode_wrapped("", crypt) else {
             return vec![value("keystatus", "damaged".into())];
         };
+        let root = self
+            .encryption_root(short)
+            .unwrap_or_else(|| format!("{}/{short}", self.name));
         let status = match self.datasets.keys.available(crypt.key_guid) {
             true => "available",
             false => "unavailable",

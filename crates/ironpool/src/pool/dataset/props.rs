@@ -628,15 +628,16 @@ impl Pool {
             }
         }
         if let Target::Volume(short) = &kind {
-            if let Some(location) = keylocation {
-                self.set_keylocation(short, location);
-            }
             if let Some(size) = normalised.remove("volsize") {
                 self.resize_volume(
                     short,
                     size.parse()
                         .map_err(|_| PoolError::InvalidArgument(format!("volsize {size}")))?,
                 )?;
+            }
+            // After the resize, which may still refuse the whole `set`.
+            if let Some(location) = keylocation {
+                self.set_keylocation(short, location);
             }
         }
         self.properties_of(&kind, target, |properties| properties.extend(normalised))?;

@@ -249,6 +249,13 @@ pub fn serve(
             front_end = Some((thread, stop, engine));
         }
         if failure.is_none() {
+            // What the import found is said before the pidfile says the
+            // server is up: whoever waits for the pidfile and then reads
+            // the log (a test after a kill -9, an operator's script) finds
+            // it there.
+            for note in &pool.notes() {
+                eprintln!("ironpool: {pool_name}: {note}");
+            }
             if let Some(pidfile) = pidfile {
                 if let Err(error) = std::fs::write(pidfile, format!("{}\n", std::process::id())) {
                     failure = Some(format!("{}: {error}", pidfile.display()));
@@ -256,9 +263,6 @@ pub fn serve(
             }
         }
         if failure.is_none() {
-            for note in &pool.notes() {
-                eprintln!("ironpool: {pool_name}: {note}");
-            }
             let exports: Vec<String> = pool
                 .visible_volumes()
                 .iter()

@@ -5,6 +5,7 @@
 #   scripts/fuzz.sh                          # every target, 20 s each
 #   FUZZ_SECONDS=60 scripts/fuzz.sh          # longer runs
 #   FUZZ_TARGETS="label dnode" scripts/fuzz.sh
+#   FUZZ_JOBS=1 scripts/fuzz.sh              # one target at a time (default: one per core)
 #
 # Each target starts from its committed seeds (fuzz/corpus/<target>/) and its saved
 # crashes (fuzz/regressions/<target>/, which must no longer crash), and grows a
@@ -60,26 +61,48 @@ echo "fuzz: built $(echo $targets | wc -w) targets in $((SECONDS - build_started
 # Prints libFuzzer's final statistic `name` from `log`.
 final_stat() { sed -n "s/^stat::$1: *//p" "$2" | tail -1; }
 
+# Targets run side by side, one per core: each is one single-threaded libFuzzer
+# process, so on CI's two cores the pass takes half the wall time for the same
+# executions per target.
+parallel_jobs=${FUZZ_JOBS:-$(nproc)}
+run_target() {
+    local target=$1
+    local binary=$binary_dir/$target
+    local work=$fuzz_dir/work/$target
+    local artifacts=$fuzz_dir/artifacts/$target
+    local log=$fuzz_dir/artifacts/$target.log
+    mkdir -p "$work" "$artifacts"
+    local corpora=("$work" "$fuzz_dir/corpus/$target")
+    [ -d "$fuzz_dir/regressions/$target" ] && corpora+=("$fuzz_dir/regressions/$target")
+    local status=0
+    # New inputs go to the first corpus folder only: the committed seeds stay as they are.
+    "$binary" -max_total_time="$seconds_per_target" -timeout="$input_timeout_seconds" -rss_limit_mb="$rss_limit_mb" \
+        -print_final_stats=1 -artifact_prefix="$artifacts/" "${corpora[@]}" >"$log" 2>&1 || status=$?
+    echo "$status" >"$fuzz_dir/artifacts/$target.status"
+}
+running=0
+for target in $targets; do
+    rm -f "$fuzz_dir/artifacts/$target.status"
+    run_target "$target" &
+    running=$((running + 1))
+    if [ "$running" -ge "$parallel_jobs" ]; then
+        wait -n || true
+        running=$((running - 1))
+    fi
+done
+wait
+
 passed_count=0
 failed_count=0
 executions_total=0
 failures=()
 printf '%-14s %12s %10s %8s %s\n' target executions exec/s "new" result
 for target in $targets; do
-    binary=$binary_dir/$target
-    work=$fuzz_dir/work/$target
-    artifacts=$fuzz_dir/artifacts/$target
     log=$fuzz_dir/artifacts/$target.log
-    mkdir -p "$work" "$artifacts"
-    corpora=("$work" "$fuzz_dir/corpus/$target")
-    [ -d "$fuzz_dir/regressions/$target" ] && corpora+=("$fuzz_dir/regressions/$target")
-    status=0
-    # New inputs go to the first corpus folder only: the committed seeds stay as they are.
-    "$binary" -max_total_time="$seconds_per_target" -timeout="$input_timeout_seconds" -rss_limit_mb="$rss_limit_mb" \
-        -print_final_stats=1 -artifact_prefix="$artifacts/" "${corpora[@]}" >"$log" 2>&1 || status=$?
+    status=$(cat "$fuzz_dir/artifacts/$target.status" 2>/dev/null || echo "no status")
     executions=$(final_stat number_of_executed_units "$log")
     executions_total=$((executions_total + ${executions:-0}))
-    if [ "$status" -eq 0 ]; then
+    if [ "$status" = 0 ]; then
         result=ok
         passed_count=$((passed_count + 1))
     else

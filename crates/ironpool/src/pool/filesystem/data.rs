@@ -569,8 +569,12 @@ impl Filesystem {
                 )
                 .collect();
             let format = self.block_format(object_type);
+            // A client waits for these (a direct or synchronous write, or
+            // one written through): the class of a volume's writes through,
+            // not of write-back, whose slots follow the dirty data (four
+            // per device while little is dirty).
             let mut written =
-                crate::pool::data::write_blocks_gathered(pool, format, new, IoClass::AsyncWrite)
+                crate::pool::data::write_blocks_gathered(pool, format, new, IoClass::SyncWrite)
                     .await
                     .into_iter();
             for zero in zero {
@@ -767,7 +771,7 @@ impl Filesystem {
         }
         let block = crate::pool::data::NewBlock::copied(pool, bytes);
         let format = self.block_format(object_type);
-        Ok(crate::pool::data::write_block(pool, format, block, IoClass::AsyncWrite).await?)
+        Ok(crate::pool::data::write_block(pool, format, block, IoClass::SyncWrite).await?)
     }
 
     /// Links a written block (or a hole) as block `blkid` of `object`;

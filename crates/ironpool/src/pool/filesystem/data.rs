@@ -526,8 +526,17 @@ impl Filesystem {
             .iter()
             .map(|(blkid, bytes)| (*blkid, bytes.as_ref()))
             .collect();
-        self.store_blocks(pool, object, &slices, ObjectType::FsFile, lent)
-            .await?;
+        // A client waits for it: not the class of write-back, whose slots
+        // follow the dirty data (four per device while little is dirty).
+        self.store_blocks(
+            pool,
+            object,
+            &slices,
+            ObjectType::FsFile,
+            lent,
+            IoClass::SyncWrite,
+        )
+        .await?;
         let mut dnode = object.dnode.borrow_mut();
         if end > dnode.length_bytes {
             dnode.length_bytes = end;
@@ -544,7 +553,11 @@ impl Filesystem {
     /// become one queue request), then links them in order. Blocks of zeros
     /// are holes. A block whose bytes lie in `lent` (an aligned buffer the
     /// front end read them into) is written from it, others are copied.
-    /// A failure lets go of the blocks written and not linked.
+    /// A failure lets go of the blocks written and not linked. `class`:
+    /// [`IoClass::SyncWrite`] where a client waits for the write (a direct
+    /// or synchronous one, or one written through), as for a volume's writes
+    /// through; [`IoClass::AsyncWrite`] for a `receive`'s blocks, as for a
+    /// volume's.
     pub(super) async fn store_blocks(
         &self,
         pool: &Rc<Pool>,
@@ -552,6 +565,7 @@ impl Filesystem {
         blocks: &[(u64, &[u8])],
         object_type: ObjectType,
         lent: Option<&BufSlice>,
+        class: IoClass,
     ) -> Result<(), FsError> {
         let mut pointers = Vec::with_capacity(blocks.len());
         let mut failure = None;
@@ -569,14 +583,9 @@ impl Filesystem {
                 )
                 .collect();
             let format = self.block_format(object_type);
-            // A client waits for these (a direct or synchronous write, or
-            // one written through): the class of a volume's writes through,
-            // not of write-back, whose slots follow the dirty data (four
-            // per device while little is dirty).
-            let mut written =
-                crate::pool::data::write_blocks_gathered(pool, format, new, IoClass::SyncWrite)
-                    .await
-                    .into_iter();
+            let mut written = crate::pool::data::write_blocks_gathered(pool, format, new, class)
+                .await
+                .into_iter();
             for zero in zero {
                 let result = if zero {
                     Ok(BlockPointer::hole(0, object_type, 0))

@@ -38,6 +38,7 @@ use crate::pool::dataset::send::{
 use crate::pool::dataset::stream_io::StreamSink;
 use crate::pool::filesystem::{Filesystem, FsError, TABLE_BLOCK_SHIFT};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
+use crate::queue::IoClass;
 use crate::rt::buf::BufSlice;
 use crate::rt::executor::JoinHandle;
 
@@ -604,7 +605,14 @@ impl Filesystem {
             .collect();
         if dnode.object_type != ObjectType::FsDirectory {
             return Ok(self
-                .store_blocks(pool, object, &blocks, dnode.object_type, None)
+                .store_blocks(
+                    pool,
+                    object,
+                    &blocks,
+                    dnode.object_type,
+                    None,
+                    IoClass::AsyncWrite,
+                )
                 .await?);
         }
         for (blkid, bytes) in blocks {

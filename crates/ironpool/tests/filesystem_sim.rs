@@ -15,7 +15,8 @@ use ironpool::format::label::TopVdevKind;
 use ironpool::format::znode::{S_IFDIR, S_IFLNK, S_IFREG};
 use ironpool::pool::dataset::intent_log::LogStats;
 use ironpool::pool::filesystem::{
-    Filesystem, FsError, NewObject, SessionId, SetAttr, RENAME_EXCHANGE, RENAME_NOREPLACE,
+    Filesystem, FsError, FsIoStats, NewObject, RequestKind, SessionId, SetAttr, RENAME_EXCHANGE,
+    RENAME_NOREPLACE,
 };
 use ironpool::pool::Pool;
 use ironpool::rt::sim::Rng;
@@ -1067,7 +1068,7 @@ fn crash_run_with(seed: u64, through_log: bool, ahead: bool) -> (LogStats, bool)
                         rt::spawn(async move { pool.fs_log_ahead(&fs).await });
                     }
                     rt::sleep(Duration::from_micros(rng.below(AHEAD_FSYNC_LATE_US))).await;
-                    fs.note_fsync_arrived();
+                    fs.note_fsync_arrived(&pool);
                     pool.fs_log_commit(&fs).await.unwrap();
                     log_commits.set(fs.log_stats());
                     keep_newest(&committed);
@@ -1376,21 +1377,66 @@ fn a_crash_keeps_every_fsync_of_writes_written_behind() {
 /// flight and returned without waiting for it loses that write here.)
 #[test]
 fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
+    let (fsyncs, commits, _) = writers_side_by_side(201..=212, false);
+    assert!(
+        commits < fsyncs,
+        "no fsync shared a commit ({commits} for {fsyncs})"
+    );
+}
+
+/// The same writers served as the FUSE front end serves them
+/// (`Filesystem::request_began`, `Filesystem::fsync`): calling `fsync`
+/// after every write with writes in parallel, their writes are soon made
+/// durable before they are answered, and their `fsync`s find every answer
+/// durable and commit nothing. One write in eight is answered as a change
+/// that may not be durable (as any other request is), so the next `fsync`
+/// commits. Power fails as the Nth `fsync` returns: every record an
+/// `fsync` returned for holds that write or a later one.
+#[test]
+fn a_crash_keeps_every_fsync_of_writes_made_durable_first() {
+    let (fsyncs, _, stats) = writers_side_by_side(301..=312, true);
+    eprintln!(
+        "{} writes made durable first, {} fsyncs found them durable",
+        stats.durable_first_ops, stats.fsyncs_found_durable
+    );
+    assert!(
+        stats.durable_first_ops * 2 > fsyncs,
+        "{} of {fsyncs} writes were made durable first",
+        stats.durable_first_ops
+    );
+    assert!(
+        stats.fsyncs_found_durable * 4 > fsyncs,
+        "{} of {fsyncs} fsyncs found every answer durable",
+        stats.fsyncs_found_durable
+    );
+}
+
+/// Runs [`a_crash_keeps_every_fsync_of_writers_side_by_side`] for `seeds`,
+/// through the front end's calls with `front_end`; returns the `fsync`s
+/// returned before the crashes, the log commits, and the filesystems'
+/// counters summed.
+fn writers_side_by_side(
+    seeds: std::ops::RangeInclusive<u64>,
+    front_end: bool,
+) -> (u64, u64, FsIoStats) {
     const WRITERS: u64 = 4;
     const RECORD: u64 = 16 << 10;
     const RECORDS_PER_FILE: u64 = 16;
     let (mut commits, mut fsyncs) = (0, 0);
-    for seed in 201..=212u64 {
+    let mut io_stats = FsIoStats::default();
+    for seed in seeds {
         let disks = devices(2, 8 << 30, seed);
         // (writer, record) -> the sequence number an fsync returned for.
         let durable: Rc<RefCell<BTreeMap<(u64, u64), u64>>> = Rc::default();
         let inos: Rc<RefCell<Vec<u64>>> = Rc::default();
         let stats = Rc::new(Cell::new(LogStats::default()));
+        let fs_stats = Rc::new(Cell::new(FsIoStats::default()));
         let done_fsyncs = Rc::new(Cell::new(0u64));
         let last_fsync = Rc::new(ironpool::rt::sync::Notify::default());
         run_then_crash(seed, &disks, 0x51de, {
             let (disks, durable, inos) = (disks.clone(), durable.clone(), inos.clone());
             let (stats, done_fsyncs) = (stats.clone(), done_fsyncs.clone());
+            let fs_stats = fs_stats.clone();
             let last_fsync = last_fsync.clone();
             move |pool_holder| async move {
                 let mut rng = Rng::new(seed);
@@ -1410,24 +1456,43 @@ fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
                 for writer in 0..WRITERS {
                     let (pool, fs, durable) = (pool.clone(), fs.clone(), durable.clone());
                     let (stats, done_fsyncs) = (stats.clone(), done_fsyncs.clone());
-                    let last_fsync = last_fsync.clone();
+                    let (last_fsync, fs_stats) = (last_fsync.clone(), fs_stats.clone());
                     let ino = inos.borrow()[writer as usize];
                     let mut rng = Rng::new(seed * 31 + writer);
                     rt::spawn(async move {
                         for sequence in 1u64.. {
                             let record = rng.below(RECORDS_PER_FILE);
                             let data = stamped(writer, record, sequence, RECORD as usize);
-                            fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
+                            if front_end {
+                                let kind = if rng.chance(1, 8) {
+                                    RequestKind::Changes
+                                } else {
+                                    RequestKind::DirectWrite
+                                };
+                                let answering = fs.request_began(&pool, kind);
+                                fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
+                                if answering.durable_first() {
+                                    pool.fs_log_commit(&fs).await.unwrap();
+                                }
+                                answering.answered(true);
+                            } else {
+                                fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
+                            }
                             if rng.chance(1, 3) {
                                 rt::sleep(Duration::from_micros(rng.below(100))).await;
                             }
                             // This write is durable once the fsync returns
                             // (and noted only then).
-                            fs.note_fsync_arrived();
-                            pool.fs_log_commit(&fs).await.unwrap();
+                            if front_end {
+                                fs.fsync(&pool, ino).await.unwrap();
+                            } else {
+                                fs.note_fsync_arrived(&pool);
+                                pool.fs_log_commit(&fs).await.unwrap();
+                            }
                             durable.borrow_mut().insert((writer, record), sequence);
                             done_fsyncs.set(done_fsyncs.get() + 1);
                             stats.set(fs.log_stats());
+                            fs_stats.set(fs.io_stats());
                             if done_fsyncs.get() == fsyncs_before_crash {
                                 last_fsync.notify_all();
                             }
@@ -1439,6 +1504,8 @@ fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
         });
         commits += stats.get().commits;
         fsyncs += done_fsyncs.get();
+        io_stats.durable_first_ops += fs_stats.get().durable_first_ops;
+        io_stats.fsyncs_found_durable += fs_stats.get().fsyncs_found_durable;
         let durable = durable.borrow().clone();
         let inos = inos.borrow().clone();
         Runtime::new_sim(seed + 1).block_on(async move {
@@ -1462,10 +1529,7 @@ fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
     eprintln!("{fsyncs} fsyncs returned, {commits} log commits");
     assert!(fsyncs > 100, "{fsyncs} fsyncs returned before the crashes");
     assert!(commits > 20, "{commits} log commits");
-    assert!(
-        commits < fsyncs,
-        "no fsync shared a commit ({commits} for {fsyncs})"
-    );
+    (fsyncs, commits, io_stats)
 }
 
 /// A record of `bytes` that says who wrote it: writer, record and sequence

@@ -1744,6 +1744,7 @@ fn tunables(pool: &Pool) -> Value {
         "dead_spill_pointers": tunables.dead_spill_pointers,
         "log_group_wait_percent": tunables.log_group_wait_percent,
         "log_commits_in_flight": tunables.log_commits_in_flight,
+        "fs_durable_writes_fsync_gap": tunables.fs_durable_writes_fsync_gap,
         "queue": tunables.queue,
     })
 }

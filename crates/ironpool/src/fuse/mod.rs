@@ -19,7 +19,10 @@
 //! reports the transport and the most requests served at once.
 //!
 //! Reads and writes of different blocks of a file run concurrently in the
-//! filesystem layer; `fsync` commits the intent log (or a txg).
+//! filesystem layer; `fsync` commits the intent log (or a txg), unless
+//! every answer given before it rests on durable changes: direct writes
+//! whose client calls `fsync` every few writes are made durable before
+//! they are answered ([`Filesystem::request_began`], [`Filesystem::fsync`]).
 //!
 //! `.zfs/snapshot/NAME` in the root shows snapshot NAME read-only
 //! ([`snapdir`], which also says how node ids tell a snapshot's objects
@@ -46,7 +49,7 @@ use crate::format::znode::{
 };
 use crate::pool::dataset::props::SyncMode;
 use crate::pool::filesystem::{
-    check_open, Attr, DataChange, Filesystem, FsError, NewObject, SessionId, SetAttr,
+    check_open, Attr, DataChange, Filesystem, FsError, NewObject, RequestKind, SessionId, SetAttr,
 };
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -908,6 +911,34 @@ async fn serve(
     // every write: that commit starts as this one is answered.
     let ahead = !durable
         && matches!(&request, Request::Write { flags, .. } if !fs.may_write_behind(*flags));
+    // A direct write among others whose client calls `fsync` every few
+    // writes is made durable before it is answered, so that the `fsync`,
+    // which keeps the file's other writes out while it is in the server,
+    // finds nothing to commit (`DURABLE_WRITES_FSYNC_GAP_MAX`). Every
+    // answer is counted for that `fsync`.
+    let kind = if ahead {
+        RequestKind::DirectWrite
+    } else if matches!(
+        &request,
+        Request::Fsync { .. }
+            | Request::Fsyncdir
+            | Request::Read { .. }
+            | Request::Lookup { .. }
+            | Request::Getattr { .. }
+            | Request::Statx { .. }
+            | Request::Readlink
+            | Request::Statfs
+            | Request::Access { .. }
+            | Request::Getxattr { .. }
+            | Request::Listxattr { .. }
+    ) {
+        RequestKind::NoChange
+    } else {
+        RequestKind::Changes
+    };
+    let answering = fs.request_began(pool, kind);
+    let durable = durable || answering.durable_first();
+    let ahead = ahead && !answering.durable_first();
     // Another mount of this filesystem alive beside this one: what the
     // request changes is told to its kernel.
     let peers = if slot == 0 {
@@ -920,14 +951,24 @@ async fn serve(
     } else {
         peers::stale_after(fs, node, &request).await
     };
-    let answer = serve_fs(session, header, request, lent, fs, node, slot).await?;
+    let answer = serve_fs(session, header, request, lent, fs, node, slot).await;
     if !stale.is_empty() {
         peers::tell(peers, stale);
     }
-    if durable {
-        pool.fs_log_commit(fs).await?;
-        fs.count_flush();
-    }
+    let answer = match answer {
+        Ok(answer) if durable => match pool.fs_log_commit(fs).await {
+            Ok(()) => {
+                fs.count_flush();
+                Ok(answer)
+            }
+            Err(error) => Err(FsError::from(error)),
+        },
+        answer => answer,
+    };
+    // Counted after the request's changes were noted, before its answer
+    // leaves: a commit that begins after this covers them.
+    answering.answered(answer.is_ok());
+    let answer = answer?;
     if ahead && fs.fsync_expected() {
         let (pool, fs) = (pool.clone(), fs.clone());
         // Started in this turn, its log write is submitted with the answer.
@@ -1213,16 +1254,7 @@ async fn serve_fs(
         // intent log when it carries every change since the last durable
         // txg, else a txg (`sync=disabled`: nothing, as OpenZFS).
         Request::Fsync { .. } | Request::Fsyncdir => {
-            fs.note_fsync_arrived();
-            // A write answered before and lost since is reported here.
-            fs.settle_writes(Some(node)).await;
-            if let Some(error) = fs.take_write_error(node) {
-                return Err(error);
-            }
-            if fs.settings().sync != SyncMode::Disabled {
-                pool.fs_log_commit(fs).await?;
-                fs.count_flush();
-            }
+            fs.fsync(pool, node).await?;
             Ok(Vec::new())
         }
         Request::Fallocate {

@@ -217,6 +217,13 @@ pub struct PoolTunables {
     /// and they are answered in order. 1 by default: see
     /// `DEFAULT_LOG_COMMITS_IN_FLIGHT` for what more measured.
     pub log_commits_in_flight: u64,
+    /// A filesystem's direct writes are made durable before they are
+    /// answered while its client calls `fsync` at most this many writes
+    /// apart with writes in parallel (0: never); the `fsync` then finds
+    /// nothing to commit. Default
+    /// [`dataset::intent_log::DURABLE_WRITES_FSYNC_GAP_MAX`], where the
+    /// measurements are.
+    pub fs_durable_writes_fsync_gap: u64,
 }
 
 /// Objects a filesystem (a head, or a snapshot open for reading) keeps
@@ -291,6 +298,7 @@ impl Default for PoolTunables {
             discard_missing_log: false,
             log_group_wait_percent: 0,
             log_commits_in_flight: dataset::intent_log::DEFAULT_LOG_COMMITS_IN_FLIGHT,
+            fs_durable_writes_fsync_gap: dataset::intent_log::DURABLE_WRITES_FSYNC_GAP_MAX as u64,
         }
     }
 }

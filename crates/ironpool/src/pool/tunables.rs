@@ -19,7 +19,7 @@ impl Pool {
     /// `scrub_rate_bytes` (0: no limit), `fs_objects_loaded_max`,
     /// `dead_spill_pointers`,
     /// `log_group_wait_percent` (0..100), `log_commits_in_flight` (1 to
-    /// `LOG_COMMITS_IN_FLIGHT_MAX`),
+    /// `LOG_COMMITS_IN_FLIGHT_MAX`), `fs_durable_writes_fsync_gap` (0: off),
     /// `arc_max_bytes` (the read cache's size; 0 turns it off), `arc_drop`
     /// (any value: empties the read cache).
     pub fn set_tunable(&self, name: &str, value: &str) -> Result<(), PoolError> {
@@ -65,6 +65,9 @@ impl Pool {
             "fs_objects_loaded_max" => tunables.fs_objects_loaded_max = number.max(1),
             "dead_spill_pointers" => tunables.dead_spill_pointers = number.max(1),
             "log_group_wait_percent" => tunables.log_group_wait_percent = number.min(100),
+            "fs_durable_writes_fsync_gap" => {
+                tunables.fs_durable_writes_fsync_gap = number.min(u32::MAX as u64)
+            }
             "log_commits_in_flight" => {
                 tunables.log_commits_in_flight = number.clamp(
                     1,

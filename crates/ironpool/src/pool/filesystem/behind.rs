@@ -697,6 +697,9 @@ impl Filesystem {
             }
         }
         behind.in_flight.borrow_mut().remove(&number);
+        // Answered before its blocks were linked (and noted): the next
+        // `fsync` must commit them.
+        self.log.note_answer_unsure();
         behind.changed.notify_all();
     }
 

@@ -76,7 +76,7 @@ use crate::format::znode::{FsHeader, FsSpace, Timestamp, Znode, S_ISGID, S_ISUID
 use crate::format::{Dnode, ObjectType};
 use crate::object::{Object, ObjectError, ObjectSet};
 use crate::pool::dataset::intent_log::IntentLog;
-use crate::pool::dataset::props::VolumeSettings;
+use crate::pool::dataset::props::{SyncMode, VolumeSettings};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::rt::buf::BufSlice;
 use crate::rt::sync::Notify;
@@ -273,6 +273,67 @@ impl FsError {
             FsError::Stale => libc::ESTALE,
             FsError::NotTty => libc::ENOTTY,
             FsError::Corrupt(_) | FsError::Pool(_) => libc::EIO,
+        }
+    }
+}
+
+/// The pool's tunable `fs_durable_writes_fsync_gap`.
+fn durable_writes_gap(pool: &Pool) -> u32 {
+    pool.tunables.borrow().fs_durable_writes_fsync_gap as u32
+}
+
+/// What a request is, for the durability of its answer
+/// ([`Filesystem::request_began`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RequestKind {
+    /// A write that is neither held behind nor synchronous (`O_DIRECT`).
+    DirectWrite,
+    /// An `fsync`, or a request that notes nothing for the intent log (a
+    /// read: an access time is not logged).
+    NoChange,
+    /// Anything else: its answer may rest on changes not yet durable.
+    Changes,
+}
+
+/// A request being served ([`Filesystem::request_began`]). Its answer is
+/// counted when it goes, after the request's changes were noted (a
+/// request dropped unanswered counts as one that may rest on changes not
+/// yet durable).
+pub struct Answering<'a> {
+    fs: &'a Filesystem,
+    direct_write: bool,
+    durable_first: bool,
+    unsure: bool,
+    answered: bool,
+}
+
+impl Answering<'_> {
+    /// Whether this direct write is made durable before it is answered
+    /// (through [`Pool::fs_log_commit`]).
+    pub fn durable_first(&self) -> bool {
+        self.durable_first
+    }
+
+    /// The request was served (`ok`: it succeeded, and a write to be made
+    /// durable first was); its answer leaves next.
+    pub fn answered(mut self, ok: bool) {
+        if self.durable_first && ok {
+            self.fs.count(|stats| stats.durable_first_ops += 1);
+        }
+        // A direct write that failed may have linked some of its blocks
+        // (a request noting nothing changed nothing, failed or not).
+        self.unsure |= !ok && self.direct_write;
+        self.answered = true;
+    }
+}
+
+impl Drop for Answering<'_> {
+    fn drop(&mut self) {
+        if self.direct_write {
+            self.fs.log.note_direct_write_done();
+        }
+        if self.unsure || !self.answered {
+            self.fs.log.note_answer_unsure();
         }
     }
 }
@@ -539,6 +600,12 @@ pub struct FsIoStats {
     pub hole_read_ops: u64,
     /// `fsync`, `fdatasync` and `fsync` of directories.
     pub flush_ops: u64,
+    /// Direct writes made durable before they were answered, their client
+    /// calling `fsync` every few writes (`DURABLE_WRITES_FSYNC_GAP_MAX`),
+    /// and `fsync`s that then found every answer before them durable and
+    /// committed nothing.
+    pub durable_first_ops: u64,
+    pub fsyncs_found_durable: u64,
     /// Records `copy_file_range` cloned (linked again, no bytes written).
     pub cloned_blocks: u64,
 }
@@ -1334,11 +1401,13 @@ impl Filesystem {
         }
     }
 
-    /// Notes an `fsync` (or `fdatasync`) arriving: with the direct writes
-    /// [`Filesystem::write`] notes, the cadence that tells
-    /// [`Pool::fs_log_ahead`] whether the next `fsync` is expected.
-    pub fn note_fsync_arrived(&self) {
-        self.log.note_flush_arrived();
+    /// Notes an `fsync` (or `fdatasync`) arriving ([`Filesystem::fsync`]
+    /// does): with the direct writes [`Filesystem::write`] notes, the
+    /// cadence that tells [`Pool::fs_log_ahead`] whether the next `fsync`
+    /// is expected, and [`Filesystem::request_began`] whether a direct
+    /// write is made durable first.
+    pub fn note_fsync_arrived(&self, pool: &Pool) {
+        self.log.note_flush_arrived(durable_writes_gap(pool));
     }
 
     /// Whether this filesystem's client has called `fsync` after every
@@ -1346,6 +1415,54 @@ impl Filesystem {
     /// one since its last `fsync`: [`Pool::fs_log_ahead`] would start.
     pub fn fsync_expected(&self) -> bool {
         self.log.flush_expected()
+    }
+
+    /// Tells the filesystem that its front end serves a request of `kind`:
+    /// the returned [`Answering`] says whether a direct write is to be made
+    /// durable before it is answered, and, once the request's changes are
+    /// noted, counts its answer for [`Filesystem::fsync`] (an `fsync`
+    /// finding every answer before it durable commits nothing).
+    pub fn request_began(&self, pool: &Pool, kind: RequestKind) -> Answering<'_> {
+        let direct_write = kind == RequestKind::DirectWrite;
+        if direct_write {
+            self.log.note_direct_write_began();
+        }
+        let durable_first = direct_write
+            && self.settings().sync == SyncMode::Standard
+            && self.log.writes_durable_first(durable_writes_gap(pool));
+        Answering {
+            fs: self,
+            direct_write,
+            durable_first,
+            unsure: kind == RequestKind::Changes || (direct_write && !durable_first),
+            answered: false,
+        }
+    }
+
+    /// `fsync` or `fdatasync` of `node` (a file or a directory): what was
+    /// answered before it made durable, through the intent log when it
+    /// carries every change since the last durable txg, else a txg
+    /// (`sync=disabled`: nothing, as OpenZFS). A write written behind and
+    /// lost since is reported here. When every answer given before it is
+    /// durable already (its client's direct writes were made durable first,
+    /// [`Filesystem::request_began`]), it commits nothing: the kernel keeps
+    /// the file's writes out while an `fsync` is in the server.
+    pub async fn fsync(self: &Rc<Self>, pool: &Rc<Pool>, node: u64) -> Result<(), FsError> {
+        self.note_fsync_arrived(pool);
+        self.settle_writes(Some(node)).await;
+        if let Some(error) = self.take_write_error(node) {
+            return Err(error);
+        }
+        if self.settings().sync == SyncMode::Disabled {
+            return Ok(());
+        }
+        if self.log.answers_durable() {
+            self.count(|stats| stats.fsyncs_found_durable += 1);
+        } else {
+            pool.fs_log_commit(self).await?;
+        }
+        self.count_flush();
+        Ok(())
     }
 
     /// An `fsync` was made durable (counted as a volume's FLUSH is).

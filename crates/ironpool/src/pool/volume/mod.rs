@@ -1175,7 +1175,7 @@ impl Pool {
     /// the next commit).
     pub async fn flush_volume(self: &Rc<Self>, volume: &Rc<Volume>) -> Result<(), PoolError> {
         self.count_flush(volume);
-        volume.log.note_flush_arrived();
+        volume.log.note_flush_arrived(0);
         if volume.settings().sync == SyncMode::Disabled {
             return Ok(());
         }

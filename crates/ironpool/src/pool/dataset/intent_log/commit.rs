@@ -461,6 +461,10 @@ impl Pool {
             // no chain to start (its name has no directory record).
             return Ok(());
         }
+        // Every answer counted so far rests on changes noted before it was
+        // counted (a write written behind: once linked, below): this commit
+        // covers them all.
+        let answered = fs.log.answers_so_far();
         // Writes answered before this are linked (and noted) first.
         fs.settle_writes(None).await;
         let (wait_percent, in_flight_max) = {
@@ -475,6 +479,7 @@ impl Pool {
             .begin_commit(false, wait_percent, in_flight_max)
             .await
         else {
+            fs.log.note_answers_durable(answered);
             return Ok(());
         };
         self.txg.ensure_writable()?;
@@ -488,6 +493,7 @@ impl Pool {
         }
         drop(lock);
         fs.log.covered(number, false);
+        fs.log.note_answers_durable(answered);
         Ok(())
     }
 

@@ -157,6 +157,26 @@ pub const XATTRS_PENDING_BYTES_MAX: u64 = 1 << 20;
 /// that the pattern pays from its first second.
 pub const LOG_AHEAD_STREAK: u32 = 4;
 
+/// A filesystem's client whose `fsync`s come at most this many direct
+/// writes apart ([`LOG_AHEAD_STREAK`] times in a row), with other direct
+/// writes in flight beside it, has each direct write made durable before it
+/// is answered ([`IntentLog::writes_durable_first`]). Why: the kernel holds
+/// a file's inode lock for the whole `FSYNC` round trip, and no write of
+/// that file is sent meanwhile (traced with the `fuse:fuse_request_send`
+/// tracepoint, fio 16K QD64 `--fsync=32`: not one WRITE sent while an
+/// `FSYNC` was out, `FSYNC`s out 73% of the time, 27 writes in the server
+/// on average of 64). Writes hold no lock while the server has them: a
+/// commit they wait for together costs what the `fsync`'s would, but the
+/// `fsync` then finds its writes durable and is answered at once (same
+/// run, alternated: 14.5k and 13.3k IOPS without, 18.2k and 17.2k with;
+/// QD1 with an `fsync` per write and QD64 without `fsync` unchanged). 64,
+/// a queue's depth: the writes the kernel held back during an `fsync` come
+/// in a burst after it, up to 60 between two `fsync`s at QD64 (with 8, the
+/// mode held for 185 of 133,000 writes). A client writing more between
+/// them keeps one commit per `fsync`, each write answered once in place.
+/// The default of the pool's tunable `fs_durable_writes_fsync_gap`.
+pub const DURABLE_WRITES_FSYNC_GAP_MAX: u32 = 64;
+
 /// Counters of a dataset's intent log (`iostat --json`, per volume).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
 pub struct LogStats {
@@ -215,14 +235,37 @@ pub struct IntentLog {
     turns: crate::rt::sync::Notify,
     /// How the dataset's client flushes, for [`Pool::log_ahead`].
     cadence: std::cell::Cell<Cadence>,
+    /// Which answers given to a filesystem's client are durable, for
+    /// [`IntentLog::answers_durable`].
+    vouched: std::cell::Cell<Vouched>,
 }
 
-/// A volume's recent FLUSH pattern: WRITEs since the last FLUSH, and how
-/// many FLUSHes in a row came after exactly one.
+/// A dataset's recent FLUSH pattern: WRITEs since the last FLUSH, how many
+/// FLUSHes in a row came after exactly one, and how many came at most
+/// [`DURABLE_WRITES_FSYNC_GAP_MAX`] writes apart; direct writes in flight.
 #[derive(Clone, Copy, Default)]
 struct Cadence {
     writes_since_flush: u32,
     streak: u32,
+    close_streak: u32,
+    writes_in_flight: u32,
+    /// The most direct writes in flight at once since the last FLUSH.
+    peak_in_flight: u32,
+}
+
+/// The most a run of close `fsync`s counts ([`Cadence`]): a client that
+/// stops calling `fsync` often leaves the mode after three far ones.
+const CLOSE_STREAK_MAX: u32 = 4 * LOG_AHEAD_STREAK;
+
+/// Answers a filesystem gave that may rest on changes not yet durable,
+/// counted: `answered` counts them (every answer but a WRITE made durable
+/// before it was answered and an `fsync`'s; a write written behind counts
+/// again once linked), `durable` is the count read by the last commit of
+/// every change before it ([`Pool::fs_log_commit`]) as it began.
+#[derive(Clone, Copy, Default)]
+struct Vouched {
+    answered: u64,
+    durable: u64,
 }
 
 impl Default for IntentLog {
@@ -232,6 +275,7 @@ impl Default for IntentLog {
             commit_lock: Semaphore::new(1),
             turns: crate::rt::sync::Notify::new(),
             cadence: Default::default(),
+            vouched: Default::default(),
         }
     }
 }
@@ -719,13 +763,27 @@ impl IntentLog {
         self.cadence.set(cadence);
     }
 
-    /// Notes a FLUSH arriving, for [`Pool::log_ahead`] and [`Pool::fs_log_ahead`].
-    pub(crate) fn note_flush_arrived(&self) {
+    /// Notes a FLUSH arriving, for [`Pool::log_ahead`] and [`Pool::fs_log_ahead`],
+    /// and for [`IntentLog::writes_durable_first`] (a run of FLUSHes at most
+    /// `gap_max` writes apart).
+    pub(crate) fn note_flush_arrived(&self, gap_max: u32) {
         let mut cadence = self.cadence.get();
         cadence.streak = match cadence.writes_since_flush {
             1 => cadence.streak.saturating_add(1),
             _ => 0,
         };
+        // A FLUSH right after another (no write between) neither adds to
+        // nor ends a run of close ones; one after writes that came one at a
+        // time ends it; one after more writes than that halves it, so that
+        // a burst (the writes the kernel held back while an `fsync` was
+        // out) does not end the mode at once.
+        cadence.close_streak = match cadence.writes_since_flush {
+            0 => cadence.close_streak,
+            _ if cadence.peak_in_flight < 2 => 0,
+            gap if gap <= gap_max => (cadence.close_streak + 1).min(CLOSE_STREAK_MAX),
+            _ => cadence.close_streak / 2,
+        };
+        cadence.peak_in_flight = cadence.writes_in_flight;
         cadence.writes_since_flush = 0;
         self.cadence.set(cadence);
     }
@@ -735,6 +793,73 @@ impl IntentLog {
     pub(crate) fn flush_expected(&self) -> bool {
         let cadence = self.cadence.get();
         cadence.streak >= LOG_AHEAD_STREAK && cadence.writes_since_flush == 1
+    }
+
+    /// Notes a direct write of a filesystem arriving at the front end
+    /// (before [`IntentLog::writes_durable_first`] is asked), to be ended by
+    /// [`IntentLog::note_direct_write_done`].
+    pub(crate) fn note_direct_write_began(&self) {
+        let mut cadence = self.cadence.get();
+        cadence.writes_in_flight = cadence.writes_in_flight.saturating_add(1);
+        cadence.peak_in_flight = cadence.peak_in_flight.max(cadence.writes_in_flight);
+        self.cadence.set(cadence);
+    }
+
+    /// Ends [`IntentLog::note_direct_write_began`].
+    pub(crate) fn note_direct_write_done(&self) {
+        let mut cadence = self.cadence.get();
+        cadence.writes_in_flight = cadence.writes_in_flight.saturating_sub(1);
+        self.cadence.set(cadence);
+    }
+
+    /// Whether a filesystem's direct write arriving now is to be made
+    /// durable before it is answered: its client's `fsync`s have come at
+    /// most `gap_max` writes apart lately (the pool's tunable
+    /// `fs_durable_writes_fsync_gap`, 0: never), each
+    /// after writes in parallel (a lone writer, QD1, would pay one commit
+    /// per write where its `fsync` pays one for all of them), and no more
+    /// than that many writes came since the last.
+    pub(crate) fn writes_durable_first(&self, gap_max: u32) -> bool {
+        let cadence = self.cadence.get();
+        gap_max > 0
+            && cadence.close_streak >= LOG_AHEAD_STREAK
+            && cadence.writes_since_flush <= gap_max
+    }
+
+    /// Notes an answer given to a filesystem's client that may rest on
+    /// changes not yet durable (any answer but a write made durable first
+    /// and an `fsync`'s), or a write written behind now linked: the next
+    /// `fsync` commits (see [`IntentLog::answers_durable`]). Called after
+    /// the request's changes were noted in the log, before it is answered.
+    pub(crate) fn note_answer_unsure(&self) {
+        let mut vouched = self.vouched.get();
+        vouched.answered += 1;
+        self.vouched.set(vouched);
+    }
+
+    /// What a commit of every change so far reads as it begins, to give
+    /// [`IntentLog::note_answers_durable`] once it succeeded.
+    pub(crate) fn answers_so_far(&self) -> u64 {
+        self.vouched.get().answered
+    }
+
+    /// A commit that began when [`IntentLog::answers_so_far`] was
+    /// `answered` made every change before it durable.
+    pub(crate) fn note_answers_durable(&self, answered: u64) {
+        let mut vouched = self.vouched.get();
+        debug_assert!(answered <= vouched.answered, "answers counted back");
+        vouched.durable = vouched.durable.max(answered);
+        self.vouched.set(vouched);
+    }
+
+    /// Whether every answer the client was given rests on durable changes
+    /// only: each one that might not (see [`IntentLog::note_answer_unsure`])
+    /// is covered by a commit that succeeded, the others being writes
+    /// answered only once durable. An `fsync` arriving then has nothing to
+    /// commit: what it must make durable is what was answered before it.
+    pub(crate) fn answers_durable(&self) -> bool {
+        let vouched = self.vouched.get();
+        vouched.answered <= vouched.durable
     }
 
     /// The log's counters.

@@ -437,14 +437,15 @@ enum Command {
         #[arg(required = true)]
         names: Vec<String>,
     },
-    /// Load the key of an encrypted volume, so that it can be served:
-    /// `load-key [-L prompt|file:///PATH] POOL/VOL`, or `load-key -a POOL`
+    /// Load the key of an encrypted volume or filesystem, so that it can be
+    /// served (a filesystem is mounted): `load-key [-L prompt|file:///PATH]
+    /// POOL/NAME`, or `load-key -a POOL`
     /// for every key kept in a file. A key at `prompt` is read from the
     /// terminal, or from standard input. A wrong key is refused.
     LoadKey {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
-        /// Every encrypted volume whose keylocation is a file (NAME: the pool)
+        /// Every encrypted dataset whose keylocation is a file (NAME: the pool)
         #[arg(short = 'a')]
         all: bool,
         /// Where to read the key this time, instead of its keylocation
@@ -452,18 +453,18 @@ enum Command {
         location: Option<String>,
         name: String,
     },
-    /// Unload the key of an encrypted volume: its NBD clients are
-    /// disconnected, its held writes written, and the key leaves memory:
-    /// `unload-key POOL/VOL`
+    /// Unload the key of an encrypted volume or filesystem: a volume's NBD
+    /// clients are disconnected, held writes written, and the key leaves
+    /// memory; a filesystem must be unmounted first: `unload-key POOL/NAME`
     UnloadKey {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,
         name: String,
     },
-    /// Wrap an encrypted volume's master key under a new key (its data is
+    /// Wrap an encrypted dataset's master key under a new key (its data is
     /// not rewritten; the old key no longer opens it): `change-key [-o
     /// keyformat=raw|hex|passphrase] [-o keylocation=prompt|file:///PATH]
-    /// [-o pbkdf2iters=N] POOL/VOL`. The key must be loaded.
+    /// [-o pbkdf2iters=N] POOL/NAME`. The key must be loaded.
     ChangeKey {
         #[arg(short = 'd', long = "dir")]
         dirs: Vec<PathBuf>,

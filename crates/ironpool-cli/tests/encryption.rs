@@ -2,14 +2,18 @@
 //! 73): the devices hold no plaintext, a served volume is exported only
 //! while its key is loaded, a wrong key is refused, `change-key` rewraps,
 //! `serve --load-keys` starts unattended, scrub needs no key, and a raw
-//! send (`send -w`) is received still sealed.
+//! send (`send -w`) is received still sealed. Encrypted filesystems through
+//! the kernel's FUSE: no file's bytes, name, link target or extended
+//! attribute on the devices in the clear, mounted only while the key is
+//! loaded, and what `fsync` made durable kept across a kill -9.
 
 mod common;
 
 use std::io::Write;
 use std::process::Stdio;
 
-use common::{tool, tool_fails, TestPool};
+use common::fuse::{get_xattr, set_xattr, wait_mounted, wait_unmounted, Unmount};
+use common::{assert_check_clean, tool, tool_fails, TestPool};
 
 /// What the test writes, over and over: found on a device only in the clear.
 const MARKER: &[u8] = b"IRONPOOL-SECRET-";
@@ -302,12 +306,9 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     pool.admin(&["load-key", "tank/child"]);
     assert_eq!(pool.property("tank/secret", "keystatus").0, "available");
 
-    // Filesystems are not encrypted yet, and say so.
+    // An encrypted filesystem needs its key's format, as a volume does.
     let refused = pool.admin_fails(&["fs", "create", "tank/fs", "-o", "encryption=on"]);
-    assert!(
-        refused.contains("filesystems are not encrypted yet"),
-        "{refused}"
-    );
+    assert!(refused.contains("keyformat"), "{refused}");
     pool.stop();
 
     // The check looks where plaintext would be: the same writes to a
@@ -321,4 +322,194 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     pool.admin(&["sync", "tank"]);
     assert!(markers_on_devices(&pool, &["a.img"]) >= WRITTEN_BYTES / MARKER.len());
     pool.stop();
+}
+
+/// Writes into an encrypted filesystem what a user would keep secret (a
+/// large file, a small one, a name, a link's target, an extended
+/// attribute), each holding the marker, and `fsync`s them.
+fn write_secrets(root: &std::path::Path, pattern: &std::path::Path) {
+    let name = String::from_utf8_lossy(MARKER).into_owned();
+    std::fs::copy(pattern, root.join("big")).unwrap();
+    let dir = root.join(format!("{name}dir"));
+    std::fs::create_dir(&dir).unwrap();
+    std::fs::write(dir.join(format!("{name}file")), MARKER.repeat(3)).unwrap();
+    std::os::unix::fs::symlink(format!("/{name}target"), root.join("link")).unwrap();
+    set_xattr(&root.join("big"), "user.note", &MARKER.repeat(2), 0).unwrap();
+    for path in [root.join("big"), dir.join(format!("{name}file"))] {
+        std::fs::File::open(path).unwrap().sync_all().unwrap();
+    }
+    std::fs::File::open(&dir).unwrap().sync_all().unwrap();
+}
+
+/// Reads back what [`write_secrets`] wrote.
+fn assert_secrets(root: &std::path::Path, pattern: &std::path::Path) {
+    let name = String::from_utf8_lossy(MARKER).into_owned();
+    assert!(std::fs::read(root.join("big")).unwrap() == std::fs::read(pattern).unwrap());
+    assert_eq!(
+        std::fs::read(root.join(format!("{name}dir/{name}file"))).unwrap(),
+        MARKER.repeat(3)
+    );
+    assert_eq!(
+        std::fs::read_link(root.join("link")).unwrap(),
+        std::path::PathBuf::from(format!("/{name}target"))
+    );
+    assert_eq!(
+        get_xattr(&root.join("big"), "user.note").unwrap(),
+        MARKER.repeat(2)
+    );
+}
+
+#[test]
+fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
+    let mut pool = TestPool::new("tank");
+    pool.create("512M", &["mirror", "a.img", "b.img"]);
+    pool.serve();
+    let pattern = marker_file(&pool);
+    let passphrase = pool.path("passphrase");
+    std::fs::write(&passphrase, "correct horse battery staple\n").unwrap();
+    let location = format!("file://{}", passphrase.display());
+    let vault = pool.path("vault");
+    let _unmount = Unmount(vault.clone());
+    pool.admin(&[
+        "fs",
+        "create",
+        "tank/vault",
+        "-o",
+        "encryption=on",
+        "-o",
+        "keyformat=passphrase",
+        "-o",
+        &format!("keylocation={location}"),
+        "-o",
+        "pbkdf2iters=100000",
+        "-o",
+        &format!("mountpoint={}", vault.display()),
+    ]);
+    wait_mounted(&pool, &vault);
+    assert_eq!(pool.property("tank/vault", "encryption").0, "aes-256-gcm");
+    assert_eq!(pool.property("tank/vault", "keystatus").0, "available");
+    assert_eq!(
+        pool.property("tank/vault", "encryptionroot").0,
+        "tank/vault"
+    );
+    write_secrets(&vault, &pattern);
+
+    // A write made durable by fsync after the last txg survives a kill -9:
+    // the log of an encrypted filesystem carries its block pointers.
+    pool.admin(&["sync", "tank"]);
+    let late = distinct_late_bytes();
+    {
+        use std::io::{Seek, SeekFrom};
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(vault.join("big"))
+            .unwrap();
+        file.seek(SeekFrom::Start(1 << 20)).unwrap();
+        file.write_all(&late).unwrap();
+        file.sync_all().unwrap();
+    }
+    pool.kill9();
+    pool.serve_with(&["--load-keys"]);
+    wait_mounted(&pool, &vault);
+    let big = std::fs::read(vault.join("big")).unwrap();
+    assert!(
+        big[1 << 20..(1 << 20) + late.len()] == late[..],
+        "the fsynced write is lost"
+    );
+    // The rest as first written.
+    {
+        use std::io::{Seek, SeekFrom};
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .open(vault.join("big"))
+            .unwrap();
+        file.seek(SeekFrom::Start(1 << 20)).unwrap();
+        let original = std::fs::read(&pattern).unwrap();
+        file.write_all(&original[1 << 20..(1 << 20) + late.len()])
+            .unwrap();
+        file.sync_all().unwrap();
+    }
+    assert_secrets(&vault, &pattern);
+    pool.stop();
+    assert_eq!(
+        markers_on_devices(&pool, &["a.img", "b.img"]),
+        0,
+        "an encrypted filesystem's bytes, names or attributes are on the devices in the clear"
+    );
+
+    // Restarted without its key: not mounted, and `mount` says why.
+    pool.serve();
+    assert_eq!(pool.property("tank/vault", "keystatus").0, "unavailable");
+    assert!(!common::fuse::mounted(&vault));
+    let refused = pool.admin_fails(&["mount", "tank/vault"]);
+    assert!(refused.contains("load its key"), "{refused}");
+    // Scrub and check need no key: the checksums cover the ciphertext.
+    let scrub = pool.admin(&["--json", "scrub", "-w", "tank"]);
+    let scrub: serde_json::Value = serde_json::from_str(scrub.lines().last().unwrap()).unwrap();
+    assert_eq!(scrub["errors"], 0, "{scrub}");
+    assert_check_clean(&pool);
+    // Sending needs the key (or raw, which filesystems lack yet).
+    pool.admin(&["snapshot", "tank/vault@s"]);
+    let stream = pool.path("stream");
+    let refused = pool.admin_fails(&["send", "tank/vault@s"]);
+    assert!(refused.contains("load its key"), "{refused}");
+    let refused = pool.admin_fails(&["send", "-w", "tank/vault@s"]);
+    assert!(refused.contains("not built yet"), "{refused}");
+    let wrong = with_stdin(
+        &pool,
+        &["load-key", "-L", "prompt", "tank/vault"],
+        b"not the passphrase\n",
+    );
+    assert!(!wrong.status.success());
+    assert!(!common::fuse::mounted(&vault));
+    // The key loaded, the server mounts it.
+    pool.admin(&["load-key", "tank/vault"]);
+    wait_mounted(&pool, &vault);
+    assert_secrets(&vault, &pattern);
+    // Its snapshot reads through the same key.
+    let name = String::from_utf8_lossy(MARKER).into_owned();
+    assert_eq!(
+        std::fs::read(vault.join(format!(".zfs/snapshot/s/{name}dir/{name}file"))).unwrap(),
+        MARKER.repeat(3)
+    );
+    // Sent with the key as plaintext, received as a filesystem that is not
+    // encrypted.
+    pool.send_to_file(&["send", "tank/vault@s"], &stream);
+    let copy = pool.path("copy");
+    let _unmount_copy = Unmount(copy.clone());
+    let received = pool.receive_from_file(
+        &[
+            "receive",
+            "-o",
+            &format!("mountpoint={}", copy.display()),
+            "tank/copy",
+        ],
+        &stream,
+    );
+    assert!(
+        received.status.success(),
+        "{}",
+        String::from_utf8_lossy(&received.stderr)
+    );
+    assert_eq!(pool.property("tank/copy", "encryption").0, "off");
+    wait_mounted(&pool, &copy);
+    assert_secrets(&copy, &pattern);
+
+    // A mounted filesystem keeps its key; unmounted, the key goes.
+    let refused = pool.admin_fails(&["unload-key", "tank/vault"]);
+    assert!(refused.contains("unmount it first"), "{refused}");
+    pool.admin(&["unmount", "tank/vault"]);
+    wait_unmounted(&vault, "unmount of tank/vault");
+    pool.admin(&["unload-key", "tank/vault"]);
+    assert_eq!(pool.property("tank/vault", "keystatus").0, "unavailable");
+    pool.stop();
+
+    // The check looks where plaintext would be: the plaintext copy's
+    // bytes and names are found.
+    assert!(markers_on_devices(&pool, &["a.img"]) >= WRITTEN_BYTES / MARKER.len());
+}
+
+/// Bytes the kill -9 test writes over `big`: no marker in them.
+fn distinct_late_bytes() -> Vec<u8> {
+    (0..64 << 10).map(|index| (index % 251) as u8).collect()
 }

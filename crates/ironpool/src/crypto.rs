@@ -728,6 +728,67 @@ pub fn open_with(
     .map_err(|_| CryptoError::Authentication)
 }
 
+/// Domain of an encrypted block's associated data.
+const BLOCK_AAD_DOMAIN: &[u8; 16] = b"ironpool block 1";
+
+/// What a block's MAC authenticates besides its bytes: the pointer's
+/// fields that say how to read them (type, level, compression, sizes). Not
+/// where the block is nor when it was born: device removal moves blocks
+/// and block cloning links them again, with the same bytes. The same for a
+/// volume's data, a file's, and a directory's leaves (docs/FORMAT.md,
+/// "Encryption").
+pub fn block_aad(
+    object_type: crate::format::ObjectType,
+    level: u8,
+    compression: crate::format::bp::Compression,
+    logical: u32,
+    physical: u32,
+) -> [u8; 27] {
+    let mut aad = [0u8; 27];
+    aad[..16].copy_from_slice(BLOCK_AAD_DOMAIN);
+    aad[16] = object_type.code();
+    aad[17] = level;
+    aad[18] = compression.code();
+    aad[19..23].copy_from_slice(&logical.to_le_bytes());
+    aad[23..27].copy_from_slice(&physical.to_le_bytes());
+    aad
+}
+
+/// The keys loaded in one pool, by key guid: shared by the pool (which
+/// loads and unloads them) and the object sets of encrypted filesystems
+/// (which seal and open their directories' blocks with them at the txg
+/// build and on reads), so that a key unloaded is gone for all of them at
+/// once. An `Rc`: it lives on the engine thread with the pool.
+#[derive(Clone, Default)]
+pub struct KeyRing(std::rc::Rc<RefCell<rustc_hash::FxHashMap<u64, std::rc::Rc<DatasetKey>>>>);
+
+impl KeyRing {
+    /// The loaded key of `guid`.
+    pub fn get(&self, guid: u64) -> Option<std::rc::Rc<DatasetKey>> {
+        self.0.borrow().get(&guid).cloned()
+    }
+
+    /// Whether the key of `guid` is loaded.
+    pub fn contains(&self, guid: u64) -> bool {
+        self.0.borrow().contains_key(&guid)
+    }
+
+    /// Loads `key` as `guid`'s unless one is loaded already (two loads of
+    /// one key that raced: the first stays).
+    pub fn insert(&self, guid: u64, key: DatasetKey) {
+        self.0
+            .borrow_mut()
+            .entry(guid)
+            .or_insert_with(|| std::rc::Rc::new(key));
+    }
+
+    /// Unloads `guid`'s key (its memory is cleansed when the last user
+    /// lets it go).
+    pub fn remove(&self, guid: u64) {
+        self.0.borrow_mut().remove(&guid);
+    }
+}
+
 /// HKDF output length for a block key.
 struct BlockKeyLen(usize);
 

@@ -411,6 +411,7 @@ pub fn fs_create(
         .split_once('/')
         .ok_or_else(|| format!("'{name}': filesystems are named POOL/NAME"))?;
     let properties = assignments(options)?;
+    let key = keys::create_key(name, &properties)?;
     let result = admin(
         context,
         pool,
@@ -419,6 +420,7 @@ pub fn fs_create(
             name: name.to_string(),
             properties,
             parents,
+            key: key.map(|key| key.to_string()),
         },
     )?;
     if context.json {

@@ -84,6 +84,10 @@ pub enum Command {
         /// Create the missing parents as filesystems first (`-p`).
         #[serde(default)]
         parents: bool,
+        /// An encrypted filesystem's user key, in hexadecimal, when it was
+        /// read at a prompt (`keylocation=prompt`); never in the history.
+        #[serde(default)]
+        key: Option<String>,
     },
     FsList,
     /// Destroys a filesystem; `recursive`: its snapshots and every
@@ -400,6 +404,7 @@ impl Command {
                 name,
                 properties,
                 parents,
+                key: _,
             } => {
                 push("fs");
                 push("create");
@@ -905,11 +910,14 @@ async fn run(
             name,
             properties,
             parents,
+            key,
         } => {
             if parents {
                 create_parents(pool, &name).await?;
             }
-            let fs = pool.create_filesystem(&name, properties).await?;
+            let fs = pool
+                .create_filesystem_keyed(&name, properties, key_material(key)?)
+                .await?;
             Ok(json!({ "name": fs.name(), "recordsize": fs.record_bytes() }))
         }
         Command::FsDestroy { name, recursive } => {

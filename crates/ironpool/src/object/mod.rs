@@ -39,6 +39,35 @@ pub enum ObjectError {
     TooLarge { offset: u64 },
     #[error("node {level}/{blkid} of metadata object {object} is not cached (a bug: metadata objects stay cached)")]
     NotCached { object: u64, level: u8, blkid: u64 },
+    /// A sealed block met while its dataset's key is not loaded.
+    #[error("object {object} is encrypted and its key is not loaded")]
+    KeyUnavailable { object: u64 },
+    /// A sealed block whose MAC failed (its checksum, over the ciphertext,
+    /// held: it was altered with its checksum forged), or that could not
+    /// be sealed.
+    #[error("object {object}: {error}")]
+    Sealing {
+        object: u64,
+        error: crate::crypto::CryptoError,
+    },
+}
+
+/// The key an encrypted filesystem's set seals its directories' blocks
+/// with: the pool's ring of loaded keys and the guid of the dataset's key.
+/// The ring is shared, so an unloaded key is gone for the set at once.
+#[derive(Clone)]
+pub struct SetKey {
+    pub ring: crate::crypto::KeyRing,
+    pub guid: u64,
+}
+
+/// Whether the level-0 blocks of objects of `object_type` in a set with a
+/// key are sealed: a filesystem's directories (their names). Other
+/// metadata objects of the set (its unlinked set: object numbers only)
+/// stay readable without the key, which import needs; files' and extended
+/// attributes' blocks are sealed on the data path (`pool::data`).
+fn sealed_type(object_type: crate::format::ObjectType) -> bool {
+    object_type == crate::format::ObjectType::FsDirectory
 }
 
 enum Lookup {
@@ -301,6 +330,9 @@ pub struct ObjectSet {
     /// Objects to keep loaded at most ([`ObjectSet::set_loaded_max`];
     /// `usize::MAX`: no bound).
     loaded_max: Cell<usize>,
+    /// An encrypted filesystem's key ([`sealed_type`] says which blocks it
+    /// seals); None for every other set.
+    key: RefCell<Option<SetKey>>,
     /// Loaded objects past which [`ObjectSet::open`] evicts: a quarter
     /// above what the last eviction left (or the bound), so a set whose
     /// objects cannot go (changed, in use) is not scanned on every load.
@@ -348,10 +380,77 @@ impl ObjectSet {
             dirty_bytes: Cell::new(0),
             nested,
             loaded_max: Cell::new(usize::MAX),
+            key: RefCell::new(None),
             evict_at: Cell::new(usize::MAX),
         });
         set.objects.borrow_mut().insert(0, table);
         set
+    }
+
+    /// Makes the set seal and open its directories' blocks with `key` (an
+    /// encrypted filesystem's set, when it is opened).
+    pub fn set_key(&self, key: SetKey) {
+        *self.key.borrow_mut() = Some(key);
+    }
+
+    /// The loaded key the set seals with, or None when it seals nothing;
+    /// [`ObjectError::KeyUnavailable`] when it has a key that is not loaded.
+    fn loaded_key(
+        &self,
+        object: u64,
+    ) -> Result<Option<Rc<crate::crypto::DatasetKey>>, ObjectError> {
+        match &*self.key.borrow() {
+            None => Ok(None),
+            Some(key) => key
+                .ring
+                .get(key.guid)
+                .map(Some)
+                .ok_or(ObjectError::KeyUnavailable { object }),
+        }
+    }
+
+    /// Refuses a change to a block of `object` that the txg build would
+    /// have to seal while the set's key is not loaded: the build cannot
+    /// refuse, so the change must not be made.
+    fn check_sealable(&self, object: &Object) -> Result<(), ObjectError> {
+        if sealed_type(object.object_type()) {
+            self.loaded_key(object.id)?;
+        }
+        Ok(())
+    }
+
+    /// Whether the set has a key: sealed blocks may be cached in it as
+    /// plaintext ([`ObjectSet::drop_opened`]).
+    pub fn has_key(&self) -> bool {
+        self.key.borrow().is_some()
+    }
+
+    /// Drops every clean level-0 node of a sealed type from the cache (their
+    /// plaintext): the set's key is being unloaded. Dirty ones stay (the
+    /// caller commits first, so there are none).
+    pub fn drop_opened(&self) {
+        let objects: Vec<Rc<Object>> = self.objects.borrow().values().cloned().collect();
+        for object in objects {
+            if !sealed_type(object.object_type()) {
+                continue;
+            }
+            let dirty = object.dirty_nodes.borrow();
+            let durable = self.durable_txg.get();
+            let mut dropped = 0usize;
+            object.nodes.borrow_mut().retain(|key, node| {
+                // As eviction: not one in use, dirty, or not yet durable.
+                let keep = key.0 != 0
+                    || Rc::strong_count(node) > 1
+                    || dirty.contains(key)
+                    || node.synced_txg.get() > durable;
+                if !keep {
+                    dropped += node.size_bytes();
+                }
+                keep
+            });
+            self.cached_bytes
+                .set(self.cached_bytes.get().saturating_sub(dropped));
+        }
     }
 
     pub fn set_durable_txg(&self, txg: u64) {
@@ -730,7 +829,34 @@ impl ObjectSet {
             if data.len() as u64 != dnode.data_block_bytes() {
                 return Err(corrupt(format!("data block of {} bytes", data.len())));
             }
-            NodeBody::Data(data.to_vec())
+            let mut bytes = data.to_vec();
+            if let Some(sealed) = &pointer.crypt {
+                let key = self
+                    .loaded_key(object.id)?
+                    .ok_or_else(|| corrupt("a sealed block in a set with no key".into()))?;
+                let aad = crate::crypto::block_aad(
+                    pointer.object_type,
+                    0,
+                    pointer.compression,
+                    pointer.logical_size,
+                    pointer.physical_size,
+                );
+                let mut opened = vec![0u8; bytes.len()];
+                key.open_into(sealed, &aad, &bytes, &mut opened)
+                    .map_err(|error| ObjectError::Sealing {
+                        object: object.id,
+                        error,
+                    })?;
+                bytes = opened;
+            } else if sealed_type(dnode.object_type) && self.has_key() {
+                // A block of a sealed type stored in the clear in an
+                // encrypted set was not written by this set: refused, as a
+                // forged block would be.
+                return Err(corrupt(
+                    "a directory block of an encrypted filesystem is not sealed".into(),
+                ));
+            }
+            NodeBody::Data(bytes)
         };
         let current = match &parent {
             None => object.dnode().root,
@@ -1149,6 +1275,7 @@ impl ObjectSet {
         blkid: u64,
         borrower: impl FnOnce(Vec<u8>, bool) -> Lent<R>,
     ) -> Result<R, ObjectError> {
+        self.check_sealable(object)?;
         let block_bytes = object.data_block_bytes();
         self.prefetch(object, blkid * block_bytes, block_bytes)
             .await?;
@@ -1206,6 +1333,7 @@ impl ObjectSet {
         offset: u64,
         data: &[u8],
     ) -> Result<(), ObjectError> {
+        self.check_sealable(object)?;
         let end = offset + data.len() as u64;
         for (blkid, within, chunk, position) in block_pieces(offset, end, object.data_block_bytes())
         {

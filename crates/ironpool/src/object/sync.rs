@@ -11,6 +11,7 @@ use super::{account, NodeBody, Object, ObjectError, ObjectSet};
 use crate::alloc::NoSpace;
 use crate::block::BlockError;
 use crate::format::bp::{Compression, BLOCK_POINTER_BYTES, DVA_COUNT};
+use crate::format::checksum::ChecksumAlgo;
 use crate::format::{BlockPointer, Dva};
 use crate::rt::buf::AlignedBuf;
 
@@ -87,6 +88,10 @@ impl ObjectSet {
             let new = if hole {
                 BlockPointer::hole(level, dnode.object_type, context.txg)
             } else {
+                let (buffer, crypt) = match level {
+                    0 => self.seal_node(object, buffer)?,
+                    _ => (buffer, None),
+                };
                 let physical = buffer.len() as u32;
                 let in_place = !old.is_hole()
                     && old.written_txg() == context.txg
@@ -98,7 +103,7 @@ impl ObjectSet {
                 } else {
                     self.allocate_metadata(physical as u64, copies)?
                 };
-                BlockPointer {
+                let pointer = BlockPointer {
                     dvas,
                     birth_txg: context.txg,
                     physical_birth: 0,
@@ -106,12 +111,24 @@ impl ObjectSet {
                     physical_size: physical,
                     level,
                     object_type: dnode.object_type,
-                    checksum_algo: dnode.checksum_algo,
+                    // A sealed block's MAC takes the second half of an
+                    // XXH3 checksum's place.
+                    checksum_algo: if crypt.is_some() {
+                        ChecksumAlgo::Xxh3
+                    } else {
+                        dnode.checksum_algo
+                    },
                     compression: Compression::Off,
                     fill,
-                    checksum: dnode.checksum_algo.compute(&buffer),
-                    crypt: None,
-                }
+                    checksum: if crypt.is_some() {
+                        ChecksumAlgo::Xxh3.compute(&buffer)
+                    } else {
+                        dnode.checksum_algo.compute(&buffer)
+                    },
+                    crypt,
+                };
+                context.queue(&pointer, Rc::new(buffer));
+                pointer
             };
             let in_place = !new.is_hole() && new.dvas == old.dvas;
             if !in_place {
@@ -119,9 +136,6 @@ impl ObjectSet {
                 if !new.is_hole() {
                     self.store.commit(&new);
                 }
-            }
-            if !new.is_hole() {
-                context.queue(&new, Rc::new(buffer));
             }
             self.set_pointer_in_parent(object, level, blkid, new)?;
             if !in_place {
@@ -132,6 +146,38 @@ impl ObjectSet {
             node.synced_txg.set(context.txg);
         }
         Ok(())
+    }
+
+    /// A data node's bytes as stored: sealed under the set's key when the
+    /// object is of a sealed type (see [`super::sealed_type`]), with what
+    /// its pointer records of the sealing; else as they are.
+    fn seal_node(
+        &self,
+        object: &Object,
+        buffer: AlignedBuf,
+    ) -> Result<(AlignedBuf, Option<crate::format::bp::BlockCrypt>), ObjectError> {
+        if !super::sealed_type(object.object_type()) {
+            return Ok((buffer, None));
+        }
+        let Some(key) = self.loaded_key(object.id)? else {
+            return Ok((buffer, None));
+        };
+        let physical = buffer.len() as u32;
+        let aad = crate::crypto::block_aad(
+            object.object_type(),
+            0,
+            Compression::Off,
+            physical,
+            physical,
+        );
+        let mut sealed = AlignedBuf::zeroed(buffer.len());
+        let crypt =
+            key.seal_into(&aad, &buffer, &mut sealed)
+                .map_err(|error| ObjectError::Sealing {
+                    object: object.id,
+                    error,
+                })?;
+        Ok((sealed, Some(crypt)))
     }
 
     fn allocate_metadata(

@@ -26,6 +26,7 @@ use std::rc::Rc;
 use crate::block::compress::CompressionSetting;
 use crate::block::{BlockError, StorePrep};
 use crate::cache::CacheUse;
+use crate::crypto::block_aad;
 use crate::format::bp::Compression;
 use crate::format::checksum::{Checksum, ChecksumAlgo};
 use crate::format::{BlockPointer, ObjectType};
@@ -67,30 +68,6 @@ pub(crate) struct BlockFormat {
     /// compression and before the checksum, which covers the ciphertext so
     /// that scrub and resilver need no key.
     pub key: Option<u64>,
-}
-
-/// Domain of an encrypted block's associated data.
-const BLOCK_AAD_DOMAIN: &[u8; 16] = b"ironpool block 1";
-
-/// What a data block's MAC authenticates besides its bytes: the pointer's
-/// fields that say how to read them (type, level, compression, sizes). Not
-/// where the block is nor when it was born: device removal moves blocks
-/// and block cloning links them again, with the same bytes.
-fn block_aad(
-    object_type: ObjectType,
-    level: u8,
-    compression: Compression,
-    logical: u32,
-    physical: u32,
-) -> [u8; 27] {
-    let mut aad = [0u8; 27];
-    aad[..16].copy_from_slice(BLOCK_AAD_DOMAIN);
-    aad[16] = object_type.code();
-    aad[17] = level;
-    aad[18] = compression.code();
-    aad[19..23].copy_from_slice(&logical.to_le_bytes());
-    aad[23..27].copy_from_slice(&physical.to_le_bytes());
-    aad
 }
 
 /// Seals `physical` bytes of `payload` (a block as it is to be stored,

@@ -145,6 +145,9 @@ impl From<ObjectError> for PoolError {
     fn from(error: ObjectError) -> PoolError {
         match error {
             ObjectError::Block(block) => block.into(),
+            error @ ObjectError::KeyUnavailable { .. } => {
+                PoolError::KeyUnavailable(error.to_string())
+            }
             other => PoolError::Corrupt(other.to_string()),
         }
     }

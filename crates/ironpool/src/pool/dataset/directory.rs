@@ -353,7 +353,37 @@ impl Directory {
         self.volumes
             .values_mut()
             .filter_map(|record| record.crypt.as_mut())
+            .chain(
+                self.filesystems
+                    .values_mut()
+                    .filter_map(|record| record.crypt.as_mut()),
+            )
             .filter(move |crypt| crypt.key_guid == key_guid)
+    }
+
+    /// Whether dataset `short` (a volume or a filesystem) exists, and its
+    /// encryption record: None for no such dataset, Some(None) for one
+    /// that is not encrypted.
+    pub fn crypt(&self, short: &str) -> Option<Option<&CryptRecord>> {
+        match self.volumes.get(short) {
+            Some(record) => Some(record.crypt.as_ref()),
+            None => self
+                .filesystems
+                .get(short)
+                .map(|record| record.crypt.as_ref()),
+        }
+    }
+
+    /// Every encrypted dataset (volumes, then filesystems), by short name.
+    pub fn crypts(&self) -> impl Iterator<Item = (&String, &CryptRecord)> {
+        self.volumes
+            .iter()
+            .filter_map(|(name, record)| Some((name, record.crypt.as_ref()?)))
+            .chain(
+                self.filesystems
+                    .iter()
+                    .filter_map(|(name, record)| Some((name, record.crypt.as_ref()?))),
+            )
     }
 
     /// The record of snapshot `name` (volume and snapshot), if it exists:

@@ -1,7 +1,8 @@
-//! Keys of encrypted volumes (issue 73): creating an encryption root,
-//! `load-key`, `unload-key` and `change-key`, and which keys are loaded.
+//! Keys of encrypted volumes and filesystems (issue 73): creating an
+//! encryption root, `load-key`, `unload-key` and `change-key`, and which
+//! keys are loaded.
 //!
-//! An encrypted volume's directory record holds its master key wrapped by
+//! An encrypted dataset's directory record holds its master key wrapped by
 //! the user's key ([`CryptRecord`]); the key itself is in memory only while
 //! loaded, in [`LoadedKeys`], by the record's key guid. A clone of an
 //! encrypted volume's snapshot keeps its origin's record, and so its key
@@ -10,16 +11,18 @@
 //! root too).
 //!
 //! What needs the key: a volume's reads and writes of data (so it is
-//! exported over NBD only while loaded) and sends. What does not: import,
-//! intent log replay (an encrypted volume logs block pointers, never
-//! copies of its data), scrub, resilver, device removal, trim, snapshots
-//! and destroys, which handle blocks as stored.
+//! exported over NBD only while loaded), a filesystem's reads and writes
+//! of files and directories (so it is mounted only while loaded), and
+//! sends. What does not: import, intent log replay (an encrypted dataset
+//! logs block pointers, sizes and times, never copies of its data, names
+//! or attributes), scrub, resilver, device removal, trim, snapshots and
+//! destroys, which handle blocks as stored.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashSet;
 use zeroize::Zeroizing;
 
 use crate::crypto::{
@@ -34,21 +37,22 @@ use crate::pool::{Pool, PoolError};
 /// with room for a newline; a larger file is not a key.
 const KEY_FILE_BYTES_MAX: u64 = PASSPHRASE_BYTES_MAX as u64 + 2;
 
-/// The properties that make a volume encrypted, given at `volume create`
-/// only: taken out of its properties before the others are checked.
+/// The properties that make a dataset encrypted, given at `volume create`
+/// or `fs create` only: taken out of its properties before the others are
+/// checked.
 pub const ENCRYPTION_PROPERTIES: [&str; 4] =
     ["encryption", "keyformat", "keylocation", "pbkdf2iters"];
 
 /// The keys loaded, by key guid, and those being unloaded.
 #[derive(Default)]
 pub struct LoadedKeys {
-    keys: RefCell<FxHashMap<u64, Rc<DatasetKey>>>,
+    keys: crate::crypto::KeyRing,
     /// Keys whose volumes are no longer exported while their write-back
     /// drains, before the key goes.
     unloading: RefCell<FxHashSet<u64>>,
 }
 
-/// What `volume create -o encryption=...` asks for.
+/// What `volume create` or `fs create -o encryption=...` asks for.
 pub struct NewEncryption {
     pub suite: Suite,
     pub params: KeyParams,
@@ -75,7 +79,7 @@ impl NewEncryption {
         let Some(suite) = encryption.filter(|value| value != "off") else {
             if let Some(name) = given.keys().next() {
                 return Err(PoolError::InvalidArgument(format!(
-                    "{name} applies to an encrypted volume only (-o encryption=on)"
+                    "{name} applies to an encrypted volume or filesystem only (-o encryption=on)"
                 )));
             }
             return Ok(None);
@@ -85,7 +89,7 @@ impl NewEncryption {
             Some(value) => KeyFormat::parse(&value).map_err(invalid)?,
             None => {
                 return Err(PoolError::InvalidArgument(
-                    "an encrypted volume needs keyformat=raw|hex|passphrase".into(),
+                    "an encrypted volume or filesystem needs keyformat=raw|hex|passphrase".into(),
                 ))
             }
         };
@@ -102,7 +106,7 @@ impl NewEncryption {
         if let Some(checksum) = properties.get("checksum") {
             if !matches!(checksum.as_str(), "xxh3" | "on") {
                 return Err(PoolError::InvalidArgument(format!(
-                    "checksum={checksum}: an encrypted volume's blocks use xxh3 (the MAC takes the other half of the checksum's place)"
+                    "checksum={checksum}: an encrypted dataset's blocks use xxh3 (the MAC takes the other half of the checksum's place)"
                 )));
             }
         }
@@ -218,13 +222,18 @@ impl LoadedKeys {
     /// The loaded key of `guid`, for reading and writing blocks (a key
     /// being unloaded still writes out its volumes' held blocks).
     pub fn get(&self, guid: u64) -> Option<Rc<DatasetKey>> {
-        self.keys.borrow().get(&guid).cloned()
+        self.keys.get(guid)
+    }
+
+    /// The keys themselves, shared with the object sets that seal blocks.
+    pub fn ring(&self) -> crate::crypto::KeyRing {
+        self.keys.clone()
     }
 
     /// Whether the volumes of `guid` may be served: loaded, and not being
     /// unloaded.
     pub fn available(&self, guid: u64) -> bool {
-        self.keys.borrow().contains_key(&guid) && !self.unloading.borrow().contains(&guid)
+        self.keys.contains(guid) && !self.unloading.borrow().contains(&guid)
     }
 }
 
@@ -244,8 +253,8 @@ impl Pool {
         })
     }
 
-    /// A new encryption root for a volume being created: its master key,
-    /// wrapped under the user's key, loaded.
+    /// A new encryption root for a volume or filesystem being created: its
+    /// master key, wrapped under the user's key, loaded.
     pub(crate) async fn new_encryption_root(
         &self,
         name: &str,
@@ -268,24 +277,40 @@ impl Pool {
         self.datasets
             .keys
             .keys
-            .borrow_mut()
-            .insert(record.key_guid, Rc::new(DatasetKey::new(master)));
+            .insert(record.key_guid, DatasetKey::new(master));
         Ok(record)
     }
 
-    /// The encryption record of volume `name` (POOL/VOL), refused for one
-    /// that is not encrypted.
+    /// The encryption record of dataset `name` (POOL/NAME: a volume or a
+    /// filesystem), refused for one that is not encrypted.
     fn crypt_record(&self, name: &str) -> Result<CryptRecord, PoolError> {
-        let volume = self.volume(name)?;
-        let record = self.volume_record(&volume.short_name())?;
-        record.crypt.ok_or_else(|| {
-            PoolError::InvalidArgument(format!("{} is not encrypted", volume.name()))
-        })
+        let short = name
+            .strip_prefix(&format!("{}/", self.name))
+            .unwrap_or(name);
+        let directory = self.datasets.directory.read();
+        match directory.crypt(short) {
+            None => Err(PoolError::InvalidArgument(format!(
+                "no volume or filesystem '{name}'"
+            ))),
+            Some(None) => Err(PoolError::InvalidArgument(format!(
+                "{}/{short} is not encrypted",
+                self.name
+            ))),
+            Some(Some(crypt)) => Ok(crypt.clone()),
+        }
     }
 
-    /// `load-key`: opens the master key of volume `name` with the user's
+    /// Whether filesystem `fs` may be mounted and its data read: it is not
+    /// encrypted, or its key is loaded (and not being unloaded).
+    pub fn filesystem_key_available(&self, fs: &crate::pool::filesystem::Filesystem) -> bool {
+        fs.key_guid()
+            .is_none_or(|guid| self.datasets.keys.available(guid))
+    }
+
+    /// `load-key`: opens the master key of dataset `name` with the user's
     /// key (`material`, or read from its `keylocation`), so that it and
-    /// every volume sharing its key can be served. A wrong key is refused
+    /// every dataset sharing its key can be served (the server mounts such
+    /// filesystems). A wrong key is refused
     /// and nothing is opened.
     pub async fn load_key(
         self: &Rc<Self>,
@@ -315,25 +340,24 @@ impl Pool {
         self.datasets
             .keys
             .keys
-            .borrow_mut()
-            .entry(record.key_guid)
-            .or_insert_with(|| Rc::new(DatasetKey::new(master)));
+            .insert(record.key_guid, DatasetKey::new(master));
         self.datasets.exports_gone.notify_all();
+        // The server mounts the filesystems it opens.
+        self.datasets.filesystems_changed.notify_all();
         Ok(())
     }
 
     /// `load-key -a` and `serve --load-keys`: loads the key of every
-    /// encrypted volume not loaded whose `keylocation` is a file. Returns
-    /// each attempt, by volume name.
+    /// encrypted dataset not loaded whose `keylocation` is a file. Returns
+    /// each attempt, by dataset name.
     pub async fn load_keys_from_files(self: &Rc<Self>) -> Vec<(String, Result<(), PoolError>)> {
         let records: Vec<(String, CryptRecord)> = self
             .datasets
             .directory
             .read()
-            .volumes
-            .iter()
+            .crypts()
             .filter(|(short, _)| !crate::pool::is_hidden_dataset(short))
-            .filter_map(|(short, record)| Some((short.clone(), record.crypt.clone()?)))
+            .map(|(short, crypt)| (short.clone(), crypt.clone()))
             .collect();
         let mut results = Vec::new();
         for (short, record) in records {
@@ -351,8 +375,15 @@ impl Pool {
 
     /// `unload-key`: the volumes of `name`'s key stop being served (their
     /// NBD clients are disconnected), what their write-back holds is
-    /// written out under the key, and the key leaves memory (zeroed).
+    /// written out under the key, and the key leaves memory (zeroed). Its
+    /// filesystems must not be mounted (refused: unmount them first); their
+    /// written-behind blocks are written out and a txg seals their
+    /// directories' changes before the key goes, and the directory blocks
+    /// their object sets hold opened are dropped.
     pub async fn unload_key(self: &Rc<Self>, name: &str) -> Result<(), PoolError> {
+        // No receive, clone or other change of datasets meanwhile: what
+        // they would write under the key is written before it goes.
+        let _admin = self.datasets.admin_lock.acquire(1).await;
         let record = self.crypt_record(name)?;
         let guid = record.key_guid;
         if self.datasets.keys.get(guid).is_none() {
@@ -374,9 +405,35 @@ impl Pool {
             .map(|(_, volume)| volume)
             .filter(|volume| volume.key_guid() == Some(guid))
             .collect();
+        let filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> = self
+            .all_filesystems()
+            .into_iter()
+            .map(|(_, fs)| fs)
+            .filter(|fs| fs.key_guid() == Some(guid))
+            .collect();
+        if let Some(fs) = filesystems
+            .iter()
+            .find(|fs| self.mounted_at(&fs.short_name()).is_some())
+        {
+            self.datasets.keys.unloading.borrow_mut().remove(&guid);
+            return Err(PoolError::InvalidArgument(format!(
+                "{} is mounted: unmount it first (ironpool unmount {})",
+                fs.name(),
+                fs.name()
+            )));
+        }
         let mut drained = Ok(());
         for volume in &sharing {
             drained = drained.and(self.drain_volume(volume).await);
+        }
+        if !filesystems.is_empty() && drained.is_ok() {
+            // Their written-behind blocks are sealed as they go out, and
+            // their directories' blocks at the txg build: both before the
+            // key goes.
+            for fs in &filesystems {
+                fs.settle_writes(None).await;
+            }
+            drained = self.commit().await;
         }
         if let Err(error) = drained {
             // The key stays: held blocks not written out need it.
@@ -390,8 +447,18 @@ impl Pool {
                 self.datasets.snapshot_volumes.remove(&volume.name());
             }
         }
-        self.datasets.keys.keys.borrow_mut().remove(&guid);
+        self.datasets.keys.keys.remove(guid);
         self.datasets.keys.unloading.borrow_mut().remove(&guid);
+        // Their directories' blocks are cached opened in their object
+        // sets, and so are those of their snapshots opened.
+        for fs in filesystems {
+            fs.objects.drop_opened();
+        }
+        for fs in self.datasets.snapshot_filesystems.all() {
+            if fs.key_guid() == Some(guid) {
+                fs.objects.drop_opened();
+            }
+        }
         // The read cache holds opened blocks as plaintext: none stays once
         // their key is gone (the cache does not know whose they are, so
         // every opened block goes; an unload is rare).
@@ -405,12 +472,7 @@ impl Pool {
     /// key: only the location changes. Written by the caller's commit.
     pub(crate) fn set_keylocation(&self, short: &str, location: String) {
         let mut directory = self.datasets.directory.edit();
-        let Some(key_guid) = directory
-            .volumes
-            .get(short)
-            .and_then(|record| record.crypt.as_ref())
-            .map(|crypt| crypt.key_guid)
-        else {
+        let Some(key_guid) = directory.crypt(short).flatten().map(|crypt| crypt.key_guid) else {
             return;
         };
         for crypt in directory.crypts_sharing_key(key_guid) {
@@ -473,21 +535,26 @@ impl Pool {
     /// encrypted.
     pub(crate) fn encryption_root(&self, short: &str) -> Option<String> {
         let directory = self.datasets.directory.read();
-        let key_guid = directory.volumes.get(short)?.crypt.as_ref()?.key_guid;
-        let mut root = short;
-        // Each step goes to an older volume; the bound stops a directory
+        let key_guid = directory.crypt(short)??.key_guid;
+        let mut root = short.to_string();
+        // Each step goes to an older dataset; the bound stops a directory
         // whose origins were damaged into a circle.
-        for _ in 0..directory.volumes.len() {
-            let origin = directory.volumes[root].lineage.origin.as_ref();
-            let Some((name, record)) =
-                origin.and_then(|origin| directory.volumes.get_key_value(&origin.volume))
+        for _ in 0..directory.volumes.len() + directory.filesystems.len() {
+            let Some(origin) = directory
+                .lineage(&root)
+                .and_then(|lineage| lineage.origin.as_ref())
             else {
                 break;
             };
-            if record.crypt.as_ref().map(|crypt| crypt.key_guid) != Some(key_guid) {
+            if directory
+                .crypt(&origin.volume)
+                .flatten()
+                .map(|crypt| crypt.key_guid)
+                != Some(key_guid)
+            {
                 break;
             }
-            root = name;
+            root = origin.volume.clone();
         }
         Some(format!("{}/{root}", self.name))
     }
@@ -499,10 +566,10 @@ impl Pool {
     pub(crate) fn encryption_values(
         &self,
         short: &str,
-        record: &crate::pool::dataset::directory::VolumeRecord,
+        crypt: Option<&CryptRecord>,
     ) -> Vec<(String, String, String)> {
         let value = |name: &str, value: String| (name.to_string(), value, "-".to_string());
-        let Some(crypt) = &record.crypt else {
+        let Some(crypt) = crypt else {
             return vec![
                 value("encryption", "off".into()),
                 value("keyformat", "none".into()),

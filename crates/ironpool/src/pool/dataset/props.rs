@@ -311,15 +311,15 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
         }
         "volblocksize" => invalid("volblocksize is set when a volume is created (volume create POOL/NAME SIZE -o volblocksize=SIZE)".into()),
         "encryption" | "keyformat" | "pbkdf2iters" => invalid(format!(
-            "{name} is set when a volume is created (volume create -o encryption=on -o keyformat=...), and changed with change-key; filesystems are not encrypted yet"
+            "{name} is set when a volume or filesystem is created (-o encryption=on -o keyformat=...), and changed with change-key"
         )),
-        "keylocation" if on_pool => invalid("keylocation is a property of encrypted volumes".into()),
+        "keylocation" if on_pool => invalid("keylocation is a property of encrypted volumes and filesystems".into()),
         "keylocation" => {
             crate::pool::dataset::keys::check_keylocation(value)?;
             Ok(value.to_string())
         }
         "keystatus" => invalid("keystatus is read-only: load-key and unload-key change it".into()),
-        "encryptionroot" => invalid("encryptionroot is read-only: the volume whose key a volume shares (a clone shares its origin's)".into()),
+        "encryptionroot" => invalid("encryptionroot is read-only: the dataset whose key a dataset shares (a clone shares its origin's)".into()),
         _ if is_user_property(name) => {
             if value.len() > USER_PROPERTY_VALUE_BYTES_MAX {
                 return invalid(format!("{name}: values are limited to {USER_PROPERTY_VALUE_BYTES_MAX} bytes"));
@@ -619,13 +619,19 @@ impl Pool {
         if keylocation.is_some() {
             let encrypted = match &kind {
                 Target::Volume(short) => self.volume_record(short)?.crypt.is_some(),
-                _ => false,
+                Target::Filesystem(short) => self
+                    .filesystem_record(short)
+                    .is_some_and(|record| record.crypt.is_some()),
+                Target::Pool => false,
             };
             if !encrypted {
                 return Err(PoolError::InvalidArgument(format!(
-                    "{target}: keylocation is a property of encrypted volumes (filesystems are not encrypted yet)"
+                    "{target}: keylocation is a property of encrypted volumes and filesystems"
                 )));
             }
+        }
+        if let (Target::Filesystem(short), Some(location)) = (&kind, keylocation.clone()) {
+            self.set_keylocation(short, location);
         }
         if let Target::Volume(short) = &kind {
             if let Some(size) = normalised.remove("volsize") {
@@ -906,6 +912,7 @@ impl Pool {
                 "no"
             };
             values.push(("mounted".into(), mounted.into(), "-".into()));
+            values.extend(self.encryption_values(&short, record.crypt.as_ref()));
             values.extend(self.id_values(&short, &own, names).await?);
             let origin = self
                 .origin_name(&record.lineage)
@@ -936,7 +943,7 @@ impl Pool {
                 volume.block_bytes.to_string(),
                 "-".into(),
             ));
-            values.extend(self.encryption_values(&short, &record));
+            values.extend(self.encryption_values(&short, record.crypt.as_ref()));
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
@@ -1057,7 +1064,12 @@ impl Pool {
         };
         let mut values = if self.filesystem(volume).is_ok() {
             let (_, logical, physical) = self.snapshot_referenced(target).await?;
-            common(logical, physical)
+            let mut values = common(logical, physical);
+            let crypt = self
+                .filesystem_record(volume)
+                .and_then(|record| record.crypt);
+            values.extend(self.encryption_values(volume, crypt.as_ref()));
+            values
         } else {
             let record = self.volume_record(volume)?;
             let snapshot_volume = self.snapshot_volume(target).await?;
@@ -1073,7 +1085,7 @@ impl Pool {
                 record.block_bytes.to_string(),
                 "-".into(),
             ));
-            values.extend(self.encryption_values(volume, &record));
+            values.extend(self.encryption_values(volume, record.crypt.as_ref()));
             values
         };
         values.extend([
@@ -1250,6 +1262,7 @@ mod tests {
             lineage: Default::default(),
             receive: None,
             intent_log: None,
+            crypt: None,
         };
         let mut directory = Directory {
             properties: map(&[

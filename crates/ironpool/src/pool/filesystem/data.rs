@@ -354,13 +354,14 @@ impl Filesystem {
         usage: CacheUse,
     ) -> Result<Option<BufSlice>, FsError> {
         let name = format_args!("{} object {}", self.name(), object.id);
+        let key = self.data_key()?;
         let read = crate::pool::data::read_linked(
             &self.objects,
             object,
             blkid,
             usage,
             || None,
-            None,
+            key.as_deref(),
             &name,
         )
         .await?;
@@ -759,10 +760,15 @@ impl Filesystem {
     pub(super) fn block_format(&self, object_type: ObjectType) -> crate::pool::data::BlockFormat {
         let settings = self.settings.get();
         crate::pool::data::BlockFormat {
-            checksum: settings.checksum,
+            // An encrypted block's MAC takes the second half of the
+            // checksum's place: XXH3-128 fills only the first.
+            checksum: match self.key_guid() {
+                Some(_) => crate::format::ChecksumAlgo::Xxh3,
+                None => settings.checksum,
+            },
             compression: settings.compression,
             object_type,
-            key: None,
+            key: self.key_guid(),
         }
     }
 

@@ -91,6 +91,7 @@ impl Pool {
         table: Rc<Object>,
         properties: BTreeMap<String, String>,
         lineage: crate::pool::dataset::directory::Lineage,
+        crypt: Option<crate::pool::dataset::directory::CryptRecord>,
     ) -> Result<Rc<Filesystem>, PoolError> {
         let record = FilesystemRecord {
             object: table.id,
@@ -101,6 +102,7 @@ impl Pool {
             lineage,
             receive: None,
             intent_log: None,
+            crypt,
         };
         let fs = self.open_head_filesystem(short, table, &record).await?;
         self.datasets
@@ -253,6 +255,21 @@ impl Pool {
         name: &str,
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Filesystem>, PoolError> {
+        self.create_filesystem_keyed(name, properties, None).await
+    }
+
+    /// [`Pool::create_filesystem`], encrypted when `properties` say so
+    /// (`encryption=on`, ...: a new encryption root, its key loaded), the
+    /// user's key being `material` (read at a prompt) or read from its
+    /// `keylocation`.
+    pub async fn create_filesystem_keyed(
+        self: &Rc<Self>,
+        name: &str,
+        mut properties: BTreeMap<String, String>,
+        material: Option<zeroize::Zeroizing<Vec<u8>>>,
+    ) -> Result<Rc<Filesystem>, PoolError> {
+        let encryption =
+            crate::pool::dataset::keys::NewEncryption::take(&mut properties, material)?;
         let short = self.new_dataset_short_name(name)?;
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.check_name_free(&short)?;
@@ -263,6 +280,13 @@ impl Pool {
         }
         self.check_new_limits(name, &checked)?;
         self.txg.ensure_writable()?;
+        let crypt = match encryption {
+            Some(encryption) => Some(
+                self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
+                    .await?,
+            ),
+            None => None,
+        };
         let settings = self.volume_settings(&short, &checked);
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
@@ -286,7 +310,7 @@ impl Pool {
         .encode();
         let table = self.objects.create(id, dnode);
         let fs = self
-            .add_filesystem(&short, table, checked, Default::default())
+            .add_filesystem(&short, table, checked, Default::default(), crypt)
             .await?;
         let time = now();
         let root = Znode {
@@ -338,7 +362,7 @@ impl Pool {
         dnode.checksum_algo = self.volume_settings(hidden_short, &properties).checksum;
         dnode.bonus = Filesystem::receive_header(info).encode();
         let table = self.objects.create(id, dnode);
-        self.add_filesystem(hidden_short, table, properties, Default::default())
+        self.add_filesystem(hidden_short, table, properties, Default::default(), None)
             .await
     }
 
@@ -408,6 +432,9 @@ impl Pool {
     /// `unmount` holds it off until `mount` (or the next `serve`).
     pub fn mount_wanted(&self, short: &str) -> bool {
         !self.mounts.borrow().held_off.contains(short)
+            && self
+                .filesystem(short)
+                .is_ok_and(|fs| self.filesystem_key_available(&fs))
     }
 
     /// Filesystem `old` is now `new`: an `unmount` of it still holds.
@@ -435,6 +462,11 @@ impl Pool {
     pub async fn set_mounted(&self, name: &str, wanted: bool) -> Result<Option<String>, PoolError> {
         let fs = self.filesystem(name)?;
         let short = fs.short_name().to_string();
+        if wanted && !self.filesystem_key_available(&fs) {
+            return Err(PoolError::KeyUnavailable(format!(
+                "{name} is encrypted: load its key first (ironpool load-key {name})"
+            )));
+        }
         if wanted && self.filesystem_mountpoint(&short).is_none() {
             return Err(PoolError::InvalidArgument(format!(
                 "{name} has mountpoint=none or legacy: set a mountpoint first"

@@ -376,6 +376,10 @@ pub struct FilesystemRecord {
     /// filesystems had one.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub intent_log: Option<crate::pool::dataset::directory::LogHead>,
+    /// An encrypted filesystem's key, wrapped (as a volume's record holds
+    /// it; docs/FORMAT.md, "Encryption"); absent for one that is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crypt: Option<crate::pool::dataset::directory::CryptRecord>,
 }
 
 impl FilesystemRecord {
@@ -709,6 +713,11 @@ pub struct Filesystem {
     pub(crate) usage: crate::pool::dataset::quota::UsageEstimate,
     /// Its users' and groups' space and quotas (`id_space`).
     ids: id_space::IdSpace,
+    /// An encrypted filesystem's key (by guid, in the pool's ring of
+    /// loaded keys): its files', links' and extended attributes' blocks
+    /// are sealed on the data path, its directories' by its object set.
+    /// None for one that is not encrypted.
+    key: Option<crate::object::SetKey>,
 }
 
 /// The exclusive hold of a filesystem's lock by a change of names or
@@ -981,6 +990,16 @@ impl Filesystem {
         );
         objects.set_durable_txg(pool.txg.durable());
         objects.set_loaded_max(pool.tunables.borrow().fs_objects_loaded_max as usize);
+        let key = record.crypt.as_ref().map(|crypt| crate::object::SetKey {
+            ring: pool.datasets.keys.ring(),
+            guid: crypt.key_guid,
+        });
+        let log = IntentLog::default();
+        if let Some(key) = &key {
+            objects.set_key(key.clone());
+            // Names, attributes and bytes would be in the clear in the log.
+            log.set_pointers_only();
+        }
         let fs = Rc::new(Filesystem {
             name_cell: RefCell::new(name),
             table,
@@ -1001,10 +1020,11 @@ impl Filesystem {
             kernel_caches: RefCell::default(),
             retired: Cell::new(false),
             snapshot,
-            log: IntentLog::default(),
+            log,
             behind: behind::WrittenBehind::default(),
             usage: Default::default(),
             ids: Default::default(),
+            key,
         });
         // What it inherits from the filesystems above it counts as its
         // own where it sets nothing (a snapshot: its dataset's).
@@ -1023,6 +1043,25 @@ impl Filesystem {
     /// is half done); later requests get `ESTALE`.
     pub(in crate::pool) fn retire(&self) {
         self.retired.set(true);
+    }
+
+    /// The guid of an encrypted filesystem's key (None: not encrypted).
+    pub fn key_guid(&self) -> Option<u64> {
+        self.key.as_ref().map(|key| key.guid)
+    }
+
+    /// The loaded key that opens this filesystem's blocks: None when it is
+    /// not encrypted, an error when its key is not loaded.
+    pub(crate) fn data_key(&self) -> Result<Option<Rc<crate::crypto::DatasetKey>>, PoolError> {
+        match &self.key {
+            None => Ok(None),
+            Some(key) => key.ring.get(key.guid).map(Some).ok_or_else(|| {
+                PoolError::KeyUnavailable(format!(
+                    "{} is encrypted and its key is not loaded",
+                    self.name()
+                ))
+            }),
+        }
     }
 
     /// `POOL/A/B` (a snapshot's: `POOL/A/B@SNAP`): what mounts and

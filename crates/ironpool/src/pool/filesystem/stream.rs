@@ -265,6 +265,11 @@ impl Pool {
             .cloned()
             .ok_or_else(|| PoolError::NoSuchSnapshot(request.snapshot.clone()))?;
         let to_name = format!("{}/{short}@{snapshot}", self.name);
+        if record.crypt.is_some() && request.raw {
+            return Err(PoolError::InvalidArgument(format!(
+                "{to_name}: a raw send (-w) of an encrypted filesystem is not built yet (issue 73); send it without -w, its key loaded, as plaintext"
+            )));
+        }
         if request.resume_block.is_some() && request.resume_object.is_none() {
             return Err(PoolError::InvalidArgument(format!(
                 "the resume token is a volume's, but {to_name} is a filesystem's snapshot"
@@ -275,6 +280,11 @@ impl Pool {
         let _hold = self.hold_snapshot(&to_name);
         let _from_hold = from_name.as_ref().map(|name| self.hold_snapshot(name));
         let fs = self.snapshot_filesystem(&to_name).await?;
+        // An encrypted filesystem is sent as plaintext: its key opens its
+        // blocks.
+        fs.data_key().map_err(|_| {
+            PoolError::KeyUnavailable(format!("{to_name} is encrypted: load its key to send it"))
+        })?;
         let header = fs.header.get();
         let begin = StreamBegin {
             version: STREAM_VERSION,
@@ -408,6 +418,7 @@ impl Pool {
         let new = dnode.creation_txg > since_txg;
         let block_bytes = dnode.data_block_bytes();
         let usage = crate::cache::CacheUse::data(fs.settings().data_cache_use().lookup, false);
+        let key = fs.data_key()?;
         let start = match request.resume_object {
             Some(first) if first == id => request.resume_block.unwrap_or(0),
             _ => 0,
@@ -420,12 +431,14 @@ impl Pool {
                 match change {
                     BlockChange::Data { blkid, pointer } => {
                         let pool = self.clone();
+                        let key = key.clone();
                         output.push(Entry::Read {
                             object: id,
                             blkid,
                             block_bytes,
                             read: crate::rt::spawn(async move {
-                                pool.read_logical(&pointer, blkid, usage, None).await
+                                pool.read_logical(&pointer, blkid, usage, key.as_deref())
+                                    .await
                             }),
                         });
                     }

@@ -238,6 +238,9 @@ pub struct IntentLog {
     /// Which answers given to a filesystem's client are durable, for
     /// [`IntentLog::answers_durable`].
     vouched: std::cell::Cell<Vouched>,
+    /// An encrypted filesystem's log ([`IntentLog::set_pointers_only`]):
+    /// block pointers, holes, sizes and times only.
+    pointers_only: std::cell::Cell<bool>,
 }
 
 /// A dataset's recent FLUSH pattern: WRITEs since the last FLUSH, how many
@@ -276,6 +279,7 @@ impl Default for IntentLog {
             turns: crate::rt::sync::Notify::new(),
             cadence: Default::default(),
             vouched: Default::default(),
+            pointers_only: Default::default(),
         }
     }
 }
@@ -867,6 +871,16 @@ impl IntentLog {
         self.state.borrow().stats
     }
 
+    /// Makes this the log of an encrypted filesystem: it carries block
+    /// pointers, holes, and files' sizes and times (what the dnode table
+    /// holds in the clear too), never names, attributes, extended
+    /// attributes or copies of bytes, which would be stored unsealed.
+    /// Changes of those make the next commit go through a txg, as changes
+    /// past the log's bounds do; replay then needs no key.
+    pub(crate) fn set_pointers_only(&self) {
+        self.pointers_only.set(true);
+    }
+
     /// Notes that block `blkid` of `object` was linked in txg `txg`.
     pub(crate) fn note_linked(&self, object: u64, blkid: u64, txg: u64) {
         self.state.borrow_mut().unlogged.push((object, blkid, txg));
@@ -887,7 +901,7 @@ impl IntentLog {
         if let Some(old) = state.small_writes.remove(&(object, blkid)) {
             state.small_write_bytes -= old.data.len() as u64;
         }
-        let Some(data) = data else {
+        let Some(data) = data.filter(|_| !self.pointers_only.get()) else {
             return;
         };
         let bytes = data.len() as u64;
@@ -923,6 +937,9 @@ impl IntentLog {
     /// Notes a filesystem's object as a change of txg `txg` left it (None:
     /// freed). Its size and times supersede any a write noted before.
     pub(crate) fn note_object(&self, object: u64, txg: u64, state: Option<ObjectState>) {
+        if self.pointers_only.get() {
+            return self.note_unloggable(txg);
+        }
         let mut log = self.state.borrow_mut();
         // Freed is for good: an object changed in the same change before it
         // was freed is not brought back.
@@ -949,6 +966,9 @@ impl IntentLog {
     /// Notes that directory `dir`'s entry `name` names `target` (None: is
     /// gone) after a change of txg `txg`.
     pub(crate) fn note_entry(&self, dir: u64, name: &[u8], txg: u64, target: Option<EntryTarget>) {
+        if self.pointers_only.get() {
+            return self.note_unloggable(txg);
+        }
         let mut log = self.state.borrow_mut();
         log.entries.insert((dir, name.to_vec()), (txg, target));
         Self::bound_namespace(&mut log, txg);
@@ -959,6 +979,9 @@ impl IntentLog {
     /// [`XATTRS_LOGGED_BYTES_MAX`], or past [`XATTRS_PENDING_BYTES_MAX`] in
     /// all, is not carried: commits go through a txg until `txg` is durable.
     pub(crate) fn note_xattrs(&self, object: u64, txg: u64, list: Vec<u8>) {
+        if self.pointers_only.get() {
+            return self.note_unloggable(txg);
+        }
         let mut log = self.state.borrow_mut();
         if let Some((_, old)) = log.xattrs.remove(&object) {
             log.xattr_bytes -= old.len() as u64;

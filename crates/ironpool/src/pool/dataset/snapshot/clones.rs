@@ -154,15 +154,17 @@ impl Pool {
         let (source, _) = split_snapshot_name(&self.name, origin).ok_or_else(|| {
             PoolError::InvalidArgument(format!("'{origin}' is not a snapshot name"))
         })?;
-        let mut inherited = self
+        let source_record = self
             .filesystem_record(source)
-            .ok_or_else(|| PoolError::InvalidArgument(format!("{origin}: not a filesystem's")))?
-            .own_properties();
+            .ok_or_else(|| PoolError::InvalidArgument(format!("{origin}: not a filesystem's")))?;
+        let mut inherited = source_record.own_properties();
         inherited.remove("mountpoint");
         inherited.extend(properties);
         let (origin_name, lineage, table) = self.clone_head(origin).await?;
+        // The clone shares its origin's blocks, so its key: one encryption
+        // root (`dataset::keys`).
         let fs = self
-            .add_filesystem(clone_short, table, inherited, lineage)
+            .add_filesystem(clone_short, table, inherited, lineage, source_record.crypt)
             .await?;
         self.note_clone(&origin_name, clone_short);
         Ok(fs)

@@ -15,6 +15,13 @@
 # target run one after the other; this script puts both volumes on one pool
 # and pairs their rows, so the disk's drift cannot favour either.
 #
+#
+# Filesystems the same way: two filesystems of 16K records on the same
+# pool, one encrypted, mounted over FUSE; fio's io_uring engine with
+# direct=1 on a file of each runs the same rows (the read cache's row reads
+# a region the server's cache holds, opened). Needs root and /dev/fuse;
+# skipped without them.
+#
 # Usage: scripts/bench-encryption.sh [RUNTIME_S] [VOLUME_SIZE] [IRONPOOL_BIN]
 #   default: 8, 1G, target/release/ironpool
 # Needs fio (with its nbd engine) and python3.
@@ -44,6 +51,8 @@ print(int(s[:-1])*m[s[-1]] if s[-1] in m else int(s))") * 3 / (1 << 20) ))
 for disk in d0 d1; do
     dd if=/dev/zero of="$work/$disk.img" bs=1M count="$device_mib" oflag=direct status=none
 done
+dd if=/dev/zero of="$work/d0.img" bs=1M count=0 seek=$(( device_mib * 2 )) status=none
+dd if=/dev/zero of="$work/d1.img" bs=1M count=0 seek=$(( device_mib * 2 )) status=none
 "$bin" create -f encb mirror "$work/d0.img" "$work/d1.img" >/dev/null
 "$bin" serve -d "$work" --nbd "unix:$socket" --pidfile "$work/pid" encb >"$work/serve.log" 2>&1 &
 for _ in $(seq 100); do [ -S "$socket" ] && [ -s "$work/pid" ] && break; sleep 0.1; done
@@ -58,15 +67,24 @@ for volume in plain sealed; do
 done
 "$bin" sync encb >/dev/null
 
-# row LABEL VOLUME FIO-ARGS...: "LABEL VOLUME IOPS MIBS US_PER_OP", after a
-# sync so that no row pays for the write-out of the one before.
+# Where fio finds DATASET: a volume's NBD URI, or a filesystem's file.
+target_args() {
+    case $1 in
+        plain|sealed) echo "--ioengine=nbd --uri=nbd+unix:///encb/$1?socket=$socket" ;;
+        *) echo "--ioengine=io_uring --direct=1 --filename=$work/$1/data" ;;
+    esac
+}
+
+# row LABEL DATASET FIO-ARGS...: "LABEL DATASET IOPS MIBS US_PER_OP", after
+# a sync so that no row pays for the write-out of the one before.
 row() {
     local label=$1 volume=$2
     shift 2
     local before after
     "$bin" sync encb >/dev/null
     before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
-    fio --name=row --ioengine=nbd --uri="nbd+unix:///encb/$volume?socket=$socket" \
+    # shellcheck disable=SC2046
+    fio --name=row $(target_args "$volume") \
         --output-format=json --runtime="$runtime" --time_based --size="$size" "$@" >"$work/row.json"
     after=$(awk '{print $14 + $15}' "/proc/$pid/stat")
     python3 - "$work/row.json" "$label" "$volume" "$before" "$after" "$runtime" <<'PY'
@@ -81,24 +99,45 @@ print(label, volume, int(iops), round(mib, 1), round(cpu * 1e6 / max(iops * floa
 PY
 }
 
+# Filesystems too, when this machine can mount them.
+filesystems=""
+if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ]; then
+    mkdir -p "$work/pfs" "$work/sfs"
+    "$bin" fs create encb/pfs -o recordsize=16K -o "mountpoint=$work/pfs" >/dev/null
+    "$bin" fs create encb/sfs -o recordsize=16K -o "mountpoint=$work/sfs" \
+        -o encryption=on -o keyformat=raw -o "keylocation=file://$work/key" >/dev/null
+    for fs in pfs sfs; do
+        for _ in $(seq 100); do grep -q " $work/$fs fuse" /proc/mounts && break; sleep 0.1; done
+        fio --name=fill --ioengine=io_uring --direct=1 --filename="$work/$fs/data" \
+            --rw=write --bs=1M --iodepth=16 --size="$size" >/dev/null
+    done
+    "$bin" sync encb >/dev/null
+    filesystems="pfs sfs"
+fi
+
 # Each row runs plain, sealed, sealed, plain: the disk's drift over the
-# four falls on both alike, and each volume's figure is its two runs'
-# mean.
+# four falls on both alike, and each dataset's figure is its two runs'
+# mean. Rows of filesystems are labelled fs_*.
 {
-    for volume in plain sealed sealed plain; do
-        row w16k_qd64 "$volume" --rw=randwrite --bs=16k --iodepth=64
-    done
-    for volume in plain sealed sealed plain; do
-        row seqw_1m_qd16 "$volume" --rw=write --bs=1M --iodepth=16
-    done
-    for volume in plain sealed sealed plain; do
-        row seqr_1m_qd16 "$volume" --rw=read --bs=1M --iodepth=16
-    done
-    # A 64 MiB region read once first: the cache holds it.
-    for volume in plain sealed; do
-        fio --name=warm --ioengine=nbd --uri="nbd+unix:///encb/$volume?socket=$socket" \
-            --rw=read --bs=1M --size=64M >/dev/null
-        row r4k_qd64_cached "$volume" --rw=randread --bs=4k --iodepth=64 --size=64M
+    for pair in "plain sealed" ${filesystems:+"pfs sfs"}; do
+        read -r p s <<<"$pair"
+        prefix=""
+        [ "$p" = pfs ] && prefix="fs_"
+        for volume in "$p" "$s" "$s" "$p"; do
+            row "${prefix}w16k_qd64" "$volume" --rw=randwrite --bs=16k --iodepth=64
+        done
+        for volume in "$p" "$s" "$s" "$p"; do
+            row "${prefix}seqw_1m_qd16" "$volume" --rw=write --bs=1M --iodepth=16
+        done
+        for volume in "$p" "$s" "$s" "$p"; do
+            row "${prefix}seqr_1m_qd16" "$volume" --rw=read --bs=1M --iodepth=16
+        done
+        # A 64 MiB region read once first: the cache holds it.
+        for volume in "$p" "$s"; do
+            # shellcheck disable=SC2046
+            fio --name=warm $(target_args "$volume") --rw=read --bs=1M --size=64M >/dev/null
+            row "${prefix}r4k_qd64_cached" "$volume" --rw=randread --bs=4k --iodepth=64 --size=64M
+        done
     done
 } >"$work/rows"
 
@@ -136,6 +175,8 @@ runs = {}
 order = []
 for line in open(sys.argv[1]):
     label, volume, iops, mib, us = line.split()
+    # A filesystem's pair reads as the volumes' does.
+    volume = {"pfs": "plain", "sfs": "sealed"}.get(volume, volume)
     runs.setdefault((label, volume), []).append((int(iops), float(mib), float(us)))
     if label not in order:
         order.append(label)

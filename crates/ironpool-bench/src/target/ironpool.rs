@@ -498,7 +498,7 @@ impl IronpoolPool {
         if self.sparse_flag {
             argv.push("--sparse".into());
         }
-        for (key, value) in self.with_key_file(properties)? {
+        for (key, value) in with_key_file(&self.dir, properties)? {
             argv.extend(["-o".into(), format!("{key}={value}")]);
         }
         self.run(&argv)
@@ -507,43 +507,6 @@ impl IronpoolPool {
             Access::Nbd(unix_uri(&format!("{POOL_NAME}/{name}"), &self.nbd_socket)),
             argv,
         ))
-    }
-
-    /// `properties`, and when they ask for an encrypted volume
-    /// (`encryption=on`) without saying where its key is, a key the tool
-    /// makes: a file in the target's directory, random, in the
-    /// `keyformat` asked for (raw by default), named by `keylocation`.
-    /// The key stays loaded for the server's life, so every suite runs.
-    fn with_key_file(&self, properties: &[(String, String)]) -> Result<Vec<(String, String)>> {
-        let mut properties = properties.to_vec();
-        let value = |name: &str, properties: &[(String, String)]| {
-            properties
-                .iter()
-                .find(|(key, _)| key == name)
-                .map(|(_, value)| value.clone())
-        };
-        let encrypted = value("encryption", &properties).is_some_and(|value| value != "off");
-        if !encrypted || value("keylocation", &properties).is_some() {
-            return Ok(properties);
-        }
-        let format = value("keyformat", &properties).unwrap_or_else(|| {
-            properties.push(("keyformat".into(), "raw".into()));
-            "raw".into()
-        });
-        let mut random = [0u8; 32];
-        std::fs::File::open("/dev/urandom")
-            .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut random))
-            .context("reading /dev/urandom for a volume key")?;
-        let hex: String = random.iter().map(|byte| format!("{byte:02x}")).collect();
-        let material = match format.as_str() {
-            "raw" => random.to_vec(),
-            "hex" => hex.into_bytes(),
-            _ => format!("bench passphrase {hex}\n").into_bytes(),
-        };
-        let path = self.dir.join("volume.key");
-        std::fs::write(&path, material).context("writing the volume key")?;
-        properties.push(("keylocation".into(), format!("file://{}", path.display())));
-        Ok(properties)
     }
 
     /// A filler volume for the fill suite, rounded up to whole MiB, with
@@ -559,6 +522,43 @@ impl IronpoolPool {
         )];
         self.create_volume(name, rounded, &properties)
     }
+}
+
+/// `properties`, and when they ask for an encrypted volume or filesystem
+/// (`encryption=on`) without saying where its key is, a key the tool
+/// makes: a file in the target's directory `dir`, random, in the
+/// `keyformat` asked for (raw by default), named by `keylocation`.
+/// The key stays loaded for the server's life, so every suite runs.
+fn with_key_file(dir: &Path, properties: &[(String, String)]) -> Result<Vec<(String, String)>> {
+    let mut properties = properties.to_vec();
+    let value = |name: &str, properties: &[(String, String)]| {
+        properties
+            .iter()
+            .find(|(key, _)| key == name)
+            .map(|(_, value)| value.clone())
+    };
+    let encrypted = value("encryption", &properties).is_some_and(|value| value != "off");
+    if !encrypted || value("keylocation", &properties).is_some() {
+        return Ok(properties);
+    }
+    let format = value("keyformat", &properties).unwrap_or_else(|| {
+        properties.push(("keyformat".into(), "raw".into()));
+        "raw".into()
+    });
+    let mut random = [0u8; 32];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut file| std::io::Read::read_exact(&mut file, &mut random))
+        .context("reading /dev/urandom for a dataset key")?;
+    let hex: String = random.iter().map(|byte| format!("{byte:02x}")).collect();
+    let material = match format.as_str() {
+        "raw" => random.to_vec(),
+        "hex" => hex.into_bytes(),
+        _ => format!("bench passphrase {hex}\n").into_bytes(),
+    };
+    let path = dir.join("dataset.key");
+    std::fs::write(&path, material).context("writing the dataset key")?;
+    properties.push(("keylocation".into(), format!("file://{}", path.display())));
+    Ok(properties)
 }
 
 /// SIGPIPE ignored while it lives, its former disposition put back after.
@@ -802,7 +802,7 @@ fn setup_filesystem(
         "-o".into(),
         format!("mountpoint={}", mountpoint.display()),
     ];
-    for (key, value) in &properties {
+    for (key, value) in with_key_file(dir, &properties)? {
         create.extend(["-o".into(), format!("{key}={value}")]);
     }
     run_isolated(&create, dir).with_context(|| format!("creating filesystem {dataset}"))?;

@@ -10,7 +10,7 @@
 //! | `nbd:URI` | any NBD URI |
 //! | `nbdkit[:PATH]` | nbdkit's file plugin over a unix socket: the transport baseline |
 //! | `ironpool:LAYOUT[+log]:NxSIZE[:prop=val,...]` | a pool and volume the tool creates (`+log`: and a log device of SIZE; `bin=PATH` among the properties: this ironpool executable, to compare builds in one run; `encryption=on` without `keylocation`: an encrypted volume whose key the tool makes and keeps in the target's directory) |
-//! | `ironpool-fs:LAYOUT:NxSIZE[:prop=val,...]` | a pool and filesystem the tool creates, mounted over FUSE; fio on a file of it |
+//! | `ironpool-fs:LAYOUT:NxSIZE[:prop=val,...]` | a pool and filesystem the tool creates, mounted over FUSE; fio on a file of it (`encryption=on` without `keylocation`: encrypted, with a key the tool makes, as for volumes) |
 
 use std::fmt;
 use std::path::PathBuf;

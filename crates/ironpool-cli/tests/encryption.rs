@@ -430,6 +430,28 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
         file.sync_all().unwrap();
     }
     assert_secrets(&vault, &pattern);
+    // A child takes its parent's key (its encryption root is the parent),
+    // and so does a volume under it; an unencrypted child is refused.
+    pool.admin(&["fs", "create", "tank/vault/child"]);
+    let child = vault.join("child");
+    wait_mounted(&pool, &child);
+    assert_eq!(
+        pool.property("tank/vault/child", "encryption").0,
+        "aes-256-gcm"
+    );
+    assert_eq!(
+        pool.property("tank/vault/child", "encryptionroot").0,
+        "tank/vault"
+    );
+    let name = String::from_utf8_lossy(MARKER).into_owned();
+    std::fs::write(child.join(format!("{name}child")), MARKER.repeat(5)).unwrap();
+    pool.admin(&["volume", "create", "tank/vault/vol", "16M"]);
+    assert_eq!(
+        pool.property("tank/vault/vol", "encryptionroot").0,
+        "tank/vault"
+    );
+    let refused = pool.admin_fails(&["fs", "create", "-o", "encryption=off", "tank/vault/open"]);
+    assert!(refused.contains("encryption=off"), "{refused}");
     pool.stop();
     assert_eq!(
         markers_on_devices(&pool, &["a.img", "b.img"]),
@@ -462,12 +484,16 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     );
     assert!(!wrong.status.success());
     assert!(!common::fuse::mounted(&vault));
-    // The key loaded, the server mounts it.
+    // The key loaded, the server mounts it, and its child.
     pool.admin(&["load-key", "tank/vault"]);
     wait_mounted(&pool, &vault);
+    wait_mounted(&pool, &child);
     assert_secrets(&vault, &pattern);
+    assert_eq!(
+        std::fs::read(child.join(format!("{name}child"))).unwrap(),
+        MARKER.repeat(5)
+    );
     // Its snapshot reads through the same key.
-    let name = String::from_utf8_lossy(MARKER).into_owned();
     assert_eq!(
         std::fs::read(vault.join(format!(".zfs/snapshot/s/{name}dir/{name}file"))).unwrap(),
         MARKER.repeat(3)
@@ -495,13 +521,44 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     wait_mounted(&pool, &copy);
     assert_secrets(&copy, &pattern);
 
-    // A mounted filesystem keeps its key; unmounted, the key goes.
+    // A new key, given through the child, rewraps the root's: the old
+    // passphrase opens nothing, the new raw key everything.
+    let raw = pool.path("raw.key");
+    std::fs::write(&raw, [0x6bu8; 32]).unwrap();
+    pool.admin(&[
+        "change-key",
+        "-o",
+        "keyformat=raw",
+        "-o",
+        &format!("keylocation=file://{}", raw.display()),
+        "tank/vault/child",
+    ]);
+    assert_eq!(pool.property("tank/vault", "keyformat").0, "raw");
+
+    // A mounted filesystem keeps its key (its child's mount too);
+    // unmounted, the key goes.
     let refused = pool.admin_fails(&["unload-key", "tank/vault"]);
+    assert!(refused.contains("unmount it first"), "{refused}");
+    pool.admin(&["unmount", "tank/vault/child"]);
+    wait_unmounted(&child, "unmount of tank/vault/child");
+    let refused = pool.admin_fails(&["unload-key", "tank/vault/child"]);
     assert!(refused.contains("unmount it first"), "{refused}");
     pool.admin(&["unmount", "tank/vault"]);
     wait_unmounted(&vault, "unmount of tank/vault");
     pool.admin(&["unload-key", "tank/vault"]);
-    assert_eq!(pool.property("tank/vault", "keystatus").0, "unavailable");
+    for dataset in ["tank/vault", "tank/vault/child", "tank/vault/vol"] {
+        assert_eq!(
+            pool.property(dataset, "keystatus").0,
+            "unavailable",
+            "{dataset}"
+        );
+    }
+    let old = pool.admin_fails(&["load-key", "-L", &location, "tank/vault"]);
+    assert!(old.contains("raw key is exactly 32 bytes"), "{old}");
+    pool.admin(&["load-key", "tank/vault"]);
+    pool.admin(&["mount", "tank/vault"]);
+    wait_mounted(&pool, &vault);
+    assert_secrets(&vault, &pattern);
     pool.stop();
 
     // The check looks where plaintext would be: the plaintext copy's

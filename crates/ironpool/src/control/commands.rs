@@ -885,6 +885,11 @@ async fn run(
             parents,
             key,
         } => {
+            if crate::pool::dataset::keys::encryption_off_given(&properties) {
+                // Refused under an encrypted parent, whose key it would take.
+                let short = pool.new_dataset_short_name(&name)?;
+                pool.inherited_crypt(&short, true)?;
+            }
             let encryption = crate::pool::dataset::keys::NewEncryption::take(
                 &mut properties,
                 key_material(key)?,

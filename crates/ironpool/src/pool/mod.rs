@@ -779,7 +779,8 @@ impl Pool {
                     .await?,
             ),
             Some(dataset::keys::VolumeKey::Received(record)) => Some(record),
-            None => None,
+            // A volume under an encrypted filesystem takes its key.
+            None => self.inherited_crypt(&short, false)?,
         };
         self.check_name_free(&short)?;
         let open_txg = self.txg.open();

@@ -153,6 +153,13 @@ pub fn received_crypt(
     Ok(record)
 }
 
+/// Whether `properties` ask for `encryption=off` (before
+/// [`NewEncryption::take`] takes it out): refused under an encrypted
+/// parent ([`Pool::inherited_crypt`]).
+pub fn encryption_off_given(properties: &BTreeMap<String, String>) -> bool {
+    properties.get("encryption").map(String::as_str) == Some("off")
+}
+
 fn invalid(error: CryptoError) -> PoolError {
     PoolError::InvalidArgument(error.to_string())
 }
@@ -298,6 +305,47 @@ impl Pool {
             ))),
             Some(Some(crypt)) => Ok(crypt.clone()),
         }
+    }
+
+    /// The key a new dataset `short` created without `encryption=on`
+    /// takes: its parent filesystem's when that one is encrypted, as
+    /// OpenZFS's children inherit their encryption root's key (its
+    /// `encryptionroot` is then the parent's). Refused when the parent is
+    /// encrypted and `off_given` (`-o encryption=off`: OpenZFS refuses an
+    /// unencrypted child of an encrypted dataset too), or when the parent's
+    /// key is not loaded (the child's directory could not be sealed).
+    pub(crate) fn inherited_crypt(
+        &self,
+        short: &str,
+        off_given: bool,
+    ) -> Result<Option<CryptRecord>, PoolError> {
+        let Some(parent) = crate::pool::dataset::directory::parent_name(short) else {
+            return Ok(None);
+        };
+        let Some(crypt) = self
+            .datasets
+            .directory
+            .read()
+            .filesystems
+            .get(parent)
+            .and_then(|record| record.crypt.clone())
+        else {
+            return Ok(None);
+        };
+        let name = format!("{}/{short}", self.name);
+        if off_given {
+            return Err(PoolError::InvalidArgument(format!(
+                "cannot create {name} with encryption=off: its parent {}/{parent} is encrypted, and its children share its key (or have one of their own: -o encryption=on -o keyformat=...)",
+                self.name
+            )));
+        }
+        if self.datasets.keys.get(crypt.key_guid).is_none() {
+            return Err(PoolError::KeyUnavailable(format!(
+                "cannot create {name}: it takes the key of {}/{parent}, which is not loaded (load-key it first)",
+                self.name
+            )));
+        }
+        Ok(Some(crypt))
     }
 
     /// Whether filesystem `fs` may be mounted and its data read: it is not
@@ -527,34 +575,35 @@ impl Pool {
         self.commit().await
     }
 
-    /// The volume whose key volume `short` uses, by full name (the
-    /// `encryptionroot` property): up its clones' origins while the origin
-    /// shares its key. A clone shares its origin's key, so its root is
-    /// the volume the chain of clones began with; a volume created with
-    /// its key, or received raw, is its own. None for one that is not
-    /// encrypted.
+    /// The dataset whose key dataset `short` uses, by full name (the
+    /// `encryptionroot` property): up its clones' origins and its parents
+    /// while they share its key. A clone shares its origin's key, and a
+    /// child created without a key of its own its parent's, so its root is
+    /// the dataset the chain began with; a dataset created with its key,
+    /// or received raw, is its own. None for one that is not encrypted.
     pub(crate) fn encryption_root(&self, short: &str) -> Option<String> {
         let directory = self.datasets.directory.read();
         let key_guid = directory.crypt(short)??.key_guid;
+        let shares_key = |other: &str| {
+            directory.crypt(other).flatten().map(|crypt| crypt.key_guid) == Some(key_guid)
+        };
         let mut root = short.to_string();
-        // Each step goes to an older dataset; the bound stops a directory
-        // whose origins were damaged into a circle.
+        // Each step goes to an older dataset (a clone's origin) or up to a
+        // parent (a child that took its key), while they share the key; the
+        // bound stops a directory whose origins were damaged into a circle.
         for _ in 0..directory.volumes.len() + directory.filesystems.len() {
-            let Some(origin) = directory
+            let origin = directory
                 .lineage(&root)
                 .and_then(|lineage| lineage.origin.as_ref())
-            else {
-                break;
-            };
-            if directory
-                .crypt(&origin.volume)
-                .flatten()
-                .map(|crypt| crypt.key_guid)
-                != Some(key_guid)
-            {
-                break;
+                .map(|origin| origin.volume.clone())
+                .filter(|origin| shares_key(origin));
+            let parent = crate::pool::dataset::directory::parent_name(&root)
+                .filter(|parent| shares_key(parent))
+                .map(str::to_string);
+            match origin.or(parent) {
+                Some(next) => root = next,
+                None => break,
             }
-            root = origin.volume.clone();
         }
         Some(format!("{}/{root}", self.name))
     }

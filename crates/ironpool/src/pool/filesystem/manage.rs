@@ -268,11 +268,16 @@ impl Pool {
         mut properties: BTreeMap<String, String>,
         material: Option<zeroize::Zeroizing<Vec<u8>>>,
     ) -> Result<Rc<Filesystem>, PoolError> {
+        let off_given = crate::pool::dataset::keys::encryption_off_given(&properties);
         let encryption =
             crate::pool::dataset::keys::NewEncryption::take(&mut properties, material)?;
         let short = self.new_dataset_short_name(name)?;
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.check_name_free(&short)?;
+        let inherited = match &encryption {
+            Some(_) => None,
+            None => self.inherited_crypt(&short, off_given)?,
+        };
         let mut checked = BTreeMap::new();
         for (key, value) in &properties {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
@@ -285,7 +290,7 @@ impl Pool {
                 self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
                     .await?,
             ),
-            None => None,
+            None => inherited,
         };
         let settings = self.volume_settings(&short, &checked);
         let open_txg = self.txg.open();
@@ -351,6 +356,10 @@ impl Pool {
         properties: BTreeMap<String, String>,
     ) -> Result<Rc<Filesystem>, PoolError> {
         self.txg.ensure_writable()?;
+        // Under an encrypted filesystem it takes that one's key, as a
+        // volume received there does (refused before anything is made
+        // when that key is not loaded).
+        let crypt = self.inherited_crypt(hidden_short, false)?;
         let id = self.allocate_object_id();
         let mut dnode = new_dnode(
             ObjectType::FsObjects,
@@ -362,7 +371,7 @@ impl Pool {
         dnode.checksum_algo = self.volume_settings(hidden_short, &properties).checksum;
         dnode.bonus = Filesystem::receive_header(info).encode();
         let table = self.objects.create(id, dnode);
-        self.add_filesystem(hidden_short, table, properties, Default::default(), None)
+        self.add_filesystem(hidden_short, table, properties, Default::default(), crypt)
             .await
     }
 

@@ -520,6 +520,24 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     assert_eq!(pool.property("tank/copy", "encryption").0, "off");
     wait_mounted(&pool, &copy);
     assert_secrets(&copy, &pattern);
+    // A clone of the snapshot shares the key; its directories, read after
+    // the send left them opened in the read cache, read right.
+    pool.admin(&["clone", "tank/vault@s", "tank/vault/c"]);
+    let clone = vault.join("c");
+    wait_mounted(&pool, &clone);
+    assert_eq!(
+        pool.property("tank/vault/c", "encryptionroot").0,
+        "tank/vault"
+    );
+    assert_secrets(&clone, &pattern);
+    pool.admin(&["unmount", "tank/vault/c"]);
+    wait_unmounted(&clone, "unmount of tank/vault/c");
+    // Keys stay where they fit: a dataset that shares its parent's key
+    // does not move out from under it, nor an unencrypted one in.
+    let refused = pool.admin_fails(&["rename", "tank/vault/c", "tank/c"]);
+    assert!(refused.contains("shares the key"), "{refused}");
+    let refused = pool.admin_fails(&["rename", "tank/copy", "tank/vault/copy"]);
+    assert!(refused.contains("unencrypted"), "{refused}");
 
     // A new key, given through the child, rewraps the root's: the old
     // passphrase opens nothing, the new raw key everything.

@@ -760,23 +760,49 @@ pub fn block_aad(
 /// build and on reads), so that a key unloaded is gone for all of them at
 /// once. An `Rc`: it lives on the engine thread with the pool.
 #[derive(Clone, Default)]
-pub struct KeyRing(std::rc::Rc<RefCell<rustc_hash::FxHashMap<u64, std::rc::Rc<DatasetKey>>>>);
+pub struct KeyRing(std::rc::Rc<RingState>);
+
+/// What a [`KeyRing`] shares.
+#[derive(Default)]
+struct RingState {
+    keys: RefCell<rustc_hash::FxHashMap<u64, std::rc::Rc<DatasetKey>>>,
+    /// Keys being unloaded: still there to seal and open what was changed
+    /// before the unload began, but no new change may need them.
+    unloading: RefCell<rustc_hash::FxHashSet<u64>>,
+}
 
 impl KeyRing {
     /// The loaded key of `guid`.
     pub fn get(&self, guid: u64) -> Option<std::rc::Rc<DatasetKey>> {
-        self.0.borrow().get(&guid).cloned()
+        self.0.keys.borrow().get(&guid).cloned()
     }
 
     /// Whether the key of `guid` is loaded.
     pub fn contains(&self, guid: u64) -> bool {
-        self.0.borrow().contains_key(&guid)
+        self.0.keys.borrow().contains_key(&guid)
+    }
+
+    /// Whether the key of `guid` is loaded and not being unloaded: a new
+    /// change that will need it may be made.
+    pub fn usable(&self, guid: u64) -> bool {
+        self.contains(guid) && !self.0.unloading.borrow().contains(&guid)
+    }
+
+    /// Marks `guid`'s key as being unloaded (false if it already was).
+    pub fn begin_unload(&self, guid: u64) -> bool {
+        self.0.unloading.borrow_mut().insert(guid)
+    }
+
+    /// Ends an unload of `guid`'s key, done or given up.
+    pub fn end_unload(&self, guid: u64) {
+        self.0.unloading.borrow_mut().remove(&guid);
     }
 
     /// Loads `key` as `guid`'s unless one is loaded already (two loads of
     /// one key that raced: the first stays).
     pub fn insert(&self, guid: u64, key: DatasetKey) {
         self.0
+            .keys
             .borrow_mut()
             .entry(guid)
             .or_insert_with(|| std::rc::Rc::new(key));
@@ -785,7 +811,7 @@ impl KeyRing {
     /// Unloads `guid`'s key (its memory is cleansed when the last user
     /// lets it go).
     pub fn remove(&self, guid: u64) {
-        self.0.borrow_mut().remove(&guid);
+        self.0.keys.borrow_mut().remove(&guid);
     }
 }
 

@@ -410,13 +410,20 @@ impl ObjectSet {
     }
 
     /// Refuses a change to a block of `object` that the txg build would
-    /// have to seal while the set's key is not loaded: the build cannot
-    /// refuse, so the change must not be made.
+    /// have to seal while the set's key is not loaded, or is being unloaded
+    /// (the unload commits what was changed before it began, then the key
+    /// goes): the build cannot refuse, so the change must not be made. The
+    /// caller makes its change with no await after this check.
     fn check_sealable(&self, object: &Object) -> Result<(), ObjectError> {
-        if sealed_type(object.object_type()) {
-            self.loaded_key(object.id)?;
+        if !sealed_type(object.object_type()) {
+            return Ok(());
         }
-        Ok(())
+        match &*self.key.borrow() {
+            Some(key) if !key.ring.usable(key.guid) => {
+                Err(ObjectError::KeyUnavailable { object: object.id })
+            }
+            _ => Ok(()),
+        }
     }
 
     /// Whether the set has a key: sealed blocks may be cached in it as
@@ -797,15 +804,18 @@ impl ObjectSet {
                 pointer.level, pointer.object_type, dnode.object_type
             )));
         }
-        let data = self
+        let read = self
             .store
             .read_cached(
                 &pointer,
                 IoClass::SyncRead,
                 crate::cache::CacheUse::METADATA,
             )
-            .await?
-            .data;
+            .await?;
+        // The read cache may hold a sealed block opened already (a send
+        // read it through `pool::data::logical_bytes`): its plaintext.
+        let opened = read.opened;
+        let data = read.data;
         let body = if level > 0 {
             if data.len() as u64 != dnode.indirect_block_bytes() {
                 return Err(corrupt(format!("indirect block of {} bytes", data.len())));
@@ -830,31 +840,37 @@ impl ObjectSet {
                 return Err(corrupt(format!("data block of {} bytes", data.len())));
             }
             let mut bytes = data.to_vec();
-            if let Some(sealed) = &pointer.crypt {
-                let key = self
-                    .loaded_key(object.id)?
-                    .ok_or_else(|| corrupt("a sealed block in a set with no key".into()))?;
-                let aad = crate::crypto::block_aad(
-                    pointer.object_type,
-                    0,
-                    pointer.compression,
-                    pointer.logical_size,
-                    pointer.physical_size,
-                );
-                let mut opened = vec![0u8; bytes.len()];
-                key.open_into(sealed, &aad, &bytes, &mut opened)
-                    .map_err(|error| ObjectError::Sealing {
-                        object: object.id,
-                        error,
-                    })?;
-                bytes = opened;
-            } else if sealed_type(dnode.object_type) && self.has_key() {
+            match (&pointer.crypt, opened) {
+                // Opened (its MAC checked) when the read cache took it.
+                (Some(_), true) => {}
+                (Some(sealed), false) => {
+                    let key = self
+                        .loaded_key(object.id)?
+                        .ok_or_else(|| corrupt("a sealed block in a set with no key".into()))?;
+                    let aad = crate::crypto::block_aad(
+                        pointer.object_type,
+                        0,
+                        pointer.compression,
+                        pointer.logical_size,
+                        pointer.physical_size,
+                    );
+                    let mut plain = vec![0u8; bytes.len()];
+                    key.open_into(sealed, &aad, &bytes, &mut plain)
+                        .map_err(|error| ObjectError::Sealing {
+                            object: object.id,
+                            error,
+                        })?;
+                    bytes = plain;
+                }
                 // A block of a sealed type stored in the clear in an
                 // encrypted set was not written by this set: refused, as a
                 // forged block would be.
-                return Err(corrupt(
-                    "a directory block of an encrypted filesystem is not sealed".into(),
-                ));
+                (None, _) if sealed_type(dnode.object_type) && self.has_key() => {
+                    return Err(corrupt(
+                        "a directory block of an encrypted filesystem is not sealed".into(),
+                    ));
+                }
+                (None, _) => {}
             }
             NodeBody::Data(bytes)
         };
@@ -1275,10 +1291,12 @@ impl ObjectSet {
         blkid: u64,
         borrower: impl FnOnce(Vec<u8>, bool) -> Lent<R>,
     ) -> Result<R, ObjectError> {
-        self.check_sealable(object)?;
         let block_bytes = object.data_block_bytes();
         self.prefetch(object, blkid * block_bytes, block_bytes)
             .await?;
+        // After the await, with no other before the change: an unload of
+        // the key may have begun meanwhile.
+        self.check_sealable(object)?;
         // Past the tree this is an error (`TooLarge`), before anything is lent.
         let path = self.cached_path(object, blkid, 0)?;
         let (changed, checked, result) = {

@@ -18,11 +18,9 @@
 //! or attributes), scrub, resilver, device removal, trim, snapshots and
 //! destroys, which handle blocks as stored.
 
-use std::cell::RefCell;
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use rustc_hash::FxHashSet;
 use zeroize::Zeroizing;
 
 use crate::crypto::{
@@ -46,10 +44,9 @@ pub const ENCRYPTION_PROPERTIES: [&str; 4] =
 /// The keys loaded, by key guid, and those being unloaded.
 #[derive(Default)]
 pub struct LoadedKeys {
+    /// The keys, and those being unloaded: their volumes are no longer
+    /// exported while their write-back drains, before the key goes.
     keys: crate::crypto::KeyRing,
-    /// Keys whose volumes are no longer exported while their write-back
-    /// drains, before the key goes.
-    unloading: RefCell<FxHashSet<u64>>,
 }
 
 /// What `volume create` or `fs create -o encryption=...` asks for.
@@ -240,7 +237,7 @@ impl LoadedKeys {
     /// Whether the volumes of `guid` may be served: loaded, and not being
     /// unloaded.
     pub fn available(&self, guid: u64) -> bool {
-        self.keys.contains(guid) && !self.unloading.borrow().contains(&guid)
+        self.keys.usable(guid)
     }
 }
 
@@ -348,6 +345,43 @@ impl Pool {
         Ok(Some(crypt))
     }
 
+    /// Refuses to place a dataset whose key is `key_guid` (None: not
+    /// encrypted) at `short`, by a rename or a clone, where its key would
+    /// not fit: an unencrypted dataset under an encrypted filesystem, or
+    /// one that shares its old parent's key (it took it when it was made)
+    /// under a parent with another (its `encryptionroot` would no longer
+    /// hold it). OpenZFS refuses both.
+    pub(crate) fn check_key_placement(
+        &self,
+        short: &str,
+        key_guid: Option<u64>,
+        inherits: bool,
+    ) -> Result<(), PoolError> {
+        let parent = crate::pool::dataset::directory::parent_name(short);
+        let parent_guid = parent.and_then(|parent| {
+            self.datasets
+                .directory
+                .read()
+                .filesystems
+                .get(parent)
+                .and_then(|record| record.crypt.as_ref().map(|crypt| crypt.key_guid))
+        });
+        let name = format!("{}/{short}", self.name);
+        match (key_guid, parent_guid) {
+            (None, Some(_)) => Err(PoolError::InvalidArgument(format!(
+                "{name}: an unencrypted dataset cannot be under an encrypted filesystem ({}/{})",
+                self.name,
+                parent.unwrap_or_default()
+            ))),
+            (Some(guid), parent_guid) if inherits && parent_guid != Some(guid) => {
+                Err(PoolError::InvalidArgument(format!(
+                    "{name}: it shares the key of its encryption root, which would not be above it (give it a key of its own with change-key first)"
+                )))
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Whether filesystem `fs` may be mounted and its data read: it is not
     /// encrypted, or its key is loaded (and not being unloaded).
     pub fn filesystem_key_available(&self, fs: &crate::pool::filesystem::Filesystem) -> bool {
@@ -439,7 +473,7 @@ impl Pool {
                 "the key of {name} is not loaded"
             )));
         }
-        if !self.datasets.keys.unloading.borrow_mut().insert(guid) {
+        if !self.datasets.keys.keys.begin_unload(guid) {
             return Err(PoolError::InvalidArgument(format!(
                 "the key of {name} is being unloaded"
             )));
@@ -463,10 +497,22 @@ impl Pool {
             .iter()
             .find(|fs| self.mounted_at(&fs.short_name()).is_some())
         {
-            self.datasets.keys.unloading.borrow_mut().remove(&guid);
+            self.datasets.keys.keys.end_unload(guid);
             return Err(PoolError::InvalidArgument(format!(
                 "{} is mounted: unmount it first (ironpool unmount {})",
                 fs.name(),
+                fs.name()
+            )));
+        }
+        // A receive under the key writes directories with it between its
+        // commands: it finishes (or is abandoned) first.
+        if let Some(fs) = filesystems
+            .iter()
+            .find(|fs| crate::pool::is_hidden_dataset(&fs.short_name()))
+        {
+            self.datasets.keys.keys.end_unload(guid);
+            return Err(PoolError::InvalidArgument(format!(
+                "a receive into {} is in progress under this key: let it finish, or abandon it (receive -A), first",
                 fs.name()
             )));
         }
@@ -485,7 +531,7 @@ impl Pool {
         }
         if let Err(error) = drained {
             // The key stays: held blocks not written out need it.
-            self.datasets.keys.unloading.borrow_mut().remove(&guid);
+            self.datasets.keys.keys.end_unload(guid);
             return Err(error);
         }
         // Snapshot views keep no data of their own; the ones opened are
@@ -496,7 +542,7 @@ impl Pool {
             }
         }
         self.datasets.keys.keys.remove(guid);
-        self.datasets.keys.unloading.borrow_mut().remove(&guid);
+        self.datasets.keys.keys.end_unload(guid);
         // Their directories' blocks are cached opened in their object
         // sets, and so are those of their snapshots opened.
         for fs in filesystems {
@@ -511,6 +557,9 @@ impl Pool {
         // their key is gone (the cache does not know whose they are, so
         // every opened block goes; an unload is rare).
         self.store.cache.drop_opened();
+        // A mount that began before the unload and ended after it (a
+        // load-key and an unload-key in a row) is taken down by the server.
+        self.datasets.filesystems_changed.notify_all();
         Ok(())
     }
 

@@ -211,6 +211,16 @@ impl Pool {
         }
         self.check_parent(&new)?;
         self.check_name_free(&new)?;
+        // Its key, and whether it shares its parent's (took it when made).
+        let (key_guid, inherits) = {
+            let directory = self.datasets.directory.read();
+            let guid_of =
+                |short: &str| directory.crypt(short).flatten().map(|crypt| crypt.key_guid);
+            let key_guid = guid_of(&old);
+            let parent_guid = crate::pool::dataset::directory::parent_name(&old).and_then(guid_of);
+            (key_guid, key_guid.is_some() && parent_guid == key_guid)
+        };
+        self.check_key_placement(&new, key_guid, inherits)?;
         let mut names = vec![old.clone()];
         names.extend(self.descendants(&old));
         {

@@ -278,6 +278,7 @@ impl Pool {
             Some(_) => None,
             None => self.inherited_crypt(&short, off_given)?,
         };
+        let inherited_guid = inherited.as_ref().map(|crypt| crypt.key_guid);
         let mut checked = BTreeMap::new();
         for (key, value) in &properties {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
@@ -314,9 +315,23 @@ impl Pool {
         }
         .encode();
         let table = self.objects.create(id, dnode);
-        let fs = self
+        // A key made for it is its own: unloaded again if it is not made.
+        let new_key = crypt
+            .as_ref()
+            .map(|crypt| crypt.key_guid)
+            .filter(|_| inherited_guid.is_none());
+        let fs = match self
             .add_filesystem(&short, table, checked, Default::default(), crypt)
-            .await?;
+            .await
+        {
+            Ok(fs) => fs,
+            Err(error) => {
+                if let Some(guid) = new_key {
+                    self.datasets.keys.ring().remove(guid);
+                }
+                return Err(error);
+            }
+        };
         let time = now();
         let root = Znode {
             mode: S_IFDIR | 0o755,

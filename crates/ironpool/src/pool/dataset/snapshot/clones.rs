@@ -86,6 +86,11 @@ impl Pool {
         })?;
         let record = self.volume_record(volume)?;
         self.check_name_free(&clone_short)?;
+        self.check_key_placement(
+            &clone_short,
+            record.crypt.as_ref().map(|crypt| crypt.key_guid),
+            false,
+        )?;
         let (origin_name, lineage, object) = self.clone_head(origin).await?;
         let mut clone_record = crate::pool::volume::record(
             object.id,
@@ -160,6 +165,11 @@ impl Pool {
         let mut inherited = source_record.own_properties();
         inherited.remove("mountpoint");
         inherited.extend(properties);
+        self.check_key_placement(
+            clone_short,
+            source_record.crypt.as_ref().map(|crypt| crypt.key_guid),
+            false,
+        )?;
         let (origin_name, lineage, table) = self.clone_head(origin).await?;
         // The clone shares its origin's blocks, so its key: one encryption
         // root (`dataset::keys`).

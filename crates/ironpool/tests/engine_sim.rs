@@ -354,19 +354,25 @@ fn crash_run(seed: u64, kind: TopVdevKind, width: usize) -> u64 {
     ahead_commits
 }
 
-#[test]
-fn crash_at_random_points_keeps_every_flushed_write() {
-    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS")
+/// Seeds of the mirror crash sweep (`IRONPOOL_CRASH_SEEDS`, default 24).
+fn crash_seeds() -> u64 {
+    std::env::var("IRONPOOL_CRASH_SEEDS")
         .ok()
         .and_then(|value| value.parse().ok())
-        .unwrap_or(24);
+        .unwrap_or(24)
+}
+
+/// Runs the mirror crash sweep's seeds `seeds`. The sweep is two tests, each
+/// half of the seeds, so that the test harness runs the halves on both cores.
+fn crash_sweep(seeds: std::ops::RangeInclusive<u64>) {
+    let count = seeds.clone().count();
     let mut ahead_commits = 0;
-    for seed in 1..=seeds {
+    for seed in seeds {
         ahead_commits += crash_run(seed, TopVdevKind::Mirror, 2);
     }
     // The lone client's seeds crashed with commits started ahead of its
     // FLUSHes, not only with FLUSHes' own.
-    if seeds >= 3 {
+    if count >= 3 {
         assert!(
             ahead_commits > 0,
             "no seed's client was logged ahead of its FLUSH"
@@ -375,12 +381,18 @@ fn crash_at_random_points_keeps_every_flushed_write() {
 }
 
 #[test]
+fn crash_at_random_points_keeps_every_flushed_write() {
+    crash_sweep(1..=crash_seeds() / 2);
+}
+
+#[test]
+fn crash_at_random_points_keeps_every_flushed_write_later_seeds() {
+    crash_sweep(crash_seeds() / 2 + 1..=crash_seeds());
+}
+
+#[test]
 fn crash_at_random_points_on_raidz_keeps_every_flushed_write() {
-    let seeds: u64 = std::env::var("IRONPOOL_CRASH_SEEDS")
-        .ok()
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(24)
-        / 6;
+    let seeds = crash_seeds() / 6;
     for seed in 1..=seeds {
         for (kind, width) in [
             (TopVdevKind::Raidz1, 3),

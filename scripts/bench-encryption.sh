@@ -19,8 +19,11 @@
 # Filesystems the same way: two filesystems of 16K records on the same
 # pool, one encrypted, mounted over FUSE; fio's io_uring engine with
 # direct=1 on a file of each runs the same rows (the read cache's row reads
-# a region the server's cache holds, opened). Needs root and /dev/fuse;
-# skipped without them.
+# a region the server's cache holds, opened). Then file creations with an
+# fsync each, and SQLite's rollback-journal pattern (create, fsync, unlink,
+# fsync the directory), whose fsyncs commit a transaction group in an
+# encrypted filesystem (its intent log carries no names). Needs root and
+# /dev/fuse; skipped without them.
 #
 # Usage: scripts/bench-encryption.sh [RUNTIME_S] [VOLUME_SIZE] [IRONPOOL_BIN]
 #   default: 8, 1G, target/release/ironpool
@@ -99,6 +102,41 @@ print(label, volume, int(iops), round(mib, 1), round(cpu * 1e6 / max(iops * floa
 PY
 }
 
+# create_row LABEL FS MODE: "LABEL FS OPS/S 0 US_PER_OP" for RUNTIME seconds
+# of file creations in FS, each a 4 KiB write and an fsync of the new file
+# (MODE create); or as SQLite's rollback journal does it, the file then
+# unlinked and its directory fsynced (MODE journal). An encrypted
+# filesystem's intent log carries no names (docs/FORMAT.md), so each such
+# fsync commits a transaction group: this row measures that cost.
+create_row() {
+    local label=$1 fs=$2 mode=$3 before after
+    "$bin" sync encb >/dev/null
+    before=$(awk '{print $14 + $15}' "/proc/$pid/stat")
+    python3 - "$work/$fs/creates-$label-$RANDOM" "$mode" "$runtime" "$label" "$fs" "$pid" "$before" <<'PY'
+import os, sys, time
+path, mode, runtime, label, fs, pid, before = sys.argv[1:]
+os.makedirs(path)
+directory = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+block = os.urandom(4096)
+count, start = 0, time.monotonic()
+while time.monotonic() - start < float(runtime):
+    name = f"{path}/f{count}"
+    fd = os.open(name, os.O_CREAT | os.O_WRONLY | os.O_EXCL, 0o644)
+    os.write(fd, block)
+    os.fsync(fd)
+    os.close(fd)
+    if mode == "journal":
+        os.unlink(name)
+        os.fsync(directory)
+    count += 1
+elapsed = time.monotonic() - start
+with open(f"/proc/{pid}/stat") as stat:
+    fields = stat.read().rsplit(")", 1)[1].split()
+cpu = (int(fields[11]) + int(fields[12]) - float(before)) / 100
+print(label, fs, int(count / elapsed), 0, round(cpu * 1e6 / max(count, 1), 1))
+PY
+}
+
 # Filesystems too, when this machine can mount them.
 filesystems=""
 if [ "$(id -u)" = 0 ] && [ -c /dev/fuse ]; then
@@ -138,6 +176,14 @@ fi
             fio --name=warm $(target_args "$volume") --rw=read --bs=1M --size=64M >/dev/null
             row "${prefix}r4k_qd64_cached" "$volume" --rw=randread --bs=4k --iodepth=64 --size=64M
         done
+        if [ -n "$prefix" ]; then
+            for fs in "$p" "$s" "$s" "$p"; do
+                create_row fs_create_fsync "$fs" create
+            done
+            for fs in "$p" "$s" "$s" "$p"; do
+                create_row fs_journal_fsync "$fs" journal
+            done
+        fi
     done
 } >"$work/rows"
 

@@ -590,15 +590,7 @@ async fn pool_with_filesystem(
     kind: TopVdevKind,
     properties: &[(&str, &str)],
 ) -> (Rc<Pool>, Rc<Filesystem>) {
-    let pool = Pool::create_on_devices("tank", layout(disks, kind), false, tunables())
-        .await
-        .unwrap();
-    let properties = properties
-        .iter()
-        .map(|(name, value)| (name.to_string(), value.to_string()))
-        .collect();
-    let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
-    (pool, fs)
+    pool_with_filesystem_keyed(disks, kind, properties, None).await
 }
 
 /// The user's key of the encrypted filesystems of these tests (raw).
@@ -613,16 +605,31 @@ async fn pool_with_encrypted_filesystem(
     kind: TopVdevKind,
     properties: &[(&str, &str)],
 ) -> (Rc<Pool>, Rc<Filesystem>) {
+    let properties: Vec<_> = properties
+        .iter()
+        .chain(&[("encryption", "on"), ("keyformat", "raw")])
+        .copied()
+        .collect();
+    pool_with_filesystem_keyed(disks, kind, &properties, Some(test_key())).await
+}
+
+/// A new pool on `disks` holding "tank/fs" with `properties`, made with
+/// `key` when it is encrypted.
+async fn pool_with_filesystem_keyed(
+    disks: &[Rc<ironpool::dev::sim::SimDevice>],
+    kind: TopVdevKind,
+    properties: &[(&str, &str)],
+    key: Option<zeroize::Zeroizing<Vec<u8>>>,
+) -> (Rc<Pool>, Rc<Filesystem>) {
     let pool = Pool::create_on_devices("tank", layout(disks, kind), false, tunables())
         .await
         .unwrap();
     let properties = properties
         .iter()
-        .chain(&[("encryption", "on"), ("keyformat", "raw")])
         .map(|(name, value)| (name.to_string(), value.to_string()))
         .collect();
     let fs = pool
-        .create_filesystem_keyed("tank/fs", properties, Some(test_key()))
+        .create_filesystem_keyed("tank/fs", properties, key)
         .await
         .unwrap();
     (pool, fs)

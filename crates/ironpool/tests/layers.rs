@@ -54,35 +54,26 @@ fn module_path(src: &Path, file: &Path) -> Vec<String> {
     parts
 }
 
-/// Every module a line names by path, as the top-level module it lies in.
-/// `path` is the line's module path (one deeper inside an inline `mod`).
-fn named_top_modules(line: &str, path: &[String]) -> Vec<String> {
+/// What follows each path of `code` that starts with `prefix` (`crate::`,
+/// `crate::pool::`), skipping the prefix inside a longer name
+/// (`foo_crate::`; `$crate::` of a macro counts as the crate).
+fn paths_after<'a>(code: &'a str, prefix: &str) -> Vec<&'a str> {
     let mut found = Vec::new();
-    let code = line.split("//").next().unwrap_or("");
     let mut rest = code;
-    while let Some(at) = rest.find("crate::") {
+    while let Some(at) = rest.find(prefix) {
         let before = &rest[..at];
-        let after = &rest[at + "crate::".len()..];
-        // `$crate::` (macros) counts as the crate; `foo_crate::` does not.
+        rest = &rest[at + prefix.len()..];
         if !before.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-            if let Some(group) = after.strip_prefix('{') {
-                for item in group.split('}').next().unwrap_or("").split(',') {
-                    let name = item.trim().split("::").next().unwrap_or("").trim();
-                    if !name.is_empty() {
-                        found.push(name.to_string());
-                    }
-                }
-            } else {
-                let name: String = after
-                    .chars()
-                    .take_while(|c| c.is_alphanumeric() || *c == '_')
-                    .collect();
-                found.push(name);
-            }
+            found.push(rest);
         }
-        rest = after;
     }
-    // `super::super::x` climbs out of the file's module: resolve it.
+    found
+}
+
+/// Each `super::` chain of `code` (not one inside a longer path): how many
+/// modules it climbs, and what follows it.
+fn super_chains(code: &str) -> Vec<(usize, &str)> {
+    let mut found = Vec::new();
     let mut rest = code;
     while let Some(at) = rest.find("super::") {
         let before = &rest[..at];
@@ -96,14 +87,25 @@ fn named_top_modules(line: &str, path: &[String]) -> Vec<String> {
             climbs += 1;
             after = next;
         }
-        if climbs >= path.len() {
-            let name: String = after
-                .chars()
-                .take_while(|c| c.is_alphanumeric() || *c == '_')
-                .collect();
-            found.push(name);
-        }
+        found.push((climbs, after));
         rest = after;
+    }
+    found
+}
+
+/// Every module a line names by path, as the top-level module it lies in.
+/// `path` is the line's module path (one deeper inside an inline `mod`).
+fn named_top_modules(line: &str, path: &[String]) -> Vec<String> {
+    let code = line.split("//").next().unwrap_or("");
+    let mut found: Vec<String> = paths_after(code, "crate::")
+        .into_iter()
+        .flat_map(first_names)
+        .collect();
+    // `super::super::x` climbs out of the file's module: resolve it.
+    for (climbs, after) in super_chains(code) {
+        if climbs >= path.len() {
+            found.extend(first_names(after));
+        }
     }
     found
 }
@@ -231,29 +233,12 @@ fn first_names(rest: &str) -> Vec<String> {
 /// removed) names: through `crate::pool::ROOM` and through `super::`
 /// chains that climb into `pool/` and back down into a room.
 fn rooms_named(code: &str, path: &[String], rooms: &BTreeSet<String>) -> BTreeSet<String> {
-    let mut found = BTreeSet::new();
-    let mut rest = code;
-    while let Some(at) = rest.find("crate::pool::") {
-        let before = &rest[..at];
-        rest = &rest[at + "crate::pool::".len()..];
-        if before.ends_with(|c: char| c.is_alphanumeric() || c == '_') {
-            continue;
-        }
-        found.extend(first_names(rest).into_iter().filter(|n| rooms.contains(n)));
-    }
-    let mut rest = code;
-    while let Some(at) = rest.find("super::") {
-        let before = &rest[..at];
-        let mut after = &rest[at..];
-        if before.ends_with(|c: char| c.is_alphanumeric() || c == '_' || c == ':') {
-            rest = &rest[at + "super::".len()..];
-            continue;
-        }
-        let mut climbs = 0;
-        while let Some(next) = after.strip_prefix("super::") {
-            climbs += 1;
-            after = next;
-        }
+    let mut found: BTreeSet<String> = paths_after(code, "crate::pool::")
+        .into_iter()
+        .flat_map(first_names)
+        .filter(|name| rooms.contains(name))
+        .collect();
+    for (climbs, after) in super_chains(code) {
         // `super::` of module [pool, a, b] is [pool, a].
         if climbs < path.len() {
             let target = &path[..path.len() - climbs];
@@ -263,7 +248,6 @@ fn rooms_named(code: &str, path: &[String], rooms: &BTreeSet<String>) -> BTreeSe
                 found.insert(room);
             }
         }
-        rest = after;
     }
     found
 }

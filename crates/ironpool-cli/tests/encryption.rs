@@ -56,6 +56,22 @@ fn exports(pool: &TestPool) -> String {
 }
 
 /// `ironpool ARGS` against the server with `input` on standard input.
+/// Gives `dataset`'s encryption root a new raw key of 32 `byte`s, kept in
+/// a file that `keylocation` names: the file's path.
+fn change_to_raw_key(pool: &TestPool, dataset: &str, byte: u8) -> std::path::PathBuf {
+    let raw = pool.path("raw.key");
+    std::fs::write(&raw, [byte; 32]).unwrap();
+    pool.admin(&[
+        "change-key",
+        "-o",
+        "keyformat=raw",
+        "-o",
+        &format!("keylocation=file://{}", raw.display()),
+        dataset,
+    ]);
+    raw
+}
+
 fn with_stdin(pool: &TestPool, args: &[&str], input: &[u8]) -> std::process::Output {
     let control = pool.control().display().to_string();
     let mut child = pool
@@ -157,16 +173,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     assert_eq!(read_back(&pool, "secret"), std::fs::read(&pattern).unwrap());
 
     // A new raw key: the data stays, the passphrase opens nothing.
-    let raw = pool.path("raw.key");
-    std::fs::write(&raw, [0x5au8; 32]).unwrap();
-    pool.admin(&[
-        "change-key",
-        "-o",
-        "keyformat=raw",
-        "-o",
-        &format!("keylocation=file://{}", raw.display()),
-        "tank/secret",
-    ]);
+    let raw = change_to_raw_key(&pool, "tank/secret", 0x5a);
     pool.admin(&["unload-key", "tank/secret"]);
     assert!(!exports(&pool).contains("tank/secret"));
     let old = pool.admin_fails(&["load-key", "-L", &location, "tank/secret"]);
@@ -541,16 +548,7 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
 
     // A new key, given through the child, rewraps the root's: the old
     // passphrase opens nothing, the new raw key everything.
-    let raw = pool.path("raw.key");
-    std::fs::write(&raw, [0x6bu8; 32]).unwrap();
-    pool.admin(&[
-        "change-key",
-        "-o",
-        "keyformat=raw",
-        "-o",
-        &format!("keylocation=file://{}", raw.display()),
-        "tank/vault/child",
-    ]);
+    change_to_raw_key(&pool, "tank/vault/child", 0x6b);
     assert_eq!(pool.property("tank/vault", "keyformat").0, "raw");
 
     // A mounted filesystem keeps its key (its child's mount too);

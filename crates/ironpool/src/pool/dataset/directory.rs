@@ -361,6 +361,13 @@ impl Directory {
             .filter(move |crypt| crypt.key_guid == key_guid)
     }
 
+    /// The encryption record of the filesystem `short` is under: None when
+    /// it is right under the pool or its parent is not encrypted (what a
+    /// dataset made there inherits, and where one moved there must fit).
+    pub fn parent_crypt(&self, short: &str) -> Option<&CryptRecord> {
+        self.filesystems.get(parent_name(short)?)?.crypt.as_ref()
+    }
+
     /// Whether dataset `short` (a volume or a filesystem) exists, and its
     /// encryption record: None for no such dataset, Some(None) for one
     /// that is not encrypted.

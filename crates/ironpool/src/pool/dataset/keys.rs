@@ -316,19 +316,11 @@ impl Pool {
         short: &str,
         off_given: bool,
     ) -> Result<Option<CryptRecord>, PoolError> {
-        let Some(parent) = crate::pool::dataset::directory::parent_name(short) else {
+        let Some(crypt) = self.datasets.directory.read().parent_crypt(short).cloned() else {
             return Ok(None);
         };
-        let Some(crypt) = self
-            .datasets
-            .directory
-            .read()
-            .filesystems
-            .get(parent)
-            .and_then(|record| record.crypt.clone())
-        else {
-            return Ok(None);
-        };
+        // `parent_crypt` found one: there is a parent.
+        let parent = crate::pool::dataset::directory::parent_name(short).unwrap_or_default();
         let name = format!("{}/{short}", self.name);
         if off_given {
             return Err(PoolError::InvalidArgument(format!(
@@ -358,14 +350,12 @@ impl Pool {
         inherits: bool,
     ) -> Result<(), PoolError> {
         let parent = crate::pool::dataset::directory::parent_name(short);
-        let parent_guid = parent.and_then(|parent| {
-            self.datasets
-                .directory
-                .read()
-                .filesystems
-                .get(parent)
-                .and_then(|record| record.crypt.as_ref().map(|crypt| crypt.key_guid))
-        });
+        let parent_guid = self
+            .datasets
+            .directory
+            .read()
+            .parent_crypt(short)
+            .map(|crypt| crypt.key_guid);
         let name = format!("{}/{short}", self.name);
         match (key_guid, parent_guid) {
             (None, Some(_)) => Err(PoolError::InvalidArgument(format!(

@@ -214,10 +214,8 @@ impl Pool {
         // Its key, and whether it shares its parent's (took it when made).
         let (key_guid, inherits) = {
             let directory = self.datasets.directory.read();
-            let guid_of =
-                |short: &str| directory.crypt(short).flatten().map(|crypt| crypt.key_guid);
-            let key_guid = guid_of(&old);
-            let parent_guid = crate::pool::dataset::directory::parent_name(&old).and_then(guid_of);
+            let key_guid = directory.crypt(&old).flatten().map(|crypt| crypt.key_guid);
+            let parent_guid = directory.parent_crypt(&old).map(|crypt| crypt.key_guid);
             (key_guid, key_guid.is_some() && parent_guid == key_guid)
         };
         self.check_key_placement(&new, key_guid, inherits)?;

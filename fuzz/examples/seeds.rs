@@ -573,6 +573,27 @@ fn send_stream_seeds(writer: &mut SeedWriter) {
     fs_resumed.object_write(2, 1, 1, &[0x66u8; 512]);
     fs_resumed.end();
     writer.write("send_stream", "fs_resumed", &fs_resumed.bytes);
+    // A filesystem's raw stream: its blocks and leaves as stored.
+    let mut fs_raw = StreamWriter::new();
+    fs_raw.begin(&StreamBegin {
+        version: STREAM_VERSION_RAW,
+        raw: Some(RawKey {
+            key_guid: 0x7e57,
+            wrapped_key: "5a".repeat(104),
+        }),
+        ..fs_begin(None, None)
+    });
+    let sealed_object = |block: u64, logical: u32, physical: u32, compression: Compression| RawBlock {
+        logical,
+        ..sealed(block, physical, compression)
+    };
+    fs_raw.object(&object(1, ObjectType::FsDirectory, 10));
+    fs_raw.object_write_raw(1, &sealed_object(1, 1024, 1024, Compression::Off), &[0x55u8; 1024]);
+    fs_raw.object(&object(2, ObjectType::FsFile, 12));
+    fs_raw.object_write_raw(2, &sealed_object(0, 4096, 700, Compression::Lz4), &[0x66u8; 700]);
+    fs_raw.object_free(2, 1, 2);
+    fs_raw.end();
+    writer.write("send_stream", "fs_raw", &fs_raw.bytes);
 }
 
 fn intent_log_seeds(writer: &mut SeedWriter) {

@@ -26,7 +26,7 @@ fn check_accepted(data: &[u8]) {
         .iter()
         .map(|record| match record {
             Record::Write { count, .. } | Record::ObjectWrite { count, .. } => *count as u64,
-            Record::WriteRaw(_) => 1,
+            Record::WriteRaw(_) | Record::ObjectWriteRaw { .. } => 1,
             _ => 0,
         })
         .sum();
@@ -57,6 +57,7 @@ pub fn reseal(data: &[u8]) -> Option<Vec<u8>> {
             7 => RecordKind::ObjectWrite,
             8 => RecordKind::ObjectFree,
             9 => RecordKind::WriteRaw,
+            10 => RecordKind::ObjectWriteRaw,
             _ => return None,
         };
         let length = u64::from_le_bytes(out[position + 8..position + 16].try_into().ok()?);

@@ -313,7 +313,7 @@ enum Command {
         /// updates a copy that has the base snapshot).
         #[arg(short = 'R', conflicts_with = "token")]
         replicate: bool,
-        /// Raw: an encrypted volume's blocks as stored, still sealed, with its key wrapped as it
+        /// Raw: an encrypted dataset's blocks as stored, still sealed, with its key wrapped as it
         /// is (the key need not be loaded; the receiver keeps it encrypted, and the same user key
         /// opens it there). Other datasets are sent as without it.
         #[arg(short = 'w', conflicts_with = "token")]

@@ -5,7 +5,8 @@
 //! send (`send -w`) is received still sealed. Encrypted filesystems through
 //! the kernel's FUSE: no file's bytes, name, link target or extended
 //! attribute on the devices in the clear, mounted only while the key is
-//! loaded, and what `fsync` made durable kept across a kill -9.
+//! loaded, what `fsync` made durable kept across a kill -9, and a raw send
+//! received sealed and mounted once the key is loaded.
 
 mod common;
 
@@ -477,13 +478,65 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     let scrub: serde_json::Value = serde_json::from_str(scrub.lines().last().unwrap()).unwrap();
     assert_eq!(scrub["errors"], 0, "{scrub}");
     assert_check_clean(&pool);
-    // Sending needs the key (or raw, which filesystems lack yet).
+    // Sending needs the key, or sends the blocks as stored (raw, -w):
+    // received so, the copy is sealed under the same key, and not mounted
+    // while the key is not loaded.
     pool.admin(&["snapshot", "tank/vault@s"]);
     let stream = pool.path("stream");
     let refused = pool.admin_fails(&["send", "tank/vault@s"]);
     assert!(refused.contains("load its key"), "{refused}");
-    let refused = pool.admin_fails(&["send", "-w", "tank/vault@s"]);
-    assert!(refused.contains("not built yet"), "{refused}");
+    let raw_stream = pool.path("raw-stream");
+    pool.send_to_file(&["send", "-w", "tank/vault@s"], &raw_stream);
+    assert_eq!(
+        markers_on_devices(&pool, &["raw-stream"]),
+        0,
+        "a raw stream holds plaintext"
+    );
+    let raw_copy = pool.path("rawcopy");
+    let _unmount_raw_copy = Unmount(raw_copy.clone());
+    let received = pool.receive_from_file(
+        &[
+            "receive",
+            "-o",
+            &format!("mountpoint={}", raw_copy.display()),
+            "-o",
+            &format!("keylocation={location}"),
+            "tank/rawcopy",
+        ],
+        &raw_stream,
+    );
+    assert!(
+        received.status.success(),
+        "{}",
+        String::from_utf8_lossy(&received.stderr)
+    );
+    assert_eq!(pool.property("tank/rawcopy", "keystatus").0, "unavailable");
+    assert_eq!(
+        pool.property("tank/rawcopy", "encryptionroot").0,
+        "tank/rawcopy"
+    );
+    assert!(!common::fuse::mounted(&raw_copy));
+    // So does a replication package (-R -w), keyless too.
+    let raw_package = pool.path("raw-package");
+    pool.send_to_file(&["send", "-R", "-w", "tank/vault@s"], &raw_package);
+    assert_eq!(markers_on_devices(&pool, &["raw-package"]), 0);
+    let raw_tree = pool.path("rawtree");
+    let _unmount_raw_tree = Unmount(raw_tree.clone());
+    let received = pool.receive_from_file(
+        &[
+            "receive",
+            "-o",
+            &format!("mountpoint={}", raw_tree.display()),
+            "tank/rawtree",
+        ],
+        &raw_package,
+    );
+    assert!(
+        received.status.success(),
+        "{}",
+        String::from_utf8_lossy(&received.stderr)
+    );
+    assert_eq!(pool.property("tank/rawtree", "keystatus").0, "unavailable");
     let wrong = with_stdin(
         &pool,
         &["load-key", "-L", "prompt", "tank/vault"],
@@ -491,11 +544,21 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     );
     assert!(!wrong.status.success());
     assert!(!common::fuse::mounted(&vault));
-    // The key loaded, the server mounts it, and its child.
+    // The key loaded, the server mounts it, its child, and its raw copy
+    // (which holds the same master key).
     pool.admin(&["load-key", "tank/vault"]);
     wait_mounted(&pool, &vault);
     wait_mounted(&pool, &child);
     assert_secrets(&vault, &pattern);
+    for copy in [&raw_copy, &raw_tree] {
+        wait_mounted(&pool, copy);
+        assert_secrets(copy, &pattern);
+    }
+    for copy in ["tank/rawcopy", "tank/rawtree"] {
+        pool.admin(&["unmount", copy]);
+    }
+    wait_unmounted(&raw_copy, "unmount of tank/rawcopy");
+    wait_unmounted(&raw_tree, "unmount of tank/rawtree");
     assert_eq!(
         std::fs::read(child.join(format!("{name}child"))).unwrap(),
         MARKER.repeat(5)

@@ -2404,6 +2404,17 @@ async fn send_to_memory(
     from: Option<&str>,
     token: Option<&str>,
 ) -> Vec<u8> {
+    send_to_memory_as(pool, snapshot, from, token, false).await
+}
+
+/// [`send_to_memory`], raw (`send -w`) if `raw`.
+async fn send_to_memory_as(
+    pool: &Rc<Pool>,
+    snapshot: &str,
+    from: Option<&str>,
+    token: Option<&str>,
+    raw: bool,
+) -> Vec<u8> {
     use ironpool::pool::dataset::send::{ResumeToken, SendRequest};
     let request = match token {
         Some(token) => {
@@ -2413,7 +2424,7 @@ async fn send_to_memory(
                 from: token.from,
                 resume_block: Some(token.next_block),
                 resume_object: Some(token.next_object),
-                raw: false,
+                raw: token.raw,
             }
         }
         None => SendRequest {
@@ -2421,7 +2432,7 @@ async fn send_to_memory(
             from: from.map(str::to_string),
             resume_block: None,
             resume_object: None,
-            raw: false,
+            raw,
         },
     };
     let stream = ironpool::pool::dataset::stream_io::MemoryStream::new();
@@ -2458,9 +2469,21 @@ async fn receive_with(
 
 /// A snapshot and its received copy hold the same tree, object for object.
 async fn same_snapshot(pool: &Rc<Pool>, source: &str, copy: &str, model: &Model, context: &str) {
+    same_snapshot_in(pool, source, pool, copy, model, context).await
+}
+
+/// [`same_snapshot`], with the copy in pool `copy_pool`.
+async fn same_snapshot_in(
+    pool: &Rc<Pool>,
+    source: &str,
+    copy_pool: &Rc<Pool>,
+    copy: &str,
+    model: &Model,
+    context: &str,
+) {
     let source_view = pool.snapshot_filesystem(source).await.unwrap();
-    let copy_view = pool.snapshot_filesystem(copy).await.unwrap();
-    verify(pool, &copy_view, model, &format!("{context}: {copy}")).await;
+    let copy_view = copy_pool.snapshot_filesystem(copy).await.unwrap();
+    verify(copy_pool, &copy_view, model, &format!("{context}: {copy}")).await;
     let objects = objects_of(&source_view).await;
     assert_eq!(
         objects,
@@ -2785,6 +2808,192 @@ fn receive_crash_run(seed: u64) {
         eprintln!("{context}: copy received s1: {received}, resumed {resumed}");
         space_is_clean(&pool, &format!("{context}, receives done")).await;
     });
+}
+
+/// An encrypted filesystem's random tree, with extended attributes, sent
+/// raw (`send -w`) at three snapshots, in full then incrementally, with no
+/// key loaded on either side. The pool that receives it never had the
+/// key: it stores the copy sealed (its directories do not open), scrubs it
+/// clean, and once the sender's user key is loaded holds every snapshot
+/// object for object, after an import too. A raw stream cut short resumes
+/// raw; a raw stream does not apply to a copy that is not encrypted.
+fn raw_send_run(seed: u64) {
+    use ironpool::format::stream::Record;
+    use ironpool::format::ObjectType;
+    let disks = devices(4, DEVICE_BYTES, seed);
+    let taken = Rc::new(RefCell::new(Vec::<Model>::new()));
+    Runtime::new_sim(seed).block_on({
+        let disks = disks.clone();
+        let taken = taken.clone();
+        async move {
+            let mut rng = Rng::new(seed);
+            let (pool, fs) = pool_with_encrypted_filesystem(
+                &disks[..2],
+                TopVdevKind::Mirror,
+                &[("recordsize", "16K"), ("compression", "lz4")],
+            )
+            .await;
+            let backup = Pool::create_on_devices(
+                "backup",
+                layout(&disks[2..], TopVdevKind::Mirror),
+                false,
+                tunables(),
+            )
+            .await
+            .unwrap();
+            let model = RefCell::new(Model::new(fs.root()));
+            for round in 0..3 {
+                for _ in 0..200 {
+                    step(&pool, &fs, &model, &mut rng).await;
+                    if rng.chance(1, 40) {
+                        pool.commit().await.unwrap();
+                    }
+                }
+                let inos: Vec<u64> = model.borrow().nodes.keys().copied().collect();
+                for ino in inos.iter().take(3) {
+                    let value = vec![round as u8 + 1; 100 << (round * 2)];
+                    fs.setxattr(&pool, *ino, format!("user.r{round}").as_bytes(), &value, 0)
+                        .await
+                        .unwrap();
+                }
+                pool.snapshot(&[format!("tank/fs@s{round}")]).await.unwrap();
+                taken.borrow_mut().push(model.borrow().clone());
+            }
+            let taken = taken.borrow().clone();
+            pool.unload_key("tank/fs").await.unwrap();
+            let full = send_to_memory_as(&pool, "tank/fs@s0", None, None, true).await;
+            // Files' blocks and directories' leaves, all as stored.
+            let (mut files, mut leaves, mut type_of) = (0, 0, None);
+            for record in ironpool::format::stream::check_stream(&full).unwrap() {
+                match record {
+                    Record::Object(object) => type_of = Some(object.object_type),
+                    Record::ObjectWriteRaw { .. } if type_of == Some(ObjectType::FsDirectory) => {
+                        leaves += 1
+                    }
+                    Record::ObjectWriteRaw { .. } => files += 1,
+                    Record::ObjectWrite { .. } => {
+                        panic!("seed {seed}: logical bytes in a raw stream")
+                    }
+                    _ => {}
+                }
+            }
+            assert!(files > 0 && leaves > 0, "seed {seed}: {files} {leaves}");
+            receive_from_memory(&backup, "backup/copy", full.clone(), false)
+                .await
+                .unwrap();
+            for round in 1..3 {
+                let stream = send_to_memory_as(
+                    &pool,
+                    &format!("tank/fs@s{round}"),
+                    Some(&format!("@s{}", round - 1)),
+                    None,
+                    true,
+                )
+                .await;
+                receive_from_memory(&backup, "backup/copy", stream, false)
+                    .await
+                    .unwrap();
+            }
+            // Sealed: the attributes read, the names do not.
+            let copy = backup.filesystem("backup/copy").unwrap();
+            copy.getattr(copy.root()).await.unwrap();
+            match copy.readdir(copy.root(), 0, 64).await {
+                Err(FsError::Pool(PoolError::KeyUnavailable(_))) => {}
+                other => panic!("seed {seed}: a directory read without the key: {other:?}"),
+            }
+            backup.commit().await.unwrap();
+            backup.scrub_start().unwrap();
+            backup.scrub_wait().await;
+            let scrub = backup.scrub_status();
+            assert_eq!(scrub.errors, 0, "seed {seed}: {:?}", scrub.error_details);
+
+            // A raw stream cut short resumes raw, from its token.
+            let cut = full.len() * (40 + rng.below(40) as usize) / 100;
+            assert!(
+                receive_from_memory(&backup, "backup/part", full[..cut].to_vec(), true)
+                    .await
+                    .is_err()
+            );
+            let token = backup.receive_resume_token("backup/part").expect("a token");
+            let rest = send_to_memory_as(&pool, "", None, Some(&token), true).await;
+            receive_from_memory(&backup, "backup/part", rest, true)
+                .await
+                .unwrap();
+
+            backup
+                .load_key("backup/copy", Some(test_key()))
+                .await
+                .unwrap();
+            pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+            for (round, model) in taken.iter().enumerate() {
+                same_snapshot_in(
+                    &pool,
+                    &format!("tank/fs@s{round}"),
+                    &backup,
+                    &format!("backup/copy@s{round}"),
+                    model,
+                    &format!("seed {seed} raw to s{round}"),
+                )
+                .await;
+            }
+            same_snapshot_in(
+                &pool,
+                "tank/fs@s0",
+                &backup,
+                "backup/part@s0",
+                &taken[0],
+                &format!("seed {seed} raw resumed"),
+            )
+            .await;
+            let copy = backup.filesystem("backup/copy").unwrap();
+            verify(&backup, &copy, &taken[2], &format!("seed {seed} raw head")).await;
+
+            // A raw stream into a copy received as plaintext is refused.
+            let plain = send_to_memory(&pool, "tank/fs@s0", None, None).await;
+            receive_from_memory(&backup, "backup/plain", plain, false)
+                .await
+                .unwrap();
+            pool.unload_key("tank/fs").await.unwrap();
+            let raw = send_to_memory_as(&pool, "tank/fs@s1", Some("@s0"), None, true).await;
+            let refused = receive_from_memory(&backup, "backup/plain", raw, false)
+                .await
+                .unwrap_err()
+                .to_string();
+            assert!(refused.contains("not encrypted"), "seed {seed}: {refused}");
+            space_is_clean(&backup, &format!("seed {seed} raw receives")).await;
+            backup.export().await.unwrap();
+            pool.export().await.unwrap();
+        }
+    });
+    Runtime::new_sim(seed + 1).block_on(async move {
+        let backup = Pool::import_from_devices("backup", named(&disks[2..]), tunables())
+            .await
+            .unwrap();
+        let copy = backup.filesystem("backup/copy").unwrap();
+        assert!(copy.readdir(copy.root(), 0, 64).await.is_err());
+        backup
+            .load_key("backup/copy", Some(test_key()))
+            .await
+            .unwrap();
+        let copy = backup.filesystem("backup/copy").unwrap();
+        let taken = taken.borrow().clone();
+        verify(
+            &backup,
+            &copy,
+            &taken[2],
+            &format!("seed {seed} raw after import"),
+        )
+        .await;
+        space_is_clean(&backup, &format!("seed {seed} raw after import")).await;
+        backup.export().await.unwrap();
+    });
+}
+
+#[test]
+fn encrypted_filesystems_sent_raw_arrive_sealed_and_open_with_the_key() {
+    for seed in [41, 42] {
+        raw_send_run(seed);
+    }
 }
 
 #[test]

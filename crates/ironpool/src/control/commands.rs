@@ -216,7 +216,7 @@ pub enum Command {
         from: Option<String>,
         #[serde(default)]
         token: Option<String>,
-        /// `-w`: an encrypted volume's blocks as stored (a raw stream).
+        /// `-w`: an encrypted dataset's blocks as stored (a raw stream).
         #[serde(default)]
         raw: bool,
     },

@@ -59,8 +59,9 @@ pub const STREAM_MAGIC: u32 = u32::from_le_bytes(*b"IPSR");
 /// 0, maybe small), which no receiver before it reads; this build reads
 /// version 1 streams (of older senders) too.
 pub const STREAM_VERSION: u32 = 2;
-/// Version of a raw stream (`send -w`): WRITE_RAW records, which no
-/// receiver before it reads. Streams that are not raw stay version 2, so
+/// Version of a raw stream (`send -w`): WRITE_RAW records (a volume's) or
+/// OBJECT_WRITE_RAW records (a filesystem's), which no receiver before it
+/// reads. Streams that are not raw stay version 2, so
 /// older receivers still take them.
 pub const STREAM_VERSION_RAW: u32 = 3;
 /// The newest stream version this build reads.
@@ -78,8 +79,13 @@ pub const WRITE_DATA_BYTES_MAX: u64 = 1024 * 1024;
 pub const WRITE_HEADER_BYTES: usize = 16;
 /// Fixed part of a WRITE_RAW payload.
 pub const WRITE_RAW_HEADER_BYTES: usize = 64;
-/// Largest payload of any record.
-pub const RECORD_PAYLOAD_BYTES_MAX: u64 = OBJECT_WRITE_HEADER_BYTES as u64 + WRITE_DATA_BYTES_MAX;
+/// Fixed part of an OBJECT_WRITE_RAW payload: the object, then a
+/// WRITE_RAW's fixed part.
+pub const OBJECT_WRITE_RAW_HEADER_BYTES: usize = 8 + WRITE_RAW_HEADER_BYTES;
+/// Largest payload of any record: the largest fixed part and one MiB of
+/// data (a record's data, or one stored block of at most 1 MiB).
+pub const RECORD_PAYLOAD_BYTES_MAX: u64 =
+    OBJECT_WRITE_RAW_HEADER_BYTES as u64 + WRITE_DATA_BYTES_MAX;
 /// Fixed part of an OBJECT payload (the bonus follows).
 pub const OBJECT_HEADER_BYTES: usize = 24;
 /// An OBJECT payload: the fixed part and a dnode's bonus.
@@ -107,6 +113,7 @@ pub enum RecordKind {
     ObjectWrite = 7,
     ObjectFree = 8,
     WriteRaw = 9,
+    ObjectWriteRaw = 10,
 }
 
 impl RecordKind {
@@ -121,6 +128,7 @@ impl RecordKind {
             7 => Some(RecordKind::ObjectWrite),
             8 => Some(RecordKind::ObjectFree),
             9 => Some(RecordKind::WriteRaw),
+            10 => Some(RecordKind::ObjectWriteRaw),
             _ => None,
         }
     }
@@ -260,6 +268,11 @@ pub enum Record {
         count: u64,
     },
     WriteRaw(RawBlock),
+    /// One stored block of a filesystem's object (a raw stream's).
+    ObjectWriteRaw {
+        object: u64,
+        raw: RawBlock,
+    },
 }
 
 /// A parsed header (before its payload is read).
@@ -313,9 +326,10 @@ pub fn decode_header(
     let payload_bytes = u64::from_le_bytes(bytes[8..16].try_into().expect("8 bytes"));
     let limit = match kind {
         RecordKind::Begin => BEGIN_PAYLOAD_BYTES_MAX,
-        RecordKind::Write | RecordKind::ObjectWrite | RecordKind::WriteRaw => {
-            RECORD_PAYLOAD_BYTES_MAX
-        }
+        RecordKind::Write
+        | RecordKind::ObjectWrite
+        | RecordKind::WriteRaw
+        | RecordKind::ObjectWriteRaw => RECORD_PAYLOAD_BYTES_MAX,
         RecordKind::Free | RecordKind::End | RecordKind::FreeObjects | RecordKind::ObjectFree => 24,
         RecordKind::Object => OBJECT_PAYLOAD_BYTES as u64,
     };
@@ -367,7 +381,10 @@ pub fn decode_payload(
     match header.kind {
         kind if !matches!(
             kind,
-            RecordKind::Write | RecordKind::ObjectWrite | RecordKind::WriteRaw
+            RecordKind::Write
+                | RecordKind::ObjectWrite
+                | RecordKind::WriteRaw
+                | RecordKind::ObjectWriteRaw
         ) && !tail.is_empty() =>
         {
             Err(malformed("only WRITE records carry data"))
@@ -380,9 +397,6 @@ pub fn decode_payload(
             }
             if begin.raw.is_some() != (begin.version == STREAM_VERSION_RAW) {
                 return Err(malformed("BEGIN: a raw stream is version 3, and only it"));
-            }
-            if begin.raw.is_some() && begin.filesystem.is_some() {
-                return Err(malformed("BEGIN: a filesystem's stream is never raw"));
             }
             if !begin.block_bytes.is_power_of_two()
                 || begin.block_bytes < 512
@@ -503,40 +517,20 @@ pub fn decode_payload(
             if payload.len() != WRITE_RAW_HEADER_BYTES || block_bytes == 0 {
                 return Err(malformed("WRITE_RAW too short or before BEGIN"));
             }
-            let u32_at = |offset: usize| {
-                u32::from_le_bytes(payload[offset..offset + 4].try_into().expect("4 bytes"))
-            };
-            let (logical, physical) = (u32_at(8), u32_at(12));
-            let compression = Compression::from_code(payload[16])
-                .ok_or_else(|| malformed("WRITE_RAW: unknown compression"))?;
-            if logical != block_bytes
-                || physical == 0
-                || physical > logical
-                || tail.len() != physical as usize
-                || (compression == Compression::Off && physical != logical)
-            {
-                return Err(malformed(
-                    "WRITE_RAW sizes do not match the block size and its data",
-                ));
+            decode_raw_block(payload, tail, block_bytes)
+                .map(Record::WriteRaw)
+                .map_err(|detail| malformed(&format!("WRITE_RAW: {detail}")))
+        }
+        RecordKind::ObjectWriteRaw => {
+            if payload.len() != OBJECT_WRITE_RAW_HEADER_BYTES || block_bytes == 0 {
+                return Err(malformed("OBJECT_WRITE_RAW too short or before its OBJECT"));
             }
-            if payload[17..24]
-                .iter()
-                .chain(&payload[44..48])
-                .any(|byte| *byte != 0)
-            {
-                return Err(malformed("WRITE_RAW: reserved bytes are not zero"));
-            }
-            Ok(Record::WriteRaw(RawBlock {
-                block: u64_at(0),
-                logical,
-                physical,
-                compression,
-                crypt: BlockCrypt {
-                    salt: u64_at(24),
-                    iv: payload[32..32 + IV_BYTES].try_into().expect("12 bytes"),
-                    mac: payload[48..48 + MAC_BYTES].try_into().expect("16 bytes"),
-                },
-            }))
+            let raw = decode_raw_block(&payload[8..], tail, block_bytes)
+                .map_err(|detail| malformed(&format!("OBJECT_WRITE_RAW: {detail}")))?;
+            Ok(Record::ObjectWriteRaw {
+                object: u64_at(0),
+                raw,
+            })
         }
         RecordKind::ObjectFree => {
             if payload.len() != 24 || u64_at(16) == 0 {
@@ -549,6 +543,46 @@ pub fn decode_payload(
             })
         }
     }
+}
+
+/// A WRITE_RAW payload's fixed part (`fields`, 64 bytes) and its stored
+/// bytes (`tail`), checked against the block size `block_bytes`; the
+/// error says what is wrong.
+fn decode_raw_block(fields: &[u8], tail: &[u8], block_bytes: u32) -> Result<RawBlock, String> {
+    debug_assert_eq!(fields.len(), WRITE_RAW_HEADER_BYTES);
+    let u32_at =
+        |offset: usize| u32::from_le_bytes(fields[offset..offset + 4].try_into().expect("4 bytes"));
+    let u64_at =
+        |offset: usize| u64::from_le_bytes(fields[offset..offset + 8].try_into().expect("8 bytes"));
+    let (logical, physical) = (u32_at(8), u32_at(12));
+    let compression =
+        Compression::from_code(fields[16]).ok_or_else(|| "unknown compression".to_string())?;
+    if logical != block_bytes
+        || physical == 0
+        || physical > logical
+        || tail.len() != physical as usize
+        || (compression == Compression::Off && physical != logical)
+    {
+        return Err("sizes do not match the block size and its data".into());
+    }
+    if fields[17..24]
+        .iter()
+        .chain(&fields[44..48])
+        .any(|byte| *byte != 0)
+    {
+        return Err("reserved bytes are not zero".into());
+    }
+    Ok(RawBlock {
+        block: u64_at(0),
+        logical,
+        physical,
+        compression,
+        crypt: BlockCrypt {
+            salt: u64_at(24),
+            iv: fields[32..32 + IV_BYTES].try_into().expect("12 bytes"),
+            mac: fields[48..48 + MAC_BYTES].try_into().expect("16 bytes"),
+        },
+    })
 }
 
 /// The fixed part of a WRITE payload.
@@ -577,6 +611,15 @@ pub fn write_raw_header(raw: &RawBlock) -> [u8; WRITE_RAW_HEADER_BYTES] {
     out[24..32].copy_from_slice(&raw.crypt.salt.to_le_bytes());
     out[32..32 + IV_BYTES].copy_from_slice(&raw.crypt.iv);
     out[48..48 + MAC_BYTES].copy_from_slice(&raw.crypt.mac);
+    out
+}
+
+/// The fixed part of an OBJECT_WRITE_RAW payload: `object`, then the
+/// block's WRITE_RAW fields.
+pub fn object_write_raw_header(object: u64, raw: &RawBlock) -> [u8; OBJECT_WRITE_RAW_HEADER_BYTES] {
+    let mut out = [0u8; OBJECT_WRITE_RAW_HEADER_BYTES];
+    out[0..8].copy_from_slice(&object.to_le_bytes());
+    out[8..].copy_from_slice(&write_raw_header(raw));
     out
 }
 
@@ -708,6 +751,9 @@ impl StreamChecker {
             RecordKind::Write => WRITE_HEADER_BYTES.min(header.payload_bytes as usize),
             RecordKind::ObjectWrite => OBJECT_WRITE_HEADER_BYTES.min(header.payload_bytes as usize),
             RecordKind::WriteRaw => WRITE_RAW_HEADER_BYTES.min(header.payload_bytes as usize),
+            RecordKind::ObjectWriteRaw => {
+                OBJECT_WRITE_RAW_HEADER_BYTES.min(header.payload_bytes as usize)
+            }
             _ => header.payload_bytes as usize,
         }
     }
@@ -742,15 +788,17 @@ impl StreamChecker {
         );
         let raw = self.begin.as_ref().is_some_and(|begin| begin.raw.is_some());
         match header.kind {
-            RecordKind::Write if raw => {
+            RecordKind::Write | RecordKind::ObjectWrite if raw => {
                 return Err(malformed(
-                    "a raw stream carries its blocks as WRITE_RAW records".into(),
+                    "a raw stream carries its blocks as WRITE_RAW or OBJECT_WRITE_RAW records"
+                        .into(),
                 ))
             }
-            RecordKind::WriteRaw if !raw => {
-                return Err(malformed(
-                    "a WRITE_RAW record in a stream that is not raw".into(),
-                ))
+            RecordKind::WriteRaw | RecordKind::ObjectWriteRaw if !raw => {
+                return Err(malformed(format!(
+                    "a {:?} record in a stream that is not raw",
+                    header.kind
+                )))
             }
             _ => {}
         }
@@ -760,6 +808,7 @@ impl StreamChecker {
                 | RecordKind::FreeObjects
                 | RecordKind::ObjectWrite
                 | RecordKind::ObjectFree
+                | RecordKind::ObjectWriteRaw
         );
         if (volume_kind && filesystem) || (filesystem_kind && !filesystem) {
             return Err(malformed(format!(
@@ -883,6 +932,10 @@ impl StreamChecker {
                 extent(raw.block, 1, &mut self.next_block)?;
                 self.written_blocks += 1;
             }
+            Record::ObjectWriteRaw { object, raw } => {
+                object_extent(self, *object, raw.block, 1)?;
+                self.written_blocks += 1;
+            }
             Record::Free { first_block, count } => {
                 extent(*first_block, *count, &mut self.next_block)?;
                 self.freed_blocks += count;
@@ -999,6 +1052,14 @@ impl StreamWriter {
             &[&object_write_header(object, first_block, count), data],
         );
         self.written_blocks += count as u64;
+    }
+
+    pub fn object_write_raw(&mut self, object: u64, raw: &RawBlock, data: &[u8]) {
+        self.push(
+            RecordKind::ObjectWriteRaw,
+            &[&object_write_raw_header(object, raw), data],
+        );
+        self.written_blocks += 1;
     }
 
     pub fn object_free(&mut self, object: u64, first_block: u64, count: u64) {
@@ -1226,6 +1287,50 @@ mod tests {
         }
     }
 
+    fn raw_fs_begin() -> StreamBegin {
+        StreamBegin {
+            filesystem: fs_begin().filesystem,
+            size_bytes: 0,
+            block_bytes: fs_begin().block_bytes,
+            ..raw_begin()
+        }
+    }
+
+    #[test]
+    fn raw_filesystem_streams_round_trip() {
+        let mut writer = StreamWriter::new();
+        writer.begin(&raw_fs_begin());
+        writer.object(&file(1, 12));
+        writer.object_write_raw(1, &raw_block(0, 4096, Compression::Off), &[1u8; 4096]);
+        writer.object_write_raw(1, &raw_block(2, 700, Compression::Lz4), &[2u8; 700]);
+        writer.object_free(1, 3, 1);
+        writer.end();
+        let records = check_stream(&writer.bytes).unwrap();
+        assert_eq!(
+            records[3],
+            Record::ObjectWriteRaw {
+                object: 1,
+                raw: raw_block(2, 700, Compression::Lz4)
+            }
+        );
+        assert_eq!(
+            records[5],
+            Record::End(StreamEnd {
+                records: 5,
+                written_blocks: 2,
+                freed_blocks: 1
+            })
+        );
+        // Blocks of an object ascend, raw as otherwise.
+        let mut writer = StreamWriter::new();
+        writer.begin(&raw_fs_begin());
+        writer.object(&file(1, 12));
+        writer.object_write_raw(1, &raw_block(2, 700, Compression::Lz4), &[2u8; 700]);
+        writer.object_write_raw(1, &raw_block(1, 700, Compression::Lz4), &[2u8; 700]);
+        writer.end();
+        assert!(check_stream(&writer.bytes).is_err());
+    }
+
     #[test]
     fn raw_streams_round_trip_and_keep_their_rules() {
         let mut writer = StreamWriter::new();
@@ -1284,13 +1389,44 @@ mod tests {
                 Box::new(|_| {}),
             ),
             (
-                "a raw filesystem stream",
-                StreamBegin {
-                    filesystem: fs_begin().filesystem,
-                    size_bytes: 0,
-                    ..raw_begin()
-                },
-                Box::new(|_| {}),
+                "an OBJECT_WRITE in a raw stream",
+                raw_fs_begin(),
+                Box::new(|w| {
+                    w.object(&file(1, 12));
+                    w.object_write(1, 0, 1, &[0u8; 4096]);
+                }),
+            ),
+            (
+                "an OBJECT_WRITE_RAW in a stream that is not raw",
+                fs_begin(),
+                Box::new(|w| {
+                    w.object(&file(1, 12));
+                    w.object_write_raw(1, &raw_block(0, 4096, Compression::Off), &[0u8; 4096]);
+                }),
+            ),
+            (
+                "an OBJECT_WRITE_RAW of another object than its OBJECT's",
+                raw_fs_begin(),
+                Box::new(|w| {
+                    w.object(&file(1, 12));
+                    w.object_write_raw(2, &raw_block(0, 4096, Compression::Off), &[0u8; 4096]);
+                }),
+            ),
+            (
+                "an OBJECT_WRITE_RAW of another size than its object's blocks",
+                raw_fs_begin(),
+                Box::new(|w| {
+                    w.object(&file(1, 13));
+                    w.object_write_raw(1, &raw_block(0, 4096, Compression::Off), &[0u8; 4096]);
+                }),
+            ),
+            (
+                "a volume's WRITE_RAW in a raw filesystem stream",
+                raw_fs_begin(),
+                Box::new(|w| {
+                    w.object(&file(1, 12));
+                    w.write_raw(&raw_block(0, 4096, Compression::Off), &[0u8; 4096]);
+                }),
             ),
             (
                 "stored bytes other than its size says",

@@ -1023,11 +1023,7 @@ impl ObjectSet {
             return Ok(());
         }
         self.load_path(object, blkid).await?;
-        if let Some(node) = object.nodes.borrow_mut().remove(&(0, blkid)) {
-            self.cached_bytes
-                .set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
-        }
-        object.dirty_nodes.borrow_mut().remove(&(0, blkid));
+        self.forget_data_node(object, blkid);
         let old = self.set_block_pointer_cached(
             object,
             blkid,
@@ -1035,6 +1031,20 @@ impl ObjectSet {
         )?;
         self.kill(object, &old);
         Ok(())
+    }
+
+    /// Drops the cached copy of level-0 block `blkid` of a metadata object,
+    /// written or not: the block linked there next replaces it whole (a
+    /// hole, or a leaf a raw stream brought sealed), and the txg build must
+    /// not write the old copy over it.
+    pub fn forget_data_node(&self, object: &Object, blkid: u64) {
+        if let Some(node) = object.nodes.borrow_mut().remove(&(0, blkid)) {
+            self.cached_bytes
+                .set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
+        }
+        // The dirty byte count stays as it was until the next txg build
+        // resets it: a bound that counts a little high for one txg.
+        object.dirty_nodes.borrow_mut().remove(&(0, blkid));
     }
 
     /// Loads the nodes above level-0 block `blkid`, so that the `_cached` calls

@@ -334,6 +334,38 @@ impl Formed {
     }
 }
 
+/// Allocates and writes `formed`, a metadata object's level-0 block (a
+/// directory's leaf a raw stream brought sealed), with `copies` copies, as
+/// the txg build writes metadata; returns its pointer, with its place, to
+/// be linked. On failure it holds no space.
+pub(crate) async fn write_formed_metadata(
+    pool: &Rc<Pool>,
+    formed: Formed,
+    copies: usize,
+    class: IoClass,
+) -> Result<BlockPointer, PoolError> {
+    let Formed {
+        mut pointer,
+        payload,
+        ..
+    } = formed;
+    debug_assert!(pointer.is_hole() && pointer.physical_size as usize <= payload.len());
+    pointer.dvas = pool
+        .store
+        .allocate(payload.len() as u64, true, copies)
+        .map_err(|_| PoolError::NoSpace)?;
+    assert_eq!(
+        pointer.copies().count(),
+        copies,
+        "a metadata block gets the copies asked for"
+    );
+    if let Err(error) = pool.store.write(&pointer.dvas, payload, class).await {
+        pool.store.release(&pointer.dvas);
+        return Err(error.into());
+    }
+    Ok(pointer)
+}
+
 /// Allocates and writes `formed` blocks (an error stands in for a block
 /// that could not be formed) in order, as one run, and returns each one's
 /// pointer, with its place, or its error. A block that failed holds no space.

@@ -332,8 +332,8 @@ impl Pool {
         if !valid_name(snapshot_name) {
             return Err(PoolError::InvalidName(snapshot_name.to_string()));
         }
-        // A received volume keeps the sender's encryption: only where its
-        // key is found may be given (for a raw stream's new volume).
+        // A received dataset keeps the sender's encryption: only where its
+        // key is found may be given (for a raw stream's new dataset).
         let mut requested = options.properties.clone();
         let keylocation = requested.remove("keylocation");
         if let Some(name) = ["encryption", "keyformat", "pbkdf2iters"]
@@ -341,7 +341,7 @@ impl Pool {
             .find(|name| requested.contains_key(*name))
         {
             return Err(PoolError::InvalidArgument(format!(
-                "{name} cannot be given to a receive: the received volume is encrypted as its stream says (a raw stream keeps the sender's key; any other is stored as the target is)"
+                "{name} cannot be given to a receive: the received dataset is encrypted as its stream says (a raw stream keeps the sender's key; any other is stored as the target is)"
             )));
         }
         let received_key = match (&begin.raw, keylocation) {
@@ -564,8 +564,13 @@ impl Pool {
             }
             match &begin.filesystem {
                 Some(info) => Hidden::Filesystem(
-                    self.create_receive_filesystem(hidden_short, info, properties.clone())
-                        .await?,
+                    self.create_receive_filesystem(
+                        hidden_short,
+                        info,
+                        properties.clone(),
+                        received_key,
+                    )
+                    .await?,
                 ),
                 None => {
                     drop(_admin);
@@ -583,9 +588,7 @@ impl Pool {
             }
         } else {
             let from = self.incremental_source(short, begin, options.force)?;
-            if !filesystem {
-                self.check_raw_target(short, begin)?;
-            }
+            self.check_raw_target(short, begin)?;
             let origin = format!("{}/{short}@{from}", self.name);
             if filesystem {
                 Hidden::Filesystem(
@@ -685,18 +688,21 @@ impl Pool {
     /// An incremental stream's blocks must be stored as the target's are:
     /// a raw one's sealed under the target's own master key (it was
     /// received raw from the same encryption root, or is that root), and
-    /// one that is not raw into a volume that seals its blocks itself.
+    /// one that is not raw into a dataset that seals its blocks itself.
     fn check_raw_target(&self, short: &str, begin: &StreamBegin) -> Result<(), PoolError> {
-        let record = self.volume_record(short)?;
-        let target_key = record.crypt.as_ref().map(|crypt| crypt.key_guid);
+        let crypt = match self.filesystem_record(short) {
+            Some(record) => record.crypt,
+            None => self.volume_record(short)?.crypt,
+        };
+        let target_key = crypt.as_ref().map(|crypt| crypt.key_guid);
         match (&begin.raw, target_key) {
             (Some(raw), Some(guid)) if raw.key_guid == guid => Ok(()),
             (Some(_), Some(_)) => Err(PoolError::InvalidArgument(format!(
-                "the raw stream is sealed under another key than {}/{short}'s: receive it raw into a new volume",
+                "the raw stream is sealed under another key than {}/{short}'s: receive it raw into a new dataset",
                 self.name
             ))),
             (Some(_), None) => Err(PoolError::InvalidArgument(format!(
-                "{}/{short} is not encrypted: a raw stream applies only to a volume received raw from the same encryption root",
+                "{}/{short} is not encrypted: a raw stream applies only to a dataset received raw from the same encryption root",
                 self.name
             ))),
             (None, _) => Ok(()),
@@ -860,7 +866,11 @@ impl Pool {
             match (record, tail) {
                 (Record::Object(object), _) => {
                     since_checkpoint += stream::OBJECT_PAYLOAD_BYTES as u64;
-                    current = Some(hidden.receive_object(self, &info, &object).await?);
+                    current = Some(
+                        hidden
+                            .receive_object(self, &info, &object, begin.raw.is_some())
+                            .await?,
+                    );
                 }
                 (Record::FreeObjects { first, count }, _) => {
                     current = None;
@@ -883,6 +893,36 @@ impl Pool {
                         crate::rt::spawn(async move {
                             if let Err(failure) =
                                 fs.receive_blocks(&pool, &object, first_block, &data).await
+                            {
+                                let failure = match failure {
+                                    Failure::Pool(error) => error,
+                                    Failure::Stream(message) => PoolError::InvalidArgument(message),
+                                };
+                                error.borrow_mut().get_or_insert(failure);
+                            }
+                            drop(permit);
+                        });
+                    }
+                }
+                (Record::ObjectWriteRaw { raw, .. }, Some(data)) => {
+                    let object = current
+                        .clone()
+                        .ok_or_else(|| Failure::Stream("blocks before their OBJECT".into()))?;
+                    since_checkpoint += data.len() as u64;
+                    // Directory leaves in stream order (as above); files'
+                    // blocks many at once.
+                    if object.object_type() == ObjectType::FsDirectory {
+                        hidden
+                            .receive_stored_block(self, &object, &raw, &data)
+                            .await?;
+                    } else {
+                        let permit = applier.slots.acquire(1).await;
+                        let pool = self.clone();
+                        let fs = hidden.clone();
+                        let error = applier.error.clone();
+                        crate::rt::spawn(async move {
+                            if let Err(failure) =
+                                fs.receive_stored_block(&pool, &object, &raw, &data).await
                             {
                                 let failure = match failure {
                                     Failure::Pool(error) => error,

@@ -112,13 +112,30 @@ pub struct SendRequest {
     pub resume_block: Option<u64>,
     /// A filesystem's: continue from this object (and `resume_block` of it).
     pub resume_object: Option<u64>,
-    /// `send -w`: an encrypted volume's blocks as stored, sealed (a raw
+    /// `send -w`: an encrypted dataset's blocks as stored, sealed (a raw
     /// stream). Other datasets are sent as they would be without it.
     pub raw: bool,
 }
 
+/// A raw stream's key (BEGIN's `raw`) for a send of a dataset whose
+/// encryption record is `crypt`: with `send -w` of an encrypted dataset,
+/// the master key as wrapped, so that neither side needs the key; else
+/// none (the stream is not raw).
+pub(in crate::pool) fn raw_key(
+    crypt: &Option<crate::pool::dataset::directory::CryptRecord>,
+    request: &SendRequest,
+) -> Option<stream::RawKey> {
+    match (crypt, request.raw) {
+        (Some(crypt), true) => Some(stream::RawKey {
+            key_guid: crypt.key_guid,
+            wrapped_key: crypt.wrapped_key.clone(),
+        }),
+        _ => None,
+    }
+}
+
 /// A block as the stream carries it: its logical bytes, or (raw) as stored.
-enum Sent {
+pub(in crate::pool) enum Sent {
     Logical(BufSlice),
     Raw(stream::RawBlock, BufSlice),
 }
@@ -405,15 +422,7 @@ impl Pool {
         let size_bytes = view.size_bytes.get();
         let block_bytes = view.block_bytes;
         let blocks = size_bytes / block_bytes;
-        // A raw stream: the blocks as stored, and the master key as
-        // wrapped, so that neither needs the key here.
-        let raw = match (&record.crypt, request.raw) {
-            (Some(crypt), true) => Some(stream::RawKey {
-                key_guid: crypt.key_guid,
-                wrapped_key: crypt.wrapped_key.clone(),
-            }),
-            _ => None,
-        };
+        let raw = raw_key(&record.crypt, &request);
         let begin = StreamBegin {
             version: if raw.is_some() {
                 stream::STREAM_VERSION_RAW
@@ -547,14 +556,14 @@ impl Pool {
     /// Reads an encrypted block as stored (verified by its checksum, healed
     /// from another copy, never opened) for a raw stream. The read cache
     /// is passed by: it may hold the block opened.
-    async fn read_stored(
+    pub(in crate::pool) async fn read_stored(
         self: &Rc<Self>,
         pointer: &crate::format::BlockPointer,
         blkid: u64,
     ) -> Result<Sent, PoolError> {
         let Some(crypt) = pointer.crypt else {
             return Err(PoolError::Corrupt(format!(
-                "block {blkid} of an encrypted volume is not sealed"
+                "block {blkid} of an encrypted dataset is not sealed"
             )));
         };
         let read = self

@@ -369,12 +369,18 @@ impl Pool {
         hidden_short: &str,
         info: &crate::format::stream::FsStreamInfo,
         properties: BTreeMap<String, String>,
+        received_key: Option<crate::pool::dataset::directory::CryptRecord>,
     ) -> Result<Rc<Filesystem>, PoolError> {
         self.txg.ensure_writable()?;
-        // Under an encrypted filesystem it takes that one's key, as a
-        // volume received there does (refused before anything is made
-        // when that key is not loaded).
-        let crypt = self.inherited_crypt(hidden_short, false)?;
+        // A raw stream's filesystem is its own encryption root, under the
+        // sender's key (`received_key`). Any other takes the key of the
+        // encrypted filesystem it is under, as a volume received there
+        // does (refused before anything is made when that key is not
+        // loaded).
+        let crypt = match received_key {
+            Some(record) => Some(record),
+            None => self.inherited_crypt(hidden_short, false)?,
+        };
         let id = self.allocate_object_id();
         let mut dnode = new_dnode(
             ObjectType::FsObjects,

@@ -20,6 +20,11 @@
 //! metadata. A changed block size (a one-block file that grew) replaces the
 //! object's blocks: the sender carries all of them in that case, since the
 //! block was rewritten at its new size.
+//!
+//! A raw stream (`send -w`) of an encrypted filesystem carries each block
+//! as stored, sealed (OBJECT_WRITE_RAW, one per block): neither side needs
+//! the key. The receiver stores and links those blocks as they came, files'
+//! as data and directories' leaves as metadata, and opens nothing.
 
 use std::collections::VecDeque;
 use std::rc::Rc;
@@ -33,7 +38,7 @@ use crate::format::ObjectType;
 use crate::object::{new_dnode, BlockChange, Object, ObjectError};
 use crate::pool::dataset::receive::Failure;
 use crate::pool::dataset::send::{
-    SendRequest, SendSummary, StreamOut, CHANGES_PER_WALK, SEND_READS_IN_FLIGHT,
+    raw_key, SendRequest, SendSummary, Sent, StreamOut, CHANGES_PER_WALK, SEND_READS_IN_FLIGHT,
 };
 use crate::pool::dataset::stream_io::StreamSink;
 use crate::pool::filesystem::{Filesystem, FsError, TABLE_BLOCK_SHIFT};
@@ -66,7 +71,8 @@ enum Entry {
         object: u64,
         blkid: u64,
         block_bytes: u64,
-        read: JoinHandle<Result<BufSlice, PoolError>>,
+        /// The block's logical bytes, or (a raw stream's) as stored.
+        read: JoinHandle<Result<Sent, PoolError>>,
     },
 }
 
@@ -153,7 +159,31 @@ impl FsStreamOut<'_> {
                     read,
                 } => {
                     self.reads -= 1;
-                    let data = read.await?;
+                    let data = match read.await? {
+                        Sent::Logical(data) => data,
+                        Sent::Raw(raw, data) => {
+                            if raw.logical as u64 != block_bytes {
+                                return Err(PoolError::Corrupt(format!(
+                                    "object {object} block {blkid}: a block of {} bytes where its blocks have {block_bytes}",
+                                    raw.logical
+                                )));
+                            }
+                            self.flush_run().await?;
+                            self.output
+                                .record(
+                                    RecordKind::ObjectWriteRaw,
+                                    &stream::object_write_raw_header(object, &raw),
+                                    vec![data],
+                                )
+                                .await?;
+                            self.output.end.written_blocks += 1;
+                            drained += 1;
+                            if drained >= reads {
+                                break;
+                            }
+                            continue;
+                        }
+                    };
                     if data.len() as u64 != block_bytes {
                         return Err(PoolError::Corrupt(format!(
                             "object {object} block {blkid}: {} bytes where its blocks have {block_bytes}",
@@ -265,11 +295,6 @@ impl Pool {
             .cloned()
             .ok_or_else(|| PoolError::NoSuchSnapshot(request.snapshot.clone()))?;
         let to_name = format!("{}/{short}@{snapshot}", self.name);
-        if record.crypt.is_some() && request.raw {
-            return Err(PoolError::InvalidArgument(format!(
-                "{to_name}: a raw send (-w) of an encrypted filesystem is not built yet (issue 73); send it without -w, its key loaded, as plaintext"
-            )));
-        }
         if request.resume_block.is_some() && request.resume_object.is_none() {
             return Err(PoolError::InvalidArgument(format!(
                 "the resume token is a volume's, but {to_name} is a filesystem's snapshot"
@@ -280,14 +305,25 @@ impl Pool {
         let _hold = self.hold_snapshot(&to_name);
         let _from_hold = from_name.as_ref().map(|name| self.hold_snapshot(name));
         let fs = self.snapshot_filesystem(&to_name).await?;
-        // An encrypted filesystem is sent as plaintext: its key opens its
-        // blocks.
-        fs.data_key().map_err(|_| {
-            PoolError::KeyUnavailable(format!("{to_name} is encrypted: load its key to send it"))
-        })?;
+        // A raw stream: the blocks as stored (files' and directories'),
+        // the attributes as the dnodes hold them, and the master key as
+        // wrapped, so that neither side needs the key. Else an encrypted
+        // filesystem is sent as plaintext: its key opens its blocks.
+        let raw = raw_key(&record.crypt, &request);
+        if raw.is_none() {
+            fs.data_key().map_err(|_| {
+                PoolError::KeyUnavailable(format!(
+                    "{to_name} is encrypted: load its key to send it, or send it raw (send -w)"
+                ))
+            })?;
+        }
         let header = fs.header.get();
         let begin = StreamBegin {
-            version: STREAM_VERSION,
+            version: if raw.is_some() {
+                stream::STREAM_VERSION_RAW
+            } else {
+                STREAM_VERSION
+            },
             snapshot: to_name.clone(),
             to_guid: to.guid,
             from: from_name.clone(),
@@ -300,7 +336,7 @@ impl Pool {
                 root: header.root,
                 next_object: header.next_object,
             }),
-            raw: None,
+            raw,
             resume_object: request.resume_object,
         };
         let mut output = FsStreamOut {
@@ -418,7 +454,13 @@ impl Pool {
         let new = dnode.creation_txg > since_txg;
         let block_bytes = dnode.data_block_bytes();
         let usage = crate::cache::CacheUse::data(fs.settings().data_cache_use().lookup, false);
-        let key = fs.data_key()?;
+        // A raw stream's blocks are read as stored: no key.
+        let key = if request.raw && fs.key_guid().is_some() {
+            None
+        } else {
+            fs.data_key()?
+        };
+        let raw = key.is_none() && fs.key_guid().is_some();
         let start = match request.resume_object {
             Some(first) if first == id => request.resume_block.unwrap_or(0),
             _ => 0,
@@ -437,8 +479,12 @@ impl Pool {
                             blkid,
                             block_bytes,
                             read: crate::rt::spawn(async move {
+                                if raw {
+                                    return pool.read_stored(&pointer, blkid).await;
+                                }
                                 pool.read_logical(&pointer, blkid, usage, key.as_deref())
                                     .await
+                                    .map(Sent::Logical)
                             }),
                         });
                     }
@@ -475,12 +521,14 @@ impl Filesystem {
     /// Applies an OBJECT record: creates object `record.object`, or updates
     /// the one there (cut to the new length; replaced, blocks and all, when
     /// its type or block size changed). Returns it for the records that
-    /// follow.
+    /// follow. A `raw` stream's file is cut by whole blocks: its last block,
+    /// if cut, changed and comes in the stream, and is not opened here.
     pub(in crate::pool) async fn receive_object(
         &self,
         pool: &Rc<Pool>,
         info: &FsStreamInfo,
         record: &StreamObject,
+        raw: bool,
     ) -> Result<Rc<Object>, Failure> {
         let id = record.object;
         if id >= info.next_object {
@@ -547,6 +595,15 @@ impl Filesystem {
         if record.length < dnode.length_bytes {
             if is_dir {
                 self.objects.truncate(&object, record.length).await?;
+            } else if raw {
+                let block = dnode.data_block_bytes();
+                self.punch_range(
+                    pool,
+                    &object,
+                    record.length.div_ceil(block),
+                    dnode.length_bytes.div_ceil(block),
+                )
+                .await?;
             } else {
                 self.truncate(pool, &object, record.length).await?;
             }
@@ -636,18 +693,98 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Applies an OBJECT_WRITE_RAW record: `data`, block `raw.block` of
+    /// `object` as the sender stored it (sealed, maybe compressed), is
+    /// stored as it came, with its salt, IV and MAC and a checksum over it,
+    /// and linked there: a file's block as a data block, a directory's leaf
+    /// with the copies the txg build gives metadata (its cached copy, if
+    /// any, dropped). Nothing is opened: the sender's user key opens it
+    /// once loaded (the receive gave this filesystem the sender's key, or
+    /// checked that it has it).
+    pub(in crate::pool) async fn receive_stored_block(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        raw: &stream::RawBlock,
+        data: &[u8],
+    ) -> Result<(), Failure> {
+        let object_type = object.object_type();
+        if self.key_guid().is_none() {
+            return Err(Failure::Stream(format!(
+                "{}: a block as stored (a raw stream's) goes into an encrypted filesystem only",
+                self.name()
+            )));
+        }
+        if raw.logical as u64 != object.data_block_bytes() {
+            return Err(Failure::Stream(format!(
+                "object {}: a block of {} bytes where its blocks have {}",
+                object.id,
+                raw.logical,
+                object.data_block_bytes()
+            )));
+        }
+        let formed = crate::pool::data::Formed::stored_as_sent(
+            pool,
+            object_type,
+            raw.logical,
+            raw.compression,
+            raw.crypt,
+            data,
+        );
+        if object_type != ObjectType::FsDirectory {
+            let pointer =
+                crate::pool::data::write_formed(pool, vec![Ok(formed)], IoClass::AsyncWrite)
+                    .await
+                    .pop()
+                    .expect("a result for the one block")?;
+            self.link_block(pool, object, raw.block, pointer).await?;
+            return Ok(());
+        }
+        // A leaf is sealed as the txg build seals it: whole, uncompressed.
+        if raw.compression != crate::format::bp::Compression::Off {
+            return Err(Failure::Stream(format!(
+                "object {}: a directory leaf stored compressed",
+                object.id
+            )));
+        }
+        let copies =
+            crate::object::sync::metadata_copies(object_type, 0, pool.store.all_vdevs_redundant());
+        let pointer =
+            crate::pool::data::write_formed_metadata(pool, formed, copies, IoClass::AsyncWrite)
+                .await?;
+        crate::pool::data::prepare_link(pool, &self.objects, object, raw.block, &pointer).await?;
+        // No await from here to the link. (Not `link_cached`: a directory's
+        // leaves are never a file's logged blocks.)
+        self.objects.forget_data_node(object, raw.block);
+        let mut pointer = pointer;
+        pointer.birth_txg = pool.txg.open();
+        crate::pool::data::link(pool, &self.objects, object, &self.table, raw.block, pointer)?;
+        Ok(())
+    }
+
     /// After the END record: the header takes the stream's root and next
-    /// object number; a full stream must have brought the root directory.
+    /// object number; a full stream must have brought the root directory
+    /// (read when the filesystem's key is loaded, or it is not encrypted;
+    /// else, a raw stream's, its object is checked).
     pub(in crate::pool) async fn receive_end(&self, info: &FsStreamInfo) -> Result<(), Failure> {
-        match self.load_dir(info.root).await {
-            Ok(_) => {}
-            Err(FsError::NotFound | FsError::NotDir) => {
-                return Err(Failure::Stream(format!(
-                    "the stream has no root directory (object {})",
-                    info.root
-                )))
+        let no_root = || {
+            Failure::Stream(format!(
+                "the stream has no root directory (object {})",
+                info.root
+            ))
+        };
+        if self.data_key().is_ok() {
+            match self.load_dir(info.root).await {
+                Ok(_) => {}
+                Err(FsError::NotFound | FsError::NotDir) => return Err(no_root()),
+                Err(error) => return Err(error.into()),
             }
-            Err(error) => return Err(error.into()),
+        } else {
+            match self.objects.open(info.root).await {
+                Ok(root) if root.object_type() == ObjectType::FsDirectory => {}
+                Ok(_) | Err(ObjectError::NoSuchObject(_)) => return Err(no_root()),
+                Err(error) => return Err(error.into()),
+            }
         }
         let mut header = self.header.get();
         header.root = info.root;

@@ -460,6 +460,18 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     );
     let refused = pool.admin_fails(&["fs", "create", "-o", "encryption=off", "tank/vault/open"]);
     assert!(refused.contains("encryption=off"), "{refused}");
+    let refused = pool.admin_fails(&[
+        "volume",
+        "create",
+        "-o",
+        "encryption=off",
+        "tank/vault/openvol",
+        "16M",
+    ]);
+    assert!(
+        refused.contains("encryption=off") && refused.contains("is encrypted"),
+        "{refused}"
+    );
     pool.stop();
     assert_eq!(
         markers_on_devices(&pool, &["a.img", "b.img"]),

@@ -1129,13 +1129,18 @@ impl Sim {
         let number: u64 = name[1..].parse().expect("a numbered name");
         let encryption = ((self.options.seed + number) % 2 == 0).then(|| {
             self.count_operation("encrypted-volume");
-            ironpool::pool::dataset::keys::NewEncryption {
-                suite: ironpool::crypto::Suite::Aes256Gcm,
-                params: ironpool::crypto::KeyParams::new(ironpool::crypto::KeyFormat::Raw, None)
+            ironpool::pool::dataset::keys::VolumeKey::New(
+                ironpool::pool::dataset::keys::NewEncryption {
+                    suite: ironpool::crypto::Suite::Aes256Gcm,
+                    params: ironpool::crypto::KeyParams::new(
+                        ironpool::crypto::KeyFormat::Raw,
+                        None,
+                    )
                     .expect("raw key parameters"),
-                keylocation: "prompt".into(),
-                material: Some(zeroize::Zeroizing::new(SIM_KEY.to_vec())),
-            }
+                    keylocation: "prompt".into(),
+                    material: Some(zeroize::Zeroizing::new(SIM_KEY.to_vec())),
+                },
+            )
         });
         pool.create_volume_with(
             &format!("{POOL}/{name}"),

@@ -885,15 +885,8 @@ async fn run(
             parents,
             key,
         } => {
-            if crate::pool::dataset::keys::encryption_off_given(&properties) {
-                // Refused under an encrypted parent, whose key it would take.
-                let short = pool.new_dataset_short_name(&name)?;
-                pool.inherited_crypt(&short, true)?;
-            }
-            let encryption = crate::pool::dataset::keys::NewEncryption::take(
-                &mut properties,
-                key_material(key)?,
-            )?;
+            let encryption =
+                crate::pool::dataset::keys::VolumeKey::take(&mut properties, key_material(key)?)?;
             if parents {
                 create_parents(pool, &name).await?;
             }

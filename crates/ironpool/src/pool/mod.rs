@@ -692,28 +692,23 @@ impl Pool {
             .await
     }
 
-    /// [`Pool::create_volume`], encrypted when `encryption` says so (a new
-    /// encryption root, its key loaded).
+    /// [`Pool::create_volume`], encrypted as `encryption` says (a new
+    /// encryption root, its key loaded; `Off`: refused under an encrypted
+    /// filesystem; none: that filesystem's key, if any).
     pub async fn create_volume_with(
         self: &Rc<Self>,
         name: &str,
         size_bytes: u64,
         block_bytes: u32,
         properties: BTreeMap<String, String>,
-        encryption: Option<dataset::keys::NewEncryption>,
+        encryption: Option<dataset::keys::VolumeKey>,
     ) -> Result<Rc<Volume>, PoolError> {
         let short = self.new_dataset_short_name(name)?;
         // A volume appearing during `check` would take writes the walk
         // never sees: creation waits for it like other administrative changes.
         let _admin = self.datasets.admin_lock.acquire(1).await;
-        self.create_volume_named(
-            short,
-            size_bytes,
-            block_bytes,
-            properties,
-            encryption.map(dataset::keys::VolumeKey::New),
-        )
-        .await
+        self.create_volume_named(short, size_bytes, block_bytes, properties, encryption)
+            .await
     }
 
     /// Creates a volume under a name already checked (receive uses names users
@@ -779,7 +774,9 @@ impl Pool {
                     .await?,
             ),
             Some(dataset::keys::VolumeKey::Received(record)) => Some(record),
-            // A volume under an encrypted filesystem takes its key.
+            // A volume under an encrypted filesystem takes its key
+            // (`Off` is refused there).
+            Some(dataset::keys::VolumeKey::Off) => self.inherited_crypt(&short, true)?,
             None => self.inherited_crypt(&short, false)?,
         };
         self.check_name_free(&short)?;

@@ -116,13 +116,34 @@ impl NewEncryption {
     }
 }
 
-/// How a volume being created is encrypted.
+/// How a volume being created is encrypted (none: it takes the key of the
+/// encrypted filesystem it is under, if any).
 pub enum VolumeKey {
     /// A new encryption root (`volume create -o encryption=...`).
     New(NewEncryption),
     /// The sender's root, as a raw stream carries it (its master key
     /// wrapped by the sender's user key): see [`received_crypt`].
     Received(CryptRecord),
+    /// `encryption=off` given: refused under an encrypted filesystem,
+    /// whose key the volume would take otherwise.
+    Off,
+}
+
+impl VolumeKey {
+    /// Takes the encryption properties out of `properties` (see
+    /// [`NewEncryption::take`]), the user's key being `material` or read
+    /// from the `keylocation` given.
+    pub fn take(
+        properties: &mut BTreeMap<String, String>,
+        material: Option<Zeroizing<Vec<u8>>>,
+    ) -> Result<Option<VolumeKey>, PoolError> {
+        let off = encryption_off_given(properties);
+        Ok(match NewEncryption::take(properties, material)? {
+            Some(encryption) => Some(VolumeKey::New(encryption)),
+            None if off => Some(VolumeKey::Off),
+            None => None,
+        })
+    }
 }
 
 /// The encryption record of a volume a raw stream creates: the sender's

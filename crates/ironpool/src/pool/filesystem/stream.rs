@@ -454,13 +454,10 @@ impl Pool {
         let new = dnode.creation_txg > since_txg;
         let block_bytes = dnode.data_block_bytes();
         let usage = crate::cache::CacheUse::data(fs.settings().data_cache_use().lookup, false);
-        // A raw stream's blocks are read as stored: no key.
-        let key = if request.raw && fs.key_guid().is_some() {
-            None
-        } else {
-            fs.data_key()?
-        };
-        let raw = key.is_none() && fs.key_guid().is_some();
+        // A raw stream's blocks are read as stored: no key (as BEGIN's
+        // `raw` says: `send -w` of an encrypted filesystem).
+        let raw = request.raw && fs.key_guid().is_some();
+        let key = if raw { None } else { fs.data_key()? };
         let start = match request.resume_object {
             Some(first) if first == id => request.resume_block.unwrap_or(0),
             _ => 0,

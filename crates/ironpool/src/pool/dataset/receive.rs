@@ -202,6 +202,24 @@ impl Applier {
         }
     }
 
+    /// Runs `work` (a record's writes) beside the records that follow, at
+    /// most [`RECEIVE_RECORDS_IN_FLIGHT`] at once; its error, if it is the
+    /// first, fails the receive at the next record ([`Applier::failed`]).
+    async fn spawn(&self, work: impl std::future::Future<Output = Result<(), Failure>> + 'static) {
+        let permit = self.slots.acquire(1).await;
+        let error = self.error.clone();
+        crate::rt::spawn(async move {
+            if let Err(failure) = work.await {
+                let failure = match failure {
+                    Failure::Pool(error) => error,
+                    Failure::Stream(message) => PoolError::InvalidArgument(message),
+                };
+                error.borrow_mut().get_or_insert(failure);
+            }
+            drop(permit);
+        });
+    }
+
     /// Waits for every write in flight; returns the first error.
     async fn drain(&self) -> Result<(), PoolError> {
         drop(self.slots.acquire(RECEIVE_RECORDS_IN_FLIGHT).await);
@@ -778,38 +796,28 @@ impl Pool {
             let record = self.next_applied(input, checker, applier).await?;
             match record {
                 (Record::Write { first_block, count }, Some(data)) => {
-                    let permit = applier.slots.acquire(1).await;
                     let pool = self.clone();
                     let volume = hidden.clone();
-                    let error = applier.error.clone();
                     since_checkpoint += count as u64 * block_bytes;
-                    crate::rt::spawn(async move {
-                        let result = pool
-                            .write(
-                                &volume,
-                                first_block * block_bytes,
-                                BufSlice::whole(data.into_shared()),
-                                false,
-                            )
-                            .await;
-                        if let Err(failure) = result {
-                            error.borrow_mut().get_or_insert(failure);
-                        }
-                        drop(permit);
-                    });
+                    applier
+                        .spawn(async move {
+                            let data = BufSlice::whole(data.into_shared());
+                            pool.write(&volume, first_block * block_bytes, data, false)
+                                .await?;
+                            Ok(())
+                        })
+                        .await;
                 }
                 (Record::WriteRaw(raw), Some(data)) => {
-                    let permit = applier.slots.acquire(1).await;
                     let pool = self.clone();
                     let volume = hidden.clone();
-                    let error = applier.error.clone();
                     since_checkpoint += block_bytes;
-                    crate::rt::spawn(async move {
-                        if let Err(failure) = pool.write_stored_block(&volume, &raw, &data).await {
-                            error.borrow_mut().get_or_insert(failure);
-                        }
-                        drop(permit);
-                    });
+                    applier
+                        .spawn(async move {
+                            pool.write_stored_block(&volume, &raw, &data).await?;
+                            Ok(())
+                        })
+                        .await;
                 }
                 (Record::Free { first_block, count }, _) => {
                     self.zero(
@@ -886,22 +894,12 @@ impl Pool {
                             .receive_blocks(self, &object, first_block, &data)
                             .await?;
                     } else {
-                        let permit = applier.slots.acquire(1).await;
-                        let pool = self.clone();
-                        let fs = hidden.clone();
-                        let error = applier.error.clone();
-                        crate::rt::spawn(async move {
-                            if let Err(failure) =
+                        let (pool, fs) = (self.clone(), hidden.clone());
+                        applier
+                            .spawn(async move {
                                 fs.receive_blocks(&pool, &object, first_block, &data).await
-                            {
-                                let failure = match failure {
-                                    Failure::Pool(error) => error,
-                                    Failure::Stream(message) => PoolError::InvalidArgument(message),
-                                };
-                                error.borrow_mut().get_or_insert(failure);
-                            }
-                            drop(permit);
-                        });
+                            })
+                            .await;
                     }
                 }
                 (Record::ObjectWriteRaw { raw, .. }, Some(data)) => {
@@ -916,22 +914,12 @@ impl Pool {
                             .receive_stored_block(self, &object, &raw, &data)
                             .await?;
                     } else {
-                        let permit = applier.slots.acquire(1).await;
-                        let pool = self.clone();
-                        let fs = hidden.clone();
-                        let error = applier.error.clone();
-                        crate::rt::spawn(async move {
-                            if let Err(failure) =
+                        let (pool, fs) = (self.clone(), hidden.clone());
+                        applier
+                            .spawn(async move {
                                 fs.receive_stored_block(&pool, &object, &raw, &data).await
-                            {
-                                let failure = match failure {
-                                    Failure::Pool(error) => error,
-                                    Failure::Stream(message) => PoolError::InvalidArgument(message),
-                                };
-                                error.borrow_mut().get_or_insert(failure);
-                            }
-                            drop(permit);
-                        });
+                            })
+                            .await;
                     }
                 }
                 (

@@ -2996,6 +2996,81 @@ fn encrypted_filesystems_sent_raw_arrive_sealed_and_open_with_the_key() {
     }
 }
 
+/// A raw stream's directory leaves are stored as they came, outside the
+/// txg build: into a pool whose data room is full they are refused for
+/// space, as file data is, and the slop and metadata reserve stay for the
+/// build: the receive fails cleanly, nothing of it is left, and the pool
+/// commits on.
+#[test]
+fn a_raw_receive_into_a_full_pool_is_refused_and_the_pool_commits_on() {
+    let disks = devices(2, DEVICE_BYTES, 47);
+    let small = devices(2, 96 << 20, 48);
+    Runtime::new_sim(47).block_on(async move {
+        let (pool, fs) =
+            pool_with_encrypted_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "16K")])
+                .await;
+        let dir = NewObject::owned(S_IFDIR | 0o755, 0, 0);
+        for index in 0..200 {
+            fs.create(&pool, fs.root(), format!("d{index}").as_bytes(), &dir)
+                .await
+                .unwrap();
+        }
+        pool.snapshot(&["tank/fs@s".to_string()]).await.unwrap();
+        pool.unload_key("tank/fs").await.unwrap();
+        let stream = send_to_memory_as(&pool, "tank/fs@s", None, None, true).await;
+
+        let backup = Pool::create_on_devices(
+            "backup",
+            layout(&small, TopVdevKind::Mirror),
+            false,
+            tunables(),
+        )
+        .await
+        .unwrap();
+        let fill = backup
+            .create_filesystem("backup/fill", Default::default())
+            .await
+            .unwrap();
+        let file = NewObject::owned(S_IFREG | 0o644, 0, 0);
+        let ino = fill
+            .create(&backup, fill.root(), b"fill", &file)
+            .await
+            .unwrap()
+            .ino;
+        let chunk = vec![0x5au8; 1 << 20];
+        let mut offset = 0u64;
+        let refused = loop {
+            match fill.write(&backup, ino, offset, &chunk).await {
+                Ok(_) => offset += chunk.len() as u64,
+                Err(error) => break error,
+            }
+            if offset.is_multiple_of(16 << 20) {
+                backup.commit().await.unwrap();
+            }
+            assert!(offset < 1 << 30, "never full");
+        };
+        assert_eq!(refused.errno(), libc::ENOSPC, "{refused:?}");
+        backup.commit().await.unwrap();
+
+        let refused = receive_from_memory(&backup, "backup/copy", stream, false)
+            .await
+            .unwrap_err();
+        assert!(
+            refused.to_string().contains("space"),
+            "a raw receive into a full pool: {refused}"
+        );
+        assert!(backup.filesystem_record("backup/copy").is_none());
+        assert_eq!(backup.health(), "ONLINE");
+        backup
+            .commit()
+            .await
+            .expect("a commit after the refused receive");
+        space_is_clean(&backup, "after the refused raw receive").await;
+        backup.export().await.unwrap();
+        pool.export().await.unwrap();
+    });
+}
+
 #[test]
 fn a_receive_cut_by_a_crash_leaves_the_target_whole_and_resumes_when_kept() {
     for seed in 61..=72 {

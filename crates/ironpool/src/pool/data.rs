@@ -336,8 +336,11 @@ impl Formed {
 
 /// Allocates and writes `formed`, a metadata object's level-0 block (a
 /// directory's leaf a raw stream brought sealed), with `copies` copies, as
-/// the txg build writes metadata; returns its pointer, with its place, to
-/// be linked. On failure it holds no space.
+/// the txg build writes metadata (fewer when another does not fit, as
+/// there); returns its pointer, with its place, to be linked. It comes
+/// from a client, as data does, so it must fit in data's room: the slop
+/// and the metadata reserve stay for the txg build, which fails the pool
+/// if it finds no room. On failure it holds no space.
 pub(crate) async fn write_formed_metadata(
     pool: &Rc<Pool>,
     formed: Formed,
@@ -350,14 +353,18 @@ pub(crate) async fn write_formed_metadata(
         ..
     } = formed;
     debug_assert!(pointer.is_hole() && pointer.physical_size as usize <= payload.len());
+    let bytes = payload.len() as u64;
+    crate::pool::txg::update_metadata_reserve(pool);
+    if pool.store.allocator.borrow().data_available_bytes() < bytes * copies as u64 {
+        return Err(PoolError::NoSpace);
+    }
     pointer.dvas = pool
         .store
-        .allocate(payload.len() as u64, true, copies)
+        .allocate(bytes, true, copies)
         .map_err(|_| PoolError::NoSpace)?;
-    assert_eq!(
-        pointer.copies().count(),
-        copies,
-        "a metadata block gets the copies asked for"
+    assert!(
+        (1..=copies).contains(&pointer.copies().count()),
+        "a metadata block gets at most the copies asked for, and one"
     );
     if let Err(error) = pool.store.write(&pointer.dvas, payload, class).await {
         pool.store.release(&pointer.dvas);

@@ -339,8 +339,9 @@ impl Formed {
 /// the txg build writes metadata (fewer when another does not fit, as
 /// there); returns its pointer, with its place, to be linked. It comes
 /// from a client, as data does, so it must fit in data's room: the slop
-/// and the metadata reserve stay for the txg build, which fails the pool
-/// if it finds no room. On failure it holds no space.
+/// and the metadata reserve (which the caller brings up to date first)
+/// stay for the txg build, which fails the pool if it finds no room. On
+/// failure it holds no space.
 pub(crate) async fn write_formed_metadata(
     pool: &Rc<Pool>,
     formed: Formed,
@@ -354,7 +355,6 @@ pub(crate) async fn write_formed_metadata(
     } = formed;
     debug_assert!(pointer.is_hole() && pointer.physical_size as usize <= payload.len());
     let bytes = payload.len() as u64;
-    crate::pool::txg::update_metadata_reserve(pool);
     if pool.store.allocator.borrow().data_available_bytes() < bytes * copies as u64 {
         return Err(PoolError::NoSpace);
     }

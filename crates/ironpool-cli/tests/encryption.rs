@@ -14,7 +14,7 @@ use std::io::Write;
 use std::process::Stdio;
 
 use common::fuse::{get_xattr, set_xattr, wait_mounted, wait_unmounted, Unmount};
-use common::{assert_check_clean, tool, tool_fails, TestPool};
+use common::{assert_check_clean, receive_ok, tool, tool_fails, TestPool};
 
 /// What the test writes, over and over: found on a device only in the clear.
 const MARKER: &[u8] = b"IRONPOOL-SECRET-";
@@ -201,12 +201,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     pool.admin(&["snapshot", "tank/secret@s"]);
     let stream = pool.path("stream");
     pool.send_to_file(&["send", "tank/secret@s"], &stream);
-    let received = pool.receive_from_file(&["receive", "tank/copy"], &stream);
-    assert!(
-        received.status.success(),
-        "{}",
-        String::from_utf8_lossy(&received.stderr)
-    );
+    receive_ok(&pool, "tank/copy", &stream, &[]);
     assert_eq!(pool.property("tank/copy", "encryption").0, "off");
     assert_eq!(read_back(&pool, "copy"), std::fs::read(&pattern).unwrap());
 
@@ -222,15 +217,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
         "a raw stream holds plaintext"
     );
     let keylocation = format!("keylocation=file://{}", raw.display());
-    let received = pool.receive_from_file(
-        &["receive", "-o", &keylocation, "tank/rawcopy"],
-        &raw_stream,
-    );
-    assert!(
-        received.status.success(),
-        "{}",
-        String::from_utf8_lossy(&received.stderr)
-    );
+    receive_ok(&pool, "tank/rawcopy", &raw_stream, &["-o", &keylocation]);
     assert_eq!(pool.property("tank/rawcopy", "encryption").0, "aes-256-gcm");
     assert_eq!(pool.property("tank/rawcopy", "keyformat").0, "raw");
     assert_eq!(pool.property("tank/rawcopy", "keystatus").0, "unavailable");
@@ -245,12 +232,7 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
     let package = pool.path("raw-package");
     pool.send_to_file(&["send", "-R", "-w", "tank/secret@s"], &package);
     assert_eq!(markers_on_devices(&pool, &["raw-package"]), 0);
-    let received = pool.receive_from_file(&["receive", "tank/rawtree"], &package);
-    assert!(
-        received.status.success(),
-        "{}",
-        String::from_utf8_lossy(&received.stderr)
-    );
+    receive_ok(&pool, "tank/rawtree", &package, &[]);
     assert_eq!(pool.property("tank/rawtree", "keystatus").0, "available");
     assert_eq!(
         read_back(&pool, "rawtree"),
@@ -506,21 +488,16 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     );
     let raw_copy = pool.path("rawcopy");
     let _unmount_raw_copy = Unmount(raw_copy.clone());
-    let received = pool.receive_from_file(
+    receive_ok(
+        &pool,
+        "tank/rawcopy",
+        &raw_stream,
         &[
-            "receive",
             "-o",
             &format!("mountpoint={}", raw_copy.display()),
             "-o",
             &format!("keylocation={location}"),
-            "tank/rawcopy",
         ],
-        &raw_stream,
-    );
-    assert!(
-        received.status.success(),
-        "{}",
-        String::from_utf8_lossy(&received.stderr)
     );
     assert_eq!(pool.property("tank/rawcopy", "keystatus").0, "unavailable");
     assert_eq!(
@@ -534,19 +511,11 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     assert_eq!(markers_on_devices(&pool, &["raw-package"]), 0);
     let raw_tree = pool.path("rawtree");
     let _unmount_raw_tree = Unmount(raw_tree.clone());
-    let received = pool.receive_from_file(
-        &[
-            "receive",
-            "-o",
-            &format!("mountpoint={}", raw_tree.display()),
-            "tank/rawtree",
-        ],
+    receive_ok(
+        &pool,
+        "tank/rawtree",
         &raw_package,
-    );
-    assert!(
-        received.status.success(),
-        "{}",
-        String::from_utf8_lossy(&received.stderr)
+        &["-o", &format!("mountpoint={}", raw_tree.display())],
     );
     assert_eq!(pool.property("tank/rawtree", "keystatus").0, "unavailable");
     let wrong = with_stdin(
@@ -585,19 +554,11 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     pool.send_to_file(&["send", "tank/vault@s"], &stream);
     let copy = pool.path("copy");
     let _unmount_copy = Unmount(copy.clone());
-    let received = pool.receive_from_file(
-        &[
-            "receive",
-            "-o",
-            &format!("mountpoint={}", copy.display()),
-            "tank/copy",
-        ],
+    receive_ok(
+        &pool,
+        "tank/copy",
         &stream,
-    );
-    assert!(
-        received.status.success(),
-        "{}",
-        String::from_utf8_lossy(&received.stderr)
+        &["-o", &format!("mountpoint={}", copy.display())],
     );
     assert_eq!(pool.property("tank/copy", "encryption").0, "off");
     wait_mounted(&pool, &copy);

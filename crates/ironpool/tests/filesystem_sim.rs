@@ -2500,6 +2500,39 @@ async fn same_snapshot_in(
     );
 }
 
+/// Three snapshots, tank/fs@s0 to @s2, of a random tree of tank/fs (`fs`)
+/// changed by `steps` random steps before each (with commits now and
+/// then), and extended attributes of growing size (their block grows) set
+/// on `xattrs` of its objects: the tree's model at each snapshot.
+async fn snapshot_rounds(
+    pool: &Rc<Pool>,
+    fs: &Rc<Filesystem>,
+    rng: &mut Rng,
+    steps: usize,
+    xattrs: usize,
+) -> Vec<Model> {
+    let model = RefCell::new(Model::new(fs.root()));
+    let mut taken = Vec::new();
+    for round in 0..3 {
+        for _ in 0..steps {
+            step(pool, fs, &model, rng).await;
+            if rng.chance(1, 40) {
+                pool.commit().await.unwrap();
+            }
+        }
+        let inos: Vec<u64> = model.borrow().nodes.keys().copied().collect();
+        for ino in inos.iter().take(xattrs) {
+            let value = vec![round as u8 + 1; 100 << (round * 2)];
+            fs.setxattr(pool, *ino, format!("user.r{round}").as_bytes(), &value, 0)
+                .await
+                .unwrap();
+        }
+        pool.snapshot(&[format!("tank/fs@s{round}")]).await.unwrap();
+        taken.push(model.borrow().clone());
+    }
+    taken
+}
+
 /// A random tree, with extended attributes, sent at three snapshots: in
 /// full, then incrementally; a stream cut short and resumed from its
 /// token; a damaged one refused with the target unchanged. Every received
@@ -2515,25 +2548,7 @@ fn send_receive_run(seed: u64) {
             let mut rng = Rng::new(seed);
             let (pool, fs) =
                 pool_with_filesystem(&disks, TopVdevKind::Mirror, &[("recordsize", "16K")]).await;
-            let model = RefCell::new(Model::new(fs.root()));
-            for round in 0..3 {
-                for _ in 0..300 {
-                    step(&pool, &fs, &model, &mut rng).await;
-                    if rng.chance(1, 40) {
-                        pool.commit().await.unwrap();
-                    }
-                }
-                // Extended attributes of growing size (their block grows).
-                let inos: Vec<u64> = model.borrow().nodes.keys().copied().collect();
-                for ino in inos.iter().take(5) {
-                    let value = vec![round as u8 + 1; 100 << (round * 2)];
-                    fs.setxattr(&pool, *ino, format!("user.r{round}").as_bytes(), &value, 0)
-                        .await
-                        .unwrap();
-                }
-                pool.snapshot(&[format!("tank/fs@s{round}")]).await.unwrap();
-                taken.borrow_mut().push(model.borrow().clone());
-            }
+            *taken.borrow_mut() = snapshot_rounds(&pool, &fs, &mut rng, 300, 5).await;
             let taken = taken.borrow().clone();
             let full = send_to_memory(&pool, "tank/fs@s0", None, None).await;
             receive_from_memory(&pool, "tank/copy", full, false)
@@ -2841,24 +2856,7 @@ fn raw_send_run(seed: u64) {
             )
             .await
             .unwrap();
-            let model = RefCell::new(Model::new(fs.root()));
-            for round in 0..3 {
-                for _ in 0..200 {
-                    step(&pool, &fs, &model, &mut rng).await;
-                    if rng.chance(1, 40) {
-                        pool.commit().await.unwrap();
-                    }
-                }
-                let inos: Vec<u64> = model.borrow().nodes.keys().copied().collect();
-                for ino in inos.iter().take(3) {
-                    let value = vec![round as u8 + 1; 100 << (round * 2)];
-                    fs.setxattr(&pool, *ino, format!("user.r{round}").as_bytes(), &value, 0)
-                        .await
-                        .unwrap();
-                }
-                pool.snapshot(&[format!("tank/fs@s{round}")]).await.unwrap();
-                taken.borrow_mut().push(model.borrow().clone());
-            }
+            *taken.borrow_mut() = snapshot_rounds(&pool, &fs, &mut rng, 200, 3).await;
             let taken = taken.borrow().clone();
             pool.unload_key("tank/fs").await.unwrap();
             let full = send_to_memory_as(&pool, "tank/fs@s0", None, None, true).await;

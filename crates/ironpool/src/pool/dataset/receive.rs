@@ -884,42 +884,33 @@ impl Pool {
                     current = None;
                     hidden.receive_free_objects(self, first, count).await?;
                 }
-                (Record::ObjectWrite { first_block, .. }, Some(data)) => {
+                (
+                    record @ (Record::ObjectWrite { .. } | Record::ObjectWriteRaw { .. }),
+                    Some(data),
+                ) => {
                     let object = current
                         .clone()
                         .ok_or_else(|| Failure::Stream("blocks before their OBJECT".into()))?;
                     since_checkpoint += data.len() as u64;
-                    if object.object_type() == ObjectType::FsDirectory {
-                        hidden
-                            .receive_blocks(self, &object, first_block, &data)
-                            .await?;
-                    } else {
-                        let (pool, fs) = (self.clone(), hidden.clone());
-                        applier
-                            .spawn(async move {
-                                fs.receive_blocks(&pool, &object, first_block, &data).await
-                            })
-                            .await;
-                    }
-                }
-                (Record::ObjectWriteRaw { raw, .. }, Some(data)) => {
-                    let object = current
-                        .clone()
-                        .ok_or_else(|| Failure::Stream("blocks before their OBJECT".into()))?;
-                    since_checkpoint += data.len() as u64;
-                    // Directory leaves in stream order (as above); files'
-                    // blocks many at once.
-                    if object.object_type() == ObjectType::FsDirectory {
-                        hidden
-                            .receive_stored_block(self, &object, &raw, &data)
-                            .await?;
-                    } else {
-                        let (pool, fs) = (self.clone(), hidden.clone());
-                        applier
-                            .spawn(async move {
+                    let directory = object.object_type() == ObjectType::FsDirectory;
+                    let (pool, fs) = (self.clone(), hidden.clone());
+                    let write = async move {
+                        match record {
+                            Record::ObjectWriteRaw { raw, .. } => {
                                 fs.receive_stored_block(&pool, &object, &raw, &data).await
-                            })
-                            .await;
+                            }
+                            Record::ObjectWrite { first_block, .. } => {
+                                fs.receive_blocks(&pool, &object, first_block, &data).await
+                            }
+                            _ => unreachable!("matched as a write of an object's blocks"),
+                        }
+                    };
+                    // Directory leaves in stream order; files' blocks many
+                    // at once.
+                    if directory {
+                        write.await?;
+                    } else {
+                        applier.spawn(write).await;
                     }
                 }
                 (

@@ -1406,11 +1406,7 @@ impl ObjectSet {
         let end = dnode.length_bytes.div_ceil(block_bytes);
         for blkid in first_free..end {
             // Drop the cached data node (it is recreated as zeros under the hole).
-            if let Some(node) = object.nodes.borrow_mut().remove(&(0, blkid)) {
-                self.cached_bytes
-                    .set(self.cached_bytes.get().saturating_sub(node.size_bytes()));
-            }
-            object.dirty_nodes.borrow_mut().remove(&(0, blkid));
+            self.forget_data_node(object, blkid);
             let old = self.set_block_pointer_cached(
                 object,
                 blkid,

@@ -83,6 +83,8 @@ struct FsStreamOut<'a> {
     pending: VecDeque<Entry>,
     reads: usize,
     incremental: bool,
+    /// A raw stream (BEGIN's `raw`): blocks are read and sent as stored.
+    raw: bool,
     /// Free object slots waiting to become one FREEOBJECTS record.
     free_objects: Option<(u64, u64)>,
     /// Blocks waiting to become one OBJECT_WRITE: object, first block, data.
@@ -344,6 +346,7 @@ impl Pool {
             pending: VecDeque::new(),
             reads: 0,
             incremental: from_name.is_some(),
+            raw: begin.raw.is_some(),
             free_objects: None,
             run: None,
         };
@@ -454,9 +457,8 @@ impl Pool {
         let new = dnode.creation_txg > since_txg;
         let block_bytes = dnode.data_block_bytes();
         let usage = crate::cache::CacheUse::data(fs.settings().data_cache_use().lookup, false);
-        // A raw stream's blocks are read as stored: no key (as BEGIN's
-        // `raw` says: `send -w` of an encrypted filesystem).
-        let raw = request.raw && fs.key_guid().is_some();
+        // A raw stream's blocks are read as stored: no key.
+        let raw = output.raw;
         let key = if raw { None } else { fs.data_key()? };
         let start = match request.resume_object {
             Some(first) if first == id => request.resume_block.unwrap_or(0),

@@ -1738,6 +1738,85 @@ fn reads_see_writes_written_behind_before_they_are_linked() {
     });
 }
 
+/// Asynchronous writes that the devices of `pool` completed so far.
+fn device_async_writes(pool: &Pool) -> u64 {
+    pool.store()
+        .vdevs()
+        .iter()
+        .flat_map(|top| top.children.iter())
+        .map(|leaf| {
+            leaf.queue.stats().classes[ironpool::queue::IoClass::AsyncWrite as usize]
+                .completed_requests
+        })
+        .sum()
+}
+
+/// Buffered writes reach the devices in batches, as a volume's write-back
+/// does: a few runs, not a device write per block, even when each write
+/// comes after the last one's blocks could have been written; and a change
+/// of names that comes right after a write (as `tar` creates the next file)
+/// begins the queued write-out at once, rather than waiting for a batch to
+/// fill or for its delay. Then through an import.
+#[test]
+fn writes_written_behind_go_to_the_devices_in_batches() {
+    write_then_import(173, |pool, fs, mut rng| async move {
+        let file = new_file(&pool, &fs).await;
+        let record = fs.record_bytes() as usize;
+        let records = 64;
+        let mut data = vec![0u8; records * record];
+        let before = device_async_writes(&pool);
+        for round in 0..4 {
+            // Every record once per round, in a random order, one write at
+            // a time, a little apart (a client writing 5,000 a second).
+            let mut order: Vec<usize> = (0..records).collect();
+            for i in (1..order.len()).rev() {
+                order.swap(i, rng.below(i as u64 + 1) as usize);
+            }
+            for index in order {
+                let piece = bytes(&mut rng, record);
+                let written = fs
+                    .write_behind(&pool, file.ino, (index * record) as u64, &piece)
+                    .await;
+                assert_eq!(written.unwrap(), record, "round {round}");
+                data[index * record..(index + 1) * record].copy_from_slice(&piece);
+                rt::sleep(Duration::from_micros(200)).await;
+            }
+        }
+        // Once every batch began (after their delay, no one waiting), one
+        // more write, then a change of names at once: the write's
+        // write-out holds the filesystem's lock shared until it is linked.
+        rt::sleep(Duration::from_millis(200)).await;
+        let small = bytes(&mut rng, 4096);
+        fs.write_behind(&pool, file.ino, 0, &small).await.unwrap();
+        data[..4096].copy_from_slice(&small);
+        let start = rt::now();
+        let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+        fs.create(&pool, fs.root(), b"next", &mode).await.unwrap();
+        let waited = rt::now().duration_since(start);
+        assert!(
+            waited < Duration::from_millis(50),
+            "the create waited {waited:?} for a queued write-out"
+        );
+        fs.settle_writes(None).await;
+        let blocks = (4 * records) as u64;
+        let stats = fs.io_stats();
+        // (The file's first write may go through: it sets the block size.)
+        assert!(
+            stats.behind_write_ops + 1 >= blocks,
+            "{} of {blocks} writes written behind",
+            stats.behind_write_ops
+        );
+        // Two copies per block (a mirror), each a device write if alone;
+        // the txgs committed meanwhile write some metadata too.
+        let device_writes = device_async_writes(&pool) - before;
+        assert!(
+            device_writes * 4 < 2 * blocks,
+            "{device_writes} device writes for {blocks} blocks written behind"
+        );
+        vec![(file.ino, data)]
+    });
+}
+
 /// Runs `write` (given a new pool of two mirrored devices with `tank/fs`,
 /// and a generator seeded with `seed`), exports the pool, and imports it in
 /// a new runtime: every file `write` returns (its number and content) reads

@@ -90,6 +90,12 @@ impl Semaphore {
         self.capacity
     }
 
+    /// Whether a task waits for units: whoever holds some may want to let
+    /// them go sooner.
+    pub fn has_waiters(&self) -> bool {
+        !self.queue.borrow().is_empty()
+    }
+
     /// Takes `amount` units, waiting in FIFO order.
     pub async fn acquire(self: &Rc<Self>, amount: u64) -> Permit {
         let amount = amount.min(self.capacity);

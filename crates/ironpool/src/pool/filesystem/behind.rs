@@ -1,6 +1,17 @@
 //! Buffered writes written behind: a write to a file that is neither direct
 //! nor synchronous is answered once its blocks are merged in memory, and
-//! its blocks go to the devices afterwards, in a task of their own.
+//! its blocks go to the devices afterwards, in batches, as a volume's
+//! write-back sends them: once a batch's worth is queued (4 MiB, at most 4
+//! batches under way), when someone waits for them (an `fsync`, a commit, a
+//! change that takes the filesystem's lock whole, a writer over the dirty
+//! data limit), or 100 ms after the oldest was queued. A client that waits
+//! for its writes often (an `fsync` within every 4 MiB it writes) gets a
+//! batch whenever fewer than 4 are under way, so an `fsync` never waits for
+//! blocks not yet begun. A file's blocks of one batch go out in block order
+//! as runs (neighbours on a device are one request). Measured on a mirror
+//! of two files, fio's 16K random writes at QD64 (buffered): a write-out
+//! per write cost 33-38 us of server CPU per write (29-30k IOPS), batches
+//! 15-19 us (51-67k IOPS, what a volume does beside it).
 //!
 //! Why: a buffered `write(2)` on FUSE (without the kernel's writeback
 //! cache) waits for the server's answer, and a write to part of a record
@@ -56,6 +67,9 @@ use crate::object::Object;
 use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::intent_log::FileAttr;
 use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
+use crate::pool::volume::writeback::{
+    WRITEBACK_BATCHES_IN_FLIGHT, WRITEBACK_BATCH_BYTES, WRITEBACK_DELAY,
+};
 use crate::pool::Pool;
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -127,6 +141,41 @@ pub(super) struct WrittenBehind {
     failing: Cell<bool>,
     /// A write-out ended or a block's write began.
     changed: Notify,
+    /// Write-outs answered and not begun: they begin in batches
+    /// ([`write_out_task`]).
+    queued: RefCell<Vec<Queued>>,
+    /// The bytes of the blocks queued.
+    queued_bytes: Cell<u64>,
+    /// When the oldest write-out queued was queued.
+    queued_since: Cell<rt::Instant>,
+    /// Batches of queued write-outs under way.
+    batches: Cell<usize>,
+    /// Someone waits for a queued write-out: begin them all now.
+    urgent: Cell<bool>,
+    /// Bytes queued since the last wait for write-outs
+    /// ([`WrittenBehind::settle`]; None: none yet). Under a batch's worth,
+    /// the client waits for its writes often (an `fsync` every few
+    /// writes), and a batch begins whenever fewer than the most are under
+    /// way, not once it is full: the `fsync` would otherwise wait for
+    /// blocks not yet begun.
+    queued_since_settle: Cell<Option<u64>>,
+    /// The task that begins batches runs (it ends once none is queued).
+    task_running: Cell<bool>,
+    /// Wakes that task: a write-out was queued, someone waits, or a batch
+    /// ended.
+    kick: Notify,
+}
+
+/// A file and versions (block, number) of its blocks.
+type FileVersions = (Rc<Object>, Vec<(u64, u64)>);
+
+/// One write's write-out, queued: the versions (block, number) it wrote of
+/// `object`, and the filesystem's lock shared, which keeps changes of names
+/// and attributes off until they are linked.
+struct Queued {
+    object: Rc<Object>,
+    numbers: Vec<(u64, u64)>,
+    shared: Permit,
 }
 
 impl WrittenBehind {
@@ -148,6 +197,28 @@ impl WrittenBehind {
             .collect();
         held.sort_unstable();
         held
+    }
+
+    /// Whether the queued write-outs make a batch: a full one of
+    /// `batch_bytes`, or any while the client waits for its writes often
+    /// (see `queued_since_settle`).
+    fn ready(&self, batch_bytes: u64) -> bool {
+        self.queued_bytes.get() >= batch_bytes
+            || self
+                .queued_since_settle
+                .get()
+                .is_some_and(|bytes| bytes < batch_bytes)
+    }
+
+    /// Begins every queued write-out now: someone is about to wait for
+    /// them (an `fsync`, a commit, a change that takes the filesystem's
+    /// lock whole, a write through of the same blocks, a writer held back
+    /// by the dirty data limit).
+    pub(super) fn hurry(&self) {
+        if !self.queued.borrow().is_empty() {
+            self.urgent.set(true);
+            self.kick.notify_all();
+        }
     }
 
     /// Waits until no block of `ino` in `blocks` (all of them: None) has a
@@ -173,13 +244,14 @@ impl WrittenBehind {
             if !pending {
                 return;
             }
+            self.hurry();
             changed.await;
         }
     }
 
-    /// Waits until every write-out begun before now (of `ino` only, with
-    /// Some) has ended: the writes answered so far are then linked, or
-    /// failed.
+    /// Waits until the write-out of every write answered before now (of
+    /// `ino` only, with Some) has ended: those writes are then linked, or
+    /// failed. Queued write-outs begin at once.
     pub(super) async fn settle(&self, ino: Option<u64>) {
         let target = self.next.get();
         loop {
@@ -192,6 +264,8 @@ impl WrittenBehind {
             if !pending {
                 return;
             }
+            self.queued_since_settle.set(Some(0));
+            self.hurry();
             changed.await;
         }
     }
@@ -322,10 +396,13 @@ impl Filesystem {
         stamped.map(|()| data.len())
     }
 
-    /// Starts the write-out of versions `numbers` (block, number) of
+    /// Queues the write-out of versions `numbers` (block, number) of
     /// `object`. The versions held are written out whatever happens to the
     /// write that made them: each is counted in flight until its write-out
-    /// ends.
+    /// ends. Write-outs begin in batches ([`write_out_task`]), as a
+    /// volume's write-back does: a write that returned costs no device
+    /// write of its own, and the blocks of many writes go to the devices as
+    /// one run where the free space allows.
     fn spawn_write_out(
         self: &Rc<Self>,
         pool: &Rc<Pool>,
@@ -333,12 +410,87 @@ impl Filesystem {
         numbers: Vec<(u64, u64)>,
         shared: Permit,
     ) {
+        let behind = &self.behind;
+        let bytes = numbers.len() as u64 * object.data_block_bytes();
+        {
+            let mut queued = behind.queued.borrow_mut();
+            if queued.is_empty() {
+                behind.queued_since.set(rt::now());
+            }
+            queued.push(Queued {
+                object: object.clone(),
+                numbers,
+                shared,
+            });
+        }
+        behind.queued_bytes.set(behind.queued_bytes.get() + bytes);
+        behind.queued_since_settle.set(
+            behind
+                .queued_since_settle
+                .get()
+                .map(|since| since.saturating_add(bytes)),
+        );
+        // Someone waits for the lock whole (it waits for the queued
+        // write-outs), or for dirty data to drop: no batch fills first.
+        if pool.writers_held_back() || self.lock.has_waiters() {
+            behind.urgent.set(true);
+        }
+        if behind.urgent.get()
+            || (behind.ready(WRITEBACK_BATCH_BYTES)
+                && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)
+        {
+            // Begun here, not by the task: one wake-up less in a write's
+            // path to the devices when its client waits for it.
+            self.begin_batch(pool);
+        } else if !behind.task_running.replace(true) {
+            let fs = self.clone();
+            let task_pool = pool.clone();
+            rt::spawn(async move { write_out_task(fs, task_pool).await });
+        }
+    }
+
+    /// Begins one batch: every write-out queued, grouped by file, each
+    /// file's blocks in order (a sequential writer's blocks are laid out in
+    /// order), the files' write-outs side by side.
+    fn begin_batch(self: &Rc<Self>, pool: &Rc<Pool>) {
+        let behind = &self.behind;
+        let queued = std::mem::take(&mut *behind.queued.borrow_mut());
+        behind.queued_bytes.set(0);
+        behind.urgent.set(false);
+        if queued.is_empty() {
+            return;
+        }
+        behind.batches.set(behind.batches.get() + 1);
+        // Each file with its versions (block, number).
+        let mut files: Vec<FileVersions> = Vec::new();
+        let mut permits = Vec::with_capacity(queued.len());
+        for entry in queued {
+            match files
+                .iter_mut()
+                .find(|(object, _)| Rc::ptr_eq(object, &entry.object))
+            {
+                Some((_, numbers)) => numbers.extend(entry.numbers),
+                None => files.push((entry.object, entry.numbers)),
+            }
+            permits.push(entry.shared);
+        }
+        for (_, numbers) in files.iter_mut() {
+            // Versions of one block keep their order (the stable sort): a
+            // write-out of an older one finds itself replaced.
+            numbers.sort_by_key(|(blkid, _)| *blkid);
+        }
         let fs = self.clone();
-        let task_pool = pool.clone();
-        let task_object = object.clone();
+        let pool = pool.clone();
         rt::spawn(async move {
-            fs.write_out(&task_pool, &task_object, numbers, shared)
-                .await
+            let outs = files.into_iter().map(|(object, numbers)| {
+                let (fs, pool) = (fs.clone(), pool.clone());
+                async move { fs.write_out(&pool, &object, numbers).await }
+            });
+            futures_util::future::join_all(outs).await;
+            // Linked, or failed: changes of names and attributes may come.
+            drop(permits);
+            fs.behind.batches.set(fs.behind.batches.get() - 1);
+            fs.behind.kick.notify_all();
         });
     }
 
@@ -483,7 +635,6 @@ impl Filesystem {
         pool: &Rc<Pool>,
         object: &Rc<Object>,
         numbers: Vec<(u64, u64)>,
-        _shared: Permit,
     ) {
         for batch in numbers.chunks(BLOCKS_IN_FLIGHT_PER_REQUEST) {
             let mut ready = Vec::with_capacity(batch.len());
@@ -721,6 +872,11 @@ impl Filesystem {
         Ok(merged(old.as_deref(), &held.bytes, &parts))
     }
 
+    /// Begins every write-out queued now ([`WrittenBehind::hurry`]).
+    pub(in crate::pool) fn hurry_write_outs(&self) {
+        self.behind.hurry();
+    }
+
     /// Waits until every write answered before now (of file `ino` only,
     /// with Some) is linked or has failed.
     pub async fn settle_writes(&self, ino: Option<u64>) {
@@ -758,6 +914,40 @@ impl Filesystem {
     /// its `fsync` returns.
     pub fn take_write_error(&self, ino: u64) -> Option<FsError> {
         self.behind.take_error(ino)
+    }
+}
+
+/// Begins the batches of `fs`'s queued write-outs: once a batch's worth
+/// ([`WRITEBACK_BATCH_BYTES`]) is queued, at most
+/// [`WRITEBACK_BATCHES_IN_FLIGHT`] batches under way; all of them at once
+/// when someone waits for them ([`WrittenBehind::hurry`]); and whatever is
+/// queued once the oldest waited [`WRITEBACK_DELAY`], so that a write
+/// returned reaches the devices soon however little follows it. Ends when
+/// nothing is queued (the next write-out queued starts it again).
+async fn write_out_task(fs: Rc<Filesystem>, pool: Rc<Pool>) {
+    let behind = &fs.behind;
+    loop {
+        let kicked = behind.kick.notified();
+        if behind.queued.borrow().is_empty() {
+            behind.task_running.set(false);
+            return;
+        }
+        let ready = behind.ready(WRITEBACK_BATCH_BYTES);
+        let urgent = behind.urgent.get() || pool.writers_held_back() || fs.lock.has_waiters();
+        let age = rt::now().duration_since(behind.queued_since.get());
+        if urgent
+            || (ready && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)
+            || age >= WRITEBACK_DELAY
+        {
+            fs.begin_batch(&pool);
+            continue;
+        }
+        if ready {
+            // A batch ending kicks.
+            kicked.await;
+        } else {
+            rt::timeout(WRITEBACK_DELAY - age, kicked).await;
+        }
     }
 }
 

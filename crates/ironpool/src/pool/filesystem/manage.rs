@@ -418,6 +418,7 @@ impl Pool {
             .filesystem_record(&short)
             .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
         let snapshots = self.snapshots_to_destroy(name, &short, &record.lineage, recursive)?;
+        fs.behind.hurry();
         let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
         let hold = self.txg.hold_builds();
         for snapshot in snapshots.iter().rev() {

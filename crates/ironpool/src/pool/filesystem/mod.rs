@@ -1087,6 +1087,8 @@ impl Filesystem {
     /// the caller saves attributes with [`Change::save`] and notes entries
     /// with [`Change::note_entry`].
     async fn logged_change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
+        // The write-outs queued hold the lock shared: they begin now.
+        self.behind.hurry();
         Change {
             fs: self,
             pool,
@@ -1146,6 +1148,7 @@ impl Filesystem {
     /// Holds every operation of the filesystem off (a space check walks
     /// its trees meanwhile).
     pub(in crate::pool) async fn exclusive(&self) -> crate::rt::sync::Permit {
+        self.behind.hurry();
         self.lock.acquire(LOCK_UNITS).await
     }
 

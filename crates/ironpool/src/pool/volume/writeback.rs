@@ -413,9 +413,18 @@ impl Pool {
             for volume in self.all_volumes() {
                 volume.writeback.kick.notify_all();
             }
+            for (_, fs) in self.all_filesystems() {
+                fs.hurry_write_outs();
+            }
             state.space.notified().await;
             state.waiting.set(state.waiting.get() - 1);
         }
+    }
+
+    /// Whether writers wait for dirty data to drop below the limit: what
+    /// is held should be written out now, not when its batch fills.
+    pub(crate) fn writers_held_back(&self) -> bool {
+        self.writeback.waiting.get() > 0
     }
 
     /// Lets every failed write-back try again now (`ironpool clear`), rather

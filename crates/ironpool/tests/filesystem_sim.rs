@@ -1817,6 +1817,41 @@ fn writes_written_behind_go_to_the_devices_in_batches() {
     });
 }
 
+/// A buffered writer held back by the dirty data limit sends the queued
+/// write-outs on at once, rather than waiting for a batch to fill (it never
+/// would, under a limit smaller than a batch) or for the batch's delay.
+#[test]
+fn a_writer_over_the_dirty_limit_does_not_wait_for_a_batch() {
+    write_then_import(174, |pool, fs, mut rng| async move {
+        pool.set_tunable("dirty_data_max_bytes", &(1u64 << 20).to_string())
+            .unwrap();
+        let file = new_file(&pool, &fs).await;
+        let record = fs.record_bytes() as usize;
+        // 8 MiB through a 1 MiB limit.
+        let records = 64;
+        let mut data = vec![0u8; records * record];
+        let start = rt::now();
+        for index in 0..records {
+            let piece = bytes(&mut rng, record);
+            let written = fs
+                .write_behind(&pool, file.ino, (index * record) as u64, &piece)
+                .await;
+            assert_eq!(written.unwrap(), record);
+            data[index * record..(index + 1) * record].copy_from_slice(&piece);
+            // A little apart: the task that begins batches waits for their
+            // delay meanwhile.
+            rt::sleep(Duration::from_micros(20)).await;
+        }
+        let took = rt::now().duration_since(start);
+        assert!(
+            took < Duration::from_millis(100),
+            "8 MiB written behind through a 1 MiB limit took {took:?}"
+        );
+        assert!(fs.io_stats().behind_write_ops + 1 >= records as u64);
+        vec![(file.ino, data)]
+    });
+}
+
 /// Runs `write` (given a new pool of two mirrored devices with `tank/fs`,
 /// and a generator seeded with `seed`), exports the pool, and imports it in
 /// a new runtime: every file `write` returns (its number and content) reads

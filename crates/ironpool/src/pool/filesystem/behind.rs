@@ -210,10 +210,15 @@ impl WrittenBehind {
                 .is_some_and(|bytes| bytes < batch_bytes)
     }
 
+    /// Wakes the task that begins batches, to look again: a writer waits
+    /// for dirty data to drop, so batches need not fill.
+    fn nudge(&self) {
+        self.kick.notify_all();
+    }
+
     /// Begins every queued write-out now: someone is about to wait for
     /// them (an `fsync`, a commit, a change that takes the filesystem's
-    /// lock whole, a write through of the same blocks, a writer held back
-    /// by the dirty data limit).
+    /// lock whole, a write through of the same blocks).
     pub(super) fn hurry(&self) {
         if !self.queued.borrow().is_empty() {
             self.urgent.set(true);
@@ -230,6 +235,7 @@ impl WrittenBehind {
         ino: u64,
         blocks: Option<std::ops::RangeInclusive<u64>>,
     ) {
+        let mut hurried = false;
         loop {
             let changed = self.changed.notified();
             // A write's own blocks are looked up one by one (direct writes
@@ -244,7 +250,12 @@ impl WrittenBehind {
             if !pending {
                 return;
             }
-            self.hurry();
+            // Once: the versions of these blocks are then all begun (no new
+            // one comes, the caller holding their locks); hurrying at every
+            // wake-up would send other writes out in small batches.
+            if !std::mem::replace(&mut hurried, true) {
+                self.hurry();
+            }
             changed.await;
         }
     }
@@ -254,6 +265,7 @@ impl WrittenBehind {
     /// failed. Queued write-outs begin at once.
     pub(super) async fn settle(&self, ino: Option<u64>) {
         let target = self.next.get();
+        let mut hurried = false;
         loop {
             let changed = self.changed.notified();
             let pending = self
@@ -264,8 +276,12 @@ impl WrittenBehind {
             if !pending {
                 return;
             }
-            self.queued_since_settle.set(Some(0));
-            self.hurry();
+            // Once: every write-out numbered below `target` is then begun
+            // (later ones are not this wait's).
+            if !std::mem::replace(&mut hurried, true) {
+                self.queued_since_settle.set(Some(0));
+                self.hurry();
+            }
             changed.await;
         }
     }
@@ -431,12 +447,14 @@ impl Filesystem {
                 .map(|since| since.saturating_add(bytes)),
         );
         // Someone waits for the lock whole (it waits for the queued
-        // write-outs), or for dirty data to drop: no batch fills first.
-        if pool.writers_held_back() || self.lock.has_waiters() {
+        // write-outs), or the pool takes no more writes (an export: a
+        // write-out begun later would find the devices closed): no batch
+        // fills first.
+        if self.lock.has_waiters() || pool.txg.ensure_writable().is_err() {
             behind.urgent.set(true);
         }
         if behind.urgent.get()
-            || (behind.ready(WRITEBACK_BATCH_BYTES)
+            || ((behind.ready(WRITEBACK_BATCH_BYTES) || pool.writers_held_back())
                 && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)
         {
             // Begun here, not by the task: one wake-up less in a write's
@@ -872,9 +890,11 @@ impl Filesystem {
         Ok(merged(old.as_deref(), &held.bytes, &parts))
     }
 
-    /// Begins every write-out queued now ([`WrittenBehind::hurry`]).
-    pub(in crate::pool) fn hurry_write_outs(&self) {
-        self.behind.hurry();
+    /// A writer waits for dirty data to drop: queued write-outs begin
+    /// without waiting for a batch to fill, within the number of batches
+    /// under way.
+    pub(in crate::pool) fn nudge_write_outs(&self) {
+        self.behind.nudge();
     }
 
     /// Waits until every write answered before now (of file `ino` only,
@@ -932,8 +952,11 @@ async fn write_out_task(fs: Rc<Filesystem>, pool: Rc<Pool>) {
             behind.task_running.set(false);
             return;
         }
-        let ready = behind.ready(WRITEBACK_BATCH_BYTES);
-        let urgent = behind.urgent.get() || pool.writers_held_back() || fs.lock.has_waiters();
+        // Writers over the dirty data limit: batches need not fill, but
+        // stay within their number (as a volume's write-back).
+        let ready = behind.ready(WRITEBACK_BATCH_BYTES) || pool.writers_held_back();
+        let urgent =
+            behind.urgent.get() || fs.lock.has_waiters() || pool.txg.ensure_writable().is_err();
         let age = rt::now().duration_since(behind.queued_since.get());
         if urgent
             || (ready && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)

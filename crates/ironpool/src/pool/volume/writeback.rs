@@ -414,7 +414,7 @@ impl Pool {
                 volume.writeback.kick.notify_all();
             }
             for (_, fs) in self.all_filesystems() {
-                fs.hurry_write_outs();
+                fs.nudge_write_outs();
             }
             state.space.notified().await;
             state.waiting.set(state.waiting.get() - 1);

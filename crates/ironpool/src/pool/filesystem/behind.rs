@@ -199,15 +199,15 @@ impl WrittenBehind {
         held
     }
 
-    /// Whether the queued write-outs make a batch: a full one of
-    /// `batch_bytes`, or any while the client waits for its writes often
-    /// (see `queued_since_settle`).
-    fn ready(&self, batch_bytes: u64) -> bool {
-        self.queued_bytes.get() >= batch_bytes
+    /// Whether the queued write-outs make a batch: a full one, or any
+    /// while the client waits for its writes often (see
+    /// `queued_since_settle`).
+    fn ready(&self) -> bool {
+        self.queued_bytes.get() >= WRITEBACK_BATCH_BYTES
             || self
                 .queued_since_settle
                 .get()
-                .is_some_and(|bytes| bytes < batch_bytes)
+                .is_some_and(|bytes| bytes < WRITEBACK_BATCH_BYTES)
     }
 
     /// Wakes the task that begins batches, to look again: a writer waits
@@ -446,17 +446,7 @@ impl Filesystem {
                 .get()
                 .map(|since| since.saturating_add(bytes)),
         );
-        // Someone waits for the lock whole (it waits for the queued
-        // write-outs), or the pool takes no more writes (an export: a
-        // write-out begun later would find the devices closed): no batch
-        // fills first.
-        if self.lock.has_waiters() || pool.txg.ensure_writable().is_err() {
-            behind.urgent.set(true);
-        }
-        if behind.urgent.get()
-            || ((behind.ready(WRITEBACK_BATCH_BYTES) || pool.writers_held_back())
-                && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)
-        {
+        if matches!(self.batch_due(pool), BatchDue::Now) {
             // Begun here, not by the task: one wake-up less in a write's
             // path to the devices when its client waits for it.
             self.begin_batch(pool);
@@ -464,6 +454,32 @@ impl Filesystem {
             let fs = self.clone();
             let task_pool = pool.clone();
             rt::spawn(async move { write_out_task(fs, task_pool).await });
+        }
+    }
+
+    /// When the queued write-outs (some are queued) should begin as a
+    /// batch: the rules of [`write_out_task`].
+    fn batch_due(&self, pool: &Pool) -> BatchDue {
+        let behind = &self.behind;
+        // Someone waits for them, or for the lock whole (it waits for the
+        // queued write-outs), or the pool takes no more writes (an export:
+        // a write-out begun later would find the devices closed): no batch
+        // fills first.
+        let urgent =
+            behind.urgent.get() || self.lock.has_waiters() || pool.txg.ensure_writable().is_err();
+        // Writers over the dirty data limit: batches need not fill, but
+        // stay within their number (as a volume's write-back).
+        let ready = behind.ready() || pool.writers_held_back();
+        let age = rt::now().duration_since(behind.queued_since.get());
+        if urgent
+            || (ready && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)
+            || age >= WRITEBACK_DELAY
+        {
+            BatchDue::Now
+        } else if ready {
+            BatchDue::WhenOneEnds
+        } else {
+            BatchDue::After(WRITEBACK_DELAY - age)
         }
     }
 
@@ -952,26 +968,24 @@ async fn write_out_task(fs: Rc<Filesystem>, pool: Rc<Pool>) {
             behind.task_running.set(false);
             return;
         }
-        // Writers over the dirty data limit: batches need not fill, but
-        // stay within their number (as a volume's write-back).
-        let ready = behind.ready(WRITEBACK_BATCH_BYTES) || pool.writers_held_back();
-        let urgent =
-            behind.urgent.get() || fs.lock.has_waiters() || pool.txg.ensure_writable().is_err();
-        let age = rt::now().duration_since(behind.queued_since.get());
-        if urgent
-            || (ready && behind.batches.get() < WRITEBACK_BATCHES_IN_FLIGHT)
-            || age >= WRITEBACK_DELAY
-        {
-            fs.begin_batch(&pool);
-            continue;
-        }
-        if ready {
+        match fs.batch_due(&pool) {
+            BatchDue::Now => fs.begin_batch(&pool),
             // A batch ending kicks.
-            kicked.await;
-        } else {
-            rt::timeout(WRITEBACK_DELAY - age, kicked).await;
+            BatchDue::WhenOneEnds => kicked.await,
+            BatchDue::After(delay) => {
+                rt::timeout(delay, kicked).await;
+            }
         }
     }
+}
+
+/// When queued write-outs begin ([`Filesystem::batch_due`]).
+enum BatchDue {
+    Now,
+    /// Once a batch under way ends (as many as allowed are).
+    WhenOneEnds,
+    /// After this long, unless kicked first.
+    After(std::time::Duration),
 }
 
 /// Adds `part` to `parts`, keeping them sorted and merged.

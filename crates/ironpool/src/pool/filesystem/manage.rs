@@ -6,8 +6,8 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::{
-    dir, mountpoint, now, Filesystem, FilesystemRecord, LOCK_UNITS, MOUNT_WAIT_SECONDS,
-    ROOT_OBJECT, SNAPSHOT_FILESYSTEMS_OPEN_MAX, TABLE_BLOCK_SHIFT,
+    dir, mountpoint, now, Filesystem, FilesystemRecord, MOUNT_WAIT_SECONDS, ROOT_OBJECT,
+    SNAPSHOT_FILESYSTEMS_OPEN_MAX, TABLE_BLOCK_SHIFT,
 };
 use crate::format::znode::{FsHeader, FsSpace, Znode, S_IFDIR};
 use crate::format::ObjectType;
@@ -418,8 +418,7 @@ impl Pool {
             .filesystem_record(&short)
             .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
         let snapshots = self.snapshots_to_destroy(name, &short, &record.lineage, recursive)?;
-        fs.behind.hurry();
-        let _exclusive = fs.lock.acquire(LOCK_UNITS).await;
+        let _exclusive = fs.exclusive().await;
         let hold = self.txg.hold_builds();
         for snapshot in snapshots.iter().rev() {
             self.destroy_snapshot_locked(snapshot).await?;

@@ -1087,13 +1087,11 @@ impl Filesystem {
     /// the caller saves attributes with [`Change::save`] and notes entries
     /// with [`Change::note_entry`].
     async fn logged_change<'a>(&'a self, pool: &'a Pool) -> Change<'a> {
-        // The write-outs queued hold the lock shared: they begin now.
-        self.behind.hurry();
         Change {
             fs: self,
             pool,
             touched: RefCell::default(),
-            _permit: self.lock.acquire(LOCK_UNITS).await,
+            _permit: self.exclusive().await,
         }
     }
 
@@ -1146,7 +1144,8 @@ impl Filesystem {
     }
 
     /// Holds every operation of the filesystem off (a space check walks
-    /// its trees meanwhile).
+    /// its trees meanwhile, a change the log carries, a destroy). The
+    /// write-outs queued hold the lock shared: they begin now.
     pub(in crate::pool) async fn exclusive(&self) -> crate::rt::sync::Permit {
         self.behind.hurry();
         self.lock.acquire(LOCK_UNITS).await

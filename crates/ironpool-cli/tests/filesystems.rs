@@ -3055,6 +3055,76 @@ fn direct_writes_made_durable_first_survive_kill_9() {
     stop_and_check(&mut pool);
 }
 
+/// fio's direct 16K random writes at QD16 with no `fsync` but the last:
+/// they are held in memory and answered, as a volume's WRITEs are, and go
+/// to the devices in batches; one of 1 MiB goes through. The last `fsync`
+/// makes them durable: after a kill -9 (no txg committing meanwhile) and
+/// the intent log's replay, fio verifies every block, and `O_DIRECT` reads
+/// of them found nothing of theirs in the read cache.
+#[test]
+fn direct_writes_held_behind_are_durable_at_fsync() {
+    let (mut pool, mnt, _unmount) = served_filesystem("fsheld");
+    pool.admin(&["tune", &pool.name, "txg_timeout_ms", "600000"]);
+    pool.admin(&["tune", &pool.name, "dirty_sync_bytes", "1G"]);
+    let file = mnt.join("f");
+    let fio = |verify_only: bool, bs: &str| {
+        let mut args = vec![
+            "--name=held".to_string(),
+            format!("--filename={}", file.display()),
+            "--size=32M".to_string(),
+            "--rw=randwrite".to_string(),
+            format!("--bs={bs}"),
+            "--ioengine=io_uring".to_string(),
+            "--direct=1".to_string(),
+            "--iodepth=16".to_string(),
+            "--end_fsync=1".to_string(),
+            "--verify=crc32c".to_string(),
+            "--do_verify=0".to_string(),
+        ];
+        if verify_only {
+            args.push("--verify_only".to_string());
+        }
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        tool("fio", &args)
+    };
+    let stats = |pool: &TestPool| -> serde_json::Value {
+        let all: serde_json::Value =
+            serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+        all["filesystems"][0].clone()
+    };
+    let count = |fs: &serde_json::Value, name: &str| fs[name].as_u64().unwrap();
+    // 1 MiB writes first: long runs, written through.
+    fio(false, "1M");
+    let before = stats(&pool);
+    assert!(
+        count(&before, "through_write_ops") >= 32 && count(&before, "direct_write_ops") >= 32,
+        "1 MiB direct writes were not written through: {before}"
+    );
+    assert_eq!(count(&before, "behind_write_ops"), 0, "{before}");
+    fio(false, "16k");
+    let after = stats(&pool);
+    let held = count(&after, "behind_write_ops");
+    let through = count(&after, "through_write_ops") - count(&before, "through_write_ops");
+    let direct = count(&after, "direct_write_ops") - count(&before, "direct_write_ops");
+    assert!(
+        held >= 2000 && through < 48 && direct == 2048,
+        "{held} of 2048 direct 16K writes held, {through} written through: {after}"
+    );
+    pool.kill9();
+    pool.serve();
+    wait_mounted(&pool, &mnt);
+    let notes = pool.status_json()["notes"].to_string();
+    assert!(notes.contains("intent log: replayed"), "{notes}");
+    let cached = cached_data_bytes(&pool);
+    fio(true, "16k");
+    let read_in = cached_data_bytes(&pool).saturating_sub(cached);
+    assert!(
+        read_in < 4 << 20,
+        "O_DIRECT reads filled the read cache by {read_in} bytes"
+    );
+    stop_and_check(&mut pool);
+}
+
 /// `copy_file_range(fd_in, offset_in, fd_out, offset_out, length)`: the
 /// bytes copied, or the errno.
 fn copy_file_range(

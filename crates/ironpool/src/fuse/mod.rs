@@ -49,7 +49,8 @@ use crate::format::znode::{
 };
 use crate::pool::dataset::props::SyncMode;
 use crate::pool::filesystem::{
-    check_open, Attr, DataChange, Filesystem, FsError, NewObject, RequestKind, SessionId, SetAttr,
+    check_open, Answering, Attr, DataChange, Filesystem, FsError, NewObject, RequestKind,
+    SessionId, SetAttr,
 };
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -65,8 +66,9 @@ const MAX_PAGES: u16 = 256;
 const REQUEST_BUFFER_BYTES: usize = MAX_WRITE_BYTES as usize + 4096;
 /// Where in its buffer a request from `/dev/fuse` is read: a WRITE's
 /// payload follows its two headers and so lands on a 4 KiB boundary, from
-/// where its whole blocks are written to the devices (O_DIRECT) with no
-/// copy ([`Filesystem::write_lent`]). The kernel needs room for the
+/// where the whole blocks of a write going through (O_DIRECT, not held)
+/// are written to the devices with no copy ([`Filesystem::write_lent`]).
+/// The kernel needs room for the
 /// largest write and those headers after it.
 const REQUEST_READ_AT: usize = 4096 - proto::IN_HEADER_BYTES - proto::WRITE_IN_BYTES;
 const _: () = assert!(
@@ -907,8 +909,8 @@ async fn serve(
         | Request::Fallocate { .. } => sync == SyncMode::Always,
         _ => false,
     };
-    // A direct write (not held behind) whose client calls `fsync` after
-    // every write: that commit starts as this one is answered.
+    // A direct write whose client calls `fsync` after every write: that
+    // commit starts as this one is answered (unless the write is held).
     let ahead = !durable
         && matches!(&request, Request::Write { flags, .. } if !fs.may_write_behind(*flags));
     // A direct write among others whose client calls `fsync` every few
@@ -951,7 +953,8 @@ async fn serve(
     } else {
         peers::stale_after(fs, node, &request).await
     };
-    let answer = serve_fs(session, header, request, lent, fs, node, slot).await;
+    let held = matches!(&request, Request::Write { data, .. } if answering.holds(data.len()));
+    let answer = serve_fs(session, header, request, lent, fs, (node, slot), &answering).await;
     if !stale.is_empty() {
         peers::tell(peers, stale);
     }
@@ -969,7 +972,7 @@ async fn serve(
     // leaves: a commit that begins after this covers them.
     answering.answered(answer.is_ok());
     let answer = answer?;
-    if ahead && fs.fsync_expected() {
+    if ahead && !held && fs.fsync_expected() {
         let (pool, fs) = (pool.clone(), fs.clone());
         // Started in this turn, its log write is submitted with the answer.
         // Deferring it until the answer had been submitted (a timer of no
@@ -982,15 +985,16 @@ async fn serve(
 }
 
 /// [`serve`] for a request to a filesystem's node `node` (of the head, or
-/// of the snapshot in `slot`).
+/// of the snapshot in `slot`); `answering` says whether a direct write is
+/// held ([`Answering::holds`]).
 async fn serve_fs(
     session: &Session,
     header: &proto::InHeader,
     request: proto::Request<'_>,
     lent: Option<&BufSlice>,
     fs: &Rc<Filesystem>,
-    node: u64,
-    slot: u64,
+    (node, slot): (u64, u64),
+    answering: &Answering<'_>,
 ) -> Result<Answer, FsError> {
     use proto::Request;
     let pool = &session.pool;
@@ -1244,9 +1248,14 @@ async fn serve_fs(
             }
             let written = if fs.may_write_behind(flags) {
                 fs.write_behind(pool, node, offset, data).await?
+            } else if answering.holds(data.len()) {
+                fs.write_behind_direct(pool, node, offset, data).await?
             } else {
                 fs.write_lent(pool, node, offset, data, lent).await?
             };
+            if fs.is_direct(flags) {
+                fs.count_direct_write();
+            }
             Ok(proto::write_out(written as u32))
         }
         Request::Statfs => statfs(session),

@@ -1,5 +1,6 @@
-//! Buffered writes written behind: a write to a file that is neither direct
-//! nor synchronous is answered once its blocks are merged in memory, and
+//! Writes written behind: a write to a file that is not synchronous (and,
+//! if direct, neither long nor from a client that calls `fsync` often:
+//! `Answering::holds`) is answered once its blocks are merged in memory, and
 //! its blocks go to the devices afterwards, in batches, as a volume's
 //! write-back sends them: once a batch's worth is queued (4 MiB, at most 4
 //! batches under way), when someone waits for them (an `fsync`, a commit, a
@@ -50,9 +51,9 @@
 //!   version still being written out links nothing. Once the block is in
 //!   the tree, a write that grows it goes through (letting its bytes go
 //!   before the larger block is on the devices would risk them).
-//! - Direct writes and synchronous ones go through as before; a write
-//!   through waits for the versions in memory of the blocks it touches
-//!   first.
+//! - Synchronous writes, direct ones that are not held and writes that
+//!   cannot be held (above) go through; a write through waits for the
+//!   versions in memory of the blocks it touches first.
 
 use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
@@ -303,6 +304,16 @@ impl WrittenBehind {
 }
 
 impl Filesystem {
+    /// Whether I/O by a file opened with `flags` is direct: `O_DIRECT` under
+    /// `direct=standard`, or any under `direct=always`.
+    pub fn is_direct(&self, flags: u32) -> bool {
+        match self.settings.get().direct {
+            DirectMode::Always => true,
+            DirectMode::Standard => flags & libc::O_DIRECT as u32 != 0,
+            DirectMode::Disabled => false,
+        }
+    }
+
     /// Whether a write by a file opened with `flags` (`open(2)` flags, as
     /// FUSE gives them with each write) may be written behind: neither
     /// direct (`O_DIRECT` under `direct=standard`, or `direct=always`) nor
@@ -310,11 +321,7 @@ impl Filesystem {
     /// `sync=always`).
     pub fn may_write_behind(&self, flags: u32) -> bool {
         let settings = self.settings.get();
-        let direct = match settings.direct {
-            DirectMode::Always => true,
-            DirectMode::Standard => flags & libc::O_DIRECT as u32 != 0,
-            DirectMode::Disabled => false,
-        };
+        let direct = self.is_direct(flags);
         let sync = match settings.sync {
             SyncMode::Always => true,
             SyncMode::Standard => flags & libc::O_DSYNC as u32 != 0,
@@ -333,6 +340,34 @@ impl Filesystem {
         ino: u64,
         offset: u64,
         data: &[u8],
+    ) -> Result<usize, FsError> {
+        self.write_held(pool, ino, offset, data, false).await
+    }
+
+    /// [`Filesystem::write_behind`] of a direct write held
+    /// ([`super::Answering::holds`]): counted for its client's `fsync`
+    /// cadence as a direct write going through is (a buffered one is not:
+    /// a buffered writer beside would hide a direct one's cadence).
+    pub async fn write_behind_direct(
+        self: &Rc<Self>,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<usize, FsError> {
+        self.write_held(pool, ino, offset, data, true).await
+    }
+
+    /// [`Filesystem::write_behind`]; `direct`: the write is noted for the
+    /// `fsync` cadence once held (a write that goes through instead is
+    /// noted there).
+    async fn write_held(
+        self: &Rc<Self>,
+        pool: &Rc<Pool>,
+        ino: u64,
+        offset: u64,
+        data: &[u8],
+        direct: bool,
     ) -> Result<usize, FsError> {
         if self.behind.failing.get() || data.is_empty() {
             return self.write(pool, ino, offset, data).await;
@@ -358,6 +393,9 @@ impl Filesystem {
             let guard = self.files.whole(ino).await;
             if self.may_grow_behind(pool, &object, end) {
                 let number = self.grow_behind(pool, &object, offset, data)?;
+                if direct {
+                    self.log.note_write_arrived();
+                }
                 let stamped = self.stamp_write(pool, &object);
                 drop((guard, admission));
                 self.spawn_write_out(pool, &object, vec![(0, number)], shared);
@@ -406,6 +444,9 @@ impl Filesystem {
             stats.write_bytes += data.len() as u64;
             stats.behind_write_ops += 1;
         });
+        if direct {
+            self.log.note_write_arrived();
+        }
         let stamped = self.stamp_write(pool, &object);
         drop((guard, admission));
         self.spawn_write_out(pool, &object, numbers, shared);

@@ -466,7 +466,7 @@ impl Filesystem {
         self.count(|stats| {
             stats.write_ops += 1;
             stats.write_bytes += data.len() as u64;
-            stats.direct_write_ops += 1;
+            stats.through_write_ops += 1;
         });
         self.stamp_write(pool, &object)?;
         Ok(data.len())

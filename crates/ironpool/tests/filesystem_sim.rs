@@ -1987,6 +1987,49 @@ fn small_files_written_in_pieces_grow_their_block_in_memory() {
     });
 }
 
+/// A hole punched, or a range zeroed, over blocks written behind and not
+/// yet linked, where the tree has holes: the held bytes are gone, and
+/// stay gone once written out.
+#[test]
+fn a_punch_over_writes_held_behind_zeroes_them() {
+    let disks = devices(1, DEVICE_BYTES, 183);
+    Runtime::new_sim(183).block_on(async move {
+        let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let file = new_file(&pool, &fs).await;
+        let record = 128 << 10;
+        // Records 0 and 15 linked, 1 to 14 holes in the tree.
+        fs.write(&pool, file.ino, 0, &[1; 128 << 10]).await.unwrap();
+        fs.write(&pool, file.ino, 15 * record, &[1; 128 << 10])
+            .await
+            .unwrap();
+        for (mode, at) in [
+            (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, 4),
+            (libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, 8),
+        ] {
+            fs.write_behind(&pool, file.ino, at * record, &[7; 128 << 10])
+                .await
+                .unwrap();
+            assert!(fs.held_behind_blocks() > 0, "the write was not held");
+            fs.fallocate(&pool, file.ino, (at - 1) * record, 3 * record, mode as u32)
+                .await
+                .unwrap();
+            for settled in [false, true] {
+                if settled {
+                    fs.settle_writes(None).await;
+                }
+                let read = fs
+                    .read(&pool, file.ino, at * record, 128 << 10, false)
+                    .await
+                    .unwrap();
+                assert!(
+                    read.iter().all(|byte| *byte == 0),
+                    "mode {mode:#x}: held bytes survived the fallocate (settled: {settled})"
+                );
+            }
+        }
+    });
+}
+
 /// A write-out that fails after its write was answered is reported by
 /// the file's next fsync (once), and writes go through until one succeeds.
 #[test]

@@ -142,6 +142,10 @@ impl Filesystem {
         }
         let size = object.length_bytes();
         if punch || zero {
+            // Writes held in memory are linked first: the holes skipped
+            // below are the tree's, and a held block over one would
+            // otherwise survive the punch (and be linked after it).
+            self.behind.settle(Some(ino)).await;
             // Past the end there is nothing to zero: the file grows (with
             // holes) below, unless the size is kept.
             let zero_end = end.min(size);

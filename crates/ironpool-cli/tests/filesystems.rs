@@ -2990,6 +2990,31 @@ fn fsynced_writes_survive_kill_9_through_the_intent_log() {
     }
 }
 
+/// fio's direct random writes at QD16 over 32 MiB of `file`, ending in an
+/// `fsync`, each block's crc32c written in it; with `verify_only`, the
+/// same job checks them instead. `extra`: the block size and more.
+fn direct_random_writes_verified(file: &Path, name: &str, extra: &[&str], verify_only: bool) {
+    let name = format!("--name={name}");
+    let filename = format!("--filename={}", file.display());
+    let mut args = vec![
+        name.as_str(),
+        filename.as_str(),
+        "--size=32M",
+        "--rw=randwrite",
+        "--ioengine=io_uring",
+        "--direct=1",
+        "--iodepth=16",
+        "--end_fsync=1",
+        "--verify=crc32c",
+        "--do_verify=0",
+    ];
+    args.extend_from_slice(extra);
+    if verify_only {
+        args.push("--verify_only");
+    }
+    tool("fio", &args);
+}
+
 /// fio's direct 16K random writes at QD16 with an `fsync` every 4, no txg
 /// committing meanwhile: the writes are made durable before they are
 /// answered and the `fsync`s find nothing to commit (both counted). Then a
@@ -3004,25 +3029,7 @@ fn direct_writes_made_durable_first_survive_kill_9() {
     pool.admin(&["tune", &pool.name, "dirty_sync_bytes", "1G"]);
     let file = mnt.join("f");
     let fio = |verify_only: bool| {
-        let mut args = vec![
-            "--name=durable".to_string(),
-            format!("--filename={}", file.display()),
-            "--size=32M".to_string(),
-            "--rw=randwrite".to_string(),
-            "--bs=16k".to_string(),
-            "--ioengine=io_uring".to_string(),
-            "--direct=1".to_string(),
-            "--iodepth=16".to_string(),
-            "--fsync=4".to_string(),
-            "--end_fsync=1".to_string(),
-            "--verify=crc32c".to_string(),
-            "--do_verify=0".to_string(),
-        ];
-        if verify_only {
-            args.push("--verify_only".to_string());
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        tool("fio", &args)
+        direct_random_writes_verified(&file, "durable", &["--bs=16k", "--fsync=4"], verify_only)
     };
     fio(false);
     let stats: serde_json::Value =
@@ -3068,24 +3075,8 @@ fn direct_writes_held_behind_are_durable_at_fsync() {
     pool.admin(&["tune", &pool.name, "dirty_sync_bytes", "1G"]);
     let file = mnt.join("f");
     let fio = |verify_only: bool, bs: &str| {
-        let mut args = vec![
-            "--name=held".to_string(),
-            format!("--filename={}", file.display()),
-            "--size=32M".to_string(),
-            "--rw=randwrite".to_string(),
-            format!("--bs={bs}"),
-            "--ioengine=io_uring".to_string(),
-            "--direct=1".to_string(),
-            "--iodepth=16".to_string(),
-            "--end_fsync=1".to_string(),
-            "--verify=crc32c".to_string(),
-            "--do_verify=0".to_string(),
-        ];
-        if verify_only {
-            args.push("--verify_only".to_string());
-        }
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        tool("fio", &args)
+        let bs = format!("--bs={bs}");
+        direct_random_writes_verified(&file, "held", &[&bs], verify_only)
     };
     let stats = |pool: &TestPool| -> serde_json::Value {
         let all: serde_json::Value =

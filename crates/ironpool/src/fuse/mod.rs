@@ -49,8 +49,7 @@ use crate::format::znode::{
 };
 use crate::pool::dataset::props::SyncMode;
 use crate::pool::filesystem::{
-    check_open, Answering, Attr, DataChange, Filesystem, FsError, NewObject, RequestKind,
-    SessionId, SetAttr,
+    check_open, Attr, DataChange, Filesystem, FsError, NewObject, RequestKind, SessionId, SetAttr,
 };
 use crate::pool::Pool;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -954,7 +953,7 @@ async fn serve(
         peers::stale_after(fs, node, &request).await
     };
     let held = matches!(&request, Request::Write { data, .. } if answering.holds(data.len()));
-    let answer = serve_fs(session, header, request, lent, fs, (node, slot), &answering).await;
+    let answer = serve_fs(session, header, request, lent, fs, (node, slot), held).await;
     if !stale.is_empty() {
         peers::tell(peers, stale);
     }
@@ -985,8 +984,8 @@ async fn serve(
 }
 
 /// [`serve`] for a request to a filesystem's node `node` (of the head, or
-/// of the snapshot in `slot`); `answering` says whether a direct write is
-/// held ([`Answering::holds`]).
+/// of the snapshot in `slot`); `held`: the request is a direct write to
+/// be held ([`Answering::holds`](crate::pool::filesystem::Answering::holds)).
 async fn serve_fs(
     session: &Session,
     header: &proto::InHeader,
@@ -994,7 +993,7 @@ async fn serve_fs(
     lent: Option<&BufSlice>,
     fs: &Rc<Filesystem>,
     (node, slot): (u64, u64),
-    answering: &Answering<'_>,
+    held: bool,
 ) -> Result<Answer, FsError> {
     use proto::Request;
     let pool = &session.pool;
@@ -1248,7 +1247,7 @@ async fn serve_fs(
             }
             let written = if fs.may_write_behind(flags) {
                 fs.write_behind(pool, node, offset, data).await?
-            } else if answering.holds(data.len()) {
+            } else if held {
                 fs.write_behind_direct(pool, node, offset, data).await?
             } else {
                 fs.write_lent(pool, node, offset, data, lent).await?

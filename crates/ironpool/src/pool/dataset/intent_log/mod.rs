@@ -264,6 +264,17 @@ struct Cadence {
 /// stops calling `fsync` often leaves the mode after three far ones.
 const CLOSE_STREAK_MAX: u32 = 4 * LOG_AHEAD_STREAK;
 
+/// A run of close FLUSHes (`streak`) after one that came `gap` writes after
+/// the last: unchanged right after another (no write between), one longer
+/// when at most `gap_max` writes apart, halved when further.
+fn close_streak_after(streak: u32, gap: u32, gap_max: u32) -> u32 {
+    match gap {
+        0 => streak,
+        gap if gap <= gap_max => (streak + 1).min(CLOSE_STREAK_MAX),
+        _ => streak / 2,
+    }
+}
+
 /// Answers a filesystem gave that may rest on changes not yet durable,
 /// counted: `answered` counts them (every answer but a WRITE made durable
 /// before it was answered and an `fsync`'s; a write written behind counts
@@ -785,17 +796,13 @@ impl IntentLog {
         // time ends it; one after more writes than that halves it, so that
         // a burst (the writes the kernel held back while an `fsync` was
         // out) does not end the mode at once.
-        cadence.close_streak = match cadence.writes_since_flush {
+        let gap = cadence.writes_since_flush;
+        cadence.close_streak = match gap {
             0 => cadence.close_streak,
             _ if cadence.peak_in_flight < 2 => 0,
-            gap if gap <= gap_max => (cadence.close_streak + 1).min(CLOSE_STREAK_MAX),
-            _ => cadence.close_streak / 2,
+            _ => close_streak_after(cadence.close_streak, gap, gap_max),
         };
-        cadence.near_streak = match cadence.writes_since_flush {
-            0 => cadence.near_streak,
-            gap if gap <= gap_max => (cadence.near_streak + 1).min(CLOSE_STREAK_MAX),
-            _ => cadence.near_streak / 2,
-        };
+        cadence.near_streak = close_streak_after(cadence.near_streak, gap, gap_max);
         cadence.peak_in_flight = cadence.writes_in_flight;
         cadence.writes_since_flush = 0;
         self.cadence.set(cadence);

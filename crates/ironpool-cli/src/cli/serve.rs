@@ -245,6 +245,7 @@ pub fn serve(
                 engine_inbox,
                 to_front_end,
                 stats.clone(),
+                !nbd.thread,
             ));
             front_end = Some((thread, stop, engine));
         }

@@ -937,16 +937,31 @@ impl Connection {
         if self.broken.get() {
             return; // the client is gone; dropping releases the permits
         }
-        let pieces = pieces
-            .into_iter()
-            .map(|piece| match piece {
+        let mut pieces_sent = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            pieces_sent.push(match piece {
                 OwnedPiece::Bytes(bytes) => SendPiece::Bytes(bytes),
                 OwnedPiece::Buffer(buffer, range) => {
                     SendPiece::Slice(BufSlice::new(buffer.into_shared(), range))
                 }
                 OwnedPiece::Zeros(length) => SendPiece::Zeros(length),
-            })
-            .collect();
+                OwnedPiece::Lent(lent) => match lent.take() {
+                    Some(slice) => SendPiece::Slice(slice),
+                    None => {
+                        // Lent on another thread: the engine lends only to
+                        // a front end on its own, so this is a bug. The
+                        // reply cannot be sent whole: the client is cut off
+                        // rather than sent other bytes.
+                        debug_assert!(false, "a READ's bytes lent across threads");
+                        self.broken.set(true);
+                        self.outbox.borrow_mut().clear();
+                        self.stop_reading();
+                        return;
+                    }
+                },
+            });
+        }
+        let pieces = pieces_sent;
         self.outbox.borrow_mut().push_back(Outgoing {
             pieces,
             _permits: permits,

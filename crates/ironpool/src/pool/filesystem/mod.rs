@@ -17,8 +17,10 @@
 //!   as in OpenZFS; larger files have record-size blocks.
 //! - Directories are hashed leaves (`dir.rs`, `format::fsdir`).
 //!
-//! The files of this folder: the filesystem, its locks, objects and
-//! statistics here; names (lookup, create, link, remove, rename, readdir,
+//! The files of this folder: the filesystem and its objects here; the
+//! locks of a file's blocks in `locks.rs`; what it reports (`iostat`,
+//! `statfs`) in `stats.rs`; which writes are held or made durable first,
+//! and `fsync`, in `sync.rs`; its own properties in `own_props.rs`; names (lookup, create, link, remove, rename, readdir,
 //! setattr) in `names.rs`; the lives of objects (the kernel's holds,
 //! removed objects freed at the last one) in `lives.rs`; a file's data
 //! (reads, writes, links of written blocks, truncation) in `data.rs`; buffered writes written behind in `behind.rs`; what the
@@ -57,10 +59,14 @@ pub mod dir;
 mod holds;
 pub mod id_space;
 mod lives;
+mod locks;
 mod manage;
 mod names;
+mod own_props;
 mod replay;
+mod stats;
 mod stream;
+mod sync;
 pub mod xattr;
 
 use std::cell::{Cell, RefCell};
@@ -76,16 +82,21 @@ use crate::format::znode::{FsHeader, FsSpace, Timestamp, Znode, S_ISGID, S_ISUID
 use crate::format::{Dnode, ObjectType};
 use crate::object::{Object, ObjectError, ObjectSet};
 use crate::pool::dataset::intent_log::IntentLog;
-use crate::pool::dataset::props::{SyncMode, VolumeSettings};
-use crate::pool::volume::writeback::WRITE_THROUGH_MIN_BYTES;
+use crate::pool::dataset::props::VolumeSettings;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::rt::buf::BufSlice;
-use crate::rt::sync::Notify;
 pub use attrs::{check_open, DataChange};
 pub use diff::{DiffEntry, DiffReport, DIFF_ENTRIES_MAX};
 use holds::Holds;
 pub use holds::SessionId;
-use rustc_hash::{FxHashMap, FxHashSet};
+use locks::FileLocks;
+pub use own_props::{
+    default_mountpoint, mountpoint, own_property_default, record_bytes, validate_own_property,
+    OWN_PROPERTIES,
+};
+use rustc_hash::FxHashSet;
+pub use stats::{FrontEndStats, FsIoStats, FsStats, OpStats};
+pub use sync::{Answering, RequestKind};
 
 /// The root directory's object number.
 pub const ROOT_OBJECT: u64 = 1;
@@ -278,87 +289,6 @@ impl FsError {
     }
 }
 
-/// The pool's tunable `fs_durable_writes_fsync_gap`.
-fn durable_writes_gap(pool: &Pool) -> u32 {
-    pool.tunables.borrow().fs_durable_writes_fsync_gap as u32
-}
-
-/// What a request is, for the durability of its answer
-/// ([`Filesystem::request_began`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RequestKind {
-    /// A direct write (`O_DIRECT`, `direct=always`) that is not
-    /// synchronous: held behind or gone through ([`Answering::holds`]).
-    DirectWrite,
-    /// An `fsync`, or a request that notes nothing for the intent log (a
-    /// read: an access time is not logged).
-    NoChange,
-    /// Anything else: its answer may rest on changes not yet durable.
-    Changes,
-}
-
-/// A request being served ([`Filesystem::request_began`]). Its answer is
-/// counted when it goes, after the request's changes were noted (a
-/// request dropped unanswered counts as one that may rest on changes not
-/// yet durable).
-pub struct Answering<'a> {
-    fs: &'a Filesystem,
-    direct_write: bool,
-    durable_first: bool,
-    held: bool,
-    unsure: bool,
-    answered: bool,
-}
-
-impl Answering<'_> {
-    /// Whether this direct write is made durable before it is answered
-    /// (through [`Pool::fs_log_commit`]).
-    pub fn durable_first(&self) -> bool {
-        self.durable_first
-    }
-
-    /// Whether this direct write, of `bytes`, is held in memory and
-    /// answered, to be written out behind in batches as a volume's WRITE
-    /// is ([`Filesystem::write_behind`]): neither made durable first nor
-    /// of a client that calls `fsync` often (after every write: its commit
-    /// starts as the write is answered, [`Pool::fs_log_ahead`]; every few
-    /// writes: its writes are to be made durable first), and
-    /// shorter than [`WRITE_THROUGH_MIN_BYTES`] (a longer one is a run
-    /// long enough for the devices already, written from the request's
-    /// own buffer). `O_DIRECT` promises to bypass the caches, not to be
-    /// durable (that is `fsync`'s or `O_DSYNC`'s): the held blocks are no
-    /// cache (the read cache never sees them), and every `fsync` waits
-    /// for them. Measured on a mirror of two files, fio 16K random writes
-    /// alternating binaries in one run: QD1 24k IOPS held against 7-10k
-    /// written through, QD64 66k against 44-50k.
-    pub fn holds(&self, bytes: usize) -> bool {
-        self.held && (bytes as u64) < WRITE_THROUGH_MIN_BYTES
-    }
-
-    /// The request was served (`ok`: it succeeded, and a write to be made
-    /// durable first was); its answer leaves next.
-    pub fn answered(mut self, ok: bool) {
-        if self.durable_first && ok {
-            self.fs.count(|stats| stats.durable_first_ops += 1);
-        }
-        // A direct write that failed may have linked some of its blocks
-        // (a request noting nothing changed nothing, failed or not).
-        self.unsure |= !ok && self.direct_write;
-        self.answered = true;
-    }
-}
-
-impl Drop for Answering<'_> {
-    fn drop(&mut self) {
-        if self.direct_write {
-            self.fs.log.note_direct_write_done();
-        }
-        if self.unsure || !self.answered {
-            self.fs.log.note_answer_unsure();
-        }
-    }
-}
-
 impl From<PoolError> for FsError {
     fn from(error: PoolError) -> FsError {
         FsError::Pool(error)
@@ -489,185 +419,6 @@ impl NewObject<'_> {
             umask: None,
         }
     }
-}
-
-/// What `statfs` reports.
-#[derive(Clone, Copy, Debug)]
-pub struct FsStats {
-    /// Allocated and available bytes together, as OpenZFS reports a
-    /// filesystem's size: the space held for metadata is neither.
-    pub total_bytes: u64,
-    /// Bytes of data that still fit in the pool, counting the space of
-    /// removed files on its way back (see `Pool::writable_bytes`).
-    pub available_bytes: u64,
-    pub objects: u64,
-}
-
-/// Locks of data operations on files: a read or write locks the blocks it
-/// touches, so that operations on different blocks of one file run at once
-/// (a queue depth of 64 on one file reaches the devices); growing a file's
-/// first block locks the whole file.
-#[derive(Default)]
-struct FileLocks {
-    files: RefCell<FxHashMap<u64, FileLockState>>,
-    released: Notify,
-}
-
-#[derive(Default)]
-struct FileLockState {
-    whole: bool,
-    blocks: FxHashSet<u64>,
-}
-
-/// What a [`FileLocks`] guard holds: blocks of a file, or all of it.
-enum Held {
-    Blocks(std::ops::RangeInclusive<u64>),
-    Whole,
-}
-
-struct FileGuard<'a> {
-    locks: &'a FileLocks,
-    ino: u64,
-    held: Held,
-}
-
-impl FileLocks {
-    /// Locks blocks `blocks` of file `ino`, waiting for those held.
-    async fn blocks(&self, ino: u64, blocks: std::ops::RangeInclusive<u64>) -> FileGuard<'_> {
-        loop {
-            let released = self.released.notified();
-            {
-                let mut files = self.files.borrow_mut();
-                let state = files.entry(ino).or_default();
-                if !state.whole && !blocks.clone().any(|blkid| state.blocks.contains(&blkid)) {
-                    state.blocks.extend(blocks.clone());
-                    return FileGuard {
-                        locks: self,
-                        ino,
-                        held: Held::Blocks(blocks),
-                    };
-                }
-            }
-            released.await;
-        }
-    }
-
-    /// Locks all of file `ino`, once nothing of it is held.
-    async fn whole(&self, ino: u64) -> FileGuard<'_> {
-        loop {
-            let released = self.released.notified();
-            {
-                let mut files = self.files.borrow_mut();
-                let state = files.entry(ino).or_default();
-                if !state.whole && state.blocks.is_empty() {
-                    state.whole = true;
-                    return FileGuard {
-                        locks: self,
-                        ino,
-                        held: Held::Whole,
-                    };
-                }
-            }
-            released.await;
-        }
-    }
-}
-
-impl Drop for FileGuard<'_> {
-    fn drop(&mut self) {
-        let mut files = self.locks.files.borrow_mut();
-        if let Some(state) = files.get_mut(&self.ino) {
-            match &self.held {
-                Held::Whole => state.whole = false,
-                Held::Blocks(blocks) => {
-                    for blkid in blocks.clone() {
-                        state.blocks.remove(&blkid);
-                    }
-                }
-            }
-            if !state.whole && state.blocks.is_empty() {
-                files.remove(&self.ino);
-            }
-        }
-        drop(files);
-        self.locks.released.notify_all();
-    }
-}
-
-/// What a filesystem's file I/O did since import (`iostat`), with the
-/// names and meanings of a volume's counters so tools read both alike.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct FsIoStats {
-    pub read_ops: u64,
-    pub write_ops: u64,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    /// Direct reads, which keep nothing in the read cache (`O_DIRECT` with
-    /// `direct=standard`, taking a block from it when it is there; every
-    /// read with `direct=always`), and direct writes, held or gone through
-    /// (as every write, they never enter the read cache), as a volume
-    /// counts them.
-    pub direct_read_ops: u64,
-    pub direct_write_ops: u64,
-    /// Writes that went to the devices before they were answered (direct
-    /// ones not held, synchronous ones, those that could not be held), and
-    /// `fallocate`'s pieces of zeros.
-    pub through_write_ops: u64,
-    /// Writes answered once in memory, their blocks written out after
-    /// (`behind.rs`), and write-outs of theirs that failed.
-    pub behind_write_ops: u64,
-    pub behind_failures: u64,
-    /// Of `behind_write_ops`, those that grew a file's one block in memory
-    /// (a small file written in pieces).
-    pub behind_grow_ops: u64,
-    /// Write-outs that linked nothing: their file's one block grew in
-    /// memory meanwhile, and the newer version carries their bytes.
-    pub behind_superseded: u64,
-    /// Writes that covered part of a block and read the old block first.
-    pub rmw_write_ops: u64,
-    /// Blocks read that were holes (answered with zeros, no device I/O).
-    pub hole_read_ops: u64,
-    /// `fsync`, `fdatasync` and `fsync` of directories.
-    pub flush_ops: u64,
-    /// Direct writes made durable before they were answered, their client
-    /// calling `fsync` every few writes (`DURABLE_WRITES_FSYNC_GAP_MAX`),
-    /// and `fsync`s that then found every answer before them durable and
-    /// committed nothing.
-    pub durable_first_ops: u64,
-    pub fsyncs_found_durable: u64,
-    /// Records `copy_file_range` cloned (linked again, no bytes written).
-    pub cloned_blocks: u64,
-}
-
-/// What the front end serving a filesystem (FUSE) reports about itself,
-/// for `fs list` and `iostat`: how requests reach it, and how many it
-/// serves at once (an application's queue depth should reach it whole).
-#[derive(Clone, Debug, Default, Serialize)]
-pub struct FrontEndStats {
-    /// How requests come (e.g. `io_uring (2 queues x 64 slots)`); empty
-    /// when nothing serves the filesystem.
-    pub transport: String,
-    /// Requests answered since it was mounted.
-    pub requests: u64,
-    /// Requests being served now, and the most at once since mounted.
-    pub in_flight: u64,
-    pub in_flight_max: u64,
-    /// Requests by kind (the kernel's opcode name) since mounted: how many
-    /// an application's calls cost (a create is a LOOKUP, a CREATE and a
-    /// GETATTR of its directory, each a round trip), and how long the
-    /// server held each kind.
-    pub ops: std::collections::BTreeMap<&'static str, OpStats>,
-}
-
-/// One kind of FUSE request served by a filesystem's front end.
-#[derive(Clone, Copy, Debug, Default, Serialize)]
-pub struct OpStats {
-    /// Requests of the kind (those the kernel expects no reply to as well).
-    pub count: u64,
-    /// Microseconds from each request's arrival at the server to its reply,
-    /// summed: the server's share of the round trip (with the devices' for
-    /// a request that waits on them).
-    pub service_us: u64,
 }
 
 /// An open filesystem.
@@ -902,97 +653,6 @@ fn sync_mounted(path: &std::path::Path) -> std::io::Result<()> {
 
 fn now() -> Timestamp {
     Timestamp::from_ns(crate::rt::file_clock_ns())
-}
-
-/// The record size a filesystem's properties give.
-pub fn record_bytes(properties: &BTreeMap<String, String>) -> u32 {
-    properties
-        .get("recordsize")
-        .and_then(|value| value.parse().ok())
-        .unwrap_or(RECORD_BYTES_DEFAULT)
-}
-
-/// Where filesystem `short` of pool `pool` mounts: its `mountpoint`
-/// property, by default `/POOL/NAME` (as OpenZFS); None for `none` and
-/// `legacy` (not mounted by the server).
-pub fn mountpoint(
-    pool: &str,
-    short: &str,
-    properties: &BTreeMap<String, String>,
-) -> Option<String> {
-    match properties.get("mountpoint").map(String::as_str) {
-        Some("none" | "legacy") => None,
-        Some(path) => Some(path.to_string()),
-        None => Some(default_mountpoint(pool, short)),
-    }
-}
-
-/// Where a filesystem mounts without a `mountpoint` property (OpenZFS's
-/// rule).
-pub fn default_mountpoint(pool: &str, short: &str) -> String {
-    format!("/{pool}/{short}")
-}
-
-/// A filesystem's own properties (not inherited from the pool).
-pub const OWN_PROPERTIES: [&str; 6] = [
-    "recordsize",
-    "mountpoint",
-    "atime",
-    "xattr",
-    "acltype",
-    "writebackcache",
-];
-
-/// The value of own property `name` of filesystem `short` of pool `pool`
-/// when it is not set.
-pub fn own_property_default(pool: &str, short: &str, name: &str) -> String {
-    match name {
-        "recordsize" => RECORD_BYTES_DEFAULT.to_string(),
-        "mountpoint" => default_mountpoint(pool, short),
-        "acltype" | "writebackcache" => "off".to_string(),
-        _ => "on".to_string(),
-    }
-}
-
-/// Checks a filesystem-only property; returns the value as stored, or None
-/// for a property that is not a filesystem's own.
-pub fn validate_own_property(name: &str, value: &str) -> Result<Option<String>, PoolError> {
-    let invalid = |why: String| Err(PoolError::InvalidArgument(why));
-    match name {
-        "recordsize" => {
-            let bytes = crate::units::parse_size(value).map_err(PoolError::InvalidArgument)?;
-            if !bytes.is_power_of_two()
-                || bytes < RECORD_BYTES_MIN as u64
-                || bytes > RECORD_BYTES_MAX as u64
-            {
-                return invalid(format!(
-                    "recordsize {value}: a power of two from {RECORD_BYTES_MIN} to {RECORD_BYTES_MAX}"
-                ));
-            }
-            Ok(Some(bytes.to_string()))
-        }
-        "mountpoint" => {
-            if value != "none" && value != "legacy" && !value.starts_with('/') {
-                return invalid(format!(
-                    "mountpoint '{value}': an absolute path, none or legacy"
-                ));
-            }
-            Ok(Some(value.to_string()))
-        }
-        "atime" | "xattr" | "writebackcache" => match value {
-            "on" | "off" => Ok(Some(value.to_string())),
-            _ => invalid(format!("{name} '{value}': use on or off")),
-        },
-        // OpenZFS's names: `posixacl` is `posix`, `noacl` is `off`.
-        "acltype" => match value {
-            "posix" | "posixacl" => Ok(Some("posix".to_string())),
-            "off" | "noacl" => Ok(Some("off".to_string())),
-            _ => invalid(format!(
-                "acltype '{value}': use posix or off (NFSv4 ACLs are not kept)"
-            )),
-        },
-        _ => Ok(None),
-    }
 }
 
 impl Filesystem {
@@ -1394,38 +1054,6 @@ impl Filesystem {
         )
     }
 
-    /// The counters of the filesystem's intent log (`fsync`).
-    pub fn log_stats(&self) -> crate::pool::dataset::intent_log::LogStats {
-        self.log.stats()
-    }
-
-    /// What its file I/O did since import.
-    pub fn io_stats(&self) -> FsIoStats {
-        self.io_stats.get()
-    }
-
-    /// Counts a direct write served (held or gone through), for
-    /// `direct_write_ops`: the front end knows which writes are direct.
-    pub fn count_direct_write(&self) {
-        self.count(|stats| stats.direct_write_ops += 1);
-    }
-
-    fn count(&self, change: impl FnOnce(&mut FsIoStats)) {
-        let mut stats = self.io_stats.get();
-        change(&mut stats);
-        self.io_stats.set(stats);
-    }
-
-    /// What its front end last reported.
-    pub fn front_end(&self) -> FrontEndStats {
-        self.front_end.borrow().clone()
-    }
-
-    /// The front end reports a change (its transport, a request).
-    pub fn note_front_end(&self, change: impl FnOnce(&mut FrontEndStats)) {
-        change(&mut self.front_end.borrow_mut());
-    }
-
     /// Session `id`, mounted at `mountpoint`, lets the kernel cache
     /// writes (the writeback cache): [`Filesystem::flush_kernel_caches`]
     /// has them sent.
@@ -1470,95 +1098,6 @@ impl Filesystem {
                 self.name(),
                 path.display()
             );
-        }
-    }
-
-    /// Notes an `fsync` (or `fdatasync`) arriving ([`Filesystem::fsync`]
-    /// does): with the direct writes [`Filesystem::write`] and
-    /// [`Filesystem::write_behind_direct`] note, the
-    /// cadence that tells [`Pool::fs_log_ahead`] whether the next `fsync`
-    /// is expected, and [`Filesystem::request_began`] whether a direct
-    /// write is made durable first.
-    pub fn note_fsync_arrived(&self, pool: &Pool) {
-        self.log.note_flush_arrived(durable_writes_gap(pool));
-    }
-
-    /// Whether this filesystem's client has called `fsync` after every
-    /// single direct write lately, and the write just answered is the only
-    /// one since its last `fsync`: [`Pool::fs_log_ahead`] would start.
-    pub fn fsync_expected(&self) -> bool {
-        self.log.flush_expected()
-    }
-
-    /// Tells the filesystem that its front end serves a request of `kind`:
-    /// the returned [`Answering`] says whether a direct write is to be made
-    /// durable before it is answered, and, once the request's changes are
-    /// noted, counts its answer for [`Filesystem::fsync`] (an `fsync`
-    /// finding every answer before it durable commits nothing).
-    pub fn request_began(&self, pool: &Pool, kind: RequestKind) -> Answering<'_> {
-        let direct_write = kind == RequestKind::DirectWrite;
-        if direct_write {
-            self.log.note_direct_write_began();
-        }
-        let standard = self.settings().sync == SyncMode::Standard;
-        let gap = durable_writes_gap(pool);
-        let durable_first = direct_write && standard && self.log.writes_durable_first(gap);
-        let held = direct_write && !durable_first && !self.log.flushes_often(gap) && !self.snapshot;
-        Answering {
-            fs: self,
-            direct_write,
-            durable_first,
-            held,
-            unsure: kind == RequestKind::Changes || (direct_write && !durable_first),
-            answered: false,
-        }
-    }
-
-    /// `fsync` or `fdatasync` of `node` (a file or a directory): what was
-    /// answered before it made durable, through the intent log when it
-    /// carries every change since the last durable txg, else a txg
-    /// (`sync=disabled`: nothing, as OpenZFS). A write written behind and
-    /// lost since is reported here. When every answer given before it is
-    /// durable already (its client's direct writes were made durable first,
-    /// [`Filesystem::request_began`]), it commits nothing: the kernel keeps
-    /// the file's writes out while an `fsync` is in the server.
-    pub async fn fsync(self: &Rc<Self>, pool: &Rc<Pool>, node: u64) -> Result<(), FsError> {
-        self.note_fsync_arrived(pool);
-        self.settle_writes(Some(node)).await;
-        if let Some(error) = self.take_write_error(node) {
-            return Err(error);
-        }
-        if self.settings().sync == SyncMode::Disabled {
-            return Ok(());
-        }
-        if self.log.answers_durable() {
-            self.count(|stats| stats.fsyncs_found_durable += 1);
-        } else {
-            pool.fs_log_commit(self).await?;
-        }
-        self.count_flush();
-        Ok(())
-    }
-
-    /// An `fsync` was made durable (counted as a volume's FLUSH is).
-    pub fn count_flush(&self) {
-        self.count(|stats| stats.flush_ops += 1);
-    }
-
-    /// Space and objects for `statfs`.
-    pub fn stats(&self, pool: &Pool) -> FsStats {
-        let (size_bytes, free_bytes) = pool.space();
-        // The size leaves out what metadata may take; what is being freed
-        // is available (a write waits for it), so it is no longer used.
-        let (total_bytes, available_bytes) = pool.limited_space(
-            crate::pool::dataset::intent_log::Owner::Filesystem(self),
-            size_bytes - free_bytes + pool.data_available_bytes(),
-            pool.writable_bytes(),
-        );
-        FsStats {
-            total_bytes,
-            available_bytes,
-            objects: self.header.get().objects,
         }
     }
 }
@@ -1661,148 +1200,4 @@ fn concat(pieces: &[BufSlice]) -> Vec<u8> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::dev::sim::SimDevice;
-    use crate::format::label::TopVdevKind;
-    use crate::format::znode::S_IFREG;
-    use crate::pool::test_pool::{named, sim_pool, unhurried};
-    use crate::pool::PoolTunables;
-    use crate::rt::Runtime;
-
-    async fn mirror_pool(disks: &[Rc<SimDevice>], tunables: PoolTunables) -> Rc<Pool> {
-        sim_pool(disks, TopVdevKind::Mirror, tunables).await
-    }
-
-    /// The blocks a truncate freed ahead are passed a run at a time when
-    /// its exclusive step walks them again: a run of hole pointers in one
-    /// indirect node is one span, up to the node's end or to a block that
-    /// holds data. (Passed a block at a time, a 3 GiB file of 16K records
-    /// held its filesystem for 30 ms.)
-    #[test]
-    fn a_run_of_holes_in_an_indirect_node_is_one_span() {
-        let disks: Vec<Rc<SimDevice>> = (0..2)
-            .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 42 + index))
-            .collect();
-        Runtime::new_sim(42).block_on(async move {
-            let pool = mirror_pool(&disks, PoolTunables::default()).await;
-            let properties = BTreeMap::from([("recordsize".to_string(), "4K".to_string())]);
-            let fs = pool.create_filesystem("tank/fs", properties).await.unwrap();
-            let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
-            let file = fs.create(&pool, fs.root(), b"f", &mode).await.unwrap();
-            let (object, _) = fs.load(file.ino).await.unwrap();
-            let per_node = 1u64 << object.dnode().pointers_per_indirect_shift();
-            let blocks = per_node * 2 + 52;
-            fs.write(&pool, file.ino, 0, &vec![5; blocks as usize * 4096])
-                .await
-                .unwrap();
-            pool.commit().await.unwrap();
-            let span = |blkid| {
-                let (fs, object) = (fs.clone(), object.clone());
-                async move { fs.objects.hole_span(&object, blkid).await.unwrap() }
-            };
-            assert_eq!(span(0).await, 0, "written");
-
-            // Freed in the open txg: the indirect nodes are in memory, full
-            // of holes, and still linked above.
-            fs.punch_range(&pool, &object, 0, blocks).await.unwrap();
-            assert_eq!(span(0).await, per_node, "the first node's run");
-            assert_eq!(span(per_node - 10).await, 10, "the rest of the run");
-            assert_eq!(span(per_node).await, per_node, "the second node's run");
-
-            // A block written since ends the run before it.
-            let written = per_node + 100;
-            fs.write(&pool, file.ino, written * 4096, &[6; 4096])
-                .await
-                .unwrap();
-            pool.commit().await.unwrap();
-            assert_eq!(span(per_node).await, 100, "up to the written block");
-            assert_eq!(span(written).await, 0, "the written block");
-            assert_eq!(span(written + 1).await, per_node - 101, "after it");
-            assert!(span(0).await >= per_node, "committed holes");
-            let read = fs.read(&pool, file.ino, written * 4096, 4096, false);
-            assert_eq!(read.await.unwrap(), vec![6; 4096]);
-        });
-    }
-
-    /// A filesystem whose header predates the space sums (version 1) is
-    /// walked once at import, and from then on keeps sums equal to a walk
-    /// (which the space check compares), written as a version 2 header.
-    #[test]
-    fn a_header_without_space_sums_gets_them_at_import() {
-        let disks: Vec<Rc<SimDevice>> = (0..2)
-            .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 40 + index))
-            .collect();
-        let tunables = unhurried;
-        let walked = Runtime::new_sim(40).block_on({
-            let disks = disks.clone();
-            async move {
-                let pool = mirror_pool(&disks, tunables()).await;
-                let fs = pool
-                    .create_filesystem("tank/fs", BTreeMap::new())
-                    .await
-                    .unwrap();
-                for index in 0..40u32 {
-                    let name = format!("f{index}");
-                    let attr = fs
-                        .create(
-                            &pool,
-                            fs.root(),
-                            name.as_bytes(),
-                            &NewObject::owned(S_IFREG | 0o644, 0, 0),
-                        )
-                        .await
-                        .unwrap();
-                    let data = vec![index as u8; 1000 * index as usize + 1];
-                    fs.write(&pool, attr.ino, 0, &data).await.unwrap();
-                }
-                pool.commit().await.unwrap();
-                // As a header of an older ironpool left it.
-                fs.write_header(FsHeader {
-                    space: None,
-                    ..fs.header.get()
-                });
-                pool.commit().await.unwrap();
-                assert_eq!(fs.table.dnode().bonus.0[0], 1, "a version 1 header");
-                let walked = fs.referenced_walked().await.unwrap();
-                assert_eq!(fs.referenced_locked(&pool).await.unwrap(), walked);
-                pool.export().await.unwrap();
-                walked
-            }
-        });
-        Runtime::new_sim(41).block_on(async move {
-            let pool = Pool::import_from_devices("tank", named(&disks), tunables())
-                .await
-                .unwrap();
-            let fs = pool.filesystem("tank/fs").unwrap();
-            let space = fs.header.get().space.expect("sums taken at import");
-            assert_eq!(
-                (
-                    fs.table.dnode().used_bytes + space.used,
-                    fs.table.dnode().logical_bytes + space.logical,
-                    fs.table.dnode().physical_bytes + space.physical
-                ),
-                walked
-            );
-            // Kept from now on: a file removed, one grown.
-            fs.remove(&pool, fs.root(), b"f3", false).await.unwrap();
-            let grown = fs.lookup(fs.root(), b"f7").await.unwrap();
-            fs.write(&pool, grown.ino, 0, &vec![9u8; 300_000])
-                .await
-                .unwrap();
-            // Before a txg writes them, the figures count the changes too.
-            assert_eq!(
-                fs.referenced_locked(&pool).await.unwrap(),
-                fs.referenced_walked().await.unwrap()
-            );
-            assert!(fs.referenced_locked(&pool).await.unwrap().0 > walked.0);
-            let report = pool.check_space().await.unwrap();
-            assert!(report.problems.is_empty(), "{:?}", report.problems);
-            assert_eq!(fs.table.dnode().bonus.0[0], 2, "a version 2 header");
-            assert_eq!(
-                fs.referenced_locked(&pool).await.unwrap(),
-                fs.referenced_walked().await.unwrap()
-            );
-        });
-    }
-}
+mod tests;

@@ -865,7 +865,12 @@ fn setup_filesystem(
 fn wait_mounted(mountpoint: &Path, dir: &Path) -> Result<files::MountEntry> {
     let deadline = std::time::Instant::now() + SERVER_START_TIMEOUT;
     loop {
-        let entry = files::mount_of(mountpoint)?;
+        // The server makes the directory when it mounts, after `fs create`
+        // has returned: until then there is nothing to resolve.
+        let entry = match mountpoint.exists() {
+            true => files::mount_of(mountpoint)?,
+            false => None,
+        };
         if let Some(entry) = entry.filter(|entry| {
             entry.fs_type == "fuse.ironpool" && Path::new(&entry.mount_point) == mountpoint
         }) {

@@ -341,10 +341,15 @@ impl BlockCache {
         }
         let key = BlockKey::of(&bp.dvas[0]);
         let mut policy = self.policy.borrow_mut();
-        let fresh = policy.peek(&key).map(|entry| entry.matches(bp));
-        let found = match fresh {
-            Some(false) => {
-                let stale = policy.remove(&key);
+        // One probe of the map: the rest works on the entry's place.
+        let slot = policy.find(&key);
+        let entry = slot.and_then(|slot| {
+            let entry = policy.value_at(slot)?;
+            Some((slot, entry.matches(bp), policy.prefetched_at(slot)))
+        });
+        let found = match entry {
+            Some((slot, false, _)) => {
+                let stale = policy.remove_at(slot);
                 drop(policy);
                 if let Some(entry) = stale {
                     self.released(&entry);
@@ -354,8 +359,8 @@ impl BlockCache {
             }
             // A prefetch that finds the block has nothing to do, and must
             // not count as an access.
-            Some(true) if usage.prefetch => policy
-                .peek(&key)
+            Some((slot, true, _)) if usage.prefetch => policy
+                .value_at(slot)
                 .map(|entry| (entry.data.clone(), entry.opened)),
             // Drop-behind: a block read ahead for a sequential reader is
             // its reader's alone. Reads inside it leave it as it is; the one
@@ -366,9 +371,9 @@ impl BlockCache {
             // while the cache grew, 1,200-1,300 once buffers recycled), and
             // evict data read at random once full; read again, it is read
             // ahead again.
-            Some(true) if policy.is_prefetched(&key) => {
+            Some((slot, true, true)) => {
                 if usage.finishes_block {
-                    let entry = policy.remove(&key);
+                    let entry = policy.remove_at(slot);
                     drop(policy);
                     entry.map(|entry| {
                         self.released(&entry);
@@ -377,12 +382,12 @@ impl BlockCache {
                     })
                 } else {
                     policy
-                        .peek(&key)
+                        .value_at(slot)
                         .map(|entry| (entry.data.clone(), entry.opened))
                 }
             }
-            Some(true) => policy
-                .get(&key, crate::rt::now().0)
+            Some((slot, true, false)) => policy
+                .get_at(slot, crate::rt::now().0)
                 .map(|entry| (entry.data, entry.opened)),
             None => None,
         };

@@ -677,7 +677,7 @@ impl Pool {
         short: &str,
         crypt: Option<&CryptRecord>,
     ) -> Vec<(String, String, String)> {
-        let value = |name: &str, value: String| (name.to_string(), value, "-".to_string());
+        let value = super::props::fixed;
         let Some(crypt) = crypt else {
             return vec![
                 value("encryption", "off".into()),

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use super::{
-    inherited, inherited_values, is_user_property, lookup, settings, space_limits, validate,
+    fixed, inherited, inherited_values, is_user_property, lookup, settings, space_limits, validate,
     validate_filesystem, Own, PropertyValue, Target, VolumeSettings, INHERITABLE, SPACE_PROPERTIES,
 };
 use crate::pool::dataset::intent_log::Owner;
@@ -338,17 +338,16 @@ impl Pool {
         let pool_properties = self.datasets.directory.read().properties.clone();
         if target == self.name {
             let (size, free) = self.space();
-            values.push(("type".into(), "pool".into(), "-".into()));
-            values.push(("size".into(), size.to_string(), "-".into()));
-            values.push(("allocated".into(), (size - free).to_string(), "-".into()));
-            values.push(("free".into(), free.to_string(), "-".into()));
-            values.push((
-                "capacity".into(),
+            values.push(fixed("type", "pool"));
+            values.push(fixed("size", size));
+            values.push(fixed("allocated", size - free));
+            values.push(fixed("free", free));
+            values.push(fixed(
+                "capacity",
                 format!("{}%", ((size - free) * 100).checked_div(size).unwrap_or(0)),
-                "-".into(),
             ));
-            values.push(("health".into(), self.health().to_string(), "-".into()));
-            values.push(("guid".into(), format!("{:#x}", self.guid), "-".into()));
+            values.push(fixed("health", self.health()));
+            values.push(fixed("guid", format!("{:#x}", self.guid)));
             for (name, default) in INHERITABLE {
                 let (value, source) = match pool_properties.get(name) {
                     Some(value) => (value.clone(), "local".to_string()),
@@ -373,11 +372,11 @@ impl Pool {
             let record = self
                 .filesystem_record(&short)
                 .ok_or_else(|| PoolError::InvalidArgument(format!("no filesystem '{target}'")))?;
-            values.push(("type".into(), "filesystem".into(), "-".into()));
+            values.push(fixed("type", "filesystem"));
             let space = self.volume_space(&short).await?;
             values.extend(space_values(&space));
             let available = self.available_bytes(&short).await?;
-            values.push(("available".into(), available.to_string(), "-".into()));
+            values.push(fixed("available", available));
             let passed = inherited(&self.datasets.directory.read(), &self.name, &short);
             let own = Own {
                 local: &record.properties,
@@ -401,13 +400,13 @@ impl Pool {
             } else {
                 "no"
             };
-            values.push(("mounted".into(), mounted.into(), "-".into()));
+            values.push(fixed("mounted", mounted));
             values.extend(self.encryption_values(&short, record.crypt.as_ref()));
             values.extend(self.id_values(&short, &own, names).await?);
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
-            values.push(("origin".into(), origin, "-".into()));
+            values.push(fixed("origin", origin));
             values.extend(dataset_values(
                 record.guid,
                 record.created_txg,
@@ -419,25 +418,21 @@ impl Pool {
             let short = volume.short_name().to_string();
             let record = self.volume_record(&short)?;
             let space = self.volume_space(&short).await?;
-            values.push(("type".into(), "volume".into(), "-".into()));
+            values.push(fixed("type", "volume"));
             values.extend(space_values(&space));
             let available = self.available_bytes(&short).await?;
-            values.push(("available".into(), available.to_string(), "-".into()));
+            values.push(fixed("available", available));
             values.push((
                 "volsize".into(),
                 volume.size_bytes.get().to_string(),
                 "local".into(),
             ));
-            values.push((
-                "volblocksize".into(),
-                volume.block_bytes.to_string(),
-                "-".into(),
-            ));
+            values.push(fixed("volblocksize", volume.block_bytes));
             values.extend(self.encryption_values(&short, record.crypt.as_ref()));
             let origin = self
                 .origin_name(&record.lineage)
                 .unwrap_or_else(|| "-".into());
-            values.push(("origin".into(), origin, "-".into()));
+            values.push(fixed("origin", origin));
             values.extend(dataset_values(
                 record.guid,
                 record.created_txg,
@@ -517,7 +512,7 @@ impl Pool {
                 .flatten()
                 .find(|row| row.kind == kind && row.id == id)
                 .map_or(0, |row| row.used_bytes);
-            values.push((name.clone(), used.to_string(), "-".into()));
+            values.push(fixed(name, used));
         }
         Ok(values)
     }
@@ -541,15 +536,11 @@ impl Pool {
                 logical as f64 / physical as f64
             };
             vec![
-                ("type".into(), "snapshot".into(), "-".into()),
-                ("used".into(), info.used_bytes.to_string(), "-".into()),
-                (
-                    "referenced".into(),
-                    info.referenced_bytes.to_string(),
-                    "-".into(),
-                ),
-                ("logicalreferenced".into(), logical.to_string(), "-".into()),
-                ("compressratio".into(), format!("{ratio:.2}x"), "-".into()),
+                fixed("type", "snapshot"),
+                fixed("used", info.used_bytes),
+                fixed("referenced", info.referenced_bytes),
+                fixed("logicalreferenced", logical),
+                fixed("compressratio", format!("{ratio:.2}x")),
             ]
         };
         let mut values = if self.filesystem(volume).is_ok() {
@@ -565,28 +556,16 @@ impl Pool {
             let snapshot_volume = self.snapshot_volume(target).await?;
             let dnode = snapshot_volume.object.dnode();
             let mut values = common(dnode.logical_bytes, dnode.physical_bytes);
-            values.push((
-                "volsize".into(),
-                snapshot_volume.size_bytes.get().to_string(),
-                "-".into(),
-            ));
-            values.push((
-                "volblocksize".into(),
-                record.block_bytes.to_string(),
-                "-".into(),
-            ));
+            values.push(fixed("volsize", snapshot_volume.size_bytes.get()));
+            values.push(fixed("volblocksize", record.block_bytes));
             values.extend(self.encryption_values(volume, record.crypt.as_ref()));
             values
         };
         values.extend([
-            ("guid".into(), info.guid.clone(), "-".into()),
-            ("createtxg".into(), info.txg.to_string(), "-".into()),
-            (
-                "creation".into(),
-                info.created_unix_seconds.to_string(),
-                "-".into(),
-            ),
-            ("userrefs".into(), info.userrefs.to_string(), "-".into()),
+            fixed("guid", info.guid.clone()),
+            fixed("createtxg", info.txg),
+            fixed("creation", info.created_unix_seconds),
+            fixed("userrefs", info.userrefs),
         ]);
         Ok(values)
     }
@@ -601,8 +580,8 @@ fn dataset_values(
     inherited: &BTreeMap<String, (String, String)>,
 ) -> Vec<(String, String, String)> {
     let mut values = vec![
-        ("guid".into(), format!("{guid:#x}"), "-".into()),
-        ("createtxg".into(), created_txg.to_string(), "-".into()),
+        fixed("guid", format!("{guid:#x}")),
+        fixed("createtxg", created_txg),
     ];
     for (name, _) in INHERITABLE {
         if let Some((value, source)) = lookup(own, inherited, name) {
@@ -647,51 +626,15 @@ fn space_values(
     space: &crate::pool::dataset::snapshot::VolumeSpace,
 ) -> Vec<(String, String, String)> {
     vec![
-        ("used".into(), space.used_bytes.to_string(), "-".into()),
-        (
-            "referenced".into(),
-            space.referenced_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "usedbydataset".into(),
-            space.used_by_dataset_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "usedbysnapshots".into(),
-            space.used_by_snapshots_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "usedbyrefreservation".into(),
-            space.used_by_refreservation_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "usedbychildren".into(),
-            space.used_by_children_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "written".into(),
-            space.written_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "logicalused".into(),
-            space.logical_used_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "logicalreferenced".into(),
-            space.logical_referenced_bytes.to_string(),
-            "-".into(),
-        ),
-        (
-            "compressratio".into(),
-            format!("{:.2}x", space.compress_ratio),
-            "-".into(),
-        ),
+        fixed("used", space.used_bytes),
+        fixed("referenced", space.referenced_bytes),
+        fixed("usedbydataset", space.used_by_dataset_bytes),
+        fixed("usedbysnapshots", space.used_by_snapshots_bytes),
+        fixed("usedbyrefreservation", space.used_by_refreservation_bytes),
+        fixed("usedbychildren", space.used_by_children_bytes),
+        fixed("written", space.written_bytes),
+        fixed("logicalused", space.logical_used_bytes),
+        fixed("logicalreferenced", space.logical_referenced_bytes),
+        fixed("compressratio", format!("{:.2}x", space.compress_ratio)),
     ]
 }

@@ -524,6 +524,12 @@ pub struct PropertyValue {
     pub source: String,
 }
 
+/// The `get` row of a figure the pool computes (a size, a count, a state):
+/// it is never set, so its source is `-`, as `zfs get` shows one.
+pub(crate) fn fixed(name: &str, value: impl std::fmt::Display) -> (String, String, String) {
+    (name.into(), value.to_string(), "-".into())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

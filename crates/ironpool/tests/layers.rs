@@ -320,22 +320,18 @@ fn arrows_on_circles(arrows: &BTreeSet<(String, String)>) -> BTreeSet<(String, S
 #[test]
 fn pool_rooms_import_circles_do_not_grow() {
     // Measured on 555e5b6: 14 of the rooms' arrows, among dataset,
-    // filesystem, removal, scan, txg and volume.
+    // filesystem, removal, scan, txg and volume. Since the dirty-data
+    // budget and the pressure figures moved from volume and txg to a room
+    // of their own (`dirty`), nothing the txg build walks imports txg and
+    // filesystems do not import volumes: 4 arrows, between the datasets'
+    // room and the two data paths (the intent log, snapshots, receive and
+    // keys act on volumes and filesystems, which use the records,
+    // properties, quotas and log of `dataset`).
     const ON_CIRCLES_TODAY: &[(&str, &str)] = &[
         ("dataset", "filesystem"),
         ("dataset", "volume"),
         ("filesystem", "dataset"),
-        ("filesystem", "txg"),
-        ("filesystem", "volume"),
-        ("removal", "dataset"),
-        ("removal", "scan"),
-        ("scan", "dataset"),
-        ("scan", "filesystem"),
-        ("txg", "dataset"),
-        ("txg", "filesystem"),
-        ("txg", "removal"),
         ("volume", "dataset"),
-        ("volume", "txg"),
     ];
     let arrows = pool_room_arrows();
     let found = arrows_on_circles(&arrows);

@@ -13,6 +13,7 @@ pub(crate) mod clones;
 pub(crate) mod data;
 pub mod dataset;
 pub mod devices;
+pub mod dirty;
 pub mod filesystem;
 pub mod history;
 pub mod labels;
@@ -293,7 +294,7 @@ impl Default for PoolTunables {
             dirty_max_bytes: 512 << 20,
             cache_budget_bytes: 256 << 20,
             arc_max_bytes: crate::cache::default_max_bytes(),
-            dirty_data_max_bytes: volume::writeback::DIRTY_DATA_MAX_BYTES,
+            dirty_data_max_bytes: dirty::DIRTY_DATA_MAX_BYTES,
             queue: QueueTunables::default(),
             scrub_rate_bytes: 0,
             fs_objects_loaded_max: FS_OBJECTS_LOADED_MAX,
@@ -369,6 +370,8 @@ pub struct Pool {
     store: Rc<BlockStore>,
     objects: Rc<ObjectSet>,
     txg: TxgState,
+    /// Dirty data and the metadata reserve (see `pressure`).
+    pressure: dirty::Pressure,
     /// The directory and the datasets open (see `dataset`).
     datasets: dataset::Datasets,
     /// Filesystems the server mounted, and those an administrator unmounted.
@@ -390,7 +393,7 @@ pub struct Pool {
     /// a served pool): the server stops serving, as on SIGTERM.
     export_asked: Notify,
     /// Dirty volume data held in memory (see `writeback`).
-    writeback: volume::writeback::PoolWriteback,
+    writeback: dirty::PoolWriteback,
     /// Intent log blocks no longer needed, with the txg that stopped naming
     /// them: their space returns once that txg is past the defer depth.
     log_releases: dataset::intent_log::LogReleases,

@@ -31,6 +31,7 @@ use crate::format::{ObjectType, Uberblock};
 use crate::object::sync::SyncContext;
 use crate::object::ObjectError;
 use crate::pool::dataset::directory::{SpaceLogRecord, DIRECTORY_OBJECT};
+use crate::pool::dirty::{data_sync_bytes, update_dirty_percent, update_metadata_reserve};
 use crate::pool::labels::{write_labels, write_uberblock};
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
@@ -75,14 +76,9 @@ pub struct TxgState {
     task: RefCell<Option<JoinHandle<()>>>,
     last_commit: Cell<Instant>,
     stats: Cell<TxgStats>,
-    /// Data bytes linked in the open txg: their frees wait for commits, so a
-    /// commit must come before they eat the free space.
-    data_bytes_open: Cell<u64>,
     /// Holders of `hold_builds`: while any, no txg is built (a full walk needs
     /// the trees and the allocator of one txg; see `Pool::check_space`).
     build_holds: Cell<u32>,
-    /// The dirty percentage last given to the leaf queues.
-    dirty_percent: Cell<u32>,
 }
 
 /// Whether txgs can be committed: one state machine for the sync task's
@@ -129,9 +125,7 @@ impl TxgState {
             task: RefCell::new(None),
             last_commit: Cell::new(Instant(0)),
             stats: Cell::new(TxgStats::default()),
-            data_bytes_open: Cell::new(0),
             build_holds: Cell::new(0),
-            dirty_percent: Cell::new(0),
         }
     }
 
@@ -151,9 +145,7 @@ impl TxgState {
     /// Counts data linked in the open txg and starts a commit when it is time
     /// (see `data_sync_bytes`).
     pub fn add_data(&self, pool: &Pool, bytes: u64) {
-        self.data_bytes_open.set(self.data_bytes_open.get() + bytes);
-        let threshold = data_sync_bytes(pool);
-        if self.data_bytes_open.get() >= threshold {
+        if pool.pressure.add_data_bytes(bytes) >= data_sync_bytes(pool) {
             self.request(self.open.get());
         }
         update_dirty_percent(pool);
@@ -305,7 +297,7 @@ async fn sync_loop(pool: Rc<Pool>) {
         let since = rt::now().duration_since(state.last_commit.get());
         let requested = state.requested.get() >= state.open.get();
         let dirty = pool.dirty_metadata_bytes() >= pool.tunables.borrow().dirty_sync_bytes
-            || state.data_bytes_open.get() >= data_sync_bytes(&pool);
+            || pool.pressure.data_bytes_open() >= data_sync_bytes(&pool);
         if state.stopping.get() && retry.is_none() && !pool.has_changes() {
             break;
         }
@@ -382,68 +374,6 @@ fn bump(state: &TxgState, update: impl FnOnce(&mut TxgStats)) {
     let mut stats = state.stats.get();
     update(&mut stats);
     state.stats.set(stats);
-}
-
-/// Tells the leaf queues how much dirty data waits, as the largest of: data
-/// linked in the open txg against the point that starts a commit, dirty
-/// metadata against its sync point, and volume data held by write-back
-/// against its limit. Async writes (commits, write-back) get more slots as
-/// it rises, as OpenZFS scales them with its dirty data.
-pub fn update_dirty_percent(pool: &Pool) {
-    let state = &pool.txg;
-    let data_percent = state.data_bytes_open.get() * 100 / data_sync_bytes(pool).max(1);
-    let (metadata_percent, held_percent) = {
-        let tunables = pool.tunables.borrow();
-        let held = match tunables.dirty_data_max_bytes {
-            0 => 0,
-            limit => pool.dirty_data_bytes() * 100 / limit,
-        };
-        (
-            pool.dirty_metadata_bytes() * 100 / tunables.dirty_sync_bytes.max(1),
-            held,
-        )
-    };
-    let percent = data_percent
-        .max(metadata_percent)
-        .max(held_percent)
-        .min(1000) as u32;
-    if percent != state.dirty_percent.replace(percent) {
-        set_dirty_percent(pool, percent);
-    }
-}
-
-fn set_dirty_percent(pool: &Pool, percent: u32) {
-    for top in pool.store.vdevs().iter() {
-        for leaf in &top.children {
-            leaf.queue.set_dirty_percent(percent);
-        }
-    }
-}
-
-/// Data written in one txg before a commit starts: an eighth of the free space
-/// (between 16 MiB and 1 GiB). Copy-on-write needs free space for every overwrite
-/// and frees only come back two txgs later, so a full-ish pool commits more often.
-pub fn data_sync_bytes(pool: &Pool) -> u64 {
-    let free = pool.store.allocator.borrow().free_bytes();
-    (free / 8).clamp(16 << 20, 1 << 30)
-}
-
-/// Space the next commit may need for metadata: every dirty node rewritten with
-/// its copies (twice over, for blocks freed in this txg that are not reusable
-/// yet), plus room for space map growth. Data allocations leave this free.
-pub fn update_metadata_reserve(pool: &Pool) {
-    let dirty = pool.dirty_metadata_bytes();
-    let metaslabs: u64 = pool
-        .store
-        .allocator
-        .borrow()
-        .vdevs
-        .iter()
-        .map(|vdev| vdev.metaslabs.len() as u64)
-        .sum();
-    let reserve = 4 * crate::object::sync::METADATA_COPIES as u64 * dirty + metaslabs * (64 << 10);
-    // (Counted at two copies even where level-1 blocks get one: a reserve errs high.)
-    pool.store.allocator.borrow_mut().metadata_reserve_bytes = reserve;
 }
 
 /// Txgs recorded in one space log object before the next one starts: old
@@ -560,7 +490,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     };
     pool.txg.open.set(txg + 1);
     pool.store.set_open_txg(txg + 1);
-    pool.txg.data_bytes_open.set(0);
+    pool.pressure.txg_closed();
     objects.reset_dirty_bytes();
     update_dirty_percent(pool);
     update_metadata_reserve(pool);

@@ -68,9 +68,7 @@ use crate::object::Object;
 use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
 use crate::pool::dataset::intent_log::FileAttr;
 use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
-use crate::pool::volume::writeback::{
-    WRITEBACK_BATCHES_IN_FLIGHT, WRITEBACK_BATCH_BYTES, WRITEBACK_DELAY,
-};
+use crate::pool::dirty::{WRITEBACK_BATCHES_IN_FLIGHT, WRITEBACK_BATCH_BYTES, WRITEBACK_DELAY};
 use crate::pool::Pool;
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};

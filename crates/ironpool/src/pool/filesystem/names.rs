@@ -252,7 +252,7 @@ impl Filesystem {
         value_bytes: u64,
     ) -> Result<
         (
-            crate::pool::volume::writeback::SpaceClaim<'a>,
+            crate::pool::dirty::SpaceClaim<'a>,
             crate::pool::dataset::quota::Admitted<'a>,
         ),
         FsError,
@@ -266,7 +266,7 @@ impl Filesystem {
             )
             .await?
         };
-        crate::pool::txg::update_metadata_reserve(pool);
+        crate::pool::dirty::update_metadata_reserve(pool);
         Ok((pool.claim_space(NAME_CHANGE_CLAIM_BYTES).await?, admitted))
     }
 

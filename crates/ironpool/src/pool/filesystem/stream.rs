@@ -748,7 +748,7 @@ impl Filesystem {
         }
         let copies =
             crate::object::sync::metadata_copies(object_type, 0, pool.store.all_vdevs_redundant());
-        crate::pool::txg::update_metadata_reserve(pool);
+        crate::pool::dirty::update_metadata_reserve(pool);
         let pointer =
             crate::pool::data::write_formed_metadata(pool, formed, copies, IoClass::AsyncWrite)
                 .await?;

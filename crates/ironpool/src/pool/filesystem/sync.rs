@@ -4,7 +4,7 @@
 
 use super::{Filesystem, FsError};
 use crate::pool::dataset::props::SyncMode;
-use crate::pool::volume::writeback::WRITE_THROUGH_MIN_BYTES;
+use crate::pool::dirty::WRITE_THROUGH_MIN_BYTES;
 use crate::pool::Pool;
 use std::rc::Rc;
 

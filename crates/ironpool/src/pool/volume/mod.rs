@@ -51,7 +51,7 @@ use crate::rt::sync::Notify;
 #[must_use]
 struct VolumeWriteAdmission<'a> {
     _admitted: crate::pool::dataset::quota::Admitted<'a>,
-    _space: crate::pool::volume::writeback::SpaceClaim<'a>,
+    _space: crate::pool::dirty::SpaceClaim<'a>,
 }
 
 /// Largest volblocksize: 128 KiB (as OpenZFS's default maximum for zvols).
@@ -514,14 +514,13 @@ impl Pool {
             && volume.settings().log_bias == LogBias::Latency
             && block <= COPY_BLOCK_BYTES_MAX
             && length <= COPY_BLOCK_BYTES_MAX;
-        let admission = if durable && !copied
-            || length >= crate::pool::volume::writeback::WRITE_THROUGH_MIN_BYTES
-        {
-            None
-        } else {
-            self.admit_dirty(self.hold_bytes(volume, last - first + 1))
-                .await
-        };
+        let admission =
+            if durable && !copied || length >= crate::pool::dirty::WRITE_THROUGH_MIN_BYTES {
+                None
+            } else {
+                self.admit_dirty(self.hold_bytes(volume, last - first + 1))
+                    .await
+            };
         let hold = admission.is_some();
         let writer = volume.writer().await?;
         let locks = volume.lock(first, last).await;
@@ -969,7 +968,7 @@ impl Pool {
         bytes: u64,
     ) -> Result<[crate::format::Dva; crate::format::bp::DVA_COUNT], PoolError> {
         let mut commits = 0;
-        crate::pool::txg::update_metadata_reserve(self);
+        crate::pool::dirty::update_metadata_reserve(self);
         loop {
             match self.store.allocate(bytes, false, 1) {
                 Ok(dvas) => return Ok(dvas),

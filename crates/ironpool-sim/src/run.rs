@@ -1129,7 +1129,7 @@ impl Sim {
         let number: u64 = name[1..].parse().expect("a numbered name");
         let encryption = ((self.options.seed + number) % 2 == 0).then(|| {
             self.count_operation("encrypted-volume");
-            ironpool::pool::dataset::keys::VolumeKey::New(
+            ironpool::pool::dataset::keys::CreateKey::New(
                 ironpool::pool::dataset::keys::NewEncryption {
                     suite: ironpool::crypto::Suite::Aes256Gcm,
                     params: ironpool::crypto::KeyParams::new(

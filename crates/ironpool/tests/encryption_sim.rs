@@ -15,7 +15,7 @@ use ironpool::dev::sim::SimDevice;
 use ironpool::format::bp::Compression;
 use ironpool::format::label::TopVdevKind;
 use ironpool::format::stream::Record;
-use ironpool::pool::dataset::keys::{NewEncryption, VolumeKey};
+use ironpool::pool::dataset::keys::{CreateKey, NewEncryption};
 use ironpool::pool::dataset::receive::ReceiveOptions;
 use ironpool::pool::dataset::send::{ResumeToken, SendRequest};
 use ironpool::pool::dataset::stream_io::MemoryStream;
@@ -92,7 +92,7 @@ async fn encrypted_v(pool: &Rc<Pool>, key: u8, properties: BTreeMap<String, Stri
         VOLUME_BYTES,
         BLOCK as u32,
         properties,
-        Some(VolumeKey::New(encryption(key, Suite::Aes256Gcm))),
+        Some(CreateKey::New(encryption(key, Suite::Aes256Gcm))),
     )
     .await
     .unwrap()
@@ -136,7 +136,7 @@ fn encrypted_blocks_are_stored_sealed_and_read_back() {
                     VOLUME_BYTES,
                     BLOCK as u32,
                     properties,
-                    Some(VolumeKey::New(encryption(1, suite))),
+                    Some(CreateKey::New(encryption(1, suite))),
                 )
                 .await
                 .unwrap();

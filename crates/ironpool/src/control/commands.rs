@@ -886,7 +886,7 @@ async fn run(
             key,
         } => {
             let encryption =
-                crate::pool::dataset::keys::VolumeKey::take(&mut properties, key_material(key)?)?;
+                crate::pool::dataset::keys::CreateKey::take(&mut properties, key_material(key)?)?;
             if parents {
                 create_parents(pool, &name).await?;
             }

@@ -704,7 +704,7 @@ impl Pool {
         size_bytes: u64,
         block_bytes: u32,
         properties: BTreeMap<String, String>,
-        encryption: Option<dataset::keys::VolumeKey>,
+        encryption: Option<dataset::keys::CreateKey>,
     ) -> Result<Rc<Volume>, PoolError> {
         let short = self.new_dataset_short_name(name)?;
         // A volume appearing during `check` would take writes the walk
@@ -722,7 +722,7 @@ impl Pool {
         size_bytes: u64,
         block_bytes: u32,
         properties: BTreeMap<String, String>,
-        encryption: Option<dataset::keys::VolumeKey>,
+        encryption: Option<dataset::keys::CreateKey>,
     ) -> Result<Rc<Volume>, PoolError> {
         self.check_name_free(&short)?;
         let max_sector = self
@@ -771,17 +771,7 @@ impl Pool {
         self.txg.ensure_writable()?;
         // The key is made (and a passphrase stretched) before anything is
         // created: a bad key leaves nothing behind.
-        let crypt = match encryption {
-            Some(dataset::keys::VolumeKey::New(encryption)) => Some(
-                self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
-                    .await?,
-            ),
-            Some(dataset::keys::VolumeKey::Received(record)) => Some(record),
-            // A volume under an encrypted filesystem takes its key
-            // (`Off` is refused there).
-            Some(dataset::keys::VolumeKey::Off) => self.inherited_crypt(&short, true)?,
-            None => self.inherited_crypt(&short, false)?,
-        };
+        let (crypt, _) = self.crypt_of_new(&short, encryption).await?;
         self.check_name_free(&short)?;
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();

@@ -116,9 +116,10 @@ impl NewEncryption {
     }
 }
 
-/// How a volume being created is encrypted (none: it takes the key of the
-/// encrypted filesystem it is under, if any).
-pub enum VolumeKey {
+/// How a dataset (volume or filesystem) being created is encrypted (none:
+/// it takes the key of the encrypted filesystem it is under, if any); see
+/// [`Pool::crypt_of_new`].
+pub enum CreateKey {
     /// A new encryption root (`volume create -o encryption=...`).
     New(NewEncryption),
     /// The sender's root, as a raw stream carries it (its master key
@@ -129,18 +130,18 @@ pub enum VolumeKey {
     Off,
 }
 
-impl VolumeKey {
+impl CreateKey {
     /// Takes the encryption properties out of `properties` (see
     /// [`NewEncryption::take`]), the user's key being `material` or read
     /// from the `keylocation` given.
     pub fn take(
         properties: &mut BTreeMap<String, String>,
         material: Option<Zeroizing<Vec<u8>>>,
-    ) -> Result<Option<VolumeKey>, PoolError> {
+    ) -> Result<Option<CreateKey>, PoolError> {
         let off = encryption_off_given(properties);
         Ok(match NewEncryption::take(properties, material)? {
-            Some(encryption) => Some(VolumeKey::New(encryption)),
-            None if off => Some(VolumeKey::Off),
+            Some(encryption) => Some(CreateKey::New(encryption)),
+            None if off => Some(CreateKey::Off),
             None => None,
         })
     }
@@ -174,7 +175,7 @@ pub fn received_crypt(
 /// Whether `properties` ask for `encryption=off` (before
 /// [`NewEncryption::take`] takes it out): refused under an encrypted
 /// parent ([`Pool::inherited_crypt`]).
-pub fn encryption_off_given(properties: &BTreeMap<String, String>) -> bool {
+fn encryption_off_given(properties: &BTreeMap<String, String>) -> bool {
     properties.get("encryption").map(String::as_str) == Some("off")
 }
 
@@ -275,6 +276,33 @@ impl Pool {
     pub(crate) fn data_key(&self, guid: u64) -> Result<Rc<DatasetKey>, PoolError> {
         self.datasets.keys.get(guid).ok_or_else(|| {
             PoolError::KeyUnavailable("an encrypted dataset's key is not loaded".into())
+        })
+    }
+
+    /// The encryption record dataset `short` is created with, from `key`
+    /// (see [`CreateKey`]), and whether it is a new encryption root whose
+    /// key this loaded (the caller unloads it again if the dataset is not
+    /// made). One rule for volumes and filesystems, created or received:
+    /// a new root (its master key made, a passphrase stretched), the
+    /// sender's root (a raw stream), or the key of the encrypted
+    /// filesystem it is under, refused with `encryption=off` there or when
+    /// that key is not loaded.
+    pub(crate) async fn crypt_of_new(
+        &self,
+        short: &str,
+        key: Option<CreateKey>,
+    ) -> Result<(Option<CryptRecord>, bool), PoolError> {
+        Ok(match key {
+            Some(CreateKey::New(encryption)) => (
+                Some(
+                    self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
+                        .await?,
+                ),
+                true,
+            ),
+            Some(CreateKey::Received(record)) => (Some(record), false),
+            Some(CreateKey::Off) => (self.inherited_crypt(short, true)?, false),
+            None => (self.inherited_crypt(short, false)?, false),
         })
     }
 

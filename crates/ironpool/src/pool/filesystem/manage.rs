@@ -268,17 +268,10 @@ impl Pool {
         mut properties: BTreeMap<String, String>,
         material: Option<zeroize::Zeroizing<Vec<u8>>>,
     ) -> Result<Rc<Filesystem>, PoolError> {
-        let off_given = crate::pool::dataset::keys::encryption_off_given(&properties);
-        let encryption =
-            crate::pool::dataset::keys::NewEncryption::take(&mut properties, material)?;
+        let encryption = crate::pool::dataset::keys::CreateKey::take(&mut properties, material)?;
         let short = self.new_dataset_short_name(name)?;
         let _admin = self.datasets.admin_lock.acquire(1).await;
         self.check_name_free(&short)?;
-        let inherited = match &encryption {
-            Some(_) => None,
-            None => self.inherited_crypt(&short, off_given)?,
-        };
-        let inherited_guid = inherited.as_ref().map(|crypt| crypt.key_guid);
         let mut checked = BTreeMap::new();
         for (key, value) in &properties {
             let value = crate::pool::dataset::props::validate_filesystem(key, value)?;
@@ -286,13 +279,9 @@ impl Pool {
         }
         self.check_new_limits(name, &checked)?;
         self.txg.ensure_writable()?;
-        let crypt = match encryption {
-            Some(encryption) => Some(
-                self.new_encryption_root(&format!("{}/{short}", self.name), encryption)
-                    .await?,
-            ),
-            None => inherited,
-        };
+        // The key is made (and a passphrase stretched) before anything is
+        // created: a bad key leaves nothing behind.
+        let (crypt, new_root) = self.crypt_of_new(&short, encryption).await?;
         let settings = self.volume_settings(&short, &checked);
         let open_txg = self.txg.open();
         let id = self.allocate_object_id();
@@ -319,7 +308,7 @@ impl Pool {
         let new_key = crypt
             .as_ref()
             .map(|crypt| crypt.key_guid)
-            .filter(|_| inherited_guid.is_none());
+            .filter(|_| new_root);
         let fs = match self
             .add_filesystem(&short, table, checked, Default::default(), crypt)
             .await
@@ -377,10 +366,12 @@ impl Pool {
         // encrypted filesystem it is under, as a volume received there
         // does (refused before anything is made when that key is not
         // loaded).
-        let crypt = match received_key {
-            Some(record) => Some(record),
-            None => self.inherited_crypt(hidden_short, false)?,
-        };
+        let (crypt, _) = self
+            .crypt_of_new(
+                hidden_short,
+                received_key.map(crate::pool::dataset::keys::CreateKey::Received),
+            )
+            .await?;
         let id = self.allocate_object_id();
         let mut dnode = new_dnode(
             ObjectType::FsObjects,

@@ -602,7 +602,7 @@ impl Pool {
                             begin.size_bytes,
                             begin.block_bytes,
                             properties.clone(),
-                            received_key.map(crate::pool::dataset::keys::VolumeKey::Received),
+                            received_key.map(crate::pool::dataset::keys::CreateKey::Received),
                         )
                         .await?,
                     )

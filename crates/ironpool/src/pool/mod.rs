@@ -454,6 +454,18 @@ fn describe_open_error(error: &OpenError) -> String {
 }
 
 impl Pool {
+    /// Asks every volume's and filesystem's write-out to go now rather than
+    /// when its batch fills: writers wait for room under the dirty-data
+    /// limit (`dirty.rs`, which knows neither room, calls this).
+    pub(crate) fn nudge_write_outs(&self) {
+        for volume in self.datasets.volumes.all() {
+            volume.writeback.nudge();
+        }
+        for (_, fs) in self.all_filesystems() {
+            fs.nudge_write_outs();
+        }
+    }
+
     /// The pool's name.
     pub fn name(&self) -> &str {
         &self.name

@@ -705,19 +705,19 @@ impl Pool {
         short: &str,
         crypt: Option<&CryptRecord>,
     ) -> Vec<(String, String, String)> {
-        let value = super::props::fixed;
+        use super::props::fixed;
         let Some(crypt) = crypt else {
             return vec![
-                value("encryption", "off".into()),
-                value("keyformat", "none".into()),
-                value("keylocation", "none".into()),
-                value("pbkdf2iters", "0".into()),
-                value("keystatus", "none".into()),
-                value("encryptionroot", "-".into()),
+                fixed("encryption", "off"),
+                fixed("keyformat", "none"),
+                fixed("keylocation", "none"),
+                fixed("pbkdf2iters", "0"),
+                fixed("keystatus", "none"),
+                fixed("encryptionroot", "-"),
             ];
         };
         let Ok(wrapped) = decode_wrapped("", crypt) else {
-            return vec![value("keystatus", "damaged".into())];
+            return vec![fixed("keystatus", "damaged")];
         };
         let root = self
             .encryption_root(short)
@@ -727,12 +727,12 @@ impl Pool {
             false => "unavailable",
         };
         vec![
-            value("encryption", wrapped.suite.name().into()),
-            value("keyformat", wrapped.params.format.name().into()),
-            value("keylocation", crypt.keylocation.clone()),
-            value("pbkdf2iters", wrapped.params.iterations.to_string()),
-            value("keystatus", status.into()),
-            value("encryptionroot", root),
+            fixed("encryption", wrapped.suite.name()),
+            fixed("keyformat", wrapped.params.format.name()),
+            fixed("keylocation", &crypt.keylocation),
+            fixed("pbkdf2iters", wrapped.params.iterations),
+            fixed("keystatus", status),
+            fixed("encryptionroot", root),
         ]
     }
 }

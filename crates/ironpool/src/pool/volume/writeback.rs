@@ -172,6 +172,12 @@ pub struct VolumeWriteback {
 }
 
 impl VolumeWriteback {
+    /// A writer waits for dirty data to drop ([`Pool::nudge_write_outs`]):
+    /// the held blocks go out now rather than when a batch fills.
+    pub(in crate::pool) fn nudge(&self) {
+        self.kick.notify_all();
+    }
+
     /// The space the dirty blocks will take once linked (what they
     /// reserved): part of what the volume uses, for its quota.
     pub(crate) fn held_bytes(&self) -> u64 {
@@ -269,17 +275,6 @@ impl Pool {
             0
         };
         blocks * (volume.block_bytes + parity)
-    }
-
-    /// Asks every volume's and filesystem's write-out to go now rather than
-    /// when its batch fills: writers wait for room.
-    pub(crate) fn nudge_write_outs(&self) {
-        for volume in self.all_volumes() {
-            volume.writeback.kick.notify_all();
-        }
-        for (_, fs) in self.all_filesystems() {
-            fs.nudge_write_outs();
-        }
     }
 
     /// Lets every failed write-back try again now (`ironpool clear`), rather

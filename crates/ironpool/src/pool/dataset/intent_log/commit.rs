@@ -325,6 +325,12 @@ impl Pool {
             log.state.borrow_mut().stats.shared_commits += 1;
             return Finished::Durable;
         }
+        // A record is of a change already made: its txg is open or past.
+        assert!(
+            max_txg <= self.txg.open(),
+            "commit {commit} logs a change of txg {max_txg}, past the open txg {}",
+            self.txg.open()
+        );
         if let Some(wait) = log.state.borrow_mut().commits.get_mut(&commit) {
             wait.max_txg = wait.max_txg.max(max_txg);
         }
@@ -861,6 +867,16 @@ impl Pool {
         needed.sort_unstable();
         needed.dedup();
         let mut state = owner.log().state.borrow_mut();
+        // Commits take their place in the chain in the order they were
+        // opened (both under the commit lock): `wait_ended` and the order
+        // of answers count on it.
+        assert!(
+            state
+                .in_flight
+                .back()
+                .is_none_or(|last| last.commit < commit),
+            "commit {commit} reserved in the chain after a later one"
+        );
         state.next = Some(new_next);
         state.in_flight.push_back(InFlight {
             commit,
@@ -943,6 +959,17 @@ impl Pool {
         // is still in flight, so the front is now this one).
         let log = owner.log();
         log.wait_ended(write.commit.saturating_sub(1)).await;
+        // Only its own `InFlightEnd` takes a commit out of the queue.
+        debug_assert_eq!(
+            log.state
+                .borrow()
+                .in_flight
+                .front()
+                .map(|entry| entry.commit),
+            Some(write.commit),
+            "commit {} is not the front of the chain in its turn",
+            write.commit
+        );
         let failed = failed.or_else(|| {
             (log.state.borrow().chain_guid != write.chain_guid)
                 .then(|| PoolError::Io("a log commit before this one failed".to_string()))

@@ -436,6 +436,13 @@ impl InFlightEnd<'_> {
         };
         let entry = state.in_flight.remove(index).expect("index found above");
         if succeeded {
+            // A commit succeeds only in its turn, once every commit before it
+            // in the chain has ended: its blocks follow theirs.
+            assert_eq!(
+                index, 0,
+                "commit {} succeeded before a commit ahead of it in the chain ended",
+                self.commit
+            );
             for (seq, pointer) in &entry.blocks {
                 state.written.push_back((*seq, *pointer, self.commit));
             }
@@ -678,6 +685,14 @@ impl IntentLog {
     /// it started (with `held`, their held blocks too).
     fn covered(&self, number: u64, held: bool) {
         let mut state = self.state.borrow_mut();
+        // A commit covers callers only up to its own number: one covering
+        // a commit not yet begun would answer a FLUSH before its changes
+        // were taken.
+        assert!(
+            number <= state.commits_started,
+            "commit {number} covered, only {} begun",
+            state.commits_started
+        );
         state.covered_linked = state.covered_linked.max(number);
         if held {
             state.covered_held = state.covered_held.max(number);
@@ -753,7 +768,14 @@ impl IntentLog {
 
     /// Notes that block `blkid` of `object` was linked in txg `txg`.
     pub(crate) fn note_linked(&self, object: u64, blkid: u64, txg: u64) {
-        self.state.borrow_mut().unlogged.push((object, blkid, txg));
+        let mut state = self.state.borrow_mut();
+        // Links are noted in the open txg, which only moves forward:
+        // `forget_durable` drops the durable ones by a binary search.
+        debug_assert!(
+            state.unlogged.last().is_none_or(|(_, _, last)| *last <= txg),
+            "object {object} block {blkid}: linked in txg {txg} after a link of a later txg was noted"
+        );
+        state.unlogged.push((object, blkid, txg));
     }
 
     /// Notes that block `blkid` of a filesystem's file `object` was linked as

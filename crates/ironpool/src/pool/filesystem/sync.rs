@@ -117,10 +117,16 @@ impl Filesystem {
         if direct_write {
             self.log.note_direct_write_began();
         }
-        let standard = self.settings().sync == SyncMode::Standard;
+        let sync = self.settings().sync;
         let gap = durable_writes_gap(pool);
-        let durable_first = direct_write && standard && self.log.writes_durable_first(gap);
-        let held = direct_write && !durable_first && !self.log.flushes_often(gap) && !self.snapshot;
+        let durable_first =
+            direct_write && sync == SyncMode::Standard && self.log.writes_durable_first(gap);
+        // Under `sync=disabled` an `fsync` waits for nothing, so a client
+        // that calls it often loses nothing by its writes being held.
+        let held = direct_write
+            && !durable_first
+            && (sync == SyncMode::Disabled || !self.log.flushes_often(gap))
+            && !self.snapshot;
         Answering {
             fs: self,
             direct_write,
@@ -133,20 +139,27 @@ impl Filesystem {
 
     /// `fsync` or `fdatasync` of `node` (a file or a directory): what was
     /// answered before it made durable, through the intent log when it
-    /// carries every change since the last durable txg, else a txg
-    /// (`sync=disabled`: nothing, as OpenZFS). A write written behind and
-    /// lost since is reported here. When every answer given before it is
-    /// durable already (its client's direct writes were made durable first,
-    /// [`Filesystem::request_began`]), it commits nothing: the kernel keeps
-    /// the file's writes out while an `fsync` is in the server.
+    /// carries every change since the last durable txg, else a txg. A
+    /// write written behind and lost since is reported here. When every
+    /// answer given before it is durable already (its client's direct
+    /// writes were made durable first, [`Filesystem::request_began`]), it
+    /// commits nothing: the kernel keeps the file's writes out while an
+    /// `fsync` is in the server.
+    ///
+    /// Under `sync=disabled` it returns at once, as OpenZFS's does: it
+    /// waits neither for a commit nor for the writes held behind (a write
+    /// that already failed is reported; one that fails later, at the next
+    /// `fsync`). Waiting for those held the file's writes out for their
+    /// write-out: fio's 16K random writes at QD64 with `--fsync=32` got 8.7k
+    /// IOPS where the same writes without `fsync` got 45k.
     pub async fn fsync(self: &Rc<Self>, pool: &Rc<Pool>, node: u64) -> Result<(), FsError> {
         self.note_fsync_arrived(pool);
+        if self.settings().sync == SyncMode::Disabled {
+            return self.take_write_error(node).map_or(Ok(()), Err);
+        }
         self.settle_writes(Some(node)).await;
         if let Some(error) = self.take_write_error(node) {
             return Err(error);
-        }
-        if self.settings().sync == SyncMode::Disabled {
-            return Ok(());
         }
         if self.log.answers_durable() {
             self.count(|stats| stats.fsyncs_found_durable += 1);

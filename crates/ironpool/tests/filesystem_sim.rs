@@ -2081,6 +2081,38 @@ fn a_failed_write_out_is_reported_by_the_next_fsync() {
     });
 }
 
+/// Under `sync=disabled` an fsync returns at once, as OpenZFS's does: it
+/// waits neither for a commit nor for the writes held behind, so a
+/// write-out that fails after it is reported by the next one.
+#[test]
+fn an_fsync_under_sync_disabled_waits_for_no_held_write() {
+    let disks = devices(1, DEVICE_BYTES, 182);
+    Runtime::new_sim(182).block_on(async move {
+        let (pool, fs) =
+            pool_with_filesystem(&disks, TopVdevKind::Disk, &[("sync", "disabled")]).await;
+        let file = new_file(&pool, &fs).await;
+        fs.write(&pool, file.ino, 0, &[1; 128 << 10]).await.unwrap();
+        fs.settle_writes(None).await;
+        disks[0].set_faults(ironpool::dev::sim::SimFaults {
+            write_error_ppm: 1_000_000,
+            ..Default::default()
+        });
+        fs.write_behind(&pool, file.ino, 4096, &[2; 4096])
+            .await
+            .unwrap();
+        fs.fsync(&pool, file.ino)
+            .await
+            .expect("nothing waited for, nothing failed yet");
+        assert_eq!(fs.io_stats().behind_failures, 0, "the write is still held");
+        fs.settle_writes(Some(file.ino)).await;
+        assert_eq!(fs.io_stats().behind_failures, 1);
+        let error = fs.fsync(&pool, file.ino).await.expect_err("reported next");
+        assert_eq!(error.errno(), libc::EIO, "{error}");
+        disks[0].set_faults(ironpool::dev::sim::SimFaults::default());
+        fs.fsync(&pool, file.ino).await.expect("reported once");
+    });
+}
+
 #[test]
 fn a_crash_keeps_the_last_committed_tree() {
     for seed in 31..=40 {

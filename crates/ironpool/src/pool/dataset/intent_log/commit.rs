@@ -10,7 +10,7 @@ use super::{
     COPY_BLOCK_BYTES_MAX, COPY_BYTES_PER_COMMIT_MAX,
 };
 use crate::format::intent_log::{LogBlockHeader, LogPointer, LogRecord, LOG_BLOCK_BYTES_MIN};
-use crate::format::{BlockPointer, Dva};
+use crate::format::Dva;
 use crate::pool::dataset::directory::LogHead;
 use crate::pool::dataset::props::LogBias;
 use crate::pool::filesystem::Filesystem;
@@ -613,7 +613,7 @@ impl Pool {
             });
         }
         // Blocks whose kept bytes may go into the log instead of their
-        // pointer: (index of their pointer record, the pointer).
+        // pointer: the indices of their pointer records.
         let mut copyable = Vec::new();
         for (object, blkid, linked_txg) in newest_changes(&unlogged, durable) {
             let pointer = match self.logged_pointer(owner, object, blkid).await {
@@ -631,7 +631,7 @@ impl Pool {
             // The tree still points where the kept bytes went.
             if let Some(copy) = taken.small_writes.get(&(object, blkid)) {
                 if copy.dva == pointer.dvas[0] && copy.txg == pointer.birth_txg {
-                    copyable.push((records.len(), pointer));
+                    copyable.push(records.len());
                 }
             }
             max_txg = max_txg.max(record_txg(&record));
@@ -849,18 +849,7 @@ impl Pool {
             .collect::<Vec<_>>();
         // What the commit needs durable besides its log blocks: the blocks
         // its pointer records name (see `write_reserved`).
-        let mut needed: Vec<u32> = records
-            .iter()
-            .flat_map(|record| match record {
-                LogRecord::Block { pointer, .. } => pointer
-                    .dvas
-                    .iter()
-                    .filter(|dva| !dva.is_empty())
-                    .map(|dva| dva.vdev)
-                    .collect::<Vec<u32>>(),
-                _ => Vec::new(),
-            })
-            .collect();
+        let mut needed: Vec<u32> = records.iter().flat_map(flushed_vdevs).collect();
         needed.sort_unstable();
         needed.dedup();
         let mut state = owner.log().state.borrow_mut();
@@ -1125,47 +1114,47 @@ fn open_commit(owner: Owner<'_>) -> u64 {
     commit
 }
 
-/// Turns the pointer records at `copyable` (index in `records`, the
-/// pointer) into copies of the bytes `small_writes` kept, where that spares
-/// the commit a device flush: a copy is logged so that the devices holding
-/// its block need no flush, and it spares none when a pointer record left
-/// in the commit names those devices anyway (the commit flushes them for
-/// it). Then the copy only adds its bytes to the log write: on a mirror,
-/// fio's 16K random writes at QD64 with `--fsync=32` copied 4 blocks into
-/// each commit of 13-20, and a quarter of the bytes written to the log and
-/// the devices again were such copies. A commit of copies only (one write,
-/// then `fsync`) keeps them all.
+/// The top-level vdevs a commit flushes for `record`: those holding the
+/// block a pointer record names (a copy or any other record needs none).
+fn flushed_vdevs(record: &LogRecord) -> impl Iterator<Item = u32> + '_ {
+    let pointer = match record {
+        LogRecord::Block { pointer, .. } => Some(pointer),
+        _ => None,
+    };
+    pointer
+        .into_iter()
+        .flat_map(|pointer| pointer.copies().map(|dva| dva.vdev))
+}
+
+/// Turns the pointer records at indices `copyable` into copies of the
+/// bytes `small_writes` kept, where that spares the commit a device flush:
+/// a copy is logged so that the devices holding its block need no flush,
+/// and it spares none when a pointer record left in the commit names those
+/// devices anyway (the commit flushes them for it). Then the copy only adds
+/// its bytes to the log write: on a mirror, fio's 16K random writes at QD64
+/// with `--fsync=32` copied 4 blocks into each commit of 13-20, and a
+/// quarter of the bytes written to the log and the devices again were such
+/// copies. A commit of copies only (one write, then `fsync`) keeps them all.
 fn copy_where_it_spares_a_flush(
     records: &mut [LogRecord],
-    copyable: &[(usize, BlockPointer)],
+    copyable: &[usize],
     small_writes: &rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
 ) {
-    let copied: rustc_hash::FxHashSet<usize> = copyable.iter().map(|(index, _)| *index).collect();
     let flushed: rustc_hash::FxHashSet<u32> = records
         .iter()
         .enumerate()
-        .filter(|(index, _)| !copied.contains(index))
-        .filter_map(|(_, record)| match record {
-            LogRecord::Block { pointer, .. } => Some(pointer),
-            _ => None,
-        })
-        .flat_map(|pointer| pointer.dvas.iter().filter(|dva| !dva.is_empty()))
-        .map(|dva| dva.vdev)
+        .filter(|(index, _)| !copyable.contains(index))
+        .flat_map(|(_, record)| flushed_vdevs(record))
         .collect();
-    for (index, pointer) in copyable {
-        let spares = pointer
-            .dvas
-            .iter()
-            .filter(|dva| !dva.is_empty())
-            .any(|dva| !flushed.contains(&dva.vdev));
-        if !spares {
+    for &index in copyable {
+        if flushed_vdevs(&records[index]).all(|vdev| flushed.contains(&vdev)) {
             continue;
         }
-        let LogRecord::Block { object, blkid, .. } = records[*index] else {
+        let LogRecord::Block { object, blkid, .. } = records[index] else {
             unreachable!("a copyable block's record is its pointer");
         };
         let copy = &small_writes[&(object, blkid)];
-        records[*index] = LogRecord::Written {
+        records[index] = LogRecord::Written {
             object,
             blkid,
             txg: copy.txg,
@@ -1192,7 +1181,7 @@ fn newest_changes(unlogged: &[(u64, u64, u64)], durable: u64) -> Vec<(u64, u64, 
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::ObjectType;
+    use crate::format::{BlockPointer, ObjectType};
 
     /// Block `blkid` of file 7, one 16K copy on top-level vdev `vdev`.
     fn pointer(vdev: u32, blkid: u64) -> BlockPointer {
@@ -1245,7 +1234,7 @@ mod tests {
     fn a_commit_of_copies_only_keeps_them_all() {
         let (a, b) = (pointer(0, 1), pointer(0, 2));
         let mut records = vec![block(a), block(b)];
-        copy_where_it_spares_a_flush(&mut records, &[(0, a), (1, b)], &kept(&[a, b]));
+        copy_where_it_spares_a_flush(&mut records, &[0, 1], &kept(&[a, b]));
         assert_eq!(copied(&records), vec![1, 2]);
     }
 
@@ -1267,7 +1256,7 @@ mod tests {
             },
             block(c),
         ];
-        copy_where_it_spares_a_flush(&mut records, &[(0, a), (1, b)], &kept(&[a, b]));
+        copy_where_it_spares_a_flush(&mut records, &[0, 1], &kept(&[a, b]));
         assert_eq!(copied(&records), vec![2]);
         assert!(matches!(records[0], LogRecord::Block { blkid: 1, .. }));
         assert!(matches!(records[3], LogRecord::Block { blkid: 3, .. }));

@@ -19,6 +19,7 @@ use ironpool::pool::filesystem::{
     RENAME_NOREPLACE,
 };
 use ironpool::pool::{Pool, PoolError};
+use ironpool::rt::buf::{AlignedBuf, BufSlice};
 use ironpool::rt::sim::Rng;
 use ironpool::rt::{self, Runtime};
 use sim_support::{crash_all, devices, layout, manual_commits, named};
@@ -158,10 +159,19 @@ thread_local! {
     static WRITE_BEHIND: Cell<bool> = const { Cell::new(false) };
 }
 
-/// Writes `data` at `offset` of `ino`, behind when [`WRITE_BEHIND`] says so.
+/// Writes `data` at `offset` of `ino`, behind when [`WRITE_BEHIND`] says
+/// so: then every other write comes as a FUSE WRITE whose payload was read
+/// apart into an aligned buffer of its own, whose whole blocks are held as
+/// slices of that buffer (`Filesystem::write_behind_lent`).
 async fn write(pool: &Rc<Pool>, fs: &Rc<Filesystem>, ino: u64, offset: u64, data: &[u8]) -> usize {
     let written = if WRITE_BEHIND.get() {
-        fs.write_behind(pool, ino, offset, data).await
+        if (offset / 4096).is_multiple_of(2) {
+            let kept = BufSlice::whole(AlignedBuf::copy_from(data).into_shared());
+            fs.write_behind_lent(pool, (ino, offset), &kept, Some(&kept), false)
+                .await
+        } else {
+            fs.write_behind(pool, ino, offset, data).await
+        }
     } else {
         fs.write(pool, ino, offset, data).await
     };
@@ -1984,6 +1994,60 @@ fn small_files_written_in_pieces_grow_their_block_in_memory() {
         pool.commit().await.unwrap();
         space_is_clean(&pool, "after the writes").await;
         files
+    });
+}
+
+/// A FUSE WRITE's payload read apart into a buffer of its own: its whole
+/// blocks are held as slices of that buffer (no copy), read back from
+/// there, merged with later partial writes, and written out; a block it
+/// covers in part is copied as any other write's.
+#[test]
+fn whole_blocks_of_a_payload_read_apart_are_held_as_they_lie() {
+    let disks = devices(1, DEVICE_BYTES, 187);
+    Runtime::new_sim(187).block_on(async move {
+        let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let file = new_file(&pool, &fs).await;
+        let record = 128 << 10;
+        fs.write(&pool, file.ino, 0, &[1; 4 * (128 << 10)])
+            .await
+            .unwrap();
+        // Two whole records and the first half of a third.
+        let mut bytes = vec![0u8; 2 * record + record / 2];
+        for (index, byte) in bytes.iter_mut().enumerate() {
+            *byte = (index / 4096) as u8 ^ 0x5a;
+        }
+        let kept = BufSlice::whole(AlignedBuf::copy_from(&bytes).into_shared());
+        for direct in [false, true] {
+            let written = fs
+                .write_behind_lent(&pool, (file.ino, record as u64), &kept, Some(&kept), direct)
+                .await
+                .unwrap();
+            assert_eq!(written, bytes.len());
+            assert_eq!(fs.held_behind_blocks(), 3, "direct: {direct}");
+        }
+        // A partial write over a block held as a slice merges into a copy:
+        // the payload buffer is never written.
+        fs.write_behind(&pool, file.ino, record as u64 + 4096, &[9; 4096])
+            .await
+            .unwrap();
+        assert!(kept[4096..8192].iter().all(|byte| *byte == 1 ^ 0x5a));
+        let mut expected = vec![1u8; 4 * record];
+        expected[record..record + bytes.len()].copy_from_slice(&bytes);
+        expected[record + 4096..record + 8192].fill(9);
+        for settled in [false, true] {
+            if settled {
+                fs.settle_writes(None).await;
+                assert_eq!(fs.held_behind_blocks(), 0);
+            }
+            let read = fs
+                .read(&pool, file.ino, 0, 4 * record, false)
+                .await
+                .unwrap();
+            assert!(read == expected, "settled: {settled}");
+        }
+        pool.commit().await.unwrap();
+        let read = fs.read(&pool, file.ino, 0, 4 * record, true).await.unwrap();
+        assert!(read == expected, "after a commit, read direct");
     });
 }
 

@@ -74,6 +74,21 @@ const _: () = assert!(
     REQUEST_BUFFER_BYTES - REQUEST_READ_AT
         >= MAX_WRITE_BYTES as usize + proto::IN_HEADER_BYTES + proto::WRITE_IN_BYTES
 );
+/// Where a WRITE's payload begins in a request buffer, after its headers
+/// read at [`REQUEST_READ_AT`]: a 4 KiB boundary.
+const PAYLOAD_AT: usize = REQUEST_READ_AT + proto::WRITE_HEADERS_BYTES;
+const _: () = assert!(PAYLOAD_AT == 4096);
+/// What a read must hold to tell a WRITE's headers.
+const HEAD: usize = proto::WRITE_HEADERS_BYTES;
+/// Largest WRITE payload read into a buffer of its own, when the last
+/// WRITE was that size: 128 KiB, the default record, so the common
+/// writes (a record or a few pages) are kept as the blocks' bytes with no
+/// copy, while a buffer read for a write that does not come (a request of
+/// another kind or size) is at most this, used for the next one.
+const PAYLOAD_APART_BYTES_MAX: usize = 128 << 10;
+/// Payloads read apart are whole pages: a block's bytes from one start on
+/// a page, as a device opened with O_DIRECT needs.
+const PAYLOAD_APART_UNIT: usize = 4096;
 /// Requests of one mount served at once over `/dev/fuse`. Each holds a
 /// request buffer, so this bounds a mount's memory (64 MiB) and its queue
 /// depth at the server; the kernel queues the rest.
@@ -151,6 +166,11 @@ struct Session {
     uring: RefCell<Option<Rc<uring::UringTransport>>>,
     /// Request buffers not in use (at most [`SERVED_MAX`] are ever made).
     buffers: RefCell<Vec<AlignedBuf>>,
+    /// The payload size of the last WRITE read, when it may be read apart
+    /// (a whole number of pages, at most [`PAYLOAD_APART_BYTES_MAX`]): the
+    /// next read puts that many bytes after a WRITE's headers into a
+    /// buffer of their own. 0: read whole.
+    expected_payload: Cell<usize>,
     /// Requests being served: one unit each, [`SERVED_MAX`] in all.
     serving: Rc<Semaphore>,
     /// Requests being handled now (read, not yet answered).
@@ -404,6 +424,7 @@ impl Mount {
             start_uring: Cell::new(false),
             uring: RefCell::new(None),
             buffers: RefCell::default(),
+            expected_payload: Cell::new(0),
             serving: Semaphore::new(SERVED_MAX as u64),
             handling: Cell::new(0),
             calm: Cell::new(CALM_REQUESTS),
@@ -582,24 +603,83 @@ async fn reader(session: Rc<Session>, index: usize) {
             break;
         }
         let permit = session.serving.acquire(1).await;
-        let buffer = session
+        let mut buffer = session
             .buffers
             .borrow_mut()
             .pop()
             .unwrap_or_else(|| AlignedBuf::zeroed(REQUEST_BUFFER_BYTES));
         // Non-blocking: with no request queued the ring polls for one.
-        let (result, buffer) =
-            rt_uring::read_stream_into(session.fd, buffer, REQUEST_READ_AT).await;
+        let (result, payload) = match session.expected_payload.get() {
+            0 => {
+                let (result, read) =
+                    rt_uring::read_stream_into(session.fd, buffer, REQUEST_READ_AT).await;
+                buffer = read;
+                (result, None)
+            }
+            expected => {
+                let (result, read, payload) = rt_uring::read_stream_split(
+                    session.fd,
+                    buffer,
+                    REQUEST_READ_AT,
+                    PAYLOAD_AT,
+                    AlignedBuf::for_overwrite(expected),
+                )
+                .await;
+                buffer = read;
+                match result {
+                    Ok(length) => {
+                        let head = &buffer[REQUEST_READ_AT..REQUEST_READ_AT + length.min(HEAD)];
+                        match proto::write_payload_size(head) {
+                            Some(size) if size == expected => {
+                                session
+                                    .fs
+                                    .note_front_end(|stats| stats.write_payloads_apart += 1);
+                                (result, Some(payload))
+                            }
+                            _ => {
+                                // Not the write expected: its bytes as a
+                                // plain read leaves them.
+                                let spilled = length.saturating_sub(HEAD).min(expected);
+                                buffer[PAYLOAD_AT..PAYLOAD_AT + spilled]
+                                    .copy_from_slice(&payload[..spilled]);
+                                (result, None)
+                            }
+                        }
+                    }
+                    Err(_) => (result, None),
+                }
+            }
+        };
         match result {
             Ok(length) => {
                 session.note_arrival();
+                let head = &buffer[REQUEST_READ_AT..REQUEST_READ_AT + length.min(HEAD)];
+                if head.len() >= proto::IN_HEADER_BYTES
+                    && u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) == proto::WRITE
+                {
+                    session.expected_payload.set(
+                        proto::write_payload_size(head)
+                            .filter(|size| *size <= PAYLOAD_APART_BYTES_MAX)
+                            .filter(|size| size.is_multiple_of(PAYLOAD_APART_UNIT))
+                            .unwrap_or(0),
+                    );
+                }
                 let session = session.clone();
-                let request = BufSlice::new(
-                    buffer.into_shared(),
-                    REQUEST_READ_AT..REQUEST_READ_AT + length,
-                );
+                let (request, payload) = match payload {
+                    Some(payload) => (
+                        BufSlice::new(buffer.into_shared(), REQUEST_READ_AT..PAYLOAD_AT),
+                        Some(BufSlice::whole(payload.into_shared())),
+                    ),
+                    None => (
+                        BufSlice::new(
+                            buffer.into_shared(),
+                            REQUEST_READ_AT..REQUEST_READ_AT + length,
+                        ),
+                        None,
+                    ),
+                };
                 rt::spawn(async move {
-                    serve_request(&session, &request).await;
+                    serve_request(&session, &request, payload.as_ref()).await;
                     // Nothing keeps a request's bytes past its answer.
                     if let Some(buffer) = request.try_into_buffer() {
                         session.buffers.borrow_mut().push(buffer);
@@ -630,9 +710,14 @@ async fn reader(session: Rc<Session>, index: usize) {
     session.burst.notify_all();
 }
 
-/// Serves one request read from `/dev/fuse` and writes its reply.
-async fn serve_request(session: &Rc<Session>, request: &BufSlice) {
-    let (opcode, reply) = handle(session, request, Some(request)).await;
+/// Serves one request read from `/dev/fuse` and writes its reply;
+/// `payload`: a WRITE's payload, read apart from its headers (`request`).
+async fn serve_request(session: &Rc<Session>, request: &BufSlice, payload: Option<&BufSlice>) {
+    let lent = match payload {
+        Some(payload) => Lent::Kept(payload),
+        None => Lent::Request(request),
+    };
+    let (opcode, reply) = handle(session, request, lent).await;
     session.handling.set(session.handling.get() - 1);
     if let Some(reply) = reply {
         // The header, the body, and a READ's data as the pieces of the
@@ -786,21 +871,51 @@ fn start_uring(session: &Rc<Session>) {
     }
 }
 
+/// The buffer a request's bytes lie in, as a WRITE may use it.
+#[derive(Clone, Copy)]
+enum Lent<'a> {
+    /// None: the bytes were copied out of the transport's buffers.
+    None,
+    /// The request buffer the whole request was read into: a WRITE's
+    /// whole blocks are written from it while the request is served, but
+    /// not kept after (the buffer returns for the next read).
+    Request(&'a BufSlice),
+    /// A WRITE's payload, read apart from its headers into a buffer of its
+    /// own: its blocks may also be held as they are.
+    Kept(&'a BufSlice),
+}
+
+impl<'a> Lent<'a> {
+    /// The buffer to write whole blocks from.
+    fn buffer(self) -> Option<&'a BufSlice> {
+        match self {
+            Lent::None => None,
+            Lent::Request(buffer) | Lent::Kept(buffer) => Some(buffer),
+        }
+    }
+
+    /// The buffer whose slices may be kept past the answer.
+    fn kept(self) -> Option<&'a BufSlice> {
+        match self {
+            Lent::Kept(buffer) => Some(buffer),
+            _ => None,
+        }
+    }
+}
+
 /// Serves one request, counting it in the filesystem's front-end figures;
 /// returns its opcode (0: malformed) and the reply (None: the kernel
-/// expects none). `lent`: the buffer `bytes` lie in, when it can be kept
-/// (a WRITE's whole blocks are written from it).
-async fn handle(
-    session: &Session,
-    bytes: &[u8],
-    lent: Option<&BufSlice>,
-) -> (u32, Option<proto::Reply>) {
+/// expects none). `lent`: the buffer the request's bytes lie in; with
+/// [`Lent::Kept`], `bytes` are a WRITE's headers alone and its payload is
+/// that buffer.
+async fn handle(session: &Session, bytes: &[u8], lent: Lent<'_>) -> (u32, Option<proto::Reply>) {
     let arrived = rt::now();
     session.fs.note_front_end(|stats| {
         stats.in_flight += 1;
         stats.in_flight_max = stats.in_flight_max.max(stats.in_flight);
     });
-    let (opcode, reply) = match proto::header(bytes) {
+    let apart = lent.kept().map_or(0, |payload| payload.len());
+    let (opcode, reply) = match proto::header_apart(bytes, apart) {
         Ok(header) => (
             header.opcode,
             handle_counted(session, &header, bytes, lent).await,
@@ -828,9 +943,13 @@ async fn handle_counted(
     session: &Session,
     header: &proto::InHeader,
     bytes: &[u8],
-    lent: Option<&BufSlice>,
+    lent: Lent<'_>,
 ) -> Option<proto::Reply> {
-    let request = match proto::request(header, bytes) {
+    let parsed = match lent.kept() {
+        Some(payload) => proto::write_apart(header, bytes, payload),
+        None => proto::request(header, bytes),
+    };
+    let request = match parsed {
         Ok(request) => request,
         Err(proto::Malformed(why)) if proto::no_reply(header.opcode) => {
             eprintln!(
@@ -870,7 +989,7 @@ async fn serve(
     session: &Session,
     header: &proto::InHeader,
     request: proto::Request<'_>,
-    lent: Option<&BufSlice>,
+    lent: Lent<'_>,
 ) -> Result<Answer, FsError> {
     use proto::Request;
     let (fs, node, slot) = match snapdir::route(session, header.nodeid).await? {
@@ -990,7 +1109,7 @@ async fn serve_fs(
     session: &Session,
     header: &proto::InHeader,
     request: proto::Request<'_>,
-    lent: Option<&BufSlice>,
+    lent: Lent<'_>,
     fs: &Rc<Filesystem>,
     (node, slot): (u64, u64),
     held: bool,
@@ -1245,12 +1364,14 @@ async fn serve_fs(
             {
                 notify_inval_attributes(session, header.nodeid).await;
             }
-            let written = if fs.may_write_behind(flags) {
-                fs.write_behind(pool, node, offset, data).await?
-            } else if held {
-                fs.write_behind_direct(pool, node, offset, data).await?
+            let buffered = fs.may_write_behind(flags);
+            let written = if buffered || held {
+                let direct = !buffered;
+                fs.write_behind_lent(pool, (node, offset), data, lent.kept(), direct)
+                    .await?
             } else {
-                fs.write_lent(pool, node, offset, data, lent).await?
+                fs.write_lent(pool, node, offset, data, lent.buffer())
+                    .await?
             };
             if fs.is_direct(flags) {
                 fs.count_direct_write();

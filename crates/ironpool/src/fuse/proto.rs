@@ -345,22 +345,66 @@ fn c_string(bytes: &[u8]) -> Result<(&[u8], &[u8]), Malformed> {
 
 /// Decodes the header of a request of `bytes` (what one read returned).
 pub fn header(bytes: &[u8]) -> Result<InHeader, Malformed> {
-    if bytes.len() < IN_HEADER_BYTES {
+    header_apart(bytes, 0)
+}
+
+/// Bytes of a WRITE's two headers: what precedes its payload.
+pub const WRITE_HEADERS_BYTES: usize = IN_HEADER_BYTES + WRITE_IN_BYTES;
+
+/// The payload size of the WRITE whose headers are `head`, when `head` is
+/// exactly a WRITE's two headers and the request is those and `size`
+/// bytes more: how a reader that read a payload into a buffer of its own
+/// tells it got one.
+pub fn write_payload_size(head: &[u8]) -> Option<usize> {
+    if head.len() != WRITE_HEADERS_BYTES || u32_at(head, 4).ok()? != WRITE {
+        return None;
+    }
+    let size = u32_at(head, IN_HEADER_BYTES + 16).ok()? as usize;
+    (u32_at(head, 0).ok()? as usize == WRITE_HEADERS_BYTES + size).then_some(size)
+}
+
+/// [`header`] of a request read in two pieces: `head`, and `apart` more
+/// bytes in a buffer of their own (a WRITE's payload).
+pub fn header_apart(head: &[u8], apart: usize) -> Result<InHeader, Malformed> {
+    if head.len() < IN_HEADER_BYTES {
         return Err(Malformed("shorter than a header"));
     }
     let header = InHeader {
-        len: u32_at(bytes, 0)?,
-        opcode: u32_at(bytes, 4)?,
-        unique: u64_at(bytes, 8)?,
-        nodeid: u64_at(bytes, 16)?,
-        uid: u32_at(bytes, 24)?,
-        gid: u32_at(bytes, 28)?,
-        pid: u32_at(bytes, 32)?,
+        len: u32_at(head, 0)?,
+        opcode: u32_at(head, 4)?,
+        unique: u64_at(head, 8)?,
+        nodeid: u64_at(head, 16)?,
+        uid: u32_at(head, 24)?,
+        gid: u32_at(head, 28)?,
+        pid: u32_at(head, 32)?,
     };
-    if header.len as usize != bytes.len() {
+    if Some(header.len as usize) != head.len().checked_add(apart) {
         return Err(Malformed("length differs from what was read"));
     }
     Ok(header)
+}
+
+/// [`request`] of a WRITE read in two pieces: its headers in `head`, its
+/// payload in `payload`.
+pub fn write_apart<'a>(
+    header: &InHeader,
+    head: &[u8],
+    payload: &'a [u8],
+) -> Result<Request<'a>, Malformed> {
+    if header.opcode != WRITE || head.len() != WRITE_HEADERS_BYTES {
+        return Err(Malformed("a request apart from its headers is a write"));
+    }
+    let body = &head[IN_HEADER_BYTES..];
+    if u32_at(body, 16)? as usize != payload.len() {
+        return Err(Malformed("write shorter than its size"));
+    }
+    Ok(Request::Write {
+        fh: u64_at(body, 0)?,
+        offset: u64_at(body, 8)?,
+        write_flags: u32_at(body, 20)?,
+        flags: u32_at(body, 32)?,
+        data: payload,
+    })
 }
 
 /// Decodes the request after `header` in `bytes`.
@@ -1023,6 +1067,35 @@ mod tests {
         let bytes = request_bytes(LOOKUP, b"file");
         assert!(request(&header_of(&bytes), &bytes).is_err());
         assert!(super::header(&bytes[..bytes.len() - 1]).is_err());
+    }
+
+    #[test]
+    fn a_write_read_apart_from_its_payload_decodes_as_one_read_whole() {
+        let payload = vec![5u8; 8192];
+        let mut body = vec![0u8; WRITE_IN_BYTES];
+        body[8..16].copy_from_slice(&16384u64.to_le_bytes());
+        body[16..20].copy_from_slice(&8192u32.to_le_bytes());
+        body[32..36].copy_from_slice(&0o40002u32.to_le_bytes());
+        body.extend_from_slice(&payload);
+        let whole = request_bytes(WRITE, &body);
+        let head = &whole[..WRITE_HEADERS_BYTES];
+        assert_eq!(write_payload_size(head), Some(8192));
+        let header = header_apart(head, payload.len()).unwrap();
+        assert_eq!(header, super::header(&whole).unwrap());
+        assert_eq!(
+            write_apart(&header, head, &payload).unwrap(),
+            request(&header, &whole).unwrap()
+        );
+        // A payload of another size than the header says, a header that
+        // is not a write's, and a head cut short are refused.
+        assert!(header_apart(head, 4096).is_err());
+        assert!(write_apart(&header, head, &payload[..4096]).is_err());
+        let lookup = request_bytes(LOOKUP, &[b'a'; 60]);
+        assert_eq!(write_payload_size(&lookup[..WRITE_HEADERS_BYTES]), None);
+        let lookup_header = header_of(&lookup);
+        assert!(write_apart(&lookup_header, &lookup[..WRITE_HEADERS_BYTES], &[]).is_err());
+        assert_eq!(write_payload_size(&head[..WRITE_HEADERS_BYTES - 1]), None);
+        assert!(header_apart(&head[..IN_HEADER_BYTES - 1], 0).is_err());
     }
 
     #[test]

@@ -287,7 +287,7 @@ async fn serve(session: &Session, transport: &UringTransport, index: usize) -> s
                 buffer[start + IN_HEADER_BYTES..FRONT_BYTES]
                     .copy_from_slice(&header[OP_HEADER_AT..OP_HEADER_AT + op_bytes]);
                 let request = &buffer[start..FRONT_BYTES + payload];
-                handle(session, request, None).await.1
+                handle(session, request, super::Lent::None).await.1
             }
             None => {
                 eprintln!(

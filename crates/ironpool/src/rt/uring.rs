@@ -1015,6 +1015,50 @@ pub async fn read_stream_into(
     (to_result(result), buffer)
 }
 
+/// [`read_stream_into`] with `payload` spliced into `buffer` at `split`:
+/// one read fills `buffer[start..split]`, then all of `payload`, then
+/// `buffer[split + payload.len()..]`. A front end that expects a write
+/// whose headers end at `split` gets its payload in a buffer of its own,
+/// kept as the block's bytes with no copy; when the message was something
+/// else, copying `payload`'s part back into `buffer[split..]` gives the
+/// bytes a plain read would have left there.
+pub async fn read_stream_split(
+    fd: RawFd,
+    mut buffer: AlignedBuf,
+    start: usize,
+    split: usize,
+    mut payload: AlignedBuf,
+) -> (io::Result<usize>, AlignedBuf, AlignedBuf) {
+    assert!(start <= split && split + payload.len() <= buffer.len());
+    let base = buffer.as_mut_ptr();
+    let tail = split + payload.len();
+    // SAFETY: every offset is within `buffer` (asserted above).
+    let iovecs: Vec<libc::iovec> = unsafe {
+        vec![
+            libc::iovec {
+                iov_base: base.add(start) as *mut libc::c_void,
+                iov_len: split - start,
+            },
+            libc::iovec {
+                iov_base: payload.as_mut_ptr() as *mut libc::c_void,
+                iov_len: payload.len(),
+            },
+            libc::iovec {
+                iov_base: base.add(tail) as *mut libc::c_void,
+                iov_len: buffer.len() - tail,
+            },
+        ]
+    };
+    let entry = opcode::Readv::new(types::Fd(fd), iovecs.as_ptr(), iovecs.len() as u32)
+        .offset(u64::MAX)
+        .build();
+    // SAFETY: the iovecs and both buffers they point into are heap memory
+    // owned by the op until it completes.
+    let (result, (_, buffer, payload)) =
+        unsafe { Op::submit(entry, (iovecs, buffer, payload)) }.await;
+    (to_result(result), buffer, payload)
+}
+
 /// Fills `buffer` from a stream descriptor. Returns the bytes read: fewer than
 /// the buffer's length only at the end of the stream.
 pub async fn read_stream_exact(

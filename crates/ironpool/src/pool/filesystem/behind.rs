@@ -75,6 +75,11 @@ use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::{Notify, Permit};
 use crate::rt::{self};
 
+/// Where in memory a block held as a slice of the front end's buffer
+/// starts: on a page, so a device opened with O_DIRECT writes it from
+/// there (a block that does not is copied, as any other).
+const LENT_ALIGN_BYTES: usize = 4096;
+
 /// What a write-out finds of its version.
 enum Claim {
     /// A newer version replaced it: nothing to write.
@@ -339,25 +344,30 @@ impl Filesystem {
         offset: u64,
         data: &[u8],
     ) -> Result<usize, FsError> {
-        self.write_held(pool, ino, offset, data, false).await
+        self.write_held(pool, ino, offset, data, None, false).await
     }
 
-    /// [`Filesystem::write_behind`] of a direct write held
-    /// ([`super::Answering::holds`]): counted for its client's `fsync`
-    /// cadence as a direct write going through is (a buffered one is not:
-    /// a buffered writer beside would hide a direct one's cadence).
-    pub async fn write_behind_direct(
+    /// [`Filesystem::write_behind`] of bytes that lie in `kept`, an aligned
+    /// buffer of their own the front end read them into (a FUSE WRITE's
+    /// payload read apart from its headers): the whole blocks among them
+    /// that start on a page are held as slices of it, not copied.
+    /// `direct`: a direct write held ([`super::Answering::holds`]), counted
+    /// for its client's `fsync` cadence as a direct write going through is
+    /// (a buffered one is not: a buffered writer beside would hide a direct
+    /// one's cadence).
+    pub async fn write_behind_lent(
         self: &Rc<Self>,
         pool: &Rc<Pool>,
-        ino: u64,
-        offset: u64,
+        (ino, offset): (u64, u64),
         data: &[u8],
+        kept: Option<&BufSlice>,
+        direct: bool,
     ) -> Result<usize, FsError> {
-        self.write_held(pool, ino, offset, data, true).await
+        self.write_held(pool, ino, offset, data, kept, direct).await
     }
 
-    /// [`Filesystem::write_behind`]; `direct`: the write is noted for the
-    /// `fsync` cadence once held (a write that goes through instead is
+    /// [`Filesystem::write_behind_lent`]; `direct`: the write is noted for
+    /// the `fsync` cadence once held (a write that goes through instead is
     /// noted there).
     async fn write_held(
         self: &Rc<Self>,
@@ -365,6 +375,7 @@ impl Filesystem {
         ino: u64,
         offset: u64,
         data: &[u8],
+        kept: Option<&BufSlice>,
         direct: bool,
     ) -> Result<usize, FsError> {
         if self.behind.failing.get() || data.is_empty() {
@@ -418,6 +429,16 @@ impl Filesystem {
         for (blkid, within, source) in super::block_pieces(offset, data, block) {
             let chunk = source.len();
             // Merged into the newest version, or the parts of a new one.
+            // A whole block read into a buffer of its own is held as it
+            // lies there.
+            let lent = (chunk as u64 == block)
+                .then(|| kept.and_then(|kept| kept.slice_holding(source)))
+                .flatten()
+                .filter(|lent| (lent.as_ptr() as usize).is_multiple_of(LENT_ALIGN_BYTES));
+            if let Some(lent) = lent {
+                numbers.push((blkid, self.hold_version(pool, ino, blkid, lent, None)));
+                continue;
+            }
             let (mut bytes, mut parts) = match self.behind.lookup(ino, blkid) {
                 _ if chunk as u64 == block => (AlignedBuf::for_overwrite(chunk), None),
                 Some(held) => (AlignedBuf::copy_from(&held.bytes), held.parts),
@@ -428,6 +449,7 @@ impl Filesystem {
                 add_part(written, within..within + chunk);
             }
             let parts = parts.filter(|parts| parts.len() != 1 || parts[0] != (0..block as usize));
+            let bytes = BufSlice::whole(bytes.into_shared());
             numbers.push((blkid, self.hold_version(pool, ino, blkid, bytes, parts)));
         }
         {
@@ -621,7 +643,13 @@ impl Filesystem {
         self.log.note_reshaped();
         self.log.note_linked(object.id, 0, txg);
         self.note_state(object, txg);
-        let number = self.hold_version(pool, object.id, 0, bytes, None);
+        let number = self.hold_version(
+            pool,
+            object.id,
+            0,
+            BufSlice::whole(bytes.into_shared()),
+            None,
+        );
         object.dirty.set(true);
         self.count(|stats| {
             stats.write_ops += 1;
@@ -663,16 +691,19 @@ impl Filesystem {
         pool: &Pool,
         ino: u64,
         blkid: u64,
-        bytes: AlignedBuf,
+        bytes: BufSlice,
         parts: Option<Parts>,
     ) -> u64 {
         let behind = &self.behind;
         let number = behind.next.get();
         behind.next.set(number + 1);
         behind.in_flight.borrow_mut().insert(number, ino);
+        // A block held as a slice of a payload buffer read for several
+        // (`write_behind_lent`) counts its own bytes: the buffer outlives
+        // it only while a sibling block is held, by at most
+        // `PAYLOAD_APART_BYTES_MAX` of the FUSE front end.
         let memory = bytes.len() as u64;
         let reserved = pool.held_space_bytes(memory);
-        let bytes = BufSlice::whole(bytes.into_shared());
         let mut blocks = behind.blocks.borrow_mut();
         let version = blocks.entry((ino, blkid)).or_insert(Version {
             bytes: bytes.clone(),

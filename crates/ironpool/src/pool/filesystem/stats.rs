@@ -64,6 +64,10 @@ pub struct FrontEndStats {
     /// Requests being served now, and the most at once since mounted.
     pub in_flight: u64,
     pub in_flight_max: u64,
+    /// WRITEs whose payload was read from `/dev/fuse` into a buffer of its
+    /// own (after a WRITE of the same size): their whole blocks are held
+    /// with no copy.
+    pub write_payloads_apart: u64,
     /// Requests by kind (the kernel's opcode name) since mounted: how many
     /// an application's calls cost (a create is a LOOKUP, a CREATE and a
     /// GETATTR of its directory, each a round trip), and how long the

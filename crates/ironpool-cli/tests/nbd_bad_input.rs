@@ -336,3 +336,131 @@ fn disc_finishes_requests_in_flight() {
     );
     pool.stop();
 }
+
+/// A run of 16K writes has its payloads received apart from the stream
+/// (each into a buffer of its own): broken by a read, a write of another
+/// size, a flush and a payload that arrives in pieces, every byte still
+/// lands where its request says, and other requests are answered.
+#[test]
+fn a_run_of_writes_received_apart_keeps_every_byte_when_broken() {
+    const BLOCK: usize = 16 << 10;
+    let mut pool = serving_pool();
+    let mut peer = Peer::go(&pool, "tank/vol", false);
+    let fill = |cookie: u64| (cookie as u8).wrapping_mul(37) | 1;
+    let write = |cookie: u64, length: usize| {
+        let mut bytes = REQUEST_MAGIC.to_be_bytes().to_vec();
+        bytes.extend_from_slice(&0u16.to_be_bytes());
+        bytes.extend_from_slice(&1u16.to_be_bytes());
+        bytes.extend_from_slice(&cookie.to_be_bytes());
+        bytes.extend_from_slice(&((8 << 20) + cookie * BLOCK as u64).to_be_bytes());
+        bytes.extend_from_slice(&(length as u32).to_be_bytes());
+        bytes.extend(std::iter::repeat_n(fill(cookie), length));
+        bytes
+    };
+    let replies = |peer: &mut Peer, count: usize| {
+        for _ in 0..count {
+            let (error, cookie) = peer.simple_reply();
+            assert_eq!(error, 0, "request {cookie}");
+        }
+    };
+    // A run long enough to be received apart.
+    let mut stream = Vec::new();
+    for cookie in 0..12 {
+        stream.extend(write(cookie, BLOCK));
+    }
+    peer.send(&stream);
+    replies(&mut peer, 12);
+    // The run goes on: these are received apart, and the next receive
+    // lays out as many payloads again.
+    let mut stream = Vec::new();
+    for cookie in 12..16 {
+        stream.extend(write(cookie, BLOCK));
+    }
+    peer.send(&stream);
+    replies(&mut peer, 4);
+    // More of the run, broken by a read, a write of 4K and a flush, sent
+    // as one piece so they arrive in one receive: the read's header lands
+    // where a payload was laid out.
+    let mut stream = Vec::new();
+    for cookie in 16..30 {
+        stream.extend(write(cookie, BLOCK));
+    }
+    let mut read = REQUEST_MAGIC.to_be_bytes().to_vec();
+    read.extend_from_slice(&[0, 0, 0, 0]);
+    read.extend_from_slice(&1000u64.to_be_bytes());
+    read.extend_from_slice(&(1u64 << 20).to_be_bytes());
+    read.extend_from_slice(&(BLOCK as u32).to_be_bytes());
+    stream.extend(&read);
+    stream.extend(write(30, 4096));
+    stream.extend(write(31, BLOCK));
+    let mut flush = REQUEST_MAGIC.to_be_bytes().to_vec();
+    flush.extend_from_slice(&[0, 0, 0, 3]);
+    flush.extend_from_slice(&1001u64.to_be_bytes());
+    flush.extend_from_slice(&[0; 12]);
+    stream.extend(&flush);
+    peer.send(&stream);
+    // The read's reply carries its data after its header.
+    let mut seen = 0;
+    while seen < 18 {
+        let (error, cookie) = peer.simple_reply();
+        assert_eq!(error, 0, "request {cookie}");
+        if cookie == 1000 {
+            let mut data = vec![0u8; BLOCK];
+            peer.stream.read_exact(&mut data).unwrap();
+            assert!(
+                data.iter().all(|byte| *byte == 0x99),
+                "the good client's data"
+            );
+        }
+        seen += 1;
+    }
+    // A run again (the read ended the last one), then a payload that
+    // arrives in pieces, and a client that leaves in the middle of one.
+    let mut stream = Vec::new();
+    for cookie in 32..44 {
+        stream.extend(write(cookie, BLOCK));
+    }
+    peer.send(&stream);
+    replies(&mut peer, 12);
+    let piece = write(44, BLOCK);
+    peer.send(&piece[..28 + 5000]);
+    std::thread::sleep(Duration::from_millis(100));
+    peer.send(&piece[28 + 5000..]);
+    replies(&mut peer, 1);
+    let mut leaving = Peer::go(&pool, "tank/vol", false);
+    let mut stream = Vec::new();
+    for cookie in 100..112 {
+        stream.extend(write(cookie, BLOCK));
+    }
+    leaving.send(&stream);
+    replies(&mut leaving, 12);
+    leaving.send(&write(112, BLOCK)[..28 + 100]);
+    drop(leaving);
+    // Every write landed whole, where it said.
+    for cookie in 0..45u64 {
+        let length = if cookie == 30 { 4096 } else { BLOCK };
+        let offset = (8 << 20) + cookie * BLOCK as u64;
+        tool(
+            "qemu-io",
+            &[
+                "-f",
+                "raw",
+                &pool.uri("vol"),
+                "-c",
+                &format!("read -P {} {offset} {length}", fill(cookie)),
+            ],
+        );
+    }
+    good_data_intact(&pool);
+    // Payloads of the runs went straight into buffers of their own; the
+    // first of a run (and the 4K write) were copied out of the receive
+    // buffer.
+    let iostat: serde_json::Value =
+        serde_json::from_str(&pool.admin(&["--json", "iostat", &pool.name])).unwrap();
+    let server = &iostat["server"];
+    let apart = server["payloads_apart"].as_u64().unwrap();
+    let copied = server["payloads_copied"].as_u64().unwrap();
+    assert!(apart >= 1, "payloads received apart: {server}");
+    assert!(copied >= 1, "payloads copied: {server}");
+    pool.stop();
+}

@@ -959,6 +959,18 @@ pub fn render(pool: &Pool, nbd: Option<&ServerStats>) -> String {
             "NBD connections ended by a protocol violation.",
             nbd.protocol_errors as f64,
         );
+        counter(
+            &mut out,
+            "ironpool_nbd_write_payloads_apart_total",
+            "NBD WRITE payloads received straight into a buffer of their own.",
+            nbd.payloads_apart as f64,
+        );
+        counter(
+            &mut out,
+            "ironpool_nbd_write_payloads_copied_total",
+            "NBD WRITE payloads copied out of a connection's receive buffer.",
+            nbd.payloads_copied as f64,
+        );
     }
     out.text
 }

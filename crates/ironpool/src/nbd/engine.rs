@@ -180,6 +180,11 @@ pub struct SharedStats {
     pub protocol_errors: AtomicU64,
     /// Requests whose header was read and whose reply is not yet sent.
     pub requests_in_flight: AtomicU64,
+    /// WRITE payloads received straight into a buffer of their own.
+    pub payloads_apart: AtomicU64,
+    /// WRITE payloads (in part or whole) copied out of a connection's
+    /// receive buffer.
+    pub payloads_copied: AtomicU64,
 }
 
 impl SharedStats {
@@ -197,6 +202,8 @@ impl SharedStats {
             request_errors: self.request_errors.load(Ordering::Relaxed),
             protocol_errors: self.protocol_errors.load(Ordering::Relaxed),
             requests_in_flight: self.requests_in_flight.load(Ordering::Relaxed),
+            payloads_apart: self.payloads_apart.load(Ordering::Relaxed),
+            payloads_copied: self.payloads_copied.load(Ordering::Relaxed),
         }
     }
 }

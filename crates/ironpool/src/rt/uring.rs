@@ -885,6 +885,50 @@ pub async fn recv_aligned(
     (to_result(result), buffer)
 }
 
+/// Receives into `buffer[heads[0]]`, `payloads[0]`, `buffer[heads[1]]`,
+/// `payloads[1]`, ... and last `buffer[heads[payloads.len()]]`, in that
+/// order (one `recvmsg`): a server that expects a run of writes of one
+/// size gets each payload in an aligned buffer of its own, with no copy.
+/// `heads` has one range more than `payloads`, each within `buffer`.
+pub async fn recv_scattered(
+    fd: RawFd,
+    mut buffer: Vec<u8>,
+    heads: &[std::ops::Range<usize>],
+    mut payloads: Vec<AlignedBuf>,
+) -> (io::Result<usize>, Vec<u8>, Vec<AlignedBuf>) {
+    assert_eq!(heads.len(), payloads.len() + 1);
+    assert!(heads.len() + payloads.len() <= IOVEC_COUNT_MAX);
+    assert!(heads
+        .iter()
+        .all(|head| head.start <= head.end && head.end <= buffer.len()));
+    let base = buffer.as_mut_ptr();
+    let mut iovecs = Vec::with_capacity(heads.len() + payloads.len());
+    for (index, head) in heads.iter().enumerate() {
+        iovecs.push(libc::iovec {
+            // SAFETY: the range is within `buffer` (asserted above).
+            iov_base: unsafe { base.add(head.start) } as *mut libc::c_void,
+            iov_len: head.len(),
+        });
+        if let Some(payload) = payloads.get_mut(index) {
+            iovecs.push(libc::iovec {
+                iov_base: payload.as_mut_ptr() as *mut libc::c_void,
+                iov_len: payload.len(),
+            });
+        }
+    }
+    let mut iovecs = iovecs.into_boxed_slice();
+    // SAFETY: an all-zero msghdr is valid; its iovec pointer is set below.
+    let mut header: Box<libc::msghdr> = Box::new(unsafe { std::mem::zeroed() });
+    header.msg_iov = iovecs.as_mut_ptr();
+    header.msg_iovlen = iovecs.len() as _;
+    let entry = opcode::RecvMsg::new(types::Fd(fd), &mut *header).build();
+    // SAFETY: the header, the iovecs and the buffers they point into are
+    // heap memory owned by the op until it completes.
+    let (result, (_, _, buffer, payloads)) =
+        unsafe { Op::submit(entry, (header, iovecs, buffer, payloads)) }.await;
+    (to_result(result), buffer, payloads)
+}
+
 /// A piece of an outgoing message.
 pub enum SendPiece {
     Bytes(Vec<u8>),

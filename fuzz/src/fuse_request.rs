@@ -33,6 +33,7 @@ fn check_as_given(data: &[u8]) {
         }
     };
     assert_eq!(header.len as usize, data.len());
+    check_apart(data);
     let Ok(decoded) = request(&header, data) else { return };
     for name in names(&decoded) {
         assert!(!name.contains(&0), "a name with a NUL: {decoded:?}");
@@ -42,6 +43,26 @@ fn check_as_given(data: &[u8]) {
     assert_eq!(again_header, InHeader { len: bytes.len() as u32, ..header });
     let again = request(&again_header, &bytes).expect("re-encoded request decodes");
     assert_eq!(again, decoded, "request does not round trip");
+}
+
+/// A request read in two pieces, a WRITE's headers and its payload apart
+/// (as `fuse::reader` reads one after a WRITE of the same size), decodes
+/// as the same request read whole, or is refused as it is whole.
+fn check_apart(data: &[u8]) {
+    if data.len() < WRITE_HEADERS_BYTES {
+        assert_eq!(write_payload_size(data), None);
+        return;
+    }
+    let (head, payload) = data.split_at(WRITE_HEADERS_BYTES);
+    let Some(size) = write_payload_size(head) else { return };
+    assert_eq!(size, payload.len(), "a write's payload size is the rest of it");
+    let header = header_apart(head, payload.len()).expect("a whole write's header apart");
+    assert_eq!(header, ironpool::fuse::proto::header(data).expect("its header whole"));
+    match (write_apart(&header, head, payload), request(&header, data)) {
+        (Ok(apart), Ok(whole)) => assert_eq!(apart, whole, "a write apart decodes differently"),
+        (Err(_), Err(_)) => {}
+        (apart, whole) => panic!("apart {apart:?}, whole {whole:?}"),
+    }
 }
 
 /// Every name a request carries.

@@ -89,6 +89,11 @@ const PAYLOAD_APART_BYTES_MAX: usize = 128 << 10;
 /// Payloads read apart are whole pages: a block's bytes from one start on
 /// a page, as a device opened with O_DIRECT needs.
 const PAYLOAD_APART_UNIT: usize = 4096;
+/// WRITEs of one size in a row before the next is expected to be one too:
+/// a client that alternates sizes (8K pages and 16K log records) would
+/// otherwise have most payloads read into a buffer of the wrong size and
+/// copied back.
+const PAYLOAD_APART_RUN_MIN: u32 = 2;
 /// Requests of one mount served at once over `/dev/fuse`. Each holds a
 /// request buffer, so this bounds a mount's memory (64 MiB) and its queue
 /// depth at the server; the kernel queues the rest.
@@ -166,11 +171,12 @@ struct Session {
     uring: RefCell<Option<Rc<uring::UringTransport>>>,
     /// Request buffers not in use (at most [`SERVED_MAX`] are ever made).
     buffers: RefCell<Vec<AlignedBuf>>,
-    /// The payload size of the last WRITE read, when it may be read apart
-    /// (a whole number of pages, at most [`PAYLOAD_APART_BYTES_MAX`]): the
-    /// next read puts that many bytes after a WRITE's headers into a
-    /// buffer of their own. 0: read whole.
-    expected_payload: Cell<usize>,
+    /// The payload size of the last WRITEs read, when it may be read apart
+    /// (a whole number of pages, at most [`PAYLOAD_APART_BYTES_MAX`]), and
+    /// how many of that size came in a row: from [`PAYLOAD_APART_RUN_MIN`]
+    /// on, the next read puts that many bytes after a WRITE's headers into
+    /// a buffer of their own. Size 0: read whole.
+    write_run: Cell<(usize, u32)>,
     /// Requests being served: one unit each, [`SERVED_MAX`] in all.
     serving: Rc<Semaphore>,
     /// Requests being handled now (read, not yet answered).
@@ -424,7 +430,7 @@ impl Mount {
             start_uring: Cell::new(false),
             uring: RefCell::new(None),
             buffers: RefCell::default(),
-            expected_payload: Cell::new(0),
+            write_run: Cell::new((0, 0)),
             serving: Semaphore::new(SERVED_MAX as u64),
             handling: Cell::new(0),
             calm: Cell::new(CALM_REQUESTS),
@@ -609,7 +615,11 @@ async fn reader(session: Rc<Session>, index: usize) {
             .pop()
             .unwrap_or_else(|| AlignedBuf::zeroed(REQUEST_BUFFER_BYTES));
         // Non-blocking: with no request queued the ring polls for one.
-        let (result, payload) = match session.expected_payload.get() {
+        let expected = match session.write_run.get() {
+            (size, count) if count >= PAYLOAD_APART_RUN_MIN => size,
+            _ => 0,
+        };
+        let (result, payload) = match expected {
             0 => {
                 let (result, read) =
                     rt_uring::read_stream_into(session.fd, buffer, REQUEST_READ_AT).await;
@@ -657,12 +667,14 @@ async fn reader(session: Rc<Session>, index: usize) {
                 if head.len() >= proto::IN_HEADER_BYTES
                     && u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) == proto::WRITE
                 {
-                    session.expected_payload.set(
-                        proto::write_payload_size(head)
-                            .filter(|size| *size <= PAYLOAD_APART_BYTES_MAX)
-                            .filter(|size| size.is_multiple_of(PAYLOAD_APART_UNIT))
-                            .unwrap_or(0),
-                    );
+                    let size = proto::write_payload_size(head)
+                        .filter(|size| *size <= PAYLOAD_APART_BYTES_MAX)
+                        .filter(|size| size.is_multiple_of(PAYLOAD_APART_UNIT))
+                        .unwrap_or(0);
+                    session.write_run.set(match session.write_run.get() {
+                        (last, count) if last == size => (size, count.saturating_add(1)),
+                        _ => (size, 1),
+                    });
                 }
                 let session = session.clone();
                 let (request, payload) = match payload {

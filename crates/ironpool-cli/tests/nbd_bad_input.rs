@@ -126,26 +126,23 @@ fn serving_pool() -> TestPool {
     pool.create_volume("vol", "64M");
     pool.serve();
     // A good client's data that no bad client may disturb.
-    tool(
-        "qemu-io",
-        &[
-            "-f",
-            "raw",
-            &pool.uri("vol"),
-            "-c",
-            "write -P 0x99 1M 1M",
-            "-c",
-            "flush",
-        ],
-    );
+    qemu_io(&pool, &["write -P 0x99 1M 1M", "flush"]);
     pool
 }
 
 fn good_data_intact(pool: &TestPool) {
-    tool(
-        "qemu-io",
-        &["-f", "raw", &pool.uri("vol"), "-c", "read -P 0x99 1M 1M"],
-    );
+    qemu_io(pool, &["read -P 0x99 1M 1M"]);
+}
+
+/// Runs `qemu-io` on the volume with `commands` (each a `-c`), which must
+/// all succeed (a `read -P` fails on a byte that differs).
+fn qemu_io(pool: &TestPool, commands: &[&str]) {
+    let uri = pool.uri("vol");
+    let mut args = vec!["-f", "raw", &uri];
+    for command in commands {
+        args.extend(["-c", command]);
+    }
+    tool("qemu-io", &args);
 }
 
 #[test]
@@ -330,10 +327,7 @@ fn disc_finishes_requests_in_flight() {
     cookies.sort_unstable();
     assert_eq!(cookies, (0..32).collect::<Vec<_>>());
     assert!(peer.closed());
-    tool(
-        "qemu-io",
-        &["-f", "raw", &pool.uri("vol"), "-c", "read -P 0x3c 16M 128k"],
-    );
+    qemu_io(&pool, &["read -P 0x3c 16M 128k"]);
     pool.stop();
 }
 
@@ -437,20 +431,14 @@ fn a_run_of_writes_received_apart_keeps_every_byte_when_broken() {
     leaving.send(&write(112, BLOCK)[..28 + 100]);
     drop(leaving);
     // Every write landed whole, where it said.
-    for cookie in 0..45u64 {
-        let length = if cookie == 30 { 4096 } else { BLOCK };
-        let offset = (8 << 20) + cookie * BLOCK as u64;
-        tool(
-            "qemu-io",
-            &[
-                "-f",
-                "raw",
-                &pool.uri("vol"),
-                "-c",
-                &format!("read -P {} {offset} {length}", fill(cookie)),
-            ],
-        );
-    }
+    let reads: Vec<String> = (0..45u64)
+        .map(|cookie| {
+            let length = if cookie == 30 { 4096 } else { BLOCK };
+            let offset = (8 << 20) + cookie * BLOCK as u64;
+            format!("read -P {} {offset} {length}", fill(cookie))
+        })
+        .collect();
+    qemu_io(&pool, &reads.iter().map(String::as_str).collect::<Vec<_>>());
     good_data_intact(&pool);
     // Payloads of the runs went straight into buffers of their own; the
     // first of a run (and the 4K write) were copied out of the receive

@@ -78,8 +78,6 @@ const _: () = assert!(
 /// read at [`REQUEST_READ_AT`]: a 4 KiB boundary.
 const PAYLOAD_AT: usize = REQUEST_READ_AT + proto::WRITE_HEADERS_BYTES;
 const _: () = assert!(PAYLOAD_AT == 4096);
-/// What a read must hold to tell a WRITE's headers.
-const HEAD: usize = proto::WRITE_HEADERS_BYTES;
 /// Largest WRITE payload read into a buffer of its own, when the last
 /// WRITE was that size: 128 KiB, the default record, so the common
 /// writes (a record or a few pages) are kept as the blocks' bytes with no
@@ -636,38 +634,36 @@ async fn reader(session: Rc<Session>, index: usize) {
                 )
                 .await;
                 buffer = read;
-                match result {
-                    Ok(length) => {
-                        let head = &buffer[REQUEST_READ_AT..REQUEST_READ_AT + length.min(HEAD)];
-                        match proto::write_payload_size(head) {
-                            Some(size) if size == expected => {
-                                session
-                                    .fs
-                                    .note_front_end(|stats| stats.write_payloads_apart += 1);
-                                (result, Some(payload))
-                            }
-                            _ => {
-                                // Not the write expected: its bytes as a
-                                // plain read leaves them.
-                                let spilled = length.saturating_sub(HEAD).min(expected);
-                                buffer[PAYLOAD_AT..PAYLOAD_AT + spilled]
-                                    .copy_from_slice(&payload[..spilled]);
-                                (result, None)
-                            }
-                        }
-                    }
-                    Err(_) => (result, None),
-                }
+                (result, Some(payload))
             }
         };
         match result {
             Ok(length) => {
                 session.note_arrival();
-                let head = &buffer[REQUEST_READ_AT..REQUEST_READ_AT + length.min(HEAD)];
-                if head.len() >= proto::IN_HEADER_BYTES
-                    && u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) == proto::WRITE
-                {
-                    let size = proto::write_payload_size(head)
+                let headers = length.min(proto::WRITE_HEADERS_BYTES);
+                let head = &buffer[REQUEST_READ_AT..REQUEST_READ_AT + headers];
+                let write_size = proto::write_payload_size(head);
+                let is_write = head.len() >= proto::IN_HEADER_BYTES
+                    && u32::from_le_bytes(head[4..8].try_into().expect("4 bytes")) == proto::WRITE;
+                let payload = match payload {
+                    Some(payload) if write_size == Some(payload.len()) => {
+                        session
+                            .fs
+                            .note_front_end(|stats| stats.write_payloads_apart += 1);
+                        Some(payload)
+                    }
+                    Some(payload) => {
+                        // Not the write expected: its bytes as a plain
+                        // read leaves them.
+                        let spilled = (length - headers).min(payload.len());
+                        buffer[PAYLOAD_AT..PAYLOAD_AT + spilled]
+                            .copy_from_slice(&payload[..spilled]);
+                        None
+                    }
+                    None => None,
+                };
+                if is_write {
+                    let size = write_size
                         .filter(|size| *size <= PAYLOAD_APART_BYTES_MAX)
                         .filter(|size| size.is_multiple_of(PAYLOAD_APART_UNIT))
                         .unwrap_or(0);

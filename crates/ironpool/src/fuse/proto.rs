@@ -398,12 +398,18 @@ pub fn write_apart<'a>(
     if u32_at(body, 16)? as usize != payload.len() {
         return Err(Malformed("write shorter than its size"));
     }
+    write(body, payload)
+}
+
+/// A WRITE of `data` with the fields of its `fuse_write_in` (`body`):
+/// how [`request`] and [`write_apart`] both build one.
+fn write<'a>(body: &[u8], data: &'a [u8]) -> Result<Request<'a>, Malformed> {
     Ok(Request::Write {
         fh: u64_at(body, 0)?,
         offset: u64_at(body, 8)?,
         write_flags: u32_at(body, 20)?,
         flags: u32_at(body, 32)?,
-        data: payload,
+        data,
     })
 }
 
@@ -518,13 +524,7 @@ pub fn request<'a>(header: &InHeader, bytes: &'a [u8]) -> Result<Request<'a>, Ma
             let data = body
                 .get(WRITE_IN_BYTES..WRITE_IN_BYTES + size)
                 .ok_or(Malformed("write shorter than its size"))?;
-            Request::Write {
-                fh: u64_at(body, 0)?,
-                offset: u64_at(body, 8)?,
-                write_flags: u32_at(body, 20)?,
-                flags: u32_at(body, 32)?,
-                data,
-            }
+            write(body, data)?
         }
         STATFS => Request::Statfs,
         RELEASE => Request::Release,

@@ -13,9 +13,9 @@ use std::time::Duration;
 
 use ironpool::dev::sim::{SimDevice, SimFaults, SimLatency};
 use ironpool::dev::Device;
-use ironpool::pool::dataset::receive::ReceiveOptions;
 use ironpool::pool::dataset::send::SendRequest;
 use ironpool::pool::dataset::stream_io::MemoryStream;
+use ironpool::pool::datasets::receive::ReceiveOptions;
 use ironpool::pool::volume::{ReadPiece, Volume};
 use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolError, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};

@@ -9,7 +9,7 @@ use ironpool::dev::sim::SimDevice;
 use ironpool::dev::Device;
 use ironpool::format::label::TopVdevKind;
 use ironpool::format::ObjectType;
-use ironpool::pool::dataset::snapshot::SnapshotInfo;
+use ironpool::pool::datasets::snapshot::SnapshotInfo;
 use ironpool::pool::volume::ReadPiece;
 use ironpool::pool::{NewDevice, NewTopVdev, Pool, PoolTunables};
 use ironpool::rt::buf::{AlignedBuf, BufSlice};

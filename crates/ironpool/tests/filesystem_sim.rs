@@ -2710,7 +2710,7 @@ async fn receive_with(
     force: bool,
 ) -> Result<(), ironpool::pool::PoolError> {
     let stream = ironpool::pool::dataset::stream_io::MemoryStream::from_bytes(bytes);
-    let options = ironpool::pool::dataset::receive::ReceiveOptions {
+    let options = ironpool::pool::datasets::receive::ReceiveOptions {
         target: target.to_string(),
         force,
         save_partial,
@@ -3715,7 +3715,7 @@ fn a_large_removed_file_is_freed_in_slices_between_other_requests() {
 /// import finds the snapshot whole.
 #[test]
 fn a_large_snapshots_destroy_lets_the_pools_other_requests_be_served_meanwhile() {
-    use ironpool::pool::dataset::snapshot::DEAD_LIST_POINTERS_PER_TURN;
+    use ironpool::pool::datasets::snapshot::DEAD_LIST_POINTERS_PER_TURN;
     let blocks = DEAD_LIST_POINTERS_PER_TURN as u64 * 3 + 10;
     let disks = devices(2, DEVICE_BYTES, 49);
     run_then_crash(49, &disks, 3, |holder| {

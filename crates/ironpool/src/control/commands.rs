@@ -10,8 +10,8 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::nbd::server::ServerStats;
-use crate::pool::dataset::receive::ReceiveOptions;
 use crate::pool::dataset::send::SendRequest;
+use crate::pool::datasets::receive::ReceiveOptions;
 use crate::pool::volume::VOLUME_BLOCK_BYTES_DEFAULT;
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
@@ -831,8 +831,7 @@ fn check_token_guids(
     token: &crate::pool::dataset::send::ResumeToken,
 ) -> Result<(), PoolError> {
     let guid_of = |name: &str| -> Option<u64> {
-        let (volume, snapshot) =
-            crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), name)?;
+        let (volume, snapshot) = crate::pool::dataset::split_snapshot_name(pool.name(), name)?;
         pool.directory()
             .lineage(volume)?
             .snapshot(snapshot)
@@ -1065,9 +1064,8 @@ async fn run(
             name,
             properties,
         } => {
-            let of_filesystem =
-                crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), &origin)
-                    .is_some_and(|(dataset, _)| pool.filesystem(dataset).is_ok());
+            let of_filesystem = crate::pool::dataset::split_snapshot_name(pool.name(), &origin)
+                .is_some_and(|(dataset, _)| pool.filesystem(dataset).is_ok());
             let made = if of_filesystem {
                 pool.clone_filesystem(&origin, &name, properties)
                     .await?
@@ -1510,7 +1508,7 @@ fn existing_snapshots(
     let targets: Vec<String> = snapshot_targets(pool, names, true)?
         .into_iter()
         .filter(|name| {
-            crate::pool::dataset::snapshot::split_snapshot_name(pool.name(), name).is_some_and(
+            crate::pool::dataset::split_snapshot_name(pool.name(), name).is_some_and(
                 |(dataset, snapshot)| {
                     pool.directory()
                         .lineage(dataset)

@@ -12,6 +12,7 @@
 pub(crate) mod clones;
 pub(crate) mod data;
 pub mod dataset;
+pub mod datasets;
 pub mod devices;
 pub mod dirty;
 pub mod filesystem;
@@ -51,6 +52,31 @@ pub(crate) use open::{build_top_vdev, vdev_space};
 pub use open::{create_sparse_file, create_written_file};
 pub use txg::TxgState;
 pub use volume::Volume;
+
+/// Whose intent log: a volume's or a filesystem's. The head of each chain is
+/// in that dataset's directory record.
+#[derive(Clone, Copy)]
+pub(crate) enum Owner<'a> {
+    Volume(&'a volume::Volume),
+    Filesystem(&'a filesystem::Filesystem),
+}
+
+impl<'a> Owner<'a> {
+    pub(in crate::pool) fn log(self) -> &'a dataset::intent_log::IntentLog {
+        match self {
+            Owner::Volume(volume) => &volume.log,
+            Owner::Filesystem(fs) => &fs.log,
+        }
+    }
+
+    /// The dataset's full name, for messages.
+    pub(crate) fn name(self) -> String {
+        match self {
+            Owner::Volume(volume) => volume.name(),
+            Owner::Filesystem(fs) => fs.name(),
+        }
+    }
+}
 
 /// Block shift of metadata objects (16 KiB): small enough that appending to a space
 /// map or changing one dnode rewrites little, large enough for few indirect levels.
@@ -196,7 +222,7 @@ pub struct PoolTunables {
     pub fs_objects_loaded_max: u64,
     /// Blocks a dataset let go of in the open txg that a snapshot still
     /// holds, past which they go onto its dead list at once rather than
-    /// at the txg build ([`dataset::snapshot::DEAD_SPILL_POINTERS`] by
+    /// at the txg build ([`datasets::snapshot::DEAD_SPILL_POINTERS`] by
     /// default; see [`Pool::spill_dead`]).
     pub dead_spill_pointers: u64,
     /// Import a pool that was not exported cleanly although a log device is
@@ -298,7 +324,7 @@ impl Default for PoolTunables {
             queue: QueueTunables::default(),
             scrub_rate_bytes: 0,
             fs_objects_loaded_max: FS_OBJECTS_LOADED_MAX,
-            dead_spill_pointers: dataset::snapshot::DEAD_SPILL_POINTERS as u64,
+            dead_spill_pointers: datasets::snapshot::DEAD_SPILL_POINTERS as u64,
             discard_missing_log: false,
             log_group_wait_percent: 0,
             log_commits_in_flight: dataset::intent_log::DEFAULT_LOG_COMMITS_IN_FLIGHT,
@@ -373,7 +399,7 @@ pub struct Pool {
     /// Dirty data and the metadata reserve (see `pressure`).
     pressure: dirty::Pressure,
     /// The directory and the datasets open (see `dataset`).
-    datasets: dataset::Datasets,
+    datasets: datasets::Datasets,
     /// Filesystems the server mounted, and those an administrator unmounted.
     mounts: RefCell<filesystem::MountState>,
     /// Raised when the server mounted or unmounted a filesystem.

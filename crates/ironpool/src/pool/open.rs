@@ -13,7 +13,7 @@ use super::labels::Probe;
 use super::txg::TxgState;
 use super::volume::Volume;
 use super::{
-    dataset, describe_open_error, devices, history, hostname, labels, metaslab_shift_for, scan,
+    datasets, describe_open_error, devices, history, hostname, labels, metaslab_shift_for, scan,
     txg, watch_memory, LayoutGroup, NewDevice, NewTopVdev, Pool, PoolError, PoolSelector,
     PoolTunables, INDIRECT_BLOCK_SHIFT, METADATA_BLOCK_SHIFT, WRITTEN_FILE_CHUNK_BYTES,
 };
@@ -105,7 +105,7 @@ impl Pool {
             config_dirty: Cell::new(true),
             store,
             objects,
-            datasets: dataset::Datasets::new(
+            datasets: datasets::Datasets::new(
                 Directory {
                     version: 1,
                     ..Directory::default()
@@ -471,9 +471,9 @@ impl Pool {
                     }
                     // Before anything allocates: replay claims the space of
                     // what the intent logs name.
-                    let prepared = dataset::intent_log::prepare_replay(&pool).await;
+                    let prepared = datasets::intent_log::prepare_replay(&pool).await;
                     pool.start_after_import();
-                    let replayed = dataset::intent_log::apply_replay(&pool, prepared).await;
+                    let replayed = datasets::intent_log::apply_replay(&pool, prepared).await;
                     pool.import_notes.borrow_mut().extend(replayed.notes);
                     if replayed.changes > 0 {
                         // A file the log left with no names (unlinked while
@@ -560,7 +560,7 @@ impl Pool {
             config_dirty: Cell::new(true),
             store,
             objects,
-            datasets: dataset::Datasets::new(directory.clone(), false),
+            datasets: datasets::Datasets::new(directory.clone(), false),
             txg: TxgState::new(uberblock.txg + 1, uberblock.txg),
             pressure: Default::default(),
             mounts: RefCell::default(),

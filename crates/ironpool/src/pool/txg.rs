@@ -399,7 +399,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     let mut context = SyncContext::new(txg);
     checkpoint_metaslabs(pool, txg)?;
     rotate_space_log(pool, txg)?;
-    crate::pool::dataset::intent_log::build_step(pool, txg);
+    crate::pool::datasets::intent_log::build_step(pool, txg);
     let table = objects.dnode_table();
     let mut passes = 0;
     loop {
@@ -441,7 +441,7 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
             objects.write_bytes_cached(&table, object.id * DNODE_BYTES as u64, &bytes)?;
             changed = true;
         }
-        if crate::pool::dataset::snapshot::build_step(pool, txg)? {
+        if crate::pool::datasets::snapshot::build_step(pool, txg)? {
             changed = true;
         }
         let records = pool.store.allocator.borrow_mut().take_pending(txg);

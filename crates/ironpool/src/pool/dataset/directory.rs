@@ -310,7 +310,7 @@ pub struct Directory {
     /// Filesystems by name within the pool (names are shared with volumes:
     /// one name is one dataset).
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub filesystems: BTreeMap<String, crate::pool::filesystem::FilesystemRecord>,
+    pub filesystems: BTreeMap<String, FilesystemRecord>,
     /// The removal of a top-level vdev in progress, resumed at import (see
     /// `pool::removal`; format 4).
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -560,6 +560,46 @@ pub fn is_within(short: &str, ancestor: &str) -> bool {
         || short
             .strip_prefix(ancestor)
             .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// A filesystem in the pool directory.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesystemRecord {
+    /// The pool-level object holding its dnode table.
+    pub object: u64,
+    pub created_txg: u64,
+    pub guid: u64,
+    /// Properties set on it (`recordsize`, `mountpoint`, the dataset
+    /// properties volumes have, `org:key` user properties).
+    #[serde(default)]
+    pub properties: BTreeMap<String, String>,
+    /// Properties received with it (`receive` of a `send -R` package): in
+    /// force where none is set locally.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub received: BTreeMap<String, String>,
+    /// Its snapshots, dead list and origin (a clone's).
+    #[serde(flatten)]
+    pub lineage: Lineage,
+    /// A receive in progress into this (hidden) filesystem.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub receive: Option<ReceiveRecord>,
+    /// Where the filesystem's intent log starts (`fsync` writes it): absent
+    /// until its first `fsync` through the log, and in pools written before
+    /// filesystems had one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub intent_log: Option<LogHead>,
+    /// An encrypted filesystem's key, wrapped (as a volume's record holds
+    /// it; docs/FORMAT.md, "Encryption"); absent for one that is not.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub crypt: Option<CryptRecord>,
+}
+
+impl FilesystemRecord {
+    /// Its own properties, received ones overridden by local ones
+    /// ([`own_properties`]).
+    pub fn own_properties(&self) -> BTreeMap<String, String> {
+        own_properties(&self.properties, &self.received)
+    }
 }
 
 #[cfg(test)]

@@ -1,17 +1,22 @@
-//! Datasets: what the pool stores for its users, and how it is named and moved.
+//! One dataset: what the pool stores for it, and the formats it is moved in.
 //!
-//! - [`directory`]: the pool directory (object 1) naming every dataset.
+//! - [`directory`]: the pool directory (object 1) naming every dataset,
+//!   and each one's record in it.
 //! - [`dead_space`]: the space on dead lists, summed by birth txg.
-//! - [`intent_log`]: the log that makes a FLUSH one log write.
-//! - [`keys`]: the keys of encrypted volumes (load, unload, change).
-//! - [`props`]: properties, set on a dataset or inherited from the pool.
-//! - [`quota`]: quotas and reservations.
-//! - [`snapshot`]: snapshots, clones, rollback and promote.
-//! - [`send`] and [`receive`]: a snapshot as a stream, and back, through
-//!   [`stream_io`]'s ends (a descriptor or memory).
+//! - [`intent_log`]: a dataset's log, the state a FLUSH or an `fsync`
+//!   writes into, and its records.
+//! - [`keys`]: the key records of encrypted datasets, their wrapping and
+//!   the keys loaded now.
+//! - [`props`]: property values, what each sets, and what passes down.
+//! - [`quota`]: the figures and limits of a dataset's space.
+//! - [`send`]: a snapshot as a stream, through [`stream_io`]'s ends (a
+//!   descriptor or memory).
 //!
-//! Each dataset kind's data path has its own module beside this one
-//! ([`super::volume`] for volumes).
+//! This room names no data path: each dataset kind's is a room above it
+//! ([`super::volume`], [`super::filesystem`]), and what acts on several
+//! datasets at once (snapshots, clones, receive, renames, quotas over a
+//! tree, loading keys, committing and replaying logs) is the room above
+//! both, [`super::datasets`].
 
 pub mod dead_space;
 pub mod directory;
@@ -19,251 +24,34 @@ pub mod intent_log;
 pub mod keys;
 pub mod props;
 pub mod quota;
-pub mod receive;
-pub mod rename;
 pub mod send;
-pub mod snapshot;
 pub mod stream_io;
 
-use std::cell::RefCell;
-use std::collections::BTreeMap;
-use std::rc::Rc;
-
-use crate::pool::filesystem::Filesystem;
-use crate::pool::volume::Volume;
-use crate::rt::sync::{Notify, Semaphore};
-
-/// The datasets room's state, which the pool holds: the directory naming
-/// every dataset, the datasets open, the snapshots waiting for the next
-/// commit or held by sends, and the lock and notices of administrative
-/// changes. Each part is its own small owner (a [`directory::DirectoryCell`]
-/// marks its changes for the txg build, an [`OpenMap`] never lends its map
-/// across an await). The pool's other rooms reach the directory, the open
-/// heads and snapshot filesystems, the lock and the notices; the snapshot
-/// bookkeeping (requests, holds, opened snapshot volumes, referenced
-/// figures) is private to this room.
-pub struct Datasets {
-    /// The dataset directory and whether it changed since the last build.
-    pub(in crate::pool) directory: directory::DirectoryCell,
-    /// Open volumes by short name (hidden ones of receives included).
-    pub(in crate::pool) volumes: OpenMap<Volume>,
-    /// Open filesystems by short name (all of the directory's).
-    pub(in crate::pool) filesystems: OpenMap<Filesystem>,
-    /// Read-only volumes opened for snapshots (exports, reads), by full name.
-    snapshot_volumes: OpenMap<Volume>,
-    /// Read-only filesystems opened for snapshots (`.zfs/snapshot`), by
-    /// full name.
-    pub(in crate::pool) snapshot_filesystems: OpenMap<Filesystem>,
-    /// What each filesystem snapshot refers to (bytes allocated, logical,
-    /// physical), by its table's object, once walked.
-    snapshot_referenced: RefCell<rustc_hash::FxHashMap<u64, (u64, u64, u64)>>,
-    /// The space on each dead list by birth txg, once summed.
-    pub(in crate::pool) dead_space: dead_space::DeadSpaceCache,
-    /// Snapshots to take at the next commit.
-    pending_snapshots: RefCell<Vec<snapshot::SnapshotRequest>>,
-    /// Snapshots being sent (by full name, with the number of sends): they
-    /// cannot be destroyed meanwhile.
-    snapshot_holds: RefCell<BTreeMap<String, usize>>,
-    /// Serialises administrative changes to datasets (snapshot, destroy,
-    /// clone, rollback, promote, receive).
-    pub(in crate::pool) admin_lock: Rc<Semaphore>,
-    /// Notified when a volume or a snapshot is destroyed: NBD ends the
-    /// connections that served it.
-    pub(in crate::pool) exports_gone: Notify,
-    /// Notified when a filesystem is created or destroyed.
-    pub(in crate::pool) filesystems_changed: Notify,
-    /// The keys of encrypted volumes loaded now.
-    pub(in crate::pool) keys: keys::LoadedKeys,
-}
-
-impl Datasets {
-    /// `dirty`: the directory is new and must be written by the first
-    /// commit (an imported one is on disk already).
-    pub(in crate::pool) fn new(directory: directory::Directory, dirty: bool) -> Datasets {
-        Datasets {
-            directory: directory::DirectoryCell::new(directory, dirty),
-            volumes: OpenMap::default(),
-            filesystems: OpenMap::default(),
-            snapshot_volumes: OpenMap::default(),
-            snapshot_filesystems: OpenMap::default(),
-            snapshot_referenced: RefCell::default(),
-            dead_space: dead_space::DeadSpaceCache::default(),
-            pending_snapshots: RefCell::default(),
-            snapshot_holds: RefCell::default(),
-            admin_lock: Semaphore::new(1),
-            exports_gone: Notify::new(),
-            filesystems_changed: Notify::new(),
-            keys: keys::LoadedKeys::default(),
-        }
-    }
-
-    /// Asks for snapshot `name` of dataset `short` (with `guid`, its
-    /// identity across pools) at the next txg build.
-    pub(in crate::pool) fn request_snapshot(&self, short: &str, name: &str, guid: u64) {
-        self.pending_snapshots
-            .borrow_mut()
-            .push(snapshot::SnapshotRequest {
-                volume: short.to_string(),
-                name: name.to_string(),
-                guid,
-            });
-    }
-}
-
-/// The open datasets of one kind (volumes, filesystems, or the snapshots of
-/// either opened for reading), by name. Every method borrows the map only
-/// for its own length and hands back shared handles, so no caller can hold
-/// the map across an await (a borrow held there would panic when another
-/// task opens or closes a dataset meanwhile). Listings are in name order.
-impl Datasets {
-    /// A snapshot of `old` or below it that a send or a diff holds
-    /// (`Pool::hold_snapshot`), by full name.
-    pub(in crate::pool) fn held_snapshot_within(&self, pool: &str, old: &str) -> Option<String> {
-        self.snapshot_holds
-            .borrow()
-            .keys()
-            .find(|full| snapshot_within(pool, full, old))
-            .cloned()
-    }
-
-    /// After snapshots `names` (full names) were renamed: their open views
-    /// go (one in use stays with its user); a lookup of the new name opens
-    /// it afresh.
-    pub(in crate::pool) fn forget_snapshots(&self, names: &[String]) {
-        self.snapshot_volumes
-            .retain(|full| !names.iter().any(|name| name == full));
-        self.snapshot_filesystems
-            .retain(|full| !names.iter().any(|name| name == full));
-    }
-
-    /// After `old` and what is below it were renamed to `new`: the open
-    /// snapshot views of them go (they carry the old names; one in use
-    /// stays with its user), and snapshots asked for follow the new names.
-    pub(in crate::pool) fn forget_renamed(&self, pool: &str, old: &str, new: &str) {
-        self.snapshot_volumes
-            .retain(|full| !snapshot_within(pool, full, old));
-        self.snapshot_filesystems
-            .retain(|full| !snapshot_within(pool, full, old));
-        for request in self.pending_snapshots.borrow_mut().iter_mut() {
-            if directory::is_within(&request.volume, old) {
-                request.volume = format!("{new}{}", &request.volume[old.len()..]);
-            }
-        }
-    }
-}
-
-/// Whether snapshot `full` (`POOL/A/B@SNAP`) is of a dataset at or below
-/// `short` in pool `pool`.
-fn snapshot_within(pool: &str, full: &str, short: &str) -> bool {
-    let dataset = full.split('@').next().unwrap_or_default();
-    dataset
+/// Splits `[POOL/]DATASET@SNAP` into the dataset's short name and the
+/// snapshot's.
+pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'a str)> {
+    let (volume, snapshot) = name.split_once('@')?;
+    let volume = volume
         .strip_prefix(pool)
         .and_then(|rest| rest.strip_prefix('/'))
-        .is_some_and(|name| directory::is_within(name, short))
+        .unwrap_or(volume);
+    Some((volume, snapshot))
 }
 
-pub struct OpenMap<T> {
-    map: RefCell<BTreeMap<String, Rc<T>>>,
-}
-
-impl<T> Default for OpenMap<T> {
-    fn default() -> OpenMap<T> {
-        OpenMap {
-            map: RefCell::new(BTreeMap::new()),
-        }
-    }
-}
-
-impl<T> OpenMap<T> {
-    /// The dataset open as `name`.
-    pub fn get(&self, name: &str) -> Option<Rc<T>> {
-        self.map.borrow().get(name).cloned()
-    }
-
-    /// Whether `name` is open.
-    pub fn contains(&self, name: &str) -> bool {
-        self.map.borrow().contains_key(name)
-    }
-
-    /// Notes `dataset` open as `name` (replacing what was open there).
-    pub fn insert(&self, name: String, dataset: Rc<T>) {
-        self.map.borrow_mut().insert(name, dataset);
-    }
-
-    /// `dataset` open as `name` unless another task opened one there
-    /// first, which is kept and returned instead; past `max` open, the first
-    /// by name is let go (for caches of snapshots: a task still using it
-    /// keeps its handle).
-    pub fn insert_bounded(&self, name: String, dataset: Rc<T>, max: usize) -> Rc<T> {
-        let mut map = self.map.borrow_mut();
-        if let Some(open) = map.get(&name) {
-            return open.clone();
-        }
-        if map.len() >= max {
-            if let Some(first) = map.keys().next().cloned() {
-                map.remove(&first);
-            }
-        }
-        map.insert(name, dataset.clone());
-        dataset
-    }
-
-    /// Notes `name` closed, returning what was open.
-    pub fn remove(&self, name: &str) -> Option<Rc<T>> {
-        self.map.borrow_mut().remove(name)
-    }
-
-    /// Closes every one, returning them by name.
-    /// Keeps only the datasets whose names pass `keep`.
-    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
-        self.map.borrow_mut().retain(|name, _| keep(name));
-    }
-
-    pub fn take(&self) -> BTreeMap<String, Rc<T>> {
-        std::mem::take(&mut *self.map.borrow_mut())
-    }
-
-    /// Every open dataset.
-    pub fn all(&self) -> Vec<Rc<T>> {
-        self.map.borrow().values().cloned().collect()
-    }
-
-    /// Every open dataset with its name.
-    /// The datasets named `short` or below it (`short/...`).
-    pub fn within(&self, short: &str) -> Vec<Rc<T>> {
-        self.map
-            .borrow()
-            .iter()
-            .filter(|(name, _)| directory::is_within(name, short))
-            .map(|(_, dataset)| dataset.clone())
-            .collect()
-    }
-
-    pub fn named(&self) -> Vec<(String, Rc<T>)> {
-        self.map
-            .borrow()
-            .iter()
-            .map(|(name, dataset)| (name.clone(), dataset.clone()))
-            .collect()
-    }
-
-    /// Whether `test` holds for any open dataset (without a listing).
-    pub fn any(&self, mut test: impl FnMut(&T) -> bool) -> bool {
-        self.map.borrow().values().any(|dataset| test(dataset))
-    }
-
-    /// Whether `test` holds for every open dataset (without a listing).
-    pub fn every(&self, mut test: impl FnMut(&T) -> bool) -> bool {
-        self.map.borrow().values().all(|dataset| test(dataset))
-    }
-
-    /// The sum of `figure` over the open datasets (without a listing: the
-    /// write throttle asks on every write).
-    pub fn sum(&self, mut figure: impl FnMut(&T) -> u64) -> u64 {
-        self.map
-            .borrow()
-            .values()
-            .map(|dataset| figure(dataset))
-            .sum()
-    }
+/// Splits "POOL/DS#NAME", "DS#NAME" or "#NAME" (of `dataset`, when given)
+/// into (dataset, bookmark).
+pub fn split_bookmark_name<'a>(
+    pool: &str,
+    name: &'a str,
+    dataset: Option<&'a str>,
+) -> Option<(&'a str, &'a str)> {
+    let (owner, bookmark) = name.split_once('#')?;
+    let owner = match owner {
+        "" => dataset?,
+        owner => owner
+            .strip_prefix(pool)
+            .and_then(|rest| rest.strip_prefix('/'))
+            .unwrap_or(owner),
+    };
+    Some((owner, bookmark))
 }

@@ -17,7 +17,7 @@ use crate::format::stream::{
     self, RecordKind, StreamBegin, StreamEnd, STREAM_VERSION, WRITE_DATA_BYTES_MAX,
 };
 use crate::object::BlockChange;
-use crate::pool::dataset::snapshot::split_snapshot_name;
+use crate::pool::dataset::split_snapshot_name;
 use crate::pool::dataset::stream_io::StreamSink;
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
@@ -365,10 +365,9 @@ impl Pool {
         from: &str,
     ) -> Result<(u64, Option<String>, u64), PoolError> {
         let (owner, name) =
-            crate::pool::dataset::snapshot::split_bookmark_name(&self.name, from, Some(dataset))
-                .ok_or_else(|| {
-                    PoolError::InvalidArgument(format!("'{from}' is not a bookmark name"))
-                })?;
+            crate::pool::dataset::split_bookmark_name(&self.name, from, Some(dataset)).ok_or_else(
+                || PoolError::InvalidArgument(format!("'{from}' is not a bookmark name")),
+            )?;
         if owner != dataset {
             return Err(PoolError::InvalidArgument(format!(
                 "{from} is not a bookmark of {}/{dataset}",

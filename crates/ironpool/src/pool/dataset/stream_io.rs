@@ -108,6 +108,25 @@ impl StreamSink for MemoryStream {
     }
 }
 
+/// Whether an error came from the stream (the sender's side: a partial receive
+/// may be kept) or from this pool.
+pub(in crate::pool) enum Failure {
+    Stream(String),
+    Pool(crate::pool::PoolError),
+}
+
+impl From<crate::pool::PoolError> for Failure {
+    fn from(error: crate::pool::PoolError) -> Failure {
+        Failure::Pool(error)
+    }
+}
+
+impl From<crate::object::ObjectError> for Failure {
+    fn from(error: crate::object::ObjectError) -> Failure {
+        Failure::Pool(error.into())
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

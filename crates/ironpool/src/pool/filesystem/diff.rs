@@ -218,7 +218,7 @@ impl Pool {
     /// `to`: a later snapshot of the same filesystem, or the filesystem
     /// itself (POOL/FS, through a temporary snapshot). See the module.
     pub async fn diff(self: &Rc<Self>, from: &str, to: &str) -> Result<DiffReport, PoolError> {
-        let (short, _) = crate::pool::dataset::snapshot::split_snapshot_name(&self.name, from)
+        let (short, _) = crate::pool::dataset::split_snapshot_name(&self.name, from)
             .filter(|(short, _)| self.filesystem(short).is_ok())
             .ok_or_else(|| {
                 PoolError::InvalidArgument(format!(
@@ -262,7 +262,7 @@ impl Pool {
                 .lineage(short)
                 .ok_or_else(|| PoolError::NoSuchVolume(format!("{}/{short}", self.name)))?;
             let find = |name: &str| {
-                crate::pool::dataset::snapshot::split_snapshot_name(&self.name, name)
+                crate::pool::dataset::split_snapshot_name(&self.name, name)
                     .filter(|(owner, _)| *owner == short)
                     .and_then(|(_, snapshot)| lineage.snapshot(snapshot))
                     .map(|record| (format!("{}/{short}@{}", self.name, record.name), record.txg))

@@ -128,7 +128,7 @@ impl Pool {
         // The old tree's log describes changes to it, not to the one opened
         // in its place (the caller holds the old one exclusively: no commit
         // is writing).
-        self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(old));
+        self.abandon_log_chain(crate::pool::Owner::Filesystem(old));
         let record = self
             .filesystem_record(short)
             .ok_or_else(|| PoolError::Corrupt(format!("filesystem {short} has no record")))?;
@@ -148,9 +148,8 @@ impl Pool {
         self: &Rc<Self>,
         full_name: &str,
     ) -> Result<Rc<Filesystem>, PoolError> {
-        let (short, snapshot) =
-            crate::pool::dataset::snapshot::split_snapshot_name(&self.name, full_name)
-                .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
+        let (short, snapshot) = crate::pool::dataset::split_snapshot_name(&self.name, full_name)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(full_name.to_string()))?;
         let canonical = format!("{}/{short}@{snapshot}", self.name);
         if let Some(fs) = self.datasets.snapshot_filesystems.get(&canonical) {
             return Ok(fs);
@@ -425,7 +424,7 @@ impl Pool {
         self.drop_dead_list(fs.table.dead_list.replace(0))?;
         self.objects.clear_dnode(fs.table.id).await?;
         fs.retire();
-        self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(&fs));
+        self.abandon_log_chain(crate::pool::Owner::Filesystem(&fs));
         self.datasets.filesystems.remove(&short);
         {
             let mut directory = self.datasets.directory.edit();

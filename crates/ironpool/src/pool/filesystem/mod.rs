@@ -20,7 +20,7 @@
 //! The files of this folder: the filesystem and its objects here; the
 //! locks of a file's blocks in `locks.rs`; what it reports (`iostat`,
 //! `statfs`) in `stats.rs`; which writes are held or made durable first,
-//! and `fsync`, in `sync.rs`; its own properties in `own_props.rs`; names (lookup, create, link, remove, rename, readdir,
+//! and `fsync`, in `sync.rs`; its own properties in `dataset::props::filesystem`; names (lookup, create, link, remove, rename, readdir,
 //! setattr) in `names.rs`; the lives of objects (the kernel's holds,
 //! removed objects freed at the last one) in `lives.rs`; a file's data
 //! (reads, writes, links of written blocks, truncation) in `data.rs`; buffered writes written behind in `behind.rs`; what the
@@ -62,7 +62,6 @@ mod lives;
 mod locks;
 mod manage;
 mod names;
-mod own_props;
 mod replay;
 mod stats;
 mod stream;
@@ -73,15 +72,18 @@ use std::cell::{Cell, RefCell};
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use serde::{Deserialize, Serialize};
-
 use crate::format::dnode::DNODE_BYTES;
 use crate::format::fsdir;
 use crate::format::intent_log::{EntryTarget, ObjectState};
 use crate::format::znode::{FsHeader, FsSpace, Timestamp, Znode, S_ISGID, S_ISUID, S_IXGRP};
 use crate::format::{Dnode, ObjectType};
 use crate::object::{Object, ObjectError, ObjectSet};
+pub use crate::pool::dataset::directory::FilesystemRecord;
 use crate::pool::dataset::intent_log::IntentLog;
+pub use crate::pool::dataset::props::filesystem::{
+    default_mountpoint, mountpoint, own_property_default, record_bytes, validate_own_property,
+    OWN_PROPERTIES, RECORD_BYTES_DEFAULT, RECORD_BYTES_MAX, RECORD_BYTES_MIN,
+};
 use crate::pool::dataset::props::VolumeSettings;
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::rt::buf::BufSlice;
@@ -90,21 +92,12 @@ pub use diff::{DiffEntry, DiffReport, DIFF_ENTRIES_MAX};
 use holds::Holds;
 pub use holds::SessionId;
 use locks::FileLocks;
-pub use own_props::{
-    default_mountpoint, mountpoint, own_property_default, record_bytes, validate_own_property,
-    OWN_PROPERTIES,
-};
 use rustc_hash::FxHashSet;
 pub use stats::{FrontEndStats, FsIoStats, FsStats, OpStats};
 pub use sync::{Answering, RequestKind};
 
 /// The root directory's object number.
 pub const ROOT_OBJECT: u64 = 1;
-/// Record size (`recordsize`): the block size of files larger than one
-/// block. 128 KiB by default, as OpenZFS; 4 KiB to 1 MiB.
-pub const RECORD_BYTES_DEFAULT: u32 = 128 * 1024;
-pub const RECORD_BYTES_MIN: u32 = 4096;
-pub const RECORD_BYTES_MAX: u32 = 1 << 20;
 /// Smallest file block: one 512-byte sector (a one-block file's block is
 /// its size rounded up to a power of two, at least this).
 const FILE_BLOCK_SHIFT_MIN: u8 = 9;
@@ -298,46 +291,6 @@ impl From<PoolError> for FsError {
 impl From<ObjectError> for FsError {
     fn from(error: ObjectError) -> FsError {
         FsError::Pool(error.into())
-    }
-}
-
-/// A filesystem in the pool directory.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
-pub struct FilesystemRecord {
-    /// The pool-level object holding its dnode table.
-    pub object: u64,
-    pub created_txg: u64,
-    pub guid: u64,
-    /// Properties set on it (`recordsize`, `mountpoint`, the dataset
-    /// properties volumes have, `org:key` user properties).
-    #[serde(default)]
-    pub properties: BTreeMap<String, String>,
-    /// Properties received with it (`receive` of a `send -R` package): in
-    /// force where none is set locally.
-    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
-    pub received: BTreeMap<String, String>,
-    /// Its snapshots, dead list and origin (a clone's).
-    #[serde(flatten)]
-    pub lineage: crate::pool::dataset::directory::Lineage,
-    /// A receive in progress into this (hidden) filesystem.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub receive: Option<crate::pool::dataset::directory::ReceiveRecord>,
-    /// Where the filesystem's intent log starts (`fsync` writes it): absent
-    /// until its first `fsync` through the log, and in pools written before
-    /// filesystems had one.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub intent_log: Option<crate::pool::dataset::directory::LogHead>,
-    /// An encrypted filesystem's key, wrapped (as a volume's record holds
-    /// it; docs/FORMAT.md, "Encryption"); absent for one that is not.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub crypt: Option<crate::pool::dataset::directory::CryptRecord>,
-}
-
-impl FilesystemRecord {
-    /// Its own properties, received ones overridden by local ones
-    /// ([`crate::pool::dataset::directory::own_properties`]).
-    pub fn own_properties(&self) -> BTreeMap<String, String> {
-        crate::pool::dataset::directory::own_properties(&self.properties, &self.received)
     }
 }
 

@@ -261,7 +261,7 @@ impl Filesystem {
         let admitted = {
             let _shared = self.lock.acquire(1).await;
             pool.admit_metadata(
-                crate::pool::dataset::intent_log::Owner::Filesystem(self),
+                crate::pool::Owner::Filesystem(self),
                 NAME_CHANGE_QUOTA_BYTES + value_bytes,
             )
             .await?

@@ -137,7 +137,7 @@ impl Filesystem {
         // The size leaves out what metadata may take; what is being freed
         // is available (a write waits for it), so it is no longer used.
         let (total_bytes, available_bytes) = pool.limited_space(
-            crate::pool::dataset::intent_log::Owner::Filesystem(self),
+            crate::pool::Owner::Filesystem(self),
             size_bytes - free_bytes + pool.data_available_bytes(),
             pool.writable_bytes(),
         );

@@ -14,7 +14,7 @@
 //! reused, so a number names one object for the filesystem's whole life.
 //!
 //! The receiver applies the records to the hidden filesystem of the receive
-//! (`pool::dataset::receive`): objects are created, updated or freed by
+//! (`pool::datasets::receive`): objects are created, updated or freed by
 //! number, file blocks are written as new blocks (compressed and
 //! checksummed as the receiving filesystem says), directory leaves as
 //! metadata. A changed block size (a one-block file that grew) replaces the
@@ -36,16 +36,23 @@ use crate::format::stream::{
 use crate::format::znode::{FsHeader, Znode};
 use crate::format::ObjectType;
 use crate::object::{new_dnode, BlockChange, Object, ObjectError};
-use crate::pool::dataset::receive::Failure;
 use crate::pool::dataset::send::{
     raw_key, SendRequest, SendSummary, Sent, StreamOut, CHANGES_PER_WALK, SEND_READS_IN_FLIGHT,
 };
+use crate::pool::dataset::stream_io::Failure;
 use crate::pool::dataset::stream_io::StreamSink;
 use crate::pool::filesystem::{Filesystem, FsError, TABLE_BLOCK_SHIFT};
 use crate::pool::{Pool, PoolError, INDIRECT_BLOCK_SHIFT};
 use crate::queue::IoClass;
 use crate::rt::buf::BufSlice;
 use crate::rt::executor::JoinHandle;
+
+/// A filesystem's error in a receive is this pool's, never the stream's.
+impl From<crate::pool::filesystem::FsError> for Failure {
+    fn from(error: crate::pool::filesystem::FsError) -> Failure {
+        Failure::Pool(PoolError::Io(error.to_string()))
+    }
+}
 
 /// Dnodes in one block of a filesystem's dnode table.
 const DNODES_PER_TABLE_BLOCK: u64 = (1 << TABLE_BLOCK_SHIFT) / DNODE_BYTES as u64;

@@ -92,7 +92,7 @@ impl Drop for Answering<'_> {
 impl Filesystem {
     /// Notes an `fsync` (or `fdatasync`) arriving ([`Filesystem::fsync`]
     /// does): with the direct writes [`Filesystem::write`] and
-    /// [`Filesystem::write_behind_direct`] note, the
+    /// [`Filesystem::write_behind_lent`] note, the
     /// cadence that tells [`Pool::fs_log_ahead`] whether the next `fsync`
     /// is expected, and [`Filesystem::request_began`] whether a direct
     /// write is made durable first.

@@ -55,35 +55,28 @@
 //! past the defer depth, as a freed block's would.
 //!
 //! This file holds the log's state and what writes and changes note for
-//! the next commit; `commit.rs` the commits (a volume's FLUSH, a
-//! filesystem's `fsync`) and the chain's upkeep; `replay.rs` replay at
-//! import; `cadence.rs` how the client flushes and which answers are
-//! durable.
+//! the next commit, and `cadence.rs` how the client flushes and which
+//! answers are durable. The commits (a volume's FLUSH, a filesystem's
+//! `fsync`), the chain's upkeep and replay at import act on volumes and
+//! filesystems, so they are a room above both: `pool::datasets::intent_log`
+//! (`commit.rs`, `replay.rs`).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::rc::Rc;
 
-use crate::format::intent_log::{
-    self as format, LogPointer, LogRecord, LOG_BLOCK_BYTES_MAX, LOG_BLOCK_BYTES_MIN,
-};
 use crate::format::intent_log::{EntryTarget, ObjectState};
+use crate::format::intent_log::{LogPointer, LogRecord, LOG_BLOCK_BYTES_MAX, LOG_BLOCK_BYTES_MIN};
 use crate::format::znode::Timestamp;
 use crate::format::{BlockPointer, Dva};
 use crate::pool::dataset::directory::LogHead;
-use crate::pool::filesystem::Filesystem;
-use crate::pool::volume::Volume;
-use crate::pool::Pool;
+use crate::pool::{Owner, Pool};
 use crate::rt::buf::AlignedBuf;
 use crate::rt::sync::Semaphore;
 
 mod cadence;
-mod commit;
-mod replay;
 
 use cadence::{Cadence, Vouched};
-
-pub(crate) use replay::{apply_replay, prepare_replay};
 
 /// Log blocks replay reads per dataset at most (8 GiB of the largest): a
 /// chain longer than this is damaged (blocks are freed at every txg, and a
@@ -227,7 +220,7 @@ pub const COMMIT_LATENCY_BUCKETS: usize = 24;
 
 /// A dataset's intent log in memory.
 pub struct IntentLog {
-    state: RefCell<LogState>,
+    pub(in crate::pool) state: RefCell<LogState>,
     /// One commit prepared at a time (its records gathered, its blocks
     /// reserved in the chain): a FLUSH arriving meanwhile waits and shares
     /// the next commit with every other one that arrived. A volume's commit
@@ -261,91 +254,91 @@ impl Default for IntentLog {
 }
 
 #[derive(Default)]
-struct LogState {
-    chain_guid: u64,
+pub(in crate::pool) struct LogState {
+    pub(in crate::pool) chain_guid: u64,
     /// The next block to write (allocated, named by the durable head or by
     /// the last block written) and its sequence number.
-    next: Option<(u64, LogPointer)>,
+    pub(in crate::pool) next: Option<(u64, LogPointer)>,
     /// The txg whose commit makes the head of this chain durable: the log
     /// is usable once it is.
-    head_txg: u64,
+    pub(in crate::pool) head_txg: u64,
     /// Blocks written and not yet freed, oldest first: sequence, where, and
     /// the commit they belong to.
-    written: VecDeque<(u64, LogPointer, u64)>,
+    pub(in crate::pool) written: VecDeque<(u64, LogPointer, u64)>,
     /// Commits whose blocks are reserved in the chain (after `written`'s,
     /// before `next`) and being written, in chain order. Each is answered
     /// only once those before it are: replay stops at the first block not
     /// written, so a commit is durable only with every one before it.
-    in_flight: VecDeque<InFlight>,
+    pub(in crate::pool) in_flight: VecDeque<InFlight>,
     /// Commits in flight that failed, so far: a caller waiting on commits
     /// in flight learns whether they all succeeded.
-    failed_commits: u64,
+    pub(in crate::pool) failed_commits: u64,
     /// What each commit with blocks in `written` waits for.
-    commits: rustc_hash::FxHashMap<u64, CommitWait>,
+    pub(in crate::pool) commits: rustc_hash::FxHashMap<u64, CommitWait>,
     /// Blocks whose bytes a commit copied (the newest such commit), from the
     /// moment the copy is taken. A newer change linked since cancels the
     /// copy.
-    live_copies: rustc_hash::FxHashMap<u64, u64>,
+    pub(in crate::pool) live_copies: rustc_hash::FxHashMap<u64, u64>,
     /// Copies cancelled by a change linked in a txg not yet built: (txg,
     /// commit, block number).
-    pending_cancels: Vec<(u64, u64, u64)>,
+    pub(in crate::pool) pending_cancels: Vec<(u64, u64, u64)>,
     /// Copies cancelled in the head (what the directory holds), while their
     /// log blocks are in the chain.
-    cancelled: Vec<(u64, u64)>,
+    pub(in crate::pool) cancelled: Vec<(u64, u64)>,
     /// The number of the next commit.
-    next_commit: u64,
+    pub(in crate::pool) next_commit: u64,
     /// Commits started (log or txg), counted as each takes the lock: a
     /// caller notes the count when it arrives, and any commit numbered
     /// above it started after its changes were linked or held.
-    commits_started: u64,
+    pub(in crate::pool) commits_started: u64,
     /// `commits_started` when a caller last found the commit lock taken:
     /// callers arrive in parallel, and a commit waits for more of them.
-    contended_at: Option<u64>,
+    pub(in crate::pool) contended_at: Option<u64>,
     /// The newest commit (by `commits_started`) that succeeded, and the
     /// newest that also made every block held at its start durable (a
     /// FLUSH's copying commit; other commits log linked blocks only, their
     /// FLUSH having written its held blocks out before the lock).
-    covered_linked: u64,
-    covered_held: u64,
+    pub(in crate::pool) covered_linked: u64,
+    pub(in crate::pool) covered_held: u64,
     /// Blocks linked since the last durable txg and not yet logged, as
     /// (object, block number, the txg they were linked in); txgs are
     /// non-decreasing (they only move forward).
-    unlogged: Vec<(u64, u64, u64)>,
+    pub(in crate::pool) unlogged: Vec<(u64, u64, u64)>,
     /// A filesystem's files whose size or times changed by writes since the
     /// last durable txg and not yet logged: their newest values.
-    attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+    pub(in crate::pool) attrs: rustc_hash::FxHashMap<u64, FileAttr>,
     /// A filesystem's small writes since the last durable txg, by (file,
     /// block): where each went, its txg and its bytes, so that a commit can
     /// copy them into the log (and not flush the devices holding them) while
     /// the tree still points at that block. At most
     /// `COPY_BYTES_PER_COMMIT_MAX` bytes.
-    small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
-    small_write_bytes: u64,
+    pub(in crate::pool) small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+    pub(in crate::pool) small_write_bytes: u64,
     /// A filesystem's objects changed by a change of names or attributes
     /// (or a file's block growing) since the last durable txg and not yet
     /// logged: their state at the end of the change (None: freed, for
     /// good: numbers are not reused), with its txg.
-    objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
+    pub(in crate::pool) objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
     /// A filesystem's directory entries changed since the last durable txg
     /// and not yet logged, by (directory, name): what each names now (None:
     /// gone), with its txg.
-    entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
+    pub(in crate::pool) entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
     /// A filesystem's objects whose extended attributes changed since the
     /// last durable txg and not yet logged: the whole list after the
     /// change (encoded; empty: none), with its txg. At most
     /// [`XATTRS_PENDING_BYTES_MAX`] bytes (`xattr_bytes`).
-    xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
-    xattr_bytes: u64,
+    pub(in crate::pool) xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
+    pub(in crate::pool) xattr_bytes: u64,
     /// Changes of a file's block size and frees so far: a commit that sees
     /// one happen while it reads block pointers (which may then not fit the
     /// object states it took) goes through a txg.
-    reshapes: u64,
+    pub(in crate::pool) reshapes: u64,
     /// The newest txg holding a change of a filesystem the log does not
     /// carry (a list of extended attributes past its bounds; more names and
     /// objects changed than `NAMESPACE_CHANGES_MAX`): a commit goes through
     /// a txg until that one is durable.
-    unloggable_since: u64,
-    stats: LogStats,
+    pub(in crate::pool) unloggable_since: u64,
+    pub(in crate::pool) stats: LogStats,
 }
 
 impl LogState {
@@ -357,7 +350,7 @@ impl LogState {
     /// Forgets commit `commit` and what names its copies (it was never
     /// written: a cancellation of one of its copies, which no record can
     /// match, goes too).
-    fn forget_commit(&mut self, commit: u64) {
+    pub(in crate::pool) fn forget_commit(&mut self, commit: u64) {
         let _ = self.forget_commits(&rustc_hash::FxHashSet::from_iter([commit]));
     }
 
@@ -388,26 +381,26 @@ impl LogState {
 }
 
 /// A commit whose blocks are reserved in its chain and being written.
-struct InFlight {
-    commit: u64,
+pub(in crate::pool) struct InFlight {
+    pub(in crate::pool) commit: u64,
     /// The chain it was reserved in: if that chain was abandoned meanwhile
     /// (a commit before it failed), the commit failed too.
-    chain_guid: u64,
+    pub(in crate::pool) chain_guid: u64,
     /// Its blocks in chain order: sequence and where.
-    blocks: Vec<(u64, LogPointer)>,
+    pub(in crate::pool) blocks: Vec<(u64, LogPointer)>,
 }
 
 /// A commit's log blocks, reserved in the chain by
 /// [`Pool::reserve_log_blocks`] and encoded, for [`Pool::write_reserved`].
-struct LogWrite {
-    commit: u64,
-    chain_guid: u64,
+pub(in crate::pool) struct LogWrite {
+    pub(in crate::pool) commit: u64,
+    pub(in crate::pool) chain_guid: u64,
     /// Each block: sequence, where, its encoded bytes, and how many records
     /// it holds.
-    blocks: Vec<(u64, LogPointer, AlignedBuf, usize)>,
+    pub(in crate::pool) blocks: Vec<(u64, LogPointer, AlignedBuf, usize)>,
     /// Top-level vdevs holding blocks its pointer records name: flushed
     /// while the log blocks are written.
-    needed: Vec<u32>,
+    pub(in crate::pool) needed: Vec<u32>,
 }
 
 /// Ends a commit in flight: whatever happens to the future writing it
@@ -415,15 +408,15 @@ struct LogWrite {
 /// succeed its blocks are released and its chain (if still the dataset's)
 /// abandoned, so that the commits after it fail rather than wait forever or
 /// be answered past a gap.
-struct InFlightEnd<'a> {
-    pool: &'a Pool,
-    owner: Owner<'a>,
-    commit: u64,
-    armed: bool,
+pub(in crate::pool) struct InFlightEnd<'a> {
+    pub(in crate::pool) pool: &'a Pool,
+    pub(in crate::pool) owner: Owner<'a>,
+    pub(in crate::pool) commit: u64,
+    pub(in crate::pool) armed: bool,
 }
 
 impl InFlightEnd<'_> {
-    fn end(&mut self, succeeded: bool) {
+    pub(in crate::pool) fn end(&mut self, succeeded: bool) {
         self.armed = false;
         let log = self.owner.log();
         let mut state = log.state.borrow_mut();
@@ -477,26 +470,26 @@ impl Drop for InFlightEnd<'_> {
 }
 
 /// A directory entry: the directory's object and the name.
-type EntryKey = (u64, Vec<u8>);
+pub(in crate::pool) type EntryKey = (u64, Vec<u8>);
 
 /// What a filesystem's commit takes from its log state (and gives back if
 /// it does not happen).
 #[derive(Default)]
-struct FileChanges {
-    attrs: rustc_hash::FxHashMap<u64, FileAttr>,
-    small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
-    objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
-    entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
-    xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
+pub(in crate::pool) struct FileChanges {
+    pub(in crate::pool) attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+    pub(in crate::pool) small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+    pub(in crate::pool) objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
+    pub(in crate::pool) entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
+    pub(in crate::pool) xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
 }
 
 /// A filesystem's written block kept for its next commit (see
 /// `LogState::small_writes`).
 #[derive(Clone, Debug)]
-struct WrittenCopy {
-    dva: Dva,
-    txg: u64,
-    data: Vec<u8>,
+pub(in crate::pool) struct WrittenCopy {
+    pub(in crate::pool) dva: Dva,
+    pub(in crate::pool) txg: u64,
+    pub(in crate::pool) data: Vec<u8>,
 }
 
 /// A file's size and times after a write, as an attribute record carries
@@ -513,45 +506,20 @@ pub(crate) struct FileAttr {
 /// write, a write under `sync=always`), or it was started ahead of a FLUSH
 /// the client's pattern says is coming ([`Pool::log_ahead`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Commit {
+pub(in crate::pool) enum Commit {
     Asked,
     Ahead,
-}
-
-/// Whose intent log: a volume's or a filesystem's. The head of each chain is
-/// in that dataset's directory record.
-#[derive(Clone, Copy)]
-pub(crate) enum Owner<'a> {
-    Volume(&'a Volume),
-    Filesystem(&'a Filesystem),
-}
-
-impl<'a> Owner<'a> {
-    fn log(self) -> &'a IntentLog {
-        match self {
-            Owner::Volume(volume) => &volume.log,
-            Owner::Filesystem(fs) => &fs.log,
-        }
-    }
-
-    /// The dataset's full name, for messages.
-    pub(crate) fn name(self) -> String {
-        match self {
-            Owner::Volume(volume) => volume.name(),
-            Owner::Filesystem(fs) => fs.name(),
-        }
-    }
 }
 
 /// What a commit's log blocks wait for before they can be freed: the txg
 /// that holds all their changes must be durable.
 #[derive(Clone, Copy, Debug, Default)]
-struct CommitWait {
+pub(in crate::pool) struct CommitWait {
     /// Blocks copied into the commit and not yet linked into the tree.
-    copies_pending: u64,
+    pub(in crate::pool) copies_pending: u64,
     /// The newest txg holding one of its changes (linked blocks, holes, and
     /// copied blocks linked since).
-    max_txg: u64,
+    pub(in crate::pool) max_txg: u64,
 }
 
 impl IntentLog {
@@ -586,7 +554,7 @@ impl IntentLog {
     /// With the lock, it waits until fewer than `in_flight_max` commits are
     /// being written: callers arriving meanwhile queue behind it and share
     /// the commit it starts, and one ending meanwhile may cover it.
-    async fn begin_commit(
+    pub(in crate::pool) async fn begin_commit(
         &self,
         held: bool,
         wait_percent: u64,
@@ -634,7 +602,10 @@ impl IntentLog {
     /// ([`Pool::log_ahead`]): the lock and a number only if the lock is
     /// free and fewer than `in_flight_max` commits are in flight now, else
     /// None, and never a wait for company.
-    fn try_begin_commit(&self, in_flight_max: u64) -> Option<(crate::rt::sync::Permit, u64)> {
+    pub(in crate::pool) fn try_begin_commit(
+        &self,
+        in_flight_max: u64,
+    ) -> Option<(crate::rt::sync::Permit, u64)> {
         let permit = self.commit_lock.try_acquire(1)?;
         let mut state = self.state.borrow_mut();
         if state.in_flight.len() as u64 >= in_flight_max.max(1) {
@@ -657,7 +628,7 @@ impl IntentLog {
 
     /// Waits until commit `last` and every commit in flight before it have
     /// ended (they end in chain order, and commits are numbered in it).
-    async fn wait_ended(&self, last: u64) {
+    pub(in crate::pool) async fn wait_ended(&self, last: u64) {
         loop {
             let turn = self.turns.notified();
             let first = self
@@ -675,7 +646,7 @@ impl IntentLog {
 
     /// Takes the commit lock once no commit is in flight: nothing commits
     /// until the permit is dropped.
-    async fn quiesce(&self) -> crate::rt::sync::Permit {
+    pub(in crate::pool) async fn quiesce(&self) -> crate::rt::sync::Permit {
         let permit = self.commit_lock.acquire(1).await;
         self.wait_in_flight_below(1).await;
         permit
@@ -683,7 +654,7 @@ impl IntentLog {
 
     /// Commit `number` succeeded: it covers every caller that arrived before
     /// it started (with `held`, their held blocks too).
-    fn covered(&self, number: u64, held: bool) {
+    pub(in crate::pool) fn covered(&self, number: u64, held: bool) {
         let mut state = self.state.borrow_mut();
         // A commit covers callers only up to its own number: one covering
         // a commit not yet begun would answer a FLUSH before its changes
@@ -700,7 +671,7 @@ impl IntentLog {
     }
 
     /// Counts a commit that wrote blocks, started at `started`.
-    fn note_commit_time(&self, started: crate::rt::Instant) {
+    pub(in crate::pool) fn note_commit_time(&self, started: crate::rt::Instant) {
         let micros = crate::rt::now().duration_since(started).as_micros() as u64;
         let bucket = (63 - micros.max(1).leading_zeros()) as usize;
         let mut state = self.state.borrow_mut();
@@ -712,7 +683,7 @@ impl IntentLog {
     /// Puts attribute changes and written copies taken for a commit that
     /// did not happen back, unless newer ones of the same file or block came
     /// meanwhile.
-    fn requeue_file_changes(&self, taken: FileChanges) {
+    pub(in crate::pool) fn requeue_file_changes(&self, taken: FileChanges) {
         let FileChanges {
             attrs,
             small_writes,
@@ -905,7 +876,7 @@ impl IntentLog {
     }
 
     /// Drops what txg `durable` made durable.
-    fn forget_durable(&self, durable: u64) {
+    pub(in crate::pool) fn forget_durable(&self, durable: u64) {
         let mut state = self.state.borrow_mut();
         let keep_from = state
             .unlogged
@@ -942,7 +913,7 @@ impl IntentLog {
 /// The record of block `blkid` of `object`, linked in `linked_txg` and now
 /// `pointer` in the tree, unless its change is durable already (or it was
 /// relinked since, and that is).
-fn block_record(
+pub(in crate::pool) fn block_record(
     object: u64,
     blkid: u64,
     linked_txg: u64,
@@ -966,7 +937,7 @@ fn block_record(
 }
 
 /// The txg of a pointer or hole record (others: 0).
-fn record_txg(record: &LogRecord) -> u64 {
+pub(in crate::pool) fn record_txg(record: &LogRecord) -> u64 {
     match record {
         LogRecord::Block { pointer, .. } => pointer.birth_txg,
         LogRecord::Hole { txg, .. }
@@ -980,26 +951,14 @@ fn record_txg(record: &LogRecord) -> u64 {
     }
 }
 
-fn block_size_for(bytes: usize) -> u32 {
+pub(in crate::pool) fn block_size_for(bytes: usize) -> u32 {
     bytes
         .next_multiple_of(LOG_BLOCK_BYTES_MIN)
         .clamp(LOG_BLOCK_BYTES_MIN, LOG_BLOCK_BYTES_MAX) as u32
 }
 
-/// Txg `txg` is being built: every log block whose records are all of txgs
-/// up to `txg` is freed in it, and each chain's head moves past them in its
-/// directory.
-pub(crate) fn build_step(pool: &Pool, txg: u64) {
-    for volume in pool.datasets.volumes.all() {
-        build_step_of(pool, Owner::Volume(&volume), txg);
-    }
-    for fs in pool.datasets.filesystems.all() {
-        build_step_of(pool, Owner::Filesystem(&fs), txg);
-    }
-}
-
-/// [`build_step`] for one dataset's log.
-fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
+/// [`crate::pool::datasets::intent_log::build_step`] for one dataset's log.
+pub(in crate::pool) fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
     let mut state = owner.log().state.borrow_mut();
     let state = &mut *state;
     // Copies superseded by changes this txg holds are cancelled in it.
@@ -1089,4 +1048,4 @@ pub(crate) fn txg_durable(pool: &Pool, txg: u64) {
 
 /// Log blocks waiting to return to the allocator (see [`txg_durable`]).
 #[derive(Default)]
-pub(crate) struct LogReleases(RefCell<Vec<(u64, LogPointer)>>);
+pub(crate) struct LogReleases(pub(in crate::pool) RefCell<Vec<(u64, LogPointer)>>);

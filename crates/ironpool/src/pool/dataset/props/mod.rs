@@ -9,7 +9,9 @@
 //! pool's properties) so that new properties never need a format change; the
 //! engine reads them through [`VolumeSettings`], recomputed whenever one changes.
 //! This file holds the values' rules (what is valid, what inherits from
-//! where); `commands.rs` the pool's `get`, `set` and `inherit`.
+//! where); `filesystem.rs` a filesystem's own properties and `ids.rs` the
+//! names of user, group and project quotas; the pool's `get`, `set` and
+//! `inherit` are `pool::datasets::props`.
 //!
 //! | property | values | default | notes |
 //! |---|---|---|---|
@@ -39,9 +41,10 @@ use serde::Serialize;
 use crate::block::compress::CompressionSetting;
 use crate::format::ChecksumAlgo;
 use crate::pool::dataset::quota::SpaceLimits;
-use crate::pool::{filesystem, PoolError};
+use crate::pool::PoolError;
 
-mod commands;
+pub mod filesystem;
+pub mod ids;
 
 /// Longest user property value (names and values live in the directory, which
 /// is bounded; ZFS allows 8 KiB too).
@@ -212,12 +215,12 @@ pub(crate) fn space_limits(local: &BTreeMap<String, String>) -> SpaceLimits {
 /// Checks a property assignment on a filesystem: its own properties, and
 /// those volumes have but the volume-only ones.
 pub fn validate_filesystem(name: &str, value: &str) -> Result<String, PoolError> {
-    if let Some(value) = crate::pool::filesystem::validate_own_property(name, value)? {
+    if let Some(value) = filesystem::validate_own_property(name, value)? {
         return Ok(value);
     }
     // A user's or group's quota, by numeric id (`set` also takes names).
-    if let Some((_, _, id)) = filesystem::id_space::id_property(name) {
-        return match filesystem::id_space::validate_id_quota(name, value)? {
+    if let Some((_, _, id)) = ids::id_property(name) {
+        return match ids::validate_id_quota(name, value)? {
             Some((stored, value)) if id.parse::<u32>().is_ok() && stored == name => Ok(value),
             _ => Err(PoolError::InvalidArgument(format!(
                 "{name}: give the numeric id here, or set it by name once the filesystem exists"
@@ -233,7 +236,7 @@ pub fn validate_filesystem(name: &str, value: &str) -> Result<String, PoolError>
 }
 
 /// Inheritable settings with their defaults.
-const INHERITABLE: [(&str, &str); 7] = [
+pub(in crate::pool) const INHERITABLE: [(&str, &str); 7] = [
     ("compression", "off"),
     ("checksum", "xxh3"),
     ("sync", "standard"),
@@ -289,7 +292,7 @@ pub fn validate(name: &str, value: &str, on_pool: bool) -> Result<String, PoolEr
             Some(_) => Ok(value.to_string()),
             None => invalid(format!("direct '{value}': use standard, always or disabled")),
         },
-        _ if filesystem::id_space::id_property(name).is_some() => {
+        _ if ids::id_property(name).is_some() => {
             invalid(format!("{name} is a filesystem property"))
         }
         _ if SPACE_PROPERTIES.contains(&name) => {
@@ -365,7 +368,7 @@ fn is_read_only(name: &str) -> bool {
 }
 
 /// What a property target names.
-enum Target {
+pub(in crate::pool) enum Target {
     Pool,
     Volume(String),
     Filesystem(String),
@@ -438,7 +441,7 @@ pub(crate) struct Own<'a> {
 
 impl Own<'_> {
     /// Property `name`'s own value and its source, if it has one.
-    fn get(&self, name: &str) -> Option<(String, String)> {
+    pub(in crate::pool) fn get(&self, name: &str) -> Option<(String, String)> {
         if let Some(value) = self.local.get(name) {
             return Some((value.clone(), "local".into()));
         }
@@ -448,7 +451,7 @@ impl Own<'_> {
     }
 
     /// Every own property, with its value and source.
-    fn all(&self) -> BTreeMap<String, (String, String)> {
+    pub(in crate::pool) fn all(&self) -> BTreeMap<String, (String, String)> {
         let mut all: BTreeMap<String, (String, String)> = self
             .received
             .iter()
@@ -464,7 +467,7 @@ impl Own<'_> {
 /// An effective setting and where it came from: set on the dataset
 /// (`local`), received with it (`received`), inherited (`inherited from
 /// NAME`), or the default.
-fn lookup(
+pub(in crate::pool) fn lookup(
     own: &Own,
     inherited: &BTreeMap<String, (String, String)>,
     name: &str,

@@ -4,12 +4,15 @@
 
 use std::rc::Rc;
 
-use super::{format, EntryKey, FileAttr, Owner, REPLAY_BLOCKS_MAX};
-use crate::format::intent_log::{EntryTarget, LogRecord, ObjectState, LOG_BLOCK_BYTES_MAX};
+use crate::format::intent_log::{
+    self as format, EntryTarget, LogRecord, ObjectState, LOG_BLOCK_BYTES_MAX,
+};
 use crate::format::{BlockPointer, ObjectType};
 use crate::pool::dataset::directory::LogHead;
+use crate::pool::dataset::intent_log::{EntryKey, FileAttr, REPLAY_BLOCKS_MAX};
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
+use crate::pool::Owner;
 use crate::pool::Pool;
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};

@@ -7,6 +7,7 @@
 //! against its copy of the snapshot. A bookmark holds no blocks and no
 //! space.
 
+use crate::pool::dataset::split_bookmark_name;
 use std::rc::Rc;
 
 use serde::Serialize;
@@ -30,24 +31,6 @@ pub struct BookmarkInfo {
     pub created_unix_seconds: u64,
 }
 
-/// Splits "POOL/DS#NAME", "DS#NAME" or "#NAME" (of `dataset`, when given)
-/// into (dataset, bookmark).
-pub fn split_bookmark_name<'a>(
-    pool: &str,
-    name: &'a str,
-    dataset: Option<&'a str>,
-) -> Option<(&'a str, &'a str)> {
-    let (owner, bookmark) = name.split_once('#')?;
-    let owner = match owner {
-        "" => dataset?,
-        owner => owner
-            .strip_prefix(pool)
-            .and_then(|rest| rest.strip_prefix('/'))
-            .unwrap_or(owner),
-    };
-    Some((owner, bookmark))
-}
-
 impl Pool {
     /// Makes bookmark `bookmark` (POOL/DS#NAME, or #NAME) of `source`, a
     /// snapshot (POOL/DS@SNAP) or another bookmark (POOL/DS#OTHER) of the
@@ -62,7 +45,7 @@ impl Pool {
         let (dataset, from) = if source.contains('#') {
             split_bookmark_name(&self.name, source, None)
         } else {
-            super::split_snapshot_name(&self.name, source)
+            crate::pool::dataset::split_snapshot_name(&self.name, source)
         }
         .filter(|(dataset, _)| !dataset.is_empty())
         .ok_or_else(|| {
@@ -201,7 +184,7 @@ impl Pool {
 
 #[cfg(test)]
 mod tests {
-    use super::split_bookmark_name;
+    use crate::pool::dataset::split_bookmark_name;
 
     #[test]
     fn bookmark_names_split_in_every_form() {

@@ -30,7 +30,7 @@ use crate::format::ObjectType;
 use crate::object::Object;
 use crate::pool::dataset::directory::{valid_name, ReceiveRecord};
 use crate::pool::dataset::send::ResumeToken;
-use crate::pool::dataset::stream_io::StreamSource;
+use crate::pool::dataset::stream_io::{Failure, StreamSource};
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
@@ -98,31 +98,6 @@ fn position_text((object, block): (u64, u64)) -> String {
 enum Hidden {
     Volume(Rc<Volume>),
     Filesystem(Rc<crate::pool::filesystem::Filesystem>),
-}
-
-/// Whether an error came from the stream (the sender's side: a partial receive
-/// may be kept) or from this pool.
-pub(in crate::pool) enum Failure {
-    Stream(String),
-    Pool(PoolError),
-}
-
-impl From<PoolError> for Failure {
-    fn from(error: PoolError) -> Failure {
-        Failure::Pool(error)
-    }
-}
-
-impl From<crate::pool::filesystem::FsError> for Failure {
-    fn from(error: crate::pool::filesystem::FsError) -> Failure {
-        Failure::Pool(PoolError::Io(error.to_string()))
-    }
-}
-
-impl From<crate::object::ObjectError> for Failure {
-    fn from(error: crate::object::ObjectError) -> Failure {
-        Failure::Pool(error.into())
-    }
 }
 
 impl From<StreamError> for Failure {

@@ -3,8 +3,13 @@
 
 use std::collections::BTreeMap;
 
-use super::{RECORD_BYTES_DEFAULT, RECORD_BYTES_MAX, RECORD_BYTES_MIN};
 use crate::pool::PoolError;
+
+/// Record size (`recordsize`): the block size of files larger than one
+/// block. 128 KiB by default, as OpenZFS; 4 KiB to 1 MiB.
+pub const RECORD_BYTES_DEFAULT: u32 = 128 * 1024;
+pub const RECORD_BYTES_MIN: u32 = 4096;
+pub const RECORD_BYTES_MAX: u32 = 1 << 20;
 
 /// The record size a filesystem's properties give.
 pub fn record_bytes(properties: &BTreeMap<String, String>) -> u32 {

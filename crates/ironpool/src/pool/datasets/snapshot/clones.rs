@@ -4,10 +4,11 @@
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use super::{split_snapshot_name, Pool};
+use super::Pool;
 use crate::format::dnode::DNODE_FLAG_READ_ONLY;
 use crate::object::Object;
 use crate::pool::dataset::directory::{Lineage, SnapshotName, SnapshotRecord};
+use crate::pool::dataset::split_snapshot_name;
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
 use crate::pool::PoolError;

@@ -1,16 +1,16 @@
 //! The pool's property commands (`zfs get/set/inherit`): what a dataset
 //! or the pool shows, and the checks and effects of setting and inheriting
 //! a value. The values' rules (what is valid, what inherits from where)
-//! are in `mod.rs`.
+//! are [`crate::pool::dataset::props`]'s.
 
 use std::collections::BTreeMap;
 use std::rc::Rc;
 
-use super::{
+use crate::pool::dataset::props::{
     fixed, inherited, inherited_values, is_user_property, lookup, settings, space_limits, validate,
     validate_filesystem, Own, PropertyValue, Target, VolumeSettings, INHERITABLE, SPACE_PROPERTIES,
 };
-use crate::pool::dataset::intent_log::Owner;
+use crate::pool::Owner;
 use crate::pool::{filesystem, Pool, PoolError};
 impl Pool {
     /// What dataset `short` inherits, values only (see [`inherited`]).
@@ -521,9 +521,8 @@ impl Pool {
         self: &Rc<Self>,
         target: &str,
     ) -> Result<Vec<(String, String, String)>, PoolError> {
-        let (volume, snapshot) =
-            crate::pool::dataset::snapshot::split_snapshot_name(&self.name, target)
-                .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
+        let (volume, snapshot) = crate::pool::dataset::split_snapshot_name(&self.name, target)
+            .ok_or_else(|| PoolError::NoSuchSnapshot(target.to_string()))?;
         let infos = self.snapshots(volume).await?;
         let info = infos
             .iter()
@@ -623,7 +622,7 @@ fn limit_row(name: &str, stored: Option<(String, String)>) -> (String, String, S
 }
 
 fn space_values(
-    space: &crate::pool::dataset::snapshot::VolumeSpace,
+    space: &crate::pool::datasets::snapshot::VolumeSpace,
 ) -> Vec<(String, String, String)> {
     vec![
         fixed("used", space.used_bytes),

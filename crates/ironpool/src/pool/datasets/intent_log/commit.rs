@@ -4,17 +4,20 @@
 
 use std::rc::Rc;
 
-use super::{
-    block_record, block_size_for, format, record_txg, Commit, CommitWait, FileAttr, FileChanges,
-    InFlight, InFlightEnd, IntentLog, LogWrite, Owner, WrittenCopy, COMMIT_BLOCKS_MAX,
-    COPY_BLOCK_BYTES_MAX, COPY_BYTES_PER_COMMIT_MAX,
+use crate::format::intent_log::{
+    self as format, LogBlockHeader, LogPointer, LogRecord, LOG_BLOCK_BYTES_MIN,
 };
-use crate::format::intent_log::{LogBlockHeader, LogPointer, LogRecord, LOG_BLOCK_BYTES_MIN};
 use crate::format::Dva;
 use crate::pool::dataset::directory::LogHead;
+use crate::pool::dataset::intent_log::{
+    block_record, block_size_for, record_txg, Commit, CommitWait, FileAttr, FileChanges, InFlight,
+    InFlightEnd, IntentLog, LogWrite, WrittenCopy, COMMIT_BLOCKS_MAX, COPY_BLOCK_BYTES_MAX,
+    COPY_BYTES_PER_COMMIT_MAX,
+};
 use crate::pool::dataset::props::LogBias;
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
+use crate::pool::Owner;
 use crate::pool::{Pool, PoolError};
 use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
@@ -33,7 +36,7 @@ impl Pool {
 
     /// Returns log blocks' space once txg `txg` (which stopped naming them)
     /// is past the defer depth.
-    pub(super) fn release_log_blocks_after(
+    pub(in crate::pool) fn release_log_blocks_after(
         &self,
         txg: u64,
         blocks: impl IntoIterator<Item = LogPointer>,
@@ -44,7 +47,7 @@ impl Pool {
 
     /// Starts a new chain for `owner`: its head block is allocated and named
     /// in the directory, usable once the open txg is durable.
-    pub(super) fn start_log_chain(&self, owner: Owner) -> Result<(), PoolError> {
+    pub(in crate::pool) fn start_log_chain(&self, owner: Owner) -> Result<(), PoolError> {
         let head = self.allocate_log_block(LOG_BLOCK_BYTES_MIN as u32)?;
         let guid = crate::format::new_guid();
         {
@@ -78,7 +81,7 @@ impl Pool {
 
     /// Names `head` as where `owner`'s log starts (None: it has none), in
     /// the directory the open or building txg writes.
-    pub(super) fn set_log_head(&self, owner: Owner, head: Option<LogHead>) {
+    pub(in crate::pool) fn set_log_head(&self, owner: Owner, head: Option<LogHead>) {
         let mut directory = self.datasets.directory.edit();
         let slot = match owner {
             Owner::Volume(volume) => directory
@@ -98,7 +101,7 @@ impl Pool {
 
     /// Starts the FLUSH that `volume`'s client is about to send, once its
     /// WRITE is answered: when the client has flushed after every single
-    /// write lately ([`LOG_AHEAD_STREAK`] times) and this write's blocks
+    /// write lately ([`crate::pool::dataset::intent_log::LOG_AHEAD_STREAK`] times) and this write's blocks
     /// would be copied into the log, the commit copying them starts now.
     /// Its log write then runs while the answer travels to the client and
     /// the FLUSH comes back, and the FLUSH finds its write logged and waits
@@ -416,7 +419,7 @@ impl Pool {
 
     /// [`Pool::log_ahead`] for a filesystem: once a direct WRITE is
     /// answered, when its client has called `fsync` after every single
-    /// write lately ([`LOG_AHEAD_STREAK`] times), the commit that `fsync`
+    /// write lately ([`crate::pool::dataset::intent_log::LOG_AHEAD_STREAK`] times), the commit that `fsync`
     /// will ask for starts now. Its log write then runs while the answer
     /// travels and the FSYNC comes back; the FSYNC's own commit waits for
     /// the commit lock, which this one holds until its log write has ended

@@ -22,8 +22,8 @@ use std::rc::Rc;
 
 use crate::format::valid_name;
 use crate::pool::dataset::directory::{is_within, valid_dataset_name, Directory};
-use crate::pool::dataset::receive::RECEIVE_SUFFIX;
-use crate::pool::dataset::snapshot::split_snapshot_name;
+use crate::pool::dataset::split_snapshot_name;
+use crate::pool::datasets::receive::RECEIVE_SUFFIX;
 use crate::pool::{is_hidden_dataset, Pool, PoolError};
 
 /// `name` (`old` or below it) renamed so that `old` becomes `new`.

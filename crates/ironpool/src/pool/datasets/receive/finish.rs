@@ -129,7 +129,7 @@ impl Pool {
             record.intent_log = None;
             self.datasets.filesystems.remove(hidden_short);
             hidden.retire();
-            self.abandon_log_chain(crate::pool::dataset::intent_log::Owner::Filesystem(&hidden));
+            self.abandon_log_chain(crate::pool::Owner::Filesystem(&hidden));
             self.datasets
                 .directory
                 .edit()

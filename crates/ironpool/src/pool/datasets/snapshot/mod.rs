@@ -29,6 +29,7 @@ use crate::format::{BlockPointer, ObjectType};
 use crate::object::{Object, ObjectError};
 use crate::pool::dataset::dead_space::DeadSpace;
 use crate::pool::dataset::directory::{valid_name, Lineage, SnapshotRecord};
+use crate::pool::dataset::split_snapshot_name;
 use crate::pool::filesystem::{Filesystem, ObjectWalk};
 use crate::pool::volume::Volume;
 use crate::pool::{Pool, PoolError};
@@ -37,7 +38,7 @@ mod bookmarks;
 mod clones;
 mod holds;
 
-pub use bookmarks::{split_bookmark_name, BookmarkInfo};
+pub use bookmarks::BookmarkInfo;
 pub use holds::HoldInfo;
 
 /// Block pointers a destroy or a rollback frees (and, for a snapshot's
@@ -146,16 +147,6 @@ pub struct SnapshotInfo {
 
 fn corrupt(error: ObjectError) -> PoolError {
     PoolError::from(error)
-}
-
-/// Splits "POOL/VOL@SNAP" or "VOL@SNAP" into (volume, snapshot).
-pub fn split_snapshot_name<'a>(pool: &str, name: &'a str) -> Option<(&'a str, &'a str)> {
-    let (volume, snapshot) = name.split_once('@')?;
-    let volume = volume
-        .strip_prefix(pool)
-        .and_then(|rest| rest.strip_prefix('/'))
-        .unwrap_or(volume);
-    Some((volume, snapshot))
 }
 
 impl Pool {

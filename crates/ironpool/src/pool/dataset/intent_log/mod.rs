@@ -75,6 +75,7 @@ use crate::rt::buf::AlignedBuf;
 use crate::rt::sync::Semaphore;
 
 mod cadence;
+mod chain;
 
 use cadence::{Cadence, Vouched};
 
@@ -220,7 +221,7 @@ pub const COMMIT_LATENCY_BUCKETS: usize = 24;
 
 /// A dataset's intent log in memory.
 pub struct IntentLog {
-    pub(in crate::pool) state: RefCell<LogState>,
+    state: RefCell<LogState>,
     /// One commit prepared at a time (its records gathered, its blocks
     /// reserved in the chain): a FLUSH arriving meanwhile waits and shares
     /// the next commit with every other one that arrived. A volume's commit
@@ -254,91 +255,91 @@ impl Default for IntentLog {
 }
 
 #[derive(Default)]
-pub(in crate::pool) struct LogState {
-    pub(in crate::pool) chain_guid: u64,
+struct LogState {
+    chain_guid: u64,
     /// The next block to write (allocated, named by the durable head or by
     /// the last block written) and its sequence number.
-    pub(in crate::pool) next: Option<(u64, LogPointer)>,
+    next: Option<(u64, LogPointer)>,
     /// The txg whose commit makes the head of this chain durable: the log
     /// is usable once it is.
-    pub(in crate::pool) head_txg: u64,
+    head_txg: u64,
     /// Blocks written and not yet freed, oldest first: sequence, where, and
     /// the commit they belong to.
-    pub(in crate::pool) written: VecDeque<(u64, LogPointer, u64)>,
+    written: VecDeque<(u64, LogPointer, u64)>,
     /// Commits whose blocks are reserved in the chain (after `written`'s,
     /// before `next`) and being written, in chain order. Each is answered
     /// only once those before it are: replay stops at the first block not
     /// written, so a commit is durable only with every one before it.
-    pub(in crate::pool) in_flight: VecDeque<InFlight>,
+    in_flight: VecDeque<InFlight>,
     /// Commits in flight that failed, so far: a caller waiting on commits
     /// in flight learns whether they all succeeded.
-    pub(in crate::pool) failed_commits: u64,
+    failed_commits: u64,
     /// What each commit with blocks in `written` waits for.
-    pub(in crate::pool) commits: rustc_hash::FxHashMap<u64, CommitWait>,
+    commits: rustc_hash::FxHashMap<u64, CommitWait>,
     /// Blocks whose bytes a commit copied (the newest such commit), from the
     /// moment the copy is taken. A newer change linked since cancels the
     /// copy.
-    pub(in crate::pool) live_copies: rustc_hash::FxHashMap<u64, u64>,
+    live_copies: rustc_hash::FxHashMap<u64, u64>,
     /// Copies cancelled by a change linked in a txg not yet built: (txg,
     /// commit, block number).
-    pub(in crate::pool) pending_cancels: Vec<(u64, u64, u64)>,
+    pending_cancels: Vec<(u64, u64, u64)>,
     /// Copies cancelled in the head (what the directory holds), while their
     /// log blocks are in the chain.
-    pub(in crate::pool) cancelled: Vec<(u64, u64)>,
+    cancelled: Vec<(u64, u64)>,
     /// The number of the next commit.
-    pub(in crate::pool) next_commit: u64,
+    next_commit: u64,
     /// Commits started (log or txg), counted as each takes the lock: a
     /// caller notes the count when it arrives, and any commit numbered
     /// above it started after its changes were linked or held.
-    pub(in crate::pool) commits_started: u64,
+    commits_started: u64,
     /// `commits_started` when a caller last found the commit lock taken:
     /// callers arrive in parallel, and a commit waits for more of them.
-    pub(in crate::pool) contended_at: Option<u64>,
+    contended_at: Option<u64>,
     /// The newest commit (by `commits_started`) that succeeded, and the
     /// newest that also made every block held at its start durable (a
     /// FLUSH's copying commit; other commits log linked blocks only, their
     /// FLUSH having written its held blocks out before the lock).
-    pub(in crate::pool) covered_linked: u64,
-    pub(in crate::pool) covered_held: u64,
+    covered_linked: u64,
+    covered_held: u64,
     /// Blocks linked since the last durable txg and not yet logged, as
     /// (object, block number, the txg they were linked in); txgs are
     /// non-decreasing (they only move forward).
-    pub(in crate::pool) unlogged: Vec<(u64, u64, u64)>,
+    unlogged: Vec<(u64, u64, u64)>,
     /// A filesystem's files whose size or times changed by writes since the
     /// last durable txg and not yet logged: their newest values.
-    pub(in crate::pool) attrs: rustc_hash::FxHashMap<u64, FileAttr>,
+    attrs: rustc_hash::FxHashMap<u64, FileAttr>,
     /// A filesystem's small writes since the last durable txg, by (file,
     /// block): where each went, its txg and its bytes, so that a commit can
     /// copy them into the log (and not flush the devices holding them) while
     /// the tree still points at that block. At most
     /// `COPY_BYTES_PER_COMMIT_MAX` bytes.
-    pub(in crate::pool) small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
-    pub(in crate::pool) small_write_bytes: u64,
+    small_writes: rustc_hash::FxHashMap<(u64, u64), WrittenCopy>,
+    small_write_bytes: u64,
     /// A filesystem's objects changed by a change of names or attributes
     /// (or a file's block growing) since the last durable txg and not yet
     /// logged: their state at the end of the change (None: freed, for
     /// good: numbers are not reused), with its txg.
-    pub(in crate::pool) objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
+    objects: rustc_hash::FxHashMap<u64, (u64, Option<ObjectState>)>,
     /// A filesystem's directory entries changed since the last durable txg
     /// and not yet logged, by (directory, name): what each names now (None:
     /// gone), with its txg.
-    pub(in crate::pool) entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
+    entries: rustc_hash::FxHashMap<EntryKey, (u64, Option<EntryTarget>)>,
     /// A filesystem's objects whose extended attributes changed since the
     /// last durable txg and not yet logged: the whole list after the
     /// change (encoded; empty: none), with its txg. At most
     /// [`XATTRS_PENDING_BYTES_MAX`] bytes (`xattr_bytes`).
-    pub(in crate::pool) xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
-    pub(in crate::pool) xattr_bytes: u64,
+    xattrs: rustc_hash::FxHashMap<u64, (u64, Vec<u8>)>,
+    xattr_bytes: u64,
     /// Changes of a file's block size and frees so far: a commit that sees
     /// one happen while it reads block pointers (which may then not fit the
     /// object states it took) goes through a txg.
-    pub(in crate::pool) reshapes: u64,
+    reshapes: u64,
     /// The newest txg holding a change of a filesystem the log does not
     /// carry (a list of extended attributes past its bounds; more names and
     /// objects changed than `NAMESPACE_CHANGES_MAX`): a commit goes through
     /// a txg until that one is durable.
-    pub(in crate::pool) unloggable_since: u64,
-    pub(in crate::pool) stats: LogStats,
+    unloggable_since: u64,
+    stats: LogStats,
 }
 
 impl LogState {
@@ -350,7 +351,7 @@ impl LogState {
     /// Forgets commit `commit` and what names its copies (it was never
     /// written: a cancellation of one of its copies, which no record can
     /// match, goes too).
-    pub(in crate::pool) fn forget_commit(&mut self, commit: u64) {
+    fn forget_commit(&mut self, commit: u64) {
         let _ = self.forget_commits(&rustc_hash::FxHashSet::from_iter([commit]));
     }
 
@@ -381,13 +382,13 @@ impl LogState {
 }
 
 /// A commit whose blocks are reserved in its chain and being written.
-pub(in crate::pool) struct InFlight {
-    pub(in crate::pool) commit: u64,
+struct InFlight {
+    commit: u64,
     /// The chain it was reserved in: if that chain was abandoned meanwhile
     /// (a commit before it failed), the commit failed too.
-    pub(in crate::pool) chain_guid: u64,
+    chain_guid: u64,
     /// Its blocks in chain order: sequence and where.
-    pub(in crate::pool) blocks: Vec<(u64, LogPointer)>,
+    blocks: Vec<(u64, LogPointer)>,
 }
 
 /// A commit's log blocks, reserved in the chain by
@@ -514,12 +515,12 @@ pub(in crate::pool) enum Commit {
 /// What a commit's log blocks wait for before they can be freed: the txg
 /// that holds all their changes must be durable.
 #[derive(Clone, Copy, Debug, Default)]
-pub(in crate::pool) struct CommitWait {
+struct CommitWait {
     /// Blocks copied into the commit and not yet linked into the tree.
-    pub(in crate::pool) copies_pending: u64,
+    copies_pending: u64,
     /// The newest txg holding one of its changes (linked blocks, holes, and
     /// copied blocks linked since).
-    pub(in crate::pool) max_txg: u64,
+    max_txg: u64,
 }
 
 impl IntentLog {

@@ -10,9 +10,8 @@ use crate::format::intent_log::{
 use crate::format::Dva;
 use crate::pool::dataset::directory::LogHead;
 use crate::pool::dataset::intent_log::{
-    block_record, block_size_for, record_txg, Commit, CommitWait, FileAttr, FileChanges, InFlight,
-    InFlightEnd, IntentLog, LogWrite, WrittenCopy, COMMIT_BLOCKS_MAX, COPY_BLOCK_BYTES_MAX,
-    COPY_BYTES_PER_COMMIT_MAX,
+    block_record, block_size_for, record_txg, Commit, FileAttr, InFlightEnd, LogWrite, WrittenCopy,
+    COMMIT_BLOCKS_MAX, COPY_BLOCK_BYTES_MAX, COPY_BYTES_PER_COMMIT_MAX,
 };
 use crate::pool::dataset::props::LogBias;
 use crate::pool::filesystem::Filesystem;
@@ -50,13 +49,7 @@ impl Pool {
     pub(in crate::pool) fn start_log_chain(&self, owner: Owner) -> Result<(), PoolError> {
         let head = self.allocate_log_block(LOG_BLOCK_BYTES_MIN as u32)?;
         let guid = crate::format::new_guid();
-        {
-            let mut state = owner.log().state.borrow_mut();
-            debug_assert!(state.written.is_empty(), "a chain restarts only when empty");
-            state.chain_guid = guid;
-            state.next = Some((1, head));
-            state.head_txg = self.txg.open();
-        }
+        owner.log().begin_chain(guid, head, self.txg.open());
         self.set_log_head(owner, Some(LogHead::at(guid, 1, head)));
         Ok(())
     }
@@ -66,14 +59,9 @@ impl Pool {
     /// (usable once the open txg is durable); until then, and on a pool too
     /// full for its head block, commits go through a txg.
     fn chain_usable(&self, owner: Owner) -> bool {
-        let (usable, missing) = {
-            let state = owner.log().state.borrow();
-            (
-                state.next.is_some() && state.head_txg <= self.txg.durable(),
-                state.next.is_none(),
-            )
-        };
-        if missing {
+        let log = owner.log();
+        let usable = log.usable_next(self.txg.durable()).is_some();
+        if !log.has_chain() {
             let _ = self.start_log_chain(owner);
         }
         usable
@@ -225,7 +213,7 @@ impl Pool {
         }
         let mut lock = Some(lock);
         let started = crate::rt::now();
-        let commit = open_commit(owner);
+        let commit = owner.log().open_commit();
         // Held blocks first: copied (the caller found they fit, under the
         // lock, with nothing awaited since), or written in place before the
         // lock (then linked, and logged below as pointers).
@@ -235,7 +223,7 @@ impl Pool {
         };
         let durable = self.txg.durable();
         volume.log.forget_durable(durable);
-        let unlogged = std::mem::take(&mut volume.log.state.borrow_mut().unlogged);
+        let unlogged = volume.log.take_unlogged();
         let mut records = Vec::with_capacity(unlogged.len() + copies.len());
         let mut max_txg = 0;
         for (object, blkid, linked_txg) in newest_changes(&unlogged, durable) {
@@ -243,7 +231,7 @@ impl Pool {
                 Ok(Some(pointer)) => pointer,
                 Ok(None) => continue,
                 Err(error) => {
-                    self.requeue_unlogged(owner, &unlogged);
+                    owner.log().requeue_unlogged(&unlogged);
                     self.forget_commit(volume, commit, &copies);
                     return Err(error.into());
                 }
@@ -275,7 +263,7 @@ impl Pool {
             Finished::WriteFailed => {
                 // Nothing awaited since the write failed: a commit after it
                 // that failed with it finds these copies held again.
-                self.requeue_unlogged(owner, &unlogged);
+                owner.log().requeue_unlogged(&unlogged);
                 self.forget_commit(volume, commit, &copies);
                 self.commit_instead(volume, held, kind).await
             }
@@ -306,14 +294,7 @@ impl Pool {
     ) -> Finished {
         let log = owner.log();
         if records.is_empty() {
-            let (last, failures) = {
-                let mut state = log.state.borrow_mut();
-                state.commits.remove(&commit);
-                (
-                    state.in_flight.back().map(|entry| entry.commit),
-                    state.failed_commits,
-                )
-            };
+            let (last, failures) = log.drop_empty_commit(commit);
             if kind == Commit::Ahead {
                 // Nothing of its own to write: the FLUSH or fsync will wait.
                 return Finished::NotCarried;
@@ -321,11 +302,11 @@ impl Pool {
             if let Some(last) = last {
                 drop(lock.take());
                 log.wait_ended(last).await;
-                if log.state.borrow().failed_commits != failures {
+                if log.failed_commits() != failures {
                     return Finished::NotCarried;
                 }
             }
-            log.state.borrow_mut().stats.shared_commits += 1;
+            log.count(|stats| stats.shared_commits += 1);
             return Finished::Durable;
         }
         // A record is of a change already made: its txg is open or past.
@@ -334,9 +315,7 @@ impl Pool {
             "commit {commit} logs a change of txg {max_txg}, past the open txg {}",
             self.txg.open()
         );
-        if let Some(wait) = log.state.borrow_mut().commits.get_mut(&commit) {
-            wait.max_txg = wait.max_txg.max(max_txg);
-        }
+        log.commit_needs_txg(commit, max_txg);
         let written = match self.reserve_log_blocks(owner, &records, commit) {
             Ok(write) => {
                 drop(lock.take());
@@ -347,11 +326,12 @@ impl Pool {
         match written {
             Ok(()) => {
                 log.note_commit_time(started);
-                let mut state = log.state.borrow_mut();
-                state.stats.copied_blocks += copied;
-                if kind == Commit::Ahead {
-                    state.stats.ahead_commits += 1;
-                }
+                log.count(|stats| {
+                    stats.copied_blocks += copied;
+                    if kind == Commit::Ahead {
+                        stats.ahead_commits += 1;
+                    }
+                });
                 Finished::Durable
             }
             Err(error) => {
@@ -411,7 +391,7 @@ impl Pool {
         match kind {
             Commit::Ahead => Ok(false),
             Commit::Asked => {
-                volume.log.state.borrow_mut().stats.txg_fallbacks += 1;
+                volume.log.count(|stats| stats.txg_fallbacks += 1);
                 self.commit_through_txg(volume, held).await.map(|()| true)
             }
         }
@@ -497,7 +477,7 @@ impl Pool {
         // than each finding the chain unusable and committing its own.
         let mut lock = Some(permit);
         if !self.fs_log_shared(fs, &mut lock, Commit::Asked).await? {
-            fs.log.state.borrow_mut().stats.txg_fallbacks += 1;
+            fs.log.count(|stats| stats.txg_fallbacks += 1);
             self.commit_linked().await?;
         }
         drop(lock);
@@ -545,31 +525,19 @@ impl Pool {
     ) -> Result<bool, PoolError> {
         let owner = Owner::Filesystem(fs);
         let log = &fs.log;
-        let unloggable = log.state.borrow().unloggable_since > self.txg.durable();
+        let unloggable = log.unloggable_after(self.txg.durable());
         if !self.chain_usable(owner) || unloggable {
             return Ok(false);
         }
         let started = crate::rt::now();
-        let commit = open_commit(owner);
+        let commit = owner.log().open_commit();
         let durable = self.txg.durable();
         log.forget_durable(durable);
-        let (unlogged, mut taken, reshapes) = {
-            let mut state = log.state.borrow_mut();
-            state.small_write_bytes = 0;
-            let taken = FileChanges {
-                attrs: std::mem::take(&mut state.attrs),
-                small_writes: std::mem::take(&mut state.small_writes),
-                objects: std::mem::take(&mut state.objects),
-                entries: std::mem::take(&mut state.entries),
-                xattrs: std::mem::take(&mut state.xattrs),
-            };
-            state.xattr_bytes = 0;
-            (std::mem::take(&mut state.unlogged), taken, state.reshapes)
-        };
+        let (unlogged, mut taken, reshapes) = log.take_file_changes();
         let give_back = |unlogged: &[(u64, u64, u64)], taken| {
-            self.requeue_unlogged(owner, unlogged);
+            log.requeue_unlogged(unlogged);
             log.requeue_file_changes(taken);
-            log.state.borrow_mut().forget_commit(commit);
+            log.drop_commit(commit);
         };
         // Objects first, then names (which may name them), then extended
         // attributes, then blocks, then the sizes and times writes set after
@@ -659,10 +627,7 @@ impl Pool {
         // read: they may not fit the object states taken before, and a
         // change the log does not carry may have come too. No await from
         // this check to the records being fixed.
-        let changed = {
-            let state = log.state.borrow();
-            state.reshapes != reshapes || state.unloggable_since > self.txg.durable()
-        };
+        let changed = log.moved_since(reshapes, self.txg.durable());
         if changed {
             give_back(&unlogged, taken);
             return Ok(false);
@@ -717,14 +682,8 @@ impl Pool {
                 copies.push((blkid, data));
             }
         }
-        let mut state = volume.log.state.borrow_mut();
-        for (blkid, _) in &copies {
-            state.live_copies.insert(*blkid, commit);
-        }
-        drop(state);
-        if let Some(wait) = volume.log.state.borrow_mut().commits.get_mut(&commit) {
-            wait.copies_pending += copies.len() as u64;
-        }
+        let blkids: Vec<u64> = copies.iter().map(|(blkid, _)| *blkid).collect();
+        volume.log.note_copies(commit, &blkids);
         copies
     }
 
@@ -745,18 +704,7 @@ impl Pool {
         for (blkid, _) in copies {
             volume.writeback.unmark_logged(*blkid, commit);
         }
-        volume.log.state.borrow_mut().forget_commit(commit);
-    }
-
-    /// Puts changes taken for a commit that did not happen back in front
-    /// of those noted since, in txg order (commits after it in flight may
-    /// have failed and given theirs back first).
-    fn requeue_unlogged(&self, owner: Owner, taken: &[(u64, u64, u64)]) {
-        let mut state = owner.log().state.borrow_mut();
-        let newer = std::mem::take(&mut state.unlogged);
-        state.unlogged = taken.iter().copied().chain(newer).collect();
-        // Stable: of one txg, the order linked stays.
-        state.unlogged.sort_by_key(|(_, _, txg)| *txg);
+        volume.log.drop_commit(commit);
     }
 
     /// Cuts `records` into blocks of `owner`'s chain (the pre-allocated next
@@ -770,20 +718,14 @@ impl Pool {
         records: &[LogRecord],
         commit: u64,
     ) -> Result<LogWrite, PoolError> {
-        let (guid, first) = {
-            let state = owner.log().state.borrow();
-            // The chain was usable when the commit began, but a commit in
-            // flight may have failed since (while this one read block
-            // pointers) and a new chain started, whose head is not durable
-            // yet: a commit written there would be found by no replay.
-            match state.next {
-                Some(next) if state.head_txg <= self.txg.durable() => (state.chain_guid, next),
-                _ => {
-                    return Err(PoolError::Io(
-                        "the log chain was restarted by a failed commit".to_string(),
-                    ))
-                }
-            }
+        // The chain was usable when the commit began, but a commit in
+        // flight may have failed since (while this one read block pointers)
+        // and a new chain started, whose head is not durable yet: a commit
+        // written there would be found by no replay.
+        let Some((guid, first)) = owner.log().usable_next(self.txg.durable()) else {
+            return Err(PoolError::Io(
+                "the log chain was restarted by a failed commit".to_string(),
+            ));
         };
         let mut blocks: Vec<(u64, LogPointer, &[LogRecord])> = Vec::new();
         let mut current = first;
@@ -855,26 +797,15 @@ impl Pool {
         let mut needed: Vec<u32> = records.iter().flat_map(flushed_vdevs).collect();
         needed.sort_unstable();
         needed.dedup();
-        let mut state = owner.log().state.borrow_mut();
-        // Commits take their place in the chain in the order they were
-        // opened (both under the commit lock): `wait_ended` and the order
-        // of answers count on it.
-        assert!(
-            state
-                .in_flight
-                .back()
-                .is_none_or(|last| last.commit < commit),
-            "commit {commit} reserved in the chain after a later one"
-        );
-        state.next = Some(new_next);
-        state.in_flight.push_back(InFlight {
+        owner.log().enter_chain(
             commit,
-            chain_guid: guid,
-            blocks: encoded
+            guid,
+            encoded
                 .iter()
                 .map(|(seq, pointer, _, _)| (*seq, *pointer))
                 .collect(),
-        });
+            new_next,
+        );
         Ok(LogWrite {
             commit,
             chain_guid: guid,
@@ -950,17 +881,13 @@ impl Pool {
         log.wait_ended(write.commit.saturating_sub(1)).await;
         // Only its own `InFlightEnd` takes a commit out of the queue.
         debug_assert_eq!(
-            log.state
-                .borrow()
-                .in_flight
-                .front()
-                .map(|entry| entry.commit),
+            log.front_in_flight(),
             Some(write.commit),
             "commit {} is not the front of the chain in its turn",
             write.commit
         );
         let failed = failed.or_else(|| {
-            (log.state.borrow().chain_guid != write.chain_guid)
+            (log.chain_guid() != write.chain_guid)
                 .then(|| PoolError::Io("a log commit before this one failed".to_string()))
         });
         if let Some(error) = failed {
@@ -968,11 +895,12 @@ impl Pool {
             return Err(error);
         }
         end.end(true);
-        let mut state = log.state.borrow_mut();
-        state.stats.blocks_written += blocks_written;
-        state.stats.bytes_written += bytes_written;
-        state.stats.records_written += records_written;
-        state.stats.commits += 1;
+        log.count(|stats| {
+            stats.blocks_written += blocks_written;
+            stats.bytes_written += bytes_written;
+            stats.records_written += records_written;
+            stats.commits += 1;
+        });
         Ok(())
     }
 
@@ -1027,24 +955,10 @@ impl Pool {
 
     /// True when some dataset's chain has a block on top-level vdev `vdev`.
     pub(crate) fn log_chains_use(&self, vdev: u32) -> bool {
-        let uses = |log: &IntentLog| {
-            let state = log.state.borrow();
-            state
-                .next
-                .is_some_and(|(_, pointer)| pointer.dva.vdev == vdev)
-                || state
-                    .written
-                    .iter()
-                    .any(|(_, pointer, _)| pointer.dva.vdev == vdev)
-                || state.in_flight.iter().any(|entry| {
-                    entry
-                        .blocks
-                        .iter()
-                        .any(|(_, pointer)| pointer.dva.vdev == vdev)
-                })
-        };
-        self.datasets.volumes.any(|volume| uses(&volume.log))
-            || self.datasets.filesystems.any(|fs| uses(&fs.log))
+        self.datasets
+            .volumes
+            .any(|volume| volume.log.uses_vdev(vdev))
+            || self.datasets.filesystems.any(|fs| fs.log.uses_vdev(vdev))
     }
 
     /// Waits for the log commits in flight of every open dataset and keeps
@@ -1077,19 +991,8 @@ impl Pool {
     /// txg.
     pub(crate) fn abandon_log_chain(&self, owner: Owner) {
         let txg = self.txg.open();
-        let mut state = owner.log().state.borrow_mut();
-        let written: Vec<LogPointer> = state
-            .written
-            .drain(..)
-            .map(|(_, pointer, _)| pointer)
-            .collect();
-        state.commits.clear();
-        state.live_copies.clear();
-        state.pending_cancels.clear();
-        state.cancelled.clear();
-        let next = state.next.take().map(|(_, pointer)| pointer);
-        drop(state);
-        self.release_log_blocks_after(txg, written.into_iter().chain(next));
+        let blocks = owner.log().abandon_chain();
+        self.release_log_blocks_after(txg, blocks);
         self.set_log_head(owner, None);
     }
 }
@@ -1105,16 +1008,6 @@ enum Finished {
     /// Its log write failed (the chain was abandoned): the caller gives
     /// back what it took, then falls back.
     WriteFailed,
-}
-
-/// Opens the next commit of `owner`'s log: from here until its blocks are
-/// freed, the txg its changes need is kept with it ([`CommitWait`]).
-fn open_commit(owner: Owner<'_>) -> u64 {
-    let mut state = owner.log().state.borrow_mut();
-    state.next_commit += 1;
-    let commit = state.next_commit;
-    state.commits.insert(commit, CommitWait::default());
-    commit
 }
 
 /// The top-level vdevs a commit flushes for `record`: those holding the

@@ -226,3 +226,55 @@ pub(in crate::pool) fn exceeded(
     }
     None
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn limits_bound_writes_and_hold_space_back() {
+        let limits = SpaceLimits {
+            quota: 100,
+            refquota: 60,
+            reservation: 80,
+            refreservation: 0,
+        };
+        assert!(exceeded("t", &limits, (50, 50), 10).is_none());
+        assert!(exceeded("t", &limits, (50, 50), 11)
+            .unwrap()
+            .contains("refquota"));
+        assert!(exceeded("t", &limits, (95, 10), 6)
+            .unwrap()
+            .contains("quota of 100"));
+        assert_eq!(limits.unused_reservation(30, 30), 50);
+        assert_eq!(limits.unused_reservation(90, 30), 0);
+        let refres = SpaceLimits {
+            refreservation: 40,
+            ..SpaceLimits::default()
+        };
+        assert_eq!(refres.unused_reservation(100, 10), 30);
+        assert!(!SpaceLimits::default().has_quota());
+        assert!(!SpaceLimits::default().has_reservation());
+    }
+
+    #[test]
+    fn the_bound_counts_writes_admitted_since() {
+        let estimate = UsageEstimate::default();
+        assert_eq!(estimate.last(), None);
+        estimate.usage.set(Usage {
+            known: true,
+            used: 10,
+            referenced: 7,
+            snapshots: 3,
+            since: 0,
+        });
+        let admitted = estimate.admitted(5);
+        assert_eq!(estimate.bound(), (15, 12));
+        assert_eq!(estimate.last(), Some((10, 7)));
+        assert_eq!(estimate.in_flight.get(), 5);
+        drop(admitted);
+        assert_eq!(estimate.in_flight.get(), 0);
+        // Linked since: the bound still counts it until computed again.
+        assert_eq!(estimate.bound(), (15, 12));
+    }
+}

@@ -65,13 +65,15 @@ impl IntentLog {
     /// Notes that commit `commit` copies the held blocks `blkids` (a
     /// volume's): each is its live copy until written in place, and the
     /// commit's blocks are kept until they are linked.
-    pub(in crate::pool) fn note_copies(&self, commit: u64, blkids: &[u64]) {
+    pub(in crate::pool) fn note_copies(&self, commit: u64, blkids: impl IntoIterator<Item = u64>) {
         let mut state = self.state.borrow_mut();
+        let mut copies = 0;
         for blkid in blkids {
-            state.live_copies.insert(*blkid, commit);
+            state.live_copies.insert(blkid, commit);
+            copies += 1;
         }
         if let Some(wait) = state.commits.get_mut(&commit) {
-            wait.copies_pending += blkids.len() as u64;
+            wait.copies_pending += copies;
         }
     }
 
@@ -181,8 +183,7 @@ impl IntentLog {
     /// was read, or a change the log does not carry came after `durable`:
     /// a commit's records may then not fit what it took.
     pub(in crate::pool) fn moved_since(&self, reshapes: u64, durable: u64) -> bool {
-        let state = self.state.borrow();
-        state.reshapes != reshapes || state.unloggable_since > durable
+        self.state.borrow().reshapes != reshapes || self.unloggable_after(durable)
     }
 
     /// Whether a change the log does not carry was made after `durable`:

@@ -682,8 +682,9 @@ impl Pool {
                 copies.push((blkid, data));
             }
         }
-        let blkids: Vec<u64> = copies.iter().map(|(blkid, _)| *blkid).collect();
-        volume.log.note_copies(commit, &blkids);
+        volume
+            .log
+            .note_copies(commit, copies.iter().map(|(blkid, _)| *blkid));
         copies
     }
 

@@ -1467,7 +1467,7 @@ fn a_crash_keeps_every_fsync_of_writes_written_behind() {
 /// flight and returned without waiting for it loses that write here.)
 #[test]
 fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
-    let (fsyncs, commits, _) = writers_side_by_side(201..=212, false, false);
+    let (fsyncs, commits, _, _) = writers_side_by_side(201..=212, 4, false, false);
     assert!(
         commits < fsyncs,
         "no fsync shared a commit ({commits} for {fsyncs})"
@@ -1484,7 +1484,7 @@ fn a_crash_keeps_every_fsync_of_writers_side_by_side() {
 /// `fsync` returned for holds that write or a later one.
 #[test]
 fn a_crash_keeps_every_fsync_of_writes_made_durable_first() {
-    let (fsyncs, _, stats) = writers_side_by_side(301..=312, true, false);
+    let (fsyncs, _, stats, _) = writers_side_by_side(301..=360, 4, true, false);
     eprintln!(
         "{} writes made durable first, {} fsyncs found them durable",
         stats.durable_first_ops, stats.fsyncs_found_durable
@@ -1508,26 +1508,46 @@ fn a_crash_keeps_every_fsync_of_writes_made_durable_first() {
 /// in place before they are logged, as for volumes.
 #[test]
 fn a_crash_keeps_every_fsync_of_an_encrypted_filesystem() {
-    let (fsyncs, commits, _) = writers_side_by_side(401..=408, false, true);
+    let (fsyncs, commits, _, copied) = writers_side_by_side(401..=408, 4, false, true);
+    assert_eq!(copied, 0, "an encrypted filesystem's log copied plaintext");
     assert!(
         commits < fsyncs,
         "no fsync shared a commit ({commits} for {fsyncs})"
     );
 }
 
-/// Runs [`a_crash_keeps_every_fsync_of_writers_side_by_side`] for `seeds`,
-/// through the front end's calls with `front_end`, in an encrypted
-/// filesystem with `encrypted`; returns the `fsync`s returned before the
-/// crashes, the log commits, and the filesystems' counters summed.
+/// One writer calling `fsync` after every write, served as the FUSE front
+/// end serves it: its writes are soon held and copied into the commit each
+/// one starts as it is answered (`Pool::fs_log_ahead`), and written in
+/// place later, in batches, while newer versions of the same records
+/// arrive. Power fails as the Nth `fsync` returns: every record an `fsync`
+/// returned for holds that write or a later one.
+#[test]
+fn a_crash_keeps_every_fsync_of_writes_copied_into_the_log() {
+    let (fsyncs, _, _, copied) = writers_side_by_side(501..=640, 1, true, false);
+    // Held and copied into the commit after each, not written first.
+    assert!(
+        copied * 2 > fsyncs,
+        "{copied} held blocks copied for {fsyncs} fsyncs"
+    );
+}
+
+/// Runs [`a_crash_keeps_every_fsync_of_writers_side_by_side`] for `seeds`
+/// with `writers` writers, through the front end's calls with
+/// `front_end`, in an encrypted filesystem with `encrypted`; returns the
+/// `fsync`s returned before the crashes, the log commits, the
+/// filesystems' counters summed and the held blocks copied into the log.
 fn writers_side_by_side(
     seeds: std::ops::RangeInclusive<u64>,
+    writers: u64,
     front_end: bool,
     encrypted: bool,
-) -> (u64, u64, FsIoStats) {
-    const WRITERS: u64 = 4;
+) -> (u64, u64, FsIoStats, u64) {
+    #[allow(non_snake_case)]
+    let WRITERS = writers;
     const RECORD: u64 = 16 << 10;
     const RECORDS_PER_FILE: u64 = 16;
-    let (mut commits, mut fsyncs) = (0, 0);
+    let (mut commits, mut fsyncs, mut copied) = (0, 0, 0);
     let mut io_stats = FsIoStats::default();
     for seed in seeds {
         let disks = devices(2, 8 << 30, seed);
@@ -1578,11 +1598,35 @@ fn writers_side_by_side(
                                     RequestKind::DirectWrite
                                 };
                                 let answering = fs.request_began(&pool, kind);
-                                fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
-                                if answering.durable_first() {
+                                // As the front end serves it: held (then
+                                // copied into the commit), or through.
+                                if answering.holds(data.len()) {
+                                    fs.write_behind_lent(
+                                        &pool,
+                                        (ino, record * RECORD),
+                                        &data,
+                                        None,
+                                        true,
+                                    )
+                                    .await
+                                    .unwrap();
+                                } else {
+                                    fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
+                                }
+                                let durable_first = answering.durable_first();
+                                if durable_first {
                                     pool.fs_log_commit(&fs).await.unwrap();
                                 }
                                 answering.answered(true);
+                                // The commit its `fsync` will ask for
+                                // starts as it is answered.
+                                if kind == RequestKind::DirectWrite
+                                    && !durable_first
+                                    && fs.fsync_expected()
+                                {
+                                    let (pool, fs) = (pool.clone(), fs.clone());
+                                    rt::spawn(async move { pool.fs_log_ahead(&fs).await });
+                                }
                             } else {
                                 fs.write(&pool, ino, record * RECORD, &data).await.unwrap();
                             }
@@ -1611,6 +1655,7 @@ fn writers_side_by_side(
             }
         });
         commits += stats.get().commits;
+        copied += stats.get().held_copies;
         fsyncs += done_fsyncs.get();
         io_stats.durable_first_ops += fs_stats.get().durable_first_ops;
         io_stats.fsyncs_found_durable += fs_stats.get().fsyncs_found_durable;
@@ -1645,10 +1690,10 @@ fn writers_side_by_side(
             }
         });
     }
-    eprintln!("{fsyncs} fsyncs returned, {commits} log commits");
+    eprintln!("{fsyncs} fsyncs returned, {commits} log commits, {copied} blocks copied");
     assert!(fsyncs > 100, "{fsyncs} fsyncs returned before the crashes");
     assert!(commits > 20, "{commits} log commits");
-    (fsyncs, commits, io_stats)
+    (fsyncs, commits, io_stats, copied)
 }
 
 /// A record of `bytes` that says who wrote it: writer, record and sequence

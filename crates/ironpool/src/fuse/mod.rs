@@ -1036,7 +1036,7 @@ async fn serve(
         _ => false,
     };
     // A direct write whose client calls `fsync` after every write: that
-    // commit starts as this one is answered (unless the write is held).
+    // commit starts as this one is answered (a held write is copied into it).
     let ahead = !durable
         && matches!(&request, Request::Write { flags, .. } if !fs.may_write_behind(*flags));
     // A direct write among others whose client calls `fsync` every few
@@ -1098,7 +1098,7 @@ async fn serve(
     // leaves: a commit that begins after this covers them.
     answering.answered(answer.is_ok());
     let answer = answer?;
-    if ahead && !held && fs.fsync_expected() {
+    if ahead && fs.fsync_expected() {
         let (pool, fs) = (pool.clone(), fs.clone());
         // Started in this turn, its log write is submitted with the answer.
         // Deferring it until the answer had been submitted (a timer of no

@@ -139,6 +139,11 @@ pub struct LogHead {
     /// linked in a txg this directory is part of.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cancelled: Vec<(u64, u64)>,
+    /// A filesystem's copies in the chain that replay must not apply, as
+    /// (commit, object, block number), for the same reason: a filesystem's
+    /// copies name their file as well as the block.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub cancelled_blocks: Vec<(u64, u64, u64)>,
 }
 
 impl LogHead {
@@ -168,6 +173,7 @@ impl LogHead {
             asize: pointer.dva.asize,
             bytes: pointer.bytes,
             cancelled: Vec::new(),
+            cancelled_blocks: Vec::new(),
         }
     }
 }

@@ -66,7 +66,7 @@ use crate::format::znode::Znode;
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::Object;
 use crate::pool::data::{is_zero, BLOCKS_IN_FLIGHT_PER_REQUEST};
-use crate::pool::dataset::intent_log::FileAttr;
+use crate::pool::dataset::intent_log::{FileAttr, COPY_BLOCK_BYTES_MAX, COPY_BYTES_PER_COMMIT_MAX};
 use crate::pool::dataset::props::{DirectMode, LogBias, SyncMode};
 use crate::pool::dirty::{WRITEBACK_BATCHES_IN_FLIGHT, WRITEBACK_BATCH_BYTES, WRITEBACK_DELAY};
 use crate::pool::Pool;
@@ -118,6 +118,32 @@ struct Version {
     /// What the block counts against the pool (memory, space).
     memory: u64,
     reserved: u64,
+    /// Intent log commits holding a copy of one of this block's versions,
+    /// with the version each copied: each is told once a version at least
+    /// as new is linked (its log blocks are freed once that link is
+    /// durable). A copy of a version not yet linked is newer than the tree.
+    copies: Vec<(u64, u64)>,
+    /// The newest version linked into the tree so far.
+    linked: Option<u64>,
+    /// What a commit of the intent log finds of the newest version.
+    pending: Pending,
+}
+
+/// What a commit of the intent log finds of a block's newest version
+/// (counted in [`WrittenBehind`] so that an `fsync` knows at once whether
+/// it may copy what is held).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    /// Copied into a commit, or linked: nothing for a commit to copy.
+    Done,
+    /// A whole block of a file whose blocks are its records, small enough
+    /// to copy: a commit may copy it into the log, as a volume's FLUSH
+    /// copies its held blocks.
+    Copyable,
+    /// Parts of a block, or the one block of a file that may still grow,
+    /// or too large: a commit that must make it durable has it written out
+    /// and linked first.
+    Uncopyable,
 }
 
 impl Version {
@@ -168,7 +194,18 @@ pub(super) struct WrittenBehind {
     /// Wakes that task: a write-out was queued, someone waits, or a batch
     /// ended.
     kick: Notify,
+    /// Blocks whose newest version a commit may copy
+    /// ([`Pending::Copyable`]), in order, and their bytes.
+    copyable: RefCell<std::collections::BTreeSet<(u64, u64)>>,
+    copyable_bytes: Cell<u64>,
+    /// Blocks whose newest version is neither copied nor linked, and may
+    /// not be copied ([`Pending::Uncopyable`]).
+    uncopyable: Cell<u64>,
 }
+
+/// A held block copied into a commit of the intent log: (object, block),
+/// the version copied and its bytes.
+pub(in crate::pool) type HeldCopy = ((u64, u64), u64, BufSlice);
 
 /// A file and versions (block, number) of its blocks.
 type FileVersions = (Rc<Object>, Vec<(u64, u64)>);
@@ -304,6 +341,110 @@ impl WrittenBehind {
     pub(super) fn take_error(&self, ino: u64) -> Option<FsError> {
         self.errors.borrow_mut().remove(&ino)
     }
+
+    /// Counts block `key`'s newest version as `pending` (the counts a
+    /// commit asks, [`Filesystem::copy_fits`]), in place of what it was.
+    fn set_pending(&self, key: (u64, u64), version: &mut Version, pending: Pending) {
+        let bytes = version.bytes.len() as u64;
+        match version.pending {
+            Pending::Done => {}
+            Pending::Copyable => {
+                let was = self.copyable.borrow_mut().remove(&key);
+                debug_assert!(was, "a copyable version is in the set");
+                self.copyable_bytes.set(self.copyable_bytes.get() - bytes);
+            }
+            Pending::Uncopyable => self.uncopyable.set(self.uncopyable.get() - 1),
+        }
+        match pending {
+            Pending::Done => {}
+            Pending::Copyable => {
+                self.copyable.borrow_mut().insert(key);
+                self.copyable_bytes.set(self.copyable_bytes.get() + bytes);
+            }
+            Pending::Uncopyable => self.uncopyable.set(self.uncopyable.get() + 1),
+        }
+        version.pending = pending;
+    }
+
+    /// Takes, for commit `commit`, every held version a commit may copy
+    /// (the caller found they fit), in block order: each is then copied
+    /// (not offered again) until it is linked or replaced.
+    pub(in crate::pool) fn take_copies(&self, commit: u64) -> Vec<HeldCopy> {
+        let keys = std::mem::take(&mut *self.copyable.borrow_mut());
+        self.copyable_bytes.set(0);
+        let mut blocks = self.blocks.borrow_mut();
+        keys.into_iter()
+            .map(|key| {
+                let version = blocks.get_mut(&key).expect("a copyable version is held");
+                assert_eq!(
+                    version.pending,
+                    Pending::Copyable,
+                    "object {} block {}: offered for a copy as it is not",
+                    key.0,
+                    key.1
+                );
+                version.pending = Pending::Done;
+                version.copies.push((commit, version.number));
+                (key, version.number, version.bytes.clone())
+            })
+            .collect()
+    }
+
+    /// Gives back the copies commit `commit` took (it will not be
+    /// written): the versions still newest and not linked are offered to
+    /// the next commit.
+    pub(in crate::pool) fn give_back_copies(&self, commit: u64, copies: &[HeldCopy]) {
+        let mut blocks = self.blocks.borrow_mut();
+        for (key, number, _) in copies {
+            let Some(version) = blocks.get_mut(key) else {
+                continue;
+            };
+            version.copies.retain(|(copied_in, _)| *copied_in != commit);
+            if version.number == *number
+                && version.pending == Pending::Done
+                && version.linked != Some(*number)
+            {
+                self.set_pending(*key, version, Pending::Copyable);
+            }
+        }
+    }
+
+    /// Version `number` of block `key` was linked: returns the commits
+    /// holding copies of it or of older versions (whose copies the tree
+    /// now holds or supersedes), and whether this version was copied
+    /// itself (then its link needs no record of its own).
+    fn note_version_linked(&self, key: (u64, u64), number: u64) -> (Vec<u64>, bool) {
+        let mut blocks = self.blocks.borrow_mut();
+        let Some(version) = blocks.get_mut(&key) else {
+            return (Vec::new(), false);
+        };
+        version.linked = Some(version.linked.map_or(number, |linked| linked.max(number)));
+        if version.number == number {
+            self.set_pending(key, version, Pending::Done);
+        }
+        let mut resolved = Vec::new();
+        let mut copied = false;
+        version.copies.retain(|&(commit, copied_number)| {
+            if copied_number > number {
+                return true;
+            }
+            resolved.push(commit);
+            copied |= copied_number == number;
+            false
+        });
+        (resolved, copied)
+    }
+
+    /// Whether block `key` has a version copied into the log and not yet
+    /// linked: that copy is newer than the tree, and a record of the tree's
+    /// pointer must not follow it in the chain (replay takes a block's
+    /// last record).
+    pub(in crate::pool) fn copy_is_newer(&self, key: (u64, u64)) -> bool {
+        self.blocks
+            .borrow()
+            .get(&key)
+            .is_some_and(|version| !version.copies.is_empty())
+    }
 }
 
 impl Filesystem {
@@ -426,6 +567,9 @@ impl Filesystem {
             return self.write(pool, ino, offset, data).await;
         }
         let mut numbers = Vec::with_capacity((last - first + 1) as usize);
+        // Whole blocks of a file whose one block will not grow may be
+        // copied into the log by an `fsync` instead of written out first.
+        let copyable = self.may_copy_blocks_of(&now);
         for (blkid, within, source) in super::block_pieces(offset, data, block) {
             let chunk = source.len();
             // Merged into the newest version, or the parts of a new one.
@@ -436,7 +580,8 @@ impl Filesystem {
                 .flatten()
                 .filter(|lent| (lent.as_ptr() as usize).is_multiple_of(LENT_ALIGN_BYTES));
             if let Some(lent) = lent {
-                numbers.push((blkid, self.hold_version(pool, ino, blkid, lent, None)));
+                let number = self.hold_version(pool, ino, blkid, lent, None, copyable);
+                numbers.push((blkid, number));
                 continue;
             }
             let (mut bytes, mut parts) = match self.behind.lookup(ino, blkid) {
@@ -450,7 +595,8 @@ impl Filesystem {
             }
             let parts = parts.filter(|parts| parts.len() != 1 || parts[0] != (0..block as usize));
             let bytes = BufSlice::whole(bytes.into_shared());
-            numbers.push((blkid, self.hold_version(pool, ino, blkid, bytes, parts)));
+            let number = self.hold_version(pool, ino, blkid, bytes, parts, copyable);
+            numbers.push((blkid, number));
         }
         {
             let mut dnode = object.dnode.borrow_mut();
@@ -649,6 +795,7 @@ impl Filesystem {
             0,
             BufSlice::whole(bytes.into_shared()),
             None,
+            false,
         );
         object.dirty.set(true);
         self.count(|stats| {
@@ -683,9 +830,19 @@ impl Filesystem {
         Ok(())
     }
 
+    /// Whether whole blocks held of a file shaped as `dnode` may be copied
+    /// into the intent log: its blocks are its records (its one block will
+    /// not grow: a copy of a smaller block would not fit the file replay
+    /// finds), and small enough to copy.
+    fn may_copy_blocks_of(&self, dnode: &crate::format::Dnode) -> bool {
+        (dnode.levels > 1 || dnode.data_block_shift >= self.record_shift.get())
+            && dnode.data_block_bytes() <= COPY_BLOCK_BYTES_MAX
+    }
+
     /// Makes `bytes` the newest version of block `blkid` of `ino` (the
     /// caller holds the block's lock); returns its number, counted in
-    /// flight for a write-out.
+    /// flight for a write-out. `copyable`: a whole version may be copied
+    /// into the log ([`Filesystem::may_copy_blocks_of`]).
     fn hold_version(
         &self,
         pool: &Pool,
@@ -693,6 +850,7 @@ impl Filesystem {
         blkid: u64,
         bytes: BufSlice,
         parts: Option<Parts>,
+        copyable: bool,
     ) -> u64 {
         let behind = &self.behind;
         let number = behind.next.get();
@@ -704,8 +862,9 @@ impl Filesystem {
         // `PAYLOAD_APART_BYTES_MAX` of the FUSE front end.
         let memory = bytes.len() as u64;
         let reserved = pool.held_space_bytes(memory);
+        let key = (ino, blkid);
         let mut blocks = behind.blocks.borrow_mut();
-        let version = blocks.entry((ino, blkid)).or_insert(Version {
+        let version = blocks.entry(key).or_insert(Version {
             bytes: bytes.clone(),
             parts: None,
             number,
@@ -713,11 +872,22 @@ impl Filesystem {
             writing: false,
             memory: 0,
             reserved: 0,
+            copies: Vec::new(),
+            linked: None,
+            pending: Pending::Done,
         });
+        // Counted off with the bytes it had, on with the new ones.
+        behind.set_pending(key, version, Pending::Done);
+        let pending = if copyable && parts.is_none() {
+            Pending::Copyable
+        } else {
+            Pending::Uncopyable
+        };
         version.bytes = bytes;
         version.parts = parts;
         version.number = number;
         version.tails += 1;
+        behind.set_pending(key, version, pending);
         // A version replaced gives its memory back at once; its space is
         // counted once per block.
         pool.replace_held((version.memory, version.reserved), (memory, reserved));
@@ -745,7 +915,9 @@ impl Filesystem {
             let mut busy = Vec::new();
             for &(blkid, number) in batch {
                 match self.claim(object, blkid, number) {
-                    Claim::Replaced => self.end_write_out(pool, object, blkid, number, false, None),
+                    Claim::Replaced => {
+                        self.end_write_out(pool, object, blkid, number, false, None, false)
+                    }
                     Claim::Claimed(held) => ready.push((blkid, number, held)),
                     Claim::Busy => busy.push((blkid, number)),
                 }
@@ -786,7 +958,7 @@ impl Filesystem {
             let changed = self.behind.changed.notified();
             match self.claim(object, blkid, number) {
                 Claim::Replaced => {
-                    return self.end_write_out(pool, object, blkid, number, false, None)
+                    return self.end_write_out(pool, object, blkid, number, false, None, false)
                 }
                 Claim::Claimed(held) => {
                     return self
@@ -865,49 +1037,107 @@ impl Filesystem {
             links.push(async move {
                 let linked = match step {
                     Ok(Some((pointer, bytes))) => {
-                        self.link_written_behind(pool, object, blkid, pointer, size, &bytes)
-                            .await
+                        self.link_written_behind(
+                            pool,
+                            object,
+                            (blkid, number),
+                            pointer,
+                            size,
+                            &bytes,
+                        )
+                        .await
                     }
-                    Ok(None) => Ok(()),
+                    Ok(None) => Ok(false),
                     Err(error) => Err(error),
                 };
                 (blkid, number, linked)
             });
         }
         debug_assert!(written.next().is_none(), "every block written is linked");
+        let mut again = Vec::new();
         for (blkid, number, linked) in futures_util::future::join_all(links).await {
-            self.end_write_out(pool, object, blkid, number, true, linked.err());
+            match linked {
+                Ok(copied) => self.end_write_out(pool, object, blkid, number, true, None, copied),
+                // This version or an older one was copied into the log and
+                // answered as durable: the write-out is tried again (as a
+                // volume's write-back retries), keeping the filesystem's
+                // lock shared, unless the filesystem is gone.
+                Err(error)
+                    if self.behind.copy_is_newer((object.id, blkid)) && !self.is_retired() =>
+                {
+                    eprintln!(
+                        "ironpool: {}: writing block {blkid} of object {} (in the intent log): {error}; trying again",
+                        self.name(),
+                        object.id
+                    );
+                    self.count(|stats| stats.behind_failures += 1);
+                    self.behind.failing.set(true);
+                    if let Some(version) =
+                        self.behind.blocks.borrow_mut().get_mut(&(object.id, blkid))
+                    {
+                        version.writing = false;
+                    }
+                    again.push((blkid, number));
+                }
+                Err(error) => {
+                    self.end_write_out(pool, object, blkid, number, true, Some(error), false)
+                }
+            }
         }
+        if again.is_empty() {
+            return;
+        }
+        rt::sleep(crate::pool::volume::writeback::WRITEBACK_RETRY_DELAY).await;
+        let retries = again.into_iter().map(
+            |(blkid, number)| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
+                Box::pin(self.write_out_block(pool, object, blkid, number))
+            },
+        );
+        futures_util::future::join_all(retries).await;
     }
 
-    /// Links block `blkid` of `object`, written at `size` from `bytes`,
-    /// noted for the log, unless the file's block size changed meanwhile.
+    /// Links version `number` of block `blkid` of `object`, written at
+    /// `size` from `bytes`, unless the file's block size changed
+    /// meanwhile. The commits holding copies of it or of older versions
+    /// are told; a version not copied is noted for the next commit.
+    /// Returns whether it was copied.
     async fn link_written_behind(
         &self,
         pool: &Rc<Pool>,
         object: &Rc<Object>,
-        blkid: u64,
+        (blkid, number): (u64, u64),
         pointer: BlockPointer,
         size: u64,
         bytes: &[u8],
-    ) -> Result<(), FsError> {
+    ) -> Result<bool, FsError> {
         let Some(linked) = self
             .link_block_of_size(pool, object, blkid, pointer, size)
             .await?
         else {
             self.count(|stats| stats.behind_superseded += 1);
-            return Ok(());
+            return Ok(false);
         };
-        let copy = self.settings.get().log_bias == LogBias::Latency;
-        self.log
-            .note_written(object.id, blkid, &linked, copy.then_some(bytes));
+        // No await since the link: it is of the open txg.
+        let txg = pool.txg.open();
+        let (resolved, copied) = self.behind.note_version_linked((object.id, blkid), number);
+        self.log.resolve_copies(&resolved, txg);
+        self.log.note_version_linked(object.id, blkid, number, txg);
+        if !copied {
+            self.log.note_linked(object.id, blkid, txg);
+            let copy = self.settings.get().log_bias == LogBias::Latency;
+            self.log
+                .note_written(object.id, blkid, &linked, copy.then_some(bytes));
+        }
         self.behind.wrote_through();
-        Ok(())
+        Ok(copied)
     }
 
     /// Ends version `number`'s write-out of block `blkid` (`wrote`: it was
     /// the block's write-out in progress), with its failure if any: the
-    /// block's version goes once no write-out refers to it.
+    /// block's version goes once no write-out refers to it. `copied`: the
+    /// version linked was copied into the log, so the answer it gave was
+    /// durable already.
+    #[allow(clippy::too_many_arguments)]
     fn end_write_out(
         &self,
         pool: &Pool,
@@ -916,6 +1146,7 @@ impl Filesystem {
         number: u64,
         wrote: bool,
         failed: Option<FsError>,
+        copied: bool,
     ) {
         let behind = &self.behind;
         {
@@ -946,6 +1177,15 @@ impl Filesystem {
                 }
             }
             if version.tails == 0 {
+                // Every copy of it is told by now: a version copied is
+                // linked or tried again, never dropped.
+                assert!(
+                    version.copies.is_empty() || self.is_retired(),
+                    "{} object {} block {blkid}: held bytes copied into the log dropped unlinked",
+                    self.name(),
+                    object.id
+                );
+                behind.set_pending((object.id, blkid), version, Pending::Done);
                 let (memory, reserved) = (version.memory, version.reserved);
                 blocks.remove(&(object.id, blkid));
                 pool.release_dirty(memory, reserved);
@@ -953,8 +1193,10 @@ impl Filesystem {
         }
         behind.in_flight.borrow_mut().remove(&number);
         // Answered before its blocks were linked (and noted): the next
-        // `fsync` must commit them.
-        self.log.note_answer_unsure();
+        // `fsync` must commit them (unless its bytes were in the log).
+        if !copied {
+            self.log.note_answer_unsure();
+        }
         behind.changed.notify_all();
     }
 
@@ -987,6 +1229,42 @@ impl Filesystem {
     /// with Some) is linked or has failed.
     pub async fn settle_writes(&self, ino: Option<u64>) {
         self.behind.settle(ino).await;
+    }
+
+    /// Whether a commit of this filesystem's log may copy held blocks at
+    /// all: `logbias=latency`, and a log that carries bytes (an encrypted
+    /// filesystem's carries pointers only: a copy would be plaintext).
+    pub(in crate::pool) fn copies_held_blocks(&self) -> bool {
+        self.settings.get().log_bias == LogBias::Latency
+            && !self.log.pointers_only()
+            && !self.snapshot
+    }
+
+    /// Whether a commit now would copy every version held that is neither
+    /// in the log nor in the tree: all of them whole blocks it may copy,
+    /// within [`COPY_BYTES_PER_COMMIT_MAX`] together (as a volume's FLUSH
+    /// copies its held blocks). Otherwise an `fsync` has them written out
+    /// and linked first.
+    pub(in crate::pool) fn copy_fits(&self) -> bool {
+        self.copies_held_blocks()
+            && self.behind.uncopyable.get() == 0
+            && self.behind.copyable_bytes.get() <= COPY_BYTES_PER_COMMIT_MAX
+    }
+
+    /// [`WrittenBehind::take_copies`]: the held versions commit `commit`
+    /// copies (the caller found they fit, [`Filesystem::copy_fits`]).
+    pub(in crate::pool) fn take_held_copies(&self, commit: u64) -> Vec<HeldCopy> {
+        self.behind.take_copies(commit)
+    }
+
+    /// [`WrittenBehind::give_back_copies`].
+    pub(in crate::pool) fn give_back_held_copies(&self, commit: u64, copies: &[HeldCopy]) {
+        self.behind.give_back_copies(commit, copies);
+    }
+
+    /// [`WrittenBehind::copy_is_newer`] for block `blkid` of `object`.
+    pub(in crate::pool) fn held_copy_is_newer(&self, object: u64, blkid: u64) -> bool {
+        self.behind.copy_is_newer((object, blkid))
     }
 
     /// Blocks whose newest version is in memory, not yet linked.

@@ -810,7 +810,8 @@ impl Filesystem {
     /// unless the file's block size is no longer `size` when the link can
     /// be made (its one block grew in memory meanwhile, see `behind.rs`):
     /// then the block is let go and None returned. No await from the check
-    /// to the link.
+    /// to the link. Not noted for the log: the caller, a held version's
+    /// write-out, notes it.
     pub(super) async fn link_block_of_size(
         &self,
         pool: &Rc<Pool>,
@@ -824,15 +825,32 @@ impl Filesystem {
             release_unlinked(pool, &pointer);
             return Ok(None);
         }
-        self.link_cached(pool, object, blkid, pointer).map(Some)
+        self.link_cached_noting(pool, object, blkid, pointer, false)
+            .map(Some)
     }
 
+    /// Links `pointer` as block `blkid` of `object` in the open txg (the
+    /// caller read the tree's path to it), noted for the log.
     pub(super) fn link_cached(
         &self,
         pool: &Rc<Pool>,
         object: &Rc<Object>,
         blkid: u64,
+        pointer: BlockPointer,
+    ) -> Result<BlockPointer, FsError> {
+        self.link_cached_noting(pool, object, blkid, pointer, true)
+    }
+
+    /// [`Filesystem::link_cached`]; `note`: noted for the log (a held
+    /// version's link is noted by its write-out, which knows whether a
+    /// commit copied it).
+    fn link_cached_noting(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
         mut pointer: BlockPointer,
+        note: bool,
     ) -> Result<BlockPointer, FsError> {
         // A file's blocks are all of its block size: a block of another
         // size would be read back short or long after a txg wrote it.
@@ -852,8 +870,11 @@ impl Filesystem {
         }
         crate::pool::data::link(pool, &self.objects, object, &self.table, blkid, pointer)?;
         // An xattr object's block is logged as its owner's whole list.
-        if object.object_type() != ObjectType::FsXattr {
+        if note && object.object_type() != ObjectType::FsXattr {
             self.log.note_linked(object.id, blkid, txg);
+            // Newer than any copy of the block's held bytes in the log (a
+            // write through waits for them to be linked first).
+            self.log.note_superseded(object.id, blkid, txg);
         }
         Ok(pointer)
     }

@@ -925,7 +925,7 @@ impl Pool {
             if let Some(forgotten) = self.forget_dirty(volume, blkid) {
                 let txg = self.txg.open();
                 volume.log.resolve_copies(&forgotten.log_commits, txg);
-                volume.log.note_superseded(blkid, txg);
+                volume.log.note_superseded(volume.object.id, blkid, txg);
                 if !forgotten.log_commits.is_empty() {
                     volume.log.note_linked(volume.object.id, blkid, txg);
                 }
@@ -951,7 +951,9 @@ impl Pool {
                 .resolve_copies(&forgotten.log_commits, pointer.birth_txg);
         }
         if !logged {
-            volume.log.note_superseded(blkid, pointer.birth_txg);
+            volume
+                .log
+                .note_superseded(volume.object.id, blkid, pointer.birth_txg);
             volume
                 .log
                 .note_linked(volume.object.id, blkid, pointer.birth_txg);

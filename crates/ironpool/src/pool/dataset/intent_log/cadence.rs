@@ -90,6 +90,13 @@ impl IntentLog {
         cadence.streak >= LOG_AHEAD_STREAK && cadence.writes_since_flush == 1
     }
 
+    /// Whether the client flushes after every write, and no write came
+    /// since its last FLUSH: the write arriving now will be flushed alone.
+    pub(crate) fn flushes_after_each_write(&self) -> bool {
+        let cadence = self.cadence.get();
+        cadence.streak >= LOG_AHEAD_STREAK && cadence.writes_since_flush == 0
+    }
+
     /// Whether the client has flushed often lately ([`LOG_AHEAD_STREAK`]
     /// times in a row, after every single write or at most `gap_max`
     /// writes apart) and has not stopped (no more writes since its last

@@ -62,16 +62,22 @@ impl IntentLog {
         }
     }
 
-    /// Notes that commit `commit` copies the held blocks `blkids` (a
-    /// volume's): each is its live copy until written in place, and the
-    /// commit's blocks are kept until they are linked.
-    pub(in crate::pool) fn note_copies(&self, commit: u64, blkids: impl IntoIterator<Item = u64>) {
+    /// Notes that commit `commit` copies the held blocks `copies`, as
+    /// ((object, block number), version): each is its block's live copy
+    /// until a newer change is linked, and the commit's blocks are kept
+    /// until they are linked.
+    pub(in crate::pool) fn note_copies(
+        &self,
+        commit: u64,
+        copies: impl IntoIterator<Item = ((u64, u64), u64)>,
+    ) {
         let mut state = self.state.borrow_mut();
-        let mut copies = 0;
-        for blkid in blkids {
-            state.live_copies.insert(blkid, commit);
-            copies += 1;
+        let mut count = 0;
+        for (key, version) in copies {
+            state.live_copies.insert(key, (commit, version));
+            count += 1;
         }
+        let copies = count;
         if let Some(wait) = state.commits.get_mut(&commit) {
             wait.copies_pending += copies;
         }
@@ -231,5 +237,35 @@ impl IntentLog {
     /// Counts into the log's statistics (`iostat --json`).
     pub(in crate::pool) fn count(&self, change: impl FnOnce(&mut LogStats)) {
         change(&mut self.state.borrow_mut().stats);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A link of a file's held version cancels the live copy of its block
+    /// only when that copy holds an older version: a copy of the version
+    /// linked holds the tree's bytes, and a copy of a newer one holds bytes
+    /// the tree does not have yet (replay must apply it). Any other link
+    /// (a write through) cancels it.
+    #[test]
+    fn a_link_cancels_only_copies_of_older_versions() {
+        let log = IntentLog::default();
+        let commit = log.open_commit();
+        log.note_copies(commit, [((7, 3), 5), ((7, 4), 5)]);
+        log.note_version_linked(7, 3, 5, 10);
+        log.note_version_linked(7, 4, 4, 10);
+        assert!(log.state.borrow().pending_cancels.is_empty());
+        log.note_version_linked(7, 4, 6, 11);
+        log.note_superseded(7, 3, 12);
+        // Each copy is cancelled once, from the txg of the link.
+        log.note_superseded(7, 4, 13);
+        assert_eq!(
+            log.state.borrow().pending_cancels,
+            vec![(11, commit, (7, 4)), (12, commit, (7, 3))]
+        );
+        // The commit is told of both links before its blocks can go.
+        assert_eq!(log.state.borrow().commits[&commit].copies_pending, 2);
     }
 }

@@ -194,6 +194,9 @@ pub struct LogStats {
     /// written in place later), a filesystem's small writes (already in
     /// place, their devices not flushed for the commit).
     pub copied_blocks: u64,
+    /// Of `copied_blocks`, a filesystem's held blocks: copied before they
+    /// were written in place (as a volume's), not after.
+    pub held_copies: u64,
     /// Microseconds the last commit took (write and flush).
     pub last_commit_us: u64,
     /// Commits that first waited for more callers to share them (group
@@ -276,16 +279,18 @@ struct LogState {
     failed_commits: u64,
     /// What each commit with blocks in `written` waits for.
     commits: rustc_hash::FxHashMap<u64, CommitWait>,
-    /// Blocks whose bytes a commit copied (the newest such commit), from the
-    /// moment the copy is taken. A newer change linked since cancels the
-    /// copy.
-    live_copies: rustc_hash::FxHashMap<u64, u64>,
+    /// Blocks, by (object, block number), whose bytes a commit copied: the
+    /// newest such commit, and the version of the block it copied (a
+    /// file's held versions are numbered; a volume's copies are 0), from
+    /// the moment the copy is taken. A newer change linked since cancels
+    /// the copy.
+    live_copies: rustc_hash::FxHashMap<(u64, u64), (u64, u64)>,
     /// Copies cancelled by a change linked in a txg not yet built: (txg,
-    /// commit, block number).
-    pending_cancels: Vec<(u64, u64, u64)>,
+    /// commit, (object, block number)).
+    pending_cancels: Vec<(u64, u64, (u64, u64))>,
     /// Copies cancelled in the head (what the directory holds), while their
-    /// log blocks are in the chain.
-    cancelled: Vec<(u64, u64)>,
+    /// log blocks are in the chain: (commit, (object, block number)).
+    cancelled: Vec<(u64, (u64, u64))>,
     /// The number of the next commit.
     next_commit: u64,
     /// Commits started (log or txg), counted as each takes the lock: a
@@ -371,7 +376,7 @@ impl LogState {
             self.commits.remove(commit);
         }
         self.live_copies
-            .retain(|_, copied_in| !commits.contains(copied_in));
+            .retain(|_, (copied_in, _)| !commits.contains(copied_in));
         self.pending_cancels
             .retain(|(_, copied_in, _)| !commits.contains(copied_in));
         let cancelled = self.cancelled.len();
@@ -738,6 +743,12 @@ impl IntentLog {
         self.pointers_only.set(true);
     }
 
+    /// Whether this log carries block pointers, holes, sizes and times only
+    /// (an encrypted filesystem's: a copy of bytes would be plaintext).
+    pub(crate) fn pointers_only(&self) -> bool {
+        self.pointers_only.get()
+    }
+
     /// Notes that block `blkid` of `object` was linked in txg `txg`.
     pub(crate) fn note_linked(&self, object: u64, blkid: u64, txg: u64) {
         let mut state = self.state.borrow_mut();
@@ -900,13 +911,28 @@ impl IntentLog {
             .sum();
     }
 
-    /// Block `blkid` got bytes newer than its copy in the log (if it has
-    /// one), linked in txg `txg`: once that txg is durable, replay must not
-    /// apply the copy (the txg's directory says so).
-    pub(crate) fn note_superseded(&self, blkid: u64, txg: u64) {
+    /// Block `blkid` of `object` got bytes newer than its copy in the log
+    /// (if it has one), linked in txg `txg`: once that txg is durable,
+    /// replay must not apply the copy (the txg's directory says so).
+    pub(crate) fn note_superseded(&self, object: u64, blkid: u64, txg: u64) {
         let mut state = self.state.borrow_mut();
-        if let Some(commit) = state.live_copies.remove(&blkid) {
-            state.pending_cancels.push((txg, commit, blkid));
+        if let Some((commit, _)) = state.live_copies.remove(&(object, blkid)) {
+            state.pending_cancels.push((txg, commit, (object, blkid)));
+        }
+    }
+
+    /// Version `version` of a file's held block `blkid` of `object` was
+    /// linked in txg `txg`: a copy of an older version is superseded (as
+    /// [`IntentLog::note_superseded`]), a copy of this version or a newer
+    /// one stays live (the newer one's bytes are not in the tree yet).
+    pub(crate) fn note_version_linked(&self, object: u64, blkid: u64, version: u64, txg: u64) {
+        let mut state = self.state.borrow_mut();
+        let key = (object, blkid);
+        if let Some(&(commit, copied)) = state.live_copies.get(&key) {
+            if copied < version {
+                state.live_copies.remove(&key);
+                state.pending_cancels.push((txg, commit, key));
+            }
         }
     }
 }
@@ -965,11 +991,11 @@ pub(in crate::pool) fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
     // Copies superseded by changes this txg holds are cancelled in it.
     let before = state.cancelled.len();
     let mut later = Vec::new();
-    for (linked_txg, commit, blkid) in state.pending_cancels.drain(..) {
+    for (linked_txg, commit, key) in state.pending_cancels.drain(..) {
         if linked_txg <= txg {
-            state.cancelled.push((commit, blkid));
+            state.cancelled.push((commit, key));
         } else {
-            later.push((linked_txg, commit, blkid));
+            later.push((linked_txg, commit, key));
         }
     }
     state.pending_cancels = later;
@@ -1016,9 +1042,29 @@ pub(in crate::pool) fn build_step_of(pool: &Pool, owner: Owner, txg: u64) {
         (None, None, None) => None,
     };
     let guid = state.chain_guid;
-    let cancelled = state.cancelled.clone();
+    // A volume's copies are all of its one object; a filesystem's name
+    // theirs.
+    let (cancelled, cancelled_blocks) = match owner {
+        Owner::Volume(_) => (
+            state
+                .cancelled
+                .iter()
+                .map(|(commit, (_, blkid))| (*commit, *blkid))
+                .collect(),
+            Vec::new(),
+        ),
+        Owner::Filesystem(_) => (
+            Vec::new(),
+            state
+                .cancelled
+                .iter()
+                .map(|(commit, (object, blkid))| (*commit, *object, *blkid))
+                .collect(),
+        ),
+    };
     let head = head.map(|(seq, pointer)| LogHead {
         cancelled,
+        cancelled_blocks,
         ..LogHead::at(guid, seq, pointer)
     });
     pool.set_log_head(owner, head);

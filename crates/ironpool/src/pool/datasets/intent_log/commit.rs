@@ -426,11 +426,13 @@ impl Pool {
         let Some((permit, number)) = fs.log.try_begin_commit(in_flight_max) else {
             return;
         };
-        if let Ok(true) = self
-            .fs_log_shared(fs, &mut Some(permit), Commit::Ahead)
+        // A write held is copied, as an `fsync`'s commit would.
+        let copy = fs.copy_fits();
+        if let Ok(FsLogged::Durable) = self
+            .fs_log_shared(fs, &mut Some(permit), Commit::Ahead, copy)
             .await
         {
-            fs.log.covered(number, false);
+            fs.log.covered(number, copy);
         }
     }
 
@@ -454,8 +456,11 @@ impl Pool {
         // counted (a write written behind: once linked, below): this commit
         // covers them all.
         let answered = fs.log.answers_so_far();
-        // Writes answered before this are linked (and noted) first.
-        fs.settle_writes(None).await;
+        // Writes held are copied into the commit when they fit (as a
+        // volume's FLUSH copies its held blocks); otherwise those answered
+        // before this are linked (and noted) first, before the lock, so
+        // that `fsync`s waiting for them wait together.
+        let mut copy = fs.copy_fits();
         let (wait_percent, in_flight_max) = {
             let tunables = self.tunables.borrow();
             (
@@ -463,34 +468,66 @@ impl Pool {
                 tunables.log_commits_in_flight,
             )
         };
-        let Some((permit, number)) = fs
-            .log
-            .begin_commit(false, wait_percent, in_flight_max)
-            .await
-        else {
+        loop {
+            let (permit, number) = loop {
+                if !copy {
+                    fs.settle_writes(None).await;
+                }
+                let Some((permit, number)) =
+                    fs.log.begin_commit(copy, wait_percent, in_flight_max).await
+                else {
+                    fs.log.note_answers_durable(answered);
+                    return Ok(());
+                };
+                if copy && !fs.copy_fits() {
+                    // More was held while this caller waited for the lock
+                    // than a commit copies: written out after the lock is
+                    // let go.
+                    drop(permit);
+                    copy = false;
+                    continue;
+                }
+                break (permit, number);
+            };
+            self.txg.ensure_writable()?;
+            // Kept through a txg that commits instead (unless the log write
+            // let it go): `fsync`s arriving meanwhile share that txg rather
+            // than each finding the chain unusable and committing its own.
+            let mut lock = Some(permit);
+            match self
+                .fs_log_shared(fs, &mut lock, Commit::Asked, copy)
+                .await?
+            {
+                FsLogged::Durable => {}
+                FsLogged::CopyDoesNotFit => {
+                    // As above, found once the filesystem's lock was had.
+                    drop(lock);
+                    copy = false;
+                    continue;
+                }
+                FsLogged::Instead => {
+                    fs.log.count(|stats| stats.txg_fallbacks += 1);
+                    if copy {
+                        // What it would have copied is written out and
+                        // linked for the txg.
+                        fs.settle_writes(None).await;
+                    }
+                    self.commit_linked().await?;
+                }
+            }
+            drop(lock);
+            fs.log.covered(number, copy);
             fs.log.note_answers_durable(answered);
             return Ok(());
-        };
-        self.txg.ensure_writable()?;
-        // Kept through a txg that commits instead (unless the log write
-        // let it go): `fsync`s arriving meanwhile share that txg rather
-        // than each finding the chain unusable and committing its own.
-        let mut lock = Some(permit);
-        if !self.fs_log_shared(fs, &mut lock, Commit::Asked).await? {
-            fs.log.count(|stats| stats.txg_fallbacks += 1);
-            self.commit_linked().await?;
         }
-        drop(lock);
-        fs.log.covered(number, false);
-        fs.log.note_answers_durable(answered);
-        Ok(())
     }
 
     /// [`Pool::fs_log_write`] under the filesystem's lock taken shared, so
     /// that no change of names or attributes runs meanwhile and a rollback,
-    /// destroy or receive waits for the log write to end; false, logging
-    /// nothing, when the filesystem was retired (destroyed, rolled back or
-    /// received over) before the lock was had.
+    /// destroy or receive waits for the log write to end;
+    /// [`FsLogged::Instead`], logging nothing, when the filesystem was
+    /// retired (destroyed, rolled back or received over) before the lock
+    /// was had.
     /// `lock` holds the commit lock, taken out and let go once the
     /// commit's place in the chain is reserved (or while it waits for
     /// commits in flight).
@@ -499,16 +536,18 @@ impl Pool {
         fs: &Filesystem,
         lock: &mut Option<crate::rt::sync::Permit>,
         kind: Commit,
-    ) -> Result<bool, PoolError> {
+        copy: bool,
+    ) -> Result<FsLogged, PoolError> {
         let _shared = fs.shared().await;
         if fs.is_retired() {
-            return Ok(false);
+            return Ok(FsLogged::Instead);
         }
-        self.fs_log_write(fs, lock, kind).await
+        self.fs_log_write(fs, lock, kind, copy).await
     }
 
-    /// Writes the changes of `fs` not yet logged into its chain. False when
-    /// they must go through a txg instead: no usable chain yet, a change the
+    /// Writes the changes of `fs` not yet logged into its chain (with
+    /// `copy`, copies of what is held). [`FsLogged::Instead`] when they
+    /// must go through a txg instead: no usable chain yet, a change the
     /// log does not carry since the last durable txg, a file's block size
     /// changed or a file freed while the pointers were read, or a failed log
     /// write, or a commit in flight before it that failed.
@@ -522,21 +561,37 @@ impl Pool {
         fs: &Filesystem,
         lock: &mut Option<crate::rt::sync::Permit>,
         kind: Commit,
-    ) -> Result<bool, PoolError> {
+        copy: bool,
+    ) -> Result<FsLogged, PoolError> {
         let owner = Owner::Filesystem(fs);
         let log = &fs.log;
         let unloggable = log.unloggable_after(self.txg.durable());
         if !self.chain_usable(owner) || unloggable {
-            return Ok(false);
+            return Ok(FsLogged::Instead);
+        }
+        if copy && !fs.copy_fits() {
+            return Ok(FsLogged::CopyDoesNotFit);
         }
         let started = crate::rt::now();
         let commit = owner.log().open_commit();
         let durable = self.txg.durable();
         log.forget_durable(durable);
         let (unlogged, mut taken, reshapes) = log.take_file_changes();
+        // The held versions, copied with no await since the check above:
+        // each is this commit's live copy of its block until a newer
+        // change is linked, and its write-out tells the commit once linked.
+        let copies = match copy {
+            true => fs.take_held_copies(commit),
+            false => Vec::new(),
+        };
+        log.note_copies(
+            commit,
+            copies.iter().map(|(key, number, _)| (*key, *number)),
+        );
         let give_back = |unlogged: &[(u64, u64, u64)], taken| {
             log.requeue_unlogged(unlogged);
             log.requeue_file_changes(taken);
+            fs.give_back_held_copies(commit, &copies);
             log.drop_commit(commit);
         };
         // Objects first, then names (which may name them), then extended
@@ -595,6 +650,12 @@ impl Pool {
                     return Err(error.into());
                 }
             };
+            // A copy of newer bytes is in the chain (this commit's or an
+            // earlier one's) and the tree's pointer is older: its record
+            // would follow the copy and undo it at replay.
+            if fs.held_copy_is_newer(object, blkid) {
+                continue;
+            }
             let Some(record) = block_record(object, blkid, linked_txg, pointer, self.txg.durable())
             else {
                 continue;
@@ -609,6 +670,18 @@ impl Pool {
             records.push(record);
         }
         copy_where_it_spares_a_flush(&mut records, &copyable, &taken.small_writes);
+        // Held bytes after the pointers: newer than whatever the tree held
+        // when they were taken (replay takes a block's last record).
+        let held_copies = copies.len() as u64;
+        records.extend(
+            copies
+                .iter()
+                .map(|((object, blkid), _, data)| LogRecord::Copy {
+                    object: *object,
+                    blkid: *blkid,
+                    data: data.to_vec(),
+                }),
+        );
         let mut files: Vec<(&u64, &FileAttr)> = taken.attrs.iter().collect();
         files.sort_unstable_by_key(|(object, _)| **object);
         for (object, attr) in files {
@@ -630,23 +703,27 @@ impl Pool {
         let changed = log.moved_since(reshapes, self.txg.durable());
         if changed {
             give_back(&unlogged, taken);
-            return Ok(false);
+            return Ok(FsLogged::Instead);
         }
-        let copied = records
-            .iter()
-            .filter(|record| matches!(record, LogRecord::Written { .. }))
-            .count() as u64;
+        let copied = held_copies
+            + records
+                .iter()
+                .filter(|record| matches!(record, LogRecord::Written { .. }))
+                .count() as u64;
         let finished = self
             .finish_commit(owner, lock, kind, commit, records, max_txg, copied, started)
             .await;
         match finished {
-            Finished::Durable => Ok(true),
-            Finished::NotCarried => Ok(false),
+            Finished::Durable => {
+                log.count(|stats| stats.held_copies += held_copies);
+                Ok(FsLogged::Durable)
+            }
+            Finished::NotCarried => Ok(FsLogged::Instead),
             Finished::WriteFailed => {
                 // (A write that failed abandoned the chain, which forgets
                 // this commit with the rest.)
                 give_back(&unlogged, std::mem::take(&mut taken));
-                Ok(false)
+                Ok(FsLogged::Instead)
             }
         }
     }
@@ -682,9 +759,11 @@ impl Pool {
                 copies.push((blkid, data));
             }
         }
-        volume
-            .log
-            .note_copies(commit, copies.iter().map(|(blkid, _)| *blkid));
+        let object = volume.object.id;
+        volume.log.note_copies(
+            commit,
+            copies.iter().map(|(blkid, _)| ((object, *blkid), 0)),
+        );
         copies
     }
 
@@ -938,6 +1017,9 @@ impl Pool {
         fs: &Rc<Filesystem>,
     ) -> Result<(), PoolError> {
         let _commit = fs.log.quiesce().await;
+        // Held writes copied into the chain are linked first, so that the
+        // txg makes them durable before the chain goes.
+        fs.settle_writes(None).await;
         let _shared = fs.shared().await;
         self.commit_linked().await?;
         self.abandon_log_chain(Owner::Filesystem(fs));
@@ -996,6 +1078,20 @@ impl Pool {
         self.release_log_blocks_after(txg, blocks);
         self.set_log_head(owner, None);
     }
+}
+
+/// How a filesystem's log write ended ([`Pool::fs_log_write`]).
+enum FsLogged {
+    /// What it gathered, and every commit before it, is durable.
+    Durable,
+    /// It logged nothing and promised nothing: the caller commits a txg
+    /// instead (no usable chain, a change the log does not carry, a failed
+    /// log write, a commit before it that failed).
+    Instead,
+    /// It was to copy what is held, and more was held by the time it had
+    /// the filesystem's lock than a commit copies: the caller lets go of
+    /// the commit lock, has them written out and commits again.
+    CopyDoesNotFit,
 }
 
 /// How the part of a commit both front ends share ended

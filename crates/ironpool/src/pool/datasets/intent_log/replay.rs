@@ -360,6 +360,8 @@ async fn prepare_fs_replay(
         };
         // A commit of a filesystem applies whole or not at all: a write's
         // blocks and the file size it set go together.
+        let cancelled: rustc_hash::FxHashSet<(u64, u64, u64)> =
+            head.cancelled_blocks.iter().copied().collect();
         let records = read_records(pool, &fs.name(), head, durable, true, notes).await;
         // The last record of each object, entry and block decides; one of a
         // durable txg applies nothing (the tree holds it or newer). An
@@ -372,9 +374,15 @@ async fn prepare_fs_replay(
         let mut entries: std::collections::BTreeMap<EntryKey, Option<Option<EntryTarget>>> =
             Default::default();
         let mut xattrs: std::collections::BTreeMap<u64, Option<Vec<u8>>> = Default::default();
-        let mut malformed = 0u64;
-        for (_, record) in records {
+        for (commit, record) in records {
             match record {
+                // A held write's bytes, copied before they were written in
+                // place: they apply unless the head cancels them (a newer
+                // change to the block was linked in a txg that is durable).
+                LogRecord::Copy { object, blkid, .. } => {
+                    let apply = !cancelled.contains(&(commit, object, blkid));
+                    blocks.insert((object, blkid), apply.then_some(record));
+                }
                 LogRecord::Block {
                     object,
                     blkid,
@@ -434,14 +442,7 @@ async fn prepare_fs_replay(
                 LogRecord::Xattrs { object, txg, list } => {
                     xattrs.insert(object, (txg > durable).then_some(list));
                 }
-                LogRecord::Copy { .. } => malformed += 1,
             }
-        }
-        if malformed > 0 {
-            notes.push(format!(
-                "{}: intent log: {malformed} records a filesystem does not write; not replayed",
-                fs.name()
-            ));
         }
         let mut states = Vec::new();
         let mut freed = Vec::new();

@@ -392,18 +392,49 @@ impl WrittenBehind {
 
     /// Gives back the copies commit `commit` took (it will not be
     /// written): the versions still newest and not linked are offered to
-    /// the next commit.
-    pub(in crate::pool) fn give_back_copies(&self, commit: u64, copies: &[HeldCopy]) {
+    /// the next commit. Returns the blocks linked meanwhile whose link was
+    /// not noted for the log because this commit held their copy: the
+    /// caller notes them now.
+    pub(in crate::pool) fn give_back_copies(
+        &self,
+        commit: u64,
+        copies: &[HeldCopy],
+    ) -> Vec<(u64, u64)> {
+        let mut unnoted = Vec::new();
         let mut blocks = self.blocks.borrow_mut();
         for (key, number, _) in copies {
             let Some(version) = blocks.get_mut(key) else {
+                // Linked, and its version gone since.
+                unnoted.push(*key);
                 continue;
             };
+            let before = version.copies.len();
             version.copies.retain(|(copied_in, _)| *copied_in != commit);
+            if version.copies.len() == before {
+                // Its link took this copy as the one that made it durable.
+                unnoted.push(*key);
+            }
             if version.number == *number
                 && version.pending == Pending::Done
                 && version.linked != Some(*number)
             {
+                self.set_pending(*key, version, Pending::Copyable);
+            }
+        }
+        unnoted
+    }
+
+    /// Forgets every copy held versions have in the log (its chain was
+    /// abandoned): the versions not yet linked are offered to the next
+    /// commit, and their links are noted for the log as any other.
+    fn forget_all_copies(&self) {
+        let mut blocks = self.blocks.borrow_mut();
+        for (key, version) in blocks.iter_mut() {
+            if version.copies.is_empty() {
+                continue;
+            }
+            version.copies.clear();
+            if version.pending == Pending::Done && version.linked != Some(version.number) {
                 self.set_pending(*key, version, Pending::Copyable);
             }
         }
@@ -973,14 +1004,78 @@ impl Filesystem {
     /// Writes the claimed versions `ready` (block, number, bytes) of
     /// `object` through the write pipeline as one run, links each (noted
     /// for the log), and ends their write-outs.
+    ///
+    /// A version copied into the log (or newer than one) whose write-out
+    /// fails was answered as durable: it is tried again every
+    /// `WRITEBACK_RETRY_DELAY` until it is linked or the filesystem is
+    /// gone, holding the filesystem's lock shared meanwhile (what OpenZFS's
+    /// `failmode=wait` does with a pool that cannot write).
     async fn write_out_run(
         &self,
         pool: &Rc<Pool>,
         object: &Rc<Object>,
         ready: Vec<(u64, u64, HeldBlock)>,
     ) {
+        let mut results = self.write_and_link(pool, object, ready).await;
+        loop {
+            let mut again = Vec::new();
+            for (blkid, number, linked) in results {
+                match linked {
+                    Ok(copied) => {
+                        self.end_write_out(pool, object, blkid, number, true, None, copied)
+                    }
+                    Err(error)
+                        if self.behind.copy_is_newer((object.id, blkid)) && !self.is_retired() =>
+                    {
+                        eprintln!(
+                            "ironpool: {}: writing block {blkid} of object {} (in the intent log): {error}; trying again",
+                            self.name(),
+                            object.id
+                        );
+                        self.count(|stats| stats.behind_failures += 1);
+                        self.behind.failing.set(true);
+                        if let Some(version) =
+                            self.behind.blocks.borrow_mut().get_mut(&(object.id, blkid))
+                        {
+                            version.writing = false;
+                        }
+                        again.push((blkid, number));
+                    }
+                    Err(error) => {
+                        self.end_write_out(pool, object, blkid, number, true, Some(error), false)
+                    }
+                }
+            }
+            if again.is_empty() {
+                return;
+            }
+            rt::sleep(crate::pool::volume::writeback::WRITEBACK_RETRY_DELAY).await;
+            let mut ready = Vec::with_capacity(again.len());
+            for (blkid, number) in again {
+                match self.claim(object, blkid, number) {
+                    Claim::Claimed(held) => ready.push((blkid, number, held)),
+                    // A newer version's write-out carries it.
+                    Claim::Replaced | Claim::Busy => {
+                        self.end_write_out(pool, object, blkid, number, false, None, false)
+                    }
+                }
+            }
+            results = self.write_and_link(pool, object, ready).await;
+        }
+    }
+
+    /// Writes the claimed versions `ready` (block, number, bytes) of
+    /// `object` as one run and links each: per version, whether it was
+    /// copied into the log ([`Filesystem::link_written_behind`]), or why
+    /// it failed.
+    async fn write_and_link(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        ready: Vec<(u64, u64, HeldBlock)>,
+    ) -> Vec<(u64, u64, Result<bool, FsError>)> {
         if ready.is_empty() {
-            return;
+            return Vec::new();
         }
         // The whole block each stands for (a version of parts is merged
         // over the block in the tree), unless superseded: a one-block file
@@ -1054,46 +1149,7 @@ impl Filesystem {
             });
         }
         debug_assert!(written.next().is_none(), "every block written is linked");
-        let mut again = Vec::new();
-        for (blkid, number, linked) in futures_util::future::join_all(links).await {
-            match linked {
-                Ok(copied) => self.end_write_out(pool, object, blkid, number, true, None, copied),
-                // This version or an older one was copied into the log and
-                // answered as durable: the write-out is tried again (as a
-                // volume's write-back retries), keeping the filesystem's
-                // lock shared, unless the filesystem is gone.
-                Err(error)
-                    if self.behind.copy_is_newer((object.id, blkid)) && !self.is_retired() =>
-                {
-                    eprintln!(
-                        "ironpool: {}: writing block {blkid} of object {} (in the intent log): {error}; trying again",
-                        self.name(),
-                        object.id
-                    );
-                    self.count(|stats| stats.behind_failures += 1);
-                    self.behind.failing.set(true);
-                    if let Some(version) =
-                        self.behind.blocks.borrow_mut().get_mut(&(object.id, blkid))
-                    {
-                        version.writing = false;
-                    }
-                    again.push((blkid, number));
-                }
-                Err(error) => {
-                    self.end_write_out(pool, object, blkid, number, true, Some(error), false)
-                }
-            }
-        }
-        if again.is_empty() {
-            return;
-        }
-        rt::sleep(crate::pool::volume::writeback::WRITEBACK_RETRY_DELAY).await;
-        let retries = again.into_iter().map(
-            |(blkid, number)| -> std::pin::Pin<Box<dyn std::future::Future<Output = ()> + '_>> {
-                Box::pin(self.write_out_block(pool, object, blkid, number))
-            },
-        );
-        futures_util::future::join_all(retries).await;
+        futures_util::future::join_all(links).await
     }
 
     /// Links version `number` of block `blkid` of `object`, written at
@@ -1257,9 +1313,38 @@ impl Filesystem {
         self.behind.take_copies(commit)
     }
 
-    /// [`WrittenBehind::give_back_copies`].
-    pub(in crate::pool) fn give_back_held_copies(&self, commit: u64, copies: &[HeldCopy]) {
-        self.behind.give_back_copies(commit, copies);
+    /// [`WrittenBehind::give_back_copies`]; the links it finds not noted
+    /// are noted for the next commit, in the open txg `txg`.
+    pub(in crate::pool) fn give_back_held_copies(
+        &self,
+        commit: u64,
+        copies: &[HeldCopy],
+        txg: u64,
+    ) {
+        let unnoted = self.behind.give_back_copies(commit, copies);
+        for (object, blkid) in &unnoted {
+            self.log.note_linked(*object, *blkid, txg);
+        }
+        if !unnoted.is_empty() {
+            self.log.note_answer_unsure();
+        }
+    }
+
+    /// Whether a held version has a copy in the log and is not linked yet.
+    pub(in crate::pool) fn held_copies_pending(&self) -> bool {
+        self.behind
+            .blocks
+            .borrow()
+            .values()
+            .any(|version| !version.copies.is_empty())
+    }
+
+    /// The chain of this filesystem's log was abandoned: the held versions
+    /// it held copies of are copied again by the next commit (or written
+    /// out for a txg), and the next `fsync` commits.
+    pub(in crate::pool) fn forget_held_copies(&self) {
+        self.behind.forget_all_copies();
+        self.log.note_answer_unsure();
     }
 
     /// [`WrittenBehind::copy_is_newer`] for block `blkid` of `object`.

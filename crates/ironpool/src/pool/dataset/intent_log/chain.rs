@@ -74,7 +74,11 @@ impl IntentLog {
         let mut state = self.state.borrow_mut();
         let mut count = 0;
         for (key, version) in copies {
-            state.live_copies.insert(key, (commit, version));
+            state
+                .live_copies
+                .entry(key)
+                .or_default()
+                .push((commit, version));
             count += 1;
         }
         let copies = count;
@@ -267,5 +271,23 @@ mod tests {
         );
         // The commit is told of both links before its blocks can go.
         assert_eq!(log.state.borrow().commits[&commit].copies_pending, 2);
+    }
+
+    /// An older copy of a block stays known when a newer commit that
+    /// copied the block is given up (never written): it is the block's
+    /// last record in the chain again, and a newer link must cancel it.
+    #[test]
+    fn a_copy_under_a_commit_given_up_is_still_cancelled() {
+        let log = IntentLog::default();
+        let older = log.open_commit();
+        log.note_copies(older, [((9, 1), 5)]);
+        let newer = log.open_commit();
+        log.note_copies(newer, [((9, 1), 6)]);
+        log.drop_commit(newer);
+        log.note_version_linked(9, 1, 7, 20);
+        assert_eq!(
+            log.state.borrow().pending_cancels,
+            vec![(20, older, (9, 1))]
+        );
     }
 }

@@ -279,12 +279,13 @@ struct LogState {
     failed_commits: u64,
     /// What each commit with blocks in `written` waits for.
     commits: rustc_hash::FxHashMap<u64, CommitWait>,
-    /// Blocks, by (object, block number), whose bytes a commit copied: the
-    /// newest such commit, and the version of the block it copied (a
-    /// file's held versions are numbered; a volume's copies are 0), from
-    /// the moment the copy is taken. A newer change linked since cancels
-    /// the copy.
-    live_copies: rustc_hash::FxHashMap<(u64, u64), (u64, u64)>,
+    /// Blocks, by (object, block number), whose bytes commits copied: each
+    /// such commit, and the version of the block it copied (a file's held
+    /// versions are numbered; a volume's copies are 0), from the moment
+    /// the copy is taken. A newer change linked since cancels the copies
+    /// it supersedes. Every one is kept, not only the newest: a newer
+    /// commit that fails leaves the older copy the block's last record.
+    live_copies: rustc_hash::FxHashMap<(u64, u64), Vec<(u64, u64)>>,
     /// Copies cancelled by a change linked in a txg not yet built: (txg,
     /// commit, (object, block number)).
     pending_cancels: Vec<(u64, u64, (u64, u64))>,
@@ -375,8 +376,10 @@ impl LogState {
         for commit in commits {
             self.commits.remove(commit);
         }
-        self.live_copies
-            .retain(|_, (copied_in, _)| !commits.contains(copied_in));
+        self.live_copies.retain(|_, copies| {
+            copies.retain(|(copied_in, _)| !commits.contains(copied_in));
+            !copies.is_empty()
+        });
         self.pending_cancels
             .retain(|(_, copied_in, _)| !commits.contains(copied_in));
         let cancelled = self.cancelled.len();
@@ -916,8 +919,9 @@ impl IntentLog {
     /// replay must not apply the copy (the txg's directory says so).
     pub(crate) fn note_superseded(&self, object: u64, blkid: u64, txg: u64) {
         let mut state = self.state.borrow_mut();
-        if let Some((commit, _)) = state.live_copies.remove(&(object, blkid)) {
-            state.pending_cancels.push((txg, commit, (object, blkid)));
+        let key = (object, blkid);
+        for (commit, _) in state.live_copies.remove(&key).unwrap_or_default() {
+            state.pending_cancels.push((txg, commit, key));
         }
     }
 
@@ -928,11 +932,22 @@ impl IntentLog {
     pub(crate) fn note_version_linked(&self, object: u64, blkid: u64, version: u64, txg: u64) {
         let mut state = self.state.borrow_mut();
         let key = (object, blkid);
-        if let Some(&(commit, copied)) = state.live_copies.get(&key) {
-            if copied < version {
-                state.live_copies.remove(&key);
-                state.pending_cancels.push((txg, commit, key));
+        let Some(copies) = state.live_copies.get_mut(&key) else {
+            return;
+        };
+        let mut superseded = Vec::new();
+        copies.retain(|&(commit, copied)| {
+            let older = copied < version;
+            if older {
+                superseded.push(commit);
             }
+            !older
+        });
+        if copies.is_empty() {
+            state.live_copies.remove(&key);
+        }
+        for commit in superseded {
+            state.pending_cancels.push((txg, commit, key));
         }
     }
 }

@@ -591,7 +591,7 @@ impl Pool {
         let give_back = |unlogged: &[(u64, u64, u64)], taken| {
             log.requeue_unlogged(unlogged);
             log.requeue_file_changes(taken);
-            fs.give_back_held_copies(commit, &copies);
+            fs.give_back_held_copies(commit, &copies, self.txg.open());
             log.drop_commit(commit);
         };
         // Objects first, then names (which may name them), then extended
@@ -1018,8 +1018,16 @@ impl Pool {
     ) -> Result<(), PoolError> {
         let _commit = fs.log.quiesce().await;
         // Held writes copied into the chain are linked first, so that the
-        // txg makes them durable before the chain goes.
+        // txg makes them durable before the chain goes (a newer version
+        // held after a settle began carries an older one's copy: settled
+        // again; with commits held off no new copy is taken).
         fs.settle_writes(None).await;
+        for _ in 0..SETTLE_ROUNDS_MAX {
+            if !fs.held_copies_pending() || fs.is_retired() {
+                break;
+            }
+            fs.settle_writes(None).await;
+        }
         let _shared = fs.shared().await;
         self.commit_linked().await?;
         self.abandon_log_chain(Owner::Filesystem(fs));
@@ -1075,10 +1083,21 @@ impl Pool {
     pub(crate) fn abandon_log_chain(&self, owner: Owner) {
         let txg = self.txg.open();
         let blocks = owner.log().abandon_chain();
+        if let Owner::Filesystem(fs) = owner {
+            fs.forget_held_copies();
+        }
         self.release_log_blocks_after(txg, blocks);
         self.set_log_head(owner, None);
     }
 }
+
+/// Settles of a filesystem's held writes before its chain moves off a log
+/// device, at most, while a held version still has a copy in the chain:
+/// each settle links what was answered before it, and a version that
+/// replaced a copied one since is linked by the next (one or two suffice;
+/// a writer rewriting one block faster than it is written out is not
+/// waited for past this).
+const SETTLE_ROUNDS_MAX: usize = 8;
 
 /// How a filesystem's log write ended ([`Pool::fs_log_write`]).
 enum FsLogged {

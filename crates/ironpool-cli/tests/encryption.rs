@@ -29,17 +29,36 @@ fn marker_file(pool: &TestPool) -> std::path::PathBuf {
 
 /// How many times the marker is on the pool's device files.
 fn markers_on_devices(pool: &TestPool, devices: &[&str]) -> usize {
+    pattern_on_devices(pool, devices, MARKER)
+}
+
+/// How many times `pattern` is on the pool's device files.
+fn pattern_on_devices(pool: &TestPool, devices: &[&str], pattern: &[u8]) -> usize {
     devices
         .iter()
         .map(|device| {
             let bytes = std::fs::read(pool.path(device)).unwrap();
             bytes
-                .windows(MARKER.len())
-                .step_by(1)
-                .filter(|window| *window == MARKER)
+                .windows(pattern.len())
+                .filter(|window| *window == pattern)
                 .count()
         })
         .sum()
+}
+
+/// The owner and group [`write_secrets`] gives a file: values no other
+/// bytes hold, so that their attributes in the clear (a znode holds the
+/// user then the group, each 4 bytes little-endian) are found on a device.
+const SECRET_UID: u32 = 0x7a3c_915e;
+const SECRET_GID: u32 = 0x5e91_c37a;
+
+/// The bytes of [`SECRET_UID`] and [`SECRET_GID`] as a znode holds them.
+fn secret_owners() -> Vec<u8> {
+    SECRET_UID
+        .to_le_bytes()
+        .into_iter()
+        .chain(SECRET_GID.to_le_bytes())
+        .collect()
 }
 
 /// The first `WRITTEN_BYTES` of an export, read by nbdcopy.
@@ -216,6 +235,11 @@ fn encrypted_volumes_keep_no_plaintext_and_open_only_with_their_key() {
         0,
         "a raw stream holds plaintext"
     );
+    assert_eq!(
+        pattern_on_devices(&pool, &["raw-stream"], &secret_owners()),
+        0,
+        "a raw stream holds a file's owner in the clear"
+    );
     let keylocation = format!("keylocation=file://{}", raw.display());
     receive_ok(&pool, "tank/rawcopy", &raw_stream, &["-o", &keylocation]);
     assert_eq!(pool.property("tank/rawcopy", "encryption").0, "aes-256-gcm");
@@ -323,6 +347,12 @@ fn write_secrets(root: &std::path::Path, pattern: &std::path::Path) {
     let dir = root.join(format!("{name}dir"));
     std::fs::create_dir(&dir).unwrap();
     std::fs::write(dir.join(format!("{name}file")), MARKER.repeat(3)).unwrap();
+    std::os::unix::fs::chown(
+        dir.join(format!("{name}file")),
+        Some(SECRET_UID),
+        Some(SECRET_GID),
+    )
+    .unwrap();
     std::os::unix::fs::symlink(format!("/{name}target"), root.join("link")).unwrap();
     set_xattr(&root.join("big"), "user.note", &MARKER.repeat(2), 0).unwrap();
     for path in [root.join("big"), dir.join(format!("{name}file"))] {
@@ -335,10 +365,11 @@ fn write_secrets(root: &std::path::Path, pattern: &std::path::Path) {
 fn assert_secrets(root: &std::path::Path, pattern: &std::path::Path) {
     let name = String::from_utf8_lossy(MARKER).into_owned();
     assert!(std::fs::read(root.join("big")).unwrap() == std::fs::read(pattern).unwrap());
-    assert_eq!(
-        std::fs::read(root.join(format!("{name}dir/{name}file"))).unwrap(),
-        MARKER.repeat(3)
-    );
+    let file = root.join(format!("{name}dir/{name}file"));
+    assert_eq!(std::fs::read(&file).unwrap(), MARKER.repeat(3));
+    let meta = std::fs::metadata(&file).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!((meta.uid(), meta.gid()), (SECRET_UID, SECRET_GID));
     assert_eq!(
         std::fs::read_link(root.join("link")).unwrap(),
         std::path::PathBuf::from(format!("/{name}target"))
@@ -459,6 +490,11 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
         markers_on_devices(&pool, &["a.img", "b.img"]),
         0,
         "an encrypted filesystem's bytes, names or attributes are on the devices in the clear"
+    );
+    assert_eq!(
+        pattern_on_devices(&pool, &["a.img", "b.img"], &secret_owners()),
+        0,
+        "an encrypted filesystem's file owner is on the devices in the clear"
     );
 
     // Restarted without its key: not mounted, and `mount` says why.
@@ -614,8 +650,9 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
     pool.stop();
 
     // The check looks where plaintext would be: the plaintext copy's
-    // bytes and names are found.
+    // bytes, names and owners are found.
     assert!(markers_on_devices(&pool, &["a.img"]) >= WRITTEN_BYTES / MARKER.len());
+    assert!(pattern_on_devices(&pool, &["a.img"], &secret_owners()) > 0);
 }
 
 /// Bytes the kill -9 test writes over `big`: no marker in them.

@@ -754,6 +754,57 @@ pub fn block_aad(
     aad
 }
 
+/// Seals the attributes of object `object` (of `object_type`, a file,
+/// directory or extended attribute object of an encrypted filesystem), a
+/// znode in the clear in `bonus`, as the dnode stores them
+/// (`format::sealed_bonus`): with a fresh IV, bound to the object.
+pub fn seal_bonus(
+    key: &DatasetKey,
+    object: u64,
+    object_type: crate::format::ObjectType,
+    bonus: &crate::format::dnode::Bonus,
+) -> Result<crate::format::dnode::Bonus, CryptoError> {
+    use crate::format::sealed_bonus::{SealedBonus, SEALED_ZNODE_BYTES};
+    use crate::format::ObjectType;
+    let znode = crate::format::znode::Znode::decode(bonus)
+        .map_err(|_| CryptoError::Malformed("attributes to seal"))?;
+    let mut sealed = SealedBonus {
+        no_names: matches!(object_type, ObjectType::FsFile | ObjectType::FsDirectory)
+            && znode.nlink == 0,
+        owner: if object_type == ObjectType::FsXattr {
+            znode.parent
+        } else {
+            0
+        },
+        crypt: Sealed::default(),
+        ciphertext: [0; SEALED_ZNODE_BYTES],
+    };
+    sealed
+        .ciphertext
+        .copy_from_slice(&bonus.0[..SEALED_ZNODE_BYTES]);
+    let aad = sealed.aad(object, object_type);
+    sealed.crypt = key.seal(&aad, &mut sealed.ciphertext)?;
+    Ok(sealed.encode())
+}
+
+/// Opens the attributes [`seal_bonus`] sealed: the znode in the clear;
+/// [`CryptoError::Authentication`] when they were altered, or belong to
+/// another object.
+pub fn open_bonus(
+    key: &DatasetKey,
+    object: u64,
+    object_type: crate::format::ObjectType,
+    sealed: &crate::format::sealed_bonus::SealedBonus,
+) -> Result<crate::format::dnode::Bonus, CryptoError> {
+    use crate::format::sealed_bonus::SEALED_ZNODE_BYTES;
+    let aad = sealed.aad(object, object_type);
+    let mut bonus = crate::format::dnode::Bonus::default();
+    let plain = &mut bonus.0[..SEALED_ZNODE_BYTES];
+    plain.copy_from_slice(&sealed.ciphertext);
+    key.open(&sealed.crypt, &aad, plain)?;
+    Ok(bonus)
+}
+
 /// The keys loaded in one pool, by key guid: shared by the pool (which
 /// loads and unloads them) and the object sets of encrypted filesystems
 /// (which seal and open their directories' blocks with them at the txg

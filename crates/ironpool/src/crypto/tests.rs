@@ -324,3 +324,72 @@ fn opening_into_another_buffer_matches_opening_in_place() {
         .open_into(&sealed, b"aad", &kept, &mut out[1..])
         .is_err());
 }
+
+/// An object's attributes sealed in its bonus open under their master key,
+/// as that object; moved to another object, to an object of another type,
+/// altered, or with their clear part changed (the flag a raw send reads
+/// without the key, an extended attribute object's owner), they fail.
+#[test]
+fn sealed_attributes_open_only_as_their_object() {
+    use crate::format::sealed_bonus::{is_sealed, SealedBonus};
+    use crate::format::znode::{Znode, S_IFREG};
+    use crate::format::ObjectType;
+    let key = DatasetKey::new(master(Suite::Aes256Gcm, 7));
+    let other = DatasetKey::new(master(Suite::Aes256Gcm, 8));
+    let znode = Znode {
+        mode: S_IFREG | 0o640,
+        uid: 0x7a3c_915e,
+        gid: 0x5e91_c37a,
+        nlink: 0,
+        parent: 12,
+        ..Znode::default()
+    };
+    let clear = znode.encode();
+    let stored = seal_bonus(&key, 40, ObjectType::FsFile, &clear).unwrap();
+    assert!(is_sealed(&stored));
+    assert!(
+        !stored.0.windows(4).any(|w| w == znode.uid.to_le_bytes()),
+        "the owner is in the clear"
+    );
+    let sealed = SealedBonus::decode(&stored).unwrap().unwrap();
+    assert!(
+        sealed.no_names,
+        "a file with no link is flagged so in the clear"
+    );
+    assert_eq!(sealed.owner, 0);
+    assert_eq!(
+        open_bonus(&key, 40, ObjectType::FsFile, &sealed).unwrap(),
+        clear
+    );
+    let refused = |result: Result<_, CryptoError>| {
+        assert!(
+            matches!(result, Err(CryptoError::Authentication)),
+            "{result:?}"
+        )
+    };
+    refused(open_bonus(&other, 40, ObjectType::FsFile, &sealed));
+    refused(open_bonus(&key, 41, ObjectType::FsFile, &sealed));
+    refused(open_bonus(&key, 40, ObjectType::FsDirectory, &sealed));
+    let mut altered = sealed;
+    altered.ciphertext[9] ^= 1;
+    refused(open_bonus(&key, 40, ObjectType::FsFile, &altered));
+    let relinked = SealedBonus {
+        no_names: false,
+        ..sealed
+    };
+    refused(open_bonus(&key, 40, ObjectType::FsFile, &relinked));
+    // An extended attribute object names its owner in the clear.
+    let xattrs = seal_bonus(&key, 41, ObjectType::FsXattr, &clear).unwrap();
+    let xattrs = SealedBonus::decode(&xattrs).unwrap().unwrap();
+    assert_eq!((xattrs.owner, xattrs.no_names), (12, false));
+    let moved = SealedBonus {
+        owner: 13,
+        ..xattrs
+    };
+    refused(open_bonus(&key, 41, ObjectType::FsXattr, &moved));
+    // Two seals of the same attributes differ (a fresh IV each).
+    let again = seal_bonus(&key, 40, ObjectType::FsFile, &clear).unwrap();
+    assert_ne!(again, stored);
+    // Only attributes are sealed.
+    assert!(seal_bonus(&key, 40, ObjectType::FsFile, &Default::default()).is_err());
+}

@@ -17,6 +17,7 @@ pub mod intent_log;
 pub mod label;
 pub mod package;
 pub mod remap;
+pub mod sealed_bonus;
 pub mod spacemap;
 pub mod stream;
 pub mod uberblock;
@@ -49,8 +50,12 @@ pub use uberblock::Uberblock;
 /// checksum's second half), and a volume record's wrapped key; an older
 /// build would serve an encrypted block's ciphertext as its data (its
 /// checksum, which covers the ciphertext, passes), so it must refuse the
-/// pool. Older versions are written as 5 from the first commit.
-pub const FORMAT_VERSION: u32 = 5;
+/// pool. Older versions are written as 5 from the first commit. Version 6
+/// seals the attributes of an encrypted filesystem's objects in their
+/// dnodes' bonus (`format::sealed_bonus`); an older build would take them
+/// for damaged znodes, so it must refuse the pool. Older versions are
+/// written as 6 from the first commit.
+pub const FORMAT_VERSION: u32 = 6;
 /// The oldest on-disk format version this build reads (6093ca7 and before
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;

@@ -34,7 +34,7 @@
 //!   `count × 2^shift` bytes (the object's blocks, logical contents).
 //! - OBJECT_FREE: object u64, first block u64, block count u64: holes.
 //!
-//! A raw stream (`send -w`, version 3, BEGIN's `raw` set) carries an
+//! A raw stream (`send -w`, version 4 (3 from older builds), BEGIN's `raw` set) carries an
 //! encrypted volume's blocks as they are stored, sealed, so that neither the
 //! stream nor the receiver ever holds the plaintext or the key. BEGIN's
 //! `raw` holds the volume's master key wrapped by the user's key (never
@@ -62,8 +62,12 @@ pub const STREAM_VERSION: u32 = 2;
 /// Version of a raw stream (`send -w`): WRITE_RAW records (a volume's) or
 /// OBJECT_WRITE_RAW records (a filesystem's), which no receiver before it
 /// reads. Streams that are not raw stay version 2, so
-/// older receivers still take them.
-pub const STREAM_VERSION_RAW: u32 = 3;
+/// older receivers still take them. Version 4: a filesystem's OBJECT
+/// records carry its objects' attributes sealed (`format::sealed_bonus`),
+/// which a version 3 receiver would take for damaged znodes.
+pub const STREAM_VERSION_RAW: u32 = 4;
+/// A raw stream of an older build: a filesystem's attributes in the clear.
+pub const STREAM_VERSION_RAW_CLEAR_ATTRIBUTES: u32 = 3;
 /// The newest stream version this build reads.
 pub const STREAM_VERSION_MAX: u32 = STREAM_VERSION_RAW;
 /// The oldest stream version this build reads.
@@ -395,8 +399,10 @@ pub fn decode_payload(
             if !(STREAM_VERSION_MIN..=STREAM_VERSION_MAX).contains(&begin.version) {
                 return Err(StreamError::Version(begin.version));
             }
-            if begin.raw.is_some() != (begin.version == STREAM_VERSION_RAW) {
-                return Err(malformed("BEGIN: a raw stream is version 3, and only it"));
+            if begin.raw.is_some() != (begin.version >= STREAM_VERSION_RAW_CLEAR_ATTRIBUTES) {
+                return Err(malformed(
+                    "BEGIN: a raw stream is version 3 or 4, and only it",
+                ));
             }
             if !begin.block_bytes.is_power_of_two()
                 || begin.block_bytes < 512
@@ -1373,7 +1379,7 @@ mod tests {
                 Box::new(|w| w.write_raw(&raw_block(0, 4096, Compression::Off), &[0u8; 4096])),
             ),
             (
-                "a raw stream that is not version 3",
+                "a raw stream that is not version 3 or 4",
                 StreamBegin {
                     version: STREAM_VERSION,
                     ..raw_begin()
@@ -1381,7 +1387,7 @@ mod tests {
                 Box::new(|_| {}),
             ),
             (
-                "version 3 without its key",
+                "version 4 without its key",
                 StreamBegin {
                     version: STREAM_VERSION_RAW,
                     ..begin()

@@ -231,6 +231,7 @@ impl Znode {
 /// | 40 | 8 | version 2: bytes allocated by the objects in the table (the sum of their dnodes' `used_bytes`) |
 /// | 48 | 8 | version 2: their logical bytes |
 /// | 56 | 8 | version 2: their physical bytes |
+/// | 64 | 8 | flags: [`FS_HEADER_SEALED_BONUSES`] |
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct FsHeader {
     pub root: u64,
@@ -242,7 +243,17 @@ pub struct FsHeader {
     /// objects. None in a version 1 header (written before the sums were
     /// kept), whose filesystem is walked instead.
     pub space: Option<FsSpace>,
+    /// Every object's attributes are sealed ([`FS_HEADER_SEALED_BONUSES`]).
+    pub sealed_bonuses: bool,
 }
+
+/// Header flag: an encrypted filesystem made by a build that seals its
+/// objects' attributes (`format::sealed_bonus`), so an object's attributes
+/// found in the clear were not written by it and are refused, as a forged
+/// znode would be. An encrypted filesystem made before has attributes in
+/// the clear, each sealed when its object next changes; headers written
+/// before flags have zeros here.
+pub const FS_HEADER_SEALED_BONUSES: u64 = 1;
 
 /// Bytes allocated, logical and physical (as a dnode counts them).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -277,6 +288,9 @@ impl FsHeader {
         put_u64(out, 16, self.next_object);
         put_u64(out, 24, self.unlinked_object);
         put_u64(out, 32, self.objects);
+        if self.sealed_bonuses {
+            put_u64(out, 64, FS_HEADER_SEALED_BONUSES);
+        }
         match self.space {
             Some(space) => {
                 out[0] = FS_HEADER_VERSION;
@@ -306,7 +320,14 @@ impl FsHeader {
             unlinked_object: get_u64(bytes, 24),
             objects: get_u64(bytes, 32),
             space,
+            sealed_bonuses: get_u64(bytes, 64) & FS_HEADER_SEALED_BONUSES != 0,
         };
+        if get_u64(bytes, 64) & !FS_HEADER_SEALED_BONUSES != 0 {
+            return Err(invalid(
+                "filesystem header",
+                format!("flags {:#x}", get_u64(bytes, 64)),
+            ));
+        }
         if header.root == 0 || header.next_object <= header.root {
             return Err(invalid(
                 "filesystem header",
@@ -366,6 +387,7 @@ mod tests {
             unlinked_object: 2,
             objects: 30,
             space: None,
+            sealed_bonuses: false,
         };
         // A version 1 header (no sums) still reads, and is written back as
         // it was.
@@ -381,6 +403,14 @@ mod tests {
         };
         assert_eq!(header.encode().0[0], 2);
         assert_eq!(FsHeader::decode(&header.encode()).unwrap(), header);
+        let sealed = FsHeader {
+            sealed_bonuses: true,
+            ..header
+        };
+        assert_eq!(FsHeader::decode(&sealed.encode()).unwrap(), sealed);
+        let mut bonus = sealed.encode();
+        bonus.0[64] = 2;
+        assert!(FsHeader::decode(&bonus).is_err(), "an unknown flag");
         assert!(FsHeader::decode(&FsHeader::default().encode()).is_err());
         let mut bonus = header.encode();
         bonus.0[0] = 3;

@@ -14,6 +14,7 @@
 //! - volume data: data blocks are written straight to their new location by the
 //!   caller (direct I/O) and only the pointer is linked here (`set_block_pointer`).
 
+mod bonus;
 pub mod sync;
 
 use std::cell::{Cell, RefCell};
@@ -59,6 +60,10 @@ pub enum ObjectError {
 pub struct SetKey {
     pub ring: crate::crypto::KeyRing,
     pub guid: u64,
+    /// Every object's attributes were sealed from the start (the
+    /// filesystem's header says so): one found in the clear is refused
+    /// ([`ObjectSet::opened_bonus`]).
+    pub sealed_bonuses: bool,
 }
 
 /// Whether the level-0 blocks of objects of `object_type` in a set with a
@@ -534,8 +539,9 @@ impl ObjectSet {
         let bytes = self
             .read_bytes(&table, id * DNODE_BYTES as u64, DNODE_BYTES)
             .await?;
-        let dnode =
+        let mut dnode =
             Dnode::decode(&bytes).map_err(|error| ObjectError::Corrupt { object: id, error })?;
+        self.opened_bonus(id, &mut dnode)?;
         Ok((!dnode.is_free()).then_some(dnode))
     }
 

@@ -598,6 +598,21 @@ pub struct FilesystemRecord {
     /// it; docs/FORMAT.md, "Encryption"); absent for one that is not.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crypt: Option<CryptRecord>,
+    /// Times of files that its intent log's replay could not set: the
+    /// import found their attributes sealed and the key not loaded. Set
+    /// when the key is next loaded, then dropped (a rollback drops them).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub replayed_times: Vec<ReplayedTimes>,
+}
+
+/// A file's modification and change times from its filesystem's intent
+/// log, kept until its attributes can be opened ([`FilesystemRecord::replayed_times`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ReplayedTimes {
+    pub object: u64,
+    /// Seconds and nanoseconds.
+    pub mtime: (i64, u32),
+    pub ctime: (i64, u32),
 }
 
 impl FilesystemRecord {

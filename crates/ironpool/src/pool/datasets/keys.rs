@@ -214,10 +214,92 @@ impl Pool {
             .keys
             .keys
             .insert(record.key_guid, DatasetKey::new(master));
+        self.open_attributes(name, record.key_guid).await;
         self.datasets.exports_gone.notify_all();
         // The server mounts the filesystems it opens.
         self.datasets.filesystems_changed.notify_all();
         Ok(())
+    }
+
+    /// The key of `guid` was just loaded: the objects its filesystems (and
+    /// their snapshots opened) hold with sealed attributes are opened, and
+    /// the files a crash left unlinked in them, which the import could not
+    /// free without the key, are freed now, before they are mounted.
+    async fn open_attributes(self: &Rc<Self>, name: &str, guid: u64) {
+        let filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> = self
+            .all_filesystems()
+            .into_iter()
+            .map(|(_, fs)| fs)
+            .chain(self.datasets.snapshot_filesystems.all())
+            .filter(|fs| fs.key_guid() == Some(guid))
+            .collect();
+        for fs in &filesystems {
+            let failed = fs.objects.open_loaded_bonuses();
+            if failed > 0 {
+                eprintln!(
+                    "ironpool: {}: the attributes of {failed} objects failed their MAC (altered, or damaged in every copy)",
+                    fs.name()
+                );
+            }
+        }
+        for fs in &filesystems {
+            if !fs.is_snapshot() {
+                self.set_replayed_times(fs).await;
+            }
+        }
+        for fs in filesystems {
+            if !fs.orphans_sealed.get() || fs.is_snapshot() {
+                continue;
+            }
+            let _hold = self.txg.hold_builds();
+            match fs.reclaim_unlinked(self).await {
+                Ok(freed) if freed > 0 => eprintln!(
+                    "ironpool: {}: freed {freed} objects removed while in use before the last shutdown (its key, {name}'s, is loaded)",
+                    fs.name()
+                ),
+                Ok(_) => {}
+                Err(error) => eprintln!(
+                    "ironpool: {}: files left unlinked were not freed: {error}",
+                    fs.name()
+                ),
+            }
+        }
+    }
+
+    /// Sets the times filesystem `fs`'s replay kept for its key (see
+    /// `FilesystemRecord::replayed_times`), and drops them, in one txg.
+    async fn set_replayed_times(self: &Rc<Self>, fs: &crate::pool::filesystem::Filesystem) {
+        let short = fs.short_name();
+        let times = match self.filesystem_record(&short) {
+            Some(record) if !record.replayed_times.is_empty() => record.replayed_times,
+            _ => return,
+        };
+        let _hold = self.txg.hold_builds();
+        let mut failed = 0usize;
+        for times in &times {
+            let at =
+                |(seconds, nanos): (i64, u32)| crate::format::znode::Timestamp { seconds, nanos };
+            match fs
+                .set_replayed_times(times.object, at(times.mtime), at(times.ctime))
+                .await
+            {
+                // Freed since (it had no names left).
+                Ok(()) | Err(crate::pool::filesystem::FsError::NotFound) => {}
+                Err(error) => {
+                    failed += 1;
+                    if failed == 1 {
+                        eprintln!(
+                            "ironpool: {}: file {}: the times its intent log kept were not set: {error}",
+                            fs.name(),
+                            times.object
+                        );
+                    }
+                }
+            }
+        }
+        if let Some(record) = self.datasets.directory.edit().filesystems.get_mut(&short) {
+            record.replayed_times.clear();
+        }
     }
 
     /// `load-key -a` and `serve --load-keys`: loads the key of every
@@ -330,6 +412,18 @@ impl Pool {
         for volume in self.datasets.snapshot_volumes.all() {
             if volume.key_guid() == Some(guid) {
                 self.datasets.snapshot_volumes.remove(&volume.name());
+            }
+        }
+        // No attribute stays in memory in the clear once the key is gone.
+        for fs in filesystems
+            .iter()
+            .cloned()
+            .chain(self.datasets.snapshot_filesystems.all())
+            .filter(|fs| fs.key_guid() == Some(guid))
+        {
+            if let Err(error) = fs.objects.seal_loaded_bonuses() {
+                self.datasets.keys.keys.end_unload(guid);
+                return Err(PoolError::Io(format!("{}: {error}", fs.name())));
             }
         }
         self.datasets.keys.keys.remove(guid);

@@ -285,6 +285,13 @@ impl Filesystem {
                     continue;
                 }
             };
+            if crate::format::sealed_bonus::is_sealed(&dnode.bonus) {
+                // Its owners are sealed: no figure rather than a wrong one.
+                return Err(FsError::Pool(PoolError::KeyUnavailable(format!(
+                    "{} is encrypted: load its key to count its users' and groups' space",
+                    self.name()
+                ))));
+            }
             let Ok(znode) = Znode::decode(&dnode.bonus) else {
                 continue;
             };

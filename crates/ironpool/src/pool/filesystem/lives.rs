@@ -10,6 +10,7 @@ use super::{
     table_dnode_space, Filesystem, FsError, ObjectWalk, FREE_BLOCKS_PER_TURN, OBJECTS_PER_TURN,
 };
 use crate::format::dnode::DNODE_BYTES;
+use crate::format::sealed_bonus::SealedBonus;
 use crate::format::znode::{FsSpace, Znode};
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::{Object, ObjectError};
@@ -257,8 +258,11 @@ impl Filesystem {
     /// Dnodes are peeked, not loaded: an import loads only the files it
     /// frees, not every file (which held them all in memory at once, past
     /// the `fs_objects_loaded_max` bound: about 1.4 GB for a million).
+    /// An encrypted filesystem's whose key is not loaded are left for the
+    /// key's load ([`Filesystem::orphans_sealed`]).
     pub(in crate::pool) async fn reclaim_unlinked(&self, pool: &Rc<Pool>) -> Result<u64, FsError> {
         let mut freed = 0;
+        let mut sealed = false;
         for ino in 1..self.header.get().next_object {
             if ino.is_multiple_of(OBJECTS_PER_TURN) {
                 crate::rt::yield_now().await;
@@ -279,9 +283,18 @@ impl Filesystem {
                     self.free_object(pool, &object).await?;
                     freed += 1;
                 }
+                // Freeing it needs its attributes (its extended attributes'
+                // object): when its key is loaded.
+                Err(_)
+                    if SealedBonus::decode(&dnode.bonus)
+                        .is_ok_and(|sealed| sealed.is_some_and(|sealed| sealed.no_names)) =>
+                {
+                    sealed = true;
+                }
                 _ => {}
             }
         }
+        self.orphans_sealed.set(sealed);
         Ok(freed)
     }
 

@@ -103,6 +103,7 @@ impl Pool {
             receive: None,
             intent_log: None,
             crypt,
+            replayed_times: Vec::new(),
         };
         let fs = self.open_head_filesystem(short, table, &record).await?;
         self.datasets
@@ -300,6 +301,7 @@ impl Pool {
             // An empty table: the sums start at zero, and each txg build
             // adds what it writes into the table.
             space: Some(FsSpace::default()),
+            sealed_bonuses: crypt.is_some(),
         }
         .encode();
         let table = self.objects.create(id, dnode);
@@ -350,14 +352,16 @@ impl Pool {
 
     /// Creates the hidden filesystem a full stream is received into
     /// (`TARGET%recv`): a dnode table with the stream's header and no
-    /// objects yet, with `properties` (checked). The caller holds the
-    /// admin lock.
+    /// objects yet, with `properties` (checked). `clear_attributes`: a raw
+    /// stream of an older build, whose objects' attributes are not sealed.
+    /// The caller holds the admin lock.
     pub(in crate::pool) async fn create_receive_filesystem(
         &self,
         hidden_short: &str,
         info: &crate::format::stream::FsStreamInfo,
         properties: BTreeMap<String, String>,
         received_key: Option<crate::pool::dataset::directory::CryptRecord>,
+        clear_attributes: bool,
     ) -> Result<Rc<Filesystem>, PoolError> {
         self.txg.ensure_writable()?;
         // A raw stream's filesystem is its own encryption root, under the
@@ -380,7 +384,13 @@ impl Pool {
             self.txg.open(),
         );
         dnode.checksum_algo = self.volume_settings(hidden_short, &properties).checksum;
-        dnode.bonus = Filesystem::receive_header(info).encode();
+        // Its objects' attributes are sealed when it is encrypted, unless
+        // a raw stream of an older build brings them in the clear.
+        dnode.bonus = FsHeader {
+            sealed_bonuses: crypt.is_some() && !clear_attributes,
+            ..Filesystem::receive_header(info)
+        }
+        .encode();
         let table = self.objects.create(id, dnode);
         self.add_filesystem(hidden_short, table, properties, Default::default(), crypt)
             .await

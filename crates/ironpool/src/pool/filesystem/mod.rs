@@ -432,6 +432,10 @@ pub struct Filesystem {
     /// Rolled back or destroyed: another `Filesystem` (or none) serves its
     /// name now, and this one answers every request with `ESTALE`.
     retired: Cell<bool>,
+    /// A walk for files left unlinked by a crash met some whose attributes
+    /// are sealed and the key not loaded: they are freed when it is
+    /// ([`Filesystem::reclaim_unlinked`]).
+    pub(in crate::pool) orphans_sealed: Cell<bool>,
     /// A snapshot's (read-only; its `.zfs/snapshot` directory).
     snapshot: bool,
     /// Its intent log: what `fsync` writes (see `pool::dataset::intent_log`).
@@ -631,6 +635,7 @@ impl Filesystem {
         let key = record.crypt.as_ref().map(|crypt| crate::object::SetKey {
             ring: pool.datasets.keys.ring(),
             guid: crypt.key_guid,
+            sealed_bonuses: header.sealed_bonuses,
         });
         let log = IntentLog::default();
         if let Some(key) = &key {
@@ -657,6 +662,7 @@ impl Filesystem {
             front_end: RefCell::default(),
             kernel_caches: RefCell::default(),
             retired: Cell::new(false),
+            orphans_sealed: Cell::new(false),
             snapshot,
             log,
             behind: behind::WrittenBehind::default(),
@@ -843,6 +849,22 @@ impl Filesystem {
 
     /// Loads object `ino` and its attributes.
     async fn load(&self, ino: u64) -> Result<(Rc<Object>, Znode), FsError> {
+        let object = self.load_object(ino).await?;
+        let bonus = object.dnode().bonus;
+        if crate::format::sealed_bonus::is_sealed(&bonus) {
+            return Err(FsError::Pool(PoolError::KeyUnavailable(format!(
+                "{}: object {ino}: its attributes are sealed and its key is not loaded",
+                self.name()
+            ))));
+        }
+        let znode = Znode::decode(&bonus)
+            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name())))?;
+        Ok((object, znode))
+    }
+
+    /// Object `ino`, a file, directory or link (not the table, nor an
+    /// object holding extended attributes), its attributes not read.
+    async fn load_object(&self, ino: u64) -> Result<Rc<Object>, FsError> {
         if self.retired.get() {
             return Err(FsError::Stale);
         }
@@ -859,9 +881,7 @@ impl Filesystem {
         if Rc::ptr_eq(&object, &self.table) || object.object_type() == ObjectType::FsXattr {
             return Err(FsError::NotFound);
         }
-        let znode = Znode::decode(&object.dnode().bonus)
-            .map_err(|error| FsError::Corrupt(format!("{} object {ino}: {error}", self.name())))?;
-        Ok((object, znode))
+        Ok(object)
     }
 
     async fn load_dir(&self, ino: u64) -> Result<(Rc<Object>, Znode), FsError> {
@@ -1079,8 +1099,13 @@ pub(in crate::pool) fn build_step(
                 let old = table_dnode_space(&fs.objects, &fs.table, object.id)?;
                 space.replace(old, dnode_space(&dnode));
             }
+            // An encrypted filesystem's attributes are stored sealed.
+            let stored = Dnode {
+                bonus: set.stored_bonus(object.id, &dnode)?,
+                ..dnode
+            };
             let mut bytes = [0u8; DNODE_BYTES];
-            dnode.encode(&mut bytes);
+            stored.encode(&mut bytes);
             set.write_bytes_cached(&fs.table, offset, &bytes)?;
             changed = true;
         }

@@ -8,7 +8,8 @@ use super::{
     RECORD_BYTES_MAX,
 };
 use crate::format::intent_log::{EntryTarget, ObjectState};
-use crate::format::znode::Znode;
+use crate::format::sealed_bonus::is_sealed;
+use crate::format::znode::{Timestamp, Znode};
 use crate::format::{BlockPointer, ObjectType};
 use crate::object::ObjectError;
 use crate::pool::data::release_unlinked;
@@ -31,12 +32,21 @@ impl Filesystem {
             release_unlinked(pool, &pointer);
             Err(error)
         };
-        let object = match self.load(ino).await {
-            // A symbolic link's target is its one block.
-            Ok((object, znode)) if znode.is_regular() || znode.is_symlink() => object,
-            Ok(_) => return release(FsError::Corrupt("not a file or link".into())),
+        let object = match self.load_object(ino).await {
+            Ok(object) => object,
             Err(error) => return release(error),
         };
+        let dnode = object.dnode();
+        // A symbolic link's target is its one block. Attributes sealed
+        // (the key not loaded at import): files and links are of one type.
+        let file = if is_sealed(&dnode.bonus) {
+            dnode.object_type == ObjectType::FsFile
+        } else {
+            Znode::decode(&dnode.bonus).is_ok_and(|znode| znode.is_regular() || znode.is_symlink())
+        };
+        if !file {
+            return release(FsError::Corrupt("not a file or link".into()));
+        }
         let block = object.data_block_bytes();
         if (!pointer.is_hole() && u64::from(pointer.logical_size) != block)
             || blkid.saturating_mul(block) >= FILE_SIZE_MAX_BYTES
@@ -61,19 +71,53 @@ impl Filesystem {
     }
 
     /// Replay of the intent log: sets file `ino`'s size and times as a
-    /// logged write left them.
+    /// logged write left them. When its attributes are sealed (an encrypted
+    /// filesystem imported without its key), the size is set and the times
+    /// returned: the pool keeps them until the key is loaded
+    /// ([`Filesystem::set_replayed_times`]).
     pub(in crate::pool) async fn replay_attr(
         &self,
         ino: u64,
         attr: &FileAttr,
-    ) -> Result<(), FsError> {
+    ) -> Result<Option<FileAttr>, FsError> {
+        let object = self.load_object(ino).await?;
+        let sealed = is_sealed(&object.dnode().bonus);
+        if attr.length > FILE_SIZE_MAX_BYTES
+            || (sealed && object.object_type() != ObjectType::FsFile)
+        {
+            return Err(FsError::Corrupt("not a regular file, or too large".into()));
+        }
+        if sealed {
+            object.dnode.borrow_mut().length_bytes = attr.length;
+            object.dirty.set(true);
+            return Ok(Some(*attr));
+        }
         let (object, mut znode) = self.load(ino).await?;
-        if !znode.is_regular() || attr.length > FILE_SIZE_MAX_BYTES {
+        if !znode.is_regular() {
             return Err(FsError::Corrupt("not a regular file, or too large".into()));
         }
         object.dnode.borrow_mut().length_bytes = attr.length;
         znode.mtime = attr.mtime;
         znode.ctime = attr.ctime;
+        Self::save(&object, &znode);
+        Ok(None)
+    }
+
+    /// Sets the times of file `ino` that a replay without its key kept
+    /// ([`Filesystem::replay_attr`]): its key is loaded now. Times newer
+    /// than these (a change since) stay.
+    pub(in crate::pool) async fn set_replayed_times(
+        &self,
+        ino: u64,
+        mtime: Timestamp,
+        ctime: Timestamp,
+    ) -> Result<(), FsError> {
+        let (object, mut znode) = self.load(ino).await?;
+        if znode.ctime > ctime {
+            return Ok(());
+        }
+        znode.mtime = mtime;
+        znode.ctime = ctime;
         Self::save(&object, &znode);
         Ok(())
     }

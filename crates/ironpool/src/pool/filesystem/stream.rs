@@ -30,6 +30,7 @@ use std::collections::VecDeque;
 use std::rc::Rc;
 
 use crate::format::dnode::{Bonus, BONUS_BYTES, DNODE_BYTES};
+use crate::format::sealed_bonus::{is_sealed, SealedBonus};
 use crate::format::stream::{
     self, FsStreamInfo, RecordKind, StreamBegin, StreamObject, STREAM_VERSION, WRITE_DATA_BYTES_MAX,
 };
@@ -261,28 +262,43 @@ impl FsStreamOut<'_> {
 /// Whether `object` is a file or directory removed while in use (no names
 /// left) or the extended attributes of one: the receiver must not get it.
 async fn unlinked(fs: &Filesystem, object: &Object) -> Result<bool, PoolError> {
-    let dnode = object.dnode();
-    let corrupt = |error: crate::format::FormatError| {
-        PoolError::Corrupt(format!("{} object {}: {error}", fs.name(), object.id))
+    let corrupt = |id: u64, error: crate::format::FormatError| {
+        PoolError::Corrupt(format!("{} object {id}: {error}", fs.name()))
     };
-    let znode = Znode::decode(&dnode.bonus).map_err(corrupt)?;
+    let dnode = object.dnode();
+    let (no_names, owner) = names_and_owner(&dnode).map_err(|error| corrupt(object.id, error))?;
     match dnode.object_type {
-        ObjectType::FsFile | ObjectType::FsDirectory => Ok(znode.nlink == 0),
+        ObjectType::FsFile | ObjectType::FsDirectory => Ok(no_names),
         ObjectType::FsXattr => {
-            let owner = match fs.objects.open(znode.parent).await {
+            let owner = match fs.objects.open(owner).await {
                 Ok(owner) => owner,
                 Err(ObjectError::NoSuchObject(_)) => return Ok(true),
                 Err(error) => return Err(error.into()),
             };
             let owner_dnode = owner.dnode();
-            let owner_znode = Znode::decode(&owner_dnode.bonus).map_err(corrupt)?;
+            let (owner_gone, _) =
+                names_and_owner(&owner_dnode).map_err(|error| corrupt(owner.id, error))?;
             Ok(matches!(
                 owner_dnode.object_type,
                 ObjectType::FsFile | ObjectType::FsDirectory
-            ) && owner_znode.nlink == 0)
+            ) && owner_gone)
         }
         _ => Ok(false),
     }
+}
+
+/// Whether an object has no names left, and the object it belongs to (an
+/// extended attribute object's owner; a file's parent): from its
+/// attributes, or, sealed (a raw send without the key), from their part in
+/// the clear.
+fn names_and_owner(
+    dnode: &crate::format::Dnode,
+) -> Result<(bool, u64), crate::format::FormatError> {
+    if let Some(sealed) = SealedBonus::decode(&dnode.bonus)? {
+        return Ok((sealed.no_names, sealed.owner));
+    }
+    let znode = Znode::decode(&dnode.bonus)?;
+    Ok((znode.nlink == 0, znode.parent))
 }
 
 impl Pool {
@@ -456,7 +472,12 @@ impl Pool {
             object_type: dnode.object_type,
             block_shift: dnode.data_block_shift,
             length: dnode.length_bytes,
-            bonus: dnode.bonus.0.to_vec(),
+            // A raw stream's attributes sealed, as the table stores them.
+            bonus: if output.raw {
+                fs.objects.stored_bonus(id, &dnode)?.0.to_vec()
+            } else {
+                dnode.bonus.0.to_vec()
+            },
         }));
         output.bound().await?;
         // An object made since the earlier snapshot is new to the receiver:
@@ -521,6 +542,7 @@ impl Filesystem {
             unlinked_object: 0,
             objects: 0,
             space: Some(Default::default()),
+            sealed_bonuses: false,
         }
     }
 
@@ -545,12 +567,38 @@ impl Filesystem {
         }
         let mut bonus = Bonus::default();
         bonus.0.copy_from_slice(&record.bonus[..BONUS_BYTES]);
-        let znode = Znode::decode(&bonus)
-            .map_err(|error| Failure::Stream(format!("object {id}: {error}")))?;
         let is_dir = record.object_type == ObjectType::FsDirectory;
-        if is_dir != znode.is_dir() || (id == info.root && !is_dir) {
+        let bonus = if is_sealed(&bonus) {
+            // A raw stream's attributes, sealed by the sender: opened now
+            // when the key is loaded (their MAC checked), else kept so.
+            if !raw || !self.objects.has_key() {
+                return Err(Failure::Stream(format!(
+                    "object {id}: sealed attributes in a stream that is not raw"
+                )));
+            }
+            self.objects
+                .accepted_bonus(id, record.object_type, bonus)
+                .map_err(|error| Failure::Stream(format!("object {id}: {error}")))?
+        } else if raw && self.objects.seals_every_bonus() {
             return Err(Failure::Stream(format!(
-                "object {id}: its type and its attributes disagree"
+                "object {id}: attributes in the clear in a raw stream (of an older build) into {}, which seals them",
+                self.name()
+            )));
+        } else {
+            bonus
+        };
+        if !is_sealed(&bonus) {
+            let znode = Znode::decode(&bonus)
+                .map_err(|error| Failure::Stream(format!("object {id}: {error}")))?;
+            if is_dir != znode.is_dir() {
+                return Err(Failure::Stream(format!(
+                    "object {id}: its type and its attributes disagree"
+                )));
+            }
+        }
+        if id == info.root && !is_dir {
+            return Err(Failure::Stream(format!(
+                "object {id}: the root is not a directory"
             )));
         }
         // Freeing and replacing collect pointers across awaits: no txg build

@@ -590,6 +590,7 @@ mod tests {
             receive: None,
             intent_log: None,
             crypt: None,
+            replayed_times: Vec::new(),
         };
         let mut directory = Directory {
             properties: map(&[

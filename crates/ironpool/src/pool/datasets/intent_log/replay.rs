@@ -8,7 +8,7 @@ use crate::format::intent_log::{
     self as format, EntryTarget, LogRecord, ObjectState, LOG_BLOCK_BYTES_MAX,
 };
 use crate::format::{BlockPointer, ObjectType};
-use crate::pool::dataset::directory::LogHead;
+use crate::pool::dataset::directory::{LogHead, ReplayedTimes};
 use crate::pool::dataset::intent_log::{EntryKey, FileAttr, REPLAY_BLOCKS_MAX};
 use crate::pool::filesystem::Filesystem;
 use crate::pool::volume::Volume;
@@ -652,13 +652,47 @@ async fn apply_fs_changes(
         let result = fs.replay_block(pool, *object, *blkid, pointer).await;
         count(result, format!("file {object} block {blkid}"));
     }
+    let mut deferred = Vec::new();
     for (object, attr) in &changes.attrs {
         let result = fs.replay_attr(*object, attr).await;
-        count(result, format!("file {object} size"));
+        if let Ok(Some(attr)) = &result {
+            deferred.push(ReplayedTimes {
+                object: *object,
+                mtime: (attr.mtime.seconds, attr.mtime.nanos),
+                ctime: (attr.ctime.seconds, attr.ctime.nanos),
+            });
+        }
+        count(result.map(|_| ()), format!("file {object} size"));
     }
+    keep_replayed_times(pool, fs, deferred);
     for object in &changes.freed {
         let result = fs.replay_free(pool, *object).await;
         count(result, format!("object {object} freed"));
+    }
+}
+
+/// Keeps in filesystem `fs`'s record the times its replay could not set
+/// (its attributes sealed, its key not loaded), with those kept by an
+/// earlier replay: the newer of two for one file. They go in the replay's
+/// txg, with the sizes.
+fn keep_replayed_times(pool: &Pool, fs: &Filesystem, times: Vec<ReplayedTimes>) {
+    if times.is_empty() {
+        return;
+    }
+    let mut directory = pool.datasets.directory.edit();
+    let Some(record) = directory.filesystems.get_mut(fs.short_name().as_str()) else {
+        return;
+    };
+    for new in times {
+        match record
+            .replayed_times
+            .iter_mut()
+            .find(|kept| kept.object == new.object)
+        {
+            Some(kept) if kept.ctime <= new.ctime => *kept = new,
+            Some(_) => {}
+            None => record.replayed_times.push(new),
+        }
     }
 }
 

@@ -566,6 +566,7 @@ impl Pool {
                         info,
                         properties.clone(),
                         received_key,
+                        begin.version == crate::format::stream::STREAM_VERSION_RAW_CLEAR_ATTRIBUTES,
                     )
                     .await?,
                 ),

@@ -276,6 +276,10 @@ impl Pool {
                 .lineage_mut(volume)
                 .expect("checked above")
                 .dead_list = 0;
+            // Times a replay kept for files of the state rolled back from.
+            if let Some(record) = directory.filesystems.get_mut(volume) {
+                record.replayed_times.clear();
+            }
             // The volume takes back the size it had then (it may have grown since).
             if let (Some(head_volume), Some(record)) =
                 (&head_volume, directory.volumes.get_mut(volume))

@@ -766,15 +766,15 @@ pub fn seal_bonus(
 ) -> Result<crate::format::dnode::Bonus, CryptoError> {
     use crate::format::sealed_bonus::{SealedBonus, SEALED_ZNODE_BYTES};
     use crate::format::ObjectType;
-    let znode = crate::format::znode::Znode::decode(bonus)
-        .map_err(|_| CryptoError::Malformed("attributes to seal"))?;
+    // Attributes that do not decode (damaged in memory) are sealed as they
+    // are, and read as damaged once opened: a txg build must not fail.
+    let znode = crate::format::znode::Znode::decode(bonus).ok();
     let mut sealed = SealedBonus {
         no_names: matches!(object_type, ObjectType::FsFile | ObjectType::FsDirectory)
-            && znode.nlink == 0,
-        owner: if object_type == ObjectType::FsXattr {
-            znode.parent
-        } else {
-            0
+            && znode.is_some_and(|znode| znode.nlink == 0),
+        owner: match znode {
+            Some(znode) if object_type == ObjectType::FsXattr => znode.parent,
+            _ => 0,
         },
         crypt: Sealed::default(),
         ciphertext: [0; SEALED_ZNODE_BYTES],
@@ -850,13 +850,14 @@ impl KeyRing {
     }
 
     /// Loads `key` as `guid`'s unless one is loaded already (two loads of
-    /// one key that raced: the first stays).
-    pub fn insert(&self, guid: u64, key: DatasetKey) {
-        self.0
-            .keys
-            .borrow_mut()
-            .entry(guid)
-            .or_insert_with(|| std::rc::Rc::new(key));
+    /// one key that raced: the first stays); whether it was loaded here.
+    pub fn insert(&self, guid: u64, key: DatasetKey) -> bool {
+        let mut keys = self.0.keys.borrow_mut();
+        if keys.contains_key(&guid) {
+            return false;
+        }
+        keys.insert(guid, std::rc::Rc::new(key));
+        true
     }
 
     /// Unloads `guid`'s key (its memory is cleansed when the last user

@@ -34,7 +34,7 @@
 //!   `count × 2^shift` bytes (the object's blocks, logical contents).
 //! - OBJECT_FREE: object u64, first block u64, block count u64: holes.
 //!
-//! A raw stream (`send -w`, version 4 (3 from older builds), BEGIN's `raw` set) carries an
+//! A raw stream (`send -w`, version 3; a filesystem's 4, BEGIN's `raw` set) carries an
 //! encrypted volume's blocks as they are stored, sealed, so that neither the
 //! stream nor the receiver ever holds the plaintext or the key. BEGIN's
 //! `raw` holds the volume's master key wrapped by the user's key (never
@@ -62,14 +62,16 @@ pub const STREAM_VERSION: u32 = 2;
 /// Version of a raw stream (`send -w`): WRITE_RAW records (a volume's) or
 /// OBJECT_WRITE_RAW records (a filesystem's), which no receiver before it
 /// reads. Streams that are not raw stay version 2, so
-/// older receivers still take them. Version 4: a filesystem's OBJECT
-/// records carry its objects' attributes sealed (`format::sealed_bonus`),
-/// which a version 3 receiver would take for damaged znodes.
-pub const STREAM_VERSION_RAW: u32 = 4;
-/// A raw stream of an older build: a filesystem's attributes in the clear.
-pub const STREAM_VERSION_RAW_CLEAR_ATTRIBUTES: u32 = 3;
+/// older receivers still take them. A filesystem's raw stream of an older
+/// build is version 3 too, its objects' attributes in the clear.
+pub const STREAM_VERSION_RAW: u32 = 3;
+/// Version of a filesystem's raw stream: its OBJECT records carry its
+/// objects' attributes sealed (`format::sealed_bonus`), which a version 3
+/// receiver would take for damaged znodes. A volume's raw stream has no
+/// attributes and stays version 3, for older receivers.
+pub const STREAM_VERSION_RAW_SEALED_ATTRIBUTES: u32 = 4;
 /// The newest stream version this build reads.
-pub const STREAM_VERSION_MAX: u32 = STREAM_VERSION_RAW;
+pub const STREAM_VERSION_MAX: u32 = STREAM_VERSION_RAW_SEALED_ATTRIBUTES;
 /// The oldest stream version this build reads.
 pub const STREAM_VERSION_MIN: u32 = 1;
 /// Size of a record header.
@@ -399,7 +401,7 @@ pub fn decode_payload(
             if !(STREAM_VERSION_MIN..=STREAM_VERSION_MAX).contains(&begin.version) {
                 return Err(StreamError::Version(begin.version));
             }
-            if begin.raw.is_some() != (begin.version >= STREAM_VERSION_RAW_CLEAR_ATTRIBUTES) {
+            if begin.raw.is_some() != (begin.version >= STREAM_VERSION_RAW) {
                 return Err(malformed(
                     "BEGIN: a raw stream is version 3 or 4, and only it",
                 ));
@@ -1387,7 +1389,7 @@ mod tests {
                 Box::new(|_| {}),
             ),
             (
-                "version 4 without its key",
+                "version 3 without its key",
                 StreamBegin {
                     version: STREAM_VERSION_RAW,
                     ..begin()

@@ -59,8 +59,14 @@ impl ObjectSet {
     /// The bonus object `id`'s `dnode` is stored with: in an encrypted
     /// filesystem's set, its attributes sealed (as they are when they are
     /// sealed in memory already: received raw without the key); else as
-    /// it is. [`ObjectError::KeyUnavailable`] when they are in the clear
-    /// and the key is not loaded (they cannot be written so).
+    /// it is. A filesystem made encrypted before attributes were sealed
+    /// keeps them in the clear while its key is not loaded (a replay at
+    /// import, a raw stream of an older build: they are so on the devices
+    /// already). [`ObjectError::KeyUnavailable`] when they are in the clear
+    /// in a set that seals them all and its key is not loaded: never met,
+    /// as such a set holds them in the clear only while its key is loaded
+    /// (unload-key seals them in memory, and every change without the key
+    /// keeps them sealed).
     pub fn stored_bonus(&self, id: u64, dnode: &Dnode) -> Result<Bonus, ObjectError> {
         let set_key = self.key.borrow();
         let Some(set_key) = set_key.as_ref() else {
@@ -69,10 +75,12 @@ impl ObjectSet {
         if !holds_attributes(dnode.object_type) || is_sealed(&dnode.bonus) {
             return Ok(dnode.bonus);
         }
-        let key = set_key
-            .ring
-            .get(set_key.guid)
-            .ok_or(ObjectError::KeyUnavailable { object: id })?;
+        let Some(key) = set_key.ring.get(set_key.guid) else {
+            if !set_key.sealed_bonuses {
+                return Ok(dnode.bonus);
+            }
+            return Err(ObjectError::KeyUnavailable { object: id });
+        };
         seal_bonus(&key, id, dnode.object_type, &dnode.bonus)
             .map_err(|error| ObjectError::Sealing { object: id, error })
     }
@@ -126,11 +134,17 @@ impl ObjectSet {
     /// key is about to go, and no attribute stays in memory in the clear.
     /// The caller committed (no object is dirty), and the key is still
     /// loaded.
+    /// On an error, what it sealed is opened again (the key stays).
     pub fn seal_loaded_bonuses(&self) -> Result<(), ObjectError> {
         for object in self.loaded() {
             let dnode = object.dnode();
-            let sealed = self.stored_bonus(object.id, &dnode)?;
-            object.dnode.borrow_mut().bonus = sealed;
+            match self.stored_bonus(object.id, &dnode) {
+                Ok(sealed) => object.dnode.borrow_mut().bonus = sealed,
+                Err(error) => {
+                    self.open_loaded_bonuses();
+                    return Err(error);
+                }
+            }
         }
         Ok(())
     }

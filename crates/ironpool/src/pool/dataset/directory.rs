@@ -600,7 +600,8 @@ pub struct FilesystemRecord {
     pub crypt: Option<CryptRecord>,
     /// Times of files that its intent log's replay could not set: the
     /// import found their attributes sealed and the key not loaded. Set
-    /// when the key is next loaded, then dropped (a rollback drops them).
+    /// when the key is next loaded, then dropped (a rollback to a snapshot
+    /// taken before the replay drops them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub replayed_times: Vec<ReplayedTimes>,
 }
@@ -610,6 +611,9 @@ pub struct FilesystemRecord {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayedTimes {
     pub object: u64,
+    /// The txg of the replay: a snapshot of it or later holds the sizes
+    /// these times go with.
+    pub txg: u64,
     /// Seconds and nanoseconds.
     pub mtime: (i64, u32),
     pub ctime: (i64, u32),

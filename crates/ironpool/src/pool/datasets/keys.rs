@@ -79,7 +79,9 @@ impl Pool {
             wrapped_key: hex(&wrapped.encode()),
             keylocation: encryption.keylocation,
         };
-        self.datasets
+        // A new guid: no key of it is loaded.
+        let _ = self
+            .datasets
             .keys
             .keys
             .insert(record.key_guid, DatasetKey::new(master));
@@ -210,21 +212,27 @@ impl Pool {
         })?;
         // Another load of the same key may have finished while this one
         // derived: the first stays.
-        self.datasets
+        if self
+            .datasets
             .keys
             .keys
-            .insert(record.key_guid, DatasetKey::new(master));
-        self.open_attributes(name, record.key_guid).await;
+            .insert(record.key_guid, DatasetKey::new(master))
+        {
+            self.open_attributes(name, record.key_guid).await;
+        }
         self.datasets.exports_gone.notify_all();
         // The server mounts the filesystems it opens.
         self.datasets.filesystems_changed.notify_all();
         Ok(())
     }
 
-    /// The key of `guid` was just loaded: the objects its filesystems (and
+    /// The key of `guid` was just loaded (by this call: one that raced it
+    /// found it loaded and does nothing): the objects its filesystems (and
     /// their snapshots opened) hold with sealed attributes are opened, and
     /// the files a crash left unlinked in them, which the import could not
-    /// free without the key, are freed now, before they are mounted.
+    /// free without the key, are freed now, before they are mounted; and
+    /// so are set the times their replay kept. Each filesystem is taken
+    /// whole meanwhile, as a rollback or destroy takes it.
     async fn open_attributes(self: &Rc<Self>, name: &str, guid: u64) {
         let filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> = self
             .all_filesystems()
@@ -242,13 +250,16 @@ impl Pool {
                 );
             }
         }
-        for fs in &filesystems {
-            if !fs.is_snapshot() {
-                self.set_replayed_times(fs).await;
-            }
-        }
         for fs in filesystems {
-            if !fs.orphans_sealed.get() || fs.is_snapshot() {
+            if fs.is_snapshot() {
+                continue;
+            }
+            let _whole = fs.exclusive().await;
+            if fs.is_retired() {
+                continue;
+            }
+            self.set_replayed_times(&fs).await;
+            if !fs.orphans_sealed.replace(false) {
                 continue;
             }
             let _hold = self.txg.hold_builds();

@@ -128,6 +128,12 @@ impl Side {
         ) {
             return Ok(None);
         }
+        if crate::format::sealed_bonus::is_sealed(&dnode.bonus) {
+            return Err(PoolError::KeyUnavailable(format!(
+                "{}: its objects' attributes are sealed: load its key",
+                self.fs.name()
+            )));
+        }
         let znode = Znode::decode(&dnode.bonus).map_err(|error| {
             PoolError::Corrupt(format!("{} object {id}: {error}", self.fs.name()))
         })?;

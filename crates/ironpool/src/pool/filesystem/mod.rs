@@ -853,7 +853,7 @@ impl Filesystem {
         let bonus = object.dnode().bonus;
         if crate::format::sealed_bonus::is_sealed(&bonus) {
             return Err(FsError::Pool(PoolError::KeyUnavailable(format!(
-                "{}: object {ino}: its attributes are sealed and its key is not loaded",
+                "{}: object {ino}: its attributes are sealed (its key is not loaded, or they failed their MAC when it was)",
                 self.name()
             ))));
         }

@@ -345,7 +345,7 @@ impl Pool {
         let header = fs.header.get();
         let begin = StreamBegin {
             version: if raw.is_some() {
-                stream::STREAM_VERSION_RAW
+                stream::STREAM_VERSION_RAW_SEALED_ATTRIBUTES
             } else {
                 STREAM_VERSION
             },

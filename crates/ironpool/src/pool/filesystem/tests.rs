@@ -141,3 +141,120 @@ fn a_header_without_space_sums_gets_them_at_import() {
         );
     });
 }
+
+/// A filesystem made encrypted before attributes were sealed (no header
+/// flag) holds them in the clear on the devices; power fails after an
+/// `fsync` through its log. The import, without the key, replays it (the
+/// object's attributes in the clear are kept so: they cannot be sealed
+/// without the key, and were so already) and commits; once the key is
+/// loaded the file reads as the `fsync` left it, and its next change seals
+/// its attributes.
+#[test]
+fn a_filesystem_encrypted_before_sealing_replays_without_its_key() {
+    use crate::format::sealed_bonus::is_sealed;
+    let disks: Vec<Rc<SimDevice>> = (0..2)
+        .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 60 + index))
+        .collect();
+    let key = || zeroize::Zeroizing::new(vec![0x3c; 32]);
+    let ino = Runtime::new_sim(60).block_on({
+        let disks = disks.clone();
+        async move {
+            let pool = mirror_pool(&disks, unhurried()).await;
+            let properties = [
+                ("encryption", "on"),
+                ("keyformat", "raw"),
+                ("recordsize", "16K"),
+            ]
+            .iter()
+            .map(|(name, value)| (name.to_string(), value.to_string()))
+            .collect();
+            let fs = pool
+                .create_filesystem_keyed("tank/fs", properties, Some(key()))
+                .await
+                .unwrap();
+            let ino = fs
+                .create(
+                    &pool,
+                    fs.root(),
+                    b"f",
+                    &NewObject::owned(S_IFREG | 0o644, 7, 8),
+                )
+                .await
+                .unwrap()
+                .ino;
+            fs.write(&pool, ino, 0, &vec![1u8; 32 << 10]).await.unwrap();
+            pool.commit().await.unwrap();
+            // As an older build left it: no flag, the file's attributes in
+            // the clear in the table.
+            fs.write_header(FsHeader {
+                sealed_bonuses: false,
+                ..fs.header.get()
+            });
+            let mut dnode = fs.objects.open(ino).await.unwrap().dnode();
+            assert!(!is_sealed(&dnode.bonus), "opened in memory");
+            let mut bytes = [0u8; DNODE_BYTES];
+            dnode.encode(&mut bytes);
+            fs.objects
+                .write_bytes_cached(&fs.table, ino * DNODE_BYTES as u64, &bytes)
+                .unwrap();
+            pool.commit().await.unwrap();
+            let stored = fs
+                .objects
+                .read_bytes(&fs.table, ino * DNODE_BYTES as u64, DNODE_BYTES)
+                .await
+                .unwrap();
+            dnode = crate::format::Dnode::decode(&stored).unwrap();
+            assert!(!is_sealed(&dnode.bonus), "the attributes in the clear");
+            // The chain starts through a txg; the next `fsync` is logged.
+            pool.fs_log_commit(&fs).await.unwrap();
+            fs.write(&pool, ino, 32 << 10, &vec![2u8; 16 << 10])
+                .await
+                .unwrap();
+            pool.fs_log_commit(&fs).await.unwrap();
+            assert_eq!(fs.log_stats().commits, 1);
+            ino
+        }
+    });
+    let mut rng = crate::rt::sim::Rng::new(61);
+    for disk in &disks {
+        disk.crash(&mut rng);
+    }
+    Runtime::new_sim(62).block_on(async move {
+        let pool = Pool::import_from_devices("tank", named(&disks), unhurried())
+            .await
+            .unwrap();
+        assert!(
+            pool.notes()
+                .iter()
+                .any(|note| note.contains("intent log: replayed")),
+            "{:?}",
+            pool.notes()
+        );
+        pool.commit().await.unwrap();
+        let fs = pool.filesystem("tank/fs").unwrap();
+        pool.load_key("tank/fs", Some(key())).await.unwrap();
+        let attr = fs.getattr(ino).await.unwrap();
+        assert_eq!(
+            (attr.size, attr.znode.uid, attr.znode.gid),
+            (48 << 10, 7, 8)
+        );
+        assert_eq!(
+            fs.read(&pool, ino, 32 << 10, 16 << 10, false)
+                .await
+                .unwrap(),
+            vec![2u8; 16 << 10]
+        );
+        // Changed with the key: sealed from then on.
+        fs.write(&pool, ino, 0, &[3u8; 512]).await.unwrap();
+        pool.commit().await.unwrap();
+        let stored = fs
+            .objects
+            .read_bytes(&fs.table, ino * DNODE_BYTES as u64, DNODE_BYTES)
+            .await
+            .unwrap();
+        assert!(is_sealed(
+            &crate::format::Dnode::decode(&stored).unwrap().bonus
+        ));
+        pool.export().await.unwrap();
+    });
+}

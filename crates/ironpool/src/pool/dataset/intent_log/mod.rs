@@ -737,9 +737,10 @@ impl IntentLog {
     }
 
     /// Makes this the log of an encrypted filesystem: it carries block
-    /// pointers, holes, and files' sizes and times (what the dnode table
-    /// holds in the clear too), never names, attributes, extended
-    /// attributes or copies of bytes, which would be stored unsealed.
+    /// pointers, holes, and files' sizes and times (sizes the dnode table
+    /// holds in the clear too; the times are in the clear in the log until
+    /// it is freed), never names, other attributes, extended attributes or
+    /// copies of bytes, which would be stored unsealed.
     /// Changes of those make the next commit go through a txg, as changes
     /// past the log's bounds do; replay then needs no key.
     pub(crate) fn set_pointers_only(&self) {

@@ -658,6 +658,7 @@ async fn apply_fs_changes(
         if let Ok(Some(attr)) = &result {
             deferred.push(ReplayedTimes {
                 object: *object,
+                txg: pool.txg.open(),
                 mtime: (attr.mtime.seconds, attr.mtime.nanos),
                 ctime: (attr.ctime.seconds, attr.ctime.nanos),
             });

@@ -566,7 +566,7 @@ impl Pool {
                         info,
                         properties.clone(),
                         received_key,
-                        begin.version == crate::format::stream::STREAM_VERSION_RAW_CLEAR_ATTRIBUTES,
+                        begin.version == crate::format::stream::STREAM_VERSION_RAW,
                     )
                     .await?,
                 ),
@@ -703,6 +703,14 @@ impl Pool {
                 "{}/{short} is not encrypted: a raw stream applies only to a dataset received raw from the same encryption root",
                 self.name
             ))),
+            // Its changes (attributes too) would be sealed by a txg build
+            // with the key.
+            (None, Some(guid)) if !self.datasets.keys.available(guid) => {
+                Err(PoolError::KeyUnavailable(format!(
+                    "{}/{short} is encrypted: load its key to receive a stream that is not raw into it",
+                    self.name
+                )))
+            }
             (None, _) => Ok(()),
         }
     }

@@ -276,9 +276,12 @@ impl Pool {
                 .lineage_mut(volume)
                 .expect("checked above")
                 .dead_list = 0;
-            // Times a replay kept for files of the state rolled back from.
+            // Times a replay kept for files of the state rolled back from
+            // (a replay after the snapshot).
             if let Some(record) = directory.filesystems.get_mut(volume) {
-                record.replayed_times.clear();
+                record
+                    .replayed_times
+                    .retain(|times| times.txg <= target.txg);
             }
             // The volume takes back the size it had then (it may have grown since).
             if let (Some(head_volume), Some(record)) =

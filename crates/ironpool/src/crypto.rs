@@ -805,6 +805,48 @@ pub fn open_bonus(
     Ok(bonus)
 }
 
+/// Seals a file's modification and change times for an encrypted
+/// filesystem's intent log (`format::intent_log::SealedTimes`), bound to
+/// the file, the txg of its writes and the size they left.
+pub fn seal_times(
+    key: &DatasetKey,
+    object: u64,
+    txg: u64,
+    length: u64,
+    mtime: crate::format::znode::Timestamp,
+    ctime: crate::format::znode::Timestamp,
+) -> Result<crate::format::intent_log::SealedTimes, CryptoError> {
+    use crate::format::intent_log::{times_bytes, SealedTimes};
+    let mut ciphertext = times_bytes(mtime, ctime);
+    let crypt = key.seal(&SealedTimes::aad(object, txg, length), &mut ciphertext)?;
+    Ok(SealedTimes { crypt, ciphertext })
+}
+
+/// Opens what [`seal_times`] sealed: (mtime, ctime);
+/// [`CryptoError::Authentication`] when altered or moved.
+pub fn open_times(
+    key: &DatasetKey,
+    object: u64,
+    txg: u64,
+    length: u64,
+    sealed: &crate::format::intent_log::SealedTimes,
+) -> Result<
+    (
+        crate::format::znode::Timestamp,
+        crate::format::znode::Timestamp,
+    ),
+    CryptoError,
+> {
+    use crate::format::intent_log::{times_from_bytes, SealedTimes};
+    let mut plain = sealed.ciphertext;
+    key.open(
+        &sealed.crypt,
+        &SealedTimes::aad(object, txg, length),
+        &mut plain,
+    )?;
+    Ok(times_from_bytes(&plain))
+}
+
 /// The keys loaded in one pool, by key guid: shared by the pool (which
 /// loads and unloads them) and the object sets of encrypted filesystems
 /// (which seal and open their directories' blocks with them at the txg

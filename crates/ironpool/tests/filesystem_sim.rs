@@ -3316,10 +3316,11 @@ fn disk_holds(disk: &ironpool::dev::sim::SimDevice, pattern: &[u8]) -> bool {
 /// owner and group (distinct values) are on no device, while they are
 /// found in the same place of a filesystem that is not encrypted (the look
 /// is at the right bytes). Power fails after an `fsync` through the log and
-/// with a file open that has no names left; the import, without the key,
-/// replays the write (its size set, its times kept in the filesystem's
-/// record: they are sealed) and leaves the file open then; loading the key
-/// sets the times as the `fsync` left them and frees that file.
+/// with a file open that has no names left; the log's record holds the
+/// write's times sealed. The import, without the key, replays the write
+/// (its size set, its sealed times kept in the filesystem's record) and
+/// leaves the file open then; loading the key sets the times as the
+/// `fsync` left them and frees that file.
 #[test]
 fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
     const UID: u32 = 0x7a3c_915e;
@@ -3385,6 +3386,20 @@ fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
             }
         });
         let (kept, size, mtime, ctime) = expected.get().unwrap();
+        // The log's record of the write holds its times as a record in the
+        // clear would (seconds of each, side by side) only when not
+        // encrypted.
+        let times: Vec<u8> = (mtime.seconds as u64)
+            .to_le_bytes()
+            .into_iter()
+            .chain((ctime.seconds as u64).to_le_bytes())
+            .collect();
+        let found = disks.iter().filter(|disk| disk_holds(disk, &times)).count();
+        assert_eq!(
+            found > 0,
+            !encrypted,
+            "encrypted {encrypted}: times found on {found} devices"
+        );
         let owners = owners.clone();
         Runtime::new_sim(seed + 1).block_on(async move {
             let (pool, fs) = import_filesystem(&disks, "sealed attributes").await;
@@ -3398,6 +3413,10 @@ fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
             if encrypted {
                 let kept_times = pool.filesystem_record("fs").unwrap().replayed_times;
                 assert_eq!(kept_times.len(), 1, "{kept_times:?}");
+                assert!(
+                    kept_times[0].sealed.is_some() && kept_times[0].mtime.is_none(),
+                    "the times kept in the clear: {kept_times:?}"
+                );
                 match fs.getattr(kept).await {
                     Err(FsError::Pool(PoolError::KeyUnavailable(_))) => {}
                     other => panic!("attributes read without the key: {other:?}"),

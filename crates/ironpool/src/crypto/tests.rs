@@ -400,3 +400,44 @@ fn sealed_attributes_open_only_as_their_object() {
         Default::default()
     );
 }
+
+/// An intent log record's sealed times open only as the record they were
+/// sealed for: the same file, txg and size, under their key.
+#[test]
+fn sealed_times_open_only_as_their_record() {
+    use crate::format::znode::Timestamp;
+    let key = DatasetKey::new(master(Suite::Aes128Gcm, 3));
+    let mtime = Timestamp {
+        seconds: 1_765_100_000,
+        nanos: 120_000_000,
+    };
+    let ctime = Timestamp {
+        seconds: 1_765_100_001,
+        nanos: 7,
+    };
+    let sealed = seal_times(&key, 258, 4702, 49152, mtime, ctime).unwrap();
+    assert_eq!(
+        open_times(&key, 258, 4702, 49152, &sealed).unwrap(),
+        (mtime, ctime)
+    );
+    let refused = |result: Result<_, CryptoError>| {
+        assert!(
+            matches!(result, Err(CryptoError::Authentication)),
+            "{result:?}"
+        )
+    };
+    refused(open_times(&key, 259, 4702, 49152, &sealed));
+    refused(open_times(&key, 258, 4703, 49152, &sealed));
+    refused(open_times(&key, 258, 4702, 49153, &sealed));
+    let mut altered = sealed;
+    altered.ciphertext[0] ^= 1;
+    refused(open_times(&key, 258, 4702, 49152, &altered));
+    let other = DatasetKey::new(master(Suite::Aes128Gcm, 4));
+    refused(open_times(&other, 258, 4702, 49152, &sealed));
+    // The record's body round-trips.
+    let body = sealed.body(49152);
+    assert_eq!(
+        crate::format::intent_log::SealedTimes::from_body(&body).unwrap(),
+        (49152, sealed)
+    );
+}

@@ -11,7 +11,7 @@
 //! not belong to the chain, or is not the next in sequence: a block torn by a
 //! crash, never written, or left over from an older chain in reused space.
 
-use super::bp::{BlockPointer, Dva, BLOCK_POINTER_BYTES};
+use super::bp::{BlockCrypt, BlockPointer, Dva, BLOCK_POINTER_BYTES, IV_BYTES, MAC_BYTES};
 use super::checksum::embedded;
 use super::dnode::Bonus;
 use super::fsdir::valid_entry_name;
@@ -45,8 +45,19 @@ const KIND_XATTRS: u8 = 9;
 /// [`ZNODE_EXT_BYTES`] (a znode with neither is written as `KIND_OBJECT`,
 /// as before they were kept).
 const KIND_OBJECT_EXT: u8 = 10;
+/// An attribute record of an encrypted filesystem: the size in the clear,
+/// the times sealed ([`SealedTimes`]).
+const KIND_ATTR_SEALED: u8 = 11;
 /// Bytes of an attribute record's body: length, then the two times.
 const ATTR_BODY_BYTES: usize = 32;
+/// Bytes of the two times, as an attribute record's body holds them after
+/// the length: seconds of each (i64), then nanoseconds of each (u32).
+pub const TIMES_BYTES: usize = 24;
+/// Bytes of a sealed attribute record's body: length, the sealed times,
+/// salt, IV, 4 zero bytes, MAC.
+pub const ATTR_SEALED_BODY_BYTES: usize = 8 + TIMES_BYTES + 8 + IV_BYTES + 4 + MAC_BYTES;
+/// Domain of sealed times' associated data.
+const TIMES_AAD_DOMAIN: &[u8; 16] = b"ironpool times 1";
 /// Bytes of an object record's body: length, then the znode.
 const OBJECT_BODY_BYTES: usize = 8 + ZNODE_BYTES;
 /// Bytes of an extended object record's body.
@@ -58,6 +69,84 @@ fn object_znode_bytes(znode: &Znode) -> usize {
         ZNODE_EXT_BYTES
     } else {
         ZNODE_BYTES
+    }
+}
+
+/// A file's modification and change times sealed (an encrypted
+/// filesystem's attribute record): the salt, IV and MAC of the sealing, and
+/// the [`TIMES_BYTES`] sealed (`crypto::seal_times`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct SealedTimes {
+    pub crypt: BlockCrypt,
+    pub ciphertext: [u8; TIMES_BYTES],
+}
+
+/// The two times as an attribute record holds them after its length.
+pub fn times_bytes(mtime: Timestamp, ctime: Timestamp) -> [u8; TIMES_BYTES] {
+    let mut out = [0u8; TIMES_BYTES];
+    put_u64(&mut out, 0, mtime.seconds as u64);
+    put_u64(&mut out, 8, ctime.seconds as u64);
+    put_u32(&mut out, 16, mtime.nanos);
+    put_u32(&mut out, 20, ctime.nanos);
+    out
+}
+
+/// The times [`times_bytes`] wrote: (mtime, ctime).
+pub fn times_from_bytes(bytes: &[u8; TIMES_BYTES]) -> (Timestamp, Timestamp) {
+    let time = |seconds: usize, nanos: usize| Timestamp {
+        seconds: get_u64(bytes, seconds) as i64,
+        nanos: get_u32(bytes, nanos),
+    };
+    (time(0, 16), time(8, 20))
+}
+
+impl SealedTimes {
+    /// A sealed attribute record's body: `length`, then these times.
+    pub fn body(&self, length: u64) -> [u8; ATTR_SEALED_BODY_BYTES] {
+        let mut out = [0u8; ATTR_SEALED_BODY_BYTES];
+        put_u64(&mut out, 0, length);
+        out[8..8 + TIMES_BYTES].copy_from_slice(&self.ciphertext);
+        let at = 8 + TIMES_BYTES;
+        put_u64(&mut out, at, self.crypt.salt);
+        out[at + 8..at + 8 + IV_BYTES].copy_from_slice(&self.crypt.iv);
+        out[at + 8 + IV_BYTES + 4..].copy_from_slice(&self.crypt.mac);
+        out
+    }
+
+    /// The length and sealed times of a sealed attribute record's `body`.
+    pub fn from_body(body: &[u8]) -> Result<(u64, SealedTimes), FormatError> {
+        if body.len() != ATTR_SEALED_BODY_BYTES {
+            return Err(invalid("sealed times", "length"));
+        }
+        let at = 8 + TIMES_BYTES;
+        if body[at + 8 + IV_BYTES..at + 8 + IV_BYTES + 4] != [0; 4] {
+            return Err(invalid("sealed times", "reserved bytes not zero"));
+        }
+        Ok((
+            get_u64(body, 0),
+            SealedTimes {
+                crypt: BlockCrypt {
+                    salt: get_u64(body, at),
+                    iv: body[at + 8..at + 8 + IV_BYTES]
+                        .try_into()
+                        .expect("IV bytes"),
+                    mac: body[at + 8 + IV_BYTES + 4..].try_into().expect("MAC bytes"),
+                },
+                ciphertext: body[8..8 + TIMES_BYTES].try_into().expect("times bytes"),
+            },
+        ))
+    }
+
+    /// What the MAC authenticates besides the times: the file, the txg of
+    /// the writes and the size they left (a record's times moved to
+    /// another file, or to another record, fail).
+    pub fn aad(object: u64, txg: u64, length: u64) -> [u8; 40] {
+        let mut aad = [0u8; 40];
+        aad[..16].copy_from_slice(TIMES_AAD_DOMAIN);
+        put_u64(&mut aad, 16, object);
+        put_u64(&mut aad, 24, txg);
+        put_u64(&mut aad, 32, length);
+        aad
     }
 }
 
@@ -98,13 +187,16 @@ pub enum LogRecord {
         data: Vec<u8>,
     },
     /// A file's size and modification times after writes of txg `txg` (a
-    /// filesystem's log): replay sets them unless that txg is durable.
+    /// filesystem's log): replay sets them unless that txg is durable. An
+    /// encrypted filesystem's has its times `sealed` (then `mtime` and
+    /// `ctime` are zero): they are attributes, which it keeps sealed.
     Attr {
         object: u64,
         txg: u64,
         length: u64,
         mtime: Timestamp,
         ctime: Timestamp,
+        sealed: Option<SealedTimes>,
     },
     /// A filesystem's object (file, directory, link) as a change of names
     /// or attributes of txg `txg` left it: replay makes it so (creating it
@@ -164,7 +256,10 @@ impl LogRecord {
                 LogRecord::Copy { data, .. }
                 | LogRecord::Written { data, .. }
                 | LogRecord::Xattrs { list: data, .. } => data.len().next_multiple_of(8),
-                LogRecord::Attr { .. } => ATTR_BODY_BYTES,
+                LogRecord::Attr { sealed: None, .. } => ATTR_BODY_BYTES,
+                LogRecord::Attr {
+                    sealed: Some(_), ..
+                } => ATTR_SEALED_BODY_BYTES,
                 LogRecord::Object { state, .. } => 8 + object_znode_bytes(&state.znode),
                 LogRecord::Freed { .. } => 0,
                 LogRecord::Entry { name, .. } => 8 + name.len().next_multiple_of(8),
@@ -220,6 +315,17 @@ impl LogRecord {
             LogRecord::Attr {
                 txg,
                 length,
+                sealed: Some(sealed),
+                ..
+            } => {
+                out[0] = KIND_ATTR_SEALED;
+                put_u64(out, 24, *txg);
+                let body = RECORD_HEAD_BYTES;
+                out[body..body + ATTR_SEALED_BODY_BYTES].copy_from_slice(&sealed.body(*length));
+            }
+            LogRecord::Attr {
+                txg,
+                length,
                 mtime,
                 ctime,
                 ..
@@ -228,10 +334,7 @@ impl LogRecord {
                 put_u64(out, 24, *txg);
                 let body = RECORD_HEAD_BYTES;
                 put_u64(out, body, *length);
-                put_u64(out, body + 8, mtime.seconds as u64);
-                put_u64(out, body + 16, ctime.seconds as u64);
-                put_u32(out, body + 24, mtime.nanos);
-                put_u32(out, body + 28, ctime.nanos);
+                out[body + 8..body + 8 + TIMES_BYTES].copy_from_slice(&times_bytes(*mtime, *ctime));
             }
             LogRecord::Object { txg, state, .. } => {
                 let znode_bytes = object_znode_bytes(&state.znode);
@@ -467,8 +570,27 @@ pub fn decode_block(
                         length: get_u64(bytes, body),
                         mtime: time(8, 24),
                         ctime: time(16, 28),
+                        sealed: None,
                     },
                     ATTR_BODY_BYTES,
+                )
+            }
+            KIND_ATTR_SEALED => {
+                if body + ATTR_SEALED_BODY_BYTES > used {
+                    return Err(invalid(WHAT, "an attribute record runs past the block"));
+                }
+                let (length, sealed) =
+                    SealedTimes::from_body(&bytes[body..body + ATTR_SEALED_BODY_BYTES])?;
+                (
+                    LogRecord::Attr {
+                        object,
+                        txg,
+                        length,
+                        mtime: Timestamp::default(),
+                        ctime: Timestamp::default(),
+                        sealed: Some(sealed),
+                    },
+                    ATTR_SEALED_BODY_BYTES,
                 )
             }
             KIND_OBJECT | KIND_OBJECT_EXT => {
@@ -619,6 +741,22 @@ mod tests {
                     seconds: 1 << 33,
                     nanos: 1,
                 },
+                sealed: None,
+            },
+            LogRecord::Attr {
+                object: 9,
+                txg: 13,
+                length: 77,
+                mtime: Timestamp::default(),
+                ctime: Timestamp::default(),
+                sealed: Some(SealedTimes {
+                    crypt: BlockCrypt {
+                        salt: 0x0102_0304_0506_0708,
+                        iv: [0x11; IV_BYTES],
+                        mac: [0x22; MAC_BYTES],
+                    },
+                    ciphertext: [0x33; TIMES_BYTES],
+                }),
             },
             LogRecord::Object {
                 object: 10,
@@ -735,6 +873,7 @@ mod tests {
                 + (32 + 512)
                 + (32 + 256)
                 + (32 + 32)
+                + (32 + 72)
                 + (32 + 128)
                 + (32 + 136)
                 + 32

@@ -608,15 +608,26 @@ pub struct FilesystemRecord {
 
 /// A file's modification and change times from its filesystem's intent
 /// log, kept until its attributes can be opened ([`FilesystemRecord::replayed_times`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ReplayedTimes {
     pub object: u64,
     /// The txg of the replay: a snapshot of it or later holds the sizes
     /// these times go with.
     pub txg: u64,
-    /// Seconds and nanoseconds.
-    pub mtime: (i64, u32),
-    pub ctime: (i64, u32),
+    /// The attribute record's txg (what its sealed times are bound to).
+    pub log_txg: u64,
+    /// The size the record set (the same).
+    pub length: u64,
+    /// The times as seconds and nanoseconds, when the record held them in
+    /// the clear (a log written before they were sealed).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub mtime: Option<(i64, u32)>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub ctime: Option<(i64, u32)>,
+    /// Else the record's sealed times: salt, IV, MAC and ciphertext as
+    /// the record's body holds them after its length, in hexadecimal.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sealed: Option<String>,
 }
 
 impl FilesystemRecord {

@@ -288,12 +288,13 @@ impl Pool {
         let _hold = self.txg.hold_builds();
         let mut failed = 0usize;
         for times in &times {
-            let at =
-                |(seconds, nanos): (i64, u32)| crate::format::znode::Timestamp { seconds, nanos };
-            match fs
-                .set_replayed_times(times.object, at(times.mtime), at(times.ctime))
-                .await
-            {
+            let result = match kept_attr(times) {
+                Some(attr) => fs.set_replayed_times(times.object, &attr).await,
+                None => Err(crate::pool::filesystem::FsError::Corrupt(
+                    "malformed kept times".into(),
+                )),
+            };
+            match result {
                 // Freed since (it had no names left).
                 Ok(()) | Err(crate::pool::filesystem::FsError::NotFound) => {}
                 Err(error) => {
@@ -592,4 +593,32 @@ impl Pool {
             fixed("encryptionroot", root),
         ]
     }
+}
+
+/// The attribute record a filesystem's replay kept `times` of; None when
+/// they are malformed (the directory was altered).
+fn kept_attr(
+    times: &crate::pool::dataset::directory::ReplayedTimes,
+) -> Option<crate::pool::dataset::intent_log::FileAttr> {
+    use crate::format::intent_log::SealedTimes;
+    use crate::format::znode::Timestamp;
+    let at = |(seconds, nanos): (i64, u32)| Timestamp { seconds, nanos };
+    let sealed = match &times.sealed {
+        Some(text) => {
+            let mut body = times.length.to_le_bytes().to_vec();
+            body.extend(crate::pool::dataset::keys::unhex(text)?);
+            Some(SealedTimes::from_body(&body).ok()?.1)
+        }
+        None => None,
+    };
+    if sealed.is_none() && (times.mtime.is_none() || times.ctime.is_none()) {
+        return None;
+    }
+    Some(crate::pool::dataset::intent_log::FileAttr {
+        txg: times.log_txg,
+        length: times.length,
+        mtime: times.mtime.map(at).unwrap_or_default(),
+        ctime: times.ctime.map(at).unwrap_or_default(),
+        sealed,
+    })
 }

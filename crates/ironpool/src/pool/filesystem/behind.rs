@@ -856,6 +856,7 @@ impl Filesystem {
                 length: object.length_bytes(),
                 mtime: time,
                 ctime: time,
+                sealed: None,
             },
         );
         Ok(())

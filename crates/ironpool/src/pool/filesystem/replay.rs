@@ -72,8 +72,9 @@ impl Filesystem {
 
     /// Replay of the intent log: sets file `ino`'s size and times as a
     /// logged write left them. When its attributes are sealed (an encrypted
-    /// filesystem imported without its key), the size is set and the times
-    /// returned: the pool keeps them until the key is loaded
+    /// filesystem imported without its key), or its times are sealed and
+    /// the key is not loaded, the size is set and the times returned: the
+    /// pool keeps them until the key is loaded
     /// ([`Filesystem::set_replayed_times`]).
     pub(in crate::pool) async fn replay_attr(
         &self,
@@ -87,20 +88,47 @@ impl Filesystem {
         {
             return Err(FsError::Corrupt("not a regular file, or too large".into()));
         }
-        if sealed {
+        let key = self.data_key().ok().flatten();
+        if sealed || (attr.sealed.is_some() && key.is_none()) {
             object.dnode.borrow_mut().length_bytes = attr.length;
             object.dirty.set(true);
             return Ok(Some(*attr));
         }
+        let (mtime, ctime) = self.times_of(ino, attr, key.as_deref())?;
         let (object, mut znode) = self.load(ino).await?;
         if !znode.is_regular() {
             return Err(FsError::Corrupt("not a regular file, or too large".into()));
         }
         object.dnode.borrow_mut().length_bytes = attr.length;
-        znode.mtime = attr.mtime;
-        znode.ctime = attr.ctime;
+        znode.mtime = mtime;
+        znode.ctime = ctime;
         Self::save(&object, &znode);
         Ok(None)
+    }
+
+    /// The times of file `ino` an attribute record `attr` carries: opened
+    /// with `key` when sealed (their MAC checked).
+    pub(in crate::pool) fn times_of(
+        &self,
+        ino: u64,
+        attr: &FileAttr,
+        key: Option<&crate::crypto::DatasetKey>,
+    ) -> Result<(Timestamp, Timestamp), FsError> {
+        let Some(sealed) = &attr.sealed else {
+            return Ok((attr.mtime, attr.ctime));
+        };
+        let key = key.ok_or_else(|| {
+            FsError::Pool(crate::pool::PoolError::KeyUnavailable(format!(
+                "{}: file {ino}: its times are sealed and its key is not loaded",
+                self.name()
+            )))
+        })?;
+        crate::crypto::open_times(key, ino, attr.txg, attr.length, sealed).map_err(|error| {
+            FsError::Corrupt(format!(
+                "{}: file {ino}: the times its intent log kept: {error}",
+                self.name()
+            ))
+        })
     }
 
     /// Sets the times of file `ino` that a replay without its key kept
@@ -109,9 +137,10 @@ impl Filesystem {
     pub(in crate::pool) async fn set_replayed_times(
         &self,
         ino: u64,
-        mtime: Timestamp,
-        ctime: Timestamp,
+        attr: &FileAttr,
     ) -> Result<(), FsError> {
+        let key = self.data_key().map_err(FsError::Pool)?;
+        let (mtime, ctime) = self.times_of(ino, attr, key.as_deref())?;
         let (object, mut znode) = self.load(ino).await?;
         if znode.ctime > ctime {
             return Ok(());

@@ -509,6 +509,9 @@ pub(crate) struct FileAttr {
     pub length: u64,
     pub mtime: Timestamp,
     pub ctime: Timestamp,
+    /// The times sealed (an encrypted filesystem's record, replayed; then
+    /// `mtime` and `ctime` are zero).
+    pub sealed: Option<crate::format::intent_log::SealedTimes>,
 }
 
 /// Why a volume's log commit runs: a caller asked for it (a FLUSH, a FUA
@@ -737,10 +740,10 @@ impl IntentLog {
     }
 
     /// Makes this the log of an encrypted filesystem: it carries block
-    /// pointers, holes, and files' sizes and times (sizes the dnode table
-    /// holds in the clear too; the times are in the clear in the log until
-    /// it is freed), never names, other attributes, extended attributes or
-    /// copies of bytes, which would be stored unsealed.
+    /// pointers, holes, and files' sizes (which the dnode table holds in
+    /// the clear too) and times (sealed), never names, other attributes,
+    /// extended attributes or copies of bytes, which would be stored
+    /// unsealed.
     /// Changes of those make the next commit go through a txg, as changes
     /// past the log's bounds do; replay then needs no key.
     pub(crate) fn set_pointers_only(&self) {

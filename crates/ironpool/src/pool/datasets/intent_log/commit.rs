@@ -684,15 +684,49 @@ impl Pool {
         );
         let mut files: Vec<(&u64, &FileAttr)> = taken.attrs.iter().collect();
         files.sort_unstable_by_key(|(object, _)| **object);
+        // An encrypted filesystem's times are attributes, which it keeps
+        // sealed: sealed in its log too.
+        let key = match fs.data_key() {
+            Ok(key) => key,
+            Err(_) => {
+                give_back(&unlogged, taken);
+                return Ok(FsLogged::Instead);
+            }
+        };
         for (object, attr) in files {
             if attr.txg > self.txg.durable() {
                 max_txg = max_txg.max(attr.txg);
+                let sealed = match &key {
+                    None => None,
+                    Some(key) => match crate::crypto::seal_times(
+                        key,
+                        *object,
+                        attr.txg,
+                        attr.length,
+                        attr.mtime,
+                        attr.ctime,
+                    ) {
+                        Ok(sealed) => Some(sealed),
+                        Err(_) => {
+                            give_back(&unlogged, taken);
+                            return Ok(FsLogged::Instead);
+                        }
+                    },
+                };
+                let clear = |time| {
+                    if sealed.is_some() {
+                        Default::default()
+                    } else {
+                        time
+                    }
+                };
                 records.push(LogRecord::Attr {
                     object: *object,
                     txg: attr.txg,
                     length: attr.length,
-                    mtime: attr.mtime,
-                    ctime: attr.ctime,
+                    mtime: clear(attr.mtime),
+                    ctime: clear(attr.ctime),
+                    sealed,
                 });
             }
         }
@@ -1265,6 +1299,7 @@ mod tests {
                 length: 65536,
                 mtime: Default::default(),
                 ctime: Default::default(),
+                sealed: None,
             },
             block(c),
         ];

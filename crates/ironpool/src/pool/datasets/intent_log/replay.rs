@@ -403,12 +403,14 @@ async fn prepare_fs_replay(
                     length,
                     mtime,
                     ctime,
+                    sealed,
                 } => {
                     let attr = FileAttr {
                         txg,
                         length,
                         mtime,
                         ctime,
+                        sealed,
                     };
                     attrs.insert(object, (txg > durable).then_some(attr));
                 }
@@ -656,11 +658,18 @@ async fn apply_fs_changes(
     for (object, attr) in &changes.attrs {
         let result = fs.replay_attr(*object, attr).await;
         if let Ok(Some(attr)) = &result {
+            let clear = attr.sealed.is_none();
+            let at = |time: crate::format::znode::Timestamp| (time.seconds, time.nanos);
             deferred.push(ReplayedTimes {
                 object: *object,
                 txg: pool.txg.open(),
-                mtime: (attr.mtime.seconds, attr.mtime.nanos),
-                ctime: (attr.ctime.seconds, attr.ctime.nanos),
+                log_txg: attr.txg,
+                length: attr.length,
+                mtime: clear.then(|| at(attr.mtime)),
+                ctime: clear.then(|| at(attr.ctime)),
+                sealed: attr
+                    .sealed
+                    .map(|sealed| crate::pool::dataset::keys::hex(&sealed.body(attr.length)[8..])),
             });
         }
         count(result.map(|_| ()), format!("file {object} size"));
@@ -673,8 +682,8 @@ async fn apply_fs_changes(
 }
 
 /// Keeps in filesystem `fs`'s record the times its replay could not set
-/// (its attributes sealed, its key not loaded), with those kept by an
-/// earlier replay: the newer of two for one file. They go in the replay's
+/// (its attributes or its times sealed, its key not loaded), with those
+/// kept by an earlier replay (a later replay's replace them). They go in the replay's
 /// txg, with the sizes.
 fn keep_replayed_times(pool: &Pool, fs: &Filesystem, times: Vec<ReplayedTimes>) {
     if times.is_empty() {
@@ -684,14 +693,14 @@ fn keep_replayed_times(pool: &Pool, fs: &Filesystem, times: Vec<ReplayedTimes>) 
     let Some(record) = directory.filesystems.get_mut(fs.short_name().as_str()) else {
         return;
     };
+    // A later replay's record of a file is newer than an earlier one's.
     for new in times {
         match record
             .replayed_times
             .iter_mut()
             .find(|kept| kept.object == new.object)
         {
-            Some(kept) if kept.ctime <= new.ctime => *kept = new,
-            Some(_) => {}
+            Some(kept) => *kept = new,
             None => record.replayed_times.push(new),
         }
     }

@@ -599,7 +599,8 @@ pub struct FilesystemRecord {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub crypt: Option<CryptRecord>,
     /// Times of files that its intent log's replay could not set: the
-    /// import found their attributes sealed and the key not loaded. Set
+    /// import found their attributes or the times sealed and the key not
+    /// loaded. Set
     /// when the key is next loaded, then dropped (a rollback to a snapshot
     /// taken before the replay drops them).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -612,11 +613,14 @@ pub struct FilesystemRecord {
 pub struct ReplayedTimes {
     pub object: u64,
     /// The txg of the replay: a snapshot of it or later holds the sizes
-    /// these times go with.
+    /// these times go with (absent: any rollback drops them).
+    #[serde(default = "txg_unknown")]
     pub txg: u64,
     /// The attribute record's txg (what its sealed times are bound to).
+    #[serde(default)]
     pub log_txg: u64,
     /// The size the record set (the same).
+    #[serde(default)]
     pub length: u64,
     /// The times as seconds and nanoseconds, when the record held them in
     /// the clear (a log written before they were sealed).
@@ -624,10 +628,16 @@ pub struct ReplayedTimes {
     pub mtime: Option<(i64, u32)>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub ctime: Option<(i64, u32)>,
-    /// Else the record's sealed times: salt, IV, MAC and ciphertext as
-    /// the record's body holds them after its length, in hexadecimal.
+    /// Else the record's sealed times as its body holds them after the
+    /// size (ciphertext, salt, IV, 4 zero bytes, MAC), in hexadecimal.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub sealed: Option<String>,
+}
+
+/// A kept time's replay txg when the record does not say: later than any
+/// snapshot.
+fn txg_unknown() -> u64 {
+    u64::MAX
 }
 
 impl FilesystemRecord {

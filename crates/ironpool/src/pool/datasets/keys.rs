@@ -279,38 +279,40 @@ impl Pool {
 
     /// Sets the times filesystem `fs`'s replay kept for its key (see
     /// `FilesystemRecord::replayed_times`), and drops them, in one txg.
+    /// Times that could not be set for a reason that may pass (the key
+    /// unloaded meanwhile, a read error) stay for the next load; damaged
+    /// ones (their MAC failed) and those of files freed since go.
     async fn set_replayed_times(self: &Rc<Self>, fs: &crate::pool::filesystem::Filesystem) {
+        use crate::pool::filesystem::FsError;
         let short = fs.short_name();
         let times = match self.filesystem_record(&short) {
             Some(record) if !record.replayed_times.is_empty() => record.replayed_times,
             _ => return,
         };
         let _hold = self.txg.hold_builds();
-        let mut failed = 0usize;
-        for times in &times {
-            let result = match kept_attr(times) {
+        let mut kept = Vec::new();
+        for times in times {
+            let result = match kept_attr(&times) {
                 Some(attr) => fs.set_replayed_times(times.object, &attr).await,
-                None => Err(crate::pool::filesystem::FsError::Corrupt(
-                    "malformed kept times".into(),
-                )),
+                None => Err(FsError::Corrupt("malformed kept times".into())),
             };
             match result {
                 // Freed since (it had no names left).
-                Ok(()) | Err(crate::pool::filesystem::FsError::NotFound) => {}
+                Ok(()) | Err(FsError::NotFound) => {}
                 Err(error) => {
-                    failed += 1;
-                    if failed == 1 {
-                        eprintln!(
-                            "ironpool: {}: file {}: the times its intent log kept were not set: {error}",
-                            fs.name(),
-                            times.object
-                        );
+                    eprintln!(
+                        "ironpool: {}: file {}: the times its intent log kept were not set: {error}",
+                        fs.name(),
+                        times.object
+                    );
+                    if !matches!(error, FsError::Corrupt(_)) {
+                        kept.push(times);
                     }
                 }
             }
         }
         if let Some(record) = self.datasets.directory.edit().filesystems.get_mut(&short) {
-            record.replayed_times.clear();
+            record.replayed_times = kept;
         }
     }
 
@@ -427,13 +429,18 @@ impl Pool {
             }
         }
         // No attribute stays in memory in the clear once the key is gone.
-        for fs in filesystems
+        let sealing: Vec<Rc<crate::pool::filesystem::Filesystem>> = filesystems
             .iter()
             .cloned()
             .chain(self.datasets.snapshot_filesystems.all())
             .filter(|fs| fs.key_guid() == Some(guid))
-        {
+            .collect();
+        for (index, fs) in sealing.iter().enumerate() {
             if let Err(error) = fs.objects.seal_loaded_bonuses() {
+                // The key stays: what was sealed is opened again.
+                for done in &sealing[..index] {
+                    done.objects.open_loaded_bonuses();
+                }
                 self.datasets.keys.keys.end_unload(guid);
                 return Err(PoolError::Io(format!("{}: {error}", fs.name())));
             }

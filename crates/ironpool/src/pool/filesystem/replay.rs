@@ -88,18 +88,20 @@ impl Filesystem {
         {
             return Err(FsError::Corrupt("not a regular file, or too large".into()));
         }
+        if !sealed && !self.load(ino).await?.1.is_regular() {
+            return Err(FsError::Corrupt("not a regular file, or too large".into()));
+        }
         let key = self.data_key().ok().flatten();
         if sealed || (attr.sealed.is_some() && key.is_none()) {
             object.dnode.borrow_mut().length_bytes = attr.length;
             object.dirty.set(true);
             return Ok(Some(*attr));
         }
+        // The size whatever the times (they may fail their MAC).
+        object.dnode.borrow_mut().length_bytes = attr.length;
+        object.dirty.set(true);
         let (mtime, ctime) = self.times_of(ino, attr, key.as_deref())?;
         let (object, mut znode) = self.load(ino).await?;
-        if !znode.is_regular() {
-            return Err(FsError::Corrupt("not a regular file, or too large".into()));
-        }
-        object.dnode.borrow_mut().length_bytes = attr.length;
         znode.mtime = mtime;
         znode.ctime = ctime;
         Self::save(&object, &znode);

@@ -559,17 +559,18 @@ pub fn decode_block(
                 if body + ATTR_BODY_BYTES > used {
                     return Err(invalid(WHAT, "an attribute record runs past the block"));
                 }
-                let time = |seconds: usize, nanos: usize| Timestamp {
-                    seconds: get_u64(bytes, body + seconds) as i64,
-                    nanos: get_u32(bytes, body + nanos),
-                };
+                let (mtime, ctime) = times_from_bytes(
+                    bytes[body + 8..body + 8 + TIMES_BYTES]
+                        .try_into()
+                        .expect("times bytes"),
+                );
                 (
                     LogRecord::Attr {
                         object,
                         txg,
                         length: get_u64(bytes, body),
-                        mtime: time(8, 24),
-                        ctime: time(16, 28),
+                        mtime,
+                        ctime,
                         sealed: None,
                     },
                     ATTR_BODY_BYTES,

@@ -82,26 +82,29 @@ impl Filesystem {
         attr: &FileAttr,
     ) -> Result<Option<FileAttr>, FsError> {
         let object = self.load_object(ino).await?;
-        let sealed = is_sealed(&object.dnode().bonus);
-        if attr.length > FILE_SIZE_MAX_BYTES
-            || (sealed && object.object_type() != ObjectType::FsFile)
-        {
+        // The attributes in the clear (None: sealed, the key not loaded);
+        // decoded and saved with no await between.
+        let bonus = object.dnode().bonus;
+        let znode = match is_sealed(&bonus) {
+            true => None,
+            false => Some(Znode::decode(&bonus).map_err(|error| {
+                FsError::Corrupt(format!("{} object {ino}: {error}", self.name()))
+            })?),
+        };
+        let regular = znode.map_or(object.object_type() == ObjectType::FsFile, |znode| {
+            znode.is_regular()
+        });
+        if attr.length > FILE_SIZE_MAX_BYTES || !regular {
             return Err(FsError::Corrupt("not a regular file, or too large".into()));
         }
-        if !sealed && !self.load(ino).await?.1.is_regular() {
-            return Err(FsError::Corrupt("not a regular file, or too large".into()));
-        }
-        let key = self.data_key().ok().flatten();
-        if sealed || (attr.sealed.is_some() && key.is_none()) {
-            object.dnode.borrow_mut().length_bytes = attr.length;
-            object.dirty.set(true);
-            return Ok(Some(*attr));
-        }
-        // The size whatever the times (they may fail their MAC).
+        // The size whatever the times (they may be kept, or fail their MAC).
         object.dnode.borrow_mut().length_bytes = attr.length;
         object.dirty.set(true);
+        let key = self.data_key().ok().flatten();
+        let Some(mut znode) = znode.filter(|_| attr.sealed.is_none() || key.is_some()) else {
+            return Ok(Some(*attr));
+        };
         let (mtime, ctime) = self.times_of(ino, attr, key.as_deref())?;
-        let (object, mut znode) = self.load(ino).await?;
         znode.mtime = mtime;
         znode.ctime = ctime;
         Self::save(&object, &znode);

@@ -106,6 +106,37 @@ pub struct BlockCrypt {
     pub mac: [u8; MAC_BYTES],
 }
 
+/// Bytes of a [`BlockCrypt`] held outside a block pointer: the salt (u64,
+/// little-endian), the IV, 4 zero bytes, the MAC. A raw stream's WRITE_RAW
+/// record, a sealed bonus and a sealed attribute record of the intent log
+/// hold it so (docs/FORMAT.md): one layout, written and read here.
+pub const SEALING_BYTES: usize = 8 + IV_BYTES + 4 + MAC_BYTES;
+
+impl BlockCrypt {
+    /// The [`SEALING_BYTES`] layout of this sealing.
+    pub fn to_bytes(&self) -> [u8; SEALING_BYTES] {
+        let mut out = [0u8; SEALING_BYTES];
+        put_u64(&mut out, 0, self.salt);
+        out[8..8 + IV_BYTES].copy_from_slice(&self.iv);
+        out[8 + IV_BYTES + 4..].copy_from_slice(&self.mac);
+        out
+    }
+
+    /// The sealing [`BlockCrypt::to_bytes`] wrote; None when its 4
+    /// reserved bytes are not zero (damaged, or a layout this build does
+    /// not know).
+    pub fn from_bytes(bytes: &[u8; SEALING_BYTES]) -> Option<BlockCrypt> {
+        if bytes[8 + IV_BYTES..8 + IV_BYTES + 4] != [0; 4] {
+            return None;
+        }
+        Some(BlockCrypt {
+            salt: get_u64(bytes, 0),
+            iv: bytes[8..8 + IV_BYTES].try_into().expect("IV bytes"),
+            mac: bytes[8 + IV_BYTES + 4..].try_into().expect("MAC bytes"),
+        })
+    }
+}
+
 /// A pointer to one block, with everything needed to find and verify it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub struct BlockPointer {
@@ -376,6 +407,27 @@ mod tests {
 
     /// An encrypted block's IV, salt and MAC come back; its second copy
     /// slot and checksum stay as they were, and the format's rules hold.
+    #[test]
+    fn a_sealing_outside_a_pointer_has_one_layout() {
+        let crypt = BlockCrypt {
+            salt: 0x1122_3344_5566_7788,
+            iv: [0xa5; IV_BYTES],
+            mac: [0x3c; MAC_BYTES],
+        };
+        let bytes = crypt.to_bytes();
+        // docs/FORMAT.md: salt (little-endian), IV, 4 zero bytes, MAC.
+        assert_eq!(bytes[..8], 0x1122_3344_5566_7788u64.to_le_bytes());
+        assert_eq!(bytes[8..20], [0xa5; IV_BYTES]);
+        assert_eq!(bytes[20..24], [0; 4]);
+        assert_eq!(bytes[24..], [0x3c; MAC_BYTES]);
+        assert_eq!(BlockCrypt::from_bytes(&bytes), Some(crypt));
+        for reserved in 20..24 {
+            let mut damaged = bytes;
+            damaged[reserved] = 1;
+            assert_eq!(BlockCrypt::from_bytes(&damaged), None);
+        }
+    }
+
     #[test]
     fn encrypted_pointers_round_trip() {
         let mut pointer = sample();

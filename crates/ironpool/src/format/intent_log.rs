@@ -11,7 +11,7 @@
 //! not belong to the chain, or is not the next in sequence: a block torn by a
 //! crash, never written, or left over from an older chain in reused space.
 
-use super::bp::{BlockCrypt, BlockPointer, Dva, BLOCK_POINTER_BYTES, IV_BYTES, MAC_BYTES};
+use super::bp::{BlockCrypt, BlockPointer, Dva, BLOCK_POINTER_BYTES, SEALING_BYTES};
 use super::checksum::embedded;
 use super::dnode::Bonus;
 use super::fsdir::valid_entry_name;
@@ -55,7 +55,7 @@ const ATTR_BODY_BYTES: usize = 32;
 pub const TIMES_BYTES: usize = 24;
 /// Bytes of a sealed attribute record's body: length, the sealed times,
 /// salt, IV, 4 zero bytes, MAC.
-pub const ATTR_SEALED_BODY_BYTES: usize = 8 + TIMES_BYTES + 8 + IV_BYTES + 4 + MAC_BYTES;
+pub const ATTR_SEALED_BODY_BYTES: usize = 8 + TIMES_BYTES + SEALING_BYTES;
 /// Domain of sealed times' associated data.
 const TIMES_AAD_DOMAIN: &[u8; 16] = b"ironpool times 1";
 /// Bytes of an object record's body: length, then the znode.
@@ -106,10 +106,7 @@ impl SealedTimes {
         let mut out = [0u8; ATTR_SEALED_BODY_BYTES];
         put_u64(&mut out, 0, length);
         out[8..8 + TIMES_BYTES].copy_from_slice(&self.ciphertext);
-        let at = 8 + TIMES_BYTES;
-        put_u64(&mut out, at, self.crypt.salt);
-        out[at + 8..at + 8 + IV_BYTES].copy_from_slice(&self.crypt.iv);
-        out[at + 8 + IV_BYTES + 4..].copy_from_slice(&self.crypt.mac);
+        out[8 + TIMES_BYTES..].copy_from_slice(&self.crypt.to_bytes());
         out
     }
 
@@ -118,20 +115,16 @@ impl SealedTimes {
         if body.len() != ATTR_SEALED_BODY_BYTES {
             return Err(invalid("sealed times", "length"));
         }
-        let at = 8 + TIMES_BYTES;
-        if body[at + 8 + IV_BYTES..at + 8 + IV_BYTES + 4] != [0; 4] {
+        let sealing = body[8 + TIMES_BYTES..]
+            .try_into()
+            .expect("the sealing's bytes");
+        let Some(crypt) = BlockCrypt::from_bytes(sealing) else {
             return Err(invalid("sealed times", "reserved bytes not zero"));
-        }
+        };
         Ok((
             get_u64(body, 0),
             SealedTimes {
-                crypt: BlockCrypt {
-                    salt: get_u64(body, at),
-                    iv: body[at + 8..at + 8 + IV_BYTES]
-                        .try_into()
-                        .expect("IV bytes"),
-                    mac: body[at + 8 + IV_BYTES + 4..].try_into().expect("MAC bytes"),
-                },
+                crypt,
                 ciphertext: body[8..8 + TIMES_BYTES].try_into().expect("times bytes"),
             },
         ))
@@ -663,6 +656,7 @@ pub fn decode_block(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::bp::{IV_BYTES, MAC_BYTES};
     use crate::format::{ChecksumAlgo, ObjectType};
 
     fn pointer(txg: u64) -> BlockPointer {

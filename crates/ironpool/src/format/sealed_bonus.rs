@@ -24,7 +24,7 @@
 //! left and the extended attributes of one (as OpenZFS's unlinked set,
 //! which is in the clear too). The sealing itself is `crypto::seal_bonus`.
 
-use super::bp::{BlockCrypt, IV_BYTES, MAC_BYTES};
+use super::bp::{BlockCrypt, SEALING_BYTES};
 use super::dnode::{Bonus, BONUS_BYTES};
 use super::znode::ZNODE_EXT_BYTES;
 use super::{get_u64, invalid, put_u64, FormatError, ObjectType};
@@ -61,7 +61,7 @@ pub struct SealedBonus {
 }
 
 const _: () = assert!(CIPHERTEXT_AT + SEALED_ZNODE_BYTES <= BONUS_BYTES);
-const _: () = assert!(16 + 8 + IV_BYTES + 4 + MAC_BYTES == CIPHERTEXT_AT);
+const _: () = assert!(16 + SEALING_BYTES == CIPHERTEXT_AT);
 
 /// Whether `bonus` holds sealed attributes.
 pub fn is_sealed(bonus: &Bonus) -> bool {
@@ -73,9 +73,7 @@ impl SealedBonus {
         let mut bonus = Bonus::default();
         self.encode_clear(&mut bonus.0[..CLEAR_BYTES]);
         let out = &mut bonus.0;
-        put_u64(out, 16, self.crypt.salt);
-        out[24..24 + IV_BYTES].copy_from_slice(&self.crypt.iv);
-        out[40..40 + MAC_BYTES].copy_from_slice(&self.crypt.mac);
+        out[16..CIPHERTEXT_AT].copy_from_slice(&self.crypt.to_bytes());
         out[CIPHERTEXT_AT..CIPHERTEXT_AT + SEALED_ZNODE_BYTES].copy_from_slice(&self.ciphertext);
         bonus
     }
@@ -99,21 +97,21 @@ impl SealedBonus {
                 format!("flags {:#x}", bytes[1]),
             ));
         }
+        let crypt = BlockCrypt::from_bytes(
+            bytes[16..CIPHERTEXT_AT]
+                .try_into()
+                .expect("the sealing's bytes"),
+        );
         let zero = bytes[2..8]
             .iter()
-            .chain(&bytes[36..40])
             .chain(&bytes[CIPHERTEXT_AT + SEALED_ZNODE_BYTES..]);
-        if zero.into_iter().any(|byte| *byte != 0) {
+        let (Some(crypt), false) = (crypt, zero.into_iter().any(|byte| *byte != 0)) else {
             return Err(invalid("sealed attributes", "reserved bytes not zero"));
-        }
+        };
         Ok(Some(SealedBonus {
             no_names: bytes[1] & SEALED_NO_NAMES != 0,
             owner: get_u64(bytes, 8),
-            crypt: BlockCrypt {
-                salt: get_u64(bytes, 16),
-                iv: bytes[24..24 + IV_BYTES].try_into().expect("IV bytes"),
-                mac: bytes[40..40 + MAC_BYTES].try_into().expect("MAC bytes"),
-            },
+            crypt,
             ciphertext: bytes[CIPHERTEXT_AT..CIPHERTEXT_AT + SEALED_ZNODE_BYTES]
                 .try_into()
                 .expect("znode bytes"),
@@ -136,6 +134,7 @@ impl SealedBonus {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::bp::{IV_BYTES, MAC_BYTES};
     use proptest::prelude::*;
 
     #[test]

@@ -49,7 +49,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::format::bp::{BlockCrypt, Compression, IV_BYTES, MAC_BYTES};
+use crate::format::bp::{BlockCrypt, Compression, SEALING_BYTES};
 use crate::format::dnode::{ObjectType, BONUS_BYTES};
 
 /// "IPSR" as bytes on the wire.
@@ -573,23 +573,20 @@ fn decode_raw_block(fields: &[u8], tail: &[u8], block_bytes: u32) -> Result<RawB
     {
         return Err("sizes do not match the block size and its data".into());
     }
-    if fields[17..24]
-        .iter()
-        .chain(&fields[44..48])
-        .any(|byte| *byte != 0)
-    {
+    let crypt = BlockCrypt::from_bytes(
+        fields[24..24 + SEALING_BYTES]
+            .try_into()
+            .expect("the sealing's bytes"),
+    );
+    let (Some(crypt), true) = (crypt, fields[17..24].iter().all(|byte| *byte == 0)) else {
         return Err("reserved bytes are not zero".into());
-    }
+    };
     Ok(RawBlock {
         block: u64_at(0),
         logical,
         physical,
         compression,
-        crypt: BlockCrypt {
-            salt: u64_at(24),
-            iv: fields[32..32 + IV_BYTES].try_into().expect("12 bytes"),
-            mac: fields[48..48 + MAC_BYTES].try_into().expect("16 bytes"),
-        },
+        crypt,
     })
 }
 
@@ -616,9 +613,7 @@ pub fn write_raw_header(raw: &RawBlock) -> [u8; WRITE_RAW_HEADER_BYTES] {
     out[8..12].copy_from_slice(&raw.logical.to_le_bytes());
     out[12..16].copy_from_slice(&raw.physical.to_le_bytes());
     out[16] = raw.compression.code();
-    out[24..32].copy_from_slice(&raw.crypt.salt.to_le_bytes());
-    out[32..32 + IV_BYTES].copy_from_slice(&raw.crypt.iv);
-    out[48..48 + MAC_BYTES].copy_from_slice(&raw.crypt.mac);
+    out[24..24 + SEALING_BYTES].copy_from_slice(&raw.crypt.to_bytes());
     out
 }
 
@@ -1091,6 +1086,7 @@ impl StreamWriter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::format::bp::{IV_BYTES, MAC_BYTES};
 
     fn begin() -> StreamBegin {
         StreamBegin {

@@ -3268,6 +3268,42 @@ fn raw_send_run(seed: u64) {
                 .unwrap_err()
                 .to_string();
             assert!(refused.contains("not encrypted"), "seed {seed}: {refused}");
+
+            // A stream that is not raw goes into an encrypted copy only
+            // while the copy's key is loaded (the copy's txg builds seal
+            // what it changes), and then it arrives as sent.
+            let sealed_s0 = send_to_memory_as(&pool, "tank/fs@s0", None, None, true).await;
+            receive_from_memory(&backup, "backup/sealed", sealed_s0, false)
+                .await
+                .unwrap();
+            pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+            let plain = send_to_memory(&pool, "tank/fs@s1", Some("@s0"), None).await;
+            // Its master key is backup/copy's (both came raw from
+            // tank/fs), loaded above: one unload seals both.
+            backup.unload_key("backup/sealed").await.unwrap();
+            let refused = receive_from_memory(&backup, "backup/sealed", plain.clone(), false)
+                .await
+                .unwrap_err();
+            assert!(
+                matches!(&refused, PoolError::KeyUnavailable(text) if text.contains("load its key")),
+                "seed {seed}: {refused}"
+            );
+            backup
+                .load_key("backup/sealed", Some(test_key()))
+                .await
+                .unwrap();
+            receive_from_memory(&backup, "backup/sealed", plain, false)
+                .await
+                .unwrap();
+            same_snapshot_in(
+                &pool,
+                "tank/fs@s1",
+                &backup,
+                "backup/sealed@s1",
+                &taken[1],
+                &format!("seed {seed} plain into sealed"),
+            )
+            .await;
             space_is_clean(&backup, &format!("seed {seed} raw receives")).await;
             backup.export().await.unwrap();
             pool.export().await.unwrap();

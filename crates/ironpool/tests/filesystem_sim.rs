@@ -3498,6 +3498,56 @@ fn encrypted_filesystems_sent_raw_arrive_sealed_and_open_with_the_key() {
     }
 }
 
+/// `unload-key` seals the attributes of every snapshot of the key's
+/// filesystems in memory, also one that the bounded cache of open
+/// snapshots let go while a task (a send, a diff) still holds it: none
+/// stays readable in the clear once the key is gone, and loading the key
+/// opens them again.
+#[test]
+fn unload_key_seals_a_snapshot_the_cache_let_go_while_a_task_holds_it() {
+    let disks = devices(1, DEVICE_BYTES, 77);
+    Runtime::new_sim(77).block_on(async move {
+        let (pool, fs) = pool_with_encrypted_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let root = fs.root();
+        fs.create(
+            &pool,
+            root,
+            b"file",
+            &NewObject::owned(S_IFREG | 0o644, 0, 0),
+        )
+        .await
+        .unwrap();
+        // One more snapshot than the cache keeps open.
+        let names: Vec<String> = (0..17).map(|index| format!("tank/fs@s{index}")).collect();
+        for name in &names {
+            pool.snapshot(std::slice::from_ref(name)).await.unwrap();
+        }
+        let held = pool.snapshot_filesystem(&names[0]).await.unwrap();
+        held.getattr(held.root()).await.unwrap();
+        let file = held.lookup(held.root(), b"file").await.unwrap();
+        for name in &names[1..] {
+            let view = pool.snapshot_filesystem(name).await.unwrap();
+            view.getattr(view.root()).await.unwrap();
+        }
+        assert!(
+            !Rc::ptr_eq(&held, &pool.snapshot_filesystem(&names[0]).await.unwrap()),
+            "the cache let go of the first snapshot"
+        );
+        pool.unload_key("tank/fs").await.unwrap();
+        for object in [held.root(), file.ino] {
+            match held.getattr(object).await {
+                Err(FsError::Pool(PoolError::KeyUnavailable(_))) => {}
+                other => panic!("object {object}: attributes in the clear: {other:?}"),
+            }
+        }
+        pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+        assert_eq!(
+            held.getattr(file.ino).await.unwrap().znode.mode & S_IFREG,
+            S_IFREG
+        );
+    });
+}
+
 /// A raw stream's directory leaves are stored as they came, outside the
 /// txg build: into a pool whose data room is full they are refused for
 /// space, as file data is, and the slop and metadata reserve stay for the

@@ -238,7 +238,7 @@ impl Pool {
             .all_filesystems()
             .into_iter()
             .map(|(_, fs)| fs)
-            .chain(self.datasets.snapshot_filesystems.all())
+            .chain(self.datasets.snapshot_filesystems.all_held())
             .filter(|fs| fs.key_guid() == Some(guid))
             .collect();
         for fs in &filesystems {
@@ -432,7 +432,7 @@ impl Pool {
         let sealing: Vec<Rc<crate::pool::filesystem::Filesystem>> = filesystems
             .iter()
             .cloned()
-            .chain(self.datasets.snapshot_filesystems.all())
+            .chain(self.datasets.snapshot_filesystems.all_held())
             .filter(|fs| fs.key_guid() == Some(guid))
             .collect();
         for (index, fs) in sealing.iter().enumerate() {
@@ -452,7 +452,7 @@ impl Pool {
         for fs in filesystems {
             fs.objects.drop_opened();
         }
-        for fs in self.datasets.snapshot_filesystems.all() {
+        for fs in self.datasets.snapshot_filesystems.all_held() {
             if fs.key_guid() == Some(guid) {
                 fs.objects.drop_opened();
             }

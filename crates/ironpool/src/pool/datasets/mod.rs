@@ -159,12 +159,19 @@ fn snapshot_within(pool: &str, full: &str, short: &str) -> bool {
 
 pub struct OpenMap<T> {
     map: RefCell<BTreeMap<String, Rc<T>>>,
+    /// Datasets [`OpenMap::insert_bounded`] let go, which a task may still
+    /// hold (a send, a diff of a snapshot): what must reach every dataset
+    /// in memory, such as `unload-key` sealing their attributes, finds
+    /// them here ([`OpenMap::all_held`]). Those no task holds any more are
+    /// pruned at each eviction, so it never holds more than tasks do.
+    let_go: RefCell<Vec<std::rc::Weak<T>>>,
 }
 
 impl<T> Default for OpenMap<T> {
     fn default() -> OpenMap<T> {
         OpenMap {
             map: RefCell::new(BTreeMap::new()),
+            let_go: RefCell::new(Vec::new()),
         }
     }
 }
@@ -196,7 +203,12 @@ impl<T> OpenMap<T> {
         }
         if map.len() >= max {
             if let Some(first) = map.keys().next().cloned() {
-                map.remove(&first);
+                let evicted = map.remove(&first).expect("the first name is open");
+                let mut let_go = self.let_go.borrow_mut();
+                let_go.retain(|held| held.strong_count() > 0);
+                if Rc::strong_count(&evicted) > 1 {
+                    let_go.push(Rc::downgrade(&evicted));
+                }
             }
         }
         map.insert(name, dataset.clone());
@@ -221,6 +233,19 @@ impl<T> OpenMap<T> {
     /// Every open dataset.
     pub fn all(&self) -> Vec<Rc<T>> {
         self.map.borrow().values().cloned().collect()
+    }
+
+    /// Every open dataset, and every one let go by
+    /// [`OpenMap::insert_bounded`] that a task still holds.
+    pub fn all_held(&self) -> Vec<Rc<T>> {
+        let mut held = self.all();
+        held.extend(
+            self.let_go
+                .borrow()
+                .iter()
+                .filter_map(|weak| weak.upgrade()),
+        );
+        held
     }
 
     /// Every open dataset with its name.

@@ -1162,7 +1162,7 @@ pub(in crate::pool) fn txg_durable(pool: &Pool, txg: u64) {
         fs.objects.set_loaded_max(keep);
         fs.objects.evict_objects(keep);
     }
-    for fs in pool.datasets.snapshot_filesystems.all() {
+    for fs in pool.datasets.snapshot_filesystems.all_held() {
         fs.objects.set_loaded_max(keep);
         fs.objects.evict_objects(keep);
     }

@@ -260,7 +260,13 @@ pub(crate) async fn write_blocks(
         // RAID-Z parity) holds only if they are stored as they are.
         let as_received = compression == Compression::Off && crypt.is_none();
         let checksum = match block.checksum {
-            Some((algo, checksum)) if algo == format.checksum && as_received => checksum,
+            Some((algo, checksum)) if algo == format.checksum && as_received => {
+                debug_assert!(
+                    checksum == algo.compute(&payload[..physical]),
+                    "a checksum computed as the bytes arrived covers the bytes stored"
+                );
+                checksum
+            }
             _ => format.checksum.compute(&payload[..physical]),
         };
         assert!(

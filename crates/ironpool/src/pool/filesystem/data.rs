@@ -338,10 +338,13 @@ impl Filesystem {
         // A buffered write's newest version, not yet linked: whole, or
         // the parts written over the block in the tree.
         match self.behind.lookup(object.id, blkid) {
-            Some(HeldBlock { bytes, parts: None }) => Ok(Some(bytes)),
+            Some(HeldBlock {
+                bytes, parts: None, ..
+            }) => Ok(Some(bytes)),
             Some(HeldBlock {
                 bytes,
                 parts: Some(parts),
+                ..
             }) => {
                 let old = self.read_linked_block(object, blkid, usage).await?;
                 Ok(Some(behind::merged(old.as_deref(), &bytes, &parts)))

@@ -405,8 +405,6 @@ mod tests {
         }
     }
 
-    /// An encrypted block's IV, salt and MAC come back; its second copy
-    /// slot and checksum stay as they were, and the format's rules hold.
     #[test]
     fn a_sealing_outside_a_pointer_has_one_layout() {
         let crypt = BlockCrypt {
@@ -428,6 +426,8 @@ mod tests {
         }
     }
 
+    /// An encrypted block's IV, salt and MAC come back; its second copy
+    /// slot and checksum stay as they were, and the format's rules hold.
     #[test]
     fn encrypted_pointers_round_trip() {
         let mut pointer = sample();

@@ -159,12 +159,15 @@ fn snapshot_within(pool: &str, full: &str, short: &str) -> bool {
 
 pub struct OpenMap<T> {
     map: RefCell<BTreeMap<String, Rc<T>>>,
-    /// Datasets [`OpenMap::insert_bounded`] let go, which a task may still
-    /// hold (a send, a diff of a snapshot): what must reach every dataset
-    /// in memory, such as `unload-key` sealing their attributes, finds
-    /// them here ([`OpenMap::all_held`]). Those no task holds any more are
-    /// pruned at each eviction, so it never holds more than tasks do.
-    let_go: RefCell<Vec<std::rc::Weak<T>>>,
+    /// Datasets let go (evicted by [`OpenMap::insert_bounded`], removed,
+    /// renamed away) while a task still held them (a send, a diff, a
+    /// scrub's walk of a snapshot, a request under `.zfs/snapshot`), by
+    /// the name they had: what must reach every dataset in memory finds
+    /// them here (`unload-key` sealing their attributes,
+    /// [`OpenMap::all_held`]; a destroy or promote retiring them,
+    /// [`OpenMap::let_go_named`]). Those no task holds any more are pruned
+    /// at each let-go, so it never holds more than tasks do.
+    let_go: RefCell<Vec<(String, std::rc::Weak<T>)>>,
 }
 
 impl<T> Default for OpenMap<T> {
@@ -204,30 +207,51 @@ impl<T> OpenMap<T> {
         if map.len() >= max {
             if let Some(first) = map.keys().next().cloned() {
                 let evicted = map.remove(&first).expect("the first name is open");
-                let mut let_go = self.let_go.borrow_mut();
-                let_go.retain(|held| held.strong_count() > 0);
-                if Rc::strong_count(&evicted) > 1 {
-                    let_go.push(Rc::downgrade(&evicted));
-                }
+                self.note_let_go(first, &evicted);
             }
         }
         map.insert(name, dataset.clone());
         dataset
     }
 
+    /// Remembers `dataset`, let go as `name`, if a task still holds it
+    /// (besides the caller's handle).
+    fn note_let_go(&self, name: String, dataset: &Rc<T>) {
+        let mut let_go = self.let_go.borrow_mut();
+        let_go.retain(|(_, held)| held.strong_count() > 0);
+        if Rc::strong_count(dataset) > 1 {
+            let_go.push((name, Rc::downgrade(dataset)));
+        }
+    }
+
     /// Notes `name` closed, returning what was open.
     pub fn remove(&self, name: &str) -> Option<Rc<T>> {
-        self.map.borrow_mut().remove(name)
+        let removed = self.map.borrow_mut().remove(name)?;
+        self.note_let_go(name.to_string(), &removed);
+        Some(removed)
+    }
+
+    /// Keeps only the datasets whose names pass `keep`.
+    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
+        let gone: Vec<String> = self
+            .map
+            .borrow()
+            .keys()
+            .filter(|name| !keep(name))
+            .cloned()
+            .collect();
+        for name in gone {
+            self.remove(&name);
+        }
     }
 
     /// Closes every one, returning them by name.
-    /// Keeps only the datasets whose names pass `keep`.
-    pub fn retain(&self, mut keep: impl FnMut(&str) -> bool) {
-        self.map.borrow_mut().retain(|name, _| keep(name));
-    }
-
     pub fn take(&self) -> BTreeMap<String, Rc<T>> {
-        std::mem::take(&mut *self.map.borrow_mut())
+        let taken = std::mem::take(&mut *self.map.borrow_mut());
+        for (name, dataset) in &taken {
+            self.note_let_go(name.clone(), dataset);
+        }
+        taken
     }
 
     /// Every open dataset.
@@ -235,17 +259,27 @@ impl<T> OpenMap<T> {
         self.map.borrow().values().cloned().collect()
     }
 
-    /// Every open dataset, and every one let go by
-    /// [`OpenMap::insert_bounded`] that a task still holds.
+    /// Every open dataset, and every one let go that a task still holds.
     pub fn all_held(&self) -> Vec<Rc<T>> {
         let mut held = self.all();
         held.extend(
             self.let_go
                 .borrow()
                 .iter()
-                .filter_map(|weak| weak.upgrade()),
+                .filter_map(|(_, weak)| weak.upgrade()),
         );
         held
+    }
+
+    /// The datasets let go as `name` (see [`OpenMap::all_held`]) that a
+    /// task still holds; every one when `name` is None.
+    pub fn let_go_named(&self, name: Option<&str>) -> Vec<Rc<T>> {
+        self.let_go
+            .borrow()
+            .iter()
+            .filter(|(held_as, _)| name.is_none_or(|name| name == held_as))
+            .filter_map(|(_, weak)| weak.upgrade())
+            .collect()
     }
 
     /// Every open dataset with its name.
@@ -285,5 +319,47 @@ impl<T> OpenMap<T> {
             .values()
             .map(|dataset| figure(dataset))
             .sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What a map lets go while a task holds it stays reachable by
+    /// `all_held` and by its name, however it was let go, and is
+    /// forgotten once nothing holds it.
+    #[test]
+    fn datasets_let_go_while_held_stay_reachable() {
+        let map: OpenMap<u32> = OpenMap::default();
+        let held_evicted = map.insert_bounded("a".into(), Rc::new(1), 2);
+        let held_removed = map.insert_bounded("b".into(), Rc::new(2), 2);
+        // "a" is evicted; "b" and "c" stay open.
+        map.insert_bounded("c".into(), Rc::new(3), 2);
+        assert!(map.get("a").is_none());
+        assert!(map.remove("b").is_some());
+        map.insert("d".into(), Rc::new(4));
+        map.retain(|name| name != "d");
+        let mut all: Vec<u32> = map.all_held().iter().map(|value| **value).collect();
+        all.sort();
+        // "d" was let go by retain with nothing holding it: gone.
+        assert_eq!(all, vec![1, 2, 3]);
+        assert_eq!(
+            map.let_go_named(Some("b"))
+                .iter()
+                .map(|value| **value)
+                .collect::<Vec<_>>(),
+            vec![2]
+        );
+        let taken = map.take();
+        assert_eq!(taken.len(), 1);
+        drop(taken);
+        // "c" was taken and dropped: nothing holds it.
+        drop((held_evicted, held_removed));
+        // Pruned at the next let-go.
+        map.insert("e".into(), Rc::new(5));
+        map.remove("e");
+        assert!(map.all_held().is_empty());
+        assert!(map.let_go.borrow().is_empty());
     }
 }

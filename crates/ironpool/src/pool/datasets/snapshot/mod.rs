@@ -628,19 +628,19 @@ impl Pool {
             .snapshot_referenced
             .borrow_mut()
             .remove(&target.object);
-        if let Some(volume_object) = self
-            .datasets
-            .snapshot_volumes
-            .remove(&format!("{}/{volume}@{snapshot}", self.name))
-        {
+        // The views open of it, and those let go that a task still holds
+        // (a scrub's walk, a request under `.zfs/snapshot`): none reads
+        // it once its blocks may be freed.
+        let full = format!("{}/{volume}@{snapshot}", self.name);
+        let volumes = &self.datasets.snapshot_volumes;
+        let open_volumes = volumes.remove(&full).into_iter();
+        for volume_object in open_volumes.chain(volumes.let_go_named(Some(&full))) {
             volume_object.begin_destroy();
             self.datasets.exports_gone.notify_all();
         }
-        if let Some(fs) = self
-            .datasets
-            .snapshot_filesystems
-            .remove(&format!("{}/{volume}@{snapshot}", self.name))
-        {
+        let filesystems = &self.datasets.snapshot_filesystems;
+        let open_filesystems = filesystems.remove(&full).into_iter();
+        for fs in open_filesystems.chain(filesystems.let_go_named(Some(&full))) {
             fs.retire();
         }
         {

@@ -3548,6 +3548,43 @@ fn unload_key_seals_a_snapshot_the_cache_let_go_while_a_task_holds_it() {
     });
 }
 
+/// A snapshot destroyed while a task (a scrub's walk, a request under
+/// `.zfs/snapshot`) holds a view of it that the cache of open snapshots
+/// let go: that view is retired too, its reads answer "stale", and none
+/// reads blocks the destroy may free.
+#[test]
+fn a_destroyed_snapshot_retires_the_views_tasks_still_hold() {
+    let disks = devices(1, DEVICE_BYTES, 78);
+    Runtime::new_sim(78).block_on(async move {
+        let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let root = fs.root();
+        fs.create(
+            &pool,
+            root,
+            b"file",
+            &NewObject::owned(S_IFREG | 0o644, 0, 0),
+        )
+        .await
+        .unwrap();
+        // One more snapshot than the cache keeps open.
+        let names: Vec<String> = (0..17).map(|index| format!("tank/fs@s{index}")).collect();
+        for name in &names {
+            pool.snapshot(std::slice::from_ref(name)).await.unwrap();
+        }
+        let held = pool.snapshot_filesystem(&names[0]).await.unwrap();
+        held.getattr(held.root()).await.unwrap();
+        for name in &names[1..] {
+            pool.snapshot_filesystem(name).await.unwrap();
+        }
+        pool.destroy_snapshot(&names[0]).await.unwrap();
+        match held.getattr(held.root()).await {
+            Err(FsError::Stale) => {}
+            other => panic!("a view of a destroyed snapshot still reads: {other:?}"),
+        }
+        space_is_clean(&pool, "after the destroy").await;
+    });
+}
+
 /// A raw stream's directory leaves are stored as they came, outside the
 /// txg build: into a pool whose data room is full they are refused for
 /// space, as file data is, and the slop and metadata reserve stay for the

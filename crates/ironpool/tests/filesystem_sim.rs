@@ -3498,6 +3498,41 @@ fn encrypted_filesystems_sent_raw_arrive_sealed_and_open_with_the_key() {
     }
 }
 
+/// Makes file "file" in "tank/fs" and one more snapshot of it than the
+/// cache of open snapshots keeps, opens a view of the first and holds it
+/// (as a send, a diff or a scrub's walk does), then opens every other one,
+/// so that the cache lets the held view go. Returns the held view, the
+/// first snapshot's name and the file's object number in it.
+async fn hold_a_view_the_cache_lets_go(
+    pool: &Rc<Pool>,
+    fs: &Filesystem,
+) -> (Rc<Filesystem>, String, u64) {
+    fs.create(
+        pool,
+        fs.root(),
+        b"file",
+        &NewObject::owned(S_IFREG | 0o644, 0, 0),
+    )
+    .await
+    .unwrap();
+    let names: Vec<String> = (0..17).map(|index| format!("tank/fs@s{index}")).collect();
+    for name in &names {
+        pool.snapshot(std::slice::from_ref(name)).await.unwrap();
+    }
+    let held = pool.snapshot_filesystem(&names[0]).await.unwrap();
+    held.getattr(held.root()).await.unwrap();
+    let file = held.lookup(held.root(), b"file").await.unwrap().ino;
+    for name in &names[1..] {
+        let view = pool.snapshot_filesystem(name).await.unwrap();
+        view.getattr(view.root()).await.unwrap();
+    }
+    assert!(
+        !Rc::ptr_eq(&held, &pool.snapshot_filesystem(&names[0]).await.unwrap()),
+        "the cache let go of the first snapshot"
+    );
+    (held, names[0].clone(), file)
+}
+
 /// `unload-key` seals the attributes of every snapshot of the key's
 /// filesystems in memory, also one that the bounded cache of open
 /// snapshots let go while a task (a send, a diff) still holds it: none
@@ -3508,33 +3543,9 @@ fn unload_key_seals_a_snapshot_the_cache_let_go_while_a_task_holds_it() {
     let disks = devices(1, DEVICE_BYTES, 77);
     Runtime::new_sim(77).block_on(async move {
         let (pool, fs) = pool_with_encrypted_filesystem(&disks, TopVdevKind::Disk, &[]).await;
-        let root = fs.root();
-        fs.create(
-            &pool,
-            root,
-            b"file",
-            &NewObject::owned(S_IFREG | 0o644, 0, 0),
-        )
-        .await
-        .unwrap();
-        // One more snapshot than the cache keeps open.
-        let names: Vec<String> = (0..17).map(|index| format!("tank/fs@s{index}")).collect();
-        for name in &names {
-            pool.snapshot(std::slice::from_ref(name)).await.unwrap();
-        }
-        let held = pool.snapshot_filesystem(&names[0]).await.unwrap();
-        held.getattr(held.root()).await.unwrap();
-        let file = held.lookup(held.root(), b"file").await.unwrap();
-        for name in &names[1..] {
-            let view = pool.snapshot_filesystem(name).await.unwrap();
-            view.getattr(view.root()).await.unwrap();
-        }
-        assert!(
-            !Rc::ptr_eq(&held, &pool.snapshot_filesystem(&names[0]).await.unwrap()),
-            "the cache let go of the first snapshot"
-        );
+        let (held, _, file) = hold_a_view_the_cache_lets_go(&pool, &fs).await;
         pool.unload_key("tank/fs").await.unwrap();
-        for object in [held.root(), file.ino] {
+        for object in [held.root(), file] {
             match held.getattr(object).await {
                 Err(FsError::Pool(PoolError::KeyUnavailable(_))) => {}
                 other => panic!("object {object}: attributes in the clear: {other:?}"),
@@ -3542,7 +3553,7 @@ fn unload_key_seals_a_snapshot_the_cache_let_go_while_a_task_holds_it() {
         }
         pool.load_key("tank/fs", Some(test_key())).await.unwrap();
         assert_eq!(
-            held.getattr(file.ino).await.unwrap().znode.mode & S_IFREG,
+            held.getattr(file).await.unwrap().znode.mode & S_IFREG,
             S_IFREG
         );
     });
@@ -3557,26 +3568,8 @@ fn a_destroyed_snapshot_retires_the_views_tasks_still_hold() {
     let disks = devices(1, DEVICE_BYTES, 78);
     Runtime::new_sim(78).block_on(async move {
         let (pool, fs) = pool_with_filesystem(&disks, TopVdevKind::Disk, &[]).await;
-        let root = fs.root();
-        fs.create(
-            &pool,
-            root,
-            b"file",
-            &NewObject::owned(S_IFREG | 0o644, 0, 0),
-        )
-        .await
-        .unwrap();
-        // One more snapshot than the cache keeps open.
-        let names: Vec<String> = (0..17).map(|index| format!("tank/fs@s{index}")).collect();
-        for name in &names {
-            pool.snapshot(std::slice::from_ref(name)).await.unwrap();
-        }
-        let held = pool.snapshot_filesystem(&names[0]).await.unwrap();
-        held.getattr(held.root()).await.unwrap();
-        for name in &names[1..] {
-            pool.snapshot_filesystem(name).await.unwrap();
-        }
-        pool.destroy_snapshot(&names[0]).await.unwrap();
+        let (held, first, _) = hold_a_view_the_cache_lets_go(&pool, &fs).await;
+        pool.destroy_snapshot(&first).await.unwrap();
         match held.getattr(held.root()).await {
             Err(FsError::Stale) => {}
             other => panic!("a view of a destroyed snapshot still reads: {other:?}"),

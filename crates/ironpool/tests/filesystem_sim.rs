@@ -1155,14 +1155,22 @@ fn crash_run_with(seed: u64, through_log: bool, ahead: bool, encrypted: bool) ->
         let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
         space_is_clean(&pool, &format!("seed {seed}")).await;
         if encrypted {
-            // Imported, replayed and checked without the key; its names
-            // are not read until it is loaded.
+            // Imported, its log claimed (counted by the space check) and
+            // nothing of it applied without the key; its names are not
+            // read until it is loaded, which replays the log.
+            assert!(
+                !pool.notes().iter().any(|note| note.contains("intent log: replayed")),
+                "seed {seed}: {:?}",
+                pool.notes()
+            );
             let refused = fs.readdir(fs.root(), 0, 64).await;
             assert!(
                 matches!(&refused, Err(FsError::Pool(PoolError::KeyUnavailable(_)))),
                 "seed {seed}: {refused:?}"
             );
             pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+            assert!(!fs.log_claimed(), "seed {seed}");
+            space_is_clean(&pool, &format!("seed {seed} replayed with the key")).await;
         }
         let replayed = pool
             .notes()
@@ -1664,8 +1672,9 @@ fn writers_side_by_side(
         Runtime::new_sim(seed + 1).block_on(async move {
             let (pool, fs) = import_filesystem(&disks, &format!("seed {seed}")).await;
             if encrypted {
-                // Imported and replayed without the key; nothing is read
-                // until it is loaded.
+                // Imported, its log claimed; nothing is read until the key
+                // is loaded, which replays the log.
+                space_is_clean(&pool, &format!("seed {seed} claimed")).await;
                 let ino = inos[0];
                 let refused = fs.read(&pool, ino, 0, RECORD as usize, true).await;
                 assert!(
@@ -1673,6 +1682,7 @@ fn writers_side_by_side(
                     "seed {seed}: {refused:?}"
                 );
                 pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+                space_is_clean(&pool, &format!("seed {seed} replayed with the key")).await;
             }
             for ((writer, record), sequence) in durable {
                 let ino = inos[writer as usize];
@@ -3348,15 +3358,96 @@ fn disk_holds(disk: &ironpool::dev::sim::SimDevice, pattern: &[u8]) -> bool {
     false
 }
 
+/// The run of [`encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key`]
+/// up to the power failure: a file written and `fsync`ed through the log,
+/// another open with no names left. Returns the disks and the kept file's
+/// number, size and times as the `fsync` left them.
+#[allow(clippy::type_complexity)]
+fn crash_after_a_logged_write(
+    seed: u64,
+    encrypted: bool,
+) -> (
+    Vec<Rc<ironpool::dev::sim::SimDevice>>,
+    (
+        u64,
+        u64,
+        ironpool::format::znode::Timestamp,
+        ironpool::format::znode::Timestamp,
+    ),
+) {
+    const UID: u32 = 0x7a3c_915e;
+    const GID: u32 = 0x5e91_c37a;
+    let owners: Vec<u8> = UID
+        .to_le_bytes()
+        .into_iter()
+        .chain(GID.to_le_bytes())
+        .collect();
+    let disks = devices(2, DEVICE_BYTES, seed);
+    let expected = Rc::new(Cell::new(None));
+    run_then_crash(seed, &disks, 0x5ea1, {
+        let (disks, expected, owners) = (disks.clone(), expected.clone(), owners.clone());
+        move |pool_holder| async move {
+            let properties = [("recordsize", "16K")];
+            let (pool, fs) = if encrypted {
+                pool_with_encrypted_filesystem(&disks, TopVdevKind::Mirror, &properties).await
+            } else {
+                pool_with_filesystem(&disks, TopVdevKind::Mirror, &properties).await
+            };
+            *pool_holder.borrow_mut() = Some(pool.clone());
+            let file = NewObject::owned(S_IFREG | 0o640, UID, GID);
+            let kept = fs
+                .create(&pool, fs.root(), b"kept", &file)
+                .await
+                .unwrap()
+                .ino;
+            let gone = fs
+                .create(&pool, fs.root(), b"gone", &file)
+                .await
+                .unwrap()
+                .ino;
+            let session = fs.begin_session();
+            fs.opened(session, gone);
+            fs.remove(&pool, fs.root(), b"gone", false).await.unwrap();
+            // Two records (a one-block file's block would still grow,
+            // which the log of an encrypted filesystem does not carry).
+            fs.write(&pool, kept, 0, &vec![0x41; 32 << 10])
+                .await
+                .unwrap();
+            pool.commit().await.unwrap();
+            let found = disks
+                .iter()
+                .filter(|disk| disk_holds(disk, &owners))
+                .count();
+            assert_eq!(
+                found > 0,
+                !encrypted,
+                "encrypted {encrypted}: owners found on {found} devices"
+            );
+            // The first `fsync` starts the chain through a txg; the
+            // next goes through the log.
+            pool.fs_log_commit(&fs).await.unwrap();
+            fs.write(&pool, kept, 32 << 10, &vec![0x42; 16 << 10])
+                .await
+                .unwrap();
+            pool.fs_log_commit(&fs).await.unwrap();
+            assert_eq!(fs.log_stats().commits, 1, "{:?}", fs.log_stats());
+            let attr = fs.getattr(kept).await.unwrap();
+            expected.set(Some((kept, attr.size, attr.znode.mtime, attr.znode.ctime)));
+        }
+    });
+    (disks, expected.get().unwrap())
+}
+
 /// An encrypted filesystem's attributes are stored sealed: its files'
 /// owner and group (distinct values) are on no device, while they are
 /// found in the same place of a filesystem that is not encrypted (the look
 /// is at the right bytes). Power fails after an `fsync` through the log and
 /// with a file open that has no names left; the log's record holds the
-/// write's times sealed. The import, without the key, replays the write
-/// (its size set, its sealed times kept in the filesystem's record) and
-/// leaves the file open then; loading the key sets the times as the
-/// `fsync` left them and frees that file.
+/// write's times sealed. The import, without the key, claims the log and
+/// applies nothing of it: the space check counts the claim, a scrub reads
+/// it, a snapshot is refused, and a second import finds the same claim.
+/// Loading the key replays it (the write's size and times as the `fsync`
+/// left them) and frees that file.
 #[test]
 fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
     const UID: u32 = 0x7a3c_915e;
@@ -3368,60 +3459,7 @@ fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
         .collect();
     for encrypted in [false, true] {
         let seed = 91;
-        let disks = devices(2, DEVICE_BYTES, seed);
-        let expected = Rc::new(Cell::new(None));
-        run_then_crash(seed, &disks, 0x5ea1, {
-            let (disks, expected, owners) = (disks.clone(), expected.clone(), owners.clone());
-            move |pool_holder| async move {
-                let properties = [("recordsize", "16K")];
-                let (pool, fs) = if encrypted {
-                    pool_with_encrypted_filesystem(&disks, TopVdevKind::Mirror, &properties).await
-                } else {
-                    pool_with_filesystem(&disks, TopVdevKind::Mirror, &properties).await
-                };
-                *pool_holder.borrow_mut() = Some(pool.clone());
-                let file = NewObject::owned(S_IFREG | 0o640, UID, GID);
-                let kept = fs
-                    .create(&pool, fs.root(), b"kept", &file)
-                    .await
-                    .unwrap()
-                    .ino;
-                let gone = fs
-                    .create(&pool, fs.root(), b"gone", &file)
-                    .await
-                    .unwrap()
-                    .ino;
-                let session = fs.begin_session();
-                fs.opened(session, gone);
-                fs.remove(&pool, fs.root(), b"gone", false).await.unwrap();
-                // Two records (a one-block file's block would still grow,
-                // which the log of an encrypted filesystem does not carry).
-                fs.write(&pool, kept, 0, &vec![0x41; 32 << 10])
-                    .await
-                    .unwrap();
-                pool.commit().await.unwrap();
-                let found = disks
-                    .iter()
-                    .filter(|disk| disk_holds(disk, &owners))
-                    .count();
-                assert_eq!(
-                    found > 0,
-                    !encrypted,
-                    "encrypted {encrypted}: owners found on {found} devices"
-                );
-                // The first `fsync` starts the chain through a txg; the
-                // next goes through the log.
-                pool.fs_log_commit(&fs).await.unwrap();
-                fs.write(&pool, kept, 32 << 10, &vec![0x42; 16 << 10])
-                    .await
-                    .unwrap();
-                pool.fs_log_commit(&fs).await.unwrap();
-                assert_eq!(fs.log_stats().commits, 1, "{:?}", fs.log_stats());
-                let attr = fs.getattr(kept).await.unwrap();
-                expected.set(Some((kept, attr.size, attr.znode.mtime, attr.znode.ctime)));
-            }
-        });
-        let (kept, size, mtime, ctime) = expected.get().unwrap();
+        let (disks, (kept, size, mtime, ctime)) = crash_after_a_logged_write(seed, encrypted);
         // The log's record of the write holds its times as a record in the
         // clear would (seconds of each, side by side) only when not
         // encrypted.
@@ -3436,36 +3474,73 @@ fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
             !encrypted,
             "encrypted {encrypted}: times found on {found} devices"
         );
+        if encrypted {
+            let disks = disks.clone();
+            Runtime::new_sim(seed + 1).block_on(async move {
+                let (pool, fs) = import_filesystem(&disks, "claimed").await;
+                let notes = pool.notes();
+                assert!(
+                    notes
+                        .iter()
+                        .any(|note| note.contains("intent log: claimed 2 records")),
+                    "{notes:?}"
+                );
+                assert!(
+                    !notes
+                        .iter()
+                        .any(|note| note.contains("intent log: replayed")),
+                    "{notes:?}"
+                );
+                let head = pool.filesystem_record("fs").unwrap().intent_log.unwrap();
+                assert!(head.claimed.is_some(), "{head:?}");
+                assert!(pool
+                    .filesystem_record("fs")
+                    .unwrap()
+                    .replayed_times
+                    .is_empty());
+                // The root, the file and the one left open.
+                assert_eq!(fs.stats(&pool).objects, 3);
+                space_is_clean(&pool, "claimed").await;
+                pool.scrub_start().unwrap();
+                pool.scrub_wait().await;
+                let scrub = pool.scrub_status();
+                assert_eq!(scrub.errors + scrub.bad_copies, 0, "{scrub:?}");
+                match pool.snapshot(&["tank/fs@during".to_string()]).await {
+                    Err(PoolError::KeyUnavailable(message)) => {
+                        assert!(message.contains("waits for replay"), "{message}")
+                    }
+                    other => panic!("a snapshot of a claimed filesystem: {other:?}"),
+                }
+                pool.export().await.unwrap();
+            });
+        }
         let owners = owners.clone();
-        Runtime::new_sim(seed + 1).block_on(async move {
+        Runtime::new_sim(seed + 2).block_on(async move {
             let (pool, fs) = import_filesystem(&disks, "sealed attributes").await;
+            let notes = pool.notes();
+            if encrypted {
+                // The second import keeps the claim, claiming nothing more.
+                assert!(
+                    notes
+                        .iter()
+                        .any(|note| note.contains("claimed, replayed when its key is loaded")),
+                    "{notes:?}"
+                );
+                assert_eq!(fs.stats(&pool).objects, 3);
+                space_is_clean(&pool, "claimed again").await;
+                match fs.getattr(kept).await {
+                    Err(FsError::Pool(PoolError::KeyUnavailable(_))) => {}
+                    other => panic!("attributes read without the key: {other:?}"),
+                }
+                pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+                assert!(pool.filesystem_record("fs").unwrap().intent_log.is_none());
+            }
             let replayed = pool
                 .notes()
                 .iter()
                 .any(|note| note.contains("intent log: replayed"));
             // (Without encryption the write may go through a txg.)
             assert!(replayed || !encrypted, "{:?}", pool.notes());
-            let objects = fs.stats(&pool).objects;
-            if encrypted {
-                let kept_times = pool.filesystem_record("fs").unwrap().replayed_times;
-                assert_eq!(kept_times.len(), 1, "{kept_times:?}");
-                assert!(
-                    kept_times[0].sealed.is_some() && kept_times[0].mtime.is_none(),
-                    "the times kept in the clear: {kept_times:?}"
-                );
-                match fs.getattr(kept).await {
-                    Err(FsError::Pool(PoolError::KeyUnavailable(_))) => {}
-                    other => panic!("attributes read without the key: {other:?}"),
-                }
-                // The root, the file and the one left open: freed with the key.
-                assert_eq!(objects, 3);
-                pool.load_key("tank/fs", Some(test_key())).await.unwrap();
-                assert!(pool
-                    .filesystem_record("fs")
-                    .unwrap()
-                    .replayed_times
-                    .is_empty());
-            }
             assert_eq!(fs.stats(&pool).objects, 2, "encrypted {encrypted}");
             let attr = fs.getattr(kept).await.unwrap();
             assert_eq!(
@@ -3489,6 +3564,24 @@ fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
             pool.export().await.unwrap();
         });
     }
+}
+
+/// An encrypted filesystem whose log an import claimed (its key not
+/// loaded) is destroyed: the claimed blocks and the chain's go with it,
+/// and the space check finds nothing leaked.
+#[test]
+fn a_destroy_frees_an_encrypted_filesystems_claimed_log() {
+    let seed = 93;
+    let (disks, _) = crash_after_a_logged_write(seed, true);
+    Runtime::new_sim(seed + 1).block_on(async move {
+        let (pool, fs) = import_filesystem(&disks, "claimed").await;
+        assert!(fs.log_claimed(), "{:?}", pool.notes());
+        drop(fs);
+        pool.destroy_filesystem("tank/fs", false).await.unwrap();
+        pool.commit().await.unwrap();
+        space_is_clean(&pool, "destroyed while claimed").await;
+        pool.export().await.unwrap();
+    });
 }
 
 #[test]

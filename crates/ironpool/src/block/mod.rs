@@ -376,6 +376,17 @@ impl BlockStore {
         }
     }
 
+    /// Records space taken by [`BlockStore::claim`] as used from the open
+    /// txg on, for space that must stay allocated across txgs and imports
+    /// though no tree points at it yet: an encrypted filesystem's intent
+    /// log, claimed at import and replayed when its key is loaded.
+    pub fn commit_claimed(&self, dvas: &[Dva]) {
+        let mut allocator = self.allocator.borrow_mut();
+        for dva in dvas.iter().filter(|dva| !dva.is_empty()) {
+            allocator.commit(*dva);
+        }
+    }
+
     /// Records a block's space as used from the open txg on, and the block's
     /// birth txg in the log of every child that missed its write.
     pub fn commit(&self, bp: &BlockPointer) {
@@ -415,9 +426,17 @@ impl BlockStore {
             return;
         }
         self.cache.forget(bp);
+        self.free_dvas(bp.copies());
+    }
+
+    /// Records the space of `dvas` as freed in the open txg: space whose
+    /// allocation was committed, not a block of the tree (an intent log's
+    /// blocks and the blocks its records name, claimed at import: see
+    /// [`BlockStore::commit_claimed`]).
+    pub fn free_dvas<'a>(&self, dvas: impl IntoIterator<Item = &'a Dva>) {
         let remaps = self.remaps.borrow();
         let mut allocator = self.allocator.borrow_mut();
-        for dva in bp.copies() {
+        for dva in dvas.into_iter().filter(|dva| !dva.is_empty()) {
             if !remaps.is_empty() && remaps.is_mapped(dva.vdev) {
                 // A copy a removal moved: the moved copy goes too. A removed
                 // vdev has no space of its own to give back.

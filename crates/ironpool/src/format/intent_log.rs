@@ -442,6 +442,21 @@ pub fn names_block(bytes: &[u8], chain_guid: u64, seq: u64) -> bool {
         && get_u64(bytes, 16) == seq
 }
 
+/// Whether `bytes` hold a log block whose checksum matches (of any chain,
+/// at any place in it): what a scrub of a claimed chain checks.
+pub fn verifies_itself(bytes: &[u8]) -> bool {
+    if bytes.len() < LOG_HEADER_BYTES || get_u64(bytes, 0) != LOG_BLOCK_MAGIC {
+        return false;
+    }
+    let used = LOG_HEADER_BYTES + get_u32(bytes, 24) as usize;
+    if used > bytes.len() {
+        return false;
+    }
+    let mut copy = bytes[..used].to_vec();
+    copy[64..80].fill(0);
+    embedded(&copy) == bytes[64..80]
+}
+
 /// Decodes the log block in `bytes` if it is block `seq` of chain
 /// `chain_guid` and intact; an error says why it is not (replay ends there).
 pub fn decode_block(

@@ -54,8 +54,14 @@ pub use uberblock::Uberblock;
 /// seals the attributes of an encrypted filesystem's objects in their
 /// dnodes' bonus (`format::sealed_bonus`); an older build would take them
 /// for damaged znodes, so it must refuse the pool. Older versions are
-/// written as 6 from the first commit.
-pub const FORMAT_VERSION: u32 = 6;
+/// written as 6 from the first commit. Version 7 claims an encrypted
+/// filesystem's intent log at import without its key (the head's
+/// `claimed`, its blocks committed in the space maps) and replays it at
+/// the key's load; an older build would take the claimed blocks for
+/// durable changes already in the tree and drop the chain, losing what it
+/// made durable and leaking its space, so it must refuse the pool. Older
+/// versions are written as 7 from the first commit.
+pub const FORMAT_VERSION: u32 = 7;
 /// The oldest on-disk format version this build reads (6093ca7 and before
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;

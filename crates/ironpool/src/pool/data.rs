@@ -711,6 +711,39 @@ pub(crate) fn link(
     blkid: u64,
     pointer: BlockPointer,
 ) -> Result<BlockPointer, PoolError> {
+    link_space(
+        pool,
+        objects,
+        object,
+        dead_owner,
+        blkid,
+        pointer,
+        Space::New,
+    )
+}
+
+/// Whose the space of a block being linked is.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Space {
+    /// Allocated for it and not committed: the link commits it, and a
+    /// failure lets it go.
+    New,
+    /// Committed already, by an import's claim of an encrypted
+    /// filesystem's intent log (replayed at its key's load): the link
+    /// takes it as it is, and a failure frees it.
+    Claimed,
+}
+
+/// [`link`], for a block whose space is `space`'s.
+pub(crate) fn link_space(
+    pool: &Rc<Pool>,
+    objects: &ObjectSet,
+    object: &Object,
+    dead_owner: &Object,
+    blkid: u64,
+    pointer: BlockPointer,
+    space: Space,
+) -> Result<BlockPointer, PoolError> {
     let txg = pool.txg.open();
     assert!(
         pointer.is_hole() || (pointer.birth_txg == txg && pointer.level == 0),
@@ -720,7 +753,10 @@ pub(crate) fn link(
     let old = match objects.set_block_pointer_cached(object, blkid, pointer) {
         Ok(old) => old,
         Err(error) => {
-            release_unlinked(pool, &pointer);
+            match space {
+                Space::New => release_unlinked(pool, &pointer),
+                Space::Claimed => pool.store.free(&pointer),
+            }
             return Err(error.into());
         }
     };
@@ -733,7 +769,7 @@ pub(crate) fn link(
         "object {} block {blkid}: linking {pointer:?} over {old:?}",
         object.id
     );
-    if !pointer.is_hole() {
+    if !pointer.is_hole() && space == Space::New {
         pool.store.commit(&pointer);
         pool.txg.add_data(pool, pointer.allocated_bytes());
     }

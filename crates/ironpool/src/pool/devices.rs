@@ -808,6 +808,7 @@ impl Pool {
                 top.kind.vdev_name(top.id)
             )));
         }
+        self.check_no_claim_on(top.id)?;
         if vdevs[top.id as usize + 1..].iter().any(|later| !later.log) {
             return Err(PoolError::InvalidArgument(format!(
                 "{name} was added before data vdevs ({}): vdevs are numbered by position, so it cannot leave; replace it instead",

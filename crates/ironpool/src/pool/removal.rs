@@ -236,6 +236,7 @@ impl Pool {
         if self.resilver_status().state == "resilvering" {
             return refuse("a resilver is running: wait for it first".into());
         }
+        self.check_no_claim_on(top.id)?;
         if self.config.borrow().spares.iter().any(|spare| {
             spare
                 .replacing

@@ -144,6 +144,25 @@ pub struct LogHead {
     /// copies name their file as well as the block.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub cancelled_blocks: Vec<(u64, u64, u64)>,
+    /// An encrypted filesystem's chain claimed at import, without its key:
+    /// its blocks and the blocks its records link are allocated, and it is
+    /// replayed when the key is loaded (docs/FORMAT.md, "Intent log").
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed: Option<LogClaim>,
+}
+
+/// What an import claimed of a chain it could not replay (an encrypted
+/// filesystem's, its key not loaded), so that every later reader (the
+/// replay at `load-key`, a destroy, a scrub, the space check) finds the
+/// same blocks and the same records, whatever was written since past them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogClaim {
+    /// The txg durable at the claim: records of txgs after it apply.
+    pub txg: u64,
+    /// The sequence number of the last block claimed.
+    pub seq: u64,
+    /// How many records, from the head, the replay applies.
+    pub records: u64,
 }
 
 impl LogHead {
@@ -174,6 +193,7 @@ impl LogHead {
             bytes: pointer.bytes,
             cancelled: Vec::new(),
             cancelled_blocks: Vec::new(),
+            claimed: None,
         }
     }
 }

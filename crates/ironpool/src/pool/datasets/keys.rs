@@ -231,8 +231,10 @@ impl Pool {
     /// their snapshots opened) hold with sealed attributes are opened, and
     /// the files a crash left unlinked in them, which the import could not
     /// free without the key, are freed now, before they are mounted; and
-    /// so are set the times their replay kept. Each filesystem is taken
-    /// whole meanwhile, as a rollback or destroy takes it.
+    /// so are set the times an older build's keyless replay kept. An
+    /// intent log an import claimed is replayed first, and made durable
+    /// before this returns. Each filesystem is taken whole meanwhile, as a
+    /// rollback or destroy takes it.
     async fn open_attributes(self: &Rc<Self>, name: &str, guid: u64) {
         let filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> = self
             .all_filesystems()
@@ -250,6 +252,7 @@ impl Pool {
                 );
             }
         }
+        let mut replayed_any = false;
         for fs in filesystems {
             if fs.is_snapshot() {
                 continue;
@@ -259,7 +262,11 @@ impl Pool {
                 continue;
             }
             self.set_replayed_times(&fs).await;
-            if !fs.orphans_sealed.replace(false) {
+            // Its intent log, claimed at import, is replayed now; the
+            // files that left with no names go after it, as at an import.
+            let replayed = self.replay_claimed(&fs).await;
+            replayed_any |= replayed;
+            if !fs.orphans_sealed.replace(false) && !replayed {
                 continue;
             }
             let _hold = self.txg.hold_builds();
@@ -273,6 +280,16 @@ impl Pool {
                     "ironpool: {}: files left unlinked were not freed: {error}",
                     fs.name()
                 ),
+            }
+        }
+        // What was replayed is durable before the filesystems are served,
+        // as an import's replay is.
+        if replayed_any {
+            let txg = self.txg.open();
+            if let Err(error) = self.txg.wait_durable(self, txg).await {
+                eprintln!(
+                    "ironpool: {name}: the replay of its intent log is not durable yet: {error}"
+                );
             }
         }
     }

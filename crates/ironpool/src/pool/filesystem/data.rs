@@ -809,6 +809,49 @@ impl Filesystem {
         self.link_cached(pool, object, blkid, pointer)
     }
 
+    /// [`Filesystem::link_block`] for a block an import claimed (its
+    /// space committed: see [`crate::pool::data::Space::Claimed`]), born
+    /// again in the open txg and keeping the txg its bytes were written in
+    /// as its physical birth, as a clone does. A failure frees it.
+    pub(super) async fn link_claimed(
+        &self,
+        pool: &Rc<Pool>,
+        object: &Rc<Object>,
+        blkid: u64,
+        mut pointer: BlockPointer,
+    ) -> Result<BlockPointer, FsError> {
+        assert!(!pointer.is_hole(), "a claimed block is written");
+        // A hole to prepare with: a failure to load the path must free the
+        // claimed block, not let go of an allocation.
+        let hole = BlockPointer::hole(0, ObjectType::FsFile, 0);
+        if let Err(error) =
+            crate::pool::data::prepare_link(pool, &self.objects, object, blkid, &hole).await
+        {
+            pool.store.free(&pointer);
+            return Err(error.into());
+        }
+        let txg = pool.txg.open();
+        let written = pointer.written_txg();
+        assert!(
+            written < txg,
+            "a claimed block was written before its claim"
+        );
+        pointer.birth_txg = txg;
+        pointer.physical_birth = written;
+        crate::pool::data::link_space(
+            pool,
+            &self.objects,
+            object,
+            &self.table,
+            blkid,
+            pointer,
+            crate::pool::data::Space::Claimed,
+        )?;
+        self.log.note_linked(object.id, blkid, txg);
+        self.log.note_superseded(object.id, blkid, txg);
+        Ok(pointer)
+    }
+
     /// [`Filesystem::link_block`] for a written block of `size` bytes,
     /// unless the file's block size is no longer `size` when the link can
     /// be made (its one block grew in memory meanwhile, see `behind.rs`):

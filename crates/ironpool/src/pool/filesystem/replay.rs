@@ -18,8 +18,9 @@ use crate::pool::Pool;
 
 impl Filesystem {
     /// Replay of the intent log: links `pointer` (its space claimed by
-    /// replay), or a hole, as block `blkid` of file (or link) `ino`.
-    /// Refused, the space let go, when it is neither or its blocks are not
+    /// replay; committed by an import's claim, when `claimed`), or a hole,
+    /// as block `blkid` of file (or link) `ino`. Refused, the space let go
+    /// (freed, when `claimed`), when it is neither or its blocks are not
     /// that size (an object record set the block size first).
     pub(in crate::pool) async fn replay_block(
         &self,
@@ -27,9 +28,13 @@ impl Filesystem {
         ino: u64,
         blkid: u64,
         pointer: BlockPointer,
+        claimed: bool,
     ) -> Result<(), FsError> {
         let release = |error: FsError| {
-            release_unlinked(pool, &pointer);
+            match claimed {
+                true => pool.store.free(&pointer),
+                false => release_unlinked(pool, &pointer),
+            }
             Err(error)
         };
         let object = match self.load_object(ino).await {
@@ -56,7 +61,10 @@ impl Filesystem {
                 pointer.logical_size
             )));
         }
-        self.link_block(pool, &object, blkid, pointer).await?;
+        match claimed {
+            true => self.link_claimed(pool, &object, blkid, pointer).await?,
+            false => self.link_block(pool, &object, blkid, pointer).await?,
+        };
         Ok(())
     }
 

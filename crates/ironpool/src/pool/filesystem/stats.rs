@@ -104,6 +104,12 @@ impl Filesystem {
         self.log.stats()
     }
 
+    /// Whether its intent log was claimed at import and waits for its
+    /// key's load to be replayed (an encrypted filesystem after a crash).
+    pub fn log_claimed(&self) -> bool {
+        self.log.is_claimed()
+    }
+
     /// What its file I/O did since import.
     pub fn io_stats(&self) -> FsIoStats {
         self.io_stats.get()

@@ -144,13 +144,12 @@ fn a_header_without_space_sums_gets_them_at_import() {
 
 /// A filesystem made encrypted before attributes were sealed (no header
 /// flag) holds them in the clear on the devices; power fails after an
-/// `fsync` through its log. The import, without the key, replays it (the
-/// object's attributes in the clear are kept so: they cannot be sealed
-/// without the key, and were so already) and commits; once the key is
-/// loaded the file reads as the `fsync` left it, and its next change seals
-/// its attributes.
+/// `fsync` through its log. The import, without the key, claims the log
+/// and commits; loading the key replays it (the object's attributes in the
+/// clear are kept so, as they were), the file reads as the `fsync` left it,
+/// and its next change seals its attributes.
 #[test]
-fn a_filesystem_encrypted_before_sealing_replays_without_its_key() {
+fn a_filesystem_encrypted_before_sealing_replays_with_its_key() {
     use crate::format::sealed_bonus::is_sealed;
     let disks: Vec<Rc<SimDevice>> = (0..2)
         .map(|index| SimDevice::new(&format!("d{index}"), 256 << 20, 60 + index))
@@ -223,16 +222,17 @@ fn a_filesystem_encrypted_before_sealing_replays_without_its_key() {
         let pool = Pool::import_from_devices("tank", named(&disks), unhurried())
             .await
             .unwrap();
-        assert!(
+        let replayed = |pool: &Pool| {
             pool.notes()
                 .iter()
-                .any(|note| note.contains("intent log: replayed")),
-            "{:?}",
-            pool.notes()
-        );
+                .any(|note| note.contains("intent log: replayed"))
+        };
+        assert!(!replayed(&pool), "{:?}", pool.notes());
         pool.commit().await.unwrap();
         let fs = pool.filesystem("tank/fs").unwrap();
+        assert!(fs.log_claimed(), "{:?}", pool.notes());
         pool.load_key("tank/fs", Some(key())).await.unwrap();
+        assert!(replayed(&pool), "{:?}", pool.notes());
         let attr = fs.getattr(ino).await.unwrap();
         assert_eq!(
             (attr.size, attr.znode.uid, attr.znode.gid),

@@ -356,6 +356,22 @@ impl Pool {
                 }
             }
         }
+        // An intent log an import claimed (an encrypted filesystem's, its
+        // key not loaded) holds its blocks and those its records link.
+        for (short, space) in self.claimed_spaces() {
+            for dva in space.dvas() {
+                report.block_copies += 1;
+                report.referenced_bytes += dva.asize as u64;
+                let inserted = referenced
+                    .get_mut(dva.vdev as usize)
+                    .is_some_and(|set| set.try_insert(dva.offset, dva.end()).is_ok());
+                if !inserted {
+                    report.problem(format!(
+                        "filesystem {short}: its claimed intent log's {dva:?} overlaps another block"
+                    ));
+                }
+            }
+        }
         // Every block on a dead list is still some snapshot's (or origin's).
         let heads: Vec<Rc<crate::object::Object>> = self
             .datasets

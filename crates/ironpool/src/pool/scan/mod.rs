@@ -187,6 +187,10 @@ impl Scan {
     }
 }
 
+/// Blocks of a claimed intent log handed to a scan at once (as a tree's
+/// node hands its pointers): bounds the reads one batch puts in flight.
+const SCAN_CLAIMED_BATCH: usize = 128;
+
 impl Pool {
     /// Walks every object numbered `first_object` or more for `scan`, in
     /// object order, each below its floor ([`Pool::scan_floor_txg`]). Errors
@@ -381,7 +385,43 @@ impl Pool {
             self.scan_object(&fs.objects, &object, scan, floor_txg)
                 .await?;
         }
+        self.scan_claimed_log(fs, scan).await;
         Ok(())
+    }
+
+    /// A scrub or resilver of filesystem `fs` reads what its intent log,
+    /// claimed at import, holds until its key's load replays it: the blocks
+    /// its records link (verified and repaired as a tree's are) and, for a
+    /// scrub, the chain's own blocks (each checksums itself; a bad copy is
+    /// counted). A removal never meets one: it is refused while a claimed
+    /// chain holds space on its vdev.
+    async fn scan_claimed_log(
+        self: &Rc<Self>,
+        fs: &crate::pool::filesystem::Filesystem,
+        scan: &Scan,
+    ) {
+        let Some(space) = fs.log.claimed() else {
+            return;
+        };
+        if matches!(scan, Scan::Remove) {
+            return;
+        }
+        for blocks in space.blocks.chunks(SCAN_CLAIMED_BATCH) {
+            scan.process(self, &fs.table, blocks).await;
+        }
+        if !matches!(scan, Scan::Scrub) {
+            return;
+        }
+        for dva in &space.chain {
+            let bytes = u64::from(dva.asize);
+            let verify = |bytes: &[u8]| crate::format::intent_log::verifies_itself(bytes);
+            if let Err(error) = self.store.read_self_checked(*dva, bytes, &verify).await {
+                scan.error(
+                    self,
+                    format!("{}: claimed intent log block: {error}", fs.name()),
+                );
+            }
+        }
     }
 
     /// True while `object` is the open object of its id in `objects`:

@@ -242,6 +242,30 @@ pub struct IntentLog {
     /// An encrypted filesystem's log ([`IntentLog::set_pointers_only`]):
     /// block pointers, holes, sizes and times only.
     pointers_only: std::cell::Cell<bool>,
+    /// The space of a chain an import claimed (an encrypted filesystem's,
+    /// its key not loaded), until its replay or the dataset's destroy.
+    claimed: RefCell<Option<ClaimedSpace>>,
+}
+
+/// The space an import's claim of a chain holds (committed in the space
+/// maps, linked by no tree): its blocks, and the blocks its records link.
+/// Kept in memory from the import on, so that a destroy frees it, a scrub
+/// reads it and the space check counts it without reading the chain again.
+#[derive(Clone, Debug, Default)]
+pub struct ClaimedSpace {
+    /// The chain's blocks, from the head.
+    pub chain: Vec<crate::format::Dva>,
+    /// The blocks its records link, as the records name them.
+    pub blocks: Vec<BlockPointer>,
+}
+
+impl ClaimedSpace {
+    /// Every extent the claim holds.
+    pub fn dvas(&self) -> impl Iterator<Item = &crate::format::Dva> {
+        self.chain
+            .iter()
+            .chain(self.blocks.iter().flat_map(|block| block.copies()))
+    }
 }
 
 impl Default for IntentLog {
@@ -253,6 +277,7 @@ impl Default for IntentLog {
             cadence: Default::default(),
             vouched: Default::default(),
             pointers_only: Default::default(),
+            claimed: Default::default(),
         }
     }
 }
@@ -746,6 +771,27 @@ impl IntentLog {
     /// unsealed.
     /// Changes of those make the next commit go through a txg, as changes
     /// past the log's bounds do; replay then needs no key.
+    /// Keeps the space of the chain an import claimed.
+    pub(crate) fn set_claimed(&self, space: ClaimedSpace) {
+        *self.claimed.borrow_mut() = Some(space);
+    }
+
+    /// The space of the chain an import claimed, if any.
+    pub(crate) fn claimed(&self) -> Option<ClaimedSpace> {
+        self.claimed.borrow().clone()
+    }
+
+    /// Whether the chain is claimed and waits for its replay.
+    pub(crate) fn is_claimed(&self) -> bool {
+        self.claimed.borrow().is_some()
+    }
+
+    /// Takes the space of the chain an import claimed: it is replayed, or
+    /// freed with its dataset.
+    pub(crate) fn take_claimed(&self) -> Option<ClaimedSpace> {
+        self.claimed.borrow_mut().take()
+    }
+
     pub(crate) fn set_pointers_only(&self) {
         self.pointers_only.set(true);
     }

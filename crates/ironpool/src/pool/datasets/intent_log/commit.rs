@@ -60,6 +60,10 @@ impl Pool {
     /// full for its head block, commits go through a txg.
     fn chain_usable(&self, owner: Owner) -> bool {
         let log = owner.log();
+        // A claimed chain waits for its replay: no new one replaces it.
+        if log.is_claimed() {
+            return false;
+        }
         let usable = log.usable_next(self.txg.durable()).is_some();
         if !log.has_chain() {
             let _ = self.start_log_chain(owner);
@@ -1050,6 +1054,11 @@ impl Pool {
         self: &Rc<Self>,
         fs: &Rc<Filesystem>,
     ) -> Result<(), PoolError> {
+        // A chain an import claimed stays until its key's load replays it
+        // (a removal is refused while it holds space on the vdev).
+        if fs.log.is_claimed() {
+            return Ok(());
+        }
         let _commit = fs.log.quiesce().await;
         // Held writes copied into the chain are linked first, so that the
         // txg makes them durable before the chain goes (a newer version
@@ -1119,6 +1128,13 @@ impl Pool {
         let blocks = owner.log().abandon_chain();
         if let Owner::Filesystem(fs) = owner {
             fs.forget_held_copies();
+        }
+        // A chain an import claimed is in the space maps: freed there.
+        if let Some(claimed) = owner.log().take_claimed() {
+            for block in &claimed.blocks {
+                self.store.free(block);
+            }
+            self.store.free_dvas(&claimed.chain);
         }
         self.release_log_blocks_after(txg, blocks);
         self.set_log_head(owner, None);

@@ -4,6 +4,7 @@
 //! import. A log's state and its records are
 //! [`crate::pool::dataset::intent_log`]'s.
 
+mod claim;
 mod commit;
 mod replay;
 

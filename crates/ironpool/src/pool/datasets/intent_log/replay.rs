@@ -2,10 +2,11 @@
 //! of txgs that never became durable claimed and applied (volumes' blocks,
 //! filesystems' objects, entries, extended attributes, blocks and sizes).
 
+use std::collections::BTreeMap;
 use std::rc::Rc;
 
 use crate::format::intent_log::{
-    self as format, EntryTarget, LogRecord, ObjectState, LOG_BLOCK_BYTES_MAX,
+    self as format, EntryTarget, LogPointer, LogRecord, ObjectState, LOG_BLOCK_BYTES_MAX,
 };
 use crate::format::{BlockPointer, ObjectType};
 use crate::pool::dataset::directory::{LogHead, ReplayedTimes};
@@ -18,26 +19,32 @@ use crate::queue::IoClass;
 use crate::rt::buf::{AlignedBuf, BufSlice};
 
 /// What replay found in one chain.
-struct Chain {
+pub(super) struct Chain {
     /// Each record with the commit that wrote it.
-    records: Vec<(u64, LogRecord)>,
+    pub(super) records: Vec<(u64, LogRecord)>,
     /// Records up to the end of the last block that ends its commit: the
     /// rest belong to a commit whose last block was not read (torn, or
     /// never written).
-    complete: usize,
+    pub(super) complete: usize,
     /// Why the walk ended, when it was not at a block never written.
-    damage: Option<String>,
+    pub(super) damage: Option<String>,
+    /// The blocks read, each with the count of records up to its end.
+    pub(super) blocks: Vec<(LogPointer, usize)>,
 }
 
-/// Reads `volume`'s chain from `head` until a block does not verify.
-async fn read_chain(pool: &Pool, head: LogHead) -> Chain {
+/// Reads a dataset's chain from `head` until a block does not verify, or
+/// up to block `last` (a claim's last block).
+pub(super) async fn read_chain(pool: &Pool, head: &LogHead, last: Option<u64>) -> Chain {
     let mut chain = Chain {
         records: Vec::new(),
         complete: 0,
         damage: None,
+        blocks: Vec::new(),
     };
     let mut pointer = head.pointer();
-    for seq in head.seq..head.seq.saturating_add(REPLAY_BLOCKS_MAX) {
+    let end = head.seq.saturating_add(REPLAY_BLOCKS_MAX);
+    let end = last.map_or(end, |last| end.min(last.saturating_add(1)));
+    for seq in head.seq..end {
         if pointer.bytes as usize > LOG_BLOCK_BYTES_MAX || pointer.bytes == 0 {
             chain.damage = Some(format!("log block {seq} has an invalid size"));
             break;
@@ -101,15 +108,20 @@ async fn read_chain(pool: &Pool, head: LogHead) -> Chain {
         if header.ends_commit {
             chain.complete = chain.records.len();
         }
+        chain.blocks.push((pointer, chain.records.len()));
         pointer = header.next;
     }
     chain
 }
 
 /// What replay does to one block.
-enum Apply {
+pub(super) enum Apply {
     /// Link a block written in place (its space claimed).
     Link(BlockPointer),
+    /// Link a block whose space an import claimed and committed (an
+    /// encrypted filesystem's, replayed at its key's load): a failure
+    /// frees it rather than letting go of an allocation never committed.
+    Claimed(BlockPointer),
     /// Make it a hole.
     Hole,
     /// Write these bytes (a copy from the log).
@@ -123,18 +135,18 @@ type BlockChanges = Vec<(u64, Apply)>;
 /// directory entries, extended attributes (lists written to new blocks
 /// first, then swapped in), blocks by (object, block number), files' sizes
 /// and times, objects freed.
-struct FsChanges {
+pub(super) struct FsChanges {
     objects: Vec<(u64, ObjectState)>,
     entries: Vec<(EntryKey, Option<EntryTarget>)>,
     xattrs: Vec<(u64, XattrsApply)>,
-    blocks: Vec<((u64, u64), Apply)>,
+    pub(super) blocks: Vec<((u64, u64), Apply)>,
     attrs: Vec<(u64, FileAttr)>,
     freed: Vec<u64>,
 }
 
 /// An object's extended attributes as replay sets them: the list's bytes,
 /// then (once written to new space, before the txg of the links) where.
-enum XattrsApply {
+pub(super) enum XattrsApply {
     List(Vec<u8>),
     /// The list's length and block (None: no attributes).
     Written(Option<(u64, BlockPointer)>),
@@ -143,7 +155,7 @@ enum XattrsApply {
 }
 
 /// What a filesystem's records leave an object as.
-enum ObjectChange {
+pub(super) enum ObjectChange {
     State(ObjectState),
     Freed,
 }
@@ -153,6 +165,8 @@ pub(crate) struct PreparedReplay {
     notes: Vec<String>,
     volumes: Vec<(Rc<Volume>, BlockChanges)>,
     filesystems: Vec<(Rc<Filesystem>, FsChanges)>,
+    /// Encrypted filesystems' chains claimed, their space to commit.
+    claims: Vec<super::claim::Claimed>,
 }
 
 /// The records of the chain at `head` of dataset `name` that replay may
@@ -165,11 +179,12 @@ async fn read_records(
     durable: u64,
     whole_commits: bool,
     notes: &mut Vec<String>,
-) -> Vec<(u64, LogRecord)> {
-    let chain = read_chain(pool, head).await;
+) -> ChainRead {
+    let chain = read_chain(pool, &head, None).await;
     if let Some(damage) = &chain.damage {
         notes.push(format!("{name}: intent log: {damage}"));
     }
+    let blocks = chain.blocks;
     let mut records = chain.records;
     if whole_commits && chain.complete < records.len() {
         notes.push(format!(
@@ -196,7 +211,31 @@ async fn read_records(
         ));
         records.truncate(unwritten);
     }
-    records
+    ChainRead::new(records, blocks)
+}
+
+/// The records a replay takes from a chain, and the chain's blocks that
+/// hold them.
+pub(super) struct ChainRead {
+    pub(super) records: Vec<(u64, LogRecord)>,
+    /// Each block with the count of records up to its end: the last is
+    /// the first whose end reaches the last record.
+    pub(super) blocks: Vec<(LogPointer, usize)>,
+}
+
+impl ChainRead {
+    /// `records`, and the blocks of `blocks` that hold them.
+    pub(super) fn new(
+        records: Vec<(u64, LogRecord)>,
+        mut blocks: Vec<(LogPointer, usize)>,
+    ) -> Self {
+        let needed = blocks
+            .iter()
+            .position(|(_, end)| *end >= records.len())
+            .map_or(blocks.len(), |last| last + 1);
+        blocks.truncate(if records.is_empty() { 0 } else { needed });
+        ChainRead { records, blocks }
+    }
 }
 
 /// What replay does for each block's deciding record (None: nothing), the
@@ -274,7 +313,9 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
         let cancelled: rustc_hash::FxHashSet<(u64, u64)> = head.cancelled.iter().copied().collect();
         // A volume's blocks are independent: a commit cut short (never
         // answered) may apply in part.
-        let records = read_records(pool, &volume.name(), head, durable, false, &mut notes).await;
+        let records = read_records(pool, &volume.name(), head, durable, false, &mut notes)
+            .await
+            .records;
         // The last record of each block decides. A pointer or hole of a txg
         // that is durable means the tree holds that change or a newer one
         // (and an older copy before it must not come back). A copy applies
@@ -322,11 +363,13 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
         let apply = claim_changes(pool, &volume.name(), last, &mut notes);
         volumes.push((volume, apply));
     }
-    let filesystems = prepare_fs_replay(pool, durable, &mut notes).await;
+    let mut claims = Vec::new();
+    let filesystems = prepare_fs_replay(pool, durable, &mut notes, &mut claims).await;
     PreparedReplay {
         notes,
         volumes,
         filesystems,
+        claims,
     }
 }
 
@@ -344,11 +387,14 @@ fn log_heads<R>(
 
 /// [`prepare_replay`] for filesystems: each file's blocks and its size and
 /// times, as of the last record of each (records of txgs that are durable
-/// apply nothing: the tree holds that change or a newer one).
+/// apply nothing: the tree holds that change or a newer one). An encrypted
+/// filesystem's chain is claimed instead (its key is not loaded at
+/// import), or left as a claim made before: its replay waits for the key.
 async fn prepare_fs_replay(
     pool: &Rc<Pool>,
     durable: u64,
     notes: &mut Vec<String>,
+    claims: &mut Vec<super::claim::Claimed>,
 ) -> Vec<(Rc<Filesystem>, FsChanges)> {
     let heads = log_heads(&pool.datasets.directory.read().filesystems, |record| {
         &record.intent_log
@@ -358,123 +404,185 @@ async fn prepare_fs_replay(
         let Some(fs) = pool.datasets.filesystems.get(&short) else {
             continue;
         };
+        if head.claimed.is_some() {
+            // Claimed by an earlier import: its space is in the space maps.
+            notes.push(format!(
+                "{}: intent log: claimed, replayed when its key is loaded",
+                fs.name()
+            ));
+            super::claim::keep_claim(pool, &fs, &head, notes).await;
+            continue;
+        }
         // A commit of a filesystem applies whole or not at all: a write's
         // blocks and the file size it set go together.
-        let cancelled: rustc_hash::FxHashSet<(u64, u64, u64)> =
-            head.cancelled_blocks.iter().copied().collect();
-        let records = read_records(pool, &fs.name(), head, durable, true, notes).await;
-        // The last record of each object, entry and block decides; one of a
-        // durable txg applies nothing (the tree holds it or newer). An
-        // object's state supersedes the sizes and times of writes logged
-        // before it; a free, everything logged of the object before it.
-        let mut blocks: std::collections::BTreeMap<(u64, u64), Option<LogRecord>> =
-            Default::default();
-        let mut attrs: std::collections::BTreeMap<u64, Option<FileAttr>> = Default::default();
-        let mut objects: std::collections::BTreeMap<u64, Option<ObjectChange>> = Default::default();
-        let mut entries: std::collections::BTreeMap<EntryKey, Option<Option<EntryTarget>>> =
-            Default::default();
-        let mut xattrs: std::collections::BTreeMap<u64, Option<Vec<u8>>> = Default::default();
-        for (commit, record) in records {
-            match record {
-                // A held write's bytes, copied before they were written in
-                // place: they apply unless the head cancels them (a newer
-                // change to the block was linked in a txg that is durable).
-                LogRecord::Copy { object, blkid, .. } => {
-                    let apply = !cancelled.contains(&(commit, object, blkid));
-                    blocks.insert((object, blkid), apply.then_some(record));
-                }
-                LogRecord::Block {
-                    object,
-                    blkid,
-                    pointer,
-                } => {
-                    let apply = pointer.birth_txg > durable;
-                    blocks.insert((object, blkid), apply.then_some(record));
-                }
-                LogRecord::Hole { object, blkid, txg }
-                | LogRecord::Written {
-                    object, blkid, txg, ..
-                } => {
-                    blocks.insert((object, blkid), (txg > durable).then_some(record));
-                }
-                LogRecord::Attr {
-                    object,
+        let read = read_records(pool, &fs.name(), head.clone(), durable, true, notes).await;
+        // Its key is not loaded (no key is, at import): nothing of it is
+        // applied without the key.
+        if fs.key_guid().is_some() && fs.data_key().is_err() && !read.records.is_empty() {
+            claims.push(super::claim::claim_chain(
+                pool, &fs, head, read, durable, notes,
+            ));
+            continue;
+        }
+        let decided = decide_fs(&read.records, durable, &head);
+        let blocks = decided
+            .blocks
+            .into_iter()
+            .map(|(key, record)| (key, record.map(|(_, record)| record)));
+        let blocks = claim_changes(pool, &fs.name(), blocks, notes);
+        let changes = fs_changes(
+            decided.objects,
+            decided.entries,
+            decided.xattrs,
+            decided.attrs,
+            blocks,
+        );
+        filesystems.push((fs, changes));
+    }
+    filesystems
+}
+
+/// What a filesystem's records decide: the last record of each block,
+/// object, entry and list of extended attributes (None: nothing to apply),
+/// each block's with its index in the records.
+pub(super) struct FsDecided {
+    pub(super) blocks: BTreeMap<(u64, u64), Option<(usize, LogRecord)>>,
+    pub(super) attrs: BTreeMap<u64, Option<FileAttr>>,
+    pub(super) objects: BTreeMap<u64, Option<ObjectChange>>,
+    pub(super) entries: BTreeMap<EntryKey, Option<Option<EntryTarget>>>,
+    pub(super) xattrs: BTreeMap<u64, Option<Vec<u8>>>,
+}
+
+/// Decides what a filesystem's `records` (read from the chain at `head`)
+/// apply when txg `durable` is the last the tree holds. The last record of
+/// each object, entry and block decides; one of a durable txg applies
+/// nothing (the tree holds it or newer). An object's state supersedes the
+/// sizes and times of writes logged before it; a free, everything logged
+/// of the object before it.
+pub(super) fn decide_fs(records: &[(u64, LogRecord)], durable: u64, head: &LogHead) -> FsDecided {
+    let cancelled: rustc_hash::FxHashSet<(u64, u64, u64)> =
+        head.cancelled_blocks.iter().copied().collect();
+    let mut blocks: BTreeMap<(u64, u64), Option<(usize, LogRecord)>> = Default::default();
+    let mut attrs: BTreeMap<u64, Option<FileAttr>> = Default::default();
+    let mut objects: BTreeMap<u64, Option<ObjectChange>> = Default::default();
+    let mut entries: BTreeMap<EntryKey, Option<Option<EntryTarget>>> = Default::default();
+    let mut xattrs: BTreeMap<u64, Option<Vec<u8>>> = Default::default();
+    for (index, (commit, record)) in records.iter().cloned().enumerate() {
+        match record {
+            // A held write's bytes, copied before they were written in
+            // place: they apply unless the head cancels them (a newer
+            // change to the block was linked in a txg that is durable).
+            LogRecord::Copy { object, blkid, .. } => {
+                let apply = !cancelled.contains(&(commit, object, blkid));
+                blocks.insert((object, blkid), apply.then_some((index, record)));
+            }
+            LogRecord::Block {
+                object,
+                blkid,
+                pointer,
+            } => {
+                let apply = pointer.birth_txg > durable;
+                blocks.insert((object, blkid), apply.then_some((index, record)));
+            }
+            LogRecord::Hole { object, blkid, txg }
+            | LogRecord::Written {
+                object, blkid, txg, ..
+            } => {
+                blocks.insert((object, blkid), (txg > durable).then_some((index, record)));
+            }
+            LogRecord::Attr {
+                object,
+                txg,
+                length,
+                mtime,
+                ctime,
+                sealed,
+            } => {
+                let attr = FileAttr {
                     txg,
                     length,
                     mtime,
                     ctime,
                     sealed,
-                } => {
-                    let attr = FileAttr {
-                        txg,
-                        length,
-                        mtime,
-                        ctime,
-                        sealed,
-                    };
-                    attrs.insert(object, (txg > durable).then_some(attr));
+                };
+                attrs.insert(object, (txg > durable).then_some(attr));
+            }
+            LogRecord::Object { object, txg, state } => {
+                attrs.remove(&object);
+                objects.insert(
+                    object,
+                    (txg > durable).then_some(ObjectChange::State(state)),
+                );
+            }
+            LogRecord::Freed { object, txg } => {
+                attrs.remove(&object);
+                xattrs.remove(&object);
+                let ours: Vec<(u64, u64)> = blocks
+                    .range((object, 0)..=(object, u64::MAX))
+                    .map(|(key, _)| *key)
+                    .collect();
+                for key in ours {
+                    blocks.remove(&key);
                 }
-                LogRecord::Object { object, txg, state } => {
-                    attrs.remove(&object);
-                    objects.insert(
-                        object,
-                        (txg > durable).then_some(ObjectChange::State(state)),
-                    );
-                }
-                LogRecord::Freed { object, txg } => {
-                    attrs.remove(&object);
-                    xattrs.remove(&object);
-                    let ours: Vec<(u64, u64)> = blocks
-                        .range((object, 0)..=(object, u64::MAX))
-                        .map(|(key, _)| *key)
-                        .collect();
-                    for key in ours {
-                        blocks.remove(&key);
-                    }
-                    objects.insert(object, (txg > durable).then_some(ObjectChange::Freed));
-                }
-                LogRecord::Entry {
-                    dir,
-                    txg,
-                    name,
-                    target,
-                } => {
-                    entries.insert((dir, name), (txg > durable).then_some(target));
-                }
-                LogRecord::Xattrs { object, txg, list } => {
-                    xattrs.insert(object, (txg > durable).then_some(list));
-                }
+                objects.insert(object, (txg > durable).then_some(ObjectChange::Freed));
+            }
+            LogRecord::Entry {
+                dir,
+                txg,
+                name,
+                target,
+            } => {
+                entries.insert((dir, name), (txg > durable).then_some(target));
+            }
+            LogRecord::Xattrs { object, txg, list } => {
+                xattrs.insert(object, (txg > durable).then_some(list));
             }
         }
-        let mut states = Vec::new();
-        let mut freed = Vec::new();
-        for (object, change) in objects {
-            match change {
-                Some(ObjectChange::State(state)) => states.push((object, state)),
-                Some(ObjectChange::Freed) => freed.push(object),
-                None => {}
-            }
-        }
-        let changes = FsChanges {
-            objects: states,
-            entries: entries
-                .into_iter()
-                .filter_map(|(key, target)| target.map(|target| (key, target)))
-                .collect(),
-            xattrs: xattrs
-                .into_iter()
-                .filter_map(|(object, list)| list.map(|list| (object, XattrsApply::List(list))))
-                .collect(),
-            blocks: claim_changes(pool, &fs.name(), blocks, notes),
-            attrs: attrs
-                .into_iter()
-                .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
-                .collect(),
-            freed,
-        };
-        filesystems.push((fs, changes));
     }
-    filesystems
+    FsDecided {
+        blocks,
+        attrs,
+        objects,
+        entries,
+        xattrs,
+    }
+}
+
+/// The changes a filesystem's replay makes, from what its records decided
+/// and what it does to each block (`blocks`).
+pub(super) fn fs_changes(
+    objects: BTreeMap<u64, Option<ObjectChange>>,
+    entries: BTreeMap<EntryKey, Option<Option<EntryTarget>>>,
+    xattrs: BTreeMap<u64, Option<Vec<u8>>>,
+    attrs: BTreeMap<u64, Option<FileAttr>>,
+    blocks: Vec<((u64, u64), Apply)>,
+) -> FsChanges {
+    let mut states = Vec::new();
+    let mut freed = Vec::new();
+    for (object, change) in objects {
+        match change {
+            Some(ObjectChange::State(state)) => states.push((object, state)),
+            Some(ObjectChange::Freed) => freed.push(object),
+            None => {}
+        }
+    }
+    FsChanges {
+        objects: states,
+        entries: entries
+            .into_iter()
+            .filter_map(|(key, target)| target.map(|target| (key, target)))
+            .collect(),
+        xattrs: xattrs
+            .into_iter()
+            .filter_map(|(object, list)| list.map(|list| (object, XattrsApply::List(list))))
+            .collect(),
+        blocks,
+        attrs: attrs
+            .into_iter()
+            .filter_map(|(object, attr)| attr.map(|attr| (object, attr)))
+            .collect(),
+        freed,
+    }
 }
 
 /// Applies what [`prepare_replay`] found: links the claimed blocks, writes
@@ -485,7 +593,9 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
         mut notes,
         volumes,
         mut filesystems,
+        claims,
     } = prepared;
+    let mut changes = super::claim::commit_claims(pool, claims, &mut notes);
     let mut done = vec![(0usize, Vec::new()); volumes.len()];
     // A filesystem's copied writes are written to new blocks first, outside
     // the txg of the links (writing may wait for space), and linked in it.
@@ -509,7 +619,8 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
                         let hole = BlockPointer::hole(0, ObjectType::VolumeData, 0);
                         pool.link_block(volume, *blkid, hole, false).await
                     }
-                    Apply::Write(_) => continue,
+                    // Volumes are never claimed.
+                    Apply::Write(_) | Apply::Claimed(_) => continue,
                 };
                 *count += 1;
                 if let Err(error) = result {
@@ -540,7 +651,6 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
             }
         }
     }
-    let mut changes = 0;
     for ((volume, _), (count, failed)) in volumes.iter().zip(done) {
         changes += count - failed.len();
         if count > failed.len() {
@@ -562,33 +672,7 @@ pub(crate) async fn apply_replay(pool: &Rc<Pool>, prepared: PreparedReplay) -> R
     }
     for ((fs, _), done) in filesystems.iter().zip(fs_done) {
         changes += done.applied;
-        if done.applied > 0 {
-            notes.push(format!(
-                "{}: intent log: replayed {} changes of files",
-                fs.name(),
-                done.applied
-            ));
-        }
-        if done.gone > 0 {
-            notes.push(format!(
-                "{}: intent log: {} records of files freed since (unlinked while open) not replayed",
-                fs.name(), done.gone
-            ));
-        }
-        if !done.failed.is_empty() {
-            let shown = done.failed.len().min(REPLAY_FAILURES_SHOWN);
-            notes.push(format!(
-                "{}: intent log: {} records could not be replayed: {}{}",
-                fs.name(),
-                done.failed.len(),
-                done.failed[..shown].join("; "),
-                if shown < done.failed.len() {
-                    "; ..."
-                } else {
-                    ""
-                }
-            ));
-        }
+        notes.extend(done.notes(&fs.name()));
         pool.set_log_head(Owner::Filesystem(fs), None);
     }
     Replayed { notes, changes }
@@ -600,17 +684,17 @@ const REPLAY_FAILURES_SHOWN: usize = 8;
 
 /// What replay did to one filesystem.
 #[derive(Default)]
-struct FsReplayed {
-    applied: usize,
+pub(super) struct FsReplayed {
+    pub(super) applied: usize,
     /// Records of files that no longer exist (freed at import: unlinked
     /// while open).
-    gone: usize,
-    failed: Vec<String>,
+    pub(super) gone: usize,
+    pub(super) failed: Vec<String>,
 }
 
 /// Links a filesystem's replayed blocks and sets its files' sizes and
 /// times (the caller holds txg builds off).
-async fn apply_fs_changes(
+pub(super) async fn apply_fs_changes(
     pool: &Rc<Pool>,
     fs: &Filesystem,
     changes: &FsChanges,
@@ -645,13 +729,17 @@ async fn apply_fs_changes(
         count(result, format!("object {object} extended attributes"));
     }
     for ((object, blkid), change) in &changes.blocks {
-        let pointer = match change {
-            Apply::Link(pointer) => *pointer,
-            Apply::Hole => BlockPointer::hole(0, ObjectType::FsFile, 0),
+        let (pointer, claimed) = match change {
+            Apply::Link(pointer) => (*pointer, false),
+            Apply::Claimed(pointer) => (*pointer, true),
+            Apply::Hole => (BlockPointer::hole(0, ObjectType::FsFile, 0), false),
             Apply::Write(_) => continue,
         };
-        // A failed link releases the block it was given.
-        let result = fs.replay_block(pool, *object, *blkid, pointer).await;
+        // A failed link lets go of the block it was given (frees it, when
+        // claimed).
+        let result = fs
+            .replay_block(pool, *object, *blkid, pointer, claimed)
+            .await;
         count(result, format!("file {object} block {blkid}"));
     }
     let mut deferred = Vec::new();
@@ -707,6 +795,37 @@ fn keep_replayed_times(pool: &Pool, fs: &Filesystem, times: Vec<ReplayedTimes>) 
 }
 
 impl FsReplayed {
+    /// What `status` says of the replay of filesystem `name`.
+    pub(super) fn notes(&self, name: &str) -> Vec<String> {
+        let mut notes = Vec::new();
+        if self.applied > 0 {
+            notes.push(format!(
+                "{name}: intent log: replayed {} changes of files",
+                self.applied
+            ));
+        }
+        if self.gone > 0 {
+            notes.push(format!(
+                "{name}: intent log: {} records of files freed since (unlinked while open) not replayed",
+                self.gone
+            ));
+        }
+        if !self.failed.is_empty() {
+            let shown = self.failed.len().min(REPLAY_FAILURES_SHOWN);
+            notes.push(format!(
+                "{name}: intent log: {} records could not be replayed: {}{}",
+                self.failed.len(),
+                self.failed[..shown].join("; "),
+                if shown < self.failed.len() {
+                    "; ..."
+                } else {
+                    ""
+                }
+            ));
+        }
+        notes
+    }
+
     fn count(&mut self, result: Result<(), crate::pool::filesystem::FsError>, what: String) {
         match result {
             Ok(()) => self.applied += 1,
@@ -719,7 +838,11 @@ impl FsReplayed {
 /// Writes the bytes of a filesystem's copied writes to new blocks, each
 /// change becoming a link of its block (linked by [`apply_fs_changes`]);
 /// one that cannot be written is counted as failed and dropped.
-async fn write_fs_copies(pool: &Rc<Pool>, fs: &Filesystem, changes: &mut FsChanges) -> FsReplayed {
+pub(super) async fn write_fs_copies(
+    pool: &Rc<Pool>,
+    fs: &Filesystem,
+    changes: &mut FsChanges,
+) -> FsReplayed {
     let mut done = FsReplayed::default();
     let mut kept = Vec::with_capacity(changes.blocks.len());
     for ((object, blkid), change) in std::mem::take(&mut changes.blocks) {

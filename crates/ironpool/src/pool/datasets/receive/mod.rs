@@ -624,6 +624,9 @@ impl Pool {
         force: bool,
     ) -> Result<String, PoolError> {
         let is_filesystem = self.datasets.filesystems.contains(short);
+        if let Some(fs) = self.datasets.filesystems.get(short) {
+            self.check_log_not_claimed(&fs)?;
+        }
         let exists = self.datasets.directory.read().lineage(short).is_some();
         if exists && is_filesystem != begin.filesystem.is_some() {
             let (what, stream) = if is_filesystem {

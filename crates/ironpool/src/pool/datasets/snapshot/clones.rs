@@ -229,6 +229,9 @@ impl Pool {
         }
         self.check_no_clones(volume, &record.snapshots[index + 1..])?;
         let fs = self.datasets.filesystems.get(volume);
+        if let Some(fs) = &fs {
+            self.check_log_not_claimed(fs)?;
+        }
         let head_volume = match &fs {
             Some(_) => None,
             None => Some(self.volume(volume)?),

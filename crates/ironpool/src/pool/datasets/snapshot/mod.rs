@@ -289,6 +289,9 @@ impl Pool {
                 return Err(PoolError::InvalidName(snapshot.to_string()));
             }
             let record = self.record(volume)?;
+            if let Ok(fs) = self.filesystem(volume) {
+                self.check_log_not_claimed(&fs)?;
+            }
             if record
                 .snapshots
                 .iter()

@@ -429,9 +429,32 @@ fn encrypted_filesystems_keep_no_plaintext_and_mount_only_with_their_key() {
         file.write_all(&late).unwrap();
         file.sync_all().unwrap();
     }
+    // So does a file created after it, its name (the marker: looked for on
+    // the devices below) made durable by an fsync of the directory: the log
+    // carries names sealed.
+    let fresh = vault.join(format!("{}fresh", String::from_utf8_lossy(MARKER)));
+    std::fs::write(&fresh, b"made durable by the log").unwrap();
+    std::fs::File::open(&fresh).unwrap().sync_all().unwrap();
+    std::fs::File::open(&vault).unwrap().sync_all().unwrap();
     pool.kill9();
-    pool.serve_with(&["--load-keys"]);
+    // Served without the key, the import claims the log and applies
+    // nothing of it; `load-key` replays it, then the server mounts it.
+    pool.serve();
+    let status = pool.admin(&["status", "tank"]);
+    assert!(
+        status.contains("intent log: claimed"),
+        "the log not claimed: {status}"
+    );
+    let refused = pool.admin_fails(&["snapshot", "tank/vault@claimed"]);
+    assert!(refused.contains("load its key"), "{refused}");
+    pool.admin(&["load-key", "tank/vault"]);
     wait_mounted(&pool, &vault);
+    assert_eq!(
+        std::fs::read(&fresh).unwrap(),
+        b"made durable by the log",
+        "the file created and fsynced before the kill"
+    );
+    std::fs::remove_file(&fresh).unwrap();
     let big = std::fs::read(vault.join("big")).unwrap();
     assert!(
         big[1 << 20..(1 << 20) + late.len()] == late[..],

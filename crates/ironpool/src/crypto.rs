@@ -847,6 +847,53 @@ pub fn open_times(
     Ok(times_from_bytes(&plain))
 }
 
+/// Seals `record` (an object's state, an entry or a list of extended
+/// attributes of an encrypted filesystem's log) whole under `key`, with a
+/// fresh IV: the record as [`crate::format::intent_log::record_bytes`]
+/// writes it, then the sealing. Its object and txg stay in the clear head,
+/// and in the associated data.
+pub fn seal_record(
+    key: &DatasetKey,
+    record: &crate::format::intent_log::LogRecord,
+) -> Result<crate::format::intent_log::LogRecord, CryptoError> {
+    use crate::format::intent_log::{record_bytes, sealed_record_aad, LogRecord};
+    let (object, _) = record.target();
+    let txg = record.txg();
+    let mut sealed = record_bytes(record);
+    let crypt = key.seal(&sealed_record_aad(object, txg), &mut sealed)?;
+    sealed.extend_from_slice(&crypt.to_bytes());
+    Ok(LogRecord::Sealed {
+        object,
+        txg,
+        sealed,
+    })
+}
+
+/// Opens what [`seal_record`] sealed: the record, whose object and txg
+/// must be those of the clear head. [`CryptoError::Authentication`] when
+/// altered or moved to another object or txg.
+pub fn open_record(
+    key: &DatasetKey,
+    object: u64,
+    txg: u64,
+    sealed: &[u8],
+) -> Result<crate::format::intent_log::LogRecord, CryptoError> {
+    use crate::format::bp::{BlockCrypt, SEALING_BYTES};
+    use crate::format::intent_log::{record_from_bytes, sealed_record_aad};
+    let Some(split) = sealed.len().checked_sub(SEALING_BYTES) else {
+        return Err(CryptoError::Authentication);
+    };
+    let crypt = BlockCrypt::from_bytes(sealed[split..].try_into().expect("the sealing's bytes"))
+        .ok_or(CryptoError::Authentication)?;
+    let mut plain = sealed[..split].to_vec();
+    key.open(&crypt, &sealed_record_aad(object, txg), &mut plain)?;
+    let record = record_from_bytes(&plain).map_err(|_| CryptoError::Authentication)?;
+    if record.target().0 != object || record.txg() != txg {
+        return Err(CryptoError::Authentication);
+    }
+    Ok(record)
+}
+
 /// The keys loaded in one pool, by key guid: shared by the pool (which
 /// loads and unloads them) and the object sets of encrypted filesystems
 /// (which seal and open their directories' blocks with them at the txg

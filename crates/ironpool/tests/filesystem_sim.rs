@@ -1422,11 +1422,12 @@ fn a_crash_keeps_every_fsync_whose_commit_started_ahead() {
 
 /// Random changes of names, attributes, extended attributes and data in an
 /// encrypted filesystem, each followed now and then by an `fsync`; power
-/// fails at a random instant. Its log carries pointers, sizes and times
-/// only, so the `fsync`s after changes of names or attributes go through a
-/// txg; directories are sealed at each txg build. The import (without the
-/// key) finds the state of the last `fsync` that returned, or of the one
-/// in flight, whole, once the key is loaded.
+/// fails at a random instant. Its log seals its records of names,
+/// attributes and extended attributes, so those `fsync`s go through the
+/// log as a plain filesystem's do; directories are sealed at each txg
+/// build. The import (without the key) claims the log; once the key is
+/// loaded, which replays it, the state is that of the last `fsync` that
+/// returned, or of the one in flight, whole.
 #[test]
 fn a_crash_keeps_every_fsync_of_an_encrypted_filesystem_tree() {
     COPIES.set(false);
@@ -1442,12 +1443,12 @@ fn a_crash_keeps_every_fsync_of_an_encrypted_filesystem_tree() {
         );
     }
     eprintln!("{logged} log commits, {fallbacks} fsyncs through a txg, {replays} replays");
-    assert!(logged > 20, "{logged} fsyncs went through the log");
+    assert!(logged > 100, "{logged} fsyncs went through the log");
     assert!(
-        fallbacks > 20,
-        "{fallbacks} fsyncs went through a txg: changes of names are not logged"
+        fallbacks * 20 < logged,
+        "{fallbacks} fsyncs went through a txg, {logged} through the log"
     );
-    assert!(replays >= 3, "{replays} imports replayed an intent log");
+    assert!(replays >= 5, "{replays} imports replayed an intent log");
 }
 
 #[test]

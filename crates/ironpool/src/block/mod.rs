@@ -845,6 +845,48 @@ impl BlockStore {
         Ok(rewritten)
     }
 
+    /// [`BlockStore::resilver`] for a block that checksums itself (an
+    /// intent log's, `length` bytes at `dva`, `verify` telling a good copy):
+    /// read from a good copy, written to the children `targets` names.
+    pub async fn resilver_self_checked(
+        self: &Rc<Self>,
+        dva: Dva,
+        length: u64,
+        verify: &dyn Fn(&[u8]) -> bool,
+        targets: &dyn Fn(u32) -> Vec<usize>,
+    ) -> Result<Rewritten, BlockError> {
+        let Ok((located, top)) = self.locate(&dva) else {
+            return Ok(Rewritten::default());
+        };
+        let children = targets(located.vdev);
+        if children.is_empty() {
+            return Ok(Rewritten::default());
+        }
+        let data = Rc::new(self.read_self_checked(dva, length, verify).await?);
+        let fitted = fit(&top, &data, length as usize);
+        let bytes = top.children_share_bytes(&children, located.offset, fitted.len() as u64);
+        let count = children.len() as u64;
+        if !self
+            .repair(
+                top,
+                Some(children),
+                located.offset,
+                fitted,
+                IoClass::Rebuild,
+            )
+            .await
+        {
+            return Err(BlockError::WriteFailed {
+                location: location(&located),
+                detail: "resilver write failed".into(),
+            });
+        }
+        Ok(Rewritten {
+            copies: count,
+            bytes,
+        })
+    }
+
     /// Copies copy `index` of `bp` into new space on another vdev (device
     /// removal): the block is read and verified from any copy (bad ones
     /// repaired, as by any read), then written to space allocated away

@@ -441,3 +441,49 @@ fn sealed_times_open_only_as_their_record() {
         (49152, sealed)
     );
 }
+
+/// A record of an encrypted filesystem's log sealed whole (an entry: its
+/// name) opens as the record it was, and only under its key, for its
+/// object and txg; its name is in none of the sealed bytes.
+#[test]
+fn sealed_records_open_only_as_their_record() {
+    use crate::format::intent_log::{EntryTarget, LogRecord};
+    let key = DatasetKey::new(master(Suite::Aes256Gcm, 5));
+    let name = b"payroll-2026.ods".to_vec();
+    let record = LogRecord::Entry {
+        dir: 34,
+        txg: 4702,
+        name: name.clone(),
+        target: Some(EntryTarget {
+            object: 258,
+            kind: 8,
+            cookie: 0x1234_5678,
+        }),
+    };
+    let sealed = seal_record(&key, &record).unwrap();
+    let LogRecord::Sealed {
+        object,
+        txg,
+        sealed: bytes,
+    } = &sealed
+    else {
+        panic!("not sealed: {sealed:?}");
+    };
+    assert_eq!((*object, *txg), (34, 4702));
+    assert!(!bytes.windows(name.len()).any(|window| window == name));
+    assert_eq!(open_record(&key, 34, 4702, bytes).unwrap(), record);
+    let refused = |result: Result<LogRecord, CryptoError>| {
+        assert!(
+            matches!(result, Err(CryptoError::Authentication)),
+            "{result:?}"
+        )
+    };
+    refused(open_record(&key, 35, 4702, bytes));
+    refused(open_record(&key, 34, 4703, bytes));
+    let mut altered = bytes.clone();
+    altered[3] ^= 1;
+    refused(open_record(&key, 34, 4702, &altered));
+    refused(open_record(&key, 34, 4702, &bytes[..10]));
+    let other = DatasetKey::new(master(Suite::Aes256Gcm, 6));
+    refused(open_record(&other, 34, 4702, bytes));
+}

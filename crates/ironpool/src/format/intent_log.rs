@@ -48,6 +48,9 @@ const KIND_OBJECT_EXT: u8 = 10;
 /// An attribute record of an encrypted filesystem: the size in the clear,
 /// the times sealed ([`SealedTimes`]).
 const KIND_ATTR_SEALED: u8 = 11;
+/// A record of an encrypted filesystem sealed whole: an object's state,
+/// an entry or a list of extended attributes ([`LogRecord::Sealed`]).
+const KIND_SEALED: u8 = 12;
 /// Bytes of an attribute record's body: length, then the two times.
 const ATTR_BODY_BYTES: usize = 32;
 /// Bytes of the two times, as an attribute record's body holds them after
@@ -58,6 +61,8 @@ pub const TIMES_BYTES: usize = 24;
 pub const ATTR_SEALED_BODY_BYTES: usize = 8 + TIMES_BYTES + SEALING_BYTES;
 /// Domain of sealed times' associated data.
 const TIMES_AAD_DOMAIN: &[u8; 16] = b"ironpool times 1";
+/// Domain of a sealed record's associated data.
+const RECORD_AAD_DOMAIN: &[u8; 16] = b"ironpool record1";
 /// Bytes of an object record's body: length, then the znode.
 const OBJECT_BODY_BYTES: usize = 8 + ZNODE_BYTES;
 /// Bytes of an extended object record's body.
@@ -218,6 +223,46 @@ pub enum LogRecord {
         txg: u64,
         list: Vec<u8>,
     },
+    /// An encrypted filesystem's object, entry or extended attributes
+    /// record, of `object` (an entry's: its directory) after a change of
+    /// txg `txg`, sealed whole under the filesystem's key: `sealed` is the
+    /// record as it would be written in the clear (head and body), sealed,
+    /// then the sealing ([`SEALING_BYTES`]). Opened at replay, with the key
+    /// (`crypto::open_record`); the object and txg stay in the clear, in
+    /// the associated data, for the import's claim and a replay's order.
+    Sealed {
+        object: u64,
+        txg: u64,
+        sealed: Vec<u8>,
+    },
+}
+
+/// What a sealed record's MAC authenticates besides the record: its object
+/// and txg as the clear head gives them ([`LogRecord::Sealed`]).
+pub fn sealed_record_aad(object: u64, txg: u64) -> [u8; 32] {
+    let mut aad = [0u8; 32];
+    aad[..16].copy_from_slice(RECORD_AAD_DOMAIN);
+    put_u64(&mut aad, 16, object);
+    put_u64(&mut aad, 24, txg);
+    aad
+}
+
+/// `record` as it is written in a log block, head and body: what
+/// `crypto::seal_record` seals.
+pub fn record_bytes(record: &LogRecord) -> Vec<u8> {
+    let mut out = vec![0u8; record.encoded_bytes()];
+    record.encode(&mut out);
+    out
+}
+
+/// The one record `bytes` hold, as [`record_bytes`] wrote it: what
+/// `crypto::open_record` opened. A sealed record within is refused.
+pub fn record_from_bytes(bytes: &[u8]) -> Result<LogRecord, FormatError> {
+    let (record, length) = decode_record(bytes, 0, bytes.len())?;
+    if matches!(record, LogRecord::Sealed { .. }) || RECORD_HEAD_BYTES + length != bytes.len() {
+        return Err(invalid("sealed log record", "not one record"));
+    }
+    Ok(record)
 }
 
 /// What an object record says of a filesystem's object.
@@ -256,7 +301,24 @@ impl LogRecord {
                 LogRecord::Object { state, .. } => 8 + object_znode_bytes(&state.znode),
                 LogRecord::Freed { .. } => 0,
                 LogRecord::Entry { name, .. } => 8 + name.len().next_multiple_of(8),
+                LogRecord::Sealed { sealed, .. } => sealed.len().next_multiple_of(8),
             }
+    }
+
+    /// The txg of the change (a copy's: 0, it names none).
+    pub fn txg(&self) -> u64 {
+        match self {
+            LogRecord::Block { pointer, .. } => pointer.birth_txg,
+            LogRecord::Hole { txg, .. }
+            | LogRecord::Attr { txg, .. }
+            | LogRecord::Written { txg, .. }
+            | LogRecord::Object { txg, .. }
+            | LogRecord::Freed { txg, .. }
+            | LogRecord::Entry { txg, .. }
+            | LogRecord::Xattrs { txg, .. }
+            | LogRecord::Sealed { txg, .. } => *txg,
+            LogRecord::Copy { .. } => 0,
+        }
     }
 
     /// The object and block the record changes (an attribute, object or
@@ -271,7 +333,8 @@ impl LogRecord {
             LogRecord::Attr { object, .. }
             | LogRecord::Object { object, .. }
             | LogRecord::Freed { object, .. }
-            | LogRecord::Xattrs { object, .. } => (*object, 0),
+            | LogRecord::Xattrs { object, .. }
+            | LogRecord::Sealed { object, .. } => (*object, 0),
             LogRecord::Entry { dir, target, .. } => {
                 (*dir, target.map_or(0, |target| target.object))
             }
@@ -363,6 +426,12 @@ impl LogRecord {
                 put_u32(out, 4, list.len() as u32);
                 put_u64(out, 24, *txg);
                 out[RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + list.len()].copy_from_slice(list);
+            }
+            LogRecord::Sealed { txg, sealed, .. } => {
+                out[0] = KIND_SEALED;
+                put_u32(out, 4, sealed.len() as u32);
+                put_u64(out, 24, *txg);
+                out[RECORD_HEAD_BYTES..RECORD_HEAD_BYTES + sealed.len()].copy_from_slice(sealed);
             }
         }
     }
@@ -514,158 +583,180 @@ pub fn decode_block(
     let mut records = Vec::with_capacity(count.min(payload / RECORD_HEAD_BYTES));
     let mut at = LOG_HEADER_BYTES;
     for _ in 0..count {
-        if at + RECORD_HEAD_BYTES > used {
-            return Err(invalid(WHAT, "a record runs past the block"));
-        }
-        let head = &bytes[at..at + RECORD_HEAD_BYTES];
-        let object = get_u64(head, 8);
-        let blkid = get_u64(head, 16);
-        let txg = get_u64(head, 24);
-        let body = at + RECORD_HEAD_BYTES;
-        let (record, length) = match head[0] {
-            KIND_BLOCK => {
-                if body + BLOCK_POINTER_BYTES > used {
-                    return Err(invalid(WHAT, "a block record runs past the block"));
-                }
-                let pointer = BlockPointer::decode(&bytes[body..body + BLOCK_POINTER_BYTES])?;
-                if pointer.is_hole() || pointer.birth_txg != txg {
-                    return Err(invalid(WHAT, "a block record without a block"));
-                }
-                (
-                    LogRecord::Block {
-                        object,
-                        blkid,
-                        pointer,
-                    },
-                    BLOCK_POINTER_BYTES,
-                )
-            }
-            KIND_HOLE => (LogRecord::Hole { object, blkid, txg }, 0),
-            KIND_COPY | KIND_WRITTEN => {
-                let length = get_u32(head, 4) as usize;
-                if body + length.next_multiple_of(8) > used {
-                    return Err(invalid(WHAT, "a copied record runs past the block"));
-                }
-                let data = bytes[body..body + length].to_vec();
-                let record = if head[0] == KIND_COPY {
-                    LogRecord::Copy {
-                        object,
-                        blkid,
-                        data,
-                    }
-                } else {
-                    LogRecord::Written {
-                        object,
-                        blkid,
-                        txg,
-                        data,
-                    }
-                };
-                (record, length.next_multiple_of(8))
-            }
-            KIND_ATTR => {
-                if body + ATTR_BODY_BYTES > used {
-                    return Err(invalid(WHAT, "an attribute record runs past the block"));
-                }
-                let (mtime, ctime) = times_from_bytes(
-                    bytes[body + 8..body + 8 + TIMES_BYTES]
-                        .try_into()
-                        .expect("times bytes"),
-                );
-                (
-                    LogRecord::Attr {
-                        object,
-                        txg,
-                        length: get_u64(bytes, body),
-                        mtime,
-                        ctime,
-                        sealed: None,
-                    },
-                    ATTR_BODY_BYTES,
-                )
-            }
-            KIND_ATTR_SEALED => {
-                if body + ATTR_SEALED_BODY_BYTES > used {
-                    return Err(invalid(WHAT, "an attribute record runs past the block"));
-                }
-                let (length, sealed) =
-                    SealedTimes::from_body(&bytes[body..body + ATTR_SEALED_BODY_BYTES])?;
-                (
-                    LogRecord::Attr {
-                        object,
-                        txg,
-                        length,
-                        mtime: Timestamp::default(),
-                        ctime: Timestamp::default(),
-                        sealed: Some(sealed),
-                    },
-                    ATTR_SEALED_BODY_BYTES,
-                )
-            }
-            KIND_OBJECT | KIND_OBJECT_EXT => {
-                let (body_bytes, znode_bytes) = if head[0] == KIND_OBJECT {
-                    (OBJECT_BODY_BYTES, ZNODE_BYTES)
-                } else {
-                    (OBJECT_EXT_BODY_BYTES, ZNODE_EXT_BYTES)
-                };
-                if body + body_bytes > used {
-                    return Err(invalid(WHAT, "an object record runs past the block"));
-                }
-                let mut bonus = Bonus::default();
-                bonus.0[..znode_bytes].copy_from_slice(&bytes[body + 8..body + 8 + znode_bytes]);
-                let state = ObjectState {
-                    block_shift: head[1],
-                    length: get_u64(bytes, body),
-                    znode: Znode::decode(&bonus)?,
-                };
-                (LogRecord::Object { object, txg, state }, body_bytes)
-            }
-            KIND_FREED => (LogRecord::Freed { object, txg }, 0),
-            KIND_ENTRY => {
-                let length = head[2] as usize;
-                let padded = 8 + length.next_multiple_of(8);
-                if body + padded > used {
-                    return Err(invalid(WHAT, "an entry record runs past the block"));
-                }
-                let name = bytes[body + 8..body + 8 + length].to_vec();
-                if !valid_entry_name(&name) {
-                    return Err(invalid(WHAT, "an entry record with an invalid name"));
-                }
-                let target = (head[1] != 0).then(|| EntryTarget {
-                    object: blkid,
-                    kind: head[1],
-                    cookie: get_u64(bytes, body),
-                });
-                (
-                    LogRecord::Entry {
-                        dir: object,
-                        txg,
-                        name,
-                        target,
-                    },
-                    padded,
-                )
-            }
-            KIND_XATTRS => {
-                let length = get_u32(head, 4) as usize;
-                if body + length.next_multiple_of(8) > used {
-                    return Err(invalid(WHAT, "an xattr record runs past the block"));
-                }
-                let list = bytes[body..body + length].to_vec();
-                if !list.is_empty() {
-                    super::xattr::decode(&list)?;
-                }
-                (
-                    LogRecord::Xattrs { object, txg, list },
-                    length.next_multiple_of(8),
-                )
-            }
-            kind => return Err(invalid(WHAT, format!("record kind {kind}"))),
-        };
+        let (record, length) = decode_record(bytes, at, used)?;
         records.push(record);
-        at = body + length;
+        at += RECORD_HEAD_BYTES + length;
     }
     Ok((header, records))
+}
+
+/// Decodes the record at `at` of `bytes`, whose records end at `used`:
+/// the record and the bytes of its body.
+fn decode_record(bytes: &[u8], at: usize, used: usize) -> Result<(LogRecord, usize), FormatError> {
+    const WHAT: &str = "intent log block";
+    if at + RECORD_HEAD_BYTES > used {
+        return Err(invalid(WHAT, "a record runs past the block"));
+    }
+    let head = &bytes[at..at + RECORD_HEAD_BYTES];
+    let object = get_u64(head, 8);
+    let blkid = get_u64(head, 16);
+    let txg = get_u64(head, 24);
+    let body = at + RECORD_HEAD_BYTES;
+    let (record, length) = match head[0] {
+        KIND_BLOCK => {
+            if body + BLOCK_POINTER_BYTES > used {
+                return Err(invalid(WHAT, "a block record runs past the block"));
+            }
+            let pointer = BlockPointer::decode(&bytes[body..body + BLOCK_POINTER_BYTES])?;
+            if pointer.is_hole() || pointer.birth_txg != txg {
+                return Err(invalid(WHAT, "a block record without a block"));
+            }
+            (
+                LogRecord::Block {
+                    object,
+                    blkid,
+                    pointer,
+                },
+                BLOCK_POINTER_BYTES,
+            )
+        }
+        KIND_HOLE => (LogRecord::Hole { object, blkid, txg }, 0),
+        KIND_COPY | KIND_WRITTEN => {
+            let length = get_u32(head, 4) as usize;
+            if body + length.next_multiple_of(8) > used {
+                return Err(invalid(WHAT, "a copied record runs past the block"));
+            }
+            let data = bytes[body..body + length].to_vec();
+            let record = if head[0] == KIND_COPY {
+                LogRecord::Copy {
+                    object,
+                    blkid,
+                    data,
+                }
+            } else {
+                LogRecord::Written {
+                    object,
+                    blkid,
+                    txg,
+                    data,
+                }
+            };
+            (record, length.next_multiple_of(8))
+        }
+        KIND_ATTR => {
+            if body + ATTR_BODY_BYTES > used {
+                return Err(invalid(WHAT, "an attribute record runs past the block"));
+            }
+            let (mtime, ctime) = times_from_bytes(
+                bytes[body + 8..body + 8 + TIMES_BYTES]
+                    .try_into()
+                    .expect("times bytes"),
+            );
+            (
+                LogRecord::Attr {
+                    object,
+                    txg,
+                    length: get_u64(bytes, body),
+                    mtime,
+                    ctime,
+                    sealed: None,
+                },
+                ATTR_BODY_BYTES,
+            )
+        }
+        KIND_ATTR_SEALED => {
+            if body + ATTR_SEALED_BODY_BYTES > used {
+                return Err(invalid(WHAT, "an attribute record runs past the block"));
+            }
+            let (length, sealed) =
+                SealedTimes::from_body(&bytes[body..body + ATTR_SEALED_BODY_BYTES])?;
+            (
+                LogRecord::Attr {
+                    object,
+                    txg,
+                    length,
+                    mtime: Timestamp::default(),
+                    ctime: Timestamp::default(),
+                    sealed: Some(sealed),
+                },
+                ATTR_SEALED_BODY_BYTES,
+            )
+        }
+        KIND_OBJECT | KIND_OBJECT_EXT => {
+            let (body_bytes, znode_bytes) = if head[0] == KIND_OBJECT {
+                (OBJECT_BODY_BYTES, ZNODE_BYTES)
+            } else {
+                (OBJECT_EXT_BODY_BYTES, ZNODE_EXT_BYTES)
+            };
+            if body + body_bytes > used {
+                return Err(invalid(WHAT, "an object record runs past the block"));
+            }
+            let mut bonus = Bonus::default();
+            bonus.0[..znode_bytes].copy_from_slice(&bytes[body + 8..body + 8 + znode_bytes]);
+            let state = ObjectState {
+                block_shift: head[1],
+                length: get_u64(bytes, body),
+                znode: Znode::decode(&bonus)?,
+            };
+            (LogRecord::Object { object, txg, state }, body_bytes)
+        }
+        KIND_FREED => (LogRecord::Freed { object, txg }, 0),
+        KIND_ENTRY => {
+            let length = head[2] as usize;
+            let padded = 8 + length.next_multiple_of(8);
+            if body + padded > used {
+                return Err(invalid(WHAT, "an entry record runs past the block"));
+            }
+            let name = bytes[body + 8..body + 8 + length].to_vec();
+            if !valid_entry_name(&name) {
+                return Err(invalid(WHAT, "an entry record with an invalid name"));
+            }
+            let target = (head[1] != 0).then(|| EntryTarget {
+                object: blkid,
+                kind: head[1],
+                cookie: get_u64(bytes, body),
+            });
+            (
+                LogRecord::Entry {
+                    dir: object,
+                    txg,
+                    name,
+                    target,
+                },
+                padded,
+            )
+        }
+        KIND_XATTRS => {
+            let length = get_u32(head, 4) as usize;
+            if body + length.next_multiple_of(8) > used {
+                return Err(invalid(WHAT, "an xattr record runs past the block"));
+            }
+            let list = bytes[body..body + length].to_vec();
+            if !list.is_empty() {
+                super::xattr::decode(&list)?;
+            }
+            (
+                LogRecord::Xattrs { object, txg, list },
+                length.next_multiple_of(8),
+            )
+        }
+        KIND_SEALED => {
+            let length = get_u32(head, 4) as usize;
+            if length < SEALING_BYTES || body + length.next_multiple_of(8) > used {
+                return Err(invalid(WHAT, "a sealed record runs past the block"));
+            }
+            (
+                LogRecord::Sealed {
+                    object,
+                    txg,
+                    sealed: bytes[body..body + length].to_vec(),
+                },
+                length.next_multiple_of(8),
+            )
+        }
+        kind => return Err(invalid(WHAT, format!("record kind {kind}"))),
+    };
+    Ok((record, length))
 }
 
 #[cfg(test)]
@@ -845,6 +936,37 @@ mod tests {
         let (decoded, decoded_records) = decode_block(&block, 0xfeed, 9).unwrap();
         assert_eq!(decoded, header);
         assert_eq!(decoded_records, records);
+    }
+
+    /// A sealed record keeps kind 12, its length, object and txg in the
+    /// clear head and its bytes as given; a record's own bytes round-trip
+    /// through `record_bytes` (what is sealed), and a sealed record or a
+    /// trailing byte is refused there.
+    #[test]
+    fn a_sealed_record_keeps_its_head_in_the_clear() {
+        let (header, mut records) = sample();
+        let sealed = LogRecord::Sealed {
+            object: 41,
+            txg: 13,
+            sealed: (0..77).collect(),
+        };
+        records.push(sealed.clone());
+        let mut block = vec![0u8; LOG_BLOCK_BYTES_MIN];
+        encode_block(&header, &records, &mut block);
+        assert_eq!(decode_block(&block, 0xfeed, 9).unwrap().1, records);
+        let at = block_bytes_for(&records) - sealed.encoded_bytes();
+        assert_eq!(block[at], KIND_SEALED);
+        assert_eq!(get_u32(&block, at + 4), 77);
+        assert_eq!(get_u64(&block, at + 8), 41);
+        assert_eq!(get_u64(&block, at + 24), 13);
+        assert_eq!(block[at + RECORD_HEAD_BYTES + 76], 76);
+        for record in &records[..records.len() - 1] {
+            assert_eq!(&record_from_bytes(&record_bytes(record)).unwrap(), record);
+        }
+        assert!(record_from_bytes(&record_bytes(&sealed)).is_err());
+        let mut longer = record_bytes(&records[0]);
+        longer.extend_from_slice(&[0; 8]);
+        assert!(record_from_bytes(&longer).is_err());
     }
 
     #[test]

@@ -509,11 +509,28 @@ impl Pool {
         Ok((Some(object), entries))
     }
 
-    /// Starts the removal the directory records, after import.
+    /// Starts the removal the directory records, after import, unless it
+    /// runs already or a claimed intent log holds space on its vdev (an
+    /// encrypted filesystem's, which no walk moves until its key's load
+    /// replays it: that load resumes the removal).
     pub(in crate::pool) fn removal_resume(self: &Rc<Self>) {
-        if self.removal.state.borrow().vdev.is_some() && self.txg.ensure_writable().is_ok() {
-            self.removal_spawn();
+        let (vdev, running) = {
+            let state = self.removal.state.borrow();
+            (state.vdev, state.running)
+        };
+        let Some(vdev) = vdev else {
+            return;
+        };
+        if running || self.txg.ensure_writable().is_err() {
+            return;
         }
+        if let Err(error) = self.check_no_claim_on(vdev) {
+            self.import_notes
+                .borrow_mut()
+                .push(format!("the removal of vdev {vdev} waits: {error}"));
+            return;
+        }
+        self.removal_spawn();
     }
 
     fn removal_spawn(self: &Rc<Self>) {

@@ -212,18 +212,19 @@ impl Pool {
         })?;
         // Another load of the same key may have finished while this one
         // derived: the first stays.
+        let mut opened = Ok(());
         if self
             .datasets
             .keys
             .keys
             .insert(record.key_guid, DatasetKey::new(master))
         {
-            self.open_attributes(name, record.key_guid).await;
+            opened = self.open_attributes(name, record.key_guid).await;
         }
         self.datasets.exports_gone.notify_all();
         // The server mounts the filesystems it opens.
         self.datasets.filesystems_changed.notify_all();
-        Ok(())
+        opened
     }
 
     /// The key of `guid` was just loaded (by this call: one that raced it
@@ -235,7 +236,7 @@ impl Pool {
     /// intent log an import claimed is replayed first, and made durable
     /// before this returns. Each filesystem is taken whole meanwhile, as a
     /// rollback or destroy takes it.
-    async fn open_attributes(self: &Rc<Self>, name: &str, guid: u64) {
+    async fn open_attributes(self: &Rc<Self>, name: &str, guid: u64) -> Result<(), PoolError> {
         let filesystems: Vec<Rc<crate::pool::filesystem::Filesystem>> = self
             .all_filesystems()
             .into_iter()
@@ -283,15 +284,18 @@ impl Pool {
             }
         }
         // What was replayed is durable before the filesystems are served,
-        // as an import's replay is.
+        // as an import's replay is; a removal that waited for the claims
+        // goes on.
         if replayed_any {
             let txg = self.txg.open();
-            if let Err(error) = self.txg.wait_durable(self, txg).await {
-                eprintln!(
-                    "ironpool: {name}: the replay of its intent log is not durable yet: {error}"
-                );
-            }
+            self.txg.wait_durable(self, txg).await.map_err(|error| {
+                PoolError::Io(format!(
+                    "{name}: its key is loaded, and its intent log replayed, but the replay is not durable: {error}"
+                ))
+            })?;
+            self.removal_resume();
         }
+        Ok(())
     }
 
     /// Sets the times filesystem `fs`'s replay kept for its key (see

@@ -1316,7 +1316,7 @@ impl Filesystem {
     /// filesystem's carries pointers only: a copy would be plaintext).
     pub(in crate::pool) fn copies_held_blocks(&self) -> bool {
         self.settings.get().log_bias == LogBias::Latency
-            && !self.log.pointers_only()
+            && !self.log.is_encrypted()
             && !self.snapshot
     }
 

@@ -832,12 +832,12 @@ impl Filesystem {
         }
         let txg = pool.txg.open();
         let written = pointer.written_txg();
-        assert!(
-            written < txg,
-            "a claimed block was written before its claim"
-        );
         pointer.birth_txg = txg;
-        pointer.physical_birth = written;
+        // The txg its bytes were written in, for a resilver's question of
+        // which devices missed them; none when that is this txg's number
+        // (a block of the txg open at the crash, replayed before a second
+        // commit: the import's claim committed only the first).
+        pointer.physical_birth = if written < txg { written } else { 0 };
         crate::pool::data::link_space(
             pool,
             &self.objects,

@@ -459,12 +459,14 @@ impl Pool {
     }
 
     /// Whether filesystem `short` should be mounted: an administrator's
-    /// `unmount` holds it off until `mount` (or the next `serve`).
+    /// `unmount` holds it off until `mount` (or the next `serve`), and one
+    /// whose intent log an import claimed waits for its replay (its key's
+    /// load replays it before it is served: a write before would be undone).
     pub fn mount_wanted(&self, short: &str) -> bool {
         !self.mounts.borrow().held_off.contains(short)
             && self
                 .filesystem(short)
-                .is_ok_and(|fs| self.filesystem_key_available(&fs))
+                .is_ok_and(|fs| self.filesystem_key_available(&fs) && !fs.log.is_claimed())
     }
 
     /// Filesystem `old` is now `new`: an `unmount` of it still holds.
@@ -496,6 +498,9 @@ impl Pool {
             return Err(PoolError::KeyUnavailable(format!(
                 "{name} is encrypted: load its key first (ironpool load-key {name})"
             )));
+        }
+        if wanted {
+            self.check_log_not_claimed(&fs)?;
         }
         if wanted && self.filesystem_mountpoint(&short).is_none() {
             return Err(PoolError::InvalidArgument(format!(

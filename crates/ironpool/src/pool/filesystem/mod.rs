@@ -641,7 +641,7 @@ impl Filesystem {
         if let Some(key) = &key {
             objects.set_key(key.clone());
             // Names, attributes and bytes would be in the clear in the log.
-            log.set_pointers_only();
+            log.set_encrypted();
         }
         let fs = Rc::new(Filesystem {
             name_cell: RefCell::new(name),

@@ -391,10 +391,11 @@ impl Pool {
 
     /// A scrub or resilver of filesystem `fs` reads what its intent log,
     /// claimed at import, holds until its key's load replays it: the blocks
-    /// its records link (verified and repaired as a tree's are) and, for a
-    /// scrub, the chain's own blocks (each checksums itself; a bad copy is
-    /// counted). A removal never meets one: it is refused while a claimed
-    /// chain holds space on its vdev.
+    /// its records link (verified and repaired as a tree's are) and the
+    /// chain's own blocks (each checksums itself: a scrub counts a bad
+    /// copy, a resilver rewrites it on the children it rebuilds). A
+    /// removal never meets one: it is refused while a claimed chain holds
+    /// space on its vdev.
     async fn scan_claimed_log(
         self: &Rc<Self>,
         fs: &crate::pool::filesystem::Filesystem,
@@ -409,13 +410,29 @@ impl Pool {
         for blocks in space.blocks.chunks(SCAN_CLAIMED_BATCH) {
             scan.process(self, &fs.table, blocks).await;
         }
-        if !matches!(scan, Scan::Scrub) {
-            return;
-        }
-        for dva in &space.chain {
-            let bytes = u64::from(dva.asize);
-            let verify = |bytes: &[u8]| crate::format::intent_log::verifies_itself(bytes);
-            if let Err(error) = self.store.read_self_checked(*dva, bytes, &verify).await {
+        let verify = |bytes: &[u8]| crate::format::intent_log::verifies_itself(bytes);
+        for pointer in &space.chain {
+            let bytes = u64::from(pointer.bytes);
+            let result = match scan {
+                Scan::Resilver(targets) => self
+                    .store
+                    .resilver_self_checked(pointer.dva, bytes, &verify, &|vdev| {
+                        let top = self.store.vdevs()[vdev as usize].clone();
+                        targets
+                            .children_of(vdev)
+                            .into_iter()
+                            .filter(|child| top.children[*child].is_online())
+                            .collect()
+                    })
+                    .await
+                    .map(|_| ()),
+                _ => self
+                    .store
+                    .read_self_checked(pointer.dva, bytes, &verify)
+                    .await
+                    .map(|_| ()),
+            };
+            if let Err(error) = result {
                 scan.error(
                     self,
                     format!("{}: claimed intent log block: {error}", fs.name()),

@@ -68,6 +68,21 @@ impl ResilverTargets {
     }
 
     /// Children of vdev `vdev` that need a block born in `birth_txg`.
+    /// Every child of `vdev` the resilver rebuilds, whatever the txgs it
+    /// missed: for a block whose write txg is not known (a claimed intent
+    /// log's own blocks), rewritten where it may be missing.
+    pub(in crate::pool) fn children_of(&self, vdev: u32) -> Vec<usize> {
+        let mut children: Vec<usize> = self
+            .targets
+            .iter()
+            .filter(|target| target.vdev == vdev)
+            .map(|target| target.child)
+            .collect();
+        children.sort_unstable();
+        children.dedup();
+        children
+    }
+
     fn children_needing(&self, vdev: u32, birth_txg: u64) -> Vec<usize> {
         self.targets
             .iter()

@@ -239,9 +239,9 @@ pub struct IntentLog {
     /// Which answers given to a filesystem's client are durable, for
     /// [`IntentLog::answers_durable`].
     vouched: std::cell::Cell<Vouched>,
-    /// An encrypted filesystem's log ([`IntentLog::set_pointers_only`]):
-    /// block pointers, holes, sizes and times only.
-    pointers_only: std::cell::Cell<bool>,
+    /// An encrypted filesystem's log ([`IntentLog::set_encrypted`]):
+    /// its records of names and attributes sealed, no copy of bytes.
+    encrypted: std::cell::Cell<bool>,
     /// The space of a chain an import claimed (an encrypted filesystem's,
     /// its key not loaded), until its replay or the dataset's destroy.
     claimed: RefCell<Option<ClaimedSpace>>,
@@ -253,8 +253,8 @@ pub struct IntentLog {
 /// reads it and the space check counts it without reading the chain again.
 #[derive(Clone, Debug, Default)]
 pub struct ClaimedSpace {
-    /// The chain's blocks, from the head.
-    pub chain: Vec<crate::format::Dva>,
+    /// The chain's blocks, from the head (where, and the bytes to read).
+    pub chain: Vec<LogPointer>,
     /// The blocks its records link, as the records name them.
     pub blocks: Vec<BlockPointer>,
 }
@@ -264,6 +264,7 @@ impl ClaimedSpace {
     pub fn dvas(&self) -> impl Iterator<Item = &crate::format::Dva> {
         self.chain
             .iter()
+            .map(|pointer| &pointer.dva)
             .chain(self.blocks.iter().flat_map(|block| block.copies()))
     }
 }
@@ -276,7 +277,7 @@ impl Default for IntentLog {
             turns: crate::rt::sync::Notify::new(),
             cadence: Default::default(),
             vouched: Default::default(),
-            pointers_only: Default::default(),
+            encrypted: Default::default(),
             claimed: Default::default(),
         }
     }
@@ -764,13 +765,6 @@ impl IntentLog {
         self.state.borrow().stats
     }
 
-    /// Makes this the log of an encrypted filesystem: it carries block
-    /// pointers, holes, and files' sizes (which the dnode table holds in
-    /// the clear too) and times (sealed), never names, other attributes,
-    /// extended attributes or copies of bytes, which would be stored
-    /// unsealed.
-    /// Changes of those make the next commit go through a txg, as changes
-    /// past the log's bounds do; replay then needs no key.
     /// Keeps the space of the chain an import claimed.
     pub(crate) fn set_claimed(&self, space: ClaimedSpace) {
         *self.claimed.borrow_mut() = Some(space);
@@ -792,14 +786,21 @@ impl IntentLog {
         self.claimed.borrow_mut().take()
     }
 
-    pub(crate) fn set_pointers_only(&self) {
-        self.pointers_only.set(true);
+    /// Makes this the log of an encrypted filesystem: it carries block
+    /// pointers, holes, and files' sizes (which the dnode table holds in
+    /// the clear too), their times sealed, and objects' states, entries
+    /// and lists of extended attributes sealed whole (`LogRecord::Sealed`),
+    /// never a copy of bytes (written in place, sealed, and logged as a
+    /// pointer). Its replay needs the key: an import claims the chain, and
+    /// the key's load replays it.
+    pub(crate) fn set_encrypted(&self) {
+        self.encrypted.set(true);
     }
 
-    /// Whether this log carries block pointers, holes, sizes and times only
-    /// (an encrypted filesystem's: a copy of bytes would be plaintext).
-    pub(crate) fn pointers_only(&self) -> bool {
-        self.pointers_only.get()
+    /// Whether this is an encrypted filesystem's log, which seals its
+    /// records and never copies bytes ([`IntentLog::set_encrypted`]).
+    pub(crate) fn is_encrypted(&self) -> bool {
+        self.encrypted.get()
     }
 
     /// Notes that block `blkid` of `object` was linked in txg `txg`.
@@ -829,7 +830,7 @@ impl IntentLog {
         if let Some(old) = state.small_writes.remove(&(object, blkid)) {
             state.small_write_bytes -= old.data.len() as u64;
         }
-        let Some(data) = data.filter(|_| !self.pointers_only.get()) else {
+        let Some(data) = data.filter(|_| !self.encrypted.get()) else {
             return;
         };
         let bytes = data.len() as u64;
@@ -865,9 +866,6 @@ impl IntentLog {
     /// Notes a filesystem's object as a change of txg `txg` left it (None:
     /// freed). Its size and times supersede any a write noted before.
     pub(crate) fn note_object(&self, object: u64, txg: u64, state: Option<ObjectState>) {
-        if self.pointers_only.get() {
-            return self.note_unloggable(txg);
-        }
         let mut log = self.state.borrow_mut();
         // Freed is for good: an object changed in the same change before it
         // was freed is not brought back.
@@ -894,9 +892,6 @@ impl IntentLog {
     /// Notes that directory `dir`'s entry `name` names `target` (None: is
     /// gone) after a change of txg `txg`.
     pub(crate) fn note_entry(&self, dir: u64, name: &[u8], txg: u64, target: Option<EntryTarget>) {
-        if self.pointers_only.get() {
-            return self.note_unloggable(txg);
-        }
         let mut log = self.state.borrow_mut();
         log.entries.insert((dir, name.to_vec()), (txg, target));
         Self::bound_namespace(&mut log, txg);
@@ -907,9 +902,6 @@ impl IntentLog {
     /// [`XATTRS_LOGGED_BYTES_MAX`], or past [`XATTRS_PENDING_BYTES_MAX`] in
     /// all, is not carried: commits go through a txg until `txg` is durable.
     pub(crate) fn note_xattrs(&self, object: u64, txg: u64, list: Vec<u8>) {
-        if self.pointers_only.get() {
-            return self.note_unloggable(txg);
-        }
         let mut log = self.state.borrow_mut();
         if let Some((_, old)) = log.xattrs.remove(&object) {
             log.xattr_bytes -= old.len() as u64;
@@ -1030,17 +1022,7 @@ pub(in crate::pool) fn block_record(
 
 /// The txg of a pointer or hole record (others: 0).
 pub(in crate::pool) fn record_txg(record: &LogRecord) -> u64 {
-    match record {
-        LogRecord::Block { pointer, .. } => pointer.birth_txg,
-        LogRecord::Hole { txg, .. }
-        | LogRecord::Attr { txg, .. }
-        | LogRecord::Written { txg, .. }
-        | LogRecord::Object { txg, .. }
-        | LogRecord::Freed { txg, .. }
-        | LogRecord::Entry { txg, .. }
-        | LogRecord::Xattrs { txg, .. } => *txg,
-        LogRecord::Copy { .. } => 0,
-    }
+    record.txg()
 }
 
 pub(in crate::pool) fn block_size_for(bytes: usize) -> u32 {

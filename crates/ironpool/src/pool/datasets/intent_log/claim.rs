@@ -8,7 +8,7 @@
 use std::rc::Rc;
 
 use super::replay::{self, Apply, ChainRead};
-use crate::format::intent_log::LogRecord;
+use crate::format::intent_log::{LogPointer, LogRecord};
 use crate::format::{BlockPointer, Dva};
 use crate::pool::dataset::directory::{LogClaim, LogHead};
 use crate::pool::dataset::intent_log::ClaimedSpace;
@@ -101,7 +101,7 @@ pub(super) fn claim_chain(
         }
         let Some(index) = refused else {
             let space = ClaimedSpace {
-                chain: read.blocks.iter().map(|(pointer, _)| pointer.dva).collect(),
+                chain: read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
                 blocks: linked.into_iter().map(|(_, pointer)| pointer).collect(),
             };
             let claimed = (!records.is_empty()).then(|| LogClaim {
@@ -155,22 +155,33 @@ pub(super) fn commit_claims(pool: &Pool, claims: Vec<Claimed>, notes: &mut Vec<S
     count
 }
 
+/// What [`read_claimed`] read of a claimed chain.
+struct ClaimedRead {
+    read: ChainRead,
+    /// Every block and record claimed was read: what the records decide
+    /// is what the claim decided (the same records, the same rules), so
+    /// the blocks they link are the claimed ones.
+    whole: bool,
+}
+
 /// Reads the chain an earlier import claimed at `head`: its blocks up to
-/// the claim's last, its records up to the claim's count (fewer, noted,
-/// when a block was damaged since).
+/// the claim's last, its records up to the claim's count (fewer, whole
+/// commits, noted, when a block is unreadable since).
 async fn read_claimed(
     pool: &Pool,
     name: &str,
     head: &LogHead,
     notes: &mut Vec<String>,
-) -> ChainRead {
+) -> ClaimedRead {
     let claim = head.claimed.expect("a claimed head");
     let chain = replay::read_chain(pool, head, Some(claim.seq)).await;
+    let whole = chain.records.len() as u64 >= claim.records
+        && chain.blocks.len() as u64 == claim.seq - head.seq + 1;
     let mut records = chain.records;
-    if (records.len() as u64) < claim.records {
+    if !whole {
         notes.push(format!(
             "{name}: intent log: {} of its claimed records unreadable{}",
-            claim.records - records.len() as u64,
+            claim.records.saturating_sub(records.len() as u64),
             chain
                 .damage
                 .map(|damage| format!(" ({damage})"))
@@ -180,11 +191,22 @@ async fn read_claimed(
         records.truncate(chain.complete);
     }
     records.truncate(claim.records as usize);
-    ChainRead::new(records, chain.blocks)
+    ClaimedRead {
+        read: ChainRead::new(records, chain.blocks),
+        whole,
+    }
 }
 
 /// At import: the space of a chain an earlier import claimed (`head`), so
 /// that a destroy frees it, a scrub reads it and the space check counts it.
+///
+/// Read whole, the records decide the claimed blocks again. Read in part
+/// (a block unreadable since), they cannot: a record past the damage may
+/// have decided another block than one read, so none of the blocks the
+/// records link is taken as claimed (the replay links none of them, and a
+/// destroy frees only the chain's blocks read). Their space stays
+/// allocated, as the space check then says: nothing is freed or linked
+/// that the claim may not hold.
 pub(super) async fn keep_claim(
     pool: &Pool,
     fs: &Filesystem,
@@ -192,15 +214,59 @@ pub(super) async fn keep_claim(
     notes: &mut Vec<String>,
 ) {
     let claim = head.claimed.expect("a claimed head");
-    let read = read_claimed(pool, &fs.name(), head, notes).await;
-    let space = ClaimedSpace {
-        chain: read.blocks.iter().map(|(pointer, _)| pointer.dva).collect(),
-        blocks: linked_blocks(&read.records, claim.txg, head)
+    let ClaimedRead { read, whole } = read_claimed(pool, &fs.name(), head, notes).await;
+    let blocks = match whole {
+        true => linked_blocks(&read.records, claim.txg, head)
             .into_iter()
             .map(|(_, pointer)| pointer)
             .collect(),
+        false => {
+            notes.push(format!(
+                "{}: intent log: the claimed chain reads in part: the blocks its records link stay allocated, and are not replayed",
+                fs.name()
+            ));
+            Vec::new()
+        }
+    };
+    let space = ClaimedSpace {
+        chain: read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
+        blocks,
     };
     fs.log.set_claimed(space);
+}
+
+/// Opens the sealed records of `records` (filesystem `name`'s, read from
+/// its claimed chain) with its `key`. The first that does not open (altered,
+/// or damaged past its checksum) ends the replay before its commit, as a
+/// damaged block ends a chain.
+fn open_sealed(
+    key: &crate::crypto::DatasetKey,
+    name: &str,
+    records: &mut Vec<(u64, LogRecord)>,
+    notes: &mut Vec<String>,
+) {
+    for index in 0..records.len() {
+        let LogRecord::Sealed {
+            object,
+            txg,
+            sealed,
+        } = &records[index].1
+        else {
+            continue;
+        };
+        match crate::crypto::open_record(key, *object, *txg, sealed) {
+            Ok(record) => records[index].1 = record,
+            Err(error) => {
+                let cut = commit_start(records, index);
+                notes.push(format!(
+                    "{name}: intent log: record {index} does not open ({error}); {} records from its commit on not replayed",
+                    records.len() - cut
+                ));
+                records.truncate(cut);
+                return;
+            }
+        }
+    }
 }
 
 impl Pool {
@@ -238,14 +304,47 @@ impl Pool {
         let claim = head.claimed.expect("filtered");
         let name = fs.name();
         let mut notes = Vec::new();
-        let read = read_claimed(self, &name, &head, &mut notes).await;
+        let ClaimedRead { mut read, whole } = read_claimed(self, &name, &head, &mut notes).await;
+        // The blocks the claim holds: decided again from the whole chain
+        // (as the claim decided them), else those the import kept.
+        let (claimed_blocks, chain): (Vec<BlockPointer>, Vec<LogPointer>) = match whole {
+            true => (
+                linked_blocks(&read.records, claim.txg, &head)
+                    .into_iter()
+                    .map(|(_, pointer)| pointer)
+                    .collect(),
+                read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
+            ),
+            false => (space.blocks.clone(), space.chain.clone()),
+        };
+        let held: rustc_hash::FxHashSet<Dva> = claimed_blocks
+            .iter()
+            .map(|pointer| pointer.dvas[0])
+            .collect();
+        match fs.data_key() {
+            Ok(Some(key)) => open_sealed(&key, &name, &mut read.records, &mut notes),
+            // Not encrypted (a claim is made only of an encrypted one's).
+            Ok(None) => {}
+            Err(_) => return false,
+        }
         let decided = replay::decide_fs(&read.records, claim.txg, &head);
+        let mut unclaimed = 0u64;
         let blocks = decided
             .blocks
             .into_iter()
             .filter_map(|(key, record)| {
                 let apply = match record?.1 {
-                    LogRecord::Block { pointer, .. } => Apply::Claimed(pointer),
+                    // Only a block the claim holds: records cut short (a
+                    // sealed one that does not open, a block unreadable)
+                    // may leave an older pointer deciding, whose space the
+                    // claim never took.
+                    LogRecord::Block { pointer, .. } if held.contains(&pointer.dvas[0]) => {
+                        Apply::Claimed(pointer)
+                    }
+                    LogRecord::Block { .. } => {
+                        unclaimed += 1;
+                        return None;
+                    }
                     LogRecord::Hole { .. } => Apply::Hole,
                     LogRecord::Copy { data, .. } | LogRecord::Written { data, .. } => {
                         Apply::Write(data)
@@ -275,16 +374,21 @@ impl Pool {
         {
             let _no_builds = self.txg.hold_builds();
             replay::apply_fs_changes(self, fs, &changes, &mut done).await;
-            for block in space
-                .blocks
+            for block in claimed_blocks
                 .iter()
                 .filter(|block| !given.contains(&block.dvas[0]))
             {
                 self.store.free(block);
             }
-            self.store.free_dvas(&space.chain);
+            self.store
+                .free_dvas(chain.iter().map(|pointer| &pointer.dva));
             fs.log.take_claimed();
             self.set_log_head(Owner::Filesystem(fs), None);
+        }
+        if unclaimed > 0 {
+            notes.push(format!(
+                "{name}: intent log: {unclaimed} blocks its shortened records name were never claimed; not replayed"
+            ));
         }
         notes.extend(done.notes(&name));
         if done.applied == 0 && done.failed.is_empty() {
@@ -319,5 +423,42 @@ impl Pool {
             .into_iter()
             .filter_map(|(short, fs)| fs.log.claimed().map(|space| (short, space)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::crypto::{seal_record, DatasetKey, MasterKey, Suite};
+
+    /// A sealed record that does not open (altered) ends the replay before
+    /// its commit: the commit applies whole or not at all, and nothing
+    /// after it applies; the note says how many records were dropped.
+    #[test]
+    fn a_sealed_record_that_does_not_open_ends_the_replay_before_its_commit() {
+        let key = DatasetKey::new(MasterKey::generate(Suite::Aes256Gcm).unwrap());
+        let entry = |txg, name: &[u8]| LogRecord::Entry {
+            dir: 2,
+            txg,
+            name: name.to_vec(),
+            target: None,
+        };
+        let mut records = vec![
+            (1, seal_record(&key, &entry(10, b"a")).unwrap()),
+            (2, LogRecord::Freed { object: 9, txg: 11 }),
+            (2, seal_record(&key, &entry(11, b"b")).unwrap()),
+            (3, seal_record(&key, &entry(12, b"c")).unwrap()),
+        ];
+        let LogRecord::Sealed { sealed, .. } = &mut records[2].1 else {
+            panic!("not sealed");
+        };
+        sealed[0] ^= 1;
+        let mut notes = Vec::new();
+        open_sealed(&key, "tank/fs", &mut records, &mut notes);
+        assert_eq!(records, vec![(1, entry(10, b"a"))]);
+        assert!(
+            notes.len() == 1 && notes[0].contains("3 records from its commit on"),
+            "{notes:?}"
+        );
     }
 }

@@ -743,6 +743,34 @@ impl Pool {
             give_back(&unlogged, taken);
             return Ok(FsLogged::Instead);
         }
+        // An encrypted filesystem's names, attributes and extended
+        // attributes are sealed whole (their object and txg stay in the
+        // clear): its replay opens them with the key.
+        if let Some(key) = &key {
+            debug_assert!(
+                !records.iter().any(|record| matches!(
+                    record,
+                    LogRecord::Copy { .. } | LogRecord::Written { .. }
+                )),
+                "{}: a copy of bytes in an encrypted filesystem's log",
+                fs.name()
+            );
+            for record in records.iter_mut() {
+                if !matches!(
+                    record,
+                    LogRecord::Object { .. } | LogRecord::Entry { .. } | LogRecord::Xattrs { .. }
+                ) {
+                    continue;
+                }
+                match crate::crypto::seal_record(key, record) {
+                    Ok(sealed) => *record = sealed,
+                    Err(_) => {
+                        give_back(&unlogged, taken);
+                        return Ok(FsLogged::Instead);
+                    }
+                }
+            }
+        }
         let copied = held_copies
             + records
                 .iter()
@@ -1134,7 +1162,8 @@ impl Pool {
             for block in &claimed.blocks {
                 self.store.free(block);
             }
-            self.store.free_dvas(&claimed.chain);
+            self.store
+                .free_dvas(claimed.chain.iter().map(|pointer| &pointer.dva));
         }
         self.release_log_blocks_after(txg, blocks);
         self.set_log_head(owner, None);

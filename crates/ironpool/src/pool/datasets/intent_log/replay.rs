@@ -269,7 +269,8 @@ fn claim_changes<K>(
                 | LogRecord::Object { .. }
                 | LogRecord::Freed { .. }
                 | LogRecord::Entry { .. }
-                | LogRecord::Xattrs { .. },
+                | LogRecord::Xattrs { .. }
+                | LogRecord::Sealed { .. },
             ) => {}
         }
     }
@@ -347,7 +348,8 @@ pub(crate) async fn prepare_replay(pool: &Rc<Pool>) -> PreparedReplay {
                 | LogRecord::Object { .. }
                 | LogRecord::Freed { .. }
                 | LogRecord::Entry { .. }
-                | LogRecord::Xattrs { .. } => {
+                | LogRecord::Xattrs { .. }
+                | LogRecord::Sealed { .. } => {
                     malformed += 1;
                     continue;
                 }
@@ -537,6 +539,10 @@ pub(super) fn decide_fs(records: &[(u64, LogRecord)], durable: u64, head: &LogHe
             LogRecord::Xattrs { object, txg, list } => {
                 xattrs.insert(object, (txg > durable).then_some(list));
             }
+            // Sealed: opened before a replay decides (with the key, at its
+            // load). The claim decides without them: they change no block
+            // (a free, which does, stays in the clear).
+            LogRecord::Sealed { .. } => {}
         }
     }
     FsDecided {

@@ -450,6 +450,8 @@ impl Pool {
         drop(hold);
         let committed = self.commit().await;
         self.datasets.filesystems_changed.notify_all();
+        // A removal that waited for this filesystem's claimed log goes on.
+        self.removal_resume();
         committed
     }
 

@@ -407,11 +407,23 @@ impl Pool {
         if matches!(scan, Scan::Remove) {
             return;
         }
+        // A replay at `load-key` or a destroy may free the claim meanwhile:
+        // each batch checks it is still held and keeps its space from
+        // reuse while it reads (and a resilver writes), as a tree's walk
+        // does with `still_open`.
         for blocks in space.blocks.chunks(SCAN_CLAIMED_BATCH) {
+            if !fs.log.is_claimed() {
+                return;
+            }
+            let _guard = self.store.read_guard();
             scan.process(self, &fs.table, blocks).await;
         }
         let verify = |bytes: &[u8]| crate::format::intent_log::verifies_itself(bytes);
         for pointer in &space.chain {
+            if !fs.log.is_claimed() {
+                return;
+            }
+            let _guard = self.store.read_guard();
             let bytes = u64::from(pointer.bytes);
             let result = match scan {
                 Scan::Resilver(targets) => self
@@ -425,7 +437,11 @@ impl Pool {
                             .collect()
                     })
                     .await
-                    .map(|_| ()),
+                    .map(|rewritten| {
+                        let mut state = self.scans.resilver.borrow_mut();
+                        state.rewritten_blocks += rewritten.copies;
+                        state.rewritten_bytes += rewritten.bytes;
+                    }),
                 _ => self
                     .store
                     .read_self_checked(pointer.dva, bytes, &verify)

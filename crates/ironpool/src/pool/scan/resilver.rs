@@ -67,7 +67,6 @@ impl ResilverTargets {
             .unwrap_or(0)
     }
 
-    /// Children of vdev `vdev` that need a block born in `birth_txg`.
     /// Every child of `vdev` the resilver rebuilds, whatever the txgs it
     /// missed: for a block whose write txg is not known (a claimed intent
     /// log's own blocks), rewritten where it may be missing.
@@ -83,6 +82,7 @@ impl ResilverTargets {
         children
     }
 
+    /// Children of vdev `vdev` that need a block born in `birth_txg`.
     fn children_needing(&self, vdev: u32, birth_txg: u64) -> Vec<usize> {
         self.targets
             .iter()

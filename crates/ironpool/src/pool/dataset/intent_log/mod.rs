@@ -132,8 +132,9 @@ pub const DEFAULT_LOG_COMMITS_IN_FLIGHT: u64 = 1;
 
 /// Objects and directory entries a filesystem keeps for its next commit at
 /// most (their records take at most 16,384 x 296 bytes, under half of what
-/// `COMMIT_BLOCKS_MAX` blocks hold): past it, an `fsync` commits a txg,
-/// which is as fast per change when this many are waiting.
+/// `COMMIT_BLOCKS_MAX` blocks hold; sealed, an encrypted filesystem's,
+/// 16,384 x 368, under three quarters): past it, an `fsync` commits a
+/// txg, which is as fast per change when this many are waiting.
 pub const NAMESPACE_CHANGES_MAX: usize = 16_384;
 
 /// The largest list of an object's extended attributes the log carries
@@ -257,6 +258,9 @@ pub struct ClaimedSpace {
     pub chain: Vec<LogPointer>,
     /// The blocks its records link, as the records name them.
     pub blocks: Vec<BlockPointer>,
+    /// A later import read the chain only in part: the blocks its records
+    /// link are not known (not in `blocks`), and may be on any vdev.
+    pub partial: bool,
 }
 
 impl ClaimedSpace {

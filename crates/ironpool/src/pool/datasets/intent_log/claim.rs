@@ -103,6 +103,7 @@ pub(super) fn claim_chain(
             let space = ClaimedSpace {
                 chain: read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
                 blocks: linked.into_iter().map(|(_, pointer)| pointer).collect(),
+                partial: false,
             };
             let claimed = (!records.is_empty()).then(|| LogClaim {
                 txg: durable,
@@ -231,6 +232,7 @@ pub(super) async fn keep_claim(
     let space = ClaimedSpace {
         chain: read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
         blocks,
+        partial: !whole,
     };
     fs.log.set_claimed(space);
 }
@@ -327,24 +329,40 @@ impl Pool {
             Ok(None) => {}
             Err(_) => return false,
         }
-        let decided = replay::decide_fs(&read.records, claim.txg, &head);
-        let mut unclaimed = 0u64;
+        // Only a block the claim holds is linked: records cut short (a
+        // sealed one that does not open, a chain block unreadable) may
+        // leave an older pointer deciding, whose space the claim never
+        // took. Its commit would then apply without that block: the replay
+        // ends before it instead, and decides again.
+        let decided = loop {
+            let decided = replay::decide_fs(&read.records, claim.txg, &head);
+            let first_unclaimed = decided
+                .blocks
+                .values()
+                .flatten()
+                .filter_map(|(index, record)| match record {
+                    LogRecord::Block { pointer, .. } if !held.contains(&pointer.dvas[0]) => {
+                        Some(*index)
+                    }
+                    _ => None,
+                })
+                .min();
+            let Some(index) = first_unclaimed else {
+                break decided;
+            };
+            let cut = commit_start(&read.records, index);
+            notes.push(format!(
+                "{name}: intent log: record {index} names a block never claimed; {} records from its commit on not replayed",
+                read.records.len() - cut
+            ));
+            read.records.truncate(cut);
+        };
         let blocks = decided
             .blocks
             .into_iter()
             .filter_map(|(key, record)| {
                 let apply = match record?.1 {
-                    // Only a block the claim holds: records cut short (a
-                    // sealed one that does not open, a block unreadable)
-                    // may leave an older pointer deciding, whose space the
-                    // claim never took.
-                    LogRecord::Block { pointer, .. } if held.contains(&pointer.dvas[0]) => {
-                        Apply::Claimed(pointer)
-                    }
-                    LogRecord::Block { .. } => {
-                        unclaimed += 1;
-                        return None;
-                    }
+                    LogRecord::Block { pointer, .. } => Apply::Claimed(pointer),
                     LogRecord::Hole { .. } => Apply::Hole,
                     LogRecord::Copy { data, .. } | LogRecord::Written { data, .. } => {
                         Apply::Write(data)
@@ -385,11 +403,6 @@ impl Pool {
             fs.log.take_claimed();
             self.set_log_head(Owner::Filesystem(fs), None);
         }
-        if unclaimed > 0 {
-            notes.push(format!(
-                "{name}: intent log: {unclaimed} blocks its shortened records name were never claimed; not replayed"
-            ));
-        }
         notes.extend(done.notes(&name));
         if done.applied == 0 && done.failed.is_empty() {
             notes.push(format!("{name}: intent log: replayed, nothing to apply"));
@@ -406,7 +419,8 @@ impl Pool {
     /// hold, and a claimed chain is neither until its replay.
     pub(crate) fn check_no_claim_on(&self, vdev: u32) -> Result<(), PoolError> {
         for (short, space) in self.claimed_spaces() {
-            if space.dvas().any(|dva| dva.vdev == vdev) {
+            // Read in part, its blocks may be on any vdev.
+            if space.partial || space.dvas().any(|dva| dva.vdev == vdev) {
                 return Err(PoolError::KeyUnavailable(format!(
                     "{}/{short}: its intent log, on this vdev, waits for replay: load its key first (ironpool load-key)",
                     self.name

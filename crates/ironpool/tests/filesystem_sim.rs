@@ -3359,6 +3359,21 @@ fn disk_holds(disk: &ironpool::dev::sim::SimDevice, pattern: &[u8]) -> bool {
     false
 }
 
+/// The owner and group of the files of
+/// [`crash_after_a_logged_write`]: distinct values, unlikely elsewhere on
+/// a device.
+const OWNER_UID: u32 = 0x7a3c_915e;
+const OWNER_GID: u32 = 0x5e91_c37a;
+
+/// [`OWNER_UID`] then [`OWNER_GID`], as a znode stores them side by side.
+fn owner_bytes() -> Vec<u8> {
+    OWNER_UID
+        .to_le_bytes()
+        .into_iter()
+        .chain(OWNER_GID.to_le_bytes())
+        .collect()
+}
+
 /// The run of [`encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key`]
 /// up to the power failure: a file written and `fsync`ed through the log,
 /// another open with no names left. Returns the disks and the kept file's
@@ -3376,13 +3391,7 @@ fn crash_after_a_logged_write(
         ironpool::format::znode::Timestamp,
     ),
 ) {
-    const UID: u32 = 0x7a3c_915e;
-    const GID: u32 = 0x5e91_c37a;
-    let owners: Vec<u8> = UID
-        .to_le_bytes()
-        .into_iter()
-        .chain(GID.to_le_bytes())
-        .collect();
+    let owners = owner_bytes();
     let disks = devices(2, DEVICE_BYTES, seed);
     let expected = Rc::new(Cell::new(None));
     run_then_crash(seed, &disks, 0x5ea1, {
@@ -3395,7 +3404,7 @@ fn crash_after_a_logged_write(
                 pool_with_filesystem(&disks, TopVdevKind::Mirror, &properties).await
             };
             *pool_holder.borrow_mut() = Some(pool.clone());
-            let file = NewObject::owned(S_IFREG | 0o640, UID, GID);
+            let file = NewObject::owned(S_IFREG | 0o640, OWNER_UID, OWNER_GID);
             let kept = fs
                 .create(&pool, fs.root(), b"kept", &file)
                 .await
@@ -3451,13 +3460,7 @@ fn crash_after_a_logged_write(
 /// left them) and frees that file.
 #[test]
 fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
-    const UID: u32 = 0x7a3c_915e;
-    const GID: u32 = 0x5e91_c37a;
-    let owners: Vec<u8> = UID
-        .to_le_bytes()
-        .into_iter()
-        .chain(GID.to_le_bytes())
-        .collect();
+    let owners = owner_bytes();
     for encrypted in [false, true] {
         let seed = 91;
         let (disks, (kept, size, mtime, ctime)) = crash_after_a_logged_write(seed, encrypted);
@@ -3549,7 +3552,7 @@ fn encrypted_attributes_are_sealed_and_kept_through_a_crash_without_the_key() {
                 (size, mtime, ctime),
                 "encrypted {encrypted}: the fsynced write's size and times"
             );
-            assert_eq!((attr.znode.uid, attr.znode.gid), (UID, GID));
+            assert_eq!((attr.znode.uid, attr.znode.gid), (OWNER_UID, OWNER_GID));
             pool.commit().await.unwrap();
             space_is_clean(&pool, "sealed attributes").await;
             // The times set with the key are committed sealed too.

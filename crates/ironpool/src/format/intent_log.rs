@@ -518,12 +518,15 @@ pub fn verifies_itself(bytes: &[u8]) -> bool {
         return false;
     }
     let used = LOG_HEADER_BYTES + get_u32(bytes, 24) as usize;
-    if used > bytes.len() {
-        return false;
-    }
-    let mut copy = bytes[..used].to_vec();
+    used <= bytes.len() && embedded_checksum_holds(&bytes[..used])
+}
+
+/// Whether the checksum a log block embeds (header bytes 64..80) is that of
+/// its `used` bytes with those 16 bytes zeroed.
+fn embedded_checksum_holds(used: &[u8]) -> bool {
+    let mut copy = used.to_vec();
     copy[64..80].fill(0);
-    embedded(&copy) == bytes[64..80]
+    embedded(&copy) == used[64..80]
 }
 
 /// Decodes the log block in `bytes` if it is block `seq` of chain
@@ -548,9 +551,7 @@ pub fn decode_block(
             format!("{payload} bytes of records in {} bytes", bytes.len()),
         ));
     }
-    let mut copy = bytes[..used].to_vec();
-    copy[64..80].fill(0);
-    if embedded(&copy) != bytes[64..80] {
+    if !embedded_checksum_holds(&bytes[..used]) {
         return Err(FormatError::ChecksumMismatch(WHAT));
     }
     let header = LogBlockHeader {

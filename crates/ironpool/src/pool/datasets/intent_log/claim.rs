@@ -7,7 +7,7 @@
 
 use std::rc::Rc;
 
-use super::replay::{self, Apply, ChainRead};
+use super::replay::{self, commit_start, Apply, ChainRead};
 use crate::format::intent_log::{LogPointer, LogRecord};
 use crate::format::{BlockPointer, Dva};
 use crate::pool::dataset::directory::{LogClaim, LogHead};
@@ -45,16 +45,6 @@ fn linked_blocks(
     linked
 }
 
-/// The index of the first record of the commit of record `index`: a
-/// filesystem's commit applies whole or not at all.
-fn commit_start(records: &[(u64, LogRecord)], mut index: usize) -> usize {
-    let commit = records[index].0;
-    while index > 0 && records[index - 1].0 == commit {
-        index -= 1;
-    }
-    index
-}
-
 /// Claims the chain of filesystem `fs` at `head` (its key not loaded),
 /// from what replay read of it (`read`: whole commits whose blocks hold
 /// their data, txg `durable` imported): the space of its blocks and of the
@@ -75,6 +65,7 @@ pub(super) fn claim_chain(
     } = read;
     loop {
         let read = ChainRead::new(records, chain.clone());
+        let pointers = read.pointers();
         records = read.records;
         let linked = linked_blocks(&records, durable, &head);
         let mut taken: Vec<Dva> = Vec::new();
@@ -101,7 +92,7 @@ pub(super) fn claim_chain(
         }
         let Some(index) = refused else {
             let space = ClaimedSpace {
-                chain: read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
+                chain: pointers,
                 blocks: linked.into_iter().map(|(_, pointer)| pointer).collect(),
                 partial: false,
             };
@@ -230,7 +221,7 @@ pub(super) async fn keep_claim(
         }
     };
     let space = ClaimedSpace {
-        chain: read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
+        chain: read.pointers(),
         blocks,
         partial: !whole,
     };
@@ -315,7 +306,7 @@ impl Pool {
                     .into_iter()
                     .map(|(_, pointer)| pointer)
                     .collect(),
-                read.blocks.iter().map(|(pointer, _)| *pointer).collect(),
+                read.pointers(),
             ),
             false => (space.blocks.clone(), space.chain.clone()),
         };

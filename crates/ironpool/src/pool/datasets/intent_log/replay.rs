@@ -200,10 +200,7 @@ async fn read_records(
     // start of that commit, with `whole_commits`).
     if let Some(mut unwritten) = first_unwritten(pool, &records, durable).await {
         if whole_commits {
-            let commit = records[unwritten].0;
-            while unwritten > 0 && records[unwritten - 1].0 == commit {
-                unwritten -= 1;
-            }
+            unwritten = commit_start(&records, unwritten);
         }
         notes.push(format!(
             "{name}: intent log: the last commit did not finish ({} of its records not replayed)",
@@ -212,6 +209,16 @@ async fn read_records(
         records.truncate(unwritten);
     }
     ChainRead::new(records, blocks)
+}
+
+/// The index of the first record of the commit of record `index`: a
+/// filesystem's commit applies whole or not at all.
+pub(super) fn commit_start(records: &[(u64, LogRecord)], mut index: usize) -> usize {
+    let commit = records[index].0;
+    while index > 0 && records[index - 1].0 == commit {
+        index -= 1;
+    }
+    index
 }
 
 /// The records a replay takes from a chain, and the chain's blocks that
@@ -235,6 +242,11 @@ impl ChainRead {
             .map_or(blocks.len(), |last| last + 1);
         blocks.truncate(if records.is_empty() { 0 } else { needed });
         ChainRead { records, blocks }
+    }
+
+    /// Where the blocks that hold the records are, in chain order.
+    pub(super) fn pointers(&self) -> Vec<LogPointer> {
+        self.blocks.iter().map(|(pointer, _)| *pointer).collect()
     }
 }
 

@@ -582,9 +582,20 @@ impl Filesystem {
         // Its quota and the others' reservations first: the whole records
         // it touches, as a write going through claims. (Let go before
         // going through: that write is admitted again.)
-        let admitted = self
+        let admitted = match self
             .admit_write(pool, &object, self.written_shape(&dnode, offset, end))
-            .await?;
+            .await
+        {
+            Ok(admitted) => admitted,
+            // No room beside the others' reservations now: the write goes
+            // through, which waits for space on its way back with no lock
+            // held (a commit may wait for this write's).
+            Err(error) if error.errno() == libc::ENOSPC => {
+                drop((shared, admission));
+                return self.write(pool, ino, offset, data).await;
+            }
+            Err(error) => return Err(error),
+        };
         if self.grows(&dnode, end) {
             let guard = self.files.whole(ino).await;
             if self.may_grow_behind(pool, &object, end) {

@@ -643,21 +643,8 @@ impl DatasetKey {
         plaintext: &[u8],
         ciphertext: &mut [u8],
     ) -> Result<Sealed, CryptoError> {
-        if plaintext.len() != ciphertext.len() {
-            return Err(CryptoError::Malformed("ciphertext length"));
-        }
         let (salt, key, iv) = self.sealing_key()?;
-        let mut mac = [0u8; MAC_BYTES];
-        key.seal_out_of_place_scatter(
-            Nonce::assume_unique_for_key(iv),
-            Aad::from(aad),
-            plaintext,
-            ciphertext,
-            &[],
-            &mut mac,
-        )
-        .map_err(|_| CryptoError::Malformed("block too large to seal"))?;
-        Ok(Sealed { salt, iv, mac })
+        seal_into_with(&key, salt, iv, aad, plaintext, ciphertext)
     }
 
     /// Opens a block sealed by [`DatasetKey::seal`] in place.
@@ -677,19 +664,59 @@ impl DatasetKey {
         ciphertext: &[u8],
         plaintext: &mut [u8],
     ) -> Result<(), CryptoError> {
-        if ciphertext.len() != plaintext.len() {
-            return Err(CryptoError::Malformed("plaintext length"));
-        }
         let key = self.opening_key(sealed.salt)?;
-        key.open_separate_gather(
-            Nonce::assume_unique_for_key(sealed.iv),
-            Aad::from(aad),
-            ciphertext,
-            &sealed.mac,
-            plaintext,
-        )
-        .map_err(|_| CryptoError::Authentication)
+        open_into_with(&key, sealed, aad, ciphertext, plaintext)
     }
+}
+
+/// [`DatasetKey::seal_into`] under `key` (of `salt`) with `iv`, which must
+/// never have sealed anything under this key ([`DatasetKey::sealing_key`]
+/// gives such): on any thread, so that a batch of blocks is sealed off the
+/// engine thread with IVs the engine handed out in order.
+pub fn seal_into_with(
+    key: &LessSafeKey,
+    salt: u64,
+    iv: [u8; IV_BYTES],
+    aad: &[u8],
+    plaintext: &[u8],
+    ciphertext: &mut [u8],
+) -> Result<Sealed, CryptoError> {
+    if plaintext.len() != ciphertext.len() {
+        return Err(CryptoError::Malformed("ciphertext length"));
+    }
+    let mut mac = [0u8; MAC_BYTES];
+    key.seal_out_of_place_scatter(
+        Nonce::assume_unique_for_key(iv),
+        Aad::from(aad),
+        plaintext,
+        ciphertext,
+        &[],
+        &mut mac,
+    )
+    .map_err(|_| CryptoError::Malformed("block too large to seal"))?;
+    Ok(Sealed { salt, iv, mac })
+}
+
+/// [`DatasetKey::open_into`] under `key`, the block key of the block's
+/// salt ([`DatasetKey::opening_key`]): on any thread.
+pub fn open_into_with(
+    key: &LessSafeKey,
+    sealed: &Sealed,
+    aad: &[u8],
+    ciphertext: &[u8],
+    plaintext: &mut [u8],
+) -> Result<(), CryptoError> {
+    if ciphertext.len() != plaintext.len() {
+        return Err(CryptoError::Malformed("plaintext length"));
+    }
+    key.open_separate_gather(
+        Nonce::assume_unique_for_key(sealed.iv),
+        Aad::from(aad),
+        ciphertext,
+        &sealed.mac,
+        plaintext,
+    )
+    .map_err(|_| CryptoError::Authentication)
 }
 
 /// Seals `data` in place under `key` (of `salt`) with `iv`, which must

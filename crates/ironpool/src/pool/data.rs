@@ -88,6 +88,116 @@ fn seal_block(
     Ok((BufSlice::whole(sealed.into_shared()), crypt))
 }
 
+/// Bytes of a batch to seal, or of one block to open, from which the work
+/// goes to a worker thread ([`crate::rt::offload`]) rather than the engine:
+/// a handoff costs the server about 9 us of CPU (measured for lz4, see
+/// [`INLINE_LZ4_MAX_BYTES`]), and AES-256-GCM runs at about 3.4 GB/s on
+/// one core of this project's test machine (`--example crypto_speed`,
+/// 2026-12-07), so 64 KiB (about 19 us) repays it. A batch is sealed in
+/// one handoff (a volume's write-out, a file's gathered writes); a read
+/// opens each block alone, so only large blocks go.
+const CRYPT_OFFLOAD_MIN_BYTES: usize = 64 * 1024;
+
+/// A block of a batch as sealed: its stored bytes, what its pointer
+/// records of the sealing, and, when sealed on a worker, the checksum of
+/// the stored bytes computed there too.
+type SealedBlock = (BufSlice, crate::format::bp::BlockCrypt, Option<Checksum>);
+
+/// Seals the blocks of a batch (`compressed`: each one's bytes as to be
+/// stored, the size they hold, their compression; `blocks`: their logical
+/// sizes) under `key`, with the associated data of `object_type`'s blocks.
+/// The IVs are handed out here, in block order, on the engine thread; a
+/// batch of [`CRYPT_OFFLOAD_MIN_BYTES`] and more is then sealed (and its
+/// XXH3 checksums computed) on a worker in one handoff.
+async fn seal_batch(
+    key: &crate::crypto::DatasetKey,
+    object_type: ObjectType,
+    blocks: &[NewBlock],
+    compressed: &[(BufSlice, usize, Compression)],
+) -> Vec<Result<SealedBlock, PoolError>> {
+    let aads: Vec<[u8; 27]> = blocks
+        .iter()
+        .zip(compressed)
+        .map(|(block, (_, physical, compression))| {
+            block_aad(
+                object_type,
+                0,
+                *compression,
+                block.logical as u32,
+                *physical as u32,
+            )
+        })
+        .collect();
+    let total: usize = compressed.iter().map(|(_, physical, _)| *physical).sum();
+    if total < CRYPT_OFFLOAD_MIN_BYTES {
+        return compressed
+            .iter()
+            .zip(&aads)
+            .map(|((payload, physical, _), aad)| {
+                seal_block(key, payload, *physical, aad)
+                    .map(|(sealed, crypt)| (sealed, crypt, None))
+            })
+            .collect();
+    }
+    let jobs: Vec<_> = compressed
+        .iter()
+        .zip(aads)
+        .map(|((payload, _, _), aad)| {
+            key.sealing_key().map(|(salt, block_key, iv)| {
+                (
+                    salt,
+                    block_key,
+                    iv,
+                    aad,
+                    AlignedBuf::for_overwrite(payload.len()),
+                )
+            })
+        })
+        .collect();
+    let ranges: Vec<&[u8]> = compressed
+        .iter()
+        .map(|(payload, physical, _)| &payload[..*physical])
+        .collect();
+    // SAFETY: `compressed` holds every range and outlives the awaited
+    // future, which is not leaked (dropping it waits for the work).
+    let sealed = unsafe {
+        crate::rt::offload::run_borrowing_many(&ranges, move |ranges| {
+            jobs.into_iter()
+                .zip(ranges)
+                .map(|(job, range)| {
+                    let (salt, block_key, iv, aad, mut out) = job?;
+                    // Inside the job that received the range (the unsafe
+                    // block above covers it).
+                    let plaintext = range.bytes();
+                    let physical = plaintext.len();
+                    out[physical..].fill(0);
+                    let crypt = crate::crypto::seal_into_with(
+                        &block_key,
+                        salt,
+                        iv,
+                        &aad,
+                        plaintext,
+                        &mut out[..physical],
+                    )?;
+                    let checksum = ChecksumAlgo::Xxh3.compute(&out[..physical]);
+                    Ok((out, crypt, checksum))
+                })
+                .collect::<Vec<Result<_, crate::crypto::CryptoError>>>()
+        })
+    }
+    .await;
+    sealed
+        .into_iter()
+        .map(|result| {
+            result
+                .map(|(out, crypt, checksum)| {
+                    (BufSlice::whole(out.into_shared()), crypt, Some(checksum))
+                })
+                .map_err(|error| PoolError::Io(format!("sealing a block: {error}")))
+        })
+        .collect()
+}
+
 /// The logical bytes of a block `read` (verified by its checksum): opened
 /// with `key` when the pointer says it is encrypted and the cache did not
 /// hold it opened (its MAC checked; the cache then holds the plaintext,
@@ -125,8 +235,33 @@ pub(crate) async fn logical_bytes(
             // Opened from the bytes read into a buffer of its own: the read
             // cache may share the ciphertext, and a copy first cost as much
             // as the opening (8% of the server's samples each, 1 MiB reads).
-            key.open_into(crypt, &aad, &physical[..size], &mut opened[..size])
-                .map_err(|error| PoolError::Corrupt(format!("{name} block {blkid}: {error}")))?;
+            // A large block is opened on a worker.
+            let corrupt = |error| PoolError::Corrupt(format!("{name} block {blkid}: {error}"));
+            if size >= CRYPT_OFFLOAD_MIN_BYTES {
+                let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
+                let crypt = *crypt;
+                // SAFETY: `physical` holds the range and outlives the
+                // awaited future, which is not leaked.
+                let (back, result) = unsafe {
+                    crate::rt::offload::run_borrowing(&physical[..size], move |range| {
+                        let result = crate::crypto::open_into_with(
+                            &block_key,
+                            &crypt,
+                            &aad,
+                            // Inside the job that received it.
+                            range.bytes(),
+                            &mut opened[..size],
+                        );
+                        (opened, result)
+                    })
+                }
+                .await;
+                opened = back;
+                result.map_err(corrupt)?;
+            } else {
+                key.open_into(crypt, &aad, &physical[..size], &mut opened[..size])
+                    .map_err(corrupt)?;
+            }
             opened[size..].fill(0);
             let opened = BufSlice::whole(opened.into_shared()).slice(0..size);
             store.cache.open_entry(pointer, &opened);
@@ -234,32 +369,30 @@ pub(crate) async fn write_blocks(
             .map(|block| compress(format.compression, block, sector)),
     )
     .await;
+    let mut sealed = match &key {
+        None => Vec::new(),
+        Some(key) => seal_batch(key, format.object_type, &blocks, &compressed).await,
+    }
+    .into_iter();
     let mut formed = Vec::with_capacity(blocks.len());
     for (block, (payload, physical, compression)) in blocks.into_iter().zip(compressed) {
         debug_assert!(physical <= payload.len() && block.logical <= block.payload.len());
-        let (payload, crypt) = match &key {
-            None => (payload, None),
-            Some(key) => {
-                let aad = block_aad(
-                    format.object_type,
-                    0,
-                    compression,
-                    block.logical as u32,
-                    physical as u32,
-                );
-                match seal_block(key, &payload, physical, &aad) {
-                    Ok((sealed, crypt)) => (sealed, Some(crypt)),
-                    Err(error) => {
-                        formed.push(Err(error));
-                        continue;
-                    }
-                }
+        let (payload, crypt, sealed_checksum) = match sealed.next() {
+            None => (payload, None, None),
+            Some(Ok((sealed, crypt, checksum))) => (sealed, Some(crypt), checksum),
+            Some(Err(error)) => {
+                formed.push(Err(error));
+                continue;
             }
         };
         // What was computed from the bytes as received (their checksum, a
         // RAID-Z parity) holds only if they are stored as they are.
         let as_received = compression == Compression::Off && crypt.is_none();
         let checksum = match block.checksum {
+            // Computed with the sealing, of the stored bytes.
+            _ if sealed_checksum.is_some() && format.checksum == ChecksumAlgo::Xxh3 => {
+                sealed_checksum.expect("matched")
+            }
             Some((algo, checksum)) if algo == format.checksum && as_received => {
                 debug_assert!(
                     checksum == algo.compute(&payload[..physical]),

@@ -41,6 +41,8 @@ use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
 use aws_lc_rs::{hkdf, pbkdf2};
 use zeroize::Zeroizing;
 
+pub mod gather;
+
 /// Bytes of a raw user key, of a master key and of an AES-256 key.
 pub const KEY_BYTES: usize = 32;
 /// Bytes of an IV (GCM's 96-bit nonce) and of a MAC (GCM's full tag,

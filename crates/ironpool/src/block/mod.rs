@@ -130,6 +130,9 @@ pub struct BlockStore {
     /// Where the blocks of removed vdevs are now, and the mapping of the
     /// one being removed (see [`remap`]).
     pub remaps: RefCell<remap::Remaps>,
+    /// Opens of small sealed blocks read in one round, gathered into one
+    /// handoff to a worker (see [`crate::crypto::gather`]).
+    pub opens: crate::crypto::gather::OpenGather,
 }
 
 /// Held for the duration of a block read. A block looked up during open txg X can
@@ -190,6 +193,7 @@ impl BlockStore {
             cache: BlockCache::new(cache_bytes),
             clones: RefCell::new(clones::CloneTable::default()),
             remaps: RefCell::new(remap::Remaps::default()),
+            opens: Default::default(),
         })
     }
 

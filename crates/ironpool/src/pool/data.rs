@@ -235,7 +235,8 @@ pub(crate) async fn logical_bytes(
             // Opened from the bytes read into a buffer of its own: the read
             // cache may share the ciphertext, and a copy first cost as much
             // as the opening (8% of the server's samples each, 1 MiB reads).
-            // A large block is opened on a worker.
+            // A large block is opened on a worker; small ones wait for the
+            // end of the round, and go there together when they add up.
             let corrupt = |error| PoolError::Corrupt(format!("{name} block {blkid}: {error}"));
             if size >= CRYPT_OFFLOAD_MIN_BYTES {
                 let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
@@ -259,8 +260,14 @@ pub(crate) async fn logical_bytes(
                 opened = back;
                 result.map_err(corrupt)?;
             } else {
-                key.open_into(crypt, &aad, &physical[..size], &mut opened[..size])
-                    .map_err(corrupt)?;
+                // A small block: with the other opens of this round.
+                let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
+                let (back, result) = store
+                    .opens
+                    .open(block_key, *crypt, aad, physical.slice(0..size), opened)
+                    .await;
+                opened = back;
+                result.map_err(corrupt)?;
             }
             opened[size..].fill(0);
             let opened = BufSlice::whole(opened.into_shared()).slice(0..size);

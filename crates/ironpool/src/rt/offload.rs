@@ -16,8 +16,9 @@ use std::pin::Pin;
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::task::{Context, Poll, Waker};
 
-/// Worker threads at most: compression is the only user, and past four threads
-/// the engine thread (one core) is the limit anyway.
+/// Worker threads at most: compression and the sealing and opening of
+/// encrypted blocks are the users, and past four threads the engine thread
+/// (one core) is the limit anyway.
 pub const OFFLOAD_THREADS_MAX: usize = 4;
 /// Jobs waiting for a worker at most. Past this the caller does the work
 /// itself: a full queue means the workers are saturated, and running inline is

@@ -63,6 +63,9 @@ impl OpenGather {
         ciphertext: BufSlice,
         plaintext: AlignedBuf,
     ) -> Opened {
+        if plaintext.len() < ciphertext.len() {
+            return (plaintext, Err(CryptoError::Malformed("plaintext length")));
+        }
         let (reply, answer) = oneshot();
         self.state.pending.borrow_mut().push(PendingOpen {
             key,
@@ -73,16 +76,38 @@ impl OpenGather {
             reply,
         });
         if !self.state.scheduled.replace(true) {
-            let state = self.state.clone();
+            let mut unstarted = Unstarted(Some(self.state.clone()));
             crate::rt::spawn_at_round_end(async move {
+                let state = unstarted.0.take().expect("the flush starts once");
                 state.scheduled.set(false);
                 let batch = std::mem::take(&mut *state.pending.borrow_mut());
                 flush(batch).await;
             });
         }
-        answer
-            .await
-            .expect("a gathered open is answered: its flush owns the sender")
+        // None: the flush was dropped with its runtime's tasks before it
+        // opened this block.
+        answer.await.unwrap_or_else(|| {
+            (
+                AlignedBuf::for_overwrite(0),
+                Err(CryptoError::Malformed(
+                    "open abandoned: its flush was dropped",
+                )),
+            )
+        })
+    }
+}
+
+/// Held by a flush until it starts: a flush dropped before that (its
+/// runtime's tasks dropped) lets the next open schedule another, and drops
+/// the opens it would have answered (their waiters get None).
+struct Unstarted(Option<Rc<GatherState>>);
+
+impl Drop for Unstarted {
+    fn drop(&mut self) {
+        if let Some(state) = self.0.take() {
+            state.scheduled.set(false);
+            drop(std::mem::take(&mut *state.pending.borrow_mut()));
+        }
     }
 }
 

@@ -30,6 +30,10 @@ type Job = Box<dyn FnOnce() + Send>;
 struct Workers {
     queue: Mutex<VecDeque<Job>>,
     ready: Condvar,
+    /// Worker threads that started: with none, every job runs inline
+    /// (a job queued would wait forever, and dropping its future would
+    /// block the engine).
+    started: std::sync::atomic::AtomicUsize,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -45,6 +49,7 @@ fn workers() -> &'static Workers {
         let workers: &'static Workers = Box::leak(Box::new(Workers {
             queue: Mutex::new(VecDeque::new()),
             ready: Condvar::new(),
+            started: std::sync::atomic::AtomicUsize::new(0),
         }));
         let count = std::thread::available_parallelism()
             .map(usize::from)
@@ -73,6 +78,9 @@ fn workers() -> &'static Workers {
             if spawned.is_err() {
                 break;
             }
+            workers
+                .started
+                .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         }
         workers
     })
@@ -174,8 +182,9 @@ fn job_with_slot<T: Send + 'static>(
     (slot, job)
 }
 
-/// Runs `work` on a worker thread (inline under the simulator, or when the
-/// workers are saturated) and resolves to its result.
+/// Runs `work` on a worker thread (inline under the simulator, when the
+/// workers are saturated, or when none could be started) and resolves to
+/// its result.
 pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offloaded<T> {
     if super::is_simulated() {
         return Offloaded {
@@ -187,9 +196,11 @@ pub fn run<T: Send + 'static>(work: impl FnOnce() -> T + Send + 'static) -> Offl
     let workers = workers();
     let (slot, job) = job_with_slot(work);
     let mut queue = lock(&workers.queue);
-    if queue.len() >= OFFLOAD_QUEUE_MAX {
+    let none_started = workers.started.load(std::sync::atomic::Ordering::Relaxed) == 0;
+    if queue.len() >= OFFLOAD_QUEUE_MAX || none_started {
         drop(queue);
-        // Saturated: do it here (the job fills the slot synchronously).
+        // Saturated, or no worker: do it here (the job fills the slot
+        // synchronously).
         job();
         let result = lock(&slot.state)
             .result

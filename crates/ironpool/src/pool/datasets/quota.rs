@@ -114,7 +114,7 @@ impl Pool {
     /// total less those shares, all kept by [`Pool::recount_reservations`]
     /// (no walk per write; the ancestors are looked at only when something
     /// else is reserved).
-    fn reserved_elsewhere(&self, owner: Owner<'_>) -> u64 {
+    pub(crate) fn reserved_elsewhere(&self, owner: Owner<'_>) -> u64 {
         let mut elsewhere = self
             .reserved_unused
             .get()

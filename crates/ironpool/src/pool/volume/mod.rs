@@ -964,15 +964,22 @@ impl Pool {
     /// pool whose free space was in frees still waiting for their txgs
     /// (844 MB of them on a 3 GiB pool, measured, with two thick volumes
     /// overwritten at once at 1 MiB QD16) refused overwrites with ENOSPC
-    /// although the pool was a third free. The caller holds no lock.
+    /// although the pool was a third free. The wait counts the others'
+    /// reservations in the room it needs, so a write that even every free
+    /// on its way would not let past them is refused at once, as before.
+    /// The caller holds no lock a commit takes (a writer permit at most).
     async fn admit_volume_blocks<'a>(
         self: &Rc<Self>,
         volume: &'a Volume,
         blocks: u64,
         block_bytes: u64,
     ) -> Result<crate::pool::dataset::quota::Admitted<'a>, PoolError> {
+        let needed = self
+            .held_space_bytes(block_bytes)
+            .saturating_mul(blocks)
+            .saturating_add(self.reserved_elsewhere(Owner::Volume(volume)));
         self.retry_while_space_returns(
-            blocks.saturating_mul(block_bytes),
+            needed,
             |error| matches!(error, PoolError::NoSpace),
             || self.admit_to_dataset(Owner::Volume(volume), blocks, block_bytes),
         )

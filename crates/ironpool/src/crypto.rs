@@ -43,6 +43,15 @@ use zeroize::Zeroizing;
 
 pub mod gather;
 
+/// Bytes of a batch to seal, or of the opens of one round of the loop
+/// ([`gather`]), from which the work goes to a worker thread
+/// ([`crate::rt::offload`]) rather than the engine: a handoff costs the
+/// server about 9 us of CPU (measured for lz4, `pool::data`'s
+/// `INLINE_LZ4_MAX_BYTES`), and AES-256-GCM runs at about 3.4 GB/s on one
+/// core of this project's test machine (`--example crypto_speed`,
+/// 2026-12-07), so 64 KiB (about 19 us) repays it.
+pub const CRYPT_OFFLOAD_MIN_BYTES: usize = 64 * 1024;
+
 /// Bytes of a raw user key, of a master key and of an AES-256 key.
 pub const KEY_BYTES: usize = 32;
 /// Bytes of an IV (GCM's 96-bit nonce) and of a MAC (GCM's full tag,

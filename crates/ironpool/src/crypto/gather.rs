@@ -1,13 +1,14 @@
-//! Opens of small sealed blocks gathered into one handoff to a worker.
+//! Opens of sealed blocks read in one round, gathered into one handoff to
+//! a worker (a large block alone is enough for one).
 //!
 //! A 16 KiB block opens in about 5 us on this project's test machine
 //! (AES-256-GCM, about 3.4 GB/s), less than a handoff to a worker and back
 //! costs the engine (about 9 us). But a 1 MiB read of 16 KiB blocks opens
 //! 64 of them, and a deep queue of reads completes many in one round of
-//! the engine's loop. So each open of a small block waits for the end of
+//! the engine's loop. So each open waits for the end of
 //! the round ([`crate::rt::spawn_at_round_end`]); the opens of that round
 //! then go to a worker together when they add up to
-//! [`OPEN_GATHER_OFFLOAD_MIN_BYTES`], else run on the engine as before.
+//! [`CRYPT_OFFLOAD_MIN_BYTES`], else run on the engine as before.
 //! How many wait is bounded by the reads in flight (each read holds one).
 
 use std::cell::{Cell, RefCell};
@@ -16,13 +17,9 @@ use std::sync::Arc;
 
 use aws_lc_rs::aead::LessSafeKey;
 
-use super::{open_into_with, CryptoError, Sealed};
+use super::{open_into_with, CryptoError, Sealed, CRYPT_OFFLOAD_MIN_BYTES};
 use crate::rt::buf::{AlignedBuf, BufSlice};
 use crate::rt::sync::{oneshot, OneshotSender};
-
-/// Bytes of one round's opens from which they are opened on a worker:
-/// about 19 us of AES at 3.4 GB/s, twice what the handoff costs.
-pub const OPEN_GATHER_OFFLOAD_MIN_BYTES: usize = 64 * 1024;
 
 /// What an open gives back: the plaintext buffer, and whether the MAC held.
 type Opened = (AlignedBuf, Result<(), CryptoError>);
@@ -115,7 +112,7 @@ impl Drop for Unstarted {
 /// else here; answers each.
 async fn flush(batch: Vec<PendingOpen>) {
     let total: usize = batch.iter().map(|open| open.ciphertext.len()).sum();
-    if total < OPEN_GATHER_OFFLOAD_MIN_BYTES {
+    if total < CRYPT_OFFLOAD_MIN_BYTES {
         for mut open in batch {
             let size = open.ciphertext.len();
             let result = open_into_with(

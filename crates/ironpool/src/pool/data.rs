@@ -26,7 +26,7 @@ use std::rc::Rc;
 use crate::block::compress::CompressionSetting;
 use crate::block::{BlockError, StorePrep};
 use crate::cache::CacheUse;
-use crate::crypto::block_aad;
+use crate::crypto::{block_aad, CRYPT_OFFLOAD_MIN_BYTES};
 use crate::format::bp::Compression;
 use crate::format::checksum::{Checksum, ChecksumAlgo};
 use crate::format::{BlockPointer, ObjectType};
@@ -87,16 +87,6 @@ fn seal_block(
         .map_err(|error| PoolError::Io(format!("sealing a block: {error}")))?;
     Ok((BufSlice::whole(sealed.into_shared()), crypt))
 }
-
-/// Bytes of a batch to seal, or of one block to open, from which the work
-/// goes to a worker thread ([`crate::rt::offload`]) rather than the engine:
-/// a handoff costs the server about 9 us of CPU (measured for lz4, see
-/// [`INLINE_LZ4_MAX_BYTES`]), and AES-256-GCM runs at about 3.4 GB/s on
-/// one core of this project's test machine (`--example crypto_speed`,
-/// 2026-12-07), so 64 KiB (about 19 us) repays it. A batch is sealed in
-/// one handoff (a volume's write-out, a file's gathered writes); a read
-/// opens each block alone, so only large blocks go.
-const CRYPT_OFFLOAD_MIN_BYTES: usize = 64 * 1024;
 
 /// A block of a batch as sealed: its stored bytes, what its pointer
 /// records of the sealing, and, when sealed on a worker, the checksum of
@@ -235,40 +225,17 @@ pub(crate) async fn logical_bytes(
             // Opened from the bytes read into a buffer of its own: the read
             // cache may share the ciphertext, and a copy first cost as much
             // as the opening (8% of the server's samples each, 1 MiB reads).
-            // A large block is opened on a worker; small ones wait for the
-            // end of the round, and go there together when they add up.
+            // With the other opens of this round (`crypto::gather`): on a
+            // worker when they add up to CRYPT_OFFLOAD_MIN_BYTES, as one
+            // large block does alone.
             let corrupt = |error| PoolError::Corrupt(format!("{name} block {blkid}: {error}"));
-            if size >= CRYPT_OFFLOAD_MIN_BYTES {
-                let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
-                let crypt = *crypt;
-                // SAFETY: `physical` holds the range and outlives the
-                // awaited future, which is not leaked.
-                let (back, result) = unsafe {
-                    crate::rt::offload::run_borrowing(&physical[..size], move |range| {
-                        let result = crate::crypto::open_into_with(
-                            &block_key,
-                            &crypt,
-                            &aad,
-                            // Inside the job that received it.
-                            range.bytes(),
-                            &mut opened[..size],
-                        );
-                        (opened, result)
-                    })
-                }
+            let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
+            let (back, result) = store
+                .opens
+                .open(block_key, *crypt, aad, physical.slice(0..size), opened)
                 .await;
-                opened = back;
-                result.map_err(corrupt)?;
-            } else {
-                // A small block: with the other opens of this round.
-                let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
-                let (back, result) = store
-                    .opens
-                    .open(block_key, *crypt, aad, physical.slice(0..size), opened)
-                    .await;
-                opened = back;
-                result.map_err(corrupt)?;
-            }
+            opened = back;
+            result.map_err(corrupt)?;
             opened[size..].fill(0);
             let opened = BufSlice::whole(opened.into_shared()).slice(0..size);
             store.cache.open_entry(pointer, &opened);

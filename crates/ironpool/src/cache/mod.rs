@@ -257,6 +257,11 @@ pub struct BlockCache {
     memory_limit_bytes: Cell<u64>,
     /// Blocks being read to be cached, with what wakes those waiting.
     in_flight: RefCell<rustc_hash::FxHashMap<BlockKey, Rc<Notify>>>,
+    /// How many times [`BlockCache::drop_opened`] ran. An opening that
+    /// began before an unload of its key and ended after it must not put
+    /// its plaintext back: it hands [`BlockCache::open_entry`] the epoch it
+    /// began in, and a later one refuses it.
+    opened_epoch: Cell<u64>,
 }
 
 impl BlockCache {
@@ -267,6 +272,7 @@ impl BlockCache {
             max_bytes: Cell::new(max_bytes),
             memory_limit_bytes: Cell::new(u64::MAX),
             in_flight: RefCell::new(Default::default()),
+            opened_epoch: Cell::new(0),
         }
     }
 
@@ -486,11 +492,22 @@ impl BlockCache {
         self.note_evicted(evicted);
     }
 
+    /// The epoch an opening begins in, for [`BlockCache::open_entry`].
+    pub fn opened_epoch(&self) -> u64 {
+        self.opened_epoch.get()
+    }
+
     /// Holds `plaintext` for `bp`'s encrypted block in place of its stored
-    /// bytes, when they are cached (and still `bp`'s) and `plaintext`'s
-    /// buffer is as large (the entry stays charged what it was).
-    pub fn open_entry(&self, bp: &BlockPointer, plaintext: &BufSlice) {
+    /// bytes, when they are cached (and still `bp`'s), `plaintext`'s
+    /// buffer is as large (the entry stays charged what it was), and no key
+    /// was unloaded since the opening began (`epoch`, from
+    /// [`BlockCache::opened_epoch`]): the unload dropped every opened
+    /// block, and none may come back after it.
+    pub fn open_entry(&self, bp: &BlockPointer, plaintext: &BufSlice, epoch: u64) {
         debug_assert!(bp.crypt.is_some(), "only an encrypted block is opened");
+        if epoch != self.opened_epoch.get() {
+            return;
+        }
         let key = BlockKey::of(&bp.dvas[0]);
         let mut policy = self.policy.borrow_mut();
         if let Some(entry) = policy.peek_mut(&key) {
@@ -522,6 +539,7 @@ impl BlockCache {
     /// (Which key opened an entry is not kept, so every key's go; blocks
     /// as stored, and every plain block, stay.)
     pub fn drop_opened(&self) {
+        self.opened_epoch.set(self.opened_epoch.get() + 1);
         let mut policy = self.policy.borrow_mut();
         let opened = policy.keys_where(|entry| entry.opened);
         let removed: Vec<CachedBlock> =
@@ -573,5 +591,58 @@ impl BlockCache {
             policy: policy.counters(),
             compressed_saved_bytes: counters.compressed_saved_bytes,
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::bp::BlockCrypt;
+    use crate::format::{Dva, ObjectType};
+    use crate::rt::buf::AlignedBuf;
+
+    fn sealed_pointer() -> BlockPointer {
+        let mut pointer = BlockPointer::hole(0, ObjectType::VolumeData, 7);
+        pointer.dvas[0] = Dva {
+            vdev: 0,
+            asize: 4096,
+            offset: 1 << 20,
+        };
+        pointer.logical_size = 4096;
+        pointer.physical_size = 4096;
+        pointer.crypt = Some(BlockCrypt {
+            salt: 1,
+            iv: [2; 12],
+            mac: [3; 16],
+        });
+        pointer
+    }
+
+    fn bytes(fill: u8) -> BufSlice {
+        let mut buffer = AlignedBuf::zeroed(4096);
+        buffer.fill(fill);
+        BufSlice::whole(buffer.into_shared())
+    }
+
+    /// An opening that began before an unload dropped the opened blocks
+    /// does not put its plaintext back after it; one begun after does.
+    #[test]
+    fn an_opening_across_an_unload_is_not_cached() {
+        crate::rt::Runtime::new_sim(1).block_on(async {
+            let cache = BlockCache::new(1 << 20);
+            let pointer = sealed_pointer();
+            let usage = CacheUse::data(true, true);
+            assert!(cache.join_or_begin_read(&pointer, usage).is_none());
+            cache.end_read(&pointer, usage, Some(&bytes(0xc1)));
+            let begun = cache.opened_epoch();
+            cache.drop_opened();
+            cache.open_entry(&pointer, &bytes(0x0a), begun);
+            assert_eq!(cache.opened_entries(), 0, "plaintext back after the unload");
+            let (data, opened) = cache.lookup(&pointer, usage).expect("still cached, sealed");
+            assert!(!opened);
+            assert_eq!(data[0], 0xc1);
+            cache.open_entry(&pointer, &bytes(0x0a), cache.opened_epoch());
+            assert_eq!(cache.opened_entries(), 1);
+        });
     }
 }

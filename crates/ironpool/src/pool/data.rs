@@ -230,6 +230,9 @@ pub(crate) async fn logical_bytes(
             // large block does alone.
             let corrupt = |error| PoolError::Corrupt(format!("{name} block {blkid}: {error}"));
             let block_key = key.opening_key(crypt.salt).map_err(corrupt)?;
+            // An unload of the key while this open waits drops the opened
+            // blocks; this one must not come back after it.
+            let epoch = store.cache.opened_epoch();
             let (back, result) = store
                 .opens
                 .open(block_key, *crypt, aad, physical.slice(0..size), opened)
@@ -238,7 +241,7 @@ pub(crate) async fn logical_bytes(
             result.map_err(corrupt)?;
             opened[size..].fill(0);
             let opened = BufSlice::whole(opened.into_shared()).slice(0..size);
-            store.cache.open_entry(pointer, &opened);
+            store.cache.open_entry(pointer, &opened, epoch);
             opened
         }
     };

@@ -91,6 +91,11 @@ const WRAPPED_KEY_DOMAIN: &[u8] = b"ironpool wrapped master key v1";
 /// HKDF's `info` for block keys: keys derived for another use never equal
 /// these.
 const BLOCK_KEY_INFO: &[u8] = b"ironpool block key v1";
+/// HKDF's `info` for the key of object-set MACs (no salt: one per master
+/// key, for the dataset's whole life).
+const OBJSET_MAC_KEY_INFO: &[u8] = b"ironpool objset mac v1";
+/// Domain of an object-set MAC's input.
+const OBJSET_MAC_DOMAIN: &[u8] = b"ironpool objset 1";
 
 /// Why a key or a block was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -536,6 +541,8 @@ pub struct DatasetKey {
     recent: RefCell<Vec<(u64, Arc<LessSafeKey>)>>,
     /// Blocks sealed, for the metrics.
     sealed: Cell<u64>,
+    /// The key of [`DatasetKey::objset_mac`], derived when first needed.
+    mac_key: RefCell<Option<Zeroizing<[u8; KEY_BYTES]>>>,
 }
 
 impl DatasetKey {
@@ -545,7 +552,39 @@ impl DatasetKey {
             current: RefCell::new(None),
             recent: RefCell::new(Vec::new()),
             sealed: Cell::new(0),
+            mac_key: RefCell::new(None),
         }
+    }
+
+    /// The MAC of an authenticated dataset whose root dnode has portable
+    /// digest `digest` (`format::portable::dnode_digest`): keyed BLAKE3
+    /// under a key HKDF-SHA256 derives from the master key, truncated to
+    /// 16 bytes. Only a holder of the key makes one that a load of the key
+    /// accepts (docs/FORMAT.md, "Object-set MAC").
+    pub fn objset_mac(
+        &self,
+        digest: &crate::format::portable::Digest,
+    ) -> Result<[u8; crate::format::dnode::DNODE_MAC_BYTES], CryptoError> {
+        let mut cached = self.mac_key.borrow_mut();
+        if cached.is_none() {
+            let prk = hkdf::Salt::new(hkdf::HKDF_SHA256, &[]).extract(&self.master.bytes[..]);
+            let info = [OBJSET_MAC_KEY_INFO];
+            let okm = prk
+                .expand(&info, BlockKeyLen(KEY_BYTES))
+                .map_err(|_| CryptoError::Malformed("MAC key length"))?;
+            let mut bytes = Zeroizing::new([0u8; KEY_BYTES]);
+            okm.fill(&mut bytes[..])
+                .map_err(|_| CryptoError::Malformed("MAC key length"))?;
+            *cached = Some(bytes);
+        }
+        let key = cached.as_ref().expect("derived above");
+        let mut hasher = blake3::Hasher::new_keyed(key);
+        hasher.update(OBJSET_MAC_DOMAIN);
+        hasher.update(digest);
+        let mut mac = [0u8; crate::format::dnode::DNODE_MAC_BYTES];
+        let len = mac.len();
+        mac.copy_from_slice(&hasher.finalize().as_bytes()[..len]);
+        Ok(mac)
     }
 
     pub fn suite(&self) -> Suite {

@@ -93,6 +93,12 @@ pub const IV_BYTES: usize = 12;
 pub const MAC_BYTES: usize = 16;
 /// Flag bit of offset 68: the block's physical bytes are encrypted.
 const FLAG_ENCRYPTED: u8 = 1;
+/// Flag bit 1 (version 8): the checksum's second half is the block's
+/// portable digest ([`BlockPointer::digest`]).
+const FLAG_DIGEST: u8 = 2;
+/// Bytes of a portable digest (`format::portable`): the second half of
+/// an XXH3 checksum's 32 bytes, where a sealed block keeps its MAC.
+pub const DIGEST_BYTES: usize = 16;
 
 /// What opening an encrypted block takes besides its key: the salt its
 /// block key was derived with, its IV and its MAC (docs/FORMAT.md,
@@ -161,6 +167,11 @@ pub struct BlockPointer {
     /// Set when the block's physical bytes are encrypted (a data block of
     /// an encrypted dataset).
     pub crypt: Option<BlockCrypt>,
+    /// The portable digest of a metadata block of an authenticated tree
+    /// (an encrypted dataset's, `format::portable`): what its content
+    /// says, less where things are, so that the dataset's MAC covers the
+    /// whole tree through it. Stored in the checksum's second half.
+    pub digest: Option<[u8; DIGEST_BYTES]>,
 }
 
 impl BlockPointer {
@@ -230,6 +241,16 @@ impl BlockPointer {
             put_u64(out, 88, crypt.salt);
             out[112..128].copy_from_slice(&crypt.mac);
         }
+        if let Some(digest) = &self.digest {
+            assert!(
+                self.crypt.is_none()
+                    && self.checksum_algo == ChecksumAlgo::Xxh3
+                    && self.checksum.0[16..].iter().all(|byte| *byte == 0),
+                "a digest takes an XXH3 checksum's second half, and no sealed block has one"
+            );
+            out[68] |= FLAG_DIGEST;
+            out[112..128].copy_from_slice(digest);
+        }
     }
 
     pub fn decode(bytes: &[u8]) -> Result<BlockPointer, FormatError> {
@@ -241,10 +262,11 @@ impl BlockPointer {
             ));
         }
         let flags = bytes[68];
-        if flags & !FLAG_ENCRYPTED != 0 {
+        if flags & !(FLAG_ENCRYPTED | FLAG_DIGEST) != 0 {
             return Err(invalid(WHAT, format!("unknown flags {flags:#x}")));
         }
         let encrypted = flags & FLAG_ENCRYPTED != 0;
+        let digested = flags & FLAG_DIGEST != 0;
         let mut dvas = [Dva::default(); DVA_COUNT];
         // An encrypted block's DVA 2 holds its IV, not a copy.
         let copies = if encrypted { DVA_COUNT - 1 } else { DVA_COUNT };
@@ -273,7 +295,17 @@ impl BlockPointer {
                 mac: bytes[112..128].try_into().expect("16 bytes"),
             }
         });
+        let digest = digested.then(|| {
+            checksum.0[16..].fill(0);
+            bytes[112..128].try_into().expect("16 bytes")
+        });
         let hole = dvas[0].is_empty();
+        if digested && (encrypted || hole || bytes[66] != ChecksumAlgo::Xxh3.code()) {
+            return Err(invalid(
+                WHAT,
+                "a pointer with a digest must be a block with an XXH3 checksum, not sealed",
+            ));
+        }
         if encrypted && (hole || level != 0 || bytes[66] != ChecksumAlgo::Xxh3.code()) {
             return Err(invalid(
                 WHAT,
@@ -299,6 +331,7 @@ impl BlockPointer {
             fill: get_u64(bytes, 72),
             checksum,
             crypt,
+            digest,
         };
         if !hole {
             pointer.validate()?;
@@ -402,7 +435,29 @@ mod tests {
             fill: 1,
             checksum: ChecksumAlgo::Xxh3.compute(b"abc"),
             crypt: None,
+            digest: None,
         }
+    }
+
+    /// A metadata block's digest round-trips in the checksum's second
+    /// half; a pointer that claims one with another checksum, or sealed,
+    /// is refused.
+    #[test]
+    fn a_digest_round_trips_and_is_refused_where_it_cannot_be() {
+        let mut pointer = sample();
+        pointer.level = 1;
+        pointer.digest = Some([0x5a; DIGEST_BYTES]);
+        let mut bytes = [0u8; BLOCK_POINTER_BYTES];
+        pointer.encode(&mut bytes);
+        assert_eq!(bytes[68], FLAG_DIGEST);
+        assert_eq!(&bytes[112..128], &[0x5a; DIGEST_BYTES]);
+        assert_eq!(BlockPointer::decode(&bytes).unwrap(), pointer);
+        let mut fletcher = bytes;
+        fletcher[66] = ChecksumAlgo::Fletcher4.code();
+        assert!(BlockPointer::decode(&fletcher).is_err());
+        let mut sealed = bytes;
+        sealed[68] |= FLAG_ENCRYPTED;
+        assert!(BlockPointer::decode(&sealed).is_err());
     }
 
     #[test]
@@ -516,6 +571,7 @@ mod tests {
                 fill: if level == 0 { 1 } else { fill },
                 checksum: ChecksumAlgo::Blake3.compute(&offset_sectors.to_le_bytes()),
                 crypt: None,
+                digest: None,
             };
             let mut bytes = [0u8; BLOCK_POINTER_BYTES];
             pointer.encode(&mut bytes);

@@ -12,14 +12,14 @@
 //! | 3 | 1 | indirect block shift |
 //! | 4 | 1 | checksum algorithm for the object's blocks |
 //! | 5 | 1 | compression for the object's data blocks |
-//! | 6 | 1 | flags: bit 0 read-only |
+//! | 6 | 1 | flags: bit 0 read-only; bit 1 authenticated (version 8: its tree's metadata blocks carry portable digests, `format::portable`) |
 //! | 7 | 1 | reserved |
 //! | 8 | 8 | length in bytes (a volume's size; a space map's record bytes) |
 //! | 16 | 8 | used bytes: space allocated to the object's blocks, all copies |
 //! | 24 | 8 | creation txg |
 //! | 32 | 8 | logical bytes: sum of the logical sizes of its data blocks |
 //! | 40 | 8 | physical bytes: space allocated to its level-0 (data) blocks, all copies |
-//! | 48 | 16 | reserved |
+//! | 48 | 16 | the dataset's MAC (version 8): of an encrypted dataset's root object (a volume's, a filesystem's table) with flag bit 1; else zero |
 //! | 64 | 128 | root block pointer |
 //! | 192 | 8 | volumes: txg of the latest snapshot (blocks born at or before it are also a snapshot's) |
 //! | 200 | 8 | volumes (clones): the origin snapshot's txg (blocks born at or before it are the origin's) |
@@ -157,6 +157,13 @@ impl ObjectType {
 
 /// Dnode flag: the object may not be modified (snapshots).
 pub const DNODE_FLAG_READ_ONLY: u8 = 1;
+/// Dnode flag: the object is in an authenticated tree (an encrypted
+/// dataset's, made by version 8): every metadata block of its tree carries
+/// its portable digest, and a dataset's root object carries the MAC
+/// ([`Dnode::mac`]).
+pub const DNODE_FLAG_AUTHENTICATED: u8 = 2;
+/// Bytes of a dataset's MAC in its root dnode.
+pub const DNODE_MAC_BYTES: usize = 16;
 
 /// The in-memory form of a dnode.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -174,12 +181,22 @@ pub struct Dnode {
     pub logical_bytes: u64,
     pub physical_bytes: u64,
     pub root: BlockPointer,
+    /// The dataset's MAC (`crypto::DatasetKey::objset_mac`) over this
+    /// dnode's portable digest: kept in a dataset's root object when it is
+    /// authenticated ([`DNODE_FLAG_AUTHENTICATED`]); zero otherwise.
+    pub mac: [u8; DNODE_MAC_BYTES],
     pub prev_snapshot_txg: u64,
     pub origin_txg: u64,
     pub bonus: Bonus,
 }
 
 impl Dnode {
+    /// Whether the object is in an authenticated tree
+    /// ([`DNODE_FLAG_AUTHENTICATED`]).
+    pub fn is_authenticated(&self) -> bool {
+        self.flags & DNODE_FLAG_AUTHENTICATED != 0
+    }
+
     pub fn is_free(&self) -> bool {
         self.object_type == ObjectType::None
     }
@@ -222,6 +239,7 @@ impl Dnode {
         put_u64(out, 24, self.creation_txg);
         put_u64(out, 32, self.logical_bytes);
         put_u64(out, 40, self.physical_bytes);
+        out[48..64].copy_from_slice(&self.mac);
         self.root.encode(&mut out[64..64 + BLOCK_POINTER_BYTES]);
         put_u64(out, 192, self.prev_snapshot_txg);
         put_u64(out, 200, self.origin_txg);
@@ -254,6 +272,7 @@ impl Dnode {
             logical_bytes: get_u64(bytes, 32),
             physical_bytes: get_u64(bytes, 40),
             root: BlockPointer::decode(&bytes[64..64 + BLOCK_POINTER_BYTES])?,
+            mac: bytes[48..64].try_into().expect("MAC bytes"),
             prev_snapshot_txg: get_u64(bytes, 192),
             origin_txg: get_u64(bytes, 200),
             bonus: Bonus(bytes[BONUS_OFFSET..].try_into().expect("bonus length")),
@@ -348,7 +367,9 @@ mod tests {
                 fill: 100,
                 checksum: ChecksumAlgo::Xxh3.compute(b"x"),
                 crypt: None,
+                digest: None,
             },
+            mac: [0x3c; DNODE_MAC_BYTES],
         };
         let mut bytes = [0u8; DNODE_BYTES];
         dnode.encode(&mut bytes);

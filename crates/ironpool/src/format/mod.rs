@@ -16,6 +16,7 @@ pub mod fsdir;
 pub mod intent_log;
 pub mod label;
 pub mod package;
+pub mod portable;
 pub mod remap;
 pub mod sealed_bonus;
 pub mod spacemap;
@@ -60,8 +61,15 @@ pub use uberblock::Uberblock;
 /// the key's load; an older build would take the claimed blocks for
 /// durable changes already in the tree and drop the chain, losing what it
 /// made durable and leaking its space, so it must refuse the pool. Older
-/// versions are written as 7 from the first commit.
-pub const FORMAT_VERSION: u32 = 7;
+/// versions are written as 7 from the first commit. Version 8
+/// authenticates encrypted datasets made by it: their metadata blocks'
+/// pointers carry portable digests (flag bit 1, in the checksum's second
+/// half), their objects' dnodes flag bit 1, and their root dnodes the
+/// dataset's MAC (`format::portable`); an older build refuses such a
+/// pointer as unknown mid-read, and would write such a tree without its
+/// digests, so it must refuse the pool. Older versions are written as 8
+/// from the first commit.
+pub const FORMAT_VERSION: u32 = 8;
 /// The oldest on-disk format version this build reads (6093ca7 and before
 /// wrote 1, which is a subset of 2).
 pub const FORMAT_VERSION_MIN: u32 = 1;

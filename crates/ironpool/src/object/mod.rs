@@ -431,6 +431,13 @@ impl ObjectSet {
         }
     }
 
+    /// Whether the set is a filesystem's whose table is authenticated (an
+    /// encrypted one made by format 8): each of its objects is, and its
+    /// metadata blocks carry portable digests (`format::portable`).
+    pub fn is_authenticated(&self) -> bool {
+        self.nested && self.dnode_table().dnode().is_authenticated()
+    }
+
     /// Whether the set has a key: sealed blocks may be cached in it as
     /// plaintext ([`ObjectSet::drop_opened`]).
     pub fn has_key(&self) -> bool {
@@ -570,11 +577,14 @@ impl ObjectSet {
     }
 
     /// Creates object `id` with `dnode` (it is written at the next sync).
-    pub fn create(&self, id: u64, dnode: Dnode) -> Rc<Object> {
+    pub fn create(&self, id: u64, mut dnode: Dnode) -> Rc<Object> {
         assert!(
             id != 0 && !self.objects.borrow().contains_key(&id),
             "object {id} exists"
         );
+        if self.is_authenticated() {
+            dnode.flags |= crate::format::dnode::DNODE_FLAG_AUTHENTICATED;
+        }
         let object = Object::new(id, dnode);
         object.dirty.set(true);
         self.objects.borrow_mut().insert(id, object.clone());
@@ -880,6 +890,21 @@ impl ObjectSet {
             }
             NodeBody::Data(bytes)
         };
+        // An authenticated tree's metadata block must give the digest its
+        // pointer holds: the XXH3 checksum passed, so a mismatch is no
+        // media damage but a block that this tree did not write.
+        if dnode.is_authenticated() && pointer.crypt.is_none() {
+            let computed =
+                sync::node_digest(object, &body, level).map_err(|error| ObjectError::Corrupt {
+                    object: object.id,
+                    error,
+                })?;
+            if pointer.digest != Some(computed) {
+                return Err(corrupt(format!(
+                    "level {level} block {blkid} does not give its pointer's digest: altered metadata of an encrypted dataset"
+                )));
+            }
+        }
         let current = match &parent {
             None => object.dnode().root,
             Some(parent) => {

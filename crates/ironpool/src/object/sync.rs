@@ -12,6 +12,7 @@ use crate::alloc::NoSpace;
 use crate::block::BlockError;
 use crate::format::bp::{Compression, BLOCK_POINTER_BYTES, DVA_COUNT};
 use crate::format::checksum::ChecksumAlgo;
+use crate::format::dnode::DNODE_FLAG_AUTHENTICATED;
 use crate::format::{BlockPointer, Dva};
 use crate::rt::buf::AlignedBuf;
 
@@ -75,7 +76,15 @@ impl ObjectSet {
         let keys: Vec<(u8, u64)> = std::mem::take(&mut *object.dirty_nodes.borrow_mut())
             .into_iter()
             .collect();
+        // Every object of an authenticated filesystem is authenticated,
+        // however its dnode was made (created, received, replaced).
+        if self.nested && !object.dnode().is_authenticated() && self.is_authenticated() {
+            object.dnode.borrow_mut().flags |= DNODE_FLAG_AUTHENTICATED;
+        }
         let dnode = object.dnode();
+        // Keys sort by level: children are written, and their digests known,
+        // before their parents.
+        debug_assert!(keys.windows(2).all(|pair| pair[0].0 <= pair[1].0));
         for (level, blkid) in keys {
             let node = object
                 .nodes
@@ -91,6 +100,15 @@ impl ObjectSet {
                 let (buffer, crypt) = match level {
                     0 => self.seal_node(object, buffer)?,
                     _ => (buffer, None),
+                };
+                let digest = match (dnode.is_authenticated(), &crypt) {
+                    (true, None) => Some(node_digest(object, &node.body.borrow(), level).map_err(
+                        |error| ObjectError::Corrupt {
+                            object: object.id,
+                            error,
+                        },
+                    )?),
+                    _ => None,
                 };
                 let physical = buffer.len() as u32;
                 let in_place = !old.is_hole()
@@ -111,21 +129,22 @@ impl ObjectSet {
                     physical_size: physical,
                     level,
                     object_type: dnode.object_type,
-                    // A sealed block's MAC takes the second half of an
-                    // XXH3 checksum's place.
-                    checksum_algo: if crypt.is_some() {
+                    // A sealed block's MAC, or a digest, takes the second
+                    // half of an XXH3 checksum's place.
+                    checksum_algo: if crypt.is_some() || digest.is_some() {
                         ChecksumAlgo::Xxh3
                     } else {
                         dnode.checksum_algo
                     },
                     compression: Compression::Off,
                     fill,
-                    checksum: if crypt.is_some() {
+                    checksum: if crypt.is_some() || digest.is_some() {
                         ChecksumAlgo::Xxh3.compute(&buffer)
                     } else {
                         dnode.checksum_algo.compute(&buffer)
                     },
                     crypt,
+                    digest,
                 };
                 context.queue(&pointer, Rc::new(buffer));
                 pointer
@@ -227,6 +246,22 @@ impl ObjectSet {
             NodeBody::Data(_) => unreachable!("indirect level holds pointers"),
         }
         Ok(())
+    }
+}
+
+/// The portable digest of a node an authenticated object writes unsealed
+/// (`format::portable`): an indirect block's over its children, a data
+/// block's over its bytes (a dnode table's over its dnodes).
+pub(super) fn node_digest(
+    object: &Object,
+    body: &NodeBody,
+    level: u8,
+) -> Result<crate::format::portable::Digest, crate::format::FormatError> {
+    match body {
+        NodeBody::Indirect(pointers) => crate::format::portable::node_digest(level, pointers),
+        NodeBody::Data(bytes) => {
+            crate::format::portable::data_block_digest(object.object_type(), bytes)
+        }
     }
 }
 

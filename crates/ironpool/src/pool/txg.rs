@@ -385,6 +385,26 @@ const CHECKPOINT_SPREAD_TXGS: u64 = 32;
 /// Bytes per metaslab array entry: the space map object and its checkpoint txg.
 pub const METASLAB_ENTRY_BYTES: u64 = 16;
 
+/// Sets the MAC of an encrypted dataset's root object (its head, or a
+/// snapshot's copy) over its dnode as this txg writes it
+/// (docs/FORMAT.md, "Object-set MAC"). Without the key loaded the MAC
+/// stays: every change to what it covers is made with the key (a keyless
+/// writer, such as device removal, changes only what the digests leave
+/// out).
+fn renew_mac(pool: &Pool, object: &crate::object::Object) -> Result<(), PoolError> {
+    let guid = pool.datasets.directory.read().key_guid_of_object(object.id);
+    let Some(key) = guid.and_then(|guid| pool.datasets.keys.keys.get(guid)) else {
+        return Ok(());
+    };
+    let digest = crate::format::portable::dnode_digest(&object.dnode())
+        .map_err(|error| PoolError::Corrupt(format!("object {}: {error}", object.id)))?;
+    let mac = key
+        .objset_mac(&digest)
+        .map_err(|error| PoolError::Io(format!("object {}: {error}", object.id)))?;
+    object.dnode.borrow_mut().mac = mac;
+    Ok(())
+}
+
 /// Step 1: rewrites every dirty object into `SyncContext` and closes the txg.
 fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
     let txg = pool.txg.open.get();
@@ -435,6 +455,9 @@ fn build(pool: &Pool) -> Result<BuiltTxg, PoolError> {
                 continue;
             }
             objects.sync_object(&object, &mut context)?;
+            if object.dnode().is_authenticated() {
+                renew_mac(pool, &object)?;
+            }
             object.dirty.set(false);
             let mut bytes = [0u8; DNODE_BYTES];
             object.dnode().encode(&mut bytes);

@@ -419,6 +419,52 @@ impl Directory {
             )
     }
 
+    /// The key guid of the encrypted dataset whose root object (its head,
+    /// or one of its snapshots) is pool object `object`; None when no
+    /// encrypted dataset's is.
+    pub fn key_guid_of_object(&self, object: u64) -> Option<u64> {
+        let holds = |head: u64, lineage: &Lineage| {
+            head == object || lineage.snapshots.iter().any(|snap| snap.object == object)
+        };
+        self.volumes
+            .values()
+            .filter(|record| holds(record.object, &record.lineage))
+            .find_map(|record| record.crypt.as_ref())
+            .or_else(|| {
+                self.filesystems
+                    .values()
+                    .filter(|record| holds(record.object, &record.lineage))
+                    .find_map(|record| record.crypt.as_ref())
+            })
+            .map(|crypt| crypt.key_guid)
+    }
+
+    /// The root objects of the datasets encrypted under key `key_guid`:
+    /// each head's and each snapshot's, with its name (`SHORT` or
+    /// `SHORT@SNAP`).
+    pub fn roots_under_key(&self, key_guid: u64) -> Vec<(String, u64)> {
+        let heads = self
+            .volumes
+            .iter()
+            .map(|(short, record)| (short, record.object, &record.lineage, &record.crypt))
+            .chain(
+                self.filesystems
+                    .iter()
+                    .map(|(short, record)| (short, record.object, &record.lineage, &record.crypt)),
+            );
+        let mut roots = Vec::new();
+        for (short, object, lineage, crypt) in heads {
+            if crypt.as_ref().map(|crypt| crypt.key_guid) != Some(key_guid) {
+                continue;
+            }
+            roots.push((short.clone(), object));
+            for snapshot in &lineage.snapshots {
+                roots.push((format!("{short}@{}", snapshot.name), snapshot.object));
+            }
+        }
+        roots
+    }
+
     /// The record of snapshot `name` (volume and snapshot), if it exists:
     /// a clone's origin, a send's source.
     pub fn snapshot(&self, name: &SnapshotName) -> Option<&SnapshotRecord> {

@@ -210,21 +210,50 @@ impl Pool {
             }
             other => invalid(other),
         })?;
+        let key = DatasetKey::new(master);
+        self.check_macs(record.key_guid, &key).await?;
         // Another load of the same key may have finished while this one
         // derived: the first stays.
         let mut opened = Ok(());
-        if self
-            .datasets
-            .keys
-            .keys
-            .insert(record.key_guid, DatasetKey::new(master))
-        {
+        if self.datasets.keys.keys.insert(record.key_guid, key) {
             opened = self.open_attributes(name, record.key_guid).await;
         }
         self.datasets.exports_gone.notify_all();
         // The server mounts the filesystems it opens.
         self.datasets.filesystems_changed.notify_all();
         opened
+    }
+
+    /// Checks the MAC of every authenticated dataset under key `guid` (its
+    /// heads and snapshots) with `key`, before the key is loaded: a root
+    /// dnode whose portable digest does not give its MAC was altered on the
+    /// devices by someone without the key (or damaged past its checksum),
+    /// and nothing of the key is loaded. The tree below each root is
+    /// checked as it is read: each metadata block against the digest its
+    /// pointer holds (docs/FORMAT.md, "Object-set MAC").
+    async fn check_macs(&self, guid: u64, key: &DatasetKey) -> Result<(), PoolError> {
+        let roots = self.datasets.directory.read().roots_under_key(guid);
+        for (short, id) in roots {
+            let name = format!("{}/{short}", self.name);
+            let object = self
+                .objects
+                .open(id)
+                .await
+                .map_err(|error| PoolError::Corrupt(format!("{name}: {error}")))?;
+            let dnode = object.dnode();
+            if !dnode.is_authenticated() {
+                continue;
+            }
+            let digest = crate::format::portable::dnode_digest(&dnode)
+                .map_err(|error| PoolError::Corrupt(format!("{name}: {error}")))?;
+            let mac = key.objset_mac(&digest).map_err(invalid)?;
+            if mac != dnode.mac {
+                return Err(PoolError::Corrupt(format!(
+                    "{name}: its metadata does not give its MAC: altered on the devices without the key, or damaged; the key was not loaded"
+                )));
+            }
+        }
+        Ok(())
     }
 
     /// The key of `guid` was just loaded (by this call: one that raced it

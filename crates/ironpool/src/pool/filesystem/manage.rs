@@ -304,6 +304,9 @@ impl Pool {
             sealed_bonuses: crypt.is_some(),
         }
         .encode();
+        if crypt.is_some() {
+            dnode.flags |= crate::format::dnode::DNODE_FLAG_AUTHENTICATED;
+        }
         let table = self.objects.create(id, dnode);
         // A key made for it is its own: unloaded again if it is not made.
         let new_key = crypt

@@ -1178,4 +1178,6 @@ fn concat(pieces: &[BufSlice]) -> Vec<u8> {
 }
 
 #[cfg(test)]
+mod mac_tests;
+#[cfg(test)]
 mod tests;

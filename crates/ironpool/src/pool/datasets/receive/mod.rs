@@ -697,6 +697,18 @@ impl Pool {
         };
         let target_key = crypt.as_ref().map(|crypt| crypt.key_guid);
         match (&begin.raw, target_key) {
+            // A raw stream does not carry its sender's MAC yet: the
+            // receiver's build renews the target's with the key.
+            (Some(raw), Some(guid))
+                if raw.key_guid == guid
+                    && !self.datasets.keys.available(guid)
+                    && self.root_dnode(short)?.is_authenticated() =>
+            {
+                Err(PoolError::KeyUnavailable(format!(
+                    "{}/{short} is authenticated (a MAC over its metadata): load its key to receive a raw stream into it",
+                    self.name
+                )))
+            }
             (Some(raw), Some(guid)) if raw.key_guid == guid => Ok(()),
             (Some(_), Some(_)) => Err(PoolError::InvalidArgument(format!(
                 "the raw stream is sealed under another key than {}/{short}'s: receive it raw into a new dataset",
@@ -715,6 +727,14 @@ impl Pool {
                 )))
             }
             (None, _) => Ok(()),
+        }
+    }
+
+    /// The root dnode of volume or filesystem `short` (its head's).
+    fn root_dnode(&self, short: &str) -> Result<crate::format::Dnode, PoolError> {
+        match self.datasets.filesystems.get(short) {
+            Some(fs) => Ok(fs.table.dnode()),
+            None => Ok(self.volume(short)?.object.dnode()),
         }
     }
 

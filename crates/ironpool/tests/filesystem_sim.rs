@@ -3595,6 +3595,70 @@ fn encrypted_filesystems_sent_raw_arrive_sealed_and_open_with_the_key() {
     }
 }
 
+/// An encrypted filesystem made by this build is authenticated (a MAC
+/// over its object set). A raw copy of it, changed and sent back raw as an
+/// incremental stream, needs its key loaded to be received into it, also
+/// when the receive resumes after an interruption: the build renews the
+/// MAC with the key. Without the key it is refused (a receive would leave
+/// the MAC behind, and every later `load-key` refused); with it, the
+/// change arrives and the key unloads and loads again.
+#[test]
+fn a_raw_stream_into_an_authenticated_filesystem_needs_its_key() {
+    let disks = devices(1, DEVICE_BYTES, 79);
+    Runtime::new_sim(79).block_on(async move {
+        let (pool, fs) = pool_with_encrypted_filesystem(&disks, TopVdevKind::Disk, &[]).await;
+        let mode = NewObject::owned(S_IFREG | 0o644, 0, 0);
+        fs.create(&pool, fs.root(), b"a", &mode).await.unwrap();
+        pool.snapshot(&["tank/fs@s0".to_string()]).await.unwrap();
+        let full = send_to_memory_as(&pool, "tank/fs@s0", None, None, true).await;
+        receive_from_memory(&pool, "tank/copy", full, false)
+            .await
+            .unwrap();
+        let copy = pool.filesystem("tank/copy").unwrap();
+        copy.create(&pool, copy.root(), b"b", &mode).await.unwrap();
+        pool.snapshot(&["tank/copy@s1".to_string()]).await.unwrap();
+        let back = send_to_memory_as(&pool, "tank/copy@s1", Some("@s0"), None, true).await;
+
+        pool.unload_key("tank/fs").await.unwrap();
+        match receive_from_memory(&pool, "tank/fs", back.clone(), false).await {
+            Err(PoolError::KeyUnavailable(message)) => {
+                assert!(message.contains("authenticated"), "{message}")
+            }
+            other => panic!("a raw stream received without the key: {other:?}"),
+        }
+        // Cut short with the key, resumed without it: refused as well.
+        pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+        let cut = back.len() / 2;
+        assert!(
+            receive_from_memory(&pool, "tank/fs", back[..cut].to_vec(), true)
+                .await
+                .is_err()
+        );
+        let token = pool.receive_resume_token("tank/fs").expect("a token");
+        let rest = send_to_memory_as(&pool, "tank/copy@s1", Some("@s0"), Some(&token), true).await;
+        // An import loads no key.
+        pool.export().await.unwrap();
+        let pool = Pool::import_from_devices("tank", named(&disks), tunables())
+            .await
+            .unwrap();
+        match receive_from_memory(&pool, "tank/fs", rest.clone(), true).await {
+            Err(PoolError::KeyUnavailable(message)) => {
+                assert!(message.contains("authenticated"), "{message}")
+            }
+            other => panic!("a raw stream resumed without the key: {other:?}"),
+        }
+        pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+        receive_from_memory(&pool, "tank/fs", rest, true)
+            .await
+            .unwrap();
+        let fs = pool.filesystem("tank/fs").unwrap();
+        fs.lookup(fs.root(), b"b").await.unwrap();
+        pool.unload_key("tank/fs").await.unwrap();
+        pool.load_key("tank/fs", Some(test_key())).await.unwrap();
+        pool.export().await.unwrap();
+    });
+}
+
 /// Makes file "file" in "tank/fs" and one more snapshot of it than the
 /// cache of open snapshots keeps, opens a view of the first and holds it
 /// (as a send, a diff or a scrub's walk does), then opens every other one,

@@ -514,6 +514,13 @@ impl Pool {
                     position_text(received)
                 )));
             }
+            // A resumed incremental stream writes into the target's hidden
+            // clone as the first part did: what it needs of the target's
+            // key is checked again (the pool may have been imported since,
+            // its keys not loaded).
+            if begin.from_guid != 0 {
+                self.check_raw_target(short, begin)?;
+            }
             // Resumed without -s, a failure discards it (`fail_receive`), and
             // so does the import after a crash.
             if record.resumable != options.save_partial {

@@ -19,7 +19,7 @@
 //! | 24 | 8 | creation txg |
 //! | 32 | 8 | logical bytes: sum of the logical sizes of its data blocks |
 //! | 40 | 8 | physical bytes: space allocated to its level-0 (data) blocks, all copies |
-//! | 48 | 16 | the dataset's MAC (version 8): of an encrypted dataset's root object (a volume's, a filesystem's table) with flag bit 1; else zero |
+//! | 48 | 16 | the dataset's MAC (version 8): of an authenticated filesystem's table (flag bit 1), and its snapshots' copies; else zero |
 //! | 64 | 128 | root block pointer |
 //! | 192 | 8 | volumes: txg of the latest snapshot (blocks born at or before it are also a snapshot's) |
 //! | 200 | 8 | volumes (clones): the origin snapshot's txg (blocks born at or before it are the origin's) |

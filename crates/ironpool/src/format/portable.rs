@@ -1,12 +1,15 @@
 //! Portable digests: what an encrypted dataset's MAC covers (docs/FORMAT.md,
 //! "Object-set MAC").
 //!
-//! A dataset's MAC (keyed, `crypto::ObjsetMac`) is taken over the digest of
+//! A dataset's MAC (keyed, `crypto::DatasetKey::objset_mac`) is taken over the digest of
 //! its root dnode; that digest covers the dnode's root pointer's digest, which
 //! covers the block it points to, and so on down to the sealed data blocks,
 //! whose own MACs cover their bytes. A writer of the devices who lacks the key
 //! can then change nothing the tree says (a length, a type, which block is at
-//! which offset, a dnode put back from an older txg) without the MAC failing.
+//! which offset, an object's dnode put back from an older txg) without the
+//! MAC failing. (The MAC is not bound to the dataset or the txg: the root
+//! dnode itself, put back whole from an older txg or swapped with another
+//! dataset's under the same key, still verifies; docs/FORMAT.md.)
 //!
 //! The digests leave out where things are and how the tree is shaped: DVAs,
 //! births, fill, space figures, checksum and compression settings, and the
@@ -97,7 +100,7 @@ pub fn pointer_digest(pointer: &BlockPointer) -> Result<Digest, FormatError> {
 /// content one level lower), else one hash over each child in order: a
 /// tag byte (0 hole, 1 sealed, 2 digest) and a sealed child's portable
 /// fields, or a metadata child's digest. Sealed children are fed whole
-/// rather than hashed one by one: one hash of 12 KiB (48 bytes a child)
+/// rather than hashed one by one: one hash of 13 KiB (52 bytes a child)
 /// per 32 KiB block of 256 pointers, which the txg build pays for each
 /// indirect block it writes.
 pub fn node_digest(level: u8, children: &[BlockPointer]) -> Result<Digest, FormatError> {

@@ -200,6 +200,11 @@ pub struct Object {
     /// two levels, and a lookup that walked down from level 0 read a dozen
     /// holes first in a directory of 100k names.
     pub leaf_level_hint: Cell<u8>,
+    /// An authenticated dataset's root object: the portable digest its
+    /// MAC was last made or checked over (memory only; None: not known
+    /// since the import). A build without the key that finds another
+    /// digest says the MAC no longer holds (`pool::txg`'s `renew_mac`).
+    pub mac_digest: Cell<Option<crate::format::portable::Digest>>,
 }
 
 impl Object {
@@ -213,6 +218,7 @@ impl Object {
             dead: RefCell::default(),
             dead_list: Cell::new(0),
             leaf_level_hint: Cell::new(0),
+            mac_digest: Cell::new(None),
         })
     }
 

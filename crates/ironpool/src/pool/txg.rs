@@ -390,18 +390,27 @@ pub const METASLAB_ENTRY_BYTES: u64 = 16;
 /// (docs/FORMAT.md, "Object-set MAC"). Without the key loaded the MAC
 /// stays: every change to what it covers is made with the key (a keyless
 /// writer, such as device removal, changes only what the digests leave
-/// out).
+/// out). A keyless build that changed what it covers all the same says
+/// so, once: the next `load-key` will refuse the dataset.
 fn renew_mac(pool: &Pool, object: &crate::object::Object) -> Result<(), PoolError> {
-    let guid = pool.datasets.directory.read().key_guid_of_object(object.id);
-    let Some(key) = guid.and_then(|guid| pool.datasets.keys.keys.get(guid)) else {
-        return Ok(());
-    };
     let digest = crate::format::portable::dnode_digest(&object.dnode())
         .map_err(|error| PoolError::Corrupt(format!("object {}: {error}", object.id)))?;
+    let guid = pool.datasets.directory.read().key_guid_of_object(object.id);
+    let Some(key) = guid.and_then(|guid| pool.datasets.keys.keys.get(guid)) else {
+        if object.mac_digest.get().is_some_and(|known| known != digest) {
+            eprintln!(
+                "ironpool: object {} was changed without its key: its MAC no longer holds, and load-key will refuse it",
+                object.id
+            );
+            object.mac_digest.set(None);
+        }
+        return Ok(());
+    };
     let mac = key
         .objset_mac(&digest)
         .map_err(|error| PoolError::Io(format!("object {}: {error}", object.id)))?;
     object.dnode.borrow_mut().mac = mac;
+    object.mac_digest.set(Some(digest));
     Ok(())
 }
 

@@ -252,6 +252,7 @@ impl Pool {
                     "{name}: its metadata does not give its MAC: altered on the devices without the key, or damaged; the key was not loaded"
                 )));
             }
+            object.mac_digest.set(Some(digest));
         }
         Ok(())
     }
